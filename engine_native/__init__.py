@@ -1,0 +1,28 @@
+"""engine_native: the native allreduce core every rank loads, with a numpy API.
+
+>>> import engine_native as hvd
+>>> hvd.init()
+>>> hvd.allreduce(np.ones(3) * hvd.rank(), op=hvd.Sum)
+
+``import engine_native.torch as hvd`` is the Horovod-compatible PyTorch API on the same core.
+"""
+
+from ._core import HorovodInternalError
+from ._dtypes import Adasum, Average, Max, Min, Product, Sum
+from .basics import (ProcessSet, abort, add_process_set, config_table, cross_rank, cross_size,
+                     global_process_set, init, is_homogeneous, is_initialized, listen_address,
+                     local_rank, local_size, metrics, rank, remove_process_set, shutdown, size)
+from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, alltoall,
+                        alltoall_async, barrier, broadcast, broadcast_async, grouped_allreduce,
+                        grouped_allreduce_async, join, poll, reducescatter, reducescatter_async,
+                        synchronize)
+
+__all__ = [
+    "HorovodInternalError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
+    "global_process_set", "init", "shutdown", "abort", "is_initialized", "rank", "size",
+    "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "listen_address",
+    "add_process_set", "remove_process_set", "metrics", "config_table", "allreduce",
+    "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
+    "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+]

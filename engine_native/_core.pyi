@@ -1,0 +1,84 @@
+"""Type stub and contract of the native extension ``engine_native._core``.
+
+The extension is framework-neutral: tensors cross as raw pointers plus metadata (dtype code,
+shape); the Python caller keeps the memory alive until the handle completes. Nothing here
+imports numpy or torch. Codes mirror ``engine_native/csrc/common/dtype.h`` and
+``coord/message.h``.
+"""
+from typing import Any, Optional, Sequence
+
+# Op kinds (coord::OpType)
+ALLREDUCE: int  # 0
+ALLGATHER: int  # 1
+BROADCAST: int  # 2
+ALLTOALL: int  # 3
+REDUCESCATTER: int  # 4
+BARRIER: int  # 5
+JOIN: int  # 6
+
+class HorovodInternalError(RuntimeError):
+    """A collective failed: mismatch across ranks, lost peer, timeout, abort or shutdown."""
+
+class Buffer:
+    """Core-owned output memory (allgather/alltoall/reducescatter); supports the buffer protocol
+    (format 'B', writable), so ``numpy.frombuffer`` / ``torch.frombuffer`` wrap it without a copy."""
+
+def listen(bind_address: str) -> int:
+    """Bind the data/control listener; returns the port. Step A of bootstrap."""
+
+def init(rank: int, peers: Sequence[tuple[str, str, int, int]], secret: bytes, job_id: str) -> None:
+    """Connect to every peer ``(host_id, address, port, pid)`` (index = global rank), authenticate
+    with ``secret``, start the background thread. Reads the env table (HVD_*). Raises
+    HorovodInternalError on failure (e.g. a peer never connects within HVD_TIMEOUT)."""
+
+def shutdown() -> None:
+    """Agree shutdown with the other ranks (bounded wait), fail pending handles with a shut-down
+    error, join the background thread. Idempotent; init() may be called again afterwards."""
+
+def abort(reason: str) -> None:
+    """Cancel everything in flight on this and (best effort, via rank 0) every rank; pending and
+    later ops fail with an 'aborted' HorovodInternalError until shutdown() + init()."""
+
+def is_initialized() -> bool: ...
+def rank() -> int: ...
+def size() -> int: ...
+
+def enqueue(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: int,
+            output_ptr: int, reduce_op: int = 1, prescale: float = 1.0, postscale: float = 1.0,
+            root: int = 0, process_set: int = 0, splits: Optional[Sequence[int]] = None,
+            device: int = -1) -> int:
+    """Submit one op; returns a handle. ``name`` is the full tensor name (callers build
+    ``allreduce.<name>`` / ``allreduce.noname.<n>``). allreduce and broadcast write
+    ``output_ptr`` (which may equal ``input_ptr``); allgather/alltoall/reducescatter return a
+    Buffer from wait(). Raises ValueError (duplicate in-flight name, bad splits, root out of
+    range, process set unknown or not containing this rank), TypeError (dtype code invalid or
+    not reducible by the op), HorovodInternalError (not initialised / core failed)."""
+
+def enqueue_group(ops: Sequence[tuple]) -> list[int]:
+    """Submit several ops (each a tuple of enqueue's positional arguments) atomically, so they
+    are negotiated together and may fuse into one batch."""
+
+def poll(handle: int) -> bool:
+    """True when the op finished (successfully or not). Never blocks."""
+
+def wait(handle: int) -> Any:
+    """Block (GIL released) until the op finishes; checks for signals every 50 ms so Ctrl-C
+    raises KeyboardInterrupt here (the op stays pending; the caller usually calls abort()).
+    Returns None (allreduce, broadcast, barrier), ``(Buffer, shape)`` (allgather,
+    reducescatter), ``(Buffer, shape, received_splits)`` (alltoall), or the last joined global
+    rank (join). Raises the op's error. The handle is released after a completed wait."""
+
+def add_process_set(ranks: Sequence[int]) -> int:
+    """Register a process set on this rank; every rank must make the same calls in the same
+    order (ids are assigned by a counter). Returns the id (0 is the global set)."""
+
+def remove_process_set(process_set: int) -> None: ...
+
+def process_set_ranks(process_set: int) -> list[int]: ...
+
+def metrics() -> dict:
+    """Cheap snapshot: ops and bytes per op kind, fused batches, seconds negotiating /
+    communicating / waiting, queue depth, last error, transport per peer."""
+
+def config_table() -> list[tuple[str, Optional[str], str, str, str]]:
+    """(name, horovod_alias, type, default, doc) for every HVD_* knob."""

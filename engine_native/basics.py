@@ -1,0 +1,226 @@
+"""Framework-neutral lifecycle, topology and process sets of the native core.
+
+Shared by the numpy API (``engine_native``) and the torch API (``engine_native.torch``): one
+core per process, whatever framework calls it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import _core, bootstrap
+from ._core import HorovodInternalError
+
+_NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
+_lock = threading.RLock()
+_world: Optional[bootstrap.World] = None
+_atexit_registered = False
+
+
+class ProcessSet:
+    """A subset of ranks that runs collectives among themselves (Horovod's ``ProcessSet``).
+
+    Example
+    -------
+    >>> evens = hvd.add_process_set([0, 2])        # every rank makes the same call
+    >>> hvd.allreduce(x, process_set=evens)         # only ranks 0 and 2 take part
+    """
+
+    def __init__(self, ranks_or_comm: Sequence[int]):
+        self.ranks = sorted(int(r) for r in ranks_or_comm)
+        self.process_set_id: Optional[int] = None
+
+    def _invalidate(self) -> None:
+        self.process_set_id = None
+
+    def size(self) -> Optional[int]:
+        return len(self.ranks) if self.process_set_id is not None else None
+
+    def rank(self) -> Optional[int]:
+        if self.process_set_id is None:
+            return None
+        me = rank()
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> Optional[bool]:
+        return None if self.process_set_id is None else rank() in self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+_process_sets: dict[int, ProcessSet] = {}
+
+
+def init(comm=None, process_sets: Optional[Sequence[ProcessSet]] = None, *,
+         rank: Optional[int] = None, size: Optional[int] = None,
+         rendezvous: Optional[str] = None, secret: Optional[str] = None,
+         job_id: Optional[str] = None) -> None:
+    """Initialise the core: find the other ranks, connect, start the background thread.
+
+    A repeated call is a no-op; after ``shutdown()`` it initialises again (same processes).
+
+    Parameters
+    ----------
+    comm : mpi4py communicator, optional
+        Bootstrap through this communicator instead of COMM_WORLD.
+    process_sets : list of ProcessSet, optional
+        Registered right after init, in order, on every rank.
+    rank, size, rendezvous, secret, job_id : optional
+        Explicit bootstrap (otherwise MPI, then ``HVD_*``/``HOROVOD_*`` environment).
+    """
+    global _world, _atexit_registered
+    with _lock:
+        if _core.is_initialized():
+            return
+        _world = bootstrap.bootstrap(comm, rank, size, rendezvous, secret, job_id)
+        global_process_set.ranks = list(range(_world.size))
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+    for ps in process_sets or []:
+        add_process_set(ps)
+
+
+def shutdown() -> None:
+    """Shut the core down (agreeing with the other ranks, bounded by ``HVD_TIMEOUT``)."""
+    global _world
+    with _lock:
+        _core.shutdown()
+        _world = None
+        for ps in _process_sets.values():
+            ps._invalidate()
+        _process_sets.clear()
+
+
+def abort(reason: str = "") -> None:
+    """Cancel every op in flight here and on every other rank (best effort through rank 0).
+
+    Pending and later ops fail with HorovodInternalError until ``shutdown()`` + ``init()``,
+    which work in the same processes.
+    """
+    _core.abort(reason)
+
+
+def is_initialized() -> bool:
+    return _core.is_initialized()
+
+
+def _require_world() -> bootstrap.World:
+    world = _world
+    if world is None or not _core.is_initialized():
+        raise ValueError(_NOT_INITIALIZED)
+    return world
+
+
+def rank() -> int:
+    return _require_world().rank
+
+
+def size() -> int:
+    return _require_world().size
+
+
+def local_rank() -> int:
+    return _require_world().local_rank
+
+
+def local_size() -> int:
+    return _require_world().local_size
+
+
+def cross_rank() -> int:
+    return _require_world().cross_rank
+
+
+def cross_size() -> int:
+    return _require_world().cross_size
+
+
+def is_homogeneous() -> bool:
+    world = _require_world()
+    counts = {h: world.host_ids.count(h) for h in world.host_ids}
+    return len(set(counts.values())) == 1
+
+
+def listen_address() -> tuple:
+    """(address, port) of this rank's core listener (for diagnostics and tests)."""
+    return _require_world().listen_address
+
+
+def add_process_set(process_set) -> ProcessSet:
+    """Register a process set on every rank (a collective: all ranks make the same calls).
+
+    Raises ValueError when ranks disagree about the members or the set already exists.
+    """
+    _require_world()
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"add_process_set(): {ps} is already registered")
+    for existing in _process_sets.values():
+        if existing.ranks == ps.ranks:
+            raise ValueError(f"add_process_set(): a process set with ranks {ps.ranks} already "
+                             f"exists (id {existing.process_set_id})")
+    _check_same_on_all_ranks("add_process_set", ps.ranks)
+    ps.process_set_id = _core.add_process_set(ps.ranks)
+    _process_sets[ps.process_set_id] = ps
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Remove a registered process set on every rank. Returns True when it was removed."""
+    _require_world()
+    if process_set.process_set_id in (None, 0):
+        return False
+    _check_same_on_all_ranks("remove_process_set", [process_set.process_set_id])
+    _core.remove_process_set(process_set.process_set_id)
+    _process_sets.pop(process_set.process_set_id, None)
+    process_set._invalidate()
+    return True
+
+
+_check_counter = 0
+
+
+def _check_same_on_all_ranks(what: str, values: list) -> None:
+    """Allgather ``values`` over the global set and fail on every rank if any rank differs."""
+    global _check_counter
+    _check_counter += 1
+    row = np.full(64, -1, dtype=np.int64)
+    if len(values) > 64:
+        raise ValueError(f"{what}(): at most 64 ranks per call are supported here")
+    row[: len(values)] = values
+    handle = _core.enqueue(_core.ALLGATHER, f"{what}.check.{_check_counter}", 4, (1, 64),
+                           row.ctypes.data, 0)
+    buffer, shape = _core.wait(handle)
+    rows = np.frombuffer(buffer, dtype=np.int64).reshape(shape)
+    for other, theirs in enumerate(rows):
+        if not np.array_equal(theirs, row):
+            mine = [int(v) for v in row if v >= 0]
+            others = [int(v) for v in theirs if v >= 0]
+            raise ValueError(f"{what}(): ranks disagree: rank {rank()} passed {mine}, rank "
+                             f"{other} passed {others}; every rank must make the same call")
+
+
+def metrics() -> dict:
+    """Snapshot of the core's counters (ops/bytes per collective, time split, pending ops)."""
+    return _core.metrics()
+
+
+def config_table() -> list:
+    """Every ``HVD_*`` knob: (name, Horovod alias, type, default, doc)."""
+    return _core.config_table()
+
+
+__all__ = [
+    "HorovodInternalError", "ProcessSet", "global_process_set", "init", "shutdown", "abort",
+    "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+    "is_homogeneous", "listen_address", "add_process_set", "remove_process_set", "metrics",
+    "config_table",
+]

@@ -1,0 +1,268 @@
+#include "autotune/parameter_manager.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace hvd::autotune {
+
+// The chain, as Horovod runs it (its parameter_manager):
+//   a. warm-up: the first warmup_samples samples are discarded (caches, allocators settle);
+//   b. Bayesian: fusion threshold x cycle time, jointly; the first setting is the initial one,
+//      then a space-filling design, then expected-improvement proposals, bayes_max_samples
+//      settings in all;
+//   c. categorical: each on/off knob in turn (hierarchical allreduce, only with several hosts;
+//      response cache) is tried both ways on top of the best setting so far;
+//   d. done: the best setting measured is applied for good.
+// A sample is steps_per_sample update() calls, scored bytes / seconds; a setting's score is the
+// median of samples_per_setting samples. Knobs the user fixed are left out of every phase.
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr int64_t kFusionGranule = 4096;  // tuned thresholds are whole pages
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+bool operator==(const TunedParams& a, const TunedParams& b) {
+  return a.fusion_threshold_bytes == b.fusion_threshold_bytes &&
+         a.cycle_time_ms == b.cycle_time_ms && a.cache_enabled == b.cache_enabled &&
+         a.hierarchical_allreduce == b.hierarchical_allreduce;
+}
+
+std::string describe(const TunedParams& p) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(2);
+  os << "fusion " << p.fusion_threshold_bytes / kMiB << " MiB, cycle " << p.cycle_time_ms
+     << " ms, cache " << (p.cache_enabled ? "on" : "off") << ", hierarchical allreduce "
+     << (p.hierarchical_allreduce ? "on" : "off");
+  return os.str();
+}
+
+const char* phaseName(AutotunePhase phase) {
+  switch (phase) {
+    case AutotunePhase::kWarmup: return "warmup";
+    case AutotunePhase::kBayes: return "bayes";
+    case AutotunePhase::kCategorical: return "categorical";
+    case AutotunePhase::kDone: return "done";
+  }
+  return "unknown";
+}
+
+ParameterManager::ParameterManager(const TunedParams& initial, AutotuneOptions options)
+    : options_(std::move(options)), current_(initial) {
+  options_.steps_per_sample = std::max(1, options_.steps_per_sample);
+  options_.samples_per_setting = std::max(1, options_.samples_per_setting);
+  options_.bayes_max_samples = std::max(0, options_.bayes_max_samples);
+  fusion_dim_ = !options_.fixed_fusion_threshold;
+  cycle_dim_ = !options_.fixed_cycle_time;
+  if (options_.num_hosts > 1 && !options_.fixed_hierarchical) {
+    categoricals_.push_back({&TunedParams::hierarchical_allreduce, "hierarchical_allreduce"});
+  }
+  if (!options_.fixed_cache) {
+    categoricals_.push_back({&TunedParams::cache_enabled, "cache_enabled"});
+  }
+  if (!options_.log_path.empty()) {
+    log_ = std::fopen(options_.log_path.c_str(), "w");
+    if (log_ == nullptr) {
+      HVD_LOG(kWarning, "autotune") << "autotune: cannot write the log '" << options_.log_path
+                                    << "'; tuning continues without it";
+    } else {
+      std::fputs("hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cache_enabled,"
+                 "cycle_time_ms,tensor_fusion_threshold,score\n", log_);
+      std::fflush(log_);
+    }
+  }
+  state_.current = state_.best = current_;
+  warmup_left_ = std::max(0, options_.warmup_samples);
+  const bool bayes = (fusion_dim_ || cycle_dim_) && options_.bayes_max_samples > 0;
+  if (!bayes && categoricals_.empty()) {
+    finish();
+  } else if (warmup_left_ > 0) {
+    state_.phase = AutotunePhase::kWarmup;
+    state_.trial = 1;
+    state_.trials = warmup_left_;
+  } else {
+    beginTuning();
+  }
+  HVD_LOG(kInfo, "autotune") << "autotune: starting from " << describe(current_) << " ("
+                             << phaseName(state_.phase) << ")";
+}
+
+ParameterManager::~ParameterManager() {
+  if (log_ != nullptr) std::fclose(log_);
+}
+
+bool ParameterManager::update(int64_t bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_.phase == AutotunePhase::kDone) return false;
+  step_bytes_ += std::max<int64_t>(0, bytes);
+  step_seconds_ += std::max(0.0, seconds);
+  if (++steps_ < options_.steps_per_sample) return false;
+  const double score = step_seconds_ > 0 ? static_cast<double>(step_bytes_) / step_seconds_ : 0.0;
+  steps_ = 0;
+  step_bytes_ = 0;
+  step_seconds_ = 0.0;
+  return onSample(score);
+}
+
+TunedParams ParameterManager::currentParams() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_;
+}
+
+bool ParameterManager::active() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_.phase != AutotunePhase::kDone;
+}
+
+AutotuneState ParameterManager::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_;
+}
+
+bool ParameterManager::onSample(double score) {
+  if (state_.phase == AutotunePhase::kWarmup) {
+    if (--warmup_left_ > 0) {
+      ++state_.trial;
+      return false;
+    }
+    return beginTuning();
+  }
+  samples_.push_back(score);
+  state_.samples = static_cast<int>(samples_.size());
+  if (static_cast<int>(samples_.size()) < options_.samples_per_setting) return false;
+  const double setting_score = median(samples_);
+  samples_.clear();
+  return onSettingScored(setting_score);
+}
+
+bool ParameterManager::beginTuning() {
+  if (!(fusion_dim_ || cycle_dim_) || options_.bayes_max_samples == 0) return beginCategorical();
+  // The box always contains the initial setting, which is measured first as the baseline.
+  std::vector<double> lower, upper;
+  if (fusion_dim_) {
+    lower.push_back(0.0);
+    upper.push_back(std::max<double>(options_.fusion_max_bytes, current_.fusion_threshold_bytes) /
+                    kMiB);
+  }
+  if (cycle_dim_) {
+    lower.push_back(std::max(0.0, std::min(options_.cycle_min_ms, current_.cycle_time_ms)));
+    upper.push_back(std::max(options_.cycle_max_ms, current_.cycle_time_ms));
+  }
+  for (size_t i = 0; i < lower.size(); ++i) upper[i] = std::max(upper[i], lower[i] + 1e-3);
+  BayesOptions bayes;
+  bayes.noise = options_.gp_noise;
+  bayes.seed = options_.seed;
+  optimizer_ = std::make_unique<BayesianOptimizer>(lower, upper, bayes);
+  state_.phase = AutotunePhase::kBayes;
+  state_.trial = 1;
+  state_.trials = options_.bayes_max_samples;
+  state_.samples = 0;
+  return false;
+}
+
+bool ParameterManager::beginCategorical() {
+  state_.phase = AutotunePhase::kCategorical;
+  categorical_index_ = 0;
+  categorical_value_ = 0;
+  if (categoricals_.empty()) return finish();
+  state_.trial = 1;
+  state_.trials = 2 * static_cast<int>(categoricals_.size());
+  TunedParams next = state_.history.empty() ? current_ : state_.best;
+  next.*(categoricals_[0].field) = false;
+  return switchTo(next);
+}
+
+bool ParameterManager::onSettingScored(double score) {
+  record(score);
+  if (state_.phase == AutotunePhase::kBayes) {
+    optimizer_->addSample(bayesPoint(current_), score);
+    if (state_.trial >= options_.bayes_max_samples) return beginCategorical();
+    ++state_.trial;
+    return switchTo(fromBayesPoint(optimizer_->nextSample()));
+  }
+  // Categorical: the second value of this knob, else the next knob on top of the best so far.
+  if (++categorical_value_ < 2) {
+    TunedParams next = current_;
+    next.*(categoricals_[categorical_index_].field) = true;
+    ++state_.trial;
+    return switchTo(next);
+  }
+  categorical_value_ = 0;
+  if (++categorical_index_ >= categoricals_.size()) return finish();
+  TunedParams next = state_.best;
+  next.*(categoricals_[categorical_index_].field) = false;
+  ++state_.trial;
+  return switchTo(next);
+}
+
+bool ParameterManager::finish() {
+  state_.phase = AutotunePhase::kDone;
+  state_.trials = static_cast<int>(state_.history.size());
+  state_.trial = state_.trials;
+  if (state_.history.empty()) return false;
+  writeCsvRow(state_.best, state_.best_score);
+  HVD_LOG(kInfo, "autotune") << "autotune: done after " << state_.history.size()
+                             << " settings; best " << describe(state_.best) << " at "
+                             << state_.best_score / kMiB << " MiB/s";
+  return switchTo(state_.best);
+}
+
+void ParameterManager::record(double score) {
+  state_.history.push_back(AutotuneTrial{current_, score, state_.phase});
+  if (state_.history.size() == 1 || score > state_.best_score) {
+    state_.best = current_;
+    state_.best_score = score;
+  }
+  writeCsvRow(current_, score);
+  HVD_LOG(kDebug, "autotune") << "autotune: " << phaseName(state_.phase) << " " << state_.trial
+                              << "/" << state_.trials << " " << describe(current_) << ": "
+                              << score / kMiB << " MiB/s";
+}
+
+void ParameterManager::writeCsvRow(const TunedParams& p, double score) {
+  if (log_ == nullptr) return;
+  std::fprintf(log_, "%d,0,0,%d,%.6g,%.9g,%.10g\n", p.hierarchical_allreduce ? 1 : 0,
+               p.cache_enabled ? 1 : 0, p.cycle_time_ms, p.fusion_threshold_bytes / kMiB, score);
+  std::fflush(log_);
+}
+
+Point ParameterManager::bayesPoint(const TunedParams& p) const {
+  Point x;
+  if (fusion_dim_) x.push_back(p.fusion_threshold_bytes / kMiB);
+  if (cycle_dim_) x.push_back(p.cycle_time_ms);
+  return x;
+}
+
+TunedParams ParameterManager::fromBayesPoint(const Point& x) const {
+  TunedParams p = current_;
+  size_t i = 0;
+  if (fusion_dim_) {
+    const double granules = std::round(x[i++] * kMiB / kFusionGranule);
+    p.fusion_threshold_bytes = static_cast<int64_t>(granules) * kFusionGranule;
+  }
+  if (cycle_dim_) p.cycle_time_ms = std::round(x[i] * 100.0) / 100.0;
+  return p;
+}
+
+bool ParameterManager::switchTo(const TunedParams& next) {
+  const bool changed = next != current_;
+  current_ = next;
+  state_.current = next;
+  state_.samples = 0;
+  samples_.clear();
+  return changed;
+}
+
+}  // namespace hvd::autotune

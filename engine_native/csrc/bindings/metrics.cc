@@ -1,0 +1,87 @@
+// Binding code for metrics() and config_table(): converts the runtime's snapshot and the env
+// table into plain Python dicts/lists (no numpy). Called from any Python thread.
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "common/config.h"
+#include "coord/message.h"
+#include "runtime/runtime.h"
+
+namespace {
+
+void setItem(PyObject* dict, const char* key, PyObject* value) {
+  PyDict_SetItemString(dict, key, value);
+  Py_DECREF(value);
+}
+
+PyObject* pendingList(const std::vector<hvd::runtime::PendingInfo>& pending) {
+  PyObject* list = PyList_New(0);
+  for (const auto& p : pending) {
+    PyObject* missing = PyList_New(0);
+    for (int r : p.missing_ranks) {
+      PyObject* v = PyLong_FromLong(r);
+      PyList_Append(missing, v);
+      Py_DECREF(v);
+    }
+    PyObject* item = Py_BuildValue("{s:s,s:s,s:d,s:N}", "name", p.name.c_str(), "op",
+                                   p.op.c_str(), "age_seconds", p.age_seconds, "missing_ranks",
+                                   missing);
+    PyList_Append(list, item);
+    Py_DECREF(item);
+  }
+  return list;
+}
+
+}  // namespace
+
+PyObject* buildMetrics() {
+  auto& runtime = hvd::runtime::Runtime::instance();
+  hvd::runtime::MetricsSnapshot s = runtime.metrics();
+  PyObject* dict = PyDict_New();
+  PyObject* ops = PyDict_New();
+  PyObject* bytes = PyDict_New();
+  for (int k = 0; k < hvd::runtime::kNumOpKinds; ++k) {
+    const char* name = hvd::coord::opTypeName(static_cast<hvd::coord::OpType>(k));
+    setItem(ops, name, PyLong_FromUnsignedLongLong(s.ops[k]));
+    setItem(bytes, name, PyLong_FromUnsignedLongLong(s.bytes[k]));
+  }
+  setItem(dict, "rank", PyLong_FromLong(runtime.rank()));
+  setItem(dict, "size", PyLong_FromLong(runtime.size()));
+  setItem(dict, "initialized", PyBool_FromLong(runtime.initialized()));
+  setItem(dict, "ops", ops);
+  setItem(dict, "bytes", bytes);
+  setItem(dict, "fused_batches", PyLong_FromUnsignedLongLong(s.fused_batches));
+  setItem(dict, "fused_tensors", PyLong_FromUnsignedLongLong(s.fused_tensors));
+  setItem(dict, "negotiate_seconds", PyFloat_FromDouble(s.negotiate_seconds));
+  setItem(dict, "communicate_seconds", PyFloat_FromDouble(s.communicate_seconds));
+  setItem(dict, "wait_seconds", PyFloat_FromDouble(s.wait_seconds));
+  setItem(dict, "queue_depth", PyLong_FromUnsignedLongLong(s.queue_depth));
+  setItem(dict, "last_error", PyUnicode_FromString(s.last_error.c_str()));
+  PyObject* current = Py_None;
+  Py_INCREF(Py_None);
+  if (!s.current_op.empty()) {
+    Py_DECREF(Py_None);
+    current = Py_BuildValue("{s:s,s:s,s:d}", "op", s.current_op.c_str(), "name",
+                            s.current_name.c_str(), "seconds", s.current_seconds);
+  }
+  setItem(dict, "current", current);
+  setItem(dict, "pending", pendingList(s.pending));
+  PyObject* transports = PyList_New(0);
+  for (const auto& t : s.transports) {
+    PyObject* v = PyUnicode_FromString(t.c_str());
+    PyList_Append(transports, v);
+    Py_DECREF(v);
+  }
+  setItem(dict, "transports", transports);
+  return dict;
+}
+
+PyObject* buildConfigTable() {
+  PyObject* list = PyList_New(0);
+  for (const auto& e : hvd::common::configTable()) {
+    PyObject* item = Py_BuildValue("(szsss)", e.name, e.alias, e.type, e.default_value, e.doc);
+    PyList_Append(list, item);
+    Py_DECREF(item);
+  }
+  return list;
+}

@@ -1,0 +1,369 @@
+// engine_native._core: the CPython binding. Binding code only — argument conversion, GIL
+// release around blocking calls, Status -> exception mapping. The contract is written in
+// engine_native/_core.pyi. Tensors cross as raw pointers plus metadata (no numpy/torch here).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "runtime/runtime.h"
+
+namespace {
+
+using hvd::common::Code;
+using hvd::common::Status;
+using hvd::runtime::Runtime;
+
+PyObject* g_internal_error = nullptr;  // engine_native._core.HorovodInternalError
+
+PyObject* raise(const Status& status) {
+  PyObject* type = g_internal_error;
+  if (status.code() == Code::kInvalidArgument) type = PyExc_ValueError;
+  if (status.code() == Code::kTypeError) type = PyExc_TypeError;
+  PyErr_SetString(type, status.message().c_str());
+  return nullptr;
+}
+
+// ---- Buffer: core-owned output memory exposed through the buffer protocol ----------------
+
+struct BufferObject {
+  PyObject_HEAD
+  std::shared_ptr<hvd::runtime::OutputBuffer>* buffer;
+};
+
+void bufferDealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  delete reinterpret_cast<BufferObject*>(self)->buffer;
+  PyObject_Free(self);
+  Py_DECREF(type);  // heap types own a reference from each instance
+}
+
+int bufferGet(PyObject* self, Py_buffer* view, int flags) {
+  auto& buffer = *reinterpret_cast<BufferObject*>(self)->buffer;
+  return PyBuffer_FillInfo(view, self, buffer->data, static_cast<Py_ssize_t>(buffer->bytes), 0,
+                           flags);
+}
+
+PyType_Slot g_buffer_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(bufferDealloc)},
+    {Py_bf_getbuffer, reinterpret_cast<void*>(bufferGet)},
+    {Py_tp_doc, const_cast<char*>("Core-owned output memory (buffer protocol, writable).")},
+    {0, nullptr}};
+
+PyType_Spec g_buffer_spec = {"engine_native._core.Buffer", sizeof(BufferObject), 0,
+                             Py_TPFLAGS_DEFAULT, g_buffer_slots};
+
+PyTypeObject* g_buffer_type = nullptr;
+
+PyObject* wrapBuffer(const std::shared_ptr<hvd::runtime::OutputBuffer>& buffer) {
+  auto* object = PyObject_New(BufferObject, g_buffer_type);
+  if (object == nullptr) return nullptr;
+  object->buffer = new std::shared_ptr<hvd::runtime::OutputBuffer>(buffer);
+  return reinterpret_cast<PyObject*>(object);
+}
+
+// ---- conversions ---------------------------------------------------------------------------
+
+bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (fast == nullptr) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out->resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    (*out)[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if ((*out)[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return false;
+    }
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+PyObject* int64Tuple(const std::vector<int64_t>& values) {
+  PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyTuple_SET_ITEM(t, i, PyLong_FromLongLong(values[i]));
+  }
+  return t;
+}
+
+const char* kEnqueueKeywords[] = {"kind",      "name",        "dtype",   "shape",
+                                  "input_ptr", "output_ptr",  "reduce_op", "prescale",
+                                  "postscale", "root",        "process_set", "splits",
+                                  "device",    nullptr};
+
+bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
+  int kind = 0, dtype = 0, reduce_op = 1, root = 0, process_set = 0, device = -1;
+  const char* name = nullptr;
+  PyObject* shape = nullptr;
+  PyObject* splits = Py_None;
+  unsigned long long input = 0, output = 0;
+  double prescale = 1.0, postscale = 1.0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "isiOKK|iddiiOi",
+                                   const_cast<char**>(kEnqueueKeywords), &kind, &name, &dtype,
+                                   &shape, &input, &output, &reduce_op, &prescale, &postscale,
+                                   &root, &process_set, &splits, &device)) {
+    return false;
+  }
+  if (kind < 0 || kind > 6) {
+    PyErr_Format(PyExc_ValueError, "enqueue(): unknown op kind %d", kind);
+    return false;
+  }
+  auto& r = op->request;
+  r.type = static_cast<hvd::coord::OpType>(kind);
+  r.name = name;
+  r.dtype = static_cast<hvd::common::DataType>(dtype);
+  r.reduce_op = static_cast<hvd::common::ReduceOp>(reduce_op);
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.root_rank = root;
+  r.process_set = process_set;
+  r.device = device;
+  if (!toInt64List(shape, &r.shape, "shape must be a sequence of ints")) return false;
+  if (splits != Py_None && !toInt64List(splits, &r.splits, "splits must be a sequence")) {
+    return false;
+  }
+  op->input = reinterpret_cast<const void*>(static_cast<uintptr_t>(input));
+  op->output = reinterpret_cast<void*>(static_cast<uintptr_t>(output));
+  return true;
+}
+
+PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops, bool single) {
+  std::vector<int64_t> handles;
+  Status status = Runtime::instance().enqueue(std::move(ops), &handles);
+  if (!status.isOk()) return raise(status);
+  if (single) return PyLong_FromLongLong(handles[0]);
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
+  for (size_t i = 0; i < handles.size(); ++i) {
+    PyList_SET_ITEM(list, i, PyLong_FromLongLong(handles[i]));
+  }
+  return list;
+}
+
+// ---- module functions ----------------------------------------------------------------------
+
+PyObject* pyListen(PyObject*, PyObject* args) {
+  const char* address = nullptr;
+  if (!PyArg_ParseTuple(args, "s", &address)) return nullptr;
+  int port = 0;
+  Status status = Runtime::instance().listen(address, &port);
+  if (!status.isOk()) return raise(status);
+  return PyLong_FromLong(port);
+}
+
+PyObject* pyInit(PyObject*, PyObject* args) {
+  int rank = 0;
+  PyObject* peers_seq = nullptr;
+  Py_buffer secret;
+  const char* job_id = nullptr;
+  if (!PyArg_ParseTuple(args, "iOy*s", &rank, &peers_seq, &secret, &job_id)) return nullptr;
+  std::string secret_bytes(static_cast<const char*>(secret.buf), secret.len);
+  PyBuffer_Release(&secret);
+  std::vector<hvd::transport::PeerInfo> peers;
+  PyObject* fast = PySequence_Fast(peers_seq, "peers must be a sequence");
+  if (fast == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i) {
+    const char* host = nullptr;
+    const char* address = nullptr;
+    int port = 0;
+    long long pid = 0;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiL", &host, &address, &port,
+                          &pid)) {
+      Py_DECREF(fast);
+      return nullptr;
+    }
+    peers.push_back({host, address, port, pid});
+  }
+  Py_DECREF(fast);
+  Status status;
+  std::string job(job_id);
+  Py_BEGIN_ALLOW_THREADS
+  status = Runtime::instance().init(rank, peers, secret_bytes, job);
+  Py_END_ALLOW_THREADS
+  if (!status.isOk()) return raise(status);
+  Py_RETURN_NONE;
+}
+
+PyObject* pyShutdown(PyObject*, PyObject*) {
+  Py_BEGIN_ALLOW_THREADS
+  Runtime::instance().shutdown();
+  Py_END_ALLOW_THREADS
+  Py_RETURN_NONE;
+}
+
+PyObject* pyAbort(PyObject*, PyObject* args) {
+  const char* reason = "";
+  if (!PyArg_ParseTuple(args, "|s", &reason)) return nullptr;
+  Runtime::instance().abort(reason);
+  Py_RETURN_NONE;
+}
+
+PyObject* pyIsInitialized(PyObject*, PyObject*) {
+  return PyBool_FromLong(Runtime::instance().initialized());
+}
+PyObject* pyRank(PyObject*, PyObject*) { return PyLong_FromLong(Runtime::instance().rank()); }
+PyObject* pySize(PyObject*, PyObject*) { return PyLong_FromLong(Runtime::instance().size()); }
+
+PyObject* pyEnqueue(PyObject*, PyObject* args, PyObject* kwargs) {
+  std::vector<hvd::runtime::EnqueueArgs> ops(1);
+  if (!parseOp(args, kwargs, &ops[0])) return nullptr;
+  return submit(std::move(ops), true);
+}
+
+PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
+  PyObject* seq = nullptr;
+  if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
+  PyObject* fast = PySequence_Fast(seq, "enqueue_group() takes a sequence of tuples");
+  if (fast == nullptr) return nullptr;
+  std::vector<hvd::runtime::EnqueueArgs> ops(PySequence_Fast_GET_SIZE(fast));
+  for (size_t i = 0; i < ops.size(); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
+    PyObject* tuple = PySequence_Tuple(item);
+    bool ok = tuple != nullptr && parseOp(tuple, nullptr, &ops[i]);
+    Py_XDECREF(tuple);
+    if (!ok) {
+      Py_DECREF(fast);
+      return nullptr;
+    }
+  }
+  Py_DECREF(fast);
+  return submit(std::move(ops), false);
+}
+
+PyObject* pyPoll(PyObject*, PyObject* args) {
+  long long handle = 0;
+  if (!PyArg_ParseTuple(args, "L", &handle)) return nullptr;
+  int state = Runtime::instance().handles().poll(handle);
+  if (state < 0) {
+    PyErr_Format(PyExc_ValueError, "poll(): unknown or already released handle %lld", handle);
+    return nullptr;
+  }
+  return PyBool_FromLong(state);
+}
+
+PyObject* resultToPython(const hvd::runtime::OpResult& result) {
+  if (result.last_joined_rank >= 0) return PyLong_FromLong(result.last_joined_rank);
+  if (!result.buffer) Py_RETURN_NONE;
+  PyObject* buffer = wrapBuffer(result.buffer);
+  if (buffer == nullptr) return nullptr;
+  if (!result.received_splits.empty()) {
+    return Py_BuildValue("(NNN)", buffer, int64Tuple(result.shape),
+                         int64Tuple(result.received_splits));
+  }
+  return Py_BuildValue("(NN)", buffer, int64Tuple(result.shape));
+}
+
+PyObject* pyWait(PyObject*, PyObject* args) {
+  long long handle = 0;
+  if (!PyArg_ParseTuple(args, "L", &handle)) return nullptr;
+  auto& handles = Runtime::instance().handles();
+  Status status;
+  hvd::runtime::OpResult result;
+  while (true) {
+    bool done = false;
+    Py_BEGIN_ALLOW_THREADS
+    done = handles.waitFor(handle, 50, &status, &result);
+    Py_END_ALLOW_THREADS
+    if (done) break;
+    // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
+    // pending; the Python layer decides whether to abort().
+    if (PyErr_CheckSignals() != 0) return nullptr;
+  }
+  handles.release(handle);
+  if (!status.isOk()) return raise(status);
+  return resultToPython(result);
+}
+
+PyObject* pyAddProcessSet(PyObject*, PyObject* args) {
+  PyObject* seq = nullptr;
+  if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
+  std::vector<int64_t> ranks64;
+  if (!toInt64List(seq, &ranks64, "ranks must be a sequence of ints")) return nullptr;
+  std::vector<int> ranks(ranks64.begin(), ranks64.end());
+  int32_t id = 0;
+  Status status = Runtime::instance().addProcessSet(ranks, &id);
+  if (!status.isOk()) return raise(status);
+  return PyLong_FromLong(id);
+}
+
+PyObject* pyRemoveProcessSet(PyObject*, PyObject* args) {
+  int id = 0;
+  if (!PyArg_ParseTuple(args, "i", &id)) return nullptr;
+  Status status = Runtime::instance().removeProcessSet(id);
+  if (!status.isOk()) return raise(status);
+  Py_RETURN_NONE;
+}
+
+PyObject* pyProcessSetRanks(PyObject*, PyObject* args) {
+  int id = 0;
+  if (!PyArg_ParseTuple(args, "i", &id)) return nullptr;
+  auto members = Runtime::instance().processSetRanks(id);
+  if (!members) {
+    PyErr_Format(PyExc_ValueError, "process set %d is not registered", id);
+    return nullptr;
+  }
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(members->size()));
+  for (size_t i = 0; i < members->size(); ++i) {
+    PyList_SET_ITEM(list, i, PyLong_FromLong((*members)[i]));
+  }
+  return list;
+}
+
+}  // namespace
+
+PyObject* buildMetrics();     // bindings/metrics.cc
+PyObject* buildConfigTable();  // bindings/metrics.cc
+
+namespace {
+
+PyObject* pyMetrics(PyObject*, PyObject*) { return buildMetrics(); }
+PyObject* pyConfigTable(PyObject*, PyObject*) { return buildConfigTable(); }
+
+PyMethodDef g_methods[] = {
+    {"listen", pyListen, METH_VARARGS, "Bind the listener; returns the port."},
+    {"init", pyInit, METH_VARARGS, "Connect to every peer and start the background thread."},
+    {"shutdown", pyShutdown, METH_NOARGS, "Shut the core down (bounded)."},
+    {"abort", pyAbort, METH_VARARGS, "Cancel everything in flight on every rank."},
+    {"is_initialized", pyIsInitialized, METH_NOARGS, "True between init() and shutdown()."},
+    {"rank", pyRank, METH_NOARGS, "This process's global rank (-1 before init)."},
+    {"size", pySize, METH_NOARGS, "Number of ranks (0 before init)."},
+    {"enqueue", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyEnqueue)),
+     METH_VARARGS | METH_KEYWORDS, "Submit one op; returns a handle."},
+    {"enqueue_group", pyEnqueueGroup, METH_VARARGS, "Submit several ops atomically."},
+    {"poll", pyPoll, METH_VARARGS, "True when the op finished. Never blocks."},
+    {"wait", pyWait, METH_VARARGS, "Block until the op finishes; returns its result."},
+    {"add_process_set", pyAddProcessSet, METH_VARARGS, "Register a process set; returns id."},
+    {"remove_process_set", pyRemoveProcessSet, METH_VARARGS, "Remove a process set."},
+    {"process_set_ranks", pyProcessSetRanks, METH_VARARGS, "Members of a process set."},
+    {"metrics", pyMetrics, METH_NOARGS, "Snapshot of the core's counters."},
+    {"config_table", pyConfigTable, METH_NOARGS, "Every HVD_* knob with its doc."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_core",
+                        "Native allreduce core of engine_native.", -1, g_methods,
+                        nullptr, nullptr, nullptr, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__core() {
+  g_buffer_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_buffer_spec));
+  if (g_buffer_type == nullptr) return nullptr;
+  PyObject* module = PyModule_Create(&g_module);
+  if (module == nullptr) return nullptr;
+  g_internal_error = PyErr_NewExceptionWithDoc(
+      "engine_native._core.HorovodInternalError",
+      "A collective failed: mismatch across ranks, lost peer, timeout, abort or shutdown.",
+      PyExc_RuntimeError, nullptr);
+  Py_INCREF(g_internal_error);
+  PyModule_AddObject(module, "HorovodInternalError", g_internal_error);
+  Py_INCREF(g_buffer_type);
+  PyModule_AddObject(module, "Buffer", reinterpret_cast<PyObject*>(g_buffer_type));
+  const char* kinds[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
+                         "REDUCESCATTER", "BARRIER", "JOIN"};
+  for (int i = 0; i < 7; ++i) PyModule_AddIntConstant(module, kinds[i], i);
+  return module;
+}

@@ -1,0 +1,31 @@
+// Timeline and autotune bindings for engine_native._core: test hooks (TimelineWriterForTest in
+// timeline_autotune.cc; ParameterManagerForTest, autotune_maximize, gp_fit_predict in
+// timeline_autotune_math.cc) and converters the runtime's binding can reuse for metrics.
+// Called from PyInit__core on the importing thread; every function here needs the GIL.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "autotune/parameter_manager.h"
+#include "timeline/recent_events.h"
+
+typedef struct _object PyObject;
+
+// Adds all the hooks to `module`. Returns 0, or -1 with a Python exception set.
+int addTimelineAutotuneBindings(PyObject* module);
+
+// New references (nullptr with an exception set on failure). GIL held.
+// {"phase", "trial", "trials", "samples", "current", "best", "best_score", "history"}
+PyObject* autotuneStateToDict(const hvd::autotune::AutotuneState& state);
+// {"fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "hierarchical_allreduce"}
+PyObject* tunedParamsToDict(const hvd::autotune::TunedParams& params);
+// [(ts_us, name, phase, op, duration_us, error), ...]
+PyObject* recentEventsToList(const std::vector<hvd::timeline::RecentEvent>& events);
+
+namespace hvd::bindings {
+// The autotune half of addTimelineAutotuneBindings (timeline_autotune_math.cc).
+int addAutotuneBindings(PyObject* module);
+// Sequence of numbers -> doubles; false with a TypeError naming `what` otherwise.
+bool toDoubles(PyObject* seq, std::vector<double>* out, const char* what);
+}  // namespace hvd::bindings

@@ -1,0 +1,252 @@
+// The env table (common/config.h). One table, kKnobs, drives both parsing and documentation:
+// each row names the HVD_ variable, its Horovod alias, its type, its default, its doc and the
+// Config field it sets. A bad value warns once per (variable, value) and keeps the default.
+#include "common/config.h"
+
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace hvd::common {
+namespace {
+
+enum class Kind { kFloat, kInt, kBytes, kBool, kString, kDocOnly };
+
+// Where a knob lands in Config, and the smallest value it accepts.
+struct Knob {
+  ConfigEntry entry;
+  Kind kind;
+  double Config::*float_field;
+  int64_t Config::*int_field;
+  bool Config::*bool_field;
+  std::string Config::*string_field;
+  double minimum;
+};
+
+Knob floatKnob(ConfigEntry e, double Config::*f, double minimum) {
+  return Knob{e, Kind::kFloat, f, nullptr, nullptr, nullptr, minimum};
+}
+Knob intKnob(ConfigEntry e, Kind kind, int64_t Config::*f, double minimum) {
+  return Knob{e, kind, nullptr, f, nullptr, nullptr, minimum};
+}
+Knob boolKnob(ConfigEntry e, bool Config::*f) {
+  return Knob{e, Kind::kBool, nullptr, nullptr, f, nullptr, 0};
+}
+Knob stringKnob(ConfigEntry e, std::string Config::*f) {
+  return Knob{e, Kind::kString, nullptr, nullptr, nullptr, f, 0};
+}
+Knob docKnob(ConfigEntry e) {
+  return Knob{e, Kind::kDocOnly, nullptr, nullptr, nullptr, nullptr, 0};
+}
+
+// Defaults here must equal the initialisers in common/config.h (checked by the unit tests).
+const std::vector<Knob>& knobs() {
+  static const std::vector<Knob> kKnobs = {
+      floatKnob({"HVD_TIMEOUT", nullptr, "float", "30",
+                 "Seconds without progress from a peer before a collective fails naming it; "
+                 "also bounds connecting the mesh."},
+                &Config::timeout_seconds, 0.001),
+      floatKnob({"HVD_STALL_CHECK_TIME", "HOROVOD_STALL_CHECK_TIME_SECONDS", "float", "60",
+                 "Seconds a tensor may wait for other ranks before the stall inspector warns."},
+                &Config::stall_check_seconds, 0.001),
+      boolKnob({"HVD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "bool", "false",
+                "Turn the stall inspector off."},
+               &Config::stall_check_disable),
+      intKnob({"HVD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes", "134217728",
+               "Fusion buffer size in bytes (suffixes K, M, G accepted); 0 disables fusion."},
+              Kind::kBytes, &Config::fusion_threshold_bytes, 0),
+      floatKnob({"HVD_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", "float", "1",
+                 "Batching window in milliseconds; never a latency floor for a lone tensor."},
+                &Config::cycle_time_ms, 0),
+      intKnob({"HVD_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "int", "1024",
+               "Response cache entries; 0 disables the cache."},
+              Kind::kInt, &Config::cache_capacity, 0),
+      stringKnob({"HVD_TRANSPORT", nullptr, "string", "auto",
+                  "auto (shm between ranks of one host, tcp between hosts), tcp (tcp "
+                  "everywhere), or shm (same as auto)."},
+                 &Config::transport),
+      boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool", "false",
+                "Intra-host reduce, inter-host ring, intra-host broadcast."},
+               &Config::hierarchical_allreduce),
+      intKnob({"HVD_SPIN_US", nullptr, "int", "20",
+               "Microseconds a waiting rank spins before it blocks (futex/poll)."},
+              Kind::kInt, &Config::spin_microseconds, 0),
+      intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
+               "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
+              Kind::kBytes, &Config::shm_ring_bytes, 4096),
+      intKnob({"HVD_TCP_SEGMENT_BYTES", nullptr, "bytes", "1048576",
+               "Pipelining unit of collectives over TCP (at least 4096)."},
+              Kind::kBytes, &Config::tcp_segment_bytes, 4096),
+      stringKnob({"HVD_TIMELINE", "HOROVOD_TIMELINE", "string", "",
+                  "Chrome-trace timeline file written by rank 0; DYNAMIC starts it at run "
+                  "time."},
+                 &Config::timeline_path),
+      boolKnob({"HVD_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "bool", "false",
+                "Add CYCLE_START markers to the timeline."},
+               &Config::timeline_mark_cycles),
+      docKnob({"HVD_LOG", "HOROVOD_LOG_LEVEL", "string", "warning",
+               "Log level: trace, debug, info, warning or error."}),
+      docKnob({"HVD_LOG_SUBSYS", nullptr, "string", "",
+               "Comma list of subsystems whose trace/debug/info lines are shown (empty = "
+               "all); warnings and errors are always shown."}),
+  };
+  return kKnobs;
+}
+
+std::string trimmed(const char* text) {
+  std::string s(text);
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+bool parseDouble(const std::string& s, double* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v)) return false;
+  *out = v;
+  return true;
+}
+
+// Integers; for bytes also a K/M/G (KiB/MiB/GiB) suffix, with or without "iB"/"B".
+bool parseInt(const std::string& s, bool bytes, int64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str()) return false;
+  std::string suffix;
+  for (const char* p = end; *p; ++p) {
+    suffix += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
+  }
+  int shift = 0;
+  if (bytes && !suffix.empty()) {
+    const char unit = suffix[0];
+    shift = unit == 'K' ? 10 : unit == 'M' ? 20 : unit == 'G' ? 30 : -1;
+    const std::string rest = suffix.substr(1);
+    if (shift < 0 || !(rest.empty() || rest == "B" || rest == "IB")) return false;
+  } else if (!suffix.empty()) {
+    return false;
+  }
+  const long long limit = (1ll << 62) >> shift;
+  if (v > limit || v < -limit) return false;
+  *out = static_cast<int64_t>(v) * (int64_t{1} << shift);
+  return true;
+}
+
+bool parseBool(const std::string& s, bool* out) {
+  std::string v;
+  for (char c : s) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") {
+    *out = true;
+  } else if (v == "0" || v == "false" || v == "no" || v == "off") {
+    *out = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+const char* expectation(const Knob& knob) {
+  switch (knob.kind) {
+    case Kind::kFloat: return knob.minimum > 0 ? "a positive number" : "a number >= 0";
+    case Kind::kInt: return "an integer >= 0";
+    case Kind::kBytes: return knob.minimum > 0 ? "a byte count >= 4096" : "a byte count >= 0";
+    case Kind::kBool: return "one of 1/0/true/false/yes/no/on/off";
+    case Kind::kString: return "auto, tcp or shm";
+    case Kind::kDocOnly: break;
+  }
+  return "a valid value";
+}
+
+// Applies one value to *config; false if it is not valid for the knob.
+bool apply(const Knob& knob, const std::string& value, Config* config) {
+  switch (knob.kind) {
+    case Kind::kFloat: {
+      double v = 0;
+      if (!parseDouble(value, &v) || v < knob.minimum) return false;
+      config->*knob.float_field = v;
+      return true;
+    }
+    case Kind::kInt:
+    case Kind::kBytes: {
+      int64_t v = 0;
+      if (!parseInt(value, knob.kind == Kind::kBytes, &v) || v < knob.minimum) return false;
+      config->*knob.int_field = v;
+      return true;
+    }
+    case Kind::kBool: {
+      bool v = false;
+      if (!parseBool(value, &v)) return false;
+      config->*knob.bool_field = v;
+      return true;
+    }
+    case Kind::kString: {
+      if (knob.string_field == &Config::transport) {
+        std::string v;
+        for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (v != "auto" && v != "tcp" && v != "shm") return false;
+        config->transport = v;
+      } else {
+        config->*knob.string_field = value;
+      }
+      return true;
+    }
+    case Kind::kDocOnly: break;
+  }
+  return true;
+}
+
+void warnOnce(const std::string& variable, const std::string& value, const Knob& knob) {
+  static std::mutex mutex;
+  static std::set<std::pair<std::string, std::string>> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert({variable, value}).second) return;
+  }
+  const char* fallback = knob.entry.default_value;
+  HVD_LOG(kWarning, "config") << variable << "='" << value << "' is not valid (expected "
+                              << expectation(knob) << "); using the default "
+                              << (*fallback ? fallback : "(empty)") << " instead";
+}
+
+}  // namespace
+
+Config Config::fromEnvironment() {
+  Config config;
+  for (const Knob& knob : knobs()) {
+    if (knob.kind == Kind::kDocOnly) continue;
+    const char* variable = knob.entry.name;
+    const char* raw = std::getenv(variable);
+    if ((raw == nullptr || *raw == '\0') && knob.entry.alias != nullptr) {
+      variable = knob.entry.alias;
+      raw = std::getenv(variable);
+    }
+    if (raw == nullptr) continue;
+    const std::string value = trimmed(raw);
+    if (value.empty()) continue;  // set but empty: the default, as if unset
+    if (!apply(knob, value, &config)) warnOnce(variable, raw, knob);
+  }
+  return config;
+}
+
+const std::vector<ConfigEntry>& configTable() {
+  static const std::vector<ConfigEntry> kTable = [] {
+    std::vector<ConfigEntry> table;
+    for (const Knob& knob : knobs()) table.push_back(knob.entry);
+    return table;
+  }();
+  return kTable;
+}
+
+}  // namespace hvd::common

@@ -1,0 +1,41 @@
+// The env table: every HVD_* knob with its type, default, Horovod alias and doc, read once at
+// init (Config::fromEnvironment) on the calling thread. A bad value warns once and names the
+// value used instead. Python reads the same table through the binding (engine_native.config).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hvd::common {
+
+struct Config {
+  double timeout_seconds = 30.0;            // HVD_TIMEOUT: no progress from a peer for this long -> error
+  double stall_check_seconds = 60.0;        // HVD_STALL_CHECK_TIME (HOROVOD_STALL_CHECK_TIME_SECONDS)
+  bool stall_check_disable = false;         // HVD_STALL_CHECK_DISABLE
+  int64_t fusion_threshold_bytes = 128ll << 20;  // HVD_FUSION_THRESHOLD (HOROVOD_FUSION_THRESHOLD)
+  double cycle_time_ms = 1.0;               // HVD_CYCLE_TIME_MS (HOROVOD_CYCLE_TIME)
+  int64_t cache_capacity = 1024;            // HVD_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY)
+  std::string transport = "auto";           // HVD_TRANSPORT: auto | tcp | shm
+  bool hierarchical_allreduce = false;      // HVD_HIERARCHICAL_ALLREDUCE
+  int64_t spin_microseconds = 20;           // HVD_SPIN_US: bounded spin before a blocking wait
+  int64_t shm_ring_bytes = 4ll << 20;       // HVD_SHM_RING_BYTES: per directed pair
+  int64_t tcp_segment_bytes = 1ll << 20;    // HVD_TCP_SEGMENT_BYTES: pipelining unit on TCP
+  std::string timeline_path;                // HVD_TIMELINE (HOROVOD_TIMELINE), "DYNAMIC" allowed
+  bool timeline_mark_cycles = false;        // HVD_TIMELINE_MARK_CYCLES
+
+  static Config fromEnvironment();
+};
+
+struct ConfigEntry {
+  const char* name;       // HVD_ name
+  const char* alias;      // HOROVOD_ name or nullptr
+  const char* type;       // "float" | "int" | "bool" | "string" | "bytes"
+  const char* default_value;
+  const char* doc;
+};
+
+// The table itself, for documentation (README, `python -m engine_native.config`).
+const std::vector<ConfigEntry>& configTable();
+
+}  // namespace hvd::common

@@ -1,0 +1,77 @@
+// Coordinator: rank 0's negotiation state — pure logic, no sockets, so it is tested alone.
+// The background loop feeds it every Request (its own and the workers'), then asks for the
+// Responses that became ready; it sends them to the members of each process set and executes
+// its own share. Rule relied on everywhere: responses are produced in one global order and every
+// rank executes those of its process sets in exactly that order.
+// Ready = submitted by every member of the set that has not joined. Validation (dtype, shape,
+// op, root, scales, device, splits agree) turns a bad name into an error Response naming the
+// tensor, both ranks and both values. Ready allreduces with equal dtype/op/scales/set/device fuse
+// up to the threshold with look-ahead past non-matching ones.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "coord/message.h"
+#include "coord/response_cache.h"
+
+namespace hvd::coord {
+
+struct ProcessSetInfo {
+  int32_t id = 0;
+  std::vector<int> members;  // global ranks, ascending
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(int world_size);
+
+  void addProcessSet(const ProcessSetInfo& set);
+  void removeProcessSet(int32_t id);
+  void setFusionThreshold(int64_t bytes) { fusion_threshold_ = bytes; }
+  // Capacity of the validated-response cache (HVD_CACHE_CAPACITY; 0 disables). Clears it.
+  void setCacheCapacity(int64_t entries) { cache_.setCapacity(entries); }
+
+  // Records one request. Returns an error Status only for a request that can never be valid
+  // (unknown process set, sender not a member); the caller reports it to that rank.
+  common::Status add(const Request& request);
+
+  // Every response that is ready now, fused, in execution order.
+  std::vector<Response> takeReady();
+
+  // Names waiting longer than `older_than`, with the set ranks still missing: the stall report
+  // ("Missing ranks:\n1: [allreduce.x, ...]"). Empty when nothing is stalled.
+  std::string stallReport(std::chrono::seconds older_than) const;
+
+  // Ranks of a set that submitted `name` so far / are missing (for the stuck-collective report).
+  std::vector<int> missingRanks(int32_t process_set, const std::string& name) const;
+
+ private:
+  using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
+  struct Pending {
+    std::vector<Request> requests;  // one per submitting rank, by arrival
+    std::chrono::steady_clock::time_point first_seen;
+    uint64_t sequence = 0;          // arrival order of the first request: release order
+  };
+
+  common::Status addJoin(const Request& request, const ProcessSetInfo& set);
+  bool hasJoined(int32_t set_id, int rank) const;
+  bool isReady(const ProcessSetInfo& set, const Pending& pending) const;
+  void release(const ProcessSetInfo& set, const Key& key);
+  Response construct(const ProcessSetInfo& set, std::vector<Request> requests);
+  void forgetSet(int32_t id);
+
+  int world_size_;
+  int64_t fusion_threshold_ = 128ll << 20;
+  uint64_t next_sequence_ = 0;
+  std::map<int32_t, ProcessSetInfo> sets_;
+  std::map<int32_t, std::vector<int>> joined_;  // set -> joined global ranks, in join order
+  std::map<Key, Pending> table_;
+  std::vector<Response> ready_;                 // in release order, not yet fused
+  ResponseCache cache_;
+};
+
+}  // namespace hvd::coord

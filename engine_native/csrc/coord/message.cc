@@ -1,0 +1,132 @@
+// Encoding of ResponseList (rank 0 -> workers) and the plain RequestList entry points.
+// Layout: u8 kResponseListTag, u32 count, then each Response's fields in declaration order
+// (enums as i32, doubles as IEEE-754 bits, strings and vectors length-prefixed), nothing after.
+// RequestList uses the format of request_cache.cc with no cache (every entry in full form).
+#include "coord/message.h"
+
+#include <limits>
+
+#include "coord/response_cache.h"
+#include "coord/wire.h"
+
+namespace hvd::coord {
+
+const char* opTypeName(OpType type) {
+  switch (type) {
+    case OpType::kAllreduce: return "ALLREDUCE";
+    case OpType::kAllgather: return "ALLGATHER";
+    case OpType::kBroadcast: return "BROADCAST";
+    case OpType::kAlltoall: return "ALLTOALL";
+    case OpType::kReducescatter: return "REDUCESCATTER";
+    case OpType::kBarrier: return "BARRIER";
+    case OpType::kJoin: return "JOIN";
+  }
+  return "UNKNOWN";
+}
+
+namespace {
+
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr size_t kMinResponseBytes = 16;  // far below a real entry; bounds the count only
+
+void writeResponse(wire::ByteWriter& w, const Response& r) {
+  w.i32(static_cast<int32_t>(r.status));
+  w.i32(static_cast<int32_t>(r.type));
+  w.u32(static_cast<uint32_t>(r.names.size()));
+  for (const std::string& name : r.names) w.str(name);
+  w.str(r.error);
+  w.i32(static_cast<int32_t>(r.dtype));
+  w.i32(static_cast<int32_t>(r.reduce_op));
+  w.f64(r.prescale);
+  w.f64(r.postscale);
+  w.i32(r.root_rank);
+  w.i32(r.process_set);
+  w.i32(r.device);
+  w.i64s(r.counts);
+  w.i64s(r.first_dims);
+  w.i64s(r.row_shape);
+  w.i64s(r.splits_matrix);
+  w.i32(r.last_joined_rank);
+}
+
+bool readNames(wire::ByteReader& in, std::vector<std::string>* names) {
+  uint32_t n = 0;
+  if (!in.count(&n, 4)) return false;
+  names->clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string name;
+    if (!in.str(&name, wire::kMaxNameBytes)) return false;
+    names->push_back(std::move(name));
+  }
+  return true;
+}
+
+// Cross-field consistency a well-formed Response always has.
+bool checkShape(wire::ByteReader& in, const Response& r) {
+  if (!r.counts.empty() && r.counts.size() != r.names.size()) {
+    return in.fail("counts do not match names");
+  }
+  size_t n = 0;
+  while (n * n < r.splits_matrix.size()) ++n;
+  if (n * n != r.splits_matrix.size()) return in.fail("splits matrix is not square");
+  return true;
+}
+
+bool readResponse(wire::ByteReader& in, Response* out) {
+  int32_t status = 0, type = 0, dtype = 0, op = 0;
+  bool ok = in.ranged(&status, 0, static_cast<int32_t>(ResponseType::kError), "status") &&
+            in.ranged(&type, 0, static_cast<int32_t>(OpType::kJoin), "op type") &&
+            readNames(in, &out->names) && in.str(&out->error, wire::kMaxErrorBytes) &&
+            in.ranged(&dtype, 0, common::kNumDataTypes - 1, "dtype") &&
+            in.ranged(&op, 0, static_cast<int32_t>(common::ReduceOp::kProduct), "reduce op") &&
+            in.f64(&out->prescale) && in.f64(&out->postscale) &&
+            in.ranged(&out->root_rank, 0, kInt32Max, "root rank") &&
+            in.ranged(&out->process_set, 0, kInt32Max, "process set") &&
+            in.ranged(&out->device, -1, kInt32Max, "device") &&
+            in.sizes(&out->counts) && in.sizes(&out->first_dims) &&
+            in.sizes(&out->row_shape) && in.sizes(&out->splits_matrix) &&
+            in.ranged(&out->last_joined_rank, -1, kInt32Max, "last joined rank") &&
+            checkShape(in, *out);
+  if (!ok) return false;
+  out->status = static_cast<ResponseType>(status);
+  out->type = static_cast<OpType>(type);
+  out->dtype = static_cast<common::DataType>(dtype);
+  out->reduce_op = static_cast<common::ReduceOp>(op);
+  return true;
+}
+
+}  // namespace
+
+std::string encode(const ResponseList& list) {
+  wire::ByteWriter w;
+  w.u8(wire::kResponseListTag);
+  w.u32(static_cast<uint32_t>(list.responses.size()));
+  for (const Response& r : list.responses) writeResponse(w, r);
+  return w.take();
+}
+
+common::Status decode(const std::string& bytes, ResponseList* out) {
+  wire::ByteReader in(bytes);
+  uint8_t tag = 0;
+  uint32_t n = 0;
+  bool ok = in.u8(&tag) && (tag == wire::kResponseListTag || in.fail("not a ResponseList")) &&
+            in.count(&n, kMinResponseBytes);
+  std::vector<Response> responses;  // grown as entries parse: a lying count allocates nothing
+  for (uint32_t i = 0; ok && i < n; ++i) {
+    Response r;
+    ok = readResponse(in, &r);
+    if (ok) responses.push_back(std::move(r));
+  }
+  if (ok && !in.atEnd()) ok = in.fail("trailing bytes");
+  if (!ok) return common::internalError("malformed ResponseList: " + in.error());
+  out->responses = std::move(responses);
+  return common::Status::ok();
+}
+
+std::string encode(const RequestList& list) { return encodeRequests(list, nullptr); }
+
+common::Status decode(const std::string& bytes, RequestList* out) {
+  return decodeRequests(bytes, nullptr, out);
+}
+
+}  // namespace hvd::coord

@@ -1,0 +1,83 @@
+// Request / Response: the negotiation vocabulary. A framework thread's enqueue becomes a Request
+// (sent to rank 0 over the control channel); rank 0 answers with Responses that every member of
+// the process set executes in the order received. encode/decode are a compact little-endian
+// binary format; decode validates every size and enum and rejects bad input with kInternal.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace hvd::coord {
+
+enum class OpType : int32_t {
+  kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3, kReducescatter = 4,
+  kBarrier = 5, kJoin = 6,
+};
+const char* opTypeName(OpType type);  // "ALLREDUCE", ...
+
+struct Request {
+  int32_t request_rank = 0;        // global rank of the sender
+  OpType type = OpType::kAllreduce;
+  std::string name;
+  common::DataType dtype = common::DataType::kFloat32;
+  std::vector<int64_t> shape;
+  common::ReduceOp reduce_op = common::ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root_rank = 0;           // broadcast root, set rank
+  int32_t process_set = 0;
+  int32_t group_id = -1;           // grouped ops: same id lands in the same response batch
+  int32_t device = -1;             // -1 = CPU
+  std::vector<int64_t> splits;     // alltoall: rows sent to each set rank (empty = even)
+};
+
+enum class ResponseType : int32_t { kOk = 0, kError = 1 };
+
+// One executable unit: one op over one or more tensors (fused allreduce), or an error for names.
+struct Response {
+  ResponseType status = ResponseType::kOk;
+  OpType type = OpType::kAllreduce;
+  std::vector<std::string> names;       // fused tensors, in fusion-buffer order
+  std::string error;                    // when status == kError, raised on every rank
+  common::DataType dtype = common::DataType::kFloat32;
+  common::ReduceOp reduce_op = common::ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root_rank = 0;
+  int32_t process_set = 0;
+  int32_t device = -1;
+  // Per name, its element count (allreduce/broadcast) — lets joined ranks supply zeros.
+  std::vector<int64_t> counts;
+  // Allgather: first-dim size per set rank (names.size()==1). Reducescatter: the input shape.
+  std::vector<int64_t> first_dims;
+  std::vector<int64_t> row_shape;       // shape without dim 0 (allgather/alltoall/reducescatter)
+  // Alltoall: splits matrix, set_size x set_size rows, row r = rows rank r sends to each rank.
+  std::vector<int64_t> splits_matrix;
+  int32_t last_joined_rank = -1;        // join: global rank of the last rank to join
+};
+
+// Control message types on the wire (transport::ControlMessage::type).
+enum class MessageType : uint32_t {
+  kRequests = 1,      // worker -> rank 0: RequestList
+  kResponses = 2,     // rank 0 -> worker: ResponseList
+  kShutdown = 3,      // worker -> rank 0: this rank shuts down; rank 0 -> all: everyone agreed
+  kAbort = 4,         // either way: payload = text; rank 0 relays to every worker
+};
+
+struct RequestList {
+  std::vector<Request> requests;
+};
+struct ResponseList {
+  std::vector<Response> responses;
+};
+
+std::string encode(const RequestList& list);
+std::string encode(const ResponseList& list);
+common::Status decode(const std::string& bytes, RequestList* out);
+common::Status decode(const std::string& bytes, ResponseList* out);
+
+}  // namespace hvd::coord

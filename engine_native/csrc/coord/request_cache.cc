@@ -1,0 +1,137 @@
+// RequestCache and the cache-aware RequestList encoding (Note [Request cache mirror]).
+// Layout: u8 kRequestListTag, u32 count, then per request a u8 form:
+//   kFull: every Request field (wire::writeRequest), ~60 bytes + name + shape;
+//   kSlot: u32 slot, i32 request_rank, i32 group_id — 13 bytes whatever the name and shape.
+#include <algorithm>
+#include <limits>
+
+#include "coord/response_cache.h"
+#include "coord/wire.h"
+
+namespace hvd::coord {
+
+namespace {
+constexpr uint8_t kFull = 0;
+constexpr uint8_t kSlot = 1;
+constexpr size_t kMinEntryBytes = 13;  // the slot form; the full form is longer
+constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
+}  // namespace
+
+bool sameRequestParams(const Request& a, const Request& b) {
+  return a.type == b.type && a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.root_rank == b.root_rank && a.process_set == b.process_set && a.device == b.device &&
+         a.splits == b.splits;
+}
+
+RequestCache::RequestCache(int64_t capacity)
+    : capacity_(std::clamp<int64_t>(capacity, 0, kMaxCapacity)) {}
+
+bool RequestCache::cacheable(const Request& r) {
+  return r.type != OpType::kBarrier && r.type != OpType::kJoin;
+}
+
+int32_t RequestCache::find(const Request& r) const {
+  auto it = by_name_.find(r.name);
+  if (it == by_name_.end()) return -1;
+  return sameRequestParams(slots_[it->second].request, r) ? it->second : -1;
+}
+
+const Request* RequestCache::at(uint32_t slot) const {
+  return slot < slots_.size() ? &slots_[slot].request : nullptr;
+}
+
+void RequestCache::touch(int32_t slot) {
+  lru_.splice(lru_.end(), lru_, slots_[slot].lru);
+}
+
+int32_t RequestCache::insert(const Request& r) {
+  if (capacity_ == 0) return -1;
+  int32_t slot = -1;
+  auto it = by_name_.find(r.name);
+  if (it != by_name_.end()) {
+    slot = it->second;                                   // same name, new parameters
+  } else if (static_cast<int64_t>(slots_.size()) < capacity_) {
+    slot = static_cast<int32_t>(slots_.size());          // next free slot
+    slots_.push_back(Slot{r, lru_.insert(lru_.end(), slot)});
+  } else {
+    slot = lru_.front();                                 // evict the least recently used
+    by_name_.erase(slots_[slot].request.name);
+  }
+  by_name_[r.name] = slot;
+  slots_[slot].request = r;
+  touch(slot);
+  return slot;
+}
+
+std::string encodeRequests(const RequestList& list, RequestCache* sender_cache) {
+  wire::ByteWriter w;
+  w.u8(wire::kRequestListTag);
+  w.u32(static_cast<uint32_t>(list.requests.size()));
+  for (const Request& r : list.requests) {
+    bool use_cache = sender_cache != nullptr && RequestCache::cacheable(r);
+    int32_t slot = use_cache ? sender_cache->find(r) : -1;
+    if (slot >= 0) {
+      w.u8(kSlot);
+      w.u32(static_cast<uint32_t>(slot));
+      w.i32(r.request_rank);
+      w.i32(r.group_id);
+      sender_cache->touch(slot);
+      continue;
+    }
+    w.u8(kFull);
+    wire::writeRequest(w, r);
+    if (use_cache) sender_cache->insert(r);
+  }
+  return w.take();
+}
+
+namespace {
+
+// One entry of a request list, replaying the sender's cache step on `mirror`.
+bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* out) {
+  uint8_t form = 0;
+  if (!in.u8(&form)) return false;
+  if (form == kFull) {
+    if (!wire::readRequest(in, out)) return false;
+    if (mirror != nullptr && RequestCache::cacheable(*out)) mirror->insert(*out);
+    return true;
+  }
+  if (form != kSlot) return in.fail("unknown request form " + std::to_string(form));
+  uint32_t slot = 0;
+  int32_t rank = 0, group = 0;
+  if (!in.u32(&slot) || !in.ranged(&rank, 0, kInt32Max, "request_rank") ||
+      !in.ranged(&group, -1, kInt32Max, "group id")) {
+    return false;
+  }
+  if (mirror == nullptr) return in.fail("cache slot reference but caching is off");
+  const Request* cached = mirror->at(slot);
+  if (cached == nullptr) return in.fail("cache slot " + std::to_string(slot) + " is empty");
+  *out = *cached;
+  out->request_rank = rank;
+  out->group_id = group;
+  mirror->touch(static_cast<int32_t>(slot));
+  return true;
+}
+
+}  // namespace
+
+common::Status decodeRequests(const std::string& bytes, RequestCache* mirror, RequestList* out) {
+  wire::ByteReader in(bytes);
+  uint8_t tag = 0;
+  uint32_t n = 0;
+  bool ok = in.u8(&tag) && (tag == wire::kRequestListTag || in.fail("not a RequestList")) &&
+            in.count(&n, kMinEntryBytes);
+  std::vector<Request> requests;  // grown as entries parse: a lying count allocates nothing
+  for (uint32_t i = 0; ok && i < n; ++i) {
+    Request r;
+    ok = readEntry(in, mirror, &r);
+    if (ok) requests.push_back(std::move(r));
+  }
+  if (ok && !in.atEnd()) ok = in.fail("trailing bytes");
+  if (!ok) return common::internalError("malformed RequestList: " + in.error());
+  out->requests = std::move(requests);
+  return common::Status::ok();
+}
+
+}  // namespace hvd::coord

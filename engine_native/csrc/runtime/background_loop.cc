@@ -1,0 +1,252 @@
+#include "runtime/background_loop.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CPU
+}
+
+BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
+                               ProcessSetTable& sets, Metrics& metrics,
+                               const common::Config& config)
+    : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
+      executor_(handles, metrics, config) {
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (mesh_.rank() == 0) {
+    coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size());
+    coordinator_->setFusionThreshold(config_.fusion_threshold_bytes);
+    coordinator_->setCacheCapacity(config_.cache_capacity);
+    for (int r = 1; r < mesh_.size(); ++r) {
+      mirrors_[r] = std::make_unique<coord::RequestCache>(config_.cache_capacity);
+    }
+  } else {
+    request_cache_ = std::make_unique<coord::RequestCache>(config_.cache_capacity);
+  }
+  std::vector<std::string> transports(mesh_.size());
+  for (int r = 0; r < mesh_.size(); ++r) {
+    transport::Pair* pair = mesh_.pair(r);
+    transports[r] = pair == nullptr ? "self"
+                    : pair->kind() == transport::PairKind::kShm ? "shm" : "tcp";
+  }
+  metrics_.setTransports(std::move(transports));
+  last_stall_check_ = Clock::now();
+  last_stall_report_ = last_stall_check_;
+}
+
+BackgroundLoop::~BackgroundLoop() {
+  if (thread_.joinable()) {
+    shutdown();
+  }
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
+
+void BackgroundLoop::wake() {
+  uint64_t one = 1;
+  ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
+  (void)rc;  // EAGAIN means the counter is already non-zero: the loop will wake anyway
+}
+
+Status BackgroundLoop::submit(std::vector<TensorEntry> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.isOk()) return failure_;
+    if (shutdown_requested_) return Status(common::Code::kShutDown, "Horovod has been shut down");
+    for (size_t i = 0; i < entries.size(); ++i) {
+      EntryKey key{entries[i].request.process_set, entries[i].request.name};
+      bool duplicate = in_flight_.count(key) > 0;
+      for (size_t j = 0; j < i && !duplicate; ++j) {
+        duplicate = entries[j].request.name == key.second &&
+                    entries[j].request.process_set == key.first;
+      }
+      if (duplicate) {
+        return common::invalidArgument(
+            std::string(coord::opTypeName(entries[i].request.type)) + "('" + key.second +
+            "'): a tensor with this name is already in flight; wait for it or use another name");
+      }
+    }
+    for (auto& e : entries) {
+      in_flight_.insert({e.request.process_set, e.request.name});
+      submitted_.push_back(std::move(e));
+    }
+    metrics_.setQueueDepth(in_flight_.size());
+  }
+  wake();
+  return Status::ok();
+}
+
+Status BackgroundLoop::failure() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_;
+}
+
+void BackgroundLoop::shutdown() {
+  shutdown_requested_ = true;
+  wake();
+  if (thread_.joinable()) thread_.join();
+}
+
+void BackgroundLoop::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    abort_reason_ = reason;
+  }
+  abort_requested_ = true;
+  mesh_.abort();  // ends any wait inside a collective at once
+  wake();
+}
+
+void BackgroundLoop::run() {
+  while (!finished_) {
+    waitForWork();
+    if (abort_requested_ && !failed_) {
+      std::string reason;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        reason = abort_reason_;
+      }
+      fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
+                           (reason.empty() ? "" : ": " + reason)),
+           /*tell_peers=*/true);
+    }
+    drainSubmissions();
+    if (!failed_) readControl();
+    if (!failed_ && !shutdown_sent_) {
+      int lost = mesh_.findLostPeer();
+      if (lost >= 0) {
+        fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
+                              ": the process exited or closed the connection"),
+             false);
+      }
+    }
+    if (shutdown_requested_ && !shutdown_sent_) beginShutdown();
+    if (!failed_ && !shutdown_sent_) {
+      if (mesh_.rank() == 0) coordinate(); else sendRequests();
+      executeQueued();
+      inspectStalls();
+    }
+    if (shutdown_sent_) checkShutdownAgreement();
+  }
+  mesh_.close();
+}
+
+void BackgroundLoop::waitForWork() {
+  std::vector<pollfd> fds;
+  fds.push_back({wake_fd_, POLLIN, 0});
+  if (!failed_) {
+    if (mesh_.listenFd() >= 0) fds.push_back({mesh_.listenFd(), POLLIN, 0});
+    for (int r = 0; r < mesh_.size(); ++r) {
+      transport::ControlChannel* channel = mesh_.control(r);
+      if (channel != nullptr) fds.push_back({channel->fd(), POLLIN, 0});
+    }
+  }
+  bool busy = !to_execute_.empty();
+  int timeout = busy ? 0 : kTickMs;
+  auto t0 = Clock::now();
+  int rc = ::poll(fds.data(), fds.size(), timeout);
+  metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
+  if (rc <= 0) return;
+  if (fds[0].revents & POLLIN) {
+    uint64_t value = 0;
+    ssize_t n = ::read(wake_fd_, &value, sizeof(value));
+    (void)n;
+  }
+  if (!failed_ && fds.size() > 1 && mesh_.listenFd() >= 0 && (fds[1].revents & POLLIN)) {
+    mesh_.acceptStray();
+  }
+}
+
+void BackgroundLoop::drainSubmissions() {
+  std::vector<TensorEntry> batch;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    batch.swap(submitted_);
+  }
+  for (auto& e : batch) {
+    if (failed_) {
+      handles_.complete(e.handle, failure());
+      continue;
+    }
+    if (mesh_.rank() == 0) {
+      parked_.push_back(e.request);
+    } else {
+      outgoing_.push_back(e.request);
+    }
+    entries_[{e.request.process_set, e.request.name}] = std::move(e);
+  }
+}
+
+void BackgroundLoop::executeQueued() {
+  while (!to_execute_.empty() && !failed_) {
+    coord::Response response = std::move(to_execute_.front());
+    to_execute_.pop_front();
+    auto members = sets_.members(response.process_set);
+    if (!members || std::find(members->begin(), members->end(), mesh_.rank()) == members->end()) {
+      continue;  // not ours (rank 0 coordinates sets it is not part of)
+    }
+    {
+      // Names leave the in-flight set before their handles complete, so a caller that waits
+      // and immediately resubmits the same name is not refused as a duplicate.
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& name : response.names) in_flight_.erase({response.process_set, name});
+      metrics_.setQueueDepth(in_flight_.size());
+    }
+    Status status = executor_.execute(response, entries_, commFor(response.process_set));
+    if (!status.isOk()) fail(status, /*tell_peers=*/false);
+  }
+}
+
+transport::Comm& BackgroundLoop::commFor(int32_t process_set) {
+  auto it = comms_.find(process_set);
+  if (it == comms_.end()) {
+    auto members = sets_.members(process_set);
+    auto comm = std::make_unique<transport::Comm>(mesh_, members.value_or(std::vector<int>{}),
+                                                  config_.timeout_seconds,
+                                                  config_.spin_microseconds);
+    it = comms_.emplace(process_set, std::move(comm)).first;
+  }
+  return *it->second;
+}
+
+void BackgroundLoop::fail(const Status& status, bool tell_peers) {
+  if (failed_) return;
+  failed_ = true;
+  HVD_LOG(kWarning, "runtime") << "core failed: " << status.message();
+  if (tell_peers) {
+    // Best effort: rank 0 relays an abort to every worker so they stop waiting at once.
+    std::string text = status.message();
+    for (int r = 0; r < mesh_.size(); ++r) {
+      transport::ControlChannel* channel = mesh_.control(r);
+      if (channel != nullptr) {
+        channel->send(static_cast<uint32_t>(coord::MessageType::kAbort), text, 1.0);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = status;
+    in_flight_.clear();
+    for (auto& e : submitted_) handles_.complete(e.handle, status);
+    submitted_.clear();
+  }
+  for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
+  entries_.clear();
+  to_execute_.clear();
+  metrics_.setLastError(status.message());
+  mesh_.close();  // peers see the hang-up at once instead of waiting for HVD_TIMEOUT
+  if (shutdown_requested_) finished_ = true;
+}
+
+}  // namespace hvd::runtime

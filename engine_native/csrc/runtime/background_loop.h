@@ -1,0 +1,106 @@
+// BackgroundLoop: the one thread per process that owns all communication. Framework threads
+// submit() entries and get woken through handles; the loop reads like a table of contents:
+// wait for work -> drain submissions -> negotiate (workers send requests to rank 0, rank 0
+// coordinates and sends responses) -> execute responses in order -> inspect stalls.
+// Rule relied on: every rank executes the responses of its process sets in the order rank 0
+// produced them, so collectives never interleave differently across ranks.
+// Failure (lost peer, timeout, abort) is sticky: pending and later ops fail with the stored
+// Status until shutdown(); init() afterwards builds a fresh loop.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "coord/coordinator.h"
+#include "coord/response_cache.h"
+#include "runtime/executor.h"
+#include "runtime/handle_table.h"
+#include "runtime/metrics.h"
+#include "runtime/process_sets.h"
+#include "runtime/tensor_entry.h"
+#include "transport/mesh.h"
+
+namespace hvd::runtime {
+
+class BackgroundLoop {
+ public:
+  BackgroundLoop(transport::Mesh& mesh, HandleTable& handles, ProcessSetTable& sets,
+                 Metrics& metrics, const common::Config& config);
+  ~BackgroundLoop();
+
+  void start();
+  // Framework threads. Fails at once with the stored failure when the core has failed.
+  common::Status submit(std::vector<TensorEntry> entries);
+  // Bounded: agrees shutdown with the other ranks or gives up after HVD_TIMEOUT.
+  void shutdown();
+  void abort(const std::string& reason);
+  common::Status failure() const;
+
+ private:
+  void run();
+  void waitForWork();
+  void drainSubmissions();
+  void readControl();
+  void handleWorkerMessage(int from, const transport::ControlMessage& message);
+  void handleCoordinatorMessage(const transport::ControlMessage& message);
+  void coordinate();
+  void sendRequests();
+  void executeQueued();
+  void inspectStalls();
+  void beginShutdown();
+  void checkShutdownAgreement();
+  void fail(const common::Status& status, bool tell_peers);
+  void syncProcessSets();
+  transport::Comm& commFor(int32_t process_set);
+  void wake();
+
+  transport::Mesh& mesh_;
+  HandleTable& handles_;
+  ProcessSetTable& sets_;
+  Metrics& metrics_;
+  const common::Config& config_;
+  Executor executor_;
+  std::thread thread_;
+  int wake_fd_ = -1;
+
+  // Shared with framework threads (guarded by mutex_).
+  mutable std::mutex mutex_;
+  std::vector<TensorEntry> submitted_;
+  std::set<EntryKey> in_flight_;
+  common::Status failure_;
+  std::atomic<bool> shutdown_requested_{false};
+  std::atomic<bool> abort_requested_{false};
+  std::string abort_reason_;
+
+  // Background thread only.
+  EntryTable entries_;
+  std::vector<coord::Request> outgoing_;
+  std::deque<coord::Response> to_execute_;
+  std::map<int32_t, std::unique_ptr<transport::Comm>> comms_;
+  uint64_t sets_version_ = 0;
+  std::set<int32_t> registered_sets_;  // rank 0: sets the coordinator knows
+  bool failed_ = false;
+  bool finished_ = false;
+  bool shutdown_sent_ = false;
+  std::chrono::steady_clock::time_point shutdown_deadline_;
+  std::chrono::steady_clock::time_point last_stall_check_;
+  std::chrono::steady_clock::time_point last_stall_report_;
+  // Rank 0 only.
+  std::unique_ptr<coord::Coordinator> coordinator_;
+  std::vector<coord::Request> parked_;            // requests for sets not yet registered
+  std::set<int> shutdown_ranks_;
+  std::map<int, std::unique_ptr<coord::RequestCache>> mirrors_;
+  // Workers only.
+  std::unique_ptr<coord::RequestCache> request_cache_;
+};
+
+}  // namespace hvd::runtime

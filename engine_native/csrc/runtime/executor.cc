@@ -1,0 +1,219 @@
+#include "runtime/executor.h"
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "algo/algorithms.h"
+#include "common/logging.h"
+
+namespace hvd::runtime {
+
+using common::DataType;
+using common::Status;
+using coord::OpType;
+
+namespace {
+
+int64_t product(const std::vector<int64_t>& dims) {
+  return std::accumulate(dims.begin(), dims.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
+double elapsedSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Executor::Executor(HandleTable& handles, Metrics& metrics, const common::Config& config)
+    : handles_(handles), metrics_(metrics), config_(config) {}
+
+uint8_t* Executor::fusionBuffer(size_t bytes) {
+  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  return fusion_buffer_.data();
+}
+
+Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm) {
+  std::vector<TensorEntry> owned;
+  owned.reserve(r.names.size());
+  for (const auto& name : r.names) {
+    auto it = table.find({r.process_set, name});
+    if (it == table.end()) continue;  // joined rank: contributes zeros
+    owned.push_back(std::move(it->second));
+    table.erase(it);
+  }
+  if (r.status == coord::ResponseType::kError) {
+    metrics_.setLastError(r.error);
+    for (auto& e : owned) handles_.complete(e.handle, common::mismatch(r.error));
+    return Status::ok();
+  }
+  std::vector<TensorEntry*> entries;
+  for (auto& e : owned) entries.push_back(&e);
+  TensorEntry* first = entries.empty() ? nullptr : entries[0];
+  metrics_.beginOp(coord::opTypeName(r.type), r.names.empty() ? "" : r.names[0]);
+  auto t0 = std::chrono::steady_clock::now();
+  OpResult result;
+  Status status;
+  switch (r.type) {
+    case OpType::kAllreduce: status = allreduce(r, entries, comm); break;
+    case OpType::kAllgather: status = allgather(r, first, comm, &result); break;
+    case OpType::kBroadcast: status = broadcast(r, first, comm); break;
+    case OpType::kAlltoall: status = alltoall(r, first, comm, &result); break;
+    case OpType::kReducescatter: status = reducescatter(r, first, comm, &result); break;
+    case OpType::kBarrier: status = algo::barrier(comm); break;
+    case OpType::kJoin: result.last_joined_rank = r.last_joined_rank; break;
+  }
+  metrics_.addCommunicate(elapsedSince(t0));
+  metrics_.endOp();
+  if (!status.isOk()) metrics_.setLastError(status.message());
+  for (auto& e : owned) handles_.complete(e.handle, status, result);
+  return status;
+}
+
+Status Executor::allreduce(const coord::Response& r, std::vector<TensorEntry*>& entries,
+                           transport::Comm& comm) {
+  const size_t elem = common::dataTypeSize(r.dtype);
+  const int64_t total = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
+  const size_t bytes = static_cast<size_t>(total) * elem;
+  const bool fused = r.names.size() > 1 || entries.empty();
+  uint8_t* buffer = nullptr;
+  if (fused) {
+    // Copy every tensor into its slot of the fusion buffer; a joined rank's slots stay zero.
+    buffer = fusionBuffer(bytes);
+    size_t offset = 0;
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      TensorEntry* match = nullptr;
+      for (auto* e : entries) {
+        if (e->request.name == r.names[i]) match = e;
+      }
+      if (match != nullptr && n > 0) {
+        std::memcpy(buffer + offset, match->input, n);
+      } else if (n > 0) {
+        std::memset(buffer + offset, 0, n);
+      }
+      offset += n;
+    }
+  } else {
+    buffer = static_cast<uint8_t*>(entries[0]->output);
+    if (entries[0]->input != entries[0]->output && bytes > 0) {
+      std::memcpy(buffer, entries[0]->input, bytes);
+    }
+  }
+  if (r.prescale != 1.0) common::scaleInPlace(buffer, total, r.dtype, r.prescale);
+  algo::AllreduceOptions opts;
+  opts.data = buffer;
+  opts.count = static_cast<size_t>(total);
+  opts.dtype = r.dtype;
+  opts.op = r.reduce_op;
+  opts.segment_bytes = static_cast<size_t>(config_.tcp_segment_bytes);
+  HVD_RETURN_IF_ERROR(algo::allreduceRing(comm, opts));
+  double post = r.postscale;
+  if (r.reduce_op == common::ReduceOp::kAverage) post /= comm.size();
+  if (post != 1.0) common::scaleInPlace(buffer, total, r.dtype, post);
+  if (fused) {
+    size_t offset = 0;
+    for (size_t i = 0; i < r.names.size(); ++i) {
+      size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      for (auto* e : entries) {
+        if (e->request.name == r.names[i] && n > 0) std::memcpy(e->output, buffer + offset, n);
+      }
+      offset += n;
+    }
+  }
+  metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.names.size());
+  return Status::ok();
+}
+
+Status Executor::allgather(const coord::Response& r, TensorEntry* entry, transport::Comm& comm,
+                           OpResult* result) {
+  const size_t row_bytes =
+      static_cast<size_t>(product(r.row_shape)) * common::dataTypeSize(r.dtype);
+  std::vector<size_t> bytes(r.first_dims.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < r.first_dims.size(); ++i) {
+    bytes[i] = static_cast<size_t>(r.first_dims[i]) * row_bytes;
+    rows += r.first_dims[i];
+  }
+  size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  result->buffer = std::make_shared<OutputBuffer>(total);
+  result->shape = {rows};
+  result->shape.insert(result->shape.end(), r.row_shape.begin(), r.row_shape.end());
+  const void* in = entry != nullptr ? entry->input : nullptr;
+  HVD_RETURN_IF_ERROR(algo::allgatherRing(comm, in, result->buffer->data, bytes));
+  metrics_.countOp(static_cast<int>(OpType::kAllgather), total, 1);
+  return Status::ok();
+}
+
+Status Executor::broadcast(const coord::Response& r, TensorEntry* entry, transport::Comm& comm) {
+  const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
+                       common::dataTypeSize(r.dtype);
+  std::vector<uint8_t> scratch;
+  void* data = nullptr;
+  if (entry != nullptr) {
+    data = entry->output;
+    if (entry->input != entry->output && bytes > 0) std::memcpy(data, entry->input, bytes);
+  } else {
+    scratch.resize(bytes);
+    data = scratch.data();
+  }
+  HVD_RETURN_IF_ERROR(algo::broadcastTree(comm, data, bytes, r.root_rank));
+  metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
+  return Status::ok();
+}
+
+Status Executor::alltoall(const coord::Response& r, TensorEntry* entry, transport::Comm& comm,
+                          OpResult* result) {
+  const int n = comm.size();
+  const int me = comm.rank();
+  const size_t row_bytes =
+      static_cast<size_t>(product(r.row_shape)) * common::dataTypeSize(r.dtype);
+  std::vector<size_t> send(n), recv(n);
+  int64_t rows = 0;
+  result->received_splits.resize(n);
+  for (int j = 0; j < n; ++j) {
+    send[j] = static_cast<size_t>(r.splits_matrix[me * n + j]) * row_bytes;
+    int64_t in_rows = r.splits_matrix[j * n + me];
+    recv[j] = static_cast<size_t>(in_rows) * row_bytes;
+    result->received_splits[j] = in_rows;
+    rows += in_rows;
+  }
+  size_t total = std::accumulate(recv.begin(), recv.end(), size_t{0});
+  result->buffer = std::make_shared<OutputBuffer>(total);
+  result->shape = {rows};
+  result->shape.insert(result->shape.end(), r.row_shape.begin(), r.row_shape.end());
+  const void* in = entry != nullptr ? entry->input : nullptr;
+  HVD_RETURN_IF_ERROR(algo::alltoallPairwise(comm, in, send, result->buffer->data, recv));
+  metrics_.countOp(static_cast<int>(OpType::kAlltoall), total, 1);
+  return Status::ok();
+}
+
+Status Executor::reducescatter(const coord::Response& r, TensorEntry* entry,
+                               transport::Comm& comm, OpResult* result) {
+  // Horovod's split: the first dim0 % n ranks get one more row.
+  const int n = comm.size();
+  const int64_t dim0 = r.first_dims.empty() ? 0 : r.first_dims[0];
+  const int64_t row_elems = product(r.row_shape);
+  std::vector<size_t> counts(n);
+  for (int i = 0; i < n; ++i) {
+    int64_t rows = dim0 / n + (i < dim0 % n ? 1 : 0);
+    counts[i] = static_cast<size_t>(rows * row_elems);
+  }
+  const int me = comm.rank();
+  const size_t elem = common::dataTypeSize(r.dtype);
+  result->buffer = std::make_shared<OutputBuffer>(counts[me] * elem);
+  result->shape = {static_cast<int64_t>(row_elems == 0 ? dim0 / n + (me < dim0 % n ? 1 : 0)
+                                                       : counts[me] / row_elems)};
+  result->shape.insert(result->shape.end(), r.row_shape.begin(), r.row_shape.end());
+  const void* in = entry != nullptr ? entry->input : nullptr;
+  HVD_RETURN_IF_ERROR(
+      algo::reducescatterRing(comm, in, result->buffer->data, counts, r.dtype, r.reduce_op));
+  // Scaling commutes with the sum, so both factors are applied to this rank's block only.
+  double factor = r.prescale * r.postscale;
+  if (r.reduce_op == common::ReduceOp::kAverage) factor /= n;
+  if (factor != 1.0) common::scaleInPlace(result->buffer->data, counts[me], r.dtype, factor);
+  metrics_.countOp(static_cast<int>(OpType::kReducescatter), dim0 * row_elems * elem, 1);
+  return Status::ok();
+}
+
+}  // namespace hvd::runtime

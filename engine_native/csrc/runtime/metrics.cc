@@ -1,0 +1,87 @@
+#include "runtime/metrics.h"
+
+namespace hvd::runtime {
+
+void Metrics::countOp(int kind, uint64_t bytes, size_t tensors) {
+  if (kind < 0 || kind >= kNumOpKinds) return;
+  ops_[kind].fetch_add(tensors, std::memory_order_relaxed);
+  bytes_[kind].fetch_add(bytes, std::memory_order_relaxed);
+  if (tensors > 1) {
+    fused_batches_.fetch_add(1, std::memory_order_relaxed);
+    fused_tensors_.fetch_add(tensors, std::memory_order_relaxed);
+  }
+}
+
+void Metrics::setLastError(const std::string& text) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_error_ = text;
+}
+
+void Metrics::beginOp(const std::string& op, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  current_op_ = op;
+  current_name_ = name;
+  current_since_ = std::chrono::steady_clock::now();
+}
+
+void Metrics::endOp() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  current_op_.clear();
+  current_name_.clear();
+}
+
+void Metrics::setPending(std::vector<PendingInfo> pending) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_ = std::move(pending);
+}
+
+void Metrics::setTransports(std::vector<std::string> transports) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  transports_ = std::move(transports);
+}
+
+MetricsSnapshot Metrics::snapshot() const {
+  MetricsSnapshot s;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    s.ops[k] = ops_[k].load(std::memory_order_relaxed);
+    s.bytes[k] = bytes_[k].load(std::memory_order_relaxed);
+  }
+  s.fused_batches = fused_batches_.load(std::memory_order_relaxed);
+  s.fused_tensors = fused_tensors_.load(std::memory_order_relaxed);
+  s.negotiate_seconds = negotiate_us_.load(std::memory_order_relaxed) / 1e6;
+  s.communicate_seconds = communicate_us_.load(std::memory_order_relaxed) / 1e6;
+  s.wait_seconds = wait_us_.load(std::memory_order_relaxed) / 1e6;
+  s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(mutex_);
+  s.last_error = last_error_;
+  s.current_op = current_op_;
+  s.current_name = current_name_;
+  if (!current_op_.empty()) {
+    s.current_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                      current_since_).count();
+  }
+  s.pending = pending_;
+  s.transports = transports_;
+  return s;
+}
+
+void Metrics::reset() {
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    ops_[k].store(0, std::memory_order_relaxed);
+    bytes_[k].store(0, std::memory_order_relaxed);
+  }
+  fused_batches_ = 0;
+  fused_tensors_ = 0;
+  negotiate_us_ = 0;
+  communicate_us_ = 0;
+  wait_us_ = 0;
+  queue_depth_ = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  last_error_.clear();
+  current_op_.clear();
+  current_name_.clear();
+  pending_.clear();
+  transports_.clear();
+}
+
+}  // namespace hvd::runtime

@@ -1,0 +1,74 @@
+// Metrics: cheap counters the background thread bumps and any thread reads (relaxed atomics),
+// plus a small mutex-guarded description of what the loop is doing right now (the collective
+// it is executing, the names it is waiting on). Read by the Python publisher a few times a
+// second; never on the hot path beyond a few relaxed increments.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace hvd::runtime {
+
+constexpr int kNumOpKinds = 7;  // coord::OpType values
+
+struct PendingInfo {
+  std::string name;
+  std::string op;
+  double age_seconds = 0;
+  std::vector<int> missing_ranks;  // known on rank 0 only; empty elsewhere
+};
+
+struct MetricsSnapshot {
+  std::array<uint64_t, kNumOpKinds> ops{};
+  std::array<uint64_t, kNumOpKinds> bytes{};
+  uint64_t fused_batches = 0;
+  uint64_t fused_tensors = 0;
+  double negotiate_seconds = 0;
+  double communicate_seconds = 0;
+  double wait_seconds = 0;
+  uint64_t queue_depth = 0;
+  std::string last_error;
+  std::string current_op;          // "" when idle
+  std::string current_name;
+  double current_seconds = 0;
+  std::vector<PendingInfo> pending;
+  std::vector<std::string> transports;  // per global rank: "self" / "shm" / "tcp"
+};
+
+class Metrics {
+ public:
+  void countOp(int kind, uint64_t bytes, size_t tensors);
+  void addNegotiate(double s) { add(negotiate_us_, s); }
+  void addCommunicate(double s) { add(communicate_us_, s); }
+  void addWait(double s) { add(wait_us_, s); }
+  void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
+  void setLastError(const std::string& text);
+  void beginOp(const std::string& op, const std::string& name);
+  void endOp();
+  void setPending(std::vector<PendingInfo> pending);
+  void setTransports(std::vector<std::string> transports);
+  MetricsSnapshot snapshot() const;
+  void reset();
+
+ private:
+  static void add(std::atomic<uint64_t>& us, double s) {
+    us.fetch_add(static_cast<uint64_t>(s * 1e6), std::memory_order_relaxed);
+  }
+  std::array<std::atomic<uint64_t>, kNumOpKinds> ops_{};
+  std::array<std::atomic<uint64_t>, kNumOpKinds> bytes_{};
+  std::atomic<uint64_t> fused_batches_{0}, fused_tensors_{0};
+  std::atomic<uint64_t> negotiate_us_{0}, communicate_us_{0}, wait_us_{0};
+  std::atomic<uint64_t> queue_depth_{0};
+  mutable std::mutex mutex_;
+  std::string last_error_, current_op_, current_name_;
+  std::chrono::steady_clock::time_point current_since_;
+  std::vector<PendingInfo> pending_;
+  std::vector<std::string> transports_;
+};
+
+}  // namespace hvd::runtime

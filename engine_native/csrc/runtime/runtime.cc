@@ -1,0 +1,237 @@
+#include "runtime/runtime.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <sstream>
+
+#include "common/logging.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+using coord::OpType;
+
+namespace {
+
+std::string describe(const coord::Request& r) {
+  return std::string(coord::opTypeName(r.type)) + "('" + r.name + "')";
+}
+
+}  // namespace
+
+Runtime& Runtime::instance() {
+  static Runtime runtime;
+  return runtime;
+}
+
+Status Runtime::listen(const std::string& bind_address, int* port) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (loop_) return common::invalidArgument("listen(): the core is already initialised");
+  mesh_ = std::make_unique<transport::Mesh>();
+  return mesh_->listen(bind_address, port);
+}
+
+Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
+                     const std::string& secret, const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (loop_) return Status::ok();  // repeated init is a no-op, as in Horovod
+  if (!mesh_) return common::invalidArgument("init(): call listen() first");
+  if (rank < 0 || rank >= static_cast<int>(peers.size())) {
+    return common::invalidArgument("init(): rank " + std::to_string(rank) + " outside [0, " +
+                                   std::to_string(peers.size()) + ")");
+  }
+  config_ = common::Config::fromEnvironment();
+  common::setLogRank(rank);
+  Status status = mesh_->connect(rank, peers, secret, job_id, config_);
+  if (!status.isOk()) {
+    mesh_.reset();
+    return status;
+  }
+  rank_ = rank;
+  size_ = static_cast<int>(peers.size());
+  sets_.reset(size_);
+  metrics_.reset();
+  loop_ = std::make_unique<BackgroundLoop>(*mesh_, handles_, sets_, metrics_, config_);
+  loop_->start();
+  HVD_LOG(kInfo, "runtime") << "initialised: rank " << rank_ << " of " << size_;
+  return Status::ok();
+}
+
+void Runtime::shutdown() {
+  std::unique_ptr<BackgroundLoop> loop;
+  std::unique_ptr<transport::Mesh> mesh;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loop = std::move(loop_);
+    mesh = std::move(mesh_);
+    rank_ = -1;
+    size_ = 0;
+  }
+  if (loop) loop->shutdown();  // outside the lock: enqueue() may be waiting on it
+  loop.reset();
+  if (mesh) mesh->close();
+}
+
+void Runtime::abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (loop_) loop_->abort(reason);
+}
+
+bool Runtime::initialized() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return loop_ != nullptr;
+}
+
+int Runtime::rank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return rank_;
+}
+
+int Runtime::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return size_;
+}
+
+Status Runtime::validate(coord::Request* r) const {
+  if (!common::isValidDataType(static_cast<int32_t>(r->dtype))) {
+    return common::typeError(describe(*r) + ": unsupported dtype code " +
+                             std::to_string(static_cast<int>(r->dtype)));
+  }
+  for (int64_t d : r->shape) {
+    if (d < 0) return common::invalidArgument(describe(*r) + ": negative dimension in shape");
+  }
+  auto members = sets_.members(r->process_set);
+  if (!members) {
+    return common::invalidArgument(describe(*r) + ": process set " +
+                                   std::to_string(r->process_set) +
+                                   " is not registered; create it with add_process_set()");
+  }
+  if (std::find(members->begin(), members->end(), rank_) == members->end()) {
+    return common::invalidArgument(describe(*r) + ": rank " + std::to_string(rank_) +
+                                   " is not a member of process set " +
+                                   std::to_string(r->process_set));
+  }
+  const int64_t n = static_cast<int64_t>(members->size());
+  switch (r->type) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter: {
+      Status s = common::checkReducible(r->dtype, r->reduce_op);
+      if (!s.isOk()) return common::typeError(describe(*r) + ": " + s.message());
+      if (r->type == OpType::kReducescatter && r->shape.empty()) {
+        return common::invalidArgument(describe(*r) + ": a scalar cannot be reduce-scattered; "
+                                       "give it at least one dimension");
+      }
+      break;
+    }
+    case OpType::kAllgather:
+      if (r->shape.empty()) {
+        return common::invalidArgument(describe(*r) + ": a scalar cannot be gathered; reshape "
+                                       "it to [1]");
+      }
+      break;
+    case OpType::kBroadcast:
+      if (r->root_rank < 0 || r->root_rank >= n) {
+        return common::invalidArgument(describe(*r) + ": root_rank " +
+                                       std::to_string(r->root_rank) + " is outside [0, " +
+                                       std::to_string(n) + ")");
+      }
+      break;
+    case OpType::kAlltoall: {
+      if (r->shape.empty()) {
+        return common::invalidArgument(describe(*r) + ": a scalar cannot be sent with alltoall");
+      }
+      const int64_t dim0 = r->shape[0];
+      if (r->splits.empty()) {
+        if (dim0 % n != 0) {
+          return common::invalidArgument(
+              describe(*r) + ": dimension 0 (" + std::to_string(dim0) +
+              ") is not divisible by the number of ranks (" + std::to_string(n) +
+              "); pass splits");
+        }
+        r->splits.assign(n, dim0 / n);
+      }
+      if (static_cast<int64_t>(r->splits.size()) != n) {
+        return common::invalidArgument(describe(*r) + ": splits has " +
+                                       std::to_string(r->splits.size()) +
+                                       " entries, expected one per rank (" + std::to_string(n) +
+                                       ")");
+      }
+      int64_t sum = 0;
+      for (int64_t s : r->splits) {
+        if (s < 0) return common::invalidArgument(describe(*r) + ": splits must be >= 0");
+        sum += s;
+      }
+      if (sum != dim0) {
+        return common::invalidArgument(describe(*r) + ": splits sum to " + std::to_string(sum) +
+                                       " but dimension 0 is " + std::to_string(dim0));
+      }
+      break;
+    }
+    case OpType::kBarrier:
+    case OpType::kJoin:
+      break;
+  }
+  return Status::ok();
+}
+
+Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!loop_) {
+    return common::invalidArgument("Horovod has not been initialized; use hvd.init().");
+  }
+  for (auto& op : ops) {
+    op.request.request_rank = rank_;
+    HVD_RETURN_IF_ERROR(validate(&op.request));
+  }
+  Status failed = loop_->failure();
+  if (!failed.isOk()) return failed;
+  std::vector<TensorEntry> entries;
+  std::vector<int64_t> created;
+  auto now = std::chrono::steady_clock::now();
+  for (auto& op : ops) {
+    TensorEntry e;
+    e.request = std::move(op.request);
+    e.input = op.input;
+    e.output = op.output;
+    e.handle = handles_.create();
+    e.enqueued = now;
+    created.push_back(e.handle);
+    entries.push_back(std::move(e));
+  }
+  Status status = loop_->submit(std::move(entries));
+  if (!status.isOk()) {
+    for (int64_t h : created) handles_.release(h);
+    return status;
+  }
+  *handles = std::move(created);
+  return Status::ok();
+}
+
+Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!loop_) return common::invalidArgument("Horovod has not been initialized; use hvd.init().");
+  std::sort(ranks.begin(), ranks.end());
+  if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
+      ranks.front() < 0 || ranks.back() >= size_) {
+    return common::invalidArgument("add_process_set(): ranks must be distinct and within [0, " +
+                                   std::to_string(size_) + ")");
+  }
+  *id = sets_.add(std::move(ranks));
+  return Status::ok();
+}
+
+Status Runtime::removeProcessSet(int32_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!sets_.remove(id)) {
+    return common::invalidArgument("remove_process_set(): process set " + std::to_string(id) +
+                                   " is not registered (the global set cannot be removed)");
+  }
+  return Status::ok();
+}
+
+std::optional<std::vector<int>> Runtime::processSetRanks(int32_t id) const {
+  return sets_.members(id);
+}
+
+}  // namespace hvd::runtime

@@ -1,0 +1,285 @@
+#include "timeline/timeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <system_error>
+
+#include "common/logging.h"
+
+namespace hvd::timeline {
+
+namespace {
+
+constexpr size_t kMaxInterned = 1 << 14;   // ids are reused after this many distinct strings
+constexpr size_t kMaxStringBytes = 4096;   // longer names are truncated
+constexpr size_t kMaxDims = 64;
+
+int64_t steadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t epochUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Timeline::Timeline(TimelineOptions options)
+    : options_(options),
+      epoch_offset_us_(epochUs() - steadyNs() / 1000),
+      ring_(options.ring_slots),
+      live_events_(options.live_window_seconds, options.live_max_events),
+      writer_(&live_events_, epoch_offset_us_) {}
+
+Timeline::~Timeline() {
+  std::lock_guard<std::mutex> lock(control_mutex_);
+  enabled_.store(false);
+  session_.store(0);
+  pauseWriterLocked();
+  writer_.close();
+}
+
+// ---- control ---------------------------------------------------------------------------------
+// Every control call pauses the writer thread (which drains the ring into the current file),
+// changes the writer's state on this thread, then resumes it when anything is listening.
+
+common::Status Timeline::start(const std::string& path, bool mark_cycles) {
+  std::lock_guard<std::mutex> lock(control_mutex_);
+  pauseWriterLocked();
+  const uint32_t session = next_session_++;
+  common::Status status = writer_.open(path, session, steadyNs(), epochUs());
+  file_open_ = status.isOk();
+  path_ = file_open_ ? path : std::string();
+  session_.store(file_open_ ? session : 0);
+  mark_cycles_.store(file_open_ && mark_cycles);
+  resumeWriterLocked();
+  return status;
+}
+
+void Timeline::stop() {
+  std::lock_guard<std::mutex> lock(control_mutex_);
+  if (!file_open_) return;
+  session_.store(0);
+  mark_cycles_.store(false);
+  pauseWriterLocked();
+  writer_.close();
+  file_open_ = false;
+  path_.clear();
+  resumeWriterLocked();
+}
+
+void Timeline::setLiveCapture(bool on) {
+  std::lock_guard<std::mutex> lock(control_mutex_);
+  if (live_ == on) return;
+  pauseWriterLocked();
+  live_ = on;
+  if (!on) live_events_.clear();
+  resumeWriterLocked();
+}
+
+void Timeline::pauseWriterLocked() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(wake_mutex_);
+    stop_thread_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+  stop_thread_ = false;
+}
+
+void Timeline::resumeWriterLocked() {
+  const bool listening = file_open_ || live_;
+  writer_.setLive(live_);
+  if (!listening) writer_.resetTracks();  // nothing records until the next start
+  enabled_.store(listening);
+  if (!listening) return;
+  try {
+    thread_ = std::thread([this] { writerLoop(); });
+  } catch (const std::system_error& e) {
+    enabled_.store(false);
+    HVD_LOG(kWarning, "timeline") << "timeline: cannot start the writer thread (" << e.what()
+                                  << "); recording is off";
+  }
+}
+
+// Drains every flush interval while events flow; when idle, backs off to four intervals so an
+// idle rank wakes rarely; an event still reaches the file within four intervals (80 ms).
+void Timeline::writerLoop() {
+  const auto base = std::chrono::milliseconds(std::max(1, options_.flush_interval_ms));
+  auto interval = base;
+  for (;;) {
+    const size_t groups = writer_.drain(ring_);
+    writer_.flush();
+    interval = groups > 0 ? base : std::min(interval * 2, base * 4);
+    std::unique_lock<std::mutex> lock(wake_mutex_);
+    if (!stop_thread_ && groups * 4 < ring_.capacity()) {
+      wake_.wait_for(lock, interval, [this] { return stop_thread_; });
+    }
+    if (stop_thread_) {
+      // Everything recorded before the pause request is in the ring now: write it out.
+      lock.unlock();
+      writer_.drain(ring_);
+      writer_.flush();
+      return;
+    }
+  }
+}
+
+// ---- recording -------------------------------------------------------------------------------
+
+TimelineRecord Timeline::makeRecord(RecordKind kind) const {
+  TimelineRecord r;
+  std::memset(&r, 0, sizeof(r));
+  r.ts_ns = steadyNs();
+  r.session = session_.load(std::memory_order_relaxed);
+  r.kind = kind;
+  r.name = kNoString;
+  r.label = kNoString;
+  return r;
+}
+
+bool Timeline::push(TimelineRecord record, const void* data, size_t bytes) {
+  const size_t extra = extraSlotsFor(bytes);
+  const size_t slots = 1 + extra;
+  if (ring_.freeSlots(slots) < slots) return false;
+  const auto* src = static_cast<const unsigned char*>(data);
+  record.extra = static_cast<uint8_t>(extra);
+  record.data_bytes = static_cast<uint32_t>(bytes);
+  const size_t inline_bytes = std::min(bytes, kInlineBytes);
+  if (src != nullptr && inline_bytes > 0) std::memcpy(record.payload, src, inline_bytes);
+  ring_.producerSlot(0) = record;
+  size_t offset = inline_bytes;
+  for (size_t k = 1; k < slots; ++k) {
+    const size_t take = std::min(bytes - offset, kRecordBytes);
+    std::memcpy(static_cast<void*>(&ring_.producerSlot(k)), src + offset, take);
+    offset += take;
+  }
+  ring_.commit(slots);
+  return true;
+}
+
+void Timeline::emit(const TimelineRecord& record, const void* data, size_t bytes) {
+  if (push(record, data, bytes)) {
+    recorded_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// Note [Interned strings]: the first use of a string sends a kDefine group carrying its text;
+// later records carry only the id. The ring is FIFO, so the writer always sees a definition
+// before its uses, and a reused id (after the table is reset) is redefined before it is reused.
+// A definition that does not fit in the ring is not remembered, so the next use retries it.
+bool Timeline::intern(std::string_view text, uint32_t* id) {
+  if (text.size() > kMaxStringBytes) text = text.substr(0, kMaxStringBytes);
+  auto it = intern_ids_.find(text);
+  if (it != intern_ids_.end()) {
+    *id = it->second;
+    return true;
+  }
+  const uint32_t next = static_cast<uint32_t>(intern_ids_.size());
+  TimelineRecord define = makeRecord(RecordKind::kDefine);
+  define.name = next;
+  if (!push(define, text.data(), text.size())) return false;
+  intern_storage_.emplace_back(text);
+  intern_ids_.emplace(std::string_view(intern_storage_.back()), next);
+  *id = next;
+  return true;
+}
+
+// Resets the intern table before a call interns anything, never in the middle of one, so the
+// ids a single record carries can never collide (Note [Interned strings]).
+bool Timeline::recording() {
+  if (!enabled()) return false;
+  if (intern_ids_.size() + 3 > kMaxInterned) {
+    intern_ids_.clear();
+    intern_storage_.clear();
+  }
+  return true;
+}
+
+void Timeline::negotiateStart(std::string_view name, std::string_view op) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kNegotiateStart);
+  if (intern(name, &r.name) && intern(op, &r.label)) return emit(r);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::negotiateRankReady(std::string_view name, int rank) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kRankReady);
+  r.value = rank;
+  if (intern(name, &r.name)) return emit(r);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::negotiateEnd(std::string_view name) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kNegotiateEnd);
+  if (intern(name, &r.name)) return emit(r);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::start(std::string_view name, std::string_view op, common::DataType dtype,
+                     const std::vector<int64_t>& shape) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kOpStart);
+  r.value = static_cast<int32_t>(dtype);
+  const size_t dims = std::min(shape.size(), kMaxDims);
+  if (intern(name, &r.name) && intern(op, &r.label)) {
+    return emit(r, shape.data(), dims * sizeof(int64_t));
+  }
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::activityStart(std::string_view name, std::string_view activity) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kActivityStart);
+  if (intern(name, &r.name) && intern(activity, &r.label)) return emit(r);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::activityEnd(std::string_view name) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kActivityEnd);
+  if (intern(name, &r.name)) return emit(r);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::end(std::string_view name, std::string_view error) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kOpEnd);
+  if (intern(name, &r.name) && (error.empty() || intern(error, &r.label))) return emit(r);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Timeline::markCycle() {
+  if (!markingCycles()) return;
+  emit(makeRecord(RecordKind::kCycle));
+}
+
+// ---- readers ---------------------------------------------------------------------------------
+
+std::vector<RecentEvent> Timeline::recentEvents(int64_t since_us) const {
+  return live_events_.snapshot(since_us, epochUs());
+}
+
+TimelineStats Timeline::stats() const {
+  std::lock_guard<std::mutex> lock(control_mutex_);
+  TimelineStats s;
+  s.recorded = recorded_.load(std::memory_order_relaxed);
+  s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.written = writer_.eventsWritten();
+  s.file_open = file_open_;
+  s.live = live_;
+  s.path = path_;
+  return s;
+}
+
+}  // namespace hvd::timeline

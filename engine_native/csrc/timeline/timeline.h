@@ -1,0 +1,117 @@
+// Timeline: Chrome-trace recording of this process's collectives in Horovod's layout, plus the
+// recent-events strip for the dashboard. The background loop is the only recorder: the
+// recording calls are lock-free, never block and never format (records go into an SPSC ring;
+// a full ring drops and counts). A writer thread, running only while a file or the live strip
+// is on, drains the ring every 20-80 ms. Control calls and readers: any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "timeline/recent_events.h"
+#include "timeline/spsc_ring.h"
+#include "timeline/timeline_record.h"
+#include "timeline/trace_writer.h"
+
+namespace hvd::timeline {
+
+struct TimelineOptions {
+  size_t ring_slots = 1 << 16;       // 64-byte slots: 4 MiB
+  double live_window_seconds = 10.0;
+  size_t live_max_events = 4096;
+  int flush_interval_ms = 20;        // while events flow; 4x when idle (see writerLoop)
+};
+
+struct TimelineStats {
+  uint64_t recorded = 0;  // events accepted into the ring
+  uint64_t dropped = 0;   // events dropped because the ring was full
+  uint64_t written = 0;   // trace events written to files
+  bool file_open = false;
+  bool live = false;
+  std::string path;
+};
+
+class Timeline {
+ public:
+  explicit Timeline(TimelineOptions options = TimelineOptions());
+  ~Timeline();
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+
+  // ---- control (any thread; each returns once the writer thread has applied it) ----------
+  // Opens (truncates) path and writes the header; a running file is closed first.
+  common::Status start(const std::string& path, bool mark_cycles);
+  void stop();                    // drains what was recorded, leaves the file valid, closes it
+  void setLiveCapture(bool on);   // feed recentEvents() even without a file
+
+  bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  bool markingCycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
+
+  // ---- recording (the background thread only: single producer) ---------------------------
+  // Tensor state per name: NEGOTIATE_<op> span [rank ticks] -> <op> span [nested activities]
+  // -> end. Calls out of that order are ignored by the writer; end() closes open activities.
+  void negotiateStart(std::string_view name, std::string_view op);
+  void negotiateRankReady(std::string_view name, int rank);
+  void negotiateEnd(std::string_view name);
+  void start(std::string_view name, std::string_view op, common::DataType dtype,
+             const std::vector<int64_t>& shape);
+  void activityStart(std::string_view name, std::string_view activity);
+  void activityEnd(std::string_view name);
+  void end(std::string_view name, std::string_view error = std::string_view());
+  void markCycle();  // CYCLE_START, only while a file opened with mark_cycles is running
+
+  // ---- readers (any thread) ----------------------------------------------------------------
+  // Finished spans and ticks of the last live_window_seconds starting at or after since_us
+  // (microseconds since the Unix epoch), oldest first. Filled only while live capture is on.
+  std::vector<RecentEvent> recentEvents(int64_t since_us = 0) const;
+  TimelineStats stats() const;
+
+ private:
+  bool recording();
+  bool intern(std::string_view text, uint32_t* id);
+  bool push(TimelineRecord record, const void* data, size_t bytes);
+  void emit(const TimelineRecord& record, const void* data = nullptr, size_t bytes = 0);
+  TimelineRecord makeRecord(RecordKind kind) const;
+  void pauseWriterLocked();
+  void resumeWriterLocked();
+  void writerLoop();
+
+  const TimelineOptions options_;
+  const int64_t epoch_offset_us_;  // steady-clock microseconds -> Unix epoch microseconds
+  SpscRing<TimelineRecord> ring_;
+  RecentEvents live_events_;
+  TraceWriter writer_;
+
+  // Producer-only intern table (string -> id); reset when it grows past its cap.
+  std::deque<std::string> intern_storage_;
+  std::unordered_map<std::string_view, uint32_t> intern_ids_;
+
+  std::atomic<bool> enabled_{false};
+  std::atomic<bool> mark_cycles_{false};
+  std::atomic<uint32_t> session_{0};  // file session new records belong to (0: no file)
+  std::atomic<uint64_t> recorded_{0};
+  std::atomic<uint64_t> dropped_{0};
+
+  mutable std::mutex control_mutex_;  // serialises control calls; guards the fields below
+  bool file_open_ = false;
+  bool live_ = false;
+  uint32_t next_session_ = 1;
+  std::string path_;
+  std::thread thread_;
+
+  std::mutex wake_mutex_;
+  std::condition_variable wake_;
+  bool stop_thread_ = false;
+};
+
+}  // namespace hvd::timeline

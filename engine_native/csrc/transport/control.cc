@@ -1,0 +1,111 @@
+// ControlChannel (transport/control.h): length-prefixed frames over a non-blocking socket.
+// A header is validated as soon as its 16 bytes arrive, before any payload is buffered, so a
+// hostile or broken peer can never make this rank allocate more than kMaxControlBytes.
+#include "transport/control.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "transport/tcp/socket.h"
+
+namespace hvd::transport {
+
+using common::Status;
+
+namespace {
+
+constexpr size_t kHeaderBytes = 16;
+constexpr size_t kReadChunk = 64 << 10;
+constexpr size_t kReadBudget = 4 << 20;  // per call, so one chatty peer cannot starve the loop
+
+void putLe(char* p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
+}
+uint64_t getLe(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+ControlChannel::ControlChannel(int fd, int peer) : fd_(fd), peer_(peer) {}
+
+ControlChannel::~ControlChannel() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ControlChannel::send(uint32_t type, const std::string& payload, double timeout_seconds) {
+  if (payload.size() > kMaxControlBytes) {
+    return common::internalError("control message of " + std::to_string(payload.size()) +
+                                 " bytes exceeds the limit of " +
+                                 std::to_string(kMaxControlBytes));
+  }
+  char header[kHeaderBytes];
+  putLe(header, kControlMagic, 4);
+  putLe(header + 4, type, 4);
+  putLe(header + 8, payload.size(), 8);
+  const tcp::Deadline deadline = tcp::deadlineAfter(timeout_seconds);
+  Status s = tcp::writeFull(fd_, header, kHeaderBytes, deadline);
+  if (s.isOk()) s = tcp::writeFull(fd_, payload.data(), payload.size(), deadline);
+  if (s.isOk()) return s;
+  // A partial frame leaves the stream unusable: the caller must drop the channel.
+  if (s.code() == common::Code::kTimeout) {
+    std::ostringstream os;
+    os << "timed out after " << timeout_seconds << " s sending a control message to rank "
+       << peer_;
+    return common::timedOut(os.str());
+  }
+  return common::peerLost("lost the control connection to rank " + std::to_string(peer_) + ": " +
+                          s.message());
+}
+
+Status ControlChannel::receive(std::vector<ControlMessage>* out) {
+  Status end = Status::ok();
+  for (size_t budget = kReadBudget; budget > 0;) {
+    const size_t old_size = inbox_.size();
+    inbox_.resize(old_size + kReadChunk);
+    const ssize_t got = ::recv(fd_, &inbox_[old_size], kReadChunk, MSG_DONTWAIT);
+    const int err = errno;
+    inbox_.resize(old_size + (got > 0 ? static_cast<size_t>(got) : 0));
+    if (got > 0) {
+      budget -= std::min(budget, static_cast<size_t>(got));
+      continue;
+    }
+    if (got < 0 && err == EINTR) continue;
+    if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK)) break;
+    end = common::peerLost("lost the control connection to rank " + std::to_string(peer_) +
+                           (got == 0 ? std::string(": connection closed")
+                                     : ": " + tcp::errnoText(err)));
+    break;
+  }
+  size_t offset = 0;
+  while (inbox_.size() - offset >= kHeaderBytes) {
+    const char* h = inbox_.data() + offset;
+    const uint64_t magic = getLe(h, 4);
+    const uint64_t length = getLe(h + 8, 8);
+    if (magic != kControlMagic || length > kMaxControlBytes) {
+      inbox_.clear();
+      return common::internalError(
+          "malformed control frame from rank " + std::to_string(peer_) +
+          (magic != kControlMagic ? std::string(": bad magic")
+                                  : ": length " + std::to_string(length) + " over the limit"));
+    }
+    if (inbox_.size() - offset - kHeaderBytes < length) break;
+    ControlMessage message;
+    message.type = static_cast<uint32_t>(getLe(h + 4, 4));
+    message.payload.assign(h + kHeaderBytes, length);
+    out->push_back(std::move(message));
+    offset += kHeaderBytes + length;
+  }
+  inbox_.erase(0, offset);
+  return end;
+}
+
+}  // namespace hvd::transport

@@ -1,0 +1,349 @@
+// Mesh (transport/mesh.h): listens, connects every pair of ranks, authenticates each
+// connection (Note [Mesh handshake]), sets up shared memory within a host (Note [Shm setup])
+// and then holds the pairs and control channels for the background thread.
+//
+// Note [Mesh connect order]
+//   A. Rank r dials every lower rank i < r (data), then, if r > 0, rank 0 again (control).
+//      Connection refused (i is not listening yet) is retried until the deadline; so is a
+//      connection the acceptor closed during the handshake.
+//   B. Rank r then accepts until it holds a data connection from every higher rank and, on
+//      rank 0, a control connection from every worker. Any other connection (garbage, wrong
+//      secret, wrong job, wrong or duplicate rank, stalled > 2 s) is dropped with a log line
+//      and accepting goes on.
+//   C. Deadlock-free: rank 0 only accepts; by induction every rank i < r reaches step B after
+//      finitely many dials, and r's connection to i waits in i's backlog until then.
+//   D. Shared-memory setup runs over the data sockets once all of them exist; then pairs are
+//      built. Every socket is non-blocking and TCP_NODELAY from birth, and data sockets have
+//      4 MiB buffers set before connecting (tcp/socket.h).
+//   The whole of A-D is bounded by HVD_TIMEOUT; a timeout names the ranks never connected.
+#include "transport/mesh.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/logging.h"
+#include "transport/shm/pair.h"
+#include "transport/shm/setup.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/pair.h"
+#include "transport/tcp/socket.h"
+
+namespace hvd::transport {
+
+using common::Status;
+using tcp::ChannelKind;
+
+struct Mesh::Impl {
+  tcp::JobIdentity identity;
+  common::Config config;
+  std::vector<int> data_fds;     // by global rank; -1 for self or not connected
+  std::vector<int> control_fds;  // by global rank, until handed to a ControlChannel
+  std::vector<std::unique_ptr<Pair>> pairs;
+  std::vector<std::unique_ptr<ControlChannel>> controls;
+  shm::SetupResult shm;
+  std::string last_error;        // the most recent failure while connecting, for the report
+  std::mutex doorbell_mutex;     // Note [Abort versus close]
+  shm::Doorbell* own_doorbell = nullptr;
+  int abort_fd = -1;             // eventfd, readable once aborted; lives as long as the Mesh
+  bool connected = false;
+
+  // The steps of Note [Mesh connect order]; members of Mesh so they may use its fields.
+  Status dialLowerRanks(Mesh& mesh, tcp::Deadline deadline);
+  Status acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline);
+  Status setupPairs(Mesh& mesh, tcp::Deadline deadline);
+};
+
+// Note [Abort versus close]
+// abort() may run on any thread while the background thread closes the mesh. abort() rings
+// the doorbell under doorbell_mutex; close() clears own_doorbell under the same mutex before it
+// unmaps the segment, so abort never touches unmapped memory. The abort eventfd is closed only
+// by the destructor, so abort() never writes to a descriptor number reused by someone else.
+
+namespace {
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+// Step A for one connection: dial, retrying refusals and hang-ups, then handshake.
+Status dialPeer(const PeerInfo& info, int peer, ChannelKind kind, const tcp::JobIdentity& identity,
+                tcp::Deadline deadline, const std::atomic<bool>& aborted, int* fd,
+                std::string* last_error) {
+  while (true) {
+    if (aborted.load()) return common::aborted("aborted while connecting");
+    int s = -1;
+    Status st = tcp::dial(info.address, info.port, deadline, &s);
+    if (st.isOk()) {
+      st = tcp::dialerHandshake(s, identity, peer, kind, deadline);
+      if (st.isOk()) {
+        *fd = s;
+        return st;
+      }
+      tcp::closeFd(&s);
+    }
+    *last_error = "rank " + std::to_string(peer) + " (" + tcp::channelKindName(kind) +
+                  "): " + st.message();
+    if (st.code() != common::Code::kPeerLost) return st;
+    if (tcp::Clock::now() >= deadline) return common::timedOut(st.message());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+Status connectTimeout(int rank, double seconds, const std::vector<int>& missing,
+                      const std::string& last_error) {
+  std::ostringstream os;
+  os << "rank " << rank << ": timed out after " << seconds
+     << " s connecting to the other ranks; never connected: rank"
+     << (missing.size() > 1 ? "s " : " ") << rankList(missing);
+  if (!last_error.empty()) os << " (last error: " << last_error << ")";
+  return common::timedOut(os.str());
+}
+
+}  // namespace
+
+Mesh::Mesh() : impl_(new Impl()) { impl_->abort_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
+
+Mesh::~Mesh() {
+  close();
+  if (impl_->abort_fd >= 0) ::close(impl_->abort_fd);
+}
+
+Status Mesh::listen(const std::string& bind_address, int* port) {
+  if (listen_fd_ >= 0) return common::invalidArgument("listen: already listening");
+  return tcp::listenOn(bind_address, &listen_fd_, port);
+}
+
+Pair* Mesh::pair(int global_rank) const {
+  if (global_rank < 0 || global_rank >= static_cast<int>(impl_->pairs.size())) return nullptr;
+  return impl_->pairs[global_rank].get();
+}
+
+ControlChannel* Mesh::control(int global_rank) const {
+  if (global_rank < 0 || global_rank >= static_cast<int>(impl_->controls.size())) return nullptr;
+  return impl_->controls[global_rank].get();
+}
+
+Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::string& secret,
+                     const std::string& job_id, const common::Config& config) {
+  const int world = static_cast<int>(peers.size());
+  if (impl_->connected) return common::invalidArgument("connect: the mesh is already connected");
+  if (rank < 0 || rank >= world) {
+    return common::invalidArgument("connect: rank " + std::to_string(rank) +
+                                   " outside a world of " + std::to_string(world));
+  }
+  if (job_id.size() > tcp::kMaxJobIdBytes) {
+    return common::invalidArgument("connect: job id longer than 255 bytes");
+  }
+  if (world > 1 && listen_fd_ < 0) return common::invalidArgument("connect: call listen() first");
+  if (secret.empty()) {
+    HVD_LOG(kWarning, "transport") << "empty job secret: any local process can join this job";
+  }
+  rank_ = rank;
+  peers_ = peers;
+  Impl& m = *impl_;
+  m.identity = tcp::JobIdentity{secret, job_id, rank, world};
+  m.config = config;
+  m.data_fds.assign(world, -1);
+  m.control_fds.assign(world, -1);
+  const auto start = tcp::Clock::now();
+  const tcp::Deadline deadline = tcp::deadlineAfter(config.timeout_seconds);
+  Status s = m.dialLowerRanks(*this, deadline);
+  if (s.isOk()) s = m.acceptHigherRanks(*this, deadline);
+  if (s.isOk()) s = m.setupPairs(*this, deadline);
+  if (!s.isOk()) {
+    close();
+    return s;
+  }
+  m.connected = true;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(tcp::Clock::now() - start);
+  HVD_LOG(kDebug, "transport") << "connected to " << world - 1 << " peers in " << ms.count()
+                               << " ms";
+  return Status::ok();
+}
+
+Status Mesh::Impl::dialLowerRanks(Mesh& mesh, tcp::Deadline deadline) {
+  Impl& m = *this;
+  const int self = mesh.rank_;
+  for (int i = 0; i <= self; ++i) {
+    const bool control = i == self;  // the last step: control channel to rank 0
+    const int peer = control ? 0 : i;
+    if (control && self == 0) break;
+    int* slot = control ? &m.control_fds[0] : &m.data_fds[i];
+    Status s = dialPeer(mesh.peers_[peer], peer,
+                        control ? ChannelKind::kControl : ChannelKind::kData, m.identity,
+                        deadline, mesh.aborted_, slot, &m.last_error);
+    if (s.code() == common::Code::kTimeout) {
+      std::vector<int> missing;
+      for (int j = 0; j < mesh.size(); ++j) {
+        const bool control_missing = j == 0 && self > 0 && m.control_fds[0] < 0;
+        if (j != self && (m.data_fds[j] < 0 || control_missing)) missing.push_back(j);
+      }
+      return connectTimeout(self, m.config.timeout_seconds, missing, m.last_error);
+    }
+    if (!s.isOk()) return Status(s.code(), "rank " + std::to_string(self) + ": " + m.last_error);
+  }
+  return Status::ok();
+}
+
+Status Mesh::Impl::acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline) {
+  Impl& m = *this;
+  const int self = mesh.rank_;
+  const int world = mesh.size();
+  int remaining = world - 1 - self + (self == 0 ? world - 1 : 0);
+  const tcp::AdmitFunction admit = [&m, self](int peer, ChannelKind kind) -> std::string {
+    const bool control = kind == ChannelKind::kControl;
+    if (control ? (self != 0 || peer == 0) : peer <= self) {
+      return "rank " + std::to_string(peer) + " should not open a " +
+             tcp::channelKindName(kind) + " connection to rank " + std::to_string(self);
+    }
+    const int fd = control ? m.control_fds[peer] : m.data_fds[peer];
+    return fd >= 0 ? "duplicate " + std::string(tcp::channelKindName(kind)) +
+                         " connection from rank " + std::to_string(peer)
+                   : std::string();
+  };
+  while (remaining > 0) {
+    if (mesh.aborted()) return common::aborted("aborted while connecting");
+    const int wait_ms = tcp::millisecondsLeft(deadline, 200);
+    if (wait_ms == 0) {
+      std::vector<int> missing;
+      for (int j = 1; j < world; ++j) {
+        if (j > self ? m.data_fds[j] < 0 : (self == 0 && m.control_fds[j] < 0)) {
+          missing.push_back(j);
+        }
+      }
+      return connectTimeout(self, m.config.timeout_seconds, missing, m.last_error);
+    }
+    pollfd p{mesh.listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, wait_ms) <= 0) continue;
+    int fd = -1;
+    std::string from;
+    HVD_RETURN_IF_ERROR(tcp::acceptOne(mesh.listen_fd_, &fd, &from));
+    if (fd < 0) continue;
+    const tcp::Deadline handshake_deadline =
+        std::min(deadline, tcp::deadlineAfter(tcp::kAcceptorHandshakeSeconds));
+    int peer = -1;
+    ChannelKind kind = ChannelKind::kData;
+    Status s = tcp::acceptorHandshake(fd, m.identity, admit, handshake_deadline, &peer, &kind);
+    if (!s.isOk()) {
+      HVD_LOG(kWarning, "transport") << "dropped connection from " << from << ": " << s.message();
+      m.last_error = "dropped connection from " + from + ": " + s.message();
+      tcp::closeFd(&fd);
+      continue;
+    }
+    (kind == ChannelKind::kControl ? m.control_fds : m.data_fds)[peer] = fd;
+    --remaining;
+  }
+  return Status::ok();
+}
+
+Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
+  Impl& m = *this;
+  const int self = mesh.rank_;
+  const int world = mesh.size();
+  shm::SetupRequest request;
+  request.rank = self;
+  request.job_id = m.identity.job_id;
+  request.fds = m.data_fds;
+  request.ring_bytes = static_cast<uint64_t>(std::max<int64_t>(m.config.shm_ring_bytes, 4096));
+  request.wanted = m.config.transport != "tcp";
+  request.deadline = deadline;
+  for (int j = 0; j < world; ++j) {
+    if (j != self && mesh.sameHost(j, self)) request.local_peers.push_back(j);
+  }
+  Status s = shm::setupSharedMemory(request, &m.shm);
+  if (!s.isOk()) {
+    return Status(s.code(), "rank " + std::to_string(self) +
+                                ": shared-memory setup with the ranks of this host failed: " +
+                                s.message());
+  }
+  m.pairs.clear();
+  m.pairs.resize(world);
+  m.controls.clear();
+  m.controls.resize(world);
+  for (int j = 0; j < world; ++j) {
+    if (m.control_fds[j] >= 0) {
+      m.controls[j].reset(new ControlChannel(m.control_fds[j], j));
+      m.control_fds[j] = -1;  // owned by the channel now
+    }
+    if (j == self) continue;
+    if (m.shm.peer_segment[j]) {
+      const shm::Segment& theirs = *m.shm.peer_segment[j];
+      m.pairs[j].reset(new shm::ShmPair(j, theirs.ring(m.shm.outgoing_ring[j]),
+                                        m.shm.own->ring(m.shm.incoming_ring[j]),
+                                        theirs.doorbell(), m.shm.own->doorbell(),
+                                        m.data_fds[j]));
+    } else {
+      m.pairs[j].reset(new tcp::TcpPair(m.data_fds[j], j, m.abort_fd));
+    }
+    HVD_LOG(kInfo, "transport") << "rank " << self << " -> " << j << " via "
+                                << (m.shm.peer_segment[j] ? "shm" : "tcp");
+  }
+  std::lock_guard<std::mutex> lock(m.doorbell_mutex);
+  m.own_doorbell = m.shm.own ? m.shm.own->doorbell() : nullptr;
+  return Status::ok();
+}
+
+void Mesh::acceptStray() {
+  // The mesh is complete, so no connection is expected: drop without reading from it, which
+  // never blocks the background thread. A bounded batch per call keeps the loop responsive.
+  for (int i = 0; i < 16 && listen_fd_ >= 0; ++i) {
+    int fd = -1;
+    std::string from;
+    if (!tcp::acceptOne(listen_fd_, &fd, &from).isOk() || fd < 0) return;
+    HVD_LOG(kWarning, "transport") << "dropped connection from " << from
+                                   << ": unexpected connection after the mesh was complete";
+    tcp::closeFd(&fd);
+  }
+}
+
+int Mesh::findLostPeer() const {
+  const Impl& m = *impl_;
+  std::vector<pollfd> fds;
+  std::vector<int> ranks;
+  for (int j = 0; j < static_cast<int>(m.data_fds.size()); ++j) {
+    if (j == rank_ || m.data_fds[j] < 0) continue;
+    fds.push_back(pollfd{m.data_fds[j], POLLRDHUP, 0});
+    ranks.push_back(j);
+  }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return -1;
+  for (size_t k = 0; k < fds.size(); ++k) {
+    if (fds[k].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return ranks[k];
+  }
+  return -1;
+}
+
+void Mesh::abort() {
+  aborted_.store(true, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(impl_->doorbell_mutex);
+  if (impl_->own_doorbell != nullptr) shm::wakeAlways(impl_->own_doorbell);
+  const uint64_t one = 1;
+  if (impl_->abort_fd >= 0 && ::write(impl_->abort_fd, &one, sizeof(one)) < 0) {
+    // Only EAGAIN is possible (counter saturated), and then the fd is readable anyway.
+  }
+}
+
+void Mesh::close() {
+  Impl& m = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(m.doorbell_mutex);
+    m.own_doorbell = nullptr;
+  }
+  m.pairs.clear();
+  m.controls.clear();
+  for (int& fd : m.control_fds) tcp::closeFd(&fd);
+  for (int& fd : m.data_fds) tcp::closeFd(&fd);
+  m.shm = shm::SetupResult();
+  tcp::closeFd(&listen_fd_);
+  m.connected = false;
+}
+
+}  // namespace hvd::transport

@@ -1,0 +1,75 @@
+// Mesh: the job's connections, one per peer, owned by the background thread after connect().
+// Step A (Python bootstrap thread): listen() binds a socket and reports the port.
+// Step B (same thread): connect() dials/accepts every peer (lower rank accepts, higher rank
+// dials), proves the job secret both ways (HMAC-SHA256 challenge), opens a control channel
+// to rank 0 for every worker, and maps shared memory for peers on the same host.
+// After connect() the Mesh belongs to the background thread (plus abort(), which is atomic).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "transport/control.h"
+#include "transport/pair.h"
+
+namespace hvd::transport {
+
+struct PeerInfo {
+  std::string host_id;   // ranks with equal host_id share a host (shm, local_rank)
+  std::string address;   // where the peer's listener is reachable
+  int port = 0;
+  int64_t pid = 0;
+};
+
+class Mesh {
+ public:
+  Mesh();
+  ~Mesh();
+
+  common::Status listen(const std::string& bind_address, int* port);
+  common::Status connect(int rank, const std::vector<PeerInfo>& peers, const std::string& secret,
+                         const std::string& job_id, const common::Config& config);
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+  // Data pair to a peer (nullptr for self). "shm" or "tcp" by Pair::kind().
+  Pair* pair(int global_rank) const;
+
+  const PeerInfo& peerInfo(int global_rank) const { return peers_[global_rank]; }
+  bool sameHost(int a, int b) const { return peers_[a].host_id == peers_[b].host_id; }
+
+  // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
+  // a worker has one, to rank 0. nullptr when absent.
+  ControlChannel* control(int global_rank) const;
+  int listenFd() const { return listen_fd_; }
+
+  // Handle one pending connection on the listener after connect(): a stray or hostile dialer
+  // is authenticated or dropped with a log line; never affects the job.
+  void acceptStray();
+
+  // Liveness: checks every peer socket for hang-up without consuming data. Returns the first
+  // lost peer's rank, or -1.
+  int findLostPeer() const;
+
+  // Wakes any wait in this mesh (shm doorbell and the loop's eventfd) and makes every later
+  // transfer fail with kAborted. Safe from any thread.
+  void abort();
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+
+  void close();  // closes sockets, unmaps shm; idempotent
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = -1;
+  int listen_fd_ = -1;
+  std::vector<PeerInfo> peers_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace hvd::transport

@@ -1,0 +1,235 @@
+// Shared-memory segment, rings and doorbell (transport/shm/segment.h).
+//
+// Layout: [header 64 B][doorbell 64 B][ring 0: RingHeader 128 B, data][ring 1 ...], every ring
+// starting on a 64-byte boundary so producer and consumer counters never share a cache line.
+//
+// Note [Doorbell ordering]
+// The owner of a doorbell sleeps only if no peer can have made progress possible for it:
+//   owner (waitDoorbell)                        peer (after ring write/read, wakeIfSleeping)
+//   O1 seen = sequence            (seq_cst)     P1 head/tail = new value      (seq_cst store)
+//   O2 sleeping = 1               (seq_cst)     P2 if sleeping == 1           (seq_cst load)
+//   O3 ready(): load head/tail    (seq_cst)     P3    sequence += 1           (seq_cst)
+//   O4 FUTEX_WAIT(sequence, seen)               P4    FUTEX_WAKE(sequence)
+// All of O2, O3, P1, P2 are seq_cst, so they fall in one total order: either P1 precedes O3 (the
+// owner sees the new data/space and does not sleep) or O2 precedes P2 (the peer sees sleeping
+// and wakes). In the second case, if P3 lands before O4 the kernel finds sequence != seen and
+// FUTEX_WAIT returns at once; if after, O4 is already queued and P4 wakes it. A lost wake-up is
+// therefore impossible; a spurious one (sleeping is set while the owner waits for another peer)
+// only costs a re-check. Release/acquire alone would not do: O2->O3 and P1->P2 are store->load
+// pairs, which only a full (seq_cst) order keeps from being reordered. Payload bytes are
+// published by the seq_cst store of head (a release) and read after the seq_cst load of head
+// (an acquire); space is handed back the same way through tail. The futex word is shared
+// between processes, so FUTEX_WAIT/FUTEX_WAKE are used without FUTEX_PRIVATE_FLAG.
+// A poll sleep (the owner also waits for TCP sockets, which a futex cannot watch) is the same
+// protocol with O2 storing kPollSleep, O4 a poll() that includes the pair sockets, and P3-P4
+// one byte sent on the pair socket instead of the futex wake: the byte stays readable until
+// drained, so a wake sent before the poll starts is not lost either.
+#include "transport/shm/segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <ctime>
+
+namespace hvd::transport::shm {
+
+using common::Status;
+
+namespace {
+
+constexpr uint64_t kSegmentMagic = 0x31304d4853445648ull;  // "HVDSHM01"
+constexpr size_t kHeaderBytes = 64;
+constexpr size_t kDoorbellOffset = 64;
+constexpr size_t kRingsOffset = 128;
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint32_t ring_count;
+  uint32_t reserved;
+  uint64_t ring_bytes;
+  uint64_t total_bytes;
+};
+static_assert(sizeof(SegmentHeader) <= kHeaderBytes, "header must fit its slot");
+static_assert(sizeof(Doorbell) <= 64, "doorbell must fit its slot");
+static_assert(sizeof(RingHeader) == 128, "ring header is two cache lines");
+
+uint64_t ringStride(uint64_t ring_bytes) {
+  return sizeof(RingHeader) + ((ring_bytes + 63) / 64) * 64;
+}
+
+std::string errnoText(int err) { return std::strerror(err); }
+
+long futexCall(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+size_t Ring::write(const uint8_t* src, size_t n) {
+  const uint64_t head = header_->head.load(std::memory_order_relaxed);  // ours
+  const uint64_t tail = header_->tail.load(std::memory_order_seq_cst);
+  const uint64_t free_bytes = capacity_ - (head - tail);
+  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, free_bytes));
+  if (k == 0) return 0;
+  const size_t pos = static_cast<size_t>(head % capacity_);
+  const size_t first = std::min<size_t>(k, static_cast<size_t>(capacity_) - pos);
+  std::memcpy(data_ + pos, src, first);
+  std::memcpy(data_, src + first, k - first);
+  header_->head.store(head + k, std::memory_order_seq_cst);
+  return k;
+}
+
+size_t Ring::read(uint8_t* dst, size_t n) {
+  const uint64_t tail = header_->tail.load(std::memory_order_relaxed);  // ours
+  const uint64_t head = header_->head.load(std::memory_order_seq_cst);
+  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, head - tail));
+  if (k == 0) return 0;
+  const size_t pos = static_cast<size_t>(tail % capacity_);
+  const size_t first = std::min<size_t>(k, static_cast<size_t>(capacity_) - pos);
+  std::memcpy(dst, data_ + pos, first);
+  std::memcpy(dst + first, data_, k - first);
+  header_->tail.store(tail + k, std::memory_order_seq_cst);
+  return k;
+}
+
+bool Ring::hasSpace() const {
+  const uint64_t head = header_->head.load(std::memory_order_seq_cst);
+  return head - header_->tail.load(std::memory_order_seq_cst) < capacity_;
+}
+
+bool Ring::hasData() const {
+  const uint64_t tail = header_->tail.load(std::memory_order_seq_cst);
+  return header_->head.load(std::memory_order_seq_cst) != tail;
+}
+
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
+  timespec timeout{};
+  timeout.tv_sec = static_cast<time_t>(timeout_us / 1000000);
+  timeout.tv_nsec = static_cast<long>((timeout_us % 1000000) * 1000);
+  // EAGAIN (the word moved), EINTR and ETIMEDOUT all mean: go and re-check.
+  futexCall(word, FUTEX_WAIT, expected, &timeout);
+}
+
+void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
+  const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
+  if (sleeping == kFutexSleep) {
+    wakeAlways(doorbell);
+  } else if (sleeping == kPollSleep) {
+    // EAGAIN means unread wake bytes are already queued, which wakes the owner just as well.
+    const uint8_t wake = 1;
+    ::send(socket_fd, &wake, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+}
+
+void beginPollSleep(Doorbell* doorbell) {
+  doorbell->sleeping.store(kPollSleep, std::memory_order_seq_cst);
+}
+
+void endSleep(Doorbell* doorbell) { doorbell->sleeping.store(kAwake, std::memory_order_seq_cst); }
+
+void drainWakeBytes(int socket_fd) {
+  uint8_t sink[64];
+  while (::recv(socket_fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+  }
+}
+
+void wakeAlways(Doorbell* doorbell) {
+  doorbell->sequence.fetch_add(1, std::memory_order_seq_cst);
+  futexCall(&doorbell->sequence, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+uint64_t Segment::totalBytes(uint32_t ring_count, uint64_t ring_bytes) {
+  return kRingsOffset + ring_count * ringStride(ring_bytes);
+}
+
+Status Segment::create(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
+                       std::unique_ptr<Segment>* out) {
+  const uint64_t total = totalBytes(ring_count, ring_bytes);
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return common::internalError("shm_open(" + name + "): " + errnoText(errno));
+  std::unique_ptr<Segment> segment(new Segment());
+  segment->name_ = name;
+  segment->linked_ = true;
+  int err = ::ftruncate(fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
+  if (err == 0) err = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
+  void* base = MAP_FAILED;
+  if (err == 0) {
+    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) err = errno;
+  }
+  ::close(fd);
+  if (err != 0) {
+    return common::internalError("cannot allocate " + std::to_string(total) +
+                                 " bytes of shared memory for " + name + ": " + errnoText(err));
+  }
+  segment->base_ = static_cast<uint8_t*>(base);
+  segment->bytes_ = total;
+  segment->ring_count_ = ring_count;
+  segment->ring_bytes_ = ring_bytes;
+  // The file is zero-filled, which is the initial state of every atomic; only the header needs
+  // writing. Peers read it after receiving the name over a socket (a syscall, so ordered).
+  auto* header = reinterpret_cast<SegmentHeader*>(segment->base_);
+  header->magic = kSegmentMagic;
+  header->ring_count = ring_count;
+  header->ring_bytes = ring_bytes;
+  header->total_bytes = total;
+  *out = std::move(segment);
+  return Status::ok();
+}
+
+Status Segment::open(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
+                     std::unique_ptr<Segment>* out) {
+  const uint64_t total = totalBytes(ring_count, ring_bytes);
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return common::internalError("shm_open(" + name + "): " + errnoText(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != total) {
+    ::close(fd);
+    return common::internalError("shared memory " + name + " has an unexpected size");
+  }
+  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) return common::internalError("mmap(" + name + "): " + errnoText(err));
+  std::unique_ptr<Segment> segment(new Segment());
+  segment->name_ = name;
+  segment->base_ = static_cast<uint8_t*>(base);
+  segment->bytes_ = total;
+  segment->ring_count_ = ring_count;
+  segment->ring_bytes_ = ring_bytes;
+  const auto* header = reinterpret_cast<const SegmentHeader*>(segment->base_);
+  if (header->magic != kSegmentMagic || header->ring_count != ring_count ||
+      header->ring_bytes != ring_bytes || header->total_bytes != total) {
+    return common::internalError("shared memory " + name + " has a bad header");
+  }
+  *out = std::move(segment);
+  return Status::ok();
+}
+
+Segment::~Segment() {
+  unlink();
+  if (base_ != nullptr) ::munmap(base_, bytes_);
+}
+
+void Segment::unlink() {
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+Doorbell* Segment::doorbell() const { return reinterpret_cast<Doorbell*>(base_ + kDoorbellOffset); }
+
+Ring Segment::ring(uint32_t index) const {
+  uint8_t* start = base_ + kRingsOffset + index * ringStride(ring_bytes_);
+  return Ring(reinterpret_cast<RingHeader*>(start), start + sizeof(RingHeader), ring_bytes_);
+}
+
+}  // namespace hvd::transport::shm

@@ -1,0 +1,116 @@
+// Segment: one rank's POSIX shared-memory segment — a doorbell (futex word + sleeping flag)
+// and one single-producer/single-consumer byte ring per peer on the host that sends to this
+// rank. Created by the owner and mapped by its peers during Mesh::connect (shm/setup.h);
+// afterwards rings and doorbells are touched only by the background threads of the two ranks
+// of a pair, plus Mesh::abort (any thread), which only rings the owner's doorbell.
+// See Note [Doorbell ordering] in segment.cc.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace hvd::transport::shm {
+
+struct Doorbell {
+  std::atomic<uint32_t> sequence;  // futex word: bumped by every futex wake
+  std::atomic<uint32_t> sleeping;  // kAwake, kFutexSleep or kPollSleep
+};
+
+constexpr uint32_t kAwake = 0;
+constexpr uint32_t kFutexSleep = 1;  // owner is (about to be) in FUTEX_WAIT on `sequence`
+constexpr uint32_t kPollSleep = 2;   // owner is (about to be) in poll() on the pair sockets
+
+struct RingHeader {
+  alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer only)
+  alignas(64) std::atomic<uint64_t> tail;  // bytes ever read (consumer only)
+};
+
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex word must be lock-free");
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "ring counters must be lock-free");
+static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex word must be 32 bits");
+
+// A view of one ring; cheap to copy. write/read move what fits now and return the count.
+class Ring {
+ public:
+  Ring() = default;
+  Ring(RingHeader* header, uint8_t* data, uint64_t capacity)
+      : header_(header), data_(data), capacity_(capacity) {}
+
+  size_t write(const uint8_t* src, size_t n);
+  size_t read(uint8_t* dst, size_t n);
+  bool hasSpace() const;  // seq_cst loads, for the doorbell re-check
+  bool hasData() const;
+
+ private:
+  RingHeader* header_ = nullptr;
+  uint8_t* data_ = nullptr;
+  uint64_t capacity_ = 0;
+};
+
+// Wakes the doorbell's owner if it sleeps (or is about to): FUTEX_WAKE, or for a poll sleep
+// one byte on `socket_fd`, the pair's TCP socket to the owner.
+void wakeIfSleeping(Doorbell* doorbell, int socket_fd);
+// Always bumps the sequence and FUTEX_WAKEs (abort).
+void wakeAlways(Doorbell* doorbell);
+
+// The owner's futex wait: announce sleep, re-check `ready` (which must read ring state with
+// seq_cst loads), then FUTEX_WAIT for at most timeout_us. Returns when woken, on timeout, or at
+// once if `ready` holds.
+template <typename Ready>
+void waitDoorbell(Doorbell* doorbell, const Ready& ready, int64_t timeout_us);
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us);
+
+// The owner's poll wait, for when sockets must be watched too: beginPollSleep, re-check
+// `ready`, poll() the pair sockets with POLLIN among the others, endSleep, then
+// drainWakeBytes on every pair socket that polled readable.
+void beginPollSleep(Doorbell* doorbell);
+void endSleep(Doorbell* doorbell);
+void drainWakeBytes(int socket_fd);
+
+class Segment {
+ public:
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  // Creates, sizes (fallocate, so a full /dev/shm fails here and not with SIGBUS later) and
+  // maps a new segment with `ring_count` rings of `ring_bytes` each. Mode 0600, O_EXCL.
+  static common::Status create(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
+                               std::unique_ptr<Segment>* out);
+  // Maps a peer's segment and validates its header against what the peer announced.
+  static common::Status open(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
+                             std::unique_ptr<Segment>* out);
+
+  void unlink();  // removes the name (the mapping stays); idempotent
+  const std::string& name() const { return name_; }
+  uint32_t ringCount() const { return ring_count_; }
+  uint64_t ringBytes() const { return ring_bytes_; }
+  Doorbell* doorbell() const;
+  Ring ring(uint32_t index) const;
+
+  static uint64_t totalBytes(uint32_t ring_count, uint64_t ring_bytes);
+
+ private:
+  Segment() = default;
+  std::string name_;
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  uint32_t ring_count_ = 0;  // private copies: never re-read from the shared header
+  uint64_t ring_bytes_ = 0;
+  bool linked_ = false;
+};
+
+template <typename Ready>
+void waitDoorbell(Doorbell* doorbell, const Ready& ready, int64_t timeout_us) {
+  const uint32_t seen = doorbell->sequence.load(std::memory_order_seq_cst);
+  doorbell->sleeping.store(kFutexSleep, std::memory_order_seq_cst);
+  if (!ready()) futexWait(&doorbell->sequence, seen, timeout_us);
+  endSleep(doorbell);
+}
+
+}  // namespace hvd::transport::shm
