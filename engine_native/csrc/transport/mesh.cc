@@ -145,7 +145,8 @@ Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::st
   }
   if (world > 1 && listen_fd_ < 0) return common::invalidArgument("connect: call listen() first");
   if (secret.empty()) {
-    HVD_LOG(kWarning, "transport") << "empty job secret: any local process can join this job";
+    HVD_LOG(kWarning, "transport")
+        << "empty job secret: any process that reaches the listener can join this job";
   }
   rank_ = rank;
   peers_ = peers;

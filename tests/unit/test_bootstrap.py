@@ -1,0 +1,59 @@
+"""Rank discovery and topology (engine_native.bootstrap), single process."""
+
+import pytest
+
+import engine_native as hvd
+from engine_native import bootstrap
+
+
+def _world(rank, hosts):
+    world = bootstrap.World(rank=rank, size=len(hosts))
+    bootstrap._topology(world, hosts)
+    return world
+
+
+def test_topology_two_hosts_two_ranks_each():
+    hosts = ["a", "a", "b", "b"]
+    got = [(w.local_rank, w.local_size, w.cross_rank, w.cross_size)
+           for w in (_world(r, hosts) for r in range(4))]
+    assert got == [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
+
+
+def test_topology_uneven_hosts():
+    hosts = ["a", "b", "a", "c", "a"]
+    w = _world(4, hosts)
+    assert (w.local_rank, w.local_size) == (2, 3)
+    assert (w.cross_rank, w.cross_size) == (0, 1)  # only host a has a third local rank
+    w = _world(3, hosts)
+    assert (w.local_rank, w.local_size, w.cross_rank, w.cross_size) == (0, 1, 2, 3)
+
+
+def test_env_rank_without_rendezvous_says_how_to_fix(monkeypatch):
+    monkeypatch.setenv("HVD_RANK", "1")
+    monkeypatch.setenv("HVD_SIZE", "2")
+    monkeypatch.delenv("HVD_RENDEZVOUS", raising=False)
+    monkeypatch.delenv("HVD_SECRET", raising=False)
+    with pytest.raises(ValueError, match="HVD_RENDEZVOUS"):
+        hvd.init()
+    assert not hvd.is_initialized()
+
+
+def test_bad_env_rank(monkeypatch):
+    monkeypatch.setenv("HVD_RANK", "one")
+    monkeypatch.setenv("HVD_SIZE", "2")
+    with pytest.raises(ValueError, match="not an integer"):
+        hvd.init()
+
+
+def test_single_process_init_shutdown_cycles(monkeypatch):
+    for var in ("HVD_RANK", "HVD_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError, match="use hvd.init"):
+        hvd.rank()
+    for _ in range(5):
+        hvd.init()
+        assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_size()) == (0, 1, 0, 1)
+        out = hvd.allreduce([1.0, 2.0], op=hvd.Sum, name="x")
+        assert out.tolist() == [1.0, 2.0]
+        hvd.shutdown()
+    assert not hvd.is_initialized()

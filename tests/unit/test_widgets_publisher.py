@@ -1,0 +1,168 @@
+"""Engine-side publisher: report(), snapshot building, and a real publisher thread in a
+subprocess delivering to the driver's hub."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+try:
+    from hvd_magic.widgets import hub as H, model as M, publisher as P, snapshot as S
+    IMPORT = "from hvd_magic.widgets import publisher as P"
+except ImportError:  # until pyproject maps widgets/ to hvd_magic.widgets
+    sys.path.insert(0, ROOT)
+    from widgets import hub as H, model as M, publisher as P, snapshot as S
+    IMPORT = "from widgets import publisher as P"
+
+pytestmark = pytest.mark.timeout(60)
+KEY = b"job-key"
+
+
+@pytest.fixture(autouse=True)
+def fresh_reports(monkeypatch):
+    monkeypatch.setattr(P, "_samples", 0)
+    monkeypatch.setattr(P, "_extra", {})
+    monkeypatch.setattr(P, "_cell", None)
+    monkeypatch.setattr(P, "_hook_cell", None)
+
+
+def wait_for(predicate, timeout=10.0):
+    """Wait until ``predicate()`` holds (checked every 20 ms), or fail."""
+    tick, deadline = threading.Event(), time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within %.0f s" % timeout)
+        tick.wait(0.02)
+
+
+def test_report_accumulates_samples_and_keeps_latest_extras():
+    P.report(samples=32, loss=1.5)
+    P.report(samples=32, loss=0.5, epoch=1)
+    P.report(lr=0.1)
+    samples, extra, cell = P._reported()
+    assert (samples, extra, cell) == (64, {"loss": 0.5, "epoch": 1, "lr": 0.1}, None)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"samples": 1.5}, TypeError, r"report\(samples=...\): expected an int, got float"),
+    ({"samples": True}, TypeError, "expected an int, got bool"),
+    ({"samples": -1}, ValueError, "expected a count >= 0, got -1"),
+    ({"loss": [1.0]}, TypeError, r"report\(loss=...\): expected a number, str or bool, got list"),
+])
+def test_report_rejects_bad_values(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        P.report(**kwargs)
+
+
+def test_snapshot_follows_the_schema_and_tolerates_a_core_not_yet_initialised():
+    def not_initialised():
+        raise RuntimeError("call hvd.init() first")
+
+    P.report(samples=8, loss=0.25)
+    P.set_cell("cell 7")
+    pub = P.Publisher("tcp://127.0.0.1:1", rank=2, key=KEY, metrics=not_initialised,
+                      device="cuda:1")
+    snap = pub.snapshot()
+    assert S.unpack(S.pack(snap, KEY), KEY) == snap
+    assert (snap["rank"], snap["pid"], snap["samples"], snap["extra"]) == (2, os.getpid(), 8,
+                                                                           {"loss": 0.25})
+    assert (snap["busy"], snap["cell"]) == (True, "cell 7")
+    assert snap["device"] == {"kind": "cuda", "index": 1}  # no CUDA initialised here: no details
+    assert "core" not in snap
+    assert pub.snapshot()["seq"] == snap["seq"] + 1
+
+
+def test_ipython_cell_hooks_mark_the_engine_busy():
+    class Info:
+        raw_cell = "# comment\n  model.fit(x)  \nmore()"
+
+    P._on_pre_execute()  # every cell, silent ones (ipyparallel's execute) included
+    assert P._reported()[2] == ""
+    P._on_pre_run_cell(Info())  # non-silent cells also give their first line
+    assert P._reported()[2] == "model.fit(x)"
+    P._on_post_execute()
+    assert P._reported()[2] is None
+
+
+def test_publisher_without_a_hub_drops_and_stops_promptly():
+    with zmq.Context() as ctx:  # find a free port nobody listens on
+        s = ctx.socket(zmq.PULL)
+        port = s.bind_to_random_port("tcp://127.0.0.1")
+        s.close(0)
+    pub = P.Publisher(f"tcp://127.0.0.1:{port}", rank=0, interval_s=0.02).start()
+    wait_for(lambda: pub.dropped >= 3)
+    t0 = time.monotonic()
+    pub.stop()
+    assert time.monotonic() - t0 < 1.0 and not pub.running and pub.sent == 0
+
+
+CHILD = textwrap.dedent("""
+    import sys, threading
+    sys.path.insert(0, {root!r})
+    {import_line}
+    n = [0]
+    def metrics():  # the shape engine_native's metrics() returns
+        n[0] += 1
+        return {{"ops": [n[0], 0, 0, 0, 0, 0, 0], "bytes": [4096 * n[0], 0, 0, 0, 0, 0, 0],
+                 "fused_batches": n[0], "fused_tensors": 3 * n[0], "negotiate_seconds": 0.0,
+                 "communicate_seconds": 0.0, "wait_seconds": 0.0, "queue_depth": 1,
+                 "last_error": "", "current_op": "", "transports": ["shm", "self"],
+                 "pending": [{{"name": "grad.w", "op": "ALLREDUCE", "age_seconds": 2.0,
+                              "missing_ranks": [0]}}]}}
+    P.report(samples=32, loss=0.5)
+    pub = P.start_publisher(sys.argv[1], rank=1, key=sys.argv[2].encode(), metrics=metrics,
+                            interval_s=0.05, device="cpu")
+    print("started", flush=True)
+    for line in sys.stdin:
+        if line.startswith("report"):
+            P.report(samples=int(line.split()[1]))
+        elif line.startswith("stop"):
+            P.stop_publisher()
+            print("stopped", pub.sent, pub.running, threading.active_count(), flush=True)
+            break
+""")
+
+
+def test_publisher_thread_in_a_subprocess_reaches_the_hub():
+    model = M.DashboardModel()
+    hub = H.MetricsHub(model, key=KEY)
+    address = hub.start()
+    script = CHILD.format(root=ROOT, import_line=IMPORT)
+    child = subprocess.Popen([sys.executable, "-c", script, address, KEY.decode()],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "started"
+
+        def row():
+            rows = model.rows(time.monotonic())
+            return rows[0] if rows else None
+
+        wait_for(lambda: row() is not None and row().rate is not None)
+        r = row()
+        assert (r.rank, r.pid, r.device, r.unit) == (1, child.pid, "cpu", M.SAMPLES)
+        assert r.extra == {"loss": 0.5} and r.state == "collective"
+        assert "in allreduce 'grad.w'" in r.detail and "waiting for rank 0" in r.detail
+        assert model.cluster(time.monotonic()).fusion == pytest.approx(3.0)
+        child.stdin.write("report 64\n")
+        child.stdin.flush()
+        wait_for(lambda: row().samples == 96)
+        received = hub.received
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        hub.stop()
+    word, sent, running, threads = out.split()
+    assert (word, running, threads) == ("stopped", "False", "1"), err  # publisher thread gone
+    assert child.returncode == 0, err
+    assert int(sent) >= received > 0 and hub.rejected == 0

@@ -1,0 +1,267 @@
+"""Widget view state, controls, the text status, and the hub's throttled single updater."""
+
+import io
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+zmq = pytest.importorskip("zmq")
+from comm import DummyComm  # noqa: E402  (the comm ipywidgets uses without a kernel)
+
+try:
+    from hvd_magic.widgets import hub as H, model as M, snapshot as S, text as T, view as V
+except ImportError:  # until pyproject maps widgets/ to hvd_magic.widgets
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+    from widgets import hub as H, model as M, snapshot as S, text as T, view as V
+
+pytestmark = pytest.mark.timeout(60)
+KEY = b"test-key"
+
+
+def snap(rank, t, seq=0, **core):
+    base = {"ops": {"allreduce": int(10 * t)}, "bytes": {"allreduce": int(1e6 * t)}}
+    return {"v": 1, "rank": rank, "t": 1000.0 + t, "seq": seq, "pid": 10 + rank, "host": "node0",
+            "busy": True, "cell": "train()", "samples": 0, "device": {"kind": "cpu"},
+            "core": {**base, **core}}
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Every widget state update that would reach the frontend, as (comm_id, state) pairs."""
+    out = []
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        if msg_type == "comm_msg" and data and data.get("method") == "update":
+            out.append((self.comm_id, data["state"]))
+
+    monkeypatch.setattr(DummyComm, "publish_msg", publish_msg)
+    return out
+
+
+def fed_model(n=2, t_end=3):
+    m = M.DashboardModel()
+    for t in range(t_end + 1):
+        for r in range(n):
+            m.ingest(r, snap(r, t), now=float(t))
+    return m
+
+
+def test_rows_show_rank_state_throughput_and_escape_engine_text():
+    m = fed_model()
+    m.ingest(1, snap(1, 4, collective={"op": "allreduce", "name": "<script>x</script>",
+                                       "age_s": 2.0, "missing": [0]}), now=4.0)
+    v = V.DashboardView()
+    v.update(m, 4.0)
+    rows = v.rows_box.children[1:]
+    assert len(rows) == 2
+    r0, r1 = rows[0].value, rows[1].value
+    assert "r0" in r0 and "node0" in r0 and "running cell train()" in r0 and "1.00 MB/s" in r0
+    assert "<polyline" in r0  # sparkline
+    assert "<script>" not in r1 and "&lt;script&gt;" in r1
+    assert "waiting for rank 0" in r1
+    assert "cluster" in v.cluster.value and "total 2.00 MB/s" in v.cluster.value
+    assert v.autotune.layout.display == "none"
+    assert "<svg" in v.timeline.value and "r1" in v.timeline.value
+
+
+def test_unchanged_values_are_not_resent(sent):
+    m = fed_model()
+    v = V.DashboardView()
+    v.update(m, 3.0)
+    first, assigned = len(sent), v.assignments
+    assert first >= 3  # rows container, two rows, cluster, ...
+    v.update(m, 3.0)
+    v.update(m, 3.1)
+    assert len(sent) == first and v.assignments == assigned
+    m.ingest(0, snap(0, 3.5, ops_extra=1, last_error="peer 1 closed"), now=3.5)
+    v.update(m, 3.5)
+    changed = {cid for cid, _ in sent[first:]}
+    assert v._rows[0].comm.comm_id in changed
+    assert v._rows[1].comm.comm_id not in changed
+
+
+def test_traits_changed_together_go_in_one_message(sent):
+    v = V.DashboardView(on_timeline=lambda start: None)
+    before = len(sent)
+    v.timeline_button.click()
+    msgs = [state for cid, state in sent[before:] if cid == v.timeline_button.comm.comm_id]
+    assert len(msgs) == 1
+    assert msgs[0]["description"] == "Stop timeline" and msgs[0]["button_style"] == "warning"
+
+
+def test_controls_call_the_callables_and_report_failures():
+    calls = []
+    v = V.DashboardView(on_stop=lambda: calls.append("stop"),
+                        on_timeline=lambda start: calls.append(("timeline", start)),
+                        on_autotune=lambda enable: 1 / 0)
+    v.stop_button.click()
+    v.timeline_button.click()
+    v.timeline_button.click()
+    assert calls == ["stop", ("timeline", True), ("timeline", False)]
+    assert v.timeline_button.description == "Start timeline"
+    v.autotune_button.click()
+    assert "ZeroDivisionError" in v.message.value
+    assert v.autotune_button.description == "Autotune on"  # state not toggled on failure
+    assert V.DashboardView().stop_button.disabled  # no callable, no button
+
+
+def test_a_click_is_not_undone_by_a_snapshot_that_predates_it():
+    m = M.DashboardModel()
+    m.ingest(0, snap(0, 0, timeline=False), now=0.0)
+    v = V.DashboardView(on_timeline=lambda start: None)
+    v.timeline_button.click()
+    v.update(m, 0.1)  # the engines have not seen the start yet
+    assert v.timeline_button.description == "Stop timeline"
+
+
+def test_view_exports_as_static_widget_state(tmp_path):
+    from ipywidgets.embed import embed_minimal_html
+    v = V.DashboardView()
+    v.update(fed_model(), 3.0)
+    embed_minimal_html(tmp_path / "dash.html", views=[v.widget], title="hvd")
+    html = (tmp_path / "dash.html").read_text()
+    assert "application/vnd.jupyter.widget-state+json" in html and "polyline" in html
+
+
+def test_autotune_panel_and_timeline_flag_follow_the_model():
+    m = M.DashboardModel()
+    at = {"enabled": True, "phase": "bayes", "sample": 3, "samples": 20,
+          "current": {"fusion_threshold": 64 << 20}, "best": {"fusion_threshold": 32 << 20},
+          "best_score": 2.5e9, "scores": [[1, 1e9], [2, 2.5e9]]}
+    m.ingest(0, snap(0, 0, autotune=at, timeline=True), now=0.0)
+    v = V.DashboardView()
+    v.update(m, 0.0)
+    assert v.autotune.layout.display == ""
+    assert "bayes sample 3/20" in v.autotune.value and "64.0 MiB" in v.autotune.value
+    assert "2.50 GB/s" in v.autotune.value and "<circle" in v.autotune.value
+    assert v.timeline_button.description == "Stop timeline"
+    assert v.autotune_button.description == "Autotune off"
+
+
+def test_text_render_and_status_prints_only_on_state_changes():
+    m = fed_model()
+    out = io.StringIO()
+    status = T.TextStatus(stream=out, heartbeat_s=30.0)
+    status.update(m, 3.0)
+    status.update(m, 3.2)
+    assert status.printed == 1
+    text = out.getvalue()
+    assert text.startswith("hvd: 2 ranks (2 running) · 2.00 MB/s")
+    assert "r1 node0 pid 11 cpu running cell train()" in text
+    m.mark_dead(1, exit_code=1)
+    status.update(m, 3.4)
+    assert status.printed == 2 and "dead (exit code 1)" in out.getvalue()
+    status.update(m, 40.0)  # heartbeat while rank 0 is still running
+    assert status.printed == 3
+
+
+def test_dashboard_mode_falls_back_to_text(monkeypatch):
+    monkeypatch.delenv("HVD_DASHBOARD", raising=False)
+    monkeypatch.delenv("IPP_NONINTERACTIVE", raising=False)
+    assert H.dashboard_mode() == "text"  # no IPython kernel in pytest
+    monkeypatch.setenv("HVD_DASHBOARD", "widgets")
+    assert H.dashboard_mode() == "widgets"
+    monkeypatch.setenv("HVD_DASHBOARD", "")
+    monkeypatch.setenv("IPP_NONINTERACTIVE", "1")
+    assert H.dashboard_mode("auto") == "text"
+
+
+class Recorder:
+    """A sink recording render times; signals when ``done(model)`` becomes true."""
+
+    def __init__(self, done):
+        self.times, self.done, self.event = [], done, threading.Event()
+
+    def update(self, model, now):
+        self.times.append(now)
+        if self.done(model):
+            self.event.set()
+
+
+def push_socket(address):
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(address)
+    return sock
+
+
+def test_hub_coalesces_a_stream_of_snapshots_into_at_most_5_renders_per_second(sent):
+    n = 150
+    def all_in(m):
+        return hub.received >= n and any(r.ops_rate == pytest.approx(10)
+                                         for r in m.rows(time.monotonic()))
+
+    rec = Recorder(all_in)
+    view = V.DashboardView()
+    hub = H.MetricsHub(M.DashboardModel(), [rec, view], key=KEY, max_hz=5.0)
+    sock = push_socket(hub.start())
+    try:
+        start = time.monotonic()
+        for i in range(n):  # ~100 snapshots/s for 1.5 s: pacing, not synchronisation
+            sock.send(S.pack(snap(i % 2, i * 0.02, seq=i), KEY))
+            time.sleep(0.01)
+        assert rec.event.wait(10), f"hub received {hub.received} of {n}"
+        elapsed = time.monotonic() - start
+    finally:
+        sock.close()
+        hub.stop()
+    gaps = [b - a for a, b in zip(rec.times[:-1], rec.times[1:], strict=True)]
+    assert hub.received == n and hub.rejected == 0
+    assert len(rec.times) <= elapsed * 5 + 2
+    assert min(gaps) >= 0.2 - 1e-3
+    row_ids = {w.comm.comm_id for w in view._rows.values()}
+    row_msgs = [cid for cid, _ in sent if cid in row_ids]
+    assert len(row_msgs) <= 2 * len(rec.times)  # at most one message per row per render
+
+
+def test_hub_rejects_foreign_frames_and_renders_promptly_on_mark_dead():
+    rec = Recorder(lambda m: hub.rejected == 2 and hub.received == 1)
+    hub = H.MetricsHub(M.DashboardModel(size=1), [rec], key=KEY, refresh_s=60.0)
+    sock = push_socket(hub.start())
+    try:
+        sock.send(S.pack(snap(0, 0), b"wrong key"))
+        sock.send(b"garbage")
+        sock.send(S.pack(snap(0, 0), KEY))
+        assert rec.event.wait(10)
+        assert hub.model.rows(time.monotonic())[0].state == "running"
+        rec.event.clear()
+        rec.done = lambda m: m.rows(time.monotonic())[0].state == "dead"
+        hub.mark_dead(0, signal=9)  # no new data and no refresh due: only the wake-up renders
+        assert rec.event.wait(10)
+        assert hub.model.rows(time.monotonic())[0].detail == "dead (signal 9, SIGKILL)"
+    finally:
+        sock.close()
+        hub.stop()
+
+
+def test_hub_stops_cleanly_and_survives_a_broken_sink():
+    class Broken:
+        def update(self, model, now):
+            raise RuntimeError("boom")
+
+    rec = Recorder(lambda m: True)
+    hub = H.MetricsHub(M.DashboardModel(), [Broken(), rec])
+    hub.start()
+    hub.notify()
+    assert rec.event.wait(10)
+    assert hub.running
+    hub.stop()
+    hub.stop()
+    assert not hub.running
+    assert not [t for t in threading.enumerate() if t.name == "hvd-dashboard-hub"]
+
+
+def test_start_dashboard_in_text_mode(monkeypatch):
+    monkeypatch.setenv("HVD_DASHBOARD", "text")
+    hub = H.start_dashboard(size=2, key=KEY)
+    try:
+        assert hub.running and hub.view is None
+        assert hub.address.startswith("tcp://127.0.0.1:")
+        assert [r.state for r in hub.model.rows(time.monotonic())] == ["starting", "starting"]
+    finally:
+        hub.stop()

@@ -1,0 +1,28 @@
+"""The live dashboard of hvd-magic (installed as ``hvd_magic.widgets``).
+
+Engine side: :func:`report` (exposed as ``hvd.report``) and :func:`start_publisher`.
+Driver side: :func:`start_dashboard` → a started :class:`MetricsHub` feeding a
+:class:`DashboardModel` into the widget view or the text status.
+
+Importing this package loads neither ipywidgets, IPython nor zmq; engines that only call
+``report`` need no Jupyter package.
+"""
+
+from .model import DashboardModel
+from .publisher import Publisher, report, set_cell, start_publisher, stop_publisher
+from .snapshot import SCHEMA_VERSION
+
+
+def __getattr__(name):
+    if name in ("MetricsHub", "start_dashboard", "dashboard_mode"):
+        from . import hub
+        return getattr(hub, name)
+    if name == "DashboardView":
+        from .view import DashboardView
+        return DashboardView
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DashboardModel", "DashboardView", "MetricsHub", "Publisher", "SCHEMA_VERSION",
+           "dashboard_mode", "report", "set_cell", "start_dashboard", "start_publisher",
+           "stop_publisher"]

@@ -1,0 +1,337 @@
+"""The metrics snapshot: the one message engines send to the driver's dashboard.
+
+Built on the engine by :mod:`hvd_magic.widgets.publisher` a few times a second, framed and
+signed by :func:`pack`, checked by :func:`unpack` on the driver and merged by
+:class:`hvd_magic.widgets.model.DashboardModel`. This module is the single definition of the
+schema; it imports nothing outside the standard library, so engines need no Jupyter package.
+
+Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may be missing)::
+
+    v        int    schema version (SCHEMA_VERSION)
+    rank     int    global rank of the engine
+    t        float  engine wall clock (time.time()) when built; only differences are used
+    seq      int    per-publisher sequence number (a gap means snapshots were dropped)
+    host     str    hostname
+    pid      int    engine process id
+    device   dict   {"kind": "cpu"} or {"kind": "cuda", "index": k, "name": "NVIDIA H100",
+                    "mem_used": bytes held by this process, "mem_total": bytes}
+    busy     bool   a cell is running on the engine
+    cell     str    short label of the running cell ("" when idle)
+    samples  int    cumulative samples reported with report(samples=...)
+    extra    dict   latest scalar values passed as report(**extra) (≤ 16 keys)
+    core     dict   core metrics, normalised by normalize_core(); absent before init():
+      ops            {op: int}     collectives completed per op kind (monotonic)
+      bytes          {op: int}     bytes reduced/moved per op kind (monotonic)
+      fused_batches  int           batches holding more than one tensor (monotonic)
+      fused_tensors  int           tensors inside those batches (monotonic)
+      negotiate_s    float         seconds the loop spent negotiating (monotonic)
+      communicate_s  float         seconds the loop spent moving data (monotonic)
+      wait_s         float         seconds framework threads spent blocked in wait() (monotonic)
+      idle_s         float         seconds the loop sat idle waiting for work (monotonic)
+      queue_depth    int           requests enqueued and not yet complete
+      collective     dict | None   the oldest unfinished collective: {"op", "name", "age_s",
+                                   "phase": "negotiate" | "execute", "missing": [ranks]}
+      last_error     str           last error text ("" when none)
+      transport      {peer: str}   "self" / "shm" / "tcp" / "nccl" per peer rank (keys are str)
+      timeline       bool          a timeline is being recorded
+      autotune       dict | None   {"enabled", "phase", "sample", "samples", "current": {},
+                                   "best": {}, "best_score", "scores": [[sample, score], ...]}
+    events   list   [[op, name, start_ago_s, dur_s], ...] collectives finished since the previous
+                    snapshot; start_ago_s is seconds before ``t`` (so no clocks are compared)
+
+Counters are monotonic within one core lifetime; a decrease means the core was re-initialised
+and the model restarts its rate baselines.
+
+Wire frame (one ZMQ frame): 32-byte HMAC-SHA256 of the payload under the job key (32 zero
+bytes when no key) followed by the UTF-8 JSON payload. JSON, never pickle: the driver decodes
+data arriving on a network socket.
+"""
+
+import hashlib
+import hmac
+import json
+import math
+
+SCHEMA_VERSION = 1
+MAX_FRAME_BYTES = 256 * 1024
+MAX_EVENTS = 200
+MAX_EXTRA = 16
+MAX_TEXT = 200
+OP_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")
+_NO_SIGNATURE = bytes(32)
+
+
+def pack(snapshot, key=None):
+    """Serialise and sign a snapshot into one frame.
+
+    Parameters
+    ----------
+    snapshot : dict
+        A snapshot following the schema above.
+    key : bytes, optional
+        The job's metrics key; without one the signature field is all zeros.
+
+    Returns
+    -------
+    bytes
+    """
+    payload = json.dumps(snapshot, separators=(",", ":"), allow_nan=False).encode()
+    return _sign(payload, key) + payload
+
+
+def unpack(frame, key=None):
+    """Verify and decode one frame into a validated snapshot.
+
+    Parameters
+    ----------
+    frame : bytes
+        As produced by :func:`pack`.
+    key : bytes, optional
+        The job's metrics key; when given, frames signed with another key are rejected.
+
+    Returns
+    -------
+    dict
+        The snapshot after :func:`validate`.
+
+    Raises
+    ------
+    ValueError
+        Bad size, bad signature, invalid JSON or a snapshot that fails validation.
+    """
+    if not 32 < len(frame) <= MAX_FRAME_BYTES:
+        raise ValueError(f"metrics frame: size {len(frame)} outside (32, {MAX_FRAME_BYTES}]")
+    signature, payload = frame[:32], frame[32:]
+    if not hmac.compare_digest(signature, _sign(payload, key)):
+        raise ValueError("metrics frame: bad signature (engine started with another key?)")
+    try:
+        obj = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"metrics frame: invalid JSON ({exc})") from None
+    return validate(obj)
+
+
+def _sign(payload, key):
+    if not key:
+        return _NO_SIGNATURE
+    return hmac.new(key, payload, hashlib.sha256).digest()
+
+
+def validate(obj):
+    """Check a decoded snapshot and return a cleaned copy holding only known, typed fields.
+
+    Unknown fields are dropped, optional fields of the wrong type are dropped, text is clipped.
+
+    Parameters
+    ----------
+    obj : object
+        Decoded JSON.
+
+    Returns
+    -------
+    dict
+
+    Raises
+    ------
+    ValueError
+        Not an object, unsupported version, or ``rank``/``t`` missing or invalid.
+    """
+    if not isinstance(obj, dict):
+        raise ValueError(f"snapshot: expected a JSON object, got {type(obj).__name__}")
+    if obj.get("v") != SCHEMA_VERSION:
+        raise ValueError(f"snapshot: expected schema version {SCHEMA_VERSION}, got {obj.get('v')!r}")
+    rank, t = obj.get("rank"), obj.get("t")
+    if not (_is_int(rank) and 0 <= rank < 1 << 20):
+        raise ValueError(f"snapshot: expected an integer rank, got {rank!r}")
+    if not _is_num(t):
+        raise ValueError(f"snapshot from rank {rank}: expected a float 't', got {t!r}")
+    out = {"v": SCHEMA_VERSION, "rank": rank, "t": float(t)}
+    for name in ("seq", "pid", "samples"):
+        if _is_int(obj.get(name)) and obj[name] >= 0:
+            out[name] = obj[name]
+    for name in ("host", "cell"):
+        if isinstance(obj.get(name), str):
+            out[name] = obj[name][:MAX_TEXT]
+    if isinstance(obj.get("busy"), bool):
+        out["busy"] = obj["busy"]
+    if isinstance(obj.get("device"), dict):
+        out["device"] = _clean_device(obj["device"])
+    if isinstance(obj.get("extra"), dict):
+        out["extra"] = _clean_scalars(obj["extra"], MAX_EXTRA)
+    if isinstance(obj.get("core"), dict):
+        out["core"] = _clean_core(obj["core"])
+    if isinstance(obj.get("events"), list):
+        out["events"] = _clean_events(obj["events"])
+    return out
+
+
+def _is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x):
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def _clean_device(dev):
+    kind = dev.get("kind") if dev.get("kind") in ("cpu", "cuda") else "cpu"
+    out = {"kind": kind}
+    if _is_int(dev.get("index")):
+        out["index"] = dev["index"]
+    if isinstance(dev.get("name"), str):
+        out["name"] = dev["name"][:MAX_TEXT]
+    for name in ("mem_used", "mem_total"):
+        if _is_int(dev.get(name)) and dev[name] >= 0:
+            out[name] = dev[name]
+    return out
+
+
+def _clean_scalars(d, limit):
+    out = {}
+    for k, v in d.items():
+        if len(out) >= limit:
+            break
+        if isinstance(k, str) and (_is_num(v) or isinstance(v, (str, bool))):
+            out[k[:MAX_TEXT]] = v[:MAX_TEXT] if isinstance(v, str) else v
+    return out
+
+
+def _counter_map(d):
+    if not isinstance(d, dict):
+        return {}
+    return {k: v for k, v in d.items() if k in OP_NAMES and _is_num(v) and v >= 0}
+
+
+def _clean_core(core):
+    out = {"ops": _counter_map(core.get("ops")), "bytes": _counter_map(core.get("bytes"))}
+    for name in ("fused_batches", "fused_tensors", "queue_depth"):
+        if _is_int(core.get(name)) and core[name] >= 0:
+            out[name] = core[name]
+    for name in ("negotiate_s", "communicate_s", "wait_s", "idle_s"):
+        if _is_num(core.get(name)) and core[name] >= 0:
+            out[name] = float(core[name])
+    coll = core.get("collective")
+    if isinstance(coll, dict) and _is_num(coll.get("age_s")):
+        missing = coll.get("missing") if isinstance(coll.get("missing"), list) else []
+        out["collective"] = {
+            "op": str(coll.get("op", ""))[:MAX_TEXT],
+            "name": str(coll.get("name", ""))[:MAX_TEXT],
+            "age_s": max(0.0, float(coll["age_s"])),
+            "phase": "execute" if coll.get("phase") == "execute" else "negotiate",
+            "missing": [r for r in missing[:64] if _is_int(r)],
+        }
+    if isinstance(core.get("last_error"), str):
+        out["last_error"] = core["last_error"][:1000]
+    if isinstance(core.get("transport"), dict):
+        out["transport"] = {str(k)[:16]: str(v)[:16] for k, v in list(core["transport"].items())[:1024]}
+    if isinstance(core.get("timeline"), bool):
+        out["timeline"] = core["timeline"]
+    if isinstance(core.get("autotune"), dict):
+        out["autotune"] = _clean_autotune(core["autotune"])
+    return out
+
+
+def _clean_autotune(at):
+    out = {"enabled": bool(at.get("enabled", True)), "phase": str(at.get("phase", ""))[:40]}
+    for name in ("sample", "samples"):
+        if _is_int(at.get(name)):
+            out[name] = at[name]
+    for name in ("current", "best"):
+        if isinstance(at.get(name), dict):
+            out[name] = _clean_scalars(at[name], MAX_EXTRA)
+    if _is_num(at.get("best_score")):
+        out["best_score"] = float(at["best_score"])
+    scores = at.get("scores") if isinstance(at.get("scores"), list) else []
+    out["scores"] = [[int(s[0]), float(s[1])] for s in scores[-64:]
+                     if isinstance(s, list) and len(s) == 2 and _is_int(s[0]) and _is_num(s[1])]
+    return out
+
+
+def _clean_events(events):
+    out = []
+    for ev in events[-MAX_EVENTS:]:
+        if (isinstance(ev, list) and len(ev) == 4 and isinstance(ev[0], str)
+                and isinstance(ev[1], str) and _is_num(ev[2]) and _is_num(ev[3])):
+            out.append([ev[0][:40], ev[1][:MAX_TEXT], max(0.0, float(ev[2])), max(0.0, float(ev[3]))])
+    return out
+
+
+def normalize_core(raw):
+    """Map the core's ``metrics()`` dict onto the ``core`` field of the schema.
+
+    Accepts what ``engine_native`` returns (see ``engine_native/csrc/runtime/metrics.h``):
+    counters as lists indexed by op kind or dicts by op name, ``*_seconds`` or ``*_s``
+    durations, a ``pending`` list and the executing ``current_op``/``current_name``/
+    ``current_seconds``, ``transports`` as a list indexed by rank. Missing keys are left out.
+
+    Waiting: ``handle_wait_seconds`` (or ``wait_s``) is time framework threads were blocked in
+    ``wait()``. ``idle_seconds`` is the loop's idle time. A core that reports ``wait_seconds``
+    without ``idle_seconds`` measures the loop's idle poll with it (the core as of this
+    writing: ``BackgroundLoop::waitForWork``), so it maps to ``idle_s``; next to
+    ``idle_seconds`` it means the framework wait.
+
+    Parameters
+    ----------
+    raw : dict
+        The core's metrics.
+
+    Returns
+    -------
+    dict
+        The ``core`` field (before :func:`validate`).
+    """
+    out = {"ops": _by_op(raw.get("ops")), "bytes": _by_op(raw.get("bytes"))}
+    for name in ("fused_batches", "fused_tensors", "queue_depth"):
+        if raw.get(name) is not None:
+            out[name] = int(raw[name])
+    for short in ("negotiate", "communicate"):
+        value = raw.get(short + "_s", raw.get(short + "_seconds"))
+        if value is not None:
+            out[short + "_s"] = float(value)
+    loop_idle = "idle_seconds" not in raw and "idle_s" not in raw
+    idle = raw.get("idle_s", raw.get("idle_seconds", raw.get("wait_seconds") if loop_idle else None))
+    wait = raw.get("wait_s", raw.get("handle_wait_seconds",
+                                     None if loop_idle else raw.get("wait_seconds")))
+    for name, value in (("idle_s", idle), ("wait_s", wait)):
+        if value is not None:
+            out[name] = float(value)
+    out["collective"] = _oldest_collective(raw)
+    if raw.get("last_error") is not None:
+        out["last_error"] = str(raw["last_error"])
+    transports = raw.get("transport", raw.get("transports"))
+    if isinstance(transports, (list, tuple)):
+        out["transport"] = {str(i): str(v) for i, v in enumerate(transports) if v}
+    elif isinstance(transports, dict):
+        out["transport"] = {str(k): str(v) for k, v in transports.items()}
+    timeline = raw.get("timeline", raw.get("timeline_active"))
+    if timeline is not None:
+        out["timeline"] = bool(timeline)
+    if isinstance(raw.get("autotune"), dict):
+        out["autotune"] = dict(raw["autotune"])
+    return out
+
+
+def _by_op(counters):
+    if isinstance(counters, dict):
+        return {str(k).lower(): v for k, v in counters.items()}
+    if isinstance(counters, (list, tuple)):
+        return {OP_NAMES[i]: v for i, v in enumerate(counters[:len(OP_NAMES)]) if v}
+    return {}
+
+
+def _oldest_collective(raw):
+    """The unfinished collective that has waited longest: executing or still negotiating."""
+    candidates = []
+    if raw.get("current_op"):
+        candidates.append({"op": str(raw["current_op"]).lower(), "name": str(raw.get("current_name", "")),
+                           "age_s": float(raw.get("current_seconds", 0.0)), "phase": "execute",
+                           "missing": []})
+    for p in raw.get("pending") or ():
+        if isinstance(p, dict):
+            candidates.append({"op": str(p.get("op", "")).lower(), "name": str(p.get("name", "")),
+                               "age_s": float(p.get("age_s", p.get("age_seconds", 0.0))),
+                               "phase": "negotiate", "missing": list(p.get("missing_ranks",
+                                                                           p.get("missing", [])))})
+    if isinstance(raw.get("collective"), dict):
+        candidates.append(dict(raw["collective"]))
+    return max(candidates, key=lambda c: c["age_s"]) if candidates else None

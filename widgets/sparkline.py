@@ -1,0 +1,127 @@
+"""Inline SVG drawings for the dashboard: sparklines, the autotune score plot, the timeline strip.
+
+Pure functions from numbers to an ``<svg>`` string, rendered by an ``ipywidgets.HTML`` (no JS
+build step; they also survive static widget-state export). Coordinates are rounded to 0.1 px so
+an unchanged series yields a byte-identical string and the view can skip resending it.
+Text that came from engines (tensor names) is escaped here.
+"""
+
+from html import escape
+
+OP_COLORS = {
+    "allreduce": "#4c78a8", "allgather": "#59a14f", "broadcast": "#f28e2b", "alltoall": "#b07aa1",
+    "reducescatter": "#76b7b2", "barrier": "#9c9c9c", "join": "#bab0ac",
+}
+_FALLBACK = "#e15759"
+
+
+def _pt(x, y):
+    return f"{x:.1f},{y:.1f}"
+
+
+def sparkline(values, width=120, height=22, color="#4c78a8"):
+    """A polyline of ``values`` scaled to the box, zero at the bottom.
+
+    Parameters
+    ----------
+    values : sequence of float
+        Oldest first; an empty or single-point sequence draws an empty box of the same size so
+        the row layout does not jump.
+    width, height : int
+        Size in CSS pixels.
+    color : str
+        Stroke colour.
+
+    Returns
+    -------
+    str
+        An ``<svg>`` element.
+    """
+    head = (f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'style="vertical-align:middle">')
+    if len(values) < 2:
+        return head + "</svg>"
+    top = max(max(values), 1e-12)
+    dx = (width - 2) / (len(values) - 1)
+    pts = " ".join(_pt(1 + i * dx, height - 1 - (height - 2) * max(v, 0.0) / top)
+                   for i, v in enumerate(values))
+    return (head + f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>'
+            "</svg>")
+
+
+def score_plot(scores, width=220, height=64):
+    """Autotune score per sample: one dot per sample, a line for the best so far.
+
+    Parameters
+    ----------
+    scores : sequence of (int, float)
+        ``(sample, score)`` ascending by sample.
+
+    Returns
+    -------
+    str
+        An ``<svg>`` element (empty box when there are no scores).
+    """
+    head = f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}">'
+    if not scores:
+        return head + "</svg>"
+    xs = [s for s, _ in scores]
+    lo_x, hi_x = min(xs), max(max(xs), min(xs) + 1)
+    top = max(max(v for _, v in scores), 1e-12)
+
+    def place(s, v):
+        return (4 + (width - 8) * (s - lo_x) / (hi_x - lo_x),
+                height - 4 - (height - 8) * max(v, 0.0) / top)
+
+    dots, best_pts, best = [], [], float("-inf")
+    for s, v in scores:
+        x, y = place(s, v)
+        dots.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2" fill="#4c78a8"/>')
+        best = max(best, v)
+        best_pts.append(_pt(*place(s, best)))
+    line = (f'<polyline fill="none" stroke="#59a14f" stroke-width="1.2" '
+            f'points="{" ".join(best_pts)}"/>')
+    return head + line + "".join(dots) + "</svg>"
+
+
+def timeline_strip(lanes, span_s=5.0, width=600, lane_height=12):
+    """The last ``span_s`` seconds of collectives, one lane per rank, now at the right edge.
+
+    Parameters
+    ----------
+    lanes : sequence of model.Lane
+        Bars as ``(op, name, start, duration, open)``, start relative to now (negative).
+    span_s : float
+        Seconds shown.
+    width, lane_height : int
+        Size in CSS pixels; a 28 px gutter on the left holds the rank labels.
+
+    Returns
+    -------
+    str
+        An ``<svg>`` element; each bar has a ``<title>`` tooltip with op, name and duration.
+    """
+    gutter = 28
+    height = max(1, len(lanes)) * lane_height + 2
+    scale = (width - gutter - 2) / span_s
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'style="font:9px monospace">']
+    for i, lane in enumerate(lanes):
+        y = 1 + i * lane_height
+        parts.append(f'<text x="0" y="{y + lane_height - 3}">r{lane.rank}</text>'
+                     f'<rect x="{gutter}" y="{y}" width="{width - gutter - 2}" '
+                     f'height="{lane_height - 2}" fill="#f4f4f4"/>')
+        for op, name, start, dur, is_open in lane.bars:
+            x0 = max(start, -span_s)
+            x1 = min(start + dur, 0.0)
+            if x1 < x0:
+                continue
+            x = gutter + (x0 + span_s) * scale
+            w = max((x1 - x0) * scale, 1.0)
+            color = OP_COLORS.get(op, _FALLBACK)
+            stroke = ' stroke="#e15759" stroke-width="1"' if is_open else ""
+            tip = escape(f"{op} {name} {dur * 1e3:.1f} ms" + (" (running)" if is_open else ""))
+            parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_height - 2}" '
+                         f'fill="{color}"{stroke}><title>{tip}</title></rect>')
+    parts.append("</svg>")
+    return "".join(parts)
