@@ -50,6 +50,10 @@ CORE_SOURCES = [
     "timeline/trace_writer.cc",
     "timeline/recent_events.cc",
     "timeline/timeline.cc",
+    "autotune/local_search.cc",
+    "autotune/gaussian_process.cc",
+    "autotune/bayesian_optimizer.cc",
+    "autotune/parameter_manager.cc",
     "coord/message.cc",
     "coord/wire.cc",
     "coord/validation.cc",
@@ -66,6 +70,8 @@ CORE_SOURCES = [
     "runtime/background_loop.cc",
     "runtime/runtime.cc",
     "bindings/metrics.cc",
+    "bindings/timeline_autotune.cc",
+    "bindings/timeline_autotune_math.cc",
     "bindings/module.cc",
 ]
 

@@ -67,6 +67,8 @@ struct AutotuneState {
 
 class ParameterManager {
  public:
+  // Apply currentParams() once after construction: with no warm-up and nothing continuous to
+  // search, the first categorical trial already differs from `initial`.
   ParameterManager(const TunedParams& initial, AutotuneOptions options);
   ~ParameterManager();
   ParameterManager(const ParameterManager&) = delete;

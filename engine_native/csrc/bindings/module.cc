@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/timeline_autotune.h"
 #include "common/config.h"
 #include "runtime/runtime.h"
 
@@ -365,5 +366,6 @@ PyMODINIT_FUNC PyInit__core() {
   const char* kinds[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
                          "REDUCESCATTER", "BARRIER", "JOIN"};
   for (int i = 0; i < 7; ++i) PyModule_AddIntConstant(module, kinds[i], i);
+  if (addTimelineAutotuneBindings(module) < 0) return nullptr;
   return module;
 }

@@ -14,6 +14,7 @@
 
 namespace {
 
+using hvd::bindings::recentEventsToList;
 using hvd::bindings::toDoubles;
 using hvd::timeline::Timeline;
 
@@ -198,6 +199,8 @@ PyType_Spec g_timeline_spec = {"engine_native._core.TimelineWriterForTest", size
 
 }  // namespace
 
+namespace hvd::bindings {
+
 PyObject* recentEventsToList(const std::vector<hvd::timeline::RecentEvent>& events) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(events.size()));
   for (size_t i = 0; list != nullptr && i < events.size(); ++i) {
@@ -213,6 +216,8 @@ PyObject* recentEventsToList(const std::vector<hvd::timeline::RecentEvent>& even
   }
   return list;
 }
+
+}  // namespace hvd::bindings
 
 int addTimelineAutotuneBindings(PyObject* module) {
   PyObject* type = PyType_FromSpec(&g_timeline_spec);

@@ -15,17 +15,19 @@ typedef struct _object PyObject;
 // Adds all the hooks to `module`. Returns 0, or -1 with a Python exception set.
 int addTimelineAutotuneBindings(PyObject* module);
 
-// New references (nullptr with an exception set on failure). GIL held.
-// {"phase", "trial", "trials", "samples", "current", "best", "best_score", "history"}
-PyObject* autotuneStateToDict(const hvd::autotune::AutotuneState& state);
-// {"fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "hierarchical_allreduce"}
-PyObject* tunedParamsToDict(const hvd::autotune::TunedParams& params);
-// [(ts_us, name, phase, op, duration_us, error), ...]
-PyObject* recentEventsToList(const std::vector<hvd::timeline::RecentEvent>& events);
-
 namespace hvd::bindings {
+
 // The autotune half of addTimelineAutotuneBindings (timeline_autotune_math.cc).
 int addAutotuneBindings(PyObject* module);
-// Sequence of numbers -> doubles; false with a TypeError naming `what` otherwise.
+// Sequence of numbers -> doubles; false with a Python exception naming `what` otherwise.
 bool toDoubles(PyObject* seq, std::vector<double>* out, const char* what);
+
+// Converters for metrics; new references, or nullptr with an exception set. GIL held.
+// {"phase", "trial", "trials", "samples", "current", "best", "best_score", "history"}
+PyObject* autotuneStateToDict(const autotune::AutotuneState& state);
+// {"fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "hierarchical_allreduce"}
+PyObject* tunedParamsToDict(const autotune::TunedParams& params);
+// [(ts_us, name, phase, op, duration_us, error), ...]
+PyObject* recentEventsToList(const std::vector<timeline::RecentEvent>& events);
+
 }  // namespace hvd::bindings

@@ -37,7 +37,9 @@ using hvd::autotune::AutotuneOptions;
 using hvd::autotune::ParameterManager;
 using hvd::autotune::Point;
 using hvd::autotune::TunedParams;
+using hvd::bindings::autotuneStateToDict;
 using hvd::bindings::toDoubles;
+using hvd::bindings::tunedParamsToDict;
 
 bool toPoints(PyObject* seq, std::vector<Point>* out, const char* what) {
   PyObject* fast = PySequence_Fast(seq, what);
@@ -265,6 +267,8 @@ PyType_Spec g_manager_spec = {"engine_native._core.ParameterManagerForTest",
 
 }  // namespace
 
+namespace hvd::bindings {
+
 PyObject* tunedParamsToDict(const TunedParams& p) {
   return Py_BuildValue("{s:L,s:d,s:O,s:O}", "fusion_threshold_bytes",
                        static_cast<long long>(p.fusion_threshold_bytes), "cycle_time_ms",
@@ -287,8 +291,6 @@ PyObject* autotuneStateToDict(const hvd::autotune::AutotuneState& s) {
                        "samples", s.samples, "current", tunedParamsToDict(s.current), "best",
                        tunedParamsToDict(s.best), "best_score", s.best_score, "history", history);
 }
-
-namespace hvd::bindings {
 
 int addAutotuneBindings(PyObject* module) {
   if (PyModule_AddFunctions(module, g_functions) < 0) return -1;

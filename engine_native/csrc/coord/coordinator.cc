@@ -11,8 +11,9 @@
 // Note [Grouped requests]
 // A grouped op (group_id >= 0) is enqueued atomically on each rank, so each rank sends the whole
 // group in one RequestList, and the runtime adds a whole list before it calls takeReady. The add
-// that completes one name of a group (the last rank's list) therefore completes all of them:
-// the group is released in one takeReady, consecutively, and fuses. No group table is needed.
+// that completes one name of a group (the last rank's list) therefore completes all of them,
+// so the group is released by one takeReady and fuses as far as the threshold and its members'
+// parameters allow. Rank 0 needs no group table; group_id is not compared across ranks.
 //
 // Note [Join]
 // A kJoin request marks its rank joined for that set. From then on a name is ready when every

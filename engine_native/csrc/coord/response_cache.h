@@ -42,6 +42,11 @@ class RequestCache {
   // At most `capacity` entries (clamped to [0, kMaxCapacity]); 0 disables caching.
   explicit RequestCache(int64_t capacity);
   static constexpr int64_t kMaxCapacity = int64_t{1} << 20;
+  // Move-only: slots hold iterators into lru_, which a move keeps valid and a copy would not.
+  RequestCache(const RequestCache&) = delete;
+  RequestCache& operator=(const RequestCache&) = delete;
+  RequestCache(RequestCache&&) = default;
+  RequestCache& operator=(RequestCache&&) = default;
 
   int64_t capacity() const { return capacity_; }
   size_t size() const { return by_name_.size(); }
@@ -76,6 +81,11 @@ common::Status decodeRequests(const std::string& bytes, RequestCache* mirror, Re
 class ResponseCache {
  public:
   explicit ResponseCache(int64_t capacity = 1024);
+  // Move-only, for the same reason as RequestCache.
+  ResponseCache(const ResponseCache&) = delete;
+  ResponseCache& operator=(const ResponseCache&) = delete;
+  ResponseCache(ResponseCache&&) = default;
+  ResponseCache& operator=(ResponseCache&&) = default;
 
   void setCapacity(int64_t capacity);  // 0 disables; clears the cache
   size_t size() const { return entries_.size(); }

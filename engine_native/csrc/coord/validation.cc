@@ -64,7 +64,7 @@ std::string checkCommon(const std::vector<Request>& reqs) {
 
 bool reduces(OpType type) { return type == OpType::kAllreduce || type == OpType::kReducescatter; }
 
-std::string checkParams(const std::vector<Request>& reqs, size_t set_size) {
+std::string checkParams(const std::vector<Request>& reqs, const std::vector<int>& members) {
   const Request& a = reqs.front();
   for (const Request& b : reqs) {
     if (reduces(a.type) && b.reduce_op != a.reduce_op) {
@@ -84,9 +84,12 @@ std::string checkParams(const std::vector<Request>& reqs, size_t set_size) {
                        std::to_string(b.root_rank), "specified root rank");
     }
   }
-  if (a.type == OpType::kBroadcast && static_cast<size_t>(a.root_rank) >= set_size) {
+  // Horovod's root_rank is a global rank: it must be one of the set's members.
+  if (a.type == OpType::kBroadcast &&
+      std::find(members.begin(), members.end(), a.root_rank) == members.end()) {
     return "Invalid BROADCAST root rank " + std::to_string(a.root_rank) + " for tensor '" +
-           a.name + "': the process set has " + std::to_string(set_size) + " ranks.";
+           a.name + "': it is not a member of the process set (" +
+           std::to_string(members.size()) + " ranks).";
   }
   if (a.type == OpType::kReducescatter && a.reduce_op != common::ReduceOp::kSum &&
       a.reduce_op != common::ReduceOp::kAverage) {
@@ -218,7 +221,7 @@ Response buildResponse(const std::vector<int>& members, const std::vector<Reques
   out.device = a.device;
   std::string error = checkCommon(requests);
   if (error.empty()) error = checkJoin(a, absent);
-  if (error.empty()) error = checkParams(requests, members.size());
+  if (error.empty()) error = checkParams(requests, members);
   if (error.empty()) error = checkShapes(requests);
   if (error.empty()) error = fillFields(requests, &out);
   if (!error.empty()) {

@@ -118,13 +118,17 @@ bool ByteReader::sizes(std::vector<int64_t>* v) {
 
 bool ByteReader::ranged(int32_t* v, int32_t lo, int32_t hi, const char* what) {
   if (!i32(v)) return false;
-  if (*v < lo || *v > hi) return fail(std::string(what) + " " + std::to_string(*v) + " out of range");
+  if (*v < lo || *v > hi) {
+    return fail(std::string(what) + " " + std::to_string(*v) + " out of range");
+  }
   return true;
 }
 
 bool ByteReader::count(uint32_t* n, size_t min_entry_bytes) {
   if (!u32(n)) return false;
-  if (*n > remaining() / min_entry_bytes) return fail("count " + std::to_string(*n) + " overruns input");
+  if (*n > remaining() / min_entry_bytes) {
+    return fail("count " + std::to_string(*n) + " overruns input");
+  }
   return true;
 }
 

@@ -157,7 +157,15 @@ Status Executor::broadcast(const coord::Response& r, TensorEntry* entry, transpo
     scratch.resize(bytes);
     data = scratch.data();
   }
-  HVD_RETURN_IF_ERROR(algo::broadcastTree(comm, data, bytes, r.root_rank));
+  int root = -1;  // the response carries the global root rank; algorithms use set ranks
+  for (int i = 0; i < comm.size(); ++i) {
+    if (comm.globalRank(i) == r.root_rank) root = i;
+  }
+  if (root < 0) {
+    return common::internalError("broadcast root rank " + std::to_string(r.root_rank) +
+                                 " is not in the process set");
+  }
+  HVD_RETURN_IF_ERROR(algo::broadcastTree(comm, data, bytes, root));
   metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
   return Status::ok();
 }

@@ -131,10 +131,13 @@ Status Runtime::validate(coord::Request* r) const {
       }
       break;
     case OpType::kBroadcast:
-      if (r->root_rank < 0 || r->root_rank >= n) {
-        return common::invalidArgument(describe(*r) + ": root_rank " +
-                                       std::to_string(r->root_rank) + " is outside [0, " +
-                                       std::to_string(n) + ")");
+      // root_rank is a global rank, as in Horovod, and must belong to the process set.
+      if (std::find(members->begin(), members->end(), r->root_rank) == members->end()) {
+        return common::invalidArgument(
+            describe(*r) + ": root_rank " + std::to_string(r->root_rank) +
+            (r->process_set == 0 ? " is outside [0, " + std::to_string(n) + ")"
+                                 : " is not a member of process set " +
+                                       std::to_string(r->process_set)));
       }
       break;
     case OpType::kAlltoall: {

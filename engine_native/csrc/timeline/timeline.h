@@ -44,7 +44,7 @@ struct TimelineStats {
 class Timeline {
  public:
   explicit Timeline(TimelineOptions options = TimelineOptions());
-  ~Timeline();
+  ~Timeline();  // closes the file; the recording thread must have stopped calling by then
   Timeline(const Timeline&) = delete;
   Timeline& operator=(const Timeline&) = delete;
 

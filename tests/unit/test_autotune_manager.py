@@ -1,0 +1,199 @@
+"""The autotuning state machine through ``engine_native._core.ParameterManagerForTest``: the
+runtime's calls (update per step, current params) driven by a synthetic throughput model.
+Checks warm-up, the Bayesian then categorical chain, fixed knobs, medians, the state readable at
+any time and the CSV log."""
+import csv
+import math
+
+import pytest
+
+from engine_native import _core
+
+MIB = 1 << 20
+STEP_BYTES = 64 * MIB
+CSV_COLUMNS = ["hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce",
+               "cache_enabled", "cycle_time_ms", "tensor_fusion_threshold", "score"]
+
+
+def throughput(p):
+    """Bytes per second of a made-up job: best near 24 MiB fusion and 6 ms cycles, cache on."""
+    a = (p["fusion_threshold_bytes"] / MIB - 24.0) / 64.0
+    b = (p["cycle_time_ms"] - 6.0) / 50.0
+    rate = 1e9 * math.exp(-4.0 * a * a - 6.0 * b * b)
+    rate *= 1.1 if p["cache_enabled"] else 1.0
+    rate *= 1.05 if p["hierarchical_allreduce"] else 1.0
+    return rate
+
+
+def run(manager, max_steps=100000, rate=throughput):
+    """Feeds steps timed by `rate` until tuning is done; returns the steps used and changes."""
+    changes = 0
+    for step in range(max_steps):
+        if manager.state()["phase"] == "done":
+            return step, changes
+        before = manager.current_params()
+        changed = manager.update(STEP_BYTES, STEP_BYTES / rate(before))
+        assert changed == (manager.current_params() != before)
+        changes += changed
+    raise AssertionError("tuning did not finish")
+
+
+def small(**kwargs):
+    options = {"warmup_samples": 1, "steps_per_sample": 2, "samples_per_setting": 3,
+               "bayes_max_samples": 12, "seed": 3}
+    options.update(kwargs)
+    return _core.ParameterManagerForTest(**options)
+
+
+def test_warmup_samples_are_discarded():
+    m = _core.ParameterManagerForTest(warmup_samples=3, steps_per_sample=2)
+    state = m.state()
+    assert (state["phase"], state["trial"], state["trials"]) == ("warmup", 1, 3)
+    for _ in range(5):
+        assert m.update(1000, 1.0) is False
+    assert (m.state()["phase"], m.state()["trial"]) == ("warmup", 3)
+    m.update(1000, 1.0)
+    state = m.state()
+    assert (state["phase"], state["trial"], state["history"]) == ("bayes", 1, [])
+
+
+def test_full_chain_single_host():
+    m = small()
+    initial = m.current_params()
+    steps, changes = run(m)
+    state = m.state()
+    phases = [h["phase"] for h in state["history"]]
+    assert phases == ["bayes"] * 12 + ["categorical"] * 2
+    assert steps == (1 + len(phases) * 3) * 2  # warm-up + settings x samples, x steps per sample
+    assert changes >= 10
+    assert state["history"][0]["params"] == initial  # the starting setting is the baseline
+    cats = state["history"][12:]
+    assert [c["params"]["cache_enabled"] for c in cats] == [False, True]
+    assert all(not h["params"]["hierarchical_allreduce"] for h in state["history"])
+    assert (state["trial"], state["trials"]) == (14, 14)
+
+
+def test_hierarchical_is_tuned_only_with_several_hosts():
+    m = small(num_hosts=2)
+    run(m)
+    cats = [h["params"] for h in m.state()["history"] if h["phase"] == "categorical"]
+    assert [(c["hierarchical_allreduce"], c["cache_enabled"]) for c in cats][:2] == [
+        (False, True), (True, True)]
+    assert [c["cache_enabled"] for c in cats[2:]] == [False, True]
+    assert all(c["hierarchical_allreduce"] for c in cats[2:])  # the better value is kept
+    assert m.current_params()["hierarchical_allreduce"] is True
+
+
+def test_best_is_applied_when_done_and_near_the_optimum():
+    m = small(bayes_max_samples=20)
+    run(m)
+    state = m.state()
+    scores = [h["score"] for h in state["history"]]
+    assert state["best_score"] == max(scores)
+    assert m.current_params() == state["best"] == state["current"]
+    assert state["best"]["cache_enabled"] is True
+    top = throughput({"fusion_threshold_bytes": 24 * MIB, "cycle_time_ms": 6.0,
+                      "cache_enabled": True, "hierarchical_allreduce": False})
+    assert state["best_score"] > 0.9 * top
+    assert m.update(STEP_BYTES, 1.0) is False  # done: nothing changes any more
+
+
+def test_score_is_bytes_per_second_median_of_samples():
+    m = _core.ParameterManagerForTest(warmup_samples=0, steps_per_sample=2,
+                                      samples_per_setting=3, bayes_max_samples=1,
+                                      fixed_cache=True)
+    for seconds in (1.0, 1.0, 0.01, 0.01, 0.5, 0.5):  # samples 1000, 100000, 2000 bytes/s
+        m.update(1000, seconds)
+    (trial,) = m.state()["history"]
+    assert trial["score"] == pytest.approx(2000.0)
+
+
+def test_fixed_knobs_are_not_searched():
+    m = small(fusion_threshold_bytes=8 * MIB, fixed_fusion_threshold=True, fixed_cache=True)
+    run(m)
+    history = m.state()["history"]
+    assert {h["params"]["fusion_threshold_bytes"] for h in history} == {8 * MIB}
+    assert {h["params"]["cache_enabled"] for h in history} == {True}
+    assert len({h["params"]["cycle_time_ms"] for h in history}) > 5
+    assert all(h["phase"] == "bayes" for h in history)
+
+
+def test_only_categorical_when_both_continuous_knobs_are_fixed():
+    m = small(fixed_fusion_threshold=True, fixed_cycle_time=True)
+    run(m)
+    assert [h["phase"] for h in m.state()["history"]] == ["categorical"] * 2
+
+
+def test_nothing_to_tune_is_done_at_once():
+    m = _core.ParameterManagerForTest(fixed_fusion_threshold=True, fixed_cycle_time=True,
+                                      fixed_cache=True, num_hosts=4, fixed_hierarchical=True)
+    state = m.state()
+    assert state["phase"] == "done" and state["history"] == []
+    assert m.update(1 << 20, 0.1) is False
+
+
+def test_search_box_covers_the_initial_setting():
+    m = small(fusion_threshold_bytes=128 * MIB, cycle_time_ms=75.0, fusion_max_bytes=64 * MIB,
+              cycle_max_ms=50.0)
+    run(m)
+    for h in m.state()["history"]:
+        p = h["params"]
+        assert 0 <= p["fusion_threshold_bytes"] <= 128 * MIB
+        assert p["fusion_threshold_bytes"] % 4096 == 0
+        assert 0.0 <= p["cycle_time_ms"] <= 75.0
+
+
+def test_state_is_consistent_while_tuning():
+    m = small()
+    seen = set()
+    for _ in range(60):
+        state = m.state()
+        seen.add(state["phase"])
+        assert 1 <= state["trial"] <= state["trials"]
+        assert 0 <= state["samples"] < 3
+        assert state["current"] == m.current_params()
+        if state["history"]:
+            assert state["best_score"] == max(h["score"] for h in state["history"])
+        m.update(STEP_BYTES, STEP_BYTES / throughput(m.current_params()))
+    assert {"warmup", "bayes"} <= seen
+
+
+def test_same_seed_same_trials():
+    one, two = small(seed=9), small(seed=9)
+    run(one)
+    run(two)
+    assert one.state()["history"] == two.state()["history"]
+
+
+def test_csv_log(tmp_path):
+    path = tmp_path / "autotune.csv"
+    m = small(log_path=str(path), bayes_max_samples=5)
+    run(m)
+    with open(path) as fh:
+        rows = list(csv.reader(fh))
+    state = m.state()
+    assert rows[0] == CSV_COLUMNS
+    body = rows[1:]
+    assert len(body) == len(state["history"]) + 1  # one row per setting, then the best
+    for row, trial in zip(body, state["history"]):
+        p = trial["params"]
+        assert row[:4] == [str(int(p["hierarchical_allreduce"])), "0", "0",
+                           str(int(p["cache_enabled"]))]
+        assert float(row[4]) == pytest.approx(p["cycle_time_ms"])
+        assert float(row[5]) == pytest.approx(p["fusion_threshold_bytes"] / MIB, rel=1e-5)
+        assert float(row[6]) == pytest.approx(trial["score"], rel=1e-6)
+    best = state["best"]
+    assert float(body[-1][5]) == pytest.approx(best["fusion_threshold_bytes"] / MIB, rel=1e-5)
+    assert float(body[-1][6]) == pytest.approx(state["best_score"], rel=1e-6)
+
+
+def test_unwritable_log_does_not_stop_tuning(tmp_path):
+    m = small(log_path=str(tmp_path / "no-such-dir" / "log.csv"), bayes_max_samples=3)
+    run(m)
+    assert m.state()["phase"] == "done"
+
+
+def test_zero_time_steps_score_zero_without_crashing():
+    m = small(bayes_max_samples=2)
+    run(m, rate=lambda p: float("inf"))
+    assert all(h["score"] == 0.0 for h in m.state()["history"])
