@@ -1,0 +1,212 @@
+"""Shared pieces of the multi-process tests: configurations, deterministic rank-dependent
+inputs, NumPy references and a failure collector.
+
+Inputs are a cheap integer hash of (element index, rank, salt), mapped into small ranges chosen
+so that sums and products never overflow and float sums are exact even in float16/bfloat16
+(multiples of 1/8 below 8). So every rank can compute every other rank's input locally and the
+reference exactly; only Average (a division) and scale factors round.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+try:
+    import ml_dtypes
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # the test extra installs it; without it bfloat16 is simply not covered
+    BFLOAT16 = None
+
+INT_DTYPES = [np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64)]
+FLOAT_DTYPES = [np.dtype(t) for t in (np.float16, np.float32, np.float64)]
+if BFLOAT16 is not None:
+    FLOAT_DTYPES.insert(1, BFLOAT16)
+BOOL = np.dtype(np.bool_)
+ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES + [BOOL]
+LOW_PRECISION = {np.dtype(np.float16)} | ({BFLOAT16} if BFLOAT16 is not None else set())
+
+CHUNK_BYTES = 4 << 20  # "larger than a chunk": every large case is above this
+SMALL_COUNTS = (0, 1, 1001)
+
+# (world size, transport): shm = one host; tcp = HVD_TRANSPORT=tcp and one fake host per rank.
+WORLDS = [(n, t) for t in ("shm", "tcp") for n in (1, 2, 3, 4, 5)]
+WORLD_IDS = [f"{t}-np{n}" for n, t in WORLDS]
+
+
+def world_params():
+    return pytest.mark.parametrize("np_, transport", WORLDS, ids=WORLD_IDS)
+
+
+def world_kwargs(np_: int, transport: str, env=None) -> dict:
+    """run_ranks keyword arguments for one (world size, transport) configuration, plus ``env``."""
+    env = dict(env or {})
+    if transport == "tcp":
+        env["HVD_TRANSPORT"] = "tcp"
+        return {"env": env, "hosts": [f"host{r}" for r in range(np_)]}
+    return {"env": env}
+
+
+def init(transport: str = "shm"):
+    """Initialise the core in a rank and check that the transport asked for is the one used."""
+    import engine_native as hvd
+
+    hvd.init()
+    if hvd.size() > 1 and transport in ("shm", "tcp"):
+        peers = [t for i, t in enumerate(hvd.metrics()["transports"]) if i != hvd.rank()]
+        assert set(peers) == {transport}, f"expected {transport} to every peer, got {peers}"
+    return hvd
+
+
+def large_count(dtype: np.dtype) -> int:
+    """An odd element count whose byte size is above CHUNK_BYTES."""
+    return CHUNK_BYTES // dtype.itemsize + 4097
+
+
+def op_names():
+    import engine_native as hvd
+    return {hvd.Sum: "sum", hvd.Average: "avg", hvd.Min: "min", hvd.Max: "max",
+            hvd.Product: "prod"}
+
+
+def ops_for(dtype: np.dtype) -> list:
+    import engine_native as hvd
+    if dtype == BOOL:
+        return [hvd.Min, hvd.Max]
+    return [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+
+
+def _hash(count: int, rank: int, salt: int) -> np.ndarray:
+    """24 well-mixed bits per element (uint32 arithmetic wraps, which is what we want)."""
+    h = np.arange(count, dtype=np.uint32) * np.uint32(2654435761)
+    h += np.uint32(((rank + 1) * 40503 + salt * 97) & 0xFFFFFFFF)
+    h ^= h >> np.uint32(15)
+    h *= np.uint32(2246822519)
+    return h >> np.uint32(8)
+
+
+def salt_of(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0xFFFF
+
+
+def make_input(dtype, shape, rank: int, name: str, for_product: bool = False) -> np.ndarray:
+    """Deterministic input of ``rank`` for the tensor called ``name``."""
+    dtype = np.dtype(dtype)
+    shape = (shape,) if np.isscalar(shape) else tuple(shape)
+    count = int(np.prod(shape, dtype=np.int64))
+    h = _hash(count, rank, salt_of(name))
+    if dtype == BOOL:
+        out = (h & np.uint32(1)).astype(bool)
+    elif dtype.kind == "u":
+        out = (h % np.uint32(3 if for_product else 21)).astype(dtype)
+    elif dtype.kind == "i":
+        small = (h % np.uint32(5 if for_product else 21)).astype(dtype)
+        small -= dtype.type(2 if for_product else 10)
+        scale = {1: 1, 2: 100, 4: 100003, 8: (1 << 40) + 1}[dtype.itemsize]
+        out = small if for_product else small * dtype.type(scale)
+    elif for_product:
+        out = ((h % np.uint32(4)).astype(np.float32) + 1.0) / 2.0  # 0.5, 1, 1.5, 2
+        out = out.astype(dtype)
+    else:
+        out = ((h % np.uint32(17)).astype(np.float32) - 8.0) / 8.0  # k/8 in [-1, 1]
+        out = out.astype(dtype)
+    return out.reshape(shape)
+
+
+def all_inputs(dtype, shape, size: int, name: str, for_product: bool = False) -> list:
+    return [make_input(dtype, shape, r, name, for_product) for r in range(size)]
+
+
+def reference(inputs: list, op: int, prescale: float = 1.0, postscale: float = 1.0):
+    """NumPy reference of an allreduce: float64 (or int64/bool) of what every rank should get.
+
+    Folds one input at a time (no stacking), so large cases stay cheap in memory.
+    """
+    import engine_native as hvd
+    dtype = inputs[0].dtype
+    if dtype == BOOL:
+        fold = np.logical_and if op == hvd.Min else np.logical_or
+        acc = inputs[0].copy()
+        for x in inputs[1:]:
+            fold(acc, x, out=acc)
+        return acc
+    wide = np.float64 if dtype.kind == "f" or dtype == BFLOAT16 else np.int64
+    fold = {hvd.Sum: np.add, hvd.Average: np.add, hvd.Min: np.minimum, hvd.Max: np.maximum,
+            hvd.Product: np.multiply}[op]
+    acc = inputs[0].astype(wide)
+    if prescale != 1.0:
+        acc = acc * prescale
+    for x in inputs[1:]:
+        fold(acc, x.astype(wide) * prescale if prescale != 1.0 else x.astype(wide), out=acc)
+    if op == hvd.Average:
+        acc = acc / len(inputs)
+    return acc * postscale if postscale != 1.0 else acc
+
+
+def mismatch(actual: np.ndarray, expected, dtype, op=None, exact_avg=False):
+    """None when ``actual`` matches the reference, else a short description."""
+    import engine_native as hvd
+    dtype = np.dtype(dtype)
+    expected = np.asarray(expected)
+    if actual.dtype != dtype:
+        return f"dtype {actual.dtype}, expected {dtype}"
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape}, expected {expected.shape}"
+    if actual.size == 0:
+        return None
+    if dtype == BOOL:
+        bad = actual != expected
+    elif dtype.kind in "iu" and op == hvd.Average and not exact_avg:
+        # Average of integers: Horovod scales then truncates; allow the rounding of that.
+        bad = np.abs(actual.astype(np.float64) - expected.astype(np.float64)) > 1.0
+    elif dtype.kind in "iu":
+        bad = actual.astype(np.int64) != expected.astype(np.int64)
+    else:
+        got = actual.astype(np.float64)
+        if dtype in LOW_PRECISION:
+            rtol, atol = (3e-2, 6e-2) if dtype == BFLOAT16 else (5e-3, 1e-2)
+        elif dtype == np.float32:
+            rtol, atol = 1e-5, 1e-6
+        else:
+            rtol, atol = 1e-12, 1e-12
+        bad = ~np.isclose(got, expected.astype(np.float64), rtol=rtol, atol=atol)
+    if not np.any(bad):
+        return None
+    idx = np.flatnonzero(bad)
+    first = idx[0]
+    return (f"{idx.size} of {actual.size} elements differ; first at flat index {first}: got "
+            f"{actual.reshape(-1)[first]!r}, expected {expected.reshape(-1)[first]!r}")
+
+
+class Failures:
+    """Collects every failed check of a rank so one run reports all of them at once."""
+
+    def __init__(self, where: str = ""):
+        self.where = where or f"rank {os.environ.get('HVD_RANK', '?')}"
+        self.items: list = []
+        self.checked = 0
+
+    def check(self, label: str, problem) -> None:
+        self.checked += 1
+        if problem:
+            self.items.append(f"{label}: {problem}")
+
+    def expect(self, label: str, condition: bool, detail: str = "") -> None:
+        self.check(label, None if condition else (detail or "condition false"))
+
+    def raise_if_any(self) -> int:
+        if self.items:
+            shown = "\n  ".join(self.items[:40])
+            more = f"\n  ... and {len(self.items) - 40} more" if len(self.items) > 40 else ""
+            raise AssertionError(f"{self.where}: {len(self.items)} of {self.checked} checks "
+                                 f"failed:\n  {shown}{more}")
+        return self.checked
+
+
+def out_of_band():
+    """A client of the harness's rendezvous server, for test-only signalling between ranks
+    (ordering stimuli such as "rank 1 has tested its duplicate name"), never for results."""
+    from engine_native.rendezvous import RendezvousClient
+    return RendezvousClient(os.environ["HVD_RENDEZVOUS"], bytes.fromhex(os.environ["HVD_SECRET"]))

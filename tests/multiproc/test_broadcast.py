@@ -1,0 +1,56 @@
+"""broadcast from every root on spawned ranks."""
+import numpy as np
+
+from multiproc import checks
+from multiproc.checks import ALL_DTYPES, Failures
+from multiproc.harness import run_ranks
+
+
+def _check(hvd, fails, dtype, shape, root, name, async_=False):
+    x = checks.make_input(dtype, shape, hvd.rank(), name)
+    before = x.copy()
+    if async_:
+        out = hvd.synchronize(hvd.broadcast_async(x, root, name=name))
+    else:
+        out = hvd.broadcast(x, root, name=name)
+    fails.check(name, checks.mismatch(out, checks.make_input(dtype, shape, root, name), dtype))
+    fails.expect(f"{name} input untouched", np.array_equal(x, before))
+    fails.expect(f"{name} new array", not np.shares_memory(out, x))
+
+
+def broadcast_suite(transport):
+    hvd = checks.init(transport)
+    fails = Failures()
+    n = hvd.size()
+    for root in range(n):
+        for dtype in ALL_DTYPES:
+            for count in checks.SMALL_COUNTS:
+                _check(hvd, fails, dtype, count, root, f"{dtype}.{count}.root{root}")
+            _check(hvd, fails, dtype, (3, 4, 5), root, f"{dtype}.3d.root{root}")
+        _check(hvd, fails, np.float32, (), root, f"scalar.root{root}")
+    # Larger than a chunk, every dtype, the root rotating over the ranks.
+    for i, dtype in enumerate(ALL_DTYPES):
+        _check(hvd, fails, dtype, checks.large_count(dtype), i % n, f"large.{dtype}",
+               async_=True)
+    # name=None and several in flight with different roots.
+    handles = [hvd.broadcast_async(np.full(5, hvd.rank() * 10 + i), i % n) for i in range(6)]
+    for i, h in enumerate(handles):
+        out = hvd.synchronize(h)
+        fails.expect(f"unnamed.{i}", np.all(out == (i % n) * 10 + i), f"got {out}")
+    # Root out of range: a local ValueError, and the next op still works.
+    for bad in (-1, n):
+        try:
+            hvd.broadcast(np.zeros(2), bad, name=f"bad-root.{bad}")
+            fails.items.append(f"root {bad}: no error")
+        except ValueError:
+            pass
+    fails.expect("after bad root", np.all(hvd.broadcast(np.full(2, hvd.rank()), 0) == 0))
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+@checks.world_params()
+def test_broadcast(np_, transport):
+    res = run_ranks(broadcast_suite, np_, args=(transport,), timeout=240,
+                    **checks.world_kwargs(np_, transport))
+    assert all(r.value > 100 for r in res)
