@@ -1,0 +1,293 @@
+"""``hvdrun``: horovodrun's command line on this project's core.
+
+::
+
+    hvdrun -np 4 python train.py --epochs 2
+    hvdrun -np 4 -H localhost:2,127.0.0.1:2 --timeline-filename tl.json python train.py
+    hvdrun -np 8 -H node1:4,node2:4 python train.py      # through mpiexec + ssh
+
+Ranks on this machine are child processes that bootstrap through an authenticated rendezvous
+store run by hvdrun (``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``, ``HVD_SECRET``, ...). A host
+list naming other machines (or ``--mpi``) runs the ranks through mpiexec instead (see
+hvd_magic.launch.mpi). Output lines are tagged ``[rank]<stdout>:``; the first rank that fails
+stops the others and hvdrun exits with its code after showing its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shlex
+import signal
+import sys
+import time
+import uuid
+
+from . import config
+from . import hosts as hostlib
+from .mpi import MpiJob, build_command, find_mpiexec, mpi_flavor
+from .output import RankOutput, traceback_tail
+from .procs import JobResult, ProcessJob, exit_status, spawn
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvdrun", description="Run a command as N Horovod-style ranks (horovodrun's flags).",
+        epilog="example: hvdrun -np 4 python train.py --epochs 2")
+    p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
+    p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks")
+    p.add_argument("-cb", "--check-build", action="store_true",
+                   help="show which frameworks, controllers and transports are available")
+    p.add_argument("-H", "--hosts", help="host1:slots,host2:slots (default: localhost:np)")
+    p.add_argument("-hostfile", "--hostfile", help="file with 'host slots=N' lines")
+    p.add_argument("--gloo", action="store_true",
+                   help="start ranks with hvdrun's rendezvous (default for local hosts)")
+    p.add_argument("--mpi", action="store_true", help="start ranks through mpiexec")
+    p.add_argument("--mpi-args", help="extra arguments for mpiexec")
+    p.add_argument("-p", "--ssh-port", type=int, help="ssh port of the remote hosts")
+    p.add_argument("-i", "--ssh-identity-file", help="ssh identity (key) file")
+    p.add_argument("--start-timeout", type=float,
+                   help="seconds for all ranks to start and find each other (default 60)")
+    p.add_argument("--env", action="append", metavar="KEY=VALUE", default=[],
+                   help="extra environment variable for every rank (repeatable)")
+    p.add_argument("--output-filename", metavar="DIR",
+                   help="also write each rank's output to DIR/rank.<r>/stdout|stderr")
+    p.add_argument("--prefix-output-with-timestamp", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="say what hvdrun does")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands that would run, run nothing")
+    t = p.add_argument_group("tunables (become HVD_* variables)")
+    t.add_argument("--fusion-threshold-mb", type=float)
+    t.add_argument("--cycle-time-ms", type=float)
+    t.add_argument("--cache-capacity", type=int)
+    t.add_argument("--disable-cache", action="store_true", help="same as --cache-capacity 0")
+    t.add_argument("--hierarchical-allreduce", dest="hierarchical_allreduce",
+                   action="store_true", default=None)
+    t.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce",
+                   action="store_false")
+    t.add_argument("--tcp", action="store_true", help="TCP between all ranks (no shm)")
+    t.add_argument("--timeline-filename", help="write a Chrome-trace timeline (rank 0)")
+    t.add_argument("--timeline-mark-cycles", action="store_true")
+    t.add_argument("--autotune", action="store_true", help="tune fusion and cycle time")
+    t.add_argument("--autotune-log-file")
+    t.add_argument("--no-stall-check", action="store_true")
+    t.add_argument("--stall-check-warning-time-seconds", type=float)
+    t.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR or FATAL")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
+    return p
+
+
+def _env_from_args(args) -> dict:
+    env = config.clean_env()
+    env.update(config.tunables_env(
+        fusion_threshold_mb=args.fusion_threshold_mb, cycle_time_ms=args.cycle_time_ms,
+        cache_capacity=0 if args.disable_cache else args.cache_capacity,
+        hierarchical_allreduce=args.hierarchical_allreduce,
+        timeline_filename=args.timeline_filename, timeline_mark_cycles=args.timeline_mark_cycles,
+        autotune=args.autotune, autotune_log_file=args.autotune_log_file,
+        log_level=args.log_level, no_stall_check=args.no_stall_check,
+        stall_check_warning_time_seconds=args.stall_check_warning_time_seconds, tcp=args.tcp,
+        start_timeout=args.start_timeout))
+    env.update(config.parse_env_pairs(args.env))
+    return env
+
+
+def _host_list(args) -> list | None:
+    if args.hosts and args.hostfile:
+        raise ValueError("give either -H or -hostfile, not both")
+    if args.hostfile:
+        return hostlib.read_hostfile(args.hostfile)
+    return hostlib.parse_hosts(args.hosts) if args.hosts else None
+
+
+def check_build() -> str:
+    import importlib.util
+
+    def mark(ok: bool) -> str:
+        return "[X]" if ok else "[ ]"
+    torch = importlib.util.find_spec("torch") is not None
+    mpiexec = find_mpiexec()
+    return "\n".join([
+        "hvd-magic: available frameworks, controllers and transports", "",
+        "Available Frameworks:", f"    {mark(torch)} PyTorch (engine_native.torch)",
+        "    [X] NumPy (engine_native)", "",
+        "Available Controllers:", "    [X] rendezvous (hvdrun, Gloo-like)",
+        f"    {mark(mpiexec is not None)} MPI ({mpiexec or 'mpiexec not found'})", "",
+        "Available Tensor Operations:", "    [X] shm (same host)", "    [X] TCP",
+        "    [ ] NCCL (loaded at run time when CUDA tensors are used)"])
+
+
+def root_cause(output: RankOutput, result: JobResult, size: int) -> int | None:
+    """The rank to blame: the first to fail, unless it only lost a peer (HorovodInternalError)
+    while another rank printed a traceback of its own error."""
+    first = result.failed
+    if first is None:
+        return None
+
+    def own_error(rank: int) -> bool:
+        lines = traceback_tail(output.tail(rank))
+        return bool(lines) and lines[0].startswith("Traceback") and \
+            "HorovodInternalError" not in lines[-1]
+    if own_error(first):
+        return first
+    others = [r for r in range(size) if r != first and own_error(r)]
+    return others[0] if others else first
+
+
+def _report_failure(output: RankOutput, result: JobResult, size: int) -> None:
+    if result.failed is not None:
+        rank = root_cause(output, result, size)
+        others = size - 1
+        stopped = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
+        output.note(f"hvdrun: {result.reason}{stopped}.")
+        if rank != result.failed:
+            output.note(f"hvdrun: rank {result.failed} only lost its peer; the error came from "
+                        f"rank {rank}.")
+        lines = traceback_tail(output.tail(rank))
+        if lines:
+            output.note(f"hvdrun: rank {rank}'s last error output:")
+            for line in lines:
+                output.note(f"    {line}")
+    elif result.interrupted:
+        output.note(f"hvdrun: {result.reason}: stopped all ranks.")
+    elif result.reason:
+        output.note(f"hvdrun: {result.reason}.")
+
+
+def _exit_code(result: JobResult) -> int:
+    if result.failed is not None:
+        return exit_status(result.codes.get(result.failed)) or 1
+    if result.interrupted:
+        return 143 if "SIGTERM" in result.reason else 130
+    bad = [c for c in result.codes.values() if c != 0]
+    return exit_status(bad[0]) if bad else 0
+
+
+def _install_signals(job: ProcessJob) -> None:
+    def on_signal(signum, frame):
+        job.stop(f"hvdrun received {signal.Signals(signum).name}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread
+            pass
+
+
+def run_local(args, command, slots, env, output) -> int:
+    """Rendezvous flavour: every rank a child process of hvdrun."""
+    from engine_native.rendezvous import RendezvousServer
+
+    size = len(slots)
+    secret, job_id = secrets.token_bytes(32), uuid.uuid4().hex[:12]
+    fake_hosts = len({s.host for s in slots}) > 1
+    if args.dry_run:
+        for slot in slots:
+            print(f"rank {slot.rank} on {slot.host}: HVD_RANK={slot.rank} HVD_SIZE={size} "
+                  f"{shlex.join(command)}")
+        return 0
+    job = ProcessJob(output)
+    _install_signals(job)
+    with RendezvousServer(secret, host="127.0.0.1") as server:
+        address = "%s:%d" % server.address
+        if args.verbose:
+            output.note(f"hvdrun: {size} rank(s) on "
+                        f"{','.join(sorted({s.host for s in slots}))}, rendezvous {address}, "
+                        f"job {job_id}: {shlex.join(command)}")
+        for slot in slots:
+            rank_env = config.rank_env(env, slot, size, rendezvous=address,
+                                       secret_hex=secret.hex(), job_id=job_id,
+                                       set_hostname=fake_hosts)
+            try:
+                job.add(slot.rank, spawn(command, rank_env))
+            except OSError as exc:
+                output.note(f"hvdrun: cannot start {command[0]!r} for rank {slot.rank}: {exc}")
+                job.stop("start failed")
+                job.run()
+                return 127
+        start = time.monotonic()
+        result = job.run()
+    if args.verbose:
+        output.note(f"hvdrun: all ranks exited after {time.monotonic() - start:.2f} s")
+    _report_failure(output, result, size)
+    return _exit_code(result)
+
+
+def run_mpi(args, command, slots, env, output) -> int:
+    """mpiexec flavour: several hosts (or --mpi); ranks bootstrap through MPI."""
+    exe = find_mpiexec() or ("mpiexec" if args.dry_run else None)
+    if exe is None:
+        output.note("hvdrun: the host list needs mpiexec, which was not found; install it with "
+                    "`pip install mpich` (or a system MPI), or run on local hosts only")
+        return 127
+    if hostlib.only_loopback(_host_list(args)):
+        env["HVD_IFACE_ADDRESS"] = "127.0.0.1"  # "hosts" that are all this machine
+    rank_cmd = [sys.executable, "-m", "hvd_magic.launch.rankwrap", "--", *command]
+    flavor = mpi_flavor(exe) if os.path.isabs(exe) else "mpich"
+    cmd = build_command(exe, flavor, slots, rank_cmd, env, ssh_port=args.ssh_port,
+                        ssh_identity=args.ssh_identity_file, mpi_args=args.mpi_args)
+    if args.dry_run or args.verbose:
+        (print if args.dry_run else output.note)(shlex.join(cmd))
+        if args.dry_run:
+            return 0
+    job = MpiJob(output)
+    _install_signals(job)
+    job.add(MpiJob.KEY, spawn(cmd, env))
+    result = job.run()
+    _report_failure(output, result, len(slots))
+    return _exit_code(result)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            print(f"hvdrun (hvd-magic) {version('hvd-magic')}")
+        except PackageNotFoundError:
+            print("hvdrun (hvd-magic, not installed)")
+        return 0
+    if args.check_build:
+        print(check_build())
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command each rank runs, e.g. hvdrun -np 2 python train.py")
+    try:
+        hosts = _host_list(args)
+        np_ = args.np if args.np is not None else sum(h.slots for h in hosts or ()) or None
+        if np_ is None:
+            parser.error("-np N is required (or a host list whose slots give N)")
+        slots = hostlib.assign(np_, hosts)
+        env = _env_from_args(args)
+    except (ValueError, OSError) as exc:
+        parser.error(str(exc))
+    if args.gloo and args.mpi:
+        parser.error("--gloo and --mpi exclude each other")
+    output = RankOutput(output_dir=args.output_filename,
+                        timestamp=args.prefix_output_with_timestamp)
+    try:
+        if args.mpi or (not args.gloo and not hostlib.local_hosts(hosts)):
+            return run_mpi(args, command, slots, env, output)
+        if not hostlib.local_hosts(hosts):
+            output.note("hvdrun: --gloo runs ranks on this machine only; the host list names "
+                        "other machines: drop --gloo to go through mpiexec")
+            return 2
+        return run_local(args, command, slots, env, output)
+    except KeyboardInterrupt:
+        output.note("hvdrun: interrupted (Ctrl-C): stopped all ranks.")
+        return 130
+    finally:
+        output.close()
+
+
+def console_main() -> None:
+    """Entry point of the ``hvdrun`` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

@@ -1,0 +1,289 @@
+"""Child processes of a launcher: spawn, stream their output, notice exits, stop them all.
+
+:func:`spawn` starts one process in its own session (so a whole process group can be signalled
+and a terminal's Ctrl-C reaches only the launcher) that dies with the launcher (Linux
+``PR_SET_PDEATHSIG``). :class:`ProcessJob` runs one event loop on the calling thread over every
+child's stdout/stderr pipe and exit (``pidfd``), with no polling, and applies the job rules:
+
+A. Each whole output line goes to :meth:`ProcessJob.handle_line` (by default: the rank's
+   prefixed line in :class:`~hvd_magic.launch.output.RankOutput`).
+B. The first rank that exits non-zero (or by a signal) fails the job: every other process
+   group gets SIGTERM, and SIGKILL ``grace`` seconds later if still alive.
+C. Ctrl-C (KeyboardInterrupt on the launcher's thread), :meth:`ProcessJob.stop` from another
+   thread, or ``timeout`` does the same; a second Ctrl-C kills at once.
+D. When a rank's main process exits, what is left of its process group is killed (nothing
+   outlives the job), and the loop ends once every pipe is drained.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .output import LineSplitter, RankOutput
+
+__all__ = ["JobResult", "ProcessJob", "exit_status", "spawn"]
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):  # pragma: no cover - exotic libc
+    _prctl = None
+
+
+def _die_with_parent(parent: int) -> None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def spawn(cmd, env: dict, cwd: str | None = None, pass_fds=()) -> subprocess.Popen:
+    """Start ``cmd`` with piped stdout/stderr, no stdin, its own session, dying with us."""
+    parent = os.getpid()
+    preexec = (lambda: _die_with_parent(parent)) if _prctl is not None else None
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
+                            start_new_session=True, preexec_fn=preexec)
+
+
+def exit_status(code: int | None) -> int:
+    """A Popen returncode as a shell exit status (killed by signal N → 128 + N)."""
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "did not exit"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass
+class JobResult:
+    codes: dict = field(default_factory=dict)  # rank (or key) -> Popen returncode
+    failed: int | None = None               # the rank whose failure stopped the job
+    interrupted: bool = False                  # Ctrl-C / stop() / timeout
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None and not self.interrupted and all(
+            c == 0 for c in self.codes.values())
+
+
+class _Child:
+    def __init__(self, key, proc: subprocess.Popen):
+        self.key, self.proc = key, proc
+        self.exited = False
+        self.pidfd: int | None = None
+
+
+class ProcessJob:
+    """Supervise child processes (one per rank, or one mpiexec) until all are gone."""
+
+    def __init__(self, output: RankOutput, grace: float = 3.0):
+        self.output = output
+        self.grace = grace
+        self.result = JobResult()
+        self._children: dict = {}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None, None))
+        self._pipes = 0
+        self._stop_request: str | None = None
+        self._lock = threading.Lock()
+        self._kill_at: float | None = None
+        self._timeout: float | None = None
+
+    # -- hooks (overridden by the mpiexec and Spark flavours) --------------------------------
+    def handle_line(self, key, stream: str, text: str) -> None:
+        self.output.line(key, stream, text)
+
+    def handle_exit(self, key, code: int) -> None:
+        self.rank_exited(key, code)
+
+    # -- setup --------------------------------------------------------------------------------
+    def add(self, key, proc: subprocess.Popen) -> None:
+        child = self._children[key] = _Child(key, proc)
+        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            os.set_blocking(pipe.fileno(), False)
+            splitter = LineSplitter(lambda text, k=key, s=stream: self.handle_line(k, s, text))
+            self._sel.register(pipe, selectors.EVENT_READ, ("pipe", child, splitter))
+            self._pipes += 1
+        try:
+            child.pidfd = os.pidfd_open(proc.pid)
+            self._sel.register(child.pidfd, selectors.EVENT_READ, ("exit", child, None))
+        except (AttributeError, OSError):  # no pidfd (old kernel): the loop polls instead
+            child.pidfd = None
+
+    # -- job rules ----------------------------------------------------------------------------
+    def rank_exited(self, rank, code: int) -> None:
+        """Rule B: a non-zero exit of ``rank`` fails the job (first one wins)."""
+        self.result.codes[rank] = code
+        if code != 0 and self.result.failed is None and not self.result.interrupted:
+            self.result.failed = rank
+            self.result.reason = f"rank {rank} {describe_exit(code)}"
+            self._terminate_all()
+
+    def stop(self, reason: str = "stopped") -> None:
+        """Rule C, from any thread: stop every process (SIGTERM, then SIGKILL after grace)."""
+        with self._lock:
+            self._stop_request = reason
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _interrupt(self, reason: str) -> None:
+        if not self.result.interrupted and self.result.failed is None:
+            self.result.interrupted = True
+            self.result.reason = reason
+        self._terminate_all()
+
+    def _terminate_all(self) -> None:
+        if self._kill_at is None:
+            self._kill_at = time.monotonic() + self.grace
+            self._signal_all(signal.SIGTERM)
+
+    def _signal_all(self, sig: int) -> None:
+        for child in self._children.values():
+            if not child.exited:
+                try:
+                    os.killpg(child.proc.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, timeout: float | None = None) -> JobResult:
+        """Run rules A-D until every child has exited and its pipes are drained."""
+        self._timeout = timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        store_log = logging.getLogger("engine_native.rendezvous")
+        store_log.addFilter(self._quiet_while_stopping)
+        try:
+            self._loop(deadline)
+        except KeyboardInterrupt:
+            self._interrupt("interrupted (Ctrl-C)")
+            try:
+                self._loop(None)
+            except KeyboardInterrupt:  # a second Ctrl-C: no more grace
+                self._signal_all(signal.SIGKILL)
+                self._loop(None)
+            raise
+        finally:
+            store_log.removeFilter(self._quiet_while_stopping)
+            self._signal_all(signal.SIGKILL)
+            self._close()
+        return self.result
+
+    def _quiet_while_stopping(self, record) -> bool:
+        # Ranks killed mid-handshake make the launcher's rendezvous store log a dropped
+        # connection: expected while stopping, noise for the user.
+        return self._kill_at is None
+
+    def _loop(self, deadline: float | None) -> None:
+        drain_until = None
+        while True:
+            now = time.monotonic()
+            if all(c.exited for c in self._children.values()):
+                if self._pipes == 0:
+                    return
+                drain_until = drain_until or now + 2.0
+                if now >= drain_until:
+                    return
+            if deadline is not None and now >= deadline:
+                self._interrupt(f"timed out after {self._timeout:g} s")
+                deadline = None
+            if self._kill_at is not None and now >= self._kill_at:
+                self._signal_all(signal.SIGKILL)
+                self._kill_at = float("inf")
+            wait = [t - now for t in (deadline, self._kill_at, drain_until)
+                    if t is not None and t != float("inf")]
+            if any(c.pidfd is None and not c.exited for c in self._children.values()):
+                wait.append(0.05)
+            events = self._sel.select(max(0.0, min(wait)) if wait else None)
+            for key, _ in events:
+                self._dispatch(key)
+            self._poll_exits()
+
+    def _dispatch(self, key) -> None:
+        kind, child, splitter = key.data
+        if kind == "wake":
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+            with self._lock:
+                reason, self._stop_request = self._stop_request, None
+            if reason:
+                self._interrupt(reason)
+        elif kind == "pipe":
+            try:
+                data = os.read(key.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if data:
+                splitter.feed(data)
+            else:
+                splitter.flush()
+                self._sel.unregister(key.fileobj)
+                key.fileobj.close()
+                self._pipes -= 1
+        elif kind == "exit":
+            self._reap(child)
+
+    def _poll_exits(self) -> None:
+        for child in self._children.values():
+            if not child.exited and child.pidfd is None and child.proc.poll() is not None:
+                self._reap(child)
+
+    def _reap(self, child: _Child) -> None:
+        # Rule D: the group's leftovers go while the leader is still a zombie, so its pid
+        # (the group id) cannot have been reused yet.
+        try:
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        code = child.proc.wait()
+        child.exited = True
+        if child.pidfd is not None:
+            self._sel.unregister(child.pidfd)
+            os.close(child.pidfd)
+            child.pidfd = None
+        self.handle_exit(child.key, code)
+
+    def _close(self) -> None:
+        for child in self._children.values():
+            if not child.exited:
+                try:
+                    child.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            if child.pidfd is not None:
+                os.close(child.pidfd)
+                child.pidfd = None
+            for pipe in (child.proc.stdout, child.proc.stderr):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+

@@ -1,0 +1,168 @@
+"""hvdrun end to end: training equals one process on the global batch, a failing rank stops the
+job with its traceback, fake multi-host lists, flags reach the ranks, Ctrl-C stops everything."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from .conftest import hvdrun, marked_processes, script
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
+
+
+def _params(path):
+    with np.load(path) as data:
+        return [data[f"arr_{i}"] for i in range(len(data.files))]
+
+
+def test_training_matches_single_process_with_3x_batch(tmp_path, no_leaks):
+    dist, single = tmp_path / "dist.npz", tmp_path / "single.npz"
+    res = hvdrun("-np", "3", sys.executable, script("train_digits.py"), "--batch", "16",
+                 "--out", str(dist))
+    assert res.returncode == 0, res.stdout + res.stderr
+    ref = subprocess.run([sys.executable, script("train_digits.py"), "--single", "--batch", "48",
+                          "--out", str(single)], capture_output=True, text=True, timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    for got, want in zip(_params(dist), _params(single)):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # output is tagged per rank, line by line
+    assert re.search(r"^\[0\]<stdout>:final loss [0-9.]+ accuracy [0-9.]+ size 3$", res.stdout,
+                     re.M), res.stdout
+    assert re.search(r"^\[0\]<stdout>:step 0 loss", res.stdout, re.M)
+    assert all(line.startswith(("[0]<stdout>:", "[1]<stdout>:", "[2]<stdout>:"))
+               for line in res.stdout.splitlines()), res.stdout
+
+
+@pytest.mark.parametrize("when", ["before", "during"])
+def test_failing_rank_stops_job_with_its_traceback(when, no_leaks):
+    start = time.monotonic()
+    # HVD_TIMEOUT bounds how long the failing rank's interpreter waits at exit for its peers
+    # (the core's graceful shutdown); the launcher itself stops the job as soon as it exits.
+    res = hvdrun("-np", "3", "--env", "HVD_TIMEOUT=5", sys.executable, script("fail_rank.py"),
+                 "--rank", "1", "--when", when, timeout=90)
+    took = time.monotonic() - start
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert took < 40, f"took {took:.1f} s"
+    err = res.stderr
+    assert f"[1]<stderr>:ValueError: deliberate failure on rank 1 {when}" in err, err
+    summary = err[err.index("hvdrun: rank"):]
+    assert "rank 1's last error output:" in summary, summary
+    assert "Traceback (most recent call last):" in summary
+    assert f"ValueError: deliberate failure on rank 1 {when}" in summary
+    assert re.search(r"stopped the other 2 ranks", summary), summary
+
+
+def test_fake_hosts_get_local_and_cross_ranks(no_leaks):
+    res = hvdrun("-np", "3", "-H", "localhost:2,127.0.0.1:1", "--fusion-threshold-mb", "2",
+                 "--env", "MY_SETTING=abc", sys.executable, script("topology.py"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = sorted(line for line in res.stdout.splitlines() if "rank=" in line)
+    assert lines == [
+        f"[0]<stdout>:rank=0 size=3 local=0/2 cross=0/2 host=localhost sum=3 fusion={2 << 20} "
+        "extra=abc",
+        f"[1]<stdout>:rank=1 size=3 local=1/2 cross=0/1 host=localhost sum=3 fusion={2 << 20} "
+        "extra=abc",
+        f"[2]<stdout>:rank=2 size=3 local=0/1 cross=1/2 host=127.0.0.1 sum=3 fusion={2 << 20} "
+        "extra=abc",
+    ], res.stdout
+
+
+def test_output_filename_and_timestamp(tmp_path, no_leaks):
+    out = tmp_path / "logs"
+    res = hvdrun("-np", "2", "--output-filename", str(out), "--prefix-output-with-timestamp",
+                 sys.executable, "-c", "import os; print('hello', os.environ['HVD_RANK'])")
+    assert res.returncode == 0, res.stderr
+    for rank in range(2):
+        assert (out / f"rank.{rank}" / "stdout").read_text() == f"hello {rank}\n"
+        assert re.search(rf"^\w{{3}} \w{{3}} +\d+ [\d:]+ \d{{4}}\[{rank}\]<stdout>:hello {rank}$",
+                         res.stdout, re.M), res.stdout
+
+
+def test_interrupt_stops_every_rank_and_their_children(no_leaks):
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_magic.launch.hvdrun", "-np", "2",
+                             sys.executable, script("sleeper.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = 0
+        deadline = time.monotonic() + 120
+        while ready < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line, "hvdrun ended early: " + proc.stderr.read()
+            ready += "ready child" in line
+        assert len(marked_processes(no_leaks)) >= 5  # hvdrun, 2 ranks, 2 children
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        assert time.monotonic() - start < 10
+        assert code == 130, proc.stderr.read()
+        assert "interrupted" in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_to_hvdrun_stops_every_rank(no_leaks):
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_magic.launch.hvdrun", "-np", "2",
+                             sys.executable, script("sleeper.py")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "ready" in proc.stdout.readline()
+        proc.terminate()
+        assert proc.wait(timeout=30) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_missing_command_and_bad_arguments(no_leaks):
+    res = hvdrun("-np", "2", "/nonexistent/program")
+    assert res.returncode == 127 and "cannot start" in res.stderr, res.stderr
+    res = hvdrun("-np", "5", "-H", "localhost:2", "python", "x.py")
+    assert res.returncode == 2 and "needs 5 slots" in res.stderr, res.stderr
+    res = hvdrun("-np", "2")
+    assert res.returncode == 2 and "give the command" in res.stderr
+
+
+def test_rank_exit_code_is_hvdrun_exit_code(no_leaks):
+    res = hvdrun("-np", "2", sys.executable, "-c",
+                 "import os, sys; sys.exit(7 if os.environ['HVD_RANK'] == '1' else 0)")
+    assert res.returncode == 7, res.stderr
+    assert "rank 1 exited with code 7" in res.stderr
+
+
+@pytest.mark.mpi
+def test_mpiexec_path_with_loopback_hosts(no_leaks):
+    res = hvdrun("-np", "3", "--mpi", "-H", "localhost:2,127.0.0.1:1", sys.executable,
+                 script("topology.py"), timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = sorted(line for line in res.stdout.splitlines() if "rank=" in line)
+    assert [line.split(" fusion")[0] for line in lines] == [
+        "[0]<stdout>:rank=0 size=3 local=0/2 cross=0/2 host=localhost sum=3",
+        "[1]<stdout>:rank=1 size=3 local=1/2 cross=0/1 host=localhost sum=3",
+        "[2]<stdout>:rank=2 size=3 local=0/1 cross=1/2 host=127.0.0.1 sum=3",
+    ], res.stdout
+
+
+@pytest.mark.mpi
+def test_mpiexec_path_failing_rank(no_leaks):
+    start = time.monotonic()
+    res = hvdrun("-np", "2", "--mpi", "-H", "localhost:1,127.0.0.1:1", sys.executable,
+                 script("fail_rank.py"), "--rank", "1", "--when", "before", timeout=180)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert time.monotonic() - start < 60
+    assert "ValueError: deliberate failure on rank 1 before init" in res.stderr
+    assert "rank 1 exited with code 1" in res.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("HVD_TEST_CONSOLE_SCRIPT") and
+                    __import__("shutil").which("hvdrun") is None,
+                    reason="the hvdrun console script is not installed (pyproject entry)")
+def test_console_script(no_leaks):
+    res = subprocess.run(["hvdrun", "-np", "2", sys.executable, "-c", "print('ok')"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.count("<stdout>:ok") == 2, res.stderr

@@ -1,0 +1,199 @@
+"""Launcher pieces on their own: host lists, flag translation, mpiexec command lines, output
+lines, and the process supervisor's rules (fail fast, grace then SIGKILL, process groups)."""
+import io
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from hvd_magic.launch import config, hosts, hvdrun
+from hvd_magic.launch.mpi import build_command
+from hvd_magic.launch.output import LineSplitter, RankOutput, parse_tagged, traceback_tail
+from hvd_magic.launch.procs import ProcessJob, exit_status, spawn
+
+from .conftest import marked_processes
+
+# -- host lists -----------------------------------------------------------------------------
+
+
+def test_parse_hosts_and_assign():
+    hl = hosts.parse_hosts("a:2, b:1,c")
+    assert [(h.name, h.slots) for h in hl] == [("a", 2), ("b", 1), ("c", 1)]
+    slots = hosts.assign(4, hl)
+    assert [(s.host, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == [
+        ("a", 0, 2, 0, 3), ("a", 1, 2, 0, 1), ("b", 0, 1, 1, 3), ("c", 0, 1, 2, 3)]
+    assert [s.host for s in hosts.assign(2, None)] == ["localhost", "localhost"]
+    for bad in ("a:0", "a:x", "", "a:1,a:2"):
+        with pytest.raises(ValueError):
+            hosts.parse_hosts(bad)
+    with pytest.raises(ValueError, match="needs 5 slots"):
+        hosts.assign(5, hl)
+
+
+def test_hostfile(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# cluster\nnode1 slots=4\nnode2:2  # comment\nnode3\n")
+    assert [(h.name, h.slots) for h in hosts.read_hostfile(str(path))] == [
+        ("node1", 4), ("node2", 2), ("node3", 1)]
+
+
+def test_slots_of_spark_placement_matches_core_bootstrap():
+    slots = hosts.slots_of(["a", "b", "b", "a"])
+    assert [(s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == [
+        (0, 2, 0, 2), (0, 2, 1, 2), (1, 2, 0, 2), (1, 2, 1, 2)]
+
+
+def test_local_hosts():
+    assert hosts.is_local("localhost") and hosts.is_local("127.0.0.1")
+    assert hosts.is_local(__import__("socket").gethostname())
+    assert not hosts.is_local("no-such-host.invalid")
+    assert hosts.only_loopback(hosts.parse_hosts("localhost:2,127.0.0.1:1"))
+
+
+# -- environment ------------------------------------------------------------------------------
+
+def test_tunables_become_hvd_variables(tmp_path):
+    env = config.tunables_env(fusion_threshold_mb=64, cycle_time_ms=0.5, cache_capacity=0,
+                              hierarchical_allreduce=True, timeline_filename="tl.json",
+                              autotune=True, log_level="FATAL", tcp=True, start_timeout=30,
+                              no_stall_check=True)
+    assert env == {"HVD_FUSION_THRESHOLD": str(64 << 20), "HVD_CYCLE_TIME_MS": "0.5",
+                   "HVD_CACHE_CAPACITY": "0", "HVD_HIERARCHICAL_ALLREDUCE": "1",
+                   "HVD_TIMELINE": os.path.abspath("tl.json"), "HVD_AUTOTUNE": "1",
+                   "HVD_LOG": "error", "HVD_TRANSPORT": "tcp", "HVD_START_TIMEOUT": "30",
+                   "HVD_STALL_CHECK_DISABLE": "1"}
+    with pytest.raises(ValueError, match="--log-level"):
+        config.tunables_env(log_level="loud")
+    assert config.parse_env_pairs(["A=1", "B=x=y"]) == {"A": "1", "B": "x=y"}
+    with pytest.raises(ValueError):
+        config.parse_env_pairs(["novalue"])
+
+
+def test_clean_env_drops_inherited_ranks():
+    env = config.clean_env({"PMI_RANK": "3", "HVD_RANK": "1", "OMPI_COMM_WORLD_RANK": "2",
+                            "RANK": "0", "PATH": "/bin", "HVD_FUSION_THRESHOLD": "1"})
+    assert env == {"PATH": "/bin", "HVD_FUSION_THRESHOLD": "1"}
+
+
+# -- mpiexec command lines (hosts need not exist: nothing is run) ------------------------------
+
+def test_mpich_command_has_a_segment_per_host():
+    slots = hosts.assign(3, hosts.parse_hosts("node1:2,node2:2"))
+    cmd = build_command("mpiexec", "mpich", slots, ["python", "t.py"], {}, mpi_args="-v")
+    assert cmd == ["mpiexec", "-hosts", "node1:2,node2:1", "-v",
+                   "-n", "2", "-env", "HVD_HOSTNAME", "node1", "python", "t.py", ":",
+                   "-n", "1", "-env", "HVD_HOSTNAME", "node2", "python", "t.py"]
+    cmd = build_command("mpiexec", "mpich", slots, ["python"], {}, ssh_port=2222)
+    wrapper = cmd[cmd.index("-launcher-exec") + 1]
+    assert "-p 2222" in open(wrapper).read()
+
+
+def test_openmpi_command_exports_variables():
+    slots = hosts.assign(2, hosts.parse_hosts("node1:1,node2:1"))
+    cmd = build_command("mpirun", "openmpi", slots, ["python", "t.py"],
+                        {"HVD_FUSION_THRESHOLD": "1", "HOME": "/root", "PATH": "/bin"},
+                        ssh_port=22)
+    assert cmd[:9] == ["mpirun", "--allow-run-as-root", "-bind-to", "none", "-map-by", "slot",
+                       "-mca", "pml", "ob1"]
+    assert ["-x", "HVD_FUSION_THRESHOLD"] == cmd[cmd.index("HVD_FUSION_THRESHOLD") - 1:][:2]
+    assert "HOME" not in cmd and "plm_rsh_args" in cmd
+    assert cmd[-13:] == ["-np", "1", "-x", "HVD_HOSTNAME=node1", "python", "t.py", ":",
+                         "-np", "1", "-x", "HVD_HOSTNAME=node2", "python", "t.py"]
+
+
+def test_hvdrun_dry_run_for_remote_hosts(capsys):
+    assert hvdrun.main(["-np", "4", "-H", "node1.invalid:2,node2.invalid:2", "--dry-run",
+                        "python", "train.py", "--lr", "0.1"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert "-hosts node1.invalid:2,node2.invalid:2" in line
+    assert line.count("hvd_magic.launch.rankwrap -- python train.py --lr 0.1") == 2
+
+
+# -- output -------------------------------------------------------------------------------------
+
+def test_line_splitter_keeps_lines_whole():
+    got = []
+    s = LineSplitter(got.append)
+    for chunk in (b"ab", b"c\nde", b"f\r\n\n", "é".encode()[:1]):
+        s.feed(chunk)
+    assert got == ["abc", "def", ""]
+    s.feed("é".encode()[1:] + b"x")
+    s.flush()
+    assert got[-1] == "éx"
+
+
+def test_rank_output_prefix_files_and_tail(tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    ro = RankOutput(out, err, output_dir=str(tmp_path), only_ranks=[0])
+    ro.line(0, "stdout", "hello")
+    ro.line(1, "stdout", "hidden")
+    ro.line(1, "stderr", "Traceback (most recent call last):")
+    ro.line(1, "stderr", "ValueError: x")
+    ro.line(1, "stderr", "[hvd rank 1] warning runtime: shutting down")
+    ro.close()
+    assert out.getvalue() == "[0]<stdout>:hello\n" and err.getvalue() == ""
+    assert (tmp_path / "rank.1" / "stdout").read_text() == "hidden\n"
+    assert traceback_tail(ro.tail(1)) == ["Traceback (most recent call last):", "ValueError: x"]
+    assert parse_tagged("[12]<exit>:-9") == (12, "exit", "-9")
+    assert parse_tagged("plain") is None
+
+
+# -- the supervisor ------------------------------------------------------------------------------
+
+def _py(code):
+    return spawn([sys.executable, "-c", code], dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+@pytest.mark.timeout(60)
+def test_first_failure_stops_others_sigkill_after_grace(no_leaks):
+    out, err = io.StringIO(), io.StringIO()
+    job = ProcessJob(RankOutput(out, err), grace=1.0)
+    job.add(0, _py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                   "print('stubborn', flush=True); time.sleep(60)"))
+    job.add(1, _py("import sys, time; time.sleep(0.5); sys.exit(5)"))
+    start = time.monotonic()
+    result = job.run()
+    assert time.monotonic() - start < 10
+    assert result.failed == 1 and result.codes == {0: -signal.SIGKILL, 1: 5}
+    assert exit_status(result.codes[1]) == 5 and exit_status(-9) == 137
+    assert "[0]<stdout>:stubborn" in out.getvalue()
+
+
+@pytest.mark.timeout(60)
+def test_exited_rank_takes_its_process_group_along(no_leaks):
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()))
+    job.add(0, _py("import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                   "'import time; time.sleep(60)'], stdout=subprocess.DEVNULL)"))
+    result = job.run()
+    assert result.ok
+    assert marked_processes(no_leaks) == {}
+
+
+@pytest.mark.timeout(60)
+def test_stop_from_another_thread_and_timeout(no_leaks):
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()), grace=1.0)
+    job.add(0, _py("import time; time.sleep(60)"))
+    threading.Timer(0.3, job.stop, args=("dashboard Stop",)).start()
+    result = job.run()
+    assert result.interrupted and result.reason == "dashboard Stop" and not result.ok
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()), grace=1.0)
+    job.add(0, _py("import time; time.sleep(60)"))
+    result = job.run(timeout=0.5)
+    assert result.interrupted and "timed out" in result.reason
+
+
+@pytest.mark.timeout(60)
+def test_rankwrap_tags_lines_and_reports_exit(no_leaks):
+    env = config.clean_env()
+    env["PMI_RANK"] = "3"
+    res = subprocess.run([sys.executable, "-m", "hvd_magic.launch.rankwrap", "--",
+                          sys.executable, "-c",
+                          "import sys; print('a'); print('b', file=sys.stderr); sys.exit(4)"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 4
+    assert res.stdout == "[3]<stdout>:a\n"
+    assert res.stderr == "[3]<stderr>:b\n[3]<exit>:4\n"
