@@ -1,0 +1,309 @@
+"""Cluster lifecycle on ipyparallel: start, wait for registration, stop, restart, deaths.
+
+:class:`HvdCluster` wraps one ``ipyparallel.Cluster`` (controller + one engine set started by
+ipyparallel's launchers: ``mpi`` by default, ``local``, ``slurm``, ``pbs``, ``ssh``, ...) and
+its connected ``Client``. Who is which rank, the core and GPUs are set up by
+:mod:`hvd_magic.ranksetup`. Every method runs on the notebook's main thread; the ipyparallel
+coroutines run on a private loop thread (:mod:`hvd_magic.loop`). Engines and controller are
+started by ipyparallel in their own session (``start_new_session=True``), so a Jupyter
+interrupt, which signals the kernel's process group, never reaches them or mpiexec.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import time
+from dataclasses import dataclass
+
+from . import preflight, ranksetup, reaper
+from .loop import LoopThread
+
+log = logging.getLogger("hvd_magic")
+
+ENGINE_STOP_WAIT = 5.0  # seconds for the hub to notice engines that were stopped
+MPIEXEC_REPORT_WAIT = 3.0  # seconds for mpiexec to exit and report after a rank died
+
+
+@dataclass
+class RankInfo:
+    """One rank as the driver knows it."""
+    rank: int
+    engine_id: int
+    host: str
+    pid: int
+    local_rank: int = 0
+    device: str = "cpu"
+    device_name: str = ""
+    core: str | None = None
+    core_error: str | None = None
+
+
+def describe_exit(code) -> str:
+    """``killed by SIGKILL`` / ``exited with code 3`` from a (psutil-style) exit code."""
+    if code is None or code == "unknown":
+        return "exited (status unknown)"
+    code = int(code)
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class HvdCluster:
+    """A running set of ranks.
+
+    Parameters
+    ----------
+    n : int
+        Number of ranks.
+    launcher : str
+        ipyparallel engine launcher (``mpi``, ``local``, ``slurm``, ``pbs``, ``ssh``, ...).
+    gpus : {"auto", "none"}
+        Pin one GPU per local rank when GPUs exist, or hide GPUs from the engines.
+    timeout : float
+        Seconds to wait for registration and for the core to initialise.
+    env : dict
+        Extra environment for the engines.
+    """
+
+    def __init__(self, n: int, launcher: str = "mpi", gpus: str = "auto",
+                 timeout: float = 60.0, env: dict | None = None):
+        self.n, self.launcher, self.gpus, self.timeout = n, launcher, gpus, timeout
+        self.env = dict(env or {})
+        self.ipp = None
+        self.client = None
+        self.ranks: list[RankInfo] = []
+        self.setup: ranksetup.RankSetup | None = None
+        self.started_at: float | None = None
+        self.ready_seconds: float | None = None
+        self._loop = LoopThread()
+        self._reaper: reaper.Reaper | None = None
+
+    # -- start / stop -----------------------------------------------------------------------
+
+    def start(self, progress=None) -> list[str]:
+        """Start controller and engines, wait for them, set up ranks. Returns notes to show.
+
+        Raises StartError (after cleaning up) with the reason and the fix.
+        """
+        import ipyparallel as ipp
+
+        t0 = time.perf_counter()
+        preflight.check_launcher(self.launcher)
+        # engines of batch/ssh launchers run on other hosts: the controller must listen there
+        kwargs = {"controller_ip": "*"} if self.launcher not in ("local", "mpi") else {}
+        self.ipp = ipp.Cluster(engines=self.launcher, n=self.n, log_level=logging.ERROR,
+                               engine_timeout=int(self.timeout), **kwargs)
+        try:
+            self._loop.run(self.ipp.start_controller(), self.timeout)
+            self.client = self._loop.run(self.ipp.connect_client(), self.timeout)
+            self._reaper = reaper.Reaper()
+            notes = self._start_engines(progress)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.time()
+        self.ready_seconds = time.perf_counter() - t0
+        return notes
+
+    def _start_engines(self, progress) -> list[str]:
+        self.setup = ranksetup.RankSetup(self, ranksetup.engine_env(self))
+        self._loop.run(self.ipp.start_engines(self.n, environment=self.setup.launch_env),
+                       self.timeout)
+        self._update_reaper()
+        engine_ids = self._wait_for_engines(progress)
+        self.ranks, notes = self.setup.setup_ranks(engine_ids)
+        self._update_reaper()
+        return notes
+
+    def _shutdown_cores(self) -> None:
+        """Shut the cores down cleanly while every rank can still agree on it; otherwise
+        each engine's exit would wait for its dead or busy peers (the core's atexit)."""
+        if self.client is not None and self.ranks and not self.dead_ranks():
+            try:
+                self.setup.shutdown_cores(timeout=2.0)
+            except Exception as exc:
+                log.debug("core shutdown before stopping engines failed: %s", exc)
+
+    def stop(self) -> None:
+        """Stop engines and controller (best effort, never raises)."""
+        self._shutdown_cores()
+        if self.setup is not None:
+            self.setup.close()
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.ipp is not None:
+            try:  # engines first: stopping the controller first makes them log heartbeat loss
+                self._stop_engines()
+                self._loop.run(self.ipp.stop_controller(), 30)
+            except Exception as exc:
+                log.warning("hvd: stopping the cluster: %s", exc)
+            self.ipp = None
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
+        self._loop.close()
+        self.ranks = []
+
+    def restart(self, progress=None) -> list[str]:
+        """Stop every engine and start ``n`` new ones; ranks, core and GPUs set up again."""
+        t0 = time.perf_counter()
+        self._shutdown_cores()
+        if self.setup is not None:
+            self.setup.close()
+        self._stop_engines()
+        deadline = time.monotonic() + ENGINE_STOP_WAIT
+        while self.client.ids and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.ranks = []
+        notes = self._start_engines(progress)
+        self.ready_seconds = time.perf_counter() - t0
+        return notes
+
+    def _stop_engines(self) -> None:
+        """SIGTERM every engine at once, then let ipyparallel reap them: its launchers wait
+        for each engine in turn (seconds each while torch unloads), so signalling first makes
+        the wait the slowest engine's instead of the sum."""
+        for es in self.ipp.engines.values():
+            try:
+                es.signal(signal.SIGTERM)
+            except Exception as exc:  # already gone
+                log.debug("SIGTERM to engine set: %s", exc)
+        self._loop.run(self.ipp.stop_engines(), 60)
+
+    # -- registration -----------------------------------------------------------------------
+
+    def _engine_set(self):
+        return next(iter(self.ipp.engines.values()), None) if self.ipp else None
+
+    def _wait_for_engines(self, progress) -> list[int]:
+        old = set(self.client.ids)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            new = sorted(set(self.client.ids) - old)
+            if progress:
+                progress(len(new), self.n)
+            if len(new) >= self.n:
+                return new[: self.n]
+            exited = self._launcher_exit()
+            if exited or time.monotonic() > deadline:
+                output = launcher_output(self._engine_set())
+                raise preflight.registration_failure(self.n, len(new), self.timeout,
+                                                     self.launcher, output, exited)
+            time.sleep(0.05)
+
+    def _launcher_exit(self) -> str | None:
+        es = self._engine_set()
+        if es is None:
+            return "no engine set"
+        stop = getattr(es, "stop_data", None) or {}
+        if getattr(es, "state", "") == "after":
+            return describe_exit(stop.get("exit_code"))
+        for data in (stop.get("engines") or {}).values():  # one engine of a local set died
+            return f"an engine {describe_exit(data.get('exit_code'))}"
+        return None
+
+    # -- views and health -------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def engine_ids(self, ranks) -> list[int]:
+        return [self.ranks[r].engine_id for r in ranks]
+
+    def view(self, ranks=None):
+        ranks = range(self.size) if ranks is None else ranks
+        v = self.client.direct_view(targets=self.engine_ids(ranks))
+        v.block = False
+        return v
+
+    def dead_ranks(self) -> dict[int, str]:
+        """Ranks whose engine is gone, with how it ended (exit code or signal, when known)."""
+        if self.client is None:
+            return {}
+        alive = set(self.client.ids)
+        gone = [r for r in self.ranks if r.engine_id not in alive]
+        return {r.rank: self._exit_reason(r) for r in gone}
+
+    def busy_ranks(self) -> list[int]:
+        """Ranks still running something we sent earlier (an interrupt they ignored)."""
+        busy = []
+        outstanding = getattr(self.client, "_outstanding_dict", {})
+        engines = getattr(self.client, "_engines", {})
+        for r in self.ranks:
+            if outstanding.get(engines.get(r.engine_id)):
+                busy.append(r.rank)
+        return busy
+
+    def _exit_reason(self, info: RankInfo) -> str:
+        es = self._engine_set()
+        stop = (getattr(es, "stop_data", None) or {}) if es is not None else {}
+        for data in (stop.get("engines") or {}).values():
+            if data.get("pid") == info.pid:
+                return describe_exit(data.get("exit_code"))
+        if self.launcher == "mpi" and es is not None:
+            deadline = time.monotonic() + MPIEXEC_REPORT_WAIT  # mpiexec writes its report last
+            while getattr(es, "state", "") != "after" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return mpi_exit_reason(launcher_output(es), info.pid)
+        return "exited (status unknown)"
+
+    def signal_ranks(self, ranks, sig=signal.SIGINT) -> None:
+        """Signal ranks through their KernelNanny (launcher-independent, unlike mpiexec)."""
+        alive = set(self.client.ids)
+        targets = [e for e in self.engine_ids(ranks) if e in alive]
+        if targets:
+            self.client.send_signal(sig, targets=targets, block=False)
+
+    def _update_reaper(self) -> None:
+        if self._reaper is None or self.ipp is None:
+            return
+        pids = []
+        if self.ipp.controller is not None and getattr(self.ipp.controller, "pid", -1) > 0:
+            pids.append(self.ipp.controller.pid)
+        for es in self.ipp.engines.values():
+            pids.extend(e.pid for e in getattr(es, "launchers", {}).values() if e.pid > 0)
+            if getattr(es, "pid", -1) > 0:
+                pids.append(es.pid)
+        pids.extend(r.pid for r in self.ranks if r.host == os.uname().nodename)
+        self._reaper.watch(pids)
+
+
+def launcher_output(engine_set) -> str:
+    """The launcher's output so far (``get_output()`` caches its first read, so a single
+    output file is read afresh)."""
+    if engine_set is None:
+        return ""
+    path = getattr(engine_set, "output_file", "")
+    if path and os.path.isfile(path):
+        with open(path, errors="replace") as f:
+            return f.read()
+    return engine_set.get_output()
+
+
+_MPI_PIPE = re.compile(r"Pipe closed, parent (\d+) has status: (\w+)")
+_MPI_EXIT = re.compile(r"EXIT STRING: (.+)|KILLED BY SIGNAL: (\d+)|EXIT CODE: (\d+)")
+
+
+def mpi_exit_reason(output: str, pid: int) -> str:
+    """How an MPI rank ended, from mpiexec's report and the nannies' log lines."""
+    first = next((int(m.group(1)) for m in _MPI_PIPE.finditer(output)), None)
+    reason = "exited (status unknown)"
+    for m in _MPI_EXIT.finditer(output):
+        if m.group(1):
+            reason = m.group(1).strip().rstrip(".")
+            break
+        if m.group(2):
+            reason = describe_exit(-int(m.group(2)))
+        elif m.group(3) and reason.startswith("exited (status"):
+            reason = describe_exit(int(m.group(3)))
+    if first is not None and first != pid:
+        return f"stopped by mpiexec after pid {first} died ({reason})"
+    return reason

@@ -1,0 +1,270 @@
+"""Code that runs on the engines (ranks), shipped by reference through ``view.apply``.
+
+The magics call these functions on every engine; ipyparallel pickles them by module name, so
+this module must import on an engine with nothing but the standard library, IPython (which
+every engine has) and, lazily, torch / engine_native. Keep it free of driver-side imports.
+
+State per engine process: ``RANK`` (set by :func:`init_engine`) and the name of the core API
+module in use. The user's namespace gets ``hvd`` and ``torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import socket
+import sys
+import threading
+import time
+
+RANK: int | None = None
+_CORE_MODULE: str | None = None  # "engine_native.torch" or "engine_native"
+
+
+def _shell():
+    from IPython import get_ipython
+    return get_ipython()
+
+
+def describe() -> dict:
+    """Who and where this engine is, before any rank is assigned."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    info = {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.executable,
+            "mpi_rank": None, "mpi_size": None}
+    if mpi is not None and mpi.Is_initialized():
+        info["mpi_rank"] = mpi.COMM_WORLD.Get_rank()
+        info["mpi_size"] = mpi.COMM_WORLD.Get_size()
+        info["mpi_library"] = mpi.Get_library_version().splitlines()[0].strip()
+    return info
+
+
+def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: bool = True) -> dict:
+    """Become ``rank``: set the environment, pin a GPU, initialise the core, fill the namespace.
+
+    Returns what happened (device, core API, the core's own rank/size, or why it failed);
+    never raises, so one bad rank does not hide the others' reports.
+    """
+    global RANK, _CORE_MODULE
+    RANK = rank
+    os.environ.update(env)
+    ns = _shell().user_ns
+    out: dict = {"rank": rank, "device": "cpu", "core": None, "core_error": None}
+    torch = _import("torch")
+    if torch is not None:
+        ns["torch"] = torch
+        try:
+            out["device"], out["device_name"] = _pin_gpu(torch, gpus, local_rank)
+        except Exception as exc:  # a broken CUDA setup: say so, run on CPU
+            out["device_name"] = f"GPU pinning failed: {type(exc).__name__}: {exc}"
+    if not with_core:
+        return out
+    name = "engine_native.torch" if torch is not None else "engine_native"
+    try:
+        hvd = importlib.import_module(name)
+        hvd.init()
+    except BaseException as exc:  # ImportError, core failure, KeyboardInterrupt from the magic
+        out["core_error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    _CORE_MODULE = name
+    ns["hvd"] = hvd
+    out.update(core=name, core_rank=hvd.rank(), core_size=hvd.size(),
+               local_rank=hvd.local_rank())
+    return out
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def _pin_gpu(torch, gpus: str, local_rank: int) -> tuple[str, str]:
+    """One GPU per local rank (round robin when there are fewer GPUs than local ranks)."""
+    if gpus == "none" or not torch.cuda.is_available():
+        return "cpu", ""
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return f"cuda:{index}", torch.cuda.get_device_name(index)
+
+
+def _basics():
+    return sys.modules.get("engine_native.basics") if _CORE_MODULE else None
+
+
+def core_state() -> dict:
+    """The core's state for reports: initialised, pending collectives, current op, last error."""
+    basics = _basics()
+    if basics is None:
+        return {"core": None}
+    try:
+        if not basics.is_initialized():
+            return {"core": _CORE_MODULE, "initialized": False}
+        m = basics.metrics()
+    except Exception as exc:
+        return {"core": _CORE_MODULE, "error": f"{type(exc).__name__}: {exc}"}
+    return {"core": _CORE_MODULE, "initialized": True, "pending": list(m.get("pending") or []),
+            "current": m.get("current"), "last_error": m.get("last_error", "")}
+
+
+def reset_core(reason: str) -> dict:
+    """Abort everything in flight, then shut down and initialise again (every rank calls this
+    at the same time; both steps agree with the other ranks). Returns the new core state."""
+    basics = _basics()
+    if basics is None:
+        return {"core": None}
+    hvd = sys.modules[_CORE_MODULE]
+    t0 = time.perf_counter()
+    try:
+        basics.abort(reason)
+    except Exception:  # not initialised, or already failed: shutdown below still cleans up
+        pass
+    try:
+        hvd.shutdown()
+        hvd.init()
+    except BaseException as exc:
+        return {"core": _CORE_MODULE, "initialized": False,
+                "error": f"{type(exc).__name__}: {exc}"}
+    return {"core": _CORE_MODULE, "initialized": basics.is_initialized(),
+            "optimizers_reset": _reset_optimizers(), "seconds": time.perf_counter() - t0}
+
+
+def _reset_optimizers() -> int:
+    """Drop the in-flight gradient handles of every live DistributedOptimizer: they belong
+    to the aborted core epoch, and a stale one makes the next ``zero_grad()`` raise.
+
+    Only instances of torch optimizers whose class carries engine_native's
+    ``_DistributedOptimizer.synchronize`` are touched (probing arbitrary objects' attributes
+    could initialise CUDA). Uses ``reset()`` when there is one, else clears what the
+    optimizer's own ``load_state_dict`` clears. TODO(#6): call a public reset once
+    engine_native.torch offers one (asked for in the issue's report).
+    """
+    module, torch = sys.modules.get("engine_native.torch.optimizer"), sys.modules.get("torch")
+    base = getattr(module, "_DistributedOptimizer", None)
+    if base is None or torch is None:
+        return 0
+    import gc
+
+    sync, optimizer, count = base.__dict__.get("synchronize"), torch.optim.Optimizer, 0
+    for obj in gc.get_objects():
+        cls = type(obj)  # never the instance's own attributes: no __getattr__ side effects
+        if not issubclass(cls, optimizer) or getattr(cls, "synchronize", None) is not sync:
+            continue
+        if callable(getattr(obj, "reset", None)):
+            obj.reset()
+        else:
+            obj._handles = {}
+            obj._synchronized = False
+            obj._should_synchronize = True
+            for p in obj._allreduce_delay:
+                obj._allreduce_delay[p] = obj.backward_passes_per_step
+        count += 1
+    return count
+
+
+def shutdown_core() -> None:
+    basics = _basics()
+    if basics is not None and basics.is_initialized():
+        sys.modules[_CORE_MODULE].shutdown()
+
+
+class RemoteRepr:
+    """Stands for a cell value that could not be pickled: shows the engine's repr."""
+
+    def __init__(self, text: str, type_name: str):
+        self.text, self.type_name = text, type_name
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _portable(value):
+    if isinstance(value, _PLAIN) or type(value).__module__.split(".")[0] in ("numpy", "torch"):
+        return value
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:
+        return RemoteRepr(repr(value)[:20000], type(value).__name__)
+
+
+class _Watch:
+    """While a cell runs, publish the core's pending collectives every ``INTERVAL`` seconds
+    (``publish_data``, tagged with the running request), so the driver can see that a rank is
+    stuck without interrupting it. One daemon thread per engine, started with the first cell;
+    it polls a flag (4 wake-ups a second, nothing else while idle) because waking a thread at
+    every cell start cost a GIL switch (~10 ms on a loaded machine) on every cell. It
+    publishes only while something is pending, labelled with the cell's token so a late
+    publication never passes for the next cell's."""
+
+    INTERVAL = 0.25
+
+    def __init__(self):
+        self.token = None  # the running cell's token; None between cells
+        threading.Thread(target=self._run, name="hvd-cell-watch", daemon=True).start()
+
+    def _run(self):
+        from ipyparallel.datapub import publish_data
+        last = None
+        while True:
+            time.sleep(self.INTERVAL)
+            token = self.token
+            if token is None:
+                last = None
+                continue
+            pending = core_state().get("pending") or []
+            if pending or last:
+                publish_data({"hvd_core": {"pending": pending, "cell": token}})
+            last = pending
+
+
+_watch: _Watch | None = None
+
+
+def run_cell(code: str, value_ranks, token: str = "") -> dict:
+    """Run a cell through this engine's IPython (magics, history, display hook all work).
+
+    Returns ``{"status": "ok", "value": ...}`` (the last expression's value, only when this
+    rank is in ``value_ranks``) or ``{"status": "error", "ename", "evalue", "traceback",
+    "core"}`` with the core's state at the moment of the error (pending collectives survive
+    a KeyboardInterrupt until the magic aborts them). ``token`` labels what the watch thread
+    publishes meanwhile.
+    """
+    global _watch
+    shell = _shell()
+    if _CORE_MODULE and _watch is None:
+        _watch = _Watch()
+    if _watch is not None:
+        _watch.token = token
+    try:
+        result = shell.run_cell(code, store_history=True)
+    finally:
+        if _watch is not None:
+            _watch.token = None
+    err = result.error_before_exec or result.error_in_exec
+    if err is None:
+        keep = value_ranks is None or RANK in value_ranks
+        return {"status": "ok", "value": _portable(result.result) if keep else None}
+    evalue = str(err)
+    if isinstance(err, RuntimeError) and "loop is already running" in evalue:
+        evalue = ("top-level await is not supported in %%hvd cells; "
+                  "wrap the code in asyncio.run(...) or a function")
+    return {"status": "error", "ename": type(err).__name__, "evalue": evalue,
+            "traceback": list(getattr(shell, "_last_traceback", None) or []),
+            "core": core_state()}
+
+
+def push(namespace: dict) -> None:
+    _shell().user_ns.update(namespace)
+
+
+def pull(names):
+    ns = _shell().user_ns
+    missing = [n for n in names if n not in ns]
+    if missing:
+        raise NameError(f"name(s) {', '.join(map(repr, missing))} not defined on rank {RANK}")
+    return [_portable(ns[n]) for n in names]

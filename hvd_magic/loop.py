@@ -1,0 +1,44 @@
+"""A private asyncio loop on a daemon thread, for ipyparallel's ``Cluster`` coroutines.
+
+``Cluster.*_sync`` runs its coroutine on a throw-away loop when no loop is running (plain
+IPython) and on a hidden thread otherwise (a kernel), so launcher callbacks such as "engine
+exited with code -9" are lost in the first case. Running every Cluster call on one long-lived
+loop thread makes launchers deliver their stop callbacks the same way everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+
+class LoopThread:
+    """Owns one event loop running forever on a daemon thread."""
+
+    def __init__(self, name: str = "hvd-cluster-loop"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro, timeout: float | None = None):
+        """Run ``coro`` on the loop and wait for its result (Ctrl-C interrupts the wait)."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"timed out after {timeout} s") from None
+        except BaseException:
+            if not future.done():
+                future.cancel()
+            raise
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(2)

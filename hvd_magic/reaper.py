@@ -1,0 +1,112 @@
+"""Stop the cluster when the notebook kernel dies, even by SIGKILL.
+
+ipyparallel stops clusters at interpreter exit (``atexit``), which a killed or crashed kernel
+never reaches: its controller, mpiexec and engines would run on. :class:`Reaper` (driver side)
+starts one small watchdog process in its own session and keeps a JSON file with the pids to
+clean up; the watchdog (``python -m hvd_magic.reaper``) checks once a second that the kernel
+still lives and, when it does not, terminates each pid with its whole process tree (SIGTERM,
+then SIGKILL after 3 s). Removing the file (``close()``, on ``%hvd_stop``) ends the watchdog.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+POLL_SECONDS = 1.0
+KILL_AFTER = 3.0
+
+
+class Reaper:
+    """Driver side: spawn the watchdog and tell it which pids belong to the cluster."""
+
+    def __init__(self):
+        fd, self.path = tempfile.mkstemp(prefix="hvd-reaper-", suffix=".json")
+        os.close(fd)
+        self.watch([])
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "hvd_magic.reaper", str(os.getpid()), self.path],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+
+    def watch(self, pids) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"pids": sorted({int(p) for p in pids})}, f)
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        try:
+            os.remove(self.path)
+        except FileNotFoundError:
+            pass
+        try:
+            self.process.wait(POLL_SECONDS * 3)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _tree(pids):
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            procs.extend(p.children(recursive=True))
+            procs.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return procs
+
+
+def reap(pids) -> None:
+    """Terminate ``pids`` and all their descendants; kill what survives ``KILL_AFTER`` s."""
+    import psutil
+
+    procs = _tree(pids)
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=KILL_AFTER)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def main(parent: int, path: str) -> None:
+    import psutil
+
+    try:
+        kernel = psutil.Process(parent)
+    except psutil.NoSuchProcess:
+        kernel = None
+    while True:
+        if not os.path.exists(path):
+            return
+        if kernel is None or not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE:
+            try:
+                with open(path) as f:
+                    pids = json.load(f)["pids"]
+            except (OSError, ValueError, KeyError):
+                pids = []
+            reap(pids)
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            return
+        time.sleep(POLL_SECONDS)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])

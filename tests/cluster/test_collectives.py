@@ -1,0 +1,128 @@
+"""Cells stuck in the core's collectives, against one real 3-rank local cluster.
+
+The case ipyparallel cannot handle (its issue #435): one rank skips an allreduce, the others
+wait forever. ``--timeout`` (and Ctrl-C, and a failing peer) must end the cell within the
+timeout + 5 s, name the collective and the missing rank, and leave the same engines able to
+run the next allreduce.
+"""
+
+import os
+import signal
+import threading
+
+import pytest
+from cluster_harness import needs_core
+
+from hvd_magic.errors import CellInterrupted, RankError, strip_ansi
+
+pytestmark = [pytest.mark.timeout(150), needs_core]
+
+SKIP_ONE = ("%%hvd{opts}\nx = torch.ones(4)\nif hvd.rank() != 1:\n"
+            "    hvd.allreduce(x, name='grad.fc1')\n'done'")
+
+
+def report(res) -> str:
+    return strip_ansi("\n".join(res.error._render_traceback_()))
+
+
+def assert_allreduce_works(run):
+    res = run("%%hvd\nhvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum).tolist()")
+    assert res.error is None, res.text
+    assert res.value == [6.0, 6.0]
+
+
+def test_namespace_has_hvd_and_torch(local_cluster, run):
+    res = run("%%hvd\n(hvd.rank(), hvd.size(), hvd.is_initialized(), torch.__name__)")
+    assert res.error is None, res.text
+    assert res.value == (0, 3, True, "torch")
+    assert "engine_native.torch" in local_cluster.out
+
+
+def test_timeout_on_skipped_allreduce_reports_and_recovers(local_cluster, run):
+    res = run(SKIP_ONE.format(opts=" --timeout 2"))
+    assert isinstance(res.error, CellInterrupted), res.text
+    assert res.seconds < 2 + 5, res.seconds
+    text = report(res)
+    assert "interrupted after 2 s" in text
+    assert "ranks 0,2: stuck in allreduce 'grad.fc1'" in text
+    assert "waiting on rank 1 (finished the cell)" in text
+    assert "re-initialised the core on all ranks" in text
+    assert res.error.stuck == {0: ["allreduce 'grad.fc1'"], 2: ["allreduce 'grad.fc1'"]}
+    assert_allreduce_works(run)
+
+
+def test_ctrl_c_on_skipped_allreduce_reports_and_recovers(local_cluster, run):
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    res = run(SKIP_ONE.format(opts=""))
+    timer.join()
+    assert isinstance(res.error, CellInterrupted), res.text
+    assert res.error.reason == "interrupt"
+    assert "stuck in allreduce 'grad.fc1'" in report(res)
+    assert_allreduce_works(run)
+
+
+def test_long_wait_in_a_collective_prints_a_hint(local_cluster, run, monkeypatch):
+    from hvd_magic import cellrun
+
+    monkeypatch.setattr(cellrun, "STALL_WARN_AFTER", 1.0)
+    res = run(SKIP_ONE.format(opts=" --timeout 4"))
+    assert isinstance(res.error, CellInterrupted), res.text
+    assert "hvd: ranks 0,2 waiting 1+ s in allreduce 'grad.fc1'; rank(s) 1 already " \
+           "finished the cell" in res.err
+    assert_allreduce_works(run)
+
+
+def test_failing_rank_does_not_leave_peers_hanging(local_cluster, run):
+    res = run("%%hvd\nif hvd.rank() == 2:\n    raise ValueError('bad batch')\n"
+              "hvd.allreduce(torch.ones(1), name='loss')")
+    assert isinstance(res.error, CellInterrupted), res.text
+    assert res.error.reason == "failfast"
+    assert res.seconds < 10
+    text = report(res)
+    assert "rank 2 failed while the others were still running" in text
+    assert "waiting on rank 2 (raised ValueError)" in text
+    assert "ValueError: bad batch" in text
+    assert_allreduce_works(run)
+
+
+def test_mismatch_error_from_core_is_grouped(local_cluster, run):
+    res = run("%%hvd\nhvd.allreduce(torch.ones(hvd.rank() + 1), name='shape')")
+    assert isinstance(res.error, RankError), res.text
+    assert not isinstance(res.error, CellInterrupted)
+    assert len(res.error.failures) == 3
+    assert "all ranks" in report(res) or "ranks 0-2" in report(res)
+    assert_allreduce_works(run)
+
+
+def test_interrupted_training_step_leaves_optimizer_usable(local_cluster, run):
+    res = run("%%hvd\nnet = torch.nn.Linear(8, 2)\n"
+              "sgd = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),\n"
+              "                               named_parameters=net.named_parameters())\n"
+              "def steps(n, stall_at=None):\n    import time\n    for i in range(n):\n"
+              "        sgd.zero_grad()\n        net(torch.randn(4, 8)).sum().backward()\n"
+              "        if hvd.rank() == 1 and i == stall_at:\n            time.sleep(60)\n"
+              "        sgd.step()\n    return 'ok'")
+    assert res.error is None, res.text
+    res = run("%%hvd --timeout 3\nsteps(100, stall_at=2)")
+    assert isinstance(res.error, CellInterrupted), res.text
+    # rank 1 stalls after its backward pass: the others wait for its next step's gradients
+    assert "ranks 0,2: stuck in allreduce 'bias', 'weight'" in report(res), report(res)
+    assert "waiting on rank 1" in report(res)
+    res = run("%%hvd\nsteps(3)")
+    assert res.error is None, res.text
+    assert res.value == "ok"
+
+
+def test_training_state_survives_between_cells(local_cluster, run):
+    res = run("%%hvd\nmodel = torch.nn.Linear(4, 1)\n"
+              "opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),\n"
+              "                               named_parameters=model.named_parameters())\n"
+              "hvd.broadcast_parameters(model.state_dict(), root_rank=0)")
+    assert res.error is None, res.text
+    res = run("%%hvd\nfor _ in range(3):\n    opt.zero_grad()\n"
+              "    model(torch.randn(8, 4)).pow(2).mean().backward()\n    opt.step()\n"
+              "w = hvd.allgather(model.weight.detach().reshape(1, -1))\n"
+              "bool((w - w[0]).abs().max() < 1e-6)")
+    assert res.error is None, res.text
+    assert res.value is True

@@ -1,0 +1,57 @@
+"""The shipped notebooks run headless, top to bottom, through nbclient (as CI runs them).
+
+Each notebook's kernel gets ``HVD_TEST_TAG`` in its environment; every process it spawns
+(controller, mpiexec, engines) inherits it, so whatever the notebook leaves running is found
+and killed afterwards, and the test fails if anything was left."""
+
+import os
+import time
+import uuid
+
+import nbformat
+import pytest
+from cluster_harness import REPO, cluster_processes, kill_strays, needs_core
+
+pytestmark = [pytest.mark.timeout(420), needs_core, pytest.mark.mpi]
+
+NOTEBOOKS = os.path.join(REPO, "notebooks")
+
+
+def execute(name: str):
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    tag = uuid.uuid4().hex
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=False,
+                            resources={"metadata": {"path": NOTEBOOKS}})
+    try:
+        client.execute(env={**os.environ, "HVD_TEST_TAG": tag})
+    finally:
+        deadline = time.monotonic() + 15
+        while cluster_processes([], tag) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        leaked = kill_strays([], tag)
+    assert not leaked, f"{name} left processes running: {leaked}"
+    return nb
+
+
+def cell_text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+    return "".join(parts)
+
+
+def test_quickstart():
+    nb = execute("quickstart.ipynb")
+    text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
+    assert "hvd cluster: 4 ranks, mpi launcher" in text
+    assert "[all ranks] sum over ranks: [6.0, 6.0, 6.0]" in text
+    assert "[rank 0] epoch 9: loss" in text
+    accuracy = float(text.split("[all ranks] test accuracy: ")[1].split()[0])
+    assert accuracy > 0.85
+    assert "samples/s on 4 ranks" in text
+    assert "hvd: cluster stopped" in text
