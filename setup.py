@@ -6,10 +6,11 @@ Metadata and dependencies live in pyproject.toml; this file holds what TOML cann
 - the package-dir mapping of the top-level ``kernel/`` and ``widgets/`` folders under
   ``hvd_magic`` (nothing generic is installed at top level; DESIGN §2),
 - a build_ext that compiles in parallel (one job per core) and incrementally: objects live in
-  ``build/cpp-<python tag>/`` and are rebuilt only when their source, a header they include
-  (from gcc's ``-MMD`` dependency files) or the compiler flags changed. So ``pip install -e .``
-  after editing C++ rebuilds just what changed.
+  ``build/cpp-<python tag>-<flags hash>/`` and are rebuilt only when their source or a header
+  they include (from gcc's ``-MMD`` dependency files) changed. So ``pip install -e .`` after
+  editing C++ rebuilds just what changed.
 """
+import hashlib
 import os
 import shlex
 import subprocess
@@ -24,7 +25,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("engine_native", "csrc")
 
 # One line per file, grouped by folder in dependency order (common <- transport <- algo <-
-# timeline <- coord <- runtime <- bindings). Keep in sync with engine_native/csrc:
+# {timeline, autotune} <- coord <- runtime <- bindings). Keep in sync with engine_native/csrc:
 # tests/unit/test_packaging.py checks it.
 CORE_SOURCES = [
     "common/dtype.cc",
@@ -40,8 +41,17 @@ CORE_SOURCES = [
     "transport/shm/segment.cc",
     "transport/shm/setup.cc",
     "transport/shm/pair.cc",
+    "transport/nccl/loader.cc",
+    "transport/nccl/device_stream.cc",
+    "transport/nccl/communicator.cc",
+    "transport/shm/collective_segment.cc",
+    "transport/shm/collective_sync.cc",
     "algo/reduce_worker.cc",
     "algo/allreduce_ring.cc",
+    "algo/allreduce.cc",
+    "algo/allreduce_shm.cc",
+    "algo/allreduce_small.cc",
+    "algo/allreduce_hierarchical.cc",
     "algo/allgather_ring.cc",
     "algo/broadcast_tree.cc",
     "algo/alltoall_pairwise.cc",
@@ -65,6 +75,7 @@ CORE_SOURCES = [
     "runtime/handle_table.cc",
     "runtime/process_sets.cc",
     "runtime/metrics.cc",
+    "runtime/autotuner.cc",
     "runtime/negotiation.cc",
     "runtime/executor.cc",
     "runtime/background_loop.cc",
@@ -72,6 +83,8 @@ CORE_SOURCES = [
     "bindings/metrics.cc",
     "bindings/timeline_autotune.cc",
     "bindings/timeline_autotune_math.cc",
+    "bindings/timeline_autotune_live.cc",
+    "bindings/nccl.cc",
     "bindings/module.cc",
 ]
 
@@ -129,10 +142,12 @@ class ParallelBuildExt(build_ext):
         if missing:
             raise SystemExit("engine_native._core: listed sources do not exist: "
                              + ", ".join(missing) + " (edit CORE_SOURCES in setup.py)")
-        tag = sysconfig.get_config_var("EXT_SUFFIX").strip(".").rsplit(".", 1)[0]
-        obj_dir = os.path.join(ROOT, "build", f"cpp-{tag}")
         flags = ext.extra_compile_args + ["-MMD"]
-        self._forget_objects_built_with_other_flags(obj_dir, flags)
+        # One object folder per interpreter and flag set, so a CI build (-Werror) and a local
+        # one never overwrite each other's objects.
+        tag = sysconfig.get_config_var("EXT_SUFFIX").strip(".").rsplit(".", 1)[0]
+        digest = hashlib.sha1(" ".join([sys.version] + flags).encode()).hexdigest()[:8]
+        obj_dir = os.path.join(ROOT, "build", f"cpp-{tag}-{digest}")
         pairs = []
         for src in ext.sources:
             obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
@@ -164,24 +179,6 @@ class ParallelBuildExt(build_ext):
             objects, ext_path, libraries=ext.libraries,
             library_dirs=ext.library_dirs + self.library_dirs,
             extra_postargs=ext.extra_link_args, target_lang="c++")
-
-    @staticmethod
-    def _forget_objects_built_with_other_flags(obj_dir, flags):
-        stamp = os.path.join(obj_dir, "flags.txt")
-        wanted = " ".join([sys.version] + flags)
-        try:
-            with open(stamp) as fh:
-                same = fh.read() == wanted
-        except OSError:
-            same = False
-        if not same:
-            for dirpath, _, files in os.walk(obj_dir):
-                for name in files:
-                    if name.endswith((".o", ".d")):
-                        os.remove(os.path.join(dirpath, name))
-            os.makedirs(obj_dir, exist_ok=True)
-            with open(stamp, "w") as fh:
-                fh.write(wanted)
 
 
 def _mapped(folder, package):

@@ -302,7 +302,8 @@ class RendezvousServer:
             return _ERROR, f"value for {key!r} exceeds {self._max_value} bytes".encode()
         with self._cond:
             old = self._store.get(key)
-            total = self._total + len(value) + len(key) - (0 if old is None else len(old) + len(key))
+            freed = 0 if old is None else len(old) + len(key)
+            total = self._total + len(value) + len(key) - freed
             if total > self._max_total:
                 return _ERROR, f"store full ({self._max_total} bytes)".encode()
             self._store[key] = value
@@ -360,7 +361,8 @@ class RendezvousClient:
                             f"got {type(value).__name__}")
         status, body = self._request(_OP_SET, _pack_key(key) + bytes(value), None)
         if status != _OK:
-            raise RendezvousError(f"rendezvous set({key!r}) refused: {body.decode(errors='replace')}")
+            reason = body.decode(errors="replace")
+            raise RendezvousError(f"rendezvous set({key!r}) refused: {reason}")
 
     def get(self, key: str, timeout: float = 30.0) -> bytes:
         """Return the value of ``key``, waiting up to ``timeout`` seconds for it to be set.
@@ -479,6 +481,7 @@ class RendezvousClient:
         except ConnectionError as exc:
             raise RendezvousError("rendezvous server rejected this client: wrong secret "
                                   "(check HVD_SECRET)") from exc
-        if not hmac.compare_digest(proof, _mac(self._secret, b"server", server_nonce, client_nonce)):
+        expected = _mac(self._secret, b"server", server_nonce, client_nonce)
+        if not hmac.compare_digest(proof, expected):
             raise RendezvousError("rendezvous server failed authentication: it does not know "
                                   "the job secret")

@@ -66,11 +66,8 @@ def _missing_spark():
 
 @functools.lru_cache(maxsize=None)
 def _missing_mpi():
-    sys.path.insert(0, TESTS)
-    try:
-        from multiproc.harness import find_mpiexec
-    finally:
-        sys.path.remove(TESTS)
+    from multiproc.harness import find_mpiexec  # tests/ is on sys.path (rootdir-relative import)
+
     if find_mpiexec() is None:
         return "mpiexec not found (pip install mpich, or install a system MPI)"
     if importlib.util.find_spec("mpi4py") is None:

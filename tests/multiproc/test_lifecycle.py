@@ -1,0 +1,133 @@
+"""init / shutdown / abort / re-init, topology queries and idle CPU on spawned ranks."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+from multiproc import checks
+from multiproc.checks import Failures
+from multiproc.harness import run_ranks
+
+
+def topology_suite(transport):
+    import engine_native as hvd
+
+    fails = Failures()
+    fails.expect("not initialised yet", hvd.is_initialized() is False)
+    for query in (hvd.rank, hvd.size, hvd.local_rank, hvd.local_size, hvd.cross_rank,
+                  hvd.cross_size):
+        try:
+            query()
+            fails.items.append(f"{query.__name__}() before init: no error")
+        except ValueError as exc:
+            fails.expect(f"{query.__name__} message", "init" in str(exc), str(exc))
+    hvd = checks.init(transport)
+    hvd.init()  # a second init is a no-op
+    n, me = int(os.environ["HVD_SIZE"]), int(os.environ["HVD_RANK"])
+    fails.expect("initialised", hvd.is_initialized() is True)
+    fails.expect("rank/size", (hvd.rank(), hvd.size()) == (me, n))
+    got = (hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size())
+    want = (me, n, 0, 1) if transport == "shm" else (0, 1, me, n)
+    fails.expect("local/cross", got == want, f"got {got}, expected {want}")
+    fails.expect("works", np.all(hvd.allreduce(np.ones(2), op=hvd.Sum) == n))
+    hvd.shutdown()
+    fails.expect("shut down", hvd.is_initialized() is False)
+    try:
+        hvd.allreduce(np.ones(2), name="after-shutdown")
+        fails.items.append("allreduce after shutdown: no error")
+    except (ValueError, hvd.HorovodInternalError):
+        pass
+    hvd.shutdown()  # idempotent
+    return fails.raise_if_any()
+
+
+@pytest.mark.parametrize("np_, transport", [(1, "shm"), (3, "shm"), (3, "tcp")],
+                         ids=["shm-np1", "shm-np3", "tcp-np3"])
+def test_topology_and_state_queries(np_, transport):
+    run_ranks(topology_suite, np_, args=(transport,), timeout=60,
+              **checks.world_kwargs(np_, transport))
+
+
+def cycles_suite(cycles):
+    import engine_native as hvd
+
+    fails = Failures()
+    for c in range(cycles):
+        hvd.init()
+        out = hvd.allreduce(np.full(3, hvd.rank() + c, np.int64), op=hvd.Sum, name="cycle")
+        n = hvd.size()
+        fails.expect(f"cycle {c}", np.all(out == n * c + n * (n - 1) // 2), f"{out}")
+        hvd.shutdown()
+    return fails.raise_if_any()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_fifty_init_shutdown_cycles(np_):
+    run_ranks(cycles_suite, np_, args=(50,), timeout=240)
+
+
+def abort_suite(transport):
+    """Rank 0 aborts while the others wait in an allreduce it never submits: every rank's
+    pending and next op fail; shutdown + init in the same processes then works."""
+    hvd = checks.init(transport)
+    n, me = hvd.size(), hvd.rank()
+    fails = Failures()
+    fails.expect("before", np.all(hvd.allreduce(np.ones(2), op=hvd.Sum, name="pre") == n))
+    start = time.monotonic()
+    if me == 0:
+        hvd.abort("test abort")
+    else:
+        try:
+            hvd.allreduce(np.ones(2), name="never-completes")
+            fails.items.append("pending op survived the abort")
+        except hvd.HorovodInternalError as exc:
+            fails.expect("abort named", "abort" in str(exc).lower(), str(exc))
+    try:
+        hvd.allreduce(np.ones(2), name="after-abort")
+        fails.items.append("op after abort: no error")
+    except hvd.HorovodInternalError as exc:
+        fails.expect("later op named", "abort" in str(exc).lower(), str(exc))
+    fails.expect("abort is prompt", time.monotonic() - start < 20)
+    hvd.shutdown()
+    hvd.init()
+    out = hvd.allreduce(np.full(5, me, np.int32), op=hvd.Sum, name="reborn")
+    fails.expect("works after re-init", np.all(out == n * (n - 1) // 2), f"{out}")
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+@pytest.mark.parametrize("np_, transport", [(2, "shm"), (3, "tcp"), (1, "shm")],
+                         ids=["shm-np2", "tcp-np3", "shm-np1"])
+def test_abort_then_reinit(np_, transport):
+    run_ranks(abort_suite, np_, args=(transport,), timeout=120,
+              **checks.world_kwargs(np_, transport, env={"HVD_TIMEOUT": "10"}))
+
+
+def idle_cpu_suite(transport, seconds):
+    hvd = checks.init(transport)
+    hvd.allreduce(np.ones(1 << 16, np.float32), name="warm")  # threads and buffers are live
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(seconds)  # the measurement window: nothing submitted
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    hvd.shutdown()
+    return cpu / wall
+
+
+@pytest.mark.parametrize("np_, transport", [(3, "shm"), (3, "tcp")], ids=["shm", "tcp"])
+def test_idle_rank_uses_almost_no_cpu(np_, transport):
+    res = run_ranks(idle_cpu_suite, np_, args=(transport, 3.0), timeout=60,
+                    **checks.world_kwargs(np_, transport))
+    usage = [r.value for r in res]
+    assert max(usage) < 0.02, f"idle CPU per rank (fraction of a core): {usage}"
+
+
+def exit_without_shutdown():
+    hvd = checks.init()
+    hvd.allreduce(np.ones(4), name="then-exit")
+    return "bye"  # atexit must shut down cleanly, without hanging the process
+
+
+def test_exit_without_shutdown_is_clean():
+    res = run_ranks(exit_without_shutdown, 3, timeout=60)
+    assert [r.returncode for r in res] == [0, 0, 0]
