@@ -1,0 +1,39 @@
+"""Horovod-compatible PyTorch API on the engine_native core.
+
+``import engine_native.torch as hvd`` is a drop-in for ``import horovod.torch as hvd``
+(Horovod 0.28): same names, signatures, defaults, return types and exceptions. Tensors cross
+into the native core as raw pointers (no copy); the core negotiates, fuses and executes
+collectives on its background thread.
+
+Differences from Horovod, by design of this build:
+  * CPU tensors only until the NCCL path lands (``nccl_built() == 0``); CUDA tensors raise a
+    ValueError that says so.
+  * Adasum raises NotImplementedError (Horovod's CPU Adasum needs its MPI implementation).
+  * ``mpi_enabled()``/``gloo_enabled()`` are False: collectives run over the core's own
+    shared-memory and TCP transports; MPI only bootstraps.
+  * SyncBatchNorm accepts CPU input (Horovod's is GPU-only).
+
+Example
+-------
+>>> import engine_native.torch as hvd
+>>> hvd.init()
+>>> opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+>>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+"""
+from engine_native.torch.mpi_ops import (  # noqa: F401
+    Adasum, Average, Compression, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
+    add_process_set, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
+    allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+    broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size, cuda_built,
+    ddl_built, gloo_built, gloo_enabled, global_process_set, grouped_allgather,
+    grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, init,
+    is_initialized, join, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, nccl_built, poll, rank, reducescatter, reducescatter_async,
+    remove_process_set, rocm_built, shutdown, size, sparse_allreduce_async, start_timeline,
+    stop_timeline, synchronize)
+from engine_native.torch.functions import (  # noqa: F401
+    allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
+from engine_native.torch.optimizer import DistributedOptimizer  # noqa: F401
+from engine_native.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from engine_native.torch import elastic  # noqa: F401,E402

@@ -1,0 +1,178 @@
+"""Horovod's basics for ``engine_native.torch``: init/shutdown, topology, build queries and
+the timeline switch, on top of the framework-neutral ``engine_native.basics``.
+
+Called on the user's thread. ``init()`` and ``shutdown()`` also reset the torch layer's handle
+table (see ``runtime``, Note [Handle lifetime]).
+"""
+import os
+
+from engine_native import basics as _basics
+from engine_native.torch import runtime as rt
+from engine_native.torch.runtime import is_initialized, rank, size  # noqa: F401
+
+
+def init(comm=None, process_sets=None):
+    """Initialize the core on this process (Horovod's ``hvd.init``).
+
+    Parameters
+    ----------
+    comm : list of int or mpi4py communicator, optional
+        Ranks (of MPI_COMM_WORLD) or the communicator to run on; default: every process.
+    process_sets : list of ProcessSet or "dynamic", optional
+        Process sets to register at start-up, or "dynamic" to allow ``add_process_set`` later.
+    """
+    if rt.is_initialized():
+        return  # Horovod: a repeated init() is a no-op
+    rt._reset_handles()
+    if isinstance(process_sets, str):
+        if process_sets != 'dynamic':
+            raise ValueError('init(process_sets=%r): expected a list of ProcessSet or '
+                             '"dynamic"' % (process_sets,))
+        process_sets = None  # add/remove_process_set always work in engine_native
+    _basics.init(comm=_communicator(comm), process_sets=process_sets)
+
+
+def _communicator(comm):
+    """Horovod's ``comm``: None, an mpi4py communicator, or a list of MPI_COMM_WORLD ranks."""
+    if not isinstance(comm, (list, tuple)):
+        return comm
+    ranks = sorted(int(r) for r in comm)
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise ValueError('init(comm=%r): a list of ranks needs mpi4py and a job started by '
+                         'mpiexec' % (comm,)) from None
+    world = MPI.COMM_WORLD
+    if ranks == list(range(world.Get_size())):
+        return world
+    if world.Get_rank() not in ranks:
+        raise ValueError('init(comm=%r): rank %d of MPI_COMM_WORLD is not in comm'
+                         % (comm, world.Get_rank()))
+    return world.Create_group(world.Get_group().Incl(ranks))
+
+
+def shutdown():
+    """Shut the core down; ``init()`` may be called again afterwards."""
+    try:
+        _basics.shutdown()
+    finally:
+        rt._reset_handles()
+
+
+def local_size():
+    """Number of processes on this host."""
+    rt._require_init()
+    return _basics.local_size()
+
+
+def local_rank():
+    """Rank of this process among those on its host."""
+    rt._require_init()
+    return _basics.local_rank()
+
+
+def cross_size():
+    """Number of hosts with a process of this local rank."""
+    rt._require_init()
+    return _basics.cross_size()
+
+
+def cross_rank():
+    """Rank of this process's host among those with the same local rank."""
+    rt._require_init()
+    return _basics.cross_rank()
+
+
+def is_homogeneous():
+    """True when every host runs the same number of processes."""
+    rt._require_init()
+    fn = getattr(_basics, 'is_homogeneous', None)
+    if fn is not None:
+        return bool(fn())
+    return size() == local_size() * cross_size()
+
+
+# Build queries. The core uses its own shm/tcp transports for data and MPI (when present) only
+# to bootstrap, so it is neither an MPI nor a Gloo build in Horovod's sense.
+
+def mpi_threads_supported():
+    """Horovod raises this ValueError when MPI is not used for collectives, as here."""
+    raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+
+
+def mpi_enabled():
+    """False: collectives never run over MPI in engine_native (mpi4py only bootstraps)."""
+    return False
+
+
+def mpi_built():
+    """False: the core is not compiled against MPI."""
+    return False
+
+
+def gloo_enabled():
+    """False: engine_native has its own transports, not Gloo."""
+    return False
+
+
+def gloo_built():
+    """False: engine_native is not built with Gloo."""
+    return False
+
+
+def nccl_built():
+    """NCCL version code the core can use, or 0 (Horovod returns an int).
+
+    Returns 0 until the NCCL transport lands (it will be asked of ``engine_native.basics``).
+    """
+    fn = getattr(_basics, 'nccl_built', None)
+    return int(fn()) if fn is not None else 0
+
+
+def ddl_built():
+    """False: no IBM DDL support."""
+    return False
+
+
+def ccl_built():
+    """False: no oneCCL support."""
+    return False
+
+
+def cuda_built():
+    """True only once the core can run CUDA collectives (NCCL path)."""
+    fn = getattr(_basics, 'cuda_built', None)
+    return bool(fn()) if fn is not None else False
+
+
+def rocm_built():
+    """False: no ROCm support."""
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Start writing a Chrome-trace timeline to ``file_path`` (rank 0 writes it)."""
+    fn = getattr(_basics, 'start_timeline', None)
+    if fn is None:
+        raise NotImplementedError(
+            'start_timeline: the timeline is not available in this build of engine_native '
+            '(the timeline issue has not landed yet); HOROVOD_TIMELINE/HVD_TIMELINE will work '
+            'once it does.')
+    rt._require_init()
+    return fn(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline():
+    """Stop the timeline started with ``start_timeline``."""
+    fn = getattr(_basics, 'stop_timeline', None)
+    if fn is None:
+        raise NotImplementedError(
+            'stop_timeline: the timeline is not available in this build of engine_native '
+            '(the timeline issue has not landed yet).')
+    rt._require_init()
+    return fn()
+
+
+def elastic_enabled():
+    """True when the launcher runs this job in elastic mode (Horovod's HOROVOD_ELASTIC=1)."""
+    return os.environ.get('HOROVOD_ELASTIC') == '1' or os.environ.get('HVD_ELASTIC') == '1'

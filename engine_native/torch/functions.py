@@ -1,0 +1,198 @@
+"""Model- and object-level helpers: broadcast_parameters, broadcast_optimizer_state,
+broadcast_object, allgather_object (Horovod's ``horovod.torch.functions``).
+
+Every function here is collective: all ranks (of the process set) must call it in the same
+order with the same names.
+"""
+import collections
+import io
+
+import torch
+
+try:
+    import cloudpickle as _pickle
+except ImportError:  # pragma: no cover - cloudpickle is a dependency; plain pickle as a fallback
+    import pickle as _pickle
+
+from engine_native.torch import runtime as rt
+from engine_native.torch.broadcast_ops import broadcast_, broadcast_async_
+from engine_native.torch.gather_ops import allgather
+from engine_native.torch.runtime import global_process_set
+
+
+def broadcast_parameters(params, root_rank, prefix=None):
+    """Broadcast parameters from ``root_rank`` to every rank, in place.
+
+    Parameters
+    ----------
+    params : dict or list
+        ``model.state_dict()`` (broadcast in sorted key order), or a list of parameters or
+        of ``(name, parameter)`` tuples (``list(model.named_parameters())``).
+    root_rank : int
+        The global rank whose values every rank receives.
+    prefix : str, optional
+        Prepended to every name, to broadcast several models without name clashes.
+    """
+    if isinstance(params, dict):
+        params = sorted(params.items())
+    elif isinstance(params, list):
+        params = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError('invalid params of type: %s' % type(params))
+
+    handles = []
+    for name, p in params:
+        if prefix is not None and name is not None:
+            name = prefix + name
+        handles.append(broadcast_async_(p, root_rank, name))
+    for handle in handles:
+        rt.synchronize(handle)
+
+
+def _init_optimizer_state(optimizer):
+    """Run one zero-gradient step so that a fresh optimizer has state to broadcast.
+
+    Parameters and gradients are restored afterwards, so the step leaves no trace (weight
+    decay on a zero gradient would otherwise move the parameters).
+    """
+    saved = []
+    for group in optimizer.param_groups:
+        for p in group['params']:
+            if p.requires_grad:
+                saved.append((p, p.detach().clone(), p.grad))
+                grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    grad = grad.to_sparse()
+                p.grad = grad
+    # A DistributedOptimizer's own step() would start allreduces that not every rank may
+    # start; step the wrapped optimizer class directly.
+    if getattr(optimizer, '_hvd_distributed', False):
+        super(optimizer.__class__, optimizer).step()
+    else:
+        optimizer.step()
+    with torch.no_grad():
+        for p, value, grad in saved:
+            p.copy_(value)
+            p.grad = grad
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Broadcast an optimizer's state (tensors and scalars) and options from ``root_rank``.
+
+    Parameters
+    ----------
+    optimizer : torch.optim.Optimizer
+        A plain optimizer or a DistributedOptimizer. LBFGS is not supported (ValueError).
+    root_rank : int
+        The global rank whose state every rank receives.
+    model : torch.nn.Module, optional
+        Accepted for Horovod compatibility; the parameters to initialise are taken from the
+        optimizer.
+    """
+    del model  # parameters come from optimizer.param_groups
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError('cannot broadcast torch.optim.LBFGS state')
+
+    state_dict = optimizer.state_dict()
+    if len(state_dict['state']) == 0:
+        _init_optimizer_state(optimizer)
+        state_dict = optimizer.state_dict()
+    # Still empty: the optimizer is stateless (e.g. plain SGD); only options to send.
+
+    params = []
+    scalars = {}
+    callbacks = {}
+    occurrences = collections.defaultdict(int)
+
+    def _state_setter(pid, key):
+        def assign(value):
+            state_dict['state'][pid][key] = value
+        return assign
+
+    def _option_setter(index, key):
+        def assign(value):
+            optimizer.param_groups[index][key] = value
+        return assign
+
+    for index, group in enumerate(state_dict['param_groups']):
+        for option_key, option_value in group.items():
+            if option_key == 'params':
+                continue
+            key = '%s.%d' % (option_key, index)
+            scalars[key] = option_value
+            callbacks[key] = _option_setter(index, option_key)
+
+        for pid in group['params']:
+            if pid not in state_dict['state']:
+                continue  # no requires_grad: no state
+            for name, value in state_dict['state'][pid].items():
+                occurrences[name] += 1
+                key = '%s.%d' % (name, occurrences[name])
+                if torch.is_tensor(value):
+                    params.append((key, value))
+                else:
+                    scalars[key] = value
+                    callbacks[key] = _state_setter(pid, name)
+
+    broadcast_parameters(params, root_rank)
+    scalars = broadcast_object(scalars, root_rank)
+    for key, value in scalars.items():
+        callbacks[key](value)
+
+
+def _to_byte_tensor(obj):
+    buffer = io.BytesIO()
+    _pickle.dump(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _from_bytes(data):
+    return _pickle.load(io.BytesIO(data))
+
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """Serialize ``obj`` on ``root_rank`` (cloudpickle) and return it on every rank.
+
+    Parameters
+    ----------
+    obj : object
+        Anything cloudpickle can serialize; ignored on ranks other than the root.
+    root_rank : int
+        Global rank that sends.
+    name : str, optional
+        Base name of the two broadcasts (``<name>.sz``, ``<name>.t``); default the type name.
+    process_set : ProcessSet
+        Ranks taking part.
+    """
+    if name is None:
+        name = type(obj).__name__
+    if rt.rank() == root_rank:
+        data = _to_byte_tensor(obj)
+        sz = torch.tensor([data.shape[0]], dtype=torch.int64)
+        broadcast_(sz, root_rank, name + '.sz', process_set=process_set)
+    else:
+        sz = torch.zeros(1, dtype=torch.int64)
+        broadcast_(sz, root_rank, name + '.sz', process_set=process_set)
+        data = torch.empty(int(sz.item()), dtype=torch.uint8)
+    broadcast_(data, root_rank, name + '.t', process_set=process_set)
+    if rt.rank() != root_rank:
+        obj = _from_bytes(data.numpy().tobytes())
+    return obj
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """Serialize ``obj`` on every rank and return the list of all ranks' objects.
+
+    The list is indexed by rank within ``process_set``.
+    """
+    if name is None:
+        name = type(obj).__name__
+    data = _to_byte_tensor(obj)
+    sz = torch.tensor([data.shape[0]], dtype=torch.int64)
+    sizes = allgather(sz, name=name + '.sz', process_set=process_set).tolist()
+    gathered = allgather(data, name=name + '.t', process_set=process_set).numpy()
+    out, start = [], 0
+    for n in sizes:
+        out.append(_from_bytes(gathered[start:start + n].tobytes()))
+        start += n
+    return out

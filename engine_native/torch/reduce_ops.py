@@ -1,0 +1,206 @@
+"""Allreduce family of ``engine_native.torch``: allreduce, in-place, async and grouped forms.
+
+Same signatures, defaults and names as Horovod 0.28's ``horovod.torch.mpi_ops``. Average is
+sent to the core as Average: the core divides by the process-set size (as Horovod's C++ does
+with its postscale), so integer averages truncate exactly like Horovod's.
+Backward rule (Horovod's): the gradient of an allreduce is the allreduce of the gradient with
+the same op, scale factors and process set.
+"""
+import warnings
+
+import torch
+
+from engine_native.torch import runtime as rt
+from engine_native.torch.compression import Compression
+from engine_native.torch.runtime import Average, Sum, global_process_set
+
+
+def resolve_op(op, average):
+    """Horovod's deprecated ``average=`` handling: mixing both is an error."""
+    if op is not None:
+        if average is not None:
+            raise ValueError('The op parameter supersedes average. '
+                             'Please provide only one of them.')
+        return op
+    if average is not None:
+        warnings.warn('Parameter `average` has been replaced with `op` and will be removed in v1.0',
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def _allreduce_op(tensor, output, full_name, code, op, prescale_factor, postscale_factor,
+                  process_set):
+    return (rt.ALLREDUCE, full_name, code, tuple(tensor.shape), tensor.data_ptr(),
+            output.data_ptr(), op, float(prescale_factor), float(postscale_factor), 0,
+            rt.set_id(process_set), None, -1)
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+    code = rt.check_tensor(tensor, 'allreduce', name)
+    rt.check_op(op, 'allreduce')
+    rt.set_id(process_set)  # validate before a noname counter value is consumed
+    full_name = rt.op_name('allreduce', name)
+    op_tuple = _allreduce_op(tensor, output, full_name, code, op, prescale_factor,
+                             postscale_factor, process_set)
+    return rt.submit([op_tuple], (tensor, output), lambda results: output)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                    postscale_factor=1.0, process_set=global_process_set):
+    """Start averaging (or reducing with ``op``) ``tensor`` over all ranks; not modified.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        CPU, contiguous; same dtype and shape on every rank for a given name.
+    average : bool, optional
+        Deprecated; use ``op``.
+    name : str, optional
+        Key of the operation (``allreduce.<name>``); auto-generated when omitted.
+    op : int, optional
+        hvd.Average (default), hvd.Sum, hvd.Min, hvd.Max or hvd.Product.
+    prescale_factor, postscale_factor : float
+        Multiply the input before / the result after the reduction.
+    process_set : ProcessSet
+        Ranks taking part; default every rank.
+
+    Returns
+    -------
+    int
+        A handle for ``poll()`` and ``synchronize()``.
+    """
+    op = resolve_op(op, average)
+    output = torch.empty(tensor.shape, dtype=tensor.dtype) \
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == 'cpu' else tensor
+    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+class HorovodAllreduce(torch.autograd.Function):
+    """An autograd function that performs allreduce on a tensor."""
+
+    @staticmethod
+    def forward(ctx, tensor, average, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.op = resolve_op(op, average)
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        handle = allreduce_async(tensor, None, name, ctx.op, prescale_factor, postscale_factor,
+                                 process_set)
+        return rt.synchronize(handle)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad = allreduce(grad_output.contiguous(), op=ctx.op,
+                         prescale_factor=ctx.prescale_factor,
+                         postscale_factor=ctx.postscale_factor, process_set=ctx.process_set)
+        return grad, None, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Average (or reduce with ``op``) ``tensor`` over all ranks; returns a new tensor.
+
+    Differentiable. Arguments as for ``allreduce_async``, plus ``compression``
+    (``hvd.Compression.none`` or ``hvd.Compression.fp16``) applied around the transfer.
+    """
+    tensor_compressed, ctx = compression.compress(tensor)
+    summed = HorovodAllreduce.apply(tensor_compressed, average, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+    return compression.decompress(summed, ctx)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+                     postscale_factor=1.0, process_set=global_process_set):
+    """In-place ``allreduce_async``: the result is written into ``tensor``; returns a handle."""
+    op = resolve_op(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor, postscale_factor,
+                            process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """In-place ``allreduce``; returns ``tensor`` holding the result (not differentiable)."""
+    handle = allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
+                              process_set)
+    return rt.synchronize(handle)
+
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
+                             process_set):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError('grouped_allreduce: expected a non-empty list of tensors')
+    codes = [rt.check_tensor(t, 'grouped_allreduce', name) for t in tensors]
+    rt.check_op(op, 'grouped_allreduce')
+    rt.set_id(process_set)
+    base = rt.op_name('grouped_allreduce', name)
+    n = len(tensors)
+    ops = [_allreduce_op(t, o, '%s_%dof%d' % (base, i + 1, n), c, op, prescale_factor,
+                         postscale_factor, process_set)
+           for i, (t, o, c) in enumerate(zip(tensors, outputs, codes))]
+    outputs = list(outputs)
+    return rt.submit(ops, (tuple(tensors), tuple(outputs)), lambda results: outputs)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                            postscale_factor=1.0, process_set=global_process_set):
+    """Start one allreduce over a list of tensors, negotiated (and fused) as a group.
+
+    Returns a handle whose ``synchronize()`` gives the list of reduced tensors.
+    """
+    op = resolve_op(op, average)
+    outputs = [torch.empty(t.shape, dtype=t.dtype) if isinstance(t, torch.Tensor) else t
+               for t in tensors]
+    return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """An autograd function that performs allreduce on a list of tensors."""
+
+    @staticmethod
+    def forward(ctx, average, name, op, prescale_factor, postscale_factor, process_set,
+                *tensors):
+        ctx.op = resolve_op(op, average)
+        ctx.prescale_factor = prescale_factor
+        ctx.postscale_factor = postscale_factor
+        ctx.process_set = process_set
+        handle = grouped_allreduce_async(list(tensors), None, name, ctx.op, prescale_factor,
+                                         postscale_factor, process_set)
+        return tuple(rt.synchronize(handle))
+
+    @staticmethod
+    def backward(ctx, *grad_output):
+        grads = grouped_allreduce([g.contiguous() for g in grad_output], op=ctx.op,
+                                  prescale_factor=ctx.prescale_factor,
+                                  postscale_factor=ctx.postscale_factor,
+                                  process_set=ctx.process_set)
+        return (None, None, None, None, None, None, *grads)
+
+
+def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
+    """Differentiable grouped allreduce; returns a list of new tensors."""
+    tensors_compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) \
+        if tensors else ((), ())
+    summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                           postscale_factor, process_set, *tensors_compressed)
+    return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                             postscale_factor=1.0, process_set=global_process_set):
+    """In-place ``grouped_allreduce_async``; returns a handle."""
+    op = resolve_op(op, average)
+    return _grouped_allreduce_async(tensors, tensors, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
+                       postscale_factor=1.0, process_set=global_process_set):
+    """In-place grouped allreduce; returns the list ``tensors`` holding the results."""
+    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                      postscale_factor, process_set)
+    return rt.synchronize(handle)

@@ -1,0 +1,279 @@
+"""Plumbing between ``engine_native.torch`` and the native core.
+
+Owns the reduce-op and dtype tables, the tensor checks, Horovod's op names and the handle
+table that keeps tensors alive while the core works on their memory (lifecycle, topology and
+build queries are in ``engine_native.torch.basics``). Called on the user's (framework) thread
+only; the core's background thread never calls back into Python.
+
+Note [Handle lifetime]
+    ``_core.enqueue`` receives raw pointers. The tensors behind them (inputs, in-place outputs,
+    splits, compressed copies) are stored in ``_handle_map`` under the handle returned to the
+    user and dropped only after ``_core.wait`` returned for every core handle of the op. A
+    KeyboardInterrupt inside ``wait`` leaves the record in place: the op is still pending in
+    the core, so its memory must stay alive until ``abort()``/``shutdown()``.
+"""
+import itertools
+
+import torch
+
+from engine_native import _core
+from engine_native import basics as _basics
+
+HorovodInternalError = _basics.HorovodInternalError
+ProcessSet = _basics.ProcessSet
+global_process_set = _basics.global_process_set
+add_process_set = _basics.add_process_set
+remove_process_set = _basics.remove_process_set
+
+# Reduce-op codes, Horovod's numbering (csrc/common/dtype.h ReduceOp).
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: 'Average', Sum: 'Sum', Adasum: 'Adasum', Min: 'Min', Max: 'Max',
+             Product: 'Product'}
+
+# Op kinds (coord::OpType); the core exports the same numbers.
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
+
+# dtype codes (csrc/common/dtype.h DataType).
+_DTYPE_CODES = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+    torch.float16: 5, torch.bfloat16: 6, torch.float32: 7, torch.float64: 8, torch.bool: 9,
+}
+
+_NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
+_CUDA_UNAVAILABLE = (
+    'CUDA tensors need the NCCL path, not available in this build of engine_native '
+    '(nccl_built() == 0). Move the tensor to the CPU first (tensor.cpu()) or use a build '
+    'with NCCL support.')
+
+
+# ---------------------------------------------------------------------------------------------
+# The queries the collectives need (the rest of the basics live in engine_native.torch.basics)
+
+def is_initialized():
+    """True between ``init()`` and ``shutdown()``."""
+    return bool(_basics.is_initialized())
+
+
+def _require_init():
+    if not _basics.is_initialized():
+        raise ValueError(_NOT_INITIALIZED)
+
+
+def size():
+    """Number of processes (ranks) in the job."""
+    _require_init()
+    return _basics.size()
+
+
+def rank():
+    """Global rank of this process."""
+    _require_init()
+    return _basics.rank()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor checks
+
+def dtype_code(tensor, op_name):
+    """Core dtype code of ``tensor``; ValueError (Horovod's type) when unsupported."""
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        raise ValueError('%s: Tensor type %s is not supported.' % (op_name, tensor.type()))
+    return code
+
+
+def check_tensor(tensor, op_name, name):
+    """Validate a tensor handed to a collective; returns its dtype code.
+
+    Raises
+    ------
+    TypeError
+        ``tensor`` is not a torch.Tensor.
+    ValueError
+        Unsupported dtype or device, sparse layout, or non-contiguous memory (Horovod's
+        messages, prefixed with the operation and tensor name).
+    """
+    label = '%s(%r)' % (op_name, name) if name is not None else op_name
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError('%s: expected a torch.Tensor, got %s' % (label, type(tensor).__name__))
+    if tensor.device.type != 'cpu':
+        if tensor.device.type == 'cuda':
+            raise ValueError('%s: %s' % (label, _CUDA_UNAVAILABLE))
+        raise ValueError('%s: Tensor type %s on device %s is not supported; only CPU tensors '
+                         'are.' % (label, tensor.dtype, tensor.device))
+    if tensor.layout != torch.strided:
+        raise ValueError('%s: Tensor layout %s is not supported; use a dense tensor '
+                         '(tensor.to_dense()).' % (label, tensor.layout))
+    code = dtype_code(tensor, label)
+    if not tensor.is_contiguous():
+        raise ValueError('%s: Tensor is required to be contiguous; got shape %s with strides '
+                         '%s. Call .contiguous() first.'
+                         % (label, tuple(tensor.shape), tuple(tensor.stride())))
+    return code
+
+
+def check_op(op, op_name):
+    """Validate a reduce op code."""
+    if op not in _OP_NAMES:
+        raise ValueError('%s: unknown reduce op %r; use hvd.Average, hvd.Sum, hvd.Min, '
+                         'hvd.Max, hvd.Product or hvd.Adasum.' % (op_name, op))
+    if op == Adasum:
+        raise NotImplementedError(
+            '%s: Adasum is not available in this build of engine_native (CPU Adasum needs '
+            "Horovod's MPI implementation). Use op=hvd.Average or hvd.Sum." % op_name)
+
+
+def set_id(process_set):
+    """Core id of a ProcessSet (Horovod's ``process_set_id``)."""
+    ps_id = getattr(process_set, 'process_set_id', None)
+    if ps_id is None:
+        raise ValueError('process_set: expected an hvd.ProcessSet registered with init() or '
+                         'add_process_set(), got %r' % (process_set,))
+    return ps_id
+
+
+def tensor_from_buffer(buffer, shape, dtype):
+    """Wrap a core-owned output Buffer as a tensor of ``shape`` and ``dtype`` without a copy.
+
+    The tensor holds a reference to the Buffer, so the memory lives as long as the tensor.
+    """
+    shape = tuple(int(d) for d in shape)
+    count = 1
+    for d in shape:
+        count *= d
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Names: Horovod's "<op>.<name>" and "<op>.noname.<n>". Horovod's n is the op's handle; here it
+# counts unnamed ops since init(), so it stays equal across ranks even when ranks run different
+# numbers of named ops (e.g. around join()).
+
+_noname_counter = itertools.count()
+
+
+def op_name(prefix, name):
+    """Full core name for a user-supplied (or missing) tensor name."""
+    if name is None or name == '':
+        return '%s.noname.%d' % (prefix, next(_noname_counter))
+    return '%s.%s' % (prefix, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Handle table
+
+class _Pending:
+    """An op in flight: its core handles, what must stay alive, and how to build the output."""
+    __slots__ = ('core_handles', 'results', 'keep', 'finish')
+
+    def __init__(self, core_handles, keep, finish):
+        self.core_handles = list(core_handles)
+        self.results = {}      # index -> wait() result, filled as handles complete
+        self.keep = keep       # tensors whose memory the core uses (Note [Handle lifetime])
+        self.finish = finish   # callable(list of wait results) -> user-visible output
+
+
+_handle_map = {}
+_handle_counter = itertools.count(1)
+
+
+def _reset_handles():
+    global _noname_counter
+    _handle_map.clear()
+    _noname_counter = itertools.count()
+
+
+def _internal_error(exc):
+    if isinstance(exc, HorovodInternalError):
+        return exc
+    err = HorovodInternalError(str(exc))
+    err.__cause__ = exc
+    return err
+
+
+def submit(ops, keep, finish):
+    """Enqueue one op (a tuple of ``_core.enqueue`` arguments) or several as one group.
+
+    Returns the user-visible handle. ValueError/TypeError from the core (duplicate name, bad
+    splits, bad root, unknown process set) pass through unchanged; any other RuntimeError
+    becomes HorovodInternalError, as in Horovod.
+    """
+    if not _core.is_initialized():
+        raise HorovodInternalError(_NOT_INITIALIZED)  # Horovod's type for ops before init()
+    try:
+        if len(ops) == 1:
+            core_handles = [_core.enqueue(*ops[0])]
+        else:
+            core_handles = list(_core.enqueue_group(list(ops)))
+    except (ValueError, TypeError):
+        raise
+    except RuntimeError as exc:
+        raise _internal_error(exc) from None
+    handle = next(_handle_counter)
+    _handle_map[handle] = _Pending(core_handles, keep, finish)
+    return handle
+
+
+def poll(handle):
+    """True when the asynchronous op behind ``handle`` has finished; never blocks.
+
+    After ``poll()`` returns True, ``synchronize()`` returns without blocking.
+    """
+    record = _handle_map.get(handle)
+    if record is None:
+        raise ValueError('Handle %s was not created or has been cleared.' % (handle,))
+    return all(i in record.results or _core.poll(h)
+               for i, h in enumerate(record.core_handles))
+
+
+def synchronize(handle):
+    """Wait for an asynchronous op and return its output.
+
+    Returns None for an unknown (or already synchronized) handle, a tensor for most ops and
+    a tuple ``(output, received_splits)`` for alltoall. Raises HorovodInternalError when the
+    op failed (mismatch across ranks, lost peer, timeout, abort, shutdown).
+    """
+    record = _handle_map.get(handle)
+    if record is None:
+        return None
+    error = None
+    for i, core_handle in enumerate(record.core_handles):
+        if i in record.results:
+            continue
+        try:
+            record.results[i] = _core.wait(core_handle)
+        except (KeyboardInterrupt, SystemExit):
+            raise  # still pending in the core: keep the record (Note [Handle lifetime])
+        except Exception as exc:  # noqa: BLE001 - re-raised below after draining the group
+            record.results[i] = None
+            error = error or exc
+    del _handle_map[handle]
+    if error is not None:
+        if isinstance(error, (ValueError, TypeError)):
+            raise error
+        raise _internal_error(error)
+    return record.finish([record.results[i] for i in range(len(record.core_handles))])
+
+
+def join(device=-1):
+    """Signal that this rank has no more data; block until every rank has joined.
+
+    While joined, this rank contributes zeros to the other ranks' allreduces (which still
+    divide by the full set size for Average). Returns the global rank that joined last.
+    """
+    if device != -1:
+        raise ValueError('join(device=%r): %s' % (device, _CUDA_UNAVAILABLE))
+    op = (JOIN, 'join', _DTYPE_CODES[torch.int32], (), 0, 0, Sum, 1.0, 1.0, 0,
+          0, None, device)
+    handle = submit([op], None, lambda results: results[0])
+    result = synchronize(handle)
+    return int(result) if result is not None else -1
+
+
+def barrier(process_set=global_process_set):
+    """Block until every rank of ``process_set`` has reached the barrier."""
+    op = (BARRIER, 'barrier', _DTYPE_CODES[torch.int32], (), 0, 0, Sum, 1.0, 1.0, 0,
+          set_id(process_set), None, -1)
+    synchronize(submit([op], None, lambda results: None))

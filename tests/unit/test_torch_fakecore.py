@@ -1,0 +1,197 @@
+"""A single-rank stand-in for ``engine_native._core``, for unit tests of the torch layer.
+
+It follows the binding contract of ``engine_native/_core.pyi`` for one rank: ops complete
+lazily (the first ``poll`` says False, ``wait`` executes), so a test sees whether the torch
+layer keeps memory alive and waits properly; every enqueue is recorded, so a test can assert
+what the torch layer asked of the core (names, ops, scales, roots, splits).
+
+Other unit-test files load this file by path and reuse its ``fake`` fixture, which swaps
+``engine_native*`` in ``sys.modules`` for the duration of a test (``fake_engine_native()``) and
+restores the originals afterwards, so no other test ever sees the fake.
+"""
+import contextlib
+import ctypes
+import importlib
+import sys
+import types
+
+import pytest
+import torch
+
+_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+           torch.bfloat16, torch.float32, torch.float64, torch.bool]
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(7)
+
+
+def _view(ptr, dtype, shape):
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel == 0:
+        return torch.empty(shape, dtype=dtype)
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    raw = (ctypes.c_char * nbytes).from_address(ptr)
+    return torch.frombuffer(raw, dtype=dtype).view(shape)
+
+
+def make_fake_core():
+    """A fresh fake ``_core`` module (state is per module object)."""
+    core = types.ModuleType('engine_native._core')
+
+    class HorovodInternalError(RuntimeError):
+        pass
+
+    state = {'init': False, 'handles': {}, 'next': 1, 'sets': {0: [0]}, 'next_set': 1,
+             'log': [], 'names': set()}
+    core.HorovodInternalError = HorovodInternalError
+    core.Buffer = bytearray
+    for i, k in enumerate(['ALLREDUCE', 'ALLGATHER', 'BROADCAST', 'ALLTOALL', 'REDUCESCATTER',
+                           'BARRIER', 'JOIN']):
+        setattr(core, k, i)
+    core.state = state
+
+    def listen(addr):
+        return 1
+
+    def init(rank, peers, secret, job_id):
+        assert rank == 0 and len(peers) == 1
+        state['init'] = True
+
+    def shutdown():
+        state['init'] = False
+        for h in list(state['handles']):
+            state['handles'][h]['error'] = HorovodInternalError('Horovod has been shut down')
+
+    def execute(op):
+        kind, name, code, shape, inp, out, red, pre, post, root, ps, splits, device = op
+        dtype = _DTYPES[code]
+        shape = tuple(shape)
+        if kind in (BARRIER, JOIN):
+            return 0 if kind == JOIN else None
+        x = _view(inp, dtype, shape).clone()
+        if kind in (ALLREDUCE, REDUCESCATTER):
+            if dtype.is_floating_point:
+                y = (x.double() * pre * post).to(dtype)
+            else:
+                y = (x.double() * pre * post).trunc().to(dtype) if (pre, post) != (1, 1) else x
+        else:
+            y = x
+        if kind in (ALLREDUCE, BROADCAST):
+            _view(out, dtype, shape).copy_(y)
+            return None
+        data = bytearray(y.contiguous().view(torch.uint8).numpy().tobytes()) \
+            if y.numel() else bytearray()
+        if kind == ALLTOALL:
+            return data, shape, [shape[0] if shape else 0]
+        return data, shape
+
+    def enqueue(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=1, prescale=1.0,
+                postscale=1.0, root=0, process_set=0, splits=None, device=-1):
+        if not state['init']:
+            raise HorovodInternalError('Horovod has not been initialized; use hvd.init().')
+        if not 0 <= dtype < 10:
+            raise TypeError('bad dtype code %r' % dtype)
+        if kind == ALLREDUCE and dtype == 9 and reduce_op == 0:
+            raise TypeError('%s: Average is not supported for bool' % name)
+        if name in state['names']:
+            raise ValueError('Duplicate name %s in flight' % name)
+        if process_set not in state['sets']:
+            raise ValueError('process set %d is unknown' % process_set)
+        if kind == BROADCAST and root != 0:
+            raise ValueError('%s: root rank %d out of range' % (name, root))
+        if kind == ALLTOALL and splits is not None and (len(splits) != 1 or
+                                                        splits[0] != (shape[0] if shape else 0)):
+            raise ValueError('%s: bad splits %r' % (name, splits))
+        op = (kind, name, dtype, tuple(shape), input_ptr, output_ptr, reduce_op, prescale,
+              postscale, root, process_set, splits, device)
+        state['log'].append(op)
+        state['names'].add(name)
+        h = state['next']
+        state['next'] += 1
+        state['handles'][h] = {'op': op, 'polled': False, 'done': False, 'result': None,
+                               'error': None}
+        return h
+
+    def enqueue_group(ops):
+        return [enqueue(*op) for op in ops]
+
+    def _finish(rec):
+        if not rec['done'] and rec['error'] is None:
+            rec['result'] = execute(rec['op'])
+        rec['done'] = True
+        state['names'].discard(rec['op'][1])
+
+    def poll(handle):
+        rec = state['handles'][handle]
+        if not rec['polled']:
+            rec['polled'] = True
+            return False
+        _finish(rec)
+        return True
+
+    def wait(handle):
+        rec = state['handles'].pop(handle)
+        _finish(rec)
+        if rec['error'] is not None:
+            raise rec['error']
+        return rec['result']
+
+    def add_process_set(ranks):
+        sid = state['next_set']
+        state['next_set'] += 1
+        state['sets'][sid] = list(ranks)
+        return sid
+
+    def remove_process_set(sid):
+        state['sets'].pop(sid, None)
+
+    for fn in (listen, init, shutdown, enqueue, enqueue_group, poll, wait, add_process_set,
+               remove_process_set):
+        setattr(core, fn.__name__, fn)
+    core.abort = lambda reason: None
+    core.is_initialized = lambda: state['init']
+    core.rank = lambda: 0
+    core.size = lambda: 1
+    core.process_set_ranks = lambda sid: state['sets'][sid]
+    core.metrics = lambda: {}
+    core.config_table = lambda: []
+    return core
+
+
+@contextlib.contextmanager
+def fake_engine_native():
+    """Import a fresh ``engine_native.torch`` on a fake core; restore sys.modules after."""
+    saved = {k: v for k, v in sys.modules.items()
+             if k == 'engine_native' or k.startswith('engine_native.')}
+    for k in saved:
+        del sys.modules[k]
+    core = make_fake_core()
+    sys.modules['engine_native._core'] = core
+    try:
+        hvd = importlib.import_module('engine_native.torch')
+        yield hvd, core
+    finally:
+        for k in [k for k in sys.modules if k == 'engine_native' or
+                  k.startswith('engine_native.')]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    for var in ('HVD_RANK', 'HVD_SIZE', 'HOROVOD_RANK', 'HOROVOD_SIZE', 'OMPI_COMM_WORLD_RANK',
+                'PMI_RANK', 'PMIX_RANK', 'HOROVOD_ELASTIC'):
+        monkeypatch.delenv(var, raising=False)
+    with fake_engine_native() as (hvd, core):
+        yield hvd, core
+
+
+def test_fake_core_round_trip(fake):
+    hvd, core = fake
+    hvd.init()
+    t = torch.arange(4, dtype=torch.float32)
+    h = hvd.allreduce_async(t, name='x', op=hvd.Sum, prescale_factor=2.0)
+    assert hvd.poll(h) is False
+    assert torch.equal(hvd.synchronize(h), t * 2)
+    assert core.state['log'][-1][1] == 'allreduce.x'
+    hvd.shutdown()
