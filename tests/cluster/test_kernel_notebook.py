@@ -1,0 +1,79 @@
+"""notebooks/cluster_kernel.ipynb runs top to bottom on the hvd cluster kernel, as CI runs it.
+
+The kernelspec the notebook names is installed into a temporary prefix and found through
+JUPYTER_PATH (never the user's folders), with two ranks on the local launcher. The kernel gets
+``HVD_TEST_TAG``; whatever it and its cluster leave running is killed afterwards, and the test
+fails if anything was.
+"""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import nbformat
+import pytest
+from cluster_harness import REPO, cluster_processes, kill_strays, needs_core
+from hvd_magic.kernel import DEFAULT_NAME
+
+pytestmark = [pytest.mark.timeout(600), needs_core]
+
+NOTEBOOK = os.path.join(REPO, "notebooks", "cluster_kernel.ipynb")
+
+
+@pytest.fixture
+def kernelspec(tmp_path, monkeypatch):
+    subprocess.run([sys.executable, "-m", "hvd_magic.kernel", "install", "--prefix",
+                    str(tmp_path), "-n", "2", "--launcher", "local", "--start-args",
+                    "--gpus none"], check=True, capture_output=True, timeout=120)
+    monkeypatch.setenv("JUPYTER_PATH", os.path.join(str(tmp_path), "share", "jupyter"))
+    return DEFAULT_NAME
+
+
+def outputs(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", "") + "\n")
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}\n")
+    return "".join(parts)
+
+
+def test_cluster_kernel_notebook(kernelspec):
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    assert nb.metadata.kernelspec.name == kernelspec
+    tag = uuid.uuid4().hex
+    client = NotebookClient(nb, timeout=300, startup_timeout=120, allow_errors=False,
+                            resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
+    try:
+        client.execute(env={**os.environ, "HVD_TEST_TAG": tag})
+    finally:
+        deadline = time.monotonic() + 30
+        while cluster_processes([], tag) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        leaked = kill_strays([], tag)
+    assert not leaked, f"the notebook left processes running: {leaked}"
+
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    text = [outputs(c) for c in code]
+    assert "hvd cluster: 2 ranks, local launcher" in text[0]
+    assert "[rank 0] rank 0 of 2" in text[0] and "[rank 1] rank 1 of 2" in text[0]
+    assert "[all ranks] sum over ranks: [3.0, 3.0, 3.0]" in text[1]
+    assert "the driver is process" in text[2] and "rank" not in text[2]  # %%local: the driver
+    assert "hvd: pushed lr, steps to all ranks" in text[3]
+    assert "[rank 0] step 0: loss on my shard" in text[4]
+    assert float(text[4].split("[all ranks] largest weight error: ")[1].split()[0]) < 0.05
+    assert "pulled weights from rank 0" in text[5]
+    assert "rank 0's weights, now in the driver: [-1.0," in text[6]
+    assert "CellInterrupted" in text[7] and "--timeout 3" in text[7], text[7]
+    errors = [o for o in code[7].outputs if o.output_type == "error"]
+    assert "stuck in allreduce 'only_rank_0'" in "\n".join(errors[0].traceback)
+    assert "[all ranks] still usable: 2.0" in text[8]
+    assert "idle" in text[9]
+    assert "hvd: cluster stopped" in text[10]
