@@ -2,7 +2,7 @@
 # hvd-magic developer entry point. Two commands:
 #
 #   ./dev.sh test   set up (if needed) and run every test tier with pytest
-#   ./dev.sh demo   set up (if needed) and run the demo
+#   ./dev.sh demo   set up (if needed) and run the quickstart notebook headless
 #
 # Set-up installs into the *active* Python environment (a venv, conda env or pyenv version);
 # a fresh machine needs only Python >= 3.10 and a C++17 compiler:
@@ -111,7 +111,7 @@ case "$cmd" in
         ;;
     demo)
         setup
-        exec "$PYTHON" -m engine_native.demo "$@"
+        exec "$PYTHON" -m hvd_magic.demo "$@"
         ;;
     *)
         echo "usage: ./dev.sh test [pytest args...] | ./dev.sh demo" >&2
