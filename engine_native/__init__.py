@@ -9,9 +9,11 @@
 
 from ._core import HorovodInternalError
 from ._dtypes import Adasum, Average, Max, Min, Product, Sum
-from .basics import (ProcessSet, abort, add_process_set, config_table, cross_rank, cross_size,
-                     global_process_set, init, is_homogeneous, is_initialized, listen_address,
-                     local_rank, local_size, metrics, rank, remove_process_set, shutdown, size)
+from .basics import (ProcessSet, abort, add_process_set, autotune_state, config_table,
+                     cross_rank, cross_size, global_process_set, init, is_homogeneous,
+                     is_initialized, listen_address, local_rank, local_size, metrics, rank,
+                     remove_process_set, set_autotune, shutdown, size, start_timeline,
+                     stop_timeline, timeline_events)
 from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, alltoall,
                         alltoall_async, barrier, broadcast, broadcast_async, grouped_allreduce,
                         grouped_allreduce_async, join, poll, reducescatter, reducescatter_async,
@@ -25,4 +27,5 @@ __all__ = [
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
     "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "start_timeline", "stop_timeline", "timeline_events", "autotune_state", "set_autotune",
 ]

@@ -78,7 +78,43 @@ def process_set_ranks(process_set: int) -> list[int]: ...
 
 def metrics() -> dict:
     """Cheap snapshot: ops and bytes per op kind, fused batches, seconds negotiating /
-    communicating / waiting, queue depth, last error, transport per peer."""
+    communicating, ``idle_seconds`` (the loop waiting for work; ``wait_seconds`` is the same
+    value under its first name), ``handle_wait_seconds`` (framework threads blocked in
+    wait()), queue depth, last error, transport per peer; ``timeline`` (a timeline file is being
+    written on this rank), ``timeline_dropped`` (events lost to a full ring), ``autotune`` (the
+    dashboard's panel: {"enabled", "phase", "sample", "samples", "current", "best",
+    "best_score", "scores": [[k, bytes/s], ...]}, or None when tuning never ran here) and
+    ``events`` (collectives finished since the previous metrics() call in this process:
+    [{"op", "name", "start_ago_s", "dur_s", "error"}, ...])."""
 
 def config_table() -> list[tuple[str, Optional[str], str, str, str]]:
     """(name, horovod_alias, type, default, doc) for every HVD_* knob."""
+
+# ---- timeline and autotune of the running core (bindings/timeline_autotune_live.cc) ----------
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Rank 0 starts writing a Chrome-trace timeline to ``file_path`` (a running one is closed
+    first); other ranks return at once. Blocks until the writer thread opened the file. Raises
+    ValueError before init() or when the file cannot be opened."""
+
+def stop_timeline() -> None:
+    """Close the timeline file (valid JSON). No-op when none runs. ValueError before init()."""
+
+def timeline_events(since_us: int = 0) -> list[tuple[int, str, str, str, int, str]]:
+    """This rank's recent timeline events (HVD_TIMELINE_LIVE), oldest first:
+    ``(ts_us, name, phase, op, duration_us, error)`` with ts in microseconds since the epoch and
+    phase one of negotiate / op / activity / rank_ready."""
+
+def autotune_state() -> dict:
+    """This rank's autotune state: enabled, tuner, phase, trial, trials, planned_settings,
+    samples, current, best, best_score, history (rank 0), applied, applied_phase and switches
+    (every rank: ``{"responses_before", "params", "phase"}``, identical across ranks)."""
+
+def set_tuned_params(fusion_threshold_bytes: int, cycle_time_ms: float,
+                     cache_enabled: bool = True, hierarchical_allreduce: bool = False) -> None:
+    """Rank 0 stops tuning and sends these parameters with the next batch; every rank switches
+    at the same point (no-op on other ranks). For benchmarks' grid searches."""
+
+def set_autotune(enabled: bool) -> None:
+    """Start (from the parameters in force) or stop (settling on the best scored setting) tuning
+    on rank 0; other ranks follow through the response stream. ValueError before init()."""

@@ -7,6 +7,7 @@ core per process, whatever framework calls it.
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Optional, Sequence
 
@@ -209,7 +210,16 @@ def _check_same_on_all_ranks(what: str, values: list) -> None:
 
 
 def metrics() -> dict:
-    """Snapshot of the core's counters (ops/bytes per collective, time split, pending ops)."""
+    """Snapshot of the core's counters (ops/bytes per collective, time split, pending ops).
+
+    Time split: ``negotiate_seconds``, ``communicate_seconds`` (the background loop),
+    ``idle_seconds`` (the loop waiting for work; ``wait_seconds`` is the same value under its
+    earlier name) and ``handle_wait_seconds`` (framework threads blocked in ``wait()``).
+    Also ``timeline`` (a file is being written here), ``autotune`` (the dashboard's view of
+    :func:`autotune_state`, None when tuning never ran) and ``events`` (collectives finished
+    since the previous ``metrics()`` call in this process: ``{"op", "name", "start_ago_s",
+    "dur_s", "error"}``).
+    """
     return _core.metrics()
 
 
@@ -218,9 +228,113 @@ def config_table() -> list:
     return _core.config_table()
 
 
+def _core_entry(name: str):
+    """The core's function ``name``, or None for a stand-in core that lacks it (unit tests)."""
+    return getattr(_core, name, None)
+
+
+def start_timeline(file_path, mark_cycles: bool = False) -> None:
+    """Start writing a Chrome-trace timeline (Horovod's layout) to ``file_path``.
+
+    Only rank 0 writes (as in Horovod); every rank may make the call. A running timeline is
+    closed first. The file is valid JSON whenever it is read, also while it is being written.
+    Unlike Horovod, ``HOROVOD_TIMELINE=DYNAMIC`` is not required beforehand.
+
+    Parameters
+    ----------
+    file_path : str or path-like
+        Where rank 0 writes; truncated.
+    mark_cycles : bool
+        Add a ``CYCLE_START`` marker per background-loop cycle.
+
+    Raises
+    ------
+    ValueError
+        Before ``init()``, or when rank 0 cannot open the file.
+
+    Example
+    -------
+    >>> hvd.start_timeline("/tmp/timeline.json")
+    >>> hvd.allreduce(np.ones(4), name="x")
+    >>> hvd.stop_timeline()            # chrome://tracing or Perfetto opens the file
+    """
+    _require_world()
+    fn = _core_entry("start_timeline")
+    if fn is not None:
+        fn(os.fspath(file_path), bool(mark_cycles))
+
+
+def stop_timeline() -> None:
+    """Stop the timeline started by ``start_timeline`` or ``HVD_TIMELINE``; the file stays
+    valid JSON. A no-op when none is running."""
+    _require_world()
+    fn = _core_entry("stop_timeline")
+    if fn is not None:
+        fn()
+
+
+def timeline_events(since_us: int = 0) -> list:
+    """This rank's timeline events of the last seconds, oldest first, recorded whether or not a
+    file is written (``HVD_TIMELINE_LIVE``, on by default), for the dashboard's strip.
+
+    Returns
+    -------
+    list of tuple
+        ``(ts_us, name, phase, op, duration_us, error)``: start in microseconds since the Unix
+        epoch, tensor name, ``"negotiate" | "op" | "activity" | "rank_ready"``, the span's
+        label (``ALLREDUCE``, ``MEMCPY_IN_FUSION_BUFFER``, ``NEGOTIATE_ALLREDUCE``, a rank),
+        duration, error text ("" when none). Only events starting at or after ``since_us``.
+    """
+    fn = _core_entry("timeline_events")
+    return [] if fn is None else fn(int(since_us))
+
+
+def autotune_state() -> dict:
+    """The autotuner's state on this rank (any time, also before ``init()``).
+
+    Rank 0 owns the tuner and reports its full state; the other ranks report the parameters
+    applied last and the phase that came with them.
+
+    Returns
+    -------
+    dict
+        ``enabled``, ``tuner`` (True on rank 0 while it owns a tuner), ``phase`` (``"off"``,
+        ``"warmup"``, ``"bayes"``, ``"categorical"``, ``"done"``; rank 0's is live and may be
+        a batch ahead of ``applied_phase``, the phase that came with the parameters in force,
+        on which every rank agrees after the same collective), ``trial``/``trials`` (setting
+        k of n in this phase), ``planned_settings``, ``samples`` (of the current setting),
+        ``applied`` (the parameters this rank runs with: ``fusion_threshold_bytes``,
+        ``cycle_time_ms``, ``cache_enabled``, ``hierarchical_allreduce``), ``switches`` (every
+        change applied here: ``{"responses_before", "params", "phase"}``, identical on every
+        rank), and on rank 0 ``current``, ``best``, ``best_score`` (bytes/s) and ``history``
+        (``{"params", "score", "phase"}`` per scored setting).
+
+    Example
+    -------
+    >>> hvd.autotune_state()["phase"]
+    'bayes'
+    """
+    fn = _core_entry("autotune_state")
+    return {"enabled": False, "tuner": False, "phase": "off"} if fn is None else fn()
+
+
+def set_autotune(enabled: bool) -> None:
+    """Switch autotuning on or off at run time (rank 0 decides; other ranks follow).
+
+    On: rank 0 starts a tuning run from the parameters in force (knobs the user set stay
+    fixed). Off: rank 0 settles on the best setting scored so far and every rank switches to it
+    with the next batch of collectives.
+    """
+    _require_world()
+    fn = _core_entry("set_autotune")
+    if fn is not None:
+        fn(bool(enabled))
+
+
 __all__ = [
     "HorovodInternalError", "ProcessSet", "global_process_set", "init", "shutdown", "abort",
     "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
     "is_homogeneous", "listen_address", "add_process_set", "remove_process_set", "metrics",
-    "config_table",
+    "config_table", "start_timeline", "stop_timeline", "timeline_events", "autotune_state",
+    "set_autotune",
 ]

@@ -8,6 +8,7 @@ reference exactly; only Average (a division) and scale factors round.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import zlib
 
@@ -78,9 +79,9 @@ def ops_for(dtype: np.dtype) -> list:
     return [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
 
 
-def _hash(count: int, rank: int, salt: int) -> np.ndarray:
+def _hash(count: int, rank: int, salt: int, start: int = 0) -> np.ndarray:
     """24 well-mixed bits per element (uint32 arithmetic wraps, which is what we want)."""
-    h = np.arange(count, dtype=np.uint32) * np.uint32(2654435761)
+    h = np.arange(start, start + count, dtype=np.uint32) * np.uint32(2654435761)
     h += np.uint32(((rank + 1) * 40503 + salt * 97) & 0xFFFFFFFF)
     h ^= h >> np.uint32(15)
     h *= np.uint32(2246822519)
@@ -91,12 +92,18 @@ def salt_of(name: str) -> int:
     return zlib.crc32(name.encode()) & 0xFFFF
 
 
-def make_input(dtype, shape, rank: int, name: str, for_product: bool = False) -> np.ndarray:
-    """Deterministic input of ``rank`` for the tensor called ``name``."""
+def make_input(dtype, shape, rank: int, name: str, for_product: bool = False,
+               rows=None) -> np.ndarray:
+    """Deterministic input of ``rank`` for the tensor called ``name``; ``rows=(lo, hi)`` makes
+    just those rows of dimension 0 (what a reducescatter reference needs)."""
     dtype = np.dtype(dtype)
     shape = (shape,) if np.isscalar(shape) else tuple(shape)
+    row = int(np.prod(shape[1:], dtype=np.int64))
+    lo, hi = rows if rows is not None else (0, shape[0] if shape else 1)
+    if rows is not None:
+        shape = (hi - lo,) + shape[1:]
     count = int(np.prod(shape, dtype=np.int64))
-    h = _hash(count, rank, salt_of(name))
+    h = _hash(count, rank, salt_of(name), start=lo * row)
     if dtype == BOOL:
         out = (h & np.uint32(1)).astype(bool)
     elif dtype.kind == "u":
@@ -115,8 +122,9 @@ def make_input(dtype, shape, rank: int, name: str, for_product: bool = False) ->
     return out.reshape(shape)
 
 
-def all_inputs(dtype, shape, size: int, name: str, for_product: bool = False) -> list:
-    return [make_input(dtype, shape, r, name, for_product) for r in range(size)]
+def all_inputs(dtype, shape, size: int, name: str, for_product: bool = False,
+               rows=None) -> list:
+    return [make_input(dtype, shape, r, name, for_product, rows) for r in range(size)]
 
 
 def reference(inputs: list, op: int, prescale: float = 1.0, postscale: float = 1.0):
@@ -187,6 +195,12 @@ class Failures:
         self.where = where or f"rank {os.environ.get('HVD_RANK', '?')}"
         self.items: list = []
         self.checked = 0
+        self.digests: dict = {}  # name -> sha1 of a result every rank must agree on
+
+    def digest(self, name: str, array: np.ndarray) -> None:
+        """Record a result's fingerprint; the test compares fingerprints across ranks, so one
+        rank checking against NumPy covers all of them (large cases stay cheap)."""
+        self.digests[name] = hashlib.sha1(np.ascontiguousarray(array).tobytes()).hexdigest()
 
     def check(self, label: str, problem) -> None:
         self.checked += 1
@@ -203,6 +217,14 @@ class Failures:
             raise AssertionError(f"{self.where}: {len(self.items)} of {self.checked} checks "
                                  f"failed:\n  {shown}{more}")
         return self.checked
+
+
+def same_digests(results) -> None:
+    """Assert every rank recorded the same fingerprints (see Failures.digest)."""
+    first = results[0].value[1]
+    for r in results[1:]:
+        differ = sorted(k for k in first if r.value[1].get(k) != first[k])
+        assert not differ, f"rank {r.rank} got different results than rank 0 for {differ}"
 
 
 def out_of_band():

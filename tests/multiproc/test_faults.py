@@ -55,6 +55,8 @@ def test_killed_rank_fails_survivors_in_bounded_time(transport, mode):
     for r in res[:-1]:
         assert r.ok and r.returncode == 0, r.describe()
         errors, times = r.value
+        if mode == "during" and errors[0] is None:
+            errors = errors[1:]  # the fast path finished "big" before the kill landed
         assert all(errors), f"rank {r.rank}: an op succeeded after rank 2 died: {errors}"
         assert re.search(r"\brank 2\b", errors[0]), f"rank {r.rank}: {errors[0]!r}"
         bound = 2 * HVD_TIMEOUT + 5

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "transport/comm.h"
@@ -24,6 +25,42 @@ struct AllreduceOptions {
 };
 // Ring reduce-scatter + allgather (algo/allreduce_ring.cc).
 common::Status allreduceRing(transport::Comm& comm, const AllreduceOptions& opts);
+
+// What allreduce() may choose from. Every rank of a Comm must pass the same choice: the pick
+// depends only on it, the sizes and the topology.
+struct AllreduceChoice {
+  bool hierarchical = false;         // HVD_HIERARCHICAL_ALLREDUCE, or autotune's current value
+  bool shared_memory = true;         // false when HVD_TRANSPORT=tcp
+  size_t small_bytes = 16 << 10;     // direct exchange at or below this size (and n-1 copies
+                                     // of it at or below 256 KiB)
+  // From the env table, with `hierarchical` the value in force (Note [Runtime allreduce
+  // choice] in runtime/executor.h).
+  static AllreduceChoice fromConfig(const common::Config& config, bool hierarchical);
+};
+// The dispatcher (algo/allreduce.cc): shm within one host, else direct exchange for small
+// buffers, else hierarchical when asked for and useful, else the ring. Logs each pick once.
+common::Status allreduce(transport::Comm& comm, const AllreduceOptions& opts,
+                         const AllreduceChoice& choice);
+// Through the host collective segment; every member on this host and all of the host's ranks
+// in the Comm (algo/allreduce_shm.cc).
+common::Status allreduceShm(transport::Comm& comm, const AllreduceOptions& opts);
+// One round: every rank sends its buffer to every other, and all fold the n copies in set-rank
+// order (algo/allreduce_small.cc).
+common::Status allreduceSmall(transport::Comm& comm, const AllreduceOptions& opts);
+// Within hosts, across hosts, within hosts again (algo/allreduce_hierarchical.cc).
+common::Status allreduceHierarchical(transport::Comm& comm, const AllreduceOptions& opts);
+// True when the Comm spans several hosts and at least one of them has several members.
+bool hierarchicalHelps(const transport::Comm& comm);
+
+// Host pipeline phases (algo/allreduce_shm.cc) over the host collective segment: `comm`
+// includes every rank of this host. The buffer is cut into L = (ranks on this host) blocks
+// as evenBlocks(count, L) does; block i belongs to the host's i-th rank in global-rank order.
+// hostReduceScatter: on return block i of rank i is reduced over the host (others unchanged).
+// hostAllgather: given block i valid on rank i, every block is valid everywhere on return.
+common::Status hostReduceScatter(transport::Comm& comm, void* data, size_t count,
+                                 common::DataType dtype, common::ReduceOp op);
+common::Status hostAllgather(transport::Comm& comm, void* data, size_t count,
+                             common::DataType dtype);
 
 // out = concatenation over set ranks r of each rank's bytes[r]; `in` holds this rank's part.
 // (algo/allgather_ring.cc)

@@ -3,6 +3,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "bindings/timeline_autotune.h"
 #include "common/config.h"
 #include "coord/message.h"
 #include "runtime/runtime.h"
@@ -54,7 +55,11 @@ PyObject* buildMetrics() {
   setItem(dict, "fused_tensors", PyLong_FromUnsignedLongLong(s.fused_tensors));
   setItem(dict, "negotiate_seconds", PyFloat_FromDouble(s.negotiate_seconds));
   setItem(dict, "communicate_seconds", PyFloat_FromDouble(s.communicate_seconds));
+  // wait_seconds is the loop idle, kept under its first name; idle_seconds says so plainly
+  // and handle_wait_seconds is the framework threads' time blocked in wait().
   setItem(dict, "wait_seconds", PyFloat_FromDouble(s.wait_seconds));
+  setItem(dict, "idle_seconds", PyFloat_FromDouble(s.wait_seconds));
+  setItem(dict, "handle_wait_seconds", PyFloat_FromDouble(s.handle_wait_seconds));
   setItem(dict, "queue_depth", PyLong_FromUnsignedLongLong(s.queue_depth));
   setItem(dict, "last_error", PyUnicode_FromString(s.last_error.c_str()));
   PyObject* current = Py_None;
@@ -73,6 +78,19 @@ PyObject* buildMetrics() {
     Py_DECREF(v);
   }
   setItem(dict, "transports", transports);
+  const hvd::timeline::TimelineStats timeline = runtime.timelineStats();
+  setItem(dict, "timeline", PyBool_FromLong(timeline.file_open));
+  setItem(dict, "timeline_dropped", PyLong_FromUnsignedLongLong(timeline.dropped));
+  PyObject* autotune = hvd::bindings::autotuneForMetrics();
+  PyObject* events = hvd::bindings::eventsForMetrics();
+  if (autotune == nullptr || events == nullptr) {
+    Py_XDECREF(autotune);
+    Py_XDECREF(events);
+    Py_DECREF(dict);
+    return nullptr;
+  }
+  setItem(dict, "autotune", autotune);
+  setItem(dict, "events", events);
   return dict;
 }
 

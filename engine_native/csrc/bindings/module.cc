@@ -4,10 +4,12 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bindings/nccl.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
 #include "runtime/runtime.h"
@@ -264,6 +266,12 @@ PyObject* pyWait(PyObject*, PyObject* args) {
   auto& handles = Runtime::instance().handles();
   Status status;
   hvd::runtime::OpResult result;
+  // Time blocked here is metrics()["handle_wait_seconds"] (framework threads waiting).
+  const auto t0 = std::chrono::steady_clock::now();
+  auto blocked = [&t0]() {
+    Runtime::instance().addHandleWait(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
   while (true) {
     bool done = false;
     Py_BEGIN_ALLOW_THREADS
@@ -272,8 +280,12 @@ PyObject* pyWait(PyObject*, PyObject* args) {
     if (done) break;
     // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
     // pending; the Python layer decides whether to abort().
-    if (PyErr_CheckSignals() != 0) return nullptr;
+    if (PyErr_CheckSignals() != 0) {
+      blocked();
+      return nullptr;
+    }
   }
+  blocked();
   handles.release(handle);
   if (!status.isOk()) return raise(status);
   return resultToPython(result);
@@ -367,5 +379,6 @@ PyMODINIT_FUNC PyInit__core() {
                          "REDUCESCATTER", "BARRIER", "JOIN"};
   for (int i = 0; i < 7; ++i) PyModule_AddIntConstant(module, kinds[i], i);
   if (addTimelineAutotuneBindings(module) < 0) return nullptr;
+  if (addNcclBindings(module) < 0) return nullptr;
   return module;
 }

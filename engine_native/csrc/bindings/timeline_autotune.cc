@@ -226,5 +226,6 @@ int addTimelineAutotuneBindings(PyObject* module) {
     Py_DECREF(type);
     return -1;
   }
+  if (hvd::bindings::addLiveTimelineAutotuneBindings(module) < 0) return -1;
   return hvd::bindings::addAutotuneBindings(module);
 }

@@ -28,22 +28,29 @@ struct Knob {
   bool Config::*bool_field;
   std::string Config::*string_field;
   double minimum;
+  bool Config::*set_flag;  // records "the user set this knob" (tunable knobs only)
 };
 
 Knob floatKnob(ConfigEntry e, double Config::*f, double minimum) {
-  return Knob{e, Kind::kFloat, f, nullptr, nullptr, nullptr, minimum};
+  return Knob{e, Kind::kFloat, f, nullptr, nullptr, nullptr, minimum, nullptr};
 }
 Knob intKnob(ConfigEntry e, Kind kind, int64_t Config::*f, double minimum) {
-  return Knob{e, kind, nullptr, f, nullptr, nullptr, minimum};
+  return Knob{e, kind, nullptr, f, nullptr, nullptr, minimum, nullptr};
 }
 Knob boolKnob(ConfigEntry e, bool Config::*f) {
-  return Knob{e, Kind::kBool, nullptr, nullptr, f, nullptr, 0};
+  return Knob{e, Kind::kBool, nullptr, nullptr, f, nullptr, 0, nullptr};
 }
 Knob stringKnob(ConfigEntry e, std::string Config::*f) {
-  return Knob{e, Kind::kString, nullptr, nullptr, nullptr, f, 0};
+  return Knob{e, Kind::kString, nullptr, nullptr, nullptr, f, 0, nullptr};
 }
 Knob docKnob(ConfigEntry e) {
-  return Knob{e, Kind::kDocOnly, nullptr, nullptr, nullptr, nullptr, 0};
+  return Knob{e, Kind::kDocOnly, nullptr, nullptr, nullptr, nullptr, 0, nullptr};
+}
+
+// A knob autotune may search unless the user set it.
+Knob tunable(Knob knob, bool Config::*set_flag) {
+  knob.set_flag = set_flag;
+  return knob;
 }
 
 // Defaults here must equal the initialisers in common/config.h (checked by the unit tests).
@@ -59,22 +66,32 @@ const std::vector<Knob>& knobs() {
       boolKnob({"HVD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "bool", "false",
                 "Turn the stall inspector off."},
                &Config::stall_check_disable),
-      intKnob({"HVD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes", "134217728",
-               "Fusion buffer size in bytes (suffixes K, M, G accepted); 0 disables fusion."},
-              Kind::kBytes, &Config::fusion_threshold_bytes, 0),
-      floatKnob({"HVD_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", "float", "1",
-                 "Batching window in milliseconds; never a latency floor for a lone tensor."},
-                &Config::cycle_time_ms, 0),
-      intKnob({"HVD_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "int", "1024",
-               "Response cache entries; 0 disables the cache."},
-              Kind::kInt, &Config::cache_capacity, 0),
+      tunable(intKnob({"HVD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes", "134217728",
+                       "Fusion buffer size in bytes (suffixes K, M, G accepted); 0 disables "
+                       "fusion. Set explicitly, autotune leaves it fixed."},
+                      Kind::kBytes, &Config::fusion_threshold_bytes, 0),
+              &Config::fusion_threshold_set),
+      tunable(floatKnob({"HVD_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", "float", "1",
+                         "Batching window in milliseconds: rank 0 holds ready tensors this long "
+                         "while others are still arriving, so they fuse; never a latency floor "
+                         "for a lone tensor. Set explicitly, autotune leaves it fixed."},
+                        &Config::cycle_time_ms, 0),
+              &Config::cycle_time_set),
+      tunable(intKnob({"HVD_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "int", "1024",
+                       "Response cache entries; 0 disables the cache. Set explicitly, autotune "
+                       "leaves it fixed."},
+                      Kind::kInt, &Config::cache_capacity, 0),
+              &Config::cache_capacity_set),
       stringKnob({"HVD_TRANSPORT", nullptr, "string", "auto",
                   "auto (shm between ranks of one host, tcp between hosts), tcp (tcp "
                   "everywhere), or shm (same as auto)."},
                  &Config::transport),
-      boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool", "false",
-                "Intra-host reduce, inter-host ring, intra-host broadcast."},
-               &Config::hierarchical_allreduce),
+      tunable(boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool",
+                        "false",
+                        "Intra-host reduce, inter-host ring, intra-host broadcast. Set "
+                        "explicitly, autotune leaves it fixed."},
+                       &Config::hierarchical_allreduce),
+              &Config::hierarchical_allreduce_set),
       intKnob({"HVD_SPIN_US", nullptr, "int", "20",
                "Microseconds a waiting rank spins before it blocks (futex/poll)."},
               Kind::kInt, &Config::spin_microseconds, 0),
@@ -91,6 +108,31 @@ const std::vector<Knob>& knobs() {
       boolKnob({"HVD_TIMELINE_MARK_CYCLES", "HOROVOD_TIMELINE_MARK_CYCLES", "bool", "false",
                 "Add CYCLE_START markers to the timeline."},
                &Config::timeline_mark_cycles),
+      boolKnob({"HVD_TIMELINE_LIVE", nullptr, "bool", "true",
+                "Keep the last seconds of timeline events in memory for the dashboard strip "
+                "(metrics()['events'], timeline_events()); independent of the file."},
+               &Config::timeline_live),
+      boolKnob({"HVD_AUTOTUNE", "HOROVOD_AUTOTUNE", "bool", "false",
+                "Tune fusion threshold, cycle time, response cache and hierarchical "
+                "allreduce on rank 0 (Bayesian optimisation, then on/off trials)."},
+               &Config::autotune),
+      stringKnob({"HVD_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", "string", "",
+                  "CSV file rank 0 writes: one row per scored setting, the best last."},
+                 &Config::autotune_log),
+      intKnob({"HVD_AUTOTUNE_WARMUP_SAMPLES", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", "int", "3",
+               "Samples discarded before tuning starts."},
+              Kind::kInt, &Config::autotune_warmup_samples, 0),
+      intKnob({"HVD_AUTOTUNE_STEPS_PER_SAMPLE", "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "int", "10",
+               "Training steps per sample (a step ends when a tensor name comes round "
+               "again); a setting's score is the median of 5 samples."},
+              Kind::kInt, &Config::autotune_steps_per_sample, 1),
+      intKnob({"HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
+               "int", "20", "Settings of fusion threshold x cycle time the Bayesian phase scores."},
+              Kind::kInt, &Config::autotune_bayes_opt_max_samples, 0),
+      floatKnob({"HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
+                 "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "0.8",
+                 "Noise term of the Gaussian process (standardised scores)."},
+                &Config::autotune_gaussian_process_noise, 0),
       docKnob({"HVD_LOG", "HOROVOD_LOG_LEVEL", "string", "warning",
                "Log level: trace, debug, info, warning or error."}),
       docKnob({"HVD_LOG_SUBSYS", nullptr, "string", "",
@@ -160,7 +202,7 @@ bool parseBool(const std::string& s, bool* out) {
 const char* expectation(const Knob& knob) {
   switch (knob.kind) {
     case Kind::kFloat: return knob.minimum > 0 ? "a positive number" : "a number >= 0";
-    case Kind::kInt: return "an integer >= 0";
+    case Kind::kInt: return knob.minimum > 0 ? "an integer >= 1" : "an integer >= 0";
     case Kind::kBytes: return knob.minimum > 0 ? "a byte count >= 4096" : "a byte count >= 0";
     case Kind::kBool: return "one of 1/0/true/false/yes/no/on/off";
     case Kind::kString: return "auto, tcp or shm";
@@ -235,7 +277,11 @@ Config Config::fromEnvironment() {
     if (raw == nullptr) continue;
     const std::string value = trimmed(raw);
     if (value.empty()) continue;  // set but empty: the default, as if unset
-    if (!apply(knob, value, &config)) warnOnce(variable, raw, knob);
+    if (!apply(knob, value, &config)) {
+      warnOnce(variable, raw, knob);
+    } else if (knob.set_flag != nullptr) {
+      config.*knob.set_flag = true;
+    }
   }
   return config;
 }

@@ -1,6 +1,8 @@
 // The env table: every HVD_* knob with its type, default, Horovod alias and doc, read once at
 // init (Config::fromEnvironment) on the calling thread. A bad value warns once and names the
 // value used instead. Python reads the same table through the binding (engine_native.config).
+// Tunable knobs (fusion threshold, cycle time, cache capacity, hierarchical allreduce) also
+// record whether the user set them: autotune keeps user-set knobs fixed (Horovod's rule).
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,19 @@ struct Config {
   int64_t tcp_segment_bytes = 1ll << 20;    // HVD_TCP_SEGMENT_BYTES: pipelining unit on TCP
   std::string timeline_path;                // HVD_TIMELINE (HOROVOD_TIMELINE), "DYNAMIC" allowed
   bool timeline_mark_cycles = false;        // HVD_TIMELINE_MARK_CYCLES
+  bool timeline_live = true;                // HVD_TIMELINE_LIVE: feed the dashboard's strip
+  bool autotune = false;                    // HVD_AUTOTUNE (HOROVOD_AUTOTUNE)
+  std::string autotune_log;                 // HVD_AUTOTUNE_LOG: CSV written by rank 0
+  int64_t autotune_warmup_samples = 3;      // HVD_AUTOTUNE_WARMUP_SAMPLES
+  int64_t autotune_steps_per_sample = 10;   // HVD_AUTOTUNE_STEPS_PER_SAMPLE
+  int64_t autotune_bayes_opt_max_samples = 20;      // HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES
+  double autotune_gaussian_process_noise = 0.8;     // HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
+
+  // Set by fromEnvironment when the variable (or its alias) held a valid value.
+  bool fusion_threshold_set = false;
+  bool cycle_time_set = false;
+  bool cache_capacity_set = false;
+  bool hierarchical_allreduce_set = false;
 
   static Config fromEnvironment();
 };

@@ -1,9 +1,12 @@
 // Encoding of ResponseList (rank 0 -> workers) and the plain RequestList entry points.
 // Layout: u8 kResponseListTag, u32 count, then each Response's fields in declaration order
-// (enums as i32, doubles as IEEE-754 bits, strings and vectors length-prefixed), nothing after.
+// (enums as i32, doubles as IEEE-754 bits, strings and vectors length-prefixed), then, only
+// when the list carries tuned parameters, u8 kParamsTag and the ParamsUpdate fields; nothing
+// after. A list without parameters encodes exactly as before the block existed.
 // RequestList uses the format of request_cache.cc with no cache (every entry in full form).
 #include "coord/message.h"
 
+#include <cmath>
 #include <limits>
 
 #include "coord/response_cache.h"
@@ -28,6 +31,11 @@ namespace {
 
 constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr size_t kMinResponseBytes = 16;  // far below a real entry; bounds the count only
+constexpr uint8_t kParamsTag = 0x50;      // 'P': a ParamsUpdate follows the responses
+constexpr int64_t kMaxFusionBytes = int64_t{1} << 50;
+constexpr double kMaxCycleMs = 1e6;
+constexpr int32_t kMaxPhase = 3;          // autotune::AutotunePhase::kDone
+constexpr int32_t kMaxTrials = 1 << 20;
 
 void writeResponse(wire::ByteWriter& w, const Response& r) {
   w.i32(static_cast<int32_t>(r.status));
@@ -95,6 +103,46 @@ bool readResponse(wire::ByteReader& in, Response* out) {
   return true;
 }
 
+void writeParams(wire::ByteWriter& w, const ParamsUpdate& p) {
+  w.u8(kParamsTag);
+  w.i64(p.fusion_threshold_bytes);
+  w.f64(p.cycle_time_ms);
+  w.u8(p.cache_enabled ? 1 : 0);
+  w.u8(p.hierarchical_allreduce ? 1 : 0);
+  w.i32(p.phase);
+  w.i32(p.trial);
+  w.i32(p.trials);
+}
+
+bool readFlag(wire::ByteReader& in, bool* v, const char* what) {
+  uint8_t b = 0;
+  if (!in.u8(&b)) return false;
+  if (b > 1) return in.fail(std::string(what) + " flag " + std::to_string(b) + " is not 0 or 1");
+  *v = b == 1;
+  return true;
+}
+
+bool readParams(wire::ByteReader& in, ParamsUpdate* out) {
+  uint8_t tag = 0;
+  bool ok = in.u8(&tag) && (tag == kParamsTag || in.fail("unknown block after the responses")) &&
+            in.i64(&out->fusion_threshold_bytes) && in.f64(&out->cycle_time_ms) &&
+            readFlag(in, &out->cache_enabled, "cache") &&
+            readFlag(in, &out->hierarchical_allreduce, "hierarchical") &&
+            in.ranged(&out->phase, 0, kMaxPhase, "autotune phase") &&
+            in.ranged(&out->trial, 0, kMaxTrials, "autotune trial") &&
+            in.ranged(&out->trials, 0, kMaxTrials, "autotune trials");
+  if (!ok) return false;
+  if (out->fusion_threshold_bytes < 0 || out->fusion_threshold_bytes > kMaxFusionBytes) {
+    return in.fail("fusion threshold " + std::to_string(out->fusion_threshold_bytes) +
+                   " out of range");
+  }
+  if (!std::isfinite(out->cycle_time_ms) || out->cycle_time_ms < 0 ||
+      out->cycle_time_ms > kMaxCycleMs) {
+    return in.fail("cycle time out of range");
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string encode(const ResponseList& list) {
@@ -102,6 +150,7 @@ std::string encode(const ResponseList& list) {
   w.u8(wire::kResponseListTag);
   w.u32(static_cast<uint32_t>(list.responses.size()));
   for (const Response& r : list.responses) writeResponse(w, r);
+  if (list.params) writeParams(w, *list.params);
   return w.take();
 }
 
@@ -117,9 +166,15 @@ common::Status decode(const std::string& bytes, ResponseList* out) {
     ok = readResponse(in, &r);
     if (ok) responses.push_back(std::move(r));
   }
+  std::optional<ParamsUpdate> params;
+  if (ok && !in.atEnd()) {
+    params.emplace();
+    ok = readParams(in, &*params);
+  }
   if (ok && !in.atEnd()) ok = in.fail("trailing bytes");
   if (!ok) return common::internalError("malformed ResponseList: " + in.error());
   out->responses = std::move(responses);
+  out->params = params;
   return common::Status::ok();
 }
 

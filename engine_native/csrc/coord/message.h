@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,11 +69,25 @@ enum class MessageType : uint32_t {
   kAbort = 4,         // either way: payload = text; rank 0 relays to every worker
 };
 
+// Tuned parameters (autotune) rank 0 attaches to a ResponseList. Rule relied on: every rank
+// applies them before it executes the list's first response (at once when its share of the
+// list is empty), so all ranks switch between the same two responses, never mid-batch.
+struct ParamsUpdate {
+  int64_t fusion_threshold_bytes = 0;
+  double cycle_time_ms = 0.0;
+  bool cache_enabled = true;
+  bool hierarchical_allreduce = false;
+  int32_t phase = 0;       // autotune::AutotunePhase as int (warmup, bayes, categorical, done)
+  int32_t trial = 0;       // "trial k of n" of that phase, for reporting on every rank
+  int32_t trials = 0;
+};
+
 struct RequestList {
   std::vector<Request> requests;
 };
 struct ResponseList {
   std::vector<Response> responses;
+  std::optional<ParamsUpdate> params;  // encoded only when present (older lists stay valid)
 };
 
 std::string encode(const RequestList& list);

@@ -19,13 +19,23 @@ constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CP
 
 BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                ProcessSetTable& sets, Metrics& metrics,
-                               const common::Config& config)
+                               const common::Config& config, timeline::Timeline* timeline,
+                               Autotuner* autotuner)
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
-      executor_(handles, metrics, config) {
+      timeline_(timeline), autotuner_(autotuner), executor_(handles, metrics, config, timeline),
+      fusion_threshold_(config.fusion_threshold_bytes), cycle_time_ms_(config.cycle_time_ms),
+      cache_enabled_(config.cache_capacity > 0) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  // Several peers may look lost by the time a collective notices; one of them may already have
+  // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
+  executor_.setFailureRefiner([this](const Status& status) {
+    if (status.code() != common::Code::kPeerLost) return status;
+    readControl();
+    return failed_ ? failure() : status;
+  });
   if (mesh_.rank() == 0) {
     coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size());
-    coordinator_->setFusionThreshold(config_.fusion_threshold_bytes);
+    coordinator_->setFusionThreshold(fusion_threshold_);
     coordinator_->setCacheCapacity(config_.cache_capacity);
     for (int r = 1; r < mesh_.size(); ++r) {
       mirrors_[r] = std::make_unique<coord::RequestCache>(config_.cache_capacity);
@@ -87,6 +97,11 @@ Status BackgroundLoop::submit(std::vector<TensorEntry> entries) {
   return Status::ok();
 }
 
+void BackgroundLoop::setTimelineDetail(bool on) {
+  timeline_detail_.store(on, std::memory_order_relaxed);
+  executor_.setTimelineDetail(on);
+}
+
 Status BackgroundLoop::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
@@ -121,6 +136,7 @@ void BackgroundLoop::run() {
                            (reason.empty() ? "" : ": " + reason)),
            /*tell_peers=*/true);
     }
+    if (timeline_ != nullptr) timeline_->markCycle();  // only while a file marks cycles
     drainSubmissions();
     if (!failed_) readControl();
     if (!failed_ && !shutdown_sent_) {
@@ -128,7 +144,7 @@ void BackgroundLoop::run() {
       if (lost >= 0) {
         fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
                               ": the process exited or closed the connection"),
-             false);
+             true);
       }
     }
     if (shutdown_requested_ && !shutdown_sent_) beginShutdown();
@@ -152,10 +168,8 @@ void BackgroundLoop::waitForWork() {
       if (channel != nullptr) fds.push_back({channel->fd(), POLLIN, 0});
     }
   }
-  bool busy = !to_execute_.empty();
-  int timeout = busy ? 0 : kTickMs;
   auto t0 = Clock::now();
-  int rc = ::poll(fds.data(), fds.size(), timeout);
+  int rc = ::poll(fds.data(), fds.size(), timeoutMs());
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
   if (rc <= 0) return;
   if (fds[0].revents & POLLIN) {
@@ -166,6 +180,18 @@ void BackgroundLoop::waitForWork() {
   if (!failed_ && fds.size() > 1 && mesh_.listenFd() >= 0 && (fds[1].revents & POLLIN)) {
     mesh_.acceptStray();
   }
+}
+
+// Zero while work is queued; until the batching window closes while rank 0 holds responses
+// (rounded up: the window may end up to a millisecond late, never early); else the idle tick.
+int BackgroundLoop::timeoutMs() const {
+  if (!to_execute_.empty()) return 0;
+  if (held_.empty()) return kTickMs;
+  const auto left = held_since_ + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double, std::milli>(cycle_time_ms_)) -
+                    Clock::now();
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
+  return us <= 0 ? 0 : static_cast<int>(std::min<int64_t>((us + 999) / 1000, kTickMs));
 }
 
 void BackgroundLoop::drainSubmissions() {
@@ -190,8 +216,13 @@ void BackgroundLoop::drainSubmissions() {
 
 void BackgroundLoop::executeQueued() {
   while (!to_execute_.empty() && !failed_) {
-    coord::Response response = std::move(to_execute_.front());
+    Work work = std::move(to_execute_.front());
     to_execute_.pop_front();
+    if (work.params) {
+      applyParams(*work.params);
+      continue;
+    }
+    const coord::Response& response = work.response;
     auto members = sets_.members(response.process_set);
     if (!members || std::find(members->begin(), members->end(), mesh_.rank()) == members->end()) {
       continue;  // not ours (rank 0 coordinates sets it is not part of)
@@ -203,34 +234,49 @@ void BackgroundLoop::executeQueued() {
       for (const auto& name : response.names) in_flight_.erase({response.process_set, name});
       metrics_.setQueueDepth(in_flight_.size());
     }
-    Status status = executor_.execute(response, entries_, commFor(response.process_set));
-    if (!status.isOk()) fail(status, /*tell_peers=*/false);
+    CommSlot& slot = commFor(response.process_set);
+    Status status = executor_.execute(response, entries_, *slot.comm, slot.transport);
+    if (response.process_set == 0) ++global_responses_;
+    observeExecuted(response, status);
+    if (!status.isOk()) fail(status, /*tell_peers=*/true);
   }
 }
 
-transport::Comm& BackgroundLoop::commFor(int32_t process_set) {
+BackgroundLoop::CommSlot& BackgroundLoop::commFor(int32_t process_set) {
   auto it = comms_.find(process_set);
   if (it == comms_.end()) {
-    auto members = sets_.members(process_set);
-    auto comm = std::make_unique<transport::Comm>(mesh_, members.value_or(std::vector<int>{}),
+    auto members = sets_.members(process_set).value_or(std::vector<int>{});
+    CommSlot slot;
+    slot.transport = "SHM";
+    for (int r : members) {
+      transport::Pair* pair = mesh_.pair(r);
+      if (pair != nullptr && pair->kind() != transport::PairKind::kShm) slot.transport = "TCP";
+    }
+    slot.comm = std::make_unique<transport::Comm>(mesh_, std::move(members),
                                                   config_.timeout_seconds,
                                                   config_.spin_microseconds);
-    it = comms_.emplace(process_set, std::move(comm)).first;
+    it = comms_.emplace(process_set, std::move(slot)).first;
   }
-  return *it->second;
+  return it->second;
 }
 
 void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   if (failed_) return;
   failed_ = true;
   HVD_LOG(kWarning, "runtime") << "core failed: " << status.message();
+  // Note [Failure fan-out]: the reason travels to every rank (kAbort with the status code,
+  // relayed by rank 0), so a survivor reports the real cause — e.g. the rank that died — not
+  // the rank that told it. A lost peer is also seen by every survivor on its own connection
+  // (the mesh is complete), so for that cause this rank keeps its sockets open: closing them
+  // would make slower survivors blame a live rank. Other causes (abort, timeout, malformed
+  // input) are invisible to peers, so the connections are closed as well.
   if (tell_peers) {
-    // Best effort: rank 0 relays an abort to every worker so they stop waiting at once.
-    std::string text = status.message();
+    std::string payload(1, static_cast<char>(status.code()));
+    payload += status.message();
     for (int r = 0; r < mesh_.size(); ++r) {
       transport::ControlChannel* channel = mesh_.control(r);
       if (channel != nullptr) {
-        channel->send(static_cast<uint32_t>(coord::MessageType::kAbort), text, 1.0);
+        channel->send(static_cast<uint32_t>(coord::MessageType::kAbort), payload, 1.0);
       }
     }
   }
@@ -244,8 +290,9 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
   entries_.clear();
   to_execute_.clear();
+  held_.clear();
   metrics_.setLastError(status.message());
-  mesh_.close();  // peers see the hang-up at once instead of waiting for HVD_TIMEOUT
+  if (status.code() != common::Code::kPeerLost) mesh_.close();
   if (shutdown_requested_) finished_ = true;
 }
 

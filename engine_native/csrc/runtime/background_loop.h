@@ -6,6 +6,9 @@
 // produced them, so collectives never interleave differently across ranks.
 // Failure (lost peer, timeout, abort) is sticky: pending and later ops fail with the stored
 // Status until shutdown(); init() afterwards builds a fresh loop.
+// It is also the timeline's only recorder (negotiation on rank 0 here, execution in the
+// Executor) and drives autotune (runtime/autotuner.h): a new setting travels with the next
+// ResponseList and every rank applies it at the same point of the response stream.
 #pragma once
 
 #include <atomic>
@@ -14,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -22,19 +26,23 @@
 #include "common/config.h"
 #include "coord/coordinator.h"
 #include "coord/response_cache.h"
+#include "runtime/autotuner.h"
 #include "runtime/executor.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
 #include "runtime/process_sets.h"
 #include "runtime/tensor_entry.h"
+#include "timeline/timeline.h"
 #include "transport/mesh.h"
 
 namespace hvd::runtime {
 
 class BackgroundLoop {
  public:
+  // `timeline` and `autotuner` may be null; both outlive the loop.
   BackgroundLoop(transport::Mesh& mesh, HandleTable& handles, ProcessSetTable& sets,
-                 Metrics& metrics, const common::Config& config);
+                 Metrics& metrics, const common::Config& config, timeline::Timeline* timeline,
+                 Autotuner* autotuner);
   ~BackgroundLoop();
 
   void start();
@@ -44,6 +52,9 @@ class BackgroundLoop {
   void shutdown();
   void abort(const std::string& reason);
   common::Status failure() const;
+  // While a timeline file is written: NEGOTIATE_<OP> spans and per-tensor execution detail
+  // (Note [Timeline detail] in executor.cc). Any thread.
+  void setTimelineDetail(bool on);
 
  private:
   void run();
@@ -53,21 +64,42 @@ class BackgroundLoop {
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
+  void admitParked();
+  void adoptTunedParams();
+  void noteReleased(const std::vector<coord::Response>& ready);
+  bool holdForWindow() const;
+  void sendReady();
   void sendRequests();
   void executeQueued();
+  void applyParams(const coord::ParamsUpdate& update);
+  void observeExecuted(const coord::Response& response, const common::Status& status);
   void inspectStalls();
   void beginShutdown();
   void checkShutdownAgreement();
   void fail(const common::Status& status, bool tell_peers);
   void syncProcessSets();
-  transport::Comm& commFor(int32_t process_set);
+  struct CommSlot {
+    std::unique_ptr<transport::Comm> comm;
+    std::string transport;  // "SHM" / "TCP" (any TCP peer), for timeline activity names
+  };
+  // One unit of work in execution order: a response, or an autotune switch that takes effect
+  // before the responses queued after it.
+  struct Work {
+    std::optional<coord::ParamsUpdate> params;
+    coord::Response response;
+  };
+
+  CommSlot& commFor(int32_t process_set);
   void wake();
+  int timeoutMs() const;
 
   transport::Mesh& mesh_;
   HandleTable& handles_;
   ProcessSetTable& sets_;
   Metrics& metrics_;
   const common::Config& config_;
+  timeline::Timeline* timeline_;
+  Autotuner* autotuner_;
   Executor executor_;
   std::thread thread_;
   int wake_fd_ = -1;
@@ -79,13 +111,15 @@ class BackgroundLoop {
   common::Status failure_;
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> abort_requested_{false};
+  std::atomic<bool> timeline_detail_{false};
   std::string abort_reason_;
 
   // Background thread only.
   EntryTable entries_;
   std::vector<coord::Request> outgoing_;
-  std::deque<coord::Response> to_execute_;
-  std::map<int32_t, std::unique_ptr<transport::Comm>> comms_;
+  std::deque<Work> to_execute_;
+  uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
+  std::map<int32_t, CommSlot> comms_;
   uint64_t sets_version_ = 0;
   std::set<int32_t> registered_sets_;  // rank 0: sets the coordinator knows
   bool failed_ = false;
@@ -99,6 +133,16 @@ class BackgroundLoop {
   std::vector<coord::Request> parked_;            // requests for sets not yet registered
   std::set<int> shutdown_ranks_;
   std::map<int, std::unique_ptr<coord::RequestCache>> mirrors_;
+  // Names with at least one request and not yet released: NEGOTIATE_<OP> spans are open for
+  // them, and while an allreduce is among them the batching window may hold ready responses.
+  std::map<EntryKey, coord::OpType> negotiating_;
+  size_t negotiating_allreduces_ = 0;
+  std::vector<coord::Response> held_;             // released, fused, not yet sent (window)
+  std::chrono::steady_clock::time_point held_since_;
+  int64_t fusion_threshold_ = 0;                  // in force (autotune may change these)
+  double cycle_time_ms_ = 0.0;
+  bool cache_enabled_ = true;
+  std::optional<coord::ParamsUpdate> unsent_params_;  // goes with the next list sent
   // Workers only.
   std::unique_ptr<coord::RequestCache> request_cache_;
 };

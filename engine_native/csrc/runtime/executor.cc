@@ -25,15 +25,69 @@ double elapsedSince(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Executor::Executor(HandleTable& handles, Metrics& metrics, const common::Config& config)
-    : handles_(handles), metrics_(metrics), config_(config) {}
+Executor::Executor(HandleTable& handles, Metrics& metrics, const common::Config& config,
+                   timeline::Timeline* timeline)
+    : handles_(handles), metrics_(metrics), config_(config), timeline_(timeline),
+      hierarchical_(config.hierarchical_allreduce) {}
 
 uint8_t* Executor::fusionBuffer(size_t bytes) {
   if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
   return fusion_buffer_.data();
 }
 
-Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm) {
+// ---- timeline ----------------------------------------------------------------------------
+// Note [Timeline detail]: while a timeline file is written (rank 0), every name of a response
+// gets the same spans, as Horovod's *All calls do: <OP> with dtype/shape, its activities, the
+// end. Otherwise only the in-memory strip listens, which draws collectives: one <OP> span per
+// response, under its first name ("name (+k fused)" for a fused batch), no activities. That
+// keeps an always-on strip at two records per batch instead of ~10 per tensor.
+
+void Executor::recordStart(const coord::Response& r, const std::vector<TensorEntry*>& entries) {
+  detailed_now_ = recording() && detailed_.load(std::memory_order_relaxed);
+  if (!recording() || r.type == OpType::kJoin || r.names.empty()) return;
+  const char* op = coord::opTypeName(r.type);
+  std::vector<int64_t> shape;
+  if (!detailed_now_) {
+    summary_ = r.names[0];
+    if (r.names.size() > 1) summary_ += " (+" + std::to_string(r.names.size() - 1) + " fused)";
+    if (!entries.empty()) shape = entries[0]->request.shape;
+    timeline_->start(summary_, op, r.dtype, shape);
+    return;
+  }
+  size_t next = 0;  // entries follow the response's name order (execute() builds them so)
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    if (next < entries.size() && entries[next]->request.name == r.names[i]) {
+      timeline_->start(r.names[i], op, r.dtype, entries[next++]->request.shape);
+      continue;
+    }
+    shape.assign(1, i < r.counts.size() ? r.counts[i] : 0);  // a joined rank's zeros
+    timeline_->start(r.names[i], op, r.dtype, shape);
+  }
+}
+
+void Executor::activityStartAll(const coord::Response& r, const char* activity) {
+  if (!detailed_now_) return;
+  const std::string label = activity[0] == '_' ? transport_ + activity : activity;
+  for (const auto& name : r.names) timeline_->activityStart(name, label);
+}
+
+void Executor::activityEndAll(const coord::Response& r) {
+  if (!detailed_now_) return;
+  for (const auto& name : r.names) timeline_->activityEnd(name);
+}
+
+void Executor::recordEnd(const coord::Response& r, const std::string& error) {
+  if (!recording() || r.type == OpType::kJoin) return;
+  if (detailed_now_ || r.status == coord::ResponseType::kError) {
+    for (const auto& name : r.names) timeline_->end(name, error);  // errors: every name
+  } else if (!r.names.empty()) {
+    timeline_->end(summary_, error);
+  }
+}
+
+Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
+                         const std::string& transport) {
+  transport_ = transport;
   std::vector<TensorEntry> owned;
   owned.reserve(r.names.size());
   for (const auto& name : r.names) {
@@ -44,12 +98,14 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   }
   if (r.status == coord::ResponseType::kError) {
     metrics_.setLastError(r.error);
+    recordEnd(r, r.error);  // an ERROR tick per name (the negotiation span already closed)
     for (auto& e : owned) handles_.complete(e.handle, common::mismatch(r.error));
     return Status::ok();
   }
   std::vector<TensorEntry*> entries;
   for (auto& e : owned) entries.push_back(&e);
   TensorEntry* first = entries.empty() ? nullptr : entries[0];
+  recordStart(r, entries);
   metrics_.beginOp(coord::opTypeName(r.type), r.names.empty() ? "" : r.names[0]);
   auto t0 = std::chrono::steady_clock::now();
   OpResult result;
@@ -60,12 +116,18 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
     case OpType::kBroadcast: status = broadcast(r, first, comm); break;
     case OpType::kAlltoall: status = alltoall(r, first, comm, &result); break;
     case OpType::kReducescatter: status = reducescatter(r, first, comm, &result); break;
-    case OpType::kBarrier: status = algo::barrier(comm); break;
+    case OpType::kBarrier:
+      activityStartAll(r, "_BARRIER");
+      status = algo::barrier(comm);
+      activityEndAll(r);
+      break;
     case OpType::kJoin: result.last_joined_rank = r.last_joined_rank; break;
   }
   metrics_.addCommunicate(elapsedSince(t0));
   metrics_.endOp();
+  if (!status.isOk() && refine_) status = refine_(status);
   if (!status.isOk()) metrics_.setLastError(status.message());
+  recordEnd(r, status.isOk() ? std::string() : status.message());
   for (auto& e : owned) handles_.complete(e.handle, status, result);
   return status;
 }
@@ -79,13 +141,15 @@ Status Executor::allreduce(const coord::Response& r, std::vector<TensorEntry*>& 
   uint8_t* buffer = nullptr;
   if (fused) {
     // Copy every tensor into its slot of the fusion buffer; a joined rank's slots stay zero.
+    activityStartAll(r, "MEMCPY_IN_FUSION_BUFFER");
     buffer = fusionBuffer(bytes);
     size_t offset = 0;
+    size_t next = 0;  // entries follow the response's name order (execute() builds them so)
     for (size_t i = 0; i < r.names.size(); ++i) {
       size_t n = static_cast<size_t>(r.counts[i]) * elem;
       TensorEntry* match = nullptr;
-      for (auto* e : entries) {
-        if (e->request.name == r.names[i]) match = e;
+      if (next < entries.size() && entries[next]->request.name == r.names[i]) {
+        match = entries[next++];
       }
       if (match != nullptr && n > 0) {
         std::memcpy(buffer + offset, match->input, n);
@@ -94,6 +158,7 @@ Status Executor::allreduce(const coord::Response& r, std::vector<TensorEntry*>& 
       }
       offset += n;
     }
+    activityEndAll(r);
   } else {
     buffer = static_cast<uint8_t*>(entries[0]->output);
     if (entries[0]->input != entries[0]->output && bytes > 0) {
@@ -107,19 +172,26 @@ Status Executor::allreduce(const coord::Response& r, std::vector<TensorEntry*>& 
   opts.dtype = r.dtype;
   opts.op = r.reduce_op;
   opts.segment_bytes = static_cast<size_t>(config_.tcp_segment_bytes);
-  HVD_RETURN_IF_ERROR(algo::allreduceRing(comm, opts));
+  activityStartAll(r, "_ALLREDUCE");
+  HVD_RETURN_IF_ERROR(algo::allreduce(
+      comm, opts, algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce())));
+  activityEndAll(r);
   double post = r.postscale;
   if (r.reduce_op == common::ReduceOp::kAverage) post /= comm.size();
   if (post != 1.0) common::scaleInPlace(buffer, total, r.dtype, post);
   if (fused) {
+    activityStartAll(r, "MEMCPY_OUT_FUSION_BUFFER");
     size_t offset = 0;
+    size_t next = 0;
     for (size_t i = 0; i < r.names.size(); ++i) {
       size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      for (auto* e : entries) {
-        if (e->request.name == r.names[i] && n > 0) std::memcpy(e->output, buffer + offset, n);
+      if (next < entries.size() && entries[next]->request.name == r.names[i]) {
+        if (n > 0) std::memcpy(entries[next]->output, buffer + offset, n);
+        ++next;
       }
       offset += n;
     }
+    activityEndAll(r);
   }
   metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.names.size());
   return Status::ok();
@@ -140,7 +212,9 @@ Status Executor::allgather(const coord::Response& r, TensorEntry* entry, transpo
   result->shape = {rows};
   result->shape.insert(result->shape.end(), r.row_shape.begin(), r.row_shape.end());
   const void* in = entry != nullptr ? entry->input : nullptr;
+  activityStartAll(r, "_ALLGATHER");
   HVD_RETURN_IF_ERROR(algo::allgatherRing(comm, in, result->buffer->data, bytes));
+  activityEndAll(r);
   metrics_.countOp(static_cast<int>(OpType::kAllgather), total, 1);
   return Status::ok();
 }
@@ -165,7 +239,9 @@ Status Executor::broadcast(const coord::Response& r, TensorEntry* entry, transpo
     return common::internalError("broadcast root rank " + std::to_string(r.root_rank) +
                                  " is not in the process set");
   }
+  activityStartAll(r, "_BCAST");
   HVD_RETURN_IF_ERROR(algo::broadcastTree(comm, data, bytes, root));
+  activityEndAll(r);
   metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
   return Status::ok();
 }
@@ -191,7 +267,9 @@ Status Executor::alltoall(const coord::Response& r, TensorEntry* entry, transpor
   result->shape = {rows};
   result->shape.insert(result->shape.end(), r.row_shape.begin(), r.row_shape.end());
   const void* in = entry != nullptr ? entry->input : nullptr;
+  activityStartAll(r, "_ALLTOALL");
   HVD_RETURN_IF_ERROR(algo::alltoallPairwise(comm, in, send, result->buffer->data, recv));
+  activityEndAll(r);
   metrics_.countOp(static_cast<int>(OpType::kAlltoall), total, 1);
   return Status::ok();
 }
@@ -214,8 +292,10 @@ Status Executor::reducescatter(const coord::Response& r, TensorEntry* entry,
                                                        : counts[me] / row_elems)};
   result->shape.insert(result->shape.end(), r.row_shape.begin(), r.row_shape.end());
   const void* in = entry != nullptr ? entry->input : nullptr;
+  activityStartAll(r, "_REDUCESCATTER");
   HVD_RETURN_IF_ERROR(
       algo::reducescatterRing(comm, in, result->buffer->data, counts, r.dtype, r.reduce_op));
+  activityEndAll(r);
   // Scaling commutes with the sum, so both factors are applied to this rank's block only.
   double factor = r.prescale * r.postscale;
   if (r.reduce_op == common::ReduceOp::kAverage) factor /= n;

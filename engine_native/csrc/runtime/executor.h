@@ -3,9 +3,16 @@
 // only by the background thread, in response-list order (the order every rank shares).
 // A transport failure (lost peer, timeout, abort) is returned so the loop can fail the core;
 // an error Response (mismatch) completes its handles with that error and leaves the core usable.
+// Execution is recorded on the timeline (when given) before the handles complete: per name an
+// <OP> span with dtype/shape, nested activities (MEMCPY_IN/OUT_FUSION_BUFFER for fused batches,
+// <TRANSPORT>_<OP> around the algorithm), ended with the error text on failure; without a
+// file, one span per response for the live strip (Note [Timeline detail] in executor.cc).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "common/config.h"
@@ -14,18 +21,36 @@
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
 #include "runtime/tensor_entry.h"
+#include "timeline/timeline.h"
 #include "transport/comm.h"
 
 namespace hvd::runtime {
 
 class Executor {
  public:
-  Executor(HandleTable& handles, Metrics& metrics, const common::Config& config);
+  // `timeline` may be null (no recording); it outlives the executor.
+  Executor(HandleTable& handles, Metrics& metrics, const common::Config& config,
+           timeline::Timeline* timeline);
 
   // Takes the response's entries out of `table` (absent entries belong to joined ranks and
-  // contribute zeros) and completes their handles.
+  // contribute zeros) and completes their handles. `transport` names how this rank reaches
+  // the set's peers ("SHM", "TCP"; a set spanning both is "TCP"), for activity names.
   common::Status execute(const coord::Response& response, EntryTable& table,
-                         transport::Comm& comm);
+                         transport::Comm& comm, const std::string& transport);
+
+  // Called with a failed op's Status before its handles complete; may return a better cause
+  // (Note [Failure fan-out] in background_loop.cc).
+  void setFailureRefiner(std::function<common::Status(const common::Status&)> refine) {
+    refine_ = std::move(refine);
+  }
+
+  // Note [Runtime allreduce choice]: hierarchical allreduce is the value currently in force,
+  // which autotune may switch between responses (identically on every rank), so the allreduce
+  // dispatcher reads hierarchicalAllreduce(), never config_.hierarchical_allreduce.
+  void setHierarchicalAllreduce(bool on) { hierarchical_.store(on, std::memory_order_relaxed); }
+  bool hierarchicalAllreduce() const { return hierarchical_.load(std::memory_order_relaxed); }
+  // Per-tensor spans and activities while a timeline file is written (any thread).
+  void setTimelineDetail(bool on) { detailed_.store(on, std::memory_order_relaxed); }
 
  private:
   common::Status allreduce(const coord::Response& r, std::vector<TensorEntry*>& entries,
@@ -38,12 +63,25 @@ class Executor {
   common::Status reducescatter(const coord::Response& r, TensorEntry* entry,
                                transport::Comm& comm, OpResult* result);
   uint8_t* fusionBuffer(size_t bytes);
+  bool recording() const { return timeline_ != nullptr && timeline_->enabled(); }
+  void recordStart(const coord::Response& r, const std::vector<TensorEntry*>& entries);
+  // `activity` starting with '_' is prefixed with the transport ("_ALLREDUCE" -> SHM_ALLREDUCE).
+  void activityStartAll(const coord::Response& r, const char* activity);
+  void activityEndAll(const coord::Response& r);
+  void recordEnd(const coord::Response& r, const std::string& error);
 
   HandleTable& handles_;
   Metrics& metrics_;
   const common::Config& config_;
+  timeline::Timeline* timeline_;
+  std::atomic<bool> hierarchical_{false};
+  std::atomic<bool> detailed_{false};  // Note [Timeline detail] in executor.cc
+  bool detailed_now_ = false;          // for the response being executed
+  std::string summary_;                // its strip track when not detailed
+  std::string transport_;              // of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // persistent; grows to the largest fused batch
   std::vector<uint8_t> zeros_;          // a joined rank's contribution
+  std::function<common::Status(const common::Status&)> refine_;
 };
 
 }  // namespace hvd::runtime

@@ -51,6 +51,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.negotiate_seconds = negotiate_us_.load(std::memory_order_relaxed) / 1e6;
   s.communicate_seconds = communicate_us_.load(std::memory_order_relaxed) / 1e6;
   s.wait_seconds = wait_us_.load(std::memory_order_relaxed) / 1e6;
+  s.handle_wait_seconds = handle_wait_ns_.load(std::memory_order_relaxed) / 1e9;
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
   s.last_error = last_error_;
@@ -75,6 +76,7 @@ void Metrics::reset() {
   negotiate_us_ = 0;
   communicate_us_ = 0;
   wait_us_ = 0;
+  handle_wait_ns_ = 0;
   queue_depth_ = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   last_error_.clear();

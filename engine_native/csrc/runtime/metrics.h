@@ -30,7 +30,8 @@ struct MetricsSnapshot {
   uint64_t fused_tensors = 0;
   double negotiate_seconds = 0;
   double communicate_seconds = 0;
-  double wait_seconds = 0;
+  double wait_seconds = 0;         // the loop idle, waiting for work (also idle_seconds)
+  double handle_wait_seconds = 0;  // framework threads blocked in wait()
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
@@ -45,7 +46,10 @@ class Metrics {
   void countOp(int kind, uint64_t bytes, size_t tensors);
   void addNegotiate(double s) { add(negotiate_us_, s); }
   void addCommunicate(double s) { add(communicate_us_, s); }
-  void addWait(double s) { add(wait_us_, s); }
+  void addWait(double s) { add(wait_us_, s); }  // the loop's idle poll
+  void addHandleWait(double s) {  // nanoseconds: most waits on a fast path are sub-microsecond
+    handle_wait_ns_.fetch_add(static_cast<uint64_t>(s * 1e9), std::memory_order_relaxed);
+  }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
   void setLastError(const std::string& text);
   void beginOp(const std::string& op, const std::string& name);
@@ -62,7 +66,7 @@ class Metrics {
   std::array<std::atomic<uint64_t>, kNumOpKinds> ops_{};
   std::array<std::atomic<uint64_t>, kNumOpKinds> bytes_{};
   std::atomic<uint64_t> fused_batches_{0}, fused_tensors_{0};
-  std::atomic<uint64_t> negotiate_us_{0}, communicate_us_{0}, wait_us_{0};
+  std::atomic<uint64_t> negotiate_us_{0}, communicate_us_{0}, wait_us_{0}, handle_wait_ns_{0};
   std::atomic<uint64_t> queue_depth_{0};
   mutable std::mutex mutex_;
   std::string last_error_, current_op_, current_name_;

@@ -1,8 +1,10 @@
 // The negotiation half of BackgroundLoop: control messages between workers and rank 0, the
-// coordinator step, the shutdown agreement and the stall inspector. See background_loop.h.
+// coordinator step (with the timeline's NEGOTIATE_<OP> spans, the batching window and the
+// autotune switch), the shutdown agreement and the stall inspector. See background_loop.h.
 #include <algorithm>
 
 #include "common/logging.h"
+#include "coord/fusion.h"
 #include "runtime/background_loop.h"
 
 namespace hvd::runtime {
@@ -18,6 +20,19 @@ const char* kShutdownMessage =
     "attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished "
     "execution. If the shutdown was caused by an exception, you should see the exception in "
     "the log before the first shutdown message.";
+
+// A kAbort payload is the failing rank's status code (one byte) followed by its message
+// (Note [Failure fan-out]); anything else reads as a plain abort.
+Status statusFromAbort(const std::string& payload) {
+  if (!payload.empty()) {
+    auto code = static_cast<common::Code>(static_cast<unsigned char>(payload[0]));
+    if (code == common::Code::kPeerLost || code == common::Code::kTimeout ||
+        code == common::Code::kAborted || code == common::Code::kInternal) {
+      return Status(code, payload.substr(1));
+    }
+  }
+  return common::aborted(payload);
+}
 
 }  // namespace
 
@@ -39,9 +54,9 @@ void BackgroundLoop::readControl() {
     }
     if (status.code() == common::Code::kPeerLost) {
       fail(common::peerLost("lost connection to rank " + std::to_string(r) +
-                            ": the process exited or closed the connection"), false);
+                            ": the process exited or closed the connection"), true);
     } else {
-      fail(status, false);
+      fail(status, true);
     }
   }
 }
@@ -56,14 +71,32 @@ void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& m
              false);
         return;
       }
-      for (auto& r : list.responses) to_execute_.push_back(std::move(r));
+      // The switch precedes this list's responses (Rule in coord/message.h, ParamsUpdate).
+      if (list.params) to_execute_.push_back(Work{list.params, coord::Response()});
+      for (auto& r : list.responses) to_execute_.push_back(Work{std::nullopt, std::move(r)});
       break;
     }
     case MessageType::kShutdown:
+      // Note [Shutdown is global]: as in Horovod, one rank's shutdown ends the job's core on
+      // every rank; a rank that had not asked fails its pending ops with the shutdown message.
+      if (!shutdown_sent_) {
+        shutdown_requested_ = true;
+        shutdown_sent_ = true;
+        Status status(common::Code::kShutDown, kShutdownMessage);
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          for (auto& e : submitted_) handles_.complete(e.handle, status);
+          submitted_.clear();
+          in_flight_.clear();
+        }
+        for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
+        entries_.clear();
+        to_execute_.clear();
+      }
       finished_ = true;
       break;
     case MessageType::kAbort:
-      fail(common::aborted(message.payload), false);
+      fail(statusFromAbort(message.payload), false);
       break;
     default:
       HVD_LOG(kWarning, "coord") << "ignoring control message of unknown type " << message.type;
@@ -88,9 +121,10 @@ void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessa
     }
     case MessageType::kShutdown:
       shutdown_ranks_.insert(from);
+      shutdown_requested_ = true;  // Note [Shutdown is global]
       break;
     case MessageType::kAbort:
-      fail(common::aborted(message.payload), /*tell_peers=*/true);
+      fail(statusFromAbort(message.payload), /*tell_peers=*/true);
       break;
     default:
       HVD_LOG(kWarning, "coord") << "ignoring control message of unknown type " << message.type
@@ -105,7 +139,12 @@ void BackgroundLoop::syncProcessSets() {
   auto snapshot = sets_.snapshot();
   for (auto it = registered_sets_.begin(); it != registered_sets_.end();) {
     if (snapshot.count(*it) == 0) {
-      coordinator_->removeProcessSet(*it);
+      coordinator_->removeProcessSet(*it);  // drops its pending names: so do we
+      for (auto n = negotiating_.lower_bound({*it, std::string()});
+           n != negotiating_.end() && n->first.first == *it;) {
+        if (n->second == coord::OpType::kAllreduce) --negotiating_allreduces_;
+        n = negotiating_.erase(n);
+      }
       it = registered_sets_.erase(it);
     } else {
       ++it;
@@ -116,9 +155,37 @@ void BackgroundLoop::syncProcessSets() {
   }
 }
 
+// The coordinator step, in order:
+//   a. admit parked requests (timeline, while a file is written: NEGOTIATE_<OP> opens at a
+//      name's first arrival, one rank tick per arrival);
+//   b. adopt a new autotune setting: rank 0's fusion threshold, window and cache change now,
+//      so the responses released below are fused under it and carry it;
+//   c. release what is ready (timeline: NEGOTIATE_<OP> closes) into the held batch;
+//   d. keep holding while the batching window is open (holdForWindow), else send the batch.
 void BackgroundLoop::coordinate() {
   syncProcessSets();
   auto t0 = Clock::now();
+  admitParked();
+  adoptTunedParams();
+  std::vector<coord::Response> ready = coordinator_->takeReady();
+  if (!ready.empty()) {
+    noteReleased(ready);
+    if (held_.empty()) {
+      held_ = std::move(ready);
+      held_since_ = t0;
+    } else {
+      held_.insert(held_.end(), std::make_move_iterator(ready.begin()),
+                   std::make_move_iterator(ready.end()));
+      held_ = coord::fuseResponses(std::move(held_), fusion_threshold_);
+    }
+  }
+  if (!held_.empty() && !holdForWindow()) sendReady();
+  metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+void BackgroundLoop::admitParked() {
+  timeline::Timeline* timeline =
+      timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
   std::vector<coord::Request> still_parked;
   for (auto& request : parked_) {
     // A worker may register a new set (and use it) a moment before rank 0 does: keep its
@@ -131,12 +198,64 @@ void BackgroundLoop::coordinate() {
     if (!status.isOk()) {
       HVD_LOG(kWarning, "coord") << "rejected request '" << request.name << "' from rank "
                                  << request.request_rank << ": " << status.message();
+      continue;
     }
+    if (request.type == coord::OpType::kJoin) continue;  // joins are not timed (Horovod)
+    auto [it, first] = negotiating_.try_emplace({request.process_set, request.name},
+                                                request.type);
+    if (first) {
+      if (request.type == coord::OpType::kAllreduce) ++negotiating_allreduces_;
+      if (timeline != nullptr) {
+        timeline->negotiateStart(request.name, coord::opTypeName(request.type));
+      }
+    }
+    if (timeline != nullptr) timeline->negotiateRankReady(request.name, request.request_rank);
   }
   parked_.swap(still_parked);
-  std::vector<coord::Response> ready = coordinator_->takeReady();
-  if (ready.empty()) return;
-  // Step A: send each worker its share (responses of sets it belongs to), in order.
+}
+
+void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
+  timeline::Timeline* timeline =
+      timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
+  for (const auto& r : ready) {
+    for (const auto& name : r.names) {
+      auto it = negotiating_.find({r.process_set, name});
+      if (it == negotiating_.end()) continue;  // a join's name
+      if (it->second == coord::OpType::kAllreduce) --negotiating_allreduces_;
+      negotiating_.erase(it);
+      if (timeline != nullptr) timeline->negotiateEnd(name);
+    }
+  }
+}
+
+// Note [Batching window]: HVD_CYCLE_TIME_MS is how long rank 0 may hold released responses so
+// that allreduces still arriving fuse with them. It holds only while some allreduce has been
+// submitted by part of its set (so more can become ready soon), the batch can still fuse and is
+// under the threshold: a lone tensor, or the last tensor of a step, is sent at once.
+bool BackgroundLoop::holdForWindow() const {
+  if (cycle_time_ms_ <= 0 || fusion_threshold_ <= 0 || negotiating_allreduces_ == 0) {
+    return false;
+  }
+  int64_t bytes = 0;
+  bool fusable = false;
+  for (const auto& r : held_) {
+    if (r.type != coord::OpType::kAllreduce || r.status != coord::ResponseType::kOk) continue;
+    fusable = true;
+    bytes += coord::responseBytes(r);
+  }
+  if (!fusable || bytes >= fusion_threshold_) return false;
+  return Clock::now() - held_since_ <
+         std::chrono::duration<double, std::milli>(cycle_time_ms_);
+}
+
+// Step A: send each worker its share (responses of sets it belongs to), in order, with the
+// pending autotune setting (also to workers whose share is empty). Step B: queue rank 0's own
+// share the same way.
+void BackgroundLoop::sendReady() {
+  std::vector<coord::Response> ready = std::move(held_);
+  held_.clear();
+  std::optional<coord::ParamsUpdate> params = std::move(unsent_params_);
+  unsent_params_.reset();
   for (int w = 1; w < mesh_.size(); ++w) {
     coord::ResponseList list;
     for (const auto& r : ready) {
@@ -145,18 +264,54 @@ void BackgroundLoop::coordinate() {
         list.responses.push_back(r);
       }
     }
-    if (list.responses.empty()) continue;
+    if (list.responses.empty() && !params) continue;
+    list.params = params;
     Status status = mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kResponses),
                                            coord::encode(list), config_.timeout_seconds);
     if (!status.isOk()) {
       fail(common::peerLost("lost connection to rank " + std::to_string(w) + ": " +
-                            status.message()), false);
+                            status.message()), true);
       return;
     }
   }
-  // Step B: execute rank 0's own share in the same order.
-  for (auto& r : ready) to_execute_.push_back(std::move(r));
-  metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
+  if (params) to_execute_.push_back(Work{params, coord::Response()});
+  for (auto& r : ready) to_execute_.push_back(Work{std::nullopt, std::move(r)});
+}
+
+// ---- autotune --------------------------------------------------------------------------------
+
+void BackgroundLoop::adoptTunedParams() {
+  if (autotuner_ == nullptr) return;
+  std::optional<coord::ParamsUpdate> update = autotuner_->takePending();
+  if (!update) return;
+  fusion_threshold_ = update->fusion_threshold_bytes;
+  coordinator_->setFusionThreshold(fusion_threshold_);
+  cycle_time_ms_ = update->cycle_time_ms;
+  if (update->cache_enabled != cache_enabled_) {
+    cache_enabled_ = update->cache_enabled;
+    const int64_t capacity = config_.cache_capacity > 0 ? config_.cache_capacity : 1024;
+    coordinator_->setCacheCapacity(cache_enabled_ ? capacity : 0);
+  }
+  unsent_params_ = update;  // a newer setting replaces one not sent yet: no rank applied it
+}
+
+void BackgroundLoop::applyParams(const coord::ParamsUpdate& update) {
+  if (autotuner_ != nullptr) autotuner_->applied(update, global_responses_);
+  // The only setting that acts on every rank; fusion, window and cache act on rank 0 alone,
+  // which adopted them when it attached this update (adoptTunedParams).
+  executor_.setHierarchicalAllreduce(update.hierarchical_allreduce);
+}
+
+// Rank 0 scores settings by the global set's allreduce bytes per second (Horovod's score).
+void BackgroundLoop::observeExecuted(const coord::Response& r, const Status& status) {
+  if (autotuner_ == nullptr || !coordinator_ || !status.isOk() || r.process_set != 0 ||
+      r.type != coord::OpType::kAllreduce || r.status != coord::ResponseType::kOk) {
+    return;
+  }
+  const int64_t element = static_cast<int64_t>(common::dataTypeSize(r.dtype));
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    autotuner_->observe(r.names[i], i < r.counts.size() ? r.counts[i] * element : 0);
+  }
 }
 
 void BackgroundLoop::sendRequests() {
@@ -168,7 +323,7 @@ void BackgroundLoop::sendRequests() {
   Status status = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kRequests), bytes,
                                          config_.timeout_seconds);
   if (!status.isOk()) {
-    fail(common::peerLost("lost connection to rank 0: " + status.message()), false);
+    fail(common::peerLost("lost connection to rank 0: " + status.message()), true);
   }
 }
 
@@ -204,6 +359,10 @@ void BackgroundLoop::beginShutdown() {
   shutdown_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(config_.timeout_seconds));
   Status status(common::Code::kShutDown, kShutdownMessage);
+  if (!entries_.empty()) {
+    // Peers may be blocked in a collective with this rank: do not make them wait long.
+    shutdown_deadline_ = std::min(shutdown_deadline_, Clock::now() + std::chrono::seconds(1));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& e : submitted_) handles_.complete(e.handle, status);
@@ -213,6 +372,7 @@ void BackgroundLoop::beginShutdown() {
   for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
   entries_.clear();
   to_execute_.clear();
+  held_.clear();
   if (failed_ || mesh_.size() == 1) {
     finished_ = true;
     return;
@@ -227,7 +387,7 @@ void BackgroundLoop::beginShutdown() {
 
 void BackgroundLoop::checkShutdownAgreement() {
   if (finished_) return;
-  if (mesh_.rank() == 0 && static_cast<int>(shutdown_ranks_.size()) == mesh_.size()) {
+  if (mesh_.rank() == 0) {  // Note [Shutdown is global]: no need to wait for every rank
     for (int w = 1; w < mesh_.size(); ++w) {
       mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
     }

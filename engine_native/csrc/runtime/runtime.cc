@@ -1,8 +1,10 @@
 #include "runtime/runtime.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "common/logging.h"
@@ -13,6 +15,8 @@ using common::Status;
 using coord::OpType;
 
 namespace {
+
+constexpr const char* kNotInitialized = "Horovod has not been initialized; use hvd.init().";
 
 std::string describe(const coord::Request& r) {
   return std::string(coord::opTypeName(r.type)) + "('" + r.name + "')";
@@ -52,25 +56,135 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   size_ = static_cast<int>(peers.size());
   sets_.reset(size_);
   metrics_.reset();
-  loop_ = std::make_unique<BackgroundLoop>(*mesh_, handles_, sets_, metrics_, config_);
+  std::set<std::string> hosts;
+  for (const auto& peer : peers) hosts.insert(peer.host_id);
+  timeline_ = std::make_shared<timeline::Timeline>();
+  timeline_->setLiveCapture(config_.timeline_live);
+  startTimelineAtInit();
+  autotuner_ = std::make_shared<Autotuner>(config_, rank_, static_cast<int>(hosts.size()));
+  loop_ = std::make_unique<BackgroundLoop>(*mesh_, handles_, sets_, metrics_, config_,
+                                           timeline_.get(), autotuner_.get());
+  loop_->setTimelineDetail(timeline_->stats().file_open);
   loop_->start();
   HVD_LOG(kInfo, "runtime") << "initialised: rank " << rank_ << " of " << size_;
   return Status::ok();
 }
 
+// HVD_TIMELINE (HOROVOD_TIMELINE) = path: rank 0 writes it from init on; DYNAMIC: nothing
+// until start_timeline(). A file that cannot be opened is a warning, never an init failure.
+void Runtime::startTimelineAtInit() {
+  std::string mode;
+  for (char c : config_.timeline_path) {
+    mode += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  if (rank_ != 0 || config_.timeline_path.empty() || mode == "DYNAMIC") return;
+  Status status = timeline_->start(config_.timeline_path, config_.timeline_mark_cycles);
+  if (!status.isOk()) {
+    HVD_LOG(kWarning, "timeline") << "HVD_TIMELINE: " << status.message()
+                                  << "; the timeline is off (start_timeline() can start it)";
+  }
+}
+
 void Runtime::shutdown() {
   std::unique_ptr<BackgroundLoop> loop;
   std::unique_ptr<transport::Mesh> mesh;
+  std::shared_ptr<timeline::Timeline> timeline;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     loop = std::move(loop_);
     mesh = std::move(mesh_);
+    timeline = std::move(timeline_);
     rank_ = -1;
     size_ = 0;
   }
   if (loop) loop->shutdown();  // outside the lock: enqueue() may be waiting on it
   loop.reset();
+  if (timeline) timeline->stop();  // after the loop: it was the only recorder
+  timeline.reset();
   if (mesh) mesh->close();
+}
+
+Status Runtime::startTimeline(const std::string& path, bool mark_cycles) {
+  std::shared_ptr<timeline::Timeline> timeline;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
+    if (rank_ != 0) return Status::ok();
+    timeline = timeline_;
+  }
+  if (path.empty()) return common::invalidArgument("start_timeline(): file_path is empty");
+  Status status = timeline->start(path, mark_cycles);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (loop_ && timeline_ == timeline) loop_->setTimelineDetail(status.isOk());
+  return status;
+}
+
+Status Runtime::stopTimeline() {
+  std::shared_ptr<timeline::Timeline> timeline;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
+    loop_->setTimelineDetail(false);
+    timeline = timeline_;
+  }
+  if (timeline) timeline->stop();
+  return Status::ok();
+}
+
+timeline::TimelineStats Runtime::timelineStats() const {
+  std::shared_ptr<timeline::Timeline> timeline;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timeline = timeline_;
+  }
+  return timeline ? timeline->stats() : timeline::TimelineStats();
+}
+
+std::vector<timeline::RecentEvent> Runtime::timelineEvents(int64_t since_us) const {
+  std::shared_ptr<timeline::Timeline> timeline;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timeline = timeline_;
+  }
+  if (!timeline) return {};
+  return timeline->recentEvents(since_us);
+}
+
+std::optional<AutotuneReport> Runtime::autotuneReport() const {
+  std::shared_ptr<Autotuner> autotuner;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    autotuner = autotuner_;
+  }
+  if (!autotuner) return std::nullopt;
+  return autotuner->report();
+}
+
+Status Runtime::setAutotune(bool enabled) {
+  std::shared_ptr<Autotuner> autotuner;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
+    autotuner = autotuner_;
+  }
+  autotuner->setEnabled(enabled);
+  return Status::ok();
+}
+
+Status Runtime::setTunedParams(const autotune::TunedParams& params) {
+  if (params.fusion_threshold_bytes < 0 || !(params.cycle_time_ms >= 0) ||
+      params.cycle_time_ms > 1e6) {
+    return common::invalidArgument("set_tuned_params(): fusion threshold must be >= 0 and "
+                                   "cycle time in [0, 1e6] ms");
+  }
+  std::shared_ptr<Autotuner> autotuner;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!loop_) return common::invalidArgument(kNotInitialized);
+    autotuner = autotuner_;
+  }
+  autotuner->setParams(params);
+  return Status::ok();
 }
 
 void Runtime::abort(const std::string& reason) {
@@ -181,7 +295,7 @@ Status Runtime::validate(coord::Request* r) const {
 Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) {
-    return common::invalidArgument("Horovod has not been initialized; use hvd.init().");
+    return common::invalidArgument(kNotInitialized);
   }
   for (auto& op : ops) {
     op.request.request_rank = rank_;
@@ -213,7 +327,7 @@ Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* hand
 
 Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!loop_) return common::invalidArgument("Horovod has not been initialized; use hvd.init().");
+  if (!loop_) return common::invalidArgument(kNotInitialized);
   std::sort(ranks.begin(), ranks.end());
   if (ranks.empty() || std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end() ||
       ranks.front() < 0 || ranks.back() >= size_) {

@@ -2,6 +2,9 @@
 // abort), local validation of enqueued ops (errors raised on the calling rank only), the
 // handle table, process sets and metrics. Framework threads call it; it hands entries to the
 // BackgroundLoop. One instance per process; init() after shutdown() builds a fresh mesh/loop.
+// It also owns, per init, the Timeline (HVD_TIMELINE at init, start/stop at run time; the file
+// is written on rank 0 only, the in-memory strip on every rank) and the Autotuner; the loop
+// records into them and both are torn down only after the loop has stopped.
 #pragma once
 
 #include <memory>
@@ -13,6 +16,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "coord/message.h"
+#include "runtime/autotuner.h"
 #include "runtime/background_loop.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
@@ -50,12 +54,31 @@ class Runtime {
   std::optional<std::vector<int>> processSetRanks(int32_t id) const;
   MetricsSnapshot metrics() const { return metrics_.snapshot(); }
   const common::Config& config() const { return config_; }
+  // Framework threads report time spent blocked in wait() (the binding measures it).
+  void addHandleWait(double seconds) { metrics_.addHandleWait(seconds); }
+
+  // Timeline control (any thread; block until the writer applied it). On ranks other than 0
+  // start/stop succeed and write nothing (Horovod writes the timeline on rank 0 only).
+  common::Status startTimeline(const std::string& path, bool mark_cycles);
+  common::Status stopTimeline();
+  // Counters and file state of this rank's timeline (empty stats before init).
+  timeline::TimelineStats timelineStats() const;
+  // Finished spans and ticks of the last seconds (see timeline::Timeline::recentEvents).
+  std::vector<timeline::RecentEvent> timelineEvents(int64_t since_us) const;
+
+  // Autotune state of this rank (nullopt before the first init) and its switch.
+  std::optional<AutotuneReport> autotuneReport() const;
+  common::Status setAutotune(bool enabled);
+  common::Status setTunedParams(const autotune::TunedParams& params);
 
  private:
   common::Status validate(coord::Request* request) const;
+  void startTimelineAtInit();
 
   mutable std::mutex mutex_;  // lifecycle vs enqueue
   std::unique_ptr<transport::Mesh> mesh_;
+  std::shared_ptr<timeline::Timeline> timeline_;  // shared: control calls run unlocked
+  std::shared_ptr<Autotuner> autotuner_;          // kept after shutdown: state stays readable
   std::unique_ptr<BackgroundLoop> loop_;
   common::Config config_;
   ProcessSetTable sets_;

@@ -34,6 +34,10 @@ class Comm {
   // Peers in the same host as this rank (set ranks), in order; includes self.
   const std::vector<int>& localMembers() const { return local_members_; }
   bool sameHost(int set_rank) const;
+  // For host collectives (shm/collective_sync.h), which wait on the same terms as exchange().
+  Mesh& mesh() const { return mesh_; }
+  double timeoutSeconds() const { return timeout_seconds_; }
+  int64_t spinMicroseconds() const { return spin_microseconds_; }
 
   common::Status exchange(Transfer* transfers, size_t count);
   common::Status send(int peer, const void* data, size_t bytes);

@@ -13,8 +13,8 @@
 //   C. Deadlock-free: rank 0 only accepts; by induction every rank i < r reaches step B after
 //      finitely many dials, and r's connection to i waits in i's backlog until then.
 //   D. Shared-memory setup runs over the data sockets once all of them exist; then pairs are
-//      built. Every socket is non-blocking and TCP_NODELAY from birth, and data sockets have
-//      4 MiB buffers set before connecting (tcp/socket.h).
+//      built and the host collective segment agreed (Note [Collective setup]). Sockets are
+//      non-blocking and TCP_NODELAY from birth; data sockets get 4 MiB buffers before connecting.
 //   The whole of A-D is bounded by HVD_TIMEOUT; a timeout names the ranks never connected.
 #include "transport/mesh.h"
 
@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "transport/shm/collective_segment.h"
 #include "transport/shm/pair.h"
 #include "transport/shm/setup.h"
 #include "transport/tcp/handshake.h"
@@ -48,9 +49,12 @@ struct Mesh::Impl {
   std::vector<std::unique_ptr<Pair>> pairs;
   std::vector<std::unique_ptr<ControlChannel>> controls;
   shm::SetupResult shm;
+  std::vector<int> host_ranks;   // global ranks of this host, ascending, self included
+  std::unique_ptr<shm::CollectiveSegment> collective;  // Note [Collective setup]
   std::string last_error;        // the most recent failure while connecting, for the report
   std::mutex doorbell_mutex;     // Note [Abort versus close]
   shm::Doorbell* own_doorbell = nullptr;
+  shm::Doorbell* own_collective_doorbell = nullptr;
   int abort_fd = -1;             // eventfd, readable once aborted; lives as long as the Mesh
   bool connected = false;
 
@@ -58,13 +62,15 @@ struct Mesh::Impl {
   Status dialLowerRanks(Mesh& mesh, tcp::Deadline deadline);
   Status acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline);
   Status setupPairs(Mesh& mesh, tcp::Deadline deadline);
+  Status setupCollective(Mesh& mesh, tcp::Deadline deadline);
 };
 
 // Note [Abort versus close]
 // abort() may run on any thread while the background thread closes the mesh. abort() rings
-// the doorbell under doorbell_mutex; close() clears own_doorbell under the same mutex before it
-// unmaps the segment, so abort never touches unmapped memory. The abort eventfd is closed only
-// by the destructor, so abort() never writes to a descriptor number reused by someone else.
+// the doorbells (pairs' and host collective's) under doorbell_mutex; close() clears both
+// pointers under the same mutex before it unmaps the segments, so abort never touches unmapped
+// memory. The abort eventfd is closed only by the destructor, so abort() never writes to a
+// descriptor number reused by someone else.
 
 namespace {
 
@@ -160,6 +166,7 @@ Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::st
   Status s = m.dialLowerRanks(*this, deadline);
   if (s.isOk()) s = m.acceptHigherRanks(*this, deadline);
   if (s.isOk()) s = m.setupPairs(*this, deadline);
+  if (s.isOk()) s = m.setupCollective(*this, deadline);
   if (!s.isOk()) {
     close();
     return s;
@@ -257,7 +264,9 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
   request.ring_bytes = static_cast<uint64_t>(std::max<int64_t>(m.config.shm_ring_bytes, 4096));
   request.wanted = m.config.transport != "tcp";
   request.deadline = deadline;
+  m.host_ranks.clear();
   for (int j = 0; j < world; ++j) {
+    if (mesh.sameHost(j, self)) m.host_ranks.push_back(j);
     if (j != self && mesh.sameHost(j, self)) request.local_peers.push_back(j);
   }
   Status s = shm::setupSharedMemory(request, &m.shm);
@@ -293,6 +302,39 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
   return Status::ok();
 }
 
+// After the pairs: the host's ranks agree on one collective segment, or on none.
+Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
+  Impl& m = *this;
+  shm::CollectiveRequest request;
+  request.rank = mesh.rank_;
+  request.job_id = m.identity.job_id;
+  request.host_ranks = m.host_ranks;
+  request.fds = m.data_fds;
+  request.wanted = m.config.transport != "tcp";
+  request.deadline = deadline;
+  Status s = shm::setupCollectiveSegment(request, &m.collective);
+  if (!s.isOk()) {
+    return Status(s.code(), "rank " + std::to_string(mesh.rank_) +
+                                ": host collective segment setup failed: " + s.message());
+  }
+  if (m.collective) {
+    HVD_LOG(kInfo, "transport") << "host collective segment: " << m.host_ranks.size()
+                                << " ranks, " << m.collective->depth() << " x "
+                                << (m.collective->chunkBytes() >> 10) << " KiB slots per rank";
+  }
+  std::lock_guard<std::mutex> lock(m.doorbell_mutex);
+  for (size_t i = 0; i < m.host_ranks.size() && m.collective; ++i) {
+    if (m.host_ranks[i] == mesh.rank_) {
+      m.own_collective_doorbell = m.collective->doorbell(static_cast<int>(i));
+    }
+  }
+  return Status::ok();
+}
+
+const std::vector<int>& Mesh::hostRanks() const { return impl_->host_ranks; }
+
+shm::CollectiveSegment* Mesh::collectiveSegment() const { return impl_->collective.get(); }
+
 void Mesh::acceptStray() {
   // The mesh is complete, so no connection is expected: drop without reading from it, which
   // never blocks the background thread. A bounded batch per call keeps the loop responsive.
@@ -326,6 +368,9 @@ void Mesh::abort() {
   aborted_.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(impl_->doorbell_mutex);
   if (impl_->own_doorbell != nullptr) shm::wakeAlways(impl_->own_doorbell);
+  if (impl_->own_collective_doorbell != nullptr) {
+    shm::wakeAlways(impl_->own_collective_doorbell);
+  }
   const uint64_t one = 1;
   if (impl_->abort_fd >= 0 && ::write(impl_->abort_fd, &one, sizeof(one)) < 0) {
     // Only EAGAIN is possible (counter saturated), and then the fd is readable anyway.
@@ -337,12 +382,14 @@ void Mesh::close() {
   {
     std::lock_guard<std::mutex> lock(m.doorbell_mutex);
     m.own_doorbell = nullptr;
+    m.own_collective_doorbell = nullptr;
   }
   m.pairs.clear();
   m.controls.clear();
   for (int& fd : m.control_fds) tcp::closeFd(&fd);
   for (int& fd : m.data_fds) tcp::closeFd(&fd);
   m.shm = shm::SetupResult();
+  m.collective.reset();
   tcp::closeFd(&listen_fd_);
   m.connected = false;
 }

@@ -19,6 +19,10 @@
 
 namespace hvd::transport {
 
+namespace shm {
+class CollectiveSegment;
+}
+
 struct PeerInfo {
   std::string host_id;   // ranks with equal host_id share a host (shm, local_rank)
   std::string address;   // where the peer's listener is reachable
@@ -42,6 +46,10 @@ class Mesh {
 
   const PeerInfo& peerInfo(int global_rank) const { return peers_[global_rank]; }
   bool sameHost(int a, int b) const { return peers_[a].host_id == peers_[b].host_id; }
+  // The global ranks of this rank's host, ascending (self included), and the segment they all
+  // mapped for host collectives (shm/collective_segment.h), or nullptr when they did not.
+  const std::vector<int>& hostRanks() const;
+  shm::CollectiveSegment* collectiveSegment() const;
 
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
   // a worker has one, to rank 0. nullptr when absent.

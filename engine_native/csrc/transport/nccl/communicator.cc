@@ -1,0 +1,230 @@
+// NcclCommunicator (communicator.h): collectives queued on NCCL through the loaded table.
+// Bytes-only collectives (broadcast, allgather, alltoall) travel as uint8, so every dtype —
+// int16 included — can use them; reductions need an NCCL type (ncclDataTypeOf).
+#include "transport/nccl/communicator.h"
+
+#include <cstdint>
+#include <string>
+
+#include "transport/nccl/loader.h"
+
+namespace hvd::transport::nccl {
+
+using common::DataType;
+using common::ReduceOp;
+using common::Status;
+
+int ncclDataTypeOf(DataType dtype) {
+  switch (dtype) {
+    case DataType::kUint8: return kNcclUint8;
+    case DataType::kInt8: return kNcclInt8;
+    case DataType::kInt16: return -1;  // NCCL has no 16-bit integer type
+    case DataType::kInt32: return kNcclInt32;
+    case DataType::kInt64: return kNcclInt64;
+    case DataType::kFloat16: return kNcclFloat16;
+    case DataType::kBfloat16: return kNcclBfloat16;
+    case DataType::kFloat32: return kNcclFloat32;
+    case DataType::kFloat64: return kNcclFloat64;
+    case DataType::kBool: return kNcclUint8;  // 0/1 bytes; reduced with Max (or) / Min (and)
+  }
+  return -1;
+}
+
+bool ncclCanReduce(const NcclApi& api, DataType dtype, ReduceOp op, double scale) {
+  if (ncclDataTypeOf(dtype) < 0 || op == ReduceOp::kAdasum) return false;
+  if (scale == 1.0) return true;
+  const bool sum_like = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  return sum_like && common::isFloatingPoint(dtype) && api.redOpCreatePreMulSum != nullptr &&
+         api.redOpDestroy != nullptr;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (comm_ == nullptr) return;
+  if (broken_) {
+    nccl_->commAbort(comm_);
+    return;
+  }
+  stream_.synchronize();  // let queued collectives finish before the communicator goes
+  nccl_->commDestroy(comm_);
+}
+
+Status NcclCommunicator::check(int result, const char* call) {
+  if (result == kNcclSuccess) return Status::ok();
+  broken_ = true;  // a failed collective leaves the members out of step: never reuse it
+  const char* text = nccl_ != nullptr ? nccl_->getErrorString(result) : nullptr;
+  return common::internalError(std::string("NCCL error in ") + call + " (rank " +
+                               std::to_string(rank_) + " of " + std::to_string(size_) + "): " +
+                               (text != nullptr ? text : "unknown error") + " (code " +
+                               std::to_string(result) + ")");
+}
+
+Status NcclCommunicator::createUniqueId(NcclUniqueId* id) {
+  const NcclApi* nccl = ncclApi();
+  if (nccl == nullptr) return common::internalError("NCCL is not loaded");
+  const int result = nccl->getUniqueId(id);
+  if (result == kNcclSuccess) return Status::ok();
+  return common::internalError(std::string("NCCL error in ncclGetUniqueId: ") +
+                               nccl->getErrorString(result));
+}
+
+Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size) {
+  nccl_ = ncclApi();
+  if (nccl_ == nullptr) return common::internalError("NCCL is not loaded");
+  if (!stream_.ready()) return common::internalError("NcclCommunicator::init before the stream");
+  if (comm_ != nullptr) return common::internalError("NcclCommunicator::init called twice");
+  rank_ = rank;
+  size_ = size;
+  return check(nccl_->commInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+}
+
+// Note [Scaling without kernels] in communicator.h.
+Status NcclCommunicator::reduceOp(DataType dtype, ReduceOp op, double scale, int* nccl_op,
+                                  bool* created) {
+  *created = false;
+  if (!ncclCanReduce(*nccl_, dtype, op, scale)) {
+    return common::internalError(std::string("NCCL cannot reduce ") +
+                                 common::dataTypeName(dtype) + " with " +
+                                 common::reduceOpName(op) + " and scale " +
+                                 std::to_string(scale) + ": the caller must stage it");
+  }
+  if (dtype == DataType::kBool) {
+    *nccl_op = (op == ReduceOp::kSum || op == ReduceOp::kMax) ? kNcclMax : kNcclMin;
+    return Status::ok();
+  }
+  if (scale == 1.0) {
+    switch (op) {
+      case ReduceOp::kSum: *nccl_op = kNcclSum; break;
+      case ReduceOp::kAverage: *nccl_op = kNcclAvg; break;
+      case ReduceOp::kMin: *nccl_op = kNcclMin; break;
+      case ReduceOp::kMax: *nccl_op = kNcclMax; break;
+      case ReduceOp::kProduct: *nccl_op = kNcclProd; break;
+      case ReduceOp::kAdasum: return common::internalError("Adasum is not an NCCL reduction");
+    }
+    return Status::ok();
+  }
+  const double factor = op == ReduceOp::kAverage ? scale / size_ : scale;
+  union {
+    double f64;
+    float f32;
+    uint16_t f16;
+  } scalar;  // read by NCCL during the create call (ncclScalarHostImmediate)
+  if (dtype == DataType::kFloat64) scalar.f64 = factor;
+  if (dtype == DataType::kFloat32) scalar.f32 = static_cast<float>(factor);
+  if (dtype == DataType::kFloat16) scalar.f16 = common::floatToHalf(static_cast<float>(factor));
+  if (dtype == DataType::kBfloat16) {
+    scalar.f16 = common::floatToBfloat16(static_cast<float>(factor));
+  }
+  HVD_RETURN_IF_ERROR(check(nccl_->redOpCreatePreMulSum(nccl_op, &scalar, ncclDataTypeOf(dtype),
+                                                         kNcclScalarHostImmediate, comm_),
+                            "ncclRedOpCreatePreMulSum"));
+  *created = true;
+  return Status::ok();
+}
+
+// NCCL allows destroying an operator as soon as the last call using it has returned.
+void NcclCommunicator::destroyOp(int nccl_op, bool created) {
+  if (created) nccl_->redOpDestroy(nccl_op, comm_);
+}
+
+Status NcclCommunicator::allreduce(const void* in, void* out, size_t count, DataType dtype,
+                                   ReduceOp op, double scale) {
+  if (count == 0) return Status::ok();  // every member has the same count
+  int nccl_op = 0;
+  bool created = false;
+  HVD_RETURN_IF_ERROR(reduceOp(dtype, op, scale, &nccl_op, &created));
+  const int result = nccl_->allReduce(in, out, count, ncclDataTypeOf(dtype), nccl_op, comm_,
+                                      stream_.stream());
+  destroyOp(nccl_op, created);
+  return check(result, "ncclAllReduce");
+}
+
+Status NcclCommunicator::reducescatter(const void* in, void* out, size_t recv_count,
+                                       DataType dtype, ReduceOp op, double scale) {
+  if (recv_count == 0) return Status::ok();
+  int nccl_op = 0;
+  bool created = false;
+  HVD_RETURN_IF_ERROR(reduceOp(dtype, op, scale, &nccl_op, &created));
+  const int result = nccl_->reduceScatter(in, out, recv_count, ncclDataTypeOf(dtype), nccl_op,
+                                          comm_, stream_.stream());
+  destroyOp(nccl_op, created);
+  return check(result, "ncclReduceScatter");
+}
+
+Status NcclCommunicator::broadcast(void* buffer, size_t bytes, int root) {
+  if (bytes == 0) return Status::ok();
+  return check(nccl_->broadcast(buffer, buffer, bytes, kNcclUint8, root, comm_,
+                                stream_.stream()),
+               "ncclBroadcast");
+}
+
+Status NcclCommunicator::allgather(const void* in, void* out, const std::vector<size_t>& bytes) {
+  if (static_cast<int>(bytes.size()) != size_) {
+    return common::internalError("allgather: one block size per member expected");
+  }
+  bool equal = true;
+  for (size_t b : bytes) equal = equal && b == bytes[0];
+  auto* base = static_cast<uint8_t*>(out);
+  if (equal) {
+    if (bytes[0] == 0) return Status::ok();
+    return check(nccl_->allGather(in, out, bytes[0], kNcclUint8, comm_, stream_.stream()),
+                 "ncclAllGather");
+  }
+  Status status = check(nccl_->groupStart(), "ncclGroupStart");
+  size_t offset = 0;
+  for (int r = 0; r < size_ && status.isOk(); ++r) {
+    if (bytes[r] > 0) {
+      const void* send = r == rank_ ? in : base + offset;
+      status = check(nccl_->broadcast(send, base + offset, bytes[r], kNcclUint8, r, comm_,
+                                      stream_.stream()),
+                     "ncclBroadcast");
+    }
+    offset += bytes[r];
+  }
+  const Status end = check(nccl_->groupEnd(), "ncclGroupEnd");  // always close the group
+  return status.isOk() ? end : status;
+}
+
+Status NcclCommunicator::alltoall(const void* in, const std::vector<size_t>& send_bytes,
+                                  void* out, const std::vector<size_t>& recv_bytes) {
+  if (static_cast<int>(send_bytes.size()) != size_ ||
+      static_cast<int>(recv_bytes.size()) != size_) {
+    return common::internalError("alltoall: one send and one receive size per member expected");
+  }
+  const auto* send_base = static_cast<const uint8_t*>(in);
+  auto* recv_base = static_cast<uint8_t*>(out);
+  Status status = check(nccl_->groupStart(), "ncclGroupStart");
+  size_t send_offset = 0, recv_offset = 0;
+  for (int p = 0; p < size_ && status.isOk(); ++p) {
+    if (send_bytes[p] > 0) {  // p's recv_bytes[rank] equals it, so both sides skip alike
+      status = check(nccl_->send(send_base + send_offset, send_bytes[p], kNcclUint8, p, comm_,
+                                 stream_.stream()),
+                     "ncclSend");
+    }
+    if (status.isOk() && recv_bytes[p] > 0) {
+      status = check(nccl_->recv(recv_base + recv_offset, recv_bytes[p], kNcclUint8, p, comm_,
+                                 stream_.stream()),
+                     "ncclRecv");
+    }
+    send_offset += send_bytes[p];
+    recv_offset += recv_bytes[p];
+  }
+  const Status end = check(nccl_->groupEnd(), "ncclGroupEnd");
+  return status.isOk() ? end : status;
+}
+
+Status NcclCommunicator::asyncError() {
+  if (comm_ == nullptr) return Status::ok();
+  int result = kNcclSuccess;
+  HVD_RETURN_IF_ERROR(check(nccl_->commGetAsyncError(comm_, &result), "ncclCommGetAsyncError"));
+  if (result == kNcclSuccess || result == kNcclInProgress) return Status::ok();
+  return check(result, "a collective in flight (ncclCommGetAsyncError)");
+}
+
+void NcclCommunicator::abort() {
+  if (comm_ == nullptr) return;
+  nccl_->commAbort(comm_);
+  comm_ = nullptr;
+  broken_ = true;
+}
+
+}  // namespace hvd::transport::nccl

@@ -1,0 +1,80 @@
+// CollectiveSegment: one POSIX shared-memory segment per host, mapped by every rank of the host,
+// that host-local collectives (algo/allreduce_shm.cc) stage chunks through. Created by the
+// host's lowest rank and mapped by the others once, during Mesh::connect (Note [Collective
+// setup] in collective_segment.cc); reused by every op. Per local rank it holds three chunk
+// counters (written only by that rank), a doorbell (Note [Doorbell ordering] in segment.cc)
+// and `depth` slots of `chunk_bytes`. Touched only by the background threads of the host's
+// ranks, plus Mesh::abort, which rings its own rank's doorbell.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/shm/segment.h"
+#include "transport/tcp/socket.h"
+
+namespace hvd::transport::shm {
+
+// The three per-chunk milestones of a local rank (Note [Host pipeline] in
+// algo/allreduce_shm.cc). Each counter holds "chunks ever passed this milestone".
+enum class Stage : int { kPosted = 0, kReduced = 1, kReleased = 2 };
+constexpr int kStageCount = 3;
+
+class CollectiveSegment {
+ public:
+  ~CollectiveSegment();
+  CollectiveSegment(const CollectiveSegment&) = delete;
+  CollectiveSegment& operator=(const CollectiveSegment&) = delete;
+
+  // Creates (fallocate'd, mode 0600, O_EXCL) or maps a segment for `local_size` ranks.
+  static common::Status create(const std::string& name, int local_size, uint32_t depth,
+                               uint64_t chunk_bytes, std::unique_ptr<CollectiveSegment>* out);
+  static common::Status open(const std::string& name, int local_size, uint32_t depth,
+                             uint64_t chunk_bytes, std::unique_ptr<CollectiveSegment>* out);
+  static uint64_t totalBytes(int local_size, uint32_t depth, uint64_t chunk_bytes);
+
+  void unlink();  // removes the name (mappings stay); idempotent
+  const std::string& name() const { return name_; }
+  int localSize() const { return local_size_; }
+  uint32_t depth() const { return depth_; }
+  uint64_t chunkBytes() const { return chunk_bytes_; }
+
+  // Slot (chunk % depth) of local rank `local`: chunk_bytes writable by that rank.
+  uint8_t* slot(int local, uint64_t chunk) const;
+  std::atomic<uint64_t>& counter(int local, Stage stage) const;
+  Doorbell* doorbell(int local) const;
+
+ private:
+  CollectiveSegment() = default;
+  common::Status map(int fd, bool created);
+
+  std::string name_;
+  uint8_t* base_ = nullptr;
+  size_t bytes_ = 0;
+  int local_size_ = 0;  // private copies: never re-read from the shared header
+  uint32_t depth_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  bool linked_ = false;
+};
+
+struct CollectiveRequest {
+  int rank = -1;                 // global rank
+  std::string job_id;
+  std::vector<int> host_ranks;   // global ranks of this host, ascending, self included
+  std::vector<int> fds;          // data socket per global rank
+  bool wanted = true;            // false when HVD_TRANSPORT=tcp
+  uint32_t depth = 4;
+  uint64_t piece_bytes = 256 << 10;  // chunk = local size x piece
+  tcp::Deadline deadline;
+};
+
+// Note [Collective setup]. Sets *out to the mapped segment when every rank of the host agreed
+// to use one, else to nullptr (on every rank of the host alike).
+common::Status setupCollectiveSegment(const CollectiveRequest& request,
+                                      std::unique_ptr<CollectiveSegment>* out);
+
+}  // namespace hvd::transport::shm

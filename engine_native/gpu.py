@@ -1,0 +1,400 @@
+"""GPU support for engine_native: where NCCL and the CUDA runtime come from, which GPU a rank uses.
+
+The core is never compiled against CUDA: it loads NCCL and the CUDA runtime with dlopen at
+the first CUDA use (DESIGN §3 "Boundary"). Only Python knows where pip put them, so this module
+computes the candidate paths and ``engine_native._core`` loads the first usable one. NCCL, in
+order:
+
+1. ``HVD_NCCL_LIBRARY`` -- when set, the only candidate (an explicit choice never falls back);
+2. the ``nvidia-nccl-cu12`` wheel, ``<site-packages>/nvidia/nccl/lib/libnccl.so.2`` (the
+   CUDA-13 ``nvidia-nccl-cu13`` wheel installs the same path); then ``nvidia/cu13/lib``, the
+   layout of NVIDIA's other CUDA-13 wheels;
+3. the NCCL bundled with the installed torch (``torch/lib/libnccl*.so*``; torch is located,
+   never imported); then a conda environment's ``<prefix>/lib``;
+4. the system: ``libnccl.so.2`` through the dynamic loader (LD_LIBRARY_PATH, ldconfig).
+
+The CUDA runtime likewise (``HVD_CUDA_RUNTIME_LIBRARY``, ``nvidia/cuda_runtime/lib/
+libcudart.so.12``, ``nvidia/cu13/lib/libcudart.so.13``, ``torch/lib/libcudart*``, system).
+
+>>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}
+>>> gpu.nccl_info()["version"]                 # 23203 for NCCL 2.32.3, as nccl_built()
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import importlib.util
+import os
+import shutil
+import site
+import subprocess
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import NamedTuple
+
+NCCL_LIBRARY_ENV = "HVD_NCCL_LIBRARY"
+CUDA_RUNTIME_LIBRARY_ENV = "HVD_CUDA_RUNTIME_LIBRARY"
+
+# Files under site-packages: (path, CUDA major when the layout says it), CUDA major -> path.
+_NCCL_WHEEL_FILES = (("nvidia/nccl/lib/libnccl.so.2", None), ("nvidia/cu13/lib/libnccl.so.2", 13))
+_CUDART_WHEEL_FILES = {12: "nvidia/cuda_runtime/lib/libcudart.so.12",
+                       13: "nvidia/cu13/lib/libcudart.so.13"}
+
+
+class Candidate(NamedTuple):
+    path: str    # a file path, or a bare soname for the system loader
+    source: str  # where it comes from, for reports ("nvidia-nccl-cu12 wheel", "torch", ...)
+
+
+# ---- where to look -------------------------------------------------------------------------
+
+def site_packages_dirs() -> list:
+    """Every site-packages folder of this interpreter, in import order, without duplicates."""
+    found = []
+    try:
+        found += site.getsitepackages()
+    except AttributeError:  # some virtualenv layouts
+        pass
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    found += [user] if user else []
+    found += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    out = []
+    for path in found:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real not in out:
+            out.append(real)
+    return out
+
+
+def torch_lib_dir() -> str | None:
+    """``torch/lib`` of the installed torch, found without importing torch (None: no torch)."""
+    module = sys.modules.get("torch")
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        try:
+            spec = importlib.util.find_spec("torch")
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec is not None else None
+    return os.path.join(os.path.dirname(origin), "lib") if origin else None
+
+
+def _conda_prefix() -> str | None:
+    prefix = os.environ.get("CONDA_PREFIX") or sys.prefix
+    return prefix if os.path.isdir(os.path.join(prefix, "conda-meta")) else None
+
+
+def _wheel_label(site_dir: str, prefix: str, fallback: str) -> str:
+    """``nvidia-nccl-cu12 wheel`` from the dist-info folders next to the file, if any."""
+    try:
+        names = sorted(n[:-len(".dist-info")].rsplit("-", 1)[0].replace("_", "-")
+                       for n in os.listdir(site_dir)
+                       if n.startswith(prefix) and n.endswith(".dist-info"))
+    except OSError:
+        names = []
+    return (" / ".join(names) if names else fallback) + " wheel"
+
+
+def _torch_libs(torch_lib: str | None, pattern: str, preferred: Sequence[str]) -> list:
+    if not torch_lib:
+        return []
+    paths = sorted(glob.glob(os.path.join(torch_lib, pattern)))
+    first = [p for p in paths if os.path.basename(p) in preferred]
+    return first + [p for p in paths if p not in first]
+
+
+def _search_args(environ, site_dirs, torch_lib, conda_prefix):
+    environ = os.environ if environ is None else environ
+    site_dirs = site_packages_dirs() if site_dirs is None else list(site_dirs)
+    torch_lib = torch_lib_dir() if torch_lib is None else torch_lib
+    conda_prefix = _conda_prefix() if conda_prefix is None else conda_prefix
+    return environ, site_dirs, torch_lib, conda_prefix
+
+
+def nccl_candidates(environ=None, site_dirs=None, torch_lib=None, conda_prefix=None) -> list:
+    """The NCCL search order, as :class:`Candidate` s. Arguments override discovery (tests)."""
+    environ, site_dirs, torch_lib, conda_prefix = _search_args(environ, site_dirs, torch_lib,
+                                                               conda_prefix)
+    explicit = environ.get(NCCL_LIBRARY_ENV, "").strip()
+    if explicit:
+        return [Candidate(explicit, NCCL_LIBRARY_ENV)]
+    out = []
+    for rel, major in _NCCL_WHEEL_FILES:
+        for sp in site_dirs:
+            label = ("CUDA-13 NCCL wheel (nvidia/cu13 layout)" if major == 13
+                     else _wheel_label(sp, "nvidia_nccl_cu", "nvidia-nccl"))
+            out.append(Candidate(os.path.join(sp, rel), label))
+    out += [Candidate(p, "torch") for p in _torch_libs(torch_lib, "libnccl*.so*",
+                                                       ("libnccl.so.2",))]
+    if conda_prefix:
+        out.append(Candidate(os.path.join(conda_prefix, "lib", "libnccl.so.2"), "conda"))
+    out.append(Candidate("libnccl.so.2", "system"))
+    return _unique(out)
+
+
+def cuda_runtime_candidates(environ=None, site_dirs=None, torch_lib=None,
+                            conda_prefix=None) -> list:
+    """The CUDA runtime search order (libcudart), as :class:`Candidate` s. CUDA 12 comes
+    first unless an already-imported torch was built for CUDA 13."""
+    environ, site_dirs, torch_lib, conda_prefix = _search_args(environ, site_dirs, torch_lib,
+                                                               conda_prefix)
+    explicit = environ.get(CUDA_RUNTIME_LIBRARY_ENV, "").strip()
+    if explicit:
+        return [Candidate(explicit, CUDA_RUNTIME_LIBRARY_ENV)]
+    torch_cuda = str(getattr(getattr(sys.modules.get("torch"), "version", None), "cuda", ""))
+    majors = (13, 12) if torch_cuda.startswith("13.") else (12, 13)
+    out = [Candidate(os.path.join(sp, _CUDART_WHEEL_FILES[m]), f"nvidia-cuda-runtime wheel "
+                     f"(CUDA {m})") for m in majors for sp in site_dirs]
+    out += [Candidate(p, "torch") for p in _torch_libs(
+        torch_lib, "libcudart*.so*", ("libcudart.so.12", "libcudart.so.13"))]
+    if conda_prefix:
+        out += [Candidate(os.path.join(conda_prefix, "lib", f"libcudart.so.{m}"), "conda")
+                for m in majors]
+    return _unique(out + [Candidate(f"libcudart.so.{m}", "system") for m in majors])
+
+
+def _unique(candidates: list) -> list:
+    first: dict = {}
+    for c in candidates:
+        first.setdefault(c.path, c)
+    return list(first.values())
+
+
+# ---- loading -------------------------------------------------------------------------------
+
+def _core():
+    from . import _core as core
+    return core
+
+
+_loaded: dict = {}  # fn_name -> info, once a library is loaded (it is never unloaded)
+
+
+def _load(fn_name: str, candidates: list) -> dict:
+    if fn_name in _loaded:
+        return dict(_loaded[fn_name])
+    core = _core()
+    fn = getattr(core, fn_name, None)
+    sources = {c.path: c.source for c in candidates}
+    info = {"loaded": False, "path": None, "version": 0, "version_text": None, "source": None,
+            "error": None, "rejected": [], "candidates": [tuple(c) for c in candidates]}
+    if fn is None:
+        info["error"] = ("this build of engine_native._core has no NCCL/CUDA loader "
+                         "(bindings/nccl.cc is not compiled in); rebuild with pip install -e .")
+        return info
+    result = fn([c.path for c in candidates])
+    info.update(result)
+    info["loaded"] = result["path"] is not None
+    if info["loaded"]:
+        info["source"] = sources.get(result["path"], "system")  # bare names resolve
+        _loaded[fn_name] = dict(info)
+    elif candidates and candidates[0].source in (NCCL_LIBRARY_ENV, CUDA_RUNTIME_LIBRARY_ENV):
+        info["error"] = (f"{candidates[0].source}={candidates[0].path} is set but unusable "
+                         f"(unset it to search the usual places): {result['error']}")
+    return info
+
+
+def nccl_info(**search) -> dict:
+    """Load NCCL if it is not loaded yet and describe it.
+
+    Returns
+    -------
+    dict
+        ``loaded``, ``path``, ``version`` (ncclGetVersion's code, e.g. 23203; 0 when none),
+        ``version_text`` ("2.32.3"), ``source`` (which search step found it), ``error`` (why
+        none was loaded, naming each rejected path and its version, and the fix),
+        ``rejected`` [(path, reason)], ``candidates`` [(path, source)]. ``search`` keywords
+        override discovery as in :func:`nccl_candidates`.
+    """
+    return _load("nccl_load", nccl_candidates(**search))
+
+
+def cuda_runtime_info(**search) -> dict:
+    """Load the CUDA runtime if needed and describe it (same keys as :func:`nccl_info`)."""
+    return _load("cuda_runtime_load", cuda_runtime_candidates(**search))
+
+
+def nccl_version() -> int:
+    """Version code of the NCCL the core has loaded, 0 when none (never loads anything)."""
+    fn = getattr(_core(), "nccl_version", None)
+    return int(fn()) if fn is not None else 0
+
+
+def require_nccl() -> dict:
+    """Load NCCL and the CUDA runtime at the first CUDA use; return :func:`nccl_info`.
+
+    Raises RuntimeError naming every rejected library (path and version) and what to install.
+    Cheap once loaded.
+    """
+    infos = [nccl_info(), cuda_runtime_info()]
+    for info in infos:
+        if not info["loaded"]:
+            raise RuntimeError(info["error"])
+    return infos[0]
+
+
+# ---- GPU pinning ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class GpuDevice:
+    token: str                      # how CUDA_VISIBLE_DEVICES names it ("3", "GPU-8f7c...")
+    index: int | None = None        # nvidia-smi index, when known
+    name: str = ""
+    memory_bytes: int | None = None
+    uuid: str = ""
+
+
+_sharing_warned = False
+
+
+def _parse_visible(value: str) -> list:
+    """CUDA_VISIBLE_DEVICES tokens; like CUDA, stop at the first invalid one ("-1": none)."""
+    out = []
+    for token in (t.strip() for t in value.split(",")):
+        if token.isdigit() or token.startswith(("GPU-", "MIG-")):
+            out.append(token)
+        else:
+            break
+    return out
+
+
+def _nvidia_smi(environ) -> list | None:
+    exe = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "--query-gpu=index,uuid,name,memory.total",
+                               "--format=csv,noheader,nounits"], check=False,
+                              capture_output=True, text=True, timeout=20, env=dict(environ))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return []  # e.g. "No devices were found", or no driver
+    rows = []
+    for line in proc.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and parts[0].isdigit():
+            mib = parts[-1]  # "[N/A]" on some boards
+            rows.append(GpuDevice(parts[0], int(parts[0]), ", ".join(parts[2:-1]),
+                                  int(mib) << 20 if mib.isdigit() else None, parts[1]))
+    return rows
+
+
+def _torch_devices() -> list | None:
+    """Devices from an already-imported torch (this initialises CUDA in this process)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return [GpuDevice(token=str(i), index=i, name=torch.cuda.get_device_name(i),
+                      memory_bytes=torch.cuda.get_device_properties(i).total_memory)
+            for i in range(torch.cuda.device_count())]
+
+
+def visible_devices(environ=None, devices=None) -> tuple:
+    """The GPUs this process may use: ``(devices, how)``.
+
+    Physical GPUs come from nvidia-smi (which never initialises CUDA), else from an
+    already-imported torch ("torch": CUDA is then initialised and the process can only pin
+    with ``set_device``), or from ``devices`` (list of :class:`GpuDevice` or a count; tests).
+    CUDA_VISIBLE_DEVICES is then applied as CUDA applies it: listed indices or UUID prefixes,
+    up to the first invalid entry. ``how`` names the source, or why the list is empty.
+    """
+    environ = os.environ if environ is None else environ
+    if devices is not None:
+        rows, how = ([GpuDevice(str(i), i) for i in range(devices)]
+                     if isinstance(devices, int) else list(devices)), "given"
+    else:
+        rows, how = _nvidia_smi(environ), "nvidia-smi"
+        if rows is None:
+            rows, how = _torch_devices(), "torch"
+            if rows is None:
+                return [], "no nvidia-smi on PATH and no imported CUDA-enabled torch"
+    if not rows:
+        return [], f"{how} lists no GPU"
+    if how == "torch" or "CUDA_VISIBLE_DEVICES" not in environ:
+        return rows, how  # torch has already applied CUDA_VISIBLE_DEVICES
+    out = []
+    for token in _parse_visible(environ["CUDA_VISIBLE_DEVICES"]):
+        row = _match(rows, token)
+        if row is None:
+            break
+        out.append(dataclasses.replace(row, token=token))
+    if not out:
+        return [], f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r} hides every GPU"
+    return out, how
+
+
+def _match(rows, token):
+    if token.startswith("MIG-"):  # MIG instances are not listed by --query-gpu
+        return GpuDevice(token, name="MIG instance")
+    return next((r for r in rows if r.token == token or (
+        token.startswith("GPU-") and r.uuid and r.uuid.startswith(token))), None)
+
+
+def pin_gpu(local_rank: int, local_size: int, *, devices=None, environ=None) -> dict:
+    """Give this rank one GPU: local rank ``i`` gets visible GPU ``i % n`` (round robin).
+
+    Call before CUDA is initialised in this process (before the first ``torch.cuda`` call):
+    the choice is made by narrowing ``CUDA_VISIBLE_DEVICES`` to that one GPU, so it is
+    ``cuda:0`` to every library. When more than one GPU is visible the variable is narrowed;
+    with one it is left alone. When ranks outnumber GPUs, ranks share GPUs (warned once): NCCL
+    cannot hold two ranks of one communicator on one GPU, so the core then uses its staged
+    fallback (device -> host -> shm/tcp -> device). No GPU: nothing changes.
+
+    Parameters
+    ----------
+    local_rank, local_size : this rank's position among the ranks of this host.
+    devices : list of :class:`GpuDevice` or an int count of physical GPUs, replacing
+        discovery (tests); CUDA_VISIBLE_DEVICES still applies.
+    environ : mapping to read and update instead of ``os.environ`` (tests).
+
+    Returns
+    -------
+    dict
+        For the dashboard: ``device`` ("cuda:0" or "cpu"), ``gpu_index`` (nvidia-smi index),
+        ``visible_devices`` (the entry pinned), ``name``, ``memory_bytes``, ``gpus`` (visible
+        count), ``shared`` (another local rank uses this GPU), ``staged`` (ranks of this host
+        share GPUs), ``pinned_by``; for "cpu", ``reason``.
+    """
+    environ = os.environ if environ is None else environ
+    if not 0 <= local_rank < max(local_size, 1):
+        raise ValueError(f"pin_gpu(): local_rank {local_rank} is outside 0..{local_size - 1}")
+    devices, how = visible_devices(environ, devices)
+    if not devices:
+        return {"device": "cpu", "reason": f"no GPU visible: {how}"}
+    n = len(devices)
+    slot = local_rank % n
+    chosen = devices[slot]
+    if how == "torch":
+        sys.modules["torch"].cuda.set_device(slot)
+        device, pinned_by = f"cuda:{slot}", "torch.cuda.set_device (CUDA already initialised)"
+    elif n > 1:
+        if "CUDA_VISIBLE_DEVICES" not in environ:
+            environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # indices = nvidia-smi's
+        environ["CUDA_VISIBLE_DEVICES"] = chosen.token
+        device, pinned_by = "cuda:0", "CUDA_VISIBLE_DEVICES"
+    else:
+        device, pinned_by = "cuda:0", "unchanged (one GPU visible)"
+    staged = local_size > n
+    if staged:
+        _warn_sharing(local_size, devices)
+    return {"device": device, "gpu_index": chosen.index, "visible_devices": chosen.token,
+            "name": chosen.name, "memory_bytes": chosen.memory_bytes, "gpus": n,
+            "shared": len(range(slot, local_size, n)) > 1, "staged": staged,
+            "pinned_by": pinned_by}
+
+
+def _warn_sharing(local_size: int, devices: list) -> None:
+    global _sharing_warned
+    if _sharing_warned:
+        return
+    _sharing_warned = True
+    n = len(devices)
+    plan = "; ".join(f"GPU {d.token} <- local ranks "
+                     f"{', '.join(str(r) for r in range(i, local_size, n))}"
+                     for i, d in enumerate(devices))
+    warnings.warn(f"{local_size} ranks on this host share {n} GPU(s) ({plan}). NCCL needs one "
+                  "GPU per rank, so CUDA collectives here use the staged fallback through host "
+                  "memory, which is slower. Start at most one rank per GPU for full speed.",
+                  RuntimeWarning, stacklevel=3)
