@@ -139,6 +139,9 @@ void BackgroundLoop::run() {
     if (timeline_ != nullptr) timeline_->markCycle();  // only while a file marks cycles
     drainSubmissions();
     if (!failed_) readControl();
+    // Responses already here were agreed by every rank: run them before judging a peer that
+    // has gone, which may have left after completing them and agreeing to shut down.
+    if (!failed_ && !shutdown_sent_) executeQueued();
     if (!failed_ && !shutdown_sent_) {
       int lost = mesh_.findLostPeer();
       if (lost >= 0) {

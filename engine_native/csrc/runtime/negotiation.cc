@@ -76,23 +76,7 @@ void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& m
       for (auto& r : list.responses) to_execute_.push_back(Work{std::nullopt, std::move(r)});
       break;
     }
-    case MessageType::kShutdown:
-      // Note [Shutdown is global]: as in Horovod, one rank's shutdown ends the job's core on
-      // every rank; a rank that had not asked fails its pending ops with the shutdown message.
-      if (!shutdown_sent_) {
-        shutdown_requested_ = true;
-        shutdown_sent_ = true;
-        Status status(common::Code::kShutDown, kShutdownMessage);
-        {
-          std::lock_guard<std::mutex> lock(mutex_);
-          for (auto& e : submitted_) handles_.complete(e.handle, status);
-          submitted_.clear();
-          in_flight_.clear();
-        }
-        for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
-        entries_.clear();
-        to_execute_.clear();
-      }
+    case MessageType::kShutdown:  // every rank agreed (checkShutdownAgreement)
       finished_ = true;
       break;
     case MessageType::kAbort:
@@ -121,7 +105,6 @@ void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessa
     }
     case MessageType::kShutdown:
       shutdown_ranks_.insert(from);
-      shutdown_requested_ = true;  // Note [Shutdown is global]
       break;
     case MessageType::kAbort:
       fail(statusFromAbort(message.payload), /*tell_peers=*/true);
@@ -387,7 +370,7 @@ void BackgroundLoop::beginShutdown() {
 
 void BackgroundLoop::checkShutdownAgreement() {
   if (finished_) return;
-  if (mesh_.rank() == 0) {  // Note [Shutdown is global]: no need to wait for every rank
+  if (mesh_.rank() == 0 && static_cast<int>(shutdown_ranks_.size()) == mesh_.size()) {
     for (int w = 1; w < mesh_.size(); ++w) {
       mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
     }
