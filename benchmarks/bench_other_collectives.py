@@ -1,0 +1,119 @@
+"""Case 4: allgather and broadcast of float32 at 1 MiB and 64 MiB per rank.
+
+allgather: every rank contributes S bytes and receives n*S; algbw = n*S / time, busbw =
+algbw * (n-1)/n. broadcast: root 0 sends S bytes; algbw = busbw = S / time (nccl-tests'
+conventions). Time per op = the slowest rank's, median over iterations. Ours uses the numpy
+API (allgather returns a new array; broadcast returns a new array); MPI uses Allgather into a
+fresh receive buffer and Bcast in place; gloo all_gather_into_tensor and broadcast in place;
+Horovod allgather and broadcast_.
+"""
+
+from __future__ import annotations
+
+import time
+
+import benchlib
+from benchlib import MIB, Table, fmt_bw, fmt_bytes, fmt_ratio, fmt_time, median
+
+SIZES = [MIB, 64 * MIB]
+OPS = ("allgather", "broadcast")
+LABELS = {"ours": "ours", "mpi": "MPICH", "gloo": "gloo", "horovod-mpi": "Horovod mpi",
+          "horovod-gloo": "Horovod gloo"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Rank side
+
+def rank_run(adapter, spec: dict, init_end: float) -> dict:
+    n = adapter.size
+    out = {"times": {}, "ok": {}}
+    for op in OPS:
+        for nbytes in spec["sizes"]:
+            most = benchlib.iterations(nbytes, spec["target_bytes"], 3, spec["max_iters"])
+            buf = adapter.array(nbytes, adapter.rank + 1.0)
+            name = f"{op}.{nbytes}"
+            if op == "allgather":
+                values = adapter.values(adapter.allgather(buf, name))
+                ok = (values.size == adapter.values(buf).size * n
+                      and float(values[0]) == 1.0 and float(values[-1]) == float(n))
+            else:
+                values = adapter.values(adapter.broadcast(buf, name, 0))
+                ok = float(values[0]) == 1.0 and float(values[-1]) == 1.0
+            del values
+            t0 = time.perf_counter()
+            _call(adapter, op, buf, name)
+            iters = benchlib.agreed_iterations(adapter, spec, time.perf_counter() - t0,
+                                               spec["budget_s"], 3, most, f"agree.{name}")
+            if iters == 0:
+                out["stopped"] = f"deadline reached before {op} {nbytes} B"
+                return out
+            adapter.barrier()
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                _call(adapter, op, buf, name)
+                times.append(time.perf_counter() - t0)
+            out["times"][f"{op}|{nbytes}"] = times
+            out["ok"][f"{op}|{nbytes}"] = bool(ok)
+            benchlib.save_partial(spec, adapter.rank, out)
+            del buf
+    return out
+
+
+def _call(adapter, op: str, buf, name: str):
+    if op == "allgather":
+        return adapter.allgather(buf, name)
+    return adapter.broadcast(buf, name, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Launcher side
+
+def run(ctx) -> list:
+    systems = ctx.systems("ours", "mpi", "gloo", "horovod-mpi", "horovod-gloo")
+    tables = []
+    for np_ranks in ctx.nps:
+        order = benchlib.alternate(systems, ctx.nps.index(np_ranks))
+        for system in order:
+            slow = system.startswith(("gloo", "horovod"))
+            spec = {"sizes": [MIB, 16 * MIB] if ctx.quick else SIZES,
+                    **({"sizes": [64 * 1024]} if ctx.smoke else {}),
+                    "target_bytes": (32 if ctx.quick else 256) * MIB // max(1, np_ranks // 2),
+                    "max_iters": 10 if ctx.quick else (30 if slow else 60),
+                    "budget_s": 0.5 if ctx.quick else 1.5}
+            results = ctx.run(system, np_ranks, "collectives", spec)
+            if not results:
+                continue
+            if any(r.get("stopped") or r.get("partial") for r in results):
+                ctx.notes.append(f"collectives/{system} np={np_ranks}: cut short by the "
+                                 "launch deadline; rows missing")
+            for key in set.intersection(*[set(r["times"]) for r in results]):
+                op, nbytes = key.split("|")
+                nbytes = int(nbytes)
+                t = median(benchlib.per_iteration_max([r["times"][key] for r in results]))
+                moved = nbytes * np_ranks if op == "allgather" else nbytes
+                algbw = moved / t / 1e9
+                ctx.figures[("collectives", system, op, np_ranks, nbytes)] = {
+                    "time": t, "busbw": algbw * benchlib.busbw_factor(op, np_ranks)}
+                if not all(r["ok"][key] for r in results):
+                    ctx.notes.append(f"collectives/{system}/{op} np={np_ranks} "
+                                     f"{fmt_bytes(nbytes)}: WRONG RESULT")
+        tables.append(_table(ctx, systems, np_ranks))
+    return tables
+
+
+def _table(ctx, systems: list, np_ranks: int) -> Table:
+    t = Table(f"allgather and broadcast, float32, np={np_ranks}: median time (busbw GB/s)",
+              ["op", "size per rank"] + [LABELS[s] for s in systems]
+              + ["ours / best peer (busbw)"])
+    for op in OPS:
+        for nbytes in sorted({k[4] for k in ctx.figures
+                              if k[0] == "collectives" and k[2] == op and k[3] == np_ranks}):
+            figs = [ctx.figures.get(("collectives", s, op, np_ranks, nbytes)) for s in systems]
+            ours = figs[0] if systems and systems[0] == "ours" else None
+            peers = [f for s, f in zip(systems, figs) if f and s != "ours"]
+            best = max(peers, key=lambda f: f["busbw"]) if peers else None
+            t.add(op, fmt_bytes(nbytes),
+                  *[f"{fmt_time(f['time'])} ({fmt_bw(f['busbw'])})" if f else "-" for f in figs],
+                  fmt_ratio(ours["busbw"] / best["busbw"]) if ours and best else "-")
+    return t

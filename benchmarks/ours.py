@@ -1,0 +1,69 @@
+"""Rank-side adapter for this project's core (engine_native, numpy API).
+
+Two allreduce variants: ``out-of-place`` is the public numpy API (``engine_native.allreduce``
+allocates a fresh result array each call); ``in-place`` hands the core the same pointer as input
+and output, which is the path ``engine_native.torch.allreduce_`` and the DistributedOptimizer use.
+It calls ``_core.enqueue`` directly so these ranks need not import torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Adapter:
+    name = "ours"
+    allreduce_variants = ("out-of-place", "in-place")
+    fusion_modes = ("async",)
+
+    def init(self) -> None:
+        import engine_native as hvd
+
+        self.hvd = hvd
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        from engine_native import _core
+        from engine_native._dtypes import numpy_code
+
+        self._core = _core
+        self._f32 = numpy_code(np.float32, "allreduce", "bench")
+        self._set = hvd.global_process_set.process_set_id
+
+    def array(self, nbytes: int, fill: float = 0.0):
+        return np.full(max(1, nbytes // 4), fill, dtype=np.float32)
+
+    def values(self, buf):
+        return np.asarray(buf)
+
+    def allreduce(self, buf, name: str, variant: str = "out-of-place"):
+        if variant == "out-of-place":
+            return self.hvd.allreduce(buf, op=self.hvd.Sum, name=name)
+        ptr = buf.ctypes.data
+        h = self._core.enqueue(self._core.ALLREDUCE, "allreduce." + name, self._f32, buf.shape,
+                               ptr, ptr, self.hvd.Sum, 1.0, 1.0, 0, self._set)
+        self._core.wait(h)
+        return buf
+
+    def allreduce_set(self, bufs, names, mode: str = "async") -> None:
+        handles = [self.hvd.allreduce_async(b, op=self.hvd.Sum, name=n)
+                   for b, n in zip(bufs, names)]
+        for h in handles:
+            self.hvd.synchronize(h)
+
+    def allgather(self, buf, name: str):
+        return self.hvd.allgather(buf, name=name)
+
+    def broadcast(self, buf, name: str, root: int = 0):
+        return self.hvd.broadcast(buf, root_rank=root, name=name)
+
+    def barrier(self) -> None:
+        self.hvd.barrier()
+
+    def metrics(self) -> dict:
+        m = self.hvd.metrics()
+        return {k: m.get(k) for k in ("negotiate_seconds", "communicate_seconds", "wait_seconds",
+                                       "fused_batches", "fused_tensors", "transports")} | {
+            "allreduce_ops": m.get("ops", {}).get("ALLREDUCE")}
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
