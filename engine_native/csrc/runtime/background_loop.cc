@@ -141,10 +141,16 @@ void BackgroundLoop::run() {
     if (!failed_) readControl();
     // Responses already here were agreed by every rank: run them before judging a peer that
     // has gone, which may have left after completing them and agreeing to shut down.
-    if (!failed_ && !shutdown_sent_) executeQueued();
     if (!failed_ && !shutdown_sent_) {
       int lost = mesh_.findLostPeer();
-      if (lost >= 0) {
+      if (lost >= 0 && !to_execute_.empty()) {
+        // Responses already here were agreed by every rank, and the peer may have left after
+        // completing them and agreeing to shut down: run them before judging it.
+        executeQueued();
+        lost = failed_ ? -1 : mesh_.findLostPeer();
+      }
+      if (lost >= 0) readControl();  // its cause may have just arrived (Note [Failure fan-out])
+      if (lost >= 0 && !failed_) {
         fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
                               ": the process exited or closed the connection"),
              true);
