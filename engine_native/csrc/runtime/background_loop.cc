@@ -30,7 +30,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
     if (status.code() != common::Code::kPeerLost) return status;
-    readControl();
+    awaitCause();
     return failed_ ? failure() : status;
   });
   if (mesh_.rank() == 0) {
@@ -149,7 +149,7 @@ void BackgroundLoop::run() {
         executeQueued();
         lost = failed_ ? -1 : mesh_.findLostPeer();
       }
-      if (lost >= 0) readControl();  // its cause may have just arrived (Note [Failure fan-out])
+      if (lost >= 0) awaitCause();  // Note [Failure fan-out]
       if (lost >= 0 && !failed_) {
         fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
                               ": the process exited or closed the connection"),
@@ -201,6 +201,19 @@ int BackgroundLoop::timeoutMs() const {
                     Clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   return us <= 0 ? 0 : static_cast<int>(std::min<int64_t>((us + 999) / 1000, kTickMs));
+}
+
+// A worker that sees a peer hang up may be early: the peer may have closed on a cause rank 0
+// is relaying to every worker (an abort, a timeout), and rank 0's message to this rank can
+// trail the peer's close. Give it a short, bounded chance to arrive (Note [Failure fan-out]).
+void BackgroundLoop::awaitCause() {
+  constexpr int kCauseWaitMs = 100;
+  transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
+  if (channel != nullptr && !failed_) {
+    pollfd fd{channel->fd(), POLLIN, 0};
+    ::poll(&fd, 1, kCauseWaitMs);
+  }
+  readControl();
 }
 
 void BackgroundLoop::drainSubmissions() {

@@ -92,6 +92,7 @@ class BackgroundLoop {
   CommSlot& commFor(int32_t process_set);
   void wake();
   int timeoutMs() const;
+  void awaitCause();
 
   transport::Mesh& mesh_;
   HandleTable& handles_;
