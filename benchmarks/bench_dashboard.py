@@ -1,11 +1,11 @@
-"""Cost of the live dashboard: training-step time with the dashboard live vs off, same run.
+"""Cost of the live dashboard: training-step time with the dashboard live vs hidden, same run.
 
 A real Jupyter kernel (jupyter_client) runs ``%hvd_start -n N --launcher local``; every rank
 then trains a small MLP with ``hvd.DistributedOptimizer`` and calls ``hvd.report`` each step.
-Rounds come in pairs, one per mode, in ABBA order (off live, live off, off live, ...) so
+Rounds come in pairs, one per mode, in ABBA order (hidden live, live hidden, ...) so
 drift on a shared machine hits both alike:
 
-- ``off``: ``%hvd_dashboard --off`` (no hub, no publisher threads, no widget traffic);
+- ``hidden``: ``%hvd_dashboard --off`` (no hub, no publisher threads, no widget traffic);
 - ``live``: ``%hvd_dashboard`` (hub + widget view in the kernel, ≤ 5 renders/s sent on IOPub,
   a publisher thread per engine sending a snapshot every 0.3 s).
 
@@ -13,13 +13,13 @@ Each round times ``--steps`` steps on every rank after ``--warmup`` steps; a ste
 slowest rank's (synchronous training waits for it). Prints a table: median / mean / p90 step
 time per mode over all rounds, widget updates sent, the CPU the dashboard takes (each
 engine's publisher thread, the kernel process with the hub and widgets; both as a share of
-one core), and the overhead of live over off (target
+one core), and the overhead of live over hidden (target
 ≤ 2 %): pooled, and the median over pairs of each pair's ratio of medians (the estimate least
 disturbed by other load; its range shows the noise).
 
 Usage::
 
-    python benchmarks/bench_dashboard.py [-n 2] [--pairs 6] [--steps 300] [--width 256]
+    python benchmarks/bench_dashboard.py [-n 2] [--pairs 8] [--steps 1000] [--width 256]
 
 Needs ``pip install -e .`` (the native core), torch, ipykernel, ipywidgets. Timings on a shared
 2-core machine are noisy; compare the two rows, which come from the same run.
@@ -131,8 +131,9 @@ def summary(times):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    ap.add_argument("--pairs", type=int, default=6, help="rounds per mode (default 6)")
-    ap.add_argument("--steps", type=int, default=300, help="timed steps per round")
+    ap.add_argument("--pairs", type=int, default=8, help="rounds per mode (default 8)")
+    ap.add_argument("--steps", type=int, default=1000,
+                    help="timed steps per round (default 1000: a round spans many renders)")
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps per round")
     ap.add_argument("--width", type=int, default=256, help="hidden layer width")
     ap.add_argument("--batch", type=int, default=64, help="batch size per rank")
@@ -143,15 +144,15 @@ def main():
         k.run(f"%load_ext hvd_magic\n%hvd_start -n {args.n} --launcher local --gpus none")
         k.run(SETUP.format(w=args.width, b=args.batch))
         k.run("%%hvd\n_round(50, 10)")  # warm the whole path once
-        results = {"off": [], "live": []}
-        updates = {"off": 0, "live": 0}
-        driver_cpu = {"off": [], "live": []}  # kernel CPU seconds per wall second
-        engine_cpu = {"off": [], "live": []}  # publisher thread CPU per wall second, per rank
+        results = {"hidden": [], "live": []}
+        updates = {"hidden": 0, "live": 0}
+        driver_cpu = {"hidden": [], "live": []}  # kernel CPU seconds per wall second
+        engine_cpu = {"hidden": [], "live": []}  # publisher thread CPU per wall second, per rank
         ratios = []
         for p in range(args.pairs):
             medians = {}
-            for mode in (("off", "live") if p % 2 == 0 else ("live", "off")):
-                k.run("%hvd_dashboard --off" if mode == "off" else "%hvd_dashboard")
+            for mode in (("hidden", "live") if p % 2 == 0 else ("live", "hidden")):
+                k.run("%hvd_dashboard --off" if mode == "hidden" else "%hvd_dashboard")
                 before, cpu0, wall0 = k.updates, k.cpu(), time.perf_counter()
                 times, busy = round_result(k.run(f"%%hvd\n_round({args.warmup}, {args.steps})"))
                 driver_cpu[mode].append((k.cpu() - cpu0) / (time.perf_counter() - wall0))
@@ -159,25 +160,26 @@ def main():
                 updates[mode] += k.updates - before
                 results[mode].extend(times)
                 medians[mode] = statistics.median(times)
-            ratios.append(medians["live"] / medians["off"])
-            print(f"pair {p + 1}/{args.pairs}: off {1e3 * medians['off']:.2f} ms, live "
+            ratios.append(medians["live"] / medians["hidden"])
+            print(f"pair {p + 1}/{args.pairs}: hidden {1e3 * medians['hidden']:.2f} ms, live "
                   f"{1e3 * medians['live']:.2f} ms", file=sys.stderr)
     finally:
         k.close()
 
     stats = {mode: summary(times) for mode, times in results.items()}
-    print(f"\nbench_dashboard: {args.n} ranks (local launcher), MLP 64-{args.width}-{args.width}-10, "
+    print(f"\nbench_dashboard: {args.n} ranks (local launcher), "
+          f"MLP 64-{args.width}-{args.width}-10, "
           f"batch {args.batch}/rank, {args.pairs} x {args.steps} steps per mode, "
           f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(f"{'dashboard':<10} {'steps':>6} {'median ms':>10} {'mean ms':>9} {'p90 ms':>8} "
           f"{'widget updates':>15} {'publisher CPU/rank':>19} {'kernel CPU':>11}")
-    for mode in ("off", "live"):
+    for mode in ("hidden", "live"):
         s = stats[mode]
         print(f"{mode:<10} {len(results[mode]):>6} {1e3 * s['median']:>10.3f} "
               f"{1e3 * s['mean']:>9.3f} {1e3 * s['p90']:>8.3f} {updates[mode]:>15} "
               f"{100 * statistics.fmean(engine_cpu[mode]):>18.2f}% "
               f"{100 * statistics.fmean(driver_cpu[mode]):>10.1f}%")
-    pooled = stats["live"]["median"] / stats["off"]["median"] - 1
+    pooled = stats["live"]["median"] / stats["hidden"]["median"] - 1
     paired = statistics.median(ratios) - 1
     print(f"overhead, pooled medians:          {100 * pooled:+.2f}%")
     print(f"overhead, median of pair ratios:   {100 * paired:+.2f}%  (pairs range "

@@ -18,6 +18,7 @@ from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, 
                         alltoall_async, barrier, broadcast, broadcast_async, grouped_allreduce,
                         grouped_allreduce_async, join, poll, reducescatter, reducescatter_async,
                         synchronize)
+from .progress import report
 
 __all__ = [
     "HorovodInternalError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
@@ -28,4 +29,5 @@ __all__ = [
     "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "start_timeline", "stop_timeline", "timeline_events", "autotune_state", "set_autotune",
+    "report",
 ]

@@ -6,23 +6,27 @@
 ... print(hvd.rank(), hvd.allreduce(torch.ones(1) * hvd.rank(), op=hvd.Sum))
 
 Magics: ``%hvd_start``, ``%%hvd``, ``%hvd_stop``, ``%hvd_restart``, ``%hvd_status``,
-``%hvd_push``, ``%hvd_pull`` (each has ``%magic?`` help). Hooks for other code (the
-dashboard): :func:`interrupt_running_cell` (its Stop button), :func:`show_status` /
-:func:`register_status_renderer` (how status is shown), :func:`add_listener` (cluster and
-cell events).
+``%hvd_push``, ``%hvd_pull``, ``%hvd_dashboard``, ``%hvd_timeline``, ``%hvd_autotune`` (each
+has ``%magic?`` help). Hooks for other code (the dashboard): :func:`interrupt_running_cell`
+(its Stop button), :func:`show_status` / :func:`register_status_renderer` (how status is
+shown), :func:`add_listener` (cluster and cell events).
 
 This module is also imported on the engines (hvd_magic.engine_side), so it stays light:
 IPython and ipyparallel load only when the extension is loaded.
 """
 
+from . import checkout as _checkout
 from .interrupts import interrupt_running_cell
 from .status import add_listener, register_status_renderer, show_status
+
+_checkout.install(__path__[0])  # a source checkout's widgets/ and kernel/ (see checkout.py)
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension", "cell_async",
            "interrupt_running_cell", "show_status", "register_status_renderer", "add_listener",
            "run", "HorovodRunner"]
 
 _magics = None
+_dash_magics = None
 _transform = None
 
 _LAZY = {"run": (".launch", "run"), "HorovodRunner": (".runner", "HorovodRunner")}
@@ -41,12 +45,15 @@ def __getattr__(name):
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext hvd_magic``: register the magics and the ``%%hvd`` await transformer."""
-    global _magics, _transform
+    global _magics, _dash_magics, _transform
+    from .dashmagics import DashboardMagics
     from .magics import HvdMagics, async_cell_transform
 
     if _magics is None or _magics.shell is not ipython:
         _magics = HvdMagics(ipython)
+        _dash_magics = DashboardMagics(ipython, _magics)
     ipython.register_magics(_magics)
+    ipython.register_magics(_dash_magics)
     if _transform is None:
         _transform = async_cell_transform(ipython)
         ipython.input_transformers_post.append(_transform)

@@ -37,6 +37,7 @@ class RankInfo:
     local_rank: int = 0
     device: str = "cpu"
     device_name: str = ""
+    device_memory: int | None = None  # bytes, for a GPU
     core: str | None = None
     core_error: str | None = None
 
@@ -81,6 +82,7 @@ class HvdCluster:
         self.setup: ranksetup.RankSetup | None = None
         self.started_at: float | None = None
         self.ready_seconds: float | None = None
+        self.dashboard = None  # hvd_magic.dashboard.Dashboard, set by the magics
         self._loop = LoopThread()
         self._reaper: reaper.Reaper | None = None
 

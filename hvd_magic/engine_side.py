@@ -55,6 +55,9 @@ def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: boo
         ns["torch"] = torch
         try:
             out["device"], out["device_name"] = _pin_gpu(torch, gpus, local_rank)
+            if out["device"] != "cpu":
+                out["device_memory"] = int(torch.cuda.get_device_properties(
+                    out["device"]).total_memory)
         except Exception as exc:  # a broken CUDA setup: say so, run on CPU
             out["device_name"] = f"GPU pinning failed: {type(exc).__name__}: {exc}"
     if not with_core:

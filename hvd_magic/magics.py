@@ -66,6 +66,11 @@ class HvdMagics(Magics):
         self.cluster: HvdCluster | None = None
         atexit.register(self._stop_quietly)
 
+    @property
+    def dashboard(self):
+        """The running cluster's dashboard (hvd_magic.dashboard.Dashboard), if it has one."""
+        return getattr(self.cluster, "dashboard", None)
+
     # -- lifecycle --------------------------------------------------------------------------
 
     @magic_arguments()
@@ -78,6 +83,8 @@ class HvdMagics(Magics):
               help="seconds to wait for engines to register and the core to start")
     @argument("--env", action="append", metavar="KEY=VALUE",
               help="environment variable for the engines (repeatable)")
+    @argument("--no-dashboard", dest="dashboard", action="store_false",
+              help="do not show the live dashboard (%%hvd_dashboard shows it later)")
     @line_magic
     def hvd_start(self, line):
         """Start N persistent ranks (an ipyparallel cluster) and initialise hvd on each.
@@ -87,7 +94,9 @@ class HvdMagics(Magics):
         (``engine_native.torch`` when torch is installed) and ``torch`` in its namespace
         and, with GPUs, one GPU per local rank. Without MPI (``--launcher local``) the
         notebook runs the ranks' rendezvous. Engines get ``OMP_NUM_THREADS`` = cores / N
-        unless it is set. Run cells on the ranks with ``%%hvd``.
+        unless it is set. Run cells on the ranks with ``%%hvd``. The live dashboard (a row
+        per rank, throughput, Stop / timeline / autotune buttons) shows below, unless
+        ``--no-dashboard``; ``%hvd_dashboard`` shows it again.
 
         Examples
         --------
@@ -118,6 +127,9 @@ class HvdMagics(Magics):
             raise UsageError(f"%hvd_start: {exc}") from None
         self.cluster = cluster
         self._announce(notes)
+        if args.dashboard:
+            from .dashboard import open_dashboard
+            cluster.dashboard = open_dashboard(cluster)
         status_mod.emit("started", cluster)
 
     def _announce(self, notes) -> None:
@@ -147,6 +159,7 @@ class HvdMagics(Magics):
             print("hvd: no cluster is running")
             return
         cluster, self.cluster = self.cluster, None
+        self._close_dashboard(cluster, engines_alive=True)
         cluster.stop()
         status_mod.emit("stopped", cluster)
         print("hvd: cluster stopped")
@@ -348,9 +361,16 @@ class HvdMagics(Magics):
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
+    @staticmethod
+    def _close_dashboard(cluster, engines_alive: bool) -> None:
+        if getattr(cluster, "dashboard", None) is not None:
+            dashboard, cluster.dashboard = cluster.dashboard, None
+            dashboard.close(engines_alive=engines_alive)
+
     def _stop_quietly(self) -> None:
         if self.cluster is not None:
             cluster, self.cluster = self.cluster, None
+            self._close_dashboard(cluster, engines_alive=False)
             cluster.stop()
             status_mod.emit("stopped", cluster)
 

@@ -134,6 +134,7 @@ class RankSetup:
             except Exception as exc:  # the engine died during set-up
                 raise StartError(f"rank {info.rank} failed while setting up: {exc}") from None
             info.device, info.device_name = out["device"], out.get("device_name", "")
+            info.device_memory = out.get("device_memory")
             info.core, info.core_error = out["core"], out["core_error"]
             if out.get("core_rank") not in (None, info.rank):
                 notes.append(f"rank {info.rank}: the core says it is rank {out['core_rank']}")

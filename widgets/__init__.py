@@ -1,15 +1,15 @@
 """The live dashboard of hvd-magic (installed as ``hvd_magic.widgets``).
 
-Engine side: :func:`report` (exposed as ``hvd.report``) and :func:`start_publisher`.
+Engine side: :func:`start_publisher` (it reads what ``hvd.report(samples=...)`` counted in
+``engine_native.progress``).
 Driver side: :func:`start_dashboard` → a started :class:`MetricsHub` feeding a
 :class:`DashboardModel` into the widget view or the text status.
 
-Importing this package loads neither ipywidgets, IPython nor zmq; engines that only call
-``report`` need no Jupyter package.
+Importing this package loads neither ipywidgets, IPython nor zmq.
 """
 
 from .model import DashboardModel
-from .publisher import Publisher, report, set_cell, start_publisher, stop_publisher
+from .publisher import Publisher, set_cell, start_publisher, stop_publisher
 from .snapshot import SCHEMA_VERSION
 
 
@@ -24,5 +24,5 @@ def __getattr__(name):
 
 
 __all__ = ["DashboardModel", "DashboardView", "MetricsHub", "Publisher", "SCHEMA_VERSION",
-           "dashboard_mode", "report", "set_cell", "start_dashboard", "start_publisher",
+           "dashboard_mode", "set_cell", "start_dashboard", "start_publisher",
            "stop_publisher"]

@@ -21,13 +21,15 @@ box, ipyparallel 9.2, one local engine publishing both ways every 0.1 s from a t
   that has sent nothing for ``stale_after_s`` as "no data for N s";
 - building, signing and packing one snapshot costs 27 µs on the engine (744 bytes).
 
-Wiring, as the magics do it (driver, then every engine)::
+Commands (the dashboard's buttons) go the other way on a PUB socket to every publisher, and
+their answers come back inside snapshots (:mod:`.control`); ``on_done`` runs on this thread.
+
+Wiring, as hvd_magic.dashboard does it (the driver; engines run hvd_magic.engine_dashboard)::
 
     hub = start_dashboard(size=n, key=key, on_stop=stop_all, on_timeline=timeline,
                           on_autotune=autotune)          # displays the view
-    dview.apply_sync(_start_engine_publisher, hub.address, key)   # calls start_publisher()
-    ...
-    hub.mark_dead(3, exit_code=-9)                         # when an engine exits
+    hub.command("timeline", on_done=show, start=True, path=p)  # a button, during a cell too
+    hub.mark_dead(3, reason="killed by SIGKILL")           # when an engine exits
     hub.stop()                                             # %hvd_stop
 """
 
@@ -36,6 +38,7 @@ import os
 import threading
 import time
 
+from .control import Pending, pack_command
 from .model import DashboardModel
 from .snapshot import MAX_FRAME_BYTES, unpack
 
@@ -69,6 +72,8 @@ class MetricsHub:
     ----------
     address : str
         What publishers connect to, valid after :meth:`start`.
+    command_address : str
+        Where publishers listen for commands (:meth:`command`), valid after :meth:`start`.
     received, rejected, renders : int
         Counters for diagnostics and tests.
     """
@@ -82,7 +87,7 @@ class MetricsHub:
         self.min_interval_s = 1.0 / max_hz
         self.refresh_s = refresh_s
         self.clock = clock
-        self.address = None
+        self.address = self.command_address = None
         self.view = None  # set by start_dashboard
         self.received = self.rejected = self.renders = 0
         self._sinks = list(sinks)
@@ -93,6 +98,11 @@ class MetricsHub:
         self._ready = threading.Event()
         self._error = None
         self._warned = set()
+        self._commands_lock = threading.Lock()
+        self._outbox = []  # (id, name, args, timeout_s, on_done), sent by the hub thread
+        self._next_id = 1
+        self._pending = Pending(clock)
+        self._arrived = threading.Condition()  # notified after snapshots were ingested
 
     # ---------------------------------------------------------------- control (any thread)
     def start(self, timeout=10.0):
@@ -155,15 +165,41 @@ class MetricsHub:
         with self._sinks_lock:
             self._sinks.remove(sink)
 
-    def mark_dead(self, rank, exit_code=None, signal=None):
-        """Show ``rank`` as dead (its engine exited with ``exit_code`` or ``signal``)."""
-        self.model.mark_dead(rank, exit_code=exit_code, signal=signal)
+    def mark_dead(self, rank, exit_code=None, signal=None, reason=None):
+        """Show ``rank`` as dead (its engine exited with ``exit_code`` or ``signal``, or as
+        ``reason`` says)."""
+        self.model.mark_dead(rank, exit_code=exit_code, signal=signal, reason=reason)
         self.notify()
 
     def forget(self, ranks=None):
         """Drop ranks (all by default), e.g. before ``%hvd_restart`` re-registers engines."""
         self.model.forget(ranks)
         self.notify()
+
+    def command(self, name, on_done=None, timeout_s=5.0, **args):
+        """Send a command to every engine's publisher (protocol in :mod:`.control`).
+
+        Returns at once with the command's id. On the hub thread, once every rank that was
+        alive when it was sent answered, or after ``timeout_s``, ``on_done(answers, missing)``
+        is called with ``answers = {rank: (ok, text)}`` and the ranks that did not answer.
+        """
+        with self._commands_lock:
+            cmd_id = self._next_id
+            self._next_id += 1
+            self._outbox.append((cmd_id, name, args, timeout_s, on_done))
+        self.notify()
+        return cmd_id
+
+    def wait_for_ranks(self, ranks, timeout):
+        """Block until every rank in ``ranks`` sent a snapshot (or ``timeout`` s); True if so."""
+        wanted, deadline = set(ranks), time.monotonic() + timeout
+        with self._arrived:
+            while not wanted <= {r.rank for r in self.model.rows(self.clock()) if r.pid}:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._arrived.wait(left)
+        return True
 
     def ingest(self, rank, snapshot):
         """Feed a snapshot that did not come through the socket (e.g. pulled by ``%hvd_status``)."""
@@ -174,21 +210,26 @@ class MetricsHub:
     def _run(self, wake_in):
         import zmq
         pull = self._ctx.socket(zmq.PULL)
+        pub = self._ctx.socket(zmq.PUB)
         try:
             pull.setsockopt(zmq.LINGER, 0)
             pull.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
             pull.setsockopt(zmq.RCVHWM, 1000)
+            pub.setsockopt(zmq.LINGER, 0)
             port = pull.bind_to_random_port(self.bind)
+            cmd_port = pub.bind_to_random_port(self.bind)
             host = self.bind.rpartition("//")[2]
             if host in ("*", "0.0.0.0", "::", "[::]"):
                 host = self.connect_host or _hostname()
             self.address = f"tcp://{host}:{port}"
+            self.command_address = f"tcp://{host}:{cmd_port}"
         except zmq.ZMQError as exc:
             self._error = exc
-            pull.close(0)
-            wake_in.close(0)
+            for sock in (pull, pub, wake_in):
+                sock.close(0)
             self._ready.set()
             return
+        self._pub = pub
         self._ready.set()
         poller = zmq.Poller()
         poller.register(pull, zmq.POLLIN)
@@ -196,8 +237,9 @@ class MetricsHub:
         try:
             self._loop(poller, pull, wake_in, zmq)
         finally:
-            pull.close(0)
-            wake_in.close(0)
+            self._pending.expire(float("inf"))  # nobody will answer now: report them missing
+            for sock in (pull, pub, wake_in):
+                sock.close(0)
 
     def _loop(self, poller, pull, wake_in, zmq):
         """Drain → ingest → render when due. Rendering waits for the throttle, not the data."""
@@ -205,15 +247,19 @@ class MetricsHub:
         while not self._stopping:
             now = self.clock()
             due = next_allowed if dirty else last_render + self.refresh_s
+            due = min(due, self._pending.next_deadline() or due)
             ready = dict(poller.poll(max(0, int((due - now) * 1000) + 1)))
             if wake_in in ready:
                 _drain(wake_in, zmq)
+                self._send_commands()
                 dirty = True
             if pull in ready:
                 dirty |= self._receive(pull, zmq)
             if self._stopping:
                 break
             now = self.clock()
+            if self._pending:
+                self._pending.expire(now)
             if now >= next_allowed and (dirty or now - last_render >= self.refresh_s):
                 self._render(now)
                 dirty, last_render, next_allowed = False, now, now + self.min_interval_s
@@ -232,9 +278,26 @@ class MetricsHub:
                 self._warn_once("frame", f"dashboard hub: dropped a frame: {exc}")
                 continue
             self.received += 1
+            if snap.get("acks"):
+                self._pending.ack(snap["rank"], snap["acks"])
             self.model.ingest(snap["rank"], snap, self.clock())
             got = True
+        if got:
+            with self._arrived:
+                self._arrived.notify_all()
         return got
+
+    def _send_commands(self):
+        """Publish queued commands; each waits for the ranks alive now (hub thread only)."""
+        with self._commands_lock:
+            outbox, self._outbox = self._outbox, []
+        if not outbox:
+            return
+        rows = self.model.rows(self.clock())
+        alive = [r.rank for r in rows if r.state not in ("dead", "starting")]
+        for cmd_id, name, args, timeout_s, on_done in outbox:
+            self._pub.send(pack_command(cmd_id, name, args, self.key))
+            self._pending.sent(cmd_id, alive, timeout_s, on_done)
 
     def _render(self, now):
         with self._sinks_lock:
@@ -280,8 +343,8 @@ def dashboard_mode(requested="auto"):
     if os.environ.get("IPP_NONINTERACTIVE", "").strip() not in ("", "0"):
         return "text"
     try:
-        from IPython import get_ipython
         import ipywidgets  # noqa: F401
+        from IPython import get_ipython
     except ImportError:
         return "text"
     shell = get_ipython()

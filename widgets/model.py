@@ -91,7 +91,7 @@ class _Rank:
         self.snap = None
         self.received_at = None
         self.last_progress_at = None
-        self.dead = None  # (exit_code, signal)
+        self.dead = None  # (exit_code, signal, reason)
         self.history = CounterHistory(rate_window_s)
         self.series = Series(spark_span_s)
         self.series_unit = None
@@ -156,11 +156,12 @@ class DashboardModel:
                 self._scores.clear()
                 self._last_sample = self._autotune_rank = None
 
-    def mark_dead(self, rank, exit_code=None, signal=None):
-        """Mark a rank dead (the driver saw its engine exit); it stays dead until a snapshot
-        from a different pid (a restarted engine) arrives or it is forgotten."""
+    def mark_dead(self, rank, exit_code=None, signal=None, reason=None):
+        """Mark a rank dead (the driver saw its engine exit, ``reason`` says how when known,
+        e.g. "killed by SIGKILL"); it stays dead until a snapshot from a different pid (a
+        restarted engine) arrives or it is forgotten."""
         with self._lock:
-            self._get(rank).dead = (exit_code, signal)
+            self._get(rank).dead = (exit_code, signal, reason)
 
     def ingest(self, rank, snapshot, now):
         """Merge one snapshot (schema in :mod:`.snapshot`) received at driver time ``now``."""
@@ -299,12 +300,16 @@ class DashboardModel:
             if rates:
                 slowest, fastest = min(rates, key=lambda x: x[1]), max(rates, key=lambda x: x[1])
                 spread = (fastest[1] - slowest[1]) / fastest[1] if fastest[1] > 0 else None
-            hists = [(r, st.history) for r, st in self._ranks.items() if st.dead is None and st.snap]
+            hists = [(r, st.history) for r, st in self._ranks.items()
+                     if st.dead is None and st.snap]
+            split = time_split(h for _, h in hists)
+            if split and not any(counts.get(s) for s in ("running", "collective", "stalled")):
+                split.pop("compute", None)  # time outside wait() is not compute between cells
             return ClusterRow(
                 ranks=len(self._ranks), counts=counts, unit=unit, total_rate=total,
                 spark=tuple(self._cluster_series.values()), slowest=slowest, fastest=fastest,
-                spread=spread, fusion=fusion_ratio(h for _, h in hists),
-                split=time_split(h for _, h in hists), straggler=straggler(hists))
+                spread=spread, fusion=fusion_ratio(h for _, h in hists), split=split,
+                straggler=straggler(hists))
 
     def autotune(self):
         """The :class:`AutotunePanel`, or None when no rank reports an autotuner."""
@@ -363,7 +368,9 @@ def _age(seconds):
     return f"{seconds:.1f} s" if seconds < 10 else f"{int(seconds)} s"
 
 
-def _dead_text(exit_code, sig):
+def _dead_text(exit_code, sig, reason=None):
+    if reason:
+        return f"dead ({reason})"
     if sig is not None:
         try:
             return f"dead (signal {sig}, {_signal.Signals(sig).name})"

@@ -1,84 +1,53 @@
-"""Engine side of the dashboard: ``report()`` and the metrics publisher thread.
+"""Engine side of the dashboard: the metrics publisher thread.
 
-Runs inside every engine (rank). :func:`report` is what users call as ``hvd.report(samples=64,
-loss=0.3)``; it only adds to counters under a lock and works with or without a publisher (so
-``hvdrun`` scripts can keep the call). :class:`Publisher` is one daemon thread that every
+Runs inside every engine (rank). :class:`Publisher` is one daemon thread that every
 ``interval_s`` builds a snapshot (schema in :mod:`.snapshot`) from the core's metrics, the
-reported samples and this process's identity, signs it and sends it to the driver's hub.
+progress the training code reported (``hvd.report(samples=64, loss=0.3)``, kept by
+``engine_native.progress``) and this process's identity, signs it and sends it to the driver's
+hub.
 
 Channel: a ZMQ PUSH socket per engine, connected to the hub's PULL socket (address and key
 passed by the magic). Chosen over ipyparallel's ``publish_data`` because that one tags data
 with the engine's current request, so between cells nothing reaches the driver (measured), it
 pickles through a canning table that is not thread-safe (a background publish broke a task's
-reply), and it loads the controller and client IO thread that carry cell output. The PUSH socket works the
-same during and between cells, costs ~30 µs of engine CPU per snapshot (measured, see hub.py),
-never blocks (``IMMEDIATE`` + ``NOBLOCK`` + a small high-water mark: with no hub, snapshots are
-dropped and counted), and needs only pyzmq, which ipyparallel already requires. The thread
+reply), and it loads the controller and client IO thread that carry cell output. The PUSH
+socket works the same during and between cells, costs ~30 µs of engine CPU per snapshot
+(measured, see hub.py), never blocks (``IMMEDIATE`` + ``NOBLOCK`` + a small high-water mark:
+with no hub, snapshots are dropped and counted), and needs only pyzmq, which ipyparallel
+already requires. The thread
 keeps running while the main thread waits in the core (the core releases the GIL), which is
 exactly when "rank 3 is stuck in allreduce" must show.
 
-Example (what ``%hvd_start`` runs on every engine, after the core is initialised)::
+The same thread runs the dashboard's commands (timeline, autotune buttons) arriving on a SUB
+socket from the hub, so they act while a cell keeps the engine's main thread busy; answers
+ride in the next snapshots (protocol in :mod:`.control`).
+
+Example (what ``%hvd_start`` runs on every engine, after the core is initialised; see
+hvd_magic.engine_dashboard)::
 
     from hvd_magic.widgets.publisher import start_publisher
     import engine_native.basics as basics
     start_publisher("tcp://10.0.0.1:53411", rank=basics.rank(), key=key,
-                    metrics=basics.metrics, device="cuda:0")
+                    metrics=basics.metrics, device="cuda:0",
+                    command_address="tcp://10.0.0.1:53412", handlers={"timeline": fn})
 """
 
 import atexit
 import logging
-import operator
 import os
 import socket
 import sys
 import threading
 import time
 
-from .snapshot import MAX_EVENTS, MAX_EXTRA, SCHEMA_VERSION, normalize_core, pack
+from .snapshot import MAX_EVENTS, SCHEMA_VERSION, normalize_core, pack
 
 log = logging.getLogger("hvd_magic.widgets")
 
 _lock = threading.Lock()
-_samples = 0
-_extra = {}
 _cell = None  # label set explicitly by the magics; overrides the IPython hooks
 _hook_cell = None  # set by the IPython hooks: "" while a cell runs, its first line when known
 _publisher = None
-
-
-def report(samples=None, **extra):
-    """Report training progress from this rank to the dashboard.
-
-    Parameters
-    ----------
-    samples : int, optional
-        Samples processed since the previous call (typically the local batch size); the
-        dashboard shows samples/s from the running total instead of allreduce bytes/s.
-    **extra : float, int, str or bool
-        Latest values to show next to the rank, e.g. ``loss=0.31, epoch=2`` (at most 16 keys).
-
-    Examples
-    --------
-    >>> for batch in loader:                              # doctest: +SKIP
-    ...     loss = train_step(batch)
-    ...     hvd.report(samples=len(batch), loss=float(loss))
-    """
-    global _samples
-    if samples is not None:
-        if isinstance(samples, bool) or not hasattr(samples, "__index__"):
-            raise TypeError(f"report(samples=...): expected an int, got {type(samples).__name__}")
-        samples = operator.index(samples)
-        if samples < 0:
-            raise ValueError(f"report(samples=...): expected a count >= 0, got {samples}")
-    for k, v in extra.items():
-        if not isinstance(v, (int, float, str, bool)):
-            raise TypeError(f"report({k}=...): expected a number, str or bool, got {type(v).__name__}")
-    with _lock:
-        if samples is not None:
-            _samples += samples
-        _extra.update(extra)
-        while len(_extra) > MAX_EXTRA:
-            del _extra[next(iter(_extra))]
 
 
 def set_cell(label):
@@ -90,9 +59,14 @@ def set_cell(label):
 
 
 def _reported():
+    """(samples, extra, cell label or None when idle). Progress comes from
+    ``engine_native.progress`` (``hvd.report``) when this process imported it; this thread
+    never imports the core itself."""
+    progress = sys.modules.get("engine_native.progress")
+    samples, extra = progress.totals() if progress is not None else (0, {})
     with _lock:
         label = _cell if _cell is not None else _hook_cell
-        return _samples, dict(_extra), label
+    return samples, extra, label
 
 
 def _on_pre_execute():
@@ -106,7 +80,8 @@ def _on_pre_run_cell(info=None):
     """Non-silent cells only (a kernel running the cell itself): label it by its first line."""
     global _hook_cell
     raw = getattr(info, "raw_cell", "") or ""
-    lines = [ln.strip() for ln in raw.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = [ln.strip() for ln in raw.splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
     with _lock:
         _hook_cell = lines[0][:40] if lines else ""
 
@@ -124,14 +99,20 @@ _HOOKS = (("pre_execute", _on_pre_execute), ("pre_run_cell", _on_pre_run_cell),
 def _device_info(device, core_raw):
     """``{"kind": "cpu"}`` or the CUDA device with its name and this process's memory.
 
-    GPU details come from torch only when it is already imported and CUDA already initialised,
-    so this thread never initialises CUDA or imports torch."""
+    ``device`` is ``"cuda:k"``, or a dict with what the magic learnt when it pinned the GPU
+    (``{"device": "cuda:k", "name": ..., "mem_total": bytes}``). Live details come from torch
+    only when it is already imported and CUDA already initialised, so this thread never
+    initialises CUDA or imports torch."""
+    known = dict(device) if isinstance(device, dict) else {}
+    if known:
+        device = known.get("device")
     if device is None and isinstance(core_raw, dict) and isinstance(core_raw.get("device"), int):
         device = f"cuda:{core_raw['device']}" if core_raw["device"] >= 0 else "cpu"
     if not device or not str(device).startswith("cuda"):
         return {"kind": "cpu"}
     index = int(str(device).partition(":")[2] or 0)
     out = {"kind": "cuda", "index": index}
+    out.update({k: known[k] for k in ("name", "mem_total") if known.get(k) is not None})
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_initialized():
@@ -171,14 +152,23 @@ class Publisher:
     events : callable, optional
         Returns collectives finished since its previous call (``[op, name, start_ago_s,
         dur_s]``); when absent, an ``events`` list inside the metrics dict is used.
-    device : str, optional
-        ``"cpu"`` or ``"cuda:k"`` as pinned by the magic; else the core's ``device`` entry.
+    device : str or dict, optional
+        ``"cpu"`` or ``"cuda:k"`` as pinned by the magic (or a dict, see ``_device_info``);
+        else the core's ``device`` entry.
     interval_s : float
         Seconds between snapshots.
+    command_address : str, optional
+        The hub's command socket (``MetricsHub.command_address``); commands arriving there
+        run on this thread (protocol in :mod:`.control`).
+    handlers : dict, optional
+        ``{name: callable(**args) -> str}`` for those commands; an exception is the answer
+        ``ok=False`` with its text.
     """
 
+    ACK_REPEATS = 3  # snapshots that carry each answer
+
     def __init__(self, address, rank, key=None, metrics=None, events=None, device=None,
-                 interval_s=0.3, hwm=16):
+                 interval_s=0.3, hwm=16, command_address=None, handlers=None):
         self.address = address
         self.rank = int(rank)
         self.key = key.encode() if isinstance(key, str) else key
@@ -187,6 +177,12 @@ class Publisher:
         self.device = device
         self.interval_s = interval_s
         self.hwm = hwm
+        self.command_address = command_address
+        self.handlers = dict(handlers or {})
+        self.commands_run = 0
+        self.busy_s = 0.0  # thread CPU time spent building and sending snapshots
+        self._last_command = -1
+        self._acks = []  # [[id, ok, text], repeats left]
         self.sent = 0
         self.dropped = 0
         self._seq = 0
@@ -219,6 +215,9 @@ class Publisher:
             snap["events"] = _events(self.events() if self.events else (raw or {}).get("events"))
         except Exception as exc:
             self._warn_once(f"events() failed: {exc}")
+        if self._acks:
+            snap["acks"] = [ack for ack, _ in self._acks]
+            self._acks = [[ack, n - 1] for ack, n in self._acks if n > 1]
         return snap
 
     def _warn_once(self, text):
@@ -250,19 +249,70 @@ class Publisher:
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while the hub is not connected
+        cmd = None
         try:
             sock.connect(self.address)
+            if self.command_address:
+                cmd = ctx.socket(zmq.SUB)
+                cmd.setsockopt(zmq.LINGER, 0)
+                cmd.setsockopt(zmq.MAXMSGSIZE, 16 * 1024)
+                cmd.setsockopt(zmq.SUBSCRIBE, b"")
+                cmd.connect(self.command_address)
             while True:
                 self._send(sock, zmq)
-                if self._stop.wait(self.interval_s):
+                if self._wait(cmd, zmq):
                     break
         except Exception as exc:
             log.warning("rank %d metrics publisher stopped: %s", self.rank, exc)
         finally:
             sock.close(0)
+            if cmd is not None:
+                cmd.close(0)
             ctx.term()
 
+    def _wait(self, cmd, zmq):
+        """Sleep until the next snapshot is due, running commands that arrive meanwhile (each
+        answered at once by an extra snapshot). Returns True when asked to stop."""
+        if cmd is None:
+            return self._stop.wait(self.interval_s)
+        deadline = time.monotonic() + self.interval_s
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if cmd.poll(int(left * 1000) + 1, zmq.POLLIN):
+                self._command(cmd.recv(zmq.NOBLOCK))
+                return False  # the next snapshot carries the answer
+        return True
+
+    def _command(self, frame):
+        from .control import unpack_command
+        try:
+            cmd_id, name, args = unpack_command(frame, self.key)
+        except ValueError as exc:
+            self._warn_once(f"dropped a command: {exc}")
+            return
+        if cmd_id <= self._last_command:
+            return  # already run (ids only grow)
+        self._last_command = cmd_id
+        handler = self.handlers.get(name)
+        try:
+            if handler is None:
+                raise NotImplementedError(f"this engine has no handler for {name!r}")
+            ok, text = True, str(handler(**args) or "")
+        except Exception as exc:  # the answer, not a crash of the publisher
+            ok, text = False, f"{type(exc).__name__}: {exc}"
+        self.commands_run += 1
+        self._acks.append([[cmd_id, ok, text], self.ACK_REPEATS])
+
     def _send(self, sock, zmq):
+        t0 = time.thread_time()
+        try:
+            self._send_one(sock, zmq)
+        finally:
+            self.busy_s += time.thread_time() - t0
+
+    def _send_one(self, sock, zmq):
         snap = self.snapshot()
         try:
             frame = pack(snap, self.key)

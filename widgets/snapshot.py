@@ -38,6 +38,7 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
                                    "best": {}, "best_score", "scores": [[sample, score], ...]}
     events   list   [[op, name, start_ago_s, dur_s], ...] collectives finished since the previous
                     snapshot; start_ago_s is seconds before ``t`` (so no clocks are compared)
+    acks     list   [[command id, ok, text], ...] answers to dashboard commands (see .control)
 
 Counters are monotonic within one core lifetime; a decrease means the core was re-initialised
 and the model restarts its rate baselines.
@@ -162,6 +163,9 @@ def validate(obj):
         out["core"] = _clean_core(obj["core"])
     if isinstance(obj.get("events"), list):
         out["events"] = _clean_events(obj["events"])
+    if isinstance(obj.get("acks"), list):
+        from .control import clean_acks
+        out["acks"] = clean_acks(obj["acks"])
     return out
 
 
@@ -262,7 +266,8 @@ def normalize_core(raw):
     Accepts what ``engine_native`` returns (see ``engine_native/csrc/runtime/metrics.h``):
     counters as lists indexed by op kind or dicts by op name, ``*_seconds`` or ``*_s``
     durations, a ``pending`` list and the executing ``current_op``/``current_name``/
-    ``current_seconds``, ``transports`` as a list indexed by rank. Missing keys are left out.
+    ``current_seconds`` (or a ``current`` dict ``{"op", "name", "seconds"}``), ``transports``
+    as a list indexed by rank. Missing keys are left out.
 
     Waiting: ``handle_wait_seconds`` (or ``wait_s``) is time framework threads were blocked in
     ``wait()``. ``idle_seconds`` is the loop's idle time. A core that reports ``wait_seconds``
@@ -322,6 +327,11 @@ def _by_op(counters):
 def _oldest_collective(raw):
     """The unfinished collective that has waited longest: executing or still negotiating."""
     candidates = []
+    current = raw.get("current")
+    if isinstance(current, dict) and current.get("op"):
+        candidates.append({"op": str(current["op"]).lower(), "name": str(current.get("name", "")),
+                           "age_s": float(current.get("seconds", 0.0)), "phase": "execute",
+                           "missing": []})
     if raw.get("current_op"):
         candidates.append({"op": str(raw["current_op"]).lower(), "name": str(raw.get("current_name", "")),
                            "age_s": float(raw.get("current_seconds", 0.0)), "phase": "execute",

@@ -87,6 +87,10 @@ def score_plot(scores, width=220, height=64):
 def timeline_strip(lanes, span_s=5.0, width=600, lane_height=12):
     """The last ``span_s`` seconds of collectives, one lane per rank, now at the right edge.
 
+    Bars of the same op that touch or sit less than a pixel apart are drawn as one rect (a
+    training loop runs hundreds of allreduces a second; drawn one by one they made a strip of
+    ~1 MB resent 5 times a second), so a lane holds at most about one rect per pixel.
+
     Parameters
     ----------
     lanes : sequence of model.Lane
@@ -99,7 +103,8 @@ def timeline_strip(lanes, span_s=5.0, width=600, lane_height=12):
     Returns
     -------
     str
-        An ``<svg>`` element; each bar has a ``<title>`` tooltip with op, name and duration.
+        An ``<svg>`` element; each rect has a ``<title>`` tooltip: op, name and duration, or
+        for merged bars their count and total duration.
     """
     gutter = 28
     height = max(1, len(lanes)) * lane_height + 2
@@ -111,17 +116,32 @@ def timeline_strip(lanes, span_s=5.0, width=600, lane_height=12):
         parts.append(f'<text x="0" y="{y + lane_height - 3}">r{lane.rank}</text>'
                      f'<rect x="{gutter}" y="{y}" width="{width - gutter - 2}" '
                      f'height="{lane_height - 2}" fill="#f4f4f4"/>')
-        for op, name, start, dur, is_open in lane.bars:
-            x0 = max(start, -span_s)
-            x1 = min(start + dur, 0.0)
-            if x1 < x0:
-                continue
-            x = gutter + (x0 + span_s) * scale
-            w = max((x1 - x0) * scale, 1.0)
+        for x, w, op, name, count, dur, is_open in _runs(lane.bars, span_s, scale, gutter):
             color = OP_COLORS.get(op, _FALLBACK)
             stroke = ' stroke="#e15759" stroke-width="1"' if is_open else ""
-            tip = escape(f"{op} {name} {dur * 1e3:.1f} ms" + (" (running)" if is_open else ""))
+            what = f"{op} {name}" if count == 1 else f"{count} x {op} ({name}, ...)"
+            tip = escape(f"{what} {dur * 1e3:.1f} ms" + (" (running)" if is_open else ""))
             parts.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{lane_height - 2}" '
                          f'fill="{color}"{stroke}><title>{tip}</title></rect>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _runs(bars, span_s, scale, gutter):
+    """Visible bars in pixels, neighbours of one op merged: (x, w, op, first name, count,
+    total duration, open)."""
+    runs = []
+    for op, name, start, dur, is_open in sorted(bars, key=lambda b: b[2]):
+        t0, t1 = max(start, -span_s), min(start + dur, 0.0)
+        if t1 < t0:
+            continue
+        x0 = gutter + (t0 + span_s) * scale
+        x1 = x0 + max((t1 - t0) * scale, 1.0)
+        last = runs[-1] if runs else None
+        if last and last[2] == op and not (is_open or last[6]) and x0 <= last[0] + last[1] + 1.0:
+            last[1] = max(last[1], x1 - last[0])
+            last[4] += 1
+            last[5] += dur
+        else:
+            runs.append([x0, x1 - x0, op, name, 1, dur, is_open])
+    return runs

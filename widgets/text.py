@@ -41,7 +41,7 @@ def render(model, now, max_ranks=16):
         head += f" · spread {fmt.pct(cl.spread)} (slowest r{cl.slowest[0]})"
     if cl.fusion is not None:
         head += f" · fusion {cl.fusion:.1f}"
-    if cl.split and "wait" in cl.split:
+    if cl.split and "compute" in cl.split:  # only while cells run (see model.cluster)
         head += f" · compute {fmt.pct(cl.split['compute'])} wait {fmt.pct(cl.split['wait'])}"
     if cl.straggler is not None:
         head += f" · straggler r{cl.straggler}"
@@ -79,9 +79,11 @@ def autotune_text(at):
         return "off"
     progress = f"sample {at.sample}/{at.samples}" if at.sample is not None else ""
     text = f"{at.phase} {progress}".strip()
-    text += f" · current {fmt.params(at.current)} · best {fmt.params(at.best)}"
-    if at.best_score is not None:
-        text += f" (score {fmt.si(at.best_score, 'B/s')})"
+    text += f" · current {fmt.params(at.current)}"
+    if at.scores or at.best_score:  # nothing scored yet (warm-up): no "best" to show
+        text += f" · best {fmt.params(at.best)}"
+        if at.best_score is not None:
+            text += f" (score {fmt.si(at.best_score, 'B/s')})"
     return text
 
 

@@ -23,11 +23,13 @@ _GRID = ("display:grid;grid-template-columns:44px 120px 64px 210px minmax(260px,
 _STATE_COLORS = {"idle": "#777", "running": "#2e7d32", "collective": "#1565c0", "stalled": "#ef6c00",
                  "dead": "#c62828", "starting": "#999"}
 _CLICK_GRACE_S = 2.0  # after a click, the button trusts the click until the engines report it
-_CELL = '<div style="overflow:hidden;text-overflow:ellipsis"{title}>{text}</div>'
+_CELL = '<div{cls} style="overflow:hidden;text-overflow:ellipsis"{title}>{text}</div>'
 
 
-def _cell(text, title=""):
-    return _CELL.format(text=text, title=f' title="{escape(title)}"' if title else "")
+def _cell(text, title="", cls=""):
+    """One grid cell; ``cls`` names it for tests and user CSS (``hvd-rate``, ...)."""
+    return _CELL.format(text=text, title=f' title="{escape(title)}"' if title else "",
+                        cls=f' class="{cls}"' if cls else "")
 
 
 def header_html():
@@ -57,8 +59,10 @@ def row_html(r):
         through += f" · {fmt.si(r.ops_rate, 'op/s')}"
     cells = [_cell(f"r{r.rank}"), _cell(escape(r.host or "?"), r.host),
              _cell(str(r.pid) if r.pid is not None else "?"), _cell(device, dev_title),
-             _cell(state, r.last_error or r.detail), _cell(through), sparkline(r.spark)]
-    return f'<div style="{_GRID}">' + "".join(cells) + "</div>"
+             _cell(state, r.last_error or r.detail, f"hvd-state hvd-{r.state}"),
+             _cell(through, cls="hvd-rate"), sparkline(r.spark)]
+    return (f'<div class="hvd-row" data-rank="{r.rank}" style="{_GRID}">' + "".join(cells)
+            + "</div>")
 
 
 def _short(v):
@@ -81,8 +85,10 @@ def cluster_html(c):
                               if k in c.split).replace("idle", "loop idle"))
     if c.straggler is not None:
         parts.append(f'<span style="color:#ef6c00">straggler r{c.straggler}</span>')
-    return ('<div style="font:12px/1.6 monospace;border-top:1px solid #ccc;padding-top:2px">'
-            + " · ".join(parts) + " " + sparkline(c.spark, color="#2e7d32") + "</div>")
+    return ('<div class="hvd-cluster" style="font:12px/1.6 monospace;border-top:1px solid #ccc;'
+            'padding-top:2px;display:flex;align-items:center;gap:8px">'
+            f'<div style="flex:1 1 auto">{" · ".join(parts)}</div>'
+            + sparkline(c.spark, color="#2e7d32") + "</div>")
 
 
 def autotune_html(at):
@@ -141,6 +147,7 @@ class DashboardView:
         controls = W.HBox([self.stop_button, self.timeline_button, self.autotune_button,
                            self.message])
         self.widget = W.VBox([controls, self.rows_box, self.cluster, self.autotune, self.timeline])
+        self.widget.add_class("hvd-dashboard")
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
@@ -166,10 +173,11 @@ class DashboardView:
                   button_style="info" if self._autotune_on else "")
 
     def _click(self, name, arg):
-        """Run a control's callback on the main thread; report failures in the message area."""
+        """Run a control's callback on the main thread; report failures in the message area.
+        A callback may return a line to show (e.g. "no cell is running")."""
         callback = self._callbacks[name]
         try:
-            callback() if arg is None else callback(arg)
+            said = callback() if arg is None else callback(arg)
         except Exception as exc:  # shown to the user, never raised into the comm handler
             self.show_message(f"{name}: {type(exc).__name__}: {exc}", error=True)
             return
@@ -181,7 +189,7 @@ class DashboardView:
             if name in self._clicked:
                 self._clicked[name] = time.monotonic()
             self._label_buttons()
-            self.show_message("")
+            self.show_message(said if isinstance(said, str) else "")
 
     def show_message(self, text, error=False):
         """Show a line next to the buttons (e.g. "cluster stopped"); ``""`` clears it."""
@@ -214,6 +222,6 @@ class DashboardView:
             active = model.timeline_active()
             if active is not None and settled["timeline"]:
                 self._timeline_on = active
-            if at is not None and settled["autotune"]:
-                self._autotune_on = at.enabled
+            if settled["autotune"] and rows and all(r.state != "starting" for r in rows):
+                self._autotune_on = at is not None and at.enabled  # None: never tuned here
             self._label_buttons()

@@ -12,6 +12,7 @@ Differences from Horovod, by design of this build:
   * ``mpi_enabled()``/``gloo_enabled()`` are False: collectives run over the core's own
     shared-memory and TCP transports; MPI only bootstraps.
   * SyncBatchNorm accepts CPU input (Horovod's is GPU-only).
+  * ``report(samples=n, **scalars)`` (an addition) feeds the notebook dashboard's samples/s.
 
 Example
 -------
@@ -35,5 +36,7 @@ from engine_native.torch.mpi_ops import (  # noqa: F401
 from engine_native.torch.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
 from engine_native.torch.optimizer import DistributedOptimizer  # noqa: F401
+# Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).
+from engine_native.progress import report  # noqa: F401
 from engine_native.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from engine_native.torch import elastic  # noqa: F401,E402

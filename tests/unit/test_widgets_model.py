@@ -153,16 +153,23 @@ def test_cluster_row_totals_spread_fusion_and_time_split():
         t = float(i)
         for rank, samples, wait in ((0, 100, 0.4), (1, 80, 0.1)):
             m.ingest(rank, snap(rank, t, samples=samples * i, fused=(2 * i, 20 * i),
-                                waits=(0.05 * t, 0.2 * t, wait * t)), now=t)
+                                waits=(0.05 * t, 0.2 * t, wait * t), busy=True), now=t)
     c = m.cluster(4.0)
-    assert (c.ranks, c.counts, c.unit) == (2, {"idle": 2}, M.SAMPLES)
+    assert (c.ranks, c.counts, c.unit) == (2, {"running": 2}, M.SAMPLES)
     assert c.total_rate == pytest.approx(180)
     assert (c.slowest[0], c.fastest[0]) == (1, 0)
     assert c.spread == pytest.approx(0.2)
     assert c.fusion == pytest.approx(10.0)
-    assert c.split == pytest.approx({"compute": 0.75, "negotiate": 0.05, "communicate": 0.2, "wait": 0.25})
+    assert c.split == pytest.approx({"compute": 0.75, "negotiate": 0.05, "communicate": 0.2,
+                                     "wait": 0.25})
     assert c.straggler == 1  # rank 1 waits least: the others wait for it
     assert len(c.spark) >= 4
+    for rank in (0, 1):  # the cell ended: outside wait() is no longer "compute"
+        m.ingest(rank, snap(rank, 5.0, samples=500, fused=(10, 100), waits=(0.25, 1.0, 2.0)),
+                 now=5.0)
+    assert "compute" not in m.cluster(5.0).split
+    from hvd_magic.widgets.text import render
+    assert "compute" not in render(m, 5.0) and "spread" in render(m, 5.0)
 
 
 def test_time_split_without_framework_wait_shows_the_loop_only():

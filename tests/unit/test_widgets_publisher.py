@@ -1,5 +1,5 @@
-"""Engine-side publisher: report(), snapshot building, and a real publisher thread in a
-subprocess delivering to the driver's hub."""
+"""Engine-side publisher: snapshot building (with what hvd.report counted), and a real
+publisher thread in a subprocess delivering to the driver's hub."""
 
 import os
 import subprocess
@@ -11,6 +11,7 @@ import time
 import pytest
 
 zmq = pytest.importorskip("zmq")
+progress = pytest.importorskip("engine_native.progress")  # hvd.report's counters
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 try:
@@ -27,8 +28,7 @@ KEY = b"job-key"
 
 @pytest.fixture(autouse=True)
 def fresh_reports(monkeypatch):
-    monkeypatch.setattr(P, "_samples", 0)
-    monkeypatch.setattr(P, "_extra", {})
+    progress.reset()
     monkeypatch.setattr(P, "_cell", None)
     monkeypatch.setattr(P, "_hook_cell", None)
 
@@ -42,30 +42,11 @@ def wait_for(predicate, timeout=10.0):
         tick.wait(0.02)
 
 
-def test_report_accumulates_samples_and_keeps_latest_extras():
-    P.report(samples=32, loss=1.5)
-    P.report(samples=32, loss=0.5, epoch=1)
-    P.report(lr=0.1)
-    samples, extra, cell = P._reported()
-    assert (samples, extra, cell) == (64, {"loss": 0.5, "epoch": 1, "lr": 0.1}, None)
-
-
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"samples": 1.5}, TypeError, r"report\(samples=...\): expected an int, got float"),
-    ({"samples": True}, TypeError, "expected an int, got bool"),
-    ({"samples": -1}, ValueError, "expected a count >= 0, got -1"),
-    ({"loss": [1.0]}, TypeError, r"report\(loss=...\): expected a number, str or bool, got list"),
-])
-def test_report_rejects_bad_values(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        P.report(**kwargs)
-
-
 def test_snapshot_follows_the_schema_and_tolerates_a_core_not_yet_initialised():
     def not_initialised():
         raise RuntimeError("call hvd.init() first")
 
-    P.report(samples=8, loss=0.25)
+    progress.report(samples=8, loss=0.25)
     P.set_cell("cell 7")
     pub = P.Publisher("tcp://127.0.0.1:1", rank=2, key=KEY, metrics=not_initialised,
                       device="cuda:1")
@@ -107,6 +88,7 @@ CHILD = textwrap.dedent("""
     import sys, threading
     sys.path.insert(0, {root!r})
     {import_line}
+    from engine_native.progress import report
     n = [0]
     def metrics():  # the shape engine_native's metrics() returns
         n[0] += 1
@@ -116,13 +98,13 @@ CHILD = textwrap.dedent("""
                  "last_error": "", "current_op": "", "transports": ["shm", "self"],
                  "pending": [{{"name": "grad.w", "op": "ALLREDUCE", "age_seconds": 2.0,
                               "missing_ranks": [0]}}]}}
-    P.report(samples=32, loss=0.5)
+    report(samples=32, loss=0.5)
     pub = P.start_publisher(sys.argv[1], rank=1, key=sys.argv[2].encode(), metrics=metrics,
                             interval_s=0.05, device="cpu")
     print("started", flush=True)
     for line in sys.stdin:
         if line.startswith("report"):
-            P.report(samples=int(line.split()[1]))
+            report(samples=int(line.split()[1]))
         elif line.startswith("stop"):
             P.stop_publisher()
             print("stopped", pub.sent, pub.running, threading.active_count(), flush=True)
@@ -166,3 +148,29 @@ def test_publisher_thread_in_a_subprocess_reaches_the_hub():
     assert (word, running, threads) == ("stopped", "False", "1"), err  # publisher thread gone
     assert child.returncode == 0, err
     assert int(sent) >= received > 0 and hub.rejected == 0
+
+
+def test_device_known_from_gpu_pinning_is_shown_without_initialising_cuda():
+    pub = P.Publisher("tcp://127.0.0.1:1", rank=0,
+                      device={"device": "cuda:1", "name": "NVIDIA H100", "mem_total": 80 << 30})
+    assert pub.snapshot()["device"] == {"kind": "cuda", "index": 1, "name": "NVIDIA H100",
+                                        "mem_total": 80 << 30}
+    assert P.Publisher("tcp://127.0.0.1:1", rank=0, device={"device": "cpu"}).snapshot()[
+        "device"] == {"kind": "cpu"}
+
+
+def test_hub_waits_for_the_first_snapshot_of_every_rank():
+    hub = H.MetricsHub(M.DashboardModel(size=2), key=KEY)
+    hub.start()
+    pubs = []
+    try:
+        t0 = time.monotonic()
+        assert hub.wait_for_ranks([0, 1], 0.3) is False and time.monotonic() - t0 < 2
+        pubs = [P.Publisher(hub.address, rank=r, key=KEY, interval_s=5.0).start()
+                for r in (0, 1)]  # one snapshot at start, the next only after 5 s
+        assert hub.wait_for_ranks([0, 1], 10)
+        assert all(r.pid == os.getpid() for r in hub.model.rows(time.monotonic()))
+    finally:
+        for p in pubs:
+            p.stop()
+        hub.stop()

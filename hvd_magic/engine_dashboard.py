@@ -1,0 +1,116 @@
+"""The dashboard's engine side: the metrics publisher and the commands the buttons send.
+
+Shipped by reference through ``view.apply`` like :mod:`hvd_magic.engine_side` (whose
+``RANK`` and core module this reuses), after the core is initialised:
+
+- :func:`start` starts this rank's publisher (``hvd_magic.widgets.publisher``): a daemon
+  thread sending a snapshot to the driver's hub every 0.3 s, during and between cells, and
+  running the dashboard's commands (:func:`timeline`, :func:`autotune`) as they arrive, so a
+  button works while a cell is running. Throughput comes from ``hvd.report(samples=...)``
+  (``engine_native.progress``) when the training code calls it, else from the core's counters.
+- :func:`timeline` and :func:`autotune` are also what ``%hvd_timeline`` / ``%hvd_autotune``
+  run on every rank. Both degrade to a clear error when the core lacks the function.
+
+Timeline strip: the publisher reads the core's recent-events ring
+(``engine_native.basics.timeline_events``) with a cursor of its own; ``metrics()["events"]``
+is not used because every ``metrics()`` call in the process (``engine_side.core_state``, the
+cell watch) consumes it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import engine_side
+
+EVENT_SLACK_US = 1_000_000  # read events starting up to 1 s before the cursor (long ops)
+
+
+def _basics():
+    basics = engine_side._basics()
+    if basics is None:
+        raise RuntimeError(f"the core is not running on rank {engine_side.RANK} "
+                           f"(hvd.init() failed or engine_native is not built); see %hvd_status")
+    return basics
+
+
+def _core_function(name: str):
+    fn = getattr(_basics(), name, None)
+    if fn is None:
+        raise NotImplementedError(f"this core has no {name}() (engine_native.basics is older "
+                                  f"than the dashboard); rebuild with `pip install -e .`")
+    return fn
+
+
+class RecentEvents:
+    """``events`` source for the publisher: collectives that ended since the previous call, as
+    ``[op, name, start_ago_s, dur_s]``, from ``timeline_events(since_us)``."""
+
+    def __init__(self, timeline_events):
+        self.timeline_events = timeline_events
+        self.cursor_us = 0  # end of the newest event returned
+
+    def __call__(self) -> list:
+        now_us = time.time() * 1e6
+        since = max(0, int(self.cursor_us - EVENT_SLACK_US)) if self.cursor_us else 0
+        out, newest = [], self.cursor_us
+        for ts, name, phase, op, dur, _error in self.timeline_events(since):
+            end = ts + dur
+            if phase != "op" or end <= self.cursor_us:
+                continue
+            newest = max(newest, end)
+            out.append([op, name, (now_us - ts) / 1e6, dur / 1e6])
+        self.cursor_us = newest
+        return out
+
+
+def start(address: str, command_address: str, key: bytes, device: dict) -> dict:
+    """Start (or restart) this rank's publisher.
+
+    Parameters
+    ----------
+    address, command_address : str
+        The hub's metrics and command sockets.
+    key : bytes
+        The job's dashboard key (frames are HMAC-signed both ways).
+    device : dict
+        ``{"device": "cpu" | "cuda:k", "name": ..., "mem_total": ...}`` from GPU pinning.
+    """
+    from hvd_magic.widgets import publisher
+
+    basics = engine_side._basics()
+    events = getattr(basics, "timeline_events", None)
+    pub = publisher.start_publisher(
+        address, rank=engine_side.RANK, key=key, device=device,
+        metrics=basics.metrics if basics is not None else None,
+        events=RecentEvents(events) if events is not None else None,
+        command_address=command_address,
+        handlers={"timeline": timeline, "autotune": autotune})
+    return {"rank": engine_side.RANK, "publishing": pub.running, "core": basics is not None}
+
+
+def stop() -> None:
+    """Stop this rank's publisher (``%hvd_stop``, ``%hvd_dashboard --off``)."""
+    from hvd_magic.widgets import publisher
+
+    publisher.stop_publisher()
+
+
+def timeline(start: bool, path: str | None = None, mark_cycles: bool = False) -> str:
+    """Start (writing ``path``; only rank 0 writes) or stop the core's timeline; returns a
+    line for the dashboard."""
+    if start:
+        if not path:
+            raise ValueError("timeline(start=True): a file path is needed")
+        _core_function("start_timeline")(path, mark_cycles=mark_cycles)
+        return f"recording to {path}" if engine_side.RANK == 0 else "recording (rank 0 writes)"
+    _core_function("stop_timeline")()
+    return "stopped"
+
+
+def autotune(enabled: bool) -> str:
+    """Switch the core's autotuner on or off (rank 0 decides, the others follow); returns
+    its phase afterwards."""
+    _core_function("set_autotune")(bool(enabled))
+    state = getattr(_basics(), "autotune_state", None)
+    return str(state().get("phase", "")) if state is not None else ""

@@ -1,0 +1,150 @@
+"""Fixtures for real-browser tests: a JupyterLab server and headless Debian Chromium (Playwright).
+
+- ``lab``: ``python -m jupyterlab`` on 127.0.0.1 with an empty token, in a fresh root, settings
+  and workspace folder, its own process session, and ``HVD_TEST_TAG`` in its environment so
+  every process it spawns (kernel, controller, engines) is found and killed at the end.
+- ``browser_page``: a Chromium page (``executable_path`` = the system chromium; Playwright's
+  own browser download is never used) with a new empty profile.
+- ``artifacts``: where screenshots go: ``$HVD_TEST_ARTIFACTS`` or ``tests/browser/artifacts``
+  (git-ignored).
+
+Install what these need with ``.ci/install-browser.sh``; without it the tests skip.
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cluster"))
+from cluster_harness import kill_strays  # noqa: E402
+
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run",
+                  "--disable-dev-shm-usage"]
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
+                                                    "checkForUpdates": False},
+    # Render every cell: by default JupyterLab stops rendering cells scrolled out of view, and
+    # a training cell's output pushes the dashboard (in the first cell's output) out of view.
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+}
+
+
+def chromium_path():
+    """The browser Playwright drives (the same search as the root conftest's skip check)."""
+    for name in (os.environ.get("HVD_CHROMIUM", ""), "chromium", "chromium-browser",
+                 "google-chrome", "google-chrome-stable"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The root conftest skips ``browser`` tests without Chromium or Playwright (or fails them
+    under ``HVD_REQUIRE=browser``); JupyterLab is this folder's own need, handled alike."""
+    if importlib.util.find_spec("jupyterlab") is not None:
+        return
+    why = "jupyterlab is not installed (run .ci/install-browser.sh)"
+    required = "browser" in {r.strip() for r in os.environ.get("HVD_REQUIRE", "").split(",")}
+    for item in items:
+        if os.path.dirname(str(item.path)) != HERE:
+            continue
+        if required:
+            item._hvd_missing = f"HVD_REQUIRE=browser but {why}"  # failed by the root conftest
+        else:
+            item.add_marker(pytest.mark.skip(reason=f"browser: {why}"))
+
+
+@pytest.fixture(scope="session")
+def artifacts():
+    path = os.environ.get("HVD_TEST_ARTIFACTS") or os.path.join(HERE, "artifacts")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(folder):
+    for plugin, values in LAB_SETTINGS.items():
+        package, name = plugin.split(":")
+        target = os.path.join(folder, *package.split("/"))
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, f"{name}.jupyterlab-settings"), "w") as f:
+            json.dump(values, f)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A running JupyterLab; yields (base url, root folder, tag)."""
+    base = tmp_path_factory.mktemp("lab")
+    root, settings, workspaces = base / "root", base / "settings", base / "workspaces"
+    for folder in (root, settings, workspaces):
+        folder.mkdir()
+    _write_settings(str(settings))
+    tag = f"browser-{uuid.uuid4().hex[:10]}"
+    env = {k: v for k, v in os.environ.items() if k not in ("IPP_NONINTERACTIVE", "HVD_DASHBOARD")}
+    repo = os.path.dirname(os.path.dirname(HERE))  # the kernel imports this checkout
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.update(HVD_TEST_TAG=tag, JUPYTERLAB_SETTINGS_DIR=str(settings),
+               JUPYTERLAB_WORKSPACES_DIR=str(workspaces), JUPYTER_RUNTIME_DIR=str(base / "rt"))
+    port = _free_port()
+    log = open(base / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         "--IdentityProvider.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}",
+         "--ServerApp.port_retries=0"] + (["--allow-root"] if os.geteuid() == 0 else []),
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/api/status", timeout=5):
+                    break
+            except OSError:
+                assert proc.poll() is None, (base / "lab.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "JupyterLab did not answer within 120 s"
+                time.sleep(0.5)
+        yield url, root, tag
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        log.close()
+        kill_strays(tag=tag)  # the kernel and the cluster it started
+
+
+@pytest.fixture
+def browser_page(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path / "chromium-profile"  # a new, empty user-data-dir
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium_path(), headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1400, "height": 1000})
+        try:
+            yield context.pages[0] if context.pages else context.new_page()
+        finally:
+            context.close()

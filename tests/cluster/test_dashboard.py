@@ -1,0 +1,160 @@
+"""The dashboard wired to a real cluster (in-process IPython shell; no widget frontend, so the
+hub collects quietly and ``%hvd_dashboard`` prints text): rows per rank from the engines'
+publishers, ``hvd.report`` throughput, the timeline strip, ``%hvd_timeline`` /
+``%hvd_autotune`` and the buttons' command path (also during a running cell), Stop, a dead
+engine, ``%hvd_restart``, ``%hvd_stop``, ``--no-dashboard``.
+"""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from cluster_harness import magics, needs_core, start_cluster
+
+from hvd_magic.errors import CellInterrupted
+
+pytestmark = [pytest.mark.timeout(300), needs_core]
+
+TRAIN = """%%hvd
+for step in range(300):
+    hvd.allreduce(torch.ones(2048), name="grad")
+    hvd.report(samples=16, loss=0.5)
+"""
+LONG = "%%hvd\nimport time\nfor i in range(400):\n    hvd.allreduce(torch.ones(4), name='t')\n" \
+       "    time.sleep(0.05)"
+
+
+def wait_for(predicate, timeout=20.0, what="condition"):
+    tick, deadline = threading.Event(), time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout:.0f} s"
+        tick.wait(0.05)
+
+
+def rows():
+    return magics().dashboard.hub.model.rows(time.monotonic())
+
+
+def later(seconds, fn):
+    """Call ``fn`` from another thread after ``seconds`` (a click while a cell runs)."""
+    results = []
+    timer = threading.Timer(seconds, lambda: results.append(fn()))
+    timer.start()
+    return timer, results
+
+
+def test_rows_show_every_rank_with_its_identity(local_cluster):
+    dash = magics().dashboard
+    assert dash is not None and dash.running and dash.hub.view is None  # no widget frontend
+    assert "hvd: 3 ranks (3 idle)" in local_cluster.out  # the text status, printed once
+    cluster = magics().cluster
+    wait_for(lambda: all(r.pid for r in rows()), what="a snapshot from every rank")
+    assert [(r.rank, r.pid, r.host, r.device) for r in rows()] == \
+        [(i.rank, i.pid, i.host, "cpu") for i in cluster.ranks]
+    assert all(r.state == "idle" for r in rows())
+
+
+def test_reported_samples_become_throughput_and_the_timeline_fills(local_cluster, run):
+    res = run(TRAIN)
+    assert res.error is None, res.text
+    wait_for(lambda: all(r.samples == 300 * 16 for r in rows()), what="every report")
+    for r in rows():
+        assert r.unit == "samples/s" and r.rate and r.rate > 0 and r.extra == {"loss": 0.5}
+        assert r.ops_rate and r.ops_rate > 0
+    model = magics().dashboard.hub.model
+    lanes = model.timeline(time.monotonic(), span_s=30)
+    assert [lane.rank for lane in lanes] == [0, 1, 2]
+    assert all(any(op == "allreduce" and name.endswith("grad") for op, name, *_ in lane.bars)
+               for lane in lanes), lanes
+    text = run("%hvd_dashboard").out
+    assert "hvd: 3 ranks" in text and "samples/s" in text and "r2 " in text
+
+
+def test_timeline_and_autotune_magics_run_on_every_rank(local_cluster, run, tmp_path):
+    path = tmp_path / "tl.json"
+    res = run(f"%hvd_timeline start {path}")
+    assert res.error is None and f"timeline: recording to {path}" in res.out, res.text
+    model = magics().dashboard.hub.model
+    wait_for(lambda: model.timeline_active(), what="the core reporting its timeline")
+    assert run("%%hvd\nhvd.allreduce(torch.ones(3), name='traced')").error is None
+    assert "timeline: stopped" in run("%hvd_timeline stop").out
+    assert path.exists() and "traced" in path.read_text()
+    res = run("%hvd_autotune on")
+    assert res.error is None and "autotune:" in res.out, res.text
+    wait_for(lambda: model.autotune() is not None and model.autotune().enabled,
+             what="the autotune panel")
+    assert run("%hvd_autotune off").error is None
+
+
+def test_a_core_without_the_function_degrades_with_a_clear_message(local_cluster, run):
+    run("%%hvd\nimport engine_native.basics as _b\n_saved = _b.set_autotune\ndel _b.set_autotune")
+    try:
+        res = run("%hvd_autotune on")
+        assert res.error is not None
+        assert "ranks 0-2: NotImplementedError: this core has no set_autotune()" in str(res.error)
+    finally:
+        run("%%hvd\n_b.set_autotune = _saved")
+
+
+def test_buttons_act_while_a_cell_runs_and_stop_interrupts_it(local_cluster, run, tmp_path):
+    dash = magics().dashboard
+    assert dash.stop_clicked() == "no %%hvd cell is running"
+    answers = []
+    path = str(tmp_path / "during.json")
+
+    def timeline_button():
+        dash.hub.command("timeline", on_done=lambda a, m: answers.append((a, m)), start=True,
+                         path=path)
+        wait_for(lambda: answers, what="the ranks' answers")
+        return dash.stop_clicked()
+
+    timer, said = later(2.0, timeline_button)
+    t0 = time.monotonic()
+    res = run(LONG)
+    timer.join()
+    assert isinstance(res.error, CellInterrupted), res.text
+    assert "stop button" in res.text and time.monotonic() - t0 < 20  # not the 20 s cell
+    assert said == ["stopping every rank..."]
+    (got, missing), = answers
+    assert missing == [] and got[0] == (True, f"recording to {path}") and len(got) == 3
+    assert os.path.exists(path)
+    res = run("%%hvd\nhvd.allreduce(torch.ones(1), op=hvd.Sum).item()")
+    assert res.error is None and res.value == 3.0, res.text
+
+
+def test_a_dead_engine_shows_dead_and_restart_brings_fresh_rows(local_cluster, run):
+    victim = magics().cluster.ranks[2].pid
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: rows()[2].state == "dead", what="rank 2 shown dead")
+    assert rows()[0].state != "dead"
+    res = run("%hvd_restart")
+    assert res.error is None, res.text
+    pids = {i.pid for i in magics().cluster.ranks}
+    wait_for(lambda: {r.pid for r in rows()} == pids and all(r.state == "idle" for r in rows()),
+             what="rows of the new engines")
+    assert victim not in pids
+    res = run("%%hvd\nhvd.report(samples=1)\nhvd.rank()")
+    assert res.error is None, res.text
+
+
+def test_no_dashboard_then_on_demand_then_off_then_stop(no_cluster, run):
+    start_cluster(magics().shell, "-n 2 --launcher local --gpus none --no-dashboard")
+    assert magics().dashboard is None
+    res = run("%hvd_dashboard")
+    assert res.error is None and magics().dashboard.running, res.text
+    wait_for(lambda: len([r for r in rows() if r.pid]) == 2, what="both ranks")
+    assert "hvd: 2 ranks" in run("%hvd_dashboard").out
+    assert "dashboard off" in run("%hvd_dashboard --off").out and magics().dashboard is None
+    run("%hvd_dashboard")
+    hub = magics().dashboard.hub
+    assert "cluster stopped" in run("%hvd_stop").out
+    assert magics().dashboard is None and not hub.running
+
+
+def test_every_new_magic_has_help_with_an_example(shell):
+    for name in ("hvd_dashboard", "hvd_timeline", "hvd_autotune"):
+        doc = shell.find_line_magic(name).__doc__
+        assert "Examples" in doc and f"%{name}" in doc, name
+    assert "--no-dashboard" in shell.find_line_magic("hvd_start").__doc__

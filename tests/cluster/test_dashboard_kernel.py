@@ -1,0 +1,169 @@
+"""The dashboard inside a real Jupyter kernel (ipykernel via jupyter_client): while a ``%%hvd``
+training cell runs, the dashboard's widget models keep sending updates on IOPub (comm_msg),
+at most 5 a second and never more than 2 s apart, showing a non-zero, changing throughput;
+``%hvd_dashboard`` displays the same live view again; its buttons (comm messages from the
+frontend) act while the cell runs.
+"""
+
+import re
+import time
+
+import pytest
+from cluster_harness import REPO, kill_strays, needs_core
+
+pytestmark = [pytest.mark.timeout(300), needs_core]
+
+TRAIN_S = 5.0
+# Every rank stops at the same step: the decision is an allreduce (a time-based loop alone
+# would leave the faster rank's peer waiting in its last allreduce).
+TRAIN = f"""%%hvd
+import time
+t0, steps = time.perf_counter(), 0
+while True:
+    hvd.allreduce(torch.ones(4096), name="grad")
+    hvd.report(samples=32, loss=1.0 / (steps + 1))
+    steps += 1
+    late = torch.tensor([float(time.perf_counter() - t0 > {TRAIN_S})])
+    if hvd.allreduce(late, name="stop", op=hvd.Max).item():
+        break
+    time.sleep(0.002)
+steps
+"""
+RATE = re.compile(r'class="hvd-rate"[^>]*>([0-9.]+)([kMG]?) samples/s<')
+SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _timestamp(date):
+    """A header date as seconds (a datetime, or its ISO text when another test's session
+    left dates unparsed)."""
+    if isinstance(date, str):
+        from datetime import datetime
+        date = datetime.fromisoformat(date.replace("Z", "+00:00"))
+    return date.timestamp()
+
+
+class Kernel:
+    def __init__(self):
+        import os
+
+        from jupyter_client.manager import start_new_kernel
+
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("IPP_NONINTERACTIVE", "HVD_DASHBOARD")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+        self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=90, env=env)
+
+    def start(self, code):
+        return self.kc.execute(code)
+
+    def collect(self, msg_id, timeout=120):
+        """(text, ename, comm updates) of ``msg_id``; updates are every comm_msg seen on IOPub
+        meanwhile, whatever its parent (the hub thread sends them), as (comm_id, time, state)."""
+        text, ename, updates = [], None, []
+        self.views = []  # model ids of the widgets the cell displayed
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "comm_msg" and content["data"].get("method") == "update":
+                sent = _timestamp(msg["header"]["date"])  # when the kernel built it
+                updates.append((content["comm_id"], sent, content["data"]["state"]))
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if kind == "stream":
+                text.append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                text.append(content["data"].get("text/plain", "") + "\n")
+                view = content["data"].get("application/vnd.jupyter.widget-view+json")
+                if view:
+                    self.views.append(view["model_id"])
+            elif kind == "error":
+                ename = content["ename"]
+                text.append("\n".join(content["traceback"]))
+            elif kind == "status" and content["execution_state"] == "idle":
+                return "".join(text), ename, updates
+        raise TimeoutError(f"no idle status for {msg_id} within {timeout} s")
+
+    def run(self, code, timeout=180):
+        text, ename, _ = self.collect(self.start(code), timeout)
+        assert ename is None, text
+        return text
+
+    def close(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=False)
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    cid = None
+    try:
+        text = k.run("%load_ext hvd_magic\n%hvd_start -n 2 --launcher local --gpus none\n"
+                     "import hvd_magic\nd = hvd_magic._magics.dashboard\n"
+                     "print('CID', hvd_magic._magics.cluster.ipp.cluster_id)")
+        cid = text.split("CID", 1)[1].split()[0]
+        k.ids = k.run("print(*[w.model_id for w in (d.hub.view.cluster, "
+                      "*d.hub.view._rows.values())])").split()
+        yield k
+    finally:
+        k.close()
+        if cid:
+            kill_strays([cid])
+
+
+def test_widget_updates_keep_flowing_while_a_training_cell_runs(kernel):
+    _, *row_ids = kernel.ids  # the cluster row first
+    assert len(row_ids) == 2
+    msg_id = kernel.start(TRAIN)
+    text, ename, updates = kernel.collect(msg_id)
+    assert ename is None, text
+    ours = [(c, t, s) for c, t, s in updates if c in kernel.ids]
+    assert ours, f"no dashboard update among {len(updates)} comm messages"
+    start, end = min(t for _, t, _ in ours), max(t for _, t, _ in ours)
+    assert end - start >= TRAIN_S - 1.0, (start, end)
+    for model in kernel.ids:
+        times = sorted(t for c, t, _ in ours if c == model)
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        print(f"model {model}: {len(times)} updates in {times[-1] - times[0]:.1f} s, gaps "
+              f"{min(gaps):.3f}-{max(gaps):.3f} s")
+        assert len(times) >= TRAIN_S, (model, times)              # about once a second at least
+        assert max(gaps) <= 2.0, (model, max(gaps))                # never silent for 2 s
+        assert min(gaps) >= 0.15, (model, min(gaps))               # throttled to ≤ 5 Hz (+jitter)
+        assert len(times) <= 5 * (times[-1] - times[0]) + 2, (model, len(times))
+    rates = [float(m.group(1)) * SCALE[m.group(2)] for c, _, s in ours if c in row_ids
+             for m in [RATE.search(s.get("value", ""))] if m]
+    assert len(rates) >= 4 and max(rates) > 0, rates                # samples/s from hvd.report
+    assert len(set(rates)) >= 3, rates                              # and it changes
+
+
+def test_hvd_dashboard_displays_the_live_view_again(kernel):
+    shown = kernel.run("print(d.hub.view.widget.model_id)").split()
+    kernel.run("%hvd_dashboard")
+    assert kernel.views == shown  # the same widget (it keeps updating), not a new one
+
+
+def test_buttons_act_while_a_cell_runs(kernel, tmp_path):
+    """Timeline button (through the publishers, not the engines' busy queue), then Stop: the
+    cell ends like Ctrl-C and the cluster answers the next cell."""
+    kernel.run("v = d.hub.view\nimport hvd_magic.dashboard as D\n"
+               f"D.timeline_path = lambda path=None: {str(tmp_path / 'tl.json')!r}")
+    ids = kernel.run("print(v.timeline_button.model_id, v.stop_button.model_id)").split()
+    msg_id = kernel.start("%%hvd\nimport time\nfor i in range(600):\n"
+                          "    hvd.allreduce(torch.ones(8), name='tick')\n    time.sleep(0.05)")
+    time.sleep(3.0)
+    session, shell = kernel.kc.session, kernel.kc.shell_channel
+    click = {"method": "custom", "content": {"event": "click"}}
+    shell.send(session.msg("comm_msg", {"comm_id": ids[0], "data": click}))
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "tl.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (tmp_path / "tl.json").exists(), "the timeline did not start during the cell"
+    t0 = time.monotonic()
+    shell.send(session.msg("comm_msg", {"comm_id": ids[1], "data": click}))
+    text, ename, _ = kernel.collect(msg_id, timeout=60)
+    assert ename == "CellInterrupted" and "stop button" in text, text
+    assert time.monotonic() - t0 < 15
+    text = kernel.run("%%hvd\nprint('alive', hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
+    assert "[all ranks] alive 2.0" in text, text

@@ -1,0 +1,120 @@
+"""Dashboard commands (widgets/control.py): framing and signatures, the driver's bookkeeping of
+answers, and a real round trip hub -> publisher thread -> handler -> ack -> on_done."""
+
+import threading
+import time
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+
+from hvd_magic.widgets import control as C  # noqa: E402
+from hvd_magic.widgets import hub as H  # noqa: E402
+from hvd_magic.widgets import model as M  # noqa: E402
+from hvd_magic.widgets import publisher as P  # noqa: E402
+from hvd_magic.widgets import snapshot as S  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+KEY = b"job-key"
+
+
+def test_command_frames_round_trip_and_reject_tampering():
+    frame = C.pack_command(7, "timeline", {"start": True, "path": "/tmp/t.json"}, KEY)
+    assert C.unpack_command(frame, KEY) == (7, "timeline", {"start": True, "path": "/tmp/t.json"})
+    with pytest.raises(ValueError, match="bad signature"):
+        C.unpack_command(frame, b"other-key")
+    with pytest.raises(ValueError, match="bad signature"):
+        C.unpack_command(frame[:-2] + b"0}", KEY)
+    with pytest.raises(ValueError, match=r"expected \{id: int"):
+        C.unpack_command(C.pack_command(1, "x", {}).replace(b'"id":1', b'"id":"1"'), None)
+
+
+def test_acks_travel_in_snapshots_and_bad_ones_are_dropped():
+    snap = {"v": 1, "rank": 0, "t": 1.0,
+            "acks": [[3, True, "ok"], [4, False, "ValueError: x"], ["5", True, ""], [6, 1, ""]]}
+    assert S.unpack(S.pack(snap, KEY), KEY)["acks"] == [[3, True, "ok"],
+                                                        [4, False, "ValueError: x"]]
+
+
+def test_pending_ends_when_every_rank_answered_or_at_the_deadline():
+    now = [0.0]
+    done = []
+    pending = C.Pending(lambda: now[0])
+    pending.sent(1, [0, 1, 2], 5.0, lambda a, m: done.append((1, a, m)))
+    pending.sent(2, [0, 1], 5.0, lambda a, m: done.append((2, a, m)))
+    pending.ack(0, [[1, True, "a"], [2, True, "b"]])
+    pending.ack(1, [[1, False, "boom"], [2, True, "c"], [2, False, "late duplicate"]])
+    assert done == [(2, {0: (True, "b"), 1: (True, "c")}, [])] and len(pending) == 1
+    now[0] = 5.0
+    pending.expire()
+    assert done[-1] == (1, {0: (True, "a"), 1: (False, "boom")}, [2]) and len(pending) == 0
+    pending.sent(3, [], 5.0, lambda a, m: done.append((3, a, m)))  # nobody to wait for
+    assert done[-1] == (3, {}, [])
+
+
+def test_a_failing_on_done_does_not_escape():
+    pending = C.Pending(time.monotonic)
+    pending.sent(1, [0], 5.0, lambda a, m: 1 / 0)
+    pending.ack(0, [[1, True, ""]])
+    assert len(pending) == 0
+
+
+def test_hub_command_reaches_publisher_handlers_and_answers_come_back():
+    model = M.DashboardModel(size=2)
+    hub = H.MetricsHub(model, key=KEY)
+    hub.start()
+    calls, answers = [], []
+    got = threading.Event()
+
+    def handler(start, path=None):
+        calls.append((threading.current_thread().name, start, path))
+        if path is None:
+            raise ValueError("no path")
+        return f"recording to {path}"
+
+    pubs = [P.Publisher(hub.address, rank=r, key=KEY, interval_s=0.05,
+                        command_address=hub.command_address,
+                        handlers={"timeline": handler}).start() for r in range(2)]
+    try:
+        deadline = time.monotonic() + 10
+        while any(r.state == "starting" for r in model.rows(time.monotonic())):
+            assert time.monotonic() < deadline, "publishers never reached the hub"
+            time.sleep(0.02)
+        time.sleep(0.3)  # PUB/SUB: let both subscriptions arrive before publishing
+
+        def on_done(a, m):
+            answers.append((a, m))
+            got.set()
+
+        hub.command("timeline", on_done=on_done, start=True, path="/tmp/x.json")
+        assert got.wait(10)
+        got.clear()
+        hub.command("timeline", on_done=on_done, start=False)
+        assert got.wait(10)
+        got.clear()
+        hub.command("nope", on_done=on_done, timeout_s=3)
+        assert got.wait(10)
+    finally:
+        for p in pubs:
+            p.stop()
+        hub.stop()
+    assert answers[0] == ({0: (True, "recording to /tmp/x.json"),
+                           1: (True, "recording to /tmp/x.json")}, [])
+    assert answers[1] == ({0: (False, "ValueError: no path"), 1: (False, "ValueError: no path")},
+                          [])
+    assert answers[2][0][0] == (False, "NotImplementedError: this engine has no handler for 'nope'")
+    assert {name for name, *_ in calls} == {"hvd-metrics-r0", "hvd-metrics-r1"}  # their threads
+    assert all(p.commands_run == 3 for p in pubs)
+
+
+def test_hub_stop_reports_unanswered_commands_as_missing():
+    hub = H.MetricsHub(M.DashboardModel(), key=KEY)
+    hub.start()
+    answers = []
+    hub.model.ingest(0, {"v": 1, "rank": 0, "t": 1.0, "pid": 1}, time.monotonic())
+    hub.command("timeline", on_done=lambda a, m: answers.append((a, m)), timeout_s=60, start=True)
+    deadline = time.monotonic() + 5
+    while not hub._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    hub.stop()
+    assert answers == [({}, [0])]
