@@ -23,7 +23,7 @@ ADAPTERS = {"ours": "ours", "mpi": "peers.mpi_peer", "gloo": "peers.gloo_peer",
             "horovod": "peers.horovod_peer"}
 CASES = {"allreduce": "bench_allreduce", "fusion": "bench_fusion",
          "collectives": "bench_other_collectives", "idle": "bench_idle",
-         "loop": "profile_ours"}
+         "loop": "profile_ours", "timeline": "bench_timeline"}
 
 
 def main() -> None:

@@ -101,9 +101,9 @@ def stop_timeline() -> None:
     """Close the timeline file (valid JSON). No-op when none runs. ValueError before init()."""
 
 def timeline_events(since_us: int = 0) -> list[tuple[int, str, str, str, int, str]]:
-    """This rank's recent timeline events (HVD_TIMELINE_LIVE), oldest first:
-    ``(ts_us, name, phase, op, duration_us, error)`` with ts in microseconds since the epoch and
-    phase one of negotiate / op / activity / rank_ready."""
+    """This rank's recent collectives (HVD_TIMELINE_LIVE), oldest first, one per response:
+    ``(ts_us, name, phase, op, duration_us, error)`` with ts in microseconds since the epoch,
+    phase "op" and op the collective (or ERROR)."""
 
 def autotune_state() -> dict:
     """This rank's autotune state: enabled, tuner, phase, trial, trials, planned_settings,

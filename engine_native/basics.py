@@ -274,16 +274,19 @@ def stop_timeline() -> None:
 
 
 def timeline_events(since_us: int = 0) -> list:
-    """This rank's timeline events of the last seconds, oldest first, recorded whether or not a
+    """This rank's collectives of the last seconds, oldest first, recorded whether or not a
     file is written (``HVD_TIMELINE_LIVE``, on by default), for the dashboard's strip.
+
+    One event per executed response: a fused batch is one event named after its first tensor
+    (``"grad.0 (+199 fused)"``). Negotiation and activity detail goes to the file only.
 
     Returns
     -------
     list of tuple
         ``(ts_us, name, phase, op, duration_us, error)``: start in microseconds since the Unix
-        epoch, tensor name, ``"negotiate" | "op" | "activity" | "rank_ready"``, the span's
-        label (``ALLREDUCE``, ``MEMCPY_IN_FUSION_BUFFER``, ``NEGOTIATE_ALLREDUCE``, a rank),
-        duration, error text ("" when none). Only events starting at or after ``since_us``.
+        epoch, tensor name, ``"op"``, the collective (``ALLREDUCE``, ``BROADCAST``, ...; ``ERROR``
+        for an op that failed in negotiation), duration, error text ("" when none). Only events
+        starting at or after ``since_us``.
     """
     fn = _core_entry("timeline_events")
     return [] if fn is None else fn(int(since_us))
@@ -307,7 +310,8 @@ def autotune_state() -> dict:
         ``cycle_time_ms``, ``cache_enabled``, ``hierarchical_allreduce``), ``switches`` (every
         change applied here: ``{"responses_before", "params", "phase"}``, identical on every
         rank), and on rank 0 ``current``, ``best``, ``best_score`` (bytes/s) and ``history``
-        (``{"params", "score", "phase"}`` per scored setting).
+        (``{"params", "score", "phase"}`` per scored setting; the Bayesian phase ends by
+        re-measuring its finalists in turn, so they appear twice).
 
     Example
     -------

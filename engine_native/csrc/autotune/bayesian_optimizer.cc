@@ -92,6 +92,22 @@ bool BayesianOptimizer::best(Point* x, double* y) const {
   return true;
 }
 
+std::vector<double> BayesianOptimizer::posteriorMeans() {
+  if (ys_.size() < 3 || !gp_.fit(xs_, ys_).isOk()) return ys_;
+  std::vector<double> means(xs_.size());
+  for (size_t i = 0; i < xs_.size(); ++i) {
+    double sd = 0.0;
+    gp_.predict(xs_[i], &means[i], &sd);
+  }
+  return means;
+}
+
+int BayesianOptimizer::recommend() {
+  if (ys_.empty()) return -1;
+  const std::vector<double> means = posteriorMeans();
+  return static_cast<int>(std::max_element(means.begin(), means.end()) - means.begin());
+}
+
 double BayesianOptimizer::expectedImprovementUnit(const Point& u) const {
   double mean = 0.0, sd = 0.0;
   gp_.predict(u, &mean, &sd);

@@ -39,6 +39,13 @@ class BayesianOptimizer {
 
   size_t size() const { return xs_.size(); }
   bool best(Point* x, double* y) const;  // false when empty
+  // The sample to keep when sampling ends: the one whose posterior mean (the model refitted on
+  // every sample) is highest, which discounts a lucky measurement that its neighbours
+  // contradict. Index into the samples in the order added; -1 when empty.
+  int recommend();
+  // Posterior mean at every sample (model refitted on all), in the order added; the samples
+  // themselves while fewer than three are known or the fit fails.
+  std::vector<double> posteriorMeans();
   // Expected improvement at x (original units) under the last fitted model.
   double expectedImprovement(const Point& x) const;
   const GaussianProcess& model() const { return gp_; }

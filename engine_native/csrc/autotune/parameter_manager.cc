@@ -13,7 +13,7 @@ namespace hvd::autotune {
 //   a. warm-up: the first warmup_samples samples are discarded (caches, allocators settle);
 //   b. Bayesian: fusion threshold x cycle time, jointly; the first setting is the initial one,
 //      then a space-filling design, then expected-improvement proposals, bayes_max_samples
-//      settings in all;
+//      settings in all; the phase keeps the setting the refitted model rates highest;
 //   c. categorical: each on/off knob in turn (hierarchical allreduce, only with several hosts;
 //      response cache) is tried both ways on top of the best setting so far;
 //   d. done: the best setting measured is applied for good.
@@ -106,6 +106,10 @@ ParameterManager::~ParameterManager() {
 bool ParameterManager::update(int64_t bytes, double seconds) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_.phase == AutotunePhase::kDone) return false;
+  if (discard_steps_ > 0) {
+    --discard_steps_;
+    return false;
+  }
   step_bytes_ += std::max<int64_t>(0, bytes);
   step_seconds_ += std::max(0.0, seconds);
   if (++steps_ < options_.steps_per_sample) return false;
@@ -139,6 +143,7 @@ bool ParameterManager::onSample(double score) {
     }
     return beginTuning();
   }
+  if (!finalists_.empty()) return onFinalistSample(score);
   samples_.push_back(score);
   state_.samples = static_cast<int>(samples_.size());
   if (static_cast<int>(samples_.size()) < options_.samples_per_setting) return false;
@@ -172,6 +177,93 @@ bool ParameterManager::beginTuning() {
   return false;
 }
 
+// Samples are noisy (a shared machine's load comes in bursts of seconds, longer than a
+// setting's samples): the Bayesian phase keeps the setting the refitted model rates highest,
+// not the luckiest measurement (BayesianOptimizer::recommend). The phase's settings are the
+// first entries of the history, in the optimizer's order.
+void ParameterManager::keepRecommendation() {
+  const int chosen = optimizer_ ? optimizer_->recommend() : -1;
+  if (chosen < 0 || static_cast<size_t>(chosen) >= state_.history.size()) return;
+  const AutotuneTrial& kept = state_.history[chosen];
+  if (kept.params != state_.best) {
+    HVD_LOG(kInfo, "autotune") << "autotune: keeping " << describe(kept.params) << " ("
+                               << kept.score / kMiB << " MiB/s measured) over the luckiest "
+                               << describe(state_.best) << " (" << state_.best_score / kMiB
+                               << " MiB/s): the model rates it higher";
+  }
+  state_.best = kept.params;
+  state_.best_score = kept.score;
+}
+
+// Note [Finalists]: on a shared machine the load drifts over seconds, longer than a setting's
+// samples, so settings measured one after another are compared under different loads. The
+// Bayesian phase therefore ends by re-measuring its finalists (the settings the model rates
+// highest, plus the starting setting as the baseline to beat) interleaved: one sample each in
+// turn, samples_per_setting rounds, so every finalist sees the same load. The first step after
+// each switch is discarded (it ran the previous setting). The finalist with the best median is
+// kept; each finalist's re-measurement is another history entry (phase bayes).
+// Returns false when there is nothing to re-measure; *changed: the parameters changed.
+bool ParameterManager::beginFinalists(bool* changed) {
+  if (options_.finalists <= 0 || !optimizer_ || state_.history.empty()) return false;
+  const std::vector<double> means = optimizer_->posteriorMeans();
+  std::vector<size_t> order(std::min(means.size(), state_.history.size()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return means[a] > means[b]; });
+  finalists_.clear();
+  auto add = [this](const TunedParams& p) {
+    if (std::find(finalists_.begin(), finalists_.end(), p) == finalists_.end()) {
+      finalists_.push_back(p);
+    }
+  };
+  for (size_t i = 0; i < order.size() && finalists_.size() < size_t(options_.finalists); ++i) {
+    add(state_.history[order[i]].params);
+  }
+  add(state_.history.front().params);  // the starting setting: the baseline to beat
+  if (finalists_.size() < 2) {
+    finalists_.clear();
+    return false;
+  }
+  finalist_scores_.assign(finalists_.size(), {});
+  finalist_turn_ = 0;
+  state_.trials = options_.bayes_max_samples + static_cast<int>(finalists_.size());
+  state_.trial = options_.bayes_max_samples + 1;
+  discard_steps_ = 1;
+  *changed = switchTo(finalists_[0]);
+  return true;
+}
+
+bool ParameterManager::onFinalistSample(double score) {
+  const size_t n = finalists_.size();
+  finalist_scores_[finalist_turn_ % n].push_back(score);
+  ++finalist_turn_;
+  if (finalist_turn_ < n * static_cast<size_t>(options_.samples_per_setting)) {
+    state_.trial = options_.bayes_max_samples + 1 + static_cast<int>(finalist_turn_ % n);
+    discard_steps_ = 1;
+    return switchTo(finalists_[finalist_turn_ % n]);
+  }
+  const TunedParams running = current_;
+  size_t kept = 0;
+  std::vector<double> scores(n);
+  for (size_t i = 0; i < n; ++i) {
+    scores[i] = median(finalist_scores_[i]);
+    if (scores[i] > scores[kept]) kept = i;
+    current_ = finalists_[i];
+    record(scores[i]);
+  }
+  HVD_LOG(kInfo, "autotune") << "autotune: finalists re-measured; keeping "
+                             << describe(finalists_[kept]) << " at " << scores[kept] / kMiB
+                             << " MiB/s";
+  state_.best = finalists_[kept];
+  state_.best_score = scores[kept];
+  current_ = finalists_[kept];
+  finalists_.clear();
+  finalist_scores_.clear();
+  state_.trial = state_.trials;
+  beginCategorical();
+  return current_ != running;
+}
+
 bool ParameterManager::beginCategorical() {
   state_.phase = AutotunePhase::kCategorical;
   categorical_index_ = 0;
@@ -188,7 +280,11 @@ bool ParameterManager::onSettingScored(double score) {
   record(score);
   if (state_.phase == AutotunePhase::kBayes) {
     optimizer_->addSample(bayesPoint(current_), score);
-    if (state_.trial >= options_.bayes_max_samples) return beginCategorical();
+    if (state_.trial >= options_.bayes_max_samples) {
+      keepRecommendation();
+      bool changed = false;
+      return beginFinalists(&changed) ? changed : beginCategorical();
+    }
     ++state_.trial;
     return switchTo(fromBayesPoint(optimizer_->nextSample()));
   }

@@ -34,6 +34,8 @@ struct AutotuneOptions {
   int steps_per_sample = 10;     // HVD_AUTOTUNE_STEPS_PER_SAMPLE: update() calls per sample
   int samples_per_setting = 5;   // the median of these scores a setting
   int bayes_max_samples = 20;    // HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES: settings in that phase
+  int finalists = 3;             // settings the model rates highest, re-measured interleaved
+                                 // with the starting one (Note [Finalists]); 0: none
   double gp_noise = 0.8;         // HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE (standardised scores)
   uint64_t seed = 1;
   std::string log_path;          // HVD_AUTOTUNE_LOG: CSV, one row per setting, best last
@@ -61,7 +63,7 @@ struct AutotuneState {
   int samples = 0;        // samples collected for the current setting
   TunedParams current;
   TunedParams best;
-  double best_score = 0.0;  // 0 until a setting has been scored
+  double best_score = 0.0;  // best's measured score; 0 until a setting has been scored
   std::vector<AutotuneTrial> history;
 };
 
@@ -91,6 +93,9 @@ class ParameterManager {
   bool onSample(double score);
   bool onSettingScored(double score);
   bool beginTuning();
+  void keepRecommendation();
+  bool beginFinalists(bool* changed);
+  bool onFinalistSample(double score);
   bool beginCategorical();
   bool finish();
   Point bayesPoint(const TunedParams& p) const;
@@ -115,6 +120,10 @@ class ParameterManager {
   int64_t step_bytes_ = 0;
   double step_seconds_ = 0.0;
   std::vector<double> samples_;
+  std::vector<TunedParams> finalists_;             // being re-measured, in turn
+  std::vector<std::vector<double>> finalist_scores_;
+  size_t finalist_turn_ = 0;
+  int discard_steps_ = 0;  // steps to ignore after a switch (they ran the previous setting)
   std::FILE* log_ = nullptr;
 };
 

@@ -7,7 +7,10 @@
 #include "bindings/timeline_autotune.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "common/dtype.h"
 #include "timeline/timeline.h"
@@ -150,6 +153,75 @@ PyObject* opEnd(PyObject* self, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+PyObject* beginGroup(PyObject* self, PyObject* args) {
+  const char* op = nullptr;
+  if (!PyArg_ParseTuple(args, "s", &op)) return nullptr;
+  timelineOf(self).beginGroup(op);
+  Py_RETURN_NONE;
+}
+
+PyObject* activityStartGroup(PyObject* self, PyObject* args) {
+  const char* activity = nullptr;
+  if (!PyArg_ParseTuple(args, "s", &activity)) return nullptr;
+  timelineOf(self).activityStartGroup(activity);
+  Py_RETURN_NONE;
+}
+
+PyObject* activityEndGroup(PyObject* self, PyObject*) {
+  timelineOf(self).activityEndGroup();
+  Py_RETURN_NONE;
+}
+
+PyObject* endGroup(PyObject* self, PyObject* args) {
+  const char* error = nullptr;
+  if (!PyArg_ParseTuple(args, "|z", &error)) return nullptr;
+  timelineOf(self).endGroup(error == nullptr ? "" : error);
+  Py_RETURN_NONE;
+}
+
+// record_steps(tensors, steps, ranks=2) -> ns of recording calls per tensor: what the
+// background loop records for one fused allreduce per step (negotiation with a tick per rank,
+// then a response group with three activities), timed in C++ with the GIL released. Pauses
+// between steps so the writer keeps up and nothing is dropped. For benchmarks/bench_timeline.
+PyObject* recordSteps(PyObject* self, PyObject* args) {
+  int tensors = 0, steps = 0, ranks = 2;
+  if (!PyArg_ParseTuple(args, "ii|i", &tensors, &steps, &ranks)) return nullptr;
+  if (tensors <= 0 || steps <= 0 || ranks <= 0) {
+    return PyErr_Format(PyExc_ValueError, "record_steps: counts must be positive");
+  }
+  Timeline& tl = timelineOf(self);
+  std::vector<std::string> names;
+  for (int i = 0; i < tensors; ++i) names.push_back("allreduce.grad." + std::to_string(i));
+  const std::vector<int64_t> shape{1024};
+  std::chrono::nanoseconds spent{0};
+  Py_BEGIN_ALLOW_THREADS
+  for (int s = 0; s < steps; ++s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < ranks; ++r) {  // each rank's requests admitted in one loop
+      hvd::timeline::ClockScope one_clock_read(&tl);
+      for (const auto& n : names) {
+        if (r == 0) tl.negotiateStart(n, "ALLREDUCE");
+        tl.negotiateRankReady(n, r);
+      }
+    }
+    {
+      hvd::timeline::ClockScope one_clock_read(&tl);
+      for (const auto& n : names) tl.negotiateEnd(n);
+    }
+    tl.beginGroup("ALLREDUCE");
+    for (const auto& n : names) tl.start(n, "ALLREDUCE", hvd::common::DataType::kFloat32, shape);
+    for (const char* a : {"MEMCPY_IN_FUSION_BUFFER", "SHM_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"}) {
+      tl.activityStartGroup(a);
+      tl.activityEndGroup();
+    }
+    tl.endGroup();
+    spent += std::chrono::steady_clock::now() - t0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  Py_END_ALLOW_THREADS
+  return PyFloat_FromDouble(static_cast<double>(spent.count()) / (double(steps) * tensors));
+}
+
 PyObject* markCycle(PyObject* self, PyObject*) {
   timelineOf(self).markCycle();
   Py_RETURN_NONE;
@@ -181,6 +253,11 @@ PyMethodDef g_timeline_methods[] = {
     {"activity_start", activityStart, METH_VARARGS, "activity_start(name, activity)"},
     {"activity_end", activityEnd, METH_VARARGS, "activity_end(name)"},
     {"op_end", opEnd, METH_VARARGS, "op_end(name, error=None)"},
+    {"begin_group", beginGroup, METH_VARARGS, "begin_group(op): op_start calls that follow"},
+    {"activity_start_group", activityStartGroup, METH_VARARGS, "activity_start_group(a)"},
+    {"activity_end_group", activityEndGroup, METH_NOARGS, "activity_end_group()"},
+    {"end_group", endGroup, METH_VARARGS, "end_group(error=None): end every member"},
+    {"record_steps", recordSteps, METH_VARARGS, "record_steps(tensors, steps, ranks=2)"},
     {"mark_cycle", markCycle, METH_NOARGS, "mark_cycle(): CYCLE_START if marking cycles"},
     {"recent_events", timelineRecent, METH_VARARGS, "recent_events(since_us=0) -> list"},
     {"stats", timelineStats, METH_NOARGS, "stats() -> dict"},

@@ -87,7 +87,7 @@ PyObject* managerNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
       "warmup_samples", "steps_per_sample", "samples_per_setting", "bayes_max_samples",
       "gp_noise", "seed", "log_path", "num_hosts", "fusion_max_bytes", "cycle_min_ms",
       "cycle_max_ms", "fixed_fusion_threshold", "fixed_cycle_time", "fixed_cache",
-      "fixed_hierarchical", nullptr};
+      "fixed_hierarchical", "finalists", nullptr};
   TunedParams p;
   AutotuneOptions o;
   int cache = p.cache_enabled, hier = p.hierarchical_allreduce;
@@ -96,11 +96,11 @@ PyObject* managerNew(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   long long fusion = p.fusion_threshold_bytes, fusion_max = o.fusion_max_bytes;
   unsigned long long seed = o.seed;
   if (!PyArg_ParseTupleAndKeywords(
-          args, kwargs, "|$LdppiiiidKziLddpppp", const_cast<char**>(kw), &fusion,
+          args, kwargs, "|$LdppiiiidKziLddppppi", const_cast<char**>(kw), &fusion,
           &p.cycle_time_ms, &cache, &hier, &o.warmup_samples, &o.steps_per_sample,
           &o.samples_per_setting, &o.bayes_max_samples, &o.gp_noise, &seed, &log, &o.num_hosts,
           &fusion_max, &o.cycle_min_ms, &o.cycle_max_ms, &fixed[0], &fixed[1], &fixed[2],
-          &fixed[3])) {
+          &fixed[3], &o.finalists)) {
     return nullptr;
   }
   p.fusion_threshold_bytes = fusion;
@@ -150,15 +150,17 @@ PyMethodDef g_manager_methods[] = {
 
 PyObject* autotuneMaximize(PyObject*, PyObject* args, PyObject* kwargs) {
   static const char* kw[] = {"objective", "bounds", "max_samples", "noise", "seed", "kernel",
-                             nullptr};
+                             "recommend", nullptr};
   PyObject* objective = nullptr;
   PyObject* bounds = nullptr;
   int max_samples = 20;
   hvd::autotune::BayesOptions o;
   unsigned long long seed = o.seed;
   const char* kernel = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|idKz", const_cast<char**>(kw), &objective,
-                                   &bounds, &max_samples, &o.noise, &seed, &kernel)) {
+  int recommend = 0;  // best = BayesianOptimizer::recommend() instead of the largest sample
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|idKzp", const_cast<char**>(kw), &objective,
+                                   &bounds, &max_samples, &o.noise, &seed, &kernel,
+                                   &recommend)) {
     return nullptr;
   }
   std::vector<Point> box;
@@ -195,6 +197,12 @@ PyObject* autotuneMaximize(PyObject*, PyObject* args, PyObject* kwargs) {
   Point best_x;
   double best_y = 0.0;
   optimizer.best(&best_x, &best_y);
+  const int chosen = recommend ? optimizer.recommend() : -1;
+  if (chosen >= 0) {
+    PyObject* row = PyList_GetItem(history, chosen);  // borrowed: (x, y)
+    return Py_BuildValue("(OdN)", PyTuple_GetItem(row, 0),
+                         PyFloat_AsDouble(PyTuple_GetItem(row, 1)), history);
+  }
   return Py_BuildValue("(NdN)", toList(best_x), best_y, history);
 }
 

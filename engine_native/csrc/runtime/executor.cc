@@ -54,6 +54,7 @@ void Executor::recordStart(const coord::Response& r, const std::vector<TensorEnt
     timeline_->start(summary_, op, r.dtype, shape);
     return;
   }
+  timeline_->beginGroup(op);  // Note [Response groups] in timeline.cc
   size_t next = 0;  // entries follow the response's name order (execute() builds them so)
   for (size_t i = 0; i < r.names.size(); ++i) {
     if (next < entries.size() && entries[next]->request.name == r.names[i]) {
@@ -66,20 +67,20 @@ void Executor::recordStart(const coord::Response& r, const std::vector<TensorEnt
 }
 
 void Executor::activityStartAll(const coord::Response& r, const char* activity) {
-  if (!detailed_now_) return;
-  const std::string label = activity[0] == '_' ? transport_ + activity : activity;
-  for (const auto& name : r.names) timeline_->activityStart(name, label);
+  if (!detailed_now_ || r.names.empty()) return;
+  timeline_->activityStartGroup(activity[0] == '_' ? transport_ + activity : activity);
 }
 
 void Executor::activityEndAll(const coord::Response& r) {
-  if (!detailed_now_) return;
-  for (const auto& name : r.names) timeline_->activityEnd(name);
+  if (detailed_now_ && !r.names.empty()) timeline_->activityEndGroup();
 }
 
 void Executor::recordEnd(const coord::Response& r, const std::string& error) {
   if (!recording() || r.type == OpType::kJoin) return;
-  if (detailed_now_ || r.status == coord::ResponseType::kError) {
+  if (r.status == coord::ResponseType::kError) {
     for (const auto& name : r.names) timeline_->end(name, error);  // errors: every name
+  } else if (detailed_now_) {
+    timeline_->endGroup(error);
   } else if (!r.names.empty()) {
     timeline_->end(summary_, error);
   }

@@ -169,6 +169,7 @@ void BackgroundLoop::coordinate() {
 void BackgroundLoop::admitParked() {
   timeline::Timeline* timeline =
       timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
+  timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
   std::vector<coord::Request> still_parked;
   for (auto& request : parked_) {
     // A worker may register a new set (and use it) a moment before rank 0 does: keep its
@@ -200,6 +201,7 @@ void BackgroundLoop::admitParked() {
 void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
   timeline::Timeline* timeline =
       timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
+  timeline::ClockScope one_clock_read(timeline);  // released together
   for (const auto& r : ready) {
     for (const auto& name : r.names) {
       auto it = negotiating_.find({r.process_set, name});

@@ -14,9 +14,9 @@ namespace hvd::timeline {
 
 struct RecentEvent {
   int64_t ts_us = 0;        // start, microseconds since the Unix epoch
-  std::string name;         // tensor name as this rank knows it ("" for cycle markers)
-  std::string phase;        // "negotiate" | "op" | "activity" | "rank_ready" | "cycle"
-  std::string op;           // ALLREDUCE / MEMCPY_IN_FUSION_BUFFER / rank number / CYCLE_START
+  std::string name;         // tensor name, or "first (+k fused)" for a fused response
+  std::string phase;        // "op" (the strip holds finished collectives only)
+  std::string op;           // ALLREDUCE, BROADCAST, ... or ERROR (failed before it started)
   int64_t duration_us = 0;  // 0 for instants
   std::string error;        // non-empty when an op ended with an error
 };

@@ -2,22 +2,22 @@
 // recent-events strip for the dashboard. The background loop is the only recorder: the
 // recording calls are lock-free, never block and never format (records go into an SPSC ring;
 // a full ring drops and counts). A writer thread, running only while a file or the live strip
-// is on, drains the ring every 20-80 ms. Control calls and readers: any thread.
+// is on, drains the ring every 40-80 ms at a low priority (it never preempts the communication
+// threads). Control calls and readers: any thread.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "timeline/intern_table.h"
 #include "timeline/recent_events.h"
 #include "timeline/spsc_ring.h"
 #include "timeline/timeline_record.h"
@@ -29,7 +29,7 @@ struct TimelineOptions {
   size_t ring_slots = 1 << 16;       // 64-byte slots: 4 MiB
   double live_window_seconds = 10.0;
   size_t live_max_events = 4096;
-  int flush_interval_ms = 20;        // while events flow; 4x when idle (see writerLoop)
+  int flush_interval_ms = 40;        // while events flow; up to 80 when idle (see writerLoop)
 };
 
 struct TimelineStats {
@@ -70,18 +70,46 @@ class Timeline {
   void end(std::string_view name, std::string_view error = std::string_view());
   void markCycle();  // CYCLE_START, only while a file opened with mark_cycles is running
 
+  // A response executed as one unit (a fused batch or a lone tensor): beginGroup(op), then
+  // start() for each member; the group calls below give every member the same activity span
+  // or end, in one record each instead of one per member (Note [Response groups]).
+  void beginGroup(std::string_view op);
+  void activityStartGroup(std::string_view activity);
+  void activityEndGroup();
+  void endGroup(std::string_view error = std::string_view());
+
+  // While frozen, every record takes the time of the first one recorded after freezeClock():
+  // for a loop that records many arrivals or releases of one message (ClockScope below).
+  void freezeClock() {
+    clock_frozen_ = true;
+    frozen_ts_ns_ = 0;
+  }
+  void thawClock() { clock_frozen_ = false; }
+
   // ---- readers (any thread) ----------------------------------------------------------------
-  // Finished spans and ticks of the last live_window_seconds starting at or after since_us
-  // (microseconds since the Unix epoch), oldest first. Filled only while live capture is on.
+  // Finished collectives (one "op" span per response group or per lone start/end pair) and
+  // ERROR ticks of the last live_window_seconds starting at or after since_us (microseconds
+  // since the Unix epoch), oldest first. Filled only while live capture is on; negotiation and
+  // activity detail goes to the file only.
   std::vector<RecentEvent> recentEvents(int64_t since_us = 0) const;
   TimelineStats stats() const;
 
  private:
   bool recording();
-  bool intern(std::string_view text, uint32_t* id);
+  struct LastInterned {  // one-entry cache in front of the table, per kind of string
+    std::string_view text;  // into interned_, valid until it is cleared
+    uint32_t id = kNoString;
+  };
+  bool intern(std::string_view text, uint32_t* id, LastInterned* last);
+  bool internName(std::string_view text, uint32_t* id) { return intern(text, id, &last_name_); }
+  bool internLabel(std::string_view text, uint32_t* id) {
+    return intern(text, id, &last_label_);
+  }
   bool push(TimelineRecord record, const void* data, size_t bytes);
+  void recordLabel(RecordKind kind, std::string_view label);
   void emit(const TimelineRecord& record, const void* data = nullptr, size_t bytes = 0);
-  TimelineRecord makeRecord(RecordKind kind) const;
+  TimelineRecord makeRecord(RecordKind kind, int64_t ts_ns = 0);
+  int64_t now();
   void pauseWriterLocked();
   void resumeWriterLocked();
   void writerLoop();
@@ -93,8 +121,17 @@ class Timeline {
   TraceWriter writer_;
 
   // Producer-only intern table (string -> id); reset when it grows past its cap.
-  std::deque<std::string> intern_storage_;
-  std::unordered_map<std::string_view, uint32_t> intern_ids_;
+  InternTable interned_;
+  LastInterned last_name_;   // a tensor's rank tick often follows its negotiation start
+  LastInterned last_label_;  // op and activity names repeat
+  // Clock reads are a third of a record's cost: members of a response group share the group's
+  // timestamp, and a negotiation start's first rank tick shares the start's.
+  bool clock_frozen_ = false;
+  int64_t frozen_ts_ns_ = 0;
+  int64_t group_ts_ns_ = 0;
+  bool in_group_ = false;
+  uint32_t last_negotiate_name_ = kNoString;
+  int64_t last_negotiate_ts_ns_ = 0;
 
   std::atomic<bool> enabled_{false};
   std::atomic<bool> mark_cycles_{false};
@@ -112,6 +149,23 @@ class Timeline {
   std::mutex wake_mutex_;
   std::condition_variable wake_;
   bool stop_thread_ = false;
+};
+
+// Freezes `timeline`'s clock (if any) for a scope of the recording thread: one clock read for a
+// whole loop of recording calls (a clock read is a third of a record's cost).
+class ClockScope {
+ public:
+  explicit ClockScope(Timeline* timeline) : timeline_(timeline) {
+    if (timeline_ != nullptr) timeline_->freezeClock();
+  }
+  ~ClockScope() {
+    if (timeline_ != nullptr) timeline_->thawClock();
+  }
+  ClockScope(const ClockScope&) = delete;
+  ClockScope& operator=(const ClockScope&) = delete;
+
+ private:
+  Timeline* timeline_;
 };
 
 }  // namespace hvd::timeline

@@ -20,6 +20,12 @@ enum class RecordKind : uint8_t {
   kActivityEnd,     // name
   kOpEnd,           // name, label = error text id or kNoString
   kCycle,           // no name
+  // A response executed as one unit (Timeline::beginGroup): the kOpStart records that follow
+  // name its members; activities and the end then apply to every member at once.
+  kGroupBegin,          // label = op
+  kGroupActivityStart,  // label = activity
+  kGroupActivityEnd,    // -
+  kGroupEnd,            // label = error text id or kNoString
 };
 
 constexpr uint32_t kNoString = 0xffffffffu;

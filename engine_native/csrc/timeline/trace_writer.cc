@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 
@@ -17,26 +18,24 @@ namespace {
 
 constexpr const char* kClose = "\n]\n";
 constexpr size_t kFlushEarlyBytes = 1 << 20;  // flush mid-drain past this much text
-constexpr size_t kMaxTracks = 1 << 17;        // guard against names that never end
+constexpr uint32_t kMaxIds = 1 << 16;         // above the recorder's intern cap
 
 const char* dtypeName(int32_t code) {
   if (!common::isValidDataType(code)) return "unknown";
   return common::dataTypeName(static_cast<common::DataType>(code));
 }
 
-std::string shapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 }  // namespace
 
-void appendJsonString(std::string* out, const std::string& s) {
-  out->push_back('"');
+void appendJsonEscaped(std::string* out, const std::string& s) {
+  const bool plain = std::none_of(s.begin(), s.end(), [](char ch) {
+    const auto c = static_cast<unsigned char>(ch);
+    return c == '"' || c == '\\' || c < 0x20;
+  });
+  if (plain) {
+    out->append(s);
+    return;
+  }
   for (unsigned char c : s) {
     if (c == '"' || c == '\\') {
       out->push_back('\\');
@@ -49,6 +48,11 @@ void appendJsonString(std::string* out, const std::string& s) {
       out->push_back(static_cast<char>(c));
     }
   }
+}
+
+void appendJsonString(std::string* out, const std::string& s) {
+  out->push_back('"');
+  appendJsonEscaped(out, s);
   out->push_back('"');
 }
 
@@ -67,6 +71,8 @@ common::Status TraceWriter::open(const std::string& path, uint32_t session, int6
   }
   fd_ = fd;
   path_ = path;
+  pids_.clear();
+  pid_cache_.assign(pid_cache_.size(), 0);
   session_ = session;
   start_ns_ = start_ns;
   std::string header =
@@ -87,6 +93,7 @@ void TraceWriter::close() {
   fd_ = -1;
   pending_.clear();
   pids_.clear();
+  pid_cache_.assign(pid_cache_.size(), 0);
 }
 
 void TraceWriter::writeAt(const std::string& bytes, int64_t offset) {
@@ -108,8 +115,10 @@ void TraceWriter::writeAt(const std::string& bytes, int64_t offset) {
 
 void TraceWriter::flush() {
   if (fd_ < 0 || pending_.empty()) return;
-  writeAt(pending_ + kClose, close_offset_);
-  close_offset_ += static_cast<int64_t>(pending_.size());
+  const size_t events_bytes = pending_.size();
+  pending_ += kClose;
+  writeAt(pending_, close_offset_);
+  close_offset_ += static_cast<int64_t>(events_bytes);
   pending_.clear();
 }
 
@@ -145,58 +154,116 @@ const std::string& TraceWriter::text(uint32_t id) const {
   return id < strings_.size() ? strings_[id] : kEmpty;
 }
 
+// A reused id (the recorder's table was reset) names another string from now on: forget the
+// old name's open spans and pid (Note [Interned strings] in timeline.cc).
 void TraceWriter::define(const TimelineRecord& r, const std::string& data) {
+  if (r.name >= kMaxIds) return;
   if (r.name >= strings_.size()) strings_.resize(r.name + 1);
   strings_[r.name] = data;
+  if (r.name < tracks_.size()) tracks_[r.name] = Track();
+  if (r.name < pid_cache_.size()) pid_cache_[r.name] = 0;
+}
+
+TraceWriter::Track* TraceWriter::track(uint32_t name) {
+  if (name >= kMaxIds) return nullptr;
+  if (name >= tracks_.size()) tracks_.resize(name + 1);
+  return &tracks_[name];
 }
 
 void TraceWriter::apply(const TimelineRecord& r, const std::string& data) {
-  if (r.kind == RecordKind::kDefine) return define(r, data);
-  if (r.kind == RecordKind::kCycle) return cycle(r);
-  if (r.kind == RecordKind::kRankReady) return rankReady(r);
-  if (r.kind == RecordKind::kOpEnd) return endOp(r);
-  const std::string& name = text(r.name);
-  if (tracks_.size() > kMaxTracks) tracks_.clear();
-  Track& track = tracks_[name];
-  const SpanKind top = track.open.empty() ? SpanKind::kOp : track.open.back().kind;
+  switch (r.kind) {
+    case RecordKind::kDefine: return define(r, data);
+    case RecordKind::kCycle: return cycle(r);
+    case RecordKind::kRankReady: return rankReady(r);
+    case RecordKind::kOpEnd: return endOp(r);
+    case RecordKind::kGroupBegin:
+    case RecordKind::kGroupActivityStart:
+    case RecordKind::kGroupActivityEnd:
+    case RecordKind::kGroupEnd: return applyGroup(r);
+    default: break;
+  }
+  Track* t = track(r.name);
+  if (t == nullptr) return;
+  const SpanKind top = t->open.empty() ? SpanKind::kOp : t->open.back().kind;
   switch (r.kind) {
     case RecordKind::kNegotiateStart:
-      if (track.open.empty()) openSpan(r, SpanKind::kNegotiate, "NEGOTIATE_" + text(r.label));
+      if (t->open.empty()) openSpan(r.name, *t, r, SpanKind::kNegotiate);
       break;
     case RecordKind::kNegotiateEnd:
-      if (!track.open.empty() && top == SpanKind::kNegotiate)
-        closeSpan(name, track, r.ts_ns, "");
+      if (!t->open.empty() && top == SpanKind::kNegotiate) {
+        closeSpan(r.name, *t, r.ts_ns, kNoString);
+      }
       break;
     case RecordKind::kOpStart:
-      while (!track.open.empty()) closeSpan(name, track, r.ts_ns, "");
-      track.dtype = r.value;
-      track.shape.assign(reinterpret_cast<const int64_t*>(data.data()),
-                         reinterpret_cast<const int64_t*>(data.data()) + data.size() / 8);
-      openSpan(r, SpanKind::kOp, text(r.label));
+      while (!t->open.empty()) closeSpan(r.name, *t, r.ts_ns, kNoString);
+      t->dtype = r.value;
+      t->shape.assign(reinterpret_cast<const int64_t*>(data.data()),
+                      reinterpret_cast<const int64_t*>(data.data()) + data.size() / 8);
+      openSpan(r.name, *t, r, SpanKind::kOp);
+      if (group_.open) group_.names.push_back(r.name);
       break;
     case RecordKind::kActivityStart:
-      if (!track.open.empty() && track.open.front().kind == SpanKind::kOp)
-        openSpan(r, SpanKind::kActivity, text(r.label));
+      if (!t->open.empty() && t->open.front().kind == SpanKind::kOp) {
+        openSpan(r.name, *t, r, SpanKind::kActivity);
+      }
       break;
     case RecordKind::kActivityEnd:
-      if (!track.open.empty() && top == SpanKind::kActivity) closeSpan(name, track, r.ts_ns, "");
+      if (!t->open.empty() && top == SpanKind::kActivity) {
+        closeSpan(r.name, *t, r.ts_ns, kNoString);
+      }
       break;
     default:
       break;
   }
-  if (track.open.empty()) tracks_.erase(name);
 }
 
-void TraceWriter::beginEvent(const char* ph, const std::string* event_name, int64_t ts_ns,
-                             int pid) {
+// Note [Response groups] in timeline.cc: every member gets the activity's B/E events and the
+// end, as if recorded one by one; the live strip gets one "op" span for the whole response.
+void TraceWriter::applyGroup(const TimelineRecord& r) {
+  if (r.kind == RecordKind::kGroupBegin) {
+    group_.open = true;
+    group_.label = r.label;
+    group_.start_ns = r.ts_ns;
+    group_.names.clear();
+    return;
+  }
+  if (!group_.open) return;
+  for (uint32_t name : group_.names) {
+    Track* t = track(name);
+    if (t == nullptr || t->open.empty() || t->open.front().kind != SpanKind::kOp) continue;
+    if (r.kind == RecordKind::kGroupActivityStart) {
+      openSpan(name, *t, r, SpanKind::kActivity);
+    } else if (r.kind == RecordKind::kGroupActivityEnd) {
+      if (t->open.back().kind == SpanKind::kActivity) closeSpan(name, *t, r.ts_ns, kNoString);
+    } else {
+      closeAll(name, r.ts_ns, r.label);
+    }
+  }
+  if (r.kind != RecordKind::kGroupEnd) return;
+  group_.open = false;
+  if (live_on_ && !group_.names.empty()) {
+    std::string summary = text(group_.names.front());
+    if (group_.names.size() > 1) {
+      summary += " (+" + std::to_string(group_.names.size() - 1) + " fused)";
+    }
+    addLive(group_.start_ns, std::move(summary), group_.label, r.ts_ns, r.label);
+  }
+  group_.names.clear();
+}
+
+void TraceWriter::appendInt(int64_t v) {
+  char buf[24];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  pending_.append(buf, res.ptr);
+}
+
+void TraceWriter::beginEvent(const char* ph, int64_t ts_ns, int pid) {
   pending_ += ",\n{\"ph\":\"";
   pending_ += ph;
-  pending_ += '"';
-  if (event_name != nullptr) {
-    pending_ += ",\"name\":";
-    appendJsonString(&pending_, *event_name);
-  }
-  pending_ += ",\"ts\":" + std::to_string(fileTs(ts_ns)) + ",\"pid\":" + std::to_string(pid);
+  pending_ += "\",\"ts\":";
+  appendInt(fileTs(ts_ns));
+  pending_ += ",\"pid\":";
+  appendInt(pid);
   events_written_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -204,92 +271,114 @@ int64_t TraceWriter::fileTs(int64_t ts_ns) const {
   return std::max<int64_t>(0, (ts_ns - start_ns_) / 1000);
 }
 
-int TraceWriter::pidFor(const std::string& name) {
-  auto it = pids_.find(name);
-  if (it != pids_.end()) return it->second;
-  const int pid = static_cast<int>(pids_.size()) + 1;
-  pids_.emplace(name, pid);
-  const std::string p = std::to_string(pid);
-  pending_ += ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + p + ",\"args\":{\"name\":";
-  appendJsonString(&pending_, name);
-  pending_ += "}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + p +
-              ",\"args\":{\"sort_index\":" + p + "}}";
+int TraceWriter::pidFor(uint32_t name) {
+  if (name < pid_cache_.size() && pid_cache_[name] > 0) return pid_cache_[name];
+  const std::string& text_name = text(name);
+  auto [it, fresh] = pids_.try_emplace(text_name, static_cast<int>(pids_.size()) + 1);
+  const int pid = it->second;
+  if (fresh) {
+    pending_ += ",\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":";
+    appendInt(pid);
+    pending_ += ",\"args\":{\"name\":";
+    appendJsonString(&pending_, text_name);
+    pending_ += "}},\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":";
+    appendInt(pid);
+    pending_ += ",\"args\":{\"sort_index\":";
+    appendInt(pid);
+    pending_ += "}}";
+  }
+  if (name < kMaxIds) {
+    if (name >= pid_cache_.size()) pid_cache_.resize(name + 1, 0);
+    pid_cache_[name] = pid;
+  }
   return pid;
 }
 
-void TraceWriter::openSpan(const TimelineRecord& r, SpanKind kind, const std::string& label) {
-  const std::string& name = text(r.name);
-  Span span{r.ts_ns, kind, 0, label};
+void TraceWriter::openSpan(uint32_t name, Track& track, const TimelineRecord& r, SpanKind kind) {
+  Span span{r.ts_ns, r.label, 0, kind};
   if (toFile(r.session)) {
-    beginEvent("B", &label, r.ts_ns, pidFor(name));
-    pending_ += '}';
+    const int pid = pidFor(name);
+    beginEvent("B", r.ts_ns, pid);
+    pending_ += ",\"name\":\"";
+    if (kind == SpanKind::kNegotiate) pending_ += "NEGOTIATE_";
+    appendJsonEscaped(&pending_, text(r.label));
+    pending_ += "\"}";
     span.session = session_;
   }
-  tracks_[name].open.push_back(std::move(span));
+  track.open.push_back(span);
 }
 
-void TraceWriter::closeSpan(const std::string& name, Track& track, int64_t ts_ns,
-                            const std::string& error) {
-  Span span = std::move(track.open.back());
+void TraceWriter::closeSpan(uint32_t name, Track& track, int64_t ts_ns, uint32_t error) {
+  const Span span = track.open.back();
   track.open.pop_back();
-  if (fd_ >= 0 && span.session != 0 && span.session == session_) {
-    beginEvent("E", nullptr, ts_ns, pidFor(name));
-    if (span.kind == SpanKind::kOp) {
-      pending_ += ",\"args\":{\"dtype\":\"";
-      pending_ += dtypeName(track.dtype);
-      pending_ += "\",\"shape\":\"" + shapeText(track.shape) + "\"";
-      if (!error.empty()) {
-        pending_ += ",\"error\":";
-        appendJsonString(&pending_, error);
-      }
-      pending_ += '}';
+  if (fd_ < 0 || span.session == 0 || span.session != session_) return;
+  beginEvent("E", ts_ns, pidFor(name));
+  if (span.kind == SpanKind::kOp) {
+    pending_ += ",\"args\":{\"dtype\":\"";
+    pending_ += dtypeName(track.dtype);
+    pending_ += "\",\"shape\":\"[";
+    for (size_t i = 0; i < track.shape.size(); ++i) {
+      if (i > 0) pending_ += ", ";
+      appendInt(track.shape[i]);
+    }
+    pending_ += "]\"";
+    if (error != kNoString) {
+      pending_ += ",\"error\":";
+      appendJsonString(&pending_, text(error));
     }
     pending_ += '}';
   }
-  if (!live_on_) return;
-  static const char* const kPhase[] = {"negotiate", "op", "activity"};
-  live_->add(RecentEvent{epochUs(span.start_ns), name, kPhase[static_cast<int>(span.kind)],
-                         span.label, std::max<int64_t>(0, (ts_ns - span.start_ns) / 1000),
-                         span.kind == SpanKind::kOp ? error : std::string()});
+  pending_ += '}';
+}
+
+bool TraceWriter::closeAll(uint32_t name, int64_t ts_ns, uint32_t error) {
+  Track* t = track(name);
+  if (t == nullptr || t->open.empty()) return false;
+  const bool had_op = t->open.front().kind == SpanKind::kOp;
+  const int64_t op_start = t->open.front().start_ns;
+  const uint32_t op_label = t->open.front().label;
+  while (!t->open.empty()) closeSpan(name, *t, ts_ns, error);
+  if (had_op && !group_.open && live_on_) addLive(op_start, text(name), op_label, ts_ns, error);
+  return had_op;
 }
 
 void TraceWriter::endOp(const TimelineRecord& r) {
-  const std::string& name = text(r.name);
-  const std::string& error = text(r.label);  // kNoString reads as ""
-  bool had_op = false;
-  auto it = tracks_.find(name);
-  if (it != tracks_.end()) {
-    Track& track = it->second;
-    had_op = !track.open.empty() && track.open.front().kind == SpanKind::kOp;
-    while (!track.open.empty()) closeSpan(name, track, r.ts_ns, error);
-    tracks_.erase(it);
-  }
-  if (had_op || error.empty()) return;
+  const uint32_t error = r.label;
+  if (closeAll(r.name, r.ts_ns, error) || error == kNoString || text(error).empty()) return;
   // An op that failed before it started (e.g. a negotiation error): one ERROR tick.
   if (toFile(r.session)) {
-    static const std::string kError = "ERROR";
-    beginEvent("X", &kError, r.ts_ns, pidFor(name));
-    pending_ += ",\"dur\":0,\"args\":{\"error\":";
-    appendJsonString(&pending_, error);
+    beginEvent("X", r.ts_ns, pidFor(r.name));
+    pending_ += ",\"name\":\"ERROR\",\"dur\":0,\"args\":{\"error\":";
+    appendJsonString(&pending_, text(error));
     pending_ += "}}";
   }
-  if (live_on_) live_->add(RecentEvent{epochUs(r.ts_ns), name, "op", "ERROR", 0, error});
+  if (live_on_) addLive(r.ts_ns, text(r.name), kNoString, r.ts_ns, error);
+}
+
+// The strip's one kind of entry: a finished collective (op kNoString: an ERROR tick).
+void TraceWriter::addLive(int64_t start_ns, std::string name, uint32_t op, int64_t end_ns,
+                          uint32_t error) {
+  live_->add(RecentEvent{epochUs(start_ns), std::move(name), "op",
+                         op == kNoString ? std::string("ERROR") : text(op),
+                         std::max<int64_t>(0, (end_ns - start_ns) / 1000),
+                         error == kNoString ? std::string() : text(error)});
 }
 
 void TraceWriter::rankReady(const TimelineRecord& r) {
-  const std::string& name = text(r.name);
-  const std::string rank = std::to_string(r.value);
-  if (toFile(r.session)) {
-    beginEvent("X", &rank, r.ts_ns, pidFor(name));
-    pending_ += ",\"dur\":0,\"args\":{\"rank\":" + rank + "}}";
-  }
-  if (live_on_) live_->add(RecentEvent{epochUs(r.ts_ns), name, "rank_ready", rank, 0, ""});
+  if (!toFile(r.session)) return;
+  beginEvent("X", r.ts_ns, pidFor(r.name));
+  pending_ += ",\"name\":\"";
+  appendInt(r.value);
+  pending_ += "\",\"dur\":0,\"args\":{\"rank\":";
+  appendInt(r.value);
+  pending_ += "}}";
 }
 
 void TraceWriter::cycle(const TimelineRecord& r) {
   if (!toFile(r.session)) return;
-  pending_ += ",\n{\"ph\":\"i\",\"name\":\"CYCLE_START\",\"ts\":" +
-              std::to_string(fileTs(r.ts_ns)) + ",\"s\":\"g\",\"pid\":0}";
+  pending_ += ",\n{\"ph\":\"i\",\"name\":\"CYCLE_START\",\"ts\":";
+  appendInt(fileTs(r.ts_ns));
+  pending_ += ",\"s\":\"g\",\"pid\":0}";
   events_written_.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -33,7 +33,10 @@ class TraceWriter {
   void close();
   bool isOpen() const { return fd_ >= 0; }
   void setLive(bool on) { live_on_ = on; }
-  void resetTracks() { tracks_.clear(); }
+  void resetTracks() {
+    tracks_.clear();
+    group_ = Group();
+  }
 
   // Writer thread: applies every complete record group in the ring; returns groups applied.
   size_t drain(SpscRing<TimelineRecord>& ring);
@@ -46,28 +49,39 @@ class TraceWriter {
   enum class SpanKind : uint8_t { kNegotiate, kOp, kActivity };
   struct Span {
     int64_t start_ns;
-    SpanKind kind;
+    uint32_t label;    // string id: op / activity (negotiation spans: the op)
     uint32_t session;  // file session its B event went to (0: none)
-    std::string label;
+    SpanKind kind;
   };
-  struct Track {
+  struct Track {  // one tensor name's open spans, indexed by its string id
     std::vector<Span> open;
     int32_t dtype = -1;
     std::vector<int64_t> shape;
   };
+  struct Group {  // the response group being executed (Note [Response groups])
+    bool open = false;
+    uint32_t label = kNoString;
+    int64_t start_ns = 0;
+    std::vector<uint32_t> names;
+  };
 
   void apply(const TimelineRecord& r, const std::string& data);
+  void applyGroup(const TimelineRecord& r);
   void define(const TimelineRecord& r, const std::string& data);
-  void openSpan(const TimelineRecord& r, SpanKind kind, const std::string& label);
-  void closeSpan(const std::string& name, Track& track, int64_t ts_ns, const std::string& error);
+  Track* track(uint32_t name);
+  void openSpan(uint32_t name, Track& track, const TimelineRecord& r, SpanKind kind);
+  void closeSpan(uint32_t name, Track& track, int64_t ts_ns, uint32_t error);
+  bool closeAll(uint32_t name, int64_t ts_ns, uint32_t error);  // true when an op was open
   void endOp(const TimelineRecord& r);
   void rankReady(const TimelineRecord& r);
   void cycle(const TimelineRecord& r);
+  void addLive(int64_t start_ns, std::string name, uint32_t op, int64_t end_ns, uint32_t error);
   const std::string& text(uint32_t id) const;
 
   bool toFile(uint32_t session) const { return fd_ >= 0 && session == session_; }
-  int pidFor(const std::string& name);
-  void beginEvent(const char* ph, const std::string* event_name, int64_t ts_ns, int pid);
+  int pidFor(uint32_t name);
+  void beginEvent(const char* ph, int64_t ts_ns, int pid);
+  void appendInt(int64_t v);
   int64_t fileTs(int64_t ts_ns) const;
   int64_t epochUs(int64_t ts_ns) const { return ts_ns / 1000 + epoch_offset_us_; }
   void writeAt(const std::string& bytes, int64_t offset);
@@ -76,7 +90,8 @@ class TraceWriter {
   const int64_t epoch_offset_us_;
   bool live_on_ = false;
   std::vector<std::string> strings_;  // interned table, indexed by id
-  std::unordered_map<std::string, Track> tracks_;
+  std::vector<Track> tracks_;         // indexed by name id
+  Group group_;
 
   // File session state.
   int fd_ = -1;
@@ -85,11 +100,13 @@ class TraceWriter {
   int64_t close_offset_ = 0;  // where "\n]\n" starts
   std::string path_;
   std::string pending_;
-  std::unordered_map<std::string, int> pids_;
+  std::unordered_map<std::string, int> pids_;  // tensor name -> pid in this file
+  std::vector<int> pid_cache_;                 // name id -> pid (0: look it up)
   std::atomic<uint64_t> events_written_{0};
 };
 
-// Appends s as a JSON string literal (quotes included) to out.
+// Appends s as a JSON string literal (quotes included) to out; Escaped: without the quotes.
 void appendJsonString(std::string* out, const std::string& s);
+void appendJsonEscaped(std::string* out, const std::string& s);
 
 }  // namespace hvd::timeline
