@@ -77,6 +77,7 @@ CORE_SOURCES = [
     "runtime/metrics.cc",
     "runtime/autotuner.cc",
     "runtime/negotiation.cc",
+    "runtime/batching_window.cc",
     "runtime/executor.cc",
     "runtime/background_loop.cc",
     "runtime/runtime.cc",

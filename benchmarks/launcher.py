@@ -158,6 +158,8 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
     base.pop("PYTHONPATH", None)
     base.update(env or {})
     if system in ("ours", "ours-tcp"):
+        # The core of this checkout (a worktree), not whatever `pip install -e` points at.
+        base["PYTHONPATH"] = REPO
         secret = os.urandom(32)
         with _rendezvous_module().RendezvousServer(secret) as server:
             commands = _ours_commands(np_ranks, spec_path, base, server.address, secret,

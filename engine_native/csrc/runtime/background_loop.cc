@@ -69,6 +69,16 @@ void BackgroundLoop::wake() {
   (void)rc;  // EAGAIN means the counter is already non-zero: the loop will wake anyway
 }
 
+// Note [Wake only a sleeper]: a Dekker pair (both sides seq_cst). submit() stores
+// submissions_pending_ then reads sleeping_; waitForWork() stores sleeping_ then reads
+// submissions_pending_. At least one side sees the other's store, so either the loop skips its
+// blocking poll or the submitter writes wake_fd_: a submission is never left unseen, and a
+// busy loop costs a submitter no syscall.
+void BackgroundLoop::wakeIfAsleep() {
+  submissions_pending_.store(true);
+  if (sleeping_.load()) wake();
+}
+
 Status BackgroundLoop::submit(std::vector<TensorEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -93,7 +103,7 @@ Status BackgroundLoop::submit(std::vector<TensorEntry> entries) {
     }
     metrics_.setQueueDepth(in_flight_.size());
   }
-  wake();
+  wakeIfAsleep();
   return Status::ok();
 }
 
@@ -178,7 +188,11 @@ void BackgroundLoop::waitForWork() {
     }
   }
   auto t0 = Clock::now();
-  int rc = ::poll(fds.data(), fds.size(), timeoutMs());
+  int timeout = timeoutMs();
+  sleeping_.store(true);  // Note [Wake only a sleeper]
+  if (submissions_pending_.load()) timeout = 0;
+  int rc = ::poll(fds.data(), fds.size(), timeout);
+  sleeping_.store(false);
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
   if (rc <= 0) return;
   if (fds[0].revents & POLLIN) {
@@ -196,9 +210,7 @@ void BackgroundLoop::waitForWork() {
 int BackgroundLoop::timeoutMs() const {
   if (!to_execute_.empty()) return 0;
   if (held_.empty()) return kTickMs;
-  const auto left = held_since_ + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double, std::milli>(cycle_time_ms_)) -
-                    Clock::now();
+  const auto left = windowEnd(heldRepeatsLastStep()) - Clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   return us <= 0 ? 0 : static_cast<int>(std::min<int64_t>((us + 999) / 1000, kTickMs));
 }
@@ -220,6 +232,7 @@ void BackgroundLoop::drainSubmissions() {
   std::vector<TensorEntry> batch;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    submissions_pending_.store(false);  // under the lock: a later submit() sets it again
     batch.swap(submitted_);
   }
   for (auto& e : batch) {
@@ -262,6 +275,8 @@ void BackgroundLoop::executeQueued() {
     observeExecuted(response, status);
     if (!status.isOk()) fail(status, /*tell_peers=*/true);
   }
+  // Right after executing, before the next drain: a caller's next op cannot look concurrent.
+  if (coordinator_ && !failed_) noteStepBoundary();
 }
 
 BackgroundLoop::CommSlot& BackgroundLoop::commFor(int32_t process_set) {

@@ -68,6 +68,11 @@ class BackgroundLoop {
   void adoptTunedParams();
   void noteReleased(const std::vector<coord::Response>& ready);
   bool holdForWindow() const;
+  bool lastStepIncomplete() const;
+  void noteStepBoundary();
+  void noteStepRelease(const EntryKey& key);
+  bool heldRepeatsLastStep() const;
+  std::chrono::steady_clock::time_point windowEnd(bool repeating) const;
   void sendReady();
   void sendRequests();
   void executeQueued();
@@ -91,6 +96,7 @@ class BackgroundLoop {
 
   CommSlot& commFor(int32_t process_set);
   void wake();
+  void wakeIfAsleep();
   int timeoutMs() const;
   void awaitCause();
 
@@ -113,6 +119,10 @@ class BackgroundLoop {
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> abort_requested_{false};
   std::atomic<bool> timeline_detail_{false};
+  // Note [Wake only a sleeper]: submit() writes wake_fd_ only while the loop is (about to be)
+  // blocked in poll(); otherwise the loop sees submissions_pending_ on its next pass.
+  std::atomic<bool> submissions_pending_{false};
+  std::atomic<bool> sleeping_{false};
   std::string abort_reason_;
 
   // Background thread only.
@@ -140,6 +150,9 @@ class BackgroundLoop {
   size_t negotiating_allreduces_ = 0;
   std::vector<coord::Response> held_;             // released, fused, not yet sent (window)
   std::chrono::steady_clock::time_point held_since_;
+  std::chrono::steady_clock::time_point last_arrival_;  // latest allreduce request admitted
+  std::set<EntryKey> this_step_;  // allreduces released in the current step
+  std::set<EntryKey> last_step_;  // the previous step's (Note [Batching window])
   int64_t fusion_threshold_ = 0;                  // in force (autotune may change these)
   double cycle_time_ms_ = 0.0;
   bool cache_enabled_ = true;

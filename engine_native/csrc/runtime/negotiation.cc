@@ -185,6 +185,7 @@ void BackgroundLoop::admitParked() {
       continue;
     }
     if (request.type == coord::OpType::kJoin) continue;  // joins are not timed (Horovod)
+    if (request.type == coord::OpType::kAllreduce) last_arrival_ = Clock::now();
     auto [it, first] = negotiating_.try_emplace({request.process_set, request.name},
                                                 request.type);
     if (first) {
@@ -204,6 +205,7 @@ void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
   timeline::ClockScope one_clock_read(timeline);  // released together
   for (const auto& r : ready) {
     for (const auto& name : r.names) {
+      if (r.type == coord::OpType::kAllreduce) noteStepRelease({r.process_set, name});
       auto it = negotiating_.find({r.process_set, name});
       if (it == negotiating_.end()) continue;  // a join's name
       if (it->second == coord::OpType::kAllreduce) --negotiating_allreduces_;
@@ -211,26 +213,6 @@ void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
       if (timeline != nullptr) timeline->negotiateEnd(name);
     }
   }
-}
-
-// Note [Batching window]: HVD_CYCLE_TIME_MS is how long rank 0 may hold released responses so
-// that allreduces still arriving fuse with them. It holds only while some allreduce has been
-// submitted by part of its set (so more can become ready soon), the batch can still fuse and is
-// under the threshold: a lone tensor, or the last tensor of a step, is sent at once.
-bool BackgroundLoop::holdForWindow() const {
-  if (cycle_time_ms_ <= 0 || fusion_threshold_ <= 0 || negotiating_allreduces_ == 0) {
-    return false;
-  }
-  int64_t bytes = 0;
-  bool fusable = false;
-  for (const auto& r : held_) {
-    if (r.type != coord::OpType::kAllreduce || r.status != coord::ResponseType::kOk) continue;
-    fusable = true;
-    bytes += coord::responseBytes(r);
-  }
-  if (!fusable || bytes >= fusion_threshold_) return false;
-  return Clock::now() - held_since_ <
-         std::chrono::duration<double, std::milli>(cycle_time_ms_);
 }
 
 // Step A: send each worker its share (responses of sets it belongs to), in order, with the

@@ -23,6 +23,7 @@ namespace {
 constexpr size_t kHeaderBytes = 16;
 constexpr size_t kReadChunk = 64 << 10;
 constexpr size_t kReadBudget = 4 << 20;  // per call, so one chatty peer cannot starve the loop
+constexpr size_t kCoalesceBytes = 64 << 10;  // frames up to this are copied and sent at once
 
 void putLe(char* p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
@@ -52,8 +53,16 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
   putLe(header + 4, type, 4);
   putLe(header + 8, payload.size(), 8);
   const tcp::Deadline deadline = tcp::deadlineAfter(timeout_seconds);
-  Status s = tcp::writeFull(fd_, header, kHeaderBytes, deadline);
-  if (s.isOk()) s = tcp::writeFull(fd_, payload.data(), payload.size(), deadline);
+  Status s;
+  if (payload.size() <= kCoalesceBytes) {
+    // One send, one segment: the receiver wakes once per frame, not for a lone header.
+    std::string frame(header, kHeaderBytes);
+    frame += payload;
+    s = tcp::writeFull(fd_, frame.data(), frame.size(), deadline);
+  } else {
+    s = tcp::writeFull(fd_, header, kHeaderBytes, deadline);
+    if (s.isOk()) s = tcp::writeFull(fd_, payload.data(), payload.size(), deadline);
+  }
   if (s.isOk()) return s;
   // A partial frame leaves the stream unusable: the caller must drop the channel.
   if (s.code() == common::Code::kTimeout) {
@@ -76,6 +85,9 @@ Status ControlChannel::receive(std::vector<ControlMessage>* out) {
     inbox_.resize(old_size + (got > 0 ? static_cast<size_t>(got) : 0));
     if (got > 0) {
       budget -= std::min(budget, static_cast<size_t>(got));
+      // A short read drained the socket: skip the recv that would only say EAGAIN (one
+      // syscall per message). Later bytes, or the peer's hang-up, make poll() report it again.
+      if (static_cast<size_t>(got) < kReadChunk) break;
       continue;
     }
     if (got < 0 && err == EINTR) continue;
