@@ -54,9 +54,10 @@ def chromium_path():
 def pytest_collection_modifyitems(config, items):
     """The root conftest skips ``browser`` tests without Chromium or Playwright (or fails them
     under ``HVD_REQUIRE=browser``); JupyterLab is this folder's own need, handled alike."""
-    if importlib.util.find_spec("jupyterlab") is not None:
+    if importlib.util.find_spec("jupyterlab") is not None and _widget_manager_data_dir():
         return
-    why = "jupyterlab is not installed (run .ci/install-browser.sh)"
+    why = ("jupyterlab or ipywidgets' JupyterLab extension (jupyterlab_widgets) is not "
+           "installed (run .ci/install-browser.sh)")
     required = "browser" in {r.strip() for r in os.environ.get("HVD_REQUIRE", "").split(",")}
     for item in items:
         if os.path.dirname(str(item.path)) != HERE:
@@ -89,6 +90,19 @@ def _write_settings(folder):
             json.dump(values, f)
 
 
+def _widget_manager_data_dir():
+    """The Jupyter data folder holding ipywidgets' JupyterLab extension. JupyterLab only looks
+    under its own prefix, so in a venv that borrows the system's site-packages it would miss
+    it and render every widget as its text repr; JUPYTER_PATH points it there."""
+    spec = importlib.util.find_spec("jupyterlab_widgets")
+    if spec is None or not spec.origin:
+        return None
+    prefix = os.path.abspath(os.path.join(os.path.dirname(spec.origin), *[".."] * 4))
+    data = os.path.join(prefix, "share", "jupyter")
+    manager = os.path.join(data, "labextensions", "@jupyter-widgets", "jupyterlab-manager")
+    return data if os.path.isdir(manager) else None
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A running JupyterLab; yields (base url, root folder, tag)."""
@@ -101,6 +115,10 @@ def lab(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("IPP_NONINTERACTIVE", "HVD_DASHBOARD")}
     repo = os.path.dirname(os.path.dirname(HERE))  # the kernel imports this checkout
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    widget_data = _widget_manager_data_dir()
+    if widget_data:
+        paths = (widget_data, env.get("JUPYTER_PATH"))
+        env["JUPYTER_PATH"] = os.pathsep.join(p for p in paths if p)
     env.update(HVD_TEST_TAG=tag, JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(workspaces), JUPYTER_RUNTIME_DIR=str(base / "rt"))
     port = _free_port()

@@ -15,11 +15,11 @@ from multiproc.harness import run_ranks
 
 TENSORS = 6
 SMALL_TUNING = {"HVD_AUTOTUNE": "1", "HVD_AUTOTUNE_WARMUP_SAMPLES": "1",
-                "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "2", "HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "3"}
-# warmup 1 sample + 3 bayes settings + 3 finalists re-measured in turn (one step discarded per
-# switch) + 2 cache settings, 5 samples of 2 steps per setting, plus margin for the step that
-# closes each sample.
-STEPS = 2 + (3 + 3 + 2) * 5 * 2 + 3 * 5 + 20
+                "HVD_AUTOTUNE_STEPS_PER_SAMPLE": "2", "HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "4"}
+# warmup 1 sample + a Bayesian budget of 4 (2 proposals, then both re-measured in turn as the
+# finalists, one step discarded per switch) + 2 cache settings, 5 samples of 2 steps per
+# setting, plus margin for the step that closes each sample.
+STEPS = 2 + (4 + 2) * 5 * 2 + 2 * 5 + 20
 PHASES = ["warmup", "bayes", "categorical", "done"]
 
 
@@ -82,12 +82,12 @@ def test_autotune_phases_and_synchronous_switches(tmp_path):
     tuner = results[0].value["state"]
     assert tuner["tuner"] is True and tuner["enabled"] is True
     assert results[0].value["seen"] == PHASES, results[0].value["seen"]
-    # 3 Bayesian settings, the same 3 re-measured as finalists, then the cache off and on.
-    assert tuner["phase"] == "done" and len(tuner["history"]) == 8, tuner["history"]
-    assert [h["phase"] for h in tuner["history"]] == ["bayes"] * 6 + ["categorical"] * 2
-    assert ({str(h["params"]) for h in tuner["history"][3:6]} ==
-            {str(h["params"]) for h in tuner["history"][:3]})
-    assert {h["params"]["cache_enabled"] for h in tuner["history"][6:]} == {False, True}
+    # 2 Bayesian settings, the same 2 re-measured as finalists, then the cache off and on.
+    assert tuner["phase"] == "done" and len(tuner["history"]) == 6, tuner["history"]
+    assert [h["phase"] for h in tuner["history"]] == ["bayes"] * 4 + ["categorical"] * 2
+    assert ({str(h["params"]) for h in tuner["history"][2:4]} ==
+            {str(h["params"]) for h in tuner["history"][:2]})
+    assert {h["params"]["cache_enabled"] for h in tuner["history"][4:]} == {False, True}
     assert tuner["applied"] == tuner["best"], (tuner["applied"], tuner["best"])
     # The best is a measured setting with its measured score (the Bayesian phase keeps the one
     # its model rates highest, which need not be the luckiest sample).
@@ -105,14 +105,14 @@ def test_autotune_phases_and_synchronous_switches(tmp_path):
         assert r.value["seen"] in (PHASES, ["off"] + PHASES), r.value["seen"]
     panel = results[0].value["panel"]
     assert panel["enabled"] is True and panel["phase"] == "done"
-    assert panel["sample"] == panel["samples"] == 8, panel
-    assert [s[0] for s in panel["scores"]] == list(range(1, 9)), panel["scores"]
+    assert panel["sample"] == panel["samples"] == 6, panel
+    assert [s[0] for s in panel["scores"]] == list(range(1, 7)), panel["scores"]
     # CSV: Horovod's header, one row per scored setting, the best setting last.
     with open(log) as fh:
         rows = list(csv.reader(fh))
     assert rows[0] == ["hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce",
                        "cache_enabled", "cycle_time_ms", "tensor_fusion_threshold", "score"]
-    assert len(rows) == 1 + 8 + 1, rows
+    assert len(rows) == 1 + 6 + 1, rows
     scores = [float(row[-1]) for row in rows[1:]]
     assert rows[-1] in rows[1:-1] and scores[-1] == pytest.approx(tuner["best_score"]), rows
     best_mib = tuner["best"]["fusion_threshold_bytes"] / 2 ** 20

@@ -63,18 +63,17 @@ def test_full_chain_single_host():
     steps, changes = run(m)
     state = m.state()
     phases = [h["phase"] for h in state["history"]]
-    finalists = len(phases) - 14  # re-measured at the end of the Bayesian phase: 3 + the start
-    assert finalists in (2, 3, 4)
-    assert phases == ["bayes"] * (12 + finalists) + ["categorical"] * 2
+    # The Bayesian budget of 12: 8 proposals, then 4 finalists (3 + the start) re-measured.
+    assert phases == ["bayes"] * 12 + ["categorical"] * 2
     # warm-up + settings x samples, x steps per sample; + one discarded step per finalist switch
-    assert steps == (1 + len(phases) * 3) * 2 + finalists * 3
+    assert steps == (1 + len(phases) * 3) * 2 + 4 * 3
     assert changes >= 10
     assert state["history"][0]["params"] == initial  # the starting setting is the baseline
-    cats = state["history"][12 + finalists:]
+    cats = state["history"][12:]
     assert [c["params"]["cache_enabled"] for c in cats] == [False, True]
     assert all(not h["params"]["hierarchical_allreduce"] for h in state["history"])
     assert (state["trial"], state["trials"]) == (len(phases), len(phases))
-    assert initial in [h["params"] for h in state["history"][12:12 + finalists]]
+    assert initial in [h["params"] for h in state["history"][8:12]]
 
 
 def test_finalists_are_compared_under_the_same_load():
@@ -90,8 +89,8 @@ def test_finalists_are_compared_under_the_same_load():
     m = small(finalists=3, fixed_cache=True)
     run(m, rate=drifting)
     state = m.state()
-    finals = [h for h in state["history"] if h["phase"] == "bayes"][12:]
-    assert 2 <= len(finals) <= 4
+    finals = [h for h in state["history"] if h["phase"] == "bayes"][8:]
+    assert len(finals) == 4
     truth = [throughput(h["params"]) for h in finals]
     assert state["best"] == finals[truth.index(max(truth))]["params"], (finals, truth)
     assert m.current_params() == state["best"]
@@ -101,6 +100,28 @@ def test_no_finalists_when_disabled():
     m = small(finalists=0)
     run(m)
     assert [h["phase"] for h in m.state()["history"]] == ["bayes"] * 12 + ["categorical"] * 2
+
+
+@pytest.mark.parametrize("budget, finalists", [(3, 0), (4, 2), (6, 3), (12, 4), (20, 4)])
+def test_finalists_come_out_of_the_bayesian_budget(budget, finalists):
+    """Issue #4's budget: the Bayesian phase scores bayes_max_samples settings, finalists
+    included. They reserve finalists + 1 (3 + the start), at most half the budget, and none
+    when fewer than 2 would be left."""
+    m = small(bayes_max_samples=budget, fixed_cache=True)
+    trials = set()
+    while m.state()["phase"] != "done":
+        state = m.state()
+        if state["phase"] == "bayes":
+            trials.add(state["trials"])
+            assert 1 <= state["trial"] <= state["trials"]
+        m.update(STEP_BYTES, STEP_BYTES / throughput(m.current_params()))
+    history = [h["params"] for h in m.state()["history"]]
+    assert len(history) == budget and trials == {budget}
+    proposed, finals = history[:budget - finalists], history[budget - finalists:]
+    assert len({str(p) for p in proposed}) == len(proposed)
+    assert len({str(p) for p in finals}) == len(finals)
+    assert all(p in proposed for p in finals)
+    assert finalists == 0 or history[0] in finals
 
 
 def test_hierarchical_is_tuned_only_with_several_hosts():

@@ -12,8 +12,9 @@ namespace hvd::autotune {
 // The chain, as Horovod runs it (its parameter_manager):
 //   a. warm-up: the first warmup_samples samples are discarded (caches, allocators settle);
 //   b. Bayesian: fusion threshold x cycle time, jointly; the first setting is the initial one,
-//      then a space-filling design, then expected-improvement proposals, bayes_max_samples
-//      settings in all; the phase keeps the setting the refitted model rates highest;
+//      then a space-filling design, then expected-improvement proposals; the phase keeps the
+//      setting the refitted model rates highest, then re-measures its finalists (Note
+//      [Finalists]); bayes_max_samples settings in all, the finalists included;
 //   c. categorical: each on/off knob in turn (hierarchical allreduce, only with several hosts;
 //      response cache) is tried both ways on top of the best setting so far;
 //   d. done: the best setting measured is applied for good.
@@ -29,6 +30,14 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Settings of the Bayesian budget held back for the finalists (Note [Finalists]): `finalists`
+// plus the start, at most half the budget (the model needs proposals to rate), and none when
+// fewer than 2 (nothing to compare), which also leaves at least 2 proposals.
+int finalistsReserved(int finalists, int budget) {
+  const int reserved = finalists > 0 ? std::min(finalists + 1, budget / 2) : 0;
+  return reserved >= 2 ? reserved : 0;
 }
 
 }  // namespace
@@ -64,6 +73,8 @@ ParameterManager::ParameterManager(const TunedParams& initial, AutotuneOptions o
   options_.steps_per_sample = std::max(1, options_.steps_per_sample);
   options_.samples_per_setting = std::max(1, options_.samples_per_setting);
   options_.bayes_max_samples = std::max(0, options_.bayes_max_samples);
+  proposals_ = options_.bayes_max_samples -
+               finalistsReserved(options_.finalists, options_.bayes_max_samples);
   fusion_dim_ = !options_.fixed_fusion_threshold;
   cycle_dim_ = !options_.fixed_cycle_time;
   if (options_.num_hosts > 1 && !options_.fixed_hierarchical) {
@@ -202,32 +213,36 @@ void ParameterManager::keepRecommendation() {
 // turn, samples_per_setting rounds, so every finalist sees the same load. The first step after
 // each switch is discarded (it ran the previous setting). The finalist with the best median is
 // kept; each finalist's re-measurement is another history entry (phase bayes).
+// The re-measurement comes out of the phase's budget (Horovod's default sample budget is the
+// target of issue #4): finalistsReserved() settings are held back from the optimizer's
+// proposals, and the finalists fill them (the start, then the best rated distinct settings),
+// so the phase scores bayes_max_samples settings unless too few distinct ones were proposed.
 // Returns false when there is nothing to re-measure; *changed: the parameters changed.
 bool ParameterManager::beginFinalists(bool* changed) {
-  if (options_.finalists <= 0 || !optimizer_ || state_.history.empty()) return false;
+  const size_t reserved = static_cast<size_t>(options_.bayes_max_samples - proposals_);
+  if (reserved == 0 || !optimizer_ || state_.history.empty()) return false;
   const std::vector<double> means = optimizer_->posteriorMeans();
   std::vector<size_t> order(std::min(means.size(), state_.history.size()));
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return means[a] > means[b]; });
+  const TunedParams start = state_.history.front().params;  // the baseline to beat
   finalists_.clear();
-  auto add = [this](const TunedParams& p) {
-    if (std::find(finalists_.begin(), finalists_.end(), p) == finalists_.end()) {
+  for (size_t i = 0; i < order.size() && finalists_.size() + 1 < reserved; ++i) {
+    const TunedParams& p = state_.history[order[i]].params;
+    if (p != start && std::find(finalists_.begin(), finalists_.end(), p) == finalists_.end()) {
       finalists_.push_back(p);
     }
-  };
-  for (size_t i = 0; i < order.size() && finalists_.size() < size_t(options_.finalists); ++i) {
-    add(state_.history[order[i]].params);
   }
-  add(state_.history.front().params);  // the starting setting: the baseline to beat
+  finalists_.push_back(start);
   if (finalists_.size() < 2) {
     finalists_.clear();
     return false;
   }
   finalist_scores_.assign(finalists_.size(), {});
   finalist_turn_ = 0;
-  state_.trials = options_.bayes_max_samples + static_cast<int>(finalists_.size());
-  state_.trial = options_.bayes_max_samples + 1;
+  state_.trials = proposals_ + static_cast<int>(finalists_.size());  // the budget, if filled
+  state_.trial = proposals_ + 1;
   discard_steps_ = 1;
   *changed = switchTo(finalists_[0]);
   return true;
@@ -238,7 +253,7 @@ bool ParameterManager::onFinalistSample(double score) {
   finalist_scores_[finalist_turn_ % n].push_back(score);
   ++finalist_turn_;
   if (finalist_turn_ < n * static_cast<size_t>(options_.samples_per_setting)) {
-    state_.trial = options_.bayes_max_samples + 1 + static_cast<int>(finalist_turn_ % n);
+    state_.trial = proposals_ + 1 + static_cast<int>(finalist_turn_ % n);
     discard_steps_ = 1;
     return switchTo(finalists_[finalist_turn_ % n]);
   }
@@ -280,7 +295,7 @@ bool ParameterManager::onSettingScored(double score) {
   record(score);
   if (state_.phase == AutotunePhase::kBayes) {
     optimizer_->addSample(bayesPoint(current_), score);
-    if (state_.trial >= options_.bayes_max_samples) {
+    if (state_.trial >= proposals_) {
       keepRecommendation();
       bool changed = false;
       return beginFinalists(&changed) ? changed : beginCategorical();

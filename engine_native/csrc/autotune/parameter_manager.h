@@ -33,7 +33,8 @@ struct AutotuneOptions {
   int warmup_samples = 3;        // HVD_AUTOTUNE_WARMUP_SAMPLES: first samples discarded
   int steps_per_sample = 10;     // HVD_AUTOTUNE_STEPS_PER_SAMPLE: update() calls per sample
   int samples_per_setting = 5;   // the median of these scores a setting
-  int bayes_max_samples = 20;    // HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES: settings in that phase
+  int bayes_max_samples = 20;    // HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES: settings in that phase,
+                                 // the finalists' re-measurement included
   int finalists = 3;             // settings the model rates highest, re-measured interleaved
                                  // with the starting one (Note [Finalists]); 0: none
   double gp_noise = 0.8;         // HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE (standardised scores)
@@ -103,7 +104,6 @@ class ParameterManager {
   bool switchTo(const TunedParams& next);
   void record(double score);
   void writeCsvRow(const TunedParams& p, double score);
-  int phaseTrials() const;
 
   AutotuneOptions options_;
   mutable std::mutex mutex_;
@@ -115,6 +115,7 @@ class ParameterManager {
   std::vector<Categorical> categoricals_;
   size_t categorical_index_ = 0;  // parameter being tried
   int categorical_value_ = 0;     // 0: false, 1: true
+  int proposals_ = 0;  // settings the optimizer proposes (the budget less the finalists')
   int warmup_left_ = 0;
   int steps_ = 0;
   int64_t step_bytes_ = 0;

@@ -72,9 +72,10 @@ const std::vector<Knob>& knobs() {
                       Kind::kBytes, &Config::fusion_threshold_bytes, 0),
               &Config::fusion_threshold_set),
       tunable(floatKnob({"HVD_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", "float", "1",
-                         "Batching window in milliseconds: rank 0 holds ready tensors this long "
-                         "while others are still arriving, so they fuse; never a latency floor "
-                         "for a lone tensor. Set explicitly, autotune leaves it fixed."},
+                         "Batching window in milliseconds: rank 0 holds ready tensors while "
+                         "others keep arriving less than this apart (a step seen before: until "
+                         "it is complete), at most 5 windows, so they fuse; never a latency "
+                         "floor for a lone tensor. Set explicitly, autotune leaves it fixed."},
                         &Config::cycle_time_ms, 0),
               &Config::cycle_time_set),
       tunable(intKnob({"HVD_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "int", "1024",
@@ -127,7 +128,9 @@ const std::vector<Knob>& knobs() {
                "again); a setting's score is the median of 5 samples."},
               Kind::kInt, &Config::autotune_steps_per_sample, 1),
       intKnob({"HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
-               "int", "20", "Settings of fusion threshold x cycle time the Bayesian phase scores."},
+               "int", "20",
+               "Settings of fusion threshold x cycle time the Bayesian phase scores, the "
+               "re-measured finalists included."},
               Kind::kInt, &Config::autotune_bayes_opt_max_samples, 0),
       floatKnob({"HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
                  "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "0.8",

@@ -99,11 +99,8 @@ void Autotuner::startLocked() {
                      options.bayes_max_samples > 0;
   const int categoricals = (options.fixed_cache ? 0 : 1) +
                            (num_hosts_ > 1 && !options.fixed_hierarchical ? 1 : 0);
-  // Finalists (Note [Finalists] in parameter_manager.cc): up to `finalists` plus the start.
-  const int finalists = bayes && options.finalists > 0
-                            ? std::min(options.finalists + 1, options.bayes_max_samples)
-                            : 0;
-  planned_ = (bayes ? options.bayes_max_samples : 0) + finalists + 2 * categoricals;
+  // The finalists' re-measurement is part of the Bayesian budget (Note [Finalists]).
+  planned_ = (bayes ? options.bayes_max_samples : 0) + 2 * categoricals;
   // Every rank learns at once that tuning runs (and its phase); with nothing continuous to
   // search and no warm-up, this is also the first trial's setting.
   queueLocked(manager_->currentParams());
