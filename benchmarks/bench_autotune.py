@@ -15,7 +15,8 @@ Throughput = bytes reduced per second over a step (autotune's own score).
 
 One launch, so that machine load drifts over every setting alike:
   1. tune: HVD_AUTOTUNE=1 with the default budget (3 warm-up samples, 20 Bayesian settings,
-     the last 4 of them re-measuring the finalists, cache off/on; 10 steps per sample, 5
+     the fusion threshold on a log2 axis, the last 4 re-measuring the finalists; cache off/on
+     interleaved, 2 settings; 10 steps per sample, 5
      samples per setting), stepping until the parameters in force carry phase "done" (every
      rank sees that after the same step);
   2. grid: fusion threshold x cycle time x cache, plus the tuned setting and Horovod's default,

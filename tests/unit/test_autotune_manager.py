@@ -15,10 +15,22 @@ CSV_COLUMNS = ["hierarchical_allreduce", "hierarchical_allgather", "torus_allred
                "cache_enabled", "cycle_time_ms", "tensor_fusion_threshold", "score"]
 
 
+# The search axes (Note [Fusion axis]): the fusion threshold as log2(bytes) from 13.5 (fusion
+# off, 0 bytes) to log2 of the box's top (128 MiB here: the default initial threshold), the
+# cycle time linear over 0..50 ms.
+FUSION_AXIS = (13.5, 27.0)
+CYCLE_AXIS = (0.0, 50.0)
+
+
+def fusion_axis(nbytes):
+    return FUSION_AXIS[0] if nbytes <= 0 else max(14.0, math.log2(nbytes))
+
+
 def throughput(p):
-    """Bytes per second of a made-up job: best near 24 MiB fusion and 6 ms cycles, cache on."""
-    a = (p["fusion_threshold_bytes"] / MIB - 24.0) / 64.0
-    b = (p["cycle_time_ms"] - 6.0) / 50.0
+    """Bytes per second of a made-up job, smooth on the search axes: best at 2 MiB fusion
+    (log2 21) and 6 ms cycles, cache on."""
+    a = (fusion_axis(p["fusion_threshold_bytes"]) - 21.0) / (FUSION_AXIS[1] - FUSION_AXIS[0])
+    b = (p["cycle_time_ms"] - 6.0) / (CYCLE_AXIS[1] - CYCLE_AXIS[0])
     rate = 1e9 * math.exp(-4.0 * a * a - 6.0 * b * b)
     rate *= 1.1 if p["cache_enabled"] else 1.0
     rate *= 1.05 if p["hierarchical_allreduce"] else 1.0
@@ -65,8 +77,9 @@ def test_full_chain_single_host():
     phases = [h["phase"] for h in state["history"]]
     # The Bayesian budget of 12: 8 proposals, then 4 finalists (3 + the start) re-measured.
     assert phases == ["bayes"] * 12 + ["categorical"] * 2
-    # warm-up + settings x samples, x steps per sample; + one discarded step per finalist switch
-    assert steps == (1 + len(phases) * 3) * 2 + 4 * 3
+    # warm-up + settings x samples, x steps per sample; + one discarded step per switch of
+    # the interleaved finalists (4 x 3) and on/off trials (2 x 3)
+    assert steps == (1 + len(phases) * 3) * 2 + 4 * 3 + 2 * 3
     assert changes >= 10
     assert state["history"][0]["params"] == initial  # the starting setting is the baseline
     cats = state["history"][12:]
@@ -135,8 +148,11 @@ def test_hierarchical_is_tuned_only_with_several_hosts():
     assert m.current_params()["hierarchical_allreduce"] is True
 
 
-def test_best_is_applied_when_done_and_near_the_optimum():
-    m = small(bayes_max_samples=20)
+@pytest.mark.parametrize("seed", [1, 3, 7])
+def test_best_is_applied_when_done_and_near_the_optimum(seed):
+    """The tuner finds the maximum of a smooth 2-D function within the sample budget: the
+    best setting lies within a tenth of each search axis of the optimum."""
+    m = small(bayes_max_samples=20, seed=seed)
     run(m)
     state = m.state()
     # The best is a measured setting with its measured score (the Bayesian phase keeps the
@@ -145,9 +161,13 @@ def test_best_is_applied_when_done_and_near_the_optimum():
         {"params": h["params"], "score": h["score"]} for h in state["history"]]
     assert m.current_params() == state["best"] == state["current"]
     assert state["best"]["cache_enabled"] is True
-    top = throughput({"fusion_threshold_bytes": 24 * MIB, "cycle_time_ms": 6.0,
+    top = throughput({"fusion_threshold_bytes": 2 * MIB, "cycle_time_ms": 6.0,
                       "cache_enabled": True, "hierarchical_allreduce": False})
     assert state["best_score"] > 0.9 * top
+    best = state["best"]
+    fusion_span, cycle_span = FUSION_AXIS[1] - FUSION_AXIS[0], CYCLE_AXIS[1] - CYCLE_AXIS[0]
+    assert abs(fusion_axis(best["fusion_threshold_bytes"]) - 21.0) < 0.1 * fusion_span, best
+    assert abs(best["cycle_time_ms"] - 6.0) < 0.1 * cycle_span, best
     assert m.update(STEP_BYTES, 1.0) is False  # done: nothing changes any more
 
 
@@ -250,3 +270,42 @@ def test_zero_time_steps_score_zero_without_crashing():
     m = small(bayes_max_samples=2)
     run(m, rate=lambda p: float("inf"))
     assert all(h["score"] == 0.0 for h in m.state()["history"])
+
+
+def test_fusion_threshold_is_searched_on_a_log_axis():
+    """Note [Fusion axis]: proposals spread over orders of magnitude (a linear 0..128 MiB axis
+    put nearly all of them above 4 MiB), and threshold 0 (fusion off) is a point of the box."""
+    m = small(bayes_max_samples=20, fixed_cache=True)
+    run(m)
+    sizes = [h["params"]["fusion_threshold_bytes"] for h in m.state()["history"]]
+    assert all(s == 0 or s >= 16 * 1024 for s in sizes)
+    assert any(0 < s <= 4 * MIB for s in sizes)
+
+
+def test_fusion_off_is_reachable():
+    """The lower end of the fusion axis is threshold 0: a job that runs best without fusion
+    gets it."""
+    def no_fusion(p):
+        return 1e9 * (2.0 if p["fusion_threshold_bytes"] == 0 else
+                      1.0 / (1.0 + fusion_axis(p["fusion_threshold_bytes"]) - 14.0))
+
+    m = small(bayes_max_samples=20, fixed_cache=True, fixed_cycle_time=True)
+    run(m, rate=no_fusion)
+    assert m.state()["best"]["fusion_threshold_bytes"] == 0
+
+
+def test_on_off_trials_are_compared_under_the_same_load():
+    """Note [Categorical trials]: off and on are measured interleaved, so a load that halves
+    throughput midway through the trial does not make the value measured first look better."""
+    seen = {"steps": 0}
+
+    def drifting(p):
+        seen["steps"] += 1
+        return throughput(p) * (1.0 / (1.0 + seen["steps"] / 20.0))
+
+    m = small(fixed_fusion_threshold=True, fixed_cycle_time=True, samples_per_setting=5)
+    run(m, rate=drifting)
+    history = m.state()["history"]
+    assert [h["params"]["cache_enabled"] for h in history] == [False, True]
+    assert m.state()["best"]["cache_enabled"] is True
+    assert m.current_params()["cache_enabled"] is True

@@ -11,12 +11,14 @@ namespace hvd::autotune {
 
 // The chain, as Horovod runs it (its parameter_manager):
 //   a. warm-up: the first warmup_samples samples are discarded (caches, allocators settle);
-//   b. Bayesian: fusion threshold x cycle time, jointly; the first setting is the initial one,
+//   b. Bayesian: fusion threshold x cycle time, jointly (the threshold on a log axis, Note
+//      [Fusion axis]); the first setting is the initial one,
 //      then a space-filling design, then expected-improvement proposals; the phase keeps the
 //      setting the refitted model rates highest, then re-measures its finalists (Note
 //      [Finalists]); bayes_max_samples settings in all, the finalists included;
 //   c. categorical: each on/off knob in turn (hierarchical allreduce, only with several hosts;
-//      response cache) is tried both ways on top of the best setting so far;
+//      response cache) is tried both ways on top of the best setting so far, off and on
+//      measured interleaved (Note [Categorical trials]); 2 settings per knob;
 //   d. done: the best setting measured is applied for good.
 // A sample is steps_per_sample update() calls, scored bytes / seconds; a setting's score is the
 // median of samples_per_setting samples. Knobs the user fixed are left out of every phase.
@@ -25,6 +27,16 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr int64_t kFusionGranule = 4096;  // tuned thresholds are whole pages
+
+// Note [Fusion axis]: the fusion threshold is searched as log2(bytes). A linear 0..128 MiB axis
+// leaves the region that matters for jobs of many small tensors (64 KiB .. 4 MiB) under 3% of
+// the box, so the space-filling design and the model's proposals almost never visit it. The log
+// axis runs from kFusionLogOff to log2(max(fusion_max_bytes, initial)); the band below
+// kFusionLogFloor (16 KiB, the smallest positive threshold searched) stands for threshold 0,
+// fusion off, which therefore stays reachable (and measured settings with threshold 0 sit at
+// the axis's lower end). Thresholds are rounded to whole pages.
+constexpr double kFusionLogFloor = 14.0;  // log2(16 KiB)
+constexpr double kFusionLogOff = kFusionLogFloor - 0.5;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -155,6 +167,7 @@ bool ParameterManager::onSample(double score) {
     return beginTuning();
   }
   if (!finalists_.empty()) return onFinalistSample(score);
+  if (state_.phase == AutotunePhase::kCategorical) return onCategoricalSample(score);
   samples_.push_back(score);
   state_.samples = static_cast<int>(samples_.size());
   if (static_cast<int>(samples_.size()) < options_.samples_per_setting) return false;
@@ -168,9 +181,10 @@ bool ParameterManager::beginTuning() {
   // The box always contains the initial setting, which is measured first as the baseline.
   std::vector<double> lower, upper;
   if (fusion_dim_) {
-    lower.push_back(0.0);
-    upper.push_back(std::max<double>(options_.fusion_max_bytes, current_.fusion_threshold_bytes) /
-                    kMiB);
+    lower.push_back(kFusionLogOff);
+    upper.push_back(std::log2(std::max<double>(
+        {static_cast<double>(options_.fusion_max_bytes),
+         static_cast<double>(current_.fusion_threshold_bytes), 1.0})));
   }
   if (cycle_dim_) {
     lower.push_back(std::max(0.0, std::min(options_.cycle_min_ms, current_.cycle_time_ms)));
@@ -255,7 +269,9 @@ bool ParameterManager::onFinalistSample(double score) {
   if (finalist_turn_ < n * static_cast<size_t>(options_.samples_per_setting)) {
     state_.trial = proposals_ + 1 + static_cast<int>(finalist_turn_ % n);
     discard_steps_ = 1;
-    return switchTo(finalists_[finalist_turn_ % n]);
+    const bool changed = switchTo(finalists_[finalist_turn_ % n]);
+    state_.samples = static_cast<int>(finalist_turn_ / n);
+    return changed;
   }
   const TunedParams running = current_;
   size_t kept = 0;
@@ -279,43 +295,76 @@ bool ParameterManager::onFinalistSample(double score) {
   return current_ != running;
 }
 
+// Note [Categorical trials]: each on/off knob is compared like the finalists (Note
+// [Finalists]): on top of the best setting so far, off and on are measured interleaved, one
+// sample each in turn for samples_per_setting rounds, the first step after each switch
+// discarded, so both values see the same load; a single lucky sample cannot win. The value
+// with the better median is kept (ties keep off) and becomes the best setting with that score,
+// whatever earlier phases measured under other loads. Each knob is 2 history entries (off,
+// then on) and costs what 2 settings measured one after another would: 2 x samples_per_setting
+// samples, plus the discarded steps. This phase is Horovod's extra beyond the Bayesian budget.
 bool ParameterManager::beginCategorical() {
   state_.phase = AutotunePhase::kCategorical;
   categorical_index_ = 0;
-  categorical_value_ = 0;
   if (categoricals_.empty()) return finish();
-  state_.trial = 1;
   state_.trials = 2 * static_cast<int>(categoricals_.size());
-  TunedParams next = state_.history.empty() ? current_ : state_.best;
-  next.*(categoricals_[0].field) = false;
-  return switchTo(next);
+  return beginCategoricalKnob(state_.history.empty() ? current_ : state_.best);
+}
+
+bool ParameterManager::beginCategoricalKnob(const TunedParams& base) {
+  const auto field = categoricals_[categorical_index_].field;
+  categorical_settings_[0] = categorical_settings_[1] = base;
+  categorical_settings_[0].*field = false;
+  categorical_settings_[1].*field = true;
+  categorical_scores_[0].clear();
+  categorical_scores_[1].clear();
+  categorical_turn_ = 0;
+  state_.trial = 2 * static_cast<int>(categorical_index_) + 1;
+  discard_steps_ = 1;
+  return switchTo(categorical_settings_[0]);
+}
+
+bool ParameterManager::onCategoricalSample(double score) {
+  categorical_scores_[categorical_turn_ % 2].push_back(score);
+  ++categorical_turn_;
+  if (categorical_turn_ < 2 * static_cast<size_t>(options_.samples_per_setting)) {
+    const size_t side = categorical_turn_ % 2;
+    state_.trial = 2 * static_cast<int>(categorical_index_) + 1 + static_cast<int>(side);
+    discard_steps_ = 1;
+    const bool changed = switchTo(categorical_settings_[side]);
+    state_.samples = static_cast<int>(categorical_turn_ / 2);
+    return changed;
+  }
+  const TunedParams running = current_;
+  double scores[2];
+  for (size_t i = 0; i < 2; ++i) {
+    scores[i] = median(categorical_scores_[i]);
+    state_.trial = 2 * static_cast<int>(categorical_index_) + 1 + static_cast<int>(i);
+    current_ = categorical_settings_[i];
+    record(scores[i]);
+  }
+  const size_t kept = scores[1] > scores[0] ? 1 : 0;
+  HVD_LOG(kInfo, "autotune") << "autotune: " << categoricals_[categorical_index_].name
+                             << " off " << scores[0] / kMiB << " MiB/s, on " << scores[1] / kMiB
+                             << " MiB/s (interleaved); keeping " << (kept ? "on" : "off");
+  state_.best = categorical_settings_[kept];
+  state_.best_score = scores[kept];
+  current_ = running;  // what the ranks run until the switch below
+  if (++categorical_index_ >= categoricals_.size()) return finish();
+  return beginCategoricalKnob(state_.best);
 }
 
 bool ParameterManager::onSettingScored(double score) {
   record(score);
-  if (state_.phase == AutotunePhase::kBayes) {
-    optimizer_->addSample(bayesPoint(current_), score);
-    if (state_.trial >= proposals_) {
-      keepRecommendation();
-      bool changed = false;
-      return beginFinalists(&changed) ? changed : beginCategorical();
-    }
-    ++state_.trial;
-    return switchTo(fromBayesPoint(optimizer_->nextSample()));
+  // The Bayesian phase (the categorical one scores its settings in onCategoricalSample).
+  optimizer_->addSample(bayesPoint(current_), score);
+  if (state_.trial >= proposals_) {
+    keepRecommendation();
+    bool changed = false;
+    return beginFinalists(&changed) ? changed : beginCategorical();
   }
-  // Categorical: the second value of this knob, else the next knob on top of the best so far.
-  if (++categorical_value_ < 2) {
-    TunedParams next = current_;
-    next.*(categoricals_[categorical_index_].field) = true;
-    ++state_.trial;
-    return switchTo(next);
-  }
-  categorical_value_ = 0;
-  if (++categorical_index_ >= categoricals_.size()) return finish();
-  TunedParams next = state_.best;
-  next.*(categoricals_[categorical_index_].field) = false;
   ++state_.trial;
-  return switchTo(next);
+  return switchTo(fromBayesPoint(optimizer_->nextSample()));
 }
 
 bool ParameterManager::finish() {
@@ -351,7 +400,11 @@ void ParameterManager::writeCsvRow(const TunedParams& p, double score) {
 
 Point ParameterManager::bayesPoint(const TunedParams& p) const {
   Point x;
-  if (fusion_dim_) x.push_back(p.fusion_threshold_bytes / kMiB);
+  if (fusion_dim_) {
+    const int64_t bytes = p.fusion_threshold_bytes;
+    x.push_back(bytes <= 0 ? kFusionLogOff
+                           : std::max(kFusionLogFloor, std::log2(static_cast<double>(bytes))));
+  }
   if (cycle_dim_) x.push_back(p.cycle_time_ms);
   return x;
 }
@@ -360,8 +413,13 @@ TunedParams ParameterManager::fromBayesPoint(const Point& x) const {
   TunedParams p = current_;
   size_t i = 0;
   if (fusion_dim_) {
-    const double granules = std::round(x[i++] * kMiB / kFusionGranule);
-    p.fusion_threshold_bytes = static_cast<int64_t>(granules) * kFusionGranule;
+    const double v = x[i++];
+    if (v < kFusionLogFloor) {
+      p.fusion_threshold_bytes = 0;  // fusion off (Note [Fusion axis])
+    } else {
+      const double granules = std::round(std::exp2(v) / kFusionGranule);
+      p.fusion_threshold_bytes = static_cast<int64_t>(granules) * kFusionGranule;
+    }
   }
   if (cycle_dim_) p.cycle_time_ms = std::round(x[i] * 100.0) / 100.0;
   return p;

@@ -41,7 +41,8 @@ struct AutotuneOptions {
   uint64_t seed = 1;
   std::string log_path;          // HVD_AUTOTUNE_LOG: CSV, one row per setting, best last
   int num_hosts = 1;             // hierarchical allreduce is tuned only when > 1
-  int64_t fusion_max_bytes = 64ll << 20;  // search box of the Bayesian phase
+  int64_t fusion_max_bytes = 64ll << 20;  // search box of the Bayesian phase (the threshold
+                                          // on a log2 axis, 0 at its lower end)
   double cycle_min_ms = 0.0;
   double cycle_max_ms = 50.0;
   // Knobs the user set explicitly keep their initial value and are not searched.
@@ -98,6 +99,8 @@ class ParameterManager {
   bool beginFinalists(bool* changed);
   bool onFinalistSample(double score);
   bool beginCategorical();
+  bool beginCategoricalKnob(const TunedParams& base);
+  bool onCategoricalSample(double score);
   bool finish();
   Point bayesPoint(const TunedParams& p) const;
   TunedParams fromBayesPoint(const Point& x) const;
@@ -114,7 +117,9 @@ class ParameterManager {
   std::unique_ptr<BayesianOptimizer> optimizer_;
   std::vector<Categorical> categoricals_;
   size_t categorical_index_ = 0;  // parameter being tried
-  int categorical_value_ = 0;     // 0: false, 1: true
+  TunedParams categorical_settings_[2];  // its off and on settings, measured in turn
+  std::vector<double> categorical_scores_[2];
+  size_t categorical_turn_ = 0;
   int proposals_ = 0;  // settings the optimizer proposes (the budget less the finalists')
   int warmup_left_ = 0;
   int steps_ = 0;

@@ -115,7 +115,9 @@ const std::vector<Knob>& knobs() {
                &Config::timeline_live),
       boolKnob({"HVD_AUTOTUNE", "HOROVOD_AUTOTUNE", "bool", "false",
                 "Tune fusion threshold, cycle time, response cache and hierarchical "
-                "allreduce on rank 0 (Bayesian optimisation, then on/off trials)."},
+                "allreduce on rank 0 (Bayesian optimisation, the threshold on a log2 scale with "
+                "0 = fusion off at its lower end; then on/off trials, off and on measured "
+                "interleaved, 2 settings per knob beyond the Bayesian budget)."},
                &Config::autotune),
       stringKnob({"HVD_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", "string", "",
                   "CSV file rank 0 writes: one row per scored setting, the best last."},
@@ -129,8 +131,8 @@ const std::vector<Knob>& knobs() {
               Kind::kInt, &Config::autotune_steps_per_sample, 1),
       intKnob({"HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",
                "int", "20",
-               "Settings of fusion threshold x cycle time the Bayesian phase scores, the "
-               "re-measured finalists included."},
+               "Settings of fusion threshold (log2 scale, 16 KiB to the largest, or 0) x cycle "
+               "time the Bayesian phase scores, the re-measured finalists included."},
               Kind::kInt, &Config::autotune_bayes_opt_max_samples, 0),
       floatKnob({"HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE",
                  "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", "float", "0.8",

@@ -99,7 +99,8 @@ void Autotuner::startLocked() {
                      options.bayes_max_samples > 0;
   const int categoricals = (options.fixed_cache ? 0 : 1) +
                            (num_hosts_ > 1 && !options.fixed_hierarchical ? 1 : 0);
-  // The finalists' re-measurement is part of the Bayesian budget (Note [Finalists]).
+  // The finalists' re-measurement is part of the Bayesian budget (Note [Finalists]); each
+  // on/off knob scores 2 settings, measured interleaved (Note [Categorical trials]).
   planned_ = (bayes ? options.bayes_max_samples : 0) + 2 * categoricals;
   // Every rank learns at once that tuning runs (and its phase); with nothing continuous to
   // search and no warm-up, this is also the first trial's setting.
