@@ -33,10 +33,13 @@ print(json.dumps(out))
 
 
 def _installed():
-    try:
-        return importlib.metadata.distribution("hvd-magic")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed distribution, not the build's leftover ``hvd_magic.egg-info`` in the
+    checkout (found first when the repository root is on sys.path; it lists every source)."""
+    repo = os.path.realpath(REPO)
+    for dist in importlib.metadata.distributions(name="hvd-magic"):
+        if os.path.realpath(str(dist.locate_file(""))) != repo:
+            return dist
+    return None
 
 
 @pytest.fixture(scope="module")
