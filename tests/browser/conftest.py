@@ -54,7 +54,7 @@ def chromium_path():
 def pytest_collection_modifyitems(config, items):
     """The root conftest skips ``browser`` tests without Chromium or Playwright (or fails them
     under ``HVD_REQUIRE=browser``); JupyterLab is this folder's own need, handled alike."""
-    if importlib.util.find_spec("jupyterlab") is not None and _widget_manager_data_dir():
+    if importlib.util.find_spec("jupyterlab") is not None and _widgets_prefix():
         return
     why = ("jupyterlab or ipywidgets' JupyterLab extension (jupyterlab_widgets) is not "
            "installed (run .ci/install-browser.sh)")
@@ -90,17 +90,28 @@ def _write_settings(folder):
             json.dump(values, f)
 
 
-def _widget_manager_data_dir():
-    """The Jupyter data folder holding ipywidgets' JupyterLab extension. JupyterLab only looks
-    under its own prefix, so in a venv that borrows the system's site-packages it would miss
-    it and render every widget as its text repr; JUPYTER_PATH points it there."""
+def _widgets_prefix():
+    """The install prefix holding ipywidgets' JupyterLab extension, or None without it."""
     spec = importlib.util.find_spec("jupyterlab_widgets")
     if spec is None or not spec.origin:
         return None
     prefix = os.path.abspath(os.path.join(os.path.dirname(spec.origin), *[".."] * 4))
-    data = os.path.join(prefix, "share", "jupyter")
-    manager = os.path.join(data, "labextensions", "@jupyter-widgets", "jupyterlab-manager")
-    return data if os.path.isdir(manager) else None
+    manager = os.path.join(prefix, "share", "jupyter", "labextensions", "@jupyter-widgets",
+                           "jupyterlab-manager")
+    return prefix if os.path.isdir(manager) else None
+
+
+def _borrowed_prefix_env(env):
+    """JupyterLab looks for extensions (and their server config) only under its own prefix. In
+    a venv that borrows the system's site-packages the extensions live under the system's
+    prefix: without this every widget renders as its text repr, and lab extensions whose
+    server half is not enabled pop up error dialogs. Point both paths at that prefix."""
+    prefix = _widgets_prefix()
+    if prefix is None or os.path.realpath(prefix) == os.path.realpath(sys.prefix):
+        return
+    for var, sub in (("JUPYTER_PATH", ("share", "jupyter")),
+                     ("JUPYTER_CONFIG_PATH", ("etc", "jupyter"))):
+        env[var] = os.pathsep.join(p for p in (os.path.join(prefix, *sub), env.get(var)) if p)
 
 
 @pytest.fixture(scope="module")
@@ -115,10 +126,7 @@ def lab(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("IPP_NONINTERACTIVE", "HVD_DASHBOARD")}
     repo = os.path.dirname(os.path.dirname(HERE))  # the kernel imports this checkout
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    widget_data = _widget_manager_data_dir()
-    if widget_data:
-        paths = (widget_data, env.get("JUPYTER_PATH"))
-        env["JUPYTER_PATH"] = os.pathsep.join(p for p in paths if p)
+    _borrowed_prefix_env(env)
     env.update(HVD_TEST_TAG=tag, JUPYTERLAB_SETTINGS_DIR=str(settings),
                JUPYTERLAB_WORKSPACES_DIR=str(workspaces), JUPYTER_RUNTIME_DIR=str(base / "rt"))
     port = _free_port()
