@@ -3,10 +3,11 @@
 :class:`MetricsHub` owns a ZMQ PULL socket that every engine's publisher connects to, and ONE
 daemon thread that (a) drains snapshots into the :class:`~.model.DashboardModel` and (b) calls
 each sink's ``update(model, now)`` at most ``max_hz`` times a second: a burst of snapshots
-becomes one render, and with nothing new it still refreshes once a second (ages, "no data for
-N s"). The thread sleeps in ``zmq.Poller.poll`` with a timeout computed from the throttle; it
-never spins. Calls from other threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`,
-:meth:`~MetricsHub.stop`) wake it through an inproc socket.
+becomes one render, so does a round of snapshots from every rank (``gather_s``), and with
+nothing new it still refreshes once a second (ages, "no data for N s"). The thread sleeps in
+``zmq.Poller.poll`` with a timeout computed from the throttle; it never spins. Calls from other
+threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`, :meth:`~MetricsHub.stop`)
+wake it through an inproc socket.
 
 Why a socket of our own rather than ipyparallel's ``publish_data`` (measured on this 2-core
 box, ipyparallel 9.2, one local engine publishing both ways every 0.1 s from a thread):
@@ -65,6 +66,9 @@ class MetricsHub:
         Upper bound on renders per second (default 5).
     refresh_s : float
         Render at least this often while running, even without new snapshots.
+    gather_s : float
+        After a snapshot, wait up to this long for the other publishing ranks' next ones, so
+        one render covers a round of snapshots (0: render each as soon as the throttle allows).
     clock : callable
         Driver clock (``time.monotonic``); tests may pass their own.
 
@@ -79,13 +83,15 @@ class MetricsHub:
     """
 
     def __init__(self, model=None, sinks=(), key=None, bind="tcp://127.0.0.1",
-                 connect_host=None, max_hz=5.0, refresh_s=1.0, clock=time.monotonic):
+                 connect_host=None, max_hz=5.0, refresh_s=1.0, gather_s=0.25,
+                 clock=time.monotonic):
         self.model = model if model is not None else DashboardModel()
         self.key = key.encode() if isinstance(key, str) else key
         self.bind = bind
         self.connect_host = connect_host
         self.min_interval_s = 1.0 / max_hz
         self.refresh_s = refresh_s
+        self.gather_s = gather_s
         self.clock = clock
         self.address = self.command_address = None
         self.view = None  # set by start_dashboard
@@ -103,6 +109,8 @@ class MetricsHub:
         self._next_id = 1
         self._pending = Pending(clock)
         self._arrived = threading.Condition()  # notified after snapshots were ingested
+        self._fresh = set()  # ranks with a snapshot since the last render (hub thread only)
+        self._arrived_at = {}  # rank -> hub clock of its latest snapshot (hub thread only)
 
     # ---------------------------------------------------------------- control (any thread)
     def start(self, timeout=10.0):
@@ -242,27 +250,48 @@ class MetricsHub:
                 sock.close(0)
 
     def _loop(self, poller, pull, wake_in, zmq):
-        """Drain → ingest → render when due. Rendering waits for the throttle, not the data."""
-        dirty, last_render, next_allowed = True, float("-inf"), 0.0
+        """Drain → ingest → render when due. Rendering waits for the throttle, not the data.
+
+        New snapshots are gathered for up to ``gather_s`` until every rank publishing lately
+        has sent one, so the ranks' unsynchronised publishers (N snapshots per interval) make
+        one render per interval rather than one per snapshot; a wake-up (dead rank, command,
+        driver change) renders as soon as the throttle allows."""
+        dirty, urgent, since = True, True, 0.0
+        last_render, next_allowed = float("-inf"), 0.0
         while not self._stopping:
             now = self.clock()
-            due = next_allowed if dirty else last_render + self.refresh_s
+            if not dirty:
+                due = last_render + self.refresh_s
+            elif urgent or self._all_fresh(now):
+                due = next_allowed
+            else:
+                due = max(next_allowed, since + self.gather_s)
             due = min(due, self._pending.next_deadline() or due)
             ready = dict(poller.poll(max(0, int((due - now) * 1000) + 1)))
             if wake_in in ready:
                 _drain(wake_in, zmq)
                 self._send_commands()
-                dirty = True
-            if pull in ready:
-                dirty |= self._receive(pull, zmq)
+                dirty = urgent = True
+            if pull in ready and self._receive(pull, zmq) and not dirty:
+                dirty, since = True, self.clock()
             if self._stopping:
                 break
             now = self.clock()
             if self._pending:
                 self._pending.expire(now)
-            if now >= next_allowed and (dirty or now - last_render >= self.refresh_s):
+            if now < next_allowed:
+                continue
+            if dirty and (urgent or now >= since + self.gather_s or self._all_fresh(now)) \
+                    or not dirty and now - last_render >= self.refresh_s:
                 self._render(now)
-                dirty, last_render, next_allowed = False, now, now + self.min_interval_s
+                self._fresh.clear()
+                dirty = urgent = False
+                last_render, next_allowed = now, now + self.min_interval_s
+
+    def _all_fresh(self, now):
+        """Every rank that sent a snapshot within the last second sent one since the last
+        render."""
+        return all(r in self._fresh for r, t in self._arrived_at.items() if now - t <= 1.0)
 
     def _receive(self, pull, zmq, limit=10000):
         got = False
@@ -280,7 +309,10 @@ class MetricsHub:
             self.received += 1
             if snap.get("acks"):
                 self._pending.ack(snap["rank"], snap["acks"])
-            self.model.ingest(snap["rank"], snap, self.clock())
+            now = self.clock()
+            self.model.ingest(snap["rank"], snap, now)
+            self._fresh.add(snap["rank"])
+            self._arrived_at[snap["rank"]] = now
             got = True
         if got:
             with self._arrived:

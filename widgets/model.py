@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .rates import CounterHistory, Series, fusion_ratio, straggler, time_split
+from .snapshot import MAX_BAR_S, MERGE_GAP_S
 
 SAMPLES, BYTES = "samples/s", "B/s"
 _PROGRESS_KEYS = ("samples", "ops_total", "bytes_total")
@@ -78,7 +79,9 @@ class AutotunePanel:
 @dataclass(frozen=True)
 class Lane:
     """One rank's strip of the live timeline: bars are (op, name, start, duration, open) with
-    start in seconds relative to now (negative); open bars are collectives still running."""
+    start in seconds relative to now (negative); open bars are collectives still running. A bar
+    standing for several back-to-back collectives of one op carries two more fields, (...,
+    count, busy seconds), and the name of the first."""
 
     rank: int
     bars: tuple = ()
@@ -95,7 +98,9 @@ class _Rank:
         self.history = CounterHistory(rate_window_s)
         self.series = Series(spark_span_s)
         self.series_unit = None
-        self.events = deque(maxlen=4000)  # (op, name, start, duration) in driver time
+        # [op, first name, start, duration, count, busy seconds] in driver time; neighbours of
+        # one op less than the model's merge_gap_s apart are one entry (see ingest)
+        self.events = deque(maxlen=4000)
 
 
 class DashboardModel:
@@ -114,16 +119,22 @@ class DashboardModel:
         training loop does not flicker between "running" and "in allreduce".
     rate_window_s, spark_span_s, timeline_span_s : float
         Rate averaging window, sparkline history, timeline history kept.
+    merge_gap_s, max_bar_s : float
+        Timeline events of one op less than ``merge_gap_s`` apart are kept as one bar (with their
+        count and busy time) up to ``max_bar_s`` long; ``max_bar_s=0`` keeps every event.
     """
 
     def __init__(self, size=None, stall_after_s=10.0, stale_after_s=3.0, collective_after_s=0.5,
-                 rate_window_s=2.0, spark_span_s=60.0, timeline_span_s=10.0):
+                 rate_window_s=2.0, spark_span_s=60.0, timeline_span_s=10.0,
+                 merge_gap_s=MERGE_GAP_S, max_bar_s=MAX_BAR_S):
         self.stall_after_s = stall_after_s
         self.stale_after_s = stale_after_s
         self.collective_after_s = collective_after_s
         self.rate_window_s = rate_window_s
         self.spark_span_s = spark_span_s
         self.timeline_span_s = timeline_span_s
+        self.merge_gap_s = merge_gap_s
+        self.max_bar_s = max_bar_s
         self._lock = threading.Lock()
         self._ranks = {}
         self._cluster_series = Series(spark_span_s)
@@ -183,10 +194,7 @@ class DashboardModel:
             st.snap, st.received_at = snapshot, now
             if progressed:
                 st.last_progress_at = now
-            for op, name, start_ago, dur in snapshot.get("events", ()):
-                st.events.append((op, name, now - start_ago, dur))
-            while st.events and st.events[0][2] + st.events[0][3] < now - self.timeline_span_s:
-                st.events.popleft()
+            self._add_events(st.events, snapshot.get("events", ()), now)
             unit, rate = self._primary(st)
             if unit != st.series_unit:
                 st.series.clear()
@@ -194,6 +202,30 @@ class DashboardModel:
             st.series.offer(now, rate)
             self._merge_autotune(rank, snapshot)
             self._sample_cluster(now)
+
+    def _add_events(self, events, new, now):
+        """Append a snapshot's events, merging each into the previous entry when it is the same
+        op and starts within ``merge_gap_s`` of its end (a training loop's back-to-back
+        collectives; far below a pixel of the strip, which merges them again when drawing) as
+        long as the entry stays shorter than ``max_bar_s``. The strip then reads tens of
+        entries per second instead of every collective, five times a second."""
+        gap, longest = self.merge_gap_s, self.max_bar_s
+        last = events[-1] if events else None
+        for ev in new:
+            op, name, start_ago, dur = ev[:4]
+            count, busy = (ev[4], ev[5]) if len(ev) > 4 else (1, dur)
+            start = now - start_ago
+            if (last is not None and last[0] == op and last[2] <= start <= last[2] + last[3] + gap
+                    and start + dur - last[2] <= longest):
+                last[3] = max(last[3], start + dur - last[2])
+                last[4] += count
+                last[5] += busy
+            else:
+                last = [op, name, start, dur, count, busy]
+                events.append(last)
+        horizon = now - self.timeline_span_s
+        while events and events[0][2] + events[0][3] < horizon:
+            events.popleft()
 
     def _merge_autotune(self, rank, snapshot):
         """Score history from one rank only (the lowest live one reporting an autotuner), so
@@ -333,8 +365,11 @@ class DashboardModel:
                 st = self._ranks[r]
                 if st.snap is None:
                     continue
-                bars = [(op, name, start - now, dur, False) for op, name, start, dur in st.events
-                        if start + dur >= now - span_s and start <= now]
+                lo = now - span_s
+                bars = [(op, name, start - now, dur, False) if count == 1 else
+                        (op, name, start - now, dur, False, count, busy)
+                        for op, name, start, dur, count, busy in st.events
+                        if start + dur >= lo and start <= now]
                 coll = (st.snap.get("core") or {}).get("collective")
                 if coll and st.dead is None:
                     age = coll["age_s"] + (now - st.received_at)

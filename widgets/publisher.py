@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 
-from .snapshot import MAX_EVENTS, SCHEMA_VERSION, normalize_core, pack
+from .snapshot import MAX_BAR_S, MAX_EVENTS, MERGE_GAP_S, SCHEMA_VERSION, normalize_core, pack
 
 log = logging.getLogger("hvd_magic.widgets")
 
@@ -124,15 +124,30 @@ def _device_info(device, core_raw):
     return out
 
 
-def _events(raw_events):
-    """Events from the core as ``[op, name, start_ago_s, dur_s]`` lists (dicts accepted too)."""
-    out = []
-    for ev in list(raw_events or ())[-MAX_EVENTS:]:
+def _events(raw_events, gap=MERGE_GAP_S, longest=MAX_BAR_S):
+    """Events from the core (``[op, name, start_ago_s, dur_s]``, oldest first; dicts accepted
+    too) as the snapshot's ``events``: back-to-back collectives of one op (less than ``gap``
+    seconds apart, together at most ``longest`` long) become one ``[op, first name,
+    start_ago_s, dur_s, count, busy_s]`` entry, so a training loop's hundreds of allreduces a
+    second cost a few entries per snapshot to build, send and merge (the strip cannot show
+    them apart: a pixel is ~9 ms)."""
+    out, last, last_op = [], None, None
+    for ev in raw_events or ():
         if isinstance(ev, dict):
             ev = (ev.get("op"), ev.get("name"), ev.get("start_ago_s"), ev.get("dur_s"))
-        if len(ev) == 4:
-            out.append([str(ev[0]).lower(), str(ev[1]), float(ev[2]), float(ev[3])])
-    return out
+        if len(ev) != 4:
+            continue
+        op, ago, dur = ev[0], float(ev[2]), float(ev[3])
+        # start = -ago; the entry spans [-last[2], -last[2] + last[3]]
+        if (op == last_op and last[2] >= ago >= last[2] - last[3] - gap
+                and last[2] - ago + dur <= longest):
+            last[3] = max(last[3], last[2] - ago + dur)
+            last[4] += 1
+            last[5] += dur
+        else:
+            last, last_op = [str(op).lower(), str(ev[1]), ago, dur, 1, dur], op
+            out.append(last)
+    return [e[:4] if e[4] == 1 else e for e in out[-MAX_EVENTS:]]
 
 
 class Publisher:

@@ -37,7 +37,9 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
       autotune       dict | None   {"enabled", "phase", "sample", "samples", "current": {},
                                    "best": {}, "best_score", "scores": [[sample, score], ...]}
     events   list   [[op, name, start_ago_s, dur_s], ...] collectives finished since the previous
-                    snapshot; start_ago_s is seconds before ``t`` (so no clocks are compared)
+                    snapshot; start_ago_s is seconds before ``t`` (so no clocks are compared).
+                    Back-to-back collectives of one op (< MERGE_GAP_S apart, ≤ MAX_BAR_S in all)
+                    come as one [op, first name, start_ago_s, dur_s, count, busy_s]
     acks     list   [[command id, ok, text], ...] answers to dashboard commands (see .control)
 
 Counters are monotonic within one core lifetime; a decrease means the core was re-initialised
@@ -56,6 +58,8 @@ import math
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 256 * 1024
 MAX_EVENTS = 200
+MERGE_GAP_S = 0.002  # events of one op closer than this are sent (and kept) as one entry...
+MAX_BAR_S = 0.25  # ... as long as it spans at most this long
 MAX_EXTRA = 16
 MAX_TEXT = 200
 OP_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")
@@ -252,11 +256,19 @@ def _clean_autotune(at):
 
 
 def _clean_events(events):
+    """4-element events, and merged 6-element ones ``[..., count, busy_s]`` as 4 or 6."""
     out = []
     for ev in events[-MAX_EVENTS:]:
-        if (isinstance(ev, list) and len(ev) == 4 and isinstance(ev[0], str)
+        if not (isinstance(ev, list) and len(ev) in (4, 6) and isinstance(ev[0], str)
                 and isinstance(ev[1], str) and _is_num(ev[2]) and _is_num(ev[3])):
-            out.append([ev[0][:40], ev[1][:MAX_TEXT], max(0.0, float(ev[2])), max(0.0, float(ev[3]))])
+            continue
+        clean = [ev[0][:40], ev[1][:MAX_TEXT], max(0.0, float(ev[2])), max(0.0, float(ev[3]))]
+        if len(ev) == 6:
+            if not (_is_int(ev[4]) and ev[4] >= 1 and _is_num(ev[5])):
+                continue
+            if ev[4] > 1:
+                clean += [ev[4], max(0.0, float(ev[5]))]
+        out.append(clean)
     return out
 
 

@@ -130,18 +130,20 @@ def timeline_strip(lanes, span_s=5.0, width=600, lane_height=12):
 def _runs(bars, span_s, scale, gutter):
     """Visible bars in pixels, neighbours of one op merged: (x, w, op, first name, count,
     total duration, open)."""
-    runs = []
-    for op, name, start, dur, is_open in sorted(bars, key=lambda b: b[2]):
+    runs, last = [], None
+    for bar in sorted(bars, key=lambda b: b[2]):
+        op, name, start, dur, is_open = bar[:5]
+        count, busy = (bar[5], bar[6]) if len(bar) > 5 else (1, dur)
         t0, t1 = max(start, -span_s), min(start + dur, 0.0)
         if t1 < t0:
             continue
         x0 = gutter + (t0 + span_s) * scale
         x1 = x0 + max((t1 - t0) * scale, 1.0)
-        last = runs[-1] if runs else None
         if last and last[2] == op and not (is_open or last[6]) and x0 <= last[0] + last[1] + 1.0:
             last[1] = max(last[1], x1 - last[0])
-            last[4] += 1
-            last[5] += dur
+            last[4] += count
+            last[5] += busy
         else:
-            runs.append([x0, x1 - x0, op, name, 1, dur, is_open])
+            last = [x0, x1 - x0, op, name, count, busy, is_open]
+            runs.append(last)
     return runs

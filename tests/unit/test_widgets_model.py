@@ -238,3 +238,21 @@ def test_timeline_flag_and_forget():
     assert m.timeline_active() is True
     m.forget([0])
     assert m.ranks() == []
+
+
+def test_back_to_back_events_are_kept_as_one_bar_with_their_count():
+    """A training loop's allreduces (gaps far below a pixel) cost the strip one bar per
+    ``max_bar_s``, not one per collective; merged entries from the engine add up."""
+    m = M.DashboardModel(timeline_span_s=10.0)
+    dense = [["allreduce", f"grad.{i}", 1.0 - i * 0.001, 0.0008] for i in range(400)]
+    m.ingest(0, snap(0, 0, events=dense + [["broadcast", "w", 0.5, 0.01]]), now=100.0)
+    m.ingest(0, snap(0, 1, events=[["allreduce", "grad.0", 0.2, 0.05, 50, 0.04]]), now=100.5)
+    bars = m.timeline(now=100.5, span_s=5.0)[0].bars
+    merged = [b for b in bars if b[0] == "allreduce"]
+    assert [b[5] for b in merged] == [250, 150, 50] and merged[0][1] == "grad.0"
+    assert all(b[3] <= m.max_bar_s + 1e-9 for b in merged)
+    assert sum(b[6] for b in merged[:2]) == pytest.approx(400 * 0.0008) and merged[2][6] == 0.04
+    assert [b[:2] for b in bars if len(b) == 5] == [("broadcast", "w")]
+    m2 = M.DashboardModel(max_bar_s=0.0)  # merging off: every event its own bar
+    m2.ingest(0, snap(0, 0, events=dense), now=100.0)
+    assert len(m2.timeline(now=100.0, span_s=5.0)[0].bars) == 400

@@ -174,3 +174,15 @@ def test_hub_waits_for_the_first_snapshot_of_every_rank():
         for p in pubs:
             p.stop()
         hub.stop()
+
+
+def test_back_to_back_events_are_sent_as_one_entry_with_count_and_busy_time():
+    dense = [["ALLREDUCE", f"g{i}", 0.3 - i * 0.001, 0.0008] for i in range(300)]
+    out = P._events(dense + [["BROADCAST", "w", 0.0, 0.0001]])
+    assert [e[:2] for e in out] == [["allreduce", "g0"], ["allreduce", "g250"], ["broadcast", "w"]]
+    assert [e[4] for e in out[:2]] == [250, 50] and len(out[2]) == 4
+    assert out[0][2] == pytest.approx(0.3) and out[0][3] == pytest.approx(0.2498)
+    assert out[0][5] == pytest.approx(250 * 0.0008)
+    gapped = [["ALLREDUCE", "g", 0.3 - i * 0.01, 0.001] for i in range(5)]  # 9 ms gaps
+    assert len(P._events(gapped)) == 5
+    assert S.validate({"v": 1, "rank": 0, "t": 1.0, "events": out})["events"] == out

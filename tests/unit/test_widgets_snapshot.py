@@ -115,3 +115,13 @@ def test_normalize_core_picks_the_executing_op_when_it_is_older():
                              "pending": [{"name": "g", "op": "ALLREDUCE", "age_seconds": 1.0}]})
     assert (core["collective"]["op"], core["collective"]["phase"]) == ("broadcast", "execute")
     assert S.normalize_core({})["collective"] is None
+
+
+def test_merged_events_carry_a_count_and_busy_time():
+    obj = minimal(events=[["allreduce", "g", 0.3, 0.2, 40, 0.1],
+                          ["allreduce", "g", 0.1, 0.2, 1, 0.2],  # a count of 1: plain event
+                          ["allreduce", "g", 0.1, 0.2, 0, 0.1],
+                          ["allreduce", "g", 0.1, 0.2, "x", 1],
+                          ["allreduce", "g", 0.1, 0.2, 3]])
+    assert S.validate(obj)["events"] == [["allreduce", "g", 0.3, 0.2, 40, 0.1],
+                                         ["allreduce", "g", 0.1, 0.2]]

@@ -301,3 +301,30 @@ def test_timeline_strip_stays_small_with_hundreds_of_collectives_a_second():
     svg = timeline_strip([M.Lane(0, dense + running), M.Lane(1, sparse)])
     assert svg.count("<rect") == 2 + 1 + 1 + 4  # backgrounds, merged run, running op, sparse
     assert len(svg) < 3000 and "3300 x allreduce" in svg and "(running)" in svg
+    merged = (("allreduce", "grad.0", -3.0, 0.25, False, 300, 0.2),
+              ("allreduce", "grad.0", -2.75, 0.25, False, 200, 0.1))
+    svg = timeline_strip([M.Lane(0, merged)])
+    assert svg.count("<rect") == 2 and "500 x allreduce (grad.0, ...) 300.0 ms" in svg
+
+
+def test_hub_renders_once_per_round_of_snapshots_from_unsynchronised_ranks():
+    """Two ranks each publishing every 0.3 s, half a period apart: one render per round (about
+    3.3 a second, each with both ranks' news), not one per snapshot up to the 5 Hz cap."""
+    n = 20
+    rec = Recorder(lambda m: hub.received >= 2 * n)
+    hub = H.MetricsHub(M.DashboardModel(), [rec], key=KEY, max_hz=5.0)
+    sock = push_socket(hub.start())
+    try:
+        for i in range(n):
+            sock.send(S.pack(snap(0, i * 0.3, seq=i), KEY))
+            time.sleep(0.15)
+            sock.send(S.pack(snap(1, i * 0.3, seq=i), KEY))
+            time.sleep(0.15)
+        assert rec.event.wait(10)
+    finally:
+        sock.close()
+        hub.stop()
+    renders = [t for t in rec.times if t > rec.times[0] + 1.0]  # after both ranks are known
+    span = renders[-1] - renders[0]
+    assert len(renders) <= span / 0.3 * 1.25 + 2, (len(renders), span)
+    assert max(b - a for a, b in zip(renders[:-1], renders[1:], strict=True)) <= 0.6
