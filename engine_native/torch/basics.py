@@ -152,25 +152,14 @@ def rocm_built():
 
 def start_timeline(file_path, mark_cycles=False):
     """Start writing a Chrome-trace timeline to ``file_path`` (rank 0 writes it)."""
-    fn = getattr(_basics, 'start_timeline', None)
-    if fn is None:
-        raise NotImplementedError(
-            'start_timeline: the timeline is not available in this build of engine_native '
-            '(the timeline issue has not landed yet); HOROVOD_TIMELINE/HVD_TIMELINE will work '
-            'once it does.')
     rt._require_init()
-    return fn(file_path, mark_cycles=mark_cycles)
+    return _basics.start_timeline(file_path, mark_cycles=mark_cycles)
 
 
 def stop_timeline():
     """Stop the timeline started with ``start_timeline``."""
-    fn = getattr(_basics, 'stop_timeline', None)
-    if fn is None:
-        raise NotImplementedError(
-            'stop_timeline: the timeline is not available in this build of engine_native '
-            '(the timeline issue has not landed yet).')
     rt._require_init()
-    return fn()
+    return _basics.stop_timeline()
 
 
 def elastic_enabled():

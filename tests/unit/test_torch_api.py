@@ -265,16 +265,9 @@ def test_join_barrier_and_process_sets(hvd):
     assert hvd.global_process_set.process_set_id == 0
 
 
-def test_timeline_calls_through_or_says_not_landed(hvd, tmp_path):
-    from engine_native import basics
-    if hasattr(basics, 'start_timeline'):
-        hvd.start_timeline(str(tmp_path / 't.json'))
-        hvd.stop_timeline()
-    else:
-        with pytest.raises(NotImplementedError, match='timeline'):
-            hvd.start_timeline(str(tmp_path / 't.json'))
-        with pytest.raises(NotImplementedError, match='timeline'):
-            hvd.stop_timeline()
+def test_timeline_calls_through(hvd, tmp_path):
+    hvd.start_timeline(str(tmp_path / 't.json'))
+    hvd.stop_timeline()
 
 
 def test_horovod_names_exported(fake):
