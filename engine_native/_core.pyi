@@ -54,6 +54,14 @@ def enqueue(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: i
     range, process set unknown or not containing this rank), TypeError (dtype code invalid or
     not reducible by the op), HorovodInternalError (not initialised / core failed)."""
 
+def enqueue_for_wait(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: int,
+                     output_ptr: int, reduce_op: int = 1, prescale: float = 1.0,
+                     postscale: float = 1.0, root: int = 0, process_set: int = 0,
+                     splits: Optional[Sequence[int]] = None, device: int = -1) -> int:
+    """``enqueue()`` for an op whose ``wait()`` comes next: the core's thread is not woken and
+    the wait runs the op on the calling thread (no hand-off between threads). An op that is
+    never waited for still runs, within the core's 200 ms tick."""
+
 def enqueue_group(ops: Sequence[tuple]) -> list[int]:
     """Submit several ops (each a tuple of enqueue's positional arguments) atomically, so they
     are negotiated together and may fuse into one batch."""

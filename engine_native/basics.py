@@ -214,7 +214,10 @@ def metrics() -> dict:
 
     Time split: ``negotiate_seconds``, ``communicate_seconds`` (the background loop),
     ``idle_seconds`` (the loop waiting for work; ``wait_seconds`` is the same value under its
-    earlier name) and ``handle_wait_seconds`` (framework threads blocked in ``wait()``).
+    earlier name) and ``handle_wait_seconds`` (framework threads blocked in ``wait()``);
+    ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself, and
+    ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where this host's
+    ranks outnumber its cores).
     Also ``timeline`` (a file is being written here), ``autotune`` (the dashboard's view of
     :func:`autotune_state`, None when tuning never ran) and ``events`` (collectives finished
     since the previous ``metrics()`` call in this process: ``{"op", "name", "start_ago_s",

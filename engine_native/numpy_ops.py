@@ -41,6 +41,13 @@ _POOL_MAX_BYTES = 512 << 20
 _output_pool: list = []
 
 
+def _enqueuer(waited: bool):
+    """The synchronous functions wait for their op at once: that wait runs it on the calling
+    thread (Note [Caller drives] in the core), so their enqueue does not wake the core's
+    thread. Looked up per call, so a test's stand-in core is honoured."""
+    return _core.enqueue_for_wait if waited else _core.enqueue
+
+
 def _output_like(array: np.ndarray) -> np.ndarray:
     """An uninitialised array of array's shape and dtype, from the pool when one is free."""
     if array.nbytes < _POOL_MIN_BYTES or not array.flags.c_contiguous:
@@ -97,14 +104,15 @@ def _frombuffer(result, dtype) -> np.ndarray:
 
 def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out, *,
             reduce_op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-            process_set: ProcessSet = global_process_set, splits=None, finish) -> int:
+            process_set: ProcessSet = global_process_set, splits=None, finish,
+            waited: bool = False) -> int:
     full = _full_name(op_name, name)
     array = _check_array(array, op_name, full)
     out_ptr = out.ctypes.data if out is not None else 0
-    handle = _core.enqueue(kind, full, _code(array, op_name, full), array.shape,
-                           array.ctypes.data, out_ptr, reduce_op, float(prescale),
-                           float(postscale), root, _set_id(process_set, op_name),
-                           None if splits is None else [int(s) for s in splits])
+    handle = _enqueuer(waited)(kind, full, _code(array, op_name, full), array.shape,
+                               array.ctypes.data, out_ptr, reduce_op, float(prescale),
+                               float(postscale), root, _set_id(process_set, op_name),
+                               None if splits is None else [int(s) for s in splits])
     _pending[handle] = _Pending((array, out), finish)
     return handle
 
@@ -129,14 +137,16 @@ def synchronize(handle: int):
 
 def allreduce_async(array, op: int = Average, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set) -> int:
+                    process_set: ProcessSet = global_process_set, *,
+                    _waited: bool = False) -> int:
     # _submit inlined: this runs once per gradient per step (200 x 4 KiB case in benchmarks/).
     full = f"allreduce.{name}" if name else _full_name("allreduce", None)
     array = _check_array(array, "allreduce", full)
     out = _output_like(array)
-    handle = _core.enqueue(_core.ALLREDUCE, full, _code(array, "allreduce", full), array.shape,
-                           array.ctypes.data, out.ctypes.data, op, float(prescale_factor),
-                           float(postscale_factor), 0, _set_id(process_set, "allreduce"))
+    handle = _enqueuer(_waited)(_core.ALLREDUCE, full, _code(array, "allreduce", full),
+                                array.shape, array.ctypes.data, out.ctypes.data, op,
+                                float(prescale_factor), float(postscale_factor), 0,
+                                _set_id(process_set, "allreduce"))
     _pending[handle] = _Pending((array, out), None)
     return handle
 
@@ -149,7 +159,7 @@ def allreduce(array, op: int = Average, name: Optional[str] = None,
     >>> hvd.allreduce(np.ones(4) * hvd.rank(), op=hvd.Sum)
     """
     return synchronize(allreduce_async(array, op, name, prescale_factor, postscale_factor,
-                                       process_set))
+                                       process_set, _waited=True))
 
 
 def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[str] = None,
@@ -182,52 +192,58 @@ def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] =
 
 
 def allgather_async(array, name: Optional[str] = None,
-                    process_set: ProcessSet = global_process_set) -> int:
+                    process_set: ProcessSet = global_process_set, *,
+                    _waited: bool = False) -> int:
     dtype = np.asarray(array).dtype
     return _submit(_core.ALLGATHER, "allgather", name, array, None, process_set=process_set,
-                   finish=lambda result: _frombuffer(result, dtype))
+                   finish=lambda result: _frombuffer(result, dtype), waited=_waited)
 
 
 def allgather(array, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenate every rank's ``array`` along dimension 0 (sizes may differ per rank)."""
-    return synchronize(allgather_async(array, name, process_set))
+    return synchronize(allgather_async(array, name, process_set, _waited=True))
 
 
 def broadcast_async(array, root_rank: int, name: Optional[str] = None,
-                    process_set: ProcessSet = global_process_set) -> int:
+                    process_set: ProcessSet = global_process_set, *,
+                    _waited: bool = False) -> int:
     out = _output_like(np.asarray(array))
     return _submit(_core.BROADCAST, "broadcast", name, array, out, root=root_rank,
-                   process_set=process_set, finish=lambda _: out)
+                   process_set=process_set, finish=lambda _: out, waited=_waited)
 
 
 def broadcast(array, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Return ``root_rank``'s ``array`` on every rank (a new array)."""
-    return synchronize(broadcast_async(array, root_rank, name, process_set))
+    return synchronize(broadcast_async(array, root_rank, name, process_set, _waited=True))
 
 
 def alltoall_async(array, splits=None, name: Optional[str] = None,
-                   process_set: ProcessSet = global_process_set) -> int:
+                   process_set: ProcessSet = global_process_set, *,
+                   _waited: bool = False) -> int:
     dtype = np.asarray(array).dtype
     return _submit(_core.ALLTOALL, "alltoall", name, array, None, splits=splits,
                    process_set=process_set,
-                   finish=lambda r: (_frombuffer(r, dtype), np.asarray(r[2], dtype=np.int64)))
+                   finish=lambda r: (_frombuffer(r, dtype), np.asarray(r[2], dtype=np.int64)),
+                   waited=_waited)
 
 
 def alltoall(array, splits=None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set):
     """Send ``splits[r]`` rows to rank r; returns (received rows, received splits)."""
-    return synchronize(alltoall_async(array, splits, name, process_set))
+    return synchronize(alltoall_async(array, splits, name, process_set, _waited=True))
 
 
 def reducescatter_async(array, op: int = Average, name: Optional[str] = None,
                         process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> int:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                        _waited: bool = False) -> int:
     dtype = np.asarray(array).dtype
     return _submit(_core.REDUCESCATTER, "reducescatter", name, array, None, reduce_op=op,
                    prescale=prescale_factor, postscale=postscale_factor,
-                   process_set=process_set, finish=lambda r: _frombuffer(r, dtype))
+                   process_set=process_set, finish=lambda r: _frombuffer(r, dtype),
+                   waited=_waited)
 
 
 def reducescatter(array, op: int = Average, name: Optional[str] = None,
@@ -236,7 +252,7 @@ def reducescatter(array, op: int = Average, name: Optional[str] = None,
     """Reduce across ranks and give each rank its slice of dimension 0 (the first
     ``dim0 % size`` ranks get one more row, as in Horovod)."""
     return synchronize(reducescatter_async(array, op, name, process_set, prescale_factor,
-                                           postscale_factor))
+                                           postscale_factor, _waited=True))
 
 
 _barrier_counter = itertools.count()
@@ -245,8 +261,8 @@ _barrier_counter = itertools.count()
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return when every rank of ``process_set`` has reached the barrier."""
     name = f"barrier.{next(_barrier_counter)}"
-    handle = _core.enqueue(_core.BARRIER, name, 0, (), 0, 0, Sum, 1.0, 1.0, 0,
-                           _set_id(process_set, "barrier"))
+    handle = _enqueuer(True)(_core.BARRIER, name, 0, (), 0, 0, Sum, 1.0, 1.0, 0,
+                             _set_id(process_set, "barrier"))
     _pending[handle] = _Pending((), lambda _: None)
     synchronize(handle)
 
@@ -254,8 +270,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 def join(process_set: ProcessSet = global_process_set) -> int:
     """Declare this rank done (it contributes zeros to others' allreduces until every rank has
     joined); returns the last rank to join, on every rank."""
-    handle = _core.enqueue(_core.JOIN, "join", 0, (), 0, 0, Sum, 1.0, 1.0, 0,
-                           _set_id(process_set, "join"))
+    handle = _enqueuer(True)(_core.JOIN, "join", 0, (), 0, 0, Sum, 1.0, 1.0, 0,
+                             _set_id(process_set, "join"))
     _pending[handle] = _Pending((), lambda r: int(r))
     return synchronize(handle)
 

@@ -16,7 +16,7 @@ from engine_native.torch.runtime import Average, Sum, global_process_set
 # ---------------------------------------------------------------------------------------------
 # broadcast
 
-def _broadcast_async(tensor, output, root_rank, name, process_set):
+def _broadcast_async(tensor, output, root_rank, name, process_set, waited=False):
     code = rt.check_tensor(tensor, 'broadcast', name)
     if isinstance(root_rank, bool) or not isinstance(root_rank, int):
         try:
@@ -28,7 +28,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
     full_name = rt.op_name('broadcast', name)
     op = (rt.BROADCAST, full_name, code, tuple(tensor.shape), tensor.data_ptr(),
           output.data_ptr(), Sum, 1.0, 1.0, root_rank, ps_id, None, -1)
-    return rt.submit([op], (tensor, output), lambda results: output)
+    return rt.submit([op], (tensor, output), lambda results: output, waited)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
@@ -36,9 +36,8 @@ def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set
 
     Returns a handle; ``synchronize()`` gives a new tensor with the root's values.
     """
-    output = torch.empty(tensor.shape, dtype=tensor.dtype) \
-        if isinstance(tensor, torch.Tensor) and tensor.device.type == 'cpu' else tensor
-    return _broadcast_async(tensor, output, root_rank, name, process_set)
+    return _broadcast_async(tensor, rt.output_for(tensor), root_rank, name, process_set)
+
 
 
 class HorovodBroadcast(torch.autograd.Function):
@@ -48,7 +47,8 @@ class HorovodBroadcast(torch.autograd.Function):
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return rt.synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return rt.synchronize(_broadcast_async(tensor, rt.output_for(tensor), root_rank, name,
+                                               process_set, waited=True))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -71,7 +71,8 @@ def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_se
 
 def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
     """In-place broadcast; returns ``tensor`` holding the root's values."""
-    return rt.synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return rt.synchronize(_broadcast_async(tensor, tensor, root_rank, name, process_set,
+                                           waited=True))
 
 
 # ---------------------------------------------------------------------------------------------

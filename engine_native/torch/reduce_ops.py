@@ -36,14 +36,15 @@ def _allreduce_op(tensor, output, full_name, code, op, prescale_factor, postscal
             rt.set_id(process_set), None, -1)
 
 
-def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set):
+def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
+                     waited=False):
     code = rt.check_tensor(tensor, 'allreduce', name)
     rt.check_op(op, 'allreduce')
     rt.set_id(process_set)  # validate before a noname counter value is consumed
     full_name = rt.op_name('allreduce', name)
     op_tuple = _allreduce_op(tensor, output, full_name, code, op, prescale_factor,
                              postscale_factor, process_set)
-    return rt.submit([op_tuple], (tensor, output), lambda results: output)
+    return rt.submit([op_tuple], (tensor, output), lambda results: output, waited)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -71,10 +72,9 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
         A handle for ``poll()`` and ``synchronize()``.
     """
     op = resolve_op(op, average)
-    output = torch.empty(tensor.shape, dtype=tensor.dtype) \
-        if isinstance(tensor, torch.Tensor) and tensor.device.type == 'cpu' else tensor
-    return _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor,
-                            process_set)
+    return _allreduce_async(tensor, rt.output_for(tensor), name, op, prescale_factor,
+                            postscale_factor, process_set)
+
 
 
 class HorovodAllreduce(torch.autograd.Function):
@@ -86,8 +86,8 @@ class HorovodAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        handle = allreduce_async(tensor, None, name, ctx.op, prescale_factor, postscale_factor,
-                                 process_set)
+        handle = _allreduce_async(tensor, rt.output_for(tensor), name, ctx.op, prescale_factor,
+                                  postscale_factor, process_set, waited=True)
         return rt.synchronize(handle)
 
     @staticmethod
@@ -122,8 +122,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place ``allreduce``; returns ``tensor`` holding the result (not differentiable)."""
-    handle = allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                              process_set)
+    handle = _allreduce_async(tensor, tensor, name, resolve_op(op, average), prescale_factor,
+                              postscale_factor, process_set, waited=True)
     return rt.synchronize(handle)
 
 

@@ -193,9 +193,18 @@ def _internal_error(exc):
     return err
 
 
-def submit(ops, keep, finish):
+def output_for(tensor):
+    """A fresh CPU tensor like ``tensor`` for an out-of-place result (an invalid input is
+    returned as is, for check_tensor to reject with its message)."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype) \
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == 'cpu' else tensor
+
+
+def submit(ops, keep, finish, waited=False):
     """Enqueue one op (a tuple of ``_core.enqueue`` arguments) or several as one group.
 
+    ``waited``: the caller synchronizes on the handle next, and that wait runs a single op on
+    the calling thread (Note [Caller drives] in the core), so the core's thread is not woken.
     Returns the user-visible handle. ValueError/TypeError from the core (duplicate name, bad
     splits, bad root, unknown process set) pass through unchanged; any other RuntimeError
     becomes HorovodInternalError, as in Horovod.
@@ -204,7 +213,8 @@ def submit(ops, keep, finish):
         raise HorovodInternalError(_NOT_INITIALIZED)  # Horovod's type for ops before init()
     try:
         if len(ops) == 1:
-            core_handles = [_core.enqueue(*ops[0])]
+            enqueue = _core.enqueue_for_wait if waited else _core.enqueue
+            core_handles = [enqueue(*ops[0])]
         else:
             core_handles = list(_core.enqueue_group(list(ops)))
     except (ValueError, TypeError):

@@ -102,6 +102,21 @@ def test_noname_counter_and_prefixes(hvd):
                      'allreduce.w', 'allreduce.noname.3']
 
 
+def test_synchronous_forms_let_their_wait_drive_the_op(hvd):
+    # Note [Caller drives]: a sync call's op is enqueued without waking the core's thread;
+    # an async call's is not (its caller goes on computing while the core works).
+    t = torch.ones(3)
+    hvd.allreduce(t, name='s1')
+    hvd.allreduce_(t, name='s2')
+    hvd.broadcast_(t, 0, name='s3')
+    hvd.broadcast(t, 0, name='s4')
+    hvd.synchronize(hvd.allreduce_async(t, name='a1'))
+    hvd.synchronize(hvd.allreduce_async_(t, name='a2'))
+    hvd.synchronize(hvd.broadcast_async_(t, 0, name='a3'))
+    assert hvd.core.state['waited'] == {'allreduce.s1', 'allreduce.s2', 'broadcast.s3',
+                                        'broadcast.s4'}
+
+
 def test_inplace_and_async_variants(hvd):
     t = torch.arange(6, dtype=torch.float64)
     assert hvd.allreduce_(t, op=hvd.Sum, postscale_factor=2.0) is t

@@ -41,8 +41,8 @@ def make_fake_core():
     class HorovodInternalError(RuntimeError):
         pass
 
-    state = {'init': False, 'handles': {}, 'next': 1, 'sets': {0: [0]}, 'next_set': 1,
-             'log': [], 'names': set()}
+    state = {'init': False, 'handles': {}, 'waited': set(), 'next': 1, 'sets': {0: [0]},
+             'next_set': 1, 'log': [], 'names': set()}
     core.HorovodInternalError = HorovodInternalError
     core.Buffer = bytearray
     for i, k in enumerate(['ALLREDUCE', 'ALLGATHER', 'BROADCAST', 'ALLTOALL', 'REDUCESCATTER',
@@ -115,6 +115,11 @@ def make_fake_core():
     def enqueue_group(ops):
         return [enqueue(*op) for op in ops]
 
+    def enqueue_for_wait(kind, name, *args, **kwargs):  # the real core leaves its thread asleep
+        h = enqueue(kind, name, *args, **kwargs)
+        state['waited'].add(name)
+        return h
+
     def _finish(rec):
         if not rec['done'] and rec['error'] is None:
             rec['result'] = execute(rec['op'])
@@ -145,8 +150,8 @@ def make_fake_core():
     def remove_process_set(sid):
         state['sets'].pop(sid, None)
 
-    for fn in (listen, init, shutdown, enqueue, enqueue_group, poll, wait, add_process_set,
-               remove_process_set):
+    for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
+               add_process_set, remove_process_set):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']

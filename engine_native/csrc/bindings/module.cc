@@ -135,9 +135,9 @@ bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
   return true;
 }
 
-PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops, bool single) {
+PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops, bool single, bool wake = true) {
   std::vector<int64_t> handles;
-  Status status = Runtime::instance().enqueue(std::move(ops), &handles);
+  Status status = Runtime::instance().enqueue(std::move(ops), &handles, wake);
   if (!status.isOk()) return raise(status);
   if (single) return PyLong_FromLongLong(handles[0]);
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
@@ -217,6 +217,14 @@ PyObject* pyEnqueue(PyObject*, PyObject* args, PyObject* kwargs) {
   return submit(std::move(ops), true);
 }
 
+// For a caller that calls wait() on the handle next: the background thread is not woken, the
+// wait drives the op on the caller's thread (Note [Caller drives] in background_loop.cc).
+PyObject* pyEnqueueForWait(PyObject*, PyObject* args, PyObject* kwargs) {
+  std::vector<hvd::runtime::EnqueueArgs> ops(1);
+  if (!parseOp(args, kwargs, &ops[0])) return nullptr;
+  return submit(std::move(ops), true, /*wake=*/false);
+}
+
 PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
   if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
@@ -272,6 +280,9 @@ PyObject* pyWait(PyObject*, PyObject* args) {
     Runtime::instance().addHandleWait(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
+  Py_BEGIN_ALLOW_THREADS
+  Runtime::instance().drive(handle);
+  Py_END_ALLOW_THREADS
   while (true) {
     bool done = false;
     Py_BEGIN_ALLOW_THREADS
@@ -346,6 +357,10 @@ PyMethodDef g_methods[] = {
     {"size", pySize, METH_NOARGS, "Number of ranks (0 before init)."},
     {"enqueue", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyEnqueue)),
      METH_VARARGS | METH_KEYWORDS, "Submit one op; returns a handle."},
+    {"enqueue_for_wait",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyEnqueueForWait)),
+     METH_VARARGS | METH_KEYWORDS,
+     "enqueue() for an op the caller waits for next: that wait drives it on this thread."},
     {"enqueue_group", pyEnqueueGroup, METH_VARARGS, "Submit several ops atomically."},
     {"poll", pyPoll, METH_VARARGS, "True when the op finished. Never blocks."},
     {"wait", pyWait, METH_VARARGS, "Block until the op finishes; returns its result."},

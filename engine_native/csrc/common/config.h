@@ -21,6 +21,7 @@ struct Config {
   std::string transport = "auto";           // HVD_TRANSPORT: auto | tcp | shm
   bool hierarchical_allreduce = false;      // HVD_HIERARCHICAL_ALLREDUCE
   int64_t spin_microseconds = 20;           // HVD_SPIN_US: bounded spin before a blocking wait
+  int64_t caller_spin_microseconds = 200;   // HVD_CALLER_SPIN_US (Note [Caller drives])
   int64_t shm_ring_bytes = 4ll << 20;       // HVD_SHM_RING_BYTES: per directed pair
   int64_t tcp_segment_bytes = 1ll << 20;    // HVD_TCP_SEGMENT_BYTES: pipelining unit on TCP
   std::string timeline_path;                // HVD_TIMELINE (HOROVOD_TIMELINE), "DYNAMIC" allowed

@@ -1,6 +1,7 @@
 #include "runtime/background_loop.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -14,8 +15,26 @@ using common::Status;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
 constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CPU
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
 }
+
+int usableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+}  // namespace
 
 BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                ProcessSetTable& sets, Metrics& metrics,
@@ -44,12 +63,19 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     request_cache_ = std::make_unique<coord::RequestCache>(config_.cache_capacity);
   }
   std::vector<std::string> transports(mesh_.size());
+  drivable_ = true;
   for (int r = 0; r < mesh_.size(); ++r) {
     transport::Pair* pair = mesh_.pair(r);
     transports[r] = pair == nullptr ? "self"
                     : pair->kind() == transport::PairKind::kShm ? "shm" : "tcp";
+    drivable_ = drivable_ && transports[r] != "tcp";
   }
   metrics_.setTransports(std::move(transports));
+  // Spinning callers only help while every rank of this host can have a core of its own.
+  if (drivable_ && mesh_.size() <= usableCores()) {
+    caller_spin_ = std::chrono::microseconds(config_.caller_spin_microseconds);
+  }
+  metrics_.setCallerSpin(caller_spin_.count());
   last_stall_check_ = Clock::now();
   last_stall_report_ = last_stall_check_;
 }
@@ -75,11 +101,12 @@ void BackgroundLoop::wake() {
 // blocking poll or the submitter writes wake_fd_: a submission is never left unseen, and a
 // busy loop costs a submitter no syscall.
 void BackgroundLoop::wakeIfAsleep() {
+  standby_.store(false);
   submissions_pending_.store(true);
   if (sleeping_.load()) wake();
 }
 
-Status BackgroundLoop::submit(std::vector<TensorEntry> entries) {
+Status BackgroundLoop::submit(std::vector<TensorEntry> entries, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_.isOk()) return failure_;
@@ -103,8 +130,59 @@ Status BackgroundLoop::submit(std::vector<TensorEntry> entries) {
     }
     metrics_.setQueueDepth(in_flight_.size());
   }
-  wakeIfAsleep();
+  if (wake) {
+    wakeIfAsleep();
+  } else {
+    submissions_pending_.store(true);  // the caller's drive() drains it, or the next pass
+  }
   return Status::ok();
+}
+
+// Note [Caller drives]
+// A synchronous op costs four sleeping hand-offs when only the loop thread communicates:
+// caller -> loop (submit), worker -> rank 0 (request), rank 0 -> worker (response), loop ->
+// caller (completion), each a scheduler wake-up of ~20 us on this kind of machine. A caller
+// about to block on its handle instead runs the loop's passes itself (its op was submitted
+// with wake=false, so the loop thread stays asleep): no hand-off between threads of a rank,
+// and while every rank of the host has a core, the caller polls its control channel and the
+// shm segment for up to HVD_CALLER_SPIN_US rather than sleeping, so a small op costs a few
+// socket messages and no wake-up at all. Rules:
+//   A. Passes are serialised by progress_; a caller only try_locks it, so a loop thread in
+//      the middle of a long op is never waited for — the caller then blocks as before.
+//   B. While a caller drives, standby_ tells the loop thread to sleep on wake_fd_ (and its
+//      200 ms tick) only, so messages the caller is waiting for do not also wake it. Leaving
+//      standby (an async submit, a caller giving up, shutdown, abort) wakes it.
+//   C. A caller leaves standby on only when its op finished and the loop is idle, so no
+//      response, held batch or window timer is left without a thread that watches it.
+//   D. Only where every peer is on shm: TCP paths keep per-thread helpers (ReduceWorker,
+//      scratch buffers) that should not be created on every framework thread.
+bool BackgroundLoop::drive(int64_t handle) {
+  if (!drivable_) return false;
+  std::unique_lock<std::mutex> lock(progress_, std::try_to_lock);  // A
+  if (!lock.owns_lock()) {
+    wakeIfAsleep();
+    return false;
+  }
+  const bool quiet_loop = !timeline_detail_.load(std::memory_order_relaxed);
+  standby_.store(quiet_loop);  // B
+  const auto give_up = Clock::now() + caller_spin_;
+  bool done = false;
+  while (!failed_ && !finished_ && !shutdown_requested_) {
+    pass(/*mark_cycle=*/false);
+    done = handles_.poll(handle) != 0;
+    if (done || Clock::now() >= give_up) break;
+    cpuRelax();
+  }
+  if (done) metrics_.countDriven();
+  const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
+  lock.unlock();
+  if (!keep_standby) wakeIfAsleep();
+  return done;
+}
+
+bool BackgroundLoop::idle() const {
+  return entries_.empty() && to_execute_.empty() && held_.empty() && outgoing_.empty() &&
+         parked_.empty() && !shutdown_requested_ && !abort_requested_;
 }
 
 void BackgroundLoop::setTimelineDetail(bool on) {
@@ -119,8 +197,10 @@ Status BackgroundLoop::failure() const {
 
 void BackgroundLoop::shutdown() {
   shutdown_requested_ = true;
+  standby_.store(false);
   wake();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> drained(progress_);  // a driving caller has left its pass
 }
 
 void BackgroundLoop::abort(const std::string& reason) {
@@ -129,80 +209,94 @@ void BackgroundLoop::abort(const std::string& reason) {
     abort_reason_ = reason;
   }
   abort_requested_ = true;
+  standby_.store(false);
   mesh_.abort();  // ends any wait inside a collective at once
   wake();
 }
 
 void BackgroundLoop::run() {
-  while (!finished_) {
-    waitForWork();
-    if (abort_requested_ && !failed_) {
-      std::string reason;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        reason = abort_reason_;
-      }
-      fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
-                           (reason.empty() ? "" : ": " + reason)),
-           /*tell_peers=*/true);
-    }
-    if (timeline_ != nullptr) timeline_->markCycle();  // only while a file marks cycles
-    drainSubmissions();
-    if (!failed_) readControl();
-    // Responses already here were agreed by every rank: run them before judging a peer that
-    // has gone, which may have left after completing them and agreeing to shut down.
-    if (!failed_ && !shutdown_sent_) {
-      int lost = mesh_.findLostPeer();
-      if (lost >= 0 && !to_execute_.empty()) {
-        // Responses already here were agreed by every rank, and the peer may have left after
-        // completing them and agreeing to shut down: run them before judging it.
-        executeQueued();
-        lost = failed_ ? -1 : mesh_.findLostPeer();
-      }
-      if (lost >= 0) awaitCause();  // Note [Failure fan-out]
-      if (lost >= 0 && !failed_) {
-        fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
-                              ": the process exited or closed the connection"),
-             true);
-      }
-    }
-    if (shutdown_requested_ && !shutdown_sent_) beginShutdown();
-    if (!failed_ && !shutdown_sent_) {
-      if (mesh_.rank() == 0) coordinate(); else sendRequests();
-      executeQueued();
-      inspectStalls();
-    }
-    if (shutdown_sent_) checkShutdownAgreement();
+  std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
+  while (true) {
+    const bool stray = waitForWork();
+    lock.lock();
+    if (finished_) break;  // a driving caller may have finished the shutdown agreement
+    if (stray && !failed_) mesh_.acceptStray();
+    pass(/*mark_cycle=*/true);
+    if (finished_) break;
+    lock.unlock();
   }
   mesh_.close();
 }
 
-void BackgroundLoop::waitForWork() {
+void BackgroundLoop::pass(bool mark_cycle) {
+  if (abort_requested_ && !failed_) {
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      reason = abort_reason_;
+    }
+    fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
+                         (reason.empty() ? "" : ": " + reason)),
+         /*tell_peers=*/true);
+  }
+  // only while a file marks cycles; a spinning caller's passes are not cycles
+  if (mark_cycle && timeline_ != nullptr) timeline_->markCycle();
+  drainSubmissions();
+  if (!failed_) readControl();
+  if (!failed_ && !shutdown_sent_) {
+    int lost = mesh_.findLostPeer();
+    if (lost >= 0 && !to_execute_.empty()) {
+      // Responses already here were agreed by every rank, and the peer may have left after
+      // completing them and agreeing to shut down: run them before judging it.
+      executeQueued();
+      lost = failed_ ? -1 : mesh_.findLostPeer();
+    }
+    if (lost >= 0) awaitCause();  // Note [Failure fan-out]
+    if (lost >= 0 && !failed_) {
+      fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
+                            ": the process exited or closed the connection"),
+           true);
+    }
+  }
+  if (shutdown_requested_ && !shutdown_sent_) beginShutdown();
+  if (!failed_ && !shutdown_sent_) {
+    if (mesh_.rank() == 0) coordinate(); else sendRequests();
+    executeQueued();
+    inspectStalls();
+  }
+  if (shutdown_sent_) checkShutdownAgreement();
+}
+
+// Builds the poll set under progress_ (it reads pass state), sleeps without it. Returns whether
+// the listening socket has a connection to accept (done under progress_ by run()).
+bool BackgroundLoop::waitForWork() {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
-  if (!failed_) {
-    if (mesh_.listenFd() >= 0) fds.push_back({mesh_.listenFd(), POLLIN, 0});
-    for (int r = 0; r < mesh_.size(); ++r) {
-      transport::ControlChannel* channel = mesh_.control(r);
-      if (channel != nullptr) fds.push_back({channel->fd(), POLLIN, 0});
+  int timeout = kTickMs;
+  {
+    std::lock_guard<std::mutex> lock(progress_);
+    if (!failed_ && !standby_.load()) {  // Note [Caller drives] B
+      if (mesh_.listenFd() >= 0) fds.push_back({mesh_.listenFd(), POLLIN, 0});
+      for (int r = 0; r < mesh_.size(); ++r) {
+        transport::ControlChannel* channel = mesh_.control(r);
+        if (channel != nullptr) fds.push_back({channel->fd(), POLLIN, 0});
+      }
+      timeout = timeoutMs();
     }
   }
   auto t0 = Clock::now();
-  int timeout = timeoutMs();
   sleeping_.store(true);  // Note [Wake only a sleeper]
   if (submissions_pending_.load()) timeout = 0;
   int rc = ::poll(fds.data(), fds.size(), timeout);
   sleeping_.store(false);
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
-  if (rc <= 0) return;
+  if (rc <= 0) return false;
   if (fds[0].revents & POLLIN) {
     uint64_t value = 0;
     ssize_t n = ::read(wake_fd_, &value, sizeof(value));
     (void)n;
   }
-  if (!failed_ && fds.size() > 1 && mesh_.listenFd() >= 0 && (fds[1].revents & POLLIN)) {
-    mesh_.acceptStray();
-  }
+  return fds.size() > 1 && fds[1].fd == mesh_.listenFd() && (fds[1].revents & POLLIN);
 }
 
 // Zero while work is queued; until the batching window closes while rank 0 holds responses

@@ -1,7 +1,10 @@
-// BackgroundLoop: the one thread per process that owns all communication. Framework threads
+// BackgroundLoop: the thread per process that owns all communication. Framework threads
 // submit() entries and get woken through handles; the loop reads like a table of contents:
 // wait for work -> drain submissions -> negotiate (workers send requests to rank 0, rank 0
 // coordinates and sends responses) -> execute responses in order -> inspect stalls.
+// A pass of that loop may also run on a framework thread that is about to block on its own op
+// (drive(), Note [Caller drives] in background_loop.cc): passes are serialised by progress_,
+// so "the background thread" below means whichever thread holds it.
 // Rule relied on: every rank executes the responses of its process sets in the order rank 0
 // produced them, so collectives never interleave differently across ranks.
 // Failure (lost peer, timeout, abort) is sticky: pending and later ops fail with the stored
@@ -47,7 +50,12 @@ class BackgroundLoop {
 
   void start();
   // Framework threads. Fails at once with the stored failure when the core has failed.
-  common::Status submit(std::vector<TensorEntry> entries);
+  // wake=false: the caller waits for these entries at once and drive()s them itself.
+  common::Status submit(std::vector<TensorEntry> entries, bool wake = true);
+  // Framework threads about to block on `handle`: run passes on this thread for up to
+  // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
+  // finished here; false means the caller must block on it (the loop thread took over).
+  bool drive(int64_t handle);
   // Bounded: agrees shutdown with the other ranks or gives up after HVD_TIMEOUT.
   void shutdown();
   void abort(const std::string& reason);
@@ -58,7 +66,9 @@ class BackgroundLoop {
 
  private:
   void run();
-  void waitForWork();
+  bool waitForWork();
+  void pass(bool mark_cycle);
+  bool idle() const;
   void drainSubmissions();
   void readControl();
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
@@ -110,6 +120,12 @@ class BackgroundLoop {
   Executor executor_;
   std::thread thread_;
   int wake_fd_ = -1;
+  // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
+  std::mutex progress_;
+  // While callers drive, the sleeping loop thread watches only wake_fd_ (and its tick).
+  std::atomic<bool> standby_{false};
+  bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
+  std::chrono::microseconds caller_spin_{0};
 
   // Shared with framework threads (guarded by mutex_).
   mutable std::mutex mutex_;

@@ -52,6 +52,8 @@ MetricsSnapshot Metrics::snapshot() const {
   s.communicate_seconds = communicate_us_.load(std::memory_order_relaxed) / 1e6;
   s.wait_seconds = wait_us_.load(std::memory_order_relaxed) / 1e6;
   s.handle_wait_seconds = handle_wait_ns_.load(std::memory_order_relaxed) / 1e9;
+  s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
+  s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
   s.last_error = last_error_;
@@ -77,6 +79,8 @@ void Metrics::reset() {
   communicate_us_ = 0;
   wait_us_ = 0;
   handle_wait_ns_ = 0;
+  driven_ = 0;
+  caller_spin_us_ = 0;
   queue_depth_ = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   last_error_.clear();

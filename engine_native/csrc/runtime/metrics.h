@@ -32,6 +32,8 @@ struct MetricsSnapshot {
   double communicate_seconds = 0;
   double wait_seconds = 0;         // the loop idle, waiting for work (also idle_seconds)
   double handle_wait_seconds = 0;  // framework threads blocked in wait()
+  uint64_t caller_driven_ops = 0;  // waits whose op finished on the waiting thread
+  int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where ranks > cores)
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
@@ -50,6 +52,8 @@ class Metrics {
   void addHandleWait(double s) {  // nanoseconds: most waits on a fast path are sub-microsecond
     handle_wait_ns_.fetch_add(static_cast<uint64_t>(s * 1e9), std::memory_order_relaxed);
   }
+  void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
+  void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
   void setLastError(const std::string& text);
   void beginOp(const std::string& op, const std::string& name);
@@ -68,6 +72,8 @@ class Metrics {
   std::atomic<uint64_t> fused_batches_{0}, fused_tensors_{0};
   std::atomic<uint64_t> negotiate_us_{0}, communicate_us_{0}, wait_us_{0}, handle_wait_ns_{0};
   std::atomic<uint64_t> queue_depth_{0};
+  std::atomic<uint64_t> driven_{0};
+  std::atomic<int64_t> caller_spin_us_{0};
   mutable std::mutex mutex_;
   std::string last_error_, current_op_, current_name_;
   std::chrono::steady_clock::time_point current_since_;

@@ -62,7 +62,7 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   timeline_->setLiveCapture(config_.timeline_live);
   startTimelineAtInit();
   autotuner_ = std::make_shared<Autotuner>(config_, rank_, static_cast<int>(hosts.size()));
-  loop_ = std::make_unique<BackgroundLoop>(*mesh_, handles_, sets_, metrics_, config_,
+  loop_ = std::make_shared<BackgroundLoop>(*mesh_, handles_, sets_, metrics_, config_,
                                            timeline_.get(), autotuner_.get());
   loop_->setTimelineDetail(timeline_->stats().file_open);
   loop_->start();
@@ -86,7 +86,7 @@ void Runtime::startTimelineAtInit() {
 }
 
 void Runtime::shutdown() {
-  std::unique_ptr<BackgroundLoop> loop;
+  std::shared_ptr<BackgroundLoop> loop;
   std::unique_ptr<transport::Mesh> mesh;
   std::shared_ptr<timeline::Timeline> timeline;
   {
@@ -292,7 +292,8 @@ Status Runtime::validate(coord::Request* r) const {
   return Status::ok();
 }
 
-Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles) {
+Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles,
+                        bool wake) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) {
     return common::invalidArgument(kNotInitialized);
@@ -316,13 +317,22 @@ Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* hand
     created.push_back(e.handle);
     entries.push_back(std::move(e));
   }
-  Status status = loop_->submit(std::move(entries));
+  Status status = loop_->submit(std::move(entries), wake);
   if (!status.isOk()) {
     for (int64_t h : created) handles_.release(h);
     return status;
   }
   *handles = std::move(created);
   return Status::ok();
+}
+
+bool Runtime::drive(int64_t handle) {
+  std::shared_ptr<BackgroundLoop> loop;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loop = loop_;
+  }
+  return loop && loop->drive(handle);
 }
 
 Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {

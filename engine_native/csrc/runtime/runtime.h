@@ -45,8 +45,13 @@ class Runtime {
   int size() const;
 
   // Validates every op (ValueError/TypeError-coded Status on this rank only), then submits
-  // them together so a group is negotiated in one batch.
-  common::Status enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles);
+  // them together so a group is negotiated in one batch. wake=false: the caller waits for
+  // them next, and that wait drives them (BackgroundLoop::drive).
+  common::Status enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles,
+                         bool wake = true);
+  // Before blocking on `handle`: run the core's passes on this thread for a bounded time.
+  // True when the handle finished here. Call without the GIL.
+  bool drive(int64_t handle);
   HandleTable& handles() { return handles_; }
 
   common::Status addProcessSet(std::vector<int> ranks, int32_t* id);
@@ -79,7 +84,7 @@ class Runtime {
   std::unique_ptr<transport::Mesh> mesh_;
   std::shared_ptr<timeline::Timeline> timeline_;  // shared: control calls run unlocked
   std::shared_ptr<Autotuner> autotuner_;          // kept after shutdown: state stays readable
-  std::unique_ptr<BackgroundLoop> loop_;
+  std::shared_ptr<BackgroundLoop> loop_;  // shared: a driving caller keeps it alive
   common::Config config_;
   ProcessSetTable sets_;
   HandleTable handles_;

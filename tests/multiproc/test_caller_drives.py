@@ -1,0 +1,137 @@
+"""A thread waiting on its own op runs the core itself (Note [Caller drives] in
+engine_native/csrc/runtime/background_loop.cc), on spawned ranks.
+
+Covered: synchronous collectives finish on the calling thread when the host has a core per
+rank; the spin is switched off where ranks outnumber the cores this process may use; a peer
+that arrives late costs the waiting rank no CPU beyond the bounded spin; sync and async ops
+from two threads at once (one driving, one through the core's thread) all finish correctly.
+"""
+import os
+import resource
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from multiproc import checks
+from multiproc.checks import Failures
+from multiproc.harness import run_ranks
+
+OPS = 300
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def sync_ops_suite():
+    hvd = checks.init("shm")
+    fails = Failures()
+    hvd.barrier()
+    before = hvd.metrics()["caller_driven_ops"]
+    for i in range(OPS):
+        out = hvd.allreduce(np.full(3, hvd.rank() + i, np.float32), op=hvd.Sum, name="step")
+        want = sum(r + i for r in range(hvd.size()))
+        fails.check(f"allreduce {i}", None if np.all(out == want) else f"{out} != {want}")
+    b = hvd.broadcast(np.arange(4) + 10 * hvd.rank(), root_rank=hvd.size() - 1, name="b")
+    fails.check("broadcast", None if list(b) == list(np.arange(4) + 10 * (hvd.size() - 1))
+                else str(b))
+    m = hvd.metrics()
+    hvd.shutdown()
+    return fails.raise_if_any(), m["caller_driven_ops"] - before, m["caller_spin_us"]
+
+
+def test_sync_ops_finish_on_the_calling_thread():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a core per rank (2)")
+    # A spin far longer than any op here: each wait drives its op to the end, except when the
+    # core's thread happens to hold the loop at that moment (its 200 ms tick).
+    res = run_ranks(sync_ops_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=120)
+    for r in res:
+        driven, spin = r.value[1], r.value[2]
+        assert spin == 2000000
+        assert driven >= 0.9 * OPS, f"rank {r.rank}: only {driven} of {OPS + 1} ops driven"
+
+
+def one_core_suite():
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    hvd = checks.init("shm")
+    out = hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="x")
+    spin = hvd.metrics()["caller_spin_us"]
+    hvd.shutdown()
+    return float(out[0]), spin
+
+
+def test_no_spin_where_ranks_outnumber_cores():
+    res = run_ranks(one_core_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=60)
+    assert [r.value for r in res] == [(2.0, 0), (2.0, 0)]
+
+
+LATE_S = 0.6
+
+
+def late_peer_suite():
+    hvd = checks.init("shm")
+    hvd.barrier()
+    if hvd.rank() == 1:
+        time.sleep(LATE_S)
+    cpu0, t0 = _cpu_seconds(), time.monotonic()
+    out = hvd.allreduce(np.ones(5, np.float32), op=hvd.Sum, name="late")
+    cpu, wall = _cpu_seconds() - cpu0, time.monotonic() - t0
+    hvd.shutdown()
+    return float(out[0]), cpu, wall
+
+
+def test_a_late_peer_costs_the_waiting_rank_no_cpu():
+    res = run_ranks(late_peer_suite, 2, timeout=60)
+    assert [r.value[0] for r in res] == [2.0, 2.0]
+    total, cpu, wall = res[0].value
+    assert wall >= LATE_S * 0.8, "rank 0 did not wait for the late peer"
+    # Default spin 200 us, then a blocking wait: a few ms of CPU at most over 0.6 s.
+    assert cpu < 0.1 * wall, f"rank 0 used {cpu:.3f} s of CPU waiting {wall:.3f} s"
+
+
+def two_threads_suite():
+    hvd = checks.init("shm")
+    fails = Failures()
+    n = hvd.size()
+    errors = []
+
+    def driver():  # synchronous ops: each wait drives its op on this thread
+        try:
+            for i in range(150):
+                out = hvd.allreduce(np.full(7, float(i), np.float64), op=hvd.Sum, name=f"s.{i}")
+                if not np.all(out == n * i):
+                    errors.append(f"sync {i}: {out}")
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"sync thread: {exc!r}")
+
+    def submitter():  # async batches: the core's thread runs these
+        try:
+            for k in range(30):
+                handles = [hvd.allreduce_async(np.full(100, float(j + k), np.float32),
+                                               op=hvd.Sum, name=f"a.{k}.{j}") for j in range(8)]
+                for j, h in enumerate(handles):
+                    out = hvd.synchronize(h)
+                    if not np.all(out == n * (j + k)):
+                        errors.append(f"async {k}.{j}: {out[:3]}")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"async thread: {exc!r}")
+
+    threads = [threading.Thread(target=driver), threading.Thread(target=submitter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    fails.check("threads finished", None if not any(t.is_alive() for t in threads)
+                else "a thread is still running")
+    fails.check("results", "; ".join(errors[:5]) or None)
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sync_and_async_ops_from_two_threads(np_):
+    run_ranks(two_threads_suite, np_, timeout=120)
