@@ -4,7 +4,9 @@ engine_native/csrc/runtime/background_loop.cc), on spawned ranks.
 Covered: synchronous collectives finish on the calling thread when the host has a core per
 rank; the spin is switched off where ranks outnumber the cores this process may use; a peer
 that arrives late costs the waiting rank no CPU beyond the bounded spin; sync and async ops
-from two threads at once (one driving, one through the core's thread) all finish correctly.
+from two threads at once (one driving, one through the core's thread) all finish correctly;
+over TCP (where callers never drive) a sync op still wakes the core's thread at once; async
+ops are left to the core's thread.
 """
 import os
 import resource
@@ -15,7 +17,7 @@ import numpy as np
 import pytest
 
 from multiproc import checks
-from multiproc.checks import Failures
+from multiproc.checks import Failures, world_kwargs
 from multiproc.harness import run_ranks
 
 OPS = 300
@@ -135,3 +137,42 @@ def two_threads_suite():
 @pytest.mark.parametrize("np_", [2, 3])
 def test_sync_and_async_ops_from_two_threads(np_):
     run_ranks(two_threads_suite, np_, timeout=120)
+
+
+def tcp_latency_suite():
+    hvd = checks.init("tcp")
+    hvd.barrier()
+    t0 = time.monotonic()
+    for i in range(20):
+        out = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="tcp")
+        assert out[0] == hvd.size()
+    elapsed = time.monotonic() - t0
+    m = hvd.metrics()
+    hvd.shutdown()
+    return elapsed, m["caller_driven_ops"], m["caller_spin_us"]
+
+
+def test_tcp_sync_ops_wake_the_core_thread_at_once():
+    res = run_ranks(tcp_latency_suite, 2, timeout=60, **world_kwargs(2, "tcp"))
+    for r in res:
+        elapsed, driven, spin = r.value
+        assert (driven, spin) == (0, 0)
+        # Left for the loop's 200 ms tick, 20 ops would take 4 s.
+        assert elapsed < 1.5, f"rank {r.rank}: 20 sync ops over TCP took {elapsed:.2f} s"
+
+
+def async_suite():
+    hvd = checks.init("shm")
+    hvd.barrier()
+    before = hvd.metrics()["caller_driven_ops"]
+    handles = [hvd.allreduce_async(np.ones(4, np.float32), op=hvd.Sum, name=f"g.{i}")
+               for i in range(50)]
+    assert all(hvd.synchronize(h)[0] == hvd.size() for h in handles)
+    driven = hvd.metrics()["caller_driven_ops"] - before
+    hvd.shutdown()
+    return driven
+
+
+def test_async_ops_are_left_to_the_core_thread():
+    res = run_ranks(async_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=60)
+    assert [r.value for r in res] == [0, 0]

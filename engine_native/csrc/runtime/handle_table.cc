@@ -13,11 +13,19 @@ OutputBuffer::OutputBuffer(size_t n) : bytes(n) {
 
 OutputBuffer::~OutputBuffer() { std::free(data); }
 
-int64_t HandleTable::create() {
+int64_t HandleTable::create(bool caller_waits) {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t handle = next_++;
-  states_.emplace(handle, State{});
+  State state;
+  state.caller_waits = caller_waits;
+  states_.emplace(handle, std::move(state));
   return handle;
+}
+
+bool HandleTable::callerWaits(int64_t handle) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = states_.find(handle);
+  return it != states_.end() && it->second.caller_waits && !it->second.done;
 }
 
 void HandleTable::complete(int64_t handle, common::Status status, OpResult result) {

@@ -35,7 +35,10 @@ struct OpResult {
 
 class HandleTable {
  public:
-  int64_t create();
+  // caller_waits: submitted by a caller that waits for it at once (enqueue_for_wait), whose
+  // wait may drive it (Note [Caller drives]).
+  int64_t create(bool caller_waits = false);
+  bool callerWaits(int64_t handle) const;
   void complete(int64_t handle, common::Status status, OpResult result = {});
   // -1: unknown handle, 0: pending, 1: done.
   int poll(int64_t handle) const;
@@ -48,6 +51,7 @@ class HandleTable {
  private:
   struct State {
     bool done = false;
+    bool caller_waits = false;
     common::Status status;
     OpResult result;
   };

@@ -312,7 +312,7 @@ Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* hand
     e.request = std::move(op.request);
     e.input = op.input;
     e.output = op.output;
-    e.handle = handles_.create();
+    e.handle = handles_.create(/*caller_waits=*/!wake);
     e.enqueued = now;
     created.push_back(e.handle);
     entries.push_back(std::move(e));
