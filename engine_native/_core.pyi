@@ -43,19 +43,22 @@ def is_initialized() -> bool: ...
 def rank() -> int: ...
 def size() -> int: ...
 
-def enqueue(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: int,
-            output_ptr: int, reduce_op: int = 1, prescale: float = 1.0, postscale: float = 1.0,
+def enqueue(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: Any,
+            output_ptr: Any, reduce_op: int = 1, prescale: float = 1.0, postscale: float = 1.0,
             root: int = 0, process_set: int = 0, splits: Optional[Sequence[int]] = None,
             device: int = -1) -> int:
-    """Submit one op; returns a handle. ``name`` is the full tensor name (callers build
+    """Submit one op; returns a handle. ``input_ptr``/``output_ptr`` are addresses (ints), or
+    objects with the buffer protocol (numpy arrays; cheaper than ``array.ctypes.data``), or 0 /
+    None for no output; the caller keeps them alive until wait() returned. ``name`` is the
+    full tensor name (callers build
     ``allreduce.<name>`` / ``allreduce.noname.<n>``). allreduce and broadcast write
     ``output_ptr`` (which may equal ``input_ptr``); allgather/alltoall/reducescatter return a
     Buffer from wait(). Raises ValueError (duplicate in-flight name, bad splits, root out of
     range, process set unknown or not containing this rank), TypeError (dtype code invalid or
     not reducible by the op), HorovodInternalError (not initialised / core failed)."""
 
-def enqueue_for_wait(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: int,
-                     output_ptr: int, reduce_op: int = 1, prescale: float = 1.0,
+def enqueue_for_wait(kind: int, name: str, dtype: int, shape: Sequence[int], input_ptr: Any,
+                     output_ptr: Any, reduce_op: int = 1, prescale: float = 1.0,
                      postscale: float = 1.0, root: int = 0, process_set: int = 0,
                      splits: Optional[Sequence[int]] = None, device: int = -1) -> int:
     """``enqueue()`` for an op whose ``wait()`` comes next: the core's thread is not woken and

@@ -87,8 +87,7 @@ def _check_array(array, op: str, name: str) -> np.ndarray:
     if not array.flags.c_contiguous:
         raise ValueError(f"{op}('{name}'): expected a contiguous array, got strides "
                          f"{array.strides}; pass np.ascontiguousarray(x)")
-    numpy_code(array.dtype, op, name)
-    return array
+    return array  # the dtype is checked by _code(), which every caller calls next
 
 
 def _code(array: np.ndarray, op: str, name: str) -> int:
@@ -108,9 +107,8 @@ def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out
             waited: bool = False) -> int:
     full = _full_name(op_name, name)
     array = _check_array(array, op_name, full)
-    out_ptr = out.ctypes.data if out is not None else 0
     handle = _enqueuer(waited)(kind, full, _code(array, op_name, full), array.shape,
-                               array.ctypes.data, out_ptr, reduce_op, float(prescale),
+                               array, out, reduce_op, float(prescale),
                                float(postscale), root, _set_id(process_set, op_name),
                                None if splits is None else [int(s) for s in splits])
     _pending[handle] = _Pending((array, out), finish)
@@ -144,7 +142,7 @@ def allreduce_async(array, op: int = Average, name: Optional[str] = None,
     array = _check_array(array, "allreduce", full)
     out = _output_like(array)
     handle = _enqueuer(_waited)(_core.ALLREDUCE, full, _code(array, "allreduce", full),
-                                array.shape, array.ctypes.data, out.ctypes.data, op,
+                                array.shape, array, out, op,
                                 float(prescale_factor), float(postscale_factor), 0,
                                 _set_id(process_set, "allreduce"))
     _pending[handle] = _Pending((array, out), None)
@@ -173,8 +171,8 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
         array = _check_array(array, "grouped_allreduce", full)
         out = _output_like(array)
         keep.append((array, out))
-        ops.append((_core.ALLREDUCE, full, numpy_code(array.dtype, "grouped_allreduce", full),
-                    array.shape, array.ctypes.data, out.ctypes.data, op,
+        ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
+                    array.shape, array, out, op,
                     float(prescale_factor), float(postscale_factor), 0,
                     _set_id(process_set, "grouped_allreduce")))
     handles = _core.enqueue_group(ops)

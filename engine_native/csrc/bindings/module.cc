@@ -99,17 +99,48 @@ const char* kEnqueueKeywords[] = {"kind",      "name",        "dtype",   "shape"
                                   "postscale", "root",        "process_set", "splits",
                                   "device",    nullptr};
 
+// An op's buffer: an integer address (torch's data_ptr()), None (no output), or any object
+// with the buffer protocol (a numpy array: cheaper than Python's array.ctypes.data, which
+// builds a ctypes object per call). The address is kept, the view released at once: the
+// caller keeps the object alive until the op finished (Note [Handle lifetime]).
+bool toAddress(PyObject* obj, bool writable, const char* what, uintptr_t* out) {
+  if (obj == Py_None) {
+    *out = 0;
+    return true;
+  }
+  if (PyLong_Check(obj)) {
+    *out = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(obj));
+    return !PyErr_Occurred();
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    PyErr_Format(PyExc_TypeError,
+                 "enqueue(): %s must be an address or a contiguous%s buffer, got %.80s", what,
+                 writable ? " writable" : "", Py_TYPE(obj)->tp_name);
+    return false;
+  }
+  *out = reinterpret_cast<uintptr_t>(view.buf);
+  PyBuffer_Release(&view);
+  return true;
+}
+
 bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
   int kind = 0, dtype = 0, reduce_op = 1, root = 0, process_set = 0, device = -1;
   const char* name = nullptr;
   PyObject* shape = nullptr;
   PyObject* splits = Py_None;
-  unsigned long long input = 0, output = 0;
+  PyObject* input_obj = nullptr;
+  PyObject* output_obj = nullptr;
   double prescale = 1.0, postscale = 1.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "isiOKK|iddiiOi",
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "isiOOO|iddiiOi",
                                    const_cast<char**>(kEnqueueKeywords), &kind, &name, &dtype,
-                                   &shape, &input, &output, &reduce_op, &prescale, &postscale,
-                                   &root, &process_set, &splits, &device)) {
+                                   &shape, &input_obj, &output_obj, &reduce_op, &prescale,
+                                   &postscale, &root, &process_set, &splits, &device)) {
+    return false;
+  }
+  uintptr_t input = 0, output = 0;
+  if (!toAddress(input_obj, false, "input_ptr", &input) ||
+      !toAddress(output_obj, true, "output_ptr", &output)) {
     return false;
   }
   if (kind < 0 || kind > 6) {

@@ -51,7 +51,8 @@ bool BackgroundLoop::lastStepIncomplete() const {
 
 // Step memory. A step ends when rank 0 has nothing in flight after executing (no name
 // negotiating, held or queued, no own tensor pending) or when a name of it is released again
-// (the next step began before rank 0 saw a pause). Its allreduce names are what the next step is expected to release.
+// (the next step began before rank 0 saw a pause). Its allreduce names are what the next step
+// is expected to release.
 // A stream that never pauses with fresh names has no steps: the memory is bounded.
 void BackgroundLoop::noteStepBoundary() {
   constexpr size_t kMaxStepNames = 1 << 16;
