@@ -147,8 +147,12 @@ Status BackgroundLoop::submit(std::vector<TensorEntry> entries, bool wake) {
 // and while every rank of the host has a core, the caller polls its control channel and the
 // shm segment for up to HVD_CALLER_SPIN_US rather than sleeping, so a small op costs a few
 // socket messages and no wake-up at all. Rules:
-//   A. Passes are serialised by progress_; a caller only try_locks it, so a loop thread in
-//      the middle of a long op is never waited for — the caller then blocks as before.
+//   A. Passes are serialised by progress_; a caller only try_locks it, within its spin
+//      budget, so a loop thread in the middle of a long op is never waited for — the caller
+//      then blocks as before. (Giving up at the first failed try can lock ranks into a mode
+//      where the loop thread, woken by each peer message, holds the lock whenever a caller
+//      comes: one benchmark run showed 281 us per 1 KiB op, the loop thread doing the work,
+//      against 15-19 us in every other run and size.)
 //   B. While a caller drives, standby_ tells the loop thread to sleep on wake_fd_ (and its
 //      200 ms tick) only, so messages the caller is waiting for do not also wake it. Leaving
 //      standby (an async submit, a caller giving up, shutdown, abort) wakes it.
@@ -158,20 +162,26 @@ Status BackgroundLoop::submit(std::vector<TensorEntry> entries, bool wake) {
 //      scratch buffers) that should not be created on every framework thread. Elsewhere
 //      submit() wakes the loop thread whatever the caller asked.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
-//      being worked on by the woken loop thread, and a caller competing for progress_
-//      measured 5x slower on 200 unfused 4 KiB allreduces (the two threads hand the lock
-//      back and forth, each hand-off a wake-up).
+//      being worked on by the woken loop thread; a caller competing with it for progress_
+//      would only hand the lock back and forth.
+//   F. Signals: a caller inside a pass sees Ctrl-C only after the pass. A pass never waits
+//      for negotiation (that is non-blocking); it waits only inside a collective every rank
+//      agreed to, which ends when the data has moved, a peer is lost, or HVD_TIMEOUT.
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
   if (!drivable_ || !handles_.callerWaits(handle)) return false;
-  std::unique_lock<std::mutex> lock(progress_, std::try_to_lock);  // A
-  if (!lock.owns_lock()) {
-    wakeIfAsleep();
-    return false;
+  const auto give_up = Clock::now() + caller_spin_;
+  std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
+  while (!lock.try_lock()) {  // A
+    if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
+    if (Clock::now() >= give_up) {
+      wakeIfAsleep();
+      return false;
+    }
+    cpuRelax();
   }
   const bool quiet_loop = !timeline_detail_.load(std::memory_order_relaxed);
   standby_.store(quiet_loop);  // B
-  const auto give_up = Clock::now() + caller_spin_;
   bool done = false;
   while (!failed_ && !finished_ && !shutdown_requested_) {
     pass(/*mark_cycle=*/false);
