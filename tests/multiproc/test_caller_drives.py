@@ -6,7 +6,8 @@ rank; the spin is switched off where ranks outnumber the cores this process may 
 that arrives late costs the waiting rank no CPU beyond the bounded spin; sync and async ops
 from two threads at once (one driving, one through the core's thread) all finish correctly;
 over TCP (where callers never drive) a sync op still wakes the core's thread at once; async
-ops are left to the core's thread.
+ops are left to the core's thread; rank 0 idle after a driven op still coordinates a process
+set it is not in without waiting for its loop's tick.
 """
 import os
 import resource
@@ -176,3 +177,31 @@ def async_suite():
 def test_async_ops_are_left_to_the_core_thread():
     res = run_ranks(async_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=60)
     assert [r.value for r in res] == [0, 0]
+
+
+IDLE_S = 3.0
+
+
+def foreign_set_suite():
+    hvd = checks.init("shm")
+    others = hvd.add_process_set([1])  # coordinated by rank 0, which is not in it
+    hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="warm")  # driven on every rank
+    took = None
+    if hvd.rank() == 0:
+        time.sleep(IDLE_S)  # idle, no op pending: its loop thread may be in standby
+    else:
+        t0 = time.monotonic()
+        for _ in range(20):
+            out = hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="own", process_set=others)
+            assert out[0] == 1.0, out
+        took = time.monotonic() - t0
+    hvd.barrier()
+    hvd.shutdown()
+    return took
+
+
+def test_idle_rank_0_still_coordinates_a_set_it_is_not_in():
+    res = run_ranks(foreign_set_suite, 2, timeout=60)
+    took = res[1].value
+    # Answered only at rank 0's 200 ms tick, 20 ops would take about 4 s.
+    assert took < 0.3 * IDLE_S, f"rank 1: 20 ops in process set [1] took {took:.2f} s"

@@ -155,18 +155,27 @@ Status BackgroundLoop::submit(std::vector<TensorEntry> entries, bool wake) {
 //      against 15-19 us in every other run and size.)
 //   B. While a caller drives, standby_ tells the loop thread to sleep on wake_fd_ (and its
 //      200 ms tick) only, so messages the caller is waiting for do not also wake it. Leaving
-//      standby (an async submit, a caller giving up, shutdown, abort) wakes it.
+//      standby (an async submit, a caller giving up, shutdown, abort, a process set added or
+//      removed, the timeline file started) wakes it. Never on rank 0 while it coordinates a
+//      set it is not in (that set's requests need the loop thread), nor while a timeline
+//      file is written (NEGOTIATE spans time arrivals as they happen).
 //   C. A caller leaves standby on only when its op finished and the loop is idle, so no
 //      response, held batch or window timer is left without a thread that watches it.
-//   D. Only where every peer is on shm: TCP paths keep per-thread helpers (ReduceWorker,
-//      scratch buffers) that should not be created on every framework thread. Elsewhere
-//      submit() wakes the loop thread whatever the caller asked.
+//   D. Only where every peer is on shm; elsewhere submit() wakes the loop thread whatever the
+//      caller asked. TCP rings keep per-thread helpers (a ReduceWorker thread, scratch) that
+//      should not be made on every framework thread. On shm they remain for the ring-based
+//      ops (reducescatter, an allreduce in a set without the host segment): a thread that
+//      drives one of those gets its own scratch buffer (and, for large ones, an idle helper
+//      thread) for its lifetime — in practice only the main thread.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread; a caller competing with it for progress_
 //      would only hand the lock back and forth.
 //   F. Signals: a caller inside a pass sees Ctrl-C only after the pass. A pass never waits
-//      for negotiation (that is non-blocking); it waits only inside a collective every rank
-//      agreed to, which ends when the data has moved, a peer is lost, or HVD_TIMEOUT.
+//      for negotiation (that is non-blocking); it waits only inside collectives every rank
+//      agreed to (its own, and whatever else is queued before it, async batches included),
+//      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
+//      op — a rank that never submits it — is never agreed, so the caller gives up its spin
+//      and waits in 50 ms slices that see Ctrl-C, as before.
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
   if (!drivable_ || !handles_.callerWaits(handle)) return false;
@@ -180,7 +189,8 @@ bool BackgroundLoop::drive(int64_t handle) {
     }
     cpuRelax();
   }
-  const bool quiet_loop = !timeline_detail_.load(std::memory_order_relaxed);
+  const bool quiet_loop =
+      !timeline_detail_.load(std::memory_order_relaxed) && !coordinates_other_sets_;
   standby_.store(quiet_loop);  // B
   bool done = false;
   while (!failed_ && !finished_ && !shutdown_requested_) {
@@ -204,6 +214,7 @@ bool BackgroundLoop::idle() const {
 void BackgroundLoop::setTimelineDetail(bool on) {
   timeline_detail_.store(on, std::memory_order_relaxed);
   executor_.setTimelineDetail(on);
+  if (on) wakeIfAsleep();  // leave standby: NEGOTIATE spans need arrivals as they happen
 }
 
 Status BackgroundLoop::failure() const {
@@ -233,12 +244,15 @@ void BackgroundLoop::abort(const std::string& reason) {
 void BackgroundLoop::run() {
   std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
   while (true) {
-    const bool stray = waitForWork();
+    const int ready_listen_fd = waitForWork();
     lock.lock();
     if (finished_) break;  // a driving caller may have finished the shutdown agreement
-    if (stray && !failed_) mesh_.acceptStray();
+    if (ready_listen_fd >= 0 && !failed_ && ready_listen_fd == mesh_.listenFd()) {
+      mesh_.acceptStray();
+    }
     pass(/*mark_cycle=*/true);
     if (finished_) break;
+    if (!idle() || coordinates_other_sets_) standby_.store(false);  // Note [Caller drives] B, C
     lock.unlock();
   }
   mesh_.close();
@@ -283,22 +297,27 @@ void BackgroundLoop::pass(bool mark_cycle) {
   if (shutdown_sent_) checkShutdownAgreement();
 }
 
-// Builds the poll set under progress_ (it reads pass state), sleeps without it. Returns whether
-// the listening socket has a connection to accept (done under progress_ by run()).
-bool BackgroundLoop::waitForWork() {
+// Builds the poll set under progress_ (it reads pass state), sleeps without it. Returns the
+// listening socket when it has a connection to accept (-1 otherwise): run() accepts it under
+// progress_, after checking that a driving caller did not close the mesh meanwhile.
+int BackgroundLoop::waitForWork() {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
   int timeout = kTickMs;
+  size_t listen_index = 0;  // 0: not polled
   {
     std::lock_guard<std::mutex> lock(progress_);
     if (!failed_ && !standby_.load()) {  // Note [Caller drives] B
-      if (mesh_.listenFd() >= 0) fds.push_back({mesh_.listenFd(), POLLIN, 0});
+      if (mesh_.listenFd() >= 0) {
+        listen_index = fds.size();
+        fds.push_back({mesh_.listenFd(), POLLIN, 0});
+      }
       for (int r = 0; r < mesh_.size(); ++r) {
         transport::ControlChannel* channel = mesh_.control(r);
         if (channel != nullptr) fds.push_back({channel->fd(), POLLIN, 0});
       }
-      timeout = timeoutMs();
     }
+    timeout = timeoutMs();
   }
   auto t0 = Clock::now();
   sleeping_.store(true);  // Note [Wake only a sleeper]
@@ -306,13 +325,13 @@ bool BackgroundLoop::waitForWork() {
   int rc = ::poll(fds.data(), fds.size(), timeout);
   sleeping_.store(false);
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
-  if (rc <= 0) return false;
+  if (rc <= 0) return -1;
   if (fds[0].revents & POLLIN) {
     uint64_t value = 0;
     ssize_t n = ::read(wake_fd_, &value, sizeof(value));
     (void)n;
   }
-  return fds.size() > 1 && fds[1].fd == mesh_.listenFd() && (fds[1].revents & POLLIN);
+  return listen_index > 0 && (fds[listen_index].revents & POLLIN) ? fds[listen_index].fd : -1;
 }
 
 // Zero while work is queued; until the batching window closes while rank 0 holds responses

@@ -56,6 +56,9 @@ class BackgroundLoop {
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
   bool drive(int64_t handle);
+  // After add/remove_process_set: rank 0 may now coordinate a set it is not in, whose
+  // requests only the loop thread can answer (Note [Caller drives] B).
+  void processSetsChanged() { wakeIfAsleep(); }
   // Bounded: agrees shutdown with the other ranks or gives up after HVD_TIMEOUT.
   void shutdown();
   void abort(const std::string& reason);
@@ -66,7 +69,7 @@ class BackgroundLoop {
 
  private:
   void run();
-  bool waitForWork();
+  int waitForWork();
   void pass(bool mark_cycle);
   bool idle() const;
   void drainSubmissions();
@@ -125,6 +128,7 @@ class BackgroundLoop {
   // While callers drive, the sleeping loop thread watches only wake_fd_ (and its tick).
   std::atomic<bool> standby_{false};
   bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
+  bool coordinates_other_sets_ = false;  // rank 0: a registered set leaves rank 0 out
   std::chrono::microseconds caller_spin_{0};
 
   // Shared with framework threads (guarded by mutex_).

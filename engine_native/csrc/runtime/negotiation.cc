@@ -133,8 +133,11 @@ void BackgroundLoop::syncProcessSets() {
       ++it;
     }
   }
+  coordinates_other_sets_ = false;
   for (const auto& [id, members] : snapshot) {
     if (registered_sets_.insert(id).second) coordinator_->addProcessSet({id, members});
+    coordinates_other_sets_ = coordinates_other_sets_ ||
+                              std::find(members.begin(), members.end(), 0) == members.end();
   }
 }
 

@@ -29,6 +29,10 @@ Runtime& Runtime::instance() {
   return runtime;
 }
 
+Runtime::~Runtime() {
+  if (loop_) loop_->shutdown();
+}
+
 Status Runtime::listen(const std::string& bind_address, int* port) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (loop_) return common::invalidArgument("listen(): the core is already initialised");
@@ -345,6 +349,7 @@ Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {
                                    std::to_string(size_) + ")");
   }
   *id = sets_.add(std::move(ranks));
+  loop_->processSetsChanged();
   return Status::ok();
 }
 
@@ -354,6 +359,7 @@ Status Runtime::removeProcessSet(int32_t id) {
     return common::invalidArgument("remove_process_set(): process set " + std::to_string(id) +
                                    " is not registered (the global set cannot be removed)");
   }
+  if (loop_) loop_->processSetsChanged();
   return Status::ok();
 }
 

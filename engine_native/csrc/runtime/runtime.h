@@ -34,6 +34,9 @@ struct EnqueueArgs {
 class Runtime {
  public:
   static Runtime& instance();
+  // Joins the loop thread even when a caller still holds the loop (drive()), before the mesh
+  // and the handle table it uses are destroyed.
+  ~Runtime();
 
   common::Status listen(const std::string& bind_address, int* port);
   common::Status init(int rank, const std::vector<transport::PeerInfo>& peers,
