@@ -17,10 +17,12 @@ import json
 import multiprocessing as mp
 import os
 import secrets
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import uuid
@@ -173,16 +175,23 @@ def run_horovod(python, size, model_name, batch, warmup, steps, timeout):
     mpiexec = os.path.join(os.path.dirname(python), 'mpiexec')
     if not os.access(mpiexec, os.X_OK):
         mpiexec = 'mpiexec'
+    # Each rank writes its own file: mpiexec forwards the ranks' stdout in chunks, and two
+    # ranks' long result lines came back spliced into one.
+    out_dir = tempfile.mkdtemp(prefix='bench-torch-step-')
     cmd = [mpiexec, '-n', str(size), python, os.path.abspath(__file__), '--worker', 'horovod',
            '--models', model_name, '--batch', str(batch), '--warmup', str(warmup),
-           '--steps', str(steps)]
+           '--steps', str(steps), '--result-dir', out_dir]
     env = dict(os.environ, OMP_NUM_THREADS='1')
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        results = []
+        for name in sorted(os.listdir(out_dir)):
+            with open(os.path.join(out_dir, name)) as f:
+                results.append(json.load(f))
     except subprocess.TimeoutExpired:
         return 'failed: timed out'
-    results = [json.loads(line.split(' ', 1)[1]) for line in proc.stdout.splitlines()
-               if line.startswith('BENCH_RESULT ')]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
     if proc.returncode != 0 or len(results) != size:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ['?']
         return 'failed: ' + tail[0]
@@ -199,7 +208,8 @@ def _worker_main(args):
     if error:
         sys.stderr.write(error)
         return 1
-    print('BENCH_RESULT ' + json.dumps(times), flush=True)
+    with open(os.path.join(args.result_dir, 'rank%d.json' % rank), 'w') as f:
+        json.dump(times, f)
     return 0
 
 
@@ -215,6 +225,7 @@ def main(argv=None):
                         help='runs per framework, in alternating order; the best is shown')
     parser.add_argument('--horovod-python', default=DEFAULT_HOROVOD_PYTHON)
     parser.add_argument('--worker', help=argparse.SUPPRESS)
+    parser.add_argument('--result-dir', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker_main(args)
