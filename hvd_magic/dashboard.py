@@ -213,7 +213,7 @@ class Dashboard:
 def summarize(what: str, answers: dict, missing: list) -> tuple[str, bool]:
     """One line from every rank's answer to a command, and whether it is an error.
 
-    Failures first, grouped by text ("timeline: ranks 0-3: NotImplementedError: ..."); else
+    Failures first, grouped by text ("timeline: ranks 0-3: RuntimeError: ..."); else
     rank 0's answer ("timeline: recording to /x.json")."""
     failed: dict[str, list[int]] = {}
     for rank, (ok, text) in answers.items():

@@ -38,14 +38,6 @@ def _basics():
     return basics
 
 
-def _core_function(name: str):
-    fn = getattr(_basics(), name, None)
-    if fn is None:
-        raise NotImplementedError(f"this core has no {name}() (engine_native.basics is older "
-                                  f"than the dashboard); rebuild with `pip install -e .`")
-    return fn
-
-
 class RecentEvents:
     """``events`` source for the publisher: collectives that ended since the previous call, as
     ``[op, name, start_ago_s, dur_s]``, from ``timeline_events(since_us)``."""
@@ -106,15 +98,14 @@ def timeline(start: bool, path: str | None = None, mark_cycles: bool = False) ->
     if start:
         if not path:
             raise ValueError("timeline(start=True): a file path is needed")
-        _core_function("start_timeline")(path, mark_cycles=mark_cycles)
+        _basics().start_timeline(path, mark_cycles=mark_cycles)
         return f"recording to {path}" if engine_side.RANK == 0 else "recording (rank 0 writes)"
-    _core_function("stop_timeline")()
+    _basics().stop_timeline()
     return "stopped"
 
 
 def autotune(enabled: bool) -> str:
     """Switch the core's autotuner on or off (rank 0 decides, the others follow); returns
     its phase afterwards."""
-    _core_function("set_autotune")(bool(enabled))
-    state = getattr(_basics(), "autotune_state", None)
-    return str(state().get("phase", "")) if state is not None else ""
+    _basics().set_autotune(bool(enabled))
+    return str(_basics().autotune_state().get("phase", ""))

@@ -90,12 +90,14 @@ def test_timeline_and_autotune_magics_run_on_every_rank(local_cluster, run, tmp_
     assert run("%hvd_autotune off").error is None
 
 
-def test_a_core_without_the_function_degrades_with_a_clear_message(local_cluster, run):
-    run("%%hvd\nimport engine_native.basics as _b\n_saved = _b.set_autotune\ndel _b.set_autotune")
+def test_a_command_failing_on_every_rank_reports_one_grouped_line(local_cluster, run):
+    run("%%hvd\nimport engine_native.basics as _b\n_saved = _b.set_autotune\n"
+        "def _refuse(enabled):\n    raise RuntimeError('autotune refused here')\n"
+        "_b.set_autotune = _refuse")
     try:
         res = run("%hvd_autotune on")
         assert res.error is not None
-        assert "ranks 0-2: NotImplementedError: this core has no set_autotune()" in str(res.error)
+        assert "ranks 0-2: RuntimeError: autotune refused here" in str(res.error)
     finally:
         run("%%hvd\n_b.set_autotune = _saved")
 
