@@ -64,6 +64,7 @@ CORE_SOURCES = [
     "autotune/gaussian_process.cc",
     "autotune/bayesian_optimizer.cc",
     "autotune/parameter_manager.cc",
+    "coord/key_table.cc",
     "coord/message.cc",
     "coord/wire.cc",
     "coord/validation.cc",
@@ -78,7 +79,10 @@ CORE_SOURCES = [
     "runtime/autotuner.cc",
     "runtime/negotiation.cc",
     "runtime/batching_window.cc",
+    "runtime/shutdown_agreement.cc",
     "runtime/executor.cc",
+    "runtime/submissions.cc",
+    "runtime/caller_drives.cc",
     "runtime/background_loop.cc",
     "runtime/runtime.cc",
     "bindings/metrics.cc",
@@ -86,6 +90,7 @@ CORE_SOURCES = [
     "bindings/timeline_autotune_math.cc",
     "bindings/timeline_autotune_live.cc",
     "bindings/nccl.cc",
+    "bindings/enqueue_args.cc",
     "bindings/module.cc",
 ]
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/enqueue_args.h"
 #include "bindings/nccl.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
@@ -70,22 +71,6 @@ PyObject* wrapBuffer(const std::shared_ptr<hvd::runtime::OutputBuffer>& buffer) 
 
 // ---- conversions ---------------------------------------------------------------------------
 
-bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what) {
-  PyObject* fast = PySequence_Fast(seq, what);
-  if (fast == nullptr) return false;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  out->resize(n);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    (*out)[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-    if ((*out)[i] == -1 && PyErr_Occurred()) {
-      Py_DECREF(fast);
-      return false;
-    }
-  }
-  Py_DECREF(fast);
-  return true;
-}
-
 PyObject* int64Tuple(const std::vector<int64_t>& values) {
   PyObject* t = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
   for (size_t i = 0; i < values.size(); ++i) {
@@ -94,88 +79,22 @@ PyObject* int64Tuple(const std::vector<int64_t>& values) {
   return t;
 }
 
-const char* kEnqueueKeywords[] = {"kind",      "name",        "dtype",   "shape",
-                                  "input_ptr", "output_ptr",  "reduce_op", "prescale",
-                                  "postscale", "root",        "process_set", "splits",
-                                  "device",    nullptr};
-
-// An op's buffer: an integer address (torch's data_ptr()), None (no output), or any object
-// with the buffer protocol (a numpy array: cheaper than Python's array.ctypes.data, which
-// builds a ctypes object per call). The address is kept, the view released at once: the
-// caller keeps the object alive until the op finished (Note [Handle lifetime]).
-bool toAddress(PyObject* obj, bool writable, const char* what, uintptr_t* out) {
-  if (obj == Py_None) {
-    *out = 0;
-    return true;
-  }
-  if (PyLong_Check(obj)) {
-    *out = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(obj));
-    return !PyErr_Occurred();
-  }
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj, &view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
-    PyErr_Format(PyExc_TypeError,
-                 "enqueue(): %s must be an address or a contiguous%s buffer, got %.80s", what,
-                 writable ? " writable" : "", Py_TYPE(obj)->tp_name);
-    return false;
-  }
-  *out = reinterpret_cast<uintptr_t>(view.buf);
-  PyBuffer_Release(&view);
-  return true;
-}
-
-bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
-  int kind = 0, dtype = 0, reduce_op = 1, root = 0, process_set = 0, device = -1;
-  const char* name = nullptr;
-  PyObject* shape = nullptr;
-  PyObject* splits = Py_None;
-  PyObject* input_obj = nullptr;
-  PyObject* output_obj = nullptr;
-  double prescale = 1.0, postscale = 1.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "isiOOO|iddiiOi",
-                                   const_cast<char**>(kEnqueueKeywords), &kind, &name, &dtype,
-                                   &shape, &input_obj, &output_obj, &reduce_op, &prescale,
-                                   &postscale, &root, &process_set, &splits, &device)) {
-    return false;
-  }
-  uintptr_t input = 0, output = 0;
-  if (!toAddress(input_obj, false, "input_ptr", &input) ||
-      !toAddress(output_obj, true, "output_ptr", &output)) {
-    return false;
-  }
-  if (kind < 0 || kind > 6) {
-    PyErr_Format(PyExc_ValueError, "enqueue(): unknown op kind %d", kind);
-    return false;
-  }
-  auto& r = op->request;
-  r.type = static_cast<hvd::coord::OpType>(kind);
-  r.name = name;
-  r.dtype = static_cast<hvd::common::DataType>(dtype);
-  r.reduce_op = static_cast<hvd::common::ReduceOp>(reduce_op);
-  r.prescale = prescale;
-  r.postscale = postscale;
-  r.root_rank = root;
-  r.process_set = process_set;
-  r.device = device;
-  if (!toInt64List(shape, &r.shape, "shape must be a sequence of ints")) return false;
-  if (splits != Py_None && !toInt64List(splits, &r.splits, "splits must be a sequence")) {
-    return false;
-  }
-  op->input = reinterpret_cast<const void*>(static_cast<uintptr_t>(input));
-  op->output = reinterpret_cast<void*>(static_cast<uintptr_t>(output));
-  return true;
-}
-
-PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops, bool single, bool wake = true) {
+PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops) {
   std::vector<int64_t> handles;
-  Status status = Runtime::instance().enqueue(std::move(ops), &handles, wake);
+  Status status = Runtime::instance().enqueue(std::move(ops), &handles, true);
   if (!status.isOk()) return raise(status);
-  if (single) return PyLong_FromLongLong(handles[0]);
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
   for (size_t i = 0; i < handles.size(); ++i) {
     PyList_SET_ITEM(list, i, PyLong_FromLongLong(handles[i]));
   }
   return list;
+}
+
+PyObject* submitOne(hvd::runtime::EnqueueArgs&& op, bool wake) {
+  int64_t handle = 0;
+  Status status = Runtime::instance().enqueue(std::move(op), &handle, wake);
+  if (!status.isOk()) return raise(status);
+  return PyLong_FromLongLong(handle);
 }
 
 // ---- module functions ----------------------------------------------------------------------
@@ -242,18 +161,19 @@ PyObject* pyIsInitialized(PyObject*, PyObject*) {
 PyObject* pyRank(PyObject*, PyObject*) { return PyLong_FromLong(Runtime::instance().rank()); }
 PyObject* pySize(PyObject*, PyObject*) { return PyLong_FromLong(Runtime::instance().size()); }
 
-PyObject* pyEnqueue(PyObject*, PyObject* args, PyObject* kwargs) {
-  std::vector<hvd::runtime::EnqueueArgs> ops(1);
-  if (!parseOp(args, kwargs, &ops[0])) return nullptr;
-  return submit(std::move(ops), true);
+PyObject* pyEnqueue(PyObject*, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  hvd::runtime::EnqueueArgs op;
+  if (!hvd::bindings::parseEnqueueArgs(args, nargs, kwnames, &op)) return nullptr;
+  return submitOne(std::move(op), /*wake=*/true);
 }
 
 // For a caller that calls wait() on the handle next: the background thread is not woken, the
 // wait drives the op on the caller's thread (Note [Caller drives] in background_loop.cc).
-PyObject* pyEnqueueForWait(PyObject*, PyObject* args, PyObject* kwargs) {
-  std::vector<hvd::runtime::EnqueueArgs> ops(1);
-  if (!parseOp(args, kwargs, &ops[0])) return nullptr;
-  return submit(std::move(ops), true, /*wake=*/false);
+PyObject* pyEnqueueForWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
+                           PyObject* kwnames) {
+  hvd::runtime::EnqueueArgs op;
+  if (!hvd::bindings::parseEnqueueArgs(args, nargs, kwnames, &op)) return nullptr;
+  return submitOne(std::move(op), /*wake=*/false);
 }
 
 PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
@@ -265,7 +185,7 @@ PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
   for (size_t i = 0; i < ops.size(); ++i) {
     PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
     PyObject* tuple = PySequence_Tuple(item);
-    bool ok = tuple != nullptr && parseOp(tuple, nullptr, &ops[i]);
+    bool ok = tuple != nullptr && hvd::bindings::parseEnqueueTuple(tuple, &ops[i]);
     Py_XDECREF(tuple);
     if (!ok) {
       Py_DECREF(fast);
@@ -273,7 +193,7 @@ PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
     }
   }
   Py_DECREF(fast);
-  return submit(std::move(ops), false);
+  return submit(std::move(ops));
 }
 
 PyObject* pyPoll(PyObject*, PyObject* args) {
@@ -299,12 +219,17 @@ PyObject* resultToPython(const hvd::runtime::OpResult& result) {
   return Py_BuildValue("(NN)", buffer, int64Tuple(result.shape));
 }
 
-PyObject* pyWait(PyObject*, PyObject* args) {
-  long long handle = 0;
-  if (!PyArg_ParseTuple(args, "L", &handle)) return nullptr;
+PyObject* pyWait(PyObject*, PyObject* arg) {
+  const long long handle = PyLong_AsLongLong(arg);
+  if (handle == -1 && PyErr_Occurred()) return nullptr;
   auto& handles = Runtime::instance().handles();
   Status status;
   hvd::runtime::OpResult result;
+  // Already finished (the rest of a fused batch): one lock, no waiting.
+  if (handles.takeIfDone(handle, &status, &result)) {
+    if (!status.isOk()) return raise(status);
+    return resultToPython(result);
+  }
   // Time blocked here is metrics()["handle_wait_seconds"] (framework threads waiting).
   const auto t0 = std::chrono::steady_clock::now();
   auto blocked = [&t0]() {
@@ -337,7 +262,9 @@ PyObject* pyAddProcessSet(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
   if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
   std::vector<int64_t> ranks64;
-  if (!toInt64List(seq, &ranks64, "ranks must be a sequence of ints")) return nullptr;
+  if (!hvd::bindings::toInt64List(seq, &ranks64, "ranks must be a sequence of ints")) {
+    return nullptr;
+  }
   std::vector<int> ranks(ranks64.begin(), ranks64.end());
   int32_t id = 0;
   Status status = Runtime::instance().addProcessSet(ranks, &id);
@@ -387,14 +314,14 @@ PyMethodDef g_methods[] = {
     {"rank", pyRank, METH_NOARGS, "This process's global rank (-1 before init)."},
     {"size", pySize, METH_NOARGS, "Number of ranks (0 before init)."},
     {"enqueue", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyEnqueue)),
-     METH_VARARGS | METH_KEYWORDS, "Submit one op; returns a handle."},
+     METH_FASTCALL | METH_KEYWORDS, "Submit one op; returns a handle."},
     {"enqueue_for_wait",
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyEnqueueForWait)),
-     METH_VARARGS | METH_KEYWORDS,
+     METH_FASTCALL | METH_KEYWORDS,
      "enqueue() for an op the caller waits for next: that wait drives it on this thread."},
     {"enqueue_group", pyEnqueueGroup, METH_VARARGS, "Submit several ops atomically."},
     {"poll", pyPoll, METH_VARARGS, "True when the op finished. Never blocks."},
-    {"wait", pyWait, METH_VARARGS, "Block until the op finishes; returns its result."},
+    {"wait", pyWait, METH_O, "Block until the op finishes; returns its result."},
     {"add_process_set", pyAddProcessSet, METH_VARARGS, "Register a process set; returns id."},
     {"remove_process_set", pyRemoveProcessSet, METH_VARARGS, "Remove a process set."},
     {"process_set_ranks", pyProcessSetRanks, METH_VARARGS, "Members of a process set."},

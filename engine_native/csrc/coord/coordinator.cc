@@ -31,14 +31,8 @@
 
 namespace hvd::coord {
 
-namespace {
-bool submitted(const std::vector<Request>& requests, int rank) {
-  return std::any_of(requests.begin(), requests.end(),
-                     [rank](const Request& r) { return r.request_rank == rank; });
-}
-}  // namespace
-
-Coordinator::Coordinator(int world_size) : world_size_(world_size) {
+Coordinator::Coordinator(int world_size, const KeyTable& keys)
+    : world_size_(world_size), keys_(keys) {
   ProcessSetInfo global;
   global.id = 0;
   for (int rank = 0; rank < world_size; ++rank) global.members.push_back(rank);
@@ -64,76 +58,105 @@ void Coordinator::removeProcessSet(int32_t id) {
 // Drops the pending names, join state and cached responses of a set (their requesters are
 // failed by the runtime, which removes a set only when it is idle).
 void Coordinator::forgetSet(int32_t id) {
-  for (auto it = table_.lower_bound(Key(id, std::string()));
-       it != table_.end() && it->first.first == id;) {
-    it = table_.erase(it);
+  for (Pending& p : table_) {
+    if (!p.key.assigned() || keys_.set(p.key) != id) continue;
+    p.key = Key();
+    p.count = 0;
+    --pending_count_;
   }
   joined_.erase(id);
   cache_.eraseSet(id);
 }
 
-common::Status Coordinator::add(const Request& request) {
+Coordinator::Pending* Coordinator::pendingFor(Key key) {
+  if (key.index >= table_.size() || table_[key.index].key != key) return nullptr;
+  return &table_[key.index];
+}
+
+const Coordinator::Pending* Coordinator::pendingFor(Key key) const {
+  if (key.index >= table_.size() || table_[key.index].key != key) return nullptr;
+  return &table_[key.index];
+}
+
+bool Coordinator::submitted(const Pending& pending, int rank) const {
+  for (size_t i = 0; i < pending.count; ++i) {
+    if (pending.requests[i].request_rank == rank) return true;
+  }
+  return false;
+}
+
+common::Status Coordinator::add(Key key, const Request& request, int32_t rank,
+                                std::chrono::steady_clock::time_point now) {
+  auto who = [&] {
+    return " (rank " + std::to_string(rank) + ", tensor '" + request.name + "')";
+  };
   auto set_it = sets_.find(request.process_set);
-  const std::string who = " (rank " + std::to_string(request.request_rank) + ", tensor '" +
-                          request.name + "')";
   if (set_it == sets_.end()) {
     return common::invalidArgument("Process set " + std::to_string(request.process_set) +
-                                   " is not registered" + who + ".");
+                                   " is not registered" + who() + ".");
   }
   const ProcessSetInfo& set = set_it->second;
-  if (request.request_rank < 0 || request.request_rank >= world_size_) {
-    return common::invalidArgument("Rank " + std::to_string(request.request_rank) +
-                                   " is outside the world of " + std::to_string(world_size_) +
-                                   " ranks" + who + ".");
+  if (rank < 0 || rank >= world_size_) {
+    return common::invalidArgument("Rank " + std::to_string(rank) + " is outside the world of " +
+                                   std::to_string(world_size_) + " ranks" + who() + ".");
   }
-  if (!std::binary_search(set.members.begin(), set.members.end(), request.request_rank)) {
-    return common::invalidArgument("Rank " + std::to_string(request.request_rank) +
+  if (!std::binary_search(set.members.begin(), set.members.end(), rank)) {
+    return common::invalidArgument("Rank " + std::to_string(rank) +
                                    " is not a member of process set " +
-                                   std::to_string(set.id) + who + ".");
+                                   std::to_string(set.id) + who() + ".");
   }
-  if (request.type == OpType::kJoin) return addJoin(request, set);
+  if (request.type == OpType::kJoin) return addJoin(key, request, rank, set);
 
-  const Key key(set.id, request.name);
-  auto [it, inserted] = table_.try_emplace(key);
-  Pending& pending = it->second;
-  if (inserted) {
-    pending.first_seen = std::chrono::steady_clock::now();
+  if (key.index >= table_.size()) table_.resize(std::max<size_t>(key.index + 1, 64));
+  Pending& pending = table_[key.index];
+  if (pending.key != key) {  // the first request for this name (a stale slot is overwritten)
+    if (!pending.key.assigned()) ++pending_count_;
+    pending.key = key;
+    pending.count = 0;
+    pending.first_seen = now;
     pending.sequence = next_sequence_++;
-  } else if (submitted(pending.requests, request.request_rank)) {
-    return common::invalidArgument("Rank " + std::to_string(request.request_rank) +
-                                   " submitted tensor '" + request.name +
-                                   "' again before it completed; names must be unique.");
+  } else if (submitted(pending, rank)) {
+    return common::invalidArgument("Rank " + std::to_string(rank) + " submitted tensor '" +
+                                   request.name + "' again before it completed; names must be "
+                                   "unique.");
   }
-  pending.requests.push_back(request);
-  if (isReady(set, pending)) release(set, key);
+  if (pending.count == pending.requests.size()) pending.requests.emplace_back();
+  Request& stored = pending.requests[pending.count++];
+  stored = request;  // reuses the slot's string and vector storage
+  stored.request_rank = rank;
+  stored.key = key;
+  if (isReady(set, pending)) release(set, pending);
   return common::Status::ok();
 }
 
-common::Status Coordinator::addJoin(const Request& request, const ProcessSetInfo& set) {
+common::Status Coordinator::addJoin(Key key, const Request& request, int32_t rank,
+                                    const ProcessSetInfo& set) {
   std::vector<int>& joined = joined_[set.id];
-  if (std::find(joined.begin(), joined.end(), request.request_rank) != joined.end()) {
-    return common::invalidArgument("Rank " + std::to_string(request.request_rank) +
-                                   " joined process set " + std::to_string(set.id) +
-                                   " twice before every rank joined.");
+  if (std::find(joined.begin(), joined.end(), rank) != joined.end()) {
+    return common::invalidArgument("Rank " + std::to_string(rank) + " joined process set " +
+                                   std::to_string(set.id) + " twice before every rank joined.");
   }
-  joined.push_back(request.request_rank);
+  joined.push_back(rank);
 
-  // Names that waited only for ranks that have now joined become ready (Note [Join]).
-  std::vector<std::pair<uint64_t, Key>> now_ready;
-  for (auto it = table_.lower_bound(Key(set.id, std::string()));
-       it != table_.end() && it->first.first == set.id; ++it) {
-    if (isReady(set, it->second)) now_ready.emplace_back(it->second.sequence, it->first);
+  // Names that waited only for ranks that have now joined become ready (Note [Join]), in the
+  // order their first requests arrived.
+  std::vector<std::pair<uint64_t, uint32_t>> now_ready;
+  for (uint32_t i = 0; i < table_.size(); ++i) {
+    const Pending& p = table_[i];
+    if (p.key.assigned() && keys_.set(p.key) == set.id && isReady(set, p)) {
+      now_ready.emplace_back(p.sequence, i);
+    }
   }
   std::sort(now_ready.begin(), now_ready.end());
-  for (const auto& entry : now_ready) release(set, entry.second);
+  for (const auto& entry : now_ready) release(set, table_[entry.second]);
 
   if (joined.size() == set.members.size()) {
     Response done;
     done.type = OpType::kJoin;
-    done.names = {request.name};
+    done.keys = {key};
     done.process_set = set.id;
     done.device = request.device;
-    done.last_joined_rank = request.request_rank;
+    done.last_joined_rank = rank;
     joined_.erase(set.id);
     ready_.push_back(std::move(done));
   }
@@ -147,45 +170,55 @@ bool Coordinator::hasJoined(int32_t set_id, int rank) const {
 }
 
 bool Coordinator::isReady(const ProcessSetInfo& set, const Pending& pending) const {
-  size_t covered = pending.requests.size();  // submitters are distinct members
+  size_t covered = pending.count;  // submitters are distinct members
   auto it = joined_.find(set.id);
   if (it != joined_.end()) {
-    for (int rank : it->second) covered += submitted(pending.requests, rank) ? 0 : 1;
+    for (int rank : it->second) covered += submitted(pending, rank) ? 0 : 1;
   }
   return covered == set.members.size();
 }
 
-void Coordinator::release(const ProcessSetInfo& set, const Key& key) {
-  auto it = table_.find(key);
-  std::vector<Request> requests = std::move(it->second.requests);
-  table_.erase(it);
-  ready_.push_back(construct(set, std::move(requests)));
-}
-
-Response Coordinator::construct(const ProcessSetInfo& set, std::vector<Request> requests) {
-  std::sort(requests.begin(), requests.end(), [](const Request& a, const Request& b) {
+// Builds the name's Response (from the cache when every request repeats the cached ones) and
+// frees the slot.
+void Coordinator::release(const ProcessSetInfo& set, Pending& pending) {
+  Request* requests = pending.requests.data();
+  const size_t count = pending.count;
+  std::sort(requests, requests + count, [](const Request& a, const Request& b) {
     return a.request_rank < b.request_rank;
   });
   std::vector<int> absent;  // joined without submitting: they contribute zeros
   auto joined = joined_.find(set.id);
   if (joined != joined_.end()) {
     for (int rank : joined->second) {
-      if (!submitted(requests, rank)) absent.push_back(rank);
+      if (!submitted(pending, rank)) absent.push_back(rank);
     }
     std::sort(absent.begin(), absent.end());
   }
-  if (absent.empty()) {
-    if (const Response* hit = cache_.find(set.id, requests.front().name, requests)) return *hit;
+  const Response* hit = absent.empty() ? cache_.find(pending.key, requests, count) : nullptr;
+  if (hit != nullptr) {
+    ready_.push_back(*hit);
+  } else {
+    Response built = buildResponse(set.members, std::vector<Request>(requests, requests + count),
+                                   absent);
+    if (absent.empty()) cache_.put(pending.key, requests, count, built);
+    ready_.push_back(std::move(built));
   }
-  Response response = buildResponse(set.members, requests, absent);
-  if (absent.empty()) cache_.put(set.id, requests, response);
-  return response;
+  pending.key = Key();
+  pending.count = 0;
+  --pending_count_;
 }
 
 std::vector<Response> Coordinator::takeReady() {
   std::vector<Response> out = fuseResponses(std::move(ready_), fusion_threshold_);
   ready_.clear();
   return out;
+}
+
+void Coordinator::markKeys(const KeyTable::MarkFn& mark) const {
+  if (pending_count_ == 0) return;
+  for (const Pending& p : table_) {
+    if (p.key.assigned()) mark(p.key);
+  }
 }
 
 }  // namespace hvd::coord

@@ -27,7 +27,9 @@ struct ProcessSetInfo {
 
 class Coordinator {
  public:
-  explicit Coordinator(int world_size);
+  // `keys` is rank 0's KeyTable: requests arrive with their key, and the table names tensors in
+  // error messages and the stall report.
+  Coordinator(int world_size, const KeyTable& keys);
 
   void addProcessSet(const ProcessSetInfo& set);
   void removeProcessSet(int32_t id);
@@ -35,9 +37,11 @@ class Coordinator {
   // Capacity of the validated-response cache (HVD_CACHE_CAPACITY; 0 disables). Clears it.
   void setCacheCapacity(int64_t entries) { cache_.setCapacity(entries); }
 
-  // Records one request. Returns an error Status only for a request that can never be valid
-  // (unknown process set, sender not a member); the caller reports it to that rank.
-  common::Status add(const Request& request);
+  // Records one request from global rank `rank` for `key` (rank 0's key of request.name; the
+  // request's own request_rank is ignored). Returns an error Status only for a request that can
+  // never be valid (unknown process set, sender not a member); the caller reports it.
+  common::Status add(Key key, const Request& request, int32_t rank,
+                     std::chrono::steady_clock::time_point now);
 
   // Every response that is ready now, fused, in execution order.
   std::vector<Response> takeReady();
@@ -46,30 +50,41 @@ class Coordinator {
   // ("Missing ranks:\n1: [allreduce.x, ...]"). Empty when nothing is stalled.
   std::string stallReport(std::chrono::seconds older_than) const;
 
-  // Ranks of a set that submitted `name` so far / are missing (for the stuck-collective report).
-  std::vector<int> missingRanks(int32_t process_set, const std::string& name) const;
+  // Ranks of a set that are missing for a pending name (for the stuck-collective report).
+  std::vector<int> missingRanks(Key key) const;
+
+  // Calls mark for the key of every pending name (KeyTable::sweep).
+  void markKeys(const KeyTable::MarkFn& mark) const;
 
  private:
-  using Key = std::pair<int32_t, std::string>;  // (process set, tensor name)
+  // One name waiting for the rest of its set, in the slot of its key's index. Storage is reused
+  // from step to step, so the steady state copies requests without allocating.
   struct Pending {
-    std::vector<Request> requests;  // one per submitting rank, by arrival
+    Key key;                        // unassigned: the slot is free
+    std::vector<Request> requests;  // the first `count`, by arrival, one per submitting rank
+    size_t count = 0;
     std::chrono::steady_clock::time_point first_seen;
     uint64_t sequence = 0;          // arrival order of the first request: release order
   };
 
-  common::Status addJoin(const Request& request, const ProcessSetInfo& set);
+  Pending* pendingFor(Key key);
+  const Pending* pendingFor(Key key) const;
+  common::Status addJoin(Key key, const Request& request, int32_t rank,
+                         const ProcessSetInfo& set);
   bool hasJoined(int32_t set_id, int rank) const;
+  bool submitted(const Pending& pending, int rank) const;
   bool isReady(const ProcessSetInfo& set, const Pending& pending) const;
-  void release(const ProcessSetInfo& set, const Key& key);
-  Response construct(const ProcessSetInfo& set, std::vector<Request> requests);
+  void release(const ProcessSetInfo& set, Pending& pending);
   void forgetSet(int32_t id);
 
   int world_size_;
+  const KeyTable& keys_;
   int64_t fusion_threshold_ = 128ll << 20;
   uint64_t next_sequence_ = 0;
   std::map<int32_t, ProcessSetInfo> sets_;
   std::map<int32_t, std::vector<int>> joined_;  // set -> joined global ranks, in join order
-  std::map<Key, Pending> table_;
+  std::vector<Pending> table_;                  // by key index
+  size_t pending_count_ = 0;
   std::vector<Response> ready_;                 // in release order, not yet fused
   ResponseCache cache_;
 };

@@ -37,11 +37,11 @@ constexpr double kMaxCycleMs = 1e6;
 constexpr int32_t kMaxPhase = 3;          // autotune::AutotunePhase::kDone
 constexpr int32_t kMaxTrials = 1 << 20;
 
-void writeResponse(wire::ByteWriter& w, const Response& r) {
+void writeResponse(wire::ByteWriter& w, const Response& r, const KeyTable& keys) {
   w.i32(static_cast<int32_t>(r.status));
   w.i32(static_cast<int32_t>(r.type));
-  w.u32(static_cast<uint32_t>(r.names.size()));
-  for (const std::string& name : r.names) w.str(name);
+  w.u32(static_cast<uint32_t>(r.keys.size()));
+  for (Key key : r.keys) w.str(keys.name(key));
   w.str(r.error);
   w.i32(static_cast<int32_t>(r.dtype));
   w.i32(static_cast<int32_t>(r.reduce_op));
@@ -57,21 +57,21 @@ void writeResponse(wire::ByteWriter& w, const Response& r) {
   w.i32(r.last_joined_rank);
 }
 
-bool readNames(wire::ByteReader& in, std::vector<std::string>* names) {
+bool readNames(wire::ByteReader& in, std::vector<std::string_view>* names) {
   uint32_t n = 0;
   if (!in.count(&n, 4)) return false;
   names->clear();
   for (uint32_t i = 0; i < n; ++i) {
-    std::string name;
-    if (!in.str(&name, wire::kMaxNameBytes)) return false;
-    names->push_back(std::move(name));
+    std::string_view name;
+    if (!in.view(&name, wire::kMaxNameBytes)) return false;
+    names->push_back(name);
   }
   return true;
 }
 
 // Cross-field consistency a well-formed Response always has.
-bool checkShape(wire::ByteReader& in, const Response& r) {
-  if (!r.counts.empty() && r.counts.size() != r.names.size()) {
+bool checkShape(wire::ByteReader& in, const Response& r, size_t names) {
+  if (!r.counts.empty() && r.counts.size() != names) {
     return in.fail("counts do not match names");
   }
   size_t n = 0;
@@ -80,11 +80,13 @@ bool checkShape(wire::ByteReader& in, const Response& r) {
   return true;
 }
 
-bool readResponse(wire::ByteReader& in, Response* out) {
+// Names are interned (in `batch`) once the response's process set is known.
+bool readResponse(wire::ByteReader& in, KeyTable::Batch& batch,
+                  std::vector<std::string_view>* names, Response* out) {
   int32_t status = 0, type = 0, dtype = 0, op = 0;
   bool ok = in.ranged(&status, 0, static_cast<int32_t>(ResponseType::kError), "status") &&
             in.ranged(&type, 0, static_cast<int32_t>(OpType::kJoin), "op type") &&
-            readNames(in, &out->names) && in.str(&out->error, wire::kMaxErrorBytes) &&
+            readNames(in, names) && in.str(&out->error, wire::kMaxErrorBytes) &&
             in.ranged(&dtype, 0, common::kNumDataTypes - 1, "dtype") &&
             in.ranged(&op, 0, static_cast<int32_t>(common::ReduceOp::kProduct), "reduce op") &&
             in.f64(&out->prescale) && in.f64(&out->postscale) &&
@@ -94,12 +96,19 @@ bool readResponse(wire::ByteReader& in, Response* out) {
             in.sizes(&out->counts) && in.sizes(&out->first_dims) &&
             in.sizes(&out->row_shape) && in.sizes(&out->splits_matrix) &&
             in.ranged(&out->last_joined_rank, -1, kInt32Max, "last joined rank") &&
-            checkShape(in, *out);
+            checkShape(in, *out, names->size());
   if (!ok) return false;
   out->status = static_cast<ResponseType>(status);
   out->type = static_cast<OpType>(type);
   out->dtype = static_cast<common::DataType>(dtype);
   out->reduce_op = static_cast<common::ReduceOp>(op);
+  out->keys.clear();
+  out->keys.reserve(names->size());
+  for (std::string_view name : *names) {
+    Key key = batch.intern(out->process_set, name);
+    if (!key.assigned()) return in.fail("more tensor names than the key table holds");
+    out->keys.push_back(key);
+  }
   return true;
 }
 
@@ -145,26 +154,40 @@ bool readParams(wire::ByteReader& in, ParamsUpdate* out) {
 
 }  // namespace
 
-std::string encode(const ResponseList& list) {
+std::string encode(const Response* const* responses, size_t count,
+                   const std::optional<ParamsUpdate>& params, const KeyTable& keys) {
   wire::ByteWriter w;
+  size_t names = 0;
+  for (size_t i = 0; i < count; ++i) names += responses[i]->keys.size();
+  w.reserve(16 + 120 * count + 40 * names);
   w.u8(wire::kResponseListTag);
-  w.u32(static_cast<uint32_t>(list.responses.size()));
-  for (const Response& r : list.responses) writeResponse(w, r);
-  if (list.params) writeParams(w, *list.params);
+  w.u32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) writeResponse(w, *responses[i], keys);
+  if (params) writeParams(w, *params);
   return w.take();
 }
 
-common::Status decode(const std::string& bytes, ResponseList* out) {
+std::string encode(const ResponseList& list, const KeyTable& keys) {
+  std::vector<const Response*> responses;
+  for (const Response& r : list.responses) responses.push_back(&r);
+  return encode(responses.data(), responses.size(), list.params, keys);
+}
+
+common::Status decode(const std::string& bytes, KeyTable& keys, ResponseList* out) {
   wire::ByteReader in(bytes);
   uint8_t tag = 0;
   uint32_t n = 0;
   bool ok = in.u8(&tag) && (tag == wire::kResponseListTag || in.fail("not a ResponseList")) &&
             in.count(&n, kMinResponseBytes);
   std::vector<Response> responses;  // grown as entries parse: a lying count allocates nothing
-  for (uint32_t i = 0; ok && i < n; ++i) {
-    Response r;
-    ok = readResponse(in, &r);
-    if (ok) responses.push_back(std::move(r));
+  {
+    KeyTable::Batch batch(keys);  // every name of the list under one lock
+    std::vector<std::string_view> names;
+    for (uint32_t i = 0; ok && i < n; ++i) {
+      Response r;
+      ok = readResponse(in, batch, &names, &r);
+      if (ok) responses.push_back(std::move(r));
+    }
   }
   std::optional<ParamsUpdate> params;
   if (ok && !in.atEnd()) {
@@ -178,7 +201,11 @@ common::Status decode(const std::string& bytes, ResponseList* out) {
   return common::Status::ok();
 }
 
-std::string encode(const RequestList& list) { return encodeRequests(list, nullptr); }
+std::string encode(const RequestList& list) {
+  std::vector<const Request*> requests;
+  for (const Request& r : list.requests) requests.push_back(&r);
+  return encodeRequests(requests.data(), requests.size(), nullptr);
+}
 
 common::Status decode(const std::string& bytes, RequestList* out) {
   return decodeRequests(bytes, nullptr, out);

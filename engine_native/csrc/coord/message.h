@@ -2,6 +2,8 @@
 // (sent to rank 0 over the control channel); rank 0 answers with Responses that every member of
 // the process set executes in the order received. encode/decode are a compact little-endian
 // binary format; decode validates every size and enum and rejects bad input with kInternal.
+// Tensors are named by Keys of the holding rank's KeyTable (coord/key_table.h); names travel
+// as strings on the wire and are interned again on arrival, so Keys never cross ranks.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,9 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/small_vector.h"
 #include "common/status.h"
+#include "coord/key_table.h"
 
 namespace hvd::coord {
 
@@ -24,6 +28,7 @@ struct Request {
   int32_t request_rank = 0;        // global rank of the sender
   OpType type = OpType::kAllreduce;
   std::string name;
+  Key key;                         // name's key on the rank holding this Request
   common::DataType dtype = common::DataType::kFloat32;
   std::vector<int64_t> shape;
   common::ReduceOp reduce_op = common::ReduceOp::kSum;
@@ -39,10 +44,11 @@ struct Request {
 enum class ResponseType : int32_t { kOk = 0, kError = 1 };
 
 // One executable unit: one op over one or more tensors (fused allreduce), or an error for names.
+// A one-tensor Response copies without heap allocation (keys and counts are kept inline).
 struct Response {
   ResponseType status = ResponseType::kOk;
   OpType type = OpType::kAllreduce;
-  std::vector<std::string> names;       // fused tensors, in fusion-buffer order
+  common::SmallVector<Key, 1> keys;     // fused tensors, in fusion-buffer order
   std::string error;                    // when status == kError, raised on every rank
   common::DataType dtype = common::DataType::kFloat32;
   common::ReduceOp reduce_op = common::ReduceOp::kSum;
@@ -52,7 +58,7 @@ struct Response {
   int32_t process_set = 0;
   int32_t device = -1;
   // Per name, its element count (allreduce/broadcast) — lets joined ranks supply zeros.
-  std::vector<int64_t> counts;
+  common::SmallVector<int64_t, 1> counts;
   // Allgather: first-dim size per set rank (names.size()==1). Reducescatter: the input shape.
   std::vector<int64_t> first_dims;
   std::vector<int64_t> row_shape;       // shape without dim 0 (allgather/alltoall/reducescatter)
@@ -90,9 +96,13 @@ struct ResponseList {
   std::optional<ParamsUpdate> params;  // encoded only when present (older lists stay valid)
 };
 
+// Responses name tensors by the sender's keys (encode) and the receiver's (decode: each name is
+// interned in `keys`, so a name this rank never submitted — a joined rank's — still gets one).
 std::string encode(const RequestList& list);
-std::string encode(const ResponseList& list);
+std::string encode(const ResponseList& list, const KeyTable& keys);
+std::string encode(const Response* const* responses, size_t count,
+                   const std::optional<ParamsUpdate>& params, const KeyTable& keys);
 common::Status decode(const std::string& bytes, RequestList* out);
-common::Status decode(const std::string& bytes, ResponseList* out);
+common::Status decode(const std::string& bytes, KeyTable& keys, ResponseList* out);
 
 }  // namespace hvd::coord

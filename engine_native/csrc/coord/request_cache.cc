@@ -18,7 +18,7 @@ constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 }  // namespace
 
 bool sameRequestParams(const Request& a, const Request& b) {
-  return a.type == b.type && a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
+  return a.type == b.type && a.dtype == b.dtype && a.shape == b.shape &&
          a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale &&
          a.root_rank == b.root_rank && a.process_set == b.process_set && a.device == b.device &&
          a.splits == b.splits;
@@ -53,22 +53,26 @@ int32_t RequestCache::insert(const Request& r) {
     slot = it->second;                                   // same name, new parameters
   } else if (static_cast<int64_t>(slots_.size()) < capacity_) {
     slot = static_cast<int32_t>(slots_.size());          // next free slot
-    slots_.push_back(Slot{r, lru_.insert(lru_.end(), slot)});
+    slots_.push_back(Slot{r, lru_.insert(lru_.end(), slot), Key()});
   } else {
     slot = lru_.front();                                 // evict the least recently used
     by_name_.erase(slots_[slot].request.name);
   }
   by_name_[r.name] = slot;
   slots_[slot].request = r;
+  slots_[slot].key_hint = Key();
   touch(slot);
   return slot;
 }
 
-std::string encodeRequests(const RequestList& list, RequestCache* sender_cache) {
+std::string encodeRequests(const Request* const* requests, size_t count,
+                           RequestCache* sender_cache) {
   wire::ByteWriter w;
+  w.reserve(8 + 16 * count);
   w.u8(wire::kRequestListTag);
-  w.u32(static_cast<uint32_t>(list.requests.size()));
-  for (const Request& r : list.requests) {
+  w.u32(static_cast<uint32_t>(count));
+  for (size_t i = 0; i < count; ++i) {
+    const Request& r = *requests[i];
     bool use_cache = sender_cache != nullptr && RequestCache::cacheable(r);
     int32_t slot = use_cache ? sender_cache->find(r) : -1;
     if (slot >= 0) {
@@ -88,13 +92,18 @@ std::string encodeRequests(const RequestList& list, RequestCache* sender_cache) 
 
 namespace {
 
-// One entry of a request list, replaying the sender's cache step on `mirror`.
-bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* out) {
+// One entry of a request list, replaying the sender's cache step on `mirror`, handed to visit.
+bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* scratch,
+               const RequestVisitor& visit) {
   uint8_t form = 0;
   if (!in.u8(&form)) return false;
   if (form == kFull) {
-    if (!wire::readRequest(in, out)) return false;
-    if (mirror != nullptr && RequestCache::cacheable(*out)) mirror->insert(*out);
+    if (!wire::readRequest(in, scratch)) return false;
+    Key* hint = nullptr;
+    if (mirror != nullptr && RequestCache::cacheable(*scratch)) {
+      hint = mirror->keyHint(static_cast<uint32_t>(mirror->insert(*scratch)));
+    }
+    visit(*scratch, scratch->request_rank, scratch->group_id, hint);
     return true;
   }
   if (form != kSlot) return in.fail("unknown request form " + std::to_string(form));
@@ -107,31 +116,37 @@ bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* out) {
   if (mirror == nullptr) return in.fail("cache slot reference but caching is off");
   const Request* cached = mirror->at(slot);
   if (cached == nullptr) return in.fail("cache slot " + std::to_string(slot) + " is empty");
-  *out = *cached;
-  out->request_rank = rank;
-  out->group_id = group;
   mirror->touch(static_cast<int32_t>(slot));
+  visit(*cached, rank, group, mirror->keyHint(slot));
   return true;
 }
 
 }  // namespace
 
-common::Status decodeRequests(const std::string& bytes, RequestCache* mirror, RequestList* out) {
+common::Status decodeRequests(const std::string& bytes, RequestCache* mirror,
+                              const RequestVisitor& visit) {
   wire::ByteReader in(bytes);
   uint8_t tag = 0;
   uint32_t n = 0;
   bool ok = in.u8(&tag) && (tag == wire::kRequestListTag || in.fail("not a RequestList")) &&
             in.count(&n, kMinEntryBytes);
-  std::vector<Request> requests;  // grown as entries parse: a lying count allocates nothing
-  for (uint32_t i = 0; ok && i < n; ++i) {
-    Request r;
-    ok = readEntry(in, mirror, &r);
-    if (ok) requests.push_back(std::move(r));
-  }
+  Request scratch;
+  for (uint32_t i = 0; ok && i < n; ++i) ok = readEntry(in, mirror, &scratch, visit);
   if (ok && !in.atEnd()) ok = in.fail("trailing bytes");
   if (!ok) return common::internalError("malformed RequestList: " + in.error());
-  out->requests = std::move(requests);
   return common::Status::ok();
+}
+
+common::Status decodeRequests(const std::string& bytes, RequestCache* mirror, RequestList* out) {
+  std::vector<Request> requests;  // grown as entries parse: a lying count allocates nothing
+  common::Status status = decodeRequests(
+      bytes, mirror, [&requests](const Request& r, int32_t rank, int32_t group, Key*) {
+        requests.push_back(r);
+        requests.back().request_rank = rank;
+        requests.back().group_id = group;
+      });
+  if (status.isOk()) out->requests = std::move(requests);
+  return status;
 }
 
 }  // namespace hvd::coord

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <string>
@@ -33,8 +34,9 @@ namespace hvd::coord {
 // Only the sender's own sequence matters: other ranks, readiness and responses play no part,
 // which is what makes the pair safe without any cross-rank agreement.
 
-// True when a and b agree in every field except request_rank and group_id (the per-call
-// fields a slot reference carries itself). Doubles compare by value.
+// True when a and b agree in every field except name, key, request_rank and group_id (callers
+// match the name first; rank and group are per call and a slot reference carries them).
+// Doubles compare by value.
 bool sameRequestParams(const Request& a, const Request& b);
 
 class RequestCache {
@@ -55,6 +57,9 @@ class RequestCache {
 
   int32_t find(const Request& r) const;      // slot of an equal request, or -1
   const Request* at(uint32_t slot) const;    // nullptr when out of range or empty
+  // The holder's key for a slot's name (rank 0's mirrors: a hint, checked with
+  // KeyTable::live before use); reset whenever the slot takes another request.
+  Key* keyHint(uint32_t slot) { return &slots_[slot].key_hint; }
   void touch(int32_t slot);                  // mark most recently used
   int32_t insert(const Request& r);          // the miss step of the Note; returns the slot
 
@@ -62,6 +67,7 @@ class RequestCache {
   struct Slot {
     Request request;
     std::list<int32_t>::iterator lru;  // slots are filled in order and never emptied
+    Key key_hint;
   };
   int64_t capacity_;
   std::vector<Slot> slots_;
@@ -69,44 +75,54 @@ class RequestCache {
   std::unordered_map<std::string, int32_t> by_name_;
 };
 
-// Encodes a RequestList; with a cache, requests already in it go as slot references and the
-// others are added to it (Note [Request cache mirror]). nullptr = every request in full form.
-std::string encodeRequests(const RequestList& list, RequestCache* sender_cache);
+// Encodes requests as a RequestList; with a cache, requests already in it go as slot references
+// and the others are added to it (Note [Request cache mirror]). nullptr = every request in full
+// form.
+std::string encodeRequests(const Request* const* requests, size_t count,
+                           RequestCache* sender_cache);
 // Decodes what encodeRequests produced, replaying the same steps on `mirror` (nullptr = the
-// sender used no cache; a slot reference is then malformed). kInternal on malformed input.
+// sender used no cache; a slot reference is then malformed), and hands each request to `visit`
+// as it is read: the decoded or cached Request (valid during the call only), the sender's rank
+// and group id as sent, and the mirror slot's key hint (nullptr when not cached). kInternal on
+// malformed input; requests before the malformed one have been visited.
+using RequestVisitor =
+    std::function<void(const Request& request, int32_t rank, int32_t group_id, Key* hint)>;
+common::Status decodeRequests(const std::string& bytes, RequestCache* mirror,
+                              const RequestVisitor& visit);
+// The same into a list of copies (tests, tools).
 common::Status decodeRequests(const std::string& bytes, RequestCache* mirror, RequestList* out);
 
-// Rank 0's validated Responses, LRU by (process set, name). An entry remembers the requests it
-// was built from (one per set rank, ascending) and is reused only when all of them repeat.
+// Rank 0's validated Responses, LRU by key (process set, name). An entry remembers the requests
+// it was built from (one per set rank, ascending) and is reused only when all of them repeat.
+// Keys are hints here: an entry whose key is no longer live simply misses.
 class ResponseCache {
  public:
   explicit ResponseCache(int64_t capacity = 1024);
-  // Move-only, for the same reason as RequestCache.
   ResponseCache(const ResponseCache&) = delete;
   ResponseCache& operator=(const ResponseCache&) = delete;
-  ResponseCache(ResponseCache&&) = default;
-  ResponseCache& operator=(ResponseCache&&) = default;
 
   void setCapacity(int64_t capacity);  // 0 disables; clears the cache
-  size_t size() const { return entries_.size(); }
+  size_t size() const { return used_; }
   // Only successful, non-barrier, non-join responses for a single name are worth keeping.
   static bool cacheable(const Response& response);
 
-  // The cached Response for (set, name) when `requests` match its own; marks it recently used.
-  const Response* find(int32_t set, const std::string& name, const std::vector<Request>& requests);
-  void put(int32_t set, const std::vector<Request>& requests, const Response& response);
+  // The cached Response for `key` when `requests` match its own; marks it recently used.
+  const Response* find(Key key, const Request* requests, size_t count);
+  void put(Key key, const Request* requests, size_t count, const Response& response);
   void eraseSet(int32_t set);
 
  private:
-  using Key = std::pair<int32_t, std::string>;
   struct Entry {
-    std::vector<Request> requests;
+    Key key;                        // unassigned: free
+    std::vector<Request> requests;  // storage reused when the entry is overwritten
     Response response;
-    std::list<Key>::iterator lru;
+    std::list<uint32_t>::iterator lru;
   };
   int64_t capacity_;
-  std::map<Key, Entry> entries_;
-  std::list<Key> lru_;  // front = least recently used
+  size_t used_ = 0;
+  std::vector<Entry> entries_;
+  std::vector<int32_t> entry_of_index_;  // key index -> entry, -1 when none
+  std::list<uint32_t> lru_;              // entries, front = least recently used
 };
 
 }  // namespace hvd::coord

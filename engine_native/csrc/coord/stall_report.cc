@@ -20,16 +20,15 @@ std::string namesText(const std::vector<std::string>& names) {
 }
 }  // namespace
 
-std::vector<int> Coordinator::missingRanks(int32_t process_set, const std::string& name) const {
+std::vector<int> Coordinator::missingRanks(Key key) const {
   std::vector<int> missing;
-  auto set = sets_.find(process_set);
-  auto pending = table_.find(Key(process_set, name));
-  if (set == sets_.end() || pending == table_.end()) return missing;
-  const std::vector<Request>& requests = pending->second.requests;
+  const Pending* pending = pendingFor(key);
+  if (pending == nullptr) return missing;
+  const int32_t set_id = keys_.set(key);
+  auto set = sets_.find(set_id);
+  if (set == sets_.end()) return missing;
   for (int rank : set->second.members) {
-    bool sent = std::any_of(requests.begin(), requests.end(),
-                            [rank](const Request& r) { return r.request_rank == rank; });
-    if (!sent && !hasJoined(process_set, rank)) missing.push_back(rank);
+    if (!submitted(*pending, rank) && !hasJoined(set_id, rank)) missing.push_back(rank);
   }
   return missing;
 }
@@ -38,9 +37,9 @@ std::vector<int> Coordinator::missingRanks(int32_t process_set, const std::strin
 std::string Coordinator::stallReport(std::chrono::seconds older_than) const {
   const auto now = std::chrono::steady_clock::now();
   std::map<int, std::vector<std::string>> by_rank;  // global rank -> names it has not sent
-  for (const auto& [key, pending] : table_) {
-    if (now - pending.first_seen < older_than) continue;
-    for (int rank : missingRanks(key.first, key.second)) by_rank[rank].push_back(key.second);
+  for (const Pending& pending : table_) {
+    if (!pending.key.assigned() || now - pending.first_seen < older_than) continue;
+    for (int rank : missingRanks(pending.key)) by_rank[rank].push_back(keys_.name(pending.key));
   }
   if (by_rank.empty()) return std::string();
   std::string out =
@@ -50,7 +49,8 @@ std::string Coordinator::stallReport(std::chrono::seconds older_than) const {
       " seconds. This may indicate that different ranks are trying to submit different tensors "
       "or that only subset of ranks is submitting tensors, which will cause deadlock.\n"
       "Missing ranks:";
-  for (const auto& [rank, names] : by_rank) {
+  for (auto& [rank, names] : by_rank) {
+    std::sort(names.begin(), names.end());
     out += "\n" + std::to_string(rank) + ": " + namesText(names);
   }
   return out;

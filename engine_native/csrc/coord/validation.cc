@@ -211,7 +211,7 @@ Response buildResponse(const std::vector<int>& members, const std::vector<Reques
   const Request& a = requests.front();
   Response out;
   out.type = a.type;
-  out.names = {a.name};
+  out.keys = {a.key};
   out.dtype = a.dtype;
   out.reduce_op = a.reduce_op;
   out.prescale = a.prescale;
@@ -228,7 +228,7 @@ Response buildResponse(const std::vector<int>& members, const std::vector<Reques
     Response failed;
     failed.status = ResponseType::kError;
     failed.type = a.type;
-    failed.names = {a.name};
+    failed.keys = {a.key};
     failed.dtype = a.dtype;
     failed.error = std::move(error);
     failed.process_set = a.process_set;

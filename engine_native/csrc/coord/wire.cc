@@ -13,11 +13,15 @@ constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 }  // namespace
 
 void ByteWriter::u32(uint32_t v) {
-  for (int i = 0; i < 4; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  char bytes[4];
+  for (int i = 0; i < 4; ++i) bytes[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out_.append(bytes, 4);
 }
 
 void ByteWriter::u64(uint64_t v) {
-  for (int i = 0; i < 8; ++i) out_.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  char bytes[8];
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out_.append(bytes, 8);
 }
 
 void ByteWriter::f64(double v) {
@@ -31,9 +35,9 @@ void ByteWriter::str(const std::string& s) {
   out_.append(s);
 }
 
-void ByteWriter::i64s(const std::vector<int64_t>& v) {
-  u32(static_cast<uint32_t>(v.size()));
-  for (int64_t x : v) i64(x);
+void ByteWriter::i64s(const int64_t* v, size_t n) {
+  u32(static_cast<uint32_t>(n));
+  for (size_t i = 0; i < n; ++i) i64(v[i]);
 }
 
 bool ByteReader::fail(const std::string& what) {
@@ -102,6 +106,16 @@ bool ByteReader::str(std::string* s, uint32_t max_bytes) {
   const char* p = nullptr;
   if (!take(n, &p)) return false;
   s->assign(p, n);
+  return true;
+}
+
+bool ByteReader::view(std::string_view* s, uint32_t max_bytes) {
+  uint32_t n = 0;
+  if (!u32(&n)) return false;
+  if (n > max_bytes) return fail("string of " + std::to_string(n) + " bytes exceeds the limit");
+  const char* p = nullptr;
+  if (!take(n, &p)) return false;
+  *s = std::string_view(p, n);
   return true;
 }
 

@@ -8,7 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "common/small_vector.h"
 
 #include "coord/message.h"
 
@@ -28,7 +31,11 @@ class ByteWriter {
   void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
   void f64(double v);
   void str(const std::string& s);               // u32 length, bytes
-  void i64s(const std::vector<int64_t>& v);     // u32 count, count x i64
+  void i64s(const int64_t* v, size_t n);        // u32 count, count x i64
+  void i64s(const std::vector<int64_t>& v) { i64s(v.data(), v.size()); }
+  template <size_t N>
+  void i64s(const common::SmallVector<int64_t, N>& v) { i64s(v.data(), v.size()); }
+  void reserve(size_t n) { out_.reserve(n); }
   std::string take() { return std::move(out_); }
 
  private:
@@ -46,8 +53,21 @@ class ByteReader {
   bool i64(int64_t* v);
   bool f64(double* v);
   bool str(std::string* s, uint32_t max_bytes);
+  // A string as a view into the input (valid while the input is).
+  bool view(std::string_view* s, uint32_t max_bytes);
   // Reads a vector whose entries must all be >= 0 (sizes, dims, counts, splits).
   bool sizes(std::vector<int64_t>* v);
+  template <size_t N>
+  bool sizes(common::SmallVector<int64_t, N>* v) {
+    uint32_t n = 0;
+    if (!count(&n, 8)) return false;
+    v->resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      if (!i64(&(*v)[i])) return false;
+      if ((*v)[i] < 0) return fail("negative size " + std::to_string((*v)[i]));
+    }
+    return true;
+  }
   // Reads an int32 that must lie in [lo, hi]; `what` names the field in the error.
   bool ranged(int32_t* v, int32_t lo, int32_t hi, const char* what);
   // A list count: rejected when even `min_entry_bytes` per entry would overrun the buffer.

@@ -69,6 +69,7 @@ void Autotuner::setEnabled(bool enabled) {
   if (enabled == enabled_) return;
   enabled_ = enabled;
   if (rank_ != 0) return;
+  observing_.store(enabled, std::memory_order_relaxed);
   if (enabled) {
     startLocked();
     return;
@@ -86,6 +87,7 @@ void Autotuner::setParams(const TunedParams& params) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (rank_ != 0) return;
   enabled_ = false;
+  observing_.store(false, std::memory_order_relaxed);
   meter_.reset();
   queueLocked(params);
 }

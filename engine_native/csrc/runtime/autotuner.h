@@ -6,6 +6,7 @@
 // The background thread calls observe/takePending/applied; any thread calls report/setEnabled.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,9 @@ class Autotuner {
 
   // Rank 0, background thread: one executed allreduce tensor of the global set.
   void observe(const std::string& name, int64_t bytes);
+  // Whether observe() may use what it is given (lock-free; the loop skips the per-tensor calls
+  // while tuning is off).
+  bool observing() const { return observing_.load(std::memory_order_relaxed); }
   // Rank 0, background thread: the setting to send with the next ResponseList, if any.
   std::optional<coord::ParamsUpdate> takePending();
   // Any rank, background thread: `update` takes effect now, after `responses_before`
@@ -70,6 +74,7 @@ class Autotuner {
   const int num_hosts_;
   mutable std::mutex mutex_;
   bool enabled_ = false;
+  std::atomic<bool> observing_{false};  // enabled_ on rank 0
   std::unique_ptr<autotune::ParameterManager> manager_;  // rank 0 while tuning
   autotune::StepMeter meter_;
   std::optional<coord::ParamsUpdate> pending_;

@@ -18,14 +18,6 @@ namespace {
 
 constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CPU
 
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 int usableCores() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -41,7 +33,8 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                const common::Config& config, timeline::Timeline* timeline,
                                Autotuner* autotuner)
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
-      timeline_(timeline), autotuner_(autotuner), executor_(handles, metrics, config, timeline),
+      timeline_(timeline), autotuner_(autotuner),
+      executor_(handles, metrics, config, timeline, keys_),
       fusion_threshold_(config.fusion_threshold_bytes), cycle_time_ms_(config.cycle_time_ms),
       cache_enabled_(config.cache_capacity > 0) {
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -53,7 +46,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     return failed_ ? failure() : status;
   });
   if (mesh_.rank() == 0) {
-    coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size());
+    coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size(), keys_);
     coordinator_->setFusionThreshold(fusion_threshold_);
     coordinator_->setCacheCapacity(config_.cache_capacity);
     for (int r = 1; r < mesh_.size(); ++r) {
@@ -104,107 +97,6 @@ void BackgroundLoop::wakeIfAsleep() {
   standby_.store(false);
   submissions_pending_.store(true);
   if (sleeping_.load()) wake();
-}
-
-Status BackgroundLoop::submit(std::vector<TensorEntry> entries, bool wake) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_.isOk()) return failure_;
-    if (shutdown_requested_) return Status(common::Code::kShutDown, "Horovod has been shut down");
-    for (size_t i = 0; i < entries.size(); ++i) {
-      EntryKey key{entries[i].request.process_set, entries[i].request.name};
-      bool duplicate = in_flight_.count(key) > 0;
-      for (size_t j = 0; j < i && !duplicate; ++j) {
-        duplicate = entries[j].request.name == key.second &&
-                    entries[j].request.process_set == key.first;
-      }
-      if (duplicate) {
-        return common::invalidArgument(
-            std::string(coord::opTypeName(entries[i].request.type)) + "('" + key.second +
-            "'): a tensor with this name is already in flight; wait for it or use another name");
-      }
-    }
-    for (auto& e : entries) {
-      in_flight_.insert({e.request.process_set, e.request.name});
-      submitted_.push_back(std::move(e));
-    }
-    metrics_.setQueueDepth(in_flight_.size());
-  }
-  if (wake || !drivable_) {
-    wakeIfAsleep();
-  } else {
-    submissions_pending_.store(true);  // the caller's drive() drains it, or the next pass
-  }
-  return Status::ok();
-}
-
-// Note [Caller drives]
-// A synchronous op costs four sleeping hand-offs when only the loop thread communicates:
-// caller -> loop (submit), worker -> rank 0 (request), rank 0 -> worker (response), loop ->
-// caller (completion), each a scheduler wake-up of ~20 us on this kind of machine. A caller
-// about to block on its handle instead runs the loop's passes itself (its op was submitted
-// with wake=false, so the loop thread stays asleep): no hand-off between threads of a rank,
-// and while every rank of the host has a core, the caller polls its control channel and the
-// shm segment for up to HVD_CALLER_SPIN_US rather than sleeping, so a small op costs a few
-// socket messages and no wake-up at all. Rules:
-//   A. Passes are serialised by progress_; a caller only try_locks it, within its spin
-//      budget, so a loop thread in the middle of a long op is never waited for — the caller
-//      then blocks as before. (Giving up at the first failed try can lock ranks into a mode
-//      where the loop thread, woken by each peer message, holds the lock whenever a caller
-//      comes: one benchmark run showed 281 us per 1 KiB op, the loop thread doing the work,
-//      against 15-19 us in every other run and size.)
-//   B. While a caller drives, standby_ tells the loop thread to sleep on wake_fd_ (and its
-//      200 ms tick) only, so messages the caller is waiting for do not also wake it. Leaving
-//      standby (an async submit, a caller giving up, shutdown, abort, a process set added or
-//      removed, the timeline file started) wakes it. Never on rank 0 while it coordinates a
-//      set it is not in (that set's requests need the loop thread), nor while a timeline
-//      file is written (NEGOTIATE spans time arrivals as they happen).
-//   C. A caller leaves standby on only when its op finished and the loop is idle, so no
-//      response, held batch or window timer is left without a thread that watches it.
-//   D. Only where every peer is on shm; elsewhere submit() wakes the loop thread whatever the
-//      caller asked. TCP rings keep per-thread helpers (a ReduceWorker thread, scratch) that
-//      should not be made on every framework thread. On shm they remain for the ring-based
-//      ops (reducescatter, an allreduce in a set without the host segment): a thread that
-//      drives one of those gets its own scratch buffer (and, for large ones, an idle helper
-//      thread) for its lifetime — in practice only the main thread.
-//   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
-//      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
-//      changed neither the DistributedOptimizer step of bench_torch_step.py nor the
-//      200 x 4 KiB set beyond run-to-run noise.)
-//   F. Signals: a caller inside a pass sees Ctrl-C only after the pass. A pass never waits
-//      for negotiation (that is non-blocking); it waits only inside collectives every rank
-//      agreed to (its own, and whatever else is queued before it, async batches included),
-//      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
-//      op — a rank that never submits it — is never agreed, so the caller gives up its spin
-//      and waits in 50 ms slices that see Ctrl-C, as before.
-bool BackgroundLoop::drive(int64_t handle) {
-  // E. An async op's caller went on while the loop thread, already awake, worked on it.
-  if (!drivable_ || !handles_.callerWaits(handle)) return false;
-  const auto give_up = Clock::now() + caller_spin_;
-  std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
-  while (!lock.try_lock()) {  // A
-    if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
-    if (Clock::now() >= give_up) {
-      wakeIfAsleep();
-      return false;
-    }
-    cpuRelax();
-  }
-  const bool quiet_loop =
-      !timeline_detail_.load(std::memory_order_relaxed) && !coordinates_other_sets_;
-  standby_.store(quiet_loop);  // B
-  bool done = false;
-  while (!failed_ && !finished_ && !shutdown_requested_) {
-    pass(/*mark_cycle=*/false);
-    done = handles_.poll(handle) != 0;
-    if (done || Clock::now() >= give_up) break;
-    cpuRelax();
-  }
-  if (done) metrics_.countDriven();
-  const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
-  lock.unlock();
-  if (!keep_standby) wakeIfAsleep();
-  return done;
 }
 
 bool BackgroundLoop::idle() const {
@@ -272,6 +164,7 @@ void BackgroundLoop::pass(bool mark_cycle) {
   }
   // only while a file marks cycles; a spinning caller's passes are not cycles
   if (mark_cycle && timeline_ != nullptr) timeline_->markCycle();
+  if (coordinator_ && !failed_) syncProcessSets();  // requests are admitted as they arrive
   drainSubmissions();
   if (!failed_) readControl();
   if (!failed_ && !shutdown_sent_) {
@@ -296,6 +189,7 @@ void BackgroundLoop::pass(bool mark_cycle) {
     inspectStalls();
   }
   if (shutdown_sent_) checkShutdownAgreement();
+  if (keys_.wantsSweep()) sweepKeys();
 }
 
 // Builds the poll set under progress_ (it reads pass state), sleeps without it. Returns the
@@ -358,27 +252,6 @@ void BackgroundLoop::awaitCause() {
   readControl();
 }
 
-void BackgroundLoop::drainSubmissions() {
-  std::vector<TensorEntry> batch;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    submissions_pending_.store(false);  // under the lock: a later submit() sets it again
-    batch.swap(submitted_);
-  }
-  for (auto& e : batch) {
-    if (failed_) {
-      handles_.complete(e.handle, failure());
-      continue;
-    }
-    if (mesh_.rank() == 0) {
-      parked_.push_back(e.request);
-    } else {
-      outgoing_.push_back(e.request);
-    }
-    entries_[{e.request.process_set, e.request.name}] = std::move(e);
-  }
-}
-
 void BackgroundLoop::executeQueued() {
   while (!to_execute_.empty() && !failed_) {
     Work work = std::move(to_execute_.front());
@@ -388,19 +261,15 @@ void BackgroundLoop::executeQueued() {
       continue;
     }
     const coord::Response& response = work.response;
-    auto members = sets_.members(response.process_set);
-    if (!members || std::find(members->begin(), members->end(), mesh_.rank()) == members->end()) {
+    if (!sets_.contains(response.process_set, mesh_.rank())) {
       continue;  // not ours (rank 0 coordinates sets it is not part of)
     }
-    {
-      // Names leave the in-flight set before their handles complete, so a caller that waits
-      // and immediately resubmits the same name is not refused as a duplicate.
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (const auto& name : response.names) in_flight_.erase({response.process_set, name});
-      metrics_.setQueueDepth(in_flight_.size());
-    }
+    // Names leave flight before their handles complete, so a caller that waits and at once
+    // resubmits the same name is not refused as a duplicate.
+    keys_.release(response.keys.data(), response.keys.size());
     CommSlot& slot = commFor(response.process_set);
     Status status = executor_.execute(response, entries_, *slot.comm, slot.transport);
+    metrics_.setQueueDepth(entries_.size());
     if (response.process_set == 0) ++global_responses_;
     observeExecuted(response, status);
     if (!status.isOk()) fail(status, /*tell_peers=*/true);
@@ -412,7 +281,7 @@ void BackgroundLoop::executeQueued() {
 BackgroundLoop::CommSlot& BackgroundLoop::commFor(int32_t process_set) {
   auto it = comms_.find(process_set);
   if (it == comms_.end()) {
-    auto members = sets_.members(process_set).value_or(std::vector<int>{});
+    auto members = sets_.members(process_set).value_or(std::vector<int>{});  // once per set
     CommSlot slot;
     slot.transport = "SHM";
     for (int r : members) {
@@ -450,12 +319,12 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     failure_ = status;
-    in_flight_.clear();
     for (auto& e : submitted_) handles_.complete(e.handle, status);
     submitted_.clear();
   }
-  for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
+  entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
   entries_.clear();
+  keys_.releaseAll();
   to_execute_.clear();
   held_.clear();
   metrics_.setLastError(status.message());

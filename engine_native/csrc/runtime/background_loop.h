@@ -12,6 +12,9 @@
 // It is also the timeline's only recorder (negotiation on rank 0 here, execution in the
 // Executor) and drives autotune (runtime/autotuner.h): a new setting travels with the next
 // ResponseList and every rank applies it at the same point of the response stream.
+// Tensors are known by their keys (coord/key_table.h): per-tensor state sits in slots indexed by
+// key, which keep their storage from step to step, so a repeated training step negotiates and
+// executes without allocating.
 #pragma once
 
 #include <atomic>
@@ -41,6 +44,8 @@
 namespace hvd::runtime {
 
 class BackgroundLoop {
+  using Clock = std::chrono::steady_clock;
+
  public:
   // `timeline` and `autotuner` may be null; both outlive the loop.
   BackgroundLoop(transport::Mesh& mesh, HandleTable& handles, ProcessSetTable& sets,
@@ -49,9 +54,10 @@ class BackgroundLoop {
   ~BackgroundLoop();
 
   void start();
-  // Framework threads. Fails at once with the stored failure when the core has failed.
+  // Framework threads. Takes the entries (all or none: a duplicate name fails the call) and
+  // fills in their keys. Fails at once with the stored failure when the core has failed.
   // wake=false: the caller waits for these entries at once and drive()s them itself.
-  common::Status submit(std::vector<TensorEntry> entries, bool wake = true);
+  common::Status submit(TensorEntry* entries, size_t count, bool wake = true);
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
@@ -68,6 +74,14 @@ class BackgroundLoop {
   void setTimelineDetail(bool on);
 
  private:
+  // Rank 0's per-name negotiation state, in the slot of the name's key index.
+  struct NameState {
+    coord::Key key;         // the name of the fields below (a stale slot is reset on use)
+    int8_t negotiating = -1;  // OpType while requested by part of its set, else -1
+    uint64_t stamp = 0;       // step (Note [Batching window]) it was last released in
+    uint64_t prev_stamp = 0;  // the step before that one
+  };
+
   void run();
   int waitForWork();
   void pass(bool mark_cycle);
@@ -77,14 +91,19 @@ class BackgroundLoop {
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
+  void admit(coord::Key key, const coord::Request& request, int32_t rank,
+             timeline::Timeline* timeline, Clock::time_point now);
   void admitParked();
   void adoptTunedParams();
+  NameState& nameState(coord::Key key);
   void noteReleased(const std::vector<coord::Response>& ready);
   bool holdForWindow() const;
   bool lastStepIncomplete() const;
   void noteStepBoundary();
-  void noteStepRelease(const EntryKey& key);
+  void noteStepRelease(coord::Key key);
+  bool inLastStep(coord::Key key) const;
   bool heldRepeatsLastStep() const;
+  void sweepKeys();
   std::chrono::steady_clock::time_point windowEnd(bool repeating) const;
   void sendReady();
   void sendRequests();
@@ -108,6 +127,9 @@ class BackgroundLoop {
   };
 
   CommSlot& commFor(int32_t process_set);
+  timeline::Timeline* negotiationTimeline() const {
+    return timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
+  }
   void wake();
   void wakeIfAsleep();
   int timeoutMs() const;
@@ -120,6 +142,7 @@ class BackgroundLoop {
   const common::Config& config_;
   timeline::Timeline* timeline_;
   Autotuner* autotuner_;
+  coord::KeyTable keys_;  // before executor_, which reads names from it
   Executor executor_;
   std::thread thread_;
   int wake_fd_ = -1;
@@ -131,10 +154,9 @@ class BackgroundLoop {
   bool coordinates_other_sets_ = false;  // rank 0: a registered set leaves rank 0 out
   std::chrono::microseconds caller_spin_{0};
 
-  // Shared with framework threads (guarded by mutex_).
+  // Shared with framework threads (guarded by mutex_). Names in flight are the keys_ held.
   mutable std::mutex mutex_;
   std::vector<TensorEntry> submitted_;
-  std::set<EntryKey> in_flight_;
   common::Status failure_;
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> abort_requested_{false};
@@ -147,7 +169,9 @@ class BackgroundLoop {
 
   // Background thread only.
   EntryTable entries_;
-  std::vector<coord::Request> outgoing_;
+  std::vector<TensorEntry> draining_;          // submissions being drained (storage reused)
+  std::vector<coord::Key> outgoing_;           // workers: requests not yet sent to rank 0
+  std::vector<const coord::Request*> encoding_;
   std::deque<Work> to_execute_;
   uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
   std::map<int32_t, CommSlot> comms_;
@@ -161,18 +185,25 @@ class BackgroundLoop {
   std::chrono::steady_clock::time_point last_stall_report_;
   // Rank 0 only.
   std::unique_ptr<coord::Coordinator> coordinator_;
-  std::vector<coord::Request> parked_;            // requests for sets not yet registered
+  std::vector<coord::Request> parked_;  // requests (with request_rank, key) for sets not yet
+                                        // registered
   std::set<int> shutdown_ranks_;
   std::map<int, std::unique_ptr<coord::RequestCache>> mirrors_;
-  // Names with at least one request and not yet released: NEGOTIATE_<OP> spans are open for
-  // them, and while an allreduce is among them the batching window may hold ready responses.
-  std::map<EntryKey, coord::OpType> negotiating_;
+  // Names with at least one request and not yet released (NameState::negotiating):
+  // NEGOTIATE_<OP> spans are open for them, and while an allreduce is among them the batching
+  // window may hold ready responses.
+  std::vector<NameState> names_;
+  size_t negotiating_ = 0;
   size_t negotiating_allreduces_ = 0;
   std::vector<coord::Response> held_;             // released, fused, not yet sent (window)
   std::chrono::steady_clock::time_point held_since_;
   std::chrono::steady_clock::time_point last_arrival_;  // latest allreduce request admitted
-  std::set<EntryKey> this_step_;  // allreduces released in the current step
-  std::set<EntryKey> last_step_;  // the previous step's (Note [Batching window])
+  // Step memory (Note [Batching window]): allreduces released in the current step are the
+  // names stamped step_, the previous step's those stamped step_ - 1.
+  uint64_t step_ = 2;
+  size_t this_step_count_ = 0;
+  size_t this_step_repeats_ = 0;  // of them, names of the previous step
+  size_t last_step_count_ = 0;
   int64_t fusion_threshold_ = 0;                  // in force (autotune may change these)
   double cycle_time_ms_ = 0.0;
   bool cache_enabled_ = true;

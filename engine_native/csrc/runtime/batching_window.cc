@@ -32,47 +32,57 @@ bool BackgroundLoop::holdForWindow() const {
   return Clock::now() < windowEnd(repeating);
 }
 
+bool BackgroundLoop::inLastStep(coord::Key key) const {
+  if (key.index >= names_.size() || names_[key.index].key != key) return false;
+  const NameState& s = names_[key.index];
+  return s.stamp == step_ - 1 || (s.stamp == step_ && s.prev_stamp == step_ - 1);
+}
+
 bool BackgroundLoop::heldRepeatsLastStep() const {
   for (const auto& r : held_) {
-    if (r.type == coord::OpType::kAllreduce && !r.names.empty() &&
-        last_step_.count({r.process_set, r.names.front()}) > 0) {
+    if (r.type == coord::OpType::kAllreduce && !r.keys.empty() && inLastStep(r.keys.front())) {
       return true;
     }
   }
   return false;
 }
 
-bool BackgroundLoop::lastStepIncomplete() const {
-  for (const auto& key : last_step_) {
-    if (this_step_.count(key) == 0) return true;
-  }
-  return false;
-}
+// Every name of the previous step released again in this one?
+bool BackgroundLoop::lastStepIncomplete() const { return this_step_repeats_ < last_step_count_; }
 
 // Step memory. A step ends when rank 0 has nothing in flight after executing (no name
 // negotiating, held or queued, no own tensor pending) or when a name of it is released again
 // (the next step began before rank 0 saw a pause). Its allreduce names are what the next step
-// is expected to release.
-// A stream that never pauses with fresh names has no steps: the memory is bounded.
+// is expected to release. Steps are numbered; a name records the step it was last released in
+// (and the one before), so membership and completeness are counters, not set lookups.
+// A stream that never pauses with fresh names has no steps: past kMaxStepNames the memory is
+// dropped (nothing counts as the previous step).
 void BackgroundLoop::noteStepBoundary() {
   constexpr size_t kMaxStepNames = 1 << 16;
-  if (this_step_.size() > kMaxStepNames) {
-    this_step_.clear();
-    last_step_.clear();
+  if (this_step_count_ > kMaxStepNames) {
+    step_ += 2;
+    this_step_count_ = this_step_repeats_ = last_step_count_ = 0;
   }
-  if (this_step_.empty() || !negotiating_.empty() || !held_.empty() || !entries_.empty() ||
+  if (this_step_count_ == 0 || negotiating_ != 0 || !held_.empty() || !entries_.empty() ||
       !to_execute_.empty()) {
     return;
   }
-  last_step_.swap(this_step_);
-  this_step_.clear();
+  last_step_count_ = this_step_count_;
+  ++step_;
+  this_step_count_ = this_step_repeats_ = 0;
 }
 
-void BackgroundLoop::noteStepRelease(const EntryKey& key) {
-  if (this_step_.insert(key).second) return;
-  last_step_.swap(this_step_);
-  this_step_.clear();
-  this_step_.insert(key);
+void BackgroundLoop::noteStepRelease(coord::Key key) {
+  NameState& s = nameState(key);
+  if (s.stamp == step_) {  // released again: the next step has begun
+    last_step_count_ = this_step_count_;
+    ++step_;
+    this_step_count_ = this_step_repeats_ = 0;
+  }
+  if (s.stamp == step_ - 1) ++this_step_repeats_;
+  s.prev_stamp = s.stamp;
+  s.stamp = step_;
+  ++this_step_count_;
 }
 
 // A repeated step is held until it is complete or the cap passes (a rank descheduled for a

@@ -26,8 +26,8 @@ double elapsedSince(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Executor::Executor(HandleTable& handles, Metrics& metrics, const common::Config& config,
-                   timeline::Timeline* timeline)
-    : handles_(handles), metrics_(metrics), config_(config), timeline_(timeline),
+                   timeline::Timeline* timeline, const coord::KeyTable& keys)
+    : handles_(handles), metrics_(metrics), config_(config), timeline_(timeline), keys_(keys),
       hierarchical_(config.hierarchical_allreduce) {}
 
 uint8_t* Executor::fusionBuffer(size_t bytes) {
@@ -44,75 +44,78 @@ uint8_t* Executor::fusionBuffer(size_t bytes) {
 
 void Executor::recordStart(const coord::Response& r, const std::vector<TensorEntry*>& entries) {
   detailed_now_ = recording() && detailed_.load(std::memory_order_relaxed);
-  if (!recording() || r.type == OpType::kJoin || r.names.empty()) return;
+  if (!recording() || r.type == OpType::kJoin || r.keys.empty()) return;
   const char* op = coord::opTypeName(r.type);
   std::vector<int64_t> shape;
   if (!detailed_now_) {
-    summary_ = r.names[0];
-    if (r.names.size() > 1) summary_ += " (+" + std::to_string(r.names.size() - 1) + " fused)";
-    if (!entries.empty()) shape = entries[0]->request.shape;
+    summary_ = keys_.name(r.keys[0]);
+    if (r.keys.size() > 1) summary_ += " (+" + std::to_string(r.keys.size() - 1) + " fused)";
+    if (entries[0] != nullptr) shape = entries[0]->request.shape;
     timeline_->start(summary_, op, r.dtype, shape);
     return;
   }
   timeline_->beginGroup(op);  // Note [Response groups] in timeline.cc
-  size_t next = 0;  // entries follow the response's name order (execute() builds them so)
-  for (size_t i = 0; i < r.names.size(); ++i) {
-    if (next < entries.size() && entries[next]->request.name == r.names[i]) {
-      timeline_->start(r.names[i], op, r.dtype, entries[next++]->request.shape);
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    if (entries[i] != nullptr) {
+      timeline_->start(keys_.name(r.keys[i]), op, r.dtype, entries[i]->request.shape);
       continue;
     }
     shape.assign(1, i < r.counts.size() ? r.counts[i] : 0);  // a joined rank's zeros
-    timeline_->start(r.names[i], op, r.dtype, shape);
+    timeline_->start(keys_.name(r.keys[i]), op, r.dtype, shape);
   }
 }
 
 void Executor::activityStartAll(const coord::Response& r, const char* activity) {
-  if (!detailed_now_ || r.names.empty()) return;
+  if (!detailed_now_ || r.keys.empty()) return;
   timeline_->activityStartGroup(activity[0] == '_' ? transport_ + activity : activity);
 }
 
 void Executor::activityEndAll(const coord::Response& r) {
-  if (detailed_now_ && !r.names.empty()) timeline_->activityEndGroup();
+  if (detailed_now_ && !r.keys.empty()) timeline_->activityEndGroup();
 }
 
 void Executor::recordEnd(const coord::Response& r, const std::string& error) {
   if (!recording() || r.type == OpType::kJoin) return;
   if (r.status == coord::ResponseType::kError) {
-    for (const auto& name : r.names) timeline_->end(name, error);  // errors: every name
+    for (coord::Key key : r.keys) timeline_->end(keys_.name(key), error);  // errors: every name
   } else if (detailed_now_) {
     timeline_->endGroup(error);
-  } else if (!r.names.empty()) {
+  } else if (!r.keys.empty()) {
     timeline_->end(summary_, error);
   }
+}
+
+// Completes the handles of the response being executed, all under one lock, and removes their
+// entries (after the handles: a caller may resubmit a name only once its wait returned).
+void Executor::complete(const Status& status, const OpResult& result) {
+  handles_.completeMany(done_handles_.data(), done_handles_.size(), status, result);
 }
 
 Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
                          const std::string& transport) {
   transport_ = transport;
-  std::vector<TensorEntry> owned;
-  owned.reserve(r.names.size());
-  for (const auto& name : r.names) {
-    auto it = table.find({r.process_set, name});
-    if (it == table.end()) continue;  // joined rank: contributes zeros
-    owned.push_back(std::move(it->second));
-    table.erase(it);
+  entries_.assign(r.keys.size(), nullptr);
+  done_handles_.clear();
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    entries_[i] = table.find(r.keys[i]);  // nullptr: joined rank, contributes zeros
+    if (entries_[i] != nullptr) done_handles_.push_back(entries_[i]->handle);
   }
+  Status status;
+  OpResult result;
   if (r.status == coord::ResponseType::kError) {
     metrics_.setLastError(r.error);
     recordEnd(r, r.error);  // an ERROR tick per name (the negotiation span already closed)
-    for (auto& e : owned) handles_.complete(e.handle, common::mismatch(r.error));
+    status = common::mismatch(r.error);
+    complete(status, result);
+    for (coord::Key key : r.keys) table.erase(key);
     return Status::ok();
   }
-  std::vector<TensorEntry*> entries;
-  for (auto& e : owned) entries.push_back(&e);
-  TensorEntry* first = entries.empty() ? nullptr : entries[0];
-  recordStart(r, entries);
-  metrics_.beginOp(coord::opTypeName(r.type), r.names.empty() ? "" : r.names[0]);
+  TensorEntry* first = entries_.empty() ? nullptr : entries_[0];
+  recordStart(r, entries_);
+  metrics_.beginOp(coord::opTypeName(r.type), r.keys.empty() ? "" : keys_.name(r.keys[0]));
   auto t0 = std::chrono::steady_clock::now();
-  OpResult result;
-  Status status;
   switch (r.type) {
-    case OpType::kAllreduce: status = allreduce(r, entries, comm); break;
+    case OpType::kAllreduce: status = allreduce(r, entries_, comm); break;
     case OpType::kAllgather: status = allgather(r, first, comm, &result); break;
     case OpType::kBroadcast: status = broadcast(r, first, comm); break;
     case OpType::kAlltoall: status = alltoall(r, first, comm, &result); break;
@@ -129,31 +132,27 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   if (!status.isOk() && refine_) status = refine_(status);
   if (!status.isOk()) metrics_.setLastError(status.message());
   recordEnd(r, status.isOk() ? std::string() : status.message());
-  for (auto& e : owned) handles_.complete(e.handle, status, result);
+  complete(status, result);
+  for (coord::Key key : r.keys) table.erase(key);
   return status;
 }
 
-Status Executor::allreduce(const coord::Response& r, std::vector<TensorEntry*>& entries,
+Status Executor::allreduce(const coord::Response& r, const std::vector<TensorEntry*>& entries,
                            transport::Comm& comm) {
   const size_t elem = common::dataTypeSize(r.dtype);
   const int64_t total = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
   const size_t bytes = static_cast<size_t>(total) * elem;
-  const bool fused = r.names.size() > 1 || entries.empty();
+  const bool fused = r.keys.size() > 1 || entries[0] == nullptr;
   uint8_t* buffer = nullptr;
   if (fused) {
     // Copy every tensor into its slot of the fusion buffer; a joined rank's slots stay zero.
     activityStartAll(r, "MEMCPY_IN_FUSION_BUFFER");
     buffer = fusionBuffer(bytes);
     size_t offset = 0;
-    size_t next = 0;  // entries follow the response's name order (execute() builds them so)
-    for (size_t i = 0; i < r.names.size(); ++i) {
-      size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      TensorEntry* match = nullptr;
-      if (next < entries.size() && entries[next]->request.name == r.names[i]) {
-        match = entries[next++];
-      }
-      if (match != nullptr && n > 0) {
-        std::memcpy(buffer + offset, match->input, n);
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      if (entries[i] != nullptr && n > 0) {
+        std::memcpy(buffer + offset, entries[i]->input, n);
       } else if (n > 0) {
         std::memset(buffer + offset, 0, n);
       }
@@ -183,18 +182,14 @@ Status Executor::allreduce(const coord::Response& r, std::vector<TensorEntry*>& 
   if (fused) {
     activityStartAll(r, "MEMCPY_OUT_FUSION_BUFFER");
     size_t offset = 0;
-    size_t next = 0;
-    for (size_t i = 0; i < r.names.size(); ++i) {
-      size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      if (next < entries.size() && entries[next]->request.name == r.names[i]) {
-        if (n > 0) std::memcpy(entries[next]->output, buffer + offset, n);
-        ++next;
-      }
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      if (entries[i] != nullptr && n > 0) std::memcpy(entries[i]->output, buffer + offset, n);
       offset += n;
     }
     activityEndAll(r);
   }
-  metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.names.size());
+  metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.keys.size());
   return Status::ok();
 }
 

@@ -28,13 +28,15 @@ namespace hvd::runtime {
 
 class Executor {
  public:
-  // `timeline` may be null (no recording); it outlives the executor.
+  // `timeline` may be null (no recording); it and `keys` (names for the timeline) outlive the
+  // executor.
   Executor(HandleTable& handles, Metrics& metrics, const common::Config& config,
-           timeline::Timeline* timeline);
+           timeline::Timeline* timeline, const coord::KeyTable& keys);
 
-  // Takes the response's entries out of `table` (absent entries belong to joined ranks and
-  // contribute zeros) and completes their handles. `transport` names how this rank reaches
-  // the set's peers ("SHM", "TCP"; a set spanning both is "TCP"), for activity names.
+  // Runs the response on its entries in `table` (absent entries belong to joined ranks and
+  // contribute zeros), completes their handles and removes them. `transport` names how this
+  // rank reaches the set's peers ("SHM", "TCP"; a set spanning both is "TCP"), for activity
+  // names.
   common::Status execute(const coord::Response& response, EntryTable& table,
                          transport::Comm& comm, const std::string& transport);
 
@@ -53,7 +55,8 @@ class Executor {
   void setTimelineDetail(bool on) { detailed_.store(on, std::memory_order_relaxed); }
 
  private:
-  common::Status allreduce(const coord::Response& r, std::vector<TensorEntry*>& entries,
+  // entries: one per response key, nullptr where this rank has none (a joined rank).
+  common::Status allreduce(const coord::Response& r, const std::vector<TensorEntry*>& entries,
                            transport::Comm& comm);
   common::Status allgather(const coord::Response& r, TensorEntry* entry, transport::Comm& comm,
                            OpResult* result);
@@ -65,6 +68,7 @@ class Executor {
   uint8_t* fusionBuffer(size_t bytes);
   bool recording() const { return timeline_ != nullptr && timeline_->enabled(); }
   void recordStart(const coord::Response& r, const std::vector<TensorEntry*>& entries);
+  void complete(const common::Status& status, const OpResult& result);
   // `activity` starting with '_' is prefixed with the transport ("_ALLREDUCE" -> SHM_ALLREDUCE).
   void activityStartAll(const coord::Response& r, const char* activity);
   void activityEndAll(const coord::Response& r);
@@ -74,12 +78,15 @@ class Executor {
   Metrics& metrics_;
   const common::Config& config_;
   timeline::Timeline* timeline_;
+  const coord::KeyTable& keys_;
   std::atomic<bool> hierarchical_{false};
   std::atomic<bool> detailed_{false};  // Note [Timeline detail] in executor.cc
   bool detailed_now_ = false;          // for the response being executed
   std::string summary_;                // its strip track when not detailed
   std::string transport_;              // of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // persistent; grows to the largest fused batch
+  std::vector<TensorEntry*> entries_;   // of the response being executed, per key
+  std::vector<int64_t> done_handles_;   // its handles, completed together
   std::vector<uint8_t> zeros_;          // a joined rank's contribution
   std::function<common::Status(const common::Status&)> refine_;
 };

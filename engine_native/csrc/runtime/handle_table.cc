@@ -5,6 +5,16 @@
 
 namespace hvd::runtime {
 
+namespace {
+// handle = generation << 32 | slot. Generations are odd while a slot is in use, so a handle is
+// never 0 and a released handle (its slot's generation moved on) is unknown.
+int64_t makeHandle(uint32_t slot, uint32_t generation) {
+  return static_cast<int64_t>((static_cast<uint64_t>(generation) << 32) | slot);
+}
+uint32_t slotOf(int64_t handle) { return static_cast<uint32_t>(handle & 0xffffffff); }
+uint32_t generationOf(int64_t handle) { return static_cast<uint32_t>(handle >> 32); }
+}  // namespace
+
 OutputBuffer::OutputBuffer(size_t n) : bytes(n) {
   // aligned_alloc needs a size that is a multiple of the alignment (and non-zero).
   size_t rounded = ((n + 63) / 64) * 64;
@@ -13,68 +23,130 @@ OutputBuffer::OutputBuffer(size_t n) : bytes(n) {
 
 OutputBuffer::~OutputBuffer() { std::free(data); }
 
+HandleTable::State* HandleTable::find(int64_t handle) {
+  if (handle <= 0) return nullptr;
+  const uint32_t slot = slotOf(handle);
+  if (slot >= slots_.size() || slots_[slot].generation != generationOf(handle)) return nullptr;
+  return &slots_[slot];
+}
+
+const HandleTable::State* HandleTable::find(int64_t handle) const {
+  return const_cast<HandleTable*>(this)->find(handle);
+}
+
 int64_t HandleTable::create(bool caller_waits) {
   std::lock_guard<std::mutex> lock(mutex_);
-  int64_t handle = next_++;
-  State state;
+  uint32_t slot = free_head_;
+  if (slot != kNoSlot) {
+    free_head_ = slots_[slot].next_free;
+  } else {
+    slot = static_cast<uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+  State& state = slots_[slot];
+  state.generation += 1;  // even (free) -> odd (in use)
+  state.done = false;
   state.caller_waits = caller_waits;
-  states_.emplace(handle, std::move(state));
-  return handle;
+  return makeHandle(slot, state.generation);
+}
+
+void HandleTable::freeSlot(int64_t handle, State* state) {
+  state->generation += 1;  // odd -> even: every copy of the handle is now unknown
+  state->status = common::Status();
+  state->result = OpResult();
+  state->next_free = free_head_;
+  free_head_ = slotOf(handle);
 }
 
 bool HandleTable::callerWaits(int64_t handle) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = states_.find(handle);
-  return it != states_.end() && it->second.caller_waits && !it->second.done;
+  const State* state = find(handle);
+  return state != nullptr && state->caller_waits && !state->done;
 }
 
 void HandleTable::complete(int64_t handle, common::Status status, OpResult result) {
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = states_.find(handle);
-    if (it == states_.end() || it->second.done) return;
-    it->second.done = true;
-    it->second.status = std::move(status);
-    it->second.result = std::move(result);
+    State* state = find(handle);
+    if (state == nullptr || state->done) return;
+    state->done = true;
+    state->status = std::move(status);
+    state->result = std::move(result);
+    wake = waiters_ > 0;
   }
-  cv_.notify_all();
+  if (wake) cv_.notify_all();
+}
+
+void HandleTable::completeMany(const int64_t* handles, size_t count,
+                               const common::Status& status, const OpResult& result) {
+  if (count == 0) return;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < count; ++i) {
+      State* state = find(handles[i]);
+      if (state == nullptr || state->done) continue;
+      state->done = true;
+      state->status = status;
+      state->result = result;
+    }
+    wake = waiters_ > 0;
+  }
+  if (wake) cv_.notify_all();
 }
 
 int HandleTable::poll(int64_t handle) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = states_.find(handle);
-  if (it == states_.end()) return -1;
-  return it->second.done ? 1 : 0;
+  const State* state = find(handle);
+  if (state == nullptr) return -1;
+  return state->done ? 1 : 0;
 }
 
 bool HandleTable::waitFor(int64_t handle, int slice_ms, common::Status* status, OpResult* result) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto ready = [&] {
-    auto it = states_.find(handle);
-    return it == states_.end() || it->second.done;
+    const State* state = find(handle);
+    return state == nullptr || state->done;
   };
-  if (!cv_.wait_for(lock, std::chrono::milliseconds(slice_ms), ready)) return false;
-  auto it = states_.find(handle);
-  if (it == states_.end()) {
+  if (!ready()) {
+    ++waiters_;
+    const bool done = cv_.wait_for(lock, std::chrono::milliseconds(slice_ms), ready);
+    --waiters_;
+    if (!done) return false;
+  }
+  const State* state = find(handle);
+  if (state == nullptr) {
     *status = common::invalidArgument("unknown or already released handle " +
                                       std::to_string(handle));
     return true;
   }
-  *status = it->second.status;
-  *result = it->second.result;
+  *status = state->status;
+  *result = state->result;
+  return true;
+}
+
+bool HandleTable::takeIfDone(int64_t handle, common::Status* status, OpResult* result) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  State* state = find(handle);
+  if (state == nullptr || !state->done) return false;
+  *status = std::move(state->status);
+  *result = std::move(state->result);
+  freeSlot(handle, state);
   return true;
 }
 
 void HandleTable::release(int64_t handle) {
   std::lock_guard<std::mutex> lock(mutex_);
-  states_.erase(handle);
+  State* state = find(handle);
+  if (state != nullptr) freeSlot(handle, state);
 }
 
 void HandleTable::failAll(const common::Status& status) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [handle, state] : states_) {
-      if (state.done) continue;
+    for (State& state : slots_) {
+      if ((state.generation & 1) == 0 || state.done) continue;
       state.done = true;
       state.status = status;
     }

@@ -3,13 +3,15 @@
 // condition variable in short slices so the binding can check for signals between slices.
 // Thread-safe. Note [Handle lifetime]: a handle lives until the caller releases it (wait()
 // releases after returning), so a completed op's result stays readable until then.
+// Handles are slots of a slab plus a generation (a released handle is recognised as unknown
+// even after its slot is reused); completing wakes the condition variable only when some
+// thread is blocked on it, so a batch of 200 completions costs one lock and at most one wake.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
@@ -40,25 +42,39 @@ class HandleTable {
   int64_t create(bool caller_waits = false);
   bool callerWaits(int64_t handle) const;
   void complete(int64_t handle, common::Status status, OpResult result = {});
+  // Completes several handles with the same outcome under one lock.
+  void completeMany(const int64_t* handles, size_t count, const common::Status& status,
+                    const OpResult& result);
   // -1: unknown handle, 0: pending, 1: done.
   int poll(int64_t handle) const;
   // Waits up to `slice_ms`; true when done (status/result filled).
   bool waitFor(int64_t handle, int slice_ms, common::Status* status, OpResult* result);
+  // When done: fills status/result, releases the handle and returns true, all under one lock
+  // (the fast path of a wait whose op already finished). False when pending or unknown.
+  bool takeIfDone(int64_t handle, common::Status* status, OpResult* result);
   void release(int64_t handle);
   // Completes every pending handle with `status` (shutdown / abort / lost peer).
   void failAll(const common::Status& status);
 
  private:
   struct State {
+    uint32_t generation = 0;  // odd while in use
     bool done = false;
     bool caller_waits = false;
     common::Status status;
     OpResult result;
+    uint32_t next_free = 0;
   };
+  State* find(int64_t handle);
+  const State* find(int64_t handle) const;
+  void freeSlot(int64_t handle, State* state);
+
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::unordered_map<int64_t, State> states_;
-  int64_t next_ = 1;
+  std::vector<State> slots_;
+  uint32_t free_head_ = kNoSlot;
+  int waiters_ = 0;  // threads blocked in waitFor
+  static constexpr uint32_t kNoSlot = 0xffffffffu;
 };
 
 }  // namespace hvd::runtime

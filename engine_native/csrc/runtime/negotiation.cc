@@ -1,6 +1,7 @@
 // The negotiation half of BackgroundLoop: control messages between workers and rank 0, the
 // coordinator step (with the timeline's NEGOTIATE_<OP> spans, the batching window and the
-// autotune switch), the shutdown agreement and the stall inspector. See background_loop.h.
+// autotune switch) and the stall inspector. See background_loop.h; the shutdown agreement is
+// in shutdown_agreement.cc.
 #include <algorithm>
 
 #include "common/logging.h"
@@ -14,12 +15,6 @@ using coord::MessageType;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-const char* kShutdownMessage =
-    "Horovod has been shut down. This was caused by an exception on one of the ranks or an "
-    "attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished "
-    "execution. If the shutdown was caused by an exception, you should see the exception in "
-    "the log before the first shutdown message.";
 
 // A kAbort payload is the failing rank's status code (one byte) followed by its message
 // (Note [Failure fan-out]); anything else reads as a plain abort.
@@ -65,7 +60,7 @@ void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& m
   switch (static_cast<MessageType>(message.type)) {
     case MessageType::kResponses: {
       coord::ResponseList list;
-      Status status = coord::decode(message.payload, &list);
+      Status status = coord::decode(message.payload, keys_, &list);
       if (!status.isOk()) {
         fail(common::internalError("malformed response list from rank 0: " + status.message()),
              false);
@@ -87,19 +82,28 @@ void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& m
   }
 }
 
+// Requests are admitted as they are decoded: a repeated one comes from the mirror with its
+// key hint, so the steady state interns nothing.
 void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessage& message) {
   switch (static_cast<MessageType>(message.type)) {
     case MessageType::kRequests: {
-      coord::RequestList list;
-      Status status = coord::decodeRequests(message.payload, mirrors_[from].get(), &list);
+      timeline::Timeline* timeline = negotiationTimeline();
+      timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
+      const auto now = Clock::now();
+      Status status = coord::decodeRequests(
+          message.payload, mirrors_[from].get(),
+          [&](const coord::Request& request, int32_t, int32_t, coord::Key* hint) {
+            coord::Key key = hint != nullptr && keys_.live(*hint)
+                                 ? *hint
+                                 : keys_.intern(request.process_set, request.name);
+            if (hint != nullptr) *hint = key;
+            if (!key.assigned()) return;  // 4 Mi names: the stall inspector will show it
+            admit(key, request, from, timeline, now);
+          });
       if (!status.isOk()) {
         fail(common::internalError("malformed request list from rank " + std::to_string(from) +
                                    ": " + status.message()), true);
         return;
-      }
-      for (auto& request : list.requests) {
-        request.request_rank = from;
-        parked_.push_back(std::move(request));
       }
       break;
     }
@@ -123,10 +127,13 @@ void BackgroundLoop::syncProcessSets() {
   for (auto it = registered_sets_.begin(); it != registered_sets_.end();) {
     if (snapshot.count(*it) == 0) {
       coordinator_->removeProcessSet(*it);  // drops its pending names: so do we
-      for (auto n = negotiating_.lower_bound({*it, std::string()});
-           n != negotiating_.end() && n->first.first == *it;) {
-        if (n->second == coord::OpType::kAllreduce) --negotiating_allreduces_;
-        n = negotiating_.erase(n);
+      for (NameState& state : names_) {
+        if (state.negotiating < 0 || keys_.set(state.key) != *it) continue;
+        if (state.negotiating == static_cast<int8_t>(coord::OpType::kAllreduce)) {
+          --negotiating_allreduces_;
+        }
+        state.negotiating = -1;
+        --negotiating_;
       }
       it = registered_sets_.erase(it);
     } else {
@@ -141,15 +148,14 @@ void BackgroundLoop::syncProcessSets() {
   }
 }
 
-// The coordinator step, in order:
-//   a. admit parked requests (timeline, while a file is written: NEGOTIATE_<OP> opens at a
-//      name's first arrival, one rank tick per arrival);
+// The coordinator step, in order (requests were admitted as they arrived: drain and
+// readControl call admit(); only those for sets not registered yet wait in parked_):
+//   a. admit parked requests whose set is registered now;
 //   b. adopt a new autotune setting: rank 0's fusion threshold, window and cache change now,
 //      so the responses released below are fused under it and carry it;
 //   c. release what is ready (timeline: NEGOTIATE_<OP> closes) into the held batch;
 //   d. keep holding while the batching window is open (holdForWindow), else send the batch.
 void BackgroundLoop::coordinate() {
-  syncProcessSets();
   auto t0 = Clock::now();
   admitParked();
   adoptTunedParams();
@@ -169,51 +175,69 @@ void BackgroundLoop::coordinate() {
   metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
-void BackgroundLoop::admitParked() {
-  timeline::Timeline* timeline =
-      timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
-  timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
-  std::vector<coord::Request> still_parked;
-  for (auto& request : parked_) {
-    // A worker may register a new set (and use it) a moment before rank 0 does: keep its
-    // requests until rank 0's own add_process_set lands.
-    if (registered_sets_.count(request.process_set) == 0) {
-      still_parked.push_back(std::move(request));
-      continue;
-    }
-    Status status = coordinator_->add(request);
-    if (!status.isOk()) {
-      HVD_LOG(kWarning, "coord") << "rejected request '" << request.name << "' from rank "
-                                 << request.request_rank << ": " << status.message();
-      continue;
-    }
-    if (request.type == coord::OpType::kJoin) continue;  // joins are not timed (Horovod)
-    if (request.type == coord::OpType::kAllreduce) last_arrival_ = Clock::now();
-    auto [it, first] = negotiating_.try_emplace({request.process_set, request.name},
-                                                request.type);
-    if (first) {
-      if (request.type == coord::OpType::kAllreduce) ++negotiating_allreduces_;
-      if (timeline != nullptr) {
-        timeline->negotiateStart(request.name, coord::opTypeName(request.type));
-      }
-    }
-    if (timeline != nullptr) timeline->negotiateRankReady(request.name, request.request_rank);
+BackgroundLoop::NameState& BackgroundLoop::nameState(coord::Key key) {
+  if (key.index >= names_.size()) names_.resize(std::max<size_t>(key.index + 1, 64));
+  NameState& state = names_[key.index];
+  if (state.key != key) state = NameState{key, -1, 0, 0};  // a new name in a reused slot
+  return state;
+}
+
+// One request into the coordinator (timeline, while a file is written: NEGOTIATE_<OP> opens at
+// a name's first arrival, one rank tick per arrival). A worker may register a new set (and use
+// it) a moment before rank 0 does: its requests wait in parked_ until rank 0's own
+// add_process_set lands.
+void BackgroundLoop::admit(coord::Key key, const coord::Request& request, int32_t rank,
+                           timeline::Timeline* timeline, Clock::time_point now) {
+  if (registered_sets_.count(request.process_set) == 0) {
+    parked_.push_back(request);
+    parked_.back().request_rank = rank;
+    parked_.back().key = key;
+    return;
   }
-  parked_.swap(still_parked);
+  Status status = coordinator_->add(key, request, rank, now);
+  if (!status.isOk()) {
+    HVD_LOG(kWarning, "coord") << "rejected request '" << request.name << "' from rank " << rank
+                               << ": " << status.message();
+    return;
+  }
+  if (request.type == coord::OpType::kJoin) return;  // joins are not timed (Horovod)
+  if (request.type == coord::OpType::kAllreduce) last_arrival_ = now;
+  NameState& state = nameState(key);
+  if (state.negotiating < 0) {
+    state.negotiating = static_cast<int8_t>(request.type);
+    ++negotiating_;
+    if (request.type == coord::OpType::kAllreduce) ++negotiating_allreduces_;
+    if (timeline != nullptr) timeline->negotiateStart(request.name, coord::opTypeName(request.type));
+  }
+  if (timeline != nullptr) timeline->negotiateRankReady(request.name, rank);
+}
+
+void BackgroundLoop::admitParked() {
+  if (parked_.empty()) return;
+  timeline::Timeline* timeline = negotiationTimeline();
+  timeline::ClockScope one_clock_read(timeline);
+  const auto now = Clock::now();
+  std::vector<coord::Request> parked;
+  parked.swap(parked_);
+  for (const auto& request : parked) {
+    admit(request.key, request, request.request_rank, timeline, now);  // may park it again
+  }
 }
 
 void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
-  timeline::Timeline* timeline =
-      timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
+  timeline::Timeline* timeline = negotiationTimeline();
   timeline::ClockScope one_clock_read(timeline);  // released together
   for (const auto& r : ready) {
-    for (const auto& name : r.names) {
-      if (r.type == coord::OpType::kAllreduce) noteStepRelease({r.process_set, name});
-      auto it = negotiating_.find({r.process_set, name});
-      if (it == negotiating_.end()) continue;  // a join's name
-      if (it->second == coord::OpType::kAllreduce) --negotiating_allreduces_;
-      negotiating_.erase(it);
-      if (timeline != nullptr) timeline->negotiateEnd(name);
+    for (coord::Key key : r.keys) {
+      if (r.type == coord::OpType::kAllreduce) noteStepRelease(key);
+      NameState& state = nameState(key);
+      if (state.negotiating < 0) continue;  // a join's name
+      if (state.negotiating == static_cast<int8_t>(coord::OpType::kAllreduce)) {
+        --negotiating_allreduces_;
+      }
+      state.negotiating = -1;
+      --negotiating_;
+      if (timeline != nullptr) timeline->negotiateEnd(keys_.name(key));
     }
   }
 }
@@ -226,18 +250,17 @@ void BackgroundLoop::sendReady() {
   held_.clear();
   std::optional<coord::ParamsUpdate> params = std::move(unsent_params_);
   unsent_params_.reset();
+  std::vector<const coord::Response*> share;
   for (int w = 1; w < mesh_.size(); ++w) {
-    coord::ResponseList list;
+    share.clear();
     for (const auto& r : ready) {
-      auto members = sets_.members(r.process_set);
-      if (members && std::find(members->begin(), members->end(), w) != members->end()) {
-        list.responses.push_back(r);
-      }
+      if (sets_.contains(r.process_set, w)) share.push_back(&r);
     }
-    if (list.responses.empty() && !params) continue;
-    list.params = params;
+    if (share.empty() && !params) continue;
     Status status = mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kResponses),
-                                           coord::encode(list), config_.timeout_seconds);
+                                           coord::encode(share.data(), share.size(), params,
+                                                         keys_),
+                                           config_.timeout_seconds);
     if (!status.isOk()) {
       fail(common::peerLost("lost connection to rank " + std::to_string(w) + ": " +
                             status.message()), true);
@@ -274,22 +297,27 @@ void BackgroundLoop::applyParams(const coord::ParamsUpdate& update) {
 
 // Rank 0 scores settings by the global set's allreduce bytes per second (Horovod's score).
 void BackgroundLoop::observeExecuted(const coord::Response& r, const Status& status) {
-  if (autotuner_ == nullptr || !coordinator_ || !status.isOk() || r.process_set != 0 ||
-      r.type != coord::OpType::kAllreduce || r.status != coord::ResponseType::kOk) {
+  if (autotuner_ == nullptr || !coordinator_ || !autotuner_->observing() || !status.isOk() ||
+      r.process_set != 0 || r.type != coord::OpType::kAllreduce ||
+      r.status != coord::ResponseType::kOk) {
     return;
   }
   const int64_t element = static_cast<int64_t>(common::dataTypeSize(r.dtype));
-  for (size_t i = 0; i < r.names.size(); ++i) {
-    autotuner_->observe(r.names[i], i < r.counts.size() ? r.counts[i] * element : 0);
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    autotuner_->observe(keys_.name(r.keys[i]), i < r.counts.size() ? r.counts[i] * element : 0);
   }
 }
 
 void BackgroundLoop::sendRequests() {
   if (outgoing_.empty()) return;
-  coord::RequestList list;
-  list.requests.swap(outgoing_);
-  for (auto& r : list.requests) r.request_rank = mesh_.rank();
-  std::string bytes = coord::encodeRequests(list, request_cache_.get());
+  encoding_.clear();
+  for (coord::Key key : outgoing_) {
+    const TensorEntry* entry = entries_.find(key);
+    if (entry != nullptr) encoding_.push_back(&entry->request);
+  }
+  outgoing_.clear();
+  std::string bytes =
+      coord::encodeRequests(encoding_.data(), encoding_.size(), request_cache_.get());
   Status status = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kRequests), bytes,
                                          config_.timeout_seconds);
   if (!status.isOk()) {
@@ -301,14 +329,14 @@ void BackgroundLoop::inspectStalls() {
   auto now = Clock::now();
   if (now - last_stall_check_ < std::chrono::milliseconds(200)) return;
   std::vector<PendingInfo> pending;
-  for (const auto& [key, entry] : entries_) {
+  entries_.forEach([&](const TensorEntry& entry) {
     PendingInfo info;
-    info.name = key.second;
+    info.name = entry.request.name;
     info.op = coord::opTypeName(entry.request.type);
     info.age_seconds = std::chrono::duration<double>(now - entry.enqueued).count();
-    if (coordinator_) info.missing_ranks = coordinator_->missingRanks(key.first, key.second);
+    if (coordinator_) info.missing_ranks = coordinator_->missingRanks(entry.request.key);
     pending.push_back(std::move(info));
-  }
+  });
   metrics_.setPending(std::move(pending));
   if (!coordinator_ || config_.stall_check_disable) {
     last_stall_check_ = now;
@@ -322,53 +350,6 @@ void BackgroundLoop::inspectStalls() {
     if (!report.empty()) HVD_LOG(kWarning, "stall") << report;
   }
   last_stall_check_ = now;
-}
-
-void BackgroundLoop::beginShutdown() {
-  shutdown_sent_ = true;
-  shutdown_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(config_.timeout_seconds));
-  Status status(common::Code::kShutDown, kShutdownMessage);
-  if (!entries_.empty()) {
-    // Peers may be blocked in a collective with this rank: do not make them wait long.
-    shutdown_deadline_ = std::min(shutdown_deadline_, Clock::now() + std::chrono::seconds(1));
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& e : submitted_) handles_.complete(e.handle, status);
-    submitted_.clear();
-    in_flight_.clear();
-  }
-  for (auto& [key, entry] : entries_) handles_.complete(entry.handle, status);
-  entries_.clear();
-  to_execute_.clear();
-  held_.clear();
-  if (failed_ || mesh_.size() == 1) {
-    finished_ = true;
-    return;
-  }
-  if (mesh_.rank() == 0) {
-    shutdown_ranks_.insert(0);
-  } else {
-    Status sent = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
-    if (!sent.isOk()) finished_ = true;
-  }
-}
-
-void BackgroundLoop::checkShutdownAgreement() {
-  if (finished_) return;
-  if (mesh_.rank() == 0 && static_cast<int>(shutdown_ranks_.size()) == mesh_.size()) {
-    for (int w = 1; w < mesh_.size(); ++w) {
-      mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
-    }
-    finished_ = true;
-    return;
-  }
-  if (Clock::now() > shutdown_deadline_) {
-    HVD_LOG(kWarning, "runtime") << "shutdown: not every rank shut down within "
-                                 << config_.timeout_seconds << " s; closing anyway";
-    finished_ = true;
-  }
 }
 
 }  // namespace hvd::runtime

@@ -36,6 +36,30 @@ std::optional<std::vector<int>> ProcessSetTable::members(int32_t id) const {
   return it->second;
 }
 
+ProcessSetTable::Membership ProcessSetTable::membership(int32_t id, int rank, int root) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Membership out;
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return out;
+  out.registered = true;
+  out.size = static_cast<int>(it->second.size());
+  for (int r : it->second) {
+    out.has_rank = out.has_rank || r == rank;
+    out.has_root = out.has_root || r == root;
+  }
+  return out;
+}
+
+bool ProcessSetTable::contains(int32_t id, int rank) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return false;
+  for (int r : it->second) {
+    if (r == rank) return true;
+  }
+  return false;
+}
+
 std::map<int32_t, std::vector<int>> ProcessSetTable::snapshot() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return sets_;

@@ -18,6 +18,16 @@ class ProcessSetTable {
   int32_t add(std::vector<int> ranks);
   bool remove(int32_t id);
   std::optional<std::vector<int>> members(int32_t id) const;
+  // What enqueue() checks, without copying the member list.
+  struct Membership {
+    bool registered = false;
+    bool has_rank = false;  // `rank` is a member
+    bool has_root = false;  // `root` is a member
+    int size = 0;
+  };
+  Membership membership(int32_t id, int rank, int root) const;
+  // True when `rank` is a member of set `id` (false for an unknown set).
+  bool contains(int32_t id, int rank) const;
   std::map<int32_t, std::vector<int>> snapshot() const;
   uint64_t version() const;
 

@@ -219,18 +219,18 @@ Status Runtime::validate(coord::Request* r) const {
   for (int64_t d : r->shape) {
     if (d < 0) return common::invalidArgument(describe(*r) + ": negative dimension in shape");
   }
-  auto members = sets_.members(r->process_set);
-  if (!members) {
+  const auto set = sets_.membership(r->process_set, rank_, r->root_rank);
+  if (!set.registered) {
     return common::invalidArgument(describe(*r) + ": process set " +
                                    std::to_string(r->process_set) +
                                    " is not registered; create it with add_process_set()");
   }
-  if (std::find(members->begin(), members->end(), rank_) == members->end()) {
+  if (!set.has_rank) {
     return common::invalidArgument(describe(*r) + ": rank " + std::to_string(rank_) +
                                    " is not a member of process set " +
                                    std::to_string(r->process_set));
   }
-  const int64_t n = static_cast<int64_t>(members->size());
+  const int64_t n = set.size;
   switch (r->type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter: {
@@ -250,7 +250,7 @@ Status Runtime::validate(coord::Request* r) const {
       break;
     case OpType::kBroadcast:
       // root_rank is a global rank, as in Horovod, and must belong to the process set.
-      if (std::find(members->begin(), members->end(), r->root_rank) == members->end()) {
+      if (!set.has_root) {
         return common::invalidArgument(
             describe(*r) + ": root_rank " + std::to_string(r->root_rank) +
             (r->process_set == 0 ? " is outside [0, " + std::to_string(n) + ")"
@@ -296,37 +296,48 @@ Status Runtime::validate(coord::Request* r) const {
   return Status::ok();
 }
 
+Status Runtime::submitLocked(TensorEntry* entries, size_t count, bool wake) {
+  if (!loop_) return common::invalidArgument(kNotInitialized);
+  for (size_t i = 0; i < count; ++i) {
+    entries[i].request.request_rank = rank_;
+    HVD_RETURN_IF_ERROR(validate(&entries[i].request));
+  }
+  const auto now = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < count; ++i) {
+    entries[i].handle = handles_.create(/*caller_waits=*/!wake);
+    entries[i].enqueued = now;
+  }
+  // submit() moves the entries on; their handle fields (plain integers) keep their values.
+  Status status = loop_->submit(entries, count, wake);
+  if (!status.isOk()) {
+    for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);
+  }
+  return status;
+}
+
+Status Runtime::enqueue(EnqueueArgs&& op, int64_t* handle, bool wake) {
+  TensorEntry entry;
+  entry.request = std::move(op.request);
+  entry.input = op.input;
+  entry.output = op.output;
+  std::lock_guard<std::mutex> lock(mutex_);
+  HVD_RETURN_IF_ERROR(submitLocked(&entry, 1, wake));
+  *handle = entry.handle;
+  return Status::ok();
+}
+
 Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles,
                         bool wake) {
+  std::vector<TensorEntry> entries(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    entries[i].request = std::move(ops[i].request);
+    entries[i].input = ops[i].input;
+    entries[i].output = ops[i].output;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!loop_) {
-    return common::invalidArgument(kNotInitialized);
-  }
-  for (auto& op : ops) {
-    op.request.request_rank = rank_;
-    HVD_RETURN_IF_ERROR(validate(&op.request));
-  }
-  Status failed = loop_->failure();
-  if (!failed.isOk()) return failed;
-  std::vector<TensorEntry> entries;
-  std::vector<int64_t> created;
-  auto now = std::chrono::steady_clock::now();
-  for (auto& op : ops) {
-    TensorEntry e;
-    e.request = std::move(op.request);
-    e.input = op.input;
-    e.output = op.output;
-    e.handle = handles_.create(/*caller_waits=*/!wake);
-    e.enqueued = now;
-    created.push_back(e.handle);
-    entries.push_back(std::move(e));
-  }
-  Status status = loop_->submit(std::move(entries), wake);
-  if (!status.isOk()) {
-    for (int64_t h : created) handles_.release(h);
-    return status;
-  }
-  *handles = std::move(created);
+  HVD_RETURN_IF_ERROR(submitLocked(entries.data(), entries.size(), wake));
+  handles->clear();
+  for (const auto& e : entries) handles->push_back(e.handle);
   return Status::ok();
 }
 

@@ -52,6 +52,8 @@ class Runtime {
   // them next, and that wait drives them (BackgroundLoop::drive).
   common::Status enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles,
                          bool wake = true);
+  // The same for one op (the per-tensor path of every framework).
+  common::Status enqueue(EnqueueArgs&& op, int64_t* handle, bool wake = true);
   // Before blocking on `handle`: run the core's passes on this thread for a bounded time.
   // True when the handle finished here. Call without the GIL.
   bool drive(int64_t handle);
@@ -81,6 +83,8 @@ class Runtime {
 
  private:
   common::Status validate(coord::Request* request) const;
+  // Validates and submits; entries' handles are created here.
+  common::Status submitLocked(TensorEntry* entries, size_t count, bool wake);
   void startTimelineAtInit();
 
   mutable std::mutex mutex_;  // lifecycle vs enqueue

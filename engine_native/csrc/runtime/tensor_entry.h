@@ -2,27 +2,74 @@
 // the caller's buffers it executes on. Created by a framework thread in Runtime::enqueue, owned
 // by the background thread after submission. The Python caller keeps the buffers alive until
 // the handle completes (Note [Handle lifetime] in handle_table.h).
+// EntryTable: this rank's pending entries by key index (coord/key_table.h); slots keep their
+// storage from step to step. Background thread only.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <map>
-#include <string>
-#include <utility>
+#include <vector>
 
 #include "coord/message.h"
 
 namespace hvd::runtime {
 
 struct TensorEntry {
-  coord::Request request;
+  coord::Request request;   // request.key: the name's key, held in flight while pending
   const void* input = nullptr;
   void* output = nullptr;   // allreduce / broadcast; others get an OutputBuffer
   int64_t handle = 0;
   std::chrono::steady_clock::time_point enqueued;
 };
 
-using EntryKey = std::pair<int32_t, std::string>;  // (process set, name)
-using EntryTable = std::map<EntryKey, TensorEntry>;
+class EntryTable {
+ public:
+  // The pending entry of `key`, or nullptr.
+  TensorEntry* find(coord::Key key) {
+    if (key.index >= slots_.size() || !slots_[key.index].used ||
+        slots_[key.index].entry.request.key != key) {
+      return nullptr;
+    }
+    return &slots_[key.index].entry;
+  }
+  // Moves `entry` into its key's slot (a key is in flight at most once, so the slot is free).
+  TensorEntry& put(TensorEntry&& entry) {
+    const uint32_t index = entry.request.key.index;
+    if (index >= slots_.size()) slots_.resize(std::max<size_t>(index + 1, slots_.size() * 2));
+    Slot& slot = slots_[index];
+    slot.entry = std::move(entry);
+    slot.used = true;
+    ++size_;
+    return slot.entry;
+  }
+  void erase(coord::Key key) {
+    TensorEntry* entry = find(key);
+    if (entry == nullptr) return;
+    slots_[key.index].used = false;
+    --size_;
+  }
+  void clear() {
+    for (Slot& slot : slots_) slot.used = false;
+    size_ = 0;
+  }
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  template <typename F>
+  void forEach(F&& f) {
+    if (size_ == 0) return;
+    for (Slot& slot : slots_) {
+      if (slot.used) f(slot.entry);
+    }
+  }
+
+ private:
+  struct Slot {
+    TensorEntry entry;
+    bool used = false;
+  };
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+};
 
 }  // namespace hvd::runtime

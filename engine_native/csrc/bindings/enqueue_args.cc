@@ -1,0 +1,175 @@
+// Argument conversion for enqueue(), enqueue_for_wait() and enqueue_group(): Python values to
+// runtime::EnqueueArgs. Binding code only; called with the GIL held.
+#include "bindings/enqueue_args.h"
+
+#include <cstdint>
+
+namespace hvd::bindings {
+
+bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what) {
+  PyObject* fast = PySequence_Fast(seq, what);
+  if (fast == nullptr) return false;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  out->resize(n);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    (*out)[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+    if ((*out)[i] == -1 && PyErr_Occurred()) {
+      Py_DECREF(fast);
+      return false;
+    }
+  }
+  Py_DECREF(fast);
+  return true;
+}
+
+namespace {
+
+const char* kEnqueueKeywords[] = {"kind",      "name",        "dtype",   "shape",
+                                  "input_ptr", "output_ptr",  "reduce_op", "prescale",
+                                  "postscale", "root",        "process_set", "splits",
+                                  "device",    nullptr};
+
+// An op's buffer: an integer address (torch's data_ptr()), None (no output), or any object
+// with the buffer protocol (a numpy array: cheaper than Python's array.ctypes.data, which
+// builds a ctypes object per call). The address is kept, the view released at once: the
+// caller keeps the object alive until the op finished (Note [Handle lifetime]).
+bool toAddress(PyObject* obj, bool writable, const char* what, uintptr_t* out) {
+  if (obj == Py_None) {
+    *out = 0;
+    return true;
+  }
+  if (PyLong_Check(obj)) {
+    *out = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(obj));
+    return !PyErr_Occurred();
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj, &view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+    PyErr_Format(PyExc_TypeError,
+                 "enqueue(): %s must be an address or a contiguous%s buffer, got %.80s", what,
+                 writable ? " writable" : "", Py_TYPE(obj)->tp_name);
+    return false;
+  }
+  *out = reinterpret_cast<uintptr_t>(view.buf);
+  PyBuffer_Release(&view);
+  return true;
+}
+
+// Fills `op` from the parsed arguments (shared by the positional and keyword parsers).
+bool fillOp(int kind, const char* name, Py_ssize_t name_len, int dtype, PyObject* shape,
+            PyObject* input_obj, PyObject* output_obj, int reduce_op, double prescale,
+            double postscale, int root, int process_set, PyObject* splits, int device,
+            hvd::runtime::EnqueueArgs* op) {
+  uintptr_t input = 0, output = 0;
+  if (!toAddress(input_obj, false, "input_ptr", &input) ||
+      !toAddress(output_obj, true, "output_ptr", &output)) {
+    return false;
+  }
+  if (kind < 0 || kind > 6) {
+    PyErr_Format(PyExc_ValueError, "enqueue(): unknown op kind %d", kind);
+    return false;
+  }
+  auto& r = op->request;
+  r.type = static_cast<hvd::coord::OpType>(kind);
+  r.name.assign(name, static_cast<size_t>(name_len));
+  r.dtype = static_cast<hvd::common::DataType>(dtype);
+  r.reduce_op = static_cast<hvd::common::ReduceOp>(reduce_op);
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.root_rank = root;
+  r.process_set = process_set;
+  r.device = device;
+  if (!toInt64List(shape, &r.shape, "shape must be a sequence of ints")) return false;
+  if (splits != nullptr && splits != Py_None &&
+      !toInt64List(splits, &r.splits, "splits must be a sequence")) {
+    return false;
+  }
+  op->input = reinterpret_cast<const void*>(static_cast<uintptr_t>(input));
+  op->output = reinterpret_cast<void*>(static_cast<uintptr_t>(output));
+  return true;
+}
+
+bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
+  int kind = 0, dtype = 0, reduce_op = 1, root = 0, process_set = 0, device = -1;
+  const char* name = nullptr;
+  Py_ssize_t name_len = 0;
+  PyObject* shape = nullptr;
+  PyObject* splits = Py_None;
+  PyObject* input_obj = nullptr;
+  PyObject* output_obj = nullptr;
+  double prescale = 1.0, postscale = 1.0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "is#iOOO|iddiiOi",
+                                   const_cast<char**>(kEnqueueKeywords), &kind, &name, &name_len,
+                                   &dtype, &shape, &input_obj, &output_obj, &reduce_op,
+                                   &prescale, &postscale, &root, &process_set, &splits,
+                                   &device)) {
+    return false;
+  }
+  return fillOp(kind, name, name_len, dtype, shape, input_obj, output_obj, reduce_op, prescale,
+                postscale, root, process_set, splits, device, op);
+}
+
+bool asInt(PyObject* obj, int* out) {
+  long v = PyLong_AsLong(obj);
+  if (v == -1 && PyErr_Occurred()) return false;
+  *out = static_cast<int>(v);
+  return true;
+}
+
+bool asDouble(PyObject* obj, double* out) {
+  double v = PyFloat_AsDouble(obj);
+  if (v == -1.0 && PyErr_Occurred()) return false;
+  *out = v;
+  return true;
+}
+
+// enqueue()'s positional form, parsed without building an argument tuple: this runs once per
+// tensor per training step. Keywords (or an unusual argument count or type) take parseOp.
+}  // namespace
+
+bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                      hvd::runtime::EnqueueArgs* op) {
+  if (kwnames != nullptr || nargs < 6 || nargs > 13 || !PyUnicode_Check(args[1])) {
+    PyObject* tuple = PyTuple_New(nargs);
+    if (tuple == nullptr) return false;
+    for (Py_ssize_t i = 0; i < nargs; ++i) {
+      Py_INCREF(args[i]);
+      PyTuple_SET_ITEM(tuple, i, args[i]);
+    }
+    PyObject* kwargs = nullptr;
+    if (kwnames != nullptr) {
+      kwargs = PyDict_New();
+      for (Py_ssize_t i = 0; kwargs != nullptr && i < PyTuple_GET_SIZE(kwnames); ++i) {
+        if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) != 0) {
+          Py_CLEAR(kwargs);
+        }
+      }
+      if (kwargs == nullptr) {
+        Py_DECREF(tuple);
+        return false;
+      }
+    }
+    bool ok = parseOp(tuple, kwargs, op);
+    Py_DECREF(tuple);
+    Py_XDECREF(kwargs);
+    return ok;
+  }
+  int kind = 0, dtype = 0, reduce_op = 1, root = 0, process_set = 0, device = -1;
+  double prescale = 1.0, postscale = 1.0;
+  Py_ssize_t name_len = 0;
+  const char* name = PyUnicode_AsUTF8AndSize(args[1], &name_len);
+  if (name == nullptr || !asInt(args[0], &kind) || !asInt(args[2], &dtype)) return false;
+  if ((nargs > 6 && !asInt(args[6], &reduce_op)) || (nargs > 7 && !asDouble(args[7], &prescale)) ||
+      (nargs > 8 && !asDouble(args[8], &postscale)) || (nargs > 9 && !asInt(args[9], &root)) ||
+      (nargs > 10 && !asInt(args[10], &process_set)) ||
+      (nargs > 12 && !asInt(args[12], &device))) {
+    return false;
+  }
+  return fillOp(kind, name, name_len, dtype, args[3], args[4], args[5], reduce_op, prescale,
+                postscale, root, process_set, nargs > 11 ? args[11] : nullptr, device, op);
+}
+
+bool parseEnqueueTuple(PyObject* tuple, hvd::runtime::EnqueueArgs* op) {
+  return parseOp(tuple, nullptr, op);
+}
+
+}  // namespace hvd::bindings

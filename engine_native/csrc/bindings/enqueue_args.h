@@ -1,0 +1,24 @@
+// Argument conversion for the enqueue functions of engine_native._core (bindings/module.cc).
+// Binding code only; every function is called with the GIL held and sets a Python exception
+// when it returns false.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <vector>
+
+#include "runtime/runtime.h"
+
+namespace hvd::bindings {
+
+// A sequence of ints (shape, splits, ranks).
+bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what);
+// enqueue(kind, name, dtype, shape, input, output[, reduce_op, prescale, postscale, root,
+// process_set, splits, device]) in vectorcall form (positional fast path; keywords allowed).
+bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                      hvd::runtime::EnqueueArgs* op);
+// The same arguments as a tuple (one op of enqueue_group()).
+bool parseEnqueueTuple(PyObject* tuple, hvd::runtime::EnqueueArgs* op);
+
+}  // namespace hvd::bindings

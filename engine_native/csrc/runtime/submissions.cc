@@ -1,0 +1,96 @@
+// Submissions and the lifetime of tensor keys, for BackgroundLoop (background_loop.h):
+// framework threads submit() entries (acquiring their keys), the loop drains them into its
+// entry table and, now and then, sweeps the keys nothing refers to any more.
+#include "common/logging.h"
+#include "runtime/background_loop.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+
+Status BackgroundLoop::submit(TensorEntry* entries, size_t count, bool wake) {
+  // Keys first (their own lock): acquiring one is the duplicate-name check.
+  for (size_t i = 0; i < count; ++i) {
+    coord::Request& r = entries[i].request;
+    const auto acquired = keys_.acquire(r.process_set, r.name, &r.key);
+    if (acquired == coord::KeyTable::Acquired::kOk) continue;
+    for (size_t j = 0; j < i; ++j) keys_.release(&entries[j].request.key, 1);
+    const std::string what = std::string(coord::opTypeName(r.type)) + "('" + r.name + "')";
+    if (acquired == coord::KeyTable::Acquired::kFull) {
+      return common::internalError(what + ": more than 4 Mi tensors are in flight; wait for "
+                                   "some of them first");
+    }
+    return common::invalidArgument(
+        what + ": a tensor with this name is already in flight; wait for it or use another "
+               "name");
+  }
+  Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.isOk()) {
+      refused = failure_;
+    } else if (shutdown_requested_) {
+      refused = Status(common::Code::kShutDown, "Horovod has been shut down");
+    } else {
+      for (size_t i = 0; i < count; ++i) submitted_.push_back(std::move(entries[i]));
+    }
+  }
+  if (!refused.isOk()) {
+    for (size_t i = 0; i < count; ++i) keys_.release(&entries[i].request.key, 1);
+    return refused;
+  }
+  if (wake || !drivable_) {
+    wakeIfAsleep();
+  } else {
+    submissions_pending_.store(true);  // the caller's drive() drains it, or the next pass
+  }
+  return Status::ok();
+}
+
+void BackgroundLoop::drainSubmissions() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    submissions_pending_.store(false);  // under the lock: a later submit() sets it again
+    draining_.swap(submitted_);
+  }
+  if (draining_.empty()) return;
+  timeline::Timeline* timeline = coordinator_ ? negotiationTimeline() : nullptr;
+  timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
+  const auto now = Clock::now();
+  for (auto& e : draining_) {
+    if (failed_) {
+      handles_.complete(e.handle, failure());
+      keys_.release(&e.request.key, 1);
+      continue;
+    }
+    TensorEntry& entry = entries_.put(std::move(e));
+    if (coordinator_) {
+      admit(entry.request.key, entry.request, mesh_.rank(), timeline, now);
+    } else {
+      outgoing_.push_back(entry.request.key);
+    }
+  }
+  draining_.clear();
+  metrics_.setQueueDepth(entries_.size());
+}
+
+// Frees the keys of names nothing refers to any more (Note [Key lifetime] in key_table.cc):
+// names in flight on this rank are kept by the table itself; here go the other holders.
+void BackgroundLoop::sweepKeys() {
+  keys_.sweep([this](const coord::KeyTable::MarkFn& mark) {
+    if (coordinator_) coordinator_->markKeys(mark);
+    for (const auto& r : parked_) mark(r.key);
+    for (const auto& state : names_) {
+      if (state.negotiating >= 0) mark(state.key);
+    }
+    for (const auto& r : held_) {
+      for (coord::Key key : r.keys) mark(key);
+    }
+    for (const auto& work : to_execute_) {
+      for (coord::Key key : work.response.keys) mark(key);
+    }
+    for (coord::Key key : outgoing_) mark(key);
+  });
+}
+
+}  // namespace hvd::runtime
