@@ -91,6 +91,7 @@ CORE_SOURCES = [
     "bindings/timeline_autotune_live.cc",
     "bindings/nccl.cc",
     "bindings/enqueue_args.cc",
+    "bindings/numpy_api.cc",
     "bindings/module.cc",
 ]
 

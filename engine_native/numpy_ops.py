@@ -2,14 +2,16 @@
 
 Every function builds the tensor name Horovod would (``allreduce.<name>`` or
 ``allreduce.noname.<n>``), hands raw pointers to the core, and keeps the arrays alive until the
-handle completes. ``*_async`` return a handle for ``poll``/``synchronize``.
+handle completes (``_core.keep``). ``*_async`` return a handle for ``poll``/``synchronize``.
+``allreduce_async`` and ``synchronize`` run once per gradient per step, so they are the core's
+own C functions (bindings/numpy_api.cc), configured at import; the checked Python path below
+takes every case they do not handle and raises the errors.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -21,13 +23,6 @@ from .basics import ProcessSet, global_process_set
 _counters: dict[str, itertools.count] = {}
 
 
-@dataclass
-class _Pending:
-    keepalive: tuple
-    finish: Optional[Callable[[Any], Any]]  # None: the result is keepalive[1] (the output)
-
-
-_pending: dict[int, _Pending] = {}
 
 
 # Note [Output pool]: a large fresh result array costs more than the allreduce itself on a fast
@@ -39,6 +34,7 @@ _POOL_MIN_BYTES = 1 << 20
 _POOL_MAX_ARRAYS = 4
 _POOL_MAX_BYTES = 512 << 20
 _output_pool: list = []
+_empty_like = np.empty_like
 
 
 def _enqueuer(waited: bool):
@@ -111,7 +107,7 @@ def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out
                                array, out, reduce_op, float(prescale),
                                float(postscale), root, _set_id(process_set, op_name),
                                None if splits is None else [int(s) for s in splits])
-    _pending[handle] = _Pending((array, out), finish)
+    _core.keep(handle, (array, out), out, finish)
     return handle
 
 
@@ -120,33 +116,31 @@ def poll(handle: int) -> bool:
     return _core.poll(handle)
 
 
-def synchronize(handle: int):
-    """Wait for an async op and return its result (raises its error)."""
-    pending = _pending.pop(handle)
-    try:
-        result = _core.wait(handle)
-    except KeyboardInterrupt:
-        _pending[handle] = pending  # still in flight: the caller may abort() or wait again
-        raise
-    if pending.finish is None:
-        return pending.keepalive[1]
-    return pending.finish(result)
+# synchronize(handle): wait for an async op and return its result (raises its error). The
+# result is the op's output, or finish(core result) as registered by _core.keep.
+synchronize = _core.synchronize
 
 
-def allreduce_async(array, op: int = Average, name: Optional[str] = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                    process_set: ProcessSet = global_process_set, *,
-                    _waited: bool = False) -> int:
-    # _submit inlined: this runs once per gradient per step (200 x 4 KiB case in benchmarks/).
-    full = f"allreduce.{name}" if name else _full_name("allreduce", None)
+def _allreduce_async_checked(array, op, full, prescale_factor, postscale_factor, process_set,
+                             waited) -> int:
+    """allreduce_async for what the C fast path leaves to Python: any array-like, any dtype the
+    core supports, with the errors of the numpy API."""
     array = _check_array(array, "allreduce", full)
     out = _output_like(array)
-    handle = _enqueuer(_waited)(_core.ALLREDUCE, full, _code(array, "allreduce", full),
-                                array.shape, array, out, op,
-                                float(prescale_factor), float(postscale_factor), 0,
-                                _set_id(process_set, "allreduce"))
-    _pending[handle] = _Pending((array, out), None)
+    handle = _enqueuer(waited)(_core.ALLREDUCE, full, _code(array, "allreduce", full),
+                               array.shape, array, out, Average if op is None else op,
+                               float(prescale_factor), float(postscale_factor), 0,
+                               _set_id(process_set, "allreduce"))
+    _core.keep(handle, (array, out), out, None)
     return handle
+
+
+# allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+#                 process_set=global_process_set): reduce across ranks without waiting; returns
+# a handle for poll()/synchronize(), whose result is a new array.
+allreduce_async = _core.allreduce_async
+_core.numpy_setup(np.ndarray, _NUMPY_CODES, np.empty_like, _output_like,
+                  _allreduce_async_checked, _full_name, global_process_set, _POOL_MIN_BYTES)
 
 
 def allreduce(array, op: int = Average, name: Optional[str] = None,
@@ -177,7 +171,7 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
                     _set_id(process_set, "grouped_allreduce")))
     handles = _core.enqueue_group(ops)
     for handle, (array, out) in zip(handles, keep):
-        _pending[handle] = _Pending((array, out), None)
+        _core.keep(handle, (array, out), out, None)
     return handles
 
 
@@ -261,7 +255,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     name = f"barrier.{next(_barrier_counter)}"
     handle = _enqueuer(True)(_core.BARRIER, name, 0, (), 0, 0, Sum, 1.0, 1.0, 0,
                              _set_id(process_set, "barrier"))
-    _pending[handle] = _Pending((), lambda _: None)
+    _core.keep(handle, (), None, lambda _: None)
     synchronize(handle)
 
 
@@ -270,7 +264,7 @@ def join(process_set: ProcessSet = global_process_set) -> int:
     joined); returns the last rank to join, on every rank."""
     handle = _enqueuer(True)(_core.JOIN, "join", 0, (), 0, 0, Sum, 1.0, 1.0, 0,
                              _set_id(process_set, "join"))
-    _pending[handle] = _Pending((), lambda r: int(r))
+    _core.keep(handle, (), None, int)
     return synchronize(handle)
 
 

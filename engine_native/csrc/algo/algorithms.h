@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "algo/span_buffer.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -19,6 +20,9 @@ namespace hvd::algo {
 struct AllreduceOptions {
   void* data = nullptr;        // in-place: input on entry, reduced result on return
   size_t count = 0;            // elements
+  // Instead of `data`, a fused batch's tensors (their counts sum to `count`): inputs read,
+  // outputs written, no packing. Only where allreduceTakesTensors() says so (the shm path).
+  const std::vector<TensorSpan>* tensors = nullptr;
   common::DataType dtype = common::DataType::kFloat32;
   common::ReduceOp op = common::ReduceOp::kSum;  // Average reduces as Sum; caller scales
   size_t segment_bytes = 1 << 20;  // pipelining unit
@@ -41,9 +45,14 @@ struct AllreduceChoice {
 // buffers, else hierarchical when asked for and useful, else the ring. Logs each pick once.
 common::Status allreduce(transport::Comm& comm, const AllreduceOptions& opts,
                          const AllreduceChoice& choice);
+// True when allreduce() with these options would work on `opts.tensors` directly (the host
+// pipeline, for batches above its one-round size); otherwise the caller packs a fusion buffer.
+bool allreduceTakesTensors(const transport::Comm& comm, const AllreduceOptions& opts,
+                           const AllreduceChoice& choice);
 // Through the host collective segment; every member on this host and all of the host's ranks
-// in the Comm (algo/allreduce_shm.cc).
+// in the Comm (algo/allreduce_shm.cc). Takes opts.tensors when shmTakesTensors(opts).
 common::Status allreduceShm(transport::Comm& comm, const AllreduceOptions& opts);
+bool shmTakesTensors(const AllreduceOptions& opts);
 // One round: every rank sends its buffer to every other, and all fold the n copies in set-rank
 // order (algo/allreduce_small.cc).
 common::Status allreduceSmall(transport::Comm& comm, const AllreduceOptions& opts);

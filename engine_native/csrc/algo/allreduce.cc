@@ -73,12 +73,21 @@ AllreduceChoice AllreduceChoice::fromConfig(const common::Config& config, bool h
   return choice;
 }
 
+bool allreduceTakesTensors(const transport::Comm& comm, const AllreduceOptions& opts,
+                           const AllreduceChoice& choice) {
+  if (opts.count == 0 || comm.size() == 1) return false;
+  return pick(comm, opts, choice) == Algorithm::kShm && shmTakesTensors(opts);
+}
+
 common::Status allreduce(transport::Comm& comm, const AllreduceOptions& opts,
                          const AllreduceChoice& choice) {
   HVD_RETURN_IF_ERROR(common::checkReducible(opts.dtype, opts.op));
   if (opts.count == 0 || comm.size() == 1) return common::Status::ok();
   const Algorithm a = pick(comm, opts, choice);
   logPick(a, comm);
+  if (opts.tensors != nullptr && a != Algorithm::kShm) {
+    return common::internalError("allreduce: only the shm path takes a batch's tensors");
+  }
   switch (a) {
     case Algorithm::kShm: return allreduceShm(comm, opts);
     case Algorithm::kSmall: return allreduceSmall(comm, opts);

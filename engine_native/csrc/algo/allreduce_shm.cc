@@ -25,6 +25,12 @@
 // every rank reduces all L copies in local-rank order (identical results everywhere), so one
 // synchronisation replaces two.
 //
+// A fused batch (opts.tensors) goes through the same pipeline without a fusion buffer: post
+// reads the pieces straight from the tensors' inputs, the own piece is reduced into the
+// outputs (copied from the inputs first when they differ: 4 KiB at a time, still in L1), and
+// collect writes straight into the outputs (SpanBuffer). Per rank that saves packing S bytes
+// in and S bytes out: of a 200 x 4 KiB step's 2.8 MB of copies, 1.2 MB are left.
+//
 // Prediction (2-core machine of perf-anchors): at L=2 and 64 MiB each rank copies S/2 in,
 // reduces S/2, publishes S/2 and copies S/2 out; DRAM sees about one S-byte read and one S-byte
 // write per rank (~13 ms at 10.5 GB/s of copy traffic), the slot traffic stays in cache:
@@ -82,13 +88,12 @@ struct Piece {
 
 class HostPipeline {
  public:
-  HostPipeline(CollectiveSync& sync, Kind kind, void* data, size_t count,
+  HostPipeline(CollectiveSync& sync, Kind kind, SpanBuffer buffer, size_t count,
                common::DataType dtype, common::ReduceOp op);
   common::Status run();
 
  private:
   Piece piece(uint64_t k, int j) const;
-  uint8_t* at(const Piece& p) const { return data_ + p.first * esize_; }
   uint8_t* slotOf(int j, uint64_t k) const { return sync_.segment().slot(j, base_ + k); }
   // Each waits for what Note [Host pipeline] rules 2 and 3 require, then does its stage.
   common::Status post(uint64_t k);
@@ -97,7 +102,7 @@ class HostPipeline {
 
   CollectiveSync& sync_;
   const Kind kind_;
-  uint8_t* const data_;
+  const SpanBuffer buffer_;
   const size_t count_;
   const common::DataType dtype_;
   const common::ReduceOp op_;
@@ -110,9 +115,9 @@ class HostPipeline {
   uint64_t base_ = 0;        // global number of chunk 0 (rule 1)
 };
 
-HostPipeline::HostPipeline(CollectiveSync& sync, Kind kind, void* data, size_t count,
+HostPipeline::HostPipeline(CollectiveSync& sync, Kind kind, SpanBuffer buffer, size_t count,
                            common::DataType dtype, common::ReduceOp op)
-    : sync_(sync), kind_(kind), data_(static_cast<uint8_t*>(data)), count_(count),
+    : sync_(sync), kind_(kind), buffer_(std::move(buffer)), count_(count),
       dtype_(dtype), op_(op), esize_(common::dataTypeSize(dtype)), me_(sync.index()),
       n_(sync.size()) {
   const size_t chunk_bytes = static_cast<size_t>(sync.segment().chunkBytes());
@@ -156,18 +161,25 @@ common::Status HostPipeline::post(uint64_t k) {
     HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + k + 1 - depth));
   }
   uint8_t* const slot = slotOf(me_, k);
+  const size_t esize = esize_;
+  auto copyIn = [slot, esize](const Piece& p) {
+    uint8_t* const to = slot + p.offset;
+    return [to, esize](const uint8_t* in, uint8_t*, size_t n, size_t off) {
+      std::memcpy(to + off * esize, in, n * esize);
+    };
+  };
   if (kind_ == Kind::kWhole) {
     const Piece p = piece(k, 0);
-    std::memcpy(slot, at(p), p.count * esize_);
+    buffer_.forRange(p.first, p.count, copyIn(p));
   } else if (kind_ == Kind::kAllgather) {
     const Piece p = piece(k, me_);
-    std::memcpy(slot + p.offset, at(p), p.count * esize_);
+    buffer_.forRange(p.first, p.count, copyIn(p));
     sync_.publish({Stage::kPosted, Stage::kReduced}, base_ + k + 1);
     return common::Status::ok();
   } else {
     for (int j = 0; j < n_; ++j) {
       const Piece p = piece(k, j);
-      if (j != me_) std::memcpy(slot + p.offset, at(p), p.count * esize_);
+      if (j != me_) buffer_.forRange(p.first, p.count, copyIn(p));
     }
   }
   sync_.publish({Stage::kPosted}, base_ + k + 1);
@@ -177,23 +189,34 @@ common::Status HostPipeline::post(uint64_t k) {
 common::Status HostPipeline::reduce(uint64_t k) {
   if (kind_ == Kind::kAllgather) return common::Status::ok();
   HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kPosted, base_ + k + 1));  // rule 3
+  const size_t esize = esize_;
   if (kind_ == Kind::kWhole) {
     // Every rank folds the L copies in the same order, so every rank gets the same bits.
     const Piece p = piece(k, 0);
-    std::memcpy(at(p), slotOf(0, k), p.count * esize_);
-    for (int j = 1; j < n_; ++j) common::reduceInto(at(p), slotOf(j, k), p.count, dtype_, op_);
+    buffer_.forRange(p.first, p.count, [&](const uint8_t*, uint8_t* out, size_t n, size_t off) {
+      std::memcpy(out, slotOf(0, k) + off * esize, n * esize);
+      for (int j = 1; j < n_; ++j) {
+        common::reduceInto(out, slotOf(j, k) + off * esize, n, dtype_, op_);
+      }
+    });
     sync_.publish({Stage::kReduced, Stage::kReleased}, base_ + k + 1);
     return common::Status::ok();
   }
   const Piece p = piece(k, me_);
-  for (int j = 0; j < n_; ++j) {
-    if (j != me_) common::reduceInto(at(p), slotOf(j, k) + p.offset, p.count, dtype_, op_);
-  }
-  if (kind_ == Kind::kReduceScatter) {
+  const bool publish = kind_ != Kind::kReduceScatter;
+  uint8_t* const own_slot = slotOf(me_, k) + p.offset;
+  buffer_.forRange(p.first, p.count, [&](const uint8_t* in, uint8_t* out, size_t n,
+                                         size_t off) {
+    if (in != out) std::memcpy(out, in, n * esize);
+    for (int j = 0; j < n_; ++j) {
+      if (j != me_) common::reduceInto(out, slotOf(j, k) + p.offset + off * esize, n, dtype_, op_);
+    }
+    if (publish) std::memcpy(own_slot + off * esize, out, n * esize);
+  });
+  if (!publish) {
     sync_.publish({Stage::kReduced, Stage::kReleased}, base_ + k + 1);
     return common::Status::ok();
   }
-  std::memcpy(slotOf(me_, k) + p.offset, at(p), p.count * esize_);
   sync_.publish({Stage::kReduced}, base_ + k + 1);
   return common::Status::ok();
 }
@@ -201,15 +224,21 @@ common::Status HostPipeline::reduce(uint64_t k) {
 common::Status HostPipeline::collect(uint64_t k) {
   if (kind_ != Kind::kAllreduce && kind_ != Kind::kAllgather) return common::Status::ok();
   HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReduced, base_ + k + 1));  // rule 3
+  const size_t esize = esize_;
   for (int j = 0; j < n_; ++j) {
     const Piece p = piece(k, j);
-    if (j != me_) std::memcpy(at(p), slotOf(j, k) + p.offset, p.count * esize_);
+    if (j == me_) continue;
+    const uint8_t* const from = slotOf(j, k) + p.offset;
+    buffer_.forRange(p.first, p.count, [from, esize](const uint8_t*, uint8_t* out, size_t n,
+                                                     size_t off) {
+      std::memcpy(out, from + off * esize, n * esize);
+    });
   }
   sync_.publish({Stage::kReleased}, base_ + k + 1);
   return common::Status::ok();
 }
 
-common::Status runPipeline(transport::Comm& comm, Kind kind, void* data, size_t count,
+common::Status runPipeline(transport::Comm& comm, Kind kind, SpanBuffer buffer, size_t count,
                            common::DataType dtype, common::ReduceOp op) {
   transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
   if (segment == nullptr) {
@@ -217,35 +246,49 @@ common::Status runPipeline(transport::Comm& comm, Kind kind, void* data, size_t 
                                  "process set of " + std::to_string(comm.size()) + " ranks");
   }
   CollectiveSync sync(comm, segment);
-  HostPipeline pipeline(sync, kind, data, count, dtype, op);
+  HostPipeline pipeline(sync, kind, std::move(buffer), count, dtype, op);
   return pipeline.run();
 }
 
 }  // namespace
 
+bool shmTakesTensors(const AllreduceOptions& opts) {
+  return opts.count * common::dataTypeSize(opts.dtype) > kWholeBytes;
+}
+
 common::Status allreduceShm(transport::Comm& comm, const AllreduceOptions& opts) {
   HVD_RETURN_IF_ERROR(common::checkReducible(opts.dtype, opts.op));
   if (opts.count == 0 || comm.size() == 1) return common::Status::ok();
-  if (opts.data == nullptr) return common::invalidArgument("allreduce: null data buffer");
+  const bool spans = opts.tensors != nullptr;
+  if (spans && !shmTakesTensors(opts)) {
+    return common::internalError("shm allreduce: a fused batch this small needs a buffer");
+  }
+  if (!spans && opts.data == nullptr) {
+    return common::invalidArgument("allreduce: null data buffer");
+  }
   if (static_cast<int>(comm.localMembers().size()) != comm.size()) {
     return common::internalError("shm allreduce: the process set spans several hosts");
   }
-  const bool whole = opts.count * common::dataTypeSize(opts.dtype) <= kWholeBytes;
-  return runPipeline(comm, whole ? Kind::kWhole : Kind::kAllreduce, opts.data, opts.count,
-                     opts.dtype, opts.op);
+  const size_t esize = common::dataTypeSize(opts.dtype);
+  const bool whole = opts.count * esize <= kWholeBytes;
+  SpanBuffer buffer = spans ? SpanBuffer(*opts.tensors, esize) : SpanBuffer(opts.data, esize);
+  return runPipeline(comm, whole ? Kind::kWhole : Kind::kAllreduce, std::move(buffer),
+                     opts.count, opts.dtype, opts.op);
 }
 
 common::Status hostReduceScatter(transport::Comm& comm, void* data, size_t count,
                                  common::DataType dtype, common::ReduceOp op) {
   HVD_RETURN_IF_ERROR(common::checkReducible(dtype, op));
   if (count == 0) return common::Status::ok();
-  return runPipeline(comm, Kind::kReduceScatter, data, count, dtype, op);
+  return runPipeline(comm, Kind::kReduceScatter, SpanBuffer(data, common::dataTypeSize(dtype)),
+                     count, dtype, op);
 }
 
 common::Status hostAllgather(transport::Comm& comm, void* data, size_t count,
                              common::DataType dtype) {
   if (count == 0) return common::Status::ok();
-  return runPipeline(comm, Kind::kAllgather, data, count, dtype, common::ReduceOp::kSum);
+  return runPipeline(comm, Kind::kAllgather, SpanBuffer(data, common::dataTypeSize(dtype)), count,
+                     dtype, common::ReduceOp::kSum);
 }
 
 }  // namespace hvd::algo

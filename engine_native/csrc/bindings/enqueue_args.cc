@@ -6,7 +6,10 @@
 
 namespace hvd::bindings {
 
-bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what) {
+namespace {
+
+template <typename Out>
+bool toInt64s(PyObject* seq, Out* out, const char* what) {
   PyObject* fast = PySequence_Fast(seq, what);
   if (fast == nullptr) return false;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
@@ -20,6 +23,16 @@ bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what) {
   }
   Py_DECREF(fast);
   return true;
+}
+
+}  // namespace
+
+bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what) {
+  return toInt64s(seq, out, what);
+}
+
+bool toInt64List(PyObject* seq, hvd::coord::Shape* out, const char* what) {
+  return toInt64s(seq, out, what);
 }
 
 namespace {
@@ -70,7 +83,7 @@ bool fillOp(int kind, const char* name, Py_ssize_t name_len, int dtype, PyObject
   }
   auto& r = op->request;
   r.type = static_cast<hvd::coord::OpType>(kind);
-  r.name.assign(name, static_cast<size_t>(name_len));
+  op->name = std::string_view(name, static_cast<size_t>(name_len));  // alive during the call
   r.dtype = static_cast<hvd::common::DataType>(dtype);
   r.reduce_op = static_cast<hvd::common::ReduceOp>(reduce_op);
   r.prescale = prescale;

@@ -14,6 +14,7 @@ namespace hvd::bindings {
 
 // A sequence of ints (shape, splits, ranks).
 bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what);
+bool toInt64List(PyObject* seq, hvd::coord::Shape* out, const char* what);
 // enqueue(kind, name, dtype, shape, input, output[, reduce_op, prescale, postscale, root,
 // process_set, splits, device]) in vectorcall form (positional fast path; keywords allowed).
 bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,

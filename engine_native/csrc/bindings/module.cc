@@ -9,8 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
 #include "bindings/nccl.h"
+#include "bindings/numpy_api.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
 #include "runtime/runtime.h"
@@ -182,18 +184,18 @@ PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
   PyObject* fast = PySequence_Fast(seq, "enqueue_group() takes a sequence of tuples");
   if (fast == nullptr) return nullptr;
   std::vector<hvd::runtime::EnqueueArgs> ops(PySequence_Fast_GET_SIZE(fast));
-  for (size_t i = 0; i < ops.size(); ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(fast, i);
-    PyObject* tuple = PySequence_Tuple(item);
-    bool ok = tuple != nullptr && hvd::bindings::parseEnqueueTuple(tuple, &ops[i]);
-    Py_XDECREF(tuple);
-    if (!ok) {
-      Py_DECREF(fast);
-      return nullptr;
-    }
+  // The tuples stay referenced until the ops are submitted: the names are views into them.
+  std::vector<PyObject*> tuples;
+  bool ok = true;
+  for (size_t i = 0; ok && i < ops.size(); ++i) {
+    PyObject* tuple = PySequence_Tuple(PySequence_Fast_GET_ITEM(fast, i));
+    if (tuple != nullptr) tuples.push_back(tuple);
+    ok = tuple != nullptr && hvd::bindings::parseEnqueueTuple(tuple, &ops[i]);
   }
+  PyObject* handles = ok ? submit(std::move(ops)) : nullptr;
+  for (PyObject* tuple : tuples) Py_DECREF(tuple);
   Py_DECREF(fast);
-  return submit(std::move(ops));
+  return handles;
 }
 
 PyObject* pyPoll(PyObject*, PyObject* args) {
@@ -222,6 +224,16 @@ PyObject* resultToPython(const hvd::runtime::OpResult& result) {
 PyObject* pyWait(PyObject*, PyObject* arg) {
   const long long handle = PyLong_AsLongLong(arg);
   if (handle == -1 && PyErr_Occurred()) return nullptr;
+  return hvd::bindings::waitHandle(handle);
+}
+
+}  // namespace
+
+namespace hvd::bindings {
+
+PyObject* raiseStatus(const Status& status) { return raise(status); }
+
+PyObject* waitHandle(int64_t handle) {
   auto& handles = Runtime::instance().handles();
   Status status;
   hvd::runtime::OpResult result;
@@ -257,6 +269,10 @@ PyObject* pyWait(PyObject*, PyObject* arg) {
   if (!status.isOk()) return raise(status);
   return resultToPython(result);
 }
+
+}  // namespace hvd::bindings
+
+namespace {
 
 PyObject* pyAddProcessSet(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
@@ -353,5 +369,6 @@ PyMODINIT_FUNC PyInit__core() {
   for (int i = 0; i < 7; ++i) PyModule_AddIntConstant(module, kinds[i], i);
   if (addTimelineAutotuneBindings(module) < 0) return nullptr;
   if (addNcclBindings(module) < 0) return nullptr;
+  if (hvd::bindings::addNumpyBindings(module) < 0) return nullptr;
   return module;
 }

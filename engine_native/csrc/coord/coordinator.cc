@@ -88,7 +88,7 @@ bool Coordinator::submitted(const Pending& pending, int rank) const {
 common::Status Coordinator::add(Key key, const Request& request, int32_t rank,
                                 std::chrono::steady_clock::time_point now) {
   auto who = [&] {
-    return " (rank " + std::to_string(rank) + ", tensor '" + request.name + "')";
+    return " (rank " + std::to_string(rank) + ", tensor '" + keys_.name(key) + "')";
   };
   auto set_it = sets_.find(request.process_set);
   if (set_it == sets_.end()) {
@@ -117,7 +117,7 @@ common::Status Coordinator::add(Key key, const Request& request, int32_t rank,
     pending.sequence = next_sequence_++;
   } else if (submitted(pending, rank)) {
     return common::invalidArgument("Rank " + std::to_string(rank) + " submitted tensor '" +
-                                   request.name + "' again before it completed; names must be "
+                                   keys_.name(key) + "' again before it completed; names must be "
                                    "unique.");
   }
   if (pending.count == pending.requests.size()) pending.requests.emplace_back();
@@ -198,6 +198,10 @@ void Coordinator::release(const ProcessSetInfo& set, Pending& pending) {
   if (hit != nullptr) {
     ready_.push_back(*hit);
   } else {
+    // Validation names the tensor in its errors; local requests carry only their key.
+    for (size_t i = 0; i < count; ++i) {
+      if (requests[i].name.empty()) requests[i].name = keys_.name(pending.key);
+    }
     Response built = buildResponse(set.members, std::vector<Request>(requests, requests + count),
                                    absent);
     if (absent.empty()) cache_.put(pending.key, requests, count, built);

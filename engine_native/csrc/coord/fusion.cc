@@ -1,6 +1,7 @@
-// Fusion in one pass: each fusion key (dtype, reduce op, scales, set, device kind) has at most
-// one "open" fused response in the output. A matching response joins it while the byte total
-// stays within the threshold, otherwise it opens a new one at its own position. Passing over
+// Fusion in one pass (FusionBatch): each fusion key (dtype, reduce op, scales, set, device
+// kind) has at most one "open" fused response in the output. A matching response joins it
+// while the byte total stays within the threshold, otherwise it opens a new one at its own
+// position. Passing over
 // non-matching responses this way is the look-ahead; it costs O(n k) for n responses and k open
 // keys (a step has one or two). Equivalent to the scan-and-skip of Horovod's FuseResponses
 // without its O(n^2) rescans.
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <tuple>
 
 namespace hvd::coord {
 
@@ -22,11 +22,20 @@ uint64_t bitsOf(double v) {
   return bits;
 }
 
-using FusionKey = std::tuple<int32_t, int32_t, uint64_t, uint64_t, int32_t, bool>;
+// The fusion key: dtype, reduce op, scales, set, device kind.
+bool sameFusionKey(const Response& a, const Response& b) {
+  return a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+         bitsOf(a.prescale) == bitsOf(b.prescale) && bitsOf(a.postscale) == bitsOf(b.postscale) &&
+         a.process_set == b.process_set && (a.device >= 0) == (b.device >= 0);
+}
 
-FusionKey keyOf(const Response& r) {
-  return FusionKey(static_cast<int32_t>(r.dtype), static_cast<int32_t>(r.reduce_op),
-                   bitsOf(r.prescale), bitsOf(r.postscale), r.process_set, r.device >= 0);
+uint64_t fusionKeyHash(const Response& r) {
+  uint64_t h = static_cast<uint64_t>(r.dtype) * 0x9e3779b97f4a7c15ull;
+  h ^= static_cast<uint64_t>(r.reduce_op) + 0x7f4a7c159e3779b9ull + (h << 6) + (h >> 2);
+  h ^= bitsOf(r.prescale) + (h << 6) + (h >> 2);
+  h ^= bitsOf(r.postscale) + (h << 6) + (h >> 2);
+  h ^= static_cast<uint64_t>(static_cast<uint32_t>(r.process_set)) + (h << 6) + (h >> 2);
+  return h ^ (r.device >= 0 ? 1 : 0);
 }
 
 bool fusable(const Response& r) {
@@ -35,12 +44,6 @@ bool fusable(const Response& r) {
 }
 
 bool isFence(const Response& r) { return r.type == OpType::kBarrier || r.type == OpType::kJoin; }
-
-struct Open {
-  FusionKey key;
-  size_t index;   // position of the fused response in the output
-  int64_t bytes;  // its byte total so far
-};
 
 }  // namespace
 
@@ -55,35 +58,58 @@ int64_t responseBytes(const Response& response) {
   return total;
 }
 
+void FusionBatch::add(Response&& r) {
+  if (isFence(r)) open_.clear();
+  if (!fusable(r)) {
+    out_.push_back(std::move(r));
+    return;
+  }
+  const int64_t bytes = responseBytes(r);
+  has_allreduce_ = true;
+  allreduce_bytes_ = bytes > std::numeric_limits<int64_t>::max() - allreduce_bytes_
+                         ? std::numeric_limits<int64_t>::max()
+                         : allreduce_bytes_ + bytes;
+  const uint64_t hash = fusionKeyHash(r);
+  Open* open = nullptr;
+  for (Open& o : open_) {
+    if (o.key_hash == hash && sameFusionKey(out_[o.index], r)) open = &o;
+  }
+  if (threshold_ > 0 && open != nullptr && bytes <= threshold_ - open->bytes) {
+    Response& fused = out_[open->index];
+    fused.keys.append(r.keys);
+    fused.counts.append(r.counts);
+    open->bytes += bytes;
+    return;
+  }
+  if (threshold_ > 0) {
+    if (open != nullptr) {
+      *open = Open{hash, out_.size(), bytes};
+    } else {
+      open_.push_back(Open{hash, out_.size(), bytes});
+    }
+  }
+  out_.push_back(std::move(r));
+}
+
+void FusionBatch::addAll(std::vector<Response>&& responses) {
+  if (out_.empty()) out_.reserve(responses.size());
+  for (Response& r : responses) add(std::move(r));
+}
+
+std::vector<Response> FusionBatch::take() {
+  std::vector<Response> out;
+  out.swap(out_);
+  open_.clear();
+  allreduce_bytes_ = 0;
+  has_allreduce_ = false;
+  return out;
+}
+
 std::vector<Response> fuseResponses(std::vector<Response> ready, int64_t threshold_bytes) {
   if (threshold_bytes <= 0 || ready.size() < 2) return ready;
-  std::vector<Response> out;
-  out.reserve(ready.size());
-  std::vector<Open> open;
-  for (Response& r : ready) {
-    if (isFence(r)) open.clear();
-    if (!fusable(r)) {
-      out.push_back(std::move(r));
-      continue;
-    }
-    const int64_t bytes = responseBytes(r);
-    const FusionKey key = keyOf(r);
-    auto it = std::find_if(open.begin(), open.end(), [&key](const Open& o) { return o.key == key; });
-    if (it != open.end() && bytes <= threshold_bytes - it->bytes) {
-      Response& fused = out[it->index];
-      fused.keys.append(r.keys);
-      fused.counts.append(r.counts);
-      it->bytes += bytes;
-      continue;
-    }
-    if (it != open.end()) {
-      *it = Open{key, out.size(), bytes};
-    } else {
-      open.push_back(Open{key, out.size(), bytes});
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
+  FusionBatch batch(threshold_bytes);
+  batch.addAll(std::move(ready));
+  return batch.take();
 }
 
 }  // namespace hvd::coord

@@ -19,6 +19,37 @@ namespace hvd::coord {
 // across them.
 std::vector<Response> fuseResponses(std::vector<Response> ready, int64_t threshold_bytes);
 
+// The same rules, one response at a time: responses added to a batch fuse exactly as
+// fuseResponses would fuse the whole sequence. Rank 0 holds released responses in one while
+// the batching window is open, so each arrival costs O(open keys), not a pass over the batch.
+class FusionBatch {
+ public:
+  explicit FusionBatch(int64_t threshold_bytes = 0) : threshold_(threshold_bytes) {}
+  // A new threshold applies to what is added from now on.
+  void setThreshold(int64_t threshold_bytes) { threshold_ = threshold_bytes; }
+  void add(Response&& response);
+  void addAll(std::vector<Response>&& responses);
+  bool empty() const { return out_.empty(); }
+  const std::vector<Response>& responses() const { return out_; }
+  // Bytes of the successful allreduces in the batch, and whether there is any.
+  int64_t allreduceBytes() const { return allreduce_bytes_; }
+  bool hasAllreduce() const { return has_allreduce_; }
+  // The fused responses, in order; the batch is empty afterwards.
+  std::vector<Response> take();
+
+ private:
+  struct Open {
+    uint64_t key_hash;  // of the fusion key, to skip most comparisons
+    size_t index;       // position of the fused response in out_
+    int64_t bytes;      // its byte total so far
+  };
+  int64_t threshold_;
+  std::vector<Response> out_;
+  std::vector<Open> open_;
+  int64_t allreduce_bytes_ = 0;
+  bool has_allreduce_ = false;
+};
+
 // Bytes an allreduce response moves per rank (sum of counts x element size), saturating.
 int64_t responseBytes(const Response& response);
 

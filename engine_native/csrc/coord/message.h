@@ -24,13 +24,16 @@ enum class OpType : int32_t {
 };
 const char* opTypeName(OpType type);  // "ALLREDUCE", ...
 
+// A tensor shape; up to four dimensions without touching the heap.
+using Shape = common::SmallVector<int64_t, 4>;
+
 struct Request {
   int32_t request_rank = 0;        // global rank of the sender
   OpType type = OpType::kAllreduce;
   std::string name;
   Key key;                         // name's key on the rank holding this Request
   common::DataType dtype = common::DataType::kFloat32;
-  std::vector<int64_t> shape;
+  Shape shape;
   common::ReduceOp reduce_op = common::ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;

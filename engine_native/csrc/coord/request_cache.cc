@@ -31,8 +31,8 @@ bool RequestCache::cacheable(const Request& r) {
   return r.type != OpType::kBarrier && r.type != OpType::kJoin;
 }
 
-int32_t RequestCache::find(const Request& r) const {
-  auto it = by_name_.find(r.name);
+int32_t RequestCache::find(const Request& r, const std::string& name) const {
+  auto it = by_name_.find(name);
   if (it == by_name_.end()) return -1;
   return sameRequestParams(slots_[it->second].request, r) ? it->second : -1;
 }
@@ -45,10 +45,10 @@ void RequestCache::touch(int32_t slot) {
   lru_.splice(lru_.end(), lru_, slots_[slot].lru);
 }
 
-int32_t RequestCache::insert(const Request& r) {
+int32_t RequestCache::insert(const Request& r, const std::string& name) {
   if (capacity_ == 0) return -1;
   int32_t slot = -1;
-  auto it = by_name_.find(r.name);
+  auto it = by_name_.find(name);
   if (it != by_name_.end()) {
     slot = it->second;                                   // same name, new parameters
   } else if (static_cast<int64_t>(slots_.size()) < capacity_) {
@@ -58,23 +58,26 @@ int32_t RequestCache::insert(const Request& r) {
     slot = lru_.front();                                 // evict the least recently used
     by_name_.erase(slots_[slot].request.name);
   }
-  by_name_[r.name] = slot;
+  by_name_[name] = slot;
   slots_[slot].request = r;
+  slots_[slot].request.name = name;
   slots_[slot].key_hint = Key();
   touch(slot);
   return slot;
 }
 
 std::string encodeRequests(const Request* const* requests, size_t count,
-                           RequestCache* sender_cache) {
+                           RequestCache* sender_cache, const KeyTable* keys) {
   wire::ByteWriter w;
   w.reserve(8 + 16 * count);
   w.u8(wire::kRequestListTag);
   w.u32(static_cast<uint32_t>(count));
   for (size_t i = 0; i < count; ++i) {
     const Request& r = *requests[i];
+    // A local request names its tensor by key only; one from elsewhere carries the name.
+    const std::string& name = r.name.empty() && keys != nullptr ? keys->name(r.key) : r.name;
     bool use_cache = sender_cache != nullptr && RequestCache::cacheable(r);
-    int32_t slot = use_cache ? sender_cache->find(r) : -1;
+    int32_t slot = use_cache ? sender_cache->find(r, name) : -1;
     if (slot >= 0) {
       w.u8(kSlot);
       w.u32(static_cast<uint32_t>(slot));
@@ -84,8 +87,8 @@ std::string encodeRequests(const Request* const* requests, size_t count,
       continue;
     }
     w.u8(kFull);
-    wire::writeRequest(w, r);
-    if (use_cache) sender_cache->insert(r);
+    wire::writeRequest(w, r, name);
+    if (use_cache) sender_cache->insert(r, name);
   }
   return w.take();
 }
@@ -101,7 +104,7 @@ bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* scratch,
     if (!wire::readRequest(in, scratch)) return false;
     Key* hint = nullptr;
     if (mirror != nullptr && RequestCache::cacheable(*scratch)) {
-      hint = mirror->keyHint(static_cast<uint32_t>(mirror->insert(*scratch)));
+      hint = mirror->keyHint(static_cast<uint32_t>(mirror->insert(*scratch, scratch->name)));
     }
     visit(*scratch, scratch->request_rank, scratch->group_id, hint);
     return true;

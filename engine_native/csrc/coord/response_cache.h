@@ -55,13 +55,14 @@ class RequestCache {
   // Barrier and join are never cached: they carry no parameters worth saving.
   static bool cacheable(const Request& r);
 
-  int32_t find(const Request& r) const;      // slot of an equal request, or -1
+  // `name` is r's tensor name (a local request carries only its key).
+  int32_t find(const Request& r, const std::string& name) const;  // slot of an equal request
   const Request* at(uint32_t slot) const;    // nullptr when out of range or empty
   // The holder's key for a slot's name (rank 0's mirrors: a hint, checked with
   // KeyTable::live before use); reset whenever the slot takes another request.
   Key* keyHint(uint32_t slot) { return &slots_[slot].key_hint; }
   void touch(int32_t slot);                  // mark most recently used
-  int32_t insert(const Request& r);          // the miss step of the Note; returns the slot
+  int32_t insert(const Request& r, const std::string& name);  // the miss step; returns the slot
 
  private:
   struct Slot {
@@ -77,9 +78,9 @@ class RequestCache {
 
 // Encodes requests as a RequestList; with a cache, requests already in it go as slot references
 // and the others are added to it (Note [Request cache mirror]). nullptr = every request in full
-// form.
+// form. Requests without a name are named by their key in `keys`.
 std::string encodeRequests(const Request* const* requests, size_t count,
-                           RequestCache* sender_cache);
+                           RequestCache* sender_cache, const KeyTable* keys = nullptr);
 // Decodes what encodeRequests produced, replaying the same steps on `mirror` (nullptr = the
 // sender used no cache; a slot reference is then malformed), and hands each request to `visit`
 // as it is read: the decoded or cached Request (valid during the call only), the sender's rank

@@ -12,7 +12,8 @@ namespace hvd::coord {
 
 namespace {
 
-std::string shapeText(const std::vector<int64_t>& shape) {
+template <typename Dims>
+std::string shapeText(const Dims& shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
@@ -182,7 +183,7 @@ std::string fillFields(const std::vector<Request>& reqs, Response* out) {
   if (a.type == OpType::kAllgather) {
     for (const Request& r : reqs) out->first_dims.push_back(r.shape.front());
   }
-  if (a.type == OpType::kReducescatter) out->first_dims = a.shape;
+  if (a.type == OpType::kReducescatter) out->first_dims.assign(a.shape.begin(), a.shape.end());
   if (a.type == OpType::kAlltoall) {
     for (const Request& r : reqs) {
       std::vector<int64_t> row;
@@ -196,7 +197,7 @@ std::string fillFields(const std::vector<Request>& reqs, Response* out) {
 
 }  // namespace
 
-int64_t elementCount(const std::vector<int64_t>& shape) {
+int64_t elementCount(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d <= 0) return 0;

@@ -18,6 +18,6 @@ Response buildResponse(const std::vector<int>& members, const std::vector<Reques
                        const std::vector<int>& absent);
 
 // Product of the dims (1 for a scalar), saturating at INT64_MAX.
-int64_t elementCount(const std::vector<int64_t>& shape);
+int64_t elementCount(const Shape& shape);
 
 }  // namespace hvd::coord

@@ -146,10 +146,10 @@ bool ByteReader::count(uint32_t* n, size_t min_entry_bytes) {
   return true;
 }
 
-void writeRequest(ByteWriter& w, const Request& r) {
+void writeRequest(ByteWriter& w, const Request& r, const std::string& name) {
   w.i32(r.request_rank);
   w.i32(static_cast<int32_t>(r.type));
-  w.str(r.name);
+  w.str(name);
   w.i32(static_cast<int32_t>(r.dtype));
   w.i64s(r.shape);
   w.i32(static_cast<int32_t>(r.reduce_op));
@@ -163,7 +163,7 @@ void writeRequest(ByteWriter& w, const Request& r) {
 }
 
 namespace {
-bool checkElementCount(ByteReader& in, const std::vector<int64_t>& shape) {
+bool checkElementCount(ByteReader& in, const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d == 0) return true;

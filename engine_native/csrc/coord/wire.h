@@ -88,7 +88,7 @@ class ByteReader {
 };
 
 // Every field of a Request, in declaration order (the "full" form of a request on the wire).
-void writeRequest(ByteWriter& w, const Request& r);
+void writeRequest(ByteWriter& w, const Request& r, const std::string& name);
 bool readRequest(ByteReader& r, Request* out);
 
 }  // namespace hvd::coord::wire

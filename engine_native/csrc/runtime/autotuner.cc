@@ -115,6 +115,7 @@ void Autotuner::queueLocked(const TunedParams& params) {
   if (manager_) s = manager_->state();
   if (!enabled_) s.phase = AutotunePhase::kDone;
   pending_ = toUpdate(params, s);
+  has_pending_.store(true, std::memory_order_release);
   queued_phase_ = pending_->phase;
 }
 
@@ -135,9 +136,11 @@ void Autotuner::observe(const std::string& name, int64_t bytes) {
 }
 
 std::optional<coord::ParamsUpdate> Autotuner::takePending() {
+  if (!has_pending_.load(std::memory_order_acquire)) return std::nullopt;  // every pass asks
   std::lock_guard<std::mutex> lock(mutex_);
   std::optional<coord::ParamsUpdate> out;
   out.swap(pending_);
+  has_pending_.store(false, std::memory_order_relaxed);
   return out;
 }
 

@@ -78,6 +78,7 @@ class Autotuner {
   std::unique_ptr<autotune::ParameterManager> manager_;  // rank 0 while tuning
   autotune::StepMeter meter_;
   std::optional<coord::ParamsUpdate> pending_;
+  std::atomic<bool> has_pending_{false};  // pending_ is set (read without the lock)
   int32_t queued_phase_ = -1;  // phase of the newest update queued
   autotune::TunedParams applied_;
   std::string phase_;

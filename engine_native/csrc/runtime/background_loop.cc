@@ -45,6 +45,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     awaitCause();
     return failed_ ? failure() : status;
   });
+  held_.setThreshold(fusion_threshold_);
   if (mesh_.rank() == 0) {
     coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size(), keys_);
     coordinator_->setFusionThreshold(fusion_threshold_);
@@ -326,7 +327,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   entries_.clear();
   keys_.releaseAll();
   to_execute_.clear();
-  held_.clear();
+  held_.take();
   metrics_.setLastError(status.message());
   if (status.code() != common::Code::kPeerLost) mesh_.close();
   if (shutdown_requested_) finished_ = true;

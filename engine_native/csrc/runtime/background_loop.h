@@ -26,11 +26,13 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "common/config.h"
 #include "coord/coordinator.h"
+#include "coord/fusion.h"
 #include "coord/response_cache.h"
 #include "runtime/autotuner.h"
 #include "runtime/executor.h"
@@ -57,7 +59,8 @@ class BackgroundLoop {
   // Framework threads. Takes the entries (all or none: a duplicate name fails the call) and
   // fills in their keys. Fails at once with the stored failure when the core has failed.
   // wake=false: the caller waits for these entries at once and drive()s them itself.
-  common::Status submit(TensorEntry* entries, size_t count, bool wake = true);
+  common::Status submit(TensorEntry* entries, const std::string_view* names, size_t count,
+                        bool wake = true);
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
@@ -195,7 +198,7 @@ class BackgroundLoop {
   std::vector<NameState> names_;
   size_t negotiating_ = 0;
   size_t negotiating_allreduces_ = 0;
-  std::vector<coord::Response> held_;             // released, fused, not yet sent (window)
+  coord::FusionBatch held_;                       // released, fused, not yet sent (window)
   std::chrono::steady_clock::time_point held_since_;
   std::chrono::steady_clock::time_point last_arrival_;  // latest allreduce request admitted
   // Step memory (Note [Batching window]): allreduces released in the current step are the

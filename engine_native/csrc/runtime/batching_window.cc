@@ -19,14 +19,7 @@ using Clock = std::chrono::steady_clock;
 // apart, up to kMaxWindowCycles cycles after the first release (windowEnd).
 bool BackgroundLoop::holdForWindow() const {
   if (cycle_time_ms_ <= 0 || fusion_threshold_ <= 0) return false;
-  int64_t bytes = 0;
-  bool fusable = false;
-  for (const auto& r : held_) {
-    if (r.type != coord::OpType::kAllreduce || r.status != coord::ResponseType::kOk) continue;
-    fusable = true;
-    bytes += coord::responseBytes(r);
-  }
-  if (!fusable || bytes >= fusion_threshold_) return false;
+  if (!held_.hasAllreduce() || held_.allreduceBytes() >= fusion_threshold_) return false;
   const bool repeating = heldRepeatsLastStep();
   if (negotiating_allreduces_ == 0 && !(repeating && lastStepIncomplete())) return false;
   return Clock::now() < windowEnd(repeating);
@@ -39,7 +32,7 @@ bool BackgroundLoop::inLastStep(coord::Key key) const {
 }
 
 bool BackgroundLoop::heldRepeatsLastStep() const {
-  for (const auto& r : held_) {
+  for (const auto& r : held_.responses()) {
     if (r.type == coord::OpType::kAllreduce && !r.keys.empty() && inLastStep(r.keys.front())) {
       return true;
     }

@@ -50,14 +50,18 @@ void Executor::recordStart(const coord::Response& r, const std::vector<TensorEnt
   if (!detailed_now_) {
     summary_ = keys_.name(r.keys[0]);
     if (r.keys.size() > 1) summary_ += " (+" + std::to_string(r.keys.size() - 1) + " fused)";
-    if (entries[0] != nullptr) shape = entries[0]->request.shape;
+    if (entries[0] != nullptr) {
+      shape.assign(entries[0]->request.shape.begin(), entries[0]->request.shape.end());
+    }
     timeline_->start(summary_, op, r.dtype, shape);
     return;
   }
   timeline_->beginGroup(op);  // Note [Response groups] in timeline.cc
   for (size_t i = 0; i < r.keys.size(); ++i) {
     if (entries[i] != nullptr) {
-      timeline_->start(keys_.name(r.keys[i]), op, r.dtype, entries[i]->request.shape);
+      const coord::Shape& dims = entries[i]->request.shape;
+      timeline_->start(keys_.name(r.keys[i]), op, r.dtype,
+                       std::vector<int64_t>(dims.begin(), dims.end()));
       continue;
     }
     shape.assign(1, i < r.counts.size() ? r.counts[i] : 0);  // a joined rank's zeros
@@ -137,11 +141,55 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   return status;
 }
 
+// Note [Fusion without a buffer]: when the host pipeline serves the set (allreduceTakesTensors)
+// and nothing has to be scaled before the reduction, a fused batch (or an out-of-place single
+// tensor) is handed to it as its tensors: it reads the inputs and writes the outputs directly,
+// and the copies into and out of the fusion buffer (MEMCPY_*_FUSION_BUFFER) do not happen.
+// Elsewhere — TCP, a joined rank's zeros, a prescale factor, small batches — the batch is
+// packed into the persistent fusion buffer as before.
+bool Executor::allreduceTensors(const coord::Response& r,
+                                const std::vector<TensorEntry*>& entries, transport::Comm& comm,
+                                const algo::AllreduceChoice& choice, size_t total,
+                                Status* status) {
+  if (r.prescale != 1.0 || (r.keys.size() == 1 && entries[0] != nullptr &&
+                            entries[0]->input == entries[0]->output)) {
+    return false;
+  }
+  spans_.clear();
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    if (entries[i] == nullptr) return false;  // a joined rank: its zeros need the buffer
+    spans_.push_back({entries[i]->input, entries[i]->output, static_cast<size_t>(r.counts[i])});
+  }
+  algo::AllreduceOptions opts;
+  opts.tensors = &spans_;
+  opts.count = total;
+  opts.dtype = r.dtype;
+  opts.op = r.reduce_op;
+  if (!algo::allreduceTakesTensors(comm, opts, choice)) return false;
+  activityStartAll(r, "_ALLREDUCE");
+  *status = algo::allreduce(comm, opts, choice);
+  if (!status->isOk()) return true;
+  activityEndAll(r);
+  double post = r.postscale;
+  if (r.reduce_op == common::ReduceOp::kAverage) post /= comm.size();
+  if (post != 1.0) {
+    for (const algo::TensorSpan& s : spans_) common::scaleInPlace(s.output, s.count, r.dtype, post);
+  }
+  return true;
+}
+
 Status Executor::allreduce(const coord::Response& r, const std::vector<TensorEntry*>& entries,
                            transport::Comm& comm) {
   const size_t elem = common::dataTypeSize(r.dtype);
   const int64_t total = std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
   const size_t bytes = static_cast<size_t>(total) * elem;
+  const auto choice = algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce());
+  Status direct;
+  if (allreduceTensors(r, entries, comm, choice, static_cast<size_t>(total), &direct)) {
+    HVD_RETURN_IF_ERROR(direct);
+    metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.keys.size());
+    return Status::ok();
+  }
   const bool fused = r.keys.size() > 1 || entries[0] == nullptr;
   uint8_t* buffer = nullptr;
   if (fused) {
@@ -173,8 +221,7 @@ Status Executor::allreduce(const coord::Response& r, const std::vector<TensorEnt
   opts.op = r.reduce_op;
   opts.segment_bytes = static_cast<size_t>(config_.tcp_segment_bytes);
   activityStartAll(r, "_ALLREDUCE");
-  HVD_RETURN_IF_ERROR(algo::allreduce(
-      comm, opts, algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce())));
+  HVD_RETURN_IF_ERROR(algo::allreduce(comm, opts, choice));
   activityEndAll(r);
   double post = r.postscale;
   if (r.reduce_op == common::ReduceOp::kAverage) post /= comm.size();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "algo/algorithms.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "coord/message.h"
@@ -58,6 +59,10 @@ class Executor {
   // entries: one per response key, nullptr where this rank has none (a joined rank).
   common::Status allreduce(const coord::Response& r, const std::vector<TensorEntry*>& entries,
                            transport::Comm& comm);
+  // Note [Fusion without a buffer]: false when the batch must be packed instead.
+  bool allreduceTensors(const coord::Response& r, const std::vector<TensorEntry*>& entries,
+                        transport::Comm& comm, const algo::AllreduceChoice& choice,
+                        size_t total, common::Status* status);
   common::Status allgather(const coord::Response& r, TensorEntry* entry, transport::Comm& comm,
                            OpResult* result);
   common::Status broadcast(const coord::Response& r, TensorEntry* entry, transport::Comm& comm);
@@ -86,6 +91,7 @@ class Executor {
   std::string transport_;              // of the response being executed
   std::vector<uint8_t> fusion_buffer_;  // persistent; grows to the largest fused batch
   std::vector<TensorEntry*> entries_;   // of the response being executed, per key
+  std::vector<algo::TensorSpan> spans_;  // its tensors, when the algorithm takes them directly
   std::vector<int64_t> done_handles_;   // its handles, completed together
   std::vector<uint8_t> zeros_;          // a joined rank's contribution
   std::function<common::Status(const common::Status&)> refine_;

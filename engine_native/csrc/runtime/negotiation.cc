@@ -162,14 +162,8 @@ void BackgroundLoop::coordinate() {
   std::vector<coord::Response> ready = coordinator_->takeReady();
   if (!ready.empty()) {
     noteReleased(ready);
-    if (held_.empty()) {
-      held_ = std::move(ready);
-      held_since_ = t0;
-    } else {
-      held_.insert(held_.end(), std::make_move_iterator(ready.begin()),
-                   std::make_move_iterator(ready.end()));
-      held_ = coord::fuseResponses(std::move(held_), fusion_threshold_);
-    }
+    if (held_.empty()) held_since_ = t0;
+    held_.addAll(std::move(ready));
   }
   if (!held_.empty() && !holdForWindow()) sendReady();
   metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
@@ -196,7 +190,7 @@ void BackgroundLoop::admit(coord::Key key, const coord::Request& request, int32_
   }
   Status status = coordinator_->add(key, request, rank, now);
   if (!status.isOk()) {
-    HVD_LOG(kWarning, "coord") << "rejected request '" << request.name << "' from rank " << rank
+    HVD_LOG(kWarning, "coord") << "rejected request '" << keys_.name(key) << "' from rank " << rank
                                << ": " << status.message();
     return;
   }
@@ -207,9 +201,9 @@ void BackgroundLoop::admit(coord::Key key, const coord::Request& request, int32_
     state.negotiating = static_cast<int8_t>(request.type);
     ++negotiating_;
     if (request.type == coord::OpType::kAllreduce) ++negotiating_allreduces_;
-    if (timeline != nullptr) timeline->negotiateStart(request.name, coord::opTypeName(request.type));
+    if (timeline != nullptr) timeline->negotiateStart(keys_.name(key), coord::opTypeName(request.type));
   }
-  if (timeline != nullptr) timeline->negotiateRankReady(request.name, rank);
+  if (timeline != nullptr) timeline->negotiateRankReady(keys_.name(key), rank);
 }
 
 void BackgroundLoop::admitParked() {
@@ -246,8 +240,7 @@ void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
 // pending autotune setting (also to workers whose share is empty). Step B: queue rank 0's own
 // share the same way.
 void BackgroundLoop::sendReady() {
-  std::vector<coord::Response> ready = std::move(held_);
-  held_.clear();
+  std::vector<coord::Response> ready = held_.take();
   std::optional<coord::ParamsUpdate> params = std::move(unsent_params_);
   unsent_params_.reset();
   std::vector<const coord::Response*> share;
@@ -279,6 +272,7 @@ void BackgroundLoop::adoptTunedParams() {
   if (!update) return;
   fusion_threshold_ = update->fusion_threshold_bytes;
   coordinator_->setFusionThreshold(fusion_threshold_);
+  held_.setThreshold(fusion_threshold_);
   cycle_time_ms_ = update->cycle_time_ms;
   if (update->cache_enabled != cache_enabled_) {
     cache_enabled_ = update->cache_enabled;
@@ -316,8 +310,8 @@ void BackgroundLoop::sendRequests() {
     if (entry != nullptr) encoding_.push_back(&entry->request);
   }
   outgoing_.clear();
-  std::string bytes =
-      coord::encodeRequests(encoding_.data(), encoding_.size(), request_cache_.get());
+  std::string bytes = coord::encodeRequests(encoding_.data(), encoding_.size(),
+                                           request_cache_.get(), &keys_);
   Status status = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kRequests), bytes,
                                          config_.timeout_seconds);
   if (!status.isOk()) {
@@ -331,7 +325,7 @@ void BackgroundLoop::inspectStalls() {
   std::vector<PendingInfo> pending;
   entries_.forEach([&](const TensorEntry& entry) {
     PendingInfo info;
-    info.name = entry.request.name;
+    info.name = keys_.name(entry.request.key);
     info.op = coord::opTypeName(entry.request.type);
     info.age_seconds = std::chrono::duration<double>(now - entry.enqueued).count();
     if (coordinator_) info.missing_ranks = coordinator_->missingRanks(entry.request.key);

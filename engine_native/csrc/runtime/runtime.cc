@@ -18,8 +18,8 @@ namespace {
 
 constexpr const char* kNotInitialized = "Horovod has not been initialized; use hvd.init().";
 
-std::string describe(const coord::Request& r) {
-  return std::string(coord::opTypeName(r.type)) + "('" + r.name + "')";
+std::string describe(const coord::Request& r, std::string_view name) {
+  return std::string(coord::opTypeName(r.type)) + "('" + std::string(name) + "')";
 }
 
 }  // namespace
@@ -211,22 +211,22 @@ int Runtime::size() const {
   return size_;
 }
 
-Status Runtime::validate(coord::Request* r) const {
+Status Runtime::validate(coord::Request* r, std::string_view name) const {
   if (!common::isValidDataType(static_cast<int32_t>(r->dtype))) {
-    return common::typeError(describe(*r) + ": unsupported dtype code " +
+    return common::typeError(describe(*r, name) + ": unsupported dtype code " +
                              std::to_string(static_cast<int>(r->dtype)));
   }
   for (int64_t d : r->shape) {
-    if (d < 0) return common::invalidArgument(describe(*r) + ": negative dimension in shape");
+    if (d < 0) return common::invalidArgument(describe(*r, name) + ": negative dimension in shape");
   }
   const auto set = sets_.membership(r->process_set, rank_, r->root_rank);
   if (!set.registered) {
-    return common::invalidArgument(describe(*r) + ": process set " +
+    return common::invalidArgument(describe(*r, name) + ": process set " +
                                    std::to_string(r->process_set) +
                                    " is not registered; create it with add_process_set()");
   }
   if (!set.has_rank) {
-    return common::invalidArgument(describe(*r) + ": rank " + std::to_string(rank_) +
+    return common::invalidArgument(describe(*r, name) + ": rank " + std::to_string(rank_) +
                                    " is not a member of process set " +
                                    std::to_string(r->process_set));
   }
@@ -235,16 +235,16 @@ Status Runtime::validate(coord::Request* r) const {
     case OpType::kAllreduce:
     case OpType::kReducescatter: {
       Status s = common::checkReducible(r->dtype, r->reduce_op);
-      if (!s.isOk()) return common::typeError(describe(*r) + ": " + s.message());
+      if (!s.isOk()) return common::typeError(describe(*r, name) + ": " + s.message());
       if (r->type == OpType::kReducescatter && r->shape.empty()) {
-        return common::invalidArgument(describe(*r) + ": a scalar cannot be reduce-scattered; "
+        return common::invalidArgument(describe(*r, name) + ": a scalar cannot be reduce-scattered; "
                                        "give it at least one dimension");
       }
       break;
     }
     case OpType::kAllgather:
       if (r->shape.empty()) {
-        return common::invalidArgument(describe(*r) + ": a scalar cannot be gathered; reshape "
+        return common::invalidArgument(describe(*r, name) + ": a scalar cannot be gathered; reshape "
                                        "it to [1]");
       }
       break;
@@ -252,7 +252,7 @@ Status Runtime::validate(coord::Request* r) const {
       // root_rank is a global rank, as in Horovod, and must belong to the process set.
       if (!set.has_root) {
         return common::invalidArgument(
-            describe(*r) + ": root_rank " + std::to_string(r->root_rank) +
+            describe(*r, name) + ": root_rank " + std::to_string(r->root_rank) +
             (r->process_set == 0 ? " is outside [0, " + std::to_string(n) + ")"
                                  : " is not a member of process set " +
                                        std::to_string(r->process_set)));
@@ -260,31 +260,31 @@ Status Runtime::validate(coord::Request* r) const {
       break;
     case OpType::kAlltoall: {
       if (r->shape.empty()) {
-        return common::invalidArgument(describe(*r) + ": a scalar cannot be sent with alltoall");
+        return common::invalidArgument(describe(*r, name) + ": a scalar cannot be sent with alltoall");
       }
       const int64_t dim0 = r->shape[0];
       if (r->splits.empty()) {
         if (dim0 % n != 0) {
           return common::invalidArgument(
-              describe(*r) + ": dimension 0 (" + std::to_string(dim0) +
+              describe(*r, name) + ": dimension 0 (" + std::to_string(dim0) +
               ") is not divisible by the number of ranks (" + std::to_string(n) +
               "); pass splits");
         }
         r->splits.assign(n, dim0 / n);
       }
       if (static_cast<int64_t>(r->splits.size()) != n) {
-        return common::invalidArgument(describe(*r) + ": splits has " +
+        return common::invalidArgument(describe(*r, name) + ": splits has " +
                                        std::to_string(r->splits.size()) +
                                        " entries, expected one per rank (" + std::to_string(n) +
                                        ")");
       }
       int64_t sum = 0;
       for (int64_t s : r->splits) {
-        if (s < 0) return common::invalidArgument(describe(*r) + ": splits must be >= 0");
+        if (s < 0) return common::invalidArgument(describe(*r, name) + ": splits must be >= 0");
         sum += s;
       }
       if (sum != dim0) {
-        return common::invalidArgument(describe(*r) + ": splits sum to " + std::to_string(sum) +
+        return common::invalidArgument(describe(*r, name) + ": splits sum to " + std::to_string(sum) +
                                        " but dimension 0 is " + std::to_string(dim0));
       }
       break;
@@ -296,11 +296,12 @@ Status Runtime::validate(coord::Request* r) const {
   return Status::ok();
 }
 
-Status Runtime::submitLocked(TensorEntry* entries, size_t count, bool wake) {
+Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names, size_t count,
+                             bool wake) {
   if (!loop_) return common::invalidArgument(kNotInitialized);
   for (size_t i = 0; i < count; ++i) {
     entries[i].request.request_rank = rank_;
-    HVD_RETURN_IF_ERROR(validate(&entries[i].request));
+    HVD_RETURN_IF_ERROR(validate(&entries[i].request, names[i]));
   }
   const auto now = std::chrono::steady_clock::now();
   for (size_t i = 0; i < count; ++i) {
@@ -308,7 +309,7 @@ Status Runtime::submitLocked(TensorEntry* entries, size_t count, bool wake) {
     entries[i].enqueued = now;
   }
   // submit() moves the entries on; their handle fields (plain integers) keep their values.
-  Status status = loop_->submit(entries, count, wake);
+  Status status = loop_->submit(entries, names, count, wake);
   if (!status.isOk()) {
     for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);
   }
@@ -321,7 +322,7 @@ Status Runtime::enqueue(EnqueueArgs&& op, int64_t* handle, bool wake) {
   entry.input = op.input;
   entry.output = op.output;
   std::lock_guard<std::mutex> lock(mutex_);
-  HVD_RETURN_IF_ERROR(submitLocked(&entry, 1, wake));
+  HVD_RETURN_IF_ERROR(submitLocked(&entry, &op.name, 1, wake));
   *handle = entry.handle;
   return Status::ok();
 }
@@ -329,13 +330,15 @@ Status Runtime::enqueue(EnqueueArgs&& op, int64_t* handle, bool wake) {
 Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* handles,
                         bool wake) {
   std::vector<TensorEntry> entries(ops.size());
+  std::vector<std::string_view> names(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
     entries[i].request = std::move(ops[i].request);
     entries[i].input = ops[i].input;
     entries[i].output = ops[i].output;
+    names[i] = ops[i].name;
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  HVD_RETURN_IF_ERROR(submitLocked(entries.data(), entries.size(), wake));
+  HVD_RETURN_IF_ERROR(submitLocked(entries.data(), names.data(), entries.size(), wake));
   handles->clear();
   for (const auto& e : entries) handles->push_back(e.handle);
   return Status::ok();

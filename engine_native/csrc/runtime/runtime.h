@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/config.h"
@@ -26,7 +27,8 @@
 namespace hvd::runtime {
 
 struct EnqueueArgs {
-  coord::Request request;   // request_rank filled by the runtime
+  coord::Request request;   // request_rank filled by the runtime; name left empty
+  std::string_view name;    // the tensor name, valid for the duration of the enqueue call
   const void* input = nullptr;
   void* output = nullptr;
 };
@@ -82,9 +84,10 @@ class Runtime {
   common::Status setTunedParams(const autotune::TunedParams& params);
 
  private:
-  common::Status validate(coord::Request* request) const;
+  common::Status validate(coord::Request* request, std::string_view name) const;
   // Validates and submits; entries' handles are created here.
-  common::Status submitLocked(TensorEntry* entries, size_t count, bool wake);
+  common::Status submitLocked(TensorEntry* entries, const std::string_view* names, size_t count,
+                              bool wake);
   void startTimelineAtInit();
 
   mutable std::mutex mutex_;  // lifecycle vs enqueue

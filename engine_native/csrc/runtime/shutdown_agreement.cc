@@ -40,7 +40,7 @@ void BackgroundLoop::beginShutdown() {
   entries_.clear();
   keys_.releaseAll();
   to_execute_.clear();
-  held_.clear();
+  held_.take();
   if (failed_ || mesh_.size() == 1) {
     finished_ = true;
     return;

@@ -8,14 +8,17 @@ namespace hvd::runtime {
 
 using common::Status;
 
-Status BackgroundLoop::submit(TensorEntry* entries, size_t count, bool wake) {
-  // Keys first (their own lock): acquiring one is the duplicate-name check.
+Status BackgroundLoop::submit(TensorEntry* entries, const std::string_view* names, size_t count,
+                              bool wake) {
+  // Keys first (their own lock): acquiring one is the duplicate-name check. The entries keep
+  // only the key; the name lives in keys_.
   for (size_t i = 0; i < count; ++i) {
     coord::Request& r = entries[i].request;
-    const auto acquired = keys_.acquire(r.process_set, r.name, &r.key);
+    const auto acquired = keys_.acquire(r.process_set, names[i], &r.key);
     if (acquired == coord::KeyTable::Acquired::kOk) continue;
     for (size_t j = 0; j < i; ++j) keys_.release(&entries[j].request.key, 1);
-    const std::string what = std::string(coord::opTypeName(r.type)) + "('" + r.name + "')";
+    const std::string what =
+        std::string(coord::opTypeName(r.type)) + "('" + std::string(names[i]) + "')";
     if (acquired == coord::KeyTable::Acquired::kFull) {
       return common::internalError(what + ": more than 4 Mi tensors are in flight; wait for "
                                    "some of them first");
@@ -83,7 +86,7 @@ void BackgroundLoop::sweepKeys() {
     for (const auto& state : names_) {
       if (state.negotiating >= 0) mark(state.key);
     }
-    for (const auto& r : held_) {
+    for (const auto& r : held_.responses()) {
       for (coord::Key key : r.keys) mark(key);
     }
     for (const auto& work : to_execute_) {

@@ -78,11 +78,10 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
 Status ControlChannel::receive(std::vector<ControlMessage>* out) {
   Status end = Status::ok();
   for (size_t budget = kReadBudget; budget > 0;) {
-    const size_t old_size = inbox_.size();
-    inbox_.resize(old_size + kReadChunk);
-    const ssize_t got = ::recv(fd_, &inbox_[old_size], kReadChunk, MSG_DONTWAIT);
+    if (inbox_.size() < inbox_used_ + kReadChunk) inbox_.resize(inbox_used_ + kReadChunk);
+    const ssize_t got = ::recv(fd_, inbox_.data() + inbox_used_, kReadChunk, MSG_DONTWAIT);
     const int err = errno;
-    inbox_.resize(old_size + (got > 0 ? static_cast<size_t>(got) : 0));
+    if (got > 0) inbox_used_ += static_cast<size_t>(got);
     if (got > 0) {
       budget -= std::min(budget, static_cast<size_t>(got));
       // A short read drained the socket: skip the recv that would only say EAGAIN (one
@@ -98,25 +97,30 @@ Status ControlChannel::receive(std::vector<ControlMessage>* out) {
     break;
   }
   size_t offset = 0;
-  while (inbox_.size() - offset >= kHeaderBytes) {
+  while (inbox_used_ - offset >= kHeaderBytes) {
     const char* h = inbox_.data() + offset;
     const uint64_t magic = getLe(h, 4);
     const uint64_t length = getLe(h + 8, 8);
     if (magic != kControlMagic || length > kMaxControlBytes) {
-      inbox_.clear();
+      inbox_used_ = 0;
       return common::internalError(
           "malformed control frame from rank " + std::to_string(peer_) +
           (magic != kControlMagic ? std::string(": bad magic")
                                   : ": length " + std::to_string(length) + " over the limit"));
     }
-    if (inbox_.size() - offset - kHeaderBytes < length) break;
+    if (inbox_used_ - offset - kHeaderBytes < length) break;
     ControlMessage message;
     message.type = static_cast<uint32_t>(getLe(h + 4, 4));
     message.payload.assign(h + kHeaderBytes, length);
     out->push_back(std::move(message));
     offset += kHeaderBytes + length;
   }
-  inbox_.erase(0, offset);
+  if (offset > 0) {
+    std::memmove(inbox_.data(), inbox_.data() + offset, inbox_used_ - offset);
+    inbox_used_ -= offset;
+  }
+  // A large frame grew the buffer: give the memory back once it has been parsed.
+  if (inbox_used_ == 0 && inbox_.size() > 16 * kReadChunk) std::vector<char>().swap(inbox_);
   return end;
 }
 

@@ -38,7 +38,10 @@ class ControlChannel {
  private:
   int fd_;
   int peer_;
-  std::string inbox_;
+  // Received bytes not yet parsed are inbox_[0, inbox_used_). The buffer keeps its size between
+  // calls: growing a string by a read chunk zero-filled 64 KiB on every poll of the channel.
+  std::vector<char> inbox_;
+  size_t inbox_used_ = 0;
 };
 
 }  // namespace hvd::transport

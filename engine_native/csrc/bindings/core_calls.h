@@ -1,0 +1,22 @@
+// Calls into the runtime that several binding files share (defined in bindings/module.cc).
+// Binding code only; called with the GIL held.
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <cstdint>
+
+#include "common/status.h"
+
+namespace hvd::bindings {
+
+// Sets the Python exception for a failed Status (ValueError, TypeError or
+// HorovodInternalError) and returns nullptr.
+PyObject* raiseStatus(const common::Status& status);
+// wait(): blocks with the GIL released until `handle` finished, checking for signals every
+// 50 ms. Returns the op's result (None, (Buffer, shape), ...), or nullptr with an exception:
+// the op's error, or a KeyboardInterrupt (then the op is still pending and the handle valid).
+PyObject* waitHandle(int64_t handle);
+
+}  // namespace hvd::bindings

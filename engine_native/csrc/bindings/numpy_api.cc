@@ -1,0 +1,336 @@
+// The numpy API's per-tensor path in C: allreduce_async() on a plain ndarray, synchronize(), and
+// the table that keeps arrays alive while the core uses their memory (Note [Handle lifetime]).
+// engine_native.numpy_ops configures it once with Python objects (the ndarray type, its dtype
+// table, np.empty_like, the output pool, the checked Python path), so this file needs no numpy
+// headers. Anything the fast path does not handle itself — another array type, a foreign or
+// non-native dtype, a non-contiguous array, an unregistered process set — goes to the checked
+// path, which raises the proper errors; nothing is enqueued before that decision. Binding code
+// only; every function runs with the GIL held (synchronize releases it while it waits).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string>
+#include <vector>
+
+#include "bindings/core_calls.h"
+#include "bindings/enqueue_args.h"
+#include "bindings/numpy_api.h"
+#include "runtime/runtime.h"
+
+namespace hvd::bindings {
+namespace {
+
+using runtime::Runtime;
+
+// Set by numpy_setup(); references held for the life of the process.
+struct Setup {
+  PyObject* ndarray = nullptr;        // numpy.ndarray
+  PyObject* codes = nullptr;          // {numpy dtype: core dtype code}
+  PyObject* empty_like = nullptr;     // numpy.empty_like
+  PyObject* output_like = nullptr;    // numpy_ops._output_like (pooled large outputs)
+  PyObject* checked = nullptr;        // numpy_ops._allreduce_async_checked
+  PyObject* noname = nullptr;         // numpy_ops._full_name
+  PyObject* global_set = nullptr;     // basics.global_process_set
+  Py_ssize_t pool_min_bytes = 0;
+  PyObject* str_dtype = nullptr;
+  PyObject* str_shape = nullptr;
+  PyObject* str_set_id = nullptr;
+};
+Setup g;
+
+// Handle -> what stays alive until its wait returned, the output, and how to finish.
+struct Kept {
+  int64_t handle = 0;  // 0: slot free
+  PyObject* keep = nullptr;
+  PyObject* output = nullptr;
+  PyObject* finish = nullptr;  // nullptr: synchronize returns `output`
+};
+// By the handle's slot (its low 32 bits), which the HandleTable reuses: bounded by the ops in
+// flight at once.
+std::vector<Kept> g_kept;
+
+void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish) {
+  const size_t slot = static_cast<size_t>(handle & 0xffffffff);
+  if (slot >= g_kept.size()) g_kept.resize(std::max(slot + 1, g_kept.size() * 2));
+  Kept& k = g_kept[slot];
+  // A slot still held belongs to a handle that was released without synchronize (abort):
+  // its op is over, so its references can go.
+  Py_CLEAR(k.keep);
+  Py_CLEAR(k.output);
+  Py_CLEAR(k.finish);
+  Py_XINCREF(keep);
+  Py_XINCREF(output);
+  Py_XINCREF(finish);
+  k = Kept{handle, keep, output, finish};
+}
+
+Kept* keptFor(int64_t handle) {
+  const size_t slot = static_cast<size_t>(handle & 0xffffffff);
+  if (handle <= 0 || slot >= g_kept.size() || g_kept[slot].handle != handle) return nullptr;
+  return &g_kept[slot];
+}
+
+PyObject* pyNumpySetup(PyObject*, PyObject* args) {
+  Setup s;
+  if (!PyArg_ParseTuple(args, "OO!OOOOOn", &s.ndarray, &PyDict_Type, &s.codes, &s.empty_like,
+                        &s.output_like, &s.checked, &s.noname, &s.global_set,
+                        &s.pool_min_bytes)) {
+    return nullptr;
+  }
+  for (PyObject* o : {s.ndarray, s.codes, s.empty_like, s.output_like, s.checked, s.noname,
+                      s.global_set}) {
+    Py_INCREF(o);
+  }
+  s.str_dtype = PyUnicode_InternFromString("dtype");
+  s.str_shape = PyUnicode_InternFromString("shape");
+  s.str_set_id = PyUnicode_InternFromString("process_set_id");
+  g = s;
+  Py_RETURN_NONE;
+}
+
+PyObject* pyKeep(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 4) {
+    PyErr_SetString(PyExc_TypeError, "keep(handle, keepalive, output, finish)");
+    return nullptr;
+  }
+  const long long handle = PyLong_AsLongLong(args[0]);
+  if (handle == -1 && PyErr_Occurred()) return nullptr;
+  keepRefs(handle, args[1], args[2] == Py_None ? nullptr : args[2],
+           args[3] == Py_None ? nullptr : args[3]);
+  Py_RETURN_NONE;
+}
+
+// The arguments of allreduce_async(array, op, name, prescale_factor, postscale_factor,
+// process_set, *, _waited), borrowed.
+struct AllreduceArgs {
+  PyObject* array = nullptr;
+  PyObject* op = nullptr;
+  PyObject* name = Py_None;
+  PyObject* prescale = nullptr;
+  PyObject* postscale = nullptr;
+  PyObject* process_set = nullptr;
+  PyObject* waited = Py_False;
+};
+
+bool parseAllreduceArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
+                        AllreduceArgs* out) {
+  static const char* const kNames[] = {"array", "op", "name", "prescale_factor",
+                                       "postscale_factor", "process_set", "_waited"};
+  PyObject** slots[] = {&out->array, &out->op, &out->name, &out->prescale,
+                        &out->postscale, &out->process_set, &out->waited};
+  if (nargs > 6) {
+    PyErr_SetString(PyExc_TypeError, "allreduce_async() takes at most 6 positional arguments");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) *slots[i] = args[i];
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    const char* key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+    if (key == nullptr) return false;
+    size_t i = 0;
+    while (i < 7 && std::string(kNames[i]) != key) ++i;
+    if (i == 7 || static_cast<Py_ssize_t>(i) < nargs) {
+      PyErr_Format(PyExc_TypeError, "allreduce_async() got %s keyword argument '%s'",
+                   i == 7 ? "an unexpected" : "a repeated", key);
+      return false;
+    }
+    *slots[i] = args[nargs + k];
+  }
+  if (out->array == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "allreduce_async() missing required argument 'array'");
+    return false;
+  }
+  return true;
+}
+
+// The checked Python path, with the arguments as given (name completed to the full name).
+PyObject* allreduceChecked(const AllreduceArgs& a, PyObject* full_name) {
+  PyObject* call[] = {a.array,
+                      a.op != nullptr ? a.op : Py_None,
+                      full_name,
+                      a.prescale != nullptr ? a.prescale : Py_None,
+                      a.postscale != nullptr ? a.postscale : Py_None,
+                      a.process_set != nullptr && a.process_set != Py_None ? a.process_set
+                                                                           : g.global_set,
+                      a.waited};
+  return PyObject_Vectorcall(g.checked, call, 7, nullptr);
+}
+
+// Fills the fast path's op; false (no Python error set) when the checked path must decide.
+bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output) {
+  if (Py_TYPE(a.array) != reinterpret_cast<PyTypeObject*>(g.ndarray)) return false;
+  int code = 0, set_id = 0, reduce_op = 0;
+  double prescale = 1.0, postscale = 1.0;
+  PyObject* dtype = PyObject_GetAttr(a.array, g.str_dtype);
+  if (dtype == nullptr) return false;
+  PyObject* code_obj = PyDict_GetItemWithError(g.codes, dtype);  // borrowed
+  Py_DECREF(dtype);
+  if (code_obj == nullptr) return false;
+  code = static_cast<int>(PyLong_AsLong(code_obj));
+  if (a.op != nullptr && (reduce_op = static_cast<int>(PyLong_AsLong(a.op))) == -1 &&
+      PyErr_Occurred()) {
+    return false;
+  }
+  if ((a.prescale != nullptr && (prescale = PyFloat_AsDouble(a.prescale)) == -1.0 &&
+       PyErr_Occurred()) ||
+      (a.postscale != nullptr && (postscale = PyFloat_AsDouble(a.postscale)) == -1.0 &&
+       PyErr_Occurred())) {
+    return false;
+  }
+  if (a.process_set != nullptr && a.process_set != Py_None && a.process_set != g.global_set) {
+    PyObject* id = PyObject_GetAttr(a.process_set, g.str_set_id);
+    if (id == nullptr) return false;
+    set_id = id == Py_None ? -1 : static_cast<int>(PyLong_AsLong(id));
+    Py_DECREF(id);
+    if (set_id < 0) return false;  // unregistered (None) or not an int
+  }
+  Py_buffer in;
+  if (PyObject_GetBuffer(a.array, &in, PyBUF_C_CONTIGUOUS) != 0) return false;
+  const Py_ssize_t nbytes = in.len;
+  op->input = in.buf;
+  PyBuffer_Release(&in);  // the caller keeps the array alive (Kept)
+  PyObject* shape = PyObject_GetAttr(a.array, g.str_shape);
+  const bool shaped = shape != nullptr && toInt64List(shape, &op->request.shape, "shape");
+  Py_XDECREF(shape);
+  if (!shaped) return false;
+  PyObject* out = PyObject_Vectorcall(nbytes < g.pool_min_bytes ? g.empty_like : g.output_like,
+                                      &a.array, 1, nullptr);
+  if (out == nullptr) return false;
+  Py_buffer view;
+  if (PyObject_GetBuffer(out, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+    Py_DECREF(out);
+    return false;
+  }
+  op->output = view.buf;
+  PyBuffer_Release(&view);
+  auto& r = op->request;
+  r.type = coord::OpType::kAllreduce;
+  r.dtype = static_cast<common::DataType>(code);
+  r.reduce_op = static_cast<common::ReduceOp>(reduce_op);
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.process_set = set_id;
+  *output = out;
+  return true;
+}
+
+// allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+// process_set=global_process_set, *, _waited=False) -> handle
+PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
+                           PyObject* kwnames) {
+  if (g.ndarray == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "allreduce_async(): numpy_setup() was not called");
+    return nullptr;
+  }
+  AllreduceArgs a;
+  if (!parseAllreduceArgs(args, nargs, kwnames, &a)) return nullptr;
+  // Horovod's tensor name: "allreduce.<name>", or "allreduce.noname.<n>" from the counter.
+  thread_local std::string full;
+  PyObject* full_obj = nullptr;  // only built for the checked path or a missing name
+  Py_ssize_t name_len = 0;
+  const int named = PyObject_IsTrue(a.name);  // as the Python API: None and "" are unnamed
+  if (named < 0) return nullptr;
+  if (named == 1) {
+    PyObject* text_obj = PyObject_Str(a.name);  // the same object for a str
+    const char* text =
+        text_obj != nullptr ? PyUnicode_AsUTF8AndSize(text_obj, &name_len) : nullptr;
+    if (text != nullptr) {
+      full.assign("allreduce.");
+      full.append(text, static_cast<size_t>(name_len));
+    }
+    Py_XDECREF(text_obj);
+    if (text == nullptr) return nullptr;
+  } else {
+    PyObject* call[] = {PyUnicode_FromString("allreduce"), Py_None};
+    full_obj = call[0] != nullptr ? PyObject_Vectorcall(g.noname, call, 2, nullptr) : nullptr;
+    Py_XDECREF(call[0]);
+    const char* text = full_obj != nullptr ? PyUnicode_AsUTF8AndSize(full_obj, &name_len)
+                                           : nullptr;
+    if (text == nullptr) {
+      Py_XDECREF(full_obj);
+      return nullptr;
+    }
+    full.assign(text, static_cast<size_t>(name_len));
+  }
+  runtime::EnqueueArgs op;
+  PyObject* output = nullptr;
+  if (!fastOp(a, &op, &output)) {
+    PyErr_Clear();
+    if (full_obj == nullptr) full_obj = PyUnicode_FromStringAndSize(full.data(), full.size());
+    PyObject* handle = full_obj != nullptr ? allreduceChecked(a, full_obj) : nullptr;
+    Py_XDECREF(full_obj);
+    return handle;
+  }
+  Py_XDECREF(full_obj);
+  op.name = full;
+  int64_t handle = 0;
+  const bool waited = PyObject_IsTrue(a.waited) == 1;
+  common::Status status = Runtime::instance().enqueue(std::move(op), &handle, !waited);
+  if (!status.isOk()) {
+    Py_DECREF(output);
+    return raiseStatus(status);
+  }
+  keepRefs(handle, a.array, output, nullptr);
+  Py_DECREF(output);
+  return PyLong_FromLongLong(handle);
+}
+
+// synchronize(handle): waits, then returns the kept output, or finish(core result).
+PyObject* pySynchronize(PyObject*, PyObject* arg) {
+  const long long handle = PyLong_AsLongLong(arg);
+  if (handle == -1 && PyErr_Occurred()) return nullptr;
+  PyObject* result = waitHandle(handle);
+  Kept* k = keptFor(handle);
+  if (result == nullptr) {
+    // A KeyboardInterrupt leaves the op pending: its memory stays kept. An error means the op
+    // is over: let go.
+    if (k != nullptr && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      Py_CLEAR(k->keep);
+      Py_CLEAR(k->output);
+      Py_CLEAR(k->finish);
+      k->handle = 0;
+    }
+    return nullptr;
+  }
+  if (k == nullptr) return result;  // not a numpy op: the core's own result
+  Kept done = *k;
+  *k = Kept();
+  PyObject* out = nullptr;
+  if (done.finish == nullptr) {
+    out = done.output != nullptr ? done.output : Py_None;
+    Py_INCREF(out);
+  } else {
+    out = PyObject_CallOneArg(done.finish, result);
+  }
+  Py_DECREF(result);
+  Py_XDECREF(done.keep);
+  Py_XDECREF(done.output);
+  Py_XDECREF(done.finish);
+  return out;
+}
+
+PyMethodDef g_numpy_methods[] = {
+    {"numpy_setup", pyNumpySetup, METH_VARARGS,
+     "numpy_setup(ndarray, codes, empty_like, output_like, checked, noname, global_set, "
+     "pool_min_bytes): configure the numpy fast path (engine_native.numpy_ops calls it)."},
+    {"keep", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyKeep)), METH_FASTCALL,
+     "keep(handle, keepalive, output, finish): hold references until synchronize(handle)."},
+    {"allreduce_async",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyAllreduceAsync)),
+     METH_FASTCALL | METH_KEYWORDS,
+     "allreduce_async($module, /, array, op=0, name=None, prescale_factor=1.0, "
+     "postscale_factor=1.0, process_set=None)\n--\n\nReduce `array` across ranks without "
+     "waiting (op 0 is hvd.Average; process_set None is the global set); returns a handle for "
+     "poll()/synchronize(), whose result is a new array."},
+    {"synchronize", pySynchronize, METH_O,
+     "synchronize($module, handle, /)\n--\n\nWait for an async op and return its result "
+     "(raises its error)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+int addNumpyBindings(PyObject* module) {
+  return PyModule_AddFunctions(module, g_numpy_methods);
+}
+
+}  // namespace hvd::bindings
