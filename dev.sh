@@ -35,6 +35,15 @@ PY
     fi
 }
 
+ensure_build_deps() {
+    # With --no-build-isolation (below) pip does not install pyproject's build requirements:
+    # the C++ core compiles against numpy's headers, so numpy must be there first.
+    if ! "$PYTHON" -c "import numpy" >/dev/null 2>&1; then
+        log "numpy not importable: installing it (needed to build the core)"
+        "$PYTHON" -m pip install "numpy>=1.23"
+    fi
+}
+
 ensure_torch() {
     if "$PYTHON" -c "import torch" >/dev/null 2>&1; then
         return
@@ -95,6 +104,7 @@ install_project() {
 setup() {
     check_python
     ensure_torch
+    ensure_build_deps
     install_project
     # The mpich wheel puts mpiexec next to python; make sure the tests and demo find it.
     PATH="$("$PYTHON" -c 'import os, sys; print(os.path.dirname(sys.executable))'):$PATH"

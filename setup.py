@@ -205,10 +205,21 @@ for _folder, _package in (("kernel", "hvd_magic.kernel"), ("widgets", "hvd_magic
     packages += _names
     package_dir.update(_dirs)
 
+def _numpy_include():
+    # bindings/numpy_api.cc uses numpy's C API (the numpy API's per-tensor path); numpy is a
+    # runtime dependency anyway and a build requirement in pyproject.toml.
+    try:
+        import numpy
+    except ImportError:
+        raise SystemExit("engine_native._core: numpy is needed to build the extension; "
+                         "pip install 'numpy>=1.23' first (or build with build isolation)")
+    return numpy.get_include()
+
+
 core = Extension(
     "engine_native._core",
     sources=[os.path.join(CSRC, s) for s in CORE_SOURCES],
-    include_dirs=[CSRC],
+    include_dirs=[CSRC, _numpy_include()],
     extra_compile_args=compile_args(),
     extra_link_args=["-pthread"],
     libraries=["rt", "dl"],

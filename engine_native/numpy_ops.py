@@ -34,7 +34,6 @@ _POOL_MIN_BYTES = 1 << 20
 _POOL_MAX_ARRAYS = 4
 _POOL_MAX_BYTES = 512 << 20
 _output_pool: list = []
-_empty_like = np.empty_like
 
 
 def _enqueuer(waited: bool):
@@ -139,8 +138,8 @@ def _allreduce_async_checked(array, op, full, prescale_factor, postscale_factor,
 #                 process_set=global_process_set): reduce across ranks without waiting; returns
 # a handle for poll()/synchronize(), whose result is a new array.
 allreduce_async = _core.allreduce_async
-_core.numpy_setup(np.ndarray, _NUMPY_CODES, np.empty_like, _output_like,
-                  _allreduce_async_checked, _full_name, global_process_set, _POOL_MIN_BYTES)
+_core.numpy_setup(_NUMPY_CODES, _output_like, _allreduce_async_checked, _full_name,
+                  global_process_set, _POOL_MIN_BYTES)
 
 
 def allreduce(array, op: int = Average, name: Optional[str] = None,

@@ -1,19 +1,24 @@
 // The numpy API's per-tensor path in C: allreduce_async() on a plain ndarray, synchronize(), and
 // the table that keeps arrays alive while the core uses their memory (Note [Handle lifetime]).
-// engine_native.numpy_ops configures it once with Python objects (the ndarray type, its dtype
-// table, np.empty_like, the output pool, the checked Python path), so this file needs no numpy
-// headers. Anything the fast path does not handle itself — another array type, a foreign or
-// non-native dtype, a non-contiguous array, an unregistered process set — goes to the checked
-// path, which raises the proper errors; nothing is enqueued before that decision. Binding code
-// only; every function runs with the GIL held (synchronize releases it while it waits).
+// engine_native.numpy_ops configures it once (its dtype table, the output pool for large
+// arrays, the checked Python path). Arrays are read through numpy's C API: data pointer, dims
+// and a new output array cost a few loads and one allocation, where the buffer protocol
+// allocated (and later freed) a buffer-info record per fresh output and np.empty_like went
+// through Python's call and __array_function__ dispatch. Anything the fast path does not handle
+// itself — another array type, a foreign or non-native dtype, a non-contiguous array, an
+// unregistered process set — goes to the checked path, which raises the proper errors; nothing
+// is enqueued before that decision. Binding code only; every function runs with the GIL held
+// (synchronize releases it while it waits).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
 
 #include <string>
 #include <vector>
 
 #include "bindings/core_calls.h"
-#include "bindings/enqueue_args.h"
 #include "bindings/numpy_api.h"
 #include "runtime/runtime.h"
 
@@ -24,16 +29,12 @@ using runtime::Runtime;
 
 // Set by numpy_setup(); references held for the life of the process.
 struct Setup {
-  PyObject* ndarray = nullptr;        // numpy.ndarray
   PyObject* codes = nullptr;          // {numpy dtype: core dtype code}
-  PyObject* empty_like = nullptr;     // numpy.empty_like
   PyObject* output_like = nullptr;    // numpy_ops._output_like (pooled large outputs)
   PyObject* checked = nullptr;        // numpy_ops._allreduce_async_checked
   PyObject* noname = nullptr;         // numpy_ops._full_name
   PyObject* global_set = nullptr;     // basics.global_process_set
   Py_ssize_t pool_min_bytes = 0;
-  PyObject* str_dtype = nullptr;
-  PyObject* str_shape = nullptr;
   PyObject* str_set_id = nullptr;
 };
 Setup g;
@@ -72,17 +73,13 @@ Kept* keptFor(int64_t handle) {
 
 PyObject* pyNumpySetup(PyObject*, PyObject* args) {
   Setup s;
-  if (!PyArg_ParseTuple(args, "OO!OOOOOn", &s.ndarray, &PyDict_Type, &s.codes, &s.empty_like,
-                        &s.output_like, &s.checked, &s.noname, &s.global_set,
-                        &s.pool_min_bytes)) {
+  if (!PyArg_ParseTuple(args, "O!OOOOn", &PyDict_Type, &s.codes, &s.output_like, &s.checked,
+                        &s.noname, &s.global_set, &s.pool_min_bytes)) {
     return nullptr;
   }
-  for (PyObject* o : {s.ndarray, s.codes, s.empty_like, s.output_like, s.checked, s.noname,
-                      s.global_set}) {
+  for (PyObject* o : {s.codes, s.output_like, s.checked, s.noname, s.global_set}) {
     Py_INCREF(o);
   }
-  s.str_dtype = PyUnicode_InternFromString("dtype");
-  s.str_shape = PyUnicode_InternFromString("shape");
   s.str_set_id = PyUnicode_InternFromString("process_set_id");
   g = s;
   Py_RETURN_NONE;
@@ -112,10 +109,23 @@ struct AllreduceArgs {
   PyObject* waited = Py_False;
 };
 
+constexpr int kArgCount = 7;
+const char* const kArgNames[kArgCount] = {"array", "op", "name", "prescale_factor",
+                                          "postscale_factor", "process_set", "_waited"};
+PyObject* g_arg_names[kArgCount];  // interned: keyword names usually compare by identity
+
+int argIndex(PyObject* key) {
+  for (int i = 0; i < kArgCount; ++i) {
+    if (key == g_arg_names[i]) return i;
+  }
+  for (int i = 0; i < kArgCount; ++i) {
+    if (PyUnicode_Compare(key, g_arg_names[i]) == 0) return i;
+  }
+  return kArgCount;
+}
+
 bool parseAllreduceArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                         AllreduceArgs* out) {
-  static const char* const kNames[] = {"array", "op", "name", "prescale_factor",
-                                       "postscale_factor", "process_set", "_waited"};
   PyObject** slots[] = {&out->array, &out->op, &out->name, &out->prescale,
                         &out->postscale, &out->process_set, &out->waited};
   if (nargs > 6) {
@@ -125,13 +135,11 @@ bool parseAllreduceArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
   for (Py_ssize_t i = 0; i < nargs; ++i) *slots[i] = args[i];
   const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
   for (Py_ssize_t k = 0; k < nkw; ++k) {
-    const char* key = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
-    if (key == nullptr) return false;
-    size_t i = 0;
-    while (i < 7 && std::string(kNames[i]) != key) ++i;
-    if (i == 7 || static_cast<Py_ssize_t>(i) < nargs) {
-      PyErr_Format(PyExc_TypeError, "allreduce_async() got %s keyword argument '%s'",
-                   i == 7 ? "an unexpected" : "a repeated", key);
+    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+    const int i = argIndex(key);
+    if (i == kArgCount || i < nargs) {
+      PyErr_Format(PyExc_TypeError, "allreduce_async() got %s keyword argument '%U'",
+                   i == kArgCount ? "an unexpected" : "a repeated", key);
       return false;
     }
     *slots[i] = args[nargs + k];
@@ -156,16 +164,24 @@ PyObject* allreduceChecked(const AllreduceArgs& a, PyObject* full_name) {
   return PyObject_Vectorcall(g.checked, call, 7, nullptr);
 }
 
+// A C-contiguous, aligned, native-order ndarray (exactly that type): what the core can use.
+PyArrayObject* plainArray(PyObject* obj, bool writable) {
+  if (!PyArray_CheckExact(obj)) return nullptr;
+  auto* arr = reinterpret_cast<PyArrayObject*>(obj);
+  const int need = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | (writable ? NPY_ARRAY_WRITEABLE : 0);
+  if (!PyArray_CHKFLAGS(arr, need) || !PyArray_ISNOTSWAPPED(arr)) return nullptr;
+  return arr;
+}
+
 // Fills the fast path's op; false (no Python error set) when the checked path must decide.
 bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output) {
-  if (Py_TYPE(a.array) != reinterpret_cast<PyTypeObject*>(g.ndarray)) return false;
+  PyArrayObject* arr = plainArray(a.array, false);
+  if (arr == nullptr) return false;
   int code = 0, set_id = 0, reduce_op = 0;
   double prescale = 1.0, postscale = 1.0;
-  PyObject* dtype = PyObject_GetAttr(a.array, g.str_dtype);
-  if (dtype == nullptr) return false;
-  PyObject* code_obj = PyDict_GetItemWithError(g.codes, dtype);  // borrowed
-  Py_DECREF(dtype);
-  if (code_obj == nullptr) return false;
+  PyObject* code_obj =
+      PyDict_GetItemWithError(g.codes, reinterpret_cast<PyObject*>(PyArray_DESCR(arr)));
+  if (code_obj == nullptr) return false;  // borrowed
   code = static_cast<int>(PyLong_AsLong(code_obj));
   if (a.op != nullptr && (reduce_op = static_cast<int>(PyLong_AsLong(a.op))) == -1 &&
       PyErr_Occurred()) {
@@ -184,25 +200,27 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
     Py_DECREF(id);
     if (set_id < 0) return false;  // unregistered (None) or not an int
   }
-  Py_buffer in;
-  if (PyObject_GetBuffer(a.array, &in, PyBUF_C_CONTIGUOUS) != 0) return false;
-  const Py_ssize_t nbytes = in.len;
-  op->input = in.buf;
-  PyBuffer_Release(&in);  // the caller keeps the array alive (Kept)
-  PyObject* shape = PyObject_GetAttr(a.array, g.str_shape);
-  const bool shaped = shape != nullptr && toInt64List(shape, &op->request.shape, "shape");
-  Py_XDECREF(shape);
-  if (!shaped) return false;
-  PyObject* out = PyObject_Vectorcall(nbytes < g.pool_min_bytes ? g.empty_like : g.output_like,
-                                      &a.array, 1, nullptr);
+  const int ndim = PyArray_NDIM(arr);
+  const npy_intp* dims = PyArray_DIMS(arr);
+  op->request.shape.resize(static_cast<size_t>(ndim));
+  for (int i = 0; i < ndim; ++i) op->request.shape[i] = static_cast<int64_t>(dims[i]);
+  op->input = PyArray_DATA(arr);
+  PyObject* out = nullptr;
+  if (PyArray_NBYTES(arr) < g.pool_min_bytes) {
+    PyArray_Descr* descr = PyArray_DESCR(arr);
+    Py_INCREF(descr);  // stolen by the call
+    out = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, const_cast<npy_intp*>(dims), nullptr,
+                               nullptr, 0, nullptr);
+  } else {
+    out = PyObject_Vectorcall(g.output_like, &a.array, 1, nullptr);  // the pool
+  }
   if (out == nullptr) return false;
-  Py_buffer view;
-  if (PyObject_GetBuffer(out, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+  PyArrayObject* out_arr = plainArray(out, true);
+  if (out_arr == nullptr || PyArray_NBYTES(out_arr) != PyArray_NBYTES(arr)) {
     Py_DECREF(out);
     return false;
   }
-  op->output = view.buf;
-  PyBuffer_Release(&view);
+  op->output = PyArray_DATA(out_arr);
   auto& r = op->request;
   r.type = coord::OpType::kAllreduce;
   r.dtype = static_cast<common::DataType>(code);
@@ -218,7 +236,7 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
 // process_set=global_process_set, *, _waited=False) -> handle
 PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
                            PyObject* kwnames) {
-  if (g.ndarray == nullptr) {
+  if (g.codes == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "allreduce_async(): numpy_setup() was not called");
     return nullptr;
   }
@@ -311,8 +329,8 @@ PyObject* pySynchronize(PyObject*, PyObject* arg) {
 
 PyMethodDef g_numpy_methods[] = {
     {"numpy_setup", pyNumpySetup, METH_VARARGS,
-     "numpy_setup(ndarray, codes, empty_like, output_like, checked, noname, global_set, "
-     "pool_min_bytes): configure the numpy fast path (engine_native.numpy_ops calls it)."},
+     "numpy_setup(codes, output_like, checked, noname, global_set, pool_min_bytes): configure "
+     "the numpy fast path (engine_native.numpy_ops calls it)."},
     {"keep", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyKeep)), METH_FASTCALL,
      "keep(handle, keepalive, output, finish): hold references until synchronize(handle)."},
     {"allreduce_async",
@@ -330,6 +348,11 @@ PyMethodDef g_numpy_methods[] = {
 }  // namespace
 
 int addNumpyBindings(PyObject* module) {
+  import_array1(-1);  // numpy's C API table (numpy is a dependency of engine_native)
+  for (int i = 0; i < kArgCount; ++i) {
+    g_arg_names[i] = PyUnicode_InternFromString(kArgNames[i]);
+    if (g_arg_names[i] == nullptr) return -1;
+  }
   return PyModule_AddFunctions(module, g_numpy_methods);
 }
 

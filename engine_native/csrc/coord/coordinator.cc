@@ -32,7 +32,7 @@
 namespace hvd::coord {
 
 Coordinator::Coordinator(int world_size, const KeyTable& keys)
-    : world_size_(world_size), keys_(keys) {
+    : world_size_(world_size), keys_(keys), ready_(fusion_threshold_) {
   ProcessSetInfo global;
   global.id = 0;
   for (int rank = 0; rank < world_size; ++rank) global.members.push_back(rank);
@@ -158,7 +158,7 @@ common::Status Coordinator::addJoin(Key key, const Request& request, int32_t ran
     done.device = request.device;
     done.last_joined_rank = rank;
     joined_.erase(set.id);
-    ready_.push_back(std::move(done));
+    ready_.add(std::move(done));
   }
   return common::Status::ok();
 }
@@ -171,6 +171,7 @@ bool Coordinator::hasJoined(int32_t set_id, int rank) const {
 
 bool Coordinator::isReady(const ProcessSetInfo& set, const Pending& pending) const {
   size_t covered = pending.count;  // submitters are distinct members
+  if (joined_.empty()) return covered == set.members.size();
   auto it = joined_.find(set.id);
   if (it != joined_.end()) {
     for (int rank : it->second) covered += submitted(pending, rank) ? 0 : 1;
@@ -183,11 +184,12 @@ bool Coordinator::isReady(const ProcessSetInfo& set, const Pending& pending) con
 void Coordinator::release(const ProcessSetInfo& set, Pending& pending) {
   Request* requests = pending.requests.data();
   const size_t count = pending.count;
-  std::sort(requests, requests + count, [](const Request& a, const Request& b) {
-    return a.request_rank < b.request_rank;
-  });
+  auto byRank = [](const Request& a, const Request& b) { return a.request_rank < b.request_rank; };
+  if (!std::is_sorted(requests, requests + count, byRank)) {
+    std::sort(requests, requests + count, byRank);
+  }
   std::vector<int> absent;  // joined without submitting: they contribute zeros
-  auto joined = joined_.find(set.id);
+  auto joined = joined_.empty() ? joined_.end() : joined_.find(set.id);
   if (joined != joined_.end()) {
     for (int rank : joined->second) {
       if (!submitted(pending, rank)) absent.push_back(rank);
@@ -196,7 +198,7 @@ void Coordinator::release(const ProcessSetInfo& set, Pending& pending) {
   }
   const Response* hit = absent.empty() ? cache_.find(pending.key, requests, count) : nullptr;
   if (hit != nullptr) {
-    ready_.push_back(*hit);
+    ready_.add(Response(*hit));
   } else {
     // Validation names the tensor in its errors; local requests carry only their key.
     for (size_t i = 0; i < count; ++i) {
@@ -205,18 +207,14 @@ void Coordinator::release(const ProcessSetInfo& set, Pending& pending) {
     Response built = buildResponse(set.members, std::vector<Request>(requests, requests + count),
                                    absent);
     if (absent.empty()) cache_.put(pending.key, requests, count, built);
-    ready_.push_back(std::move(built));
+    ready_.add(std::move(built));
   }
   pending.key = Key();
   pending.count = 0;
   --pending_count_;
 }
 
-std::vector<Response> Coordinator::takeReady() {
-  std::vector<Response> out = fuseResponses(std::move(ready_), fusion_threshold_);
-  ready_.clear();
-  return out;
-}
+std::vector<Response> Coordinator::takeReady() { return ready_.take(); }
 
 void Coordinator::markKeys(const KeyTable::MarkFn& mark) const {
   if (pending_count_ == 0) return;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "coord/fusion.h"
 #include "coord/message.h"
 #include "coord/response_cache.h"
 
@@ -33,7 +34,10 @@ class Coordinator {
 
   void addProcessSet(const ProcessSetInfo& set);
   void removeProcessSet(int32_t id);
-  void setFusionThreshold(int64_t bytes) { fusion_threshold_ = bytes; }
+  void setFusionThreshold(int64_t bytes) {
+    fusion_threshold_ = bytes;
+    ready_.setThreshold(bytes);
+  }
   // Capacity of the validated-response cache (HVD_CACHE_CAPACITY; 0 disables). Clears it.
   void setCacheCapacity(int64_t entries) { cache_.setCapacity(entries); }
 
@@ -85,7 +89,7 @@ class Coordinator {
   std::map<int32_t, std::vector<int>> joined_;  // set -> joined global ranks, in join order
   std::vector<Pending> table_;                  // by key index
   size_t pending_count_ = 0;
-  std::vector<Response> ready_;                 // in release order, not yet fused
+  FusionBatch ready_;                           // released, fused as they are released
   ResponseCache cache_;
 };
 

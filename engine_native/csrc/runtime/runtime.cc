@@ -219,7 +219,12 @@ Status Runtime::validate(coord::Request* r, std::string_view name) const {
   for (int64_t d : r->shape) {
     if (d < 0) return common::invalidArgument(describe(*r, name) + ": negative dimension in shape");
   }
-  const auto set = sets_.membership(r->process_set, rank_, r->root_rank);
+  // The global set (0) is every rank and never changes: no table lookup on the common path.
+  const auto set = r->process_set == 0
+                       ? ProcessSetTable::Membership{true, true,
+                                                     r->root_rank >= 0 && r->root_rank < size_,
+                                                     size_}
+                       : sets_.membership(r->process_set, rank_, r->root_rank);
   if (!set.registered) {
     return common::invalidArgument(describe(*r, name) + ": process set " +
                                    std::to_string(r->process_set) +
@@ -303,11 +308,7 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
     entries[i].request.request_rank = rank_;
     HVD_RETURN_IF_ERROR(validate(&entries[i].request, names[i]));
   }
-  const auto now = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < count; ++i) {
-    entries[i].handle = handles_.create(/*caller_waits=*/!wake);
-    entries[i].enqueued = now;
-  }
+  for (size_t i = 0; i < count; ++i) entries[i].handle = handles_.create(/*caller_waits=*/!wake);
   // submit() moves the entries on; their handle fields (plain integers) keep their values.
   Status status = loop_->submit(entries, names, count, wake);
   if (!status.isOk()) {

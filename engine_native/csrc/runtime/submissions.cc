@@ -61,6 +61,7 @@ void BackgroundLoop::drainSubmissions() {
   timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
   const auto now = Clock::now();
   for (auto& e : draining_) {
+    e.enqueued = now;  // for the stall inspector's ages: one clock read per drain
     if (failed_) {
       handles_.complete(e.handle, failure());
       keys_.release(&e.request.key, 1);

@@ -20,7 +20,7 @@ struct TensorEntry {
   const void* input = nullptr;
   void* output = nullptr;   // allreduce / broadcast; others get an OutputBuffer
   int64_t handle = 0;
-  std::chrono::steady_clock::time_point enqueued;
+  std::chrono::steady_clock::time_point enqueued;  // when the loop took it (stall ages)
 };
 
 class EntryTable {
