@@ -79,6 +79,32 @@ def wait(handle: int) -> Any:
     reducescatter), ``(Buffer, shape, received_splits)`` (alltoall), or the last joined global
     rank (join). Raises the op's error. The handle is released after a completed wait."""
 
+# ---- the numpy API's per-tensor path (bindings/numpy_api.cc) --------------------------------
+
+def numpy_setup(codes: dict, output_like: Any, checked: Any, noname: Any, global_set: Any,
+                pool_min_bytes: int) -> None:
+    """Configure allreduce_async below (engine_native.numpy_ops calls it at import): the
+    {numpy dtype: dtype code} table, the output pool for arrays of ``pool_min_bytes`` or more,
+    the checked Python path ``checked(array, op, full_name, prescale, postscale, process_set,
+    waited) -> handle`` for everything the C path leaves to it, the noname-name function
+    ``noname(kind, None) -> str`` and the global ProcessSet object."""
+
+def allreduce_async(array: Any, op: int = 0, name: Optional[str] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Any = None) -> int:
+    """The numpy API's allreduce_async: a C-contiguous, aligned, native-order numpy array of a
+    supported dtype goes straight to the core with a new output array; anything else is
+    passed to the configured checked path. Returns a handle for poll()/synchronize()."""
+
+def keep(handle: int, keepalive: Any, output: Any, finish: Any) -> None:
+    """Hold references until synchronize(handle) returned (Note [Handle lifetime]): what the
+    core reads or writes, the op's output, and ``finish(core_result)`` (None: return output)."""
+
+def synchronize(handle: int) -> Any:
+    """wait(handle), then the kept output, or finish(result); releases the kept references
+    (kept after a KeyboardInterrupt: the op is still pending). A handle nothing was kept for
+    returns wait()'s own result."""
+
 def add_process_set(ranks: Sequence[int]) -> int:
     """Register a process set on this rank; every rank must make the same calls in the same
     order (ids are assigned by a counter). Returns the id (0 is the global set)."""

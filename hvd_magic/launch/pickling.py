@@ -21,7 +21,12 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["UnpicklableError", "dumps", "dumps_call", "find_culprit", "loads"]
+__all__ = ["UnpicklableError", "dumps", "dumps_call", "find_culprit", "loads", "loads_call"]
+
+# cloudpickle (>= 3.1) names every code object it sends by value "<dynamic-code>", so a rank's
+# traceback would show neither the file nor the source lines of the user's function.
+# dumps_call sends the real file name along and loads_call puts it back.
+_DYNAMIC_FILE = "<dynamic-code>"
 
 _MAX_DEPTH = 8
 _MAX_CHILDREN = 256
@@ -55,9 +60,12 @@ def dumps(obj: Any, what: str, root: str = "the function") -> bytes:
 
 
 def dumps_call(fn: Any, args: tuple, kwargs: dict, what: str) -> bytes:
-    """cloudpickle ``(fn, args, kwargs)``; a failure names the argument or the function's part."""
+    """cloudpickle a call of ``fn`` for :func:`loads_call`; a failure names the argument or the
+    function's part."""
+    code = getattr(fn, "__code__", None)
+    payload = (fn, args, kwargs, code.co_filename if isinstance(code, types.CodeType) else None)
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return cloudpickle.dumps(payload)
     except Exception:
         pass
     name = getattr(fn, "__name__", None) or "the function"
@@ -65,7 +73,24 @@ def dumps_call(fn: Any, args: tuple, kwargs: dict, what: str) -> bytes:
         (f"keyword argument '{k}'", v) for k, v in kwargs.items()]
     for root, part in parts:
         dumps(part, what, root)
-    return cloudpickle.dumps((fn, args, kwargs))  # raises as is if only the whole fails
+    return cloudpickle.dumps(payload)  # raises as is if only the whole fails
+
+
+def _refiled(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` and the functions defined in it, with ``filename`` for the dynamic one."""
+    consts = tuple(_refiled(c, filename) if isinstance(c, types.CodeType) else c
+                   for c in code.co_consts)
+    if code.co_filename != _DYNAMIC_FILE:
+        return code.replace(co_consts=consts) if consts != code.co_consts else code
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+def loads_call(data: bytes) -> tuple:
+    """``(fn, args, kwargs)`` from :func:`dumps_call`, the function's file name restored."""
+    fn, args, kwargs, filename = cloudpickle.loads(data)
+    if filename and isinstance(fn, types.FunctionType):
+        fn.__code__ = _refiled(fn.__code__, filename)
+    return fn, args, kwargs
 
 
 def _picklable(obj: Any) -> bool:

@@ -63,8 +63,8 @@ def main() -> int:
     client = RendezvousClient(os.environ["HVD_RUN_STORE"], bytes.fromhex(os.environ["HVD_SECRET"]),
                               connect_timeout=timeout)
     try:
-        from .pickling import loads
-        fn, args, kwargs = loads(client.get(f"{key}/payload", timeout=timeout))
+        from .pickling import loads_call
+        fn, args, kwargs = loads_call(client.get(f"{key}/payload", timeout=timeout))
     except Exception as exc:
         result = _error("load", exc, skip_frames=1)
     else:

@@ -150,8 +150,30 @@ def make_fake_core():
     def remove_process_set(sid):
         state['sets'].pop(sid, None)
 
+    # The numpy API's entry points (engine_native.numpy_ops configures them at import): the
+    # fake has no fast path, so allreduce_async always takes numpy_ops' checked path.
+    numpy = {}
+
+    def numpy_setup(codes, output_like, checked, noname, global_set, pool_min_bytes):
+        numpy.update(checked=checked, noname=noname, global_set=global_set)
+
+    def allreduce_async(array, op=0, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                        process_set=None, *, _waited=False):
+        full = 'allreduce.%s' % name if name else numpy['noname']('allreduce', None)
+        return numpy['checked'](array, op, full, prescale_factor, postscale_factor,
+                                process_set or numpy['global_set'], _waited)
+
+    def keep(handle, keepalive, output, finish):
+        state.setdefault('kept', {})[handle] = (keepalive, output, finish)
+
+    def synchronize(handle):
+        result = wait(handle)
+        _, output, finish = state.setdefault('kept', {}).pop(handle, (None, None, None))
+        return output if finish is None else finish(result)
+
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
-               add_process_set, remove_process_set):
+               add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
+               synchronize):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']
