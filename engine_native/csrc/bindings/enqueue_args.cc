@@ -2,6 +2,7 @@
 // runtime::EnqueueArgs. Binding code only; called with the GIL held.
 #include "bindings/enqueue_args.h"
 
+#include <climits>
 #include <cstdint>
 
 namespace hvd::bindings {
@@ -124,6 +125,10 @@ bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
 bool asInt(PyObject* obj, int* out) {
   long v = PyLong_AsLong(obj);
   if (v == -1 && PyErr_Occurred()) return false;
+  if (v < INT_MIN || v > INT_MAX) {  // as PyArg's "i": never a silent wrap (2**32 -> set 0)
+    PyErr_SetString(PyExc_OverflowError, "enqueue(): an argument is out of range for a C int");
+    return false;
+  }
   *out = static_cast<int>(v);
   return true;
 }

@@ -15,6 +15,7 @@
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <climits>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ struct Setup {
   PyObject* noname = nullptr;         // numpy_ops._full_name
   PyObject* global_set = nullptr;     // basics.global_process_set
   Py_ssize_t pool_min_bytes = 0;
+  PyObject* average = nullptr;        // op 0 (hvd.Average), the default
+  PyObject* one = nullptr;            // 1.0, the default scale factors
   PyObject* str_set_id = nullptr;
 };
 Setup g;
@@ -50,19 +53,25 @@ struct Kept {
 // flight at once.
 std::vector<Kept> g_kept;
 
+// Drops a Kept's references after its slot was reset: a destructor run by a DECREF may call
+// back into allreduce_async and grow g_kept, so no reference into it is held meanwhile.
+void dropRefs(const Kept& k) {
+  Py_XDECREF(k.keep);
+  Py_XDECREF(k.output);
+  Py_XDECREF(k.finish);
+}
+
 void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish) {
   const size_t slot = static_cast<size_t>(handle & 0xffffffff);
   if (slot >= g_kept.size()) g_kept.resize(std::max(slot + 1, g_kept.size() * 2));
-  Kept& k = g_kept[slot];
-  // A slot still held belongs to a handle that was released without synchronize (abort):
-  // its op is over, so its references can go.
-  Py_CLEAR(k.keep);
-  Py_CLEAR(k.output);
-  Py_CLEAR(k.finish);
   Py_XINCREF(keep);
   Py_XINCREF(output);
   Py_XINCREF(finish);
-  k = Kept{handle, keep, output, finish};
+  // A slot still held belongs to a handle that was released without synchronize (a plain
+  // wait() after an abort): its op is over, so its references can go.
+  const Kept stale = g_kept[slot];
+  g_kept[slot] = Kept{handle, keep, output, finish};
+  dropRefs(stale);
 }
 
 Kept* keptFor(int64_t handle) {
@@ -81,6 +90,9 @@ PyObject* pyNumpySetup(PyObject*, PyObject* args) {
     Py_INCREF(o);
   }
   s.str_set_id = PyUnicode_InternFromString("process_set_id");
+  s.average = PyLong_FromLong(0);
+  s.one = PyFloat_FromDouble(1.0);
+  if (s.str_set_id == nullptr || s.average == nullptr || s.one == nullptr) return nullptr;
   g = s;
   Py_RETURN_NONE;
 }
@@ -151,17 +163,30 @@ bool parseAllreduceArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
   return true;
 }
 
-// The checked Python path, with the arguments as given (name completed to the full name).
+// The checked Python path, with the arguments as given (defaults filled in, the name completed
+// to the full name).
 PyObject* allreduceChecked(const AllreduceArgs& a, PyObject* full_name) {
   PyObject* call[] = {a.array,
-                      a.op != nullptr ? a.op : Py_None,
+                      a.op != nullptr ? a.op : g.average,
                       full_name,
-                      a.prescale != nullptr ? a.prescale : Py_None,
-                      a.postscale != nullptr ? a.postscale : Py_None,
+                      a.prescale != nullptr ? a.prescale : g.one,
+                      a.postscale != nullptr ? a.postscale : g.one,
                       a.process_set != nullptr && a.process_set != Py_None ? a.process_set
                                                                            : g.global_set,
                       a.waited};
   return PyObject_Vectorcall(g.checked, call, 7, nullptr);
+}
+
+// A Python int as a C int; false (with OverflowError or TypeError set) when it is not one.
+bool asCInt(PyObject* obj, int* out) {
+  const long v = PyLong_AsLong(obj);
+  if (v == -1 && PyErr_Occurred()) return false;
+  if (v < INT_MIN || v > INT_MAX) {
+    PyErr_SetString(PyExc_OverflowError, "value out of range for a C int");
+    return false;
+  }
+  *out = static_cast<int>(v);
+  return true;
 }
 
 // A C-contiguous, aligned, native-order ndarray (exactly that type): what the core can use.
@@ -183,10 +208,7 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
       PyDict_GetItemWithError(g.codes, reinterpret_cast<PyObject*>(PyArray_DESCR(arr)));
   if (code_obj == nullptr) return false;  // borrowed
   code = static_cast<int>(PyLong_AsLong(code_obj));
-  if (a.op != nullptr && (reduce_op = static_cast<int>(PyLong_AsLong(a.op))) == -1 &&
-      PyErr_Occurred()) {
-    return false;
-  }
+  if (a.op != nullptr && !asCInt(a.op, &reduce_op)) return false;
   if ((a.prescale != nullptr && (prescale = PyFloat_AsDouble(a.prescale)) == -1.0 &&
        PyErr_Occurred()) ||
       (a.postscale != nullptr && (postscale = PyFloat_AsDouble(a.postscale)) == -1.0 &&
@@ -196,9 +218,9 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
   if (a.process_set != nullptr && a.process_set != Py_None && a.process_set != g.global_set) {
     PyObject* id = PyObject_GetAttr(a.process_set, g.str_set_id);
     if (id == nullptr) return false;
-    set_id = id == Py_None ? -1 : static_cast<int>(PyLong_AsLong(id));
+    const bool ok = id != Py_None && asCInt(id, &set_id);
     Py_DECREF(id);
-    if (set_id < 0) return false;  // unregistered (None) or not an int
+    if (!ok || set_id < 0) return false;  // unregistered (None) or not an int
   }
   const int ndim = PyArray_NDIM(arr);
   const npy_intp* dims = PyArray_DIMS(arr);
@@ -282,7 +304,11 @@ PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   Py_XDECREF(full_obj);
   op.name = full;
   int64_t handle = 0;
-  const bool waited = PyObject_IsTrue(a.waited) == 1;
+  const int waited = PyObject_IsTrue(a.waited);
+  if (waited < 0) {
+    Py_DECREF(output);
+    return nullptr;
+  }
   common::Status status = Runtime::instance().enqueue(std::move(op), &handle, !waited);
   if (!status.isOk()) {
     Py_DECREF(output);
@@ -300,18 +326,18 @@ PyObject* pySynchronize(PyObject*, PyObject* arg) {
   PyObject* result = waitHandle(handle);
   Kept* k = keptFor(handle);
   if (result == nullptr) {
-    // A KeyboardInterrupt leaves the op pending: its memory stays kept. An error means the op
-    // is over: let go.
-    if (k != nullptr && !PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-      Py_CLEAR(k->keep);
-      Py_CLEAR(k->output);
-      Py_CLEAR(k->finish);
-      k->handle = 0;
+    // An interrupted wait (Ctrl-C, or any exception a signal handler raised) leaves the op
+    // pending and its handle known: its memory stays kept. Otherwise the op failed and is
+    // over (wait released the handle): let go.
+    if (k != nullptr && Runtime::instance().handles().poll(handle) < 0) {
+      const Kept done = *k;
+      *k = Kept();
+      dropRefs(done);
     }
     return nullptr;
   }
   if (k == nullptr) return result;  // not a numpy op: the core's own result
-  Kept done = *k;
+  const Kept done = *k;
   *k = Kept();
   PyObject* out = nullptr;
   if (done.finish == nullptr) {
@@ -321,9 +347,7 @@ PyObject* pySynchronize(PyObject*, PyObject* arg) {
     out = PyObject_CallOneArg(done.finish, result);
   }
   Py_DECREF(result);
-  Py_XDECREF(done.keep);
-  Py_XDECREF(done.output);
-  Py_XDECREF(done.finish);
+  dropRefs(done);
   return out;
 }
 

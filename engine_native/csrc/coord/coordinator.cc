@@ -217,6 +217,9 @@ void Coordinator::release(const ProcessSetInfo& set, Pending& pending) {
 std::vector<Response> Coordinator::takeReady() { return ready_.take(); }
 
 void Coordinator::markKeys(const KeyTable::MarkFn& mark) const {
+  for (const Response& r : ready_.responses()) {
+    for (Key key : r.keys) mark(key);
+  }
   if (pending_count_ == 0) return;
   for (const Pending& p : table_) {
     if (p.key.assigned()) mark(p.key);

@@ -104,7 +104,8 @@ bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* scratch,
     if (!wire::readRequest(in, scratch)) return false;
     Key* hint = nullptr;
     if (mirror != nullptr && RequestCache::cacheable(*scratch)) {
-      hint = mirror->keyHint(static_cast<uint32_t>(mirror->insert(*scratch, scratch->name)));
+      const int32_t slot = mirror->insert(*scratch, scratch->name);  // -1: caching is off
+      if (slot >= 0) hint = mirror->keyHint(static_cast<uint32_t>(slot));
     }
     visit(*scratch, scratch->request_rank, scratch->group_id, hint);
     return true;

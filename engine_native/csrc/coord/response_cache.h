@@ -60,7 +60,7 @@ class RequestCache {
   const Request* at(uint32_t slot) const;    // nullptr when out of range or empty
   // The holder's key for a slot's name (rank 0's mirrors: a hint, checked with
   // KeyTable::live before use); reset whenever the slot takes another request.
-  Key* keyHint(uint32_t slot) { return &slots_[slot].key_hint; }
+  Key* keyHint(uint32_t slot) { return slot < slots_.size() ? &slots_[slot].key_hint : nullptr; }
   void touch(int32_t slot);                  // mark most recently used
   int32_t insert(const Request& r, const std::string& name);  // the miss step; returns the slot
 

@@ -165,7 +165,12 @@ void BackgroundLoop::pass(bool mark_cycle) {
   }
   // only while a file marks cycles; a spinning caller's passes are not cycles
   if (mark_cycle && timeline_ != nullptr) timeline_->markCycle();
-  if (coordinator_ && !failed_) syncProcessSets();  // requests are admitted as they arrive
+  if (coordinator_ && !failed_) {
+    // Before anything is admitted: requests are admitted (and fused) as they arrive, so a new
+    // autotune setting must be in force first (coordinate(), step b).
+    syncProcessSets();
+    adoptTunedParams();
+  }
   drainSubmissions();
   if (!failed_) readControl();
   if (!failed_ && !shutdown_sent_) {

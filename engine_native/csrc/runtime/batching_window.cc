@@ -56,8 +56,10 @@ void BackgroundLoop::noteStepBoundary() {
     step_ += 2;
     this_step_count_ = this_step_repeats_ = last_step_count_ = 0;
   }
+  // Own tensors submitted but not drained yet count as pending: without that check a loop that
+  // executed the first part of a step before draining the rest cut the step there.
   if (this_step_count_ == 0 || negotiating_ != 0 || !held_.empty() || !entries_.empty() ||
-      !to_execute_.empty()) {
+      !to_execute_.empty() || submissions_pending_.load(std::memory_order_relaxed)) {
     return;
   }
   last_step_count_ = this_step_count_;

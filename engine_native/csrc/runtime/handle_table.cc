@@ -7,7 +7,10 @@ namespace hvd::runtime {
 
 namespace {
 // handle = generation << 32 | slot. Generations are odd while a slot is in use, so a handle is
-// never 0 and a released handle (its slot's generation moved on) is unknown.
+// never 0 and a released handle (its slot's generation moved on) is unknown. They count
+// modulo 2^31 (parity kept), so a handle stays positive however often a slot is reused.
+uint32_t nextGeneration(uint32_t g) { return (g + 1) & 0x7fffffffu; }
+
 int64_t makeHandle(uint32_t slot, uint32_t generation) {
   return static_cast<int64_t>((static_cast<uint64_t>(generation) << 32) | slot);
 }
@@ -44,14 +47,14 @@ int64_t HandleTable::create(bool caller_waits) {
     slots_.emplace_back();
   }
   State& state = slots_[slot];
-  state.generation += 1;  // even (free) -> odd (in use)
+  state.generation = nextGeneration(state.generation);  // even (free) -> odd (in use)
   state.done = false;
   state.caller_waits = caller_waits;
   return makeHandle(slot, state.generation);
 }
 
 void HandleTable::freeSlot(int64_t handle, State* state) {
-  state->generation += 1;  // odd -> even: every copy of the handle is now unknown
+  state->generation = nextGeneration(state->generation);  // odd -> even: copies are unknown
   state->status = common::Status();
   state->result = OpResult();
   state->next_free = free_head_;

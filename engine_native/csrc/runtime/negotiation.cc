@@ -151,14 +151,14 @@ void BackgroundLoop::syncProcessSets() {
 // The coordinator step, in order (requests were admitted as they arrived: drain and
 // readControl call admit(); only those for sets not registered yet wait in parked_):
 //   a. admit parked requests whose set is registered now;
-//   b. adopt a new autotune setting: rank 0's fusion threshold, window and cache change now,
-//      so the responses released below are fused under it and carry it;
+//   b. (at the start of the pass, before any admission: a new autotune setting — rank 0's
+//      fusion threshold, window and cache — is adopted, so the responses released in this
+//      pass are fused under it and carry it);
 //   c. release what is ready (timeline: NEGOTIATE_<OP> closes) into the held batch;
 //   d. keep holding while the batching window is open (holdForWindow), else send the batch.
 void BackgroundLoop::coordinate() {
   auto t0 = Clock::now();
   admitParked();
-  adoptTunedParams();
   std::vector<coord::Response> ready = coordinator_->takeReady();
   if (!ready.empty()) {
     noteReleased(ready);

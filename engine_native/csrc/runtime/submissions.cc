@@ -85,7 +85,9 @@ void BackgroundLoop::sweepKeys() {
     if (coordinator_) coordinator_->markKeys(mark);
     for (const auto& r : parked_) mark(r.key);
     for (const auto& state : names_) {
-      if (state.negotiating >= 0) mark(state.key);
+      // Negotiating names, and the last two steps' names: the step memory (Note [Batching
+      // window]) must still know them when they come round again.
+      if (state.negotiating >= 0 || state.stamp + 1 >= step_) mark(state.key);
     }
     for (const auto& r : held_.responses()) {
       for (coord::Key key : r.keys) mark(key);
