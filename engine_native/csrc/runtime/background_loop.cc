@@ -302,6 +302,25 @@ BackgroundLoop::CommSlot& BackgroundLoop::commFor(int32_t process_set) {
   return it->second;
 }
 
+// Every op of this rank — submitted, drained or queued for execution — ends with `status`, and
+// its name may be submitted again. store_failure: later submissions fail with it too.
+void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (store_failure) {
+      failure_ = status;
+      has_failure_.store(true, std::memory_order_release);
+    }
+    for (auto& e : submitted_) handles_.complete(e.handle, status);
+    submitted_.clear();
+  }
+  entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
+  entries_.clear();
+  keys_.releaseAll();
+  to_execute_.clear();
+  held_.take();
+}
+
 void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   if (failed_) return;
   failed_ = true;
@@ -322,17 +341,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
       }
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    failure_ = status;
-    for (auto& e : submitted_) handles_.complete(e.handle, status);
-    submitted_.clear();
-  }
-  entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
-  entries_.clear();
-  keys_.releaseAll();
-  to_execute_.clear();
-  held_.take();
+  completeAllPending(status, /*store_failure=*/true);
   metrics_.setLastError(status.message());
   if (status.code() != common::Code::kPeerLost) mesh_.close();
   if (shutdown_requested_) finished_ = true;

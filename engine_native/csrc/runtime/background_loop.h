@@ -117,6 +117,7 @@ class BackgroundLoop {
   void beginShutdown();
   void checkShutdownAgreement();
   void fail(const common::Status& status, bool tell_peers);
+  void completeAllPending(const common::Status& status, bool store_failure);
   void syncProcessSets();
   struct CommSlot {
     std::unique_ptr<transport::Comm> comm;
@@ -161,6 +162,7 @@ class BackgroundLoop {
   mutable std::mutex mutex_;
   std::vector<TensorEntry> submitted_;
   common::Status failure_;
+  std::atomic<bool> has_failure_{false};  // failure_ is set (read without the lock)
   std::atomic<bool> shutdown_requested_{false};
   std::atomic<bool> abort_requested_{false};
   std::atomic<bool> timeline_detail_{false};

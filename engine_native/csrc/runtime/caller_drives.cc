@@ -1,20 +1,9 @@
 // The caller-driven pass of BackgroundLoop (background_loop.h): a framework thread about to
 // block on its own op runs the loop's passes itself. Note [Caller drives] below.
+#include "common/cpu_relax.h"
 #include "runtime/background_loop.h"
 
 namespace hvd::runtime {
-
-namespace {
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-}  // namespace
 
 // Note [Caller drives]
 // A synchronous op costs four sleeping hand-offs when only the loop thread communicates:
@@ -66,7 +55,7 @@ bool BackgroundLoop::drive(int64_t handle) {
       wakeIfAsleep();
       return false;
     }
-    cpuRelax();
+    common::cpuRelax();
   }
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinates_other_sets_;
@@ -76,7 +65,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     pass(/*mark_cycle=*/false);
     done = handles_.poll(handle) != 0;
     if (done || Clock::now() >= give_up) break;
-    cpuRelax();
+    common::cpuRelax();
   }
   if (done) metrics_.countDriven();
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C

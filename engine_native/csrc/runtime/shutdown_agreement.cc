@@ -31,16 +31,7 @@ void BackgroundLoop::beginShutdown() {
     // Peers may be blocked in a collective with this rank: do not make them wait long.
     shutdown_deadline_ = std::min(shutdown_deadline_, Clock::now() + std::chrono::seconds(1));
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& e : submitted_) handles_.complete(e.handle, status);
-    submitted_.clear();
-  }
-  entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
-  entries_.clear();
-  keys_.releaseAll();
-  to_execute_.clear();
-  held_.take();
+  completeAllPending(status, /*store_failure=*/false);
   if (failed_ || mesh_.size() == 1) {
     finished_ = true;
     return;

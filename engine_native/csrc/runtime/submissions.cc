@@ -10,6 +10,9 @@ using common::Status;
 
 Status BackgroundLoop::submit(TensorEntry* entries, const std::string_view* names, size_t count,
                               bool wake) {
+  // A failed core answers with its failure, not with a duplicate name: fail() releases every
+  // key only after it stored the failure.
+  if (has_failure_.load(std::memory_order_acquire)) return failure();
   // Keys first (their own lock): acquiring one is the duplicate-name check. The entries keep
   // only the key; the name lives in keys_.
   for (size_t i = 0; i < count; ++i) {

@@ -17,6 +17,7 @@
 //      TCP sockets and the shm pairs' sockets, on which shm peers send a wake byte instead of a
 //      futex wake. Abort wakes all three at once. Then go to A.
 // A rank idle in E costs about 20 wake-ups a second (one per slice), i.e. ~0% CPU.
+#include "common/cpu_relax.h"
 #include "transport/comm.h"
 
 #include <poll.h>
@@ -43,14 +44,6 @@ namespace {
 constexpr int kSliceMilliseconds = 50;
 constexpr auto kLivenessInterval = std::chrono::milliseconds(20);
 constexpr int kBurst = 16;  // sendSome/recvSome calls per transfer per pass
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 // The state of one exchange() call (Note [Exchange progress]).
 class Exchange {
@@ -295,7 +288,7 @@ Status Comm::exchange(Transfer* transfers, size_t count) {
     }
     const auto spin_end = now + spin;  // D
     while (!progressed && Clock::now() < spin_end) {
-      for (int k = 0; k < 32; ++k) cpuRelax();
+      for (int k = 0; k < 32; ++k) common::cpuRelax();
       HVD_RETURN_IF_ERROR(x.tryAll(&progressed));
     }
     if (!progressed) x.waitSlice();  // E, then back to A

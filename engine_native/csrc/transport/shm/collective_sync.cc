@@ -11,6 +11,7 @@
 //      ordering]: the re-check reads the counters with seq_cst loads, publish() stores them
 //      seq_cst before it looks at the peers' sleeping flags), then go to A.
 // Abort rings this rank's collective doorbell (Mesh::abort), so D ends at once.
+#include "common/cpu_relax.h"
 #include "transport/shm/collective_sync.h"
 
 #include <chrono>
@@ -27,14 +28,6 @@ namespace {
 
 constexpr int64_t kSliceMicroseconds = 50 * 1000;
 constexpr auto kLivenessInterval = std::chrono::milliseconds(20);
-
-inline void cpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 }  // namespace
 
@@ -127,7 +120,7 @@ Status CollectiveSync::waitAll(Stage stage, uint64_t value) {
   while (true) {
     const auto spin_end = Clock::now() + spin;  // B
     while (behind >= 0 && Clock::now() < spin_end) {
-      for (int k = 0; k < 32; ++k) cpuRelax();
+      for (int k = 0; k < 32; ++k) common::cpuRelax();
       behind = firstBehind(stage, value, behind);
     }
     if (behind < 0) return Status::ok();
