@@ -92,6 +92,7 @@ CORE_SOURCES = [
     "bindings/nccl.cc",
     "bindings/enqueue_args.cc",
     "bindings/numpy_api.cc",
+    "bindings/small_output_pool.cc",
     "bindings/module.cc",
 ]
 

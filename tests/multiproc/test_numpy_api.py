@@ -1,8 +1,11 @@
 """The numpy API's allreduce_async/synchronize (C functions, bindings/numpy_api.cc) on spawned
 ranks: every way of calling them a user has, the cases the C path hands to the checked Python
 path (lists, subclasses, non-contiguous or byte-swapped arrays, unregistered process sets),
-and the errors those raise. Results are checked against NumPy.
+and the errors those raise; and the pool small outputs come from (Note [Small output pool]).
+Results are checked against NumPy.
 """
+import weakref
+
 import numpy as np
 import pytest
 
@@ -87,3 +90,79 @@ def calls_suite():
 @pytest.mark.parametrize("np_", [1, 2])
 def test_numpy_allreduce_calls(np_):
     run_ranks(calls_suite, np_, timeout=120)
+
+
+def small_pool_suite():
+    hvd = checks.init("shm")
+    fails = Failures()
+    n, me = hvd.size(), hvd.rank()
+    want = n * (n + 1) / 2
+    x = np.full(6, me + 1.0, np.float32)
+
+    def allreduce(scale=1.0, array=x):
+        return hvd.allreduce(array * scale, op=hvd.Sum, name="one")
+
+    # One tensor at a time: a dropped result comes back; anything still referring to it, or a
+    # result changed so that it no longer fits, keeps it from being handed out again.
+    out = allreduce()
+    first = id(out)
+    del out
+    out = allreduce(2)
+    fails.expect("dropped result reused", id(out) == first and bool(np.all(out == 2 * want)))
+    view = out[2:4]
+    del out
+    out = allreduce(3)
+    fails.expect("viewed result kept", id(out) != first and bool(np.all(view == 2 * want)),
+                 f"{view}")
+    del view
+    out.flags.writeable = False
+    del out
+    out = allreduce(4)
+    fails.expect("read-only result not handed out",
+                 out.flags.writeable and bool(np.all(out == 4 * want)))
+    out.dtype = np.int32
+    del out
+    out = allreduce(5)
+    fails.expect("retyped result not handed out",
+                 out.dtype == np.float32 and bool(np.all(out == 5 * want)), f"{out.dtype}")
+    probe = weakref.ref(out)
+    del out
+    out = allreduce(6)
+    fails.expect("weakly referenced result not handed out",
+                 out is not probe() and bool(np.all(out == 6 * want)))
+    del out
+    for shape in [(2, 3), (3, 2), (7,)]:  # the same size and rank first, then another size
+        out = hvd.allreduce(np.full(shape, me + 1.0, np.float32), op=hvd.Sum, name="shaped")
+        fails.expect(f"result of shape {shape}",
+                     out.shape == shape and bool(np.all(out == want)), f"{out.shape}")
+        del out
+
+    # A step's tensors: results dropped before the next step are reused in place; results
+    # held across a step (`outs = step()`) are not, and come back the step after.
+    shapes = [(6,), (2, 3), (1024,), (7,), (3, 5, 2)]
+    inputs = [np.full(shape, me + 1.0, np.float32) for shape in shapes]
+
+    def step():
+        handles = [hvd.allreduce_async(t, op=hvd.Sum, name=f"g{i}") for i, t in enumerate(inputs)]
+        return [hvd.synchronize(h) for h in handles]
+
+    ids = [id(o) for o in step()]
+    outs = step()
+    fails.expect("step: dropped results reused", [id(o) for o in outs] == ids)
+    for t in inputs:
+        t *= 2
+    held = outs
+    outs = step()
+    fails.expect("step: held results untouched", all(bool(np.all(o == want)) for o in held))
+    fails.expect("step: held results not handed out", not {id(o) for o in outs} & set(ids))
+    del held
+    outs = step()
+    fails.expect("step: results come back a step later", [id(o) for o in outs] == ids)
+    fails.expect("step: results right", all(
+        o.shape == shape and bool(np.all(o == 2 * want)) for o, shape in zip(outs, shapes)))
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+def test_numpy_small_output_pool():
+    run_ranks(small_pool_suite, 2, timeout=120)

@@ -2,18 +2,15 @@
 // the table that keeps arrays alive while the core uses their memory (Note [Handle lifetime]).
 // engine_native.numpy_ops configures it once (its dtype table, the output pool for large
 // arrays, the checked Python path). Arrays are read through numpy's C API: data pointer, dims
-// and a new output array cost a few loads and one allocation, where the buffer protocol
-// allocated (and later freed) a buffer-info record per fresh output and np.empty_like went
-// through Python's call and __array_function__ dispatch. Anything the fast path does not handle
+// cost a few loads and an output comes from a pool (small_output_pool.h, or numpy_ops' for
+// large arrays), where the buffer protocol allocated (and later freed) a buffer-info record per
+// fresh output and np.empty_like went through Python's call and __array_function__ dispatch. Anything the fast path does not handle
 // itself — another array type, a foreign or non-native dtype, a non-contiguous array, an
 // unregistered process set — goes to the checked path, which raises the proper errors; nothing
 // is enqueued before that decision. Binding code only; every function runs with the GIL held
 // (synchronize releases it while it waits).
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
+#define HVD_NUMPY_IMPORTS_API  // this file's import_array fills numpy's table for the module
+#include "bindings/numpy_c_api.h"
 
 #include <climits>
 #include <string>
@@ -21,6 +18,7 @@
 
 #include "bindings/core_calls.h"
 #include "bindings/numpy_api.h"
+#include "bindings/small_output_pool.h"
 #include "runtime/runtime.h"
 
 namespace hvd::bindings {
@@ -229,10 +227,7 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
   op->input = PyArray_DATA(arr);
   PyObject* out = nullptr;
   if (PyArray_NBYTES(arr) < g.pool_min_bytes) {
-    PyArray_Descr* descr = PyArray_DESCR(arr);
-    Py_INCREF(descr);  // stolen by the call
-    out = PyArray_NewFromDescr(&PyArray_Type, descr, ndim, const_cast<npy_intp*>(dims), nullptr,
-                               nullptr, 0, nullptr);
+    out = smallOutput(PyArray_DESCR(arr), ndim, dims);  // Note [Small output pool]
   } else {
     out = PyObject_Vectorcall(g.output_like, &a.array, 1, nullptr);  // the pool
   }
