@@ -91,8 +91,10 @@ CORE_SOURCES = [
     "bindings/timeline_autotune_live.cc",
     "bindings/nccl.cc",
     "bindings/enqueue_args.cc",
+    "bindings/kept_table.cc",
     "bindings/numpy_api.cc",
     "bindings/small_output_pool.cc",
+    "bindings/torch_api.cc",
     "bindings/module.cc",
 ]
 

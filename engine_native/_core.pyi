@@ -105,6 +105,27 @@ def synchronize(handle: int) -> Any:
     (kept after a KeyboardInterrupt: the op is still pending). A handle nothing was kept for
     returns wait()'s own result."""
 
+def torch_setup(tensor_type: type, parameter_type: type, strided: Any, codes: dict,
+                op_name: Any) -> None:
+    """Configure torch_allreduce_async below (engine_native.torch.runtime calls it at import):
+    the exact tensor types taken, torch.strided, the {torch dtype: dtype code} table and
+    ``op_name(prefix, name)``, which names unnamed ops from the noname counter."""
+
+def torch_allreduce_async(tensor: Any, output: Any, name: Optional[str], op: int,
+                          prescale_factor: float, postscale_factor: float, set_id: int,
+                          waited: bool) -> Optional[int]:
+    """engine_native.torch's allreduce of an exact torch.Tensor/Parameter that is on the CPU,
+    strided, contiguous and of a supported dtype, into ``output`` (``tensor`` itself in place):
+    returns the handle, its tensors kept until torch_synchronize. Returns None, having named
+    and enqueued nothing, for anything else (the torch layer's checked path decides)."""
+
+def torch_synchronize(handle: int) -> Any:
+    """synchronize() for a torch_allreduce_async handle: the output tensor (raises the op's
+    error); None for a handle it does not hold (unknown or already synchronized)."""
+
+def torch_kept(handle: int) -> bool:
+    """True while a torch_allreduce_async handle has not been synchronized."""
+
 def add_process_set(ranks: Sequence[int]) -> int:
     """Register a process set on this rank; every rank must make the same calls in the same
     order (ids are assigned by a counter). Returns the id (0 is the global set)."""

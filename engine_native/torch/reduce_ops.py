@@ -10,6 +10,7 @@ import warnings
 
 import torch
 
+from engine_native import _core
 from engine_native.torch import runtime as rt
 from engine_native.torch.compression import Compression
 from engine_native.torch.runtime import Average, Sum, global_process_set
@@ -38,9 +39,15 @@ def _allreduce_op(tensor, output, full_name, code, op, prescale_factor, postscal
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
                      waited=False):
-    code = rt.check_tensor(tensor, 'allreduce', name)
     rt.check_op(op, 'allreduce')
-    rt.set_id(process_set)  # validate before a noname counter value is consumed
+    set_id = rt.set_id(process_set)  # validate before a noname counter value is consumed
+    # Plain CPU tensors take the C path (bindings/torch_api.cc); it declines (None) anything
+    # else before naming or enqueueing it, and the checks below raise Horovod's errors.
+    handle = _core.torch_allreduce_async(tensor, output, name, op, prescale_factor,
+                                         postscale_factor, set_id, waited)
+    if handle is not None:
+        return handle
+    code = rt.check_tensor(tensor, 'allreduce', name)
     full_name = rt.op_name('allreduce', name)
     op_tuple = _allreduce_op(tensor, output, full_name, code, op, prescale_factor,
                              postscale_factor, process_set)

@@ -10,7 +10,10 @@ Note [Handle lifetime]
     splits, compressed copies) are stored in ``_handle_map`` under the handle returned to the
     user and dropped only after ``_core.wait`` returned for every core handle of the op. A
     KeyboardInterrupt inside ``wait`` leaves the record in place: the op is still pending in
-    the core, so its memory must stay alive until ``abort()``/``shutdown()``.
+    the core, so its memory must stay alive until ``abort()``/``shutdown()``. Allreduces taken
+    by the C path (``_core.torch_allreduce_async``) keep their tensors in the core's table by
+    the same rule (bindings/kept_table.h); ``synchronize`` and ``poll`` look there when
+    ``_handle_map`` does not hold the handle.
 """
 import itertools
 
@@ -161,6 +164,10 @@ def op_name(prefix, name):
     return '%s.%s' % (prefix, name)
 
 
+# The C path of allreduce (bindings/torch_api.cc) takes exact Tensors and Parameters only.
+_core.torch_setup(torch.Tensor, torch.nn.Parameter, torch.strided, _DTYPE_CODES, op_name)
+
+
 # ---------------------------------------------------------------------------------------------
 # Handle table
 
@@ -175,8 +182,9 @@ class _Pending:
         self.finish = finish   # callable(list of wait results) -> user-visible output
 
 
+# A handle is the op's first core handle, so it never collides with a handle of the C path
+# (bindings/torch_api.cc), whose kept references live in the core's table instead of here.
 _handle_map = {}
-_handle_counter = itertools.count(1)
 
 
 def _reset_handles():
@@ -194,10 +202,12 @@ def _internal_error(exc):
 
 
 def output_for(tensor):
-    """A fresh CPU tensor like ``tensor`` for an out-of-place result (an invalid input is
-    returned as is, for check_tensor to reject with its message)."""
-    return torch.empty(tensor.shape, dtype=tensor.dtype) \
-        if isinstance(tensor, torch.Tensor) and tensor.device.type == 'cpu' else tensor
+    """A fresh contiguous CPU tensor like ``tensor`` for an out-of-place result (an invalid
+    input is returned as is, for check_tensor to reject with its message)."""
+    # empty_like: a third of torch.empty(shape, dtype=...)'s cost per call
+    return torch.empty_like(tensor, memory_format=torch.contiguous_format) \
+        if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout == torch.strided \
+        else tensor
 
 
 def submit(ops, keep, finish, waited=False):
@@ -221,7 +231,7 @@ def submit(ops, keep, finish, waited=False):
         raise
     except RuntimeError as exc:
         raise _internal_error(exc) from None
-    handle = next(_handle_counter)
+    handle = core_handles[0]
     _handle_map[handle] = _Pending(core_handles, keep, finish)
     return handle
 
@@ -233,6 +243,8 @@ def poll(handle):
     """
     record = _handle_map.get(handle)
     if record is None:
+        if _core.torch_kept(handle):
+            return _core.poll(handle)
         raise ValueError('Handle %s was not created or has been cleared.' % (handle,))
     return all(i in record.results or _core.poll(h)
                for i, h in enumerate(record.core_handles))
@@ -247,7 +259,7 @@ def synchronize(handle):
     """
     record = _handle_map.get(handle)
     if record is None:
-        return None
+        return _core.torch_synchronize(handle)  # the C path's, or None when unknown
     error = None
     for i, core_handle in enumerate(record.core_handles):
         if i in record.results:

@@ -171,9 +171,24 @@ def make_fake_core():
         _, output, finish = state.setdefault('kept', {}).pop(handle, (None, None, None))
         return output if finish is None else finish(result)
 
+    # engine_native.torch's C path (bindings/torch_api.cc): the fake declines every call, so
+    # allreduces take the torch layer's checked path and are logged like every other op.
+    def torch_setup(tensor_type, parameter_type, strided, codes, op_name):
+        pass
+
+    def torch_allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor,
+                              set_id, waited):
+        return None
+
+    def torch_synchronize(handle):
+        return None
+
+    def torch_kept(handle):
+        return False
+
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
                add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
-               synchronize):
+               synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']

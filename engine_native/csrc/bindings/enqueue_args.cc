@@ -122,17 +122,6 @@ bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
                 postscale, root, process_set, splits, device, op);
 }
 
-bool asInt(PyObject* obj, int* out) {
-  long v = PyLong_AsLong(obj);
-  if (v == -1 && PyErr_Occurred()) return false;
-  if (v < INT_MIN || v > INT_MAX) {  // as PyArg's "i": never a silent wrap (2**32 -> set 0)
-    PyErr_SetString(PyExc_OverflowError, "enqueue(): an argument is out of range for a C int");
-    return false;
-  }
-  *out = static_cast<int>(v);
-  return true;
-}
-
 bool asDouble(PyObject* obj, double* out) {
   double v = PyFloat_AsDouble(obj);
   if (v == -1.0 && PyErr_Occurred()) return false;
@@ -143,6 +132,17 @@ bool asDouble(PyObject* obj, double* out) {
 // enqueue()'s positional form, parsed without building an argument tuple: this runs once per
 // tensor per training step. Keywords (or an unusual argument count or type) take parseOp.
 }  // namespace
+
+bool asCInt(PyObject* obj, int* out) {
+  const long v = PyLong_AsLong(obj);
+  if (v == -1 && PyErr_Occurred()) return false;
+  if (v < INT_MIN || v > INT_MAX) {  // as PyArg's "i": never a silent wrap (2**32 -> set 0)
+    PyErr_SetString(PyExc_OverflowError, "an argument is out of range for a C int");
+    return false;
+  }
+  *out = static_cast<int>(v);
+  return true;
+}
 
 bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                       hvd::runtime::EnqueueArgs* op) {
@@ -175,11 +175,12 @@ bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames
   double prescale = 1.0, postscale = 1.0;
   Py_ssize_t name_len = 0;
   const char* name = PyUnicode_AsUTF8AndSize(args[1], &name_len);
-  if (name == nullptr || !asInt(args[0], &kind) || !asInt(args[2], &dtype)) return false;
-  if ((nargs > 6 && !asInt(args[6], &reduce_op)) || (nargs > 7 && !asDouble(args[7], &prescale)) ||
-      (nargs > 8 && !asDouble(args[8], &postscale)) || (nargs > 9 && !asInt(args[9], &root)) ||
-      (nargs > 10 && !asInt(args[10], &process_set)) ||
-      (nargs > 12 && !asInt(args[12], &device))) {
+  if (name == nullptr || !asCInt(args[0], &kind) || !asCInt(args[2], &dtype)) return false;
+  if ((nargs > 6 && !asCInt(args[6], &reduce_op)) ||
+      (nargs > 7 && !asDouble(args[7], &prescale)) ||
+      (nargs > 8 && !asDouble(args[8], &postscale)) || (nargs > 9 && !asCInt(args[9], &root)) ||
+      (nargs > 10 && !asCInt(args[10], &process_set)) ||
+      (nargs > 12 && !asCInt(args[12], &device))) {
     return false;
   }
   return fillOp(kind, name, name_len, dtype, args[3], args[4], args[5], reduce_op, prescale,

@@ -12,6 +12,9 @@
 
 namespace hvd::bindings {
 
+// A Python int as a C int: OverflowError out of range (never a silent wrap), TypeError when it
+// is not an int.
+bool asCInt(PyObject* obj, int* out);
 // A sequence of ints (shape, splits, ranks).
 bool toInt64List(PyObject* seq, std::vector<int64_t>* out, const char* what);
 bool toInt64List(PyObject* seq, hvd::coord::Shape* out, const char* what);

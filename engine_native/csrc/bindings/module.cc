@@ -11,8 +11,10 @@
 
 #include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
+#include "bindings/kept_table.h"
 #include "bindings/nccl.h"
 #include "bindings/numpy_api.h"
+#include "bindings/torch_api.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
 #include "runtime/runtime.h"
@@ -147,6 +149,7 @@ PyObject* pyShutdown(PyObject*, PyObject*) {
   Py_BEGIN_ALLOW_THREADS
   Runtime::instance().shutdown();
   Py_END_ALLOW_THREADS
+  hvd::bindings::releaseAllKept();  // every op is over: the C paths' kept tensors can go
   Py_RETURN_NONE;
 }
 
@@ -370,5 +373,6 @@ PyMODINIT_FUNC PyInit__core() {
   if (addTimelineAutotuneBindings(module) < 0) return nullptr;
   if (addNcclBindings(module) < 0) return nullptr;
   if (hvd::bindings::addNumpyBindings(module) < 0) return nullptr;
+  if (hvd::bindings::addTorchBindings(module) < 0) return nullptr;
   return module;
 }

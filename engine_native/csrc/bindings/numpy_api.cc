@@ -1,22 +1,23 @@
 // The numpy API's per-tensor path in C: allreduce_async() on a plain ndarray, synchronize(), and
-// the table that keeps arrays alive while the core uses their memory (Note [Handle lifetime]).
+// keep() for the checked path; the references live in bindings/kept_table.h.
 // engine_native.numpy_ops configures it once (its dtype table, the output pool for large
 // arrays, the checked Python path). Arrays are read through numpy's C API: data pointer, dims
 // cost a few loads and an output comes from a pool (small_output_pool.h, or numpy_ops' for
 // large arrays), where the buffer protocol allocated (and later freed) a buffer-info record per
-// fresh output and np.empty_like went through Python's call and __array_function__ dispatch. Anything the fast path does not handle
-// itself — another array type, a foreign or non-native dtype, a non-contiguous array, an
-// unregistered process set — goes to the checked path, which raises the proper errors; nothing
-// is enqueued before that decision. Binding code only; every function runs with the GIL held
-// (synchronize releases it while it waits).
+// fresh output and np.empty_like went through Python's call and __array_function__ dispatch.
+// Anything the fast path does not handle itself — another array type, a foreign or non-native
+// dtype, a non-contiguous array, an unregistered process set — goes to the checked path, which
+// raises the proper errors; nothing is enqueued before that decision. Binding code only; every
+// function runs with the GIL held (synchronize releases it while it waits).
 #define HVD_NUMPY_IMPORTS_API  // this file's import_array fills numpy's table for the module
 #include "bindings/numpy_c_api.h"
 
-#include <climits>
 #include <string>
 #include <vector>
 
 #include "bindings/core_calls.h"
+#include "bindings/enqueue_args.h"
+#include "bindings/kept_table.h"
 #include "bindings/numpy_api.h"
 #include "bindings/small_output_pool.h"
 #include "runtime/runtime.h"
@@ -39,44 +40,6 @@ struct Setup {
   PyObject* str_set_id = nullptr;
 };
 Setup g;
-
-// Handle -> what stays alive until its wait returned, the output, and how to finish.
-struct Kept {
-  int64_t handle = 0;  // 0: slot free
-  PyObject* keep = nullptr;
-  PyObject* output = nullptr;
-  PyObject* finish = nullptr;  // nullptr: synchronize returns `output`
-};
-// By the handle's slot (its low 32 bits), which the HandleTable reuses: bounded by the ops in
-// flight at once.
-std::vector<Kept> g_kept;
-
-// Drops a Kept's references after its slot was reset: a destructor run by a DECREF may call
-// back into allreduce_async and grow g_kept, so no reference into it is held meanwhile.
-void dropRefs(const Kept& k) {
-  Py_XDECREF(k.keep);
-  Py_XDECREF(k.output);
-  Py_XDECREF(k.finish);
-}
-
-void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish) {
-  const size_t slot = static_cast<size_t>(handle & 0xffffffff);
-  if (slot >= g_kept.size()) g_kept.resize(std::max(slot + 1, g_kept.size() * 2));
-  Py_XINCREF(keep);
-  Py_XINCREF(output);
-  Py_XINCREF(finish);
-  // A slot still held belongs to a handle that was released without synchronize (a plain
-  // wait() after an abort): its op is over, so its references can go.
-  const Kept stale = g_kept[slot];
-  g_kept[slot] = Kept{handle, keep, output, finish};
-  dropRefs(stale);
-}
-
-Kept* keptFor(int64_t handle) {
-  const size_t slot = static_cast<size_t>(handle & 0xffffffff);
-  if (handle <= 0 || slot >= g_kept.size() || g_kept[slot].handle != handle) return nullptr;
-  return &g_kept[slot];
-}
 
 PyObject* pyNumpySetup(PyObject*, PyObject* args) {
   Setup s;
@@ -173,18 +136,6 @@ PyObject* allreduceChecked(const AllreduceArgs& a, PyObject* full_name) {
                                                                            : g.global_set,
                       a.waited};
   return PyObject_Vectorcall(g.checked, call, 7, nullptr);
-}
-
-// A Python int as a C int; false (with OverflowError or TypeError set) when it is not one.
-bool asCInt(PyObject* obj, int* out) {
-  const long v = PyLong_AsLong(obj);
-  if (v == -1 && PyErr_Occurred()) return false;
-  if (v < INT_MIN || v > INT_MAX) {
-    PyErr_SetString(PyExc_OverflowError, "value out of range for a C int");
-    return false;
-  }
-  *out = static_cast<int>(v);
-  return true;
 }
 
 // A C-contiguous, aligned, native-order ndarray (exactly that type): what the core can use.
@@ -318,32 +269,7 @@ PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
 PyObject* pySynchronize(PyObject*, PyObject* arg) {
   const long long handle = PyLong_AsLongLong(arg);
   if (handle == -1 && PyErr_Occurred()) return nullptr;
-  PyObject* result = waitHandle(handle);
-  Kept* k = keptFor(handle);
-  if (result == nullptr) {
-    // An interrupted wait (Ctrl-C, or any exception a signal handler raised) leaves the op
-    // pending and its handle known: its memory stays kept. Otherwise the op failed and is
-    // over (wait released the handle): let go.
-    if (k != nullptr && Runtime::instance().handles().poll(handle) < 0) {
-      const Kept done = *k;
-      *k = Kept();
-      dropRefs(done);
-    }
-    return nullptr;
-  }
-  if (k == nullptr) return result;  // not a numpy op: the core's own result
-  const Kept done = *k;
-  *k = Kept();
-  PyObject* out = nullptr;
-  if (done.finish == nullptr) {
-    out = done.output != nullptr ? done.output : Py_None;
-    Py_INCREF(out);
-  } else {
-    out = PyObject_CallOneArg(done.finish, result);
-  }
-  Py_DECREF(result);
-  dropRefs(done);
-  return out;
+  return synchronizeKept(handle);
 }
 
 PyMethodDef g_numpy_methods[] = {

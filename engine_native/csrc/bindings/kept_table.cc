@@ -1,0 +1,89 @@
+// The kept-references table shared by the C per-tensor paths (bindings/kept_table.h).
+#include "bindings/kept_table.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "bindings/core_calls.h"
+#include "runtime/runtime.h"
+
+namespace hvd::bindings {
+namespace {
+
+struct Kept {
+  int64_t handle = 0;  // 0: slot free
+  PyObject* keep = nullptr;
+  PyObject* output = nullptr;
+  PyObject* finish = nullptr;  // nullptr: synchronize returns `output`
+};
+// By the handle's slot (its low 32 bits), which the HandleTable reuses: bounded by the ops in
+// flight at once.
+std::vector<Kept> g_kept;
+
+// Drops a Kept's references after its slot was reset: a destructor run by a DECREF may call
+// back into an enqueue and grow g_kept, so no reference into it is held meanwhile.
+void dropRefs(const Kept& k) {
+  Py_XDECREF(k.keep);
+  Py_XDECREF(k.output);
+  Py_XDECREF(k.finish);
+}
+
+Kept* keptFor(int64_t handle) {
+  const size_t slot = static_cast<size_t>(handle & 0xffffffff);
+  if (handle <= 0 || slot >= g_kept.size() || g_kept[slot].handle != handle) return nullptr;
+  return &g_kept[slot];
+}
+
+}  // namespace
+
+void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish) {
+  const size_t slot = static_cast<size_t>(handle & 0xffffffff);
+  if (slot >= g_kept.size()) g_kept.resize(std::max(slot + 1, g_kept.size() * 2));
+  Py_XINCREF(keep);
+  Py_XINCREF(output);
+  Py_XINCREF(finish);
+  // A slot still held belongs to a handle that was released without synchronize (a plain
+  // wait() after an abort): its op is over, so its references can go.
+  const Kept stale = g_kept[slot];
+  g_kept[slot] = Kept{handle, keep, output, finish};
+  dropRefs(stale);
+}
+
+bool isKept(int64_t handle) { return keptFor(handle) != nullptr; }
+
+PyObject* synchronizeKept(int64_t handle) {
+  PyObject* result = waitHandle(handle);
+  Kept* k = keptFor(handle);
+  if (result == nullptr) {
+    // An interrupted wait (Ctrl-C, or any exception a signal handler raised) leaves the op
+    // pending and its handle known: its memory stays kept. Otherwise the op failed and is
+    // over (wait released the handle): let go.
+    if (k != nullptr && runtime::Runtime::instance().handles().poll(handle) < 0) {
+      const Kept done = *k;
+      *k = Kept();
+      dropRefs(done);
+    }
+    return nullptr;
+  }
+  if (k == nullptr) return result;  // nothing kept: the core's own result
+  const Kept done = *k;
+  *k = Kept();
+  PyObject* out = nullptr;
+  if (done.finish == nullptr) {
+    out = done.output != nullptr ? done.output : Py_None;
+    Py_INCREF(out);
+  } else {
+    out = PyObject_CallOneArg(done.finish, result);
+  }
+  Py_DECREF(result);
+  dropRefs(done);
+  return out;
+}
+
+void releaseAllKept() {
+  std::vector<Kept> all;
+  all.swap(g_kept);  // a destructor run below may enqueue again: it finds an empty table
+  for (const Kept& k : all) dropRefs(k);
+}
+
+}  // namespace hvd::bindings
