@@ -136,6 +136,7 @@ class BackgroundLoop {
   }
   void wake();
   void wakeIfAsleep();
+  void wakeForWaiter();
   int timeoutMs() const;
   void awaitCause();
 
@@ -170,6 +171,10 @@ class BackgroundLoop {
   // blocked in poll(); otherwise the loop sees submissions_pending_ on its next pass.
   std::atomic<bool> submissions_pending_{false};
   std::atomic<bool> sleeping_{false};
+  // Note [Coalesced wakes]: the loop naps (work of its own in flight, back within a cycle);
+  // submitters leave it be, a caller about to wait wakes it (waiter_waiting_ is the pair).
+  std::atomic<bool> napping_{false};
+  std::atomic<bool> waiter_waiting_{false};
   std::string abort_reason_;
 
   // Background thread only.

@@ -46,7 +46,10 @@ namespace hvd::runtime {
 //      and waits in 50 ms slices that see Ctrl-C, as before.
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
-  if (!drivable_ || !handles_.callerWaits(handle)) return false;
+  if (!drivable_ || !handles_.callerWaits(handle)) {
+    wakeForWaiter();  // a napping loop may hold this op's submission (Note [Coalesced wakes])
+    return false;
+  }
   const auto give_up = Clock::now() + caller_spin_;
   std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
   while (!lock.try_lock()) {  // A

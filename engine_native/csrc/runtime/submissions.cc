@@ -57,6 +57,7 @@ void BackgroundLoop::drainSubmissions() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     submissions_pending_.store(false);  // under the lock: a later submit() sets it again
+    waiter_waiting_.store(false);  // its submissions are drained now (Note [Coalesced wakes])
     draining_.swap(submitted_);
   }
   if (draining_.empty()) return;
