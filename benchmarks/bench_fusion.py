@@ -3,7 +3,9 @@
 Modes (time per set, slowest rank per set, median over sets):
   async  every tensor submitted without waiting, then all waited on. Ours and Horovod negotiate
          and fuse them (Horovod: ``allreduce_async_`` + ``synchronize``); ours is run twice,
-         with the default fusion threshold and with HVD_FUSION_THRESHOLD=0 (no fusion).
+         with the default fusion threshold and with HVD_FUSION_THRESHOLD=0 (no fusion), through
+         the numpy API, and a third time through engine_native.torch with Horovod's own calls
+         (ours_torch.py: ``allreduce_async_`` + ``synchronize``), torch layer included.
          MPI: ``Iallreduce`` x 200 + ``Waitall``; gloo: ``async_op=True`` x 200 + ``wait``.
   seq    200 blocking allreduces one after another (MPI: the one-by-one baseline).
   fused  MPI only: one 800 KiB allreduce over a pre-packed buffer (a floor without packing).
@@ -68,6 +70,7 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
 RUNS = [  # (label, system, env, modes)
     ("ours fused (default threshold)", "ours", {}, ["async"]),
     ("ours HVD_FUSION_THRESHOLD=0", "ours", {"HVD_FUSION_THRESHOLD": "0"}, ["async"]),
+    ("ours torch allreduce_async_ (fused)", "ours-torch", {}, ["async"]),
     ("MPICH", "mpi", {}, ["seq", "async", "fused"]),
     ("gloo", "gloo", {}, ["async"]),
     ("Horovod mpi (fused)", "horovod-mpi", {}, ["async"]),
@@ -83,7 +86,7 @@ def _sets(system: str, quick: bool, np_ranks: int) -> int:
 
 def run(ctx) -> list:
     tables = []
-    allowed = set(ctx.systems("ours", "mpi", "gloo", "horovod-mpi", "horovod-gloo"))
+    allowed = set(ctx.systems("ours", "ours-torch", "mpi", "gloo", "horovod-mpi", "horovod-gloo"))
     for np_ranks in ctx.nps:
         runs = benchlib.alternate([r for r in RUNS if r[1] in allowed], ctx.nps.index(np_ranks))
         for label, system, env, modes in runs:

@@ -7,6 +7,7 @@ asserts anything (DESIGN §7).
 
     python benchmarks/bench_torch_step.py                 # np=2, MLP and CNN
     python benchmarks/bench_torch_step.py --np 4 --steps 100 --models mlp
+    python benchmarks/bench_torch_step.py --models deep      # 194 gradient tensors per step
 
 Horovod is included when it can be imported, here or in the interpreter given by
 ``--horovod-python`` (default: ``benchmarks/.venv-horovod/bin/python``, built by
@@ -46,6 +47,12 @@ def _model(name):
                                     torch.nn.Linear(512, 512), torch.nn.ReLU(),
                                     torch.nn.Linear(512, 10))
         shape = (784,)
+    elif name == 'deep':  # 48 blocks of Linear+LayerNorm+ReLU, no residuals: 194 small tensors,
+        # the many-gradients shape of a transformer, where per-tensor cost shows
+        blocks = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64),
+                                      torch.nn.ReLU()) for _ in range(48)]
+        model = torch.nn.Sequential(*blocks, torch.nn.Linear(64, 10))
+        shape = (64,)
     else:  # the Horovod MNIST example's CNN, ~22 k parameters
         model = torch.nn.Sequential(
             torch.nn.Conv2d(1, 10, 5), torch.nn.MaxPool2d(2), torch.nn.ReLU(),

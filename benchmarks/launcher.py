@@ -143,7 +143,8 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
            timeout: float = 300.0, label: str = "") -> Launch:
     """Start ``np_ranks`` ranks of ``system`` running ``case`` with ``spec``; wait; collect.
 
-    Systems: ours, ours-tcp (ours with HVD_TRANSPORT=tcp and a host per rank), mpi,
+    Systems: ours, ours-tcp (ours with HVD_TRANSPORT=tcp and a host per rank), ours-torch
+    (ours through engine_native.torch, called as Horovod's adapter calls horovod.torch), mpi,
     mpi-tcp (MPICH with MPIR_CVAR_NOLOCAL=1), gloo, horovod-mpi (venv mpiexec),
     horovod-gloo (venv horovodrun --gloo).
     """
@@ -157,13 +158,13 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
     base = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     base.pop("PYTHONPATH", None)
     base.update(env or {})
-    if system in ("ours", "ours-tcp"):
+    if system in ("ours", "ours-tcp", "ours-torch"):
         # The core of this checkout (a worktree), not whatever `pip install -e` points at.
         base["PYTHONPATH"] = REPO
         secret = os.urandom(32)
         with _rendezvous_module().RendezvousServer(secret) as server:
-            commands = _ours_commands(np_ranks, spec_path, base, server.address, secret,
-                                      tcp=system == "ours-tcp")
+            commands = _ours_commands(system, np_ranks, spec_path, base, server.address,
+                                      secret)
             return Launch(label or f"{case}/{system}/np{np_ranks}", commands, out_dir,
                           timeout).run()
     commands = []
@@ -208,17 +209,17 @@ def _rendezvous_module():
     return sys.modules[name]
 
 
-def _ours_commands(np_ranks: int, spec_path: str, base: dict, address: tuple, secret: bytes,
-                   tcp: bool) -> list:
+def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, address: tuple,
+                   secret: bytes) -> list:
     host, port = address
     commands = []
     for r in range(np_ranks):
         env_r = dict(base, HVD_RANK=str(r), HVD_SIZE=str(np_ranks),
                      HVD_RENDEZVOUS=f"{host}:{port}", HVD_SECRET=secret.hex(),
                      HVD_JOB_ID=f"bench{os.getpid()}p{port}")
-        if tcp:
+        if system == "ours-tcp":
             env_r.update(HVD_TRANSPORT="tcp", HVD_HOSTNAME=f"benchhost{r}")
-        commands.append((_rank_argv(sys.executable, "ours", spec_path), env_r))
+        commands.append((_rank_argv(sys.executable, system, spec_path), env_r))
     return commands
 
 

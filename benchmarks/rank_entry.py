@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 
 import benchlib
 
-ADAPTERS = {"ours": "ours", "mpi": "peers.mpi_peer", "gloo": "peers.gloo_peer",
+ADAPTERS = {"ours": "ours", "ours-torch": "ours_torch", "mpi": "peers.mpi_peer", "gloo": "peers.gloo_peer",
             "horovod": "peers.horovod_peer"}
 CASES = {"allreduce": "bench_allreduce", "fusion": "bench_fusion",
          "collectives": "bench_other_collectives", "idle": "bench_idle",
@@ -34,7 +34,8 @@ def main() -> None:
     with open(args.spec) as f:
         spec = json.load(f)
     benchlib.arm_watchdog(spec["timeout"] + 5)
-    system = args.system.split("-")[0]
+    # "ours-torch" has its own adapter; a variant ("ours-tcp", "horovod-gloo") its family's.
+    system = args.system if args.system in ADAPTERS else args.system.split("-")[0]
     adapter = importlib.import_module(ADAPTERS[system]).Adapter()
     case = importlib.import_module(CASES[spec["case"]])
     t0 = time.perf_counter()
