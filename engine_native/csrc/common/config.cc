@@ -74,8 +74,10 @@ const std::vector<Knob>& knobs() {
       tunable(floatKnob({"HVD_CYCLE_TIME_MS", "HOROVOD_CYCLE_TIME", "float", "1",
                          "Batching window in milliseconds: rank 0 holds ready tensors while "
                          "others keep arriving less than this apart (a step seen before: until "
-                         "it is complete), at most 5 windows, so they fuse; never a latency "
-                         "floor for a lone tensor. Set explicitly, autotune leaves it fixed."},
+                         "it is complete), at most 5 windows, so they fuse; also the longest "
+                         "a rank's loop with work in flight naps before taking new "
+                         "submissions (a waiting caller ends the nap). Never a latency floor "
+                         "for a lone tensor. Set explicitly, autotune leaves it fixed."},
                         &Config::cycle_time_ms, 0),
               &Config::cycle_time_set),
       tunable(intKnob({"HVD_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", "int", "1024",
