@@ -8,8 +8,9 @@ iteration count depends on the size only, so every rank runs the same number.
 
 Systems: ours (numpy API out-of-place, and the core's in-place path), MPICH out-of-place and
 in-place, gloo, Horovod under mpiexec (ops=mpi) and under horovodrun --gloo. Forced TCP: ours
-with HVD_TRANSPORT=tcp and a host name per rank, MPICH with MPIR_CVAR_NOLOCAL=1 (its
-network module over loopback), and gloo (always TCP; launched again in this case so that it
+with HVD_TRANSPORT=tcp and a host name per rank, MPICH with MPIR_CVAR_NOLOCAL=1 and
+UCX_TLS=tcp,self / FI_PROVIDER=tcp (its network module, held to TCP over loopback; without the
+last two UCX moves the data through shared memory), and gloo (always TCP; launched again in this case so that it
 runs interleaved with the other TCP systems).
 """
 
@@ -25,8 +26,8 @@ QUICK_SIZES = [4, 4 * KIB, MIB, 16 * MIB]
 LABELS = {("ours", "out-of-place"): "ours", ("ours", "in-place"): "ours in-place",
           ("ours-tcp", "out-of-place"): "ours tcp", ("ours-tcp", "in-place"): "ours tcp in-place",
           ("mpi", "out-of-place"): "MPICH", ("mpi", "in-place"): "MPICH in-place",
-          ("mpi-tcp", "out-of-place"): "MPICH nolocal", ("mpi-tcp", "in-place"):
-          "MPICH nolocal in-place", ("gloo", "in-place"): "gloo",
+          ("mpi-tcp", "out-of-place"): "MPICH tcp", ("mpi-tcp", "in-place"):
+          "MPICH tcp in-place", ("gloo", "in-place"): "gloo",
           ("horovod-mpi", "in-place"): "Horovod mpi", ("horovod-gloo", "in-place"): "Horovod gloo"}
 
 
