@@ -123,6 +123,10 @@ def torch_synchronize(handle: int) -> Any:
     """synchronize() for a torch_allreduce_async handle: the output tensor (raises the op's
     error); None for a handle it does not hold (unknown or already synchronized)."""
 
+def torch_release_kept() -> None:
+    """Forget every torch_allreduce_async handle and drop its tensors (engine_native.torch's
+    shutdown() and init())."""
+
 def torch_kept(handle: int) -> bool:
     """True while a torch_allreduce_async handle has not been synchronized."""
 

@@ -190,6 +190,7 @@ _handle_map = {}
 def _reset_handles():
     global _noname_counter
     _handle_map.clear()
+    _core.torch_release_kept()  # the C path's handles, likewise forgotten
     _noname_counter = itertools.count()
 
 

@@ -131,7 +131,9 @@ def test_quickstart_dashboard_in_jupyterlab(lab, page, artifacts):
 
     nb.run(start)
     rows = nb.panel.locator(".hvd-dashboard .hvd-row")
-    wait_until(lambda: rows.count() == 2 and "idle" in rows.nth(1).inner_text(), 120,
+    # Each rank's first snapshot arrives on its own: wait for both, not just the last row.
+    wait_until(lambda: rows.count() == 2 and all("idle" in rows.nth(i).inner_text()
+                                                 for i in range(2)), 120,
                "a dashboard row per rank")
     assert "cpu" in rows.nth(0).inner_text()
     nb.run(allreduce)

@@ -17,10 +17,15 @@ from hvd_magic.errors import CellInterrupted
 
 pytestmark = [pytest.mark.timeout(300), needs_core]
 
+# Steps of ~4 ms, as a small model's: the loop spans several snapshots (0.3 s apart), so the
+# rate window holds points taken while samples were coming in (a loop of bare allreduces can
+# finish between two snapshots, and a rate needs two points that both carry samples).
 TRAIN = """%%hvd
+import time
 for step in range(300):
     hvd.allreduce(torch.ones(2048), name="grad")
     hvd.report(samples=16, loss=0.5)
+    time.sleep(0.004)
 """
 LONG = "%%hvd\nimport time\nfor i in range(400):\n    hvd.allreduce(torch.ones(4), name='t')\n" \
        "    time.sleep(0.05)"

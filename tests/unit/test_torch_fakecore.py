@@ -186,9 +186,13 @@ def make_fake_core():
     def torch_kept(handle):
         return False
 
+    def torch_release_kept():
+        pass
+
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
                add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
-               synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept):
+               synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
+               torch_release_kept):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']

@@ -15,6 +15,7 @@ struct Kept {
   PyObject* keep = nullptr;
   PyObject* output = nullptr;
   PyObject* finish = nullptr;  // nullptr: synchronize returns `output`
+  KeptBy by = KeptBy::kNumpy;
 };
 // By the handle's slot (its low 32 bits), which the HandleTable reuses: bounded by the ops in
 // flight at once.
@@ -36,7 +37,7 @@ Kept* keptFor(int64_t handle) {
 
 }  // namespace
 
-void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish) {
+void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish, KeptBy by) {
   const size_t slot = static_cast<size_t>(handle & 0xffffffff);
   if (slot >= g_kept.size()) g_kept.resize(std::max(slot + 1, g_kept.size() * 2));
   Py_XINCREF(keep);
@@ -45,7 +46,7 @@ void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish
   // A slot still held belongs to a handle that was released without synchronize (a plain
   // wait() after an abort): its op is over, so its references can go.
   const Kept stale = g_kept[slot];
-  g_kept[slot] = Kept{handle, keep, output, finish};
+  g_kept[slot] = Kept{handle, keep, output, finish, by};
   dropRefs(stale);
 }
 
@@ -80,10 +81,15 @@ PyObject* synchronizeKept(int64_t handle) {
   return out;
 }
 
-void releaseAllKept() {
-  std::vector<Kept> all;
-  all.swap(g_kept);  // a destructor run below may enqueue again: it finds an empty table
-  for (const Kept& k : all) dropRefs(k);
+void releaseKept(KeptBy by) {
+  std::vector<Kept> dropped;  // reset first: a destructor run below may enqueue again
+  for (Kept& k : g_kept) {
+    if (k.handle != 0 && k.by == by) {
+      dropped.push_back(k);
+      k = Kept();
+    }
+  }
+  for (const Kept& k : dropped) dropRefs(k);
 }
 
 }  // namespace hvd::bindings

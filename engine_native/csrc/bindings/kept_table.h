@@ -11,9 +11,13 @@
 
 namespace hvd::bindings {
 
+// Which C path kept an entry: engine_native.torch forgets its handles at shutdown()/init()
+// (as Horovod's handle map does); the numpy API's handles stay synchronizable.
+enum class KeptBy { kNumpy, kTorch };
+
 // Holds new references to `keep`, `output` and `finish` (each may be nullptr) until
 // synchronizeKept(handle) returns.
-void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish);
+void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish, KeptBy by);
 
 // True while `handle` has references kept (enqueued by a C path and not yet synchronized).
 bool isKept(int64_t handle);
@@ -23,8 +27,8 @@ bool isKept(int64_t handle);
 // op is still pending); a failed op drops them. nullptr with a Python exception on failure.
 PyObject* synchronizeKept(int64_t handle);
 
-// Drops every kept reference: after the core shut down, no op uses any of that memory, and a
-// later init() starts handles afresh (so a stale entry could shadow a new handle).
-void releaseAllKept();
+// Drops the references `by` kept: for engine_native.torch's shutdown()/init(), when no op uses
+// that memory any more and its handles are forgotten (synchronize returns None for them).
+void releaseKept(KeptBy by);
 
 }  // namespace hvd::bindings

@@ -11,7 +11,6 @@
 
 #include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
-#include "bindings/kept_table.h"
 #include "bindings/nccl.h"
 #include "bindings/numpy_api.h"
 #include "bindings/torch_api.h"
@@ -149,7 +148,6 @@ PyObject* pyShutdown(PyObject*, PyObject*) {
   Py_BEGIN_ALLOW_THREADS
   Runtime::instance().shutdown();
   Py_END_ALLOW_THREADS
-  hvd::bindings::releaseAllKept();  // every op is over: the C paths' kept tensors can go
   Py_RETURN_NONE;
 }
 

@@ -66,7 +66,7 @@ PyObject* pyKeep(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   const long long handle = PyLong_AsLongLong(args[0]);
   if (handle == -1 && PyErr_Occurred()) return nullptr;
   keepRefs(handle, args[1], args[2] == Py_None ? nullptr : args[2],
-           args[3] == Py_None ? nullptr : args[3]);
+           args[3] == Py_None ? nullptr : args[3], KeptBy::kNumpy);
   Py_RETURN_NONE;
 }
 
@@ -260,7 +260,7 @@ PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
     Py_DECREF(output);
     return raiseStatus(status);
   }
-  keepRefs(handle, a.array, output, nullptr);
+  keepRefs(handle, a.array, output, nullptr, KeptBy::kNumpy);
   Py_DECREF(output);
   return PyLong_FromLongLong(handle);
 }

@@ -192,7 +192,8 @@ PyObject* pyTorchAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nar
   int64_t handle = 0;
   common::Status status = Runtime::instance().enqueue(std::move(op), &handle, !waited);
   if (!status.isOk()) return raiseStatus(status);
-  keepRefs(handle, tensor, output, nullptr);  // output is tensor in place: kept twice, harmless
+  // output is tensor in place: kept twice, harmless
+  keepRefs(handle, tensor, output, nullptr, KeptBy::kTorch);
   return PyLong_FromLongLong(handle);
 }
 
@@ -203,6 +204,13 @@ PyObject* pyTorchSynchronize(PyObject*, PyObject* arg) {
   if (handle == -1 && PyErr_Occurred()) return nullptr;
   if (!isKept(handle)) Py_RETURN_NONE;
   return synchronizeKept(handle);
+}
+
+// torch_release_kept(): forget every handle of this path (engine_native.torch's shutdown()
+// and init(); the core has finished or failed every op by then).
+PyObject* pyTorchReleaseKept(PyObject*, PyObject*) {
+  releaseKept(KeptBy::kTorch);
+  Py_RETURN_NONE;
 }
 
 // torch_kept(handle): True while this path holds `handle` (enqueued, not yet synchronized).
@@ -224,6 +232,8 @@ PyMethodDef g_torch_methods[] = {
      "handle, or None when the checked path must take the call."},
     {"torch_synchronize", pyTorchSynchronize, METH_O,
      "torch_synchronize(handle): wait and return the output, None for a handle not held here."},
+    {"torch_release_kept", pyTorchReleaseKept, METH_NOARGS,
+     "torch_release_kept(): drop every tensor torch_allreduce_async kept (shutdown, init)."},
     {"torch_kept", pyTorchKept, METH_O,
      "torch_kept(handle): True while torch_allreduce_async's handle is not synchronized."},
     {nullptr, nullptr, 0, nullptr}};

@@ -104,10 +104,13 @@ void BackgroundLoop::wakeIfAsleep() {
   if (sleeping_.exchange(false)) wake();
 }
 
-// Note [Coalesced wakes]: while the loop has work of its own in flight (tensors negotiating,
-// a batch held), it sleeps at most one cycle (HVD_CYCLE_TIME_MS) and is not woken by
-// submissions: they are drained on its next pass — a peer's message, the window timer, the
-// nap's end, or a caller about to wait on a handle (wakeForWaiter). A backward pass submits a
+// Note [Coalesced wakes]: while submissions keep coming (its last pass took some) and the loop
+// has work of its own in flight (tensors negotiating, a batch held), it sleeps at most one
+// cycle (HVD_CYCLE_TIME_MS) and is not woken by submissions: they are drained on its next
+// pass — a peer's message, the window timer, the nap's end, or a caller about to wait on a
+// handle (wakeForWaiter). A pass that takes nothing ends the naps: a rank waiting on a slow
+// peer (a barrier, the shutdown agreement) sleeps until a message or its tick, as an idle
+// rank does, instead of waking every cycle. A backward pass submits a
 // gradient every ~20 us; waking for each cost every rank ~120 sleep/wake cycles and ~1.4 ms of
 // CPU per 194-tensor step on cores the backward pass needs. A lone tensor is never delayed:
 // with nothing in flight the loop sleeps as before and the first submission wakes it. A
@@ -238,7 +241,7 @@ int BackgroundLoop::waitForWork() {
       }
     }
     timeout_us = int64_t{timeoutMs()} * 1000;
-    if (cycle_time_ms_ > 0 && !failed_ && !idle()) {
+    if (cycle_time_ms_ > 0 && !failed_ && drained_recently_ && !idle()) {
       nap_us = std::max<int64_t>(1, static_cast<int64_t>(cycle_time_ms_ * 1000));
     }
   }

@@ -175,6 +175,7 @@ class BackgroundLoop {
   // submitters leave it be, a caller about to wait wakes it (waiter_waiting_ is the pair).
   std::atomic<bool> napping_{false};
   std::atomic<bool> waiter_waiting_{false};
+  bool drained_recently_ = false;  // the last pass took submissions (guarded by progress_)
   std::string abort_reason_;
 
   // Background thread only.

@@ -56,6 +56,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
     if (Clock::now() >= give_up) {
       wakeIfAsleep();
+      wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
       return false;
     }
     common::cpuRelax();
@@ -73,7 +74,11 @@ bool BackgroundLoop::drive(int64_t handle) {
   if (done) metrics_.countDriven();
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   lock.unlock();
-  if (!keep_standby) wakeIfAsleep();
+  if (!keep_standby) {
+    wakeIfAsleep();
+    // A loop that took progress_ before standby_ was cleared may nap on wake_fd_ alone.
+    if (!done) wakeForWaiter();
+  }
   return done;
 }
 

@@ -60,6 +60,7 @@ void BackgroundLoop::drainSubmissions() {
     waiter_waiting_.store(false);  // its submissions are drained now (Note [Coalesced wakes])
     draining_.swap(submitted_);
   }
+  drained_recently_ = !draining_.empty();  // Note [Coalesced wakes]
   if (draining_.empty()) return;
   timeline::Timeline* timeline = coordinator_ ? negotiationTimeline() : nullptr;
   timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
