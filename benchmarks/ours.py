@@ -11,6 +11,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def core_metrics() -> dict:
+    """The core's counters the cases print (ours.py and ours_torch.py share one core)."""
+    from engine_native import metrics
+
+    m = metrics()
+    return {k: m.get(k) for k in ("negotiate_seconds", "communicate_seconds", "wait_seconds",
+                                   "fused_batches", "fused_tensors", "transports")} | {
+        "allreduce_ops": m.get("ops", {}).get("ALLREDUCE")}
+
+
 class Adapter:
     name = "ours"
     allreduce_variants = ("out-of-place", "in-place")
@@ -61,10 +71,7 @@ class Adapter:
         self.hvd.barrier()
 
     def metrics(self) -> dict:
-        m = self.hvd.metrics()
-        return {k: m.get(k) for k in ("negotiate_seconds", "communicate_seconds", "wait_seconds",
-                                       "fused_batches", "fused_tensors", "transports")} | {
-            "allreduce_ops": m.get("ops", {}).get("ALLREDUCE")}
+        return core_metrics()
 
     def shutdown(self) -> None:
         self.hvd.shutdown()

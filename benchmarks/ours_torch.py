@@ -8,6 +8,7 @@ over would see.
 
 from __future__ import annotations
 
+from ours import core_metrics
 from peers.horovod_peer import Adapter as HorovodAdapter
 
 
@@ -24,9 +25,4 @@ class Adapter(HorovodAdapter):
         self.rank, self.size = hvd.rank(), hvd.size()
 
     def metrics(self) -> dict:
-        from engine_native import metrics
-
-        m = metrics()
-        return {k: m.get(k) for k in ("negotiate_seconds", "communicate_seconds", "wait_seconds",
-                                       "fused_batches", "fused_tensors")} | {
-            "allreduce_ops": m.get("ops", {}).get("ALLREDUCE")}
+        return core_metrics()

@@ -11,7 +11,9 @@ namespace {
 
 template <typename Out>
 bool toInt64s(PyObject* seq, Out* out, const char* what) {
-  PyObject* fast = PySequence_Fast(seq, what);
+  // Any tuple as it is, subclasses included (torch.Size): PySequence_Fast would copy those
+  // into a new list.
+  PyObject* fast = PyTuple_Check(seq) ? (Py_INCREF(seq), seq) : PySequence_Fast(seq, what);
   if (fast == nullptr) return false;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   out->resize(n);

@@ -115,13 +115,7 @@ bool fillTensorOp(PyObject* tensor, PyObject* output, runtime::EnqueueArgs* op) 
   if (code_obj == nullptr || !same_dtype || !asCInt(code_obj, &code)) return false;
   PyObject* shape = PyObject_GetAttr(tensor, g.str_shape);  // torch.Size, a tuple
   if (shape == nullptr) return false;
-  bool ok = PyTuple_Check(shape);
-  const Py_ssize_t ndim = ok ? PyTuple_GET_SIZE(shape) : 0;
-  op->request.shape.resize(static_cast<size_t>(ndim));
-  for (Py_ssize_t i = 0; ok && i < ndim; ++i) {
-    op->request.shape[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-    ok = !(op->request.shape[i] == -1 && PyErr_Occurred());
-  }
+  const bool ok = toInt64List(shape, &op->request.shape, "shape");
   Py_DECREF(shape);
   uintptr_t input_address = 0, output_address = 0;
   if (!ok || !dataPtr(tensor, &input_address)) return false;

@@ -1,5 +1,6 @@
 // engine_native.torch's per-tensor allreduce path (bindings/torch_api.cc): torch_setup,
-// torch_allreduce_async, torch_synchronize and torch_kept, added to engine_native._core.
+// torch_allreduce_async, torch_synchronize, torch_kept and torch_release_kept, added to
+// engine_native._core.
 // Binding code only.
 #pragma once
 
