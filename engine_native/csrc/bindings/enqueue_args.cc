@@ -43,7 +43,7 @@ namespace {
 const char* kEnqueueKeywords[] = {"kind",      "name",        "dtype",   "shape",
                                   "input_ptr", "output_ptr",  "reduce_op", "prescale",
                                   "postscale", "root",        "process_set", "splits",
-                                  "device",    nullptr};
+                                  "device",    "stream",      nullptr};
 
 // An op's buffer: an integer address (torch's data_ptr()), None (no output), or any object
 // with the buffer protocol (a numpy array: cheaper than Python's array.ctypes.data, which
@@ -74,10 +74,19 @@ bool toAddress(PyObject* obj, bool writable, const char* what, uintptr_t* out) {
 bool fillOp(int kind, const char* name, Py_ssize_t name_len, int dtype, PyObject* shape,
             PyObject* input_obj, PyObject* output_obj, int reduce_op, double prescale,
             double postscale, int root, int process_set, PyObject* splits, int device,
-            hvd::runtime::EnqueueArgs* op) {
-  uintptr_t input = 0, output = 0;
+            PyObject* stream_obj, hvd::runtime::EnqueueArgs* op) {
+  uintptr_t input = 0, output = 0, stream = 0;
   if (!toAddress(input_obj, false, "input_ptr", &input) ||
       !toAddress(output_obj, true, "output_ptr", &output)) {
+    return false;
+  }
+  if (stream_obj != nullptr && stream_obj != Py_None) {
+    stream = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(stream_obj));
+    if (PyErr_Occurred()) return false;
+  }
+  if (device < -1) {
+    PyErr_Format(PyExc_ValueError, "enqueue(): device must be -1 (CPU) or a CUDA ordinal, got %d",
+                 device);
     return false;
   }
   if (kind < 0 || kind > 6) {
@@ -101,6 +110,7 @@ bool fillOp(int kind, const char* name, Py_ssize_t name_len, int dtype, PyObject
   }
   op->input = reinterpret_cast<const void*>(static_cast<uintptr_t>(input));
   op->output = reinterpret_cast<void*>(static_cast<uintptr_t>(output));
+  op->stream = stream;
   return true;
 }
 
@@ -112,16 +122,17 @@ bool parseOp(PyObject* args, PyObject* kwargs, hvd::runtime::EnqueueArgs* op) {
   PyObject* splits = Py_None;
   PyObject* input_obj = nullptr;
   PyObject* output_obj = nullptr;
+  PyObject* stream = Py_None;
   double prescale = 1.0, postscale = 1.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "is#iOOO|iddiiOi",
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "is#iOOO|iddiiOiO",
                                    const_cast<char**>(kEnqueueKeywords), &kind, &name, &name_len,
                                    &dtype, &shape, &input_obj, &output_obj, &reduce_op,
                                    &prescale, &postscale, &root, &process_set, &splits,
-                                   &device)) {
+                                   &device, &stream)) {
     return false;
   }
   return fillOp(kind, name, name_len, dtype, shape, input_obj, output_obj, reduce_op, prescale,
-                postscale, root, process_set, splits, device, op);
+                postscale, root, process_set, splits, device, stream, op);
 }
 
 bool asDouble(PyObject* obj, double* out) {
@@ -148,7 +159,7 @@ bool asCInt(PyObject* obj, int* out) {
 
 bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                       hvd::runtime::EnqueueArgs* op) {
-  if (kwnames != nullptr || nargs < 6 || nargs > 13 || !PyUnicode_Check(args[1])) {
+  if (kwnames != nullptr || nargs < 6 || nargs > 14 || !PyUnicode_Check(args[1])) {
     PyObject* tuple = PyTuple_New(nargs);
     if (tuple == nullptr) return false;
     for (Py_ssize_t i = 0; i < nargs; ++i) {
@@ -186,7 +197,8 @@ bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames
     return false;
   }
   return fillOp(kind, name, name_len, dtype, args[3], args[4], args[5], reduce_op, prescale,
-                postscale, root, process_set, nargs > 11 ? args[11] : nullptr, device, op);
+                postscale, root, process_set, nargs > 11 ? args[11] : nullptr, device,
+                nargs > 13 ? args[13] : nullptr, op);
 }
 
 bool parseEnqueueTuple(PyObject* tuple, hvd::runtime::EnqueueArgs* op) {

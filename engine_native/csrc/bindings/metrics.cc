@@ -80,6 +80,17 @@ PyObject* buildMetrics() {
     Py_DECREF(v);
   }
   setItem(dict, "transports", transports);
+  // {process set id: {"path": "nccl" | "staged", "device": ordinal}} for sets that ran CUDA
+  // collectives: what the dashboard shows as the rank's GPU path.
+  PyObject* gpu_paths = PyDict_New();
+  for (const auto& p : s.device_paths) {
+    PyObject* key = PyLong_FromLong(p.process_set);
+    PyObject* value = Py_BuildValue("{s:s,s:i}", "path", p.path.c_str(), "device", p.device);
+    PyDict_SetItem(gpu_paths, key, value);
+    Py_DECREF(key);
+    Py_DECREF(value);
+  }
+  setItem(dict, "gpu_paths", gpu_paths);
   const hvd::timeline::TimelineStats timeline = runtime.timelineStats();
   setItem(dict, "timeline", PyBool_FromLong(timeline.file_open));
   setItem(dict, "timeline_dropped", PyLong_FromUnsignedLongLong(timeline.dropped));

@@ -48,16 +48,42 @@ void bufferDealloc(PyObject* self) {
   Py_DECREF(type);  // heap types own a reference from each instance
 }
 
+// Device memory is never exposed as a host buffer: reading it from the CPU would crash.
 int bufferGet(PyObject* self, Py_buffer* view, int flags) {
   auto& buffer = *reinterpret_cast<BufferObject*>(self)->buffer;
+  if (buffer->device >= 0) {
+    PyErr_Format(PyExc_BufferError,
+                 "this Buffer holds memory of CUDA device %d; wrap it with its ptr and nbytes "
+                 "(__cuda_array_interface__), not as a host buffer", buffer->device);
+    view->obj = nullptr;
+    return -1;
+  }
   return PyBuffer_FillInfo(view, self, buffer->data, static_cast<Py_ssize_t>(buffer->bytes), 0,
                            flags);
 }
 
+PyObject* bufferDevice(PyObject* self, void*) {
+  return PyLong_FromLong((*reinterpret_cast<BufferObject*>(self)->buffer)->device);
+}
+PyObject* bufferPtr(PyObject* self, void*) {
+  return PyLong_FromVoidPtr((*reinterpret_cast<BufferObject*>(self)->buffer)->data);
+}
+PyObject* bufferBytes(PyObject* self, void*) {
+  return PyLong_FromSize_t((*reinterpret_cast<BufferObject*>(self)->buffer)->bytes);
+}
+
+PyGetSetDef g_buffer_getset[] = {
+    {"device", bufferDevice, nullptr, "CUDA ordinal of the memory, -1 for host memory", nullptr},
+    {"ptr", bufferPtr, nullptr, "address of the first byte", nullptr},
+    {"nbytes", bufferBytes, nullptr, "size in bytes", nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
 PyType_Slot g_buffer_slots[] = {
     {Py_tp_dealloc, reinterpret_cast<void*>(bufferDealloc)},
     {Py_bf_getbuffer, reinterpret_cast<void*>(bufferGet)},
-    {Py_tp_doc, const_cast<char*>("Core-owned output memory (buffer protocol, writable).")},
+    {Py_tp_getset, g_buffer_getset},
+    {Py_tp_doc, const_cast<char*>("Core-owned output memory: host memory through the buffer "
+                                  "protocol, or CUDA memory (device >= 0) by ptr and nbytes.")},
     {0, nullptr}};
 
 PyType_Spec g_buffer_spec = {"engine_native._core.Buffer", sizeof(BufferObject), 0,

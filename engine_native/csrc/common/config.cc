@@ -89,6 +89,11 @@ const std::vector<Knob>& knobs() {
                   "auto (shm between ranks of one host, tcp between hosts), tcp (tcp "
                   "everywhere), or shm (same as auto)."},
                  &Config::transport),
+      stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
+                  "How CUDA collectives move between ranks: auto (NCCL when every member of "
+                  "a process set has its own GPU and NCCL loads, else the staged path through "
+                  "host memory and shm/tcp), nccl (fail instead of staging), or staged."},
+                 &Config::gpu_path),
       tunable(boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool",
                         "false",
                         "Intra-host reduce, inter-host ring, intra-host broadcast. Set "
@@ -246,11 +251,14 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
       return true;
     }
     case Kind::kString: {
-      if (knob.string_field == &Config::transport) {
+      if (knob.string_field == &Config::transport || knob.string_field == &Config::gpu_path) {
         std::string v;
         for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        if (v != "auto" && v != "tcp" && v != "shm") return false;
-        config->transport = v;
+        const bool transport = knob.string_field == &Config::transport;
+        if (v != "auto" && (transport ? v != "tcp" && v != "shm" : v != "nccl" && v != "staged")) {
+          return false;
+        }
+        config->*knob.string_field = v;
       } else {
         config->*knob.string_field = value;
       }

@@ -35,10 +35,10 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                Autotuner* autotuner)
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline), autotuner_(autotuner),
-      executor_(handles, metrics, config, timeline, keys_),
+      wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      executor_(handles, metrics, config, timeline, keys_, wake_fd_),
       fusion_threshold_(config.fusion_threshold_bytes), cycle_time_ms_(config.cycle_time_ms),
       cache_enabled_(config.cache_capacity > 0) {
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   // Several peers may look lost by the time a collective notices; one of them may already have
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
@@ -123,7 +123,8 @@ void BackgroundLoop::wakeForWaiter() {
 
 bool BackgroundLoop::idle() const {
   return entries_.empty() && to_execute_.empty() && held_.empty() && outgoing_.empty() &&
-         parked_.empty() && !shutdown_requested_ && !abort_requested_;
+         parked_.empty() && !executor_.deviceBusy() && !shutdown_requested_ &&
+         !abort_requested_;
 }
 
 void BackgroundLoop::setTimelineDetail(bool on) {
@@ -214,6 +215,10 @@ void BackgroundLoop::pass(bool mark_cycle) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
     executeQueued();
     inspectStalls();
+  }
+  if (!failed_) {  // device ops queued earlier may finish while the shutdown is agreed
+    Status device = executor_.pollDevice();
+    if (!device.isOk()) fail(device, /*tell_peers=*/true);
   }
   if (shutdown_sent_) checkShutdownAgreement();
   if (keys_.wantsSweep()) sweepKeys();
@@ -339,6 +344,7 @@ BackgroundLoop::CommSlot& BackgroundLoop::commFor(int32_t process_set) {
 // Every op of this rank — submitted, drained or queued for execution — ends with `status`, and
 // its name may be submitted again. store_failure: later submissions fail with it too.
 void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
+  executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (store_failure) {

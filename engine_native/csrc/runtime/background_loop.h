@@ -147,10 +147,10 @@ class BackgroundLoop {
   const common::Config& config_;
   timeline::Timeline* timeline_;
   Autotuner* autotuner_;
+  int wake_fd_ = -1;      // before executor_, whose device completions write it
   coord::KeyTable keys_;  // before executor_, which reads names from it
   Executor executor_;
   std::thread thread_;
-  int wake_fd_ = -1;
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
   std::mutex progress_;
   // While callers drive, the sleeping loop thread watches only wake_fd_ (and its tick).

@@ -24,7 +24,16 @@ OutputBuffer::OutputBuffer(size_t n) : bytes(n) {
   data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
 }
 
-OutputBuffer::~OutputBuffer() { std::free(data); }
+OutputBuffer::OutputBuffer(uint8_t* d, size_t n, int dev, void (*free_fn)(void*))
+    : data(d), bytes(n), device(dev), release(free_fn) {}
+
+OutputBuffer::~OutputBuffer() {
+  if (release != nullptr) {
+    if (data != nullptr) release(data);
+  } else {
+    std::free(data);
+  }
+}
 
 HandleTable::State* HandleTable::find(int64_t handle) {
   if (handle <= 0) return nullptr;

@@ -18,14 +18,18 @@
 
 namespace hvd::runtime {
 
-// Core-owned output memory of allgather / alltoall / reducescatter, 64-byte aligned.
+// Core-owned output memory of allgather / alltoall / reducescatter: host memory, 64-byte
+// aligned, or memory of a CUDA device that `release` frees (the device executor's cudaMalloc).
 struct OutputBuffer {
   explicit OutputBuffer(size_t bytes);
+  OutputBuffer(uint8_t* data, size_t bytes, int device, void (*release)(void*));
   ~OutputBuffer();
   OutputBuffer(const OutputBuffer&) = delete;
   OutputBuffer& operator=(const OutputBuffer&) = delete;
   uint8_t* data = nullptr;
   size_t bytes = 0;
+  int device = -1;  // -1: host memory
+  void (*release)(void*) = nullptr;
 };
 
 struct OpResult {

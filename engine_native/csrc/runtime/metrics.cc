@@ -28,6 +28,7 @@ void Metrics::endOp() {
   std::lock_guard<std::mutex> lock(mutex_);
   current_op_.clear();
   current_name_.clear();
+  device_paths_.clear();
 }
 
 void Metrics::setPending(std::vector<PendingInfo> pending) {
@@ -38,6 +39,11 @@ void Metrics::setPending(std::vector<PendingInfo> pending) {
 void Metrics::setTransports(std::vector<std::string> transports) {
   std::lock_guard<std::mutex> lock(mutex_);
   transports_ = std::move(transports);
+}
+
+void Metrics::setDevicePath(int32_t process_set, const std::string& path, int device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  device_paths_.push_back({process_set, path, device});
 }
 
 MetricsSnapshot Metrics::snapshot() const {
@@ -65,6 +71,7 @@ MetricsSnapshot Metrics::snapshot() const {
   }
   s.pending = pending_;
   s.transports = transports_;
+  s.device_paths = device_paths_;
   return s;
 }
 

@@ -41,6 +41,12 @@ struct MetricsSnapshot {
   double current_seconds = 0;
   std::vector<PendingInfo> pending;
   std::vector<std::string> transports;  // per global rank: "self" / "shm" / "tcp"
+  struct DevicePath {
+    int32_t process_set = 0;
+    std::string path;  // "nccl" / "staged"
+    int device = -1;   // this rank's CUDA ordinal for the set
+  };
+  std::vector<DevicePath> device_paths;  // sets that ran CUDA collectives, in first-use order
 };
 
 class Metrics {
@@ -60,6 +66,7 @@ class Metrics {
   void endOp();
   void setPending(std::vector<PendingInfo> pending);
   void setTransports(std::vector<std::string> transports);
+  void setDevicePath(int32_t process_set, const std::string& path, int device);
   MetricsSnapshot snapshot() const;
   void reset();
 
@@ -79,6 +86,7 @@ class Metrics {
   std::chrono::steady_clock::time_point current_since_;
   std::vector<PendingInfo> pending_;
   std::vector<std::string> transports_;
+  std::vector<MetricsSnapshot::DevicePath> device_paths_;
 };
 
 }  // namespace hvd::runtime

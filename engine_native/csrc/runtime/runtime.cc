@@ -308,6 +308,9 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
     entries[i].request.request_rank = rank_;
     HVD_RETURN_IF_ERROR(validate(&entries[i].request, names[i]));
   }
+  for (size_t i = 0; i < count; ++i) {  // Note [Stream ordering] in nccl/device_stream.h
+    HVD_RETURN_IF_ERROR(recordReady(&entries[i]));
+  }
   for (size_t i = 0; i < count; ++i) entries[i].handle = handles_.create(/*caller_waits=*/!wake);
   // submit() moves the entries on; their handle fields (plain integers) keep their values.
   Status status = loop_->submit(entries, names, count, wake);
@@ -317,11 +320,20 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
   return status;
 }
 
+// A CUDA tensor's op waits (on the device) for its producer's stream as it is now.
+Status Runtime::recordReady(TensorEntry* entry) const {
+  const coord::Request& r = entry->request;
+  if (r.device < 0 || r.type == OpType::kBarrier || r.type == OpType::kJoin) return Status::ok();
+  return entry->ready.record(r.device,
+                             reinterpret_cast<transport::nccl::CudaStream>(entry->stream));
+}
+
 Status Runtime::enqueue(EnqueueArgs&& op, int64_t* handle, bool wake) {
   TensorEntry entry;
   entry.request = std::move(op.request);
   entry.input = op.input;
   entry.output = op.output;
+  entry.stream = op.stream;
   std::lock_guard<std::mutex> lock(mutex_);
   HVD_RETURN_IF_ERROR(submitLocked(&entry, &op.name, 1, wake));
   *handle = entry.handle;
@@ -336,6 +348,7 @@ Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* hand
     entries[i].request = std::move(ops[i].request);
     entries[i].input = ops[i].input;
     entries[i].output = ops[i].output;
+    entries[i].stream = ops[i].stream;
     names[i] = ops[i].name;
   }
   std::lock_guard<std::mutex> lock(mutex_);

@@ -31,6 +31,9 @@ struct EnqueueArgs {
   std::string_view name;    // the tensor name, valid for the duration of the enqueue call
   const void* input = nullptr;
   void* output = nullptr;
+  // CUDA tensors (request.device >= 0): the stream that produced them (cudaStream_t; 0 is the
+  // legacy default stream). The op waits for what was queued there before the enqueue.
+  uintptr_t stream = 0;
 };
 
 class Runtime {
@@ -85,6 +88,7 @@ class Runtime {
 
  private:
   common::Status validate(coord::Request* request, std::string_view name) const;
+  common::Status recordReady(TensorEntry* entry) const;
   // Validates and submits; entries' handles are created here.
   common::Status submitLocked(TensorEntry* entries, const std::string_view* names, size_t count,
                               bool wake);

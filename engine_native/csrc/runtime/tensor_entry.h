@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "coord/message.h"
+#include "runtime/ready_events.h"
 
 namespace hvd::runtime {
 
@@ -21,6 +22,8 @@ struct TensorEntry {
   void* output = nullptr;   // allreduce / broadcast; others get an OutputBuffer
   int64_t handle = 0;
   std::chrono::steady_clock::time_point enqueued;  // when the loop took it (stall ages)
+  uintptr_t stream = 0;  // CUDA tensors: the producer's stream (cudaStream_t), at enqueue
+  ReadyEvent ready;      // recorded on that stream when the op is submitted
 };
 
 class EntryTable {

@@ -63,6 +63,8 @@ using NcclSendFn = int (*)(const void* send, size_t count, int dtype, int peer, 
                            CudaStream stream);
 using NcclRecvFn = int (*)(void* recv, size_t count, int dtype, int peer, NcclComm comm,
                            CudaStream stream);
+using NcclReduceFn = int (*)(const void* send, void* recv, size_t count, int dtype, int op,
+                             int root, NcclComm comm, CudaStream stream);
 using NcclGroupFn = int (*)();
 // Optional (NCCL 2.11+): a sum that first multiplies every input by a scalar held on the host.
 constexpr int kNcclScalarHostImmediate = 1;  // ncclScalarResidence_t
@@ -84,6 +86,7 @@ struct NcclApi {
   NcclReduceScatterFn reduceScatter = nullptr;
   NcclSendFn send = nullptr;
   NcclRecvFn recv = nullptr;
+  NcclReduceFn reduce = nullptr;
   NcclGroupFn groupStart = nullptr;
   NcclGroupFn groupEnd = nullptr;
   NcclRedOpCreatePreMulSumFn redOpCreatePreMulSum = nullptr;  // optional: may stay nullptr
@@ -121,6 +124,8 @@ using CudaFreeFn = int (*)(void* pointer);                   // cudaFree, cudaFr
 using CudaMemcpyAsyncFn = int (*)(void* dst, const void* src, size_t bytes, int kind,
                                   CudaStream stream);
 using CudaMemsetAsyncFn = int (*)(void* dst, int value, size_t bytes, CudaStream stream);
+using CudaHostFn = void (*)(void* user_data);  // runs on a driver thread: no CUDA calls in it
+using CudaLaunchHostFuncFn = int (*)(CudaStream stream, CudaHostFn fn, void* user_data);
 
 struct CudaApi {
   CudaIntOutFn runtimeGetVersion = nullptr;
@@ -145,6 +150,7 @@ struct CudaApi {
   CudaFreeFn freeHost = nullptr;
   CudaMemcpyAsyncFn memcpyAsync = nullptr;
   CudaMemsetAsyncFn memsetAsync = nullptr;
+  CudaLaunchHostFuncFn launchHostFunc = nullptr;
 };
 
 }  // namespace hvd::transport::nccl

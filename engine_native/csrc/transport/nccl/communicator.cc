@@ -138,16 +138,46 @@ Status NcclCommunicator::allreduce(const void* in, void* out, size_t count, Data
   return check(result, "ncclAllReduce");
 }
 
-Status NcclCommunicator::reducescatter(const void* in, void* out, size_t recv_count,
-                                       DataType dtype, ReduceOp op, double scale) {
-  if (recv_count == 0) return Status::ok();
+Status NcclCommunicator::reducescatter(const void* in, void* out,
+                                       const std::vector<size_t>& counts, DataType dtype,
+                                       ReduceOp op, double scale) {
+  if (static_cast<int>(counts.size()) != size_) {
+    return common::internalError("reducescatter: one block size per member expected");
+  }
+  bool equal = true;
+  size_t total = 0;
+  for (size_t c : counts) {
+    equal = equal && c == counts[0];
+    total += c;
+  }
+  if (total == 0) return Status::ok();
   int nccl_op = 0;
   bool created = false;
   HVD_RETURN_IF_ERROR(reduceOp(dtype, op, scale, &nccl_op, &created));
-  const int result = nccl_->reduceScatter(in, out, recv_count, ncclDataTypeOf(dtype), nccl_op,
-                                          comm_, stream_.stream());
+  const int type = ncclDataTypeOf(dtype);
+  Status status;
+  if (equal) {
+    status = check(nccl_->reduceScatter(in, out, counts[0], type, nccl_op, comm_,
+                                        stream_.stream()),
+                   "ncclReduceScatter");
+  } else {
+    const size_t element = common::dataTypeSize(dtype);
+    const auto* base = static_cast<const uint8_t*>(in);
+    status = check(nccl_->groupStart(), "ncclGroupStart");
+    size_t offset = 0;
+    for (int r = 0; r < size_ && status.isOk(); ++r) {
+      if (counts[r] > 0) {  // recvbuff is read only on the root
+        status = check(nccl_->reduce(base + offset * element, out, counts[r], type, nccl_op, r,
+                                     comm_, stream_.stream()),
+                       "ncclReduce");
+      }
+      offset += counts[r];
+    }
+    const Status end = check(nccl_->groupEnd(), "ncclGroupEnd");
+    if (status.isOk()) status = end;
+  }
   destroyOp(nccl_op, created);
-  return check(result, "ncclReduceScatter");
+  return status;
 }
 
 Status NcclCommunicator::broadcast(void* buffer, size_t bytes, int root) {

@@ -51,7 +51,10 @@ class NcclCommunicator {
   // Device buffers on stream().device(); in == out is allowed. `count` is in elements.
   common::Status allreduce(const void* in, void* out, size_t count, common::DataType dtype,
                            common::ReduceOp op, double scale);
-  common::Status reducescatter(const void* in, void* out, size_t recv_count,
+  // Rank r receives the reduction of `in`'s block r (counts[r] elements, blocks back to
+  // back). Equal blocks use ncclReduceScatter; Horovod's uneven split (the first dim0 % n
+  // ranks get a row more) a group of ncclReduce calls, one rooted at each rank.
+  common::Status reducescatter(const void* in, void* out, const std::vector<size_t>& counts,
                                common::DataType dtype, common::ReduceOp op, double scale);
   common::Status broadcast(void* buffer, size_t bytes, int root);
   // Rank r's block is bytes[r] long; out holds them back to back. Equal blocks use

@@ -15,7 +15,7 @@ DeviceStream::~DeviceStream() {
   if (device_ >= 0) cuda_->setDevice(device_);
   if (stream_ != nullptr) cuda_->streamSynchronize(stream_);
   for (CudaEvent event : all_events_) cuda_->eventDestroy(event);
-  if (producer_event_ != nullptr) cuda_->eventDestroy(producer_event_);
+  freeRetired();
   if (device_buffer_ != nullptr) cuda_->free(device_buffer_);
   if (host_buffer_ != nullptr) cuda_->freeHost(host_buffer_);
   if (stream_ != nullptr) cuda_->streamDestroy(stream_);
@@ -44,10 +44,12 @@ Status DeviceStream::init(int device) {
   }
   device_ = device;
   HVD_RETURN_IF_ERROR(check(cuda_->setDevice(device), "cudaSetDevice"));
-  HVD_RETURN_IF_ERROR(check(cuda_->streamCreateWithFlags(&stream_, kCudaStreamNonBlocking),
-                            "cudaStreamCreateWithFlags"));
-  return check(cuda_->eventCreateWithFlags(&producer_event_, kCudaEventDisableTiming),
-               "cudaEventCreateWithFlags");
+  return check(cuda_->streamCreateWithFlags(&stream_, kCudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags");
+}
+
+Status DeviceStream::select() const {
+  return check(cuda_->setDevice(device_), "cudaSetDevice");
 }
 
 Status DeviceStream::pciBusId(std::string* out) const {
@@ -58,22 +60,17 @@ Status DeviceStream::pciBusId(std::string* out) const {
   return Status::ok();
 }
 
-Status DeviceStream::after(CudaStream producer) {
-  if (producer == stream_) return Status::ok();
-  HVD_RETURN_IF_ERROR(check(cuda_->eventRecord(producer_event_, producer), "cudaEventRecord"));
-  // The wait captures the event's state now, so re-recording it for the next tensor is safe.
-  return check(cuda_->streamWaitEvent(stream_, producer_event_, 0), "cudaStreamWaitEvent");
+Status DeviceStream::waitFor(CudaEvent event) {
+  // The wait captures the event's state now: the caller may re-record it at once.
+  return check(cuda_->streamWaitEvent(stream_, event, 0), "cudaStreamWaitEvent");
 }
 
 Status DeviceStream::deviceBuffer(size_t bytes, void** out) {
   if (bytes > device_bytes_) {
-    HVD_RETURN_IF_ERROR(synchronize());  // queued copies may still read the old buffer
-    if (device_buffer_ != nullptr) {
-      HVD_RETURN_IF_ERROR(check(cuda_->free(device_buffer_), "cudaFree"));
-      device_buffer_ = nullptr;
-      device_bytes_ = 0;
-    }
-    HVD_RETURN_IF_ERROR(check(cuda_->malloc(&device_buffer_, bytes), "cudaMalloc"));
+    void* fresh = nullptr;
+    HVD_RETURN_IF_ERROR(check(cuda_->malloc(&fresh, bytes), "cudaMalloc"));
+    if (device_buffer_ != nullptr) retired_device_.push_back(device_buffer_);
+    device_buffer_ = fresh;
     device_bytes_ = bytes;
   }
   *out = device_buffer_;
@@ -82,17 +79,21 @@ Status DeviceStream::deviceBuffer(size_t bytes, void** out) {
 
 Status DeviceStream::hostBuffer(size_t bytes, void** out) {
   if (bytes > host_bytes_) {
-    HVD_RETURN_IF_ERROR(synchronize());
-    if (host_buffer_ != nullptr) {
-      HVD_RETURN_IF_ERROR(check(cuda_->freeHost(host_buffer_), "cudaFreeHost"));
-      host_buffer_ = nullptr;
-      host_bytes_ = 0;
-    }
-    HVD_RETURN_IF_ERROR(check(cuda_->mallocHost(&host_buffer_, bytes), "cudaMallocHost"));
+    void* fresh = nullptr;
+    HVD_RETURN_IF_ERROR(check(cuda_->mallocHost(&fresh, bytes), "cudaMallocHost"));
+    if (host_buffer_ != nullptr) retired_host_.push_back(host_buffer_);
+    host_buffer_ = fresh;
     host_bytes_ = bytes;
   }
   *out = host_buffer_;
   return Status::ok();
+}
+
+void DeviceStream::freeRetired() {
+  for (void* p : retired_device_) cuda_->free(p);
+  for (void* p : retired_host_) cuda_->freeHost(p);
+  retired_device_.clear();
+  retired_host_.clear();
 }
 
 Status DeviceStream::copy(void* dst, const void* src, size_t bytes) {
@@ -129,8 +130,8 @@ Status DeviceStream::query(CudaEvent event, bool* finished) const {
   return error == kCudaErrorNotReady ? Status::ok() : check(error, "cudaEventQuery");
 }
 
-Status DeviceStream::makeWait(CudaStream consumer, CudaEvent event) const {
-  return check(cuda_->streamWaitEvent(consumer, event, 0), "cudaStreamWaitEvent");
+Status DeviceStream::notify(CudaHostFn fn, void* data) {
+  return check(cuda_->launchHostFunc(stream_, fn, data), "cudaLaunchHostFunc");
 }
 
 void DeviceStream::release(CudaEvent event) {

@@ -5,17 +5,20 @@
 // current CUDA device is per thread and init() sets it. Needs loadCudaRuntime() (loader.h).
 //
 // Note [Stream ordering]: a CUDA tensor arrives with the stream its producer ran on (the
-// framework's current stream at enqueue). Before reading it, after(producer) records an event
-// on that stream and makes this stream wait for it — on the device, so the host never blocks
-// and a producer kernel still running at enqueue time is never overtaken. When the collective
-// and the copies out are queued, record() marks the end; the background thread polls that
-// event with query() and completes the handles once it fired, so wait() returns a tensor whose
-// values are final.
+// framework's current stream at enqueue). At enqueue, on the framework thread, an event is
+// recorded on that stream (runtime/ready_events.h); before reading the tensor, waitFor(event)
+// makes this stream wait for it — on the device, so the host never blocks and a producer
+// kernel still running at enqueue time is never overtaken, while work the framework queues
+// after the enqueue is not waited for. When the collective and the copies out are queued,
+// record() marks the end and notify() asks the driver to wake the background loop once it
+// fired; the loop checks the event with query() and completes the handles, so wait() returns
+// a tensor whose values are final.
 //
-// Note [Staged fallback]: after(producer); copy(fusion <- inputs); copy(host <- fusion);
-// synchronize(); the CPU algorithm over shm/tcp on the host buffer (scaling included);
-// copy(fusion <- host); copy(outputs <- fusion); record(). Every rank stages the same way, so
-// ranks sharing one GPU never create an NCCL communicator (NCCL refuses duplicate GPUs).
+// Note [Staged fallback]: waitFor(ready events); copy(host <- inputs); synchronize(); the CPU
+// algorithm over shm/tcp on the pinned host buffer (scaling included); copy(outputs <- host);
+// record(). The one host wait is for this stream's own copies (and the producers before them):
+// the CPU algorithm needs the bytes. Every member of a set stages the same way, so ranks
+// sharing one GPU never create an NCCL communicator (NCCL refuses duplicate GPUs).
 #pragma once
 
 #include <cstddef>
@@ -38,20 +41,24 @@ class DeviceStream {
   // not loaded or the device cannot be used.
   common::Status init(int device);
   bool ready() const { return stream_ != nullptr; }
+  // Makes the device current on the calling thread (the loop's passes may run on a framework
+  // thread that waits on its op: Note [Caller drives] in runtime/caller_drives.cc).
+  common::Status select() const;
   int device() const { return device_; }
   CudaStream stream() const { return stream_; }
   // "0000:3b:00.0": with the host, names the physical GPU. Members of a process set exchange it
   // before creating an NCCL communicator; any repeat means ranks share a GPU -> staged fallback.
   common::Status pciBusId(std::string* out) const;
 
-  // This stream waits (device side) for everything queued on `producer` so far. A null
-  // producer is the legacy default stream, which cudaEventRecord accepts as well.
-  common::Status after(CudaStream producer);
+  // This stream waits (device side) for `event`, as recorded when the call is made.
+  common::Status waitFor(CudaEvent event);
 
-  // Buffers grown on demand and reused (contents undefined after growth). Growing the device
-  // buffer first drains this stream, since queued work may still use the old one.
+  // Buffers grown on demand and reused (contents undefined after growth). A buffer replaced
+  // by a larger one may still be used by queued work: it is retired, and freed by
+  // freeRetired() once the caller knows this stream has drained (no completion pending).
   common::Status deviceBuffer(size_t bytes, void** out);
   common::Status hostBuffer(size_t bytes, void** out);  // pinned (cudaMallocHost)
+  void freeRetired();
 
   // Asynchronous on this stream; the direction is inferred (unified virtual addressing).
   common::Status copy(void* dst, const void* src, size_t bytes);
@@ -63,9 +70,9 @@ class DeviceStream {
   // release() returns the event to the pool once nobody waits on it any more.
   common::Status record(CudaEvent* event);
   common::Status query(CudaEvent event, bool* finished) const;
-  // `consumer` waits (device side) for `event`: lets a framework stream use the output without
-  // blocking the host.
-  common::Status makeWait(CudaStream consumer, CudaEvent event) const;
+  // `fn(data)` runs on a driver thread once everything queued so far has run (it must not
+  // call CUDA: it only wakes the background loop).
+  common::Status notify(CudaHostFn fn, void* data);
   void release(CudaEvent event);
 
   // A Status for a cudaError_t: "CUDA error in <call> on device N: <text> (code E)".
@@ -75,11 +82,12 @@ class DeviceStream {
   const CudaApi* cuda_ = nullptr;
   int device_ = -1;
   CudaStream stream_ = nullptr;
-  CudaEvent producer_event_ = nullptr;  // reused by after(): recorded, waited on, re-recorded
   void* device_buffer_ = nullptr;
   size_t device_bytes_ = 0;
   void* host_buffer_ = nullptr;
   size_t host_bytes_ = 0;
+  std::vector<void*> retired_device_;  // replaced buffers queued work may still use
+  std::vector<void*> retired_host_;
   std::vector<CudaEvent> free_events_;
   std::vector<CudaEvent> all_events_;
 };

@@ -72,6 +72,7 @@ void bindNccl(SymbolBinder& b, NcclApi* api) {
   b.bind("ncclReduceScatter", &api->reduceScatter);
   b.bind("ncclSend", &api->send);
   b.bind("ncclRecv", &api->recv);
+  b.bind("ncclReduce", &api->reduce);
   b.bind("ncclGroupStart", &api->groupStart);
   b.bind("ncclGroupEnd", &api->groupEnd);
   b.bindOptional("ncclRedOpCreatePreMulSum", &api->redOpCreatePreMulSum);
@@ -100,6 +101,7 @@ void bindCuda(SymbolBinder& b, CudaApi* api) {
   b.bind("cudaFreeHost", &api->freeHost);
   b.bind("cudaMemcpyAsync", &api->memcpyAsync);
   b.bind("cudaMemsetAsync", &api->memsetAsync);
+  b.bind("cudaLaunchHostFunc", &api->launchHostFunc);
 }
 
 // What differs between the two libraries; the procedure (a)-(e) is shared.

@@ -1,0 +1,202 @@
+#include "runtime/cpu_executor.h"
+
+#include <cstring>
+
+#include "runtime/op_layout.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+using coord::OpType;
+
+uint8_t* CpuExecutor::fusionBuffer(size_t bytes) {
+  if (fusion_buffer_.size() < bytes) fusion_buffer_.resize(bytes);
+  return fusion_buffer_.data();
+}
+
+// Note [Fusion without a buffer]: when the host pipeline serves the set (allreduceTakesTensors)
+// and nothing has to be scaled before the reduction, a fused batch (or an out-of-place single
+// tensor) is handed to it as its tensors: it reads the inputs and writes the outputs directly,
+// and the copies into and out of the fusion buffer (MEMCPY_*_FUSION_BUFFER) do not happen.
+// Elsewhere — TCP, a joined rank's zeros, a prescale factor, small batches — the batch is
+// packed into the persistent fusion buffer as before.
+bool CpuExecutor::allreduceTensors(OpContext& op, size_t total, Status* status) {
+  const coord::Response& r = op.response;
+  const auto& entries = op.entries;
+  if (r.prescale != 1.0 || (r.keys.size() == 1 && entries[0] != nullptr &&
+                            entries[0]->input == entries[0]->output)) {
+    return false;
+  }
+  spans_.clear();
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    if (entries[i] == nullptr) return false;  // a joined rank: its zeros need the buffer
+    spans_.push_back({entries[i]->input, entries[i]->output, static_cast<size_t>(r.counts[i])});
+  }
+  algo::AllreduceOptions opts;
+  opts.tensors = &spans_;
+  opts.count = total;
+  opts.dtype = r.dtype;
+  opts.op = r.reduce_op;
+  if (!algo::allreduceTakesTensors(op.comm, opts, op.choice)) return false;
+  op.activities.start("_ALLREDUCE");
+  *status = algo::allreduce(op.comm, opts, op.choice);
+  if (!status->isOk()) return true;
+  op.activities.end();
+  const double post = postFactor(r, op.comm.size());
+  if (post != 1.0) {
+    for (const algo::TensorSpan& s : spans_) common::scaleInPlace(s.output, s.count, r.dtype, post);
+  }
+  return true;
+}
+
+Status allreduceHostBuffer(OpContext& op, void* buffer, size_t count, size_t segment_bytes) {
+  const coord::Response& r = op.response;
+  if (r.prescale != 1.0) common::scaleInPlace(buffer, count, r.dtype, r.prescale);
+  algo::AllreduceOptions opts;
+  opts.data = buffer;
+  opts.count = count;
+  opts.dtype = r.dtype;
+  opts.op = r.reduce_op;
+  opts.segment_bytes = segment_bytes;
+  op.activities.start("_ALLREDUCE");
+  HVD_RETURN_IF_ERROR(algo::allreduce(op.comm, opts, op.choice));
+  op.activities.end();
+  const double post = postFactor(r, op.comm.size());
+  if (post != 1.0) common::scaleInPlace(buffer, count, r.dtype, post);
+  return Status::ok();
+}
+
+Status CpuExecutor::allreduce(OpContext& op) {
+  const coord::Response& r = op.response;
+  const auto& entries = op.entries;
+  const size_t elem = common::dataTypeSize(r.dtype);
+  const int64_t total = totalCount(r);
+  const size_t bytes = static_cast<size_t>(total) * elem;
+  Status direct;
+  if (allreduceTensors(op, static_cast<size_t>(total), &direct)) {
+    HVD_RETURN_IF_ERROR(direct);
+    metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.keys.size());
+    return Status::ok();
+  }
+  const bool fused = r.keys.size() > 1 || entries[0] == nullptr;
+  uint8_t* buffer = nullptr;
+  if (fused) {
+    // Copy every tensor into its slot of the fusion buffer; a joined rank's slots stay zero.
+    op.activities.start("MEMCPY_IN_FUSION_BUFFER");
+    buffer = fusionBuffer(bytes);
+    size_t offset = 0;
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      if (entries[i] != nullptr && n > 0) {
+        std::memcpy(buffer + offset, entries[i]->input, n);
+      } else if (n > 0) {
+        std::memset(buffer + offset, 0, n);
+      }
+      offset += n;
+    }
+    op.activities.end();
+  } else {
+    buffer = static_cast<uint8_t*>(entries[0]->output);
+    if (entries[0]->input != entries[0]->output && bytes > 0) {
+      std::memcpy(buffer, entries[0]->input, bytes);
+    }
+  }
+  HVD_RETURN_IF_ERROR(allreduceHostBuffer(op, buffer, static_cast<size_t>(total),
+                                          static_cast<size_t>(config_.tcp_segment_bytes)));
+  if (fused) {
+    op.activities.start("MEMCPY_OUT_FUSION_BUFFER");
+    size_t offset = 0;
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      if (entries[i] != nullptr && n > 0) std::memcpy(entries[i]->output, buffer + offset, n);
+      offset += n;
+    }
+    op.activities.end();
+  }
+  metrics_.countOp(static_cast<int>(OpType::kAllreduce), bytes, r.keys.size());
+  return Status::ok();
+}
+
+Status CpuExecutor::allgather(OpContext& op) {
+  const GatherLayout layout = allgatherLayout(op.response);
+  op.result->buffer = std::make_shared<OutputBuffer>(layout.total);
+  op.result->shape = layout.shape;
+  const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
+  op.activities.start("_ALLGATHER");
+  HVD_RETURN_IF_ERROR(algo::allgatherRing(op.comm, in, op.result->buffer->data, layout.bytes));
+  op.activities.end();
+  metrics_.countOp(static_cast<int>(OpType::kAllgather), layout.total, 1);
+  return Status::ok();
+}
+
+// The response carries the global root rank; algorithms use set ranks.
+Status rootSetRank(const coord::Response& r, const transport::Comm& comm, int* root) {
+  for (int i = 0; i < comm.size(); ++i) {
+    if (comm.globalRank(i) == r.root_rank) {
+      *root = i;
+      return Status::ok();
+    }
+  }
+  return common::internalError("broadcast root rank " + std::to_string(r.root_rank) +
+                               " is not in the process set");
+}
+
+Status CpuExecutor::broadcast(OpContext& op) {
+  const coord::Response& r = op.response;
+  TensorEntry* entry = op.entries[0];
+  const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
+                       common::dataTypeSize(r.dtype);
+  std::vector<uint8_t> scratch;
+  void* data = nullptr;
+  if (entry != nullptr) {
+    data = entry->output;
+    if (entry->input != entry->output && bytes > 0) std::memcpy(data, entry->input, bytes);
+  } else {
+    scratch.resize(bytes);
+    data = scratch.data();
+  }
+  int root = -1;
+  HVD_RETURN_IF_ERROR(rootSetRank(r, op.comm, &root));
+  op.activities.start("_BCAST");
+  HVD_RETURN_IF_ERROR(algo::broadcastTree(op.comm, data, bytes, root));
+  op.activities.end();
+  metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
+  return Status::ok();
+}
+
+Status CpuExecutor::alltoall(OpContext& op) {
+  const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
+  op.result->buffer = std::make_shared<OutputBuffer>(layout.total);
+  op.result->shape = layout.shape;
+  op.result->received_splits = layout.received_splits;
+  const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
+  op.activities.start("_ALLTOALL");
+  HVD_RETURN_IF_ERROR(
+      algo::alltoallPairwise(op.comm, in, layout.send, op.result->buffer->data, layout.recv));
+  op.activities.end();
+  metrics_.countOp(static_cast<int>(OpType::kAlltoall), layout.total, 1);
+  return Status::ok();
+}
+
+Status CpuExecutor::reducescatter(OpContext& op) {
+  const coord::Response& r = op.response;
+  const int me = op.comm.rank();
+  const ReducescatterLayout layout = reducescatterLayout(r, me, op.comm.size());
+  const size_t elem = common::dataTypeSize(r.dtype);
+  op.result->buffer = std::make_shared<OutputBuffer>(layout.counts[me] * elem);
+  op.result->shape = layout.shape;
+  const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
+  op.activities.start("_REDUCESCATTER");
+  HVD_RETURN_IF_ERROR(algo::reducescatterRing(op.comm, in, op.result->buffer->data,
+                                              layout.counts, r.dtype, r.reduce_op));
+  op.activities.end();
+  // Scaling commutes with the sum, so both factors are applied to this rank's block only.
+  const double factor = r.prescale * postFactor(r, op.comm.size());
+  if (factor != 1.0) {
+    common::scaleInPlace(op.result->buffer->data, layout.counts[me], r.dtype, factor);
+  }
+  metrics_.countOp(static_cast<int>(OpType::kReducescatter), layout.input_bytes, 1);
+  return Status::ok();
+}
+
+}  // namespace hvd::runtime

@@ -1,0 +1,237 @@
+// DeviceExecutor (device_executor.h): sets, streams, deferred completion and abort. The op
+// bodies are in device_nccl_ops.cc and device_staged_ops.cc, the path choice in device_path.cc.
+#include "runtime/device_executor.h"
+
+#include <unistd.h>
+
+#include <thread>
+
+#include "common/logging.h"
+#include "runtime/device_path.h"
+#include "transport/nccl/loader.h"
+
+namespace hvd::runtime {
+
+namespace nccl = transport::nccl;
+using common::Status;
+using Clock = std::chrono::steady_clock;
+
+// Note [Deferred completion]: an op's stream work (waits on the producers' events, copies,
+// the NCCL call) is only queued when its method returns; queueCompletion() records an event
+// after it and queues a host function that writes the loop's eventfd once the stream reaches
+// it. The loop, woken, calls poll(): events that fired complete their handles, in queue
+// order. No thread blocks on the device on this path (the staged path waits for its own
+// copies, Note [Staged fallback]). The host function may run after the loop is gone (a
+// shutdown while the stream drains): it holds its own reference to a duplicate of the fd.
+class HostWake {
+ public:
+  explicit HostWake(int fd) : fd_(::dup(fd)) {}
+  ~HostWake() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  HostWake(const HostWake&) = delete;
+  HostWake& operator=(const HostWake&) = delete;
+  void wake() const {
+    const uint64_t one = 1;
+    ssize_t rc = ::write(fd_, &one, sizeof(one));
+    (void)rc;  // EAGAIN: the counter is already non-zero, the loop wakes anyway
+  }
+
+ private:
+  int fd_;
+};
+
+namespace {
+
+void wakeFromDriver(void* data) {
+  auto* keep = static_cast<std::shared_ptr<HostWake>*>(data);
+  (*keep)->wake();
+  delete keep;
+}
+
+void freeDeviceMemory(void* data) {
+  const nccl::CudaApi* cuda = nccl::cudaApi();
+  if (cuda != nullptr) cuda->free(data);  // synchronises the device: users' kernels are done
+}
+
+const char* pathName(bool is_nccl) { return is_nccl ? "nccl" : "staged"; }
+
+}  // namespace
+
+DeviceExecutor::DeviceExecutor(Metrics& metrics, const common::Config& config, int wake_fd)
+    : metrics_(metrics), config_(config), wake_(std::make_shared<HostWake>(wake_fd)) {}
+
+DeviceExecutor::~DeviceExecutor() {
+  if (!in_flight_.empty()) {
+    std::vector<DeviceCompletion> dropped;
+    abort(&dropped, /*core_failed=*/true);  // the loop completed their handles already
+  }
+  sets_.clear();     // communicators first: they queue on the streams
+  streams_.clear();  // each drains, then frees its buffers and events
+}
+
+int DeviceExecutor::localDevice(const OpContext& op) const {
+  for (const TensorEntry* e : op.entries) {
+    if (e != nullptr) return e->request.device;
+  }
+  // This rank joined: its zeros live on the set's GPU, else where join(device=...) said.
+  auto it = sets_.find(op.response.process_set);
+  if (it != sets_.end()) return it->second.device;
+  return join_device_ >= 0 ? join_device_ : 0;
+}
+
+Status DeviceExecutor::prepare(OpContext& op) {
+  const int device = localDevice(op);
+  auto& slot = streams_[device];
+  if (!slot) {
+    slot = std::make_unique<nccl::DeviceStream>();
+    Status status = slot->init(device);
+    if (!status.isOk()) {
+      streams_.erase(device);
+      return status;
+    }
+  }
+  current_.stream = slot.get();
+  HVD_RETURN_IF_ERROR(current_.stream->select());
+  auto it = sets_.find(op.response.process_set);
+  if (it == sets_.end()) {
+    HVD_RETURN_IF_ERROR(setUp(op, device));
+    it = sets_.find(op.response.process_set);
+  } else if (it->second.device != device) {
+    return common::internalError(
+        "process set " + std::to_string(op.response.process_set) + ": this rank's CUDA "
+        "tensors of one process set must stay on one GPU (cuda:" +
+        std::to_string(it->second.device) + " first, cuda:" + std::to_string(device) +
+        " now); move them to one device");
+  }
+  current_.set = &it->second;
+  return waitForInputs(op);
+}
+
+Status DeviceExecutor::setUp(OpContext& op, int device) {
+  PathChoice choice;
+  HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path, &choice));
+  DeviceSet set;
+  set.device = device;
+  set.path = choice.nccl ? Path::kNccl : Path::kStaged;
+  set.nccl = std::move(choice.communicator);
+  const int32_t id = op.response.process_set;
+  if (choice.nccl) {
+    HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
+                                << device;
+  } else {
+    HVD_LOG(kWarning, "transport") << "process set " << id << ": CUDA collectives take the "
+                                   << "staged path through host memory (slower): "
+                                   << choice.why;
+  }
+  metrics_.setDevicePath(id, pathName(choice.nccl), device);
+  sets_.emplace(id, std::move(set));
+  return Status::ok();
+}
+
+// Note [Stream ordering] in transport/nccl/device_stream.h: each input's producer event was
+// recorded at enqueue; the stream waits for them here, on the device.
+Status DeviceExecutor::waitForInputs(const OpContext& op) {
+  for (TensorEntry* e : op.entries) {
+    if (e == nullptr || e->ready.get() == nullptr) continue;
+    HVD_RETURN_IF_ERROR(stream().waitFor(e->ready.get()));
+    e->ready.reset();
+  }
+  return Status::ok();
+}
+
+// NCCL cannot run this reduction (Note [Scaling without kernels] in communicator.h): stage it.
+bool DeviceExecutor::staged(const OpContext& op, double scale) const {
+  if (current_.set->path == Path::kStaged) return true;
+  return !nccl::ncclCanReduce(*nccl::ncclApi(), op.response.dtype, op.response.reduce_op, scale);
+}
+
+Status DeviceExecutor::deviceOutput(size_t bytes, OpResult* result) {
+  void* data = nullptr;
+  if (bytes > 0) {
+    const nccl::CudaApi* cuda = nccl::cudaApi();
+    HVD_RETURN_IF_ERROR(stream().check(cuda->malloc(&data, bytes), "cudaMalloc"));
+  }
+  result->buffer = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(data), bytes,
+                                                  stream().device(), &freeDeviceMemory);
+  return Status::ok();
+}
+
+Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
+  InFlight item;
+  item.stream = current_.stream;
+  HVD_RETURN_IF_ERROR(item.stream->record(&item.done));
+  auto* keep = new std::shared_ptr<HostWake>(wake_);
+  Status status = item.stream->notify(&wakeFromDriver, keep);
+  if (!status.isOk()) {
+    delete keep;
+    item.stream->release(item.done);
+    return status;
+  }
+  if (in_flight_.empty()) progress_at_ = Clock::now();
+  item.completion = std::move(completion);
+  in_flight_.push_back(std::move(item));
+  return Status::ok();
+}
+
+Status DeviceExecutor::poll(std::vector<DeviceCompletion>* done) {
+  if (in_flight_.empty()) return Status::ok();
+  const auto now = Clock::now();
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    bool finished = false;
+    HVD_RETURN_IF_ERROR(it->stream->query(it->done, &finished));
+    if (!finished) {
+      ++it;
+      continue;
+    }
+    it->stream->release(it->done);
+    done->push_back(std::move(it->completion));
+    it = in_flight_.erase(it);
+    progress_at_ = now;
+  }
+  if (in_flight_.empty()) {
+    for (auto& [device, stream] : streams_) stream->freeRetired();  // nothing queued uses them
+    return Status::ok();
+  }
+  return checkTimeout(now);
+}
+
+// A collective that waits on a peer forever shows as an event that never fires; NCCL may
+// know why (ncclCommGetAsyncError).
+Status DeviceExecutor::checkTimeout(Clock::time_point now) {
+  for (auto& [id, set] : sets_) {
+    if (set.nccl) HVD_RETURN_IF_ERROR(set.nccl->asyncError());
+  }
+  const double waited = std::chrono::duration<double>(now - progress_at_).count();
+  if (waited < config_.timeout_seconds) return Status::ok();
+  return common::timedOut("a CUDA collective made no progress for " +
+                         std::to_string(static_cast<int>(waited)) + " s (HVD_TIMEOUT=" +
+                         std::to_string(config_.timeout_seconds) + "): a peer stopped taking "
+                         "part, or a kernel it waits for never finishes");
+}
+
+void DeviceExecutor::abort(std::vector<DeviceCompletion>* all, bool core_failed) {
+  if (!core_failed && in_flight_.empty()) return;
+  for (auto& [id, set] : sets_) {
+    if (set.nccl) set.nccl->abort();
+  }
+  // Users' tensors may still be written by queued copies: give the streams a bounded time to
+  // drain before the handles complete (an aborted collective returns at once).
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  for (InFlight& item : in_flight_) {
+    bool finished = false;
+    while (item.stream->query(item.done, &finished).isOk() && !finished &&
+           Clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!finished) {
+      HVD_LOG(kWarning, "transport") << "a CUDA collective still runs after abort; its "
+                                     << "handles complete anyway";
+    }
+    item.stream->release(item.done);
+    all->push_back(std::move(item.completion));
+  }
+  in_flight_.clear();
+}
+
+}  // namespace hvd::runtime

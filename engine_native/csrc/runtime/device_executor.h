@@ -1,0 +1,118 @@
+// DeviceExecutor: the OpExecutor for CUDA tensors (Response::device >= 0), the device mirror of
+// CpuExecutor. Per process set it picks a path once, the same on every member (Note [Device
+// path choice] in device_path.cc): NCCL when every member has a GPU of its own and NCCL loads,
+// else the staged path (device -> pinned host -> the CPU algorithms over shm/tcp -> device,
+// Note [Staged fallback] in transport/nccl/device_stream.h). Reductions NCCL cannot run
+// (int16, scaled integers, scaled Min/Max/Product) are staged in an NCCL set too.
+// Work is queued on this rank's device stream; an op method returns with it in flight and
+// queueCompletion() records its end. poll() hands back the ops whose end has passed (Note
+// [Deferred completion] in device_executor.cc). Created at the first CUDA response, so a
+// CPU-only job never touches CUDA. Background thread only (whoever holds the progress lock).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "runtime/metrics.h"
+#include "runtime/op_executor.h"
+#include "transport/nccl/communicator.h"
+#include "transport/nccl/device_stream.h"
+
+namespace hvd::runtime {
+
+class HostWake;  // device_executor.cc: how the driver's callback reaches the loop
+
+// A device op whose stream work is queued: its handles complete when `done` has fired.
+struct DeviceCompletion {
+  std::vector<int64_t> handles;
+  OpResult result;
+  std::vector<std::string> timeline_names;  // spans the Executor ends at completion
+  common::Status status;                    // filled when it is handed back
+};
+
+class DeviceExecutor : public OpExecutor {
+ public:
+  // wake_fd: the loop's eventfd; written (from a driver thread) when queued work finished.
+  DeviceExecutor(Metrics& metrics, const common::Config& config, int wake_fd);
+  ~DeviceExecutor() override;  // aborts communicators with work in flight, frees the rest
+
+  common::Status allreduce(OpContext& op) override;
+  common::Status allgather(OpContext& op) override;
+  common::Status broadcast(OpContext& op) override;
+  common::Status alltoall(OpContext& op) override;
+  common::Status reducescatter(OpContext& op) override;
+
+  // Before an op method: selects the response's device and, at a set's first CUDA response,
+  // chooses its path with the other members. A failure here is a core failure (the members
+  // are out of step).
+  common::Status prepare(OpContext& op);
+  // After an op method returned OK: marks the end of its stream work.
+  common::Status queueCompletion(DeviceCompletion completion);
+  // Moves the finished completions (in queue order) into `done`. Non-OK when the oldest one
+  // made no progress for HVD_TIMEOUT or NCCL reported an asynchronous error: the loop fails
+  // the core with it.
+  common::Status poll(std::vector<DeviceCompletion>* done);
+  bool busy() const { return !in_flight_.empty(); }
+  // Failure, abort or shutdown: aborts every NCCL communicator when the core failed or ops
+  // are in flight (a collective waiting on a lost peer returns), waits a bounded time for the
+  // streams, and hands back every op in flight.
+  void abort(std::vector<DeviceCompletion>* all, bool core_failed);
+  // join(device=...): where this rank's zeros live when it has no tensor of its own.
+  void noteJoinDevice(int device) { join_device_ = device; }
+
+ private:
+  enum class Path { kNccl, kStaged };
+  struct DeviceSet {
+    Path path = Path::kStaged;
+    int device = -1;
+    std::unique_ptr<transport::nccl::NcclCommunicator> nccl;
+  };
+  struct InFlight {
+    transport::nccl::CudaEvent done = nullptr;
+    transport::nccl::DeviceStream* stream = nullptr;
+    DeviceCompletion completion;
+  };
+
+  common::Status setUp(OpContext& op, int device);
+  transport::nccl::DeviceStream& stream() { return *current_.stream; }
+  int localDevice(const OpContext& op) const;
+  common::Status waitForInputs(const OpContext& op);
+  bool staged(const OpContext& op, double scale) const;
+  transport::nccl::NcclCommunicator& nccl() { return *current_.set->nccl; }
+  common::Status ncclAllreduce(OpContext& op);
+  common::Status stagedAllreduce(OpContext& op);
+  common::Status ncclAllgather(OpContext& op);
+  common::Status stagedAllgather(OpContext& op);
+  common::Status ncclBroadcast(OpContext& op);
+  common::Status stagedBroadcast(OpContext& op);
+  common::Status ncclAlltoall(OpContext& op);
+  common::Status stagedAlltoall(OpContext& op);
+  common::Status ncclReducescatter(OpContext& op);
+  common::Status stagedReducescatter(OpContext& op);
+  common::Status deviceOutput(size_t bytes, OpResult* result);
+  common::Status stageInput(OpContext& op, size_t in_bytes, size_t out_bytes, uint8_t** host_in,
+                            uint8_t** host_out);
+  common::Status stageOutput(OpContext& op, void* device, const void* host, size_t bytes);
+  common::Status checkTimeout(std::chrono::steady_clock::time_point now);
+
+  Metrics& metrics_;
+  const common::Config& config_;
+  std::shared_ptr<HostWake> wake_;
+  std::map<int, std::unique_ptr<transport::nccl::DeviceStream>> streams_;  // per device
+  std::map<int32_t, DeviceSet> sets_;
+  struct Current {  // the response being executed
+    DeviceSet* set = nullptr;
+    transport::nccl::DeviceStream* stream = nullptr;
+  } current_;
+  std::deque<InFlight> in_flight_;  // queue order (= stream order: one stream per device)
+  std::chrono::steady_clock::time_point progress_at_;  // when the oldest in flight advanced
+  int join_device_ = -1;
+};
+
+}  // namespace hvd::runtime

@@ -1,0 +1,49 @@
+// OpExecutor: how one negotiated Response runs on this rank's memory — the interface that the
+// CPU implementation (cpu_executor.h) and the device implementation (device_executor.h) share,
+// as gloo's cuda_* algorithms mirror its CPU ones. The Executor (executor.h) picks one per
+// response by its device, records the timeline around it and completes the handles.
+// Background thread only (whichever thread holds the loop's progress lock).
+#pragma once
+
+#include <vector>
+
+#include "algo/algorithms.h"
+#include "common/status.h"
+#include "coord/message.h"
+#include "runtime/handle_table.h"
+#include "runtime/tensor_entry.h"
+#include "transport/comm.h"
+
+namespace hvd::runtime {
+
+// Activities an implementation reports while it runs a response (MEMCPY_IN_FUSION_BUFFER,
+// <TRANSPORT>_<OP>, ...). A name starting with '_' gets the transport as prefix.
+class ActivityLog {
+ public:
+  virtual ~ActivityLog() = default;
+  virtual void start(const char* activity) = 0;
+  virtual void end() = 0;
+};
+
+// One response being executed. entries: one per response key, nullptr where this rank has
+// none (it joined: it contributes zeros, or nothing to an allgather).
+struct OpContext {
+  const coord::Response& response;
+  const std::vector<TensorEntry*>& entries;
+  transport::Comm& comm;
+  ActivityLog& activities;
+  const algo::AllreduceChoice& choice;  // the same on every rank (Note [Runtime allreduce choice])
+  OpResult* result;  // outputs the core allocates (allgather, alltoall, reducescatter)
+};
+
+class OpExecutor {
+ public:
+  virtual ~OpExecutor() = default;
+  virtual common::Status allreduce(OpContext& op) = 0;
+  virtual common::Status allgather(OpContext& op) = 0;
+  virtual common::Status broadcast(OpContext& op) = 0;
+  virtual common::Status alltoall(OpContext& op) = 0;
+  virtual common::Status reducescatter(OpContext& op) = 0;
+};
+
+}  // namespace hvd::runtime

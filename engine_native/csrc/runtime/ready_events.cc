@@ -1,0 +1,103 @@
+#include "runtime/ready_events.h"
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "transport/nccl/loader.h"
+
+namespace hvd::runtime {
+
+namespace nccl = transport::nccl;
+using common::Status;
+
+namespace {
+
+Status cudaFailure(const nccl::CudaApi& cuda, int error, const char* call, int device) {
+  const char* text = cuda.getErrorString(error);
+  return common::internalError(std::string("CUDA error in ") + call + " on device " +
+                               std::to_string(device) + ": " + (text ? text : "unknown") +
+                               " (code " + std::to_string(error) + ")");
+}
+
+class EventPool {
+ public:
+  Status take(const nccl::CudaApi& cuda, int device, nccl::CudaEvent* out) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<nccl::CudaEvent>& free = free_[device];
+      if (!free.empty()) {
+        *out = free.back();
+        free.pop_back();
+        return Status::ok();
+      }
+    }
+    // An event belongs to the device current at its creation: select it on this (framework)
+    // thread for the call only, and give the thread its device back.
+    int previous = -1;
+    int error = cuda.getDevice(&previous);
+    if (error == nccl::kCudaSuccess && previous != device) error = cuda.setDevice(device);
+    if (error != nccl::kCudaSuccess) return cudaFailure(cuda, error, "cudaSetDevice", device);
+    error = cuda.eventCreateWithFlags(out, nccl::kCudaEventDisableTiming);
+    if (previous != device) cuda.setDevice(previous);
+    if (error != nccl::kCudaSuccess) {
+      return cudaFailure(cuda, error, "cudaEventCreateWithFlags", device);
+    }
+    return Status::ok();
+  }
+  void give(int device, nccl::CudaEvent event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_[device].push_back(event);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::vector<nccl::CudaEvent>> free_;
+};
+
+// Never destroyed: at process exit the CUDA runtime may already be gone.
+EventPool& pool() {
+  static EventPool* instance = new EventPool();
+  return *instance;
+}
+
+}  // namespace
+
+ReadyEvent& ReadyEvent::operator=(ReadyEvent&& other) noexcept {
+  if (this != &other) {
+    reset();
+    event_ = other.event_;
+    device_ = other.device_;
+    other.event_ = nullptr;
+  }
+  return *this;
+}
+
+Status ReadyEvent::record(int device, nccl::CudaStream producer) {
+  reset();
+  const nccl::CudaApi* cuda = nccl::cudaApi();
+  if (cuda == nullptr) {
+    return common::invalidArgument(
+        "a CUDA tensor reached the core before the CUDA runtime was loaded; "
+        "engine_native.gpu.require_cuda() loads it (engine_native.torch calls it for you)");
+  }
+  nccl::CudaEvent event = nullptr;
+  HVD_RETURN_IF_ERROR(pool().take(*cuda, device, &event));
+  const int error = cuda->eventRecord(event, producer);
+  if (error != nccl::kCudaSuccess) {
+    pool().give(device, event);
+    return cudaFailure(*cuda, error, "cudaEventRecord", device);
+  }
+  event_ = event;
+  device_ = device;
+  return Status::ok();
+}
+
+void ReadyEvent::reset() {
+  if (event_ == nullptr) return;
+  pool().give(device_, event_);
+  event_ = nullptr;
+}
+
+}  // namespace hvd::runtime
