@@ -1,0 +1,82 @@
+/* fake_cudart.h: what the fake CUDA runtime's files (fake_cudart_*.c) share. "Device memory" is
+ * host memory; a stream is a FIFO of ops run by its own worker thread (fake_cudart_stream.c);
+ * events are markers in those FIFOs (fake_cudart_event.c); memory, devices, error strings and the
+ * call counters live in fake_cudart_device.c. Only FC_API symbols are exported (build.py
+ * compiles with -fvisibility=hidden). Test-only. */
+#pragma once
+
+#include <pthread.h>
+#include <stddef.h>
+
+#define FC_API __attribute__((visibility("default")))
+
+/* cudaError_t values this fake returns (cudaGetErrorString knows each one). */
+enum {
+  kCudaSuccess = 0,
+  kCudaErrorInvalidValue = 1,
+  kCudaErrorMemoryAllocation = 2,
+  kCudaErrorInvalidMemcpyDirection = 21,
+  kCudaErrorNoDevice = 100,
+  kCudaErrorInvalidDevice = 101,
+  kCudaErrorInvalidResourceHandle = 400,
+  kCudaErrorNotReady = 600,
+};
+
+/* Every API whose calls fakeCudaCalls(name) counts. */
+#define FC_COUNTED_APIS(X)                                                                    \
+  X(cudaRuntimeGetVersion) X(cudaDriverGetVersion) X(cudaGetDeviceCount) X(cudaGetDevice)     \
+  X(cudaSetDevice) X(cudaDeviceGetPCIBusId) X(cudaDeviceSynchronize)                          \
+  X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamSynchronize)                  \
+  X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags) X(cudaEventRecord) X(cudaEventQuery)     \
+  X(cudaEventSynchronize) X(cudaEventDestroy) X(cudaMalloc) X(cudaFree) X(cudaMallocHost)    \
+  X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaLaunchHostFunc)
+
+enum fc_api {
+#define FC_ENUM(name) FC_CALL_##name,
+  FC_COUNTED_APIS(FC_ENUM)
+#undef FC_ENUM
+  FC_API_COUNT
+};
+
+void fc_count(enum fc_api api);
+
+/* Note [One lock]: fc_mu guards every stream queue, event and marker; fc_done_cv is broadcast
+ * whenever an op completes, a marker fires or a blocker is released. Every host-side wait
+ * (synchronize, cudaFree) and every device-side wait (wait-event ops) sleeps on it with its own
+ * predicate. Ops themselves run without fc_mu. */
+extern pthread_mutex_t fc_mu;
+extern pthread_cond_t fc_done_cv;
+
+/* One unit of work on a stream. run() is called on the stream's worker without fc_mu; the
+ * worker frees the op afterwards. Fields are used as each kind needs. */
+typedef struct fc_op fc_op;
+struct fc_op {
+  fc_op* next;
+  void (*run)(fc_op* op);
+  void* dst;
+  const void* src;
+  size_t bytes;
+  int value;
+  int delay_ms;
+  void (*fn)(void*);
+  void* arg;
+  struct fc_marker* marker;
+  struct fc_blocker* blocker;
+};
+
+fc_op* fc_op_new(void (*run)(fc_op*));
+/* Queues `op` on the stream named by `handle` (NULL/1: legacy default, 2: per-thread default,
+ * else one made by cudaStreamCreateWithFlags). Takes `op` in all cases: frees it on error.
+ * The _locked form needs fc_mu held. */
+int fc_enqueue(void* handle, fc_op* op);
+int fc_enqueue_locked(void* handle, fc_op* op);
+/* kCudaSuccess if `handle` names a stream (creating a built-in one on first use). */
+int fc_check_stream_locked(void* handle);
+/* Waits until every stream has run what was queued before the call (cudaDeviceSynchronize). */
+void fc_drain_all(void);
+
+/* Markers (fake_cudart_event.c): one per event record, fired when its stream reaches it. */
+typedef struct fc_marker fc_marker;
+fc_marker* fc_marker_new_locked(int refs);
+fc_op* fc_record_op(fc_marker* marker);  /* fires the marker, drops one reference */
+fc_op* fc_wait_op(fc_marker* marker);    /* blocks its stream until fired, drops one ref */

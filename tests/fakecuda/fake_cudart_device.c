@@ -1,0 +1,217 @@
+/* fake_cudart_device.c: the fake CUDA runtime's devices, versions, error strings, memory
+ * registries and per-API call counters. Devices come from the environment, read once per
+ * process: FAKE_CUDA_DEVICE_COUNT (default 1) and FAKE_CUDA_BUS_IDS (comma-separated PCI bus
+ * ids, entry d for device d; default "0000:0<d+1>:00.0"). The current device is per thread,
+ * as in CUDA. Memory is host memory, 256-byte aligned, tracked so leaks show in tests. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake_cudart.h"
+
+#define CUDA_VERSION_CODE 12040  /* 12.4: cudaRuntimeGetVersion and cudaDriverGetVersion */
+#define ALIGNMENT 256
+#define MAX_BUS_ID 32
+
+/* ---- call counters ------------------------------------------------------------------------ */
+
+static long call_counts[FC_API_COUNT];
+static const char* const call_names[FC_API_COUNT] = {
+#define FC_NAME(name) #name,
+    FC_COUNTED_APIS(FC_NAME)
+#undef FC_NAME
+};
+
+void fc_count(enum fc_api api) { __atomic_fetch_add(&call_counts[api], 1, __ATOMIC_RELAXED); }
+
+/* Calls of the named API so far in this process; -1 for a name that is not counted. */
+FC_API long fakeCudaCalls(const char* api_name) {
+  for (int i = 0; api_name != NULL && i < FC_API_COUNT; ++i) {
+    if (strcmp(api_name, call_names[i]) == 0) {
+      return __atomic_load_n(&call_counts[i], __ATOMIC_RELAXED);
+    }
+  }
+  return -1;
+}
+
+/* ---- devices and versions ------------------------------------------------------------------ */
+
+static pthread_once_t devices_once = PTHREAD_ONCE_INIT;
+static int device_count = 1;
+static const char* bus_id_list = "";  /* FAKE_CUDA_BUS_IDS as read at first use */
+static __thread int current_device = 0;
+
+static void readDevices(void) {
+  const char* count = getenv("FAKE_CUDA_DEVICE_COUNT");
+  if (count != NULL && count[0] != '\0') device_count = atoi(count) > 0 ? atoi(count) : 0;
+  const char* ids = getenv("FAKE_CUDA_BUS_IDS");
+  if (ids != NULL) bus_id_list = strdup(ids);  /* kept for the life of the process */
+  if (bus_id_list == NULL) bus_id_list = "";
+}
+
+static int devices(void) {
+  pthread_once(&devices_once, readDevices);
+  return device_count;
+}
+
+/* Entry `device` of FAKE_CUDA_BUS_IDS, or the default id, into out[MAX_BUS_ID]. */
+static void busIdOf(int device, char* out) {
+  const char* entry = bus_id_list;
+  for (int i = 0; i < device && entry != NULL; ++i) {
+    entry = strchr(entry, ',');
+    if (entry != NULL) entry++;
+  }
+  const size_t length = entry != NULL ? strcspn(entry, ",") : 0;
+  if (length > 0 && length < MAX_BUS_ID) {
+    memcpy(out, entry, length);
+    out[length] = '\0';
+  } else {
+    snprintf(out, MAX_BUS_ID, "0000:%02x:00.0", (unsigned)(device + 1) & 0xffu);
+  }
+}
+
+FC_API int cudaRuntimeGetVersion(int* version) {
+  fc_count(FC_CALL_cudaRuntimeGetVersion);
+  if (version == NULL) return kCudaErrorInvalidValue;
+  *version = CUDA_VERSION_CODE;
+  return kCudaSuccess;
+}
+
+FC_API int cudaDriverGetVersion(int* version) {
+  fc_count(FC_CALL_cudaDriverGetVersion);
+  if (version == NULL) return kCudaErrorInvalidValue;
+  *version = CUDA_VERSION_CODE;
+  return kCudaSuccess;
+}
+
+FC_API int cudaGetDeviceCount(int* count) {
+  fc_count(FC_CALL_cudaGetDeviceCount);
+  if (count == NULL) return kCudaErrorInvalidValue;
+  *count = devices();
+  return *count > 0 ? kCudaSuccess : kCudaErrorNoDevice;
+}
+
+FC_API int cudaGetDevice(int* device) {
+  fc_count(FC_CALL_cudaGetDevice);
+  if (device == NULL) return kCudaErrorInvalidValue;
+  if (devices() == 0) return kCudaErrorNoDevice;
+  *device = current_device;
+  return kCudaSuccess;
+}
+
+FC_API int cudaSetDevice(int device) {
+  fc_count(FC_CALL_cudaSetDevice);
+  if (device < 0 || device >= devices()) return kCudaErrorInvalidDevice;
+  current_device = device;
+  return kCudaSuccess;
+}
+
+/* Like CUDA, a short buffer gets a truncated (still terminated) id. */
+FC_API int cudaDeviceGetPCIBusId(char* bus_id, int length, int device) {
+  fc_count(FC_CALL_cudaDeviceGetPCIBusId);
+  if (bus_id == NULL || length <= 0) return kCudaErrorInvalidValue;
+  if (device < 0 || device >= devices()) return kCudaErrorInvalidDevice;
+  char id[MAX_BUS_ID];
+  busIdOf(device, id);
+  snprintf(bus_id, (size_t)length, "%s", id);
+  return kCudaSuccess;
+}
+
+FC_API const char* cudaGetErrorString(int error) {
+  switch (error) {
+    case kCudaSuccess: return "no error";
+    case kCudaErrorInvalidValue: return "invalid argument";
+    case kCudaErrorMemoryAllocation: return "out of memory";
+    case kCudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case kCudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case kCudaErrorInvalidDevice: return "invalid device ordinal";
+    case kCudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case kCudaErrorNotReady: return "device not ready";
+    default: return "unrecognized error code";
+  }
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+typedef struct fc_block fc_block;
+struct fc_block {
+  fc_block* next;
+  void* ptr;
+};
+
+typedef struct {
+  pthread_mutex_t mu;
+  fc_block* blocks;
+  long live;
+} fc_registry;
+
+static fc_registry device_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
+static fc_registry host_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
+
+/* Zero bytes gives NULL and success, as cudaMalloc(0) does. */
+static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
+  if (pointer == NULL) return kCudaErrorInvalidValue;
+  *pointer = NULL;
+  if (bytes == 0) return kCudaSuccess;
+  fc_block* block = malloc(sizeof(*block));
+  if (block == NULL || posix_memalign(&block->ptr, ALIGNMENT, bytes) != 0) {
+    free(block);
+    return kCudaErrorMemoryAllocation;
+  }
+  pthread_mutex_lock(&registry->mu);
+  block->next = registry->blocks;
+  registry->blocks = block;
+  registry->live++;
+  pthread_mutex_unlock(&registry->mu);
+  *pointer = block->ptr;
+  return kCudaSuccess;
+}
+
+/* Like CUDA, waits for every stream first (queued work may still use the memory). */
+static int release(fc_registry* registry, void* pointer) {
+  fc_drain_all();
+  if (pointer == NULL) return kCudaSuccess;
+  pthread_mutex_lock(&registry->mu);
+  fc_block** p = &registry->blocks;
+  while (*p != NULL && (*p)->ptr != pointer) p = &(*p)->next;
+  fc_block* found = *p;
+  if (found != NULL) {
+    *p = found->next;
+    registry->live--;
+  }
+  pthread_mutex_unlock(&registry->mu);
+  if (found == NULL) return kCudaErrorInvalidValue;
+  free(found->ptr);
+  free(found);
+  return kCudaSuccess;
+}
+
+static long live(fc_registry* registry) {
+  pthread_mutex_lock(&registry->mu);
+  const long n = registry->live;
+  pthread_mutex_unlock(&registry->mu);
+  return n;
+}
+
+FC_API int cudaMalloc(void** pointer, size_t bytes) {
+  fc_count(FC_CALL_cudaMalloc);
+  return allocate(&device_memory, pointer, bytes);
+}
+
+FC_API int cudaFree(void* pointer) {
+  fc_count(FC_CALL_cudaFree);
+  return release(&device_memory, pointer);
+}
+
+FC_API int cudaMallocHost(void** pointer, size_t bytes) {
+  fc_count(FC_CALL_cudaMallocHost);
+  return allocate(&host_memory, pointer, bytes);
+}
+
+FC_API int cudaFreeHost(void* pointer) {
+  fc_count(FC_CALL_cudaFreeHost);
+  return release(&host_memory, pointer);
+}
+
+FC_API long fakeCudaLiveAllocations(void) { return live(&device_memory); }
+FC_API long fakeCudaLiveHostAllocations(void) { return live(&host_memory); }
