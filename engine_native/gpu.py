@@ -174,15 +174,10 @@ _loaded: dict = {}  # fn_name -> info, once a library is loaded (it is never unl
 def _load(fn_name: str, candidates: list) -> dict:
     if fn_name in _loaded:
         return dict(_loaded[fn_name])
-    core = _core()
-    fn = getattr(core, fn_name, None)
+    fn = getattr(_core(), fn_name)  # nccl_load / cuda_runtime_load: always built in
     sources = {c.path: c.source for c in candidates}
     info = {"loaded": False, "path": None, "version": 0, "version_text": None, "source": None,
             "error": None, "rejected": [], "candidates": [tuple(c) for c in candidates]}
-    if fn is None:
-        info["error"] = ("this build of engine_native._core has no NCCL/CUDA loader "
-                         "(bindings/nccl.cc is not compiled in); rebuild with pip install -e .")
-        return info
     result = fn([c.path for c in candidates])
     info.update(result)
     info["loaded"] = result["path"] is not None
@@ -217,12 +212,11 @@ def cuda_runtime_info(**search) -> dict:
 
 def nccl_version() -> int:
     """Version code of the NCCL the core has loaded, 0 when none (never loads anything)."""
-    fn = getattr(_core(), "nccl_version", None)
-    return int(fn()) if fn is not None else 0
+    return int(_core().nccl_version())
 
 
 def require_nccl() -> dict:
-    """Load NCCL and the CUDA runtime at the first CUDA use; return :func:`nccl_info`.
+    """Load NCCL and the CUDA runtime; return :func:`nccl_info`.
 
     Raises RuntimeError naming every rejected library (path and version) and what to install.
     Cheap once loaded.
@@ -232,6 +226,21 @@ def require_nccl() -> dict:
         if not info["loaded"]:
             raise RuntimeError(info["error"])
     return infos[0]
+
+
+def require_cuda() -> dict:
+    """At the first CUDA tensor: load the CUDA runtime (needed) and NCCL (used if it loads).
+
+    Returns :func:`cuda_runtime_info`. Raises RuntimeError, naming every rejected library and
+    what to install, when no usable CUDA runtime is found. Without NCCL, CUDA collectives take
+    the staged path through host memory; the core says so once per process set, naming the
+    reason (:func:`nccl_info` has the details). Cheap once loaded.
+    """
+    runtime = cuda_runtime_info()
+    if not runtime["loaded"]:
+        raise RuntimeError(runtime["error"])
+    nccl_info()
+    return runtime
 
 
 # ---- GPU pinning ---------------------------------------------------------------------------
@@ -339,8 +348,9 @@ def pin_gpu(local_rank: int, local_size: int, *, devices=None, environ=None) -> 
     the choice is made by narrowing ``CUDA_VISIBLE_DEVICES`` to that one GPU, so it is
     ``cuda:0`` to every library. When more than one GPU is visible the variable is narrowed;
     with one it is left alone. When ranks outnumber GPUs, ranks share GPUs (warned once): NCCL
-    cannot hold two ranks of one communicator on one GPU, so the core then uses its staged
-    fallback (device -> host -> shm/tcp -> device). No GPU: nothing changes.
+    cannot hold two ranks of one communicator on one GPU, so the core's CUDA collectives in a
+    process set with such ranks take the staged path (device -> pinned host -> shm/tcp ->
+    device; HVD_GPU_PATH). No GPU: nothing changes.
 
     Parameters
     ----------

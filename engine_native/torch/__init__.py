@@ -5,9 +5,12 @@
 into the native core as raw pointers (no copy); the core negotiates, fuses and executes
 collectives on its background thread.
 
+CPU and CUDA tensors: CUDA collectives run over NCCL when every rank of a process set has a
+GPU of its own, otherwise (ranks sharing a GPU, no NCCL) over the staged path through host
+memory; ``HVD_GPU_PATH`` overrides it and ``engine_native.metrics()['gpu_paths']`` tells
+which path each process set took.
+
 Differences from Horovod, by design of this build:
-  * CPU tensors only until the NCCL path lands (``nccl_built() == 0``); CUDA tensors raise a
-    ValueError that says so.
   * Adasum raises NotImplementedError (Horovod's CPU Adasum needs its MPI implementation).
   * ``mpi_enabled()``/``gloo_enabled()`` are False: collectives run over the core's own
     shared-memory and TCP transports; MPI only bootstraps.

@@ -7,6 +7,7 @@ table (see ``runtime``, Note [Handle lifetime]).
 import os
 
 from engine_native import basics as _basics
+from engine_native import gpu
 from engine_native.torch import runtime as rt
 from engine_native.torch.runtime import is_initialized, rank, size  # noqa: F401
 
@@ -121,12 +122,10 @@ def gloo_built():
 
 
 def nccl_built():
-    """NCCL version code the core can use, or 0 (Horovod returns an int).
-
-    Returns 0 until the NCCL transport lands (it will be asked of ``engine_native.basics``).
-    """
-    fn = getattr(_basics, 'nccl_built', None)
-    return int(fn()) if fn is not None else 0
+    """Version code of the NCCL the core loads for CUDA tensors (e.g. 22809 for 2.28.9), or 0
+    when none is usable (Horovod returns an int). Loads NCCL if it is not loaded yet; it never
+    initialises CUDA. Without NCCL, CUDA collectives take the staged path."""
+    return int(gpu.nccl_info()['version'])
 
 
 def ddl_built():
@@ -140,9 +139,9 @@ def ccl_built():
 
 
 def cuda_built():
-    """True only once the core can run CUDA collectives (NCCL path)."""
-    fn = getattr(_basics, 'cuda_built', None)
-    return bool(fn()) if fn is not None else False
+    """True when the core can run collectives on CUDA tensors: a usable CUDA runtime loads
+    (the core is never compiled against CUDA; it finds it at run time)."""
+    return bool(gpu.cuda_runtime_info()['loaded'])
 
 
 def rocm_built():

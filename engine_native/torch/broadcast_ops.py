@@ -12,7 +12,6 @@ from engine_native.torch import runtime as rt
 from engine_native.torch.reduce_ops import allreduce
 from engine_native.torch.runtime import Average, Sum, global_process_set
 
-
 # ---------------------------------------------------------------------------------------------
 # broadcast
 
@@ -26,8 +25,8 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, waited=False)
                             % (name, root_rank)) from None
     ps_id = rt.set_id(process_set)
     full_name = rt.op_name('broadcast', name)
-    op = (rt.BROADCAST, full_name, code, tuple(tensor.shape), tensor.data_ptr(),
-          output.data_ptr(), Sum, 1.0, 1.0, root_rank, ps_id, None, -1)
+    op = rt.tensor_op(rt.BROADCAST, full_name, code, tensor, output.data_ptr(), Sum, 1.0, 1.0,
+                      root_rank, ps_id)
     return rt.submit([op], (tensor, output), lambda results: output, waited)
 
 
@@ -140,8 +139,8 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     if rt.is_initialized():  # otherwise the core reports "not initialized"
         _check_splits(tensor, split_list, name, process_set)
     full_name = rt.op_name('alltoall', name)
-    op = (rt.ALLTOALL, full_name, code, tuple(tensor.shape), tensor.data_ptr(), 0, Sum,
-          1.0, 1.0, 0, ps_id, split_list, -1)
+    op = rt.tensor_op(rt.ALLTOALL, full_name, code, tensor, 0, Sum, 1.0, 1.0, 0, ps_id,
+                      split_list)
     dtype = tensor.dtype
 
     def finish(results):

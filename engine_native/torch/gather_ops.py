@@ -15,8 +15,8 @@ from engine_native.torch.runtime import Average, Sum, global_process_set
 
 
 def _gather_like_op(kind, tensor, full_name, code, op, prescale, postscale, process_set):
-    return (kind, full_name, code, tuple(tensor.shape), tensor.data_ptr(), 0, op,
-            float(prescale), float(postscale), 0, rt.set_id(process_set), None, -1)
+    return rt.tensor_op(kind, full_name, code, tensor, 0, op, prescale, postscale, 0,
+                        rt.set_id(process_set))
 
 
 def _wrap_outputs(tensors, single):
@@ -69,7 +69,7 @@ class HorovodAllgather(torch.autograd.Function):
     def backward(ctx, grad_output):
         grad_reduced = allreduce(grad_output.contiguous(), op=Average,
                                  process_set=ctx.process_set)
-        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int32),
+        dims = allgather(torch.tensor([ctx.dim], dtype=torch.int32),  # on the CPU, as Horovod
                          process_set=ctx.process_set)
         offset = int(dims[:ctx.process_set.rank()].sum())
         return grad_reduced.narrow(0, offset, ctx.dim), None, None
@@ -248,7 +248,7 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
         if op == Average:
             values = values / process_set.size()
         if indices.dim() == 0 or values.dim() == 0:
-            return torch.sparse_coo_tensor(size=t.size(), dtype=t.dtype)
+            return torch.sparse_coo_tensor(size=t.size(), dtype=t.dtype, device=t.device)
         return torch.sparse_coo_tensor(indices.transpose(0, 1), values, t.size(),
                                        check_invariants=False)
 

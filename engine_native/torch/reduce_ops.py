@@ -32,9 +32,8 @@ def resolve_op(op, average):
 
 def _allreduce_op(tensor, output, full_name, code, op, prescale_factor, postscale_factor,
                   process_set):
-    return (rt.ALLREDUCE, full_name, code, tuple(tensor.shape), tensor.data_ptr(),
-            output.data_ptr(), op, float(prescale_factor), float(postscale_factor), 0,
-            rt.set_id(process_set), None, -1)
+    return rt.tensor_op(rt.ALLREDUCE, full_name, code, tensor, output.data_ptr(), op,
+                        prescale_factor, postscale_factor, 0, rt.set_id(process_set))
 
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
@@ -61,7 +60,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     Parameters
     ----------
     tensor : torch.Tensor
-        CPU, contiguous; same dtype and shape on every rank for a given name.
+        CPU or CUDA, contiguous; same dtype and shape on every rank for a given name.
     average : bool, optional
         Deprecated; use ``op``.
     name : str, optional
@@ -158,8 +157,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
     Returns a handle whose ``synchronize()`` gives the list of reduced tensors.
     """
     op = resolve_op(op, average)
-    outputs = [torch.empty(t.shape, dtype=t.dtype) if isinstance(t, torch.Tensor) else t
-               for t in tensors]
+    outputs = [rt.output_for(t) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
                                     postscale_factor, process_set)
 

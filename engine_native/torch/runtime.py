@@ -21,6 +21,7 @@ import torch
 
 from engine_native import _core
 from engine_native import basics as _basics
+from engine_native.torch import devices
 
 HorovodInternalError = _basics.HorovodInternalError
 ProcessSet = _basics.ProcessSet
@@ -43,10 +44,6 @@ _DTYPE_CODES = {
 }
 
 _NOT_INITIALIZED = 'Horovod has not been initialized; use hvd.init().'
-_CUDA_UNAVAILABLE = (
-    'CUDA tensors need the NCCL path, not available in this build of engine_native '
-    '(nccl_built() == 0). Move the tensor to the CPU first (tensor.cpu()) or use a build '
-    'with NCCL support.')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,17 +90,16 @@ def check_tensor(tensor, op_name, name):
     TypeError
         ``tensor`` is not a torch.Tensor.
     ValueError
-        Unsupported dtype or device, sparse layout, or non-contiguous memory (Horovod's
-        messages, prefixed with the operation and tensor name).
+        Unsupported dtype or device (CPU and CUDA tensors are), sparse layout, or
+        non-contiguous memory (Horovod's messages, prefixed with the operation and tensor
+        name).
     """
     label = '%s(%r)' % (op_name, name) if name is not None else op_name
     if not isinstance(tensor, torch.Tensor):
         raise TypeError('%s: expected a torch.Tensor, got %s' % (label, type(tensor).__name__))
-    if tensor.device.type != 'cpu':
-        if tensor.device.type == 'cuda':
-            raise ValueError('%s: %s' % (label, _CUDA_UNAVAILABLE))
-        raise ValueError('%s: Tensor type %s on device %s is not supported; only CPU tensors '
-                         'are.' % (label, tensor.dtype, tensor.device))
+    if tensor.device.type not in ('cpu', 'cuda'):
+        raise ValueError('%s: Tensor type %s on device %s is not supported; only CPU and CUDA '
+                         'tensors are.' % (label, tensor.dtype, tensor.device))
     if tensor.layout != torch.strided:
         raise ValueError('%s: Tensor layout %s is not supported; use a dense tensor '
                          '(tensor.to_dense()).' % (label, tensor.layout))
@@ -135,12 +131,24 @@ def set_id(process_set):
     return ps_id
 
 
+def tensor_op(kind, full_name, code, tensor, output_ptr, reduce_op, prescale, postscale, root,
+              ps_id, splits=None):
+    """The ``_core.enqueue`` argument tuple of an op on ``tensor``, with its placement
+    (device and producer stream: ``devices.placement``)."""
+    device, stream = devices.placement(tensor)
+    return (kind, full_name, code, tuple(tensor.shape), tensor.data_ptr(), output_ptr,
+            reduce_op, float(prescale), float(postscale), root, ps_id, splits, device, stream)
+
+
 def tensor_from_buffer(buffer, shape, dtype):
-    """Wrap a core-owned output Buffer as a tensor of ``shape`` and ``dtype`` without a copy.
+    """Wrap a core-owned output Buffer as a tensor of ``shape`` and ``dtype`` without a copy,
+    on the Buffer's device (CUDA memory when the op ran on CUDA tensors).
 
     The tensor holds a reference to the Buffer, so the memory lives as long as the tensor.
     """
     shape = tuple(int(d) for d in shape)
+    if buffer.device >= 0:
+        return devices.device_tensor(buffer, shape, dtype)
     count = 1
     for d in shape:
         count *= d
@@ -173,7 +181,7 @@ _core.torch_setup(torch.Tensor, torch.nn.Parameter, torch.strided, _DTYPE_CODES,
 
 class _Pending:
     """An op in flight: its core handles, what must stay alive, and how to build the output."""
-    __slots__ = ('core_handles', 'results', 'keep', 'finish')
+    __slots__ = ('core_handles', 'finish', 'keep', 'results')
 
     def __init__(self, core_handles, keep, finish):
         self.core_handles = list(core_handles)
@@ -203,12 +211,11 @@ def _internal_error(exc):
 
 
 def output_for(tensor):
-    """A fresh contiguous CPU tensor like ``tensor`` for an out-of-place result (an invalid
-    input is returned as is, for check_tensor to reject with its message)."""
+    """A fresh contiguous tensor like ``tensor``, on its device, for an out-of-place result
+    (an invalid input is returned as is, for check_tensor to reject with its message)."""
     # empty_like: a third of torch.empty(shape, dtype=...)'s cost per call
     return torch.empty_like(tensor, memory_format=torch.contiguous_format) \
-        if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout == torch.strided \
-        else tensor
+        if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided else tensor
 
 
 def submit(ops, keep, finish, waited=False):
@@ -284,12 +291,12 @@ def join(device=-1):
     """Signal that this rank has no more data; block until every rank has joined.
 
     While joined, this rank contributes zeros to the other ranks' allreduces (which still
-    divide by the full set size for Average). Returns the global rank that joined last.
+    divide by the full set size for Average). ``device`` (Horovod's argument: -1 for the CPU,
+    a CUDA ordinal or device) is where those zeros live when the others reduce CUDA tensors.
+    Returns the global rank that joined last.
     """
-    if device != -1:
-        raise ValueError('join(device=%r): %s' % (device, _CUDA_UNAVAILABLE))
     op = (JOIN, 'join', _DTYPE_CODES[torch.int32], (), 0, 0, Sum, 1.0, 1.0, 0,
-          0, None, device)
+          0, None, devices.join_device(device))
     handle = submit([op], None, lambda results: results[0])
     result = synchronize(handle)
     return int(result) if result is not None else -1

@@ -6,8 +6,8 @@ one allgather of those (``sync_batch_norm.stats``) lets every rank combine them 
 Backward: one Sum-allreduce of the per-channel sums of ``dy`` and ``dy * x_hat``
 (``sync_batch_norm.grads``) gives the global terms of the batch-norm input gradient; weight
 and bias gradients stay local, as in Horovod (the DistributedOptimizer averages them).
-Unlike Horovod, CPU input is supported (Horovod's kernel is GPU-only); CUDA input needs the
-NCCL path, not in this build.
+CUDA input runs both collectives on the device (engine_native.torch's CUDA path); unlike
+Horovod's, CPU input is supported too (Horovod's kernel is GPU-only).
 """
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -124,7 +124,7 @@ class SyncBatchNorm(_BatchNorm):
 
     def _check_input_dim(self, input):
         if input.dim() < 2:
-            raise ValueError('expected at least 2D input (got {}D input)'.format(input.dim()))
+            raise ValueError(f'expected at least 2D input (got {input.dim()}D input)')
 
     def _run_bn(self, input, factor, training):
         return torch.nn.functional.batch_norm(
@@ -132,8 +132,6 @@ class SyncBatchNorm(_BatchNorm):
             training, factor, self.eps)
 
     def forward(self, input):
-        if input.device.type == 'cuda':
-            raise ValueError('SyncBatchNorm: %s' % rt._CUDA_UNAVAILABLE)
         self._check_input_dim(input)
 
         factor = 0.0 if self.momentum is None else self.momentum

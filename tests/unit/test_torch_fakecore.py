@@ -34,6 +34,11 @@ def _view(ptr, dtype, shape):
     return torch.frombuffer(raw, dtype=dtype).view(shape)
 
 
+class HostBuffer(bytearray):
+    """A core output Buffer in host memory (the real one says where its memory is)."""
+    device = -1
+
+
 def make_fake_core():
     """A fresh fake ``_core`` module (state is per module object)."""
     core = types.ModuleType('engine_native._core')
@@ -44,7 +49,7 @@ def make_fake_core():
     state = {'init': False, 'handles': {}, 'waited': set(), 'next': 1, 'sets': {0: [0]},
              'next_set': 1, 'log': [], 'names': set()}
     core.HorovodInternalError = HorovodInternalError
-    core.Buffer = bytearray
+    core.Buffer = HostBuffer
     for i, k in enumerate(['ALLREDUCE', 'ALLGATHER', 'BROADCAST', 'ALLTOALL', 'REDUCESCATTER',
                            'BARRIER', 'JOIN']):
         setattr(core, k, i)
@@ -63,7 +68,7 @@ def make_fake_core():
             state['handles'][h]['error'] = HorovodInternalError('Horovod has been shut down')
 
     def execute(op):
-        kind, name, code, shape, inp, out, red, pre, post, root, ps, splits, device = op
+        kind, name, code, shape, inp, out, red, pre, post, root, ps, splits, device, stream = op
         dtype = _DTYPES[code]
         shape = tuple(shape)
         if kind in (BARRIER, JOIN):
@@ -79,14 +84,14 @@ def make_fake_core():
         if kind in (ALLREDUCE, BROADCAST):
             _view(out, dtype, shape).copy_(y)
             return None
-        data = bytearray(y.contiguous().view(torch.uint8).numpy().tobytes()) \
-            if y.numel() else bytearray()
+        data = HostBuffer(y.contiguous().view(torch.uint8).numpy().tobytes()) \
+            if y.numel() else HostBuffer()
         if kind == ALLTOALL:
             return data, shape, [shape[0] if shape else 0]
         return data, shape
 
     def enqueue(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=1, prescale=1.0,
-                postscale=1.0, root=0, process_set=0, splits=None, device=-1):
+                postscale=1.0, root=0, process_set=0, splits=None, device=-1, stream=0):
         if not state['init']:
             raise HorovodInternalError('Horovod has not been initialized; use hvd.init().')
         if not 0 <= dtype < 10:
@@ -103,7 +108,7 @@ def make_fake_core():
                                                         splits[0] != (shape[0] if shape else 0)):
             raise ValueError('%s: bad splits %r' % (name, splits))
         op = (kind, name, dtype, tuple(shape), input_ptr, output_ptr, reduce_op, prescale,
-              postscale, root, process_set, splits, device)
+              postscale, root, process_set, splits, device, stream)
         state['log'].append(op)
         state['names'].add(name)
         h = state['next']
@@ -189,10 +194,21 @@ def make_fake_core():
     def torch_release_kept():
         pass
 
+    # The NCCL / CUDA-runtime loaders (bindings/nccl.cc): this fake finds neither library.
+    def nccl_load(candidates):
+        return {'path': None, 'version': 0, 'version_text': None, 'rejected': [],
+                'error': 'NCCL was not found (fake core)'}
+
+    def cuda_runtime_load(candidates):
+        return dict(nccl_load(candidates), error='the CUDA runtime was not found (fake core)')
+
+    def nccl_version():
+        return 0
+
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
                add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
                synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
-               torch_release_kept):
+               torch_release_kept, nccl_load, cuda_runtime_load, nccl_version):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']

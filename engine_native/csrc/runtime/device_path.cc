@@ -23,7 +23,7 @@ using common::Status;
 //   C. NCCL: set rank 0 makes the unique id and broadcasts it (with a flag: making it may
 //      fail) over the CPU Comm; every member creates its communicator (ncclCommInitRank
 //      returns once all members joined); an allgather of the outcomes follows, and if any
-//      member failed, every member drops its communicator and stages, naming that member.
+//      member failed, every member drops its communicator and stages, naming each failure.
 namespace {
 
 struct MemberRecord {
@@ -100,11 +100,15 @@ Status createCommunicator(transport::Comm& comm, nccl::DeviceStream& stream, Pat
   std::strncpy(mine.error, local_error.c_str(), sizeof(mine.error) - 1);
   std::vector<InitOutcome> outcomes;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &outcomes));
+  std::string failures;  // every member's error: the first one may only echo another's
   for (int r = 0; r < comm.size(); ++r) {
     if (outcomes[r].ok) continue;
+    failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
+                std::to_string(comm.globalRank(r)) + ": " + outcomes[r].error;
+  }
+  if (!failures.empty()) {
     communicator->abort();
-    out->why = "NCCL could not set up a communicator on rank " +
-               std::to_string(comm.globalRank(r)) + ": " + outcomes[r].error;
+    out->why = "NCCL could not set up a communicator (" + failures + ")";
     return Status::ok();
   }
   out->nccl = true;

@@ -28,7 +28,6 @@ void Metrics::endOp() {
   std::lock_guard<std::mutex> lock(mutex_);
   current_op_.clear();
   current_name_.clear();
-  device_paths_.clear();
 }
 
 void Metrics::setPending(std::vector<PendingInfo> pending) {
@@ -93,6 +92,7 @@ void Metrics::reset() {
   last_error_.clear();
   current_op_.clear();
   current_name_.clear();
+  device_paths_.clear();
   pending_.clear();
   transports_.clear();
 }

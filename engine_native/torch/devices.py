@@ -1,0 +1,73 @@
+"""Where a tensor lives, as the core sees it: the only module of engine_native.torch that
+talks to ``torch.cuda``.
+
+A CPU tensor is ``(-1, 0)``. A CUDA tensor is ``(ordinal, stream)``: its device and the
+``cudaStream_t`` of that device's current stream, on which the core records an event when the
+op is enqueued, so the collective waits (on the device) for the kernels that produced the
+tensor and for nothing queued later (Horovod's stream contract). Results the core allocates
+on a device (allgather, alltoall, reducescatter) come back as memory of that device and are
+wrapped without a copy through ``__cuda_array_interface__``; the tensor keeps the core's
+buffer alive.
+
+The CUDA runtime (and NCCL, when it is there) is loaded at the first CUDA tensor
+(``engine_native.gpu.require_cuda``), never before: a CPU-only job pays no CUDA context.
+"""
+import torch
+
+from engine_native import gpu
+
+# __cuda_array_interface__ type strings; bfloat16 has none and travels as int16 bits.
+_TYPESTR = {
+    torch.uint8: '|u1', torch.int8: '|i1', torch.int16: '<i2', torch.int32: '<i4',
+    torch.int64: '<i8', torch.float16: '<f2', torch.float32: '<f4', torch.float64: '<f8',
+    torch.bool: '|b1', torch.bfloat16: '<i2',
+}
+
+_cuda_ready = False
+
+
+def _require_cuda():
+    global _cuda_ready
+    if not _cuda_ready:
+        gpu.require_cuda()
+        _cuda_ready = True
+
+
+def placement(tensor):
+    """``(device, stream)`` for the core: ``(-1, 0)`` on the CPU."""
+    if tensor.device.type != 'cuda':
+        return -1, 0
+    _require_cuda()
+    return tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream
+
+
+def join_device(device):
+    """The CUDA ordinal ``join(device=...)`` names, or -1 for the CPU (Horovod's default)."""
+    if device is None or (isinstance(device, int) and device < 0):
+        return -1
+    index = torch.device('cuda', device) if isinstance(device, int) else torch.device(device)
+    if index.type == 'cpu':
+        return -1
+    if index.type != 'cuda':
+        raise ValueError('join(device=%r): expected a CUDA device, an ordinal or -1' % (device,))
+    _require_cuda()
+    return index.index if index.index is not None else torch.cuda.current_device()
+
+
+class _DeviceArray:
+    """Core-owned device memory as ``__cuda_array_interface__`` (keeps the buffer alive)."""
+    __slots__ = ('__cuda_array_interface__', 'buffer')
+
+    def __init__(self, buffer, shape, typestr):
+        self.buffer = buffer
+        self.__cuda_array_interface__ = {'shape': shape, 'typestr': typestr, 'strides': None,
+                                         'data': (buffer.ptr, False), 'version': 2}
+
+
+def device_tensor(buffer, shape, dtype):
+    """A tensor over the core's device buffer (no copy), on the buffer's device."""
+    if 0 in shape or buffer.nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device=torch.device('cuda', buffer.device))
+    array = _DeviceArray(buffer, shape, _TYPESTR[dtype])
+    out = torch.as_tensor(array, device=torch.device('cuda', buffer.device))
+    return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out

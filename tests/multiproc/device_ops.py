@@ -1,0 +1,95 @@
+"""Rank-side helpers of the device-path tests: CUDA collectives through the core on the fake
+CUDA runtime and fake NCCL (tests/fakecuda), whose "device memory" is host memory — so NumPy
+arrays stand for CUDA tensors, with ``device=0`` and a producer stream in each op.
+
+Parent side: :func:`rank_envs` makes the environment that loads the fakes and gives every
+rank either a GPU of its own (distinct PCI bus ids: NCCL) or one shared GPU (staged path).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+from fakecuda.clib import Fakes
+
+import engine_native as hvd
+from engine_native import _core, _dtypes, gpu
+
+SHARED_BUS_ID = "0000:01:00.0"
+
+
+def rank_envs(fake, np_: int, shared: bool, extra=None) -> dict:
+    """``run_ranks`` keyword arguments: the fakes for every rank; per-rank bus ids. The fake
+    NCCL's rendezvous folders go next to the fake libraries (a temporary folder), never to
+    /dev/shm, so a rank killed by a test leaves nothing behind there."""
+    comms = os.path.join(os.path.dirname(fake.cudart), "comms")
+    os.makedirs(comms, exist_ok=True)
+    env = dict(fake.env(), FAKE_NCCL_DIR=comms, **(extra or {}))
+    bus = {r: SHARED_BUS_ID if shared else f"0000:{r + 1:02x}:00.0" for r in range(np_)}
+    return {"env": env, "rank_env": {r: {"FAKE_CUDA_BUS_IDS": bus[r]} for r in range(np_)}}
+
+
+def init():
+    """The core on this rank with the fake CUDA runtime and NCCL loaded."""
+    hvd.init()
+    info = gpu.require_cuda()
+    assert info["path"] == os.environ["HVD_CUDA_RUNTIME_LIBRARY"], info
+    assert gpu.nccl_info()["path"] == os.environ["HVD_NCCL_LIBRARY"], gpu.nccl_info()
+    return hvd
+
+
+def fakes() -> Fakes:
+    return Fakes(os.environ["HVD_CUDA_RUNTIME_LIBRARY"], os.environ["HVD_NCCL_LIBRARY"])
+
+
+def gpu_path(set_id: int = 0):
+    """The path the core chose for a process set's CUDA collectives ("nccl" / "staged")."""
+    entry = hvd.metrics()["gpu_paths"].get(set_id)
+    return entry and entry["path"]
+
+
+def enqueue(kind, x, out, name, op=_dtypes.Sum, pre=1.0, post=1.0, root=0, set_id=0,
+            splits=None, stream=0, device=0):
+    """One op on "device" arrays; returns the core handle (the arrays must outlive it)."""
+    code = _dtypes.numpy_code(x.dtype, "enqueue", name)
+    return _core.enqueue(kind, name, code, x.shape, x, out, op, float(pre), float(post), root,
+                         set_id, splits, device, stream)
+
+
+def device_array(buffer, shape, dtype) -> np.ndarray:
+    """A copy of a core-owned device result (fake device memory is host memory)."""
+    assert buffer.device == 0, f"expected CUDA memory of device 0, got {buffer.device}"
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(shape, dtype)
+    raw = ctypes.string_at(buffer.ptr, count * dtype.itemsize)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def allreduce(x, op, name, pre=1.0, post=1.0, stream=0):
+    out = np.empty_like(x)
+    _core.wait(enqueue(_core.ALLREDUCE, x, out, name, op, pre, post, stream=stream))
+    return out
+
+
+def allgather(x, name):
+    buffer, shape = _core.wait(enqueue(_core.ALLGATHER, x, None, name))
+    return device_array(buffer, shape, x.dtype)
+
+
+def broadcast(x, root, name):
+    out = np.empty_like(x)
+    _core.wait(enqueue(_core.BROADCAST, x, out, name, root=root))
+    return out
+
+
+def alltoall(x, splits, name):
+    buffer, shape, received = _core.wait(enqueue(_core.ALLTOALL, x, None, name, splits=splits))
+    return device_array(buffer, shape, x.dtype), list(received)
+
+
+def reducescatter(x, op, name, pre=1.0, post=1.0):
+    buffer, shape = _core.wait(enqueue(_core.REDUCESCATTER, x, None, name, op, pre, post))
+    return device_array(buffer, shape, x.dtype)
