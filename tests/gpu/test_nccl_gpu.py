@@ -7,7 +7,6 @@ Every check is on values only a working reduction produces, read back from the d
 of these can pass while the CUDA path is missing. Ranks are spawned processes (multiproc harness).
 """
 import os
-import socket
 
 import pytest
 from multiproc.harness import run_ranks
@@ -202,50 +201,3 @@ def test_pin_gpu_describes_the_device_torch_sees():
     assert out["device"] == "cuda:0" and out["name"] == name, out
     assert abs(out["memory_bytes"] - memory) <= 0.05 * memory, (out, memory)
     assert shared["staged"] and shared["shared"] and shared["device"] == "cuda:0"
-
-
-# ---- bus bandwidth at 256 MiB against torch.distributed (a figure, never an assertion) -----
-
-def rank_busbw(port, nbytes=256 * MIB, iters=5):
-    import time
-    torch, hvd = _init()
-    import torch.distributed as dist
-    r, n = hvd.rank(), hvd.size()
-    x = torch.full((nbytes // 4,), 1.0, device="cuda")
-
-    def timed(fn):
-        fn()  # warm-up
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            out = fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - start) / iters, out
-
-    ours, y = timed(lambda: hvd.allreduce(x, op=hvd.Sum, name="busbw"))
-    assert y.is_cuda and y[0].item() == n and y[-1].item() == n
-    backend = "nccl" if n == 1 else "gloo"  # NCCL refuses two ranks on one GPU
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=r,
-                            world_size=n)
-    z = x.clone()
-    theirs, _ = timed(lambda: dist.all_reduce(z))
-    dist.destroy_process_group()
-    return {"ours_s": ours, "torch_s": theirs, "backend": backend, "bytes": nbytes}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
-def test_busbw_256mib_against_torch_distributed(np, record_property):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = _values(run_ranks(rank_busbw, np, env=_same_gpu_env(), timeout=600,
-                            kwargs={"port": port}))[0]
-    factor = 2 * (np - 1) / np or 1.0  # np=1: busbw is 0 by definition; report algbw
-    ours = out["bytes"] / out["ours_s"] * factor / 1e9
-    theirs = out["bytes"] / out["torch_s"] * factor / 1e9
-    kind = "busbw" if np > 1 else "algbw"
-    line = (f"allreduce 256 MiB np={np}: hvd {kind} {ours:.2f} GB/s, torch.distributed "
-            f"{out['backend']} {theirs:.2f} GB/s (ratio {ours / theirs:.2f})")
-    print(line)
-    record_property("busbw", line)

@@ -1,0 +1,301 @@
+"""CUDA collectives and a CUDA training step: engine_native.torch against torch.distributed, in
+the same invocation on the same GPU (DESIGN §7). The three targets of issue #16:
+
+  latency   4 B allreduce at np=1: ours (NCCL) vs torch.distributed NCCL with a world of one;
+            per call, each call waited for (ours returns a finished result; torch's call is
+            followed by torch.cuda.synchronize()); torch's enqueue-only time is shown too.
+  staged    allreduce at 1/64/256 MiB, 2 ranks sharing the GPU: ours (staged path; NCCL
+            refuses the set-up) vs torch.distributed gloo on the same CUDA tensors; busbw.
+  step      training step of a small CNN (~2.2 M parameters, batch 64 per rank, 32x32 inputs,
+            SGD): 2 ranks sharing the GPU, ours (DistributedOptimizer) vs DDP with gloo; one
+            rank alone as the floor.
+
+    python benchmarks/bench_gpu.py                      # everything, table on stdout
+    python benchmarks/bench_gpu.py --cases latency --out results.md
+
+Needs a CUDA GPU and torch with CUDA. Prints; never asserts a timing.
+"""
+import argparse
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import secrets
+import socket
+import statistics
+import sys
+import time
+import traceback
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+MIB = 1 << 20
+TARGETS = {"latency": 1.5, "staged": 3.0, "step": 1.3}
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cnn():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(128, 256, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(256, 256, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(256 * 4 * 4, 300), torch.nn.ReLU(),
+        torch.nn.Linear(300, 10))
+
+
+# ---- rank bodies (run in spawned processes) ------------------------------------------------
+
+def _init_ours(rank, size, port):
+    """The core on this rank; ``port`` is unused (our ranks meet at the parent's rendezvous
+    server, whose address is in the environment)."""
+    import engine_native.torch as hvd
+    hvd.init()
+    return hvd
+
+
+def _init_torch(backend, rank, size, port):
+    import torch.distributed as dist
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size)
+    return dist
+
+
+def _timed(fn, iters, sync):
+    fn()
+    sync()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def rank_latency(system, rank, size, port, iters):
+    import torch
+    torch.cuda.set_device(0)
+    x = torch.ones(1, device="cuda")
+    if system == "ours":
+        hvd = _init_ours(rank, size, port)
+        out = {"waited": _timed(lambda: hvd.allreduce(x, op=hvd.Sum, name="lat"), iters,
+                                lambda: None)}
+        import engine_native
+        out["path"] = engine_native.metrics()["gpu_paths"][0]["path"]
+        hvd.shutdown()
+        return out
+    dist = _init_torch("nccl", rank, size, port)
+    waited = _timed(lambda: dist.all_reduce(x), iters, torch.cuda.synchronize)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(x)
+    enqueue = (time.perf_counter() - t0) / iters
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    return {"waited": waited, "enqueue": enqueue}
+
+
+def rank_allreduce(system, rank, size, port, nbytes, iters):
+    import torch
+    torch.cuda.set_device(0)
+    x = torch.full((nbytes // 4,), float(rank + 1), device="cuda")
+    if system == "ours":
+        hvd = _init_ours(rank, size, port)
+        times = _timed(lambda: hvd.allreduce_(x, op=hvd.Sum, name="bw"), iters, lambda: None)
+        import engine_native
+        path = engine_native.metrics()["gpu_paths"][0]["path"]
+        hvd.shutdown()
+    else:
+        dist = _init_torch("gloo", rank, size, port)
+        times = _timed(lambda: dist.all_reduce(x), iters, torch.cuda.synchronize)
+        dist.destroy_process_group()
+        path = "gloo"
+    return {"times": times, "path": path}
+
+
+def rank_step(system, rank, size, port, steps, batch):
+    import torch
+    torch.cuda.set_device(0)
+    model = _cnn().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    x = torch.randn(batch, 3, 32, 32, device="cuda", generator=gen)
+    y = torch.randint(0, 10, (batch,), device="cuda", generator=gen)
+    loss_fn = torch.nn.functional.cross_entropy
+    params = sum(p.numel() for p in model.parameters())
+    hvd = dist = None
+    if system == "ours":
+        hvd = _init_ours(rank, size, port)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        net = model
+    elif system == "ddp":
+        dist = _init_torch("gloo", rank, size, port)
+        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    else:
+        net = model
+
+    def step():
+        opt.zero_grad()
+        loss_fn(net(x), y).backward()
+        opt.step()
+
+    for _ in range(5):
+        step()
+    times = _timed(step, steps, torch.cuda.synchronize)
+    if hvd:
+        hvd.shutdown()
+    if dist:
+        dist.destroy_process_group()
+    return {"times": times, "params": params}
+
+
+def _entry(fn, args, rank, env, queue):
+    os.environ.update(env)
+    try:
+        queue.put((rank, fn(*args[:1], rank, *args[1:]), None))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        queue.put((rank, None, traceback.format_exc()))
+
+
+@contextlib.contextmanager
+def _bootstrap(system, size):
+    """Per-rank environments: ours meet at a rendezvous server run here; torch's at a port."""
+    if system != "ours":
+        yield [{} for _ in range(size)]
+        return
+    from engine_native.rendezvous import RendezvousServer
+    secret = secrets.token_bytes(32)
+    with RendezvousServer(secret) as server:
+        host, port = server.address
+        shared = {"HVD_RENDEZVOUS": f"{host}:{port}", "HVD_SECRET": secret.hex(),
+                  "HVD_JOB_ID": uuid.uuid4().hex[:12], "HVD_SIZE": str(size)}
+        yield [dict(shared, HVD_RANK=str(r)) for r in range(size)]
+
+
+def run(fn, size, *args, timeout=300):
+    """fn(system, rank, size, port, *rest) on `size` spawned ranks; rank results in order."""
+    with _bootstrap(args[0], size) as envs:
+        return _run(fn, size, args, envs, timeout)
+
+
+def _run(fn, size, args, envs, timeout):
+    system, rest = args[0], args[1:]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_entry, args=(fn, (system, size, port) + rest, r, envs[r],
+                                              queue))
+             for r in range(size)]
+    for p in procs:
+        p.start()
+    results, deadline = {}, time.monotonic() + timeout
+    try:
+        while len(results) < size:
+            rank, value, error = queue.get(timeout=max(1.0, deadline - time.monotonic()))
+            if error:
+                raise RuntimeError(f"{fn.__name__}({system}) rank {rank} failed:\n{error}")
+            results[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    return [results[r] for r in range(size)]
+
+
+# ---- cases ---------------------------------------------------------------------------------
+
+def case_latency(args):
+    ours = run(rank_latency, 1, "ours", args.iters)[0]
+    torch_ = run(rank_latency, 1, "torch", args.iters)[0]
+    a, b = statistics.median(ours["waited"]), statistics.median(torch_["waited"])
+    rows = [("ours (" + ours["path"] + ")", f"{a * 1e6:.1f} µs"),
+            ("torch.distributed nccl, call + synchronize", f"{b * 1e6:.1f} µs"),
+            ("torch.distributed nccl, enqueue only", f"{torch_['enqueue'] * 1e6:.1f} µs")]
+    return "4 B CUDA allreduce, np=1, median per call", rows, ("latency", a / b, "ours / torch "
+                                                               "(≤ 1.5×)")
+
+
+def case_staged(args):
+    rows, ratio = [], None
+    for nbytes in (1 * MIB, 64 * MIB, 256 * MIB):
+        iters = 20 if nbytes <= 64 * MIB else 8
+        ours = run(rank_allreduce, 2, "ours", nbytes, iters)
+        gloo = run(rank_allreduce, 2, "gloo", nbytes, iters)
+
+        def busbw(results):
+            t = statistics.median(max(c) for c in zip(*(r["times"] for r in results)))
+            return nbytes / t / 1e9  # 2 (n-1)/n = 1 at n=2
+
+        o, g = busbw(ours), busbw(gloo)
+        rows.append((f"{nbytes // MIB} MiB", f"ours ({ours[0]['path']}) {o:.2f} GB/s",
+                     f"gloo {g:.2f} GB/s", f"{o / g:.2f}×"))
+        ratio = o / g
+    return "allreduce busbw, 2 ranks sharing one GPU", rows, ("staged", ratio,
+                                                               "ours / gloo at 256 MiB (≥ 3×)")
+
+
+def case_step(args):
+    med = {}
+    for system, size in (("alone", 1), ("ours", 2), ("ddp", 2)):
+        results = run(rank_step, size, system, args.steps, 64)
+        med[system] = max(statistics.median(r["times"]) for r in results)
+        params = results[0]["params"]
+    rows = [(s, f"{t * 1e3:.2f} ms") for s, t in med.items()]
+    rows.append(("parameters", f"{params / 1e6:.2f} M"))
+    return ("CNN training step, batch 64 per rank (2 ranks share the GPU; 'alone' is one "
+            "rank)", rows, ("step", med["ddp"] / med["ours"], "DDP gloo / ours (≥ 1.3×)"))
+
+
+def describe():
+    import torch
+    info = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+    from engine_native import gpu
+    nccl = gpu.nccl_info()
+    info["nccl (ours)"] = f"{nccl['version_text']} from {nccl['source']}" if nccl["loaded"] \
+        else nccl["error"]
+    return info
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default="latency,staged,step")
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--out", help="also write the report (markdown) here")
+    args = parser.parse_args()
+    cases = {"latency": case_latency, "staged": case_staged, "step": case_step}
+    lines = ["# GPU benchmark (benchmarks/bench_gpu.py)", ""]
+    lines += [f"- {k}: {v}" for k, v in describe().items()]
+    verdicts = []
+    for name in args.cases.split(","):
+        title, rows, (key, ratio, what) = cases[name](args)
+        lines += ["", f"## {title}", ""]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        met = ratio <= TARGETS[key] if key == "latency" else ratio >= TARGETS[key]
+        verdicts.append(f"| {key} | {what} | {ratio:.2f} | {'met' if met else 'MISSED'} |")
+        print("\n".join(lines[-len(rows) - 3:]), flush=True)
+    lines += ["", "## targets", "", "| target | ratio | value | verdict |", "|---|---|---|---|"]
+    lines += verdicts
+    text = "\n".join(lines)
+    print("\n".join(lines[-len(verdicts) - 4:]))
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text + "\n")
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as fh:
+            json.dump({"verdicts": verdicts}, fh)
+
+
+if __name__ == "__main__":
+    main()
