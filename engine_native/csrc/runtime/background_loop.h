@@ -1,7 +1,8 @@
-// BackgroundLoop: the thread per process that owns all communication. Framework threads
-// submit() entries and get woken through handles; the loop reads like a table of contents:
-// wait for work -> drain submissions -> negotiate (workers send requests to rank 0, rank 0
-// coordinates and sends responses) -> execute responses in order -> inspect stalls.
+// BackgroundLoop: the one progress loop per process that owns all communication. Framework
+// threads submit() entries and get woken through handles; the loop reads like a table of
+// contents: wait for work -> drain submissions -> negotiate (workers send requests to rank 0,
+// rank 0 coordinates and sends responses) -> execute responses in order -> complete the CUDA
+// ops whose stream work has run (Note [Deferred completion]) -> inspect stalls.
 // A pass of that loop may also run on a framework thread that is about to block on its own op
 // (drive(), Note [Caller drives] in background_loop.cc): passes are serialised by progress_,
 // so "the background thread" below means whichever thread holds it.
