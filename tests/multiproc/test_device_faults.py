@@ -62,15 +62,18 @@ def stuck_peer(action):
     bus.get("rank0-ready", timeout=30)
     if action == "exit":
         os._exit(3)
-    error, seconds = _failure(handle)
+    error, seconds = _failure(handle)  # the producer is still blocked here
     f.check(f.cuda.fakeCudaReleaseBlocker(token))
     return {"error": error, "seconds": seconds, "again": _works_again(hvd)}
 
 
-@pytest.mark.parametrize("action, cause", [("abort", "aborted"), ("exit", "rank 1"),
-                                           ("timeout", "no progress")])
-def test_stuck_collective_fails_on_every_rank_and_recovers(fake_cuda, action, cause):
-    kwargs = device_ops.rank_envs(fake_cuda, 2, False, {"HVD_TIMEOUT": "3"})
+@pytest.mark.parametrize("action, cause, shared", [
+    ("abort", "aborted", False), ("exit", "rank 1", False), ("timeout", "no progress", False),
+    ("abort", "aborted", True)], ids=["abort-nccl", "exit-nccl", "timeout-nccl", "abort-staged"])
+def test_stuck_collective_fails_on_every_rank_and_recovers(fake_cuda, action, cause, shared):
+    """Staged: rank 1's loop, whose op waits for its inputs to reach host memory, is not
+    blocked by the device — it takes rank 0's abort while its producer is still stuck."""
+    kwargs = device_ops.rank_envs(fake_cuda, 2, shared, {"HVD_TIMEOUT": "3"})
     results = run_ranks(stuck_peer, 2, args=(action,), timeout=90, check=False, **kwargs)
     zero = results[0]
     assert zero.ok, zero.describe()
@@ -82,6 +85,7 @@ def test_stuck_collective_fails_on_every_rank_and_recovers(fake_cuda, action, ca
     else:
         assert results[1].ok, results[1].describe()
         assert results[1].value["error"], results[1].value
+        assert results[1].value["seconds"] < 3 + 3, results[1].value
         assert results[1].value["again"] and zero.value["again"]
 
 

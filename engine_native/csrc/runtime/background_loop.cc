@@ -274,10 +274,11 @@ int BackgroundLoop::waitForWork() {
   return listen_index > 0 && (fds[listen_index].revents & POLLIN) ? fds[listen_index].fd : -1;
 }
 
-// Zero while work is queued; until the batching window closes while rank 0 holds responses
-// (rounded up: the window may end up to a millisecond late, never early); else the idle tick.
+// Zero while work is queued (unless it waits for the device, which wakes the loop); until the
+// batching window closes while rank 0 holds responses (rounded up: the window may end up to a
+// millisecond late, never early); else the idle tick.
 int BackgroundLoop::timeoutMs() const {
-  if (!to_execute_.empty()) return 0;
+  if (!to_execute_.empty() && !waiting_for_device_) return 0;
   if (held_.empty()) return kTickMs;
   const auto left = windowEnd(heldRepeatsLastStep()) - Clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
@@ -298,22 +299,35 @@ void BackgroundLoop::awaitCause() {
 }
 
 void BackgroundLoop::executeQueued() {
+  waiting_for_device_ = false;
   while (!to_execute_.empty() && !failed_) {
-    Work work = std::move(to_execute_.front());
-    to_execute_.pop_front();
+    Work& work = to_execute_.front();
     if (work.params) {
       applyParams(*work.params);
+      to_execute_.pop_front();
       continue;
     }
-    const coord::Response& response = work.response;
-    if (!sets_.contains(response.process_set, mesh_.rank())) {
-      continue;  // not ours (rank 0 coordinates sets it is not part of)
+    if (!sets_.contains(work.response.process_set, mesh_.rank())) {
+      to_execute_.pop_front();  // not ours (rank 0 coordinates sets it is not part of)
+      continue;
     }
+    CommSlot& slot = commFor(work.response.process_set);
+    bool ready = true;
+    Status status = executor_.readyToExecute(work.response, entries_, *slot.comm, &ready);
+    if (!status.isOk()) {
+      fail(status, /*tell_peers=*/true);
+      break;
+    }
+    if (!ready) {  // a staged CUDA op's inputs are on their way: the driver wakes the loop
+      waiting_for_device_ = true;
+      break;
+    }
+    const coord::Response response = std::move(work.response);
+    to_execute_.pop_front();
     // Names leave flight before their handles complete, so a caller that waits and at once
     // resubmits the same name is not refused as a duplicate.
     keys_.release(response.keys.data(), response.keys.size());
-    CommSlot& slot = commFor(response.process_set);
-    Status status = executor_.execute(response, entries_, *slot.comm, slot.transport);
+    status = executor_.execute(response, entries_, *slot.comm, slot.transport);
     metrics_.setQueueDepth(entries_.size());
     if (response.process_set == 0) ++global_responses_;
     observeExecuted(response, status);

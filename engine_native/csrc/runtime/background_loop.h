@@ -185,6 +185,7 @@ class BackgroundLoop {
   std::vector<coord::Key> outgoing_;           // workers: requests not yet sent to rank 0
   std::vector<const coord::Request*> encoding_;
   std::deque<Work> to_execute_;
+  bool waiting_for_device_ = false;  // its head is a staged CUDA op whose inputs are in transit
   uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
   std::map<int32_t, CommSlot> comms_;
   uint64_t sets_version_ = 0;

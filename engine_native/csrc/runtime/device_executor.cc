@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "common/logging.h"
@@ -62,7 +63,7 @@ DeviceExecutor::DeviceExecutor(Metrics& metrics, const common::Config& config, i
     : metrics_(metrics), config_(config), wake_(std::make_shared<HostWake>(wake_fd)) {}
 
 DeviceExecutor::~DeviceExecutor() {
-  if (!in_flight_.empty()) {
+  if (!in_flight_.empty() || staging_.queued) {
     std::vector<DeviceCompletion> dropped;
     abort(&dropped, /*core_failed=*/true);  // the loop completed their handles already
   }
@@ -157,14 +158,32 @@ Status DeviceExecutor::deviceOutput(size_t bytes, OpResult* result) {
   return Status::ok();
 }
 
+Status DeviceExecutor::notifyLoop() {
+  auto* keep = new std::shared_ptr<HostWake>(wake_);
+  Status status = stream().notify(&wakeFromDriver, keep);
+  if (!status.isOk()) delete keep;
+  return status;
+}
+
+bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
+  const coord::Response& r = op.response;
+  const bool reduction = r.type == coord::OpType::kAllreduce ||
+                         r.type == coord::OpType::kReducescatter;
+  return reduction ? staged(op, r.prescale * r.postscale) : current_.set->path == Path::kStaged;
+}
+
+Status DeviceExecutor::inputsReady(OpContext& op, bool* ready) {
+  *ready = true;
+  if (!stagesThroughHost(op)) return Status::ok();
+  return stageInputs(op, ready);
+}
+
 Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
   InFlight item;
   item.stream = current_.stream;
   HVD_RETURN_IF_ERROR(item.stream->record(&item.done));
-  auto* keep = new std::shared_ptr<HostWake>(wake_);
-  Status status = item.stream->notify(&wakeFromDriver, keep);
+  Status status = notifyLoop();
   if (!status.isOk()) {
-    delete keep;
     item.stream->release(item.done);
     return status;
   }
@@ -211,13 +230,20 @@ Status DeviceExecutor::checkTimeout(Clock::time_point now) {
 }
 
 void DeviceExecutor::abort(std::vector<DeviceCompletion>* all, bool core_failed) {
-  if (!core_failed && in_flight_.empty()) return;
+  if (!core_failed && in_flight_.empty() && !staging_.queued) return;
   for (auto& [id, set] : sets_) {
     if (set.nccl) set.nccl->abort();
   }
-  // Users' tensors may still be written by queued copies: give the streams a bounded time to
-  // drain before the handles complete (an aborted collective returns at once).
-  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  // Users' tensors may still be written by queued copies: give the streams a short, bounded
+  // time to drain before the handles complete (an aborted collective returns at once; work
+  // behind a producer that never finishes will not drain, and every rank must fail within
+  // HVD_TIMEOUT).
+  const auto give_up = Clock::now() + std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(1.0, config_.timeout_seconds / 4) * 1000));
+  if (staging_.queued) {  // copies that only read users' tensors: no need to wait for them
+    staging_.stream->release(staging_.event);
+    staging_ = Staging();
+  }
   for (InFlight& item : in_flight_) {
     bool finished = false;
     while (item.stream->query(item.done, &finished).isOk() && !finished &&

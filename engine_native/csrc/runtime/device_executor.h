@@ -49,9 +49,14 @@ class DeviceExecutor : public OpExecutor {
   common::Status reducescatter(OpContext& op) override;
 
   // Before an op method: selects the response's device and, at a set's first CUDA response,
-  // chooses its path with the other members. A failure here is a core failure (the members
+  // chooses its path with the other members; queues the stream's waits for the inputs'
+  // producers. Idempotent for one response. A failure here is a core failure (the members
   // are out of step).
   common::Status prepare(OpContext& op);
+  // After prepare(), before the op method: false while a staged op's inputs are still being
+  // copied to host memory (the first call queues the copies; the driver wakes the loop when
+  // they landed). Ops that do not stage are ready at once.
+  common::Status inputsReady(OpContext& op, bool* ready);
   // After an op method returned OK: marks the end of its stream work.
   common::Status queueCompletion(DeviceCompletion completion);
   // Moves the finished completions (in queue order) into `done`. Non-OK when the oldest one
@@ -96,9 +101,12 @@ class DeviceExecutor : public OpExecutor {
   common::Status ncclReducescatter(OpContext& op);
   common::Status stagedReducescatter(OpContext& op);
   common::Status deviceOutput(size_t bytes, OpResult* result);
-  common::Status stageInput(OpContext& op, size_t in_bytes, size_t out_bytes, uint8_t** host_in,
-                            uint8_t** host_out);
+  bool stagesThroughHost(const OpContext& op) const;
+  common::Status stageInputs(OpContext& op, bool* landed);
+  common::Status takeStaged(uint8_t** in, uint8_t** out);
+  common::Status stagedInput(OpContext& op, uint8_t** in, uint8_t** out);
   common::Status stageOutput(OpContext& op, void* device, const void* host, size_t bytes);
+  common::Status notifyLoop();
   common::Status checkTimeout(std::chrono::steady_clock::time_point now);
 
   Metrics& metrics_;
@@ -111,6 +119,13 @@ class DeviceExecutor : public OpExecutor {
     transport::nccl::DeviceStream* stream = nullptr;
   } current_;
   std::deque<InFlight> in_flight_;  // queue order (= stream order: one stream per device)
+  struct Staging {  // the staged op at the head of the loop's queue (device_staged_ops.cc, A)
+    bool queued = false;
+    transport::nccl::DeviceStream* stream = nullptr;
+    transport::nccl::CudaEvent event = nullptr;  // after its copies to host memory
+    uint8_t* host = nullptr;
+    size_t out_offset = 0;  // where the CPU algorithm's result goes
+  } staging_;
   std::chrono::steady_clock::time_point progress_at_;  // when the oldest in flight advanced
   int join_device_ = -1;
 };

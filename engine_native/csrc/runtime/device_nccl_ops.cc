@@ -13,25 +13,23 @@ using common::Status;
 using coord::OpType;
 
 Status DeviceExecutor::allreduce(OpContext& op) {
-  const coord::Response& r = op.response;
-  return staged(op, r.prescale * r.postscale) ? stagedAllreduce(op) : ncclAllreduce(op);
+  return stagesThroughHost(op) ? stagedAllreduce(op) : ncclAllreduce(op);
 }
 
 Status DeviceExecutor::allgather(OpContext& op) {
-  return current_.set->path == Path::kStaged ? stagedAllgather(op) : ncclAllgather(op);
+  return stagesThroughHost(op) ? stagedAllgather(op) : ncclAllgather(op);
 }
 
 Status DeviceExecutor::broadcast(OpContext& op) {
-  return current_.set->path == Path::kStaged ? stagedBroadcast(op) : ncclBroadcast(op);
+  return stagesThroughHost(op) ? stagedBroadcast(op) : ncclBroadcast(op);
 }
 
 Status DeviceExecutor::alltoall(OpContext& op) {
-  return current_.set->path == Path::kStaged ? stagedAlltoall(op) : ncclAlltoall(op);
+  return stagesThroughHost(op) ? stagedAlltoall(op) : ncclAlltoall(op);
 }
 
 Status DeviceExecutor::reducescatter(OpContext& op) {
-  const coord::Response& r = op.response;
-  return staged(op, r.prescale * r.postscale) ? stagedReducescatter(op) : ncclReducescatter(op);
+  return stagesThroughHost(op) ? stagedReducescatter(op) : ncclReducescatter(op);
 }
 
 // A lone tensor goes from its input to its output; a fused batch (or a joined rank's zeros)

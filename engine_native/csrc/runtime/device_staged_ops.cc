@@ -1,9 +1,14 @@
-// DeviceExecutor's staged bodies (Note [Staged fallback] in transport/nccl/device_stream.h):
-// the inputs are copied into the pinned host buffer, the stream is waited for (the one host
-// wait of this path: the CPU algorithm needs the bytes), the CPU algorithm runs over shm/tcp
-// exactly as for host tensors (same scaling, same rounding), and the result is copied back to
-// the device; completion is deferred like any device op. The host buffer is reused by the
-// next op only after its own wait, which follows this op's copies back on the stream.
+// DeviceExecutor's staged bodies (Note [Staged fallback] in transport/nccl/device_stream.h), in
+// two phases so that the loop never blocks on the device:
+//   A. stageInputs(): the op's inputs are queued for copying into the pinned host buffer, with
+//      an event (and a driver callback that wakes the loop) after them; the loop leaves the
+//      response at the head of its queue and goes on with everything else (messages, other
+//      completions, abort) until the event has fired.
+//   B. the op method: the CPU algorithm runs over shm/tcp on the host buffer exactly as for
+//      host tensors (same scaling, same rounding), the result is queued for copying back, and
+//      completion is deferred like any device op.
+// The host buffer is reused by the next op only after its own phase A, which the stream
+// orders after this op's copies back.
 #include <cstdint>
 #include <cstring>
 
@@ -20,27 +25,101 @@ namespace {
 
 size_t roundUp(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
+// Input and output bytes of a staged op other than allreduce (a single input per rank).
+void singleInputSizes(const OpContext& op, size_t* in, size_t* out) {
+  const coord::Response& r = op.response;
+  const int me = op.comm.rank(), n = op.comm.size();
+  *in = *out = 0;
+  switch (r.type) {
+    case OpType::kAllgather: {
+      const GatherLayout layout = allgatherLayout(r);
+      *in = layout.bytes[me];
+      *out = layout.total;
+      break;
+    }
+    case OpType::kBroadcast:
+      *in = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
+            common::dataTypeSize(r.dtype);
+      break;
+    case OpType::kAlltoall: {
+      const AlltoallLayout layout = alltoallLayout(r, me, n);
+      for (size_t b : layout.send) *in += b;
+      *out = layout.total;
+      break;
+    }
+    case OpType::kReducescatter: {
+      const ReducescatterLayout layout = reducescatterLayout(r, me, n);
+      *in = layout.input_bytes;
+      *out = layout.counts[me] * common::dataTypeSize(r.dtype);
+      break;
+    }
+    default: break;
+  }
+}
+
 }  // namespace
+
+// A: allreduce packs every tensor of the batch at its offset; the others put their one input
+// first and leave room for the CPU algorithm's result after it.
+Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
+  if (staging_.queued) {
+    bool finished = false;
+    HVD_RETURN_IF_ERROR(stream().query(staging_.event, &finished));
+    *landed = finished;
+    return Status::ok();
+  }
+  const coord::Response& r = op.response;
+  void* host = nullptr;
+  if (r.type == OpType::kAllreduce) {
+    const size_t elem = common::dataTypeSize(r.dtype);
+    HVD_RETURN_IF_ERROR(stream().hostBuffer(static_cast<size_t>(totalCount(r)) * elem, &host));
+    size_t offset = 0;
+    for (size_t i = 0; i < r.keys.size(); ++i) {
+      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+      if (op.entries[i] != nullptr) {
+        HVD_RETURN_IF_ERROR(stream().copy(static_cast<uint8_t*>(host) + offset,
+                                          op.entries[i]->input, n));
+      }
+      offset += n;
+    }
+    staging_.out_offset = 0;
+  } else {
+    size_t in = 0, out = 0;
+    singleInputSizes(op, &in, &out);
+    HVD_RETURN_IF_ERROR(stream().hostBuffer(roundUp(in) + out, &host));
+    if (op.entries[0] != nullptr) HVD_RETURN_IF_ERROR(stream().copy(host, op.entries[0]->input, in));
+    staging_.out_offset = roundUp(in);
+  }
+  staging_.host = static_cast<uint8_t*>(host);
+  staging_.stream = &stream();
+  HVD_RETURN_IF_ERROR(stream().record(&staging_.event));
+  staging_.queued = true;
+  HVD_RETURN_IF_ERROR(notifyLoop());
+  *landed = false;
+  return Status::ok();
+}
+
+// B begins: the staged inputs of the response being executed (phase A has landed).
+Status DeviceExecutor::takeStaged(uint8_t** in, uint8_t** out) {
+  if (!staging_.queued) {
+    return common::internalError("a staged CUDA op ran before its inputs reached the host");
+  }
+  *in = staging_.host;
+  *out = staging_.host + staging_.out_offset;
+  stream().release(staging_.event);
+  staging_ = Staging();
+  return Status::ok();
+}
 
 Status DeviceExecutor::stagedAllreduce(OpContext& op) {
   const coord::Response& r = op.response;
   const auto& entries = op.entries;
   const size_t elem = common::dataTypeSize(r.dtype);
   const size_t count = static_cast<size_t>(totalCount(r));
-  void* host = nullptr;
-  HVD_RETURN_IF_ERROR(stream().hostBuffer(count * elem, &host));
-  auto* base = static_cast<uint8_t*>(host);
-  op.activities.start("MEMCPY_DEVICE_TO_HOST");
+  uint8_t *base = nullptr, *unused = nullptr;
+  HVD_RETURN_IF_ERROR(takeStaged(&base, &unused));
   size_t offset = 0;
-  for (size_t i = 0; i < r.keys.size(); ++i) {
-    const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-    if (entries[i] != nullptr) HVD_RETURN_IF_ERROR(stream().copy(base + offset, entries[i]->input, n));
-    offset += n;
-  }
-  HVD_RETURN_IF_ERROR(stream().synchronize());
-  op.activities.end();
-  offset = 0;
-  for (size_t i = 0; i < r.keys.size(); ++i) {  // a joined rank's zeros, after the wait
+  for (size_t i = 0; i < r.keys.size(); ++i) {  // a joined rank's zeros
     const size_t n = static_cast<size_t>(r.counts[i]) * elem;
     if (entries[i] == nullptr && n > 0) std::memset(base + offset, 0, n);
     offset += n;
@@ -51,7 +130,9 @@ Status DeviceExecutor::stagedAllreduce(OpContext& op) {
   offset = 0;
   for (size_t i = 0; i < r.keys.size(); ++i) {
     const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-    if (entries[i] != nullptr) HVD_RETURN_IF_ERROR(stream().copy(entries[i]->output, base + offset, n));
+    if (entries[i] != nullptr) {
+      HVD_RETURN_IF_ERROR(stream().copy(entries[i]->output, base + offset, n));
+    }
     offset += n;
   }
   op.activities.end();
@@ -59,21 +140,14 @@ Status DeviceExecutor::stagedAllreduce(OpContext& op) {
   return Status::ok();
 }
 
-// The op's single input (of in_bytes) to the front of the host buffer, then the wait; the
-// `out_bytes` after it are free for the CPU algorithm's result.
-Status DeviceExecutor::stageInput(OpContext& op, size_t in_bytes, size_t out_bytes,
-                                  uint8_t** host_in, uint8_t** host_out) {
-  void* host = nullptr;
-  HVD_RETURN_IF_ERROR(stream().hostBuffer(roundUp(in_bytes) + out_bytes, &host));
-  *host_in = static_cast<uint8_t*>(host);
-  *host_out = *host_in + roundUp(in_bytes);
-  op.activities.start("MEMCPY_DEVICE_TO_HOST");
-  if (op.entries[0] != nullptr) {
-    HVD_RETURN_IF_ERROR(stream().copy(*host_in, op.entries[0]->input, in_bytes));
+// The single staged input; a rank without one (it joined) contributes zeros.
+Status DeviceExecutor::stagedInput(OpContext& op, uint8_t** in, uint8_t** out) {
+  HVD_RETURN_IF_ERROR(takeStaged(in, out));
+  if (op.entries[0] == nullptr) {
+    size_t in_bytes = 0, out_bytes = 0;
+    singleInputSizes(op, &in_bytes, &out_bytes);
+    if (in_bytes > 0) std::memset(*in, 0, in_bytes);
   }
-  HVD_RETURN_IF_ERROR(stream().synchronize());
-  op.activities.end();
-  if (op.entries[0] == nullptr && in_bytes > 0) std::memset(*host_in, 0, in_bytes);
   return Status::ok();
 }
 
@@ -86,9 +160,8 @@ Status DeviceExecutor::stageOutput(OpContext& op, void* device, const void* host
 
 Status DeviceExecutor::stagedAllgather(OpContext& op) {
   const GatherLayout layout = allgatherLayout(op.response);
-  const size_t mine = layout.bytes[op.comm.rank()];
   uint8_t *in = nullptr, *out = nullptr;
-  HVD_RETURN_IF_ERROR(stageInput(op, mine, layout.total, &in, &out));
+  HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
   op.activities.start("STAGED_ALLGATHER");
   HVD_RETURN_IF_ERROR(algo::allgatherRing(op.comm, in, out, layout.bytes));
   op.activities.end();
@@ -106,7 +179,7 @@ Status DeviceExecutor::stagedBroadcast(OpContext& op) {
   int root = -1;
   HVD_RETURN_IF_ERROR(rootSetRank(r, op.comm, &root));
   uint8_t *data = nullptr, *unused = nullptr;
-  HVD_RETURN_IF_ERROR(stageInput(op, bytes, 0, &data, &unused));
+  HVD_RETURN_IF_ERROR(stagedInput(op, &data, &unused));
   op.activities.start("STAGED_BCAST");
   HVD_RETURN_IF_ERROR(algo::broadcastTree(op.comm, data, bytes, root));
   op.activities.end();
@@ -119,10 +192,8 @@ Status DeviceExecutor::stagedBroadcast(OpContext& op) {
 
 Status DeviceExecutor::stagedAlltoall(OpContext& op) {
   const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
-  size_t sent = 0;
-  for (size_t b : layout.send) sent += b;
   uint8_t *in = nullptr, *out = nullptr;
-  HVD_RETURN_IF_ERROR(stageInput(op, sent, layout.total, &in, &out));
+  HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
   op.activities.start("STAGED_ALLTOALL");
   HVD_RETURN_IF_ERROR(algo::alltoallPairwise(op.comm, in, layout.send, out, layout.recv));
   op.activities.end();
@@ -138,10 +209,9 @@ Status DeviceExecutor::stagedReducescatter(OpContext& op) {
   const coord::Response& r = op.response;
   const int me = op.comm.rank();
   const ReducescatterLayout layout = reducescatterLayout(r, me, op.comm.size());
-  const size_t elem = common::dataTypeSize(r.dtype);
-  const size_t mine = layout.counts[me] * elem;
+  const size_t mine = layout.counts[me] * common::dataTypeSize(r.dtype);
   uint8_t *in = nullptr, *out = nullptr;
-  HVD_RETURN_IF_ERROR(stageInput(op, layout.input_bytes, mine, &in, &out));
+  HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
   op.activities.start("STAGED_REDUCESCATTER");
   HVD_RETURN_IF_ERROR(
       algo::reducescatterRing(op.comm, in, out, layout.counts, r.dtype, r.reduce_op));

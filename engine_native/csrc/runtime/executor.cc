@@ -134,15 +134,36 @@ Status Executor::run(OpContext& op, TensorEntry* first) {
   }
 }
 
-Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
-                         const std::string& transport) {
-  transport_ = transport;
+void Executor::lookUp(const coord::Response& r, EntryTable& table) {
   entries_.assign(r.keys.size(), nullptr);
   done_handles_.clear();
   for (size_t i = 0; i < r.keys.size(); ++i) {
     entries_[i] = table.find(r.keys[i]);  // nullptr: joined rank, contributes zeros
     if (entries_[i] != nullptr) done_handles_.push_back(entries_[i]->handle);
   }
+}
+
+Status Executor::readyToExecute(const coord::Response& r, EntryTable& table,
+                                transport::Comm& comm, bool* ready) {
+  *ready = true;
+  if (r.status == coord::ResponseType::kError || r.type == OpType::kBarrier ||
+      r.type == OpType::kJoin) {
+    return Status::ok();
+  }
+  lookUp(r, table);
+  TensorEntry* first = entries_.empty() ? nullptr : entries_[0];
+  if (&implementationFor(r, first) != device_.get()) return Status::ok();
+  const auto choice = algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce());
+  OpResult unused;
+  OpContext op{r, entries_, comm, *this, choice, &unused};
+  HVD_RETURN_IF_ERROR(device_->prepare(op));
+  return device_->inputsReady(op, ready);
+}
+
+Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
+                         const std::string& transport) {
+  transport_ = transport;
+  lookUp(r, table);
   Status status;
   OpResult result;
   if (r.status == coord::ResponseType::kError) {

@@ -48,6 +48,12 @@ class Executor : private ActivityLog {
   common::Status execute(const coord::Response& response, EntryTable& table,
                          transport::Comm& comm, const std::string& transport);
 
+  // Before execute(): false while the response is a staged CUDA op whose inputs are still on
+  // their way to host memory (the driver wakes the loop when they landed; call again then).
+  // Everything else is ready at once. A non-OK result is for the loop to fail the core with.
+  common::Status readyToExecute(const coord::Response& response, EntryTable& table,
+                                transport::Comm& comm, bool* ready);
+
   // Completes the device ops whose stream work has run. A non-OK result (no progress for
   // HVD_TIMEOUT, an NCCL error) is for the loop to fail the core with.
   common::Status pollDevice();
@@ -73,6 +79,7 @@ class Executor : private ActivityLog {
  private:
   common::Status run(OpContext& op, TensorEntry* first);
   OpExecutor& implementationFor(const coord::Response& r, TensorEntry* first);
+  void lookUp(const coord::Response& r, EntryTable& table);
   void start(const char* activity) override;  // ActivityLog, for the implementations
   void end() override;
   bool recording() const { return timeline_ != nullptr && timeline_->enabled(); }

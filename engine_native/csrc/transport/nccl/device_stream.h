@@ -14,11 +14,12 @@
 // fired; the loop checks the event with query() and completes the handles, so wait() returns
 // a tensor whose values are final.
 //
-// Note [Staged fallback]: waitFor(ready events); copy(host <- inputs); synchronize(); the CPU
-// algorithm over shm/tcp on the pinned host buffer (scaling included); copy(outputs <- host);
-// record(). The one host wait is for this stream's own copies (and the producers before them):
-// the CPU algorithm needs the bytes. Every member of a set stages the same way, so ranks
-// sharing one GPU never create an NCCL communicator (NCCL refuses duplicate GPUs).
+// Note [Staged fallback]: waitFor(ready events); copy(host <- inputs); record() + notify();
+// the loop goes on with other work until that event fired (no host thread waits on the
+// device); then the CPU algorithm over shm/tcp on the pinned host buffer (scaling included);
+// copy(outputs <- host); record(). Every member of a set stages the same way, so ranks sharing
+// one GPU never create an NCCL communicator (NCCL refuses duplicate GPUs). The bodies are in
+// runtime/device_staged_ops.cc.
 #pragma once
 
 #include <cstddef>
