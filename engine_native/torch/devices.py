@@ -24,6 +24,9 @@ _TYPESTR = {
 }
 
 _cuda_ready = False
+# The current stream's raw cudaStream_t without building a torch.cuda.Stream object (a few µs
+# per op on the hot path); the public call where a torch build lacks it (same value).
+_raw_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None)
 
 
 def _require_cuda():
@@ -35,10 +38,14 @@ def _require_cuda():
 
 def placement(tensor):
     """``(device, stream)`` for the core: ``(-1, 0)`` on the CPU."""
-    if tensor.device.type != 'cuda':
+    device = tensor.device
+    if device.type != 'cuda':
         return -1, 0
     _require_cuda()
-    return tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream
+    index = device.index
+    if _raw_stream is not None:
+        return index, _raw_stream(index)
+    return index, torch.cuda.current_stream(index).cuda_stream
 
 
 def join_device(device):
