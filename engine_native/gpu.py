@@ -16,6 +16,13 @@ order:
 The CUDA runtime likewise (``HVD_CUDA_RUNTIME_LIBRARY``, ``nvidia/cuda_runtime/lib/
 libcudart.so.12``, ``nvidia/cu13/lib/libcudart.so.13``, ``torch/lib/libcudart*``, system).
 
+At the first CUDA tensor, ``engine_native.torch`` calls :func:`require_cuda`: the CUDA runtime
+must load (a RuntimeError names every library it rejected and what to install); NCCL is used
+when it loads. For each process set the core then takes NCCL when every member has a GPU of
+its own and NCCL loaded everywhere, and otherwise the staged path (device -> pinned host ->
+shm/tcp -> device), logging the reason once; ``HVD_GPU_PATH=nccl|staged`` overrides, and
+``engine_native.metrics()["gpu_paths"]`` shows the choice.
+
 >>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}
 >>> gpu.nccl_info()["version"]                 # 23203 for NCCL 2.32.3, as nccl_built()
 """
