@@ -83,6 +83,14 @@ int DeviceExecutor::localDevice(const OpContext& op) const {
 
 Status DeviceExecutor::prepare(OpContext& op) {
   const int device = localDevice(op);
+  for (const TensorEntry* e : op.entries) {  // a fused batch: every tensor on that GPU
+    if (e != nullptr && e->request.device != device) {
+      return common::internalError("a batch of CUDA tensors spans cuda:" +
+                                   std::to_string(device) + " and cuda:" +
+                                   std::to_string(e->request.device) +
+                                   "; keep each rank's tensors on one GPU");
+    }
+  }
   auto& slot = streams_[device];
   if (!slot) {
     slot = std::make_unique<nccl::DeviceStream>();
