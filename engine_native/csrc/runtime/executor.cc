@@ -175,10 +175,6 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
     return Status::ok();
   }
   TensorEntry* first = entries_.empty() ? nullptr : entries_[0];
-  if (r.type == OpType::kJoin && first != nullptr && first->request.device >= 0) {
-    join_device_ = first->request.device;
-    if (device_) device_->noteJoinDevice(join_device_);
-  }
   current_ = &r;
   recordStart(r, entries_);
   metrics_.beginOp(coord::opTypeName(r.type), r.keys.empty() ? "" : keys_.name(r.keys[0]));
@@ -204,6 +200,11 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   }
   for (coord::Key key : r.keys) table.erase(key);
   return status;
+}
+
+void Executor::noteJoinDevice(int device) {
+  join_device_ = device;
+  if (device_) device_->noteJoinDevice(device);
 }
 
 void Executor::finishDevice(std::vector<DeviceCompletion>& done) {

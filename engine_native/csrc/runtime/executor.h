@@ -54,6 +54,10 @@ class Executor : private ActivityLog {
   common::Status readyToExecute(const coord::Response& response, EntryTable& table,
                                 transport::Comm& comm, bool* ready);
 
+  // This rank submitted join(device=...): from now on its zeros for CUDA ops live there (the
+  // peers' ops that need them run before the join itself completes).
+  void noteJoinDevice(int device);
+
   // Completes the device ops whose stream work has run. A non-OK result (no progress for
   // HVD_TIMEOUT, an NCCL error) is for the loop to fail the core with.
   common::Status pollDevice();

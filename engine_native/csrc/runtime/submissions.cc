@@ -72,6 +72,9 @@ void BackgroundLoop::drainSubmissions() {
       keys_.release(&e.request.key, 1);
       continue;
     }
+    if (e.request.type == coord::OpType::kJoin && e.request.device >= 0) {
+      executor_.noteJoinDevice(e.request.device);
+    }
     TensorEntry& entry = entries_.put(std::move(e));
     if (coordinator_) {
       admit(entry.request.key, entry.request, mesh_.rank(), timeline, now);
