@@ -14,7 +14,10 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
     host     str    hostname
     pid      int    engine process id
     device   dict   {"kind": "cpu"} or {"kind": "cuda", "index": k, "name": "NVIDIA H100",
-                    "mem_used": bytes held by this process, "mem_total": bytes}
+                    "mem_used": bytes held by this process, "mem_total": bytes,
+                    "gpu": nvidia-smi index of the pinned GPU, "util": percent busy,
+                    "dev_mem_used": bytes in use on the GPU by all processes,
+                    "path": "nccl" | "staged" (the core's CUDA collectives; see gpu_stats)}
     busy     bool   a cell is running on the engine
     cell     str    short label of the running cell ("" when idle)
     samples  int    cumulative samples reported with report(samples=...)
@@ -188,9 +191,13 @@ def _clean_device(dev):
         out["index"] = dev["index"]
     if isinstance(dev.get("name"), str):
         out["name"] = dev["name"][:MAX_TEXT]
-    for name in ("mem_used", "mem_total"):
+    for name in ("mem_used", "mem_total", "gpu", "dev_mem_used"):  # gpu, dev_mem_used: #16
         if _is_int(dev.get(name)) and dev[name] >= 0:
             out[name] = dev[name]
+    if _is_num(dev.get("util")) and 0 <= dev["util"] <= 100:  # GPU columns (#16)
+        out["util"] = dev["util"]
+    if dev.get("path") in ("nccl", "staged"):
+        out["path"] = dev["path"]
     return out
 
 
