@@ -88,7 +88,10 @@ def _import(name: str):
 def _pin_gpu(gpus: str, local_rank: int, local_size: int) -> dict:
     """One GPU per local rank (round robin when local ranks outnumber GPUs); see gpu_pinning."""
     pin = gpu_pinning.pin(local_rank, local_size, gpus)
-    out = {"device": pin["device"], "gpu": pin, "device_name": pin.get("name") or ""}
+    name = pin.get("name") or ""
+    if pin.get("gpu_index") is not None:  # narrowed, every rank's GPU is cuda:0: say which
+        name = f"GPU {pin['gpu_index']}: {name}".rstrip(": ")
+    out = {"device": pin["device"], "gpu": pin, "device_name": name}
     if pin["device"] == "cpu" and pin.get("reason", "").startswith("GPU pinning failed"):
         out["device_name"] = pin["reason"]
     if pin.get("memory_bytes"):

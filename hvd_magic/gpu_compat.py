@@ -118,14 +118,20 @@ class _PatchTorchCuda(importlib.abc.MetaPathFinder):
 
     def __init__(self, local_rank: int):
         self.local_rank = local_rank
+        self.searching = False  # another finder that asks the others (as this one does) asks
+        # us again: answer None then, or the two recurse (imports of one name hold its lock)
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "torch.cuda":
+        if fullname != "torch.cuda" or self.searching:
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None) if finder is not self else None
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, self.local_rank)
-                return spec
-        return None
+        self.searching = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None) if finder is not self else None
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _PatchingLoader(spec.loader, self.local_rank)
+                    return spec
+            return None
+        finally:
+            self.searching = False

@@ -77,16 +77,22 @@ class _Loader(importlib.abc.Loader):
 
 
 class _Trace(importlib.abc.MetaPathFinder):
+    searching = False
+
     def find_spec(self, name, path=None, target=None):
-        if name != "torch.cuda":
+        if name != "torch.cuda" or self.searching:
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None) if finder is not self else None
-            spec = find(name, path, target) if find else None
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader)
-                return spec
-        return None
+        self.searching = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None) if finder is not self else None
+                spec = find(name, path, target) if find else None
+                if spec is not None and spec.loader is not None:
+                    spec.loader = _Loader(spec.loader)
+                    return spec
+            return None
+        finally:
+            self.searching = False
 
 
 sys.meta_path.insert(0, _Trace())

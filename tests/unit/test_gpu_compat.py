@@ -92,3 +92,28 @@ def test_in_process_install_before_or_after_torch_is_imported(tmp_path, torch_fi
     env = {"PYTHONPATH": os.pathsep.join([fake_torch(tmp_path / "fake"),
                                           os.path.dirname(os.path.dirname(gpu_compat.__file__))])}
     assert _python(code, env) == "[0]"
+
+
+NAIVE_HOOK = """
+import sys
+class Naive:  # finds torch.cuda through the other finders, without a guard of its own
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch.cuda":
+            return None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    return spec
+sys.meta_path.insert(0, Naive())
+"""
+
+
+def test_another_import_hook_that_asks_the_other_finders_does_not_recurse(tmp_path):
+    env = {"PYTHONPATH": os.pathsep.join([fake_torch(tmp_path / "fake"),
+                                          os.path.dirname(os.path.dirname(gpu_compat.__file__))])}
+    for order in ("hook first", "compat first"):
+        install = "from hvd_magic import gpu_compat; gpu_compat.install(2)\n"
+        setup = NAIVE_HOOK + install if order == "hook first" else install + NAIVE_HOOK
+        code = setup + "import torch; torch.cuda.set_device(2); print(torch.cuda.calls)"
+        assert _python(code, env) == "[0]", order

@@ -167,7 +167,7 @@ def test_engines_pin_one_gpu_per_local_rank_without_touching_cuda(engine):
     out, touched = engine(2, "auto", 1, 3)
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     assert (out["device"], out["device_name"], out["device_memory"]) == (
-        "cuda:0", "NVIDIA Fake A100", 40960 << 20)
+        "cuda:0", "GPU 1: NVIDIA Fake A100", 40960 << 20)
     assert (out["gpu"]["gpu_index"], out["gpu"]["staged"]) == (1, True)
     assert touched == []  # pinned through nvidia-smi: no torch.cuda call, no CUDA context
 
