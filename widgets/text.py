@@ -31,7 +31,8 @@ def render(model, now, max_ranks=16):
 
         hvd: 4 ranks (3 running, 1 stalled) · 1.23k samples/s · spread 4% · fusion 8.1 · compute 80%
           r0 node1 pid 4242 GPU 0 H100 3.2 GiB 87% NCCL running cell train() · 310 samples/s
-          r3 node1 pid 4250 GPU 3 H100 3.1 GiB 0% NCCL stalled in allreduce 'grad.w' for 63 s, waiting for rank 1
+          r3 node1 pid 4250 GPU 3 H100 3.1 GiB 0% NCCL stalled in allreduce 'grad.w' for 63 s
+          r4 node1 pid 4251 cpu idle
         autotune: bayes sample 7/20 · best fusion_threshold=64.0 MiB (score 1.2 GB/s)
     """
     rows, cl, at = model.rows(now), model.cluster(now), model.autotune()

@@ -9,13 +9,13 @@ import types
 
 import pytest
 from gpu_fakes import FakeNvml
+from hvd_magic.widgets import model as M
+from hvd_magic.widgets import publisher as P
+from hvd_magic.widgets import snapshot as S
+from hvd_magic.widgets import text as T
+from hvd_magic.widgets.gpu_stats import GpuStats, gpu_path
 
-pytest.importorskip("ipywidgets")
-from comm import DummyComm  # noqa: E402,F401  (ipywidgets' comm without a kernel)
-
-from hvd_magic.widgets import model as M, publisher as P, snapshot as S  # noqa: E402
-from hvd_magic.widgets import text as T, view as V  # noqa: E402
-from hvd_magic.widgets.gpu_stats import GpuStats, gpu_path  # noqa: E402
+V = pytest.importorskip("hvd_magic.widgets.view")  # ipywidgets
 
 PIN = {"device": "cuda:0", "gpu_index": 3, "visible_devices": "3", "name": "NVIDIA H100",
        "memory_bytes": 80 << 30, "pinned_by": "CUDA_VISIBLE_DEVICES", "staged": False}
