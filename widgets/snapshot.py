@@ -163,7 +163,7 @@ def validate(obj):
     if isinstance(obj.get("busy"), bool):
         out["busy"] = obj["busy"]
     if isinstance(obj.get("device"), dict):
-        out["device"] = _clean_device(obj["device"])
+        out["device"] = {**_clean_device(obj["device"]), **_clean_gpu(obj["device"])}
     if isinstance(obj.get("extra"), dict):
         out["extra"] = _clean_scalars(obj["extra"], MAX_EXTRA)
     if isinstance(obj.get("core"), dict):
@@ -191,11 +191,23 @@ def _clean_device(dev):
         out["index"] = dev["index"]
     if isinstance(dev.get("name"), str):
         out["name"] = dev["name"][:MAX_TEXT]
-    for name in ("mem_used", "mem_total", "gpu", "dev_mem_used"):  # gpu, dev_mem_used: #16
+    for name in ("mem_used", "mem_total"):
         if _is_int(dev.get(name)) and dev[name] >= 0:
             out[name] = dev[name]
-    if _is_num(dev.get("util")) and 0 <= dev["util"] <= 100:  # GPU columns (#16)
-        out["util"] = dev["util"]
+    return out
+
+
+def _clean_gpu(dev):
+    """The GPU columns of a device entry (#16): nvidia-smi index, memory in use on the GPU,
+    utilisation in percent, the path of the CUDA collectives."""
+    out = {}
+    for name in ("gpu", "dev_mem_used"):
+        value = dev.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[name] = value
+    util = dev.get("util")
+    if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 <= util <= 100:
+        out["util"] = util
     if dev.get("path") in ("nccl", "staged"):
         out["path"] = dev["path"]
     return out
