@@ -194,7 +194,8 @@ class _GpuPinner:
     def __init__(self, env: dict, output: RankOutput, total: int):
         from engine_native import gpu
 
-        self.devices, _ = gpu.visible_devices(env)
+        hidden = env.get("CUDA_VISIBLE_DEVICES") == ""  # --gpus none: nothing to discover
+        self.devices = [] if hidden else gpu.visible_devices(env)[0]
         self.output, self.total, self.placed = output, total, 0
 
     def __call__(self, rank_env: dict, slot) -> None:
