@@ -73,11 +73,13 @@ def start(address: str, command_address: str, key: bytes, device: dict) -> dict:
         ``{"device": "cpu" | "cuda:k", "name": ..., "mem_total": ...}`` from GPU pinning.
     """
     from hvd_magic.widgets import publisher
+    from hvd_magic.widgets.gpu_stats import GpuStats
 
     basics = engine_side._basics()
     events = getattr(basics, "timeline_events", None)
     pub = publisher.start_publisher(
         address, rank=engine_side.RANK, key=key, device=device,
+        gpu=GpuStats.for_this_process(),  # the pinned GPU's live numbers (#16)
         metrics=basics.metrics if basics is not None else None,
         events=RecentEvents(events) if events is not None else None,
         command_address=command_address,

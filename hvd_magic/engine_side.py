@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from . import gpu_pinning
+
 RANK: int | None = None
 _CORE_MODULE: str | None = None  # "engine_native.torch" or "engine_native"
 
@@ -39,27 +41,27 @@ def describe() -> dict:
     return info
 
 
-def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: bool = True) -> dict:
+def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: bool = True,
+                local_size: int | None = None) -> dict:
     """Become ``rank``: set the environment, pin a GPU, initialise the core, fill the namespace.
 
-    Returns what happened (device, core API, the core's own rank/size, or why it failed);
-    never raises, so one bad rank does not hide the others' reports.
+    The GPU is pinned first, before torch is imported, through
+    :func:`hvd_magic.gpu_pinning.pin` (``engine_native.gpu.pin_gpu``: nvidia-smi, never
+    ``torch.cuda``), so a CPU-only engine never initialises CUDA. ``local_size`` (ranks on this
+    host) tells pin_gpu when ranks share GPUs; unknown, it counts this rank as the last one.
+
+    Returns what happened (device, the pin as ``gpu``, core API, the core's own rank/size, or
+    why it failed); never raises, so one bad rank does not hide the others' reports.
     """
     global RANK, _CORE_MODULE
     RANK = rank
     os.environ.update(env)
     ns = _shell().user_ns
     out: dict = {"rank": rank, "device": "cpu", "core": None, "core_error": None}
+    out.update(_pin_gpu(gpus, local_rank, local_size or local_rank + 1))
     torch = _import("torch")
     if torch is not None:
         ns["torch"] = torch
-        try:
-            out["device"], out["device_name"] = _pin_gpu(torch, gpus, local_rank)
-            if out["device"] != "cpu":
-                out["device_memory"] = int(torch.cuda.get_device_properties(
-                    out["device"]).total_memory)
-        except Exception as exc:  # a broken CUDA setup: say so, run on CPU
-            out["device_name"] = f"GPU pinning failed: {type(exc).__name__}: {exc}"
     if not with_core:
         return out
     name = "engine_native.torch" if torch is not None else "engine_native"
@@ -83,13 +85,18 @@ def _import(name: str):
         return None
 
 
-def _pin_gpu(torch, gpus: str, local_rank: int) -> tuple[str, str]:
-    """One GPU per local rank (round robin when there are fewer GPUs than local ranks)."""
-    if gpus == "none" or not torch.cuda.is_available():
-        return "cpu", ""
-    index = local_rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    return f"cuda:{index}", torch.cuda.get_device_name(index)
+def _pin_gpu(gpus: str, local_rank: int, local_size: int) -> dict:
+    """One GPU per local rank (round robin when local ranks outnumber GPUs); see gpu_pinning."""
+    pin = gpu_pinning.pin(local_rank, local_size, gpus)
+    name = pin.get("name") or ""
+    if pin.get("gpu_index") is not None:  # narrowed, every rank's GPU is cuda:0: say which
+        name = f"GPU {pin['gpu_index']}: {name}".rstrip(": ")
+    out = {"device": pin["device"], "gpu": pin, "device_name": name}
+    if pin["device"] == "cpu" and pin.get("reason", "").startswith("GPU pinning failed"):
+        out["device_name"] = pin["reason"]
+    if pin.get("memory_bytes"):
+        out["device_memory"] = int(pin["memory_bytes"])
+    return out
 
 
 def _basics():

@@ -78,7 +78,8 @@ class HvdMagics(Magics):
     @argument("--launcher", default="mpi",
               help="ipyparallel engine launcher: mpi (default), local, slurm, pbs, ssh, ...")
     @argument("--gpus", choices=("auto", "none"), default="auto",
-              help="auto: one GPU per local rank when there are GPUs; none: hide GPUs")
+              help="auto: one GPU per local rank when there are GPUs (it is the rank's "
+                   "cuda:0); none: hide GPUs")
     @argument("--timeout", type=float, default=60.0,
               help="seconds to wait for engines to register and the core to start")
     @argument("--env", action="append", metavar="KEY=VALUE",
@@ -92,7 +93,11 @@ class HvdMagics(Magics):
         Engines start as MPI ranks by default (``mpiexec``), in their own process session
         so a notebook interrupt never kills them. Each rank gets ``hvd``
         (``engine_native.torch`` when torch is installed) and ``torch`` in its namespace
-        and, with GPUs, one GPU per local rank. Without MPI (``--launcher local``) the
+        and, with GPUs, one GPU per local rank, pinned before anything touches CUDA by
+        narrowing ``CUDA_VISIBLE_DEVICES`` (hvd_magic.gpu_pinning): the rank's GPU is its
+        ``cuda:0``, ``torch.cuda.set_device(hvd.local_rank())`` still selects it, ranks share
+        GPUs round robin when they outnumber them (said once), and CPU-only ranks never
+        initialise CUDA. Without MPI (``--launcher local``) the
         notebook runs the ranks' rendezvous. Engines get ``OMP_NUM_THREADS`` = cores / N
         unless it is set. Run cells on the ranks with ``%%hvd``. The live dashboard (a row
         per rank, throughput, Stop / timeline / autotune buttons) shows below, unless

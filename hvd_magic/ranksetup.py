@@ -26,7 +26,7 @@ import site
 import time
 import uuid
 
-from . import engine_side, preflight
+from . import engine_side, gpu_pinning, preflight
 from .errors import StartError
 from .ranks import format_ranks
 
@@ -92,7 +92,7 @@ class RankSetup:
             info.local_rank = seen.get(info.host, 0)
             seen[info.host] = info.local_rank + 1
         c.ranks = ranks
-        notes = self._init_engines(ranks, mpi=c.launcher == "mpi")
+        notes = self._init_engines(ranks, mpi=c.launcher == "mpi", local_sizes=seen)
         return ranks, notes
 
     def _rank_env(self, mpi: bool) -> list[dict]:
@@ -112,11 +112,12 @@ class RankSetup:
         return [{"HVD_RANK": str(r), "HVD_SIZE": str(n), "HVD_RENDEZVOUS": f"{bound}:{port}",
                  "HVD_SECRET": secret.hex(), "HVD_JOB_ID": job} for r in range(n)]
 
-    def _init_engines(self, ranks, mpi: bool) -> list[str]:
+    def _init_engines(self, ranks, mpi: bool, local_sizes: dict) -> list[str]:
         c = self.cluster
         envs = self._rank_env(mpi)
         pending = [c.client[r.engine_id].apply_async(engine_side.init_engine, r.rank, envs[r.rank],
-                                                     c.gpus, r.local_rank, self.with_core)
+                                                     c.gpus, r.local_rank, self.with_core,
+                                                     local_sizes[r.host])
                    for r in ranks]
         deadline = time.monotonic() + c.timeout
         for ar in pending:
@@ -128,6 +129,7 @@ class RankSetup:
                              f"{format_ranks(late)}. Fix: check that the ranks can reach each "
                              f"other (HVD_IFACE_ADDRESS, firewalls), or raise --timeout")
         notes = [self.core_note] if self.core_note else []
+        pins = []  # (host, GPU pin) per rank: ranks sharing GPUs are said once (#16)
         for info, ar in zip(ranks, pending):
             try:
                 out = ar.get()
@@ -135,9 +137,11 @@ class RankSetup:
                 raise StartError(f"rank {info.rank} failed while setting up: {exc}") from None
             info.device, info.device_name = out["device"], out.get("device_name", "")
             info.device_memory = out.get("device_memory")
+            pins.append((info.host, out.get("gpu") or {}))
             info.core, info.core_error = out["core"], out["core_error"]
             if out.get("core_rank") not in (None, info.rank):
                 notes.append(f"rank {info.rank}: the core says it is rank {out['core_rank']}")
+        notes += filter(None, [gpu_pinning.sharing_note(pins)])
         errors = {r.rank: r.core_error for r in ranks if r.core_error}
         if errors and self.with_core:
             first = next(iter(errors.values()))

@@ -15,6 +15,8 @@ keyword arguments travel by cloudpickle: an unpicklable capture is named with th
 
 from __future__ import annotations
 
+from .gpu_pinning import check_choice
+
 __all__ = ["HorovodRunner"]
 
 _VERBOSITY = ("all", "log_callback_only")
@@ -31,9 +33,13 @@ class HorovodRunner:
         ``0``: use every task slot of the cluster.
     driver_log_verbosity : "all" or "log_callback_only"
         "all" streams every rank's output to the caller; "log_callback_only" only rank 0's.
+    gpus : "auto" or "none"
+        (Not in Databricks' API.) "auto": every rank gets one GPU of its host before ``main``
+        runs (hvd_magic.gpu_pinning; ``torch.cuda.set_device(hvd.local_rank())`` still
+        works); "none": the GPUs are hidden from the ranks.
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "all"):
+    def __init__(self, np: int, driver_log_verbosity: str = "all", *, gpus: str = "auto"):
         if isinstance(np, bool) or not isinstance(np, int):
             raise TypeError(f"HorovodRunner(np=...): np must be an int, got {np!r}")
         if driver_log_verbosity not in _VERBOSITY:
@@ -41,6 +47,7 @@ class HorovodRunner:
                              f"got {driver_log_verbosity!r}")
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
+        self.gpus = check_choice(gpus, "HorovodRunner")
 
     @property
     def np(self) -> int:
@@ -62,10 +69,11 @@ class HorovodRunner:
         if self.num_processor < 0:
             from .launch.runfn import run
             return run(main, kwargs=kwargs, np=-self.num_processor, what=what,
-                       only_ranks=only)[0]
+                       only_ranks=only, gpus=self.gpus)[0]
         from .spark.driver import run_on_spark
+        hide = {"CUDA_VISIBLE_DEVICES": ""} if self.gpus == "none" else None
         return run_on_spark(main, kwargs=kwargs, num_proc=self.num_processor or None,
-                            what=what, only_ranks=only)[0]
+                            what=what, only_ranks=only, env=hide)[0]
 
     def __repr__(self) -> str:
         return f"HorovodRunner(np={self.num_processor})"

@@ -58,3 +58,32 @@ def params(d):
             v = _sig3(v)
         parts.append(f"{k}={v}")
     return " ".join(parts) if parts else "–"
+
+
+def gpu_label(row):
+    """The device column: ``'GPU 3 H100 80GB HBM3'`` (nvidia-smi's index, the name without
+    its vendor word), ``'cuda:0'`` when the index is unknown, ``'cpu'``, or ``'?'``."""
+    if not row.device.startswith("cuda"):
+        return row.device or "?"
+    label = f"GPU {row.gpu_index}" if row.gpu_index is not None else row.device
+    name = row.gpu_name.removeprefix("NVIDIA ").removeprefix("Tesla ")
+    return f"{label} {name}".rstrip()
+
+
+def gpu_path(path):
+    """The collectives' path column: ``'NCCL'``, ``'staged'``, or ``'—'`` before one ran."""
+    return {"nccl": "NCCL", "staged": "staged"}.get(path, "—")
+
+
+def gpu_title(row):
+    """The long form, for a tooltip: name, indices, memory, utilisation, path."""
+    if not row.device.startswith("cuda"):
+        return ""
+    where = f"nvidia-smi index {row.gpu_index}, " if row.gpu_index is not None else ""
+    text = (f"{row.gpu_name or 'GPU'} ({where}{row.device} in this rank): "
+            f"{mem(row.gpu_mem_used)} of {mem(row.gpu_mem_total)} held by this rank")
+    if row.gpu_dev_mem_used is not None:
+        text += f", {mem(row.gpu_dev_mem_used)} in use by all processes"
+    if row.gpu_util is not None:
+        text += f", {row.gpu_util:.0f}% busy"
+    return text + f"; CUDA collectives: {gpu_path(row.gpu_path)}"

@@ -29,10 +29,14 @@ class RankRow:
     rank: int
     host: str = ""
     pid: int = None
-    device: str = ""  # "cpu" or "cuda:k"
+    device: str = ""  # "cpu" or "cuda:k" (k: the rank's CUDA ordinal, 0 once pinned)
     gpu_name: str = ""
-    gpu_mem_used: int = None
+    gpu_mem_used: int = None  # bytes this process holds on its GPU
     gpu_mem_total: int = None
+    gpu_index: int = None  # the pinned GPU as nvidia-smi numbers it
+    gpu_util: float = None  # percent, the whole GPU
+    gpu_dev_mem_used: int = None  # bytes in use on the GPU by every process
+    gpu_path: str = ""  # "nccl" | "staged" once a CUDA collective ran
     state: str = "starting"  # starting | idle | running | collective | stalled | dead
     detail: str = "waiting for the first snapshot"
     stale_s: float = None  # seconds without a snapshot, when over the model's stale_after_s
@@ -278,7 +282,9 @@ class DashboardModel:
         return RankRow(
             rank=rank, host=snap.get("host", ""), pid=snap.get("pid"), device=device,
             gpu_name=dev.get("name", ""), gpu_mem_used=dev.get("mem_used"),
-            gpu_mem_total=dev.get("mem_total"), state=state, detail=detail, stale_s=stale,
+            gpu_mem_total=dev.get("mem_total"), gpu_index=dev.get("gpu"),
+            gpu_util=dev.get("util"), gpu_dev_mem_used=dev.get("dev_mem_used"),
+            gpu_path=dev.get("path", ""), state=state, detail=detail, stale_s=stale,
             unit=unit, rate=rate, ops_rate=st.history.rate("ar_ops"),
             samples=snap.get("samples", 0),
             spark=tuple(st.series.values()), extra=dict(snap.get("extra") or {}),

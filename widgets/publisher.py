@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 
+from .gpu_stats import gpu_path
 from .snapshot import MAX_BAR_S, MAX_EVENTS, MERGE_GAP_S, SCHEMA_VERSION, normalize_core, pack
 
 log = logging.getLogger("hvd_magic.widgets")
@@ -96,13 +97,29 @@ _HOOKS = (("pre_execute", _on_pre_execute), ("pre_run_cell", _on_pre_run_cell),
           ("post_execute", _on_post_execute))
 
 
-def _device_info(device, core_raw):
+def _device_info(device, core_raw, gpu=None):
     """``{"kind": "cpu"}`` or the CUDA device with its name and this process's memory.
 
-    ``device`` is ``"cuda:k"``, or a dict with what the magic learnt when it pinned the GPU
-    (``{"device": "cuda:k", "name": ..., "mem_total": bytes}``). Live details come from torch
-    only when it is already imported and CUDA already initialised, so this thread never
-    initialises CUDA or imports torch."""
+    ``gpu`` (a :class:`.gpu_stats.GpuStats`) gives this rank's pinned GPU with live numbers
+    (utilisation, memory); otherwise ``device`` is ``"cuda:k"``, or a dict with what the magic
+    learnt when it pinned the GPU (``{"device": "cuda:k", "name": ..., "mem_total": bytes}``),
+    and live memory comes from torch only when it is already imported and CUDA already
+    initialised. Either way this thread never initialises CUDA or imports torch. ``path``: the
+    path the core's CUDA collectives take (``metrics()["gpu_paths"]``), once one ran."""
+    try:
+        out = dict(gpu()) if gpu is not None else {}
+    except Exception:  # a GPU query must never stop the publisher
+        out = {}
+    if not out:
+        out = _known_device(device, core_raw)
+    if out.get("kind") == "cuda":
+        path = gpu_path(core_raw)
+        if path:
+            out["path"] = path
+    return out
+
+
+def _known_device(device, core_raw):
     known = dict(device) if isinstance(device, dict) else {}
     if known:
         device = known.get("device")
@@ -170,6 +187,9 @@ class Publisher:
     device : str or dict, optional
         ``"cpu"`` or ``"cuda:k"`` as pinned by the magic (or a dict, see ``_device_info``);
         else the core's ``device`` entry.
+    gpu : callable, optional
+        This rank's GPU with live numbers (:class:`.gpu_stats.GpuStats`); ``{}`` on a CPU rank,
+        which then falls back to ``device``.
     interval_s : float
         Seconds between snapshots.
     command_address : str, optional
@@ -183,13 +203,14 @@ class Publisher:
     ACK_REPEATS = 3  # snapshots that carry each answer
 
     def __init__(self, address, rank, key=None, metrics=None, events=None, device=None,
-                 interval_s=0.3, hwm=16, command_address=None, handlers=None):
+                 interval_s=0.3, hwm=16, command_address=None, handlers=None, gpu=None):
         self.address = address
         self.rank = int(rank)
         self.key = key.encode() if isinstance(key, str) else key
         self.metrics = metrics
         self.events = events
         self.device = device
+        self.gpu = gpu
         self.interval_s = interval_s
         self.hwm = hwm
         self.command_address = command_address
@@ -225,7 +246,7 @@ class Publisher:
                 self._warn_once(f"metrics() failed: {exc}")
         if isinstance(raw, dict):
             snap["core"] = normalize_core(raw)
-        snap["device"] = _device_info(self.device, raw)
+        snap["device"] = _device_info(self.device, raw, self.gpu)
         try:
             snap["events"] = _events(self.events() if self.events else (raw or {}).get("events"))
         except Exception as exc:

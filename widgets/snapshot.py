@@ -14,7 +14,10 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
     host     str    hostname
     pid      int    engine process id
     device   dict   {"kind": "cpu"} or {"kind": "cuda", "index": k, "name": "NVIDIA H100",
-                    "mem_used": bytes held by this process, "mem_total": bytes}
+                    "mem_used": bytes held by this process, "mem_total": bytes,
+                    "gpu": nvidia-smi index of the pinned GPU, "util": percent busy,
+                    "dev_mem_used": bytes in use on the GPU by all processes,
+                    "path": "nccl" | "staged" (the core's CUDA collectives; see gpu_stats)}
     busy     bool   a cell is running on the engine
     cell     str    short label of the running cell ("" when idle)
     samples  int    cumulative samples reported with report(samples=...)
@@ -160,7 +163,7 @@ def validate(obj):
     if isinstance(obj.get("busy"), bool):
         out["busy"] = obj["busy"]
     if isinstance(obj.get("device"), dict):
-        out["device"] = _clean_device(obj["device"])
+        out["device"] = {**_clean_device(obj["device"]), **_clean_gpu(obj["device"])}
     if isinstance(obj.get("extra"), dict):
         out["extra"] = _clean_scalars(obj["extra"], MAX_EXTRA)
     if isinstance(obj.get("core"), dict):
@@ -191,6 +194,22 @@ def _clean_device(dev):
     for name in ("mem_used", "mem_total"):
         if _is_int(dev.get(name)) and dev[name] >= 0:
             out[name] = dev[name]
+    return out
+
+
+def _clean_gpu(dev):
+    """The GPU columns of a device entry (#16): nvidia-smi index, memory in use on the GPU,
+    utilisation in percent, the path of the CUDA collectives."""
+    out = {}
+    for name in ("gpu", "dev_mem_used"):
+        value = dev.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            out[name] = value
+    util = dev.get("util")
+    if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 <= util <= 100:
+        out["util"] = util
+    if dev.get("path") in ("nccl", "staged"):
+        out["path"] = dev["path"]
     return out
 
 

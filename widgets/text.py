@@ -30,8 +30,9 @@ def render(model, now, max_ranks=16):
     ::
 
         hvd: 4 ranks (3 running, 1 stalled) · 1.23k samples/s · spread 4% · fusion 8.1 · compute 80%
-          r0 node1 pid 4242 cuda:0 running cell train() · 310 samples/s
-          r3 node1 pid 4250 cuda:3 stalled in allreduce 'grad.w' for 63 s, waiting for rank 1
+          r0 node1 pid 4242 GPU 0 H100 3.2 GiB 87% NCCL running cell train() · 310 samples/s
+          r3 node1 pid 4250 GPU 3 H100 3.1 GiB 0% NCCL stalled in allreduce 'grad.w' for 63 s
+          r4 node1 pid 4251 cpu idle
         autotune: bayes sample 7/20 · best fusion_threshold=64.0 MiB (score 1.2 GB/s)
     """
     rows, cl, at = model.rows(now), model.cluster(now), model.autotune()
@@ -60,9 +61,10 @@ def render(model, now, max_ranks=16):
 
 def row_text(r):
     """One rank as a line."""
-    device = r.device or "?"
-    if r.gpu_name:
-        device += f" {r.gpu_name} {fmt.mem(r.gpu_mem_used)}"
+    device = fmt.gpu_label(r)
+    if r.device.startswith("cuda"):
+        util = f" {r.gpu_util:.0f}%" if r.gpu_util is not None else ""
+        device += f" {fmt.mem(r.gpu_mem_used)}{util} {fmt.gpu_path(r.gpu_path)}"
     text = f"r{r.rank} {r.host or '?'} pid {r.pid if r.pid is not None else '?'} {device} {r.detail}"
     if r.rate is not None:
         text += f" · {fmt.rate(r.rate, r.unit)}"

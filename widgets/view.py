@@ -18,8 +18,10 @@ from . import fmt
 from .sparkline import score_plot, sparkline, timeline_strip
 from .text import autotune_text
 
-_GRID = ("display:grid;grid-template-columns:44px 120px 64px 210px minmax(260px,1fr) 150px 124px;"
-         "gap:6px;align-items:center;font:12px/1.5 monospace;white-space:nowrap")
+_COLUMNS = "44px 120px 64px 210px minmax(260px,1fr) 150px 124px"
+_GPU_COLUMNS = "44px 120px 64px 170px 64px 40px 56px minmax(220px,1fr) 150px 124px"
+_GRID = ("display:grid;grid-template-columns:{};gap:6px;align-items:center;"
+         "font:12px/1.5 monospace;white-space:nowrap")
 _STATE_COLORS = {"idle": "#777", "running": "#2e7d32", "collective": "#1565c0", "stalled": "#ef6c00",
                  "dead": "#c62828", "starting": "#999"}
 _CLICK_GRACE_S = 2.0  # after a click, the button trusts the click until the engines report it
@@ -32,20 +34,34 @@ def _cell(text, title="", cls=""):
                         cls=f' class="{cls}"' if cls else "")
 
 
-def header_html():
-    """The column titles."""
-    names = ("rank", "host", "pid", "device", "state", "throughput", "last minute")
-    return f'<div style="{_GRID};font-weight:bold;border-bottom:1px solid #ccc">' + "".join(
+def _grid(gpu):
+    return _GRID.format(_GPU_COLUMNS if gpu else _COLUMNS)
+
+
+def header_html(gpu=False):
+    """The column titles; ``gpu`` adds the GPU columns (memory held, utilisation, path)."""
+    names = ("rank", "host", "pid", "device") + (("gpu mem", "util", "path") if gpu else ()) + (
+        "state", "throughput", "last minute")
+    return f'<div style="{_grid(gpu)};font-weight:bold;border-bottom:1px solid #ccc">' + "".join(
         _cell(n) for n in names) + "</div>"
 
 
-def row_html(r):
-    """One rank as a grid row (all engine-provided text escaped)."""
-    device = escape(r.device or "?")
-    dev_title = ""
-    if r.gpu_name:
-        device += f" {escape(r.gpu_name)} {fmt.mem(r.gpu_mem_used)}"
-        dev_title = f"{r.gpu_name}: {fmt.mem(r.gpu_mem_used)} of {fmt.mem(r.gpu_mem_total)} held"
+def gpu_cells(r):
+    """The GPU columns of one rank: memory this rank holds, utilisation, collectives' path
+    (empty for a CPU rank)."""
+    if not r.device.startswith("cuda"):
+        return [_cell("", cls="hvd-gpu-mem"), _cell("", cls="hvd-gpu-util"),
+                _cell("", cls="hvd-gpu-path")]
+    util = f"{r.gpu_util:.0f}%" if r.gpu_util is not None else "–"
+    return [_cell(fmt.mem(r.gpu_mem_used), cls="hvd-gpu-mem"), _cell(util, cls="hvd-gpu-util"),
+            _cell(fmt.gpu_path(r.gpu_path), cls="hvd-gpu-path")]
+
+
+def row_html(r, gpu=False):
+    """One rank as a grid row (all engine-provided text escaped); ``gpu`` as in header_html."""
+    device = escape(fmt.gpu_label(r))
+    if r.gpu_name and not gpu:
+        device += f" {fmt.mem(r.gpu_mem_used)}"
     color = _STATE_COLORS.get(r.state, "#777")
     state = f'<span style="color:{color};font-weight:bold">{escape(r.detail)}</span>'
     if r.extra:
@@ -58,10 +74,12 @@ def row_html(r):
     if r.ops_rate is not None and r.unit != "samples/s":
         through += f" · {fmt.si(r.ops_rate, 'op/s')}"
     cells = [_cell(f"r{r.rank}"), _cell(escape(r.host or "?"), r.host),
-             _cell(str(r.pid) if r.pid is not None else "?"), _cell(device, dev_title),
-             _cell(state, r.last_error or r.detail, f"hvd-state hvd-{r.state}"),
-             _cell(through, cls="hvd-rate"), sparkline(r.spark)]
-    return (f'<div class="hvd-row" data-rank="{r.rank}" style="{_GRID}">' + "".join(cells)
+             _cell(str(r.pid) if r.pid is not None else "?"),
+             _cell(device, fmt.gpu_title(r), "hvd-device")]
+    cells += gpu_cells(r) if gpu else []
+    cells += [_cell(state, r.last_error or r.detail, f"hvd-state hvd-{r.state}"),
+              _cell(through, cls="hvd-rate"), sparkline(r.spark)]
+    return (f'<div class="hvd-row" data-rank="{r.rank}" style="{_grid(gpu)}">' + "".join(cells)
             + "</div>")
 
 
@@ -209,8 +227,10 @@ class DashboardView:
                 header = self.rows_box.children[0]
                 self._set(self.rows_box, children=(header,) + tuple(
                     self._rows[r.rank] for r in rows))
+            gpu = any(r.device.startswith("cuda") for r in rows)  # GPU columns only with a GPU
+            self._set(self.rows_box.children[0], value=header_html(gpu))
             for r in rows:
-                self._set(self._rows[r.rank], value=row_html(r))
+                self._set(self._rows[r.rank], value=row_html(r, gpu))
             self._set(self.cluster, value=cluster_html(model.cluster(now)))
             at = model.autotune()
             self._set(self.autotune, value=autotune_html(at))

@@ -24,6 +24,8 @@ import sys
 import time
 import uuid
 
+from .. import gpu_pinning
+from ..gpu_pinning import GPUS_CHOICES
 from . import config
 from . import hosts as hostlib
 from .mpi import MpiJob, build_command, find_mpiexec, mpi_flavor
@@ -51,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--ssh-identity-file", help="ssh identity (key) file")
     p.add_argument("--start-timeout", type=float,
                    help="seconds for all ranks to start and find each other (default 60)")
+    p.add_argument("--gpus", choices=GPUS_CHOICES, default="auto",
+                   help="auto: one GPU per local rank (CUDA_VISIBLE_DEVICES narrowed to it; "
+                        "torch.cuda.set_device(hvd.local_rank()) still works); none: hide the "
+                        "GPUs, CPU only (not a horovodrun flag)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", default=[],
                    help="extra environment variable for every rank (repeatable)")
     p.add_argument("--output-filename", metavar="DIR",
@@ -92,6 +98,8 @@ def _env_from_args(args) -> dict:
         stall_check_warning_time_seconds=args.stall_check_warning_time_seconds, tcp=args.tcp,
         start_timeout=args.start_timeout))
     env.update(config.parse_env_pairs(args.env))
+    if args.gpus == "none":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -176,6 +184,30 @@ def _install_signals(job: ProcessJob) -> None:
             pass
 
 
+class _GpuPinner:
+    """Pins the environment of each rank hvdrun starts on this machine (gpu_pinning.pin) from
+    one GPU discovery for all of them, and says once when ranks share GPUs. Every slot runs on
+    this machine, so ranks are placed by their order among all slots: several "hosts" naming
+    this machine (-H localhost:2,127.0.0.1:2) do not pin two ranks to one GPU. No GPU visible
+    (or --gpus none): nothing is done."""
+
+    def __init__(self, env: dict, output: RankOutput, total: int):
+        from engine_native import gpu
+
+        hidden = env.get("CUDA_VISIBLE_DEVICES") == ""  # --gpus none: nothing to discover
+        self.devices = [] if hidden else gpu.visible_devices(env)[0]
+        self.output, self.total, self.placed = output, total, 0
+
+    def __call__(self, rank_env: dict, slot) -> None:
+        if not self.devices:
+            return
+        gpu_pinning.pin(self.placed, self.total, environ=rank_env, devices=self.devices,
+                        sharing=lambda text: self.output.note(f"hvdrun: {text}"),
+                        set_device_rank=slot.local_rank)
+        gpu_pinning.child_env(rank_env)
+        self.placed += 1
+
+
 def run_local(args, command, slots, env, output) -> int:
     """Rendezvous flavour: every rank a child process of hvdrun."""
     from engine_native.rendezvous import RendezvousServer
@@ -196,10 +228,12 @@ def run_local(args, command, slots, env, output) -> int:
             output.note(f"hvdrun: {size} rank(s) on "
                         f"{','.join(sorted({s.host for s in slots}))}, rendezvous {address}, "
                         f"job {job_id}: {shlex.join(command)}")
+        pin_gpus = _GpuPinner(env, output, len(slots))
         for slot in slots:
             rank_env = config.rank_env(env, slot, size, rendezvous=address,
                                        secret_hex=secret.hex(), job_id=job_id,
                                        set_hostname=fake_hosts)
+            pin_gpus(rank_env, slot)
             try:
                 job.add(slot.rank, spawn(command, rank_env))
             except OSError as exc:

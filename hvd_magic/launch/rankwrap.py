@@ -7,6 +7,10 @@ each whole line of CMD's output as ``[rank]<stdout>:line`` / ``[rank]<stderr>:li
 write, and finally ``[rank]<exit>:code`` on stderr, which the launcher's MpiJob turns into
 "rank r failed". SIGTERM/SIGINT/SIGHUP are passed on to CMD's process group; CMD dies with
 the wrapper (PR_SET_PDEATHSIG).
+
+Before CMD starts, its environment gets this rank's GPU (hvd_magic.gpu_pinning.pin, from the
+local rank mpiexec gives: MPICH's MPI_LOCALRANKID, Open MPI's OMPI_COMM_WORLD_LOCAL_RANK);
+local rank 0 says once per host when ranks share GPUs.
 """
 
 from __future__ import annotations
@@ -55,6 +59,19 @@ def _inherited_fds() -> tuple:
     return tuple(fds)
 
 
+def _pin_gpu(rank: int, env: dict) -> None:
+    from .. import gpu_pinning
+
+    position = gpu_pinning.local_position(env)
+    if position is None:
+        return
+    local_rank, local_size = position
+    say = (lambda text: sys.stderr.write(f"[{rank}]<stderr>:hvdrun: {text}\n")) \
+        if local_rank == 0 else None
+    gpu_pinning.pin(local_rank, local_size, environ=env, sharing=say)
+    gpu_pinning.child_env(env)
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--"]:
@@ -64,6 +81,7 @@ def main(argv=None) -> int:
         return 2
     rank = _rank()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    _pin_gpu(rank, env)
     job = _Tagger(RankOutput(), grace=3.0)
     try:
         proc = spawn(argv, env, pass_fds=_inherited_fds())

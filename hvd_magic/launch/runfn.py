@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ..gpu_pinning import check_choice
 from . import config
 from . import hosts as hostlib
 from .output import RankOutput, traceback_tail
@@ -153,7 +154,7 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
         network_interfaces=None, executable: str | None = None,
         env: dict | None = None, np: int | None = None, *,
         stdout=None, stderr=None, prefix_output_with_timestamp: bool = False,
-        only_ranks=None, what: str | None = None) -> list:
+        only_ranks=None, what: str | None = None, gpus: str = "auto") -> list:
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks; return the results indexed by rank.
 
     Parameters follow ``horovod.run``: ``np``/``num_proc`` (ranks), ``hosts``
@@ -163,7 +164,9 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     local default), ``mpi_args``, ``ssh_port``, ``ssh_identity_file``, ``output_filename``,
     ``executable`` (Python of the ranks), ``verbose``. Elastic arguments are not supported.
     Beyond Horovod: ``stdout``/``stderr`` (streams for rank output), ``only_ranks`` (show
-    only these ranks' output).
+    only these ranks' output), ``gpus``: "auto" pins one GPU per local rank in each rank
+    before ``fn`` runs (``cuda:0`` is the rank's GPU and ``torch.cuda.set_device(
+    hvd.local_rank())`` still works; hvd_magic.gpu_pinning), "none" hides the GPUs.
 
     Raises
     ------
@@ -181,6 +184,7 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     if use_gloo and use_mpi:
         raise ValueError("run(): use_gloo and use_mpi exclude each other")
     what = what or f"run({_fn_name(fn)})"
+    check_choice(gpus, what)
     size = _num_proc(np, num_proc)
     payload = dumps_call(fn, tuple(args), dict(kwargs or {}), what)
     host_list = (hostlib.read_hostfile(hostfile) if hostfile
@@ -191,6 +195,8 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     base.update(config.tunables_env(start_timeout=start_timeout,
                                     cache_capacity=0 if disable_cache else None))
     base.update({k: str(v) for k, v in (env or {}).items()})
+    if gpus == "none":
+        base["CUDA_VISIBLE_DEVICES"] = ""  # each rank pins itself (launch/task.py): to nothing
     output = RankOutput(stdout, stderr, output_dir=output_filename,
                         timestamp=prefix_output_with_timestamp, only_ranks=only_ranks)
     launch = _Launch(slot_list, base, output, what, executable, bool(verbose), mpi,

@@ -1,6 +1,8 @@
 """``python -m hvd_magic.launch.task``: one rank of :func:`hvd_magic.run` (and of HorovodRunner
 and the Spark runner, which use the same rank side).
 
+0. Pin this rank's GPU (hvd_magic.gpu_pinning.pin_this_rank, from HVD_LOCAL_RANK/SIZE) before
+   anything can touch CUDA; a rank whose launcher pinned it keeps that pin.
 A. Read the cloudpickled ``(fn, args, kwargs)`` from the launcher's store (``HVD_RUN_STORE``,
    authenticated with ``HVD_SECRET``, key ``HVD_RUN_KEY/payload``).
 B. Call it. The rank initialises the core itself (``hvd.init()`` inside ``fn``), as with
@@ -57,7 +59,10 @@ def _encode(result: dict, rank: int) -> bytes:
 def main() -> int:
     from engine_native.rendezvous import RendezvousClient
 
+    from ..gpu_pinning import pin_this_rank
+
     rank = _rank()
+    pin_this_rank()  # step 0
     key = os.environ["HVD_RUN_KEY"]
     timeout = float(os.environ.get("HVD_START_TIMEOUT", "60"))
     client = RendezvousClient(os.environ["HVD_RUN_STORE"], bytes.fromhex(os.environ["HVD_SECRET"]),

@@ -8,7 +8,8 @@ A. ``BarrierTaskContext.allGather(host)``: every task learns where every rank ru
 B. Connect to the driver's log channel and say hello.
 C. Start the rank as a child process (``python -m hvd_magic.launch.task``) with the bootstrap
    environment pointing at the driver's rendezvous store; forward each of its output lines
-   and finally its exit code to the driver.
+   and finally its exit code to the driver. The rank pins a GPU of its host by its local
+   rank; when Spark's GPU scheduling gave this task GPUs, it gets those instead.
 D. Return the rank's exit code, also when it failed: the driver already knows (step C) and
    cancels the job group, which kills the other tasks (their ranks die with their worker,
    PR_SET_PDEATHSIG). Raising instead would make Spark retry the whole barrier stage, i.e.
@@ -24,6 +25,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from .. import gpu_pinning
 from ..launch import config
 from ..launch.hosts import slots_of
 from ..launch.output import RankOutput
@@ -65,6 +67,19 @@ class _Forward(ProcessJob):
             pass
 
 
+def assigned_gpus(resources, env: dict, local_rank: int) -> dict | None:
+    """When Spark assigned this task GPUs (``spark.task.resource.gpu.amount``; ``resources`` is
+    ``TaskContext.resources()``), the rank uses those, not a round-robin share of its host's:
+    ``CUDA_VISIBLE_DEVICES`` = their addresses, pinned (as one rank alone on them) to the
+    first. Returns the pin, or None (no assignment, or GPUs hidden with ``gpus="none"``)."""
+    info = (resources or {}).get("gpu")
+    addresses = [str(a) for a in getattr(info, "addresses", None) or ()]
+    if not addresses or env.get("CUDA_VISIBLE_DEVICES") == "":
+        return None
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(addresses)
+    return gpu_pinning.pin(0, 1, environ=env, set_device_rank=local_rank)
+
+
 def barrier_task(_partition, spec: TaskSpec):
     """mapPartitions function of the barrier stage (a generator, as Spark expects)."""
     from pyspark import BarrierTaskContext
@@ -88,6 +103,7 @@ def barrier_task(_partition, spec: TaskSpec):
     job_id = f"{spec.key}-{gathered[0][1]}"
     env = config.rank_env(env, slot, spec.size, rendezvous=spec.store,
                           secret_hex=spec.secret_hex, job_id=job_id, set_hostname=False)
+    assigned_gpus(ctx.resources(), env, slot.local_rank)
     env.update(HVD_RUN_STORE=spec.store, HVD_RUN_KEY=spec.key,
                HVD_START_TIMEOUT=env.get("HVD_START_TIMEOUT", f"{spec.start_timeout:g}"))
     with LogClient(spec.logs, secret, rank, connect_timeout=spec.start_timeout) as channel:
