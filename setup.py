@@ -88,6 +88,7 @@ CORE_SOURCES = [
     "runtime/device_nccl_ops.cc",
     "runtime/device_staged_ops.cc",
     "runtime/executor.cc",
+    "runtime/execution.cc",
     "runtime/submissions.cc",
     "runtime/caller_drives.cc",
     "runtime/background_loop.cc",

@@ -49,8 +49,14 @@ def placement(tensor):
 
 
 def join_device(device):
-    """The CUDA ordinal ``join(device=...)`` names, or -1 for the CPU (Horovod's default)."""
+    """The CUDA ordinal ``join(device=...)`` names, or -1 for the CPU (Horovod's default).
+
+    The default in a process that already uses CUDA is its current device: the zeros a joined
+    rank contributes to the others' CUDA collectives need a GPU."""
     if device is None or (isinstance(device, int) and device < 0):
+        if torch.cuda.is_initialized():
+            _require_cuda()
+            return torch.cuda.current_device()
         return -1
     index = torch.device('cuda', device) if isinstance(device, int) else torch.device(device)
     if index.type == 'cpu':

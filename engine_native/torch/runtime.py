@@ -193,11 +193,16 @@ class _Pending:
 # A handle is the op's first core handle, so it never collides with a handle of the C path
 # (bindings/torch_api.cc), whose kept references live in the core's table instead of here.
 _handle_map = {}
+# The tensors of ops that failed: a CUDA op's queued device work may still touch them after its
+# handle failed (the core waits only briefly for it), so they live until shutdown()/init(),
+# which drain the device streams first.
+_failed_keep = []
 
 
 def _reset_handles():
     global _noname_counter
     _handle_map.clear()
+    _failed_keep.clear()
     _core.torch_release_kept()  # the C path's handles, likewise forgotten
     _noname_counter = itertools.count()
 
@@ -283,6 +288,7 @@ def synchronize(handle):
     if error is not None:
         if isinstance(error, (ValueError, TypeError)):
             raise error
+        _failed_keep.append(record.keep)
         raise _internal_error(error)
     return record.finish([record.results[i] for i in range(len(record.core_handles))])
 

@@ -157,7 +157,8 @@ def on_device(ops, data=True):
     path = device_ops.gpu_path()
     assert min(delta["placed"], delta["ready_events"], delta["waits"]) >= ops, \
         f"expected {ops} tensors on the device path, got {delta} (path {path})"
-    moved = delta["nccl"] if path == "nccl" else delta["copies"]
+    # an NCCL set stages what NCCL cannot reduce (int16, integer Average, scaled integers)
+    moved = delta["nccl"] + delta["copies"] if path == "nccl" else delta["copies"]
     assert path in ("nccl", "staged") and (moved > 0 or not data), (ops, delta, path)
 
 

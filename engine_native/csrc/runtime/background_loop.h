@@ -132,6 +132,7 @@ class BackgroundLoop {
   };
 
   CommSlot& commFor(int32_t process_set);
+  void dropRemovedSets();
   timeline::Timeline* negotiationTimeline() const {
     return timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
   }
@@ -188,6 +189,7 @@ class BackgroundLoop {
   bool waiting_for_device_ = false;  // its head is a staged CUDA op whose inputs are in transit
   uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
   std::map<int32_t, CommSlot> comms_;
+  uint64_t comms_version_ = 0;  // sets_.version() comms_ was last pruned at
   uint64_t sets_version_ = 0;
   std::set<int32_t> registered_sets_;  // rank 0: sets the coordinator knows
   bool failed_ = false;

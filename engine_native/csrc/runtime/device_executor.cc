@@ -78,11 +78,17 @@ int DeviceExecutor::localDevice(const OpContext& op) const {
   // This rank joined: its zeros live on the set's GPU, else where join(device=...) said.
   auto it = sets_.find(op.response.process_set);
   if (it != sets_.end()) return it->second.device;
-  return join_device_ >= 0 ? join_device_ : 0;
+  return join_device_;
 }
 
 Status DeviceExecutor::prepare(OpContext& op) {
   const int device = localDevice(op);
+  if (device < 0) {
+    return common::invalidArgument(
+        "rank " + std::to_string(op.comm.globalRank(op.comm.rank())) + " joined with "
+        "join(device=-1) before running a CUDA op, and the other ranks reduce CUDA tensors: "
+        "its zeros need a GPU; call join(device=<cuda ordinal>) there");
+  }
   for (const TensorEntry* e : op.entries) {  // a fused batch: every tensor on that GPU
     if (e != nullptr && e->request.device != device) {
       return common::internalError("a batch of CUDA tensors spans cuda:" +
@@ -149,9 +155,8 @@ Status DeviceExecutor::waitForInputs(const OpContext& op) {
   return Status::ok();
 }
 
-// NCCL cannot run this reduction (Note [Scaling without kernels] in communicator.h): stage it.
-bool DeviceExecutor::staged(const OpContext& op, double scale) const {
-  if (current_.set->path == Path::kStaged) return true;
+// Note [Scaling without kernels] in communicator.h: what NCCL cannot reduce is staged.
+bool DeviceExecutor::ncclCannotReduce(const OpContext& op, double scale) const {
   return !nccl::ncclCanReduce(*nccl::ncclApi(), op.response.dtype, op.response.reduce_op, scale);
 }
 
@@ -177,7 +182,8 @@ bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
   const coord::Response& r = op.response;
   const bool reduction = r.type == coord::OpType::kAllreduce ||
                          r.type == coord::OpType::kReducescatter;
-  return reduction ? staged(op, r.prescale * r.postscale) : current_.set->path == Path::kStaged;
+  return current_.set->path == Path::kStaged ||
+         (reduction && ncclCannotReduce(op, r.prescale * r.postscale));
 }
 
 Status DeviceExecutor::inputsReady(OpContext& op, bool* ready) {
@@ -201,9 +207,23 @@ Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
   return Status::ok();
 }
 
+bool DeviceExecutor::dropProcessSet(int32_t id) {
+  auto it = sets_.find(id);
+  if (it == sets_.end()) return true;
+  if (busy()) return false;  // its communicator may still have work queued
+  sets_.erase(it);
+  return true;
+}
+
 Status DeviceExecutor::poll(std::vector<DeviceCompletion>* done) {
-  if (in_flight_.empty()) return Status::ok();
   const auto now = Clock::now();
+  if (staging_.queued && now - staging_.since > std::chrono::duration<double>(
+                                                     config_.timeout_seconds)) {
+    return common::timedOut("a staged CUDA op's inputs did not reach host memory within "
+                            "HVD_TIMEOUT=" + std::to_string(config_.timeout_seconds) +
+                            " s: a kernel that produces them never finishes");
+  }
+  if (in_flight_.empty()) return Status::ok();
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
     bool finished = false;
     HVD_RETURN_IF_ERROR(it->stream->query(it->done, &finished));

@@ -1,13 +1,8 @@
-// DeviceExecutor: the OpExecutor for CUDA tensors (Response::device >= 0), the device mirror of
-// CpuExecutor. Per process set it picks a path once, the same on every member (Note [Device
-// path choice] in device_path.cc): NCCL when every member has a GPU of its own and NCCL loads,
-// else the staged path (device -> pinned host -> the CPU algorithms over shm/tcp -> device,
-// Note [Staged fallback] in transport/nccl/device_stream.h). Reductions NCCL cannot run
-// (int16, scaled integers, scaled Min/Max/Product) are staged in an NCCL set too.
-// Work is queued on this rank's device stream; an op method returns with it in flight and
-// queueCompletion() records its end. poll() hands back the ops whose end has passed (Note
-// [Deferred completion] in device_executor.cc). Created at the first CUDA response, so a
-// CPU-only job never touches CUDA. Background thread only (whoever holds the progress lock).
+// DeviceExecutor: the OpExecutor for CUDA tensors, the device mirror of CpuExecutor: per
+// process set NCCL or the staged path (Note [Device path choice] in device_path.cc), work
+// queued on this rank's device stream and completed later (Note [Deferred completion] in
+// device_executor.cc). Created by the Executor at the first CUDA response (a CPU-only job
+// never touches CUDA); background thread only (whoever holds the loop's progress lock).
 #pragma once
 
 #include <chrono>
@@ -63,13 +58,16 @@ class DeviceExecutor : public OpExecutor {
   // made no progress for HVD_TIMEOUT or NCCL reported an asynchronous error: the loop fails
   // the core with it.
   common::Status poll(std::vector<DeviceCompletion>* done);
-  bool busy() const { return !in_flight_.empty(); }
+  bool busy() const { return !in_flight_.empty() || staging_.queued; }
   // Failure, abort or shutdown: aborts every NCCL communicator when the core failed or ops
   // are in flight (a collective waiting on a lost peer returns), waits a bounded time for the
   // streams, and hands back every op in flight.
   void abort(std::vector<DeviceCompletion>* all, bool core_failed);
   // join(device=...): where this rank's zeros live when it has no tensor of its own.
   void noteJoinDevice(int device) { join_device_ = device; }
+  // A process set was removed: its communicator goes (false while its work is in flight:
+  // call again later).
+  bool dropProcessSet(int32_t id);
 
  private:
   enum class Path { kNccl, kStaged };
@@ -86,9 +84,9 @@ class DeviceExecutor : public OpExecutor {
 
   common::Status setUp(OpContext& op, int device);
   transport::nccl::DeviceStream& stream() { return *current_.stream; }
-  int localDevice(const OpContext& op) const;
+  int localDevice(const OpContext& op) const;  // -1: this rank has no device for it
   common::Status waitForInputs(const OpContext& op);
-  bool staged(const OpContext& op, double scale) const;
+  bool ncclCannotReduce(const OpContext& op, double scale) const;
   transport::nccl::NcclCommunicator& nccl() { return *current_.set->nccl; }
   common::Status ncclAllreduce(OpContext& op);
   common::Status stagedAllreduce(OpContext& op);
@@ -121,6 +119,9 @@ class DeviceExecutor : public OpExecutor {
   std::deque<InFlight> in_flight_;  // queue order (= stream order: one stream per device)
   struct Staging {  // the staged op at the head of the loop's queue (device_staged_ops.cc, A)
     bool queued = false;
+    coord::Key first;  // whose inputs these are (the response's first name, its set)
+    int32_t process_set = -1;
+    std::chrono::steady_clock::time_point since;
     transport::nccl::DeviceStream* stream = nullptr;
     transport::nccl::CudaEvent event = nullptr;  // after its copies to host memory
     uint8_t* host = nullptr;

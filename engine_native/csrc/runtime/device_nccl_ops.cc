@@ -53,8 +53,9 @@ Status DeviceExecutor::ncclAllreduce(OpContext& op) {
     size_t offset = 0;
     for (size_t i = 0; i < r.keys.size(); ++i) {
       const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      HVD_RETURN_IF_ERROR(entries[i] != nullptr ? stream().copy(base + offset, entries[i]->input, n)
-                                                : stream().zero(base + offset, n));
+      HVD_RETURN_IF_ERROR(entries[i] != nullptr
+                              ? stream().copy(base + offset, entries[i]->input, n)
+                              : stream().zero(base + offset, n));
       offset += n;
     }
     op.activities.end();
@@ -65,7 +66,9 @@ Status DeviceExecutor::ncclAllreduce(OpContext& op) {
     offset = 0;
     for (size_t i = 0; i < r.keys.size(); ++i) {
       const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      if (entries[i] != nullptr) HVD_RETURN_IF_ERROR(stream().copy(entries[i]->output, base + offset, n));
+      if (entries[i] != nullptr) {
+        HVD_RETURN_IF_ERROR(stream().copy(entries[i]->output, base + offset, n));
+      }
       offset += n;
     }
     op.activities.end();

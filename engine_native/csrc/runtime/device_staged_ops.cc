@@ -62,13 +62,18 @@ void singleInputSizes(const OpContext& op, size_t* in, size_t* out) {
 // A: allreduce packs every tensor of the batch at its offset; the others put their one input
 // first and leave room for the CPU algorithm's result after it.
 Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
+  const coord::Response& r = op.response;
+  const coord::Key first = r.keys.empty() ? coord::Key() : r.keys[0];
+  if (staging_.queued && (staging_.first != first || staging_.process_set != r.process_set)) {
+    staging_.stream->release(staging_.event);  // left by a response that was dropped unrun
+    staging_ = Staging();
+  }
   if (staging_.queued) {
     bool finished = false;
     HVD_RETURN_IF_ERROR(stream().query(staging_.event, &finished));
     *landed = finished;
     return Status::ok();
   }
-  const coord::Response& r = op.response;
   void* host = nullptr;
   if (r.type == OpType::kAllreduce) {
     const size_t elem = common::dataTypeSize(r.dtype);
@@ -87,10 +92,15 @@ Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
     size_t in = 0, out = 0;
     singleInputSizes(op, &in, &out);
     HVD_RETURN_IF_ERROR(stream().hostBuffer(roundUp(in) + out, &host));
-    if (op.entries[0] != nullptr) HVD_RETURN_IF_ERROR(stream().copy(host, op.entries[0]->input, in));
+    if (op.entries[0] != nullptr) {
+      HVD_RETURN_IF_ERROR(stream().copy(host, op.entries[0]->input, in));
+    }
     staging_.out_offset = roundUp(in);
   }
   staging_.host = static_cast<uint8_t*>(host);
+  staging_.first = first;
+  staging_.process_set = r.process_set;
+  staging_.since = std::chrono::steady_clock::now();
   staging_.stream = &stream();
   HVD_RETURN_IF_ERROR(stream().record(&staging_.event));
   staging_.queued = true;

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <chrono>
+#include <optional>
 
 #include "common/logging.h"
 
@@ -153,11 +154,14 @@ Status Executor::readyToExecute(const coord::Response& r, EntryTable& table,
   lookUp(r, table);
   TensorEntry* first = entries_.empty() ? nullptr : entries_[0];
   if (&implementationFor(r, first) != device_.get()) return Status::ok();
+  transport::nccl::DeviceRestorer restore;  // this may be a framework thread (caller drives)
   const auto choice = algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce());
   OpResult unused;
   OpContext op{r, entries_, comm, *this, choice, &unused};
-  HVD_RETURN_IF_ERROR(device_->prepare(op));
-  return device_->inputsReady(op, ready);
+  Status status = device_->prepare(op);
+  if (status.isOk()) status = device_->inputsReady(op, ready);
+  if (!status.isOk() && refine_) status = refine_(status);  // as execute() does
+  return status;
 }
 
 Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
@@ -181,10 +185,12 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   auto t0 = std::chrono::steady_clock::now();
   const auto choice = algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce());
   OpContext op{r, entries_, comm, *this, choice, &result};
+  // A join or a barrier carries no tensor, whatever device join(device=...) named.
+  const bool on_device = r.type != OpType::kJoin && r.type != OpType::kBarrier &&
+                         (first != nullptr ? first->request.device >= 0 : r.device >= 0);
+  std::optional<transport::nccl::DeviceRestorer> restore;  // the thread may be a framework's
+  if (on_device) restore.emplace();
   status = run(op, first);
-  const bool on_device = first != nullptr ? first->request.device >= 0
-                                          : r.device >= 0 && r.type != OpType::kJoin &&
-                                                r.type != OpType::kBarrier;
   if (status.isOk() && on_device) {
     status = device_->queueCompletion(
         DeviceCompletion{done_handles_, std::move(result), openSpans(r), Status::ok()});
@@ -201,6 +207,8 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   for (coord::Key key : r.keys) table.erase(key);
   return status;
 }
+
+bool Executor::dropProcessSet(int32_t id) { return !device_ || device_->dropProcessSet(id); }
 
 void Executor::noteJoinDevice(int device) {
   join_device_ = device;

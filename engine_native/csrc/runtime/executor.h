@@ -57,6 +57,9 @@ class Executor : private ActivityLog {
   // This rank submitted join(device=...): from now on its zeros for CUDA ops live there (the
   // peers' ops that need them run before the join itself completes).
   void noteJoinDevice(int device);
+  // A process set was removed: its device state goes (false: device work still in flight,
+  // try again later).
+  bool dropProcessSet(int32_t id);
 
   // Completes the device ops whose stream work has run. A non-OK result (no progress for
   // HVD_TIMEOUT, an NCCL error) is for the loop to fail the core with.

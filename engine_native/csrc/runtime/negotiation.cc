@@ -17,13 +17,18 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 // A kAbort payload is the failing rank's status code (one byte) followed by its message
-// (Note [Failure fan-out]); anything else reads as a plain abort.
+// (Note [Failure fan-out]); anything else reads as a plain abort. A peer's own mistake (a
+// ValueError there) is an abort here: this rank did nothing wrong.
 Status statusFromAbort(const std::string& payload) {
   if (!payload.empty()) {
     auto code = static_cast<common::Code>(static_cast<unsigned char>(payload[0]));
     if (code == common::Code::kPeerLost || code == common::Code::kTimeout ||
         code == common::Code::kAborted || code == common::Code::kInternal) {
       return Status(code, payload.substr(1));
+    }
+    if (code == common::Code::kInvalidArgument || code == common::Code::kTypeError ||
+        code == common::Code::kMismatch) {
+      return common::aborted(payload.substr(1));
     }
   }
   return common::aborted(payload);

@@ -23,6 +23,7 @@ Status cudaFailure(const nccl::CudaApi& cuda, int error, const char* call, int d
 
 class EventPool {
  public:
+  // The caller made `device` current: an event belongs to the device current at its creation.
   Status take(const nccl::CudaApi& cuda, int device, nccl::CudaEvent* out) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -33,14 +34,7 @@ class EventPool {
         return Status::ok();
       }
     }
-    // An event belongs to the device current at its creation: select it on this (framework)
-    // thread for the call only, and give the thread its device back.
-    int previous = -1;
-    int error = cuda.getDevice(&previous);
-    if (error == nccl::kCudaSuccess && previous != device) error = cuda.setDevice(device);
-    if (error != nccl::kCudaSuccess) return cudaFailure(cuda, error, "cudaSetDevice", device);
-    error = cuda.eventCreateWithFlags(out, nccl::kCudaEventDisableTiming);
-    if (previous != device) cuda.setDevice(previous);
+    const int error = cuda.eventCreateWithFlags(out, nccl::kCudaEventDisableTiming);
     if (error != nccl::kCudaSuccess) {
       return cudaFailure(cuda, error, "cudaEventCreateWithFlags", device);
     }
@@ -82,13 +76,25 @@ Status ReadyEvent::record(int device, nccl::CudaStream producer) {
         "a CUDA tensor reached the core before the CUDA runtime was loaded; "
         "engine_native.gpu.require_cuda() loads it (engine_native.torch calls it for you)");
   }
-  nccl::CudaEvent event = nullptr;
-  HVD_RETURN_IF_ERROR(pool().take(*cuda, device, &event));
-  const int error = cuda->eventRecord(event, producer);
-  if (error != nccl::kCudaSuccess) {
-    pool().give(device, event);
-    return cudaFailure(*cuda, error, "cudaEventRecord", device);
+  // The tensor's device is current for the call (stream 0 is the legacy stream of the
+  // current device), and the framework thread gets its own device back afterwards.
+  int previous = -1;
+  int error = cuda->getDevice(&previous);
+  if (error != nccl::kCudaSuccess) return cudaFailure(*cuda, error, "cudaGetDevice", device);
+  if (previous != device && (error = cuda->setDevice(device)) != nccl::kCudaSuccess) {
+    return cudaFailure(*cuda, error, "cudaSetDevice", device);
   }
+  nccl::CudaEvent event = nullptr;
+  Status status = pool().take(*cuda, device, &event);
+  if (status.isOk()) {
+    error = cuda->eventRecord(event, producer);
+    if (error != nccl::kCudaSuccess) {
+      pool().give(device, event);
+      status = cudaFailure(*cuda, error, "cudaEventRecord", device);
+    }
+  }
+  if (previous != device) cuda->setDevice(previous);
+  HVD_RETURN_IF_ERROR(status);
   event_ = event;
   device_ = device;
   return Status::ok();

@@ -1,8 +1,8 @@
 // ReadyEvent: the CUDA event a framework thread records on a tensor's producer stream when it
 // enqueues the op (Note [Stream ordering] in transport/nccl/device_stream.h); the device
 // executor makes its stream wait on it, then the event returns to a per-device pool. Owned by
-// the TensorEntry (move-only): an entry dropped without executing (abort, mismatch) returns
-// its event too. record() runs on framework threads, release on the background thread: the
+// the TensorEntry (move-only): an entry dropped without executing (abort, mismatch, a cleared
+// table) returns its event too. record() runs on framework threads, release on the background thread: the
 // pool is locked. The pool lives for the whole process (events outlive any one init()).
 #pragma once
 

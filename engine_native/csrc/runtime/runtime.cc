@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "transport/nccl/loader.h"
 
 namespace hvd::runtime {
 
@@ -59,6 +60,7 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   rank_ = rank;
   size_ = static_cast<int>(peers.size());
   sets_.reset(size_);
+  set_devices_.clear();
   metrics_.reset();
   std::set<std::string> hosts;
   for (const auto& peer : peers) hosts.insert(peer.host_id);
@@ -308,6 +310,9 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
     entries[i].request.request_rank = rank_;
     HVD_RETURN_IF_ERROR(validate(&entries[i].request, names[i]));
   }
+  for (size_t i = 0; i < count; ++i) {
+    HVD_RETURN_IF_ERROR(checkDevice(entries[i].request, names[i]));
+  }
   for (size_t i = 0; i < count; ++i) {  // Note [Stream ordering] in nccl/device_stream.h
     HVD_RETURN_IF_ERROR(recordReady(&entries[i]));
   }
@@ -318,6 +323,27 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
     for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);
   }
   return status;
+}
+
+// One GPU per rank and process set (as Horovod: one GPU per process): the set's communicator
+// lives on it. A tensor elsewhere is this rank's mistake, caught here, before any rank runs it.
+Status Runtime::checkDevice(const coord::Request& r, std::string_view name) {
+  if (r.device < 0 || r.type == OpType::kBarrier) return Status::ok();
+  if (r.type == OpType::kJoin) {  // where this rank's zeros will live: a device it has
+    const transport::nccl::CudaApi* cuda = transport::nccl::cudaApi();
+    int count = 0;
+    if (cuda == nullptr || cuda->getDeviceCount(&count) != 0 || r.device >= count) {
+      return common::invalidArgument("join(device=" + std::to_string(r.device) + "): this "
+                                     "process has " + std::to_string(count) + " CUDA device(s)");
+    }
+    return Status::ok();
+  }
+  const auto [it, first] = set_devices_.emplace(r.process_set, r.device);
+  if (first || it->second == r.device) return Status::ok();
+  return common::invalidArgument(
+      describe(r, name) + ": this rank's CUDA tensors of process set " +
+      std::to_string(r.process_set) + " are on cuda:" + std::to_string(it->second) +
+      ", this one is on cuda:" + std::to_string(r.device) + "; keep them on one GPU per rank");
 }
 
 // A CUDA tensor's op waits (on the device) for its producer's stream as it is now.

@@ -7,6 +7,7 @@
 // records into them and both are torn down only after the loop has stopped.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -89,6 +90,7 @@ class Runtime {
  private:
   common::Status validate(coord::Request* request, std::string_view name) const;
   common::Status recordReady(TensorEntry* entry) const;
+  common::Status checkDevice(const coord::Request& request, std::string_view name);
   // Validates and submits; entries' handles are created here.
   common::Status submitLocked(TensorEntry* entries, const std::string_view* names, size_t count,
                               bool wake);
@@ -101,6 +103,7 @@ class Runtime {
   std::shared_ptr<BackgroundLoop> loop_;  // shared: a driving caller keeps it alive
   common::Config config_;
   ProcessSetTable sets_;
+  std::map<int32_t, int> set_devices_;  // this rank's GPU per process set (guarded by mutex_)
   HandleTable handles_;
   Metrics metrics_;
   int rank_ = -1;

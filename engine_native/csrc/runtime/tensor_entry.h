@@ -49,11 +49,15 @@ class EntryTable {
   void erase(coord::Key key) {
     TensorEntry* entry = find(key);
     if (entry == nullptr) return;
+    entry->ready.reset();  // an op that never ran on the device still holds its event
     slots_[key.index].used = false;
     --size_;
   }
   void clear() {
-    for (Slot& slot : slots_) slot.used = false;
+    for (Slot& slot : slots_) {
+      if (slot.used) slot.entry.ready.reset();
+      slot.used = false;
+    }
     size_ = 0;
   }
   bool empty() const { return size_ == 0; }

@@ -99,9 +99,6 @@ struct NcclApi {
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaErrorNotReady = 600;
 // cudaMemcpyKind
-constexpr int kCudaMemcpyHostToDevice = 1;
-constexpr int kCudaMemcpyDeviceToHost = 2;
-constexpr int kCudaMemcpyDeviceToDevice = 3;
 constexpr int kCudaMemcpyDefault = 4;        // direction inferred (unified addressing)
 // flags
 constexpr unsigned kCudaStreamNonBlocking = 0x1;
@@ -118,7 +115,7 @@ using CudaStreamFn = int (*)(CudaStream stream);  // cudaStreamDestroy, cudaStre
 using CudaStreamWaitEventFn = int (*)(CudaStream stream, CudaEvent event, unsigned flags);
 using CudaEventCreateWithFlagsFn = int (*)(CudaEvent* event, unsigned flags);
 using CudaEventRecordFn = int (*)(CudaEvent event, CudaStream stream);
-using CudaEventFn = int (*)(CudaEvent event);      // Query, Synchronize, Destroy
+using CudaEventFn = int (*)(CudaEvent event);      // Query, Destroy
 using CudaMallocFn = int (*)(void** pointer, size_t bytes);  // cudaMalloc, cudaMallocHost
 using CudaFreeFn = int (*)(void* pointer);                   // cudaFree, cudaFreeHost
 using CudaMemcpyAsyncFn = int (*)(void* dst, const void* src, size_t bytes, int kind,
@@ -142,7 +139,6 @@ struct CudaApi {
   CudaEventCreateWithFlagsFn eventCreateWithFlags = nullptr;
   CudaEventRecordFn eventRecord = nullptr;
   CudaEventFn eventQuery = nullptr;
-  CudaEventFn eventSynchronize = nullptr;
   CudaEventFn eventDestroy = nullptr;
   CudaMallocFn malloc = nullptr;
   CudaFreeFn free = nullptr;

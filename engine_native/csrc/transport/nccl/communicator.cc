@@ -3,6 +3,7 @@
 // int16 included — can use them; reductions need an NCCL type (ncclDataTypeOf).
 #include "transport/nccl/communicator.h"
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -32,6 +33,9 @@ int ncclDataTypeOf(DataType dtype) {
 
 bool ncclCanReduce(const NcclApi& api, DataType dtype, ReduceOp op, double scale) {
   if (ncclDataTypeOf(dtype) < 0 || op == ReduceOp::kAdasum) return false;
+  // ncclAvg divides integers exactly; Horovod (and the CPU and staged paths) multiply the sum
+  // by 1/size in double and truncate. Staging keeps one answer on every path.
+  if (op == ReduceOp::kAverage && !common::isFloatingPoint(dtype)) return false;
   if (scale == 1.0) return true;
   const bool sum_like = op == ReduceOp::kSum || op == ReduceOp::kAverage;
   return sum_like && common::isFloatingPoint(dtype) && api.redOpCreatePreMulSum != nullptr &&
@@ -40,11 +44,12 @@ bool ncclCanReduce(const NcclApi& api, DataType dtype, ReduceOp op, double scale
 
 NcclCommunicator::~NcclCommunicator() {
   if (comm_ == nullptr) return;
-  if (broken_) {
+  // Queued collectives finish first; ones that do not (a peer gone) are aborted, never waited
+  // for without bound.
+  if (broken_ || !stream_.drain(std::chrono::steady_clock::now() + std::chrono::seconds(2))) {
     nccl_->commAbort(comm_);
     return;
   }
-  stream_.synchronize();  // let queued collectives finish before the communicator goes
   nccl_->commDestroy(comm_);
 }
 

@@ -14,8 +14,9 @@
 // NCCL: Average with no other scale is ncclAvg; any other scale on a floating-point Sum or
 // Average becomes a pre-multiplied sum (ncclRedOpCreatePreMulSum, NCCL 2.11+) with the factor
 // prescale * postscale (/ size for Average), which equals scaling before and after up to
-// rounding. Whatever ncclCanReduce() rejects (scaled Min/Max/Product, scaled integers, int16,
-// Adasum, or no PreMulSum) goes to the staged fallback, where the CPU code applies it.
+// rounding. Whatever ncclCanReduce() rejects (scaled Min/Max/Product, scaled integers, integer
+// Average, int16, Adasum, or no PreMulSum) goes to the staged fallback, where the CPU code
+// applies it.
 #pragma once
 
 #include <cstddef>

@@ -3,17 +3,37 @@
 #include "transport/nccl/device_stream.h"
 
 #include <string>
+#include <thread>
 
+#include "common/logging.h"
 #include "transport/nccl/loader.h"
 
 namespace hvd::transport::nccl {
 
 using common::Status;
 
+DeviceRestorer::DeviceRestorer() {
+  const CudaApi* cuda = cudaApi();
+  if (cuda != nullptr && cuda->getDevice(&device_) != kCudaSuccess) device_ = -1;
+}
+
+DeviceRestorer::~DeviceRestorer() {
+  const CudaApi* cuda = cudaApi();
+  int now = -1;
+  if (cuda == nullptr || device_ < 0 || cuda->getDevice(&now) != kCudaSuccess) return;
+  if (now != device_) cuda->setDevice(device_);
+}
+
 DeviceStream::~DeviceStream() {
   if (cuda_ == nullptr) return;
+  DeviceRestorer restore;
   if (device_ >= 0) cuda_->setDevice(device_);
-  if (stream_ != nullptr) cuda_->streamSynchronize(stream_);
+  if (stream_ != nullptr && !drain(std::chrono::steady_clock::now() + std::chrono::seconds(2))) {
+    HVD_LOG(kWarning, "transport") << "the core's CUDA stream on cuda:" << device_
+                                   << " still has work queued after 2 s (a kernel it waits "
+                                   << "for does not finish); its buffers stay allocated";
+    return;
+  }
   for (CudaEvent event : all_events_) cuda_->eventDestroy(event);
   freeRetired();
   if (device_buffer_ != nullptr) cuda_->free(device_buffer_);
@@ -39,7 +59,7 @@ Status DeviceStream::init(int device) {
   cuda_ = cudaApi();
   if (cuda_ == nullptr) {
     return common::internalError(
-        "the CUDA runtime is not loaded (engine_native.gpu.require_nccl() loads it at the first "
+        "the CUDA runtime is not loaded (engine_native.gpu.require_cuda() loads it at the first "
         "CUDA tensor)");
   }
   device_ = device;
@@ -109,6 +129,18 @@ Status DeviceStream::zero(void* dst, size_t bytes) {
 
 Status DeviceStream::synchronize() {
   return check(cuda_->streamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline) {
+  CudaEvent marker = nullptr;
+  if (!record(&marker).isOk()) return false;
+  bool finished = false;
+  while (query(marker, &finished).isOk() && !finished &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  release(marker);
+  return finished;
 }
 
 Status DeviceStream::record(CudaEvent* event) {

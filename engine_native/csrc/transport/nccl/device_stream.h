@@ -22,6 +22,7 @@
 // runtime/device_staged_ops.cc.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -31,10 +32,26 @@
 
 namespace hvd::transport::nccl {
 
+// Gives the calling thread its current CUDA device back at the end of a scope: the loop's
+// passes, which select the device they work on, may run on a framework thread (Note [Caller
+// drives] in runtime/caller_drives.cc), and that thread's device is the framework's business.
+class DeviceRestorer {
+ public:
+  DeviceRestorer();  // no-op while the CUDA runtime is not loaded
+  ~DeviceRestorer();
+  DeviceRestorer(const DeviceRestorer&) = delete;
+  DeviceRestorer& operator=(const DeviceRestorer&) = delete;
+
+ private:
+  int device_ = -1;
+};
+
 class DeviceStream {
  public:
   DeviceStream() = default;
-  ~DeviceStream();  // drains the stream, then frees buffers, events and the stream
+  // Waits up to 2 s for queued work, then frees buffers, events and the stream; when the work
+  // does not finish (a kernel it waits for hangs) they are left allocated, never freed under it.
+  ~DeviceStream();
   DeviceStream(const DeviceStream&) = delete;
   DeviceStream& operator=(const DeviceStream&) = delete;
 
@@ -66,6 +83,8 @@ class DeviceStream {
   common::Status zero(void* dst, size_t bytes);
   // The host waits for everything queued on this stream.
   common::Status synchronize();
+  // The same, bounded: false when `deadline` passed first (or the stream failed).
+  bool drain(std::chrono::steady_clock::time_point deadline);
 
   // Completion events, pooled. record() marks everything queued so far; query() never blocks;
   // release() returns the event to the pool once nobody waits on it any more.

@@ -93,7 +93,6 @@ void bindCuda(SymbolBinder& b, CudaApi* api) {
   b.bind("cudaEventCreateWithFlags", &api->eventCreateWithFlags);
   b.bind("cudaEventRecord", &api->eventRecord);
   b.bind("cudaEventQuery", &api->eventQuery);
-  b.bind("cudaEventSynchronize", &api->eventSynchronize);
   b.bind("cudaEventDestroy", &api->eventDestroy);
   b.bind("cudaMalloc", &api->malloc);
   b.bind("cudaFree", &api->free);
