@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 
 import psutil
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
@@ -99,13 +98,3 @@ def stop_cluster(shell) -> None:
         while cluster_processes([cid]) and time.monotonic() < deadline:
             time.sleep(0.2)
         kill_strays([cid])
-
-
-def core_built() -> bool:
-    from hvd_magic.ranksetup import core_available
-
-    return core_available()
-
-
-needs_core = pytest.mark.skipif(not core_built(),
-                                reason="engine_native._core is not built (pip install -e .)")

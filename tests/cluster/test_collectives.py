@@ -11,11 +11,10 @@ import signal
 import threading
 
 import pytest
-from cluster_harness import needs_core
 
 from hvd_magic.errors import CellInterrupted, RankError, strip_ansi
 
-pytestmark = [pytest.mark.timeout(150), needs_core]
+pytestmark = pytest.mark.timeout(150)
 
 SKIP_ONE = ("%%hvd{opts}\nx = torch.ones(4)\nif hvd.rank() != 1:\n"
             "    hvd.allreduce(x, name='grad.fc1')\n'done'")

@@ -9,9 +9,9 @@ import re
 import time
 
 import pytest
-from cluster_harness import REPO, kill_strays, needs_core
+from cluster_harness import REPO, kill_strays
 
-pytestmark = [pytest.mark.timeout(300), needs_core]
+pytestmark = pytest.mark.timeout(300)
 
 TRAIN_S = 5.0
 # Every rank stops at the same step: the decision is an allreduce (a time-based loop alone

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from cluster_harness import cluster_processes, core_built, kill_strays
+from cluster_harness import cluster_processes, kill_strays
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -105,7 +105,6 @@ def test_comm_message_stops_an_awaiting_cell(kernel):
     assert "stop button" in text
 
 
-@pytest.mark.skipif(not core_built(), reason="engine_native._core is not built")
 def test_interrupt_in_a_stuck_collective_reports_and_recovers(kernel):
     msg_id = kernel.start("%%hvd\nx = torch.ones(4)\nif hvd.rank() == 0:\n"
                           "    hvd.allreduce(x, name='grad')\n'done'")

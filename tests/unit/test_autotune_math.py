@@ -1,10 +1,12 @@
 """The autotuner's math through ``engine_native._core``: Gaussian-process regression
-(``gp_fit_predict``, checked against scikit-learn where it is installed) and the Bayesian
+(``gp_fit_predict``, checked against scikit-learn) and the Bayesian
 optimizer (``autotune_maximize``) against Python objectives."""
 import math
 
 import numpy as np
 import pytest
+from sklearn import gaussian_process as gp
+from sklearn.gaussian_process import kernels
 
 from engine_native import _core
 
@@ -193,8 +195,6 @@ def test_gp_rejects_bad_input():
 
 @pytest.mark.parametrize("kernel", ["rbf", "matern52"])
 def test_gp_matches_scikit_learn_with_fixed_hyperparameters(kernel):
-    gp = pytest.importorskip("sklearn.gaussian_process")
-    kernels = pytest.importorskip("sklearn.gaussian_process.kernels")
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, size=(12, 2))
     y = np.sin(4 * x[:, 0]) + x[:, 1] ** 2

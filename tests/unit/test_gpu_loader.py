@@ -22,11 +22,15 @@ from engine_native import _core, gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(engine_native.__file__)))
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-HAS_LOADER = hasattr(_core, "nccl_load")
-needs_loader = pytest.mark.skipif(
-    not HAS_LOADER or CC is None,
-    reason="engine_native._core has no nccl_load (bindings/nccl.cc not built in)"
-    if not HAS_LOADER else "no C compiler to build fake libraries")
+# The loader ships in every build of the core, and building the core needed a C++ compiler:
+# a missing one is a broken install, which fails these tests instead of skipping them.
+needs_loader = pytest.mark.usefixtures("loader_prerequisites")
+
+
+@pytest.fixture
+def loader_prerequisites():
+    assert hasattr(_core, "nccl_load"), "engine_native._core has no nccl_load: rebuild the core"
+    assert CC is not None, "no C compiler (cc or gcc) to build the fake libraries"
 
 # The symbols the loader binds besides the version entry points (its bind(...) calls).
 _BOUND = re.findall(r'bind\("(\w+)"', (pathlib.Path(__file__).parents[2] / "engine_native" /

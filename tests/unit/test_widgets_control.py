@@ -6,13 +6,11 @@ import time
 
 import pytest
 
-zmq = pytest.importorskip("zmq")
-
-from hvd_magic.widgets import control as C  # noqa: E402
-from hvd_magic.widgets import hub as H  # noqa: E402
-from hvd_magic.widgets import model as M  # noqa: E402
-from hvd_magic.widgets import publisher as P  # noqa: E402
-from hvd_magic.widgets import snapshot as S  # noqa: E402
+from hvd_magic.widgets import control as C
+from hvd_magic.widgets import hub as H
+from hvd_magic.widgets import model as M
+from hvd_magic.widgets import publisher as P
+from hvd_magic.widgets import snapshot as S
 
 pytestmark = pytest.mark.timeout(60)
 KEY = b"job-key"

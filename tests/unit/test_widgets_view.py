@@ -1,22 +1,15 @@
 """Widget view state, controls, the text status, and the hub's throttled single updater."""
 
 import io
-import os
-import sys
 import threading
 import time
 
 import pytest
 
-pytest.importorskip("ipywidgets")
-zmq = pytest.importorskip("zmq")
-from comm import DummyComm  # noqa: E402  (the comm ipywidgets uses without a kernel)
+import zmq
+from comm import DummyComm  # the comm ipywidgets uses without a kernel
 
-try:
-    from hvd_magic.widgets import hub as H, model as M, snapshot as S, text as T, view as V
-except ImportError:  # until pyproject maps widgets/ to hvd_magic.widgets
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    from widgets import hub as H, model as M, snapshot as S, text as T, view as V
+from hvd_magic.widgets import hub as H, model as M, snapshot as S, text as T, view as V
 
 pytestmark = pytest.mark.timeout(60)
 KEY = b"test-key"
