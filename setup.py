@@ -39,6 +39,7 @@ CORE_SOURCES = [
     "transport/tcp/handshake.cc",
     "transport/tcp/pair.cc",
     "transport/shm/segment.cc",
+    "transport/shm/offer.cc",
     "transport/shm/setup.cc",
     "transport/shm/pair.cc",
     "transport/nccl/loader.cc",
