@@ -88,7 +88,6 @@ CORE_SOURCES = [
     "runtime/runtime.cc",
     "bindings/metrics.cc",
     "bindings/timeline_autotune.cc",
-    "bindings/timeline_autotune_math.cc",
     "bindings/timeline_autotune_live.cc",
     "bindings/nccl.cc",
     "bindings/enqueue_args.cc",

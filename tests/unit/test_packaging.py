@@ -114,6 +114,17 @@ def test_extension_source_list_matches_csrc():
         f"listed but missing: {sorted(set(listed) - set(on_disk))}")
 
 
+def test_product_extension_carries_no_test_hooks():
+    """The hooks on a standalone Timeline / ParameterManager are the _testhooks module's,
+    built by tests/native/build_testhooks.py; the shipped _core has none of them."""
+    from engine_native import _core
+
+    hooks = [n for n in dir(_core) if "ForTest" in n or n in ("autotune_maximize",
+                                                                "gp_fit_predict")]
+    assert hooks == [], f"test hooks compiled into engine_native._core: {hooks}"
+    assert not any(s.startswith(("tests/", "testhooks/")) for s in _listed_sources())
+
+
 def test_core_includes_no_framework_or_vendor_headers():
     forbidden = re.compile(r'#\s*include\s*[<"](torch/|ATen/|c10/|cuda|cuda_runtime|nccl|mpi\.h'
                            r'|pybind11|Python\.h)')
