@@ -22,15 +22,12 @@ from engine_native import _core, gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(engine_native.__file__)))
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-# The loader ships in every build of the core, and building the core needed a C++ compiler:
-# a missing one is a broken install, which fails these tests instead of skipping them.
-needs_loader = pytest.mark.usefixtures("loader_prerequisites")
+needs_loader = pytest.mark.usefixtures("loader_prerequisites")  # a failure, never a skip
 
 
-@pytest.fixture
+@pytest.fixture  # every core has the loader, and building the core needed a compiler
 def loader_prerequisites():
-    assert hasattr(_core, "nccl_load"), "engine_native._core has no nccl_load: rebuild the core"
-    assert CC is not None, "no C compiler (cc or gcc) to build the fake libraries"
+    assert hasattr(_core, "nccl_load") and CC, "_core lacks nccl_load (rebuild it), or no cc"
 
 # The symbols the loader binds besides the version entry points (its bind(...) calls).
 _BOUND = re.findall(r'bind\("(\w+)"', (pathlib.Path(__file__).parents[2] / "engine_native" /
