@@ -15,8 +15,9 @@ pytestmark = pytest.mark.timeout(150)
 
 SKIP_ONE = ("%%hvd{opts}\nx = torch.ones(4)\nif hvd.rank() != 1:\n"
             "    hvd.allreduce(x, name='grad.fc1')\n'done'")
-# The same, saying so once the core lists 'grad.fc1' as pending (refreshed every 200 ms),
-# which is what an interrupt's report is built from: the readiness handshake for Ctrl-C.
+# For Ctrl-C: ranks 0 and 2 say so once their core lists 'grad.fc1' as pending (refreshed
+# every 200 ms), which is what the report is built from: the readiness handshake. Rank 1 stays
+# in the cell too (not in the collective), so the interrupt never races a rank's end of cell.
 PENDING = "grad.fc1 is pending"
 SKIP_ONE_SAYS_WHEN = f"""%%hvd
 import time
@@ -30,6 +31,8 @@ if hvd.rank() != 1:
         time.sleep(0.02)  # polling the core's state, with a deadline
     print({PENDING!r}, flush=True)
     hvd.synchronize(h)
+else:
+    time.sleep(60)
 'done'
 """
 

@@ -114,9 +114,11 @@ def test_status_shows_every_rank(local_cluster, run):
     assert res.out.count("idle") == 3
 
 
-RUNNING = "cell is running"  # every rank prints it first: the readiness handshake for Ctrl-C
-STUCK = ("%%hvd{opts}\n" + RANK + f"print({RUNNING!r}, flush=True)\n"
-         "import time\nif rank != 1:\n    time.sleep(60)\n'done'")
+STUCK = "%%hvd{opts}\n" + RANK + "import time\nif rank != 1:\n    time.sleep(60)\n'done'"
+# For the interrupts from outside: every rank says it runs (the readiness handshake), then
+# stays in the cell. None finishes first, so the interrupt never races a rank's end of cell.
+RUNNING = "cell is running"
+STUCK_ALL = f"%%hvd\nimport time\nprint({RUNNING!r}, flush=True)\ntime.sleep(60)\n'done'"
 
 
 def assert_recovered(run):
@@ -137,7 +139,7 @@ def test_timeout_interrupts_stuck_ranks_and_cluster_stays_usable(local_cluster, 
 
 
 def test_sigint_to_the_kernel_interrupts_every_rank(local_cluster, run, shell):
-    res = run_cell(shell, STUCK.format(opts=""), interrupt_on=RUNNING)
+    res = run_cell(shell, STUCK_ALL, interrupt_on=RUNNING)
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.error.reason == "interrupt"
     assert res.seconds - res.interrupted_after < 5
@@ -148,7 +150,7 @@ def test_interrupt_running_cell_from_another_thread(local_cluster, run, shell):
     import hvd_magic
 
     assert hvd_magic.interrupt_running_cell() is False  # nothing running
-    res = run_cell(shell, STUCK.format(opts=""), interrupt_on=RUNNING,
+    res = run_cell(shell, STUCK_ALL, interrupt_on=RUNNING,
                    interrupt=lambda: hvd_magic.interrupt_running_cell("stop button"))
     assert isinstance(res.error, CellInterrupted), res.text
     assert "stop button" in "\n".join(res.error._render_traceback_())
