@@ -6,7 +6,8 @@
 # Pins: the versions tests/browser was verified with (Debian bookworm chromium 156, Python 3.11).
 # Playwright drives the system chromium through `executable_path` (tests/browser/conftest.py),
 # so its own browser download (`playwright install`) is never run: it needs a CDN beyond the
-# package registries. Without this, tests marked `browser` skip cleanly with the reason.
+# package registries. Without this, tests marked `browser` skip with the reason, or fail under
+# HVD_REQUIRE=browser (as .ci/run sets it).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 PLAYWRIGHT_VERSION=${HVD_PLAYWRIGHT_VERSION:-1.65.2}
@@ -25,7 +26,12 @@ if [ -z "${HVD_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
         chromium fonts-dejavu-core >/dev/null
 fi
-log "chromium: $("${HVD_CHROMIUM:-/usr/bin/chromium}" --version 2>/dev/null || echo "?")"
+CHROMIUM=${HVD_CHROMIUM:-/usr/bin/chromium}
+if ! version=$("$CHROMIUM" --version 2>/dev/null); then
+    log "$CHROMIUM does not run (HVD_CHROMIUM names the browser to use): the browser tier cannot run"
+    exit 1
+fi
+log "chromium: $version"
 
 pins=()
 "$PYTHON" -c "import playwright.sync_api" >/dev/null 2>&1 ||

@@ -116,20 +116,19 @@ def overhead(results, case) -> tuple:
 
 
 def recording_cost(np_ranks: int) -> float:
-    """ns of background-thread recording per tensor of a fused step (this machine, C++ timed),
-    or nan when the core cannot be loaded here."""
-    try:
-        import tempfile
+    """ns of background-thread recording per tensor of a fused step (this machine, C++ timed)
+    through the test hooks' TimelineWriterForTest (tests/native, built on first use)."""
+    import tempfile
 
-        from engine_native import _core
-        tl = _core.TimelineWriterForTest()
-        with tempfile.TemporaryDirectory() as d:
-            tl.start(os.path.join(d, "t.json"))
-            costs = [tl.record_steps(200, 100, np_ranks) for _ in range(5)]
-            tl.stop()
-        return median(costs)
-    except (ImportError, AttributeError):
-        return float("nan")
+    sys.path.insert(0, os.path.join(benchlib.REPO, "tests"))
+    from native.build_testhooks import load
+
+    tl = load().TimelineWriterForTest()
+    with tempfile.TemporaryDirectory() as d:
+        tl.start(os.path.join(d, "t.json"))
+        costs = [tl.record_steps(200, 100, np_ranks) for _ in range(5)]
+        tl.stop()
+    return median(costs)
 
 
 def main(argv=None) -> int:

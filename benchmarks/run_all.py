@@ -10,6 +10,7 @@ Cases: allreduce (shm), tcp (forced TCP), fusion (200 x 4 KiB), collectives (all
 broadcast), idle (idle CPU and first-op time after init), memcpy (this machine's ceiling).
 Peers: MPICH through mpi4py, torch.distributed gloo, Horovod 0.28.1 from
 benchmarks/.venv-horovod (``bash benchmarks/horovod_venv.sh``; skipped with a note when absent).
+Standalone, for figures the tests bound loosely: bench_scheduler.py, bench_dashboard_updates.py.
 Every launch runs under a hard timeout and kills its whole process tree when it ends. Nothing
 here asserts a timing (DESIGN section 7): misses against the issue's targets are printed.
 """

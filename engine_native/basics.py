@@ -16,6 +16,17 @@ import numpy as np
 from . import _core, bootstrap
 from ._core import HorovodInternalError
 
+try:  # the core and this package ship together: a core without these was built elsewhere
+    from ._core import (autotune_state as _core_autotune_state,
+                        set_autotune as _core_set_autotune,
+                        start_timeline as _core_start_timeline,
+                        stop_timeline as _core_stop_timeline,
+                        timeline_events as _core_timeline_events)
+except ImportError as exc:
+    raise ImportError(f"{exc}: engine_native._core does not match this engine_native package; "
+                      f"rebuild it from this checkout (pip install -e ., or ./dev.sh test)"
+                      ) from exc
+
 _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 _lock = threading.RLock()
 _world: Optional[bootstrap.World] = None
@@ -231,11 +242,6 @@ def config_table() -> list:
     return _core.config_table()
 
 
-def _core_entry(name: str):
-    """The core's function ``name``, or None for a stand-in core that lacks it (unit tests)."""
-    return getattr(_core, name, None)
-
-
 def start_timeline(file_path, mark_cycles: bool = False) -> None:
     """Start writing a Chrome-trace timeline (Horovod's layout) to ``file_path``.
 
@@ -262,18 +268,14 @@ def start_timeline(file_path, mark_cycles: bool = False) -> None:
     >>> hvd.stop_timeline()            # chrome://tracing or Perfetto opens the file
     """
     _require_world()
-    fn = _core_entry("start_timeline")
-    if fn is not None:
-        fn(os.fspath(file_path), bool(mark_cycles))
+    _core_start_timeline(os.fspath(file_path), bool(mark_cycles))
 
 
 def stop_timeline() -> None:
     """Stop the timeline started by ``start_timeline`` or ``HVD_TIMELINE``; the file stays
     valid JSON. A no-op when none is running."""
     _require_world()
-    fn = _core_entry("stop_timeline")
-    if fn is not None:
-        fn()
+    _core_stop_timeline()
 
 
 def timeline_events(since_us: int = 0) -> list:
@@ -291,8 +293,7 @@ def timeline_events(since_us: int = 0) -> list:
         for an op that failed in negotiation), duration, error text ("" when none). Only events
         starting at or after ``since_us``.
     """
-    fn = _core_entry("timeline_events")
-    return [] if fn is None else fn(int(since_us))
+    return _core_timeline_events(int(since_us))
 
 
 def autotune_state() -> dict:
@@ -321,8 +322,7 @@ def autotune_state() -> dict:
     >>> hvd.autotune_state()["phase"]
     'bayes'
     """
-    fn = _core_entry("autotune_state")
-    return {"enabled": False, "tuner": False, "phase": "off"} if fn is None else fn()
+    return _core_autotune_state()
 
 
 def set_autotune(enabled: bool) -> None:
@@ -333,9 +333,7 @@ def set_autotune(enabled: bool) -> None:
     with the next batch of collectives.
     """
     _require_world()
-    fn = _core_entry("set_autotune")
-    if fn is not None:
-        fn(bool(enabled))
+    _core_set_autotune(bool(enabled))
 
 
 __all__ = [

@@ -16,30 +16,15 @@ import os
 import re
 import signal
 import time
-from dataclasses import dataclass
 
 from . import preflight, ranksetup, reaper
 from .loop import LoopThread
+from .rankinfo import RankInfo
 
 log = logging.getLogger("hvd_magic")
 
 ENGINE_STOP_WAIT = 5.0  # seconds for the hub to notice engines that were stopped
 MPIEXEC_REPORT_WAIT = 3.0  # seconds for mpiexec to exit and report after a rank died
-
-
-@dataclass
-class RankInfo:
-    """One rank as the driver knows it."""
-    rank: int
-    engine_id: int
-    host: str
-    pid: int
-    local_rank: int = 0
-    device: str = "cpu"
-    device_name: str = ""
-    device_memory: int | None = None  # bytes, for a GPU
-    core: str | None = None
-    core_error: str | None = None
 
 
 def describe_exit(code) -> str:

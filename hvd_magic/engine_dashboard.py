@@ -9,7 +9,7 @@ Shipped by reference through ``view.apply`` like :mod:`hvd_magic.engine_side` (w
   button works while a cell is running. Throughput comes from ``hvd.report(samples=...)``
   (``engine_native.progress``) when the training code calls it, else from the core's counters.
 - :func:`timeline` and :func:`autotune` are also what ``%hvd_timeline`` / ``%hvd_autotune``
-  run on every rank. Both degrade to a clear error when the core lacks the function.
+  run on every rank; on a rank whose core is not running both raise a clear error.
 
 Timeline strip: the publisher reads the core's recent-events ring
 (``engine_native.basics.timeline_events``) with a cursor of its own; ``metrics()["events"]``
@@ -75,13 +75,12 @@ def start(address: str, command_address: str, key: bytes, device: dict) -> dict:
     from hvd_magic.widgets import publisher
     from hvd_magic.widgets.gpu_stats import GpuStats
 
-    basics = engine_side._basics()
-    events = getattr(basics, "timeline_events", None)
+    basics = engine_side._basics()  # None where the core did not start (the rows say so)
     pub = publisher.start_publisher(
         address, rank=engine_side.RANK, key=key, device=device,
         gpu=GpuStats.for_this_process(),  # the pinned GPU's live numbers (#16)
         metrics=basics.metrics if basics is not None else None,
-        events=RecentEvents(events) if events is not None else None,
+        events=RecentEvents(basics.timeline_events) if basics is not None else None,
         command_address=command_address,
         handlers={"timeline": timeline, "autotune": autotune})
     return {"rank": engine_side.RANK, "publishing": pub.running, "core": basics is not None}
@@ -100,6 +99,7 @@ def timeline(start: bool, path: str | None = None, mark_cycles: bool = False) ->
     if start:
         if not path:
             raise ValueError("timeline(start=True): a file path is needed")
+        # Rank 0's core opens the file before it returns (ValueError when it cannot).
         _basics().start_timeline(path, mark_cycles=mark_cycles)
         return f"recording to {path}" if engine_side.RANK == 0 else "recording (rank 0 writes)"
     _basics().stop_timeline()

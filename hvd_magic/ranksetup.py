@@ -28,6 +28,7 @@ import uuid
 
 from . import engine_side, gpu_pinning, preflight
 from .errors import StartError
+from .rankinfo import RankInfo
 from .ranks import format_ranks
 
 
@@ -70,8 +71,6 @@ class RankSetup:
 
     def setup_ranks(self, engine_ids: list[int]):
         """Steps A-D; returns (ranks, notes). Raises StartError on a broken world."""
-        from .cluster import RankInfo
-
         c = self.cluster
         try:
             infos = c.client[engine_ids].apply_async(engine_side.describe).get(c.timeout)

@@ -14,14 +14,14 @@ C. The hub matches acks to the command (:class:`Pending`) and, once every rank t
    when it was sent answered or ``timeout_s`` passed, calls ``on_done(answers, missing)`` on
    its own thread.
 
-Frames are framed and signed like snapshots (32-byte HMAC-SHA256 then JSON); ids only grow,
-and an engine runs each id at most once.
+Frames are signed JSON frames like snapshots (:mod:`.frames`); ids only grow, and an engine
+runs each id at most once.
 """
 
-import json
 import logging
 
-from .snapshot import MAX_TEXT, _is_int, _sign
+from . import frames
+from .frames import MAX_TEXT, is_int
 
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_ACKS = 16
@@ -30,24 +30,13 @@ log = logging.getLogger("hvd_magic.widgets")
 
 def pack_command(cmd_id, name, args, key=None):
     """One signed command frame."""
-    payload = json.dumps({"id": int(cmd_id), "name": str(name), "args": dict(args or {})},
-                         separators=(",", ":"), allow_nan=False).encode()
-    return _sign(payload, key) + payload
+    return frames.pack({"id": int(cmd_id), "name": str(name), "args": dict(args or {})}, key)
 
 
 def unpack_command(frame, key=None):
     """Verify and decode a command frame: ``(id, name, args)``; ValueError when bad."""
-    import hmac
-
-    if not 32 < len(frame) <= MAX_COMMAND_BYTES:
-        raise ValueError(f"command frame: size {len(frame)} outside (32, {MAX_COMMAND_BYTES}]")
-    if not hmac.compare_digest(frame[:32], _sign(frame[32:], key)):
-        raise ValueError("command frame: bad signature")
-    try:
-        obj = json.loads(frame[32:])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"command frame: invalid JSON ({exc})") from None
-    if not (isinstance(obj, dict) and _is_int(obj.get("id")) and isinstance(obj.get("name"), str)
+    obj = frames.unpack(frame, key, MAX_COMMAND_BYTES, "command frame")
+    if not (isinstance(obj, dict) and is_int(obj.get("id")) and isinstance(obj.get("name"), str)
             and isinstance(obj.get("args"), dict)):
         raise ValueError("command frame: expected {id: int, name: str, args: object}")
     return obj["id"], obj["name"], obj["args"]
@@ -57,7 +46,7 @@ def clean_acks(acks):
     """The ``acks`` field of a snapshot: ``[[id, ok, text], ...]`` with bad entries dropped."""
     out = []
     for a in acks[-MAX_ACKS:]:
-        if (isinstance(a, list) and len(a) == 3 and _is_int(a[0]) and isinstance(a[1], bool)
+        if (isinstance(a, list) and len(a) == 3 and is_int(a[0]) and isinstance(a[1], bool)
                 and isinstance(a[2], str)):
             out.append([a[0], a[1], a[2][:MAX_TEXT * 2]])
     return out

@@ -48,15 +48,14 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
 Counters are monotonic within one core lifetime; a decrease means the core was re-initialised
 and the model restarts its rate baselines.
 
-Wire frame (one ZMQ frame): 32-byte HMAC-SHA256 of the payload under the job key (32 zero
-bytes when no key) followed by the UTF-8 JSON payload. JSON, never pickle: the driver decodes
-data arriving on a network socket.
+Wire frame: a signed JSON frame (:mod:`.frames`, shared with the dashboard's commands).
 """
 
-import hashlib
-import hmac
-import json
 import math
+
+from . import frames
+from .control import clean_acks
+from .frames import MAX_TEXT, is_int
 
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 256 * 1024
@@ -64,9 +63,7 @@ MAX_EVENTS = 200
 MERGE_GAP_S = 0.002  # events of one op closer than this are sent (and kept) as one entry...
 MAX_BAR_S = 0.25  # ... as long as it spans at most this long
 MAX_EXTRA = 16
-MAX_TEXT = 200
 OP_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")
-_NO_SIGNATURE = bytes(32)
 
 
 def pack(snapshot, key=None):
@@ -83,8 +80,7 @@ def pack(snapshot, key=None):
     -------
     bytes
     """
-    payload = json.dumps(snapshot, separators=(",", ":"), allow_nan=False).encode()
-    return _sign(payload, key) + payload
+    return frames.pack(snapshot, key)
 
 
 def unpack(frame, key=None):
@@ -107,22 +103,8 @@ def unpack(frame, key=None):
     ValueError
         Bad size, bad signature, invalid JSON or a snapshot that fails validation.
     """
-    if not 32 < len(frame) <= MAX_FRAME_BYTES:
-        raise ValueError(f"metrics frame: size {len(frame)} outside (32, {MAX_FRAME_BYTES}]")
-    signature, payload = frame[:32], frame[32:]
-    if not hmac.compare_digest(signature, _sign(payload, key)):
-        raise ValueError("metrics frame: bad signature (engine started with another key?)")
-    try:
-        obj = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"metrics frame: invalid JSON ({exc})") from None
-    return validate(obj)
-
-
-def _sign(payload, key):
-    if not key:
-        return _NO_SIGNATURE
-    return hmac.new(key, payload, hashlib.sha256).digest()
+    return validate(frames.unpack(frame, key, MAX_FRAME_BYTES, "metrics frame",
+                                  " (engine started with another key?)"))
 
 
 def validate(obj):
@@ -149,13 +131,13 @@ def validate(obj):
     if obj.get("v") != SCHEMA_VERSION:
         raise ValueError(f"snapshot: expected schema version {SCHEMA_VERSION}, got {obj.get('v')!r}")
     rank, t = obj.get("rank"), obj.get("t")
-    if not (_is_int(rank) and 0 <= rank < 1 << 20):
+    if not (is_int(rank) and 0 <= rank < 1 << 20):
         raise ValueError(f"snapshot: expected an integer rank, got {rank!r}")
     if not _is_num(t):
         raise ValueError(f"snapshot from rank {rank}: expected a float 't', got {t!r}")
     out = {"v": SCHEMA_VERSION, "rank": rank, "t": float(t)}
     for name in ("seq", "pid", "samples"):
-        if _is_int(obj.get(name)) and obj[name] >= 0:
+        if is_int(obj.get(name)) and obj[name] >= 0:
             out[name] = obj[name]
     for name in ("host", "cell"):
         if isinstance(obj.get(name), str):
@@ -171,13 +153,8 @@ def validate(obj):
     if isinstance(obj.get("events"), list):
         out["events"] = _clean_events(obj["events"])
     if isinstance(obj.get("acks"), list):
-        from .control import clean_acks
         out["acks"] = clean_acks(obj["acks"])
     return out
-
-
-def _is_int(x):
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _is_num(x):
@@ -187,12 +164,12 @@ def _is_num(x):
 def _clean_device(dev):
     kind = dev.get("kind") if dev.get("kind") in ("cpu", "cuda") else "cpu"
     out = {"kind": kind}
-    if _is_int(dev.get("index")):
+    if is_int(dev.get("index")):
         out["index"] = dev["index"]
     if isinstance(dev.get("name"), str):
         out["name"] = dev["name"][:MAX_TEXT]
     for name in ("mem_used", "mem_total"):
-        if _is_int(dev.get(name)) and dev[name] >= 0:
+        if is_int(dev.get(name)) and dev[name] >= 0:
             out[name] = dev[name]
     return out
 
@@ -232,7 +209,7 @@ def _counter_map(d):
 def _clean_core(core):
     out = {"ops": _counter_map(core.get("ops")), "bytes": _counter_map(core.get("bytes"))}
     for name in ("fused_batches", "fused_tensors", "queue_depth"):
-        if _is_int(core.get(name)) and core[name] >= 0:
+        if is_int(core.get(name)) and core[name] >= 0:
             out[name] = core[name]
     for name in ("negotiate_s", "communicate_s", "wait_s", "idle_s"):
         if _is_num(core.get(name)) and core[name] >= 0:
@@ -245,7 +222,7 @@ def _clean_core(core):
             "name": str(coll.get("name", ""))[:MAX_TEXT],
             "age_s": max(0.0, float(coll["age_s"])),
             "phase": "execute" if coll.get("phase") == "execute" else "negotiate",
-            "missing": [r for r in missing[:64] if _is_int(r)],
+            "missing": [r for r in missing[:64] if is_int(r)],
         }
     if isinstance(core.get("last_error"), str):
         out["last_error"] = core["last_error"][:1000]
@@ -261,7 +238,7 @@ def _clean_core(core):
 def _clean_autotune(at):
     out = {"enabled": bool(at.get("enabled", True)), "phase": str(at.get("phase", ""))[:40]}
     for name in ("sample", "samples"):
-        if _is_int(at.get(name)):
+        if is_int(at.get(name)):
             out[name] = at[name]
     for name in ("current", "best"):
         if isinstance(at.get(name), dict):
@@ -270,7 +247,7 @@ def _clean_autotune(at):
         out["best_score"] = float(at["best_score"])
     scores = at.get("scores") if isinstance(at.get("scores"), list) else []
     out["scores"] = [[int(s[0]), float(s[1])] for s in scores[-64:]
-                     if isinstance(s, list) and len(s) == 2 and _is_int(s[0]) and _is_num(s[1])]
+                     if isinstance(s, list) and len(s) == 2 and is_int(s[0]) and _is_num(s[1])]
     return out
 
 
@@ -283,7 +260,7 @@ def _clean_events(events):
             continue
         clean = [ev[0][:40], ev[1][:MAX_TEXT], max(0.0, float(ev[2])), max(0.0, float(ev[3]))]
         if len(ev) == 6:
-            if not (_is_int(ev[4]) and ev[4] >= 1 and _is_num(ev[5])):
+            if not (is_int(ev[4]) and ev[4] >= 1 and _is_num(ev[5])):
                 continue
             if ev[4] > 1:
                 clean += [ev[4], max(0.0, float(ev[5]))]

@@ -8,14 +8,13 @@
 - ``artifacts``: where screenshots go: ``$HVD_TEST_ARTIFACTS`` or ``tests/browser/artifacts``
   (git-ignored).
 
-Install what these need with ``.ci/install-browser.sh``; without it the tests skip.
+Install what these need with ``.ci/install-browser.sh``; without it the tests skip, or fail under
+``HVD_REQUIRE=browser`` (the ``browser`` tier in tests/tiers.py).
 """
 
 import contextlib
-import importlib.util
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +28,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cluster"))
 from cluster_harness import kill_strays  # noqa: E402
+from tiers import chromium_path, widgets_prefix  # noqa: E402  (what the tier check found)
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -40,32 +40,6 @@ LAB_SETTINGS = {
     # a training cell's output pushes the dashboard (in the first cell's output) out of view.
     "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
 }
-
-
-def chromium_path():
-    """The browser Playwright drives (the same search as the root conftest's skip check)."""
-    for name in (os.environ.get("HVD_CHROMIUM", ""), "chromium", "chromium-browser",
-                 "google-chrome", "google-chrome-stable"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def pytest_collection_modifyitems(config, items):
-    """The root conftest skips ``browser`` tests without Chromium or Playwright (or fails them
-    under ``HVD_REQUIRE=browser``); JupyterLab is this folder's own need, handled alike."""
-    if importlib.util.find_spec("jupyterlab") is not None and _widgets_prefix():
-        return
-    why = ("jupyterlab or ipywidgets' JupyterLab extension (jupyterlab_widgets) is not "
-           "installed (run .ci/install-browser.sh)")
-    required = "browser" in {r.strip() for r in os.environ.get("HVD_REQUIRE", "").split(",")}
-    for item in items:
-        if os.path.dirname(str(item.path)) != HERE:
-            continue
-        if required:
-            item._hvd_missing = f"HVD_REQUIRE=browser but {why}"  # failed by the root conftest
-        else:
-            item.add_marker(pytest.mark.skip(reason=f"browser: {why}"))
 
 
 @pytest.fixture(scope="session")
@@ -90,23 +64,12 @@ def _write_settings(folder):
             json.dump(values, f)
 
 
-def _widgets_prefix():
-    """The install prefix holding ipywidgets' JupyterLab extension, or None without it."""
-    spec = importlib.util.find_spec("jupyterlab_widgets")
-    if spec is None or not spec.origin:
-        return None
-    prefix = os.path.abspath(os.path.join(os.path.dirname(spec.origin), *[".."] * 4))
-    manager = os.path.join(prefix, "share", "jupyter", "labextensions", "@jupyter-widgets",
-                           "jupyterlab-manager")
-    return prefix if os.path.isdir(manager) else None
-
-
 def _borrowed_prefix_env(env):
     """JupyterLab looks for extensions (and their server config) only under its own prefix. In
     a venv that borrows the system's site-packages the extensions live under the system's
     prefix: without this every widget renders as its text repr, and lab extensions whose
     server half is not enabled pop up error dialogs. Point both paths at that prefix."""
-    prefix = _widgets_prefix()
+    prefix = widgets_prefix()
     if prefix is None or os.path.realpath(prefix) == os.path.realpath(sys.prefix):
         return
     for var, sub in (("JUPYTER_PATH", ("share", "jupyter")),

@@ -6,12 +6,13 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
 import psutil
-import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if REPO not in sys.path:
@@ -27,7 +28,7 @@ class CellResult:
     out: str
     err: str
     seconds: float
-
+    interrupted_after: float | None = None  # seconds into the cell, with interrupt_on
     @property
     def text(self) -> str:
         return self.out + self.err
@@ -65,14 +66,54 @@ def kill_strays(cluster_ids=None, tag: str | None = None) -> list[int]:
     return [p.pid for p in procs]
 
 
-def run_cell(shell, code: str) -> CellResult:
-    out, err = io.StringIO(), io.StringIO()
+class _Watched(io.StringIO):
+    """A cell's stdout that sets ``seen`` once ``marker`` has been written to it."""
+
+    def __init__(self, marker: str):
+        super().__init__()
+        self.marker, self.seen = marker, threading.Event()
+
+    def write(self, text):
+        n = super().write(text)
+        if self.marker in self.getvalue():
+            self.seen.set()
+        return n
+
+
+def _ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def run_cell(shell, code: str, interrupt_on: str | None = None, interrupt=_ctrl_c,
+             ready_timeout: float = 60.0) -> CellResult:
+    """Run a cell, capturing its output. With ``interrupt_on``, ``interrupt()`` (by default
+    Ctrl-C: SIGINT to this process) is called from another thread once the cell's streamed
+    output contains that text: the cell prints it when the state the test interrupts (ranks
+    asleep, a collective pending) is reached, a readiness handshake instead of a guessed delay.
+    Without it by ``ready_timeout`` the interrupt comes all the same (so a stuck cell ends) and
+    an AssertionError names the missing marker."""
+    out, err = (_Watched(interrupt_on) if interrupt_on else io.StringIO()), io.StringIO()
     t0 = time.perf_counter()
+    interrupted = []
+
+    def watch():
+        ready = out.seen.wait(ready_timeout)
+        interrupted.append((time.perf_counter() - t0, ready))
+        interrupt()
+
+    watcher = threading.Thread(target=watch, daemon=True) if interrupt_on else None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        if watcher:
+            watcher.start()
         res = shell.run_cell(code, store_history=False)
+    seconds = time.perf_counter() - t0
+    if watcher:
+        watcher.join()
+        assert interrupted[0][1], (f"the cell never printed {interrupt_on!r} within "
+                                   f"{ready_timeout} s: {out.getvalue()[-2000:]}")
     error = res.error_in_exec or res.error_before_exec
-    return CellResult(res.result, error, out.getvalue(), err.getvalue(),
-                      time.perf_counter() - t0)
+    return CellResult(res.result, error, out.getvalue(), err.getvalue(), seconds,
+                      interrupted[0][0] if watcher else None)
 
 
 def magics():
@@ -99,13 +140,3 @@ def stop_cluster(shell) -> None:
         while cluster_processes([cid]) and time.monotonic() < deadline:
             time.sleep(0.2)
         kill_strays([cid])
-
-
-def core_built() -> bool:
-    from hvd_magic.ranksetup import core_available
-
-    return core_available()
-
-
-needs_core = pytest.mark.skipif(not core_built(),
-                                reason="engine_native._core is not built (pip install -e .)")

@@ -11,11 +11,11 @@ import threading
 import time
 
 import pytest
-from cluster_harness import magics, needs_core, start_cluster
+from cluster_harness import magics, start_cluster
 
 from hvd_magic.errors import CellInterrupted
 
-pytestmark = [pytest.mark.timeout(300), needs_core]
+pytestmark = pytest.mark.timeout(300)
 
 # Steps of ~4 ms, as a small model's: the loop spans several snapshots (0.3 s apart), so the
 # rate window holds points taken while samples were coming in (a loop of bare allreduces can

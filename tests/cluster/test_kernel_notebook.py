@@ -14,10 +14,10 @@ import uuid
 
 import nbformat
 import pytest
-from cluster_harness import REPO, cluster_processes, kill_strays, needs_core
+from cluster_harness import REPO, cluster_processes, kill_strays
 from hvd_magic.kernel import DEFAULT_NAME
 
-pytestmark = [pytest.mark.timeout(600), needs_core]
+pytestmark = pytest.mark.timeout(600)
 
 NOTEBOOK = os.path.join(REPO, "notebooks", "cluster_kernel.ipynb")
 

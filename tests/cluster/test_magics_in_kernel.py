@@ -9,12 +9,33 @@ import signal
 import time
 
 import pytest
-from cluster_harness import cluster_processes, core_built, kill_strays
+from cluster_harness import cluster_processes, kill_strays
 
 pytestmark = pytest.mark.timeout(240)
 
+# Every rank says it is running (the readiness handshake: the test interrupts only then), and
+# rank 0 then stays in the cell.
+RUNNING = "cell is running"
 STUCK = ("%%hvd\nimport time\nimport hvd_magic.engine_side as es\n"
+         f"print({RUNNING!r}, flush=True)\n"
          "if es.RANK == 0:\n    time.sleep(60)\n'done'")
+
+# Rank 0 submits 'grad', which rank 1 never does, and says so once its core lists it as
+# pending (refreshed every 200 ms): what the interrupt's report is built from.
+STUCK_IN_GRAD = """%%hvd
+import time
+import engine_native.basics as core
+x = torch.ones(4)
+if hvd.rank() == 0:
+    h = hvd.allreduce_async(x, name='grad')
+    deadline = time.monotonic() + 30
+    while not any('grad' in p['name'] for p in core.metrics()['pending']):
+        assert time.monotonic() < deadline, 'grad never showed as pending'
+        time.sleep(0.02)  # polling the core's state, with a deadline
+    print('grad in flight', flush=True)
+    hvd.synchronize(h)
+'done'
+"""
 
 
 class Kernel:
@@ -22,18 +43,42 @@ class Kernel:
         from jupyter_client.manager import start_new_kernel
 
         self.km, self.kc = start_new_kernel(kernel_name="python3", startup_timeout=60)
+        self.seen = []  # messages of the running cell read by wait_for, for collect
 
     def start(self, code):
+        self.seen = []
         return self.kc.execute(code)
 
-    def collect(self, msg_id, timeout=60):
-        """Text of every output of ``msg_id`` (streams, results, errors) and the error name."""
-        text, ename = [], None
+    def _messages(self, msg_id, deadline):
+        """``msg_id``'s IOPub messages: those wait_for already read, then new ones."""
+        yield from self.seen
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                yield msg
+
+    def wait_for(self, msg_id, needle, timeout=60):
+        """Block until ``msg_id`` streams a line containing ``needle`` (the cell told us it
+        runs); the messages read stay available to :meth:`collect`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
+            self.seen.append(msg)
+            kind, content = msg["header"]["msg_type"], msg["content"]
+            if kind == "stream" and needle in content["text"]:
+                return
+            if kind == "status" and content["execution_state"] == "idle":
+                break
+        raise TimeoutError(f"{msg_id} did not print {needle!r} within {timeout} s, or ended "
+                           f"first: {[m['content'] for m in self.seen]}")
+
+    def collect(self, msg_id, timeout=60):
+        """Text of every output of ``msg_id`` (streams, results, errors) and the error name."""
+        text, ename = [], None
+        deadline = time.monotonic() + timeout
+        for msg in self._messages(msg_id, deadline):
             kind, content = msg["header"]["msg_type"], msg["content"]
             if kind == "stream":
                 text.append(content["text"])
@@ -75,7 +120,7 @@ def test_cell_result_and_streamed_output(kernel):
 
 def test_jupyter_interrupt_stops_every_rank_and_cluster_stays(kernel):
     msg_id = kernel.start(STUCK)
-    time.sleep(2.0)
+    kernel.wait_for(msg_id, RUNNING)
     t0 = time.monotonic()
     kernel.km.interrupt_kernel()
     text, ename = kernel.collect(msg_id, timeout=30)
@@ -95,7 +140,7 @@ def test_comm_message_stops_an_awaiting_cell(kernel):
         "get_ipython().kernel.comm_manager.register_target('hvd_test_stop', _target)")
     assert ename is None, text
     msg_id = kernel.start(STUCK)
-    time.sleep(2.0)
+    kernel.wait_for(msg_id, RUNNING)
     session, shell = kernel.kc.session, kernel.kc.shell_channel
     shell.send(session.msg("comm_open", {"comm_id": "c1", "target_name": "hvd_test_stop",
                                          "data": {}}))
@@ -105,11 +150,9 @@ def test_comm_message_stops_an_awaiting_cell(kernel):
     assert "stop button" in text
 
 
-@pytest.mark.skipif(not core_built(), reason="engine_native._core is not built")
 def test_interrupt_in_a_stuck_collective_reports_and_recovers(kernel):
-    msg_id = kernel.start("%%hvd\nx = torch.ones(4)\nif hvd.rank() == 0:\n"
-                          "    hvd.allreduce(x, name='grad')\n'done'")
-    time.sleep(2.5)
+    msg_id = kernel.start(STUCK_IN_GRAD)
+    kernel.wait_for(msg_id, "grad in flight")
     kernel.km.interrupt_kernel()
     text, ename = kernel.collect(msg_id, timeout=30)
     assert ename == "CellInterrupted", text

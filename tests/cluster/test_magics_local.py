@@ -9,10 +9,10 @@ must run on the same engines.
 
 import os
 import signal
-import threading
 import time
 
 import pytest
+from cluster_harness import run_cell
 
 from hvd_magic.errors import CellInterrupted, RankError, strip_ansi
 
@@ -115,6 +115,10 @@ def test_status_shows_every_rank(local_cluster, run):
 
 
 STUCK = "%%hvd{opts}\n" + RANK + "import time\nif rank != 1:\n    time.sleep(60)\n'done'"
+# For the interrupts from outside: every rank says it runs (the readiness handshake), then
+# stays in the cell. None finishes first, so the interrupt never races a rank's end of cell.
+RUNNING = "cell is running"
+STUCK_ALL = f"%%hvd\nimport time\nprint({RUNNING!r}, flush=True)\ntime.sleep(60)\n'done'"
 
 
 def assert_recovered(run):
@@ -134,25 +138,20 @@ def test_timeout_interrupts_stuck_ranks_and_cluster_stays_usable(local_cluster, 
     assert_recovered(run)
 
 
-def test_sigint_to_the_kernel_interrupts_every_rank(local_cluster, run):
-    timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    res = run(STUCK.format(opts=""))
-    timer.join()
+def test_sigint_to_the_kernel_interrupts_every_rank(local_cluster, run, shell):
+    res = run_cell(shell, STUCK_ALL, interrupt_on=RUNNING)
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.error.reason == "interrupt"
-    assert res.seconds < 1.5 + 5
+    assert res.seconds - res.interrupted_after < 5
     assert_recovered(run)
 
 
-def test_interrupt_running_cell_from_another_thread(local_cluster, run):
+def test_interrupt_running_cell_from_another_thread(local_cluster, run, shell):
     import hvd_magic
 
     assert hvd_magic.interrupt_running_cell() is False  # nothing running
-    timer = threading.Timer(1.5, hvd_magic.interrupt_running_cell, ("stop button",))
-    timer.start()
-    res = run(STUCK.format(opts=""))
-    timer.join()
+    res = run_cell(shell, STUCK_ALL, interrupt_on=RUNNING,
+                   interrupt=lambda: hvd_magic.interrupt_running_cell("stop button"))
     assert isinstance(res.error, CellInterrupted), res.text
     assert "stop button" in "\n".join(res.error._render_traceback_())
     assert_recovered(run)

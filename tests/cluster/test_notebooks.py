@@ -10,9 +10,9 @@ import uuid
 
 import nbformat
 import pytest
-from cluster_harness import REPO, cluster_processes, kill_strays, needs_core
+from cluster_harness import REPO, cluster_processes, kill_strays
 
-pytestmark = [pytest.mark.timeout(420), needs_core, pytest.mark.mpi]
+pytestmark = [pytest.mark.timeout(420), pytest.mark.mpi]
 
 NOTEBOOKS = os.path.join(REPO, "notebooks")
 

@@ -15,19 +15,14 @@ import zlib
 import numpy as np
 import pytest
 
-try:
-    import ml_dtypes
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # the test extra installs it; without it bfloat16 is simply not covered
-    BFLOAT16 = None
+import ml_dtypes  # the test extra's: bfloat16 for numpy
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 INT_DTYPES = [np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64)]
-FLOAT_DTYPES = [np.dtype(t) for t in (np.float16, np.float32, np.float64)]
-if BFLOAT16 is not None:
-    FLOAT_DTYPES.insert(1, BFLOAT16)
+FLOAT_DTYPES = [np.dtype(t) for t in (np.float16, BFLOAT16, np.float32, np.float64)]
 BOOL = np.dtype(np.bool_)
 ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES + [BOOL]
-LOW_PRECISION = {np.dtype(np.float16)} | ({BFLOAT16} if BFLOAT16 is not None else set())
+LOW_PRECISION = {np.dtype(np.float16), BFLOAT16}
 
 CHUNK_BYTES = 4 << 20  # "larger than a chunk": every large case is above this
 SMALL_COUNTS = (0, 1, 1001)

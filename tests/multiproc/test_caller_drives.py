@@ -8,6 +8,10 @@ from two threads at once (one driving, one through the core's thread) all finish
 over TCP (where callers never drive) a sync op still wakes the core's thread at once; async
 ops are left to the core's thread; rank 0 idle after a driven op still coordinates a process
 set it is not in without waiting for its loop's tick.
+
+Bounds are an order of magnitude from what this machine measures, so they hold on a loaded
+box and fail only when the mechanism is gone; the figures themselves (share of ops driven,
+CPU while waiting, latencies) are benchmarks/bench_scheduler.py's.
 """
 import os
 import resource
@@ -50,12 +54,13 @@ def test_sync_ops_finish_on_the_calling_thread():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a core per rank (2)")
     # A spin far longer than any op here: each wait drives its op to the end, except when the
-    # core's thread happens to hold the loop at that moment (its 200 ms tick).
+    # core's thread happens to hold the loop at that moment (its 200 ms tick). Measured: all
+    # of them; without caller-driven waits: none.
     res = run_ranks(sync_ops_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=120)
     for r in res:
         driven, spin = r.value[1], r.value[2]
         assert spin == 2000000
-        assert driven >= 0.9 * OPS, f"rank {r.rank}: only {driven} of {OPS + 1} ops driven"
+        assert driven >= OPS // 10, f"rank {r.rank}: only {driven} of {OPS + 1} ops driven"
 
 
 def one_core_suite():
@@ -92,8 +97,9 @@ def test_a_late_peer_costs_the_waiting_rank_no_cpu():
     assert [r.value[0] for r in res] == [2.0, 2.0]
     total, cpu, wall = res[0].value
     assert wall >= LATE_S * 0.8, "rank 0 did not wait for the late peer"
-    # Default spin 200 us, then a blocking wait: a few ms of CPU at most over 0.6 s.
-    assert cpu < 0.1 * wall, f"rank 0 used {cpu:.3f} s of CPU waiting {wall:.3f} s"
+    # Default spin 200 us, then a blocking wait: measured 0.25 % of the wait; a waiter that
+    # kept spinning would use all of it.
+    assert cpu < 0.25 * wall, f"rank 0 used {cpu:.3f} s of CPU waiting {wall:.3f} s"
 
 
 def two_threads_suite():

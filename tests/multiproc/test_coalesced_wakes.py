@@ -1,6 +1,9 @@
 """Note [Coalesced wakes] on spawned ranks: tensors submitted one by one while earlier ones are
 still in flight (a backward pass's gradient hooks) must not wake the background loop once
-each, and must still go out promptly once the caller waits."""
+each, and must still go out promptly once the caller waits.
+
+Bounds sit an order of magnitude from what this machine measures; the figures are
+benchmarks/bench_scheduler.py's."""
 import os
 import time
 
@@ -11,8 +14,12 @@ from .harness import run_ranks
 
 pytestmark = pytest.mark.multiproc
 
-TENSORS = 60
-GAP_S = 0.00005  # of computing between submissions, as a backward pass computes between hooks
+# Many tensors close together, so that waking once per submission and napping a cycle at a
+# time are an order of magnitude apart: measured 5-8 loop wakes per step with the naps,
+# 50-400 with the nap switched off (background_loop.cc, waitForWork).
+TENSORS = 600
+GAP_S = 0.000005  # of computing between submissions, as a backward pass computes between hooks
+WAKES_BOUND = 80
 
 
 def _compute(seconds):
@@ -32,18 +39,18 @@ def _switches_by_thread():
     return out
 
 
-def paced_submissions():
+def paced_submissions(tensors=TENSORS, gap_s=GAP_S):
     import engine_native as hvd
     hvd.init()
     n = hvd.size()
-    grads = [np.full(256, hvd.rank() + 1.0, np.float32) for _ in range(TENSORS)]
-    names = ['grad.%d' % i for i in range(TENSORS)]
+    grads = [np.full(256, hvd.rank() + 1.0, np.float32) for _ in range(tensors)]
+    names = ['grad.%d' % i for i in range(tensors)]
 
     def step():
         handles = []
         for g, name in zip(grads, names):
             handles.append(hvd.allreduce_async(g, op=hvd.Sum, name=name))
-            _compute(GAP_S)
+            _compute(gap_s)
         t0 = time.perf_counter()
         outs = [hvd.synchronize(h) for h in handles]
         waited = time.perf_counter() - t0
@@ -65,11 +72,10 @@ def test_paced_submissions_do_not_wake_the_loop_each():
     results = run_ranks(paced_submissions, 2, timeout=120)
     for r in results:
         wakes, median_wait = r.value
-        # One wake per submission would be >= 60 per step; naps of a cycle (1 ms) over a
-        # ~3 ms step plus the peer's messages are a handful. Room is left for a loaded box.
-        assert wakes < 0.4 * TENSORS, (r.rank, wakes)
+        # Naps of a cycle (1 ms) over a ~8 ms step plus the peer's messages: a handful.
+        assert wakes < WAKES_BOUND, (r.rank, wakes)
         # Submissions the loop did not wake for are still sent: by the waiter's wake or the
-        # nap's end, never left for the 200 ms idle tick.
+        # nap's end (measured under 6 ms), never left for the 200 ms idle tick.
         assert median_wait < 0.05, (r.rank, median_wait)
 
 
@@ -98,6 +104,6 @@ LATE_S = 1.0
 def test_a_rank_waiting_on_a_late_peer_does_not_wake_every_cycle():
     results = run_ranks(waits_on_a_late_peer, 2, timeout=120)
     woke = results[1].value  # rank 1 waits LATE_S for rank 0
-    # Sleeping until a message or the 200 ms tick: ~5-15 wakes. Napping a cycle at a time
-    # (1 ms) while nothing is submitted: ~900 (measured 1,855 in 2 s before the fix).
-    assert all(n < 100 for n in woke.values()), woke
+    # Sleeping until a message or the 200 ms tick: measured 12-13 wakes. Napping a cycle at a
+    # time (1 ms) while nothing is submitted: ~900 (measured 1,855 in 2 s before the fix).
+    assert all(n < 150 for n in woke.values()), woke

@@ -16,19 +16,44 @@ HVD_TIMEOUT = 4.0
 FAULT_ENV = {"HVD_TIMEOUT": str(HVD_TIMEOUT)}
 
 
+def _die_once_big_is_moving(hvd, handle):
+    """SIGKILL this rank once its executor runs "big" (metrics' current op): every rank has
+    then submitted it and the data plane is moving its chunks. If "big" finishes first, die
+    anyway: the survivors' checks then report that the kill came too late."""
+    deadline = time.monotonic() + 60
+    while "big" not in ((hvd.metrics()["current"] or {}).get("name") or ""):
+        if hvd.poll(handle) or time.monotonic() > deadline:
+            break
+        threading.Event().wait(0.0005)  # a bounded poll of the core's state, not a nap
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _big_as_executed(hvd):
+    """How "big" ended on this rank, from the core's recent-events ring: ``(op, error,
+    duration_us)`` of the span the executor recorded, or None when it never ran (it failed
+    before every rank had submitted it). The ring is fed by the timeline's writer thread
+    every 20-80 ms, so an event recorded at the failure may take that long to show."""
+    deadline = time.monotonic() + 5
+    while True:
+        spans = [e for e in hvd.timeline_events() if "big" in e[1] and e[2] == "op"]
+        if spans or time.monotonic() > deadline:
+            return (spans[-1][3], spans[-1][5], spans[-1][4]) if spans else None
+        threading.Event().wait(0.02)
+
+
 def killed_rank_suite(transport, mode):
-    """The last rank dies by SIGKILL; survivors must fail within HVD_TIMEOUT naming it, and keep
-    failing fast (not hang) on the next op and in shutdown."""
+    """The last rank dies by SIGKILL, before "big" (mode "before") or while its bytes move
+    ("during"); survivors must fail within HVD_TIMEOUT naming it, and keep failing fast (not
+    hang) on the next op and in shutdown. Each survivor also says whether "big" had started
+    executing when it failed (the proof of where the kill landed)."""
     hvd = checks.init(transport)
     n, me = hvd.size(), hvd.rank()
     victim = n - 1
-    big = np.ones(16 << 20, np.float32)  # 64 MiB: many chunks, so the kill lands mid-transfer
+    big = np.ones(16 << 20, np.float32)  # 64 MiB: many chunks, a transfer of tens of ms
     hvd.allreduce(np.ones(8), name="warm-up")
     if me == victim:
         if mode == "during":
-            hvd.allreduce_async(big, op=hvd.Sum, name="big")
-            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
-            threading.Event().wait(60)
+            _die_once_big_is_moving(hvd, hvd.allreduce_async(big, op=hvd.Sum, name="big"))
         os.kill(os.getpid(), signal.SIGKILL)
     errors, times = [], []
     for name in ("big", "next-op"):
@@ -39,10 +64,11 @@ def killed_rank_suite(transport, mode):
         except hvd.HorovodInternalError as exc:
             errors.append(str(exc))
         times.append(time.monotonic() - start)
+    executed = _big_as_executed(hvd)
     start = time.monotonic()
     hvd.shutdown()
     times.append(time.monotonic() - start)
-    return errors, times
+    return errors, times, executed
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
@@ -54,9 +80,19 @@ def test_killed_rank_fails_survivors_in_bounded_time(transport, mode):
     assert victim.returncode == -signal.SIGKILL, victim.describe()
     for r in res[:-1]:
         assert r.ok and r.returncode == 0, r.describe()
-        errors, times = r.value
-        if mode == "during" and errors[0] is None:
-            errors = errors[1:]  # the fast path finished "big" before the kill landed
+        errors, times, executed = r.value
+        assert errors[0] is not None, (f"rank {r.rank}: 'big' succeeded: the kill landed after "
+                                       f"its transfer ended ({executed})")
+        if mode == "during":
+            assert executed is not None, (
+                f"rank {r.rank}: the kill landed before 'big' started moving bytes (it failed "
+                f"without being executed: {errors[0]!r})")
+            op, error, _ = executed
+            assert op == "ALLREDUCE" and error, (
+                f"rank {r.rank}: 'big' ran as {op!r} with error {error!r}: not a transfer cut "
+                f"off by the kill")
+        else:
+            assert executed is None, f"rank {r.rank}: 'big' was executed ({executed})"
         assert all(errors), f"rank {r.rank}: an op succeeded after rank 2 died: {errors}"
         assert re.search(r"\brank 2\b", errors[0]), f"rank {r.rank}: {errors[0]!r}"
         bound = 2 * HVD_TIMEOUT + 5
@@ -215,19 +251,18 @@ def hostile_suite(transport):
     n, me = hvd.size(), hvd.rank()
     fails = Failures()
     host, port = hvd.listen_address()
-    silent = []
-    try:
-        for _ in range(3):  # connect, say nothing, hold the connection open
-            silent.append(socket.create_connection((host, port), timeout=5))
-        with socket.create_connection((host, port), timeout=HVD_TIMEOUT + 10) as s:
-            s.sendall(os.urandom(4096))
-            fails.expect("random bytes dropped", _closed(s))
-        with socket.create_connection((host, port), timeout=HVD_TIMEOUT + 10) as s:
-            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-            fails.expect("http dropped", _closed(s))
-        fails.expect("wrong secret dropped", _send_hello_with_wrong_secret((host, port), me))
-    except ConnectionRefusedError:
-        pass  # the listener closed after the mesh formed: nothing to attack
+    try:  # connect, say nothing, hold the connections open
+        silent = [socket.create_connection((host, port), timeout=5) for _ in range(3)]
+    except ConnectionRefusedError as exc:
+        raise AssertionError(f"rank {me}: nothing listens on {host}:{port} once the mesh "
+                             f"formed ({exc}): the attacks below would test nothing") from None
+    with socket.create_connection((host, port), timeout=HVD_TIMEOUT + 10) as s:
+        s.sendall(os.urandom(4096))
+        fails.expect("random bytes dropped", _closed(s))
+    with socket.create_connection((host, port), timeout=HVD_TIMEOUT + 10) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        fails.expect("http dropped", _closed(s))
+    fails.expect("wrong secret dropped", _send_hello_with_wrong_secret((host, port), me))
     for i in range(5):
         out = hvd.allreduce(np.full(1000, me, np.int64), op=hvd.Sum, name=f"during-attack.{i}")
         fails.expect(f"allreduce {i}", np.all(out == n * (n - 1) // 2))

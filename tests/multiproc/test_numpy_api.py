@@ -78,11 +78,10 @@ def calls_suite():
     # A pooled (>= 1 MiB) output and a 2-D array through the fast path.
     big = np.full((512, 1024), me + 1.0, np.float32)
     fails.expect("large", bool(np.all(hvd.allreduce(big, op=hvd.Sum, name="big") == total + n)))
-    if checks.BFLOAT16 is not None:
-        bf = np.ones(5, dtype=checks.BFLOAT16)
-        out = hvd.allreduce(bf, op=hvd.Sum, name="bf16")
-        fails.expect("bfloat16", out.dtype == checks.BFLOAT16 and
-                     bool(np.all(out.astype(np.float32) == n)), f"{out}")
+    bf = np.ones(5, dtype=checks.BFLOAT16)
+    out = hvd.allreduce(bf, op=hvd.Sum, name="bf16")
+    fails.expect("bfloat16", out.dtype == checks.BFLOAT16 and
+                 bool(np.all(out.astype(np.float32) == n)), f"{out}")
     hvd.shutdown()
     return fails.raise_if_any()
 

@@ -13,17 +13,7 @@ pytestmark = pytest.mark.multiproc
 EXAMPLE = os.path.join(REPO, 'examples', 'pytorch_digits.py')
 
 
-def _mpi4py_available():
-    try:
-        import mpi4py  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.mpi
-@pytest.mark.skipif(find_mpiexec() is None or not _mpi4py_available(),
-                    reason='needs mpiexec and mpi4py')
 def test_digits_example_under_mpiexec():
     proc = subprocess.run([find_mpiexec(), '-n', '2', sys.executable, EXAMPLE, '--epochs', '2',
                            '--log-interval', '5'], cwd=REPO, env=clean_env(),
@@ -51,8 +41,6 @@ def rank_comm_list():
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(find_mpiexec() is None or not _mpi4py_available(),
-                    reason='needs mpiexec and mpi4py')
 def test_init_with_a_list_of_ranks_under_mpiexec():
     results = run_mpi(rank_comm_list, 3, timeout=120)
     assert [r.value for r in results] == [2.0, 2.0, 'outside']

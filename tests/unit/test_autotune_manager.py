@@ -1,4 +1,4 @@
-"""The autotuning state machine through ``engine_native._core.ParameterManagerForTest``: the
+"""The autotuning state machine through ``engine_native._hooks.ParameterManagerForTest``: the
 runtime's calls (update per step, current params) driven by a synthetic throughput model.
 Checks warm-up, the Bayesian then categorical chain, fixed knobs, medians, the state readable at
 any time and the CSV log."""
@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from engine_native import _core
+from native.build_testhooks import load
+
+_hooks = load()  # the test-only extension (tests/native): built here if needed
 
 MIB = 1 << 20
 STEP_BYTES = 64 * MIB
@@ -54,11 +56,11 @@ def small(**kwargs):
     options = {"warmup_samples": 1, "steps_per_sample": 2, "samples_per_setting": 3,
                "bayes_max_samples": 12, "seed": 3}
     options.update(kwargs)
-    return _core.ParameterManagerForTest(**options)
+    return _hooks.ParameterManagerForTest(**options)
 
 
 def test_warmup_samples_are_discarded():
-    m = _core.ParameterManagerForTest(warmup_samples=3, steps_per_sample=2)
+    m = _hooks.ParameterManagerForTest(warmup_samples=3, steps_per_sample=2)
     state = m.state()
     assert (state["phase"], state["trial"], state["trials"]) == ("warmup", 1, 3)
     for _ in range(5):
@@ -172,7 +174,7 @@ def test_best_is_applied_when_done_and_near_the_optimum(seed):
 
 
 def test_score_is_bytes_per_second_median_of_samples():
-    m = _core.ParameterManagerForTest(warmup_samples=0, steps_per_sample=2,
+    m = _hooks.ParameterManagerForTest(warmup_samples=0, steps_per_sample=2,
                                       samples_per_setting=3, bayes_max_samples=1,
                                       fixed_cache=True)
     for seconds in (1.0, 1.0, 0.01, 0.01, 0.5, 0.5):  # samples 1000, 100000, 2000 bytes/s
@@ -198,7 +200,7 @@ def test_only_categorical_when_both_continuous_knobs_are_fixed():
 
 
 def test_nothing_to_tune_is_done_at_once():
-    m = _core.ParameterManagerForTest(fixed_fusion_threshold=True, fixed_cycle_time=True,
+    m = _hooks.ParameterManagerForTest(fixed_fusion_threshold=True, fixed_cycle_time=True,
                                       fixed_cache=True, num_hosts=4, fixed_hierarchical=True)
     state = m.state()
     assert state["phase"] == "done" and state["history"] == []

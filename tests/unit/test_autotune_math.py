@@ -1,12 +1,16 @@
-"""The autotuner's math through ``engine_native._core``: Gaussian-process regression
-(``gp_fit_predict``, checked against scikit-learn where it is installed) and the Bayesian
-optimizer (``autotune_maximize``) against Python objectives."""
+"""The autotuner's math through the test hooks (tests/native/testhooks): Gaussian-process
+regression (``gp_fit_predict``, checked against scikit-learn) and the Bayesian optimizer
+(``autotune_maximize``) against Python objectives."""
 import math
 
 import numpy as np
 import pytest
+from sklearn import gaussian_process as gp
+from sklearn.gaussian_process import kernels
 
-from engine_native import _core
+from native.build_testhooks import load
+
+_hooks = load()  # the test-only extension (tests/native): built here if needed
 
 
 def smooth(fusion_mb, cycle_ms):
@@ -28,7 +32,7 @@ BOX = [(0.0, 64.0), (0.0, 50.0)]
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_finds_the_maximum_of_a_smooth_2d_function_within_budget(seed):
-    best_x, best_y, history = _core.autotune_maximize(smooth, BOX, max_samples=20, noise=0.01,
+    best_x, best_y, history = _hooks.autotune_maximize(smooth, BOX, max_samples=20, noise=0.01,
                                                       seed=seed)
     top = grid_max(smooth, BOX)
     worst = grid_max(lambda x, y: -smooth(x, y), BOX) * -1
@@ -42,7 +46,7 @@ def test_beats_random_search_on_average():
     top = grid_max(smooth, BOX)
     bayes, random = [], []
     for seed in range(1, 6):
-        bayes.append(top - _core.autotune_maximize(smooth, BOX, 15, 0.01, seed)[1])
+        bayes.append(top - _hooks.autotune_maximize(smooth, BOX, 15, 0.01, seed)[1])
         pts = rng.uniform([0, 0], [64, 50], size=(15, 2))
         random.append(top - max(smooth(*p) for p in pts))
     assert np.mean(bayes) < np.mean(random)
@@ -54,7 +58,7 @@ def test_noisy_objective_with_default_noise():
     def noisy(x, y):
         return smooth(x, y) + rng.normal(0.0, 0.05)
 
-    best_x, _, _ = _core.autotune_maximize(noisy, BOX, max_samples=25, seed=5)
+    best_x, _, _ = _hooks.autotune_maximize(noisy, BOX, max_samples=25, seed=5)
     top = grid_max(smooth, BOX)
     assert smooth(*best_x) >= top - 0.1 * (top - smooth(64.0, 50.0))
 
@@ -69,8 +73,8 @@ def test_recommendation_discounts_a_lucky_sample():
             calls[0] += 1
             return smooth(x, y) + (6.0 if calls[0] % 20 == 4 else 0.0)
 
-        raw_x, _, _ = _core.autotune_maximize(lucky, BOX, max_samples=20, seed=seed)
-        kept_x, _, _ = _core.autotune_maximize(lucky, BOX, max_samples=20, seed=seed,
+        raw_x, _, _ = _hooks.autotune_maximize(lucky, BOX, max_samples=20, seed=seed)
+        kept_x, _, _ = _hooks.autotune_maximize(lucky, BOX, max_samples=20, seed=seed,
                                                recommend=True)
         raw_true.append(smooth(*raw_x))
         kept_true.append(smooth(*kept_x))
@@ -84,7 +88,7 @@ def test_history_stays_in_bounds_and_best_is_its_maximum():
     def f(a, b, c):
         return -(a + 2.0) ** 2 - ((b - 15.0) / 5.0) ** 2 - (c - 0.2) ** 2
 
-    best_x, best_y, history = _core.autotune_maximize(f, bounds, max_samples=12, seed=3)
+    best_x, best_y, history = _hooks.autotune_maximize(f, bounds, max_samples=12, seed=3)
     assert len(history) == 12
     for x, y in history:
         assert len(x) == 3
@@ -95,16 +99,16 @@ def test_history_stays_in_bounds_and_best_is_its_maximum():
 
 
 def test_same_seed_same_history_other_seed_differs():
-    one = _core.autotune_maximize(smooth, BOX, 8, 0.8, 11)
-    two = _core.autotune_maximize(smooth, BOX, 8, 0.8, 11)
-    three = _core.autotune_maximize(smooth, BOX, 8, 0.8, 12)
+    one = _hooks.autotune_maximize(smooth, BOX, 8, 0.8, 11)
+    two = _hooks.autotune_maximize(smooth, BOX, 8, 0.8, 11)
+    three = _hooks.autotune_maximize(smooth, BOX, 8, 0.8, 12)
     assert one == two
     assert one[2] != three[2]
 
 
 def test_both_kernels_work():
     for kernel in ("rbf", "matern52"):
-        _, best_y, _ = _core.autotune_maximize(smooth, BOX, 15, 0.01, 2, kernel)
+        _, best_y, _ = _hooks.autotune_maximize(smooth, BOX, 15, 0.01, 2, kernel)
         assert best_y > 4.5
 
 
@@ -113,18 +117,18 @@ def test_objective_errors_propagate():
         raise RuntimeError("objective failed")
 
     with pytest.raises(RuntimeError, match="objective failed"):
-        _core.autotune_maximize(broken, BOX, 5)
+        _hooks.autotune_maximize(broken, BOX, 5)
 
 
 @pytest.mark.parametrize("bounds", [[(1.0, 1.0)], [(2.0, 1.0)], [(0.0, 1.0, 2.0)]])
 def test_bad_bounds_are_value_errors(bounds):
     with pytest.raises(ValueError, match="bound"):
-        _core.autotune_maximize(lambda *x: 0.0, bounds, 3)
+        _hooks.autotune_maximize(lambda *x: 0.0, bounds, 3)
 
 
 def test_bad_kernel_is_a_value_error():
     with pytest.raises(ValueError, match="kernel"):
-        _core.autotune_maximize(lambda *x: 0.0, BOX, 3, kernel="linear")
+        _hooks.autotune_maximize(lambda *x: 0.0, BOX, 3, kernel="linear")
 
 
 # ---- Gaussian process ----------------------------------------------------------------------------
@@ -138,7 +142,7 @@ def sine_data(n=12, seed=0):
 def test_gp_interpolates_a_smooth_function():
     x, y = sine_data()
     queries = np.linspace(0.05, 0.95, 19)
-    means, _, hyper = _core.gp_fit_predict(x[:, None].tolist(), y.tolist(),
+    means, _, hyper = _hooks.gp_fit_predict(x[:, None].tolist(), y.tolist(),
                                            queries[:, None].tolist(), noise=1e-6,
                                            fit_noise=False)
     truth = np.sin(2.0 * math.pi * queries) * 3.0 + 10.0
@@ -150,9 +154,9 @@ def test_gp_interpolates_a_smooth_function():
 def test_gp_is_sure_at_data_and_unsure_far_away():
     x, y = sine_data()
     near, far = [[x[3]]], [[4.0]]
-    (m_near,), (s_near,), _ = _core.gp_fit_predict(x[:, None].tolist(), y.tolist(), near,
+    (m_near,), (s_near,), _ = _hooks.gp_fit_predict(x[:, None].tolist(), y.tolist(), near,
                                                    noise=1e-6, fit_noise=False)
-    (m_far,), (s_far,), _ = _core.gp_fit_predict(x[:, None].tolist(), y.tolist(), far,
+    (m_far,), (s_far,), _ = _hooks.gp_fit_predict(x[:, None].tolist(), y.tolist(), far,
                                                  noise=1e-6, fit_noise=False)
     assert m_near == pytest.approx(y[3], abs=1e-2)
     assert s_near < 0.05
@@ -163,10 +167,10 @@ def test_gp_is_sure_at_data_and_unsure_far_away():
 def test_gp_fitted_likelihood_beats_other_hyperparameters():
     x, y = sine_data(n=15, seed=2)
     xs, q = x[:, None].tolist(), [[0.5]]
-    _, _, fitted = _core.gp_fit_predict(xs, y.tolist(), q, noise=1e-4, fit_noise=False)
+    _, _, fitted = _hooks.gp_fit_predict(xs, y.tolist(), q, noise=1e-4, fit_noise=False)
     for length in (0.01, 0.05, 1.0, 5.0):
         for signal in (0.1, 1.0, 10.0):
-            _, _, other = _core.gp_fit_predict(xs, y.tolist(), q, noise=1e-4,
+            _, _, other = _hooks.gp_fit_predict(xs, y.tolist(), q, noise=1e-4,
                                                length_scales=[length], signal_variance=signal)
             assert fitted["log_marginal_likelihood"] >= other["log_marginal_likelihood"] - 1e-6
 
@@ -175,26 +179,24 @@ def test_gp_fits_the_noise_level():
     rng = np.random.default_rng(4)
     x = rng.uniform(0, 1, 40)
     y = np.sin(2 * math.pi * x) + rng.normal(0, 0.3, x.size)
-    _, _, hyper = _core.gp_fit_predict(x[:, None].tolist(), y.tolist(), [[0.5]], noise=0.8)
+    _, _, hyper = _hooks.gp_fit_predict(x[:, None].tolist(), y.tolist(), [[0.5]], noise=0.8)
     # 0.3^2 of noise over a total variance of about 0.5 + 0.09, in standardised units
     assert 0.05 < hyper["noise_variance"] < 0.4
 
 
 def test_gp_rejects_bad_input():
     with pytest.raises(ValueError):
-        _core.gp_fit_predict([], [], [[0.0]])
+        _hooks.gp_fit_predict([], [], [[0.0]])
     with pytest.raises(ValueError):
-        _core.gp_fit_predict([[0.0], [1.0, 2.0]], [1.0, 2.0], [[0.0]])
+        _hooks.gp_fit_predict([[0.0], [1.0, 2.0]], [1.0, 2.0], [[0.0]])
     with pytest.raises(ValueError):
-        _core.gp_fit_predict([[0.0]], [1.0, 2.0], [[0.0]])
+        _hooks.gp_fit_predict([[0.0]], [1.0, 2.0], [[0.0]])
     with pytest.raises(ValueError):
-        _core.gp_fit_predict([[0.0], [1.0]], [1.0, 2.0], [[0.0, 1.0]])
+        _hooks.gp_fit_predict([[0.0], [1.0]], [1.0, 2.0], [[0.0, 1.0]])
 
 
 @pytest.mark.parametrize("kernel", ["rbf", "matern52"])
 def test_gp_matches_scikit_learn_with_fixed_hyperparameters(kernel):
-    gp = pytest.importorskip("sklearn.gaussian_process")
-    kernels = pytest.importorskip("sklearn.gaussian_process.kernels")
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 1, size=(12, 2))
     y = np.sin(4 * x[:, 0]) + x[:, 1] ** 2
@@ -204,7 +206,7 @@ def test_gp_matches_scikit_learn_with_fixed_hyperparameters(kernel):
     ref = gp.GaussianProcessRegressor(kernels.ConstantKernel(1.7, "fixed") * base, alpha=0.01,
                                       optimizer=None, normalize_y=True).fit(x, y)
     ref_mean, ref_std = ref.predict(q, return_std=True)
-    mean, std, hyper = _core.gp_fit_predict(x.tolist(), y.tolist(), q.tolist(), noise=0.01,
+    mean, std, hyper = _hooks.gp_fit_predict(x.tolist(), y.tolist(), q.tolist(), noise=0.01,
                                             kernel=kernel, length_scales=[0.3, 0.5],
                                             signal_variance=1.7)
     np.testing.assert_allclose(mean, ref_mean, atol=1e-6)

@@ -22,11 +22,12 @@ from engine_native import _core, gpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(engine_native.__file__)))
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-HAS_LOADER = hasattr(_core, "nccl_load")
-needs_loader = pytest.mark.skipif(
-    not HAS_LOADER or CC is None,
-    reason="engine_native._core has no nccl_load (bindings/nccl.cc not built in)"
-    if not HAS_LOADER else "no C compiler to build fake libraries")
+needs_loader = pytest.mark.usefixtures("loader_prerequisites")  # a failure, never a skip
+
+
+@pytest.fixture  # every core has the loader, and building the core needed a compiler
+def loader_prerequisites():
+    assert hasattr(_core, "nccl_load") and CC, "_core lacks nccl_load (rebuild it), or no cc"
 
 # The symbols the loader binds besides the version entry points (its bind(...) calls).
 _BOUND = re.findall(r'bind\("(\w+)"', (pathlib.Path(__file__).parents[2] / "engine_native" /

@@ -42,10 +42,15 @@ def _installed():
     return None
 
 
+def _require_installed():
+    dist = _installed()
+    assert dist is not None, "hvd-magic is not installed (run ./dev.sh test, or pip install -e .)"
+    return dist
+
+
 @pytest.fixture(scope="module")
 def locations(tmp_path_factory):
-    if _installed() is None:
-        pytest.skip("hvd-magic is not installed (run ./dev.sh test, or pip install -e .)")
+    _require_installed()
     cwd = tmp_path_factory.mktemp("elsewhere")  # the repo must not be on sys.path
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run([sys.executable, "-c", _PROBE], cwd=cwd, env=env, capture_output=True,
@@ -63,15 +68,13 @@ def _inside(paths, folder):
 @pytest.mark.parametrize("package, folder", [("hvd_magic.kernel", "kernel"),
                                              ("hvd_magic.widgets", "widgets")])
 def test_mapped_packages_resolve_to_top_level_folders(locations, package, folder):
-    if not os.path.exists(os.path.join(REPO, folder, "__init__.py")):
-        pytest.skip(f"{folder}/ has no __init__.py yet")
+    assert os.path.exists(os.path.join(REPO, folder, "__init__.py")), f"{folder}/__init__.py"
     assert _inside(locations[package], folder), f"{package} -> {locations[package]}"
 
 
 def test_engine_native_and_its_torch_subpackage_resolve_into_the_repo(locations):
     assert _inside(locations["engine_native"], "engine_native")
-    if os.path.exists(os.path.join(REPO, "engine_native", "torch", "__init__.py")):
-        assert _inside(locations["engine_native.torch"], os.path.join("engine_native", "torch"))
+    assert _inside(locations["engine_native.torch"], os.path.join("engine_native", "torch"))
     assert _inside(locations["_core"], "engine_native"), locations["_core"]
 
 
@@ -84,9 +87,7 @@ def test_no_generic_top_level_package_installed(locations, generic):
 
 
 def test_distribution_declares_no_generic_top_level_names():
-    dist = _installed()
-    if dist is None:
-        pytest.skip("hvd-magic is not installed")
+    dist = _require_installed()
     top = set((dist.read_text("top_level.txt") or "").split())
     assert not top & {"kernel", "widgets", "tests"}, top
     for entry in dist.files or []:
@@ -111,6 +112,17 @@ def test_extension_source_list_matches_csrc():
     assert sorted(listed) == on_disk, (
         f"not listed in setup.py: {sorted(set(on_disk) - set(listed))}; "
         f"listed but missing: {sorted(set(listed) - set(on_disk))}")
+
+
+def test_product_extension_carries_no_test_hooks():
+    """The hooks on a standalone Timeline / ParameterManager are the _testhooks module's,
+    built by tests/native/build_testhooks.py; the shipped _core has none of them."""
+    from engine_native import _core
+
+    hooks = [n for n in dir(_core) if "ForTest" in n or n in ("autotune_maximize",
+                                                                "gp_fit_predict")]
+    assert hooks == [], f"test hooks compiled into engine_native._core: {hooks}"
+    assert not any(s.startswith(("tests/", "testhooks/")) for s in _listed_sources())
 
 
 def test_core_includes_no_framework_or_vendor_headers():

@@ -4,7 +4,8 @@ import threading
 
 import pytest
 
-progress = pytest.importorskip("engine_native.progress")
+import engine_native.torch as torch_api
+from engine_native import progress
 
 
 @pytest.fixture(autouse=True)
@@ -57,5 +58,4 @@ def test_both_hvd_apis_expose_it():
     import engine_native
 
     assert engine_native.report is progress.report
-    torch_api = pytest.importorskip("engine_native.torch")
     assert torch_api.report is progress.report

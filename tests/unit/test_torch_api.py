@@ -4,8 +4,12 @@ What the torch layer hands the core (names, op codes, scales, roots) is asserted
 fake's log; results are checked against plain torch.
 """
 import importlib.util
+import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -281,9 +285,33 @@ def test_join_barrier_and_process_sets(hvd):
     assert hvd.global_process_set.process_set_id == 0
 
 
-def test_timeline_calls_through(hvd, tmp_path):
-    hvd.start_timeline(str(tmp_path / 't.json'))
-    hvd.stop_timeline()
+_TIMELINE_SCRIPT = """
+import sys, torch
+import engine_native.torch as hvd
+hvd.init()
+hvd.start_timeline(sys.argv[1])
+hvd.allreduce(torch.ones(4), name='traced')
+hvd.stop_timeline()
+hvd.shutdown()
+"""
+
+
+def test_timeline_writes_the_file_through_the_torch_api(tmp_path):
+    """start_timeline/stop_timeline of engine_native.torch reach the real core (size 1, in a
+    fresh process: the core's thread stays out of this one), which writes the trace."""
+    path = tmp_path / 't.json'
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(('HVD_', 'HOROVOD_', 'OMPI_', 'PMI'))}
+    proc = subprocess.run([sys.executable, '-c', _TIMELINE_SCRIPT, str(path)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(path.read_text())  # stop_timeline left valid JSON
+    tracks = {e['pid']: e['args']['name'] for e in events
+              if e.get('ph') == 'M' and e.get('name') == 'process_name'}
+    traced = [pid for pid, name in tracks.items() if 'traced' in name]
+    assert traced, f'no track for the traced tensor among {sorted(tracks.values())}'
+    spans = [e['name'] for e in events if e.get('pid') in traced and e.get('ph') == 'B']
+    assert 'ALLREDUCE' in spans, spans
 
 
 def test_horovod_names_exported(fake):

@@ -205,10 +205,28 @@ def make_fake_core():
     def nccl_version():
         return 0
 
+    # Timeline and autotune (bindings/timeline_autotune_live.cc): calls are recorded, no file
+    # is written (the real core's file is checked in test_torch_api.py).
+    def start_timeline(file_path, mark_cycles=False):
+        state['timeline'] = (file_path, bool(mark_cycles))
+
+    def stop_timeline():
+        state['timeline'] = None
+
+    def timeline_events(since_us=0):
+        return []
+
+    def autotune_state():
+        return {'enabled': False, 'tuner': False, 'phase': 'off', 'applied_phase': 'off'}
+
+    def set_autotune(enabled):
+        state['autotune'] = bool(enabled)
+
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
                add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
                synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
-               torch_release_kept, nccl_load, cuda_runtime_load, nccl_version):
+               torch_release_kept, nccl_load, cuda_runtime_load, nccl_version, start_timeline,
+               stop_timeline, timeline_events, autotune_state, set_autotune):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']

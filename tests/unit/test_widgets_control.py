@@ -6,13 +6,11 @@ import time
 
 import pytest
 
-zmq = pytest.importorskip("zmq")
-
-from hvd_magic.widgets import control as C  # noqa: E402
-from hvd_magic.widgets import hub as H  # noqa: E402
-from hvd_magic.widgets import model as M  # noqa: E402
-from hvd_magic.widgets import publisher as P  # noqa: E402
-from hvd_magic.widgets import snapshot as S  # noqa: E402
+from hvd_magic.widgets import control as C
+from hvd_magic.widgets import hub as H
+from hvd_magic.widgets import model as M
+from hvd_magic.widgets import publisher as P
+from hvd_magic.widgets import snapshot as S
 
 pytestmark = pytest.mark.timeout(60)
 KEY = b"job-key"
@@ -59,11 +57,25 @@ def test_a_failing_on_done_does_not_escape():
     assert len(pending) == 0
 
 
+def _until_every_rank_answers(hub, ranks, deadline_s=10.0):
+    """The readiness handshake of PUB/SUB: a frame published before a subscriber's
+    subscription reached the hub is dropped, and nothing tells the hub when it arrived. So
+    send "ready" probes (0.5 s each) until one is answered by every rank in ``ranks``."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        done, answers = threading.Event(), {}
+        hub.command("ready", on_done=lambda a, m: (answers.update(a), done.set()), timeout_s=0.5)
+        assert done.wait(5), "the hub never ended a ready probe"
+        if set(answers) >= set(ranks):
+            return
+    raise AssertionError(f"publishers {sorted(ranks)} did not all answer within {deadline_s} s")
+
+
 def test_hub_command_reaches_publisher_handlers_and_answers_come_back():
     model = M.DashboardModel(size=2)
     hub = H.MetricsHub(model, key=KEY)
     hub.start()
-    calls, answers = [], []
+    calls, answers, probes = [], [], []
     got = threading.Event()
 
     def handler(start, path=None):
@@ -72,15 +84,16 @@ def test_hub_command_reaches_publisher_handlers_and_answers_come_back():
             raise ValueError("no path")
         return f"recording to {path}"
 
+    def ready():
+        probes.append(threading.current_thread().name)
+        return "ready"
+
     pubs = [P.Publisher(hub.address, rank=r, key=KEY, interval_s=0.05,
                         command_address=hub.command_address,
-                        handlers={"timeline": handler}).start() for r in range(2)]
+                        handlers={"timeline": handler, "ready": ready}).start() for r in range(2)]
     try:
-        deadline = time.monotonic() + 10
-        while any(r.state == "starting" for r in model.rows(time.monotonic())):
-            assert time.monotonic() < deadline, "publishers never reached the hub"
-            time.sleep(0.02)
-        time.sleep(0.3)  # PUB/SUB: let both subscriptions arrive before publishing
+        assert hub.wait_for_ranks([0, 1], 10), "publishers never reached the hub"
+        _until_every_rank_answers(hub, [0, 1])
 
         def on_done(a, m):
             answers.append((a, m))
@@ -104,7 +117,8 @@ def test_hub_command_reaches_publisher_handlers_and_answers_come_back():
                           [])
     assert answers[2][0][0] == (False, "NotImplementedError: this engine has no handler for 'nope'")
     assert {name for name, *_ in calls} == {"hvd-metrics-r0", "hvd-metrics-r1"}  # their threads
-    assert all(p.commands_run == 3 for p in pubs)
+    for p in pubs:  # the three commands, plus the probes that reached this publisher
+        assert p.commands_run == 3 + probes.count(f"hvd-metrics-r{p.rank}"), p.commands_run
 
 
 def test_hub_stop_reports_unanswered_commands_as_missing():

@@ -1,15 +1,9 @@
 """DashboardModel: snapshots in → rows, states, rates, cluster, autotune and timeline out."""
 
-import os
-import sys
 
 import pytest
 
-try:
-    from hvd_magic.widgets import model as M
-except ImportError:  # until pyproject maps widgets/ to hvd_magic.widgets
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    from widgets import model as M
+from hvd_magic.widgets import model as M
 
 pytestmark = pytest.mark.timeout(30)
 

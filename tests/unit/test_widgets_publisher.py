@@ -10,17 +10,11 @@ import time
 
 import pytest
 
-zmq = pytest.importorskip("zmq")
-progress = pytest.importorskip("engine_native.progress")  # hvd.report's counters
+import zmq
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-try:
-    from hvd_magic.widgets import hub as H, model as M, publisher as P, snapshot as S
-    IMPORT = "from hvd_magic.widgets import publisher as P"
-except ImportError:  # until pyproject maps widgets/ to hvd_magic.widgets
-    sys.path.insert(0, ROOT)
-    from widgets import hub as H, model as M, publisher as P, snapshot as S
-    IMPORT = "from widgets import publisher as P"
+from engine_native import progress  # hvd.report's counters
+from hvd_magic.widgets import hub as H, model as M, publisher as P, snapshot as S
+
 
 pytestmark = pytest.mark.timeout(60)
 KEY = b"job-key"
@@ -86,8 +80,7 @@ def test_publisher_without_a_hub_drops_and_stops_promptly():
 
 CHILD = textwrap.dedent("""
     import sys, threading
-    sys.path.insert(0, {root!r})
-    {import_line}
+    from hvd_magic.widgets import publisher as P
     from engine_native.progress import report
     n = [0]
     def metrics():  # the shape engine_native's metrics() returns
@@ -116,7 +109,7 @@ def test_publisher_thread_in_a_subprocess_reaches_the_hub():
     model = M.DashboardModel()
     hub = H.MetricsHub(model, key=KEY)
     address = hub.start()
-    script = CHILD.format(root=ROOT, import_line=IMPORT)
+    script = CHILD.format()  # the doubled braces above are format escapes
     child = subprocess.Popen([sys.executable, "-c", script, address, KEY.decode()],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)

@@ -1,16 +1,10 @@
 """Snapshot schema: framing, signing, validation of hostile input, mapping of the core's metrics."""
 
 import json
-import os
-import sys
 
 import pytest
 
-try:
-    from hvd_magic.widgets import snapshot as S
-except ImportError:  # until pyproject maps widgets/ to hvd_magic.widgets
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-    from widgets import snapshot as S
+from hvd_magic.widgets import snapshot as S
 
 pytestmark = pytest.mark.timeout(30)
 

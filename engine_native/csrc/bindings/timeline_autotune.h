@@ -1,12 +1,11 @@
-// Timeline and autotune bindings for engine_native._core: test hooks (TimelineWriterForTest in
-// timeline_autotune.cc; ParameterManagerForTest, autotune_maximize, gp_fit_predict in
-// timeline_autotune_math.cc), the running core's functions (start_timeline, stop_timeline,
-// timeline_events, autotune_state, set_autotune in timeline_autotune_live.cc) and converters
-// the runtime's binding reuses for metrics.
-// Called from PyInit__core on the importing thread; every function here needs the GIL.
+// Timeline and autotune bindings for engine_native._core: the running core's functions
+// (start_timeline, stop_timeline, timeline_events, autotune_state, set_autotune,
+// set_tuned_params in timeline_autotune_live.cc), the pieces metrics() adds, and the
+// converters both use (timeline_autotune.cc). Test hooks on a standalone Timeline or
+// ParameterManager are not here: they live in tests/native (the _testhooks module).
+// Called from PyInit__core and metrics() with the GIL held.
 #pragma once
 
-#include <cstdint>
 #include <vector>
 
 #include "autotune/parameter_manager.h"
@@ -14,25 +13,19 @@
 
 typedef struct _object PyObject;
 
-// Adds all the hooks to `module`. Returns 0, or -1 with a Python exception set.
+// Adds the running core's timeline/autotune functions to `module`. Returns 0, or -1 with a
+// Python exception set.
 int addTimelineAutotuneBindings(PyObject* module);
 
 namespace hvd::bindings {
 
-// The autotune half of addTimelineAutotuneBindings (timeline_autotune_math.cc).
-int addAutotuneBindings(PyObject* module);
-// The running core's timeline/autotune functions (timeline_autotune_live.cc); called by
-// addTimelineAutotuneBindings.
-int addLiveTimelineAutotuneBindings(PyObject* module);
 // metrics() pieces (timeline_autotune_live.cc); new references. The autotune panel in the
 // dashboard's schema (None when tuning never ran here) and the collectives finished since the
 // previous call.
 PyObject* autotuneForMetrics();
 PyObject* eventsForMetrics();
-// Sequence of numbers -> doubles; false with a Python exception naming `what` otherwise.
-bool toDoubles(PyObject* seq, std::vector<double>* out, const char* what);
 
-// Converters for metrics; new references, or nullptr with an exception set. GIL held.
+// Converters (timeline_autotune.cc); new references, or nullptr with an exception set.
 // {"phase", "trial", "trials", "samples", "current", "best", "best_score", "history"}
 PyObject* autotuneStateToDict(const autotune::AutotuneState& state);
 // {"fusion_threshold_bytes", "cycle_time_ms", "cache_enabled", "hierarchical_allreduce"}

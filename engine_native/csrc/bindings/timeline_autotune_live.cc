@@ -161,11 +161,11 @@ int64_t g_events_cursor_us = 0;  // end time of the newest event metrics() has r
 
 }  // namespace
 
-namespace hvd::bindings {
-
-int addLiveTimelineAutotuneBindings(PyObject* module) {
+int addTimelineAutotuneBindings(PyObject* module) {
   return PyModule_AddFunctions(module, g_live_functions);
 }
+
+namespace hvd::bindings {
 
 // metrics()["autotune"] in the dashboard's schema (widgets/snapshot.py), or None when tuning
 // never ran on this rank: sample k of n settings, scores per setting (rank 0 only).

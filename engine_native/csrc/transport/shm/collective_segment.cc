@@ -8,9 +8,9 @@
 // Note [Collective setup]
 // Run by every rank of a host after the pair setup (Note [Shm setup]), over the authenticated
 // data sockets, between the host's leader L (its lowest rank) and each other rank P:
-//   F. L creates "/hvd-<job>-c<L>-<nonce>" sized for the host (if shm is wanted and creation
-//      succeeds) and writes an offer to every P: u32 magic 'HVDC', u8 ok, u8 name length,
-//      u16 local size, u32 depth, u32 0, u64 chunk bytes, name.
+//   F. L creates segmentName(job, 'c', L) sized for the host (if shm is wanted and creation
+//      succeeds) and writes an Offer (transport/shm/offer.h, magic 'HVDC') to every P: ok,
+//      the local size, the depth, the chunk bytes and the name.
 //   G. P reads the offer; if both it and P want shm and the fields match what P computes
 //      itself, P maps the segment. P writes an ack byte to L: 1 = mapped, 0 = not.
 //   H. L reads every ack and writes one verdict byte to every P: 1 iff its own offer was ok
@@ -29,8 +29,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "common/hmac.h"
 #include "common/logging.h"
+#include "transport/shm/offer.h"
 
 namespace hvd::transport::shm {
 
@@ -39,8 +39,6 @@ using common::Status;
 namespace {
 
 constexpr uint64_t kCollectiveMagic = 0x31304c4f43445648ull;  // "HVDCOL01"
-constexpr uint32_t kOfferMagic = 0x43445648;                  // "HVDC"
-constexpr size_t kOfferFixedBytes = 24;
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kControlBytes = 3 * 64;  // per rank: counters, doorbell, padding
 constexpr int kMaxLocalSize = 1024;
@@ -55,65 +53,6 @@ struct Header {
 static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(std::atomic<uint64_t>) * kStageCount <= 64, "counters share one line");
 
-struct Offer {
-  bool ok = false;
-  int local_size = 0;
-  uint32_t depth = 0;
-  uint64_t chunk_bytes = 0;
-  std::string name;
-};
-
-void putLe(uint8_t* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t getLe(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-std::string collectiveName(const std::string& job_id, int rank) {
-  std::string name = "/hvd-";
-  for (char c : job_id.substr(0, 24)) {
-    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      (c >= '0' && c <= '9') || c == '-' || c == '_';
-    name += keep ? c : '_';
-  }
-  uint8_t nonce[8];
-  common::randomBytes(nonce, sizeof(nonce));
-  return name + "-c" + std::to_string(rank) + "-" + common::toHex(nonce, sizeof(nonce));
-}
-
-Status writeOffer(int fd, const Offer& offer, tcp::Deadline deadline) {
-  uint8_t msg[kOfferFixedBytes + 255] = {};
-  putLe(msg, kOfferMagic, 4);
-  msg[4] = offer.ok ? 1 : 0;
-  msg[5] = static_cast<uint8_t>(offer.name.size());
-  putLe(msg + 6, static_cast<uint64_t>(offer.local_size), 2);
-  putLe(msg + 8, offer.depth, 4);
-  putLe(msg + 16, offer.chunk_bytes, 8);
-  std::memcpy(msg + kOfferFixedBytes, offer.name.data(), offer.name.size());
-  return tcp::writeFull(fd, msg, kOfferFixedBytes + offer.name.size(), deadline);
-}
-
-Status readOffer(int fd, tcp::Deadline deadline, Offer* offer) {
-  uint8_t fixed[kOfferFixedBytes];
-  HVD_RETURN_IF_ERROR(tcp::readFull(fd, fixed, sizeof(fixed), deadline));
-  if (getLe(fixed, 4) != kOfferMagic) return common::internalError("bad collective offer");
-  offer->ok = fixed[4] == 1;
-  offer->local_size = static_cast<int>(getLe(fixed + 6, 2));
-  offer->depth = static_cast<uint32_t>(getLe(fixed + 8, 4));
-  offer->chunk_bytes = getLe(fixed + 16, 8);
-  offer->name.resize(fixed[5]);
-  if (!offer->name.empty()) {
-    HVD_RETURN_IF_ERROR(tcp::readFull(fd, &offer->name[0], offer->name.size(), deadline));
-  }
-  const bool sane = offer->name.rfind("/hvd-", 0) == 0 &&
-                    offer->name.find('/', 1) == std::string::npos;
-  if (offer->ok && !sane) return common::internalError("malformed collective offer");
-  return Status::ok();
-}
-
 uint64_t chunkBytesFor(const CollectiveRequest& request) {
   const uint64_t piece = (std::max<uint64_t>(request.piece_bytes, 64) + 63) / 64 * 64;
   return piece * request.host_ranks.size();
@@ -123,13 +62,13 @@ uint64_t chunkBytesFor(const CollectiveRequest& request) {
 Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegment>* out) {
   const int n = static_cast<int>(request.host_ranks.size());
   Offer offer;
-  offer.local_size = n;
+  offer.count = static_cast<uint32_t>(n);
   offer.depth = request.depth;
-  offer.chunk_bytes = chunkBytesFor(request);
+  offer.bytes = chunkBytesFor(request);
   std::unique_ptr<CollectiveSegment> segment;
   if (request.wanted) {
-    offer.name = collectiveName(request.job_id, request.rank);
-    Status s = CollectiveSegment::create(offer.name, n, offer.depth, offer.chunk_bytes, &segment);
+    offer.name = segmentName(request.job_id, 'c', request.rank);
+    Status s = CollectiveSegment::create(offer.name, n, offer.depth, offer.bytes, &segment);
     if (!s.isOk()) {
       HVD_LOG(kWarning, "transport") << "no host collective segment, allreduce within the host "
                                      << "uses the pairs: " << s.message();
@@ -138,7 +77,8 @@ Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegm
   }
   offer.ok = segment != nullptr;
   for (int i = 1; i < n; ++i) {
-    HVD_RETURN_IF_ERROR(writeOffer(request.fds[request.host_ranks[i]], offer, request.deadline));
+    HVD_RETURN_IF_ERROR(writeOffer(request.fds[request.host_ranks[i]], kCollectiveOfferMagic,
+                                   offer, request.deadline));
   }
   bool all = offer.ok;
   for (int i = 1; i < n; ++i) {
@@ -161,12 +101,12 @@ Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegm
 Status followLeader(const CollectiveRequest& request, std::unique_ptr<CollectiveSegment>* out) {
   const int fd = request.fds[request.host_ranks[0]];
   Offer offer;
-  HVD_RETURN_IF_ERROR(readOffer(fd, request.deadline, &offer));
+  HVD_RETURN_IF_ERROR(readOffer(fd, kCollectiveOfferMagic, request.deadline, &offer));
   const int n = static_cast<int>(request.host_ranks.size());
   std::unique_ptr<CollectiveSegment> segment;
-  if (request.wanted && offer.ok && offer.local_size == n && offer.depth == request.depth &&
-      offer.chunk_bytes == chunkBytesFor(request)) {
-    Status s = CollectiveSegment::open(offer.name, n, offer.depth, offer.chunk_bytes, &segment);
+  if (request.wanted && offer.ok && offer.count == static_cast<uint32_t>(n) &&
+      offer.depth == request.depth && offer.bytes == chunkBytesFor(request)) {
+    Status s = CollectiveSegment::open(offer.name, n, offer.depth, offer.bytes, &segment);
     if (!s.isOk()) {
       HVD_LOG(kWarning, "transport") << "cannot map the host collective segment: "
                                      << s.message();

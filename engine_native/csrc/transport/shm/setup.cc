@@ -2,11 +2,11 @@
 //
 // Note [Shm setup]
 // Run by every rank with each peer P of its host, over the authenticated data socket to P:
-//   A. If shm is wanted, the rank creates one segment, "/hvd-<job>-r<rank>-<nonce>", with one
+//   A. If shm is wanted, the rank creates one segment, segmentName(job, 'r', rank), with one
 //      ring per local peer (ring k receives from local_peers[k]). If creation fails (e.g. a
 //      full /dev/shm) it logs a warning and offers nothing.
-//   B. It writes an Offer to every P: u32 magic 'HVDS', u8 ok, u8 name length, u16 0,
-//      u32 ring index for P, u32 ring count, u64 ring bytes, name. All offers are written
+//   B. It writes an Offer (transport/shm/offer.h, magic 'HVDS') to every P: ok, the ring
+//      index for P, the ring count, the ring bytes and the name. All offers are written
 //      before any is read; each is < 300 bytes, so the socket buffers absorb them.
 //   C. It reads P's offer, validates it, and maps P's segment if both offered. It writes an
 //      Ack byte to P: 1 = mapped, 0 = not.
@@ -17,10 +17,8 @@
 //      mapping). Only a crash between A and E can leave a name in /dev/shm.
 #include "transport/shm/setup.h"
 
-#include <cstring>
-
-#include "common/hmac.h"
 #include "common/logging.h"
+#include "transport/shm/offer.h"
 
 namespace hvd::transport::shm {
 
@@ -28,69 +26,14 @@ using common::Status;
 
 namespace {
 
-constexpr uint32_t kOfferMagic = 0x53445648;  // "HVDS"
-constexpr size_t kOfferFixedBytes = 24;
 constexpr uint32_t kMaxRings = 4096;
 constexpr uint64_t kMaxRingBytes = 1ull << 32;
 
-struct Offer {
-  bool ok = false;
-  uint32_t ring_index = 0;
-  uint32_t ring_count = 0;
-  uint64_t ring_bytes = 0;
-  std::string name;
-};
-
-void putLe(uint8_t* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t getLe(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
-
-std::string segmentName(const std::string& job_id, int rank) {
-  std::string name = "/hvd-";
-  for (char c : job_id.substr(0, 24)) {
-    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      (c >= '0' && c <= '9') || c == '-' || c == '_';
-    name += keep ? c : '_';
-  }
-  uint8_t nonce[8];
-  common::randomBytes(nonce, sizeof(nonce));
-  return name + "-r" + std::to_string(rank) + "-" + common::toHex(nonce, sizeof(nonce));
-}
-
-Status writeOffer(int fd, const Offer& offer, tcp::Deadline deadline) {
-  uint8_t msg[kOfferFixedBytes + 255] = {};
-  putLe(msg, kOfferMagic, 4);
-  msg[4] = offer.ok ? 1 : 0;
-  msg[5] = static_cast<uint8_t>(offer.name.size());
-  putLe(msg + 8, offer.ring_index, 4);
-  putLe(msg + 12, offer.ring_count, 4);
-  putLe(msg + 16, offer.ring_bytes, 8);
-  std::memcpy(msg + kOfferFixedBytes, offer.name.data(), offer.name.size());
-  return tcp::writeFull(fd, msg, kOfferFixedBytes + offer.name.size(), deadline);
-}
-
-Status readOffer(int fd, tcp::Deadline deadline, Offer* offer) {
-  uint8_t fixed[kOfferFixedBytes];
-  HVD_RETURN_IF_ERROR(tcp::readFull(fd, fixed, sizeof(fixed), deadline));
-  if (getLe(fixed, 4) != kOfferMagic) return common::internalError("bad shm offer");
-  offer->ok = fixed[4] == 1;
-  offer->ring_index = static_cast<uint32_t>(getLe(fixed + 8, 4));
-  offer->ring_count = static_cast<uint32_t>(getLe(fixed + 12, 4));
-  offer->ring_bytes = getLe(fixed + 16, 8);
-  offer->name.resize(fixed[5]);
-  if (!offer->name.empty()) {
-    HVD_RETURN_IF_ERROR(tcp::readFull(fd, &offer->name[0], offer->name.size(), deadline));
-  }
-  const bool sane = offer->ring_count > 0 && offer->ring_count <= kMaxRings &&
-                    offer->ring_index < offer->ring_count && offer->ring_bytes >= 64 &&
-                    offer->ring_bytes <= kMaxRingBytes && offer->name.rfind("/hvd-", 0) == 0 &&
-                    offer->name.find('/', 1) == std::string::npos;
-  if (offer->ok && !sane) return common::internalError("malformed shm offer");
+// Step C's validation: the shape of a pair segment a peer offers.
+Status checkPairOffer(const Offer& offer) {
+  const bool sane = offer.count > 0 && offer.count <= kMaxRings && offer.index < offer.count &&
+                    offer.bytes >= 64 && offer.bytes <= kMaxRingBytes;
+  if (offer.ok && !sane) return common::internalError("malformed shm offer");
   return Status::ok();
 }
 
@@ -98,7 +41,7 @@ Status readOffer(int fd, tcp::Deadline deadline, Offer* offer) {
 std::unique_ptr<Segment> createOwn(const SetupRequest& request) {
   if (!request.wanted || request.local_peers.empty()) return nullptr;
   std::unique_ptr<Segment> own;
-  const std::string name = segmentName(request.job_id, request.rank);
+  const std::string name = segmentName(request.job_id, 'r', request.rank);
   Status s = Segment::create(name, static_cast<uint32_t>(request.local_peers.size()),
                              request.ring_bytes, &own);
   if (!s.isOk()) {
@@ -125,24 +68,25 @@ Status setupSharedMemory(const SetupRequest& request, SetupResult* result) {
     Offer offer;
     if (result->own) {
       offer.ok = true;
-      offer.ring_index = static_cast<uint32_t>(k);
-      offer.ring_count = result->own->ringCount();
-      offer.ring_bytes = result->own->ringBytes();
+      offer.index = static_cast<uint32_t>(k);
+      offer.count = result->own->ringCount();
+      offer.bytes = result->own->ringBytes();
       offer.name = result->own->name();
     }
     result->incoming_ring[peers[k]] = static_cast<uint32_t>(k);
-    HVD_RETURN_IF_ERROR(writeOffer(request.fds[peers[k]], offer, request.deadline));
+    HVD_RETURN_IF_ERROR(writeOffer(request.fds[peers[k]], kPairOfferMagic, offer,
+                                   request.deadline));
   }
   std::vector<uint8_t> mapped(world, 0);
   for (int p : peers) {  // step C
     Offer offer;
-    HVD_RETURN_IF_ERROR(readOffer(request.fds[p], request.deadline, &offer));
+    HVD_RETURN_IF_ERROR(readOffer(request.fds[p], kPairOfferMagic, request.deadline, &offer));
+    HVD_RETURN_IF_ERROR(checkPairOffer(offer));
     if (result->own && offer.ok) {
-      Status s = Segment::open(offer.name, offer.ring_count, offer.ring_bytes,
-                               &result->peer_segment[p]);
+      Status s = Segment::open(offer.name, offer.count, offer.bytes, &result->peer_segment[p]);
       if (s.isOk()) {
         mapped[p] = 1;
-        result->outgoing_ring[p] = offer.ring_index;
+        result->outgoing_ring[p] = offer.index;
       } else {
         HVD_LOG(kWarning, "transport") << "cannot map rank " << p << "'s shared memory, using "
                                        << "tcp to it: " << s.message();

@@ -1,6 +1,8 @@
-// Binding code only: the autotune test hooks: ParameterManagerForTest (the tuning state
-// machine driven with synthetic step timings), autotune_maximize (the GP/EI optimizer against
-// a Python objective) and gp_fit_predict (Gaussian-process regression), plus converters.
+// Test hooks, never in the product: ParameterManagerForTest (the tuning state machine driven
+// with synthetic step timings), autotune_maximize (the GP/EI optimizer against a Python
+// objective) and gp_fit_predict (Gaussian-process regression), for tests/unit/
+// test_autotune_manager.py and test_autotune_math.py. Built into _testhooks by
+// tests/native/build.py; the module's thread (the GIL holder) calls them.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -11,25 +13,7 @@
 #include "autotune/gaussian_process.h"
 #include "autotune/parameter_manager.h"
 #include "bindings/timeline_autotune.h"
-
-namespace hvd::bindings {
-
-bool toDoubles(PyObject* seq, std::vector<double>* out, const char* what) {
-  PyObject* fast = PySequence_Fast(seq, what);
-  if (fast == nullptr) return false;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  out->resize(n);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    (*out)[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-    if ((*out)[i] == -1.0 && PyErr_Occurred()) {
-      Py_DECREF(fast);
-      return false;
-    }
-  }
-  Py_DECREF(fast);
-  return true;
-}
-}  // namespace hvd::bindings
+#include "testhooks/hooks.h"
 
 namespace {
 
@@ -38,7 +22,7 @@ using hvd::autotune::ParameterManager;
 using hvd::autotune::Point;
 using hvd::autotune::TunedParams;
 using hvd::bindings::autotuneStateToDict;
-using hvd::bindings::toDoubles;
+using hvd::testhooks::toDoubles;
 using hvd::bindings::tunedParamsToDict;
 
 bool toPoints(PyObject* seq, std::vector<Point>* out, const char* what) {
@@ -270,37 +254,14 @@ PyType_Slot g_manager_slots[] = {
     {Py_tp_doc, const_cast<char*>("The autotuner's ParameterManager driven from Python.")},
     {0, nullptr}};
 
-PyType_Spec g_manager_spec = {"engine_native._core.ParameterManagerForTest",
+PyType_Spec g_manager_spec = {"_testhooks.ParameterManagerForTest",
                               sizeof(ManagerObject), 0, Py_TPFLAGS_DEFAULT, g_manager_slots};
 
 }  // namespace
 
-namespace hvd::bindings {
+namespace hvd::testhooks {
 
-PyObject* tunedParamsToDict(const TunedParams& p) {
-  return Py_BuildValue("{s:L,s:d,s:O,s:O}", "fusion_threshold_bytes",
-                       static_cast<long long>(p.fusion_threshold_bytes), "cycle_time_ms",
-                       p.cycle_time_ms, "cache_enabled", p.cache_enabled ? Py_True : Py_False,
-                       "hierarchical_allreduce", p.hierarchical_allreduce ? Py_True : Py_False);
-}
-
-PyObject* autotuneStateToDict(const hvd::autotune::AutotuneState& s) {
-  PyObject* history = PyList_New(static_cast<Py_ssize_t>(s.history.size()));
-  for (size_t i = 0; history != nullptr && i < s.history.size(); ++i) {
-    const hvd::autotune::AutotuneTrial& t = s.history[i];
-    PyObject* row = Py_BuildValue("{s:N,s:d,s:s}", "params", tunedParamsToDict(t.params),
-                                  "score", t.score, "phase", hvd::autotune::phaseName(t.phase));
-    if (row == nullptr) Py_CLEAR(history);
-    else PyList_SET_ITEM(history, i, row);
-  }
-  if (history == nullptr) return nullptr;
-  return Py_BuildValue("{s:s,s:i,s:i,s:i,s:N,s:N,s:d,s:N}", "phase",
-                       hvd::autotune::phaseName(s.phase), "trial", s.trial, "trials", s.trials,
-                       "samples", s.samples, "current", tunedParamsToDict(s.current), "best",
-                       tunedParamsToDict(s.best), "best_score", s.best_score, "history", history);
-}
-
-int addAutotuneBindings(PyObject* module) {
+int addAutotuneHooks(PyObject* module) {
   if (PyModule_AddFunctions(module, g_functions) < 0) return -1;
   PyObject* type = PyType_FromSpec(&g_manager_spec);
   if (type == nullptr) return -1;
@@ -311,4 +272,4 @@ int addAutotuneBindings(PyObject* module) {
   return 0;
 }
 
-}  // namespace hvd::bindings
+}  // namespace hvd::testhooks

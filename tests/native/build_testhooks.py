@@ -1,0 +1,132 @@
+"""Build and load ``_testhooks``, the test-only extension (tests/native/testhooks/*.cc): Python
+handles on the core's Timeline, ParameterManager and GP/EI math, compiled here at test time
+together with the core sources they run, never by setup.py, so nothing of it ships.
+
+    from native.build_testhooks import load      # tests/ on sys.path (pytest's rootdir)
+    hooks = load()                               # builds once, then reuses
+    hooks.TimelineWriterForTest(flush_interval_ms=20)
+
+    python tests/native/build_testhooks.py       # build now, print the module's path
+
+The result lives in ``build/testhooks/<digest>/`` of the checkout (git-ignored), the digest
+covering every source and header involved, the flags, the compiler and the Python: an
+unchanged tree reuses it, a changed one builds anew (about 30 s on two cores, in parallel).
+A failed build raises with the compiler's output: the hooks' tests fail, never skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CSRC = os.path.join(REPO, "engine_native", "csrc")
+OUT = os.path.join(REPO, "build", "testhooks")
+
+HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc"]
+# The core's sources the hooks run, spelled as in setup.py's CORE_SOURCES.
+CORE = [
+    "common/dtype.cc",
+    "common/logging.cc",
+    "timeline/trace_writer.cc",
+    "timeline/recent_events.cc",
+    "timeline/timeline.cc",
+    "autotune/local_search.cc",
+    "autotune/gaussian_process.cc",
+    "autotune/bayesian_optimizer.cc",
+    "autotune/parameter_manager.cc",
+    "bindings/timeline_autotune.cc",
+]
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _compiler() -> list:
+    return (os.environ.get("CXX") or "c++").split()
+
+
+def _flags() -> list:
+    flags = ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-pthread",
+             "-I" + CSRC, "-I" + HERE, "-I" + sysconfig.get_paths()["include"]]
+    if _truthy("CI") or _truthy("HVD_WERROR"):  # as setup.py: warnings fail CI
+        flags.append("-Werror")
+    return flags
+
+
+def _sources() -> list:
+    return [os.path.join(HERE, s) for s in HOOKS] + [os.path.join(CSRC, s) for s in CORE]
+
+
+def _digest() -> str:
+    """Covers what the build reads: the sources, every header they could include, the flags,
+    the compiler's identity and the interpreter's ABI."""
+    h = hashlib.sha256()
+    headers = sorted(os.path.join(d, f) for top in (CSRC, HERE) for d, _, files in os.walk(top)
+                     for f in files if f.endswith(".h"))
+    for path in _sources() + headers:
+        h.update(path.encode())
+        with open(path, "rb") as fh:
+            h.update(fh.read())
+    version = subprocess.run(_compiler() + ["--version"], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    h.update("\0".join(_flags() + [version, sys.version, sysconfig.get_config_var("EXT_SUFFIX")])
+             .encode())
+    return h.hexdigest()[:16]
+
+
+def _run(cmd: list) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building _testhooks failed: {' '.join(cmd)}\n{proc.stdout}"
+                           f"{proc.stderr}")
+
+
+def build() -> str:
+    """Path of an up-to-date _testhooks extension, building it when needed."""
+    target_dir = os.path.join(OUT, _digest())
+    target = os.path.join(target_dir, "_testhooks" + sysconfig.get_config_var("EXT_SUFFIX"))
+    if os.path.exists(target):
+        return target
+    os.makedirs(OUT, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="tmp-", dir=OUT)
+    try:
+        objects = [os.path.join(work, f"{i}.o") for i in range(len(_sources()))]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(lambda pair: _run(_compiler() + _flags() + ["-c", pair[0], "-o",
+                                                                      pair[1]]),
+                          zip(_sources(), objects)))
+        linked = os.path.join(work, os.path.basename(target))
+        _run(_compiler() + ["-shared", "-pthread", "-o", linked] + objects)
+        os.makedirs(target_dir, exist_ok=True)
+        os.replace(linked, target)  # atomic: a concurrent build of the same tree is harmless
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for old in os.listdir(OUT):  # builds of earlier trees are never used again
+        if old != os.path.basename(target_dir) and not old.startswith("tmp-"):
+            shutil.rmtree(os.path.join(OUT, old), ignore_errors=True)
+    return target
+
+
+@functools.cache
+def load():
+    """The _testhooks module (built if needed), imported once per process."""
+    path = build()
+    spec = importlib.util.spec_from_file_location("_testhooks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":
+    print(build())

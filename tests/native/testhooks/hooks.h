@@ -1,0 +1,21 @@
+// The _testhooks extension: Python handles on parts of the core that the product only runs
+// inside its background loop (a Timeline, a ParameterManager, the GP/EI math), so unit tests
+// and benchmarks drive them directly. Compiled with the core's sources they need by
+// tests/native/build.py, never by setup.py: nothing here ships. GIL held throughout.
+#pragma once
+
+#include <vector>
+
+typedef struct _object PyObject;
+
+namespace hvd::testhooks {
+
+// Sequence of numbers -> doubles; false with a Python exception naming `what` otherwise.
+bool toDoubles(PyObject* seq, std::vector<double>* out, const char* what);
+
+// TimelineWriterForTest (timeline_writer.cc). 0, or -1 with an exception set.
+int addTimelineWriter(PyObject* module);
+// ParameterManagerForTest, autotune_maximize, gp_fit_predict (autotune.cc). Same contract.
+int addAutotuneHooks(PyObject* module);
+
+}  // namespace hvd::testhooks

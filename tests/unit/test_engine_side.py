@@ -1,0 +1,81 @@
+"""GPU pinning as ``%hvd_start`` does it on every engine (hvd_magic.engine_side.init_engine):
+one GPU per local rank, round robin when local ranks outnumber the GPUs, none with
+``--gpus none`` (which also hides the GPUs from the engines) or without CUDA, and a broken CUDA
+reported and left on CPU. Torch is a stand-in recording what the pinning asked of it."""
+import types
+
+import pytest
+
+from hvd_magic import engine_side, ranksetup
+
+
+class FakeCuda:
+    """torch.cuda with ``count`` GPUs: records set_device; ``broken`` makes it raise."""
+
+    def __init__(self, count, broken=None):
+        self.count, self.broken, self.current = count, broken, None
+
+    def is_available(self):
+        return self.count > 0
+
+    def device_count(self):
+        return self.count
+
+    def set_device(self, index):
+        if self.broken:
+            raise self.broken
+        assert 0 <= index < self.count, index
+        self.current = index
+
+    def get_device_name(self, index):
+        return f"Fake GPU {index}"
+
+    def get_device_properties(self, device):
+        index = int(str(device).split(":")[-1])
+        return types.SimpleNamespace(total_memory=(index + 1) << 30)
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    """init_engine's surroundings: an engine namespace, and torch = the stand-in given."""
+    shell = types.SimpleNamespace(user_ns={})
+    monkeypatch.setattr(engine_side, "_shell", lambda: shell)
+    monkeypatch.setattr(engine_side, "RANK", None)
+
+    def start(cuda, gpus, local_rank):
+        torch = types.SimpleNamespace(cuda=cuda)
+        monkeypatch.setattr(engine_side, "_import", lambda name: torch if name == "torch" else None)
+        return engine_side.init_engine(0, {}, gpus, local_rank, with_core=False)
+    return start
+
+
+def test_one_gpu_per_local_rank_round_robin(engine):
+    got = []
+    for local_rank in range(5):
+        cuda = FakeCuda(2)
+        out = engine(cuda, "auto", local_rank)
+        got.append((out["device"], cuda.current, out["device_name"], out["device_memory"]))
+    assert got == [("cuda:0", 0, "Fake GPU 0", 1 << 30), ("cuda:1", 1, "Fake GPU 1", 2 << 30),
+                   ("cuda:0", 0, "Fake GPU 0", 1 << 30), ("cuda:1", 1, "Fake GPU 1", 2 << 30),
+                   ("cuda:0", 0, "Fake GPU 0", 1 << 30)]
+
+
+@pytest.mark.parametrize("gpus, count", [("none", 2), ("auto", 0)], ids=["gpus-none", "no-cuda"])
+def test_cpu_when_gpus_none_or_no_cuda(engine, gpus, count):
+    cuda = FakeCuda(count)
+    out = engine(cuda, gpus, 1)
+    assert (out["device"], out["device_name"], cuda.current) == ("cpu", "", None)
+    assert "device_memory" not in out
+
+
+def test_a_broken_cuda_is_reported_and_the_rank_stays_on_cpu(engine):
+    out = engine(FakeCuda(1, broken=RuntimeError("CUDA driver too old")), "auto", 0)
+    assert out["device"] == "cpu"
+    assert out["device_name"] == "GPU pinning failed: RuntimeError: CUDA driver too old"
+
+
+def test_gpus_none_hides_the_gpus_from_the_engines():
+    cluster = types.SimpleNamespace(n=2, gpus="none", env={})
+    assert ranksetup.engine_env(cluster)["CUDA_VISIBLE_DEVICES"] == ""
+    cluster.gpus = "auto"
+    assert "CUDA_VISIBLE_DEVICES" not in ranksetup.engine_env(cluster)
