@@ -1,7 +1,7 @@
-"""GPU pinning as ``%hvd_start`` does it on every engine (hvd_magic.engine_side.init_engine):
-one GPU per local rank, round robin when local ranks outnumber the GPUs, none with
-``--gpus none`` (which also hides the GPUs from the engines) or without CUDA, and a broken CUDA
-reported and left on CPU. Torch is a stand-in recording what the pinning asked of it."""
+"""``%hvd_start``'s engines without GPUs: no pinning with ``--gpus none`` (which also hides the
+GPUs from the engines) or without CUDA. Torch is a stand-in recording what was asked of it.
+Pinning itself (one GPU per local rank through engine_native.gpu.pin_gpu, before torch touches
+CUDA) is tested in test_gpu_pinning.py and, on real engines, tests/cluster/test_gpu_pinning.py."""
 import types
 
 import pytest
@@ -49,29 +49,12 @@ def engine(monkeypatch):
     return start
 
 
-def test_one_gpu_per_local_rank_round_robin(engine):
-    got = []
-    for local_rank in range(5):
-        cuda = FakeCuda(2)
-        out = engine(cuda, "auto", local_rank)
-        got.append((out["device"], cuda.current, out["device_name"], out["device_memory"]))
-    assert got == [("cuda:0", 0, "Fake GPU 0", 1 << 30), ("cuda:1", 1, "Fake GPU 1", 2 << 30),
-                   ("cuda:0", 0, "Fake GPU 0", 1 << 30), ("cuda:1", 1, "Fake GPU 1", 2 << 30),
-                   ("cuda:0", 0, "Fake GPU 0", 1 << 30)]
-
-
 @pytest.mark.parametrize("gpus, count", [("none", 2), ("auto", 0)], ids=["gpus-none", "no-cuda"])
 def test_cpu_when_gpus_none_or_no_cuda(engine, gpus, count):
     cuda = FakeCuda(count)
     out = engine(cuda, gpus, 1)
     assert (out["device"], out["device_name"], cuda.current) == ("cpu", "", None)
     assert "device_memory" not in out
-
-
-def test_a_broken_cuda_is_reported_and_the_rank_stays_on_cpu(engine):
-    out = engine(FakeCuda(1, broken=RuntimeError("CUDA driver too old")), "auto", 0)
-    assert out["device"] == "cpu"
-    assert out["device_name"] == "GPU pinning failed: RuntimeError: CUDA driver too old"
 
 
 def test_gpus_none_hides_the_gpus_from_the_engines():
