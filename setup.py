@@ -93,6 +93,7 @@ CORE_SOURCES = [
     "runtime/submissions.cc",
     "runtime/caller_drives.cc",
     "runtime/background_loop.cc",
+    "runtime/enqueue_checks.cc",
     "runtime/runtime.cc",
     "bindings/metrics.cc",
     "bindings/timeline_autotune.cc",

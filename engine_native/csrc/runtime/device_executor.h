@@ -100,6 +100,8 @@ class DeviceExecutor : public OpExecutor {
   common::Status stagedReducescatter(OpContext& op);
   common::Status deviceOutput(size_t bytes, OpResult* result);
   bool stagesThroughHost(const OpContext& op) const;
+  common::Status packInputs(const OpContext& op, uint8_t* base, bool zero_missing);
+  common::Status unpackOutputs(const OpContext& op, const uint8_t* base);
   common::Status stageInputs(OpContext& op, bool* landed);
   common::Status takeStaged(uint8_t** in, uint8_t** out);
   common::Status stagedInput(OpContext& op, uint8_t** in, uint8_t** out);

@@ -32,6 +32,39 @@ Status DeviceExecutor::reducescatter(OpContext& op) {
   return stagesThroughHost(op) ? stagedReducescatter(op) : ncclReducescatter(op);
 }
 
+// A batch's tensors to their offsets of a packed buffer (device or pinned host memory), in
+// response order; a joined rank's slots are zeroed on the stream when `zero_missing`.
+Status DeviceExecutor::packInputs(const OpContext& op, uint8_t* base, bool zero_missing) {
+  const coord::Response& r = op.response;
+  const size_t elem = common::dataTypeSize(r.dtype);
+  size_t offset = 0;
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+    if (op.entries[i] != nullptr) {
+      HVD_RETURN_IF_ERROR(stream().copy(base + offset, op.entries[i]->input, n));
+    } else if (zero_missing) {
+      HVD_RETURN_IF_ERROR(stream().zero(base + offset, n));
+    }
+    offset += n;
+  }
+  return Status::ok();
+}
+
+// The reverse: every tensor of the batch this rank has gets its slot of the packed result.
+Status DeviceExecutor::unpackOutputs(const OpContext& op, const uint8_t* base) {
+  const coord::Response& r = op.response;
+  const size_t elem = common::dataTypeSize(r.dtype);
+  size_t offset = 0;
+  for (size_t i = 0; i < r.keys.size(); ++i) {
+    const size_t n = static_cast<size_t>(r.counts[i]) * elem;
+    if (op.entries[i] != nullptr) {
+      HVD_RETURN_IF_ERROR(stream().copy(op.entries[i]->output, base + offset, n));
+    }
+    offset += n;
+  }
+  return Status::ok();
+}
+
 // A lone tensor goes from its input to its output; a fused batch (or a joined rank's zeros)
 // through the device fusion buffer, in place.
 Status DeviceExecutor::ncclAllreduce(OpContext& op) {
@@ -50,27 +83,13 @@ Status DeviceExecutor::ncclAllreduce(OpContext& op) {
     HVD_RETURN_IF_ERROR(stream().deviceBuffer(count * elem, &buffer));
     auto* base = static_cast<uint8_t*>(buffer);
     op.activities.start("MEMCPY_IN_FUSION_BUFFER");
-    size_t offset = 0;
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      HVD_RETURN_IF_ERROR(entries[i] != nullptr
-                              ? stream().copy(base + offset, entries[i]->input, n)
-                              : stream().zero(base + offset, n));
-      offset += n;
-    }
+    HVD_RETURN_IF_ERROR(packInputs(op, base, /*zero_missing=*/true));
     op.activities.end();
     op.activities.start("NCCL_ALLREDUCE");
     HVD_RETURN_IF_ERROR(nccl().allreduce(base, base, count, r.dtype, r.reduce_op, scale));
     op.activities.end();
     op.activities.start("MEMCPY_OUT_FUSION_BUFFER");
-    offset = 0;
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      if (entries[i] != nullptr) {
-        HVD_RETURN_IF_ERROR(stream().copy(entries[i]->output, base + offset, n));
-      }
-      offset += n;
-    }
+    HVD_RETURN_IF_ERROR(unpackOutputs(op, base));
     op.activities.end();
   }
   metrics_.countOp(static_cast<int>(OpType::kAllreduce), count * elem, r.keys.size());

@@ -78,15 +78,7 @@ Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
   if (r.type == OpType::kAllreduce) {
     const size_t elem = common::dataTypeSize(r.dtype);
     HVD_RETURN_IF_ERROR(stream().hostBuffer(static_cast<size_t>(totalCount(r)) * elem, &host));
-    size_t offset = 0;
-    for (size_t i = 0; i < r.keys.size(); ++i) {
-      const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-      if (op.entries[i] != nullptr) {
-        HVD_RETURN_IF_ERROR(stream().copy(static_cast<uint8_t*>(host) + offset,
-                                          op.entries[i]->input, n));
-      }
-      offset += n;
-    }
+    HVD_RETURN_IF_ERROR(packInputs(op, static_cast<uint8_t*>(host), /*zero_missing=*/false));
     staging_.out_offset = 0;
   } else {
     size_t in = 0, out = 0;
@@ -137,14 +129,7 @@ Status DeviceExecutor::stagedAllreduce(OpContext& op) {
   HVD_RETURN_IF_ERROR(allreduceHostBuffer(op, base, count,
                                           static_cast<size_t>(config_.tcp_segment_bytes)));
   op.activities.start("MEMCPY_HOST_TO_DEVICE");
-  offset = 0;
-  for (size_t i = 0; i < r.keys.size(); ++i) {
-    const size_t n = static_cast<size_t>(r.counts[i]) * elem;
-    if (entries[i] != nullptr) {
-      HVD_RETURN_IF_ERROR(stream().copy(entries[i]->output, base + offset, n));
-    }
-    offset += n;
-  }
+  HVD_RETURN_IF_ERROR(unpackOutputs(op, base));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAllreduce), count * elem, r.keys.size());
   return Status::ok();
