@@ -12,10 +12,10 @@ import threading
 import time
 
 import pytest
-from cluster_harness import magics, needs_core, start_cluster, stop_cluster
+from cluster_harness import magics, start_cluster, stop_cluster
 from gpu_fakes import cuda_tracer, fake_smi
 
-pytestmark = [pytest.mark.timeout(300), needs_core]
+pytestmark = [pytest.mark.timeout(300)]
 
 # Every rank's view, gathered on rank 0 (the cell's value): rank, local rank,
 # CUDA_VISIBLE_DEVICES, torch.cuda initialised?, the traced torch.cuda calls, the local rank

@@ -127,7 +127,6 @@ def cpu_probe():
 
 
 def test_run_without_gpus_pays_nothing(tmp_path, monkeypatch, no_leaks):
-    pytest.importorskip("torch")
     monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi", 0) + os.pathsep + os.environ["PATH"])
     monkeypatch.setenv("PYTHONPATH", cuda_tracer(tmp_path / "tracer"))  # real torch, traced
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -148,7 +148,7 @@ def test_child_env_puts_the_set_device_mapping_first_on_pythonpath():
 def engine(isolated, tmp_path):
     """init_engine in this process: an engine namespace, a fake nvidia-smi with ``gpus`` GPUs,
     torch.cuda traced. Returns start(gpus_flag, local_rank, local_size) -> (out, touched)."""
-    torch = pytest.importorskip("torch")
+    import torch
     touched = trace_cuda(torch.cuda, isolated)
     shell = types.SimpleNamespace(user_ns={})
     isolated.setattr(engine_side, "_shell", lambda: shell)

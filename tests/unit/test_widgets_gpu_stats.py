@@ -13,9 +13,8 @@ from hvd_magic.widgets import model as M
 from hvd_magic.widgets import publisher as P
 from hvd_magic.widgets import snapshot as S
 from hvd_magic.widgets import text as T
+from hvd_magic.widgets import view as V
 from hvd_magic.widgets.gpu_stats import GpuStats, gpu_path
-
-V = pytest.importorskip("hvd_magic.widgets.view")  # ipywidgets
 
 PIN = {"device": "cuda:0", "gpu_index": 3, "visible_devices": "3", "name": "NVIDIA H100",
        "memory_bytes": 80 << 30, "pinned_by": "CUDA_VISIBLE_DEVICES", "staged": False}
