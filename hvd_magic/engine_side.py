@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -103,8 +104,22 @@ def _basics():
     return sys.modules.get("engine_native.basics") if _CORE_MODULE else None
 
 
+# Note [Late interrupts]: the magic interrupts every rank whose answer it has not seen yet; the
+# rank's nanny delivers the SIGINT a moment later. A rank whose cell had just ended is by then
+# sending its answer, or serving the magic's next request (core_state, reset_core), and an
+# interrupt there loses that answer: the magic would then see the rank as "still running an
+# earlier cell that ignored the interrupt". So an engine ignores SIGINT once a cell's code has
+# run and for the whole of a service request. ipykernel gives the engine its idle handler (which
+# ignores SIGINT too) back after every request, and installs the interrupting one before the
+# next: a cell's code is always interruptible.
+def _ignore_late_interrupts() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def core_state() -> dict:
     """The core's state for reports: initialised, pending collectives, current op, last error."""
+    _ignore_late_interrupts()
     basics = _basics()
     if basics is None:
         return {"core": None}
@@ -121,6 +136,7 @@ def core_state() -> dict:
 def reset_core(reason: str) -> dict:
     """Abort everything in flight, then shut down and initialise again (every rank calls this
     at the same time; both steps agree with the other ranks). Returns the new core state."""
+    _ignore_late_interrupts()
     basics = _basics()
     if basics is None:
         return {"core": None}
@@ -174,6 +190,7 @@ def _reset_optimizers() -> int:
 
 
 def shutdown_core() -> None:
+    _ignore_late_interrupts()
     basics = _basics()
     if basics is not None and basics.is_initialized():
         sys.modules[_CORE_MODULE].shutdown()
@@ -253,6 +270,7 @@ def run_cell(code: str, value_ranks, token: str = "") -> dict:
     try:
         result = shell.run_cell(code, store_history=True)
     finally:
+        _ignore_late_interrupts()  # the cell's code has run: Note [Late interrupts]
         if _watch is not None:
             _watch.token = None
     err = result.error_before_exec or result.error_in_exec
