@@ -101,6 +101,7 @@ CORE_SOURCES = [
     "bindings/nccl.cc",
     "bindings/enqueue_args.cc",
     "bindings/kept_table.cc",
+    "bindings/buffer.cc",
     "bindings/numpy_api.cc",
     "bindings/small_output_pool.cc",
     "bindings/torch_api.cc",

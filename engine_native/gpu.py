@@ -16,12 +16,10 @@ order:
 The CUDA runtime likewise (``HVD_CUDA_RUNTIME_LIBRARY``, ``nvidia/cuda_runtime/lib/
 libcudart.so.12``, ``nvidia/cu13/lib/libcudart.so.13``, ``torch/lib/libcudart*``, system).
 
-At the first CUDA tensor, ``engine_native.torch`` calls :func:`require_cuda`: the CUDA runtime
-must load (a RuntimeError names every library it rejected and what to install); NCCL is used
-when it loads. For each process set the core then takes NCCL when every member has a GPU of
-its own and NCCL loaded everywhere, and otherwise the staged path (device -> pinned host ->
-shm/tcp -> device), logging the reason once; ``HVD_GPU_PATH=nccl|staged`` overrides, and
-``engine_native.metrics()["gpu_paths"]`` shows the choice.
+At the first CUDA tensor ``engine_native.torch`` calls :func:`require_cuda` (the CUDA runtime
+must load; NCCL is used when it does). Per process set the core takes NCCL when every member
+has a GPU of its own and NCCL, else the staged path through host memory, saying why once
+(``HVD_GPU_PATH`` overrides; ``engine_native.metrics()["gpu_paths"]`` shows the choice).
 
 >>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}
 >>> gpu.nccl_info()["version"]                 # 23203 for NCCL 2.32.3, as nccl_built()
@@ -223,11 +221,8 @@ def nccl_version() -> int:
 
 
 def require_nccl() -> dict:
-    """Load NCCL and the CUDA runtime; return :func:`nccl_info`.
-
-    Raises RuntimeError naming every rejected library (path and version) and what to install.
-    Cheap once loaded.
-    """
+    """Load NCCL and the CUDA runtime; return :func:`nccl_info`. RuntimeError, naming every
+    rejected library (path and version) and what to install, when either is missing."""
     infos = [nccl_info(), cuda_runtime_info()]
     for info in infos:
         if not info["loaded"]:

@@ -8,8 +8,8 @@ for, data moved by NCCL or staged copies), results computed locally from every r
 and core-allocated outputs checked to be the core's device buffers (``is_device_output``).
 Configurations: a GPU of its own per rank (NCCL) at np 2 and 3, one shared GPU (staged) at np 2.
 A rank that joins before its first CUDA op contributes its zeros from the device it named
-(join(device=...) is taken when the join is submitted). The training-level API (autograd, DistributedOptimizer, SyncBatchNorm, object helpers) is in
-test_torch_cuda_fake_training.py.
+(join(device=...) is taken when the join is submitted). The training-level API (autograd,
+DistributedOptimizer, SyncBatchNorm, object helpers) is in test_torch_cuda_fake_training.py.
 """
 import pytest
 import torch

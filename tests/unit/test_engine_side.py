@@ -1,7 +1,8 @@
 """``%hvd_start``'s engines without GPUs: no pinning with ``--gpus none`` (which also hides the
 GPUs from the engines) or without CUDA. Torch is a stand-in recording what was asked of it.
 Pinning itself (one GPU per local rank through engine_native.gpu.pin_gpu, before torch touches
-CUDA) is tested in test_gpu_pinning.py and, on real engines, tests/cluster/test_cluster_gpu_pinning.py."""
+CUDA) is tested in test_gpu_pinning.py and, on real engines,
+tests/cluster/test_cluster_gpu_pinning.py."""
 import types
 
 import pytest

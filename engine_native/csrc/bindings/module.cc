@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/buffer.h"
 #include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
 #include "bindings/nccl.h"
@@ -32,70 +33,6 @@ PyObject* raise(const Status& status) {
   if (status.code() == Code::kTypeError) type = PyExc_TypeError;
   PyErr_SetString(type, status.message().c_str());
   return nullptr;
-}
-
-// ---- Buffer: core-owned output memory exposed through the buffer protocol ----------------
-
-struct BufferObject {
-  PyObject_HEAD
-  std::shared_ptr<hvd::runtime::OutputBuffer>* buffer;
-};
-
-void bufferDealloc(PyObject* self) {
-  PyTypeObject* type = Py_TYPE(self);
-  delete reinterpret_cast<BufferObject*>(self)->buffer;
-  PyObject_Free(self);
-  Py_DECREF(type);  // heap types own a reference from each instance
-}
-
-// Device memory is never exposed as a host buffer: reading it from the CPU would crash.
-int bufferGet(PyObject* self, Py_buffer* view, int flags) {
-  auto& buffer = *reinterpret_cast<BufferObject*>(self)->buffer;
-  if (buffer->device >= 0) {
-    PyErr_Format(PyExc_BufferError,
-                 "this Buffer holds memory of CUDA device %d; wrap it with its ptr and nbytes "
-                 "(__cuda_array_interface__), not as a host buffer", buffer->device);
-    view->obj = nullptr;
-    return -1;
-  }
-  return PyBuffer_FillInfo(view, self, buffer->data, static_cast<Py_ssize_t>(buffer->bytes), 0,
-                           flags);
-}
-
-PyObject* bufferDevice(PyObject* self, void*) {
-  return PyLong_FromLong((*reinterpret_cast<BufferObject*>(self)->buffer)->device);
-}
-PyObject* bufferPtr(PyObject* self, void*) {
-  return PyLong_FromVoidPtr((*reinterpret_cast<BufferObject*>(self)->buffer)->data);
-}
-PyObject* bufferBytes(PyObject* self, void*) {
-  return PyLong_FromSize_t((*reinterpret_cast<BufferObject*>(self)->buffer)->bytes);
-}
-
-PyGetSetDef g_buffer_getset[] = {
-    {"device", bufferDevice, nullptr, "CUDA ordinal of the memory, -1 for host memory", nullptr},
-    {"ptr", bufferPtr, nullptr, "address of the first byte", nullptr},
-    {"nbytes", bufferBytes, nullptr, "size in bytes", nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
-
-PyType_Slot g_buffer_slots[] = {
-    {Py_tp_dealloc, reinterpret_cast<void*>(bufferDealloc)},
-    {Py_bf_getbuffer, reinterpret_cast<void*>(bufferGet)},
-    {Py_tp_getset, g_buffer_getset},
-    {Py_tp_doc, const_cast<char*>("Core-owned output memory: host memory through the buffer "
-                                  "protocol, or CUDA memory (device >= 0) by ptr and nbytes.")},
-    {0, nullptr}};
-
-PyType_Spec g_buffer_spec = {"engine_native._core.Buffer", sizeof(BufferObject), 0,
-                             Py_TPFLAGS_DEFAULT, g_buffer_slots};
-
-PyTypeObject* g_buffer_type = nullptr;
-
-PyObject* wrapBuffer(const std::shared_ptr<hvd::runtime::OutputBuffer>& buffer) {
-  auto* object = PyObject_New(BufferObject, g_buffer_type);
-  if (object == nullptr) return nullptr;
-  object->buffer = new std::shared_ptr<hvd::runtime::OutputBuffer>(buffer);
-  return reinterpret_cast<PyObject*>(object);
 }
 
 // ---- conversions ---------------------------------------------------------------------------
@@ -239,7 +176,7 @@ PyObject* pyPoll(PyObject*, PyObject* args) {
 PyObject* resultToPython(const hvd::runtime::OpResult& result) {
   if (result.last_joined_rank >= 0) return PyLong_FromLong(result.last_joined_rank);
   if (!result.buffer) Py_RETURN_NONE;
-  PyObject* buffer = wrapBuffer(result.buffer);
+  PyObject* buffer = hvd::bindings::wrapBuffer(result.buffer);
   if (buffer == nullptr) return nullptr;
   if (!result.received_splits.empty()) {
     return Py_BuildValue("(NNN)", buffer, int64Tuple(result.shape),
@@ -379,8 +316,8 @@ PyModuleDef g_module = {PyModuleDef_HEAD_INIT, "_core",
 }  // namespace
 
 PyMODINIT_FUNC PyInit__core() {
-  g_buffer_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_buffer_spec));
-  if (g_buffer_type == nullptr) return nullptr;
+  PyTypeObject* buffer_type = hvd::bindings::bufferType();
+  if (buffer_type == nullptr) return nullptr;
   PyObject* module = PyModule_Create(&g_module);
   if (module == nullptr) return nullptr;
   g_internal_error = PyErr_NewExceptionWithDoc(
@@ -389,8 +326,8 @@ PyMODINIT_FUNC PyInit__core() {
       PyExc_RuntimeError, nullptr);
   Py_INCREF(g_internal_error);
   PyModule_AddObject(module, "HorovodInternalError", g_internal_error);
-  Py_INCREF(g_buffer_type);
-  PyModule_AddObject(module, "Buffer", reinterpret_cast<PyObject*>(g_buffer_type));
+  Py_INCREF(buffer_type);
+  PyModule_AddObject(module, "Buffer", reinterpret_cast<PyObject*>(buffer_type));
   const char* kinds[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
                          "REDUCESCATTER", "BARRIER", "JOIN"};
   for (int i = 0; i < 7; ++i) PyModule_AddIntConstant(module, kinds[i], i);

@@ -2,8 +2,8 @@
 // enqueues the op (Note [Stream ordering] in transport/nccl/device_stream.h); the device
 // executor makes its stream wait on it, then the event returns to a per-device pool. Owned by
 // the TensorEntry (move-only): an entry dropped without executing (abort, mismatch, a cleared
-// table) returns its event too. record() runs on framework threads, release on the background thread: the
-// pool is locked. The pool lives for the whole process (events outlive any one init()).
+// table) returns its event too. record() runs on framework threads, release on the background
+// thread: the pool is locked. It lives for the whole process (events outlive one init()).
 #pragma once
 
 #include "common/status.h"
