@@ -72,6 +72,11 @@ int fc_enqueue(void* handle, fc_op* op);
 int fc_enqueue_locked(void* handle, fc_op* op);
 /* kCudaSuccess if `handle` names a stream (creating a built-in one on first use). */
 int fc_check_stream_locked(void* handle);
+/* The device a stream belongs to: a created one, its creator's current device then; the
+ * built-in ones (legacy, per-thread), the calling thread's current device, as in CUDA. */
+int fc_stream_device_locked(void* handle);
+/* The calling thread's current device (cudaSetDevice). */
+int fc_current_device(void);
 /* Waits until every stream has run what was queued before the call (cudaDeviceSynchronize). */
 void fc_drain_all(void);
 

@@ -91,6 +91,8 @@ FC_API int cudaGetDeviceCount(int* count) {
   return *count > 0 ? kCudaSuccess : kCudaErrorNoDevice;
 }
 
+int fc_current_device(void) { return current_device; }
+
 FC_API int cudaGetDevice(int* device) {
   fc_count(FC_CALL_cudaGetDevice);
   if (device == NULL) return kCudaErrorInvalidValue;

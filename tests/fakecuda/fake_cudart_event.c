@@ -18,6 +18,7 @@ typedef struct fc_event fc_event;
 struct fc_event {
   fc_event* next;      /* in `events`, the list of live events */
   fc_marker* latest;   /* the latest record, NULL if never recorded */
+  int device;          /* the creator's current device: it records only on that device */
 };
 
 /* A pending blocker; released ones leave the list, so a second release is an error. */
@@ -79,6 +80,7 @@ FC_API int cudaEventCreateWithFlags(void** event, unsigned flags) {
   if (event == NULL) return kCudaErrorInvalidValue;
   fc_event* e = calloc(1, sizeof(*e));
   if (e == NULL) return kCudaErrorMemoryAllocation;
+  e->device = fc_current_device();
   pthread_mutex_lock(&fc_mu);
   e->next = events;
   events = e;
@@ -111,6 +113,11 @@ FC_API int cudaEventRecord(void* event, void* stream) {
   pthread_mutex_lock(&fc_mu);
   int result = kCudaErrorInvalidResourceHandle;
   fc_event* e = findLocked(event);
+  if (e != NULL && fc_check_stream_locked(stream) == kCudaSuccess &&
+      fc_stream_device_locked(stream) != e->device) {
+    pthread_mutex_unlock(&fc_mu);  /* CUDA: an event records only on a stream of its device */
+    return kCudaErrorInvalidResourceHandle;
+  }
   fc_marker* marker = e != NULL ? fc_marker_new_locked(2) : NULL;  /* event + record op */
   if (marker != NULL) {
     result = fc_enqueue_locked(stream, fc_record_op(marker));

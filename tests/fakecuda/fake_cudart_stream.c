@@ -36,6 +36,7 @@ struct fc_stream {
   int waiters;                 /* host threads waiting for it to drain (destroy waits for 0) */
   int blocking;
   int user;                    /* made by cudaStreamCreateWithFlags */
+  int device;                  /* a user stream's device (its creator's current device) */
   int stopping;
 };
 
@@ -77,6 +78,7 @@ static fc_stream* streamNewLocked(int blocking, int user) {
   s->id = next_stream_id++;
   s->blocking = blocking;
   s->user = user;
+  s->device = fc_current_device();
   pthread_cond_init(&s->work_cv, NULL);
   if (pthread_create(&s->worker, NULL, workerMain, s) != 0) {
     pthread_cond_destroy(&s->work_cv);
@@ -140,6 +142,11 @@ static fc_stream* resolveLocked(void* handle) {
 
 int fc_check_stream_locked(void* handle) {
   return resolveLocked(handle) != NULL ? kCudaSuccess : kCudaErrorInvalidResourceHandle;
+}
+
+int fc_stream_device_locked(void* handle) {
+  fc_stream* s = resolveLocked(handle);
+  return s != NULL && s->user ? s->device : fc_current_device();
 }
 
 static void pushLocked(fc_stream* s, fc_op* op) {

@@ -278,6 +278,23 @@ def test_events_track_their_latest_record_and_waits_capture_it(fake_cuda):
     assert out["calls"] == [8, 3, 3]
 
 
+def rank_event_devices(fake):
+    """An event records only on a stream of its own device (created on, or for the built-in
+    streams, current then), as in CUDA."""
+    f = fakes(fake)
+    c = f.cuda
+    f.check(c.cudaSetDevice(1))
+    e1, s1 = f.event(), f.stream()
+    f.check(c.cudaSetDevice(0))
+    return [c.cudaEventRecord(e1, None), c.cudaEventRecord(e1, s1),  # legacy = device 0's
+            c.cudaSetDevice(1), c.cudaEventRecord(e1, None)]
+
+
+def test_an_event_records_only_on_its_devices_streams(fake_cuda):
+    out = spawn(rank_event_devices, fake_cuda, env={"FAKE_CUDA_DEVICE_COUNT": "2"})[0]
+    assert out == [400, 0, 0, 0]
+
+
 # ---- memory ----------------------------------------------------------------------------------
 
 def rank_memory(fake):
