@@ -85,6 +85,7 @@ CORE_SOURCES = [
     "runtime/op_layout.cc",
     "runtime/cpu_executor.cc",
     "runtime/device_path.cc",
+    "runtime/device_output_pool.cc",
     "runtime/device_executor.cc",
     "runtime/device_nccl_ops.cc",
     "runtime/device_staged_ops.cc",

@@ -94,20 +94,23 @@ def test_nccl_path_never_waits_on_the_device_from_the_host(fake_cuda):
 
 
 def nothing_leaks():
-    """Device outputs, streams, events and communicators are all returned: device outputs
-    when their last reference dies, the rest at shutdown; a re-init builds them afresh."""
+    """Streams, events, pinned buffers and communicators are all returned at shutdown, and a
+    re-init builds them afresh; device outputs go back to the core's pool when their last
+    reference dies and are reused (Note [Output reuse]): the device memory in use after a
+    second init-use-shutdown cycle is what it was after the first."""
     hvd = device_ops.init()
     f = device_ops.fakes()
-    baseline = f.live()
+    live = []
     for cycle in range(2):
         for i in range(5):
             got = device_ops.allgather(np.ones((2, 2), np.float32) * i, f"ag.{i}")
             assert got.shape == (2 * hvd.size(), 2)
         device_ops.allreduce(np.ones(5, np.float32), hvd.Sum, "ar")
         hvd.shutdown()
+        live.append(f.live())
         if cycle == 0:
             hvd.init()
-    return baseline, f.live()
+    return live
 
 
 def test_no_device_memory_stream_event_or_communicator_leaks(fake_cuda):
@@ -115,7 +118,7 @@ def test_no_device_memory_stream_event_or_communicator_leaks(fake_cuda):
         results = run_ranks(nothing_leaks, 2, timeout=60,
                             **device_ops.rank_envs(fake_cuda, 2, shared))
         for r in results:
-            baseline, after = r.value
-            assert after["device"] == baseline["device"] == 0, (shared, after)
-            assert after["comms"] == 0 and after["streams"] == 0, (shared, after)
-            assert after["host"] == 0, (shared, after)
+            first, second = r.value
+            assert second["device"] == first["device"] <= 1, (shared, first, second)
+            assert second["comms"] == 0 and second["streams"] == 0, (shared, second)
+            assert second["host"] == 0, (shared, second)

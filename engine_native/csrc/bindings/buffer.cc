@@ -45,8 +45,26 @@ PyObject* bufferBytes(PyObject* self, void*) {
   return PyLong_FromSize_t((*reinterpret_cast<BufferObject*>(self)->buffer)->bytes);
 }
 
+PyObject* bufferReleaseStream(PyObject* self, void*) {
+  return PyLong_FromUnsignedLongLong(
+      (*reinterpret_cast<BufferObject*>(self)->buffer)->release_stream);
+}
+int setBufferReleaseStream(PyObject* self, PyObject* value, void*) {
+  if (value == nullptr || !PyLong_Check(value)) {
+    PyErr_SetString(PyExc_TypeError, "release_stream must be an int (a cudaStream_t)");
+    return -1;
+  }
+  const unsigned long long stream = PyLong_AsUnsignedLongLong(value);
+  if (PyErr_Occurred()) return -1;
+  (*reinterpret_cast<BufferObject*>(self)->buffer)->release_stream = stream;
+  return 0;
+}
+
 PyGetSetDef g_buffer_getset[] = {
     {"device", bufferDevice, nullptr, "CUDA ordinal of the memory, -1 for host memory", nullptr},
+    {"release_stream", bufferReleaseStream, setBufferReleaseStream,
+     "CUDA memory: the stream its last user ran on, set when the tensor over it dies (the "
+     "memory is reused only after that stream got there); 0 is the legacy stream", nullptr},
     {"ptr", bufferPtr, nullptr, "address of the first byte", nullptr},
     {"nbytes", bufferBytes, nullptr, "size in bytes", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};

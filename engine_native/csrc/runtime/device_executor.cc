@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "runtime/device_output_pool.h"
 #include "runtime/device_path.h"
 #include "transport/nccl/loader.h"
 
@@ -50,9 +51,9 @@ void wakeFromDriver(void* data) {
   delete keep;
 }
 
-void freeDeviceMemory(void* data) {
-  const nccl::CudaApi* cuda = nccl::cudaApi();
-  if (cuda != nullptr) cuda->free(data);  // synchronises the device: users' kernels are done
+void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_output_pool.cc
+  DeviceOutputPool::instance().give(buffer.device, buffer.data, buffer.capacity,
+                                    buffer.release_stream);
 }
 
 const char* pathName(bool is_nccl) { return is_nccl ? "nccl" : "staged"; }
@@ -162,12 +163,12 @@ bool DeviceExecutor::ncclCannotReduce(const OpContext& op, double scale) const {
 
 Status DeviceExecutor::deviceOutput(size_t bytes, OpResult* result) {
   void* data = nullptr;
+  size_t capacity = 0;
   if (bytes > 0) {
-    const nccl::CudaApi* cuda = nccl::cudaApi();
-    HVD_RETURN_IF_ERROR(stream().check(cuda->malloc(&data, bytes), "cudaMalloc"));
+    HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, stream(), &data, &capacity));
   }
   result->buffer = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(data), bytes,
-                                                  stream().device(), &freeDeviceMemory);
+                                                  stream().device(), capacity, &giveBackOutput);
   return Status::ok();
 }
 

@@ -24,12 +24,13 @@ OutputBuffer::OutputBuffer(size_t n) : bytes(n) {
   data = static_cast<uint8_t*>(std::aligned_alloc(64, rounded == 0 ? 64 : rounded));
 }
 
-OutputBuffer::OutputBuffer(uint8_t* d, size_t n, int dev, void (*free_fn)(void*))
-    : data(d), bytes(n), device(dev), release(free_fn) {}
+OutputBuffer::OutputBuffer(uint8_t* d, size_t n, int dev, size_t block,
+                           void (*give_back)(OutputBuffer&))
+    : data(d), bytes(n), device(dev), capacity(block), release(give_back) {}
 
 OutputBuffer::~OutputBuffer() {
   if (release != nullptr) {
-    if (data != nullptr) release(data);
+    if (data != nullptr) release(*this);
   } else {
     std::free(data);
   }

@@ -19,17 +19,22 @@
 namespace hvd::runtime {
 
 // Core-owned output memory of allgather / alltoall / reducescatter: host memory, 64-byte
-// aligned, or memory of a CUDA device that `release` frees (the device executor's cudaMalloc).
+// aligned, or a block of a CUDA device that `release` hands back (runtime/device_output_pool.h)
+// after the stream its last user ran on (`release_stream`, set from Python when the tensor
+// over it dies; 0 is the legacy stream).
 struct OutputBuffer {
   explicit OutputBuffer(size_t bytes);
-  OutputBuffer(uint8_t* data, size_t bytes, int device, void (*release)(void*));
+  OutputBuffer(uint8_t* data, size_t bytes, int device, size_t capacity,
+               void (*release)(OutputBuffer&));
   ~OutputBuffer();
   OutputBuffer(const OutputBuffer&) = delete;
   OutputBuffer& operator=(const OutputBuffer&) = delete;
   uint8_t* data = nullptr;
   size_t bytes = 0;
   int device = -1;  // -1: host memory
-  void (*release)(void*) = nullptr;
+  size_t capacity = 0;  // of the device block
+  uintptr_t release_stream = 0;
+  void (*release)(OutputBuffer&) = nullptr;
 };
 
 struct OpResult {

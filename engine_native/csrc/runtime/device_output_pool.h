@@ -1,0 +1,36 @@
+// DeviceOutputPool: device memory for the outputs the core allocates for CUDA tensors
+// (allgather, alltoall, reducescatter), reused instead of cudaMalloc/cudaFree per op: cudaFree
+// synchronises the whole device, from whatever thread drops the last tensor. Note [Output
+// reuse] in device_output_pool.cc says when a block may be written again. Process-wide (an
+// output may outlive the init() that made it), never destroyed, locked: blocks are taken by
+// the background loop and given back by any thread that drops a tensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/status.h"
+#include "transport/nccl/api.h"
+#include "transport/nccl/device_stream.h"
+
+namespace hvd::runtime {
+
+class DeviceOutputPool {
+ public:
+  static DeviceOutputPool& instance();
+
+  // A block of at least `bytes` on the stream's device (current on this thread); the stream
+  // waits (on the device) for the block's last users before anything queued after this call.
+  // *capacity is the block's real size (a power of two), for give().
+  common::Status take(size_t bytes, transport::nccl::DeviceStream& stream, void** block,
+                      size_t* capacity);
+  // The last tensor over `block` is gone; `consumer` (the dropping thread's current stream of
+  // `device`, 0 for the legacy stream) is the stream its last use was queued on.
+  void give(int device, void* block, size_t capacity, uintptr_t consumer);
+
+  // For tests: blocks cached now, and blocks ever allocated, on `device`.
+  size_t cachedBlocks(int device);
+  size_t allocatedBlocks(int device);
+};
+
+}  // namespace hvd::runtime
