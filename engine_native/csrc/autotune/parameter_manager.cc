@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 #include <utility>
 
 #include "common/logging.h"
+#include "common/text.h"
 
 namespace hvd::autotune {
 
@@ -61,9 +61,8 @@ bool operator==(const TunedParams& a, const TunedParams& b) {
 }
 
 std::string describe(const TunedParams& p) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(2);
+  common::Text os;
+  os.fixed(2);
   os << "fusion " << p.fusion_threshold_bytes / kMiB << " MiB, cycle " << p.cycle_time_ms
      << " ms, cache " << (p.cache_enabled ? "on" : "off") << ", hierarchical allreduce "
      << (p.hierarchical_allreduce ? "on" : "off");

@@ -4,7 +4,8 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
+
+#include "common/text.h"
 
 #define HVD_CHECK(cond)                                                               \
   do {                                                                                \
@@ -19,7 +20,7 @@
     auto hvd_a_ = (a);                                                                \
     auto hvd_b_ = (b);                                                                \
     if (!(hvd_a_ == hvd_b_)) {                                                        \
-      std::ostringstream hvd_os_;                                                     \
+      ::hvd::common::Text hvd_os_;                                                    \
       hvd_os_ << #a << " == " << #b << " (" << hvd_a_ << " vs " << hvd_b_ << ")";     \
       std::fprintf(stderr, "[hvd] check failed at %s:%d: %s\n", __FILE__, __LINE__,  \
                    hvd_os_.str().c_str());                                            \

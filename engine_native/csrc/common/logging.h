@@ -3,8 +3,9 @@
 // Thread-safe; writes whole lines to stderr.
 #pragma once
 
-#include <sstream>
 #include <string>
+
+#include "common/text.h"  // Note [No iostreams in the core]
 
 namespace hvd::common {
 
@@ -27,11 +28,11 @@ class LogStream {
  public:
   LogStream(LogLevel level, const char* subsys) : level_(level), subsys_(subsys) {}
   ~LogStream() { logLine(level_, subsys_, os_.str()); }
-  std::ostringstream& stream() { return os_; }
+  Text& stream() { return os_; }
 
  private:
   LogLevel level_;
   const char* subsys_;
-  std::ostringstream os_;
+  Text os_;
 };
 }  // namespace hvd::common

@@ -6,7 +6,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <sstream>
+
+#include "common/text.h"
 
 namespace hvd::coord {
 
@@ -22,7 +23,7 @@ std::string shapeText(const Dims& shape) {
 // Shortest text that still tells two different factors apart.
 std::string factorText(double v, double other) {
   for (int digits = 6;; ++digits) {
-    std::ostringstream a, b;
+    common::Text a, b;
     a.precision(digits);
     b.precision(digits);
     a << v;

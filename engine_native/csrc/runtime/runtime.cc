@@ -5,7 +5,6 @@
 #include <chrono>
 #include <numeric>
 #include <set>
-#include <sstream>
 
 #include "common/logging.h"
 

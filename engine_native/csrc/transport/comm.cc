@@ -25,11 +25,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <sstream>
 #include <utility>
 
 #include "common/check.h"
 #include "common/logging.h"
+#include "common/text.h"
 #include "transport/mesh.h"
 #include "transport/shm/pair.h"
 #include "transport/tcp/pair.h"
@@ -173,7 +173,7 @@ size_t Exchange::firstPending() const {
 
 Status Exchange::lostPeer(int global_rank) const {
   const PeerInfo& info = mesh_.peerInfo(global_rank);
-  std::ostringstream os;
+  common::Text os;
   os << "lost connection to rank " << global_rank << " (host " << info.host_id << ", pid "
      << info.pid << "): the process exited or closed the connection";
   return common::peerLost(os.str());
@@ -230,7 +230,7 @@ void Exchange::waitMixed(std::vector<pollfd>* fds, const std::vector<pollfd>& wa
 }
 
 std::string formatSeconds(double seconds) {
-  std::ostringstream os;
+  common::Text os;
   os << seconds;
   return os.str();
 }

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
+#include "common/text.h"
 #include "transport/tcp/socket.h"
 
 namespace hvd::transport {
@@ -66,7 +66,7 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
   if (s.isOk()) return s;
   // A partial frame leaves the stream unusable: the caller must drop the channel.
   if (s.code() == common::Code::kTimeout) {
-    std::ostringstream os;
+    common::Text os;
     os << "timed out after " << timeout_seconds << " s sending a control message to rank "
        << peer_;
     return common::timedOut(os.str());

@@ -25,10 +25,10 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "common/logging.h"
+#include "common/text.h"
 #include "transport/shm/collective_segment.h"
 #include "transport/shm/pair.h"
 #include "transport/shm/setup.h"
@@ -75,7 +75,7 @@ struct Mesh::Impl {
 namespace {
 
 std::string rankList(const std::vector<int>& ranks) {
-  std::ostringstream os;
+  common::Text os;
   for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
   return os.str();
 }
@@ -106,7 +106,7 @@ Status dialPeer(const PeerInfo& info, int peer, ChannelKind kind, const tcp::Job
 
 Status connectTimeout(int rank, double seconds, const std::vector<int>& missing,
                       const std::string& last_error) {
-  std::ostringstream os;
+  common::Text os;
   os << "rank " << rank << ": timed out after " << seconds
      << " s connecting to the other ranks; never connected: rank"
      << (missing.size() > 1 ? "s " : " ") << rankList(missing);

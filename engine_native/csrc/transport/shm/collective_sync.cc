@@ -15,8 +15,8 @@
 #include "transport/shm/collective_sync.h"
 
 #include <chrono>
-#include <sstream>
 
+#include "common/text.h"
 #include "transport/mesh.h"
 
 namespace hvd::transport::shm {
@@ -92,7 +92,7 @@ int CollectiveSync::laggard() const {
 
 Status CollectiveSync::lostPeer(int global_rank) const {
   const PeerInfo& info = comm_.mesh().peerInfo(global_rank);
-  std::ostringstream os;
+  common::Text os;
   os << "lost connection to rank " << global_rank << " (host " << info.host_id << ", pid "
      << info.pid << "): the process exited or closed the connection";
   return common::peerLost(os.str());
@@ -140,7 +140,7 @@ Status CollectiveSync::waitAll(Stage stage, uint64_t value) {
       }
     }
     if (now - last_progress >= timeout) {
-      std::ostringstream os;
+      common::Text os;
       os << "timed out after " << comm_.timeoutSeconds() << " s waiting for rank "
          << mesh.hostRanks()[laggard()] << " over shm (host collective)";
       return common::timedOut(os.str());
