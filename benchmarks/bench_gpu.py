@@ -20,6 +20,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import queue as queue_module
 import secrets
 import socket
 import statistics
@@ -201,7 +202,17 @@ def _run(fn, size, args, envs, timeout):
     results, deadline = {}, time.monotonic() + timeout
     try:
         while len(results) < size:
-            rank, value, error = queue.get(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                rank, value, error = queue.get(timeout=1.0)
+            except queue_module.Empty:
+                # A rank that died (a crash) sends nothing: stop now, not at the deadline.
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+                        and r not in results]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"{fn.__name__}({system}): rank(s) {dead} died "
+                                       f"(exit codes {[procs[r].exitcode for r in dead]})"
+                                       if dead else f"{fn.__name__}({system}): timed out")
+                continue
             if error:
                 raise RuntimeError(f"{fn.__name__}({system}) rank {rank} failed:\n{error}")
             results[rank] = value
@@ -279,14 +290,21 @@ def main():
     lines = ["# GPU benchmark (benchmarks/bench_gpu.py)", ""]
     lines += [f"- {k}: {v}" for k, v in describe().items()]
     verdicts = []
+    failed = []
     for name in args.cases.split(","):
-        title, rows, (key, ratio, what) = cases[name](args)
+        try:
+            title, rows, (key, ratio, what) = cases[name](args)
+        except Exception as exc:  # one broken case must not lose the others' figures
+            failed.append(name)
+            lines += ["", f"## {name}: FAILED", "", "```", str(exc)[-2000:], "```"]
+            print("\n".join(lines[-5:]), flush=True)
+            continue
         lines += ["", f"## {title}", ""]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
         met = ratio <= TARGETS[key] if key == "latency" else ratio >= TARGETS[key]
         verdicts.append(f"| {key} | {what} | {ratio:.2f} | {'met' if met else 'MISSED'} |")
         print("\n".join(lines[-len(rows) - 3:]), flush=True)
-    lines += ["", "## targets", "", "| target | ratio | value | verdict |", "|---|---|---|---|"]
+    lines += ["", "## targets", "", "| target | measure (wanted) | value | verdict |", "|---|---|---|---|"]
     lines += verdicts
     text = "\n".join(lines)
     print("\n".join(lines[-len(verdicts) - 4:]))
@@ -294,7 +312,9 @@ def main():
         with open(args.out, "w") as fh:
             fh.write(text + "\n")
         with open(os.path.splitext(args.out)[0] + ".json", "w") as fh:
-            json.dump({"verdicts": verdicts}, fh)
+            json.dump({"verdicts": verdicts, "failed": failed}, fh)
+    if failed:
+        sys.exit(f"cases that failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,22 @@ fi
 tail -2 "$OUT/build.log"
 "$PYTHON" -c "from engine_native import gpu; print(gpu.require_cuda()['path']); print(gpu.nccl_info()['version_text'], gpu.nccl_info()['path'])"
 
+step "test dependencies"
+# The machine has no registry: wheels the tests need but it lacks (ml_dtypes, pytest-timeout)
+# may be brought along in $WHEELS and are unpacked onto PYTHONPATH, nothing installed.
+WHEELS=${WHEELS:-.gpu_wheels}
+for module in ml_dtypes pytest_timeout; do
+    "$PYTHON" -c "import $module" 2>/dev/null && { echo "$module: present"; continue; }
+    wheel=$(ls "$WHEELS"/"${module}"-*.whl 2>/dev/null | head -1)
+    if [ -z "$wheel" ]; then echo "$module: missing and no wheel in $WHEELS"; rc=1; continue; fi
+    mkdir -p /tmp/gpu_check_site && "$PYTHON" -m zipfile -e "$wheel" /tmp/gpu_check_site
+    export PYTHONPATH="/tmp/gpu_check_site:$PYTHONPATH"
+    echo "$module: from $(basename "$wheel")"
+done
+
 step "tests/gpu"
 HVD_REQUIRE=gpu timeout 200 "$PYTHON" -m pytest tests/gpu -q -rA -p no:cacheprovider \
-    --durations=10 > "$OUT/tests.log" 2>&1 || rc=1
+    --timeout 120 --durations=10 > "$OUT/tests.log" 2>&1 || rc=1
 tail -40 "$OUT/tests.log"
 
 step "benchmarks/bench_gpu.py"
