@@ -33,8 +33,10 @@ Status checkReducible(DataType dtype, ReduceOp op);
 // Bool: Sum/Max = logical or, Min/Product = logical and.
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
-// buf[i] *= factor, computed in double (float32 for halves) and cast back; integers truncate,
-// as Horovod's integer Average does.
+// buf[i] = factor * buf[i], bit for bit as Horovod's CPU ScaleBuffer: float32 and the half
+// types multiply in float32 by (float)factor, float64 and integers in double; integers
+// truncate toward zero (saturating where Horovod's cast is undefined). Bool keeps nonzero
+// values unless factor is 0.
 void scaleInPlace(void* buf, size_t count, DataType dtype, double factor);
 
 // Half conversions, exposed for tests and fusion code.
