@@ -90,6 +90,11 @@ common::Status alltoallPairwise(transport::Comm& comm, const void* in,
 common::Status reducescatterRing(transport::Comm& comm, const void* in, void* out,
                                  const std::vector<size_t>& counts, common::DataType dtype,
                                  common::ReduceOp op);
+// The same, reducing in `data` (this rank's input, overwritten with partial sums) instead of a
+// copy of it: for callers that already hold a copy (prescaled, or staged from a device).
+common::Status reducescatterRingInPlace(transport::Comm& comm, void* data, void* out,
+                                        const std::vector<size_t>& counts,
+                                        common::DataType dtype, common::ReduceOp op);
 
 // Returns when every rank of the Comm has entered. (algo/barrier.cc)
 common::Status barrier(transport::Comm& comm);
