@@ -26,6 +26,10 @@ struct AllreduceOptions {
   common::DataType dtype = common::DataType::kFloat32;
   common::ReduceOp op = common::ReduceOp::kSum;  // Average reduces as Sum; caller scales
   size_t segment_bytes = 1 << 20;  // pipelining unit
+  // Adasum only: the element counts of the batch's `tensor_count` tensors in buffer order
+  // (they sum to `count`); null means one tensor. Adasum combines each tensor as a vector.
+  const int64_t* tensor_counts = nullptr;
+  size_t tensor_count = 0;
 };
 // Ring reduce-scatter + allgather (algo/allreduce_ring.cc).
 common::Status allreduceRing(transport::Comm& comm, const AllreduceOptions& opts);
@@ -60,6 +64,18 @@ common::Status allreduceSmall(transport::Comm& comm, const AllreduceOptions& opt
 common::Status allreduceHierarchical(transport::Comm& comm, const AllreduceOptions& opts);
 // True when the Comm spans several hosts and at least one of them has several members.
 bool hierarchicalHelps(const transport::Comm& comm);
+
+// Adasum (algo/allreduce_adasum.cc), which allreduce() dispatches to for op == kAdasum:
+// Horovod's vector-halving, distance-doubling Adasum per tensor of opts.data, in place; with
+// choice.hierarchical and several hosts of equal size, host sums are combined across hosts.
+common::Status allreduceAdasum(transport::Comm& comm, const AllreduceOptions& opts,
+                               const AllreduceChoice& choice);
+// Horovod's rules for an Adasum request (checked at enqueue): a floating-point dtype (else
+// TypeError, "Unsupported data type") and a power-of-two set size (else InvalidArgument).
+common::Status checkAdasum(common::DataType dtype, int set_size);
+// The ranks whose sum enters allreduceAdasum as one vector: a host's L in the hierarchical form,
+// else 1. The caller divides the result by it (Horovod's postscale /= local_size).
+int adasumHostAverage(const transport::Comm& comm, const AllreduceChoice& choice);
 
 // Host pipeline phases (algo/allreduce_shm.cc) over the host collective segment: `comm`
 // includes every rank of this host. The buffer is cut into L = (ranks on this host) blocks

@@ -331,9 +331,10 @@ Status checkReducible(DataType dtype, ReduceOp op) {
   if (op_code < 0 || op_code > static_cast<int>(ReduceOp::kProduct)) {
     return typeError("reduction: invalid reduce op code " + std::to_string(op_code));
   }
-  if (op == ReduceOp::kAdasum) {
-    return typeError(std::string("reduction: Adasum is not supported on CPU by this core (dtype ") +
-                     dataTypeName(dtype) + "); use op=Average or op=Sum");
+  if (op == ReduceOp::kAdasum) {  // algo/allreduce_adasum.cc has its own checks
+    return typeError("reduction: Adasum combines whole tensors, so only allreduce supports it "
+                     "(Horovod: reducescatter supports only AVERAGE and SUM); use op=Average or "
+                     "op=Sum");
   }
   if (op == ReduceOp::kAverage && dtype == DataType::kBool) {
     return typeError("reduction: Average is not defined for bool tensors; use op=Sum (logical or) "

@@ -26,7 +26,8 @@ const char* dataTypeName(DataType dtype);    // "float32", ...
 const char* reduceOpName(ReduceOp op);       // "SUM", ...
 bool isFloatingPoint(DataType dtype);
 
-// Checks that `op` can reduce `dtype` (e.g. Average on bool is rejected). Returns TypeError.
+// Checks that `op` can reduce `dtype` element by element (e.g. Average on bool is rejected, and
+// Adasum, which is not element-wise: algo::checkAdasum has its rules). Returns TypeError.
 Status checkReducible(DataType dtype, ReduceOp op);
 
 // dst[i] = dst[i] (op) src[i] for i in [0, count). Average reduces like Sum (scaling is separate).

@@ -58,10 +58,18 @@ Status allreduceHostBuffer(OpContext& op, void* buffer, size_t count, size_t seg
   opts.dtype = r.dtype;
   opts.op = r.reduce_op;
   opts.segment_bytes = segment_bytes;
-  op.activities.start("_ALLREDUCE");
+  double post = postFactor(r, op.comm.size());
+  const bool adasum = r.reduce_op == common::ReduceOp::kAdasum;
+  if (adasum) {
+    // Per tensor, not per element; the hierarchical form sums hosts, and Horovod divides its
+    // result by the host size (postscale /= local_size).
+    opts.tensor_counts = r.counts.data();
+    opts.tensor_count = r.counts.size();
+    post /= algo::adasumHostAverage(op.comm, op.choice);
+  }
+  op.activities.start(adasum ? "_ADASUM_ALLREDUCE" : "_ALLREDUCE");
   HVD_RETURN_IF_ERROR(algo::allreduce(op.comm, opts, op.choice));
   op.activities.end();
-  const double post = postFactor(r, op.comm.size());
   if (post != 1.0) common::scaleInPlace(buffer, count, r.dtype, post);
   return Status::ok();
 }
