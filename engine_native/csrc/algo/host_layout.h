@@ -1,5 +1,5 @@
 // How a Comm's members sit on hosts, and the intra-host halves of the hierarchical
-// algorithms (algo/allreduce_hierarchical.cc, algo/allreduce_adasum_hierarchical.cc): a
+// algorithms (algo/allreduce_hierarchical.cc, algo/allreduce_adasum.cc): a
 // reduce-scatter into one block per local rank and the allgather back. Internal to algo/;
 // background thread.
 #pragma once
