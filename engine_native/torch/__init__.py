@@ -11,7 +11,8 @@ memory; ``HVD_GPU_PATH`` overrides it and ``engine_native.metrics()['gpu_paths']
 which path each process set took.
 
 Differences from Horovod, by design of this build:
-  * Adasum raises NotImplementedError (Horovod's CPU Adasum needs its MPI implementation).
+  * Adasum also runs on process sets and on bfloat16 tensors (Horovod: NotImplementedError,
+    and "Unsupported data type").
   * ``mpi_enabled()``/``gloo_enabled()`` are False: collectives run over the core's own
     shared-memory and TCP transports; MPI only bootstraps.
   * SyncBatchNorm accepts CPU input (Horovod's is GPU-only).

@@ -14,6 +14,7 @@ import torch
 
 from engine_native.torch import basics
 from engine_native.torch import runtime as rt
+from engine_native.torch.adasum_optimizer import adasum_optimizer
 from engine_native.torch.compression import Compression
 from engine_native.torch.functions import broadcast_object
 from engine_native.torch.gather_ops import sparse_allreduce_async
@@ -316,7 +317,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     compression : hvd.Compression.none or hvd.Compression.fp16
     backward_passes_per_step : int
         Backward passes accumulated locally before gradients are reduced.
-    op : hvd.Average (default) or hvd.Sum (Adasum is not available in this build).
+    op : hvd.Average (default), hvd.Sum, or hvd.Adasum: each rank steps on its own gradient
+        and the steps' deltas are combined with Adasum (Horovod's delta optimizer,
+        engine_native/torch/adasum_optimizer.py).
     gradient_predivide_factor : float
         With Average: scale by ``1/f`` before the sum and ``f/size`` after it.
     num_groups : int
@@ -340,8 +343,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                       'in v0.23.0.', DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError('backward_passes_per_step must be > 0')
     if op == Adasum and rt.size() > 1:
-        rt.check_op(op, 'DistributedOptimizer')  # raises: no Adasum in this build
+        return adasum_optimizer(optimizer, named_parameters, compression,
+                                backward_passes_per_step, process_set, _find_duplicates)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,

@@ -38,7 +38,7 @@ def _allreduce_op(tensor, output, full_name, code, op, prescale_factor, postscal
 
 def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor, process_set,
                      waited=False):
-    rt.check_op(op, 'allreduce')
+    rt.check_op(op, 'allreduce', process_set)
     set_id = rt.set_id(process_set)  # validate before a noname counter value is consumed
     # Plain CPU tensors take the C path (bindings/torch_api.cc); it declines (None) anything
     # else before naming or enqueueing it, and the checks below raise Horovod's errors.
@@ -66,7 +66,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     name : str, optional
         Key of the operation (``allreduce.<name>``); auto-generated when omitted.
     op : int, optional
-        hvd.Average (default), hvd.Sum, hvd.Min, hvd.Max or hvd.Product.
+        hvd.Average (default), hvd.Sum, hvd.Min, hvd.Max, hvd.Product or hvd.Adasum
+        (floating-point tensors, a power-of-two process set).
     prescale_factor, postscale_factor : float
         Multiply the input before / the result after the reduction.
     process_set : ProcessSet
@@ -139,7 +140,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     if not tensors:
         raise ValueError('grouped_allreduce: expected a non-empty list of tensors')
     codes = [rt.check_tensor(t, 'grouped_allreduce', name) for t in tensors]
-    rt.check_op(op, 'grouped_allreduce')
+    rt.check_op(op, 'grouped_allreduce', process_set)
     rt.set_id(process_set)
     base = rt.op_name('grouped_allreduce', name)
     n = len(tensors)

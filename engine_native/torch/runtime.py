@@ -111,15 +111,25 @@ def check_tensor(tensor, op_name, name):
     return code
 
 
-def check_op(op, op_name):
-    """Validate a reduce op code."""
+class AdasumSizeError(ValueError, NotImplementedError):
+    """Adasum over a process set whose size is not a power of two. A ValueError (the caller
+    chooses the set), and Horovod's NotImplementedError, so ported code that catches the
+    exception Horovod raises here still catches it."""
+
+
+def check_op(op, op_name, process_set=None):
+    """Validate a reduce op code; Adasum also needs a power-of-two ``process_set`` (Horovod's
+    rule, checked here as Horovod does, so every rank raises before anything is enqueued)."""
     if op not in _OP_NAMES:
         raise ValueError('%s: unknown reduce op %r; use hvd.Average, hvd.Sum, hvd.Min, '
                          'hvd.Max, hvd.Product or hvd.Adasum.' % (op_name, op))
-    if op == Adasum:
-        raise NotImplementedError(
-            '%s: Adasum is not available in this build of engine_native (CPU Adasum needs '
-            "Horovod's MPI implementation). Use op=hvd.Average or hvd.Sum." % op_name)
+    if op == Adasum and process_set is not None:
+        n = process_set.size()
+        if n is not None and n & (n - 1) != 0:
+            raise AdasumSizeError(
+                '%s: Running Adasum with non-power of 2 ranks is not supported yet (the '
+                'process set has %d ranks); use 1, 2, 4, 8, ... ranks, or op=hvd.Average.'
+                % (op_name, n))
 
 
 def set_id(process_set):

@@ -183,6 +183,46 @@ def mismatch(actual: np.ndarray, expected, dtype, op=None, exact_avg=False):
             f"{actual.reshape(-1)[first]!r}, expected {expected.reshape(-1)[first]!r}")
 
 
+def horovod_scale(x: np.ndarray, factor: float) -> np.ndarray:
+    """Horovod 0.28.1's CPU ScaleBuffer (ScaleBufferCPUImpl, common/ops/collective_operations.h)
+    in NumPy, bit for bit: float32 multiplies in float32 by float32(factor); float16 and
+    bfloat16 through float32 by float32(factor), rounded to nearest even; float64 in double;
+    integers in double, truncated toward zero. A factor of 1 is skipped, as Horovod does."""
+    x = np.asarray(x)
+    dtype = x.dtype
+    if factor == 1.0:
+        return x.copy()
+    if dtype == np.float64:
+        return np.float64(factor) * x
+    if dtype == np.float32:
+        return np.float32(factor) * x
+    if dtype in LOW_PRECISION:
+        return (np.float32(factor) * x.astype(np.float32)).astype(dtype)
+    if dtype.kind in "iu":
+        return np.trunc(np.float64(factor) * x.astype(np.float64)).astype(dtype)
+    raise TypeError(f"Horovod has no ScaleBuffer for {dtype}")
+
+
+def exact_mismatch(actual: np.ndarray, expected: np.ndarray):
+    """None when ``actual`` has ``expected``'s dtype, shape and bits (so -0.0 differs from 0.0,
+    and a NaN must be the same NaN), else a short description."""
+    expected = np.asarray(expected)
+    if actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype}, expected {expected.dtype}"
+    if actual.shape != expected.shape:
+        return f"shape {actual.shape}, expected {expected.shape}"
+    bits = np.dtype(f"u{actual.dtype.itemsize}") if actual.dtype != BOOL else BOOL
+    a = np.ascontiguousarray(actual).view(bits).reshape(-1)
+    e = np.ascontiguousarray(expected).view(bits).reshape(-1)
+    bad = np.flatnonzero(a != e)
+    if bad.size == 0:
+        return None
+    first = bad[0]
+    return (f"{bad.size} of {a.size} elements differ in their bits; first at flat index "
+            f"{first}: got {actual.reshape(-1)[first]!r}, expected "
+            f"{expected.reshape(-1)[first]!r}")
+
+
 class Failures:
     """Collects every failed check of a rank so one run reports all of them at once."""
 

@@ -26,6 +26,10 @@ struct AllreduceOptions {
   common::DataType dtype = common::DataType::kFloat32;
   common::ReduceOp op = common::ReduceOp::kSum;  // Average reduces as Sum; caller scales
   size_t segment_bytes = 1 << 20;  // pipelining unit
+  // Adasum only: the element counts of the batch's `tensor_count` tensors in buffer order
+  // (they sum to `count`); null means one tensor. Adasum combines each tensor as a vector.
+  const int64_t* tensor_counts = nullptr;
+  size_t tensor_count = 0;
 };
 // Ring reduce-scatter + allgather (algo/allreduce_ring.cc).
 common::Status allreduceRing(transport::Comm& comm, const AllreduceOptions& opts);
@@ -61,6 +65,18 @@ common::Status allreduceHierarchical(transport::Comm& comm, const AllreduceOptio
 // True when the Comm spans several hosts and at least one of them has several members.
 bool hierarchicalHelps(const transport::Comm& comm);
 
+// Adasum (algo/allreduce_adasum.cc), which allreduce() dispatches to for op == kAdasum:
+// Horovod's vector-halving, distance-doubling Adasum per tensor of opts.data, in place; with
+// choice.hierarchical and several hosts of equal size, host sums are combined across hosts.
+common::Status allreduceAdasum(transport::Comm& comm, const AllreduceOptions& opts,
+                               const AllreduceChoice& choice);
+// Horovod's rules for an Adasum request (checked at enqueue): a floating-point dtype (else
+// TypeError, "Unsupported data type") and a power-of-two set size (else InvalidArgument).
+common::Status checkAdasum(common::DataType dtype, int set_size);
+// The ranks whose sum enters allreduceAdasum as one vector: a host's L in the hierarchical form,
+// else 1. The caller divides the result by it (Horovod's postscale /= local_size).
+int adasumHostAverage(const transport::Comm& comm, const AllreduceChoice& choice);
+
 // Host pipeline phases (algo/allreduce_shm.cc) over the host collective segment: `comm`
 // includes every rank of this host. The buffer is cut into L = (ranks on this host) blocks
 // as evenBlocks(count, L) does; block i belongs to the host's i-th rank in global-rank order.
@@ -90,6 +106,11 @@ common::Status alltoallPairwise(transport::Comm& comm, const void* in,
 common::Status reducescatterRing(transport::Comm& comm, const void* in, void* out,
                                  const std::vector<size_t>& counts, common::DataType dtype,
                                  common::ReduceOp op);
+// The same, reducing in `data` (this rank's input, overwritten with partial sums) instead of a
+// copy of it: for callers that already hold a copy (prescaled, or staged from a device).
+common::Status reducescatterRingInPlace(transport::Comm& comm, void* data, void* out,
+                                        const std::vector<size_t>& counts,
+                                        common::DataType dtype, common::ReduceOp op);
 
 // Returns when every rank of the Comm has entered. (algo/barrier.cc)
 common::Status barrier(transport::Comm& comm);

@@ -11,6 +11,7 @@
 //      one of them with several members (algo/allreduce_hierarchical.cc).
 //   4. ring: reduce-scatter + allgather, bandwidth-optimal over any pairs
 //      (algo/allreduce_ring.cc).
+// Adasum is not element-wise and has an algorithm of its own (algo/allreduce_adasum.cc).
 // Every input to the pick (choice, sizes, membership, host ids, whether a host's ranks agreed
 // on a segment) is the same on every rank of the Comm, so all ranks pick alike; a host's
 // segment decision binds all of its ranks (Note [Collective setup]).
@@ -75,12 +76,16 @@ AllreduceChoice AllreduceChoice::fromConfig(const common::Config& config, bool h
 
 bool allreduceTakesTensors(const transport::Comm& comm, const AllreduceOptions& opts,
                            const AllreduceChoice& choice) {
-  if (opts.count == 0 || comm.size() == 1) return false;
+  if (opts.count == 0 || comm.size() == 1 || opts.op == common::ReduceOp::kAdasum) return false;
   return pick(comm, opts, choice) == Algorithm::kShm && shmTakesTensors(opts);
 }
 
 common::Status allreduce(transport::Comm& comm, const AllreduceOptions& opts,
                          const AllreduceChoice& choice) {
+  if (opts.op == common::ReduceOp::kAdasum) {
+    if (opts.tensors != nullptr) return common::internalError("Adasum: pack the batch first");
+    return allreduceAdasum(comm, opts, choice);
+  }
   HVD_RETURN_IF_ERROR(common::checkReducible(opts.dtype, opts.op));
   if (opts.count == 0 || comm.size() == 1) return common::Status::ok();
   const Algorithm a = pick(comm, opts, choice);

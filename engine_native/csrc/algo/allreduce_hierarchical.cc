@@ -29,58 +29,15 @@
 //
 // Pipelining: inside each phase (the host pipeline's chunks, the ring's segments); the
 // phases themselves run one after another.
-#include <algorithm>
-#include <string>
 #include <vector>
 
 #include "algo/algorithms.h"
+#include "algo/host_layout.h"
 #include "algo/ring_util.h"
-#include "transport/mesh.h"
 #include "transport/shm/collective_sync.h"
 
 namespace hvd::algo {
 namespace {
-
-// The Comm's members grouped by host: hosts in order of their first set rank, members of a
-// host in global-rank order (the order of the host collective segment). Global ranks.
-struct HostLayout {
-  std::vector<std::vector<int>> hosts;
-  int my_host = -1;
-  int my_local = -1;
-  bool even = true;  // every host has the same number of members
-};
-
-HostLayout layoutOf(const transport::Comm& comm) {
-  HostLayout layout;
-  std::vector<std::string> ids;
-  const transport::Mesh& mesh = comm.mesh();
-  for (int s = 0; s < comm.size(); ++s) {
-    const int g = comm.globalRank(s);
-    const std::string& id = mesh.peerInfo(g).host_id;
-    const size_t h = std::find(ids.begin(), ids.end(), id) - ids.begin();
-    if (h == ids.size()) {
-      ids.push_back(id);
-      layout.hosts.emplace_back();
-    }
-    layout.hosts[h].push_back(g);
-  }
-  for (size_t h = 0; h < layout.hosts.size(); ++h) {
-    std::vector<int>& members = layout.hosts[h];
-    std::sort(members.begin(), members.end());
-    layout.even = layout.even && members.size() == layout.hosts[0].size();
-    const auto it = std::find(members.begin(), members.end(), mesh.rank());
-    if (it != members.end()) {
-      layout.my_host = static_cast<int>(h);
-      layout.my_local = static_cast<int>(it - members.begin());
-    }
-  }
-  return layout;
-}
-
-transport::Comm subComm(const transport::Comm& comm, std::vector<int> members) {
-  return transport::Comm(comm.mesh(), std::move(members), comm.timeoutSeconds(),
-                         comm.spinMicroseconds());
-}
 
 // Even hosts: phases 1-3 of the derivation, block l on local rank l.
 common::Status evenHosts(const transport::Comm& comm, const HostLayout& layout,
@@ -88,26 +45,17 @@ common::Status evenHosts(const transport::Comm& comm, const HostLayout& layout,
   const std::vector<int>& mine = layout.hosts[layout.my_host];
   transport::Comm local = subComm(comm, mine);
   const int l = layout.my_local;
-  const bool segment = transport::shm::CollectiveSync::segmentFor(local) != nullptr;
   const BlockOffsets blocks = evenBlocks(opts.count, static_cast<int>(mine.size()));
-  if (segment) {
-    HVD_RETURN_IF_ERROR(hostReduceScatter(local, opts.data, opts.count, opts.dtype, opts.op));
-  } else {
-    HVD_RETURN_IF_ERROR(ringReduceScatterInPlace(local, opts.data, blocks, opts.dtype, opts.op,
-                                                 opts.segment_bytes));
-  }
+  HVD_RETURN_IF_ERROR(hostBlocksReduceScatter(local, opts.data, opts.count, opts.dtype, opts.op,
+                                              opts.segment_bytes));
   std::vector<int> peers;  // local rank l of every host
   for (const std::vector<int>& host : layout.hosts) peers.push_back(host[l]);
   transport::Comm cross = subComm(comm, peers);
-  const size_t esize = common::dataTypeSize(opts.dtype);
   AllreduceOptions shard = opts;
-  shard.data = static_cast<uint8_t*>(opts.data) + blocks[l] * esize;
+  shard.data = static_cast<uint8_t*>(opts.data) + blocks[l] * common::dataTypeSize(opts.dtype);
   shard.count = blockSize(blocks, l);
   HVD_RETURN_IF_ERROR(allreduceRing(cross, shard));
-  if (segment) return hostAllgather(local, opts.data, opts.count, opts.dtype);
-  BlockOffsets bytes(blocks.size());
-  for (size_t i = 0; i < blocks.size(); ++i) bytes[i] = blocks[i] * esize;
-  return ringAllgatherInPlace(local, opts.data, bytes);
+  return hostBlocksAllgather(local, opts.data, opts.count, opts.dtype);
 }
 
 // Uneven hosts: host allreduce, leaders' ring, host broadcast.

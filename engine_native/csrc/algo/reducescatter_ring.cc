@@ -130,36 +130,56 @@ common::Status ringReduceScatterInPlace(transport::Comm& comm, void* data,
   return common::Status::ok();
 }
 
+namespace {
+
+common::Status checkArguments(const transport::Comm& comm, const std::vector<size_t>& counts,
+                              common::DataType dtype, common::ReduceOp op) {
+  if (counts.size() != static_cast<size_t>(comm.size())) {
+    return common::invalidArgument("reducescatter: " + std::to_string(counts.size()) +
+                                   " counts given for a process set of " +
+                                   std::to_string(comm.size()) + " ranks");
+  }
+  return common::checkReducible(dtype, op);
+}
+
+}  // namespace
+
+common::Status reducescatterRingInPlace(transport::Comm& comm, void* data, void* out,
+                                        const std::vector<size_t>& counts,
+                                        common::DataType dtype, common::ReduceOp op) {
+  HVD_RETURN_IF_ERROR(checkArguments(comm, counts, dtype, op));
+  const BlockOffsets elements = prefixBlocks(counts);
+  const size_t esize = common::dataTypeSize(dtype);
+  const size_t own_bytes = counts[comm.rank()] * esize;
+  if (elements[comm.size()] == 0) return common::Status::ok();
+  HVD_RETURN_IF_ERROR(ringReduceScatterInPlace(comm, data, elements, dtype, op,
+                                               kReducescatterSegmentBytes));
+  const uint8_t* mine = static_cast<const uint8_t*>(data) + elements[comm.rank()] * esize;
+  if (out != mine && own_bytes > 0) std::memmove(out, mine, own_bytes);
+  return common::Status::ok();
+}
+
 common::Status reducescatterRing(transport::Comm& comm, const void* in, void* out,
                                  const std::vector<size_t>& counts, common::DataType dtype,
                                  common::ReduceOp op) {
-  const int n = comm.size();
-  if (counts.size() != static_cast<size_t>(n)) {
-    return common::invalidArgument("reducescatter: " + std::to_string(counts.size()) +
-                                   " counts given for a process set of " + std::to_string(n) +
-                                   " ranks");
-  }
-  HVD_RETURN_IF_ERROR(common::checkReducible(dtype, op));
-  const BlockOffsets elements = prefixBlocks(counts);
+  HVD_RETURN_IF_ERROR(checkArguments(comm, counts, dtype, op));
+  size_t total = 0;
+  for (size_t c : counts) total += c;
   const size_t esize = common::dataTypeSize(dtype);
-  const size_t total_bytes = elements[n] * esize;
-  const size_t own_bytes = counts[comm.rank()] * esize;
+  const size_t total_bytes = total * esize;
   if (total_bytes == 0) return common::Status::ok();
-  if (n == 1) {
-    if (out != in) std::memmove(out, in, own_bytes);
+  if (comm.size() == 1) {
+    if (out != in) std::memmove(out, in, counts[0] * esize);
     return common::Status::ok();
   }
-  // `in` must stay unmodified: reduce in a scratch copy, then copy out this rank's block.
+  // `in` must stay unmodified: reduce in a scratch copy.
   std::unique_ptr<uint8_t[]> scratch(new (std::nothrow) uint8_t[total_bytes]);
   if (!scratch) {
     return common::internalError("reducescatter: cannot allocate a " +
                                  std::to_string(total_bytes) + "-byte scratch buffer");
   }
   std::memcpy(scratch.get(), in, total_bytes);
-  HVD_RETURN_IF_ERROR(ringReduceScatterInPlace(comm, scratch.get(), elements, dtype, op,
-                                               kReducescatterSegmentBytes));
-  std::memcpy(out, scratch.get() + elements[comm.rank()] * esize, own_bytes);
-  return common::Status::ok();
+  return reducescatterRingInPlace(comm, scratch.get(), out, counts, dtype, op);
 }
 
 }  // namespace hvd::algo

@@ -243,8 +243,12 @@ void reduceTyped(void* dst, const void* src, size_t count, DataType dtype) {
   HVD_CHECK(false && "reduceTyped: bool and invalid dtypes are dispatched elsewhere");
 }
 
-// Scaling. Integers: through double, truncated toward zero, saturated to the type's range
-// (a prescale of 1000 on int8 must not be undefined behaviour); NaN becomes 0.
+// Scaling, as Horovod 0.28.1's CPU ScaleBuffer (common/ops/collective_operations.{h,cc},
+// ScaleBufferCPUImpl): `output = factor * input` with the factor in the type Horovod passes.
+// float32 multiplies in float by (float)factor; float16 (and bfloat16, which Horovod lacks)
+// through float32 by (float)factor, rounded back to nearest even; float64 and the integers
+// multiply in double. An integer product is truncated toward zero; where Horovod's conversion
+// is undefined (out of range, NaN) it saturates here, NaN giving 0.
 template <typename T>
 inline T saturatingCast(double v) {
   constexpr double lo = static_cast<double>(std::numeric_limits<T>::min());
@@ -256,21 +260,20 @@ inline T saturatingCast(double v) {
 }
 
 template <typename T>
-void scaleLoop(T* __restrict buf, size_t count, double factor) {
-  if constexpr (std::is_integral_v<T>) {
-    for (size_t i = 0; i < count; ++i) {
-      buf[i] = saturatingCast<T>(static_cast<double>(buf[i]) * factor);
-    }
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      buf[i] = static_cast<T>(static_cast<double>(buf[i]) * factor);
-    }
+void scaleIntegers(T* __restrict buf, size_t count, double factor) {
+  for (size_t i = 0; i < count; ++i) {
+    buf[i] = saturatingCast<T>(factor * static_cast<double>(buf[i]));
   }
+}
+
+template <typename T>
+void scaleFloats(T* __restrict buf, size_t count, T factor) {
+  for (size_t i = 0; i < count; ++i) buf[i] = factor * buf[i];
 }
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void halfScaleLoop(uint16_t* __restrict buf, size_t count, float factor) {
-  for (size_t i = 0; i < count; ++i) buf[i] = FromFloat(ToFloat(buf[i]) * factor);
+  for (size_t i = 0; i < count; ++i) buf[i] = FromFloat(factor * ToFloat(buf[i]));
 }
 
 }  // namespace
@@ -328,9 +331,10 @@ Status checkReducible(DataType dtype, ReduceOp op) {
   if (op_code < 0 || op_code > static_cast<int>(ReduceOp::kProduct)) {
     return typeError("reduction: invalid reduce op code " + std::to_string(op_code));
   }
-  if (op == ReduceOp::kAdasum) {
-    return typeError(std::string("reduction: Adasum is not supported on CPU by this core (dtype ") +
-                     dataTypeName(dtype) + "); use op=Average or op=Sum");
+  if (op == ReduceOp::kAdasum) {  // algo/allreduce_adasum.cc has its own checks
+    return typeError("reduction: Adasum combines whole tensors, so only allreduce supports it "
+                     "(Horovod: reducescatter supports only AVERAGE and SUM); use op=Average or "
+                     "op=Sum");
   }
   if (op == ReduceOp::kAverage && dtype == DataType::kBool) {
     return typeError("reduction: Average is not defined for bool tensors; use op=Sum (logical or) "
@@ -362,13 +366,14 @@ void reduceInto(void* dst, const void* src, size_t count, DataType dtype, Reduce
 void scaleInPlace(void* buf, size_t count, DataType dtype, double factor) {
   if (count == 0 || factor == 1.0) return;
   switch (dtype) {
-    case DataType::kUint8: return scaleLoop(static_cast<uint8_t*>(buf), count, factor);
-    case DataType::kInt8: return scaleLoop(static_cast<int8_t*>(buf), count, factor);
-    case DataType::kInt16: return scaleLoop(static_cast<int16_t*>(buf), count, factor);
-    case DataType::kInt32: return scaleLoop(static_cast<int32_t*>(buf), count, factor);
-    case DataType::kInt64: return scaleLoop(static_cast<int64_t*>(buf), count, factor);
-    case DataType::kFloat32: return scaleLoop(static_cast<float*>(buf), count, factor);
-    case DataType::kFloat64: return scaleLoop(static_cast<double*>(buf), count, factor);
+    case DataType::kUint8: return scaleIntegers(static_cast<uint8_t*>(buf), count, factor);
+    case DataType::kInt8: return scaleIntegers(static_cast<int8_t*>(buf), count, factor);
+    case DataType::kInt16: return scaleIntegers(static_cast<int16_t*>(buf), count, factor);
+    case DataType::kInt32: return scaleIntegers(static_cast<int32_t*>(buf), count, factor);
+    case DataType::kInt64: return scaleIntegers(static_cast<int64_t*>(buf), count, factor);
+    case DataType::kFloat32:
+      return scaleFloats(static_cast<float*>(buf), count, static_cast<float>(factor));
+    case DataType::kFloat64: return scaleFloats(static_cast<double*>(buf), count, factor);
     case DataType::kFloat16:
       return halfScaleLoop<half::halfToFloatInline, half::floatToHalfInline>(
           static_cast<uint16_t*>(buf), count, static_cast<float>(factor));

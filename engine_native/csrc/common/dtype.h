@@ -26,15 +26,18 @@ const char* dataTypeName(DataType dtype);    // "float32", ...
 const char* reduceOpName(ReduceOp op);       // "SUM", ...
 bool isFloatingPoint(DataType dtype);
 
-// Checks that `op` can reduce `dtype` (e.g. Average on bool is rejected). Returns TypeError.
+// Checks that `op` can reduce `dtype` element by element (e.g. Average on bool is rejected, and
+// Adasum, which is not element-wise: algo::checkAdasum has its rules). Returns TypeError.
 Status checkReducible(DataType dtype, ReduceOp op);
 
 // dst[i] = dst[i] (op) src[i] for i in [0, count). Average reduces like Sum (scaling is separate).
 // Bool: Sum/Max = logical or, Min/Product = logical and.
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
-// buf[i] *= factor, computed in double (float32 for halves) and cast back; integers truncate,
-// as Horovod's integer Average does.
+// buf[i] = factor * buf[i], bit for bit as Horovod's CPU ScaleBuffer: float32 and the half
+// types multiply in float32 by (float)factor, float64 and integers in double; integers
+// truncate toward zero (saturating where Horovod's cast is undefined). Bool keeps nonzero
+// values unless factor is 0.
 void scaleInPlace(void* buf, size_t count, DataType dtype, double factor);
 
 // Half conversions, exposed for tests and fusion code.

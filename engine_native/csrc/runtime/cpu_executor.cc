@@ -58,10 +58,18 @@ Status allreduceHostBuffer(OpContext& op, void* buffer, size_t count, size_t seg
   opts.dtype = r.dtype;
   opts.op = r.reduce_op;
   opts.segment_bytes = segment_bytes;
-  op.activities.start("_ALLREDUCE");
+  double post = postFactor(r, op.comm.size());
+  const bool adasum = r.reduce_op == common::ReduceOp::kAdasum;
+  if (adasum) {
+    // Per tensor, not per element; the hierarchical form sums hosts, and Horovod divides its
+    // result by the host size (postscale /= local_size).
+    opts.tensor_counts = r.counts.data();
+    opts.tensor_count = r.counts.size();
+    post /= algo::adasumHostAverage(op.comm, op.choice);
+  }
+  op.activities.start(adasum ? "_ADASUM_ALLREDUCE" : "_ALLREDUCE");
   HVD_RETURN_IF_ERROR(algo::allreduce(op.comm, opts, op.choice));
   op.activities.end();
-  const double post = postFactor(r, op.comm.size());
   if (post != 1.0) common::scaleInPlace(buffer, count, r.dtype, post);
   return Status::ok();
 }
@@ -178,6 +186,11 @@ Status CpuExecutor::alltoall(OpContext& op) {
   return Status::ok();
 }
 
+// Note [Reducescatter scaling]: as Horovod (GlooReducescatter/MPIReducescatter::Execute), the
+// prescale multiplies each rank's whole input before the sum, on a copy (the caller's input is
+// never written), and the postscale (divided by the set size for Average) multiplies this
+// rank's block after it. The two do not commute with the sum for integers (0.5 * 3 truncates
+// to 1 on each rank before adding) nor bit for bit for floats, so neither is moved.
 Status CpuExecutor::reducescatter(OpContext& op) {
   const coord::Response& r = op.response;
   const int me = op.comm.rank();
@@ -185,16 +198,25 @@ Status CpuExecutor::reducescatter(OpContext& op) {
   const size_t elem = common::dataTypeSize(r.dtype);
   op.result->buffer = std::make_shared<OutputBuffer>(layout.counts[me] * elem);
   op.result->shape = layout.shape;
-  const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
-  op.activities.start("_REDUCESCATTER");
-  HVD_RETURN_IF_ERROR(algo::reducescatterRing(op.comm, in, op.result->buffer->data,
-                                              layout.counts, r.dtype, r.reduce_op));
-  op.activities.end();
-  // Scaling commutes with the sum, so both factors are applied to this rank's block only.
-  const double factor = r.prescale * postFactor(r, op.comm.size());
-  if (factor != 1.0) {
-    common::scaleInPlace(op.result->buffer->data, layout.counts[me], r.dtype, factor);
+  void* out = op.result->buffer->data;
+  // Joined ranks never run one: coord/validation.cc (checkJoin) turns it into an error.
+  if (op.entries[0] == nullptr) return common::internalError("reducescatter: no input tensor");
+  const void* in = op.entries[0]->input;
+  if (r.prescale != 1.0) {
+    uint8_t* copy = fusionBuffer(layout.input_bytes);
+    if (layout.input_bytes > 0) std::memcpy(copy, in, layout.input_bytes);
+    common::scaleInPlace(copy, layout.input_bytes / elem, r.dtype, r.prescale);
+    op.activities.start("_REDUCESCATTER");
+    HVD_RETURN_IF_ERROR(algo::reducescatterRingInPlace(op.comm, copy, out, layout.counts,
+                                                       r.dtype, r.reduce_op));
+  } else {
+    op.activities.start("_REDUCESCATTER");
+    HVD_RETURN_IF_ERROR(
+        algo::reducescatterRing(op.comm, in, out, layout.counts, r.dtype, r.reduce_op));
   }
+  op.activities.end();
+  const double post = postFactor(r, op.comm.size());
+  if (post != 1.0) common::scaleInPlace(out, layout.counts[me], r.dtype, post);
   metrics_.countOp(static_cast<int>(OpType::kReducescatter), layout.input_bytes, 1);
   return Status::ok();
 }

@@ -207,13 +207,16 @@ Status DeviceExecutor::stagedReducescatter(OpContext& op) {
   const size_t mine = layout.counts[me] * common::dataTypeSize(r.dtype);
   uint8_t *in = nullptr, *out = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
+  // Note [Reducescatter scaling] in cpu_executor.cc: the staged input is already a copy of
+  // the device tensor, so it is prescaled, and reduced, in place.
+  const size_t total = layout.input_bytes / common::dataTypeSize(r.dtype);
+  if (r.prescale != 1.0) common::scaleInPlace(in, total, r.dtype, r.prescale);
   op.activities.start("STAGED_REDUCESCATTER");
   HVD_RETURN_IF_ERROR(
-      algo::reducescatterRing(op.comm, in, out, layout.counts, r.dtype, r.reduce_op));
+      algo::reducescatterRingInPlace(op.comm, in, out, layout.counts, r.dtype, r.reduce_op));
   op.activities.end();
-  // As CpuExecutor: scaling commutes with the sum, applied to this rank's block only.
-  const double factor = r.prescale * postFactor(r, op.comm.size());
-  if (factor != 1.0) common::scaleInPlace(out, layout.counts[me], r.dtype, factor);
+  const double post = postFactor(r, op.comm.size());
+  if (post != 1.0) common::scaleInPlace(out, layout.counts[me], r.dtype, post);
   HVD_RETURN_IF_ERROR(deviceOutput(mine, op.result));
   op.result->shape = layout.shape;
   HVD_RETURN_IF_ERROR(stageOutput(op, op.result->buffer->data, out, mine));

@@ -4,6 +4,7 @@
 // Framework threads, under Runtime's lock.
 #include <string>
 
+#include "algo/algorithms.h"
 #include "runtime/runtime.h"
 #include "transport/nccl/loader.h"
 
@@ -48,8 +49,12 @@ Status Runtime::validate(coord::Request* r, std::string_view name) const {
   switch (r->type) {
     case OpType::kAllreduce:
     case OpType::kReducescatter: {
-      Status s = common::checkReducible(r->dtype, r->reduce_op);
-      if (!s.isOk()) return common::typeError(describe(*r, name) + ": " + s.message());
+      // Adasum (allreduce only) has Horovod's dtype and power-of-two rules.
+      const bool adasum =
+          r->type == OpType::kAllreduce && r->reduce_op == common::ReduceOp::kAdasum;
+      Status s = adasum ? algo::checkAdasum(r->dtype, static_cast<int>(n))
+                        : common::checkReducible(r->dtype, r->reduce_op);
+      if (!s.isOk()) return Status(s.code(), describe(*r, name) + ": " + s.message());
       if (r->type == OpType::kReducescatter && r->shape.empty()) {
         return common::invalidArgument(describe(*r, name) + ": a scalar cannot be reduce-scattered; "
                                        "give it at least one dimension");
