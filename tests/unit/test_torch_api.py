@@ -191,7 +191,7 @@ def test_bad_arguments(hvd):
     assert hvd.core.state['names'] == set()
 
 
-def test_cuda_tensor_without_a_cuda_runtime_is_a_clear_error(hvd):
+def test_cuda_tensor_without_a_cuda_runtime_is_a_clear_error_and_join_is_on_the_cpu(hvd):
     class CudaLike(torch.Tensor):
         @property
         def device(self):
@@ -200,9 +200,10 @@ def test_cuda_tensor_without_a_cuda_runtime_is_a_clear_error(hvd):
     for fn in (hvd.allreduce_async, hvd.allgather_async, hvd.alltoall_async):
         with pytest.raises(RuntimeError, match='the CUDA runtime was not found'):
             fn(t)
-    with pytest.raises(RuntimeError, match='the CUDA runtime was not found'):
-        hvd.join(0)
     assert hvd.core.state['log'] == []  # nothing reached the core
+    # A join names no tensor: without a CUDA runtime join(device=0) joins on the CPU, as
+    # Horovod built without GPU support does (Note [join's device without CUDA]).
+    assert hvd.join(0) == 0 and last_op(hvd)[1] == 'join' and last_op(hvd)[12] == -1
 
 
 def test_duplicate_name_in_flight_is_value_error(hvd):
