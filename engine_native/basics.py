@@ -222,7 +222,8 @@ def listen_address() -> tuple:
 
 
 def add_process_set(process_set) -> ProcessSet:
-    """Register a process set on every rank (a collective: all ranks make the same calls).
+    """Register a process set on every rank (a collective: all ranks make the same calls). An
+    empty rank list means every rank, as in Horovod: a set of its own, with its own id.
 
     Raises ValueError when ranks disagree about the members or the set already exists.
     """
@@ -230,6 +231,8 @@ def add_process_set(process_set) -> ProcessSet:
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set(): {ps} is already registered")
+    if not ps.ranks:  # Horovod's core reads an empty list as every rank (a new set)
+        ps.ranks = list(range(size()))
     for existing in _process_sets.values():
         if existing.ranks == ps.ranks:
             raise ValueError(f"add_process_set(): a process set with ranks {ps.ranks} already "
