@@ -11,7 +11,8 @@ from ._core import HorovodInternalError
 from ._dtypes import Adasum, Average, Max, Min, Product, Sum
 from .basics import (ProcessSet, abort, add_process_set, autotune_state, config_table,
                      cross_rank, cross_size, global_process_set, init, is_homogeneous,
-                     is_initialized, listen_address, local_rank, local_size, metrics, rank,
+                     is_initialized, listen_address, local_rank, local_size, metrics,
+                     mpi_built, mpi_enabled, mpi_threads_supported, rank,
                      remove_process_set, set_autotune, shutdown, size, start_timeline,
                      stop_timeline, timeline_events)
 from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, alltoall,
@@ -24,7 +25,8 @@ __all__ = [
     "HorovodInternalError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
     "global_process_set", "init", "shutdown", "abort", "is_initialized", "rank", "size",
     "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "listen_address",
-    "add_process_set", "remove_process_set", "metrics", "config_table", "allreduce",
+    "mpi_built", "mpi_enabled", "mpi_threads_supported", "add_process_set",
+    "remove_process_set", "metrics", "config_table", "allreduce",
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
     "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",

@@ -7,6 +7,7 @@ core per process, whatever framework calls it.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import threading
 from typing import Optional, Sequence
@@ -161,13 +162,68 @@ def is_homogeneous() -> bool:
     return len(set(counts.values())) == 1
 
 
+# MPI queries (Horovod's mpi_built / mpi_enabled / mpi_threads_supported). MPI here is the
+# launch and bootstrap layer (DESIGN §4): ranks started by mpiexec find each other through
+# mpi4py's COMM_WORLD; collectives then travel over the core's shm/tcp/NCCL transports.
+
+_MPI_NOT_ENABLED = ("Horovod MPI is not enabled; Please make sure it's installed and enabled. "
+                    "engine_native uses MPI when the ranks are started by mpiexec (with mpi4py "
+                    "installed) or init() is given an mpi4py communicator; check "
+                    "hvd.mpi_enabled() first.")
+
+
+def mpi_built() -> bool:
+    """True when this installation can run on MPI: mpi4py is importable.
+
+    Horovod's says it was compiled against MPI; the core never is: its MPI support is mpi4py
+    (bootstrap under ``mpiexec``, ``init(comm=...)``). Imports nothing (``mpi4py.MPI`` would
+    initialise MPI).
+    """
+    try:
+        return importlib.util.find_spec("mpi4py") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def mpi_enabled() -> bool:
+    """True while the core runs on an MPI job: ``init()`` found its ranks through MPI.
+
+    That is the case when the ranks were started by ``mpiexec``/``mpirun`` (and mpi4py is
+    installed, and no ``HVD_RANK`` overrides it) or ``init(comm=...)`` got an mpi4py
+    communicator, as with Horovod's MPI controller. MPI is then initialised in this process
+    and may be used through mpi4py alongside the core. False before ``init()``, after
+    ``shutdown()``, and for ranks that found each other through the rendezvous store
+    instead (``hvdrun`` on one host, a notebook cluster not started by the MPI launcher), as
+    Horovod's is under Gloo. Either way the tensors travel over the core's shm/tcp/NCCL
+    transports, never through MPI.
+    """
+    world = _world
+    return world is not None and world.source == "mpi" and _core.is_initialized()
+
+
+def mpi_threads_supported() -> bool:
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE`` (mpi4py's default request): then any
+    thread may call mpi4py. The core itself makes no MPI call after ``init()``.
+
+    Raises
+    ------
+    ValueError
+        When :func:`mpi_enabled` is False (before ``init()`` too), with Horovod's message.
+    """
+    if not mpi_enabled():
+        raise ValueError(_MPI_NOT_ENABLED)
+    from mpi4py import MPI  # already imported and initialised by the bootstrap
+    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+
 def listen_address() -> tuple:
     """(address, port) of this rank's core listener (for diagnostics and tests)."""
     return _require_world().listen_address
 
 
 def add_process_set(process_set) -> ProcessSet:
-    """Register a process set on every rank (a collective: all ranks make the same calls).
+    """Register a process set on every rank (a collective: all ranks make the same calls). An
+    empty rank list means every rank, as in Horovod: a set of its own, with its own id.
 
     Raises ValueError when ranks disagree about the members or the set already exists.
     """
@@ -175,6 +231,8 @@ def add_process_set(process_set) -> ProcessSet:
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"add_process_set(): {ps} is already registered")
+    if not ps.ranks:  # Horovod's core reads an empty list as every rank (a new set)
+        ps.ranks = list(range(size()))
     for existing in _process_sets.values():
         if existing.ranks == ps.ranks:
             raise ValueError(f"add_process_set(): a process set with ranks {ps.ranks} already "
@@ -339,7 +397,7 @@ def set_autotune(enabled: bool) -> None:
 __all__ = [
     "HorovodInternalError", "ProcessSet", "global_process_set", "init", "shutdown", "abort",
     "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "listen_address", "add_process_set", "remove_process_set", "metrics",
+    "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "listen_address", "add_process_set", "remove_process_set", "metrics",
     "config_table", "start_timeline", "stop_timeline", "timeline_events", "autotune_state",
     "set_autotune",
 ]

@@ -13,8 +13,9 @@ which path each process set took.
 Differences from Horovod, by design of this build:
   * Adasum also runs on process sets and on bfloat16 tensors (Horovod: NotImplementedError,
     and "Unsupported data type").
-  * ``mpi_enabled()``/``gloo_enabled()`` are False: collectives run over the core's own
-    shared-memory and TCP transports; MPI only bootstraps.
+  * ``mpi_enabled()`` is True when the ranks were started by mpiexec (they bootstrap through
+    MPI), ``gloo_enabled()`` is always False; the tensors travel over the core's own
+    shared-memory, TCP and NCCL transports either way.
   * SyncBatchNorm accepts CPU input (Horovod's is GPU-only).
   * ``report(samples=n, **scalars)`` (an addition) feeds the notebook dashboard's samples/s.
 

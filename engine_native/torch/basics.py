@@ -93,22 +93,28 @@ def is_homogeneous():
     return size() == local_size() * cross_size()
 
 
-# Build queries. The core uses its own shm/tcp transports for data and MPI (when present) only
-# to bootstrap, so it is neither an MPI nor a Gloo build in Horovod's sense.
+# Build queries. MPI (through mpi4py) launches and bootstraps ranks started by mpiexec; the
+# tensors travel over the core's own shm/tcp/NCCL transports, never Gloo.
 
 def mpi_threads_supported():
-    """Horovod raises this ValueError when MPI is not used for collectives, as here."""
-    raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    """Whether MPI runs with ``MPI_THREAD_MULTIPLE``, so that mpi4py may be used from other
+    threads alongside the core. ValueError (Horovod's) unless :func:`mpi_enabled`."""
+    return _basics.mpi_threads_supported()
 
 
 def mpi_enabled():
-    """False: collectives never run over MPI in engine_native (mpi4py only bootstraps)."""
-    return False
+    """True while this job runs on MPI: ``init()`` found its ranks through MPI (started by
+    mpiexec, or ``init(comm=...)`` with an mpi4py communicator), as with Horovod's MPI
+    controller. False before ``init()`` and for ranks started by ``hvdrun``'s own rendezvous
+    (where Horovod would run Gloo). MPI only bootstraps: collectives use shm/tcp/NCCL."""
+    return _basics.mpi_enabled()
 
 
 def mpi_built():
-    """False: the core is not compiled against MPI."""
-    return False
+    """True when mpi4py is importable: this installation can run ranks started by mpiexec
+    and take an mpi4py communicator in ``init(comm=...)`` (the core itself is never compiled
+    against MPI)."""
+    return _basics.mpi_built()
 
 
 def gloo_enabled():

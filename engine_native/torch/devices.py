@@ -52,7 +52,8 @@ def join_device(device):
     """The CUDA ordinal ``join(device=...)`` names, or -1 for the CPU (Horovod's default).
 
     The default in a process that already uses CUDA is its current device: the zeros a joined
-    rank contributes to the others' CUDA collectives need a GPU."""
+    rank contributes to the others' CUDA collectives need a GPU. A device named in a process
+    without CUDA joins on the CPU (Note [join's device without CUDA] in the core)."""
     if device is None or (isinstance(device, int) and device < 0):
         if torch.cuda.is_initialized():
             _require_cuda()
@@ -63,8 +64,14 @@ def join_device(device):
         return -1
     if index.type != 'cuda':
         raise ValueError('join(device=%r): expected a CUDA device, an ordinal or -1' % (device,))
-    _require_cuda()
-    return index.index if index.index is not None else torch.cuda.current_device()
+    try:
+        _require_cuda()
+    except RuntimeError:
+        return -1  # no CUDA runtime: no CUDA tensor can exist here (Note [join's device ...])
+    if index.index is not None:
+        return index.index
+    # 'cuda' alone: the current device; a torch without CUDA has none, and the core decides.
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
 
 
 class _DeviceArray:

@@ -49,35 +49,54 @@ def broadcast_parameters(params, root_rank, prefix=None):
         rt.synchronize(handle)
 
 
-def _init_optimizer_state(optimizer):
-    """Run one zero-gradient step so that a fresh optimizer has state to broadcast.
+def _sparse_parameter_ids(model):
+    """ids of the parameters of ``model``'s sparse ``nn.Embedding`` layers (Horovod's rule)."""
+    if model is None:
+        return set()
+    return {id(p) for m in model.modules()
+            if isinstance(m, torch.nn.Embedding) and m.sparse for p in m.parameters()}
 
-    Parameters and gradients are restored afterwards, so the step leaves no trace (weight
-    decay on a zero gradient would otherwise move the parameters).
+
+def _init_optimizer_state(optimizer, model):
+    """Give a fresh optimizer its state by one step on zero gradients, as Horovod does.
+
+    Left behind, as in Horovod 0.28.1: every parameter that requires a gradient has a zero
+    ``.grad`` (a sparse one for SparseAdam, and for SGD on a sparse ``nn.Embedding`` of
+    ``model``), replacing any gradient it had; the optimizer holds the state of that step.
+    Unlike Horovod, the parameters are put back as they were. Weight decay on a zero gradient
+    moves them, and only ranks whose optimizer is fresh take this step: in Horovod's own
+    resume recipe (rank 0 loads a checkpoint, then broadcast_parameters, then this) the other
+    ranks would start from parameters rank 0 does not have.
     """
+    sparse_ids = _sparse_parameter_ids(model)
     saved = []
     for group in optimizer.param_groups:
         for p in group['params']:
-            if p.requires_grad:
-                saved.append((p, p.detach().clone(), p.grad))
-                grad = torch.zeros_like(p)
-                if isinstance(optimizer, torch.optim.SparseAdam):
-                    grad = grad.to_sparse()
-                p.grad = grad
+            if not p.requires_grad:
+                continue
+            saved.append((p, p.detach().clone()))
+            grad = p.detach().new_zeros(p.shape)
+            if isinstance(optimizer, torch.optim.SparseAdam) or \
+                    (isinstance(optimizer, torch.optim.SGD) and id(p) in sparse_ids):
+                grad = grad.to_sparse()
+            p.grad = grad
     # A DistributedOptimizer's own step() would start allreduces that not every rank may
-    # start; step the wrapped optimizer class directly.
+    # start (ranks whose state is not empty skip this step); step the wrapped class instead.
     if getattr(optimizer, '_hvd_distributed', False):
         super(optimizer.__class__, optimizer).step()
     else:
         optimizer.step()
     with torch.no_grad():
-        for p, value, grad in saved:
+        for p, value in saved:
             p.copy_(value)
-            p.grad = grad
 
 
 def broadcast_optimizer_state(optimizer, root_rank, model=None):
     """Broadcast an optimizer's state (tensors and scalars) and options from ``root_rank``.
+
+    An optimizer without state yet (freshly created) first takes one step on zero gradients,
+    so that every rank has state of the root's layout; afterwards its parameters that require
+    a gradient hold zero ``.grad`` tensors, as in Horovod (see ``_init_optimizer_state``).
 
     Parameters
     ----------
@@ -86,18 +105,18 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
     root_rank : int
         The global rank whose state every rank receives.
     model : torch.nn.Module, optional
-        Accepted for Horovod compatibility; the parameters to initialise are taken from the
-        optimizer.
+        Used, as in Horovod, to find the parameters of sparse ``nn.Embedding`` layers: with
+        SGD their zero gradients are sparse.
     """
-    del model  # parameters come from optimizer.param_groups
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError('cannot broadcast torch.optim.LBFGS state')
 
     state_dict = optimizer.state_dict()
     if len(state_dict['state']) == 0:
-        _init_optimizer_state(optimizer)
+        _init_optimizer_state(optimizer, model)
         state_dict = optimizer.state_dict()
-    # Still empty: the optimizer is stateless (e.g. plain SGD); only options to send.
+    # Still empty: the optimizer is stateless (e.g. plain SGD). Horovod returns here; the
+    # options below are broadcast all the same, so that every rank runs with the root's.
 
     params = []
     scalars = {}

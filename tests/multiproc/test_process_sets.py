@@ -101,3 +101,20 @@ def test_ranks_disagreeing_on_a_set_fail_everywhere():
         outcome, after = r.value
         assert "disagree" in outcome or "differ" in outcome, outcome
         assert after == 3.0
+
+
+def empty_rank_list_suite():
+    """Horovod 0.28.1 registers ``add_process_set([])`` as a new set of every rank (its core
+    duplicates the global communicator for an empty list); so do we."""
+    hvd = checks.init()
+    everyone = hvd.add_process_set([])
+    described = (everyone.ranks, everyone.process_set_id > 0, everyone.size(), everyone.rank())
+    out = hvd.allreduce(np.ones(3), op=hvd.Sum, name="every.rank", process_set=everyone)
+    removed = hvd.remove_process_set(everyone)
+    hvd.shutdown()
+    return described, out.tolist(), removed
+
+
+def test_an_empty_rank_list_is_a_set_of_every_rank():
+    for r in run_ranks(empty_rank_list_suite, 2, timeout=60):
+        assert r.value == (([0, 1], True, 2, r.rank), [2.0] * 3, True), r.value

@@ -64,8 +64,10 @@ def test_init_shutdown_reinit(fake):
         hvd.init(process_sets='static')
 
 
-def test_build_queries_answer_for_this_core(hvd):
-    assert hvd.mpi_built() is False and hvd.mpi_enabled() is False
+def test_build_queries_answer_for_this_core(hvd, monkeypatch):
+    # mpi_built: mpi4py importable (tests/mpi/test_mpi_queries.py checks mpiexec launches).
+    assert hvd.mpi_built() is (importlib.util.find_spec('mpi4py') is not None)
+    assert hvd.mpi_enabled() is False  # a world of one, not started by mpiexec
     assert hvd.gloo_built() is False and hvd.gloo_enabled() is False
     assert hvd.nccl_built() == 0 and isinstance(hvd.nccl_built(), int)
     assert hvd.ddl_built() is False and hvd.ccl_built() is False
@@ -74,6 +76,8 @@ def test_build_queries_answer_for_this_core(hvd):
         hvd.mpi_threads_supported()
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    monkeypatch.setitem(sys.modules, 'mpi4py', None)  # how Python marks "not importable"
+    assert hvd.mpi_built() is False
 
 
 @pytest.mark.parametrize('dtype', DTYPES, ids=str)
@@ -187,7 +191,7 @@ def test_bad_arguments(hvd):
     assert hvd.core.state['names'] == set()
 
 
-def test_cuda_tensor_without_a_cuda_runtime_is_a_clear_error(hvd):
+def test_cuda_tensor_without_a_cuda_runtime_is_a_clear_error_and_join_is_on_the_cpu(hvd):
     class CudaLike(torch.Tensor):
         @property
         def device(self):
@@ -196,9 +200,10 @@ def test_cuda_tensor_without_a_cuda_runtime_is_a_clear_error(hvd):
     for fn in (hvd.allreduce_async, hvd.allgather_async, hvd.alltoall_async):
         with pytest.raises(RuntimeError, match='the CUDA runtime was not found'):
             fn(t)
-    with pytest.raises(RuntimeError, match='the CUDA runtime was not found'):
-        hvd.join(0)
     assert hvd.core.state['log'] == []  # nothing reached the core
+    # A join names no tensor: without a CUDA runtime join(device=0) joins on the CPU, as
+    # Horovod built without GPU support does (Note [join's device without CUDA]).
+    assert hvd.join(0) == 0 and last_op(hvd)[1] == 'join' and last_op(hvd)[12] == -1
 
 
 def test_duplicate_name_in_flight_is_value_error(hvd):

@@ -115,25 +115,36 @@ Status Runtime::validate(coord::Request* r, std::string_view name) const {
   return Status::ok();
 }
 
+// Note [join's device without CUDA]
+// join(device=k) says where this rank's zeros live while the others reduce CUDA tensors. In a
+// process with no CUDA device (no runtime, or a runtime that sees none) no rank-local CUDA
+// tensor can exist, so the join is a CPU join, as Horovod built without GPU support makes it
+// (DoJoin forces CPU_DEVICE_ID). Refusing it instead left this rank out of the join and its
+// peers waiting for it forever. With devices, a missing ordinal stays this rank's ValueError.
+
 // One GPU per rank and process set (as Horovod: one GPU per process): the set's communicator
 // lives on it. A tensor elsewhere is this rank's mistake, caught here, before any rank runs it.
-Status Runtime::checkDevice(const coord::Request& r, std::string_view name) {
-  if (r.device < 0 || r.type == OpType::kBarrier) return Status::ok();
-  if (r.type == OpType::kJoin) {  // where this rank's zeros will live: a device it has
+Status Runtime::checkDevice(coord::Request* r, std::string_view name) {
+  if (r->device < 0 || r->type == OpType::kBarrier) return Status::ok();
+  if (r->type == OpType::kJoin) {  // where this rank's zeros will live: a device it has
     const transport::nccl::CudaApi* cuda = transport::nccl::cudaApi();
     int count = 0;
-    if (cuda == nullptr || cuda->getDeviceCount(&count) != 0 || r.device >= count) {
-      return common::invalidArgument("join(device=" + std::to_string(r.device) + "): this "
+    if (cuda == nullptr || cuda->getDeviceCount(&count) != 0 || count <= 0) {
+      r->device = -1;  // Note [join's device without CUDA]
+      return Status::ok();
+    }
+    if (r->device >= count) {
+      return common::invalidArgument("join(device=" + std::to_string(r->device) + "): this "
                                      "process has " + std::to_string(count) + " CUDA device(s)");
     }
     return Status::ok();
   }
-  const auto [it, first] = set_devices_.emplace(r.process_set, r.device);
-  if (first || it->second == r.device) return Status::ok();
+  const auto [it, first] = set_devices_.emplace(r->process_set, r->device);
+  if (first || it->second == r->device) return Status::ok();
   return common::invalidArgument(
-      describe(r, name) + ": this rank's CUDA tensors of process set " +
-      std::to_string(r.process_set) + " are on cuda:" + std::to_string(it->second) +
-      ", this one is on cuda:" + std::to_string(r.device) + "; keep them on one GPU per rank");
+      describe(*r, name) + ": this rank's CUDA tensors of process set " +
+      std::to_string(r->process_set) + " are on cuda:" + std::to_string(it->second) +
+      ", this one is on cuda:" + std::to_string(r->device) + "; keep them on one GPU per rank");
 }
 
 // A CUDA tensor's op waits (on the device) for its producer's stream as it is now.

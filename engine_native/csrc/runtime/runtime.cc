@@ -215,7 +215,7 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
     HVD_RETURN_IF_ERROR(validate(&entries[i].request, names[i]));
   }
   for (size_t i = 0; i < count; ++i) {
-    HVD_RETURN_IF_ERROR(checkDevice(entries[i].request, names[i]));
+    HVD_RETURN_IF_ERROR(checkDevice(&entries[i].request, names[i]));
   }
   for (size_t i = 0; i < count; ++i) {  // Note [Stream ordering] in nccl/device_stream.h
     HVD_RETURN_IF_ERROR(recordReady(&entries[i]));

@@ -90,7 +90,7 @@ class Runtime {
  private:
   common::Status validate(coord::Request* request, std::string_view name) const;
   common::Status recordReady(TensorEntry* entry) const;
-  common::Status checkDevice(const coord::Request& request, std::string_view name);
+  common::Status checkDevice(coord::Request* request, std::string_view name);
   // Validates and submits; entries' handles are created here.
   common::Status submitLocked(TensorEntry* entries, const std::string_view* names, size_t count,
                               bool wake);
