@@ -69,8 +69,11 @@ def enqueue_group(ops: Sequence[tuple]) -> list[int]:
     """Submit several ops (each a tuple of enqueue's positional arguments) atomically, so they
     are negotiated together and may fuse into one batch."""
 
-def poll(handle: int) -> bool:
-    """True when the op finished (successfully or not). Never blocks."""
+def poll(handle: int, free_name: bool = True) -> bool:
+    """True when the op finished (successfully or not). Never blocks. A True answer also frees
+    the op's tensor name for a new submission unless ``free_name`` is False (a name is taken
+    until ``wait`` returns or ``poll`` answers True: Note [Name lifetime] in
+    csrc/runtime/handle_table.h)."""
 
 def wait(handle: int) -> Any:
     """Block (GIL released) until the op finishes; checks for signals every 50 ms so Ctrl-C

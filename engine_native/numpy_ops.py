@@ -2,10 +2,12 @@
 
 Every function builds the tensor name Horovod would (``allreduce.<name>`` or
 ``allreduce.noname.<n>``), hands raw pointers to the core, and keeps the arrays alive until the
-handle completes (``_core.keep``). ``*_async`` return a handle for ``poll``/``synchronize``.
-``allreduce_async`` and ``synchronize`` run once per gradient per step, so they are the core's
-own C functions (bindings/numpy_api.cc), configured at import; the checked Python path below
-takes every case they do not handle and raises the errors.
+handle completes (``_core.keep``). A name stays taken until ``synchronize`` returned or ``poll``
+answered True (Note [Name lifetime] in csrc/runtime/handle_table.h). ``*_async`` return a
+handle for ``poll``/``synchronize``. ``allreduce_async`` and ``synchronize`` run once per
+gradient per step, so they are the core's own C functions (bindings/numpy_api.cc), configured
+at import; the checked Python path below takes every case they do not handle and raises the
+errors.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out
 
 
 def poll(handle: int) -> bool:
-    """True when the op behind ``handle`` finished. Never blocks."""
+    """True when the op behind ``handle`` finished (its name is then free again). Never
+    blocks."""
     return _core.poll(handle)
 
 

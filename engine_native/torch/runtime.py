@@ -252,15 +252,23 @@ def submit(ops, keep, finish, waited=False):
 def poll(handle):
     """True when the asynchronous op behind ``handle`` has finished; never blocks.
 
-    After ``poll()`` returns True, ``synchronize()`` returns without blocking.
+    After ``poll()`` returns True, ``synchronize()`` returns without blocking, and the op's
+    tensor names are free for new ops (Note [Name lifetime] in csrc/runtime/handle_table.h).
     """
     record = _handle_map.get(handle)
     if record is None:
         if _core.torch_kept(handle):
             return _core.poll(handle)
         raise ValueError('Handle %s was not created or has been cleared.' % (handle,))
-    return all(i in record.results or _core.poll(h)
-               for i, h in enumerate(record.core_handles))
+    pending = [h for i, h in enumerate(record.core_handles) if i not in record.results]
+    if len(pending) == 1:
+        return _core.poll(pending[0])
+    # A group's names are freed together, once every member has finished.
+    if not all(_core.poll(h, False) for h in pending):
+        return False
+    for h in pending:
+        _core.poll(h)
+    return True
 
 
 def synchronize(handle):
