@@ -22,7 +22,7 @@ from . import _core
 from ._dtypes import Average, Sum, numpy_code, numpy_dtype, _NUMPY_CODES
 from .basics import ProcessSet, global_process_set
 
-_counters: dict[str, itertools.count] = {}
+_counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counter
 
 
 
@@ -64,10 +64,15 @@ def _output_like(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _full_name(kind: str, name: Optional[str]) -> str:
+def _full_name(kind: str, name: Optional[str],
+               process_set: Optional[ProcessSet] = None) -> str:
+    """``<kind>.<name>``, or ``<kind>.noname.<n>`` from the counter of ``kind`` in the op's
+    process set (None: the global set), so ops of one set never shift another set's names
+    (Note [Noname counters] in torch/runtime.py)."""
     if name:
         return f"{kind}.{name}"
-    counter = _counters.setdefault(kind, itertools.count())
+    set_key = 0 if process_set is None else getattr(process_set, "process_set_id", None)
+    counter = _counters.setdefault((kind, set_key), itertools.count())
     return f"{kind}.noname.{next(counter)}"
 
 
@@ -102,7 +107,7 @@ def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out
             reduce_op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
             process_set: ProcessSet = global_process_set, splits=None, finish,
             waited: bool = False) -> int:
-    full = _full_name(op_name, name)
+    full = _full_name(op_name, name, process_set)
     array = _check_array(array, op_name, full)
     handle = _enqueuer(waited)(kind, full, _code(array, op_name, full), array.shape,
                                array, out, reduce_op, float(prescale),
@@ -160,7 +165,7 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> list:
     """Submit several allreduces together so they negotiate (and fuse) as one batch."""
-    base = _full_name("grouped_allreduce", name)
+    base = _full_name("grouped_allreduce", name, process_set)
     ops, keep = [], []
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"

@@ -159,16 +159,27 @@ def tensor_from_buffer(buffer, shape, dtype):
 
 # ---------------------------------------------------------------------------------------------
 # Names: Horovod's "<op>.<name>" and "<op>.noname.<n>". Horovod's n is the op's handle; here it
-# counts unnamed ops since init(), so it stays equal across ranks even when ranks run different
-# numbers of named ops (e.g. around join()).
+# counts unnamed ops since init(), per process set (Note [Noname counters]).
+#
+# Note [Noname counters]
+# Ranks match ops by name, so the n of an unnamed op must be the same on every rank of its set.
+# A rank outside a process set never runs that set's ops, so one counter for all sets (or
+# Horovod's handle number) drifts apart across ranks as soon as a sub-set runs unnamed ops, and
+# the next unnamed global op waits forever for a name no other rank submits. A counter per set
+# only advances with ops every member of the set runs, so it stays equal across its members
+# (named ops, and ops of other sets, never shift it). numpy_ops counts the same way.
 
-_noname_counter = itertools.count()
+_noname_counters = {}  # process set id -> itertools.count
 
 
-def op_name(prefix, name):
-    """Full core name for a user-supplied (or missing) tensor name."""
+def op_name(prefix, name, set_id=0):
+    """Full core name for a user-supplied (or missing) tensor name; an unnamed op takes the
+    next n of its process set's counter (Note [Noname counters])."""
     if name is None or name == '':
-        return '%s.noname.%d' % (prefix, next(_noname_counter))
+        counter = _noname_counters.get(set_id)
+        if counter is None:
+            counter = _noname_counters[set_id] = itertools.count()
+        return '%s.noname.%d' % (prefix, next(counter))
     return '%s.%s' % (prefix, name)
 
 
@@ -200,11 +211,10 @@ _failed_keep = []
 
 
 def _reset_handles():
-    global _noname_counter
     _handle_map.clear()
     _failed_keep.clear()
     _core.torch_release_kept()  # the C path's handles, likewise forgotten
-    _noname_counter = itertools.count()
+    _noname_counters.clear()
 
 
 def _internal_error(exc):
