@@ -117,6 +117,7 @@ class BackgroundLoop {
   void applyParams(const coord::ParamsUpdate& update);
   void observeExecuted(const coord::Response& response, const common::Status& status);
   void inspectStalls();
+  void failDeadlocked(std::chrono::steady_clock::time_point now);
   void beginShutdown();
   void checkShutdownAgreement();
   void fail(const common::Status& status, bool tell_peers);
