@@ -23,6 +23,7 @@ from ._dtypes import Average, Sum, numpy_code, numpy_dtype, _NUMPY_CODES
 from .basics import ProcessSet, global_process_set
 
 _counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counter
+_join_epochs: dict[int, int] = {}  # process set id -> joins completed
 
 
 
@@ -72,7 +73,10 @@ def _full_name(kind: str, name: Optional[str],
     if name:
         return f"{kind}.{name}"
     set_key = 0 if process_set is None else getattr(process_set, "process_set_id", None)
-    counter = _counters.setdefault((kind, set_key), itertools.count())
+    counter = _counters.get((kind, set_key))
+    if counter is None:  # from the set's join epoch (Note [Noname counters])
+        counter = itertools.count(_join_epochs.get(set_key, 0) << 32)
+        _counters[(kind, set_key)] = counter
     return f"{kind}.noname.{next(counter)}"
 
 
@@ -272,7 +276,15 @@ def join(process_set: ProcessSet = global_process_set) -> int:
     handle = _enqueuer(True)(_core.JOIN, "join", 0, (), 0, 0, Sum, 1.0, 1.0, 0,
                              _set_id(process_set, "join"))
     _core.keep(handle, (), None, int)
-    return synchronize(handle)
+    last = synchronize(handle)
+    # The set's counters restart at the next join epoch (Note [Noname counters] in
+    # torch/runtime.py): the ranks that joined early ran fewer unnamed ops.
+    set_key = _set_id(process_set, "join")
+    _join_epochs[set_key] = _join_epochs.get(set_key, 0) + 1
+    for kind, key in list(_counters):
+        if key == set_key:
+            del _counters[(kind, key)]  # _full_name starts them again at the new epoch
+    return last
 
 
 def supported_dtypes() -> list:

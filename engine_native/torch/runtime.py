@@ -167,9 +167,21 @@ def tensor_from_buffer(buffer, shape, dtype):
 # Horovod's handle number) drifts apart across ranks as soon as a sub-set runs unnamed ops, and
 # the next unnamed global op waits forever for a name no other rank submits. A counter per set
 # only advances with ops every member of the set runs, so it stays equal across its members
-# (named ops, and ops of other sets, never shift it). numpy_ops counts the same way.
+# (named ops, and ops of other sets, never shift it). A join is the exception: a joined rank
+# runs none of the ops the others still run, so when the set's join completes (on every member
+# at the same point) the counter restarts at the next join epoch, k << 32 after the k-th join —
+# past any n a rank reached before, so a handle still unsynchronized from before the join keeps
+# a name no new op takes. numpy_ops counts the same way.
 
 _noname_counters = {}  # process set id -> itertools.count
+_join_epochs = {}      # process set id -> joins completed
+
+
+def rebase_noname_counter(set_id):
+    """The set's join completed on every member: restart its counter at the next join epoch
+    (Note [Noname counters])."""
+    _join_epochs[set_id] = _join_epochs.get(set_id, 0) + 1
+    _noname_counters.pop(set_id, None)  # op_name starts it again at the new epoch
 
 
 def op_name(prefix, name, set_id=0):
@@ -178,7 +190,8 @@ def op_name(prefix, name, set_id=0):
     if name is None or name == '':
         counter = _noname_counters.get(set_id)
         if counter is None:
-            counter = _noname_counters[set_id] = itertools.count()
+            counter = itertools.count(_join_epochs.get(set_id, 0) << 32)
+            _noname_counters[set_id] = counter
         return '%s.noname.%d' % (prefix, next(counter))
     return '%s.%s' % (prefix, name)
 
@@ -215,6 +228,7 @@ def _reset_handles():
     _failed_keep.clear()
     _core.torch_release_kept()  # the C path's handles, likewise forgotten
     _noname_counters.clear()
+    _join_epochs.clear()
 
 
 def _internal_error(exc):
@@ -323,6 +337,7 @@ def join(device=-1):
           0, None, devices.join_device(device))
     handle = submit([op], None, lambda results: results[0])
     result = synchronize(handle)
+    rebase_noname_counter(0)  # Note [Noname counters]
     return int(result) if result is not None else -1
 
 

@@ -1,7 +1,8 @@
-"""Unnamed ops are numbered per process set (Note [Noname counters] in torch/runtime.py): ranks
-that ran different numbers of unnamed ops in sub-sets still agree on the names of their next
-unnamed global ops, so those complete (with one counter for every set they would wait on names
-no other rank submits, until the stall shutdown fails them)."""
+"""Unnamed ops are numbered per process set and restart at a new epoch after a join (Note
+[Noname counters] in torch/runtime.py): ranks that ran different numbers of unnamed ops in
+sub-sets, or while others had joined, still agree on the names of their next unnamed global
+ops, so those complete (else they would wait on names no other rank submits, until the stall
+shutdown fails them)."""
 import numpy as np
 import pytest
 
@@ -104,4 +105,42 @@ def torch_counters():
 @pytest.mark.parametrize("suite", [numpy_counters, torch_counters], ids=["numpy", "torch"])
 def test_unnamed_ops_in_sub_sets_do_not_shift_global_names(suite):
     for result in run_ranks(suite, 3, timeout=90):
+        assert result.value == [], f"rank {result.rank}: {result.value}"
+
+
+def join_drift(api):
+    """Rank 0 joins at once; the others run unnamed allreduces (rank 0 contributes zeros), then
+    join; then every rank runs unnamed ops again."""
+    if api == "torch":
+        import torch
+
+        import engine_native.torch as hvd
+        make = torch.ones
+    else:
+        import engine_native as hvd
+        make = np.ones
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    problems = []
+    for _ in range(2):  # the second join starts from a rebased counter
+        if me != 0:  # rank 1 runs 4, rank 2 runs 5: the last one rank 2 alone
+            for i in range(3 + me):
+                out = hvd.allreduce(make(2), op=hvd.Sum)
+                if list(out) != [1 + (i < 3 + (3 - me))] * 2:
+                    problems.append(f"while joined, op {i}: {out}")
+        hvd.join()
+        out = hvd.allreduce(make(2), op=hvd.Sum)
+        if list(out) != [n] * 2:
+            problems.append(f"after join: {out}")
+        out = hvd.allgather(make(1) * me)
+        if list(out) != list(range(n)):
+            problems.append(f"allgather after join: {out}")
+    hvd.shutdown()
+    return problems
+
+
+@pytest.mark.parametrize("api", ["numpy", "torch"])
+def test_unnamed_ops_while_a_rank_is_joined_do_not_shift_later_names(api):
+    env = {"HVD_STALL_SHUTDOWN_TIME": "3"}  # a drift fails in seconds, with the report
+    for result in run_ranks(join_drift, 3, env=env, timeout=90, args=(api,)):
         assert result.value == [], f"rank {result.rank}: {result.value}"
