@@ -131,27 +131,87 @@ def test_ranks_waiting_for_a_rank_that_submits_nothing_are_not_failed():
 
 
 def torch_join_divergence():
-    """Rank 1 joins; ranks 0 and 2 wait for different names, which the join cannot complete."""
+    """Rank 1 joins; ranks 0 and 2 wait for different names: they are deadlocked, the joined
+    rank only waits for them."""
     import torch
 
     import engine_native.torch as hvd
     hvd.init()
     me = hvd.rank()
     if me == 1:
-        took, error = _failed(lambda: hvd.join())
+        took, error = _failed(hvd.join)
+        after = None
     else:
         took, error = _failed(lambda: hvd.allreduce(torch.ones(2), name=f"only.{me}"))
-    after = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist()
-    last = hvd.join()  # a join that every rank runs still works
+        # Rank 1 is still joined: it contributes zeros, and the join completes now.
+        after = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="after").tolist()
+        hvd.join()
+    final = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="final").tolist()
     hvd.shutdown()
-    return took, error, after, last
+    return took, error, after, final
 
 
-def test_a_join_waiting_on_diverged_ranks_fails_too():
+def test_diverged_ranks_fail_and_a_rank_joined_meanwhile_is_not_failed():
     for r in run_ranks(torch_join_divergence, 3, env=ENV, timeout=90):
-        took, error, after, last = r.value
-        assert error is not None, f"rank {r.rank}: no error"
+        took, error, after, final = r.value
+        assert final == [3.0, 3.0], f"rank {r.rank}: {final}"
+        if r.rank == 1:
+            assert error is None, error
+            continue
+        assert error is not None and error.startswith("Deadlock: ranks 0, 2 "), error
         assert "\n0: [allreduce.only.0 (missing ranks: 2)]\n" in error, error
-        assert "\n1: [join" in error and "(missing ranks: 0, 2)]\n" in error, error
         assert "\n2: [allreduce.only.2 (missing ranks: 0)]\n" in error, error
+        assert after == [2.0, 2.0], f"rank {r.rank}: {after}"
+
+
+def numpy_set_deadlock_with_a_waiter():
+    """Ranks 1 and 2 deadlock in their process set while rank 0 waits for them on a global op:
+    only the deadlocked ops fail; once ranks 1 and 2 go on, rank 0's op completes."""
+    import engine_native as hvd
+    hvd.init()
+    me = hvd.rank()
+    ps = hvd.add_process_set([1, 2])
+    error = None
+    if me != 0:
+        error = _failed(lambda: hvd.allreduce(np.ones(2), name=f"p.{me}", process_set=ps))[1]
+    g = hvd.allreduce(np.ones(2), op=hvd.Sum, name="g").tolist()
+    hvd.shutdown()
+    return error, g
+
+
+def test_only_the_deadlocked_ranks_fail():
+    for r in run_ranks(numpy_set_deadlock_with_a_waiter, 3, env=ENV, timeout=90):
+        error, g = r.value
+        assert g == [3.0, 3.0], f"rank {r.rank}: {g}"
+        if r.rank == 0:
+            assert error is None
+            continue
+        assert error is not None and error.startswith("Deadlock: ranks 1, 2 "), error
+        assert f"\n{r.rank}: [allreduce.p.{r.rank} in process set 1 (missing ranks: " in error
+        assert "\n0: [" not in error, error
+
+
+def numpy_join_in_a_deadlock():
+    """Ranks 0 and 2 join the global set while rank 1 waits for rank 0 in set {0, 1}: rank 0
+    and 1 deadlock through the join, which fails (for rank 2 too: the same op)."""
+    import engine_native as hvd
+    hvd.init()
+    me = hvd.rank()
+    ps = hvd.add_process_set([0, 1])
+    if me == 1:
+        error = _failed(lambda: hvd.allreduce(np.ones(2), name="a", process_set=ps))[1]
+    else:
+        error = _failed(hvd.join)[1]
+    after = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after").tolist()
+    last = hvd.join()  # a join every rank runs works
+    hvd.shutdown()
+    return error, after, last
+
+
+def test_a_join_in_a_deadlock_fails_and_a_later_join_works():
+    for r in run_ranks(numpy_join_in_a_deadlock, 3, env=ENV, timeout=90):
+        error, after, last = r.value
+        assert error is not None and error.startswith("Deadlock: ranks 0, 1 "), error
+        assert "\n0: [join" in error and "\n2: [join" in error, error
+        assert "\n1: [allreduce.a in process set 1 (missing ranks: 0)]\n" in error, error
         assert after == [3.0, 3.0] and last in (0, 1, 2), f"rank {r.rank}: {after} {last}"

@@ -15,9 +15,13 @@
 //   c. Repeatedly drop every submitter of a wait that misses a rank that is not a candidate:
 //      that wait may still complete and unblock them.
 //   d. What remains waits only for ranks that wait themselves and have been silent for the
-//      whole shutdown time. Each of their waits becomes an error Response for its set (every
-//      member fails it: the submitters' handles get the report, the others have no entry for
-//      it), and the name leaves the table, so the job stays usable: later ops that agree run.
+//      whole shutdown time: nothing of theirs can ever complete.
+//   e. Only the ranks on a cycle of that wait-for graph are deadlocked; the others wait for
+//      them (a rank blocked on a global op while two others deadlock in their process set),
+//      and their ops may complete once the deadlocked ranks go on. Each wait of a rank on a
+//      cycle becomes an error Response for its set (every member fails it: the submitters'
+//      handles get the report, the others have no entry for it), and the name leaves the
+//      table, so the job stays usable: later ops that agree run.
 // A rank late by less than the shutdown time is never failed (it submits, so b or c keeps its
 // peers). The rule cannot tell a rank blocked on a handle from one computing for longer than
 // the shutdown time with async ops pending (the core never sees the framework thread): the
@@ -61,15 +65,15 @@ std::set<int> stuckRanks(const std::vector<Wait>& waits, std::set<int> stuck) {
   return stuck;
 }
 
-// The error of every hopeless wait (those with a stuck submitter, listed in *failing): what each
-// stuck rank waits for, in Horovod's stall-report layout ("<rank>: [names]").
-std::string deadlockReport(const std::vector<Wait>& waits, const std::set<int>& stuck,
+// The error of every wait with a deadlocked submitter (listed in *failing): what each of those
+// ranks waits for, in Horovod's stall-report layout ("<rank>: [names]").
+std::string deadlockReport(const std::vector<Wait>& waits, const std::set<int>& deadlocked,
                            std::chrono::duration<double> silent_for, const KeyTable& keys,
                            std::vector<const Wait*>* failing) {
   std::map<int, std::vector<std::string>> by_rank;
   for (const Wait& w : waits) {
     if (std::none_of(w.submitters.begin(), w.submitters.end(),
-                     [&](int r) { return stuck.count(r) != 0; })) {
+                     [&](int r) { return deadlocked.count(r) != 0; })) {
       continue;
     }
     failing->push_back(&w);
@@ -80,7 +84,7 @@ std::string deadlockReport(const std::vector<Wait>& waits, const std::set<int>& 
   }
   const auto seconds = static_cast<long long>(silent_for.count() + 0.5);
   std::string report =
-      "Deadlock: ranks " + ranksText(std::vector<int>(stuck.begin(), stuck.end())) +
+      "Deadlock: ranks " + ranksText(std::vector<int>(deadlocked.begin(), deadlocked.end())) +
       " have been waiting for more than " + std::to_string(seconds) +
       " seconds for tensors that can never complete: each waits for ranks that are themselves "
       "blocked waiting for other tensors. The ranks submitted different ops (different "
@@ -95,6 +99,29 @@ std::string deadlockReport(const std::vector<Wait>& waits, const std::set<int>& 
             std::to_string(seconds) + "); make every rank of a process set submit the same "
             "ops in the same order, or name them.";
   return report;
+}
+
+// Step e: the stuck ranks on a cycle (every wait of a stuck rank misses stuck ranks only).
+std::set<int> deadlockedRanks(const std::vector<Wait>& waits, const std::set<int>& stuck) {
+  std::map<int, std::set<int>> edges;  // rank -> the ranks it waits for
+  for (const Wait& w : waits) {
+    for (int r : w.submitters) {
+      if (stuck.count(r) != 0) edges[r].insert(w.missing.begin(), w.missing.end());
+    }
+  }
+  std::set<int> cyclic;
+  for (int start : stuck) {
+    std::set<int> seen;
+    std::vector<int> todo(edges[start].begin(), edges[start].end());
+    while (!todo.empty() && seen.count(start) == 0) {
+      const int r = todo.back();
+      todo.pop_back();
+      if (!seen.insert(r).second) continue;
+      todo.insert(todo.end(), edges[r].begin(), edges[r].end());
+    }
+    if (seen.count(start) != 0) cyclic.insert(start);
+  }
+  return cyclic;
 }
 
 }  // namespace
@@ -136,12 +163,13 @@ std::string Coordinator::failDeadlocked(std::chrono::steady_clock::time_point no
       if (now - last_request_[r] >= silent_for) candidates.insert(r);
     }
   }
-  const std::set<int> stuck = stuckRanks(waits, std::move(candidates));
-  if (stuck.empty()) return std::string();
+  const std::set<int> deadlocked =
+      deadlockedRanks(waits, stuckRanks(waits, std::move(candidates)));  // steps c, d, e
+  if (deadlocked.empty()) return std::string();
 
-  // Step d: the report, then an error Response per hopeless wait.
+  // The report, then an error Response per wait of a deadlocked rank.
   std::vector<const Wait*> failing;
-  const std::string report = deadlockReport(waits, stuck, silent_for, keys_, &failing);
+  const std::string report = deadlockReport(waits, deadlocked, silent_for, keys_, &failing);
   for (const Wait* w : failing) {
     Response failed;
     failed.status = ResponseType::kError;
