@@ -22,8 +22,8 @@
 //      cycle becomes an error Response for its set (every member fails it: the submitters'
 //      handles get the report, the others have no entry for it), and the name leaves the
 //      table, so the job stays usable: later ops that agree run.
-// A rank late by less than the shutdown time is never failed (it submits, so b or c keeps its
-// peers). The rule cannot tell a rank blocked on a handle from one computing for longer than
+// A rank late by less than the shutdown time is never failed: it submitted within that time,
+// so it is no candidate (b), and the ranks waiting for it are dropped (c). The rule cannot tell a rank blocked on a handle from one computing for longer than
 // the shutdown time with async ops pending (the core never sees the framework thread): the
 // default time is a few stall warnings (HVD_STALL_SHUTDOWN_TIME, common/config.cc) for that.
 #include <algorithm>
