@@ -77,6 +77,7 @@ CORE_SOURCES = [
     "coord/request_cache.cc",
     "coord/response_cache.cc",
     "coord/stall_report.cc",
+    "coord/deadlock.cc",
     "runtime/handle_table.cc",
     "runtime/process_sets.cc",
     "runtime/metrics.cc",

@@ -69,8 +69,11 @@ def enqueue_group(ops: Sequence[tuple]) -> list[int]:
     """Submit several ops (each a tuple of enqueue's positional arguments) atomically, so they
     are negotiated together and may fuse into one batch."""
 
-def poll(handle: int) -> bool:
-    """True when the op finished (successfully or not). Never blocks."""
+def poll(handle: int, free_name: bool = True) -> bool:
+    """True when the op finished (successfully or not). Never blocks. A True answer also frees
+    the op's tensor name for a new submission unless ``free_name`` is False (a name is taken
+    until ``wait`` returns or ``poll`` answers True: Note [Name lifetime] in
+    csrc/runtime/handle_table.h)."""
 
 def wait(handle: int) -> Any:
     """Block (GIL released) until the op finishes; checks for signals every 50 ms so Ctrl-C
@@ -87,7 +90,7 @@ def numpy_setup(codes: dict, output_like: Any, checked: Any, noname: Any, global
     {numpy dtype: dtype code} table, the output pool for arrays of ``pool_min_bytes`` or more,
     the checked Python path ``checked(array, op, full_name, prescale, postscale, process_set,
     waited) -> handle`` for everything the C path leaves to it, the noname-name function
-    ``noname(kind, None) -> str`` and the global ProcessSet object."""
+    ``noname(kind, None, process_set) -> str`` and the global ProcessSet object."""
 
 def allreduce_async(array: Any, op: int = 0, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -109,7 +112,7 @@ def torch_setup(tensor_type: type, parameter_type: type, strided: Any, codes: di
                 op_name: Any) -> None:
     """Configure torch_allreduce_async below (engine_native.torch.runtime calls it at import):
     the exact tensor types taken, torch.strided, the {torch dtype: dtype code} table and
-    ``op_name(prefix, name)``, which names unnamed ops from the noname counter."""
+    ``op_name(prefix, name, set_id)``, which names unnamed ops from the set's noname counter."""
 
 def torch_allreduce_async(tensor: Any, output: Any, name: Optional[str], op: int,
                           prescale_factor: float, postscale_factor: float, set_id: int,

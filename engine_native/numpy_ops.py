@@ -2,10 +2,12 @@
 
 Every function builds the tensor name Horovod would (``allreduce.<name>`` or
 ``allreduce.noname.<n>``), hands raw pointers to the core, and keeps the arrays alive until the
-handle completes (``_core.keep``). ``*_async`` return a handle for ``poll``/``synchronize``.
-``allreduce_async`` and ``synchronize`` run once per gradient per step, so they are the core's
-own C functions (bindings/numpy_api.cc), configured at import; the checked Python path below
-takes every case they do not handle and raises the errors.
+handle completes (``_core.keep``). A name stays taken until ``synchronize`` returned or ``poll``
+answered True (Note [Name lifetime] in csrc/runtime/handle_table.h). ``*_async`` return a
+handle for ``poll``/``synchronize``. ``allreduce_async`` and ``synchronize`` run once per
+gradient per step, so they are the core's own C functions (bindings/numpy_api.cc), configured
+at import; the checked Python path below takes every case they do not handle and raises the
+errors.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from . import _core
 from ._dtypes import Average, Sum, numpy_code, numpy_dtype, _NUMPY_CODES
 from .basics import ProcessSet, global_process_set
 
-_counters: dict[str, itertools.count] = {}
+_counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counter
+_join_epochs: dict[int, int] = {}  # process set id -> joins completed
 
 
 
@@ -62,10 +65,18 @@ def _output_like(array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _full_name(kind: str, name: Optional[str]) -> str:
+def _full_name(kind: str, name: Optional[str],
+               process_set: Optional[ProcessSet] = None) -> str:
+    """``<kind>.<name>``, or ``<kind>.noname.<n>`` from the counter of ``kind`` in the op's
+    process set (None: the global set), so ops of one set never shift another set's names
+    (Note [Noname counters] in torch/runtime.py)."""
     if name:
         return f"{kind}.{name}"
-    counter = _counters.setdefault(kind, itertools.count())
+    set_key = 0 if process_set is None else getattr(process_set, "process_set_id", None)
+    counter = _counters.get((kind, set_key))
+    if counter is None:  # from the set's join epoch (Note [Noname counters])
+        counter = itertools.count(_join_epochs.get(set_key, 0) << 32)
+        _counters[(kind, set_key)] = counter
     return f"{kind}.noname.{next(counter)}"
 
 
@@ -100,7 +111,7 @@ def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out
             reduce_op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
             process_set: ProcessSet = global_process_set, splits=None, finish,
             waited: bool = False) -> int:
-    full = _full_name(op_name, name)
+    full = _full_name(op_name, name, process_set)
     array = _check_array(array, op_name, full)
     handle = _enqueuer(waited)(kind, full, _code(array, op_name, full), array.shape,
                                array, out, reduce_op, float(prescale),
@@ -111,7 +122,8 @@ def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out
 
 
 def poll(handle: int) -> bool:
-    """True when the op behind ``handle`` finished. Never blocks."""
+    """True when the op behind ``handle`` finished (its name is then free again). Never
+    blocks."""
     return _core.poll(handle)
 
 
@@ -157,7 +169,7 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> list:
     """Submit several allreduces together so they negotiate (and fuse) as one batch."""
-    base = _full_name("grouped_allreduce", name)
+    base = _full_name("grouped_allreduce", name, process_set)
     ops, keep = [], []
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"
@@ -264,7 +276,15 @@ def join(process_set: ProcessSet = global_process_set) -> int:
     handle = _enqueuer(True)(_core.JOIN, "join", 0, (), 0, 0, Sum, 1.0, 1.0, 0,
                              _set_id(process_set, "join"))
     _core.keep(handle, (), None, int)
-    return synchronize(handle)
+    last = synchronize(handle)
+    # The set's counters restart at the next join epoch (Note [Noname counters] in
+    # torch/runtime.py): the ranks that joined early ran fewer unnamed ops.
+    set_key = _set_id(process_set, "join")
+    _join_epochs[set_key] = _join_epochs.get(set_key, 0) + 1
+    for kind, key in list(_counters):
+        if key == set_key:
+            del _counters[(kind, key)]  # _full_name starts them again at the new epoch
+    return last
 
 
 def supported_dtypes() -> list:

@@ -24,7 +24,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set, waited=False)
             raise TypeError('broadcast(%r): root_rank must be an int, got %r'
                             % (name, root_rank)) from None
     ps_id = rt.set_id(process_set)
-    full_name = rt.op_name('broadcast', name)
+    full_name = rt.op_name('broadcast', name, ps_id)
     op = rt.tensor_op(rt.BROADCAST, full_name, code, tensor, output.data_ptr(), Sum, 1.0, 1.0,
                       root_rank, ps_id)
     return rt.submit([op], (tensor, output), lambda results: output, waited)
@@ -138,7 +138,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     ps_id = rt.set_id(process_set)
     if rt.is_initialized():  # otherwise the core reports "not initialized"
         _check_splits(tensor, split_list, name, process_set)
-    full_name = rt.op_name('alltoall', name)
+    full_name = rt.op_name('alltoall', name, ps_id)
     op = rt.tensor_op(rt.ALLTOALL, full_name, code, tensor, 0, Sum, 1.0, 1.0, 0, ps_id,
                       split_list)
     dtype = tensor.dtype

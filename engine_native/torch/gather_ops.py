@@ -36,11 +36,11 @@ def _grouped_allgather_async(tensors, name, process_set, prefix):
     if not tensors:
         raise ValueError('%s: expected a non-empty list of tensors' % prefix)
     codes = [rt.check_tensor(t, prefix, name) for t in tensors]
-    rt.set_id(process_set)
+    set_id = rt.set_id(process_set)
     if prefix == 'allgather':
-        names = [rt.op_name('allgather', name)]
+        names = [rt.op_name('allgather', name, set_id)]
     else:
-        base = rt.op_name(prefix, name)
+        base = rt.op_name(prefix, name, set_id)
         names = ['%s_%dof%d' % (base, i + 1, len(tensors)) for i in range(len(tensors))]
     ops = [_gather_like_op(rt.ALLGATHER, t, n, c, Sum, 1.0, 1.0, process_set)
            for t, n, c in zip(tensors, names, codes)]
@@ -126,11 +126,11 @@ def _grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor
         raise ValueError('%s: expected a non-empty list of tensors' % prefix)
     codes = [rt.check_tensor(t, prefix, name) for t in tensors]
     _check_reducescatter_op(op)
-    rt.set_id(process_set)
+    set_id = rt.set_id(process_set)
     if prefix == 'reducescatter':
-        names = [rt.op_name('reducescatter', name)]
+        names = [rt.op_name('reducescatter', name, set_id)]
     else:
-        base = rt.op_name(prefix, name)
+        base = rt.op_name(prefix, name, set_id)
         names = ['%s_%dof%d' % (base, i + 1, len(tensors)) for i in range(len(tensors))]
     ops = [_gather_like_op(rt.REDUCESCATTER, t, n, c, op, prescale_factor, postscale_factor,
                            process_set)

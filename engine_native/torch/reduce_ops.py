@@ -47,7 +47,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor, postscale_factor
     if handle is not None:
         return handle
     code = rt.check_tensor(tensor, 'allreduce', name)
-    full_name = rt.op_name('allreduce', name)
+    full_name = rt.op_name('allreduce', name, set_id)
     op_tuple = _allreduce_op(tensor, output, full_name, code, op, prescale_factor,
                              postscale_factor, process_set)
     return rt.submit([op_tuple], (tensor, output), lambda results: output, waited)
@@ -141,8 +141,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
         raise ValueError('grouped_allreduce: expected a non-empty list of tensors')
     codes = [rt.check_tensor(t, 'grouped_allreduce', name) for t in tensors]
     rt.check_op(op, 'grouped_allreduce', process_set)
-    rt.set_id(process_set)
-    base = rt.op_name('grouped_allreduce', name)
+    base = rt.op_name('grouped_allreduce', name, rt.set_id(process_set))
     n = len(tensors)
     ops = [_allreduce_op(t, o, '%s_%dof%d' % (base, i + 1, n), c, op, prescale_factor,
                          postscale_factor, process_set)

@@ -169,16 +169,40 @@ def tensor_from_buffer(buffer, shape, dtype):
 
 # ---------------------------------------------------------------------------------------------
 # Names: Horovod's "<op>.<name>" and "<op>.noname.<n>". Horovod's n is the op's handle; here it
-# counts unnamed ops since init(), so it stays equal across ranks even when ranks run different
-# numbers of named ops (e.g. around join()).
+# counts unnamed ops since init(), per process set (Note [Noname counters]).
+#
+# Note [Noname counters]
+# Ranks match ops by name, so the n of an unnamed op must be the same on every rank of its set.
+# A rank outside a process set never runs that set's ops, so one counter for all sets (or
+# Horovod's handle number) drifts apart across ranks as soon as a sub-set runs unnamed ops, and
+# the next unnamed global op waits forever for a name no other rank submits. A counter per set
+# only advances with ops every member of the set runs, so it stays equal across its members
+# (named ops, and ops of other sets, never shift it). A join is the exception: a joined rank
+# runs none of the ops the others still run, so when the set's join completes (on every member
+# at the same point) the counter restarts at the next join epoch, k << 32 after the k-th join —
+# past any n a rank reached before, so a handle still unsynchronized from before the join keeps
+# a name no new op takes. numpy_ops counts the same way.
 
-_noname_counter = itertools.count()
+_noname_counters = {}  # process set id -> itertools.count
+_join_epochs = {}      # process set id -> joins completed
 
 
-def op_name(prefix, name):
-    """Full core name for a user-supplied (or missing) tensor name."""
+def rebase_noname_counter(set_id):
+    """The set's join completed on every member: restart its counter at the next join epoch
+    (Note [Noname counters])."""
+    _join_epochs[set_id] = _join_epochs.get(set_id, 0) + 1
+    _noname_counters.pop(set_id, None)  # op_name starts it again at the new epoch
+
+
+def op_name(prefix, name, set_id=0):
+    """Full core name for a user-supplied (or missing) tensor name; an unnamed op takes the
+    next n of its process set's counter (Note [Noname counters])."""
     if name is None or name == '':
-        return '%s.noname.%d' % (prefix, next(_noname_counter))
+        counter = _noname_counters.get(set_id)
+        if counter is None:
+            counter = itertools.count(_join_epochs.get(set_id, 0) << 32)
+            _noname_counters[set_id] = counter
+        return '%s.noname.%d' % (prefix, next(counter))
     return '%s.%s' % (prefix, name)
 
 
@@ -210,11 +234,11 @@ _failed_keep = []
 
 
 def _reset_handles():
-    global _noname_counter
     _handle_map.clear()
     _failed_keep.clear()
     _core.torch_release_kept()  # the C path's handles, likewise forgotten
-    _noname_counter = itertools.count()
+    _noname_counters.clear()
+    _join_epochs.clear()
 
 
 def _internal_error(exc):
@@ -262,15 +286,23 @@ def submit(ops, keep, finish, waited=False):
 def poll(handle):
     """True when the asynchronous op behind ``handle`` has finished; never blocks.
 
-    After ``poll()`` returns True, ``synchronize()`` returns without blocking.
+    After ``poll()`` returns True, ``synchronize()`` returns without blocking, and the op's
+    tensor names are free for new ops (Note [Name lifetime] in csrc/runtime/handle_table.h).
     """
     record = _handle_map.get(handle)
     if record is None:
         if _core.torch_kept(handle):
             return _core.poll(handle)
         raise ValueError('Handle %s was not created or has been cleared.' % (handle,))
-    return all(i in record.results or _core.poll(h)
-               for i, h in enumerate(record.core_handles))
+    pending = [h for i, h in enumerate(record.core_handles) if i not in record.results]
+    if len(pending) == 1:
+        return _core.poll(pending[0])
+    # A group's names are freed together, once every member has finished.
+    if not all(_core.poll(h, False) for h in pending):
+        return False
+    for h in pending:
+        _core.poll(h)
+    return True
 
 
 def synchronize(handle):
@@ -315,6 +347,7 @@ def join(device=-1):
           0, None, devices.join_device(device))
     handle = submit([op], None, lambda results: results[0])
     result = synchronize(handle)
+    rebase_noname_counter(0)  # Note [Noname counters]
     return int(result) if result is not None else -1
 
 

@@ -57,6 +57,7 @@ def tunables_env(*, fusion_threshold_mb: float | None = None,
                  autotune: bool = False, autotune_log_file: str | None = None,
                  log_level: str | None = None, no_stall_check: bool = False,
                  stall_check_warning_time_seconds: float | None = None,
+                 stall_check_shutdown_time_seconds: float | None = None,
                  tcp: bool = False, start_timeout: float | None = None,
                  **_ignored) -> dict:
     """horovodrun's tunable flags → the ``HVD_*`` variables the core reads."""
@@ -93,6 +94,8 @@ def tunables_env(*, fusion_threshold_mb: float | None = None,
         env["HVD_STALL_CHECK_DISABLE"] = "1"
     if stall_check_warning_time_seconds is not None:
         env["HVD_STALL_CHECK_TIME"] = f"{stall_check_warning_time_seconds:g}"
+    if stall_check_shutdown_time_seconds is not None:
+        env["HVD_STALL_SHUTDOWN_TIME"] = f"{stall_check_shutdown_time_seconds:g}"
     if tcp:
         env["HVD_TRANSPORT"] = "tcp"
     if start_timeout is not None:

@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--autotune-log-file")
     t.add_argument("--no-stall-check", action="store_true")
     t.add_argument("--stall-check-warning-time-seconds", type=float)
+    t.add_argument("--stall-check-shutdown-time-seconds", type=float,
+                   help="fail ops that can never complete (ranks submitted different ops) "
+                        "after this many seconds; 0 never (default: 4 warning periods)")
     t.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR or FATAL")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return p
@@ -95,7 +98,8 @@ def _env_from_args(args) -> dict:
         timeline_filename=args.timeline_filename, timeline_mark_cycles=args.timeline_mark_cycles,
         autotune=args.autotune, autotune_log_file=args.autotune_log_file,
         log_level=args.log_level, no_stall_check=args.no_stall_check,
-        stall_check_warning_time_seconds=args.stall_check_warning_time_seconds, tcp=args.tcp,
+        stall_check_warning_time_seconds=args.stall_check_warning_time_seconds,
+        stall_check_shutdown_time_seconds=args.stall_check_shutdown_time_seconds, tcp=args.tcp,
         start_timeout=args.start_timeout))
     env.update(config.parse_env_pairs(args.env))
     if args.gpus == "none":

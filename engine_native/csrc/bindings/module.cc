@@ -162,10 +162,14 @@ PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
   return handles;
 }
 
+// poll(handle, free_name=True): done answers also free the op's name (Note [Name lifetime]
+// in runtime/handle_table.h); a group's poll asks each member with free_name=False first.
 PyObject* pyPoll(PyObject*, PyObject* args) {
   long long handle = 0;
-  if (!PyArg_ParseTuple(args, "L", &handle)) return nullptr;
-  int state = Runtime::instance().handles().poll(handle);
+  int free_name = 1;
+  if (!PyArg_ParseTuple(args, "L|p", &handle, &free_name)) return nullptr;
+  auto& handles = Runtime::instance().handles();
+  const int state = free_name ? handles.observe(handle) : handles.poll(handle);
   if (state < 0) {
     PyErr_Format(PyExc_ValueError, "poll(): unknown or already released handle %lld", handle);
     return nullptr;
@@ -300,7 +304,9 @@ PyMethodDef g_methods[] = {
      METH_FASTCALL | METH_KEYWORDS,
      "enqueue() for an op the caller waits for next: that wait drives it on this thread."},
     {"enqueue_group", pyEnqueueGroup, METH_VARARGS, "Submit several ops atomically."},
-    {"poll", pyPoll, METH_VARARGS, "True when the op finished. Never blocks."},
+    {"poll", pyPoll, METH_VARARGS,
+     "True when the op finished (then its name is free again, unless free_name=False). Never "
+     "blocks."},
     {"wait", pyWait, METH_O, "Block until the op finishes; returns its result."},
     {"add_process_set", pyAddProcessSet, METH_VARARGS, "Register a process set; returns id."},
     {"remove_process_set", pyRemoveProcessSet, METH_VARARGS, "Remove a process set."},

@@ -227,8 +227,10 @@ PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
     Py_XDECREF(text_obj);
     if (text == nullptr) return nullptr;
   } else {
-    PyObject* call[] = {PyUnicode_FromString("allreduce"), Py_None};
-    full_obj = call[0] != nullptr ? PyObject_Vectorcall(g.noname, call, 2, nullptr) : nullptr;
+    // The counter of the op's set (Note [Noname counters] in torch/runtime.py).
+    PyObject* set = a.process_set != nullptr ? a.process_set : Py_None;
+    PyObject* call[] = {PyUnicode_FromString("allreduce"), Py_None, set};
+    full_obj = call[0] != nullptr ? PyObject_Vectorcall(g.noname, call, 3, nullptr) : nullptr;
     Py_XDECREF(call[0]);
     const char* text = full_obj != nullptr ? PyUnicode_AsUTF8AndSize(full_obj, &name_len)
                                            : nullptr;

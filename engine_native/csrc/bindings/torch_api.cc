@@ -32,7 +32,7 @@ struct TorchSetup {
   PyObject* parameter_type = nullptr;  // torch.nn.Parameter
   PyObject* strided = nullptr;         // torch.strided
   PyObject* codes = nullptr;           // {torch dtype: core dtype code}
-  PyObject* op_name = nullptr;         // runtime.op_name(prefix, name): the noname counter
+  PyObject* op_name = nullptr;         // runtime.op_name(prefix, name, set_id): noname counters
   PyObject* str_is_cpu = nullptr;
   PyObject* str_layout = nullptr;
   PyObject* str_dtype = nullptr;
@@ -171,8 +171,12 @@ PyObject* pyTorchAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nar
     full.reserve(10 + static_cast<size_t>(length));
     full.append("allreduce.").append(text, static_cast<size_t>(length));
   } else {
-    PyObject* call[] = {g.str_allreduce, Py_None};
-    PyObject* full_obj = PyObject_Vectorcall(g.op_name, call, 2, nullptr);
+    // The counter of the op's set (Note [Noname counters] in torch/runtime.py).
+    PyObject* set_obj = PyLong_FromLong(set_id);
+    PyObject* call[] = {g.str_allreduce, Py_None, set_obj};
+    PyObject* full_obj = set_obj != nullptr ? PyObject_Vectorcall(g.op_name, call, 3, nullptr)
+                                            : nullptr;
+    Py_XDECREF(set_obj);
     Py_ssize_t length = 0;
     const char* text = full_obj != nullptr ? PyUnicode_AsUTF8AndSize(full_obj, &length) : nullptr;
     if (text != nullptr) full.assign(text, static_cast<size_t>(length));

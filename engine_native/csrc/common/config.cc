@@ -64,8 +64,14 @@ const std::vector<Knob>& knobs() {
                  "Seconds a tensor may wait for other ranks before the stall inspector warns."},
                 &Config::stall_check_seconds, 0.001),
       boolKnob({"HVD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "bool", "false",
-                "Turn the stall inspector off."},
+                "Turn the stall inspector's warning off (not the deadlock shutdown)."},
                &Config::stall_check_disable),
+      floatKnob({"HVD_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "float", "-1",
+                 "Seconds after which ops that can never complete (every rank they wait for "
+                 "is itself blocked on other tensors: diverging op sequences) fail on every "
+                 "rank with a report of what each rank waits for. 0 never; negative (default): "
+                 "4 x HVD_STALL_CHECK_TIME."},
+                &Config::stall_shutdown_seconds, -1e300),
       tunable(intKnob({"HVD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes", "134217728",
                        "Fusion buffer size in bytes (suffixes K, M, G accepted); 0 disables "
                        "fusion. Set explicitly, autotune leaves it fixed."},
@@ -218,7 +224,9 @@ bool parseBool(const std::string& s, bool* out) {
 
 const char* expectation(const Knob& knob) {
   switch (knob.kind) {
-    case Kind::kFloat: return knob.minimum > 0 ? "a positive number" : "a number >= 0";
+    case Kind::kFloat:
+      if (knob.minimum < 0) return "a number";
+      return knob.minimum > 0 ? "a positive number" : "a number >= 0";
     case Kind::kInt: return knob.minimum > 0 ? "an integer >= 1" : "an integer >= 0";
     case Kind::kBytes: return knob.minimum > 0 ? "a byte count >= 4096" : "a byte count >= 0";
     case Kind::kBool: return "one of 1/0/true/false/yes/no/on/off";

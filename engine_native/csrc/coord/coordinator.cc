@@ -1,5 +1,5 @@
 // Coordinator: process sets, readiness, join and release. Validation lives in validation.cc,
-// fusion in fusion.cc, the stall report in stall_report.cc.
+// fusion in fusion.cc, the stall report in stall_report.cc, the deadlock shutdown in deadlock.cc.
 //
 // Note [Global response order]
 // Every Response leaves rank 0 through takeReady: in the order names became ready (when one add
@@ -32,7 +32,10 @@
 namespace hvd::coord {
 
 Coordinator::Coordinator(int world_size, const KeyTable& keys)
-    : world_size_(world_size), keys_(keys), ready_(fusion_threshold_) {
+    : world_size_(world_size),
+      keys_(keys),
+      last_request_(static_cast<size_t>(world_size), std::chrono::steady_clock::now()),
+      ready_(fusion_threshold_) {
   ProcessSetInfo global;
   global.id = 0;
   for (int rank = 0; rank < world_size; ++rank) global.members.push_back(rank);
@@ -65,6 +68,7 @@ void Coordinator::forgetSet(int32_t id) {
     --pending_count_;
   }
   joined_.erase(id);
+  join_keys_.erase(id);
   cache_.eraseSet(id);
 }
 
@@ -105,6 +109,7 @@ common::Status Coordinator::add(Key key, const Request& request, int32_t rank,
                                    " is not a member of process set " +
                                    std::to_string(set.id) + who() + ".");
   }
+  last_request_[rank] = now;  // Note [Deadlock shutdown] b
   if (request.type == OpType::kJoin) return addJoin(key, request, rank, set);
 
   if (key.index >= table_.size()) table_.resize(std::max<size_t>(key.index + 1, 64));
@@ -137,6 +142,7 @@ common::Status Coordinator::addJoin(Key key, const Request& request, int32_t ran
                                    std::to_string(set.id) + " twice before every rank joined.");
   }
   joined.push_back(rank);
+  join_keys_[set.id] = key;
 
   // Names that waited only for ranks that have now joined become ready (Note [Join]), in the
   // order their first requests arrived.
@@ -158,6 +164,7 @@ common::Status Coordinator::addJoin(Key key, const Request& request, int32_t ran
     done.device = request.device;
     done.last_joined_rank = rank;
     joined_.erase(set.id);
+    join_keys_.erase(set.id);
     ready_.add(std::move(done));
   }
   return common::Status::ok();

@@ -54,6 +54,12 @@ class Coordinator {
   // ("Missing ranks:\n1: [allreduce.x, ...]"). Empty when nothing is stalled.
   std::string stallReport(std::chrono::seconds older_than) const;
 
+  // Fails the names that can never complete (Note [Deadlock shutdown] in deadlock.cc): ranks
+  // that wait only for ranks that wait themselves, all silent for `silent_for`. Their names
+  // become error Responses (taken with takeReady) carrying the returned report; empty: none.
+  std::string failDeadlocked(std::chrono::steady_clock::time_point now,
+                             std::chrono::duration<double> silent_for);
+
   // Ranks of a set that are missing for a pending name (for the stuck-collective report).
   std::vector<int> missingRanks(Key key) const;
 
@@ -87,6 +93,8 @@ class Coordinator {
   uint64_t next_sequence_ = 0;
   std::map<int32_t, ProcessSetInfo> sets_;
   std::map<int32_t, std::vector<int>> joined_;  // set -> joined global ranks, in join order
+  std::map<int32_t, Key> join_keys_;            // set -> its join's key, while joins wait
+  std::vector<std::chrono::steady_clock::time_point> last_request_;  // by global rank
   std::vector<Pending> table_;                  // by key index
   size_t pending_count_ = 0;
   FusionBatch ready_;                           // released, fused as they are released

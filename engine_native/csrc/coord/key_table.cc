@@ -10,6 +10,15 @@
 //      nothing else can free that record meanwhile. Holders that need their keys to stay valid
 //      (pending entries, requests waiting at the coordinator, queued responses) are marked by
 //      the sweep; caches keep keys as hints and check live() before using one.
+//   D. A key acquired by a submission stays in flight (its name taken) until its holder
+//      releases it — the handle table, once the user has seen the op finish (Note [Name
+//      lifetime] in runtime/handle_table.h) — or a failure releases every key. release() runs
+//      on framework threads without mutex_: a record in flight is never freed (B), so the
+//      generation check and the store cannot race a sweep; a release racing acquire() of the
+//      same name leaves it either taken (the submitter sees a duplicate, as if it came first)
+//      or free. releaseAll() frees names behind their holders' backs, so it is kept for a
+//      failed core, which refuses every later submission: a holder's late release then finds
+//      its name free or its key dead, never a new holder's.
 #include "coord/key_table.h"
 
 namespace hvd::coord {
@@ -105,7 +114,7 @@ Key KeyTable::internLocked(int32_t set, std::string_view name) {
     r.set = set;
     r.hash = hash;
     r.used = true;
-    r.in_flight = false;
+    r.in_flight.store(false, std::memory_order_relaxed);
     insertIndexLocked(index);
     ++live_;
     created_since_sweep_.fetch_add(1, std::memory_order_relaxed);
@@ -118,27 +127,25 @@ KeyTable::Acquired KeyTable::acquire(int32_t set, std::string_view name, Key* ke
   Key k = internLocked(set, name);
   if (!k.assigned()) return Acquired::kFull;
   Record& r = record(k.index);
-  if (r.in_flight) return Acquired::kInFlight;
-  r.in_flight = true;
+  if (r.in_flight.load(std::memory_order_acquire)) return Acquired::kInFlight;
+  r.in_flight.store(true, std::memory_order_relaxed);
   *key = k;
   return Acquired::kOk;
 }
 
 void KeyTable::release(const Key* keys, size_t count) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = 0; i < count; ++i) {
-    const Key k = keys[i];
-    if (k.index < limit_.load(std::memory_order_relaxed) &&
-        record(k.index).generation.load(std::memory_order_relaxed) == k.generation) {
-      record(k.index).in_flight = false;
-    }
+  for (size_t i = 0; i < count; ++i) {  // Note [Key lifetime] D: no lock
+    if (!live(keys[i])) continue;
+    record(keys[i].index).in_flight.store(false, std::memory_order_release);
   }
 }
 
 void KeyTable::releaseAll() {
   std::lock_guard<std::mutex> lock(mutex_);
   const uint32_t limit = limit_.load(std::memory_order_relaxed);
-  for (uint32_t i = 0; i < limit; ++i) record(i).in_flight = false;
+  for (uint32_t i = 0; i < limit; ++i) {
+    record(i).in_flight.store(false, std::memory_order_relaxed);
+  }
 }
 
 Key KeyTable::intern(int32_t set, std::string_view name) {
@@ -166,7 +173,7 @@ size_t KeyTable::sweep(const std::function<void(const MarkFn&)>& mark_live) {
   size_t freed = 0;
   for (uint32_t i = 0; i < limit; ++i) {
     Record& r = record(i);
-    if (!r.used || r.in_flight || r.mark == epoch) continue;
+    if (!r.used || r.in_flight.load(std::memory_order_acquire) || r.mark == epoch) continue;
     eraseIndexLocked(i);
     r.used = false;
     r.name.clear();

@@ -1,8 +1,9 @@
 // KeyTable: interns (process set, tensor name) pairs as small integer Keys, so per-tensor state
 // lives in index-addressed slots and steady-state training steps compare integers, not strings.
-// Framework threads acquire() a key when they submit (that is also the duplicate-name check);
-// the background thread resolves names arriving on the wire, releases keys when their ops
-// finish and sweep()s records nothing refers to any more. Note [Key lifetime] in key_table.cc.
+// Framework threads acquire() a key when they submit (that is also the duplicate-name check)
+// and release it when the user has seen the op finish (Note [Name lifetime] in
+// runtime/handle_table.h); the background thread resolves names arriving on the wire and
+// sweep()s records nothing refers to any more. Note [Key lifetime] in key_table.cc.
 #pragma once
 
 #include <algorithm>
@@ -41,8 +42,9 @@ class KeyTable {
   // in flight in that set (the caller reports the duplicate), kFull past kMaxChunks chunks.
   enum class Acquired { kOk, kInFlight, kFull };
   Acquired acquire(int32_t set, std::string_view name, Key* key);
-  // Any thread: these ops finished or failed (or a submission was rolled back); their names
-  // may be submitted again.
+  // Any thread, without the lock (Note [Key lifetime] D): the holder of these keys is done with
+  // them (the user saw the op finish, or a submission was rolled back); their names may be
+  // submitted again. A key that is no longer live is ignored.
   void release(const Key* keys, size_t count);
   void releaseAll();
 
@@ -87,7 +89,7 @@ class KeyTable {
     uint64_t hash = 0;
     std::atomic<uint32_t> generation{1};
     bool used = false;        // holds a name (else on the free list)
-    bool in_flight = false;
+    std::atomic<bool> in_flight{false};  // taken: acquire() refuses the name (Note D)
     uint32_t mark = 0;        // sweep epoch that marked it
     uint32_t next_free = Key::kNoIndex;
   };

@@ -47,6 +47,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     return failed_ ? failure() : status;
   });
   held_.setThreshold(fusion_threshold_);
+  names_epoch_ = handles_.attachNames(&keys_);
   if (mesh_.rank() == 0) {
     coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size(), keys_);
     coordinator_->setFusionThreshold(fusion_threshold_);
@@ -79,6 +80,7 @@ BackgroundLoop::~BackgroundLoop() {
   if (thread_.joinable()) {
     shutdown();
   }
+  handles_.detachNames(names_epoch_);  // before keys_ goes
   if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
@@ -299,7 +301,8 @@ void BackgroundLoop::awaitCause() {
 }
 
 // Every op of this rank — submitted, drained or queued for execution — ends with `status`, and
-// its name may be submitted again. store_failure: later submissions fail with it too.
+// its name is free again whether or not its handle was released (Note [Name lifetime]).
+// store_failure: later submissions fail with it too.
 void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
   executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
   {

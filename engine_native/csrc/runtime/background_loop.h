@@ -58,7 +58,9 @@ class BackgroundLoop {
 
   void start();
   // Framework threads. Takes the entries (all or none: a duplicate name fails the call) and
-  // fills in their keys. Fails at once with the stored failure when the core has failed.
+  // fills in their keys and handles; each handle holds its name until the user has seen the
+  // op finish (Note [Name lifetime] in handle_table.h). Fails at once with the stored failure
+  // when the core has failed.
   // wake=false: the caller waits for these entries at once and drive()s them itself.
   common::Status submit(TensorEntry* entries, const std::string_view* names, size_t count,
                         bool wake = true);
@@ -115,6 +117,7 @@ class BackgroundLoop {
   void applyParams(const coord::ParamsUpdate& update);
   void observeExecuted(const coord::Response& response, const common::Status& status);
   void inspectStalls();
+  void failDeadlocked(std::chrono::steady_clock::time_point now);
   void beginShutdown();
   void checkShutdownAgreement();
   void fail(const common::Status& status, bool tell_peers);
@@ -151,6 +154,7 @@ class BackgroundLoop {
   Autotuner* autotuner_;
   int wake_fd_ = -1;      // before executor_, whose device completions write it
   coord::KeyTable keys_;  // before executor_, which reads names from it
+  uint32_t names_epoch_ = 0;  // handles_ holds keys_'s names under this attach
   Executor executor_;
   std::thread thread_;
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.

@@ -54,9 +54,7 @@ void BackgroundLoop::executeQueued() {
     }
     const coord::Response response = std::move(work.response);
     to_execute_.pop_front();
-    // Names leave flight before their handles complete, so a caller that waits and at once
-    // resubmits the same name is not refused as a duplicate.
-    keys_.release(response.keys.data(), response.keys.size());
+    // The names stay taken until their handles are released (Note [Name lifetime]).
     status = executor_.execute(response, entries_, *slot.comm, slot.transport);
     metrics_.setQueueDepth(entries_.size());
     if (response.process_set == 0) ++global_responses_;

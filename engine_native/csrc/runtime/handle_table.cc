@@ -47,7 +47,7 @@ const HandleTable::State* HandleTable::find(int64_t handle) const {
   return const_cast<HandleTable*>(this)->find(handle);
 }
 
-int64_t HandleTable::create(bool caller_waits) {
+int64_t HandleTable::create(bool caller_waits, coord::Key name) {
   std::lock_guard<std::mutex> lock(mutex_);
   uint32_t slot = free_head_;
   if (slot != kNoSlot) {
@@ -60,10 +60,31 @@ int64_t HandleTable::create(bool caller_waits) {
   state.generation = nextGeneration(state.generation);  // even (free) -> odd (in use)
   state.done = false;
   state.caller_waits = caller_waits;
+  state.name = name;
+  state.names_epoch = names_epoch_;
   return makeHandle(slot, state.generation);
 }
 
+uint32_t HandleTable::attachNames(coord::KeyTable* keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  names_ = keys;
+  return ++names_epoch_;
+}
+
+void HandleTable::detachNames(uint32_t epoch) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (epoch == names_epoch_) names_ = nullptr;
+}
+
+// Under mutex_, which also orders it before detachNames: the KeyTable is alive here.
+void HandleTable::freeName(State* state) {
+  if (!state->name.assigned()) return;
+  if (names_ != nullptr && state->names_epoch == names_epoch_) names_->release(&state->name, 1);
+  state->name = coord::Key();
+}
+
 void HandleTable::freeSlot(int64_t handle, State* state) {
+  freeName(state);
   state->generation = nextGeneration(state->generation);  // odd -> even: copies are unknown
   state->status = common::Status();
   state->result = OpResult();
@@ -114,6 +135,15 @@ int HandleTable::poll(int64_t handle) const {
   const State* state = find(handle);
   if (state == nullptr) return -1;
   return state->done ? 1 : 0;
+}
+
+int HandleTable::observe(int64_t handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  State* state = find(handle);
+  if (state == nullptr) return -1;
+  if (!state->done) return 0;
+  freeName(state);
+  return 1;
 }
 
 bool HandleTable::waitFor(int64_t handle, int slice_ms, common::Status* status, OpResult* result) {

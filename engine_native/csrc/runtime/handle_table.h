@@ -6,6 +6,17 @@
 // Handles are slots of a slab plus a generation (a released handle is recognised as unknown
 // even after its slot is reused); completing wakes the condition variable only when some
 // thread is blocked on it, so a batch of 200 completions costs one lock and at most one wake.
+// A handle also holds its op's tensor name (Note [Name lifetime]).
+//
+// Note [Name lifetime]
+// A tensor name is taken from the submission of its op until the user has seen the op finish:
+// wait() returned (takeIfDone, or release after waitFor) or poll() answered done (observe) —
+// whether the op succeeded or failed. Submitting the name again before that raises ValueError
+// on this rank, every time; right after it, the name is free. (Horovod frees a name when its
+// op starts executing, so a duplicate is caught only while the first op is still queued.) The
+// handle holds the name's key in the loop's KeyTable (coord/key_table.h, Note [Key lifetime] D)
+// and releases it with the handle. A failed core, shutdown and abort free every name at once;
+// the loop detaches its KeyTable before it goes, and handles it created release nothing after.
 #pragma once
 
 #include <condition_variable>
@@ -15,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "coord/key_table.h"
 
 namespace hvd::runtime {
 
@@ -47,8 +59,13 @@ struct OpResult {
 class HandleTable {
  public:
   // caller_waits: submitted by a caller that waits for it at once (enqueue_for_wait), whose
-  // wait may drive it (Note [Caller drives]).
-  int64_t create(bool caller_waits = false);
+  // wait may drive it (Note [Caller drives]). name: the op's key, acquired in the attached
+  // KeyTable; the handle releases it (Note [Name lifetime]).
+  int64_t create(bool caller_waits = false, coord::Key name = coord::Key());
+  // The background loop's KeyTable, whose keys handles created from now on hold; detach()
+  // with the returned epoch before the table goes (a later loop's attach wins).
+  uint32_t attachNames(coord::KeyTable* keys);
+  void detachNames(uint32_t epoch);
   bool callerWaits(int64_t handle) const;
   void complete(int64_t handle, common::Status status, OpResult result = {});
   // Completes several handles with the same outcome under one lock.
@@ -56,11 +73,15 @@ class HandleTable {
                     const OpResult& result);
   // -1: unknown handle, 0: pending, 1: done.
   int poll(int64_t handle) const;
+  // poll() for the user: once done, the op's name is free again (Note [Name lifetime]).
+  int observe(int64_t handle);
   // Waits up to `slice_ms`; true when done (status/result filled).
   bool waitFor(int64_t handle, int slice_ms, common::Status* status, OpResult* result);
-  // When done: fills status/result, releases the handle and returns true, all under one lock
-  // (the fast path of a wait whose op already finished). False when pending or unknown.
+  // When done: fills status/result, releases the handle (and its name) and returns true, all
+  // under one lock (the fast path of a wait whose op already finished). False when pending or
+  // unknown.
   bool takeIfDone(int64_t handle, common::Status* status, OpResult* result);
+  // Forgets the handle and frees its name.
   void release(int64_t handle);
   // Completes every pending handle with `status` (shutdown / abort / lost peer).
   void failAll(const common::Status& status);
@@ -73,9 +94,12 @@ class HandleTable {
     common::Status status;
     OpResult result;
     uint32_t next_free = 0;
+    coord::Key name;            // held in names_ while assigned (Note [Name lifetime])
+    uint32_t names_epoch = 0;   // the attach it was acquired under
   };
   State* find(int64_t handle);
   const State* find(int64_t handle) const;
+  void freeName(State* state);
   void freeSlot(int64_t handle, State* state);
 
   mutable std::mutex mutex_;
@@ -83,6 +107,8 @@ class HandleTable {
   std::vector<State> slots_;
   uint32_t free_head_ = kNoSlot;
   int waiters_ = 0;  // threads blocked in waitFor
+  coord::KeyTable* names_ = nullptr;  // the live loop's, or null
+  uint32_t names_epoch_ = 0;
   static constexpr uint32_t kNoSlot = 0xffffffffu;
 };
 

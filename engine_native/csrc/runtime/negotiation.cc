@@ -337,6 +337,7 @@ void BackgroundLoop::inspectStalls() {
     pending.push_back(std::move(info));
   });
   metrics_.setPending(std::move(pending));
+  if (coordinator_) failDeadlocked(now);
   if (!coordinator_ || config_.stall_check_disable) {
     last_stall_check_ = now;
     return;
@@ -349,6 +350,20 @@ void BackgroundLoop::inspectStalls() {
     if (!report.empty()) HVD_LOG(kWarning, "stall") << report;
   }
   last_stall_check_ = now;
+}
+
+// Note [Deadlock shutdown] in coord/deadlock.cc: the error Responses leave with the next
+// coordinate(), on every member of their sets.
+void BackgroundLoop::failDeadlocked(Clock::time_point now) {
+  constexpr double kStallShutdownChecks = 4;  // the default: this many stall warning periods
+  double seconds = config_.stall_shutdown_seconds;
+  if (seconds < 0) seconds = kStallShutdownChecks * config_.stall_check_seconds;
+  if (seconds == 0) return;
+  const std::string report =
+      coordinator_->failDeadlocked(now, std::chrono::duration<double>(seconds));
+  if (report.empty()) return;
+  HVD_LOG(kError, "stall") << report;
+  wakeIfAsleep();
 }
 
 }  // namespace hvd::runtime

@@ -220,13 +220,8 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
   for (size_t i = 0; i < count; ++i) {  // Note [Stream ordering] in nccl/device_stream.h
     HVD_RETURN_IF_ERROR(recordReady(&entries[i]));
   }
-  for (size_t i = 0; i < count; ++i) entries[i].handle = handles_.create(/*caller_waits=*/!wake);
-  // submit() moves the entries on; their handle fields (plain integers) keep their values.
-  Status status = loop_->submit(entries, names, count, wake);
-  if (!status.isOk()) {
-    for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);
-  }
-  return status;
+  // submit() creates the handles, which hold the names (Note [Name lifetime]).
+  return loop_->submit(entries, names, count, wake);
 }
 
 Status Runtime::enqueue(EnqueueArgs&& op, int64_t* handle, bool wake) {

@@ -91,7 +91,7 @@ class Runtime {
   common::Status validate(coord::Request* request, std::string_view name) const;
   common::Status recordReady(TensorEntry* entry) const;
   common::Status checkDevice(coord::Request* request, std::string_view name);
-  // Validates and submits; entries' handles are created here.
+  // Validates and submits; entries' handles are created by BackgroundLoop::submit.
   common::Status submitLocked(TensorEntry* entries, const std::string_view* names, size_t count,
                               bool wake);
   void startTimelineAtInit();

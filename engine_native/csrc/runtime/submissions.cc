@@ -26,9 +26,18 @@ Status BackgroundLoop::submit(TensorEntry* entries, const std::string_view* name
       return common::internalError(what + ": more than 4 Mi tensors are in flight; wait for "
                                    "some of them first");
     }
+    // ValueError with Horovod's wording (its DUPLICATE_NAME_ERROR), which user code may match;
+    // raised every time until the first op's handle is synchronized (Note [Name lifetime]).
     return common::invalidArgument(
-        what + ": a tensor with this name is already in flight; wait for it or use another "
-               "name");
+        what + ": requested a tensor with the same name as another tensor that is "
+               "currently being processed (already in flight: its handle has not been "
+               "synchronized yet). Synchronize it (synchronize()/wait(), or poll() until True) "
+               "before reusing the name, or use a different tensor name");
+  }
+  // Each handle holds its entry's name from here on (Note [Name lifetime] in handle_table.h).
+  // submit() moves the entries on; their handle fields (plain integers) keep their values.
+  for (size_t i = 0; i < count; ++i) {
+    entries[i].handle = handles_.create(/*caller_waits=*/!wake, entries[i].request.key);
   }
   Status refused;
   {
@@ -42,7 +51,7 @@ Status BackgroundLoop::submit(TensorEntry* entries, const std::string_view* name
     }
   }
   if (!refused.isOk()) {
-    for (size_t i = 0; i < count; ++i) keys_.release(&entries[i].request.key, 1);
+    for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);  // and the names
     return refused;
   }
   if (wake || !drivable_) {
