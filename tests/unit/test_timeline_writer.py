@@ -98,7 +98,12 @@ def test_readable_while_open_soon_after_an_event(tl, tmp_path):
     record_op(tl, "allreduce.test_allreduce")
     # Horovod's own test reads once, ~0.1 s after the op; the writer flushes every 20 ms, so
     # the event must show within a second (waited for, not slept for).
-    events = poll(path, lambda ev: "allreduce.test_allreduce" in pids_by_name(ev), timeout=1.0)
+    def op_started(ev):  # the name's metadata and its ALLREDUCE begin may land in two flushes
+        pid = pids_by_name(ev).get("allreduce.test_allreduce")
+        return pid is not None and any(e["ph"] == "B" and e["name"] == "ALLREDUCE"
+                                       for e in of(ev, pid))
+
+    events = poll(path, op_started, timeout=1.0)
     assert events is not None, "the open file did not parse"
     pid = pids_by_name(events)["allreduce.test_allreduce"]
     mine = of(events, pid)
