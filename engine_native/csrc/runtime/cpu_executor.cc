@@ -131,7 +131,8 @@ Status CpuExecutor::allgather(OpContext& op) {
   op.result->shape = layout.shape;
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
   op.activities.start("_ALLGATHER");
-  HVD_RETURN_IF_ERROR(algo::allgatherRing(op.comm, in, op.result->buffer->data, layout.bytes));
+  HVD_RETURN_IF_ERROR(algo::allgather(op.comm, in, op.result->buffer->data, layout.bytes,
+                                       op.choice));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAllgather), layout.total, 1);
   return Status::ok();
@@ -166,7 +167,7 @@ Status CpuExecutor::broadcast(OpContext& op) {
   int root = -1;
   HVD_RETURN_IF_ERROR(rootSetRank(r, op.comm, &root));
   op.activities.start("_BCAST");
-  HVD_RETURN_IF_ERROR(algo::broadcastTree(op.comm, data, bytes, root));
+  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, bytes, root, op.choice));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
   return Status::ok();

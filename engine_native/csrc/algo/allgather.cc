@@ -1,0 +1,45 @@
+// allgather(): picks the allgather algorithm for one op.
+//
+// Derivation of the pick (the first that applies wins):
+//   1. shm: several members, all on this host, and the host collective segment serves the Comm
+//      (all of the host's ranks are in it; not HVD_TRANSPORT=tcp): each rank writes its part
+//      once and reads the others' (algo/allgather_shm.cc).
+//   2. ring: over any pairs, shm or tcp (algo/allgather_ring.cc).
+// The inputs (choice, membership, whether the host's ranks agreed on a segment) are the same
+// on every rank of the Comm, so all ranks pick alike (Note [Collective setup]).
+#include "algo/algorithms.h"
+#include "common/logging.h"
+#include "transport/shm/collective_sync.h"
+
+namespace hvd::algo {
+
+bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choice) {
+  return comm.size() > 1 && static_cast<int>(comm.localMembers().size()) == comm.size() &&
+         choice.shared_memory && transport::shm::CollectiveSync::segmentFor(comm) != nullptr;
+}
+
+void logCollectivePick(const char* op, bool shm, const transport::Comm& comm) {
+  static bool logged[2][2] = {};  // [op is broadcast][shm], once per process
+  bool& done = logged[op[0] == 'b' ? 1 : 0][shm ? 1 : 0];
+  if (done) return;
+  done = true;
+  HVD_LOG(kInfo, "algo") << op << " via "
+                         << (shm ? "shm (host collective segment)"
+                                 : (op[0] == 'b' ? "tree (pairs)" : "ring (pairs)"))
+                         << " (process set of " << comm.size() << ", "
+                         << comm.localMembers().size() << " on this host)";
+}
+
+common::Status allgather(transport::Comm& comm, const void* in, void* out,
+                         const std::vector<size_t>& bytes_per_rank,
+                         const AllreduceChoice& choice) {
+  if (bytes_per_rank.size() != static_cast<size_t>(comm.size())) {
+    return allgatherRing(comm, in, out, bytes_per_rank);  // reports the mismatch
+  }
+  const bool shm = hostSegmentServes(comm, choice);
+  if (comm.size() > 1) logCollectivePick("allgather", shm, comm);
+  if (shm) return allgatherShm(comm, in, out, bytes_per_rank);
+  return allgatherRing(comm, in, out, bytes_per_rank);
+}
+
+}  // namespace hvd::algo
