@@ -93,6 +93,7 @@ CORE_SOURCES = [
     "runtime/cpu_executor.cc",
     "runtime/device_path.cc",
     "runtime/device_output_pool.cc",
+    "runtime/host_output_pool.cc",
     "runtime/device_executor.cc",
     "runtime/device_nccl_ops.cc",
     "runtime/device_staged_ops.cc",

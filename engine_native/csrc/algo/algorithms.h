@@ -101,10 +101,13 @@ common::Status allgatherRing(transport::Comm& comm, const void* in, void* out,
 
 // Root's data replaces everyone's (in-place). The dispatcher (algo/broadcast.cc) picks as
 // allgather() does between broadcastShm (algo/broadcast_shm.cc) and broadcastTree
-// (algo/broadcast_tree.cc).
-common::Status broadcast(transport::Comm& comm, void* data, size_t bytes, int root,
-                         const AllreduceChoice& choice);
-common::Status broadcastShm(transport::Comm& comm, void* data, size_t bytes, int root);
+// (algo/broadcast_tree.cc). `root_in`: the root's input, which ends in `data` on every rank
+// (the root's own `data` included); it may be `data`, and is not read on other ranks, so no
+// rank copies its input to `data` first.
+common::Status broadcast(transport::Comm& comm, const void* root_in, void* data, size_t bytes,
+                         int root, const AllreduceChoice& choice);
+common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
+                            size_t bytes, int root);
 common::Status broadcastTree(transport::Comm& comm, void* data, size_t bytes, int root);
 
 // True when the Comm has several members, all on this host, and the host collective segment

@@ -3,16 +3,19 @@
 //      writes once, every other rank reads once (algo/broadcast_shm.cc).
 //   2. tree: binomial tree or pipelined chain over any pairs (algo/broadcast_tree.cc).
 // Every input to the pick is the same on every rank of the Comm, so all ranks pick alike.
+#include <cstring>
+
 #include "algo/algorithms.h"
 
 namespace hvd::algo {
 
-common::Status broadcast(transport::Comm& comm, void* data, size_t bytes, int root,
-                         const AllreduceChoice& choice) {
+common::Status broadcast(transport::Comm& comm, const void* root_in, void* data, size_t bytes,
+                         int root, const AllreduceChoice& choice) {
   if (root < 0 || root >= comm.size()) return broadcastTree(comm, data, bytes, root);  // error
   const bool shm = hostSegmentServes(comm, choice);
   if (comm.size() > 1) logCollectivePick("broadcast", shm, comm);
-  if (shm) return broadcastShm(comm, data, bytes, root);
+  if (shm) return broadcastShm(comm, root_in, data, bytes, root);
+  if (comm.rank() == root && root_in != data && bytes > 0) std::memcpy(data, root_in, bytes);
   return broadcastTree(comm, data, bytes, root);
 }
 

@@ -5,7 +5,8 @@
 // Derivation. The message (S bytes) is cut into pieces of P bytes; piece k goes through slot
 // k % depth of the root's segment area (P up to the whole slot, chunk_bytes = L x 256 KiB).
 //   root    waits until every other rank released piece k - depth (its slot is free), copies
-//           piece k in and publishes it
+//           piece k of its input in (and to its output, when that is another buffer: the
+//           piece is in cache by then) and publishes it
 //   others  wait until the root posted piece k, copy it out and release it
 // Per rank S bytes copied (the root in, every other rank out): the least a copy through shared
 // memory allows, against the chain's S in and S out per middle rank (algo/broadcast_tree.cc)
@@ -38,7 +39,8 @@ using transport::shm::Stage;
 constexpr size_t kMinPieces = 8;
 constexpr size_t kMinPieceBytes = 16 << 10;
 
-common::Status broadcastPieces(CollectiveSync& sync, uint8_t* data, size_t bytes, int root) {
+common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
+                               size_t bytes, int root) {
   const size_t slot_bytes = static_cast<size_t>(sync.segment().chunkBytes());
   const size_t spread = (bytes + kMinPieces - 1) / kMinPieces;
   const size_t piece = std::min(slot_bytes, (std::max(spread, kMinPieceBytes) + 63) / 64 * 64);
@@ -52,7 +54,8 @@ common::Status broadcastPieces(CollectiveSync& sync, uint8_t* data, size_t bytes
     const size_t len = std::min(piece, bytes - offset);
     if (is_root) {
       if (g >= depth) HVD_RETURN_IF_ERROR(sync.waitAll(Stage::kReleased, g + 1 - depth));
-      std::memcpy(sync.segment().slot(root, g), data + offset, len);
+      std::memcpy(sync.segment().slot(root, g), root_in + offset, len);
+      if (root_in != data) std::memcpy(data + offset, root_in + offset, len);
     } else {
       HVD_RETURN_IF_ERROR(sync.waitFor(root, Stage::kPosted, g + 1));
       std::memcpy(data + offset, sync.segment().slot(root, g), len);
@@ -64,7 +67,8 @@ common::Status broadcastPieces(CollectiveSync& sync, uint8_t* data, size_t bytes
 
 }  // namespace
 
-common::Status broadcastShm(transport::Comm& comm, void* data, size_t bytes, int root) {
+common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
+                            size_t bytes, int root) {
   transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
   if (segment == nullptr || static_cast<int>(comm.localMembers().size()) != comm.size()) {
     return common::internalError("shm broadcast: no host collective segment serves this "
@@ -72,7 +76,8 @@ common::Status broadcastShm(transport::Comm& comm, void* data, size_t bytes, int
   }
   if (bytes == 0 || comm.size() == 1) return common::Status::ok();
   CollectiveSync sync(comm, segment);
-  return broadcastPieces(sync, static_cast<uint8_t*>(data), bytes,
+  return broadcastPieces(sync, static_cast<const uint8_t*>(root_in),
+                         static_cast<uint8_t*>(data), bytes,
                          sync.localIndexOf(comm.globalRank(root)));
 }
 

@@ -176,7 +176,7 @@ Status DeviceExecutor::stagedBroadcast(OpContext& op) {
   uint8_t *data = nullptr, *unused = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &data, &unused));
   op.activities.start("STAGED_BCAST");
-  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, bytes, root, op.choice));
+  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, data, bytes, root, op.choice));
   op.activities.end();
   if (op.entries[0] != nullptr) {
     HVD_RETURN_IF_ERROR(stageOutput(op, op.entries[0]->output, data, bytes));
