@@ -5,8 +5,8 @@
 // Derivation. The message (S bytes) is cut into pieces of P bytes; piece k goes through slot
 // k % depth of the root's segment area (P up to the whole slot, chunk_bytes = L x 256 KiB).
 //   root    waits until every other rank released piece k - depth (its slot is free), copies
-//           piece k of its input in (and to its output, when that is another buffer: the
-//           piece is in cache by then) and publishes it
+//           piece k of its input in, publishes it, then copies the piece to its own output
+//           when that is another buffer (in cache by then; the readers copy out meanwhile)
 //   others  wait until the root posted piece k, copy it out and release it
 // Per rank S bytes copied (the root in, every other rank out): the least a copy through shared
 // memory allows, against the chain's S in and S out per middle rank (algo/broadcast_tree.cc)
@@ -55,12 +55,14 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
     if (is_root) {
       if (g >= depth) HVD_RETURN_IF_ERROR(sync.waitAll(Stage::kReleased, g + 1 - depth));
       std::memcpy(sync.segment().slot(root, g), root_in + offset, len);
+      sync.publish({Stage::kPosted, Stage::kReduced, Stage::kReleased}, g + 1);
+      // Its own output after publishing: the readers copy the piece out meanwhile.
       if (root_in != data) std::memcpy(data + offset, root_in + offset, len);
     } else {
       HVD_RETURN_IF_ERROR(sync.waitFor(root, Stage::kPosted, g + 1));
       std::memcpy(data + offset, sync.segment().slot(root, g), len);
+      sync.publish({Stage::kPosted, Stage::kReduced, Stage::kReleased}, g + 1);
     }
-    sync.publish({Stage::kPosted, Stage::kReduced, Stage::kReleased}, g + 1);
   }
   return common::Status::ok();
 }
