@@ -61,6 +61,7 @@ CORE_SOURCES = [
     "algo/allgather_shm.cc",
     "algo/broadcast.cc",
     "algo/broadcast_shm.cc",
+    "algo/broadcast_hierarchical.cc",
     "algo/broadcast_tree.cc",
     "algo/alltoall_pairwise.cc",
     "algo/reducescatter_ring.cc",

@@ -8,8 +8,10 @@ against NumPy on spawned ranks.
   dtype, 0 / 1 / odd / several pieces / more pieces than slots; both interleaved with
   allreduce of changing sizes (the chunk counters carry over between ops of all kinds);
   several in flight; the torch API's grouped_allgather and in-place broadcast_;
-- the fallbacks keep working and are picked: forced TCP (one fake host per rank), mixed hosts
-  (2+1, 2+2+1) and a process set that leaves out a rank of the host go through ring and tree.
+- the fallbacks keep working and are picked: forced TCP (one fake host per rank) and a process
+  set that leaves out a rank of the host go through ring and tree; mixed hosts (2+1, 2+2+1,
+  and 2+3 over TCP only) through the ring and the hierarchical broadcast (a tree over one
+  leader per host, then each host from its leader: its segment, or its pairs under TCP).
 Every test also asserts which path was taken (the dispatchers log each pick once at info).
 """
 import numpy as np
@@ -21,6 +23,8 @@ from multiproc.harness import run_ranks
 
 PIECE_BYTES = 256 << 10  # a rank's slot is (ranks on the host) x this; depth 4 slots
 SHM = "shm (host collective segment)"
+RING, TREE = "ring (pairs)", "tree (pairs)"
+HIER = "hierarchical (leaders' tree, then each host)"
 LOG = {"HVD_LOG": "info"}
 
 
@@ -128,7 +132,7 @@ def _assert_paths(res, allgather, broadcast):
         for op, path in (("allgather", allgather), ("broadcast", broadcast)):
             assert f"{op} via {path}" in r.stderr, f"rank {r.rank}: no {op} via {path}:\n" + \
                 r.stderr[-3000:]
-            others = {SHM, "ring (pairs)", "tree (pairs)"} - {path}
+            others = {SHM, RING, TREE, HIER} - {path}
             for other in others:
                 assert f"{op} via {other}" not in r.stderr, f"rank {r.rank}: {op} via {other}"
 
@@ -145,16 +149,19 @@ def test_one_host_goes_through_the_segment(np_):
 def test_forced_tcp_uses_ring_and_tree(np_):
     res = run_ranks(collectives_suite, np_, args=("tcp",), timeout=400,
                     **checks.world_kwargs(np_, "tcp", LOG))
-    _assert_paths(res, "ring (pairs)", "tree (pairs)")
+    _assert_paths(res, RING, TREE)
     assert all(r.value > 300 for r in res)
 
 
-@pytest.mark.parametrize("hosts", [["a", "a", "b"], ["a", "a", "b", "b", "c"]],
-                         ids=["2+1", "2+2+1"])
-def test_mixed_hosts_use_ring_and_tree(hosts):
+@pytest.mark.parametrize("hosts, transport", [(["a", "a", "b"], "auto"),
+                                             (["a", "a", "b", "b", "c"], "auto"),
+                                             (["a", "b", "a", "b", "b"], "tcp")],
+                         ids=["2+1", "2+2+1", "2+3-tcp-interleaved"])
+def test_mixed_hosts_use_ring_and_hierarchical_broadcast(hosts, transport):
     res = run_ranks(collectives_suite, len(hosts), args=("any",), timeout=400, hosts=hosts,
-                    env=LOG)
-    _assert_paths(res, "ring (pairs)", "tree (pairs)")
+                    env=dict(LOG, HVD_TRANSPORT=transport))
+    _assert_paths(res, RING, HIER)
+    assert all(r.value > 300 for r in res)
 
 
 def subset_suite():
@@ -178,7 +185,7 @@ def test_process_set_without_whole_host_uses_pairs():
     res = run_ranks(subset_suite, 3, timeout=200, env=LOG)
     _assert_paths([res[1]], SHM, SHM)
     for r in (res[0], res[2]):
-        for op, path in (("allgather", "ring (pairs)"), ("broadcast", "tree (pairs)")):
+        for op, path in (("allgather", RING), ("broadcast", TREE)):
             assert f"{op} via {path}" in r.stderr and f"{op} via {SHM}" in r.stderr, r.stderr
 
 

@@ -109,11 +109,15 @@ common::Status broadcast(transport::Comm& comm, const void* root_in, void* data,
 common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
                             size_t bytes, int root);
 common::Status broadcastTree(transport::Comm& comm, void* data, size_t bytes, int root);
+// Leaders' tree across hosts, then each host from its leader (algo/broadcast_hierarchical.cc).
+common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in, void* data,
+                                     size_t bytes, int root);
 
 // True when the Comm has several members, all on this host, and the host collective segment
 // serves it (every rank of the host in it; not HVD_TRANSPORT=tcp): the same on every rank.
 bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choice);
-// Logs "<op> via <shm|ring|tree>" once per process and pick (algo/allgather.cc).
+// Logs "<op> via <shm|ring|tree|hierarchical>" once per process and pick (algo/allgather.cc);
+// op is "allgather", "broadcast" or "broadcast hierarchical".
 void logCollectivePick(const char* op, bool shm, const transport::Comm& comm);
 
 // send_bytes[r] from `in` (consecutive) go to rank r; recv_bytes[r] from rank r land in `out`

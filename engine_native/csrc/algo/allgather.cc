@@ -7,6 +7,8 @@
 //   2. ring: over any pairs, shm or tcp (algo/allgather_ring.cc).
 // The inputs (choice, membership, whether the host's ranks agreed on a segment) are the same
 // on every rank of the Comm, so all ranks pick alike (Note [Collective setup]).
+#include <string>
+
 #include "algo/algorithms.h"
 #include "common/logging.h"
 #include "transport/shm/collective_sync.h"
@@ -19,13 +21,18 @@ bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choic
 }
 
 void logCollectivePick(const char* op, bool shm, const transport::Comm& comm) {
-  static bool logged[2][2] = {};  // [op is broadcast][shm], once per process
-  bool& done = logged[op[0] == 'b' ? 1 : 0][shm ? 1 : 0];
+  static bool logged[3][2] = {};  // [allgather, broadcast, broadcast hierarchical][shm]
+  const std::string name = op;
+  const int kind = name == "allgather" ? 0 : (name == "broadcast" ? 1 : 2);
+  bool& done = logged[kind][shm ? 1 : 0];
   if (done) return;
   done = true;
-  HVD_LOG(kInfo, "algo") << op << " via "
-                         << (shm ? "shm (host collective segment)"
-                                 : (op[0] == 'b' ? "tree (pairs)" : "ring (pairs)"))
+  const char* path = shm ? "shm (host collective segment)"
+                         : (kind == 0 ? "ring (pairs)"
+                                      : (kind == 1 ? "tree (pairs)"
+                                                   : "leaders' tree, then each host"));
+  HVD_LOG(kInfo, "algo") << (kind == 2 ? "broadcast" : op) << " via "
+                         << (kind == 2 ? "hierarchical (" : "") << path << (kind == 2 ? ")" : "")
                          << " (process set of " << comm.size() << ", "
                          << comm.localMembers().size() << " on this host)";
 }
