@@ -59,6 +59,7 @@ CORE_SOURCES = [
     "algo/allgather.cc",
     "algo/allgather_ring.cc",
     "algo/allgather_shm.cc",
+    "algo/allgather_hierarchical.cc",
     "algo/broadcast.cc",
     "algo/broadcast_shm.cc",
     "algo/broadcast_hierarchical.cc",

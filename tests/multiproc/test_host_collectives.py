@@ -9,9 +9,11 @@ against NumPy on spawned ranks.
   allreduce of changing sizes (the chunk counters carry over between ops of all kinds);
   several in flight; the torch API's grouped_allgather and in-place broadcast_;
 - the fallbacks keep working and are picked: forced TCP (one fake host per rank) and a process
-  set that leaves out a rank of the host go through ring and tree; mixed hosts (2+1, 2+2+1,
-  and 2+3 over TCP only) through the ring and the hierarchical broadcast (a tree over one
-  leader per host, then each host from its leader: its segment, or its pairs under TCP).
+  set that leaves out a rank of the host go through ring and tree; mixed hosts (2+1, 2+2+1)
+  through the hierarchical allgather (each host, leaders' ring, each host) and broadcast (a
+  tree over one leader per host, then each host from its leader: its segment, or its pairs
+  under TCP); hosts interleaved in rank order (a,b,a,b,b over TCP only) through the ring and
+  the hierarchical broadcast.
 Every test also asserts which path was taken (the dispatchers log each pick once at info).
 """
 import numpy as np
@@ -25,6 +27,7 @@ PIECE_BYTES = 256 << 10  # a rank's slot is (ranks on the host) x this; depth 4 
 SHM = "shm (host collective segment)"
 RING, TREE = "ring (pairs)", "tree (pairs)"
 HIER = "hierarchical (leaders' tree, then each host)"
+HIER_AG = "hierarchical (each host, leaders' ring, each host)"
 LOG = {"HVD_LOG": "info"}
 
 
@@ -132,7 +135,7 @@ def _assert_paths(res, allgather, broadcast):
         for op, path in (("allgather", allgather), ("broadcast", broadcast)):
             assert f"{op} via {path}" in r.stderr, f"rank {r.rank}: no {op} via {path}:\n" + \
                 r.stderr[-3000:]
-            others = {SHM, RING, TREE, HIER} - {path}
+            others = {SHM, RING, TREE, HIER, HIER_AG} - {path}
             for other in others:
                 assert f"{op} via {other}" not in r.stderr, f"rank {r.rank}: {op} via {other}"
 
@@ -153,14 +156,16 @@ def test_forced_tcp_uses_ring_and_tree(np_):
     assert all(r.value > 300 for r in res)
 
 
-@pytest.mark.parametrize("hosts, transport", [(["a", "a", "b"], "auto"),
-                                             (["a", "a", "b", "b", "c"], "auto"),
-                                             (["a", "b", "a", "b", "b"], "tcp")],
-                         ids=["2+1", "2+2+1", "2+3-tcp-interleaved"])
-def test_mixed_hosts_use_ring_and_hierarchical_broadcast(hosts, transport):
+@pytest.mark.parametrize("hosts, transport, allgather", [
+    (["a", "a", "b"], "auto", HIER_AG),
+    (["a", "a", "b", "b", "c"], "auto", HIER_AG),
+    (["a", "a", "b", "b", "b"], "tcp", HIER_AG),
+    (["a", "b", "a", "b", "b"], "tcp", RING),  # a host's ranks not consecutive: no blocks
+], ids=["2+1", "2+2+1", "2+3-tcp", "2+3-tcp-interleaved"])
+def test_mixed_hosts_use_hierarchical_paths(hosts, transport, allgather):
     res = run_ranks(collectives_suite, len(hosts), args=("any",), timeout=400, hosts=hosts,
                     env=dict(LOG, HVD_TRANSPORT=transport))
-    _assert_paths(res, RING, HIER)
+    _assert_paths(res, allgather, HIER)
     assert all(r.value > 300 for r in res)
 
 

@@ -98,6 +98,11 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
                             const std::vector<size_t>& bytes_per_rank);
 common::Status allgatherRing(transport::Comm& comm, const void* in, void* out,
                              const std::vector<size_t>& bytes_per_rank);
+// Within hosts, leaders' ring, host broadcast (algo/allgather_hierarchical.cc); only where
+// hostsContiguous(comm): every host's members are consecutive set ranks in global order.
+common::Status allgatherHierarchical(transport::Comm& comm, const void* in, void* out,
+                                     const std::vector<size_t>& bytes_per_rank);
+bool hostsContiguous(const transport::Comm& comm);
 
 // Root's data replaces everyone's (in-place). The dispatcher (algo/broadcast.cc) picks as
 // allgather() does between broadcastShm (algo/broadcast_shm.cc) and broadcastTree

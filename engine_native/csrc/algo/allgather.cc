@@ -4,7 +4,9 @@
 //   1. shm: several members, all on this host, and the host collective segment serves the Comm
 //      (all of the host's ranks are in it; not HVD_TRANSPORT=tcp): each rank writes its part
 //      once and reads the others' (algo/allgather_shm.cc).
-//   2. ring: over any pairs, shm or tcp (algo/allgather_ring.cc).
+//   2. hierarchical: several hosts, one with several members, each host's members consecutive
+//      set ranks: within hosts, leaders' ring, host broadcast (algo/allgather_hierarchical.cc).
+//   3. ring: over any pairs, shm or tcp (algo/allgather_ring.cc).
 // The inputs (choice, membership, whether the host's ranks agreed on a segment) are the same
 // on every rank of the Comm, so all ranks pick alike (Note [Collective setup]).
 #include <string>
@@ -21,18 +23,20 @@ bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choic
 }
 
 void logCollectivePick(const char* op, bool shm, const transport::Comm& comm) {
-  static bool logged[3][2] = {};  // [allgather, broadcast, broadcast hierarchical][shm]
+  // [allgather, broadcast, allgather hierarchical, broadcast hierarchical][shm]
+  static bool logged[4][2] = {};
   const std::string name = op;
-  const int kind = name == "allgather" ? 0 : (name == "broadcast" ? 1 : 2);
-  bool& done = logged[kind][shm ? 1 : 0];
+  const bool broadcast = name.rfind("broadcast", 0) == 0;
+  const bool hierarchical = name.find("hierarchical") != std::string::npos;
+  bool& done = logged[(hierarchical ? 2 : 0) + (broadcast ? 1 : 0)][shm ? 1 : 0];
   if (done) return;
   done = true;
   const char* path = shm ? "shm (host collective segment)"
-                         : (kind == 0 ? "ring (pairs)"
-                                      : (kind == 1 ? "tree (pairs)"
-                                                   : "leaders' tree, then each host"));
-  HVD_LOG(kInfo, "algo") << (kind == 2 ? "broadcast" : op) << " via "
-                         << (kind == 2 ? "hierarchical (" : "") << path << (kind == 2 ? ")" : "")
+                     : hierarchical ? (broadcast ? "hierarchical (leaders' tree, then each host)"
+                                                 : "hierarchical (each host, leaders' ring, "
+                                                   "each host)")
+                     : broadcast ? "tree (pairs)" : "ring (pairs)";
+  HVD_LOG(kInfo, "algo") << (broadcast ? "broadcast" : "allgather") << " via " << path
                          << " (process set of " << comm.size() << ", "
                          << comm.localMembers().size() << " on this host)";
 }
@@ -44,6 +48,11 @@ common::Status allgather(transport::Comm& comm, const void* in, void* out,
     return allgatherRing(comm, in, out, bytes_per_rank);  // reports the mismatch
   }
   const bool shm = hostSegmentServes(comm, choice);
+  const bool one_host = static_cast<int>(comm.localMembers().size()) == comm.size();
+  if (!shm && !one_host && hierarchicalHelps(comm) && hostsContiguous(comm)) {
+    logCollectivePick("allgather hierarchical", false, comm);
+    return allgatherHierarchical(comm, in, out, bytes_per_rank);
+  }
   if (comm.size() > 1) logCollectivePick("allgather", shm, comm);
   if (shm) return allgatherShm(comm, in, out, bytes_per_rank);
   return allgatherRing(comm, in, out, bytes_per_rank);
