@@ -121,9 +121,11 @@ common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in,
 // True when the Comm has several members, all on this host, and the host collective segment
 // serves it (every rank of the host in it; not HVD_TRANSPORT=tcp): the same on every rank.
 bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choice);
-// Logs "<op> via <shm|ring|tree|hierarchical>" once per process and pick (algo/allgather.cc);
-// op is "allgather", "broadcast" or "broadcast hierarchical".
-void logCollectivePick(const char* op, bool shm, const transport::Comm& comm);
+// Logs "<op> via <path>" at info once per process, op and path (algo/allgather.cc): the
+// decision the tests read back.
+enum class CopyCollective { kAllgather = 0, kBroadcast = 1 };
+enum class CopyPath { kShm = 0, kPairs = 1, kHierarchical = 2 };
+void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& comm);
 
 // send_bytes[r] from `in` (consecutive) go to rank r; recv_bytes[r] from rank r land in `out`
 // (consecutive, in rank order). (algo/alltoall_pairwise.cc)

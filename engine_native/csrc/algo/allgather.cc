@@ -9,8 +9,6 @@
 //   3. ring: over any pairs, shm or tcp (algo/allgather_ring.cc).
 // The inputs (choice, membership, whether the host's ranks agreed on a segment) are the same
 // on every rank of the Comm, so all ranks pick alike (Note [Collective setup]).
-#include <string>
-
 #include "algo/algorithms.h"
 #include "common/logging.h"
 #include "transport/shm/collective_sync.h"
@@ -22,21 +20,19 @@ bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choic
          choice.shared_memory && transport::shm::CollectiveSync::segmentFor(comm) != nullptr;
 }
 
-void logCollectivePick(const char* op, bool shm, const transport::Comm& comm) {
-  // [allgather, broadcast, allgather hierarchical, broadcast hierarchical][shm]
-  static bool logged[4][2] = {};
-  const std::string name = op;
-  const bool broadcast = name.rfind("broadcast", 0) == 0;
-  const bool hierarchical = name.find("hierarchical") != std::string::npos;
-  bool& done = logged[(hierarchical ? 2 : 0) + (broadcast ? 1 : 0)][shm ? 1 : 0];
+void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& comm) {
+  static bool logged[2][3] = {};  // [op][path], once per process
+  bool& done = logged[static_cast<int>(op)][static_cast<int>(path)];
   if (done) return;
   done = true;
-  const char* path = shm ? "shm (host collective segment)"
-                     : hierarchical ? (broadcast ? "hierarchical (leaders' tree, then each host)"
-                                                 : "hierarchical (each host, leaders' ring, "
-                                                   "each host)")
-                     : broadcast ? "tree (pairs)" : "ring (pairs)";
-  HVD_LOG(kInfo, "algo") << (broadcast ? "broadcast" : "allgather") << " via " << path
+  const bool broadcast = op == CopyCollective::kBroadcast;
+  const char* name = "shm (host collective segment)";
+  if (path == CopyPath::kPairs) name = broadcast ? "tree (pairs)" : "ring (pairs)";
+  if (path == CopyPath::kHierarchical) {
+    name = broadcast ? "hierarchical (leaders' tree, then each host)"
+                     : "hierarchical (each host, leaders' ring, each host)";
+  }
+  HVD_LOG(kInfo, "algo") << (broadcast ? "broadcast" : "allgather") << " via " << name
                          << " (process set of " << comm.size() << ", "
                          << comm.localMembers().size() << " on this host)";
 }
@@ -50,10 +46,12 @@ common::Status allgather(transport::Comm& comm, const void* in, void* out,
   const bool shm = hostSegmentServes(comm, choice);
   const bool one_host = static_cast<int>(comm.localMembers().size()) == comm.size();
   if (!shm && !one_host && hierarchicalHelps(comm) && hostsContiguous(comm)) {
-    logCollectivePick("allgather hierarchical", false, comm);
+    logCollectivePick(CopyCollective::kAllgather, CopyPath::kHierarchical, comm);
     return allgatherHierarchical(comm, in, out, bytes_per_rank);
   }
-  if (comm.size() > 1) logCollectivePick("allgather", shm, comm);
+  if (comm.size() > 1) {
+    logCollectivePick(CopyCollective::kAllgather, shm ? CopyPath::kShm : CopyPath::kPairs, comm);
+  }
   if (shm) return allgatherShm(comm, in, out, bytes_per_rank);
   return allgatherRing(comm, in, out, bytes_per_rank);
 }

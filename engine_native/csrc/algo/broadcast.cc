@@ -17,10 +17,12 @@ common::Status broadcast(transport::Comm& comm, const void* root_in, void* data,
   const bool shm = hostSegmentServes(comm, choice);
   const bool one_host = static_cast<int>(comm.localMembers().size()) == comm.size();
   if (!shm && !one_host && hierarchicalHelps(comm)) {
-    logCollectivePick("broadcast hierarchical", false, comm);
+    logCollectivePick(CopyCollective::kBroadcast, CopyPath::kHierarchical, comm);
     return broadcastHierarchical(comm, root_in, data, bytes, root);
   }
-  if (comm.size() > 1) logCollectivePick("broadcast", shm, comm);
+  if (comm.size() > 1) {
+    logCollectivePick(CopyCollective::kBroadcast, shm ? CopyPath::kShm : CopyPath::kPairs, comm);
+  }
   if (shm) return broadcastShm(comm, root_in, data, bytes, root);
   if (comm.rank() == root && root_in != data && bytes > 0) std::memcpy(data, root_in, bytes);
   return broadcastTree(comm, data, bytes, root);
