@@ -87,13 +87,45 @@ common::Status hostReduceScatter(transport::Comm& comm, void* data, size_t count
 common::Status hostAllgather(transport::Comm& comm, void* data, size_t count,
                              common::DataType dtype);
 
-// out = concatenation over set ranks r of each rank's bytes[r]; `in` holds this rank's part.
-// (algo/allgather_ring.cc)
+// out = concatenation over set ranks r of each rank's bytes[r]; `in` holds this rank's part
+// (it may be that part of `out`). The dispatcher (algo/allgather.cc) takes the host collective
+// segment when hostSegmentServes(), else the ring; allgatherShm and allgatherRing are its two
+// algorithms (algo/allgather_shm.cc, algo/allgather_ring.cc). `choice`: only shared_memory.
+common::Status allgather(transport::Comm& comm, const void* in, void* out,
+                         const std::vector<size_t>& bytes_per_rank,
+                         const AllreduceChoice& choice);
+common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
+                            const std::vector<size_t>& bytes_per_rank);
 common::Status allgatherRing(transport::Comm& comm, const void* in, void* out,
                              const std::vector<size_t>& bytes_per_rank);
+// Within hosts, leaders' ring, host broadcast (algo/allgather_hierarchical.cc); only where
+// hostsContiguous(comm): every host's members are consecutive set ranks in global order.
+common::Status allgatherHierarchical(transport::Comm& comm, const void* in, void* out,
+                                     const std::vector<size_t>& bytes_per_rank);
+bool hostsContiguous(const transport::Comm& comm);
 
-// Root's data replaces everyone's (in-place). (algo/broadcast_tree.cc)
+// Root's data replaces everyone's (in-place). The dispatcher (algo/broadcast.cc) picks as
+// allgather() does between broadcastShm (algo/broadcast_shm.cc) and broadcastTree
+// (algo/broadcast_tree.cc). `root_in`: the root's input, which ends in `data` on every rank
+// (the root's own `data` included); it may be `data`, and is not read on other ranks, so no
+// rank copies its input to `data` first.
+common::Status broadcast(transport::Comm& comm, const void* root_in, void* data, size_t bytes,
+                         int root, const AllreduceChoice& choice);
+common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
+                            size_t bytes, int root);
 common::Status broadcastTree(transport::Comm& comm, void* data, size_t bytes, int root);
+// Leaders' tree across hosts, then each host from its leader (algo/broadcast_hierarchical.cc).
+common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in, void* data,
+                                     size_t bytes, int root);
+
+// True when the Comm has several members, all on this host, and the host collective segment
+// serves it (every rank of the host in it; not HVD_TRANSPORT=tcp): the same on every rank.
+bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choice);
+// Logs "<op> via <path>" at info once per process, op and path (algo/allgather.cc): the
+// decision the tests read back.
+enum class CopyCollective { kAllgather = 0, kBroadcast = 1 };
+enum class CopyPath { kShm = 0, kPairs = 1, kHierarchical = 2 };
+void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& comm);
 
 // send_bytes[r] from `in` (consecutive) go to rank r; recv_bytes[r] from rank r land in `out`
 // (consecutive, in rank order). (algo/alltoall_pairwise.cc)

@@ -58,14 +58,15 @@ common::Status evenHosts(const transport::Comm& comm, const HostLayout& layout,
   return hostBlocksAllgather(local, opts.data, opts.count, opts.dtype);
 }
 
-// Uneven hosts: host allreduce, leaders' ring, host broadcast.
+// Uneven hosts: host allreduce, leaders' ring, host broadcast (through the segment when it
+// serves the host, as phase 1).
 common::Status unevenHosts(const transport::Comm& comm, const HostLayout& layout,
                            const AllreduceOptions& opts) {
   const std::vector<int>& mine = layout.hosts[layout.my_host];
   transport::Comm local = subComm(comm, mine);
   const bool several = mine.size() > 1;
+  const bool segment = transport::shm::CollectiveSync::segmentFor(local) != nullptr;
   if (several) {
-    const bool segment = transport::shm::CollectiveSync::segmentFor(local) != nullptr;
     HVD_RETURN_IF_ERROR(segment ? allreduceShm(local, opts) : allreduceRing(local, opts));
   }
   if (layout.my_local == 0) {
@@ -76,7 +77,9 @@ common::Status unevenHosts(const transport::Comm& comm, const HostLayout& layout
   }
   if (!several) return common::Status::ok();
   // The leader is local rank 0, which is set rank 0 of `local` (members in global order).
-  return broadcastTree(local, opts.data, opts.count * common::dataTypeSize(opts.dtype), 0);
+  const size_t bytes = opts.count * common::dataTypeSize(opts.dtype);
+  if (segment) return broadcastShm(local, opts.data, opts.data, bytes, 0);
+  return broadcastTree(local, opts.data, bytes, 0);
 }
 
 }  // namespace

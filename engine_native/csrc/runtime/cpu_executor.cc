@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "runtime/host_output_pool.h"
 #include "runtime/op_layout.h"
 
 namespace hvd::runtime {
@@ -127,11 +128,12 @@ Status CpuExecutor::allreduce(OpContext& op) {
 
 Status CpuExecutor::allgather(OpContext& op) {
   const GatherLayout layout = allgatherLayout(op.response);
-  op.result->buffer = std::make_shared<OutputBuffer>(layout.total);
+  op.result->buffer = hostOutput(layout.total);
   op.result->shape = layout.shape;
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
   op.activities.start("_ALLGATHER");
-  HVD_RETURN_IF_ERROR(algo::allgatherRing(op.comm, in, op.result->buffer->data, layout.bytes));
+  HVD_RETURN_IF_ERROR(algo::allgather(op.comm, in, op.result->buffer->data, layout.bytes,
+                                       op.choice));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAllgather), layout.total, 1);
   return Status::ok();
@@ -156,17 +158,19 @@ Status CpuExecutor::broadcast(OpContext& op) {
                        common::dataTypeSize(r.dtype);
   std::vector<uint8_t> scratch;
   void* data = nullptr;
+  const void* in = nullptr;
   if (entry != nullptr) {
     data = entry->output;
-    if (entry->input != entry->output && bytes > 0) std::memcpy(data, entry->input, bytes);
+    in = entry->input;  // read on the root only: the others' output is overwritten whole
   } else {
     scratch.resize(bytes);
     data = scratch.data();
+    in = data;
   }
   int root = -1;
   HVD_RETURN_IF_ERROR(rootSetRank(r, op.comm, &root));
   op.activities.start("_BCAST");
-  HVD_RETURN_IF_ERROR(algo::broadcastTree(op.comm, data, bytes, root));
+  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, in, data, bytes, root, op.choice));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
   return Status::ok();
@@ -174,7 +178,7 @@ Status CpuExecutor::broadcast(OpContext& op) {
 
 Status CpuExecutor::alltoall(OpContext& op) {
   const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
-  op.result->buffer = std::make_shared<OutputBuffer>(layout.total);
+  op.result->buffer = hostOutput(layout.total);
   op.result->shape = layout.shape;
   op.result->received_splits = layout.received_splits;
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
@@ -196,7 +200,7 @@ Status CpuExecutor::reducescatter(OpContext& op) {
   const int me = op.comm.rank();
   const ReducescatterLayout layout = reducescatterLayout(r, me, op.comm.size());
   const size_t elem = common::dataTypeSize(r.dtype);
-  op.result->buffer = std::make_shared<OutputBuffer>(layout.counts[me] * elem);
+  op.result->buffer = hostOutput(layout.counts[me] * elem);
   op.result->shape = layout.shape;
   void* out = op.result->buffer->data;
   // Joined ranks never run one: coord/validation.cc (checkJoin) turns it into an error.

@@ -158,7 +158,7 @@ Status DeviceExecutor::stagedAllgather(OpContext& op) {
   uint8_t *in = nullptr, *out = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
   op.activities.start("STAGED_ALLGATHER");
-  HVD_RETURN_IF_ERROR(algo::allgatherRing(op.comm, in, out, layout.bytes));
+  HVD_RETURN_IF_ERROR(algo::allgather(op.comm, in, out, layout.bytes, op.choice));
   op.activities.end();
   HVD_RETURN_IF_ERROR(deviceOutput(layout.total, op.result));
   op.result->shape = layout.shape;
@@ -176,7 +176,7 @@ Status DeviceExecutor::stagedBroadcast(OpContext& op) {
   uint8_t *data = nullptr, *unused = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &data, &unused));
   op.activities.start("STAGED_BCAST");
-  HVD_RETURN_IF_ERROR(algo::broadcastTree(op.comm, data, bytes, root));
+  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, data, bytes, root, op.choice));
   op.activities.end();
   if (op.entries[0] != nullptr) {
     HVD_RETURN_IF_ERROR(stageOutput(op, op.entries[0]->output, data, bytes));

@@ -1,6 +1,6 @@
 // CollectiveSync (transport/shm/collective_sync.h).
 //
-// waitAll() follows Note [Exchange progress] with counters in place of transfers:
+// waitAll() and waitFor() follow Note [Exchange progress] with counters in place of transfers:
 //   A. Every other local rank has passed the milestone: return.
 //   B. Spin for at most HVD_SPIN_US with a pause instruction, re-checking A.
 //   C. Abort -> kAborted; a hung-up peer socket (checked at most every 20 ms, and only after one
@@ -49,6 +49,14 @@ CollectiveSync::CollectiveSync(const Comm& comm, CollectiveSegment* segment)
   own_doorbell_ = segment_.doorbell(index_);
 }
 
+int CollectiveSync::localIndexOf(int global_rank) const {
+  const std::vector<int>& host = comm_.mesh().hostRanks();
+  for (int i = 0; i < static_cast<int>(host.size()); ++i) {
+    if (host[i] == global_rank) return i;
+  }
+  return -1;
+}
+
 uint64_t CollectiveSync::released() const {
   return segment_.counter(index_, Stage::kReleased).load(std::memory_order_relaxed);
 }
@@ -62,7 +70,10 @@ void CollectiveSync::publish(std::initializer_list<Stage> stages, uint64_t value
   }
 }
 
-int CollectiveSync::firstBehind(Stage stage, uint64_t value, int from) const {
+int CollectiveSync::firstBehind(Stage stage, uint64_t value, int from, int only) const {
+  if (only >= 0) {
+    return segment_.counter(only, stage).load(std::memory_order_seq_cst) < value ? only : -1;
+  }
   for (int k = 0; k < size_; ++k) {
     const int j = (from + k) % size_;
     if (j != index_ && segment_.counter(j, stage).load(std::memory_order_seq_cst) < value) {
@@ -108,8 +119,8 @@ uint64_t CollectiveSync::progressMark() const {
   return mark;
 }
 
-Status CollectiveSync::waitAll(Stage stage, uint64_t value) {
-  int behind = firstBehind(stage, value, 0);  // A
+Status CollectiveSync::waitUntil(Stage stage, uint64_t value, int only) {
+  int behind = firstBehind(stage, value, 0, only);  // A
   if (behind < 0) return Status::ok();
   const Mesh& mesh = comm_.mesh();
   const auto spin = std::chrono::microseconds(comm_.spinMicroseconds());
@@ -121,7 +132,7 @@ Status CollectiveSync::waitAll(Stage stage, uint64_t value) {
     const auto spin_end = Clock::now() + spin;  // B
     while (behind >= 0 && Clock::now() < spin_end) {
       for (int k = 0; k < 32; ++k) common::cpuRelax();
-      behind = firstBehind(stage, value, behind);
+      behind = firstBehind(stage, value, behind, only);
     }
     if (behind < 0) return Status::ok();
     if (mesh.aborted()) return common::aborted("aborted");  // C
@@ -135,20 +146,20 @@ Status CollectiveSync::waitAll(Stage stage, uint64_t value) {
       last_liveness_check = now;
       const int lost = mesh.findLostPeer();
       if (lost >= 0) {
-        behind = firstBehind(stage, value, behind);
+        behind = firstBehind(stage, value, behind, only);
         return behind < 0 ? Status::ok() : lostPeer(lost);
       }
     }
     if (now - last_progress >= timeout) {
       common::Text os;
       os << "timed out after " << comm_.timeoutSeconds() << " s waiting for rank "
-         << mesh.hostRanks()[laggard()] << " over shm (host collective)";
+         << mesh.hostRanks()[only >= 0 ? only : laggard()] << " over shm (host collective)";
       return common::timedOut(os.str());
     }
     waitDoorbell(own_doorbell_,  // D
-                 [&] { return mesh.aborted() || firstBehind(stage, value, behind) < 0; },
+                 [&] { return mesh.aborted() || firstBehind(stage, value, behind, only) < 0; },
                  kSliceMicroseconds);
-    behind = firstBehind(stage, value, behind);
+    behind = firstBehind(stage, value, behind, only);
     if (behind < 0) return Status::ok();
   }
 }

@@ -26,6 +26,9 @@ class CollectiveSync {
 
   int size() const { return size_; }
   int index() const { return index_; }
+  // The local index of a global rank of this host (its place among the host's ranks in
+  // global order), or -1 for a rank on another host.
+  int localIndexOf(int global_rank) const;
   const CollectiveSegment& segment() const { return segment_; }
   // Chunks this rank has released so far: the first chunk number of the next op.
   uint64_t released() const;
@@ -33,10 +36,16 @@ class CollectiveSync {
   // Sets this rank's counters for `stages` to `value` and wakes sleeping peers.
   void publish(std::initializer_list<Stage> stages, uint64_t value);
   // Returns once every other local rank's `stage` counter is >= value.
-  common::Status waitAll(Stage stage, uint64_t value);
+  common::Status waitAll(Stage stage, uint64_t value) { return waitUntil(stage, value, -1); }
+  // Returns once local rank `local`'s (not this rank's) `stage` counter is >= value.
+  common::Status waitFor(int local, Stage stage, uint64_t value) {
+    return waitUntil(stage, value, local);
+  }
 
  private:
-  int firstBehind(Stage stage, uint64_t value, int from) const;  // local index or -1
+  // only < 0: every other local rank; else that one alone.
+  common::Status waitUntil(Stage stage, uint64_t value, int only);
+  int firstBehind(Stage stage, uint64_t value, int from, int only) const;  // local index or -1
   uint64_t progressMark() const;  // sum of every other rank's counters: moves iff they do
   int laggard() const;            // local index of the other rank with the fewest milestones
   common::Status lostPeer(int global_rank) const;
