@@ -17,6 +17,11 @@ from contextlib import contextmanager
 import torch
 
 from engine_native.torch import runtime as rt
+from engine_native.torch.optimizer_params import (
+    backward_pass_done,
+    hook_gradient,
+    ordered_named_parameters,
+)
 from engine_native.torch.reduce_ops import allreduce_async_
 from engine_native.torch.runtime import Adasum
 
@@ -27,31 +32,11 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     _hvd_distributed = True
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
-                 process_set, find_duplicates):
+                 process_set):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         self.process_set = process_set
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [('allreduce.noname.%d.%d' % (i, j), v)
-                                for i, group in enumerate(self.param_groups)
-                                for j, v in enumerate(group['params'])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError('named_parameters should be a sequence of tuples (name, parameter), '
-                             'usually produced by model.named_parameters().')
-        dups = find_duplicates([k for k, _ in named_parameters])
-        if dups:
-            raise ValueError('Parameter names in named_parameters must be unique. '
-                             'Found duplicates: %s' % ', '.join(sorted(dups)))
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = [id(v) for group in self.param_groups for v in group['params']
-                   if id(v) not in named_ids]
-        if unnamed:
-            raise ValueError('named_parameters was specified, but one or more model parameters '
-                             'were not named. Python object ids: %s'
-                             % ', '.join(str(i) for i in sorted(unnamed)))
-        ordered = sorted(named_parameters, key=lambda kv: kv[0])
+        ordered = ordered_named_parameters(named_parameters, self.param_groups)
         self._parameter_names = {v: k for k, v in ordered}
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in ordered}
@@ -60,7 +45,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
         self._requires_update = set()
         # The parameter before its own step (step a); the result is added to it.
         self._starting_models = {p: torch.zeros_like(p, requires_grad=False)
-                                 for _, p in named_parameters}
+                                 for _, p in ordered}
         if self.process_set.included():
             self._register_hooks()
 
@@ -79,12 +64,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                 # steps (and submits its delta) like its peers.
                 p.grad = p.data.new(p.size()).zero_()
                 self._requires_update.add(p)
-                if hasattr(p, 'register_post_accumulate_grad_hook'):
-                    self._grad_accs.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
-                else:  # pragma: no cover - torch < 2.1
-                    grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                    grad_acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(grad_acc)
+                hook_gradient(p, self._make_hook(p), self._grad_accs)
 
     def _step_only(self, p):
         """Step the wrapped optimizer on ``p`` alone (its state stays keyed by ``p``)."""
@@ -109,17 +89,8 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        'Gradients were computed more than backward_passes_per_step times '
-                        'before call to step(). Increase backward_passes_per_step to '
-                        'accumulate gradients locally.')
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            if backward_pass_done(self, p):
                 handle, ctx = self._allreduce_delta_async(p)
             self._handles[p] = (handle, ctx)
         return hook
@@ -158,10 +129,10 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
 
 
 def adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
-                     process_set, find_duplicates):
+                     process_set):
     """The wrapped ``optimizer`` as a delta optimizer (see the module docstring)."""
     rt.check_op(Adasum, 'DistributedOptimizer', process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedAdasumOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-               process_set, find_duplicates)
+               process_set)

@@ -18,6 +18,11 @@ from engine_native.torch.adasum_optimizer import adasum_optimizer
 from engine_native.torch.compression import Compression
 from engine_native.torch.functions import broadcast_object
 from engine_native.torch.gather_ops import sparse_allreduce_async
+from engine_native.torch.optimizer_params import (
+    backward_pass_done,
+    hook_gradient,
+    ordered_named_parameters,
+)
 from engine_native.torch.reduce_ops import allreduce_async_, grouped_allreduce_async_
 from engine_native.torch.runtime import Adasum, Average, global_process_set
 
@@ -26,15 +31,6 @@ def split_list(items, n):
     """Split ``items`` into ``n`` contiguous chunks whose sizes differ by at most one."""
     d, r = divmod(len(items), n)
     return [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(n)]
-
-
-def _find_duplicates(names):
-    seen, dups = set(), set()
-    for name in names:
-        if name in seen:
-            dups.add(name)
-        seen.add(name)
-    return dups
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -48,31 +44,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self._compression = compression
 
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [('allreduce.noname.%d.%d' % (i, j), v)
-                                for i, param_group in enumerate(self.param_groups)
-                                for j, v in enumerate(param_group['params'])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError('named_parameters should be a sequence of tuples (name, parameter), '
-                             'usually produced by model.named_parameters().')
-
-        dups = _find_duplicates([k for k, _ in named_parameters])
-        if dups:
-            raise ValueError('Parameter names in named_parameters must be unique. '
-                             'Found duplicates: %s' % ', '.join(sorted(dups)))
-
-        all_param_ids = {id(v) for param_group in self.param_groups
-                         for v in param_group['params']}
-        named_param_ids = {id(v) for _, v in named_parameters}
-        unnamed_param_ids = all_param_ids - named_param_ids
-        if unnamed_param_ids:
-            raise ValueError('named_parameters was specified, but one or more model parameters '
-                             'were not named. Python object ids: %s'
-                             % ', '.join(str(i) for i in sorted(unnamed_param_ids)))
-
-        ordered = sorted(named_parameters, key=lambda kv: kv[0])
+        ordered = ordered_named_parameters(named_parameters, self.param_groups)
         self._parameter_names = {v: k for k, v in ordered}
         self.backward_passes_per_step = backward_passes_per_step
         self._allreduce_delay = {v: backward_passes_per_step for _, v in ordered}
@@ -151,12 +123,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._form_groups()
         for p in self._trainable_params():
             self._requires_update.add(p)
-            if hasattr(p, 'register_post_accumulate_grad_hook'):
-                self._grad_accs.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
-            else:  # pragma: no cover - torch < 2.1
-                grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                grad_acc.register_hook(self._make_hook(p))
-                self._grad_accs.append(grad_acc)
+            hook_gradient(p, self._make_hook(p), self._grad_accs)
 
     def _scale_factors(self):
         if self.op == Average:
@@ -195,17 +162,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _make_hook(self, p):
         def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        'Gradients were computed more than backward_passes_per_step times '
-                        'before call to step(). Increase backward_passes_per_step to '
-                        'accumulate gradients locally.')
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
             handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
+            if backward_pass_done(self, p):
                 if self._groups is not None:
                     group = self._p_to_group[p]
                     self._group_counts[group] += 1
@@ -347,7 +305,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         raise ValueError('backward_passes_per_step must be > 0')
     if op == Adasum and rt.size() > 1:
         return adasum_optimizer(optimizer, named_parameters, compression,
-                                backward_passes_per_step, process_set, _find_duplicates)
+                                backward_passes_per_step, process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
