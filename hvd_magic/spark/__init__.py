@@ -5,12 +5,24 @@ shape) on Spark's barrier execution mode, which HorovodRunner(np > 0) also uses.
 >>> hvd_spark.run(train, args=(0.1,), num_proc=2)      # inside an active Spark session
 [result_of_rank_0, result_of_rank_1]
 
-pyspark is imported only when a run starts.
+The estimator (``TorchEstimator``, ``TorchModel``, ``Store``) trains on a DataFrame with every
+rank reading its share of the data as Parquet (torch_estimator.py).
+
+pyspark is imported only when a run starts or the estimator is used.
 """
 
 from __future__ import annotations
 
-__all__ = ["run"]
+__all__ = ["run", "Store", "TorchEstimator", "TorchModel"]
+
+_LAZY = {"Store": ".store", "TorchEstimator": ".torch_estimator", "TorchModel": ".torch_model"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def run(fn, args=(), kwargs=None, num_proc: int | None = None,
