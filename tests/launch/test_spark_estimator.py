@@ -115,3 +115,23 @@ def test_bad_input_fails_before_any_rank_and_keeps_the_store(spark, digits_df, t
     with pytest.raises(PermissionError, match=r"the store .* cannot be written"):
         make_estimator(str(blocker / "store")).fit(digits_df)
     assert sorted(str(p.relative_to(store)) for p in store.rglob("*")) == before
+
+
+def test_spark_estimator_notebook(no_leaks):  # noqa: F811
+    """notebooks/spark_estimator.ipynb runs headless top to bottom (its own Spark session)."""
+    import re
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks",
+                        "spark_estimator.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=400, kernel_name="python3", allow_errors=False,
+                   resources={"metadata": {"path": os.path.dirname(path)}}).execute(
+                       env=dict(os.environ))
+    text = "\n".join(out.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for out in c.get("outputs", []))
+    found = re.search(r"test accuracy: ([0-9.]+)", text)
+    assert found, text
+    assert float(found.group(1)) > 0.9, text
