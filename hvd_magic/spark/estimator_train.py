@@ -12,6 +12,7 @@ others return None.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 
 @dataclasses.dataclass
@@ -101,6 +102,7 @@ def train_on_rank(spec: TrainSpec):
     train = _reader(spec, spec.train_uri, spec.batch_size, spec.shuffle)
     val = _reader(spec, spec.val_uri, spec.val_batch_size, False) if spec.val_uri else None
     history = {"train_loss": [], "val_loss": []} if val else {"train_loss": []}
+    started = time.perf_counter()
     for epoch in range(spec.epochs):
         model.train()
         train.set_epoch(epoch)
@@ -125,6 +127,7 @@ def train_on_rank(spec: TrainSpec):
             if spec.verbose:
                 print(f"epoch {epoch + 1}/{spec.epochs}: " +
                       ", ".join(f"{k} {v[-1]:.4f}" for k, v in history.items()), flush=True)
-    result = {"history": history} if hvd.rank() == 0 else None
+    result = {"history": history, "train_seconds": time.perf_counter() - started} \
+        if hvd.rank() == 0 else None
     hvd.shutdown()
     return result

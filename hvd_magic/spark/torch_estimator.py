@@ -91,8 +91,9 @@ class TorchEstimator:
     def fit(self, df):
         """Train on ``df``; returns a :class:`TorchModel` (see the module docstring).
 
-        ``last_fit_timings`` then holds the seconds spent checking, writing the data, training
-        (Spark job: ranks started, trained, returned) and building the model.
+        ``last_fit_timings`` then holds the seconds spent checking, writing the data, in the
+        Spark job (ranks started, trained, returned), in rank 0's training loop (epochs,
+        validation and checkpoints included) and building the model.
         """
         from .driver import active_context, run_on_spark
         from .torch_model import TorchModel
@@ -117,5 +118,6 @@ class TorchEstimator:
                            history=results[0]["history"], run_id=run_id)
         self.last_fit_timings = {"check": t1 - t0, "write_data": t2 - t1, "data_reused":
                                  data.reused, "train_job": t3 - t2,
+                                 "training_on_ranks": results[0]["train_seconds"],
                                  "build_model": time.perf_counter() - t3}
         return model
