@@ -15,6 +15,9 @@ if [ -x "$venv/bin/python" ] && "$venv/bin/python" -c "import petastorm.pytorch"
     echo "petastorm venv already built at $venv"; exit 0
 fi
 "$python" -m venv "$venv"
-"$venv/bin/pip" install -q "torch==2.13.0" "numpy==1.26.4" "pyarrow==14.0.2" "pandas==2.2.3" \
-    "pyspark==3.5.6" "setuptools<70" "petastorm==0.13.1"
+"$venv/bin/pip" install -q "numpy==1.26.4" "pyarrow==14.0.2" "pandas==2.2.3" "pyspark==3.5.6" \
+    "petastorm==0.13.1"
+# A second step: torch 2.13 wants a newer setuptools than Petastorm's metadata allows (<70);
+# pip warns about that conflict and Petastorm works regardless.
+"$venv/bin/pip" install -q "torch==2.13.0" 2>&1 | grep -v "dependency conflicts\|setuptools<70" || true
 "$venv/bin/python" -c "import petastorm.pytorch, pyarrow; print('petastorm venv ready:', pyarrow.__version__)"
