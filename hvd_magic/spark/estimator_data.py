@@ -10,12 +10,14 @@ Note [Dataset reuse]
   reads by name) is not detected: use another store or ``rewrite_data=True`` then. Data are
   written to a temporary directory and renamed into place when complete, so a failed or
   interrupted write never leaves a half dataset that a later fit would take as done.
+  ``_SUCCESS`` in a split's directory is written last, after the move.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import posixpath
 
 VALIDATION_COL = "__hvd_validation"
 _NUMERIC = ("ByteType", "ShortType", "IntegerType", "LongType", "FloatType", "DoubleType",
@@ -108,15 +110,19 @@ def write_once(df, store, feature_cols, label_cols, kinds, validation, seed, min
     if done and not rewrite:
         return WrittenData(store.uri(train), store.uri(val) if has_val else None, True, None,
                            None)
-    prepared = _prepared(df, feature_cols, label_cols, kinds, validation, seed).cache()
+    # One pass over the DataFrame: both splits in one write (partitioned by the split
+    # marker) to a temporary directory; counted from the Parquet footers; moved into place
+    # only when both splits have enough rows (else the temporary directory goes, nothing else).
+    prepared = _prepared(df, feature_cols, label_cols, kinds, validation, seed)
+    tmp = store.temporary_sibling(posixpath.dirname(train))
+    if has_val:
+        prepared.write.partitionBy(VALIDATION_COL).parquet(store.uri(tmp))
+        written = {train: f"{tmp}/{VALIDATION_COL}=false", val: f"{tmp}/{VALIDATION_COL}=true"}
+    else:
+        prepared.write.parquet(store.uri(tmp))
+        written = {train: tmp}
     try:
-        if has_val:
-            from pyspark.sql import functions as F
-            parts = [(train, prepared.filter(~F.col(VALIDATION_COL)).drop(VALIDATION_COL)),
-                     (val, prepared.filter(F.col(VALIDATION_COL)).drop(VALIDATION_COL))]
-        else:
-            parts = [(train, prepared)]
-        rows = [part.count() for _, part in parts]
+        rows = [_rows(store, path) for path in written.values()]
         if rows[0] < min_rows:
             raise ValueError(f"TorchEstimator: {rows[0]} training row(s)" +
                              (" after the validation split" if has_val else "") +
@@ -125,13 +131,24 @@ def write_once(df, store, feature_cols, label_cols, kinds, validation, seed, min
             raise ValueError(f"TorchEstimator: the validation split has {rows[1]} row(s), "
                              f"fewer than the {min_rows} ranks: use a larger validation "
                              f"fraction or none")
-        for path, part in parts:
-            tmp = store.temporary_sibling(path)
-            part.write.parquet(store.uri(tmp))
-            if store.exists(path):  # rewrite: the old copy goes only once the new one is whole
-                store.filesystem.delete_dir(path)
-            store.move_into_place(tmp, path)
+        for final, source in written.items():
+            if store.exists(final):  # rewrite: the old copy goes only once the new one is whole
+                store.filesystem.delete_dir(final)
+            store.move_into_place(source, final)
+            store.write_bytes(f"{final}/_SUCCESS", b"")
     finally:
-        prepared.unpersist()
+        if store.exists(tmp):
+            store.filesystem.delete_dir(tmp)
     return WrittenData(store.uri(train), store.uri(val) if has_val else None, False, rows[0],
                        rows[1] if has_val else None)
+
+
+def _rows(store, path: str) -> int:
+    """Rows of the Parquet files under ``path`` (0 when Spark wrote none there)."""
+    from engine_native.data.parquet_source import ParquetSource
+    if not store.exists(path):
+        return 0
+    try:
+        return ParquetSource(path, store.filesystem).num_rows
+    except ValueError:  # a directory without Parquet files
+        return 0
