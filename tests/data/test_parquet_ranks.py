@@ -5,6 +5,8 @@ import pytest
 from data.parquet_fixtures import write_dataset
 from multiproc.harness import run_ranks
 
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(300)]
+
 
 def read_epochs_suite(path, n_rows):
     """Every rank reads two epochs, allreducing once per batch (as a training step would): a
