@@ -34,10 +34,15 @@ class TrainSpec:
     store: object            # hvd_magic.spark.store.Store
     run_id: str
     verbose: int
+    input_shapes: list | None = None
 
 
-def _inputs(batch, cols):
-    return [batch[c].float() for c in cols]
+def _inputs(batch, spec):
+    """The model's inputs: float32, reshaped to ``input_shapes`` when given (Horovod's)."""
+    inputs = [batch[c].float() for c in spec.feature_cols]
+    if spec.input_shapes:
+        inputs = [t.reshape(shape) for t, shape in zip(inputs, spec.input_shapes)]
+    return inputs
 
 
 def _labels(batch, cols):
@@ -78,7 +83,7 @@ def _validate(spec, model, reader, hvd, epoch):
         reader.set_epoch(epoch)
         for batch in reader:
             n = len(batch[spec.label_cols[0]])
-            loss = _loss(spec, model(*_inputs(batch, spec.feature_cols)),
+            loss = _loss(spec, model(*_inputs(batch, spec)),
                          _labels(batch, spec.label_cols))
             total += loss.item() * n
             rows += n
@@ -109,7 +114,7 @@ def train_on_rank(spec: TrainSpec):
         total, rows = 0.0, 0
         for batch in train:
             optimizer.zero_grad()
-            loss = _loss(spec, model(*_inputs(batch, spec.feature_cols)),
+            loss = _loss(spec, model(*_inputs(batch, spec)),
                          _labels(batch, spec.label_cols))
             loss.backward()
             optimizer.step()

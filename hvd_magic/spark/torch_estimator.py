@@ -36,6 +36,8 @@ class TorchEstimator:
         its class, defaults and state.
     loss : callable ``loss(output, label)``; integer labels arrive as int64, others float32.
     feature_cols, label_cols : column names; one model output per label column.
+    input_shapes : optional shape per feature column, e.g. ``[[-1, 1, 8, 8]]`` (Horovod's):
+        each input is reshaped to it before the model is called, in fit and transform.
     batch_size, val_batch_size : rows per batch per rank (val default: batch_size).
     epochs : passes over the training data.
     num_proc : ranks (Spark barrier tasks); default Spark's default parallelism.
@@ -51,7 +53,8 @@ class TorchEstimator:
 
     def __init__(self, *, model, optimizer, loss, feature_cols, label_cols, store,
                  batch_size=32, val_batch_size=None, epochs=1, num_proc=None, validation=None,
-                 shuffle=True, random_seed=0, run_id=None, rewrite_data=False, verbose=1):
+                 shuffle=True, random_seed=0, run_id=None, rewrite_data=False, verbose=1,
+                 input_shapes=None):
         import torch
         from .store import Store
         if not isinstance(model, torch.nn.Module):
@@ -75,6 +78,10 @@ class TorchEstimator:
         self.num_proc, self.validation, self.shuffle = num_proc, validation, bool(shuffle)
         self.random_seed, self.run_id = int(random_seed), run_id
         self.rewrite_data, self.verbose = bool(rewrite_data), int(verbose)
+        if input_shapes is not None and len(input_shapes) != len(self.feature_cols):
+            raise ValueError(f"TorchEstimator: {len(input_shapes)} input_shapes for "
+                             f"{len(self.feature_cols)} feature_cols; give one per column")
+        self.input_shapes = [list(s) for s in input_shapes] if input_shapes else None
         self.last_fit_timings: dict = {}
 
     def _spec(self, data, run_id) -> TrainSpec:
@@ -86,7 +93,7 @@ class TorchEstimator:
                          val_batch_size=self.val_batch_size, epochs=self.epochs,
                          seed=self.random_seed, shuffle=self.shuffle, train_uri=data.train_uri,
                          val_uri=data.val_uri, store=self.store, run_id=run_id,
-                         verbose=self.verbose)
+                         verbose=self.verbose, input_shapes=self.input_shapes)
 
     def fit(self, df):
         """Train on ``df``; returns a :class:`TorchModel` (see the module docstring).
@@ -115,7 +122,8 @@ class TorchEstimator:
         trained = copy.deepcopy(self.model)
         trained.load_state_dict(self.store.load_torch(self.store.checkpoint_path(run_id))["model"])
         model = TorchModel(trained, self.feature_cols, self.label_cols,
-                           history=results[0]["history"], run_id=run_id)
+                           history=results[0]["history"], run_id=run_id,
+                           input_shapes=self.input_shapes)
         self.last_fit_timings = {"check": t1 - t0, "write_data": t2 - t1, "data_reused":
                                  data.reused, "train_job": t3 - t2,
                                  "training_on_ranks": results[0]["train_seconds"],

@@ -18,7 +18,17 @@ def _feature_array(series) -> np.ndarray:
     return series.to_numpy(dtype=np.float32)
 
 
-def _predictor(model, n_features, output_cols, widths):
+def _model_inputs(features, input_shapes):
+    """A pandas frame of feature columns → the model's input tensors (float32, reshaped)."""
+    import torch
+    inputs = [torch.from_numpy(_feature_array(features.iloc[:, i]))
+              for i in range(features.shape[1])]
+    if input_shapes:
+        inputs = [t.reshape(shape) for t, shape in zip(inputs, input_shapes)]
+    return inputs
+
+
+def _predictor(model, input_shapes, output_cols, widths):
     """The pandas UDF body: a struct of the feature columns (as a pandas DataFrame, one
     column per feature in order) → a struct of the predictions."""
     import pandas as pd
@@ -27,8 +37,7 @@ def _predictor(model, n_features, output_cols, widths):
         import torch
         model.eval()
         with torch.no_grad():
-            outputs = model(*[torch.from_numpy(_feature_array(features.iloc[:, i]))
-                              for i in range(n_features)])
+            outputs = model(*_model_inputs(features, input_shapes))
         outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
         columns = {}
         for name, out, width in zip(output_cols, outputs, widths):
@@ -49,9 +58,10 @@ class TorchModel(Model):
     """
 
     def __init__(self, model, feature_cols, label_cols, output_cols=None, history=None,
-                 run_id=None):
+                 run_id=None, input_shapes=None):
         super().__init__()
         self.model, self.history, self.run_id = model, history or {}, run_id
+        self.input_shapes = input_shapes
         self.feature_cols, self.label_cols = list(feature_cols), list(label_cols)
         self.output_cols = list(output_cols or [f"{c}__output" for c in label_cols])
         if len(self.output_cols) != len(self.label_cols):
@@ -70,8 +80,7 @@ class TorchModel(Model):
             return [1] * len(self.output_cols)
         self.model.eval()
         with torch.no_grad():
-            out = self.model(*[torch.from_numpy(_feature_array(row.iloc[:, i]))
-                               for i in range(len(self.feature_cols))])
+            out = self.model(*_model_inputs(row, self.input_shapes))
         out = out if isinstance(out, (tuple, list)) else [out]
         if len(out) != len(self.output_cols):
             raise ValueError(f"TorchModel: the model returned {len(out)} output(s) for "
@@ -95,8 +104,8 @@ class TorchModel(Model):
         out_type = T.StructType([
             T.StructField(name, T.DoubleType() if w == 1 else T.ArrayType(T.DoubleType()))
             for name, w in zip(self.output_cols, widths)])
-        udf = F.pandas_udf(_predictor(self.model, len(self.feature_cols), self.output_cols,
-                                      widths), out_type)
+        udf = F.pandas_udf(_predictor(self.model, self.input_shapes, self.output_cols, widths),
+                           out_type)
         tmp = "__hvd_predictions"
         result = df.withColumn(tmp, udf(feats))
         return result.select(*[F.col(c) for c in df.columns],

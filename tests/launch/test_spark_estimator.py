@@ -73,6 +73,19 @@ def test_data_written_once_and_reused(spark, digits_df, tmp_path, no_leaks):  # 
     assert len(os.listdir(data_dir)) == 2
 
 
+def test_input_shapes_feed_a_cnn(spark, digits_df, tmp_path, no_leaks):  # noqa: F811
+    """Horovod's input_shapes: flat 64-value rows reach a conv net as [B, 1, 8, 8], in fit
+    and in transform."""
+    import torch
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 6 * 6, 10))
+    est = make_estimator(str(tmp_path / "store"), model=net,
+                         optimizer=torch.optim.SGD(net.parameters(), lr=0.3),
+                         input_shapes=[[-1, 1, 8, 8]], epochs=8, validation=None)
+    assert accuracy(est.fit(digits_df).transform(digits_df)) > 0.9
+
+
 def test_vector_features(spark, tmp_path, no_leaks):  # noqa: F811
     import torch
     from pyspark.ml.feature import VectorAssembler
