@@ -20,7 +20,8 @@ import subprocess
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CUDART_SOURCES = ("fake_cudart_stream.c", "fake_cudart_event.c", "fake_cudart_device.c")
+CUDART_SOURCES = ("fake_cudart_stream.c", "fake_cudart_event.c", "fake_cudart_device.c",
+                  "fake_cudart_ipc.c")
 NCCL_SOURCES = ("fake_nccl.c", "fake_nccl_comm.c", "fake_nccl_exec.c", "fake_nccl_reduce.c")
 HEADERS = ("fake_cudart.h", "fake_nccl.h")
 FLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread",
