@@ -56,7 +56,9 @@ void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_ou
                                     buffer.release_stream);
 }
 
-const char* pathName(bool is_nccl) { return is_nccl ? "nccl" : "staged"; }
+const char* pathName(const PathChoice& choice) {
+  return choice.nccl ? "nccl" : choice.ipc ? "cuda-ipc" : "staged";
+}
 
 }  // namespace
 
@@ -129,18 +131,23 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
   HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path, &choice));
   DeviceSet set;
   set.device = device;
-  set.path = choice.nccl ? Path::kNccl : Path::kStaged;
+  set.path = choice.nccl ? Path::kNccl : choice.ipc ? Path::kIpc : Path::kStaged;
   set.nccl = std::move(choice.communicator);
+  set.ipc = std::move(choice.peers);
   const int32_t id = op.response.process_set;
   if (choice.nccl) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
                                 << device;
+  } else if (choice.ipc) {
+    HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via CUDA IPC "
+                                << "between the " << op.comm.size() << " ranks sharing cuda:"
+                                << device << ", reductions on the device";
   } else {
     HVD_LOG(kWarning, "transport") << "process set " << id << ": CUDA collectives take the "
                                    << "staged path through host memory (slower): "
                                    << choice.why;
   }
-  metrics_.setDevicePath(id, pathName(choice.nccl), device);
+  metrics_.setDevicePath(id, pathName(choice), device);
   sets_.emplace(id, std::move(set));
   return Status::ok();
 }
@@ -183,8 +190,10 @@ bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
   const coord::Response& r = op.response;
   const bool reduction = r.type == coord::OpType::kAllreduce ||
                          r.type == coord::OpType::kReducescatter;
-  return current_.set->path == Path::kStaged ||
-         (reduction && ncclCannotReduce(op, r.prescale * r.postscale));
+  if (current_.set->path == Path::kStaged) return true;
+  if (!reduction) return false;
+  if (current_.set->path == Path::kIpc) return r.reduce_op == common::ReduceOp::kAdasum;
+  return ncclCannotReduce(op, r.prescale * r.postscale);
 }
 
 Status DeviceExecutor::inputsReady(OpContext& op, bool* ready) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "algo/algorithms.h"
+#include "transport/cuda/device_kernels.h"
 #include "transport/mesh.h"
 #include "transport/nccl/loader.h"
 
@@ -14,22 +15,37 @@ using common::Status;
 
 // Note [Device path choice]
 //   A. Every member describes itself in a fixed-size record: the PCI bus id of its GPU,
-//      whether NCCL is loaded, what HVD_GPU_PATH asks; an allgather over the set's CPU Comm
-//      gives every member every record.
+//      whether NCCL is loaded, whether it can do CUDA IPC (the runtime has the IPC entry
+//      points and the device kernels compiled: deviceKernelsReady()), what HVD_GPU_PATH asks;
+//      an allgather over the set's CPU Comm gives every member every record.
 //   B. Every member derives the same answer from the same records: staged when a member asks
-//      for it, when a member has no NCCL, or when two members on one host name the same GPU
-//      (NCCL refuses duplicate GPUs in a communicator: "Duplicate GPU detected"); else NCCL.
-//      HVD_GPU_PATH=nccl on a member where NCCL is impossible fails the op on every member.
+//      for it. IPC when every member is on one host and names the same GPU, every member can
+//      do IPC, and none asks for NCCL (else staged, saying which member cannot). Otherwise
+//      staged when a member has no NCCL, or when two members on one host name the same GPU
+//      (NCCL refuses duplicate GPUs in a communicator: "Duplicate GPU detected"; a set that
+//      mixes shared and distinct GPUs is not served by IPC yet); else NCCL.
+//      HVD_GPU_PATH=nccl (or =ipc) on a member where that path is impossible fails the op on
+//      every member.
 //   C. NCCL: set rank 0 makes the unique id and broadcasts it (with a flag: making it may
 //      fail) over the CPU Comm; every member creates its communicator (ncclCommInitRank
 //      returns once all members joined); an allgather of the outcomes follows, and if any
 //      member failed, every member drops its communicator and stages, naming each failure.
+//   D. IPC (connectIpc): every member allocates and exports its buffer and events and
+//      allgathers the handles; every member opens the others'; an allgather of the outcomes
+//      follows, and if any member failed, every member closes what it opened and stages,
+//      naming each failure. The same exchange runs again when an op needs larger slots
+//      (device_ipc_ops.cc).
 namespace {
 
 struct MemberRecord {
   char bus_id[64];
   int32_t nccl_loaded;
-  int32_t wanted;  // 0 auto, 1 nccl, 2 staged
+  int32_t wanted;  // 0 auto, 1 nccl, 2 staged, 3 ipc
+};
+
+struct IpcRecord {  // A, second round: only for a set on one GPU
+  int32_t capable;
+  char why[188];  // why not, when !capable
 };
 
 struct UniqueIdMessage {
@@ -63,11 +79,47 @@ std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& re
   return "";
 }
 
+bool oneGpu(transport::Comm& comm, const std::vector<MemberRecord>& records) {
+  for (int r = 1; r < comm.size(); ++r) {
+    if (std::strncmp(records[r].bus_id, records[0].bus_id, sizeof(records[r].bus_id)) != 0 ||
+        !comm.mesh().sameHost(comm.globalRank(0), comm.globalRank(r))) {
+      return false;
+    }
+  }
+  return comm.size() > 1;
+}
+
+// B, for a set on one GPU: "" for IPC, else why not.
+std::string ipcReason(transport::Comm& comm, const std::vector<MemberRecord>& records,
+                      const std::vector<IpcRecord>& ipc) {
+  if (comm.size() > transport::cuda::kMaxReduceSources) {
+    return std::to_string(comm.size()) + " ranks share the GPU; the device reduction takes at "
+           "most " + std::to_string(transport::cuda::kMaxReduceSources);
+  }
+  for (int r = 0; r < comm.size(); ++r) {
+    if (records[r].wanted == 1) {
+      return "HVD_GPU_PATH=nccl on rank " + std::to_string(comm.globalRank(r)) + ", but the "
+             "set's ranks share one GPU";
+    }
+    if (!ipc[r].capable) {
+      return "rank " + std::to_string(comm.globalRank(r)) + " cannot use CUDA IPC: " +
+             ipc[r].why;
+    }
+  }
+  return "";
+}
+
 // B: the reason to stage, or "" for NCCL; the same on every member.
 std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>& records) {
   for (int r = 0; r < comm.size(); ++r) {
     if (records[r].wanted == 2) {
       return "HVD_GPU_PATH=staged on rank " + std::to_string(comm.globalRank(r));
+    }
+  }
+  for (int r = 0; r < comm.size(); ++r) {
+    if (records[r].wanted == 3 && !oneGpu(comm, records)) {
+      return "HVD_GPU_PATH=ipc on rank " + std::to_string(comm.globalRank(r)) + ", but CUDA "
+             "IPC serves only sets whose ranks all share one GPU on one host";
     }
   }
   for (int r = 0; r < comm.size(); ++r) {
@@ -116,7 +168,62 @@ Status createCommunicator(transport::Comm& comm, nccl::DeviceStream& stream, Pat
   return Status::ok();
 }
 
+// A: whether this rank can do IPC, and why not. deviceKernelsReady() compiles the kernels for
+// the current device once per process (the stream selected it).
+void describeIpc(IpcRecord* mine) {
+  const nccl::CudaApi* cuda = nccl::cudaApi();
+  std::string why;
+  if (cuda == nullptr || !cuda->hasIpc()) {
+    why = "its CUDA runtime lacks the cudaIpc* entry points";
+  } else {
+    Status kernels = transport::cuda::deviceKernelsReady();
+    if (!kernels.isOk()) why = "no device kernels: " + kernels.message();
+  }
+  mine->capable = why.empty() ? 1 : 0;
+  std::strncpy(mine->why, why.c_str(), sizeof(mine->why) - 1);
+}
+
+constexpr size_t kFirstIpcSlotBytes = size_t{1} << 20;  // grows with the ops (device_ipc_ops.cc)
+
 }  // namespace
+
+Status connectIpc(transport::Comm& comm, nccl::DeviceStream& stream, size_t slot_bytes,
+                  std::unique_ptr<transport::cuda::IpcPeers>* peers, std::string* why) {
+  auto mine = std::make_unique<transport::cuda::IpcPeers>(stream);
+  transport::cuda::IpcExport exported;
+  mine->exportOwn(slot_bytes, &exported);
+  std::vector<transport::cuda::IpcExport> all;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, exported, &all));
+  InitOutcome outcome{};
+  std::string local_error;
+  for (int r = 0; r < comm.size() && local_error.empty(); ++r) {
+    if (!all[r].ok) {
+      local_error = r == comm.rank() ? std::string(all[r].error)
+                                     : "rank " + std::to_string(comm.globalRank(r)) +
+                                           " exported nothing";
+    }
+  }
+  if (local_error.empty()) {
+    Status opened = mine->openPeers(all, comm.rank());
+    if (!opened.isOk()) local_error = opened.message();
+  }
+  outcome.ok = local_error.empty() ? 1 : 0;
+  std::strncpy(outcome.error, local_error.c_str(), sizeof(outcome.error) - 1);
+  std::vector<InitOutcome> outcomes;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, outcome, &outcomes));
+  std::string failures;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (outcomes[r].ok) continue;
+    failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
+                std::to_string(comm.globalRank(r)) + ": " + outcomes[r].error;
+  }
+  if (!failures.empty()) {
+    *why = "CUDA IPC could not connect the ranks sharing the GPU (" + failures + ")";
+    return Status::ok();  // `mine` closes what it opened
+  }
+  *peers = std::move(mine);
+  return Status::ok();
+}
 
 Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::string& wanted,
                   PathChoice* out) {
@@ -125,16 +232,36 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
   HVD_RETURN_IF_ERROR(stream.pciBusId(&bus_id));
   std::strncpy(mine.bus_id, bus_id.c_str(), sizeof(mine.bus_id) - 1);
   mine.nccl_loaded = nccl::ncclApi() != nullptr ? 1 : 0;
-  mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : 0;
+  mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : wanted == "ipc" ? 3 : 0;
   std::vector<MemberRecord> records;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &records));  // A
   out->why = stagingReason(comm, records);                       // B
-  bool demanded = false;
-  for (const MemberRecord& r : records) demanded = demanded || r.wanted == 1;
-  if (out->why.empty()) HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C
-  if (!out->nccl && demanded) {
+  bool nccl_demanded = false, ipc_demanded = false;
+  for (const MemberRecord& r : records) {
+    nccl_demanded = nccl_demanded || r.wanted == 1;
+    ipc_demanded = ipc_demanded || r.wanted == 3;
+  }
+  const bool staged_demanded = out->why.rfind("HVD_GPU_PATH=staged", 0) == 0;
+  if (!staged_demanded && oneGpu(comm, records)) {
+    IpcRecord ipc_mine{};
+    describeIpc(&ipc_mine);
+    std::vector<IpcRecord> ipc;
+    HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
+    out->why = ipcReason(comm, records, ipc);
+    if (out->why.empty()) {
+      HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, &out->peers, &out->why));
+      out->ipc = out->peers != nullptr;  // D
+    }
+  } else if (out->why.empty()) {
+    HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C
+  }
+  if (!out->nccl && nccl_demanded) {
     return common::internalError("HVD_GPU_PATH=nccl, but NCCL cannot serve this process set: " +
                                  out->why + "; unset HVD_GPU_PATH to stage instead");
+  }
+  if (!out->ipc && ipc_demanded) {
+    return common::internalError("HVD_GPU_PATH=ipc, but CUDA IPC cannot serve this process "
+                                 "set: " + out->why + "; unset HVD_GPU_PATH to stage instead");
   }
   return Status::ok();
 }
