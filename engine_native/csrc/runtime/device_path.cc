@@ -97,10 +97,7 @@ std::string ipcReason(transport::Comm& comm, const std::vector<MemberRecord>& re
            "most " + std::to_string(transport::cuda::kMaxReduceSources);
   }
   for (int r = 0; r < comm.size(); ++r) {
-    if (records[r].wanted == 1) {
-      return "HVD_GPU_PATH=nccl on rank " + std::to_string(comm.globalRank(r)) + ", but the "
-             "set's ranks share one GPU";
-    }
+    if (records[r].wanted == 1) return sharedGpu(comm, records);
     if (!ipc[r].capable) {
       return "rank " + std::to_string(comm.globalRank(r)) + " cannot use CUDA IPC: " +
              ipc[r].why;
