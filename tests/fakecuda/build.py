@@ -1,9 +1,11 @@
 """Compile the fake CUDA runtime and the fake NCCL (the C files beside this module).
 
-The runtime and NCCL land in one folder as ``libcudart.so.12`` and ``libnccl.so.2`` (with the
-as DT_NEEDED with RUNPATH ``$ORIGIN``, so a process that dlopens both (in either order) gets one
-cudart. The folder is named by a hash of the sources, flags and compiler, so a second call with
-the same ``dest_dir`` reuses it. No C compiler is an error, never a skip.
+All land in one folder: ``libcudart.so.12``, ``libnccl.so.2``, and for the device kernels
+``libnvrtc.so.12`` (compiles kernel source for the CPU) and ``libcuda.so.1`` (runs it on the fake
+streams). NCCL and the driver list the cudart as DT_NEEDED with RUNPATH ``$ORIGIN``, so a process
+that dlopens them (in any order) gets one cudart. The folder is named by a hash of the sources,
+flags and compiler, so a second call with the same ``dest_dir`` reuses it. No C compiler is an
+error, never a skip.
 
 Example
 -------
