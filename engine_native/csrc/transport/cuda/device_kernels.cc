@@ -50,7 +50,8 @@ struct DeviceModule {
 };
 
 struct State {
-  std::mutex mu;  // guards candidates and module creation
+  std::mutex candidates_mu;  // guards nvrtc, driver
+  std::mutex build_mu;       // serialises module creation (compiling takes a while)
   std::vector<std::string> nvrtc{"libnvrtc.so.13", "libnvrtc.so.12"};
   std::vector<std::string> driver{"libcuda.so.1"};
   std::array<std::atomic<const DeviceModule*>, kMaxDevices> modules{};
@@ -74,7 +75,7 @@ int opIndex(common::ReduceOp op) {
 common::Status loadLibraries() {
   std::vector<std::string> nvrtc, driver;
   {
-    std::lock_guard<std::mutex> lock(state().mu);
+    std::lock_guard<std::mutex> lock(state().candidates_mu);
     nvrtc = state().nvrtc;
     driver = state().driver;
   }
@@ -141,7 +142,7 @@ common::Status currentModule(const DeviceModule** out) {
   auto& slot = state().modules[device];
   *out = slot.load(std::memory_order_acquire);
   if (*out != nullptr) return common::Status::ok();
-  std::lock_guard<std::mutex> lock(state().mu);
+  std::lock_guard<std::mutex> lock(state().build_mu);
   *out = slot.load(std::memory_order_acquire);
   if (*out != nullptr) return common::Status::ok();
   auto built = std::make_unique<DeviceModule>();
@@ -178,7 +179,7 @@ common::Status checkJob(const ReduceJob& job) {
 }  // namespace
 
 void setDeviceKernelCandidates(std::vector<std::string> nvrtc, std::vector<std::string> driver) {
-  std::lock_guard<std::mutex> lock(state().mu);
+  std::lock_guard<std::mutex> lock(state().candidates_mu);
   state().nvrtc = std::move(nvrtc);
   state().driver = std::move(driver);
 }
@@ -186,7 +187,7 @@ void setDeviceKernelCandidates(std::vector<std::string> nvrtc, std::vector<std::
 common::Status compileReduceKernels(int major, int minor, bool ptx, std::string* image) {
   std::vector<std::string> nvrtc;
   {
-    std::lock_guard<std::mutex> lock(state().mu);
+    std::lock_guard<std::mutex> lock(state().candidates_mu);
     nvrtc = state().nvrtc;
   }
   HVD_RETURN_IF_ERROR(loadNvrtc(nvrtc));
