@@ -230,6 +230,30 @@ def require_nccl() -> dict:
     return infos[0]
 
 
+NVRTC_LIBRARY_ENV = "HVD_NVRTC_LIBRARY"
+CUDA_DRIVER_LIBRARY_ENV = "HVD_CUDA_DRIVER_LIBRARY"
+_NVRTC_WHEEL_FILES = {12: os.path.join("nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"),
+                      13: os.path.join("nvidia", "cu13", "lib", "libnvrtc.so.13")}
+
+
+_kernel_candidates_set = False
+
+
+def device_kernel_candidates(environ=None, site_dirs=None, torch_lib=None) -> tuple:
+    """(nvrtc, driver) path lists the device reductions (CUDA IPC path) try in order: the
+    HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides alone when set, else the
+    nvidia-cuda-nvrtc wheels, torch's lib folder, then the system's sonames."""
+    environ, site_dirs, torch_lib, _ = _search_args(environ, site_dirs, torch_lib, "")
+    nvrtc = environ.get(NVRTC_LIBRARY_ENV, "").strip()
+    driver = environ.get(CUDA_DRIVER_LIBRARY_ENV, "").strip()
+    nvrtcs = [nvrtc] if nvrtc else (
+        [os.path.join(sp, _NVRTC_WHEEL_FILES[m]) for m in (12, 13) for sp in site_dirs]
+        + _torch_libs(torch_lib, "libnvrtc*.so*", ("libnvrtc.so.12", "libnvrtc.so.13"))
+        + ["libnvrtc.so.13", "libnvrtc.so.12"])
+    drivers = [driver] if driver else ["libcuda.so.1"]
+    return [c for c in nvrtcs if "/" not in c or os.path.exists(c)] or nvrtcs, drivers
+
+
 def require_cuda() -> dict:
     """At the first CUDA tensor: load the CUDA runtime (needed) and NCCL (used if it loads).
 
@@ -242,6 +266,10 @@ def require_cuda() -> dict:
     if not runtime["loaded"]:
         raise RuntimeError(runtime["error"])
     nccl_info()
+    global _kernel_candidates_set
+    if not _kernel_candidates_set:
+        _core().device_kernel_candidates(*device_kernel_candidates())
+        _kernel_candidates_set = True
     return runtime
 
 

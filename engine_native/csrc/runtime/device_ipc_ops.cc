@@ -172,10 +172,14 @@ Status DeviceExecutor::ipcReducescatter(OpContext& op) {
   HVD_RETURN_IF_ERROR(deviceOutput(mine_bytes, op.result));
   op.result->shape = layout.shape;
   auto* out = static_cast<uint8_t*>(op.result->buffer->data);
+  const auto* in = op.entries[0] != nullptr ? static_cast<const uint8_t*>(op.entries[0]->input)
+                                            : nullptr;  // a joined rank contributes zeros
   op.activities.start("CUDA_IPC_REDUCESCATTER");
   HVD_RETURN_IF_ERROR(ipcSteps(
       op, layout.input_bytes,
-      [&](uint8_t* slot, size_t lo, size_t n) { return packWindow(op, slot, lo, n); },
+      [&](uint8_t* slot, size_t lo, size_t n) {
+        return in != nullptr ? stream().copy(slot, in + lo, n) : stream().zero(slot, n);
+      },
       [&](int slot, size_t lo, size_t n) {
         const auto [start, length] = overlap(mine_at, mine_bytes, lo, n);
         return ipcReduce(op, slot, start - lo, out + (start - mine_at), length);
