@@ -129,3 +129,45 @@ def test_hvd_gpu_path_ipc_forces_it_and_fails_clearly_on_distinct_gpus(fake_cuda
     from multiproc.test_device_faults import demand_nccl  # the same probe: the op's error
     for r in run_ranks(demand_nccl, 2, timeout=60, **kwargs):
         assert r.value and "HVD_GPU_PATH=ipc" in r.value and "share one GPU" in r.value, r.value
+
+
+def timeline_spans(path):
+    """A lone and a fused CUDA allreduce on the IPC path: Horovod's span layout, the path's
+    activity named as NCCL's is (CUDA_IPC_ALLREDUCE for NCCL_ALLREDUCE)."""
+    from engine_native import _core
+    from multiproc.test_timeline import _load, _spans, _tracks
+    hvd = device_ops.init()
+    hvd.start_timeline(path)
+    hvd.barrier()
+    device_ops.allreduce(np.ones(6, np.float32), hvd.Sum, "tl.single")
+    xs = [np.ones(5 + i, np.float64) for i in range(4)]
+    outs = [np.empty_like(x) for x in xs]
+    handles = [device_ops.enqueue(_core.ALLREDUCE, x, o, f"tl.fused.{i}", hvd.Sum)
+               for i, (x, o) in enumerate(zip(xs, outs))]
+    for h in handles:
+        _core.wait(h)
+    hvd.barrier()
+    hvd.stop_timeline()
+    path_taken = device_ops.gpu_path()
+    if hvd.rank() != 0:
+        return path_taken, None, None
+    tracks, _ = _tracks(_load(path))
+    single = _spans(tracks.get("tl.single", []))
+    fused = [_spans(tracks.get(f"tl.fused.{i}", [])) for i in range(4)]
+    assert single, sorted(tracks)
+    return path_taken, single, fused
+
+
+def test_timeline_names_the_ipc_activity(fake_cuda, tmp_path):
+    path = str(tmp_path / "timeline.json")
+    kwargs = ipc_envs(fake_cuda, 2, {"HVD_CYCLE_TIME_MS": "20"})
+    results = [r.value for r in run_ranks(timeline_spans, 2, args=(path,), timeout=120,
+                                          **kwargs)]
+    assert [r[0] for r in results] == [IPC] * 2
+    _, single, fused = results[0]
+    assert single == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE", "CUDA_IPC_ALLREDUCE"], single
+    batched = [s for s in fused if "MEMCPY_IN_FUSION_BUFFER" in s]
+    assert batched, f"nothing fused: {fused}"
+    for spans in batched:
+        assert spans == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER",
+                         "CUDA_IPC_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"], spans

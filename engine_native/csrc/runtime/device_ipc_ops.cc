@@ -147,11 +147,24 @@ Status DeviceExecutor::ipcAllreduce(OpContext& op) {
     HVD_RETURN_IF_ERROR(stream().deviceBuffer(bytes, &buffer));
     out = static_cast<uint8_t*>(buffer);
   }
-  op.activities.start("CUDA_IPC_ALLREDUCE");
+  // Spans as NCCL's: a fused batch's packing is MEMCPY_IN_FUSION_BUFFER (once per step).
+  if (lone) op.activities.start("CUDA_IPC_ALLREDUCE");
   HVD_RETURN_IF_ERROR(ipcSteps(
-      op, bytes, [&](uint8_t* mine, size_t lo, size_t n) { return packWindow(op, mine, lo, n); },
-      [&](int slot, size_t lo, size_t n) { return ipcReduce(op, slot, 0, out + lo, n); }));
-  op.activities.end();
+      op, bytes,
+      [&](uint8_t* mine, size_t lo, size_t n) {
+        if (lone) return packWindow(op, mine, lo, n);
+        op.activities.start("MEMCPY_IN_FUSION_BUFFER");
+        Status packed = packWindow(op, mine, lo, n);
+        op.activities.end();
+        op.activities.start("CUDA_IPC_ALLREDUCE");  // the barrier, the waits, the reduction
+        return packed;
+      },
+      [&](int slot, size_t lo, size_t n) {
+        Status reduced = ipcReduce(op, slot, 0, out + lo, n);
+        if (!lone) op.activities.end();
+        return reduced;
+      }));
+  if (lone) op.activities.end();
   if (!lone) {
     op.activities.start("MEMCPY_OUT_FUSION_BUFFER");
     HVD_RETURN_IF_ERROR(unpackOutputs(op, out));
