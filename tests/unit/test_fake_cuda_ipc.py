@@ -124,3 +124,42 @@ def test_ipc_memory_and_events_between_two_processes(fake_cuda):
     assert out[1]["released"] == (0, b"\7" * 4)
     assert out[1]["latest_at_call"] == b"\x08" * 4
     assert out[1]["freed"] == INVALID_HANDLE
+
+
+def rank_dead_exporter(fake):
+    """Rank 1 exports two allocations and an event, and exits; rank 0 opens one allocation
+    while rank 1 lives and the other and the event only once rank 1's process is gone: those
+    fail as CUDA's do for a dead exporter, and the mapping opened earlier stays readable."""
+    import engine_native as hvd
+    hvd.init()
+    f = Fakes(fake.cudart, fake.nccl)
+    c, me = f.cuda, hvd.rank()
+    buf, other, ev = f.malloc(4096), f.malloc(64), f.event(flags=6)
+    f.put(buf, bytes([40 + me]) * 4096)
+    mem = exchange(hvd, f.ipc_handle(buf))
+    others = exchange(hvd, f.ipc_handle(other))
+    evs = exchange(hvd, f.ipc_handle(ev, event=True))
+    pids = exchange(hvd, os.getpid().to_bytes(8, "little"))
+    early = f.ipc_open(mem[1])[1] if me == 0 else 0
+    hvd.shutdown()
+    if me == 1:
+        return None
+    pid = int.from_bytes(pids[1], "little")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the harness reaps rank 1 when it exits
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                if "State:\tZ" in fh.read():
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.05)
+    return {"memory": f.ipc_open(others[1])[0], "event": f.ipc_open(evs[1], event=True)[0],
+            "early_still_mapped": f.get(early, 4), "close": c.cudaIpcCloseMemHandle(early)}
+
+
+def test_a_dead_exporters_handles_fail_and_its_open_mapping_stays(fake_cuda):
+    env = {"PYTHONPATH": os.pathsep.join([REPO, TESTS])}
+    out = run_ranks(rank_dead_exporter, 2, env=env, timeout=90, args=(fake_cuda,))[0].value
+    assert out == {"memory": INVALID_HANDLE, "event": INVALID_HANDLE,
+                   "early_still_mapped": bytes([41]) * 4, "close": 0}, out
