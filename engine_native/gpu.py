@@ -18,7 +18,9 @@ libcudart.so.12``, ``nvidia/cu13/lib/libcudart.so.13``, ``torch/lib/libcudart*``
 
 At the first CUDA tensor ``engine_native.torch`` calls :func:`require_cuda` (the CUDA runtime
 must load; NCCL is used when it does). Per process set the core takes NCCL when every member
-has a GPU of its own and NCCL, else the staged path through host memory, saying why once
+has a GPU of its own and NCCL, CUDA IPC ("cuda-ipc": the members' buffers mapped into each
+other, reductions compiled at run time with NVRTC, :func:`device_kernel_candidates`) when they
+all share one GPU, else the staged path through host memory, saying why once
 (``HVD_GPU_PATH`` overrides; ``engine_native.metrics()["gpu_paths"]`` shows the choice).
 
 >>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}
@@ -379,8 +381,9 @@ def pin_gpu(local_rank: int, local_size: int, *, devices=None, environ=None) -> 
     ``cuda:0`` to every library. When more than one GPU is visible the variable is narrowed;
     with one it is left alone. When ranks outnumber GPUs, ranks share GPUs (warned once): NCCL
     cannot hold two ranks of one communicator on one GPU, so the core's CUDA collectives in a
-    process set with such ranks take the staged path (device -> pinned host -> shm/tcp ->
-    device; HVD_GPU_PATH). No GPU: nothing changes.
+    process set with such ranks go over CUDA IPC when all its ranks share one GPU, else the
+    staged path (device -> pinned host -> shm/tcp -> device; HVD_GPU_PATH). No GPU: nothing
+    changes.
 
     Parameters
     ----------
