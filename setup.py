@@ -106,6 +106,7 @@ CORE_SOURCES = [
     "runtime/device_nccl_ops.cc",
     "runtime/device_staged_ops.cc",
     "runtime/device_ipc_ops.cc",
+    "runtime/device_mixed_ops.cc",
     "runtime/executor.cc",
     "runtime/execution.cc",
     "runtime/submissions.cc",

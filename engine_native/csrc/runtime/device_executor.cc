@@ -57,7 +57,8 @@ void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_ou
 }
 
 const char* pathName(const PathChoice& choice) {
-  return choice.nccl ? "nccl" : choice.ipc ? "cuda-ipc" : "staged";
+  return choice.nccl ? "nccl" : choice.ipc ? "cuda-ipc" : choice.mixed ? "cuda-ipc+nccl"
+                                                                      : "staged";
 }
 
 }  // namespace
@@ -131,13 +132,23 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
   HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path, &choice));
   DeviceSet set;
   set.device = device;
-  set.path = choice.nccl ? Path::kNccl : choice.ipc ? Path::kIpc : Path::kStaged;
+  set.path = choice.nccl    ? Path::kNccl
+             : choice.ipc  ? Path::kIpc
+             : choice.mixed ? Path::kMixed
+                            : Path::kStaged;
   set.nccl = std::move(choice.communicator);
   set.ipc = std::move(choice.peers);
+  set.gpu_comm = std::move(choice.gpu_comm);
+  set.leader = choice.leader;
   const int32_t id = op.response.process_set;
   if (choice.nccl) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
                                 << device;
+  } else if (choice.mixed) {
+    HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA allreduce via CUDA IPC among "
+                                << "the " << set.gpu_comm->size() << " ranks on cuda:" << device
+                                << ", then NCCL among one rank per GPU; other CUDA collectives "
+                                << "stage through host memory";
   } else if (choice.ipc) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via CUDA IPC "
                                 << "between the " << op.comm.size() << " ranks sharing cuda:"
@@ -191,8 +202,14 @@ bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
   const bool reduction = r.type == coord::OpType::kAllreduce ||
                          r.type == coord::OpType::kReducescatter;
   if (current_.set->path == Path::kStaged) return true;
-  if (!reduction) return false;
+  if (!reduction && current_.set->path != Path::kMixed) return false;
   if (current_.set->path == Path::kIpc) return r.reduce_op == common::ReduceOp::kAdasum;
+  if (current_.set->path == Path::kMixed) {  // Note [Device path choice], E
+    const common::ReduceOp across = r.reduce_op == common::ReduceOp::kAverage
+                                        ? common::ReduceOp::kSum : r.reduce_op;
+    return r.type != coord::OpType::kAllreduce ||
+           !nccl::ncclCanReduce(*nccl::ncclApi(), r.dtype, across, 1.0);
+  }
   return ncclCannotReduce(op, r.prescale * r.postscale);
 }
 

@@ -72,13 +72,15 @@ class DeviceExecutor : public OpExecutor {
   bool dropProcessSet(int32_t id);
 
  private:
-  enum class Path { kNccl, kStaged, kIpc };
+  enum class Path { kNccl, kStaged, kIpc, kMixed };
   struct DeviceSet {
     Path path = Path::kStaged;
     int device = -1;
     std::unique_ptr<transport::nccl::NcclCommunicator> nccl;
     std::unique_ptr<transport::cuda::IpcPeers> ipc;
     uint64_t ipc_steps = 0;  // steps run so far: the same on every member (slot = steps % 2)
+    std::unique_ptr<transport::Comm> gpu_comm;  // kMixed: the members on this rank's GPU
+    bool leader = false;                        // kMixed: joins `nccl` for its GPU
   };
   // One window of an IPC step: bytes [lo, lo + n) of every member's input.
   using IpcWrite = std::function<common::Status(uint8_t* mine, size_t lo, size_t n)>;
@@ -111,7 +113,12 @@ class DeviceExecutor : public OpExecutor {
                           const IpcRead& read);
   common::Status ipcReserve(OpContext& op, size_t span);
   common::Status ipcReduce(const OpContext& op, int slot, size_t src_offset, void* dst,
-                           size_t bytes);
+                           size_t bytes, double postscale);
+  // The members IPC connects: the set, or on a mixed set the members on this rank's GPU.
+  transport::Comm& ipcComm(OpContext& op) {
+    return current_.set->gpu_comm ? *current_.set->gpu_comm : op.comm;
+  }
+  common::Status mixedAllreduce(OpContext& op);  // device_mixed_ops.cc
   common::Status ipcAllreduce(OpContext& op);
   common::Status ipcAllgather(OpContext& op);
   common::Status ipcBroadcast(OpContext& op);

@@ -59,11 +59,12 @@ std::vector<size_t> offsets(const std::vector<size_t>& sizes) {
 Status DeviceExecutor::ipcReserve(OpContext& op, size_t span) {
   const size_t want = slotFor(span);
   if (want <= ipc().slotBytes()) return Status::ok();
+  transport::Comm& comm = ipcComm(op);
   HVD_RETURN_IF_ERROR(stream().synchronize());
-  HVD_RETURN_IF_ERROR(algo::barrier(op.comm));
+  HVD_RETURN_IF_ERROR(algo::barrier(comm));
   current_.set->ipc.reset();  // closes the mappings and frees this rank's buffer
   std::string why;
-  HVD_RETURN_IF_ERROR(connectIpc(op.comm, stream(), want, &current_.set->ipc, &why));
+  HVD_RETURN_IF_ERROR(connectIpc(comm, stream(), want, &current_.set->ipc, &why));
   if (current_.set->ipc == nullptr) {
     return common::internalError("CUDA IPC: growing the staging buffers to " +
                                  std::to_string(want) + " bytes failed: " + why);
@@ -78,13 +79,14 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
   if (span == 0) return Status::ok();  // every member has nothing: the same everywhere
   HVD_RETURN_IF_ERROR(ipcReserve(op, span));
   const size_t window = ipc().slotBytes();
+  transport::Comm& comm = ipcComm(op);
   for (size_t lo = 0; lo < span; lo += window) {
     const size_t n = std::min(window, span - lo);
     const int slot = static_cast<int>(current_.set->ipc_steps++ % cuda::kIpcSlots);
     HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));                 // (a)
-    HVD_RETURN_IF_ERROR(write(ipc().slot(op.comm.rank(), slot), lo, n));  // (b)
+    HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));     // (b)
     HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
-    HVD_RETURN_IF_ERROR(algo::barrier(op.comm));                         // (c)
+    HVD_RETURN_IF_ERROR(algo::barrier(comm));                            // (c)
     HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
     HVD_RETURN_IF_ERROR(read(slot, lo, n));                              // (d)
     HVD_RETURN_IF_ERROR(ipc().recordReadsDone(slot));
@@ -93,9 +95,10 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
 }
 
 // dst[0 .. bytes) = the reduction of every member's slot bytes [src_offset, +bytes), with the
-// response's op and scales (Average: a sum times postscale / size, as the CPU path does).
+// response's op and prescale, then `postscale` (Average: a sum, and the caller's postscale
+// divided by the size, as the CPU path does).
 Status DeviceExecutor::ipcReduce(const OpContext& op, int slot, size_t src_offset, void* dst,
-                                 size_t bytes) {
+                                 size_t bytes, double postscale) {
   if (bytes == 0) return Status::ok();
   const coord::Response& r = op.response;
   const void* srcs[cuda::kMaxReduceSources];
@@ -108,7 +111,7 @@ Status DeviceExecutor::ipcReduce(const OpContext& op, int slot, size_t src_offse
   job.dst = dst;
   job.count = bytes / common::dataTypeSize(r.dtype);
   job.prescale = r.prescale;
-  job.postscale = postFactor(r, op.comm.size());
+  job.postscale = postscale;
   return cuda::launchReduce(job, stream().stream());
 }
 
@@ -160,7 +163,7 @@ Status DeviceExecutor::ipcAllreduce(OpContext& op) {
         return packed;
       },
       [&](int slot, size_t lo, size_t n) {
-        Status reduced = ipcReduce(op, slot, 0, out + lo, n);
+        Status reduced = ipcReduce(op, slot, 0, out + lo, n, postFactor(r, op.comm.size()));
         if (!lone) op.activities.end();
         return reduced;
       }));
@@ -195,7 +198,8 @@ Status DeviceExecutor::ipcReducescatter(OpContext& op) {
       },
       [&](int slot, size_t lo, size_t n) {
         const auto [start, length] = overlap(mine_at, mine_bytes, lo, n);
-        return ipcReduce(op, slot, start - lo, out + (start - mine_at), length);
+        return ipcReduce(op, slot, start - lo, out + (start - mine_at), length,
+                         postFactor(r, op.comm.size()));
       }));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kReducescatter), layout.input_bytes, 1);

@@ -14,6 +14,7 @@ using coord::OpType;
 
 Status DeviceExecutor::allreduce(OpContext& op) {
   if (stagesThroughHost(op)) return stagedAllreduce(op);
+  if (current_.set->path == Path::kMixed) return mixedAllreduce(op);
   return current_.set->path == Path::kIpc ? ipcAllreduce(op) : ncclAllreduce(op);
 }
 

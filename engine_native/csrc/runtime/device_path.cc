@@ -1,5 +1,6 @@
 #include "runtime/device_path.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -30,6 +31,13 @@ using common::Status;
 //      fail) over the CPU Comm; every member creates its communicator (ncclCommInitRank
 //      returns once all members joined); an allgather of the outcomes follows, and if any
 //      member failed, every member drops its communicator and stages, naming each failure.
+//   E. A mixed set — several GPUs, some shared by several members (the hierarchical shape of
+//      hosts, one level down): when every member can do IPC and has NCCL and none asks for
+//      NCCL or staging, the members of each GPU connect over IPC among themselves (a Comm of
+//      those members), the first member of each GPU (its leader) joins an NCCL communicator
+//      of the leaders, and an allgather over the whole set of every step's outcome keeps the
+//      members in agreement: any failure stages the whole set. Its allreduce is hierarchical
+//      (device_mixed_ops.cc); its other collectives stage.
 //   D. IPC (connectIpc): every member allocates and exports its buffer and events and
 //      allgathers the handles; every member opens the others'; an allgather of the outcomes
 //      follows, and if any member failed, every member closes what it opened and stages,
@@ -90,6 +98,33 @@ bool oneGpu(transport::Comm& comm, const std::vector<MemberRecord>& records) {
 }
 
 // B, for a set on one GPU: "" for IPC, else why not.
+// The members sharing each GPU (same host, same bus id), set ranks, in order of first member.
+std::vector<std::vector<int>> gpuGroups(transport::Comm& comm,
+                                        const std::vector<MemberRecord>& records) {
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < comm.size(); ++r) {
+    bool placed = false;
+    for (auto& g : groups) {
+      if (std::strncmp(records[g[0]].bus_id, records[r].bus_id, sizeof(records[r].bus_id)) == 0 &&
+          comm.mesh().sameHost(comm.globalRank(g[0]), comm.globalRank(r))) {
+        g.push_back(r);
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) groups.push_back({r});
+  }
+  return groups;
+}
+
+bool isMixed(const std::vector<std::vector<int>>& groups) {
+  if (groups.size() < 2) return false;
+  for (const auto& g : groups) {
+    if (g.size() > 1) return true;
+  }
+  return false;
+}
+
 std::string ipcReason(transport::Comm& comm, const std::vector<MemberRecord>& records,
                       const std::vector<IpcRecord>& ipc) {
   if (comm.size() > transport::cuda::kMaxReduceSources) {
@@ -114,9 +149,11 @@ std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>
     }
   }
   for (int r = 0; r < comm.size(); ++r) {
-    if (records[r].wanted == 3 && !oneGpu(comm, records)) {
+    if (records[r].wanted == 3 && !oneGpu(comm, records) &&
+        !isMixed(gpuGroups(comm, records))) {
       return "HVD_GPU_PATH=ipc on rank " + std::to_string(comm.globalRank(r)) + ", but CUDA "
-             "IPC serves only sets whose ranks all share one GPU on one host";
+             "IPC serves only sets whose ranks share one GPU on one host (or, mixed, several "
+             "such GPUs), and here no two ranks share one";
     }
   }
   for (int r = 0; r < comm.size(); ++r) {
@@ -222,6 +259,80 @@ Status connectIpc(transport::Comm& comm, nccl::DeviceStream& stream, size_t slot
   return Status::ok();
 }
 
+namespace {
+
+// Every member's outcome of one step of E, shared: "" when all succeeded, else each failure.
+Status agree(transport::Comm& comm, const std::string& local_error, std::string* failures) {
+  InitOutcome mine{};
+  mine.ok = local_error.empty() ? 1 : 0;
+  std::strncpy(mine.error, local_error.c_str(), sizeof(mine.error) - 1);
+  std::vector<InitOutcome> all;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &all));
+  failures->clear();
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[r].ok) continue;
+    *failures += (failures->empty() ? "" : "; ") + std::string("rank ") +
+                 std::to_string(comm.globalRank(r)) + ": " + all[r].error;
+  }
+  return Status::ok();
+}
+
+// E. out->why says why not, on every member alike.
+Status connectMixed(transport::Comm& comm, nccl::DeviceStream& stream,
+                    const std::vector<MemberRecord>& records,
+                    const std::vector<std::vector<int>>& groups, PathChoice* out) {
+  IpcRecord ipc_mine{};
+  describeIpc(&ipc_mine);
+  std::vector<IpcRecord> ipc;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
+  out->why = ipcReason(comm, records, ipc);
+  for (int r = 0; r < comm.size() && out->why.empty(); ++r) {
+    if (!records[r].nccl_loaded) {
+      out->why = "rank " + std::to_string(comm.globalRank(r)) + " has no usable NCCL for the "
+                 "GPUs' leaders (engine_native.gpu.nccl_info() there says why)";
+    }
+  }
+  if (!out->why.empty()) return Status::ok();
+  std::vector<int> mine, leaders;
+  for (const auto& g : groups) {
+    leaders.push_back(comm.globalRank(g[0]));
+    if (std::find(g.begin(), g.end(), comm.rank()) == g.end()) continue;
+    for (int r : g) mine.push_back(comm.globalRank(r));
+  }
+  auto gpu_comm = std::make_unique<transport::Comm>(comm.mesh(), mine, comm.timeoutSeconds(),
+                                                    comm.spinMicroseconds());
+  std::unique_ptr<transport::cuda::IpcPeers> peers;
+  std::string ipc_why, failures;
+  HVD_RETURN_IF_ERROR(connectIpc(*gpu_comm, stream, kFirstIpcSlotBytes, &peers, &ipc_why));
+  HVD_RETURN_IF_ERROR(agree(comm, ipc_why, &failures));
+  if (!failures.empty()) {
+    out->why = "CUDA IPC could not connect the ranks sharing a GPU (" + failures + ")";
+    return Status::ok();
+  }
+  const bool leader = gpu_comm->rank() == 0;
+  PathChoice across;
+  std::string nccl_error;
+  if (leader) {
+    transport::Comm leader_comm(comm.mesh(), leaders, comm.timeoutSeconds(),
+                                comm.spinMicroseconds());
+    HVD_RETURN_IF_ERROR(createCommunicator(leader_comm, stream, &across));
+    if (!across.nccl) nccl_error = across.why;
+  }
+  HVD_RETURN_IF_ERROR(agree(comm, nccl_error, &failures));
+  if (!failures.empty()) {
+    out->why = "the GPUs' leaders could not set up NCCL (" + failures + ")";
+    return Status::ok();
+  }
+  out->mixed = true;
+  out->leader = leader;
+  out->peers = std::move(peers);
+  out->gpu_comm = std::move(gpu_comm);
+  out->communicator = std::move(across.communicator);
+  return Status::ok();
+}
+
+}  // namespace
+
 Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::string& wanted,
                   PathChoice* out) {
   MemberRecord mine{};
@@ -249,6 +360,8 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
       HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, &out->peers, &out->why));
       out->ipc = out->peers != nullptr;  // D
     }
+  } else if (!staged_demanded && !nccl_demanded && isMixed(gpuGroups(comm, records))) {
+    HVD_RETURN_IF_ERROR(connectMixed(comm, stream, records, gpuGroups(comm, records), out));  // E
   } else if (out->why.empty()) {
     HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C
   }
@@ -256,7 +369,7 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
     return common::internalError("HVD_GPU_PATH=nccl, but NCCL cannot serve this process set: " +
                                  out->why + "; unset HVD_GPU_PATH to stage instead");
   }
-  if (!out->ipc && ipc_demanded) {
+  if (!out->ipc && !out->mixed && ipc_demanded) {
     return common::internalError("HVD_GPU_PATH=ipc, but CUDA IPC cannot serve this process "
                                  "set: " + out->why + "; unset HVD_GPU_PATH to stage instead");
   }

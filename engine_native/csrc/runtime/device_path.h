@@ -17,9 +17,12 @@ namespace hvd::runtime {
 struct PathChoice {
   bool nccl = false;
   bool ipc = false;
+  bool mixed = false;  // IPC among the ranks of each GPU, NCCL among one leader per GPU
+  bool leader = false;                                     // mixed: this rank joins NCCL
+  std::unique_ptr<transport::Comm> gpu_comm;               // mixed: the ranks on my GPU
   std::string why;  // for the staged path: the reason, naming ranks (the one-time notice)
-  std::unique_ptr<transport::nccl::NcclCommunicator> communicator;  // when nccl
-  std::unique_ptr<transport::cuda::IpcPeers> peers;                 // when ipc
+  std::unique_ptr<transport::nccl::NcclCommunicator> communicator;  // nccl; mixed: leaders
+  std::unique_ptr<transport::cuda::IpcPeers> peers;                 // ipc; mixed: my GPU's
 };
 
 // wanted: HVD_GPU_PATH on this rank ("auto", "nccl", "ipc" or "staged"). Fails, identically on
