@@ -220,10 +220,10 @@ common::Status launchReduce(const ReduceJob& job, void* stream) {
   const uint64_t blocks = (job.count + kBlockThreads - 1) / kBlockThreads;
   void* params[] = {&args};
   const auto& cu = *driverApi();
-  return driverCall(cu,
-                    cu.launchKernel(module->functions[static_cast<int>(job.dtype)][opIndex(job.op)],
-                                    static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks),
-                                    1, 1, kBlockThreads, 1, 1, 0, stream, params, nullptr),
+  CuFunction fn = module->functions[static_cast<int>(job.dtype)][opIndex(job.op)];
+  const auto grid = static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+  return driverCall(cu, cu.launchKernel(fn, grid, 1, 1, kBlockThreads, 1, 1, 0, stream, params,
+                                        nullptr),
                     "cuLaunchKernel(" + reduceKernelName(job.dtype, job.op) + ")");
 }
 

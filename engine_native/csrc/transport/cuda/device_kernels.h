@@ -42,9 +42,10 @@ constexpr int kMaxReduceSources = 16;
 common::Status deviceKernelsReady();
 common::Status launchReduce(const ReduceJob& job, void* stream);
 
-// The libraries deviceKernelsReady() tries, in order (engine_native/gpu_kernels.py computes
-// them: the HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides, the nvidia wheels, torch's
-// lib folder, the system). Until set, the bare sonames: libnvrtc.so.13, libnvrtc.so.12 and
+// The libraries deviceKernelsReady() tries, in order. Only Python knows site-packages and
+// torch's lib folder, so the caller passes them (as engine_native/gpu.py does for the runtime;
+// the Python side and its HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides are still to be
+// written, issue #19). Until set, the bare sonames: libnvrtc.so.13, libnvrtc.so.12 and
 // libcuda.so.1. Has no effect once a library is loaded.
 void setDeviceKernelCandidates(std::vector<std::string> nvrtc, std::vector<std::string> driver);
 
