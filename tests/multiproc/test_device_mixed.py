@@ -63,3 +63,19 @@ def test_leaders_meet_in_nccl_and_the_others_over_ipc(fake_cuda):
     assert [n > 0 for n, _, _ in results] == [True, True, False, False], results
     assert [m for _, m, _ in results] == [1, 1, 1, 1], results
     assert {p for _, _, p in results} == {MIXED}, results
+
+
+def test_abort_mid_hierarchical_allreduce_then_reinit(fake_cuda):
+    """The last rank's producer never finishes: its GPU's leader waits for it on the device,
+    the other leader in NCCL. Rank 0 aborts; every rank fails within HVD_TIMEOUT, and after
+    shutdown + init the set is mixed again with its mappings made afresh (none leaked)."""
+    from multiproc.test_device_ipc_faults import TIMEOUT, stuck_ipc_peer
+    results = run_ranks(stuck_ipc_peer, 4, args=("abort",), timeout=120,
+                        **mixed_envs(fake_cuda, 4, {"HVD_TIMEOUT": str(TIMEOUT)}))
+    assert results[0].value["pending"], "the op finished although a peer was stuck"
+    for r in results:
+        v = r.value
+        assert v["error"] and v["seconds"] < TIMEOUT + 3, v
+        assert v["mapped"] == 1 and v["after_shutdown"] == 0, v
+        assert v["again"] and v["path"] == MIXED, v
+        assert v["remapped"] == 1 and v["final"] == 0, v
