@@ -7,8 +7,17 @@ the same invocation on the same GPU (DESIGN §7). The three targets of issue #16
   staged    allreduce at 1/64/256 MiB, 2 ranks sharing the GPU: ours (staged path; NCCL
             refuses the set-up) vs torch.distributed gloo on the same CUDA tensors; busbw.
   step      training step of a small CNN (~2.2 M parameters, batch 64 per rank, 32x32 inputs,
-            SGD): 2 ranks sharing the GPU, ours (DistributedOptimizer) vs DDP with gloo; one
-            rank alone as the floor.
+            SGD): 2 ranks sharing the GPU, ours (DistributedOptimizer; the core's own choice,
+            CUDA IPC since issue #19) vs DDP with gloo; one rank alone as the floor.
+
+And issue #19's (ranks sharing one GPU over CUDA IPC, reductions on the device):
+
+  ipc          allreduce busbw at 1/64/256 MiB with 2 ranks, and 256 MiB with 4 ranks, sharing
+               the GPU: ours (cuda-ipc) vs gloo on the same tensors (target ≥ 50× at 256 MiB,
+               and ≥ 100 GB/s busbw).
+  ipc_latency  4 B allreduce, 2 ranks sharing the GPU, median per call (target ≤ 100 µs).
+
+The staged case forces HVD_GPU_PATH=staged for ours, so it still measures the staged path.
 
     python benchmarks/bench_gpu.py                      # everything, table on stdout
     python benchmarks/bench_gpu.py --cases latency --out results.md
@@ -32,7 +41,8 @@ import uuid
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 MIB = 1 << 20
-TARGETS = {"latency": 1.5, "staged": 3.0, "step": 1.3}
+TARGETS = {"latency": 1.5, "staged": 3.0, "step": 2.0, "ipc": 50.0, "ipc_latency": 100.0}
+AT_MOST = ("latency", "ipc_latency")  # targets that are ceilings
 
 
 def _port():
@@ -169,10 +179,10 @@ def _entry(fn, args, rank, env, queue):
 
 
 @contextlib.contextmanager
-def _bootstrap(system, size):
+def _bootstrap(system, size, extra=None):
     """Per-rank environments: ours meet at a rendezvous server run here; torch's at a port."""
     if system != "ours":
-        yield [{} for _ in range(size)]
+        yield [dict(extra or {}) for _ in range(size)]
         return
     from engine_native.rendezvous import RendezvousServer
     secret = secrets.token_bytes(32)
@@ -180,12 +190,12 @@ def _bootstrap(system, size):
         host, port = server.address
         shared = {"HVD_RENDEZVOUS": f"{host}:{port}", "HVD_SECRET": secret.hex(),
                   "HVD_JOB_ID": uuid.uuid4().hex[:12], "HVD_SIZE": str(size)}
-        yield [dict(shared, HVD_RANK=str(r)) for r in range(size)]
+        yield [dict(shared, HVD_RANK=str(r), **(extra or {})) for r in range(size)]
 
 
-def run(fn, size, *args, timeout=300):
+def run(fn, size, *args, timeout=300, env=None):
     """fn(system, rank, size, port, *rest) on `size` spawned ranks; rank results in order."""
-    with _bootstrap(args[0], size) as envs:
+    with _bootstrap(args[0], size, env) as envs:
         return _run(fn, size, args, envs, timeout)
 
 
@@ -241,7 +251,7 @@ def case_staged(args):
     rows, ratio = [], None
     for nbytes in (1 * MIB, 64 * MIB, 256 * MIB):
         iters = 20 if nbytes <= 64 * MIB else 8
-        ours = run(rank_allreduce, 2, "ours", nbytes, iters)
+        ours = run(rank_allreduce, 2, "ours", nbytes, iters, env={"HVD_GPU_PATH": "staged"})
         gloo = run(rank_allreduce, 2, "gloo", nbytes, iters)
 
         def busbw(results):
@@ -265,7 +275,37 @@ def case_step(args):
     rows = [(s, f"{t * 1e3:.2f} ms") for s, t in med.items()]
     rows.append(("parameters", f"{params / 1e6:.2f} M"))
     return ("CNN training step, batch 64 per rank (2 ranks share the GPU; 'alone' is one "
-            "rank)", rows, ("step", med["ddp"] / med["ours"], "DDP gloo / ours (≥ 1.3×)"))
+            "rank)", rows, ("step", med["ddp"] / med["ours"], "DDP gloo / ours (≥ 2×, issue "
+                                                                "#19; ≥ 1.3× staged, #16)"))
+
+
+def _busbw(results, nbytes):
+    size = len(results)
+    t = statistics.median(max(c) for c in zip(*(r["times"] for r in results)))
+    return nbytes / t / 1e9 * 2 * (size - 1) / size
+
+
+def case_ipc(args):
+    rows, ratio = [], None
+    for size, nbytes in ((2, 1 * MIB), (2, 64 * MIB), (2, 256 * MIB), (4, 256 * MIB)):
+        iters = 20 if nbytes <= 64 * MIB else 8
+        ours = run(rank_allreduce, size, "ours", nbytes, iters)
+        gloo = run(rank_allreduce, size, "gloo", nbytes, iters if size == 2 else 3)
+        o, g = _busbw(ours, nbytes), _busbw(gloo, nbytes)
+        rows.append((f"{size} ranks, {nbytes // MIB} MiB", f"ours ({ours[0]['path']}) "
+                     f"{o:.1f} GB/s", f"gloo {g:.2f} GB/s", f"{o / g:.1f}×"))
+        if size == 2 and nbytes == 256 * MIB:
+            ratio = o / g
+    return "allreduce busbw, ranks sharing one GPU (CUDA IPC)", rows, (
+        "ipc", ratio, "ours / gloo at 256 MiB, 2 ranks (≥ 50×; busbw ≥ 100 GB/s in the row)")
+
+
+def case_ipc_latency(args):
+    ours = run(rank_latency, 2, "ours", args.iters)
+    a = max(statistics.median(r["waited"]) for r in ours)
+    rows = [(f"ours ({ours[0]['path']}), 2 ranks on one GPU", f"{a * 1e6:.1f} µs")]
+    return "4 B CUDA allreduce, 2 ranks sharing one GPU, median per call", rows, (
+        "ipc_latency", a * 1e6, "µs per call (≤ 100)")
 
 
 def describe():
@@ -281,12 +321,13 @@ def describe():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="latency,staged,step")
+    parser.add_argument("--cases", default="latency,ipc_latency,ipc,staged,step")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", help="also write the report (markdown) here")
     args = parser.parse_args()
-    cases = {"latency": case_latency, "staged": case_staged, "step": case_step}
+    cases = {"latency": case_latency, "staged": case_staged, "step": case_step,
+             "ipc": case_ipc, "ipc_latency": case_ipc_latency}
     lines = ["# GPU benchmark (benchmarks/bench_gpu.py)", ""]
     lines += [f"- {k}: {v}" for k, v in describe().items()]
     verdicts = []
@@ -301,7 +342,7 @@ def main():
             continue
         lines += ["", f"## {title}", ""]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
-        met = ratio <= TARGETS[key] if key == "latency" else ratio >= TARGETS[key]
+        met = ratio <= TARGETS[key] if key in AT_MOST else ratio >= TARGETS[key]
         verdicts.append(f"| {key} | {what} | {ratio:.2f} | {'met' if met else 'MISSED'} |")
         print("\n".join(lines[-len(rows) - 3:]), flush=True)
     lines += ["", "## targets", "", "| target | measure (wanted) | value | verdict |", "|---|---|---|---|"]

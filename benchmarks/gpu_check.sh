@@ -47,7 +47,7 @@ HVD_REQUIRE=gpu timeout 200 "$PYTHON" -m pytest tests/gpu -q -rA -p no:cacheprov
 tail -40 "$OUT/tests.log"
 
 step "benchmarks/bench_gpu.py"
-timeout 150 "$PYTHON" benchmarks/bench_gpu.py --out "$OUT/bench_gpu.md" || rc=1
+timeout 220 "$PYTHON" benchmarks/bench_gpu.py --out "$OUT/bench_gpu.md" || rc=1
 
 step "done (exit $rc)"
 exit "$rc"

@@ -18,7 +18,9 @@ libcudart.so.12``, ``nvidia/cu13/lib/libcudart.so.13``, ``torch/lib/libcudart*``
 
 At the first CUDA tensor ``engine_native.torch`` calls :func:`require_cuda` (the CUDA runtime
 must load; NCCL is used when it does). Per process set the core takes NCCL when every member
-has a GPU of its own and NCCL, else the staged path through host memory, saying why once
+has a GPU of its own and NCCL, CUDA IPC ("cuda-ipc": the members' buffers mapped into each
+other, reductions compiled at run time with NVRTC, :func:`device_kernel_candidates`) when they
+all share one GPU, else the staged path through host memory, saying why once
 (``HVD_GPU_PATH`` overrides; ``engine_native.metrics()["gpu_paths"]`` shows the choice).
 
 >>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}
@@ -230,6 +232,30 @@ def require_nccl() -> dict:
     return infos[0]
 
 
+NVRTC_LIBRARY_ENV = "HVD_NVRTC_LIBRARY"
+CUDA_DRIVER_LIBRARY_ENV = "HVD_CUDA_DRIVER_LIBRARY"
+_NVRTC_WHEEL_FILES = {12: os.path.join("nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"),
+                      13: os.path.join("nvidia", "cu13", "lib", "libnvrtc.so.13")}
+
+
+_kernel_candidates_set = False
+
+
+def device_kernel_candidates(environ=None, site_dirs=None, torch_lib=None) -> tuple:
+    """(nvrtc, driver) path lists the device reductions (CUDA IPC path) try in order: the
+    HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides alone when set, else the
+    nvidia-cuda-nvrtc wheels, torch's lib folder, then the system's sonames."""
+    environ, site_dirs, torch_lib, _ = _search_args(environ, site_dirs, torch_lib, "")
+    nvrtc = environ.get(NVRTC_LIBRARY_ENV, "").strip()
+    driver = environ.get(CUDA_DRIVER_LIBRARY_ENV, "").strip()
+    nvrtcs = [nvrtc] if nvrtc else (
+        [os.path.join(sp, _NVRTC_WHEEL_FILES[m]) for m in (12, 13) for sp in site_dirs]
+        + _torch_libs(torch_lib, "libnvrtc*.so*", ("libnvrtc.so.12", "libnvrtc.so.13"))
+        + ["libnvrtc.so.13", "libnvrtc.so.12"])
+    drivers = [driver] if driver else ["libcuda.so.1"]
+    return [c for c in nvrtcs if "/" not in c or os.path.exists(c)] or nvrtcs, drivers
+
+
 def require_cuda() -> dict:
     """At the first CUDA tensor: load the CUDA runtime (needed) and NCCL (used if it loads).
 
@@ -242,6 +268,10 @@ def require_cuda() -> dict:
     if not runtime["loaded"]:
         raise RuntimeError(runtime["error"])
     nccl_info()
+    global _kernel_candidates_set
+    if not _kernel_candidates_set:
+        _core().device_kernel_candidates(*device_kernel_candidates())
+        _kernel_candidates_set = True
     return runtime
 
 
@@ -351,8 +381,9 @@ def pin_gpu(local_rank: int, local_size: int, *, devices=None, environ=None) -> 
     ``cuda:0`` to every library. When more than one GPU is visible the variable is narrowed;
     with one it is left alone. When ranks outnumber GPUs, ranks share GPUs (warned once): NCCL
     cannot hold two ranks of one communicator on one GPU, so the core's CUDA collectives in a
-    process set with such ranks take the staged path (device -> pinned host -> shm/tcp ->
-    device; HVD_GPU_PATH). No GPU: nothing changes.
+    process set with such ranks go over CUDA IPC when all its ranks share one GPU, else the
+    staged path (device -> pinned host -> shm/tcp -> device; HVD_GPU_PATH). No GPU: nothing
+    changes.
 
     Parameters
     ----------

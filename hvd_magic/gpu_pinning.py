@@ -160,6 +160,7 @@ def sharing_note(pins: list[tuple[str, dict]]) -> str | None:
         return None
     parts = [f"{len(ps)} ranks on {host} share {ps[0].get('gpus', '?')} GPU(s)"
              for host, ps in sorted(by_host.items())]
-    return ("; ".join(parts) + ". NCCL needs one GPU per rank, so CUDA collectives there use "
-            "the staged fallback through host memory, which is slower. Fix: start at most one "
-            "rank per GPU (%hvd_start -n N) for full speed")
+    return ("; ".join(parts) + ". NCCL needs one GPU per rank, so CUDA collectives there go "
+            "over CUDA IPC where all ranks of a set share one GPU, else the staged fallback "
+            "through host memory, which is slower. Fix: start at most one rank per GPU "
+            "(%hvd_start -n N) for full speed")

@@ -6,8 +6,8 @@ into the native core as raw pointers (no copy); the core negotiates, fuses and e
 collectives on its background thread.
 
 CPU and CUDA tensors: CUDA collectives run over NCCL when every rank of a process set has a
-GPU of its own, otherwise (ranks sharing a GPU, no NCCL) over the staged path through host
-memory; ``HVD_GPU_PATH`` overrides it and ``engine_native.metrics()['gpu_paths']`` tells
+GPU of its own, over CUDA IPC with reductions on the device when all its ranks share one GPU,
+otherwise over the staged path through host memory; ``HVD_GPU_PATH`` overrides it and ``engine_native.metrics()['gpu_paths']`` tells
 which path each process set took.
 
 Differences from Horovod, by design of this build:

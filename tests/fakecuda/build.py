@@ -1,9 +1,11 @@
 """Compile the fake CUDA runtime and the fake NCCL (the C files beside this module).
 
-Both land in one folder as ``libcudart.so.12`` and ``libnccl.so.2``; the NCCL lists the cudart
-as DT_NEEDED with RUNPATH ``$ORIGIN``, so a process that dlopens both (in either order) gets one
-cudart. The folder is named by a hash of the sources, flags and compiler, so a second call with
-the same ``dest_dir`` reuses it. No C compiler is an error, never a skip.
+All land in one folder: ``libcudart.so.12``, ``libnccl.so.2``, and for the device kernels
+``libnvrtc.so.12`` (compiles kernel source for the CPU) and ``libcuda.so.1`` (runs it on the fake
+streams). NCCL and the driver list the cudart as DT_NEEDED with RUNPATH ``$ORIGIN``, so a process
+that dlopens them (in any order) gets one cudart. The folder is named by a hash of the sources,
+flags and compiler, so a second call with the same ``dest_dir`` reuses it. No C compiler is an
+error, never a skip.
 
 Example
 -------
@@ -20,25 +22,34 @@ import subprocess
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CUDART_SOURCES = ("fake_cudart_stream.c", "fake_cudart_event.c", "fake_cudart_device.c")
+CUDART_SOURCES = ("fake_cudart_stream.c", "fake_cudart_event.c", "fake_cudart_device.c",
+                  "fake_cudart_ipc.c")
 NCCL_SOURCES = ("fake_nccl.c", "fake_nccl_comm.c", "fake_nccl_exec.c", "fake_nccl_reduce.c")
+NVRTC_SOURCES = ("fake_nvrtc.c",)
+DRIVER_SOURCES = ("fake_cuda_driver.c",)
 HEADERS = ("fake_cudart.h", "fake_nccl.h")
 FLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread",
          "-fvisibility=hidden")
 CUDART_NAME = "libcudart.so.12"
 NCCL_NAME = "libnccl.so.2"
+NVRTC_NAME = "libnvrtc.so.12"
+DRIVER_NAME = "libcuda.so.1"
 
 
 @dataclasses.dataclass(frozen=True)
 class FakeCuda:
-    """Absolute paths of the two fake libraries (same folder)."""
+    """Absolute paths of the fake libraries (same folder): the runtime, NCCL, and the NVRTC and
+    driver of the device kernels (which compile kernel source for the CPU and run it there)."""
 
     cudart: str
     nccl: str
+    nvrtc: str = ""
+    driver: str = ""
 
     def env(self) -> dict:
         """The variables that make the core load these instead of a real CUDA/NCCL."""
-        return {"HVD_CUDA_RUNTIME_LIBRARY": self.cudart, "HVD_NCCL_LIBRARY": self.nccl}
+        return {"HVD_CUDA_RUNTIME_LIBRARY": self.cudart, "HVD_NCCL_LIBRARY": self.nccl,
+                "HVD_NVRTC_LIBRARY": self.nvrtc, "HVD_CUDA_DRIVER_LIBRARY": self.driver}
 
 
 def compiler() -> str:
@@ -53,7 +64,7 @@ def compiler() -> str:
 
 def _digest(cc: str) -> str:
     h = hashlib.sha256(" ".join((cc,) + FLAGS).encode())
-    for name in CUDART_SOURCES + NCCL_SOURCES + HEADERS:
+    for name in CUDART_SOURCES + NCCL_SOURCES + NVRTC_SOURCES + DRIVER_SOURCES + HEADERS:
         with open(os.path.join(HERE, name), "rb") as fh:
             h.update(name.encode() + b"\0" + fh.read())
     return h.hexdigest()[:16]
@@ -70,14 +81,18 @@ def _compile(cc: str, out_dir: str) -> None:
          *CUDART_SOURCES])
     run(["-Wl,-soname," + NCCL_NAME, "-o", os.path.join(out_dir, NCCL_NAME), *NCCL_SOURCES,
          "-L" + out_dir, "-l:" + CUDART_NAME, "-Wl,-rpath,$ORIGIN"])
+    run(["-Wl,-soname," + NVRTC_NAME, "-o", os.path.join(out_dir, NVRTC_NAME), *NVRTC_SOURCES])
+    run(["-Wl,-soname," + DRIVER_NAME, "-o", os.path.join(out_dir, DRIVER_NAME),
+         *DRIVER_SOURCES, "-ldl", "-L" + out_dir, "-l:" + CUDART_NAME, "-Wl,-rpath,$ORIGIN"])
 
 
 def build_fake_cuda(dest_dir) -> FakeCuda:
     """Build (or reuse) the fakes under ``dest_dir``; return their paths."""
     cc = compiler()
     out = os.path.join(os.path.abspath(str(dest_dir)), "fakecuda-" + _digest(cc))
-    fake = FakeCuda(os.path.join(out, CUDART_NAME), os.path.join(out, NCCL_NAME))
-    if os.path.exists(fake.cudart) and os.path.exists(fake.nccl):
+    fake = FakeCuda(*(os.path.join(out, n) for n in (CUDART_NAME, NCCL_NAME, NVRTC_NAME,
+                                                      DRIVER_NAME)))
+    if all(os.path.exists(p) for p in (fake.cudart, fake.nccl, fake.nvrtc, fake.driver)):
         return fake
     os.makedirs(os.path.dirname(out), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(out))
@@ -87,7 +102,7 @@ def build_fake_cuda(dest_dir) -> FakeCuda:
         try:
             os.rename(staging, out)  # atomic: a concurrent builder's copy may have won
         except OSError:
-            if not os.path.exists(fake.nccl):
+            if not os.path.exists(fake.driver):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

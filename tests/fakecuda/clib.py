@@ -27,6 +27,11 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
+class IpcHandle(ctypes.Structure):
+    """cudaIpcMemHandle_t / cudaIpcEventHandle_t: 64 opaque bytes, passed by value."""
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
 _CUDA = {
     "cudaRuntimeGetVersion": [POINTER(c_int)], "cudaDriverGetVersion": [POINTER(c_int)],
     "cudaGetDeviceCount": [POINTER(c_int)], "cudaGetDevice": [POINTER(c_int)],
@@ -44,10 +49,16 @@ _CUDA = {
     "cudaMemsetAsync": [c_void_p, c_int, c_size_t, c_void_p],
     "cudaLaunchHostFunc": [c_void_p, HOST_FN, c_void_p],
     "fakeCudaLaunchDelayedFill": [c_void_p, c_int, c_size_t, c_int, c_void_p],
+    "cudaIpcGetMemHandle": [POINTER(IpcHandle), c_void_p],
+    "cudaIpcOpenMemHandle": [POINTER(c_void_p), IpcHandle, c_uint],
+    "cudaIpcCloseMemHandle": [c_void_p],
+    "cudaIpcGetEventHandle": [POINTER(IpcHandle), c_void_p],
+    "cudaIpcOpenEventHandle": [POINTER(c_void_p), IpcHandle],
 }
 _CUDA_LONG = {"fakeCudaLaunchBlocker": [c_void_p], "fakeCudaLiveAllocations": [],
               "fakeCudaLiveHostAllocations": [], "fakeCudaLiveStreams": [],
-              "fakeCudaLiveEvents": [], "fakeCudaCalls": [c_char_p]}
+              "fakeCudaLiveEvents": [], "fakeCudaCalls": [c_char_p],
+              "fakeCudaLiveIpcMappings": []}
 _COLL = [c_void_p, c_void_p, c_size_t, c_int]  # send, recv, count, dtype
 _NCCL = {
     "ncclGetVersion": [POINTER(c_int)], "ncclGetUniqueId": [POINTER(UniqueId)],
@@ -113,10 +124,25 @@ class Fakes:
         self.check(self.cuda.cudaStreamCreateWithFlags(ctypes.byref(s), flags), "stream")
         return s.value
 
-    def event(self) -> int:
+    def event(self, flags: int = 2) -> int:
         e = c_void_p()
-        self.check(self.cuda.cudaEventCreateWithFlags(ctypes.byref(e), 2), "event")
+        self.check(self.cuda.cudaEventCreateWithFlags(ctypes.byref(e), flags), "event")
         return e.value
+
+    def ipc_handle(self, pointer_or_event: int, event: bool = False) -> bytes:
+        """The 64-byte IPC handle of device memory (or of an interprocess event)."""
+        h = IpcHandle()
+        fn = self.cuda.cudaIpcGetEventHandle if event else self.cuda.cudaIpcGetMemHandle
+        self.check(fn(ctypes.byref(h), pointer_or_event), "cudaIpcGet*Handle")
+        return ctypes.string_at(ctypes.addressof(h), 64)
+
+    def ipc_open(self, handle: bytes, event: bool = False):
+        """(result, pointer or event) of cudaIpcOpenMemHandle / cudaIpcOpenEventHandle."""
+        out = c_void_p()
+        h = IpcHandle.from_buffer_copy(handle)
+        result = (self.cuda.cudaIpcOpenEventHandle(ctypes.byref(out), h) if event
+                  else self.cuda.cudaIpcOpenMemHandle(ctypes.byref(out), h, 1))
+        return result, out.value or 0
 
     @staticmethod
     def put(ptr: int, data: bytes) -> None:

@@ -18,6 +18,8 @@ enum {
   kCudaErrorInvalidMemcpyDirection = 21,
   kCudaErrorNoDevice = 100,
   kCudaErrorInvalidDevice = 101,
+  kCudaErrorDeviceUninitialized = 201,  /* "invalid device context": e.g. your own IPC handle */
+  kCudaErrorMapBufferObjectFailed = 205,
   kCudaErrorInvalidResourceHandle = 400,
   kCudaErrorNotReady = 600,
 };
@@ -29,7 +31,9 @@ enum {
   X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamSynchronize)                  \
   X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags) X(cudaEventRecord) X(cudaEventQuery)     \
   X(cudaEventSynchronize) X(cudaEventDestroy) X(cudaMalloc) X(cudaFree) X(cudaMallocHost)    \
-  X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaLaunchHostFunc)
+  X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaLaunchHostFunc)                \
+  X(cudaIpcGetMemHandle) X(cudaIpcOpenMemHandle) X(cudaIpcCloseMemHandle)                     \
+  X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle)
 
 enum fc_api {
 #define FC_ENUM(name) FC_CALL_##name,
@@ -85,3 +89,26 @@ typedef struct fc_marker fc_marker;
 fc_marker* fc_marker_new_locked(int refs);
 fc_op* fc_record_op(fc_marker* marker);  /* fires the marker, drops one reference */
 fc_op* fc_wait_op(fc_marker* marker);    /* blocks its stream until fired, drops one ref */
+
+/* Device memory (fake_cudart_device.c): 1 and the allocation holding `pointer` (its base, size
+ * and memfd), or 0 when `pointer` is not in device memory. */
+int fc_device_allocation(const void* pointer, void** base, size_t* bytes, int* fd);
+
+/* Note [IPC memory] (fake_cudart_ipc.c): device memory is a MAP_SHARED mapping of a memfd, so a
+ * peer can map the same pages through /proc/<pid>/fd/<fd>. fc_shared_map returns the mapping
+ * (NULL on failure) and its fd; fc_shared_unmap undoes both. */
+void* fc_shared_map(size_t bytes, int* fd);
+void fc_shared_unmap(void* pointer, size_t bytes, int fd);
+
+/* Interprocess events (fake_cudart_ipc.c): an event made with cudaEventInterprocess, or opened
+ * from a peer's handle, keeps its records in a shared page (Note [IPC events]). */
+typedef struct fc_shared_event fc_shared_event;
+fc_shared_event* fc_shared_event_new(void);        /* NULL on failure */
+void fc_shared_event_free(fc_shared_event* shared);
+int fc_shared_event_record_locked(fc_shared_event* shared, void* stream);
+int fc_shared_event_wait_locked(fc_shared_event* shared, void* stream);
+int fc_shared_event_done(const fc_shared_event* shared);
+/* fake_cudart_event.c: the shared part of an event (NULL for an ordinary one), and a new event
+ * around an opened one (takes `shared` on success). */
+fc_shared_event* fc_event_shared_locked(void* event);
+int fc_event_adopt(void** event, fc_shared_event* shared);

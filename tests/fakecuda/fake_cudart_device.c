@@ -2,7 +2,8 @@
  * registries and per-API call counters. Devices come from the environment, read once per
  * process: FAKE_CUDA_DEVICE_COUNT (default 1) and FAKE_CUDA_BUS_IDS (comma-separated PCI bus
  * ids, entry d for device d; default "0000:0<d+1>:00.0"). The current device is per thread,
- * as in CUDA. Memory is host memory, 256-byte aligned, tracked so leaks show in tests. */
+ * as in CUDA. Memory is host memory, 256-byte aligned, tracked so leaks show in tests; device
+ * memory is mapped from a memfd so that a peer process can open it (fake_cudart_ipc.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +129,8 @@ FC_API const char* cudaGetErrorString(int error) {
     case kCudaErrorNoDevice: return "no CUDA-capable device is detected";
     case kCudaErrorInvalidDevice: return "invalid device ordinal";
     case kCudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case kCudaErrorDeviceUninitialized: return "invalid device context";
+    case kCudaErrorMapBufferObjectFailed: return "mapping of buffer object failed";
     case kCudaErrorNotReady: return "device not ready";
     default: return "unrecognized error code";
   }
@@ -139,24 +142,35 @@ typedef struct fc_block fc_block;
 struct fc_block {
   fc_block* next;
   void* ptr;
+  size_t bytes;
+  int fd;  /* device memory: the memfd it is mapped from (Note [IPC memory]); host: -1 */
 };
 
 typedef struct {
   pthread_mutex_t mu;
   fc_block* blocks;
   long live;
+  int shareable;  /* device memory: memfd-backed, so a peer process can map it */
 } fc_registry;
 
-static fc_registry device_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
-static fc_registry host_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
+static fc_registry device_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 1};
+static fc_registry host_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
 
 /* Zero bytes gives NULL and success, as cudaMalloc(0) does. */
 static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
   if (pointer == NULL) return kCudaErrorInvalidValue;
   *pointer = NULL;
   if (bytes == 0) return kCudaSuccess;
-  fc_block* block = malloc(sizeof(*block));
-  if (block == NULL || posix_memalign(&block->ptr, ALIGNMENT, bytes) != 0) {
+  fc_block* block = calloc(1, sizeof(*block));
+  if (block == NULL) return kCudaErrorMemoryAllocation;
+  block->bytes = bytes;
+  block->fd = -1;
+  if (registry->shareable) {
+    block->ptr = fc_shared_map(bytes, &block->fd);
+  } else if (posix_memalign(&block->ptr, ALIGNMENT, bytes) != 0) {
+    block->ptr = NULL;
+  }
+  if (block->ptr == NULL) {
     free(block);
     return kCudaErrorMemoryAllocation;
   }
@@ -183,9 +197,29 @@ static int release(fc_registry* registry, void* pointer) {
   }
   pthread_mutex_unlock(&registry->mu);
   if (found == NULL) return kCudaErrorInvalidValue;
-  free(found->ptr);
+  if (found->fd >= 0) {
+    fc_shared_unmap(found->ptr, found->bytes, found->fd);
+  } else {
+    free(found->ptr);
+  }
   free(found);
   return kCudaSuccess;
+}
+
+int fc_device_allocation(const void* pointer, void** base, size_t* bytes, int* fd) {
+  int found = 0;
+  pthread_mutex_lock(&device_memory.mu);
+  for (fc_block* b = device_memory.blocks; b != NULL && !found; b = b->next) {
+    const char* start = b->ptr;
+    if ((const char*)pointer >= start && (const char*)pointer < start + b->bytes) {
+      *base = b->ptr;
+      *bytes = b->bytes;
+      *fd = b->fd;
+      found = 1;
+    }
+  }
+  pthread_mutex_unlock(&device_memory.mu);
+  return found;
 }
 
 static long live(fc_registry* registry) {

@@ -4,8 +4,11 @@
  * makes it the event's latest record; the event only ever reports on its latest record, as in
  * CUDA. cudaStreamWaitEvent captures the latest marker *at the call* (a reference held by the
  * queued wait op), so re-recording the event later changes nothing for that wait. Markers are
- * reference counted (event + queued ops + sleeping synchronizers), all under fc_mu. */
+ * reference counted (event + queued ops + sleeping synchronizers), all under fc_mu. An
+ * interprocess event records through its shared page instead (Note [IPC events] in
+ * fake_cudart_ipc.c). */
 #include <stdlib.h>
+#include <time.h>
 
 #include "fake_cudart.h"
 
@@ -19,7 +22,11 @@ struct fc_event {
   fc_event* next;      /* in `events`, the list of live events */
   fc_marker* latest;   /* the latest record, NULL if never recorded */
   int device;          /* the creator's current device: it records only on that device */
+  fc_shared_event* shared;  /* cudaEventInterprocess, or opened from a peer's handle */
 };
+
+#define EVENT_INTERPROCESS 0x4u
+#define EVENT_DISABLE_TIMING 0x2u
 
 /* A pending blocker; released ones leave the list, so a second release is an error. */
 typedef struct fc_blocker fc_blocker;
@@ -76,11 +83,21 @@ static fc_event* findLocked(void* handle) {
 
 FC_API int cudaEventCreateWithFlags(void** event, unsigned flags) {
   fc_count(FC_CALL_cudaEventCreateWithFlags);
-  (void)flags;  /* timing is never measured, so every flag behaves alike */
-  if (event == NULL) return kCudaErrorInvalidValue;
+  /* timing is never measured; CUDA wants an interprocess event without timing */
+  if (event == NULL || flags > 7) return kCudaErrorInvalidValue;
+  if ((flags & EVENT_INTERPROCESS) && !(flags & EVENT_DISABLE_TIMING)) {
+    return kCudaErrorInvalidValue;
+  }
   fc_event* e = calloc(1, sizeof(*e));
   if (e == NULL) return kCudaErrorMemoryAllocation;
   e->device = fc_current_device();
+  if (flags & EVENT_INTERPROCESS) {
+    e->shared = fc_shared_event_new();
+    if (e->shared == NULL) {
+      free(e);
+      return kCudaErrorMemoryAllocation;
+    }
+  }
   pthread_mutex_lock(&fc_mu);
   e->next = events;
   events = e;
@@ -101,6 +118,7 @@ FC_API int cudaEventDestroy(void* event) {
       }
     }
     markerReleaseLocked(e->latest);  /* a queued record still holds its own reference */
+    if (e->shared != NULL) fc_shared_event_free(e->shared);  /* so do queued ops */
     free(e);
   }
   pthread_mutex_unlock(&fc_mu);
@@ -117,6 +135,11 @@ FC_API int cudaEventRecord(void* event, void* stream) {
       fc_stream_device_locked(stream) != e->device) {
     pthread_mutex_unlock(&fc_mu);  /* CUDA: an event records only on a stream of its device */
     return kCudaErrorInvalidResourceHandle;
+  }
+  if (e != NULL && e->shared != NULL) {
+    result = fc_shared_event_record_locked(e->shared, stream);
+    pthread_mutex_unlock(&fc_mu);
+    return result;
   }
   fc_marker* marker = e != NULL ? fc_marker_new_locked(2) : NULL;  /* event + record op */
   if (marker != NULL) {
@@ -139,6 +162,8 @@ FC_API int cudaEventQuery(void* event) {
   pthread_mutex_lock(&fc_mu);
   fc_event* e = findLocked(event);
   const int result = e == NULL ? kCudaErrorInvalidResourceHandle
+                     : e->shared != NULL ? (fc_shared_event_done(e->shared) ? kCudaSuccess
+                                                                           : kCudaErrorNotReady)
                      : e->latest == NULL || e->latest->done ? kCudaSuccess
                                                             : kCudaErrorNotReady;
   pthread_mutex_unlock(&fc_mu);
@@ -150,6 +175,12 @@ FC_API int cudaEventSynchronize(void* event) {
   pthread_mutex_lock(&fc_mu);
   fc_event* e = findLocked(event);
   fc_marker* marker = e != NULL ? e->latest : NULL;
+  while (e != NULL && e->shared != NULL && !fc_shared_event_done(e->shared)) {
+    pthread_mutex_unlock(&fc_mu);  /* fired by another process: no condition to wait on */
+    nanosleep(&(struct timespec){0, 1000 * 1000}, NULL);
+    pthread_mutex_lock(&fc_mu);
+    e = findLocked(event);
+  }
   if (marker != NULL) {
     marker->refs++;  /* the event may be re-recorded or destroyed while we sleep */
     while (!marker->done) pthread_cond_wait(&fc_done_cv, &fc_mu);
@@ -167,7 +198,9 @@ FC_API int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
   pthread_mutex_lock(&fc_mu);
   int result = kCudaErrorInvalidResourceHandle;
   fc_event* e = findLocked(event);
-  if (e != NULL) {
+  if (e != NULL && e->shared != NULL) {
+    result = fc_shared_event_wait_locked(e->shared, stream);
+  } else if (e != NULL) {
     fc_marker* marker = e->latest;
     if (marker != NULL && !marker->done) {
       marker->refs++;
@@ -179,6 +212,24 @@ FC_API int cudaStreamWaitEvent(void* stream, void* event, unsigned flags) {
   }
   pthread_mutex_unlock(&fc_mu);
   return result;
+}
+
+fc_shared_event* fc_event_shared_locked(void* event) {
+  fc_event* e = findLocked(event);
+  return e != NULL ? e->shared : NULL;
+}
+
+int fc_event_adopt(void** event, fc_shared_event* shared) {
+  fc_event* e = calloc(1, sizeof(*e));
+  if (e == NULL) return kCudaErrorMemoryAllocation;
+  e->device = fc_current_device();
+  e->shared = shared;
+  pthread_mutex_lock(&fc_mu);
+  e->next = events;
+  events = e;
+  pthread_mutex_unlock(&fc_mu);
+  *event = e;
+  return kCudaSuccess;
 }
 
 static void runBlock(fc_op* op) {

@@ -54,7 +54,7 @@ def rank_collectives():
 
 @CONFIGS
 def test_every_collective_on_cuda_tensors(np):
-    paths = [r.value for r in run_ranks(rank_collectives, np, env=_env(), timeout=300)]
+    paths = [r.value for r in run_ranks(rank_collectives, np, env=_env(np=np), timeout=300)]
     assert paths == (["nccl"] if np == 1 else ["staged"] * np)
 
 
@@ -73,7 +73,7 @@ def rank_beyond_fusion_buffer(count=24, elements=1 << 17):
 
 @CONFIGS
 def test_tensors_beyond_the_fusion_buffer(np):
-    run_ranks(rank_beyond_fusion_buffer, np, env=_env({"HVD_FUSION_THRESHOLD": str(1 << 20)}),
+    run_ranks(rank_beyond_fusion_buffer, np, env=_env({"HVD_FUSION_THRESHOLD": str(1 << 20)}, np=np),
               timeout=300)
 
 
@@ -98,7 +98,7 @@ def rank_sync_batch_norm(b=6):
 
 @CONFIGS
 def test_sync_batch_norm_on_cuda_matches_batch_norm_on_the_global_batch(np):
-    run_ranks(rank_sync_batch_norm, np, env=_env(), timeout=300)
+    run_ranks(rank_sync_batch_norm, np, env=_env(np=np), timeout=300)
 
 
 def rank_optimizer_state():
@@ -120,11 +120,14 @@ def rank_optimizer_state():
 
 @CONFIGS
 def test_broadcast_optimizer_state_on_cuda(np):
-    values = [r.value for r in run_ranks(rank_optimizer_state, np, env=_env(), timeout=300)]
+    values = [r.value for r in run_ranks(rank_optimizer_state, np, env=_env(np=np), timeout=300)]
     assert all(v == values[0] for v in values) and values[0][0] == 0.01 and values[0][1]
 
 
-def _env(extra=None):
+def _env(extra=None, np=1):
+    """Every rank on the first visible GPU; several ranks there take the staged path, forced
+    (the CUDA-IPC path the core would choose is tests/gpu/test_ipc_gpu.py's)."""
     import os
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-    return dict({"CUDA_VISIBLE_DEVICES": first}, **(extra or {}))
+    staged = {"HVD_GPU_PATH": "staged"} if np > 1 else {}
+    return dict({"CUDA_VISIBLE_DEVICES": first}, **staged, **(extra or {}))

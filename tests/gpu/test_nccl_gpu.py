@@ -16,10 +16,13 @@ pytestmark = pytest.mark.gpu
 MIB = 1 << 20
 
 
-def _same_gpu_env(extra=None):
-    """Every rank on the first visible GPU: the one-GPU machine's situation, anywhere."""
+def _same_gpu_env(extra=None, np=1):
+    """Every rank on the first visible GPU: the one-GPU machine's situation, anywhere. Several
+    ranks there take the staged path, forced (the CUDA-IPC path the core would choose is
+    tests/gpu/test_ipc_gpu.py's)."""
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-    return dict({"CUDA_VISIBLE_DEVICES": first}, **(extra or {}))
+    staged = {"HVD_GPU_PATH": "staged"} if np > 1 else {}
+    return dict({"CUDA_VISIBLE_DEVICES": first}, **staged, **(extra or {}))
 
 
 def _values(results):
@@ -89,7 +92,7 @@ def rank_allreduce():
 
 @pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
 def test_allreduce_on_device(np):
-    run_ranks(rank_allreduce, np, env=_same_gpu_env(), timeout=300)
+    run_ranks(rank_allreduce, np, env=_same_gpu_env(np=np), timeout=300)
 
 
 # ---- fusion on the device -----------------------------------------------------------------
@@ -111,7 +114,7 @@ def rank_fusion(count=128, elements=1024):
 
 @pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
 def test_small_cuda_tensors_are_fused(np):
-    for out in _values(run_ranks(rank_fusion, np, env=_same_gpu_env(), timeout=300)):
+    for out in _values(run_ranks(rank_fusion, np, env=_same_gpu_env(np=np), timeout=300)):
         if np > 1:  # one rank has nothing to exchange: the core need not fuse (as on the CPU)
             assert out["batches"] >= 1 and out["tensors"] > out["batches"], out
 
@@ -139,7 +142,7 @@ def rank_stream_order(spin_cycles=2_000_000_000):
 
 @pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
 def test_allreduce_waits_for_the_producer_on_the_callers_stream(np):
-    for busy in _values(run_ranks(rank_stream_order, np, env=_same_gpu_env(), timeout=300)):
+    for busy in _values(run_ranks(rank_stream_order, np, env=_same_gpu_env(np=np), timeout=300)):
         assert all(busy), "the producer finished before allreduce was called: spin longer"
 
 
@@ -181,7 +184,7 @@ def rank_optimizer(steps=5, b=8):
 
 @pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
 def test_distributed_optimizer_on_cuda(np):
-    run_ranks(rank_optimizer, np, env=_same_gpu_env(), timeout=300)
+    run_ranks(rank_optimizer, np, env=_same_gpu_env(np=np), timeout=300)
 
 
 # ---- pin_gpu on a real machine --------------------------------------------------------------

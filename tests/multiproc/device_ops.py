@@ -19,13 +19,16 @@ from engine_native import _core, _dtypes, gpu
 SHARED_BUS_ID = "0000:01:00.0"
 
 
-def rank_envs(fake, np_: int, shared: bool, extra=None) -> dict:
+def rank_envs(fake, np_: int, shared: bool, extra=None, ipc: bool = False) -> dict:
     """``run_ranks`` keyword arguments: the fakes for every rank; per-rank bus ids. The fake
     NCCL's rendezvous folders go next to the fake libraries (a temporary folder), never to
-    /dev/shm, so a rank killed by a test leaves nothing behind there."""
+    /dev/shm, so a rank killed by a test leaves nothing behind there. Ranks sharing a GPU take
+    the staged path (HVD_GPU_PATH=staged) unless ``ipc``: then the core chooses (CUDA IPC,
+    test_device_ipc.py); ``extra`` overrides either."""
     comms = os.path.join(os.path.dirname(fake.cudart), "comms")
     os.makedirs(comms, exist_ok=True)
-    env = dict(fake.env(), FAKE_NCCL_DIR=comms, **(extra or {}))
+    forced = {"HVD_GPU_PATH": "staged"} if shared and not ipc else {}
+    env = dict(fake.env(), FAKE_NCCL_DIR=comms, **dict(forced, **(extra or {})))
     bus = {r: SHARED_BUS_ID if shared else f"0000:{r + 1:02x}:00.0" for r in range(np_)}
     return {"env": env, "rank_env": {r: {"FAKE_CUDA_BUS_IDS": bus[r]} for r in range(np_)}}
 
@@ -44,7 +47,8 @@ def fakes() -> Fakes:
 
 
 def gpu_path(set_id: int = 0):
-    """The path the core chose for a process set's CUDA collectives ("nccl" / "staged")."""
+    """The path the core chose for a process set's CUDA collectives ("nccl" / "cuda-ipc" /
+    "staged")."""
     entry = hvd.metrics()["gpu_paths"].get(set_id)
     return entry and entry["path"]
 

@@ -133,7 +133,7 @@ def is_device_output(tensor) -> bool:
 
 
 def gpu_path(set_id: int = 0):
-    """The core's path for a process set's CUDA collectives ("nccl" / "staged")."""
+    """The core's path for a process set's CUDA collectives ("nccl" / "cuda-ipc" / "staged")."""
     return device_ops.gpu_path(set_id)
 
 
@@ -148,7 +148,7 @@ def _counters():
 def on_device(ops, data=True):
     """Assert that the block ran at least ``ops`` tensors through the core's device path:
     each placed on device 0, its ready event recorded and waited for by the core's stream,
-    and (unless ``data`` is False: empty tensors) data moved by NCCL or by the staged copies,
+    and (unless ``data`` is False: empty tensors) data moved by NCCL or by the staged or IPC copies,
     whichever path the global set took."""
     before = _counters()
     yield
@@ -159,7 +159,7 @@ def on_device(ops, data=True):
         f"expected {ops} tensors on the device path, got {delta} (path {path})"
     # an NCCL set stages what NCCL cannot reduce (int16, integer Average, scaled integers)
     moved = delta["nccl"] + delta["copies"] if path == "nccl" else delta["copies"]
-    assert path in ("nccl", "staged") and (moved > 0 or not data), (ops, delta, path)
+    assert path in ("nccl", "cuda-ipc", "staged") and (moved > 0 or not data), (ops, delta, path)
 
 
 # ---- deterministic inputs -------------------------------------------------------------------

@@ -32,7 +32,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 CSRC = os.path.join(REPO, "engine_native", "csrc")
 OUT = os.path.join(REPO, "build", "testhooks")
 
-HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc"]
+HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc",
+         "testhooks/device_kernels.cc"]
 # The core's sources the hooks run, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/dtype.cc",
@@ -45,6 +46,11 @@ CORE = [
     "autotune/bayesian_optimizer.cc",
     "autotune/parameter_manager.cc",
     "bindings/timeline_autotune.cc",
+    "transport/nccl/loader.cc",
+    "transport/cuda/kernel_libraries.cc",
+    "transport/cuda/kernel_compiler.cc",
+    "transport/cuda/reduce_kernel_source.cc",
+    "transport/cuda/device_kernels.cc",
 ]
 
 

@@ -22,6 +22,8 @@ fake_cuda = _fake_cuda  # the session fixture, under its name
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS)
 LOADER = os.path.join(REPO, "engine_native", "csrc", "transport", "nccl", "loader.cc")
+KERNEL_LOADER = os.path.join(REPO, "engine_native", "csrc", "transport", "cuda",
+                             "kernel_libraries.cc")
 # Bound by the core besides its tables today (the device path adds them).
 EXTRA_SYMBOLS = ["cudaLaunchHostFunc", "cudaDeviceSynchronize", "ncclReduce"]
 BAD_HANDLE = 0x1234
@@ -78,8 +80,18 @@ def test_the_core_loader_binds_both_and_nccl_shares_the_cudart(fake_cuda, cudart
 def test_build_is_cached_and_names_match_the_sonames(fake_cuda, tmp_path):
     assert os.path.basename(fake_cuda.cudart) == "libcudart.so.12"
     assert os.path.dirname(fake_cuda.nccl) == os.path.dirname(fake_cuda.cudart)
+    assert (os.path.basename(fake_cuda.nvrtc), os.path.basename(fake_cuda.driver)) == \
+        ("libnvrtc.so.12", "libcuda.so.1")
     assert fake_cuda.env() == {"HVD_CUDA_RUNTIME_LIBRARY": fake_cuda.cudart,
-                               "HVD_NCCL_LIBRARY": fake_cuda.nccl}
+                               "HVD_NCCL_LIBRARY": fake_cuda.nccl,
+                               "HVD_NVRTC_LIBRARY": fake_cuda.nvrtc,
+                               "HVD_CUDA_DRIVER_LIBRARY": fake_cuda.driver}
+    with open(KERNEL_LOADER) as fh:  # every symbol the device kernels bind, in the fakes
+        kernel_bound = re.findall(r'bind\("(\w+)"', fh.read())
+    assert len(kernel_bound) == 23
+    for name in kernel_bound:
+        assert hasattr(ctypes.CDLL(fake_cuda.nvrtc if name.startswith("nvrtc")
+                                   else fake_cuda.driver), name), name
     with open(LOADER) as fh:
         bound = re.findall(r'bind(?:Optional)?\("(\w+)"', fh.read())
     assert len(bound) > 30

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/cuda/device_kernels.h"
 #include "transport/nccl/loader.h"
 
 namespace {
@@ -100,7 +101,23 @@ PyObject* pyNcclState(PyObject*, PyObject*) {
                       &hvd::transport::nccl::ncclVersionText);
 }
 
+// The libraries the device kernels try (transport/cuda/device_kernels.h), set before the first
+// CUDA collective: engine_native.gpu.device_kernel_candidates() computes them.
+PyObject* pyDeviceKernelCandidates(PyObject*, PyObject* args) {
+  PyObject* nvrtc = nullptr;
+  PyObject* driver = nullptr;
+  if (!PyArg_ParseTuple(args, "OO", &nvrtc, &driver)) return nullptr;
+  std::vector<std::string> nvrtc_paths, driver_paths;
+  if (!toStrings(nvrtc, &nvrtc_paths) || !toStrings(driver, &driver_paths)) return nullptr;
+  hvd::transport::cuda::setDeviceKernelCandidates(std::move(nvrtc_paths),
+                                                 std::move(driver_paths));
+  Py_RETURN_NONE;
+}
+
 PyMethodDef g_nccl_methods[] = {
+    {"device_kernel_candidates", pyDeviceKernelCandidates, METH_VARARGS,
+     "device_kernel_candidates(nvrtc_paths, driver_paths): the NVRTC and libcuda candidates "
+     "of the device reductions, in order (no effect once loaded)."},
     {"nccl_load", pyNcclLoad, METH_O,
      "nccl_load(candidate_paths) -> dict: load NCCL from the first usable candidate "
      "(path, version, version_text, error, rejected). Loaded once per process."},

@@ -97,8 +97,9 @@ const std::vector<Knob>& knobs() {
                  &Config::transport),
       stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
                   "How CUDA collectives move between ranks: auto (NCCL when every member of "
-                  "a process set has its own GPU and NCCL loads, else the staged path through "
-                  "host memory and shm/tcp), nccl (fail instead of staging), or staged."},
+                  "a process set has its own GPU and NCCL loads, CUDA IPC with reductions on "
+                  "the device when they all share one GPU, else the staged path through host "
+                  "memory and shm/tcp), nccl or ipc (fail instead of staging), or staged."},
                  &Config::gpu_path),
       tunable(boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool",
                         "false",
@@ -263,7 +264,9 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
         std::string v;
         for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         const bool transport = knob.string_field == &Config::transport;
-        if (v != "auto" && (transport ? v != "tcp" && v != "shm" : v != "nccl" && v != "staged")) {
+        const bool known = v == "auto" || (transport ? v == "tcp" || v == "shm"
+                                                     : v == "nccl" || v == "staged" || v == "ipc");
+        if (!known) {
           return false;
         }
         config->*knob.string_field = v;

@@ -22,7 +22,7 @@ struct Config {
   double cycle_time_ms = 1.0;               // HVD_CYCLE_TIME_MS (HOROVOD_CYCLE_TIME)
   int64_t cache_capacity = 1024;            // HVD_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY)
   std::string transport = "auto";           // HVD_TRANSPORT: auto | tcp | shm
-  std::string gpu_path = "auto";            // HVD_GPU_PATH: auto | nccl | staged
+  std::string gpu_path = "auto";            // HVD_GPU_PATH: auto | nccl | ipc | staged
   bool hierarchical_allreduce = false;      // HVD_HIERARCHICAL_ALLREDUCE
   int64_t spin_microseconds = 20;           // HVD_SPIN_US: bounded spin before a blocking wait
   int64_t caller_spin_microseconds = 200;   // HVD_CALLER_SPIN_US (Note [Caller drives])

@@ -56,7 +56,10 @@ void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_ou
                                     buffer.release_stream);
 }
 
-const char* pathName(bool is_nccl) { return is_nccl ? "nccl" : "staged"; }
+const char* pathName(const PathChoice& choice) {
+  return choice.nccl ? "nccl" : choice.ipc ? "cuda-ipc" : choice.mixed ? "cuda-ipc+nccl"
+                                                                      : "staged";
+}
 
 }  // namespace
 
@@ -129,18 +132,33 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
   HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path, &choice));
   DeviceSet set;
   set.device = device;
-  set.path = choice.nccl ? Path::kNccl : Path::kStaged;
+  set.path = choice.nccl    ? Path::kNccl
+             : choice.ipc  ? Path::kIpc
+             : choice.mixed ? Path::kMixed
+                            : Path::kStaged;
   set.nccl = std::move(choice.communicator);
+  set.ipc = std::move(choice.peers);
+  set.gpu_comm = std::move(choice.gpu_comm);
+  set.leader = choice.leader;
   const int32_t id = op.response.process_set;
   if (choice.nccl) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
                                 << device;
+  } else if (choice.mixed) {
+    HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA allreduce via CUDA IPC among "
+                                << "the " << set.gpu_comm->size() << " ranks on cuda:" << device
+                                << ", then NCCL among one rank per GPU; other CUDA collectives "
+                                << "stage through host memory";
+  } else if (choice.ipc) {
+    HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via CUDA IPC "
+                                << "between the " << op.comm.size() << " ranks sharing cuda:"
+                                << device << ", reductions on the device";
   } else {
     HVD_LOG(kWarning, "transport") << "process set " << id << ": CUDA collectives take the "
                                    << "staged path through host memory (slower): "
                                    << choice.why;
   }
-  metrics_.setDevicePath(id, pathName(choice.nccl), device);
+  metrics_.setDevicePath(id, pathName(choice), device);
   sets_.emplace(id, std::move(set));
   return Status::ok();
 }
@@ -183,8 +201,16 @@ bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
   const coord::Response& r = op.response;
   const bool reduction = r.type == coord::OpType::kAllreduce ||
                          r.type == coord::OpType::kReducescatter;
-  return current_.set->path == Path::kStaged ||
-         (reduction && ncclCannotReduce(op, r.prescale * r.postscale));
+  if (current_.set->path == Path::kStaged) return true;
+  if (!reduction && current_.set->path != Path::kMixed) return false;
+  if (current_.set->path == Path::kIpc) return r.reduce_op == common::ReduceOp::kAdasum;
+  if (current_.set->path == Path::kMixed) {  // Note [Device path choice], E
+    const common::ReduceOp across = r.reduce_op == common::ReduceOp::kAverage
+                                        ? common::ReduceOp::kSum : r.reduce_op;
+    return r.type != coord::OpType::kAllreduce ||
+           !nccl::ncclCanReduce(*nccl::ncclApi(), r.dtype, across, 1.0);
+  }
+  return ncclCannotReduce(op, r.prescale * r.postscale);
 }
 
 Status DeviceExecutor::inputsReady(OpContext& op, bool* ready) {

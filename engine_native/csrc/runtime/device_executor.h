@@ -1,5 +1,5 @@
 // DeviceExecutor: the OpExecutor for CUDA tensors, the device mirror of CpuExecutor: per
-// process set NCCL or the staged path (Note [Device path choice] in device_path.cc), work
+// process set NCCL, CUDA IPC (ranks sharing one GPU) or the staged path (Note [Device path choice] in device_path.cc), work
 // queued on this rank's device stream and completed later (Note [Deferred completion] in
 // device_executor.cc). Created by the Executor at the first CUDA response (a CPU-only job
 // never touches CUDA); background thread only (whoever holds the loop's progress lock).
@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "common/config.h"
 #include "runtime/metrics.h"
 #include "runtime/op_executor.h"
+#include "transport/cuda/ipc_peers.h"
 #include "transport/nccl/communicator.h"
 #include "transport/nccl/device_stream.h"
 
@@ -70,12 +72,19 @@ class DeviceExecutor : public OpExecutor {
   bool dropProcessSet(int32_t id);
 
  private:
-  enum class Path { kNccl, kStaged };
+  enum class Path { kNccl, kStaged, kIpc, kMixed };
   struct DeviceSet {
     Path path = Path::kStaged;
     int device = -1;
     std::unique_ptr<transport::nccl::NcclCommunicator> nccl;
+    std::unique_ptr<transport::cuda::IpcPeers> ipc;
+    uint64_t ipc_steps = 0;  // steps run so far: the same on every member (slot = steps % 2)
+    std::unique_ptr<transport::Comm> gpu_comm;  // kMixed: the members on this rank's GPU
+    bool leader = false;                        // kMixed: joins `nccl` for its GPU
   };
+  // One window of an IPC step: bytes [lo, lo + n) of every member's input.
+  using IpcWrite = std::function<common::Status(uint8_t* mine, size_t lo, size_t n)>;
+  using IpcRead = std::function<common::Status(int slot, size_t lo, size_t n)>;
   struct InFlight {
     transport::nccl::CudaEvent done = nullptr;
     transport::nccl::DeviceStream* stream = nullptr;
@@ -98,6 +107,24 @@ class DeviceExecutor : public OpExecutor {
   common::Status stagedAlltoall(OpContext& op);
   common::Status ncclReducescatter(OpContext& op);
   common::Status stagedReducescatter(OpContext& op);
+  // device_ipc_ops.cc (Note [IPC step protocol] in transport/cuda/ipc_peers.cc)
+  transport::cuda::IpcPeers& ipc() { return *current_.set->ipc; }
+  common::Status ipcSteps(OpContext& op, size_t span, const IpcWrite& write,
+                          const IpcRead& read);
+  common::Status ipcReserve(OpContext& op, size_t span);
+  common::Status ipcReduce(const OpContext& op, int slot, size_t src_offset, void* dst,
+                           size_t bytes, double postscale);
+  // The members IPC connects: the set, or on a mixed set the members on this rank's GPU.
+  transport::Comm& ipcComm(OpContext& op) {
+    return current_.set->gpu_comm ? *current_.set->gpu_comm : op.comm;
+  }
+  common::Status mixedAllreduce(OpContext& op);  // device_mixed_ops.cc
+  common::Status ipcAllreduce(OpContext& op);
+  common::Status ipcAllgather(OpContext& op);
+  common::Status ipcBroadcast(OpContext& op);
+  common::Status ipcAlltoall(OpContext& op);
+  common::Status ipcReducescatter(OpContext& op);
+  common::Status packWindow(const OpContext& op, uint8_t* dst, size_t lo, size_t n);
   common::Status deviceOutput(size_t bytes, OpResult* result);
   bool stagesThroughHost(const OpContext& op) const;
   common::Status packInputs(const OpContext& op, uint8_t* base, bool zero_missing);

@@ -1,5 +1,5 @@
-// DeviceExecutor's collectives on CUDA tensors: each op method picks NCCL or the staged path
-// (device_executor.h), and the NCCL bodies live here. Every call only queues work on the
+// DeviceExecutor's collectives on CUDA tensors: each op method picks NCCL, CUDA IPC or the
+// staged path (device_executor.h), and the NCCL bodies live here (IPC: device_ipc_ops.cc). Every call only queues work on the
 // device stream; nothing here waits for the device.
 #include <cstdint>
 
@@ -13,23 +13,29 @@ using common::Status;
 using coord::OpType;
 
 Status DeviceExecutor::allreduce(OpContext& op) {
-  return stagesThroughHost(op) ? stagedAllreduce(op) : ncclAllreduce(op);
+  if (stagesThroughHost(op)) return stagedAllreduce(op);
+  if (current_.set->path == Path::kMixed) return mixedAllreduce(op);
+  return current_.set->path == Path::kIpc ? ipcAllreduce(op) : ncclAllreduce(op);
 }
 
 Status DeviceExecutor::allgather(OpContext& op) {
-  return stagesThroughHost(op) ? stagedAllgather(op) : ncclAllgather(op);
+  if (stagesThroughHost(op)) return stagedAllgather(op);
+  return current_.set->path == Path::kIpc ? ipcAllgather(op) : ncclAllgather(op);
 }
 
 Status DeviceExecutor::broadcast(OpContext& op) {
-  return stagesThroughHost(op) ? stagedBroadcast(op) : ncclBroadcast(op);
+  if (stagesThroughHost(op)) return stagedBroadcast(op);
+  return current_.set->path == Path::kIpc ? ipcBroadcast(op) : ncclBroadcast(op);
 }
 
 Status DeviceExecutor::alltoall(OpContext& op) {
-  return stagesThroughHost(op) ? stagedAlltoall(op) : ncclAlltoall(op);
+  if (stagesThroughHost(op)) return stagedAlltoall(op);
+  return current_.set->path == Path::kIpc ? ipcAlltoall(op) : ncclAlltoall(op);
 }
 
 Status DeviceExecutor::reducescatter(OpContext& op) {
-  return stagesThroughHost(op) ? stagedReducescatter(op) : ncclReducescatter(op);
+  if (stagesThroughHost(op)) return stagedReducescatter(op);
+  return current_.set->path == Path::kIpc ? ipcReducescatter(op) : ncclReducescatter(op);
 }
 
 // A batch's tensors to their offsets of a packed buffer (device or pinned host memory), in

@@ -1,9 +1,11 @@
 #include "runtime/device_path.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "algo/algorithms.h"
+#include "transport/cuda/device_kernels.h"
 #include "transport/mesh.h"
 #include "transport/nccl/loader.h"
 
@@ -14,22 +16,44 @@ using common::Status;
 
 // Note [Device path choice]
 //   A. Every member describes itself in a fixed-size record: the PCI bus id of its GPU,
-//      whether NCCL is loaded, what HVD_GPU_PATH asks; an allgather over the set's CPU Comm
-//      gives every member every record.
+//      whether NCCL is loaded, whether it can do CUDA IPC (the runtime has the IPC entry
+//      points and the device kernels compiled: deviceKernelsReady()), what HVD_GPU_PATH asks;
+//      an allgather over the set's CPU Comm gives every member every record.
 //   B. Every member derives the same answer from the same records: staged when a member asks
-//      for it, when a member has no NCCL, or when two members on one host name the same GPU
-//      (NCCL refuses duplicate GPUs in a communicator: "Duplicate GPU detected"); else NCCL.
-//      HVD_GPU_PATH=nccl on a member where NCCL is impossible fails the op on every member.
+//      for it. IPC when every member is on one host and names the same GPU, every member can
+//      do IPC, and none asks for NCCL (else staged, saying which member cannot). Otherwise
+//      staged when a member has no NCCL, or when two members on one host name the same GPU
+//      (NCCL refuses duplicate GPUs in a communicator: "Duplicate GPU detected"; a set that
+//      mixes shared and distinct GPUs is not served by IPC yet); else NCCL.
+//      HVD_GPU_PATH=nccl (or =ipc) on a member where that path is impossible fails the op on
+//      every member.
 //   C. NCCL: set rank 0 makes the unique id and broadcasts it (with a flag: making it may
 //      fail) over the CPU Comm; every member creates its communicator (ncclCommInitRank
 //      returns once all members joined); an allgather of the outcomes follows, and if any
 //      member failed, every member drops its communicator and stages, naming each failure.
+//   E. A mixed set — several GPUs, some shared by several members (the hierarchical shape of
+//      hosts, one level down): when every member can do IPC and has NCCL and none asks for
+//      NCCL or staging, the members of each GPU connect over IPC among themselves (a Comm of
+//      those members), the first member of each GPU (its leader) joins an NCCL communicator
+//      of the leaders, and an allgather over the whole set of every step's outcome keeps the
+//      members in agreement: any failure stages the whole set. Its allreduce is hierarchical
+//      (device_mixed_ops.cc); its other collectives stage.
+//   D. IPC (connectIpc): every member allocates and exports its buffer and events and
+//      allgathers the handles; every member opens the others'; an allgather of the outcomes
+//      follows, and if any member failed, every member closes what it opened and stages,
+//      naming each failure. The same exchange runs again when an op needs larger slots
+//      (device_ipc_ops.cc).
 namespace {
 
 struct MemberRecord {
   char bus_id[64];
   int32_t nccl_loaded;
-  int32_t wanted;  // 0 auto, 1 nccl, 2 staged
+  int32_t wanted;  // 0 auto, 1 nccl, 2 staged, 3 ipc
+};
+
+struct IpcRecord {  // A, second round: only for a set on one GPU
+  int32_t capable;
+  char why[188];  // why not, when !capable
 };
 
 struct UniqueIdMessage {
@@ -63,11 +87,73 @@ std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& re
   return "";
 }
 
+bool oneGpu(transport::Comm& comm, const std::vector<MemberRecord>& records) {
+  for (int r = 1; r < comm.size(); ++r) {
+    if (std::strncmp(records[r].bus_id, records[0].bus_id, sizeof(records[r].bus_id)) != 0 ||
+        !comm.mesh().sameHost(comm.globalRank(0), comm.globalRank(r))) {
+      return false;
+    }
+  }
+  return comm.size() > 1;
+}
+
+// B, for a set on one GPU: "" for IPC, else why not.
+// The members sharing each GPU (same host, same bus id), set ranks, in order of first member.
+std::vector<std::vector<int>> gpuGroups(transport::Comm& comm,
+                                        const std::vector<MemberRecord>& records) {
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < comm.size(); ++r) {
+    bool placed = false;
+    for (auto& g : groups) {
+      if (std::strncmp(records[g[0]].bus_id, records[r].bus_id, sizeof(records[r].bus_id)) == 0 &&
+          comm.mesh().sameHost(comm.globalRank(g[0]), comm.globalRank(r))) {
+        g.push_back(r);
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) groups.push_back({r});
+  }
+  return groups;
+}
+
+bool isMixed(const std::vector<std::vector<int>>& groups) {
+  if (groups.size() < 2) return false;
+  for (const auto& g : groups) {
+    if (g.size() > 1) return true;
+  }
+  return false;
+}
+
+std::string ipcReason(transport::Comm& comm, const std::vector<MemberRecord>& records,
+                      const std::vector<IpcRecord>& ipc) {
+  if (comm.size() > transport::cuda::kMaxReduceSources) {
+    return std::to_string(comm.size()) + " ranks share the GPU; the device reduction takes at "
+           "most " + std::to_string(transport::cuda::kMaxReduceSources);
+  }
+  for (int r = 0; r < comm.size(); ++r) {
+    if (records[r].wanted == 1) return sharedGpu(comm, records);
+    if (!ipc[r].capable) {
+      return "rank " + std::to_string(comm.globalRank(r)) + " cannot use CUDA IPC: " +
+             ipc[r].why;
+    }
+  }
+  return "";
+}
+
 // B: the reason to stage, or "" for NCCL; the same on every member.
 std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>& records) {
   for (int r = 0; r < comm.size(); ++r) {
     if (records[r].wanted == 2) {
       return "HVD_GPU_PATH=staged on rank " + std::to_string(comm.globalRank(r));
+    }
+  }
+  for (int r = 0; r < comm.size(); ++r) {
+    if (records[r].wanted == 3 && !oneGpu(comm, records) &&
+        !isMixed(gpuGroups(comm, records))) {
+      return "HVD_GPU_PATH=ipc on rank " + std::to_string(comm.globalRank(r)) + ", but CUDA "
+             "IPC serves only sets whose ranks share one GPU on one host (or, mixed, several "
+             "such GPUs), and here no two ranks share one";
     }
   }
   for (int r = 0; r < comm.size(); ++r) {
@@ -116,6 +202,135 @@ Status createCommunicator(transport::Comm& comm, nccl::DeviceStream& stream, Pat
   return Status::ok();
 }
 
+// A: whether this rank can do IPC, and why not. deviceKernelsReady() compiles the kernels for
+// the current device once per process (the stream selected it).
+void describeIpc(IpcRecord* mine) {
+  const nccl::CudaApi* cuda = nccl::cudaApi();
+  std::string why;
+  if (cuda == nullptr || !cuda->hasIpc()) {
+    why = "its CUDA runtime lacks the cudaIpc* entry points";
+  } else {
+    Status kernels = transport::cuda::deviceKernelsReady();
+    if (!kernels.isOk()) why = "no device kernels: " + kernels.message();
+  }
+  mine->capable = why.empty() ? 1 : 0;
+  std::strncpy(mine->why, why.c_str(), sizeof(mine->why) - 1);
+}
+
+constexpr size_t kFirstIpcSlotBytes = size_t{1} << 20;  // grows with the ops (device_ipc_ops.cc)
+
+}  // namespace
+
+Status connectIpc(transport::Comm& comm, nccl::DeviceStream& stream, size_t slot_bytes,
+                  std::unique_ptr<transport::cuda::IpcPeers>* peers, std::string* why) {
+  auto mine = std::make_unique<transport::cuda::IpcPeers>(stream);
+  transport::cuda::IpcExport exported;
+  mine->exportOwn(slot_bytes, &exported);
+  std::vector<transport::cuda::IpcExport> all;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, exported, &all));
+  InitOutcome outcome{};
+  std::string local_error;
+  for (int r = 0; r < comm.size() && local_error.empty(); ++r) {
+    if (!all[r].ok) {
+      local_error = r == comm.rank() ? std::string(all[r].error)
+                                     : "rank " + std::to_string(comm.globalRank(r)) +
+                                           " exported nothing";
+    }
+  }
+  if (local_error.empty()) {
+    Status opened = mine->openPeers(all, comm.rank());
+    if (!opened.isOk()) local_error = opened.message();
+  }
+  outcome.ok = local_error.empty() ? 1 : 0;
+  std::strncpy(outcome.error, local_error.c_str(), sizeof(outcome.error) - 1);
+  std::vector<InitOutcome> outcomes;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, outcome, &outcomes));
+  std::string failures;
+  for (int r = 0; r < comm.size(); ++r) {
+    if (outcomes[r].ok) continue;
+    failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
+                std::to_string(comm.globalRank(r)) + ": " + outcomes[r].error;
+  }
+  if (!failures.empty()) {
+    *why = "CUDA IPC could not connect the ranks sharing the GPU (" + failures + ")";
+    return Status::ok();  // `mine` closes what it opened
+  }
+  *peers = std::move(mine);
+  return Status::ok();
+}
+
+namespace {
+
+// Every member's outcome of one step of E, shared: "" when all succeeded, else each failure.
+Status agree(transport::Comm& comm, const std::string& local_error, std::string* failures) {
+  InitOutcome mine{};
+  mine.ok = local_error.empty() ? 1 : 0;
+  std::strncpy(mine.error, local_error.c_str(), sizeof(mine.error) - 1);
+  std::vector<InitOutcome> all;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &all));
+  failures->clear();
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[r].ok) continue;
+    *failures += (failures->empty() ? "" : "; ") + std::string("rank ") +
+                 std::to_string(comm.globalRank(r)) + ": " + all[r].error;
+  }
+  return Status::ok();
+}
+
+// E. out->why says why not, on every member alike.
+Status connectMixed(transport::Comm& comm, nccl::DeviceStream& stream,
+                    const std::vector<MemberRecord>& records,
+                    const std::vector<std::vector<int>>& groups, PathChoice* out) {
+  IpcRecord ipc_mine{};
+  describeIpc(&ipc_mine);
+  std::vector<IpcRecord> ipc;
+  HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
+  out->why = ipcReason(comm, records, ipc);
+  for (int r = 0; r < comm.size() && out->why.empty(); ++r) {
+    if (!records[r].nccl_loaded) {
+      out->why = "rank " + std::to_string(comm.globalRank(r)) + " has no usable NCCL for the "
+                 "GPUs' leaders (engine_native.gpu.nccl_info() there says why)";
+    }
+  }
+  if (!out->why.empty()) return Status::ok();
+  std::vector<int> mine, leaders;
+  for (const auto& g : groups) {
+    leaders.push_back(comm.globalRank(g[0]));
+    if (std::find(g.begin(), g.end(), comm.rank()) == g.end()) continue;
+    for (int r : g) mine.push_back(comm.globalRank(r));
+  }
+  auto gpu_comm = std::make_unique<transport::Comm>(comm.mesh(), mine, comm.timeoutSeconds(),
+                                                    comm.spinMicroseconds());
+  std::unique_ptr<transport::cuda::IpcPeers> peers;
+  std::string ipc_why, failures;
+  HVD_RETURN_IF_ERROR(connectIpc(*gpu_comm, stream, kFirstIpcSlotBytes, &peers, &ipc_why));
+  HVD_RETURN_IF_ERROR(agree(comm, ipc_why, &failures));
+  if (!failures.empty()) {
+    out->why = "CUDA IPC could not connect the ranks sharing a GPU (" + failures + ")";
+    return Status::ok();
+  }
+  const bool leader = gpu_comm->rank() == 0;
+  PathChoice across;
+  std::string nccl_error;
+  if (leader) {
+    transport::Comm leader_comm(comm.mesh(), leaders, comm.timeoutSeconds(),
+                                comm.spinMicroseconds());
+    HVD_RETURN_IF_ERROR(createCommunicator(leader_comm, stream, &across));
+    if (!across.nccl) nccl_error = across.why;
+  }
+  HVD_RETURN_IF_ERROR(agree(comm, nccl_error, &failures));
+  if (!failures.empty()) {
+    out->why = "the GPUs' leaders could not set up NCCL (" + failures + ")";
+    return Status::ok();
+  }
+  out->mixed = true;
+  out->leader = leader;
+  out->peers = std::move(peers);
+  out->gpu_comm = std::move(gpu_comm);
+  out->communicator = std::move(across.communicator);
+  return Status::ok();
+}
+
 }  // namespace
 
 Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::string& wanted,
@@ -125,16 +340,38 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
   HVD_RETURN_IF_ERROR(stream.pciBusId(&bus_id));
   std::strncpy(mine.bus_id, bus_id.c_str(), sizeof(mine.bus_id) - 1);
   mine.nccl_loaded = nccl::ncclApi() != nullptr ? 1 : 0;
-  mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : 0;
+  mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : wanted == "ipc" ? 3 : 0;
   std::vector<MemberRecord> records;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &records));  // A
   out->why = stagingReason(comm, records);                       // B
-  bool demanded = false;
-  for (const MemberRecord& r : records) demanded = demanded || r.wanted == 1;
-  if (out->why.empty()) HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C
-  if (!out->nccl && demanded) {
+  bool nccl_demanded = false, ipc_demanded = false;
+  for (const MemberRecord& r : records) {
+    nccl_demanded = nccl_demanded || r.wanted == 1;
+    ipc_demanded = ipc_demanded || r.wanted == 3;
+  }
+  const bool staged_demanded = out->why.rfind("HVD_GPU_PATH=staged", 0) == 0;
+  if (!staged_demanded && oneGpu(comm, records)) {
+    IpcRecord ipc_mine{};
+    describeIpc(&ipc_mine);
+    std::vector<IpcRecord> ipc;
+    HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
+    out->why = ipcReason(comm, records, ipc);
+    if (out->why.empty()) {
+      HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, &out->peers, &out->why));
+      out->ipc = out->peers != nullptr;  // D
+    }
+  } else if (!staged_demanded && !nccl_demanded && isMixed(gpuGroups(comm, records))) {
+    HVD_RETURN_IF_ERROR(connectMixed(comm, stream, records, gpuGroups(comm, records), out));  // E
+  } else if (out->why.empty()) {
+    HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C
+  }
+  if (!out->nccl && nccl_demanded) {
     return common::internalError("HVD_GPU_PATH=nccl, but NCCL cannot serve this process set: " +
                                  out->why + "; unset HVD_GPU_PATH to stage instead");
+  }
+  if (!out->ipc && !out->mixed && ipc_demanded) {
+    return common::internalError("HVD_GPU_PATH=ipc, but CUDA IPC cannot serve this process "
+                                 "set: " + out->why + "; unset HVD_GPU_PATH to stage instead");
   }
   return Status::ok();
 }

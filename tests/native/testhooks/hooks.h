@@ -17,5 +17,7 @@ bool toDoubles(PyObject* seq, std::vector<double>* out, const char* what);
 int addTimelineWriter(PyObject* module);
 // ParameterManagerForTest, autotune_maximize, gp_fit_predict (autotune.cc). Same contract.
 int addAutotuneHooks(PyObject* module);
+// device_reduce, cpu_reduce, compile_reduce_kernels, ... (device_kernels.cc). Same contract.
+int addDeviceKernelHooks(PyObject* module);
 
 }  // namespace hvd::testhooks

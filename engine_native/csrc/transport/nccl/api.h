@@ -123,6 +123,20 @@ using CudaMemcpyAsyncFn = int (*)(void* dst, const void* src, size_t bytes, int 
 using CudaMemsetAsyncFn = int (*)(void* dst, int value, size_t bytes, CudaStream stream);
 using CudaHostFn = void (*)(void* user_data);  // runs on a driver thread: no CUDA calls in it
 using CudaLaunchHostFuncFn = int (*)(CudaStream stream, CudaHostFn fn, void* user_data);
+// CUDA IPC (ranks sharing one GPU): cudaIpcMemHandle_t and cudaIpcEventHandle_t are both 64
+// opaque bytes passed by value (CUDA_IPC_HANDLE_SIZE).
+constexpr unsigned kCudaEventInterprocess = 0x4;          // needs kCudaEventDisableTiming too
+constexpr unsigned kCudaIpcMemLazyEnablePeerAccess = 0x1;
+constexpr size_t kCudaIpcHandleBytes = 64;
+struct CudaIpcHandle {
+  char reserved[kCudaIpcHandleBytes];
+};
+using CudaIpcGetMemHandleFn = int (*)(CudaIpcHandle* handle, void* device_pointer);
+using CudaIpcOpenMemHandleFn = int (*)(void** device_pointer, CudaIpcHandle handle,
+                                       unsigned flags);
+using CudaIpcCloseMemHandleFn = int (*)(void* device_pointer);
+using CudaIpcGetEventHandleFn = int (*)(CudaIpcHandle* handle, CudaEvent event);
+using CudaIpcOpenEventHandleFn = int (*)(CudaEvent* event, CudaIpcHandle handle);
 
 struct CudaApi {
   CudaIntOutFn runtimeGetVersion = nullptr;
@@ -147,6 +161,17 @@ struct CudaApi {
   CudaMemcpyAsyncFn memcpyAsync = nullptr;
   CudaMemsetAsyncFn memsetAsync = nullptr;
   CudaLaunchHostFuncFn launchHostFunc = nullptr;
+  // Optional (a partial runtime may lack them): without all five, ranks sharing a GPU stage.
+  CudaIpcGetMemHandleFn ipcGetMemHandle = nullptr;
+  CudaIpcOpenMemHandleFn ipcOpenMemHandle = nullptr;
+  CudaIpcCloseMemHandleFn ipcCloseMemHandle = nullptr;
+  CudaIpcGetEventHandleFn ipcGetEventHandle = nullptr;
+  CudaIpcOpenEventHandleFn ipcOpenEventHandle = nullptr;
+  bool hasIpc() const {
+    return ipcGetMemHandle != nullptr && ipcOpenMemHandle != nullptr &&
+           ipcCloseMemHandle != nullptr && ipcGetEventHandle != nullptr &&
+           ipcOpenEventHandle != nullptr;
+  }
 };
 
 }  // namespace hvd::transport::nccl

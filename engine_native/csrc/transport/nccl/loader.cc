@@ -101,6 +101,11 @@ void bindCuda(SymbolBinder& b, CudaApi* api) {
   b.bind("cudaMemcpyAsync", &api->memcpyAsync);
   b.bind("cudaMemsetAsync", &api->memsetAsync);
   b.bind("cudaLaunchHostFunc", &api->launchHostFunc);
+  b.bindOptional("cudaIpcGetMemHandle", &api->ipcGetMemHandle);
+  b.bindOptional("cudaIpcOpenMemHandle", &api->ipcOpenMemHandle);
+  b.bindOptional("cudaIpcCloseMemHandle", &api->ipcCloseMemHandle);
+  b.bindOptional("cudaIpcGetEventHandle", &api->ipcGetEventHandle);
+  b.bindOptional("cudaIpcOpenEventHandle", &api->ipcOpenEventHandle);
 }
 
 // What differs between the two libraries; the procedure (a)-(e) is shared.

@@ -1,0 +1,159 @@
+// IpcPeers (ipc_peers.h): export, open, the step protocol's event operations, and close.
+#include "transport/cuda/ipc_peers.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+#include "transport/nccl/loader.h"
+
+namespace hvd::transport::cuda {
+
+using common::Status;
+namespace nccl = transport::nccl;
+
+// Note [IPC step protocol]
+//   A collective on the IPC path runs as steps: one when its bytes fit a slot, else one per
+//   chunk. Step s uses slot s % 2 of every member's buffer. On every rank r, step s is:
+//   (a) the stream waits for every peer's reads_done[slot]: their reads of r's slot in step
+//       s-2, the last step that used it. Peer q issued that record (host side) before it
+//       reached the host barrier of step s-1, which r passed; q's next record of that event
+//       (step s) comes after the barrier of step s, which r has not reached. So the wait
+//       captures exactly step s-2's record (CUDA: a wait is for the latest record *at the
+//       call*).
+//   (b) r writes its input into its slot and records input_ready[slot].
+//   (c) a host barrier over the set's CPU Comm (every member issued (b) of step s), then the
+//       stream waits for every peer's input_ready[slot] — exactly step s's record, by the same
+//       argument (its next record is step s+2's, behind the barrier of step s+1).
+//   (d) r reads the members' slots (copies, or the reduce kernel) into its outputs and
+//       records reads_done[slot].
+//   With one slot, (a) would need the peers' reads of step s-1, whose records are issued
+//   after barrier s-1 and may not be issued yet when r reaches step s: r would capture an
+//   older record and overwrite a slot a peer still reads. Two slots put a barrier between
+//   the issue of each record and the wait on it. Every wait is on the device; the only host
+//   round trip is the one barrier per step (none waits for the device), and a later op's
+//   writes are ordered after this op's reads by (a).
+
+IpcPeers::~IpcPeers() { close(); }
+
+const nccl::CudaApi* IpcPeers::api() const { return nccl::cudaApi(); }
+
+void IpcPeers::exportOwn(size_t slot_bytes, IpcExport* out) {
+  std::memset(out, 0, sizeof(*out));
+  const nccl::CudaApi* cuda = api();
+  auto fail = [&](const Status& status) {
+    std::strncpy(out->error, status.message().c_str(), sizeof(out->error) - 1);
+  };
+  if (cuda == nullptr || !cuda->hasIpc()) {
+    fail(common::internalError("the CUDA runtime has no IPC entry points"));
+    return;
+  }
+  slot_bytes_ = slot_bytes;
+  Status status = stream_.check(cuda->malloc(&own_, kIpcSlots * slot_bytes), "cudaMalloc");
+  if (status.isOk()) {
+    status = stream_.check(cuda->ipcGetMemHandle(&out->memory, own_), "cudaIpcGetMemHandle");
+  }
+  const unsigned flags = nccl::kCudaEventInterprocess | nccl::kCudaEventDisableTiming;
+  for (int s = 0; s < kIpcSlots && status.isOk(); ++s) {
+    for (auto [event, handle] : {std::pair{&own_input_[s], &out->input_ready[s]},
+                                 std::pair{&own_reads_[s], &out->reads_done[s]}}) {
+      if (!status.isOk()) break;
+      status = stream_.check(cuda->eventCreateWithFlags(event, flags),
+                             "cudaEventCreateWithFlags(interprocess)");
+      if (status.isOk()) {
+        status = stream_.check(cuda->ipcGetEventHandle(handle, *event), "cudaIpcGetEventHandle");
+      }
+    }
+  }
+  if (!status.isOk()) {
+    fail(status);
+    return;
+  }
+  out->slot_bytes = slot_bytes;
+  out->ok = 1;
+}
+
+Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
+  const nccl::CudaApi* cuda = api();
+  me_ = me;
+  const int n = static_cast<int>(all.size());
+  buffers_.assign(n, nullptr);
+  for (int s = 0; s < kIpcSlots; ++s) {
+    input_[s].assign(n, nullptr);
+    reads_[s].assign(n, nullptr);
+  }
+  buffers_[me] = own_;
+  for (int s = 0; s < kIpcSlots; ++s) {
+    input_[s][me] = own_input_[s];
+    reads_[s][me] = own_reads_[s];
+  }
+  for (int m = 0; m < n; ++m) {
+    if (m == me) continue;
+    if (all[m].slot_bytes != slot_bytes_) {
+      return common::internalError("member " + std::to_string(m) + " exported " +
+                                   std::to_string(all[m].slot_bytes) + "-byte IPC slots, this "
+                                   "rank " + std::to_string(slot_bytes_));
+    }
+    HVD_RETURN_IF_ERROR(stream_.check(
+        cuda->ipcOpenMemHandle(&buffers_[m], all[m].memory, nccl::kCudaIpcMemLazyEnablePeerAccess),
+        "cudaIpcOpenMemHandle"));
+    for (int s = 0; s < kIpcSlots; ++s) {
+      HVD_RETURN_IF_ERROR(stream_.check(cuda->ipcOpenEventHandle(&input_[s][m],
+                                                                 all[m].input_ready[s]),
+                                        "cudaIpcOpenEventHandle"));
+      HVD_RETURN_IF_ERROR(stream_.check(cuda->ipcOpenEventHandle(&reads_[s][m],
+                                                                 all[m].reads_done[s]),
+                                        "cudaIpcOpenEventHandle"));
+    }
+  }
+  return Status::ok();
+}
+
+void IpcPeers::close() {
+  const nccl::CudaApi* cuda = api();
+  if (cuda == nullptr || (own_ == nullptr && buffers_.empty())) return;
+  if (!stream_.drain(std::chrono::steady_clock::now() + std::chrono::seconds(2))) {
+    HVD_LOG(kWarning, "transport") << "CUDA IPC: the core's stream still waits (a peer that "
+                                   << "died never signals); the peers' mapped buffers stay "
+                                   << "open until this process exits";
+    return;
+  }
+  for (int m = 0; m < static_cast<int>(buffers_.size()); ++m) {
+    if (m == me_) continue;
+    if (buffers_[m] != nullptr) cuda->ipcCloseMemHandle(buffers_[m]);
+    for (int s = 0; s < kIpcSlots; ++s) {
+      if (input_[s][m] != nullptr) cuda->eventDestroy(input_[s][m]);
+      if (reads_[s][m] != nullptr) cuda->eventDestroy(reads_[s][m]);
+    }
+  }
+  for (int s = 0; s < kIpcSlots; ++s) {
+    if (own_input_[s] != nullptr) cuda->eventDestroy(own_input_[s]);
+    if (own_reads_[s] != nullptr) cuda->eventDestroy(own_reads_[s]);
+    own_input_[s] = own_reads_[s] = nullptr;
+    input_[s].clear();
+    reads_[s].clear();
+  }
+  if (own_ != nullptr) cuda->free(own_);
+  own_ = nullptr;
+  buffers_.clear();
+}
+
+Status IpcPeers::waitAll(const std::vector<nccl::CudaEvent>* events, int slot) {
+  for (int m = 0; m < members(); ++m) {
+    if (m != me_) HVD_RETURN_IF_ERROR(stream_.waitFor(events[slot][m]));
+  }
+  return Status::ok();
+}
+
+Status IpcPeers::waitPeersReadsDone(int slot) { return waitAll(reads_, slot); }
+Status IpcPeers::waitPeersInputReady(int slot) { return waitAll(input_, slot); }
+
+Status IpcPeers::recordInputReady(int slot) {
+  return stream_.check(api()->eventRecord(own_input_[slot], stream_.stream()), "cudaEventRecord");
+}
+
+Status IpcPeers::recordReadsDone(int slot) {
+  return stream_.check(api()->eventRecord(own_reads_[slot], stream_.stream()), "cudaEventRecord");
+}
+
+}  // namespace hvd::transport::cuda

@@ -1,0 +1,61 @@
+"""The device reductions on a real GPU: the same checks as tests/unit/test_device_kernels.py
+(every dtype x op x nsrcs 1-4 x pre/postscale, aliasing, more than one grid), with the real
+NVRTC (the nvidia-cuda-nvrtc-cu12 wheel, else torch's) and libcuda, on torch CUDA tensors.
+Marker ``gpu``. In a subprocess: the core loads one NVRTC per process (the unit tests load the
+fake one)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+SCRIPT = r"""
+import glob, os, site, sys
+import numpy as np, torch
+from native.build_testhooks import load
+from unit.test_device_kernels import DTYPES, OPS, SCALES, inputs, half_reference
+h = load()
+torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+nvrtc = sorted(glob.glob(os.path.join(site.getsitepackages()[0], "nvidia", "cuda_nvrtc", "lib",
+                                      "libnvrtc.so.1*"))) + sorted(glob.glob(os.path.join(
+                                      torch_lib, "libnvrtc*.so*")))
+h.device_kernels_set_candidates(nvrtc, ["libcuda.so.1"])
+torch.cuda.init()
+torch.zeros(1, device="cuda")  # the primary context is current on this thread
+h.device_kernels_ready()
+stream = torch.cuda.current_stream().cuda_stream
+def run(code, op, arrays, pre, post, dst_index=None):
+    ts = [torch.from_numpy(a.view(np.uint8).copy()).cuda() for a in arrays]
+    dst = ts[dst_index] if dst_index is not None else torch.empty_like(ts[0])
+    h.device_reduce(code, op, [t.data_ptr() for t in ts], dst.data_ptr(), arrays[0].size,
+                    pre, post, stream)
+    torch.cuda.synchronize()
+    return dst.cpu().numpy().tobytes()
+bad = []
+for code in sorted(DTYPES):
+    for op in OPS:
+        for nsrcs in (1, 2, 3, 4):
+            for pre, post in SCALES:
+                for count, dst_index in ((1001, None), (2 * 262144 + 3, nsrcs - 1)):
+                    arrays = inputs(code, nsrcs, count, seed=code * 100 + op * 10 + nsrcs)
+                    got = run(code, op, arrays, pre, post, dst_index)
+                    ref = (half_reference(code, op, arrays, pre, post).tobytes()
+                           if code in (5, 6) else
+                           h.cpu_reduce(code, op, [a.tobytes() for a in arrays], pre, post))
+                    if got != ref:
+                        bad.append((code, op, nsrcs, pre, post, count))
+print("BAD", bad[:20], len(bad))
+"""
+
+
+def test_device_reductions_on_the_gpu_match_the_cpu_path():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": tests_dir})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().endswith("BAD [] 0"), proc.stdout[-4000:]

@@ -1,0 +1,93 @@
+"""Failures on the CUDA-IPC path (ranks sharing one fake GPU): a rank that dies while its peers
+hold its mapped buffer and wait on its events, and abort() mid-collective followed by
+shutdown() + init(). Every surviving rank fails within HVD_TIMEOUT naming the lost rank (no
+hang), and after a recovery the peers' buffers are mapped afresh with none left over (the fake
+counts open IPC mappings).
+"""
+import os
+import signal
+import time
+
+import numpy as np
+from fakecuda.fixtures import fake_cuda as _fake_cuda
+
+from multiproc import checks, device_ops
+from multiproc.harness import run_ranks
+from multiproc.test_device_faults import _failure
+
+fake_cuda = _fake_cuda  # the session fixture, under its name
+TIMEOUT = 3
+
+
+def stuck_ipc_peer(action):
+    """The last rank's input comes from a producer kernel that never finishes, so the others'
+    streams wait on its input_ready event (Note [IPC step protocol], c). Then rank 0 aborts,
+    or the last rank is SIGKILLed."""
+    from engine_native import _core
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    last = hvd.size() - 1
+    device_ops.allreduce(np.ones(4, np.float32), hvd.Sum, "warm")  # peers mapped
+    mapped = f.cuda.fakeCudaLiveIpcMappings()
+    producer, token = f.stream(), 0
+    if hvd.rank() == last:
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+    x = np.ones(1024, np.float32)
+    out = np.empty_like(x)
+    handle = device_ops.enqueue(_core.ALLREDUCE, x, out, "stuck", hvd.Sum, stream=producer)
+    bus = checks.out_of_band()
+    if hvd.rank() == 0:
+        time.sleep(0.3)  # a stimulus, not a synchronisation: the op must still be pending
+        pending = not _core.poll(handle)
+        if action == "abort":
+            hvd.abort("test")
+        bus.set("rank0-ready", b"1")
+    else:
+        pending = True
+        bus.get("rank0-ready", timeout=30)
+    if action == "kill" and hvd.rank() == last:
+        os.kill(os.getpid(), signal.SIGKILL)
+    error, seconds = _failure(handle)
+    if hvd.rank() == last:
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    result = {"pending": pending, "error": error, "seconds": seconds, "mapped": mapped}
+    if action == "abort":
+        hvd.shutdown()
+        result["after_shutdown"] = f.cuda.fakeCudaLiveIpcMappings()
+        hvd.init()
+        again = device_ops.allreduce(np.ones(4, np.float32), hvd.Sum, "after")
+        result["again"] = again.tolist() == [float(hvd.size())] * 4
+        result["path"] = device_ops.gpu_path()
+        result["remapped"] = f.cuda.fakeCudaLiveIpcMappings()
+        hvd.shutdown()
+        result["final"] = f.cuda.fakeCudaLiveIpcMappings()
+    return result
+
+
+def _envs(fake, np_):
+    return device_ops.rank_envs(fake, np_, True, {"HVD_TIMEOUT": str(TIMEOUT)}, ipc=True)
+
+
+def test_abort_mid_collective_then_reinit_leaves_no_mappings(fake_cuda):
+    np_ = 3
+    results = run_ranks(stuck_ipc_peer, np_, args=("abort",), timeout=120, **_envs(fake_cuda, np_))
+    assert results[0].value["pending"], "the op finished although its peer was stuck"
+    for r in results:
+        v = r.value
+        assert v["error"] and v["seconds"] < TIMEOUT + 3, v
+        assert v["mapped"] == np_ - 1 and v["after_shutdown"] == 0, v
+        assert v["again"] and v["path"] == "cuda-ipc", v
+        assert v["remapped"] == np_ - 1 and v["final"] == 0, v
+
+
+def test_a_rank_killed_while_peers_hold_its_mapping(fake_cuda):
+    np_ = 3
+    results = run_ranks(stuck_ipc_peer, np_, args=("kill",), timeout=120, check=False,
+                        **_envs(fake_cuda, np_))
+    assert results[-1].returncode == -signal.SIGKILL, results[-1].describe()
+    for r in results[:-1]:
+        assert r.ok, r.describe()
+        v = r.value
+        assert v["pending"] and v["error"], v
+        assert f"rank {np_ - 1}" in v["error"], v
+        assert v["seconds"] < TIMEOUT + 3, v
