@@ -55,10 +55,13 @@ def _fn_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
 
 
-def _routable_address() -> str:
+def _routable_address(toward: str | None) -> str:
+    """The address remote ranks reach this process at: the source of the route toward
+    ``toward`` (a remote host of the job; Note [Advertised address] in
+    engine_native/bootstrap.py), else toward a documentation address (the default route)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        probe.connect(("192.0.2.1", 9))  # no packet is sent; the kernel picks the interface
+        probe.connect((toward or "192.0.2.1", 9))  # no packet is sent; the kernel picks
         return probe.getsockname()[0]
     except OSError:
         return socket.gethostbyname(socket.gethostname())
@@ -231,8 +234,9 @@ class _Launch:
         from engine_native.rendezvous import RendezvousServer
 
         secret, key = secrets.token_bytes(32), "run-" + uuid.uuid4().hex[:12]
-        advertised = _routable_address() if self.remote else "127.0.0.1"
-        server = RendezvousServer(secret, host="0.0.0.0" if self.remote else "127.0.0.1",
+        remote_host = next((s.host for s in self.slots if not hostlib.is_local(s.host)), None)
+        advertised = _routable_address(remote_host) if self.remote else "127.0.0.1"
+        server = RendezvousServer(secret, host=advertised,  # the one interface ranks use
                                   max_value_bytes=STORE_MAX_VALUE,
                                   max_total_bytes=STORE_MAX_TOTAL)
         server.start()
