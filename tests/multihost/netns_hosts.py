@@ -7,7 +7,8 @@ A. A namespace per host (``ip netns add``), loopback up, and one veth pair per h
    (10.231.0.1, .2, ...), plus an "uplink" NIC with the default route (10.232.0.x:
    where nothing answers). Traffic goes only between these addresses and loopback.
 B. Name resolution: ``/etc/netns/<ns>/hosts``, which ``ip netns exec`` mounts over
-   ``/etc/hosts`` in that namespace (a, b and this machine's name → the host's own address).
+   ``/etc/hosts`` in that namespace; and a host name of its own: everything on a host runs
+   in a UTS namespace whose hostname is the host's name (``unshare --uts``), as on a node.
 C. A key pair made for this run, an sshd per host on port 2222 that accepts only that key
    (``ip netns exec <ns> sshd -D``), and an ``ssh`` on ``PATH`` that uses the key and the port
    (what a user's ``~/.ssh/config`` does): hydra's ssh launcher finds it there.
@@ -23,7 +24,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -47,6 +47,7 @@ PidFile {dir}/sshd-{name}.pid
 AcceptEnv *
 PermitUserEnvironment no
 MaxStartups 100
+Subsystem sftp /usr/lib/openssh/sftp-server
 MaxSessions 100
 LogLevel ERROR
 """
@@ -83,11 +84,16 @@ class NamespaceHosts:
     daemons: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
 
+    def on(self, host: str, cmd) -> list:
+        """The command line that runs ``cmd`` (a list) on ``host``: its network namespace,
+        its hostname."""
+        return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
+                f'hostname {host} && exec "$@"', "on-host", *cmd]
+
     def run(self, host: str, cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-        """``cmd`` (a list) in ``host``'s namespace; output captured as text."""
-        return subprocess.run(["ip", "netns", "exec", self.namespaces[host], *cmd],
-                              capture_output=True, text=True, timeout=timeout,
-                              env=kwargs.pop("env", self.env), **kwargs)
+        """``cmd`` (a list) on ``host``; output captured as text."""
+        return subprocess.run(self.on(host, cmd), capture_output=True, text=True,
+                              timeout=timeout, env=kwargs.pop("env", self.env), **kwargs)
 
 
 def _make_network(hosts: NamespaceHosts) -> None:
@@ -118,14 +124,12 @@ def _make_network(hosts: NamespaceHosts) -> None:
 
 
 def _write_hosts_files(hosts: NamespaceHosts) -> None:
-    machine = socket.gethostname()
     table = "".join(f"{addr} {name}\n" for name, addr in hosts.addresses.items())
     for name in hosts.names:
         folder = f"/etc/netns/{hosts.namespaces[name]}"
         os.makedirs(folder, exist_ok=True)
         with open(f"{folder}/hosts", "w") as fh:
-            # this machine's name is the host's own address there, as on a real node
-            fh.write(f"127.0.0.1 localhost\n{hosts.addresses[name]} {machine}\n{table}")
+            fh.write(f"127.0.0.1 localhost\n{table}")
 
 
 def _keys_and_ssh(hosts: NamespaceHosts) -> None:
@@ -152,8 +156,8 @@ def _start_sshd(hosts: NamespaceHosts, timeout: float = 20.0) -> None:
                                         dir=hosts.dir, name=name))
         log = open(f"{hosts.dir}/sshd_{name}.log", "w")
         hosts.daemons.append(subprocess.Popen(
-            ["ip", "netns", "exec", hosts.namespaces[name], "/usr/sbin/sshd", "-D", "-e",
-             "-f", cfg], stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            hosts.on(name, ["/usr/sbin/sshd", "-D", "-e", "-f", cfg]), stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     for name in hosts.names:  # ready when `ssh host true` works from the other namespace
         other = next((n for n in hosts.names if n != name), name)
