@@ -77,6 +77,8 @@ class HvdMagics(Magics):
     @argument("-n", "--np", dest="n", type=int, default=4, help="number of ranks (default 4)")
     @argument("--launcher", default="mpi",
               help="ipyparallel engine launcher: mpi (default), local, slurm, pbs, ssh, ...")
+    @argument("--hosts", default=None, metavar="HOST:N,...",
+              help="with --launcher ssh: hosts and engine slots, filled in order, e.g. a:2,b:2")
     @argument("--gpus", choices=("auto", "none"), default="auto",
               help="auto: one GPU per local rank when there are GPUs (it is the rank's "
                    "cuda:0); none: hide GPUs")
@@ -113,6 +115,7 @@ class HvdMagics(Magics):
             hvd cluster: 4 ranks, mpi launcher, ready in 8.1 s
             ...
             In [3]: %hvd_start -n 2 --launcher local --env HVD_LOG=info
+            In [4]: %hvd_start -n 4 --launcher ssh --hosts node1:2,node2:2
         """
         args = parse_argstring(self.hvd_start, line)
         if self.cluster is not None:
@@ -122,7 +125,8 @@ class HvdMagics(Magics):
             return
         if args.n < 1:
             raise UsageError(f"%hvd_start -n {args.n}: need at least one rank")
-        cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env))
+        cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
+                             hosts=args.hosts)
         try:
             notes = cluster.start(_Progress(self.shell))
         except KeyboardInterrupt:

@@ -10,8 +10,9 @@ B. Name resolution: ``/etc/netns/<ns>/hosts``, which ``ip netns exec`` mounts ov
    ``/etc/hosts`` in that namespace; and a host name of its own: everything on a host runs
    in a UTS namespace whose hostname is the host's name (``unshare --uts``), as on a node.
 C. A key pair made for this run, an sshd per host on port 2222 that accepts only that key
-   (``ip netns exec <ns> sshd -D``), and an ``ssh`` on ``PATH`` that uses the key and the port
-   (what a user's ``~/.ssh/config`` does): hydra's ssh launcher finds it there.
+   (``ip netns exec <ns> sshd -D``), and ``ssh`` / ``scp`` on ``PATH`` that use the key and
+   the port (what a user's ``~/.ssh/config`` does): hydra's and ipyparallel's ssh launchers
+   find them there.
 D. Teardown, whatever happened: the daemons and every process still in a namespace are
    killed, the namespaces and their /etc/netns folders removed.
 
@@ -141,9 +142,10 @@ def _keys_and_ssh(hosts: NamespaceHosts) -> None:
         fh.write(SSH_CONFIG.format(port=SSH_PORT, dir=d))
     bindir = os.path.join(d, "bin")
     os.makedirs(bindir)
-    with open(f"{bindir}/ssh", "w") as fh:
-        fh.write(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {d}/ssh_config \"$@\"\n")
-    os.chmod(f"{bindir}/ssh", 0o755)
+    for tool in ("ssh", "scp"):  # scp: ipyparallel's SSH launcher sends connection files
+        with open(f"{bindir}/{tool}", "w") as fh:
+            fh.write(f"#!/bin/sh\nexec {shutil.which(tool)} -F {d}/ssh_config \"$@\"\n")
+        os.chmod(f"{bindir}/{tool}", 0o755)
     hosts.env = dict(os.environ, PATH=f"{bindir}:{os.environ.get('PATH', '')}")
 
 
