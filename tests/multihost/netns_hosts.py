@@ -14,7 +14,8 @@ C. A key pair made for this run, an sshd per host on port 2222 that accepts only
    the port (what a user's ``~/.ssh/config`` does): hydra's and ipyparallel's ssh launchers
    find them there.
 D. Teardown, whatever happened: the daemons and every process still in a namespace are
-   killed, the namespaces and their /etc/netns folders removed.
+   killed, the namespaces and their /etc/netns folders removed; namespaces a killed run left
+   behind (its pid gone) are removed before new ones are made.
 
 Run a command on a host with :meth:`NamespaceHosts.run` (``ip netns exec``).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -195,10 +197,32 @@ def _teardown(hosts: NamespaceHosts) -> None:
     shutil.rmtree(hosts.dir, ignore_errors=True)
 
 
+_OURS = re.compile(r"^hvd(\d+)n[a-z0-9]+$")
+
+
+def remove_stale() -> list:
+    """Namespaces (and their daemons) left by a run that was killed before its teardown:
+    ours are named ``hvd<pid>n<host>``; those whose pid is gone are removed."""
+    gone = []
+    for line in _sh("ip", "netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        m = _OURS.match(ns)
+        if not m or os.path.exists(f"/proc/{m.group(1)}"):
+            continue
+        for pid in _pids_in(ns):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _sh("ip", "netns", "delete", ns, check=False)
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        gone.append(ns)
+    return gone
+
+
 @contextlib.contextmanager
 def namespace_hosts(names=("a", "b")):
     """Steps A-D; yields a :class:`NamespaceHosts`."""
-    tag = f"hvd{os.getpid() % 100000}"
+    remove_stale()
+    tag = f"hvd{os.getpid()}n"
     hosts = NamespaceHosts(tag=tag, dir=tempfile.mkdtemp(prefix=f"{tag}-ssh-"), names=list(names))
     try:
         _make_network(hosts)
