@@ -25,7 +25,9 @@ Note [A cell that can never finish]: some ranks finished the cell while the othe
 collectives (a time-based loop that ran a different number of steps per rank). The protocol
 above runs with reason ``stalled`` once, for ``stall_grace`` seconds, (a) every rank still
 running has its main thread blocked in a wait on the core, (b) with collectives pending and
-none executing, and (c) the last rank finished the cell at least that long ago. Then no rank
+none executing (seen in every publication over the grace: a long collective between two
+fused batches for an instant does not count), and (c) the last rank finished the cell at
+least that long ago. Then no rank
 can submit the op the waits need: the ranks that finished are done and the others are
 blocked. A rank that is computing (even with async ops pending, as gradient hooks leave them)
 is not blocked, so a slow rank is never cut off; (c) keeps an op a finished rank submitted
@@ -110,6 +112,7 @@ class CellRun:
         self._futures: dict[int, object] = {}
         self._done_at: dict[int, float] = {}
         self._stall_warned = False
+        self._quiet_since: float | None = None  # (a)+(b) seen without a break since then
 
     # -- thread-safe entry points -----------------------------------------------------------
 
@@ -217,15 +220,26 @@ class CellRun:
         """Note [A cell that can never finish]: (a)-(c) hold for ``stall_grace`` seconds."""
         grace = self.stall_grace
         running = self._running()
-        if not grace or not self._done_at or not running:
+        if not grace or not self._done_at or not running or not self._all_blocked(running):
+            self._quiet_since = None
+            return False
+        if self._quiet_since is None:
+            self._quiet_since = now
+        if now - self._quiet_since < grace:  # (b) held throughout, not just now
             return False
         if now - max(self._done_at.values()) < grace:  # (c)
             return False
+        return all(float(self._live_state(r).get("blocked_seconds") or 0.0) >= grace
+                   for r in running)  # (a), for the whole grace
+
+    def _all_blocked(self, running: list[int]) -> bool:
+        """(a) and (b) in the ranks' latest publications: the main thread blocked in a wait,
+        collectives pending and none executing (a long op shows as executing)."""
         for r in running:
             state = self._live_state(r)
-            if not state.get("pending") or state.get("current"):  # (b)
+            if not state.get("pending") or state.get("current"):
                 return False
-            if float(state.get("blocked_seconds") or 0.0) < grace:  # (a)
+            if not float(state.get("blocked_seconds") or 0.0) > 0.0:
                 return False
         return True
 
