@@ -99,7 +99,8 @@ def _missing_multihost():
     if not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None:
         return "sshd/ssh not installed (run .ci/install-sshd.sh)"
     try:
-        probe = subprocess.run(["ip", "netns", "list"], capture_output=True, timeout=30)
+        probe = subprocess.run(["ip", "netns", "list"], capture_output=True, timeout=30,
+                               check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`ip netns` does not run: {exc}"
     if probe.returncode != 0:

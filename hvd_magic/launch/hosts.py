@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 __all__ = [
     "Host",
-    "address_toward",
     "Slot",
+    "address_toward",
     "assign",
     "is_local",
     "local_hosts",

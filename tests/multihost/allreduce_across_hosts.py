@@ -22,9 +22,9 @@ import time
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, TESTS)
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-import engine_native as hvd  # noqa: E402
+import engine_native as hvd
 
 BUSBW_BYTES = 64 << 20
 BUSBW_RUNS = 5

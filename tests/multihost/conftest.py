@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from netns_hosts import namespace_hosts  # noqa: E402
+from netns_hosts import namespace_hosts
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ Host *
 
 
 def _sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
     return res
@@ -95,7 +95,7 @@ class NamespaceHosts:
 
     def run(self, host: str, cmd, timeout: float, **kwargs) -> subprocess.CompletedProcess:
         """``cmd`` (a list) on ``host``; output captured as text."""
-        return subprocess.run(self.on(host, cmd), capture_output=True, text=True,
+        return subprocess.run(self.on(host, cmd), capture_output=True, text=True, check=False,
                               timeout=timeout, env=kwargs.pop("env", self.env), **kwargs)
 
 
@@ -158,10 +158,10 @@ def _start_sshd(hosts: NamespaceHosts, timeout: float = 20.0) -> None:
         with open(cfg, "w") as fh:
             fh.write(SSHD_CONFIG.format(port=SSH_PORT, address=hosts.addresses[name],
                                         dir=hosts.dir, name=name))
-        log = open(f"{hosts.dir}/sshd_{name}.log", "w")
-        hosts.daemons.append(subprocess.Popen(
-            hosts.on(name, ["/usr/sbin/sshd", "-D", "-e", "-f", cfg]), stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True))
+        with open(f"{hosts.dir}/sshd_{name}.log", "w") as log:  # the daemon keeps its copy
+            hosts.daemons.append(subprocess.Popen(
+                hosts.on(name, ["/usr/sbin/sshd", "-D", "-e", "-f", cfg]), stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + timeout
     for name in hosts.names:  # ready when `ssh host true` works from the other namespace
         other = next((n for n in hosts.names if n != name), name)
