@@ -145,7 +145,8 @@ def metrics() -> dict:
     """Cheap snapshot: ops and bytes per op kind, fused batches, seconds negotiating /
     communicating, ``idle_seconds`` (the loop waiting for work; ``wait_seconds`` is the same
     value under its first name), ``handle_wait_seconds`` (framework threads blocked in
-    wait()), queue depth, last error, transport per peer; ``timeline`` (a timeline file is being
+    wait()), ``main_blocked_seconds`` (how long the main thread has been blocked in its
+    current wait(), 0 when it is not waiting), queue depth, last error, transport per peer; ``timeline`` (a timeline file is being
     written on this rank), ``timeline_dropped`` (events lost to a full ring), ``autotune`` (the
     dashboard's panel: {"enabled", "phase", "sample", "samples", "current", "best",
     "best_score", "scores": [[k, bytes/s], ...]}, or None when tuning never ran here) and

@@ -284,6 +284,9 @@ def metrics() -> dict:
     Time split: ``negotiate_seconds``, ``communicate_seconds`` (the background loop),
     ``idle_seconds`` (the loop waiting for work; ``wait_seconds`` is the same value under its
     earlier name) and ``handle_wait_seconds`` (framework threads blocked in ``wait()``);
+    ``main_blocked_seconds`` is how long the main thread has been blocked in its current
+    ``wait()`` (0 when it is not waiting: what the notebook uses to tell a rank stuck in a
+    collective from one still computing);
     ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself, and
     ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where this host's
     ranks outnumber its cores).

@@ -101,6 +101,26 @@ def _routable_address(toward: str) -> str:
         probe.close()
 
 
+def _toward_peers(hosts: list) -> Optional[str]:
+    """Note [Advertised address]: a node with several NICs (an uplink holding the default
+    route, a cluster network between the nodes) must advertise the address its peers reach it
+    at, which is the source address of the route toward a peer, not toward the internet. The
+    first other host name that resolves to a non-loopback address (``-H`` names, hostnames)
+    is that peer; None when there is none (fake hosts such as ``HVD_HOSTNAME=hostA`` or
+    loopback aliases on one machine): then the default route decides, as before."""
+    me = host_id()
+    for host in dict.fromkeys(hosts):
+        if host == me:
+            continue
+        try:
+            found = socket.getaddrinfo(host, None, socket.AF_INET)
+        except (OSError, UnicodeError):
+            continue
+        if not any(ipaddress.ip_address(info[4][0]).is_loopback for info in found):
+            return found[0][4][0]
+    return None
+
+
 def _bind_address(single_host: bool, toward: Optional[str]) -> tuple[str, str]:
     """(address to bind, address to advertise). Loopback whenever the whole job is local."""
     chosen = os.environ.get("HVD_IFACE_ADDRESS")
@@ -131,7 +151,7 @@ def _connect(world: World, peers: list, secret: bytes, job_id: str) -> None:
 def _init_mpi(comm) -> World:
     world = World(rank=comm.Get_rank(), size=comm.Get_size(), source="mpi")
     hosts = comm.allgather(host_id())
-    bind, advertised = _bind_address(len(set(hosts)) == 1, None)
+    bind, advertised = _bind_address(len(set(hosts)) == 1, _toward_peers(hosts))
     port = _core.listen(bind)
     world.listen_address = (advertised, port)
     secret, job_id = comm.bcast((secrets.token_bytes(32), uuid.uuid4().hex[:12]), root=0)

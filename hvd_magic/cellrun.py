@@ -20,11 +20,26 @@ C. The core's state on every rank (pending collectives) is read for the report, 
 While the cell runs, ranks in a collective publish their pending ops (engine_side._Watch);
 that is how a rank that died, or raised while its peers wait in a collective, gets the
 others interrupted ("fail fast") instead of leaving the cell hanging.
+
+Note [A cell that can never finish]: some ranks finished the cell while the others wait in
+collectives (a time-based loop that ran a different number of steps per rank). The protocol
+above runs with reason ``stalled`` once, for ``stall_grace`` seconds, (a) every rank still
+running has its main thread blocked in a wait on the core, (b) with collectives pending and
+none executing (seen in every publication over the grace: a long collective between two
+fused batches for an instant does not count), and (c) the last rank finished the cell at
+least that long ago. Then no rank
+can submit the op the waits need: the ranks that finished are done and the others are
+blocked. A rank that is computing (even with async ops pending, as gradient hooks leave them)
+is not blocked, so a slow rank is never cut off; (c) keeps an op a finished rank submitted
+just before it ended (allreduce_async never waited on) from being mistaken for a missing one.
+It assumes collectives come from the cell's main thread (the one SIGINT reaches), as they do
+in training loops; a cell whose own threads submit collectives can set ``--stall-grace 0``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -42,7 +57,24 @@ GIVE_UP_AFTER = 3.5     # s after the first SIGINT
 OUTPUT_GRACE = 1.0      # s to wait for a finished rank's last output
 FAILFAST_AFTER = 1.0    # s a peer may wait in a collective after a rank failed
 STALL_WARN_AFTER = 10.0  # s in a collective, with a peer done, before a hint is printed
+STALL_GRACE = 10.0      # default --stall-grace (s): Note [A cell that can never finish]
+STALL_GRACE_ENV = "HVD_STALL_GRACE"
 TICK = 0.1              # s between steps without news
+
+
+def default_stall_grace() -> float:
+    """``$HVD_STALL_GRACE`` (seconds) or ``STALL_GRACE``; a bad value is a clear error."""
+    text = os.environ.get(STALL_GRACE_ENV, "").strip()
+    if not text:
+        return STALL_GRACE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise ValueError(f"{STALL_GRACE_ENV}={text!r}: expected seconds >= 0 (0 turns ending "
+                         f"stalled cells off); unset it for the default {STALL_GRACE:g} s")
+    return value
 
 
 class CellRun:
@@ -58,12 +90,20 @@ class CellRun:
         Ranks that send their last expression's value back (None: all).
     window : float
         Collapsing window, see Note [Collapsing] in hvd_magic.output.
+    stall_grace : float, optional
+        End the cell this many seconds after it can no longer finish (Note [A cell that can
+        never finish]); 0 never ends it. None: ``$HVD_STALL_GRACE``, else ``STALL_GRACE``.
     """
 
     def __init__(self, cluster, code: str, ranks: list[int], timeout: float | None = None,
-                 stream: bool = True, value_ranks=None, window: float = 0.5):
+                 stream: bool = True, value_ranks=None, window: float = 0.5,
+                 stall_grace: float | None = None):
         self.cluster, self.code, self.ranks = cluster, code, list(ranks)
         self.timeout, self.stream, self.value_ranks = timeout, stream, value_ranks
+        self.stall_grace = default_stall_grace() if stall_grace is None else stall_grace
+        if self.stall_grace < 0:
+            raise ValueError(f"--stall-grace must be >= 0 seconds (0 turns it off), got "
+                             f"{self.stall_grace:g}")
         self.output = RankOutput(self.ranks, window)
         self.state = "new"
         self.reason: str | None = None
@@ -72,6 +112,7 @@ class CellRun:
         self._futures: dict[int, object] = {}
         self._done_at: dict[int, float] = {}
         self._stall_warned = False
+        self._quiet_since: float | None = None  # (a)+(b) seen without a break since then
 
     # -- thread-safe entry points -----------------------------------------------------------
 
@@ -144,6 +185,8 @@ class CellRun:
             self._requested = "timeout"
         if self._requested is None:
             self._requested = self._failfast_reason(now)
+        if self._requested is None and self._never_finishes(now):
+            self._requested = "stalled"
         if self._requested is not None:
             self.reason = self._requested
             self._interrupt_at = now
@@ -165,9 +208,40 @@ class CellRun:
         elif now - self._interrupt_at >= GIVE_UP_AFTER:
             self.state = "draining"
 
-    def _live_pending(self, rank: int) -> list[dict]:
+    def _live_state(self, rank: int) -> dict:
+        """What the rank last published about its core during this cell ({} if nothing)."""
         data = (self._futures[rank].output.metadata.get("data") or {}).get("hvd_core") or {}
-        return list(data.get("pending") or []) if data.get("cell") == self.token else []
+        return data if data.get("cell") == self.token else {}
+
+    def _live_pending(self, rank: int) -> list[dict]:
+        return list(self._live_state(rank).get("pending") or [])
+
+    def _never_finishes(self, now: float) -> bool:
+        """Note [A cell that can never finish]: (a)-(c) hold for ``stall_grace`` seconds."""
+        grace = self.stall_grace
+        running = self._running()
+        if not grace or not self._done_at or not running or not self._all_blocked(running):
+            self._quiet_since = None
+            return False
+        if self._quiet_since is None:
+            self._quiet_since = now
+        if now - self._quiet_since < grace:  # (b) held throughout, not just now
+            return False
+        if now - max(self._done_at.values()) < grace:  # (c)
+            return False
+        return all(float(self._live_state(r).get("blocked_seconds") or 0.0) >= grace
+                   for r in running)  # (a), for the whole grace
+
+    def _all_blocked(self, running: list[int]) -> bool:
+        """(a) and (b) in the ranks' latest publications: the main thread blocked in a wait,
+        collectives pending and none executing (a long op shows as executing)."""
+        for r in running:
+            state = self._live_state(r)
+            if not state.get("pending") or state.get("current"):
+                return False
+            if not float(state.get("blocked_seconds") or 0.0) > 0.0:
+                return False
+        return True
 
     def _failfast_reason(self, now: float) -> str | None:
         """Interrupt the others when a rank died, or failed while peers wait in collectives."""
@@ -193,7 +267,13 @@ class CellRun:
             sys.stderr.write(
                 f"hvd: {rank_label(stuck, self.ranks)} waiting {STALL_WARN_AFTER:g}+ s in "
                 f"{', '.join(ops)}; rank(s) {format_ranks(self._done_at)} already finished "
-                f"the cell. Interrupt the kernel (or use --timeout) to abort and recover.\n")
+                f"the cell. {self._stall_hint()}\n")
+
+    def _stall_hint(self) -> str:
+        if not self.stall_grace:
+            return "Interrupt the kernel (or use --timeout) to abort and recover."
+        return (f"The cell ends by itself once they have been blocked {self.stall_grace:g} s "
+                f"(--stall-grace); interrupt the kernel to end it now.")
 
     # -- results ----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import re
 import signal
 import time
 
-from . import preflight, ranksetup, reaper
+from . import preflight, ranksetup, reaper, ssh_engines
 from .loop import LoopThread
 from .rankinfo import RankInfo
 
@@ -58,8 +58,10 @@ class HvdCluster:
     """
 
     def __init__(self, n: int, launcher: str = "mpi", gpus: str = "auto",
-                 timeout: float = 60.0, env: dict | None = None):
+                 timeout: float = 60.0, env: dict | None = None, hosts: str | None = None):
         self.n, self.launcher, self.gpus, self.timeout = n, launcher, gpus, timeout
+        self.hosts = hosts  # "a:2,b:2" for the ssh launcher (hvd_magic.ssh_engines)
+        self.slots = None
         self.env = dict(env or {})
         self.ipp = None
         self.client = None
@@ -82,8 +84,11 @@ class HvdCluster:
 
         t0 = time.perf_counter()
         preflight.check_launcher(self.launcher)
+        self.slots = ssh_engines.parse(self.hosts, self.n, self.launcher)
         # engines of batch/ssh launchers run on other hosts: the controller must listen there
         kwargs = {"controller_ip": "*"} if self.launcher not in ("local", "mpi") else {}
+        if self.slots is not None:
+            kwargs["config"] = ssh_engines.config(self.slots)
         self.ipp = ipp.Cluster(engines=self.launcher, n=self.n, log_level=logging.ERROR,
                                engine_timeout=int(self.timeout), **kwargs)
         try:
@@ -100,10 +105,14 @@ class HvdCluster:
 
     def _start_engines(self, progress) -> list[str]:
         self.setup = ranksetup.RankSetup(self, ranksetup.engine_env(self))
+        # Engines that register while start_engines() still runs are ours too: the ssh
+        # launcher starts them one by one over ssh, so the first ones register before it
+        # returns (taking the snapshot after it lost them: "only 2 of 4 registered").
+        before = set(self.client.ids)
         self._loop.run(self.ipp.start_engines(self.n, environment=self.setup.launch_env),
                        self.timeout)
         self._update_reaper()
-        engine_ids = self._wait_for_engines(progress)
+        engine_ids = self._wait_for_engines(progress, before)
         self.ranks, notes = self.setup.setup_ranks(engine_ids)
         self._update_reaper()
         return notes
@@ -169,8 +178,7 @@ class HvdCluster:
     def _engine_set(self):
         return next(iter(self.ipp.engines.values()), None) if self.ipp else None
 
-    def _wait_for_engines(self, progress) -> list[int]:
-        old = set(self.client.ids)
+    def _wait_for_engines(self, progress, old: set) -> list[int]:
         deadline = time.monotonic() + self.timeout
         while True:
             new = sorted(set(self.client.ids) - old)

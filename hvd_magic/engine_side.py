@@ -130,7 +130,8 @@ def core_state() -> dict:
     except Exception as exc:
         return {"core": _CORE_MODULE, "error": f"{type(exc).__name__}: {exc}"}
     return {"core": _CORE_MODULE, "initialized": True, "pending": list(m.get("pending") or []),
-            "current": m.get("current"), "last_error": m.get("last_error", "")}
+            "current": m.get("current"), "last_error": m.get("last_error", ""),
+            "blocked_seconds": float(m.get("main_blocked_seconds") or 0.0)}
 
 
 def reset_core(reason: str) -> dict:
@@ -226,7 +227,9 @@ class _Watch:
     it polls a flag (4 wake-ups a second, nothing else while idle) because waking a thread at
     every cell start cost a GIL switch (~10 ms on a loaded machine) on every cell. It
     publishes only while something is pending, labelled with the cell's token so a late
-    publication never passes for the next cell's."""
+    publication never passes for the next cell's, with the op the core is executing and how
+    long the main thread has been blocked in a wait (Note [Blocked main thread] in the core's
+    runtime/metrics.h): what the driver needs to end a cell that can never finish."""
 
     INTERVAL = 0.25
 
@@ -243,9 +246,12 @@ class _Watch:
             if token is None:
                 last = None
                 continue
-            pending = core_state().get("pending") or []
+            state = core_state()
+            pending = state.get("pending") or []
             if pending or last:
-                publish_data({"hvd_core": {"pending": pending, "cell": token}})
+                publish_data({"hvd_core": {
+                    "pending": pending, "cell": token, "current": state.get("current"),
+                    "blocked_seconds": state.get("blocked_seconds", 0.0)}})
             last = pending
 
 

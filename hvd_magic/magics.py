@@ -77,6 +77,8 @@ class HvdMagics(Magics):
     @argument("-n", "--np", dest="n", type=int, default=4, help="number of ranks (default 4)")
     @argument("--launcher", default="mpi",
               help="ipyparallel engine launcher: mpi (default), local, slurm, pbs, ssh, ...")
+    @argument("--hosts", default=None, metavar="HOST:N,...",
+              help="with --launcher ssh: hosts and engine slots, filled in order, e.g. a:2,b:2")
     @argument("--gpus", choices=("auto", "none"), default="auto",
               help="auto: one GPU per local rank when there are GPUs (it is the rank's "
                    "cuda:0); none: hide GPUs")
@@ -113,6 +115,7 @@ class HvdMagics(Magics):
             hvd cluster: 4 ranks, mpi launcher, ready in 8.1 s
             ...
             In [3]: %hvd_start -n 2 --launcher local --env HVD_LOG=info
+            In [4]: %hvd_start -n 4 --launcher ssh --hosts node1:2,node2:2
         """
         args = parse_argstring(self.hvd_start, line)
         if self.cluster is not None:
@@ -122,7 +125,8 @@ class HvdMagics(Magics):
             return
         if args.n < 1:
             raise UsageError(f"%hvd_start -n {args.n}: need at least one rank")
-        cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env))
+        cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
+                             hosts=args.hosts)
         try:
             notes = cluster.start(_Progress(self.shell))
         except KeyboardInterrupt:
@@ -285,6 +289,9 @@ class HvdMagics(Magics):
     @argument("--ranks", default=None, help="run on these ranks only, e.g. 0, 0,2, 1-3, ::2")
     @argument("--timeout", type=float, default=None,
               help="interrupt the cell after this many seconds, abort collectives, recover")
+    @argument("--stall-grace", type=float, default=None, metavar="S",
+              help="end the cell S s after it can never finish: ranks that finished it and "
+                   "the rest blocked in collectives (default $HVD_STALL_GRACE or 10; 0: off)")
     @argument("--no-stream", dest="stream", action="store_false",
               help="show output when the cell ends instead of live")
     @argument("--out", default=None, metavar="NAME",
@@ -297,7 +304,9 @@ class HvdMagics(Magics):
         raised by several ranks is shown once with the list of ranks. Rank 0's last
         expression is the cell's result (``--out NAME`` keeps every rank's). Ctrl-C, the
         dashboard's Stop or ``--timeout`` interrupt every rank, abort collectives in flight,
-        report which rank was stuck in which collective, and keep the cluster usable.
+        report which rank was stuck in which collective, and keep the cluster usable. A cell
+        that can never finish (some ranks finished it, the others are blocked in collectives
+        that need them) is ended the same way after ``--stall-grace`` seconds.
 
         Examples
         --------
@@ -346,7 +355,12 @@ class HvdMagics(Magics):
                             ["Run %hvd_restart to start fresh engines."])
         ranks = self._ranks(args.ranks)
         value_ranks = None if args.out else ranks[:1]
-        return CellRun(cluster, cell, ranks, args.timeout, args.stream, value_ranks), args.out
+        try:
+            run = CellRun(cluster, cell, ranks, args.timeout, args.stream, value_ranks,
+                          stall_grace=args.stall_grace)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        return run, args.out
 
     def _store(self, run: CellRun, values: dict, out_name: str | None):
         if out_name:

@@ -26,8 +26,9 @@ import site
 import time
 import uuid
 
-from . import engine_side, gpu_pinning, preflight
+from . import engine_side, gpu_pinning, preflight, ssh_engines
 from .errors import StartError
+from .launch import hosts as hostlib
 from .rankinfo import RankInfo
 from .ranks import format_ranks
 
@@ -82,6 +83,8 @@ class RankSetup:
         if c.launcher == "mpi":
             preflight.check_mpi_world(infos, c.n)
             order = sorted(engine_ids, key=lambda e: by_engine[e]["mpi_rank"])
+        elif c.slots is not None:
+            order = ssh_engines.rank_order(engine_ids, by_engine, c.slots)
         else:
             order = sorted(engine_ids)
         ranks = [RankInfo(rank=r, engine_id=e, host=by_engine[e]["host"],
@@ -101,12 +104,12 @@ class RankSetup:
         from engine_native.rendezvous import RendezvousServer
 
         secret = secrets.token_bytes(32)
-        host = "127.0.0.1" if self.cluster.launcher == "local" else "0.0.0.0"
+        # engines on other hosts reach the rendezvous at the address toward them (an
+        # address of this machine's hostname may be 127.0.1.1, or an uplink they cannot reach)
+        host = ("127.0.0.1" if self.cluster.launcher == "local" else
+                hostlib.address_toward([r.host for r in self.cluster.ranks]))
         self.rendezvous = RendezvousServer(secret, host=host)
         bound, port = self.rendezvous.start()
-        if bound == "0.0.0.0":
-            import socket
-            bound = socket.gethostbyname(socket.gethostname())
         job = f"hvd-{uuid.uuid4().hex[:12]}"
         return [{"HVD_RANK": str(r), "HVD_SIZE": str(n), "HVD_RENDEZVOUS": f"{bound}:{port}",
                  "HVD_SECRET": secret.hex(), "HVD_JOB_ID": job} for r in range(n)]

@@ -33,6 +33,12 @@ def _header(run, dead) -> str:
         return f"hvd: cell interrupted after {run.timeout:g} s (--timeout {run.timeout:g})"
     if reason == "interrupt":
         return "hvd: cell interrupted (keyboard interrupt)"
+    if reason == "stalled":
+        cut = getattr(run, "_interrupt_at", float("inf"))
+        waiting = [r for r in run.ranks if r not in run._done_at or run._done_at[r] > cut]
+        return (f"hvd: ended the cell: {rank_label(waiting, run.ranks)} waited "
+                f"{run.stall_grace:g}+ s in collectives that can never complete (every rank "
+                f"still running was blocked; --stall-grace {run.stall_grace:g})")
     if reason == "failfast":
         cut = getattr(run, "_interrupt_at", float("inf"))
         failed = [r for r, t in run._done_at.items() if t <= cut and run._failed(r)]

@@ -22,7 +22,8 @@ import pytest
 import tiers  # tests/ is on sys.path (rootdir-relative import)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-_FOLDER_MARKERS = {"multiproc": "multiproc", "mpi": "mpi", "cluster": "cluster"}
+_FOLDER_MARKERS = {"multiproc": "multiproc", "mpi": "mpi", "cluster": "cluster",
+                   "multihost": "multihost"}
 
 
 def pytest_configure(config):

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-TIERS = ("gpu", "browser", "spark", "mpi")
+TIERS = ("gpu", "browser", "spark", "mpi", "multihost")
 
 
 def chromium_path():
@@ -88,8 +88,28 @@ def _missing_mpi():
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _missing_multihost():
+    """Hosts made of network namespaces (tests/multihost): root, ``ip netns``, sshd, and
+    mpiexec (hvdrun reaches other hosts through it)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) not found (run .ci/install-sshd.sh)"
+    if not os.access("/usr/sbin/sshd", os.X_OK) or shutil.which("ssh") is None:
+        return "sshd/ssh not installed (run .ci/install-sshd.sh)"
+    try:
+        probe = subprocess.run(["ip", "netns", "list"], capture_output=True, timeout=30,
+                               check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`ip netns` does not run: {exc}"
+    if probe.returncode != 0:
+        return f"`ip netns` fails: {probe.stderr.decode(errors='replace').strip()}"
+    return _missing_mpi()
+
+
 _CHECKS = {"gpu": _missing_gpu, "browser": _missing_browser, "spark": _missing_spark,
-           "mpi": _missing_mpi}
+           "mpi": _missing_mpi, "multihost": _missing_multihost}
 
 
 def missing(tier: str):

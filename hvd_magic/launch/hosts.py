@@ -19,6 +19,7 @@ from dataclasses import dataclass
 __all__ = [
     "Host",
     "Slot",
+    "address_toward",
     "assign",
     "is_local",
     "local_hosts",
@@ -166,6 +167,22 @@ def is_local(name: str) -> bool:
     except OSError:
         return False
     return any(ipaddress.ip_address(a.split("%")[0]).is_loopback or a in _OWN for a in addrs)
+
+
+def address_toward(names: Sequence[str]) -> str:
+    """The address ranks on ``names`` reach this machine at: the source address of the route
+    toward the first of them that is another machine (Note [Advertised address] in
+    engine_native/bootstrap.py: not the default route's, which may be an uplink the other
+    hosts cannot reach), else the default route's."""
+    toward = next((n for n in names if not is_local(n)), None) or "192.0.2.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((toward, 9))  # no packet is sent; the kernel picks the interface
+        return probe.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        probe.close()
 
 
 def local_hosts(hosts: Sequence[Host] | None) -> bool:

@@ -17,7 +17,6 @@ rank and its remote traceback.
 from __future__ import annotations
 
 import secrets
-import socket
 import sys
 import uuid
 from collections.abc import Callable
@@ -53,17 +52,6 @@ class RankFailedError(RuntimeError):
 
 def _fn_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
-def _routable_address() -> str:
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(("192.0.2.1", 9))  # no packet is sent; the kernel picks the interface
-        return probe.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())
-    finally:
-        probe.close()
 
 
 def _num_proc(np: int | None, num_proc: int | None) -> int:
@@ -231,8 +219,9 @@ class _Launch:
         from engine_native.rendezvous import RendezvousServer
 
         secret, key = secrets.token_bytes(32), "run-" + uuid.uuid4().hex[:12]
-        advertised = _routable_address() if self.remote else "127.0.0.1"
-        server = RendezvousServer(secret, host="0.0.0.0" if self.remote else "127.0.0.1",
+        advertised = (hostlib.address_toward([s.host for s in self.slots]) if self.remote
+                      else "127.0.0.1")
+        server = RendezvousServer(secret, host=advertised,  # the one interface ranks use
                                   max_value_bytes=STORE_MAX_VALUE,
                                   max_total_bytes=STORE_MAX_TOTAL)
         server.start()

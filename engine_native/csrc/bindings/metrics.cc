@@ -60,6 +60,7 @@ PyObject* buildMetrics() {
   setItem(dict, "wait_seconds", PyFloat_FromDouble(s.wait_seconds));
   setItem(dict, "idle_seconds", PyFloat_FromDouble(s.wait_seconds));
   setItem(dict, "handle_wait_seconds", PyFloat_FromDouble(s.handle_wait_seconds));
+  setItem(dict, "main_blocked_seconds", PyFloat_FromDouble(s.main_blocked_seconds));
   setItem(dict, "caller_driven_ops", PyLong_FromUnsignedLongLong(s.caller_driven_ops));
   setItem(dict, "caller_spin_us", PyLong_FromLongLong(s.caller_spin_us));
   setItem(dict, "queue_depth", PyLong_FromUnsignedLongLong(s.queue_depth));

@@ -201,6 +201,43 @@ namespace hvd::bindings {
 
 PyObject* raiseStatus(const Status& status) { return raise(status); }
 
+namespace {
+
+unsigned long g_main_thread = 0;  // threading.main_thread().ident, read at import
+
+// Marks the main thread's blocking wait for metrics()["main_blocked_seconds"]
+// (Note [Blocked main thread] in runtime/metrics.h). Other threads are not marked.
+class MainBlocked {
+ public:
+  MainBlocked() : main_(PyThread_get_thread_ident() == g_main_thread) {
+    if (main_) Runtime::instance().setMainBlocked(true);
+  }
+  ~MainBlocked() {
+    if (main_) Runtime::instance().setMainBlocked(false);
+  }
+  MainBlocked(const MainBlocked&) = delete;
+  MainBlocked& operator=(const MainBlocked&) = delete;
+
+ private:
+  bool main_;
+};
+
+}  // namespace
+
+static bool readMainThread() {
+  PyObject* threading = PyImport_ImportModule("threading");
+  if (threading == nullptr) return false;
+  PyObject* main = PyObject_CallMethod(threading, "main_thread", nullptr);
+  Py_DECREF(threading);
+  if (main == nullptr) return false;
+  PyObject* ident = PyObject_GetAttrString(main, "ident");
+  Py_DECREF(main);
+  if (ident == nullptr) return false;
+  g_main_thread = PyLong_AsUnsignedLong(ident);
+  Py_DECREF(ident);
+  return !PyErr_Occurred();
+}
+
 PyObject* waitHandle(int64_t handle) {
   auto& handles = Runtime::instance().handles();
   Status status;
@@ -219,6 +256,7 @@ PyObject* waitHandle(int64_t handle) {
   Py_BEGIN_ALLOW_THREADS
   Runtime::instance().drive(handle);
   Py_END_ALLOW_THREADS
+  MainBlocked marked;
   while (true) {
     bool done = false;
     Py_BEGIN_ALLOW_THREADS
@@ -326,6 +364,7 @@ PyMODINIT_FUNC PyInit__core() {
   if (buffer_type == nullptr) return nullptr;
   PyObject* module = PyModule_Create(&g_module);
   if (module == nullptr) return nullptr;
+  if (!hvd::bindings::readMainThread()) return nullptr;
   g_internal_error = PyErr_NewExceptionWithDoc(
       "engine_native._core.HorovodInternalError",
       "A collective failed: mismatch across ranks, lost peer, timeout, abort or shutdown.",

@@ -57,6 +57,12 @@ MetricsSnapshot Metrics::snapshot() const {
   s.communicate_seconds = communicate_us_.load(std::memory_order_relaxed) / 1e6;
   s.wait_seconds = wait_us_.load(std::memory_order_relaxed) / 1e6;
   s.handle_wait_seconds = handle_wait_ns_.load(std::memory_order_relaxed) / 1e9;
+  const int64_t blocked_since = main_blocked_since_ns_.load(std::memory_order_relaxed);
+  if (blocked_since != 0) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+    s.main_blocked_seconds = (now - blocked_since) / 1e9;
+  }
   s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
   s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);

@@ -32,6 +32,9 @@ struct MetricsSnapshot {
   double communicate_seconds = 0;
   double wait_seconds = 0;         // the loop idle, waiting for work (also idle_seconds)
   double handle_wait_seconds = 0;  // framework threads blocked in wait()
+  // How long the main thread has been blocked in its current wait(), 0 when it is not
+  // blocked: Note [Blocked main thread].
+  double main_blocked_seconds = 0;
   uint64_t caller_driven_ops = 0;  // waits whose op finished on the waiting thread
   int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where ranks > cores)
   uint64_t queue_depth = 0;
@@ -58,6 +61,15 @@ class Metrics {
   void addHandleWait(double s) {  // nanoseconds: most waits on a fast path are sub-microsecond
     handle_wait_ns_.fetch_add(static_cast<uint64_t>(s * 1e9), std::memory_order_relaxed);
   }
+  // Note [Blocked main thread]: the binding marks the main thread's slow-path wait()
+  // (the thread a %%hvd cell runs on, the only one SIGINT reaches). The notebook driver ends
+  // a cell that can never finish only when every rank still running it is blocked here: a
+  // rank with collectives merely pending (async ops, gradient hooks) may still be computing.
+  void setMainBlocked(bool blocked) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+    main_blocked_since_ns_.store(blocked ? now : 0, std::memory_order_relaxed);
+  }
   void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
   void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
@@ -81,6 +93,7 @@ class Metrics {
   std::atomic<uint64_t> queue_depth_{0};
   std::atomic<uint64_t> driven_{0};
   std::atomic<int64_t> caller_spin_us_{0};
+  std::atomic<int64_t> main_blocked_since_ns_{0};  // steady clock; 0: not blocked; not reset
   mutable std::mutex mutex_;
   std::string last_error_, current_op_, current_name_;
   std::chrono::steady_clock::time_point current_since_;

@@ -72,6 +72,8 @@ class Runtime {
   const common::Config& config() const { return config_; }
   // Framework threads report time spent blocked in wait() (the binding measures it).
   void addHandleWait(double seconds) { metrics_.addHandleWait(seconds); }
+  // The main thread entering / leaving a blocking wait(): Note [Blocked main thread].
+  void setMainBlocked(bool blocked) { metrics_.setMainBlocked(blocked); }
 
   // Timeline control (any thread; block until the writer applied it). On ranks other than 0
   // start/stop succeed and write nothing (Horovod writes the timeline on rank 0 only).
