@@ -1,12 +1,16 @@
-"""Case 4: allgather and broadcast of float32 at 4 B, 4 KiB, 1 MiB and 64 MiB per rank (16 MiB
-for the largest with --quick).
+"""Case 4: allgather, broadcast, alltoall and reducescatter of float32 at 4 B, 4 KiB, 1 MiB,
+16 MiB and 64 MiB per rank (4 B to 16 MiB with --quick).
 
 allgather: every rank contributes S bytes and receives n*S; algbw = n*S / time, busbw =
-algbw * (n-1)/n. broadcast: root 0 sends S bytes; algbw = busbw = S / time (nccl-tests'
-conventions). Time per op = the slowest rank's, median over iterations. Ours uses the numpy
-API (allgather returns a new array; broadcast returns a new array); MPI uses Allgather into a
-fresh receive buffer and Bcast in place; gloo all_gather_into_tensor and broadcast in place;
-Horovod allgather and broadcast_.
+algbw * (n-1)/n. broadcast: root 0 sends S bytes; algbw = busbw = S / time. alltoall: every
+rank sends S bytes, S/n to each rank; reducescatter: every rank's S-byte input is summed and
+rank r keeps the r-th S/n; both algbw = S / time, busbw = algbw * (n-1)/n (nccl-tests'
+conventions). S is rounded up to a multiple of 4n bytes for these two (4 B: one element per
+rank). Time per op = the slowest rank's, median over iterations. Ours uses the numpy
+API (every op returns a new array); MPI uses Allgather, Alltoall and Reduce_scatter_block into
+a fresh receive buffer and Bcast in place; gloo all_gather_into_tensor, all_to_all_single and
+reduce_scatter_tensor into fresh tensors and broadcast in place; Horovod allgather, alltoall,
+reducescatter and broadcast_.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ import time
 import benchlib
 from benchlib import MIB, Table, fmt_bw, fmt_bytes, fmt_ratio, fmt_time, median
 
-SIZES = [4, 4096, MIB, 64 * MIB]  # latency (4 B, 4 KiB) and bandwidth
+SIZES = [4, 4096, MIB, 16 * MIB, 64 * MIB]  # latency (4 B, 4 KiB) and bandwidth
 SMALL_BYTES = 4096
-OPS = ("allgather", "broadcast")
+OPS = ("allgather", "broadcast", "alltoall", "reducescatter")
 LABELS = {"ours": "ours", "mpi": "MPICH", "gloo": "gloo", "horovod-mpi": "Horovod mpi",
           "horovod-gloo": "Horovod gloo"}
 
@@ -29,18 +33,26 @@ LABELS = {"ours": "ours", "mpi": "MPICH", "gloo": "gloo", "horovod-mpi": "Horovo
 def rank_run(adapter, spec: dict, init_end: float) -> dict:
     n = adapter.size
     out = {"times": {}, "ok": {}}
-    for op in OPS:
+    for op in spec.get("ops", OPS):
         for nbytes in spec["sizes"]:
             # Latency sizes take many more iterations: one op is microseconds, and a median
             # of 10 at that scale is mostly scheduler noise.
             hi = spec["max_iters"] if nbytes > SMALL_BYTES else 20 * spec["max_iters"]
             most = benchlib.iterations(nbytes, spec["target_bytes"], 3, hi)
-            buf = adapter.array(nbytes, adapter.rank + 1.0)
+            buf = adapter.array(_split_bytes(op, nbytes, n), adapter.rank + 1.0)
             name = f"{op}.{nbytes}"
             if op == "allgather":
                 values = adapter.values(adapter.allgather(buf, name))
                 ok = (values.size == adapter.values(buf).size * n
                       and float(values[0]) == 1.0 and float(values[-1]) == float(n))
+            elif op == "alltoall":  # block j comes from rank j
+                values = adapter.values(adapter.alltoall(buf, name))
+                ok = (values.size == adapter.values(buf).size
+                      and float(values[0]) == 1.0 and float(values[-1]) == float(n))
+            elif op == "reducescatter":
+                values = adapter.values(adapter.reducescatter(buf, name))
+                ok = (values.size == adapter.values(buf).size // n
+                      and float(values[0]) == float(values[-1]) == n * (n + 1) / 2)
             else:
                 values = adapter.values(adapter.broadcast(buf, name, 0))
                 ok = float(values[0]) == 1.0 and float(values[-1]) == 1.0
@@ -65,10 +77,17 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
     return out
 
 
+def _split_bytes(op: str, nbytes: int, n: int) -> int:
+    """alltoall and reducescatter split the buffer into n float32 blocks: round up."""
+    if op not in ("alltoall", "reducescatter"):
+        return nbytes
+    return (nbytes + 4 * n - 1) // (4 * n) * (4 * n)
+
+
 def _call(adapter, op: str, buf, name: str):
-    if op == "allgather":
-        return adapter.allgather(buf, name)
-    return adapter.broadcast(buf, name, 0)
+    if op == "broadcast":
+        return adapter.broadcast(buf, name, 0)
+    return getattr(adapter, op)(buf, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +127,8 @@ def run(ctx) -> list:
 
 
 def _table(ctx, systems: list, np_ranks: int) -> Table:
-    t = Table(f"allgather and broadcast, float32, np={np_ranks}: median time (busbw GB/s)",
+    t = Table(f"allgather, broadcast, alltoall, reducescatter, float32, np={np_ranks}: "
+              "median time (busbw GB/s)",
               ["op", "size per rank"] + [LABELS[s] for s in systems]
               + ["ours / best peer (busbw)"])
     for op in OPS:

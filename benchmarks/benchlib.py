@@ -44,7 +44,7 @@ def busbw_factor(collective: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factors: busbw = algbw * factor."""
     if collective == "allreduce":
         return 2.0 * (n - 1) / n
-    if collective == "allgather":
+    if collective in ("allgather", "alltoall", "reducescatter"):
         return (n - 1) / n
     return 1.0
 

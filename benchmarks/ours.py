@@ -67,6 +67,12 @@ class Adapter:
     def broadcast(self, buf, name: str, root: int = 0):
         return self.hvd.broadcast(buf, root_rank=root, name=name)
 
+    def alltoall(self, buf, name: str):
+        return self.hvd.alltoall(buf, name=name)[0]  # even splits of dimension 0
+
+    def reducescatter(self, buf, name: str):
+        return self.hvd.reducescatter(buf, op=self.hvd.Sum, name=name)
+
     def barrier(self) -> None:
         self.hvd.barrier()
 

@@ -52,6 +52,16 @@ class Adapter:
         self.dist.broadcast(buf, src=root)
         return buf
 
+    def alltoall(self, buf, name: str):
+        out = self.torch.empty_like(buf)
+        self.dist.all_to_all_single(out, buf)
+        return out
+
+    def reducescatter(self, buf, name: str):
+        out = self.torch.empty(buf.numel() // self.size, dtype=buf.dtype)
+        self.dist.reduce_scatter_tensor(out, buf)
+        return out
+
     def barrier(self) -> None:
         self.dist.barrier()
 

@@ -48,6 +48,12 @@ class Adapter:
     def broadcast(self, buf, name: str, root: int = 0):
         return self.hvd.broadcast_(buf, root_rank=root, name=name)
 
+    def alltoall(self, buf, name: str):
+        return self.hvd.alltoall(buf, name=name)
+
+    def reducescatter(self, buf, name: str):
+        return self.hvd.reducescatter(buf, op=self.hvd.Sum, name=name)
+
     def barrier(self) -> None:
         self.hvd.barrier()
 

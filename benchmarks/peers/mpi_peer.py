@@ -72,6 +72,16 @@ class Adapter:
         self.comm.Bcast(buf, root=root)
         return buf
 
+    def alltoall(self, buf, name: str):
+        out = np.empty_like(buf)
+        self.comm.Alltoall(buf, out)
+        return out
+
+    def reducescatter(self, buf, name: str):
+        out = np.empty(buf.size // self.size, dtype=buf.dtype)
+        self.comm.Reduce_scatter_block(buf, out, op=self.MPI.SUM)
+        return out
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

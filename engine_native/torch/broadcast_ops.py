@@ -133,6 +133,10 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     ``splits[i]`` rows go to set rank ``i`` (default: an even split). Returns a handle;
     ``synchronize()`` gives ``(output, received_splits)``.
     """
+    return _alltoall_async(tensor, splits, name, process_set)
+
+
+def _alltoall_async(tensor, splits, name, process_set, waited=False):
     code = rt.check_tensor(tensor, 'alltoall', name)
     split_list = _splits_list(splits, name)
     ps_id = rt.set_id(process_set)
@@ -147,7 +151,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         buffer, shape, received = results[0]
         output = rt.tensor_from_buffer(buffer, shape, dtype)
         return output, torch.tensor(list(received), dtype=torch.int32)
-    return rt.submit([op], (tensor, splits), finish)
+    return rt.submit([op], (tensor, splits), finish, waited)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -155,8 +159,8 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        output, received_splits = rt.synchronize(
-            alltoall_async(tensor, splits, name, process_set))
+        output, received_splits = rt.synchronize(  # Note [Caller drives], as allreduce_
+            _alltoall_async(tensor, splits, name, process_set, waited=True))
         ctx.process_set = process_set
         ctx.recvsplits = received_splits
         if splits is None:

@@ -31,7 +31,7 @@ def _wrap_outputs(tensors, single):
 # ---------------------------------------------------------------------------------------------
 # allgather
 
-def _grouped_allgather_async(tensors, name, process_set, prefix):
+def _grouped_allgather_async(tensors, name, process_set, prefix, waited=False):
     tensors = list(tensors)
     if not tensors:
         raise ValueError('%s: expected a non-empty list of tensors' % prefix)
@@ -44,7 +44,7 @@ def _grouped_allgather_async(tensors, name, process_set, prefix):
         names = ['%s_%dof%d' % (base, i + 1, len(tensors)) for i in range(len(tensors))]
     ops = [_gather_like_op(rt.ALLGATHER, t, n, c, Sum, 1.0, 1.0, process_set)
            for t, n, c in zip(tensors, names, codes)]
-    return rt.submit(ops, tuple(tensors), _wrap_outputs(tensors, prefix == 'allgather'))
+    return rt.submit(ops, tuple(tensors), _wrap_outputs(tensors, prefix == 'allgather'), waited)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -63,7 +63,9 @@ class HorovodAllgather(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.dim = tensor.shape[0] if tensor.dim() > 0 else 0
         ctx.process_set = process_set
-        return rt.synchronize(allgather_async(tensor, name, process_set))
+        # waited: run on this thread if it is the only op (Note [Caller drives]), as allreduce_
+        return rt.synchronize(_grouped_allgather_async([tensor], name, process_set, 'allgather',
+                                                       waited=True))
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -120,7 +122,7 @@ def _check_reducescatter_op(op):
 
 
 def _grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
-                                 postscale_factor, prefix):
+                                 postscale_factor, prefix, waited=False):
     tensors = list(tensors)
     if not tensors:
         raise ValueError('%s: expected a non-empty list of tensors' % prefix)
@@ -135,7 +137,8 @@ def _grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor
     ops = [_gather_like_op(rt.REDUCESCATTER, t, n, c, op, prescale_factor, postscale_factor,
                            process_set)
            for t, n, c in zip(tensors, names, codes)]
-    return rt.submit(ops, tuple(tensors), _wrap_outputs(tensors, prefix == 'reducescatter'))
+    return rt.submit(ops, tuple(tensors), _wrap_outputs(tensors, prefix == 'reducescatter'),
+                     waited)
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
@@ -165,8 +168,9 @@ class HorovodReducescatter(torch.autograd.Function):
         ctx.process_set = process_set
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
-        return rt.synchronize(reducescatter_async(tensor, name, op, process_set,
-                                                  prescale_factor, postscale_factor))
+        return rt.synchronize(_grouped_reducescatter_async(
+            [tensor], name, op, process_set, prescale_factor, postscale_factor, 'reducescatter',
+            waited=True))  # Note [Caller drives], as allreduce_
 
     @staticmethod
     def backward(ctx, grad_output):

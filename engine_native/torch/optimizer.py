@@ -17,7 +17,7 @@ from engine_native.torch import runtime as rt
 from engine_native.torch.adasum_optimizer import adasum_optimizer
 from engine_native.torch.compression import Compression
 from engine_native.torch.functions import broadcast_object
-from engine_native.torch.gather_ops import sparse_allreduce_async
+from engine_native.torch.sparse_fusion import sparse_allreduce_fused
 from engine_native.torch.optimizer_params import (
     backward_pass_done,
     hook_gradient,
@@ -25,6 +25,13 @@ from engine_native.torch.optimizer_params import (
 )
 from engine_native.torch.reduce_ops import allreduce_async_, grouped_allreduce_async_
 from engine_native.torch.runtime import Adasum, Average, global_process_set
+
+
+# Note [Deferred sparse gradients]: a sparse gradient's hook records this instead of starting
+# two allgathers; synchronize() allreduces all of the step's sparse gradients together, one
+# allgather per values dtype (engine_native/torch/sparse_fusion.py), in the same order on
+# every rank. Many small embedding gradients then cost one op per step, not two each.
+_SPARSE_DEFERRED = object()
 
 
 def split_list(items, n):
@@ -142,8 +149,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self.sparse_as_dense:
                 tensor = tensor.to_dense()
             else:
-                return sparse_allreduce_async(tensor, name=name, op=self.op,
-                                              process_set=self.process_set), None
+                return _SPARSE_DEFERRED, None  # Note [Deferred sparse gradients]
         tensor_compressed, ctx = self._compression.compress(tensor)
         prescale, postscale = self._scale_factors()
         handle = allreduce_async_(tensor_compressed, name=name, op=self.op,
@@ -196,6 +202,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p, (handle, ctx) in list(self._handles.items()):
             if handle is None:
                 self._handles[p] = self._allreduce_grad_async(p)
+        deferred = [p for p, (handle, _) in self._handles.items() if handle is _SPARSE_DEFERRED]
+        if deferred:
+            fused = sparse_allreduce_fused([(self._parameter_names.get(p), p.grad)
+                                            for p in deferred], self.op, self.process_set)
+            for p in deferred:
+                self._handles[p] = (lambda out=fused[self._parameter_names.get(p)]: out, None)
 
         for p, (handle, ctx) in self._handles.items():
             if isinstance(p, tuple):

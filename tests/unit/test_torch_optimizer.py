@@ -198,7 +198,9 @@ def test_sparse_gradients_allgather_or_dense(hooked):
         if sparse_as_dense:
             assert sent == ['allreduce.weight']
         else:
-            assert sent == ['allgather.weight.indices', 'allgather.weight.values']
+            # One allgather per values dtype for all of the step's sparse gradients
+            # (Note [Deferred sparse gradients], Note [Fused sparse layout]).
+            assert sent == ['allgather.sparse_fused.float32.weight']
         assert emb.weight.grad.is_sparse
         assert torch.allclose(emb.weight.grad.to_dense(), expected)
         with opt.skip_synchronize():

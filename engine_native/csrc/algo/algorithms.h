@@ -123,18 +123,43 @@ common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in,
 bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choice);
 // Logs "<op> via <path>" at info once per process, op and path (algo/allgather.cc): the
 // decision the tests read back.
-enum class CopyCollective { kAllgather = 0, kBroadcast = 1 };
+enum class CopyCollective { kAllgather = 0, kBroadcast = 1, kAlltoall = 2, kReducescatter = 3 };
 enum class CopyPath { kShm = 0, kPairs = 1, kHierarchical = 2 };
 void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& comm);
 
 // send_bytes[r] from `in` (consecutive) go to rank r; recv_bytes[r] from rank r land in `out`
-// (consecutive, in rank order). (algo/alltoall_pairwise.cc)
+// (consecutive, in rank order). The dispatcher (algo/alltoall.cc) takes the host collective
+// segment when hostSegmentServes() (algo/alltoall_shm.cc), else the pairwise exchange
+// (algo/alltoall_pairwise.cc). `largest`: the largest off-diagonal block of the whole splits
+// matrix in bytes, the same on every rank (the shm path's chunk count).
+common::Status alltoall(transport::Comm& comm, const void* in,
+                        const std::vector<size_t>& send_bytes, void* out,
+                        const std::vector<size_t>& recv_bytes, size_t largest,
+                        const AllreduceChoice& choice);
+common::Status alltoallShm(transport::Comm& comm, const void* in,
+                           const std::vector<size_t>& send_bytes, void* out,
+                           const std::vector<size_t>& recv_bytes, size_t largest);
 common::Status alltoallPairwise(transport::Comm& comm, const void* in,
                                 const std::vector<size_t>& send_bytes, void* out,
                                 const std::vector<size_t>& recv_bytes);
+// InvalidArgument unless there is one split per rank and this rank's own block matches.
+common::Status checkAlltoallSplits(const transport::Comm& comm,
+                                   const std::vector<size_t>& send_bytes,
+                                   const std::vector<size_t>& recv_bytes);
 
 // `in` has sum(counts) elements; rank r receives the reduction of elements
-// [offset(r), offset(r)+counts[r]) into `out` (counts[r] elements). (algo/reducescatter_ring.cc)
+// [offset(r), offset(r)+counts[r]) into `out` (counts[r] elements). The dispatcher
+// (algo/alltoall.cc) takes the host collective segment when hostSegmentServes()
+// (algo/reducescatter_shm.cc), else the ring (algo/reducescatter_ring.cc); both fold in the
+// same order (Note [Reduce-scatter fold order]). `in_writable`: `in` is the caller's scratch
+// copy, which the ring may reduce in instead of copying it again.
+common::Status reducescatter(transport::Comm& comm, const void* in, void* out,
+                             const std::vector<size_t>& counts, common::DataType dtype,
+                             common::ReduceOp op, const AllreduceChoice& choice,
+                             bool in_writable);
+common::Status reducescatterShm(transport::Comm& comm, const void* in, void* out,
+                                const std::vector<size_t>& counts, common::DataType dtype,
+                                common::ReduceOp op);
 common::Status reducescatterRing(transport::Comm& comm, const void* in, void* out,
                                  const std::vector<size_t>& counts, common::DataType dtype,
                                  common::ReduceOp op);

@@ -21,18 +21,21 @@ bool hostSegmentServes(const transport::Comm& comm, const AllreduceChoice& choic
 }
 
 void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& comm) {
-  static bool logged[2][3] = {};  // [op][path], once per process
+  static bool logged[4][3] = {};  // [op][path], once per process
   bool& done = logged[static_cast<int>(op)][static_cast<int>(path)];
   if (done) return;
   done = true;
+  static const char* const kOps[4] = {"allgather", "broadcast", "alltoall", "reducescatter"};
+  static const char* const kPairs[4] = {"ring (pairs)", "tree (pairs)", "pairwise (pairs)",
+                                        "ring (pairs)"};
   const bool broadcast = op == CopyCollective::kBroadcast;
   const char* name = "shm (host collective segment)";
-  if (path == CopyPath::kPairs) name = broadcast ? "tree (pairs)" : "ring (pairs)";
+  if (path == CopyPath::kPairs) name = kPairs[static_cast<int>(op)];
   if (path == CopyPath::kHierarchical) {
     name = broadcast ? "hierarchical (leaders' tree, then each host)"
                      : "hierarchical (each host, leaders' ring, each host)";
   }
-  HVD_LOG(kInfo, "algo") << (broadcast ? "broadcast" : "allgather") << " via " << name
+  HVD_LOG(kInfo, "algo") << kOps[static_cast<int>(op)] << " via " << name
                          << " (process set of " << comm.size() << ", "
                          << comm.localMembers().size() << " on this host)";
 }

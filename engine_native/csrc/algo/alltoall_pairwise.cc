@@ -18,9 +18,9 @@
 
 namespace hvd::algo {
 
-common::Status alltoallPairwise(transport::Comm& comm, const void* in,
-                                const std::vector<size_t>& send_bytes, void* out,
-                                const std::vector<size_t>& recv_bytes) {
+common::Status checkAlltoallSplits(const transport::Comm& comm,
+                                   const std::vector<size_t>& send_bytes,
+                                   const std::vector<size_t>& recv_bytes) {
   const int n = comm.size();
   const int r = comm.rank();
   if (send_bytes.size() != static_cast<size_t>(n) || recv_bytes.size() != static_cast<size_t>(n)) {
@@ -34,6 +34,15 @@ common::Status alltoallPairwise(transport::Comm& comm, const void* in,
                                    std::to_string(send_bytes[r]) + " bytes to itself but expects " +
                                    std::to_string(recv_bytes[r]));
   }
+  return common::Status::ok();
+}
+
+common::Status alltoallPairwise(transport::Comm& comm, const void* in,
+                                const std::vector<size_t>& send_bytes, void* out,
+                                const std::vector<size_t>& recv_bytes) {
+  HVD_RETURN_IF_ERROR(checkAlltoallSplits(comm, send_bytes, recv_bytes));
+  const int n = comm.size();
+  const int r = comm.rank();
   const BlockOffsets send_at = prefixBlocks(send_bytes);
   const BlockOffsets recv_at = prefixBlocks(recv_bytes);
   // Transfer::data is non-const for both directions; sends only read it.

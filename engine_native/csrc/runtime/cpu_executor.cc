@@ -184,7 +184,8 @@ Status CpuExecutor::alltoall(OpContext& op) {
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
   op.activities.start("_ALLTOALL");
   HVD_RETURN_IF_ERROR(
-      algo::alltoallPairwise(op.comm, in, layout.send, op.result->buffer->data, layout.recv));
+      algo::alltoall(op.comm, in, layout.send, op.result->buffer->data, layout.recv,
+                     layout.largest, op.choice));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAlltoall), layout.total, 1);
   return Status::ok();
@@ -211,12 +212,12 @@ Status CpuExecutor::reducescatter(OpContext& op) {
     if (layout.input_bytes > 0) std::memcpy(copy, in, layout.input_bytes);
     common::scaleInPlace(copy, layout.input_bytes / elem, r.dtype, r.prescale);
     op.activities.start("_REDUCESCATTER");
-    HVD_RETURN_IF_ERROR(algo::reducescatterRingInPlace(op.comm, copy, out, layout.counts,
-                                                       r.dtype, r.reduce_op));
+    HVD_RETURN_IF_ERROR(algo::reducescatter(op.comm, copy, out, layout.counts, r.dtype,
+                                            r.reduce_op, op.choice, true));
   } else {
     op.activities.start("_REDUCESCATTER");
-    HVD_RETURN_IF_ERROR(
-        algo::reducescatterRing(op.comm, in, out, layout.counts, r.dtype, r.reduce_op));
+    HVD_RETURN_IF_ERROR(algo::reducescatter(op.comm, in, out, layout.counts, r.dtype,
+                                            r.reduce_op, op.choice, false));
   }
   op.activities.end();
   const double post = postFactor(r, op.comm.size());

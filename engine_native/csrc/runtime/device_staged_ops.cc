@@ -190,7 +190,8 @@ Status DeviceExecutor::stagedAlltoall(OpContext& op) {
   uint8_t *in = nullptr, *out = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
   op.activities.start("STAGED_ALLTOALL");
-  HVD_RETURN_IF_ERROR(algo::alltoallPairwise(op.comm, in, layout.send, out, layout.recv));
+  HVD_RETURN_IF_ERROR(algo::alltoall(op.comm, in, layout.send, out, layout.recv, layout.largest,
+                                     op.choice));
   op.activities.end();
   HVD_RETURN_IF_ERROR(deviceOutput(layout.total, op.result));
   op.result->shape = layout.shape;
@@ -212,8 +213,8 @@ Status DeviceExecutor::stagedReducescatter(OpContext& op) {
   const size_t total = layout.input_bytes / common::dataTypeSize(r.dtype);
   if (r.prescale != 1.0) common::scaleInPlace(in, total, r.dtype, r.prescale);
   op.activities.start("STAGED_REDUCESCATTER");
-  HVD_RETURN_IF_ERROR(
-      algo::reducescatterRingInPlace(op.comm, in, out, layout.counts, r.dtype, r.reduce_op));
+  HVD_RETURN_IF_ERROR(algo::reducescatter(op.comm, in, out, layout.counts, r.dtype, r.reduce_op,
+                                          op.choice, true));
   op.activities.end();
   const double post = postFactor(r, op.comm.size());
   if (post != 1.0) common::scaleInPlace(out, layout.counts[me], r.dtype, post);

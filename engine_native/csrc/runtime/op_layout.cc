@@ -1,5 +1,6 @@
 #include "runtime/op_layout.h"
 
+#include <algorithm>
 #include <functional>
 #include <numeric>
 
@@ -46,6 +47,13 @@ AlltoallLayout alltoallLayout(const coord::Response& r, int me, int n) {
     out.received_splits[j] = in_rows;
     out.total += out.recv[j];
     rows += in_rows;
+  }
+  // The same on every rank: the shm alltoall's chunk count (algo/alltoall_shm.cc).
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      const size_t block = static_cast<size_t>(r.splits_matrix[i * n + j]) * row;
+      if (i != j) out.largest = std::max(out.largest, block);
+    }
   }
   out.shape = {rows};
   out.shape.insert(out.shape.end(), r.row_shape.begin(), r.row_shape.end());

@@ -25,6 +25,7 @@ struct AlltoallLayout {
   size_t total = 0;                      // sum of recv
   std::vector<int64_t> shape;            // of the output
   std::vector<int64_t> received_splits;  // rows received from each set rank
+  size_t largest = 0;  // bytes of the largest off-diagonal block of the whole splits matrix
 };
 AlltoallLayout alltoallLayout(const coord::Response& r, int set_rank, int set_size);
 

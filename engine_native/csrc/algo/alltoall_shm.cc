@@ -1,0 +1,161 @@
+// Shared-memory alltoall among the L ranks of one host, through the host collective segment
+// (transport/shm/collective_segment.h), as issue #20 asks: each rank writes each block it sends
+// once and every rank reads only the blocks addressed to it, with no pairwise steps.
+//
+// Derivation. Rank i's input holds L blocks, block j (B_ij bytes, zero included) for rank j.
+// Each block is cut into pieces of P bytes; chunk k is piece k of every off-diagonal block,
+// and goes through slot k % depth of the sender's segment area, the piece for local rank j at
+// offset j·P (a slot is L x 256 KiB, so P is at most 256 KiB). Per chunk, rank i:
+//   post    copies piece k of each block i->j (j != i) into its slot at j·P
+//   collect copies piece k of each block j->i out of rank j's slot (at i·P) into its output
+// The diagonal block i->i is moved straight from input to output, once, before the loop.
+// Per rank: sum_j B_ij read once and written into shared memory, sum_j B_ji copied out of it,
+// the output written once; no byte crosses a socket. The pairwise exchange (algo/
+// alltoall_pairwise.cc) over shm pairs copies the same bytes (into a pair buffer, out of it)
+// but in L-1 sequential steps, each a handshake per pair buffer's worth: L-1 round trips per
+// op at least, where this takes 2 milestones per chunk for all peers at once.
+//
+// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc, whose counters and rules this
+// shares): step t posts chunk t and collects chunk t-1. post(k) waits until every other rank
+// released chunk k - depth (rule 2); collect(k) until every other rank posted k (rule 3).
+// Every rank runs the same number of chunks, ceil(largest / P), where `largest` is the
+// largest off-diagonal block of the whole splits matrix (the negotiated response carries all
+// of it, so every rank computes the same value); a rank whose blocks ran out posts empty
+// pieces but still publishes, so all counters end the op equal (rule 1). As in allgather_shm,
+// P is the slot's share for large blocks but at least 8 pieces per block (down to 16 KiB).
+//
+// Prediction (2-core AMD VM, float32, pooled output, written before measuring): np=2, 16 MiB
+// per rank (8 MiB to each): 8 MiB copied in, 8 MiB out, 8 MiB diagonal per rank = 24 MiB,
+// 32 chunks, 2 milestones each: ≈ 3-6 ms (pairwise over shm pairs: one exchange of 8 MiB
+// in 1 MiB-ish pair-buffer rounds). np=4, 16 MiB (4 MiB to each): 12 + 12 + 4 MiB per rank,
+// two ranks per core: ≈ 10-15 ms. 4 B: one post, one wait, one collect: one round trip through
+// the counters per op, as the shm allgather.
+// Measured (the same VM shared with three other sessions, load 5-12, 3 runs, medians;
+// benchmarks/RESULTS.md, issue #20 part 2): np=2 16 MiB 6.1 ms (best 4.6), np=4 14.9 ms; 4 B
+// 15-30 us or ~250-450 us, the per-op path's two modes under load, not this file.
+#include <algorithm>
+#include <cstring>
+
+#include "algo/algorithms.h"
+#include "algo/ring_util.h"
+#include "transport/shm/collective_sync.h"
+
+namespace hvd::algo {
+namespace {
+
+using transport::shm::CollectiveSync;
+using transport::shm::Stage;
+
+constexpr size_t kMinChunks = 8;
+constexpr size_t kMinPieceBytes = 16 << 10;
+
+class HostAlltoall {
+ public:
+  HostAlltoall(CollectiveSync& sync, const transport::Comm& comm, const uint8_t* in,
+               const std::vector<size_t>& send_bytes, uint8_t* out,
+               const std::vector<size_t>& recv_bytes, size_t largest);
+  common::Status run();
+
+ private:
+  // Bytes of piece k of a block of `block` bytes.
+  size_t pieceSize(size_t block, uint64_t k) const {
+    const size_t begin = k * piece_;
+    return begin >= block ? 0 : std::min(piece_, block - begin);
+  }
+  common::Status post(uint64_t k);
+  common::Status collect(uint64_t k);
+
+  CollectiveSync& sync_;
+  const uint8_t* const in_;
+  uint8_t* const out_;
+  const int me_;
+  const int n_;
+  // By local index j: bytes sent to / received from that rank, and where they lie.
+  std::vector<size_t> send_, send_at_, recv_, recv_at_;
+  size_t piece_ = 0;
+  uint64_t chunks_ = 0;
+  uint64_t base_ = 0;  // global number of chunk 0 (rule 1)
+};
+
+HostAlltoall::HostAlltoall(CollectiveSync& sync, const transport::Comm& comm, const uint8_t* in,
+                           const std::vector<size_t>& send_bytes, uint8_t* out,
+                           const std::vector<size_t>& recv_bytes, size_t largest)
+    : sync_(sync), in_(in), out_(out), me_(sync.index()), n_(sync.size()),
+      send_(static_cast<size_t>(n_), 0), send_at_(send_.size(), 0), recv_(send_.size(), 0),
+      recv_at_(send_.size(), 0) {
+  // Local index j is the host's j-th rank in global order; the buffers are in set-rank order.
+  const BlockOffsets send_offsets = prefixBlocks(send_bytes);
+  const BlockOffsets recv_offsets = prefixBlocks(recv_bytes);
+  for (int r = 0; r < comm.size(); ++r) {
+    const size_t j = static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)));
+    send_[j] = send_bytes[static_cast<size_t>(r)];
+    send_at_[j] = send_offsets[static_cast<size_t>(r)];
+    recv_[j] = recv_bytes[static_cast<size_t>(r)];
+    recv_at_[j] = recv_offsets[static_cast<size_t>(r)];
+  }
+  const size_t slot_share = static_cast<size_t>(sync.segment().chunkBytes()) /
+                            static_cast<size_t>(n_) / 64 * 64;
+  const size_t spread = (largest + kMinChunks - 1) / kMinChunks;
+  piece_ = std::min(slot_share, (std::max(spread, kMinPieceBytes) + 63) / 64 * 64);
+  chunks_ = (largest + piece_ - 1) / piece_;
+  base_ = sync.released();
+}
+
+common::Status HostAlltoall::run() {
+  const size_t own = send_[static_cast<size_t>(me_)];
+  uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
+  const uint8_t* const own_from = in_ + send_at_[static_cast<size_t>(me_)];
+  if (own > 0 && own_to != own_from) std::memmove(own_to, own_from, own);
+  for (uint64_t t = 0; t < chunks_ + 1; ++t) {
+    if (t < chunks_) HVD_RETURN_IF_ERROR(post(t));
+    if (t >= 1) HVD_RETURN_IF_ERROR(collect(t - 1));
+  }
+  return common::Status::ok();
+}
+
+common::Status HostAlltoall::post(uint64_t k) {
+  const uint64_t depth = sync_.segment().depth();
+  if (base_ + k >= depth) {  // rule 2
+    HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + k + 1 - depth));
+  }
+  uint8_t* const slot = sync_.segment().slot(me_, base_ + k);
+  for (int j = 0; j < n_; ++j) {
+    const size_t len = pieceSize(send_[static_cast<size_t>(j)], k);
+    if (j == me_ || len == 0) continue;
+    std::memcpy(slot + static_cast<size_t>(j) * piece_,
+                in_ + send_at_[static_cast<size_t>(j)] + k * piece_, len);
+  }
+  sync_.publish({Stage::kPosted, Stage::kReduced}, base_ + k + 1);
+  return common::Status::ok();
+}
+
+common::Status HostAlltoall::collect(uint64_t k) {
+  HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kPosted, base_ + k + 1));  // rule 3
+  const size_t mine = static_cast<size_t>(me_) * piece_;
+  for (int j = 0; j < n_; ++j) {
+    const size_t len = pieceSize(recv_[static_cast<size_t>(j)], k);
+    if (j == me_ || len == 0) continue;
+    std::memcpy(out_ + recv_at_[static_cast<size_t>(j)] + k * piece_,
+                sync_.segment().slot(j, base_ + k) + mine, len);
+  }
+  sync_.publish({Stage::kReleased}, base_ + k + 1);
+  return common::Status::ok();
+}
+
+}  // namespace
+
+common::Status alltoallShm(transport::Comm& comm, const void* in,
+                           const std::vector<size_t>& send_bytes, void* out,
+                           const std::vector<size_t>& recv_bytes, size_t largest) {
+  transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
+  if (segment == nullptr || static_cast<int>(comm.localMembers().size()) != comm.size()) {
+    return common::internalError("shm alltoall: no host collective segment serves this "
+                                 "process set of " + std::to_string(comm.size()) + " ranks");
+  }
+  CollectiveSync sync(comm, segment);
+  HostAlltoall exchange(sync, comm, static_cast<const uint8_t*>(in), send_bytes,
+                        static_cast<uint8_t*>(out), recv_bytes, largest);
+  return exchange.run();
+}
+
+}  // namespace hvd::algo
