@@ -4,6 +4,7 @@ Three significant digits everywhere: enough to read, and coarse enough that a re
 an unchanged display string is skipped instead of resent.
 """
 
+from .gpu_stats import GPU_PATHS
 from .model import SAMPLES
 
 
@@ -71,8 +72,9 @@ def gpu_label(row):
 
 
 def gpu_path(path):
-    """The collectives' path column: ``'NCCL'``, ``'staged'``, or ``'—'`` before one ran."""
-    return {"nccl": "NCCL", "staged": "staged"}.get(path, "—")
+    """The collectives' path column (``'NCCL'``, ``'staged'``, ``'CUDA IPC'``, ...), or
+    ``'—'`` before one ran."""
+    return GPU_PATHS.get(path, "—")
 
 
 def gpu_title(row):

@@ -133,8 +133,14 @@ def _torch_reserved(ordinal):
     return None
 
 
+# The core's names for the paths of CUDA collectives (Note [Device path choice]) and how the
+# dashboard labels them.
+GPU_PATHS = {"nccl": "NCCL", "staged": "staged", "cuda-ipc": "CUDA IPC",
+             "cuda-ipc+nccl": "CUDA IPC + NCCL"}
+
+
 def gpu_path(core_raw):
-    """``"nccl"`` / ``"staged"``: the path of this rank's CUDA collectives, from the core's
+    """A key of ``GPU_PATHS``: the path of this rank's CUDA collectives, from the core's
     ``metrics()["gpu_paths"]`` (``{set id: {"path", "device"}}``, empty before the first CUDA
     collective). The global set's when it has one, else the lowest set's; None when none ran."""
     paths = core_raw.get("gpu_paths") if isinstance(core_raw, dict) else None
@@ -143,4 +149,4 @@ def gpu_path(core_raw):
     key = min(paths, key=lambda k: int(k) if str(k).isdigit() else float("inf"))
     entry = paths[key]
     path = entry.get("path") if isinstance(entry, dict) else None
-    return path if path in ("nccl", "staged") else None
+    return path if path in GPU_PATHS else None

@@ -36,7 +36,7 @@ class RankRow:
     gpu_index: int = None  # the pinned GPU as nvidia-smi numbers it
     gpu_util: float = None  # percent, the whole GPU
     gpu_dev_mem_used: int = None  # bytes in use on the GPU by every process
-    gpu_path: str = ""  # "nccl" | "staged" once a CUDA collective ran
+    gpu_path: str = ""  # a key of gpu_stats.GPU_PATHS once a CUDA collective ran
     state: str = "starting"  # starting | idle | running | collective | stalled | dead
     detail: str = "waiting for the first snapshot"
     stale_s: float = None  # seconds without a snapshot, when over the model's stale_after_s

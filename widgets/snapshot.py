@@ -17,7 +17,7 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
                     "mem_used": bytes held by this process, "mem_total": bytes,
                     "gpu": nvidia-smi index of the pinned GPU, "util": percent busy,
                     "dev_mem_used": bytes in use on the GPU by all processes,
-                    "path": "nccl" | "staged" (the core's CUDA collectives; see gpu_stats)}
+                    "path": a key of gpu_stats.GPU_PATHS (the core's CUDA collectives)}
     busy     bool   a cell is running on the engine
     cell     str    short label of the running cell ("" when idle)
     samples  int    cumulative samples reported with report(samples=...)
@@ -56,6 +56,7 @@ import math
 from . import frames
 from .control import clean_acks
 from .frames import MAX_TEXT, is_int
+from .gpu_stats import GPU_PATHS
 
 SCHEMA_VERSION = 1
 MAX_FRAME_BYTES = 256 * 1024
@@ -185,7 +186,7 @@ def _clean_gpu(dev):
     util = dev.get("util")
     if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 <= util <= 100:
         out["util"] = util
-    if dev.get("path") in ("nccl", "staged"):
+    if dev.get("path") in GPU_PATHS:
         out["path"] = dev["path"]
     return out
 

@@ -95,7 +95,8 @@ def test_a_torch_ordinal_pin_is_not_looked_up_in_nvml():
 
 @pytest.mark.parametrize("paths, want", [
     ({}, None), (None, None), ({0: {"path": "nccl", "device": 0}}, "nccl"),
-    ({10: {"path": "nccl"}, 2: {"path": "staged"}}, "staged"), ({0: {"path": "odd"}}, None)])
+    ({10: {"path": "nccl"}, 2: {"path": "staged"}}, "staged"), ({0: {"path": "odd"}}, None),
+    ({0: {"path": "cuda-ipc"}}, "cuda-ipc"), ({0: {"path": "cuda-ipc+nccl"}}, "cuda-ipc+nccl")])
 def test_path_of_the_cuda_collectives(paths, want):
     assert gpu_path({"gpu_paths": paths}) == want
 
@@ -168,3 +169,13 @@ def test_text_status_shows_the_gpu_compactly_and_cpu_as_cpu():
     assert T.row_text(rows[1]).startswith("r1 node0 pid 101 cpu idle")
     no_index = _model([{"kind": "cuda", "index": 1}]).rows(0)[0]
     assert T.row_text(no_index).startswith("r0 node0 pid 100 cuda:1 – —")
+
+
+@pytest.mark.parametrize("path, label", [("cuda-ipc", "CUDA IPC"),
+                                         ("cuda-ipc+nccl", "CUDA IPC + NCCL"),
+                                         ("staged", "staged")])
+def test_widget_rows_name_every_device_path(path, label):
+    """Ranks sharing a GPU (CUDA IPC, alone or under NCCL between GPUs) are named, not '—'."""
+    view = V.DashboardView()
+    view.update(_model([dict(GPU_DEV, path=path)]), 0.0)
+    assert cell(view.rows_box.children[1].value, "hvd-gpu-path") == label
