@@ -2,14 +2,20 @@
 ``ElasticSampler``.
 
 ``@hvd.elastic.run`` retries the training function after a collective fails
-(HorovodInternalError: restore the last commit) or the hosts change (HostsUpdatedInterrupt):
-it shuts the core down, initializes it again, runs the reset callbacks and synchronizes the
-state from rank 0. Re-initialization uses the same bootstrap as the first ``init()``; growing
-or shrinking the job needs a launcher with host discovery, which engine_native does not have
-yet: today this recovers from aborts and transient failures with the same set of ranks.
+(HorovodInternalError: restore the last commit) or the hosts change (HostsUpdatedInterrupt,
+raised by ``state.commit()``: keep the current values): it shuts the core down, initializes it
+again, runs the reset callbacks and synchronizes the state from rank 0.
+
+Under ``hvdrun --min-np/--max-np`` (the elastic driver) re-initialization joins the driver's
+newest generation: new rank and size, survivors first in their old order, so rank 0 (whose
+state everybody receives) is the lowest surviving rank (engine_native.elastic_world). Started
+any other way, the world keeps its ranks: this recovers from aborts and transient failures.
+Process sets are not carried over a reset: register them again (e.g. in a reset callback).
 """
 import functools
 
+from engine_native import basics as _basics
+from engine_native import elastic_world
 from engine_native.torch import basics
 from engine_native.torch import runtime as rt
 from engine_native.torch.elastic.sampler import ElasticSampler  # noqa: F401
@@ -17,8 +23,15 @@ from engine_native.torch.elastic.state import (  # noqa: F401
     HostsUpdatedInterrupt, ObjectState, State, TorchState)
 
 
-def _reset():
-    basics.shutdown()
+def _reset(after_failure):
+    if after_failure:
+        elastic_world.request_reset()  # a failure no death explains still gets a new world
+    why = 'the elastic reset after generation %d' % elastic_world.generation() \
+        if elastic_world.managed() else 'an elastic reset'
+    try:
+        _basics.shutdown(why)
+    finally:
+        rt._reset_handles()
     basics.init()
 
 
@@ -31,10 +44,11 @@ def run(func):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         reset_required = False
+        after_failure = False
         skip_sync = False
         while True:
             if reset_required:
-                _reset()
+                _reset(after_failure)
                 state.on_reset()
             try:
                 if not skip_sync:
@@ -42,8 +56,8 @@ def run(func):
                 return func(state, *args, **kwargs)
             except rt.HorovodInternalError:
                 state.restore()
-                skip_sync = False
+                skip_sync, after_failure = False, True
             except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
+                skip_sync, after_failure = exc.skip_sync, False
             reset_required = True
     return wrapper
