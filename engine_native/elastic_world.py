@@ -106,7 +106,7 @@ def join(connect) -> object:
             raise TimeoutError(f"elastic worker {worker_id()}: no generation {want} was published "
                                "within HVD_ELASTIC_TIMEOUT; is the hvdrun driver still running?")
         store.wait_all([f"{job}/elastic/gen{want}"], timeout=left)
-        gen = latest()
+        gen = max(want, latest())  # ``latest`` is written after ``gen<g>``: it may lag
         world = json.loads(store.get(f"{job}/elastic/gen{gen}", timeout=30.0))
         rank: Optional[int] = world["ranks"].get(worker_id())
         if rank is None:
