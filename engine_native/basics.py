@@ -107,10 +107,11 @@ def shutdown(reason: Optional[str] = None) -> None:
     """Shut the core down (agreeing with the other ranks, bounded by ``HVD_TIMEOUT``).
     ``reason`` (e.g. an elastic reset) is named when a process set of this world is used
     afterwards."""
-    global _world
+    global _world, _check_counter
     with _lock:
         _core.shutdown()
         _world = None
+        _check_counter = 0  # a new world (maybe with fresh processes) counts checks from 0
         for ps in _process_sets.values():
             ps._invalidate(reason)
         _process_sets.clear()

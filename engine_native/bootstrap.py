@@ -165,6 +165,8 @@ def _init_rendezvous(rank: int, size: int, rendezvous: Optional[str],
     bind, advertised = _bind_address(False, rendezvous.rsplit(":", 1)[0])
     port = _core.listen(bind)
     world.listen_address = (advertised, port)
+    # Elastic workers join a generation with different init counts: the scope names the world.
+    core_job = scope.replace("/", "-") if scope else f"{job}-{_init_count}"
     scope = scope or f"{job}/init{_init_count}"
     timeout = float(os.environ.get("HVD_START_TIMEOUT", "60"))
     with RendezvousClient(rendezvous, secret) as client:
@@ -172,7 +174,7 @@ def _init_rendezvous(rank: int, size: int, rendezvous: Optional[str],
         client.set(f"{scope}/{rank}", json.dumps(me).encode())
         values = _wait_peers(client, [f"{scope}/{r}" for r in range(size)], timeout, abandon)
     peers = [tuple(json.loads(v)) for v in values]
-    _connect(world, peers, secret, f"{job}-{_init_count}")
+    _connect(world, peers, secret, core_job)
     return world
 
 

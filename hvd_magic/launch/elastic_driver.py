@@ -157,6 +157,8 @@ class ElasticJob(ProcessJob):
         ranked = plan.ranked + new
         self.generation += 1
         self._reset_asks = set()
+        for worker in self.workers.values():
+            worker.rank = None
         for rank, worker in enumerate(ranked):
             worker.rank = rank
         world = {"gen": self.generation, "size": size,
@@ -216,8 +218,7 @@ class ElasticJob(ProcessJob):
             return exit_status(code) if code not in (None, 0) else 1
         if self.result.interrupted:
             return 143 if "SIGTERM" in self.result.reason else 130
-        last = [w for w in self.workers.values() if w.rank is not None
-                and w.wid not in self._stopped and w.code != 0]
+        last = [w for w in self.workers.values() if w.rank is not None and w.code != 0]
         return exit_status(last[0].code) if last else 0
 
 

@@ -4,8 +4,8 @@
 Log lines (JSON, appended to --log):
   {"ev": "commit", "gen", "size", "epoch", "trained": [indices trained on by all ranks in the
    batch this commit saved]} (rank 0)
-  {"ev": "reset", "gen", "size", "rank", "stale_set_error", "new_set_sum"} (every rank, from
-   the reset callback)
+  {"ev": "reset", "gen", "size", "rank", "stale_set_error"} (old workers, reset callback)
+  {"ev": "enter", "gen", "size", "rank", "set_sum"} (every rank entering the training function)
   {"ev": "done", "size", "accuracy"} (rank 0 at the end)
 Options: --kill WORKER:EPOCH:BATCH makes that worker SIGKILL itself at that point (first
 generation only; BATCH counts from the start of the epoch's shard); --step-sleep slows every
@@ -55,16 +55,24 @@ kill = args.kill.split(":") if args.kill else None
 
 
 def on_reset():
+    """Old workers only (new ones run the top level instead): the stale set must fail clearly;
+    then register it again, as the top level does in new workers."""
     try:
         hvd.allreduce(torch.ones(1), process_set=sets["evens"], name="stale")
         stale = ""
     except ValueError as exc:
         stale = str(exc)
     sets["evens"] = hvd.add_process_set(list(range(0, hvd.size(), 2)))
+    log(ev="reset", gen=elastic_world.generation(), size=hvd.size(), rank=hvd.rank(),
+        stale_set_error=stale)
+
+
+def use_process_set():
+    """Every worker, at every (re-)entry: the set registered in this world works."""
     total = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=sets["evens"], name="fresh") \
         if hvd.rank() % 2 == 0 else torch.zeros(1)
-    log(ev="reset", gen=elastic_world.generation(), size=hvd.size(), rank=hvd.rank(),
-        stale_set_error=stale, new_set_sum=float(total))
+    log(ev="enter", gen=elastic_world.generation(), size=hvd.size(), rank=hvd.rank(),
+        set_sum=float(total))
 
 
 def killed_here(epoch, batch):
@@ -75,6 +83,7 @@ def killed_here(epoch, batch):
 
 @hvd.elastic.run
 def train(state):
+    use_process_set()
     # After every reset the sampler re-shards what is left of the epoch: batch 0 again.
     while state.epoch < args.epochs:
         batches = (len(state.sampler) + args.batch - 1) // args.batch
