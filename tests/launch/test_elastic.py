@@ -64,7 +64,7 @@ def test_sigkill_one_of_four_survivors_reform_and_finish(tmp_path, no_leaks):
     done = [r for r in records if r["ev"] == "done"]
     reference = [r for r in ref_log if r["ev"] == "done"][0]["accuracy"]
     assert done and done[0]["size"] == 3
-    assert done[0]["accuracy"] >= reference - 0.03 and done[0]["accuracy"] > 0.85, \
+    assert done[0]["accuracy"] >= reference - 0.03 and done[0]["accuracy"] > 0.8, \
         (done, reference)
 
 

@@ -32,6 +32,7 @@ parser.add_argument("--samples", type=int, default=1440)
 parser.add_argument("--log", required=True)
 parser.add_argument("--kill", default="")
 parser.add_argument("--step-sleep", type=float, default=0.0)
+parser.add_argument("--lr", type=float, default=0.5)
 args = parser.parse_args()
 
 
@@ -47,7 +48,7 @@ x, y = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
 train_x, train_y = x[:args.samples], y[:args.samples]
 test_x, test_y = x[args.samples:], y[args.samples:]
 model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Tanh(), torch.nn.Linear(32, 10))
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2),
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
                                      named_parameters=model.named_parameters())
 sampler = hvd.elastic.ElasticSampler(list(range(args.samples)), shuffle=True, seed=7)
 sets = {"evens": hvd.add_process_set(list(range(0, hvd.size(), 2)))}
