@@ -29,10 +29,15 @@ import json
 import os
 import threading
 import time
-from typing import Optional
 
-__all__ = ["managed", "generation", "newer_generation_published", "request_reset",
-           "join", "Superseded"]
+__all__ = [
+    "Superseded",
+    "generation",
+    "join",
+    "managed",
+    "newer_generation_published",
+    "request_reset",
+]
 
 _lock = threading.Lock()
 _client = None
@@ -108,7 +113,7 @@ def join(connect) -> object:
         store.wait_all([f"{job}/elastic/gen{want}"], timeout=left)
         gen = max(want, latest())  # ``latest`` is written after ``gen<g>``: it may lag
         world = json.loads(store.get(f"{job}/elastic/gen{gen}", timeout=30.0))
-        rank: Optional[int] = world["ranks"].get(worker_id())
+        rank: int | None = world["ranks"].get(worker_id())
         if rank is None:
             raise RuntimeError(f"elastic worker {worker_id()} is not part of generation {gen} "
                                "(its host was removed or blacklisted): stopping")

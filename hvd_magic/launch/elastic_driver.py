@@ -36,7 +36,7 @@ from . import elastic_hosts
 from .elastic_hosts import DiscoveryError, HostBook, Worker
 from .procs import ProcessJob, describe_exit, exit_status, spawn
 
-__all__ = ["ElasticJob", "run_elastic", "check_args"]
+__all__ = ["ElasticJob", "check_args", "run_elastic"]
 
 _POLL_SECONDS = 1.0
 
@@ -273,7 +273,7 @@ def run_elastic(args, command, env, output, install_signals) -> int:
                               on_set=lambda key: holder and holder[0].on_store_set(key))
     stop = threading.Event()
     with server:
-        address = "%s:%d" % server.address
+        address = f"{server.address[0]}:{server.address[1]}"
         client = RendezvousClient(address, secret)
         job = ElasticJob(output, command=command, env=env, book=book, min_np=args.min_np,
                          max_np=args.max_np, first_np=args.np, publish=client.set,

@@ -53,7 +53,8 @@ def parse_discovery(text: str, slots_per_host: int | None) -> dict:
 
 def run_discovery(script: str, slots_per_host: int | None, timeout: float = 10.0) -> dict:
     try:
-        done = subprocess.run([script], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([script], capture_output=True, text=True, timeout=timeout,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise DiscoveryError(f"host discovery script {script!r} failed: {exc}") from None
     if done.returncode != 0:

@@ -9,7 +9,6 @@ would leave a gap, one trained again would show twice.
 """
 import collections
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -62,7 +61,7 @@ def test_sigkill_one_of_four_survivors_reform_and_finish(tmp_path, no_leaks):
     resets = [r for r in records if r["ev"] == "reset"]
     assert sorted(r["rank"] for r in resets) == [0, 1, 2] and {r["size"] for r in resets} == {3}
     done = [r for r in records if r["ev"] == "done"]
-    reference = [r for r in ref_log if r["ev"] == "done"][0]["accuracy"]
+    reference = next(r for r in ref_log if r["ev"] == "done")["accuracy"]
     assert done and done[0]["size"] == 3
     assert done[0]["accuracy"] >= reference - 0.03 and done[0]["accuracy"] > 0.8, \
         (done, reference)
@@ -104,11 +103,11 @@ def test_grow_from_two_to_four_through_discovery(tmp_path, no_leaks):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while not (log.exists() and sum(1 for _ in open(log)) >= 3):
+        while not (log.exists() and log.read_text().count("\n") >= 3):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         listing.write_text("127.0.0.1:2\n127.0.0.2:2\n")
-        out, err = proc.communicate(timeout=180)
+        err = proc.communicate(timeout=180)[1]
     finally:
         proc.kill()
         proc.wait()

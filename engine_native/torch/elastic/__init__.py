@@ -19,14 +19,13 @@ from engine_native import elastic_world
 from engine_native.torch import basics
 from engine_native.torch import runtime as rt
 from engine_native.torch.elastic.sampler import ElasticSampler  # noqa: F401
-from engine_native.torch.elastic.state import (  # noqa: F401
-    HostsUpdatedInterrupt, ObjectState, State, TorchState)
+from engine_native.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, State, TorchState  # noqa: F401
 
 
 def _reset(after_failure):
     if after_failure:
         elastic_world.request_reset()  # a failure no death explains still gets a new world
-    why = 'the elastic reset after generation %d' % elastic_world.generation() \
+    why = f'the elastic reset after generation {elastic_world.generation()}' \
         if elastic_world.managed() else 'an elastic reset'
     try:
         _basics.shutdown(why)
@@ -47,10 +46,10 @@ def run(func):
         after_failure = False
         skip_sync = False
         while True:
-            if reset_required:
-                _reset(after_failure)
-                state.on_reset()
             try:
+                if reset_required:  # inside the try: a peer lost while joining → again
+                    _reset(after_failure)
+                    state.on_reset()
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)

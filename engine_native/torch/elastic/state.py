@@ -11,8 +11,12 @@ import torch
 
 from engine_native import elastic_world
 from engine_native.torch import runtime as rt
-from engine_native.torch.functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                                           broadcast_parameters)
+from engine_native.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 
 
 class HostsUpdatedInterrupt(RuntimeError):

@@ -21,9 +21,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import digits  # noqa: E402
-import engine_native.torch as hvd  # noqa: E402
-from engine_native import elastic_world  # noqa: E402
+import digits
+
+import engine_native.torch as hvd
+from engine_native import elastic_world
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=3)
