@@ -5,6 +5,7 @@
     hvdrun -np 4 python train.py --epochs 2
     hvdrun -np 4 -H localhost:2,127.0.0.1:2 --timeline-filename tl.json python train.py
     hvdrun -np 8 -H node1:4,node2:4 python train.py      # through mpiexec + ssh
+    hvdrun -np 4 --min-np 2 --max-np 4 python train.py   # elastic (elastic_driver)
 
 Ranks on this machine are child processes that bootstrap through an authenticated rendezvous
 store run by hvdrun (``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``, ``HVD_SECRET``, ...). A host

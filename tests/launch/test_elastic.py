@@ -85,6 +85,16 @@ def test_reset_callback_sees_new_size_and_stale_process_set_fails_clearly(tmp_pa
     assert "generation 2: 2 worker(s) (localhost[1], localhost[2])" in res.stderr
 
 
+def test_abort_without_death_reforms_the_same_workers(tmp_path, no_leaks):
+    res, records = _train(tmp_path, "abort", "-np", "3", "--min-np", "3", "--max-np", "3",
+                          epochs=1, extra=("--abort", "0:4"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "generation 2: 3 worker(s) (localhost[0], localhost[1], localhost[2]) after every " \
+        "worker asked for a reset" in res.stderr
+    commits = _check_every_sample_once(records, epochs=1)
+    assert _sizes(commits) == [(1, 3), (2, 3)]
+
+
 def _discovery(tmp_path, hosts):
     listing = tmp_path / "hosts.txt"
     listing.write_text(hosts)

@@ -32,6 +32,8 @@ parser.add_argument("--batch", type=int, default=6)
 parser.add_argument("--samples", type=int, default=1440)
 parser.add_argument("--log", required=True)
 parser.add_argument("--kill", default="")
+parser.add_argument("--abort", default="", help="EPOCH:BATCH: rank 0 calls hvd.abort() "
+                    "there (first generation only): a failure no death explains")
 parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--lr", type=float, default=0.5)
 args = parser.parse_args()
@@ -92,6 +94,9 @@ def train(state):
         for b in range(batches):
             if killed_here(state.epoch, b):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.abort and elastic_world.generation() == 1 and hvd.rank() == 0 and \
+                    args.abort == f"{state.epoch}:{b}":
+                hvd.abort("elastic_train.py --abort")
             mine = state.sampler.get_indices(b, args.batch)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(train_x[mine]), train_y[mine])
