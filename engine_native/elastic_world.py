@@ -106,11 +106,14 @@ def join(connect) -> object:
     want = max(_generation + 1, int(os.environ.get("HVD_ELASTIC_GENERATION", "1")))
     deadline = _deadline()
     while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"elastic worker {worker_id()}: no generation {want} was published "
-                               "within HVD_ELASTIC_TIMEOUT; is the hvdrun driver still running?")
-        store.wait_all([f"{job}/elastic/gen{want}"], timeout=left)
+        try:
+            store.wait_all([f"{job}/elastic/gen{want}"],
+                           timeout=max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TimeoutError(
+                f"elastic worker {worker_id()}: the driver published no generation {want} within "
+                "HVD_ELASTIC_TIMEOUT (hvdrun --elastic-timeout); it forms one when a worker dies, "
+                "the hosts change or every worker asks for a reset") from None
         gen = max(want, latest())  # ``latest`` is written after ``gen<g>``: it may lag
         world = json.loads(store.get(f"{job}/elastic/gen{gen}", timeout=30.0))
         rank: int | None = world["ranks"].get(worker_id())

@@ -87,6 +87,7 @@ def test_reset_callback_sees_new_size_and_stale_process_set_fails_clearly(tmp_pa
 
 def test_abort_without_death_reforms_the_same_workers(tmp_path, no_leaks):
     res, records = _train(tmp_path, "abort", "-np", "3", "--min-np", "3", "--max-np", "3",
+                          "--elastic-timeout", "30",
                           epochs=1, extra=("--abort", "0:4"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "generation 2: 3 worker(s) (localhost[0], localhost[1], localhost[2]) after every " \

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import digits
 
 import engine_native.torch as hvd
+from engine_native import basics as engine_basics
 from engine_native import elastic_world
 
 parser = argparse.ArgumentParser()
@@ -96,7 +97,7 @@ def train(state):
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.abort and elastic_world.generation() == 1 and hvd.rank() == 0 and \
                     args.abort == f"{state.epoch}:{b}":
-                hvd.abort("elastic_train.py --abort")
+                engine_basics.abort("elastic_train.py --abort")
             mine = state.sampler.get_indices(b, args.batch)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(train_x[mine]), train_y[mine])
