@@ -189,11 +189,12 @@ def _wait_peers(client, keys: list, timeout: float, abandon) -> list:
     while True:
         try:
             return client.wait_all(keys, timeout=max(0.0, min(0.5, deadline - time.monotonic())))
-        except TimeoutError:
+        except TimeoutError as exc:
             if abandon():
                 raise Superseded() from None
             if time.monotonic() >= deadline:
-                raise
+                raise TimeoutError(f"elastic bootstrap: not every rank of the new world arrived "
+                                   f"within HVD_START_TIMEOUT ({timeout:g} s): {exc}") from None
 
 
 def _init_elastic(rendezvous, secret_hex, job_id) -> World:

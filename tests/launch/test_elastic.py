@@ -128,6 +128,18 @@ def test_grow_from_two_to_four_through_discovery(tmp_path, no_leaks):
     assert "generation 2: 4 worker(s)" in err and "the discovered hosts changed" in err
 
 
+def test_failed_host_is_blacklisted_and_its_other_worker_leaves(tmp_path, no_leaks):
+    discover, _ = _discovery(tmp_path, "127.0.0.1:2\n127.0.0.2:2\n")
+    res, records = _train(tmp_path, "blacklist", "--min-np", "2", "--max-np", "4",
+                          "--host-discovery-script", discover, epochs=1,
+                          extra=("--kill", "127.0.0.2[0]:0:5"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "generation 2: 2 worker(s) (127.0.0.1[0], 127.0.0.1[1]) after worker 127.0.0.2[0] " \
+        "was killed by SIGKILL" in res.stderr
+    commits = _check_every_sample_once(records, epochs=1)
+    assert _sizes(commits) == [(1, 4), (2, 2)]
+
+
 def test_below_min_np_fails_cleanly_and_quickly(tmp_path, no_leaks):
     start = time.monotonic()
     res, _ = _train(tmp_path, "below", "-np", "2", "--min-np", "2", "--max-np", "2",
