@@ -151,6 +151,26 @@ def test_below_min_np_fails_cleanly_and_quickly(tmp_path, no_leaks):
     assert took < 60, took
 
 
+def test_sigterm_to_the_driver_stops_every_worker(tmp_path, no_leaks):
+    log = tmp_path / "term.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_magic.launch.hvdrun", "-np", "2",
+                             "--min-np", "2", "--max-np", "2", sys.executable, TRAIN, "--log",
+                             str(log), "--step-sleep", "0.2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (log.exists() and "commit" in log.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.terminate()
+        err = proc.communicate(timeout=60)[1]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 143, err[-2000:]
+    assert "hvdrun received SIGTERM" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--min-np", "3", "--max-np", "2"], "need 1 <= --min-np <= --max-np"),
     (["--min-np", "2"], "needs --max-np"),
