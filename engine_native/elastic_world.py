@@ -95,7 +95,8 @@ def request_reset() -> None:
 
 
 def _deadline() -> float:
-    return time.monotonic() + float(os.environ.get("HVD_ELASTIC_TIMEOUT", "600"))
+    value = os.environ.get("HVD_ELASTIC_TIMEOUT") or os.environ.get("HOROVOD_ELASTIC_TIMEOUT")
+    return time.monotonic() + float(value or "600")
 
 
 def join(connect) -> object:
