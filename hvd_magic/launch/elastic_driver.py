@@ -52,6 +52,8 @@ def check_args(args) -> None:
         args.min_np = args.np if args.np is not None else 1
     if args.max_np is None:
         args.max_np = 1 << 20
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise ValueError(f"--reset-limit must be >= 0, got {args.reset_limit}")
     if args.min_np < 1 or args.max_np < args.min_np:
         raise ValueError(f"need 1 <= --min-np <= --max-np, got --min-np {args.min_np} "
                          f"--max-np {args.max_np}")
@@ -67,10 +69,11 @@ class ElasticJob(ProcessJob):
     """The driver's loop (Note [Elastic job rules]); run() returns when every worker is gone."""
 
     def __init__(self, output, *, command, env, book: HostBook, min_np, max_np, first_np,
-                 publish, secret_hex, job_id, address):
+                 publish, secret_hex, job_id, address, reset_limit=None):
         super().__init__(output)
         self.command, self.env, self.book = command, env, book
         self.min_np, self.max_np, self.first_np = min_np, max_np, first_np
+        self.reset_limit = reset_limit
         self.publish = publish            # (key, bytes) -> None, into the rendezvous store
         self.secret_hex, self.job_id, self.address = secret_hex, job_id, address
         self.workers: dict = {}
@@ -151,6 +154,10 @@ class ElasticJob(ProcessJob):
         if size < self.min_np:
             self._fail(why, len(plan.ranked), size)
             return False
+        if self.reset_limit is not None and self.generation > self.reset_limit:
+            self._fail_reason(f"elastic job failed after {why}: it re-formed {self.reset_limit} "
+                              f"time(s) already, the --reset-limit")
+            return False
         for worker in plan.stop:
             self._stop_worker(worker)
         new = [Worker(f"{host}[{slot}]", host, slot) for host, slot in plan.start]
@@ -176,12 +183,15 @@ class ElasticJob(ProcessJob):
     def _fail(self, why: str, survivors: int, size: int) -> None:
         blacklisted = f"; blacklisted: {', '.join(sorted(self.book.blacklist))}" \
             if self.book.blacklist else ""
+        self._fail_reason(f"elastic job failed after {why}: only {size} worker(s) could form "
+                          f"the next generation ({survivors} still running), fewer than "
+                          f"--min-np {self.min_np}{blacklisted}; add hosts or slots, or lower "
+                          "--min-np")
+
+    def _fail_reason(self, reason: str) -> None:
         self.result.failed = next((w.wid for w in self.workers.values()
                                    if w.code not in (None, 0)), "driver")
-        self.result.reason = (f"elastic job failed after {why}: only {size} worker(s) could form "
-                              f"the next generation ({survivors} still running), fewer than "
-                              f"--min-np {self.min_np}{blacklisted}; add hosts or slots, or lower "
-                              "--min-np")
+        self.result.reason = reason
         self._terminate_all()
 
     def _stop_worker(self, worker: Worker) -> None:
@@ -277,7 +287,8 @@ def run_elastic(args, command, env, output, install_signals) -> int:
         client = RendezvousClient(address, secret)
         job = ElasticJob(output, command=command, env=env, book=book, min_np=args.min_np,
                          max_np=args.max_np, first_np=args.np, publish=client.set,
-                         secret_hex=secret.hex(), job_id=job_id, address=address)
+                         secret_hex=secret.hex(), job_id=job_id, address=address,
+                         reset_limit=args.reset_limit)
         holder.append(job)
         install_signals(job)
         if args.host_discovery_script:

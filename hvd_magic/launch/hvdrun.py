@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--slots-per-host", type=int, help="slots of a host printed without :slots")
     e.add_argument("--elastic-timeout", type=float, default=600.0,
                    help="seconds to wait for --min-np slots at start (default 600)")
+    e.add_argument("--reset-limit", type=int,
+                   help="fail the job after this many re-formings (default: no limit)")
     t = p.add_argument_group("tunables (become HVD_* variables)")
     t.add_argument("--fusion-threshold-mb", type=float)
     t.add_argument("--cycle-time-ms", type=float)

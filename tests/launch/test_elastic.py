@@ -110,7 +110,7 @@ def test_grow_from_two_to_four_through_discovery(tmp_path, no_leaks):
     log = tmp_path / "grow.jsonl"
     cmd = [sys.executable, "-m", "hvd_magic.launch.hvdrun", "--min-np", "2", "--max-np", "4",
            "--host-discovery-script", discover, sys.executable, TRAIN, "--epochs", "1",
-           "--batch", "12", "--log", str(log), "--step-sleep", "0.05"]
+           "--batch", "12", "--log", str(log), "--step-sleep", "0.1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -171,11 +171,20 @@ def test_sigterm_to_the_driver_stops_every_worker(tmp_path, no_leaks):
     assert "hvdrun received SIGTERM" in err
 
 
+def test_reset_limit_ends_the_job(tmp_path, no_leaks):
+    res, _ = _train(tmp_path, "limit", "-np", "3", "--min-np", "2", "--max-np", "3",
+                    "--reset-limit", "0", epochs=1, extra=("--kill", "localhost[1]:0:2"))
+    assert res.returncode != 0
+    assert "elastic job failed after worker localhost[1] was killed by SIGKILL: it re-formed 0 " \
+        "time(s) already, the --reset-limit" in res.stderr, res.stderr[-2000:]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--min-np", "3", "--max-np", "2"], "need 1 <= --min-np <= --max-np"),
     (["--min-np", "2"], "needs --max-np"),
     (["-np", "5", "--min-np", "2", "--max-np", "4"], "-np 5 must lie between"),
     (["--min-np", "1", "--max-np", "2", "-H", "localhost:2"], "not -H/-hostfile"),
+    (["--min-np", "1", "--max-np", "2", "--reset-limit", "-1"], "--reset-limit must be >= 0"),
 ])
 def test_bad_elastic_arguments(argv, message, no_leaks):
     res = hvdrun(*argv, sys.executable, "-c", "pass", timeout=60)
