@@ -12,7 +12,7 @@ Note [Elastic job rules]
 A. A worker exiting non-zero (signal included) fails: its host is blacklisted (elastic_hosts),
    the survivors keep their order, free slots fill up to ``--max-np``, and generation g + 1 is
    published before the new workers start.
-B. Fewer than ``--min-np`` workers left (or none able to start within ``--elastic-timeout`` at
+B. Fewer than ``--min-np`` workers left, or more re-formings than ``--reset-limit`` (or none able to start within ``--elastic-timeout`` at
    the beginning): every worker is stopped and hvdrun exits 1 naming the count. Nobody waits on
    a world that cannot form: survivors blocked in a collective fail on the dead peer and are
    then stopped.
