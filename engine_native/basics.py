@@ -46,9 +46,11 @@ class ProcessSet:
     def __init__(self, ranks_or_comm: Sequence[int]):
         self.ranks = sorted(int(r) for r in ranks_or_comm)
         self.process_set_id: Optional[int] = None
+        self.invalidated_by: Optional[str] = None
 
-    def _invalidate(self) -> None:
+    def _invalidate(self, why: Optional[str] = None) -> None:
         self.process_set_id = None
+        self.invalidated_by = why  # named in the error when the stale object is used
 
     def size(self) -> Optional[int]:
         return len(self.ranks) if self.process_set_id is not None else None
@@ -101,14 +103,17 @@ def init(comm=None, process_sets: Optional[Sequence[ProcessSet]] = None, *,
         add_process_set(ps)
 
 
-def shutdown() -> None:
-    """Shut the core down (agreeing with the other ranks, bounded by ``HVD_TIMEOUT``)."""
-    global _world
+def shutdown(reason: Optional[str] = None) -> None:
+    """Shut the core down (agreeing with the other ranks, bounded by ``HVD_TIMEOUT``).
+    ``reason`` (e.g. an elastic reset) is named when a process set of this world is used
+    afterwards."""
+    global _world, _check_counter
     with _lock:
         _core.shutdown()
         _world = None
+        _check_counter = 0  # a new world (maybe with fresh processes) counts checks from 0
         for ps in _process_sets.values():
-            ps._invalidate()
+            ps._invalidate(reason)
         _process_sets.clear()
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import secrets
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional
@@ -161,7 +162,8 @@ def _init_mpi(comm) -> World:
 
 
 def _init_rendezvous(rank: int, size: int, rendezvous: Optional[str],
-                     secret_hex: Optional[str], job_id: Optional[str], source: str) -> World:
+                     secret_hex: Optional[str], job_id: Optional[str], source: str,
+                     scope: Optional[str] = None, abandon=None) -> World:
     world = World(rank=rank, size=size, source=source)
     if not 0 <= rank < size:
         raise ValueError(f"init(): rank {rank} is outside [0, {size})")
@@ -183,15 +185,45 @@ def _init_rendezvous(rank: int, size: int, rendezvous: Optional[str],
     bind, advertised = _bind_address(False, rendezvous.rsplit(":", 1)[0])
     port = _core.listen(bind)
     world.listen_address = (advertised, port)
-    scope = f"{job}/init{_init_count}"
+    # Elastic workers join a generation with different init counts: the scope names the world.
+    core_job = scope.replace("/", "-") if scope else f"{job}-{_init_count}"
+    scope = scope or f"{job}/init{_init_count}"
     timeout = float(os.environ.get("HVD_START_TIMEOUT", "60"))
     with RendezvousClient(rendezvous, secret) as client:
         me = (host_id(), advertised, port, os.getpid())
         client.set(f"{scope}/{rank}", json.dumps(me).encode())
-        values = client.wait_all([f"{scope}/{r}" for r in range(size)], timeout=timeout)
+        values = _wait_peers(client, [f"{scope}/{r}" for r in range(size)], timeout, abandon)
     peers = [tuple(json.loads(v)) for v in values]
-    _connect(world, peers, secret, f"{job}-{_init_count}")
+    _connect(world, peers, secret, core_job)
     return world
+
+
+def _wait_peers(client, keys: list, timeout: float, abandon) -> list:
+    """Every peer's address; with ``abandon`` (elastic), give up as soon as it says the world
+    being formed was replaced (Note [Joining a generation] in elastic_world)."""
+    if abandon is None:
+        return client.wait_all(keys, timeout=timeout)
+    from .elastic_world import Superseded
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.wait_all(keys, timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        except TimeoutError as exc:
+            if abandon():
+                raise Superseded() from None
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"elastic bootstrap: not every rank of the new world arrived "
+                                   f"within HVD_START_TIMEOUT ({timeout:g} s): {exc}") from None
+
+
+def _init_elastic(rendezvous, secret_hex, job_id) -> World:
+    from . import elastic_world
+
+    def connect(rank, size, scope, abandon):
+        return _init_rendezvous(rank, size, rendezvous, secret_hex, job_id, "elastic",
+                                scope=scope, abandon=abandon)
+    return elastic_world.join(connect)
 
 
 def bootstrap(comm=None, rank: Optional[int] = None, size: Optional[int] = None,
@@ -207,6 +239,8 @@ def bootstrap(comm=None, rank: Optional[int] = None, size: Optional[int] = None,
         if rank is None or size is None:
             raise ValueError("init(): pass both rank and size, or neither")
         return _init_rendezvous(rank, size, rendezvous, secret, job_id, "args")
+    if os.environ.get("HVD_ELASTIC_WORKER"):
+        return _init_elastic(rendezvous, secret, job_id)
     mpi = _mpi_comm(comm)
     if mpi is not None:
         return _init_mpi(mpi)

@@ -26,7 +26,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 __all__ = ["RendezvousServer", "RendezvousClient", "RendezvousError"]
 
@@ -125,7 +125,8 @@ class RendezvousServer:
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
                  max_value_bytes: int = 1 << 20, max_total_bytes: int = 64 << 20,
-                 handshake_timeout: float = _HANDSHAKE_TIMEOUT) -> None:
+                 handshake_timeout: float = _HANDSHAKE_TIMEOUT,
+                 on_set: Optional[Callable[[str], None]] = None) -> None:
         if not isinstance(secret, (bytes, bytearray)) or not secret:
             raise ValueError("RendezvousServer: secret must be non-empty bytes")
         self._secret = bytes(secret)
@@ -134,6 +135,7 @@ class RendezvousServer:
         self._max_total = max_total_bytes
         self._max_frame = max_value_bytes + 65536
         self._handshake_timeout = handshake_timeout
+        self._on_set = on_set  # called with the key after every client set (server thread)
         self._store: dict[str, bytes] = {}
         self._total = 0
         self._cond = threading.Condition()
@@ -309,6 +311,8 @@ class RendezvousServer:
             self._store[key] = value
             self._total = total
             self._cond.notify_all()
+        if self._on_set is not None:
+            self._on_set(key)
         return _OK, b""
 
     def _wait(self, keys: list[str], timeout: float) -> tuple[int, bytes]:

@@ -135,6 +135,12 @@ def check_op(op, op_name, process_set=None):
 def set_id(process_set):
     """Core id of a ProcessSet (Horovod's ``process_set_id``)."""
     ps_id = getattr(process_set, 'process_set_id', None)
+    why = getattr(process_set, 'invalidated_by', None)
+    if ps_id is None and why:
+        raise ValueError('process_set: %r was registered before %s; process sets are not '
+                         'carried over to the new world: register it again with '
+                         'hvd.add_process_set(%r) after the reset (e.g. in a reset callback)'
+                         % (process_set, why, process_set.ranks))
     if ps_id is None:
         raise ValueError('process_set: expected an hvd.ProcessSet registered with init() or '
                          'add_process_set(), got %r' % (process_set,))

@@ -25,6 +25,7 @@ _BOOTSTRAP_VARS = frozenset({
     "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "MPI_LOCALRANKID",
     "MPI_LOCALNRANKS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "HVD_GPU_PIN",  # a pinned process's own GPU (hvd_magic.gpu_pinning): never a child rank's
+    "HVD_ELASTIC_WORKER", "HVD_ELASTIC_GENERATION",  # an elastic worker's identity
 })
 _BOOTSTRAP_PREFIXES = ("OMPI_", "PMI_", "PMIX_", "HYDI_", "HYDRA_", "MPIR_")
 

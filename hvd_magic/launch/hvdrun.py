@@ -5,6 +5,7 @@
     hvdrun -np 4 python train.py --epochs 2
     hvdrun -np 4 -H localhost:2,127.0.0.1:2 --timeline-filename tl.json python train.py
     hvdrun -np 8 -H node1:4,node2:4 python train.py      # through mpiexec + ssh
+    hvdrun -np 4 --min-np 2 --max-np 4 python train.py   # elastic (elastic_driver)
 
 Ranks on this machine are child processes that bootstrap through an authenticated rendezvous
 store run by hvdrun (``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``, ``HVD_SECRET``, ...). A host
@@ -27,6 +28,7 @@ import uuid
 from .. import gpu_pinning
 from ..gpu_pinning import GPUS_CHOICES
 from . import config
+from . import elastic_driver
 from . import hosts as hostlib
 from .mpi import MpiJob, build_command, find_mpiexec, mpi_flavor
 from .output import RankOutput, traceback_tail
@@ -65,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="say what hvdrun does")
     p.add_argument("--dry-run", action="store_true",
                    help="print the commands that would run, run nothing")
+    e = p.add_argument_group("elastic (Horovod's meaning; see hvd_magic.launch.elastic_driver)")
+    e.add_argument("--min-np", type=int, help="fewest workers the job runs with")
+    e.add_argument("--max-np", type=int, help="most workers (default: every discovered slot)")
+    e.add_argument("--host-discovery-script",
+                   help="executable printing the current hosts, one host[:slots] per line")
+    e.add_argument("--slots-per-host", type=int, help="slots of a host printed without :slots")
+    e.add_argument("--elastic-timeout", type=float, default=600.0,
+                   help="seconds to wait for --min-np slots at start (default 600)")
+    e.add_argument("--reset-limit", type=int,
+                   help="fail the job after this many re-formings (default: no limit)")
     t = p.add_argument_group("tunables (become HVD_* variables)")
     t.add_argument("--fusion-threshold-mb", type=float)
     t.add_argument("--cycle-time-ms", type=float)
@@ -295,6 +307,12 @@ def main(argv=None) -> int:
     if not command:
         parser.error("give the command each rank runs, e.g. hvdrun -np 2 python train.py")
     try:
+        elastic_driver.check_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.min_np is not None:
+        return _main_elastic(args, command)
+    try:
         hosts = _host_list(args)
         np_ = args.np if args.np is not None else sum(h.slots for h in hosts or ()) or None
         if np_ is None:
@@ -317,6 +335,20 @@ def main(argv=None) -> int:
         return run_local(args, command, slots, env, output)
     except KeyboardInterrupt:
         output.note("hvdrun: interrupted (Ctrl-C): stopped all ranks.")
+        return 130
+    finally:
+        output.close()
+
+
+def _main_elastic(args, command) -> int:
+    output = RankOutput(output_dir=args.output_filename,
+                        timestamp=args.prefix_output_with_timestamp)
+    try:
+        env = _env_from_args(args)
+        env["HVD_ELASTIC_TIMEOUT"] = str(args.elastic_timeout)
+        return elastic_driver.run_elastic(args, command, env, output, _install_signals)
+    except KeyboardInterrupt:
+        output.note("hvdrun: interrupted (Ctrl-C): stopped all workers.")
         return 130
     finally:
         output.close()

@@ -2,23 +2,35 @@
 ``ElasticSampler``.
 
 ``@hvd.elastic.run`` retries the training function after a collective fails
-(HorovodInternalError: restore the last commit) or the hosts change (HostsUpdatedInterrupt):
-it shuts the core down, initializes it again, runs the reset callbacks and synchronizes the
-state from rank 0. Re-initialization uses the same bootstrap as the first ``init()``; growing
-or shrinking the job needs a launcher with host discovery, which engine_native does not have
-yet: today this recovers from aborts and transient failures with the same set of ranks.
+(HorovodInternalError: restore the last commit) or the hosts change (HostsUpdatedInterrupt,
+raised by ``state.commit()``: keep the current values): it shuts the core down, initializes it
+again, runs the reset callbacks and synchronizes the state from rank 0.
+
+Under ``hvdrun --min-np/--max-np`` (the elastic driver) re-initialization joins the driver's
+newest generation: new rank and size, survivors first in their old order, so rank 0 (whose
+state everybody receives) is the lowest surviving rank (engine_native.elastic_world). Started
+any other way, the world keeps its ranks: this recovers from aborts and transient failures.
+Process sets are not carried over a reset: register them again (e.g. in a reset callback).
 """
 import functools
 
+from engine_native import basics as _basics
+from engine_native import elastic_world
 from engine_native.torch import basics
 from engine_native.torch import runtime as rt
 from engine_native.torch.elastic.sampler import ElasticSampler  # noqa: F401
-from engine_native.torch.elastic.state import (  # noqa: F401
-    HostsUpdatedInterrupt, ObjectState, State, TorchState)
+from engine_native.torch.elastic.state import HostsUpdatedInterrupt, ObjectState, State, TorchState  # noqa: F401
 
 
-def _reset():
-    basics.shutdown()
+def _reset(after_failure):
+    if after_failure:
+        elastic_world.request_reset()  # a failure no death explains still gets a new world
+    why = f'the elastic reset after generation {elastic_world.generation()}' \
+        if elastic_world.managed() else 'an elastic reset'
+    try:
+        _basics.shutdown(why)
+    finally:
+        rt._reset_handles()
     basics.init()
 
 
@@ -31,19 +43,20 @@ def run(func):
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
         reset_required = False
+        after_failure = False
         skip_sync = False
         while True:
-            if reset_required:
-                _reset()
-                state.on_reset()
             try:
+                if reset_required:  # inside the try: a peer lost while joining → again
+                    _reset(after_failure)
+                    state.on_reset()
                 if not skip_sync:
                     state.sync()
                 return func(state, *args, **kwargs)
             except rt.HorovodInternalError:
                 state.restore()
-                skip_sync = False
+                skip_sync, after_failure = False, True
             except HostsUpdatedInterrupt as exc:
-                skip_sync = exc.skip_sync
+                skip_sync, after_failure = exc.skip_sync, False
             reset_required = True
     return wrapper

@@ -35,6 +35,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.total_size = 0
         self.processed_num = 0
         self.indices = []
+        self._padded = []
         self.reset()
 
     def set_epoch(self, epoch):
@@ -45,13 +46,18 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx, batch_size):
-        """Mark the samples of batch ``batch_idx`` of this rank as processed."""
-        indices = set(self.get_indices(batch_idx, batch_size))
+        """Mark batch ``batch_idx`` as processed on every rank: all ranks step together, so
+        each rank records the whole job's samples of that step and a commit on any rank holds
+        everything processed so far (a dead rank's committed samples are not lost)."""
+        indices = set()
+        for r in range(self.num_replicas):
+            share = self._padded[r:self.total_size:self.num_replicas]
+            indices.update(share[batch_idx * batch_size:(batch_idx + 1) * batch_size])
         self.record_indices(indices)
 
     def record_indices(self, indices):
-        """Mark ``indices`` (dataset indices) as processed."""
-        self.processed_indices.update(indices)
+        """Mark ``indices`` (dataset indices) as processed (``sync()`` unites every rank's)."""
+        self.processed_indices.update(int(i) for i in indices)
         self.processed_num = len(self.processed_indices)
 
     def get_indices(self, batch_idx, batch_size):
@@ -70,22 +76,23 @@ class ElasticSampler(torch.utils.data.Sampler):
         return dict(epoch=self.epoch, processed_indices=sorted(self.processed_indices))
 
     def reset(self):
-        """Recompute this rank's share for the current size and rank."""
+        """Re-shard the samples not yet processed this epoch over the current size and rank."""
         initialized = rt.is_initialized()
         self.num_replicas = rt.size() if initialized else 1
         self.rank = rt.rank() if initialized else 0
-        self.remaining_indices = [i for i in range(len(self.dataset))
-                                  if i not in self.processed_indices]
-        self.num_samples = int(math.ceil(len(self.remaining_indices) / self.num_replicas))
+        remaining = [i for i in range(len(self.dataset)) if i not in self.processed_indices]
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(remaining)
+        self.remaining_indices = remaining
+        self.num_samples = int(math.ceil(len(remaining) / self.num_replicas))
         self.total_size = self.num_samples * self.num_replicas
+        padded = list(remaining)
+        while padded and len(padded) < self.total_size:  # pad so every rank gets as many
+            padded += padded[:self.total_size - len(padded)]
+        self._padded = padded
+        self.indices = padded[self.rank:self.total_size:self.num_replicas]
 
     def __iter__(self):
-        indices = list(self.remaining_indices)
-        if self.shuffle:
-            random.Random(self.seed + self.epoch).shuffle(indices)
-        while indices and len(indices) < self.total_size:  # pad so every rank gets as many
-            indices += indices[:self.total_size - len(indices)]
-        self.indices = indices[self.rank:self.total_size:self.num_replicas]
         return iter(self.indices)
 
     def __len__(self):

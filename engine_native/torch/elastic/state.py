@@ -9,9 +9,14 @@ import copy
 
 import torch
 
+from engine_native import elastic_world
 from engine_native.torch import runtime as rt
-from engine_native.torch.functions import (broadcast_object, broadcast_optimizer_state,
-                                           broadcast_parameters)
+from engine_native.torch.functions import (
+    allgather_object,
+    broadcast_object,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -64,8 +69,12 @@ class State:
         last = self._last_updated_timestamp
         newest = max([ts for ts, _ in self._host_messages], default=last)
         self._host_messages = []
-        newest = self._bcast_object(newest, root_rank=0, name='elastic.host_update')
-        if newest > last:
+        # Under the elastic driver rank 0 also asks the store whether a newer generation
+        # (hosts added or removed) was published; its answer is everybody's.
+        published = self._rank() == 0 and elastic_world.newer_generation_published()
+        newest, published = self._bcast_object((newest, published), root_rank=0,
+                                               name='elastic.host_update')
+        if newest > last or published:
             self._last_updated_timestamp = newest
             raise HostsUpdatedInterrupt(skip_sync=False)
 
@@ -140,8 +149,14 @@ class _SamplerHandler:
         self.value.load_state_dict(self.saved)
 
     def sync(self):
-        self.value.load_state_dict(broadcast_object(self.value.state_dict(), root_rank=0,
-                                                    name='elastic.sampler'))
+        # Rank 0's epoch; the processed samples of every rank in that epoch (record_indices
+        # may differ per rank; record_batch already records every rank's).
+        mine = self.value.state_dict()
+        everyone = allgather_object(mine, name='elastic.sampler')
+        state = dict(everyone[0])
+        state['processed_indices'] = sorted(set().union(*(
+            s['processed_indices'] for s in everyone if s['epoch'] == state['epoch'])))
+        self.value.load_state_dict(state)
 
 
 def _handler_for(value):
