@@ -198,6 +198,7 @@ static int release(fc_registry* registry, void* pointer) {
   pthread_mutex_unlock(&registry->mu);
   if (found == NULL) return kCudaErrorInvalidValue;
   if (found->fd >= 0) {
+    if (registry == &device_memory) fc_note_free_of_shared(found->fd);
     fc_shared_unmap(found->ptr, found->bytes, found->fd);
   } else {
     free(found->ptr);

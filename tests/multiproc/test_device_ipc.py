@@ -99,6 +99,32 @@ def mappings_lifecycle():
     return counts, out.tolist(), f.calls("cudaIpcOpenMemHandle")
 
 
+def exports_outlive_peer_mappings():
+    """No rank frees its exported buffer while a peer still maps it (Note [IPC teardown]): not
+    when the slots grow twice, and not at shutdown, where rank 0 goes first while the others
+    still hold its buffer mapped (the fake counts a cudaFree that meets a peer's mapping)."""
+    import time
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    freed = []
+    for i, count in enumerate([8, (2 << 20) // 4 + 1, (8 << 20) // 4 + 1]):  # 1, 4, 16 MiB slots
+        out = device_ops.allreduce(np.ones(count, np.float32), hvd.Sum, f"grow{i}")
+        assert out[-1] == hvd.size(), out[-1]
+        freed.append(f.cuda.fakeCudaFreedWhileMapped())
+    if hvd.rank() != 0:
+        time.sleep(1.0)  # rank 0 shuts down while this rank still maps its buffer
+    hvd.shutdown()
+    freed.append(f.cuda.fakeCudaFreedWhileMapped())
+    return freed
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_no_rank_frees_an_export_a_peer_still_maps(fake_cuda, np_):
+    for r in run_ranks(exports_outlive_peer_mappings, np_, timeout=120,
+                       **ipc_envs(fake_cuda, np_)):
+        assert r.value == [0, 0, 0, 0], r.value
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_peer_buffers_are_mapped_once_and_unmapped_at_shutdown(fake_cuda, np_):
     for r in run_ranks(mappings_lifecycle, np_, timeout=120, **ipc_envs(fake_cuda, np_)):

@@ -34,7 +34,24 @@ namespace nccl = transport::nccl;
 //   round trip is the one barrier per step (none waits for the device), and a later op's
 //   writes are ordered after this op's reads by (a).
 
-IpcPeers::~IpcPeers() { close(); }
+// Note [IPC teardown]
+//   CUDA: "Calling cudaFree on an exported memory region before calling cudaIpcCloseMemHandle
+//   in the importing context will result in undefined behavior" — and likewise for an
+//   interprocess event. So this rank's exports are freed only once every peer closed its
+//   imports, which needs a host barrier between the two: growing the slots (device_ipc_ops.cc)
+//   runs stream sync, barrier, closeImported, barrier, freeOwn. The destructor — shutdown,
+//   abort, a failed connect (device_path.cc) — has no barrier it can trust (a peer may be dead
+//   or may never reach it), so it closes only the imports and keeps (leaks) this rank's buffer
+//   and events until the process exits, when the driver releases them after the last importer
+//   let go. That is at most one buffer of kIpcSlots * slot_bytes per set and init().
+
+IpcPeers::~IpcPeers() {
+  closeImported();
+  if (own_ != nullptr) {
+    HVD_LOG(kDebug, "transport") << "CUDA IPC: this rank's exported buffer stays allocated "
+                                 << "until exit (Note [IPC teardown])";
+  }
+}
 
 const nccl::CudaApi* IpcPeers::api() const { return nccl::cudaApi(); }
 
@@ -109,9 +126,9 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
   return Status::ok();
 }
 
-void IpcPeers::close() {
+void IpcPeers::closeImported() {
   const nccl::CudaApi* cuda = api();
-  if (cuda == nullptr || (own_ == nullptr && buffers_.empty())) return;
+  if (cuda == nullptr || buffers_.empty()) return;
   if (!stream_.drain(std::chrono::steady_clock::now() + std::chrono::seconds(2))) {
     HVD_LOG(kWarning, "transport") << "CUDA IPC: the core's stream still waits (a peer that "
                                    << "died never signals); the peers' mapped buffers stay "
@@ -127,15 +144,22 @@ void IpcPeers::close() {
     }
   }
   for (int s = 0; s < kIpcSlots; ++s) {
-    if (own_input_[s] != nullptr) cuda->eventDestroy(own_input_[s]);
-    if (own_reads_[s] != nullptr) cuda->eventDestroy(own_reads_[s]);
-    own_input_[s] = own_reads_[s] = nullptr;
     input_[s].clear();
     reads_[s].clear();
   }
+  buffers_.clear();
+}
+
+void IpcPeers::freeOwn() {
+  const nccl::CudaApi* cuda = api();
+  if (cuda == nullptr) return;
+  for (int s = 0; s < kIpcSlots; ++s) {
+    if (own_input_[s] != nullptr) cuda->eventDestroy(own_input_[s]);
+    if (own_reads_[s] != nullptr) cuda->eventDestroy(own_reads_[s]);
+    own_input_[s] = own_reads_[s] = nullptr;
+  }
   if (own_ != nullptr) cuda->free(own_);
   own_ = nullptr;
-  buffers_.clear();
 }
 
 Status IpcPeers::waitAll(const std::vector<nccl::CudaEvent>* events, int slot) {

@@ -31,7 +31,7 @@ struct IpcExport {
 class IpcPeers {
  public:
   explicit IpcPeers(nccl::DeviceStream& stream) : stream_(stream) {}
-  ~IpcPeers();  // close()
+  ~IpcPeers();  // closeImported(); keeps this rank's exports (Note [IPC teardown])
   IpcPeers(const IpcPeers&) = delete;
   IpcPeers& operator=(const IpcPeers&) = delete;
 
@@ -40,10 +40,13 @@ class IpcPeers {
   void exportOwn(size_t slot_bytes, IpcExport* out);
   // Opens every other member's buffer and events; `me` is this rank's index in `all`.
   common::Status openPeers(const std::vector<IpcExport>& all, int me);
-  // Closes the peers' mappings and events and frees this rank's buffer and events — only once
-  // this rank's stream drained (queued copies may still read a mapping); when it does not
-  // drain in time (a dead peer's event never fires) they stay, and a warning says so.
-  void close();
+  // Closes the peers' mappings and events (Note [IPC teardown]) — only once this rank's
+  // stream drained (queued copies may still read a mapping); when it does not drain in time (a
+  // dead peer's event never fires) they stay, and a warning says so.
+  void closeImported();
+  // Frees this rank's exported buffer and events. Only after every peer's closeImported()
+  // returned (a barrier between): CUDA leaves freeing a region a peer still maps undefined.
+  void freeOwn();
 
   size_t slotBytes() const { return slot_bytes_; }
   int members() const { return static_cast<int>(buffers_.size()); }
