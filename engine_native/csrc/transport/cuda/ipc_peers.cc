@@ -44,6 +44,8 @@ namespace nccl = transport::nccl;
 //   or may never reach it), so it closes only the imports and keeps (leaks) this rank's buffer
 //   and events until the process exits, when the driver releases them after the last importer
 //   let go. That is at most one buffer of kIpcSlots * slot_bytes per set and init().
+//   Both halves select the stream's device first: the destructor runs on the Python thread
+//   (~DeviceExecutor), whose current device may be another GPU.
 
 IpcPeers::~IpcPeers() {
   closeImported();
@@ -129,6 +131,8 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
 void IpcPeers::closeImported() {
   const nccl::CudaApi* cuda = api();
   if (cuda == nullptr || buffers_.empty()) return;
+  nccl::DeviceRestorer restore;
+  if (!stream_.select().isOk()) return;
   if (!stream_.drain(std::chrono::steady_clock::now() + std::chrono::seconds(2))) {
     HVD_LOG(kWarning, "transport") << "CUDA IPC: the core's stream still waits (a peer that "
                                    << "died never signals); the peers' mapped buffers stay "
@@ -153,6 +157,8 @@ void IpcPeers::closeImported() {
 void IpcPeers::freeOwn() {
   const nccl::CudaApi* cuda = api();
   if (cuda == nullptr) return;
+  nccl::DeviceRestorer restore;
+  if (!stream_.select().isOk()) return;
   for (int s = 0; s < kIpcSlots; ++s) {
     if (own_input_[s] != nullptr) cuda->eventDestroy(own_input_[s]);
     if (own_reads_[s] != nullptr) cuda->eventDestroy(own_reads_[s]);
