@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ int cudaGetDevice(int* device);
 int cudaSetDevice(int device);
 int cudaGetDeviceCount(int* count);
 int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* user_data);
+int fakeCudaAllocationRange(const void* pointer, void** base, size_t* bytes);
 
 typedef void (*run_fn)(unsigned grid, unsigned block, const void* args);
 typedef struct {
@@ -115,6 +117,19 @@ FD_API int cuDeviceGetAttribute(int* value, int attribute, int device) {
   if (attribute == 75) *value = major;       /* COMPUTE_CAPABILITY_MAJOR */
   else if (attribute == 76) *value = minor;  /* COMPUTE_CAPABILITY_MINOR */
   else return kInvalidValue;
+  return kSuccess;
+}
+
+/* CUdeviceptr is unsigned long long; the _v2 name is the one cuda.h maps to. */
+FD_API int cuMemGetAddressRange_v2(unsigned long long* base, size_t* bytes,
+                                   unsigned long long pointer) {
+  void* start = NULL;
+  size_t size = 0;
+  if (fakeCudaAllocationRange((const void*)(uintptr_t)pointer, &start, &size) != 0) {
+    return kInvalidValue;
+  }
+  if (base != NULL) *base = (unsigned long long)(uintptr_t)start;
+  if (bytes != NULL) *bytes = size;
   return kSuccess;
 }
 

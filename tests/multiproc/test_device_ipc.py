@@ -197,3 +197,15 @@ def test_timeline_names_the_ipc_activity(fake_cuda, tmp_path):
     for spans in batched:
         assert spans == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER",
                          "CUDA_IPC_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"], spans
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sub_allocated_staging_buffers_read_the_right_bytes(fake_cuda, np_):
+    """The fake hands out device memory 4 KiB inside a larger block (FAKE_CUDA_SUBALLOC), so an
+    IPC handle maps a base that is not the exported pointer (Note [IPC sub-allocation]): every
+    collective must still read the peers' slots, not the bytes before them."""
+    envs = ipc_envs(fake_cuda, np_, {"FAKE_CUDA_SUBALLOC": "4096"})
+    results = run_ranks(others_suite, np_, timeout=240, **envs)
+    assert [r.value for r in results] == [IPC] * np_
+    results = run_ranks(allreduce_suite, np_, args=(IPC,), timeout=300, **envs)
+    assert all(r.value > 0 for r in results)

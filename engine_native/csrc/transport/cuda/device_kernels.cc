@@ -204,6 +204,24 @@ common::Status deviceKernelsReady() {
   return currentModule(&module);
 }
 
+common::Status allocationBase(const void* pointer, const void** base) {
+  std::vector<std::string> driver;
+  {
+    std::lock_guard<std::mutex> lock(state().candidates_mu);
+    driver = state().driver;
+  }
+  HVD_RETURN_IF_ERROR(loadCudaDriver(driver));
+  const DriverApi& cu = *driverApi();
+  HVD_RETURN_IF_ERROR(driverCall(cu, cu.init(0), "cuInit"));
+  unsigned long long start = 0;
+  size_t bytes = 0;
+  HVD_RETURN_IF_ERROR(driverCall(
+      cu, cu.memGetAddressRange(&start, &bytes, reinterpret_cast<uintptr_t>(pointer)),
+      "cuMemGetAddressRange"));
+  *base = reinterpret_cast<const void*>(static_cast<uintptr_t>(start));
+  return common::Status::ok();
+}
+
 common::Status launchReduce(const ReduceJob& job, void* stream) {
   HVD_RETURN_IF_ERROR(checkJob(job));
   if (job.count == 0) return common::Status::ok();

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "transport/cuda/device_kernels.h"
 #include "transport/nccl/loader.h"
 
 namespace hvd::transport::cuda {
@@ -47,6 +48,13 @@ namespace nccl = transport::nccl;
 //   Both halves select the stream's device first: the destructor runs on the Python thread
 //   (~DeviceExecutor), whose current device may be another GPU.
 
+// Note [IPC sub-allocation]
+//   cudaIpcOpenMemHandle maps the whole allocation block that holds the exported pointer and
+//   returns the block's base, which need not be that pointer (a caching allocator, or a
+//   runtime that sub-allocates, hands out pointers inside larger blocks). So the exporter
+//   finds its block's base with the driver's cuMemGetAddressRange and sends `own - base` in
+//   its IpcExport; the importer adds it to the mapped base, and closes the base.
+
 IpcPeers::~IpcPeers() {
   closeImported();
   if (own_ != nullptr) {
@@ -71,6 +79,12 @@ void IpcPeers::exportOwn(size_t slot_bytes, IpcExport* out) {
   Status status = stream_.check(cuda->malloc(&own_, kIpcSlots * slot_bytes), "cudaMalloc");
   if (status.isOk()) {
     status = stream_.check(cuda->ipcGetMemHandle(&out->memory, own_), "cudaIpcGetMemHandle");
+  }
+  const void* base = nullptr;
+  if (status.isOk()) status = allocationBase(own_, &base);  // Note [IPC sub-allocation]
+  if (status.isOk()) {
+    out->offset = static_cast<uint64_t>(static_cast<const uint8_t*>(own_) -
+                                        static_cast<const uint8_t*>(base));
   }
   const unsigned flags = nccl::kCudaEventInterprocess | nccl::kCudaEventDisableTiming;
   for (int s = 0; s < kIpcSlots && status.isOk(); ++s) {
@@ -97,6 +111,7 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
   me_ = me;
   const int n = static_cast<int>(all.size());
   buffers_.assign(n, nullptr);
+  mapped_.assign(n, nullptr);
   for (int s = 0; s < kIpcSlots; ++s) {
     input_[s].assign(n, nullptr);
     reads_[s].assign(n, nullptr);
@@ -114,8 +129,9 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
                                    "rank " + std::to_string(slot_bytes_));
     }
     HVD_RETURN_IF_ERROR(stream_.check(
-        cuda->ipcOpenMemHandle(&buffers_[m], all[m].memory, nccl::kCudaIpcMemLazyEnablePeerAccess),
+        cuda->ipcOpenMemHandle(&mapped_[m], all[m].memory, nccl::kCudaIpcMemLazyEnablePeerAccess),
         "cudaIpcOpenMemHandle"));
+    buffers_[m] = static_cast<uint8_t*>(mapped_[m]) + all[m].offset;
     for (int s = 0; s < kIpcSlots; ++s) {
       HVD_RETURN_IF_ERROR(stream_.check(cuda->ipcOpenEventHandle(&input_[s][m],
                                                                  all[m].input_ready[s]),
@@ -141,7 +157,7 @@ void IpcPeers::closeImported() {
   }
   for (int m = 0; m < static_cast<int>(buffers_.size()); ++m) {
     if (m == me_) continue;
-    if (buffers_[m] != nullptr) cuda->ipcCloseMemHandle(buffers_[m]);
+    if (mapped_[m] != nullptr) cuda->ipcCloseMemHandle(mapped_[m]);
     for (int s = 0; s < kIpcSlots; ++s) {
       if (input_[s][m] != nullptr) cuda->eventDestroy(input_[s][m]);
       if (reads_[s][m] != nullptr) cuda->eventDestroy(reads_[s][m]);
@@ -152,6 +168,7 @@ void IpcPeers::closeImported() {
     reads_[s].clear();
   }
   buffers_.clear();
+  mapped_.clear();
 }
 
 void IpcPeers::freeOwn() {

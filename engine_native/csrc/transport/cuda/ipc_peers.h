@@ -24,6 +24,7 @@ struct IpcExport {
   nccl::CudaIpcHandle input_ready[kIpcSlots];     // "my slot holds this step's input"
   nccl::CudaIpcHandle reads_done[kIpcSlots];      // "I finished reading the peers' slot"
   uint64_t slot_bytes;
+  uint64_t offset;  // the buffer's offset in the block the handle maps (Note [IPC sub-allocation])
   int32_t ok;
   char error[196];
 };
@@ -72,6 +73,7 @@ class IpcPeers {
   nccl::CudaEvent own_input_[kIpcSlots] = {};
   nccl::CudaEvent own_reads_[kIpcSlots] = {};
   std::vector<void*> buffers_;                       // per member; [me_] == own_
+  std::vector<void*> mapped_;                        // per member: the opened block's base
   std::vector<nccl::CudaEvent> input_[kIpcSlots];    // per member (peers: opened; me: own)
   std::vector<nccl::CudaEvent> reads_[kIpcSlots];
 };
