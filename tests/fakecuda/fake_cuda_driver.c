@@ -33,6 +33,7 @@ typedef void (*run_fn)(unsigned grid, unsigned block, const void* args);
 typedef struct {
   run_fn run;
   size_t arg_bytes;
+  int loaded; /* cuFuncGetAttribute was called: no lazy load at the first launch */
 } function;
 
 typedef struct {
@@ -43,6 +44,7 @@ typedef struct {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static long launches;
+static long functions_got, functions_loaded, lazy_launches;
 static unsigned last_grid, last_block;
 
 FD_API int cuDriverGetVersion(int* version) {
@@ -155,9 +157,36 @@ FD_API int cuModuleGetFunction(function** out, void* module, const char* name) {
   if (f == NULL) return kOutOfMemory;
   *(void**)&f->run = run;
   f->arg_bytes = *size;
+  f->loaded = 0;
+  pthread_mutex_lock(&mu);
+  ++functions_got;
+  pthread_mutex_unlock(&mu);
   *out = f;
   return kSuccess;
 }
+
+/* Note [fake lazy loading]: CUDA 12.2+ loads a function's code at its first launch unless
+ * something forces it earlier (cuFuncGetAttribute, cuFuncLoad). The fake marks a function
+ * loaded here and counts launches of functions never loaded (fakeCuLazyLaunches). Answers
+ * CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK (0) only. */
+FD_API int cuFuncGetAttribute(int* value, int attribute, function* f) {
+  if (value == NULL || f == NULL) return kInvalidValue;
+  if (attribute != 0) return kInvalidValue;
+  *value = 1024;
+  pthread_mutex_lock(&mu);
+  if (!f->loaded) ++functions_loaded;
+  f->loaded = 1;
+  pthread_mutex_unlock(&mu);
+  return kSuccess;
+}
+
+/* Test hooks: functions got (cuModuleGetFunction), loaded (cuFuncGetAttribute), and launches
+ * of functions never loaded. */
+FD_API long fakeCuFunctionsGot(void) { return __atomic_load_n(&functions_got, __ATOMIC_RELAXED); }
+FD_API long fakeCuFunctionsLoaded(void) {
+  return __atomic_load_n(&functions_loaded, __ATOMIC_RELAXED);
+}
+FD_API long fakeCuLazyLaunches(void) { return __atomic_load_n(&lazy_launches, __ATOMIC_RELAXED); }
 
 static void runLaunch(void* arg) {
   launch* l = arg;
@@ -186,6 +215,7 @@ FD_API int cuLaunchKernel(function* f, unsigned gx, unsigned gy, unsigned gz, un
   }
   pthread_mutex_lock(&mu);
   ++launches;
+  if (!f->loaded) ++lazy_launches;
   last_grid = gx;
   last_block = bx;
   pthread_mutex_unlock(&mu);

@@ -126,12 +126,24 @@ common::Status buildModule(const DriverApi& cu, CuDevice device, DeviceModule* o
       HVD_RETURN_IF_ERROR(driverCall(
           cu, cu.moduleGetFunction(&out->functions[code][opIndex(op)], out->module, name.c_str()),
           "cuModuleGetFunction(" + name + ")"));
+      int threads = 0;  // Note [Eager kernel loading]
+      HVD_RETURN_IF_ERROR(driverCall(
+          cu, cu.funcGetAttribute(&threads, kCuFuncAttributeMaxThreadsPerBlock,
+                                  out->functions[code][opIndex(op)]),
+          "cuFuncGetAttribute(" + name + ")"));
     }
   }
   HVD_LOG(kInfo, "transport") << "device reductions compiled for device " << device << " (sm_"
                               << major << minor << ") with " << nvrtcDescription();
   return common::Status::ok();
 }
+
+// Note [Eager kernel loading]
+//   With CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, the default since 12.2) a function's
+//   code is loaded at its first launch, which may synchronize the context — mid-training, the
+//   first time a dtype/op pair is reduced. Querying an attribute of each function right after
+//   cuModuleGetFunction forces the load here, at build time; cuFuncGetAttribute exists in
+//   every driver we support (cuFuncLoad only from 12.4).
 
 // The current device's module, compiled on first use.
 common::Status currentModule(const DeviceModule** out) {

@@ -68,6 +68,7 @@ void bindDriver(Binder& b, DriverApi* api) {
   b.bind("cuModuleLoadData", &api->moduleLoadData);
   b.bind("cuModuleGetFunction", &api->moduleGetFunction);
   b.bind("cuLaunchKernel", &api->launchKernel);
+  b.bind("cuFuncGetAttribute", &api->funcGetAttribute);
   b.bind("cuMemGetAddressRange_v2", &api->memGetAddressRange);  // cuda.h's name for it
 }
 
