@@ -58,7 +58,7 @@ _CUDA = {
 _CUDA_LONG = {"fakeCudaLaunchBlocker": [c_void_p], "fakeCudaLiveAllocations": [],
               "fakeCudaLiveHostAllocations": [], "fakeCudaLiveStreams": [],
               "fakeCudaLiveEvents": [], "fakeCudaCalls": [c_char_p],
-              "fakeCudaLiveIpcMappings": []}
+              "fakeCudaLiveIpcMappings": [], "fakeCudaFreedWhileMapped": []}
 _COLL = [c_void_p, c_void_p, c_size_t, c_int]  # send, recv, count, dtype
 _NCCL = {
     "ncclGetVersion": [POINTER(c_int)], "ncclGetUniqueId": [POINTER(UniqueId)],

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,11 +27,13 @@ int cudaGetDevice(int* device);
 int cudaSetDevice(int device);
 int cudaGetDeviceCount(int* count);
 int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* user_data);
+int fakeCudaAllocationRange(const void* pointer, void** base, size_t* bytes);
 
 typedef void (*run_fn)(unsigned grid, unsigned block, const void* args);
 typedef struct {
   run_fn run;
   size_t arg_bytes;
+  int loaded; /* cuFuncGetAttribute was called: no lazy load at the first launch */
 } function;
 
 typedef struct {
@@ -41,6 +44,7 @@ typedef struct {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static long launches;
+static long functions_got, functions_loaded, lazy_launches;
 static unsigned last_grid, last_block;
 
 FD_API int cuDriverGetVersion(int* version) {
@@ -118,6 +122,19 @@ FD_API int cuDeviceGetAttribute(int* value, int attribute, int device) {
   return kSuccess;
 }
 
+/* CUdeviceptr is unsigned long long; the _v2 name is the one cuda.h maps to. */
+FD_API int cuMemGetAddressRange_v2(unsigned long long* base, size_t* bytes,
+                                   unsigned long long pointer) {
+  void* start = NULL;
+  size_t size = 0;
+  if (fakeCudaAllocationRange((const void*)(uintptr_t)pointer, &start, &size) != 0) {
+    return kInvalidValue;
+  }
+  if (base != NULL) *base = (unsigned long long)(uintptr_t)start;
+  if (bytes != NULL) *bytes = size;
+  return kSuccess;
+}
+
 FD_API int cuModuleLoadData(void** module, const void* image) {
   static const char kMagic[] = "FAKECUDA-SO:";
   if (module == NULL || image == NULL) return kInvalidValue;
@@ -140,9 +157,36 @@ FD_API int cuModuleGetFunction(function** out, void* module, const char* name) {
   if (f == NULL) return kOutOfMemory;
   *(void**)&f->run = run;
   f->arg_bytes = *size;
+  f->loaded = 0;
+  pthread_mutex_lock(&mu);
+  ++functions_got;
+  pthread_mutex_unlock(&mu);
   *out = f;
   return kSuccess;
 }
+
+/* Note [fake lazy loading]: CUDA 12.2+ loads a function's code at its first launch unless
+ * something forces it earlier (cuFuncGetAttribute, cuFuncLoad). The fake marks a function
+ * loaded here and counts launches of functions never loaded (fakeCuLazyLaunches). Answers
+ * CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK (0) only. */
+FD_API int cuFuncGetAttribute(int* value, int attribute, function* f) {
+  if (value == NULL || f == NULL) return kInvalidValue;
+  if (attribute != 0) return kInvalidValue;
+  *value = 1024;
+  pthread_mutex_lock(&mu);
+  if (!f->loaded) ++functions_loaded;
+  f->loaded = 1;
+  pthread_mutex_unlock(&mu);
+  return kSuccess;
+}
+
+/* Test hooks: functions got (cuModuleGetFunction), loaded (cuFuncGetAttribute), and launches
+ * of functions never loaded. */
+FD_API long fakeCuFunctionsGot(void) { return __atomic_load_n(&functions_got, __ATOMIC_RELAXED); }
+FD_API long fakeCuFunctionsLoaded(void) {
+  return __atomic_load_n(&functions_loaded, __ATOMIC_RELAXED);
+}
+FD_API long fakeCuLazyLaunches(void) { return __atomic_load_n(&lazy_launches, __ATOMIC_RELAXED); }
 
 static void runLaunch(void* arg) {
   launch* l = arg;
@@ -171,6 +215,7 @@ FD_API int cuLaunchKernel(function* f, unsigned gx, unsigned gy, unsigned gz, un
   }
   pthread_mutex_lock(&mu);
   ++launches;
+  if (!f->loaded) ++lazy_launches;
   last_grid = gx;
   last_block = bx;
   pthread_mutex_unlock(&mu);

@@ -93,6 +93,8 @@ fc_op* fc_wait_op(fc_marker* marker);    /* blocks its stream until fired, drops
 /* Device memory (fake_cudart_device.c): 1 and the allocation holding `pointer` (its base, size
  * and memfd), or 0 when `pointer` is not in device memory. */
 int fc_device_allocation(const void* pointer, void** base, size_t* bytes, int* fd);
+/* cudaFree of an exported allocation: counts it when a peer still maps it (fake_cudart_ipc.c). */
+void fc_note_free_of_shared(int fd);
 
 /* Note [IPC memory] (fake_cudart_ipc.c): device memory is a MAP_SHARED mapping of a memfd, so a
  * peer can map the same pages through /proc/<pid>/fd/<fd>. fc_shared_map returns the mapping

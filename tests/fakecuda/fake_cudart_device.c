@@ -142,6 +142,7 @@ typedef struct fc_block fc_block;
 struct fc_block {
   fc_block* next;
   void* ptr;
+  size_t offset; /* FAKE_CUDA_SUBALLOC: the pointer given out is ptr + offset */
   size_t bytes;
   int fd;  /* device memory: the memfd it is mapped from (Note [IPC memory]); host: -1 */
 };
@@ -163,6 +164,12 @@ static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
   if (bytes == 0) return kCudaSuccess;
   fc_block* block = calloc(1, sizeof(*block));
   if (block == NULL) return kCudaErrorMemoryAllocation;
+  /* Note [fake sub-allocation]: FAKE_CUDA_SUBALLOC=N gives out device memory N bytes inside
+   * a larger block, as CUDA's caching allocators do: an IPC handle and cuMemGetAddressRange
+   * then name the block, whose base is not the pointer the caller got. */
+  const char* sub = registry->shareable ? getenv("FAKE_CUDA_SUBALLOC") : NULL;
+  block->offset = sub != NULL ? (size_t)strtoul(sub, NULL, 10) : 0;
+  bytes += block->offset;
   block->bytes = bytes;
   block->fd = -1;
   if (registry->shareable) {
@@ -179,7 +186,7 @@ static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
   registry->blocks = block;
   registry->live++;
   pthread_mutex_unlock(&registry->mu);
-  *pointer = block->ptr;
+  *pointer = (char*)block->ptr + block->offset;
   return kCudaSuccess;
 }
 
@@ -189,7 +196,7 @@ static int release(fc_registry* registry, void* pointer) {
   if (pointer == NULL) return kCudaSuccess;
   pthread_mutex_lock(&registry->mu);
   fc_block** p = &registry->blocks;
-  while (*p != NULL && (*p)->ptr != pointer) p = &(*p)->next;
+  while (*p != NULL && (char*)(*p)->ptr + (*p)->offset != (char*)pointer) p = &(*p)->next;
   fc_block* found = *p;
   if (found != NULL) {
     *p = found->next;
@@ -198,6 +205,7 @@ static int release(fc_registry* registry, void* pointer) {
   pthread_mutex_unlock(&registry->mu);
   if (found == NULL) return kCudaErrorInvalidValue;
   if (found->fd >= 0) {
+    if (registry == &device_memory) fc_note_free_of_shared(found->fd);
     fc_shared_unmap(found->ptr, found->bytes, found->fd);
   } else {
     free(found->ptr);
@@ -220,6 +228,12 @@ int fc_device_allocation(const void* pointer, void** base, size_t* bytes, int* f
   }
   pthread_mutex_unlock(&device_memory.mu);
   return found;
+}
+
+/* cuMemGetAddressRange for the fake driver: the whole block holding `pointer`. */
+FC_API int fakeCudaAllocationRange(const void* pointer, void** base, size_t* bytes) {
+  int fd = -1;
+  return fc_device_allocation(pointer, base, bytes, &fd) ? kCudaSuccess : kCudaErrorInvalidValue;
 }
 
 static long live(fc_registry* registry) {

@@ -11,6 +11,9 @@
  * allocation alive while a peer holds it open. Opening one handle twice returns the same
  * address, counted; cudaIpcCloseMemHandle waits for every stream (queued work may read the
  * mapping) and unmaps at the last close. fakeCudaLiveIpcMappings() counts open mappings.
+ * An open mapping holds a shared flock on its own open of the memfd, so the exporter's cudaFree
+ * sees a peer that still maps the allocation (CUDA: undefined behaviour) and counts it in
+ * fakeCudaFreedWhileMapped() (fc_freed_while_mapped).
  *
  * Note [IPC events]: an interprocess event keeps two counters in a shared page: `recorded`
  * (bumped by cudaEventRecord on the host, at the call) and `fired` (set by the record's op when
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -81,6 +85,7 @@ struct fc_mapping {
   int32_t pid;
   uint64_t inode;
   int opens;
+  int fd;  /* our own open of the exporter's memfd, flock(LOCK_SH)'d while mapped */
 };
 
 static pthread_mutex_t mappings_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -140,13 +145,14 @@ FC_API int cudaIpcOpenMemHandle(void** device_pointer, fc_ipc_handle handle, uns
   const int fd = openPeerFd(&handle);
   if (fd < 0) return kCudaErrorInvalidResourceHandle;
   void* p = mmap(NULL, handle.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);  /* the mapping keeps the pages */
   fc_mapping* m = p != MAP_FAILED ? calloc(1, sizeof(*m)) : NULL;
-  if (m == NULL) {
+  if (m == NULL || flock(fd, LOCK_SH) != 0) {
     if (p != MAP_FAILED) munmap(p, handle.bytes);
+    free(m);
+    close(fd);
     return kCudaErrorMapBufferObjectFailed;
   }
-  *m = (fc_mapping){NULL, p, handle.bytes, handle.pid, handle.inode, 1};
+  *m = (fc_mapping){NULL, p, handle.bytes, handle.pid, handle.inode, 1, fd};
   pthread_mutex_lock(&mappings_mu);
   m->next = mappings;
   mappings = m;
@@ -171,9 +177,22 @@ FC_API int cudaIpcCloseMemHandle(void* device_pointer) {
   if (found == (fc_mapping*)-1) return kCudaErrorInvalidValue;
   if (found != NULL) {
     munmap(found->ptr, found->bytes);
+    close(found->fd);  /* drops the flock: the exporter may free now */
     free(found);
   }
   return kCudaSuccess;
+}
+
+static long freed_while_mapped;
+
+void fc_note_free_of_shared(int fd) {
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+    __atomic_add_fetch(&freed_while_mapped, 1, __ATOMIC_RELAXED);
+  }
+}
+
+FC_API long fakeCudaFreedWhileMapped(void) {
+  return __atomic_load_n(&freed_while_mapped, __ATOMIC_RELAXED);
 }
 
 FC_API long fakeCudaLiveIpcMappings(void) {

@@ -99,6 +99,32 @@ def mappings_lifecycle():
     return counts, out.tolist(), f.calls("cudaIpcOpenMemHandle")
 
 
+def exports_outlive_peer_mappings():
+    """No rank frees its exported buffer while a peer still maps it (Note [IPC teardown]): not
+    when the slots grow twice, and not at shutdown, where rank 0 goes first while the others
+    still hold its buffer mapped (the fake counts a cudaFree that meets a peer's mapping)."""
+    import time
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    freed = []
+    for i, count in enumerate([8, (2 << 20) // 4 + 1, (8 << 20) // 4 + 1]):  # 1, 4, 16 MiB slots
+        out = device_ops.allreduce(np.ones(count, np.float32), hvd.Sum, f"grow{i}")
+        assert out[-1] == hvd.size(), out[-1]
+        freed.append(f.cuda.fakeCudaFreedWhileMapped())
+    if hvd.rank() != 0:
+        time.sleep(1.0)  # rank 0 shuts down while this rank still maps its buffer
+    hvd.shutdown()
+    freed.append(f.cuda.fakeCudaFreedWhileMapped())
+    return freed
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_no_rank_frees_an_export_a_peer_still_maps(fake_cuda, np_):
+    for r in run_ranks(exports_outlive_peer_mappings, np_, timeout=120,
+                       **ipc_envs(fake_cuda, np_)):
+        assert r.value == [0, 0, 0, 0], r.value
+
+
 @pytest.mark.parametrize("np_", [2, 3])
 def test_peer_buffers_are_mapped_once_and_unmapped_at_shutdown(fake_cuda, np_):
     for r in run_ranks(mappings_lifecycle, np_, timeout=120, **ipc_envs(fake_cuda, np_)):
@@ -171,3 +197,15 @@ def test_timeline_names_the_ipc_activity(fake_cuda, tmp_path):
     for spans in batched:
         assert spans == ["NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER",
                          "CUDA_IPC_ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"], spans
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sub_allocated_staging_buffers_read_the_right_bytes(fake_cuda, np_):
+    """The fake hands out device memory 4 KiB inside a larger block (FAKE_CUDA_SUBALLOC), so an
+    IPC handle maps a base that is not the exported pointer (Note [IPC sub-allocation]): every
+    collective must still read the peers' slots, not the bytes before them."""
+    envs = ipc_envs(fake_cuda, np_, {"FAKE_CUDA_SUBALLOC": "4096"})
+    results = run_ranks(others_suite, np_, timeout=240, **envs)
+    assert [r.value for r in results] == [IPC] * np_
+    results = run_ranks(allreduce_suite, np_, args=(IPC,), timeout=300, **envs)
+    assert all(r.value > 0 for r in results)

@@ -143,6 +143,23 @@ def test_counts_up_to_more_than_one_grid(dev, count):
         assert dev.driver.fakeCuLastGeometry() == blocks * 100000 + 256
 
 
+def test_every_kernel_is_loaded_before_its_first_launch(dev):
+    """Note [Eager kernel loading]: cuFuncGetAttribute on every function the module gave, so no
+    launch pays for a lazy load (the fake counts launches of functions never loaded)."""
+    import ctypes
+    for name in ("fakeCuFunctionsGot", "fakeCuFunctionsLoaded", "fakeCuLazyLaunches"):
+        getattr(dev.driver, name).restype = ctypes.c_long
+    a = np.arange(1000, dtype=np.float32)
+    src, dst = dev.malloc(a.nbytes), dev.malloc(a.nbytes)
+    dev.put(src, a.tobytes())
+    _hooks.device_reduce(7, SUM, [src], dst, a.size, 1.0, 1.0, dev.s)
+    dev.check(dev.cuda.cudaStreamSynchronize(dev.s), "sync")
+    got = dev.driver.fakeCuFunctionsGot()
+    assert got >= 40, got  # every dtype x op
+    assert dev.driver.fakeCuFunctionsLoaded() == got
+    assert dev.driver.fakeCuLazyLaunches() == 0
+
+
 def test_count_zero_launches_nothing(dev):
     before = dev.driver.fakeCuLaunches()
     _hooks.device_reduce(7, SUM, [0], 0, 0, 1.0, 1.0, dev.s)  # null pointers are fine at 0

@@ -11,9 +11,10 @@
 // as several steps (chunks), one host barrier each. Growing re-runs the handle exchange
 // (connectIpc), which is collective: `span` — the largest member's input — is computed from
 // the response alone, so every member grows at the same op. Before its buffer is freed each
-// member waits for its stream (its reads of the peers' slots are done) and a barrier (so are
-// everyone's reads of its slot): the one place this path blocks the host on the device, at
-// most a handful of times per process.
+// member waits for its stream (its reads of the peers' slots are done), a barrier (so are
+// everyone's reads of its slot), closes its imports, and a second barrier (no peer maps its
+// buffer any more; Note [IPC teardown] in ipc_peers.cc): the one place this path blocks the
+// host on the device, at most a handful of times per process.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -61,8 +62,11 @@ Status DeviceExecutor::ipcReserve(OpContext& op, size_t span) {
   if (want <= ipc().slotBytes()) return Status::ok();
   transport::Comm& comm = ipcComm(op);
   HVD_RETURN_IF_ERROR(stream().synchronize());
-  HVD_RETURN_IF_ERROR(algo::barrier(comm));
-  current_.set->ipc.reset();  // closes the mappings and frees this rank's buffer
+  HVD_RETURN_IF_ERROR(algo::barrier(comm));  // every member's reads are done
+  ipc().closeImported();
+  HVD_RETURN_IF_ERROR(algo::barrier(comm));  // no member maps this rank's buffer any more
+  ipc().freeOwn();                            // Note [IPC teardown]
+  current_.set->ipc.reset();
   std::string why;
   HVD_RETURN_IF_ERROR(connectIpc(comm, stream(), want, &current_.set->ipc, &why));
   if (current_.set->ipc == nullptr) {

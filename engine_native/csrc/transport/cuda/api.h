@@ -68,6 +68,10 @@ using CuDevicePrimaryCtxRetainFn = int (*)(CuContext* ctx, CuDevice device);
 using CuDeviceGetAttributeFn = int (*)(int* value, int attribute, CuDevice device);
 using CuModuleLoadDataFn = int (*)(CuModule* module, const void* image);
 using CuModuleGetFunctionFn = int (*)(CuFunction* fn, CuModule module, const char* name);
+using CuMemGetAddressRangeFn = int (*)(unsigned long long* base, size_t* bytes,
+                                      unsigned long long pointer);  // _v2: CUdeviceptr
+using CuFuncGetAttributeFn = int (*)(int* value, int attribute, CuFunction fn);
+constexpr int kCuFuncAttributeMaxThreadsPerBlock = 0;  // CUfunction_attribute
 using CuLaunchKernelFn = int (*)(CuFunction fn, unsigned grid_x, unsigned grid_y,
                                  unsigned grid_z, unsigned block_x, unsigned block_y,
                                  unsigned block_z, unsigned shared_bytes, CuStream stream,
@@ -86,6 +90,8 @@ struct DriverApi {
   CuModuleLoadDataFn moduleLoadData = nullptr;
   CuModuleGetFunctionFn moduleGetFunction = nullptr;
   CuLaunchKernelFn launchKernel = nullptr;
+  CuFuncGetAttributeFn funcGetAttribute = nullptr;
+  CuMemGetAddressRangeFn memGetAddressRange = nullptr;
 };
 
 }  // namespace hvd::transport::cuda

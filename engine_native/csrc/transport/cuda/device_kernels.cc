@@ -126,12 +126,24 @@ common::Status buildModule(const DriverApi& cu, CuDevice device, DeviceModule* o
       HVD_RETURN_IF_ERROR(driverCall(
           cu, cu.moduleGetFunction(&out->functions[code][opIndex(op)], out->module, name.c_str()),
           "cuModuleGetFunction(" + name + ")"));
+      int threads = 0;  // Note [Eager kernel loading]
+      HVD_RETURN_IF_ERROR(driverCall(
+          cu, cu.funcGetAttribute(&threads, kCuFuncAttributeMaxThreadsPerBlock,
+                                  out->functions[code][opIndex(op)]),
+          "cuFuncGetAttribute(" + name + ")"));
     }
   }
   HVD_LOG(kInfo, "transport") << "device reductions compiled for device " << device << " (sm_"
                               << major << minor << ") with " << nvrtcDescription();
   return common::Status::ok();
 }
+
+// Note [Eager kernel loading]
+//   With CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, the default since 12.2) a function's
+//   code is loaded at its first launch, which may synchronize the context — mid-training, the
+//   first time a dtype/op pair is reduced. Querying an attribute of each function right after
+//   cuModuleGetFunction forces the load here, at build time; cuFuncGetAttribute exists in
+//   every driver we support (cuFuncLoad only from 12.4).
 
 // The current device's module, compiled on first use.
 common::Status currentModule(const DeviceModule** out) {
@@ -202,6 +214,24 @@ common::Status compileReduceKernels(int major, int minor, bool ptx, std::string*
 common::Status deviceKernelsReady() {
   const DeviceModule* module = nullptr;
   return currentModule(&module);
+}
+
+common::Status allocationBase(const void* pointer, const void** base) {
+  std::vector<std::string> driver;
+  {
+    std::lock_guard<std::mutex> lock(state().candidates_mu);
+    driver = state().driver;
+  }
+  HVD_RETURN_IF_ERROR(loadCudaDriver(driver));
+  const DriverApi& cu = *driverApi();
+  HVD_RETURN_IF_ERROR(driverCall(cu, cu.init(0), "cuInit"));
+  unsigned long long start = 0;
+  size_t bytes = 0;
+  HVD_RETURN_IF_ERROR(driverCall(
+      cu, cu.memGetAddressRange(&start, &bytes, reinterpret_cast<uintptr_t>(pointer)),
+      "cuMemGetAddressRange"));
+  *base = reinterpret_cast<const void*>(static_cast<uintptr_t>(start));
+  return common::Status::ok();
 }
 
 common::Status launchReduce(const ReduceJob& job, void* stream) {

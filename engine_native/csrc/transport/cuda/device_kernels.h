@@ -42,6 +42,11 @@ constexpr int kMaxReduceSources = 16;
 common::Status deviceKernelsReady();
 common::Status launchReduce(const ReduceJob& job, void* stream);
 
+// The base of the device allocation block that holds `pointer` (cuMemGetAddressRange; loads the
+// driver only). A caching allocator's pointer may sit inside a larger block, and CUDA IPC maps
+// whole blocks (Note [IPC sub-allocation] in ipc_peers.cc).
+common::Status allocationBase(const void* pointer, const void** base);
+
 // The libraries deviceKernelsReady() tries, in order. Only Python knows site-packages and
 // torch's lib folder, so the caller passes them (as engine_native/gpu.py does for the runtime;
 // the Python side and its HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides are still to be

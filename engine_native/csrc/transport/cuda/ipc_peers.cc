@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "transport/cuda/device_kernels.h"
 #include "transport/nccl/loader.h"
 
 namespace hvd::transport::cuda {
@@ -34,7 +35,33 @@ namespace nccl = transport::nccl;
 //   round trip is the one barrier per step (none waits for the device), and a later op's
 //   writes are ordered after this op's reads by (a).
 
-IpcPeers::~IpcPeers() { close(); }
+// Note [IPC teardown]
+//   CUDA: "Calling cudaFree on an exported memory region before calling cudaIpcCloseMemHandle
+//   in the importing context will result in undefined behavior" — and likewise for an
+//   interprocess event. So this rank's exports are freed only once every peer closed its
+//   imports, which needs a host barrier between the two: growing the slots (device_ipc_ops.cc)
+//   runs stream sync, barrier, closeImported, barrier, freeOwn. The destructor — shutdown,
+//   abort, a failed connect (device_path.cc) — has no barrier it can trust (a peer may be dead
+//   or may never reach it), so it closes only the imports and keeps (leaks) this rank's buffer
+//   and events until the process exits, when the driver releases them after the last importer
+//   let go. That is at most one buffer of kIpcSlots * slot_bytes per set and init().
+//   Both halves select the stream's device first: the destructor runs on the Python thread
+//   (~DeviceExecutor), whose current device may be another GPU.
+
+// Note [IPC sub-allocation]
+//   cudaIpcOpenMemHandle maps the whole allocation block that holds the exported pointer and
+//   returns the block's base, which need not be that pointer (a caching allocator, or a
+//   runtime that sub-allocates, hands out pointers inside larger blocks). So the exporter
+//   finds its block's base with the driver's cuMemGetAddressRange and sends `own - base` in
+//   its IpcExport; the importer adds it to the mapped base, and closes the base.
+
+IpcPeers::~IpcPeers() {
+  closeImported();
+  if (own_ != nullptr) {
+    HVD_LOG(kDebug, "transport") << "CUDA IPC: this rank's exported buffer stays allocated "
+                                 << "until exit (Note [IPC teardown])";
+  }
+}
 
 const nccl::CudaApi* IpcPeers::api() const { return nccl::cudaApi(); }
 
@@ -52,6 +79,12 @@ void IpcPeers::exportOwn(size_t slot_bytes, IpcExport* out) {
   Status status = stream_.check(cuda->malloc(&own_, kIpcSlots * slot_bytes), "cudaMalloc");
   if (status.isOk()) {
     status = stream_.check(cuda->ipcGetMemHandle(&out->memory, own_), "cudaIpcGetMemHandle");
+  }
+  const void* base = nullptr;
+  if (status.isOk()) status = allocationBase(own_, &base);  // Note [IPC sub-allocation]
+  if (status.isOk()) {
+    out->offset = static_cast<uint64_t>(static_cast<const uint8_t*>(own_) -
+                                        static_cast<const uint8_t*>(base));
   }
   const unsigned flags = nccl::kCudaEventInterprocess | nccl::kCudaEventDisableTiming;
   for (int s = 0; s < kIpcSlots && status.isOk(); ++s) {
@@ -78,6 +111,7 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
   me_ = me;
   const int n = static_cast<int>(all.size());
   buffers_.assign(n, nullptr);
+  mapped_.assign(n, nullptr);
   for (int s = 0; s < kIpcSlots; ++s) {
     input_[s].assign(n, nullptr);
     reads_[s].assign(n, nullptr);
@@ -95,8 +129,9 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
                                    "rank " + std::to_string(slot_bytes_));
     }
     HVD_RETURN_IF_ERROR(stream_.check(
-        cuda->ipcOpenMemHandle(&buffers_[m], all[m].memory, nccl::kCudaIpcMemLazyEnablePeerAccess),
+        cuda->ipcOpenMemHandle(&mapped_[m], all[m].memory, nccl::kCudaIpcMemLazyEnablePeerAccess),
         "cudaIpcOpenMemHandle"));
+    buffers_[m] = static_cast<uint8_t*>(mapped_[m]) + all[m].offset;
     for (int s = 0; s < kIpcSlots; ++s) {
       HVD_RETURN_IF_ERROR(stream_.check(cuda->ipcOpenEventHandle(&input_[s][m],
                                                                  all[m].input_ready[s]),
@@ -109,9 +144,11 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
   return Status::ok();
 }
 
-void IpcPeers::close() {
+void IpcPeers::closeImported() {
   const nccl::CudaApi* cuda = api();
-  if (cuda == nullptr || (own_ == nullptr && buffers_.empty())) return;
+  if (cuda == nullptr || buffers_.empty()) return;
+  nccl::DeviceRestorer restore;
+  if (!stream_.select().isOk()) return;
   if (!stream_.drain(std::chrono::steady_clock::now() + std::chrono::seconds(2))) {
     HVD_LOG(kWarning, "transport") << "CUDA IPC: the core's stream still waits (a peer that "
                                    << "died never signals); the peers' mapped buffers stay "
@@ -120,22 +157,32 @@ void IpcPeers::close() {
   }
   for (int m = 0; m < static_cast<int>(buffers_.size()); ++m) {
     if (m == me_) continue;
-    if (buffers_[m] != nullptr) cuda->ipcCloseMemHandle(buffers_[m]);
+    if (mapped_[m] != nullptr) cuda->ipcCloseMemHandle(mapped_[m]);
     for (int s = 0; s < kIpcSlots; ++s) {
       if (input_[s][m] != nullptr) cuda->eventDestroy(input_[s][m]);
       if (reads_[s][m] != nullptr) cuda->eventDestroy(reads_[s][m]);
     }
   }
   for (int s = 0; s < kIpcSlots; ++s) {
-    if (own_input_[s] != nullptr) cuda->eventDestroy(own_input_[s]);
-    if (own_reads_[s] != nullptr) cuda->eventDestroy(own_reads_[s]);
-    own_input_[s] = own_reads_[s] = nullptr;
     input_[s].clear();
     reads_[s].clear();
   }
+  buffers_.clear();
+  mapped_.clear();
+}
+
+void IpcPeers::freeOwn() {
+  const nccl::CudaApi* cuda = api();
+  if (cuda == nullptr) return;
+  nccl::DeviceRestorer restore;
+  if (!stream_.select().isOk()) return;
+  for (int s = 0; s < kIpcSlots; ++s) {
+    if (own_input_[s] != nullptr) cuda->eventDestroy(own_input_[s]);
+    if (own_reads_[s] != nullptr) cuda->eventDestroy(own_reads_[s]);
+    own_input_[s] = own_reads_[s] = nullptr;
+  }
   if (own_ != nullptr) cuda->free(own_);
   own_ = nullptr;
-  buffers_.clear();
 }
 
 Status IpcPeers::waitAll(const std::vector<nccl::CudaEvent>* events, int slot) {

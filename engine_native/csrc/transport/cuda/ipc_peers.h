@@ -24,6 +24,7 @@ struct IpcExport {
   nccl::CudaIpcHandle input_ready[kIpcSlots];     // "my slot holds this step's input"
   nccl::CudaIpcHandle reads_done[kIpcSlots];      // "I finished reading the peers' slot"
   uint64_t slot_bytes;
+  uint64_t offset;  // the buffer's offset in the block the handle maps (Note [IPC sub-allocation])
   int32_t ok;
   char error[196];
 };
@@ -31,7 +32,7 @@ struct IpcExport {
 class IpcPeers {
  public:
   explicit IpcPeers(nccl::DeviceStream& stream) : stream_(stream) {}
-  ~IpcPeers();  // close()
+  ~IpcPeers();  // closeImported(); keeps this rank's exports (Note [IPC teardown])
   IpcPeers(const IpcPeers&) = delete;
   IpcPeers& operator=(const IpcPeers&) = delete;
 
@@ -40,10 +41,13 @@ class IpcPeers {
   void exportOwn(size_t slot_bytes, IpcExport* out);
   // Opens every other member's buffer and events; `me` is this rank's index in `all`.
   common::Status openPeers(const std::vector<IpcExport>& all, int me);
-  // Closes the peers' mappings and events and frees this rank's buffer and events — only once
-  // this rank's stream drained (queued copies may still read a mapping); when it does not
-  // drain in time (a dead peer's event never fires) they stay, and a warning says so.
-  void close();
+  // Closes the peers' mappings and events (Note [IPC teardown]) — only once this rank's
+  // stream drained (queued copies may still read a mapping); when it does not drain in time (a
+  // dead peer's event never fires) they stay, and a warning says so.
+  void closeImported();
+  // Frees this rank's exported buffer and events. Only after every peer's closeImported()
+  // returned (a barrier between): CUDA leaves freeing a region a peer still maps undefined.
+  void freeOwn();
 
   size_t slotBytes() const { return slot_bytes_; }
   int members() const { return static_cast<int>(buffers_.size()); }
@@ -69,6 +73,7 @@ class IpcPeers {
   nccl::CudaEvent own_input_[kIpcSlots] = {};
   nccl::CudaEvent own_reads_[kIpcSlots] = {};
   std::vector<void*> buffers_;                       // per member; [me_] == own_
+  std::vector<void*> mapped_;                        // per member: the opened block's base
   std::vector<nccl::CudaEvent> input_[kIpcSlots];    // per member (peers: opened; me: own)
   std::vector<nccl::CudaEvent> reads_[kIpcSlots];
 };

@@ -68,6 +68,8 @@ void bindDriver(Binder& b, DriverApi* api) {
   b.bind("cuModuleLoadData", &api->moduleLoadData);
   b.bind("cuModuleGetFunction", &api->moduleGetFunction);
   b.bind("cuLaunchKernel", &api->launchKernel);
+  b.bind("cuFuncGetAttribute", &api->funcGetAttribute);
+  b.bind("cuMemGetAddressRange_v2", &api->memGetAddressRange);  // cuda.h's name for it
 }
 
 // nvrtcVersion(&major, &minor) and cuDriverGetVersion(&code), as one code 1000*major+10*minor.
