@@ -304,6 +304,9 @@ def case_ipc_latency(args):
     ours = run(rank_latency, 2, "ours", args.iters)
     a = max(statistics.median(r["waited"]) for r in ours)
     rows = [(f"ours ({ours[0]['path']}), 2 ranks on one GPU", f"{a * 1e6:.1f} µs")]
+    if args.timeline:  # a separate, shorter run: writing the timeline costs time per op
+        run(rank_latency, 2, "ours", 300, env={"HVD_TIMELINE": args.timeline})
+        rows.append(("timeline of a 300-call run (not timed)", args.timeline))
     return "4 B CUDA allreduce, 2 ranks sharing one GPU, median per call", rows, (
         "ipc_latency", a * 1e6, "µs per call (≤ 100)")
 
@@ -325,6 +328,8 @@ def main():
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", help="also write the report (markdown) here")
+    parser.add_argument("--timeline", help="ipc_latency: also write rank 0's timeline of a "
+                        "separate 300-call run here (for diagnosis)")
     args = parser.parse_args()
     cases = {"latency": case_latency, "staged": case_staged, "step": case_step,
              "ipc": case_ipc, "ipc_latency": case_ipc_latency}

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The one prepared run for a lent GPU machine (issue #16): build the core there, run tests/gpu
 # (HVD_REQUIRE=gpu: a missing GPU fails), then the GPU benchmark. GPU time is scarce: the whole
-# script is bounded to ~6 minutes so that a rerun fits. Everything it prints also lands under
+# script is bounded to ~7 minutes so that a rerun fits. Everything it prints also lands under
 # $OUT (default /tmp/gpu_check): nvidia-smi.txt, build.log, tests.log, bench_gpu.md/.json.
 #
 #   bash benchmarks/gpu_check.sh                   # on the GPU machine, in the checkout
 #   OUT=$OUT bash benchmarks/gpu_check.sh           # under the device tool: files come back
+#   TESTS=tests/gpu/test_ipc_gpu.py TEST_K="not np4" CASES=ipc,ipc_latency bash benchmarks/gpu_check.sh
+#
+# TESTS: pytest's arguments (default tests/gpu), TEST_K its -k expression; CASES: bench_gpu.py's --cases (default all);
+# TEST_TIMEOUT / BENCH_TIMEOUT bound each step in seconds.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -17,6 +21,8 @@ step() { printf '\n=== %s (%s) ===\n' "$1" "$(date +%T)"; }
 
 step "machine"
 nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.txt" | head -20
+nvidia-smi -q 2>/dev/null | grep -iE "compute mode|mig mode" -A1 | head -6
+command -v nvidia-cuda-mps-control >/dev/null && echo "MPS control present (not started)"
 "$PYTHON" -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
 
 step "build"
@@ -42,12 +48,15 @@ for module in ml_dtypes pytest_timeout; do
 done
 
 step "tests/gpu"
-HVD_REQUIRE=gpu timeout 200 "$PYTHON" -m pytest tests/gpu -q -rA -p no:cacheprovider \
-    --timeout 120 --durations=10 > "$OUT/tests.log" 2>&1 || rc=1
-tail -40 "$OUT/tests.log"
+# shellcheck disable=SC2086 # TESTS is a list of pytest arguments
+HVD_REQUIRE=gpu timeout "${TEST_TIMEOUT:-200}" "$PYTHON" -m pytest ${TESTS:-tests/gpu} \
+    ${TEST_K:+-k "$TEST_K"} -q -rA \
+    -p no:cacheprovider --timeout 150 --durations=15 > "$OUT/tests.log" 2>&1 || rc=1
+grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -40
 
 step "benchmarks/bench_gpu.py"
-timeout 220 "$PYTHON" benchmarks/bench_gpu.py --out "$OUT/bench_gpu.md" || rc=1
+timeout "${BENCH_TIMEOUT:-220}" "$PYTHON" benchmarks/bench_gpu.py --out "$OUT/bench_gpu.md" \
+    ${CASES:+--cases "$CASES"} ${BENCH_ARGS:-} || rc=1
 
 step "done (exit $rc)"
 exit "$rc"

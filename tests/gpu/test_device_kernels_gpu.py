@@ -1,6 +1,7 @@
 """The device reductions on a real GPU: the same checks as tests/unit/test_device_kernels.py
 (every dtype x op x nsrcs 1-4 x pre/postscale, aliasing, more than one grid), with the real
-NVRTC (the nvidia-cuda-nvrtc-cu12 wheel, else torch's) and libcuda, on torch CUDA tensors.
+NVRTC, found as the core finds it (engine_native.gpu.device_kernel_candidates: the CUDA 12 or
+13 wheels, torch's lib), and libcuda, on torch CUDA tensors.
 Marker ``gpu``. In a subprocess: the core loads one NVRTC per process (the unit tests load the
 fake one)."""
 import os
@@ -12,16 +13,13 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 SCRIPT = r"""
-import glob, os, site, sys
+import sys
 import numpy as np, torch
 from native.build_testhooks import load
 from unit.test_device_kernels import DTYPES, OPS, SCALES, inputs, half_reference
 h = load()
-torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
-nvrtc = sorted(glob.glob(os.path.join(site.getsitepackages()[0], "nvidia", "cuda_nvrtc", "lib",
-                                      "libnvrtc.so.1*"))) + sorted(glob.glob(os.path.join(
-                                      torch_lib, "libnvrtc*.so*")))
-h.device_kernels_set_candidates(nvrtc, ["libcuda.so.1"])
+from engine_native import gpu
+h.device_kernels_set_candidates(*gpu.device_kernel_candidates())
 torch.cuda.init()
 torch.zeros(1, device="cuda")  # the primary context is current on this thread
 h.device_kernels_ready()
@@ -56,6 +54,8 @@ def test_device_reductions_on_the_gpu_match_the_cpu_path():
         pytest.skip("no CUDA device")
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": tests_dir})
+                          timeout=900, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [tests_dir, os.path.dirname(tests_dir),
+                               os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.strip().endswith("BAD [] 0"), proc.stdout[-4000:]
