@@ -12,10 +12,12 @@ the same invocation on the same GPU (DESIGN §7). The three targets of issue #16
 
 And issue #19's (ranks sharing one GPU over CUDA IPC, reductions on the device):
 
-  ipc          allreduce busbw at 1/64/256 MiB with 2 ranks, and 256 MiB with 4 ranks, sharing
-               the GPU: ours (cuda-ipc) vs gloo on the same tensors (target ≥ 50× at 256 MiB,
-               and ≥ 100 GB/s busbw).
+  ipc          allreduce busbw at 4 KiB and 1/64/256 MiB with 2 ranks, and 256 MiB with 4 ranks,
+               sharing the GPU: ours (cuda-ipc, once per --ipc-orders value) vs gloo on the
+               same tensors (target ≥ 50× at 256 MiB, and ≥ 100 GB/s busbw).
   ipc_latency  4 B allreduce, 2 ranks sharing the GPU, median per call (target ≤ 100 µs).
+  step         also runs ours once per --ipc-orders value, and "alone x2": two ranks running
+               the step on the shared GPU without communicating, the floor for any method.
 
 The staged case forces HVD_GPU_PATH=staged for ours, so it still measures the staged path.
 
@@ -268,9 +270,15 @@ def case_staged(args):
 
 def case_step(args):
     med = {}
-    for system, size in (("alone", 1), ("ours", 2), ("ddp", 2)):
-        results = run(rank_step, size, system, args.steps, 64)
-        med[system] = max(statistics.median(r["times"]) for r in results)
+    configs = [("alone", "alone", 1, None),
+               ("alone x2 (2 ranks share the GPU, no communication: the floor)", "alone", 2,
+                None), ("ours", "ours", 2, None)]
+    configs += [(f"ours, HVD_IPC_ORDER={o}", "ours", 2, {"HVD_IPC_ORDER": o})
+                for o in args.ipc_orders.split(",")]
+    configs.append(("ddp", "ddp", 2, None))
+    for label, system, size, env in configs:
+        results = run(rank_step, size, system, args.steps, 64, env=env)
+        med[label] = max(statistics.median(r["times"]) for r in results)
         params = results[0]["params"]
     rows = [(s, f"{t * 1e3:.2f} ms") for s, t in med.items()]
     rows.append(("parameters", f"{params / 1e6:.2f} M"))
@@ -287,23 +295,35 @@ def _busbw(results, nbytes):
 
 def case_ipc(args):
     rows, ratio = [], None
-    for size, nbytes in ((2, 1 * MIB), (2, 64 * MIB), (2, 256 * MIB), (4, 256 * MIB)):
-        iters = 20 if nbytes <= 64 * MIB else 8
-        ours = run(rank_allreduce, size, "ours", nbytes, iters)
+    orders = args.ipc_orders.split(",")  # the first is what the ratio is of
+    for size, nbytes in ((2, 4 * 1024), (2, 1 * MIB), (2, 64 * MIB), (2, 256 * MIB),
+                         (4, 256 * MIB)):
+        iters = 200 if nbytes < MIB else 20 if nbytes <= 64 * MIB else 8
+        ours = {o: run(rank_allreduce, size, "ours", nbytes, iters, env={"HVD_IPC_ORDER": o})
+                for o in orders}
         gloo = run(rank_allreduce, size, "gloo", nbytes, iters if size == 2 else 3)
-        o, g = _busbw(ours, nbytes), _busbw(gloo, nbytes)
-        rows.append((f"{size} ranks, {nbytes // MIB} MiB", f"ours ({ours[0]['path']}) "
-                     f"{o:.1f} GB/s", f"gloo {g:.2f} GB/s", f"{o / g:.1f}×"))
+        bw = {o: _busbw(r, nbytes) for o, r in ours.items()}
+        g = _busbw(gloo, nbytes)
+        label = f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // 1024} KiB"
+        rows.append((f"{size} ranks, {label}", *(f"ours ({r[0]['path']}, {o}-ordered) "
+                                                   f"{bw[o]:.2f} GB/s"
+                                                   for o, r in ours.items()),
+                     f"gloo {g:.2f} GB/s", f"{bw[orders[0]] / g:.1f}×"))
         if size == 2 and nbytes == 256 * MIB:
-            ratio = o / g
+            ratio = bw[orders[0]] / g
     return "allreduce busbw, ranks sharing one GPU (CUDA IPC)", rows, (
         "ipc", ratio, "ours / gloo at 256 MiB, 2 ranks (≥ 50×; busbw ≥ 100 GB/s in the row)")
 
 
 def case_ipc_latency(args):
-    ours = run(rank_latency, 2, "ours", args.iters)
-    a = max(statistics.median(r["waited"]) for r in ours)
-    rows = [(f"ours ({ours[0]['path']}), 2 ranks on one GPU", f"{a * 1e6:.1f} µs")]
+    rows, first = [], None
+    for order in args.ipc_orders.split(","):
+        ours = run(rank_latency, 2, "ours", args.iters, env={"HVD_IPC_ORDER": order})
+        a = max(statistics.median(r["waited"]) for r in ours)
+        rows.append((f"ours ({ours[0]['path']}, HVD_IPC_ORDER={order}), 2 ranks on one GPU",
+                     f"{a * 1e6:.1f} µs"))
+        first = a if first is None else first
+    a = first
     if args.timeline:  # a separate, shorter run: writing the timeline costs time per op
         run(rank_latency, 2, "ours", 300, env={"HVD_TIMELINE": args.timeline})
         rows.append(("timeline of a 300-call run (not timed)", args.timeline))
@@ -328,6 +348,9 @@ def main():
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", help="also write the report (markdown) here")
+    parser.add_argument("--ipc-orders", default="host,device",
+                        help="the HVD_IPC_ORDER values the IPC cases run ours with; the "
+                        "targets' verdicts are of the first")
     parser.add_argument("--timeline", help="ipc_latency: also write rank 0's timeline of a "
                         "separate 300-call run here (for diagnosis)")
     args = parser.parse_args()

@@ -58,7 +58,8 @@ _CUDA = {
 _CUDA_LONG = {"fakeCudaLaunchBlocker": [c_void_p], "fakeCudaLiveAllocations": [],
               "fakeCudaLiveHostAllocations": [], "fakeCudaLiveStreams": [],
               "fakeCudaLiveEvents": [], "fakeCudaCalls": [c_char_p],
-              "fakeCudaLiveIpcMappings": [], "fakeCudaFreedWhileMapped": []}
+              "fakeCudaLiveIpcMappings": [], "fakeCudaFreedWhileMapped": [],
+              "fakeCudaIpcEventWaits": []}
 _COLL = [c_void_p, c_void_p, c_size_t, c_int]  # send, recv, count, dtype
 _NCCL = {
     "ncclGetVersion": [POINTER(c_int)], "ncclGetUniqueId": [POINTER(UniqueId)],

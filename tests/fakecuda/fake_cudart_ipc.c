@@ -298,7 +298,16 @@ int fc_shared_event_record_locked(fc_shared_event* shared, void* stream) {
   return queueShared(shared, stream, runSharedRecord, seq);
 }
 
+static long ipc_event_waits;
+
+/* cudaStreamWaitEvent calls on interprocess events, whether or not they had to wait: the
+ * host-ordered IPC protocol makes none. */
+FC_API long fakeCudaIpcEventWaits(void) {
+  return __atomic_load_n(&ipc_event_waits, __ATOMIC_RELAXED);
+}
+
 int fc_shared_event_wait_locked(fc_shared_event* shared, void* stream) {
+  __atomic_add_fetch(&ipc_event_waits, 1, __ATOMIC_RELAXED);
   const uint32_t target = __atomic_load_n(&shared->page->recorded, __ATOMIC_ACQUIRE);
   if (reached(__atomic_load_n(&shared->page->fired, __ATOMIC_ACQUIRE), target)) {
     return fc_check_stream_locked(stream);  /* nothing left to wait for */

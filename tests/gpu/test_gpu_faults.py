@@ -29,7 +29,12 @@ def rank_abort_in_flight(spin_cycles=2_000_000_000):
     handle = hvd.allreduce_async(x, op=hvd.Sum, name="in_flight")
     bus = checks.out_of_band() if n > 1 else None
     in_flight = not hvd.poll(handle)
+    if bus and r != 0:
+        bus.set(f"enqueued/{r}", b"1")
     if r == 0:
+        for peer in range(1, n):  # an abort before a peer's enqueue fails that enqueue instead
+            if bus:
+                bus.get(f"enqueued/{peer}", timeout=60)
         engine_native.abort("test abort with CUDA ops in flight")  # not in horovod.torch
         if bus:
             bus.set("aborted", b"1")

@@ -16,6 +16,8 @@ from gpu.test_nccl_gpu import rank_allreduce, rank_fusion, rank_stream_order
 
 pytestmark = pytest.mark.gpu
 NPS = pytest.mark.parametrize("np", [2, 4], ids=["np2-one-gpu", "np4-one-gpu"])
+# Note [IPC step protocol]: host-ordered (the default) and device-ordered (interprocess events)
+ORDERS = pytest.mark.parametrize("order", ["host", "device"])
 IPC = "cuda-ipc"
 
 
@@ -57,9 +59,11 @@ def rank_every_op():
     return _path()
 
 
+@ORDERS
 @NPS
-def test_every_dtype_and_op_with_scales(np):
-    assert [r.value for r in run_ranks(rank_every_op, np, env=_env(), timeout=400)] == [IPC] * np
+def test_every_dtype_and_op_with_scales(np, order):
+    results = run_ranks(rank_every_op, np, env=_env({"HVD_IPC_ORDER": order}), timeout=400)
+    assert [r.value for r in results] == [IPC] * np
 
 
 @NPS
@@ -67,10 +71,11 @@ def test_allreduce_suite(np):
     run_ranks(rank_allreduce, np, env=_env(), timeout=400)
 
 
+@ORDERS
 @NPS
-def test_every_collective(np):
-    assert [r.value for r in run_ranks(rank_collectives, np, env=_env(), timeout=300)] == \
-        [IPC] * np
+def test_every_collective(np, order):
+    results = run_ranks(rank_collectives, np, env=_env({"HVD_IPC_ORDER": order}), timeout=300)
+    assert [r.value for r in results] == [IPC] * np
 
 
 @NPS

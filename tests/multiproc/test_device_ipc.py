@@ -209,3 +209,43 @@ def test_sub_allocated_staging_buffers_read_the_right_bytes(fake_cuda, np_):
     assert [r.value for r in results] == [IPC] * np_
     results = run_ranks(allreduce_suite, np_, args=(IPC,), timeout=300, **envs)
     assert all(r.value > 0 for r in results)
+
+
+def ordered_steps():
+    """Allreduces that fit a slot and one that takes several steps (chunks), then how many
+    stream waits on interprocess events this rank queued (Note [IPC step protocol])."""
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    for i in range(4):
+        x = checks.make_input(np.float32, 1000 + i, hvd.rank(), f"o{i}")
+        want = checks.reference(checks.all_inputs(np.float32, 1000 + i, hvd.size(), f"o{i}"),
+                                hvd.Sum)
+        assert checks.mismatch(device_ops.allreduce(x, hvd.Sum, f"o{i}"), want, np.float32,
+                               hvd.Sum) is None
+    big = np.full(MAX_SLOT // 4 + 1000, float(hvd.rank() + 1), np.float32)  # two steps
+    n = hvd.size()
+    assert (device_ops.allreduce(big, hvd.Sum, "big") == n * (n + 1) / 2).all()
+    return device_ops.gpu_path(), f.cuda.fakeCudaIpcEventWaits()
+
+
+@pytest.mark.parametrize("orders,waits", [
+    (("device", "device", "device"), True),
+    (("host", "host", "host"), False),
+    (("host", "device", "device"), False),  # one member asks: the whole set orders on the host
+], ids=["device", "host", "mixed-asks-host"])
+def test_steps_ordered_on_the_host_or_by_interprocess_events(fake_cuda, orders, waits):
+    kwargs = ipc_envs(fake_cuda, 3)
+    for r, order in enumerate(orders):
+        kwargs["rank_env"][r]["HVD_IPC_ORDER"] = order
+    for r in run_ranks(ordered_steps, 3, timeout=240, **kwargs):
+        path, event_waits = r.value
+        assert path == IPC
+        assert (event_waits > 0) == waits, (orders, event_waits)
+
+
+def test_device_ordered_suites(fake_cuda):
+    """The device-ordered protocol (HVD_IPC_ORDER=device) over every dtype, op and collective."""
+    kwargs = ipc_envs(fake_cuda, 3, {"HVD_IPC_ORDER": "device"})
+    assert all(r.value > 0 for r in run_ranks(allreduce_suite, 3, args=(IPC,), timeout=300,
+                                              **kwargs))
+    assert [r.value for r in run_ranks(others_suite, 3, timeout=240, **kwargs)] == [IPC] * 3

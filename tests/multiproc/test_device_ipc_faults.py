@@ -9,6 +9,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 from fakecuda.fixtures import fake_cuda as _fake_cuda
 
 from multiproc import checks, device_ops
@@ -20,9 +21,10 @@ TIMEOUT = 3
 
 
 def stuck_ipc_peer(action):
-    """The last rank's input comes from a producer kernel that never finishes, so the others'
-    streams wait on its input_ready event (Note [IPC step protocol], c). Then rank 0 aborts,
-    or the last rank is SIGKILLed."""
+    """The last rank's input comes from a producer kernel that never finishes, so the others
+    wait for it (Note [IPC step protocol]): host-ordered, in the step's barrier while its loop
+    holds the op in phase A; device-ordered, their streams on its input_ready event. Then rank
+    0 aborts, or the last rank is SIGKILLed."""
     from engine_native import _core
     hvd = device_ops.init()
     f = device_ops.fakes()
@@ -64,13 +66,19 @@ def stuck_ipc_peer(action):
     return result
 
 
-def _envs(fake, np_):
-    return device_ops.rank_envs(fake, np_, True, {"HVD_TIMEOUT": str(TIMEOUT)}, ipc=True)
+def _envs(fake, np_, order):
+    return device_ops.rank_envs(fake, np_, True, {"HVD_TIMEOUT": str(TIMEOUT),
+                                                  "HVD_IPC_ORDER": order}, ipc=True)
 
 
-def test_abort_mid_collective_then_reinit_leaves_no_mappings(fake_cuda):
+ORDERS = pytest.mark.parametrize("order", ["host", "device"])
+
+
+@ORDERS
+def test_abort_mid_collective_then_reinit_leaves_no_mappings(fake_cuda, order):
     np_ = 3
-    results = run_ranks(stuck_ipc_peer, np_, args=("abort",), timeout=120, **_envs(fake_cuda, np_))
+    results = run_ranks(stuck_ipc_peer, np_, args=("abort",), timeout=120,
+                        **_envs(fake_cuda, np_, order))
     assert results[0].value["pending"], "the op finished although its peer was stuck"
     for r in results:
         v = r.value
@@ -80,10 +88,11 @@ def test_abort_mid_collective_then_reinit_leaves_no_mappings(fake_cuda):
         assert v["remapped"] == np_ - 1 and v["final"] == 0, v
 
 
-def test_a_rank_killed_while_peers_hold_its_mapping(fake_cuda):
+@ORDERS
+def test_a_rank_killed_while_peers_hold_its_mapping(fake_cuda, order):
     np_ = 3
     results = run_ranks(stuck_ipc_peer, np_, args=("kill",), timeout=120, check=False,
-                        **_envs(fake_cuda, np_))
+                        **_envs(fake_cuda, np_, order))
     assert results[-1].returncode == -signal.SIGKILL, results[-1].describe()
     for r in results[:-1]:
         assert r.ok, r.describe()

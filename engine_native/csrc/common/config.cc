@@ -101,6 +101,12 @@ const std::vector<Knob>& knobs() {
                   "the device when they all share one GPU, else the staged path through host "
                   "memory and shm/tcp), nccl or ipc (fail instead of staging), or staged."},
                  &Config::gpu_path),
+      stringKnob({"HVD_IPC_ORDER", nullptr, "string", "host",
+                  "How ranks sharing one GPU order their CUDA IPC steps: host (each rank's "
+                  "copy into its slot finishes before a host barrier, so no stream waits on "
+                  "another process; the default: on a time-sliced GPU a cross-process wait "
+                  "costs hundreds of microseconds) or device (interprocess events only)."},
+                 &Config::ipc_order),
       tunable(boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool",
                         "false",
                         "Intra-host reduce, inter-host ring, intra-host broadcast. Set "
@@ -260,7 +266,11 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
       return true;
     }
     case Kind::kString: {
-      if (knob.string_field == &Config::transport || knob.string_field == &Config::gpu_path) {
+      if (knob.string_field == &Config::ipc_order) {
+        if (value != "host" && value != "device") return false;
+        config->*knob.string_field = value;
+      } else if (knob.string_field == &Config::transport ||
+                 knob.string_field == &Config::gpu_path) {
         std::string v;
         for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         const bool transport = knob.string_field == &Config::transport;

@@ -23,6 +23,7 @@ struct Config {
   int64_t cache_capacity = 1024;            // HVD_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY)
   std::string transport = "auto";           // HVD_TRANSPORT: auto | tcp | shm
   std::string gpu_path = "auto";            // HVD_GPU_PATH: auto | nccl | ipc | staged
+  std::string ipc_order = "host";           // HVD_IPC_ORDER: host | device
   bool hierarchical_allreduce = false;      // HVD_HIERARCHICAL_ALLREDUCE
   int64_t spin_microseconds = 20;           // HVD_SPIN_US: bounded spin before a blocking wait
   int64_t caller_spin_microseconds = 200;   // HVD_CALLER_SPIN_US (Note [Caller drives])

@@ -129,7 +129,8 @@ Status DeviceExecutor::prepare(OpContext& op) {
 
 Status DeviceExecutor::setUp(OpContext& op, int device) {
   PathChoice choice;
-  HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path, &choice));
+  HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path,
+                                 config_.ipc_order == "host", &choice));
   DeviceSet set;
   set.device = device;
   set.path = choice.nccl    ? Path::kNccl
@@ -215,8 +216,9 @@ bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
 
 Status DeviceExecutor::inputsReady(OpContext& op, bool* ready) {
   *ready = true;
-  if (!stagesThroughHost(op)) return Status::ok();
-  return stageInputs(op, ready);
+  if (stagesThroughHost(op)) return stageInputs(op, ready);
+  if (current_.set->path == Path::kIpc && ipc().hostOrdered()) return awaitProducers(op, ready);
+  return Status::ok();
 }
 
 Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
@@ -246,8 +248,9 @@ Status DeviceExecutor::poll(std::vector<DeviceCompletion>* done) {
   const auto now = Clock::now();
   if (staging_.queued && now - staging_.since > std::chrono::duration<double>(
                                                      config_.timeout_seconds)) {
-    return common::timedOut("a staged CUDA op's inputs did not reach host memory within "
-                            "HVD_TIMEOUT=" + std::to_string(config_.timeout_seconds) +
+    return common::timedOut("a CUDA op waited for its inputs' producers (or their copy to "
+                            "host memory) for HVD_TIMEOUT=" +
+                            std::to_string(config_.timeout_seconds) +
                             " s: a kernel that produces them never finishes");
   }
   if (in_flight_.empty()) return Status::ok();

@@ -130,6 +130,16 @@ class DeviceExecutor : public OpExecutor {
   common::Status packInputs(const OpContext& op, uint8_t* base, bool zero_missing);
   common::Status unpackOutputs(const OpContext& op, const uint8_t* base);
   common::Status stageInputs(OpContext& op, bool* landed);
+  // Phase A's bookkeeping, shared by the staged path and the host-ordered IPC path: *queued
+  // when an earlier call queued this response's event (*landed: it fired); holdPhaseA keeps
+  // `event` as that event and has the driver wake the loop once the stream passed it.
+  common::Status phaseAQueued(const OpContext& op, bool* queued, bool* landed);
+  common::Status holdPhaseA(const OpContext& op, transport::nccl::CudaEvent event,
+                            uint8_t* host);
+  // The host-ordered IPC path's phase A: the inputs' producers finished (device_ipc_ops.cc).
+  common::Status awaitProducers(OpContext& op, bool* ready);
+  void dropPhaseA();  // its op runs now: the event goes back to the stream
+  common::Status waitForOwnStream();  // host-ordered IPC step: this rank's copy landed
   common::Status takeStaged(uint8_t** in, uint8_t** out);
   common::Status stagedInput(OpContext& op, uint8_t** in, uint8_t** out);
   common::Status stageOutput(OpContext& op, void* device, const void* host, size_t bytes);

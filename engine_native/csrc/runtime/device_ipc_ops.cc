@@ -16,6 +16,7 @@
 // buffer any more; Note [IPC teardown] in ipc_peers.cc): the one place this path blocks the
 // host on the device, at most a handful of times per process.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -35,6 +36,9 @@ namespace cuda = transport::cuda;
 namespace {
 
 constexpr size_t kMaxIpcSlotBytes = size_t{64} << 20;
+// A step's own copy takes microseconds: poll that long before sleeping (Note [IPC step
+// protocol], host-ordered). Bounded, and yielding: ranks may outnumber the cores.
+constexpr int kIpcStepSpinMicroseconds = 200;
 
 size_t slotFor(size_t span) {
   size_t bytes = size_t{1} << 20;
@@ -65,10 +69,11 @@ Status DeviceExecutor::ipcReserve(OpContext& op, size_t span) {
   HVD_RETURN_IF_ERROR(algo::barrier(comm));  // every member's reads are done
   ipc().closeImported();
   HVD_RETURN_IF_ERROR(algo::barrier(comm));  // no member maps this rank's buffer any more
-  ipc().freeOwn();                            // Note [IPC teardown]
+  const bool host_ordered = ipc().hostOrdered();  // the set's agreed protocol stays
+  ipc().freeOwn();                                 // Note [IPC teardown]
   current_.set->ipc.reset();
   std::string why;
-  HVD_RETURN_IF_ERROR(connectIpc(comm, stream(), want, &current_.set->ipc, &why));
+  HVD_RETURN_IF_ERROR(connectIpc(comm, stream(), want, host_ordered, &current_.set->ipc, &why));
   if (current_.set->ipc == nullptr) {
     return common::internalError("CUDA IPC: growing the staging buffers to " +
                                  std::to_string(want) + " bytes failed: " + why);
@@ -77,9 +82,39 @@ Status DeviceExecutor::ipcReserve(OpContext& op, size_t span) {
   return Status::ok();
 }
 
-// Note [IPC step protocol], (a)-(d), over the windows of `span` bytes.
+// The host-ordered protocol's phase A (Note [IPC step protocol]): the op runs once every
+// input's producer finished, so that its steps' host waits are bounded by the core's own
+// copies and kernels. Ready at once when the stream is already idle; else the loop goes on
+// with other work until the driver wakes it past the producers.
+Status DeviceExecutor::awaitProducers(OpContext& op, bool* ready) {
+  bool queued = false;
+  HVD_RETURN_IF_ERROR(phaseAQueued(op, &queued, ready));
+  if (queued) return Status::ok();
+  transport::nccl::CudaEvent event = nullptr;
+  HVD_RETURN_IF_ERROR(stream().record(&event));
+  bool finished = false;
+  Status status = stream().query(event, &finished);
+  if (!status.isOk() || finished) {
+    stream().release(event);
+    *ready = status.isOk();
+    return status;
+  }
+  *ready = false;
+  return holdPhaseA(op, event, nullptr);
+}
+
+void DeviceExecutor::dropPhaseA() {
+  if (!staging_.queued) return;
+  staging_.stream->release(staging_.event);
+  staging_ = Staging();
+}
+
+// Note [IPC step protocol], over the windows of `span` bytes: (a)-(d) with interprocess events
+// on the device, or the host-ordered variant.
 Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& write,
                                 const IpcRead& read) {
+  const bool host_ordered = ipc().hostOrdered();
+  if (host_ordered) dropPhaseA();      // the producers finished: awaitProducers()
   if (span == 0) return Status::ok();  // every member has nothing: the same everywhere
   HVD_RETURN_IF_ERROR(ipcReserve(op, span));
   const size_t window = ipc().slotBytes();
@@ -87,15 +122,33 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
   for (size_t lo = 0; lo < span; lo += window) {
     const size_t n = std::min(window, span - lo);
     const int slot = static_cast<int>(current_.set->ipc_steps++ % cuda::kIpcSlots);
-    HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));                 // (a)
-    HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));     // (b)
-    HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
-    HVD_RETURN_IF_ERROR(algo::barrier(comm));                            // (c)
-    HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
-    HVD_RETURN_IF_ERROR(read(slot, lo, n));                              // (d)
-    HVD_RETURN_IF_ERROR(ipc().recordReadsDone(slot));
+    if (!host_ordered) HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));  // (a)
+    HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));         // (b)
+    if (host_ordered) {
+      HVD_RETURN_IF_ERROR(waitForOwnStream());
+    } else {
+      HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
+    }
+    HVD_RETURN_IF_ERROR(algo::barrier(comm));  // (c)
+    if (!host_ordered) HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
+    HVD_RETURN_IF_ERROR(read(slot, lo, n));  // (d)
+    if (!host_ordered) HVD_RETURN_IF_ERROR(ipc().recordReadsDone(slot));
   }
   return Status::ok();
+}
+
+// The host-ordered step's wait: only this rank's own copies and kernels are queued (the
+// producers finished in phase A), so it is short; HVD_TIMEOUT bounds a device that hangs.
+Status DeviceExecutor::waitForOwnStream() {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(config_.timeout_seconds));
+  if (stream().drain(deadline, std::chrono::microseconds(kIpcStepSpinMicroseconds))) {
+    return Status::ok();
+  }
+  return common::timedOut("CUDA IPC: this rank's copy into its staging slot did not finish "
+                          "within HVD_TIMEOUT=" + std::to_string(config_.timeout_seconds) +
+                          " s (the GPU is stuck or the stream failed)");
 }
 
 // dst[0 .. bytes) = the reduction of every member's slot bytes [src_offset, +bytes), with the

@@ -222,8 +222,9 @@ constexpr size_t kFirstIpcSlotBytes = size_t{1} << 20;  // grows with the ops (d
 }  // namespace
 
 Status connectIpc(transport::Comm& comm, nccl::DeviceStream& stream, size_t slot_bytes,
-                  std::unique_ptr<transport::cuda::IpcPeers>* peers, std::string* why) {
-  auto mine = std::make_unique<transport::cuda::IpcPeers>(stream);
+                  bool host_ordered, std::unique_ptr<transport::cuda::IpcPeers>* peers,
+                  std::string* why) {
+  auto mine = std::make_unique<transport::cuda::IpcPeers>(stream, host_ordered);
   transport::cuda::IpcExport exported;
   mine->exportOwn(slot_bytes, &exported);
   std::vector<transport::cuda::IpcExport> all;
@@ -303,7 +304,10 @@ Status connectMixed(transport::Comm& comm, nccl::DeviceStream& stream,
                                                     comm.spinMicroseconds());
   std::unique_ptr<transport::cuda::IpcPeers> peers;
   std::string ipc_why, failures;
-  HVD_RETURN_IF_ERROR(connectIpc(*gpu_comm, stream, kFirstIpcSlotBytes, &peers, &ipc_why));
+  // Device-ordered: the leaders' NCCL step sits between two IPC steps on the same stream, and
+  // a host-ordered step would block the loop on it (Note [IPC step protocol]).
+  HVD_RETURN_IF_ERROR(connectIpc(*gpu_comm, stream, kFirstIpcSlotBytes, /*host_ordered=*/false,
+                                 &peers, &ipc_why));
   HVD_RETURN_IF_ERROR(agree(comm, ipc_why, &failures));
   if (!failures.empty()) {
     out->why = "CUDA IPC could not connect the ranks sharing a GPU (" + failures + ")";
@@ -334,7 +338,7 @@ Status connectMixed(transport::Comm& comm, nccl::DeviceStream& stream,
 }  // namespace
 
 Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::string& wanted,
-                  PathChoice* out) {
+                  bool ipc_host_ordered, PathChoice* out) {
   MemberRecord mine{};
   std::string bus_id;
   HVD_RETURN_IF_ERROR(stream.pciBusId(&bus_id));
@@ -357,7 +361,8 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
     HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
     out->why = ipcReason(comm, records, ipc);
     if (out->why.empty()) {
-      HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, &out->peers, &out->why));
+      HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, ipc_host_ordered,
+                                     &out->peers, &out->why));
       out->ipc = out->peers != nullptr;  // D
     }
   } else if (!staged_demanded && !nccl_demanded && isMixed(gpuGroups(comm, records))) {

@@ -25,10 +25,11 @@ struct PathChoice {
   std::unique_ptr<transport::cuda::IpcPeers> peers;                 // ipc; mixed: my GPU's
 };
 
-// wanted: HVD_GPU_PATH on this rank ("auto", "nccl", "ipc" or "staged"). Fails, identically on
-// every member, only when some member demanded NCCL or IPC and it cannot be had.
+// wanted: HVD_GPU_PATH on this rank ("auto", "nccl", "ipc" or "staged"); ipc_host_ordered:
+// HVD_IPC_ORDER=host here. Fails, identically on every member, only when some member demanded
+// NCCL or IPC and it cannot be had.
 common::Status choosePath(transport::Comm& comm, transport::nccl::DeviceStream& stream,
-                          const std::string& wanted, PathChoice* out);
+                          const std::string& wanted, bool ipc_host_ordered, PathChoice* out);
 
 // Every member exports a buffer of kIpcSlots * slot_bytes and opens the others' (an allgather
 // of IpcExport records, then one of the outcomes: Note [Device path choice], D). On success
@@ -36,7 +37,7 @@ common::Status choosePath(transport::Comm& comm, transport::nccl::DeviceStream& 
 // each failure (the caller stages, or fails when growing). Core failures (the CPU Comm) only
 // in the Status.
 common::Status connectIpc(transport::Comm& comm, transport::nccl::DeviceStream& stream,
-                          size_t slot_bytes, std::unique_ptr<transport::cuda::IpcPeers>* peers,
-                          std::string* why);
+                          size_t slot_bytes, bool host_ordered,
+                          std::unique_ptr<transport::cuda::IpcPeers>* peers, std::string* why);
 
 }  // namespace hvd::runtime

@@ -18,6 +18,7 @@
 
 namespace hvd::runtime {
 
+namespace nccl = transport::nccl;
 using common::Status;
 using coord::OpType;
 
@@ -63,17 +64,9 @@ void singleInputSizes(const OpContext& op, size_t* in, size_t* out) {
 // first and leave room for the CPU algorithm's result after it.
 Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
   const coord::Response& r = op.response;
-  const coord::Key first = r.keys.empty() ? coord::Key() : r.keys[0];
-  if (staging_.queued && (staging_.first != first || staging_.process_set != r.process_set)) {
-    staging_.stream->release(staging_.event);  // left by a response that was dropped unrun
-    staging_ = Staging();
-  }
-  if (staging_.queued) {
-    bool finished = false;
-    HVD_RETURN_IF_ERROR(stream().query(staging_.event, &finished));
-    *landed = finished;
-    return Status::ok();
-  }
+  bool queued = false;
+  HVD_RETURN_IF_ERROR(phaseAQueued(op, &queued, landed));
+  if (queued) return Status::ok();
   void* host = nullptr;
   if (r.type == OpType::kAllreduce) {
     const size_t elem = common::dataTypeSize(r.dtype);
@@ -89,16 +82,37 @@ Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
     }
     staging_.out_offset = roundUp(in);
   }
-  staging_.host = static_cast<uint8_t*>(host);
-  staging_.first = first;
+  nccl::CudaEvent event = nullptr;
+  HVD_RETURN_IF_ERROR(stream().record(&event));
+  *landed = false;
+  return holdPhaseA(op, event, static_cast<uint8_t*>(host));
+}
+
+Status DeviceExecutor::phaseAQueued(const OpContext& op, bool* queued, bool* landed) {
+  const coord::Response& r = op.response;
+  const coord::Key first = r.keys.empty() ? coord::Key() : r.keys[0];
+  if (staging_.queued && (staging_.first != first || staging_.process_set != r.process_set)) {
+    staging_.stream->release(staging_.event);  // left by a response that was dropped unrun
+    staging_ = Staging();
+  }
+  *queued = staging_.queued;
+  if (!staging_.queued) return Status::ok();
+  bool finished = false;
+  HVD_RETURN_IF_ERROR(stream().query(staging_.event, &finished));
+  *landed = finished;
+  return Status::ok();
+}
+
+Status DeviceExecutor::holdPhaseA(const OpContext& op, nccl::CudaEvent event, uint8_t* host) {
+  const coord::Response& r = op.response;
+  staging_.host = host;
+  staging_.first = r.keys.empty() ? coord::Key() : r.keys[0];
   staging_.process_set = r.process_set;
   staging_.since = std::chrono::steady_clock::now();
   staging_.stream = &stream();
-  HVD_RETURN_IF_ERROR(stream().record(&staging_.event));
+  staging_.event = event;
   staging_.queued = true;
-  HVD_RETURN_IF_ERROR(notifyLoop());
-  *landed = false;
-  return Status::ok();
+  return notifyLoop();
 }
 
 // B begins: the staged inputs of the response being executed (phase A has landed).

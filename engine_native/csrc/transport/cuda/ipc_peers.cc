@@ -34,6 +34,19 @@ namespace nccl = transport::nccl;
 //   the issue of each record and the wait on it. Every wait is on the device; the only host
 //   round trip is the one barrier per step (none waits for the device), and a later op's
 //   writes are ordered after this op's reads by (a).
+//
+//   Host-ordered variant (HVD_IPC_ORDER=host, the default; the set runs it when any member
+//   asks): no stream ever waits on another process. Phase A (DeviceExecutor::awaitProducers)
+//   holds the op, without blocking the loop, until its inputs' producers finished. Then each
+//   step is (b) r writes its slot and waits on the host for its own stream — only its own
+//   copies and kernels are queued, so the wait is short — (c) the host barrier, (d) the reads.
+//   Passing barrier s means every member's write of step s landed and, since each waited for
+//   its whole stream, every member's reads of steps before s finished: the write of step s+1
+//   goes to the other slot, and that of step s+2 (to this one) comes after barrier s+1, when
+//   the reads of step s are done. No events are waited on. Why it is the default: on a GPU
+//   that time-slices between processes (no MPS), a stream blocked on another process's event
+//   holds the GPU until its time slice ends; measured on one H100, a 4-byte allreduce of two
+//   ranks took ~535 us device-ordered (benchmarks/RESULTS.md, issue #19).
 
 // Note [IPC teardown]
 //   CUDA: "Calling cudaFree on an exported memory region before calling cudaIpcCloseMemHandle
@@ -103,6 +116,7 @@ void IpcPeers::exportOwn(size_t slot_bytes, IpcExport* out) {
     return;
   }
   out->slot_bytes = slot_bytes;
+  out->host_ordered = host_ordered_ ? 1 : 0;
   out->ok = 1;
 }
 
@@ -110,6 +124,7 @@ Status IpcPeers::openPeers(const std::vector<IpcExport>& all, int me) {
   const nccl::CudaApi* cuda = api();
   me_ = me;
   const int n = static_cast<int>(all.size());
+  for (const IpcExport& member : all) host_ordered_ = host_ordered_ || member.host_ordered != 0;
   buffers_.assign(n, nullptr);
   mapped_.assign(n, nullptr);
   for (int s = 0; s < kIpcSlots; ++s) {

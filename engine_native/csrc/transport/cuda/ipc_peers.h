@@ -25,13 +25,17 @@ struct IpcExport {
   nccl::CudaIpcHandle reads_done[kIpcSlots];      // "I finished reading the peers' slot"
   uint64_t slot_bytes;
   uint64_t offset;  // the buffer's offset in the block the handle maps (Note [IPC sub-allocation])
+  int32_t host_ordered;  // HVD_IPC_ORDER=host on this member (Note [IPC step protocol])
   int32_t ok;
-  char error[196];
+  char error[192];
 };
 
 class IpcPeers {
  public:
-  explicit IpcPeers(nccl::DeviceStream& stream) : stream_(stream) {}
+  // host_ordered: what this rank asks for (HVD_IPC_ORDER=host); the set uses host ordering
+  // when any member asks for it, so that every member runs the same protocol.
+  IpcPeers(nccl::DeviceStream& stream, bool host_ordered)
+      : stream_(stream), host_ordered_(host_ordered) {}
   ~IpcPeers();  // closeImported(); keeps this rank's exports (Note [IPC teardown])
   IpcPeers(const IpcPeers&) = delete;
   IpcPeers& operator=(const IpcPeers&) = delete;
@@ -50,6 +54,8 @@ class IpcPeers {
   void freeOwn();
 
   size_t slotBytes() const { return slot_bytes_; }
+  // The set's protocol, agreed in openPeers(): Note [IPC step protocol], host-ordered variant.
+  bool hostOrdered() const { return host_ordered_; }
   int members() const { return static_cast<int>(buffers_.size()); }
   // Member m's slot (this rank's own, or a peer's mapping), as this process addresses it.
   uint8_t* slot(int member, int slot) const {
@@ -67,6 +73,7 @@ class IpcPeers {
   const nccl::CudaApi* api() const;
 
   nccl::DeviceStream& stream_;
+  bool host_ordered_;
   size_t slot_bytes_ = 0;
   int me_ = -1;
   void* own_ = nullptr;                              // cudaMalloc'd, exported

@@ -2,6 +2,7 @@
 // call goes through cudaApi(); nothing here includes a CUDA header (DESIGN §3 "Boundary").
 #include "transport/nccl/device_stream.h"
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -138,6 +139,27 @@ bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline) {
   while (query(marker, &finished).isOk() && !finished &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  release(marker);
+  return finished;
+}
+
+bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline,
+                         std::chrono::microseconds spin) {
+  CudaEvent marker = nullptr;
+  if (!record(&marker).isOk()) return false;
+  bool finished = false;
+  const auto spin_until = std::chrono::steady_clock::now() + spin;
+  auto nap = std::chrono::microseconds(20);
+  while (query(marker, &finished).isOk() && !finished) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) break;
+    if (now < spin_until) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+    }
   }
   release(marker);
   return finished;

@@ -85,6 +85,9 @@ class DeviceStream {
   common::Status synchronize();
   // The same, bounded: false when `deadline` passed first (or the stream failed).
   bool drain(std::chrono::steady_clock::time_point deadline);
+  // Like drain(), for short waits on the hot path: polls for up to `spin`, yielding the core
+  // between polls, then sleeps between polls (20 us, doubling to 1 ms) until the deadline.
+  bool drain(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
 
   // Completion events, pooled. record() marks everything queued so far; query() never blocks;
   // release() returns the event to the pool once nobody waits on it any more.
