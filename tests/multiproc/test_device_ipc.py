@@ -212,35 +212,40 @@ def test_sub_allocated_staging_buffers_read_the_right_bytes(fake_cuda, np_):
 
 
 def ordered_steps():
-    """Allreduces that fit a slot and one that takes several steps (chunks), then how many
-    stream waits on interprocess events this rank queued (Note [IPC step protocol])."""
+    """Allreduces that fit a slot, then one that takes two steps (chunks): how many stream
+    waits on interprocess events this rank queued after each (Note [IPC step protocol])."""
     hvd = device_ops.init()
     f = device_ops.fakes()
+    device_ops.allreduce(np.ones(MAX_SLOT // 8, np.float32), hvd.Sum, "grow")  # largest slot
     for i in range(4):
         x = checks.make_input(np.float32, 1000 + i, hvd.rank(), f"o{i}")
         want = checks.reference(checks.all_inputs(np.float32, 1000 + i, hvd.size(), f"o{i}"),
                                 hvd.Sum)
         assert checks.mismatch(device_ops.allreduce(x, hvd.Sum, f"o{i}"), want, np.float32,
                                hvd.Sum) is None
+    single = f.cuda.fakeCudaIpcEventWaits()
     big = np.full(MAX_SLOT // 4 + 1000, float(hvd.rank() + 1), np.float32)  # two steps
     n = hvd.size()
     assert (device_ops.allreduce(big, hvd.Sum, "big") == n * (n + 1) / 2).all()
-    return device_ops.gpu_path(), f.cuda.fakeCudaIpcEventWaits()
+    return device_ops.gpu_path(), single, f.cuda.fakeCudaIpcEventWaits() - single
 
 
-@pytest.mark.parametrize("orders,waits", [
+@pytest.mark.parametrize("orders,single_waits", [
     (("device", "device", "device"), True),
     (("host", "host", "host"), False),
     (("host", "device", "device"), False),  # one member asks: the whole set orders on the host
 ], ids=["device", "host", "mixed-asks-host"])
-def test_steps_ordered_on_the_host_or_by_interprocess_events(fake_cuda, orders, waits):
+def test_steps_ordered_on_the_host_or_by_interprocess_events(fake_cuda, orders, single_waits):
+    """Host-ordered, ops of one step wait on no interprocess event; a chunked op's later
+    steps do (device-ordered, so that they overlap); device-ordered, every step does."""
     kwargs = ipc_envs(fake_cuda, 3)
     for r, order in enumerate(orders):
         kwargs["rank_env"][r]["HVD_IPC_ORDER"] = order
     for r in run_ranks(ordered_steps, 3, timeout=240, **kwargs):
-        path, event_waits = r.value
+        path, single, chunked = r.value
         assert path == IPC
-        assert (event_waits > 0) == waits, (orders, event_waits)
+        assert (single > 0) == single_waits, (orders, single)
+        assert chunked > 0, (orders, chunked)
 
 
 def test_device_ordered_suites(fake_cuda):

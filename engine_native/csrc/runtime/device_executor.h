@@ -79,6 +79,7 @@ class DeviceExecutor : public OpExecutor {
     std::unique_ptr<transport::nccl::NcclCommunicator> nccl;
     std::unique_ptr<transport::cuda::IpcPeers> ipc;
     uint64_t ipc_steps = 0;  // steps run so far: the same on every member (slot = steps % 2)
+    bool ipc_last_drained = true;  // every member drained its stream in the last step
     std::unique_ptr<transport::Comm> gpu_comm;  // kMixed: the members on this rank's GPU
     bool leader = false;                        // kMixed: joins `nccl` for its GPU
   };

@@ -78,7 +78,8 @@ Status DeviceExecutor::ipcReserve(OpContext& op, size_t span) {
     return common::internalError("CUDA IPC: growing the staging buffers to " +
                                  std::to_string(want) + " bytes failed: " + why);
   }
-  current_.set->ipc_steps = 0;  // fresh events: nothing recorded yet
+  current_.set->ipc_steps = 0;          // fresh events: nothing recorded yet
+  current_.set->ipc_last_drained = true;  // and every member's reads are done (the barrier)
   return Status::ok();
 }
 
@@ -110,7 +111,7 @@ void DeviceExecutor::dropPhaseA() {
 }
 
 // Note [IPC step protocol], over the windows of `span` bytes: (a)-(d) with interprocess events
-// on the device, or the host-ordered variant.
+// on the device; host-ordered, the op's first step is drained instead.
 Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& write,
                                 const IpcRead& read) {
   const bool host_ordered = ipc().hostOrdered();
@@ -122,17 +123,18 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
   for (size_t lo = 0; lo < span; lo += window) {
     const size_t n = std::min(window, span - lo);
     const int slot = static_cast<int>(current_.set->ipc_steps++ % cuda::kIpcSlots);
-    if (!host_ordered) HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));  // (a)
-    HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));         // (b)
-    if (host_ordered) {
-      HVD_RETURN_IF_ERROR(waitForOwnStream());
-    } else {
-      HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
+    const bool drained = host_ordered && lo == 0;  // the same on every member
+    if (!current_.set->ipc_last_drained) {
+      HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));  // (a)
     }
+    HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));  // (b)
+    if (drained) HVD_RETURN_IF_ERROR(waitForOwnStream());
+    HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
     HVD_RETURN_IF_ERROR(algo::barrier(comm));  // (c)
-    if (!host_ordered) HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
+    if (!drained) HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
     HVD_RETURN_IF_ERROR(read(slot, lo, n));  // (d)
-    if (!host_ordered) HVD_RETURN_IF_ERROR(ipc().recordReadsDone(slot));
+    HVD_RETURN_IF_ERROR(ipc().recordReadsDone(slot));
+    current_.set->ipc_last_drained = drained;
   }
   return Status::ok();
 }

@@ -35,18 +35,19 @@ namespace nccl = transport::nccl;
 //   round trip is the one barrier per step (none waits for the device), and a later op's
 //   writes are ordered after this op's reads by (a).
 //
-//   Host-ordered variant (HVD_IPC_ORDER=host, the default; the set runs it when any member
-//   asks): no stream ever waits on another process. Phase A (DeviceExecutor::awaitProducers)
-//   holds the op, without blocking the loop, until its inputs' producers finished. Then each
-//   step is (b) r writes its slot and waits on the host for its own stream — only its own
-//   copies and kernels are queued, so the wait is short — (c) the host barrier, (d) the reads.
-//   Passing barrier s means every member's write of step s landed and, since each waited for
-//   its whole stream, every member's reads of steps before s finished: the write of step s+1
-//   goes to the other slot, and that of step s+2 (to this one) comes after barrier s+1, when
-//   the reads of step s are done. No events are waited on. Why it is the default: on a GPU
-//   that time-slices between processes (no MPS), a stream blocked on another process's event
-//   holds the GPU until its time slice ends; measured on one H100, a 4-byte allreduce of two
-//   ranks took ~535 us device-ordered (benchmarks/RESULTS.md, issue #19).
+//   Host-ordered first step (HVD_IPC_ORDER=host, the default; the set runs it when any
+//   member asks). Phase A (DeviceExecutor::awaitProducers) holds the op, without blocking the
+//   loop, until its inputs' producers finished. The op's first step is then drained: after (b)
+//   r waits on the host for its own stream — only its own copies and kernels are queued, so
+//   the wait is short — and at (c) no stream waits on a peer's input_ready: passing the
+//   barrier means every member's write landed. Passing it also means every member's reads of
+//   the steps before finished (each waited for its whole stream), so the next step skips (a).
+//   The op's later steps (chunks) are device-ordered, so that chunk k+1's copy overlaps chunk
+//   k's reduction; every step records both events, which keeps (a) and (c) valid for them.
+//   Why: on a GPU that time-slices between processes (no MPS), every cross-process wait costs
+//   a context switch. Measured on one H100 (benchmarks/RESULTS.md, issue #19), 2 ranks:
+//   fully host-ordered vs device-ordered, 4 B 477 vs 598 us per allreduce, 1 MiB 1.69 vs
+//   1.35 GB/s, 64 MiB 75 vs 67 GB/s — but 256 MiB (four chunks) 88 vs 121 GB/s.
 
 // Note [IPC teardown]
 //   CUDA: "Calling cudaFree on an exported memory region before calling cudaIpcCloseMemHandle
