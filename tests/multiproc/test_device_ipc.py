@@ -212,11 +212,12 @@ def test_sub_allocated_staging_buffers_read_the_right_bytes(fake_cuda, np_):
 
 
 def ordered_steps():
-    """Allreduces that fit a slot, then one that takes two steps (chunks): how many stream
-    waits on interprocess events this rank queued after each (Note [IPC step protocol])."""
+    """Allreduces that fit a slot, one that takes two steps (chunks), then one that fits
+    again: how many stream waits on interprocess events this rank queued in each part
+    (Note [IPC step protocol])."""
     hvd = device_ops.init()
     f = device_ops.fakes()
-    device_ops.allreduce(np.ones(MAX_SLOT // 8, np.float32), hvd.Sum, "grow")  # largest slot
+    device_ops.allreduce(np.ones(MAX_SLOT // 4, np.float32), hvd.Sum, "grow")  # largest slot
     for i in range(4):
         x = checks.make_input(np.float32, 1000 + i, hvd.rank(), f"o{i}")
         want = checks.reference(checks.all_inputs(np.float32, 1000 + i, hvd.size(), f"o{i}"),
@@ -227,7 +228,11 @@ def ordered_steps():
     big = np.full(MAX_SLOT // 4 + 1000, float(hvd.rank() + 1), np.float32)  # two steps
     n = hvd.size()
     assert (device_ops.allreduce(big, hvd.Sum, "big") == n * (n + 1) / 2).all()
-    return device_ops.gpu_path(), single, f.cuda.fakeCudaIpcEventWaits() - single
+    chunked = f.cuda.fakeCudaIpcEventWaits() - single
+    x = np.full(10, float(hvd.rank() + 1), np.float32)
+    assert (device_ops.allreduce(x, hvd.Sum, "after") == n * (n + 1) / 2).all()
+    after = f.cuda.fakeCudaIpcEventWaits() - single - chunked
+    return device_ops.gpu_path(), single, chunked, after
 
 
 @pytest.mark.parametrize("orders,single_waits", [
@@ -237,15 +242,18 @@ def ordered_steps():
 ], ids=["device", "host", "mixed-asks-host"])
 def test_steps_ordered_on_the_host_or_by_interprocess_events(fake_cuda, orders, single_waits):
     """Host-ordered, ops of one step wait on no interprocess event; a chunked op's later
-    steps do (device-ordered, so that they overlap); device-ordered, every step does."""
+    steps do (device-ordered, so that they overlap), and so the next op's first step waits
+    for the peers' reads of its slot — that wait alone; device-ordered, every step waits for
+    the peers' reads and their inputs."""
     kwargs = ipc_envs(fake_cuda, 3)
     for r, order in enumerate(orders):
         kwargs["rank_env"][r]["HVD_IPC_ORDER"] = order
     for r in run_ranks(ordered_steps, 3, timeout=240, **kwargs):
-        path, single, chunked = r.value
+        path, single, chunked, after = r.value
         assert path == IPC
         assert (single > 0) == single_waits, (orders, single)
         assert chunked > 0, (orders, chunked)
+        assert after == (2 if single_waits else 1) * (3 - 1), (orders, after)
 
 
 def test_device_ordered_suites(fake_cuda):

@@ -102,10 +102,11 @@ const std::vector<Knob>& knobs() {
                   "memory and shm/tcp), nccl or ipc (fail instead of staging), or staged."},
                  &Config::gpu_path),
       stringKnob({"HVD_IPC_ORDER", nullptr, "string", "host",
-                  "How ranks sharing one GPU order their CUDA IPC steps: host (each rank's "
-                  "copy into its slot finishes before a host barrier, so no stream waits on "
-                  "another process; the default: on a time-sliced GPU a cross-process wait "
-                  "costs hundreds of microseconds) or device (interprocess events only)."},
+                  "How ranks sharing one GPU order their CUDA IPC steps: host (the default: "
+                  "an op's first step waits on the host for each rank's own copy before the "
+                  "barrier instead of a stream waiting on another process's event; later "
+                  "chunks of a large op use events) or device (interprocess events only). "
+                  "The set uses host when any member asks for it."},
                  &Config::ipc_order),
       tunable(boolKnob({"HVD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", "bool",
                         "false",
@@ -237,7 +238,10 @@ const char* expectation(const Knob& knob) {
     case Kind::kInt: return knob.minimum > 0 ? "an integer >= 1" : "an integer >= 0";
     case Kind::kBytes: return knob.minimum > 0 ? "a byte count >= 4096" : "a byte count >= 0";
     case Kind::kBool: return "one of 1/0/true/false/yes/no/on/off";
-    case Kind::kString: return "auto, tcp or shm";
+    case Kind::kString:
+      if (knob.string_field == &Config::ipc_order) return "host or device";
+      if (knob.string_field == &Config::gpu_path) return "auto, nccl, ipc or staged";
+      return "auto, tcp or shm";
     case Kind::kDocOnly: break;
   }
   return "a valid value";
@@ -267,8 +271,10 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
     }
     case Kind::kString: {
       if (knob.string_field == &Config::ipc_order) {
-        if (value != "host" && value != "device") return false;
-        config->*knob.string_field = value;
+        std::string v;
+        for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        if (v != "host" && v != "device") return false;
+        config->*knob.string_field = v;
       } else if (knob.string_field == &Config::transport ||
                  knob.string_field == &Config::gpu_path) {
         std::string v;

@@ -126,6 +126,7 @@ class DeviceExecutor : public OpExecutor {
   common::Status ipcAlltoall(OpContext& op);
   common::Status ipcReducescatter(OpContext& op);
   common::Status packWindow(const OpContext& op, uint8_t* dst, size_t lo, size_t n);
+  common::Status ipcOutput(size_t bytes, OpResult* result, uint8_t** out);
   common::Status deviceOutput(size_t bytes, OpResult* result);
   bool stagesThroughHost(const OpContext& op) const;
   common::Status packInputs(const OpContext& op, uint8_t* base, bool zero_missing);
@@ -140,7 +141,8 @@ class DeviceExecutor : public OpExecutor {
   // The host-ordered IPC path's phase A: the inputs' producers finished (device_ipc_ops.cc).
   common::Status awaitProducers(OpContext& op, bool* ready);
   void dropPhaseA();  // its op runs now: the event goes back to the stream
-  common::Status waitForOwnStream();  // host-ordered IPC step: this rank's copy landed
+  // The host-ordered IPC step's wait for this rank's copy (device_ipc_ops.cc).
+  common::Status waitForOwnStream(transport::Comm& comm);
   common::Status takeStaged(uint8_t** in, uint8_t** out);
   common::Status stagedInput(OpContext& op, uint8_t** in, uint8_t** out);
   common::Status stageOutput(OpContext& op, void* device, const void* host, size_t bytes);

@@ -26,6 +26,7 @@
 #include "runtime/device_path.h"
 #include "runtime/op_layout.h"
 #include "transport/cuda/device_kernels.h"
+#include "transport/mesh.h"
 
 namespace hvd::runtime {
 
@@ -128,7 +129,7 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
       HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));  // (a)
     }
     HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));  // (b)
-    if (drained) HVD_RETURN_IF_ERROR(waitForOwnStream());
+    if (drained) HVD_RETURN_IF_ERROR(waitForOwnStream(comm));
     HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
     HVD_RETURN_IF_ERROR(algo::barrier(comm));  // (c)
     if (!drained) HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
@@ -139,18 +140,34 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
   return Status::ok();
 }
 
-// The host-ordered step's wait: only this rank's own copies and kernels are queued (the
-// producers finished in phase A), so it is short; HVD_TIMEOUT bounds a device that hangs.
-Status DeviceExecutor::waitForOwnStream() {
+// The host-ordered step's wait: the producers finished in phase A, so what is queued is this
+// rank's own copies and kernels — and, after a chunked op, its device wait for the peers'
+// reads of the slot. Short, but a peer that died there never signals: HVD_TIMEOUT bounds it,
+// and abort() ends it at once.
+Status DeviceExecutor::waitForOwnStream(transport::Comm& comm) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(config_.timeout_seconds));
-  if (stream().drain(deadline, std::chrono::microseconds(kIpcStepSpinMicroseconds))) {
+  transport::Mesh& mesh = comm.mesh();
+  if (stream().drain(deadline, std::chrono::microseconds(kIpcStepSpinMicroseconds),
+                     [&mesh] { return mesh.aborted(); })) {
     return Status::ok();
   }
+  if (mesh.aborted()) return common::aborted("aborted");
   return common::timedOut("CUDA IPC: this rank's copy into its staging slot did not finish "
                           "within HVD_TIMEOUT=" + std::to_string(config_.timeout_seconds) +
                           " s (the GPU is stuck or the stream failed)");
+}
+
+// Note [IPC output after the drain]: a pooled output block may come with a device wait for its
+// last users, recorded on the caller's stream behind queued training kernels; taken before a
+// host-ordered op's first step, that wait would sit inside the step's host wait
+// (waitForOwnStream). So the ops take their output in their first read, after it.
+Status DeviceExecutor::ipcOutput(size_t bytes, OpResult* result, uint8_t** out) {
+  if (*out != nullptr || result->buffer != nullptr) return Status::ok();
+  HVD_RETURN_IF_ERROR(deviceOutput(bytes, result));
+  *out = static_cast<uint8_t*>(result->buffer->data);
+  return Status::ok();
 }
 
 // dst[0 .. bytes) = the reduction of every member's slot bytes [src_offset, +bytes), with the
@@ -244,9 +261,7 @@ Status DeviceExecutor::ipcReducescatter(OpContext& op) {
   std::vector<size_t> shard_bytes;
   for (size_t c : layout.counts) shard_bytes.push_back(c * elem);
   const size_t mine_at = offsets(shard_bytes)[me], mine_bytes = shard_bytes[me];
-  HVD_RETURN_IF_ERROR(deviceOutput(mine_bytes, op.result));
-  op.result->shape = layout.shape;
-  auto* out = static_cast<uint8_t*>(op.result->buffer->data);
+  uint8_t* out = nullptr;  // Note [IPC output after the drain]
   const auto* in = op.entries[0] != nullptr ? static_cast<const uint8_t*>(op.entries[0]->input)
                                             : nullptr;  // a joined rank contributes zeros
   op.activities.start("CUDA_IPC_REDUCESCATTER");
@@ -256,10 +271,13 @@ Status DeviceExecutor::ipcReducescatter(OpContext& op) {
         return in != nullptr ? stream().copy(slot, in + lo, n) : stream().zero(slot, n);
       },
       [&](int slot, size_t lo, size_t n) {
+        HVD_RETURN_IF_ERROR(ipcOutput(mine_bytes, op.result, &out));
         const auto [start, length] = overlap(mine_at, mine_bytes, lo, n);
         return ipcReduce(op, slot, start - lo, out + (start - mine_at), length,
                          postFactor(r, op.comm.size()));
       }));
+  HVD_RETURN_IF_ERROR(ipcOutput(mine_bytes, op.result, &out));
+  op.result->shape = layout.shape;
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kReducescatter), layout.input_bytes, 1);
   return Status::ok();
@@ -267,9 +285,7 @@ Status DeviceExecutor::ipcReducescatter(OpContext& op) {
 
 Status DeviceExecutor::ipcAllgather(OpContext& op) {
   const GatherLayout layout = allgatherLayout(op.response);
-  HVD_RETURN_IF_ERROR(deviceOutput(layout.total, op.result));
-  op.result->shape = layout.shape;
-  auto* out = static_cast<uint8_t*>(op.result->buffer->data);
+  uint8_t* out = nullptr;  // Note [IPC output after the drain]
   const std::vector<size_t> at = offsets(layout.bytes);
   const size_t span = *std::max_element(layout.bytes.begin(), layout.bytes.end());
   const int me = op.comm.rank();
@@ -283,6 +299,7 @@ Status DeviceExecutor::ipcAllgather(OpContext& op) {
         return length > 0 ? stream().copy(slot, in + lo, length) : Status::ok();
       },
       [&](int slot, size_t lo, size_t n) {
+        HVD_RETURN_IF_ERROR(ipcOutput(layout.total, op.result, &out));
         for (int m = 0; m < op.comm.size(); ++m) {
           const size_t length = overlap(0, layout.bytes[m], lo, n).second;
           if (length > 0) {
@@ -291,6 +308,8 @@ Status DeviceExecutor::ipcAllgather(OpContext& op) {
         }
         return Status::ok();
       }));
+  HVD_RETURN_IF_ERROR(ipcOutput(layout.total, op.result, &out));
+  op.result->shape = layout.shape;
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAllgather), layout.total, 1);
   return Status::ok();
@@ -331,10 +350,7 @@ Status DeviceExecutor::ipcBroadcast(OpContext& op) {
 Status DeviceExecutor::ipcAlltoall(OpContext& op) {
   const int me = op.comm.rank(), n_members = op.comm.size();
   const AlltoallLayout mine = alltoallLayout(op.response, me, n_members);
-  HVD_RETURN_IF_ERROR(deviceOutput(mine.total, op.result));
-  op.result->shape = mine.shape;
-  op.result->received_splits = mine.received_splits;
-  auto* out = static_cast<uint8_t*>(op.result->buffer->data);
+  uint8_t* out = nullptr;  // Note [IPC output after the drain]
   const std::vector<size_t> recv_at = offsets(mine.recv);
   std::vector<size_t> block_at(n_members), input_bytes(n_members);  // in member m's input
   for (int m = 0; m < n_members; ++m) {
@@ -354,6 +370,7 @@ Status DeviceExecutor::ipcAlltoall(OpContext& op) {
         return length > 0 ? stream().copy(slot, in + lo, length) : Status::ok();
       },
       [&](int slot, size_t lo, size_t n) {
+        HVD_RETURN_IF_ERROR(ipcOutput(mine.total, op.result, &out));
         for (int m = 0; m < n_members; ++m) {
           const auto [start, length] = overlap(block_at[m], mine.recv[m], lo, n);
           if (length == 0) continue;
@@ -362,6 +379,9 @@ Status DeviceExecutor::ipcAlltoall(OpContext& op) {
         }
         return Status::ok();
       }));
+  HVD_RETURN_IF_ERROR(ipcOutput(mine.total, op.result, &out));
+  op.result->shape = mine.shape;
+  op.result->received_splits = mine.received_splits;
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAlltoall), mine.total, 1);
   return Status::ok();

@@ -44,10 +44,11 @@ namespace nccl = transport::nccl;
 //   the steps before finished (each waited for its whole stream), so the next step skips (a).
 //   The op's later steps (chunks) are device-ordered, so that chunk k+1's copy overlaps chunk
 //   k's reduction; every step records both events, which keeps (a) and (c) valid for them.
-//   Why: on a GPU that time-slices between processes (no MPS), every cross-process wait costs
-//   a context switch. Measured on one H100 (benchmarks/RESULTS.md, issue #19), 2 ranks:
-//   fully host-ordered vs device-ordered, 4 B 477 vs 598 us per allreduce, 1 MiB 1.69 vs
-//   1.35 GB/s, 64 MiB 75 vs 67 GB/s — but 256 MiB (four chunks) 88 vs 121 GB/s.
+//   Why: a stream waiting on another process's event seems to cost extra on a GPU that
+//   time-slices between processes (no MPS). Measured once on one H100 (benchmarks/RESULTS.md,
+//   issue #19), 2 ranks, fully host-ordered vs device-ordered: 4 B 477 vs 598 us per
+//   allreduce, 1 MiB 1.69 vs 1.35 GB/s, 64 MiB 75 vs 67 GB/s (within run-to-run noise) — and
+//   256 MiB (four chunks) 88 vs 121 GB/s, hence device order for the later chunks.
 
 // Note [IPC teardown]
 //   CUDA: "Calling cudaFree on an exported memory region before calling cudaIpcCloseMemHandle

@@ -145,7 +145,7 @@ bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline) {
 }
 
 bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline,
-                         std::chrono::microseconds spin) {
+                         std::chrono::microseconds spin, const std::function<bool()>& stop) {
   CudaEvent marker = nullptr;
   if (!record(&marker).isOk()) return false;
   bool finished = false;
@@ -153,7 +153,7 @@ bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline,
   auto nap = std::chrono::microseconds(20);
   while (query(marker, &finished).isOk() && !finished) {
     const auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) break;
+    if (now >= deadline || (stop && stop())) break;
     if (now < spin_until) {
       std::this_thread::yield();
     } else {

@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -87,7 +88,9 @@ class DeviceStream {
   bool drain(std::chrono::steady_clock::time_point deadline);
   // Like drain(), for short waits on the hot path: polls for up to `spin`, yielding the core
   // between polls, then sleeps between polls (20 us, doubling to 1 ms) until the deadline.
-  bool drain(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin);
+  // `stop` (may be empty) ends the wait early, e.g. when the job aborted.
+  bool drain(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin,
+             const std::function<bool()>& stop);
 
   // Completion events, pooled. record() marks everything queued so far; query() never blocks;
   // release() returns the event to the pool once nobody waits on it any more.
