@@ -215,12 +215,15 @@ def error(n, d):
     except RuntimeError as e:
         return str(e)
     return "no error"
+print(error([nvrtc], ["/nonexistent/libcuda.so.1"]))  # the driver loads first
 print(error(["/nonexistent/libnvrtc.so.12", "libnvrtc-nonexistent.so.12"], [driver]))
 print(error([cudart], [driver]))
 os.environ["FAKE_NVRTC_VERSION"] = "11010"
 print(error([nvrtc], [driver]))
-del os.environ["FAKE_NVRTC_VERSION"]
-print(error([nvrtc], ["/nonexistent/libcuda.so.1"]))
+os.environ["FAKE_NVRTC_VERSION"] = "13000"
+os.environ["FAKE_CUDA_DRIVER_VERSION"] = "12080"
+print(error([nvrtc], [driver]))
+del os.environ["FAKE_NVRTC_VERSION"], os.environ["FAKE_CUDA_DRIVER_VERSION"]
 print(error([nvrtc], [driver]))
 """
 
@@ -231,7 +234,7 @@ def test_missing_or_unusable_libraries_are_named_with_the_fix(fake_cuda):
                            fake_cuda.cudart], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": tests_dir})
     assert proc.returncode == 0, proc.stderr
-    missing, wrong, old, no_driver, ok = proc.stdout.splitlines()
+    no_driver, missing, wrong, old, too_new, ok = proc.stdout.splitlines()
     assert missing.startswith("NVRTC was not found (looked for /nonexistent/libnvrtc.so.12, "
                               "libnvrtc-nonexistent.so.12)") or "not found" in missing, missing
     assert "pip install nvidia-cuda-nvrtc-cu12" in missing
@@ -239,4 +242,6 @@ def test_missing_or_unusable_libraries_are_named_with_the_fix(fake_cuda):
     assert "is NVRTC 11.1; this core needs 11.2 or newer" in old
     assert "/nonexistent/libcuda.so.1 not found" in no_driver
     assert "install or update the NVIDIA driver" in no_driver
+    assert "is NVRTC 13.0, newer than the driver's CUDA 12.8" in too_new, too_new
+    assert "nvidia-cuda-nvrtc-cu12" in too_new, too_new
     assert ok == "no error"

@@ -79,8 +79,8 @@ common::Status loadLibraries() {
     nvrtc = state().nvrtc;
     driver = state().driver;
   }
-  HVD_RETURN_IF_ERROR(loadNvrtc(nvrtc));
-  return loadCudaDriver(driver);
+  HVD_RETURN_IF_ERROR(loadCudaDriver(driver));  // first: NVRTC is checked against it
+  return loadNvrtc(nvrtc);
 }
 
 // The current thread's context and its device. When the thread has none (no runtime call made

@@ -3,7 +3,10 @@
 //   (b) dlopen(RTLD_NOW | RTLD_LOCAL) — a corrupt file or a missing dependency fails here;
 //   (c) the version entry point (nvrtcVersion / cuDriverGetVersion) must exist and answer;
 //   (d) the version must be at least the minimum in api.h;
-//   (e) every other symbol of the table must resolve.
+//   (e) every other symbol of the table must resolve;
+//   (f) NVRTC only, once the driver is loaded: NVRTC's CUDA major version must not be newer
+//       than the driver's — its cubins would not load (cuModuleLoadData) — so that an older
+//       NVRTC later in the list (the CUDA 12 wheel beside torch's CUDA 13 one) is taken.
 // As in transport/nccl/loader.cc, a rejected candidate is closed again and the first usable
 // one is published and never closed (modules and launched kernels may outlive any caller).
 #include "transport/cuda/kernel_libraries.h"
@@ -89,20 +92,37 @@ std::string versionText(int code) {
 template <typename Api>
 struct Library {
   Library(const char* title_, const char* version_symbol_, int min_version_, const char* fix_,
-          void (*bind_)(Binder&, Api*), int (*version_)(Api*, int*))
+          void (*bind_)(Binder&, Api*), int (*version_)(Api*, int*),
+          std::string (*compatible_)(int) = nullptr)
       : title(title_), version_symbol(version_symbol_), min_version(min_version_), fix(fix_),
-        bind(bind_), version(version_) {}
+        bind(bind_), version(version_), compatible(compatible_) {}
   const char* title;                     // "NVRTC", "the CUDA driver"
   const char* version_symbol;
   int min_version;
   const char* fix;                       // ends every error message
   void (*bind)(Binder&, Api*);
   int (*version)(Api*, int*);
+  std::string (*compatible)(int code);  // (f): "" when usable here, else why not; may be null
   std::mutex mu;
   Api table;
   std::atomic<const Api*> published{nullptr};
   std::string description;
 };
+
+const DriverApi* loadedDriver();
+
+// (f) for an NVRTC of version `code`.
+std::string nvrtcMatchesDriver(int code) {
+  const DriverApi* cu = loadedDriver();
+  int driver = 0;
+  if (cu == nullptr || cu->driverGetVersion(&driver) != 0) return "";
+  if (code / 1000 <= driver / 1000) return "";
+  return "is NVRTC " + versionText(code) + ", newer than the driver's CUDA " +
+         versionText(driver) + " (the kernels it compiles would not load): update the NVIDIA "
+         "driver, or let an NVRTC " + std::to_string(driver / 1000) + ".x come first "
+         "(HVD_NVRTC_LIBRARY, or pip install nvidia-cuda-nvrtc-cu" +
+         std::to_string(driver / 1000) + ")";
+}
 
 Library<NvrtcApi>& nvrtc() {
   static Library<NvrtcApi> lib{
@@ -110,7 +130,7 @@ Library<NvrtcApi>& nvrtc() {
       "Device reductions compile their kernels at run time with NVRTC 11.2 or newer: pip "
       "install nvidia-cuda-nvrtc-cu12 (or nvidia-cuda-nvrtc for CUDA 13), or install a PyTorch "
       "build with CUDA (it ships libnvrtc), or set HVD_NVRTC_LIBRARY to a libnvrtc.so path.",
-      &bindNvrtc, &nvrtcVersionCode};
+      &bindNvrtc, &nvrtcVersionCode, &nvrtcMatchesDriver};
   return lib;
 }
 
@@ -155,6 +175,8 @@ std::string tryCandidate(Library<Api>& lib, const std::string& candidate, std::s
   } else if (!binder.missing().empty()) {  // (e)
     why = "is " + std::string(lib.title) + " " + versionText(code) + " but lacks " +
           binder.missing();
+  } else if (lib.compatible != nullptr) {  // (f)
+    why = lib.compatible(code);
   }
   if (!why.empty()) {
     dlclose(handle);
@@ -200,6 +222,10 @@ common::Status loadNvrtc(const std::vector<std::string>& candidates) {
 common::Status loadCudaDriver(const std::vector<std::string>& candidates) {
   return load(driver(), candidates);
 }
+
+namespace {
+const DriverApi* loadedDriver() { return driver().published.load(std::memory_order_acquire); }
+}  // namespace
 
 const NvrtcApi* nvrtcApi() { return nvrtc().published.load(std::memory_order_acquire); }
 const DriverApi* driverApi() { return driver().published.load(std::memory_order_acquire); }
