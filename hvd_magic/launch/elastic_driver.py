@@ -44,6 +44,9 @@ _POLL_SECONDS = 1.0
 def check_args(args) -> None:
     """Validate the elastic flags (ValueError with the fix)."""
     if args.min_np is None and args.max_np is None and args.host_discovery_script is None:
+        if getattr(args, "blacklist_cooldown_range", None):
+            raise ValueError("--blacklist-cooldown-range is for elastic jobs (--min-np/--max-np/"
+                             "--host-discovery-script)")
         return
     if args.max_np is None and args.host_discovery_script is None:
         raise ValueError("elastic mode needs --max-np (slots on this machine) or "
@@ -63,6 +66,17 @@ def check_args(args) -> None:
     if args.hosts or args.hostfile:
         raise ValueError("elastic mode takes its hosts from --host-discovery-script (or "
                          "localhost with --max-np slots), not -H/-hostfile")
+    cooldown = getattr(args, "blacklist_cooldown_range", None)
+    if cooldown:
+        low, high = cooldown
+        lo_limit, hi_limit = elastic_hosts.COOLDOWN_LIMITS
+        if not lo_limit <= low <= high <= hi_limit:
+            raise ValueError(f"--blacklist-cooldown-range needs {lo_limit} <= MIN <= MAX <= "
+                             f"{hi_limit} seconds, got {low} {high}")
+        if not args.host_discovery_script:
+            raise ValueError("--blacklist-cooldown-range applies to hosts a "
+                             "--host-discovery-script lists; without one, a failed worker's "
+                             "slot on this machine is retired, not blacklisted")
 
 
 class ElasticJob(ProcessJob):
@@ -108,7 +122,12 @@ class ElasticJob(ProcessJob):
                     self._on_event(kind, payload)
 
     def _on_event(self, kind, payload) -> None:
-        if kind == "hosts" and self.book.update(payload) and not self._finishing:
+        if kind == "tick":
+            back = self.book.resurrect()
+            if back and not self._finishing:
+                self.reform(f"{', '.join(back)} left the blacklist (cooldown over)",
+                            only_if_changed=True)
+        elif kind == "hosts" and self.book.update(payload) and not self._finishing:
             self.reform("the discovered hosts changed: " +
                         ",".join(f"{h}:{n}" for h, n in payload.items()), only_if_changed=True)
         elif kind == "reset":
@@ -235,6 +254,7 @@ class ElasticJob(ProcessJob):
 def _discovery_loop(job: ElasticJob, script: str, slots_per_host, stop: threading.Event):
     last, reported = None, None
     while not stop.wait(_POLL_SECONDS):
+        job.post("tick", None)  # blacklist cooldowns are checked on the loop thread (rule D)
         try:
             found = elastic_hosts.run_discovery(script, slots_per_host)
         except DiscoveryError as exc:
@@ -277,7 +297,8 @@ def run_elastic(args, command, env, output, install_signals) -> int:
     if hosts is None:
         return 1
     secret, job_id = secrets.token_bytes(32), uuid.uuid4().hex[:12]
-    book = HostBook(slots=hosts, blacklisting=bool(args.host_discovery_script))
+    book = HostBook(slots=hosts, blacklisting=bool(args.host_discovery_script),
+                    cooldown=tuple(getattr(args, "blacklist_cooldown_range", None) or ()) or None)
     holder: list = []
     server = RendezvousServer(secret, host="127.0.0.1",
                               on_set=lambda key: holder and holder[0].on_store_set(key))

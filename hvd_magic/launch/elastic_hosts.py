@@ -9,16 +9,24 @@ Horovod's meaning, kept here:
   that disappears is removed (its workers stop), a new host or new slots are added.
 - Without a script: ``localhost`` with ``--max-np`` slots.
 - A host where a worker failed is blacklisted: none of its slots is used again and its other
-  workers leave the job. Exception: without a discovery script the only host is this machine,
+  workers leave the job — for good, or with ``--blacklist-cooldown-range MIN MAX`` until a
+  cooldown ends: ``MIN·2^k + U(0,1)·MIN`` seconds at the host's k-th blacklisting, kept within
+  ``[MIN, MAX]`` (a failure during the cooldown does not extend it); then the host is used
+  again while discovery lists it. Exception: without a discovery script the only host is this machine,
   and blacklisting it would end every job at its first failure, so there only the failed
   worker's slot is retired (Horovod ends such a job instead).
 """
 from __future__ import annotations
 
+import random
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 from . import hosts as hostlib
+
+
+COOLDOWN_LIMITS = (1, 3600)  # seconds: Horovod's bounds for --blacklist-cooldown-range
 
 
 class DiscoveryError(RuntimeError):
@@ -89,6 +97,11 @@ class HostBook:
     blacklist: set = field(default_factory=set)
     retired: set = field(default_factory=set)    # (host, slot)
     blacklisting: bool = True
+    cooldown: tuple | None = None                # (MIN, MAX) seconds, or blacklisted for good
+    until: dict = field(default_factory=dict)    # host -> clock() when its cooldown ends
+    strikes: dict = field(default_factory=dict)  # host -> times it was blacklisted
+    clock: object = time.monotonic
+    jitter: object = random.random
 
     def update(self, discovered: dict) -> bool:
         """Take a new discovery result; True when it changed the hosts or their slots."""
@@ -97,10 +110,26 @@ class HostBook:
         return changed
 
     def failed(self, worker: Worker) -> None:
-        if self.blacklisting:
-            self.blacklist.add(worker.host)
-        else:
+        if not self.blacklisting:
             self.retired.add((worker.host, worker.slot))
+            return
+        self.blacklist.add(worker.host)
+        now = self.clock()
+        if self.cooldown is None or self.until.get(worker.host, 0) > now:
+            return
+        low, high = self.cooldown
+        strikes = self.strikes[worker.host] = self.strikes.get(worker.host, 0) + 1
+        delay = low * (1 << min(strikes, 30)) + self.jitter() * low
+        self.until[worker.host] = now + max(low, min(high, delay))
+
+    def resurrect(self) -> list:
+        """Hosts whose cooldown ended, taken off the blacklist (in first-seen order)."""
+        now = self.clock()
+        back = [h for h, end in self.until.items() if end <= now]
+        for host in back:
+            del self.until[host]
+            self.blacklist.discard(host)
+        return back
 
     def plan(self, workers: list, max_np: int) -> Plan:
         """Survivors keep their relative order (the lowest surviving rank becomes rank 0 and

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait for --min-np slots at start (default 600)")
     e.add_argument("--reset-limit", type=int,
                    help="fail the job after this many re-formings (default: no limit)")
+    e.add_argument("--blacklist-cooldown-range", type=int, nargs=2, metavar=("MIN", "MAX"),
+                   help="a blacklisted host is used again after MIN*2^k + U(0,1)*MIN seconds "
+                   "(its k-th blacklisting), at most MAX (default: never)")
     t = p.add_argument_group("tunables (become HVD_* variables)")
     t.add_argument("--fusion-threshold-mb", type=float)
     t.add_argument("--cycle-time-ms", type=float)

@@ -140,6 +140,21 @@ def test_failed_host_is_blacklisted_and_its_other_worker_leaves(tmp_path, no_lea
     assert _sizes(commits) == [(1, 4), (2, 2)]
 
 
+def test_blacklisted_host_returns_after_its_cooldown(tmp_path, no_leaks):
+    """--blacklist-cooldown-range 1 2: the failed host leaves (generation 2 of 2 workers) and
+    comes back once its cooldown (2 s here) is over (generation 3 of 4), every sample still
+    trained exactly once."""
+    discover, _ = _discovery(tmp_path, "127.0.0.1:2\n127.0.0.2:2\n")
+    res, records = _train(tmp_path, "cooldown", "--min-np", "2", "--max-np", "4",
+                          "--host-discovery-script", discover,
+                          "--blacklist-cooldown-range", "1", "2", epochs=1,
+                          extra=("--kill", "127.0.0.2[0]:0:5", "--step-sleep", "0.15"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "127.0.0.2 left the blacklist (cooldown over)" in res.stderr, res.stderr[-3000:]
+    commits = _check_every_sample_once(records, epochs=1)
+    assert _sizes(commits) == [(1, 4), (2, 2), (3, 4)], res.stderr[-2000:]
+
+
 def test_below_min_np_fails_cleanly_and_quickly(tmp_path, no_leaks):
     start = time.monotonic()
     res, _ = _train(tmp_path, "below", "-np", "2", "--min-np", "2", "--max-np", "2",
@@ -185,6 +200,13 @@ def test_reset_limit_ends_the_job(tmp_path, no_leaks):
     (["-np", "5", "--min-np", "2", "--max-np", "4"], "-np 5 must lie between"),
     (["--min-np", "1", "--max-np", "2", "-H", "localhost:2"], "not -H/-hostfile"),
     (["--min-np", "1", "--max-np", "2", "--reset-limit", "-1"], "--reset-limit must be >= 0"),
+    (["--min-np", "1", "--max-np", "2", "--host-discovery-script", "/bin/true",
+      "--blacklist-cooldown-range", "0", "5"], "needs 1 <= MIN <= MAX <= 3600"),
+    (["--min-np", "1", "--max-np", "2", "--host-discovery-script", "/bin/true",
+      "--blacklist-cooldown-range", "5", "4000"], "needs 1 <= MIN <= MAX <= 3600"),
+    (["--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "1", "5"],
+     "applies to hosts a --host-discovery-script lists"),
+    (["-np", "2", "--blacklist-cooldown-range", "1", "5"], "is for elastic jobs"),
 ])
 def test_bad_elastic_arguments(argv, message, no_leaks):
     res = hvdrun(*argv, sys.executable, "-c", "pass", timeout=60)

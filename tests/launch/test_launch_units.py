@@ -197,3 +197,32 @@ def test_rankwrap_tags_lines_and_reports_exit(no_leaks):
     assert res.returncode == 4
     assert res.stdout == "[3]<stdout>:a\n"
     assert res.stderr == "[3]<stderr>:b\n[3]<exit>:4\n"
+
+
+def test_blacklist_cooldown_grows_and_ends():
+    """--blacklist-cooldown-range MIN MAX, Horovod's schedule: MIN*2^k + U(0,1)*MIN at the k-th
+    blacklisting, within [MIN, MAX]; a failure inside the cooldown does not extend it; the host
+    comes back when it ends."""
+    from hvd_magic.launch.elastic_hosts import HostBook, Worker
+    now = [100.0]
+    book = HostBook(slots={"a": 2, "b": 2}, cooldown=(2, 10), clock=lambda: now[0],
+                    jitter=lambda: 0.5)
+    bad = Worker(wid="b[0]", host="b", slot=0)
+    book.failed(bad)
+    assert book.blacklist == {"b"} and book.until["b"] == 100.0 + 2 * 2 + 1.0
+    book.failed(bad)  # during the cooldown: unchanged
+    assert book.until["b"] == 105.0 and book.strikes["b"] == 1
+    now[0] = 104.9
+    assert book.resurrect() == [] and "b" in book.blacklist
+    now[0] = 105.0
+    assert book.resurrect() == ["b"] and book.blacklist == set()
+    book.failed(bad)  # second strike: 2*4 + 1 = 9
+    assert book.until["b"] == 105.0 + 9.0
+    now[0] = 114.0
+    assert book.resurrect() == ["b"]
+    book.failed(bad)  # third: 2*8 + 1 = 17, capped at 10
+    assert book.until["b"] == 114.0 + 10
+    forever = HostBook(slots={"a": 2}, clock=lambda: now[0])
+    forever.failed(Worker(wid="a[0]", host="a", slot=0))
+    now[0] = 1e9
+    assert forever.resurrect() == [] and forever.blacklist == {"a"}
