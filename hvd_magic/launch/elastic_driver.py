@@ -20,6 +20,15 @@ C. The first worker to exit 0 means training finished: no more generations. hvdr
    when every worker of the last generation exited 0, else with the first failure's status.
 D. All generation changes happen on the loop thread; the discovery thread and the store's
    ``on_set`` hook only post events and wake the loop.
+
+Note [Elastic jobs across machines]
+A discovered host that is not this machine gets its workers over ssh (remote.py, with -p/-i).
+Ranks find each other at the address their rendezvous address routes through (Note
+[Advertised address] in engine_native/bootstrap.py), so when the first discovery names another
+machine, every worker — this machine's too — is given the store's address on the network that
+reaches those machines, and the store listens on every interface. A job whose first discovery
+names only this machine keeps loopback; another machine discovered later is left out, with a
+note (its workers could not reach the ones listening on loopback).
 """
 from __future__ import annotations
 
@@ -33,8 +42,10 @@ import time
 import uuid
 
 from . import elastic_hosts
+from . import hosts as hostlib
 from .elastic_hosts import DiscoveryError, HostBook, Worker
 from .procs import ProcessJob, describe_exit, exit_status, spawn
+from .remote import spawn_remote
 
 __all__ = ["ElasticJob", "check_args", "run_elastic"]
 
@@ -83,13 +94,18 @@ class ElasticJob(ProcessJob):
     """The driver's loop (Note [Elastic job rules]); run() returns when every worker is gone."""
 
     def __init__(self, output, *, command, env, book: HostBook, min_np, max_np, first_np,
-                 publish, secret_hex, job_id, address, reset_limit=None):
+                 publish, secret_hex, job_id, address, reset_limit=None, ssh_port=None,
+                 ssh_identity=None, spans_machines=False):
         super().__init__(output)
         self.command, self.env, self.book = command, env, book
         self.min_np, self.max_np, self.first_np = min_np, max_np, first_np
         self.reset_limit = reset_limit
         self.publish = publish            # (key, bytes) -> None, into the rendezvous store
         self.secret_hex, self.job_id, self.address = secret_hex, job_id, address
+        self.ssh_port, self.ssh_identity = ssh_port, ssh_identity
+        self.spans_machines = spans_machines  # Note [Elastic jobs across machines]
+        self._refused_hosts: set = set()
+        self._keep: dict = {}             # wid -> fd keeping a remote worker alive (remote.py)
         self.workers: dict = {}
         self.generation = 0
         self.generation_times: list = []  # (generation, monotonic time published, size)
@@ -127,7 +143,8 @@ class ElasticJob(ProcessJob):
             if back and not self._finishing:
                 self.reform(f"{', '.join(back)} left the blacklist (cooldown over)",
                             only_if_changed=True)
-        elif kind == "hosts" and self.book.update(payload) and not self._finishing:
+        elif kind == "hosts" and self.book.update(self._reachable(payload)) \
+                and not self._finishing:
             self.reform("the discovered hosts changed: " +
                         ",".join(f"{h}:{n}" for h, n in payload.items()), only_if_changed=True)
         elif kind == "reset":
@@ -140,11 +157,29 @@ class ElasticJob(ProcessJob):
         elif kind == "note":
             self.output.note(payload)
 
+    def _reachable(self, found: dict) -> dict:
+        """Note [Elastic jobs across machines]: another machine's host, discovered only after a
+        start on this machine alone, is left out (said once per host)."""
+        if self.spans_machines:
+            return found
+        kept = {}
+        for host, slots in found.items():
+            if hostlib.is_local(host):
+                kept[host] = slots
+            elif host not in self._refused_hosts:
+                self._refused_hosts.add(host)
+                self.output.note(f"hvdrun: host {host} is another machine, but this elastic job "
+                                 "started on this machine's hosts only (its workers listen on "
+                                 "loopback), so it is left out; list a remote host in the "
+                                 "discovery script's output from the start to span machines")
+        return kept
+
     # -- ProcessJob hooks ---------------------------------------------------------------------
     def handle_line(self, key, stream: str, text: str) -> None:
         self.output.line(key, stream, text)
 
     def handle_exit(self, key, code: int) -> None:
+        self._let_go(key)
         worker = self.workers[key]
         worker.running, worker.code = False, code
         if key in self._stopped or self.result.failed is not None or self.result.interrupted:
@@ -213,8 +248,19 @@ class ElasticJob(ProcessJob):
         self.result.reason = reason
         self._terminate_all()
 
+    def _let_go(self, wid) -> None:
+        """A remote worker's keep-alive pipe closes: its wrapper ends it (remote.py)."""
+        fd = self._keep.pop(wid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def let_go_all(self) -> None:
+        for wid in list(self._keep):
+            self._let_go(wid)
+
     def _stop_worker(self, worker: Worker) -> None:
         self._stopped.add(worker.wid)
+        self._let_go(worker.wid)
         child = self._children.get(worker.wid)
         if child is not None and not child.exited:
             try:
@@ -224,14 +270,24 @@ class ElasticJob(ProcessJob):
 
     def _start_worker(self, worker: Worker) -> bool:
         env = dict(self.env)
-        env.update(HVD_RENDEZVOUS=self.address, HVD_SECRET=self.secret_hex,
+        local = hostlib.is_local(worker.host)
+        port = self.address.rsplit(":", 1)[1]
+        rendezvous = self.address if local else \
+            f"{hostlib.address_toward([worker.host])}:{port}"  # where that host reaches us
+        env.update(HVD_RENDEZVOUS=rendezvous, HVD_SECRET=self.secret_hex,
                    HVD_JOB_ID=self.job_id, HVD_ELASTIC_WORKER=worker.wid,
                    HVD_ELASTIC_GENERATION=str(self.generation), HVD_HOSTNAME=worker.host,
                    HOROVOD_HOSTNAME=worker.host, HVD_ELASTIC="1", HOROVOD_ELASTIC="1",
                    PYTHONUNBUFFERED="1")
         self.workers[worker.wid] = worker
         try:
-            self.add(worker.wid, spawn(self.command, env))
+            if local:
+                self.add(worker.wid, spawn(self.command, env))
+            else:
+                proc, self._keep[worker.wid] = spawn_remote(
+                    worker.host, self.command, env, os.getcwd(), self.ssh_port,
+                    self.ssh_identity)
+                self.add(worker.wid, proc)
         except OSError as exc:
             worker.running = False
             self.result.failed, self.result.reason = worker.wid, \
@@ -300,16 +356,25 @@ def run_elastic(args, command, env, output, install_signals) -> int:
     book = HostBook(slots=hosts, blacklisting=bool(args.host_discovery_script),
                     cooldown=tuple(getattr(args, "blacklist_cooldown_range", None) or ()) or None)
     holder: list = []
-    server = RendezvousServer(secret, host="127.0.0.1",
+    # A discovery script may name other hosts (now or later): their workers reach the store
+    # on the address that routes to them, so it listens on every interface (it authenticates
+    # every request with the job's secret).
+    server = RendezvousServer(secret, host="0.0.0.0" if args.host_discovery_script
+                              else "127.0.0.1",
                               on_set=lambda key: holder and holder[0].on_store_set(key))
     stop = threading.Event()
     with server:
-        address = f"{server.address[0]}:{server.address[1]}"
+        spans = any(not hostlib.is_local(h) for h in hosts)
+        local_ip = hostlib.address_toward(list(hosts)) if spans else "127.0.0.1"
+        address = f"{local_ip}:{server.address[1]}"
         client = RendezvousClient(address, secret)
         job = ElasticJob(output, command=command, env=env, book=book, min_np=args.min_np,
                          max_np=args.max_np, first_np=args.np, publish=client.set,
                          secret_hex=secret.hex(), job_id=job_id, address=address,
-                         reset_limit=args.reset_limit)
+                         reset_limit=args.reset_limit,
+                         ssh_port=getattr(args, "ssh_port", None),
+                         ssh_identity=getattr(args, "ssh_identity_file", None),
+                         spans_machines=spans)
         holder.append(job)
         install_signals(job)
         if args.host_discovery_script:
@@ -321,6 +386,7 @@ def run_elastic(args, command, env, output, install_signals) -> int:
             job.run()
         finally:
             stop.set()
+            job.let_go_all()
             client.close()
     if job.result.failed is not None or job.result.interrupted:
         output.note(f"hvdrun: {job.result.reason}.")

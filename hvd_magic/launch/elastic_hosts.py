@@ -23,7 +23,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from . import hosts as hostlib
 
 
 COOLDOWN_LIMITS = (1, 3600)  # seconds: Horovod's bounds for --blacklist-cooldown-range
@@ -51,10 +50,6 @@ def parse_discovery(text: str, slots_per_host: int | None) -> dict:
             count = int(slots)
         else:
             raise DiscoveryError(f"host discovery: expected host or host:slots, got {line!r}")
-        if not hostlib.is_local(name):
-            raise DiscoveryError(f"host discovery: {name!r} is not this machine; hvdrun's elastic "
-                                 "mode starts workers on this machine only (local names and "
-                                 "127.0.0.x addresses make separate hosts)")
         found[name] = count
     return found
 

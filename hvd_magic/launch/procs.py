@@ -45,11 +45,13 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def spawn(cmd, env: dict, cwd: str | None = None, pass_fds=()) -> subprocess.Popen:
-    """Start ``cmd`` with piped stdout/stderr, no stdin, its own session, dying with us."""
+def spawn(cmd, env: dict, cwd: str | None = None, pass_fds=(),
+          stdin=subprocess.DEVNULL) -> subprocess.Popen:
+    """Start ``cmd`` with piped stdout/stderr, no stdin (or the given fd), its own session,
+    dying with us."""
     parent = os.getpid()
     preexec = (lambda: _die_with_parent(parent)) if _prctl is not None else None
-    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=pass_fds,
                             start_new_session=True, preexec_fn=preexec)
 

@@ -5,7 +5,8 @@ Log lines (JSON, appended to --log):
   {"ev": "commit", "gen", "size", "epoch", "trained": [indices trained on by all ranks in the
    batch this commit saved]} (rank 0)
   {"ev": "reset", "gen", "size", "rank", "stale_set_error"} (old workers, reset callback)
-  {"ev": "enter", "gen", "size", "rank", "set_sum"} (every rank entering the training function)
+  {"ev": "enter", "gen", "size", "rank", "set_sum", "worker", "hostname"} (every rank entering
+   the training function)
   {"ev": "done", "size", "accuracy"} (rank 0 at the end)
 Options: --kill WORKER:EPOCH:BATCH makes that worker SIGKILL itself at that point (first
 generation only; BATCH counts from the start of the epoch's shard); --step-sleep slows every
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -77,7 +79,7 @@ def use_process_set():
     total = hvd.allreduce(torch.ones(1), op=hvd.Sum, process_set=sets["evens"], name="fresh") \
         if hvd.rank() % 2 == 0 else torch.zeros(1)
     log(ev="enter", gen=elastic_world.generation(), size=hvd.size(), rank=hvd.rank(),
-        set_sum=float(total))
+        set_sum=float(total), worker=elastic_world.worker_id(), hostname=socket.gethostname())
 
 
 def killed_here(epoch, batch):

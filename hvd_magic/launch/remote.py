@@ -1,0 +1,72 @@
+"""A worker process on another host, started over ssh (elastic ``hvdrun``: a discovery script
+may name hosts other than this machine).
+
+Note [Remote worker lifetime]
+ssh without a terminal gives the remote command no SIGHUP when the connection goes, so
+killing the local ``ssh`` would leave the worker running on its host. The remote side is a
+small shell wrapper instead: it starts the worker, and a watcher that waits for end-of-file on
+the session's stdin and then sends the worker SIGTERM. Our end of that stdin is a pipe the
+driver holds open while it wants the worker; closing it — deliberately, or because the driver
+died — ends the worker. The wrapper exits with the worker's status (a signal N as 128 + N),
+which ssh passes on. The watcher's output goes to /dev/null so that the session ends when the
+worker does.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+from .procs import spawn
+
+__all__ = ["forwarded_env", "remote_command", "spawn_remote"]
+
+# Variables that describe this machine or this login, not the job.
+_LOCAL_ONLY = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", "LS_COLORS",
+               "MAIL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK",
+               "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "DBUS_SESSION_BUS_ADDRESS"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def forwarded_env(env: dict) -> dict:
+    """The part of ``env`` a remote worker gets: everything but this machine's own variables
+    (and names a shell cannot set, such as bash's exported functions)."""
+    return {k: v for k, v in env.items() if k not in _LOCAL_ONLY and _NAME.match(k)}
+
+
+def remote_command(host: str, cmd, env: dict, cwd: str, ssh_port: int | None = None,
+                   ssh_identity: str | None = None) -> list:
+    """The local ``ssh`` command line that runs ``cmd`` with ``env`` in ``cwd`` on ``host``,
+    inside the wrapper of Note [Remote worker lifetime]."""
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(forwarded_env(env).items()))
+    worker = " ".join(shlex.quote(str(c)) for c in cmd)
+    # A background job's stdin is /dev/null in a non-interactive shell: the watcher reads the
+    # session's stdin through fd 3.
+    script = (f"cd {shlex.quote(cwd)} || exit 127\n"
+              "exec 3<&0\n"
+              f"env {assignments} {worker} 3<&- &\n"
+              "pid=$!\n"
+              "(cat <&3 >/dev/null; kill -TERM $pid 2>/dev/null) >/dev/null 2>&1 &\n"
+              "exec 3<&-\n"
+              "wait $pid\n")
+    ssh = ["ssh", "-o", "BatchMode=yes"]
+    if ssh_port:
+        ssh += ["-p", str(ssh_port)]
+    if ssh_identity:
+        ssh += ["-i", ssh_identity]
+    return ssh + [host, "sh -c " + shlex.quote(script)]
+
+
+def spawn_remote(host: str, cmd, env: dict, cwd: str, ssh_port=None, ssh_identity=None):
+    """Start ``cmd`` on ``host``; returns (the local ssh process, the fd that keeps the worker
+    alive: close it to end the worker)."""
+    keep_r, keep_w = os.pipe()
+    try:
+        proc = spawn(remote_command(host, cmd, env, cwd, ssh_port, ssh_identity), dict(os.environ),
+                     stdin=keep_r)
+    except OSError:
+        os.close(keep_w)
+        raise
+    finally:
+        os.close(keep_r)
+    return proc, keep_w
