@@ -23,8 +23,6 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-
-
 COOLDOWN_LIMITS = (1, 3600)  # seconds: Horovod's bounds for --blacklist-cooldown-range
 
 
