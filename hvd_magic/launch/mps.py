@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -165,24 +166,24 @@ class MpsDaemon:
     def command(self, text: str, timeout: float = 5.0) -> int:
         """Send one control command (``quit``, ``get_server_list``); the client's exit code
         (nonzero when no daemon answers on our pipe directory)."""
+        return self.ask(text, timeout)[0]
+
+    def ask(self, text: str, timeout: float = 5.0) -> tuple:
+        """``(exit code, answer)`` of one control command (``get_server_list``: the pids of
+        the MPS servers, which exist once a rank's CUDA connected)."""
         try:
-            return subprocess.run([self.exe], input=text + "\n", text=True,
-                                  capture_output=True, env=self._control_env(),
-                                  timeout=timeout).returncode
+            proc = subprocess.run([self.exe], input=text + "\n", text=True,
+                                  capture_output=True, env=self._control_env(), timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
-            return -1
+            return -1, ""
+        return proc.returncode, proc.stdout
 
     def _find_pids(self) -> list[int]:
         """Processes started for our pipe directory (daemon, server): found by environment."""
-        import psutil
-
-        mine = []
-        for proc in psutil.process_iter(["pid", "environ", "cmdline"]):
-            env, cmd = proc.info.get("environ") or {}, proc.info.get("cmdline") or []
-            if env.get(PIPE_ENV) == self.env.get(PIPE_ENV) and proc.pid != os.getpid() and \
-                    any(os.path.basename(a).startswith("nvidia-cuda-mps") for a in cmd[:2]):
-                mine.append(proc.pid)
-        return sorted(mine)
+        pipe = self.env.get(PIPE_ENV)
+        return sorted(pid for pid in _pids() if pid != os.getpid() and
+                      any(os.path.basename(a).startswith("nvidia-cuda-mps")
+                          for a in _cmdline(pid)[:2]) and _environ(pid).get(PIPE_ENV) == pipe)
 
     def _log_tail(self, lines: int = 10) -> str:
         found = []
@@ -203,23 +204,74 @@ class MpsDaemon:
         raises; safe to call twice."""
         if self.folder is None:
             return
-        import psutil
-
-        procs = []
+        procs = set()
         for pid in set(self.pids) | set(self._find_pids()):
-            try:
-                p = psutil.Process(pid)
-                procs += p.children(recursive=True) + [p]
-            except psutil.NoSuchProcess:
-                pass
+            procs |= {pid} | _descendants(pid)
         if self.exe is not None:
             self.command("quit", timeout=STOP_TIMEOUT)
-        _, alive = psutil.wait_procs(procs, timeout=STOP_TIMEOUT)
-        for p in alive:
+        alive = _wait_gone(procs, STOP_TIMEOUT)
+        for pid in alive:
             try:
-                p.kill()
-            except psutil.NoSuchProcess:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
                 pass
-        psutil.wait_procs(alive, timeout=STOP_TIMEOUT)
+        _wait_gone(alive, STOP_TIMEOUT)
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder, self.env, self.pids = None, {}, []
+
+
+# -- /proc (MPS runs on Linux only; no psutil on a bare GPU machine) ---------------------------
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _read(pid: int, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as fh:
+            return fh.read()
+    except OSError:  # gone, or another user's
+        return b""
+
+
+def _cmdline(pid: int) -> list[str]:
+    return [a.decode(errors="replace") for a in _read(pid, "cmdline").split(b"\0") if a]
+
+
+def _environ(pid: int) -> dict:
+    pairs = (a.decode(errors="replace").partition("=") for a in _read(pid, "environ").split(b"\0"))
+    return {k: v for k, _, v in pairs if k}
+
+
+def _stat(pid: int) -> list[str]:
+    """state, ppid, ... (the fields after the command name); [] when gone."""
+    text = _read(pid, "stat").decode(errors="replace")
+    return text.rsplit(")", 1)[1].split() if ")" in text else []
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def _descendants(pid: int) -> set:
+    parent = {}
+    for p in _pids():
+        fields = _stat(p)
+        if len(fields) > 1:
+            parent[p] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _wait_gone(pids, timeout: float) -> set:
+    """Wait (polling, ``POLL`` s apart) until ``pids`` exited; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = {p for p in pids if _alive(p)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(POLL)
+        alive = {p for p in alive if _alive(p)}
+    return alive
