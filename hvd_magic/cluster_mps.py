@@ -42,7 +42,7 @@ class ClusterMps:
         if not here:
             return notes
         env = dict(os.environ, **launch_env)
-        start, note = mpslib.decide(len(here), _gpu_count(env), self.host)
+        start, note = mpslib.decide(len(here), mpslib.gpu_count(env), self.host)
         notes.insert(0, note)
         if start:
             daemon = mpslib.MpsDaemon(env)
@@ -66,10 +66,3 @@ class ClusterMps:
             self.daemon.stop()
             self.daemon = None
 
-
-def _gpu_count(env: dict) -> int:
-    if env.get("CUDA_VISIBLE_DEVICES") == "":  # --gpus none
-        return 0
-    from engine_native import gpu
-
-    return len(gpu.visible_devices(env)[0])

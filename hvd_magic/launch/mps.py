@@ -41,7 +41,7 @@ STOP_TIMEOUT = 10.0  # seconds for it to quit before it is killed
 POLL = 0.1
 REFUSED_MODES = ("prohibited", "exclusive_thread")
 
-__all__ = ["MpsDaemon", "MpsError", "decide", "PIPE_ENV", "LOG_ENV"]
+__all__ = ["MpsDaemon", "MpsError", "decide", "gpu_count", "PIPE_ENV", "LOG_ENV"]
 
 
 class MpsError(RuntimeError):
@@ -58,6 +58,15 @@ def decide(ranks_here: int, gpus_here: int, host: str = "this machine") -> tuple
                        f"one each: no GPU is shared, so no MPS daemon was started")
     return True, (f"--mps: {ranks_here} ranks share {gpus_here} GPU(s) on {host}: they run "
                   f"under a private MPS daemon")
+
+
+def gpu_count(environ: dict) -> int:
+    """GPUs the ranks started with ``environ`` see (nvidia-smi; never initialises CUDA)."""
+    if environ.get("CUDA_VISIBLE_DEVICES") == "":  # --gpus none
+        return 0
+    from engine_native import gpu
+
+    return len(gpu.visible_devices(environ)[0])
 
 
 def compute_modes(environ: dict) -> dict:

@@ -163,3 +163,24 @@ def test_hvdrun_mps_errors(fake_mps, tmp_path, monkeypatch, no_leaks):
     assert _mps_lines(proc.stdout) == {}, "no rank was started"
     proc = hvdrun("-np", "2", "-H", "elsewhere.invalid:2", "--mps", "python", "-c", PROBE)
     assert proc.returncode == 2 and "on each host yourself" in proc.stderr
+
+
+# ---- hvd_magic.run(fn, mps=True) ------------------------------------------------------------
+
+def test_run_mps_gives_the_ranks_the_daemon_and_stops_it(fake_mps, no_leaks):
+    import io
+
+    from hvd_magic.launch import run
+
+    probe = (lambda: [__import__("os").environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+                      __import__("os").path.exists(__import__("os").path.join(
+                          __import__("os").environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/",
+                          "control"))])
+    err = io.StringIO()
+    got = run(probe, np=2, mps=True, stdout=io.StringIO(), stderr=err)
+    assert got[0] == got[1] and got[0][0] and got[0][1], got
+    assert err.getvalue().count("2 ranks share 1 GPU(s)") == 1, err.getvalue()
+    assert _what(fake_mps).count("start") == 1 and _what(fake_mps)[-2:] == ["quit", "exit"]
+    assert run(probe, np=2, stdout=io.StringIO(), stderr=io.StringIO()) == [[None, False]] * 2
+    with pytest.raises(ValueError, match="on each host yourself"):
+        run(probe, np=2, mps=True, use_mpi=True)
