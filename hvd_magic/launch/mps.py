@@ -41,7 +41,7 @@ STOP_TIMEOUT = 10.0  # seconds for it to quit before it is killed
 POLL = 0.1
 REFUSED_MODES = ("prohibited", "exclusive_thread")
 
-__all__ = ["MpsDaemon", "MpsError", "decide", "gpu_count", "PIPE_ENV", "LOG_ENV"]
+__all__ = ["LOG_ENV", "PIPE_ENV", "MpsDaemon", "MpsError", "decide", "gpu_count"]
 
 
 class MpsError(RuntimeError):
@@ -76,7 +76,8 @@ def compute_modes(environ: dict) -> dict:
         return {}
     try:
         proc = subprocess.run([exe, "--query-gpu=index,compute_mode", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=20, env=dict(environ))
+                              capture_output=True, text=True, timeout=20, env=dict(environ),
+                              check=False)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     modes = {}
@@ -109,7 +110,7 @@ class MpsDaemon:
         self.env: dict = {}
         self.pids: list[int] = []
 
-    def __enter__(self) -> "MpsDaemon":
+    def __enter__(self):
         self.start()
         return self
 
@@ -154,7 +155,7 @@ class MpsDaemon:
             try:
                 code = subprocess.run([self.exe, "-d"], stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, env=self._control_env(),
-                                      timeout=self.start_timeout).returncode
+                                      timeout=self.start_timeout, check=False).returncode
             except subprocess.TimeoutExpired:
                 code = "no exit"
         if code != 0:
@@ -182,10 +183,23 @@ class MpsDaemon:
         the MPS servers, which exist once a rank's CUDA connected)."""
         try:
             proc = subprocess.run([self.exe], input=text + "\n", text=True,
-                                  capture_output=True, env=self._control_env(), timeout=timeout)
+                                  capture_output=True, env=self._control_env(), timeout=timeout,
+                                  check=False)
         except (OSError, subprocess.TimeoutExpired):
             return -1, ""
         return proc.returncode, proc.stdout
+
+    def served(self) -> list[str]:
+        """Evidence that ranks used the daemon: the MPS servers it runs now
+        (``get_server_list``) and its log's lines about servers and clients ([] without)."""
+        code, answer = self.ask("get_server_list")
+        found = [f"server {pid}" for pid in answer.split()] if code == 0 else []
+        path = os.path.join(self.env.get(LOG_ENV, ""), "control.log")
+        if os.path.isfile(path):
+            with open(path, errors="replace") as fh:
+                found += [ln.strip() for ln in fh if "server" in ln.lower() or
+                          "client" in ln.lower()]
+        return found
 
     def _find_pids(self) -> list[int]:
         """Processes started for our pipe directory (daemon, server): found by environment."""

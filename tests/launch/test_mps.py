@@ -69,6 +69,15 @@ def test_daemon_starts_in_its_own_folders_answers_and_quits(fake_mps, no_leaks):
     daemon.stop()  # a second stop does nothing
 
 
+def test_served_reads_the_server_list_and_the_log(fake_mps, no_leaks):
+    with mps.MpsDaemon() as daemon:
+        assert daemon.served() == [], "no rank connected yet"
+        with open(os.path.join(daemon.env[mps.LOG_ENV], "control.log"), "a") as fh:
+            fh.write("[2026-11-26 17:00:00.000 Control 42] Starting new server 43 for user 0\n")
+        assert daemon.served() == [("[2026-11-26 17:00:00.000 Control 42] Starting new server "
+                                    "43 for user 0")]
+
+
 def test_no_control_program_on_path(tmp_path, monkeypatch, no_leaks):
     monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi", 1) + os.pathsep + "/usr/bin:/bin")
     with pytest.raises(mps.MpsError, match="nvidia-cuda-mps-control is not on PATH.*without --mps"):
