@@ -155,6 +155,30 @@ def test_hvdrun_mps_stops_the_daemon_after_a_failing_rank(fake_mps, no_leaks):
     assert _what(fake_mps)[-2:] == ["quit", "exit"]
 
 
+def test_hvdrun_mps_stops_the_daemon_when_hvdrun_is_terminated(fake_mps, no_leaks):
+    import signal
+    import subprocess
+    import sys
+
+    body = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_magic.launch.hvdrun", "-np", "2",
+                             "--mps", "python", "-c", body], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ups = 0
+        while ups < 2:  # both ranks run under the daemon
+            line = proc.stdout.readline()
+            assert line, "hvdrun ended early: " + proc.stderr.read()
+            ups += line.rstrip().endswith("<stdout>:up")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert _what(fake_mps).count("start") == 1 and _what(fake_mps)[-2:] == ["quit", "exit"]
+
+
 def test_hvdrun_mps_without_shared_gpus_says_so_and_starts_nothing(fake_mps, tmp_path,
                                                                    monkeypatch, no_leaks):
     monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi2", 2) + os.pathsep + os.environ["PATH"])
