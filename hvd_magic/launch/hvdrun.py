@@ -236,6 +236,9 @@ def run_local(args, command, slots, env, output) -> int:
     size = len(slots)
     secret, job_id = secrets.token_bytes(32), uuid.uuid4().hex[:12]
     if args.dry_run:
+        if args.mps:
+            from engine_native import gpu
+            print(mpslib.decide(size, len(gpu.visible_devices(env)[0]))[1])
         for slot in slots:
             print(f"rank {slot.rank} on {slot.host}: HVD_RANK={slot.rank} HVD_SIZE={size} "
                   f"{shlex.join(command)}")

@@ -189,6 +189,12 @@ def test_hvdrun_mps_without_shared_gpus_says_so_and_starts_nothing(fake_mps, tmp
     assert _what(fake_mps) == []
 
 
+def test_hvdrun_mps_dry_run_says_what_it_would_do(fake_mps, no_leaks):
+    proc = hvdrun("-np", "2", "--mps", "--dry-run", "python", "-c", PROBE)
+    assert proc.returncode == 0 and "2 ranks share 1 GPU(s)" in proc.stdout, proc.stdout
+    assert _what(fake_mps) == [], "a dry run starts nothing"
+
+
 def test_hvdrun_mps_errors(fake_mps, tmp_path, monkeypatch, no_leaks):
     monkeypatch.setenv("FAKE_MPS_FAIL", "exit")
     proc = hvdrun("-np", "2", "--mps", "python", "-c", PROBE)
