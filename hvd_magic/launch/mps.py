@@ -187,6 +187,8 @@ class MpsDaemon:
                                   check=False)
         except (OSError, subprocess.TimeoutExpired):
             return -1, ""
+        if "cannot find mps control daemon" in (proc.stdout + proc.stderr).lower():
+            return proc.returncode or 1, proc.stdout  # said so, whatever its exit code
         return proc.returncode, proc.stdout
 
     def served(self) -> list[str]:

@@ -84,8 +84,9 @@ def test_no_control_program_on_path(tmp_path, monkeypatch, no_leaks):
         mps.MpsDaemon().start()
 
 
-def test_daemon_that_never_answers_reports_its_log(fake_mps, monkeypatch, no_leaks):
-    monkeypatch.setenv("FAKE_MPS_FAIL", "silent")
+@pytest.mark.parametrize("fail", ["silent", "silent-rc0"])
+def test_daemon_that_never_answers_reports_its_log(fake_mps, monkeypatch, no_leaks, fail):
+    monkeypatch.setenv("FAKE_MPS_FAIL", fail)
     daemon = mps.MpsDaemon(start_timeout=1.0)
     with pytest.raises(mps.MpsError, match=r"did not come up(.|\n)*fake failure for the test"):
         daemon.start()
