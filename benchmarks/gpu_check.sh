@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_check.sh                   # on the GPU machine, in the checkout
 #   OUT=$OUT bash benchmarks/gpu_check.sh           # under the device tool: files come back
 #   TESTS=tests/gpu/test_ipc_gpu.py TEST_K="not np4" CASES=ipc,ipc_latency bash benchmarks/gpu_check.sh
+#   TESTS=tests/gpu/test_mps_gpu.py CASES=ipc_mps bash benchmarks/gpu_check.sh  # MPS (#19)
 #
 # TESTS: pytest's arguments (default tests/gpu), TEST_K its -k expression; CASES: bench_gpu.py's --cases (default all);
 # TEST_TIMEOUT / BENCH_TIMEOUT bound each step in seconds.

@@ -299,8 +299,13 @@ def metrics() -> dict:
     :func:`autotune_state`, None when tuning never ran) and ``events`` (collectives finished
     since the previous ``metrics()`` call in this process: ``{"op", "name", "start_ago_s",
     "dur_s", "error"}``).
+    ``mps_pipe_directory``: the MPS daemon this process's CUDA connects to
+    (``CUDA_MPS_PIPE_DIRECTORY``, set by ``hvdrun --mps`` / ``%hvd_start --mps`` for ranks
+    sharing a GPU; "" without MPS): the dashboard then labels the GPU path "... under MPS".
     """
-    return _core.metrics()
+    out = _core.metrics()
+    out["mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
+    return out
 
 
 def config_table() -> list:

@@ -18,6 +18,7 @@ import signal
 import time
 
 from . import preflight, ranksetup, reaper, ssh_engines
+from .cluster_mps import ClusterMps
 from .loop import LoopThread
 from .rankinfo import RankInfo
 
@@ -55,10 +56,14 @@ class HvdCluster:
         Seconds to wait for registration and for the core to initialise.
     env : dict
         Extra environment for the engines.
+    mps : bool
+        Run this machine's ranks under a private MPS daemon when they share GPUs
+        (hvd_magic.cluster_mps).
     """
 
     def __init__(self, n: int, launcher: str = "mpi", gpus: str = "auto",
-                 timeout: float = 60.0, env: dict | None = None, hosts: str | None = None):
+                 timeout: float = 60.0, env: dict | None = None, hosts: str | None = None,
+                 mps: bool = False):
         self.n, self.launcher, self.gpus, self.timeout = n, launcher, gpus, timeout
         self.hosts = hosts  # "a:2,b:2" for the ssh launcher (hvd_magic.ssh_engines)
         self.slots = None
@@ -72,6 +77,7 @@ class HvdCluster:
         self.dashboard = None  # hvd_magic.dashboard.Dashboard, set by the magics
         self._loop = LoopThread()
         self._reaper: reaper.Reaper | None = None
+        self.mps = ClusterMps(mps)
 
     # -- start / stop -----------------------------------------------------------------------
 
@@ -141,6 +147,7 @@ class HvdCluster:
             except Exception as exc:
                 log.warning("hvd: stopping the cluster: %s", exc)
             self.ipp = None
+        self.mps.stop()  # after the engines: a daemon told to quit waits for its clients
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None
@@ -268,7 +275,7 @@ class HvdCluster:
             if getattr(es, "pid", -1) > 0:
                 pids.append(es.pid)
         pids.extend(r.pid for r in self.ranks if r.host == os.uname().nodename)
-        self._reaper.watch(pids)
+        self._reaper.watch(pids + self.mps.pids())
 
 
 def launcher_output(engine_set) -> str:

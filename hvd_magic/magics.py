@@ -82,6 +82,9 @@ class HvdMagics(Magics):
     @argument("--gpus", choices=("auto", "none"), default="auto",
               help="auto: one GPU per local rank when there are GPUs (it is the rank's "
                    "cuda:0); none: hide GPUs")
+    @argument("--mps", action="store_true",
+              help="when ranks outnumber this machine's GPUs, run them under a private NVIDIA "
+                   "MPS daemon (one shared GPU context), stopped with the cluster")
     @argument("--timeout", type=float, default=60.0,
               help="seconds to wait for engines to register and the core to start")
     @argument("--env", action="append", metavar="KEY=VALUE",
@@ -116,6 +119,8 @@ class HvdMagics(Magics):
             ...
             In [3]: %hvd_start -n 2 --launcher local --env HVD_LOG=info
             In [4]: %hvd_start -n 4 --launcher ssh --hosts node1:2,node2:2
+            In [5]: %hvd_start -n 2 --mps      # 2 ranks sharing one GPU, under MPS
+            hvd: --mps: 2 ranks share 1 GPU(s) on node1: they run under a private MPS daemon
         """
         args = parse_argstring(self.hvd_start, line)
         if self.cluster is not None:
@@ -126,7 +131,7 @@ class HvdMagics(Magics):
         if args.n < 1:
             raise UsageError(f"%hvd_start -n {args.n}: need at least one rank")
         cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
-                             hosts=args.hosts)
+                             hosts=args.hosts, mps=args.mps)
         try:
             notes = cluster.start(_Progress(self.shell))
         except KeyboardInterrupt:

@@ -10,6 +10,8 @@ C. Without MPI, the driver runs a ``RendezvousServer`` (``engine_native.rendezvo
    fresh secret; each engine gets ``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``,
    ``HVD_SECRET`` (hex) and ``HVD_JOB_ID`` before ``hvd.init()``. Under MPI the core
    bootstraps through mpi4py by itself.
+   With ``--mps``, the cluster's MPS daemon starts here when this machine's ranks share GPUs
+   (:mod:`hvd_magic.cluster_mps`) and its variables join those ranks' environments.
 D. ``init_engine()`` on all engines at once (init is collective): pin GPU, init the core,
    put ``hvd`` and ``torch`` in the namespace.
 
@@ -94,8 +96,10 @@ class RankSetup:
             info.local_rank = seen.get(info.host, 0)
             seen[info.host] = info.local_rank + 1
         c.ranks = ranks
+        mps_notes = c.mps.prepare(ranks, self.launch_env)  # before any rank touches CUDA
+        c._update_reaper()
         notes = self._init_engines(ranks, mpi=c.launcher == "mpi", local_sizes=seen)
-        return ranks, notes
+        return ranks, mps_notes + notes
 
     def _rank_env(self, mpi: bool) -> list[dict]:
         n = len(self.cluster.ranks)
@@ -116,7 +120,7 @@ class RankSetup:
 
     def _init_engines(self, ranks, mpi: bool, local_sizes: dict) -> list[str]:
         c = self.cluster
-        envs = self._rank_env(mpi)
+        envs = [dict(e, **c.mps.rank_env(r)) for e, r in zip(self._rank_env(mpi), ranks)]
         pending = [c.client[r.engine_id].apply_async(engine_side.init_engine, r.rank, envs[r.rank],
                                                      c.gpus, r.local_rank, self.with_core,
                                                      local_sizes[r.host])

@@ -137,16 +137,22 @@ def _torch_reserved(ordinal):
 # dashboard labels them.
 GPU_PATHS = {"nccl": "NCCL", "staged": "staged", "cuda-ipc": "CUDA IPC",
              "cuda-ipc+nccl": "CUDA IPC + NCCL"}
+# Ranks under an MPS daemon (hvd_magic.launch.mps): the same paths, one shared GPU context.
+GPU_PATHS.update({f"{key}/mps": f"{label} under MPS" for key, label in list(GPU_PATHS.items())})
 
 
 def gpu_path(core_raw):
     """A key of ``GPU_PATHS``: the path of this rank's CUDA collectives, from the core's
     ``metrics()["gpu_paths"]`` (``{set id: {"path", "device"}}``, empty before the first CUDA
-    collective). The global set's when it has one, else the lowest set's; None when none ran."""
+    collective). The global set's when it has one, else the lowest set's; None when none ran.
+    With ``/mps`` appended when the rank's CUDA runs under an MPS daemon
+    (``metrics()["mps_pipe_directory"]``)."""
     paths = core_raw.get("gpu_paths") if isinstance(core_raw, dict) else None
     if not isinstance(paths, dict) or not paths:
         return None
     key = min(paths, key=lambda k: int(k) if str(k).isdigit() else float("inf"))
     entry = paths[key]
     path = entry.get("path") if isinstance(entry, dict) else None
+    if path in GPU_PATHS and core_raw.get("mps_pipe_directory"):
+        path += "/mps"
     return path if path in GPU_PATHS else None

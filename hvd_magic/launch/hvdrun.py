@@ -30,6 +30,7 @@ from ..gpu_pinning import GPUS_CHOICES
 from . import config
 from . import elastic_driver
 from . import hosts as hostlib
+from . import mps as mpslib
 from .mpi import MpiJob, build_command, find_mpiexec, mpi_flavor
 from .output import RankOutput, traceback_tail
 from .procs import JobResult, ProcessJob, exit_status, spawn
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: one GPU per local rank (CUDA_VISIBLE_DEVICES narrowed to it; "
                         "torch.cuda.set_device(hvd.local_rank()) still works); none: hide the "
                         "GPUs, CPU only (not a horovodrun flag)")
+    p.add_argument("--mps", action="store_true",
+                   help="when the ranks outnumber this machine's GPUs, run them under a private "
+                        "NVIDIA MPS daemon started for this job and stopped after it (one shared "
+                        "GPU context instead of time-slicing; not a horovodrun flag)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", default=[],
                    help="extra environment variable for every rank (repeatable)")
     p.add_argument("--output-filename", metavar="DIR",
@@ -228,17 +233,53 @@ class _GpuPinner:
 
 
 def run_local(args, command, slots, env, output) -> int:
-    """Rendezvous flavour: every rank a child process of hvdrun."""
-    from engine_native.rendezvous import RendezvousServer
-
+    """Rendezvous flavour: every rank a child process of hvdrun; with ``--mps`` and ranks
+    sharing GPUs, under a private MPS daemon (hvd_magic.launch.mps) stopped after them, also
+    when a rank failed or hvdrun was signalled."""
     size = len(slots)
     secret, job_id = secrets.token_bytes(32), uuid.uuid4().hex[:12]
-    fake_hosts = len({s.host for s in slots}) > 1
     if args.dry_run:
+        if args.mps:
+            from engine_native import gpu
+            print(mpslib.decide(size, len(gpu.visible_devices(env)[0]))[1])
         for slot in slots:
             print(f"rank {slot.rank} on {slot.host}: HVD_RANK={slot.rank} HVD_SIZE={size} "
                   f"{shlex.join(command)}")
         return 0
+    pin_gpus = _GpuPinner(env, output, len(slots))
+    daemon = _start_mps(args, env, output, size, len(pin_gpus.devices))
+    if daemon is False:
+        return 1
+    try:
+        return _run_ranks(args, command, slots, env, output, pin_gpus, secret, job_id)
+    finally:
+        if daemon is not None:
+            daemon.stop()
+
+
+def _start_mps(args, env, output, ranks: int, gpus: int):
+    """``--mps``: the job's MPS daemon (its variables added to ``env``), None when not asked
+    for or no GPU is shared (said once), False when it failed (said)."""
+    if not args.mps:
+        return None
+    start, note = mpslib.decide(ranks, gpus)
+    output.note(f"hvdrun: {note}")
+    if not start:
+        return None
+    daemon = mpslib.MpsDaemon(env)
+    try:
+        env.update(daemon.start())
+    except mpslib.MpsError as exc:
+        output.note(f"hvdrun: {exc}")
+        return False
+    return daemon
+
+
+def _run_ranks(args, command, slots, env, output, pin_gpus, secret, job_id) -> int:
+    from engine_native.rendezvous import RendezvousServer
+
+    size = len(slots)
+    fake_hosts = len({s.host for s in slots}) > 1
     job = ProcessJob(output)
     _install_signals(job)
     with RendezvousServer(secret, host="127.0.0.1") as server:
@@ -247,7 +288,6 @@ def run_local(args, command, slots, env, output) -> int:
             output.note(f"hvdrun: {size} rank(s) on "
                         f"{','.join(sorted({s.host for s in slots}))}, rendezvous {address}, "
                         f"job {job_id}: {shlex.join(command)}")
-        pin_gpus = _GpuPinner(env, output, len(slots))
         for slot in slots:
             rank_env = config.rank_env(env, slot, size, rendezvous=address,
                                        secret_hex=secret.hex(), job_id=job_id,
@@ -314,6 +354,8 @@ def main(argv=None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.min_np is not None:
+        if args.mps:
+            parser.error("--mps is not supported with elastic runs (--min-np); drop one")
         return _main_elastic(args, command)
     try:
         hosts = _host_list(args)
@@ -326,6 +368,10 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if args.gloo and args.mpi:
         parser.error("--gloo and --mpi exclude each other")
+    if args.mps and (args.mpi or not hostlib.local_hosts(hosts)):
+        parser.error("--mps starts the MPS daemon on this machine only, for ranks that hvdrun "
+                     "starts here; through mpiexec (--mpi, or hosts other than this one) start "
+                     "`nvidia-cuda-mps-control -d` on each host yourself, or drop --mps")
     output = RankOutput(output_dir=args.output_filename,
                         timestamp=args.prefix_output_with_timestamp)
     try:

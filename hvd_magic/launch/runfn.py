@@ -25,6 +25,7 @@ from typing import Any
 from ..gpu_pinning import check_choice
 from . import config
 from . import hosts as hostlib
+from . import mps as mpslib
 from .output import RankOutput, traceback_tail
 from .pickling import dumps_call, loads
 from .procs import JobResult, ProcessJob, describe_exit, spawn
@@ -142,7 +143,8 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
         network_interfaces=None, executable: str | None = None,
         env: dict | None = None, np: int | None = None, *,
         stdout=None, stderr=None, prefix_output_with_timestamp: bool = False,
-        only_ranks=None, what: str | None = None, gpus: str = "auto") -> list:
+        only_ranks=None, what: str | None = None, gpus: str = "auto",
+        mps: bool = False) -> list:
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks; return the results indexed by rank.
 
     Parameters follow ``horovod.run``: ``np``/``num_proc`` (ranks), ``hosts``
@@ -154,7 +156,9 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     Beyond Horovod: ``stdout``/``stderr`` (streams for rank output), ``only_ranks`` (show
     only these ranks' output), ``gpus``: "auto" pins one GPU per local rank in each rank
     before ``fn`` runs (``cuda:0`` is the rank's GPU and ``torch.cuda.set_device(
-    hvd.local_rank())`` still works; hvd_magic.gpu_pinning), "none" hides the GPUs.
+    hvd.local_rank())`` still works; hvd_magic.gpu_pinning), "none" hides the GPUs;
+    ``mps``: when the ranks outnumber this machine's GPUs, run them under a private MPS
+    daemon started for this call and stopped after it (hvd_magic.launch.mps; local ranks only).
 
     Raises
     ------
@@ -190,14 +194,40 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     launch = _Launch(slot_list, base, output, what, executable, bool(verbose), mpi,
                      mpi and not hostlib.only_loopback(host_list),
                      dict(mpi_args=mpi_args, ssh_port=ssh_port, ssh_identity=ssh_identity_file))
+    daemon = _start_mps(mps, mpi, size, base, output, what)
     try:
         result, results = launch.run(payload)
     finally:
+        if daemon is not None:
+            daemon.stop()
         output.close()
     error = failure_error(result, results, size, output, what)
     if error is not None:
         raise error
     return [results[r]["value"] for r in range(size)]
+
+
+def _start_mps(mps: bool, mpi: bool, size: int, base: dict, output, what: str):
+    """``mps=True``: the call's MPS daemon, its variables added to ``base``; None when not
+    asked for or no GPU is shared (said once). Raises MpsError when it cannot start."""
+    if not mps:
+        return None
+    if mpi:
+        output.close()
+        raise ValueError(f"{what}: mps=True starts the MPS daemon on this machine only; with "
+                         f"mpiexec (use_mpi, or other hosts) start `nvidia-cuda-mps-control -d` "
+                         f"on each host yourself, or drop mps=True")
+    start, note = mpslib.decide(size, mpslib.gpu_count(base))
+    output.note(f"{what}: {note}")
+    if not start:
+        return None
+    daemon = mpslib.MpsDaemon(base)
+    try:
+        base.update(daemon.start())
+    except BaseException:
+        output.close()
+        raise
+    return daemon
 
 
 def _refuse_elastic(**given) -> None:

@@ -9,6 +9,7 @@ import types
 
 import pytest
 from gpu_fakes import FakeNvml
+from hvd_magic.widgets import fmt
 from hvd_magic.widgets import model as M
 from hvd_magic.widgets import publisher as P
 from hvd_magic.widgets import snapshot as S
@@ -99,6 +100,19 @@ def test_a_torch_ordinal_pin_is_not_looked_up_in_nvml():
     ({0: {"path": "cuda-ipc"}}, "cuda-ipc"), ({0: {"path": "cuda-ipc+nccl"}}, "cuda-ipc+nccl")])
 def test_path_of_the_cuda_collectives(paths, want):
     assert gpu_path({"gpu_paths": paths}) == want
+
+
+def test_path_under_mps_is_labelled_so(monkeypatch):
+    core = {"gpu_paths": {0: {"path": "cuda-ipc"}}, "mps_pipe_directory": "/tmp/hvd-mps-x/pipe"}
+    assert gpu_path(core) == "cuda-ipc/mps"
+    assert fmt.gpu_path(gpu_path(core)) == "CUDA IPC under MPS"
+    assert gpu_path(dict(core, mps_pipe_directory="")) == "cuda-ipc"
+    sent = S.validate({"v": 1, "rank": 0, "t": 1.0, "device": {"kind": "cuda",
+                                                              "path": "cuda-ipc/mps"}})
+    assert sent["device"]["path"] == "cuda-ipc/mps"  # the snapshot keeps it for the driver
+    from engine_native import basics
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/hvd-mps-x/pipe")
+    assert basics.metrics()["mps_pipe_directory"] == "/tmp/hvd-mps-x/pipe"
 
 
 def test_publisher_sends_the_gpu_columns_and_the_driver_keeps_them():

@@ -1,0 +1,302 @@
+"""A private NVIDIA MPS control daemon for the ranks of one job that share GPUs (issue #19).
+
+Ranks that share a GPU each own a CUDA context, and the GPU time-slices between contexts: a
+4-byte copy in one rank waits ~150 µs for its turn (benchmarks/RESULTS.md, "Ranks sharing one
+GPU over CUDA IPC"). Under NVIDIA's Multi-Process Service the ranks' work runs in one server
+context, concurrently. :class:`MpsDaemon` starts one control daemon for one job, on this
+machine, with its own pipe and log directories under a fresh temp dir, so it never meets
+another user's (or another job's) daemon; ranks reach it through the environment it returns.
+
+Protocol (``start``):
+
+A. ``nvidia-cuda-mps-control`` must be on PATH, and no visible GPU may be in a compute mode
+   where MPS cannot run (Prohibited, Exclusive_Thread): otherwise :class:`MpsError`, with the fix.
+B. ``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``
+   set to the job's folders; it forks the daemon and returns.
+C. ``get_server_list`` is sent until the daemon answers (``START_TIMEOUT``); no answer: the
+   daemon's log tail goes into the error and whatever was started is stopped.
+D. The daemon's pids (the control daemon and, later, its server) are found by their
+   environment, so that a kernel's reaper can kill them if the notebook dies.
+
+``stop`` sends ``quit`` (the daemon then ends its server once the clients are gone), waits
+``STOP_TIMEOUT``, kills what is left with its children and removes the folders. Stop the
+ranks first: a daemon told to quit waits for its clients. Note [MPS clients]: CUDA in a rank
+whose ``CUDA_MPS_PIPE_DIRECTORY`` names no live daemon falls back to its own context (the
+documented behaviour), so a failed daemon costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+CONTROL = "nvidia-cuda-mps-control"
+PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+START_TIMEOUT = 15.0  # seconds for the daemon to answer
+STOP_TIMEOUT = 10.0  # seconds for it to quit before it is killed
+POLL = 0.1
+REFUSED_MODES = ("prohibited", "exclusive_thread")
+
+__all__ = ["LOG_ENV", "PIPE_ENV", "MpsDaemon", "MpsError", "decide", "gpu_count"]
+
+
+class MpsError(RuntimeError):
+    """The MPS daemon could not be started; the message says why and what to do."""
+
+
+def decide(ranks_here: int, gpus_here: int, host: str = "this machine") -> tuple:
+    """``(start, note)``: start a daemon when the ranks of a host outnumber its GPUs."""
+    if gpus_here <= 0:
+        return False, (f"--mps: no GPU visible on {host}, so no MPS daemon was started "
+                       f"(the ranks run on CPU)")
+    if ranks_here <= gpus_here:
+        return False, (f"--mps: the {ranks_here} rank(s) on {host} have {gpus_here} GPU(s), "
+                       f"one each: no GPU is shared, so no MPS daemon was started")
+    return True, (f"--mps: {ranks_here} ranks share {gpus_here} GPU(s) on {host}: they run "
+                  f"under a private MPS daemon")
+
+
+def gpu_count(environ: dict) -> int:
+    """GPUs the ranks started with ``environ`` see (nvidia-smi; never initialises CUDA)."""
+    if environ.get("CUDA_VISIBLE_DEVICES") == "":  # --gpus none
+        return 0
+    from engine_native import gpu
+
+    return len(gpu.visible_devices(environ)[0])
+
+
+def compute_modes(environ: dict) -> dict:
+    """``{nvidia-smi index: compute mode}`` of the GPUs ``environ`` can see ({} unknown)."""
+    exe = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if exe is None:
+        return {}
+    try:
+        proc = subprocess.run([exe, "--query-gpu=index,compute_mode", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20, env=dict(environ),
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    modes = {}
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else ():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            modes[int(parts[0])] = parts[1]
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and all(t.strip().isdigit() for t in visible.split(",") if t.strip()):
+        keep = {int(t) for t in visible.split(",") if t.strip()}
+        modes = {i: m for i, m in modes.items() if i in keep}
+    return modes
+
+
+class MpsDaemon:
+    """One job's MPS control daemon on this machine; a context manager (start/stop).
+
+    Parameters
+    ----------
+    environ : the environment to start it from (PATH finds the control program; default
+        ``os.environ``).
+    start_timeout : seconds for the daemon to answer.
+    """
+
+    def __init__(self, environ: dict | None = None, start_timeout: float = START_TIMEOUT):
+        self.base = dict(os.environ if environ is None else environ)
+        self.start_timeout = start_timeout
+        self.exe: str | None = None
+        self.folder: str | None = None
+        self.env: dict = {}
+        self.pids: list[int] = []
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- start (steps A-D) ----------------------------------------------------------------
+
+    def start(self) -> dict:
+        """Start and check the daemon (steps A-D); returns the variables the ranks need."""
+        self.exe = shutil.which(CONTROL, path=self.base.get("PATH"))
+        if self.exe is None:
+            raise MpsError(f"--mps: {CONTROL} is not on PATH. It comes with the NVIDIA driver's "
+                           f"utilities (e.g. the nvidia-utils / nvidia-compute-utils package); "
+                           f"install them, put the program on PATH, or run without --mps")
+        for index, mode in sorted(compute_modes(self.base).items()):
+            if mode.lower().replace(" ", "_") in REFUSED_MODES:
+                raise MpsError(f"--mps: GPU {index} is in compute mode {mode}, where MPS cannot "
+                               f"run. Fix: `nvidia-smi -i {index} -c DEFAULT` (or "
+                               f"EXCLUSIVE_PROCESS; needs root), or run without --mps")
+        self.folder = tempfile.mkdtemp(prefix="hvd-mps-")
+        self.env = {PIPE_ENV: os.path.join(self.folder, "pipe"),
+                    LOG_ENV: os.path.join(self.folder, "log")}
+        for path in self.env.values():
+            os.makedirs(path)
+        try:
+            self._launch()
+            self._wait_answer()
+            self.pids = self._find_pids()
+        except BaseException:
+            self.stop()
+            raise
+        return dict(self.env)
+
+    def _control_env(self) -> dict:
+        return dict(self.base, **self.env)
+
+    def _launch(self) -> None:
+        # The forked daemon inherits our descriptors: give it a file, never a pipe we read to
+        # EOF (that read would last as long as the daemon).
+        with open(os.path.join(self.env[LOG_ENV], "hvd-launch.out"), "wb") as out:
+            try:
+                code = subprocess.run([self.exe, "-d"], stdin=subprocess.DEVNULL, stdout=out,
+                                      stderr=subprocess.STDOUT, env=self._control_env(),
+                                      timeout=self.start_timeout, check=False).returncode
+            except subprocess.TimeoutExpired:
+                code = "no exit"
+        if code != 0:
+            raise MpsError(f"--mps: `{CONTROL} -d` failed ({code}).{self._log_tail()} "
+                           f"Fix: see the log above, or run without --mps")
+
+    def _wait_answer(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self.command("get_server_list", timeout=5.0) == 0:
+                return
+            if time.monotonic() > deadline:
+                raise MpsError(f"--mps: the MPS daemon did not come up: it did not answer "
+                               f"within {self.start_timeout:g} s.{self._log_tail()} Fix: see "
+                               f"its log, or run without --mps")
+            time.sleep(POLL)
+
+    def command(self, text: str, timeout: float = 5.0) -> int:
+        """Send one control command (``quit``, ``get_server_list``); the client's exit code
+        (nonzero when no daemon answers on our pipe directory)."""
+        return self.ask(text, timeout)[0]
+
+    def ask(self, text: str, timeout: float = 5.0) -> tuple:
+        """``(exit code, answer)`` of one control command (``get_server_list``: the pids of
+        the MPS servers, which exist once a rank's CUDA connected)."""
+        try:
+            proc = subprocess.run([self.exe], input=text + "\n", text=True,
+                                  capture_output=True, env=self._control_env(), timeout=timeout,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return -1, ""
+        if "cannot find mps control daemon" in (proc.stdout + proc.stderr).lower():
+            return proc.returncode or 1, proc.stdout  # said so, whatever its exit code
+        return proc.returncode, proc.stdout
+
+    def served(self) -> list[str]:
+        """Evidence that ranks used the daemon: the MPS servers it runs now
+        (``get_server_list``) and its log's lines about servers and clients ([] without)."""
+        code, answer = self.ask("get_server_list")
+        found = [f"server {pid}" for pid in answer.split()] if code == 0 else []
+        path = os.path.join(self.env.get(LOG_ENV, ""), "control.log")
+        if os.path.isfile(path):
+            with open(path, errors="replace") as fh:
+                found += [ln.strip() for ln in fh if "server" in ln.lower() or
+                          "client" in ln.lower()]
+        return found
+
+    def _find_pids(self) -> list[int]:
+        """Processes started for our pipe directory (daemon, server): found by environment."""
+        pipe = self.env.get(PIPE_ENV)
+        return sorted(pid for pid in _pids() if pid != os.getpid() and
+                      any(os.path.basename(a).startswith("nvidia-cuda-mps")
+                          for a in _cmdline(pid)[:2]) and _environ(pid).get(PIPE_ENV) == pipe)
+
+    def _log_tail(self, lines: int = 10) -> str:
+        found = []
+        folder = self.env.get(LOG_ENV)
+        for name in ("control.log", "hvd-launch.out"):
+            path = os.path.join(folder, name) if folder else ""
+            if path and os.path.isfile(path):
+                with open(path, errors="replace") as fh:
+                    tail = [ln.rstrip() for ln in fh.read().splitlines() if ln.strip()][-lines:]
+                found += [f"    {name}: {ln}" for ln in tail]
+        return (" Its log's last lines:\n" + "\n".join(found) + "\n") if found else \
+            " It wrote no log."
+
+    # -- stop -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """``quit``, wait, kill what is left (with its children), remove the folders. Never
+        raises; safe to call twice."""
+        if self.folder is None:
+            return
+        procs = set()
+        for pid in set(self.pids) | set(self._find_pids()):
+            procs |= {pid} | _descendants(pid)
+        if self.exe is not None:
+            self.command("quit", timeout=STOP_TIMEOUT)
+        alive = _wait_gone(procs, STOP_TIMEOUT)
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _wait_gone(alive, STOP_TIMEOUT)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder, self.env, self.pids = None, {}, []
+
+
+# -- /proc (MPS runs on Linux only; no psutil on a bare GPU machine) ---------------------------
+
+def _pids() -> list[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _read(pid: int, name: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as fh:
+            return fh.read()
+    except OSError:  # gone, or another user's
+        return b""
+
+
+def _cmdline(pid: int) -> list[str]:
+    return [a.decode(errors="replace") for a in _read(pid, "cmdline").split(b"\0") if a]
+
+
+def _environ(pid: int) -> dict:
+    pairs = (a.decode(errors="replace").partition("=") for a in _read(pid, "environ").split(b"\0"))
+    return {k: v for k, _, v in pairs if k}
+
+
+def _stat(pid: int) -> list[str]:
+    """state, ppid, ... (the fields after the command name); [] when gone."""
+    text = _read(pid, "stat").decode(errors="replace")
+    return text.rsplit(")", 1)[1].split() if ")" in text else []
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def _descendants(pid: int) -> set:
+    parent = {}
+    for p in _pids():
+        fields = _stat(p)
+        if len(fields) > 1:
+            parent[p] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parent.items() if pp in frontier} - found
+        found |= frontier
+    return found
+
+
+def _wait_gone(pids, timeout: float) -> set:
+    """Wait (polling, ``POLL`` s apart) until ``pids`` exited; returns those still alive."""
+    deadline = time.monotonic() + timeout
+    alive = {p for p in pids if _alive(p)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(POLL)
+        alive = {p for p in alive if _alive(p)}
+    return alive

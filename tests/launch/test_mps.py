@@ -1,0 +1,226 @@
+"""The private MPS daemon of issue #19 (hvd_magic.launch.mps) and ``hvdrun --mps``, on CPU: a
+fake ``nvidia-cuda-mps-control`` (tests/fake_mps.py) first on PATH records what it was asked,
+and a fake nvidia-smi lists the GPUs (and their compute mode). Every test checks that no
+process it started outlives it (``no_leaks``)."""
+import json
+import os
+
+import pytest
+from fake_mps import fake_mps_control, fake_smi_modes, records
+from gpu_fakes import fake_smi
+
+from hvd_magic.launch import mps
+
+from .conftest import hvdrun
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
+
+# Each rank prints its MPS variables and whether the daemon's control FIFO exists right now.
+PROBE = ("import json, os; p = os.environ.get('CUDA_MPS_PIPE_DIRECTORY'); "
+         "print('MPS ' + json.dumps([os.environ['HVD_RANK'], p, "
+         "os.environ.get('CUDA_MPS_LOG_DIRECTORY'), "
+         "bool(p) and os.path.exists(os.path.join(p, 'control'))]))")
+
+
+@pytest.fixture
+def fake_mps(tmp_path, monkeypatch):
+    """The fake control program and one fake GPU on PATH; returns the record file's path."""
+    bin_ = fake_mps_control(tmp_path / "mps")
+    smi = fake_smi(tmp_path / "smi", 1)
+    monkeypatch.setenv("PATH", os.pathsep.join([bin_, smi, os.environ["PATH"]]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    record = str(tmp_path / "mps-record")
+    monkeypatch.setenv("FAKE_MPS_RECORD", record)
+    return record
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _what(record) -> list:
+    return [what for what, _ in records(record)]
+
+
+def test_decide_starts_only_when_ranks_outnumber_gpus():
+    assert mps.decide(2, 1)[0] and mps.decide(5, 2)[0]
+    assert not mps.decide(2, 2)[0] and not mps.decide(1, 4)[0]
+    start, note = mps.decide(3, 0)
+    assert not start and "no GPU" in note
+
+
+def test_daemon_starts_in_its_own_folders_answers_and_quits(fake_mps, no_leaks):
+    daemon = mps.MpsDaemon()
+    env = daemon.start()
+    pipe, log = env[mps.PIPE_ENV], env[mps.LOG_ENV]
+    assert os.path.dirname(pipe) == os.path.dirname(log) == daemon.folder
+    assert os.path.exists(os.path.join(pipe, "control")), "the daemon's FIFO is up"
+    assert daemon.pids and all(_alive(p) for p in daemon.pids)
+    assert _what(fake_mps) == ["start", "serve", "get_server_list"]
+    assert {p for _, p in records(fake_mps)} == {pipe}, "only our pipe directory was used"
+    pids, folder = list(daemon.pids), daemon.folder
+    daemon.stop()
+    assert _what(fake_mps)[-2:] == ["quit", "exit"]
+    assert not any(_alive(p) for p in pids) and not os.path.exists(folder)
+    daemon.stop()  # a second stop does nothing
+
+
+def test_served_reads_the_server_list_and_the_log(fake_mps, no_leaks):
+    with mps.MpsDaemon() as daemon:
+        assert daemon.served() == [], "no rank connected yet"
+        with open(os.path.join(daemon.env[mps.LOG_ENV], "control.log"), "a") as fh:
+            fh.write("[2026-11-26 17:00:00.000 Control 42] Starting new server 43 for user 0\n")
+        assert daemon.served() == [("[2026-11-26 17:00:00.000 Control 42] Starting new server "
+                                    "43 for user 0")]
+
+
+def test_no_control_program_on_path(tmp_path, monkeypatch, no_leaks):
+    monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi", 1) + os.pathsep + "/usr/bin:/bin")
+    with pytest.raises(mps.MpsError, match="nvidia-cuda-mps-control is not on PATH.*without --mps"):
+        mps.MpsDaemon().start()
+
+
+@pytest.mark.parametrize("fail", ["silent", "silent-rc0"])
+def test_daemon_that_never_answers_reports_its_log(fake_mps, monkeypatch, no_leaks, fail):
+    monkeypatch.setenv("FAKE_MPS_FAIL", fail)
+    daemon = mps.MpsDaemon(start_timeout=1.0)
+    with pytest.raises(mps.MpsError, match=r"did not come up(.|\n)*fake failure for the test"):
+        daemon.start()
+    assert daemon.folder is None, "its folders were removed"
+
+
+def test_control_program_that_fails_reports_its_output(fake_mps, monkeypatch, no_leaks):
+    monkeypatch.setenv("FAKE_MPS_FAIL", "exit")
+    with pytest.raises(mps.MpsError, match=r"-d` failed \(1\)(.|\n)*already running"):
+        mps.MpsDaemon().start()
+
+
+def test_gpu_in_a_compute_mode_mps_refuses(fake_mps, tmp_path, monkeypatch, no_leaks):
+    smi = fake_smi_modes(tmp_path / "smi-modes", ["Default", "Prohibited"])
+    monkeypatch.setenv("PATH", smi + os.pathsep + os.environ["PATH"])
+    with pytest.raises(mps.MpsError, match="GPU 1 is in compute mode Prohibited.*-c DEFAULT"):
+        mps.MpsDaemon().start()
+    assert _what(fake_mps) == [], "nothing was started"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the refused GPU is not ours
+    with mps.MpsDaemon() as daemon:
+        assert daemon.pids
+
+
+def test_daemon_that_ignores_quit_is_killed(fake_mps, monkeypatch, no_leaks):
+    monkeypatch.setenv("FAKE_MPS_FAIL", "stubborn")
+    monkeypatch.setattr(mps, "STOP_TIMEOUT", 1.0)
+    daemon = mps.MpsDaemon()
+    daemon.start()
+    pids = list(daemon.pids)
+    daemon.stop()
+    assert "quit" in _what(fake_mps) and "exit" not in _what(fake_mps)
+    assert not any(_alive(p) for p in pids)
+
+
+# ---- hvdrun --mps -----------------------------------------------------------------------------
+
+def _mps_lines(stdout: str) -> dict:
+    out = {}
+    for line in stdout.splitlines():
+        _, _, text = line.partition("<stdout>:")
+        if text.startswith("MPS "):
+            rank, pipe, log, up = json.loads(text[4:])
+            out[int(rank)] = (pipe, log, up)
+    return out
+
+
+def test_hvdrun_mps_runs_ranks_under_one_daemon_and_stops_it(fake_mps, no_leaks):
+    proc = hvdrun("-np", "2", "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    seen = _mps_lines(proc.stdout)
+    assert set(seen) == {0, 1}
+    assert len({v for v in seen.values()}) == 1, "both ranks see the same daemon"
+    pipe, log, up = seen[0]
+    assert pipe and log and up, "the daemon was up before the ranks started"
+    assert _what(fake_mps).count("start") == 1
+    assert _what(fake_mps)[-2:] == ["quit", "exit"], "stopped after the ranks"
+    assert "2 ranks share 1 GPU(s)" in proc.stderr
+    assert not os.path.exists(os.path.dirname(pipe))
+
+
+def test_hvdrun_mps_stops_the_daemon_after_a_failing_rank(fake_mps, no_leaks):
+    body = ("import os, sys, time; r = os.environ['HVD_RANK']; print('rank', r, flush=True); "
+            "sys.exit(3) if r == '1' else time.sleep(60)")
+    proc = hvdrun("-np", "2", "--mps", "python", "-c", body)
+    assert proc.returncode == 3, proc.stderr
+    assert _what(fake_mps).count("start") == 1
+    assert _what(fake_mps)[-2:] == ["quit", "exit"]
+
+
+def test_hvdrun_mps_stops_the_daemon_when_hvdrun_is_terminated(fake_mps, no_leaks):
+    import signal
+    import subprocess
+    import sys
+
+    body = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-m", "hvd_magic.launch.hvdrun", "-np", "2",
+                             "--mps", "python", "-c", body], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        ups = 0
+        while ups < 2:  # both ranks run under the daemon
+            line = proc.stdout.readline()
+            assert line, "hvdrun ended early: " + proc.stderr.read()
+            ups += line.rstrip().endswith("<stdout>:up")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert _what(fake_mps).count("start") == 1 and _what(fake_mps)[-2:] == ["quit", "exit"]
+
+
+def test_hvdrun_mps_without_shared_gpus_says_so_and_starts_nothing(fake_mps, tmp_path,
+                                                                   monkeypatch, no_leaks):
+    monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi2", 2) + os.pathsep + os.environ["PATH"])
+    proc = hvdrun("-np", "2", "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("no GPU is shared, so no MPS daemon was started") == 1
+    assert all(pipe is None for pipe, _, _ in _mps_lines(proc.stdout).values())
+    assert _what(fake_mps) == []
+
+
+def test_hvdrun_mps_dry_run_says_what_it_would_do(fake_mps, no_leaks):
+    proc = hvdrun("-np", "2", "--mps", "--dry-run", "python", "-c", PROBE)
+    assert proc.returncode == 0 and "2 ranks share 1 GPU(s)" in proc.stdout, proc.stdout
+    assert _what(fake_mps) == [], "a dry run starts nothing"
+
+
+def test_hvdrun_mps_errors(fake_mps, tmp_path, monkeypatch, no_leaks):
+    monkeypatch.setenv("FAKE_MPS_FAIL", "exit")
+    proc = hvdrun("-np", "2", "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 1 and "failed (1)" in proc.stderr
+    assert _mps_lines(proc.stdout) == {}, "no rank was started"
+    proc = hvdrun("-np", "2", "-H", "elsewhere.invalid:2", "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 2 and "on each host yourself" in proc.stderr
+
+
+# ---- hvd_magic.run(fn, mps=True) ------------------------------------------------------------
+
+def test_run_mps_gives_the_ranks_the_daemon_and_stops_it(fake_mps, no_leaks):
+    import io
+
+    from hvd_magic.launch import run
+
+    probe = (lambda: [__import__("os").environ.get("CUDA_MPS_PIPE_DIRECTORY"),
+                      __import__("os").path.exists(__import__("os").path.join(
+                          __import__("os").environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/",
+                          "control"))])
+    err = io.StringIO()
+    got = run(probe, np=2, mps=True, stdout=io.StringIO(), stderr=err)
+    assert got[0] == got[1] and got[0][0] and got[0][1], got
+    assert err.getvalue().count("2 ranks share 1 GPU(s)") == 1, err.getvalue()
+    assert _what(fake_mps).count("start") == 1 and _what(fake_mps)[-2:] == ["quit", "exit"]
+    assert run(probe, np=2, stdout=io.StringIO(), stderr=io.StringIO()) == [[None, False]] * 2
+    with pytest.raises(ValueError, match="on each host yourself"):
+        run(probe, np=2, mps=True, use_mpi=True)
