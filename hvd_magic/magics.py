@@ -19,6 +19,7 @@ from .cellrun import CellRun
 from .cluster import HvdCluster
 from .errors import HvdError, RankError, RanksDead, died
 from .ranks import format_ranks, parse_ranks
+from .recovery import incomplete_note
 
 NO_CLUSTER = "no hvd cluster is running; start one with %hvd_start -n 4"
 CELL_PREFIX = "get_ipython().run_cell_magic('hvd', "
@@ -346,7 +347,7 @@ class HvdMagics(Magics):
             raise RanksDead([died(cluster, r, why) for r, why in sorted(dead.items())],
                             list(range(cluster.size)),
                             f"hvd: rank(s) {format_ranks(dead)} of the cluster are dead",
-                            ["Run %hvd_restart to start all ranks again."])
+                            [incomplete_note(cluster)])
         busy = cluster.busy_ranks()
         if busy:
             raise RankError([], list(range(cluster.size)),

@@ -157,6 +157,8 @@ class RankSetup:
         c = self.cluster
         if not any(r.core for r in c.ranks):
             return {}
+        if c.elastic is not None:  # an elastic core's init() joins the next generation
+            c.elastic.publish([r.engine_id for r in c.ranks], {}, reason)
         pending = {r.rank: c.client[r.engine_id].apply_async(engine_side.reset_core, reason)
                    for r in c.ranks}
         deadline = time.monotonic() + timeout
