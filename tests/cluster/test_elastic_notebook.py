@@ -21,10 +21,10 @@ SHOW = ("%%hvd --out world\nimport os\n"
         "(hvd.rank(), hvd.size(), hvd.local_rank(), globals().get('kept'), os.getpid(), "
         "hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
 
-# A small model trained with @hvd.elastic.run; every commit is counted. ``victim`` (pushed
+# A small model trained with @hvd.elastic.run; every commit that returned is counted. ``victim`` (pushed
 # per rank) makes that engine SIGKILL itself at ``KILL_AT``, mid-epoch, inside a step.
 TRAIN = """%%hvd --out result
-import os, signal
+import os, signal, time
 torch.manual_seed(0)
 g = torch.Generator().manual_seed(1)
 X = torch.randn(2048, 16, generator=g)
@@ -32,15 +32,15 @@ y = (X @ torch.randn(16, generator=g) > 0).long()
 model = torch.nn.Linear(16, 2)
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
                                named_parameters=model.named_parameters())
-state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0, committed=[])
+state = hvd.elastic.TorchState(model=model, optimizer=opt, step=0)
 STEPS, KILL_AT = 60, {kill_at}
+done = []  # steps whose commit returned; outside the state, so a restore never rewrites it
 
 @hvd.elastic.run
 def train(state):
     while state.step < STEPS:
         if victim and state.step == KILL_AT:
             os.kill(os.getpid(), signal.SIGKILL)
-        state.committed.append(state.step)  # before the step's allreduce: a restore undoes it
         order = torch.randperm(2048, generator=torch.Generator().manual_seed(state.step))
         idx = order[:256].chunk(hvd.size())[hvd.rank()]
         opt.zero_grad()
@@ -48,11 +48,13 @@ def train(state):
         opt.step()
         state.step += 1
         state.commit()
+        done.append(state.step - 1)
+        time.sleep(0.05)  # training goes on for seconds after the kill: the cell must wait
 
 train(state)
 with torch.no_grad():
     accuracy = (model(X).argmax(1) == y).float().mean().item()
-(accuracy, list(state.committed), hvd.size(), hvd.rank())
+(accuracy, done, hvd.size(), hvd.rank())
 """
 
 
@@ -86,6 +88,8 @@ def test_grow_2_to_4_keeps_state(elastic, run):
     assert res.error is None, res.text
     assert "scaled from 2 to 4 ranks" in res.out
     assert elastic.size == 4 and [r.rank for r in elastic.ranks] == [0, 1, 2, 3]
+    # the driver's table (GPU pins of the new ranks follow its local ranks) = the core's
+    assert [r.local_rank for r in elastic.ranks] == [0, 1, 2, 3]
     assert [r.pid for r in elastic.ranks[:2]] == before  # the same engines, state kept
     assert run(SHOW).error is None
     world = magics().shell.user_ns["world"]
