@@ -193,3 +193,23 @@ def test_death_below_min_np_fails_the_cell_cleanly(elastic, run):
     assert run(SHOW).error is None
     assert {v[1] for v in magics().shell.user_ns["world"].values()} == {4}
 
+
+
+def test_death_outside_elastic_run_then_scale_replaces(elastic, run):
+    """Code that is not elastic fails on the dead peer as usual; the report says how to
+    replace just that rank, and %hvd_scale does (the survivors' failed cores re-form)."""
+    assert elastic.size == 4
+    for info in elastic.ranks:
+        elastic.client[info.engine_id].push({"victim": info.rank == 2, "kept": "x"}, block=True)
+    res = run("%%hvd\nimport os, signal\nif victim:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+              "hvd.allreduce(torch.ones(1), name='after.kill')")
+    assert isinstance(res.error, RankError), res.text
+    text = "\n".join(res.error._render_traceback_())
+    assert "rank 2" in text and "%hvd_scale -n 4 starts replacements" in text, text
+    res = run("%hvd_scale -n 4")
+    assert res.error is None, res.text
+    assert run(SHOW).error is None
+    world = magics().shell.user_ns["world"]
+    assert sorted((v[0], v[1], v[3]) for v in world.values()) == [
+        (0, 4, "x"), (1, 4, "x"), (2, 4, "x"), (3, 4, None)]
+    assert {v[5] for v in world.values()} == {4.0}
