@@ -89,6 +89,9 @@ class HvdMagics(Magics):
               help="environment variable for the engines (repeatable)")
     @argument("--no-dashboard", dest="dashboard", action="store_false",
               help="do not show the live dashboard (%%hvd_dashboard shows it later)")
+    @argument("--min-np", dest="min_np", type=int, default=None,
+              help="elastic from the start (local launcher): a rank lost in an "
+                   "@hvd.elastic.run cell is dropped unless fewer than this many remain")
     @line_magic
     def hvd_start(self, line):
         """Start N persistent ranks (an ipyparallel cluster) and initialise hvd on each.
@@ -117,6 +120,7 @@ class HvdMagics(Magics):
             ...
             In [3]: %hvd_start -n 2 --launcher local --env HVD_LOG=info
             In [4]: %hvd_start -n 4 --launcher ssh --hosts node1:2,node2:2
+            In [5]: %hvd_start -n 4 --launcher local --min-np 2   # elastic: %hvd_scale?
         """
         args = parse_argstring(self.hvd_start, line)
         if self.cluster is not None:
@@ -126,6 +130,8 @@ class HvdMagics(Magics):
             return
         if args.n < 1:
             raise UsageError(f"%hvd_start -n {args.n}: need at least one rank")
+        from .scalemagics import check_start_elastic, start_elastic
+        check_start_elastic(args)
         cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
                              hosts=args.hosts)
         try:
@@ -136,7 +142,7 @@ class HvdMagics(Magics):
         except HvdError as exc:
             raise UsageError(f"%hvd_start: {exc}") from None
         self.cluster = cluster
-        self._announce(notes)
+        self._announce(notes + start_elastic(cluster, args.min_np))
         if args.dashboard:
             from .dashboard import open_dashboard
             cluster.dashboard = open_dashboard(cluster)

@@ -79,8 +79,12 @@ def scale(cluster, n: int, min_np: int | None = None, progress=None) -> list[str
         first = failed[min(failed)]
         raise HvdError(f"ranks {format_ranks(failed)} could not join the new world of {n} "
                        f"ranks: {first}. Fix: %hvd_restart")
-    return [f"scaled from {old_size} to {n} ranks (generation {ew.generation}) in "
-            f"{time.perf_counter() - t0:.1f} s; the ranks' variables are kept" +
+    took = f"{time.perf_counter() - t0:.1f} s"
+    if old_size == n and not dead:
+        return [f"the {n} ranks are elastic (generation {ew.generation}, --min-np "
+                f"{ew.min_np}) after {took}"]
+    return [f"scaled from {old_size} to {n} ranks (generation {ew.generation}) in {took}; "
+            f"the ranks' variables are kept" +
             ("; new ranks start with an empty namespace" if new else "")]
 
 

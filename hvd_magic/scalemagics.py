@@ -14,6 +14,31 @@ from . import status as status_mod
 from .errors import HvdError
 
 
+def check_start_elastic(args) -> None:
+    """``%hvd_start --min-np``: refuse before starting anything what cannot be elastic."""
+    from .scale import SCALABLE_LAUNCHERS
+
+    if args.min_np is None:
+        return
+    if args.launcher not in SCALABLE_LAUNCHERS:
+        raise UsageError(f"%hvd_start --min-np: the {args.launcher} launcher cannot lose or add "
+                         f"single ranks (mpiexec's world is fixed); use --launcher local")
+    if not 1 <= args.min_np <= args.n:
+        raise UsageError(f"%hvd_start --min-np {args.min_np}: need 1 <= --min-np <= -n {args.n}")
+
+
+def start_elastic(cluster, min_np) -> list[str]:
+    """Make a just-started cluster elastic (its ranks join generation 1); notes to print."""
+    if min_np is None:
+        return []
+    from .scale import scale
+
+    try:
+        return scale(cluster, cluster.size, min_np)
+    except HvdError as exc:
+        raise UsageError(f"%hvd_start --min-np {min_np}: {exc}") from None
+
+
 @magics_class
 class ScaleMagics(Magics):
     """``%hvd_scale`` on the cluster owned by ``main`` (the HvdMagics instance)."""

@@ -76,6 +76,22 @@ def test_scale_errors(run, no_cluster):
         scale.check(Mpi(), 3, None)
     with pytest.raises(HvdError, match="at least one rank"):
         scale.check(Mpi(), 0, None)
+    for line, why in (("-n 2 --min-np 1", "the mpi launcher cannot lose or add single ranks"),
+                      ("-n 2 --launcher local --min-np 3", "need 1 <= --min-np <= -n 2")):
+        res = run(f"%hvd_start {line}")
+        assert res.error is not None and why in str(res.error), res.text
+        assert magics().cluster is None  # refused before anything started
+
+
+def test_start_elastic_from_the_start(run, shell):
+    with parked_cluster(shell):
+        res = start_cluster(shell, "-n 2 --launcher local --gpus none --no-dashboard --min-np 2")
+        assert "the 2 ranks are elastic (generation 1, --min-np 2)" in res.out, res.out
+        cluster = magics().cluster
+        assert cluster.elastic is not None and cluster.elastic.engines == \
+            [r.engine_id for r in cluster.ranks]
+        assert run(SHOW).error is None
+        assert {v[1] for v in magics().shell.user_ns["world"].values()} == {2}
 
 
 def test_grow_2_to_4_keeps_state(elastic, run):
