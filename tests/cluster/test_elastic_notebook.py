@@ -21,8 +21,8 @@ SHOW = ("%%hvd --out world\nimport os\n"
         "(hvd.rank(), hvd.size(), hvd.local_rank(), globals().get('kept'), os.getpid(), "
         "hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
 
-# A small model trained with @hvd.elastic.run; every commit that returned is counted. ``victim`` (pushed
-# per rank) makes that engine SIGKILL itself at ``KILL_AT``, mid-epoch, inside a step.
+# A small model trained with @hvd.elastic.run; every commit that returned is counted.
+# ``victim`` (pushed per rank) makes that engine SIGKILL itself at ``KILL_AT``, mid-epoch.
 TRAIN = """%%hvd --out result
 import os, signal, time
 torch.manual_seed(0)
