@@ -91,7 +91,7 @@ class RankSetup:
                           pid=by_engine[e]["pid"]) for r, e in enumerate(order)]
         seen: dict[str, int] = {}
         for info in ranks:
-            info.local_rank = seen.get(info.host, 0)
+            info.local_rank = info.pin_slot = seen.get(info.host, 0)
             seen[info.host] = info.local_rank + 1
         c.ranks = ranks
         notes = self._init_engines(ranks, mpi=c.launcher == "mpi", local_sizes=seen)

@@ -66,6 +66,7 @@ def scale(cluster, n: int, min_np: int | None = None, progress=None) -> list[str
     new = _start_engines(cluster, n - len(keep), progress) if n > len(keep) else []
     removed = keep[n:]
     ranks = _renumber(keep[:n] + new)
+    assign_pin_slots(ranks)
     why = (f"%hvd_scale -n {n}" + (f" (rank(s) {format_ranks(dead)} had died)" if dead else ""))
     ew.publish([r.engine_id for r in ranks], {r.engine_id: r.pid for r in ranks}, why)
     failed = _join(cluster, ranks, new, removed)
@@ -114,6 +115,22 @@ def _renumber(ranks: list[RankInfo]) -> list[RankInfo]:
     return out
 
 
+def assign_pin_slots(ranks: list[RankInfo]) -> None:
+    """A new rank's GPU: the lowest pin slot (local rank at pinning time) that no other rank
+    on its host holds. Kept ranks keep their GPU (pinned when their process started) while
+    their local rank may change after a death, so a replacement takes the dead rank's GPU
+    instead of doubling up on one that a survivor holds."""
+    taken: dict[str, set] = {}
+    for r in ranks:
+        if r.pin_slot is not None:
+            taken.setdefault(r.host, set()).add(r.pin_slot)
+    for r in ranks:
+        if r.pin_slot is None:
+            used = taken.setdefault(r.host, set())
+            r.pin_slot = next(s for s in range(len(used) + 1) if s not in used)
+            used.add(r.pin_slot)
+
+
 def _join(cluster, ranks, new, removed) -> dict[int, str]:
     """Step D; returns {rank: error} of ranks that did not join."""
     c, ew = cluster, cluster.elastic
@@ -125,8 +142,8 @@ def _join(cluster, ranks, new, removed) -> dict[int, str]:
     for r in ranks:
         env = ew.engine_env(r.engine_id)
         if r.engine_id in fresh:
-            call = (engine_side.init_engine, r.rank, env, c.gpus, r.local_rank,
-                    c.setup.with_core, local_sizes[r.host])
+            call = (engine_side.init_engine, r.rank, env, c.gpus, r.pin_slot,
+                    c.setup.with_core, max(local_sizes[r.host], r.pin_slot + 1))
         else:
             call = (engine_side.rejoin, env)
         pending[r.rank] = c.client[r.engine_id].apply_async(*call)
