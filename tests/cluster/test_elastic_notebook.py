@@ -229,3 +229,14 @@ def test_death_outside_elastic_run_then_scale_replaces(elastic, run):
     assert sorted((v[0], v[1], v[3]) for v in world.values()) == [
         (0, 4, "x"), (1, 4, "x"), (2, 4, "x"), (3, 4, None)]
     assert {v[5] for v in world.values()} == {4.0}
+
+
+def test_restart_returns_to_a_plain_cluster(elastic, run):
+    size = elastic.size
+    res = run("%hvd_restart")
+    assert res.error is None, res.text
+    assert elastic.elastic is None and elastic.size == size
+    assert run(SHOW).error is None
+    world = magics().shell.user_ns["world"]
+    assert sorted(v[:4] for v in world.values()) == [(r, size, r, None) for r in range(size)]
+    assert "elastic" not in run("%hvd_status").out
