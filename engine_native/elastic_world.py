@@ -21,7 +21,9 @@ B. It publishes its address under ``<job>/gen<g>/<rank>`` and waits for its peer
    waits it checks ``latest``: a newer generation means a peer of ``g`` is gone (it died
    before publishing), so it abandons ``g`` and goes back to A. Nobody waits on a dead world.
 C. A worker absent from the newest generation (its host was removed or blacklisted) stops
-   with an error; the driver has already stopped it or is about to.
+   with an error; the driver has already stopped it or is about to. A generation with an
+   ``error`` (the notebook's driver: too few ranks left, hvd_magic.elastic) raises that error
+   on every worker at once.
 """
 from __future__ import annotations
 
@@ -117,6 +119,9 @@ def join(connect) -> object:
                 "the hosts change or every worker asks for a reset") from None
         gen = max(want, latest())  # ``latest`` is written after ``gen<g>``: it may lag
         world = json.loads(store.get(f"{job}/elastic/gen{gen}", timeout=30.0))
+        if world.get("error"):  # the world cannot re-form (too few workers left): say why
+            _generation = gen
+            raise RuntimeError(f"elastic worker {worker_id()}: {world['error']}")
         rank: int | None = world["ranks"].get(worker_id())
         if rank is None:
             raise RuntimeError(f"elastic worker {worker_id()} is not part of generation {gen} "

@@ -6,7 +6,8 @@
 ... print(hvd.rank(), hvd.allreduce(torch.ones(1) * hvd.rank(), op=hvd.Sum))
 
 Magics: ``%hvd_start``, ``%%hvd``, ``%hvd_stop``, ``%hvd_restart``, ``%hvd_status``,
-``%hvd_push``, ``%hvd_pull``, ``%hvd_dashboard``, ``%hvd_timeline``, ``%hvd_autotune`` (each
+``%hvd_push``, ``%hvd_pull``, ``%hvd_scale``, ``%hvd_dashboard``, ``%hvd_timeline``,
+``%hvd_autotune`` (each
 has ``%magic?`` help). Hooks for other code (the dashboard): :func:`interrupt_running_cell`
 (its Stop button), :func:`show_status` / :func:`register_status_renderer` (how status is
 shown), :func:`add_listener` (cluster and cell events).
@@ -27,6 +28,7 @@ __all__ = ["load_ipython_extension", "unload_ipython_extension", "cell_async",
 
 _magics = None
 _dash_magics = None
+_scale_magics = None
 _transform = None
 
 _LAZY = {"run": (".launch", "run"), "HorovodRunner": (".runner", "HorovodRunner")}
@@ -45,15 +47,18 @@ def __getattr__(name):
 
 def load_ipython_extension(ipython) -> None:
     """``%load_ext hvd_magic``: register the magics and the ``%%hvd`` await transformer."""
-    global _magics, _dash_magics, _transform
+    global _magics, _dash_magics, _scale_magics, _transform
     from .dashmagics import DashboardMagics
     from .magics import HvdMagics, async_cell_transform
+    from .scalemagics import ScaleMagics
 
     if _magics is None or _magics.shell is not ipython:
         _magics = HvdMagics(ipython)
         _dash_magics = DashboardMagics(ipython, _magics)
+        _scale_magics = ScaleMagics(ipython, _magics)
     ipython.register_magics(_magics)
     ipython.register_magics(_dash_magics)
+    ipython.register_magics(_scale_magics)
     if _transform is None:
         _transform = async_cell_transform(ipython)
         ipython.input_transformers_post.append(_transform)

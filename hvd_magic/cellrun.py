@@ -251,7 +251,8 @@ class CellRun:
         if now - min(self._done_at[r] for r in failed) < FAILFAST_AFTER:
             return None
         if any(self._died(r) for r in failed):
-            return "failfast"
+            # an elastic world re-forms without the dead (Note [Rank lost in a cell])
+            return None if self.cluster.elastic is not None else "failfast"
         waiting = [r for r in self._running() if self._live_pending(r)]
         return "failfast" if waiting else None
 
@@ -318,10 +319,15 @@ class CellRun:
 
     def finish(self):
         """Recover if needed and return ``{rank: value}``; raise RankError on failures."""
+        from .elastic import absorb_deaths
         from .recovery import recover
 
         failures = self.failures()
         if self.reason is None and not failures:
+            return self.values()
+        note = absorb_deaths(self, failures)
+        if note:
+            print(note)
             return self.values()
         header, notes, stuck = recover(self, failures)
         if any(f.kind == "died" for f in failures):

@@ -75,6 +75,7 @@ class HvdCluster:
         self.started_at: float | None = None
         self.ready_seconds: float | None = None
         self.dashboard = None  # hvd_magic.dashboard.Dashboard, set by the magics
+        self.elastic = None  # hvd_magic.elastic.ElasticWorld, once %hvd_scale resized it
         self._loop = LoopThread()
         self._reaper: reaper.Reaper | None = None
         self.mps = ClusterMps(mps)
@@ -137,6 +138,7 @@ class HvdCluster:
         self._shutdown_cores()
         if self.setup is not None:
             self.setup.close()
+        self._drop_elastic()
         if self.client is not None:
             self.client.close()
             self.client = None
@@ -161,6 +163,7 @@ class HvdCluster:
         if self.setup is not None:
             self.setup.close()
         self._stop_engines()
+        self._drop_elastic()
         deadline = time.monotonic() + ENGINE_STOP_WAIT
         while self.client.ids and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -168,6 +171,11 @@ class HvdCluster:
         notes = self._start_engines(progress)
         self.ready_seconds = time.perf_counter() - t0
         return notes
+
+    def _drop_elastic(self) -> None:
+        if self.elastic is not None:
+            self.elastic.close()
+            self.elastic = None
 
     def _stop_engines(self) -> None:
         """SIGTERM every engine at once, then let ipyparallel reap them: its launchers wait
@@ -185,23 +193,27 @@ class HvdCluster:
     def _engine_set(self):
         return next(iter(self.ipp.engines.values()), None) if self.ipp else None
 
-    def _wait_for_engines(self, progress, old: set) -> list[int]:
+    def _wait_for_engines(self, progress, old: set, count: int | None = None,
+                          engine_set=None) -> list[int]:
+        """``count`` (default n) engines not in ``old``; ``engine_set``: the set starting them
+        (default the first), watched for an early exit."""
+        count = self.n if count is None else count
         deadline = time.monotonic() + self.timeout
         while True:
             new = sorted(set(self.client.ids) - old)
             if progress:
-                progress(len(new), self.n)
-            if len(new) >= self.n:
-                return new[: self.n]
-            exited = self._launcher_exit()
+                progress(len(new), count)
+            if len(new) >= count:
+                return new[:count]
+            exited = self._launcher_exit(engine_set)
             if exited or time.monotonic() > deadline:
-                output = launcher_output(self._engine_set())
-                raise preflight.registration_failure(self.n, len(new), self.timeout,
+                output = launcher_output(engine_set or self._engine_set())
+                raise preflight.registration_failure(count, len(new), self.timeout,
                                                      self.launcher, output, exited)
             time.sleep(0.05)
 
-    def _launcher_exit(self) -> str | None:
-        es = self._engine_set()
+    def _launcher_exit(self, es=None) -> str | None:
+        es = es or self._engine_set()
         if es is None:
             return "no engine set"
         stop = getattr(es, "stop_data", None) or {}
@@ -246,10 +258,11 @@ class HvdCluster:
 
     def _exit_reason(self, info: RankInfo) -> str:
         es = self._engine_set()
-        stop = (getattr(es, "stop_data", None) or {}) if es is not None else {}
-        for data in (stop.get("engines") or {}).values():
-            if data.get("pid") == info.pid:
-                return describe_exit(data.get("exit_code"))
+        for each in (self.ipp.engines.values() if self.ipp else ()):  # %hvd_scale adds sets
+            stop = getattr(each, "stop_data", None) or {}
+            for data in (stop.get("engines") or {}).values():
+                if data.get("pid") == info.pid:
+                    return describe_exit(data.get("exit_code"))
         if self.launcher == "mpi" and es is not None:
             deadline = time.monotonic() + MPIEXEC_REPORT_WAIT  # mpiexec writes its report last
             while getattr(es, "state", "") != "after" and time.monotonic() < deadline:

@@ -9,6 +9,8 @@ widget view when the notebook has a widget frontend, starts a publisher on every
 
 - ``restarted``: the old ranks are forgotten and the new engines publish to the same hub;
 - ``cell_end``: ranks whose engine died are shown dead with the reason;
+- ``scaled``: the world re-formed (hvd_magic.elastic): rows follow the new ranks and the
+  change, with the ranks that left and why, shows with the cluster row;
 - ``stopped``: "cluster stopped" is shown and the hub stops.
 
 Between those, a hub sink (:class:`_DeathWatch`) marks ranks whose engine left the
@@ -90,6 +92,7 @@ class Dashboard:
         self.key = secrets.token_bytes(32)
         self.hub = None
         self._watch = _DeathWatch(self)
+        self._size = cluster.size  # the world's size last shown (elastic changes)
 
     # -- lifecycle (main thread) ------------------------------------------------------------
 
@@ -172,6 +175,8 @@ class Dashboard:
             self.hub.model.expect(range(cluster.size))
             for note in self.attach_engines():
                 print(f"hvd: {note}")
+        elif event == "scaled":
+            self._rescaled(cluster)
         elif event == "cell_end":
             run = details.get("run")
             if getattr(run, "reason", None) == "stop button" and self.hub.view is not None:
@@ -181,6 +186,25 @@ class Dashboard:
                 self.hub.mark_dead(rank, reason=why)
         elif event == "stopped":
             self.close(engines_alive=False)
+
+    def _rescaled(self, cluster) -> None:
+        """The world re-formed (%hvd_scale, or a rank lost in a cell): rows are renumbered,
+        the ranks' publishers restarted under their new ranks, and the change (with the
+        ranks that left and why) is shown with the cluster row."""
+        from .widgets.model import WorldChange
+
+        ew = cluster.elastic
+        left = tuple((d.rank, d.pid, d.why) for d in ew.departed
+                     if d.generation == ew.generation) if ew is not None else ()
+        self.hub.model.record_world(WorldChange(ew.generation if ew else 0, self._size,
+                                                cluster.size, left))
+        self._size = cluster.size
+        self.hub.forget()
+        self._watch.marked.clear()
+        self.hub.model.expect(range(cluster.size))
+        for note in self.attach_engines():
+            print(f"hvd: {note}")
+        self.hub.notify()
 
     # -- controls (main thread; answers arrive on the hub thread) ---------------------------
 

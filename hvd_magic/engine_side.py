@@ -190,6 +190,35 @@ def _reset_optimizers() -> int:
     return count
 
 
+def set_rank(rank: int) -> None:
+    """The driver renumbered the ranks (an elastic world re-formed, hvd_magic.elastic)."""
+    global RANK
+    _ignore_late_interrupts()
+    RANK = rank
+
+
+def rejoin(env: dict) -> dict:
+    """Leave the current world and join the newest elastic generation (``%hvd_scale``):
+    the core restarts, the namespace stays. ``env`` makes ``hvd.init()`` elastic (the first
+    time) and names the generation. Returns the core's new rank, size and local rank."""
+    global RANK
+    _ignore_late_interrupts()
+    os.environ.update(env)
+    basics = _basics()
+    if basics is None:
+        return {"core": None, "error": "the core is not running on this engine"}
+    hvd = sys.modules[_CORE_MODULE]
+    try:
+        if basics.is_initialized():
+            hvd.shutdown()
+        hvd.init()
+    except BaseException as exc:
+        return {"core": _CORE_MODULE, "error": f"{type(exc).__name__}: {exc}"}
+    RANK = hvd.rank()
+    return {"core": _CORE_MODULE, "core_rank": hvd.rank(), "core_size": hvd.size(),
+            "local_rank": hvd.local_rank(), "optimizers_reset": _reset_optimizers()}
+
+
 def shutdown_core() -> None:
     _ignore_late_interrupts()
     basics = _basics()

@@ -19,6 +19,7 @@ from .cellrun import CellRun
 from .cluster import HvdCluster
 from .errors import HvdError, RankError, RanksDead, died
 from .ranks import format_ranks, parse_ranks
+from .recovery import incomplete_note
 
 NO_CLUSTER = "no hvd cluster is running; start one with %hvd_start -n 4"
 CELL_PREFIX = "get_ipython().run_cell_magic('hvd', "
@@ -91,6 +92,9 @@ class HvdMagics(Magics):
               help="environment variable for the engines (repeatable)")
     @argument("--no-dashboard", dest="dashboard", action="store_false",
               help="do not show the live dashboard (%%hvd_dashboard shows it later)")
+    @argument("--min-np", dest="min_np", type=int, default=None,
+              help="elastic from the start (local launcher): a rank lost in an "
+                   "@hvd.elastic.run cell is dropped unless fewer than this many remain")
     @line_magic
     def hvd_start(self, line):
         """Start N persistent ranks (an ipyparallel cluster) and initialise hvd on each.
@@ -121,6 +125,7 @@ class HvdMagics(Magics):
             In [4]: %hvd_start -n 4 --launcher ssh --hosts node1:2,node2:2
             In [5]: %hvd_start -n 2 --mps      # 2 ranks sharing one GPU, under MPS
             hvd: --mps: 2 ranks share 1 GPU(s) on node1: they run under a private MPS daemon
+            In [6]: %hvd_start -n 4 --launcher local --min-np 2   # elastic: %hvd_scale?
         """
         args = parse_argstring(self.hvd_start, line)
         if self.cluster is not None:
@@ -130,6 +135,8 @@ class HvdMagics(Magics):
             return
         if args.n < 1:
             raise UsageError(f"%hvd_start -n {args.n}: need at least one rank")
+        from .scalemagics import check_start_elastic, start_elastic
+        check_start_elastic(args)
         cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
                              hosts=args.hosts, mps=args.mps)
         try:
@@ -140,7 +147,7 @@ class HvdMagics(Magics):
         except HvdError as exc:
             raise UsageError(f"%hvd_start: {exc}") from None
         self.cluster = cluster
-        self._announce(notes)
+        self._announce(notes + start_elastic(cluster, args.min_np))
         if args.dashboard:
             from .dashboard import open_dashboard
             cluster.dashboard = open_dashboard(cluster)
@@ -351,7 +358,7 @@ class HvdMagics(Magics):
             raise RanksDead([died(cluster, r, why) for r, why in sorted(dead.items())],
                             list(range(cluster.size)),
                             f"hvd: rank(s) {format_ranks(dead)} of the cluster are dead",
-                            ["Run %hvd_restart to start all ranks again."])
+                            [incomplete_note(cluster)])
         busy = cluster.busy_ranks()
         if busy:
             raise RankError([], list(range(cluster.size)),

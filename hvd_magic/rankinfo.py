@@ -20,3 +20,4 @@ class RankInfo:
     device_memory: int | None = None  # bytes, for a GPU
     core: str | None = None
     core_error: str | None = None
+    pin_slot: int | None = None  # the local rank its GPU was pinned for (kept when renumbered)

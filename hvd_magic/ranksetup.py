@@ -93,7 +93,7 @@ class RankSetup:
                           pid=by_engine[e]["pid"]) for r, e in enumerate(order)]
         seen: dict[str, int] = {}
         for info in ranks:
-            info.local_rank = seen.get(info.host, 0)
+            info.local_rank = info.pin_slot = seen.get(info.host, 0)
             seen[info.host] = info.local_rank + 1
         c.ranks = ranks
         mps_notes = c.mps.prepare(ranks, self.launch_env)  # before any rank touches CUDA
@@ -161,6 +161,8 @@ class RankSetup:
         c = self.cluster
         if not any(r.core for r in c.ranks):
             return {}
+        if c.elastic is not None:  # an elastic core's init() joins the next generation
+            c.elastic.publish([r.engine_id for r in c.ranks], {}, reason)
         pending = {r.rank: c.client[r.engine_id].apply_async(engine_side.reset_core, reason)
                    for r in c.ranks}
         deadline = time.monotonic() + timeout

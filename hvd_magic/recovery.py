@@ -99,7 +99,7 @@ def recover(run, failures) -> tuple[str, list[str], dict]:
     notes = []
     has_core = any(info.core for info in c.ranks)
     if dead:
-        notes.append("The cluster is incomplete: run %hvd_restart to start all ranks again.")
+        notes.append(incomplete_note(c))
     elif stuck_now:
         notes.append(f"{rank_label(sorted(stuck_now), world)} did not respond to SIGINT "
                      f"(stuck in code that ignores signals?). Run %hvd_restart to start fresh "
@@ -114,6 +114,15 @@ def recover(run, failures) -> tuple[str, list[str], dict]:
         for r in g["ranks"]:
             stuck.setdefault(r, []).append(g["label"])
     return "\n".join(line for line in [_header(run, dead), *lines] if line), notes, stuck
+
+
+def incomplete_note(cluster) -> str:
+    """What to do about dead ranks: an elastic cluster can replace just them."""
+    if cluster.elastic is not None:
+        return (f"The cluster is incomplete: %hvd_scale -n {cluster.size} starts replacements "
+                f"(the other ranks keep their variables), or %hvd_restart starts all ranks "
+                f"again.")
+    return "The cluster is incomplete: run %hvd_restart to start all ranks again."
 
 
 def _reset(run, world) -> str:

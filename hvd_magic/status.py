@@ -38,6 +38,7 @@ class ClusterStatus:
     ready_seconds: float | None
     started_at: float | None
     ranks: list[RankStatus] = field(default_factory=list)
+    elastic: list[str] = field(default_factory=list)  # generation and ranks that left
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -62,7 +63,18 @@ def collect(cluster, live: bool = True) -> ClusterStatus:
         rows.append(RankStatus(r.rank, r.engine_id, r.host, r.pid, r.local_rank, device,
                                _core_text(r, cores.get(r.rank)), state))
     return ClusterStatus(cluster.launcher, cluster.n, cluster.ipp.cluster_id if cluster.ipp
-                         else "", cluster.ready_seconds, cluster.started_at, rows)
+                         else "", cluster.ready_seconds, cluster.started_at, rows,
+                         _elastic_lines(cluster.elastic))
+
+
+def _elastic_lines(ew) -> list[str]:
+    """An elastic cluster's generation and the ranks that left it (latest 5)."""
+    if ew is None:
+        return []
+    lines = [f"elastic: generation {ew.generation}, --min-np {ew.min_np}"]
+    lines += [f"left at generation {d.generation}: rank {d.rank} (pid {d.pid} on {d.host}), "
+              f"{d.why}" for d in ew.departed[-5:]]
+    return lines
 
 
 def _core_text(info, state: dict | None) -> str:
@@ -94,7 +106,7 @@ def format_status(status: ClusterStatus) -> str:
               for i, c in enumerate(cols)]
     lines = [head, "  " + "  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + status.elastic)
 
 
 def _ago(seconds: float) -> str:

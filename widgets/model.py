@@ -64,6 +64,18 @@ class ClusterRow:
     fusion: float = None  # tensors per fused batch
     split: dict = None  # fractions of wall time, see rates.time_split
     straggler: int = None  # rank that waits least while others wait, when the gap is large
+    world: tuple = ()  # the latest WorldChange records, oldest first (elastic clusters)
+
+
+@dataclass(frozen=True)
+class WorldChange:
+    """An elastic cluster re-formed: ``size_before`` → ``size`` ranks at ``generation``;
+    ``left`` holds (rank, pid, why) of the ranks that left (dead or removed)."""
+
+    generation: int
+    size_before: int
+    size: int
+    left: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,7 @@ class DashboardModel:
         self.max_bar_s = max_bar_s
         self._lock = threading.Lock()
         self._ranks = {}
+        self._world = ()
         self._cluster_series = Series(spark_span_s)
         self._cluster_unit = None
         self._scores = {}
@@ -170,6 +183,12 @@ class DashboardModel:
                 self._cluster_series.clear()
                 self._scores.clear()
                 self._last_sample = self._autotune_rank = None
+
+    def record_world(self, change, keep=3):
+        """Remember that the world re-formed (a :class:`WorldChange`); the last ``keep``
+        changes are shown with the cluster row."""
+        with self._lock:
+            self._world = (self._world + (change,))[-keep:]
 
     def mark_dead(self, rank, exit_code=None, signal=None, reason=None):
         """Mark a rank dead (the driver saw its engine exit, ``reason`` says how when known,
@@ -347,7 +366,7 @@ class DashboardModel:
                 ranks=len(self._ranks), counts=counts, unit=unit, total_rate=total,
                 spark=tuple(self._cluster_series.values()), slowest=slowest, fastest=fastest,
                 spread=spread, fusion=fusion_ratio(h for _, h in hists), split=split,
-                straggler=straggler(hists))
+                straggler=straggler(hists), world=self._world)
 
     def autotune(self):
         """The :class:`AutotunePanel`, or None when no rank reports an autotuner."""

@@ -54,9 +54,23 @@ def render(model, now, max_ranks=16):
         lines.append("  " + row_text(r))
     if len(shown) < len(rows):
         lines.append(f"  ... {len(rows) - len(shown)} more ranks idle or running")
+    if cl.world:
+        lines.append("world: " + world_text(cl.world))
     if at is not None:
         lines.append("autotune: " + autotune_text(at))
     return "\n".join(lines)
+
+
+def world_text(changes):
+    """Elastic re-formings as a line: ``generation 3: 4 -> 3 ranks, rank 2 (pid 4250) left:
+    killed by SIGKILL``."""
+    parts = []
+    for w in changes:
+        text = f"generation {w.generation}: {w.size_before} -> {w.size} ranks"
+        if w.left:
+            text += ", " + ", ".join(f"rank {r} (pid {pid}) left: {why}" for r, pid, why in w.left)
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def row_text(r):

@@ -16,7 +16,7 @@ import ipywidgets as W
 
 from . import fmt
 from .sparkline import score_plot, sparkline, timeline_strip
-from .text import autotune_text
+from .text import autotune_text, world_text
 
 _COLUMNS = "44px 120px 64px 210px minmax(260px,1fr) 150px 124px"
 _GPU_COLUMNS = "44px 120px 64px 170px 64px 40px 56px minmax(220px,1fr) 150px 124px"
@@ -103,6 +103,9 @@ def cluster_html(c):
                               if k in c.split).replace("idle", "loop idle"))
     if c.straggler is not None:
         parts.append(f'<span style="color:#ef6c00">straggler r{c.straggler}</span>')
+    if c.world:
+        parts.append(f'<span class="hvd-world" style="color:#6a1b9a">'
+                     f'{escape(world_text(c.world))}</span>')
     return ('<div class="hvd-cluster" style="font:12px/1.6 monospace;border-top:1px solid #ccc;'
             'padding-top:2px;display:flex;align-items:center;gap:8px">'
             f'<div style="flex:1 1 auto">{" · ".join(parts)}</div>'

@@ -87,3 +87,28 @@ def test_a_cluster_without_gpus_pays_nothing(no_cluster, shell, run, engines_env
         wait_for(lambda: [r.device for r in rows()] == ["cpu", "cpu"], what="CPU rows")
     finally:
         stop_cluster(shell)
+
+
+def test_hvd_scale_pins_new_ranks_and_a_replacement_takes_the_dead_ranks_gpu(
+        no_cluster, shell, run, engines_env):
+    import signal
+
+    engines_env(3)
+    try:
+        start_cluster(shell, "-n 2 --launcher local --timeout 120 --no-dashboard")
+        res = run("%hvd_scale -n 3")
+        assert res.error is None, res.text
+        res = run(PROBE)
+        assert res.error is None, res.text
+        assert [v[:3] for v in res.value] == [[0, 0, "0"], [1, 1, "1"], [2, 2, "2"]]
+        cluster = magics().cluster
+        os.kill(cluster.ranks[1].pid, signal.SIGKILL)
+        wait_for(lambda: cluster.dead_ranks(), what="the dead rank noticed")
+        res = run("%hvd_scale -n 3")  # a replacement: GPU 1 is free again
+        assert res.error is None, res.text
+        res = run(PROBE)
+        assert res.error is None, res.text
+        assert [v[:3] for v in res.value] == [[0, 0, "0"], [1, 1, "2"], [2, 2, "1"]]
+        assert [v[3:5] for v in res.value] == [[False, []]] * 3  # CUDA never touched
+    finally:
+        stop_cluster(shell)

@@ -55,3 +55,17 @@ def test_quickstart():
     assert accuracy > 0.85
     assert "samples/s on 4 ranks" in text
     assert "hvd: cluster stopped" in text
+
+
+def test_elastic():
+    nb = execute("elastic.ipynb")
+    text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
+    assert "scaled from 2 to 4 ranks" in text
+    assert "[rank 0] 0 4 0 set on rank 0 of 2" in text and "[rank 3] 3 4 3 None" in text
+    assert "rank 3 died (killed by SIGKILL" in text and "re-formed as generation" in text
+    line = text.split("size 3: accuracy ")[1].splitlines()[0]
+    assert float(line.split(",")[0]) > 0.9 and line.endswith("once each: True"), line
+    assert "after the replacement: 4 ranks; sum 4.0" in text
+    assert "elastic: generation" in text and "rank 3 (pid" in text  # %hvd_status
+    assert "killed by SIGKILL" in text.split("elastic: generation")[1]
+    assert "hvd: cluster stopped" in text

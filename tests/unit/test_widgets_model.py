@@ -250,3 +250,19 @@ def test_back_to_back_events_are_kept_as_one_bar_with_their_count():
     m2 = M.DashboardModel(max_bar_s=0.0)  # merging off: every event its own bar
     m2.ingest(0, snap(0, 0, events=dense), now=100.0)
     assert len(m2.timeline(now=100.0, span_s=5.0)[0].bars) == 400
+
+
+def test_world_changes_are_kept_across_forget_and_shown_as_text_and_html():
+    from hvd_magic.widgets.text import render
+    from hvd_magic.widgets.view import cluster_html
+
+    m = M.DashboardModel(size=4)
+    for gen in range(1, 5):
+        m.record_world(M.WorldChange(gen, 3 + gen % 2, 4 - gen % 2))
+    m.record_world(M.WorldChange(5, 4, 3, ((3, 4250, "killed by SIGKILL"),)))
+    m.forget()  # the ranks are renumbered after a change; the record stays
+    world = m.cluster(1.0).world
+    assert [w.generation for w in world] == [3, 4, 5]  # the latest three
+    line = "generation 5: 4 -> 3 ranks, rank 3 (pid 4250) left: killed by SIGKILL"
+    assert line in render(m, 1.0)
+    assert line.replace("->", "-&gt;") in cluster_html(m.cluster(1.0))
