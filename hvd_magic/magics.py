@@ -20,32 +20,10 @@ from .cluster import HvdCluster
 from .errors import HvdError, RankError, RanksDead, died
 from .ranks import format_ranks, parse_ranks
 from .recovery import incomplete_note
+from .registration_progress import RegistrationProgress
 
 NO_CLUSTER = "no hvd cluster is running; start one with %hvd_start -n 4"
 CELL_PREFIX = "get_ipython().run_cell_magic('hvd', "
-
-
-class _Progress:
-    """Registration progress: one line updated in place in a notebook, printed otherwise."""
-
-    def __init__(self, shell):
-        self.in_kernel = getattr(shell, "kernel", None) is not None
-        self.handle = None
-        self.last = None
-
-    def __call__(self, registered: int, n: int) -> None:
-        if (registered, n) == self.last:
-            return
-        self.last = (registered, n)
-        text = {"text/plain": f"hvd: {registered}/{n} engines registered"}
-        if not self.in_kernel:
-            print(text["text/plain"])
-            return
-        from IPython.display import display
-        if self.handle is None:
-            self.handle = display(text, raw=True, display_id=True)
-        else:
-            self.handle.update(text, raw=True)
 
 
 def _env_pairs(pairs) -> dict:
@@ -140,7 +118,7 @@ class HvdMagics(Magics):
         cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
                              hosts=args.hosts, mps=args.mps)
         try:
-            notes = cluster.start(_Progress(self.shell))
+            notes = cluster.start(RegistrationProgress(self.shell))
         except KeyboardInterrupt:
             print("hvd: start interrupted; the cluster was stopped")
             return
@@ -207,7 +185,7 @@ class HvdMagics(Magics):
         if args.timeout is not None:
             cluster.timeout = args.timeout
         try:
-            notes = cluster.restart(_Progress(self.shell))
+            notes = cluster.restart(RegistrationProgress(self.shell))
         except HvdError as exc:
             raise UsageError(f"%hvd_restart: {exc}; %hvd_stop then %hvd_start to begin again") \
                 from None

@@ -12,6 +12,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import status as status_mod
 from .errors import HvdError
+from .registration_progress import RegistrationProgress
 
 
 def check_start_elastic(args) -> None:
@@ -89,11 +90,10 @@ class ScaleMagics(Magics):
         if args.min_np is not None and args.min_np < 1:
             raise UsageError(f"%hvd_scale --min-np {args.min_np}: need at least 1")
         n = cluster.size if args.n is None else args.n
-        from .magics import _Progress
         from .scale import scale
 
         try:
-            notes = scale(cluster, n, args.min_np, _Progress(self.shell))
+            notes = scale(cluster, n, args.min_np, RegistrationProgress(self.shell))
         except HvdError as exc:
             raise UsageError(f"%hvd_scale -n {n}: {exc}") from None
         for note in notes:
