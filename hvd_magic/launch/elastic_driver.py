@@ -26,7 +26,7 @@ A discovered host that is not this machine gets its workers over ssh (remote.py,
 Ranks find each other at the address their rendezvous address routes through (Note
 [Advertised address] in engine_native/bootstrap.py), so when the first discovery names another
 machine, every worker — this machine's too — is given the store's address on the network that
-reaches those machines, and the store listens on every interface. A job whose first discovery
+reaches those machines, and the store listens there (else on loopback only). A job whose first discovery
 names only this machine keeps loopback; another machine discovered later is left out, with a
 note (its workers could not reach the ones listening on loopback).
 """
@@ -356,16 +356,14 @@ def run_elastic(args, command, env, output, install_signals) -> int:
     book = HostBook(slots=hosts, blacklisting=bool(args.host_discovery_script),
                     cooldown=tuple(getattr(args, "blacklist_cooldown_range", None) or ()) or None)
     holder: list = []
-    # A discovery script may name other hosts (now or later): their workers reach the store
-    # on the address that routes to them, so it listens on every interface (it authenticates
-    # every request with the job's secret).
-    server = RendezvousServer(secret, host="0.0.0.0" if args.host_discovery_script
-                              else "127.0.0.1",
+    # Note [Elastic jobs across machines]: the store listens where the other machines reach
+    # it, or on loopback only when the job stays on this machine.
+    spans = any(not hostlib.is_local(h) for h in hosts)
+    local_ip = hostlib.address_toward(list(hosts)) if spans else "127.0.0.1"
+    server = RendezvousServer(secret, host=local_ip,
                               on_set=lambda key: holder and holder[0].on_store_set(key))
     stop = threading.Event()
     with server:
-        spans = any(not hostlib.is_local(h) for h in hosts)
-        local_ip = hostlib.address_toward(list(hosts)) if spans else "127.0.0.1"
         address = f"{local_ip}:{server.address[1]}"
         client = RendezvousClient(address, secret)
         job = ElasticJob(output, command=command, env=env, book=book, min_np=args.min_np,

@@ -19,7 +19,7 @@ import shlex
 
 from .procs import spawn
 
-__all__ = ["forwarded_env", "remote_command", "spawn_remote"]
+__all__ = ["env_script", "forwarded_env", "remote_command", "spawn_remote"]
 
 # Variables that describe this machine or this login, not the job.
 _LOCAL_ONLY = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", "LS_COLORS",
@@ -34,39 +34,54 @@ def forwarded_env(env: dict) -> dict:
     return {k: v for k, v in env.items() if k not in _LOCAL_ONLY and _NAME.match(k)}
 
 
-def remote_command(host: str, cmd, env: dict, cwd: str, ssh_port: int | None = None,
+def env_script(env: dict) -> bytes:
+    """What the wrapper reads from its stdin before it starts the worker: one ``export`` per
+    forwarded variable. Sent over the pipe, not the command line, so that the job's secret
+    and the user's tokens never show in a process listing on either host."""
+    return "".join(f"export {k}={shlex.quote(v)}\n"
+                   for k, v in sorted(forwarded_env(env).items())).encode()
+
+
+def remote_command(host: str, cmd, env_bytes: int, cwd: str, ssh_port: int | None = None,
                    ssh_identity: str | None = None) -> list:
-    """The local ``ssh`` command line that runs ``cmd`` with ``env`` in ``cwd`` on ``host``,
-    inside the wrapper of Note [Remote worker lifetime]."""
-    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(forwarded_env(env).items()))
+    """The local ``ssh`` command line that runs ``cmd`` in ``cwd`` on ``host`` inside the
+    wrapper of Note [Remote worker lifetime], after reading ``env_bytes`` bytes of
+    :func:`env_script` from its stdin."""
     worker = " ".join(shlex.quote(str(c)) for c in cmd)
     # A background job's stdin is /dev/null in a non-interactive shell: the watcher reads the
     # session's stdin through fd 3.
     script = (f"cd {shlex.quote(cwd)} || exit 127\n"
+              f"vars=$(head -c {int(env_bytes)}) || exit 126\n"
+              'eval "$vars"\n'
+              "unset vars\n"
               "exec 3<&0\n"
-              f"env {assignments} {worker} 3<&- &\n"
+              f"{worker} 3<&- &\n"
               "pid=$!\n"
               "(cat <&3 >/dev/null; kill -TERM $pid 2>/dev/null) >/dev/null 2>&1 &\n"
               "exec 3<&-\n"
               "wait $pid\n")
-    ssh = ["ssh", "-o", "BatchMode=yes"]
+    ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30"]
     if ssh_port:
         ssh += ["-p", str(ssh_port)]
     if ssh_identity:
         ssh += ["-i", ssh_identity]
-    return ssh + [host, "sh -c " + shlex.quote(script)]
+    return ssh + ["--", host, "sh -c " + shlex.quote(script)]
 
 
 def spawn_remote(host: str, cmd, env: dict, cwd: str, ssh_port=None, ssh_identity=None):
     """Start ``cmd`` on ``host``; returns (the local ssh process, the fd that keeps the worker
     alive: close it to end the worker)."""
     keep_r, keep_w = os.pipe()
+    variables = env_script(env)
     try:
-        proc = spawn(remote_command(host, cmd, env, cwd, ssh_port, ssh_identity), dict(os.environ),
-                     stdin=keep_r)
+        proc = spawn(remote_command(host, cmd, len(variables), cwd, ssh_port, ssh_identity),
+                     dict(os.environ), stdin=keep_r)
     except OSError:
         os.close(keep_w)
         raise
     finally:
         os.close(keep_r)
+    view = memoryview(variables)
+    while view:  # ssh forwards it as the remote side reads: never blocks for long
+        view = view[os.write(keep_w, view):]
     return proc, keep_w

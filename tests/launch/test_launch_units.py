@@ -226,3 +226,25 @@ def test_blacklist_cooldown_grows_and_ends():
     forever.failed(Worker(wid="a[0]", host="a", slot=0))
     now[0] = 1e9
     assert forever.resurrect() == [] and forever.blacklist == {"a"}
+
+
+def test_remote_worker_secrets_travel_over_stdin_not_the_command_line():
+    """hvdrun's remote elastic workers (hvd_magic/launch/remote.py): the job's secret and the
+    user's variables go through the ssh session's stdin, never into argv (``ps`` on either
+    host); what is sent is exports the wrapper evaluates, quoted."""
+    import shlex
+    import subprocess
+
+    from hvd_magic.launch.remote import env_script, remote_command
+    env = {"HVD_SECRET": "s3cr3t-value", "TOKEN": "a b'c\nd", "HOSTNAME": "here",
+           "BASH_FUNC_x%%": "() { :; }"}
+    script = env_script(env)
+    argv = remote_command("node-1", ["python", "train.py"], len(script), "/work", 2222, "/k")
+    assert not any("s3cr3t" in a or "a b" in a for a in argv), argv
+    assert argv[argv.index("--") + 1] == "node-1" and "-p" in argv and "/k" in argv
+    shown = subprocess.run(["sh", "-c", script.decode() + 'printf %s "$TOKEN|$HVD_SECRET|'
+                            '${HOSTNAME-unset}"'], capture_output=True, text=True,
+                           env={"PATH": "/usr/bin:/bin"}, check=True).stdout
+    assert shown == "a b'c\nd|s3cr3t-value|unset", shown
+    remote = shlex.split(argv[-1])[2]  # sh -c <script>: the wrapper reads the exports first
+    assert f"head -c {len(script)}" in remote and remote.index("eval") < remote.index("train.py")
