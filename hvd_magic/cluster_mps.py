@@ -42,15 +42,11 @@ class ClusterMps:
         if not here:
             return notes
         env = dict(os.environ, **launch_env)
-        start, note = mpslib.decide(len(here), mpslib.gpu_count(env), self.host)
-        notes.insert(0, note)
-        if start:
-            daemon = mpslib.MpsDaemon(env)
-            try:
-                daemon.start()
-            except mpslib.MpsError as exc:
-                raise StartError(str(exc)) from None
-            self.daemon = daemon
+        try:
+            self.daemon = mpslib.start_if_shared(len(here), mpslib.gpu_count(env), env,
+                                                 lambda text: notes.insert(0, text), self.host)
+        except mpslib.MpsError as exc:
+            raise StartError(str(exc)) from None
         return notes
 
     def rank_env(self, info) -> dict:

@@ -262,16 +262,14 @@ def _start_mps(args, env, output, ranks: int, gpus: int):
     for or no GPU is shared (said once), False when it failed (said)."""
     if not args.mps:
         return None
-    start, note = mpslib.decide(ranks, gpus)
-    output.note(f"hvdrun: {note}")
-    if not start:
-        return None
-    daemon = mpslib.MpsDaemon(env)
     try:
-        env.update(daemon.start())
+        daemon = mpslib.start_if_shared(ranks, gpus, env,
+                                        lambda text: output.note(f"hvdrun: {text}"))
     except mpslib.MpsError as exc:
         output.note(f"hvdrun: {exc}")
         return False
+    if daemon is not None:
+        env.update(daemon.env)
     return daemon
 
 

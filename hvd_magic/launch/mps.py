@@ -60,6 +60,19 @@ def decide(ranks_here: int, gpus_here: int, host: str = "this machine") -> tuple
                   f"under a private MPS daemon")
 
 
+def start_if_shared(ranks_here: int, gpus_here: int, environ: dict, note,
+                    host: str = "this machine"):
+    """:func:`decide`, its note said through ``note``; the started daemon (its variables in
+    ``daemon.env``) or None. MpsError when it cannot start (nothing is left running)."""
+    start, text = decide(ranks_here, gpus_here, host)
+    note(text)
+    if not start:
+        return None
+    daemon = MpsDaemon(environ)
+    daemon.start()
+    return daemon
+
+
 def gpu_count(environ: dict) -> int:
     """GPUs the ranks started with ``environ`` see (nvidia-smi; never initialises CUDA)."""
     if environ.get("CUDA_VISIBLE_DEVICES") == "":  # --gpus none

@@ -217,16 +217,14 @@ def _start_mps(mps: bool, mpi: bool, size: int, base: dict, output, what: str):
         raise ValueError(f"{what}: mps=True starts the MPS daemon on this machine only; with "
                          f"mpiexec (use_mpi, or other hosts) start `nvidia-cuda-mps-control -d` "
                          f"on each host yourself, or drop mps=True")
-    start, note = mpslib.decide(size, mpslib.gpu_count(base))
-    output.note(f"{what}: {note}")
-    if not start:
-        return None
-    daemon = mpslib.MpsDaemon(base)
     try:
-        base.update(daemon.start())
+        daemon = mpslib.start_if_shared(size, mpslib.gpu_count(base), base,
+                                        lambda text: output.note(f"{what}: {text}"))
     except BaseException:
         output.close()
         raise
+    if daemon is not None:
+        base.update(daemon.env)
     return daemon
 
 
