@@ -23,11 +23,7 @@ SAMPLES = 1440
 
 def test_elastic_workers_on_two_hosts_survive_a_kill_on_b(namespace_hosts_ab, tmp_path):
     hosts = namespace_hosts_ab
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("a:2\nb:2\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
-    discover.chmod(discover.stat().st_mode | stat.S_IXUSR)
+    discover = _discovery(tmp_path, "a:2\nb:2\n")
     log = tmp_path / "elastic.jsonl"
     hvdrun = shutil.which("hvdrun") or os.path.join(os.path.dirname(sys.executable), "hvdrun")
     res = hosts.run("a", [hvdrun, "--min-np", "2", "--max-np", "4", "--host-discovery-script",
@@ -58,11 +54,7 @@ def test_a_killed_driver_leaves_nothing_on_the_other_host(namespace_hosts_ab, tm
     b ends the worker there at once (Note [Remote worker lifetime]). The workers here only
     sleep — no peer, no output — so nothing else would ever end the one on b."""
     hosts = namespace_hosts_ab
-    listing = tmp_path / "hosts.txt"
-    listing.write_text("a:1\nb:1\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
-    discover.chmod(discover.stat().st_mode | stat.S_IXUSR)
+    discover = _discovery(tmp_path, "a:1\nb:1\n")
     marker = f"hvd-sleeper-{os.getpid()}"
     hvdrun = shutil.which("hvdrun") or os.path.join(os.path.dirname(sys.executable), "hvdrun")
     cmd = hosts.on("a", [hvdrun, "--min-np", "2", "--max-np", "2", "--host-discovery-script",
@@ -84,6 +76,16 @@ def test_a_killed_driver_leaves_nothing_on_the_other_host(namespace_hosts_ab, tm
         time.sleep(0.5)
     left = _workers_on(hosts, "b", marker)
     assert not left, f"worker(s) {left} still running on b 10 s after the driver died"
+
+
+def _discovery(tmp_path, hosts: str):
+    """A host discovery script that prints ``hosts``."""
+    listing = tmp_path / "hosts.txt"
+    listing.write_text(hosts)
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
+    discover.chmod(discover.stat().st_mode | stat.S_IXUSR)
+    return discover
 
 
 def _workers_on(hosts, host, marker) -> list:
