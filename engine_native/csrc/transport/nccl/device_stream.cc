@@ -133,15 +133,7 @@ Status DeviceStream::synchronize() {
 }
 
 bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline) {
-  CudaEvent marker = nullptr;
-  if (!record(&marker).isOk()) return false;
-  bool finished = false;
-  while (query(marker, &finished).isOk() && !finished &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  release(marker);
-  return finished;
+  return drain(deadline, std::chrono::microseconds(0), {});
 }
 
 bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline,
