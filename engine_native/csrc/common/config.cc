@@ -270,15 +270,13 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
       return true;
     }
     case Kind::kString: {
+      std::string v;  // the choice knobs are case-insensitive
+      for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
       if (knob.string_field == &Config::ipc_order) {
-        std::string v;
-        for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         if (v != "host" && v != "device") return false;
         config->*knob.string_field = v;
       } else if (knob.string_field == &Config::transport ||
                  knob.string_field == &Config::gpu_path) {
-        std::string v;
-        for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         const bool transport = knob.string_field == &Config::transport;
         const bool known = v == "auto" || (transport ? v == "tcp" || v == "shm"
                                                      : v == "nccl" || v == "staged" || v == "ipc");
