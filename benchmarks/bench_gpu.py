@@ -283,6 +283,7 @@ def case_step(args):
                 None), ("ours", "ours", 2, None)]
     configs += [(f"ours, HVD_IPC_ORDER={o}", "ours", 2, {"HVD_IPC_ORDER": o})
                 for o in args.ipc_orders.split(",")]
+    configs += [(f"ours, {_env_label(env)}", "ours", 2, env) for env in args.step_env]
     configs.append(("ddp", "ddp", 2, None))
     for label, system, size, env in configs:
         results = run(rank_step, size, system, args.steps, 64, env=env)
@@ -293,6 +294,18 @@ def case_step(args):
     return ("CNN training step, batch 64 per rank (2 ranks share the GPU; 'alone' is one "
             "rank)", rows, ("step", med["ddp"] / med["ours"], "DDP gloo / ours (≥ 2×, issue "
                                                                 "#19; ≥ 1.3× staged, #16)"))
+
+
+def _env_label(env):
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def _step_env(text):
+    """--step-env's value: K=V[,K=V...] -> a dict (an extra "ours" row in the step cases)."""
+    pairs = [item.partition("=") for item in text.split(",")]
+    if not all(k and sep for k, sep, _ in pairs):
+        raise argparse.ArgumentTypeError(f"--step-env wants K=V[,K=V...], got {text!r}")
+    return {k: v for k, _, v in pairs}
 
 
 def _busbw(results, nbytes):
@@ -389,9 +402,10 @@ def case_ipc_mps(args, run=None):
             rows.append((f"{nbytes // MIB} MiB busbw", f"ours ({ours[0]['path']}) {o:.2f} GB/s",
                          f"gloo {g:.2f} GB/s", f"{o / g:.1f}×"))
         med = {}
-        for label, system in (("alone x2 (no communication: the floor)", "alone"),
-                              ("ours", "ours"), ("ddp", "ddp")):
-            results = run(rank_step, 2, system, args.steps, 64)
+        configs = [("alone x2 (no communication: the floor)", "alone", None), ("ours", "ours", None)]
+        configs += [(f"ours, {_env_label(env)}", "ours", env) for env in args.step_env]
+        for label, system, env in configs + [("ddp", "ddp", None)]:
+            results = run(rank_step, 2, system, args.steps, 64, env=env)
             med[label] = max(statistics.median(r["times"]) for r in results)
         rows += [(f"CNN step, {s}", f"{t * 1e3:.2f} ms") for s, t in med.items()]
         verdicts.append(("ipc_mps_step", med["ddp"] / med["ours"],
@@ -403,7 +417,7 @@ def case_ipc_mps(args, run=None):
     return ("2 ranks sharing one GPU under MPS (hvd_magic.launch.mps)", rows, verdicts)
 
 
-def _dry_results(fn, size, system, *rest):
+def _dry_results(fn, size, system, *rest, env=None):
     """--dry-run: what each rank body would return, without a GPU."""
     if fn is rank_latency:
         return [{"waited": [50e-6, 60e-6], "path": "cuda-ipc"} for _ in range(size)]
@@ -434,6 +448,9 @@ def main():
     parser.add_argument("--ipc-orders", default="host,device",
                         help="the HVD_IPC_ORDER values the IPC cases run ours with; the "
                         "targets' verdicts are of the first")
+    parser.add_argument("--step-env", type=_step_env, action="append", default=[],
+                        help="K=V[,K=V...]: the step cases also run ours with these variables "
+                        "(e.g. HVD_CYCLE_TIME_MS=5: fewer, larger batches per step); repeatable")
     parser.add_argument("--timeline", help="ipc_latency: also write rank 0's timeline of a "
                         "separate 300-call run here (for diagnosis)")
     parser.add_argument("--dry-run", action="store_true",

@@ -32,20 +32,23 @@ def test_every_run_is_under_the_daemon_which_is_stopped_after(bench):
     module, record = bench
     seen = []
 
-    def spy(fn, size, system, *rest):
+    def spy(fn, size, system, *rest, env=None):
         pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
         up = bool(pipe) and os.path.exists(os.path.join(pipe, "control"))  # the daemon lives
-        seen.append((fn.__name__, system, size, pipe if up else None))
+        seen.append((fn.__name__, system, size, pipe if up else None, env))
         return module._dry_results(fn, size, system, *rest)
 
-    _, _, verdicts = module.case_ipc_mps(argparse.Namespace(iters=10, steps=3), run=spy)
-    pipes = {p for *_, p in seen}
+    args = argparse.Namespace(iters=10, steps=3, step_env=[{"HVD_CYCLE_TIME_MS": "5"}])
+    _, rows, verdicts = module.case_ipc_mps(args, run=spy)
+    pipes = {p for *_, p, _ in seen}
     assert len(pipes) == 1 and None not in pipes, seen
     assert [(n, s) for n, s, *_ in seen] == [
         ("rank_latency", "ours")] + [("rank_allreduce", s) for _ in range(3)
                                      for s in ("ours", "gloo")] + [
-        ("rank_step", s) for s in ("alone", "ours", "ddp")]
-    assert all(size == 2 for _, _, size, _ in seen)
+        ("rank_step", s) for s in ("alone", "ours", "ours", "ddp")]
+    assert [env for *_, env in seen if env] == [{"HVD_CYCLE_TIME_MS": "5"}], "--step-env's run"
+    assert ("CNN step, ours, HVD_CYCLE_TIME_MS=5", "2.00 ms") in rows
+    assert all(size == 2 for _, _, size, _, _ in seen)
     assert [what for what, _ in records(record)][-2:] == ["quit", "exit"]
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
     assert [k for k, _, _ in verdicts] == ["ipc_mps_latency", "ipc_mps_step"]
@@ -58,7 +61,7 @@ def test_a_failing_run_still_stops_the_daemon(bench):
     def boom(*args):
         raise RuntimeError("rank 1 died")
     with pytest.raises(RuntimeError, match="rank 1 died"):
-        module.case_ipc_mps(argparse.Namespace(iters=10, steps=3), run=boom)
+        module.case_ipc_mps(argparse.Namespace(iters=10, steps=3, step_env=[]), run=boom)
     assert [what for what, _ in records(record)][-2:] == ["quit", "exit"]
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
 
@@ -67,11 +70,12 @@ def test_dry_run_writes_the_report(bench, tmp_path):
     _, record = bench
     out = tmp_path / "bench.md"
     proc = subprocess.run([sys.executable, BENCH, "--cases", "ipc_mps", "--dry-run",
-                           "--out", str(out)], capture_output=True, text=True, timeout=120,
+                           "--step-env", "HVD_CYCLE_TIME_MS=5", "--out", str(out)], capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "2 ranks sharing one GPU under MPS" in text and "| 256 MiB busbw |" in text
+    assert "| CNN step, ours, HVD_CYCLE_TIME_MS=5 |" in text
     assert "| ipc_mps_latency |" in text and "| ipc_mps_step |" in text
     assert "| met |" not in text and "| dry run |" in text, "made-up figures get no verdict"
     assert [what for what, _ in records(record)][-2:] == ["quit", "exit"]
