@@ -56,14 +56,15 @@ class HvdCluster:
         Seconds to wait for registration and for the core to initialise.
     env : dict
         Extra environment for the engines.
-    mps : bool
-        Run this machine's ranks under a private MPS daemon when they share GPUs
-        (hvd_magic.cluster_mps).
+    mps : str or bool
+        "auto" (default): run this machine's ranks under a private MPS daemon when they share
+        GPUs, or say why not; "on"/True: the same, a daemon that cannot start fails the start;
+        "off"/False: never (hvd_magic.cluster_mps).
     """
 
     def __init__(self, n: int, launcher: str = "mpi", gpus: str = "auto",
                  timeout: float = 60.0, env: dict | None = None, hosts: str | None = None,
-                 mps: bool = False):
+                 mps="auto"):
         self.n, self.launcher, self.gpus, self.timeout = n, launcher, gpus, timeout
         self.hosts = hosts  # "a:2,b:2" for the ssh launcher (hvd_magic.ssh_engines)
         self.slots = None

@@ -61,9 +61,12 @@ class HvdMagics(Magics):
     @argument("--gpus", choices=("auto", "none"), default="auto",
               help="auto: one GPU per local rank when there are GPUs (it is the rank's "
                    "cuda:0); none: hide GPUs")
-    @argument("--mps", action="store_true",
-              help="when ranks outnumber this machine's GPUs, run them under a private NVIDIA "
-                   "MPS daemon (one shared GPU context), stopped with the cluster")
+    @argument("--mps", dest="mps", action="store_const", const="on", default="auto",
+              help="the default when ranks outnumber this machine's GPUs: run them under a "
+                   "private NVIDIA MPS daemon (one shared GPU context), stopped with the "
+                   "cluster; --mps makes a daemon that cannot start an error")
+    @argument("--no-mps", dest="mps", action="store_const", const="off",
+              help="never start an MPS daemon (ranks sharing a GPU are time-sliced)")
     @argument("--timeout", type=float, default=60.0,
               help="seconds to wait for engines to register and the core to start")
     @argument("--env", action="append", metavar="KEY=VALUE",
@@ -101,8 +104,9 @@ class HvdMagics(Magics):
             ...
             In [3]: %hvd_start -n 2 --launcher local --env HVD_LOG=info
             In [4]: %hvd_start -n 4 --launcher ssh --hosts node1:2,node2:2
-            In [5]: %hvd_start -n 2 --mps      # 2 ranks sharing one GPU, under MPS
-            hvd: --mps: 2 ranks share 1 GPU(s) on node1: they run under a private MPS daemon
+            In [5]: %hvd_start -n 2            # 2 ranks sharing one GPU: under MPS
+            hvd: MPS: 2 ranks share 1 GPU(s) on node1: they run under a private MPS daemon
+            (--no-mps: time-sliced instead)
             In [6]: %hvd_start -n 4 --launcher local --min-np 2   # elastic: %hvd_scale?
         """
         args = parse_argstring(self.hvd_start, line)

@@ -10,7 +10,7 @@ C. Without MPI, the driver runs a ``RendezvousServer`` (``engine_native.rendezvo
    fresh secret; each engine gets ``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``,
    ``HVD_SECRET`` (hex) and ``HVD_JOB_ID`` before ``hvd.init()``. Under MPI the core
    bootstraps through mpi4py by itself.
-   With ``--mps``, the cluster's MPS daemon starts here when this machine's ranks share GPUs
+   Unless ``--no-mps``, the cluster's MPS daemon starts here when this machine's ranks share GPUs
    (:mod:`hvd_magic.cluster_mps`) and its variables join those ranks' environments.
 D. ``init_engine()`` on all engines at once (init is collective): pin GPU, init the core,
    put ``hvd`` and ``torch`` in the namespace.

@@ -60,10 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: one GPU per local rank (CUDA_VISIBLE_DEVICES narrowed to it; "
                         "torch.cuda.set_device(hvd.local_rank()) still works); none: hide the "
                         "GPUs, CPU only (not a horovodrun flag)")
-    p.add_argument("--mps", action="store_true",
-                   help="when the ranks outnumber this machine's GPUs, run them under a private "
-                        "NVIDIA MPS daemon started for this job and stopped after it (one shared "
-                        "GPU context instead of time-slicing; not a horovodrun flag)")
+    p.add_argument("--mps", dest="mps", action="store_const", const="on", default="auto",
+                   help="the default when the ranks outnumber this machine's GPUs: run them "
+                        "under a private NVIDIA MPS daemon started for this job and stopped "
+                        "after it (one shared GPU context instead of time-slicing); --mps makes "
+                        "a daemon that cannot start an error (not a horovodrun flag)")
+    p.add_argument("--no-mps", dest="mps", action="store_const", const="off",
+                   help="never start an MPS daemon (ranks sharing a GPU are time-sliced)")
     p.add_argument("--env", action="append", metavar="KEY=VALUE", default=[],
                    help="extra environment variable for every rank (repeatable)")
     p.add_argument("--output-filename", metavar="DIR",
@@ -233,15 +236,17 @@ class _GpuPinner:
 
 
 def run_local(args, command, slots, env, output) -> int:
-    """Rendezvous flavour: every rank a child process of hvdrun; with ``--mps`` and ranks
-    sharing GPUs, under a private MPS daemon (hvd_magic.launch.mps) stopped after them, also
+    """Rendezvous flavour: every rank a child process of hvdrun; ranks sharing GPUs run under
+    a private MPS daemon (hvd_magic.launch.mps; unless --no-mps) stopped after them, also
     when a rank failed or hvdrun was signalled."""
     size = len(slots)
     secret, job_id = secrets.token_bytes(32), uuid.uuid4().hex[:12]
     if args.dry_run:
-        if args.mps:
+        if args.mps != "off":
             from engine_native import gpu
-            print(mpslib.decide(size, len(gpu.visible_devices(env)[0]))[1])
+            start, text = mpslib.decide(size, len(gpu.visible_devices(env)[0]))
+            if start or args.mps == "on":
+                print(text)
         for slot in slots:
             print(f"rank {slot.rank} on {slot.host}: HVD_RANK={slot.rank} HVD_SIZE={size} "
                   f"{shlex.join(command)}")
@@ -258,13 +263,11 @@ def run_local(args, command, slots, env, output) -> int:
 
 
 def _start_mps(args, env, output, ranks: int, gpus: int):
-    """``--mps``: the job's MPS daemon (its variables added to ``env``), None when not asked
-    for or no GPU is shared (said once), False when it failed (said)."""
-    if not args.mps:
-        return None
+    """The job's MPS daemon (its variables added to ``env``; Note [MPS by default]), None
+    when none is started (said when GPUs are shared), False when ``--mps`` failed (said)."""
     try:
-        daemon = mpslib.start_if_shared(ranks, gpus, env,
-                                        lambda text: output.note(f"hvdrun: {text}"))
+        daemon = mpslib.start_for_job(args.mps, ranks, gpus, env,
+                                      lambda text: output.note(f"hvdrun: {text}"))
     except mpslib.MpsError as exc:
         output.note(f"hvdrun: {exc}")
         return False
@@ -352,7 +355,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.min_np is not None:
-        if args.mps:
+        if args.mps == "on":
             parser.error("--mps is not supported with elastic runs (--min-np); drop one")
         return _main_elastic(args, command)
     try:
@@ -366,7 +369,7 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if args.gloo and args.mpi:
         parser.error("--gloo and --mpi exclude each other")
-    if args.mps and (args.mpi or not hostlib.local_hosts(hosts)):
+    if args.mps == "on" and (args.mpi or not hostlib.local_hosts(hosts)):
         parser.error("--mps starts the MPS daemon on this machine only, for ranks that hvdrun "
                      "starts here; through mpiexec (--mpi, or hosts other than this one) start "
                      "`nvidia-cuda-mps-control -d` on each host yourself, or drop --mps")

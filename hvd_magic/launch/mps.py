@@ -23,6 +23,15 @@ D. The daemon's pids (the control daemon and, later, its server) are found by th
 ranks first: a daemon told to quit waits for its clients. Note [MPS clients]: CUDA in a rank
 whose ``CUDA_MPS_PIPE_DIRECTORY`` names no live daemon falls back to its own context (the
 documented behaviour), so a failed daemon costs speed, never correctness.
+
+Note [MPS by default]: on one H100 (benchmarks/RESULTS.md, "... under MPS"), two ranks sharing
+the GPU did a 4-byte allreduce in 76–121 µs under MPS against 477–711 µs time-sliced, and
+256 MiB at 200 GB/s against 106–121. So the launchers (hvdrun, ``%hvd_start``, ``run()``) use
+MPS whenever a machine's ranks outnumber its GPUs, in one of three modes (:func:`start_for_job`):
+``auto`` (the default) starts a daemon and, when it cannot, says why and what it costs and goes
+on without; ``on`` (``--mps``) makes that an error; ``off`` (``--no-mps``) starts nothing. A
+daemon the user runs already (``CUDA_MPS_PIPE_DIRECTORY`` set, or the system one's default pipe
+directory live) is used as it is, never doubled.
 """
 
 from __future__ import annotations
@@ -41,35 +50,72 @@ STOP_TIMEOUT = 10.0  # seconds for it to quit before it is killed
 POLL = 0.1
 REFUSED_MODES = ("prohibited", "exclusive_thread")
 
-__all__ = ["LOG_ENV", "PIPE_ENV", "MpsDaemon", "MpsError", "decide", "gpu_count"]
+DEFAULT_PIPE = "/tmp/nvidia-mps"  # where a daemon started without CUDA_MPS_PIPE_DIRECTORY listens
+MODES = ("auto", "on", "off")
+WITHOUT_COST = ("each small op then waits for the GPU's time slices (~0.5 ms against ~0.1 ms "
+                "under MPS, measured on an H100)")
+
+__all__ = ["LOG_ENV", "MODES", "PIPE_ENV", "MpsDaemon", "MpsError", "decide", "gpu_count",
+           "mode_of", "running_daemon", "start_for_job"]
 
 
 class MpsError(RuntimeError):
     """The MPS daemon could not be started; the message says why and what to do."""
 
 
+def mode_of(value, what: str = "mps") -> str:
+    """A launcher's MPS choice as one of MODES: True is "on", False "off", None "auto"."""
+    mode = {True: "on", False: "off", None: "auto"}.get(value, value) \
+        if isinstance(value, (bool, type(None))) else str(value).lower()
+    if mode not in MODES:
+        raise ValueError(f"{what}={value!r}: choose auto (MPS when ranks share a GPU, the "
+                         f"default), on (the same, and an error when it cannot start) or off")
+    return mode
+
+
 def decide(ranks_here: int, gpus_here: int, host: str = "this machine") -> tuple:
     """``(start, note)``: start a daemon when the ranks of a host outnumber its GPUs."""
     if gpus_here <= 0:
-        return False, (f"--mps: no GPU visible on {host}, so no MPS daemon was started "
+        return False, (f"MPS: no GPU visible on {host}, so no MPS daemon was started "
                        f"(the ranks run on CPU)")
     if ranks_here <= gpus_here:
-        return False, (f"--mps: the {ranks_here} rank(s) on {host} have {gpus_here} GPU(s), "
+        return False, (f"MPS: the {ranks_here} rank(s) on {host} have {gpus_here} GPU(s), "
                        f"one each: no GPU is shared, so no MPS daemon was started")
-    return True, (f"--mps: {ranks_here} ranks share {gpus_here} GPU(s) on {host}: they run "
-                  f"under a private MPS daemon")
+    return True, (f"MPS: {ranks_here} ranks share {gpus_here} GPU(s) on {host}: they run "
+                  f"under a private MPS daemon (--no-mps: time-sliced instead)")
 
 
-def start_if_shared(ranks_here: int, gpus_here: int, environ: dict, note,
-                    host: str = "this machine"):
-    """:func:`decide`, its note said through ``note``; the started daemon (its variables in
-    ``daemon.env``) or None. MpsError when it cannot start (nothing is left running)."""
+def running_daemon(environ: dict) -> str | None:
+    """The pipe directory of an MPS daemon the user runs already (None without one): the one
+    ``CUDA_MPS_PIPE_DIRECTORY`` names (the user chose it, live or not), else a live default."""
+    if environ.get(PIPE_ENV):
+        return environ[PIPE_ENV]
+    return DEFAULT_PIPE if os.path.exists(os.path.join(DEFAULT_PIPE, "control")) else None
+
+
+def start_for_job(mode: str, ranks_here: int, gpus_here: int, environ: dict, note,
+                  host: str = "this machine"):
+    """Note [MPS by default]: the job's daemon (its variables in ``daemon.env``) or None,
+    what happened said through ``note``. MpsError only in mode "on" (nothing left running)."""
     start, text = decide(ranks_here, gpus_here, host)
-    note(text)
-    if not start:
+    if mode == "off" or not start:
+        if mode == "on":
+            note(text)  # asked for by name: say why nothing started
+        return None
+    shared = f"{ranks_here} ranks share {gpus_here} GPU(s) on {host}"
+    pipe = running_daemon(environ)
+    if pipe is not None:
+        note(f"MPS: {shared}: they use the MPS daemon already running at {pipe} (none started)")
         return None
     daemon = MpsDaemon(environ)
-    daemon.start()
+    try:
+        daemon.start()
+    except MpsError as exc:
+        if mode == "on":
+            raise
+        note(f"{exc}\nMPS: {shared}, without MPS: {WITHOUT_COST}. --no-mps silences this")
+        return None
+    note(text)
     return daemon
 
 
@@ -136,14 +182,14 @@ class MpsDaemon:
         """Start and check the daemon (steps A-D); returns the variables the ranks need."""
         self.exe = shutil.which(CONTROL, path=self.base.get("PATH"))
         if self.exe is None:
-            raise MpsError(f"--mps: {CONTROL} is not on PATH. It comes with the NVIDIA driver's "
+            raise MpsError(f"MPS: {CONTROL} is not on PATH. It comes with the NVIDIA driver's "
                            f"utilities (e.g. the nvidia-utils / nvidia-compute-utils package); "
-                           f"install them, put the program on PATH, or run without --mps")
+                           f"install them and put the program on PATH, or run with --no-mps")
         for index, mode in sorted(compute_modes(self.base).items()):
             if mode.lower().replace(" ", "_") in REFUSED_MODES:
-                raise MpsError(f"--mps: GPU {index} is in compute mode {mode}, where MPS cannot "
+                raise MpsError(f"MPS: GPU {index} is in compute mode {mode}, where MPS cannot "
                                f"run. Fix: `nvidia-smi -i {index} -c DEFAULT` (or "
-                               f"EXCLUSIVE_PROCESS; needs root), or run without --mps")
+                               f"EXCLUSIVE_PROCESS; needs root), or run with --no-mps")
         self.folder = tempfile.mkdtemp(prefix="hvd-mps-")
         self.env = {PIPE_ENV: os.path.join(self.folder, "pipe"),
                     LOG_ENV: os.path.join(self.folder, "log")}
@@ -172,8 +218,8 @@ class MpsDaemon:
             except subprocess.TimeoutExpired:
                 code = "no exit"
         if code != 0:
-            raise MpsError(f"--mps: `{CONTROL} -d` failed ({code}).{self._log_tail()} "
-                           f"Fix: see the log above, or run without --mps")
+            raise MpsError(f"MPS: `{CONTROL} -d` failed ({code}).{self._log_tail()} "
+                           f"Fix: see the log above, or run with --no-mps")
 
     def _wait_answer(self) -> None:
         deadline = time.monotonic() + self.start_timeout
@@ -181,9 +227,9 @@ class MpsDaemon:
             if self.command("get_server_list", timeout=5.0) == 0:
                 return
             if time.monotonic() > deadline:
-                raise MpsError(f"--mps: the MPS daemon did not come up: it did not answer "
+                raise MpsError(f"MPS: the MPS daemon did not come up: it did not answer "
                                f"within {self.start_timeout:g} s.{self._log_tail()} Fix: see "
-                               f"its log, or run without --mps")
+                               f"its log, or run with --no-mps")
             time.sleep(POLL)
 
     def command(self, text: str, timeout: float = 5.0) -> int:

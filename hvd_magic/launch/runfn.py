@@ -144,7 +144,7 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
         env: dict | None = None, np: int | None = None, *,
         stdout=None, stderr=None, prefix_output_with_timestamp: bool = False,
         only_ranks=None, what: str | None = None, gpus: str = "auto",
-        mps: bool = False) -> list:
+        mps="auto") -> list:
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks; return the results indexed by rank.
 
     Parameters follow ``horovod.run``: ``np``/``num_proc`` (ranks), ``hosts``
@@ -157,8 +157,10 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     only these ranks' output), ``gpus``: "auto" pins one GPU per local rank in each rank
     before ``fn`` runs (``cuda:0`` is the rank's GPU and ``torch.cuda.set_device(
     hvd.local_rank())`` still works; hvd_magic.gpu_pinning), "none" hides the GPUs;
-    ``mps``: when the ranks outnumber this machine's GPUs, run them under a private MPS
-    daemon started for this call and stopped after it (hvd_magic.launch.mps; local ranks only).
+    ``mps``: "auto" (default): when the ranks outnumber this machine's GPUs, run them under
+    a private MPS daemon started for this call and stopped after it, or say why not
+    (hvd_magic.launch.mps, Note [MPS by default]; local ranks only); True: the same, and an
+    error when it cannot start; False: never.
 
     Raises
     ------
@@ -177,6 +179,7 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
         raise ValueError("run(): use_gloo and use_mpi exclude each other")
     what = what or f"run({_fn_name(fn)})"
     check_choice(gpus, what)
+    mps = mpslib.mode_of(mps, f"{what}: mps")
     size = _num_proc(np, num_proc)
     payload = dumps_call(fn, tuple(args), dict(kwargs or {}), what)
     host_list = (hostlib.read_hostfile(hostfile) if hostfile
@@ -207,10 +210,11 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
     return [results[r]["value"] for r in range(size)]
 
 
-def _start_mps(mps: bool, mpi: bool, size: int, base: dict, output, what: str):
-    """``mps=True``: the call's MPS daemon, its variables added to ``base``; None when not
-    asked for or no GPU is shared (said once). Raises MpsError when it cannot start."""
-    if not mps:
+def _start_mps(mps: str, mpi: bool, size: int, base: dict, output, what: str):
+    """The call's MPS daemon (Note [MPS by default]), its variables added to ``base``; None
+    when none is started (said when GPUs are shared). Raises MpsError when mps=True and it
+    cannot start."""
+    if mps == "off" or (mpi and mps == "auto"):
         return None
     if mpi:
         output.close()
@@ -218,8 +222,8 @@ def _start_mps(mps: bool, mpi: bool, size: int, base: dict, output, what: str):
                          f"mpiexec (use_mpi, or other hosts) start `nvidia-cuda-mps-control -d` "
                          f"on each host yourself, or drop mps=True")
     try:
-        daemon = mpslib.start_if_shared(size, mpslib.gpu_count(base), base,
-                                        lambda text: output.note(f"{what}: {text}"))
+        daemon = mpslib.start_for_job(mps, size, mpslib.gpu_count(base), base,
+                                      lambda text: output.note(f"{what}: {text}"))
     except BaseException:
         output.close()
         raise

@@ -4,6 +4,7 @@ and a fake nvidia-smi lists the GPUs (and their compute mode). Every test checks
 process it started outlives it (``no_leaks``)."""
 import json
 import os
+import sys
 
 import pytest
 from fake_mps import fake_mps_control, fake_smi_modes, records
@@ -80,7 +81,7 @@ def test_served_reads_the_server_list_and_the_log(fake_mps, no_leaks):
 
 def test_no_control_program_on_path(tmp_path, monkeypatch, no_leaks):
     monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi", 1) + os.pathsep + "/usr/bin:/bin")
-    with pytest.raises(mps.MpsError, match="nvidia-cuda-mps-control is not on PATH.*without --mps"):
+    with pytest.raises(mps.MpsError, match="nvidia-cuda-mps-control is not on PATH.*--no-mps"):
         mps.MpsDaemon().start()
 
 
@@ -191,9 +192,66 @@ def test_hvdrun_mps_without_shared_gpus_says_so_and_starts_nothing(fake_mps, tmp
 
 
 def test_hvdrun_mps_dry_run_says_what_it_would_do(fake_mps, no_leaks):
-    proc = hvdrun("-np", "2", "--mps", "--dry-run", "python", "-c", PROBE)
-    assert proc.returncode == 0 and "2 ranks share 1 GPU(s)" in proc.stdout, proc.stdout
+    for flags in (["--mps"], []):
+        proc = hvdrun("-np", "2", *flags, "--dry-run", "python", "-c", PROBE)
+        assert proc.returncode == 0 and "2 ranks share 1 GPU(s)" in proc.stdout, proc.stdout
+    proc = hvdrun("-np", "2", "--no-mps", "--dry-run", "python", "-c", PROBE)
+    assert proc.returncode == 0 and "MPS:" not in proc.stdout, proc.stdout
     assert _what(fake_mps) == [], "a dry run starts nothing"
+
+
+# ---- Note [MPS by default]: auto without a flag, --no-mps, a daemon already running ---------
+
+def test_hvdrun_uses_mps_by_default_when_ranks_share_a_gpu(fake_mps, no_leaks):
+    proc = hvdrun("-np", "2", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    seen = _mps_lines(proc.stdout)
+    assert len(set(seen.values())) == 1 and seen[0][0] and seen[0][2], seen
+    assert proc.stderr.count("they run under a private MPS daemon") == 1, proc.stderr
+    assert _what(fake_mps).count("start") == 1 and _what(fake_mps)[-2:] == ["quit", "exit"]
+
+
+def test_hvdrun_no_mps_starts_nothing_and_says_nothing(fake_mps, no_leaks):
+    proc = hvdrun("-np", "2", "--no-mps", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr
+    assert all(pipe is None for pipe, _, _ in _mps_lines(proc.stdout).values())
+    assert "MPS:" not in proc.stderr and _what(fake_mps) == []
+
+
+@pytest.mark.parametrize("why", ["no-control-program", "daemon-fails"])
+def test_hvdrun_by_default_goes_on_without_mps_and_says_what_it_costs(
+        fake_mps, tmp_path, monkeypatch, no_leaks, why):
+    if why == "no-control-program":
+        monkeypatch.setenv("PATH", os.pathsep.join([fake_smi(tmp_path / "smi1", 1),
+                                                    os.path.dirname(sys.executable),
+                                                    "/usr/bin:/bin"]))
+    else:
+        monkeypatch.setenv("FAKE_MPS_FAIL", "exit")
+    proc = hvdrun("-np", "2", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr
+    assert set(_mps_lines(proc.stdout)) == {0, 1}, "the ranks ran"
+    assert all(pipe is None for pipe, _, _ in _mps_lines(proc.stdout).values())
+    reason = "is not on PATH" if why == "no-control-program" else "failed (1)"
+    assert reason in proc.stderr and "without MPS: each small op then waits" in proc.stderr
+    proc = hvdrun("-np", "2", "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 1 and reason in proc.stderr, "--mps makes it an error"
+
+
+def test_a_daemon_the_user_runs_is_used_not_doubled(fake_mps, tmp_path, monkeypatch, no_leaks):
+    mine = str(tmp_path / "my-mps-pipe")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", mine)
+    proc = hvdrun("-np", "2", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr
+    assert {pipe for pipe, _, _ in _mps_lines(proc.stdout).values()} == {mine}
+    assert f"use the MPS daemon already running at {mine}" in proc.stderr
+    assert _what(fake_mps) == [], "no second daemon"
+
+
+def test_mode_of_accepts_the_three_modes_and_booleans():
+    assert [mps.mode_of(v) for v in (None, True, False, "AUTO", "on", "off")] == [
+        "auto", "on", "off", "auto", "on", "off"]
+    with pytest.raises(ValueError, match="mps='yes': choose auto"):
+        mps.mode_of("yes")
 
 
 def test_hvdrun_mps_errors(fake_mps, tmp_path, monkeypatch, no_leaks):
@@ -221,6 +279,14 @@ def test_run_mps_gives_the_ranks_the_daemon_and_stops_it(fake_mps, no_leaks):
     assert got[0] == got[1] and got[0][0] and got[0][1], got
     assert err.getvalue().count("2 ranks share 1 GPU(s)") == 1, err.getvalue()
     assert _what(fake_mps).count("start") == 1 and _what(fake_mps)[-2:] == ["quit", "exit"]
-    assert run(probe, np=2, stdout=io.StringIO(), stderr=io.StringIO()) == [[None, False]] * 2
+    assert run(probe, np=2, mps=False, stdout=io.StringIO(),
+               stderr=io.StringIO()) == [[None, False]] * 2
+    err = io.StringIO()
+    auto = run(probe, np=2, stdout=io.StringIO(), stderr=err)  # the default: Note [MPS by default]
+    assert auto[0] == auto[1] and auto[0][0] and auto[0][0] != got[0][0], auto
+    assert err.getvalue().count("they run under a private MPS daemon") == 1
+    assert _what(fake_mps).count("start") == 2 and _what(fake_mps)[-2:] == ["quit", "exit"]
     with pytest.raises(ValueError, match="on each host yourself"):
         run(probe, np=2, mps=True, use_mpi=True)
+    with pytest.raises(ValueError, match="choose auto"):
+        run(probe, np=2, mps="sometimes")
