@@ -438,6 +438,7 @@ def _warn_sharing(local_size: int, devices: list) -> None:
                      f"{', '.join(str(r) for r in range(i, local_size, n))}"
                      for i, d in enumerate(devices))
     warnings.warn(f"{local_size} ranks on this host share {n} GPU(s) ({plan}). NCCL needs one "
-                  "GPU per rank, so CUDA collectives here use the staged fallback through host "
-                  "memory, which is slower. Start at most one rank per GPU for full speed.",
-                  RuntimeWarning, stacklevel=3)
+                  "GPU per rank, so the ranks of a GPU reduce through CUDA IPC (hvdrun and "
+                  "%hvd_start run them under MPS unless --no-mps) and one rank per GPU joins "
+                  "NCCL; each GPU's time is still divided between its ranks. Start at most one "
+                  "rank per GPU for full speed.", RuntimeWarning, stacklevel=3)

@@ -160,7 +160,7 @@ def sharing_note(pins: list[tuple[str, dict]]) -> str | None:
         return None
     parts = [f"{len(ps)} ranks on {host} share {ps[0].get('gpus', '?')} GPU(s)"
              for host, ps in sorted(by_host.items())]
-    return ("; ".join(parts) + ". NCCL needs one GPU per rank, so CUDA collectives there go "
-            "over CUDA IPC where all ranks of a set share one GPU, else the staged fallback "
-            "through host memory, which is slower. Fix: start at most one rank per GPU "
-            "(%hvd_start -n N) for full speed")
+    return ("; ".join(parts) + ". NCCL needs one GPU per rank, so the ranks of a GPU reduce "
+            "through CUDA IPC (under MPS unless --no-mps) and one rank per GPU joins NCCL; each "
+            "GPU's time is still divided between its ranks. Fix: start at most one rank per "
+            "GPU (%hvd_start -n N) for full speed")

@@ -40,7 +40,8 @@ __all__ = ["build_parser", "main"]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="hvdrun", description="Run a command as N Horovod-style ranks (horovodrun's flags).",
+        prog="hvdrun", allow_abbrev=False,  # a command's --timeline is not our --timeline-...
+        description="Run a command as N Horovod-style ranks (horovodrun's flags).",
         epilog="example: hvdrun -np 4 python train.py --epochs 2")
     p.add_argument("-v", "--version", action="store_true", help="print the version and exit")
     p.add_argument("-np", "--num-proc", dest="np", type=int, help="number of ranks")

@@ -113,6 +113,14 @@ def test_hvdrun_dry_run_for_remote_hosts(capsys):
     assert line.count("hvd_magic.launch.rankwrap -- python train.py --lr 0.1") == 2
 
 
+def test_hvdrun_leaves_the_commands_options_alone(capsys):
+    """--timeline / --verb after the command are the command's, even where they would
+    abbreviate hvdrun's own options (--timeline-filename, --verbose)."""
+    assert hvdrun.main(["-np", "1", "--dry-run", "python", "t.py", "--timeline", "x.json",
+                        "--verb"]) == 0
+    assert "python t.py --timeline x.json --verb" in capsys.readouterr().out
+
+
 # -- output -------------------------------------------------------------------------------------
 
 def test_line_splitter_keeps_lines_whole():

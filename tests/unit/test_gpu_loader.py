@@ -360,7 +360,7 @@ def test_invalid_entry_ends_the_visible_list_like_cuda():
 
 def test_ranks_outnumbering_gpus_share_round_robin_and_warn_once(fresh_warning):
     with pytest.warns(RuntimeWarning, match=r"5 ranks on this host share 2 GPU\(s\) \(GPU 0 <- "
-                      r"local ranks 0, 2, 4; GPU 1 <- local ranks 1, 3\).*staged fallback"):
+                      r"local ranks 0, 2, 4; GPU 1 <- local ranks 1, 3\).*reduce through CUDA IPC"):
         outs = [gpu.pin_gpu(r, 5, devices=2, environ={}) for r in range(5)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
