@@ -142,6 +142,9 @@ def _join(cluster, ranks, new, removed) -> dict[int, str]:
     for r in ranks:
         env = ew.engine_env(r.engine_id)
         if r.engine_id in fresh:
+            # The cluster's MPS daemon, if it has one: a new rank must be a client of the same
+            # server as the ranks whose buffers it maps (Note [MPS by default]).
+            env = dict(env, **c.mps.rank_env(r))
             call = (engine_side.init_engine, r.rank, env, c.gpus, r.pin_slot,
                     c.setup.with_core, max(local_sizes[r.host], r.pin_slot + 1))
         else:

@@ -2,7 +2,8 @@
 machine's ranks outnumber its GPUs, the cluster starts one private MPS daemon before the ranks touch CUDA, gives them its variables, keeps it
 across ``%hvd_restart`` and stops it with the cluster: ``%hvd_stop``, the kernel's exit (the
 magics' atexit hook) and, if the kernel dies, the reaper (which watches the daemon's pids).
-A daemon that cannot start fails ``--mps``, and is said and passed over without it.
+Engines ``%hvd_scale`` adds join the same daemon. A daemon that cannot start fails ``--mps``,
+and is said and passed over without it.
 
 No GPU here: a fake nvidia-smi lists one GPU and a fake ``nvidia-cuda-mps-control``
 (tests/fake_mps.py) records what it was asked."""
@@ -70,6 +71,9 @@ def test_hvd_start_mps_daemon_lives_with_the_cluster(no_cluster, shell, run, fak
         assert run_cell(shell, "%hvd_restart").error is None
         res = run(PROBE)
         assert res.value == [[0, pipe, True], [1, pipe, True]], "the restart kept the daemon"
+        assert run_cell(shell, "%hvd_scale -n 3").error is None
+        res = run(PROBE)
+        assert res.value == [[r, pipe, True] for r in range(3)], "an added rank joins it too"
         assert _what(record).count("start") == 1
     finally:
         stop_cluster(shell)
