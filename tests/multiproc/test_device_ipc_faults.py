@@ -66,6 +66,46 @@ def stuck_ipc_peer(action):
     return result
 
 
+def stuck_then_grow():
+    """Device-ordered, the last rank's input comes from a producer that never finishes, and
+    the next op needs larger slots: every rank's slot growth (ipcReserve) waits for its stream
+    — the last rank's behind the producer, the others' behind their device wait for its
+    input. Rank 0 aborts: the waits end, no rank hangs."""
+    from engine_native import _core
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    last = hvd.size() - 1
+    device_ops.allreduce(np.ones(4, np.float32), hvd.Sum, "warm")  # peers mapped, small slots
+    producer, token = f.stream(), 0
+    if hvd.rank() == last:
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+    small, big = np.ones(1024, np.float32), np.ones((2 << 20) // 4 + 1, np.float32)
+    outs = [np.empty_like(small), np.empty_like(big)]
+    device_ops.enqueue(_core.ALLREDUCE, small, outs[0], "stuck", hvd.Sum, stream=producer)
+    grow = device_ops.enqueue(_core.ALLREDUCE, big, outs[1], "grow", hvd.Sum, stream=producer)
+    bus = checks.out_of_band()
+    if hvd.rank() == 0:
+        time.sleep(0.5)  # a stimulus, not a synchronisation: the growth is waiting by now
+        hvd.abort("test")
+        bus.set("rank0-aborted", b"1")
+    else:
+        bus.get("rank0-aborted", timeout=30)
+    error, seconds = _failure(grow)
+    if hvd.rank() == last:
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    hvd.shutdown()
+    return {"error": error, "seconds": seconds, "final": f.cuda.fakeCudaLiveIpcMappings()}
+
+
+def test_slot_growth_behind_a_stuck_stream_ends_at_abort(fake_cuda):
+    np_ = 3
+    results = run_ranks(stuck_then_grow, np_, timeout=90, **_envs(fake_cuda, np_, "device"))
+    for r in results:
+        v = r.value
+        assert v["error"] and v["seconds"] < TIMEOUT + 3, v
+        assert v["final"] == 0, v
+
+
 def _envs(fake, np_, order):
     return device_ops.rank_envs(fake, np_, True, {"HVD_TIMEOUT": str(TIMEOUT),
                                                   "HVD_IPC_ORDER": order}, ipc=True)

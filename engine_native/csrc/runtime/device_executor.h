@@ -141,8 +141,8 @@ class DeviceExecutor : public OpExecutor {
   // The host-ordered IPC path's phase A: the inputs' producers finished (device_ipc_ops.cc).
   common::Status awaitProducers(OpContext& op, bool* ready);
   void dropPhaseA();  // its op runs now: the event goes back to the stream
-  // The host-ordered IPC step's wait for this rank's copy (device_ipc_ops.cc).
-  common::Status waitForOwnStream(transport::Comm& comm);
+  // A bounded, abortable wait for this rank's stream (the host-ordered step, ipcReserve).
+  common::Status waitForOwnStream(transport::Comm& comm, const char* what);
   common::Status takeStaged(uint8_t** in, uint8_t** out);
   common::Status stagedInput(OpContext& op, uint8_t** in, uint8_t** out);
   common::Status stageOutput(OpContext& op, void* device, const void* host, size_t bytes);

@@ -66,7 +66,10 @@ Status DeviceExecutor::ipcReserve(OpContext& op, size_t span) {
   const size_t want = slotFor(span);
   if (want <= ipc().slotBytes()) return Status::ok();
   transport::Comm& comm = ipcComm(op);
-  HVD_RETURN_IF_ERROR(stream().synchronize());
+  // Bounded: device-ordered, the stream may wait for a peer's event, or run behind a producer
+  // kernel that never ends; an unbounded synchronize() there would outlive abort().
+  HVD_RETURN_IF_ERROR(waitForOwnStream(comm, "the reads of the old slots queued before growing "
+                                             "them"));
   HVD_RETURN_IF_ERROR(algo::barrier(comm));  // every member's reads are done
   ipc().closeImported();
   HVD_RETURN_IF_ERROR(algo::barrier(comm));  // no member maps this rank's buffer any more
@@ -129,7 +132,7 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
       HVD_RETURN_IF_ERROR(ipc().waitPeersReadsDone(slot));  // (a)
     }
     HVD_RETURN_IF_ERROR(write(ipc().slot(comm.rank(), slot), lo, n));  // (b)
-    if (drained) HVD_RETURN_IF_ERROR(waitForOwnStream(comm));
+    if (drained) HVD_RETURN_IF_ERROR(waitForOwnStream(comm, "this rank's copy into its slot"));
     HVD_RETURN_IF_ERROR(ipc().recordInputReady(slot));
     HVD_RETURN_IF_ERROR(algo::barrier(comm));  // (c)
     if (!drained) HVD_RETURN_IF_ERROR(ipc().waitPeersInputReady(slot));
@@ -143,8 +146,8 @@ Status DeviceExecutor::ipcSteps(OpContext& op, size_t span, const IpcWrite& writ
 // The host-ordered step's wait: the producers finished in phase A, so what is queued is this
 // rank's own copies and kernels — and, after a chunked op, its device wait for the peers'
 // reads of the slot. Short, but a peer that died there never signals: HVD_TIMEOUT bounds it,
-// and abort() ends it at once.
-Status DeviceExecutor::waitForOwnStream(transport::Comm& comm) {
+// and abort() ends it at once. ipcReserve waits the same way. `what`: what it waits for.
+Status DeviceExecutor::waitForOwnStream(transport::Comm& comm, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(config_.timeout_seconds));
@@ -154,9 +157,9 @@ Status DeviceExecutor::waitForOwnStream(transport::Comm& comm) {
     return Status::ok();
   }
   if (mesh.aborted()) return common::aborted("aborted");
-  return common::timedOut("CUDA IPC: this rank's copy into its staging slot did not finish "
-                          "within HVD_TIMEOUT=" + std::to_string(config_.timeout_seconds) +
-                          " s (the GPU is stuck or the stream failed)");
+  return common::timedOut(std::string("CUDA IPC: ") + what + " did not finish within "
+                          "HVD_TIMEOUT=" + std::to_string(config_.timeout_seconds) +
+                          " s (the GPU is stuck, a peer died, or the stream failed)");
 }
 
 // Note [IPC output after the drain]: a pooled output block may come with a device wait for its
