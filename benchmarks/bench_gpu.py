@@ -402,7 +402,8 @@ def case_ipc_mps(args, run=None):
             rows.append((f"{nbytes // MIB} MiB busbw", f"ours ({ours[0]['path']}) {o:.2f} GB/s",
                          f"gloo {g:.2f} GB/s", f"{o / g:.1f}×"))
         med = {}
-        configs = [("alone x2 (no communication: the floor)", "alone", None), ("ours", "ours", None)]
+        configs = [("alone x2 (no communication: the floor)", "alone", None),
+                   ("ours", "ours", None)]
         configs += [(f"ours, {_env_label(env)}", "ours", env) for env in args.step_env]
         for label, system, env in configs + [("ddp", "ddp", None)]:
             results = run(rank_step, 2, system, args.steps, 64, env=env)

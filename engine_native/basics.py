@@ -301,7 +301,8 @@ def metrics() -> dict:
     "dur_s", "error"}``).
     ``mps_pipe_directory``: the MPS daemon this process's CUDA connects to
     (``CUDA_MPS_PIPE_DIRECTORY``, set by ``hvdrun`` / ``%hvd_start`` / ``run()`` for ranks
-    sharing a GPU unless ``--no-mps``; "" without MPS): the dashboard then labels the GPU path "... under MPS".
+    sharing a GPU when they use one; "" without MPS): the dashboard then labels the GPU path
+    "... under MPS".
     """
     out = _core.metrics()
     out["mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")

@@ -20,7 +20,8 @@ At the first CUDA tensor ``engine_native.torch`` calls :func:`require_cuda` (the
 must load; NCCL is used when it does). Per process set the core takes NCCL when every member
 has a GPU of its own and NCCL, CUDA IPC ("cuda-ipc": the members' buffers mapped into each
 other, reductions compiled at run time with NVRTC, :func:`device_kernel_candidates`) when they
-all share one GPU, else the staged path through host memory, saying why once
+all share one GPU, IPC within each GPU and NCCL between one rank per GPU when a set spans GPUs
+with several ranks on some, else the staged path through host memory, saying why once
 (``HVD_GPU_PATH`` overrides; ``engine_native.metrics()["gpu_paths"]`` shows the choice).
 
 >>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}
@@ -381,9 +382,9 @@ def pin_gpu(local_rank: int, local_size: int, *, devices=None, environ=None) -> 
     ``cuda:0`` to every library. When more than one GPU is visible the variable is narrowed;
     with one it is left alone. When ranks outnumber GPUs, ranks share GPUs (warned once): NCCL
     cannot hold two ranks of one communicator on one GPU, so the core's CUDA collectives in a
-    process set with such ranks go over CUDA IPC when all its ranks share one GPU, else the
-    staged path (device -> pinned host -> shm/tcp -> device; HVD_GPU_PATH). No GPU: nothing
-    changes.
+    process set with such ranks go over CUDA IPC among the ranks of each GPU and NCCL between
+    one rank per GPU; the staged path (device -> pinned host -> shm/tcp -> device) where
+    neither loads (HVD_GPU_PATH). No GPU: nothing changes.
 
     Parameters
     ----------
@@ -438,7 +439,7 @@ def _warn_sharing(local_size: int, devices: list) -> None:
                      f"{', '.join(str(r) for r in range(i, local_size, n))}"
                      for i, d in enumerate(devices))
     warnings.warn(f"{local_size} ranks on this host share {n} GPU(s) ({plan}). NCCL needs one "
-                  "GPU per rank, so the ranks of a GPU reduce through CUDA IPC (hvdrun and "
-                  "%hvd_start run them under MPS unless --no-mps) and one rank per GPU joins "
-                  "NCCL; each GPU's time is still divided between its ranks. Start at most one "
-                  "rank per GPU for full speed.", RuntimeWarning, stacklevel=3)
+                  "GPU per rank, so the ranks of a GPU reduce through CUDA IPC and one rank per "
+                  "GPU joins NCCL; each GPU's time is divided between its ranks (shared under "
+                  "MPS instead). Start at most one rank per GPU for full speed.",
+                  RuntimeWarning, stacklevel=3)

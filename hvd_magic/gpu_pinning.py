@@ -161,6 +161,6 @@ def sharing_note(pins: list[tuple[str, dict]]) -> str | None:
     parts = [f"{len(ps)} ranks on {host} share {ps[0].get('gpus', '?')} GPU(s)"
              for host, ps in sorted(by_host.items())]
     return ("; ".join(parts) + ". NCCL needs one GPU per rank, so the ranks of a GPU reduce "
-            "through CUDA IPC (under MPS unless --no-mps) and one rank per GPU joins NCCL; each "
-            "GPU's time is still divided between its ranks. Fix: start at most one rank per "
-            "GPU (%hvd_start -n N) for full speed")
+            "through CUDA IPC and one rank per GPU joins NCCL; each GPU's time is divided "
+            "between its ranks (shared under MPS instead). Fix: start at most one rank per GPU "
+            "(%hvd_start -n N) for full speed")

@@ -26,6 +26,11 @@ def check_start_elastic(args) -> None:
                          f"single ranks (mpiexec's world is fixed); use --launcher local")
     if not 1 <= args.min_np <= args.n:
         raise UsageError(f"%hvd_start --min-np {args.min_np}: need 1 <= --min-np <= -n {args.n}")
+    if args.mps == "on":
+        raise UsageError("%hvd_start --min-np: --mps is not supported for elastic clusters (under "
+                         "MPS a fatal GPU error in one rank reaches every rank on that GPU); "
+                         "drop one")
+    args.mps = "off"  # Note [MPS by default]: elastic clusters never get a daemon
 
 
 def start_elastic(cluster, min_np) -> list[str]:

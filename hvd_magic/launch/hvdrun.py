@@ -245,9 +245,9 @@ def run_local(args, command, slots, env, output) -> int:
     if args.dry_run:
         if args.mps != "off":
             from engine_native import gpu
-            start, text = mpslib.decide(size, len(gpu.visible_devices(env)[0]))
-            if start or args.mps == "on":
-                print(text)
+            chosen = mpslib.plan(args.mps, size, len(gpu.visible_devices(env)[0]), env)
+            if chosen.note:
+                print(chosen.note)
         for slot in slots:
             print(f"rank {slot.rank} on {slot.host}: HVD_RANK={slot.rank} HVD_SIZE={size} "
                   f"{shlex.join(command)}")

@@ -22,16 +22,27 @@ D. The daemon's pids (the control daemon and, later, its server) are found by th
 ``STOP_TIMEOUT``, kills what is left with its children and removes the folders. Stop the
 ranks first: a daemon told to quit waits for its clients. Note [MPS clients]: CUDA in a rank
 whose ``CUDA_MPS_PIPE_DIRECTORY`` names no live daemon falls back to its own context (the
-documented behaviour), so a failed daemon costs speed, never correctness.
+documented behaviour), so a daemon that never came up costs speed, not correctness; a daemon
+that answers but whose server cannot serve a client fails that client's CUDA calls.
 
-Note [MPS by default]: on one H100 (benchmarks/RESULTS.md, "... under MPS"), two ranks sharing
-the GPU did a 4-byte allreduce in 76–121 µs under MPS against 477–711 µs time-sliced, and
-256 MiB at 200 GB/s against 106–121. So the launchers (hvdrun, ``%hvd_start``, ``run()``) use
-MPS whenever a machine's ranks outnumber its GPUs, in one of three modes (:func:`start_for_job`):
-``auto`` (the default) starts a daemon and, when it cannot, says why and what it costs and goes
-on without; ``on`` (``--mps``) makes that an error; ``off`` (``--no-mps``) starts nothing. A
-daemon the user runs already (``CUDA_MPS_PIPE_DIRECTORY`` set, or the system one's default pipe
-directory live) is used as it is, never doubled.
+Note [MPS by default]: on one H100 (benchmarks/RESULTS.md, "Runs 3–4"), two ranks sharing the
+GPU did a 4-byte allreduce in 76–121 µs under MPS against 477–788 µs time-sliced, and 256 MiB
+at 200 GB/s against 106–121. So the launchers (hvdrun, ``%hvd_start``, ``run()``) use MPS when
+a machine's ranks share its GPU, in one of three modes, planned by :func:`plan`:
+
+- ``auto`` (the default) starts a daemon where that was verified — one GPU, the launch's
+  ``CUDA_VISIBLE_DEVICES`` unset — and elsewhere, or when the daemon cannot start, says why
+  and what it costs and goes on time-sliced. Not verified: several GPUs per host (a daemon
+  renumbers the GPUs its clients see, so the ranks' GPU pins must agree with its numbering:
+  :meth:`MpsDaemon._control_env` starts it on every GPU in PCI order, as the pins count).
+- ``on`` (``--mps``) starts one wherever GPUs are shared, and a daemon that cannot start, or
+  a ``CUDA_MPS_PIPE_DIRECTORY`` naming no live daemon, is an error.
+- ``off`` (``--no-mps``) starts nothing.
+
+A live daemon the user runs already (``CUDA_MPS_PIPE_DIRECTORY``, or the system one at
+``/tmp/nvidia-mps``) is used as it is, never doubled, and named to the ranks so that
+``metrics()`` sees it. Elastic jobs never get one: under MPS a fatal GPU error in one client
+reaches every client of that GPU, which would defeat losing one rank.
 """
 
 from __future__ import annotations
@@ -55,8 +66,8 @@ MODES = ("auto", "on", "off")
 WITHOUT_COST = ("each small op then waits for the GPU's time slices (~0.5 ms against ~0.1 ms "
                 "under MPS, measured on an H100)")
 
-__all__ = ["LOG_ENV", "MODES", "PIPE_ENV", "MpsDaemon", "MpsError", "decide", "gpu_count",
-           "mode_of", "running_daemon", "start_for_job"]
+__all__ = ["LOG_ENV", "MODES", "PIPE_ENV", "MpsDaemon", "MpsError", "Plan", "UsersDaemon",
+           "decide", "gpu_count", "mode_of", "plan", "start_for_job"]
 
 
 class MpsError(RuntimeError):
@@ -85,27 +96,74 @@ def decide(ranks_here: int, gpus_here: int, host: str = "this machine") -> tuple
                   f"under a private MPS daemon (--no-mps: time-sliced instead)")
 
 
-def running_daemon(environ: dict) -> str | None:
-    """The pipe directory of an MPS daemon the user runs already (None without one): the one
-    ``CUDA_MPS_PIPE_DIRECTORY`` names (the user chose it, live or not), else a live default."""
-    if environ.get(PIPE_ENV):
-        return environ[PIPE_ENV]
-    return DEFAULT_PIPE if os.path.exists(os.path.join(DEFAULT_PIPE, "control")) else None
+class Plan:
+    """What a launch does about MPS: ``action`` is "none" (no note), "use" (a live daemon the
+    user runs, at ``pipe``), "start" (a private one), "without" (time-sliced, said) or
+    "error" (mode "on" only); ``note`` says it. (A plain class: benchmarks and GPU tests load
+    this file on its own, outside any package, where a dataclass cannot be made.)"""
+
+    def __init__(self, action: str, note: str | None = None, pipe: str | None = None):
+        self.action, self.note, self.pipe = action, note, pipe
+
+
+def plan(mode: str, ranks_here: int, gpus_here: int, environ: dict,
+         host: str = "this machine") -> Plan:
+    """Note [MPS by default]: what to do, decided without starting anything (dry runs print
+    it too)."""
+    start, text = decide(ranks_here, gpus_here, host)
+    if mode == "off" or not start:
+        return Plan("none", text if mode == "on" else None)
+    shared = f"{ranks_here} ranks share {gpus_here} GPU(s) on {host}"
+    exe = shutil.which(CONTROL, path=environ.get("PATH"))
+    mine = environ.get(PIPE_ENV)
+    if mine:
+        if exe is None or _answers(exe, environ, mine):
+            checked = "" if exe else f" (not checked: {CONTROL} is not on PATH)"
+            return Plan("use", f"MPS: {shared}: they use your MPS daemon at {mine} "
+                               f"({PIPE_ENV}){checked}", mine)
+        why = (f"{PIPE_ENV}={mine} names no live MPS daemon: start that daemon, or unset the "
+               f"variable to let hvd start one")
+        return Plan("error", f"MPS: {why}") if mode == "on" else \
+            Plan("without", f"MPS: {shared}, without MPS: {why}. {WITHOUT_COST}")
+    if exe is not None and _answers(exe, environ, DEFAULT_PIPE):
+        return Plan("use", f"MPS: {shared}: they use the system's MPS daemon at {DEFAULT_PIPE}",
+                    DEFAULT_PIPE)
+    if mode == "auto":
+        unverified = ("MPS with several GPUs on a host is not verified yet" if gpus_here > 1 else
+                      "with CUDA_VISIBLE_DEVICES set, MPS is not verified yet"
+                      if environ.get("CUDA_VISIBLE_DEVICES") else None)
+        if unverified:
+            return Plan("without", f"MPS: {shared}, not started: {unverified} (--mps starts it "
+                                   f"anyway). Time-sliced, {WITHOUT_COST}")
+    return Plan("start", text)
+
+
+class UsersDaemon:
+    """A live MPS daemon this job uses but did not start: its variable for the ranks; never
+    stopped by us."""
+
+    def __init__(self, pipe: str):
+        self.env = {PIPE_ENV: pipe}
+        self.pids: list[int] = []
+
+    def stop(self) -> None:
+        pass
 
 
 def start_for_job(mode: str, ranks_here: int, gpus_here: int, environ: dict, note,
                   host: str = "this machine"):
-    """Note [MPS by default]: the job's daemon (its variables in ``daemon.env``) or None,
-    what happened said through ``note``. MpsError only in mode "on" (nothing left running)."""
-    start, text = decide(ranks_here, gpus_here, host)
-    if mode == "off" or not start:
-        if mode == "on":
-            note(text)  # asked for by name: say why nothing started
-        return None
-    shared = f"{ranks_here} ranks share {gpus_here} GPU(s) on {host}"
-    pipe = running_daemon(environ)
-    if pipe is not None:
-        note(f"MPS: {shared}: they use the MPS daemon already running at {pipe} (none started)")
+    """:func:`plan` carried out, its note said through ``note``: a daemon whose ``env`` the
+    ranks get (ours, or a :class:`UsersDaemon`) or None. MpsError only in mode "on" (nothing
+    left running)."""
+    chosen = plan(mode, ranks_here, gpus_here, environ, host)
+    if chosen.action == "error":
+        raise MpsError(chosen.note + " (or run with --no-mps)")
+    if chosen.action == "use":
+        note(chosen.note)
+        return UsersDaemon(chosen.pipe)
+    if chosen.action != "start":
+        if chosen.note:
+            note(chosen.note)
         return None
     daemon = MpsDaemon(environ)
     try:
@@ -113,10 +171,28 @@ def start_for_job(mode: str, ranks_here: int, gpus_here: int, environ: dict, not
     except MpsError as exc:
         if mode == "on":
             raise
-        note(f"{exc}\nMPS: {shared}, without MPS: {WITHOUT_COST}. --no-mps silences this")
+        note(f"{exc}\nMPS: {ranks_here} ranks share {gpus_here} GPU(s) on {host}, without MPS: "
+             f"{WITHOUT_COST}. --no-mps silences this")
         return None
-    note(text)
+    note(chosen.note)
     return daemon
+
+
+def _answers(exe: str, environ: dict, pipe: str, timeout: float = 5.0) -> bool:
+    """Whether a live MPS control daemon answers on ``pipe``."""
+    return _ask(exe, dict(environ, **{PIPE_ENV: pipe}), "get_server_list", timeout)[0] == 0
+
+
+def _ask(exe: str, env: dict, text: str, timeout: float) -> tuple:
+    """``(exit code, answer)`` of one control command sent with ``env``."""
+    try:
+        proc = subprocess.run([exe], input=text + "\n", text=True, capture_output=True,
+                              env=env, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return -1, ""
+    if "cannot find mps control daemon" in (proc.stdout + proc.stderr).lower():
+        return proc.returncode or 1, proc.stdout  # said so, whatever its exit code
+    return proc.returncode, proc.stdout
 
 
 def gpu_count(environ: dict) -> int:
@@ -190,22 +266,31 @@ class MpsDaemon:
                 raise MpsError(f"MPS: GPU {index} is in compute mode {mode}, where MPS cannot "
                                f"run. Fix: `nvidia-smi -i {index} -c DEFAULT` (or "
                                f"EXCLUSIVE_PROCESS; needs root), or run with --no-mps")
-        self.folder = tempfile.mkdtemp(prefix="hvd-mps-")
-        self.env = {PIPE_ENV: os.path.join(self.folder, "pipe"),
-                    LOG_ENV: os.path.join(self.folder, "log")}
-        for path in self.env.values():
-            os.makedirs(path)
         try:
+            self.folder = tempfile.mkdtemp(prefix="hvd-mps-")
+            self.env = {PIPE_ENV: os.path.join(self.folder, "pipe"),
+                        LOG_ENV: os.path.join(self.folder, "log")}
+            for path in self.env.values():
+                os.makedirs(path)
             self._launch()
             self._wait_answer()
             self.pids = self._find_pids()
+        except OSError as exc:
+            self.stop()
+            raise MpsError(f"MPS: the daemon could not be started: {exc}. Fix that (e.g. a "
+                           f"writable TMPDIR), or run with --no-mps") from None
         except BaseException:
             self.stop()
             raise
         return dict(self.env)
 
     def _control_env(self) -> dict:
-        return dict(self.base, **self.env)
+        # Every GPU, in PCI order: the ranks pin theirs by nvidia-smi index (PCI order), and a
+        # client's CUDA_VISIBLE_DEVICES counts within the GPUs its daemon sees.
+        env = dict(self.base, **self.env)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        return env
 
     def _launch(self) -> None:
         # The forked daemon inherits our descriptors: give it a file, never a pipe we read to
@@ -240,15 +325,7 @@ class MpsDaemon:
     def ask(self, text: str, timeout: float = 5.0) -> tuple:
         """``(exit code, answer)`` of one control command (``get_server_list``: the pids of
         the MPS servers, which exist once a rank's CUDA connected)."""
-        try:
-            proc = subprocess.run([self.exe], input=text + "\n", text=True,
-                                  capture_output=True, env=self._control_env(), timeout=timeout,
-                                  check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return -1, ""
-        if "cannot find mps control daemon" in (proc.stdout + proc.stderr).lower():
-            return proc.returncode or 1, proc.stdout  # said so, whatever its exit code
-        return proc.returncode, proc.stdout
+        return _ask(self.exe, self._control_env(), text, timeout)
 
     def served(self) -> list[str]:
         """Evidence that ranks used the daemon: the MPS servers it runs now

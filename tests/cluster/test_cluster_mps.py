@@ -1,7 +1,8 @@
 """``%hvd_start``'s MPS daemon (issue #19, Note [MPS by default]): by default, when this
-machine's ranks outnumber its GPUs, the cluster starts one private MPS daemon before the ranks touch CUDA, gives them its variables, keeps it
-across ``%hvd_restart`` and stops it with the cluster: ``%hvd_stop``, the kernel's exit (the
-magics' atexit hook) and, if the kernel dies, the reaper (which watches the daemon's pids).
+machine's ranks outnumber its GPUs, the cluster starts one private MPS daemon before the ranks
+touch CUDA, gives them its variables, keeps it across ``%hvd_restart`` and stops it with the
+cluster: ``%hvd_stop``, the kernel's exit (the magics' atexit hook) and, if the kernel dies,
+the reaper (which watches the daemon's pids).
 Engines ``%hvd_scale`` adds join the same daemon. A daemon that cannot start fails ``--mps``,
 and is said and passed over without it.
 
@@ -37,6 +38,7 @@ def fake_mps(monkeypatch, tmp_path):
             fake_mps_control(tmp_path / "mps"), fake_smi(tmp_path / "smi", gpus),
             os.environ["PATH"]]))
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
         monkeypatch.setenv("FAKE_MPS_RECORD", record)
         return record
     return use

@@ -26,6 +26,9 @@ PROBE = ("import json, os; p = os.environ.get('CUDA_MPS_PIPE_DIRECTORY'); "
 @pytest.fixture
 def fake_mps(tmp_path, monkeypatch):
     """The fake control program and one fake GPU on PATH; returns the record file's path."""
+    if os.path.exists(os.path.join(mps.DEFAULT_PIPE, "control")):
+        pytest.skip(f"a system MPS daemon listens at {mps.DEFAULT_PIPE}: launches would use it")
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     bin_ = fake_mps_control(tmp_path / "mps")
     smi = fake_smi(tmp_path / "smi", 1)
     monkeypatch.setenv("PATH", os.pathsep.join([bin_, smi, os.environ["PATH"]]))
@@ -237,14 +240,80 @@ def test_hvdrun_by_default_goes_on_without_mps_and_says_what_it_costs(
     assert proc.returncode == 1 and reason in proc.stderr, "--mps makes it an error"
 
 
-def test_a_daemon_the_user_runs_is_used_not_doubled(fake_mps, tmp_path, monkeypatch, no_leaks):
-    mine = str(tmp_path / "my-mps-pipe")
-    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", mine)
+def test_a_daemon_the_user_runs_is_used_not_doubled(fake_mps, monkeypatch, no_leaks):
+    with mps.MpsDaemon() as theirs:  # the user's own, live
+        mine = theirs.env[mps.PIPE_ENV]
+        monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", mine)
+        proc = hvdrun("-np", "2", "python", "-c", PROBE)
+        assert proc.returncode == 0, proc.stderr
+        assert {pipe for pipe, _, _ in _mps_lines(proc.stdout).values()} == {mine}
+        assert f"they use your MPS daemon at {mine}" in proc.stderr
+        assert _what(fake_mps).count("start") == 1, "no second daemon"
+        assert "quit" not in _what(fake_mps), "and theirs is left running"
+
+
+def test_a_pipe_directory_with_no_daemon_is_said_and_an_error_with_mps(fake_mps, tmp_path,
+                                                                     monkeypatch, no_leaks):
+    dead = str(tmp_path / "nobody-listens")
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", dead)
     proc = hvdrun("-np", "2", "python", "-c", PROBE)
     assert proc.returncode == 0, proc.stderr
-    assert {pipe for pipe, _, _ in _mps_lines(proc.stdout).values()} == {mine}
-    assert f"use the MPS daemon already running at {mine}" in proc.stderr
-    assert _what(fake_mps) == [], "no second daemon"
+    assert f"CUDA_MPS_PIPE_DIRECTORY={dead} names no live MPS daemon" in proc.stderr
+    assert "without MPS" in proc.stderr and _what(fake_mps) == []
+    proc = hvdrun("-np", "2", "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 1 and "names no live MPS daemon" in proc.stderr
+    assert _mps_lines(proc.stdout) == {}, "no rank was started"
+
+
+def test_the_systems_daemon_is_used(fake_mps, monkeypatch, no_leaks):
+    notes = []
+    with mps.MpsDaemon() as system:
+        monkeypatch.setattr(mps, "DEFAULT_PIPE", system.env[mps.PIPE_ENV])
+        used = mps.start_for_job("auto", 2, 1, dict(os.environ), notes.append)
+        assert used.env == {mps.PIPE_ENV: system.env[mps.PIPE_ENV]}, "named to the ranks"
+        used.stop()
+        assert system.command("get_server_list") == 0, "stopping ours left it alone"
+    assert "the system's MPS daemon" in notes[0] and _what(fake_mps).count("start") == 1
+
+
+@pytest.mark.parametrize("case", ["several-gpus", "visible-devices-set"])
+def test_auto_starts_only_where_mps_was_verified(fake_mps, tmp_path, monkeypatch, no_leaks,
+                                                 case):
+    if case == "several-gpus":
+        monkeypatch.setenv("PATH", fake_smi(tmp_path / "smi2", 2) + os.pathsep
+                           + os.environ["PATH"])
+        np_, why = "3", "several GPUs on a host is not verified"
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+        np_, why = "2", "with CUDA_VISIBLE_DEVICES set, MPS is not verified"
+    proc = hvdrun("-np", np_, "python", "-c", PROBE)
+    assert proc.returncode == 0 and why in proc.stderr, proc.stderr
+    assert _what(fake_mps) == []
+    proc = hvdrun("-np", np_, "--mps", "python", "-c", PROBE)
+    assert proc.returncode == 0, proc.stderr
+    assert _what(fake_mps).count("start") == 1, "--mps starts it anyway"
+
+
+def test_the_daemon_sees_every_gpu_in_pci_order(fake_mps, monkeypatch, no_leaks):
+    """A client's CUDA_VISIBLE_DEVICES counts within its daemon's GPUs: the daemon must see
+    them all, numbered as the ranks' pins number them (nvidia-smi = PCI order)."""
+    with mps.MpsDaemon(dict(os.environ, CUDA_VISIBLE_DEVICES="1")) as daemon:
+        assert daemon.pids
+        for pid in daemon.pids:
+            env = mps._environ(pid)
+            assert "CUDA_VISIBLE_DEVICES" not in env and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_an_os_error_is_an_mps_error_and_auto_goes_on(fake_mps, monkeypatch, no_leaks):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent-hvd-test-dir")
+    with pytest.raises(mps.MpsError, match="could not be started.*--no-mps"):
+        mps.MpsDaemon().start()
+    notes = []
+    assert mps.start_for_job("auto", 2, 1, dict(os.environ), notes.append) is None
+    assert "without MPS" in notes[-1]
+    with pytest.raises(mps.MpsError):
+        mps.start_for_job("on", 2, 1, dict(os.environ), notes.append)
 
 
 def test_mode_of_accepts_the_three_modes_and_booleans():

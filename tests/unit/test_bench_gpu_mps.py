@@ -70,8 +70,8 @@ def test_dry_run_writes_the_report(bench, tmp_path):
     _, record = bench
     out = tmp_path / "bench.md"
     proc = subprocess.run([sys.executable, BENCH, "--cases", "ipc_mps", "--dry-run",
-                           "--step-env", "HVD_CYCLE_TIME_MS=5", "--out", str(out)], capture_output=True, text=True, timeout=120,
-                          check=False)
+                           "--step-env", "HVD_CYCLE_TIME_MS=5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "2 ranks sharing one GPU under MPS" in text and "| 256 MiB busbw |" in text
