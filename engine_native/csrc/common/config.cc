@@ -125,6 +125,12 @@ const std::vector<Knob>& knobs() {
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
               Kind::kBytes, &Config::shm_ring_bytes, 4096),
+      boolKnob({"HVD_SINGLE_COPY", nullptr, "bool", "true",
+                "Large host collectives (broadcast) read peers' inputs straight into the "
+                "output with process_vm_readv, one copy per byte, when every rank of the "
+                "host can (probed at start; metrics()['host_copy'] says which, and why "
+                "not). false: always copy through the shared segment."},
+               &Config::single_copy),
       intKnob({"HVD_TCP_SEGMENT_BYTES", nullptr, "bytes", "1048576",
                "Pipelining unit of collectives over TCP (at least 4096)."},
               Kind::kBytes, &Config::tcp_segment_bytes, 4096),
