@@ -1,6 +1,7 @@
 """Single-copy reads between ranks of one host (issue #20 part 3: transport/shm/cross_memory.cc,
-algo/single_copy.cc): broadcast, allgather and alltoall at >= 256 KiB per transfer read the
-peers' inputs with process_vm_readv instead of copying through the segment's slots.
+algo/single_copy.cc): broadcast, allgather and alltoall at >= HVD_SINGLE_COPY_MIN_BYTES per
+transfer (256 KiB here) read the peers' inputs with process_vm_readv instead of copying through
+the segment's slots.
 
 - np 1..5, every dtype, uneven splits with zero-size parts, in place and not: results equal
   NumPy's, and equal what HVD_SINGLE_COPY=0 (the slot path) and HVD_TRANSPORT=tcp give (each
@@ -22,7 +23,8 @@ from multiproc import checks
 from multiproc.checks import ALL_DTYPES, Failures
 from multiproc.harness import run_ranks
 
-BIG = 300 << 10  # above algo/single_copy.h kSingleCopyMinBytes (256 KiB)
+BIG = 300 << 10  # above the threshold these tests set (the default, 16 MiB, is too slow here)
+LOW = {"HVD_SINGLE_COPY_MIN_BYTES": str(256 << 10)}
 
 
 def _rows(dtype, i, n):
@@ -83,11 +85,12 @@ def collectives(tag):
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
 def test_single_copy_matches_the_slot_path_and_tcp(np_):
-    on = run_ranks(collectives, np_, args=("on",), timeout=300)
-    off = run_ranks(collectives, np_, args=("off",), timeout=300, env={"HVD_SINGLE_COPY": "0"})
+    on = run_ranks(collectives, np_, args=("on",), timeout=300, env=LOW)
+    off = run_ranks(collectives, np_, args=("off",), timeout=300,
+                    env={**LOW, "HVD_SINGLE_COPY": "0"})
     if np_ >= 2:
         tcp = run_ranks(collectives, np_, args=("tcp",), timeout=300,
-                        env={"HVD_TRANSPORT": "tcp"})
+                        env={**LOW, "HVD_TRANSPORT": "tcp"})
     for r in range(np_):
         digest, used, mode = on[r].value
         assert digest == off[r].value[0], f"rank {r}: single-copy and slot path differ"
@@ -121,7 +124,7 @@ def subset_and_whole(_):
 
 
 def test_process_set_subset_keeps_the_pairs_whole_host_reads():
-    res = run_ranks(subset_and_whole, 4, args=(None,), timeout=120)
+    res = run_ranks(subset_and_whole, 4, args=(None,), timeout=120, env=LOW)
     for r in res:
         assert r.value == (0, 1), (r.rank, r.value)
 
@@ -144,13 +147,24 @@ def probe_report(_):
 ])
 def test_one_rank_refusing_turns_it_off_everywhere(var, value, words):
     odd = 2
-    res = run_ranks(probe_report, 4, args=(None,), timeout=120, rank_env={odd: {var: value}})
+    res = run_ranks(probe_report, 4, args=(None,), timeout=120, env=LOW,
+                    rank_env={odd: {var: value}})
     for r in res:
         mode, reason, used, ok = r.value
         assert ok and mode == "segment" and used == 0, (r.rank, r.value)
         assert words in reason and f"rank {odd}" in reason, (r.rank, reason)
-    agreed = run_ranks(probe_report, 3, args=(None,), timeout=120)
+    agreed = run_ranks(probe_report, 3, args=(None,), timeout=120, env=LOW)
     assert all(r.value == ("single-copy", "", 1, True) for r in agreed), [r.value for r in agreed]
+
+
+def test_the_leaders_threshold_holds_for_the_host():
+    """Rank 0 (the host's leader) lowers HVD_SINGLE_COPY_MIN_BYTES, the others keep 16 MiB: all
+    take the single-copy path for the 300 KiB broadcast (one threshold per host)."""
+    res = run_ranks(probe_report, 3, args=(None,), timeout=120, rank_env={0: LOW})
+    assert all(r.value == ("single-copy", "", 1, True) for r in res), [r.value for r in res]
+    # and the default keeps that broadcast on the slots
+    res = run_ranks(probe_report, 2, args=(None,), timeout=120)
+    assert all(r.value == ("single-copy", "", 0, True) for r in res), [r.value for r in res]
 
 
 def killed_owner(pid_dir):
@@ -187,7 +201,7 @@ def killed_owner(pid_dir):
 def test_owner_killed_while_read_ends_the_readers_op(tmp_path):
     import signal
     res = run_ranks(killed_owner, 3, args=(str(tmp_path),), timeout=60, check=False,
-                    env={"HVD_TIMEOUT": "20"})
+                    env={**LOW, "HVD_TIMEOUT": "20"})
     assert res[0].returncode == -signal.SIGKILL, res[0].describe()
     errors = []
     for r in res[1:]:

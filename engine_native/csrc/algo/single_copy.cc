@@ -28,10 +28,14 @@
 // against one per piece (64 per 16 MiB at 256 KiB pieces) on the slot path.
 //
 // Note [Single-copy threshold]
-// process_vm_readv pins the peer's pages for each call (get_user_pages) and costs a syscall
-// and a page-table walk per 4 KiB page: for small ops the slot path, whose copies stay in
-// cache, is faster. 256 KiB per rank is where the two met in bench_other_collectives on the
-// 2-core VM (see benchmarks/RESULTS.md, issue #20 part 3).
+// process_vm_readv pins the peer's source pages for each call (get_user_pages) and faults in
+// the reader's fresh output pages from inside the kernel, 4 KiB at a time; on the 2-core
+// Firecracker VM that is a fixed ~0.3-0.5 ms per op at 1-2 MiB (measured: np=2 broadcast
+// 1 MiB 0.36-0.59 ms single-copy against 0.05-0.09 ms through the slots, whose 256 KiB pieces
+// stay in the 32 MiB L3). At 8 MiB the two were even, at 16 and 64 MiB single-copy won
+// (broadcast 16 MiB 2.2-2.4 ms against 2.5-2.8; alltoall 64 MiB 8.9-9.2 against 11.2-13.5).
+// So the default HVD_SINGLE_COPY_MIN_BYTES is 16 MiB per transfer (benchmarks/RESULTS.md,
+// issue #20 part 3); a machine with cheaper faults (bare metal, huge pages) may lower it.
 #include "algo/single_copy.h"
 
 #include <unistd.h>
@@ -53,7 +57,7 @@ std::atomic<uint64_t> g_single_copy_ops{0};
 uint64_t singleCopyOps() { return g_single_copy_ops.load(std::memory_order_relaxed); }
 
 bool singleCopyServes(const CollectiveSync& sync, size_t largest) {
-  return sync.segment().singleCopy() && largest >= kSingleCopyMinBytes;
+  return sync.segment().singleCopy() && largest >= sync.segment().singleCopyMinBytes();
 }
 
 common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {

@@ -13,12 +13,9 @@
 
 namespace hvd::algo {
 
-// Ops whose largest per-rank transfer is below this keep the pipelined path through the
-// segment: Note [Single-copy threshold] in single_copy.cc.
-constexpr size_t kSingleCopyMinBytes = 256 << 10;
-
 // Whether an op moving up to `largest` bytes from one rank to another takes the single-copy
-// path: the host probed it usable (and nobody set HVD_SINGLE_COPY=0) and the op is large.
+// path: the host probed it usable (and nobody set HVD_SINGLE_COPY=0) and `largest` is at least
+// the host's HVD_SINGLE_COPY_MIN_BYTES (Note [Single-copy threshold] in single_copy.cc).
 bool singleCopyServes(const transport::shm::CollectiveSync& sync, size_t largest);
 
 // Where a peer's input lies, as it published it for this op.

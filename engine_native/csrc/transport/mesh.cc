@@ -323,6 +323,7 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   probe.host_ranks = m.host_ranks;
   probe.fds = m.data_fds;
   probe.wanted = m.config.single_copy;
+  probe.min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
   probe.deadline = deadline;
   s = shm::probeSingleCopy(probe, m.collective.get());
   if (!s.isOk()) {

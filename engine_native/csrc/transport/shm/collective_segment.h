@@ -63,9 +63,12 @@ class CollectiveSegment {
   // the same on every rank of the host, and when not, why.
   bool singleCopy() const { return single_copy_; }
   const std::string& singleCopyReason() const { return single_copy_reason_; }
-  void setSingleCopy(bool on, std::string reason) {
+  // The smallest transfer between two ranks that takes the single-copy path.
+  uint64_t singleCopyMinBytes() const { return single_copy_min_bytes_; }
+  void setSingleCopy(bool on, std::string reason, uint64_t min_bytes) {
     single_copy_ = on;
     single_copy_reason_ = std::move(reason);
+    single_copy_min_bytes_ = min_bytes;
   }
 
  private:
@@ -81,6 +84,7 @@ class CollectiveSegment {
   bool linked_ = false;
   bool single_copy_ = false;
   std::string single_copy_reason_ = "not probed";
+  uint64_t single_copy_min_bytes_ = 0;
 };
 
 struct CollectiveRequest {

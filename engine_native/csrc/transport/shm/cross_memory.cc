@@ -14,8 +14,9 @@
 //   K. every rank reads every other rank's probe word with readPeer and checks its value; it
 //      sends L a verdict (kind, rank): 0 = fine, else why not (HVD_SINGLE_COPY=0 here, the
 //      kernel refused, the read failed, a test forced it).
-//   L. L writes the first refusal (or 0) to every P; every rank sets the segment's mode from
-//      it. The probe word lives on this function's stack until the verdict, which comes only
+//   L. L writes the first refusal (or 0) and its own HVD_SINGLE_COPY_MIN_BYTES to every P;
+//      every rank sets the segment's mode and threshold from it (one threshold per host: ranks
+//      that picked different paths for one op would wait on each other forever). The probe word lives on this function's stack until the verdict, which comes only
 //      after every rank has finished its reads.
 // Cost: a few syscalls and two socket round trips per host, once per job.
 #include "transport/shm/cross_memory.h"
@@ -46,7 +47,8 @@ enum Refusal : uint32_t {
 
 struct Verdict {
   uint32_t refusal = kFine;
-  int32_t rank = -1;  // global rank that refused
+  int32_t rank = -1;       // global rank that refused
+  uint64_t min_bytes = 0;  // the leader's threshold: one value for the whole host
 };
 
 std::string explain(const Verdict& v) {
@@ -158,6 +160,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
   // K: this rank's own verdict.
   Verdict mine;
   mine.rank = request.rank;
+  mine.min_bytes = request.min_bytes;
   mine.refusal = !request.wanted ? kNotWanted : forcedToFail() ? kForced
                                                               : probePeers(*segment, self);
   // L: the leader gathers, picks the first refusal, tells everyone.
@@ -167,7 +170,10 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
       Verdict theirs;
       HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &theirs,
                                         sizeof(theirs), request.deadline));
-      if (host.refusal == kFine && theirs.refusal != kFine) host = theirs;
+      if (host.refusal == kFine && theirs.refusal != kFine) {
+        host.refusal = theirs.refusal;
+        host.rank = theirs.rank;
+      }
     }
     for (int i = 1; i < n; ++i) {
       HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &host,
@@ -177,7 +183,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
     HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), request.deadline));
     HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &host, sizeof(host), request.deadline));
   }
-  segment->setSingleCopy(host.refusal == kFine, explain(host));
+  segment->setSingleCopy(host.refusal == kFine, explain(host), host.min_bytes);
   return Status::ok();
 }
 

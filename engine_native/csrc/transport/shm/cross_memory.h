@@ -28,6 +28,7 @@ struct SingleCopyRequest {
   std::vector<int> host_ranks;  // as CollectiveRequest's
   std::vector<int> fds;         // data socket per global rank
   bool wanted = true;           // false when HVD_SINGLE_COPY=0
+  uint64_t min_bytes = 16 << 20;  // HVD_SINGLE_COPY_MIN_BYTES; the leader's value is the host's
   tcp::Deadline deadline;
 };
 
