@@ -36,6 +36,8 @@
 
 #include "algo/algorithms.h"
 #include "algo/ring_util.h"
+#include "algo/single_copy.h"
+#include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
 
 namespace hvd::algo {
@@ -135,6 +137,32 @@ common::Status HostAllgather::collect(uint64_t k) {
   return common::Status::ok();
 }
 
+// Note [Single-copy ops] in algo/single_copy.cc: every rank reads every other rank's input
+// straight into its place in the output. part/offset: by local index, as HostAllgather's.
+common::Status allgatherSingleCopy(CollectiveSync& sync, const uint8_t* in, uint8_t* out,
+                                   const std::vector<size_t>& part,
+                                   const std::vector<size_t>& offset) {
+  const size_t me = static_cast<size_t>(sync.index());
+  SingleCopyOp op;
+  op.in = in;
+  op.bytes = part[me];
+  op.local = [&] {
+    if (part[me] > 0 && in != out + offset[me]) std::memcpy(out + offset[me], in, part[me]);
+  };
+  op.read = [&](int j, const PeerInput& peer) {
+    const size_t want = part[static_cast<size_t>(j)];
+    if (peer.bytes != want) {
+      return common::internalError("single-copy allgather: local rank " + std::to_string(j) +
+                                   " published " + std::to_string(peer.bytes) +
+                                   " bytes, this rank expects " + std::to_string(want));
+    }
+    if (want == 0) return common::Status::ok();
+    return transport::shm::readPeer(peer.pid, peer.address,
+                                    out + offset[static_cast<size_t>(j)], want);
+  };
+  return runSingleCopy(sync, op);
+}
+
 }  // namespace
 
 common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
@@ -145,6 +173,20 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
                                  "process set of " + std::to_string(comm.size()) + " ranks");
   }
   CollectiveSync sync(comm, segment);
+  if (comm.size() > 1) {
+    std::vector<size_t> part(static_cast<size_t>(comm.size()), 0);
+    std::vector<size_t> offset(part.size(), 0);
+    const BlockOffsets offsets = prefixBlocks(bytes_per_rank);
+    for (int r = 0; r < comm.size(); ++r) {
+      const size_t j = static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)));
+      part[j] = bytes_per_rank[static_cast<size_t>(r)];
+      offset[j] = offsets[static_cast<size_t>(r)];
+    }
+    if (singleCopyServes(sync, *std::max_element(part.begin(), part.end()))) {
+      return allgatherSingleCopy(sync, static_cast<const uint8_t*>(in),
+                                 static_cast<uint8_t*>(out), part, offset);
+    }
+  }
   HostAllgather gather(sync, comm, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
                        bytes_per_rank);
   return gather.run();

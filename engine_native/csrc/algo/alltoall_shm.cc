@@ -38,6 +38,8 @@
 
 #include "algo/algorithms.h"
 #include "algo/ring_util.h"
+#include "algo/single_copy.h"
+#include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
 
 namespace hvd::algo {
@@ -55,6 +57,9 @@ class HostAlltoall {
                const std::vector<size_t>& send_bytes, uint8_t* out,
                const std::vector<size_t>& recv_bytes, size_t largest);
   common::Status run();
+  // Note [Single-copy ops] in algo/single_copy.cc: each rank reads its block straight out of
+  // every peer's input, finding it through the peer's send_at_ table (the op's layout).
+  common::Status singleCopy();
 
  private:
   // Bytes of piece k of a block of `block` bytes.
@@ -113,6 +118,37 @@ common::Status HostAlltoall::run() {
   return common::Status::ok();
 }
 
+common::Status HostAlltoall::singleCopy() {
+  size_t total = 0;
+  for (size_t b : send_) total += b;
+  SingleCopyOp op;
+  op.in = in_;
+  op.bytes = total;
+  op.layout = reinterpret_cast<uint64_t>(send_at_.data());
+  op.local = [&] {
+    const size_t own = send_[static_cast<size_t>(me_)];
+    uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
+    const uint8_t* const own_from = in_ + send_at_[static_cast<size_t>(me_)];
+    if (own > 0 && own_to != own_from) std::memmove(own_to, own_from, own);
+  };
+  op.read = [&](int j, const PeerInput& peer) {
+    const size_t want = recv_[static_cast<size_t>(j)];
+    if (want == 0) return common::Status::ok();
+    uint64_t at = 0;
+    HVD_RETURN_IF_ERROR(transport::shm::readPeer(
+        peer.pid, peer.layout + static_cast<uint64_t>(me_) * sizeof(size_t), &at, sizeof(at)));
+    if (at + want > peer.bytes) {
+      return common::internalError("single-copy alltoall: local rank " + std::to_string(j) +
+                                   " sends " + std::to_string(peer.bytes) + " bytes, this "
+                                   "rank expects " + std::to_string(want) + " at " +
+                                   std::to_string(at) + ": the ranks' splits disagree");
+    }
+    return transport::shm::readPeer(peer.pid, peer.address + at,
+                                    out_ + recv_at_[static_cast<size_t>(j)], want);
+  };
+  return runSingleCopy(sync_, op);
+}
+
 common::Status HostAlltoall::post(uint64_t k) {
   const uint64_t depth = sync_.segment().depth();
   if (base_ + k >= depth) {  // rule 2
@@ -155,6 +191,7 @@ common::Status alltoallShm(transport::Comm& comm, const void* in,
   CollectiveSync sync(comm, segment);
   HostAlltoall exchange(sync, comm, static_cast<const uint8_t*>(in), send_bytes,
                         static_cast<uint8_t*>(out), recv_bytes, largest);
+  if (comm.size() > 1 && singleCopyServes(sync, largest)) return exchange.singleCopy();
   return exchange.run();
 }
 

@@ -28,6 +28,8 @@
 #include <cstring>
 
 #include "algo/algorithms.h"
+#include "algo/single_copy.h"
+#include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
 
 namespace hvd::algo {
@@ -67,6 +69,28 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
   return common::Status::ok();
 }
 
+// Note [Single-copy ops] in algo/single_copy.cc: the readers copy the root's input straight
+// into their output; the root copies only its own output, and returns once all have read.
+common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
+                                   size_t bytes, int root) {
+  const bool is_root = sync.index() == root;
+  SingleCopyOp op;
+  op.in = is_root ? root_in : nullptr;
+  op.bytes = is_root ? bytes : 0;
+  op.source = root;
+  op.read_by_others = is_root;
+  if (is_root && root_in != data) op.local = [&] { std::memcpy(data, root_in, bytes); };
+  op.read = [&](int, const PeerInput& peer) {
+    if (peer.bytes != bytes) {
+      return common::internalError("single-copy broadcast: the root published " +
+                                   std::to_string(peer.bytes) + " bytes, this rank expects " +
+                                   std::to_string(bytes));
+    }
+    return transport::shm::readPeer(peer.pid, peer.address, data, bytes);
+  };
+  return runSingleCopy(sync, op);
+}
+
 }  // namespace
 
 common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
@@ -78,6 +102,11 @@ common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* da
   }
   if (bytes == 0 || comm.size() == 1) return common::Status::ok();
   CollectiveSync sync(comm, segment);
+  if (singleCopyServes(sync, bytes)) {
+    return broadcastSingleCopy(sync, static_cast<const uint8_t*>(root_in),
+                               static_cast<uint8_t*>(data), bytes,
+                               sync.localIndexOf(comm.globalRank(root)));
+  }
   return broadcastPieces(sync, static_cast<const uint8_t*>(root_in),
                          static_cast<uint8_t*>(data), bytes,
                          sync.localIndexOf(comm.globalRank(root)));

@@ -125,6 +125,19 @@ const std::vector<Knob>& knobs() {
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
               Kind::kBytes, &Config::shm_ring_bytes, 4096),
+      boolKnob({"HVD_SINGLE_COPY", nullptr, "bool", "true",
+                "Large broadcast, allgather and alltoall between ranks of one host read "
+                "peers' inputs straight into the output with process_vm_readv, one copy "
+                "per byte, when every rank of the host can (probed at start; "
+                "metrics()['host_copy'] says which, and why not). false: always copy "
+                "through the shared segment."},
+               &Config::single_copy),
+      intKnob({"HVD_SINGLE_COPY_MIN_BYTES", nullptr, "bytes", "16777216",
+               "The smallest transfer between two ranks of one host (a broadcast, an "
+               "allgather part, an alltoall block) that takes the single-copy read; smaller "
+               "ones copy through the shared segment, faster there (Note [Single-copy "
+               "threshold]). The host's lowest rank's value holds for the whole host."},
+              Kind::kBytes, &Config::single_copy_min_bytes, 0),
       intKnob({"HVD_TCP_SEGMENT_BYTES", nullptr, "bytes", "1048576",
                "Pipelining unit of collectives over TCP (at least 4096)."},
               Kind::kBytes, &Config::tcp_segment_bytes, 4096),

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common/logging.h"
+#include "transport/shm/collective_segment.h"
 
 namespace hvd::runtime {
 
@@ -67,6 +68,15 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     drivable_ = drivable_ && transports[r] != "tcp";
   }
   metrics_.setTransports(std::move(transports));
+  const transport::shm::CollectiveSegment* host = mesh_.collectiveSegment();
+  if (host == nullptr) {
+    metrics_.setHostCopy("none", "no host collective segment: one rank on this host, "
+                                 "HVD_TRANSPORT=tcp, or the segment could not be made");
+  } else if (host->singleCopy()) {
+    metrics_.setHostCopy("single-copy", "");
+  } else {
+    metrics_.setHostCopy("segment", host->singleCopyReason());
+  }
   // Spinning callers only help while every rank of this host can have a core of its own.
   if (drivable_ && mesh_.size() <= usableCores()) {
     caller_spin_ = std::chrono::microseconds(config_.caller_spin_microseconds);

@@ -40,6 +40,12 @@ void Metrics::setTransports(std::vector<std::string> transports) {
   transports_ = std::move(transports);
 }
 
+void Metrics::setHostCopy(std::string mode, std::string reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  host_copy_ = std::move(mode);
+  host_copy_reason_ = std::move(reason);
+}
+
 void Metrics::setDevicePath(int32_t process_set, const std::string& path, int device) {
   std::lock_guard<std::mutex> lock(mutex_);
   device_paths_.push_back({process_set, path, device});
@@ -76,6 +82,8 @@ MetricsSnapshot Metrics::snapshot() const {
   }
   s.pending = pending_;
   s.transports = transports_;
+  s.host_copy = host_copy_;
+  s.host_copy_reason = host_copy_reason_;
   s.device_paths = device_paths_;
   return s;
 }
@@ -101,6 +109,8 @@ void Metrics::reset() {
   device_paths_.clear();
   pending_.clear();
   transports_.clear();
+  host_copy_.clear();
+  host_copy_reason_.clear();
 }
 
 }  // namespace hvd::runtime

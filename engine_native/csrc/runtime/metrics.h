@@ -44,6 +44,12 @@ struct MetricsSnapshot {
   double current_seconds = 0;
   std::vector<PendingInfo> pending;
   std::vector<std::string> transports;  // per global rank: "self" / "shm" / "tcp"
+  // How host collectives move bytes between this host's ranks: "single-copy" (peers' inputs
+  // read with process_vm_readv), "segment" (through the shared segment) or "none" (no host
+  // segment); host_copy_reason says why it is not single-copy ("" when it is).
+  std::string host_copy;
+  std::string host_copy_reason;
+  uint64_t single_copy_ops = 0;  // host ops that read peers directly, since the process started
   struct DevicePath {
     int32_t process_set = 0;
     std::string path;  // "nccl" / "staged"
@@ -78,6 +84,7 @@ class Metrics {
   void endOp();
   void setPending(std::vector<PendingInfo> pending);
   void setTransports(std::vector<std::string> transports);
+  void setHostCopy(std::string mode, std::string reason);
   void setDevicePath(int32_t process_set, const std::string& path, int device);
   MetricsSnapshot snapshot() const;
   void reset();
@@ -99,6 +106,8 @@ class Metrics {
   std::chrono::steady_clock::time_point current_since_;
   std::vector<PendingInfo> pending_;
   std::vector<std::string> transports_;
+  std::string host_copy_;
+  std::string host_copy_reason_;
   std::vector<MetricsSnapshot::DevicePath> device_paths_;
 };
 

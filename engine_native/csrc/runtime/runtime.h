@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "algo/single_copy.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "coord/message.h"
@@ -68,7 +69,11 @@ class Runtime {
   common::Status addProcessSet(std::vector<int> ranks, int32_t* id);
   common::Status removeProcessSet(int32_t id);
   std::optional<std::vector<int>> processSetRanks(int32_t id) const;
-  MetricsSnapshot metrics() const { return metrics_.snapshot(); }
+  MetricsSnapshot metrics() const {
+    MetricsSnapshot s = metrics_.snapshot();
+    s.single_copy_ops = algo::singleCopyOps();
+    return s;
+  }
   const common::Config& config() const { return config_; }
   // Framework threads report time spent blocked in wait() (the binding measures it).
   void addHandleWait(double seconds) { metrics_.addHandleWait(seconds); }

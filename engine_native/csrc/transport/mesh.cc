@@ -30,6 +30,7 @@
 #include "common/logging.h"
 #include "common/text.h"
 #include "transport/shm/collective_segment.h"
+#include "transport/shm/cross_memory.h"
 #include "transport/shm/pair.h"
 #include "transport/shm/setup.h"
 #include "transport/tcp/handshake.h"
@@ -317,10 +318,26 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
     return Status(s.code(), "rank " + std::to_string(mesh.rank_) +
                                 ": host collective segment setup failed: " + s.message());
   }
+  shm::SingleCopyRequest probe;
+  probe.rank = mesh.rank_;
+  probe.host_ranks = m.host_ranks;
+  probe.fds = m.data_fds;
+  probe.wanted = m.config.single_copy;
+  probe.min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
+  probe.deadline = deadline;
+  s = shm::probeSingleCopy(probe, m.collective.get());
+  if (!s.isOk()) {
+    return Status(s.code(), "rank " + std::to_string(mesh.rank_) +
+                                ": single-copy probe failed: " + s.message());
+  }
   if (m.collective) {
     HVD_LOG(kInfo, "transport") << "host collective segment: " << m.host_ranks.size()
                                 << " ranks, " << m.collective->depth() << " x "
-                                << (m.collective->chunkBytes() >> 10) << " KiB slots per rank";
+                                << (m.collective->chunkBytes() >> 10) << " KiB slots per rank; "
+                                << (m.collective->singleCopy()
+                                        ? "single-copy reads between ranks"
+                                        : "no single-copy reads: " +
+                                              m.collective->singleCopyReason());
   }
   std::lock_guard<std::mutex> lock(m.doorbell_mutex);
   for (size_t i = 0; i < m.host_ranks.size() && m.collective; ++i) {

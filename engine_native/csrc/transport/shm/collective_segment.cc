@@ -1,6 +1,6 @@
 // Host collective segment (transport/shm/collective_segment.h).
 //
-// Layout: [header 64 B][per local rank: 3 lines = counters, doorbell, padding][slots of rank 0:
+// Layout: [header 64 B][per local rank: 3 lines = counters, doorbell, peer region][slots of rank 0:
 // depth x chunk_bytes][slots of rank 1]... Counters and doorbell sit on their own cache lines:
 // counters are written by their owner only, the doorbell by everyone; slots start on 64-byte
 // boundaries (chunk_bytes is a multiple of 64).
@@ -40,7 +40,7 @@ namespace {
 
 constexpr uint64_t kCollectiveMagic = 0x31304c4f43445648ull;  // "HVDCOL01"
 constexpr size_t kHeaderBytes = 64;
-constexpr size_t kControlBytes = 3 * 64;  // per rank: counters, doorbell, padding
+constexpr size_t kControlBytes = 3 * 64;  // per rank: counters, doorbell, peer region
 constexpr int kMaxLocalSize = 1024;
 
 struct Header {
@@ -52,6 +52,7 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(std::atomic<uint64_t>) * kStageCount <= 64, "counters share one line");
+static_assert(sizeof(PeerRegion) <= 64, "a peer region fits its line");
 
 uint64_t chunkBytesFor(const CollectiveRequest& request) {
   const uint64_t piece = (std::max<uint64_t>(request.piece_bytes, 64) + 63) / 64 * 64;
@@ -220,6 +221,10 @@ std::atomic<uint64_t>& CollectiveSegment::counter(int local, Stage stage) const 
 
 Doorbell* CollectiveSegment::doorbell(int local) const {
   return reinterpret_cast<Doorbell*>(base_ + kHeaderBytes + local * kControlBytes + 64);
+}
+
+PeerRegion* CollectiveSegment::region(int local) const {
+  return reinterpret_cast<PeerRegion*>(base_ + kHeaderBytes + local * kControlBytes + 128);
 }
 
 Status setupCollectiveSegment(const CollectiveRequest& request,

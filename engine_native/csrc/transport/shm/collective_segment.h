@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -23,6 +24,15 @@ namespace hvd::transport::shm {
 // algo/allreduce_shm.cc). Each counter holds "chunks ever passed this milestone".
 enum class Stage : int { kPosted = 0, kReduced = 1, kReleased = 2 };
 constexpr int kStageCount = 3;
+
+// Where a local rank's input lies in its own address space, for peers that read it with
+// process_vm_readv (transport/shm/cross_memory.h). Written only by its owner before it posts.
+struct PeerRegion {
+  std::atomic<uint64_t> pid;
+  std::atomic<uint64_t> address;
+  std::atomic<uint64_t> bytes;
+  std::atomic<uint64_t> layout;  // an op-defined table in the owner (alltoall's offsets)
+};
 
 class CollectiveSegment {
  public:
@@ -47,6 +57,19 @@ class CollectiveSegment {
   uint8_t* slot(int local, uint64_t chunk) const;
   std::atomic<uint64_t>& counter(int local, Stage stage) const;
   Doorbell* doorbell(int local) const;
+  PeerRegion* region(int local) const;
+
+  // Note [Single-copy probe] in cross_memory.cc: whether ops may read peers' inputs directly,
+  // the same on every rank of the host, and when not, why.
+  bool singleCopy() const { return single_copy_; }
+  const std::string& singleCopyReason() const { return single_copy_reason_; }
+  // The smallest transfer between two ranks that takes the single-copy path.
+  uint64_t singleCopyMinBytes() const { return single_copy_min_bytes_; }
+  void setSingleCopy(bool on, std::string reason, uint64_t min_bytes) {
+    single_copy_ = on;
+    single_copy_reason_ = std::move(reason);
+    single_copy_min_bytes_ = min_bytes;
+  }
 
  private:
   CollectiveSegment() = default;
@@ -59,6 +82,9 @@ class CollectiveSegment {
   uint32_t depth_ = 0;
   uint64_t chunk_bytes_ = 0;
   bool linked_ = false;
+  bool single_copy_ = false;
+  std::string single_copy_reason_ = "not probed";
+  uint64_t single_copy_min_bytes_ = 0;
 };
 
 struct CollectiveRequest {

@@ -1,0 +1,190 @@
+// Cross-memory attach (transport/shm/cross_memory.h).
+//
+// Note [Single-copy probe]
+// process_vm_readv needs the kernel's ptrace-read permission on the peer: same uid, and no
+// Yama ptrace_scope >= 1 (which allows only ancestors), no seccomp profile that blocks the
+// call (Docker's default did before 19.03), no peer that made itself non-dumpable. None of
+// that can be known without trying, and a host's ranks must all take the same path (an op
+// that reads a peer's input directly and an op that waits for the peer to copy into its slot
+// do not mix). So once per host segment, after Note [Collective setup], over the same sockets,
+// with the host's leader L and every other rank P:
+//   J. every rank writes (pid, address, 8) of a probe word holding a value derived from its
+//      local index into its PeerRegion; P then writes one byte to L, and L, having read all
+//      of them, writes one byte back to every P: every region is now published.
+//   K. every rank reads every other rank's probe word with readPeer and checks its value; it
+//      sends L a verdict (kind, rank): 0 = fine, else why not (HVD_SINGLE_COPY=0 here, the
+//      kernel refused, the read failed, a test forced it).
+//   L. L writes the first refusal (or 0) and its own HVD_SINGLE_COPY_MIN_BYTES to every P;
+//      every rank sets the segment's mode and threshold from it (one threshold per host: ranks
+//      that picked different paths for one op would wait on each other forever). The probe word lives on this function's stack until the verdict, which comes only
+//      after every rank has finished its reads.
+// Cost: a few syscalls and two socket round trips per host, once per job.
+#include "transport/shm/cross_memory.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace hvd::transport::shm {
+
+using common::Status;
+
+namespace {
+
+constexpr uint64_t kProbeMagic = 0x45424f5250435648ull;  // "HVDCPROBE"-ish, xor local index
+
+enum Refusal : uint32_t {
+  kFine = 0,
+  kNotWanted = 1,     // HVD_SINGLE_COPY=0 on that rank
+  kNotPermitted = 2,  // EPERM: ptrace policy or seccomp
+  kReadFailed = 3,    // any other error, or a wrong value
+  kForced = 4,        // HVD_TEST_SINGLE_COPY_PROBE_FAIL=1 on that rank (tests only)
+};
+
+struct Verdict {
+  uint32_t refusal = kFine;
+  int32_t rank = -1;       // global rank that refused
+  uint64_t min_bytes = 0;  // the leader's threshold: one value for the whole host
+};
+
+std::string explain(const Verdict& v) {
+  const std::string who = "rank " + std::to_string(v.rank);
+  switch (v.refusal) {
+    case kNotWanted: return who + " has HVD_SINGLE_COPY=0";
+    case kNotPermitted:
+      return who + " may not read its peers' memory (EPERM: a Yama ptrace_scope >= 1 or a "
+                   "seccomp profile that blocks process_vm_readv); host collectives copy "
+                   "through the shared segment";
+    case kReadFailed: return who + " could not read a peer's probe word";
+    case kForced: return who + " failed its probe on purpose (HVD_TEST_SINGLE_COPY_PROBE_FAIL)";
+    default: return "";
+  }
+}
+
+bool forcedToFail() {
+  const char* raw = std::getenv("HVD_TEST_SINGLE_COPY_PROBE_FAIL");
+  return raw != nullptr && std::strcmp(raw, "1") == 0;
+}
+
+// Step K on this rank.
+uint32_t probePeers(const CollectiveSegment& segment, int self) {
+  for (int i = 0; i < segment.localSize(); ++i) {
+    if (i == self) continue;
+    const PeerRegion* region = segment.region(i);
+    uint64_t word = 0;
+    Status s = readPeer(static_cast<pid_t>(region->pid.load(std::memory_order_acquire)),
+                        region->address.load(std::memory_order_acquire), &word, sizeof(word));
+    if (!s.isOk()) {
+      return s.message().find("EPERM") != std::string::npos ? kNotPermitted : kReadFailed;
+    }
+    if (word != (kProbeMagic ^ static_cast<uint64_t>(i))) return kReadFailed;
+  }
+  return kFine;
+}
+
+}  // namespace
+
+Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
+  auto* dst = static_cast<uint8_t*>(local);
+  size_t done = 0;
+  while (done < bytes) {
+    struct iovec to {dst + done, bytes - done};
+    struct iovec from {reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t n = ::process_vm_readv(pid, &to, 1, &from, 1, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    const int err = n == 0 ? EFAULT : errno;  // 0 bytes: the rest is not mapped there
+    if (err == EINTR) continue;
+    const std::string where = std::to_string(bytes - done) + " bytes at 0x" + [&] {
+      char hex[32];
+      std::snprintf(hex, sizeof(hex), "%llx", static_cast<unsigned long long>(remote + done));
+      return std::string(hex);
+    }() + " of process " + std::to_string(pid);
+    switch (err) {
+      case ESRCH:
+        return common::internalError("reading " + where + ": the process is gone (ESRCH); "
+                                     "a rank of this host exited during the op");
+      case EPERM:
+        return common::internalError("reading " + where + ": not permitted (EPERM); set "
+                                     "HVD_SINGLE_COPY=0 or allow ptrace reads between the "
+                                     "job's processes");
+      case EFAULT:
+        return common::internalError("reading " + where + ": the range is not mapped in that "
+                                     "process (EFAULT); its buffer was freed during the op");
+      default:
+        return common::internalError("reading " + where + ": " + std::strerror(err));
+    }
+  }
+  return Status::ok();
+}
+
+Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment) {
+  if (segment == nullptr) return Status::ok();
+  const int n = static_cast<int>(request.host_ranks.size());
+  int self = -1;
+  for (int i = 0; i < n; ++i) {
+    if (request.host_ranks[i] == request.rank) self = i;
+  }
+  if (self < 0 || n != segment->localSize()) {
+    return common::internalError("single-copy probe: rank " + std::to_string(request.rank) +
+                                 " is not among its host's ranks");
+  }
+  const bool leader = self == 0;
+  const int leader_fd = request.fds[request.host_ranks[0]];
+  // J: publish the probe word, then the leader's barrier.
+  volatile uint64_t word = kProbeMagic ^ static_cast<uint64_t>(self);
+  PeerRegion* own = segment->region(self);
+  own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
+  own->address.store(reinterpret_cast<uint64_t>(&word), std::memory_order_relaxed);
+  own->bytes.store(sizeof(word), std::memory_order_release);
+  uint8_t byte = 1;
+  if (leader) {
+    for (int i = 1; i < n; ++i) {
+      HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &byte, 1,
+                                        request.deadline));
+    }
+    for (int i = 1; i < n; ++i) {
+      HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &byte, 1,
+                                         request.deadline));
+    }
+  } else {
+    HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &byte, 1, request.deadline));
+    HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &byte, 1, request.deadline));
+  }
+  // K: this rank's own verdict.
+  Verdict mine;
+  mine.rank = request.rank;
+  mine.min_bytes = request.min_bytes;
+  mine.refusal = !request.wanted ? kNotWanted : forcedToFail() ? kForced
+                                                              : probePeers(*segment, self);
+  // L: the leader gathers, picks the first refusal, tells everyone.
+  Verdict host = mine;
+  if (leader) {
+    for (int i = 1; i < n; ++i) {
+      Verdict theirs;
+      HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &theirs,
+                                        sizeof(theirs), request.deadline));
+      if (host.refusal == kFine && theirs.refusal != kFine) {
+        host.refusal = theirs.refusal;
+        host.rank = theirs.rank;
+      }
+    }
+    for (int i = 1; i < n; ++i) {
+      HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &host,
+                                         sizeof(host), request.deadline));
+    }
+  } else {
+    HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), request.deadline));
+    HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &host, sizeof(host), request.deadline));
+  }
+  segment->setSingleCopy(host.refusal == kFine, explain(host), host.min_bytes);
+  return Status::ok();
+}
+
+}  // namespace hvd::transport::shm

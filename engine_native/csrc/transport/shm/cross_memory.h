@@ -1,0 +1,40 @@
+// Cross-memory attach: one rank of a host reads a byte range straight out of another rank's
+// address space (Linux process_vm_readv), so a host collective can copy each byte once, from
+// the peer's input to this rank's output, instead of twice through the collective segment
+// (issue #20, part 3). Whether a host may use it is decided once, at setup, by every rank of
+// the host together (Note [Single-copy probe] in cross_memory.cc); the verdict lives in the
+// CollectiveSegment (singleCopy()), identical on every rank of the host.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/shm/collective_segment.h"
+
+namespace hvd::transport::shm {
+
+// Copies `bytes` bytes at address `remote` of process `pid` into `local`. Partial transfers are
+// continued and EINTR retried. Errors say what happened: the peer is gone (ESRCH), the kernel
+// refuses (EPERM: ptrace policy or seccomp), or the range is not mapped there (EFAULT).
+common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes);
+
+struct SingleCopyRequest {
+  int rank = -1;                // global rank
+  std::vector<int> host_ranks;  // as CollectiveRequest's
+  std::vector<int> fds;         // data socket per global rank
+  bool wanted = true;           // false when HVD_SINGLE_COPY=0
+  uint64_t min_bytes = 16 << 20;  // HVD_SINGLE_COPY_MIN_BYTES; the leader's value is the host's
+  tcp::Deadline deadline;
+};
+
+// Note [Single-copy probe]. Every rank of the host calls it with the same segment (or every
+// rank with none); afterwards segment->singleCopy() is the same on all of them, and
+// singleCopyReason() says why it is off.
+common::Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment);
+
+}  // namespace hvd::transport::shm
