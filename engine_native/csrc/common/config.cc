@@ -125,12 +125,12 @@ const std::vector<Knob>& knobs() {
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
               Kind::kBytes, &Config::shm_ring_bytes, 4096),
-      boolKnob({"HVD_SINGLE_COPY", nullptr, "bool", "true",
-                "Large broadcast, allgather and alltoall between ranks of one host read "
+      boolKnob({"HVD_SINGLE_COPY", nullptr, "bool", "false",
+                "true: large broadcast, allgather and alltoall between ranks of one host read "
                 "peers' inputs straight into the output with process_vm_readv, one copy "
                 "per byte, when every rank of the host can (probed at start; "
-                "metrics()['host_copy'] says which, and why not). false: always copy "
-                "through the shared segment."},
+                "metrics()['host_copy'] says which, and why not). Off by default: not yet "
+                "measured faster on a quiet machine (RESULTS.md, issue #20 part 3)."},
                &Config::single_copy),
       intKnob({"HVD_SINGLE_COPY_MIN_BYTES", nullptr, "bytes", "16777216",
                "The smallest transfer between two ranks of one host (a broadcast, an "

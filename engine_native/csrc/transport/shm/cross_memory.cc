@@ -54,7 +54,7 @@ struct Verdict {
 std::string explain(const Verdict& v) {
   const std::string who = "rank " + std::to_string(v.rank);
   switch (v.refusal) {
-    case kNotWanted: return who + " has HVD_SINGLE_COPY=0";
+    case kNotWanted: return who + " has HVD_SINGLE_COPY off (the default; 1 turns it on)";
     case kNotPermitted:
       return who + " may not read its peers' memory (EPERM: a Yama ptrace_scope >= 1 or a "
                    "seccomp profile that blocks process_vm_readv); host collectives copy "
