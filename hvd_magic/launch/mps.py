@@ -76,8 +76,9 @@ class MpsError(RuntimeError):
 
 def mode_of(value, what: str = "mps") -> str:
     """A launcher's MPS choice as one of MODES: True is "on", False "off", None "auto"."""
-    mode = {True: "on", False: "off", None: "auto"}.get(value, value) \
-        if isinstance(value, (bool, type(None))) else str(value).lower()
+    if value is None or isinstance(value, bool):
+        return {True: "on", False: "off", None: "auto"}[value]
+    mode = str(value).lower()
     if mode not in MODES:
         raise ValueError(f"{what}={value!r}: choose auto (MPS when ranks share a GPU, the "
                          f"default), on (the same, and an error when it cannot start) or off")
@@ -113,7 +114,7 @@ def plan(mode: str, ranks_here: int, gpus_here: int, environ: dict,
     start, text = decide(ranks_here, gpus_here, host)
     if mode == "off" or not start:
         return Plan("none", text if mode == "on" else None)
-    shared = f"{ranks_here} ranks share {gpus_here} GPU(s) on {host}"
+    shared = _shared(ranks_here, gpus_here, host)
     exe = shutil.which(CONTROL, path=environ.get("PATH"))
     mine = environ.get(PIPE_ENV)
     if mine:
@@ -125,7 +126,9 @@ def plan(mode: str, ranks_here: int, gpus_here: int, environ: dict,
                f"variable to let hvd start one")
         return Plan("error", f"MPS: {why}") if mode == "on" else \
             Plan("without", f"MPS: {shared}, without MPS: {why}. {WITHOUT_COST}")
-    if exe is not None and _answers(exe, environ, DEFAULT_PIPE):
+    # Asked only when its control FIFO exists: no subprocess per launch on a machine without one.
+    if exe is not None and os.path.exists(os.path.join(DEFAULT_PIPE, "control")) \
+            and _answers(exe, environ, DEFAULT_PIPE):
         return Plan("use", f"MPS: {shared}: they use the system's MPS daemon at {DEFAULT_PIPE}",
                     DEFAULT_PIPE)
     if mode == "auto":
@@ -171,11 +174,15 @@ def start_for_job(mode: str, ranks_here: int, gpus_here: int, environ: dict, not
     except MpsError as exc:
         if mode == "on":
             raise
-        note(f"{exc}\nMPS: {ranks_here} ranks share {gpus_here} GPU(s) on {host}, without MPS: "
-             f"{WITHOUT_COST}. --no-mps silences this")
+        note(f"{exc}\nMPS: {_shared(ranks_here, gpus_here, host)}, without MPS: {WITHOUT_COST}. "
+             f"--no-mps silences this")
         return None
     note(chosen.note)
     return daemon
+
+
+def _shared(ranks_here: int, gpus_here: int, host: str) -> str:
+    return f"{ranks_here} ranks share {gpus_here} GPU(s) on {host}"
 
 
 def _answers(exe: str, environ: dict, pipe: str, timeout: float = 5.0) -> bool:
