@@ -173,7 +173,9 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
                                  "process set of " + std::to_string(comm.size()) + " ranks");
   }
   CollectiveSync sync(comm, segment);
-  if (comm.size() > 1) {
+  // Decided before any per-op work: the slot path (the default) pays nothing for it.
+  if (comm.size() > 1 &&
+      singleCopyServes(sync, *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end()))) {
     std::vector<size_t> part(static_cast<size_t>(comm.size()), 0);
     std::vector<size_t> offset(part.size(), 0);
     const BlockOffsets offsets = prefixBlocks(bytes_per_rank);
@@ -182,10 +184,8 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
       part[j] = bytes_per_rank[static_cast<size_t>(r)];
       offset[j] = offsets[static_cast<size_t>(r)];
     }
-    if (singleCopyServes(sync, *std::max_element(part.begin(), part.end()))) {
-      return allgatherSingleCopy(sync, static_cast<const uint8_t*>(in),
-                                 static_cast<uint8_t*>(out), part, offset);
-    }
+    return allgatherSingleCopy(sync, static_cast<const uint8_t*>(in),
+                               static_cast<uint8_t*>(out), part, offset);
   }
   HostAllgather gather(sync, comm, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
                        bytes_per_rank);
