@@ -10,7 +10,9 @@ rank). Time per op = the slowest rank's, median over iterations. Ours uses the n
 API (every op returns a new array); MPI uses Allgather, Alltoall and Reduce_scatter_block into
 a fresh receive buffer and Bcast in place; gloo all_gather_into_tensor, all_to_all_single and
 reduce_scatter_tensor into fresh tensors and broadcast in place; Horovod allgather, alltoall,
-reducescatter and broadcast_.
+reducescatter and broadcast_. Ours also runs ``broadcast_`` (the numpy API's in-place form, the
+path of engine_native.torch.broadcast_ and broadcast_parameters): its row compares it with the
+peers' broadcast, which is in place for all of them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from benchlib import MIB, Table, fmt_bw, fmt_bytes, fmt_ratio, fmt_time, median
 SIZES = [4, 4096, MIB, 16 * MIB, 64 * MIB]  # latency (4 B, 4 KiB) and bandwidth
 SMALL_BYTES = 4096
 OPS = ("allgather", "broadcast", "alltoall", "reducescatter")
+IN_PLACE_OPS = ("broadcast_",)  # only systems whose adapter has one; peers' rows: "broadcast"
 LABELS = {"ours": "ours", "mpi": "MPICH", "gloo": "gloo", "horovod-mpi": "Horovod mpi",
           "horovod-gloo": "Horovod gloo"}
 
@@ -33,7 +36,8 @@ LABELS = {"ours": "ours", "mpi": "MPICH", "gloo": "gloo", "horovod-mpi": "Horovo
 def rank_run(adapter, spec: dict, init_end: float) -> dict:
     n = adapter.size
     out = {"times": {}, "ok": {}}
-    for op in spec.get("ops", OPS):
+    ops = spec.get("ops", OPS) + tuple(o for o in IN_PLACE_OPS if hasattr(adapter, o))
+    for op in ops:
         for nbytes in spec["sizes"]:
             # Latency sizes take many more iterations: one op is microseconds, and a median
             # of 10 at that scale is mostly scheduler noise.
@@ -54,7 +58,7 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
                 ok = (values.size == adapter.values(buf).size // n
                       and float(values[0]) == float(values[-1]) == n * (n + 1) / 2)
             else:
-                values = adapter.values(adapter.broadcast(buf, name, 0))
+                values = adapter.values(_call(adapter, op, buf, name))
                 ok = float(values[0]) == 1.0 and float(values[-1]) == 1.0
             del values
             t0 = time.perf_counter()
@@ -85,8 +89,8 @@ def _split_bytes(op: str, nbytes: int, n: int) -> int:
 
 
 def _call(adapter, op: str, buf, name: str):
-    if op == "broadcast":
-        return adapter.broadcast(buf, name, 0)
+    if op in ("broadcast", "broadcast_"):
+        return getattr(adapter, op)(buf, name, 0)
     return getattr(adapter, op)(buf, name)
 
 
@@ -131,14 +135,21 @@ def _table(ctx, systems: list, np_ranks: int) -> Table:
               "median time (busbw GB/s)",
               ["op", "size per rank"] + [LABELS[s] for s in systems]
               + ["ours / best peer (busbw)"])
-    for op in OPS:
+    for op in OPS + IN_PLACE_OPS:
         for nbytes in sorted({k[4] for k in ctx.figures
                               if k[0] == "collectives" and k[2] == op and k[3] == np_ranks}):
-            figs = [ctx.figures.get(("collectives", s, op, np_ranks, nbytes)) for s in systems]
+            figs = [ctx.figures.get(("collectives", s, _peer_op(s, op), np_ranks, nbytes))
+                    for s in systems]
             ours = figs[0] if systems and systems[0] == "ours" else None
             peers = [f for s, f in zip(systems, figs) if f and s != "ours"]
             best = max(peers, key=lambda f: f["busbw"]) if peers else None
-            t.add(op, fmt_bytes(nbytes),
+            t.add(op + (" (in place; peers: broadcast)" if op in IN_PLACE_OPS else ""),
+                  fmt_bytes(nbytes),
                   *[f"{fmt_time(f['time'])} ({fmt_bw(f['busbw'])})" if f else "-" for f in figs],
                   fmt_ratio(ours["busbw"] / best["busbw"]) if ours and best else "-")
     return t
+
+
+def _peer_op(system: str, op: str) -> str:
+    """A peer without an in-place variant of its own is measured in place by ``op``'s base."""
+    return op.rstrip("_") if system != "ours" and op in IN_PLACE_OPS else op

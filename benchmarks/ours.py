@@ -67,6 +67,9 @@ class Adapter:
     def broadcast(self, buf, name: str, root: int = 0):
         return self.hvd.broadcast(buf, root_rank=root, name=name)
 
+    def broadcast_(self, buf, name: str, root: int = 0):
+        return self.hvd.broadcast_(buf, root_rank=root, name=name)
+
     def alltoall(self, buf, name: str):
         return self.hvd.alltoall(buf, name=name)[0]  # even splits of dimension 0
 

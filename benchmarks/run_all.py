@@ -39,6 +39,7 @@ import benchlib
 import launcher
 import machine
 import targets
+import targets_collectives
 
 ALL_CASES = ("memcpy", "allreduce", "tcp", "fusion", "collectives", "embedding", "idle")
 FAMILIES = {"ours", "mpi", "gloo", "horovod"}
@@ -142,6 +143,9 @@ def main(argv=None) -> int:
         print(f"\n== {case}", flush=True)
         tables += _run_case(ctx, case)
     tables.append(targets.table(ctx))
+    collectives_targets = targets_collectives.table(ctx)
+    if collectives_targets is not None:
+        tables.append(collectives_targets)
     footer = [f"load average at end: {benchlib.load_average()}",
               f"total wall time: {time.time() - started:.0f} s"]
     report = _report(header, footer, tables, ctx)

@@ -222,6 +222,28 @@ def broadcast(array, root_rank: int, name: Optional[str] = None,
     return synchronize(broadcast_async(array, root_rank, name, process_set, _waited=True))
 
 
+def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set, *,
+                     _waited: bool = False) -> int:
+    """In-place broadcast_async: ``array`` itself receives the root's values (on the root it is
+    only read). Like ``engine_native.torch.broadcast_``; no output is allocated, and the root
+    copies nothing for itself."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"broadcast_(): expected the numpy array to overwrite, got "
+                        f"{type(array).__name__}; use broadcast() for a new array")
+    if not array.flags.writeable:
+        raise ValueError("broadcast_(): the array is read-only; pass a writable array or use "
+                         "broadcast() for a new one")
+    return _submit(_core.BROADCAST, "broadcast", name, array, array, root=root_rank,
+                   process_set=process_set, finish=lambda _: array, waited=_waited)
+
+
+def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Overwrite ``array`` with ``root_rank``'s values on every rank; returns ``array``."""
+    return synchronize(broadcast_async_(array, root_rank, name, process_set, _waited=True))
+
+
 def alltoall_async(array, splits=None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set, *,
                    _waited: bool = False) -> int:

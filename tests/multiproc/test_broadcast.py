@@ -16,6 +16,15 @@ def _check(hvd, fails, dtype, shape, root, name, async_=False):
     fails.check(name, checks.mismatch(out, checks.make_input(dtype, shape, root, name), dtype))
     fails.expect(f"{name} input untouched", np.array_equal(x, before))
     fails.expect(f"{name} new array", not np.shares_memory(out, x))
+    # In place: the same array comes back holding the root's values.
+    y = x.copy()
+    if async_:
+        back = hvd.synchronize(hvd.broadcast_async_(y, root, name=name + ".inplace"))
+    else:
+        back = hvd.broadcast_(y, root, name=name + ".inplace")
+    fails.expect(f"{name} in place returns its array", back is y)
+    fails.check(name + ".inplace", checks.mismatch(y, checks.make_input(dtype, shape, root, name),
+                                                   dtype))
 
 
 def broadcast_suite(transport):
@@ -45,6 +54,18 @@ def broadcast_suite(transport):
         except ValueError:
             pass
     fails.expect("after bad root", np.all(hvd.broadcast(np.full(2, hvd.rank()), 0) == 0))
+    # broadcast_ needs an array it may overwrite; the error loses nothing and the next op works.
+    frozen = np.full(3, hvd.rank(), np.float32)
+    frozen.flags.writeable = False
+    for bad, error in (([1.0, 2.0], TypeError), (frozen, ValueError)):
+        try:
+            hvd.broadcast_(bad, 0, name="bad-inplace")
+            fails.items.append(f"broadcast_({type(bad).__name__}): no error")
+        except error:
+            pass
+    fails.expect("read-only input untouched", np.all(frozen == hvd.rank()))
+    z = np.full(4, hvd.rank(), np.int64)
+    fails.expect("after bad in-place", np.all(hvd.broadcast_(z, n - 1) == n - 1))
     hvd.shutdown()
     return fails.raise_if_any()
 

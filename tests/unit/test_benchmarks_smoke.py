@@ -45,7 +45,8 @@ def test_run_all_smoke_ours_np2(tmp_path):
     for title in ("memory ceilings", "allreduce float32 sum, np=2, shm",
                   "allreduce float32 sum, np=2, forced TCP", "200 x 4 KiB",
                   "allgather, broadcast, alltoall, reducescatter", "embedding step",
-                  "start-up and idle, np=2", "targets from the issue"):
+                  "start-up and idle, np=2", "targets from the issue",
+                  "issue #20's targets", "broadcast_ (in place"):
         assert title in text, f"missing table {title!r}:\n{text}"
     assert "WRONG RESULT" not in text
     assert " failed: " not in text, text
