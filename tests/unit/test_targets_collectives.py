@@ -7,8 +7,8 @@ from types import SimpleNamespace
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 
-import targets_collectives  # noqa: E402
-from benchlib import MIB  # noqa: E402
+import targets_collectives
+from benchlib import MIB
 
 
 def _ctx(figures, nps=(2,)):
