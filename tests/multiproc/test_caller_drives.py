@@ -102,6 +102,42 @@ def test_a_late_peer_costs_the_waiting_rank_no_cpu():
     assert cpu < 0.25 * wall, f"rank 0 used {cpu:.3f} s of CPU waiting {wall:.3f} s"
 
 
+LATE_OPS, PROMPT_OPS = 8, 100
+
+
+def spin_backoff_suite():
+    hvd = checks.init("shm")
+    hvd.barrier()
+    m = hvd.metrics()
+    skipped0 = m["caller_spin_skipped"]
+    for i in range(LATE_OPS):  # rank 1 arrives 80 ms late: rank 0's 50 ms spins run out
+        if hvd.rank() == 1:
+            time.sleep(0.08)
+        hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name=f"late.{i}")
+    m = hvd.metrics()
+    skipped1, driven1 = m["caller_spin_skipped"], m["caller_driven_ops"]
+    for i in range(PROMPT_OPS):  # both prompt: a probe's spin succeeds and spinning resumes
+        out = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name=f"prompt.{i}")
+        assert out[0] == hvd.size()
+    m = hvd.metrics()
+    hvd.shutdown()
+    return (skipped1 - skipped0, m["caller_spin_skipped"] - skipped1,
+            m["caller_driven_ops"] - driven1)
+
+
+def test_spin_backs_off_while_it_does_not_pay_and_resumes_when_it_does():
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a core per rank (2)")
+    # Note [Spin backoff]: three spins that ran out stop the spinning (rank 0 skips most of
+    # the remaining late ops); a probe that finishes its op (at most 16 drives later, and a
+    # 50 ms budget is far more than a prompt peer needs) brings it back.
+    res = run_ranks(spin_backoff_suite, 2, env={"HVD_CALLER_SPIN_US": "50000"}, timeout=120)
+    late_skipped, prompt_skipped, prompt_driven = res[0].value
+    assert late_skipped >= LATE_OPS - 3 - 2, f"rank 0 skipped {late_skipped} late spins"
+    assert prompt_skipped <= 20, f"rank 0 still skipped {prompt_skipped} of {PROMPT_OPS} spins"
+    assert prompt_driven >= PROMPT_OPS // 2, f"rank 0 drove only {prompt_driven} prompt ops"
+
+
 def two_threads_suite():
     hvd = checks.init("shm")
     fails = Failures()

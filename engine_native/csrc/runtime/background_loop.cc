@@ -155,7 +155,7 @@ void BackgroundLoop::shutdown() {
   standby_.store(false);
   wake();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> drained(progress_);  // a driving caller has left its pass
+  std::lock_guard<std::timed_mutex> drained(progress_);  // a driving caller has left its pass
 }
 
 void BackgroundLoop::abort(const std::string& reason) {
@@ -170,7 +170,7 @@ void BackgroundLoop::abort(const std::string& reason) {
 }
 
 void BackgroundLoop::run() {
-  std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
+  std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
   while (true) {
     const int ready_listen_fd = waitForWork();
     lock.lock();
@@ -246,7 +246,7 @@ int BackgroundLoop::waitForWork() {
   int64_t nap_us = 0;  // > 0: nap instead of sleep (Note [Coalesced wakes])
   size_t listen_index = 0;  // 0: not polled
   {
-    std::lock_guard<std::mutex> lock(progress_);
+    std::lock_guard<std::timed_mutex> lock(progress_);
     if (!failed_ && !standby_.load()) {  // Note [Caller drives] B
       if (mesh_.listenFd() >= 0) {
         listen_index = fds.size();

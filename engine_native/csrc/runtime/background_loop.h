@@ -158,12 +158,15 @@ class BackgroundLoop {
   Executor executor_;
   std::thread thread_;
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
-  std::mutex progress_;
+  std::timed_mutex progress_;
   // While callers drive, the sleeping loop thread watches only wake_fd_ (and its tick).
   std::atomic<bool> standby_{false};
   bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
   bool coordinates_other_sets_ = false;  // rank 0: a registered set leaves rank 0 out
   std::chrono::microseconds caller_spin_{0};
+  // Note [Spin backoff] in caller_drives.cc: drives whose spin ran out in a row, and drives.
+  std::atomic<int> spin_misses_{0};
+  std::atomic<uint32_t> drives_{0};
 
   // Shared with framework threads (guarded by mutex_). Names in flight are the keys_ held.
   mutable std::mutex mutex_;

@@ -14,12 +14,16 @@ namespace hvd::runtime {
 // and while every rank of the host has a core, the caller polls its control channel and the
 // shm segment for up to HVD_CALLER_SPIN_US rather than sleeping, so a small op costs a few
 // socket messages and no wake-up at all. Rules:
-//   A. Passes are serialised by progress_; a caller only try_locks it, within its spin
-//      budget, so a loop thread in the middle of a long op is never waited for — the caller
-//      then blocks as before. (Giving up at the first failed try can lock ranks into a mode
-//      where the loop thread, woken by each peer message, holds the lock whenever a caller
-//      comes: one benchmark run showed 281 us per 1 KiB op, the loop thread doing the work,
-//      against 15-19 us in every other run and size.)
+//   A. Passes are serialised by progress_; a caller waits for it at most its spin budget,
+//      asleep on the mutex (try_lock_for), so a loop thread in the middle of a long op is
+//      never waited for beyond that — the caller then blocks on its handle as before.
+//      (Giving up at the first failed try can lock ranks into a mode where the loop thread,
+//      woken by each peer message, holds the lock whenever a caller comes: one benchmark run
+//      showed 281 us per 1 KiB op, the loop thread doing the work, against 15-19 us in every
+//      other run and size. Spinning on try_lock instead took the core that loop thread needed
+//      to finish its pass on a loaded host: async allreduces + one waited allgather per
+//      iteration, np=2, load 4-6, ran at ~1 ms in half the launches, the callers driving 0-84
+//      of 400 ops, against 0.08-0.13 ms and ~395 driven in 6 of 6 launches asleep on the lock.)
 //   B. While a caller drives, standby_ tells the loop thread to sleep on wake_fd_ (and its
 //      200 ms tick) only, so messages the caller is waiting for do not also wake it. Leaving
 //      standby (an async submit, a caller giving up, shutdown, abort, a process set added or
@@ -44,23 +48,41 @@ namespace hvd::runtime {
 //      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
 //      op — a rank that never submits it — is never agreed, so the caller gives up its spin
 //      and waits in 50 ms slices that see Ctrl-C, as before.
+//
+// Note [Spin backoff]
+// A spin pays only while the peers run: on a host with more runnable threads than cores, two
+// ranks can share one core's run queue, and then the spinner holds the core its peer needs
+// for the whole budget — every op costs the budget plus a wake-up (np=2, load 6-7: 4 B ops at
+// ~255 us in about half the launches, ~15 us in the others; with no spin 55-100 us in every
+// launch). So after kMissesToBackOff drives in a row whose spin ran out with the op
+// unfinished, a caller does not spin (one pass, then it blocks and the loop thread takes
+// over), except every kProbeEvery-th drive, which spins to see whether spinning pays again; a
+// drive that finishes its op resets the count. A peer that is merely late (uneven work
+// before the op) backs off too, and there the spin was wasted as well.
+namespace {
+constexpr int kMissesToBackOff = 3;
+constexpr uint32_t kProbeEvery = 16;
+}  // namespace
+
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
   if (!drivable_ || !handles_.callerWaits(handle)) {
     wakeForWaiter();  // a napping loop may hold this op's submission (Note [Coalesced wakes])
     return false;
   }
-  const auto give_up = Clock::now() + caller_spin_;
-  std::unique_lock<std::mutex> lock(progress_, std::defer_lock);
-  while (!lock.try_lock()) {  // A
-    if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
-    if (Clock::now() >= give_up) {
-      wakeIfAsleep();
-      wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
-      return false;
-    }
-    common::cpuRelax();
+  const uint32_t drive_number = drives_.fetch_add(1, std::memory_order_relaxed);
+  const bool backed_off = spin_misses_.load(std::memory_order_relaxed) >= kMissesToBackOff &&
+                          drive_number % kProbeEvery != 0;
+  const auto spin = backed_off ? std::chrono::microseconds(0) : caller_spin_;
+  if (backed_off || spin.count() == 0) metrics_.countSpinSkipped();
+  const auto give_up = Clock::now() + spin;
+  std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
+  if (!lock.try_lock_for(spin)) {  // A
+    wakeIfAsleep();
+    wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
+    return false;
   }
+  if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinates_other_sets_;
   standby_.store(quiet_loop);  // B
@@ -71,7 +93,12 @@ bool BackgroundLoop::drive(int64_t handle) {
     if (done || Clock::now() >= give_up) break;
     common::cpuRelax();
   }
-  if (done) metrics_.countDriven();
+  if (done) {
+    metrics_.countDriven();
+    spin_misses_.store(0, std::memory_order_relaxed);
+  } else if (spin.count() > 0 && !failed_ && !finished_ && !shutdown_requested_) {
+    spin_misses_.fetch_add(1, std::memory_order_relaxed);  // Note [Spin backoff]
+  }
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   lock.unlock();
   if (!keep_standby) {

@@ -70,6 +70,7 @@ MetricsSnapshot Metrics::snapshot() const {
     s.main_blocked_seconds = (now - blocked_since) / 1e9;
   }
   s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
+  s.caller_spin_skipped = spin_skipped_.load(std::memory_order_relaxed);
   s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -100,6 +101,7 @@ void Metrics::reset() {
   wait_us_ = 0;
   handle_wait_ns_ = 0;
   driven_ = 0;
+  spin_skipped_ = 0;
   caller_spin_us_ = 0;
   queue_depth_ = 0;
   std::lock_guard<std::mutex> lock(mutex_);

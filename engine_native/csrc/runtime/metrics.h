@@ -37,6 +37,7 @@ struct MetricsSnapshot {
   double main_blocked_seconds = 0;
   uint64_t caller_driven_ops = 0;  // waits whose op finished on the waiting thread
   int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where ranks > cores)
+  uint64_t caller_spin_skipped = 0;  // waits that did not spin (Note [Spin backoff])
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
@@ -77,6 +78,7 @@ class Metrics {
     main_blocked_since_ns_.store(blocked ? now : 0, std::memory_order_relaxed);
   }
   void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
+  void countSpinSkipped() { spin_skipped_.fetch_add(1, std::memory_order_relaxed); }
   void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
   void setLastError(const std::string& text);
@@ -99,6 +101,7 @@ class Metrics {
   std::atomic<uint64_t> negotiate_us_{0}, communicate_us_{0}, wait_us_{0}, handle_wait_ns_{0};
   std::atomic<uint64_t> queue_depth_{0};
   std::atomic<uint64_t> driven_{0};
+  std::atomic<uint64_t> spin_skipped_{0};
   std::atomic<int64_t> caller_spin_us_{0};
   std::atomic<int64_t> main_blocked_since_ns_{0};  // steady clock; 0: not blocked; not reset
   mutable std::mutex mutex_;
