@@ -6,24 +6,27 @@
 // call (Docker's default did before 19.03), no peer that made itself non-dumpable. None of
 // that can be known without trying, and a host's ranks must all take the same path (an op
 // that reads a peer's input directly and an op that waits for the peer to copy into its slot
-// do not mix). So once per host segment, after Note [Collective setup], over the same sockets,
-// with the host's leader L and every other rank P:
+// do not mix). So once per host segment, after Note [Collective setup] and only when every
+// rank of the host asked for it there (HVD_SINGLE_COPY=1; the default sends no probe message),
+// over the same sockets, with the host's leader L and every other rank P:
 //   J. every rank writes (pid, address, 8) of a probe word holding a value derived from its
 //      local index into its PeerRegion; P then writes one byte to L, and L, having read all
 //      of them, writes one byte back to every P: every region is now published.
 //   K. every rank reads every other rank's probe word with readPeer and checks its value; it
-//      sends L a verdict (kind, rank): 0 = fine, else why not (HVD_SINGLE_COPY=0 here, the
-//      kernel refused, the read failed, a test forced it).
-//   L. L writes the first refusal (or 0) and its own HVD_SINGLE_COPY_MIN_BYTES to every P;
-//      every rank sets the segment's mode and threshold from it (one threshold per host: ranks
-//      that picked different paths for one op would wait on each other forever). The probe word lives on this function's stack until the verdict, which comes only
-//      after every rank has finished its reads.
+//      sends L a verdict (kind, rank): 0 = fine, else why not (the kernel refused, the read
+//      failed, a test forced it).
+//   L. L writes the first refusal (or 0) to every P; every rank sets the segment's mode from
+//      it, keeping the threshold step H gave (L's HVD_SINGLE_COPY_MIN_BYTES: one threshold per
+//      host, since ranks that picked different paths for one op would wait on each other
+//      forever). The probe word lives on this function's stack until the verdict, which comes
+//      only after every rank has finished its reads.
 // Cost: a few syscalls and two socket round trips per host, once per job.
 #include "transport/shm/cross_memory.h"
 
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -37,9 +40,10 @@ namespace {
 
 constexpr uint64_t kProbeMagic = 0x45424f5250435648ull;  // "HVDCPROBE"-ish, xor local index
 
+std::atomic<uint64_t> g_probes{0};
+
 enum Refusal : uint32_t {
   kFine = 0,
-  kNotWanted = 1,     // HVD_SINGLE_COPY=0 on that rank
   kNotPermitted = 2,  // EPERM: ptrace policy or seccomp
   kReadFailed = 3,    // any other error, or a wrong value
   kForced = 4,        // HVD_TEST_SINGLE_COPY_PROBE_FAIL=1 on that rank (tests only)
@@ -47,14 +51,12 @@ enum Refusal : uint32_t {
 
 struct Verdict {
   uint32_t refusal = kFine;
-  int32_t rank = -1;       // global rank that refused
-  uint64_t min_bytes = 0;  // the leader's threshold: one value for the whole host
+  int32_t rank = -1;  // global rank that refused
 };
 
 std::string explain(const Verdict& v) {
   const std::string who = "rank " + std::to_string(v.rank);
   switch (v.refusal) {
-    case kNotWanted: return who + " has HVD_SINGLE_COPY off (the default; 1 turns it on)";
     case kNotPermitted:
       return who + " may not read its peers' memory (EPERM: a Yama ptrace_scope >= 1 or a "
                    "seccomp profile that blocks process_vm_readv); host collectives copy "
@@ -124,8 +126,11 @@ Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
   return Status::ok();
 }
 
+uint64_t singleCopyProbes() { return g_probes.load(std::memory_order_relaxed); }
+
 Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment) {
-  if (segment == nullptr) return Status::ok();
+  if (segment == nullptr || !segment->singleCopyWanted()) return Status::ok();
+  g_probes.fetch_add(1, std::memory_order_relaxed);
   const int n = static_cast<int>(request.host_ranks.size());
   int self = -1;
   for (int i = 0; i < n; ++i) {
@@ -160,9 +165,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
   // K: this rank's own verdict.
   Verdict mine;
   mine.rank = request.rank;
-  mine.min_bytes = request.min_bytes;
-  mine.refusal = !request.wanted ? kNotWanted : forcedToFail() ? kForced
-                                                              : probePeers(*segment, self);
+  mine.refusal = forcedToFail() ? kForced : probePeers(*segment, self);
   // L: the leader gathers, picks the first refusal, tells everyone.
   Verdict host = mine;
   if (leader) {
@@ -183,7 +186,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
     HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), request.deadline));
     HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &host, sizeof(host), request.deadline));
   }
-  segment->setSingleCopy(host.refusal == kFine, explain(host), host.min_bytes);
+  segment->setSingleCopy(host.refusal == kFine, explain(host), segment->singleCopyMinBytes());
   return Status::ok();
 }
 
