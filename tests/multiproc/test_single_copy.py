@@ -12,6 +12,8 @@ the segment's slots.
   on one rank (HVD_TEST_SINGLE_COPY_PROBE_FAIL=1) turns it off on every rank, and
   metrics()["host_copy_reason"] names that rank; with the default (off) or a mixed setting no
   probe runs at all (metrics()["single_copy_probes"] == 0) and every rank takes the slots;
+- a real EPERM: one rank non-dumpable (prctl(PR_SET_DUMPABLE, 0), CAP_SYS_PTRACE dropped so
+  root meets the same rule) turns it off on every rank, the reason naming EPERM and the rank;
 - a rank killed while its peers read its input: the others' op ends with an error, no hang.
 """
 import hashlib
@@ -205,6 +207,44 @@ def test_mixed_setting_agrees_on_the_segment_without_a_probe(on_rank, off_rank):
         mode, reason, probes, used, ok = r.value
         assert (mode, probes, used, ok) == ("segment", 0, 0, True), (r.rank, r.value)
         assert f"rank {off_rank} has HVD_SINGLE_COPY off" in reason, (r.rank, reason)
+
+
+def _drop_ptrace_capability():
+    """Clears CAP_SYS_PTRACE from this process's effective set (kept in the permitted set, so
+    the ranks' permitted sets stay equal): a root test run then meets the same ptrace rules as
+    a normal user, for whom a non-dumpable peer is off limits."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    assert libc.capget(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+    data[0].effective &= ~(1 << 19)  # CAP_SYS_PTRACE
+    assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+
+
+def undumpable_rank(which):
+    """Rank `which` makes itself non-dumpable before init (prctl(PR_SET_DUMPABLE, 0)), so the
+    kernel refuses its peers' process_vm_readv with EPERM: a real refusal, no test hook."""
+    import ctypes
+    _drop_ptrace_capability()
+    if int(os.environ["HVD_RANK"]) == which:
+        assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    return probes_run(None)
+
+
+def test_a_non_dumpable_rank_turns_it_off_everywhere_with_eperm():
+    which = 2
+    res = run_ranks(undumpable_rank, 4, args=(which,), timeout=120, env=LOW)
+    for r in res:
+        mode, reason, probes, used, ok = r.value
+        assert (mode, probes, used, ok) == ("segment", 1, 0, True), (r.rank, r.value)
+        assert f"may not read rank {which}'s memory (EPERM" in reason, (r.rank, reason)
 
 
 def killed_owner(pid_dir):

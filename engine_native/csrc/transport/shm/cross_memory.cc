@@ -52,16 +52,19 @@ enum Refusal : uint32_t {
 struct Verdict {
   uint32_t refusal = kFine;
   int32_t rank = -1;  // global rank that refused
+  int32_t peer = -1;  // global rank it could not read (kNotPermitted, kReadFailed)
+  int32_t pad = 0;
 };
 
 std::string explain(const Verdict& v) {
   const std::string who = "rank " + std::to_string(v.rank);
+  const std::string whom = "rank " + std::to_string(v.peer);
   switch (v.refusal) {
     case kNotPermitted:
-      return who + " may not read its peers' memory (EPERM: a Yama ptrace_scope >= 1 or a "
-                   "seccomp profile that blocks process_vm_readv); host collectives copy "
-                   "through the shared segment";
-    case kReadFailed: return who + " could not read a peer's probe word";
+      return who + " may not read " + whom + "'s memory (EPERM: a Yama ptrace_scope >= 1, a "
+                   "seccomp profile that blocks process_vm_readv, or a non-dumpable process); "
+                   "host collectives copy through the shared segment";
+    case kReadFailed: return who + " could not read " + whom + "'s probe word";
     case kForced: return who + " failed its probe on purpose (HVD_TEST_SINGLE_COPY_PROBE_FAIL)";
     default: return "";
   }
@@ -72,25 +75,29 @@ bool forcedToFail() {
   return raw != nullptr && std::strcmp(raw, "1") == 0;
 }
 
-// Step K on this rank.
-uint32_t probePeers(const CollectiveSegment& segment, int self) {
+// Step K on this rank: kFine, or the refusal with v->peer the rank it could not read.
+void probePeers(const CollectiveSegment& segment, const SingleCopyRequest& request, int self,
+                Verdict* v) {
   for (int i = 0; i < segment.localSize(); ++i) {
     if (i == self) continue;
     const PeerRegion* region = segment.region(i);
     uint64_t word = 0;
+    int err = 0;
     Status s = readPeer(static_cast<pid_t>(region->pid.load(std::memory_order_acquire)),
-                        region->address.load(std::memory_order_acquire), &word, sizeof(word));
-    if (!s.isOk()) {
-      return s.message().find("EPERM") != std::string::npos ? kNotPermitted : kReadFailed;
+                        region->address.load(std::memory_order_acquire), &word, sizeof(word),
+                        &err);
+    if (!s.isOk() || word != (kProbeMagic ^ static_cast<uint64_t>(i))) {
+      v->refusal = err == EPERM ? kNotPermitted : kReadFailed;
+      v->peer = request.host_ranks[static_cast<size_t>(i)];
+      return;
     }
-    if (word != (kProbeMagic ^ static_cast<uint64_t>(i))) return kReadFailed;
   }
-  return kFine;
 }
 
 }  // namespace
 
-Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
+Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes, int* os_error) {
+  if (os_error != nullptr) *os_error = 0;
   auto* dst = static_cast<uint8_t*>(local);
   size_t done = 0;
   while (done < bytes) {
@@ -103,6 +110,7 @@ Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
     }
     const int err = n == 0 ? EFAULT : errno;  // 0 bytes: the rest is not mapped there
     if (err == EINTR) continue;
+    if (os_error != nullptr) *os_error = err;
     const std::string where = std::to_string(bytes - done) + " bytes at 0x" + [&] {
       char hex[32];
       std::snprintf(hex, sizeof(hex), "%llx", static_cast<unsigned long long>(remote + done));
@@ -165,7 +173,11 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
   // K: this rank's own verdict.
   Verdict mine;
   mine.rank = request.rank;
-  mine.refusal = forcedToFail() ? kForced : probePeers(*segment, self);
+  if (forcedToFail()) {
+    mine.refusal = kForced;
+  } else {
+    probePeers(*segment, request, self, &mine);
+  }
   // L: the leader gathers, picks the first refusal, tells everyone.
   Verdict host = mine;
   if (leader) {
@@ -173,10 +185,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
       Verdict theirs;
       HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &theirs,
                                         sizeof(theirs), request.deadline));
-      if (host.refusal == kFine && theirs.refusal != kFine) {
-        host.refusal = theirs.refusal;
-        host.rank = theirs.rank;
-      }
+      if (host.refusal == kFine && theirs.refusal != kFine) host = theirs;
     }
     for (int i = 1; i < n; ++i) {
       HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &host,

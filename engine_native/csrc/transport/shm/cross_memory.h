@@ -20,8 +20,11 @@ namespace hvd::transport::shm {
 
 // Copies `bytes` bytes at address `remote` of process `pid` into `local`. Partial transfers are
 // continued and EINTR retried. Errors say what happened: the peer is gone (ESRCH), the kernel
-// refuses (EPERM: ptrace policy or seccomp), or the range is not mapped there (EFAULT).
-common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes);
+// refuses (EPERM: ptrace policy or seccomp), or the range is not mapped there (EFAULT). When
+// `os_error` is given it receives the failed call's errno (0 on success), so callers decide on
+// the code, never on the message's text.
+common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes,
+                        int* os_error = nullptr);
 
 struct SingleCopyRequest {
   int rank = -1;                // global rank
