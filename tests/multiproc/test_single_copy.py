@@ -14,6 +14,8 @@ the segment's slots.
   probe runs at all (metrics()["single_copy_probes"] == 0) and every rank takes the slots;
 - a real EPERM: one rank non-dumpable (prctl(PR_SET_DUMPABLE, 0), CAP_SYS_PTRACE dropped so
   root meets the same rule) turns it off on every rank, the reason naming EPERM and the rank;
+- a read that fails mid-job (the owner made itself non-dumpable after init): the readers' op
+  ends with EPERM, the owner's wait for their release ends at once naming a reader;
 - a rank killed while its peers read its input: the others' op ends with an error, no hang.
 """
 import hashlib
@@ -245,6 +247,46 @@ def test_a_non_dumpable_rank_turns_it_off_everywhere_with_eperm():
         mode, reason, probes, used, ok = r.value
         assert (mode, probes, used, ok) == ("segment", 1, 0, True), (r.rank, r.value)
         assert f"may not read rank {which}'s memory (EPERM" in reason, (r.rank, reason)
+
+
+def reader_fails(owner):
+    """Rank `owner` turns non-dumpable after init (the probe passed), so its peers' reads of its
+    broadcast input fail with EPERM mid-job: each reader's op ends with
+    that error, and the owner's wait for their release ends at once with an error naming a
+    reader (Note [Single-copy ops] step 5), not a lost connection after the readers' abort."""
+    import ctypes
+    import time
+    import engine_native as hvd
+    _drop_ptrace_capability()
+    hvd.init()
+    me = hvd.rank()
+    if me == owner:
+        assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
+    hvd.broadcast(np.ones(4), 0, name="after-prctl")  # the slot path: every rank is past it
+    data = np.full((BIG >> 2) + 9, me, np.float32)
+    start = time.monotonic()
+    try:
+        hvd.broadcast(data, owner, name="big")
+    except hvd.HorovodInternalError as exc:
+        return str(exc), time.monotonic() - start
+    return None, time.monotonic() - start
+
+
+def test_a_failed_read_ends_the_owners_wait_naming_the_reader():
+    owner = 1
+    res = run_ranks(reader_fails, 3, args=(owner,), timeout=120, check=False,
+                    env={**LOW, "HVD_TIMEOUT": "60"})
+    for r in res:
+        assert r.ok, r.describe()
+        error, took = r.value
+        assert error is not None, f"rank {r.rank}: no error after {took} s"
+        assert took < 10, f"rank {r.rank}: {error!r} only after {took} s"
+        if r.rank == owner:
+            assert ("could not read its peers' inputs" in error
+                    and ("rank 0 of this host" in error or "rank 2 of this host" in error)), error
+        else:
+            assert f"single-copy read of rank {owner}'s input" in error and "EPERM" in error, \
+                (r.rank, error)
 
 
 def killed_owner(pid_dir):

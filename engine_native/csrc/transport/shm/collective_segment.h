@@ -32,6 +32,10 @@ struct PeerRegion {
   std::atomic<uint64_t> address;
   std::atomic<uint64_t> bytes;
   std::atomic<uint64_t> layout;  // an op-defined table in the owner (alltoall's offsets)
+  // The op number (its chunk g + 1) whose reads this rank gave up on: written before it
+  // releases that op, so a rank waiting for the release learns the op failed there (Note
+  // [Single-copy ops] in algo/single_copy.cc). Never equal to a later op's number.
+  std::atomic<uint64_t> failed;
 };
 
 class CollectiveSegment {
