@@ -34,6 +34,9 @@
 // Wake-ups per op: one (posted) per reader, one more (released) per rank that was read;
 // against one per piece (64 per 16 MiB at 256 KiB pieces) on the slot path.
 //
+// HVD_TEST_SINGLE_COPY_READ_DELAY_MS (tests only): a reader sleeps that long after the peers
+// posted, before its first read, so tests can see that the owners wait for it (step 4).
+//
 // Note [Single-copy threshold]
 // process_vm_readv pins the peer's source pages for each call (get_user_pages) and faults in
 // the reader's fresh output pages from inside the kernel, 4 KiB at a time; on the 2-core
@@ -47,8 +50,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "transport/shm/cross_memory.h"
 
@@ -60,6 +67,15 @@ using transport::shm::Stage;
 
 namespace {
 std::atomic<uint64_t> g_single_copy_ops{0};
+
+// HVD_TEST_SINGLE_COPY_READ_DELAY_MS, read once; 0 when unset.
+int readDelayMilliseconds() {
+  static const int delay = [] {
+    const char* raw = std::getenv("HVD_TEST_SINGLE_COPY_READ_DELAY_MS");
+    return raw == nullptr ? 0 : std::max(0, std::atoi(raw));
+  }();
+  return delay;
+}
 
 // Step 5's check on a rank that waited for every release: which peer gave up on op g, if any.
 common::Status peerFailures(const CollectiveSync& sync, uint64_t g) {
@@ -97,6 +113,9 @@ common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {
   if (reads) {
     HVD_RETURN_IF_ERROR(op.source < 0 ? sync.waitAll(Stage::kPosted, g)
                                       : sync.waitFor(op.source, Stage::kPosted, g));
+    if (readDelayMilliseconds() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(readDelayMilliseconds()));
+    }
     for (int j = 0; j < sync.size(); ++j) {
       if (j == me || (op.source >= 0 && j != op.source)) continue;
       const PeerRegion* region = sync.segment().region(j);
