@@ -14,13 +14,7 @@ the segment's slots.
   probe runs at all (metrics()["single_copy_probes"] == 0) and every rank takes the slots;
 - a real EPERM: one rank non-dumpable (prctl(PR_SET_DUMPABLE, 0), CAP_SYS_PTRACE dropped so
   root meets the same rule) turns it off on every rank, the reason naming EPERM and the rank;
-- a read that fails mid-job (the owner made itself non-dumpable after init): the readers' op
-  ends with EPERM, the owner's wait for their release ends at once naming a reader;
-- the owner outlives its readers: a reader that sleeps before reading
-  (HVD_TEST_SINGLE_COPY_READ_DELAY_MS) keeps every owner of an input it reads in its op;
-- abort() on a rank waiting for a slow reader's release ends the op there and on the other
-  waiting rank within a few seconds; the slow reader's op (or its next) fails too;
-- a rank killed while its peers read its input: the others' op ends with an error, no hang.
+- faults (a failed read, a slow reader, abort, a killed owner): test_single_copy_faults.py.
 """
 import hashlib
 import os
@@ -215,30 +209,11 @@ def test_mixed_setting_agrees_on_the_segment_without_a_probe(on_rank, off_rank):
         assert f"rank {off_rank} has HVD_SINGLE_COPY off" in reason, (r.rank, reason)
 
 
-def _drop_ptrace_capability():
-    """Clears CAP_SYS_PTRACE from this process's effective set (kept in the permitted set, so
-    the ranks' permitted sets stay equal): a root test run then meets the same ptrace rules as
-    a normal user, for whom a non-dumpable peer is off limits."""
-    import ctypes
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
-    libc = ctypes.CDLL(None, use_errno=True)
-    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
-    assert libc.capget(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
-    data[0].effective &= ~(1 << 19)  # CAP_SYS_PTRACE
-    assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
-
-
 def undumpable_rank(which):
     """Rank `which` makes itself non-dumpable before init (prctl(PR_SET_DUMPABLE, 0)), so the
     kernel refuses its peers' process_vm_readv with EPERM: a real refusal, no test hook."""
     import ctypes
-    _drop_ptrace_capability()
+    checks.drop_ptrace_capability()
     if int(os.environ["HVD_RANK"]) == which:
         assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
     return probes_run(None)
@@ -251,165 +226,3 @@ def test_a_non_dumpable_rank_turns_it_off_everywhere_with_eperm():
         mode, reason, probes, used, ok = r.value
         assert (mode, probes, used, ok) == ("segment", 1, 0, True), (r.rank, r.value)
         assert f"may not read rank {which}'s memory (EPERM" in reason, (r.rank, reason)
-
-
-def reader_fails(owner):
-    """Rank `owner` turns non-dumpable after init (the probe passed), so its peers' reads of its
-    broadcast input fail with EPERM mid-job: each reader's op ends with
-    that error, and the owner's wait for their release ends at once with an error naming a
-    reader (Note [Single-copy ops] step 5), not a lost connection after the readers' abort."""
-    import ctypes
-    import time
-    import engine_native as hvd
-    _drop_ptrace_capability()
-    hvd.init()
-    me = hvd.rank()
-    if me == owner:
-        assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE
-    hvd.broadcast(np.ones(4), 0, name="after-prctl")  # the slot path: every rank is past it
-    data = np.full((BIG >> 2) + 9, me, np.float32)
-    start = time.monotonic()
-    try:
-        hvd.broadcast(data, owner, name="big")
-    except hvd.HorovodInternalError as exc:
-        return str(exc), time.monotonic() - start
-    return None, time.monotonic() - start
-
-
-def test_a_failed_read_ends_the_owners_wait_naming_the_reader():
-    """np=2, so the one reader is surely inside the op when its read fails (with more readers,
-    one that has not started the op yet learns of the failure from rank 0's fan-out first and
-    never releases, and the owner's wait ends on that fan-out instead: also prompt, but not
-    this path)."""
-    owner = 1
-    res = run_ranks(reader_fails, 2, args=(owner,), timeout=120, check=False,
-                    env={**LOW, "HVD_TIMEOUT": "60"})
-    for r in res:
-        assert r.ok, r.describe()
-        error, took = r.value
-        assert error is not None, f"rank {r.rank}: no error after {took} s"
-        assert took < 10, f"rank {r.rank}: {error!r} only after {took} s"
-        if r.rank == owner:
-            assert "rank 0 of this host could not read its peers' inputs" in error, error
-        else:
-            assert f"single-copy read of rank {owner}'s input" in error and "EPERM" in error, \
-                (r.rank, error)
-
-
-def owner_timing(_):
-    """Every rank times its single-copy broadcast (root 0) and allgather; rank 2 sleeps before
-    its reads (HVD_TEST_SINGLE_COPY_READ_DELAY_MS), so an owner that returned before its readers
-    released its input would take less than the delay."""
-    import time
-    hvd = checks.init("shm")
-    n, me = hvd.size(), hvd.rank()
-    count = (BIG >> 2) + 9
-    took, ok = {}, {}
-    start = time.monotonic()
-    out = hvd.broadcast(np.full(count, me, np.float32), 0, name="bc")
-    took["bc"], ok["bc"] = time.monotonic() - start, bool(np.all(out == 0))
-    start = time.monotonic()
-    out = hvd.allgather(np.full(count, me, np.float32), name="ag")
-    took["ag"] = time.monotonic() - start
-    ok["ag"] = bool(np.array_equal(out, np.repeat(np.arange(n), count).astype(np.float32)))
-    used = hvd.metrics()["single_copy_ops"]
-    hvd.shutdown()
-    return took, ok, used
-
-
-def test_the_owner_outlives_a_slow_reader():
-    delay = 1.5
-    res = run_ranks(owner_timing, 3, args=(None,), timeout=120, env=LOW,
-                    rank_env={2: {"HVD_TEST_SINGLE_COPY_READ_DELAY_MS": str(int(delay * 1000))}})
-    for r in res:
-        took, ok, used = r.value
-        assert all(ok.values()) and used == 2, (r.rank, r.value)
-    # the root of the broadcast and every rank of the allgather own an input rank 2 reads late
-    assert res[0].value[0]["bc"] >= delay, res[0].value
-    for r in res:
-        assert r.value[0]["ag"] >= delay, (r.rank, r.value)
-
-
-def aborted_in_wait(_):
-    """alltoall: rank 2 sleeps 4 s before its reads, so ranks 0 and 1 wait for its release;
-    rank 0 calls abort() 0.5 s in. Ranks 0 and 1 end with an error well before rank 2 wakes;
-    rank 2 ends too (its op, or the next one, fails), nobody hangs."""
-    import threading
-    import time
-    hvd = checks.init("shm")
-    me, n = hvd.rank(), hvd.size()
-    unit = (BIG >> 2) + 9
-    hvd.broadcast(np.ones(4), 0, name="warm-up")
-    if me == 0:
-        threading.Timer(0.5, hvd.abort, args=("test abort",)).start()
-    start = time.monotonic()
-    errors = []
-    try:
-        hvd.alltoall(np.full(unit * n, me, np.float32), name="a2a")
-    except hvd.HorovodInternalError as exc:
-        errors.append(str(exc))
-    took = time.monotonic() - start
-    if not errors:
-        try:
-            hvd.broadcast(np.ones(4), 0, name="after")
-        except hvd.HorovodInternalError as exc:
-            errors.append(str(exc))
-    return errors, took
-
-
-def test_abort_during_a_single_copy_wait_ends_every_rank():
-    res = run_ranks(aborted_in_wait, 3, args=(None,), timeout=90, check=False,
-                    env={**LOW, "HVD_TIMEOUT": "60"},
-                    rank_env={2: {"HVD_TEST_SINGLE_COPY_READ_DELAY_MS": "4000"}})
-    for r in res:
-        assert r.ok, r.describe()
-        errors, took = r.value
-        assert errors, f"rank {r.rank}: no error ({took} s)"
-        if r.rank != 2:  # waiting for rank 2's release when rank 0 aborted
-            assert took < 3, f"rank {r.rank}: {errors} only after {took} s"
-
-
-def killed_owner(pid_dir):
-    """Rank 1 SIGKILLs rank 0 (the root) once its own big broadcast is under way, so rank 2 is
-    likely inside process_vm_readv of the root's 256 MiB input; the readers must end with an
-    error (ESRCH from the read, or the lost root in their wait), not hang."""
-    import signal
-    import threading
-    import time
-    hvd = checks.init("shm")
-    me = hvd.rank()
-    big = np.ones(256 << 20, np.uint8)
-    if me == 0:
-        with open(os.path.join(pid_dir, "root"), "w") as fh:
-            fh.write(str(os.getpid()))
-    hvd.broadcast(np.ones(4), 0, name="warm-up")
-    if me == 1:
-        def kill_root():
-            while "big" not in str(hvd.metrics().get("current")):
-                time.sleep(0.0002)
-            time.sleep(0.005)
-            with open(os.path.join(pid_dir, "root")) as fh:
-                os.kill(int(fh.read()), signal.SIGKILL)
-        threading.Thread(target=kill_root, daemon=True).start()
-    start = time.monotonic()
-    try:
-        for i in range(20):
-            hvd.broadcast(big, 0, name=f"big.{i}")
-    except hvd.HorovodInternalError as exc:
-        return str(exc), time.monotonic() - start
-    return None, time.monotonic() - start
-
-
-def test_owner_killed_while_read_ends_the_readers_op(tmp_path):
-    import signal
-    res = run_ranks(killed_owner, 3, args=(str(tmp_path),), timeout=60, check=False,
-                    env={**LOW, "HVD_TIMEOUT": "20"})
-    assert res[0].returncode == -signal.SIGKILL, res[0].describe()
-    errors = []
-    for r in res[1:]:
-        assert r.ok, r.describe()
-        error, took = r.value
-        assert error, f"rank {r.rank}: no error after {took} s"
-        assert took < 15, f"rank {r.rank}: {error!r} only after {took} s"
-        errors.append(error)
-    print(errors)
