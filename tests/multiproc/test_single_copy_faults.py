@@ -27,6 +27,7 @@ def reader_fails(owner):
     reader (Note [Single-copy ops] step 5), not a lost connection after the readers' abort."""
     import ctypes
     import time
+
     import engine_native as hvd
     checks.drop_ptrace_capability()
     hvd.init()
@@ -89,7 +90,7 @@ def test_the_owner_outlives_a_slow_reader():
     res = run_ranks(owner_timing, 3, args=(None,), timeout=120, env=LOW,
                     rank_env={2: {"HVD_TEST_SINGLE_COPY_READ_DELAY_MS": str(int(delay * 1000))}})
     for r in res:
-        took, ok, used = r.value
+        _, ok, used = r.value
         assert all(ok.values()) and used == 2, (r.rank, r.value)
     # the root of the broadcast and every rank of the allgather own an input rank 2 reads late
     assert res[0].value[0]["bc"] >= delay, res[0].value

@@ -3,7 +3,6 @@ what a peer published before reading it (issue #20 review 2). The numbers come f
 process, so the tests give the ones no live peer does: an offset near 2**64 (``at + want`` would
 wrap to a small number and pass), a block size that disagrees with what this rank expects."""
 import pytest
-
 from native.build_testhooks import load
 
 _hooks = load()  # the test-only extension (tests/native): built here if needed
