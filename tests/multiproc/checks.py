@@ -267,3 +267,22 @@ def out_of_band():
     (ordering stimuli such as "rank 1 has tested its duplicate name"), never for results."""
     from engine_native.rendezvous import RendezvousClient
     return RendezvousClient(os.environ["HVD_RENDEZVOUS"], bytes.fromhex(os.environ["HVD_SECRET"]))
+
+
+def drop_ptrace_capability():
+    """Clears CAP_SYS_PTRACE from this process's effective set (kept in the permitted set, so
+    the ranks' permitted sets stay equal): a root test run then meets the same ptrace rules as
+    a normal user, for whom a non-dumpable peer is off limits."""
+    import ctypes
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    assert libc.capget(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+    data[0].effective &= ~(1 << 19)  # CAP_SYS_PTRACE
+    assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())

@@ -33,7 +33,7 @@ CSRC = os.path.join(REPO, "engine_native", "csrc")
 OUT = os.path.join(REPO, "build", "testhooks")
 
 HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc",
-         "testhooks/device_kernels.cc"]
+         "testhooks/device_kernels.cc", "testhooks/peer_block.cc"]
 # The core's sources the hooks run, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/dtype.cc",

@@ -35,6 +35,7 @@
 #include <cstring>
 
 #include "algo/algorithms.h"
+#include "algo/peer_block.h"
 #include "algo/ring_util.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
@@ -151,11 +152,7 @@ common::Status allgatherSingleCopy(CollectiveSync& sync, const uint8_t* in, uint
   };
   op.read = [&](int j, const PeerInput& peer) {
     const size_t want = part[static_cast<size_t>(j)];
-    if (peer.bytes != want) {
-      return common::internalError("single-copy allgather: local rank " + std::to_string(j) +
-                                   " published " + std::to_string(peer.bytes) +
-                                   " bytes, this rank expects " + std::to_string(want));
-    }
+    HVD_RETURN_IF_ERROR(checkPeerBlock("allgather", j, peer.bytes, 0, peer.bytes, want));
     if (want == 0) return common::Status::ok();
     return transport::shm::readPeer(peer.pid, peer.address,
                                     out + offset[static_cast<size_t>(j)], want);

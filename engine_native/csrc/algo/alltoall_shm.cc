@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "algo/algorithms.h"
+#include "algo/peer_block.h"
 #include "algo/ring_util.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
@@ -77,6 +78,8 @@ class HostAlltoall {
   const int n_;
   // By local index j: bytes sent to / received from that rank, and where they lie.
   std::vector<size_t> send_, send_at_, recv_, recv_at_;
+  // The single-copy op's layout: (offset, bytes) of the block for local index j at 2j, 2j+1.
+  std::vector<uint64_t> layout_;
   size_t piece_ = 0;
   uint64_t chunks_ = 0;
   uint64_t base_ = 0;  // global number of chunk 0 (rule 1)
@@ -121,10 +124,15 @@ common::Status HostAlltoall::run() {
 common::Status HostAlltoall::singleCopy() {
   size_t total = 0;
   for (size_t b : send_) total += b;
+  layout_.assign(2 * static_cast<size_t>(n_), 0);
+  for (size_t j = 0; j < send_.size(); ++j) {
+    layout_[2 * j] = send_at_[j];
+    layout_[2 * j + 1] = send_[j];
+  }
   SingleCopyOp op;
   op.in = in_;
   op.bytes = total;
-  op.layout = reinterpret_cast<uint64_t>(send_at_.data());
+  op.layout = reinterpret_cast<uint64_t>(layout_.data());
   op.local = [&] {
     const size_t own = send_[static_cast<size_t>(me_)];
     uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
@@ -134,16 +142,12 @@ common::Status HostAlltoall::singleCopy() {
   op.read = [&](int j, const PeerInput& peer) {
     const size_t want = recv_[static_cast<size_t>(j)];
     if (want == 0) return common::Status::ok();
-    uint64_t at = 0;
+    uint64_t block[2] = {0, 0};  // (offset, bytes) of the peer's block for this rank
     HVD_RETURN_IF_ERROR(transport::shm::readPeer(
-        peer.pid, peer.layout + static_cast<uint64_t>(me_) * sizeof(size_t), &at, sizeof(at)));
-    if (at + want > peer.bytes) {
-      return common::internalError("single-copy alltoall: local rank " + std::to_string(j) +
-                                   " sends " + std::to_string(peer.bytes) + " bytes, this "
-                                   "rank expects " + std::to_string(want) + " at " +
-                                   std::to_string(at) + ": the ranks' splits disagree");
-    }
-    return transport::shm::readPeer(peer.pid, peer.address + at,
+        peer.pid, peer.layout + static_cast<uint64_t>(me_) * sizeof(block), block,
+        sizeof(block)));
+    HVD_RETURN_IF_ERROR(checkPeerBlock("alltoall", j, peer.bytes, block[0], block[1], want));
+    return transport::shm::readPeer(peer.pid, peer.address + block[0],
                                     out_ + recv_at_[static_cast<size_t>(j)], want);
   };
   return runSingleCopy(sync_, op);

@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "algo/algorithms.h"
+#include "algo/peer_block.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
@@ -80,12 +81,8 @@ common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in,
   op.source = root;
   op.read_by_others = is_root;
   if (is_root && root_in != data) op.local = [&] { std::memcpy(data, root_in, bytes); };
-  op.read = [&](int, const PeerInput& peer) {
-    if (peer.bytes != bytes) {
-      return common::internalError("single-copy broadcast: the root published " +
-                                   std::to_string(peer.bytes) + " bytes, this rank expects " +
-                                   std::to_string(bytes));
-    }
+  op.read = [&](int j, const PeerInput& peer) {
+    HVD_RETURN_IF_ERROR(checkPeerBlock("broadcast", j, peer.bytes, 0, peer.bytes, bytes));
     return transport::shm::readPeer(peer.pid, peer.address, data, bytes);
   };
   return runSingleCopy(sync, op);

@@ -11,6 +11,13 @@
 //   4. it publishes kReduced = kReleased = g + 1, and if anyone reads its input waits for
 //      every other rank's kReleased >= g + 1 before returning, so the caller cannot free or
 //      reuse the input while a peer still reads it (a rank that only reads returns at once).
+//   5. a read that fails (EPERM, EFAULT, a block that disagrees) ends this rank's reads: it
+//      writes g + 1 into its region's `failed`, publishes kReduced = kReleased = g + 1 (it
+//      reads nothing more, so every input it read is free again) and returns the error. A
+//      rank waiting in step 4 then wakes at once and, seeing `failed` = g + 1 on a peer,
+//      ends its op with an error naming that rank, instead of waiting for the abort that
+//      the failed rank fans out, or for HVD_TIMEOUT. The owner still never returns while a
+//      reader may be reading: `failed` is written only after the reader's last read returned.
 // Every counter ends the op at g + 1 on every rank (rule 1) and a rank's region is rewritten
 // only by its next op, after everyone released this one (rule 2 of the same note). Waits are
 // CollectiveSync's: a short spin, then a futex sleep that abort() and a lost peer end. A
@@ -27,6 +34,9 @@
 // Wake-ups per op: one (posted) per reader, one more (released) per rank that was read;
 // against one per piece (64 per 16 MiB at 256 KiB pieces) on the slot path.
 //
+// HVD_TEST_SINGLE_COPY_READ_DELAY_MS (tests only): a reader sleeps that long after the peers
+// posted, before its first read, so tests can see that the owners wait for it (step 4).
+//
 // Note [Single-copy threshold]
 // process_vm_readv pins the peer's source pages for each call (get_user_pages) and faults in
 // the reader's fresh output pages from inside the kernel, 4 KiB at a time; on the 2-core
@@ -40,7 +50,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
 
 #include "transport/shm/cross_memory.h"
 
@@ -52,6 +67,29 @@ using transport::shm::Stage;
 
 namespace {
 std::atomic<uint64_t> g_single_copy_ops{0};
+
+// HVD_TEST_SINGLE_COPY_READ_DELAY_MS, read once; 0 when unset.
+int readDelayMilliseconds() {
+  static const int delay = [] {
+    const char* raw = std::getenv("HVD_TEST_SINGLE_COPY_READ_DELAY_MS");
+    return raw == nullptr ? 0 : std::max(0, std::atoi(raw));
+  }();
+  return delay;
+}
+
+// Step 5's check on a rank that waited for every release: which peer gave up on op g, if any.
+common::Status peerFailures(const CollectiveSync& sync, uint64_t g) {
+  for (int j = 0; j < sync.size(); ++j) {
+    if (j == sync.index()) continue;
+    if (sync.segment().region(j)->failed.load(std::memory_order_acquire) == g) {
+      return common::internalError(
+          "single-copy op: rank " + std::to_string(sync.globalRankOf(j)) + " of this host "
+          "could not read its peers' inputs and ended the op (its own error says why); set "
+          "HVD_SINGLE_COPY=0 to copy through the shared segment instead");
+    }
+  }
+  return common::Status::ok();
+}
 }  // namespace
 
 uint64_t singleCopyOps() { return g_single_copy_ops.load(std::memory_order_relaxed); }
@@ -75,6 +113,9 @@ common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {
   if (reads) {
     HVD_RETURN_IF_ERROR(op.source < 0 ? sync.waitAll(Stage::kPosted, g)
                                       : sync.waitFor(op.source, Stage::kPosted, g));
+    if (readDelayMilliseconds() > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(readDelayMilliseconds()));
+    }
     for (int j = 0; j < sync.size(); ++j) {
       if (j == me || (op.source >= 0 && j != op.source)) continue;
       const PeerRegion* region = sync.segment().region(j);
@@ -83,12 +124,21 @@ common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {
       peer.address = region->address.load(std::memory_order_acquire);
       peer.bytes = region->bytes.load(std::memory_order_acquire);
       peer.layout = region->layout.load(std::memory_order_acquire);
-      HVD_RETURN_IF_ERROR(op.read(j, peer));
+      const common::Status read = op.read(j, peer);
+      if (!read.isOk()) {  // step 5
+        own->failed.store(g, std::memory_order_relaxed);
+        sync.publish({Stage::kReduced, Stage::kReleased}, g);  // release: `failed` first
+        return common::Status(read.code(), "rank " + std::to_string(sync.globalRankOf(me)) +
+                                               ", single-copy read of rank " +
+                                               std::to_string(sync.globalRankOf(j)) +
+                                               "'s input: " + read.message());
+      }
     }
   }
   sync.publish({Stage::kReduced, Stage::kReleased}, g);
-  if (op.read_by_others) HVD_RETURN_IF_ERROR(sync.waitAll(Stage::kReleased, g));
-  return common::Status::ok();
+  if (!op.read_by_others) return common::Status::ok();
+  HVD_RETURN_IF_ERROR(sync.waitAll(Stage::kReleased, g));
+  return peerFailures(sync, g);
 }
 
 }  // namespace hvd::algo

@@ -86,6 +86,7 @@ PyObject* buildMetrics() {
   setItem(dict, "host_copy", PyUnicode_FromString(s.host_copy.c_str()));
   setItem(dict, "host_copy_reason", PyUnicode_FromString(s.host_copy_reason.c_str()));
   setItem(dict, "single_copy_ops", PyLong_FromUnsignedLongLong(s.single_copy_ops));
+  setItem(dict, "single_copy_probes", PyLong_FromUnsignedLongLong(s.single_copy_probes));
   // {process set id: {"path": "nccl" | "staged", "device": ordinal}} for sets that ran CUDA
   // collectives: what the dashboard shows as the rank's GPU path.
   PyObject* gpu_paths = PyDict_New();

@@ -51,6 +51,7 @@ struct MetricsSnapshot {
   std::string host_copy;
   std::string host_copy_reason;
   uint64_t single_copy_ops = 0;  // host ops that read peers directly, since the process started
+  uint64_t single_copy_probes = 0;  // Note [Single-copy probe]s run, since the process started
   struct DevicePath {
     int32_t process_set = 0;
     std::string path;  // "nccl" / "staged"

@@ -25,6 +25,7 @@
 #include "runtime/metrics.h"
 #include "runtime/process_sets.h"
 #include "transport/mesh.h"
+#include "transport/shm/cross_memory.h"
 
 namespace hvd::runtime {
 
@@ -72,6 +73,7 @@ class Runtime {
   MetricsSnapshot metrics() const {
     MetricsSnapshot s = metrics_.snapshot();
     s.single_copy_ops = algo::singleCopyOps();
+    s.single_copy_probes = transport::shm::singleCopyProbes();
     return s;
   }
   const common::Config& config() const { return config_; }

@@ -312,6 +312,8 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   request.host_ranks = m.host_ranks;
   request.fds = m.data_fds;
   request.wanted = m.config.transport != "tcp";
+  request.single_copy_wanted = m.config.single_copy;
+  request.single_copy_min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
   request.deadline = deadline;
   Status s = shm::setupCollectiveSegment(request, &m.collective);
   if (!s.isOk()) {
@@ -322,8 +324,6 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   probe.rank = mesh.rank_;
   probe.host_ranks = m.host_ranks;
   probe.fds = m.data_fds;
-  probe.wanted = m.config.single_copy;
-  probe.min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
   probe.deadline = deadline;
   s = shm::probeSingleCopy(probe, m.collective.get());
   if (!s.isOk()) {

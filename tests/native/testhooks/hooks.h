@@ -19,5 +19,7 @@ int addTimelineWriter(PyObject* module);
 int addAutotuneHooks(PyObject* module);
 // device_reduce, cpu_reduce, compile_reduce_kernels, ... (device_kernels.cc). Same contract.
 int addDeviceKernelHooks(PyObject* module);
+// check_peer_block (peer_block.cc): the single-copy reads' bounds check. Same contract.
+int addPeerBlockHooks(PyObject* module);
 
 }  // namespace hvd::testhooks

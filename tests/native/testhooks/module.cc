@@ -37,7 +37,8 @@ PyMODINIT_FUNC PyInit__testhooks() {
   if (module == nullptr) return nullptr;
   if (hvd::testhooks::addTimelineWriter(module) < 0 ||
       hvd::testhooks::addAutotuneHooks(module) < 0 ||
-      hvd::testhooks::addDeviceKernelHooks(module) < 0) {
+      hvd::testhooks::addDeviceKernelHooks(module) < 0 ||
+      hvd::testhooks::addPeerBlockHooks(module) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -13,9 +13,15 @@
 //      the local size, the depth, the chunk bytes and the name.
 //   G. P reads the offer; if both it and P want shm and the fields match what P computes
 //      itself, P maps the segment. P writes an ack byte to L: 1 = mapped, 0 = not.
-//   H. L reads every ack and writes one verdict byte to every P: 1 iff its own offer was ok
-//      and every ack was 1. P keeps its mapping iff the verdict is 1. So the whole host agrees:
-//      an op uses the segment on all of the host's ranks or on none (Note [Host pipeline]).
+//      With the ack P sends one more byte: 1 iff it has HVD_SINGLE_COPY on.
+//   H. L reads every ack and writes a verdict (HostVerdict) to every P: mapped = 1 iff its own
+//      offer was ok and every ack was 1; the first rank (in host order, L first) that has
+//      HVD_SINGLE_COPY off, or -1 when every rank asked for it; and L's
+//      HVD_SINGLE_COPY_MIN_BYTES. P keeps its mapping iff mapped is 1. So the whole host agrees:
+//      an op uses the segment on all of the host's ranks or on none (Note [Host pipeline]),
+//      and the single-copy probe (Note [Single-copy probe] in cross_memory.cc) runs on all of
+//      them or on none. It runs only when every rank asked: with the feature off (the default)
+//      init exchanges no probe message, so it adds no failure point there.
 //   I. L unlinks the name: every rank has mapped it or given up, so no crash can leak it.
 // Offers and verdicts are a few dozen bytes, so the socket buffers absorb all of L's writes.
 #include "transport/shm/collective_segment.h"
@@ -54,6 +60,23 @@ static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(std::atomic<uint64_t>) * kStageCount <= 64, "counters share one line");
 static_assert(sizeof(PeerRegion) <= 64, "a peer region fits its line");
 
+// Step H's verdict, L to every P.
+struct HostVerdict {
+  uint8_t mapped = 0;
+  uint8_t pad[3] = {0, 0, 0};
+  int32_t single_copy_off = -1;  // global rank with HVD_SINGLE_COPY off, -1: every rank wants it
+  uint64_t single_copy_min_bytes = 0;
+};
+static_assert(sizeof(HostVerdict) == 16, "the verdict's wire size");
+
+void recordWish(const HostVerdict& verdict, CollectiveSegment* segment) {
+  const bool all = verdict.single_copy_off < 0;
+  segment->setSingleCopyWish(
+      all, all ? "not probed" : "rank " + std::to_string(verdict.single_copy_off) +
+                                    " has HVD_SINGLE_COPY off (the default; 1 turns it on)",
+      verdict.single_copy_min_bytes);
+}
+
 uint64_t chunkBytesFor(const CollectiveRequest& request) {
   const uint64_t piece = (std::max<uint64_t>(request.piece_bytes, 64) + 63) / 64 * 64;
   return piece * request.host_ranks.size();
@@ -82,19 +105,28 @@ Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegm
                                    offer, request.deadline));
   }
   bool all = offer.ok;
+  HostVerdict verdict;
+  verdict.single_copy_off = request.single_copy_wanted ? -1 : request.rank;
+  verdict.single_copy_min_bytes = request.single_copy_min_bytes;
   for (int i = 1; i < n; ++i) {
-    uint8_t ack = 0;
-    HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &ack, 1,
+    uint8_t ack[2] = {0, 0};  // mapped, wants single-copy
+    HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], ack, sizeof(ack),
                                       request.deadline));
-    all = all && ack == 1;
+    all = all && ack[0] == 1;
+    if (verdict.single_copy_off < 0 && ack[1] != 1) {
+      verdict.single_copy_off = request.host_ranks[i];
+    }
   }
-  const uint8_t verdict = all ? 1 : 0;
+  verdict.mapped = all ? 1 : 0;
   for (int i = 1; i < n; ++i) {
-    HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &verdict, 1,
-                                       request.deadline));
+    HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &verdict,
+                                       sizeof(verdict), request.deadline));
   }
   if (segment) segment->unlink();
-  if (all) *out = std::move(segment);
+  if (all) {
+    recordWish(verdict, segment.get());
+    *out = std::move(segment);
+  }
   return Status::ok();
 }
 
@@ -113,11 +145,15 @@ Status followLeader(const CollectiveRequest& request, std::unique_ptr<Collective
                                      << s.message();
     }
   }
-  const uint8_t ack = segment ? 1 : 0;
-  HVD_RETURN_IF_ERROR(tcp::writeFull(fd, &ack, 1, request.deadline));
-  uint8_t verdict = 0;
-  HVD_RETURN_IF_ERROR(tcp::readFull(fd, &verdict, 1, request.deadline));
-  if (verdict == 1 && segment) *out = std::move(segment);
+  const uint8_t ack[2] = {static_cast<uint8_t>(segment ? 1 : 0),
+                         static_cast<uint8_t>(request.single_copy_wanted ? 1 : 0)};
+  HVD_RETURN_IF_ERROR(tcp::writeFull(fd, ack, sizeof(ack), request.deadline));
+  HostVerdict verdict;
+  HVD_RETURN_IF_ERROR(tcp::readFull(fd, &verdict, sizeof(verdict), request.deadline));
+  if (verdict.mapped == 1 && segment) {
+    recordWish(verdict, segment.get());
+    *out = std::move(segment);
+  }
   return Status::ok();
 }
 

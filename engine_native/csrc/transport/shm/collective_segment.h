@@ -32,6 +32,10 @@ struct PeerRegion {
   std::atomic<uint64_t> address;
   std::atomic<uint64_t> bytes;
   std::atomic<uint64_t> layout;  // an op-defined table in the owner (alltoall's offsets)
+  // The op number (its chunk g + 1) whose reads this rank gave up on: written before it
+  // releases that op, so a rank waiting for the release learns the op failed there (Note
+  // [Single-copy ops] in algo/single_copy.cc). Never equal to a later op's number.
+  std::atomic<uint64_t> failed;
 };
 
 class CollectiveSegment {
@@ -59,6 +63,14 @@ class CollectiveSegment {
   Doorbell* doorbell(int local) const;
   PeerRegion* region(int local) const;
 
+  // Step H of Note [Collective setup]: whether every rank of the host asked for single-copy
+  // reads (HVD_SINGLE_COPY=1); only then does Note [Single-copy probe] (cross_memory.cc) run.
+  bool singleCopyWanted() const { return single_copy_wanted_; }
+  // Records step H's answer: off, with `reason` (which rank did not ask), or to be probed.
+  void setSingleCopyWish(bool all_want, std::string reason, uint64_t min_bytes) {
+    single_copy_wanted_ = all_want;
+    setSingleCopy(false, std::move(reason), min_bytes);
+  }
   // Note [Single-copy probe] in cross_memory.cc: whether ops may read peers' inputs directly,
   // the same on every rank of the host, and when not, why.
   bool singleCopy() const { return single_copy_; }
@@ -82,6 +94,7 @@ class CollectiveSegment {
   uint32_t depth_ = 0;
   uint64_t chunk_bytes_ = 0;
   bool linked_ = false;
+  bool single_copy_wanted_ = false;
   bool single_copy_ = false;
   std::string single_copy_reason_ = "not probed";
   uint64_t single_copy_min_bytes_ = 0;
@@ -95,6 +108,8 @@ struct CollectiveRequest {
   bool wanted = true;            // false when HVD_TRANSPORT=tcp
   uint32_t depth = 4;
   uint64_t piece_bytes = 256 << 10;  // chunk = local size x piece
+  bool single_copy_wanted = false;   // HVD_SINGLE_COPY on this rank
+  uint64_t single_copy_min_bytes = 16 << 20;  // HVD_SINGLE_COPY_MIN_BYTES; the leader's rules
   tcp::Deadline deadline;
 };
 

@@ -49,6 +49,10 @@ CollectiveSync::CollectiveSync(const Comm& comm, CollectiveSegment* segment)
   own_doorbell_ = segment_.doorbell(index_);
 }
 
+int CollectiveSync::globalRankOf(int local) const {
+  return comm_.mesh().hostRanks()[static_cast<size_t>(local)];
+}
+
 int CollectiveSync::localIndexOf(int global_rank) const {
   const std::vector<int>& host = comm_.mesh().hostRanks();
   for (int i = 0; i < static_cast<int>(host.size()); ++i) {

@@ -29,6 +29,8 @@ class CollectiveSync {
   // The local index of a global rank of this host (its place among the host's ranks in
   // global order), or -1 for a rank on another host.
   int localIndexOf(int global_rank) const;
+  // The global rank of local index `local` (0 <= local < size()).
+  int globalRankOf(int local) const;
   const CollectiveSegment& segment() const { return segment_; }
   // Chunks this rank has released so far: the first chunk number of the next op.
   uint64_t released() const;

@@ -6,24 +6,27 @@
 // call (Docker's default did before 19.03), no peer that made itself non-dumpable. None of
 // that can be known without trying, and a host's ranks must all take the same path (an op
 // that reads a peer's input directly and an op that waits for the peer to copy into its slot
-// do not mix). So once per host segment, after Note [Collective setup], over the same sockets,
-// with the host's leader L and every other rank P:
+// do not mix). So once per host segment, after Note [Collective setup] and only when every
+// rank of the host asked for it there (HVD_SINGLE_COPY=1; the default sends no probe message),
+// over the same sockets, with the host's leader L and every other rank P:
 //   J. every rank writes (pid, address, 8) of a probe word holding a value derived from its
 //      local index into its PeerRegion; P then writes one byte to L, and L, having read all
 //      of them, writes one byte back to every P: every region is now published.
 //   K. every rank reads every other rank's probe word with readPeer and checks its value; it
-//      sends L a verdict (kind, rank): 0 = fine, else why not (HVD_SINGLE_COPY=0 here, the
-//      kernel refused, the read failed, a test forced it).
-//   L. L writes the first refusal (or 0) and its own HVD_SINGLE_COPY_MIN_BYTES to every P;
-//      every rank sets the segment's mode and threshold from it (one threshold per host: ranks
-//      that picked different paths for one op would wait on each other forever). The probe word lives on this function's stack until the verdict, which comes only
-//      after every rank has finished its reads.
+//      sends L a verdict (kind, rank): 0 = fine, else why not (the kernel refused, the read
+//      failed, a test forced it).
+//   L. L writes the first refusal (or 0) to every P; every rank sets the segment's mode from
+//      it, keeping the threshold step H gave (L's HVD_SINGLE_COPY_MIN_BYTES: one threshold per
+//      host, since ranks that picked different paths for one op would wait on each other
+//      forever). The probe word lives on this function's stack until the verdict, which comes
+//      only after every rank has finished its reads.
 // Cost: a few syscalls and two socket round trips per host, once per job.
 #include "transport/shm/cross_memory.h"
 
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -37,9 +40,10 @@ namespace {
 
 constexpr uint64_t kProbeMagic = 0x45424f5250435648ull;  // "HVDCPROBE"-ish, xor local index
 
+std::atomic<uint64_t> g_probes{0};
+
 enum Refusal : uint32_t {
   kFine = 0,
-  kNotWanted = 1,     // HVD_SINGLE_COPY=0 on that rank
   kNotPermitted = 2,  // EPERM: ptrace policy or seccomp
   kReadFailed = 3,    // any other error, or a wrong value
   kForced = 4,        // HVD_TEST_SINGLE_COPY_PROBE_FAIL=1 on that rank (tests only)
@@ -47,19 +51,20 @@ enum Refusal : uint32_t {
 
 struct Verdict {
   uint32_t refusal = kFine;
-  int32_t rank = -1;       // global rank that refused
-  uint64_t min_bytes = 0;  // the leader's threshold: one value for the whole host
+  int32_t rank = -1;  // global rank that refused
+  int32_t peer = -1;  // global rank it could not read (kNotPermitted, kReadFailed)
+  int32_t pad = 0;
 };
 
 std::string explain(const Verdict& v) {
   const std::string who = "rank " + std::to_string(v.rank);
+  const std::string whom = "rank " + std::to_string(v.peer);
   switch (v.refusal) {
-    case kNotWanted: return who + " has HVD_SINGLE_COPY off (the default; 1 turns it on)";
     case kNotPermitted:
-      return who + " may not read its peers' memory (EPERM: a Yama ptrace_scope >= 1 or a "
-                   "seccomp profile that blocks process_vm_readv); host collectives copy "
-                   "through the shared segment";
-    case kReadFailed: return who + " could not read a peer's probe word";
+      return who + " may not read " + whom + "'s memory (EPERM: a Yama ptrace_scope >= 1, a "
+                   "seccomp profile that blocks process_vm_readv, or a non-dumpable process); "
+                   "host collectives copy through the shared segment";
+    case kReadFailed: return who + " could not read " + whom + "'s probe word";
     case kForced: return who + " failed its probe on purpose (HVD_TEST_SINGLE_COPY_PROBE_FAIL)";
     default: return "";
   }
@@ -70,25 +75,29 @@ bool forcedToFail() {
   return raw != nullptr && std::strcmp(raw, "1") == 0;
 }
 
-// Step K on this rank.
-uint32_t probePeers(const CollectiveSegment& segment, int self) {
+// Step K on this rank: kFine, or the refusal with v->peer the rank it could not read.
+void probePeers(const CollectiveSegment& segment, const SingleCopyRequest& request, int self,
+                Verdict* v) {
   for (int i = 0; i < segment.localSize(); ++i) {
     if (i == self) continue;
     const PeerRegion* region = segment.region(i);
     uint64_t word = 0;
+    int err = 0;
     Status s = readPeer(static_cast<pid_t>(region->pid.load(std::memory_order_acquire)),
-                        region->address.load(std::memory_order_acquire), &word, sizeof(word));
-    if (!s.isOk()) {
-      return s.message().find("EPERM") != std::string::npos ? kNotPermitted : kReadFailed;
+                        region->address.load(std::memory_order_acquire), &word, sizeof(word),
+                        &err);
+    if (!s.isOk() || word != (kProbeMagic ^ static_cast<uint64_t>(i))) {
+      v->refusal = err == EPERM ? kNotPermitted : kReadFailed;
+      v->peer = request.host_ranks[static_cast<size_t>(i)];
+      return;
     }
-    if (word != (kProbeMagic ^ static_cast<uint64_t>(i))) return kReadFailed;
   }
-  return kFine;
 }
 
 }  // namespace
 
-Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
+Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes, int* os_error) {
+  if (os_error != nullptr) *os_error = 0;
   auto* dst = static_cast<uint8_t*>(local);
   size_t done = 0;
   while (done < bytes) {
@@ -101,6 +110,7 @@ Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
     }
     const int err = n == 0 ? EFAULT : errno;  // 0 bytes: the rest is not mapped there
     if (err == EINTR) continue;
+    if (os_error != nullptr) *os_error = err;
     const std::string where = std::to_string(bytes - done) + " bytes at 0x" + [&] {
       char hex[32];
       std::snprintf(hex, sizeof(hex), "%llx", static_cast<unsigned long long>(remote + done));
@@ -124,8 +134,11 @@ Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes) {
   return Status::ok();
 }
 
+uint64_t singleCopyProbes() { return g_probes.load(std::memory_order_relaxed); }
+
 Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment) {
-  if (segment == nullptr) return Status::ok();
+  if (segment == nullptr || !segment->singleCopyWanted()) return Status::ok();
+  g_probes.fetch_add(1, std::memory_order_relaxed);
   const int n = static_cast<int>(request.host_ranks.size());
   int self = -1;
   for (int i = 0; i < n; ++i) {
@@ -160,9 +173,11 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
   // K: this rank's own verdict.
   Verdict mine;
   mine.rank = request.rank;
-  mine.min_bytes = request.min_bytes;
-  mine.refusal = !request.wanted ? kNotWanted : forcedToFail() ? kForced
-                                                              : probePeers(*segment, self);
+  if (forcedToFail()) {
+    mine.refusal = kForced;
+  } else {
+    probePeers(*segment, request, self, &mine);
+  }
   // L: the leader gathers, picks the first refusal, tells everyone.
   Verdict host = mine;
   if (leader) {
@@ -170,10 +185,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
       Verdict theirs;
       HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &theirs,
                                         sizeof(theirs), request.deadline));
-      if (host.refusal == kFine && theirs.refusal != kFine) {
-        host.refusal = theirs.refusal;
-        host.rank = theirs.rank;
-      }
+      if (host.refusal == kFine && theirs.refusal != kFine) host = theirs;
     }
     for (int i = 1; i < n; ++i) {
       HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &host,
@@ -183,7 +195,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
     HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), request.deadline));
     HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &host, sizeof(host), request.deadline));
   }
-  segment->setSingleCopy(host.refusal == kFine, explain(host), host.min_bytes);
+  segment->setSingleCopy(host.refusal == kFine, explain(host), segment->singleCopyMinBytes());
   return Status::ok();
 }
 

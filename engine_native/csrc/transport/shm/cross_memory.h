@@ -20,21 +20,27 @@ namespace hvd::transport::shm {
 
 // Copies `bytes` bytes at address `remote` of process `pid` into `local`. Partial transfers are
 // continued and EINTR retried. Errors say what happened: the peer is gone (ESRCH), the kernel
-// refuses (EPERM: ptrace policy or seccomp), or the range is not mapped there (EFAULT).
-common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes);
+// refuses (EPERM: ptrace policy or seccomp), or the range is not mapped there (EFAULT). When
+// `os_error` is given it receives the failed call's errno (0 on success), so callers decide on
+// the code, never on the message's text.
+common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes,
+                        int* os_error = nullptr);
 
 struct SingleCopyRequest {
   int rank = -1;                // global rank
   std::vector<int> host_ranks;  // as CollectiveRequest's
   std::vector<int> fds;         // data socket per global rank
-  bool wanted = true;           // false when HVD_SINGLE_COPY=0
-  uint64_t min_bytes = 16 << 20;  // HVD_SINGLE_COPY_MIN_BYTES; the leader's value is the host's
   tcp::Deadline deadline;
 };
 
 // Note [Single-copy probe]. Every rank of the host calls it with the same segment (or every
 // rank with none); afterwards segment->singleCopy() is the same on all of them, and
-// singleCopyReason() says why it is off.
+// singleCopyReason() says why it is off. Sends nothing unless segment->singleCopyWanted()
+// (every rank of the host asked for it at setup, Note [Collective setup]).
 common::Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment);
+
+// Probes this process ran (exchanged messages for) since it started:
+// metrics()["single_copy_probes"], so tests can see that the default runs none.
+uint64_t singleCopyProbes();
 
 }  // namespace hvd::transport::shm
