@@ -36,7 +36,8 @@ LABELS = {"ours": "ours", "mpi": "MPICH", "gloo": "gloo", "horovod-mpi": "Horovo
 def rank_run(adapter, spec: dict, init_end: float) -> dict:
     n = adapter.size
     out = {"times": {}, "ok": {}}
-    ops = spec.get("ops", OPS) + tuple(o for o in IN_PLACE_OPS if hasattr(adapter, o))
+    ops = tuple(spec["ops"]) if "ops" in spec else (
+        OPS + tuple(o for o in IN_PLACE_OPS if hasattr(adapter, o)))
     for op in ops:
         for nbytes in spec["sizes"]:
             # Latency sizes take many more iterations: one op is microseconds, and a median

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import signal
 import time
 
 import benchlib
@@ -79,34 +80,52 @@ class _IoVec(ctypes.Structure):
 
 def _cross_process_rates(size: int, reps: int):
     """GB/s of process_vm_readv(2) copying ``size`` bytes out of a forked child, or the error
-    text where the kernel refuses (seccomp, Yama ptrace_scope)."""
+    text where the kernel refuses (seccomp, Yama ptrace_scope) or the fork fails."""
     import numpy as np
 
     libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        readv = libc.process_vm_readv
+    except AttributeError:
+        return "unavailable: this C library has no process_vm_readv"
+    readv.restype = ctypes.c_ssize_t
+    readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
+                      ctypes.c_ulong, ctypes.c_ulong]
     src = np.ones(size, dtype=np.uint8)  # the child's copy sits at the same address
     dst = np.zeros_like(src)
     release_r, release_w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.read(release_r, 1)
-        os._exit(0)
+    try:
+        child = os.fork()
+    except OSError as e:
+        os.close(release_r)
+        os.close(release_w)
+        return f"unavailable: fork failed ({e.strerror})"
+    if child == 0:  # waits for the parent's byte or its exit (EOF), whatever signal comes
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.close(release_w)
+            os.read(release_r, 1)
+        finally:
+            os._exit(0)
+    os.close(release_r)
     try:
         local, remote = _IoVec(dst.ctypes.data, size), _IoVec(src.ctypes.data, size)
 
         def read() -> None:
-            done = libc.process_vm_readv(child, ctypes.byref(local), 1, ctypes.byref(remote), 1,
-                                         0)
-            if done != size:
+            done = readv(child, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+            if done < 0:
                 raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            if done != size:
+                raise OSError(0, f"a partial read ({done} of {size} bytes)")
 
         return _rates(read, size, reps)
     except OSError as e:
         return f"unavailable: {e.strerror}"
     finally:
         os.write(release_w, b"x")
-        os.waitpid(child, 0)
-        os.close(release_r)
         os.close(release_w)
+        os.waitpid(child, 0)
 
 
 def memcpy_table(ctx) -> Table:

@@ -67,7 +67,7 @@ def _embedding_row(ctx, t: Table) -> None:
         return
     best = min(horovod, key=lambda x: x[1]["time"]) if horovod else None
     ratio = best[1]["time"] / ours["time"] if ours and best else None
-    t.add("embedding step", 2, "1M x 64 sparse",
+    t.add("embedding step", 2, "sparse embedding",
           fmt_time(ours["time"]) if ours else "-",
           f"{fmt_time(best[1]['time'])} ({best[0]})" if best else "-", "-",
           fmt_ratio(ratio), "-", "best Horovod >= 1x",

@@ -294,8 +294,9 @@ def metrics() -> dict:
     collective from one still computing);
     ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself, and
     ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where this host's
-    ranks outnumber its cores), ``caller_spin_skipped`` how many waits did not poll (the
-    spin is backed off while it keeps running out: Note [Spin backoff]).
+    ranks outnumber its cores), ``caller_spin_skipped`` how many driven waits did not spin
+    (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
+    because it kept running out: Note [Spin backoff]).
     Also ``timeline`` (a file is being written here), ``autotune`` (the dashboard's view of
     :func:`autotune_state`, None when tuning never ran) and ``events`` (collectives finished
     since the previous ``metrics()`` call in this process: ``{"op", "name", "start_ago_s",

@@ -227,13 +227,17 @@ def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = No
                      _waited: bool = False) -> int:
     """In-place broadcast_async: ``array`` itself receives the root's values (on the root it is
     only read). Like ``engine_native.torch.broadcast_``; no output is allocated, and the root
-    copies nothing for itself."""
+    copies nothing for itself. ``array`` must be a writable, contiguous numpy array on every
+    rank (the root included)."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"broadcast_(): expected the numpy array to overwrite, got "
                         f"{type(array).__name__}; use broadcast() for a new array")
-    if not array.flags.writeable:
+    if not array.flags.writeable:  # on the root too, so every rank fails alike
         raise ValueError("broadcast_(): the array is read-only; pass a writable array or use "
                          "broadcast() for a new one")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"broadcast_(): the array must be contiguous to be overwritten in "
+                         f"place, got strides {array.strides}; use broadcast() for a new array")
     return _submit(_core.BROADCAST, "broadcast", name, array, array, root=root_rank,
                    process_set=process_set, finish=lambda _: array, waited=_waited)
 

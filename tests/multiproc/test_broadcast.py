@@ -57,13 +57,20 @@ def broadcast_suite(transport):
     # broadcast_ needs an array it may overwrite; the error loses nothing and the next op works.
     frozen = np.full(3, hvd.rank(), np.float32)
     frozen.flags.writeable = False
-    for bad, error in (([1.0, 2.0], TypeError), (frozen, ValueError)):
+    strided = np.zeros(8, np.float32)[::2]
+    for bad, error in (([1.0, 2.0], TypeError), (frozen, ValueError), (strided, ValueError)):
         try:
             hvd.broadcast_(bad, 0, name="bad-inplace")
             fails.items.append(f"broadcast_({type(bad).__name__}): no error")
         except error:
             pass
     fails.expect("read-only input untouched", np.all(frozen == hvd.rank()))
+    for bad_root in (-1, n):
+        try:
+            hvd.broadcast_(np.zeros(2), bad_root, name=f"bad-inplace-root.{bad_root}")
+            fails.items.append(f"broadcast_ root {bad_root}: no error")
+        except ValueError:
+            pass
     z = np.full(4, hvd.rank(), np.int64)
     fails.expect("after bad in-place", np.all(hvd.broadcast_(z, n - 1) == n - 1))
     hvd.shutdown()

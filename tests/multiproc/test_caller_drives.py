@@ -1,5 +1,5 @@
 """A thread waiting on its own op runs the core itself (Note [Caller drives] in
-engine_native/csrc/runtime/background_loop.cc), on spawned ranks.
+engine_native/csrc/runtime/caller_drives.cc), on spawned ranks.
 
 Covered: synchronous collectives finish on the calling thread when the host has a core per
 rank; the spin is switched off where ranks outnumber the cores this process may use; a peer
@@ -110,8 +110,8 @@ def spin_backoff_suite():
     hvd.barrier()
     m = hvd.metrics()
     skipped0 = m["caller_spin_skipped"]
-    for i in range(LATE_OPS):  # rank 1 arrives 80 ms late: rank 0's 50 ms spins run out
-        if hvd.rank() == 1:
+    for i in range(LATE_OPS):  # rank 0 arrives 80 ms late: rank 1's 50 ms spins run out
+        if hvd.rank() == 0:
             time.sleep(0.08)
         hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name=f"late.{i}")
     m = hvd.metrics()
@@ -128,14 +128,17 @@ def spin_backoff_suite():
 def test_spin_backs_off_while_it_does_not_pay_and_resumes_when_it_does():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a core per rank (2)")
-    # Note [Spin backoff]: three spins that ran out stop the spinning (rank 0 skips most of
-    # the remaining late ops); a probe that finishes its op (at most 16 drives later, and a
-    # 50 ms budget is far more than a prompt peer needs) brings it back.
+    # Note [Spin backoff], seen on rank 1, which needs rank 0's response and so never finishes
+    # an op in the one pass a backed-off drive runs: only a probe can end its backoff. Three
+    # spins that ran out stop the spinning (it skips most of the remaining late ops); a probe
+    # that spins and finishes its op (every 16th drive; a 50 ms budget is far more than a
+    # prompt peer needs, and a probe whose op the loop thread finished first proves nothing,
+    # so allow for two) brings it back.
     res = run_ranks(spin_backoff_suite, 2, env={"HVD_CALLER_SPIN_US": "50000"}, timeout=120)
-    late_skipped, prompt_skipped, prompt_driven = res[0].value
-    assert late_skipped >= LATE_OPS - 3 - 2, f"rank 0 skipped {late_skipped} late spins"
-    assert prompt_skipped <= 20, f"rank 0 still skipped {prompt_skipped} of {PROMPT_OPS} spins"
-    assert prompt_driven >= PROMPT_OPS // 2, f"rank 0 drove only {prompt_driven} prompt ops"
+    late_skipped, prompt_skipped, prompt_driven = res[1].value
+    assert late_skipped >= LATE_OPS - 3 - 2, f"rank 1 skipped {late_skipped} late spins"
+    assert prompt_skipped <= 50, f"rank 1 still skipped {prompt_skipped} of {PROMPT_OPS} spins"
+    assert prompt_driven >= PROMPT_OPS // 3, f"rank 1 drove only {prompt_driven} prompt ops"
 
 
 def two_threads_suite():

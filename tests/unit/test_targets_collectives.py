@@ -61,6 +61,6 @@ def test_missing_peer_is_not_measured_not_a_pass():
 def test_embedding_step_against_the_better_horovod():
     rows = _rows(_ctx({("embedding", "ours-torch", 2): 5.0, ("embedding", "horovod-mpi", 2): 6.0,
                        ("embedding", "horovod-gloo", 2): 4.0}))
-    row = rows[("embedding step", "2", "1M x 64 sparse")]
+    row = rows[("embedding step", "2", "sparse embedding")]
     assert "horovod-gloo" in row[4] and row[-1] == "MISS"
     assert targets_collectives.table(_ctx({})) is None

@@ -4,7 +4,7 @@
 // rank 0 coordinates and sends responses) -> execute responses in order -> complete the CUDA
 // ops whose stream work has run (Note [Deferred completion]) -> inspect stalls.
 // A pass of that loop may also run on a framework thread that is about to block on its own op
-// (drive(), Note [Caller drives] in background_loop.cc): passes are serialised by progress_,
+// (drive(), Note [Caller drives] in caller_drives.cc): passes are serialised by progress_,
 // so "the background thread" below means whichever thread holds it.
 // Rule relied on: every rank executes the responses of its process sets in the order rank 0
 // produced them, so collectives never interleave differently across ranks.

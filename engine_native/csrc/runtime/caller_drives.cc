@@ -1,5 +1,7 @@
 // The caller-driven pass of BackgroundLoop (background_loop.h): a framework thread about to
 // block on its own op runs the loop's passes itself. Note [Caller drives] below.
+#include <algorithm>
+
 #include "common/cpu_relax.h"
 #include "runtime/background_loop.h"
 
@@ -54,14 +56,19 @@ namespace hvd::runtime {
 // ranks can share one core's run queue, and then the spinner holds the core its peer needs
 // for the whole budget — every op costs the budget plus a wake-up (np=2, load 6-7: 4 B ops at
 // ~255 us in about half the launches, ~15 us in the others; with no spin 55-100 us in every
-// launch). So after kMissesToBackOff drives in a row whose spin ran out with the op
-// unfinished, a caller does not spin (one pass, then it blocks and the loop thread takes
-// over), except every kProbeEvery-th drive, which spins to see whether spinning pays again; a
-// drive that finishes its op resets the count. A peer that is merely late (uneven work
-// before the op) backs off too, and there the spin was wasted as well.
+// launch). So after kMissesToBackOff drives in a row that spun (ran more than one pass) until
+// the budget ran out with the op unfinished, a caller does not spin (one pass, then it blocks
+// and the loop thread takes over), except every kProbeEvery-th drive, which spins to see
+// whether spinning pays again; a drive that spun and finished its op resets the count. A
+// single pass proves nothing either way (the peers' requests were already there, or the
+// caller slept on the mutex for its budget) and leaves the count alone. A peer that is merely
+// late (uneven work before the op) backs off too, and there the spin was wasted as well.
 namespace {
 constexpr int kMissesToBackOff = 3;
 constexpr uint32_t kProbeEvery = 16;
+// A caller asleep on the mutex wakes this often to see whether the loop thread finished its
+// op meanwhile (a long pass may hold the mutex for the whole budget).
+constexpr auto kLockSlice = std::chrono::microseconds(50);
 }  // namespace
 
 bool BackgroundLoop::drive(int64_t handle) {
@@ -77,27 +84,32 @@ bool BackgroundLoop::drive(int64_t handle) {
   if (backed_off || spin.count() == 0) metrics_.countSpinSkipped();
   const auto give_up = Clock::now() + spin;
   std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
-  if (!lock.try_lock_for(spin)) {  // A
-    wakeIfAsleep();
-    wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
-    return false;
+  while (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
+    if (handles_.poll(handle) != 0) return false;  // A: the loop thread finished it
+    if (Clock::now() >= give_up) {
+      wakeIfAsleep();
+      wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
+      return false;
+    }
   }
   if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinates_other_sets_;
   standby_.store(quiet_loop);  // B
   bool done = false;
+  int passes = 0;
   while (!failed_ && !finished_ && !shutdown_requested_) {
     pass(/*mark_cycle=*/false);
+    ++passes;
     done = handles_.poll(handle) != 0;
     if (done || Clock::now() >= give_up) break;
     common::cpuRelax();
   }
-  if (done) {
-    metrics_.countDriven();
+  if (done) metrics_.countDriven();
+  if (passes > 1 && done) {  // Note [Spin backoff]
     spin_misses_.store(0, std::memory_order_relaxed);
-  } else if (spin.count() > 0 && !failed_ && !finished_ && !shutdown_requested_) {
-    spin_misses_.fetch_add(1, std::memory_order_relaxed);  // Note [Spin backoff]
+  } else if (passes > 1 && !failed_ && !finished_ && !shutdown_requested_) {
+    spin_misses_.fetch_add(1, std::memory_order_relaxed);
   }
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   lock.unlock();

@@ -37,7 +37,7 @@ struct MetricsSnapshot {
   double main_blocked_seconds = 0;
   uint64_t caller_driven_ops = 0;  // waits whose op finished on the waiting thread
   int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where ranks > cores)
-  uint64_t caller_spin_skipped = 0;  // waits that did not spin (Note [Spin backoff])
+  uint64_t caller_spin_skipped = 0;  // driven waits that did not spin (Note [Spin backoff])
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
