@@ -4,7 +4,8 @@
 Covered: np 1..5 on one host (the host segment), forced TCP (the ring), mixed hosts (the
 hierarchical allgather), a process set leaving out a rank; every dtype; first dims that differ
 per rank and per tensor, zero rows included; 64 tensors of different trailing shapes in one
-group; a group mixing dtypes (one fused op per dtype); HVD_FUSION_THRESHOLD small enough to cut
+group; a group mixing dtypes (one fused op per dtype); a tensor of over 2 MiB gathered inside a
+group (it goes alone, the others fuse around it: Note [Allgather fusion limit]); HVD_FUSION_THRESHOLD small enough to cut
 a group into several fused ops (the exact cut is predicted here), and 0 (nothing fuses, same
 results); the torch API's grouped_allgather; the timeline's spans of a fused member.
 Fusion is proven by the metrics (fused_batches, fused_tensors): the unfused code runs every
@@ -23,13 +24,20 @@ WIDTHS = [(), (3,), (2, 5), (4, 1, 2)]
 MIXED = [np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.float16), np.dtype(np.uint8)]
 
 
-def _rows(i, k):
+BIG = 2  # in group "big", the tensor gathered to over 2 MiB (Note [Allgather fusion limit])
+
+
+def _rows(i, k, kind=""):
     """Rows of tensor i on set rank k: differ per rank and tensor, zero for some."""
+    if kind == "big" and i == BIG:
+        return 300 + k  # 2048 float32 per row: 2.4 MiB and more per rank
     return (i * 7 + k * 3) % 5
 
 
 def _group(kind):
     """[(dtype, width)] of one of the groups the suites submit."""
+    if kind == "big":
+        return [(np.dtype(np.float32), (2048,) if i == BIG else (3,)) for i in range(5)]
     if kind == "many":
         return [(np.dtype(np.float32), WIDTHS[i % len(WIDTHS)]) for i in range(64)]
     if kind == "mixed":
@@ -42,7 +50,7 @@ def _gather_group(hvd, fails, kind, tag, members, process_set=None):
     me = members.index(hvd.rank())
     group = _group(kind)
     names = [f"{tag}.{i}" for i in range(len(group))]
-    arrays = [checks.make_input(d, (_rows(i, me),) + w, hvd.rank(), names[i])
+    arrays = [checks.make_input(d, (_rows(i, me, kind),) + w, hvd.rank(), names[i])
               for i, (d, w) in enumerate(group)]
     before_arrays = [a.copy() for a in arrays]
     kw = {} if process_set is None else {"process_set": process_set}
@@ -51,7 +59,7 @@ def _gather_group(hvd, fails, kind, tag, members, process_set=None):
     m1 = hvd.metrics()
     fails.expect(f"{tag} one result per array", len(outs) == len(arrays))
     for i, ((d, w), out) in enumerate(zip(group, outs)):
-        expected = np.concatenate([checks.make_input(d, (_rows(i, k),) + w, r, names[i])
+        expected = np.concatenate([checks.make_input(d, (_rows(i, k, kind),) + w, r, names[i])
                                    for k, r in enumerate(members)])
         fails.check(f"{tag}.{i}", checks.mismatch(out, expected, d))
         fails.expect(f"{tag}.{i} bytes", out.tobytes() == expected.tobytes())
@@ -61,14 +69,17 @@ def _gather_group(hvd, fails, kind, tag, members, process_set=None):
 
 def expected_fusion(kind, set_size, threshold):
     """(fused batches, fused tensors) the coordinator's rules give a group: per dtype, in
-    order, a tensor joins the open batch while the gathered bytes stay within the threshold."""
+    order, a tensor joins the open batch while the gathered bytes stay within the threshold;
+    one of over 2 MiB gathered goes alone, leaving the open batch open."""
     if threshold <= 0:
         return 0, 0
     open_bytes, batches = {}, {}
     sizes = []  # [dtype, tensors] of every batch
     for i, (d, w) in enumerate(_group(kind)):
-        nbytes = sum(_rows(i, k) for k in range(set_size)) * int(np.prod(w, dtype=np.int64)) * \
-            d.itemsize
+        nbytes = sum(_rows(i, k, kind) for k in range(set_size)) * \
+            int(np.prod(w, dtype=np.int64)) * d.itemsize
+        if nbytes > 2 << 20:
+            continue
         if d in open_bytes and nbytes <= threshold - open_bytes[d]:
             open_bytes[d] += nbytes
             sizes[batches[d]][1] += 1
@@ -91,7 +102,7 @@ def fusion_suite(transport, kinds):
     return fails.raise_if_any(), taken
 
 
-ALL_KINDS = ["many", "mixed"] + [str(d) for d in ALL_DTYPES]
+ALL_KINDS = ["many", "mixed", "big"] + [str(d) for d in ALL_DTYPES]
 
 
 def _assert_fused(res, kinds, threshold=64 << 20):
@@ -110,6 +121,7 @@ def test_groups_fuse_on_one_host(np_):
     _assert_fused(res, ALL_KINDS)
     assert res[0].value[1]["many"] == (1, 64)  # the whole group of 64 is one op
     assert res[0].value[1]["mixed"] == (4, 8)  # one per dtype
+    assert res[0].value[1]["big"] == (1, 4)  # the 2.4 MiB tensor alone, the others fused
 
 
 @pytest.mark.parametrize("np_", [2, 3, 5])

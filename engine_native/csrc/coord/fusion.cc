@@ -45,11 +45,25 @@ uint64_t fusionKeyHash(const Response& r) {
 // A fused allgather's Response lists per tensor its row dims in counts and its row shape in
 // row_shape (concatenated), and first_dims holds tensor-major the first dim of every set rank
 // (coord/message.h); the executor gathers all of them as one allgatherv (runtime/op_layout.h).
+//
+// Note [Allgather fusion limit]: fusing saves a collective's fixed cost (on the 2-core VM, about
+// 0.1-0.4 ms per op) but costs two copies (this rank's part in, every rank's parts out), per
+// byte. Measured (benchmarks/RESULTS.md, part 4; ours fused vs HVD_FUSION_THRESHOLD=0): a
+// tensor of up to 2 MiB gathered wins (8 x 512 KiB np=4: 1.35x, 8 x 1 MiB np=2: 1.7x), above
+// it the copies lose (8 x 1 MiB np=4, 4 MiB gathered: 0.76x; 4 x 4 MiB np=2: 0.29x). So an
+// allgather whose gathered output is larger goes alone, without closing the open batch.
+constexpr int64_t kMaxFusedAllgatherBytes = int64_t{2} << 20;
+
+int64_t allgatherBytes(const Response& r);
+
 bool fusable(const Response& r) {
   if (r.status != ResponseType::kOk || r.keys.empty() || r.counts.size() != r.keys.size()) {
     return false;
   }
-  return r.type == OpType::kAllreduce || (r.type == OpType::kAllgather && r.device < 0);
+  if (r.type == OpType::kAllgather) {
+    return r.device < 0 && allgatherBytes(r) <= kMaxFusedAllgatherBytes;
+  }
+  return r.type == OpType::kAllreduce;
 }
 
 // Bytes an allgather response gathers on every rank (all ranks' rows of all its tensors).

@@ -12,7 +12,9 @@ namespace hvd::coord {
 
 // Allreduces with equal dtype, reduce op, prescale, postscale, process set and device kind
 // (CPU / GPU) merge, and so do host allgathers with equal dtype and process set (Note
-// [Allgather fusion] in fusion.cc; their bytes are the whole gathered output), names in order, while the fused byte total stays <= threshold_bytes;
+// [Allgather fusion] in fusion.cc; their bytes are the whole gathered output, and one of more
+// than 2 MiB goes alone: Note [Allgather fusion limit]), names in order, while the fused byte
+// total stays <= threshold_bytes;
 // threshold 0 disables fusion, and a tensor larger than the threshold goes alone. Look-ahead: a
 // response that does not match is passed over and keeps its place, so interleaved fp16/fp32
 // gradients still fuse. A fused response takes the position of its first member; the relative
