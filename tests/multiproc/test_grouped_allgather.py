@@ -5,7 +5,8 @@ Covered: np 1..5 on one host (the host segment), forced TCP (the ring), mixed ho
 hierarchical allgather), a process set leaving out a rank; every dtype; first dims that differ
 per rank and per tensor, zero rows included; 64 tensors of different trailing shapes in one
 group; a group mixing dtypes (one fused op per dtype); a tensor of over 2 MiB gathered inside a
-group (it goes alone, the others fuse around it: Note [Allgather fusion limit]); HVD_FUSION_THRESHOLD small enough to cut
+group (it goes alone, the others fuse around it) and a group cut at 2 MiB per fused op (Note
+[Allgather fusion limit]); HVD_FUSION_THRESHOLD small enough to cut
 a group into several fused ops (the exact cut is predicted here), and 0 (nothing fuses, same
 results); the torch API's grouped_allgather; the timeline's spans of a fused member.
 Fusion is proven by the metrics (fused_batches, fused_tensors): the unfused code runs every
@@ -31,6 +32,8 @@ def _rows(i, k, kind=""):
     """Rows of tensor i on set rank k: differ per rank and tensor, zero for some."""
     if kind == "big" and i == BIG:
         return 300 + k  # 2048 float32 per row: 2.4 MiB and more per rank
+    if kind == "cap":
+        return 60 + k  # 1024 float32 per row: 240 KiB and more per rank
     return (i * 7 + k * 3) % 5
 
 
@@ -38,6 +41,8 @@ def _group(kind):
     """[(dtype, width)] of one of the groups the suites submit."""
     if kind == "big":
         return [(np.dtype(np.float32), (2048,) if i == BIG else (3,)) for i in range(5)]
+    if kind == "cap":
+        return [(np.dtype(np.float32), (1024,))] * 6
     if kind == "many":
         return [(np.dtype(np.float32), WIDTHS[i % len(WIDTHS)]) for i in range(64)]
     if kind == "mixed":
@@ -69,8 +74,8 @@ def _gather_group(hvd, fails, kind, tag, members, process_set=None):
 
 def expected_fusion(kind, set_size, threshold):
     """(fused batches, fused tensors) the coordinator's rules give a group: per dtype, in
-    order, a tensor joins the open batch while the gathered bytes stay within the threshold;
-    one of over 2 MiB gathered goes alone, leaving the open batch open."""
+    order, a tensor joins the open batch while the gathered bytes stay within the threshold and
+    2 MiB; one of over 2 MiB gathered goes alone, leaving the open batch open."""
     if threshold <= 0:
         return 0, 0
     open_bytes, batches = {}, {}
@@ -80,7 +85,7 @@ def expected_fusion(kind, set_size, threshold):
             int(np.prod(w, dtype=np.int64)) * d.itemsize
         if nbytes > 2 << 20:
             continue
-        if d in open_bytes and nbytes <= threshold - open_bytes[d]:
+        if d in open_bytes and nbytes <= min(threshold, 2 << 20) - open_bytes[d]:
             open_bytes[d] += nbytes
             sizes[batches[d]][1] += 1
             continue
@@ -102,7 +107,7 @@ def fusion_suite(transport, kinds):
     return fails.raise_if_any(), taken
 
 
-ALL_KINDS = ["many", "mixed", "big"] + [str(d) for d in ALL_DTYPES]
+ALL_KINDS = ["many", "mixed", "big", "cap"] + [str(d) for d in ALL_DTYPES]
 
 
 def _assert_fused(res, kinds, threshold=64 << 20):
@@ -122,6 +127,8 @@ def test_groups_fuse_on_one_host(np_):
     assert res[0].value[1]["many"] == (1, 64)  # the whole group of 64 is one op
     assert res[0].value[1]["mixed"] == (4, 8)  # one per dtype
     assert res[0].value[1]["big"] == (1, 4)  # the 2.4 MiB tensor alone, the others fused
+    # 6 tensors of 240 KiB x np (and more) gathered: batches stop at 2 MiB
+    assert res[0].value[1]["cap"] == {1: (1, 6), 2: (2, 6), 3: (3, 6), 4: (3, 6), 5: (0, 0)}[np_]
 
 
 @pytest.mark.parametrize("np_", [2, 3, 5])

@@ -48,10 +48,13 @@ uint64_t fusionKeyHash(const Response& r) {
 //
 // Note [Allgather fusion limit]: fusing saves a collective's fixed cost (on the 2-core VM, about
 // 0.1-0.4 ms per op) but costs two copies (this rank's part in, every rank's parts out), per
-// byte. Measured (benchmarks/RESULTS.md, part 4; ours fused vs HVD_FUSION_THRESHOLD=0): a
-// tensor of up to 2 MiB gathered wins (8 x 512 KiB np=4: 1.35x, 8 x 1 MiB np=2: 1.7x), above
-// it the copies lose (8 x 1 MiB np=4, 4 MiB gathered: 0.76x; 4 x 4 MiB np=2: 0.29x). So an
-// allgather whose gathered output is larger goes alone, without closing the open batch.
+// byte, and a large fused buffer leaves the caches. Measured (benchmarks/RESULTS.md, part 4;
+// fused vs HVD_FUSION_THRESHOLD=0, one run each, loaded machine): with batches up to the
+// 64 MiB threshold, 64 x 64 KiB gathered 1.07x (np=2) and 0.94x (np=4), 4 x 4 MiB np=2
+// 0.29x; with fused allgathers held to 2 MiB gathered, 64 x 64 KiB 1.58x and 2.72x, and
+// 64 x 4 KiB (one op of 0.5-1 MiB) unchanged at 2.3-3.9x. So an allgather batch stops at
+// 2 MiB gathered (or the threshold, if smaller), and a tensor gathering more than that goes
+// alone, without closing the open batch.
 constexpr int64_t kMaxFusedAllgatherBytes = int64_t{2} << 20;
 
 int64_t allgatherBytes(const Response& r);
@@ -126,7 +129,10 @@ void FusionBatch::add(Response&& r) {
   for (Open& o : open_) {
     if (o.key_hash == hash && sameFusionKey(out_[o.index], r)) open = &o;
   }
-  if (threshold_ > 0 && open != nullptr && bytes <= threshold_ - open->bytes) {
+  const int64_t limit = r.type == OpType::kAllgather
+                            ? std::min(threshold_, kMaxFusedAllgatherBytes)
+                            : threshold_;
+  if (threshold_ > 0 && open != nullptr && bytes <= limit - open->bytes) {
     Response& fused = out_[open->index];
     fused.keys.append(r.keys);
     fused.counts.append(r.counts);

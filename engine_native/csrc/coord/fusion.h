@@ -12,8 +12,8 @@ namespace hvd::coord {
 
 // Allreduces with equal dtype, reduce op, prescale, postscale, process set and device kind
 // (CPU / GPU) merge, and so do host allgathers with equal dtype and process set (Note
-// [Allgather fusion] in fusion.cc; their bytes are the whole gathered output, and one of more
-// than 2 MiB goes alone: Note [Allgather fusion limit]), names in order, while the fused byte
+// [Allgather fusion] in fusion.cc; their bytes are the whole gathered output, and their
+// batches stop at 2 MiB: Note [Allgather fusion limit]), names in order, while the fused byte
 // total stays <= threshold_bytes;
 // threshold 0 disables fusion, and a tensor larger than the threshold goes alone. Look-ahead: a
 // response that does not match is passed over and keeps its place, so interleaved fp16/fp32
