@@ -164,6 +164,11 @@ def subset_suite():
     hvd = checks.init("shm")
     fails = Failures()
     outer = hvd.add_process_set([0, 2])
+    try:
+        hvd.grouped_allgather([])
+        fails.expect("an empty group is refused", False)
+    except ValueError as e:
+        fails.expect("an empty group is refused", "non-empty list" in str(e), str(e))
     taken = {}
     for k in range(2):
         if hvd.rank() in outer.ranks:
