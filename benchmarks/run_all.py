@@ -9,7 +9,8 @@
 Cases: allreduce (shm), tcp (forced TCP), fusion (200 x 4 KiB), collectives (allgather,
 broadcast, alltoall, reducescatter), grouped (grouped allgather of 64 x 4 KiB / 64 KiB and
 8 x 1 MiB, fused vs HVD_FUSION_THRESHOLD=0 vs the peers), embedding (a 1M x 64
-sparse-embedding training step, engine_native.torch vs Horovod), idle (idle CPU and first-op time after init), memcpy (this machine's ceiling).
+sparse-embedding training step, engine_native.torch vs Horovod), idle (idle CPU and first-op
+time after init), memcpy (this machine's ceiling).
 Peers: MPICH through mpi4py, torch.distributed gloo, Horovod 0.28.1 from
 benchmarks/.venv-horovod (``bash benchmarks/horovod_venv.sh``; skipped with a note when absent).
 Standalone, for figures the tests bound loosely: bench_scheduler.py, bench_dashboard_updates.py.

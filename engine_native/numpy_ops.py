@@ -323,6 +323,6 @@ def supported_dtypes() -> list:
 
 
 __all__ = ["allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
-           "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast", "broadcast_async", "alltoall",
-           "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll",
+           "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+           "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll",
            "synchronize", "Average", "Sum", "numpy_dtype"]

@@ -1,6 +1,7 @@
-// Response fusion: packs ready allreduce (and host allgather) Responses that can share one fusion buffer into one
-// Response. Pure function, called by Coordinator::takeReady on rank 0's background thread; the
-// fused list is what every rank executes, so only rank 0 ever decides fusion.
+// Response fusion: packs ready allreduce (and host allgather) Responses that can share one
+// fusion buffer into one Response. Pure function, called by Coordinator::takeReady on rank 0's
+// background thread; the fused list is what every rank executes, so only rank 0 ever decides
+// fusion.
 #pragma once
 
 #include <cstdint>
