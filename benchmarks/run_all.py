@@ -7,8 +7,10 @@
     python benchmarks/run_all.py --out results.md    # also write the printed tables to a file
 
 Cases: allreduce (shm), tcp (forced TCP), fusion (200 x 4 KiB), collectives (allgather,
-broadcast, alltoall, reducescatter), embedding (a 1M x 64 sparse-embedding training step,
-engine_native.torch vs Horovod), idle (idle CPU and first-op time after init), memcpy (this machine's ceiling).
+broadcast, alltoall, reducescatter), grouped (grouped allgather of 64 x 4 KiB / 64 KiB and
+8 x 1 MiB, fused vs HVD_FUSION_THRESHOLD=0 vs the peers), embedding (a 1M x 64
+sparse-embedding training step, engine_native.torch vs Horovod), idle (idle CPU and first-op
+time after init), memcpy (this machine's ceiling).
 Peers: MPICH through mpi4py, torch.distributed gloo, Horovod 0.28.1 from
 benchmarks/.venv-horovod (``bash benchmarks/horovod_venv.sh``; skipped with a note when absent).
 Standalone, for figures the tests bound loosely: bench_scheduler.py, bench_dashboard_updates.py.
@@ -33,6 +35,7 @@ sys.path.insert(0, HERE)
 import bench_allreduce
 import bench_embedding_step
 import bench_fusion
+import bench_grouped_allgather
 import bench_idle
 import bench_other_collectives
 import benchlib
@@ -41,7 +44,8 @@ import machine
 import targets
 import targets_collectives
 
-ALL_CASES = ("memcpy", "allreduce", "tcp", "fusion", "collectives", "embedding", "idle")
+ALL_CASES = ("memcpy", "allreduce", "tcp", "fusion", "collectives", "grouped", "embedding",
+             "idle")
 FAMILIES = {"ours", "mpi", "gloo", "horovod"}
 
 
@@ -108,6 +112,8 @@ def _run_case(ctx, case: str) -> list:
         return bench_fusion.run(ctx)
     if case == "collectives":
         return bench_other_collectives.run(ctx)
+    if case == "grouped":
+        return bench_grouped_allgather.run(ctx)
     if case == "embedding":
         return bench_embedding_step.run(ctx)
     return bench_idle.run(ctx)

@@ -17,9 +17,9 @@ from .basics import (ProcessSet, abort, add_process_set, autotune_state, config_
                      stop_timeline, timeline_events)
 from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, alltoall,
                         alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
-                        broadcast_async_, grouped_allreduce,
-                        grouped_allreduce_async, join, poll, reducescatter, reducescatter_async,
-                        synchronize)
+                        broadcast_async_, grouped_allgather, grouped_allgather_async,
+                        grouped_allreduce, grouped_allreduce_async, join, poll, reducescatter,
+                        reducescatter_async, synchronize)
 from .progress import report
 
 __all__ = [
@@ -29,8 +29,8 @@ __all__ = [
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "add_process_set",
     "remove_process_set", "metrics", "config_table", "allreduce",
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
-    "allgather_async", "broadcast", "broadcast_async", "broadcast_", "broadcast_async_",
-    "alltoall", "alltoall_async",
+    "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
+    "broadcast_async", "broadcast_", "broadcast_async_", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "start_timeline", "stop_timeline", "timeline_events", "autotune_state", "set_autotune",
     "report",

@@ -208,6 +208,37 @@ def allgather(array, name: Optional[str] = None,
     return synchronize(allgather_async(array, name, process_set, _waited=True))
 
 
+def grouped_allgather_async(arrays: Sequence, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> list:
+    """Submit several allgathers together: they negotiate as one group and, host arrays of one
+    dtype within HVD_FUSION_THRESHOLD, run as one fused allgather in the core (Note [Fused
+    allgather]). Returns one handle per array."""
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError("grouped_allgather: expected a non-empty list of arrays")
+    base = _full_name("grouped_allgather", name, process_set)
+    set_id = _set_id(process_set, "grouped_allgather")
+    ops, kept = [], []
+    for i, array in enumerate(arrays):
+        full = f"{base}_{i}of{len(arrays)}"
+        array = _check_array(array, "grouped_allgather", full)
+        kept.append(array)
+        ops.append((_core.ALLGATHER, full, _code(array, "grouped_allgather", full), array.shape,
+                    array, None, Sum, 1.0, 1.0, 0, set_id))
+    handles = _core.enqueue_group(ops)
+    for handle, array in zip(handles, kept):
+        _core.keep(handle, (array, None), None,
+                   lambda result, dtype=array.dtype: _frombuffer(result, dtype))
+    return handles
+
+
+def grouped_allgather(arrays: Sequence, name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> list:
+    """Concatenate every rank's arrays along dimension 0, each array on its own (sizes may
+    differ per rank and per array); one list of results, in order."""
+    return [synchronize(h) for h in grouped_allgather_async(arrays, name, process_set)]
+
+
 def broadcast_async(array, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, *,
                     _waited: bool = False) -> int:
@@ -318,6 +349,6 @@ def supported_dtypes() -> list:
 
 
 __all__ = ["allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
-           "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall",
-           "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll",
+           "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+           "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll",
            "synchronize", "Average", "Sum", "numpy_dtype"]

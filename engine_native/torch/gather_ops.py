@@ -83,7 +83,10 @@ def allgather(tensor, name=None, process_set=global_process_set):
 
 
 def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    """Start allgathers of a list of tensors as one group; ``synchronize()`` gives a list."""
+    """Start allgathers of a list of tensors as one group; ``synchronize()`` gives a list.
+
+    The group negotiates at once, and its host tensors of one dtype run as one fused allgather
+    in the core (up to 2 MiB gathered per fused op: Note [Allgather fusion limit])."""
     return _grouped_allgather_async(tensors, name, process_set, 'grouped_allgather')
 
 

@@ -1,5 +1,5 @@
-// Fusion in one pass (FusionBatch): each fusion key (dtype, reduce op, scales, set, device
-// kind) has at most one "open" fused response in the output. A matching response joins it
+// Fusion in one pass (FusionBatch): each fusion key (op type, dtype, reduce op, scales, set,
+// device kind) has at most one "open" fused response in the output. A matching response joins it
 // while the byte total stays within the threshold, otherwise it opens a new one at its own
 // position. Passing over
 // non-matching responses this way is the look-ahead; it costs O(n k) for n responses and k open
@@ -22,15 +22,16 @@ uint64_t bitsOf(double v) {
   return bits;
 }
 
-// The fusion key: dtype, reduce op, scales, set, device kind.
+// The fusion key: op type, dtype, reduce op, scales, set, device kind.
 bool sameFusionKey(const Response& a, const Response& b) {
-  return a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+  return a.type == b.type && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
          bitsOf(a.prescale) == bitsOf(b.prescale) && bitsOf(a.postscale) == bitsOf(b.postscale) &&
          a.process_set == b.process_set && (a.device >= 0) == (b.device >= 0);
 }
 
 uint64_t fusionKeyHash(const Response& r) {
   uint64_t h = static_cast<uint64_t>(r.dtype) * 0x9e3779b97f4a7c15ull;
+  h ^= static_cast<uint64_t>(r.type) * 0xc2b2ae3d27d4eb4full + (h << 6) + (h >> 2);
   h ^= static_cast<uint64_t>(r.reduce_op) + 0x7f4a7c159e3779b9ull + (h << 6) + (h >> 2);
   h ^= bitsOf(r.prescale) + (h << 6) + (h >> 2);
   h ^= bitsOf(r.postscale) + (h << 6) + (h >> 2);
@@ -38,9 +39,60 @@ uint64_t fusionKeyHash(const Response& r) {
   return h ^ (r.device >= 0 ? 1 : 0);
 }
 
+// Note [Allgather fusion]: allgathers fuse like allreduces (Horovod's FuseResponses does both),
+// but only host tensors: the device executors gather one tensor per response, and a fused
+// device allgather would need its own packing kernels and staging for no measured gain yet.
+// A fused allgather's Response lists per tensor its row dims in counts and its row shape in
+// row_shape (concatenated), and first_dims holds tensor-major the first dim of every set rank
+// (coord/message.h); the executor gathers all of them as one allgatherv (runtime/op_layout.h).
+//
+// Note [Allgather fusion limit]: fusing saves a collective's fixed cost (on the 2-core VM, about
+// 0.1-0.4 ms per op) but costs two copies (this rank's part in, every rank's parts out), per
+// byte, and a large fused buffer leaves the caches. Measured (benchmarks/RESULTS.md, part 4;
+// fused vs HVD_FUSION_THRESHOLD=0, one run each, loaded machine): with batches up to the
+// 64 MiB threshold, 64 x 64 KiB gathered 1.07x (np=2) and 0.94x (np=4), 4 x 4 MiB np=2
+// 0.29x; with fused allgathers held to 2 MiB gathered, 64 x 64 KiB 1.58x and 2.72x, and
+// 64 x 4 KiB (one op of 0.5-1 MiB) unchanged at 2.3-3.9x. So an allgather batch stops at
+// 2 MiB gathered (or the threshold, if smaller), and a tensor gathering more than that goes
+// alone, without closing the open batch.
+constexpr int64_t kMaxFusedAllgatherBytes = int64_t{2} << 20;
+
+int64_t allgatherBytes(const Response& r);
+
 bool fusable(const Response& r) {
-  return r.status == ResponseType::kOk && r.type == OpType::kAllreduce && !r.keys.empty() &&
-         r.counts.size() == r.keys.size();
+  if (r.status != ResponseType::kOk || r.keys.empty() || r.counts.size() != r.keys.size()) {
+    return false;
+  }
+  if (r.type == OpType::kAllgather) {
+    return r.device < 0 && allgatherBytes(r) <= kMaxFusedAllgatherBytes;
+  }
+  return r.type == OpType::kAllreduce;
+}
+
+// Bytes an allgather response gathers on every rank (all ranks' rows of all its tensors).
+int64_t allgatherBytes(const Response& r) {
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t element = static_cast<int64_t>(common::dataTypeSize(r.dtype));
+  const size_t tensors = r.keys.size();
+  if (tensors == 0 || r.first_dims.size() % tensors != 0) return kMax;
+  const size_t ranks = r.first_dims.size() / tensors;
+  int64_t total = 0;
+  size_t dim = 0;
+  for (size_t i = 0; i < tensors; ++i) {
+    int64_t row = element;
+    for (int64_t d = 0; d < r.counts[i]; ++d, ++dim) {
+      if (dim >= r.row_shape.size()) return kMax;
+      const int64_t extent = r.row_shape[dim];
+      if (extent > 0 && row > kMax / extent) return kMax;
+      row *= extent;
+    }
+    for (size_t k = 0; k < ranks; ++k) {
+      const int64_t rows = r.first_dims[i * ranks + k];
+      if (rows > 0 && row > 0 && rows > (kMax - total) / row) return kMax;
+      total += rows * row;
+    }
+  }
+  return total;
 }
 
 bool isFence(const Response& r) { return r.type == OpType::kBarrier || r.type == OpType::kJoin; }
@@ -48,6 +100,7 @@ bool isFence(const Response& r) { return r.type == OpType::kBarrier || r.type ==
 }  // namespace
 
 int64_t responseBytes(const Response& response) {
+  if (response.type == OpType::kAllgather) return allgatherBytes(response);
   const int64_t kMax = std::numeric_limits<int64_t>::max();
   const int64_t element = static_cast<int64_t>(common::dataTypeSize(response.dtype));
   int64_t total = 0;
@@ -65,19 +118,28 @@ void FusionBatch::add(Response&& r) {
     return;
   }
   const int64_t bytes = responseBytes(r);
-  has_allreduce_ = true;
-  allreduce_bytes_ = bytes > std::numeric_limits<int64_t>::max() - allreduce_bytes_
-                         ? std::numeric_limits<int64_t>::max()
-                         : allreduce_bytes_ + bytes;
+  if (r.type == OpType::kAllreduce) {
+    has_allreduce_ = true;
+    allreduce_bytes_ = bytes > std::numeric_limits<int64_t>::max() - allreduce_bytes_
+                           ? std::numeric_limits<int64_t>::max()
+                           : allreduce_bytes_ + bytes;
+  }
   const uint64_t hash = fusionKeyHash(r);
   Open* open = nullptr;
   for (Open& o : open_) {
     if (o.key_hash == hash && sameFusionKey(out_[o.index], r)) open = &o;
   }
-  if (threshold_ > 0 && open != nullptr && bytes <= threshold_ - open->bytes) {
+  const int64_t limit = r.type == OpType::kAllgather
+                            ? std::min(threshold_, kMaxFusedAllgatherBytes)
+                            : threshold_;
+  if (threshold_ > 0 && open != nullptr && bytes <= limit - open->bytes) {
     Response& fused = out_[open->index];
     fused.keys.append(r.keys);
     fused.counts.append(r.counts);
+    if (r.type == OpType::kAllgather) {
+      fused.first_dims.insert(fused.first_dims.end(), r.first_dims.begin(), r.first_dims.end());
+      fused.row_shape.insert(fused.row_shape.end(), r.row_shape.begin(), r.row_shape.end());
+    }
     open->bytes += bytes;
     return;
   }

@@ -1,6 +1,7 @@
-// Response fusion: packs ready allreduce Responses that can share one fusion buffer into one
-// Response. Pure function, called by Coordinator::takeReady on rank 0's background thread; the
-// fused list is what every rank executes, so only rank 0 ever decides fusion.
+// Response fusion: packs ready allreduce (and host allgather) Responses that can share one
+// fusion buffer into one Response. Pure function, called by Coordinator::takeReady on rank 0's
+// background thread; the fused list is what every rank executes, so only rank 0 ever decides
+// fusion.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,10 @@
 namespace hvd::coord {
 
 // Allreduces with equal dtype, reduce op, prescale, postscale, process set and device kind
-// (CPU / GPU) merge, names in order, while the fused byte total stays <= threshold_bytes;
+// (CPU / GPU) merge, and so do host allgathers with equal dtype and process set (Note
+// [Allgather fusion] in fusion.cc; their bytes are the whole gathered output, and their
+// batches stop at 2 MiB: Note [Allgather fusion limit]), names in order, while the fused byte
+// total stays <= threshold_bytes;
 // threshold 0 disables fusion, and a tensor larger than the threshold goes alone. Look-ahead: a
 // response that does not match is passed over and keeps its place, so interleaved fp16/fp32
 // gradients still fuse. A fused response takes the position of its first member; the relative
@@ -50,7 +54,8 @@ class FusionBatch {
   bool has_allreduce_ = false;
 };
 
-// Bytes an allreduce response moves per rank (sum of counts x element size), saturating.
+// Bytes an allreduce response moves per rank (sum of counts x element size), or an allgather
+// response gathers (every rank's rows of every tensor), saturating.
 int64_t responseBytes(const Response& response);
 
 }  // namespace hvd::coord

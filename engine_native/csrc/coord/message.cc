@@ -70,9 +70,18 @@ bool readNames(wire::ByteReader& in, std::vector<std::string_view>* names) {
 }
 
 // Cross-field consistency a well-formed Response always has.
-bool checkShape(wire::ByteReader& in, const Response& r, size_t names) {
+bool checkShape(wire::ByteReader& in, const Response& r, size_t names, OpType type,
+                ResponseType status) {
   if (!r.counts.empty() && r.counts.size() != names) {
     return in.fail("counts do not match names");
+  }
+  if (type == OpType::kAllgather && status == ResponseType::kOk && names > 0) {
+    int64_t dims = 0;
+    for (int64_t c : r.counts) dims += c;
+    if (r.counts.size() != names || static_cast<size_t>(dims) != r.row_shape.size() ||
+        r.first_dims.size() % names != 0) {
+      return in.fail("allgather row shapes or first dims do not match names");
+    }
   }
   size_t n = 0;
   while (n * n < r.splits_matrix.size()) ++n;
@@ -96,7 +105,8 @@ bool readResponse(wire::ByteReader& in, KeyTable::Batch& batch,
             in.sizes(&out->counts) && in.sizes(&out->first_dims) &&
             in.sizes(&out->row_shape) && in.sizes(&out->splits_matrix) &&
             in.ranged(&out->last_joined_rank, -1, kInt32Max, "last joined rank") &&
-            checkShape(in, *out, names->size());
+            checkShape(in, *out, names->size(), static_cast<OpType>(type),
+                       static_cast<ResponseType>(status));
   if (!ok) return false;
   out->status = static_cast<ResponseType>(status);
   out->type = static_cast<OpType>(type);

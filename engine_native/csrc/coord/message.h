@@ -61,10 +61,14 @@ struct Response {
   int32_t process_set = 0;
   int32_t device = -1;
   // Per name, its element count (allreduce/broadcast) — lets joined ranks supply zeros.
+  // Allgather: per name, the number of its row dims (its dims after the first).
   common::SmallVector<int64_t, 1> counts;
-  // Allgather: first-dim size per set rank (names.size()==1). Reducescatter: the input shape.
+  // Allgather: first-dim size per set rank, tensor-major for a fused one (name i, set rank k
+  // at i * set_size + k). Reducescatter: the input shape.
   std::vector<int64_t> first_dims;
-  std::vector<int64_t> row_shape;       // shape without dim 0 (allgather/alltoall/reducescatter)
+  // Shape without dim 0 (allgather/alltoall/reducescatter); a fused allgather's row shapes,
+  // one after another (counts[i] dims each).
+  std::vector<int64_t> row_shape;
   // Alltoall: splits matrix, set_size x set_size rows, row r = rows rank r sends to each rank.
   std::vector<int64_t> splits_matrix;
   int32_t last_joined_rank = -1;        // join: global rank of the last rank to join

@@ -182,6 +182,7 @@ std::string fillFields(const std::vector<Request>& reqs, Response* out) {
   }
   if (needsDims(a.type)) out->row_shape.assign(a.shape.begin() + 1, a.shape.end());
   if (a.type == OpType::kAllgather) {
+    out->counts = {static_cast<int64_t>(a.shape.size()) - 1};  // row dims (Note [Allgather fusion])
     for (const Request& r : reqs) out->first_dims.push_back(r.shape.front());
   }
   if (a.type == OpType::kReducescatter) out->first_dims.assign(a.shape.begin(), a.shape.end());

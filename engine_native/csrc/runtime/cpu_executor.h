@@ -36,6 +36,8 @@ class CpuExecutor : public OpExecutor {
  private:
   // Note [Fusion without a buffer]: false when the batch must be packed instead.
   bool allreduceTensors(OpContext& op, size_t total, common::Status* status);
+  // Note [Fused allgather]: several host tensors gathered as one allgatherv.
+  common::Status allgatherFused(OpContext& op);
   uint8_t* fusionBuffer(size_t bytes);
 
   Metrics& metrics_;

@@ -95,7 +95,13 @@ std::vector<std::string> Executor::openSpans(const coord::Response& r) const {
 
 // Completes the handles of the response being executed, all under one lock, and removes their
 // entries (after the handles: a caller may resubmit a name only once its wait returned).
+// A fused allgather's keys each get their own output (key_results_, filled by the executor on
+// success); every other response completes its handles with the one result.
 void Executor::complete(const Status& status, const OpResult& result) {
+  if (status.isOk() && !key_results_.empty() && key_results_.size() == done_handles_.size()) {
+    handles_.completeEach(done_handles_.data(), key_results_.data(), done_handles_.size(), status);
+    return;
+  }
   handles_.completeMany(done_handles_.data(), done_handles_.size(), status, result);
 }
 
@@ -170,6 +176,7 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   lookUp(r, table);
   Status status;
   OpResult result;
+  key_results_.clear();
   if (r.status == coord::ResponseType::kError) {
     metrics_.setLastError(r.error);
     recordEnd(r, r.error);  // an ERROR tick per name (the negotiation span already closed)
@@ -184,7 +191,8 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   metrics_.beginOp(coord::opTypeName(r.type), r.keys.empty() ? "" : keys_.name(r.keys[0]));
   auto t0 = std::chrono::steady_clock::now();
   const auto choice = algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce());
-  OpContext op{r, entries_, comm, *this, choice, &result};
+  key_results_.clear();
+  OpContext op{r, entries_, comm, *this, choice, &result, &key_results_};
   // A join or a barrier carries no tensor, whatever device join(device=...) named.
   const bool on_device = r.type != OpType::kJoin && r.type != OpType::kBarrier &&
                          (first != nullptr ? first->request.device >= 0 : r.device >= 0);

@@ -113,6 +113,7 @@ class Executor : private ActivityLog {
   std::string transport_;              // of the response being executed
   std::vector<TensorEntry*> entries_;  // of the response being executed, per key
   std::vector<int64_t> done_handles_;  // its handles, completed together
+  std::vector<OpResult> key_results_;  // a fused allgather's outputs, per key
   std::vector<DeviceCompletion> finished_;  // pollDevice's scratch
   std::function<common::Status(const common::Status&)> refine_;
 };

@@ -130,6 +130,24 @@ void HandleTable::completeMany(const int64_t* handles, size_t count,
   if (wake) cv_.notify_all();
 }
 
+void HandleTable::completeEach(const int64_t* handles, OpResult* results, size_t count,
+                               const common::Status& status) {
+  if (count == 0) return;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (size_t i = 0; i < count; ++i) {
+      State* state = find(handles[i]);
+      if (state == nullptr || state->done) continue;
+      state->done = true;
+      state->status = status;
+      state->result = std::move(results[i]);
+    }
+    wake = waiters_ > 0;
+  }
+  if (wake) cv_.notify_all();
+}
+
 int HandleTable::poll(int64_t handle) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const State* state = find(handle);

@@ -71,6 +71,9 @@ class HandleTable {
   // Completes several handles with the same outcome under one lock.
   void completeMany(const int64_t* handles, size_t count, const common::Status& status,
                     const OpResult& result);
+  // Completes handles[i] with results[i] (moved from), all with `status`, under one lock.
+  void completeEach(const int64_t* handles, OpResult* results, size_t count,
+                    const common::Status& status);
   // -1: unknown handle, 0: pending, 1: done.
   int poll(int64_t handle) const;
   // poll() for the user: once done, the op's name is free again (Note [Name lifetime]).

@@ -34,6 +34,9 @@ struct OpContext {
   ActivityLog& activities;
   const algo::AllreduceChoice& choice;  // the same on every rank (Note [Runtime allreduce choice])
   OpResult* result;  // outputs the core allocates (allgather, alltoall, reducescatter)
+  // A fused allgather's outputs, one per response key (filled instead of result); the Executor
+  // completes each key's handle with its own.
+  std::vector<OpResult>* key_results = nullptr;
 };
 
 class OpExecutor {

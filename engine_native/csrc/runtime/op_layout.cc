@@ -33,6 +33,53 @@ GatherLayout allgatherLayout(const coord::Response& r) {
   return out;
 }
 
+common::Status fusedAllgatherLayout(const coord::Response& r, int set_size,
+                                    FusedGatherLayout* out) {
+  const size_t n = static_cast<size_t>(set_size);
+  const size_t tensors = r.keys.size();
+  if (set_size <= 0 || r.counts.size() != tensors || r.first_dims.size() != tensors * n) {
+    return common::internalError("fused allgather: " + std::to_string(r.first_dims.size()) +
+                                 " first dims for " + std::to_string(tensors) + " tensors of " +
+                                 std::to_string(set_size) + " ranks");
+  }
+  const size_t element = common::dataTypeSize(r.dtype);
+  out->block.assign(n, 0);
+  out->block_offset.assign(n, 0);
+  out->part_offset.assign(tensors * n, 0);
+  out->part_bytes.assign(tensors * n, 0);
+  out->output_bytes.assign(tensors, 0);
+  out->shapes.assign(tensors, {});
+  size_t dim = 0;
+  for (size_t i = 0; i < tensors; ++i) {
+    const size_t dims = static_cast<size_t>(r.counts[i]);
+    if (dim + dims > r.row_shape.size()) {
+      return common::internalError("fused allgather: row shapes shorter than their dims");
+    }
+    const auto first = r.row_shape.begin() + static_cast<std::ptrdiff_t>(dim);
+    const auto last = first + static_cast<std::ptrdiff_t>(dims);
+    const size_t row = static_cast<size_t>(std::accumulate(first, last, int64_t{1},
+                                                           std::multiplies<int64_t>())) *
+                       element;
+    dim += dims;
+    int64_t rows = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t part = static_cast<size_t>(r.first_dims[i * n + k]) * row;
+      out->part_offset[i * n + k] = out->block[k];
+      out->part_bytes[i * n + k] = part;
+      out->block[k] += part;
+      out->output_bytes[i] += part;
+      rows += r.first_dims[i * n + k];
+    }
+    out->shapes[i] = {rows};
+    out->shapes[i].insert(out->shapes[i].end(), first, last);
+  }
+  for (size_t k = 0; k < n; ++k) {
+    out->block_offset[k] = out->total;
+    out->total += out->block[k];
+  }
+  return common::Status::ok();
+}
+
 AlltoallLayout alltoallLayout(const coord::Response& r, int me, int n) {
   AlltoallLayout out;
   const size_t row = rowBytes(r);

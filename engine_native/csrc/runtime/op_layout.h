@@ -19,6 +19,23 @@ struct GatherLayout {
 };
 GatherLayout allgatherLayout(const coord::Response& r);
 
+// A fused allgather (Note [Allgather fusion] in coord/fusion.cc) gathered as one allgatherv:
+// set rank k's block holds its rows of every tensor, in response order, so block k is
+// sum over tensors i of first_dims[i][k] x row bytes of i. Tensor i's part from rank k starts
+// at block_offset[k] + part_offset[i * set_size + k] of the gathered buffer.
+struct FusedGatherLayout {
+  std::vector<size_t> block;           // per set rank: its block's bytes
+  std::vector<size_t> block_offset;    // per set rank: where its block starts
+  size_t total = 0;                    // the gathered buffer
+  std::vector<size_t> part_offset;     // tensor-major: part (i, k)'s offset within block k
+  std::vector<size_t> part_bytes;      // tensor-major: part (i, k)'s bytes
+  std::vector<size_t> output_bytes;    // per tensor: its output (all ranks' parts)
+  std::vector<std::vector<int64_t>> shapes;  // per tensor: its output's shape
+};
+// The layout, or an internal error when the response's fields do not describe set_size ranks.
+common::Status fusedAllgatherLayout(const coord::Response& r, int set_size,
+                                    FusedGatherLayout* out);
+
 struct AlltoallLayout {
   std::vector<size_t> send;              // bytes this rank sends to each set rank
   std::vector<size_t> recv;              // bytes it receives from each
