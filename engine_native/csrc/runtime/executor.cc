@@ -98,11 +98,10 @@ std::vector<std::string> Executor::openSpans(const coord::Response& r) const {
 // A fused allgather's keys each get their own output (key_results_, filled by the executor on
 // success); every other response completes its handles with the one result.
 void Executor::complete(const Status& status, const OpResult& result) {
-  if (status.isOk() && !key_results_.empty() && key_results_.size() == done_handles_.size()) {
-    handles_.completeEach(done_handles_.data(), key_results_.data(), done_handles_.size(), status);
-    return;
-  }
-  handles_.completeMany(done_handles_.data(), done_handles_.size(), status, result);
+  const bool each = status.isOk() && !key_results_.empty() &&
+                    key_results_.size() == done_handles_.size();
+  handles_.completeMany(done_handles_.data(), done_handles_.size(), status, result,
+                        each ? key_results_.data() : nullptr);
 }
 
 // A response is on the device when its tensors are: this rank's entry says so, or — for a

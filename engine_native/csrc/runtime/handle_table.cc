@@ -113,7 +113,8 @@ void HandleTable::complete(int64_t handle, common::Status status, OpResult resul
 }
 
 void HandleTable::completeMany(const int64_t* handles, size_t count,
-                               const common::Status& status, const OpResult& result) {
+                               const common::Status& status, const OpResult& result,
+                               OpResult* each) {
   if (count == 0) return;
   bool wake = false;
   {
@@ -123,25 +124,11 @@ void HandleTable::completeMany(const int64_t* handles, size_t count,
       if (state == nullptr || state->done) continue;
       state->done = true;
       state->status = status;
-      state->result = result;
-    }
-    wake = waiters_ > 0;
-  }
-  if (wake) cv_.notify_all();
-}
-
-void HandleTable::completeEach(const int64_t* handles, OpResult* results, size_t count,
-                               const common::Status& status) {
-  if (count == 0) return;
-  bool wake = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < count; ++i) {
-      State* state = find(handles[i]);
-      if (state == nullptr || state->done) continue;
-      state->done = true;
-      state->status = status;
-      state->result = std::move(results[i]);
+      if (each != nullptr) {
+        state->result = std::move(each[i]);
+      } else {
+        state->result = result;
+      }
     }
     wake = waiters_ > 0;
   }

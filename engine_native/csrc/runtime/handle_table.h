@@ -68,12 +68,10 @@ class HandleTable {
   void detachNames(uint32_t epoch);
   bool callerWaits(int64_t handle) const;
   void complete(int64_t handle, common::Status status, OpResult result = {});
-  // Completes several handles with the same outcome under one lock.
+  // Completes several handles with `status` under one lock: each with `result`, or, when
+  // `each` is given, handles[i] with each[i] (moved from).
   void completeMany(const int64_t* handles, size_t count, const common::Status& status,
-                    const OpResult& result);
-  // Completes handles[i] with results[i] (moved from), all with `status`, under one lock.
-  void completeEach(const int64_t* handles, OpResult* results, size_t count,
-                    const common::Status& status);
+                    const OpResult& result, OpResult* each = nullptr);
   // -1: unknown handle, 0: pending, 1: done.
   int poll(int64_t handle) const;
   // poll() for the user: once done, the op's name is free again (Note [Name lifetime]).
