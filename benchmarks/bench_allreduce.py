@@ -16,7 +16,7 @@ runs interleaved with the other TCP systems).
 
 from __future__ import annotations
 
-import time
+import functools
 
 import benchlib
 from benchlib import KIB, MIB, Table, fmt_bw, fmt_bytes, fmt_ratio, fmt_time, median
@@ -48,22 +48,14 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
             buf = adapter.array(nbytes, adapter.rank + 1.0)
             values = adapter.values(adapter.allreduce(buf, name, variant))
             ok = bool(values[0] == expected and values[-1] == expected)
-            t0 = time.perf_counter()
-            for _ in range(spec["warmup"]):
-                adapter.allreduce(buf, name, variant)
-            per_iter = (time.perf_counter() - t0) / spec["warmup"]
-            iters = benchlib.agreed_iterations(adapter, spec, per_iter, spec["budget_s"],
-                                               spec["min_iters"], most, f"agree.{name}")
+            call = functools.partial(adapter.allreduce, buf, name, variant)
+            iters = benchlib.warmed_iterations(adapter, spec, call, spec["min_iters"], most,
+                                               f"agree.{name}")
             if iters == 0:
                 out["stopped"] = f"deadline reached before {variant} {nbytes} B"
                 return out
-            adapter.barrier()
             before = adapter.metrics()
-            times = []
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                adapter.allreduce(buf, name, variant)
-                times.append(time.perf_counter() - t0)
+            times = benchlib.timed_calls(adapter, call, iters)
             key = f"{variant}|{nbytes}"
             out["times"][key], out["ok"][key] = times, ok
             out["metrics"][key] = _metrics_delta(before, adapter.metrics(), iters)

@@ -14,7 +14,7 @@ Every set uses the same 200 names, as a training loop does, so response caches c
 
 from __future__ import annotations
 
-import time
+import functools
 
 import benchlib
 from benchlib import KIB, Table, fmt_ratio, fmt_time, median
@@ -38,23 +38,13 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
         # In-place peers now hold the sum; ours (out-of-place) keeps its inputs: check either.
         first = float(adapter.values(bufs[0])[0])
         out["ok"][mode] = first in (adapter.rank + 1.0, n * (n + 1) / 2)
-        t0 = time.perf_counter()
-        for _ in range(spec["warmup"]):
-            adapter.allreduce_set(bufs, names, mode)
-        sets = benchlib.agreed_iterations(adapter, spec, (time.perf_counter() - t0) /
-                                          spec["warmup"], spec["budget_s"], 2, spec["sets"],
-                                          f"agree.{mode}")
+        call = functools.partial(adapter.allreduce_set, bufs, names, mode)
+        sets = benchlib.warmed_iterations(adapter, spec, call, 2, spec["sets"], f"agree.{mode}")
         if sets == 0:
             out["stopped"] = f"deadline reached before mode {mode}"
             return out
-        adapter.barrier()
         before = adapter.metrics()
-        times = []
-        for _ in range(sets):
-            t0 = time.perf_counter()
-            adapter.allreduce_set(bufs, names, mode)
-            times.append(time.perf_counter() - t0)
-        out["times"][mode] = times
+        out["times"][mode] = benchlib.timed_calls(adapter, call, sets)
         after = adapter.metrics()
         if before:
             out["metrics"][mode] = {k: (after[k] - before[k]) / sets for k in

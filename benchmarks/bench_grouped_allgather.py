@@ -15,11 +15,10 @@ rank, so the check is that part k of every output holds k.
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
+import functools
 
 import benchlib
+import numpy as np
 from benchlib import KIB, MIB, Table, fmt_ratio, fmt_time, median
 
 GROUPS = [(64, 4 * KIB), (64, 64 * KIB), (8, 1 * MIB)]
@@ -53,23 +52,13 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
         name = f"grp.{key}"
         out["ok"][key] = _correct(adapter, _grouped_allgather(adapter, bufs, name), count,
                                   nbytes // 4)
-        t0 = time.perf_counter()
-        for _ in range(spec["warmup"]):
-            _grouped_allgather(adapter, bufs, name)
-        iters = benchlib.agreed_iterations(adapter, spec, (time.perf_counter() - t0) /
-                                           spec["warmup"], spec["budget_s"], 2, spec["iters"],
-                                           f"agree.{key}")
+        call = functools.partial(_grouped_allgather, adapter, bufs, name)
+        iters = benchlib.warmed_iterations(adapter, spec, call, 2, spec["iters"], f"agree.{key}")
         if iters == 0:
             out["stopped"] = f"deadline reached before {key}"
             return out
-        adapter.barrier()
         before = adapter.metrics()
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            _grouped_allgather(adapter, bufs, name)
-            times.append(time.perf_counter() - t0)
-        out["times"][key] = times
+        out["times"][key] = benchlib.timed_calls(adapter, call, iters)
         after = adapter.metrics()
         if before:
             out["metrics"][key] = {k: (after[k] - before[k]) / iters

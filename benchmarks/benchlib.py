@@ -135,6 +135,27 @@ def agreed_iterations(adapter, spec: dict, seconds_per_iter: float, budget_s: fl
     return max(lo, min(hi, round(total / adapter.size)))
 
 
+def warmed_iterations(adapter, spec: dict, call, lo: int, hi: int, name: str) -> int:
+    """Run ``call()`` spec["warmup"] times, then agreed_iterations from that warm-up's pace
+    within spec["budget_s"]."""
+    t0 = time.perf_counter()
+    for _ in range(spec["warmup"]):
+        call()
+    per_iter = (time.perf_counter() - t0) / max(1, spec["warmup"])
+    return agreed_iterations(adapter, spec, per_iter, spec["budget_s"], lo, hi, name)
+
+
+def timed_calls(adapter, call, iters: int) -> list:
+    """Seconds of each of ``iters`` calls, the ranks starting together (a barrier first)."""
+    adapter.barrier()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
 def save_partial(spec: dict, rank: int, result: dict) -> None:
     """Write what this rank has measured so far (rank_entry overwrites it at the end), so a
     launch that hits its timeout still reports the sizes it finished."""
