@@ -34,6 +34,7 @@ CORE_SOURCES = [
     "common/hmac.cc",
     "transport/mesh.cc",
     "transport/control.cc",
+    "transport/shm/control_link.cc",
     "transport/comm.cc",
     "transport/tcp/socket.cc",
     "transport/tcp/handshake.cc",

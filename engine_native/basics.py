@@ -297,6 +297,11 @@ def metrics() -> dict:
     ranks outnumber its cores), ``caller_spin_skipped`` how many driven waits did not spin
     (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
     because it kept running out: Note [Spin backoff]).
+    ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,
+    ``"tcp"``); ``control_transports`` how negotiation messages travel to it (``"shm"``
+    between a worker and rank 0 on one host, ``"tcp"`` across hosts or with
+    ``HVD_TRANSPORT=tcp``, ``"none"`` where there is no control channel: a worker has one, to
+    rank 0).
     Also ``timeline`` (a file is being written here), ``autotune`` (the dashboard's view of
     :func:`autotune_state`, None when tuning never ran) and ``events`` (collectives finished
     since the previous ``metrics()`` call in this process: ``{"op", "name", "start_ago_s",

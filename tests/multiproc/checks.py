@@ -51,8 +51,14 @@ def init(transport: str = "shm"):
 
     hvd.init()
     if hvd.size() > 1 and transport in ("shm", "tcp"):
-        peers = [t for i, t in enumerate(hvd.metrics()["transports"]) if i != hvd.rank()]
+        metrics = hvd.metrics()
+        peers = [t for i, t in enumerate(metrics["transports"]) if i != hvd.rank()]
         assert set(peers) == {transport}, f"expected {transport} to every peer, got {peers}"
+        # Negotiation takes the same road: each worker has a channel to rank 0, and rank 0 one
+        # to every worker (Note [Control over shm]).
+        want = ["none" if i == hvd.rank() or 0 not in (i, hvd.rank()) else transport
+                for i in range(hvd.size())]
+        assert metrics["control_transports"] == want, metrics["control_transports"]
     return hvd
 
 

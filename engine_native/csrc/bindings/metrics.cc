@@ -15,6 +15,16 @@ void setItem(PyObject* dict, const char* key, PyObject* value) {
   Py_DECREF(value);
 }
 
+PyObject* stringList(const std::vector<std::string>& items) {
+  PyObject* list = PyList_New(0);
+  for (const auto& item : items) {
+    PyObject* v = PyUnicode_FromString(item.c_str());
+    PyList_Append(list, v);
+    Py_DECREF(v);
+  }
+  return list;
+}
+
 PyObject* pendingList(const std::vector<hvd::runtime::PendingInfo>& pending) {
   PyObject* list = PyList_New(0);
   for (const auto& p : pending) {
@@ -76,13 +86,8 @@ PyObject* buildMetrics() {
   }
   setItem(dict, "current", current);
   setItem(dict, "pending", pendingList(s.pending));
-  PyObject* transports = PyList_New(0);
-  for (const auto& t : s.transports) {
-    PyObject* v = PyUnicode_FromString(t.c_str());
-    PyList_Append(transports, v);
-    Py_DECREF(v);
-  }
-  setItem(dict, "transports", transports);
+  setItem(dict, "transports", stringList(s.transports));
+  setItem(dict, "control_transports", stringList(s.control_transports));
   setItem(dict, "host_copy", PyUnicode_FromString(s.host_copy.c_str()));
   setItem(dict, "host_copy_reason", PyUnicode_FromString(s.host_copy_reason.c_str()));
   setItem(dict, "single_copy_ops", PyLong_FromUnsignedLongLong(s.single_copy_ops));

@@ -60,14 +60,17 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     request_cache_ = std::make_unique<coord::RequestCache>(config_.cache_capacity);
   }
   std::vector<std::string> transports(mesh_.size());
+  std::vector<std::string> controls(mesh_.size());
   drivable_ = true;
   for (int r = 0; r < mesh_.size(); ++r) {
     transport::Pair* pair = mesh_.pair(r);
     transports[r] = pair == nullptr ? "self"
                     : pair->kind() == transport::PairKind::kShm ? "shm" : "tcp";
     drivable_ = drivable_ && transports[r] != "tcp";
+    const transport::ControlChannel* channel = mesh_.control(r);
+    controls[r] = channel == nullptr ? "none" : channel->sharedMemory() ? "shm" : "tcp";
   }
-  metrics_.setTransports(std::move(transports));
+  metrics_.setTransports(std::move(transports), std::move(controls));
   const transport::shm::CollectiveSegment* host = mesh_.collectiveSegment();
   if (host == nullptr) {
     metrics_.setHostCopy("none", "no host collective segment: one rank on this host, "
@@ -136,7 +139,25 @@ void BackgroundLoop::wakeForWaiter() {
 bool BackgroundLoop::idle() const {
   return entries_.empty() && to_execute_.empty() && held_.empty() && outgoing_.empty() &&
          parked_.empty() && !executor_.deviceBusy() && !shutdown_requested_ &&
-         !abort_requested_;
+         !abort_requested_ && !controlBacklog();
+}
+
+// Frames a control ring had no room for yet (Note [Control over shm] C): the loop must watch
+// its channels (no standby) until the peer has read them.
+bool BackgroundLoop::controlBacklog() const {
+  for (int r = 0; r < mesh_.size(); ++r) {
+    const transport::ControlChannel* channel = mesh_.control(r);
+    if (channel != nullptr && channel->hasBacklog()) return true;
+  }
+  return false;
+}
+
+// Before the channels close: what the rings could not take yet, bounded (a peer that stopped
+// reading must not hold up this rank's exit).
+void BackgroundLoop::flushControl() {
+  for (int r = 0; r < mesh_.size(); ++r) {
+    if (transport::ControlChannel* channel = mesh_.control(r)) channel->flushFor(1.0);
+  }
 }
 
 void BackgroundLoop::setTimelineDetail(bool on) {
@@ -171,10 +192,16 @@ void BackgroundLoop::abort(const std::string& reason) {
 
 void BackgroundLoop::run() {
   std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
+  std::vector<int> readable_controls;
   while (true) {
-    const int ready_listen_fd = waitForWork();
+    const int ready_listen_fd = waitForWork(&readable_controls);
     lock.lock();
     if (finished_) break;  // a driving caller may have finished the shutdown agreement
+    // Under progress_: a driving caller's fail() may have closed the mesh meanwhile.
+    if (transport::shm::Doorbell* bell = mesh_.controlDoorbell()) transport::shm::endSleep(bell);
+    for (int r : readable_controls) {
+      if (transport::ControlChannel* channel = mesh_.control(r)) channel->markSocketReadable();
+    }
     if (ready_listen_fd >= 0 && !failed_ && ready_listen_fd == mesh_.listenFd()) {
       mesh_.acceptStray();
     }
@@ -183,6 +210,7 @@ void BackgroundLoop::run() {
     if (!idle() || coordinates_other_sets_) standby_.store(false);  // Note [Caller drives] B, C
     lock.unlock();
   }
+  flushControl();
   mesh_.close();
 }
 
@@ -238,13 +266,19 @@ void BackgroundLoop::pass(bool mark_cycle) {
 
 // Builds the poll set under progress_ (it reads pass state), sleeps without it. Returns the
 // listening socket when it has a connection to accept (-1 otherwise): run() accepts it under
-// progress_, after checking that a driving caller did not close the mesh meanwhile.
-int BackgroundLoop::waitForWork() {
+// progress_, after checking that a driving caller did not close the mesh meanwhile. Fills
+// *readable_controls with the ranks whose control socket polled readable, for run() to mark
+// (and to end the control doorbell's poll sleep) under progress_ likewise.
+int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
   std::vector<pollfd> fds;
+  std::vector<int> control_ranks;  // of fds[control_begin ...]
   fds.push_back({wake_fd_, POLLIN, 0});
   int64_t timeout_us = int64_t{kTickMs} * 1000;
   int64_t nap_us = 0;  // > 0: nap instead of sleep (Note [Coalesced wakes])
   size_t listen_index = 0;  // 0: not polled
+  size_t control_begin = 0;
+  bool control_waiting = false;  // a frame sits in a control ring already
+  readable_controls->clear();
   {
     std::lock_guard<std::timed_mutex> lock(progress_);
     if (!failed_ && !standby_.load()) {  // Note [Caller drives] B
@@ -252,9 +286,17 @@ int BackgroundLoop::waitForWork() {
         listen_index = fds.size();
         fds.push_back({mesh_.listenFd(), POLLIN, 0});
       }
+      // Note [Control over shm] B: announce, then re-check the rings, before the poll.
+      if (transport::shm::Doorbell* bell = mesh_.controlDoorbell()) {
+        transport::shm::beginPollSleep(bell);
+      }
+      control_begin = fds.size();
       for (int r = 0; r < mesh_.size(); ++r) {
         transport::ControlChannel* channel = mesh_.control(r);
-        if (channel != nullptr) fds.push_back({channel->fd(), POLLIN, 0});
+        if (channel == nullptr) continue;
+        fds.push_back({channel->fd(), POLLIN, 0});
+        control_ranks.push_back(r);
+        control_waiting = control_waiting || channel->hasIncoming();
       }
     }
     timeout_us = int64_t{timeoutMs()} * 1000;
@@ -271,6 +313,7 @@ int BackgroundLoop::waitForWork() {
     sleeping_.store(true);  // Note [Wake only a sleeper]
     if (submissions_pending_.load()) timeout_us = 0;
   }
+  if (control_waiting) timeout_us = 0;
   const timespec ts{static_cast<time_t>(timeout_us / 1000000),
                     static_cast<long>(timeout_us % 1000000) * 1000};
   int rc = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
@@ -278,6 +321,9 @@ int BackgroundLoop::waitForWork() {
   napping_.store(false);
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
   if (rc <= 0) return -1;
+  for (size_t i = 0; i < control_ranks.size(); ++i) {
+    if (fds[control_begin + i].revents != 0) readable_controls->push_back(control_ranks[i]);
+  }
   if (fds[0].revents & POLLIN) {
     uint64_t value = 0;
     ssize_t n = ::read(wake_fd_, &value, sizeof(value));
@@ -303,10 +349,7 @@ int BackgroundLoop::timeoutMs() const {
 void BackgroundLoop::awaitCause() {
   constexpr int kCauseWaitMs = 100;
   transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
-  if (channel != nullptr && !failed_) {
-    pollfd fd{channel->fd(), POLLIN, 0};
-    ::poll(&fd, 1, kCauseWaitMs);
-  }
+  if (channel != nullptr && !failed_) channel->waitReadable(kCauseWaitMs);
   readControl();
 }
 
@@ -353,6 +396,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   }
   completeAllPending(status, /*store_failure=*/true);
   metrics_.setLastError(status.message());
+  if (tell_peers) flushControl();
   if (status.code() != common::Code::kPeerLost) mesh_.close();
   if (shutdown_requested_) finished_ = true;
 }

@@ -89,9 +89,11 @@ class BackgroundLoop {
   };
 
   void run();
-  int waitForWork();
+  int waitForWork(std::vector<int>* readable_controls);
   void pass(bool mark_cycle);
   bool idle() const;
+  bool controlBacklog() const;
+  void flushControl();
   void drainSubmissions();
   void readControl();
   void handleWorkerMessage(int from, const transport::ControlMessage& message);

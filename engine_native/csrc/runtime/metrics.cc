@@ -35,9 +35,11 @@ void Metrics::setPending(std::vector<PendingInfo> pending) {
   pending_ = std::move(pending);
 }
 
-void Metrics::setTransports(std::vector<std::string> transports) {
+void Metrics::setTransports(std::vector<std::string> transports,
+                            std::vector<std::string> control_transports) {
   std::lock_guard<std::mutex> lock(mutex_);
   transports_ = std::move(transports);
+  control_transports_ = std::move(control_transports);
 }
 
 void Metrics::setHostCopy(std::string mode, std::string reason) {
@@ -83,6 +85,7 @@ MetricsSnapshot Metrics::snapshot() const {
   }
   s.pending = pending_;
   s.transports = transports_;
+  s.control_transports = control_transports_;
   s.host_copy = host_copy_;
   s.host_copy_reason = host_copy_reason_;
   s.device_paths = device_paths_;
@@ -111,6 +114,7 @@ void Metrics::reset() {
   device_paths_.clear();
   pending_.clear();
   transports_.clear();
+  control_transports_.clear();
   host_copy_.clear();
   host_copy_reason_.clear();
 }

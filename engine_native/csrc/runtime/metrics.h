@@ -45,6 +45,8 @@ struct MetricsSnapshot {
   double current_seconds = 0;
   std::vector<PendingInfo> pending;
   std::vector<std::string> transports;  // per global rank: "self" / "shm" / "tcp"
+  // per global rank: how negotiation frames travel to it, "shm" / "tcp" / "none" (no channel)
+  std::vector<std::string> control_transports;
   // How host collectives move bytes between this host's ranks: "single-copy" (peers' inputs
   // read with process_vm_readv), "segment" (through the shared segment) or "none" (no host
   // segment); host_copy_reason says why it is not single-copy ("" when it is).
@@ -86,7 +88,8 @@ class Metrics {
   void beginOp(const std::string& op, const std::string& name);
   void endOp();
   void setPending(std::vector<PendingInfo> pending);
-  void setTransports(std::vector<std::string> transports);
+  void setTransports(std::vector<std::string> transports,
+                     std::vector<std::string> control_transports);
   void setHostCopy(std::string mode, std::string reason);
   void setDevicePath(int32_t process_set, const std::string& path, int device);
   MetricsSnapshot snapshot() const;
@@ -110,6 +113,7 @@ class Metrics {
   std::chrono::steady_clock::time_point current_since_;
   std::vector<PendingInfo> pending_;
   std::vector<std::string> transports_;
+  std::vector<std::string> control_transports_;
   std::string host_copy_;
   std::string host_copy_reason_;
   std::vector<MetricsSnapshot::DevicePath> device_paths_;

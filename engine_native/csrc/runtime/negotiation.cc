@@ -40,6 +40,7 @@ void BackgroundLoop::readControl() {
   for (int r = 0; r < mesh_.size() && !failed_ && !finished_; ++r) {
     transport::ControlChannel* channel = mesh_.control(r);
     if (channel == nullptr) continue;
+    channel->flush();  // Note [Control over shm] C
     std::vector<transport::ControlMessage> messages;
     Status status = channel->receive(&messages);
     for (const auto& m : messages) {

@@ -66,7 +66,7 @@ class Exchange {
  private:
   void markActive();
   void waitMixed(std::vector<pollfd>* fds, const std::vector<pollfd>& wake_fds,
-                 shm::Doorbell* bell);
+                 shm::Doorbell* bell, int slice_ms);
 
   Mesh& mesh_;
   const std::vector<int>& members_;
@@ -205,24 +205,27 @@ void Exchange::waitSlice() {
       addPollFd(&fds, pair->pollFd(), transfers_[i].is_send ? POLLOUT : POLLIN);
     }
   }
+  // Control frames still in this rank's outbox may be what a peer waits for: flush them and
+  // look again soon while some remain (Note [Control over shm] C).
+  const int slice_ms = mesh_.flushControl() ? 1 : kSliceMilliseconds;
   if (bell == nullptr) {
-    ::poll(fds.data(), fds.size(), kSliceMilliseconds);
+    ::poll(fds.data(), fds.size(), slice_ms);
   } else if (fds.empty()) {
     shm::waitDoorbell(bell, [this] { return mesh_.aborted() || shmReady(); },
-                      kSliceMilliseconds * 1000);
+                      int64_t{slice_ms} * 1000);
   } else {
-    waitMixed(&fds, wake_fds, bell);
+    waitMixed(&fds, wake_fds, bell, slice_ms);
   }
 }
 
 // Both kinds pending: a futex cannot watch sockets, so sleep in poll() and let shm peers wake
 // us with a byte on the pair socket (a poll sleep, Note [Doorbell ordering]).
 void Exchange::waitMixed(std::vector<pollfd>* fds, const std::vector<pollfd>& wake_fds,
-                         shm::Doorbell* bell) {
+                         shm::Doorbell* bell, int slice_ms) {
   const size_t first_wake = fds->size();
   fds->insert(fds->end(), wake_fds.begin(), wake_fds.end());
   shm::beginPollSleep(bell);
-  if (!mesh_.aborted() && !shmReady()) ::poll(fds->data(), fds->size(), kSliceMilliseconds);
+  if (!mesh_.aborted() && !shmReady()) ::poll(fds->data(), fds->size(), slice_ms);
   shm::endSleep(bell);
   for (size_t k = first_wake; k < fds->size(); ++k) {
     if ((*fds)[k].revents & POLLIN) shm::drainWakeBytes((*fds)[k].fd);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "common/text.h"
 #include "transport/tcp/socket.h"
@@ -52,6 +53,13 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
   putLe(header, kControlMagic, 4);
   putLe(header + 4, type, 4);
   putLe(header + 8, payload.size(), 8);
+  if (link_ != nullptr) {  // Note [Control over shm] C: never waits
+    const bool backlog = hasBacklog();
+    outbox_.append(header, kHeaderBytes);
+    outbox_ += payload;
+    if (!backlog) flush();
+    return Status::ok();
+  }
   const tcp::Deadline deadline = tcp::deadlineAfter(timeout_seconds);
   Status s;
   if (payload.size() <= kCoalesceBytes) {
@@ -63,7 +71,10 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
     s = tcp::writeFull(fd_, header, kHeaderBytes, deadline);
     if (s.isOk()) s = tcp::writeFull(fd_, payload.data(), payload.size(), deadline);
   }
-  if (s.isOk()) return s;
+  return s.isOk() ? s : sendFailed(s, timeout_seconds);
+}
+
+Status ControlChannel::sendFailed(const Status& s, double timeout_seconds) const {
   // A partial frame leaves the stream unusable: the caller must drop the channel.
   if (s.code() == common::Code::kTimeout) {
     common::Text os;
@@ -75,9 +86,78 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
                           s.message());
 }
 
+void ControlChannel::attachSharedMemory(std::unique_ptr<shm::ControlLink> link) {
+  link_ = std::move(link);
+}
+
+void ControlChannel::flush() {
+  if (!hasBacklog()) return;
+  outbox_sent_ += link_->write(reinterpret_cast<const uint8_t*>(outbox_.data()) + outbox_sent_,
+                               outbox_.size() - outbox_sent_);
+  if (outbox_sent_ == outbox_.size()) {
+    outbox_sent_ = 0;
+    outbox_.clear();
+    if (outbox_.capacity() > kCoalesceBytes) std::string().swap(outbox_);
+  }
+}
+
+void ControlChannel::flushFor(double timeout_seconds) {
+  const tcp::Deadline deadline = tcp::deadlineAfter(timeout_seconds);
+  for (flush(); hasBacklog() && tcp::Clock::now() < deadline; flush()) {
+    pollfd fd{fd_, POLLRDHUP, 0};
+    if (::poll(&fd, 1, 0) > 0) return;  // the peer is gone (or going): nobody will read
+    const timespec nap{0, 50 * 1000};
+    ::nanosleep(&nap, nullptr);
+  }
+}
+
+size_t ControlChannel::drainLink(size_t budget) {
+  size_t total = 0;
+  while (total < budget) {
+    if (inbox_.size() < inbox_used_ + kReadChunk) inbox_.resize(inbox_used_ + kReadChunk);
+    const size_t got = link_->read(reinterpret_cast<uint8_t*>(inbox_.data()) + inbox_used_,
+                                   kReadChunk);
+    inbox_used_ += got;
+    total += got;
+    if (got < kReadChunk) break;
+  }
+  return total;
+}
+
+Status ControlChannel::drainSocket() {
+  if (!socket_readable_) return Status::ok();
+  socket_readable_ = false;
+  char sink[256];
+  while (true) {
+    const ssize_t got = ::recv(fd_, sink, sizeof(sink), MSG_DONTWAIT);
+    const int err = errno;
+    if (got > 0) continue;
+    if (got < 0 && err == EINTR) continue;
+    if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return Status::ok();
+    return common::peerLost("lost the control connection to rank " + std::to_string(peer_) +
+                            (got == 0 ? std::string(": connection closed")
+                                      : ": " + tcp::errnoText(err)));
+  }
+}
+
+void ControlChannel::waitReadable(int timeout_ms) {
+  pollfd fd{fd_, POLLIN, 0};
+  if (link_ == nullptr) {
+    ::poll(&fd, 1, timeout_ms);
+    return;
+  }
+  shm::beginPollSleep(link_->ownDoorbell());  // Note [Control over shm] B
+  if (!link_->hasData() && ::poll(&fd, 1, timeout_ms) > 0) socket_readable_ = true;
+  shm::endSleep(link_->ownDoorbell());
+}
+
 Status ControlChannel::receive(std::vector<ControlMessage>* out) {
   Status end = Status::ok();
-  for (size_t budget = kReadBudget; budget > 0;) {
+  if (link_ != nullptr) {  // Note [Control over shm] A, D
+    drainLink(kReadBudget);
+    end = drainSocket();
+  }
+  for (size_t budget = link_ != nullptr ? 0 : kReadBudget; budget > 0;) {
     if (inbox_.size() < inbox_used_ + kReadChunk) inbox_.resize(inbox_used_ + kReadChunk);
     const ssize_t got = ::recv(fd_, inbox_.data() + inbox_used_, kReadChunk, MSG_DONTWAIT);
     const int err = errno;

@@ -292,6 +292,12 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
                                         m.shm.own->ring(m.shm.incoming_ring[j]),
                                         theirs.doorbell(), m.shm.own->doorbell(),
                                         m.data_fds[j]));
+      if (m.controls[j]) {  // Note [Control over shm]; both sides decide alike (step D)
+        m.controls[j]->attachSharedMemory(std::make_unique<shm::ControlLink>(
+            theirs.controlRing(m.shm.outgoing_ring[j]),
+            m.shm.own->controlRing(m.shm.incoming_ring[j]), theirs.controlDoorbell(),
+            m.shm.own->controlDoorbell(), m.controls[j]->fd()));
+      }
     } else {
       m.pairs[j].reset(new tcp::TcpPair(m.data_fds[j], j, m.abort_fd));
     }
@@ -351,6 +357,20 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
 const std::vector<int>& Mesh::hostRanks() const { return impl_->host_ranks; }
 
 shm::CollectiveSegment* Mesh::collectiveSegment() const { return impl_->collective.get(); }
+
+bool Mesh::flushControl() {
+  bool backlog = false;
+  for (auto& channel : impl_->controls) {
+    if (channel == nullptr || !channel->hasBacklog()) continue;
+    channel->flush();
+    backlog = backlog || channel->hasBacklog();
+  }
+  return backlog;
+}
+
+shm::Doorbell* Mesh::controlDoorbell() const {
+  return impl_->shm.own ? impl_->shm.own->controlDoorbell() : nullptr;
+}
 
 void Mesh::acceptStray() {
   // The mesh is complete, so no connection is expected: drop without reading from it, which

@@ -54,6 +54,13 @@ class Mesh {
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
   // a worker has one, to rank 0. nullptr when absent.
   ControlChannel* control(int global_rank) const;
+  // Where this rank's loop announces a poll sleep to control channels on shared memory
+  // (Note [Control over shm] B); nullptr when no channel is on shared memory. Until close().
+  shm::Doorbell* controlDoorbell() const;
+  // Moves control frames a ring had no room for into it (Note [Control over shm] C); true
+  // while some remain. Waits inside collectives call it: an agreed op's response may be what
+  // the peer this rank waits for still needs. Background thread (or a driving caller) only.
+  bool flushControl();
   int listenFd() const { return listen_fd_; }
 
   // Handle one pending connection on the listener after connect(): a stray or hostile dialer

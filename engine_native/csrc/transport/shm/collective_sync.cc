@@ -27,6 +27,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int64_t kSliceMicroseconds = 50 * 1000;
+constexpr int64_t kBacklogSliceMicroseconds = 200;
 constexpr auto kLivenessInterval = std::chrono::milliseconds(20);
 
 }  // namespace
@@ -160,9 +161,12 @@ Status CollectiveSync::waitUntil(Stage stage, uint64_t value, int only) {
          << mesh.hostRanks()[only >= 0 ? only : laggard()] << " over shm (host collective)";
       return common::timedOut(os.str());
     }
+    // Frames left in this rank's control outbox may be what the peer waits for (a response):
+    // flush them, and look again soon while some remain (Note [Control over shm] C).
+    const bool backlog = comm_.mesh().flushControl();
     waitDoorbell(own_doorbell_,  // D
                  [&] { return mesh.aborted() || firstBehind(stage, value, behind, only) < 0; },
-                 kSliceMicroseconds);
+                 backlog ? kBacklogSliceMicroseconds : kSliceMicroseconds);
     behind = firstBehind(stage, value, behind, only);
     if (behind < 0) return Status::ok();
   }

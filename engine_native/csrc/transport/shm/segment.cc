@@ -1,7 +1,9 @@
 // Shared-memory segment, rings and doorbell (transport/shm/segment.h).
 //
-// Layout: [header 64 B][doorbell 64 B][ring 0: RingHeader 128 B, data][ring 1 ...], every ring
-// starting on a 64-byte boundary so producer and consumer counters never share a cache line.
+// Layout: [header 64 B][doorbell 64 B][control doorbell 64 B][ring 0: RingHeader 128 B, data]
+// [ring 1 ...][control ring 0: RingHeader 128 B, kControlRingBytes][control ring 1 ...], every
+// ring starting on a 64-byte boundary so producer and consumer counters never share a cache
+// line. Data ring k and control ring k receive from the same peer.
 //
 // Note [Doorbell ordering]
 // The owner of a doorbell sleeps only if no peer can have made progress possible for it:
@@ -46,10 +48,11 @@ using common::Status;
 
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x31304d4853445648ull;  // "HVDSHM01"
+constexpr uint64_t kSegmentMagic = 0x32304d4853445648ull;  // "HVDSHM02"
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kDoorbellOffset = 64;
-constexpr size_t kRingsOffset = 128;
+constexpr size_t kControlDoorbellOffset = 128;
+constexpr size_t kRingsOffset = 192;
 
 struct SegmentHeader {
   uint64_t magic;
@@ -60,6 +63,7 @@ struct SegmentHeader {
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(Doorbell) <= 64, "doorbell must fit its slot");
+static_assert(kControlRingBytes % 64 == 0, "control rings keep the 64-byte alignment");
 static_assert(sizeof(RingHeader) == 128, "ring header is two cache lines");
 
 uint64_t ringStride(uint64_t ring_bytes) {
@@ -111,6 +115,13 @@ bool Ring::hasData() const {
   return header_->head.load(std::memory_order_seq_cst) != tail;
 }
 
+void Ring::markWriterWaiting() { header_->writer_waiting.store(1, std::memory_order_seq_cst); }
+
+bool Ring::takeWriterWaiting() {
+  return header_->writer_waiting.load(std::memory_order_seq_cst) != 0 &&
+         header_->writer_waiting.exchange(0, std::memory_order_seq_cst) != 0;
+}
+
 void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_us) {
   timespec timeout{};
   timeout.tv_sec = static_cast<time_t>(timeout_us / 1000000);
@@ -148,7 +159,7 @@ void wakeAlways(Doorbell* doorbell) {
 }
 
 uint64_t Segment::totalBytes(uint32_t ring_count, uint64_t ring_bytes) {
-  return kRingsOffset + ring_count * ringStride(ring_bytes);
+  return kRingsOffset + ring_count * (ringStride(ring_bytes) + ringStride(kControlRingBytes));
 }
 
 Status Segment::create(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
@@ -226,6 +237,17 @@ void Segment::unlink() {
 }
 
 Doorbell* Segment::doorbell() const { return reinterpret_cast<Doorbell*>(base_ + kDoorbellOffset); }
+
+Doorbell* Segment::controlDoorbell() const {
+  return reinterpret_cast<Doorbell*>(base_ + kControlDoorbellOffset);
+}
+
+Ring Segment::controlRing(uint32_t index) const {
+  uint8_t* start = base_ + kRingsOffset + ring_count_ * ringStride(ring_bytes_) +
+                   index * ringStride(kControlRingBytes);
+  return Ring(reinterpret_cast<RingHeader*>(start), start + sizeof(RingHeader),
+              kControlRingBytes);
+}
 
 Ring Segment::ring(uint32_t index) const {
   uint8_t* start = base_ + kRingsOffset + index * ringStride(ring_bytes_);

@@ -1,6 +1,7 @@
 // Segment: one rank's POSIX shared-memory segment — a doorbell (futex word + sleeping flag)
 // and one single-producer/single-consumer byte ring per peer on the host that sends to this
-// rank. Created by the owner and mapped by its peers during Mesh::connect (shm/setup.h);
+// rank, plus, for the control channel (transport/shm/control_link.h), a second doorbell and a
+// small ring per peer. Created by the owner and mapped by its peers during Mesh::connect (shm/setup.h);
 // afterwards rings and doorbells are touched only by the background threads of the two ranks
 // of a pair, plus Mesh::abort (any thread), which only rings the owner's doorbell.
 // See Note [Doorbell ordering] in segment.cc.
@@ -21,6 +22,9 @@ struct Doorbell {
   std::atomic<uint32_t> sleeping;  // kAwake, kFutexSleep or kPollSleep
 };
 
+// Control rings carry negotiation frames, written in pieces when larger: small is enough.
+constexpr uint64_t kControlRingBytes = 64 << 10;
+
 constexpr uint32_t kAwake = 0;
 constexpr uint32_t kFutexSleep = 1;  // owner is (about to be) in FUTEX_WAIT on `sequence`
 constexpr uint32_t kPollSleep = 2;   // owner is (about to be) in poll() on the pair sockets
@@ -28,6 +32,9 @@ constexpr uint32_t kPollSleep = 2;   // owner is (about to be) in poll() on the 
 struct RingHeader {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer only)
   alignas(64) std::atomic<uint64_t> tail;  // bytes ever read (consumer only)
+  // 1: the producer has bytes the ring had no room for and wants a wake once the consumer
+  // reads (control rings only, Note [Control over shm] C); cleared by the consumer.
+  std::atomic<uint32_t> writer_waiting;
 };
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex word must be lock-free");
@@ -45,6 +52,8 @@ class Ring {
   size_t read(uint8_t* dst, size_t n);
   bool hasSpace() const;  // seq_cst loads, for the doorbell re-check
   bool hasData() const;
+  void markWriterWaiting();   // producer, seq_cst (Note [Control over shm] C)
+  bool takeWriterWaiting();   // consumer, after a read: was the mark set? clears it
 
  private:
   RingHeader* header_ = nullptr;
@@ -92,6 +101,8 @@ class Segment {
   uint64_t ringBytes() const { return ring_bytes_; }
   Doorbell* doorbell() const;
   Ring ring(uint32_t index) const;
+  Doorbell* controlDoorbell() const;  // its owner's loop thread announces poll sleeps here
+  Ring controlRing(uint32_t index) const;  // from the same peer as ring(index)
 
   static uint64_t totalBytes(uint32_t ring_count, uint64_t ring_bytes);
 
