@@ -293,8 +293,10 @@ def metrics() -> dict:
     ``wait()`` (0 when it is not waiting: what the notebook uses to tell a rank stuck in a
     collective from one still computing);
     ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself, and
-    ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where this host's
-    ranks outnumber its cores), ``caller_spin_skipped`` how many driven waits did not spin
+    ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where callers never
+    drive: a peer over TCP), ``spin_yields`` whether such polls, and the collectives' own
+    short spins, yield the core between tries because this host's ranks outnumber its cores
+    (Note [Yielding spins]), ``caller_spin_skipped`` how many driven waits did not spin
     (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
     because it kept running out: Note [Spin backoff]).
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,

@@ -119,8 +119,8 @@ const std::vector<Knob>& knobs() {
               Kind::kInt, &Config::spin_microseconds, 0),
       intKnob({"HVD_CALLER_SPIN_US", nullptr, "int", "200",
                "Microseconds a thread waiting on an op drives the core itself before it "
-               "sleeps; used only while a host's ranks do not outnumber its cores (0: never "
-               "spin)."},
+               "sleeps; where a host's ranks outnumber its cores it yields the core between "
+               "passes (0: never spin)."},
               Kind::kInt, &Config::caller_spin_microseconds, 0),
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},

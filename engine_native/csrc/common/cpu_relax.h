@@ -1,6 +1,11 @@
-// cpuRelax(): the pause hint inside the core's bounded spins (HVD_SPIN_US, HVD_CALLER_SPIN_US):
-// it tells the CPU (and a hyper-thread sibling) that this thread is only waiting. Any thread.
+// The core's bounded spins (HVD_SPIN_US, HVD_CALLER_SPIN_US): cpuRelax() tells the CPU (and a
+// hyper-thread sibling) that this thread is only waiting; spinPause() is one step of such a
+// spin, which yields the core instead where a host's ranks outnumber its cores (Note [Yielding
+// spins] in transport/mesh.cc). Any thread.
 #pragma once
+
+#include <sched.h>
+#include <unistd.h>
 
 namespace hvd::common {
 
@@ -10,6 +15,23 @@ inline void cpuRelax() {
 #elif defined(__aarch64__)
   asm volatile("yield" ::: "memory");
 #endif
+}
+
+inline void spinPause(bool yield) {
+  if (yield) {
+    sched_yield();
+    return;
+  }
+  for (int k = 0; k < 32; ++k) cpuRelax();
+}
+
+// The cores this process may run on (its affinity mask), or the online count.
+inline int usableCores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
 }
 
 }  // namespace hvd::common

@@ -20,14 +20,6 @@ namespace {
 
 constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CPU
 
-int usableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  return online > 0 ? static_cast<int>(online) : 1;
-}
-
 }  // namespace
 
 BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
@@ -80,10 +72,10 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   } else {
     metrics_.setHostCopy("segment", host->singleCopyReason());
   }
-  // Spinning callers only help while every rank of this host can have a core of its own.
-  if (drivable_ && mesh_.size() <= usableCores()) {
-    caller_spin_ = std::chrono::microseconds(config_.caller_spin_microseconds);
-  }
+  // Where the host's ranks outnumber its cores the spin yields between passes (Note
+  // [Yielding spins] in transport/mesh.cc).
+  if (drivable_) caller_spin_ = std::chrono::microseconds(config_.caller_spin_microseconds);
+  metrics_.setSpinYields(mesh_.spinYields());
   metrics_.setCallerSpin(caller_spin_.count());
   last_stall_check_ = Clock::now();
   last_stall_report_ = last_stall_check_;

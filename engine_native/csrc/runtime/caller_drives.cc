@@ -103,7 +103,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     ++passes;
     done = handles_.poll(handle) != 0;
     if (done || Clock::now() >= give_up) break;
-    common::cpuRelax();
+    if (mesh_.spinYields()) sched_yield(); else common::cpuRelax();
   }
   if (done) metrics_.countDriven();
   if (passes > 1 && done) {  // Note [Spin backoff]

@@ -74,6 +74,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
   s.caller_spin_skipped = spin_skipped_.load(std::memory_order_relaxed);
   s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
+  s.spin_yields = spin_yields_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mutex_);
   s.last_error = last_error_;
@@ -106,6 +107,7 @@ void Metrics::reset() {
   driven_ = 0;
   spin_skipped_ = 0;
   caller_spin_us_ = 0;
+  spin_yields_ = false;
   queue_depth_ = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   last_error_.clear();

@@ -36,7 +36,8 @@ struct MetricsSnapshot {
   // blocked: Note [Blocked main thread].
   double main_blocked_seconds = 0;
   uint64_t caller_driven_ops = 0;  // waits whose op finished on the waiting thread
-  int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where ranks > cores)
+  int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where callers never drive)
+  bool spin_yields = false;        // Note [Yielding spins]
   uint64_t caller_spin_skipped = 0;  // driven waits that did not spin (Note [Spin backoff])
   uint64_t queue_depth = 0;
   std::string last_error;
@@ -83,6 +84,7 @@ class Metrics {
   void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
   void countSpinSkipped() { spin_skipped_.fetch_add(1, std::memory_order_relaxed); }
   void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
+  void setSpinYields(bool on) { spin_yields_.store(on, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
   void setLastError(const std::string& text);
   void beginOp(const std::string& op, const std::string& name);
@@ -107,6 +109,7 @@ class Metrics {
   std::atomic<uint64_t> driven_{0};
   std::atomic<uint64_t> spin_skipped_{0};
   std::atomic<int64_t> caller_spin_us_{0};
+  std::atomic<bool> spin_yields_{false};
   std::atomic<int64_t> main_blocked_since_ns_{0};  // steady clock; 0: not blocked; not reset
   mutable std::mutex mutex_;
   std::string last_error_, current_op_, current_name_;

@@ -291,7 +291,7 @@ Status Comm::exchange(Transfer* transfers, size_t count) {
     }
     const auto spin_end = now + spin;  // D
     while (!progressed && Clock::now() < spin_end) {
-      for (int k = 0; k < 32; ++k) common::cpuRelax();
+      common::spinPause(mesh_.spinYields());
       HVD_RETURN_IF_ERROR(x.tryAll(&progressed));
     }
     if (!progressed) x.waitSlice();  // E, then back to A

@@ -50,6 +50,9 @@ class Mesh {
   // mapped for host collectives (shm/collective_segment.h), or nullptr when they did not.
   const std::vector<int>& hostRanks() const;
   shm::CollectiveSegment* collectiveSegment() const;
+  // This host's ranks outnumber the cores this process may use: bounded spins yield the core
+  // between polls instead of pausing on it (Note [Yielding spins]). Fixed at connect().
+  bool spinYields() const { return spin_yields_; }
 
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
   // a worker has one, to rank 0. nullptr when absent.
@@ -85,6 +88,7 @@ class Mesh {
   int listen_fd_ = -1;
   std::vector<PeerInfo> peers_;
   std::atomic<bool> aborted_{false};
+  bool spin_yields_ = false;
 };
 
 }  // namespace hvd::transport

@@ -136,7 +136,7 @@ Status CollectiveSync::waitUntil(Stage stage, uint64_t value, int only) {
   while (true) {
     const auto spin_end = Clock::now() + spin;  // B
     while (behind >= 0 && Clock::now() < spin_end) {
-      for (int k = 0; k < 32; ++k) common::cpuRelax();
+      common::spinPause(mesh.spinYields());
       behind = firstBehind(stage, value, behind, only);
     }
     if (behind < 0) return Status::ok();
