@@ -27,9 +27,11 @@ namespace hvd::transport::shm {
 
 size_t ControlLink::write(const uint8_t* data, size_t n) {
   size_t done = outgoing_.write(data, n);
-  if (done < n) {  // C
+  while (done < n) {  // C: mark, then retry; the reader may have taken an earlier mark
     outgoing_.markWriterWaiting();
-    done += outgoing_.write(data + done, n - done);
+    const size_t more = outgoing_.write(data + done, n - done);
+    if (more == 0) break;
+    done += more;
   }
   if (done > 0) wakeIfSleeping(peer_doorbell_, socket_fd_);  // B
   return done;
