@@ -147,9 +147,8 @@ bool BackgroundLoop::controlBacklog() const {
 // Before the channels close: what the rings could not take yet, bounded (a peer that stopped
 // reading must not hold up this rank's exit).
 void BackgroundLoop::flushControl() {
-  const auto deadline = transport::tcp::deadlineAfter(1.0);  // for all channels together
   for (int r = 0; r < mesh_.size(); ++r) {
-    if (transport::ControlChannel* channel = mesh_.control(r)) channel->flushUntil(deadline);
+    if (transport::ControlChannel* channel = mesh_.control(r)) channel->flushFor(1.0);
   }
 }
 
@@ -290,10 +289,6 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
         fds.push_back({channel->fd(), POLLIN, 0});
         control_ranks.push_back(r);
         control_waiting = control_waiting || channel->hasIncoming();
-        // Note [Control over shm] C: a reader that made room before the announcement woke
-        // nobody; flushing after it either moves bytes (go on at once) or leaves a mark that
-        // the reader answers with a wake byte.
-        if (channel->hasBacklog()) control_waiting = channel->flush() || control_waiting;
       }
     }
     timeout_us = int64_t{timeoutMs()} * 1000;

@@ -90,25 +90,22 @@ void ControlChannel::attachSharedMemory(std::unique_ptr<shm::ControlLink> link) 
   link_ = std::move(link);
 }
 
-bool ControlChannel::flush() {
-  if (!hasBacklog()) return false;
-  const size_t moved =
-      link_->write(reinterpret_cast<const uint8_t*>(outbox_.data()) + outbox_sent_,
-                   outbox_.size() - outbox_sent_);
-  outbox_sent_ += moved;
+void ControlChannel::flush() {
+  if (!hasBacklog()) return;
+  outbox_sent_ += link_->write(reinterpret_cast<const uint8_t*>(outbox_.data()) + outbox_sent_,
+                               outbox_.size() - outbox_sent_);
   if (outbox_sent_ == outbox_.size()) {
     outbox_sent_ = 0;
     outbox_.clear();
     if (outbox_.capacity() > kCoalesceBytes) std::string().swap(outbox_);
   }
-  return moved > 0;
 }
 
-void ControlChannel::flushUntil(tcp::Deadline deadline) {
+void ControlChannel::flushFor(double timeout_seconds) {
+  const tcp::Deadline deadline = tcp::deadlineAfter(timeout_seconds);
   for (flush(); hasBacklog() && tcp::Clock::now() < deadline; flush()) {
     pollfd fd{fd_, POLLRDHUP, 0};
     if (::poll(&fd, 1, 0) > 0) return;  // the peer is gone (or going): nobody will read
-    drainLink(kReadBudget);  // a peer flushing to this rank at the same time can go on
     const timespec nap{0, 50 * 1000};
     ::nanosleep(&nap, nullptr);
   }
@@ -149,22 +146,9 @@ void ControlChannel::waitReadable(int timeout_ms) {
     ::poll(&fd, 1, timeout_ms);
     return;
   }
-  // Note [Control over shm] B. The loop thread may be announced on the same doorbell (this is
-  // a driving caller): put back what was there. Wake bytes left from earlier sleeps are
-  // drained, not taken for a frame; a hang-up ends the wait for receive() to report.
-  shm::Doorbell* bell = link_->ownDoorbell();
-  const uint32_t before = bell->sleeping.exchange(shm::kPollSleep, std::memory_order_seq_cst);
-  const tcp::Deadline deadline = tcp::deadlineAfter(timeout_ms / 1000.0);
-  while (!link_->hasData()) {
-    const int left_ms = tcp::millisecondsLeft(deadline, timeout_ms);
-    if (left_ms == 0 || ::poll(&fd, 1, left_ms) <= 0) break;
-    socket_readable_ = true;
-    if (!drainSocket().isOk()) {
-      socket_readable_ = true;  // receive() reports the hang-up
-      break;
-    }
-  }
-  bell->sleeping.store(before, std::memory_order_seq_cst);
+  shm::beginPollSleep(link_->ownDoorbell());  // Note [Control over shm] B
+  if (!link_->hasData() && ::poll(&fd, 1, timeout_ms) > 0) socket_readable_ = true;
+  shm::endSleep(link_->ownDoorbell());
 }
 
 Status ControlChannel::receive(std::vector<ControlMessage>* out) {

@@ -14,7 +14,6 @@
 
 #include "common/status.h"
 #include "transport/shm/control_link.h"
-#include "transport/tcp/socket.h"
 
 namespace hvd::transport {
 
@@ -37,13 +36,11 @@ class ControlChannel {
   // Over shared memory it never waits: what the ring cannot take now stays in the outbox for
   // flush() (Note [Control over shm] C).
   common::Status send(uint32_t type, const std::string& payload, double timeout_seconds);
-  // shm: moves outbox bytes into the ring as room allows (true if any moved); every pass calls it
-  bool flush();
+  void flush();  // shm: moves outbox bytes into the ring as room allows; every pass calls it
   bool hasBacklog() const { return outbox_sent_ < outbox_.size(); }
-  // Flushes, napping while the ring is full (and reading this rank's own ring meanwhile), until
-  // the outbox is empty, the peer hangs up or the deadline passes: before the channel is
-  // closed (a failure's kAbort, the shutdown).
-  void flushUntil(tcp::Deadline deadline);
+  // Flushes, napping while the ring is full, until the outbox is empty, the peer hangs up or
+  // timeout_seconds pass: before the channel is closed (a failure's kAbort, the shutdown).
+  void flushFor(double timeout_seconds);
   // Reads what is available without blocking and appends every complete frame to *out.
   // kPeerLost on EOF/reset; kInternal on a malformed frame. Over shared memory the socket is
   // read only after markSocketReadable() (its poll said readable): wake bytes and hang-up.

@@ -27,11 +27,9 @@ namespace hvd::transport::shm {
 
 size_t ControlLink::write(const uint8_t* data, size_t n) {
   size_t done = outgoing_.write(data, n);
-  while (done < n) {  // C: mark, then retry; the reader may have taken an earlier mark
+  if (done < n) {  // C
     outgoing_.markWriterWaiting();
-    const size_t more = outgoing_.write(data + done, n - done);
-    if (more == 0) break;
-    done += more;
+    done += outgoing_.write(data + done, n - done);
   }
   if (done > 0) wakeIfSleeping(peer_doorbell_, socket_fd_);  // B
   return done;
