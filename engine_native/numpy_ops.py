@@ -239,12 +239,18 @@ def grouped_allgather(arrays: Sequence, name: Optional[str] = None,
     return [synchronize(h) for h in grouped_allgather_async(arrays, name, process_set)]
 
 
-def broadcast_async(array, root_rank: int, name: Optional[str] = None,
-                    process_set: ProcessSet = global_process_set, *,
-                    _waited: bool = False) -> int:
+def _broadcast_async_checked(array, root_rank: int, name: Optional[str] = None,
+                             process_set: ProcessSet = global_process_set, *,
+                             _waited: bool = False) -> int:
     out = _output_like(np.asarray(array))
     return _submit(_core.BROADCAST, "broadcast", name, array, out, root=root_rank,
                    process_set=process_set, finish=lambda _: out, waited=_waited)
+
+
+# broadcast_async(array, root_rank, name=None, process_set=global_process_set): send root_rank's
+# array to every rank without waiting; synchronize() returns a new array. In C (bindings/
+# numpy_broadcast.cc), which hands what it does not take to the checked function above.
+broadcast_async = _core.broadcast_async
 
 
 def broadcast(array, root_rank: int, name: Optional[str] = None,
@@ -253,13 +259,10 @@ def broadcast(array, root_rank: int, name: Optional[str] = None,
     return synchronize(broadcast_async(array, root_rank, name, process_set, _waited=True))
 
 
-def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
-                     process_set: ProcessSet = global_process_set, *,
-                     _waited: bool = False) -> int:
-    """In-place broadcast_async: ``array`` itself receives the root's values (on the root it is
-    only read). Like ``engine_native.torch.broadcast_``; no output is allocated, and the root
-    copies nothing for itself. ``array`` must be a writable, contiguous numpy array on every
-    rank (the root included)."""
+def _broadcast_async__checked(array: np.ndarray, root_rank: int, name: Optional[str] = None,
+                              process_set: ProcessSet = global_process_set, *,
+                              _waited: bool = False) -> int:
+    """broadcast_async_ for what the C function does not take: raises the errors."""
     if not isinstance(array, np.ndarray):
         raise TypeError(f"broadcast_(): expected the numpy array to overwrite, got "
                         f"{type(array).__name__}; use broadcast() for a new array")
@@ -271,6 +274,18 @@ def broadcast_async_(array: np.ndarray, root_rank: int, name: Optional[str] = No
                          f"place, got strides {array.strides}; use broadcast() for a new array")
     return _submit(_core.BROADCAST, "broadcast", name, array, array, root=root_rank,
                    process_set=process_set, finish=lambda _: array, waited=_waited)
+
+
+# broadcast_async_(array, root_rank, name=None, process_set=global_process_set): in-place
+# broadcast_async: ``array`` itself receives the root's values (on the root it is only read).
+# Like ``engine_native.torch.broadcast_``; no output is allocated, and the root copies nothing
+# for itself. ``array`` must be a writable, contiguous numpy array on every rank (the root
+# included). In C, like broadcast_async.
+broadcast_async_ = _core.broadcast_async_
+# A wrong call is answered by the checked functions: under the names the user called.
+_broadcast_async_checked.__qualname__ = "broadcast_async"
+_broadcast_async__checked.__qualname__ = "broadcast_async_"
+_core.numpy_broadcast_setup(_broadcast_async_checked, _broadcast_async__checked)
 
 
 def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,

@@ -1,5 +1,5 @@
-"""The numpy API's allreduce_async/synchronize (C functions, bindings/numpy_api.cc) on spawned
-ranks: every way of calling them a user has, the cases the C path hands to the checked Python
+"""The numpy API's allreduce_async/synchronize (C functions, bindings/numpy_api.cc) and
+broadcast_async/broadcast_async_ (bindings/numpy_broadcast.cc) on spawned ranks: every way of calling them a user has, the cases the C path hands to the checked Python
 path (lists, subclasses, non-contiguous or byte-swapped arrays, unregistered process sets),
 and the errors those raise; and the pool small outputs come from (Note [Small output pool]).
 Results are checked against NumPy.
@@ -89,6 +89,91 @@ def calls_suite():
 @pytest.mark.parametrize("np_", [1, 2])
 def test_numpy_allreduce_calls(np_):
     run_ranks(calls_suite, np_, timeout=120)
+
+
+def broadcast_calls_suite():
+    hvd = checks.init("shm")
+    fails = Failures()
+    n, me = hvd.size(), hvd.rank()
+    root = n - 1
+    mine = np.arange(6, dtype=np.float32) + 10 * me
+    want = np.arange(6, dtype=np.float32) + 10 * root
+
+    # Every form of call, copying and in place; the root's values everywhere.
+    fails.expect("keywords", np.array_equal(hvd.synchronize(
+        hvd.broadcast_async(mine, root_rank=root, name="kw")), want))
+    fails.expect("positional", np.array_equal(hvd.synchronize(
+        hvd.broadcast_async(mine, root, "pos", hvd.global_process_set)), want))
+    fails.expect("unnamed", np.array_equal(hvd.broadcast(mine, root), want))
+    fails.expect("non-str name", np.array_equal(hvd.broadcast(mine, root, name=7), want))
+    x = mine.copy()
+    y = hvd.broadcast_(x, root_rank=root, name="inplace")
+    fails.expect("in place: the array itself", y is x and np.array_equal(x, want), f"{x}")
+    x = mine.copy()
+    fails.expect("in place, async", hvd.synchronize(hvd.broadcast_async_(x, root)) is x
+                 and np.array_equal(x, want))
+    two_d = np.full((3, 4), me, np.int64)
+    fails.expect("2-D int64 in place", np.all(hvd.broadcast_(two_d, 0, name="2d") == 0))
+    bf = np.full(5, me, dtype=checks.BFLOAT16)
+    out = hvd.broadcast(bf, root, name="bf16")
+    fails.expect("bfloat16", out.dtype == checks.BFLOAT16 and
+                 bool(np.all(out.astype(np.float32) == root)), f"{out}")
+
+    # The copying form: fresh outputs, the input untouched; a pooled (>= 1 MiB) one too.
+    before = mine.copy()
+    a = hvd.broadcast(mine, root, name="fresh.a")
+    b = hvd.broadcast(mine, root, name="fresh.b")
+    a[:] = -1
+    fails.expect("fresh outputs", np.array_equal(b, want) and np.array_equal(mine, before)
+                 and a is not mine and b is not mine)
+    big = np.full((512, 1024), me, np.float32)
+    fails.expect("large copy", bool(np.all(hvd.broadcast(big, root, name="big") == root)))
+    fails.expect("large in place", bool(np.all(hvd.broadcast_(big, 0, name="big_") == 0)))
+
+    # Handed to the checked path: it works, or raises what Python raised.
+    out = hvd.broadcast([1.0 + me, 2.0], root, name="list")
+    fails.expect("list input", np.allclose(out, [1.0 + root, 2.0]), f"{out}")
+    strided = np.arange(12, dtype=np.float64).reshape(3, 4)[:, 1]
+    _expect_raises(fails, "copy of a non-contiguous array", ValueError,
+                   lambda: hvd.broadcast(strided, 0, name="strided"), "contiguous")
+    _expect_raises(fails, "in place, non-contiguous", ValueError,
+                   lambda: hvd.broadcast_(strided, 0, name="strided_"), "contiguous")
+    _expect_raises(fails, "in place, a list", TypeError,
+                   lambda: hvd.broadcast_([1.0], 0), "numpy array to overwrite")
+    read_only = np.ones(3, np.float32)
+    read_only.flags.writeable = False
+    _expect_raises(fails, "in place, read-only", ValueError,
+                   lambda: hvd.broadcast_(read_only, 0), "read-only")
+    fails.expect("copy of a read-only array", np.array_equal(
+        hvd.broadcast(read_only, 0, name="ro"), np.ones(3, np.float32)))
+    _expect_raises(fails, "byte-swapped", TypeError,
+                   lambda: hvd.broadcast(np.ones(3, dtype=">f4"), 0, name="swapped"),
+                   "unsupported dtype")
+    _expect_raises(fails, "unregistered set", ValueError,
+                   lambda: hvd.broadcast_(x, 0, process_set=hvd.ProcessSet([0])),
+                   "not registered")
+    _expect_raises(fails, "missing root", TypeError,
+                   lambda: hvd.broadcast_async(x), "broadcast_async() missing")
+    _expect_raises(fails, "unknown keyword", TypeError,
+                   lambda: hvd.broadcast_async_(x, 0, bogus=1), "bogus")
+    _expect_raises(fails, "root out of range", ValueError,
+                   lambda: hvd.broadcast(x, n, name="far"), "root")
+    _expect_raises(fails, "root past int", OverflowError,
+                   lambda: hvd.broadcast(x, 2 ** 40, name="farther"))
+
+    # Unnamed ops of both paths count on one counter: a rank passing a list (the checked path)
+    # and one passing an array (the C path) name their ops alike and meet.
+    for i in range(3):
+        arg = [float(me), 1.0] if (me + i) % 2 else np.array([me, 1.0])
+        out = hvd.broadcast(arg, root)
+        fails.expect(f"unnamed, mixed paths {i}", np.allclose(out, [root, 1.0]), f"{out}")
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_numpy_broadcast_calls(np_):
+    run_ranks(broadcast_calls_suite, np_, timeout=120)
 
 
 def small_pool_suite():

@@ -156,7 +156,8 @@ def make_fake_core():
         state['sets'].pop(sid, None)
 
     # The numpy API's entry points (engine_native.numpy_ops configures them at import): the
-    # fake has no fast path, so allreduce_async always takes numpy_ops' checked path.
+    # fake has no fast path, so allreduce_async and broadcast_async(_) always take numpy_ops'
+    # checked path.
     numpy = {}
 
     def numpy_setup(codes, output_like, checked, noname, global_set, pool_min_bytes):
@@ -167,6 +168,15 @@ def make_fake_core():
         full = 'allreduce.%s' % name if name else numpy['noname']('allreduce', None)
         return numpy['checked'](array, op, full, prescale_factor, postscale_factor,
                                 process_set or numpy['global_set'], _waited)
+
+    def numpy_broadcast_setup(checked, checked_in_place):
+        numpy.update(broadcast=checked, broadcast_=checked_in_place)
+
+    def broadcast_async(*args, **kwargs):
+        return numpy['broadcast'](*args, **kwargs)
+
+    def broadcast_async_(*args, **kwargs):
+        return numpy['broadcast_'](*args, **kwargs)
 
     def keep(handle, keepalive, output, finish):
         state.setdefault('kept', {})[handle] = (keepalive, output, finish)
@@ -224,6 +234,7 @@ def make_fake_core():
 
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
                add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
+               numpy_broadcast_setup, broadcast_async, broadcast_async_,
                synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
                torch_release_kept, nccl_load, cuda_runtime_load, nccl_version, start_timeline,
                stop_timeline, timeline_events, autotune_state, set_autotune):

@@ -1,5 +1,6 @@
 // The numpy API's per-tensor path in C: allreduce_async() on a plain ndarray, synchronize(), and
-// keep() for the checked path; the references live in bindings/kept_table.h.
+// keep() for the checked path; the references live in bindings/kept_table.h (broadcast:
+// numpy_broadcast.cc; what both share: numpy_fast_path.h).
 // engine_native.numpy_ops configures it once (its dtype table, the output pool for large
 // arrays, the checked Python path). Arrays are read through numpy's C API: data pointer, dims
 // cost a few loads and an output comes from a pool (small_output_pool.h, or numpy_ops' for
@@ -19,7 +20,7 @@
 #include "bindings/enqueue_args.h"
 #include "bindings/kept_table.h"
 #include "bindings/numpy_api.h"
-#include "bindings/small_output_pool.h"
+#include "bindings/numpy_fast_path.h"
 #include "runtime/runtime.h"
 
 namespace hvd::bindings {
@@ -27,34 +28,30 @@ namespace {
 
 using runtime::Runtime;
 
-// Set by numpy_setup(); references held for the life of the process.
-struct Setup {
-  PyObject* codes = nullptr;          // {numpy dtype: core dtype code}
-  PyObject* output_like = nullptr;    // numpy_ops._output_like (pooled large outputs)
+// Set by numpy_setup() besides the shared NumpySetup; held for the life of the process.
+struct AllreduceSetup {
   PyObject* checked = nullptr;        // numpy_ops._allreduce_async_checked
-  PyObject* noname = nullptr;         // numpy_ops._full_name
-  PyObject* global_set = nullptr;     // basics.global_process_set
-  Py_ssize_t pool_min_bytes = 0;
   PyObject* average = nullptr;        // op 0 (hvd.Average), the default
   PyObject* one = nullptr;            // 1.0, the default scale factors
-  PyObject* str_set_id = nullptr;
 };
-Setup g;
+AllreduceSetup g;
 
 PyObject* pyNumpySetup(PyObject*, PyObject* args) {
-  Setup s;
-  if (!PyArg_ParseTuple(args, "O!OOOOn", &PyDict_Type, &s.codes, &s.output_like, &s.checked,
+  NumpySetup s;
+  AllreduceSetup a;
+  if (!PyArg_ParseTuple(args, "O!OOOOn", &PyDict_Type, &s.codes, &s.output_like, &a.checked,
                         &s.noname, &s.global_set, &s.pool_min_bytes)) {
     return nullptr;
   }
-  for (PyObject* o : {s.codes, s.output_like, s.checked, s.noname, s.global_set}) {
+  for (PyObject* o : {s.codes, s.output_like, a.checked, s.noname, s.global_set}) {
     Py_INCREF(o);
   }
   s.str_set_id = PyUnicode_InternFromString("process_set_id");
-  s.average = PyLong_FromLong(0);
-  s.one = PyFloat_FromDouble(1.0);
-  if (s.str_set_id == nullptr || s.average == nullptr || s.one == nullptr) return nullptr;
-  g = s;
+  a.average = PyLong_FromLong(0);
+  a.one = PyFloat_FromDouble(1.0);
+  if (s.str_set_id == nullptr || a.average == nullptr || a.one == nullptr) return nullptr;
+  setNumpySetup(s);
+  g = a;
   Py_RETURN_NONE;
 }
 
@@ -82,45 +79,16 @@ struct AllreduceArgs {
   PyObject* waited = Py_False;
 };
 
-constexpr int kArgCount = 7;
-const char* const kArgNames[kArgCount] = {"array", "op", "name", "prescale_factor",
-                                          "postscale_factor", "process_set", "_waited"};
-PyObject* g_arg_names[kArgCount];  // interned: keyword names usually compare by identity
-
-int argIndex(PyObject* key) {
-  for (int i = 0; i < kArgCount; ++i) {
-    if (key == g_arg_names[i]) return i;
-  }
-  for (int i = 0; i < kArgCount; ++i) {
-    if (PyUnicode_Compare(key, g_arg_names[i]) == 0) return i;
-  }
-  return kArgCount;
-}
+const char* const kArgNames[] = {"array", "op", "name", "prescale_factor", "postscale_factor",
+                                 "process_set", "_waited"};
+ArgNames g_arg_names{"allreduce_async()", kArgNames, 7, 6};
 
 bool parseAllreduceArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
                         AllreduceArgs* out) {
-  PyObject** slots[] = {&out->array, &out->op, &out->name, &out->prescale,
-                        &out->postscale, &out->process_set, &out->waited};
-  if (nargs > 6) {
-    PyErr_SetString(PyExc_TypeError, "allreduce_async() takes at most 6 positional arguments");
-    return false;
-  }
-  for (Py_ssize_t i = 0; i < nargs; ++i) *slots[i] = args[i];
-  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
-  for (Py_ssize_t k = 0; k < nkw; ++k) {
-    PyObject* key = PyTuple_GET_ITEM(kwnames, k);
-    const int i = argIndex(key);
-    if (i == kArgCount || i < nargs) {
-      PyErr_Format(PyExc_TypeError, "allreduce_async() got %s keyword argument '%U'",
-                   i == kArgCount ? "an unexpected" : "a repeated", key);
-      return false;
-    }
-    *slots[i] = args[nargs + k];
-  }
-  if (out->array == nullptr) {
-    PyErr_SetString(PyExc_TypeError, "allreduce_async() missing required argument 'array'");
-    return false;
-  }
+  PyObject* slots[] = {out->array,     out->op,          out->name,  out->prescale,
+                       out->postscale, out->process_set, out->waited};
+  if (!parseArgs(g_arg_names, args, nargs, kwnames, slots)) return false;
+  *out = AllreduceArgs{slots[0], slots[1], slots[2], slots[3], slots[4], slots[5], slots[6]};
   return true;
 }
 
@@ -133,18 +101,9 @@ PyObject* allreduceChecked(const AllreduceArgs& a, PyObject* full_name) {
                       a.prescale != nullptr ? a.prescale : g.one,
                       a.postscale != nullptr ? a.postscale : g.one,
                       a.process_set != nullptr && a.process_set != Py_None ? a.process_set
-                                                                           : g.global_set,
+                                                                           : numpySetup().global_set,
                       a.waited};
   return PyObject_Vectorcall(g.checked, call, 7, nullptr);
-}
-
-// A C-contiguous, aligned, native-order ndarray (exactly that type): what the core can use.
-PyArrayObject* plainArray(PyObject* obj, bool writable) {
-  if (!PyArray_CheckExact(obj)) return nullptr;
-  auto* arr = reinterpret_cast<PyArrayObject*>(obj);
-  const int need = NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | (writable ? NPY_ARRAY_WRITEABLE : 0);
-  if (!PyArray_CHKFLAGS(arr, need) || !PyArray_ISNOTSWAPPED(arr)) return nullptr;
-  return arr;
 }
 
 // Fills the fast path's op; false (no Python error set) when the checked path must decide.
@@ -153,10 +112,7 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
   if (arr == nullptr) return false;
   int code = 0, set_id = 0, reduce_op = 0;
   double prescale = 1.0, postscale = 1.0;
-  PyObject* code_obj =
-      PyDict_GetItemWithError(g.codes, reinterpret_cast<PyObject*>(PyArray_DESCR(arr)));
-  if (code_obj == nullptr) return false;  // borrowed
-  code = static_cast<int>(PyLong_AsLong(code_obj));
+  if (!dtypeCode(arr, &code)) return false;
   if (a.op != nullptr && !asCInt(a.op, &reduce_op)) return false;
   if ((a.prescale != nullptr && (prescale = PyFloat_AsDouble(a.prescale)) == -1.0 &&
        PyErr_Occurred()) ||
@@ -164,24 +120,13 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
        PyErr_Occurred())) {
     return false;
   }
-  if (a.process_set != nullptr && a.process_set != Py_None && a.process_set != g.global_set) {
-    PyObject* id = PyObject_GetAttr(a.process_set, g.str_set_id);
-    if (id == nullptr) return false;
-    const bool ok = id != Py_None && asCInt(id, &set_id);
-    Py_DECREF(id);
-    if (!ok || set_id < 0) return false;  // unregistered (None) or not an int
-  }
+  if (!processSetId(a.process_set, &set_id)) return false;
   const int ndim = PyArray_NDIM(arr);
   const npy_intp* dims = PyArray_DIMS(arr);
   op->request.shape.resize(static_cast<size_t>(ndim));
   for (int i = 0; i < ndim; ++i) op->request.shape[i] = static_cast<int64_t>(dims[i]);
   op->input = PyArray_DATA(arr);
-  PyObject* out = nullptr;
-  if (PyArray_NBYTES(arr) < g.pool_min_bytes) {
-    out = smallOutput(PyArray_DESCR(arr), ndim, dims);  // Note [Small output pool]
-  } else {
-    out = PyObject_Vectorcall(g.output_like, &a.array, 1, nullptr);  // the pool
-  }
+  PyObject* out = outputLike(a.array, arr);
   if (out == nullptr) return false;
   PyArrayObject* out_arr = plainArray(out, true);
   if (out_arr == nullptr || PyArray_NBYTES(out_arr) != PyArray_NBYTES(arr)) {
@@ -204,52 +149,23 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
 // process_set=global_process_set, *, _waited=False) -> handle
 PyObject* pyAllreduceAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs,
                            PyObject* kwnames) {
-  if (g.codes == nullptr) {
+  if (numpySetup().codes == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "allreduce_async(): numpy_setup() was not called");
     return nullptr;
   }
   AllreduceArgs a;
   if (!parseAllreduceArgs(args, nargs, kwnames, &a)) return nullptr;
-  // Horovod's tensor name: "allreduce.<name>", or "allreduce.noname.<n>" from the counter.
   thread_local std::string full;
-  PyObject* full_obj = nullptr;  // only built for the checked path or a missing name
-  Py_ssize_t name_len = 0;
-  const int named = PyObject_IsTrue(a.name);  // as the Python API: None and "" are unnamed
-  if (named < 0) return nullptr;
-  if (named == 1) {
-    PyObject* text_obj = PyObject_Str(a.name);  // the same object for a str
-    const char* text =
-        text_obj != nullptr ? PyUnicode_AsUTF8AndSize(text_obj, &name_len) : nullptr;
-    if (text != nullptr) {
-      full.assign("allreduce.");
-      full.append(text, static_cast<size_t>(name_len));
-    }
-    Py_XDECREF(text_obj);
-    if (text == nullptr) return nullptr;
-  } else {
-    // The counter of the op's set (Note [Noname counters] in torch/runtime.py).
-    PyObject* set = a.process_set != nullptr ? a.process_set : Py_None;
-    PyObject* call[] = {PyUnicode_FromString("allreduce"), Py_None, set};
-    full_obj = call[0] != nullptr ? PyObject_Vectorcall(g.noname, call, 3, nullptr) : nullptr;
-    Py_XDECREF(call[0]);
-    const char* text = full_obj != nullptr ? PyUnicode_AsUTF8AndSize(full_obj, &name_len)
-                                           : nullptr;
-    if (text == nullptr) {
-      Py_XDECREF(full_obj);
-      return nullptr;
-    }
-    full.assign(text, static_cast<size_t>(name_len));
-  }
+  if (!fullName("allreduce", a.name, a.process_set, &full)) return nullptr;
   runtime::EnqueueArgs op;
   PyObject* output = nullptr;
   if (!fastOp(a, &op, &output)) {
     PyErr_Clear();
-    if (full_obj == nullptr) full_obj = PyUnicode_FromStringAndSize(full.data(), full.size());
+    PyObject* full_obj = PyUnicode_FromStringAndSize(full.data(), full.size());
     PyObject* handle = full_obj != nullptr ? allreduceChecked(a, full_obj) : nullptr;
     Py_XDECREF(full_obj);
     return handle;
   }
-  Py_XDECREF(full_obj);
   op.name = full;
   int64_t handle = 0;
   const int waited = PyObject_IsTrue(a.waited);
@@ -296,11 +212,9 @@ PyMethodDef g_numpy_methods[] = {
 
 int addNumpyBindings(PyObject* module) {
   import_array1(-1);  // numpy's C API table (numpy is a dependency of engine_native)
-  for (int i = 0; i < kArgCount; ++i) {
-    g_arg_names[i] = PyUnicode_InternFromString(kArgNames[i]);
-    if (g_arg_names[i] == nullptr) return -1;
-  }
-  return PyModule_AddFunctions(module, g_numpy_methods);
+  if (!internArgNames(&g_arg_names)) return -1;
+  if (PyModule_AddFunctions(module, g_numpy_methods) < 0) return -1;
+  return addNumpyBroadcastBindings(module);
 }
 
 }  // namespace hvd::bindings

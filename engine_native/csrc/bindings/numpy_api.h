@@ -1,5 +1,6 @@
 // The numpy API's per-tensor path (bindings/numpy_api.cc): allreduce_async, synchronize, keep
-// and numpy_setup, added to engine_native._core. Binding code only.
+// and numpy_setup; broadcast_async, broadcast_async_ and numpy_broadcast_setup
+// (bindings/numpy_broadcast.cc). Added to engine_native._core. Binding code only.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -9,5 +10,7 @@ namespace hvd::bindings {
 
 // Adds the functions to the module; -1 with a Python exception on failure.
 int addNumpyBindings(PyObject* module);
+// The broadcast functions alone (addNumpyBindings calls it, after numpy's C API is imported).
+int addNumpyBroadcastBindings(PyObject* module);
 
 }  // namespace hvd::bindings
