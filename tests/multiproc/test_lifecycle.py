@@ -97,8 +97,8 @@ def abort_suite(transport):
     return fails.raise_if_any()
 
 
-@pytest.mark.parametrize("np_, transport", [(2, "shm"), (3, "tcp"), (1, "shm")],
-                         ids=["shm-np2", "tcp-np3", "shm-np1"])
+@pytest.mark.parametrize("np_, transport", [(2, "shm"), (3, "shm"), (3, "tcp"), (1, "shm")],
+                         ids=["shm-np2", "shm-np3", "tcp-np3", "shm-np1"])
 def test_abort_then_reinit(np_, transport):
     run_ranks(abort_suite, np_, args=(transport,), timeout=120,
               **checks.world_kwargs(np_, transport, env={"HVD_TIMEOUT": "10"}))

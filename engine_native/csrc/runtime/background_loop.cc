@@ -289,6 +289,10 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
         fds.push_back({channel->fd(), POLLIN, 0});
         control_ranks.push_back(r);
         control_waiting = control_waiting || channel->hasIncoming();
+        // Note [Control over shm] C: a reader that made room before the announcement woke
+        // nobody. Flushing after it either moves bytes (go on at once) or leaves a fresh mark,
+        // which the reader answers with a wake byte now that the sleep is announced.
+        if (channel->hasBacklog() && channel->flush()) control_waiting = true;
       }
     }
     timeout_us = int64_t{timeoutMs()} * 1000;

@@ -90,15 +90,18 @@ void ControlChannel::attachSharedMemory(std::unique_ptr<shm::ControlLink> link) 
   link_ = std::move(link);
 }
 
-void ControlChannel::flush() {
-  if (!hasBacklog()) return;
-  outbox_sent_ += link_->write(reinterpret_cast<const uint8_t*>(outbox_.data()) + outbox_sent_,
-                               outbox_.size() - outbox_sent_);
+bool ControlChannel::flush() {
+  if (!hasBacklog()) return false;
+  const size_t moved =
+      link_->write(reinterpret_cast<const uint8_t*>(outbox_.data()) + outbox_sent_,
+                   outbox_.size() - outbox_sent_);
+  outbox_sent_ += moved;
   if (outbox_sent_ == outbox_.size()) {
     outbox_sent_ = 0;
     outbox_.clear();
     if (outbox_.capacity() > kCoalesceBytes) std::string().swap(outbox_);
   }
+  return moved > 0;
 }
 
 void ControlChannel::flushFor(double timeout_seconds) {
@@ -146,8 +149,21 @@ void ControlChannel::waitReadable(int timeout_ms) {
     ::poll(&fd, 1, timeout_ms);
     return;
   }
-  shm::beginPollSleep(link_->ownDoorbell());  // Note [Control over shm] B
-  if (!link_->hasData() && ::poll(&fd, 1, timeout_ms) > 0) socket_readable_ = true;
+  // Note [Control over shm] B. Wake bytes left over from earlier sleeps make the socket
+  // readable with no frame behind them: they are drained and the wait goes on, so a stale byte
+  // never ends it early (a survivor would then miss the cause rank 0 relays). A hang-up ends
+  // it; receive() reports it.
+  shm::beginPollSleep(link_->ownDoorbell());
+  const tcp::Deadline deadline = tcp::deadlineAfter(timeout_ms / 1000.0);
+  while (!link_->hasData()) {
+    const int left_ms = tcp::millisecondsLeft(deadline, timeout_ms);
+    if (left_ms <= 0 || ::poll(&fd, 1, left_ms) <= 0) break;
+    socket_readable_ = true;
+    if (!drainSocket().isOk()) {
+      socket_readable_ = true;  // EOF stays readable: receive() sees it again and reports it
+      break;
+    }
+  }
   shm::endSleep(link_->ownDoorbell());
 }
 

@@ -36,7 +36,9 @@ class ControlChannel {
   // Over shared memory it never waits: what the ring cannot take now stays in the outbox for
   // flush() (Note [Control over shm] C).
   common::Status send(uint32_t type, const std::string& payload, double timeout_seconds);
-  void flush();  // shm: moves outbox bytes into the ring as room allows; every pass calls it
+  // shm: moves outbox bytes into the ring as room allows (true when any moved); every pass
+  // calls it.
+  bool flush();
   bool hasBacklog() const { return outbox_sent_ < outbox_.size(); }
   // Flushes, napping while the ring is full, until the outbox is empty, the peer hangs up or
   // timeout_seconds pass: before the channel is closed (a failure's kAbort, the shutdown).

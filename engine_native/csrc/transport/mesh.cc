@@ -54,19 +54,7 @@ struct Mesh::Impl {
   std::vector<int> host_ranks;   // global ranks of this host, ascending, self included
   std::unique_ptr<shm::CollectiveSegment> collective;  // Note [Collective setup]
   std::string last_error;        // the most recent failure while connecting, for the report
-  std::mutex doorbell_mutex;     // Note [Yielding spins]
-// Waits spin briefly before they sleep (HVD_SPIN_US inside collectives, HVD_CALLER_SPIN_US for
-// a caller driving its op), because a sleep/wake hand-off costs tens of microseconds. With more
-// ranks than cores, a spin that pauses on its core holds it for the whole budget while the
-// peer it waits for sits in the run queue; so the spins were switched off there, and every op
-// paid the futex wake-ups instead: 4 B ops at np=4 on 2 cores took 110-185 us (MPICH, whose
-// ranks poll and yield: 8-20 us). There the spins now call sched_yield() between polls, which
-// hands the core to a runnable peer at once and costs a syscall when there is none. Measured
-// (np=4, 2 cores, negotiation over shm): 4 B allreduce/allgather/broadcast/alltoall 158-183 us
-// -> 22-33 us; the collectives' spin budget (20-1000 us tried) did not matter, the yield did.
-// The budgets still bound each wait, and Note [Spin backoff] still applies.
-
-// Note [Abort versus close]
+  std::mutex doorbell_mutex;     // Note [Abort versus close]
   shm::Doorbell* own_doorbell = nullptr;
   shm::Doorbell* own_collective_doorbell = nullptr;
   int abort_fd = -1;             // eventfd, readable once aborted; lives as long as the Mesh
@@ -85,6 +73,18 @@ struct Mesh::Impl {
 // pointers under the same mutex before it unmaps the segments, so abort never touches unmapped
 // memory. The abort eventfd is closed only by the destructor, so abort() never writes to a
 // descriptor number reused by someone else.
+
+// Note [Yielding spins]
+// Waits spin briefly before they sleep (HVD_SPIN_US inside collectives, HVD_CALLER_SPIN_US for
+// a caller driving its op), because a sleep/wake hand-off costs tens of microseconds. With more
+// ranks than cores, a spin that pauses on its core holds it for the whole budget while the
+// peer it waits for sits in the run queue; so the spins were switched off there, and every op
+// paid the futex wake-ups instead: 4 B ops at np=4 on 2 cores took 110-185 us (MPICH, whose
+// ranks poll and yield: 8-20 us). There the spins now call sched_yield() between polls, which
+// hands the core to a runnable peer at once and costs a syscall when there is none. Measured
+// (np=4, 2 cores, negotiation over shm): 4 B allreduce/allgather/broadcast/alltoall 158-183 us
+// -> 22-33 us; the collectives' spin budget (20-1000 us tried) did not matter, the yield did.
+// The budgets still bound each wait, and Note [Spin backoff] still applies.
 
 namespace {
 

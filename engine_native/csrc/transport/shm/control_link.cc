@@ -18,7 +18,10 @@
 //      deadlocked: a worker blocked sending 200 KiB of requests to rank 0 while rank 0 sat in
 //      an agreed collective waiting for that worker. A TCP socket's megabytes of buffer had
 //      hidden it.) The mark is a Dekker pair too: the writer stores it, then retries the
-//      write; the reader stores the new tail, then takes the mark.
+//      write; the reader stores the new tail, then takes the mark. A reader that takes the
+//      mark before the writer's loop announced its sleep wakes nobody, so that loop flushes
+//      once more after announcing (B): bytes move and it goes on, or a fresh mark is left for
+//      the reader to answer (the loss cost up to the 200 ms tick).
 //   D. The socket's hang-up (poll readable, recv 0) is still how the loop sees a lost peer;
 //      wake bytes are drained when poll() reported the socket readable.
 #include "transport/shm/control_link.h"
