@@ -129,6 +129,7 @@ CORE_SOURCES = [
     "bindings/numpy_api.cc",
     "bindings/small_output_pool.cc",
     "bindings/torch_api.cc",
+    "bindings/torch_group.cc",
     "bindings/module.cc",
 ]
 
