@@ -132,6 +132,7 @@ CORE_SOURCES = [
     "bindings/numpy_broadcast.cc",
     "bindings/small_output_pool.cc",
     "bindings/torch_api.cc",
+    "bindings/torch_group.cc",
     "bindings/module.cc",
 ]
 

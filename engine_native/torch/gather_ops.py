@@ -8,6 +8,7 @@ Backward rules (Horovod's):
 """
 import torch
 
+from engine_native.torch import grouped
 from engine_native.torch import runtime as rt
 from engine_native.torch.compression import Compression
 from engine_native.torch.reduce_ops import allreduce, grouped_allreduce
@@ -17,6 +18,24 @@ from engine_native.torch.runtime import Average, Sum, global_process_set
 def _gather_like_op(kind, tensor, full_name, code, op, prescale, postscale, process_set):
     return rt.tensor_op(kind, full_name, code, tensor, 0, op, prescale, postscale, 0,
                         rt.set_id(process_set))
+
+
+def _first(results):
+    return results[0]
+
+
+def _as_list(results):
+    return results
+
+
+def _c_path(kind, tensors, name, op, prescale, postscale, process_set, prefix, single, waited):
+    """The group by the C path (Note [Grouped C path]); None when the checked path must take
+    it. An unregistered process set also goes to the checked path, which names the error."""
+    ps_id = getattr(process_set, 'process_set_id', None)
+    if ps_id is None:
+        return None
+    return grouped.submit(kind, tensors, None, name, prefix, not single, op, prescale, postscale,
+                          ps_id, _first if single else _as_list, waited)
 
 
 def _wrap_outputs(tensors, single):
@@ -33,6 +52,10 @@ def _wrap_outputs(tensors, single):
 
 def _grouped_allgather_async(tensors, name, process_set, prefix, waited=False):
     tensors = list(tensors)
+    handle = _c_path(rt.ALLGATHER, tensors, name, Sum, 1.0, 1.0, process_set, prefix,
+                     prefix == 'allgather', waited)
+    if handle is not None:
+        return handle
     if not tensors:
         raise ValueError('%s: expected a non-empty list of tensors' % prefix)
     codes = [rt.check_tensor(t, prefix, name) for t in tensors]
@@ -112,6 +135,9 @@ class HorovodGroupedAllgather(torch.autograd.Function):
 
 def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Differentiable allgather of a list of tensors; returns a list."""
+    tensors = list(tensors)
+    if not rt.needs_autograd(tensors):
+        return rt.synchronize(grouped_allgather_async(tensors, name, process_set))
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -127,6 +153,12 @@ def _check_reducescatter_op(op):
 def _grouped_reducescatter_async(tensors, name, op, process_set, prescale_factor,
                                  postscale_factor, prefix, waited=False):
     tensors = list(tensors)
+    if op in (Average, Sum):  # else the checked path raises, after the tensor checks
+        handle = _c_path(rt.REDUCESCATTER, tensors, name, op, prescale_factor,
+                         postscale_factor, process_set, prefix, prefix == 'reducescatter',
+                         waited)
+        if handle is not None:
+            return handle
     if not tensors:
         raise ValueError('%s: expected a non-empty list of tensors' % prefix)
     codes = [rt.check_tensor(t, prefix, name) for t in tensors]
@@ -229,8 +261,12 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     """Differentiable reducescatter of a list of tensors; returns a list."""
     tensors_compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) \
         if tensors else ((), ())
-    reduced = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                                postscale_factor, *tensors_compressed)
+    if not rt.needs_autograd(tensors_compressed):
+        reduced = rt.synchronize(grouped_reducescatter_async(
+            list(tensors_compressed), name, op, process_set, prescale_factor, postscale_factor))
+    else:
+        reduced = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                                    postscale_factor, *tensors_compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(reduced, ctxs)]
 
 

@@ -11,6 +11,7 @@ import warnings
 import torch
 
 from engine_native import _core
+from engine_native.torch import grouped
 from engine_native.torch import runtime as rt
 from engine_native.torch.compression import Compression
 from engine_native.torch.runtime import Average, Sum, global_process_set
@@ -137,6 +138,16 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
                              process_set):
     tensors = list(tensors)
+    outputs = list(outputs)
+    ps_id = getattr(process_set, 'process_set_id', None)
+    # The C path (Note [Grouped C path]) for a valid op other than Adasum, whose process-set
+    # check the checked path makes after the tensor checks, as Horovod's order is.
+    if ps_id is not None and op in (Average, Sum, rt.Min, rt.Max, rt.Product):
+        handle = grouped.submit(rt.ALLREDUCE, tensors, outputs, name, 'grouped_allreduce', True,
+                                op, prescale_factor, postscale_factor, ps_id,
+                                lambda results: outputs)
+        if handle is not None:
+            return handle
     if not tensors:
         raise ValueError('grouped_allreduce: expected a non-empty list of tensors')
     codes = [rt.check_tensor(t, 'grouped_allreduce', name) for t in tensors]
@@ -146,7 +157,6 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     ops = [_allreduce_op(t, o, '%s_%dof%d' % (base, i + 1, n), c, op, prescale_factor,
                          postscale_factor, process_set)
            for i, (t, o, c) in enumerate(zip(tensors, outputs, codes))]
-    outputs = list(outputs)
     return rt.submit(ops, (tuple(tensors), tuple(outputs)), lambda results: outputs)
 
 
@@ -190,8 +200,14 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Differentiable grouped allreduce; returns a list of new tensors."""
     tensors_compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) \
         if tensors else ((), ())
-    summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
-                                           postscale_factor, process_set, *tensors_compressed)
+    if not rt.needs_autograd(tensors_compressed):
+        summed = rt.synchronize(grouped_allreduce_async(
+            list(tensors_compressed), average, name, op, prescale_factor, postscale_factor,
+            process_set))
+    else:
+        summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
+                                               postscale_factor, process_set,
+                                               *tensors_compressed)
     return [compression.decompress(t, ctx) for t, ctx in zip(summed, ctxs)]
 
 

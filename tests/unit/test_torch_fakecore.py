@@ -204,6 +204,17 @@ def make_fake_core():
     def torch_release_kept():
         pass
 
+    # The grouped ops' C path (bindings/torch_group.cc): declined too, so groups are logged.
+    def torch_group_setup(frombuffer, empty):
+        pass
+
+    def torch_group_async(kind, tensors, outputs, name, prefix, grouped, op, prescale,
+                          postscale, set_id, waited):
+        return None
+
+    def torch_group_wait(handles, slots, dtypes):
+        raise AssertionError('torch_group_wait without a torch_group_async handle')
+
     # The NCCL / CUDA-runtime loaders (bindings/nccl.cc): this fake finds neither library.
     def nccl_load(candidates):
         return {'path': None, 'version': 0, 'version_text': None, 'rejected': [],
@@ -236,7 +247,8 @@ def make_fake_core():
                add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
                numpy_broadcast_setup, broadcast_async, broadcast_async_,
                synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
-               torch_release_kept, nccl_load, cuda_runtime_load, nccl_version, start_timeline,
+               torch_release_kept, torch_group_setup, torch_group_async, torch_group_wait,
+               nccl_load, cuda_runtime_load, nccl_version, start_timeline,
                stop_timeline, timeline_events, autotune_state, set_autotune):
         setattr(core, fn.__name__, fn)
     core.abort = lambda reason: None

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "runtime/handle_table.h"
 
 namespace hvd::bindings {
 
@@ -18,5 +19,9 @@ PyObject* raiseStatus(const common::Status& status);
 // 50 ms. Returns the op's result (None, (Buffer, shape), ...), or nullptr with an exception:
 // the op's error, or a KeyboardInterrupt (then the op is still pending and the handle valid).
 PyObject* waitHandle(int64_t handle);
+// wait() without the conversion to Python: true when the op finished (its Status and result
+// filled, the handle released), false with a KeyboardInterrupt (or a signal handler's
+// exception) set, the op still pending and the handle valid.
+bool waitResult(int64_t handle, common::Status* status, runtime::OpResult* result);
 
 }  // namespace hvd::bindings

@@ -238,15 +238,10 @@ static bool readMainThread() {
   return !PyErr_Occurred();
 }
 
-PyObject* waitHandle(int64_t handle) {
+bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
   auto& handles = Runtime::instance().handles();
-  Status status;
-  hvd::runtime::OpResult result;
   // Already finished (the rest of a fused batch): one lock, no waiting.
-  if (handles.takeIfDone(handle, &status, &result)) {
-    if (!status.isOk()) return raise(status);
-    return resultToPython(result);
-  }
+  if (handles.takeIfDone(handle, status, result)) return true;
   // Time blocked here is metrics()["handle_wait_seconds"] (framework threads waiting).
   const auto t0 = std::chrono::steady_clock::now();
   auto blocked = [&t0]() {
@@ -260,18 +255,25 @@ PyObject* waitHandle(int64_t handle) {
   while (true) {
     bool done = false;
     Py_BEGIN_ALLOW_THREADS
-    done = handles.waitFor(handle, 50, &status, &result);
+    done = handles.waitFor(handle, 50, status, result);
     Py_END_ALLOW_THREADS
     if (done) break;
     // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
     // pending; the Python layer decides whether to abort().
     if (PyErr_CheckSignals() != 0) {
       blocked();
-      return nullptr;
+      return false;
     }
   }
   blocked();
   handles.release(handle);
+  return true;
+}
+
+PyObject* waitHandle(int64_t handle) {
+  Status status;
+  hvd::runtime::OpResult result;
+  if (!waitResult(handle, &status, &result)) return nullptr;
   if (!status.isOk()) return raise(status);
   return resultToPython(result);
 }
@@ -380,5 +382,6 @@ PyMODINIT_FUNC PyInit__core() {
   if (addNcclBindings(module) < 0) return nullptr;
   if (hvd::bindings::addNumpyBindings(module) < 0) return nullptr;
   if (hvd::bindings::addTorchBindings(module) < 0) return nullptr;
+  if (hvd::bindings::addTorchGroupBindings(module) < 0) return nullptr;
   return module;
 }

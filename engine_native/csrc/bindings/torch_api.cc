@@ -102,31 +102,40 @@ bool plainTensor(PyObject* tensor) {
 }
 
 // Fills `op` from an input tensor and its output (the same object in place); false (perhaps
-// with an error set) when the checked path must decide.
-bool fillTensorOp(PyObject* tensor, PyObject* output, runtime::EnqueueArgs* op) {
+// with an error set) when the checked path must decide. `dtype_out`, when given, receives a
+// new reference to the tensor's dtype on success.
+bool fillTensorOp(PyObject* tensor, PyObject* output, runtime::EnqueueArgs* op,
+                  PyObject** dtype_out = nullptr) {
   if (!plainTensor(tensor) || (output != tensor && !plainTensor(output))) return false;
   PyObject* dtype = PyObject_GetAttr(tensor, g.str_dtype);
   if (dtype == nullptr) return false;
   PyObject* code_obj = PyDict_GetItemWithError(g.codes, dtype);  // borrowed
   bool same_dtype = true;
   if (output != tensor) same_dtype = attrIs(output, g.str_dtype, dtype);
-  Py_DECREF(dtype);
   int code = 0;
-  if (code_obj == nullptr || !same_dtype || !asCInt(code_obj, &code)) return false;
+  if (code_obj == nullptr || !same_dtype || !asCInt(code_obj, &code)) {
+    Py_DECREF(dtype);
+    return false;
+  }
   PyObject* shape = PyObject_GetAttr(tensor, g.str_shape);  // torch.Size, a tuple
   if (shape == nullptr) return false;
   const bool ok = toInt64List(shape, &op->request.shape, "shape");
   Py_DECREF(shape);
   uintptr_t input_address = 0, output_address = 0;
-  if (!ok || !dataPtr(tensor, &input_address)) return false;
-  if (output == tensor) {
-    output_address = input_address;
-  } else if (!dataPtr(output, &output_address)) {
+  if (!ok || !dataPtr(tensor, &input_address) ||
+      (output != tensor && !dataPtr(output, &output_address))) {
+    Py_DECREF(dtype);
     return false;
   }
+  if (output == tensor) output_address = input_address;
   op->input = reinterpret_cast<const void*>(input_address);
   op->output = reinterpret_cast<void*>(output_address);
   op->request.dtype = static_cast<common::DataType>(code);
+  if (dtype_out != nullptr) {
+    *dtype_out = dtype;
+  } else {
+    Py_DECREF(dtype);
+  }
   return true;
 }
 
@@ -239,5 +248,21 @@ PyMethodDef g_torch_methods[] = {
 }  // namespace
 
 int addTorchBindings(PyObject* module) { return PyModule_AddFunctions(module, g_torch_methods); }
+
+bool torchSetUp() { return g.tensor_type != nullptr; }
+
+bool fillTorchOp(PyObject* tensor, PyObject* output, runtime::EnqueueArgs* op,
+                 PyObject** dtype) {
+  return fillTensorOp(tensor, output, op, dtype);
+}
+
+PyObject* torchOpName(PyObject* prefix, PyObject* name, int set_id) {
+  PyObject* set_obj = PyLong_FromLong(set_id);
+  if (set_obj == nullptr) return nullptr;
+  PyObject* call[] = {prefix, name, set_obj};
+  PyObject* full = PyObject_Vectorcall(g.op_name, call, 3, nullptr);
+  Py_DECREF(set_obj);
+  return full;
+}
 
 }  // namespace hvd::bindings

@@ -1,0 +1,314 @@
+// engine_native.torch's grouped ops in C (issue #20): grouped_allgather, grouped_reducescatter
+// and grouped_allreduce (and the single allgather/reducescatter, a group of one) submit a whole
+// group in one call and wait for it in one call. In Python every tensor cost ~5 µs (the tensor
+// checks, the op tuple, enqueue_group's parsing, one wait() and one (Buffer, shape) tuple per
+// handle, then torch.frombuffer(...).view(shape)); here the group costs one call to submit and
+// one to wait, and each output one torch.frombuffer (plus a view for shapes of more or fewer
+// than one dimension).
+//
+// Note [Grouped C path]
+// torch_group_async takes a group only if every tensor is one the checked Python path would
+// accept and submit unchanged: an exact torch.Tensor/Parameter on the CPU, strided, contiguous,
+// of a supported dtype (bindings/torch_api.cc, fillTorchOp), its output likewise with the same
+// dtype, and a str or absent name. Otherwise it returns None having named and enqueued nothing,
+// and the checked path raises Horovod's errors (empty list, bad dtype, non-contiguous, ...) or
+// takes the group (CUDA tensors). Names follow the checked path: "<prefix>.<name>" (or the set's
+// next noname), "_<i>of<n>" appended per tensor for a grouped op. The tensors stay alive in
+// engine_native.torch's handle map (Note [Handle lifetime] in torch/runtime.py).
+// torch_group_wait fills a list slot per handle as each finishes (the output tensor, True for
+// an op without a core output, or the op's exception), so a wait interrupted by Ctrl-C resumes
+// where it stopped and a failed member never hides the others' completion.
+// Binding code only; every function runs with the GIL held (the wait releases it).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bindings/buffer.h"
+#include "bindings/core_calls.h"
+#include "bindings/enqueue_args.h"
+#include "bindings/torch_api.h"
+#include "runtime/runtime.h"
+
+namespace hvd::bindings {
+namespace {
+
+using runtime::Runtime;
+
+// Set by torch_group_setup(); references held for the life of the process.
+struct GroupSetup {
+  PyObject* frombuffer = nullptr;     // torch.frombuffer
+  PyObject* empty = nullptr;          // torch.empty
+  PyObject* kw_dtype_count = nullptr;  // ("dtype", "count")
+  PyObject* kw_dtype = nullptr;        // ("dtype",)
+  PyObject* str_view = nullptr;
+};
+GroupSetup g;
+
+PyObject* pyTorchGroupSetup(PyObject*, PyObject* args) {
+  GroupSetup s;
+  if (!PyArg_ParseTuple(args, "OO", &s.frombuffer, &s.empty)) return nullptr;
+  Py_INCREF(s.frombuffer);
+  Py_INCREF(s.empty);
+  s.kw_dtype_count = Py_BuildValue("(ss)", "dtype", "count");
+  s.kw_dtype = Py_BuildValue("(s)", "dtype");
+  s.str_view = PyUnicode_InternFromString("view");
+  if (s.kw_dtype_count == nullptr || s.kw_dtype == nullptr || s.str_view == nullptr) {
+    return nullptr;
+  }
+  g = s;
+  Py_RETURN_NONE;
+}
+
+// The arguments of torch_group_async, in order.
+enum Arg { kKind, kTensors, kOutputs, kName, kPrefix, kGrouped, kOp, kPre, kPost, kSet, kWaited,
+           kArgCount };
+
+// Fills ops[i] from tensors[i] (and outputs[i]); false (perhaps with an error set) when the
+// checked path must take the group. dtypes receives each tensor's dtype.
+bool fillGroup(PyObject* const* args, int kind, std::vector<runtime::EnqueueArgs>* ops,
+               PyObject* dtypes) {
+  PyObject* tensors = args[kTensors];
+  PyObject* outputs = args[kOutputs];
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(tensors);
+  int reduce_op = 0, set_id = 0;
+  double prescale = PyFloat_AsDouble(args[kPre]);
+  if (prescale == -1.0 && PyErr_Occurred()) return false;
+  double postscale = PyFloat_AsDouble(args[kPost]);
+  if (postscale == -1.0 && PyErr_Occurred()) return false;
+  if (!asCInt(args[kOp], &reduce_op) || !asCInt(args[kSet], &set_id)) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* tensor = PySequence_Fast_GET_ITEM(tensors, i);
+    PyObject* output = outputs == Py_None ? tensor : PySequence_Fast_GET_ITEM(outputs, i);
+    runtime::EnqueueArgs& op = (*ops)[static_cast<size_t>(i)];
+    PyObject* dtype = nullptr;
+    if (!fillTorchOp(tensor, output, &op, &dtype)) return false;
+    PyList_SET_ITEM(dtypes, i, dtype);  // steals
+    if (outputs == Py_None) op.output = nullptr;  // the core allocates the output
+    auto& r = op.request;
+    r.type = static_cast<coord::OpType>(kind);
+    r.reduce_op = static_cast<common::ReduceOp>(reduce_op);
+    r.prescale = prescale;
+    r.postscale = postscale;
+    r.process_set = set_id;
+  }
+  return true;
+}
+
+// Names the group's ops (Note [Grouped C path]) and enqueues them; (handles, dtypes) or nullptr
+// with an exception (the core's ValueError for a duplicate name, ...).
+PyObject* nameAndSubmit(PyObject* const* args, std::vector<runtime::EnqueueArgs> ops,
+                        PyObject* dtypes) {
+  int set_id = 0;
+  if (!asCInt(args[kSet], &set_id)) return nullptr;
+  PyObject* base_obj = torchOpName(args[kPrefix], args[kName], set_id);
+  if (base_obj == nullptr) return nullptr;
+  Py_ssize_t length = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(base_obj, &length);
+  std::string base = text != nullptr ? std::string(text, static_cast<size_t>(length)) : "";
+  Py_DECREF(base_obj);
+  if (text == nullptr) return nullptr;
+  const size_t n = ops.size();
+  std::vector<std::string> names(n, base);
+  if (PyObject_IsTrue(args[kGrouped]) == 1) {
+    for (size_t i = 0; i < n; ++i) {
+      names[i].append("_").append(std::to_string(i + 1)).append("of").append(std::to_string(n));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) ops[i].name = names[i];
+  std::vector<int64_t> handles(1);
+  common::Status status;
+  if (n == 1) {  // waited: the caller's wait drives it (Note [Caller drives])
+    const int waited = PyObject_IsTrue(args[kWaited]);
+    if (waited < 0) return nullptr;
+    status = Runtime::instance().enqueue(std::move(ops[0]), &handles[0], waited == 0);
+  } else {
+    status = Runtime::instance().enqueue(std::move(ops), &handles, true);
+  }
+  if (!status.isOk()) return raiseStatus(status);
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(handles[i]));
+  }
+  Py_INCREF(dtypes);
+  return Py_BuildValue("(NN)", list, dtypes);
+}
+
+// torch_group_async(kind, tensors, outputs, name, prefix, grouped, op, prescale, postscale,
+// set_id, waited) -> (core handles, dtypes), or None when the checked path must take the call.
+PyObject* pyTorchGroupAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != kArgCount) {
+    PyErr_SetString(PyExc_TypeError,
+                    "torch_group_async(kind, tensors, outputs, name, prefix, grouped, op, "
+                    "prescale, postscale, set_id, waited)");
+    return nullptr;
+  }
+  if (!torchSetUp() || g.frombuffer == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "torch_group_async(): torch_setup() and torch_group_setup() were not called");
+    return nullptr;
+  }
+  int kind = 0;
+  if (!asCInt(args[kKind], &kind)) return nullptr;
+  if (kind != static_cast<int>(coord::OpType::kAllreduce) &&
+      kind != static_cast<int>(coord::OpType::kAllgather) &&
+      kind != static_cast<int>(coord::OpType::kReducescatter)) {
+    PyErr_Format(PyExc_ValueError, "torch_group_async(): op kind %d is not grouped here", kind);
+    return nullptr;
+  }
+  PyObject* tensors = args[kTensors];
+  PyObject* outputs = args[kOutputs];
+  PyObject* name = args[kName];
+  const bool named = name != Py_None && !(PyUnicode_Check(name) && PyUnicode_GET_LENGTH(name) == 0);
+  const bool takes_outputs = kind == static_cast<int>(coord::OpType::kAllreduce);
+  if (!(PyList_CheckExact(tensors) || PyTuple_CheckExact(tensors)) ||
+      (takes_outputs != (outputs != Py_None)) ||
+      (outputs != Py_None && !(PyList_CheckExact(outputs) || PyTuple_CheckExact(outputs)))) {
+    Py_RETURN_NONE;
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(tensors);
+  if (n == 0 || (outputs != Py_None && PySequence_Fast_GET_SIZE(outputs) != n) ||
+      (named && !PyUnicode_CheckExact(name)) || !PyUnicode_CheckExact(args[kPrefix]) ||
+      !Runtime::instance().initialized()) {
+    Py_RETURN_NONE;
+  }
+  PyObject* dtypes = PyList_New(n);
+  if (dtypes == nullptr) return nullptr;
+  std::vector<runtime::EnqueueArgs> ops(static_cast<size_t>(n));
+  if (!fillGroup(args, kind, &ops, dtypes)) {
+    Py_DECREF(dtypes);  // unset items are NULL: list_dealloc skips them
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  PyObject* result = nameAndSubmit(args, std::move(ops), dtypes);
+  Py_DECREF(dtypes);
+  return result;
+}
+
+// The pending exception as a value (its traceback attached); clears it.
+PyObject* takeError() {
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr && value != nullptr) PyException_SetTraceback(value, traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  return value;
+}
+
+// A tensor of `dtype` over a host output Buffer, shaped as the result (no copy; the tensor
+// keeps the Buffer alive).
+PyObject* wrapOutput(const runtime::OpResult& result, PyObject* dtype) {
+  if (!result.buffer || result.buffer->device >= 0) {
+    PyErr_SetString(PyExc_RuntimeError, "torch_group_wait(): the op gave no host output buffer");
+    return nullptr;
+  }
+  const std::vector<int64_t>& shape = result.shape;
+  int64_t count = 1;
+  for (int64_t d : shape) count *= d;
+  if (count == 0) {  // torch.frombuffer refuses an empty buffer
+    PyObject* dims = PyTuple_New(static_cast<Py_ssize_t>(shape.size()));
+    if (dims == nullptr) return nullptr;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      PyTuple_SET_ITEM(dims, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(shape[i]));
+    }
+    PyObject* call[] = {dims, dtype};
+    PyObject* out = PyObject_Vectorcall(g.empty, call, 1, g.kw_dtype);
+    Py_DECREF(dims);
+    return out;
+  }
+  PyObject* buffer = wrapBuffer(result.buffer);
+  PyObject* count_obj = PyLong_FromLongLong(count);
+  PyObject* flat = nullptr;
+  if (buffer != nullptr && count_obj != nullptr) {
+    PyObject* call[] = {buffer, dtype, count_obj};
+    flat = PyObject_Vectorcall(g.frombuffer, call, 1, g.kw_dtype_count);
+  }
+  Py_XDECREF(buffer);
+  Py_XDECREF(count_obj);
+  if (flat == nullptr || shape.size() == 1) return flat;
+  // flat.view(*shape), or flat.view(()) for a 0-dim result
+  std::vector<PyObject*> call(1 + std::max<size_t>(shape.size(), 1), nullptr);
+  call[0] = flat;
+  bool ok = true;
+  if (shape.empty()) {
+    call[1] = PyTuple_New(0);
+    ok = call[1] != nullptr;
+  }
+  for (size_t i = 0; ok && i < shape.size(); ++i) {
+    call[i + 1] = PyLong_FromLongLong(shape[i]);
+    ok = call[i + 1] != nullptr;
+  }
+  PyObject* out = ok ? PyObject_VectorcallMethod(g.str_view, call.data(), call.size(), nullptr)
+                     : nullptr;
+  for (PyObject* o : call) Py_XDECREF(o);
+  return out;
+}
+
+// torch_group_wait(handles, slots, dtypes) -> the first member's exception, or None. Waits for
+// every handle whose slot is None and fills the slot (Note [Grouped C path]): the output
+// tensor of dtypes[i], or True when dtypes is None (the outputs are the caller's). Raises only
+// when the wait was interrupted; the slots filled so far stay filled.
+PyObject* pyTorchGroupWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+      PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1]) ||
+      (args[2] != Py_None &&
+       (!PyList_CheckExact(args[2]) || PyList_GET_SIZE(args[2]) != PyList_GET_SIZE(args[0])))) {
+    PyErr_SetString(PyExc_TypeError,
+                    "torch_group_wait(handles, slots, dtypes): lists of one length (dtypes may "
+                    "be None)");
+    return nullptr;
+  }
+  PyObject* handles = args[0];
+  PyObject* slots = args[1];
+  PyObject* dtypes = args[2];
+  const Py_ssize_t n = PyList_GET_SIZE(handles);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyList_GET_ITEM(slots, i) != Py_None) continue;  // finished before an interrupt
+    const long long handle = PyLong_AsLongLong(PyList_GET_ITEM(handles, i));
+    if (handle == -1 && PyErr_Occurred()) return nullptr;
+    common::Status status;
+    runtime::OpResult result;
+    if (!waitResult(handle, &status, &result)) return nullptr;  // interrupted: still pending
+    PyObject* value = nullptr;
+    if (!status.isOk()) {
+      raiseStatus(status);
+    } else if (dtypes == Py_None) {
+      value = Py_NewRef(Py_True);
+    } else {
+      value = wrapOutput(result, PyList_GET_ITEM(dtypes, i));
+    }
+    if (value == nullptr) value = takeError();
+    PyList_SetItem(slots, i, value);  // steals
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* slot = PyList_GET_ITEM(slots, i);
+    if (PyExceptionInstance_Check(slot)) return Py_NewRef(slot);
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_group_methods[] = {
+    {"torch_group_setup", pyTorchGroupSetup, METH_VARARGS,
+     "torch_group_setup(frombuffer, empty): configure the grouped torch path "
+     "(engine_native.torch.grouped calls it)."},
+    {"torch_group_async",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyTorchGroupAsync)),
+     METH_FASTCALL,
+     "torch_group_async(kind, tensors, outputs, name, prefix, grouped, op, prescale, "
+     "postscale, set_id, waited): enqueue a group of plain CPU tensors in one call; returns "
+     "(handles, dtypes), or None when the checked path must take the call."},
+    {"torch_group_wait",
+     reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyTorchGroupWait)),
+     METH_FASTCALL,
+     "torch_group_wait(handles, slots, dtypes): wait for a group, filling each slot with its "
+     "output (True without dtypes) or its exception; returns the first exception or None."},
+    {nullptr, nullptr, 0, nullptr}};
+
+}  // namespace
+
+int addTorchGroupBindings(PyObject* module) {
+  return PyModule_AddFunctions(module, g_group_methods);
+}
+
+}  // namespace hvd::bindings
