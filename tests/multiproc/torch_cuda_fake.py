@@ -12,8 +12,9 @@ What is faked (only what talks to ``torch.cuda`` or asks "is this tensor on the 
   keeps the Buffer alive, exactly as the real one does;
 - ``devices.join_device``: the real function, except that a CUDA device without an index means
   device 0 (the real one asks ``torch.cuda.current_device()``);
-- the C path of allreduce (``_core.torch_allreduce_async``, which takes CPU tensors only,
-  judging by ``tensor.is_cpu``) declines every tensor, as it declines a real CUDA tensor.
+- the C paths of allreduce and of the grouped ops (``_core.torch_allreduce_async`` and
+  ``_core.torch_group_async``, which take CPU tensors only, judging by ``tensor.is_cpu``)
+  decline every tensor, as they decline a real CUDA tensor.
 
 What is real: all of engine_native.torch above that seam (checks, names, handles, grouping,
 autograd, the optimizer, SyncBatchNorm, compression, object helpers), the loading of the CUDA
@@ -50,7 +51,8 @@ FAKE_DEVICE = 0
 _state = {"stream": None, "wrapped": {}, "placed": 0}  # wrapped: ptr -> weakref(holder)
 _real = {"join_device": devices.join_device, "device_tensor": devices.device_tensor,
          "placement": devices.placement,
-         "torch_allreduce_async": _core.torch_allreduce_async}
+         "torch_allreduce_async": _core.torch_allreduce_async,
+         "torch_group_async": _core.torch_group_async}
 
 
 class _HostArray:
@@ -94,6 +96,10 @@ def _torch_allreduce_async(*args):
     so the checked Python path takes it."""
 
 
+def _torch_group_async(*args):
+    """The grouped C path's answer for a group of CUDA tensors: None, declined, likewise."""
+
+
 def install():
     """Fake the seam (see the module docstring). Needs ``device_ops.rank_envs``' environment."""
     if _state["stream"] is None:
@@ -102,12 +108,13 @@ def install():
     devices.device_tensor = _device_tensor
     devices.join_device = _join_device
     _core.torch_allreduce_async = _torch_allreduce_async
+    _core.torch_group_async = _torch_group_async
 
 
 def uninstall():
     """The real seam again (CPU tensors take the CPU path)."""
     for module, names in ((devices, ("placement", "device_tensor", "join_device")),
-                          (_core, ("torch_allreduce_async",))):
+                          (_core, ("torch_allreduce_async", "torch_group_async"))):
         for name in names:
             setattr(module, name, _real[name])
 
