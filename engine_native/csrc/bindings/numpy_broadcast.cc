@@ -28,10 +28,8 @@ PyObject* g_checked_in_place = nullptr;
 PyObject* pyNumpyBroadcastSetup(PyObject*, PyObject* args) {
   PyObject *copy = nullptr, *in_place = nullptr;
   if (!PyArg_ParseTuple(args, "OO", &copy, &in_place)) return nullptr;
-  Py_INCREF(copy);
-  Py_INCREF(in_place);
-  g_checked_copy = copy;
-  g_checked_in_place = in_place;
+  Py_XSETREF(g_checked_copy, Py_NewRef(copy));  // a second setup replaces the first
+  Py_XSETREF(g_checked_in_place, Py_NewRef(in_place));
   Py_RETURN_NONE;
 }
 

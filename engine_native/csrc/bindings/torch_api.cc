@@ -118,7 +118,10 @@ bool fillTensorOp(PyObject* tensor, PyObject* output, runtime::EnqueueArgs* op,
     return false;
   }
   PyObject* shape = PyObject_GetAttr(tensor, g.str_shape);  // torch.Size, a tuple
-  if (shape == nullptr) return false;
+  if (shape == nullptr) {
+    Py_DECREF(dtype);
+    return false;
+  }
   const bool ok = toInt64List(shape, &op->request.shape, "shape");
   Py_DECREF(shape);
   uintptr_t input_address = 0, output_address = 0;

@@ -55,7 +55,10 @@ PyObject* pyTorchGroupSetup(PyObject*, PyObject* args) {
   if (s.kw_dtype_count == nullptr || s.kw_dtype == nullptr || s.str_view == nullptr) {
     return nullptr;
   }
-  g = s;
+  for (PyObject* o : {g.frombuffer, g.empty, g.kw_dtype_count, g.kw_dtype, g.str_view}) {
+    Py_XDECREF(o);
+  }
+  g = s;  // a second setup replaces the first
   Py_RETURN_NONE;
 }
 
@@ -128,7 +131,12 @@ PyObject* nameAndSubmit(PyObject* const* args, std::vector<runtime::EnqueueArgs>
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
   if (list == nullptr) return nullptr;
   for (size_t i = 0; i < handles.size(); ++i) {
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(handles[i]));
+    PyObject* handle = PyLong_FromLongLong(handles[i]);
+    if (handle == nullptr) {
+      Py_DECREF(list);  // unset items are NULL, which list dealloc skips
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), handle);
   }
   Py_INCREF(dtypes);
   return Py_BuildValue("(NN)", list, dtypes);
@@ -210,7 +218,12 @@ PyObject* wrapOutput(const runtime::OpResult& result, PyObject* dtype) {
     PyObject* dims = PyTuple_New(static_cast<Py_ssize_t>(shape.size()));
     if (dims == nullptr) return nullptr;
     for (size_t i = 0; i < shape.size(); ++i) {
-      PyTuple_SET_ITEM(dims, static_cast<Py_ssize_t>(i), PyLong_FromLongLong(shape[i]));
+      PyObject* dim = PyLong_FromLongLong(shape[i]);
+      if (dim == nullptr) {
+        Py_DECREF(dims);
+        return nullptr;
+      }
+      PyTuple_SET_ITEM(dims, static_cast<Py_ssize_t>(i), dim);
     }
     PyObject* call[] = {dims, dtype};
     PyObject* out = PyObject_Vectorcall(g.empty, call, 1, g.kw_dtype);
@@ -279,6 +292,10 @@ PyObject* pyTorchGroupWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       value = wrapOutput(result, PyList_GET_ITEM(dtypes, i));
     }
     if (value == nullptr) value = takeError();
+    if (value == nullptr) {  // a failure without an exception: never leave a NULL slot
+      PyErr_SetString(PyExc_SystemError, "torch_group_wait(): a member failed without an error");
+      return nullptr;
+    }
     PyList_SetItem(slots, i, value);  // steals
   }
   for (Py_ssize_t i = 0; i < n; ++i) {

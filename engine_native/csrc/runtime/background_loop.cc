@@ -343,10 +343,17 @@ int BackgroundLoop::timeoutMs() const {
 // is relaying to every worker (an abort, a timeout), and rank 0's message to this rank can
 // trail the peer's close. Give it a short, bounded chance to arrive (Note [Failure fan-out]).
 void BackgroundLoop::awaitCause() {
-  constexpr int kCauseWaitMs = 100;
+  constexpr double kCauseWaitSeconds = 0.1;
   transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
-  if (channel != nullptr && !failed_) channel->waitReadable(kCauseWaitMs);
-  readControl();
+  // Rank 0's ring may already hold other frames (responses of ops running now): read them and
+  // keep waiting, until the cause comes (fail() sets failed_) or the time is up.
+  const auto deadline = transport::tcp::deadlineAfter(kCauseWaitSeconds);
+  for (int left_ms = 1; channel != nullptr && !failed_ && left_ms > 0;) {
+    left_ms = transport::tcp::millisecondsLeft(deadline, 1000);
+    if (left_ms > 0) channel->waitReadable(left_ms);
+    readControl();
+  }
+  if (channel == nullptr) readControl();
 }
 
 // Every op of this rank — submitted, drained or queued for execution — ends with `status`, and

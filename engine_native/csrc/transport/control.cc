@@ -152,8 +152,13 @@ void ControlChannel::waitReadable(int timeout_ms) {
   // Note [Control over shm] B. Wake bytes left over from earlier sleeps make the socket
   // readable with no frame behind them: they are drained and the wait goes on, so a stale byte
   // never ends it early (a survivor would then miss the cause rank 0 relays). A hang-up ends
-  // it; receive() reports it.
-  shm::beginPollSleep(link_->ownDoorbell());
+  // it; receive() reports it. The doorbell is the rank's, and the loop thread may have
+  // announced its own poll sleep on it (this is then a caller driving the loop): the
+  // announcement stays, or writers would stop waking that thread.
+  shm::Doorbell* bell = link_->ownDoorbell();
+  const bool loop_announced =
+      bell->sleeping.load(std::memory_order_seq_cst) == shm::kPollSleep;
+  shm::beginPollSleep(bell);
   const tcp::Deadline deadline = tcp::deadlineAfter(timeout_ms / 1000.0);
   while (!link_->hasData()) {
     const int left_ms = tcp::millisecondsLeft(deadline, timeout_ms);
@@ -164,7 +169,7 @@ void ControlChannel::waitReadable(int timeout_ms) {
       break;
     }
   }
-  shm::endSleep(link_->ownDoorbell());
+  if (!loop_announced) shm::endSleep(bell);
 }
 
 Status ControlChannel::receive(std::vector<ControlMessage>* out) {
