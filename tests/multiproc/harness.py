@@ -11,7 +11,9 @@ function and pickles ``{"ok", "value", "traceback"}`` into the result directory.
 ``engine_native.init()`` themselves.
 
 Every child gets its own session, so teardown kills whole process groups (``os.killpg``),
-including anything a rank started.
+including anything a rank started. A rank also dies with the process that spawned it
+(``PR_SET_PDEATHSIG``): a test run killed from outside (a CI timeout, Ctrl-C twice) leaves no
+rank behind waiting for its peers.
 """
 from __future__ import annotations
 
@@ -230,6 +232,7 @@ def run_ranks(fn: Callable, np: int, env: Optional[dict] = None, timeout: float 
 
 
 def _spawn(spec: str, workdir: str, rank: int, env: dict) -> subprocess.Popen:
+    env = dict(env, HVD_HARNESS_PARENT=str(os.getpid()))  # for _die_with_parent
     with open(os.path.join(workdir, f"rank{rank}.out"), "wb") as out, \
             open(os.path.join(workdir, f"rank{rank}.err"), "wb") as err:
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), spec, str(rank)],
@@ -314,10 +317,24 @@ def _load(spec: dict) -> Callable:
     return obj
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this rank when the process that spawned it exits; exit now if it already has."""
+    import ctypes
+
+    parent = os.environ.pop("HVD_HARNESS_PARENT", None)
+    if parent is None:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(parent):  # it died before the prctl
+        os._exit(1)
+
+
 def _child_main(spec_path: str, rank_arg: str) -> int:
     import faulthandler
     import traceback
 
+    _die_with_parent()
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     with open(spec_path, "rb") as fh:
         spec = pickle.load(fh)

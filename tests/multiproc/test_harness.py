@@ -108,6 +108,41 @@ def test_timeout_kills_everything(tmp_path):
         assert not _alive(pid), f"grandchild {pid} survived the harness timeout"
 
 
+def hang_forever_reporting_pid(marker_dir):
+    path = os.path.join(marker_dir, f"rank{os.environ['HVD_RANK']}")
+    with open(path + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)  # whole, or not there
+    import threading
+    threading.Event().wait()
+
+
+def test_ranks_die_with_a_killed_parent(tmp_path):
+    """The test process killed from outside (SIGKILL: no teardown runs) takes its ranks along."""
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from multiproc.harness import run_ranks; "
+         "from multiproc.test_harness import hang_forever_reporting_pid as f; "
+         "run_ranks(f, 2, args=(sys.argv[1],), timeout=300)", str(tmp_path)],
+        cwd=tests_dir, env=dict(os.environ, PYTHONPATH=tests_dir))
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(tmp_path.glob("rank[0-9]"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pids = [int((tmp_path / f"rank{r}").read_text()) for r in range(2)]
+    finally:
+        parent.kill()
+        parent.wait()
+    for pid in pids:
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"rank {pid} outlived the killed test process")
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as fh:
