@@ -243,7 +243,8 @@ class _Pending:
 
     def wait(self):
         """Wait for every core handle; returns the first member's error (None when none
-        failed). A KeyboardInterrupt passes through with the record intact."""
+        failed). A KeyboardInterrupt, or any exception a signal handler raised while the op was
+        still running, passes through with the record intact."""
         error = None
         for i, core_handle in enumerate(self.core_handles):
             if i in self.results:
@@ -253,12 +254,22 @@ class _Pending:
             except (KeyboardInterrupt, SystemExit):
                 raise  # still pending in the core: keep the record (Note [Handle lifetime])
             except Exception as exc:  # noqa: BLE001 - returned, raised after the group drained
+                if _still_pending(core_handle):
+                    raise  # a signal handler's exception cut the wait short: as Ctrl-C
                 self.results[i] = None
                 error = error or exc
         return error
 
     def output(self):
         return self.finish([self.results[i] for i in range(len(self.core_handles))])
+
+
+def _still_pending(core_handle) -> bool:
+    """True while the core still runs the op: a wait that raised without finishing it."""
+    try:
+        return not _core.poll(core_handle, False)
+    except ValueError:  # released: the wait delivered the op's own error
+        return False
 
 
 # A handle is the op's first core handle, so it never collides with a handle of the C path

@@ -7,21 +7,28 @@ import gc
 import signal
 import weakref
 
+import pytest
 import torch
 
 from multiproc import checks
 from multiproc.harness import run_ranks
 
 
-def _interrupt_in(seconds):
-    """KeyboardInterrupt in this thread after ``seconds`` (what Ctrl-C does to a script)."""
+class _TimeLimit(Exception):
+    """What a signal-based time limit raises (pytest-timeout's signal method, a user's
+    SIGALRM handler): an ordinary Exception, unlike KeyboardInterrupt."""
+
+
+def _interrupt_in(seconds, error=KeyboardInterrupt):
+    """``error`` raised in this thread after ``seconds`` by a signal handler (KeyboardInterrupt:
+    what Ctrl-C does to a script)."""
     def handler(signum, frame):
-        raise KeyboardInterrupt
+        raise error
     signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, seconds)
 
 
-def interrupted_wait():
+def interrupted_wait(error_name):
     import engine_native.torch as hvd
     from engine_native import _core
     from engine_native.torch import runtime
@@ -42,11 +49,12 @@ def interrupted_wait():
     hb = hvd.broadcast_async_(bcast, root_rank=1, name="late.b")
     hg = hvd.allgather_async(gather, name="late.g")
     assert hb in runtime._handle_map and not _core.torch_kept(hb), "not the Python path"
-    _interrupt_in(0.2)
+    error = {"KeyboardInterrupt": KeyboardInterrupt, "_TimeLimit": _TimeLimit}[error_name]
+    _interrupt_in(0.2, error)
     try:
         hvd.synchronize(hb)
         raise AssertionError("synchronize returned before rank 1 submitted")
-    except KeyboardInterrupt:
+    except error:
         pass
     del bcast, gather
     gc.collect()
@@ -64,8 +72,10 @@ def interrupted_wait():
     return result
 
 
-def test_ctrl_c_while_waiting_keeps_the_python_paths_tensors_alive():
-    res = run_ranks(interrupted_wait, 2, timeout=90)
+@pytest.mark.parametrize("error_name", ["KeyboardInterrupt", "_TimeLimit"])
+def test_ctrl_c_while_waiting_keeps_the_python_paths_tensors_alive(error_name):
+    """Ctrl-C, or any exception a signal handler raises: the op stays pending, not failed."""
+    res = run_ranks(interrupted_wait, 2, args=(error_name,), timeout=90)
     got = res[0].value
     assert got["kept"] == {"broadcast": True, "allgather": True}, "pending tensors let go"
     assert got["in_place"] and got["broadcast"] == [2.0], got  # rank 1's values, in place

@@ -131,7 +131,9 @@ def make_fake_core():
         rec['done'] = True
         state['names'].discard(rec['op'][1])
 
-    def poll(handle):
+    def poll(handle, free_name=True):
+        if handle not in state['handles']:  # as the core: waited for, or never made
+            raise ValueError('poll(): unknown or already released handle %d' % handle)
         rec = state['handles'][handle]
         if not rec['polled']:
             rec['polled'] = True
