@@ -12,6 +12,11 @@ const NumpySetup& numpySetup() { return g_setup; }
 void setNumpySetup(const NumpySetup& setup) { g_setup = setup; }
 
 bool internArgNames(ArgNames* names) {
+  constexpr int kMaxNames = static_cast<int>(sizeof(names->interned) / sizeof(PyObject*));
+  if (names->count > kMaxNames) {
+    PyErr_Format(PyExc_SystemError, "%s: more than %d keyword names", names->function, kMaxNames);
+    return false;
+  }
   for (int i = 0; i < names->count; ++i) {
     names->interned[i] = PyUnicode_InternFromString(names->names[i]);
     if (names->interned[i] == nullptr) return false;

@@ -302,15 +302,14 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
     if (j == self) continue;
     if (m.shm.peer_segment[j]) {
       const shm::Segment& theirs = *m.shm.peer_segment[j];
-      m.pairs[j].reset(new shm::ShmPair(j, theirs.ring(m.shm.outgoing_ring[j]),
-                                        m.shm.own->ring(m.shm.incoming_ring[j]),
-                                        theirs.doorbell(), m.shm.own->doorbell(),
-                                        m.data_fds[j]));
+      const uint32_t out = m.shm.outgoing_ring[j], in = m.shm.incoming_ring[j];
+      m.pairs[j].reset(new shm::ShmPair(
+          j, {theirs.ring(out), m.shm.own->ring(in), theirs.doorbell(), m.shm.own->doorbell(),
+              m.data_fds[j]}));
       if (m.controls[j]) {  // Note [Control over shm]; both sides decide alike (step D)
-        m.controls[j]->attachSharedMemory(std::make_unique<shm::ControlLink>(
-            theirs.controlRing(m.shm.outgoing_ring[j]),
-            m.shm.own->controlRing(m.shm.incoming_ring[j]), theirs.controlDoorbell(),
-            m.shm.own->controlDoorbell(), m.controls[j]->fd()));
+        m.controls[j]->attachSharedMemory(std::make_unique<shm::ControlLink>(shm::RingLink{
+            theirs.controlRing(out), m.shm.own->controlRing(in), theirs.controlDoorbell(),
+            m.shm.own->controlDoorbell(), m.controls[j]->fd()}));
       }
     } else {
       m.pairs[j].reset(new tcp::TcpPair(m.data_fds[j], j, m.abort_fd));

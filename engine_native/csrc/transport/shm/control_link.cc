@@ -29,18 +29,18 @@
 namespace hvd::transport::shm {
 
 size_t ControlLink::write(const uint8_t* data, size_t n) {
-  size_t done = outgoing_.write(data, n);
+  size_t done = link_.outgoing.write(data, n);
   if (done < n) {  // C
-    outgoing_.markWriterWaiting();
-    done += outgoing_.write(data + done, n - done);
+    link_.outgoing.markWriterWaiting();
+    done += link_.outgoing.write(data + done, n - done);
   }
-  if (done > 0) wakeIfSleeping(peer_doorbell_, socket_fd_);  // B
+  if (done > 0) link_.wakePeer();  // B
   return done;
 }
 
 size_t ControlLink::read(uint8_t* dst, size_t n) {
-  const size_t got = incoming_.read(dst, n);
-  if (got > 0 && incoming_.takeWriterWaiting()) wakeIfSleeping(peer_doorbell_, socket_fd_);
+  const size_t got = link_.incoming.read(dst, n);
+  if (got > 0 && link_.incoming.takeWriterWaiting()) link_.wakePeer();
   return got;
 }
 

@@ -16,12 +16,9 @@ namespace hvd::transport::shm {
 
 class ControlLink {
  public:
-  // outgoing: the peer's control ring for this rank; incoming: this rank's ring for the peer.
-  // socket_fd: the control connection (owned by the channel).
-  ControlLink(Ring outgoing, Ring incoming, Doorbell* peer_doorbell, Doorbell* own_doorbell,
-              int socket_fd)
-      : outgoing_(outgoing), incoming_(incoming), peer_doorbell_(peer_doorbell),
-        own_doorbell_(own_doorbell), socket_fd_(socket_fd) {}
+  // link: the control rings (outgoing: the peer's control ring for this rank); its socket is
+  // the control connection (owned by the channel).
+  explicit ControlLink(const RingLink& link) : link_(link) {}
 
   // Never blocks: writes what fits and wakes the peer if it sleeps. Bytes left over stay with
   // the caller, who calls again; the peer wakes this rank once it has read (Note [Control
@@ -29,15 +26,11 @@ class ControlLink {
   size_t write(const uint8_t* data, size_t n);
   // Reads what is there; wakes the peer if it waits for room.
   size_t read(uint8_t* dst, size_t n);
-  bool hasData() const { return incoming_.hasData(); }  // seq_cst: the sleep re-check
-  Doorbell* ownDoorbell() const { return own_doorbell_; }
+  bool hasData() const { return link_.incoming.hasData(); }  // seq_cst: the sleep re-check
+  Doorbell* ownDoorbell() const { return link_.own_doorbell; }
 
  private:
-  Ring outgoing_;
-  Ring incoming_;
-  Doorbell* peer_doorbell_;
-  Doorbell* own_doorbell_;
-  int socket_fd_;
+  RingLink link_;
 };
 
 }  // namespace hvd::transport::shm

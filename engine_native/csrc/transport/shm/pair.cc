@@ -7,14 +7,14 @@ namespace hvd::transport::shm {
 using common::Status;
 
 Status ShmPair::sendSome(const uint8_t* data, size_t n, size_t* moved) {
-  *moved = n == 0 ? 0 : outgoing_.write(data, n);
-  if (*moved > 0) wakeIfSleeping(peer_doorbell_, socket_fd_);  // data for the receiver
+  *moved = n == 0 ? 0 : link_.outgoing.write(data, n);
+  if (*moved > 0) link_.wakePeer();  // data for the receiver
   return Status::ok();
 }
 
 Status ShmPair::recvSome(uint8_t* data, size_t n, size_t* moved) {
-  *moved = n == 0 ? 0 : incoming_.read(data, n);
-  if (*moved > 0) wakeIfSleeping(peer_doorbell_, socket_fd_);  // space for the sender
+  *moved = n == 0 ? 0 : link_.incoming.read(data, n);
+  if (*moved > 0) link_.wakePeer();  // space for the sender
   return Status::ok();
 }
 

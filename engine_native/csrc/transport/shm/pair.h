@@ -12,13 +12,10 @@ namespace hvd::transport::shm {
 
 class ShmPair : public Pair {
  public:
-  // outgoing: ring in the peer's segment; incoming: ring in ours. peer_doorbell: the peer's;
-  // own_doorbell: this rank's, which Comm waits on. socket_fd: the authenticated TCP socket to
-  // the peer (owned by the Mesh), which carries only wake bytes for poll sleeps.
-  ShmPair(int peer, Ring outgoing, Ring incoming, Doorbell* peer_doorbell,
-          Doorbell* own_doorbell, int socket_fd)
-      : peer_(peer), outgoing_(outgoing), incoming_(incoming), peer_doorbell_(peer_doorbell),
-        own_doorbell_(own_doorbell), socket_fd_(socket_fd) {}
+  // link: the data rings; its own_doorbell is the one Comm waits on, its socket the
+  // authenticated TCP socket to the peer (owned by the Mesh), which carries only wake bytes for
+  // poll sleeps.
+  ShmPair(int peer, const RingLink& link) : peer_(peer), link_(link) {}
 
   PairKind kind() const override { return PairKind::kShm; }
   int peer() const override { return peer_; }
@@ -27,18 +24,14 @@ class ShmPair : public Pair {
   int pollFd() const override { return -1; }
 
   // For the doorbell re-check (seq_cst loads): could a send / receive progress now?
-  bool canSend() const { return outgoing_.hasSpace(); }
-  bool canRecv() const { return incoming_.hasData(); }
-  Doorbell* ownDoorbell() const { return own_doorbell_; }
-  int wakeFd() const { return socket_fd_; }  // poll for POLLIN during a poll sleep
+  bool canSend() const { return link_.outgoing.hasSpace(); }
+  bool canRecv() const { return link_.incoming.hasData(); }
+  Doorbell* ownDoorbell() const { return link_.own_doorbell; }
+  int wakeFd() const { return link_.socket_fd; }  // poll for POLLIN during a poll sleep
 
  private:
   int peer_;
-  Ring outgoing_;
-  Ring incoming_;
-  Doorbell* peer_doorbell_;
-  Doorbell* own_doorbell_;
-  int socket_fd_;
+  RingLink link_;
 };
 
 }  // namespace hvd::transport::shm

@@ -141,6 +141,8 @@ void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
   }
 }
 
+void RingLink::wakePeer() const { wakeIfSleeping(peer_doorbell, socket_fd); }
+
 void beginPollSleep(Doorbell* doorbell) {
   doorbell->sleeping.store(kPollSleep, std::memory_order_seq_cst);
 }

@@ -61,6 +61,19 @@ class Ring {
   uint64_t capacity_ = 0;
 };
 
+// The rings and doorbells between this rank and one peer of its host, and the socket that
+// carries wake bytes (owned elsewhere): ShmPair's data rings, ControlLink's control rings.
+struct RingLink {
+  Ring outgoing;             // this rank's ring in the peer's segment
+  Ring incoming;             // the peer's ring in this rank's segment
+  Doorbell* peer_doorbell;
+  Doorbell* own_doorbell;
+  int socket_fd;
+
+  // Wakes the peer if it sleeps: data for it after a write, room for it after a read.
+  void wakePeer() const;
+};
+
 // Wakes the doorbell's owner if it sleeps (or is about to): FUTEX_WAKE, or for a poll sleep
 // one byte on `socket_fd`, the pair's TCP socket to the owner.
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd);
