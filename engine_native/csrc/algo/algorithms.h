@@ -139,6 +139,13 @@ common::Status alltoall(transport::Comm& comm, const void* in,
 common::Status alltoallShm(transport::Comm& comm, const void* in,
                            const std::vector<size_t>& send_bytes, void* out,
                            const std::vector<size_t>& recv_bytes, size_t largest);
+// Whether the alltoall (largest block `largest`) writes into the ranks' outputs directly
+// (Note [Shared outputs] in algo/alltoall_shm.cc): then every rank's output must come from
+// shared blocks (runtime/host_output_pool.h hostOutput(bytes, true)). The same on every rank.
+bool alltoallWritesOutputs(const transport::Comm& comm, size_t largest,
+                           const AllreduceChoice& choice);
+// Alltoalls this process ran that way since it started (metrics()["shared_output_ops"]).
+uint64_t sharedOutputOps();
 common::Status alltoallPairwise(transport::Comm& comm, const void* in,
                                 const std::vector<size_t>& send_bytes, void* out,
                                 const std::vector<size_t>& recv_bytes);

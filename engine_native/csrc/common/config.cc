@@ -138,6 +138,13 @@ const std::vector<Knob>& knobs() {
                "ones copy through the shared segment, faster there (Note [Single-copy "
                "threshold]). The host's lowest rank's value holds for the whole host."},
               Kind::kBytes, &Config::single_copy_min_bytes, 0),
+      boolKnob({"HVD_SHARED_OUTPUTS", nullptr, "bool", "true",
+                "true: a large alltoall between ranks of one host puts each rank's output in "
+                "shared memory that the other ranks write their blocks into, one copy per "
+                "byte, when every rank of the host can (probed at start; "
+                "metrics()['shared_outputs'] says whether, and why not). false: through the "
+                "collective segment's slots, two copies per byte."},
+               &Config::shared_outputs),
       intKnob({"HVD_TCP_SEGMENT_BYTES", nullptr, "bytes", "1048576",
                "Pipelining unit of collectives over TCP (at least 4096)."},
               Kind::kBytes, &Config::tcp_segment_bytes, 4096),

@@ -72,6 +72,13 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   } else {
     metrics_.setHostCopy("segment", host->singleCopyReason());
   }
+  if (host == nullptr) {
+    metrics_.setSharedOutputs(false, "no host collective segment");
+  } else {
+    metrics_.setSharedOutputs(host->sharedOutputs(), host->sharedOutputs()
+                                                         ? ""
+                                                         : host->sharedOutputsReason());
+  }
   // Where the host's ranks outnumber its cores the spin yields between passes (Note
   // [Yielding spins] in transport/mesh.cc).
   if (drivable_) caller_spin_ = std::chrono::microseconds(config_.caller_spin_microseconds);

@@ -233,7 +233,8 @@ Status CpuExecutor::broadcast(OpContext& op) {
 
 Status CpuExecutor::alltoall(OpContext& op) {
   const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
-  op.result->buffer = hostOutput(layout.total);
+  op.result->buffer =
+      hostOutput(layout.total, algo::alltoallWritesOutputs(op.comm, layout.largest, op.choice));
   op.result->shape = layout.shape;
   op.result->received_splits = layout.received_splits;
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;

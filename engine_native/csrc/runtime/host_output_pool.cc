@@ -6,6 +6,8 @@
 #include <mutex>
 #include <vector>
 
+#include "transport/shm/shared_blocks.h"
+
 namespace hvd::runtime {
 
 // Note [Host output reuse]: a block comes back when the last reference to its OutputBuffer
@@ -33,47 +35,64 @@ size_t roundUp(size_t bytes) {
 struct Pool {
   std::multimap<size_t, uint8_t*> cached;  // by capacity
   size_t cached_bytes = 0;
+  uint8_t* (*allocate)(size_t capacity);
+  void (*free)(uint8_t* block);
 };
 
-std::mutex g_mutex;
-Pool* g_pool = new Pool();  // never destroyed: outputs may die at interpreter exit
+uint8_t* allocatePrivate(size_t capacity) {
+  return static_cast<uint8_t*>(std::aligned_alloc(64, capacity));
+}
+void freePrivate(uint8_t* block) { std::free(block); }
 
-void giveBack(OutputBuffer& buffer) {
+std::mutex g_mutex;
+// Never destroyed: outputs may die at interpreter exit.
+Pool* g_private = new Pool{{}, 0, &allocatePrivate, &freePrivate};
+Pool* g_shared = new Pool{{}, 0, &transport::shm::allocateSharedBlock,
+                          &transport::shm::freeSharedBlock};
+
+void giveBackTo(Pool* pool, OutputBuffer& buffer) {
   std::vector<uint8_t*> evicted;
-  {
+  if (pool == g_shared && transport::shm::sharedBlockRetired(buffer.data)) {
+    evicted.push_back(buffer.data);  // a peer may still write into it: never reused
+  } else {
     std::lock_guard<std::mutex> lock(g_mutex);
-    const auto added = g_pool->cached.emplace(buffer.capacity, buffer.data);
-    g_pool->cached_bytes += buffer.capacity;
+    const auto added = pool->cached.emplace(buffer.capacity, buffer.data);
+    pool->cached_bytes += buffer.capacity;
     const size_t bound = std::max(kCachedBytes, buffer.capacity);
-    while (g_pool->cached_bytes > bound) {  // largest first, never the block just added
-      auto largest = std::prev(g_pool->cached.end());
+    while (pool->cached_bytes > bound) {  // largest first, never the block just added
+      auto largest = std::prev(pool->cached.end());
       if (largest == added) --largest;  // the others sum to more than 0: one exists
       evicted.push_back(largest->second);
-      g_pool->cached_bytes -= largest->first;
-      g_pool->cached.erase(largest);
+      pool->cached_bytes -= largest->first;
+      pool->cached.erase(largest);
     }
   }
-  for (uint8_t* block : evicted) std::free(block);
+  for (uint8_t* block : evicted) pool->free(block);
 }
+
+void giveBackPrivate(OutputBuffer& buffer) { giveBackTo(g_private, buffer); }
+void giveBackShared(OutputBuffer& buffer) { giveBackTo(g_shared, buffer); }
 
 }  // namespace
 
-std::shared_ptr<OutputBuffer> hostOutput(size_t bytes) {
-  if (bytes < kPooledMinBytes) return std::make_shared<OutputBuffer>(bytes);
+std::shared_ptr<OutputBuffer> hostOutput(size_t bytes, bool shared) {
+  if (bytes < kPooledMinBytes && !shared) return std::make_shared<OutputBuffer>(bytes);
+  Pool* pool = shared ? g_shared : g_private;
   const size_t want = roundUp(bytes);
   uint8_t* data = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    auto it = g_pool->cached.find(want);
-    if (it != g_pool->cached.end()) {
+    auto it = pool->cached.find(want);
+    if (it != pool->cached.end()) {
       data = it->second;
-      g_pool->cached.erase(it);
-      g_pool->cached_bytes -= want;
+      pool->cached.erase(it);
+      pool->cached_bytes -= want;
     }
   }
-  if (data == nullptr) data = static_cast<uint8_t*>(std::aligned_alloc(64, want));
+  if (data == nullptr) data = pool->allocate(want);
   if (data == nullptr) return std::make_shared<OutputBuffer>(bytes);  // as before the pool
-  return std::make_shared<OutputBuffer>(data, bytes, -1, want, &giveBack);
+  return std::make_shared<OutputBuffer>(data, bytes, -1, want,
+                                        shared ? &giveBackShared : &giveBackPrivate);
 }
 
 }  // namespace hvd::runtime

@@ -15,7 +15,9 @@
 namespace hvd::runtime {
 
 // An output of `bytes`: below 1 MiB a plain allocation (malloc reuses those without faults);
-// from 1 MiB, a power-of-two block from the pool (Note [Host output reuse]).
-std::shared_ptr<OutputBuffer> hostOutput(size_t bytes);
+// from 1 MiB, a power-of-two block from the pool (Note [Host output reuse]). shared: any size
+// from a pool of shared blocks (transport/shm/shared_blocks.h) that peers of this host can
+// write into; a plain one when the kernel refuses a shared block (the op then says so).
+std::shared_ptr<OutputBuffer> hostOutput(size_t bytes, bool shared = false);
 
 }  // namespace hvd::runtime

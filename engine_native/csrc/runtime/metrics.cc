@@ -48,6 +48,12 @@ void Metrics::setHostCopy(std::string mode, std::string reason) {
   host_copy_reason_ = std::move(reason);
 }
 
+void Metrics::setSharedOutputs(bool on, std::string reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  shared_outputs_ = on;
+  shared_outputs_reason_ = std::move(reason);
+}
+
 void Metrics::setDevicePath(int32_t process_set, const std::string& path, int device) {
   std::lock_guard<std::mutex> lock(mutex_);
   device_paths_.push_back({process_set, path, device});
@@ -89,6 +95,8 @@ MetricsSnapshot Metrics::snapshot() const {
   s.control_transports = control_transports_;
   s.host_copy = host_copy_;
   s.host_copy_reason = host_copy_reason_;
+  s.shared_outputs = shared_outputs_;
+  s.shared_outputs_reason = shared_outputs_reason_;
   s.device_paths = device_paths_;
   return s;
 }
@@ -119,6 +127,8 @@ void Metrics::reset() {
   control_transports_.clear();
   host_copy_.clear();
   host_copy_reason_.clear();
+  shared_outputs_ = false;
+  shared_outputs_reason_.clear();
 }
 
 }  // namespace hvd::runtime

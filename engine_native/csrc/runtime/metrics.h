@@ -53,6 +53,13 @@ struct MetricsSnapshot {
   // segment); host_copy_reason says why it is not single-copy ("" when it is).
   std::string host_copy;
   std::string host_copy_reason;
+  // Note [Shared outputs] in algo/alltoall_shm.cc: whether this host's alltoalls write into
+  // the ranks' outputs directly, why not ("" when they do), and how many did since the
+  // process started.
+  bool shared_outputs = false;
+  std::string shared_outputs_reason;
+  uint64_t shared_output_ops = 0;
+  uint64_t peer_block_maps = 0;  // peers' blocks this process mapped (Note [Peer block cache])
   uint64_t single_copy_ops = 0;  // host ops that read peers directly, since the process started
   uint64_t single_copy_probes = 0;  // Note [Single-copy probe]s run, since the process started
   struct DevicePath {
@@ -93,6 +100,7 @@ class Metrics {
   void setTransports(std::vector<std::string> transports,
                      std::vector<std::string> control_transports);
   void setHostCopy(std::string mode, std::string reason);
+  void setSharedOutputs(bool on, std::string reason);
   void setDevicePath(int32_t process_set, const std::string& path, int device);
   MetricsSnapshot snapshot() const;
   void reset();
@@ -119,6 +127,8 @@ class Metrics {
   std::vector<std::string> control_transports_;
   std::string host_copy_;
   std::string host_copy_reason_;
+  bool shared_outputs_ = false;
+  std::string shared_outputs_reason_;
   std::vector<MetricsSnapshot::DevicePath> device_paths_;
 };
 

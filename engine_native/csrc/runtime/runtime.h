@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "algo/algorithms.h"
 #include "algo/single_copy.h"
 #include "common/config.h"
 #include "common/status.h"
@@ -26,6 +27,7 @@
 #include "runtime/process_sets.h"
 #include "transport/mesh.h"
 #include "transport/shm/cross_memory.h"
+#include "transport/shm/shared_blocks.h"
 
 namespace hvd::runtime {
 
@@ -73,6 +75,8 @@ class Runtime {
   MetricsSnapshot metrics() const {
     MetricsSnapshot s = metrics_.snapshot();
     s.single_copy_ops = algo::singleCopyOps();
+    s.shared_output_ops = algo::sharedOutputOps();
+    s.peer_block_maps = transport::shm::peerBlockMaps();
     s.single_copy_probes = transport::shm::singleCopyProbes();
     return s;
   }

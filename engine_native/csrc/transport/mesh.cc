@@ -34,6 +34,7 @@
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/pair.h"
 #include "transport/shm/setup.h"
+#include "transport/shm/shared_blocks.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/pair.h"
 #include "transport/tcp/socket.h"
@@ -348,6 +349,17 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   if (!s.isOk()) {
     return Status(s.code(), "rank " + std::to_string(mesh.rank_) +
                                 ": single-copy probe failed: " + s.message());
+  }
+  shm::SharedOutputRequest outputs;
+  outputs.rank = mesh.rank_;
+  outputs.host_ranks = m.host_ranks;
+  outputs.fds = m.data_fds;
+  outputs.wanted = m.config.shared_outputs;
+  outputs.deadline = deadline;
+  s = shm::probeSharedOutputs(outputs, m.collective.get());
+  if (!s.isOk()) {
+    return Status(s.code(), "rank " + std::to_string(mesh.rank_) +
+                                ": shared-output probe failed: " + s.message());
   }
   if (m.collective) {
     HVD_LOG(kInfo, "transport") << "host collective segment: " << m.host_ranks.size()

@@ -44,9 +44,9 @@ using common::Status;
 
 namespace {
 
-constexpr uint64_t kCollectiveMagic = 0x31304c4f43445648ull;  // "HVDCOL01"
+constexpr uint64_t kCollectiveMagic = 0x32304c4f43445648ull;  // "HVDCOL02"
 constexpr size_t kHeaderBytes = 64;
-constexpr size_t kControlBytes = 3 * 64;  // per rank: counters, doorbell, peer region
+constexpr size_t kControlBytes = 4 * 64;  // per rank: counters, doorbell, peer region (2)
 constexpr int kMaxLocalSize = 1024;
 
 struct Header {
@@ -58,7 +58,7 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(std::atomic<uint64_t>) * kStageCount <= 64, "counters share one line");
-static_assert(sizeof(PeerRegion) <= 64, "a peer region fits its line");
+static_assert(sizeof(PeerRegion) <= 128, "a peer region fits its two lines");
 
 // Step H's verdict, L to every P.
 struct HostVerdict {

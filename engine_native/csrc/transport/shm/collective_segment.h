@@ -36,6 +36,14 @@ struct PeerRegion {
   // releases that op, so a rank waiting for the release learns the op failed there (Note
   // [Single-copy ops] in algo/single_copy.cc). Never equal to a later op's number.
   std::atomic<uint64_t> failed;
+  // Where this rank's output of the op lies, for peers that write into it (Note [Shared
+  // outputs] in algo/alltoall_shm.cc): a transport/shm/shared_blocks.h SharedBlockRef
+  // (out_fd -1: not in a shared block) and the output's bytes.
+  std::atomic<int64_t> out_fd;
+  std::atomic<uint64_t> out_serial;
+  std::atomic<uint64_t> out_capacity;
+  std::atomic<uint64_t> out_offset;
+  std::atomic<uint64_t> out_bytes;
 };
 
 class CollectiveSegment {
@@ -82,6 +90,14 @@ class CollectiveSegment {
     single_copy_reason_ = std::move(reason);
     single_copy_min_bytes_ = min_bytes;
   }
+  // Note [Shared-output probe] in shared_blocks.cc: whether peers may write ops' outputs
+  // directly (outputs in shared blocks), the same on every rank of the host, and when not, why.
+  bool sharedOutputs() const { return shared_outputs_; }
+  const std::string& sharedOutputsReason() const { return shared_outputs_reason_; }
+  void setSharedOutputs(bool on, std::string reason) {
+    shared_outputs_ = on;
+    shared_outputs_reason_ = std::move(reason);
+  }
 
  private:
   CollectiveSegment() = default;
@@ -98,6 +114,8 @@ class CollectiveSegment {
   bool single_copy_ = false;
   std::string single_copy_reason_ = "not probed";
   uint64_t single_copy_min_bytes_ = 0;
+  bool shared_outputs_ = false;
+  std::string shared_outputs_reason_ = "not probed";
 };
 
 struct CollectiveRequest {

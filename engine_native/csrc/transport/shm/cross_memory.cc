@@ -32,6 +32,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "transport/shm/host_agreement.h"
+
 namespace hvd::transport::shm {
 
 using common::Status;
@@ -49,12 +51,7 @@ enum Refusal : uint32_t {
   kForced = 4,        // HVD_TEST_SINGLE_COPY_PROBE_FAIL=1 on that rank (tests only)
 };
 
-struct Verdict {
-  uint32_t refusal = kFine;
-  int32_t rank = -1;  // global rank that refused
-  int32_t peer = -1;  // global rank it could not read (kNotPermitted, kReadFailed)
-  int32_t pad = 0;
-};
+using Verdict = ProbeVerdict;  // peer: the rank it could not read (kNotPermitted, kReadFailed)
 
 std::string explain(const Verdict& v) {
   const std::string who = "rank " + std::to_string(v.rank);
@@ -148,28 +145,13 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
     return common::internalError("single-copy probe: rank " + std::to_string(request.rank) +
                                  " is not among its host's ranks");
   }
-  const bool leader = self == 0;
-  const int leader_fd = request.fds[request.host_ranks[0]];
   // J: publish the probe word, then the leader's barrier.
   volatile uint64_t word = kProbeMagic ^ static_cast<uint64_t>(self);
   PeerRegion* own = segment->region(self);
   own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->address.store(reinterpret_cast<uint64_t>(&word), std::memory_order_relaxed);
   own->bytes.store(sizeof(word), std::memory_order_release);
-  uint8_t byte = 1;
-  if (leader) {
-    for (int i = 1; i < n; ++i) {
-      HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &byte, 1,
-                                        request.deadline));
-    }
-    for (int i = 1; i < n; ++i) {
-      HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &byte, 1,
-                                         request.deadline));
-    }
-  } else {
-    HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &byte, 1, request.deadline));
-    HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &byte, 1, request.deadline));
-  }
+  HVD_RETURN_IF_ERROR(hostBarrier(request.host_ranks, request.fds, self, request.deadline));
   // K: this rank's own verdict.
   Verdict mine;
   mine.rank = request.rank;
@@ -179,22 +161,9 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
     probePeers(*segment, request, self, &mine);
   }
   // L: the leader gathers, picks the first refusal, tells everyone.
-  Verdict host = mine;
-  if (leader) {
-    for (int i = 1; i < n; ++i) {
-      Verdict theirs;
-      HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], &theirs,
-                                        sizeof(theirs), request.deadline));
-      if (host.refusal == kFine && theirs.refusal != kFine) host = theirs;
-    }
-    for (int i = 1; i < n; ++i) {
-      HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &host,
-                                         sizeof(host), request.deadline));
-    }
-  } else {
-    HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), request.deadline));
-    HVD_RETURN_IF_ERROR(tcp::readFull(leader_fd, &host, sizeof(host), request.deadline));
-  }
+  Verdict host;
+  HVD_RETURN_IF_ERROR(
+      agreeOnVerdict(request.host_ranks, request.fds, self, mine, &host, request.deadline));
   segment->setSingleCopy(host.refusal == kFine, explain(host), segment->singleCopyMinBytes());
   return Status::ok();
 }

@@ -1,0 +1,44 @@
+#include "transport/shm/host_agreement.h"
+
+namespace hvd::transport::shm {
+
+common::Status hostBarrier(const std::vector<int>& host_ranks, const std::vector<int>& fds,
+                           int self, tcp::Deadline deadline) {
+  const int n = static_cast<int>(host_ranks.size());
+  uint8_t byte = 1;
+  if (self == 0) {
+    for (int i = 1; i < n; ++i) {
+      HVD_RETURN_IF_ERROR(tcp::readFull(fds[host_ranks[i]], &byte, 1, deadline));
+    }
+    for (int i = 1; i < n; ++i) {
+      HVD_RETURN_IF_ERROR(tcp::writeFull(fds[host_ranks[i]], &byte, 1, deadline));
+    }
+    return common::Status::ok();
+  }
+  const int leader_fd = fds[host_ranks[0]];
+  HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &byte, 1, deadline));
+  return tcp::readFull(leader_fd, &byte, 1, deadline);
+}
+
+common::Status agreeOnVerdict(const std::vector<int>& host_ranks, const std::vector<int>& fds,
+                              int self, const ProbeVerdict& mine, ProbeVerdict* host,
+                              tcp::Deadline deadline) {
+  const int n = static_cast<int>(host_ranks.size());
+  *host = mine;
+  if (self == 0) {
+    for (int i = 1; i < n; ++i) {
+      ProbeVerdict theirs;
+      HVD_RETURN_IF_ERROR(tcp::readFull(fds[host_ranks[i]], &theirs, sizeof(theirs), deadline));
+      if (host->refusal == 0 && theirs.refusal != 0) *host = theirs;
+    }
+    for (int i = 1; i < n; ++i) {
+      HVD_RETURN_IF_ERROR(tcp::writeFull(fds[host_ranks[i]], host, sizeof(*host), deadline));
+    }
+    return common::Status::ok();
+  }
+  const int leader_fd = fds[host_ranks[0]];
+  HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), deadline));
+  return tcp::readFull(leader_fd, host, sizeof(*host), deadline);
+}
+
+}  // namespace hvd::transport::shm
