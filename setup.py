@@ -75,6 +75,7 @@ CORE_SOURCES = [
     "algo/broadcast.cc",
     "algo/broadcast_shm.cc",
     "algo/single_copy.cc",
+    "algo/shared_outputs.cc",
     "algo/broadcast_hierarchical.cc",
     "algo/broadcast_tree.cc",
     "algo/alltoall_pairwise.cc",

@@ -1,9 +1,11 @@
-"""Alltoall into shared outputs (issue #20; Note [Shared outputs] in algo/alltoall_shm.cc,
-transport/shm/shared_blocks.cc): where the ranks of a host may map each other's memfds (probed
-at init, on by default), an alltoall whose largest block is at least 64 KiB puts every rank's
-output in a shared block and each rank writes its blocks straight into the receivers' outputs.
+"""Alltoall and allgather into shared outputs (issue #20; Note [Shared outputs] in
+algo/shared_outputs.cc, transport/shm/shared_blocks.cc): where the ranks of a host may map each
+other's memfds (probed at init, on by default), an alltoall or allgather whose largest transfer
+is at least 64 KiB puts every rank's output in a shared block and each rank writes what it
+sends straight into the receivers' outputs.
 
-- np 1..5, every dtype, uneven splits with zero-size blocks and a rank that receives nothing:
+- np 1..5, every dtype, uneven splits with zero-size blocks and a rank that receives nothing
+  (alltoall), uneven parts with a zero-size one (allgather):
   results equal NumPy's and, byte for byte, what HVD_SHARED_OUTPUTS=0 (the slots) and
   HVD_TRANSPORT=tcp give; metrics()["shared_output_ops"] proves which path ran;
 - outputs kept alive land in blocks of their own (a later op never writes into an earlier
@@ -56,6 +58,16 @@ def exchanges(tag):
         fails.check(name, checks.mismatch(got, np.concatenate(parts), dtype))
         fails.expect(f"{name}.splits", list(got_splits) == [splits_of(r)[me] for r in range(n)])
         digest.update(np.ascontiguousarray(got).tobytes())
+
+        def rows_of(r):
+            return 0 if r == 1 and n > 2 else 3 * unit + 11 * r
+        name = f"ag.{dtype}"
+        x = checks.make_input(dtype, (rows_of(me), 3), me, name)
+        out = hvd.allgather(x, name=name)
+        expected = np.concatenate([checks.make_input(dtype, (rows_of(r), 3), r, name)
+                                   for r in range(n)])
+        fails.check(name, checks.mismatch(out, expected, dtype))
+        digest.update(np.ascontiguousarray(out).tobytes())
     m = hvd.metrics()
     hvd.shutdown()
     fails.raise_if_any()
@@ -75,7 +87,7 @@ def test_shared_outputs_match_the_slots_and_tcp(np_):
         if np_ == 1:
             assert (used, on_) == (0, False)
         else:
-            assert on_ and used == len(ALL_DTYPES), (r, used, on_)
+            assert on_ and used == 2 * len(ALL_DTYPES), (r, used, on_)
 
 
 def kept_and_looped(_):

@@ -91,11 +91,12 @@ common::Status hostAllgather(transport::Comm& comm, void* data, size_t count,
 // (it may be that part of `out`). The dispatcher (algo/allgather.cc) takes the host collective
 // segment when hostSegmentServes(), else the ring; allgatherShm and allgatherRing are its two
 // algorithms (algo/allgather_shm.cc, algo/allgather_ring.cc). `choice`: only shared_memory.
+// out_shared: as alltoall's.
 common::Status allgather(transport::Comm& comm, const void* in, void* out,
                          const std::vector<size_t>& bytes_per_rank,
-                         const AllreduceChoice& choice);
+                         const AllreduceChoice& choice, bool out_shared = false);
 common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
-                            const std::vector<size_t>& bytes_per_rank);
+                            const std::vector<size_t>& bytes_per_rank, bool out_shared);
 common::Status allgatherRing(transport::Comm& comm, const void* in, void* out,
                              const std::vector<size_t>& bytes_per_rank);
 // Within hosts, leaders' ring, host broadcast (algo/allgather_hierarchical.cc); only where
@@ -131,21 +132,17 @@ void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& 
 // (consecutive, in rank order). The dispatcher (algo/alltoall.cc) takes the host collective
 // segment when hostSegmentServes() (algo/alltoall_shm.cc), else the pairwise exchange
 // (algo/alltoall_pairwise.cc). `largest`: the largest off-diagonal block of the whole splits
-// matrix in bytes, the same on every rank (the shm path's chunk count).
+// matrix in bytes, the same on every rank (the shm path's chunk count). out_shared: every
+// rank's `out` is a shared block, as algo/shared_outputs.h writesIntoOutputs() asked (the same
+// on every rank); the shm path then writes into the outputs (Note [Shared outputs]).
 common::Status alltoall(transport::Comm& comm, const void* in,
                         const std::vector<size_t>& send_bytes, void* out,
                         const std::vector<size_t>& recv_bytes, size_t largest,
-                        const AllreduceChoice& choice);
+                        const AllreduceChoice& choice, bool out_shared = false);
 common::Status alltoallShm(transport::Comm& comm, const void* in,
                            const std::vector<size_t>& send_bytes, void* out,
-                           const std::vector<size_t>& recv_bytes, size_t largest);
-// Whether the alltoall (largest block `largest`) writes into the ranks' outputs directly
-// (Note [Shared outputs] in algo/alltoall_shm.cc): then every rank's output must come from
-// shared blocks (runtime/host_output_pool.h hostOutput(bytes, true)). The same on every rank.
-bool alltoallWritesOutputs(const transport::Comm& comm, size_t largest,
-                           const AllreduceChoice& choice);
-// Alltoalls this process ran that way since it started (metrics()["shared_output_ops"]).
-uint64_t sharedOutputOps();
+                           const std::vector<size_t>& recv_bytes, size_t largest,
+                           bool out_shared);
 common::Status alltoallPairwise(transport::Comm& comm, const void* in,
                                 const std::vector<size_t>& send_bytes, void* out,
                                 const std::vector<size_t>& recv_bytes);

@@ -42,7 +42,7 @@ void logCollectivePick(CopyCollective op, CopyPath path, const transport::Comm& 
 
 common::Status allgather(transport::Comm& comm, const void* in, void* out,
                          const std::vector<size_t>& bytes_per_rank,
-                         const AllreduceChoice& choice) {
+                         const AllreduceChoice& choice, bool out_shared) {
   if (bytes_per_rank.size() != static_cast<size_t>(comm.size())) {
     return allgatherRing(comm, in, out, bytes_per_rank);  // reports the mismatch
   }
@@ -55,7 +55,7 @@ common::Status allgather(transport::Comm& comm, const void* in, void* out,
   if (comm.size() > 1) {
     logCollectivePick(CopyCollective::kAllgather, shm ? CopyPath::kShm : CopyPath::kPairs, comm);
   }
-  if (shm) return allgatherShm(comm, in, out, bytes_per_rank);
+  if (shm) return allgatherShm(comm, in, out, bytes_per_rank, out_shared);
   return allgatherRing(comm, in, out, bytes_per_rank);
 }
 

@@ -69,7 +69,7 @@ common::Status allgatherHierarchical(transport::Comm& comm, const void* in, void
   const std::vector<size_t> local_bytes(bytes_per_rank.begin() + first,
                                         bytes_per_rank.begin() + first + mine.size());
   if (mine.size() > 1) {  // A
-    HVD_RETURN_IF_ERROR(segment ? allgatherShm(local, in, block, local_bytes)
+    HVD_RETURN_IF_ERROR(segment ? allgatherShm(local, in, block, local_bytes, false)
                                 : allgatherRing(local, in, block, local_bytes));
   } else if (local_bytes[0] > 0 && in != block) {
     std::memmove(block, in, local_bytes[0]);

@@ -33,10 +33,12 @@
 // MPICH 57 ms). 4 B: one round trip through the counters, ≈ MPICH's.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "algo/algorithms.h"
 #include "algo/peer_block.h"
 #include "algo/ring_util.h"
+#include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
@@ -160,10 +162,34 @@ common::Status allgatherSingleCopy(CollectiveSync& sync, const uint8_t* in, uint
   return runSingleCopy(sync, op);
 }
 
+// Note [Shared outputs] in algo/shared_outputs.cc: this rank's part goes straight into every
+// rank's output, at the same offset in each.
+common::Status allgatherIntoOutputs(CollectiveSync& sync, const transport::Comm& comm,
+                                    const uint8_t* in, uint8_t* out,
+                                    const std::vector<size_t>& bytes_per_rank) {
+  const BlockOffsets offsets = prefixBlocks(bytes_per_rank);
+  const size_t mine = bytes_per_rank[static_cast<size_t>(comm.rank())];
+  const size_t my_offset = offsets[static_cast<size_t>(comm.rank())];
+  SharedOutputOp op;
+  op.name = "allgather";
+  op.out = out;
+  op.out_bytes = offsets.back();
+  op.landing.assign(static_cast<size_t>(sync.size()), 0);
+  for (int r = 0; r < comm.size(); ++r) {
+    op.landing[static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)))] =
+        offsets[static_cast<size_t>(r)];
+  }
+  op.local = [&] {
+    if (mine > 0 && in != out + my_offset) std::memcpy(out + my_offset, in, mine);
+  };
+  op.block_for = [&](int) { return std::make_pair(in, mine); };
+  return runSharedOutputs(sync, op);
+}
+
 }  // namespace
 
 common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
-                            const std::vector<size_t>& bytes_per_rank) {
+                            const std::vector<size_t>& bytes_per_rank, bool out_shared) {
   transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
   if (segment == nullptr || static_cast<int>(comm.localMembers().size()) != comm.size()) {
     return common::internalError("shm allgather: no host collective segment serves this "
@@ -183,6 +209,10 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
     }
     return allgatherSingleCopy(sync, static_cast<const uint8_t*>(in),
                                static_cast<uint8_t*>(out), part, offset);
+  }
+  if (comm.size() > 1 && out_shared) {
+    return allgatherIntoOutputs(sync, comm, static_cast<const uint8_t*>(in),
+                                static_cast<uint8_t*>(out), bytes_per_rank);
   }
   HostAllgather gather(sync, comm, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
                        bytes_per_rank);

@@ -16,7 +16,7 @@ namespace hvd::algo {
 common::Status alltoall(transport::Comm& comm, const void* in,
                         const std::vector<size_t>& send_bytes, void* out,
                         const std::vector<size_t>& recv_bytes, size_t largest,
-                        const AllreduceChoice& choice) {
+                        const AllreduceChoice& choice, bool out_shared) {
   const bool shm = hostSegmentServes(comm, choice) &&
                    send_bytes.size() == static_cast<size_t>(comm.size()) &&
                    recv_bytes.size() == send_bytes.size();
@@ -25,7 +25,7 @@ common::Status alltoall(transport::Comm& comm, const void* in,
   }
   if (shm) {
     HVD_RETURN_IF_ERROR(checkAlltoallSplits(comm, send_bytes, recv_bytes));
-    return alltoallShm(comm, in, send_bytes, out, recv_bytes, largest);
+    return alltoallShm(comm, in, send_bytes, out, recv_bytes, largest, out_shared);
   }
   return alltoallPairwise(comm, in, send_bytes, out, recv_bytes);
 }

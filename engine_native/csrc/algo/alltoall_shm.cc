@@ -33,59 +33,25 @@
 // Measured (the same VM shared with three other sessions, load 5-12, 3 runs, medians;
 // benchmarks/RESULTS.md, issue #20 part 2): np=2 16 MiB 6.1 ms (best 4.6), np=4 14.9 ms; 4 B
 // 15-30 us or ~250-450 us, the per-op path's two modes under load, not this file.
-//
-// Note [Shared outputs]
-// Where the host's ranks may write into each other's memory (Note [Shared-output probe] in
-// transport/shm/shared_blocks.cc) and the largest block is at least kSharedOutputMinBytes,
-// every rank's output is a shared block (the executor asks the pool for one:
-// alltoallWritesOutputs) and each rank writes its blocks straight into the receivers'
-// outputs: one copy per byte, where the slots take two (into the sender's slot, out of it).
-// Per rank that is S instead of 2S - S/L bytes copied (np=2: 1.5S -> S). The op is one chunk
-// g = released() in the counters' numbering (as Note [Single-copy ops]):
-//   1. every rank writes the offsets in its output of the blocks it receives, by local index,
-//      into its slot for chunk g (after rule 2's wait), and its output's SharedBlockRef and
-//      bytes into its PeerRegion, then publishes kPosted = g + 1;
-//   2. it moves its own block, waits until every rank posted, and copies each block it sends
-//      into the receiver's output through its mapping of the receiver's block (Note [Peer
-//      block cache]), checking the receiver's offset and bytes first;
-//   3. it publishes kReduced = kReleased = g + 1 and waits for every rank's kReleased: then
-//      every block of its output has been written, and no peer reads its slot or region any
-//      more.
-// A write that cannot be made (a peer's output not shared, a mapping refused) ends this rank's
-// writes as a single-copy read does: `failed` = g + 1, release, return the error; a rank waiting
-// in step 3 then ends its op with an error naming that rank. An output a peer may still write
-// into (any op that ends in an error after step 1) is retired: the pool never reuses it.
-// Prediction (2-core VM, float32, the pool's blocks reused, mappings cached): np=2 16 MiB
-// per rank 1.13 ms -> ~0.75 ms (1.5S -> S per rank, copy-bound); np=4 16 MiB 3.5 -> ~2.2 ms
-// (1.75S -> S); 1 MiB np=2 46 -> ~32 us; 4 B unchanged (below the threshold: the slots, one
-// round trip where this takes two).
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <string>
+#include <utility>
 
 #include "algo/algorithms.h"
 #include "algo/peer_block.h"
 #include "algo/ring_util.h"
+#include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
-#include "transport/shm/shared_blocks.h"
 
 namespace hvd::algo {
 namespace {
 
 using transport::shm::CollectiveSync;
-using transport::shm::PeerRegion;
-using transport::shm::SharedBlockRef;
 using transport::shm::Stage;
 
 constexpr size_t kMinChunks = 8;
-// Below this largest block the slots' single round trip beats Note [Shared outputs]' two.
-constexpr size_t kSharedOutputMinBytes = 64 << 10;
-std::atomic<uint64_t> g_shared_output_ops{0};
 constexpr size_t kMinPieceBytes = 16 << 10;
 
 class HostAlltoall {
@@ -101,8 +67,6 @@ class HostAlltoall {
   common::Status writeIntoOutputs();
 
  private:
-  common::Status writeBlocks(uint64_t g);
-  common::Status peerFailures(uint64_t g) const;
   // Bytes of piece k of a block of `block` bytes.
   size_t pieceSize(size_t block, uint64_t k) const {
     const size_t begin = k * piece_;
@@ -194,93 +158,22 @@ common::Status HostAlltoall::singleCopy() {
 }
 
 common::Status HostAlltoall::writeIntoOutputs() {
-  g_shared_output_ops.fetch_add(1, std::memory_order_relaxed);
-  const uint64_t g = base_ + 1;
-  const uint64_t depth = sync_.segment().depth();
-  if (base_ >= depth) HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + 1 - depth));
-  // 1: where each block lands in this rank's output, and where the output lies.
-  auto* table = reinterpret_cast<uint64_t*>(sync_.segment().slot(me_, base_));
-  size_t total = 0;
-  for (size_t j = 0; j < recv_.size(); ++j) {
-    table[j] = recv_at_[j];
-    total += recv_[j];
-  }
-  SharedBlockRef ref;
-  if (!transport::shm::findSharedBlock(out_, total, &ref)) ref.fd = -1;
-  PeerRegion* own = sync_.segment().region(me_);
-  own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
-  own->out_serial.store(ref.serial, std::memory_order_relaxed);
-  own->out_capacity.store(ref.capacity, std::memory_order_relaxed);
-  own->out_offset.store(ref.offset, std::memory_order_relaxed);
-  own->out_bytes.store(total, std::memory_order_relaxed);
-  own->out_fd.store(ref.fd, std::memory_order_relaxed);
-  sync_.publish({Stage::kPosted}, g);  // release: the table and the region before the counter
-  // 2 and 3.
-  common::Status status = writeBlocks(g);
-  if (status.isOk()) status = sync_.waitAll(Stage::kReleased, g);
-  if (status.isOk()) status = peerFailures(g);
-  if (!status.isOk() && ref.fd >= 0) transport::shm::retireSharedBlock(out_);
-  return status;
-}
-
-common::Status HostAlltoall::writeBlocks(uint64_t g) {
-  const size_t own = send_[static_cast<size_t>(me_)];
-  uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
-  const uint8_t* const own_from = in_ + send_at_[static_cast<size_t>(me_)];
-  if (own > 0 && own_to != own_from) std::memmove(own_to, own_from, own);
-  common::Status status = sync_.waitAll(Stage::kPosted, g);
-  for (int j = 0; j < n_ && status.isOk(); ++j) {
-    const size_t len = send_[static_cast<size_t>(j)];
-    if (j == me_ || len == 0) continue;
-    const PeerRegion* region = sync_.segment().region(j);
-    SharedBlockRef ref;
-    ref.fd = region->out_fd.load(std::memory_order_relaxed);  // the posted counter ordered it
-    ref.serial = region->out_serial.load(std::memory_order_relaxed);
-    ref.capacity = region->out_capacity.load(std::memory_order_relaxed);
-    ref.offset = region->out_offset.load(std::memory_order_relaxed);
-    const uint64_t bytes = region->out_bytes.load(std::memory_order_relaxed);
-    const uint64_t at = reinterpret_cast<const uint64_t*>(sync_.segment().slot(j, base_))[me_];
-    const std::string whose = "rank " + std::to_string(sync_.globalRankOf(j)) + "'s output";
-    if (ref.fd < 0) {
-      status = common::internalError(whose + " is not in shared memory (the kernel refused it a "
-                                     "memfd); set HVD_SHARED_OUTPUTS=0");
-      break;
-    }
-    if (at + len > bytes || ref.offset + bytes > ref.capacity) {
-      status = common::internalError(whose + " has no room for this rank's " +
-                                     std::to_string(len) + " bytes at offset " +
-                                     std::to_string(at) + " (it holds " +
-                                     std::to_string(bytes) + "): the ranks disagree on the "
-                                     "splits");
-      break;
-    }
-    uint8_t* base = nullptr;
-    status = transport::shm::mapPeerBlock(
-        static_cast<pid_t>(region->pid.load(std::memory_order_relaxed)), ref, &base);
-    if (status.isOk()) std::memcpy(base + ref.offset + at, in_ + send_at_[static_cast<size_t>(j)], len);
-  }
-  if (!status.isOk()) {  // no more writes from here: the others must not wait for them
-    sync_.segment().region(me_)->failed.store(g, std::memory_order_relaxed);
-    sync_.publish({Stage::kReduced, Stage::kReleased}, g);  // release: `failed` first
-    return common::Status(status.code(), "rank " + std::to_string(sync_.globalRankOf(me_)) +
-                                             ", alltoall into the peers' outputs: " +
-                                             status.message());
-  }
-  sync_.publish({Stage::kReduced, Stage::kReleased}, g);
-  return common::Status::ok();
-}
-
-common::Status HostAlltoall::peerFailures(uint64_t g) const {
-  for (int j = 0; j < n_; ++j) {
-    if (j == me_) continue;
-    if (sync_.segment().region(j)->failed.load(std::memory_order_acquire) == g) {
-      return common::internalError(
-          "alltoall: rank " + std::to_string(sync_.globalRankOf(j)) + " of this host could "
-          "not write into its peers' outputs and ended the op (its own error says why); set "
-          "HVD_SHARED_OUTPUTS=0 to copy through the shared segment instead");
-    }
-  }
-  return common::Status::ok();
+  SharedOutputOp op;
+  op.name = "alltoall";
+  op.out = out_;
+  op.landing.assign(recv_at_.begin(), recv_at_.end());
+  for (size_t b : recv_) op.out_bytes += b;
+  op.local = [&] {
+    const size_t own = send_[static_cast<size_t>(me_)];
+    uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
+    const uint8_t* const own_from = in_ + send_at_[static_cast<size_t>(me_)];
+    if (own > 0 && own_to != own_from) std::memmove(own_to, own_from, own);
+  };
+  op.block_for = [&](int j) {
+    const auto k = static_cast<size_t>(j);
+    return std::make_pair(in_ + send_at_[k], send_[k]);
+  };
+  return runSharedOutputs(sync_, op);
 }
 
 common::Status HostAlltoall::post(uint64_t k) {
@@ -316,7 +209,8 @@ common::Status HostAlltoall::collect(uint64_t k) {
 
 common::Status alltoallShm(transport::Comm& comm, const void* in,
                            const std::vector<size_t>& send_bytes, void* out,
-                           const std::vector<size_t>& recv_bytes, size_t largest) {
+                           const std::vector<size_t>& recv_bytes, size_t largest,
+                           bool out_shared) {
   transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
   if (segment == nullptr || static_cast<int>(comm.localMembers().size()) != comm.size()) {
     return common::internalError("shm alltoall: no host collective segment serves this "
@@ -326,21 +220,8 @@ common::Status alltoallShm(transport::Comm& comm, const void* in,
   HostAlltoall exchange(sync, comm, static_cast<const uint8_t*>(in), send_bytes,
                         static_cast<uint8_t*>(out), recv_bytes, largest);
   if (comm.size() > 1 && singleCopyServes(sync, largest)) return exchange.singleCopy();
-  if (comm.size() > 1 && segment->sharedOutputs() && largest >= kSharedOutputMinBytes) {
-    return exchange.writeIntoOutputs();
-  }
+  if (out_shared) return exchange.writeIntoOutputs();
   return exchange.run();
 }
-
-bool alltoallWritesOutputs(const transport::Comm& comm, size_t largest,
-                           const AllreduceChoice& choice) {
-  if (comm.size() < 2 || largest < kSharedOutputMinBytes || !hostSegmentServes(comm, choice)) {
-    return false;
-  }
-  const transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
-  return segment != nullptr && segment->sharedOutputs();
-}
-
-uint64_t sharedOutputOps() { return g_shared_output_ops.load(std::memory_order_relaxed); }
 
 }  // namespace hvd::algo

@@ -1,7 +1,9 @@
 #include "runtime/cpu_executor.h"
 
+#include <algorithm>
 #include <cstring>
 
+#include "algo/shared_outputs.h"
 #include "runtime/host_output_pool.h"
 #include "runtime/op_layout.h"
 
@@ -183,12 +185,14 @@ Status CpuExecutor::allgatherFused(OpContext& op) {
 Status CpuExecutor::allgather(OpContext& op) {
   if (op.response.keys.size() > 1) return allgatherFused(op);
   const GatherLayout layout = allgatherLayout(op.response);
-  op.result->buffer = hostOutput(layout.total);
+  const bool shared = algo::writesIntoOutputs(
+      op.comm, *std::max_element(layout.bytes.begin(), layout.bytes.end()), op.choice);
+  op.result->buffer = hostOutput(layout.total, shared);
   op.result->shape = layout.shape;
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
   op.activities.start("_ALLGATHER");
   HVD_RETURN_IF_ERROR(algo::allgather(op.comm, in, op.result->buffer->data, layout.bytes,
-                                       op.choice));
+                                       op.choice, shared));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAllgather), layout.total, 1);
   return Status::ok();
@@ -233,15 +237,15 @@ Status CpuExecutor::broadcast(OpContext& op) {
 
 Status CpuExecutor::alltoall(OpContext& op) {
   const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
-  op.result->buffer =
-      hostOutput(layout.total, algo::alltoallWritesOutputs(op.comm, layout.largest, op.choice));
+  const bool shared = algo::writesIntoOutputs(op.comm, layout.largest, op.choice);
+  op.result->buffer = hostOutput(layout.total, shared);
   op.result->shape = layout.shape;
   op.result->received_splits = layout.received_splits;
   const void* in = op.entries[0] != nullptr ? op.entries[0]->input : nullptr;
   op.activities.start("_ALLTOALL");
   HVD_RETURN_IF_ERROR(
       algo::alltoall(op.comm, in, layout.send, op.result->buffer->data, layout.recv,
-                     layout.largest, op.choice));
+                     layout.largest, op.choice, shared));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAlltoall), layout.total, 1);
   return Status::ok();

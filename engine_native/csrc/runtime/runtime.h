@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "algo/algorithms.h"
+#include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "common/config.h"
 #include "common/status.h"
