@@ -13,6 +13,9 @@ sends straight into the receivers' outputs.
 - the probe: every rank agrees; HVD_SHARED_OUTPUTS=0 or a forced failure on one rank turns it
   off everywhere, the reason naming that rank; a rank that is non-dumpable from the start
   (a real EPERM, no test hook) does too;
+- a rank that may open few descriptors, with outputs kept alive: past its cap on live shared
+  blocks every rank's ops take the slots, correctly, and write into outputs again once the
+  outputs are dropped;
 - a rank turning non-dumpable mid-job: its peers cannot map its next output, every rank's op
   ends with an error naming the cause or the rank, promptly, not at HVD_TIMEOUT.
 """
@@ -128,6 +131,50 @@ def test_kept_outputs_keep_their_blocks_and_a_loop_maps_each_block_once():
         assert maps_kept >= 12 * (n - 1), (r.rank, r.value)
         # the loop: a few pool blocks per peer, mapped once each, not once per op
         assert maps_loop <= 4 * (n - 1), (r.rank, r.value)
+
+
+def few_descriptors(low_rank):
+    """Rank `low_rank` may open few descriptors (RLIMIT_NOFILE 128: at most 16 live shared
+    blocks), and every rank keeps its outputs alive: past that rank's cap its outputs are
+    private, and every rank's ops take the slots instead, correctly; once the outputs are
+    dropped, ops write into shared outputs again."""
+    import resource
+
+    import engine_native as hvd
+    if int(__import__("os").environ["HVD_RANK"]) == low_rank:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(
+            resource.RLIMIT_NOFILE)[1]))
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    fails = Failures()
+    kept = []
+    for i in range(30):
+        x = np.full((BIG >> 2) * n, 100 * i + me, np.float32)
+        out, _ = hvd.alltoall(x, name="kept")
+        fails.expect(f"kept.{i}", np.array_equal(out, np.repeat(100 * i + np.arange(n),
+                                                                 BIG >> 2).astype(np.float32)))
+        kept.append(out)
+    m = hvd.metrics()
+    kept_ops, kept_fallbacks = m["shared_output_ops"], m["shared_output_fallbacks"]
+    del kept, out
+    for i in range(5):
+        x = np.full((BIG >> 2) * n, i + me, np.float32)
+        y, _ = hvd.alltoall(x, name="after")
+        fails.expect(f"after.{i}", np.array_equal(y, np.repeat(i + np.arange(n), BIG >> 2)
+                                                  .astype(np.float32)))
+    m = hvd.metrics()
+    hvd.shutdown()
+    fails.raise_if_any()
+    return kept_ops, kept_fallbacks, m["shared_output_ops"] - kept_ops
+
+
+def test_outputs_past_a_ranks_descriptor_cap_take_the_slots_on_every_rank():
+    for r in run_ranks(few_descriptors, 3, args=(1,), timeout=120):
+        kept_ops, kept_fallbacks, after_ops = r.value
+        # rank 1's cap is 128 / 8 = 16 live blocks: 16 ops wrote into the outputs, the other
+        # 14 fell back, the same counts on every rank
+        assert (kept_ops, kept_fallbacks) == (16, 14), (r.rank, r.value)
+        assert after_ops == 5, (r.rank, r.value)
 
 
 def probe_report(_):

@@ -166,7 +166,7 @@ common::Status allgatherSingleCopy(CollectiveSync& sync, const uint8_t* in, uint
 // rank's output, at the same offset in each.
 common::Status allgatherIntoOutputs(CollectiveSync& sync, const transport::Comm& comm,
                                     const uint8_t* in, uint8_t* out,
-                                    const std::vector<size_t>& bytes_per_rank) {
+                                    const std::vector<size_t>& bytes_per_rank, bool* use_slots) {
   const BlockOffsets offsets = prefixBlocks(bytes_per_rank);
   const size_t mine = bytes_per_rank[static_cast<size_t>(comm.rank())];
   const size_t my_offset = offsets[static_cast<size_t>(comm.rank())];
@@ -183,7 +183,7 @@ common::Status allgatherIntoOutputs(CollectiveSync& sync, const transport::Comm&
     if (mine > 0 && in != out + my_offset) std::memcpy(out + my_offset, in, mine);
   };
   op.block_for = [&](int) { return std::make_pair(in, mine); };
-  return runSharedOutputs(sync, op);
+  return runSharedOutputs(sync, op, use_slots);
 }
 
 }  // namespace
@@ -211,8 +211,11 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
                                static_cast<uint8_t*>(out), part, offset);
   }
   if (comm.size() > 1 && out_shared) {
-    return allgatherIntoOutputs(sync, comm, static_cast<const uint8_t*>(in),
-                                static_cast<uint8_t*>(out), bytes_per_rank);
+    bool use_slots = false;
+    HVD_RETURN_IF_ERROR(allgatherIntoOutputs(sync, comm, static_cast<const uint8_t*>(in),
+                                             static_cast<uint8_t*>(out), bytes_per_rank,
+                                             &use_slots));
+    if (!use_slots) return common::Status::ok();
   }
   HostAllgather gather(sync, comm, static_cast<const uint8_t*>(in), static_cast<uint8_t*>(out),
                        bytes_per_rank);

@@ -64,7 +64,7 @@ class HostAlltoall {
   // every peer's input, finding it through the peer's send_at_ table (the op's layout).
   common::Status singleCopy();
   // Note [Shared outputs]: each rank writes its blocks into the receivers' outputs.
-  common::Status writeIntoOutputs();
+  common::Status writeIntoOutputs(bool* use_slots);
 
  private:
   // Bytes of piece k of a block of `block` bytes.
@@ -157,7 +157,7 @@ common::Status HostAlltoall::singleCopy() {
   return runSingleCopy(sync_, op);
 }
 
-common::Status HostAlltoall::writeIntoOutputs() {
+common::Status HostAlltoall::writeIntoOutputs(bool* use_slots) {
   SharedOutputOp op;
   op.name = "alltoall";
   op.out = out_;
@@ -173,7 +173,7 @@ common::Status HostAlltoall::writeIntoOutputs() {
     const auto k = static_cast<size_t>(j);
     return std::make_pair(in_ + send_at_[k], send_[k]);
   };
-  return runSharedOutputs(sync_, op);
+  return runSharedOutputs(sync_, op, use_slots);
 }
 
 common::Status HostAlltoall::post(uint64_t k) {
@@ -220,8 +220,13 @@ common::Status alltoallShm(transport::Comm& comm, const void* in,
   HostAlltoall exchange(sync, comm, static_cast<const uint8_t*>(in), send_bytes,
                         static_cast<uint8_t*>(out), recv_bytes, largest);
   if (comm.size() > 1 && singleCopyServes(sync, largest)) return exchange.singleCopy();
-  if (out_shared) return exchange.writeIntoOutputs();
-  return exchange.run();
+  if (!out_shared) return exchange.run();
+  bool use_slots = false;
+  HVD_RETURN_IF_ERROR(exchange.writeIntoOutputs(&use_slots));
+  if (!use_slots) return common::Status::ok();
+  HostAlltoall slots(sync, comm, static_cast<const uint8_t*>(in), send_bytes,
+                     static_cast<uint8_t*>(out), recv_bytes, largest);  // from the next chunk
+  return slots.run();
 }
 
 }  // namespace hvd::algo

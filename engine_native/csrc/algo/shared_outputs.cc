@@ -17,8 +17,13 @@
 //   3. it publishes kReduced = kReleased = g + 1 and waits for every rank's kReleased: then
 //      every block of its output has been written, and no peer reads its slot or region any
 //      more.
-// A write that cannot be made (a peer's output not shared, a mapping refused) ends this rank's
-// writes as a single-copy read does: `failed` = g + 1, release, return the error; a rank waiting
+// A rank whose pool could not get a shared block (memfds refused, or the cap on live blocks in
+// transport/shm/shared_blocks.cc reached: outputs kept alive hold one descriptor each) posts
+// out_fd -1; every rank sees it once all posted, releases chunk g and runs the op through the
+// slots from chunk g + 1 instead, so a user holding many outputs gets a slower op, not an
+// error (metrics()["shared_output_fallbacks"]).
+// A write that cannot be made (a mapping refused) ends this rank's writes as a single-copy
+// read does: `failed` = g + 1, release, return the error; a rank waiting
 // in step 3 then ends its op with an error naming that rank. An output a peer may still write
 // into (any op that ends in an error after step 1) is retired: the pool never reuses it.
 // Prediction (2-core VM, float32, the pool's blocks reused, mappings cached): alltoall np=2
@@ -47,6 +52,7 @@ namespace {
 // Below this largest transfer the slots' single round trip per op beats the two here.
 constexpr size_t kMinBytes = 64 << 10;
 std::atomic<uint64_t> g_ops{0};
+std::atomic<uint64_t> g_fallbacks{0};
 
 // Step 1: the landing table into this rank's slot for chunk `base`, the output into its region.
 void publish(CollectiveSync& sync, const SharedOutputOp& op, uint64_t base,
@@ -77,10 +83,6 @@ common::Status writeInto(const CollectiveSync& sync, int j, uint64_t base, const
   const uint64_t at =
       reinterpret_cast<const uint64_t*>(sync.segment().slot(j, base))[sync.index()];
   const std::string whose = "rank " + std::to_string(sync.globalRankOf(j)) + "'s output";
-  if (ref.fd < 0) {
-    return common::internalError(whose + " is not in shared memory (the kernel refused it a "
-                                 "memfd); set HVD_SHARED_OUTPUTS=0");
-  }
   // The numbers come from another process: nothing may overflow on them.
   if (ref.offset > ref.capacity || bytes > ref.capacity - ref.offset || at > bytes ||
       len > bytes - at) {
@@ -93,6 +95,15 @@ common::Status writeInto(const CollectiveSync& sync, int j, uint64_t base, const
       static_cast<pid_t>(region->pid.load(std::memory_order_relaxed)), ref, &mapped));
   std::memcpy(mapped + ref.offset + at, from, len);
   return common::Status::ok();
+}
+
+// Whether some rank's output is not in a shared block (its pool could not get one), read once
+// every rank posted: then no rank writes into outputs and all take the slots (step 2).
+bool someOutputPrivate(const CollectiveSync& sync) {
+  for (int j = 0; j < sync.size(); ++j) {
+    if (sync.segment().region(j)->out_fd.load(std::memory_order_relaxed) < 0) return true;
+  }
+  return false;
 }
 
 // Step 3's check: which peer gave up writing in op g, if any.
@@ -119,9 +130,11 @@ bool writesIntoOutputs(const transport::Comm& comm, size_t largest,
 }
 
 uint64_t sharedOutputOps() { return g_ops.load(std::memory_order_relaxed); }
+uint64_t sharedOutputFallbacks() { return g_fallbacks.load(std::memory_order_relaxed); }
 
-common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op) {
-  g_ops.fetch_add(1, std::memory_order_relaxed);
+common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
+                                bool* use_slots) {
+  *use_slots = false;
   const int me = sync.index();
   const uint64_t base = sync.released();
   const uint64_t g = base + 1;
@@ -131,6 +144,13 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op) 
   publish(sync, op, base, &ref);
   if (op.local) op.local();
   common::Status status = sync.waitAll(Stage::kPosted, g);
+  if (status.isOk() && someOutputPrivate(sync)) {  // every rank sees the same regions
+    g_fallbacks.fetch_add(1, std::memory_order_relaxed);
+    sync.publish({Stage::kReduced, Stage::kReleased}, g);
+    *use_slots = true;
+    return common::Status::ok();
+  }
+  if (status.isOk()) g_ops.fetch_add(1, std::memory_order_relaxed);
   for (int j = 0; j < sync.size() && status.isOk(); ++j) {
     if (j == me) continue;
     const auto [from, len] = op.block_for(j);

@@ -34,9 +34,14 @@ struct SharedOutputOp {
   // What this rank sends to local index j (j != this rank): {address, bytes}, bytes may be 0.
   std::function<std::pair<const uint8_t*, size_t>(int j)> block_for;
 };
-common::Status runSharedOutputs(transport::shm::CollectiveSync& sync, const SharedOutputOp& op);
+// *use_slots: some rank's output is not in a shared block; nothing was written and every rank
+// must now run the op through the slots (it consumed one chunk: construct the slot op afresh).
+common::Status runSharedOutputs(transport::shm::CollectiveSync& sync, const SharedOutputOp& op,
+                                bool* use_slots);
 
-// Ops this process ran through runSharedOutputs since it started (metrics).
+// Ops this process wrote into outputs since it started, and ops that fell back to the slots
+// because some rank's output was not shared (metrics).
 uint64_t sharedOutputOps();
+uint64_t sharedOutputFallbacks();
 
 }  // namespace hvd::algo

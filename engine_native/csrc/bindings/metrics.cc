@@ -96,6 +96,8 @@ PyObject* buildMetrics() {
   setItem(dict, "shared_outputs_reason", PyUnicode_FromString(s.shared_outputs_reason.c_str()));
   setItem(dict, "shared_output_ops", PyLong_FromUnsignedLongLong(s.shared_output_ops));
   setItem(dict, "peer_block_maps", PyLong_FromUnsignedLongLong(s.peer_block_maps));
+  setItem(dict, "shared_output_fallbacks",
+          PyLong_FromUnsignedLongLong(s.shared_output_fallbacks));
   setItem(dict, "single_copy_probes", PyLong_FromUnsignedLongLong(s.single_copy_probes));
   // {process set id: {"path": "nccl" | "staged", "device": ordinal}} for sets that ran CUDA
   // collectives: what the dashboard shows as the rank's GPU path.

@@ -90,6 +90,17 @@ std::shared_ptr<OutputBuffer> hostOutput(size_t bytes, bool shared) {
     }
   }
   if (data == nullptr) data = pool->allocate(want);
+  if (data == nullptr && pool == g_shared) {  // at the live-block cap: cached blocks count too
+    std::vector<uint8_t*> cached;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      for (const auto& [capacity, block] : pool->cached) cached.push_back(block);
+      pool->cached.clear();
+      pool->cached_bytes = 0;
+    }
+    for (uint8_t* block : cached) pool->free(block);
+    data = pool->allocate(want);
+  }
   if (data == nullptr) return std::make_shared<OutputBuffer>(bytes);  // as before the pool
   return std::make_shared<OutputBuffer>(data, bytes, -1, want,
                                         shared ? &giveBackShared : &giveBackPrivate);

@@ -76,6 +76,7 @@ class Runtime {
     MetricsSnapshot s = metrics_.snapshot();
     s.single_copy_ops = algo::singleCopyOps();
     s.shared_output_ops = algo::sharedOutputOps();
+    s.shared_output_fallbacks = algo::sharedOutputFallbacks();
     s.peer_block_maps = transport::shm::peerBlockMaps();
     s.single_copy_probes = transport::shm::singleCopyProbes();
     return s;

@@ -33,10 +33,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -62,6 +64,10 @@ using common::Status;
 namespace {
 
 constexpr size_t kMaxPeerBytes = size_t{2} << 30;  // Note [Peer block cache]
+// Live blocks hold a descriptor each (outputs the user keeps): at most this many, and at most
+// an eighth of RLIMIT_NOFILE, so outputs never use up the process's descriptors; past that
+// outputs are private and the op takes the slots (Note [Shared outputs]).
+constexpr size_t kMaxLiveBlocks = 256;
 constexpr uint64_t kProbeMagic = 0x54554f4452414853ull;  // "SHARDOUT"-ish, xor local index
 
 struct OwnBlock {
@@ -163,9 +169,21 @@ std::string explain(const ProbeVerdict& v) {
   }
 }
 
+size_t liveBlockLimit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) {
+    return kMaxLiveBlocks;
+  }
+  return std::min(kMaxLiveBlocks, static_cast<size_t>(limit.rlim_cur / 8));
+}
+
 }  // namespace
 
 uint8_t* allocateSharedBlock(size_t capacity) {
+  {
+    std::lock_guard<std::mutex> lock(g_own_mutex);
+    if (g_own->size() >= liveBlockLimit()) return nullptr;
+  }
   const int fd = ::memfd_create("hvd-output", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
   if (::ftruncate(fd, static_cast<off_t>(capacity)) != 0) {
