@@ -128,6 +128,17 @@ def all_inputs(dtype, shape, size: int, name: str, for_product: bool = False,
     return [make_input(dtype, shape, r, name, for_product, rows) for r in range(size)]
 
 
+def alltoall_expected(dtype, splits_of, rank: int, size: int, name: str, columns: int = 3):
+    """What set rank ``rank`` receives from an alltoall of every rank r's
+    ``make_input(dtype, (sum(splits_of(r)), columns), r, name)`` with ``splits=splits_of(r)``."""
+    parts = []
+    for r in range(size):
+        src = make_input(dtype, (sum(splits_of(r)), columns), r, name)
+        start = sum(splits_of(r)[:rank])
+        parts.append(src[start:start + splits_of(r)[rank]])
+    return np.concatenate(parts)
+
+
 def reference(inputs: list, op: int, prescale: float = 1.0, postscale: float = 1.0):
     """NumPy reference of an allreduce: float64 (or int64/bool) of what every rank should get.
 
