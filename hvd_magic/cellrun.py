@@ -34,6 +34,16 @@ is not blocked, so a slow rank is never cut off; (c) keeps an op a finished rank
 just before it ended (allreduce_async never waited on) from being mistaken for a missing one.
 It assumes collectives come from the cell's main thread (the one SIGINT reaches), as they do
 in training loops; a cell whose own threads submit collectives can set ``--stall-grace 0``.
+
+Note [Stall hint before the stall end]: while ranks wait in collectives that a finished peer
+never joined, a hint is printed once ("rank 0 waiting 5+ s in allreduce 'grad' ...; the cell
+ends by itself once they have been blocked 10 s (--stall-grace); interrupt the kernel to end
+it now"). It is printed after ``STALL_WARN_AFTER`` s in a collective, or after
+``STALL_WARN_SHARE`` of the grace when that is sooner, so it comes well before the cell ends
+by itself. The hint is checked before the stall end in every step, so it is never skipped.
+(Both used to be due after 10 s by default, and the hint was only checked in steps that did
+not end the cell: about one such cell in ten ended without the hint, the others a few tenths
+of a second after it; with a grace under 10 s the hint never came.)
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ GIVE_UP_AFTER = 3.5     # s after the first SIGINT
 OUTPUT_GRACE = 1.0      # s to wait for a finished rank's last output
 FAILFAST_AFTER = 1.0    # s a peer may wait in a collective after a rank failed
 STALL_WARN_AFTER = 10.0  # s in a collective, with a peer done, before a hint is printed
+STALL_WARN_SHARE = 0.5  # ... or this share of --stall-grace if sooner: Note [Stall hint ...]
 STALL_GRACE = 10.0      # default --stall-grace (s): Note [A cell that can never finish]
 STALL_GRACE_ENV = "HVD_STALL_GRACE"
 TICK = 0.1              # s between steps without news
@@ -107,7 +118,7 @@ class CellRun:
         self.output = RankOutput(self.ranks, window)
         self.state = "new"
         self.reason: str | None = None
-        self._requested: str | None = None
+        self._requests: list[str] = []  # Note [Interrupt requests]; the first one wins
         self._wake = lambda: None
         self._futures: dict[int, object] = {}
         self._done_at: dict[int, float] = {}
@@ -116,9 +127,15 @@ class CellRun:
 
     # -- thread-safe entry points -----------------------------------------------------------
 
+    # Note [Interrupt requests]: request_interrupt runs in the SIGINT handler, i.e. on the main
+    # thread between any two bytecodes of step(), or on another thread (the dashboard's Stop).
+    # It only appends to ``_requests``, and step() only appends its own reasons (timeout,
+    # failfast, stalled) when there is none, so no request is ever overwritten. (step() used to
+    # assign one field after checking it was empty: a Ctrl-C that landed while it decided
+    # whether to fail fast was replaced by "no reason", and the cell ran on, until
+    # --stall-grace ended it or forever with --stall-grace 0.)
     def request_interrupt(self, reason: str = "interrupt") -> None:
-        if self._requested is None:
-            self._requested = reason
+        self._requests.append(reason)  # one operation: Note [Interrupt requests]
         self._wake()
 
     def _on_iopub(self, rank: int, msg: dict) -> None:
@@ -181,22 +198,29 @@ class CellRun:
         return False
 
     def _step_running(self, now: float) -> None:
-        if self._requested is None and self.timeout and now - self.t0 >= self.timeout:
-            self._requested = "timeout"
-        if self._requested is None:
-            self._requested = self._failfast_reason(now)
-        if self._requested is None and self._never_finishes(now):
-            self._requested = "stalled"
-        if self._requested is not None:
-            self.reason = self._requested
+        if not self._requests:
+            own = self._own_reason(now)
+            if own is not None:
+                self._requests.append(own)
+        if self._requests:
+            self.reason = self._requests[0]
             self._interrupt_at = now
             self._resent = False
             self.cluster.signal_ranks(self._running())
             self.state = "interrupting"
         elif not self._running():
             self.state = "draining"
-        else:
-            self._maybe_warn_stall(now)
+
+    def _own_reason(self, now: float) -> str | None:
+        """Why the cell interrupts itself now (--timeout, fail fast, stalled), if it does."""
+        if self.timeout and now - self.t0 >= self.timeout:
+            return "timeout"
+        reason = self._failfast_reason(now)
+        if reason is None:
+            self._maybe_warn_stall(now)  # first: Note [Stall hint before the stall end]
+            if self._never_finishes(now):
+                reason = "stalled"
+        return reason
 
     def _step_interrupting(self, now: float) -> None:
         running = self._running()
@@ -261,14 +285,21 @@ class CellRun:
             return
         stuck = {r: p for r in self._running() if (p := self._live_pending(r))}
         ages = [float(op.get("age_seconds") or 0) for p in stuck.values() for op in p]
-        if ages and max(ages) >= STALL_WARN_AFTER:
+        after = self._stall_warn_after()
+        if ages and max(ages) >= after:
             self._stall_warned = True
             ops = sorted({op_label(op.get("op", "?"), op.get("name", "?"))
                           for p in stuck.values() for op in p})
             sys.stderr.write(
-                f"hvd: {rank_label(stuck, self.ranks)} waiting {STALL_WARN_AFTER:g}+ s in "
+                f"hvd: {rank_label(stuck, self.ranks)} waiting {after:g}+ s in "
                 f"{', '.join(ops)}; rank(s) {format_ranks(self._done_at)} already finished "
                 f"the cell. {self._stall_hint()}\n")
+
+    def _stall_warn_after(self) -> float:
+        """Seconds in a collective before the hint: Note [Stall hint before the stall end]."""
+        if not self.stall_grace:
+            return STALL_WARN_AFTER
+        return min(STALL_WARN_AFTER, STALL_WARN_SHARE * self.stall_grace)
 
     def _stall_hint(self) -> str:
         if not self.stall_grace:
