@@ -242,6 +242,22 @@ def horovod_available() -> tuple:
     return True, out.stdout.strip()
 
 
+def median_figures(runs: list) -> dict:
+    """One figures dict from several runs': for each key, the run whose time (a figure's "time",
+    or the figure itself when it is a number) is the median (the lower middle for an even
+    count), so a figure's numbers stay those of one run."""
+    def time_of(figure):
+        if isinstance(figure, dict):
+            return figure.get("time", 0.0)
+        return figure if isinstance(figure, (int, float)) else 0.0
+
+    merged = {}
+    for key in {k for figures in runs for k in figures}:
+        found = sorted((figures[key] for figures in runs if key in figures), key=time_of)
+        merged[key] = found[(len(found) - 1) // 2]
+    return merged
+
+
 class Context:
     """What run_all hands every case module: options, the launch wrapper, collected figures."""
 
@@ -252,6 +268,7 @@ class Context:
         self.horovod_ok, self.horovod_info = horovod
         self.timeout = timeout
         self.figures: dict = {}     # (case, system, variant, np, size) -> dict of numbers
+        self.runs: list = []        # each run's figures, with run_all --repeat
         self.notes: list = []       # misses, failures and skips, printed at the end
         self.loads: list = []       # (label, load average before the launch)
         self.allowed = None         # --systems: families to run (ours, mpi, gloo, horovod)

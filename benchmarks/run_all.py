@@ -80,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="hard limit per launch in seconds (default 300)")
     parser.add_argument("--out", help="also write the report (markdown) to this file")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the cases this many times, back to back; the targets tables "
+                             "then take each figure's median over the runs and list every "
+                             "run's ratio (default 1)")
     return parser
 
 
@@ -144,10 +148,17 @@ def main(argv=None) -> int:
         f"load average at start: {benchlib.load_average()}",
     ]
     print("\n".join(header), flush=True)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
     tables = []
-    for case in cases:
-        print(f"\n== {case}", flush=True)
-        tables += _run_case(ctx, case)
+    for run in range(args.repeat):
+        ctx.figures = {}
+        for case in cases:
+            print(f"\n== {case}" + (f" (run {run + 1} of {args.repeat})" if args.repeat > 1
+                                     else ""), flush=True)
+            tables += _run_case(ctx, case)
+        ctx.runs.append(ctx.figures)
+    ctx.figures = launcher.median_figures(ctx.runs)
     tables.append(targets.table(ctx))
     collectives_targets = targets_collectives.table(ctx)
     if collectives_targets is not None:

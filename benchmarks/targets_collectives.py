@@ -19,10 +19,12 @@ LARGE = (MIB, 16 * MIB, 64 * MIB)
 SMALL = (4, 4096)
 
 
-def _ours(ctx, op: str, np_ranks: int, nbytes: int):
-    """(label, figure) of our best variant of ``op``, or None."""
+def _ours(ctx, op: str, np_ranks: int, nbytes: int, figures=None):
+    """(label, figure) of our best variant of ``op`` (in ``figures``, default the run's), or
+    None."""
+    figures = ctx.figures if figures is None else figures
     variants = [op, op + "_"] if op == "broadcast" else [op]
-    found = [(v, ctx.figures.get(("collectives", "ours", v, np_ranks, nbytes)))
+    found = [(v, figures.get(("collectives", "ours", v, np_ranks, nbytes)))
              for v in variants]
     found = [(v, f) for v, f in found if f]
     return min(found, key=lambda x: x[1]["time"]) if found else None
@@ -30,6 +32,19 @@ def _ours(ctx, op: str, np_ranks: int, nbytes: int):
 
 def _peer(ctx, system: str, op: str, np_ranks: int, nbytes: int):
     return ctx.figures.get(("collectives", system, op, np_ranks, nbytes))
+
+
+def _runs_vs_mpi(ctx, op: str, np_ranks: int, nbytes: int) -> str:
+    """Each run's own MPICH / ours ratio with run_all --repeat, else "-"."""
+    runs = getattr(ctx, "runs", [])
+    if len(runs) < 2:
+        return "-"
+    ratios = []
+    for figures in runs:
+        ours = _ours(ctx, op, np_ranks, nbytes, figures)
+        mpi = figures.get(("collectives", "mpi", op, np_ranks, nbytes))
+        ratios.append(f"{mpi['time'] / ours[1]['time']:.2f}" if ours and mpi else "-")
+    return " / ".join(ratios)
 
 
 def _collective_rows(ctx, t: Table) -> None:
@@ -55,7 +70,8 @@ def _collective_rows(ctx, t: Table) -> None:
                       f"{fmt_time(ours[1]['time'])} ({ours[0]})" if ours else "-",
                       fmt_time(mpi["time"]) if mpi else "-",
                       fmt_time(gloo["time"]) if gloo and not small else "-",
-                      fmt_ratio(vs_mpi), fmt_ratio(vs_gloo), want,
+                      fmt_ratio(vs_mpi), fmt_ratio(vs_gloo),
+                      _runs_vs_mpi(ctx, op, np_ranks, nbytes), want,
                       ("PASS" if ok else "MISS") if measured else "not measured")
 
 
@@ -70,7 +86,7 @@ def _embedding_row(ctx, t: Table) -> None:
     t.add("embedding step", 2, "sparse embedding",
           fmt_time(ours["time"]) if ours else "-",
           f"{fmt_time(best[1]['time'])} ({best[0]})" if best else "-", "-",
-          fmt_ratio(ratio), "-", "best Horovod >= 1x",
+          fmt_ratio(ratio), "-", "-", "best Horovod >= 1x",
           ("PASS" if ratio >= 1 else "MISS") if ratio is not None else "not measured")
 
 
@@ -78,7 +94,7 @@ def table(ctx) -> Table | None:
     """The table, or None when this run measured neither case."""
     t = Table("issue #20's targets: the other collectives (peer time / ours; > 1: ours faster)",
               ["op", "np", "size per rank", "ours", "MPICH (or Horovod)", "gloo",
-               "vs MPICH", "vs gloo", "wanted", "verdict"])
+               "vs MPICH", "vs gloo", "runs vs MPICH", "wanted", "verdict"])
     _collective_rows(ctx, t)
     _embedding_row(ctx, t)
     if not t.rows:
@@ -86,4 +102,8 @@ def table(ctx) -> Table | None:
     misses = sum(r[-1] == "MISS" for r in t.rows)
     passes = sum(r[-1] == "PASS" for r in t.rows)
     t.notes.append(f"{passes} PASS, {misses} MISS of {len(t.rows)} rows")
+    runs = len(getattr(ctx, "runs", []))
+    if runs > 1:
+        t.notes.append(f"each figure is the median of {runs} runs (run_all --repeat {runs}); "
+                       f"'runs vs MPICH' is each run's own ratio")
     return t

@@ -64,3 +64,21 @@ def test_embedding_step_against_the_better_horovod():
     row = rows[("embedding step", "2", "sparse embedding")]
     assert "horovod-gloo" in row[4] and row[-1] == "MISS"
     assert targets_collectives.table(_ctx({})) is None
+
+
+def test_repeated_runs_take_each_figures_median_and_list_every_runs_ratio():
+    import launcher
+
+    c = "collectives"
+    key_ours, key_mpi = (c, "ours", "alltoall", 2, MIB), (c, "mpi", "alltoall", 2, MIB)
+    runs = [{key_ours: {"time": t, "run": i}, key_mpi: {"time": 3.0, "run": i}}
+            for i, t in enumerate([1.0, 3.0, 2.0])]
+    merged = launcher.median_figures(runs)
+    assert merged[key_ours] == {"time": 2.0, "run": 2}  # one run's figure, not a blend
+    ctx = SimpleNamespace(figures=merged, nps=[2], runs=runs)
+    t = targets_collectives.table(ctx)
+    row = {(r[0], r[1], r[2]): r for r in t.rows}[("alltoall", "2", "1 MiB")]
+    assert row[6] == "1.50x" and row[8] == "3.00 / 1.00 / 1.50"
+    assert any("median of 3 runs" in note for note in t.notes)
+    # an even count takes the lower middle
+    assert launcher.median_figures(runs[:2])[key_ours]["time"] == 1.0
