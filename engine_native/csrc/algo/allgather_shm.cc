@@ -169,7 +169,6 @@ common::Status allgatherIntoOutputs(CollectiveSync& sync, const transport::Comm&
                                     const std::vector<size_t>& bytes_per_rank, bool* use_slots) {
   const BlockOffsets offsets = prefixBlocks(bytes_per_rank);
   const size_t mine = bytes_per_rank[static_cast<size_t>(comm.rank())];
-  const size_t my_offset = offsets[static_cast<size_t>(comm.rank())];
   SharedOutputOp op;
   op.name = "allgather";
   op.out = out;
@@ -179,9 +178,6 @@ common::Status allgatherIntoOutputs(CollectiveSync& sync, const transport::Comm&
     op.landing[static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)))] =
         offsets[static_cast<size_t>(r)];
   }
-  op.local = [&] {
-    if (mine > 0 && in != out + my_offset) std::memcpy(out + my_offset, in, mine);
-  };
   op.block_for = [&](int) { return std::make_pair(in, mine); };
   return runSharedOutputs(sync, op, use_slots);
 }

@@ -163,12 +163,6 @@ common::Status HostAlltoall::writeIntoOutputs(bool* use_slots) {
   op.out = out_;
   op.landing.assign(recv_at_.begin(), recv_at_.end());
   for (size_t b : recv_) op.out_bytes += b;
-  op.local = [&] {
-    const size_t own = send_[static_cast<size_t>(me_)];
-    uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
-    const uint8_t* const own_from = in_ + send_at_[static_cast<size_t>(me_)];
-    if (own > 0 && own_to != own_from) std::memmove(own_to, own_from, own);
-  };
   op.block_for = [&](int j) {
     const auto k = static_cast<size_t>(j);
     return std::make_pair(in_ + send_at_[k], send_[k]);

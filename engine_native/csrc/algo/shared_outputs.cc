@@ -11,8 +11,8 @@
 //   1. every rank writes the offsets in its output of the blocks it receives, by local index,
 //      into its slot for chunk g (after rule 2's wait), and its output's SharedBlockRef and
 //      bytes into its PeerRegion, then publishes kPosted = g + 1;
-//   2. it moves its own block, waits until every rank posted, and copies what it sends to each
-//      rank into that rank's output through its mapping of the receiver's block (Note [Peer
+//   2. it waits until every rank posted and copies what it sends to each rank, itself
+//      included, into that rank's output, piece by piece across the ranks through its mapping of the receiver's block (Note [Peer
 //      block cache]), checking the receiver's offset and bytes first;
 //   3. it publishes kReduced = kReleased = g + 1 and waits for every rank's kReleased: then
 //      every block of its output has been written, and no peer reads its slot or region any
@@ -34,9 +34,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "transport/shm/shared_blocks.h"
 
@@ -51,6 +54,7 @@ namespace {
 
 // Below this largest transfer the slots' single round trip per op beats the two here.
 constexpr size_t kMinBytes = 64 << 10;
+constexpr size_t kPieceBytes = 256 << 10;  // copyInPieces: well inside L2
 std::atomic<uint64_t> g_ops{0};
 std::atomic<uint64_t> g_fallbacks{0};
 
@@ -70,9 +74,9 @@ void publish(CollectiveSync& sync, const SharedOutputOp& op, uint64_t base,
   sync.publish({Stage::kPosted}, base + 1);  // release: table and region before the counter
 }
 
-// Step 2 into local rank j's output: len bytes from `from`.
-common::Status writeInto(const CollectiveSync& sync, int j, uint64_t base, const uint8_t* from,
-                         size_t len) {
+// Step 2's destination in local rank j's output for `len` bytes from this rank, mapped here.
+common::Status destination(const CollectiveSync& sync, int j, uint64_t base, size_t len,
+                           uint8_t** dst) {
   const PeerRegion* region = sync.segment().region(j);
   SharedBlockRef ref;
   ref.fd = region->out_fd.load(std::memory_order_relaxed);  // the posted counter ordered it
@@ -82,19 +86,33 @@ common::Status writeInto(const CollectiveSync& sync, int j, uint64_t base, const
   const uint64_t bytes = region->out_bytes.load(std::memory_order_relaxed);
   const uint64_t at =
       reinterpret_cast<const uint64_t*>(sync.segment().slot(j, base))[sync.index()];
-  const std::string whose = "rank " + std::to_string(sync.globalRankOf(j)) + "'s output";
   // The numbers come from another process: nothing may overflow on them.
   if (ref.offset > ref.capacity || bytes > ref.capacity - ref.offset || at > bytes ||
       len > bytes - at) {
-    return common::internalError(whose + " has no room for this rank's " + std::to_string(len) +
+    return common::internalError("rank " + std::to_string(sync.globalRankOf(j)) + "'s output "
+                                 "has no room for this rank's " + std::to_string(len) +
                                  " bytes at offset " + std::to_string(at) + " (it holds " +
                                  std::to_string(bytes) + "): the ranks disagree on the sizes");
   }
   uint8_t* mapped = nullptr;
   HVD_RETURN_IF_ERROR(transport::shm::mapPeerBlock(
       static_cast<pid_t>(region->pid.load(std::memory_order_relaxed)), ref, &mapped));
-  std::memcpy(mapped + ref.offset + at, from, len);
+  *dst = mapped + ref.offset + at;
   return common::Status::ok();
+}
+
+// Step 2's copies, piece by piece across the destinations: where one source goes to several
+// outputs (allgather), each piece is read from memory once and then from the cache.
+void copyInPieces(const std::vector<const uint8_t*>& from, const std::vector<uint8_t*>& to,
+                  const std::vector<size_t>& len) {
+  size_t longest = 0;
+  for (size_t b : len) longest = std::max(longest, b);
+  for (size_t at = 0; at < longest; at += kPieceBytes) {
+    for (size_t j = 0; j < to.size(); ++j) {
+      if (at >= len[j] || from[j] == to[j]) continue;
+      std::memcpy(to[j] + at, from[j] + at, std::min(kPieceBytes, len[j] - at));
+    }
+  }
 }
 
 // Whether some rank's output is not in a shared block (its pool could not get one), read once
@@ -142,7 +160,6 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
   if (base >= depth) HVD_RETURN_IF_ERROR(sync.waitAll(Stage::kReleased, base + 1 - depth));
   SharedBlockRef ref;
   publish(sync, op, base, &ref);
-  if (op.local) op.local();
   common::Status status = sync.waitAll(Stage::kPosted, g);
   if (status.isOk() && someOutputPrivate(sync)) {  // every rank sees the same regions
     g_fallbacks.fetch_add(1, std::memory_order_relaxed);
@@ -151,11 +168,20 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
     return common::Status::ok();
   }
   if (status.isOk()) g_ops.fetch_add(1, std::memory_order_relaxed);
-  for (int j = 0; j < sync.size() && status.isOk(); ++j) {
-    if (j == me) continue;
-    const auto [from, len] = op.block_for(j);
-    if (len > 0) status = writeInto(sync, j, base, from, len);
+  const auto n = static_cast<size_t>(sync.size());
+  std::vector<const uint8_t*> from(n, nullptr);
+  std::vector<uint8_t*> to(n, nullptr);
+  std::vector<size_t> len(n, 0);
+  for (size_t j = 0; j < n && status.isOk(); ++j) {
+    std::tie(from[j], len[j]) = op.block_for(static_cast<int>(j));
+    if (len[j] == 0) continue;
+    if (static_cast<int>(j) == me) {
+      to[j] = op.out + op.landing[j];
+    } else {
+      status = destination(sync, static_cast<int>(j), base, len[j], &to[j]);
+    }
   }
+  if (status.isOk()) copyInPieces(from, to, len);
   if (!status.isOk()) {  // no more writes from here: the others must not wait for them
     sync.segment().region(me)->failed.store(g, std::memory_order_relaxed);
     sync.publish({Stage::kReduced, Stage::kReleased}, g);  // release: `failed` first
