@@ -13,6 +13,7 @@ sends straight into the receivers' outputs.
 - the probe: every rank agrees; HVD_SHARED_OUTPUTS=0 or a forced failure on one rank turns it
   off everywhere, the reason naming that rank; a rank that is non-dumpable from the start
   (a real EPERM, no test hook) does too;
+- a cache of peers' mappings bounded below what one op needs never drops the op's own;
 - a rank that may open few descriptors, with outputs kept alive: past its cap on live shared
   blocks every rank's ops take the slots, correctly, and write into outputs again once the
   outputs are dropped;
@@ -127,6 +128,33 @@ def test_kept_outputs_keep_their_blocks_and_a_loop_maps_each_block_once():
         assert maps_kept >= 12 * (n - 1), (r.rank, r.value)
         # the loop: a few pool blocks per peer, mapped once each, not once per op
         assert maps_loop <= 4 * (n - 1), (r.rank, r.value)
+
+
+def many_blocks_per_op(_):
+    """allgathers whose outputs (3 x 1.5 MiB: 8 MiB blocks) are all kept, so every op writes
+    into a new block of each peer, with each rank's cache of peers' mappings bounded (by
+    HVD_TEST_PEER_BLOCK_CACHE_BYTES) below what one op needs: the op's own mappings must
+    survive until it ends, older ones go."""
+    hvd = checks.init("shm")
+    n, me = hvd.size(), hvd.rank()
+    fails = Failures()
+    kept = []
+    for i in range(6):
+        x = np.full((3 << 20) // 8, 10 * i + me, np.float32)  # 1.5 MiB part per rank
+        kept.append((i, hvd.allgather(x, name="g")))
+    for i, out in kept:
+        fails.expect(f"g.{i}", np.array_equal(out, np.repeat(10 * i + np.arange(n), (3 << 20) // 8)
+                                              .astype(np.float32)))
+    m = hvd.metrics()
+    hvd.shutdown()
+    fails.raise_if_any()
+    return m["shared_output_ops"], m["peer_block_maps"]
+
+
+def test_an_ops_own_mappings_outlive_a_cache_bound_it_exceeds():
+    bound = {"HVD_TEST_PEER_BLOCK_CACHE_BYTES": str(8 << 20)}  # one peer's block
+    for r in run_ranks(many_blocks_per_op, 3, args=(None,), timeout=120, env=bound):
+        assert r.value == (6, 12), (r.rank, r.value)  # 6 ops x 2 peers' new blocks, all mapped
 
 
 def few_descriptors(low_rank):

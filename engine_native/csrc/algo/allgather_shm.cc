@@ -174,9 +174,11 @@ common::Status allgatherIntoOutputs(CollectiveSync& sync, const transport::Comm&
   op.out = out;
   op.out_bytes = offsets.back();
   op.landing.assign(static_cast<size_t>(sync.size()), 0);
+  op.expected.assign(op.landing.size(), 0);
   for (int r = 0; r < comm.size(); ++r) {
-    op.landing[static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)))] =
-        offsets[static_cast<size_t>(r)];
+    const auto j = static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)));
+    op.landing[j] = offsets[static_cast<size_t>(r)];
+    op.expected[j] = bytes_per_rank[static_cast<size_t>(r)];
   }
   op.block_for = [&](int) { return std::make_pair(in, mine); };
   return runSharedOutputs(sync, op, use_slots);

@@ -162,6 +162,7 @@ common::Status HostAlltoall::writeIntoOutputs(bool* use_slots) {
   op.name = "alltoall";
   op.out = out_;
   op.landing.assign(recv_at_.begin(), recv_at_.end());
+  op.expected.assign(recv_.begin(), recv_.end());
   for (size_t b : recv_) op.out_bytes += b;
   op.block_for = [&](int j) {
     const auto k = static_cast<size_t>(j);

@@ -8,12 +8,13 @@
 // where the slots take two (into the sender's slot, out of it). Per rank, alltoall copies S
 // instead of 2S - S/L bytes (np=2: 1.5S -> S); allgather L·B instead of (L+1)·B. The op is
 // one chunk g = released() in the counters' numbering (as Note [Single-copy ops]):
-//   1. every rank writes the offsets in its output of the blocks it receives, by local index,
-//      into its slot for chunk g (after rule 2's wait), and its output's SharedBlockRef and
+//   1. every rank writes (offset in its output, bytes) of the block it receives from each local
+//      index into its slot for chunk g (after rule 2's wait), and its output's SharedBlockRef and
 //      bytes into its PeerRegion, then publishes kPosted = g + 1;
 //   2. it waits until every rank posted and copies what it sends to each rank, itself
-//      included, into that rank's output, piece by piece across the ranks through its mapping of the receiver's block (Note [Peer
-//      block cache]), checking the receiver's offset and bytes first;
+//      included, into that rank's output through its mapping of the receiver's block (Note
+//      [Peer block cache]), piece by piece across the ranks, after checking that the receiver
+//      expects exactly those bytes at that offset;
 //   3. it publishes kReduced = kReleased = g + 1 and waits for every rank's kReleased: then
 //      every block of its output has been written, and no peer reads its slot or region any
 //      more.
@@ -30,6 +31,9 @@
 // 16 MiB per rank 1.13 ms -> ~0.75 ms (1.5S -> S per rank, copy-bound); np=4 16 MiB 3.5 ->
 // ~2.2 ms (1.75S -> S); 1 MiB np=2 46 -> ~32 us; 4 B unchanged (below the threshold: the
 // slots, one round trip where this takes two). allgather np=2 1 MiB parts: 3B -> 2B per rank.
+// Measured (benchmarks/RESULTS.md, issue #20 part 9, A/B against the slots on a slow VM
+// state): 1.24-1.30x faster at np=2 1 MiB, 1.22-1.49x at np=4 1-64 MiB, even at np=2 16-64
+// MiB, where both paths read and write memory once and the slots' extra copy stays in cache.
 #include "algo/shared_outputs.h"
 
 #include <unistd.h>
@@ -57,18 +61,24 @@ constexpr size_t kMinBytes = 64 << 10;
 constexpr size_t kPieceBytes = 256 << 10;  // copyInPieces: well inside L2
 std::atomic<uint64_t> g_ops{0};
 std::atomic<uint64_t> g_fallbacks{0};
+std::atomic<uint64_t> g_started{0};  // numbers each op for the peer block cache
 
 // Step 1: the landing table into this rank's slot for chunk `base`, the output into its region.
 void publish(CollectiveSync& sync, const SharedOutputOp& op, uint64_t base,
              SharedBlockRef* ref) {
   auto* table = reinterpret_cast<uint64_t*>(sync.segment().slot(sync.index(), base));
-  for (size_t j = 0; j < op.landing.size(); ++j) table[j] = op.landing[j];
+  for (size_t j = 0; j < op.landing.size(); ++j) {
+    table[2 * j] = op.landing[j];
+    table[2 * j + 1] = op.expected[j];
+  }
   if (!transport::shm::findSharedBlock(op.out, op.out_bytes, ref)) ref->fd = -1;
   PeerRegion* own = sync.segment().region(sync.index());
   own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->out_serial.store(ref->serial, std::memory_order_relaxed);
   own->out_capacity.store(ref->capacity, std::memory_order_relaxed);
   own->out_offset.store(ref->offset, std::memory_order_relaxed);
+  own->out_inode.store(ref->inode, std::memory_order_relaxed);
+  own->out_device.store(ref->device, std::memory_order_relaxed);
   own->out_bytes.store(op.out_bytes, std::memory_order_relaxed);
   own->out_fd.store(ref->fd, std::memory_order_relaxed);
   sync.publish({Stage::kPosted}, base + 1);  // release: table and region before the counter
@@ -76,27 +86,31 @@ void publish(CollectiveSync& sync, const SharedOutputOp& op, uint64_t base,
 
 // Step 2's destination in local rank j's output for `len` bytes from this rank, mapped here.
 common::Status destination(const CollectiveSync& sync, int j, uint64_t base, size_t len,
-                           uint8_t** dst) {
+                           uint64_t op_id, uint8_t** dst) {
   const PeerRegion* region = sync.segment().region(j);
   SharedBlockRef ref;
   ref.fd = region->out_fd.load(std::memory_order_relaxed);  // the posted counter ordered it
   ref.serial = region->out_serial.load(std::memory_order_relaxed);
   ref.capacity = region->out_capacity.load(std::memory_order_relaxed);
   ref.offset = region->out_offset.load(std::memory_order_relaxed);
+  ref.inode = region->out_inode.load(std::memory_order_relaxed);
+  ref.device = region->out_device.load(std::memory_order_relaxed);
   const uint64_t bytes = region->out_bytes.load(std::memory_order_relaxed);
-  const uint64_t at =
-      reinterpret_cast<const uint64_t*>(sync.segment().slot(j, base))[sync.index()];
+  const auto* table = reinterpret_cast<const uint64_t*>(sync.segment().slot(j, base));
+  const uint64_t at = table[2 * static_cast<size_t>(sync.index())];
+  const uint64_t expected = table[2 * static_cast<size_t>(sync.index()) + 1];
   // The numbers come from another process: nothing may overflow on them.
-  if (ref.offset > ref.capacity || bytes > ref.capacity - ref.offset || at > bytes ||
-      len > bytes - at) {
-    return common::internalError("rank " + std::to_string(sync.globalRankOf(j)) + "'s output "
-                                 "has no room for this rank's " + std::to_string(len) +
-                                 " bytes at offset " + std::to_string(at) + " (it holds " +
-                                 std::to_string(bytes) + "): the ranks disagree on the sizes");
+  if (expected != len || ref.offset > ref.capacity || bytes > ref.capacity - ref.offset ||
+      at > bytes || len > bytes - at) {
+    return common::internalError("rank " + std::to_string(sync.globalRankOf(j)) + " expects " +
+                                 std::to_string(expected) + " bytes from this rank at offset " +
+                                 std::to_string(at) + " of its " + std::to_string(bytes) +
+                                 "-byte output, which has to take " + std::to_string(len) +
+                                 ": the ranks disagree on the sizes");
   }
   uint8_t* mapped = nullptr;
   HVD_RETURN_IF_ERROR(transport::shm::mapPeerBlock(
-      static_cast<pid_t>(region->pid.load(std::memory_order_relaxed)), ref, &mapped));
+      static_cast<pid_t>(region->pid.load(std::memory_order_relaxed)), ref, op_id, &mapped));
   *dst = mapped + ref.offset + at;
   return common::Status::ok();
 }
@@ -144,7 +158,9 @@ bool writesIntoOutputs(const transport::Comm& comm, size_t largest,
                        const AllreduceChoice& choice) {
   if (largest < kMinBytes || !hostSegmentServes(comm, choice)) return false;
   const transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
-  return segment != nullptr && segment->sharedOutputs();
+  if (segment == nullptr || !segment->sharedOutputs()) return false;
+  // The single-copy read, where on, comes first (alltoallShm, allgatherShm): no shared output.
+  return !(segment->singleCopy() && largest >= segment->singleCopyMinBytes());
 }
 
 uint64_t sharedOutputOps() { return g_ops.load(std::memory_order_relaxed); }
@@ -168,6 +184,7 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
     return common::Status::ok();
   }
   if (status.isOk()) g_ops.fetch_add(1, std::memory_order_relaxed);
+  const uint64_t op_id = g_started.fetch_add(1, std::memory_order_relaxed) + 1;
   const auto n = static_cast<size_t>(sync.size());
   std::vector<const uint8_t*> from(n, nullptr);
   std::vector<uint8_t*> to(n, nullptr);
@@ -178,7 +195,7 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
     if (static_cast<int>(j) == me) {
       to[j] = op.out + op.landing[j];
     } else {
-      status = destination(sync, static_cast<int>(j), base, len[j], &to[j]);
+      status = destination(sync, static_cast<int>(j), base, len[j], op_id, &to[j]);
     }
   }
   if (status.isOk()) copyInPieces(from, to, len);

@@ -30,6 +30,7 @@ struct SharedOutputOp {
   uint8_t* out = nullptr;            // this rank's output, in a shared block
   size_t out_bytes = 0;
   std::vector<uint64_t> landing;     // by local index j: where j's block lands in `out`
+  std::vector<uint64_t> expected;    // by local index j: the bytes of j's block
   // What this rank sends to local index j, itself included: {address, bytes}, bytes may be 0.
   std::function<std::pair<const uint8_t*, size_t>(int j)> block_for;
 };

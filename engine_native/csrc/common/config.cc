@@ -139,9 +139,9 @@ const std::vector<Knob>& knobs() {
                "threshold]). The host's lowest rank's value holds for the whole host."},
               Kind::kBytes, &Config::single_copy_min_bytes, 0),
       boolKnob({"HVD_SHARED_OUTPUTS", nullptr, "bool", "true",
-                "true: a large alltoall between ranks of one host puts each rank's output in "
-                "shared memory that the other ranks write their blocks into, one copy per "
-                "byte, when every rank of the host can (probed at start; "
+                "true: an alltoall or allgather between ranks of one host whose largest "
+                "transfer is >= 64 KiB puts each rank's output in shared memory that the other "
+                "ranks write their bytes into, one copy per byte, when every rank of the host can (probed at start; "
                 "metrics()['shared_outputs'] says whether, and why not). false: through the "
                 "collective segment's slots, two copies per byte."},
                &Config::shared_outputs),

@@ -30,7 +30,7 @@ struct Config {
   int64_t shm_ring_bytes = 4ll << 20;       // HVD_SHM_RING_BYTES: per directed pair
   bool single_copy = false;                 // HVD_SINGLE_COPY: cross-memory reads on a host
   int64_t single_copy_min_bytes = 16ll << 20;  // HVD_SINGLE_COPY_MIN_BYTES (the leader's counts)
-  bool shared_outputs = true;               // HVD_SHARED_OUTPUTS: peers write alltoall outputs
+  bool shared_outputs = true;               // HVD_SHARED_OUTPUTS: peers write into outputs
   int64_t tcp_segment_bytes = 1ll << 20;    // HVD_TCP_SEGMENT_BYTES: pipelining unit on TCP
   std::string timeline_path;                // HVD_TIMELINE (HOROVOD_TIMELINE), "DYNAMIC" allowed
   bool timeline_mark_cycles = false;        // HVD_TIMELINE_MARK_CYCLES

@@ -53,8 +53,8 @@ struct MetricsSnapshot {
   // segment); host_copy_reason says why it is not single-copy ("" when it is).
   std::string host_copy;
   std::string host_copy_reason;
-  // Note [Shared outputs] in algo/alltoall_shm.cc: whether this host's alltoalls write into
-  // the ranks' outputs directly, why not ("" when they do), and how many did since the
+  // Note [Shared outputs] in algo/shared_outputs.cc: whether this host's alltoalls and
+  // allgathers write into the ranks' outputs directly, why not ("" when they do), and how many did since the
   // process started.
   bool shared_outputs = false;
   std::string shared_outputs_reason;

@@ -26,7 +26,8 @@ enum class Stage : int { kPosted = 0, kReduced = 1, kReleased = 2 };
 constexpr int kStageCount = 3;
 
 // Where a local rank's input lies in its own address space, for peers that read it with
-// process_vm_readv (transport/shm/cross_memory.h). Written only by its owner before it posts.
+// process_vm_readv (transport/shm/cross_memory.h), and where its output lies, for peers that
+// write into it (transport/shm/shared_blocks.h). Written only by its owner before it posts.
 struct PeerRegion {
   std::atomic<uint64_t> pid;
   std::atomic<uint64_t> address;
@@ -37,12 +38,14 @@ struct PeerRegion {
   // [Single-copy ops] in algo/single_copy.cc). Never equal to a later op's number.
   std::atomic<uint64_t> failed;
   // Where this rank's output of the op lies, for peers that write into it (Note [Shared
-  // outputs] in algo/alltoall_shm.cc): a transport/shm/shared_blocks.h SharedBlockRef
+  // outputs] in algo/shared_outputs.cc): a transport/shm/shared_blocks.h SharedBlockRef
   // (out_fd -1: not in a shared block) and the output's bytes.
   std::atomic<int64_t> out_fd;
   std::atomic<uint64_t> out_serial;
   std::atomic<uint64_t> out_capacity;
   std::atomic<uint64_t> out_offset;
+  std::atomic<uint64_t> out_inode;
+  std::atomic<uint64_t> out_device;
   std::atomic<uint64_t> out_bytes;
 };
 

@@ -9,8 +9,13 @@
 // (pid, serial), and pays the mapping and the faults once per block. The key never names
 // another block: serials are unique for the owner's life (its descriptor numbers are not) and
 // begin with a random prefix, so a later process that reuses the pid does not match. The cache
-// holds at most kMaxPeerBytes of mappings, dropping the least recently used; a dropped
-// mapping is only address space here (the pages belong to the owner's memfd).
+// holds at most kMaxPeerBytes of mappings, dropping the least recently used, but never one the
+// op in progress was handed (an op writing into several large outputs may go over the bound
+// until it ends; dropping one would leave the op writing through an unmapped pointer). A cached
+// mapping holds no memory of its own once the owner frees the block: freeSharedBlock punches
+// the block's pages out of the memfd, whoever still maps it. On a miss the descriptor taken
+// from the owner is checked against the inode the owner published, so a number the owner
+// reused for another file after freeing the block is never mapped.
 //
 // Note [Shared-output probe]
 // Writing into a peer's output needs its descriptor (pidfd_getfd: ptrace-attach permission on
@@ -64,6 +69,15 @@ using common::Status;
 namespace {
 
 constexpr size_t kMaxPeerBytes = size_t{2} << 30;  // Note [Peer block cache]
+
+// kMaxPeerBytes, or HVD_TEST_PEER_BLOCK_CACHE_BYTES (tests only: a bound small enough to reach).
+size_t peerCacheBytes() {
+  static const size_t bytes = [] {
+    const char* raw = std::getenv("HVD_TEST_PEER_BLOCK_CACHE_BYTES");
+    return raw == nullptr ? kMaxPeerBytes : static_cast<size_t>(std::strtoull(raw, nullptr, 10));
+  }();
+  return bytes;
+}
 // Live blocks hold a descriptor each (outputs the user keeps): at most this many, and at most
 // an eighth of RLIMIT_NOFILE, so outputs never use up the process's descriptors; past that
 // outputs are private and the op takes the slots (Note [Shared outputs]).
@@ -74,6 +88,8 @@ struct OwnBlock {
   int fd = -1;
   uint64_t serial = 0;
   size_t capacity = 0;
+  uint64_t inode = 0;
+  uint64_t device = 0;
   bool retired = false;
 };
 
@@ -81,6 +97,7 @@ struct PeerBlock {
   uint8_t* base = nullptr;
   size_t capacity = 0;
   uint64_t last_use = 0;
+  uint64_t op = 0;  // the last op handed this mapping: never dropped during that op
 };
 
 std::mutex g_own_mutex;
@@ -132,11 +149,13 @@ Status mapUncached(pid_t pid, const SharedBlockRef& ref, uint8_t** base,
   ::close(pidfd);
   if (fd < 0) return common::internalError(peerError("taking the output block", pid, err));
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < ref.capacity) {
+  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_ino) != ref.inode ||
+      static_cast<uint64_t>(st.st_dev) != ref.device ||
+      static_cast<uint64_t>(st.st_size) < ref.capacity) {
     ::close(fd);
-    return common::internalError("rank process " + std::to_string(pid) + "'s output block is "
-                                 "smaller than it announced (" + std::to_string(ref.capacity) +
-                                 " bytes): not the block it published");
+    return common::internalError("rank process " + std::to_string(pid) + "'s descriptor " +
+                                 std::to_string(ref.fd) + " is not the output block it "
+                                 "published (freed during the op?)");
   }
   void* mapped = ::mmap(nullptr, ref.capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   err = mapped == MAP_FAILED ? errno : 0;
@@ -195,10 +214,18 @@ uint8_t* allocateSharedBlock(size_t capacity) {
     ::close(fd);
     return nullptr;
   }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::munmap(mapped, capacity);
+    ::close(fd);
+    return nullptr;
+  }
   OwnBlock block;
   block.fd = fd;
   block.serial = nextSerial();
   block.capacity = capacity;
+  block.inode = static_cast<uint64_t>(st.st_ino);
+  block.device = static_cast<uint64_t>(st.st_dev);
   std::lock_guard<std::mutex> lock(g_own_mutex);
   (*g_own)[reinterpret_cast<uintptr_t>(mapped)] = block;
   return static_cast<uint8_t*>(mapped);
@@ -213,6 +240,9 @@ void freeSharedBlock(uint8_t* base) {
     block = it->second;
     g_own->erase(it);
   }
+  // The pages go now, whoever still maps the block (Note [Peer block cache]).
+  ::fallocate(block.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+              static_cast<off_t>(block.capacity));
   ::munmap(base, block.capacity);
   ::close(block.fd);
 }
@@ -229,6 +259,8 @@ bool findSharedBlock(const void* p, size_t bytes, SharedBlockRef* ref) {
   ref->serial = block.serial;
   ref->capacity = block.capacity;
   ref->offset = at - it->first;
+  ref->inode = block.inode;
+  ref->device = block.device;
   return true;
 }
 
@@ -247,12 +279,13 @@ bool sharedBlockRetired(const uint8_t* base) {
   return it != g_own->end() && it->second.retired;
 }
 
-Status mapPeerBlock(pid_t pid, const SharedBlockRef& ref, uint8_t** base) {
+Status mapPeerBlock(pid_t pid, const SharedBlockRef& ref, uint64_t op, uint8_t** base) {
   const std::pair<pid_t, uint64_t> key{pid, ref.serial};
   std::lock_guard<std::mutex> lock(g_peer_mutex);
   auto it = g_peers->find(key);
   if (it != g_peers->end() && it->second.capacity >= ref.capacity) {
     it->second.last_use = ++g_peer_clock;
+    it->second.op = op;
     *base = it->second.base;
     return Status::ok();
   }
@@ -264,24 +297,21 @@ Status mapPeerBlock(pid_t pid, const SharedBlockRef& ref, uint8_t** base) {
     g_peer_bytes -= it->second.capacity;
     g_peers->erase(it);
   }
-  while (!g_peers->empty() && g_peer_bytes + ref.capacity > kMaxPeerBytes) {
-    auto oldest = g_peers->begin();
-    for (auto i = std::next(oldest); i != g_peers->end(); ++i) {
-      if (i->second.last_use < oldest->second.last_use) oldest = i;
+  while (g_peer_bytes + ref.capacity > peerCacheBytes()) {
+    auto oldest = g_peers->end();
+    for (auto i = g_peers->begin(); i != g_peers->end(); ++i) {
+      if (i->second.op == op) continue;  // this op holds it
+      if (oldest == g_peers->end() || i->second.last_use < oldest->second.last_use) oldest = i;
     }
+    if (oldest == g_peers->end()) break;  // all in use by this op: over the bound until it ends
     ::munmap(oldest->second.base, oldest->second.capacity);
     g_peer_bytes -= oldest->second.capacity;
     g_peers->erase(oldest);
   }
-  (*g_peers)[key] = PeerBlock{mapped, ref.capacity, ++g_peer_clock};
+  (*g_peers)[key] = PeerBlock{mapped, ref.capacity, ++g_peer_clock, op};
   g_peer_bytes += ref.capacity;
   *base = mapped;
   return Status::ok();
-}
-
-uint64_t peerBlocksMapped() {
-  std::lock_guard<std::mutex> lock(g_peer_mutex);
-  return g_peers->size();
 }
 
 uint64_t peerBlockMaps() { return g_peer_maps.load(std::memory_order_relaxed); }
@@ -309,8 +339,13 @@ Status probeSharedOutputs(const SharedOutputRequest& request, CollectiveSegment*
   own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->out_serial.store(own_ref.serial, std::memory_order_relaxed);
   own->out_capacity.store(own_ref.capacity, std::memory_order_relaxed);
+  own->out_inode.store(own_ref.inode, std::memory_order_relaxed);
+  own->out_device.store(own_ref.device, std::memory_order_relaxed);
   own->out_fd.store(own_ref.fd, std::memory_order_release);
-  HVD_RETURN_IF_ERROR(hostBarrier(request.host_ranks, request.fds, self, request.deadline));
+  const Status passed =
+      hostBarrier(request.host_ranks, request.fds, self, request.deadline);
+  if (!passed.isOk() && block != nullptr) freeSharedBlock(block);
+  HVD_RETURN_IF_ERROR(passed);
   // K: this rank's verdict.
   ProbeVerdict mine;
   mine.rank = request.rank;
@@ -329,6 +364,8 @@ Status probeSharedOutputs(const SharedOutputRequest& request, CollectiveSegment*
     ref.fd = region->out_fd.load(std::memory_order_acquire);
     ref.serial = region->out_serial.load(std::memory_order_relaxed);
     ref.capacity = region->out_capacity.load(std::memory_order_relaxed);
+    ref.inode = region->out_inode.load(std::memory_order_relaxed);
+    ref.device = region->out_device.load(std::memory_order_relaxed);
     const auto pid = static_cast<pid_t>(region->pid.load(std::memory_order_relaxed));
     uint8_t* theirs = nullptr;
     int err = 0;
