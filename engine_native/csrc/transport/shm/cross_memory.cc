@@ -136,15 +136,9 @@ uint64_t singleCopyProbes() { return g_probes.load(std::memory_order_relaxed); }
 Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment) {
   if (segment == nullptr || !segment->singleCopyWanted()) return Status::ok();
   g_probes.fetch_add(1, std::memory_order_relaxed);
-  const int n = static_cast<int>(request.host_ranks.size());
   int self = -1;
-  for (int i = 0; i < n; ++i) {
-    if (request.host_ranks[i] == request.rank) self = i;
-  }
-  if (self < 0 || n != segment->localSize()) {
-    return common::internalError("single-copy probe: rank " + std::to_string(request.rank) +
-                                 " is not among its host's ranks");
-  }
+  HVD_RETURN_IF_ERROR(hostIndexOf(request.host_ranks, request.rank, segment->localSize(),
+                                  "single-copy", &self));
   // J: publish the probe word, then the leader's barrier.
   volatile uint64_t word = kProbeMagic ^ static_cast<uint64_t>(self);
   PeerRegion* own = segment->region(self);

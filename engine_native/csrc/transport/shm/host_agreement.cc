@@ -1,6 +1,21 @@
 #include "transport/shm/host_agreement.h"
 
+#include <string>
+
 namespace hvd::transport::shm {
+
+common::Status hostIndexOf(const std::vector<int>& host_ranks, int rank, int local_size,
+                           const char* probe, int* self) {
+  *self = -1;
+  for (size_t i = 0; i < host_ranks.size(); ++i) {
+    if (host_ranks[i] == rank) *self = static_cast<int>(i);
+  }
+  if (*self < 0 || static_cast<int>(host_ranks.size()) != local_size) {
+    return common::internalError(std::string(probe) + " probe: rank " + std::to_string(rank) +
+                                 " is not among its host's ranks");
+  }
+  return common::Status::ok();
+}
 
 common::Status hostBarrier(const std::vector<int>& host_ranks, const std::vector<int>& fds,
                            int self, tcp::Deadline deadline) {

@@ -21,6 +21,11 @@ struct ProbeVerdict {
   int32_t pad = 0;
 };
 
+// Sets *self to `rank`'s index in host_ranks; an internal error naming `probe` when it is not
+// there or the host's size is not the segment's `local_size`.
+common::Status hostIndexOf(const std::vector<int>& host_ranks, int rank, int local_size,
+                           const char* probe, int* self);
+
 // host_ranks: the host's global ranks, ascending; fds: data socket per global rank; self:
 // this rank's index in host_ranks.
 common::Status hostBarrier(const std::vector<int>& host_ranks, const std::vector<int>& fds,

@@ -320,13 +320,8 @@ Status probeSharedOutputs(const SharedOutputRequest& request, CollectiveSegment*
   if (segment == nullptr) return Status::ok();
   const int n = static_cast<int>(request.host_ranks.size());
   int self = -1;
-  for (int i = 0; i < n; ++i) {
-    if (request.host_ranks[i] == request.rank) self = i;
-  }
-  if (self < 0 || n != segment->localSize()) {
-    return common::internalError("shared-output probe: rank " + std::to_string(request.rank) +
-                                 " is not among its host's ranks");
-  }
+  HVD_RETURN_IF_ERROR(hostIndexOf(request.host_ranks, request.rank, segment->localSize(),
+                                  "shared-output", &self));
   // J: this rank's probe block, published, then the leader's barrier.
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   uint8_t* block = allocateSharedBlock(page);
