@@ -65,9 +65,10 @@ def enqueue_for_wait(kind: int, name: str, dtype: int, shape: Sequence[int], inp
     the wait runs the op on the calling thread (no hand-off between threads). An op that is
     never waited for still runs, within the core's 200 ms tick."""
 
-def enqueue_group(ops: Sequence[tuple]) -> list[int]:
+def enqueue_group(ops: Sequence[tuple], waited: bool = False) -> list[int]:
     """Submit several ops (each a tuple of enqueue's positional arguments) atomically, so they
-    are negotiated together and may fuse into one batch."""
+    are negotiated together and may fuse into one batch. ``waited``: as ``enqueue_for_wait``,
+    for a caller that waits for every member next (in order); its waits drive the group."""
 
 def poll(handle: int, free_name: bool = True) -> bool:
     """True when the op finished (successfully or not). Never blocks. A True answer also frees

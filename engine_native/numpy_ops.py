@@ -167,7 +167,8 @@ def allreduce(array, op: int = Average, name: Optional[str] = None,
 
 def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[str] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> list:
+                            process_set: ProcessSet = global_process_set, *,
+                            _waited: bool = False) -> list:
     """Submit several allreduces together so they negotiate (and fuse) as one batch."""
     base = _full_name("grouped_allreduce", name, process_set)
     ops, keep = [], []
@@ -180,7 +181,7 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
                     array.shape, array, out, op,
                     float(prescale_factor), float(postscale_factor), 0,
                     _set_id(process_set, "grouped_allreduce")))
-    handles = _core.enqueue_group(ops)
+    handles = _core.enqueue_group(ops, _waited)
     for handle, (array, out) in zip(handles, keep):
         _core.keep(handle, (array, out), out, None)
     return handles
@@ -190,7 +191,7 @@ def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] =
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list:
     handles = grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor,
-                                      process_set)
+                                      process_set, _waited=True)
     return [synchronize(h) for h in handles]
 
 
@@ -209,7 +210,8 @@ def allgather(array, name: Optional[str] = None,
 
 
 def grouped_allgather_async(arrays: Sequence, name: Optional[str] = None,
-                            process_set: ProcessSet = global_process_set) -> list:
+                            process_set: ProcessSet = global_process_set, *,
+                            _waited: bool = False) -> list:
     """Submit several allgathers together: they negotiate as one group and, host arrays of one
     dtype within HVD_FUSION_THRESHOLD, run as one fused allgather in the core (Note [Fused
     allgather]). Returns one handle per array."""
@@ -225,7 +227,7 @@ def grouped_allgather_async(arrays: Sequence, name: Optional[str] = None,
         kept.append(array)
         ops.append((_core.ALLGATHER, full, _code(array, "grouped_allgather", full), array.shape,
                     array, None, Sum, 1.0, 1.0, 0, set_id))
-    handles = _core.enqueue_group(ops)
+    handles = _core.enqueue_group(ops, _waited)
     for handle, array in zip(handles, kept):
         _core.keep(handle, (array, None), None,
                    lambda result, dtype=array.dtype: _frombuffer(result, dtype))
@@ -236,7 +238,8 @@ def grouped_allgather(arrays: Sequence, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> list:
     """Concatenate every rank's arrays along dimension 0, each array on its own (sizes may
     differ per rank and per array); one list of results, in order."""
-    return [synchronize(h) for h in grouped_allgather_async(arrays, name, process_set)]
+    return [synchronize(h) for h in grouped_allgather_async(arrays, name, process_set,
+                                                             _waited=True)]
 
 
 def _broadcast_async_checked(array, root_rank: int, name: Optional[str] = None,

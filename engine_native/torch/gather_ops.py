@@ -120,7 +120,9 @@ class HorovodGroupedAllgather(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.dims = [t.shape[0] if t.dim() > 0 else 0 for t in tensors]
         ctx.process_set = process_set
-        return tuple(rt.synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+        # waited: the group runs on this thread (Note [Caller drives]), as allgather's
+        return tuple(rt.synchronize(_grouped_allgather_async(
+            list(tensors), name, process_set, 'grouped_allgather', waited=True)))
 
     @staticmethod
     def backward(ctx, *grad_output):
@@ -137,7 +139,8 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
     """Differentiable allgather of a list of tensors; returns a list."""
     tensors = list(tensors)
     if not rt.needs_autograd(tensors):
-        return rt.synchronize(grouped_allgather_async(tensors, name, process_set))
+        return rt.synchronize(_grouped_allgather_async(tensors, name, process_set,
+                                                       'grouped_allgather', waited=True))
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -241,8 +244,9 @@ class HorovodGroupedReducescatter(torch.autograd.Function):
         ctx.process_set = process_set
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
-        handle = grouped_reducescatter_async(list(tensors), name, op, process_set,
-                                             prescale_factor, postscale_factor)
+        handle = _grouped_reducescatter_async(list(tensors), name, op, process_set,
+                                              prescale_factor, postscale_factor,
+                                              'grouped_reducescatter', waited=True)
         return tuple(rt.synchronize(handle))
 
     @staticmethod
@@ -262,8 +266,9 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     tensors_compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) \
         if tensors else ((), ())
     if not rt.needs_autograd(tensors_compressed):
-        reduced = rt.synchronize(grouped_reducescatter_async(
-            list(tensors_compressed), name, op, process_set, prescale_factor, postscale_factor))
+        reduced = rt.synchronize(_grouped_reducescatter_async(
+            list(tensors_compressed), name, op, process_set, prescale_factor, postscale_factor,
+            'grouped_reducescatter', waited=True))
     else:
         reduced = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
                                                     postscale_factor, *tensors_compressed)

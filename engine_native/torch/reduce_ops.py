@@ -136,7 +136,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 
 def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postscale_factor,
-                             process_set):
+                             process_set, waited=False):
     tensors = list(tensors)
     outputs = list(outputs)
     ps_id = getattr(process_set, 'process_set_id', None)
@@ -145,7 +145,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     if ps_id is not None and op in (Average, Sum, rt.Min, rt.Max, rt.Product):
         handle = grouped.submit(rt.ALLREDUCE, tensors, outputs, name, 'grouped_allreduce', True,
                                 op, prescale_factor, postscale_factor, ps_id,
-                                lambda results: outputs)
+                                lambda results: outputs, waited)
         if handle is not None:
             return handle
     if not tensors:
@@ -157,7 +157,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor, postsc
     ops = [_allreduce_op(t, o, '%s_%dof%d' % (base, i + 1, n), c, op, prescale_factor,
                          postscale_factor, process_set)
            for i, (t, o, c) in enumerate(zip(tensors, outputs, codes))]
-    return rt.submit(ops, (tuple(tensors), tuple(outputs)), lambda results: outputs)
+    return rt.submit(ops, (tuple(tensors), tuple(outputs)), lambda results: outputs, waited)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
@@ -166,10 +166,16 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_
 
     Returns a handle whose ``synchronize()`` gives the list of reduced tensors.
     """
+    return _grouped_allreduce_out_of_place(tensors, average, name, op, prescale_factor,
+                                           postscale_factor, process_set)
+
+
+def _grouped_allreduce_out_of_place(tensors, average, name, op, prescale_factor,
+                                    postscale_factor, process_set, waited=False):
     op = resolve_op(op, average)
     outputs = [rt.output_for(t) for t in tensors]
     return _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
-                                    postscale_factor, process_set)
+                                    postscale_factor, process_set, waited)
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -182,8 +188,9 @@ class HorovodGroupedAllreduce(torch.autograd.Function):
         ctx.prescale_factor = prescale_factor
         ctx.postscale_factor = postscale_factor
         ctx.process_set = process_set
-        handle = grouped_allreduce_async(list(tensors), None, name, ctx.op, prescale_factor,
-                                         postscale_factor, process_set)
+        handle = _grouped_allreduce_out_of_place(list(tensors), None, name, ctx.op,
+                                                 prescale_factor, postscale_factor,
+                                                 process_set, waited=True)
         return tuple(rt.synchronize(handle))
 
     @staticmethod
@@ -201,9 +208,9 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     tensors_compressed, ctxs = zip(*[compression.compress(t) for t in tensors]) \
         if tensors else ((), ())
     if not rt.needs_autograd(tensors_compressed):
-        summed = rt.synchronize(grouped_allreduce_async(
+        summed = rt.synchronize(_grouped_allreduce_out_of_place(
             list(tensors_compressed), average, name, op, prescale_factor, postscale_factor,
-            process_set))
+            process_set, waited=True))  # Note [Caller drives], as allreduce_
     else:
         summed = HorovodGroupedAllreduce.apply(average, name, op, prescale_factor,
                                                postscale_factor, process_set,
@@ -222,6 +229,7 @@ def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale
 def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     """In-place grouped allreduce; returns the list ``tensors`` holding the results."""
-    handle = grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                      postscale_factor, process_set)
+    handle = _grouped_allreduce_async(tensors, tensors, name, resolve_op(op, average),
+                                      prescale_factor, postscale_factor, process_set,
+                                      waited=True)
     return rt.synchronize(handle)

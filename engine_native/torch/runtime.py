@@ -308,8 +308,9 @@ def output_for(tensor):
 def submit(ops, keep, finish, waited=False):
     """Enqueue one op (a tuple of ``_core.enqueue`` arguments) or several as one group.
 
-    ``waited``: the caller synchronizes on the handle next, and that wait runs a single op on
-    the calling thread (Note [Caller drives] in the core), so the core's thread is not woken.
+    ``waited``: the caller synchronizes on the handle next, and that wait runs the op (or the
+    group) on the calling thread (Note [Caller drives] in the core), so the core's thread is
+    not woken.
     Returns the user-visible handle. ValueError/TypeError from the core (duplicate name, bad
     splits, bad root, unknown process set) pass through unchanged; any other RuntimeError
     becomes HorovodInternalError, as in Horovod.
@@ -321,7 +322,7 @@ def submit(ops, keep, finish, waited=False):
             enqueue = _core.enqueue_for_wait if waited else _core.enqueue
             core_handles = [enqueue(*ops[0])]
         else:
-            core_handles = list(_core.enqueue_group(list(ops)))
+            core_handles = list(_core.enqueue_group(list(ops), waited))
     except (ValueError, TypeError):
         raise
     except RuntimeError as exc:

@@ -6,7 +6,7 @@ rank; the spin yields the core where ranks outnumber the cores this process may 
 that arrives late costs the waiting rank no CPU beyond the bounded spin; sync and async ops
 from two threads at once (one driving, one through the core's thread) all finish correctly;
 over TCP (where callers never drive) a sync op still wakes the core's thread at once; async
-ops are left to the core's thread; rank 0 idle after a driven op still coordinates a process
+ops are left to the core's thread; blocking groups are driven by their wait, as single ops; rank 0 idle after a driven op still coordinates a process
 set it is not in without waiting for its loop's tick.
 
 Bounds are an order of magnitude from what this machine measures, so they hold on a loaded
@@ -235,6 +235,49 @@ def async_suite():
 def test_async_ops_are_left_to_the_core_thread():
     res = run_ranks(async_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=60)
     assert [r.value for r in res] == [0, 0]
+
+
+GROUPS = 40
+
+
+def grouped_suite():
+    hvd = checks.init("shm")
+    n = hvd.size()
+    hvd.barrier()
+    driven = {}
+    calls = {
+        "grouped_allreduce": lambda i: hvd.grouped_allreduce(
+            [np.full(3, float(i), np.float32), np.full(5, 1.0, np.float32)], op=hvd.Sum,
+            name=f"gar.{i}"),
+        "grouped_allgather": lambda i: hvd.grouped_allgather(
+            [np.full(2, i, np.int64), np.full((1, 3), hvd.rank(), np.float64)], name=f"gag.{i}"),
+        "grouped_allgather_async": lambda i: [hvd.synchronize(h) for h in
+                                              hvd.grouped_allgather_async(
+                                                  [np.full(2, i, np.int64)], name=f"gaga.{i}")],
+    }
+    outs = {}
+    for label, call in calls.items():
+        before = hvd.metrics()["caller_driven_ops"]
+        for i in range(GROUPS):
+            outs[label] = call(i)
+        driven[label] = hvd.metrics()["caller_driven_ops"] - before
+    hvd.shutdown()
+    last = GROUPS - 1
+    assert [a.tolist() for a in outs["grouped_allreduce"]] == [[float(n * last)] * 3,
+                                                               [float(n)] * 5]
+    assert outs["grouped_allgather"][0].tolist() == [last] * (2 * n)
+    assert outs["grouped_allgather"][1].tolist() == [[float(r)] * 3 for r in range(n)]
+    return driven
+
+
+def test_blocking_groups_run_on_the_caller():
+    # A group whose caller waits for it at once (grouped_allreduce, grouped_allgather) is
+    # submitted without waking the core's thread and driven by that wait, as a single op is;
+    # its members fuse into one batch, so one drive ends the group. Async groups are not.
+    res = run_ranks(grouped_suite, 2, env={"HVD_CALLER_SPIN_US": "5000000"}, timeout=60)
+    for r in res:
+        assert r.value == {"grouped_allreduce": GROUPS, "grouped_allgather": GROUPS,
+                           "grouped_allgather_async": 0}, f"rank {r.rank}: {r.value}"
 
 
 IDLE_S = 3.0

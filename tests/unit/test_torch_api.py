@@ -121,8 +121,18 @@ def test_synchronous_forms_let_their_wait_drive_the_op(hvd):
     hvd.synchronize(hvd.allreduce_async(t, name='a1'))
     hvd.synchronize(hvd.allreduce_async_(t, name='a2'))
     hvd.synchronize(hvd.broadcast_async_(t, 0, name='a3'))
+    # Groups too: every member of a blocking group is enqueued for its caller's wait.
+    hvd.grouped_allreduce([t, t], name='g1')
+    hvd.grouped_allreduce_([t.clone(), t.clone()], name='g2')
+    hvd.grouped_allgather([t, t], name='g3')
+    hvd.grouped_reducescatter([t, t], name='g4')
+    hvd.synchronize(hvd.grouped_allreduce_async([t, t], name='ga1'))
+    hvd.synchronize(hvd.grouped_allgather_async([t, t], name='ga2'))
+    groups = {'%s.%s_%dof2' % (prefix, name, i) for prefix, name in [
+        ('grouped_allreduce', 'g1'), ('grouped_allreduce', 'g2'), ('grouped_allgather', 'g3'),
+        ('grouped_reducescatter', 'g4')] for i in (1, 2)}
     assert hvd.core.state['waited'] == {'allreduce.s1', 'allreduce.s2', 'broadcast.s3',
-                                        'broadcast.s4'}
+                                        'broadcast.s4'} | groups
 
 
 def test_inplace_and_async_variants(hvd):

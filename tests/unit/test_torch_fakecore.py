@@ -117,8 +117,11 @@ def make_fake_core():
                                'error': None}
         return h
 
-    def enqueue_group(ops):
-        return [enqueue(*op) for op in ops]
+    def enqueue_group(ops, waited=False):
+        handles = [enqueue(*op) for op in ops]
+        if waited:  # as enqueue_for_wait, for each member
+            state['waited'].update(op[1] for op in ops)
+        return handles
 
     def enqueue_for_wait(kind, name, *args, **kwargs):  # the real core leaves its thread asleep
         h = enqueue(kind, name, *args, **kwargs)

@@ -45,9 +45,9 @@ PyObject* int64Tuple(const std::vector<int64_t>& values) {
   return t;
 }
 
-PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops) {
+PyObject* submit(std::vector<hvd::runtime::EnqueueArgs> ops, bool wake) {
   std::vector<int64_t> handles;
-  Status status = Runtime::instance().enqueue(std::move(ops), &handles, true);
+  Status status = Runtime::instance().enqueue(std::move(ops), &handles, wake);
   if (!status.isOk()) return raise(status);
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
   for (size_t i = 0; i < handles.size(); ++i) {
@@ -142,9 +142,12 @@ PyObject* pyEnqueueForWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
   return submitOne(std::move(op), /*wake=*/false);
 }
 
+// enqueue_group(ops, waited=False): waited, as enqueue_for_wait, for a caller that waits for
+// the whole group next (its waits drive it: Note [Caller drives] in caller_drives.cc).
 PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
-  if (!PyArg_ParseTuple(args, "O", &seq)) return nullptr;
+  int waited = 0;
+  if (!PyArg_ParseTuple(args, "O|p", &seq, &waited)) return nullptr;
   PyObject* fast = PySequence_Fast(seq, "enqueue_group() takes a sequence of tuples");
   if (fast == nullptr) return nullptr;
   std::vector<hvd::runtime::EnqueueArgs> ops(PySequence_Fast_GET_SIZE(fast));
@@ -156,7 +159,7 @@ PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
     if (tuple != nullptr) tuples.push_back(tuple);
     ok = tuple != nullptr && hvd::bindings::parseEnqueueTuple(tuple, &ops[i]);
   }
-  PyObject* handles = ok ? submit(std::move(ops)) : nullptr;
+  PyObject* handles = ok ? submit(std::move(ops), /*wake=*/waited == 0) : nullptr;
   for (PyObject* tuple : tuples) Py_DECREF(tuple);
   Py_DECREF(fast);
   return handles;
@@ -343,7 +346,9 @@ PyMethodDef g_methods[] = {
      reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyEnqueueForWait)),
      METH_FASTCALL | METH_KEYWORDS,
      "enqueue() for an op the caller waits for next: that wait drives it on this thread."},
-    {"enqueue_group", pyEnqueueGroup, METH_VARARGS, "Submit several ops atomically."},
+    {"enqueue_group", pyEnqueueGroup, METH_VARARGS,
+     "enqueue_group(ops, waited=False): submit several ops atomically; waited: the caller "
+     "waits for them next, and its waits drive them."},
     {"poll", pyPoll, METH_VARARGS,
      "True when the op finished (then its name is free again, unless free_name=False). Never "
      "blocks."},

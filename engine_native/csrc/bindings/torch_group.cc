@@ -120,12 +120,14 @@ PyObject* nameAndSubmit(PyObject* const* args, std::vector<runtime::EnqueueArgs>
   for (size_t i = 0; i < n; ++i) ops[i].name = names[i];
   std::vector<int64_t> handles(1);
   common::Status status;
-  if (n == 1) {  // waited: the caller's wait drives it (Note [Caller drives])
-    const int waited = PyObject_IsTrue(args[kWaited]);
-    if (waited < 0) return nullptr;
+  // waited: the caller's wait drives the group (Note [Caller drives]): each member's wait
+  // runs passes until that member ends, and a fused batch ends them all in one.
+  const int waited = PyObject_IsTrue(args[kWaited]);
+  if (waited < 0) return nullptr;
+  if (n == 1) {
     status = Runtime::instance().enqueue(std::move(ops[0]), &handles[0], waited == 0);
   } else {
-    status = Runtime::instance().enqueue(std::move(ops), &handles, true);
+    status = Runtime::instance().enqueue(std::move(ops), &handles, waited == 0);
   }
   if (!status.isOk()) return raiseStatus(status);
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
