@@ -190,9 +190,24 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list:
-    handles = grouped_allreduce_async(arrays, op, name, prescale_factor, postscale_factor,
-                                      process_set, _waited=True)
-    return [synchronize(h) for h in handles]
+    return _synchronize_group(grouped_allreduce_async(arrays, op, name, prescale_factor,
+                                                      postscale_factor, process_set,
+                                                      _waited=True))
+
+
+def _synchronize_group(handles: list) -> list:
+    """Every member's result, in order. A member that fails does not stop the waits for the
+    others (each wait frees its member's name and kept arrays); the first failure is raised
+    after the last wait. Ctrl-C stops at once, as for one op."""
+    results, failure = [], None
+    for handle in handles:
+        try:
+            results.append(synchronize(handle))
+        except Exception as exc:  # noqa: BLE001 -- re-raised below, after the other waits
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    return results
 
 
 def allgather_async(array, name: Optional[str] = None,
@@ -238,8 +253,7 @@ def grouped_allgather(arrays: Sequence, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> list:
     """Concatenate every rank's arrays along dimension 0, each array on its own (sizes may
     differ per rank and per array); one list of results, in order."""
-    return [synchronize(h) for h in grouped_allgather_async(arrays, name, process_set,
-                                                             _waited=True)]
+    return _synchronize_group(grouped_allgather_async(arrays, name, process_set, _waited=True))
 
 
 def _broadcast_async_checked(array, root_rank: int, name: Optional[str] = None,

@@ -6,8 +6,9 @@ rank; the spin yields the core where ranks outnumber the cores this process may 
 that arrives late costs the waiting rank no CPU beyond the bounded spin; sync and async ops
 from two threads at once (one driving, one through the core's thread) all finish correctly;
 over TCP (where callers never drive) a sync op still wakes the core's thread at once; async
-ops are left to the core's thread; blocking groups are driven by their wait, as single ops; rank 0 idle after a driven op still coordinates a process
-set it is not in without waiting for its loop's tick.
+ops are left to the core's thread; blocking groups are driven by their wait, as single ops;
+rank 0 idle after a driven op still coordinates a process set it is not in without waiting for
+its loop's tick.
 
 Bounds are an order of magnitude from what this machine measures, so they hold on a loaded
 box and fail only when the mechanism is gone; the figures themselves (share of ops driven,
@@ -273,11 +274,15 @@ def grouped_suite():
 def test_blocking_groups_run_on_the_caller():
     # A group whose caller waits for it at once (grouped_allreduce, grouped_allgather) is
     # submitted without waking the core's thread and driven by that wait, as a single op is;
-    # its members fuse into one batch, so one drive ends the group. Async groups are not.
+    # its members end in one pass (one fused batch, or, for grouped_allgather's two dtypes,
+    # two batches released together), so one drive ends the group. Async groups are not.
+    # Without this, none is driven; one may be lost to the loop's 200 ms tick.
     res = run_ranks(grouped_suite, 2, env={"HVD_CALLER_SPIN_US": "5000000"}, timeout=60)
     for r in res:
-        assert r.value == {"grouped_allreduce": GROUPS, "grouped_allgather": GROUPS,
-                           "grouped_allgather_async": 0}, f"rank {r.rank}: {r.value}"
+        driven = r.value
+        assert GROUPS - 1 <= driven["grouped_allreduce"] <= GROUPS, f"rank {r.rank}: {driven}"
+        assert GROUPS - 1 <= driven["grouped_allgather"] <= GROUPS, f"rank {r.rank}: {driven}"
+        assert driven["grouped_allgather_async"] == 0, f"rank {r.rank}: {driven}"
 
 
 IDLE_S = 3.0

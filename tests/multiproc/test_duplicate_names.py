@@ -127,6 +127,20 @@ def _failed_op_frees_its_name(hvd, n):
     out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="dup.bad")
     if not np.array_equal(out, np.full(2, n)):
         problems.append("resubmit after a failed op")
+    # A blocking group whose first member fails still waits for the other, so both names are
+    # free when it raises (before, the wait stopped at the failure and left the second taken).
+    bad_group = [np.ones(2 + (hvd.rank() == n - 1)), np.ones(3)]
+    try:
+        hvd.grouped_allreduce(bad_group, op=hvd.Sum, name="dup.badgroup")
+        problems.append("group mismatch did not raise")
+    except RuntimeError:
+        pass
+    try:
+        outs = hvd.grouped_allreduce([np.ones(2), np.ones(3)], op=hvd.Sum, name="dup.badgroup")
+        if not all(np.array_equal(o, np.full(o.shape, n)) for o in outs):
+            problems.append("resubmit after a failed group: wrong result")
+    except ValueError as exc:
+        problems.append(f"resubmit after a failed group: {exc}")
     return problems
 
 

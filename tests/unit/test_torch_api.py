@@ -126,11 +126,17 @@ def test_synchronous_forms_let_their_wait_drive_the_op(hvd):
     hvd.grouped_allreduce_([t.clone(), t.clone()], name='g2')
     hvd.grouped_allgather([t, t], name='g3')
     hvd.grouped_reducescatter([t, t], name='g4')
+    # and their autograd forwards
+    w = torch.ones(3, requires_grad=True)
+    hvd.grouped_allreduce([w, w], name='g5')
+    hvd.grouped_allgather([w, w], name='g6')
+    hvd.grouped_reducescatter([w, w], name='g7')
     hvd.synchronize(hvd.grouped_allreduce_async([t, t], name='ga1'))
     hvd.synchronize(hvd.grouped_allgather_async([t, t], name='ga2'))
     groups = {'%s.%s_%dof2' % (prefix, name, i) for prefix, name in [
         ('grouped_allreduce', 'g1'), ('grouped_allreduce', 'g2'), ('grouped_allgather', 'g3'),
-        ('grouped_reducescatter', 'g4')] for i in (1, 2)}
+        ('grouped_reducescatter', 'g4'), ('grouped_allreduce', 'g5'), ('grouped_allgather', 'g6'),
+        ('grouped_reducescatter', 'g7')] for i in (1, 2)}
     assert hvd.core.state['waited'] == {'allreduce.s1', 'allreduce.s2', 'broadcast.s3',
                                         'broadcast.s4'} | groups
 
