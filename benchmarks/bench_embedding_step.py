@@ -10,6 +10,12 @@ values: Horovod's sparse path, and ours fused per step: Note [Deferred sparse gr
 six dense tensors (~84 k floats, allreduced). ``broadcast_parameters`` (256 MiB) runs once
 before timing and is not timed. Step time = the slowest rank's, median over steps. The
 ranks' weights are compared after the run (equal sums: the step's averages agreed).
+
+A second table says where the step's time goes: each rank times its forward, its backward
+(the dense gradients' allreduces start from its hooks) and ``optimizer.step()`` (waiting for
+those allreduces, the sparse gradient's allgather and its unpacking, then SGD); each phase is
+the median over steps of the ranks' mean. ``--np 1,2`` adds the np=1 row, where the same
+phases run without a peer: the compute's own cost on this machine.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import benchlib
 from benchlib import Table, fmt_ratio, fmt_time, median
 
 ROWS, DIM, BAG, BATCH = 1 << 20, 64, 20, 32
+PHASES = ("forward", "backward", "optimizer step")
 LABELS = {"ours-torch": "ours (torch API)", "horovod-mpi": "Horovod mpi",
           "horovod-gloo": "Horovod gloo"}
 
@@ -58,9 +65,14 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
 
     def step(k):
         ids, target = batches[k % len(batches)]
+        t0 = time.perf_counter()
         opt.zero_grad()
-        loss_fn(model(ids), target).backward()
+        loss = loss_fn(model(ids), target)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
 
     t0 = time.perf_counter()
     for k in range(spec["warmup"]):
@@ -73,12 +85,14 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
         out["stopped"] = "deadline reached before the timed steps"
         return out
     adapter.barrier()
-    times = []
+    times, phases = [], []
     for k in range(steps):
         t0 = time.perf_counter()
-        step(k)
+        phases.append(step(k))
         times.append(time.perf_counter() - t0)
     out["times"]["step"] = times
+    for i, phase in enumerate(PHASES):
+        out["times"][phase] = [p[i] for p in phases]
     out["weights"] = [float(p.detach().double().sum()) for p in model.parameters()]
     out["metrics"] = adapter.metrics()
     return out
@@ -89,7 +103,7 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
 
 def run(ctx) -> list:
     systems = ctx.systems("ours-torch", "horovod-mpi", "horovod-gloo")
-    figures = {}
+    figures, phases = {}, {}
     for np_ranks in ctx.nps:
         for system in benchlib.alternate(systems, ctx.nps.index(np_ranks)):
             spec = {"warmup": 3 if ctx.quick else 10, "steps": 20 if ctx.quick else 100,
@@ -101,10 +115,13 @@ def run(ctx) -> list:
             t = median(benchlib.per_iteration_max([r["times"]["step"] for r in results]))
             figures[(system, np_ranks)] = t
             ctx.figures[("embedding", system, np_ranks)] = {"time": t}
+            phases[(system, np_ranks)] = [
+                median([sum(v) / len(v) for v in zip(*[r["times"][p] for r in results])])
+                for p in PHASES]
             if any(r["weights"] != results[0]["weights"] for r in results):
                 ctx.notes.append(f"embedding/{system} np={np_ranks}: ranks' weights differ "
                                  "after the run: WRONG RESULT")
-    return [_table(ctx, systems, figures)]
+    return [_table(ctx, systems, figures), _phase_table(ctx, systems, figures, phases)]
 
 
 def _table(ctx, systems: list, figures: dict) -> Table:
@@ -117,4 +134,16 @@ def _table(ctx, systems: list, figures: dict) -> Table:
         peers = [f for s, f in zip(systems, row) if f and s != "ours-torch"]
         t.add(str(np_ranks), *[fmt_time(f) if f else "-" for f in row],
               fmt_ratio(min(peers) / ours) if ours and peers else "-")
+    return t
+
+
+def _phase_table(ctx, systems: list, figures: dict, phases: dict) -> Table:
+    t = Table("embedding step: where the time goes (median over steps of the ranks' mean; "
+              "the step column is the slowest rank's, as above)",
+              ["np", "system"] + list(PHASES) + ["step"])
+    for np_ranks in ctx.nps:
+        for s in systems:
+            if (s, np_ranks) in phases:
+                t.add(str(np_ranks), LABELS[s], *[fmt_time(f) for f in phases[(s, np_ranks)]],
+                      fmt_time(figures[(s, np_ranks)]))
     return t

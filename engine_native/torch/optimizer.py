@@ -29,8 +29,8 @@ from engine_native.torch.runtime import Adasum, Average, global_process_set
 
 # Note [Deferred sparse gradients]: a sparse gradient's hook records this instead of starting
 # two allgathers; synchronize() allreduces all of the step's sparse gradients together, one
-# allgather per values dtype (engine_native/torch/sparse_fusion.py), in the same order on
-# every rank. Many small embedding gradients then cost one op per step, not two each.
+# grouped allgather that fuses into one op (engine_native/torch/sparse_fusion.py), in the same
+# order on every rank. Many small embedding gradients then cost one op per step, not two each.
 _SPARSE_DEFERRED = object()
 
 

@@ -198,9 +198,10 @@ def test_sparse_gradients_allgather_or_dense(hooked):
         if sparse_as_dense:
             assert sent == ['allreduce.weight']
         else:
-            # One allgather per values dtype for all of the step's sparse gradients
+            # One group for all of the step's sparse gradients: each one's indices and values
             # (Note [Deferred sparse gradients], Note [Fused sparse layout]).
-            assert sent == ['allgather.sparse_fused.float32.weight']
+            assert sent == ['grouped_allgather.sparse_fused.weight_1of2',
+                            'grouped_allgather.sparse_fused.weight_2of2']
         assert emb.weight.grad.is_sparse
         assert torch.allclose(emb.weight.grad.to_dense(), expected)
         with opt.skip_synchronize():
