@@ -13,7 +13,7 @@ ranks' weights are compared after the run (equal sums: the step's averages agree
 
 A second table says where the step's time goes: each rank times its forward, its backward
 (the dense gradients' allreduces start from its hooks) and ``optimizer.step()`` (waiting for
-those allreduces, the sparse gradient's allgather and its unpacking, then SGD); each phase is
+those allreduces, the sparse gradient's allgather, then SGD); each phase is
 the median over steps of the ranks' mean. ``--np 1,2`` adds the np=1 row, where the same
 phases run without a peer: the compute's own cost on this machine.
 """
@@ -27,8 +27,12 @@ from benchlib import Table, fmt_ratio, fmt_time, median
 
 ROWS, DIM, BAG, BATCH = 1 << 20, 64, 20, 32
 PHASES = ("forward", "backward", "optimizer step")
-LABELS = {"ours-torch": "ours (torch API)", "horovod-mpi": "Horovod mpi",
-          "horovod-gloo": "Horovod gloo"}
+LABELS = {"ours-torch": "ours (torch API)", "ours-packed": "ours, packed sparse layout (before)",
+          "horovod-mpi": "Horovod mpi", "horovod-gloo": "Horovod gloo"}
+# Variant -> (system launched, extra spec): "ours-packed" runs this checkout's host sparse
+# gradients through the packed layout (sparse_packed.py, the host path before part 10), an A/B
+# of that change in the same run.
+VARIANTS = {"ours-packed": ("ours-torch", {"sparse_layout": "packed"})}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,6 +57,9 @@ def _model(torch, rows: int):
 def rank_run(adapter, spec: dict, init_end: float) -> dict:
     torch, hvd = adapter.torch, adapter.hvd
     torch.set_num_threads(1)
+    if spec.get("sparse_layout") == "packed":
+        from engine_native.torch import optimizer, sparse_packed
+        optimizer.sparse_allreduce_fused = sparse_packed.sparse_allreduce_packed
     rows = spec.get("rows", ROWS)
     model = _model(torch, rows)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -103,13 +110,17 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
 
 def run(ctx) -> list:
     systems = ctx.systems("ours-torch", "horovod-mpi", "horovod-gloo")
+    if "ours-torch" in systems:
+        systems.insert(systems.index("ours-torch") + 1, "ours-packed")
     figures, phases = {}, {}
     for np_ranks in ctx.nps:
         for system in benchlib.alternate(systems, ctx.nps.index(np_ranks)):
+            launched, extra = VARIANTS.get(system, (system, {}))
             spec = {"warmup": 3 if ctx.quick else 10, "steps": 20 if ctx.quick else 100,
                     "budget_s": 5.0 if ctx.quick else 20.0,
-                    **({"rows": 4096, "steps": 5} if ctx.smoke else {})}
-            results = ctx.run(system, np_ranks, "embedding", spec)
+                    **({"rows": 4096, "steps": 5} if ctx.smoke else {}), **extra}
+            results = ctx.run(launched, np_ranks, "embedding", spec,
+                              label=f"embedding/{system}/np{np_ranks}")
             if not results or any("step" not in r["times"] for r in results):
                 continue
             t = median(benchlib.per_iteration_max([r["times"]["step"] for r in results]))
@@ -131,7 +142,7 @@ def _table(ctx, systems: list, figures: dict) -> Table:
     for np_ranks in ctx.nps:
         row = [figures.get((s, np_ranks)) for s in systems]
         ours = figures.get(("ours-torch", np_ranks))
-        peers = [f for s, f in zip(systems, row) if f and s != "ours-torch"]
+        peers = [f for s, f in zip(systems, row) if f and s.startswith("horovod")]
         t.add(str(np_ranks), *[fmt_time(f) if f else "-" for f in row],
               fmt_ratio(min(peers) / ours) if ours and peers else "-")
     return t

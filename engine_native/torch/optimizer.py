@@ -28,9 +28,10 @@ from engine_native.torch.runtime import Adasum, Average, global_process_set
 
 
 # Note [Deferred sparse gradients]: a sparse gradient's hook records this instead of starting
-# two allgathers; synchronize() allreduces all of the step's sparse gradients together, one
-# grouped allgather that fuses into one op (engine_native/torch/sparse_fusion.py), in the same
-# order on every rank. Many small embedding gradients then cost one op per step, not two each.
+# two allgathers; synchronize() allreduces all of the step's sparse gradients together, in the
+# same order on every rank (engine_native/torch/sparse_fusion.py): host ones in one grouped
+# allgather that fuses into one op where fusion allows, device ones one allgather per values
+# dtype. Many small embedding gradients then cost one op per step, not two each.
 _SPARSE_DEFERRED = object()
 
 

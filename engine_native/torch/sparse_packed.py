@@ -32,12 +32,13 @@ def _bytes(t):
 
 
 def _pack(tensors):
-    counts = torch.tensor([t._nnz() for t in tensors], dtype=torch.int64)
+    device = tensors[0].device  # the counts and padding join the tensors' own device
+    counts = torch.tensor([t._nnz() for t in tensors], dtype=torch.int64, device=device)
     indices = [t._indices().transpose(0, 1).reshape(-1).to(torch.int64) for t in tensors]
     values = [_bytes(t._values()) for t in tensors]
     parts = [_bytes(torch.cat([counts] + indices))] + values
     pad = -sum(p.numel() for p in parts) % 8
-    return torch.cat(parts + [torch.zeros(pad, dtype=torch.uint8)])
+    return torch.cat(parts + [torch.zeros(pad, dtype=torch.uint8, device=device)])
 
 
 def _unpack(tensors, gathered, n):
@@ -75,7 +76,7 @@ def sparse_allreduce_group_async(tensors, name, op, process_set, waited=False):
     """Start allreducing sparse COO ``tensors`` (one values dtype) as one allgather.
 
     Returns a callable; calling it waits and gives the aggregated sparse tensors, in order
-    (Note [Fused sparse layout]). ``waited``: the callable is called next, before any other
+    (Note [Packed sparse layout]). ``waited``: the callable is called next, before any other
     wait (the op may then run on the calling thread).
     """
     tensors = list(tensors)
@@ -102,13 +103,13 @@ def sparse_allreduce_packed(named_tensors, op, process_set):
     """{name: aggregated} for ``named_tensors`` ((name, sparse tensor) pairs), one allgather
     per values dtype. The pairs are sorted by name first, so every rank packs the
     same order whatever order its hooks fired in."""
-    by_dtype = {}
+    by_dtype = {}  # and by device: one block is on one device
     for name, t in sorted(named_tensors, key=lambda item: item[0]):
-        by_dtype.setdefault(t.dtype, []).append((name, t))
+        by_dtype.setdefault((t.dtype, str(t.device)), []).append((name, t))
     started = []
-    for dtype in sorted(by_dtype, key=str):
-        names, tensors = zip(*by_dtype[dtype])
-        op_name = 'sparse_fused.%s.%s' % (str(dtype).replace('torch.', ''), names[0])
+    for dtype, device in sorted(by_dtype, key=str):
+        names, tensors = zip(*by_dtype[(dtype, device)])
+        op_name = 'sparse_packed.%s.%s.%s' % (str(dtype).replace('torch.', ''), device, names[0])
         started.append((names, sparse_allreduce_group_async(
             tensors, op_name, op, process_set, waited=len(by_dtype) == 1)))
     results = {}

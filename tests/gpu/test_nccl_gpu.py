@@ -187,6 +187,42 @@ def test_distributed_optimizer_on_cuda(np):
     run_ranks(rank_optimizer, np, env=_same_gpu_env(np=np), timeout=300)
 
 
+def rank_sparse_optimizer(steps=4, b=6):
+    """Sparse embedding gradients on CUDA (Note [Packed sparse layout]: the block's counts and
+    padding are made on the gradients' device) equal single-process training."""
+    torch, hvd = _init()
+    r, n = hvd.rank(), hvd.size()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50, (steps * n * b, 3), generator=gen)
+
+    def model():
+        torch.manual_seed(1)
+        return torch.nn.Sequential(torch.nn.Embedding(50, 4, sparse=True), torch.nn.Flatten(),
+                                   torch.nn.Linear(12, 1)).double().cuda()
+
+    dist_model, ref_model = model(), model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(dist_model.parameters(), lr=0.1),
+                                   named_parameters=dist_model.named_parameters())
+    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
+    for step in range(steps):
+        batch = ids[step * n * b:(step + 1) * n * b].cuda()
+        opt.zero_grad()
+        dist_model(batch[r * b:(r + 1) * b]).pow(2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        ref_model(batch).pow(2).mean().backward()
+        ref_opt.step()
+    for p, q in zip(dist_model.parameters(), ref_model.parameters()):
+        assert p.is_cuda
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
+    return True
+
+
+@pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
+def test_sparse_gradients_on_cuda(np):
+    run_ranks(rank_sparse_optimizer, np, env=_same_gpu_env(np=np), timeout=300)
+
+
 # ---- pin_gpu on a real machine --------------------------------------------------------------
 
 def rank_pin():

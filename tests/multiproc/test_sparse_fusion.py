@@ -83,8 +83,8 @@ def fused_suite(sparse_as_dense):
             assert reduced >= 1, "sparse_as_dense step ran no allreduce"
             checked += 1
         else:
-            # ops counts tensors: each gradient's indices and values, in one fused batch
-            assert (used, batches) == (2 * len(SIZES), 1), \
+            # ops counts tensors: the layout, each gradient's indices and values; one batch
+            assert (used, batches) == (2 * len(SIZES) + 1, 1), \
                 f"step {step}: {used} tensors allgathered in {batches} fused ops"
             for p in sparse:  # uncoalesced: the same entries in the same order
                 got, want = p.grad, torch.zeros_like(p.grad).add_(expected[p])
