@@ -32,15 +32,8 @@ from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 from engine_native.torch.gather_ops import _grouped_allgather_async
 from engine_native.torch.runtime import Average
-from engine_native.torch.sparse_packed import sparse_allreduce_packed
-
-
-def _empty_like_sparse(t):
-    return torch.sparse_coo_tensor(size=t.size(), dtype=t.dtype, device=t.device)
-
-
-def _bytes(t):
-    return t.contiguous().view(-1).view(torch.uint8)
+from engine_native.torch.sparse_packed import (as_bytes, empty_like_sparse,
+                                               sparse_allreduce_packed)
 
 
 def _row_shape(t):
@@ -69,7 +62,7 @@ def _aggregate(t, indices_bytes, values_bytes, op, size):
             'sparse allreduce: %d indices gathered against %d value rows (ranks disagree on '
             'the step\'s sparse gradients)' % (indices.shape[0], values.shape[0]))
     if indices.shape[0] == 0:
-        return _empty_like_sparse(t)
+        return empty_like_sparse(t)
     if op == Average:
         # In place on the fresh output where the dtype allows: the same bits as values / size.
         values = values.div_(size) if values.is_floating_point() else values / size
@@ -80,10 +73,10 @@ def _aggregate(t, indices_bytes, values_bytes, op, size):
 def _allreduce_viewed(pairs, op, process_set):
     tensors = [t for _, t in pairs]
     layout = _layout(tensors)
-    members = [_bytes(layout)]
+    members = [as_bytes(layout)]
     for t in tensors:
-        members.append(_bytes(t._indices().transpose(0, 1).to(torch.int64)))
-        members.append(_bytes(t._values()))
+        members.append(as_bytes(t._indices().transpose(0, 1).to(torch.int64)))
+        members.append(as_bytes(t._values()))
     handle = _grouped_allgather_async(members, 'sparse_fused.%s' % pairs[0][0], process_set,
                                       'grouped_allgather', waited=True)
     gathered = rt.synchronize(handle)
@@ -104,9 +97,9 @@ def sparse_allreduce_fused(named_tensors, op, process_set):
     in one blocking grouped allgather (Note [Fused sparse layout]), the others one allgather
     per values dtype and device (Note [Packed sparse layout]). The pairs are sorted by name
     first, so every rank submits the same ops whatever order its hooks fired in."""
-    pairs = sorted(named_tensors, key=lambda item: item[0])
-    viewed = [(name, t) for name, t in pairs if _viewable(t)]
-    packed = [(name, t) for name, t in pairs if not _viewable(t)]
+    viewed, packed = [], []
+    for name, t in sorted(named_tensors, key=lambda item: item[0]):
+        (viewed if _viewable(t) else packed).append((name, t))
     results = sparse_allreduce_packed(packed, op, process_set) if packed else {}
     if viewed:
         results.update(_allreduce_viewed(viewed, op, process_set))

@@ -23,20 +23,22 @@ from engine_native.torch.gather_ops import _grouped_allgather_async
 from engine_native.torch.runtime import Average
 
 
-def _empty_like_sparse(t):
+def empty_like_sparse(t):
+    """An all-zero sparse tensor of t's size, dtype and device (no entries)."""
     return torch.sparse_coo_tensor(size=t.size(), dtype=t.dtype, device=t.device)
 
 
-def _bytes(t):
-    return t.contiguous().reshape(-1).view(torch.uint8)
+def as_bytes(t):
+    """t's elements as a flat uint8 tensor (a view when t is contiguous)."""
+    return t.contiguous().view(-1).view(torch.uint8)
 
 
 def _pack(tensors):
     device = tensors[0].device  # the counts and padding join the tensors' own device
     counts = torch.tensor([t._nnz() for t in tensors], dtype=torch.int64, device=device)
     indices = [t._indices().transpose(0, 1).reshape(-1).to(torch.int64) for t in tensors]
-    values = [_bytes(t._values()) for t in tensors]
-    parts = [_bytes(torch.cat([counts] + indices))] + values
+    values = [as_bytes(t._values()) for t in tensors]
+    parts = [as_bytes(torch.cat([counts] + indices))] + values
     pad = -sum(p.numel() for p in parts) % 8
     return torch.cat(parts + [torch.zeros(pad, dtype=torch.uint8, device=device)])
 
@@ -90,7 +92,7 @@ def sparse_allreduce_group_async(tensors, name, op, process_set, waited=False):
             if op == Average:
                 vals = vals / process_set.size()
             if indices.shape[0] == 0:
-                out.append(_empty_like_sparse(t))
+                out.append(empty_like_sparse(t))
                 continue
             out.append(torch.sparse_coo_tensor(indices.transpose(0, 1), vals, t.size(),
                                                check_invariants=False))

@@ -148,9 +148,33 @@ def test_allreduce_waits_for_the_producer_on_the_callers_stream(np):
 
 # ---- DistributedOptimizer on CUDA equals single-process training on the global batch ------
 
+def _trains_like_one_process(hvd, make_model, make_sgd, batches, loss_fn, b, device="cuda"):
+    """Trains a DistributedOptimizer copy on this rank's b rows of each global batch and a
+    single-process copy on the whole batch; their weights must end equal (on ``device``)."""
+    import torch
+    r = hvd.rank()
+    dist_model, ref_model = make_model(), make_model()
+    opt = hvd.DistributedOptimizer(make_sgd(dist_model.parameters()),
+                                   named_parameters=dist_model.named_parameters())
+    ref_opt = make_sgd(ref_model.parameters())
+    hvd.broadcast_parameters(dist_model.state_dict(), root_rank=0)
+    mine = slice(r * b, (r + 1) * b)
+    for xs, ys in batches:
+        opt.zero_grad()
+        loss_fn(dist_model(xs[mine]), ys[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_fn(ref_model(xs), ys).backward()
+        ref_opt.step()
+    for p, q in zip(dist_model.parameters(), ref_model.parameters()):
+        assert p.device.type == device
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
+    return True
+
+
 def rank_optimizer(steps=5, b=8):
     torch, hvd = _init()
-    r, n = hvd.rank(), hvd.size()
+    n = hvd.size()
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(steps * n * b, 16, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 4, (steps * n * b,), generator=gen)
@@ -160,26 +184,10 @@ def rank_optimizer(steps=5, b=8):
         return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
                                    torch.nn.Linear(32, 4)).double().cuda()
 
-    dist_model, ref_model = model(), model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(dist_model.parameters(), lr=0.1,
-                                                   momentum=0.9),
-                                   named_parameters=dist_model.named_parameters())
-    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1, momentum=0.9)
-    hvd.broadcast_parameters(dist_model.state_dict(), root_rank=0)
-    loss_fn = torch.nn.functional.cross_entropy
-    for step in range(steps):
-        lo = step * n * b
-        xs, ys = x[lo:lo + n * b].cuda(), y[lo:lo + n * b].cuda()
-        opt.zero_grad()
-        loss_fn(dist_model(xs[r * b:(r + 1) * b]), ys[r * b:(r + 1) * b]).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_fn(ref_model(xs), ys).backward()
-        ref_opt.step()
-    for p, q in zip(dist_model.parameters(), ref_model.parameters()):
-        assert p.is_cuda
-        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
-    return True
+    batches = [(x[k:k + n * b].cuda(), y[k:k + n * b].cuda()) for k in range(0, len(x), n * b)]
+    return _trains_like_one_process(
+        hvd, model, lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), batches,
+        torch.nn.functional.cross_entropy, b)
 
 
 @pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])
@@ -191,7 +199,7 @@ def rank_sparse_optimizer(steps=4, b=6):
     """Sparse embedding gradients on CUDA (Note [Packed sparse layout]: the block's counts and
     padding are made on the gradients' device) equal single-process training."""
     torch, hvd = _init()
-    r, n = hvd.rank(), hvd.size()
+    n = hvd.size()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50, (steps * n * b, 3), generator=gen)
 
@@ -200,22 +208,10 @@ def rank_sparse_optimizer(steps=4, b=6):
         return torch.nn.Sequential(torch.nn.Embedding(50, 4, sparse=True), torch.nn.Flatten(),
                                    torch.nn.Linear(12, 1)).double().cuda()
 
-    dist_model, ref_model = model(), model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(dist_model.parameters(), lr=0.1),
-                                   named_parameters=dist_model.named_parameters())
-    ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.1)
-    for step in range(steps):
-        batch = ids[step * n * b:(step + 1) * n * b].cuda()
-        opt.zero_grad()
-        dist_model(batch[r * b:(r + 1) * b]).pow(2).mean().backward()
-        opt.step()
-        ref_opt.zero_grad()
-        ref_model(batch).pow(2).mean().backward()
-        ref_opt.step()
-    for p, q in zip(dist_model.parameters(), ref_model.parameters()):
-        assert p.is_cuda
-        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9)
-    return True
+    zeros = torch.zeros(n * b, 1, dtype=torch.float64).cuda()  # mse against 0: mean(out^2)
+    batches = [(ids[k:k + n * b].cuda(), zeros) for k in range(0, len(ids), n * b)]
+    return _trains_like_one_process(hvd, model, lambda params: torch.optim.SGD(params, lr=0.1),
+                                    batches, torch.nn.functional.mse_loss, b)
 
 
 @pytest.mark.parametrize("np", [1, 2], ids=["np1-nccl", "np2-shared-gpu-staged"])

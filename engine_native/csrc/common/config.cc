@@ -141,7 +141,8 @@ const std::vector<Knob>& knobs() {
       boolKnob({"HVD_SHARED_OUTPUTS", nullptr, "bool", "true",
                 "true: an alltoall or allgather between ranks of one host whose largest "
                 "transfer is >= 64 KiB puts each rank's output in shared memory that the other "
-                "ranks write their bytes into, one copy per byte, when every rank of the host can (probed at start; "
+                "ranks write their bytes into, one copy per byte, when every rank of the host "
+                "can (probed at start; "
                 "metrics()['shared_outputs'] says whether, and why not). false: through the "
                 "collective segment's slots, two copies per byte."},
                &Config::shared_outputs),

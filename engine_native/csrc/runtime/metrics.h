@@ -54,8 +54,8 @@ struct MetricsSnapshot {
   std::string host_copy;
   std::string host_copy_reason;
   // Note [Shared outputs] in algo/shared_outputs.cc: whether this host's alltoalls and
-  // allgathers write into the ranks' outputs directly, why not ("" when they do), and how many did since the
-  // process started.
+  // allgathers write into the ranks' outputs directly, why not ("" when they do), and how
+  // many did since the process started.
   bool shared_outputs = false;
   std::string shared_outputs_reason;
   uint64_t shared_output_ops = 0;
