@@ -19,6 +19,7 @@ import os
 
 import pytest
 
+import tier_times
 import tiers  # tests/ is on sys.path (rootdir-relative import)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -31,6 +32,8 @@ def pytest_configure(config):
         tiers.required()
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if not hasattr(config, "workerinput"):  # the table is the whole run's, not a worker's
+        config.pluginmanager.register(tier_times.TierTimes(), "hvd-tier-times")
 
 
 def pytest_collection_modifyitems(config, items):
