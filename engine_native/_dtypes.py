@@ -20,30 +20,45 @@ _NUMPY_CODES = {
 }
 
 
-def _bfloat16_dtype():
+_CODE_TO_NUMPY = {code: dtype for dtype, code in _NUMPY_CODES.items()}
+
+
+def _register_bfloat16() -> bool:
+    """Add ml_dtypes' bfloat16 to the tables (in place: the C fast path holds _NUMPY_CODES).
+
+    Imported on first need, not at import: ml_dtypes takes ~0.9 s to import, which every rank
+    of every job paid before. A bfloat16 array exists only once its provider is imported, so
+    the first lookup that misses is the moment to register it."""
+    if BFLOAT16 in _CODE_TO_NUMPY:
+        return True
     try:
         import ml_dtypes
     except ImportError:
-        return None
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-_BF16 = _bfloat16_dtype()
-if _BF16 is not None:
-    _NUMPY_CODES[_BF16] = BFLOAT16
-
-_CODE_TO_NUMPY = {code: dtype for dtype, code in _NUMPY_CODES.items()}
+        return False
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    _NUMPY_CODES[bf16] = BFLOAT16
+    _CODE_TO_NUMPY[BFLOAT16] = bf16
+    return True
 
 
 def numpy_code(dtype, op_name: str, tensor_name: str) -> int:
     """The core's code for a numpy dtype, or a TypeError naming the op and tensor."""
-    code = _NUMPY_CODES.get(np.dtype(dtype))
+    dtype = np.dtype(dtype)
+    code = _NUMPY_CODES.get(dtype)
+    if code is None and _register_bfloat16():  # the first bfloat16 array registers it
+        code = _NUMPY_CODES.get(dtype)
     if code is None:
-        supported = ", ".join(sorted(str(d) for d in _NUMPY_CODES))
-        raise TypeError(f"{op_name}('{tensor_name}'): unsupported dtype {np.dtype(dtype)}; "
-                        f"supported: {supported}")
+        raise TypeError(f"{op_name}('{tensor_name}'): unsupported dtype {dtype}; "
+                        f"supported: {', '.join(supported_numpy_dtypes())}")
     return code
 
 
 def numpy_dtype(code: int) -> np.dtype:
+    if code == BFLOAT16:
+        _register_bfloat16()
     return _CODE_TO_NUMPY[code]
+
+
+def supported_numpy_dtypes() -> list:
+    _register_bfloat16()
+    return sorted(str(d) for d in _NUMPY_CODES)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._dtypes import Average, Sum, numpy_code, numpy_dtype, _NUMPY_CODES
+from ._dtypes import Average, Sum, numpy_code, numpy_dtype, supported_numpy_dtypes, _NUMPY_CODES
 from .basics import ProcessSet, global_process_set
 
 _counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counter
@@ -377,7 +377,7 @@ def join(process_set: ProcessSet = global_process_set) -> int:
 
 
 def supported_dtypes() -> list:
-    return sorted(str(d) for d in _NUMPY_CODES)
+    return supported_numpy_dtypes()
 
 
 __all__ = ["allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
