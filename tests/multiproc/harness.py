@@ -17,6 +17,7 @@ rank behind waiting for its peers.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
 import inspect
@@ -28,9 +29,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
+
+try:  # as multiproc.harness in the test process; as harness in a rank (its folder is first)
+    from . import zygote
+except ImportError:
+    import zygote
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -231,13 +238,41 @@ def run_ranks(fn: Callable, np: int, env: Optional[dict] = None, timeout: float 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _spawn(spec: str, workdir: str, rank: int, env: dict) -> subprocess.Popen:
-    env = dict(env, HVD_HARNESS_PARENT=str(os.getpid()))  # for _die_with_parent
-    with open(os.path.join(workdir, f"rank{rank}.out"), "wb") as out, \
-            open(os.path.join(workdir, f"rank{rank}.err"), "wb") as err:
-        return subprocess.Popen([sys.executable, os.path.abspath(__file__), spec, str(rank)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                cwd=REPO, start_new_session=True)
+def _spawn(spec: str, workdir: str, rank: int, env: dict):
+    """A rank process: forked from the zygote where its environment allows, else started cold
+    (``subprocess.Popen``); both give the same files, session, environment and exit code."""
+    out, err = (os.path.join(workdir, f"rank{rank}.{suffix}") for suffix in ("out", "err"))
+    for path in (out, err):
+        open(path, "wb").close()
+    argv = [os.path.abspath(__file__), spec, str(rank)]
+    warm = _zygote_for(env)
+    if warm is not None:  # for _die_with_parent: the zygote is the rank's parent
+        return warm.spawn(argv, dict(env, HVD_HARNESS_PARENT=str(warm.pid)), REPO, out, err)
+    env = dict(env, HVD_HARNESS_PARENT=str(os.getpid()))
+    with open(out, "wb") as out_fh, open(err, "wb") as err_fh:
+        return subprocess.Popen([sys.executable] + argv, stdin=subprocess.DEVNULL,
+                                stdout=out_fh, stderr=err_fh, env=env, cwd=REPO,
+                                start_new_session=True)
+
+
+_zygote: Optional[zygote.Zygote] = None
+
+
+def _zygote_for(env: dict) -> Optional[zygote.Zygote]:
+    """This process's zygote if ``env`` can be forked from it (started on first use; only by
+    the main thread, as it dies with the thread that started it). ``HVD_HARNESS_ZYGOTE=0``
+    starts every rank cold."""
+    global _zygote
+    if os.environ.get("HVD_HARNESS_ZYGOTE", "1") == "0":
+        return None
+    if _zygote is None or not _zygote.alive():
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        _zygote = zygote.Zygote(clean_env(), REPO)
+        atexit.register(_zygote.close)
+    if not _zygote.usable or not zygote.forkable(_zygote.env, env):
+        return None
+    return _zygote
 
 
 def find_mpiexec() -> Optional[str]:

@@ -1,0 +1,279 @@
+"""Rank processes forked from a warm interpreter instead of started cold.
+
+A cold rank pays ~3 s of CPU to import torch before its test function runs; a 4-rank test on
+two cores waits ~6 s for imports alone, and the suite starts thousands of ranks. The zygote is
+one interpreter per test process that has imported numpy and torch (nothing of this project:
+its import reads the rank's environment) and forks a rank per request, in ~20 ms.
+
+A forked rank is a cold rank in all that a test can see: its own session and process group
+(teardown kills the group), stdout/stderr in the harness's files, the request's environment
+(``os.environ``, so ``getenv`` in the core sees it), its cwd, random seeds of its own, SIGKILL when
+its parent dies, and a normal interpreter exit (threads joined, atexit run). What a fork cannot
+give is what the interpreter or the preloaded modules read at start-up: a request whose
+environment differs from the zygote's in such a variable (``LD_*``, ``PYTHON*``, the thread
+counts of OpenMP/BLAS, torch's own) is started cold by the harness instead (:func:`forkable`).
+
+Protocol (a socketpair; length-prefixed pickles, the test process is the only peer):
+  a. the zygote preloads, then sends ``{"ready": pid, "threads": n}``; with more than one
+     thread it must not fork (a lock held by another thread stays held in the child), so the
+     client then starts every rank cold;
+  b. the client sends ``{"argv", "env", "cwd", "stdout", "stderr"}``; the zygote forks, waits
+     until the child has its own session (so a kill of its group cannot miss it), and answers
+     ``{"spawned": pid}``;
+  c. whenever a child exits the zygote reaps it and sends ``{"exited": pid, "code": n}``
+     (``n`` as ``Popen.returncode``: negative for a signal);
+  d. EOF from the client ends the zygote; its children die with it (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PRELOAD = ("numpy", "torch")
+
+# Read when the interpreter or a preloaded module starts: a different value needs a cold rank.
+_STARTUP_PREFIXES = ("LD_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH",
+                     "PYTORCH_", "MALLOC_", "GLIBC_", "NUMPY_", "NPY_")
+
+
+def forkable(zygote_env: dict, env: dict) -> bool:
+    """True when a rank with ``env`` can be forked from a zygote started with ``zygote_env``."""
+    for key in set(zygote_env) | set(env):
+        if key.startswith(_STARTUP_PREFIXES) and zygote_env.get(key) != env.get(key):
+            return False
+    return True
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    data = pickle.dumps(message)
+    sock.sendall(struct.pack("<I", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> Optional[bytes]:
+    chunks = []
+    while n:
+        chunk = sock.recv(n)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> Optional[dict]:
+    header = _recv_exact(sock, 4)
+    if header is None:
+        return None
+    body = _recv_exact(sock, struct.unpack("<I", header)[0])
+    return None if body is None else pickle.loads(body)
+
+
+# --- client side (the test process) ----------------------------------------------------------
+
+class ForkedRank:
+    """The part of ``subprocess.Popen`` the harness uses, for a rank the zygote forked."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self._zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.returncode = self._zygote.exit_code(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._zygote.exit_code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(f"forked rank {self.pid}", timeout)
+        return self.returncode
+
+
+class Zygote:
+    """The test process's end: starts the zygote, asks it for ranks, collects their exits."""
+
+    def __init__(self, env: dict, cwd: str):
+        self.env = dict(env)
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        self._exits: dict = {}
+        self._lock = threading.Lock()
+        self._log = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "zygote.py"), str(theirs.fileno()),
+             str(os.getpid())],
+            pass_fds=[theirs.fileno()], env=self.env, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=self._log, stderr=self._log, start_new_session=True)
+        theirs.close()
+        try:
+            ready = self._next(timeout=120)
+        except RuntimeError:
+            ready = None
+        if ready is None or "ready" not in ready:
+            self.close()
+            self._log.seek(0)
+            raise RuntimeError("the rank zygote did not start:\n"
+                               + self._log.read().decode(errors="replace"))
+        self.pid = ready["ready"]
+        self.usable = ready["threads"] == 1
+
+    def spawn(self, argv: list, env: dict, cwd: str, stdout: str, stderr: str) -> ForkedRank:
+        with self._lock:
+            _send(self._sock, {"argv": argv, "env": env, "cwd": cwd, "stdout": stdout,
+                               "stderr": stderr})
+            while True:
+                message = self._next(timeout=60)
+                if message is None:
+                    raise RuntimeError("the rank zygote stopped answering")
+                if "spawned" in message:
+                    return ForkedRank(self, message["spawned"])
+
+    def exit_code(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while pid not in self._exits:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if self._next(timeout=left) is None and left is not None \
+                        and time.monotonic() >= deadline:
+                    return None
+            return self._exits.pop(pid)
+
+    def _next(self, timeout: Optional[float]) -> Optional[dict]:
+        """One message (exits are filed as they come), or None when none came in time."""
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return None
+        message = _recv(self._sock)
+        if message is None:
+            raise RuntimeError(f"the rank zygote exited (code {self._proc.poll()})")
+        if "exited" in message:
+            self._exits[message["exited"]] = message["code"]
+        return message
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def close(self) -> None:
+        self._sock.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# --- zygote side -----------------------------------------------------------------------------
+
+def _die_with(parent: int) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _become_rank(request: dict, sock: socket.socket, wake_fds: tuple, ready_fd: int) -> None:
+    """In the forked child: detach from the zygote and look like a freshly started rank."""
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    sock.close()
+    for fd in wake_fds:
+        os.close(fd)
+    os.setsid()
+    os.close(ready_fd)  # the zygote answers "spawned" only now: the group exists
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY),
+                            (1, request["stdout"], os.O_WRONLY | os.O_APPEND),
+                            (2, request["stderr"], os.O_WRONLY | os.O_APPEND)):
+        new = os.open(path, flags)
+        os.dup2(new, fd)
+        os.close(new)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.argv = list(request["argv"])
+    import numpy
+    import torch
+
+    numpy.random.seed()  # a cold rank seeds both from the OS: forked ones must not share them
+    torch.seed()
+
+
+def _fork(request: dict, sock: socket.socket, wake_fds: tuple) -> int:
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        _become_rank(request, sock, wake_fds, ready_w)
+        return 0
+    os.close(ready_w)
+    os.read(ready_r, 1)  # EOF once the child has its session (or died trying)
+    os.close(ready_r)
+    return pid
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def serve(fd: int, parent: int) -> Optional[dict]:
+    """The zygote's loop; returns only in a forked child, with the request it is to run."""
+    _die_with(parent)
+    sock = socket.socket(fileno=fd)
+    for name in PRELOAD:
+        __import__(name)
+    threads = len(os.listdir("/proc/self/task"))
+    _send(sock, {"ready": os.getpid(), "threads": threads})
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        try:
+            readable, _, _ = select.select([sock, wake_r], [], [])
+        except InterruptedError:
+            continue
+        if wake_r in readable:
+            while True:
+                try:
+                    if not os.read(wake_r, 512):
+                        break
+                except BlockingIOError:
+                    break
+            _reap(sock)
+        if sock in readable:
+            request = _recv(sock)
+            if request is None:
+                return None
+            if threads != 1:
+                continue
+            pid = _fork(request, sock, (wake_r, wake_w))
+            if pid == 0:
+                return request
+            _send(sock, {"spawned": pid})
+
+
+if __name__ == "__main__":
+    job = serve(int(sys.argv[1]), int(sys.argv[2]))
+    if job is None:
+        sys.exit(0)
+    sys.path[0] = HERE  # as for `python harness.py`: the harness's folder first
+    import harness
+
+    sys.exit(harness._child_main(job["argv"][1], job["argv"][2]))
