@@ -158,35 +158,25 @@ def reset_core(reason: str) -> dict:
 
 
 def _reset_optimizers() -> int:
-    """Drop the in-flight gradient handles of every live DistributedOptimizer: they belong
-    to the aborted core epoch, and a stale one makes the next ``zero_grad()`` raise.
+    """``reset()`` every live DistributedOptimizer (plain or Adasum): its in-flight gradient
+    handles belong to the aborted core epoch, and a stale one makes the next ``zero_grad()``
+    raise.
 
-    Only instances of torch optimizers whose class carries engine_native's
-    ``_DistributedOptimizer.synchronize`` are touched (probing arbitrary objects' attributes
-    could initialise CUDA). Uses ``reset()`` when there is one, else clears what the
-    optimizer's own ``load_state_dict`` clears. TODO(#6): call a public reset once
-    engine_native.torch offers one (asked for in the issue's report).
+    Only instances of torch optimizers whose class engine_native made are touched: the class's
+    ``_hvd_distributed`` marker is read, never an instance attribute (probing arbitrary
+    objects' attributes could run their ``__getattr__`` or initialise CUDA).
     """
-    module, torch = sys.modules.get("engine_native.torch.optimizer"), sys.modules.get("torch")
-    base = getattr(module, "_DistributedOptimizer", None)
-    if base is None or torch is None:
+    torch = sys.modules.get("torch")
+    if torch is None or "engine_native.torch.optimizer" not in sys.modules:
         return 0
     import gc
 
-    sync, optimizer, count = base.__dict__.get("synchronize"), torch.optim.Optimizer, 0
+    count = 0
     for obj in gc.get_objects():
-        cls = type(obj)  # never the instance's own attributes: no __getattr__ side effects
-        if not issubclass(cls, optimizer) or getattr(cls, "synchronize", None) is not sync:
-            continue
-        if callable(getattr(obj, "reset", None)):
+        cls = type(obj)
+        if issubclass(cls, torch.optim.Optimizer) and cls.__dict__.get("_hvd_distributed"):
             obj.reset()
-        else:
-            obj._handles = {}
-            obj._synchronized = False
-            obj._should_synchronize = True
-            for p in obj._allreduce_delay:
-                obj._allreduce_delay[p] = obj.backward_passes_per_step
-        count += 1
+            count += 1
     return count
 
 

@@ -98,6 +98,12 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def synchronize(self):
         """Nothing to do: the deltas are applied by ``step()`` (as Horovod's)."""
 
+    def reset(self):
+        """Forget the delta allreduces in flight (see ``_DistributedOptimizer.reset``)."""
+        self._handles = {}
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+
     @contextmanager
     def skip_synchronize(self):
         raise AssertionError('Skipping synchronization is not supported when using Adasum '

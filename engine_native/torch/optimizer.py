@@ -87,12 +87,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.process_set.included() and (rt.size() > 1 or basics.elastic_enabled()):
             self._register_hooks()
 
-    def load_state_dict(self, *args, **kwargs):
+    def reset(self):
+        """Forget the gradient allreduces in flight: their handles belong to a core that was
+        aborted (``hvd.abort()``, an interrupted notebook cell) or to a step that will not be
+        taken. The next backward pass starts a fresh round; local gradients are kept."""
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def load_state_dict(self, *args, **kwargs):
+        self.reset()
         super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def set_backward_passes_per_step(self, passes):

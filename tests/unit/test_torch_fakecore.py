@@ -62,8 +62,9 @@ def make_fake_core():
         assert rank == 0 and len(peers) == 1
         state['init'] = True
 
-    def shutdown():
+    def shutdown():  # a restarted core has no op in flight, so no name is taken
         state['init'] = False
+        state['names'].clear()
         for h in list(state['handles']):
             state['handles'][h]['error'] = HorovodInternalError('Horovod has been shut down')
 

@@ -208,12 +208,52 @@ def test_sparse_gradients_allgather_or_dense(hooked):
             opt.step()
 
 
-def test_load_state_dict_resets_and_adasum(hvd):
+def test_reset_and_load_state_dict_forget_gradients_in_flight(hooked):
+    hvd = hooked
     model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters()),
                                    named_parameters=model.named_parameters())
-    opt.load_state_dict(opt.state_dict())
-    # Adasum at size 1 is the plain optimizer, as in Horovod.
+    for forget in (opt.reset, lambda: opt.load_state_dict(opt.state_dict())):
+        model(torch.randn(2, 4)).sum().backward()
+        with pytest.raises(AssertionError, match='zero_grad'):
+            opt.zero_grad()  # an allreduce is in flight
+        hvd.shutdown()  # as after an abort: the core forgets the op, the optimizer must too
+        hvd.init()
+        forget()
+        opt.zero_grad()
+    start = len(hvd.core.state['log'])  # the hooks still reduce the next step
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert len(names_sent(hvd, start)) == 4
+
+
+def test_notebook_recovery_resets_every_distributed_optimizer(hooked):
+    from engine_native.torch.adasum_optimizer import adasum_optimizer
+    from hvd_magic import engine_side
+
+    hvd = hooked
+    model, other = make_model(), make_model()
+    plain = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+    adasum = adasum_optimizer(torch.optim.SGD(other.parameters(), lr=0.1),
+                              [('other.' + n, p) for n, p in other.named_parameters()],
+                              hvd.Compression.none, 1, hvd.global_process_set)
+    for net in (model, other):
+        net(torch.randn(2, 4)).sum().backward()
+    for opt in (plain, adasum):
+        with pytest.raises(AssertionError, match='zero_grad'):
+            opt.zero_grad()
+    hvd.shutdown()
+    hvd.init()
+    assert engine_side._reset_optimizers() >= 2  # earlier tests' optimizers may still be alive
+    plain.zero_grad()
+    adasum.zero_grad()
+
+
+def test_adasum_at_size_one_is_the_plain_optimizer(hvd):
+    model = make_model()
     with warnings.catch_warnings():
         warnings.simplefilter('error')
-        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       op=hvd.Adasum)
+    assert not hasattr(opt, '_starting_models')  # no delta optimizer, as in Horovod
