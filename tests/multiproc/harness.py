@@ -1,10 +1,11 @@
-"""Run a module-level test function on N freshly spawned rank processes.
+"""Run a module-level test function on N fresh rank processes.
 
-Parent side: :func:`run_ranks` starts a :class:`RendezvousServer`, spawns ``np`` Python
-processes (``subprocess``, never fork) with the bootstrap environment (``HVD_RANK``,
-``HVD_SIZE``, ``HVD_RENDEZVOUS``, ``HVD_SECRET``, ``HVD_JOB_ID``, ``HVD_TIMEOUT``, optional
-``HVD_HOSTNAME``), waits under a hard timeout, and collects every rank's exit code, output,
-traceback and return value. :func:`run_mpi` does the same under ``mpiexec``.
+Parent side: :func:`run_ranks` starts a :class:`RendezvousServer`, starts ``np`` rank processes
+(forked from a warm zygote that has imported numpy and torch, never from the test process:
+zygote.py) with the bootstrap environment (``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``,
+``HVD_SECRET``, ``HVD_JOB_ID``, ``HVD_TIMEOUT``, optional ``HVD_HOSTNAME``), waits under a hard
+timeout, and collects every rank's exit code, output, traceback and return value.
+:func:`run_mpi` does the same under ``mpiexec`` (cold processes).
 
 Child side: ``python harness.py SPEC`` imports the test module by file path, calls the
 function and pickles ``{"ok", "value", "traceback"}`` into the result directory. Ranks call
@@ -18,6 +19,7 @@ rank behind waiting for its peers.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import importlib.util
 import inspect
@@ -34,7 +36,7 @@ import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
 
-try:  # as multiproc.harness in the test process; as harness in a rank (its folder is first)
+try:  # multiproc.harness in the test process, harness in a rank (its folder comes first)
     from . import zygote
 except ImportError:
     import zygote
@@ -110,11 +112,9 @@ def _write_spec(workdir: str, fn: Callable, args: Sequence, kwargs: dict) -> str
     return path
 
 
-def _kill_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+def _kill_group(proc, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _wait_all(procs: list, deadline: float) -> bool:
@@ -137,10 +137,8 @@ def _dump_stacks_and_kill(procs: list) -> None:
     for proc in procs:
         _kill_group(proc, signal.SIGKILL)
     for proc in procs:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _collect(workdir: str, n: int, returncodes: list) -> list:
@@ -162,11 +160,10 @@ def _collect(workdir: str, n: int, returncodes: list) -> list:
 
 
 def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()
-    except FileNotFoundError:
+    if not os.path.exists(path):
         return ""
+    with open(path, errors="replace") as fh:
+        return fh.read()
 
 
 def _report(title: str, results: list) -> str:
@@ -239,29 +236,26 @@ def run_ranks(fn: Callable, np: int, env: Optional[dict] = None, timeout: float 
 
 
 def _spawn(spec: str, workdir: str, rank: int, env: dict):
-    """A rank process: forked from the zygote where its environment allows, else started cold
-    (``subprocess.Popen``); both give the same files, session, environment and exit code."""
+    """A rank forked from the zygote where its environment allows, else started cold."""
     out, err = (os.path.join(workdir, f"rank{rank}.{suffix}") for suffix in ("out", "err"))
+    argv = [os.path.abspath(__file__), spec, str(rank)]
     for path in (out, err):
         open(path, "wb").close()
-    argv = [os.path.abspath(__file__), spec, str(rank)]
     warm = _zygote_for(env)
     if warm is not None:  # for _die_with_parent: the zygote is the rank's parent
         return warm.spawn(argv, dict(env, HVD_HARNESS_PARENT=str(warm.pid)), REPO, out, err)
-    env = dict(env, HVD_HARNESS_PARENT=str(os.getpid()))
-    with open(out, "wb") as out_fh, open(err, "wb") as err_fh:
-        return subprocess.Popen([sys.executable] + argv, stdin=subprocess.DEVNULL,
-                                stdout=out_fh, stderr=err_fh, env=env, cwd=REPO,
-                                start_new_session=True)
+    with open(out, "ab") as out_fh, open(err, "ab") as err_fh:
+        return subprocess.Popen([sys.executable] + argv, stdin=subprocess.DEVNULL, stdout=out_fh,
+                                stderr=err_fh, env=dict(env, HVD_HARNESS_PARENT=str(os.getpid())),
+                                cwd=REPO, start_new_session=True)
 
 
 _zygote: Optional[zygote.Zygote] = None
 
 
 def _zygote_for(env: dict) -> Optional[zygote.Zygote]:
-    """This process's zygote if ``env`` can be forked from it (started on first use; only by
-    the main thread, as it dies with the thread that started it). ``HVD_HARNESS_ZYGOTE=0``
-    starts every rank cold."""
+    """This process's zygote if ``env`` can be forked from it; started on first use, by the
+    main thread only (it dies with its starter). ``HVD_HARNESS_ZYGOTE=0``: every rank cold."""
     global _zygote
     if os.environ.get("HVD_HARNESS_ZYGOTE", "1") == "0":
         return None
@@ -317,8 +311,8 @@ def run_mpi(fn: Callable, np: int, env: Optional[dict] = None, timeout: float = 
 
 
 def _mpi_output(workdir: str) -> str:
-    return (_tail(_read(os.path.join(workdir, "mpiexec.out")), 6000) + "\n"
-            + _tail(_read(os.path.join(workdir, "mpiexec.err")), 6000))
+    return "\n".join(_tail(_read(os.path.join(workdir, f"mpiexec.{kind}")), 6000)
+                     for kind in ("out", "err"))
 
 
 # --- child side ------------------------------------------------------------------------------
