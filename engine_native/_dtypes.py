@@ -54,11 +54,13 @@ def numpy_code(dtype, op_name: str, tensor_name: str) -> int:
 
 
 def numpy_dtype(code: int) -> np.dtype:
+    """The numpy dtype of a core dtype code (bfloat16 needs ml_dtypes)."""
     if code == BFLOAT16:
         _register_bfloat16()
     return _CODE_TO_NUMPY[code]
 
 
 def supported_numpy_dtypes() -> list:
+    """Names of the numpy dtypes the core takes (bfloat16 where ml_dtypes is installed)."""
     _register_bfloat16()
     return sorted(str(d) for d in _NUMPY_CODES)

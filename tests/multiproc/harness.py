@@ -18,7 +18,6 @@ rank behind waiting for its peers.
 """
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import importlib.util
@@ -31,7 +30,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from typing import Any, Callable, Optional, Sequence
@@ -160,10 +158,9 @@ def _collect(workdir: str, n: int, returncodes: list) -> list:
 
 
 def _read(path: str) -> str:
-    if not os.path.exists(path):
-        return ""
-    with open(path, errors="replace") as fh:
+    with contextlib.suppress(FileNotFoundError), open(path, errors="replace") as fh:
         return fh.read()
+    return ""
 
 
 def _report(title: str, results: list) -> str:
@@ -193,7 +190,7 @@ def run_ranks(fn: Callable, np: int, env: Optional[dict] = None, timeout: float 
               hosts: Optional[Sequence[str]] = None, *, args: Sequence = (),
               kwargs: Optional[dict] = None, rank_env: Optional[dict] = None,
               check: bool = True) -> list:
-    """Run ``fn(*args, **kwargs)`` in ``np`` spawned rank processes; return a RankResult per rank.
+    """Run ``fn(*args, **kwargs)`` in ``np`` rank processes; return a RankResult per rank.
 
     Parameters
     ----------
@@ -241,32 +238,13 @@ def _spawn(spec: str, workdir: str, rank: int, env: dict):
     argv = [os.path.abspath(__file__), spec, str(rank)]
     for path in (out, err):
         open(path, "wb").close()
-    warm = _zygote_for(env)
+    warm = zygote.warm_for(env, clean_env(), REPO)
     if warm is not None:  # for _die_with_parent: the zygote is the rank's parent
         return warm.spawn(argv, dict(env, HVD_HARNESS_PARENT=str(warm.pid)), REPO, out, err)
     with open(out, "ab") as out_fh, open(err, "ab") as err_fh:
         return subprocess.Popen([sys.executable] + argv, stdin=subprocess.DEVNULL, stdout=out_fh,
                                 stderr=err_fh, env=dict(env, HVD_HARNESS_PARENT=str(os.getpid())),
                                 cwd=REPO, start_new_session=True)
-
-
-_zygote: Optional[zygote.Zygote] = None
-
-
-def _zygote_for(env: dict) -> Optional[zygote.Zygote]:
-    """This process's zygote if ``env`` can be forked from it; started on first use, by the
-    main thread only (it dies with its starter). ``HVD_HARNESS_ZYGOTE=0``: every rank cold."""
-    global _zygote
-    if os.environ.get("HVD_HARNESS_ZYGOTE", "1") == "0":
-        return None
-    if _zygote is None or not _zygote.alive():
-        if threading.current_thread() is not threading.main_thread():
-            return None
-        _zygote = zygote.Zygote(clean_env(), REPO)
-        atexit.register(_zygote.close)
-    if not _zygote.usable or not zygote.forkable(_zygote.env, env):
-        return None
-    return _zygote
 
 
 def find_mpiexec() -> Optional[str]:

@@ -158,23 +158,3 @@ def test_rejects_local_functions():
     with pytest.raises(TypeError, match="module-level"):
         run_ranks(local, 1)
 
-
-def how_started():
-    warm = "torch" in sys.modules
-    import numpy
-    import torch
-
-    return {"warm": warm, "draw": float(numpy.random.random()), "seed": torch.initial_seed(),
-            "omp": os.environ.get("OMP_NUM_THREADS"), "pgid": os.getpgid(0) == os.getpid()}
-
-
-def test_ranks_fork_from_the_warm_zygote_unless_a_startup_variable_differs(monkeypatch):
-    warm = [r.value for r in run_ranks(how_started, 3, timeout=60)]
-    assert all(v["warm"] and v["pgid"] for v in warm), warm  # own process group, as cold
-    for stream in ("draw", "seed"):  # numpy's and torch's: each cold rank seeds its own
-        assert len({v[stream] for v in warm}) == 3, f"forked ranks share {stream}"
-    cold = [r.value for r in run_ranks(how_started, 2, env={"OMP_NUM_THREADS": "2"},
-                                       timeout=60)]
-    assert [(v["warm"], v["omp"]) for v in cold] == [(False, "2")] * 2
-    monkeypatch.setenv("HVD_HARNESS_ZYGOTE", "0")
-    assert not any(r.value["warm"] for r in run_ranks(how_started, 2, timeout=60))

@@ -5,13 +5,18 @@ two cores waits ~6 s for imports alone, and the suite starts thousands of ranks.
 one interpreter per test process that has imported numpy and torch (nothing of this project:
 its import reads the rank's environment) and forks a rank per request, in ~20 ms.
 
-A forked rank is a cold rank in all that a test can see: its own session and process group
+A forked rank is a cold rank in what the tests look at: its own session and process group
 (teardown kills the group), stdout/stderr in the harness's files, the request's environment
-(``os.environ``, so ``getenv`` in the core sees it), its cwd, random seeds of its own, SIGKILL when
-its parent dies, and a normal interpreter exit (threads joined, atexit run). What a fork cannot
-give is what the interpreter or the preloaded modules read at start-up: a request whose
-environment differs from the zygote's in such a variable (``LD_*``, ``PYTHON*``, the thread
-counts of OpenMP/BLAS, torch's own) is started cold by the harness instead (:func:`forkable`).
+(``os.environ``, so ``getenv`` in the core sees it), its cwd, random seeds of its own, SIGKILL
+when its parent dies, and a normal interpreter exit (threads joined, atexit run). What a fork
+cannot give is what the interpreter or the preloaded modules read at start-up: a request whose
+environment differs from the zygote's in such a variable (``LD_*``, ``PYTHON*``, locale, the
+thread counts of OpenMP/BLAS, torch's own) is started cold by the harness instead
+(:func:`forkable`), and so is a rank on the fake CUDA libraries. Known differences: torch and
+ml_dtypes are already in ``sys.modules``; every forked rank has the zygote's string-hash
+secret (set iteration order is the same on all ranks; a test about that needs
+``PYTHONHASHSEED`` in its environment, which makes its ranks cold); ``/proc/<pid>/cmdline``
+and ``/proc/<pid>/environ`` show the zygote's, and ``os.getppid()`` is the zygote.
 
 Protocol (a socketpair; length-prefixed pickles, the test process is the only peer):
   a. the zygote preloads, then sends ``{"ready": pid, "threads": n}``; with more than one
@@ -26,6 +31,9 @@ Protocol (a socketpair; length-prefixed pickles, the test process is the only pe
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
+import gc
 import os
 import pickle
 import select
@@ -37,20 +45,30 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PRELOAD = ("numpy", "torch")
+PRELOAD = ("numpy", "ml_dtypes", "torch")  # ml_dtypes: tests/multiproc/checks.py imports it
 
 # Read when the interpreter or a preloaded module starts: a different value needs a cold rank.
 _STARTUP_PREFIXES = ("LD_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "TORCH",
-                     "PYTORCH_", "MALLOC_", "GLIBC_", "NUMPY_", "NPY_")
+                     "PYTORCH_", "MALLOC_", "GLIBC_", "NUMPY_", "NPY_", "LANG", "LC_", "TZ",
+                     "HOME", "TMPDIR")
+
+
+def _fake_device(key: str) -> bool:
+    """A rank on the fake CUDA/NCCL libraries (tests/fakecuda) starts cold: a torch built
+    with CUDA has loaded the real runtime in the zygote, and the fakes' own libcudart
+    dependency would bind to it."""
+    return key.startswith("FAKE_") or (key.startswith("HVD_") and key.endswith("_LIBRARY"))
 
 
 def forkable(zygote_env: dict, env: dict) -> bool:
     """True when a rank with ``env`` can be forked from a zygote started with ``zygote_env``."""
     for key in set(zygote_env) | set(env):
-        if key.startswith(_STARTUP_PREFIXES) and zygote_env.get(key) != env.get(key):
+        if _fake_device(key) or (key.startswith(_STARTUP_PREFIXES)
+                                 and zygote_env.get(key) != env.get(key)):
             return False
     return True
 
@@ -101,13 +119,13 @@ class ForkedRank:
 
 
 class Zygote:
-    """The test process's end: starts the zygote, asks it for ranks, collects their exits."""
+    """The test process's end: starts the zygote, asks it for ranks, collects their exits.
+    One thread at a time: a wait holds the lock (the harness never runs ranks from threads)."""
 
     def __init__(self, env: dict, cwd: str):
         self.env = dict(env)
         ours, theirs = socket.socketpair()
-        self._sock = ours
-        self._exits: dict = {}
+        self._sock, self._exits, self._dead = ours, {}, False
         self._lock = threading.Lock()
         self._log = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
@@ -116,53 +134,74 @@ class Zygote:
             pass_fds=[theirs.fileno()], env=self.env, cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=self._log, stderr=self._log, start_new_session=True)
         theirs.close()
-        try:
-            ready = self._next(timeout=120)
-        except RuntimeError:
-            ready = None
-        if ready is None or "ready" not in ready:
+        ready = self._next(timeout=120)
+        if not ready or "ready" not in ready:
             self.close()
-            self._log.seek(0)
-            raise RuntimeError("the rank zygote did not start:\n"
-                               + self._log.read().decode(errors="replace"))
+            raise RuntimeError("the rank zygote did not start:\n" + self.log())
         self.pid = ready["ready"]
         self.usable = ready["threads"] == 1
 
     def spawn(self, argv: list, env: dict, cwd: str, stdout: str, stderr: str) -> ForkedRank:
-        with self._lock:
+        with self._lock, self._breaks_on_interruption():
             _send(self._sock, {"argv": argv, "env": env, "cwd": cwd, "stdout": stdout,
                                "stderr": stderr})
             while True:
                 message = self._next(timeout=60)
-                if message is None:
-                    raise RuntimeError("the rank zygote stopped answering")
-                if "spawned" in message:
+                if self._dead or message is None:
+                    raise RuntimeError(f"the rank zygote {'exited' if self._dead else 'hangs'}"
+                                       f" (set HVD_HARNESS_ZYGOTE=0 to start ranks cold):\n"
+                                       + self.log())
+                if "error" in message:
+                    raise RuntimeError(message["error"])
+                if "spawned" in message:  # an exit filed for an earlier holder of this pid
+                    self._exits.pop(message["spawned"], None)  # is not this rank's
                     return ForkedRank(self, message["spawned"])
 
     def exit_code(self, pid: int, timeout: Optional[float]) -> Optional[int]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        with self._lock, self._breaks_on_interruption():
             while pid not in self._exits:
+                if self._dead:  # its ranks died with it (PR_SET_PDEATHSIG)
+                    return -signal.SIGKILL
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if self._next(timeout=left) is None and left is not None \
                         and time.monotonic() >= deadline:
                     return None
             return self._exits.pop(pid)
 
+    @contextlib.contextmanager
+    def _breaks_on_interruption(self):
+        """An exception mid-exchange (a test's time limit, Ctrl-C) may leave half a message on
+        the socket: the zygote is ended then (its ranks with it), and the next run starts a
+        new one, so no later rank reads a stale reply as its own."""
+        try:
+            yield
+        except BaseException:
+            self._dead = True
+            self._proc.kill()
+            raise
+
     def _next(self, timeout: Optional[float]) -> Optional[dict]:
-        """One message (exits are filed as they come), or None when none came in time."""
-        ready, _, _ = select.select([self._sock], [], [], timeout)
-        if not ready:
+        """One message (exits are filed as they come); None when none came in time; {} once
+        the zygote is gone (``_dead``)."""
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN)
+        if not poller.poll(None if timeout is None else int(timeout * 1000)):
             return None
         message = _recv(self._sock)
         if message is None:
-            raise RuntimeError(f"the rank zygote exited (code {self._proc.poll()})")
+            self._dead = True
+            return {}
         if "exited" in message:
             self._exits[message["exited"]] = message["code"]
         return message
 
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")[-4000:]
+
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return not self._dead and self._proc.poll() is None
 
     def close(self) -> None:
         self._sock.close()
@@ -171,6 +210,31 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+_warm: Optional[Zygote] = None
+_refused = False  # a zygote failed to start: every later rank starts cold
+
+
+def warm_for(env: dict, base_env: dict, cwd: str) -> Optional[Zygote]:
+    """This process's zygote if a rank with ``env`` can be forked from it, else None (start it
+    cold). Started on first use, with ``base_env``, by the main thread only: it dies with the
+    thread that started it. ``HVD_HARNESS_ZYGOTE=0`` starts every rank cold."""
+    global _warm, _refused
+    if _refused or os.environ.get("HVD_HARNESS_ZYGOTE", "1") == "0" \
+            or not forkable(base_env, env):
+        return None
+    if _warm is None or not _warm.alive():
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        try:
+            _warm = Zygote(base_env, cwd)
+        except RuntimeError as exc:  # slower, not wrong
+            _refused = True
+            print(f"harness: ranks start cold from now on: {exc}", file=sys.stderr)
+            return None
+        atexit.register(_warm.close)
+    return _warm if _warm.usable and forkable(_warm.env, env) else None
 
 
 # --- zygote side -----------------------------------------------------------------------------
@@ -214,7 +278,11 @@ def _fork(request: dict, sock: socket.socket, wake_fds: tuple) -> int:
     pid = os.fork()
     if pid == 0:
         os.close(ready_r)
-        _become_rank(request, sock, wake_fds, ready_w)
+        try:
+            _become_rank(request, sock, wake_fds, ready_w)
+        except BaseException:  # to the rank's stderr file when it got that far
+            traceback.print_exc()
+            os._exit(1)
         return 0
     os.close(ready_w)
     os.read(ready_r, 1)  # EOF once the child has its session (or died trying)
@@ -239,6 +307,7 @@ def serve(fd: int, parent: int) -> Optional[dict]:
     sock = socket.socket(fileno=fd)
     for name in PRELOAD:
         __import__(name)
+    gc.freeze()  # a rank's collections then leave the preloaded objects' pages shared
     threads = len(os.listdir("/proc/self/task"))
     _send(sock, {"ready": os.getpid(), "threads": threads})
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -262,6 +331,7 @@ def serve(fd: int, parent: int) -> Optional[dict]:
             if request is None:
                 return None
             if threads != 1:
+                _send(sock, {"error": f"the zygote has {threads} threads: it must not fork"})
                 continue
             pid = _fork(request, sock, (wake_r, wake_w))
             if pid == 0:
