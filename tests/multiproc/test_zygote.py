@@ -20,7 +20,7 @@ def how_started():
 
 def test_ranks_fork_warm_unless_a_startup_variable_differs(monkeypatch):
     warm = [r.value for r in run_ranks(how_started, 3, timeout=60)]
-    assert all(v["warm"] and v["pgid"] for v in warm), warm  # own process group, as cold
+    assert all(v["warm"] and v["pgid"] for v in warm), (warm, _why_cold())  # own group, as cold
     for stream in ("draw", "seed"):  # numpy's and torch's: each cold rank seeds its own
         assert len({v[stream] for v in warm}) == 3, f"forked ranks share {stream}"
     cold = [r.value for r in run_ranks(how_started, 2, env={"OMP_NUM_THREADS": "2"},
@@ -30,6 +30,13 @@ def test_ranks_fork_warm_unless_a_startup_variable_differs(monkeypatch):
     assert not fake[0].value["warm"], "a rank on the fake CUDA libraries must start cold"
     monkeypatch.setenv("HVD_HARNESS_ZYGOTE", "0")
     assert not any(r.value["warm"] for r in run_ranks(how_started, 2, timeout=60))
+
+
+def _why_cold():
+    from multiproc.harness import clean_env
+
+    now, then = clean_env(), getattr(zygote._warm, "env", {})
+    return {k: (then.get(k), now.get(k)) for k in set(now) | set(then) if now.get(k) != then.get(k)}
 
 
 def wait_forever(marker_dir):

@@ -218,15 +218,18 @@ _refused = False  # a zygote failed to start: every later rank starts cold
 
 def warm_for(env: dict, base_env: dict, cwd: str) -> Optional[Zygote]:
     """This process's zygote if a rank with ``env`` can be forked from it, else None (start it
-    cold). Started on first use, with ``base_env``, by the main thread only: it dies with the
-    thread that started it. ``HVD_HARNESS_ZYGOTE=0`` starts every rank cold."""
+    cold). Started on first use with ``base_env``, and again when ``base_env`` changes a start-up
+    variable, by the main thread only: it dies with the thread that started it.
+    ``HVD_HARNESS_ZYGOTE=0`` starts every rank cold."""
     global _warm, _refused
     if _refused or os.environ.get("HVD_HARNESS_ZYGOTE", "1") == "0" \
             or not forkable(base_env, env):
         return None
-    if _warm is None or not _warm.alive():
+    if _warm is None or not _warm.alive() or not forkable(_warm.env, base_env):
         if threading.current_thread() is not threading.main_thread():
             return None
+        if _warm is not None:  # the test process's own environment changed a start-up variable
+            _warm.close()
         try:
             _warm = Zygote(base_env, cwd)
         except RuntimeError as exc:  # slower, not wrong
