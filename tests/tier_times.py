@@ -9,15 +9,12 @@ how a change that grows a tier is seen before it lands.
 from __future__ import annotations
 
 import collections
-import os
 import time
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def tier_of(path: str) -> str:
-    rel = os.path.relpath(path, TESTS).split(os.sep)
-    return rel[0] if len(rel) > 1 else "top"
+def tier_of(nodeid: str) -> str:
+    """``tests/unit/test_x.py::test_y`` -> ``unit`` (node ids are relative to the repository)."""
+    parts = nodeid.split("::")[0].split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "top"
 
 
 class TierTimes:
@@ -29,7 +26,7 @@ class TierTimes:
         self.started = time.monotonic()
 
     def pytest_runtest_logreport(self, report):
-        tier = tier_of(str(report.fspath)) if report.fspath else "top"
+        tier = tier_of(report.nodeid)
         self.seconds[tier] += report.duration
         self.per_test[report.nodeid] += report.duration
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -52,4 +49,4 @@ class TierTimes:
             write(f"{tier:<11} {sum(o.values()):>6} {o['passed']:>7} {o['skipped']:>8} "
                   f"{o['failed']:>7} {secs:>8.1f} {secs / total:>6.1%}  {slow:.1f}s {name}")
         write(f"{'all':<11} {sum(sum(o.values()) for o in self.outcomes.values()):>6} "
-              f"{'':>7} {'':>8} {'':>7} {total:>8.1f}   (wall {wall:.0f} s since collection)")
+              f"{'':>7} {'':>8} {'':>7} {total:>8.1f}   (wall {wall:.0f} s since the session started)")
