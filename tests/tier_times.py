@@ -49,4 +49,4 @@ class TierTimes:
             write(f"{tier:<11} {sum(o.values()):>6} {o['passed']:>7} {o['skipped']:>8} "
                   f"{o['failed']:>7} {secs:>8.1f} {secs / total:>6.1%}  {slow:.1f}s {name}")
         write(f"{'all':<11} {sum(sum(o.values()) for o in self.outcomes.values()):>6} "
-              f"{'':>7} {'':>8} {'':>7} {total:>8.1f}   (wall {wall:.0f} s since the session started)")
+              f"{'':>7} {'':>8} {'':>7} {total:>8.1f}   (wall {wall:.0f} s since the start)")
