@@ -101,8 +101,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
     def reset(self):
         """Forget the delta allreduces in flight (see ``_DistributedOptimizer.reset``)."""
         self._handles = {}
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
+        self.set_backward_passes_per_step(self.backward_passes_per_step)  # delays start over
 
     @contextmanager
     def skip_synchronize(self):

@@ -94,8 +94,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
+        self.set_backward_passes_per_step(self.backward_passes_per_step)  # delays start over
 
     def load_state_dict(self, *args, **kwargs):
         self.reset()

@@ -326,15 +326,9 @@ def _load(spec: dict) -> Callable:
 
 def _die_with_parent() -> None:
     """SIGKILL this rank when the process that spawned it exits; exit now if it already has."""
-    import ctypes
-
     parent = os.environ.pop("HVD_HARNESS_PARENT", None)
-    if parent is None:
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != int(parent):  # it died before the prctl
-        os._exit(1)
+    if parent is not None:
+        zygote.die_with(int(parent))
 
 
 def _child_main(spec_path: str, rank_arg: str) -> int:

@@ -242,11 +242,13 @@ def warm_for(env: dict, base_env: dict, cwd: str) -> Optional[Zygote]:
 
 # --- zygote side -----------------------------------------------------------------------------
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
+    """SIGKILL this process when ``parent`` exits; exit now if it already has (the zygote
+    with the test process, a rank with whoever started it)."""
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
+    if os.getppid() != parent:  # it died before the prctl
         os._exit(1)
 
 
@@ -306,7 +308,7 @@ def _reap(sock: socket.socket) -> None:
 
 def serve(fd: int, parent: int) -> Optional[dict]:
     """The zygote's loop; returns only in a forked child, with the request it is to run."""
-    _die_with(parent)
+    die_with(parent)
     sock = socket.socket(fileno=fd)
     for name in PRELOAD:
         __import__(name)
