@@ -151,6 +151,7 @@ class DashboardView:
         self._timeline_on = False
         self._autotune_on = False
         self._clicked = {"timeline": float("-inf"), "autotune": float("-inf")}
+        self._messages_shown = 0  # show_message calls so far: a click's line never hides a newer one
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
                                     disabled=on_stop is None, tooltip="interrupt every rank")
         self.timeline_button = W.Button(disabled=on_timeline is None)
@@ -197,6 +198,8 @@ class DashboardView:
         """Run a control's callback on the main thread; report failures in the message area.
         A callback may return a line to show (e.g. "no cell is running")."""
         callback = self._callbacks[name]
+        with self._lock:
+            shown = self._messages_shown
         try:
             said = callback() if arg is None else callback(arg)
         except Exception as exc:  # shown to the user, never raised into the comm handler
@@ -210,13 +213,19 @@ class DashboardView:
             if name in self._clicked:
                 self._clicked[name] = time.monotonic()
             self._label_buttons()
-            self.show_message(said if isinstance(said, str) else "")
+            # The engines' answer may already be shown (the hub thread got it while this thread
+            # waited for the lock): "starting..." must not replace "recording to ...".
+            if self._messages_shown == shown:
+                self.show_message(said if isinstance(said, str) else "")
 
     def show_message(self, text, error=False):
-        """Show a line next to the buttons (e.g. "cluster stopped"); ``""`` clears it."""
+        """Show a line next to the buttons (e.g. "cluster stopped"); ``""`` clears it. Any
+        thread (the hub thread shows the engines' answers)."""
         color = "#c62828" if error else "#555"
-        self._set(self.message, value=f'<span style="color:{color}">{escape(text)}</span>'
-                  if text else "")
+        with self._lock:
+            self._messages_shown += 1
+            self._set(self.message, value=f'<span style="color:{color}">{escape(text)}</span>'
+                      if text else "")
 
     def update(self, model, now):
         """Re-render from the model; called by the hub's updater thread only."""

@@ -54,13 +54,17 @@ def make_notebook(path):
     return 0, 1, 2, train, train + 1, len(code) - 1
 
 
-def wait_until(predicate, timeout, what, poll=0.5):
+def wait_until(predicate, timeout, what, poll=0.5, shown=None):
+    """``predicate()`` once truthy; else fails after ``timeout`` s, with ``shown()`` (what the
+    page showed then) in the message."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what}: not within {timeout:.0f} s"
+                        + (f"; the page showed:\n{shown()}" if shown else ""))
         time.sleep(poll)
 
 
@@ -138,9 +142,10 @@ def test_quickstart_dashboard_in_jupyterlab(lab, page, artifacts):
     assert "cpu" in rows.nth(0).inner_text()
     nb.run(allreduce)
     wait_until(lambda: "sum over ranks: [1.0, 1.0, 1.0]" in nb.output(allreduce), 120,
-               "the allreduce cell")
+               "the allreduce cell", shown=lambda: nb.output(allreduce))
     nb.run(data)
-    wait_until(lambda: "training samples" in nb.output(data), 120, "the data cell")
+    wait_until(lambda: "training samples" in nb.output(data), 120, "the data cell",
+               shown=lambda: nb.output(data))
 
     nb.run(train)
     seen = {0: [], 1: []}
@@ -155,10 +160,11 @@ def test_quickstart_dashboard_in_jupyterlab(lab, page, artifacts):
     dashboard = nb.panel.locator(".hvd-dashboard")
     dashboard.locator("button", has_text="Start timeline").click()  # acts during the cell
     wait_until(lambda: "timeline: recording to" in dashboard.inner_text(), 30,
-               "the timeline button's answer")
+               "the timeline button's answer", shown=dashboard.inner_text)
     dashboard.locator("button", has_text="Autotune on").click()
     wait_until(lambda: re.search(r"autotune (warmup|bayes|categorical|done) ",
-                                 dashboard.inner_text()), 30, "the autotune panel")
+                                 dashboard.inner_text()), 30, "the autotune panel",
+               shown=dashboard.inner_text)
     dashboard.screenshot(path=os.path.join(artifacts, "dashboard-training.png"))
     with open(os.path.join(artifacts, "rates.json"), "w") as f:
         json.dump(seen, f)
@@ -173,11 +179,13 @@ def test_quickstart_dashboard_in_jupyterlab(lab, page, artifacts):
     dashboard.screenshot(path=os.path.join(artifacts, "dashboard-after-stop.png"))
 
     nb.run(after_stop)
-    wait_until(lambda: "after stop 2.0" in nb.output(after_stop), 120, "the cell after Stop")
+    wait_until(lambda: "after stop 2.0" in nb.output(after_stop), 120, "the cell after Stop",
+               shown=lambda: nb.output(after_stop))
     page.screenshot(path=os.path.join(artifacts, "notebook-after-stop.png"))
 
     nb.run(stop)
-    wait_until(lambda: "cluster stopped" in nb.output(stop), 120, "%hvd_stop")
+    wait_until(lambda: "cluster stopped" in nb.output(stop), 120, "%hvd_stop",
+               shown=lambda: nb.output(stop))
     dashboard.scroll_into_view_if_needed()  # as a user would look at it
     wait_until(lambda: "cluster stopped" in dashboard.inner_text(), 30,
                "the dashboard saying the cluster stopped")

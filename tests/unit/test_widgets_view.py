@@ -102,6 +102,19 @@ def test_controls_call_the_callables_and_report_failures():
     assert V.DashboardView().stop_button.disabled  # no callable, no button
 
 
+def test_an_answer_that_beats_the_clicks_own_line_stays_shown():
+    """The hub thread may show the engines' answer before the clicking thread shows its
+    "starting..." line (it waits for the view's lock while the hub renders): the answer stays."""
+    def timeline(start):
+        v.show_message("timeline: recording to /tmp/t.json")  # the hub thread, first
+        return "starting the timeline..."
+
+    v = V.DashboardView(on_timeline=timeline)
+    v.timeline_button.click()
+    assert "recording to /tmp/t.json" in v.message.value
+    assert v.timeline_button.description == "Stop timeline"
+
+
 def test_a_click_is_not_undone_by_a_snapshot_that_predates_it():
     m = M.DashboardModel()
     m.ingest(0, snap(0, 0, timeline=False), now=0.0)
