@@ -12,14 +12,17 @@ when its parent dies, and a normal interpreter exit (threads joined, atexit run)
 cannot give is what the interpreter or the preloaded modules read at start-up: a request whose
 environment differs from the zygote's in such a variable (``LD_*``, ``PYTHON*``, locale, the
 thread counts of OpenMP/BLAS, torch's own) is started cold by the harness instead
-(:func:`forkable`), and so is a rank on the fake CUDA libraries. Known differences: torch and
+(:func:`forkable`), and so is a rank on the fake CUDA libraries when the zygote has a real
+CUDA library mapped (a CUDA build of torch; the fakes' libcudart dependency would bind to the
+real one; a CPU build maps none, and such ranks fork). Known differences: torch and
 ml_dtypes are already in ``sys.modules``; every forked rank has the zygote's string-hash
 secret (set iteration order is the same on all ranks; a test about that needs
 ``PYTHONHASHSEED`` in its environment, which makes its ranks cold); ``/proc/<pid>/cmdline``
 and ``/proc/<pid>/environ`` show the zygote's, and ``os.getppid()`` is the zygote.
 
 Protocol (a socketpair; length-prefixed pickles, the test process is the only peer):
-  a. the zygote preloads, then sends ``{"ready": pid, "threads": n}``; with more than one
+  a. the zygote preloads, then sends ``{"ready": pid, "threads": n, "cuda_mapped": bool}``
+     (a real CUDA/NCCL library among its mappings); with more than one
      thread it must not fork (a lock held by another thread stays held in the child), so the
      client then starts every rank cold;
   b. the client sends ``{"argv", "env", "cwd", "stdout", "stderr"}``; the zygote forks, waits
@@ -57,20 +60,28 @@ _STARTUP_PREFIXES = ("LD_", "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP
                      "HOME", "TMPDIR")
 
 
+_REAL_CUDA = ("libcudart.so", "libcuda.so", "libnccl.so", "libnvrtc.so")
+
+
 def _fake_device(key: str) -> bool:
-    """A rank on the fake CUDA/NCCL libraries (tests/fakecuda) starts cold: a torch built
-    with CUDA has loaded the real runtime in the zygote, and the fakes' own libcudart
-    dependency would bind to it."""
+    """A variable of a rank on the fake CUDA/NCCL libraries (tests/fakecuda)."""
     return key.startswith("FAKE_") or (key.startswith("HVD_") and key.endswith("_LIBRARY"))
 
 
-def forkable(zygote_env: dict, env: dict) -> bool:
-    """True when a rank with ``env`` can be forked from a zygote started with ``zygote_env``."""
+def forkable(zygote_env: dict, env: dict, fakes_ok: bool) -> bool:
+    """True when a rank with ``env`` can be forked from a zygote started with ``zygote_env``;
+    ``fakes_ok``: the zygote has no real CUDA library mapped, so a rank on the fakes may fork
+    (with one mapped, the fakes' own libcudart dependency would bind to the real runtime)."""
     for key in set(zygote_env) | set(env):
-        if _fake_device(key) or (key.startswith(_STARTUP_PREFIXES)
-                                 and zygote_env.get(key) != env.get(key)):
+        if (_fake_device(key) and not fakes_ok) or (key.startswith(_STARTUP_PREFIXES)
+                                                   and zygote_env.get(key) != env.get(key)):
             return False
     return True
+
+
+def _cuda_mapped() -> bool:
+    with open("/proc/self/maps") as maps:
+        return any(name in line for line in maps for name in _REAL_CUDA)
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -140,6 +151,7 @@ class Zygote:
             raise RuntimeError("the rank zygote did not start:\n" + self.log())
         self.pid = ready["ready"]
         self.usable = ready["threads"] == 1
+        self.fakes_ok = not ready["cuda_mapped"]
 
     def spawn(self, argv: list, env: dict, cwd: str, stdout: str, stderr: str) -> ForkedRank:
         with self._lock, self._breaks_on_interruption():
@@ -223,9 +235,9 @@ def warm_for(env: dict, base_env: dict, cwd: str) -> Optional[Zygote]:
     ``HVD_HARNESS_ZYGOTE=0`` starts every rank cold."""
     global _warm, _refused
     if _refused or os.environ.get("HVD_HARNESS_ZYGOTE", "1") == "0" \
-            or not forkable(base_env, env):
+            or not forkable(base_env, env, fakes_ok=True):
         return None
-    if _warm is None or not _warm.alive() or not forkable(_warm.env, base_env):
+    if _warm is None or not _warm.alive() or not forkable(_warm.env, base_env, fakes_ok=True):
         if threading.current_thread() is not threading.main_thread():
             return None
         if _warm is not None:  # the test process's own environment changed a start-up variable
@@ -237,7 +249,7 @@ def warm_for(env: dict, base_env: dict, cwd: str) -> Optional[Zygote]:
             print(f"harness: ranks start cold from now on: {exc}", file=sys.stderr)
             return None
         atexit.register(_warm.close)
-    return _warm if _warm.usable and forkable(_warm.env, env) else None
+    return _warm if _warm.usable and forkable(_warm.env, env, _warm.fakes_ok) else None
 
 
 # --- zygote side -----------------------------------------------------------------------------
@@ -314,7 +326,7 @@ def serve(fd: int, parent: int) -> Optional[dict]:
         __import__(name)
     gc.freeze()  # a rank's collections then leave the preloaded objects' pages shared
     threads = len(os.listdir("/proc/self/task"))
-    _send(sock, {"ready": os.getpid(), "threads": threads})
+    _send(sock, {"ready": os.getpid(), "threads": threads, "cuda_mapped": _cuda_mapped()})
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
