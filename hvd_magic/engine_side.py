@@ -160,24 +160,9 @@ def reset_core(reason: str) -> dict:
 def _reset_optimizers() -> int:
     """``reset()`` every live DistributedOptimizer (plain or Adasum): its in-flight gradient
     handles belong to the aborted core epoch, and a stale one makes the next ``zero_grad()``
-    raise.
-
-    Only instances of torch optimizers whose class engine_native made are touched: the class's
-    ``_hvd_distributed`` marker is read, never an instance attribute (probing arbitrary
-    objects' attributes could run their ``__getattr__`` or initialise CUDA).
-    """
-    torch = sys.modules.get("torch")
-    if torch is None or "engine_native.torch.optimizer" not in sys.modules:
-        return 0
-    import gc
-
-    count = 0
-    for obj in gc.get_objects():
-        cls = type(obj)
-        if issubclass(cls, torch.optim.Optimizer) and cls.__dict__.get("_hvd_distributed"):
-            obj.reset()
-            count += 1
-    return count
+    raise."""
+    registry = sys.modules.get("engine_native.torch.optimizer_registry")
+    return registry.reset_all() if registry is not None else 0
 
 
 def set_rank(rank: int) -> None:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 import torch
 
+from engine_native.torch import optimizer_registry
 from engine_native.torch import runtime as rt
 from engine_native.torch.optimizer_params import (
     backward_pass_done,
@@ -48,6 +49,7 @@ class _DistributedAdasumOptimizer(torch.optim.Optimizer):
                                  for _, p in ordered}
         if self.process_set.included():
             self._register_hooks()
+        optimizer_registry.track(self)
 
     def set_backward_passes_per_step(self, passes):
         """Change how many backward passes are accumulated locally before each allreduce."""

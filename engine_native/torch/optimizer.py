@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 
-from engine_native.torch import basics
+from engine_native.torch import basics, optimizer_registry
 from engine_native.torch import runtime as rt
 from engine_native.torch.adasum_optimizer import adasum_optimizer
 from engine_native.torch.compression import Compression
@@ -86,6 +86,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         if self.process_set.included() and (rt.size() > 1 or basics.elastic_enabled()):
             self._register_hooks()
+        optimizer_registry.track(self)
 
     def reset(self):
         """Forget the gradient allreduces in flight: their handles belong to a core that was
