@@ -97,21 +97,32 @@ def _mix(j: np.ndarray) -> np.ndarray:
     return j
 
 
-_residues: dict = {}  # modulus -> uint8 array: _mix(j) % modulus for a prefix of the stream
+_mixed = np.empty(0, np.uint32)  # _mix(j) for a prefix of the stream
+_residues: dict = {}  # modulus -> uint8 array: _mixed % modulus, as far as computed
 
 
 def _stream(modulus: int, start: int, count: int) -> np.ndarray:
     """``_mix(j) % modulus`` for j in [start, start + count), the stream wrapping at STREAM."""
+    global _mixed
     have = _residues.get(modulus, np.empty(0, np.uint8))
     need = min(STREAM, start + count)
-    if have.size < need:  # grow to at least double, so a process computes each j once or twice
-        size = min(STREAM, max(need, 2 * have.size, 1 << 16))
-        more = _mix(np.arange(have.size, size, dtype=np.uint32))
-        more %= np.uint32(modulus)
+    if have.size < need:
+        if _mixed.size < need:  # grow to at least double: each j is mixed once per process
+            size = min(STREAM, max(need, 2 * _mixed.size, 1 << 16))
+            _mixed = np.concatenate([_mixed, _mix(np.arange(_mixed.size, size, dtype=np.uint32))])
+        more = _mixed[have.size:] % np.uint32(modulus)
         have = _residues[modulus] = np.concatenate([have, more.astype(np.uint8)])
     if start + count <= STREAM:
         return have[start:start + count]
     return have.take(np.arange(start, start + count) % STREAM)
+
+
+def warm() -> None:
+    """Compute the whole stream and its residues for every input dtype now (the harness's
+    zygote does, once: the ranks it forks share them)."""
+    for values in {len(_values(dtype, product)) for dtype in ALL_DTYPES
+                   for product in (False, True)}:
+        _stream(values, 0, STREAM)
 
 
 def _offset(rank: int, salt: int) -> int:

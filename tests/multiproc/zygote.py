@@ -347,6 +347,11 @@ def serve(fd: int, parent: int) -> Optional[dict]:
     sock = socket.socket(fileno=fd)
     for name in PRELOAD:
         __import__(name)
+    sys.path.insert(0, os.path.dirname(HERE))  # as the rank's harness imports it
+    from multiproc import checks
+
+    del sys.path[0]
+    checks.warm()  # the test inputs' tables, shared with every rank forked from here
     gc.freeze()  # a rank's collections then leave the preloaded objects' pages shared
     threads = len(os.listdir("/proc/self/task"))
     _send(sock, {"ready": os.getpid(), "threads": threads, "cuda_mapped": _cuda_mapped()})
