@@ -114,7 +114,12 @@ def _stream(modulus: int, start: int, count: int) -> np.ndarray:
         have = _residues[modulus] = np.concatenate([have, more.astype(np.uint8)])
     if start + count <= STREAM:
         return have[start:start + count]
-    return have.take(np.arange(start, start + count) % STREAM)
+    pieces, left = [], count  # longer than the rest of the stream: copies of whole periods
+    while left:
+        pieces.append(have[start:start + left])
+        left -= pieces[-1].size
+        start = 0
+    return np.concatenate(pieces)
 
 
 def warm() -> None:
