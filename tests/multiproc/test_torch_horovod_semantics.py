@@ -4,8 +4,9 @@
 broadcast_optimizer_state on a fresh optimizer takes one step on zero gradients: afterwards
 every parameter that requires a gradient has a zero ``.grad`` (sparse for SparseAdam and for
 SGD on a sparse Embedding of ``model``), a frozen one keeps ``None``, and the optimizer's state
-is the root's. Where we differ on purpose (README, "Differences from Horovod"): the parameters
-are put back after that step, and a stateless optimizer's options are broadcast too.
+is the root's. Where we differ on purpose (docs/pages/horovod.md, "What differs, on purpose"):
+the parameters are put back after that step, and a stateless optimizer's options are broadcast
+too.
 """
 import pytest
 import torch

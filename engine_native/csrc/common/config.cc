@@ -130,7 +130,8 @@ const std::vector<Knob>& knobs() {
                 "peers' inputs straight into the output with process_vm_readv, one copy "
                 "per byte, when every rank of the host can (probed at start; "
                 "metrics()['host_copy'] says which, and why not). Off by default: not yet "
-                "measured faster on a quiet machine (RESULTS.md, issue #20 part 3)."},
+                "measured faster on a quiet machine (benchmarks/history/RESULTS-parts-1-10.md, "
+                "issue #20 part 3)."},
                &Config::single_copy),
       intKnob({"HVD_SINGLE_COPY_MIN_BYTES", nullptr, "bytes", "16777216",
                "The smallest transfer between two ranks of one host (a broadcast, an "

@@ -59,7 +59,7 @@ struct ConfigEntry {
   const char* doc;
 };
 
-// The table itself, for documentation (README, `python -m engine_native.config`).
+// The table itself: engine_native.config_table(), docs/pages/configuration.md.
 const std::vector<ConfigEntry>& configTable();
 
 }  // namespace hvd::common
