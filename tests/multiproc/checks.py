@@ -153,7 +153,7 @@ def make_input(dtype, shape, rank: int, name: str, for_product: bool = False,
     count = int(np.prod(shape, dtype=np.int64))
     values = _values(dtype, for_product)
     index = _stream(len(values), _offset(rank, salt_of(name)) + lo * row, count)
-    return values.take(index).reshape(shape)
+    return values[index].reshape(shape)  # indexing: faster than take() from a small table
 
 
 @functools.lru_cache(maxsize=None)

@@ -51,6 +51,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -352,6 +353,10 @@ def serve(fd: int, parent: int) -> Optional[dict]:
 
     del sys.path[0]
     checks.warm()  # the test inputs' tables, shared with every rank forked from here
+    # The preloaded modules' finalizers would run at every rank's exit (torch's Library objects
+    # deregister their operators: ~60 ms a rank), for objects the rank only inherited.
+    for finalizer in list(getattr(weakref.finalize, "_registry", ())):
+        finalizer.atexit = False
     gc.freeze()  # a rank's collections then leave the preloaded objects' pages shared
     threads = len(os.listdir("/proc/self/task"))
     _send(sock, {"ready": os.getpid(), "threads": threads, "cuda_mapped": _cuda_mapped()})
