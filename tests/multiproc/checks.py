@@ -104,6 +104,7 @@ _residues: dict = {}  # modulus -> uint8 array: _mixed % modulus, as far as comp
 def _stream(modulus: int, start: int, count: int) -> np.ndarray:
     """``_mix(j) % modulus`` for j in [start, start + count), the stream wrapping at STREAM."""
     global _mixed
+    start %= STREAM
     have = _residues.get(modulus, np.empty(0, np.uint8))
     need = min(STREAM, start + count)
     if have.size < need:
@@ -114,7 +115,7 @@ def _stream(modulus: int, start: int, count: int) -> np.ndarray:
         have = _residues[modulus] = np.concatenate([have, more.astype(np.uint8)])
     if start + count <= STREAM:
         return have[start:start + count]
-    pieces, left = [], count  # longer than the rest of the stream: copies of whole periods
+    pieces, left = [], count  # past the stream's end: it wraps, in copies of whole periods
     while left:
         pieces.append(have[start:start + left])
         left -= pieces[-1].size

@@ -70,3 +70,26 @@ def test_a_dead_zygote_fails_its_ranks_and_the_next_run_gets_a_new_one(tmp_path)
     assert [r.returncode for r in res] == [-signal.SIGKILL] * 2, [r.describe() for r in res]
     again = run_ranks(how_started, 2, timeout=60)
     assert all(r.value["warm"] for r in again) and zygote._warm.pid != old
+
+
+_KEPT = []
+
+
+def leave_a_thread_pool_and_an_atexit_mark(marker_dir):
+    """Returns with a ThreadPoolExecutor still open (its idle workers are non-daemon threads)
+    and an atexit hook that writes a file: the rank must still end, having run the hook."""
+    import atexit
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(2)
+    pool.submit(sum, [1, 2]).result()
+    _KEPT.append(pool)  # alive until exit, as a module-level pool is
+    atexit.register(lambda: open(os.path.join(marker_dir, os.environ["HVD_RANK"]), "w").close())
+    return "warm" if "torch" in sys.modules else "cold"
+
+
+def test_a_forked_rank_exits_as_the_interpreter_does(tmp_path):
+    res = run_ranks(leave_a_thread_pool_and_an_atexit_mark, 2, args=(str(tmp_path),),
+                    timeout=60)
+    assert [r.value for r in res] == ["warm", "warm"]
+    assert sorted(os.listdir(tmp_path)) == ["0", "1"], "atexit hooks did not run"

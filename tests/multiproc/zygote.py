@@ -9,23 +9,24 @@ A forked rank is a cold rank in what the tests look at: its own session and proc
 (teardown kills the group), stdout/stderr in the harness's files, the request's environment
 (``os.environ``, so ``getenv`` in the core sees it), its cwd, random seeds of its own, SIGKILL
 when its parent dies, and the interpreter's exit (threads joined, atexit run, streams flushed;
-not the C library's exit: :func:`exit_after_python`). What a fork
-cannot give is what the interpreter or the preloaded modules read at start-up: a request whose
+not the C library's exit, nor module teardown: :func:`exit_after_python`; a test of a clean
+process exit starts its ranks cold). What a fork cannot give is what the interpreter or the
+preloaded modules read at start-up: a request whose
 environment differs from the zygote's in such a variable (``LD_*``, ``PYTHON*``, locale, the
 thread counts of OpenMP/BLAS, torch's own) is started cold by the harness instead
 (:func:`forkable`), and so is a rank on the fake CUDA libraries when the zygote has a real
 CUDA library mapped (a CUDA build of torch; the fakes' libcudart dependency would bind to the
-real one; a CPU build maps none, and such ranks fork). Known differences: torch and
-ml_dtypes are already in ``sys.modules``; every forked rank has the zygote's string-hash
+real one; a CPU build maps none). Known differences: PRELOAD and tests/multiproc/checks.py
+(its tables computed) are in ``sys.modules``, their weakref finalizers are not run at the
+rank's exit (the zygote's objects); every forked rank has the zygote's string-hash
 secret (set iteration order is the same on all ranks; a test about that needs
 ``PYTHONHASHSEED`` in its environment, which makes its ranks cold); ``/proc/<pid>/cmdline``
 and ``/proc/<pid>/environ`` show the zygote's, and ``os.getppid()`` is the zygote.
 
 Protocol (a socketpair; length-prefixed pickles, the test process is the only peer):
   a. the zygote preloads, then sends ``{"ready": pid, "threads": n, "cuda_mapped": bool}``
-     (a real CUDA/NCCL library among its mappings); with more than one
-     thread it must not fork (a lock held by another thread stays held in the child), so the
-     client then starts every rank cold;
+     (a real CUDA/NCCL library mapped); with more than one thread it must not fork (a lock
+     held by another thread stays held in the child), so the client then starts ranks cold;
   b. the client sends ``{"argv", "env", "cwd", "stdout", "stderr"}``; the zygote forks, waits
      until the child has its own session (so a kill of its group cannot miss it), and answers
      ``{"spawned": pid}``;
@@ -270,14 +271,14 @@ def die_with(parent: int) -> None:
 
 
 def exit_after_python(code: int) -> None:
-    """Exit as the interpreter does (non-daemon threads joined, atexit run, streams flushed),
-    then leave without the C library's exit: what it runs for torch's shared libraries (exit
-    handlers, static destructors) takes ~0.3 s of CPU in every process (a forked child of an
-    interpreter with torch: 310-420 ms from exit to reaped, against 65-95 ms this way)."""
-    main = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main and not thread.daemon:
-            thread.join()
+    """The interpreter's exit (``threading._shutdown``: its hooks, e.g. idle ThreadPoolExecutor
+    workers stopped, then threads joined; atexit; streams flushed) without the C library's:
+    what that runs for torch's libraries takes ~0.3 s of CPU a process (a forked child with
+    torch: 310-420 ms from exit to reaped, 65-95 ms this way). A rank on the fake CUDA
+    libraries exits in full: the fake NCCL cleans up in a destructor."""
+    if any(_fake_device(key) for key in os.environ):
+        sys.exit(code)
+    threading._shutdown()  # what Py_FinalizeEx runs first; no public equivalent
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
