@@ -8,11 +8,14 @@
  * a shared object in a fresh folder; the "PTX"/"cubin" is the text "FAKECUDA-SO:<path>", which
  * the fake driver (fake_cuda_driver.c) dlopens. --fmad=false becomes -ffp-contract=off. A
  * compiler error is NVRTC_ERROR_COMPILATION with the compiler's output as the log.
- * FAKE_NVRTC_VERSION (default 12090, read per call) sets what nvrtcVersion answers. */
+ * FAKE_NVRTC_VERSION (default 12090, read per call) sets what nvrtcVersion answers. Each
+ * compile's folder is removed when the process exits (a destructor; a killed process leaves
+ * its folders). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FN_API __attribute__((visibility("default")))
 
@@ -108,6 +111,31 @@ static int writeWrappers(FILE* out, const char* src) {
   return 0;
 }
 
+/* The folders this process compiled in, removed at exit (their shared objects stay mapped). */
+enum { kMaxFolders = 256 };
+static char* g_folders[kMaxFolders];
+static int g_folder_count;
+
+static void removeFolder(const char* dir) {
+  static const char* const kFiles[] = {"program.cc", "program.so", "log.txt"};
+  char path[4200];
+  for (size_t i = 0; i < sizeof(kFiles) / sizeof(kFiles[0]); ++i) {
+    snprintf(path, sizeof(path), "%s/%s", dir, kFiles[i]);
+    unlink(path);
+  }
+  rmdir(dir);
+}
+
+__attribute__((destructor)) static void removeFoldersAtExit(void) {
+  const int count = g_folder_count < kMaxFolders ? g_folder_count : kMaxFolders;
+  for (int i = 0; i < count; ++i) {
+    if (g_folders[i] == NULL) continue;
+    removeFolder(g_folders[i]);
+    free(g_folders[i]);
+    g_folders[i] = NULL;
+  }
+}
+
 static char* readFile(const char* path) {
   FILE* f = fopen(path, "rb");
   if (f == NULL) return strdup("");
@@ -133,6 +161,8 @@ FN_API int nvrtcCompileProgram(program* p, int num_options, const char* const* o
   char dir[4096], src_path[4200], so_path[4200], log_path[4200], cmd[16384];
   snprintf(dir, sizeof(dir), "%s/fakenvrtc-XXXXXX", tmp);
   if (mkdtemp(dir) == NULL) return kOutOfMemory;
+  const int slot = __atomic_fetch_add(&g_folder_count, 1, __ATOMIC_RELAXED);
+  if (slot < kMaxFolders) g_folders[slot] = strdup(dir);
   snprintf(src_path, sizeof(src_path), "%s/program.cc", dir);
   snprintf(so_path, sizeof(so_path), "%s/program.so", dir);
   snprintf(log_path, sizeof(log_path), "%s/log.txt", dir);
