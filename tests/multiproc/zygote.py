@@ -263,8 +263,6 @@ def warm_for(env: dict, base_env: dict, cwd: str) -> Optional[Zygote]:
 def die_with(parent: int) -> None:
     """SIGKILL this process when ``parent`` exits; exit now if it already has (the zygote
     with the test process, a rank with whoever started it)."""
-    import ctypes
-
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before the prctl
         os._exit(1)
