@@ -5,13 +5,15 @@ never reaches: its controller, mpiexec and engines would run on. :class:`Reaper`
 starts one small watchdog process in its own session and keeps a JSON file with the pids to
 clean up; the watchdog (``python -m hvd_magic.reaper``) checks once a second that the kernel
 still lives and, when it does not, terminates each pid with its whole process tree (SIGTERM,
-then SIGKILL after 3 s). Removing the file (``close()``, on ``%hvd_stop``) ends the watchdog.
+then SIGKILL after 3 s). Removing the file (``close()``, on ``%hvd_stop``) ends the watchdog;
+close() also closes the watchdog's stdin, which wakes it at once instead of at its next check.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -30,7 +32,7 @@ class Reaper:
         self.watch([])
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hvd_magic.reaper", str(os.getpid()), self.path],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
     def watch(self, pids) -> None:
@@ -44,6 +46,7 @@ class Reaper:
             os.remove(self.path)
         except FileNotFoundError:
             pass
+        self.process.stdin.close()  # the watchdog wakes on EOF and finds the file gone
         try:
             self.process.wait(POLL_SECONDS * 3)
         except subprocess.TimeoutExpired:
@@ -90,6 +93,7 @@ def main(parent: int, path: str) -> None:
         kernel = psutil.Process(parent)
     except psutil.NoSuchProcess:
         kernel = None
+    stdin_open = True
     while True:
         if not os.path.exists(path):
             return
@@ -105,7 +109,11 @@ def main(parent: int, path: str) -> None:
             except FileNotFoundError:
                 pass
             return
-        time.sleep(POLL_SECONDS)
+        # close() ends the pipe; so does the kernel's death, unless a child inherited it
+        if not stdin_open:
+            time.sleep(POLL_SECONDS)
+        elif select.select([0], [], [], POLL_SECONDS)[0]:
+            stdin_open = os.read(0, 64) != b""
 
 
 if __name__ == "__main__":
