@@ -65,6 +65,9 @@ Host *
     BatchMode yes
     ConnectTimeout 10
     LogLevel ERROR
+    ControlMaster auto
+    ControlPath {dir}/cm-%C
+    ControlPersist 60
 """
 
 

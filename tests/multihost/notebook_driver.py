@@ -8,6 +8,7 @@ import io
 import json
 import os
 import sys
+import time
 from contextlib import redirect_stderr, redirect_stdout
 
 CELL = """%%hvd --out where
@@ -36,8 +37,10 @@ dict(rank=hvd.rank(), local_rank=hvd.local_rank(), local_size=hvd.local_size(),
 
 def run(ip, code: str) -> dict:
     out, err = io.StringIO(), io.StringIO()
+    began = time.monotonic()
     with redirect_stdout(out), redirect_stderr(err):
         res = ip.run_cell(code, store_history=False)
+    print(f"NB-STEP {code.split()[0]} {time.monotonic() - began:.1f} s", file=sys.stderr, flush=True)
     error = res.error_in_exec or res.error_before_exec
     return {"ok": error is None, "error": repr(error) if error else None,
             "out": out.getvalue()[-3000:], "err": err.getvalue()[-3000:]}

@@ -32,6 +32,7 @@ def test_hvd_start_ssh_on_two_hosts(namespace_hosts_ab):
     line = next((x for x in res.stdout.splitlines() if x.startswith("NB-RESULT ")), None)
     assert res.returncode == 0 and line, f"{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
     report = json.loads(line[len("NB-RESULT "):])
+    print("\n".join(x for x in res.stderr.splitlines() if x.startswith("NB-STEP ")))
     assert report["start"]["ok"], report["start"]
     assert "hvd cluster: 4 ranks, ssh launcher" in report["start"]["out"]
     assert report["cell"]["ok"], report["cell"]
