@@ -30,6 +30,7 @@ import uuid
 
 from . import engine_side, gpu_pinning, preflight, ssh_engines
 from .errors import StartError
+from .launch import config
 from .launch import hosts as hostlib
 from .rankinfo import RankInfo
 from .ranks import format_ranks
@@ -45,7 +46,7 @@ def engine_env(cluster) -> dict:
         path = os.environ.get("PYTHONPATH", "")
         env["PYTHONPATH"] = here + (os.pathsep + path if path else "")
     if "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cluster.n))
+        env["OMP_NUM_THREADS"] = str(config.threads_per_rank(cluster.n))
     if cluster.gpus == "none":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(cluster.env)

@@ -125,6 +125,19 @@ def rank_env(base: Mapping[str, str], slot, size: int, *, rendezvous: str | None
     return env
 
 
+def threads_per_rank(ranks_here: int) -> int:
+    """This machine's cores (those this process may use) shared by its ``ranks_here`` ranks."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_here))
+
+
+def share_threads(env: dict, ranks_here: int) -> dict:
+    """``OMP_NUM_THREADS`` for a rank on this machine, unless the user set it: torch's default,
+    a thread per core in every rank, oversubscribes the cores as soon as two ranks share them
+    (torchrun sets 1 for the same reason)."""
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_rank(ranks_here)))
+    return env
+
+
 def with_caller_path(env: dict) -> dict:
     """Let ranks import what the caller can: its non-installed ``sys.path`` entries go first on
     ``PYTHONPATH`` (a notebook's folder, a test's package), so functions pickled by reference

@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 
-from . import elastic_hosts
+from . import config, elastic_hosts
 from . import hosts as hostlib
 from .elastic_hosts import DiscoveryError, HostBook, Worker
 from .procs import ProcessJob, describe_exit, exit_status, spawn
@@ -282,6 +282,7 @@ class ElasticJob(ProcessJob):
         self.workers[worker.wid] = worker
         try:
             if local:
+                config.share_threads(env, self._slots_here())
                 self.add(worker.wid, spawn(self.command, env))
             else:
                 proc, self._keep[worker.wid] = spawn_remote(
@@ -295,6 +296,11 @@ class ElasticJob(ProcessJob):
             self._terminate_all()
             return False
         return True
+
+    def _slots_here(self) -> int:
+        """Workers this machine may run at once: its hosts' discovered slots, up to max_np."""
+        here = sum(n for host, n in self.book.slots.items() if hostlib.is_local(host))
+        return min(self.max_np, max(1, here))
 
     def exit_code(self) -> int:
         if self.result.failed is not None:

@@ -294,6 +294,7 @@ def _run_ranks(args, command, slots, env, output, pin_gpus, secret, job_id) -> i
             rank_env = config.rank_env(env, slot, size, rendezvous=address,
                                        secret_hex=secret.hex(), job_id=job_id,
                                        set_hostname=fake_hosts)
+            config.share_threads(rank_env, size)  # every rank runs on this machine
             pin_gpus(rank_env, slot)
             try:
                 job.add(slot.rank, spawn(command, rank_env))

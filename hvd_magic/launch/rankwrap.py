@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 
+from . import config
 from .output import RankOutput
 from .procs import ProcessJob, exit_status, spawn
 
@@ -66,6 +67,7 @@ def _pin_gpu(rank: int, env: dict) -> None:
     if position is None:
         return
     local_rank, local_size = position
+    config.share_threads(env, local_size)
     say = (lambda text: sys.stderr.write(f"[{rank}]<stderr>:hvdrun: {text}\n")) \
         if local_rank == 0 else None
     gpu_pinning.pin(local_rank, local_size, environ=env, sharing=say)

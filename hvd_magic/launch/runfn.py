@@ -283,6 +283,7 @@ def _run_local(slot_list, rank_cmd, base, output, address, secret, key) -> JobRe
     for slot in slot_list:
         env = config.rank_env(base, slot, len(slot_list), rendezvous=address,
                               secret_hex=secret.hex(), job_id=key, set_hostname=fake_hosts)
+        config.share_threads(env, len(slot_list))  # every rank runs on this machine
         try:
             job.add(slot.rank, spawn(rank_cmd, env))
         except OSError:

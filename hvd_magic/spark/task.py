@@ -103,6 +103,7 @@ def barrier_task(_partition, spec: TaskSpec):
     job_id = f"{spec.key}-{gathered[0][1]}"
     env = config.rank_env(env, slot, spec.size, rendezvous=spec.store,
                           secret_hex=spec.secret_hex, job_id=job_id, set_hostname=False)
+    config.share_threads(env, slot.local_size)
     assigned_gpus(ctx.resources(), env, slot.local_rank)
     env.update(HVD_RUN_STORE=spec.store, HVD_RUN_KEY=spec.key,
                HVD_START_TIMEOUT=env.get("HVD_START_TIMEOUT", f"{spec.start_timeout:g}"))

@@ -1,5 +1,6 @@
 """hvdrun end to end: training equals one process on the global batch, a failing rank stops the
 job with its traceback, fake multi-host lists, flags reach the ranks, Ctrl-C stops everything."""
+import os
 import re
 import shutil
 import signal
@@ -70,6 +71,20 @@ def test_fake_hosts_get_local_and_cross_ranks(no_leaks):
         f"[2]<stdout>:rank=2 size=3 local=0/1 cross=1/2 host=127.0.0.1 sum=3 fusion={2 << 20} "
         "extra=abc",
     ], res.stdout
+
+
+def test_ranks_share_the_cores_unless_the_user_set_their_threads(no_leaks):
+    """Each of N ranks on this machine gets OMP_NUM_THREADS = cores // N (torch's default, a
+    thread per core in every rank, oversubscribes the cores); a value the user gives wins."""
+    from hvd_magic.launch.config import threads_per_rank
+
+    show = "import os; print('threads=' + os.environ['OMP_NUM_THREADS'])"
+    for extra, want in (([], os.environ.get("OMP_NUM_THREADS", str(threads_per_rank(3)))),
+                        (["--env", "OMP_NUM_THREADS=7"], "7")):
+        res = hvdrun("-np", "3", *extra, sys.executable, "-c", show)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert sorted(x for x in res.stdout.splitlines() if "threads=" in x) == \
+            [f"[{r}]<stdout>:threads={want}" for r in range(3)], res.stdout
 
 
 def test_output_filename_and_timestamp(tmp_path, no_leaks):
