@@ -319,9 +319,14 @@ FN_API int ncclGroupEnd(void) {
 }
 
 /* Note [Cleanup] in fake_nccl_comm.c: a process exiting with communicators open leaves their
- * folders as if it had destroyed them (files only: stream workers may still be running). */
-__attribute__((destructor)) static void leaveAtExit(void) {
+ * folders as if it had destroyed them (files only: stream workers may still be running).
+ * Exported for a process that ends in _exit (tests/multiproc/zygote.py), where no destructor
+ * runs; it must be the process's last use of this library. */
+FN_API void fakenccl_leave_all(void) {
   pthread_mutex_lock(&live_mu);
   for (fn_comm* comm = live; comm != NULL; comm = comm->next_live) fn_comm_leave(comm);
+  live = NULL;
   pthread_mutex_unlock(&live_mu);
 }
+
+__attribute__((destructor)) static void leaveAtExit(void) { fakenccl_leave_all(); }

@@ -126,7 +126,8 @@ static void removeFolder(const char* dir) {
   rmdir(dir);
 }
 
-__attribute__((destructor)) static void removeFoldersAtExit(void) {
+/* Exported for a process that ends in _exit (tests/multiproc/zygote.py): no destructor runs. */
+FN_API void fakenvrtc_remove_folders(void) {
   const int count = g_folder_count < kMaxFolders ? g_folder_count : kMaxFolders;
   for (int i = 0; i < count; ++i) {
     if (g_folders[i] == NULL) continue;
@@ -135,6 +136,8 @@ __attribute__((destructor)) static void removeFoldersAtExit(void) {
     g_folders[i] = NULL;
   }
 }
+
+__attribute__((destructor)) static void removeFoldersAtExit(void) { fakenvrtc_remove_folders(); }
 
 static char* readFile(const char* path) {
   FILE* f = fopen(path, "rb");
