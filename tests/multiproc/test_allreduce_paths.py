@@ -114,7 +114,8 @@ def _assert_same_bits(res):
         assert not differ, f"rank {r.rank} differs from rank 0 on {differ[:5]}"
 
 
-@pytest.mark.parametrize("np_", [2, 3, 4, 5])
+# 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS
+@pytest.mark.parametrize("np_", [2, 3, 4])
 def test_shm_pipeline(np_):
     res = run_ranks(shm_suite, np_, timeout=400, **LOG)
     _assert_path(res, "shm", absent=("ring", "small", "hierarchical"))

@@ -203,7 +203,8 @@ def test_one_rank():
     assert res[0].value[0] > 300  # the checks actually ran
 
 
-@pytest.mark.parametrize("np_", [2, 3, 4, 5])
+# 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS
+@pytest.mark.parametrize("np_", [2, 3, 4])
 def test_segment_matches_pairs_bit_for_bit(np_):
     """np ranks on one host through the segment, then over forced TCP (pairwise exchange and
     ring): both right against NumPy, and every result identical to the byte."""

@@ -140,7 +140,8 @@ def _assert_paths(res, allgather, broadcast):
                 assert f"{op} via {other}" not in r.stderr, f"rank {r.rank}: {op} via {other}"
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
+# 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_one_host_goes_through_the_segment(np_):
     res = run_ranks(collectives_suite, np_, args=("shm",), timeout=300, env=LOG)
     if np_ > 1:

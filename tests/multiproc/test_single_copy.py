@@ -83,7 +83,8 @@ def collectives(tag):
     return digest.hexdigest(), used, mode
 
 
-@pytest.mark.parametrize("np_", [1, 2, 3, 4, 5])
+# 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_single_copy_matches_the_slot_path_and_tcp(np_):
     on = run_ranks(collectives, np_, args=("on",), timeout=300, env=LOW)
     off = run_ranks(collectives, np_, args=("off",), timeout=300,
