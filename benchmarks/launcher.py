@@ -199,17 +199,18 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
 
 def _rendezvous_module():
     """engine_native/rendezvous.py loaded by path: the launcher never loads the native core
-    (which other engineers may be rebuilding while a benchmark runs)."""
-    import importlib.util
+    (which other engineers may be rebuilding while a benchmark runs). A stand-in package over
+    the engine_native folder, whose ``__init__`` never runs, lets the module's relative imports
+    (its client and wire modules) resolve to their files."""
+    import importlib
+    import types
 
-    name = "_hvd_bench_rendezvous"
-    if name not in sys.modules:
-        path = os.path.join(REPO, "engine_native", "rendezvous.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    package = "_hvd_bench_engine_native"
+    if package not in sys.modules:
+        stand_in = types.ModuleType(package)
+        stand_in.__path__ = [os.path.join(REPO, "engine_native")]
+        sys.modules[package] = stand_in
+    return importlib.import_module(package + ".rendezvous")
 
 
 def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, address: tuple,

@@ -1,24 +1,15 @@
-"""A small authenticated key-value store for bootstrapping ranks without MPI.
+"""A small authenticated key-value store for bootstrapping ranks without MPI: the server.
 
 The launcher (``hvdrun``, ``hvd_magic.run``, the test harness) runs a :class:`RendezvousServer`;
 every rank reaches it through :class:`RendezvousClient` (``HVD_RENDEZVOUS=host:port``,
 ``HVD_SECRET``) to publish its address and read everybody else's. Values are opaque bytes.
-
-Protocol (one TCP connection per client, big-endian):
-
-A. Server sends ``MAGIC`` + a 32-byte server nonce.
-B. Client sends a 32-byte client nonce + HMAC-SHA256(secret, "client" + both nonces).
-C. Server checks it (constant time); on failure the connection is dropped and logged. Otherwise
-   it answers HMAC-SHA256(secret, "server" + both nonces), which the client checks in turn, so a
-   rank never trusts addresses from a server that does not know the secret either.
-D. Requests and replies are frames ``op:u8 | length:u32 | body``, body at most
-   ``max_value_bytes`` + 64 KiB; anything malformed drops the connection, never the server.
+The client lives in :mod:`engine_native.rendezvous_client` and the protocol (handshake, frames,
+keys) in :mod:`engine_native.rendezvous_wire`; both client names are importable from here.
 
 Blocking reads wait on a condition variable on the server (no polling anywhere).
 """
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import secrets
@@ -26,74 +17,18 @@ import socket
 import struct
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
+
+from .rendezvous_client import RendezvousClient, RendezvousError
+from .rendezvous_wire import (ERROR, HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC, MAX_KEYS_PER_WAIT,
+                              MISSING, NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT, check_timeout,
+                              mac, pack_key, recv_exact, recv_frame, send_frame, unpack_key)
 
 __all__ = ["RendezvousServer", "RendezvousClient", "RendezvousError"]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"HVDRDV1\0"
-_NONCE = 32
-_MAC = 32
-_FRAME = struct.Struct("!BI")
-_OP_SET, _OP_GET, _OP_WAIT = 1, 2, 3
-_OK, _MISSING, _ERROR = 0, 1, 2
-_MAX_KEY = 1024
-_MAX_KEYS_PER_WAIT = 4096
-_HANDSHAKE_TIMEOUT = 5.0
 _MAX_CONNECTIONS = 256
-_MAX_WAIT_SECONDS = 24 * 3600.0
-
-
-class RendezvousError(ConnectionError):
-    """The rendezvous server could not be reached, failed authentication or refused a request."""
-
-
-def _mac(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
-    return hmac.new(secret, role + server_nonce + client_nonce, hashlib.sha256).digest()
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        buf += chunk
-    return bytes(buf)
-
-
-def _send_frame(sock: socket.socket, op: int, body: bytes) -> None:
-    sock.sendall(_FRAME.pack(op, len(body)) + body)
-
-
-def _recv_frame(sock: socket.socket, max_body: int) -> tuple[int, bytes]:
-    op, length = _FRAME.unpack(_recv_exact(sock, _FRAME.size))
-    if length > max_body:
-        raise ValueError(f"frame of {length} bytes exceeds the limit of {max_body}")
-    return op, _recv_exact(sock, length)
-
-
-def _pack_key(key: str) -> bytes:
-    raw = key.encode("utf-8")
-    if not raw or len(raw) > _MAX_KEY:
-        raise ValueError(f"rendezvous key must be 1..{_MAX_KEY} UTF-8 bytes, got {len(raw)}")
-    return struct.pack("!H", len(raw)) + raw
-
-
-def _unpack_key(body: bytes, pos: int) -> tuple[str, int]:
-    if pos + 2 > len(body):
-        raise ValueError("truncated key")
-    (n,) = struct.unpack_from("!H", body, pos)
-    if n == 0 or n > _MAX_KEY or pos + 2 + n > len(body):
-        raise ValueError("bad key length")
-    return body[pos + 2:pos + 2 + n].decode("utf-8"), pos + 2 + n
-
-
-def _check_timeout(timeout: float) -> float:
-    if not (timeout >= 0.0) or timeout > _MAX_WAIT_SECONDS:  # also rejects NaN
-        raise ValueError(f"timeout must be in [0, {_MAX_WAIT_SECONDS:.0f}] seconds, got {timeout}")
-    return timeout
 
 
 class RendezvousServer:
@@ -125,7 +60,7 @@ class RendezvousServer:
 
     def __init__(self, secret: bytes, host: str = "127.0.0.1", port: int = 0, *,
                  max_value_bytes: int = 1 << 20, max_total_bytes: int = 64 << 20,
-                 handshake_timeout: float = _HANDSHAKE_TIMEOUT,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT,
                  on_set: Optional[Callable[[str], None]] = None) -> None:
         if not isinstance(secret, (bytes, bytearray)) or not secret:
             raise ValueError("RendezvousServer: secret must be non-empty bytes")
@@ -232,21 +167,21 @@ class RendezvousServer:
             self._slots.release()
 
     def _handshake(self, conn: socket.socket, peer: object) -> bool:
-        server_nonce = secrets.token_bytes(_NONCE)
+        server_nonce = secrets.token_bytes(NONCE_SIZE)
         try:
             conn.settimeout(self._handshake_timeout)
             conn.sendall(MAGIC + server_nonce)
-            reply = _recv_exact(conn, _NONCE + _MAC)
+            reply = recv_exact(conn, NONCE_SIZE + MAC_SIZE)
         except (OSError, ConnectionError) as exc:
             self._reject(peer, f"handshake incomplete ({exc})")
             return False
-        client_nonce, proof = reply[:_NONCE], reply[_NONCE:]
-        expected = _mac(self._secret, b"client", server_nonce, client_nonce)
+        client_nonce, proof = reply[:NONCE_SIZE], reply[NONCE_SIZE:]
+        expected = mac(self._secret, b"client", server_nonce, client_nonce)
         if not hmac.compare_digest(proof, expected):
             self._reject(peer, "failed authentication (wrong secret or not a rendezvous client)")
             return False
         try:
-            conn.sendall(_mac(self._secret, b"server", server_nonce, client_nonce))
+            conn.sendall(mac(self._secret, b"server", server_nonce, client_nonce))
         except OSError:
             return False
         return True
@@ -260,7 +195,7 @@ class RendezvousServer:
     def _request_loop(self, conn: socket.socket, peer: object) -> None:
         while not self._stopping:
             try:
-                op, body = _recv_frame(conn, self._max_frame)
+                op, body = recv_frame(conn, self._max_frame)
             except ConnectionError:
                 return  # client went away
             except (OSError, ValueError, struct.error) as exc:
@@ -272,48 +207,48 @@ class RendezvousServer:
                 self._reject(peer, f"malformed request ({exc})")
                 return
             try:
-                _send_frame(conn, status, reply)
+                send_frame(conn, status, reply)
             except OSError:
                 return
 
     def _dispatch(self, op: int, body: bytes) -> tuple[int, bytes]:
-        if op == _OP_SET:
-            key, pos = _unpack_key(body, 0)
+        if op == OP_SET:
+            key, pos = unpack_key(body, 0)
             return self._set(key, body[pos:])
-        if op == _OP_GET:
+        if op == OP_GET:
             (timeout,) = struct.unpack_from("!d", body, 0)
-            key, pos = _unpack_key(body, 8)
+            key, pos = unpack_key(body, 8)
             if pos != len(body):
                 raise ValueError("trailing bytes")
-            return self._wait([key], _check_timeout(timeout))
-        if op == _OP_WAIT:
+            return self._wait([key], check_timeout(timeout))
+        if op == OP_WAIT:
             timeout, count = struct.unpack_from("!dH", body, 0)
-            if count == 0 or count > _MAX_KEYS_PER_WAIT:
+            if count == 0 or count > MAX_KEYS_PER_WAIT:
                 raise ValueError(f"bad key count {count}")
             keys, pos = [], 10
             for _ in range(count):
-                key, pos = _unpack_key(body, pos)
+                key, pos = unpack_key(body, pos)
                 keys.append(key)
             if pos != len(body):
                 raise ValueError("trailing bytes")
-            return self._wait(keys, _check_timeout(timeout))
+            return self._wait(keys, check_timeout(timeout))
         raise ValueError(f"unknown op {op}")
 
     def _set(self, key: str, value: bytes) -> tuple[int, bytes]:
         if len(value) > self._max_value:
-            return _ERROR, f"value for {key!r} exceeds {self._max_value} bytes".encode()
+            return ERROR, f"value for {key!r} exceeds {self._max_value} bytes".encode()
         with self._cond:
             old = self._store.get(key)
             freed = 0 if old is None else len(old) + len(key)
             total = self._total + len(value) + len(key) - freed
             if total > self._max_total:
-                return _ERROR, f"store full ({self._max_total} bytes)".encode()
+                return ERROR, f"store full ({self._max_total} bytes)".encode()
             self._store[key] = value
             self._total = total
             self._cond.notify_all()
         if self._on_set is not None:
             self._on_set(key)
-        return _OK, b""
+        return OK, b""
 
     def _wait(self, keys: list[str], timeout: float) -> tuple[int, bytes]:
         deadline = time.monotonic() + timeout
@@ -322,170 +257,9 @@ class RendezvousServer:
                 missing = [k for k in keys if k not in self._store]
                 if not missing:
                     values = [self._store[k] for k in keys]
-                    return _OK, b"".join(struct.pack("!I", len(v)) + v for v in values)
+                    return OK, b"".join(struct.pack("!I", len(v)) + v for v in values)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stopping:
-                    return _MISSING, struct.pack("!H", len(missing)) + b"".join(
-                        _pack_key(k) for k in missing)
+                    return MISSING, struct.pack("!H", len(missing)) + b"".join(
+                        pack_key(k) for k in missing)
                 self._cond.wait(remaining)
-
-
-class RendezvousClient:
-    """Client of a :class:`RendezvousServer`; thread-safe, one connection, reconnects lazily.
-
-    Parameters
-    ----------
-    address : str
-        ``"host:port"`` (``"[::1]:port"`` for IPv6), e.g. the value of ``HVD_RENDEZVOUS``.
-    secret : bytes
-        The job's secret (``bytes.fromhex(os.environ["HVD_SECRET"])``).
-    connect_timeout : float
-        How long to keep retrying while the server is not reachable yet.
-    """
-
-    def __init__(self, address: str, secret: bytes, connect_timeout: float = 30.0) -> None:
-        host, sep, port = address.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"rendezvous address must be 'host:port', got {address!r}")
-        self._addr = (host.strip("[]"), int(port))
-        if not isinstance(secret, (bytes, bytearray)) or not secret:
-            raise ValueError("RendezvousClient: secret must be non-empty bytes")
-        self._secret = bytes(secret)
-        self._connect_timeout = connect_timeout
-        self._sock: Optional[socket.socket] = None
-        self._lock = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"RendezvousClient('{self._addr[0]}:{self._addr[1]}')"
-
-    def set(self, key: str, value: bytes) -> None:
-        """Store ``value`` under ``key`` (overwrites)."""
-        if not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"rendezvous set({key!r}): value must be bytes, "
-                            f"got {type(value).__name__}")
-        status, body = self._request(_OP_SET, _pack_key(key) + bytes(value), None)
-        if status != _OK:
-            reason = body.decode(errors="replace")
-            raise RendezvousError(f"rendezvous set({key!r}) refused: {reason}")
-
-    def get(self, key: str, timeout: float = 30.0) -> bytes:
-        """Return the value of ``key``, waiting up to ``timeout`` seconds for it to be set.
-
-        Raises
-        ------
-        TimeoutError
-            The key was not set in time; the message names it.
-        """
-        body = struct.pack("!d", _check_timeout(timeout)) + _pack_key(key)
-        return self._wait_reply(_OP_GET, body, [key], timeout)[0]
-
-    def wait_all(self, keys: Iterable[str], timeout: float = 30.0) -> list[bytes]:
-        """Return the values of all ``keys`` (in order) once every one is set.
-
-        Raises
-        ------
-        TimeoutError
-            Some keys were not set in time; the message names them.
-        """
-        keys = list(keys)
-        if not keys:
-            return []
-        if len(keys) > _MAX_KEYS_PER_WAIT:
-            values: list[bytes] = []
-            deadline = time.monotonic() + _check_timeout(timeout)
-            for i in range(0, len(keys), _MAX_KEYS_PER_WAIT):
-                values += self.wait_all(keys[i:i + _MAX_KEYS_PER_WAIT],
-                                        max(0.0, deadline - time.monotonic()))
-            return values
-        body = struct.pack("!dH", _check_timeout(timeout), len(keys))
-        body += b"".join(_pack_key(k) for k in keys)
-        return self._wait_reply(_OP_WAIT, body, keys, timeout)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
-
-    def __enter__(self) -> "RendezvousClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- internals ---------------------------------------------------------------------------
-    def _wait_reply(self, op: int, body: bytes, keys: list[str], timeout: float) -> list[bytes]:
-        status, reply = self._request(op, body, timeout)
-        if status == _MISSING:
-            (count,) = struct.unpack_from("!H", reply, 0)
-            missing, pos = [], 2
-            for _ in range(count):
-                key, pos = _unpack_key(reply, pos)
-                missing.append(key)
-            shown = ", ".join(repr(k) for k in missing[:10])
-            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-            raise TimeoutError(f"rendezvous {self._addr[0]}:{self._addr[1]}: key(s) {shown}{more} "
-                               f"not set within {timeout:g} s")
-        if status != _OK:
-            raise RendezvousError(f"rendezvous request failed: {reply.decode(errors='replace')}")
-        values, pos = [], 0
-        for _ in keys:
-            (n,) = struct.unpack_from("!I", reply, pos)
-            values.append(reply[pos + 4:pos + 4 + n])
-            pos += 4 + n
-        return values
-
-    def _request(self, op: int, body: bytes, timeout: Optional[float]) -> tuple[int, bytes]:
-        with self._lock:
-            sock = self._connected()
-            try:
-                sock.settimeout(None if timeout is None else timeout + 30.0)
-                _send_frame(sock, op, body)
-                return _recv_frame(sock, 1 << 31)
-            except (OSError, ConnectionError) as exc:
-                sock.close()
-                self._sock = None  # the next request reconnects
-                raise RendezvousError(f"rendezvous {self._addr[0]}:{self._addr[1]}: "
-                                      f"connection lost ({exc})") from exc
-
-    def _connected(self) -> socket.socket:
-        if self._sock is not None:
-            return self._sock
-        deadline = time.monotonic() + self._connect_timeout
-        delay = 0.05
-        while True:
-            try:
-                sock = socket.create_connection(self._addr, timeout=_HANDSHAKE_TIMEOUT)
-                break
-            except OSError as exc:
-                if time.monotonic() + delay > deadline:
-                    raise RendezvousError(
-                        f"cannot reach rendezvous server {self._addr[0]}:{self._addr[1]} within "
-                        f"{self._connect_timeout:g} s ({exc}); is the launcher running?") from exc
-                time.sleep(delay)  # back-off between connection attempts, not a poll loop
-                delay = min(delay * 2, 1.0)
-        try:
-            self._authenticate(sock)
-        except BaseException:
-            sock.close()
-            raise
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-        return sock
-
-    def _authenticate(self, sock: socket.socket) -> None:
-        hello = _recv_exact(sock, len(MAGIC) + _NONCE)
-        if hello[:len(MAGIC)] != MAGIC:
-            raise RendezvousError(f"{self._addr[0]}:{self._addr[1]} is not a rendezvous server")
-        server_nonce = hello[len(MAGIC):]
-        client_nonce = secrets.token_bytes(_NONCE)
-        sock.sendall(client_nonce + _mac(self._secret, b"client", server_nonce, client_nonce))
-        try:
-            proof = _recv_exact(sock, _MAC)
-        except ConnectionError as exc:
-            raise RendezvousError("rendezvous server rejected this client: wrong secret "
-                                  "(check HVD_SECRET)") from exc
-        expected = _mac(self._secret, b"server", server_nonce, client_nonce)
-        if not hmac.compare_digest(proof, expected):
-            raise RendezvousError("rendezvous server failed authentication: it does not know "
-                                  "the job secret")
