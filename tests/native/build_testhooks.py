@@ -33,10 +33,11 @@ CSRC = os.path.join(REPO, "engine_native", "csrc")
 OUT = os.path.join(REPO, "build", "testhooks")
 
 HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc",
-         "testhooks/device_kernels.cc", "testhooks/peer_block.cc"]
+         "testhooks/device_kernels.cc", "testhooks/peer_block.cc", "testhooks/hmac.cc"]
 # The core's sources the hooks run, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/dtype.cc",
+    "common/hmac.cc",
     "common/logging.cc",
     "timeline/trace_writer.cc",
     "timeline/recent_events.cc",

@@ -21,5 +21,7 @@ int addAutotuneHooks(PyObject* module);
 int addDeviceKernelHooks(PyObject* module);
 // check_peer_block (peer_block.cc): the single-copy reads' bounds check. Same contract.
 int addPeerBlockHooks(PyObject* module);
+// sha256, hmac_sha256, constant_time_equal (hmac.cc): common/hmac.h. Same contract.
+int addHmacHooks(PyObject* module);
 
 }  // namespace hvd::testhooks

@@ -38,7 +38,8 @@ PyMODINIT_FUNC PyInit__testhooks() {
   if (hvd::testhooks::addTimelineWriter(module) < 0 ||
       hvd::testhooks::addAutotuneHooks(module) < 0 ||
       hvd::testhooks::addDeviceKernelHooks(module) < 0 ||
-      hvd::testhooks::addPeerBlockHooks(module) < 0) {
+      hvd::testhooks::addPeerBlockHooks(module) < 0 ||
+      hvd::testhooks::addHmacHooks(module) < 0) {
     Py_DECREF(module);
     return nullptr;
   }
