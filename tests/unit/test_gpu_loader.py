@@ -18,7 +18,7 @@ import warnings
 import pytest
 
 import engine_native
-from engine_native import _core, gpu
+from engine_native import _core, gpu, gpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(engine_native.__file__)))
 CC = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -315,7 +315,7 @@ def test_site_packages_dirs_are_this_interpreters():
 
 @pytest.fixture
 def fresh_warning(monkeypatch):
-    monkeypatch.setattr(gpu, "_sharing_warned", False)
+    monkeypatch.setattr(gpu_devices, "_sharing_warned", False)
 
 
 @pytest.mark.parametrize("devices, visible, why", [

@@ -12,7 +12,7 @@ import warnings
 import pytest
 from gpu_fakes import fake_smi, trace_cuda
 
-from engine_native import gpu
+from engine_native import gpu, gpu_devices
 from hvd_magic import engine_side, gpu_compat, gpu_pinning
 
 PIN_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", gpu_compat.PIN_ENV, "HVD_LOCAL_RANK",
@@ -32,7 +32,7 @@ def isolated(monkeypatch):
     cuda = sys.modules.get("torch.cuda")
     if cuda is not None:
         monkeypatch.setattr(cuda, "set_device", cuda.set_device)
-    monkeypatch.setattr(gpu, "_sharing_warned", False)
+    monkeypatch.setattr(gpu_devices, "_sharing_warned", False)
     monkeypatch.setattr(gpu_pinning, "_pinned", None)
     return monkeypatch
 
@@ -120,7 +120,7 @@ def test_a_rank_pins_itself_and_local_rank_0_says_sharing_once(isolated, tmp_pat
     for name in ("CUDA_VISIBLE_DEVICES", gpu_compat.PIN_ENV):
         isolated.delenv(name)
     isolated.setattr(gpu_pinning, "_pinned", None)
-    isolated.setattr(gpu, "_sharing_warned", False)  # another rank is another process
+    isolated.setattr(gpu_devices, "_sharing_warned", False)  # another rank is another process
     isolated.setenv("HVD_LOCAL_RANK", "0")
     assert gpu_pinning.pin_this_rank()["gpu_index"] == 0
     err = capsys.readouterr().err
