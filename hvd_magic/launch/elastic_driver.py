@@ -95,7 +95,7 @@ class ElasticJob(ProcessJob):
 
     def __init__(self, output, *, command, env, book: HostBook, min_np, max_np, first_np,
                  publish, secret_hex, job_id, address, reset_limit=None, ssh_port=None,
-                 ssh_identity=None, spans_machines=False):
+                 ssh_identity=None, spans_machines=False, user_env_names=frozenset()):
         super().__init__(output)
         self.command, self.env, self.book = command, env, book
         self.min_np, self.max_np, self.first_np = min_np, max_np, first_np
@@ -103,6 +103,7 @@ class ElasticJob(ProcessJob):
         self.publish = publish            # (key, bytes) -> None, into the rendezvous store
         self.secret_hex, self.job_id, self.address = secret_hex, job_id, address
         self.ssh_port, self.ssh_identity = ssh_port, ssh_identity
+        self.user_env_names = user_env_names  # forwarded to remote workers (remote.py)
         self.spans_machines = spans_machines  # Note [Elastic jobs across machines]
         self._refused_hosts: set = set()
         self._keep: dict = {}             # wid -> fd keeping a remote worker alive (remote.py)
@@ -287,7 +288,7 @@ class ElasticJob(ProcessJob):
             else:
                 proc, self._keep[worker.wid] = spawn_remote(
                     worker.host, self.command, env, os.getcwd(), self.ssh_port,
-                    self.ssh_identity)
+                    self.ssh_identity, self.user_env_names)
                 self.add(worker.wid, proc)
         except OSError as exc:
             worker.running = False
@@ -378,7 +379,8 @@ def run_elastic(args, command, env, output, install_signals) -> int:
                          reset_limit=args.reset_limit,
                          ssh_port=getattr(args, "ssh_port", None),
                          ssh_identity=getattr(args, "ssh_identity_file", None),
-                         spans_machines=spans)
+                         spans_machines=spans,
+                         user_env_names=frozenset(config.parse_env_pairs(args.env)))
         holder.append(job)
         install_signals(job)
         if args.host_discovery_script:

@@ -21,25 +21,28 @@ from .procs import spawn
 
 __all__ = ["env_script", "forwarded_env", "remote_command", "spawn_remote"]
 
-# Variables that describe this machine or this login, not the job.
-_LOCAL_ONLY = {"HOSTNAME", "PWD", "OLDPWD", "SHLVL", "_", "TERM", "DISPLAY", "LS_COLORS",
-               "MAIL", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK",
-               "XDG_RUNTIME_DIR", "XDG_SESSION_ID", "DBUS_SESSION_BUS_ADDRESS"}
+# What a remote worker gets of the job's environment: the job's own variables and what Python,
+# the frameworks and the GPU libraries read; never the rest of a login's environment (cloud
+# tokens, keys). Names the user passes with --env go too, as with mpirun -x.
+_FORWARD_NAMES = frozenset({"PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"})
+_FORWARD_PREFIXES = ("HVD_", "HOROVOD_", "PYTHON", "CUDA_", "NCCL_", "OMP_", "MKL_",
+                     "OPENBLAS_", "TORCH_", "PYTORCH_")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def forwarded_env(env: dict) -> dict:
-    """The part of ``env`` a remote worker gets: everything but this machine's own variables
-    (and names a shell cannot set, such as bash's exported functions)."""
-    return {k: v for k, v in env.items() if k not in _LOCAL_ONLY and _NAME.match(k)}
+def forwarded_env(env: dict, user_names=()) -> dict:
+    """The part of ``env`` a remote worker gets: the allowlist above plus ``user_names`` (the
+    job's --env names), if a shell can set them (not, e.g., bash's exported functions)."""
+    return {k: v for k, v in env.items() if _NAME.match(k) and (
+        k in user_names or k in _FORWARD_NAMES or k.startswith(_FORWARD_PREFIXES))}
 
 
-def env_script(env: dict) -> bytes:
+def env_script(env: dict, user_names=()) -> bytes:
     """What the wrapper reads from its stdin before it starts the worker: one ``export`` per
     forwarded variable. Sent over the pipe, not the command line, so that the job's secret
-    and the user's tokens never show in a process listing on either host."""
+    and the user's variables never show in a process listing on either host."""
     return "".join(f"export {k}={shlex.quote(v)}\n"
-                   for k, v in sorted(forwarded_env(env).items())).encode()
+                   for k, v in sorted(forwarded_env(env, user_names).items())).encode()
 
 
 def remote_command(host: str, cmd, env_bytes: int, cwd: str, ssh_port: int | None = None,
@@ -68,11 +71,13 @@ def remote_command(host: str, cmd, env_bytes: int, cwd: str, ssh_port: int | Non
     return ssh + ["--", host, "sh -c " + shlex.quote(script)]
 
 
-def spawn_remote(host: str, cmd, env: dict, cwd: str, ssh_port=None, ssh_identity=None):
-    """Start ``cmd`` on ``host``; returns (the local ssh process, the fd that keeps the worker
-    alive: close it to end the worker)."""
+def spawn_remote(host: str, cmd, env: dict, cwd: str, ssh_port=None, ssh_identity=None,
+                 user_names=()):
+    """Start ``cmd`` on ``host`` with the forwarded part of ``env`` (``user_names``: the job's
+    --env names); returns (the local ssh process, the fd that keeps the worker alive: close it
+    to end the worker)."""
     keep_r, keep_w = os.pipe()
-    variables = env_script(env)
+    variables = env_script(env, user_names)
     try:
         proc = spawn(remote_command(host, cmd, len(variables), cwd, ssh_port, ssh_identity),
                      dict(os.environ), stdin=keep_r)

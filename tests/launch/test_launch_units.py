@@ -246,7 +246,7 @@ def test_remote_worker_secrets_travel_over_stdin_not_the_command_line():
     from hvd_magic.launch.remote import env_script, remote_command
     env = {"HVD_SECRET": "s3cr3t-value", "TOKEN": "a b'c\nd", "HOSTNAME": "here",
            "BASH_FUNC_x%%": "() { :; }"}
-    script = env_script(env)
+    script = env_script(env, user_names={"TOKEN", "BASH_FUNC_x%%"})
     argv = remote_command("node-1", ["python", "train.py"], len(script), "/work", 2222, "/k")
     assert not any("s3cr3t" in a or "a b" in a for a in argv), argv
     assert argv[argv.index("--") + 1] == "node-1" and "-p" in argv and "/k" in argv
@@ -256,3 +256,17 @@ def test_remote_worker_secrets_travel_over_stdin_not_the_command_line():
     assert shown == "a b'c\nd|s3cr3t-value|unset", shown
     remote = shlex.split(argv[-1])[2]  # sh -c <script>: the wrapper reads the exports first
     assert f"head -c {len(script)}" in remote and remote.index("eval") < remote.index("train.py")
+
+
+def test_remote_workers_get_the_job_variables_not_the_login():
+    """Issue #35: a remote elastic worker gets the job's variables (HVD_*, HOROVOD_*, PYTHON*,
+    CUDA_*, NCCL_*, OMP_*, PATH, ...) and the names the user passed with --env, never the rest
+    of this login's environment (cloud tokens, keys)."""
+    from hvd_magic.launch.remote import forwarded_env
+    env = {"HVD_SECRET": "s", "HOROVOD_FUSION_THRESHOLD": "1", "PYTHONPATH": "/p",
+           "CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "2",
+           "PATH": "/bin", "LD_LIBRARY_PATH": "/l", "VIRTUAL_ENV": "/v",
+           "AWS_SECRET_ACCESS_KEY": "k", "GITHUB_TOKEN": "t", "HOME": "/root", "MY_DATA": "/d"}
+    sent = forwarded_env(env)
+    assert set(sent) == set(env) - {"AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "HOME", "MY_DATA"}
+    assert forwarded_env(env, user_names={"MY_DATA"})["MY_DATA"] == "/d"
