@@ -69,8 +69,7 @@ def test_data_written_once_and_reused(spark, digits_df, tmp_path, no_leaks):  # 
     assert [os.stat(os.path.join(data_dir, key, "train", f)).st_mtime_ns for f in files] == stamps
     third = make_estimator(store, epochs=1, validation=None)
     third.fit(digits_df.limit(1000))  # another plan: another dataset beside the first
-    assert sorted(os.listdir(data_dir)) == sorted([key, *set(os.listdir(data_dir)) - {key}])
-    assert len(os.listdir(data_dir)) == 2
+    assert key in os.listdir(data_dir) and len(os.listdir(data_dir)) == 2
 
 
 def test_input_shapes_feed_a_cnn(spark, digits_df, tmp_path, no_leaks):  # noqa: F811
