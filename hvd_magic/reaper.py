@@ -3,7 +3,7 @@
 ipyparallel stops clusters at interpreter exit (``atexit``), which a killed or crashed kernel
 never reaches: its controller, mpiexec and engines would run on. :class:`Reaper` (driver side)
 starts one small watchdog process in its own session and keeps a JSON file with the pids to
-clean up; the watchdog (``python -m hvd_magic.reaper``) checks once a second that the kernel
+clean up, in a folder only this user can enter (its rewrite goes through a fixed name there); the watchdog (``python -m hvd_magic.reaper``) checks once a second that the kernel
 still lives and, when it does not, terminates each pid with its whole process tree (SIGTERM,
 then SIGKILL after 3 s). Removing the file (``close()``, on ``%hvd_stop``) ends the watchdog;
 close() also closes the watchdog's stdin, which wakes it at once instead of at its next check.
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,8 +28,8 @@ class Reaper:
     """Driver side: spawn the watchdog and tell it which pids belong to the cluster."""
 
     def __init__(self):
-        fd, self.path = tempfile.mkstemp(prefix="hvd-reaper-", suffix=".json")
-        os.close(fd)
+        self.folder = tempfile.mkdtemp(prefix="hvd-reaper-")  # mode 0700
+        self.path = os.path.join(self.folder, "pids.json")
         self.watch([])
         self.process = subprocess.Popen(
             [sys.executable, "-m", "hvd_magic.reaper", str(os.getpid()), self.path],
@@ -52,6 +53,7 @@ class Reaper:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _tree(pids):
@@ -104,10 +106,7 @@ def main(parent: int, path: str) -> None:
             except (OSError, ValueError, KeyError):
                 pids = []
             reap(pids)
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
+            shutil.rmtree(os.path.dirname(path), ignore_errors=True)
             return
         # close() ends the pipe; so does the kernel's death, unless a child inherited it
         if not stdin_open:
