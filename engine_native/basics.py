@@ -2,6 +2,8 @@
 
 Shared by the numpy API (``engine_native``) and the torch API (``engine_native.torch``): one
 core per process, whatever framework calls it.
+What the core reports about itself (``metrics``, ``config_table``, ``timeline_events``,
+``autotune_state``) lives in :mod:`engine_native.core_info` and is importable from here.
 """
 
 from __future__ import annotations
@@ -18,15 +20,14 @@ from . import _core, bootstrap
 from ._core import HorovodInternalError
 
 try:  # the core and this package ship together: a core without these was built elsewhere
-    from ._core import (autotune_state as _core_autotune_state,
-                        set_autotune as _core_set_autotune,
+    from ._core import (set_autotune as _core_set_autotune,
                         start_timeline as _core_start_timeline,
-                        stop_timeline as _core_stop_timeline,
-                        timeline_events as _core_timeline_events)
+                        stop_timeline as _core_stop_timeline)
 except ImportError as exc:
     raise ImportError(f"{exc}: engine_native._core does not match this engine_native package; "
                       f"rebuild it from this checkout (pip install -e ., or ./dev.sh test)"
                       ) from exc
+from .core_info import autotune_state, config_table, metrics, timeline_events
 
 _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 _lock = threading.RLock()
@@ -283,46 +284,6 @@ def _check_same_on_all_ranks(what: str, values: list) -> None:
                              f"{other} passed {others}; every rank must make the same call")
 
 
-def metrics() -> dict:
-    """Snapshot of the core's counters (ops/bytes per collective, time split, pending ops).
-
-    Time split: ``negotiate_seconds``, ``communicate_seconds`` (the background loop),
-    ``idle_seconds`` (the loop waiting for work; ``wait_seconds`` is the same value under its
-    earlier name) and ``handle_wait_seconds`` (framework threads blocked in ``wait()``);
-    ``main_blocked_seconds`` is how long the main thread has been blocked in its current
-    ``wait()`` (0 when it is not waiting: what the notebook uses to tell a rank stuck in a
-    collective from one still computing);
-    ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself, and
-    ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where callers never
-    drive: a peer over TCP), ``spin_yields`` whether such polls, and the collectives' own
-    short spins, yield the core between tries because this host's ranks outnumber its cores
-    (Note [Yielding spins]), ``caller_spin_skipped`` how many driven waits did not spin
-    (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
-    because it kept running out: Note [Spin backoff]).
-    ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,
-    ``"tcp"``); ``control_transports`` how negotiation messages travel to it (``"shm"``
-    between a worker and rank 0 on one host, ``"tcp"`` across hosts or with
-    ``HVD_TRANSPORT=tcp``, ``"none"`` where there is no control channel: a worker has one, to
-    rank 0).
-    Also ``timeline`` (a file is being written here), ``autotune`` (the dashboard's view of
-    :func:`autotune_state`, None when tuning never ran) and ``events`` (collectives finished
-    since the previous ``metrics()`` call in this process: ``{"op", "name", "start_ago_s",
-    "dur_s", "error"}``).
-    ``mps_pipe_directory``: the MPS daemon this process's CUDA connects to
-    (``CUDA_MPS_PIPE_DIRECTORY``, set by ``hvdrun`` / ``%hvd_start`` / ``run()`` for ranks
-    sharing a GPU when they use one; "" without MPS): the dashboard then labels the GPU path
-    "... under MPS".
-    """
-    out = _core.metrics()
-    out["mps_pipe_directory"] = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "")
-    return out
-
-
-def config_table() -> list:
-    """Every ``HVD_*`` knob: (name, Horovod alias, type, default, doc)."""
-    return _core.config_table()
-
-
 def start_timeline(file_path, mark_cycles: bool = False) -> None:
     """Start writing a Chrome-trace timeline (Horovod's layout) to ``file_path``.
 
@@ -357,53 +318,6 @@ def stop_timeline() -> None:
     valid JSON. A no-op when none is running."""
     _require_world()
     _core_stop_timeline()
-
-
-def timeline_events(since_us: int = 0) -> list:
-    """This rank's collectives of the last seconds, oldest first, recorded whether or not a
-    file is written (``HVD_TIMELINE_LIVE``, on by default), for the dashboard's strip.
-
-    One event per executed response: a fused batch is one event named after its first tensor
-    (``"grad.0 (+199 fused)"``). Negotiation and activity detail goes to the file only.
-
-    Returns
-    -------
-    list of tuple
-        ``(ts_us, name, phase, op, duration_us, error)``: start in microseconds since the Unix
-        epoch, tensor name, ``"op"``, the collective (``ALLREDUCE``, ``BROADCAST``, ...; ``ERROR``
-        for an op that failed in negotiation), duration, error text ("" when none). Only events
-        starting at or after ``since_us``.
-    """
-    return _core_timeline_events(int(since_us))
-
-
-def autotune_state() -> dict:
-    """The autotuner's state on this rank (any time, also before ``init()``).
-
-    Rank 0 owns the tuner and reports its full state; the other ranks report the parameters
-    applied last and the phase that came with them.
-
-    Returns
-    -------
-    dict
-        ``enabled``, ``tuner`` (True on rank 0 while it owns a tuner), ``phase`` (``"off"``,
-        ``"warmup"``, ``"bayes"``, ``"categorical"``, ``"done"``; rank 0's is live and may be
-        a batch ahead of ``applied_phase``, the phase that came with the parameters in force,
-        on which every rank agrees after the same collective), ``trial``/``trials`` (setting
-        k of n in this phase), ``planned_settings``, ``samples`` (of the current setting),
-        ``applied`` (the parameters this rank runs with: ``fusion_threshold_bytes``,
-        ``cycle_time_ms``, ``cache_enabled``, ``hierarchical_allreduce``), ``switches`` (every
-        change applied here: ``{"responses_before", "params", "phase"}``, identical on every
-        rank), and on rank 0 ``current``, ``best``, ``best_score`` (bytes/s) and ``history``
-        (``{"params", "score", "phase"}`` per scored setting; the Bayesian phase ends by
-        re-measuring its finalists in turn, so they appear twice).
-
-    Example
-    -------
-    >>> hvd.autotune_state()["phase"]
-    'bayes'
-    """
-    return _core_autotune_state()
 
 
 def set_autotune(enabled: bool) -> None:
