@@ -355,13 +355,16 @@ def case_ipc_latency(args):
 def _mps_module():
     """hvd_magic/launch/mps.py on its own (it needs the standard library only): importing the
     hvd_magic package would need its driver-side dependencies (cloudpickle, IPython), which
-    the GPU machine may lack."""
-    import importlib.util
-    path = os.path.join(os.path.dirname(HERE), "hvd_magic", "launch", "mps.py")
-    spec = importlib.util.spec_from_file_location("hvd_mps_for_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    the GPU machine may lack. A stand-in package over the launch folder, whose ``__init__``
+    never runs, lets its relative import of procfs.py resolve to the file."""
+    import importlib
+    import types
+    package = "hvd_mps_for_bench"
+    if package not in sys.modules:
+        stand_in = types.ModuleType(package)
+        stand_in.__path__ = [os.path.join(os.path.dirname(HERE), "hvd_magic", "launch")]
+        sys.modules[package] = stand_in
+    return importlib.import_module(package + ".mps")
 
 
 @contextlib.contextmanager

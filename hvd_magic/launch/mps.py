@@ -16,7 +16,8 @@ B. ``nvidia-cuda-mps-control -d`` with ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_
 C. ``get_server_list`` is sent until the daemon answers (``START_TIMEOUT``); no answer: the
    daemon's log tail goes into the error and whatever was started is stopped.
 D. The daemon's pids (the control daemon and, later, its server) are found by their
-   environment, so that a kernel's reaper can kill them if the notebook dies.
+   environment (read from /proc: :mod:`hvd_magic.launch.procfs`), so that a kernel's reaper
+   can kill them if the notebook dies.
 
 ``stop`` sends ``quit`` (the daemon then ends its server once the clients are gone), waits
 ``STOP_TIMEOUT``, kills what is left with its children and removes the folders. Stop the
@@ -53,6 +54,8 @@ import signal
 import subprocess
 import tempfile
 import time
+
+from . import procfs
 
 CONTROL = "nvidia-cuda-mps-control"
 PIPE_ENV, LOG_ENV = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
@@ -349,9 +352,10 @@ class MpsDaemon:
     def _find_pids(self) -> list[int]:
         """Processes started for our pipe directory (daemon, server): found by environment."""
         pipe = self.env.get(PIPE_ENV)
-        return sorted(pid for pid in _pids() if pid != os.getpid() and
+        return sorted(pid for pid in procfs.pids() if pid != os.getpid() and
                       any(os.path.basename(a).startswith("nvidia-cuda-mps")
-                          for a in _cmdline(pid)[:2]) and _environ(pid).get(PIPE_ENV) == pipe)
+                          for a in procfs.cmdline(pid)[:2])
+                      and procfs.environ(pid).get(PIPE_ENV) == pipe)
 
     def _log_tail(self, lines: int = 10) -> str:
         found = []
@@ -374,72 +378,15 @@ class MpsDaemon:
             return
         procs = set()
         for pid in set(self.pids) | set(self._find_pids()):
-            procs |= {pid} | _descendants(pid)
+            procs |= {pid} | procfs.descendants(pid)
         if self.exe is not None:
             self.command("quit", timeout=STOP_TIMEOUT)
-        alive = _wait_gone(procs, STOP_TIMEOUT)
+        alive = procfs.wait_gone(procs, STOP_TIMEOUT, POLL)
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        _wait_gone(alive, STOP_TIMEOUT)
+        procfs.wait_gone(alive, STOP_TIMEOUT, POLL)
         shutil.rmtree(self.folder, ignore_errors=True)
         self.folder, self.env, self.pids = None, {}, []
-
-
-# -- /proc (MPS runs on Linux only; no psutil on a bare GPU machine) ---------------------------
-
-def _pids() -> list[int]:
-    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
-
-
-def _read(pid: int, name: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/{name}", "rb") as fh:
-            return fh.read()
-    except OSError:  # gone, or another user's
-        return b""
-
-
-def _cmdline(pid: int) -> list[str]:
-    return [a.decode(errors="replace") for a in _read(pid, "cmdline").split(b"\0") if a]
-
-
-def _environ(pid: int) -> dict:
-    pairs = (a.decode(errors="replace").partition("=") for a in _read(pid, "environ").split(b"\0"))
-    return {k: v for k, _, v in pairs if k}
-
-
-def _stat(pid: int) -> list[str]:
-    """state, ppid, ... (the fields after the command name); [] when gone."""
-    text = _read(pid, "stat").decode(errors="replace")
-    return text.rsplit(")", 1)[1].split() if ")" in text else []
-
-
-def _alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return bool(fields) and fields[0] != "Z"
-
-
-def _descendants(pid: int) -> set:
-    parent = {}
-    for p in _pids():
-        fields = _stat(p)
-        if len(fields) > 1:
-            parent[p] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, pp in parent.items() if pp in frontier} - found
-        found |= frontier
-    return found
-
-
-def _wait_gone(pids, timeout: float) -> set:
-    """Wait (polling, ``POLL`` s apart) until ``pids`` exited; returns those still alive."""
-    deadline = time.monotonic() + timeout
-    alive = {p for p in pids if _alive(p)}
-    while alive and time.monotonic() < deadline:
-        time.sleep(POLL)
-        alive = {p for p in alive if _alive(p)}
-    return alive

@@ -5,9 +5,11 @@ server once they ran), CUDA IPC between MPS clients gives the same answers as th
 collective works. Marker ``gpu``; skipped when ``nvidia-cuda-mps-control`` is absent (the
 H100 machine has it, not started).
 """
-import importlib.util
+import importlib
 import os
 import shutil
+import sys
+import types
 
 import pytest
 from multiproc.harness import run_ranks
@@ -21,12 +23,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _mps():
     """launch/mps.py on its own (standard library only; the GPU machine may lack the
-    driver-side packages that importing hvd_magic pulls in)."""
-    spec = importlib.util.spec_from_file_location(
-        "hvd_mps_for_test", os.path.join(REPO, "hvd_magic", "launch", "mps.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    driver-side packages that importing hvd_magic pulls in): a stand-in package over the
+    launch folder, whose ``__init__`` never runs, lets its relative import of procfs.py
+    resolve to the file."""
+    package = "hvd_mps_for_test"
+    if package not in sys.modules:
+        stand_in = types.ModuleType(package)
+        stand_in.__path__ = [os.path.join(REPO, "hvd_magic", "launch")]
+        sys.modules[package] = stand_in
+    return importlib.import_module(package + ".mps")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 from fake_mps import fake_mps_control, fake_smi_modes, records
 from gpu_fakes import fake_smi
 
-from hvd_magic.launch import mps
+from hvd_magic.launch import mps, procfs
 
 from .conftest import hvdrun
 
@@ -300,7 +300,7 @@ def test_the_daemon_sees_every_gpu_in_pci_order(fake_mps, monkeypatch, no_leaks)
     with mps.MpsDaemon(dict(os.environ, CUDA_VISIBLE_DEVICES="1")) as daemon:
         assert daemon.pids
         for pid in daemon.pids:
-            env = mps._environ(pid)
+            env = procfs.environ(pid)
             assert "CUDA_VISIBLE_DEVICES" not in env and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
