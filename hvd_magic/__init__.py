@@ -48,8 +48,9 @@ def __getattr__(name):
 def load_ipython_extension(ipython) -> None:
     """``%load_ext hvd_magic``: register the magics and the ``%%hvd`` await transformer."""
     global _magics, _dash_magics, _scale_magics, _transform
+    from .cell_transform import async_cell_transform
     from .dashmagics import DashboardMagics
-    from .magics import HvdMagics, async_cell_transform
+    from .magics import HvdMagics
     from .scalemagics import ScaleMagics
 
     if _magics is None or _magics.shell is not ipython:

@@ -3,7 +3,8 @@
 Each magic's docstring is its ``%magic?`` help. The real work lives in hvd_magic.cluster
 (lifecycle), hvd_magic.cellrun (``%%hvd``), hvd_magic.status and hvd_magic.preflight.
 A ``%%hvd`` cell is turned into ``await hvd_magic.cell_async(...)`` by an input transformer
-(see :func:`async_cell_transform`) so the notebook awaits the ranks instead of blocking.
+(see :func:`hvd_magic.cell_transform.async_cell_transform`) so the notebook awaits the ranks
+instead of blocking.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from .recovery import incomplete_note
 from .registration_progress import RegistrationProgress
 
 NO_CLUSTER = "no hvd cluster is running; start one with %hvd_start -n 4"
-CELL_PREFIX = "get_ipython().run_cell_magic('hvd', "
 
 
 def _env_pairs(pairs) -> dict:
@@ -386,19 +386,3 @@ class HvdMagics(Magics):
             self._close_dashboard(cluster, engines_alive=False)
             cluster.stop()
             status_mod.emit("stopped", cluster)
-
-
-def async_cell_transform(shell):
-    """An ``input_transformers_post`` entry turning a ``%%hvd`` cell into an awaited call, when
-    IPython can run top-level ``await`` with asyncio (ipykernel, plain IPython)."""
-    from IPython.core.async_helpers import _asyncio_runner
-
-    def transform(lines):
-        if not lines or not lines[0].startswith(CELL_PREFIX):
-            return lines
-        if not shell.autoawait or shell.loop_runner is not _asyncio_runner:
-            return lines
-        rest = lines[0][len(CELL_PREFIX):]
-        return ["await __import__('hvd_magic').cell_async(" + rest] + lines[1:]
-
-    return transform
