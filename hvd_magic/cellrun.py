@@ -21,71 +21,33 @@ While the cell runs, ranks in a collective publish their pending ops (engine_sid
 that is how a rank that died, or raised while its peers wait in a collective, gets the
 others interrupted ("fail fast") instead of leaving the cell hanging.
 
-Note [A cell that can never finish]: some ranks finished the cell while the others wait in
-collectives (a time-based loop that ran a different number of steps per rank). The protocol
-above runs with reason ``stalled`` once, for ``stall_grace`` seconds, (a) every rank still
-running has its main thread blocked in a wait on the core, (b) with collectives pending and
-none executing (seen in every publication over the grace: a long collective between two
-fused batches for an instant does not count), and (c) the last rank finished the cell at
-least that long ago. Then no rank
-can submit the op the waits need: the ranks that finished are done and the others are
-blocked. A rank that is computing (even with async ops pending, as gradient hooks leave them)
-is not blocked, so a slow rank is never cut off; (c) keeps an op a finished rank submitted
-just before it ended (allreduce_async never waited on) from being mistaken for a missing one.
-It assumes collectives come from the cell's main thread (the one SIGINT reaches), as they do
-in training loops; a cell whose own threads submit collectives can set ``--stall-grace 0``.
-
-Note [Stall hint before the stall end]: while ranks wait in collectives that a finished peer
-never joined, a hint is printed once ("rank 0 waiting 5+ s in allreduce 'grad' ...; the cell
-ends by itself once they have been blocked 10 s (--stall-grace); interrupt the kernel to end
-it now"). It is printed after ``STALL_WARN_AFTER`` s in a collective, or after
-``STALL_WARN_SHARE`` of the grace when that is sooner, so it comes well before the cell ends
-by itself. The hint is checked before the stall end in every step, so it is never skipped.
-(Both used to be due after 10 s by default, and the hint was only checked in steps that did
-not end the cell: about one such cell in ten ended without the hint, the others a few tenths
-of a second after it; with a grace under 10 s the hint never came.)
+The stall policy (when a cell that can never finish ends by itself, and the hint before it)
+is in hvd_magic.stall: Note [A cell that can never finish], Note [Stall hint before the stall
+end].
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 
-from . import engine_side, interrupts
+from . import engine_side, interrupts, stall
 from .errors import CellInterrupted, Failure, RankError, RanksDead, died
 from .interrupts import op_label
 from .output import RankOutput, render_text, split_runs
 from .ranks import format_ranks, rank_label
+from .stall import (STALL_GRACE, STALL_GRACE_ENV, STALL_WARN_AFTER,  # noqa: F401 (re-exported)
+                    STALL_WARN_SHARE, default_stall_grace)
 
 RESEND_AFTER = 2.0      # s after the first SIGINT (sooner hits ranks still formatting tracebacks)
 GIVE_UP_AFTER = 3.5     # s after the first SIGINT
 OUTPUT_GRACE = 1.0      # s to wait for a finished rank's last output
 FAILFAST_AFTER = 1.0    # s a peer may wait in a collective after a rank failed
-STALL_WARN_AFTER = 10.0  # s in a collective, with a peer done, before a hint is printed
-STALL_WARN_SHARE = 0.5  # ... or this share of --stall-grace if sooner: Note [Stall hint ...]
-STALL_GRACE = 10.0      # default --stall-grace (s): Note [A cell that can never finish]
-STALL_GRACE_ENV = "HVD_STALL_GRACE"
 TICK = 0.1              # s between steps without news
-
-
-def default_stall_grace() -> float:
-    """``$HVD_STALL_GRACE`` (seconds) or ``STALL_GRACE``; a bad value is a clear error."""
-    text = os.environ.get(STALL_GRACE_ENV, "").strip()
-    if not text:
-        return STALL_GRACE
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise ValueError(f"{STALL_GRACE_ENV}={text!r}: expected seconds >= 0 (0 turns ending "
-                         f"stalled cells off); unset it for the default {STALL_GRACE:g} s")
-    return value
 
 
 class CellRun:
@@ -244,7 +206,8 @@ class CellRun:
         """Note [A cell that can never finish]: (a)-(c) hold for ``stall_grace`` seconds."""
         grace = self.stall_grace
         running = self._running()
-        if not grace or not self._done_at or not running or not self._all_blocked(running):
+        if not grace or not self._done_at or not running or not stall.all_blocked(
+                self._live_state(r) for r in running):
             self._quiet_since = None
             return False
         if self._quiet_since is None:
@@ -255,17 +218,6 @@ class CellRun:
             return False
         return all(float(self._live_state(r).get("blocked_seconds") or 0.0) >= grace
                    for r in running)  # (a), for the whole grace
-
-    def _all_blocked(self, running: list[int]) -> bool:
-        """(a) and (b) in the ranks' latest publications: the main thread blocked in a wait,
-        collectives pending and none executing (a long op shows as executing)."""
-        for r in running:
-            state = self._live_state(r)
-            if not state.get("pending") or state.get("current"):
-                return False
-            if not float(state.get("blocked_seconds") or 0.0) > 0.0:
-                return False
-        return True
 
     def _failfast_reason(self, now: float) -> str | None:
         """Interrupt the others when a rank died, or failed while peers wait in collectives."""
@@ -285,7 +237,7 @@ class CellRun:
             return
         stuck = {r: p for r in self._running() if (p := self._live_pending(r))}
         ages = [float(op.get("age_seconds") or 0) for p in stuck.values() for op in p]
-        after = self._stall_warn_after()
+        after = stall.warn_after(self.stall_grace)
         if ages and max(ages) >= after:
             self._stall_warned = True
             ops = sorted({op_label(op.get("op", "?"), op.get("name", "?"))
@@ -293,19 +245,7 @@ class CellRun:
             sys.stderr.write(
                 f"hvd: {rank_label(stuck, self.ranks)} waiting {after:g}+ s in "
                 f"{', '.join(ops)}; rank(s) {format_ranks(self._done_at)} already finished "
-                f"the cell. {self._stall_hint()}\n")
-
-    def _stall_warn_after(self) -> float:
-        """Seconds in a collective before the hint: Note [Stall hint before the stall end]."""
-        if not self.stall_grace:
-            return STALL_WARN_AFTER
-        return min(STALL_WARN_AFTER, STALL_WARN_SHARE * self.stall_grace)
-
-    def _stall_hint(self) -> str:
-        if not self.stall_grace:
-            return "Interrupt the kernel (or use --timeout) to abort and recover."
-        return (f"The cell ends by itself once they have been blocked {self.stall_grace:g} s "
-                f"(--stall-grace); interrupt the kernel to end it now.")
+                f"the cell. {stall.hint(self.stall_grace)}\n")
 
     # -- results ----------------------------------------------------------------------------
 
