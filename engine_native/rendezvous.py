@@ -5,6 +5,9 @@ every rank reaches it through :class:`RendezvousClient` (``HVD_RENDEZVOUS=host:p
 ``HVD_SECRET``) to publish its address and read everybody else's. Values are opaque bytes.
 The client lives in :mod:`engine_native.rendezvous_client` and the protocol (handshake, frames,
 keys) in :mod:`engine_native.rendezvous_wire`; both client names are importable from here.
+Every frame after the handshake is authenticated (Note [Sealed frames] in
+:mod:`engine_native.sealed_frames`): a request is parsed and acted on only once its tag
+verifies, and a frame that fails closes that connection with a log line naming it.
 
 Blocking reads wait on a condition variable on the server (no polling anywhere).
 """
@@ -20,9 +23,10 @@ import time
 from typing import Callable, Optional
 
 from .rendezvous_client import RendezvousClient, RendezvousError
-from .rendezvous_wire import (ERROR, HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC, MAX_KEYS_PER_WAIT,
-                              MISSING, NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT, check_timeout,
-                              mac, pack_key, recv_exact, recv_frame, send_frame, unpack_key)
+from .rendezvous_wire import (ERROR, FRAME_CONTEXT, HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC,
+                              MAX_KEYS_PER_WAIT, MISSING, NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT,
+                              check_timeout, mac, pack_key, recv_exact, unpack_key)
+from .sealed_frames import FrameAuthError, SealedChannel
 
 __all__ = ["RendezvousServer", "RendezvousClient", "RendezvousError"]
 
@@ -157,16 +161,17 @@ class RendezvousServer:
         with self._cond:
             self._conns.add(conn)
         try:
-            if self._handshake(conn, peer):
+            channel = self._handshake(conn, peer)
+            if channel is not None:
                 conn.settimeout(None)
-                self._request_loop(conn, peer)
+                self._request_loop(channel, peer)
         finally:
             with self._cond:
                 self._conns.discard(conn)
             conn.close()
             self._slots.release()
 
-    def _handshake(self, conn: socket.socket, peer: object) -> bool:
+    def _handshake(self, conn: socket.socket, peer: object) -> Optional[SealedChannel]:
         server_nonce = secrets.token_bytes(NONCE_SIZE)
         try:
             conn.settimeout(self._handshake_timeout)
@@ -174,17 +179,18 @@ class RendezvousServer:
             reply = recv_exact(conn, NONCE_SIZE + MAC_SIZE)
         except (OSError, ConnectionError) as exc:
             self._reject(peer, f"handshake incomplete ({exc})")
-            return False
+            return None
         client_nonce, proof = reply[:NONCE_SIZE], reply[NONCE_SIZE:]
         expected = mac(self._secret, b"client", server_nonce, client_nonce)
         if not hmac.compare_digest(proof, expected):
             self._reject(peer, "failed authentication (wrong secret or not a rendezvous client)")
-            return False
+            return None
         try:
             conn.sendall(mac(self._secret, b"server", server_nonce, client_nonce))
         except OSError:
-            return False
-        return True
+            return None
+        return SealedChannel(conn, self._secret, server_nonce, client_nonce, is_server=True,
+                             context=FRAME_CONTEXT)
 
     def _reject(self, peer: object, why: str) -> None:
         with self._cond:
@@ -192,10 +198,21 @@ class RendezvousServer:
         if not self._stopping:
             log.warning("rendezvous: dropped connection from %s: %s", peer, why)
 
-    def _request_loop(self, conn: socket.socket, peer: object) -> None:
+    def _reject_frame(self, peer: object, exc: FrameAuthError) -> None:
+        with self._cond:
+            self.rejected += 1
+        if not self._stopping:
+            where = "%s:%s" % peer[:2] if isinstance(peer, tuple) else peer
+            log.warning("rendezvous: frame %d from %s failed authentication (altered, replayed "
+                        "or out of order); connection closed", exc.seq, where)
+
+    def _request_loop(self, channel: SealedChannel, peer: object) -> None:
         while not self._stopping:
             try:
-                op, body = recv_frame(conn, self._max_frame)
+                op, body = channel.recv(self._max_frame)  # verified before anything parses it
+            except FrameAuthError as exc:
+                self._reject_frame(peer, exc)
+                return
             except ConnectionError:
                 return  # client went away
             except (OSError, ValueError, struct.error) as exc:
@@ -207,7 +224,7 @@ class RendezvousServer:
                 self._reject(peer, f"malformed request ({exc})")
                 return
             try:
-                send_frame(conn, status, reply)
+                channel.send(status, reply)
             except OSError:
                 return
 

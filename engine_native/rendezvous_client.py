@@ -2,7 +2,8 @@
 publish its address and read everybody else's, and :class:`RendezvousError`, the one error it
 raises for an unreachable, unauthenticated or refusing server. The wire protocol is in
 :mod:`engine_native.rendezvous_wire`; the server in :mod:`engine_native.rendezvous`, which
-re-exports both names.
+re-exports both names. Every reply is authenticated (Note [Sealed frames] in
+:mod:`engine_native.sealed_frames`) before the client parses it or returns a value from it.
 """
 from __future__ import annotations
 
@@ -14,15 +15,17 @@ import threading
 import time
 from typing import Iterable, Optional
 
-from .rendezvous_wire import (HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC, MAX_KEYS_PER_WAIT, MISSING,
-                              NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT, check_timeout, mac,
-                              pack_key, recv_exact, recv_frame, send_frame, unpack_key)
+from .rendezvous_wire import (FRAME_CONTEXT, HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC, MAGIC_FAMILY,
+                              MAX_KEYS_PER_WAIT, MISSING, NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT,
+                              check_timeout, mac, pack_key, recv_exact, unpack_key)
+from .sealed_frames import FrameAuthError, SealedChannel
 
 __all__ = ["RendezvousClient", "RendezvousError"]
 
 
 class RendezvousError(ConnectionError):
-    """The rendezvous server could not be reached, failed authentication or refused a request."""
+    """The rendezvous server could not be reached, failed authentication, refused a request,
+    or a frame failed authentication (the connection is then closed)."""
 
 
 class RendezvousClient:
@@ -47,7 +50,7 @@ class RendezvousClient:
             raise ValueError("RendezvousClient: secret must be non-empty bytes")
         self._secret = bytes(secret)
         self._connect_timeout = connect_timeout
-        self._sock: Optional[socket.socket] = None
+        self._channel: Optional[SealedChannel] = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -98,9 +101,9 @@ class RendezvousClient:
 
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            if self._channel is not None:
+                self._channel.sock.close()
+                self._channel = None
 
     def __enter__(self) -> "RendezvousClient":
         return self
@@ -132,20 +135,32 @@ class RendezvousClient:
 
     def _request(self, op: int, body: bytes, timeout: Optional[float]) -> tuple[int, bytes]:
         with self._lock:
-            sock = self._connected()
+            channel = self._connected()
+            where = f"rendezvous {self._addr[0]}:{self._addr[1]}"
             try:
-                sock.settimeout(None if timeout is None else timeout + 30.0)
-                send_frame(sock, op, body)
-                return recv_frame(sock, 1 << 31)
-            except (OSError, ConnectionError) as exc:
-                sock.close()
-                self._sock = None  # the next request reconnects
-                raise RendezvousError(f"rendezvous {self._addr[0]}:{self._addr[1]}: "
-                                      f"connection lost ({exc})") from exc
+                channel.sock.settimeout(None if timeout is None else timeout + 30.0)
+                channel.send(op, body)
+                return channel.recv(1 << 31)  # verified before anything reads the reply
+            except FrameAuthError as exc:
+                self._drop(channel)
+                raise RendezvousError(
+                    f"{where}: reply {exc}; connection closed. Something between this process "
+                    f"and the store changed its bytes, or it is not this job's store: check "
+                    f"HVD_RENDEZVOUS and the network path to the launcher") from exc
+            except (OSError, ConnectionError, ValueError) as exc:  # ValueError: oversized frame
+                self._drop(channel)
+                raise RendezvousError(
+                    f"{where}: connection lost ({exc}); the store also closes a connection "
+                    f"whose frames fail authentication, so if it is still running check its "
+                    f"log and the network path to it") from exc
 
-    def _connected(self) -> socket.socket:
-        if self._sock is not None:
-            return self._sock
+    def _drop(self, channel: SealedChannel) -> None:
+        channel.sock.close()
+        self._channel = None  # the next request reconnects
+
+    def _connected(self) -> SealedChannel:
+        if self._channel is not None:
+            return self._channel
         deadline = time.monotonic() + self._connect_timeout
         delay = 0.05
         while True:
@@ -160,17 +175,24 @@ class RendezvousClient:
                 time.sleep(delay)  # back-off between connection attempts, not a poll loop
                 delay = min(delay * 2, 1.0)
         try:
-            self._authenticate(sock)
+            channel = self._authenticate(sock)
         except BaseException:
             sock.close()
             raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-        return sock
+        self._channel = channel
+        return channel
 
-    def _authenticate(self, sock: socket.socket) -> None:
+    def _authenticate(self, sock: socket.socket) -> SealedChannel:
         hello = recv_exact(sock, len(MAGIC) + NONCE_SIZE)
         if hello[:len(MAGIC)] != MAGIC:
+            if hello.startswith(MAGIC_FAMILY):
+                theirs = hello[:len(MAGIC)].rstrip(b"\0").decode(errors="replace")
+                ours = MAGIC.rstrip(b"\0").decode()
+                raise RendezvousError(
+                    f"rendezvous {self._addr[0]}:{self._addr[1]} speaks protocol {theirs}, this "
+                    f"client {ours}: the launcher and the ranks run "
+                    f"different hvd-magic versions; install the same version on both")
             raise RendezvousError(f"{self._addr[0]}:{self._addr[1]} is not a rendezvous server")
         server_nonce = hello[len(MAGIC):]
         client_nonce = secrets.token_bytes(NONCE_SIZE)
@@ -184,3 +206,5 @@ class RendezvousClient:
         if not hmac.compare_digest(proof, expected):
             raise RendezvousError("rendezvous server failed authentication: it does not know "
                                   "the job secret")
+        return SealedChannel(sock, self._secret, server_nonce, client_nonce, is_server=False,
+                             context=FRAME_CONTEXT)

@@ -1,28 +1,38 @@
-"""The rendezvous store's wire protocol: the handshake MAC, frames and the key codec, shared
-by the server (:mod:`engine_native.rendezvous`) and the client
+"""The rendezvous store's wire protocol: the handshake MAC, the sealed frames' context and the
+key codec, shared by the server (:mod:`engine_native.rendezvous`) and the client
 (:mod:`engine_native.rendezvous_client`).
 
 Protocol (one TCP connection per client, big-endian):
 
-A. Server sends ``MAGIC`` + a 32-byte server nonce.
+A. Server sends ``MAGIC`` (``HVDRDV2``; a different version is refused here, by name) + a
+   32-byte server nonce.
 B. Client sends a 32-byte client nonce + HMAC-SHA256(secret, "client" + both nonces).
 C. Server checks it (constant time); on failure the connection is dropped and logged. Otherwise
    it answers HMAC-SHA256(secret, "server" + both nonces), which the client checks in turn, so a
    rank never trusts addresses from a server that does not know the secret either.
-D. Requests and replies are frames ``op:u8 | length:u32 | body``, body at most
-   ``max_value_bytes`` + 64 KiB; anything malformed drops the connection, never the server.
+D. Requests and replies are sealed frames (Note [Sealed frames] in
+   :mod:`engine_native.sealed_frames`, context ``"rendezvous"``): ``op:u8 | length:u32 | body |
+   tag:32``, the tag an HMAC-SHA256 under a key of this connection and direction over the
+   direction, the frame's sequence number, op, length and body. Every byte after the handshake
+   is authenticated: a request's op, key, timeout and value, a reply's status and values. The
+   receiver checks the length (body at most ``max_value_bytes`` + 64 KiB) before reading the
+   body and the tag before parsing it, so nothing is stored, returned or unpickled from a frame
+   that was altered, injected, replayed or reordered; such a frame closes the connection (the
+   server logs which frame and from where), a malformed one too, never the server.
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
-import socket
 import struct
 
-MAGIC = b"HVDRDV1\0"
+from .sealed_frames import recv_exact  # noqa: F401  (re-exported for the handshakes)
+
+MAGIC = b"HVDRDV2\0"
+MAGIC_FAMILY = b"HVDRDV"
+FRAME_CONTEXT = b"rendezvous"
 NONCE_SIZE = 32
 MAC_SIZE = 32
-FRAME = struct.Struct("!BI")
 OP_SET, OP_GET, OP_WAIT = 1, 2, 3
 OK, MISSING, ERROR = 0, 1, 2
 MAX_KEY = 1024
@@ -33,27 +43,6 @@ MAX_WAIT_SECONDS = 24 * 3600.0
 
 def mac(secret: bytes, role: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
     return hmac.new(secret, role + server_nonce + client_nonce, hashlib.sha256).digest()
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ConnectionError("connection closed")
-        buf += chunk
-    return bytes(buf)
-
-
-def send_frame(sock: socket.socket, op: int, body: bytes) -> None:
-    sock.sendall(FRAME.pack(op, len(body)) + body)
-
-
-def recv_frame(sock: socket.socket, max_body: int) -> tuple[int, bytes]:
-    op, length = FRAME.unpack(recv_exact(sock, FRAME.size))
-    if length > max_body:
-        raise ValueError(f"frame of {length} bytes exceeds the limit of {max_body}")
-    return op, recv_exact(sock, length)
 
 
 def pack_key(key: str) -> bytes:

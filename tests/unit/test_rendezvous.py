@@ -170,15 +170,15 @@ def test_oversized_and_malformed_frames_after_auth_drop_only_that_connection(ser
         assert good.get("big", timeout=1) == b"x" * limit
     # An authenticated peer announcing a 4 GiB frame is dropped without allocating it.
     rogue = _client(server)
-    sock = rogue._connected()
+    sock = rogue._connected().sock
     sock.sendall(struct.pack("!BI", 1, 0xFFFFFFFF))
     assert sock.recv(1) == b""
     rogue.close()
-    # Unknown op code.
+    # Unknown op code in a frame that authenticates (an authenticated but malformed request).
     rogue = _client(server)
-    sock = rogue._connected()
-    sock.sendall(struct.pack("!BI", 99, 0))
-    assert sock.recv(1) == b""
+    channel = rogue._connected()
+    channel.send(99, b"")
+    assert channel.sock.recv(1) == b""
     rogue.close()
     with _client(server) as good:
         assert good.get("big", timeout=1) == b"x" * limit
