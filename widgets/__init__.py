@@ -14,9 +14,12 @@ from .snapshot import SCHEMA_VERSION
 
 
 def __getattr__(name):
-    if name in ("MetricsHub", "start_dashboard", "dashboard_mode"):
-        from . import hub
-        return getattr(hub, name)
+    if name == "MetricsHub":
+        from .hub import MetricsHub
+        return MetricsHub
+    if name in ("start_dashboard", "dashboard_mode"):
+        from . import startup
+        return getattr(startup, name)
     if name == "DashboardView":
         from .view import DashboardView
         return DashboardView

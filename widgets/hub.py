@@ -25,7 +25,8 @@ box, ipyparallel 9.2, one local engine publishing both ways every 0.1 s from a t
 Commands (the dashboard's buttons) go the other way on a PUB socket to every publisher, and
 their answers come back inside snapshots (:mod:`.control`); ``on_done`` runs on this thread.
 
-Wiring, as hvd_magic.dashboard does it (the driver; engines run hvd_magic.engine_dashboard)::
+Wiring, as hvd_magic.dashboard does it (the driver; engines run hvd_magic.engine_dashboard;
+:func:`~.startup.start_dashboard` and :func:`~.startup.dashboard_mode` are in :mod:`.startup`)::
 
     hub = start_dashboard(size=n, key=key, on_stop=stop_all, on_timeline=timeline,
                           on_autotune=autotune)          # displays the view
@@ -35,7 +36,6 @@ Wiring, as hvd_magic.dashboard does it (the driver; engines run hvd_magic.engine
 """
 
 import logging
-import os
 import threading
 import time
 
@@ -360,73 +360,3 @@ def _drain(sock, zmq):
 def _hostname():
     import socket
     return socket.gethostname()
-
-
-def dashboard_mode(requested="auto"):
-    """Pick ``"widgets"``, ``"text"`` or ``"off"``.
-
-    ``HVD_DASHBOARD=widgets|text|off`` wins over ``requested``; in "auto", widgets are used in
-    a Jupyter kernel with ipywidgets installed unless ``IPP_NONINTERACTIVE`` is set (CI), text
-    everywhere else (terminal IPython, plain Python).
-    """
-    mode = os.environ.get("HVD_DASHBOARD", "").strip().lower() or requested
-    if mode in ("widgets", "text", "off"):
-        return mode
-    if os.environ.get("IPP_NONINTERACTIVE", "").strip() not in ("", "0"):
-        return "text"
-    try:
-        import ipywidgets  # noqa: F401
-        from IPython import get_ipython
-    except ImportError:
-        return "text"
-    shell = get_ipython()
-    return "widgets" if shell is not None and getattr(shell, "kernel", None) else "text"
-
-
-def start_dashboard(size=None, key=None, bind="tcp://127.0.0.1", connect_host=None,
-                    on_stop=None, on_timeline=None, on_autotune=None, mode="auto",
-                    display=True, model=None, **model_options):
-    """Create the model, the view (or text status) and the hub; start it; show the view.
-
-    Call from the notebook's main thread (widgets are created and displayed here; only the
-    hub thread mutates them afterwards).
-
-    Parameters
-    ----------
-    size : int, optional
-        Ranks expected (shown as "starting" until their first snapshot).
-    key, bind, connect_host
-        See :class:`MetricsHub`.
-    on_stop, on_timeline, on_autotune : callable, optional
-        Controls, see :class:`~.view.DashboardView`.
-    mode : {"auto", "widgets", "text", "off"}
-        See :func:`dashboard_mode`.
-    display : bool
-        Display the widget view now.
-    model : DashboardModel, optional
-    **model_options
-        Passed to :class:`DashboardModel` (``stall_after_s``, ...).
-
-    Returns
-    -------
-    MetricsHub
-        Started; ``hub.view`` is the :class:`~.view.DashboardView` (None in text mode) and
-        ``hub.address`` what publishers connect to.
-    """
-    model = model if model is not None else DashboardModel(size=size, **model_options)
-    mode = dashboard_mode(mode)
-    view, sinks = None, []
-    if mode == "widgets":
-        from .view import DashboardView
-        view = DashboardView(on_stop=on_stop, on_timeline=on_timeline, on_autotune=on_autotune)
-        sinks.append(view)
-    elif mode == "text":
-        from .text import TextStatus
-        sinks.append(TextStatus())
-    hub = MetricsHub(model, sinks, key=key, bind=bind, connect_host=connect_host)
-    hub.view = view
-    hub.start()
-    if view is not None and display:
-        from IPython.display import display as show
-        show(view)
-    return hub

@@ -10,6 +10,7 @@ import zmq
 from comm import DummyComm  # the comm ipywidgets uses without a kernel
 
 from hvd_magic.widgets import hub as H, model as M, snapshot as S, text as T, view as V
+from hvd_magic.widgets import startup as St
 
 pytestmark = pytest.mark.timeout(60)
 KEY = b"test-key"
@@ -168,12 +169,12 @@ def test_text_render_and_status_prints_only_on_state_changes():
 def test_dashboard_mode_falls_back_to_text(monkeypatch):
     monkeypatch.delenv("HVD_DASHBOARD", raising=False)
     monkeypatch.delenv("IPP_NONINTERACTIVE", raising=False)
-    assert H.dashboard_mode() == "text"  # no IPython kernel in pytest
+    assert St.dashboard_mode() == "text"  # no IPython kernel in pytest
     monkeypatch.setenv("HVD_DASHBOARD", "widgets")
-    assert H.dashboard_mode() == "widgets"
+    assert St.dashboard_mode() == "widgets"
     monkeypatch.setenv("HVD_DASHBOARD", "")
     monkeypatch.setenv("IPP_NONINTERACTIVE", "1")
-    assert H.dashboard_mode("auto") == "text"
+    assert St.dashboard_mode("auto") == "text"
 
 
 class Recorder:
@@ -265,7 +266,7 @@ def test_hub_stops_cleanly_and_survives_a_broken_sink():
 
 def test_start_dashboard_in_text_mode(monkeypatch):
     monkeypatch.setenv("HVD_DASHBOARD", "text")
-    hub = H.start_dashboard(size=2, key=KEY)
+    hub = St.start_dashboard(size=2, key=KEY)
     try:
         assert hub.running and hub.view is None
         assert hub.address.startswith("tcp://127.0.0.1:")
