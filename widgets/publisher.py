@@ -18,6 +18,8 @@ already requires. The thread
 keeps running while the main thread waits in the core (the core releases the GIL), which is
 exactly when "rank 3 is stuck in allreduce" must show.
 
+The ``device`` a snapshot names is described by :mod:`.device_info`.
+
 The same thread runs the dashboard's commands (timeline, autotune buttons) arriving on a SUB
 socket from the hub, so they act while a cell keeps the engine's main thread busy; answers
 ride in the next snapshots (protocol in :mod:`.control`).
@@ -40,7 +42,7 @@ import sys
 import threading
 import time
 
-from .gpu_stats import gpu_path
+from .device_info import device_info
 from .snapshot import MAX_BAR_S, MAX_EVENTS, MERGE_GAP_S, SCHEMA_VERSION, normalize_core, pack
 
 log = logging.getLogger("hvd_magic.widgets")
@@ -97,50 +99,6 @@ _HOOKS = (("pre_execute", _on_pre_execute), ("pre_run_cell", _on_pre_run_cell),
           ("post_execute", _on_post_execute))
 
 
-def _device_info(device, core_raw, gpu=None):
-    """``{"kind": "cpu"}`` or the CUDA device with its name and this process's memory.
-
-    ``gpu`` (a :class:`.gpu_stats.GpuStats`) gives this rank's pinned GPU with live numbers
-    (utilisation, memory); otherwise ``device`` is ``"cuda:k"``, or a dict with what the magic
-    learnt when it pinned the GPU (``{"device": "cuda:k", "name": ..., "mem_total": bytes}``),
-    and live memory comes from torch only when it is already imported and CUDA already
-    initialised. Either way this thread never initialises CUDA or imports torch. ``path``: the
-    path the core's CUDA collectives take (``metrics()["gpu_paths"]``), once one ran."""
-    try:
-        out = dict(gpu()) if gpu is not None else {}
-    except Exception:  # a GPU query must never stop the publisher
-        out = {}
-    if not out:
-        out = _known_device(device, core_raw)
-    if out.get("kind") == "cuda":
-        path = gpu_path(core_raw)
-        if path:
-            out["path"] = path
-    return out
-
-
-def _known_device(device, core_raw):
-    known = dict(device) if isinstance(device, dict) else {}
-    if known:
-        device = known.get("device")
-    if device is None and isinstance(core_raw, dict) and isinstance(core_raw.get("device"), int):
-        device = f"cuda:{core_raw['device']}" if core_raw["device"] >= 0 else "cpu"
-    if not device or not str(device).startswith("cuda"):
-        return {"kind": "cpu"}
-    index = int(str(device).partition(":")[2] or 0)
-    out = {"kind": "cuda", "index": index}
-    out.update({k: known[k] for k in ("name", "mem_total") if known.get(k) is not None})
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_initialized():
-            props = torch.cuda.get_device_properties(index)
-            out.update(name=props.name, mem_total=int(props.total_memory),
-                       mem_used=int(torch.cuda.memory_reserved(index)))
-    except Exception:  # a GPU query must never stop the publisher
-        pass
-    return out
-
-
 def _events(raw_events, gap=MERGE_GAP_S, longest=MAX_BAR_S):
     """Events from the core (``[op, name, start_ago_s, dur_s]``, oldest first; dicts accepted
     too) as the snapshot's ``events``: back-to-back collectives of one op (less than ``gap``
@@ -185,8 +143,8 @@ class Publisher:
         Returns collectives finished since its previous call (``[op, name, start_ago_s,
         dur_s]``); when absent, an ``events`` list inside the metrics dict is used.
     device : str or dict, optional
-        ``"cpu"`` or ``"cuda:k"`` as pinned by the magic (or a dict, see ``_device_info``);
-        else the core's ``device`` entry.
+        ``"cpu"`` or ``"cuda:k"`` as pinned by the magic (or a dict, see
+        :func:`.device_info.device_info`); else the core's ``device`` entry.
     gpu : callable, optional
         This rank's GPU with live numbers (:class:`.gpu_stats.GpuStats`); ``{}`` on a CPU rank,
         which then falls back to ``device``.
@@ -246,7 +204,7 @@ class Publisher:
                 self._warn_once(f"metrics() failed: {exc}")
         if isinstance(raw, dict):
             snap["core"] = normalize_core(raw)
-        snap["device"] = _device_info(self.device, raw, self.gpu)
+        snap["device"] = device_info(self.device, raw, self.gpu)
         try:
             snap["events"] = _events(self.events() if self.events else (raw or {}).get("events"))
         except Exception as exc:
