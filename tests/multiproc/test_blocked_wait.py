@@ -2,7 +2,7 @@
 (Note [Blocked main thread] in engine_native/csrc/runtime/metrics.h), on 2 spawned ranks.
 
 The notebook driver ends a cell that can never finish only when every rank still running it
-is blocked there (Note [A cell that can never finish] in hvd_magic.cellrun), so: it grows
+is blocked there (Note [A cell that can never finish] in hvd_magic.stall), so: it grows
 while the main thread waits on a collective a peer has not joined, it is 0 once the wait is
 over, and a wait on another thread (or an op merely pending) leaves it at 0.
 """
