@@ -126,10 +126,10 @@ class HvdCluster:
         before = set(self.client.ids)
         self._loop.run(self.ipp.start_engines(self.n, environment=self.setup.launch_env),
                        self.timeout)
-        self._update_reaper()
+        self.update_reaper()
         engine_ids = self._wait_for_engines(progress, before)
         self.ranks, notes = self.setup.setup_ranks(engine_ids)
-        self._update_reaper()
+        self.update_reaper()
         return notes
 
     def _shutdown_cores(self) -> None:
@@ -179,6 +179,29 @@ class HvdCluster:
         notes = self._start_engines(progress)
         self.ready_seconds = time.perf_counter() - t0
         return notes
+
+    # -- what other modules change, only through these ---------------------------------------
+
+    def set_ranks(self, ranks: list) -> None:
+        """The ranks in rank order, after a start, %hvd_scale or an elastic re-forming."""
+        self.ranks, self.n = list(ranks), len(ranks)
+
+    def set_timeout(self, seconds: float) -> None:
+        self.timeout = seconds
+
+    def set_elastic(self, world) -> None:
+        """The ElasticWorld (hvd_magic.elastic) the ranks belong to from now on."""
+        self.elastic = world
+
+    def attach_dashboard(self, dashboard) -> None:
+        self.dashboard = dashboard
+
+    def detach_dashboard(self, only=None):
+        """Forget the dashboard (only if it is ``only``, when given); returns the one attached."""
+        attached = self.dashboard
+        if only is None or attached is only:
+            self.dashboard = None
+        return attached
 
     def _drop_elastic(self) -> None:
         if self.elastic is not None:
@@ -285,7 +308,7 @@ class HvdCluster:
         if targets:
             self.client.send_signal(sig, targets=targets, block=False)
 
-    def _update_reaper(self) -> None:
+    def update_reaper(self) -> None:
         if self._reaper is None or self.ipp is None:
             return
         pids = []

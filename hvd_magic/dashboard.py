@@ -147,7 +147,7 @@ class Dashboard:
         """Stop the publishers (when the engines can still answer) and the hub."""
         status.remove_listener(self._on_event)
         if getattr(self.cluster, "dashboard", None) is self:
-            self.cluster.dashboard = None
+            self.cluster.detach_dashboard(only=self)
         if self.hub is None:
             return
         c = self.cluster

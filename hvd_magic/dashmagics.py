@@ -75,7 +75,7 @@ class DashboardMagics(Magics):
             dash.show()
             return
         self.main._close_dashboard(cluster, engines_alive=True)
-        cluster.dashboard = open_dashboard(cluster)
+        cluster.attach_dashboard(open_dashboard(cluster))
 
     def _run_everywhere(self, what: str, fn, *args) -> None:
         cluster = self._cluster()

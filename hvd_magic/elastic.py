@@ -214,7 +214,7 @@ def settle(cluster) -> list[Departure]:
         info = by_engine[engine]
         ranks.append(replace(info, rank=rank, local_rank=seen.get(info.host, 0)))
         seen[info.host] = seen.get(info.host, 0) + 1
-    cluster.ranks, cluster.n = ranks, len(ranks)
+    cluster.set_ranks(ranks)
     for info in ranks:  # the engines' own idea of their rank (cell values, publishers)
         cluster.client[info.engine_id].apply_async(engine_side.set_rank, info.rank).get(10)
     return gone

@@ -132,7 +132,7 @@ class HvdMagics(Magics):
         self._announce(notes + start_elastic(cluster, args.min_np))
         if args.dashboard:
             from .dashboard import open_dashboard
-            cluster.dashboard = open_dashboard(cluster)
+            cluster.attach_dashboard(open_dashboard(cluster))
         status_mod.emit("started", cluster)
 
     def _announce(self, notes) -> None:
@@ -187,7 +187,7 @@ class HvdMagics(Magics):
         args = parse_argstring(self.hvd_restart, line)
         cluster = self._require_cluster()
         if args.timeout is not None:
-            cluster.timeout = args.timeout
+            cluster.set_timeout(args.timeout)
         try:
             notes = cluster.restart(RegistrationProgress(self.shell))
         except HvdError as exc:
@@ -377,8 +377,7 @@ class HvdMagics(Magics):
     @staticmethod
     def _close_dashboard(cluster, engines_alive: bool) -> None:
         if getattr(cluster, "dashboard", None) is not None:
-            dashboard, cluster.dashboard = cluster.dashboard, None
-            dashboard.close(engines_alive=engines_alive)
+            cluster.detach_dashboard().close(engines_alive=engines_alive)
 
     def _stop_quietly(self) -> None:
         if self.cluster is not None:

@@ -96,9 +96,9 @@ class RankSetup:
         for info in ranks:
             info.local_rank = info.pin_slot = seen.get(info.host, 0)
             seen[info.host] = info.local_rank + 1
-        c.ranks = ranks
+        c.set_ranks(ranks)
         mps_notes = c.mps.prepare(ranks, self.launch_env)  # before any rank touches CUDA
-        c._update_reaper()
+        c.update_reaper()
         notes = self._init_engines(ranks, mpi=c.launcher == "mpi", local_sizes=seen)
         return ranks, mps_notes + notes
 

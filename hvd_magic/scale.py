@@ -52,7 +52,7 @@ def scale(cluster, n: int, min_np: int | None = None, progress=None) -> list[str
     check(cluster, n, min_np)
     t0 = time.perf_counter()
     if cluster.elastic is None:
-        cluster.elastic = ElasticWorld(cluster, min_np or 1)
+        cluster.set_elastic(ElasticWorld(cluster, min_np or 1))
     elif min_np is not None:
         cluster.elastic.min_np = min_np
     ew = cluster.elastic
@@ -70,12 +70,12 @@ def scale(cluster, n: int, min_np: int | None = None, progress=None) -> list[str
     why = (f"%hvd_scale -n {n}" + (f" (rank(s) {format_ranks(dead)} had died)" if dead else ""))
     ew.publish([r.engine_id for r in ranks], {r.engine_id: r.pid for r in ranks}, why)
     failed = _join(cluster, ranks, new, removed)
-    cluster.ranks, cluster.n = ranks, len(ranks)
+    cluster.set_ranks(ranks)
     if removed:
         _stop(cluster, removed)
         ew.departed.extend(Departure(r.rank, r.engine_id, r.pid, r.host, "removed by %hvd_scale",
                                      ew.generation) for r in removed)
-    cluster._update_reaper()
+    cluster.update_reaper()
     if failed:
         first = failed[min(failed)]
         raise HvdError(f"ranks {format_ranks(failed)} could not join the new world of {n} "
@@ -94,7 +94,7 @@ def _start_engines(cluster, count: int, progress) -> list[RankInfo]:
     c = cluster
     before = set(c.client.ids)
     set_id = c._loop.run(c.ipp.start_engines(count, environment=c.setup.launch_env), c.timeout)
-    c._update_reaper()
+    c.update_reaper()
     ids = c._wait_for_engines(progress, before, count=count, engine_set=c.ipp.engines[set_id])
     try:
         infos = c.client[ids].apply_async(engine_side.describe).get(c.timeout)
