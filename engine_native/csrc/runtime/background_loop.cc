@@ -2,7 +2,6 @@
 
 #include <poll.h>
 #include <sched.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -28,10 +27,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                Autotuner* autotuner)
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline), autotuner_(autotuner),
-      wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      executor_(handles, metrics, config, timeline, keys_, wake_fd_),
-      fusion_threshold_(config.fusion_threshold_bytes), cycle_time_ms_(config.cycle_time_ms),
-      cache_enabled_(config.cache_capacity > 0) {
+      queue_(handles), executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()) {
   // Several peers may look lost by the time a collective notices; one of them may already have
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
@@ -39,15 +35,10 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     awaitCause();
     return failed_ ? failure() : status;
   });
-  held_.setThreshold(fusion_threshold_);
   names_epoch_ = handles_.attachNames(&keys_);
   if (mesh_.rank() == 0) {
-    coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size(), keys_);
-    coordinator_->setFusionThreshold(fusion_threshold_);
-    coordinator_->setCacheCapacity(config_.cache_capacity);
-    for (int r = 1; r < mesh_.size(); ++r) {
-      mirrors_[r] = std::make_unique<coord::RequestCache>(config_.cache_capacity);
-    }
+    coordinator_ = std::make_unique<RankZeroCoordinator>(mesh_.size(), keys_, sets_, config_,
+                                                         autotuner_);
   } else {
     request_cache_ = std::make_unique<coord::RequestCache>(config_.cache_capacity);
   }
@@ -93,52 +84,14 @@ BackgroundLoop::~BackgroundLoop() {
     shutdown();
   }
   handles_.detachNames(names_epoch_);  // before keys_ goes
-  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
 
-void BackgroundLoop::wake() {
-  uint64_t one = 1;
-  ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
-  (void)rc;  // EAGAIN means the counter is already non-zero: the loop will wake anyway
-}
-
-// Note [Wake only a sleeper]: a Dekker pair (both sides seq_cst). submit() stores
-// submissions_pending_ then reads sleeping_; waitForWork() stores sleeping_ then reads
-// submissions_pending_. At least one side sees the other's store, so either the loop skips its
-// blocking poll or the submitter writes wake_fd_: a submission is never left unseen, and a
-// busy loop costs a submitter no syscall. The submitter that wakes the sleeper also clears
-// sleeping_, so one sleep costs one write: a woken loop waiting for a core (this machine runs
-// two threads per rank on two cores) still looks asleep until it runs, and a step's 200
-// submissions each wrote wake_fd_ again (about 135 writes per step measured).
-void BackgroundLoop::wakeIfAsleep() {
-  standby_.store(false);
-  submissions_pending_.store(true);
-  if (sleeping_.exchange(false)) wake();
-}
-
-// Note [Coalesced wakes]: while submissions keep coming (its last pass took some) and the loop
-// has work of its own in flight (tensors negotiating, a batch held), it sleeps at most one
-// cycle (HVD_CYCLE_TIME_MS) and is not woken by submissions: they are drained on its next
-// pass — a peer's message, the window timer, the nap's end, or a caller about to wait on a
-// handle (wakeForWaiter). A pass that takes nothing ends the naps: a rank waiting on a slow
-// peer (a barrier, the shutdown agreement) sleeps until a message or its tick, as an idle
-// rank does, instead of waking every cycle. A backward pass submits a
-// gradient every ~20 us; waking for each cost every rank ~120 sleep/wake cycles and ~1.4 ms of
-// CPU per 194-tensor step on cores the backward pass needs. A lone tensor is never delayed:
-// with nothing in flight the loop sleeps as before and the first submission wakes it. A
-// Dekker pair as in Note [Wake only a sleeper]: the waiter stores waiter_waiting_ then reads
-// napping_; the loop stores napping_ then reads waiter_waiting_ (and submissions_pending_).
-void BackgroundLoop::wakeForWaiter() {
-  waiter_waiting_.store(true);
-  if (napping_.exchange(false)) wake();
-}
-
 bool BackgroundLoop::idle() const {
-  return entries_.empty() && to_execute_.empty() && held_.empty() && outgoing_.empty() &&
-         parked_.empty() && !executor_.deviceBusy() && !shutdown_requested_ &&
-         !abort_requested_ && !controlBacklog();
+  return entries_.empty() && to_execute_.empty() && outgoing_.empty() &&
+         (!coordinator_ || coordinator_->idle()) && !executor_.deviceBusy() && !queue_.shutdownRequested() &&
+         !queue_.abortRequested() && !controlBacklog();
 }
 
 // Frames a control ring had no room for yet (Note [Control over shm] C): the loop must watch
@@ -162,31 +115,21 @@ void BackgroundLoop::flushControl() {
 void BackgroundLoop::setTimelineDetail(bool on) {
   timeline_detail_.store(on, std::memory_order_relaxed);
   executor_.setTimelineDetail(on);
-  if (on) wakeIfAsleep();  // leave standby: NEGOTIATE spans need arrivals as they happen
+  if (on) queue_.wakeIfAsleep();  // leave standby: NEGOTIATE spans need arrivals as they happen
 }
 
-Status BackgroundLoop::failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failure_;
-}
+Status BackgroundLoop::failure() const { return queue_.failure(); }
 
 void BackgroundLoop::shutdown() {
-  shutdown_requested_ = true;
-  standby_.store(false);
-  wake();
+  queue_.requestShutdown();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::timed_mutex> drained(progress_);  // a driving caller has left its pass
 }
 
 void BackgroundLoop::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    abort_reason_ = reason;
-  }
-  abort_requested_ = true;
-  standby_.store(false);
+  queue_.requestAbort(reason);
   mesh_.abort();  // ends any wait inside a collective at once
-  wake();
+  queue_.wake();
 }
 
 void BackgroundLoop::run() {
@@ -206,7 +149,7 @@ void BackgroundLoop::run() {
     }
     pass(/*mark_cycle=*/true);
     if (finished_) break;
-    if (!idle() || coordinates_other_sets_) standby_.store(false);  // Note [Caller drives] B, C
+    if (!idle() || coordinatesOtherSets()) queue_.setStandby(false);  // Note [Caller drives] B, C
     lock.unlock();
   }
   flushControl();
@@ -214,12 +157,8 @@ void BackgroundLoop::run() {
 }
 
 void BackgroundLoop::pass(bool mark_cycle) {
-  if (abort_requested_ && !failed_) {
-    std::string reason;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      reason = abort_reason_;
-    }
+  if (queue_.abortRequested() && !failed_) {
+    const std::string reason = queue_.abortReason();
     fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
                          (reason.empty() ? "" : ": " + reason)),
          /*tell_peers=*/true);
@@ -229,8 +168,8 @@ void BackgroundLoop::pass(bool mark_cycle) {
   if (coordinator_ && !failed_) {
     // Before anything is admitted: requests are admitted (and fused) as they arrive, so a new
     // autotune setting must be in force first (coordinate(), step b).
-    syncProcessSets();
-    adoptTunedParams();
+    coordinator_->syncProcessSets();
+    coordinator_->adoptTunedParams();
   }
   drainSubmissions();
   if (!failed_) readControl();
@@ -249,7 +188,7 @@ void BackgroundLoop::pass(bool mark_cycle) {
            true);
     }
   }
-  if (shutdown_requested_ && !shutdown_sent_) beginShutdown();
+  if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
     executeQueued();
@@ -271,7 +210,7 @@ void BackgroundLoop::pass(bool mark_cycle) {
 int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
   std::vector<pollfd> fds;
   std::vector<int> control_ranks;  // of fds[control_begin ...]
-  fds.push_back({wake_fd_, POLLIN, 0});
+  fds.push_back({queue_.wakeFd(), POLLIN, 0});
   int64_t timeout_us = int64_t{kTickMs} * 1000;
   int64_t nap_us = 0;  // > 0: nap instead of sleep (Note [Coalesced wakes])
   size_t listen_index = 0;  // 0: not polled
@@ -280,7 +219,7 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
   readable_controls->clear();
   {
     std::lock_guard<std::timed_mutex> lock(progress_);
-    if (!failed_ && !standby_.load()) {  // Note [Caller drives] B
+    if (!failed_ && !queue_.standby()) {  // Note [Caller drives] B
       if (mesh_.listenFd() >= 0) {
         listen_index = fds.size();
         fds.push_back({mesh_.listenFd(), POLLIN, 0});
@@ -303,35 +242,25 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
       }
     }
     timeout_us = int64_t{timeoutMs()} * 1000;
-    if (cycle_time_ms_ > 0 && !failed_ && drained_recently_ && !idle()) {
-      nap_us = std::max<int64_t>(1, static_cast<int64_t>(cycle_time_ms_ * 1000));
+    const double cycle_time_ms = cycleTimeMs();
+    if (cycle_time_ms > 0 && !failed_ && drained_recently_ && !idle()) {
+      nap_us = std::max<int64_t>(1, static_cast<int64_t>(cycle_time_ms * 1000));
     }
   }
   auto t0 = Clock::now();
-  if (nap_us > 0) {  // Note [Coalesced wakes]
-    napping_.store(true);
-    if (waiter_waiting_.load() && submissions_pending_.load()) nap_us = 0;
-    timeout_us = std::min<int64_t>(timeout_us, nap_us);
-  } else {
-    sleeping_.store(true);  // Note [Wake only a sleeper]
-    if (submissions_pending_.load()) timeout_us = 0;
-  }
+  // Notes [Coalesced wakes] (a nap) and [Wake only a sleeper] (a sleep).
+  timeout_us = queue_.beginSleep(timeout_us, nap_us);
   if (control_waiting) timeout_us = 0;
   const timespec ts{static_cast<time_t>(timeout_us / 1000000),
                     static_cast<long>(timeout_us % 1000000) * 1000};
   int rc = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
-  sleeping_.store(false);
-  napping_.store(false);
+  queue_.endSleep();
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
   if (rc <= 0) return -1;
   for (size_t i = 0; i < control_ranks.size(); ++i) {
     if (fds[control_begin + i].revents != 0) readable_controls->push_back(control_ranks[i]);
   }
-  if (fds[0].revents & POLLIN) {
-    uint64_t value = 0;
-    ssize_t n = ::read(wake_fd_, &value, sizeof(value));
-    (void)n;
-  }
+  if (fds[0].revents & POLLIN) queue_.consumeWake();
   return listen_index > 0 && (fds[listen_index].revents & POLLIN) ? fds[listen_index].fd : -1;
 }
 
@@ -340,8 +269,8 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
 // millisecond late, never early); else the idle tick.
 int BackgroundLoop::timeoutMs() const {
   if (!to_execute_.empty() && !waiting_for_device_) return 0;
-  if (held_.empty()) return kTickMs;
-  const auto left = windowEnd(heldRepeatsLastStep()) - Clock::now();
+  if (!coordinator_ || coordinator_->window().empty()) return kTickMs;
+  const auto left = coordinator_->window().end() - Clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   return us <= 0 ? 0 : static_cast<int>(std::min<int64_t>((us + 999) / 1000, kTickMs));
 }
@@ -368,20 +297,12 @@ void BackgroundLoop::awaitCause() {
 // store_failure: later submissions fail with it too.
 void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
   executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (store_failure) {
-      failure_ = status;
-      has_failure_.store(true, std::memory_order_release);
-    }
-    for (auto& e : submitted_) handles_.complete(e.handle, status);
-    submitted_.clear();
-  }
+  queue_.failAll(status, store_failure);
   entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
   entries_.clear();
   keys_.releaseAll();
   to_execute_.clear();
-  held_.take();
+  if (coordinator_) coordinator_->dropBatch();
 }
 
 void BackgroundLoop::fail(const Status& status, bool tell_peers) {
@@ -408,7 +329,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   metrics_.setLastError(status.message());
   if (tell_peers) flushControl();
   if (status.code() != common::Code::kPeerLost) mesh_.close();
-  if (shutdown_requested_) finished_ = true;
+  if (queue_.shutdownRequested()) finished_ = true;
 }
 
 }  // namespace hvd::runtime

@@ -32,14 +32,14 @@
 #include <vector>
 
 #include "common/config.h"
-#include "coord/coordinator.h"
-#include "coord/fusion.h"
 #include "coord/response_cache.h"
 #include "runtime/autotuner.h"
 #include "runtime/executor.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
 #include "runtime/process_sets.h"
+#include "runtime/rank_zero_coordinator.h"
+#include "runtime/submission_queue.h"
 #include "runtime/tensor_entry.h"
 #include "timeline/timeline.h"
 #include "transport/mesh.h"
@@ -70,7 +70,7 @@ class BackgroundLoop {
   bool drive(int64_t handle);
   // After add/remove_process_set: rank 0 may now coordinate a set it is not in, whose
   // requests only the loop thread can answer (Note [Caller drives] B).
-  void processSetsChanged() { wakeIfAsleep(); }
+  void processSetsChanged() { queue_.wakeIfAsleep(); }
   // Bounded: agrees shutdown with the other ranks or gives up after HVD_TIMEOUT.
   void shutdown();
   void abort(const std::string& reason);
@@ -80,14 +80,6 @@ class BackgroundLoop {
   void setTimelineDetail(bool on);
 
  private:
-  // Rank 0's per-name negotiation state, in the slot of the name's key index.
-  struct NameState {
-    coord::Key key;         // the name of the fields below (a stale slot is reset on use)
-    int8_t negotiating = -1;  // OpType while requested by part of its set, else -1
-    uint64_t stamp = 0;       // step (Note [Batching window]) it was last released in
-    uint64_t prev_stamp = 0;  // the step before that one
-  };
-
   void run();
   int waitForWork(std::vector<int>* readable_controls);
   void pass(bool mark_cycle);
@@ -99,20 +91,7 @@ class BackgroundLoop {
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
-  void admit(coord::Key key, const coord::Request& request, int32_t rank,
-             timeline::Timeline* timeline, Clock::time_point now);
-  void admitParked();
-  void adoptTunedParams();
-  NameState& nameState(coord::Key key);
-  void noteReleased(const std::vector<coord::Response>& ready);
-  bool holdForWindow() const;
-  bool lastStepIncomplete() const;
-  void noteStepBoundary();
-  void noteStepRelease(coord::Key key);
-  bool inLastStep(coord::Key key) const;
-  bool heldRepeatsLastStep() const;
   void sweepKeys();
-  std::chrono::steady_clock::time_point windowEnd(bool repeating) const;
   void sendReady();
   void sendRequests();
   void executeQueued();
@@ -124,7 +103,6 @@ class BackgroundLoop {
   void checkShutdownAgreement();
   void fail(const common::Status& status, bool tell_peers);
   void completeAllPending(const common::Status& status, bool store_failure);
-  void syncProcessSets();
   struct CommSlot {
     std::unique_ptr<transport::Comm> comm;
     std::string transport;  // "SHM" / "TCP" (any TCP peer), for timeline activity names
@@ -141,10 +119,14 @@ class BackgroundLoop {
   timeline::Timeline* negotiationTimeline() const {
     return timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
   }
-  void wake();
-  void wakeIfAsleep();
-  void wakeForWaiter();
   int timeoutMs() const;
+  // Rank 0's window, as autotune set it; a worker's stays HVD_CYCLE_TIME_MS.
+  double cycleTimeMs() const {
+    return coordinator_ ? coordinator_->window().cycleTimeMs() : config_.cycle_time_ms;
+  }
+  bool coordinatesOtherSets() const {
+    return coordinator_ && coordinator_->coordinatesOtherSets();
+  }
   void awaitCause();
 
   transport::Mesh& mesh_;
@@ -154,40 +136,21 @@ class BackgroundLoop {
   const common::Config& config_;
   timeline::Timeline* timeline_;
   Autotuner* autotuner_;
-  int wake_fd_ = -1;      // before executor_, whose device completions write it
+  SubmissionQueue queue_;  // before executor_, whose device completions write its wakeFd()
   coord::KeyTable keys_;  // before executor_, which reads names from it
   uint32_t names_epoch_ = 0;  // handles_ holds keys_'s names under this attach
   Executor executor_;
   std::thread thread_;
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
   std::timed_mutex progress_;
-  // While callers drive, the sleeping loop thread watches only wake_fd_ (and its tick).
-  std::atomic<bool> standby_{false};
   bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
-  bool coordinates_other_sets_ = false;  // rank 0: a registered set leaves rank 0 out
   std::chrono::microseconds caller_spin_{0};
   // Note [Spin backoff] in caller_drives.cc: drives whose spin ran out in a row, and drives.
   std::atomic<int> spin_misses_{0};
   std::atomic<uint32_t> drives_{0};
 
-  // Shared with framework threads (guarded by mutex_). Names in flight are the keys_ held.
-  mutable std::mutex mutex_;
-  std::vector<TensorEntry> submitted_;
-  common::Status failure_;
-  std::atomic<bool> has_failure_{false};  // failure_ is set (read without the lock)
-  std::atomic<bool> shutdown_requested_{false};
-  std::atomic<bool> abort_requested_{false};
-  std::atomic<bool> timeline_detail_{false};
-  // Note [Wake only a sleeper]: submit() writes wake_fd_ only while the loop is (about to be)
-  // blocked in poll(); otherwise the loop sees submissions_pending_ on its next pass.
-  std::atomic<bool> submissions_pending_{false};
-  std::atomic<bool> sleeping_{false};
-  // Note [Coalesced wakes]: the loop naps (work of its own in flight, back within a cycle);
-  // submitters leave it be, a caller about to wait wakes it (waiter_waiting_ is the pair).
-  std::atomic<bool> napping_{false};
-  std::atomic<bool> waiter_waiting_{false};
+  std::atomic<bool> timeline_detail_{false};  // any thread writes, the loop reads
   bool drained_recently_ = false;  // the last pass took submissions (guarded by progress_)
-  std::string abort_reason_;
 
   // Background thread only.
   EntryTable entries_;
@@ -199,39 +162,14 @@ class BackgroundLoop {
   uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
   std::map<int32_t, CommSlot> comms_;
   uint64_t comms_version_ = 0;  // sets_.version() comms_ was last pruned at
-  uint64_t sets_version_ = 0;
-  std::set<int32_t> registered_sets_;  // rank 0: sets the coordinator knows
   bool failed_ = false;
   bool finished_ = false;
   bool shutdown_sent_ = false;
   std::chrono::steady_clock::time_point shutdown_deadline_;
   std::chrono::steady_clock::time_point last_stall_check_;
   std::chrono::steady_clock::time_point last_stall_report_;
-  // Rank 0 only.
-  std::unique_ptr<coord::Coordinator> coordinator_;
-  std::vector<coord::Request> parked_;  // requests (with request_rank, key) for sets not yet
-                                        // registered
-  std::set<int> shutdown_ranks_;
-  std::map<int, std::unique_ptr<coord::RequestCache>> mirrors_;
-  // Names with at least one request and not yet released (NameState::negotiating):
-  // NEGOTIATE_<OP> spans are open for them, and while an allreduce is among them the batching
-  // window may hold ready responses.
-  std::vector<NameState> names_;
-  size_t negotiating_ = 0;
-  size_t negotiating_allreduces_ = 0;
-  coord::FusionBatch held_;                       // released, fused, not yet sent (window)
-  std::chrono::steady_clock::time_point held_since_;
-  std::chrono::steady_clock::time_point last_arrival_;  // latest allreduce request admitted
-  // Step memory (Note [Batching window]): allreduces released in the current step are the
-  // names stamped step_, the previous step's those stamped step_ - 1.
-  uint64_t step_ = 2;
-  size_t this_step_count_ = 0;
-  size_t this_step_repeats_ = 0;  // of them, names of the previous step
-  size_t last_step_count_ = 0;
-  int64_t fusion_threshold_ = 0;                  // in force (autotune may change these)
-  double cycle_time_ms_ = 0.0;
-  bool cache_enabled_ = true;
-  std::optional<coord::ParamsUpdate> unsent_params_;  // goes with the next list sent
+  // Rank 0 only (null elsewhere): coordinator, batching window, shutdown votes.
+  std::unique_ptr<RankZeroCoordinator> coordinator_;
   // Workers only.
   std::unique_ptr<coord::RequestCache> request_cache_;
 };

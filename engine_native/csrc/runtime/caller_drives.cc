@@ -74,7 +74,7 @@ constexpr auto kLockSlice = std::chrono::microseconds(50);
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
   if (!drivable_ || !handles_.callerWaits(handle)) {
-    wakeForWaiter();  // a napping loop may hold this op's submission (Note [Coalesced wakes])
+    queue_.wakeForWaiter();  // a napping loop may hold this op's submission (Note [Coalesced wakes])
     return false;
   }
   const uint32_t drive_number = drives_.fetch_add(1, std::memory_order_relaxed);
@@ -87,18 +87,18 @@ bool BackgroundLoop::drive(int64_t handle) {
   while (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
     if (handles_.poll(handle) != 0) return false;  // A: the loop thread finished it
     if (Clock::now() >= give_up) {
-      wakeIfAsleep();
-      wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
+      queue_.wakeIfAsleep();
+      queue_.wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
       return false;
     }
   }
   if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
   const bool quiet_loop =
-      !timeline_detail_.load(std::memory_order_relaxed) && !coordinates_other_sets_;
-  standby_.store(quiet_loop);  // B
+      !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
+  queue_.setStandby(quiet_loop);  // B
   bool done = false;
   int passes = 0;
-  while (!failed_ && !finished_ && !shutdown_requested_) {
+  while (!failed_ && !finished_ && !queue_.shutdownRequested()) {
     pass(/*mark_cycle=*/false);
     ++passes;
     done = handles_.poll(handle) != 0;
@@ -108,15 +108,15 @@ bool BackgroundLoop::drive(int64_t handle) {
   if (done) metrics_.countDriven();
   if (passes > 1 && done) {  // Note [Spin backoff]
     spin_misses_.store(0, std::memory_order_relaxed);
-  } else if (passes > 1 && !failed_ && !finished_ && !shutdown_requested_) {
+  } else if (passes > 1 && !failed_ && !finished_ && !queue_.shutdownRequested()) {
     spin_misses_.fetch_add(1, std::memory_order_relaxed);
   }
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   lock.unlock();
   if (!keep_standby) {
-    wakeIfAsleep();
+    queue_.wakeIfAsleep();
     // A loop that took progress_ before standby_ was cleared may nap on wake_fd_ alone.
-    if (!done) wakeForWaiter();
+    if (!done) queue_.wakeForWaiter();
   }
   return done;
 }

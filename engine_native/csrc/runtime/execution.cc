@@ -62,7 +62,11 @@ void BackgroundLoop::executeQueued() {
     if (!status.isOk()) fail(status, /*tell_peers=*/true);
   }
   // Right after executing, before the next drain: a caller's next op cannot look concurrent.
-  if (coordinator_ && !failed_) noteStepBoundary();
+  // Own tensors submitted but not drained yet count too (Note [Batching window]).
+  if (coordinator_ && !failed_) {
+    coordinator_->noteStepBoundary(!entries_.empty() || !to_execute_.empty() ||
+                                   queue_.submissionsPending());
+  }
 }
 
 BackgroundLoop::CommSlot& BackgroundLoop::commFor(int32_t process_set) {

@@ -50,7 +50,7 @@ void BackgroundLoop::readControl() {
     if (status.isOk()) continue;
     if (shutdown_sent_) {
       // A peer that already agreed to shut down may close first.
-      if (mesh_.rank() == 0) shutdown_ranks_.insert(r); else finished_ = true;
+      if (mesh_.rank() == 0) coordinator_->noteShutdown(r); else finished_ = true;
       continue;
     }
     if (status.code() == common::Code::kPeerLost) {
@@ -96,16 +96,7 @@ void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessa
       timeline::Timeline* timeline = negotiationTimeline();
       timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
       const auto now = Clock::now();
-      Status status = coord::decodeRequests(
-          message.payload, mirrors_[from].get(),
-          [&](const coord::Request& request, int32_t, int32_t, coord::Key* hint) {
-            coord::Key key = hint != nullptr && keys_.live(*hint)
-                                 ? *hint
-                                 : keys_.intern(request.process_set, request.name);
-            if (hint != nullptr) *hint = key;
-            if (!key.assigned()) return;  // 4 Mi names: the stall inspector will show it
-            admit(key, request, from, timeline, now);
-          });
+      Status status = coordinator_->admitRequests(from, message.payload, timeline, now);
       if (!status.isOk()) {
         fail(common::internalError("malformed request list from rank " + std::to_string(from) +
                                    ": " + status.message()), true);
@@ -114,7 +105,7 @@ void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessa
       break;
     }
     case MessageType::kShutdown:
-      shutdown_ranks_.insert(from);
+      coordinator_->noteShutdown(from);
       break;
     case MessageType::kAbort:
       fail(statusFromAbort(message.payload), /*tell_peers=*/true);
@@ -125,130 +116,31 @@ void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessa
   }
 }
 
-void BackgroundLoop::syncProcessSets() {
-  uint64_t version = sets_.version();
-  if (version == sets_version_) return;
-  sets_version_ = version;
-  auto snapshot = sets_.snapshot();
-  for (auto it = registered_sets_.begin(); it != registered_sets_.end();) {
-    if (snapshot.count(*it) == 0) {
-      coordinator_->removeProcessSet(*it);  // drops its pending names: so do we
-      for (NameState& state : names_) {
-        if (state.negotiating < 0 || keys_.set(state.key) != *it) continue;
-        if (state.negotiating == static_cast<int8_t>(coord::OpType::kAllreduce)) {
-          --negotiating_allreduces_;
-        }
-        state.negotiating = -1;
-        --negotiating_;
-      }
-      it = registered_sets_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  coordinates_other_sets_ = false;
-  for (const auto& [id, members] : snapshot) {
-    if (registered_sets_.insert(id).second) coordinator_->addProcessSet({id, members});
-    coordinates_other_sets_ = coordinates_other_sets_ ||
-                              std::find(members.begin(), members.end(), 0) == members.end();
-  }
-}
-
 // The coordinator step, in order (requests were admitted as they arrived: drain and
-// readControl call admit(); only those for sets not registered yet wait in parked_):
+// readControl call RankZeroCoordinator::admit(); only those for sets not registered yet wait
+// in its parked list):
 //   a. admit parked requests whose set is registered now;
 //   b. (at the start of the pass, before any admission: a new autotune setting — rank 0's
 //      fusion threshold, window and cache — is adopted, so the responses released in this
 //      pass are fused under it and carry it);
-//   c. release what is ready (timeline: NEGOTIATE_<OP> closes) into the held batch;
-//   d. keep holding while the batching window is open (holdForWindow), else send the batch.
+//   c. release what is ready (timeline: NEGOTIATE_<OP> closes) into the batching window;
+//   d. keep holding while the batching window is open (BatchingWindow::hold), else send the
+//      batch.
 void BackgroundLoop::coordinate() {
   auto t0 = Clock::now();
-  admitParked();
-  std::vector<coord::Response> ready = coordinator_->takeReady();
-  if (!ready.empty()) {
-    noteReleased(ready);
-    if (held_.empty()) held_since_ = t0;
-    held_.addAll(std::move(ready));
-  }
-  if (!held_.empty() && !holdForWindow()) sendReady();
+  timeline::Timeline* timeline = negotiationTimeline();
+  coordinator_->admitParked(timeline);
+  coordinator_->release(t0, timeline);
+  if (coordinator_->sendNow()) sendReady();
   metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
-}
-
-BackgroundLoop::NameState& BackgroundLoop::nameState(coord::Key key) {
-  if (key.index >= names_.size()) names_.resize(std::max<size_t>(key.index + 1, 64));
-  NameState& state = names_[key.index];
-  if (state.key != key) state = NameState{key, -1, 0, 0};  // a new name in a reused slot
-  return state;
-}
-
-// One request into the coordinator (timeline, while a file is written: NEGOTIATE_<OP> opens at
-// a name's first arrival, one rank tick per arrival). A worker may register a new set (and use
-// it) a moment before rank 0 does: its requests wait in parked_ until rank 0's own
-// add_process_set lands.
-void BackgroundLoop::admit(coord::Key key, const coord::Request& request, int32_t rank,
-                           timeline::Timeline* timeline, Clock::time_point now) {
-  if (registered_sets_.count(request.process_set) == 0) {
-    parked_.push_back(request);
-    parked_.back().request_rank = rank;
-    parked_.back().key = key;
-    return;
-  }
-  Status status = coordinator_->add(key, request, rank, now);
-  if (!status.isOk()) {
-    HVD_LOG(kWarning, "coord") << "rejected request '" << keys_.name(key) << "' from rank " << rank
-                               << ": " << status.message();
-    return;
-  }
-  if (request.type == coord::OpType::kJoin) return;  // joins are not timed (Horovod)
-  if (request.type == coord::OpType::kAllreduce) last_arrival_ = now;
-  NameState& state = nameState(key);
-  if (state.negotiating < 0) {
-    state.negotiating = static_cast<int8_t>(request.type);
-    ++negotiating_;
-    if (request.type == coord::OpType::kAllreduce) ++negotiating_allreduces_;
-    if (timeline != nullptr) timeline->negotiateStart(keys_.name(key), coord::opTypeName(request.type));
-  }
-  if (timeline != nullptr) timeline->negotiateRankReady(keys_.name(key), rank);
-}
-
-void BackgroundLoop::admitParked() {
-  if (parked_.empty()) return;
-  timeline::Timeline* timeline = negotiationTimeline();
-  timeline::ClockScope one_clock_read(timeline);
-  const auto now = Clock::now();
-  std::vector<coord::Request> parked;
-  parked.swap(parked_);
-  for (const auto& request : parked) {
-    admit(request.key, request, request.request_rank, timeline, now);  // may park it again
-  }
-}
-
-void BackgroundLoop::noteReleased(const std::vector<coord::Response>& ready) {
-  timeline::Timeline* timeline = negotiationTimeline();
-  timeline::ClockScope one_clock_read(timeline);  // released together
-  for (const auto& r : ready) {
-    for (coord::Key key : r.keys) {
-      if (r.type == coord::OpType::kAllreduce) noteStepRelease(key);
-      NameState& state = nameState(key);
-      if (state.negotiating < 0) continue;  // a join's name
-      if (state.negotiating == static_cast<int8_t>(coord::OpType::kAllreduce)) {
-        --negotiating_allreduces_;
-      }
-      state.negotiating = -1;
-      --negotiating_;
-      if (timeline != nullptr) timeline->negotiateEnd(keys_.name(key));
-    }
-  }
 }
 
 // Step A: send each worker its share (responses of sets it belongs to), in order, with the
 // pending autotune setting (also to workers whose share is empty). Step B: queue rank 0's own
 // share the same way.
 void BackgroundLoop::sendReady() {
-  std::vector<coord::Response> ready = held_.take();
-  std::optional<coord::ParamsUpdate> params = std::move(unsent_params_);
-  unsent_params_.reset();
+  std::optional<coord::ParamsUpdate> params;
+  std::vector<coord::Response> ready = coordinator_->takeBatch(&params);
   std::vector<const coord::Response*> share;
   for (int w = 1; w < mesh_.size(); ++w) {
     share.clear();
@@ -272,26 +164,10 @@ void BackgroundLoop::sendReady() {
 
 // ---- autotune --------------------------------------------------------------------------------
 
-void BackgroundLoop::adoptTunedParams() {
-  if (autotuner_ == nullptr) return;
-  std::optional<coord::ParamsUpdate> update = autotuner_->takePending();
-  if (!update) return;
-  fusion_threshold_ = update->fusion_threshold_bytes;
-  coordinator_->setFusionThreshold(fusion_threshold_);
-  held_.setThreshold(fusion_threshold_);
-  cycle_time_ms_ = update->cycle_time_ms;
-  if (update->cache_enabled != cache_enabled_) {
-    cache_enabled_ = update->cache_enabled;
-    const int64_t capacity = config_.cache_capacity > 0 ? config_.cache_capacity : 1024;
-    coordinator_->setCacheCapacity(cache_enabled_ ? capacity : 0);
-  }
-  unsent_params_ = update;  // a newer setting replaces one not sent yet: no rank applied it
-}
-
 void BackgroundLoop::applyParams(const coord::ParamsUpdate& update) {
   if (autotuner_ != nullptr) autotuner_->applied(update, global_responses_);
   // The only setting that acts on every rank; fusion, window and cache act on rank 0 alone,
-  // which adopted them when it attached this update (adoptTunedParams).
+  // which adopted them when it attached this update (RankZeroCoordinator::adoptTunedParams).
   executor_.setHierarchicalAllreduce(update.hierarchical_allreduce);
 }
 
@@ -364,7 +240,7 @@ void BackgroundLoop::failDeadlocked(Clock::time_point now) {
       coordinator_->failDeadlocked(now, std::chrono::duration<double>(seconds));
   if (report.empty()) return;
   HVD_LOG(kError, "stall") << report;
-  wakeIfAsleep();
+  queue_.wakeIfAsleep();
 }
 
 }  // namespace hvd::runtime

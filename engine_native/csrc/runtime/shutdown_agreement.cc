@@ -37,7 +37,7 @@ void BackgroundLoop::beginShutdown() {
     return;
   }
   if (mesh_.rank() == 0) {
-    shutdown_ranks_.insert(0);
+    coordinator_->noteShutdown(0);
   } else {
     Status sent = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
     if (!sent.isOk()) finished_ = true;
@@ -46,7 +46,7 @@ void BackgroundLoop::beginShutdown() {
 
 void BackgroundLoop::checkShutdownAgreement() {
   if (finished_) return;
-  if (mesh_.rank() == 0 && static_cast<int>(shutdown_ranks_.size()) == mesh_.size()) {
+  if (mesh_.rank() == 0 && coordinator_->shutDownRanks() == mesh_.size()) {
     for (int w = 1; w < mesh_.size(); ++w) {
       mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
     }

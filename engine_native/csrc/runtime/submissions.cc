@@ -12,7 +12,7 @@ Status BackgroundLoop::submit(TensorEntry* entries, const std::string_view* name
                               bool wake) {
   // A failed core answers with its failure, not with a duplicate name: fail() releases every
   // key only after it stored the failure.
-  if (has_failure_.load(std::memory_order_acquire)) return failure();
+  if (queue_.hasFailure()) return failure();
   // Keys first (their own lock): acquiring one is the duplicate-name check. The entries keep
   // only the key; the name lives in keys_.
   for (size_t i = 0; i < count; ++i) {
@@ -39,36 +39,21 @@ Status BackgroundLoop::submit(TensorEntry* entries, const std::string_view* name
   for (size_t i = 0; i < count; ++i) {
     entries[i].handle = handles_.create(/*caller_waits=*/!wake, entries[i].request.key);
   }
-  Status refused;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_.isOk()) {
-      refused = failure_;
-    } else if (shutdown_requested_) {
-      refused = Status(common::Code::kShutDown, "Horovod has been shut down");
-    } else {
-      for (size_t i = 0; i < count; ++i) submitted_.push_back(std::move(entries[i]));
-    }
-  }
+  Status refused = queue_.push(entries, count);
   if (!refused.isOk()) {
     for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);  // and the names
     return refused;
   }
   if (wake || !drivable_) {
-    wakeIfAsleep();
+    queue_.wakeIfAsleep();
   } else {
-    submissions_pending_.store(true);  // the caller's drive() drains it, or the next pass
+    queue_.markPending();  // the caller's drive() drains it, or the next pass
   }
   return Status::ok();
 }
 
 void BackgroundLoop::drainSubmissions() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    submissions_pending_.store(false);  // under the lock: a later submit() sets it again
-    waiter_waiting_.store(false);  // its submissions are drained now (Note [Coalesced wakes])
-    draining_.swap(submitted_);
-  }
+  queue_.take(&draining_);  // clears the pending flags (Note [Coalesced wakes])
   drained_recently_ = !draining_.empty();  // Note [Coalesced wakes]
   if (draining_.empty()) return;
   timeline::Timeline* timeline = coordinator_ ? negotiationTimeline() : nullptr;
@@ -86,7 +71,7 @@ void BackgroundLoop::drainSubmissions() {
     }
     TensorEntry& entry = entries_.put(std::move(e));
     if (coordinator_) {
-      admit(entry.request.key, entry.request, mesh_.rank(), timeline, now);
+      coordinator_->admit(entry.request.key, entry.request, mesh_.rank(), timeline, now);
     } else {
       outgoing_.push_back(entry.request.key);
     }
@@ -99,16 +84,7 @@ void BackgroundLoop::drainSubmissions() {
 // names in flight on this rank are kept by the table itself; here go the other holders.
 void BackgroundLoop::sweepKeys() {
   keys_.sweep([this](const coord::KeyTable::MarkFn& mark) {
-    if (coordinator_) coordinator_->markKeys(mark);
-    for (const auto& r : parked_) mark(r.key);
-    for (const auto& state : names_) {
-      // Negotiating names, and the last two steps' names: the step memory (Note [Batching
-      // window]) must still know them when they come round again.
-      if (state.negotiating >= 0 || state.stamp + 1 >= step_) mark(state.key);
-    }
-    for (const auto& r : held_.responses()) {
-      for (coord::Key key : r.keys) mark(key);
-    }
+    if (coordinator_) coordinator_->markKeys(mark);  // its tables, parked and held requests
     for (const auto& work : to_execute_) {
       for (coord::Key key : work.response.keys) mark(key);
     }
