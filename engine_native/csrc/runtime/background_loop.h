@@ -4,7 +4,7 @@
 // rank 0 coordinates and sends responses) -> execute responses in order -> complete the CUDA
 // ops whose stream work has run (Note [Deferred completion]) -> inspect stalls.
 // A pass of that loop may also run on a framework thread that is about to block on its own op
-// (drive(), Note [Caller drives] in caller_drives.cc): passes are serialised by progress_,
+// (drive(), Note [Caller drives] in background_loop.cc): passes are serialised by progress_,
 // so "the background thread" below means whichever thread holds it.
 // Rule relied on: every rank executes the responses of its process sets in the order rank 0
 // produced them, so collectives never interleave differently across ranks.
@@ -16,31 +16,44 @@
 // Tensors are known by their keys (coord/key_table.h): per-tensor state sits in slots indexed by
 // key, which keep their storage from step to step, so a repeated training step negotiates and
 // executes without allocating.
+//
+// State by owner (the loop itself keeps orchestration: the pass, failure, shutdown):
+//   SubmissionQueue (submission_queue.h)      framework threads <-> loop: submissions, the
+//                                             sticky failure, shutdown/abort, wake protocol
+//   RankZeroCoordinator (rank_zero_coordinator.h)  rank 0 only: coordinator, mirrors, parked
+//                                             requests, per-name state, shutdown votes, with
+//     BatchingWindow (batching_window.h)      the held batch and step memory
+//   WorkerRequests (worker_requests.h)        workers only: requests not yet sent, their cache
+//   ExecutionQueue (execution_queue.h)        agreed work in order, per-set connections
+//   StallInspector (stall_inspector.h)        pending tensors, stall warnings, deadlocks
+//   DrivePolicy (drive_policy.h)              whether and how long callers drive
+// Methods: background_loop.cc (threads: construction, run/wait, shutdown agreement, drive)
+// and loop_pass.cc (one pass and its steps, failure, key sweep).
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "common/config.h"
-#include "coord/response_cache.h"
+#include "coord/key_table.h"
 #include "runtime/autotuner.h"
+#include "runtime/drive_policy.h"
+#include "runtime/execution_queue.h"
 #include "runtime/executor.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
 #include "runtime/process_sets.h"
 #include "runtime/rank_zero_coordinator.h"
+#include "runtime/stall_inspector.h"
 #include "runtime/submission_queue.h"
 #include "runtime/tensor_entry.h"
+#include "runtime/worker_requests.h"
 #include "timeline/timeline.h"
 #include "transport/mesh.h"
 
@@ -61,9 +74,13 @@ class BackgroundLoop {
   // fills in their keys and handles; each handle holds its name until the user has seen the
   // op finish (Note [Name lifetime] in handle_table.h). Fails at once with the stored failure
   // when the core has failed.
-  // wake=false: the caller waits for these entries at once and drive()s them itself.
+  // wake=false: the caller waits for these entries at once and drive()s them itself (where
+  // callers can drive at all: Note [Caller drives] D; elsewhere the loop is woken anyway).
   common::Status submit(TensorEntry* entries, const std::string_view* names, size_t count,
-                        bool wake = true);
+                        bool wake = true) {
+    return queue_.submit(entries, names, count, /*caller_waits=*/!wake,
+                         /*wake=*/wake || !drive_.drivable());
+  }
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
@@ -80,46 +97,33 @@ class BackgroundLoop {
   void setTimelineDetail(bool on);
 
  private:
+  // background_loop.cc
   void run();
   int waitForWork(std::vector<int>* readable_controls);
-  void pass(bool mark_cycle);
+  int timeoutMs() const;
   bool idle() const;
   bool controlBacklog() const;
   void flushControl();
+  void beginShutdown();
+  void checkShutdownAgreement();
+  // loop_pass.cc
+  void pass(bool mark_cycle);
   void drainSubmissions();
   void readControl();
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
-  void sweepKeys();
   void sendReady();
   void sendRequests();
   void executeQueued();
-  void applyParams(const coord::ParamsUpdate& update);
-  void observeExecuted(const coord::Response& response, const common::Status& status);
-  void inspectStalls();
-  void failDeadlocked(std::chrono::steady_clock::time_point now);
-  void beginShutdown();
-  void checkShutdownAgreement();
+  void awaitCause();
   void fail(const common::Status& status, bool tell_peers);
   void completeAllPending(const common::Status& status, bool store_failure);
-  struct CommSlot {
-    std::unique_ptr<transport::Comm> comm;
-    std::string transport;  // "SHM" / "TCP" (any TCP peer), for timeline activity names
-  };
-  // One unit of work in execution order: a response, or an autotune switch that takes effect
-  // before the responses queued after it.
-  struct Work {
-    std::optional<coord::ParamsUpdate> params;
-    coord::Response response;
-  };
+  void sweepKeys();
 
-  CommSlot& commFor(int32_t process_set);
-  void dropRemovedSets();
   timeline::Timeline* negotiationTimeline() const {
     return timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
   }
-  int timeoutMs() const;
   // Rank 0's window, as autotune set it; a worker's stays HVD_CYCLE_TIME_MS.
   double cycleTimeMs() const {
     return coordinator_ ? coordinator_->window().cycleTimeMs() : config_.cycle_time_ms;
@@ -127,51 +131,38 @@ class BackgroundLoop {
   bool coordinatesOtherSets() const {
     return coordinator_ && coordinator_->coordinatesOtherSets();
   }
-  void awaitCause();
 
+  // Set at construction, outlive the loop.
   transport::Mesh& mesh_;
   HandleTable& handles_;
   ProcessSetTable& sets_;
   Metrics& metrics_;
   const common::Config& config_;
   timeline::Timeline* timeline_;
-  Autotuner* autotuner_;
-  SubmissionQueue queue_;  // before executor_, whose device completions write its wakeFd()
-  coord::KeyTable keys_;  // before executor_, which reads names from it
+  coord::KeyTable keys_;  // thread-safe; before queue_ and executor_, which use it
+  // Any thread (its own lock and atomics); before executor_, whose device completions write
+  // its wakeFd().
+  SubmissionQueue queue_;
   uint32_t names_epoch_ = 0;  // handles_ holds keys_'s names under this attach
   Executor executor_;
   std::thread thread_;
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
   std::timed_mutex progress_;
-  bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
-  std::chrono::microseconds caller_spin_{0};
-  // Note [Spin backoff] in caller_drives.cc: drives whose spin ran out in a row, and drives.
-  std::atomic<int> spin_misses_{0};
-  std::atomic<uint32_t> drives_{0};
+  DrivePolicy drive_;  // configured before start(); then read by framework threads
+  std::atomic<bool> timeline_detail_{false};  // written by any thread, read by passes
 
-  std::atomic<bool> timeline_detail_{false};  // any thread writes, the loop reads
-  bool drained_recently_ = false;  // the last pass took submissions (guarded by progress_)
-
-  // Background thread only.
-  EntryTable entries_;
-  std::vector<TensorEntry> draining_;          // submissions being drained (storage reused)
-  std::vector<coord::Key> outgoing_;           // workers: requests not yet sent to rank 0
-  std::vector<const coord::Request*> encoding_;
-  std::deque<Work> to_execute_;
-  bool waiting_for_device_ = false;  // its head is a staged CUDA op whose inputs are in transit
-  uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
-  std::map<int32_t, CommSlot> comms_;
-  uint64_t comms_version_ = 0;  // sets_.version() comms_ was last pruned at
+  // Guarded by progress_ (the background thread: the loop thread or a driving caller).
+  bool drained_recently_ = false;  // the last pass took submissions (Note [Coalesced wakes])
+  EntryTable entries_;             // drained, not yet completed
+  std::vector<TensorEntry> draining_;  // submissions being drained (storage reused)
+  ExecutionQueue execution_;       // after executor_ and entries_, which it uses
+  StallInspector stalls_;
   bool failed_ = false;
   bool finished_ = false;
   bool shutdown_sent_ = false;
-  std::chrono::steady_clock::time_point shutdown_deadline_;
-  std::chrono::steady_clock::time_point last_stall_check_;
-  std::chrono::steady_clock::time_point last_stall_report_;
-  // Rank 0 only (null elsewhere): coordinator, batching window, shutdown votes.
-  std::unique_ptr<RankZeroCoordinator> coordinator_;
-  // Workers only.
-  std::unique_ptr<coord::RequestCache> request_cache_;
+  Clock::time_point shutdown_deadline_;
+  std::unique_ptr<RankZeroCoordinator> coordinator_;  // rank 0 only (null elsewhere)
+  std::unique_ptr<WorkerRequests> requests_;          // workers only (null on rank 0)
 };
 
 }  // namespace hvd::runtime

@@ -101,7 +101,9 @@ void RankZeroCoordinator::admit(coord::Key key, const coord::Request& request, i
     state.negotiating = static_cast<int8_t>(request.type);
     ++negotiating_;
     if (request.type == coord::OpType::kAllreduce) ++negotiating_allreduces_;
-    if (timeline != nullptr) timeline->negotiateStart(keys_.name(key), coord::opTypeName(request.type));
+    if (timeline != nullptr) {
+      timeline->negotiateStart(keys_.name(key), coord::opTypeName(request.type));
+    }
   }
   if (timeline != nullptr) timeline->negotiateRankReady(keys_.name(key), rank);
 }

@@ -1,11 +1,9 @@
-// RankZeroCoordinator: what rank 0 alone keeps for BackgroundLoop (background_loop.h) — the
-// coordinator (coord/coordinator.h) that requests are admitted into as they arrive (rank 0's
-// own as they are drained, the workers' as they are decoded, through a mirror of each
-// worker's request cache), the NEGOTIATE_<OP> spans, the batching window its releases are
-// held in, the process sets it knows, the autotune setting in force and the ranks that agreed
-// to shut down. The loop calls it each pass (coordinate() step a-d in negotiation.cc) and
-// sends what it releases. Exists on rank 0 only; background thread only (whichever thread
-// holds the loop's progress_).
+// RankZeroCoordinator: what rank 0 alone keeps for BackgroundLoop (background_loop.h): the
+// coordinator (coord/coordinator.h) requests are admitted into as they arrive (the workers'
+// decoded against mirrors of their request caches), NEGOTIATE_<OP> spans, the batching window,
+// the process sets it knows, the autotune setting in force and the shutdown votes. The loop
+// calls it each pass (coordinate() steps a-d in loop_pass.cc) and sends what it releases.
+// Rank 0 only; background thread only (whichever thread holds the loop's progress_).
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,6 @@
-// The framework-thread side of BackgroundLoop (submission_queue.h): submitted entries, the
-// sticky failure, shutdown and abort requests, and the wake protocol between submitters and
-// the sleeping loop.
+// The framework-thread side of BackgroundLoop (submission_queue.h): submissions (and the keys
+// of their names), the sticky failure, shutdown and abort requests, and the wake protocol
+// between submitters and the sleeping loop.
 #include "runtime/submission_queue.h"
 
 #include <sys/eventfd.h>
@@ -12,11 +12,55 @@ namespace hvd::runtime {
 
 using common::Status;
 
-SubmissionQueue::SubmissionQueue(HandleTable& handles)
-    : handles_(handles), wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+SubmissionQueue::SubmissionQueue(HandleTable& handles, coord::KeyTable& keys)
+    : handles_(handles), keys_(keys), wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
 SubmissionQueue::~SubmissionQueue() {
   if (wake_fd_ >= 0) ::close(wake_fd_);
+}
+
+Status SubmissionQueue::submit(TensorEntry* entries, const std::string_view* names, size_t count,
+                               bool caller_waits, bool wake) {
+  // A failed core answers with its failure, not with a duplicate name: the loop's fail()
+  // releases every key only after it stored the failure (failAll).
+  if (hasFailure()) return failure();
+  // Keys first (their own lock): acquiring one is the duplicate-name check. The entries keep
+  // only the key; the name lives in keys_.
+  for (size_t i = 0; i < count; ++i) {
+    coord::Request& r = entries[i].request;
+    const auto acquired = keys_.acquire(r.process_set, names[i], &r.key);
+    if (acquired == coord::KeyTable::Acquired::kOk) continue;
+    for (size_t j = 0; j < i; ++j) keys_.release(&entries[j].request.key, 1);
+    const std::string what =
+        std::string(coord::opTypeName(r.type)) + "('" + std::string(names[i]) + "')";
+    if (acquired == coord::KeyTable::Acquired::kFull) {
+      return common::internalError(what + ": more than 4 Mi tensors are in flight; wait for "
+                                   "some of them first");
+    }
+    // ValueError with Horovod's wording (its DUPLICATE_NAME_ERROR), which user code may match;
+    // raised every time until the first op's handle is synchronized (Note [Name lifetime]).
+    return common::invalidArgument(
+        what + ": requested a tensor with the same name as another tensor that is "
+               "currently being processed (already in flight: its handle has not been "
+               "synchronized yet). Synchronize it (synchronize()/wait(), or poll() until True) "
+               "before reusing the name, or use a different tensor name");
+  }
+  // Each handle holds its entry's name from here on (Note [Name lifetime] in handle_table.h).
+  // submit() moves the entries on; their handle fields (plain integers) keep their values.
+  for (size_t i = 0; i < count; ++i) {
+    entries[i].handle = handles_.create(caller_waits, entries[i].request.key);
+  }
+  Status refused = push(entries, count);
+  if (!refused.isOk()) {
+    for (size_t i = 0; i < count; ++i) handles_.release(entries[i].handle);  // and the names
+    return refused;
+  }
+  if (wake) {
+    wakeIfAsleep();
+  } else {
+    submissions_pending_.store(true);  // the caller's drive() drains it, or the next pass
+  }
+  return Status::ok();
 }
 
 Status SubmissionQueue::push(TensorEntry* entries, size_t count) {

@@ -1,17 +1,20 @@
 // SubmissionQueue: the framework-thread side of BackgroundLoop (background_loop.h). Framework
-// threads push() entries, request shutdown or abort and wake the loop; the loop thread take()s
-// the entries each pass and sleeps on wakeFd() (Notes [Wake only a sleeper] and [Coalesced
-// wakes] in submission_queue.cc). It also holds the sticky failure later submissions are
-// refused with. Thread-safe: every field below says which lock or atomic guards it.
+// threads submit() entries (taking their names' keys and creating their handles), request
+// shutdown or abort and wake the loop; the loop thread take()s the entries each pass and sleeps
+// on wakeFd() (Notes [Wake only a sleeper] and [Coalesced wakes] in submission_queue.cc). It
+// also holds the sticky failure later submissions are refused with. Thread-safe: every field
+// below says which lock or atomic guards it.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
+#include "coord/key_table.h"
 #include "runtime/handle_table.h"
 #include "runtime/tensor_entry.h"
 
@@ -19,7 +22,8 @@ namespace hvd::runtime {
 
 class SubmissionQueue {
  public:
-  explicit SubmissionQueue(HandleTable& handles);
+  // `keys` is the loop's: the names in flight are the keys it holds.
+  SubmissionQueue(HandleTable& handles, coord::KeyTable& keys);
   ~SubmissionQueue();  // closes the eventfd, after the loop's Executor (which writes it) went
   SubmissionQueue(const SubmissionQueue&) = delete;
   SubmissionQueue& operator=(const SubmissionQueue&) = delete;
@@ -28,8 +32,11 @@ class SubmissionQueue {
   int wakeFd() const { return wake_fd_; }
 
   // ---- framework threads ----
-  // Moves the entries in, or leaves them and answers why not (the stored failure, shutdown).
-  common::Status push(TensorEntry* entries, size_t count);
+  // BackgroundLoop::submit (background_loop.h): all entries or none (a duplicate name fails
+  // the call). caller_waits: the handles' flag (Note [Caller drives] E); wake: wake the loop
+  // now, else only mark the submission pending for the caller's drive() or the next pass.
+  common::Status submit(TensorEntry* entries, const std::string_view* names, size_t count,
+                        bool caller_waits, bool wake);
   // Lock-free: a failure is stored (failure() then reads it under the lock).
   bool hasFailure() const { return has_failure_.load(std::memory_order_acquire); }
   common::Status failure() const;
@@ -39,8 +46,6 @@ class SubmissionQueue {
   void wake();
   void wakeIfAsleep();   // Note [Wake only a sleeper]; also leaves standby
   void wakeForWaiter();  // Note [Coalesced wakes]
-  // An entry was pushed for a caller that drives it (Note [Caller drives] E): no wake.
-  void markPending() { submissions_pending_.store(true); }
 
   // ---- either side ----
   bool shutdownRequested() const { return shutdown_requested_; }
@@ -63,7 +68,11 @@ class SubmissionQueue {
   void consumeWake();  // reads wake_fd_ after the poll saw it readable
 
  private:
+  // Moves the entries in, or leaves them and answers why not (the stored failure, shutdown).
+  common::Status push(TensorEntry* entries, size_t count);
+
   HandleTable& handles_;
+  coord::KeyTable& keys_;  // thread-safe (its own lock)
   int wake_fd_ = -1;  // an eventfd, for the queue's lifetime
 
   // Guarded by mutex_ (written by framework threads and by the loop's failure path).
