@@ -102,7 +102,7 @@ void SubmissionQueue::wake() {
   (void)rc;  // EAGAIN means the counter is already non-zero: the loop will wake anyway
 }
 
-// Note [Wake only a sleeper]: a Dekker pair (both sides seq_cst). push()'s caller stores
+// Note [Wake only a sleeper]: a Dekker pair (both sides seq_cst). submit() stores
 // submissions_pending_ then reads sleeping_ (here); the loop's beginSleep() stores sleeping_
 // then reads submissions_pending_. At least one side sees the other's store, so either the
 // loop skips its blocking poll or the submitter writes wake_fd_: a submission is never left

@@ -87,8 +87,8 @@ class SubmissionQueue {
   std::atomic<bool> abort_requested_{false};
   // Note [Caller drives] B: while callers drive, the sleeping loop watches only wake_fd_.
   std::atomic<bool> standby_{false};
-  // Note [Wake only a sleeper]: push() wakes the loop only while it is (about to be) blocked
-  // in poll(); otherwise the loop sees submissions_pending_ on its next pass.
+  // Note [Wake only a sleeper]: submit() wakes the loop only while it is (about to be)
+  // blocked in poll(); otherwise the loop sees submissions_pending_ on its next pass.
   std::atomic<bool> submissions_pending_{false};
   std::atomic<bool> sleeping_{false};
   // Note [Coalesced wakes]: the loop naps (work of its own in flight, back within a cycle);
