@@ -143,7 +143,7 @@ PyObject* pyEnqueueForWait(PyObject*, PyObject* const* args, Py_ssize_t nargs,
 }
 
 // enqueue_group(ops, waited=False): waited, as enqueue_for_wait, for a caller that waits for
-// the whole group next (its waits drive it: Note [Caller drives] in caller_drives.cc).
+// the whole group next (its waits drive it: Note [Caller drives] in background_loop.cc).
 PyObject* pyEnqueueGroup(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
   int waited = 0;

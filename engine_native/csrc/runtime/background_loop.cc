@@ -1,24 +1,38 @@
+// BackgroundLoop's threads (background_loop.h): construction and teardown, the loop thread
+// (run, its wait for work), the shutdown agreement, and framework threads that run passes
+// themselves (drive, Note [Caller drives]). One pass and its steps are in loop_pass.cc.
 #include "runtime/background_loop.h"
 
 #include <poll.h>
 #include <sched.h>
-#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 
+#include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "transport/shm/collective_segment.h"
 
 namespace hvd::runtime {
 
 using common::Status;
+using coord::MessageType;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
 constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CPU
+
+const char* kShutdownMessage =
+    "Horovod has been shut down. This was caused by an exception on one of the ranks or an "
+    "attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished "
+    "execution. If the shutdown was caused by an exception, you should see the exception in "
+    "the log before the first shutdown message.";
+
+// A caller asleep on the mutex wakes this often to see whether the loop thread finished its
+// op meanwhile (a long pass may hold the mutex for the whole budget).
+constexpr auto kLockSlice = std::chrono::microseconds(50);
 
 }  // namespace
 
@@ -27,11 +41,11 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                const common::Config& config, timeline::Timeline* timeline,
                                Autotuner* autotuner)
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
-      timeline_(timeline), autotuner_(autotuner),
-      wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
-      executor_(handles, metrics, config, timeline, keys_, wake_fd_),
-      fusion_threshold_(config.fusion_threshold_bytes), cycle_time_ms_(config.cycle_time_ms),
-      cache_enabled_(config.cache_capacity > 0) {
+      timeline_(timeline),
+      queue_(handles, keys_),
+      executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
+      execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
+      stalls_(metrics, config, keys_, queue_) {
   // Several peers may look lost by the time a collective notices; one of them may already have
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
@@ -39,26 +53,21 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     awaitCause();
     return failed_ ? failure() : status;
   });
-  held_.setThreshold(fusion_threshold_);
   names_epoch_ = handles_.attachNames(&keys_);
   if (mesh_.rank() == 0) {
-    coordinator_ = std::make_unique<coord::Coordinator>(mesh_.size(), keys_);
-    coordinator_->setFusionThreshold(fusion_threshold_);
-    coordinator_->setCacheCapacity(config_.cache_capacity);
-    for (int r = 1; r < mesh_.size(); ++r) {
-      mirrors_[r] = std::make_unique<coord::RequestCache>(config_.cache_capacity);
-    }
+    coordinator_ = std::make_unique<RankZeroCoordinator>(mesh_.size(), keys_, sets_, config_,
+                                                         autotuner);
   } else {
-    request_cache_ = std::make_unique<coord::RequestCache>(config_.cache_capacity);
+    requests_ = std::make_unique<WorkerRequests>(keys_, config_.cache_capacity);
   }
   std::vector<std::string> transports(mesh_.size());
   std::vector<std::string> controls(mesh_.size());
-  drivable_ = true;
+  bool drivable = true;
   for (int r = 0; r < mesh_.size(); ++r) {
     transport::Pair* pair = mesh_.pair(r);
     transports[r] = pair == nullptr ? "self"
                     : pair->kind() == transport::PairKind::kShm ? "shm" : "tcp";
-    drivable_ = drivable_ && transports[r] != "tcp";
+    drivable = drivable && transports[r] != "tcp";
     const transport::ControlChannel* channel = mesh_.control(r);
     controls[r] = channel == nullptr ? "none" : channel->sharedMemory() ? "shm" : "tcp";
   }
@@ -81,11 +90,10 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   }
   // Where the host's ranks outnumber its cores the spin yields between passes (Note
   // [Yielding spins] in transport/mesh.cc).
-  if (drivable_) caller_spin_ = std::chrono::microseconds(config_.caller_spin_microseconds);
+  drive_.configure(drivable,
+                   std::chrono::microseconds(drivable ? config_.caller_spin_microseconds : 0));
   metrics_.setSpinYields(mesh_.spinYields());
-  metrics_.setCallerSpin(caller_spin_.count());
-  last_stall_check_ = Clock::now();
-  last_stall_report_ = last_stall_check_;
+  metrics_.setCallerSpin(drive_.configuredSpin().count());
 }
 
 BackgroundLoop::~BackgroundLoop() {
@@ -93,52 +101,14 @@ BackgroundLoop::~BackgroundLoop() {
     shutdown();
   }
   handles_.detachNames(names_epoch_);  // before keys_ goes
-  if (wake_fd_ >= 0) ::close(wake_fd_);
 }
 
 void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
 
-void BackgroundLoop::wake() {
-  uint64_t one = 1;
-  ssize_t rc = ::write(wake_fd_, &one, sizeof(one));
-  (void)rc;  // EAGAIN means the counter is already non-zero: the loop will wake anyway
-}
-
-// Note [Wake only a sleeper]: a Dekker pair (both sides seq_cst). submit() stores
-// submissions_pending_ then reads sleeping_; waitForWork() stores sleeping_ then reads
-// submissions_pending_. At least one side sees the other's store, so either the loop skips its
-// blocking poll or the submitter writes wake_fd_: a submission is never left unseen, and a
-// busy loop costs a submitter no syscall. The submitter that wakes the sleeper also clears
-// sleeping_, so one sleep costs one write: a woken loop waiting for a core (this machine runs
-// two threads per rank on two cores) still looks asleep until it runs, and a step's 200
-// submissions each wrote wake_fd_ again (about 135 writes per step measured).
-void BackgroundLoop::wakeIfAsleep() {
-  standby_.store(false);
-  submissions_pending_.store(true);
-  if (sleeping_.exchange(false)) wake();
-}
-
-// Note [Coalesced wakes]: while submissions keep coming (its last pass took some) and the loop
-// has work of its own in flight (tensors negotiating, a batch held), it sleeps at most one
-// cycle (HVD_CYCLE_TIME_MS) and is not woken by submissions: they are drained on its next
-// pass — a peer's message, the window timer, the nap's end, or a caller about to wait on a
-// handle (wakeForWaiter). A pass that takes nothing ends the naps: a rank waiting on a slow
-// peer (a barrier, the shutdown agreement) sleeps until a message or its tick, as an idle
-// rank does, instead of waking every cycle. A backward pass submits a
-// gradient every ~20 us; waking for each cost every rank ~120 sleep/wake cycles and ~1.4 ms of
-// CPU per 194-tensor step on cores the backward pass needs. A lone tensor is never delayed:
-// with nothing in flight the loop sleeps as before and the first submission wakes it. A
-// Dekker pair as in Note [Wake only a sleeper]: the waiter stores waiter_waiting_ then reads
-// napping_; the loop stores napping_ then reads waiter_waiting_ (and submissions_pending_).
-void BackgroundLoop::wakeForWaiter() {
-  waiter_waiting_.store(true);
-  if (napping_.exchange(false)) wake();
-}
-
 bool BackgroundLoop::idle() const {
-  return entries_.empty() && to_execute_.empty() && held_.empty() && outgoing_.empty() &&
-         parked_.empty() && !executor_.deviceBusy() && !shutdown_requested_ &&
-         !abort_requested_ && !controlBacklog();
+  return entries_.empty() && execution_.empty() && (!requests_ || requests_->empty()) &&
+         (!coordinator_ || coordinator_->idle()) && !executor_.deviceBusy() &&
+         !queue_.shutdownRequested() && !queue_.abortRequested() && !controlBacklog();
 }
 
 // Frames a control ring had no room for yet (Note [Control over shm] C): the loop must watch
@@ -162,31 +132,21 @@ void BackgroundLoop::flushControl() {
 void BackgroundLoop::setTimelineDetail(bool on) {
   timeline_detail_.store(on, std::memory_order_relaxed);
   executor_.setTimelineDetail(on);
-  if (on) wakeIfAsleep();  // leave standby: NEGOTIATE spans need arrivals as they happen
+  if (on) queue_.wakeIfAsleep();  // leave standby: NEGOTIATE spans need arrivals as they happen
 }
 
-Status BackgroundLoop::failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return failure_;
-}
+Status BackgroundLoop::failure() const { return queue_.failure(); }
 
 void BackgroundLoop::shutdown() {
-  shutdown_requested_ = true;
-  standby_.store(false);
-  wake();
+  queue_.requestShutdown();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::timed_mutex> drained(progress_);  // a driving caller has left its pass
 }
 
 void BackgroundLoop::abort(const std::string& reason) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    abort_reason_ = reason;
-  }
-  abort_requested_ = true;
-  standby_.store(false);
+  queue_.requestAbort(reason);
   mesh_.abort();  // ends any wait inside a collective at once
-  wake();
+  queue_.wake();
 }
 
 void BackgroundLoop::run() {
@@ -206,61 +166,11 @@ void BackgroundLoop::run() {
     }
     pass(/*mark_cycle=*/true);
     if (finished_) break;
-    if (!idle() || coordinates_other_sets_) standby_.store(false);  // Note [Caller drives] B, C
+    if (!idle() || coordinatesOtherSets()) queue_.setStandby(false);  // Note [Caller drives] B, C
     lock.unlock();
   }
   flushControl();
   mesh_.close();
-}
-
-void BackgroundLoop::pass(bool mark_cycle) {
-  if (abort_requested_ && !failed_) {
-    std::string reason;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      reason = abort_reason_;
-    }
-    fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
-                         (reason.empty() ? "" : ": " + reason)),
-         /*tell_peers=*/true);
-  }
-  // only while a file marks cycles; a spinning caller's passes are not cycles
-  if (mark_cycle && timeline_ != nullptr) timeline_->markCycle();
-  if (coordinator_ && !failed_) {
-    // Before anything is admitted: requests are admitted (and fused) as they arrive, so a new
-    // autotune setting must be in force first (coordinate(), step b).
-    syncProcessSets();
-    adoptTunedParams();
-  }
-  drainSubmissions();
-  if (!failed_) readControl();
-  if (!failed_ && !shutdown_sent_) {
-    int lost = mesh_.findLostPeer();
-    if (lost >= 0 && !to_execute_.empty()) {
-      // Responses already here were agreed by every rank, and the peer may have left after
-      // completing them and agreeing to shut down: run them before judging it.
-      executeQueued();
-      lost = failed_ ? -1 : mesh_.findLostPeer();
-    }
-    if (lost >= 0) awaitCause();  // Note [Failure fan-out]
-    if (lost >= 0 && !failed_) {
-      fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
-                            ": the process exited or closed the connection"),
-           true);
-    }
-  }
-  if (shutdown_requested_ && !shutdown_sent_) beginShutdown();
-  if (!failed_ && !shutdown_sent_) {
-    if (mesh_.rank() == 0) coordinate(); else sendRequests();
-    executeQueued();
-    inspectStalls();
-  }
-  if (!failed_) {  // device ops queued earlier may finish while the shutdown is agreed
-    Status device = executor_.pollDevice();
-    if (!device.isOk()) fail(device, /*tell_peers=*/true);
-  }
-  if (shutdown_sent_) checkShutdownAgreement();
-  if (keys_.wantsSweep()) sweepKeys();
 }
 
 // Builds the poll set under progress_ (it reads pass state), sleeps without it. Returns the
@@ -271,7 +181,7 @@ void BackgroundLoop::pass(bool mark_cycle) {
 int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
   std::vector<pollfd> fds;
   std::vector<int> control_ranks;  // of fds[control_begin ...]
-  fds.push_back({wake_fd_, POLLIN, 0});
+  fds.push_back({queue_.wakeFd(), POLLIN, 0});
   int64_t timeout_us = int64_t{kTickMs} * 1000;
   int64_t nap_us = 0;  // > 0: nap instead of sleep (Note [Coalesced wakes])
   size_t listen_index = 0;  // 0: not polled
@@ -280,7 +190,7 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
   readable_controls->clear();
   {
     std::lock_guard<std::timed_mutex> lock(progress_);
-    if (!failed_ && !standby_.load()) {  // Note [Caller drives] B
+    if (!failed_ && !queue_.standby()) {  // Note [Caller drives] B
       if (mesh_.listenFd() >= 0) {
         listen_index = fds.size();
         fds.push_back({mesh_.listenFd(), POLLIN, 0});
@@ -303,35 +213,25 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
       }
     }
     timeout_us = int64_t{timeoutMs()} * 1000;
-    if (cycle_time_ms_ > 0 && !failed_ && drained_recently_ && !idle()) {
-      nap_us = std::max<int64_t>(1, static_cast<int64_t>(cycle_time_ms_ * 1000));
+    const double cycle_time_ms = cycleTimeMs();
+    if (cycle_time_ms > 0 && !failed_ && drained_recently_ && !idle()) {
+      nap_us = std::max<int64_t>(1, static_cast<int64_t>(cycle_time_ms * 1000));
     }
   }
   auto t0 = Clock::now();
-  if (nap_us > 0) {  // Note [Coalesced wakes]
-    napping_.store(true);
-    if (waiter_waiting_.load() && submissions_pending_.load()) nap_us = 0;
-    timeout_us = std::min<int64_t>(timeout_us, nap_us);
-  } else {
-    sleeping_.store(true);  // Note [Wake only a sleeper]
-    if (submissions_pending_.load()) timeout_us = 0;
-  }
+  // Notes [Coalesced wakes] (a nap) and [Wake only a sleeper] (a sleep).
+  timeout_us = queue_.beginSleep(timeout_us, nap_us);
   if (control_waiting) timeout_us = 0;
   const timespec ts{static_cast<time_t>(timeout_us / 1000000),
                     static_cast<long>(timeout_us % 1000000) * 1000};
   int rc = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
-  sleeping_.store(false);
-  napping_.store(false);
+  queue_.endSleep();
   metrics_.addWait(std::chrono::duration<double>(Clock::now() - t0).count());
   if (rc <= 0) return -1;
   for (size_t i = 0; i < control_ranks.size(); ++i) {
     if (fds[control_begin + i].revents != 0) readable_controls->push_back(control_ranks[i]);
   }
-  if (fds[0].revents & POLLIN) {
-    uint64_t value = 0;
-    ssize_t n = ::read(wake_fd_, &value, sizeof(value));
-    (void)n;
-  }
+  if (fds[0].revents & POLLIN) queue_.consumeWake();
   return listen_index > 0 && (fds[listen_index].revents & POLLIN) ? fds[listen_index].fd : -1;
 }
 
@@ -339,76 +239,148 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls) {
 // batching window closes while rank 0 holds responses (rounded up: the window may end up to a
 // millisecond late, never early); else the idle tick.
 int BackgroundLoop::timeoutMs() const {
-  if (!to_execute_.empty() && !waiting_for_device_) return 0;
-  if (held_.empty()) return kTickMs;
-  const auto left = windowEnd(heldRepeatsLastStep()) - Clock::now();
+  if (!execution_.empty() && !execution_.waitingForDevice()) return 0;
+  if (!coordinator_ || coordinator_->window().empty()) return kTickMs;
+  const auto left = coordinator_->window().end() - Clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   return us <= 0 ? 0 : static_cast<int>(std::min<int64_t>((us + 999) / 1000, kTickMs));
 }
 
-// A worker that sees a peer hang up may be early: the peer may have closed on a cause rank 0
-// is relaying to every worker (an abort, a timeout), and rank 0's message to this rank can
-// trail the peer's close. Give it a short, bounded chance to arrive (Note [Failure fan-out]).
-void BackgroundLoop::awaitCause() {
-  constexpr double kCauseWaitSeconds = 0.1;
-  transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
-  // Rank 0's ring may already hold other frames (responses of ops running now): read them and
-  // keep waiting, until the cause comes (fail() sets failed_) or the time is up.
-  const auto deadline = transport::tcp::deadlineAfter(kCauseWaitSeconds);
-  for (int left_ms = 1; channel != nullptr && !failed_ && left_ms > 0;) {
-    left_ms = transport::tcp::millisecondsLeft(deadline, 1000);
-    if (left_ms > 0) channel->waitReadable(left_ms);
-    readControl();
+// ---- shutdown agreement ----------------------------------------------------------------------
+// Every rank tells rank 0 it is shutting down, rank 0 answers once all have, and a rank gives
+// up waiting after HVD_TIMEOUT (one second when it still had work queued, so peers blocked on
+// it are not held long).
+
+void BackgroundLoop::beginShutdown() {
+  shutdown_sent_ = true;
+  shutdown_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(config_.timeout_seconds));
+  Status status(common::Code::kShutDown, kShutdownMessage);
+  if (!entries_.empty()) {
+    // Peers may be blocked in a collective with this rank: do not make them wait long.
+    shutdown_deadline_ = std::min(shutdown_deadline_, Clock::now() + std::chrono::seconds(1));
   }
-  if (channel == nullptr) readControl();
+  completeAllPending(status, /*store_failure=*/false);
+  if (failed_ || mesh_.size() == 1) {
+    finished_ = true;
+    return;
+  }
+  if (mesh_.rank() == 0) {
+    coordinator_->noteShutdown(0);
+  } else {
+    Status sent = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
+    if (!sent.isOk()) finished_ = true;
+  }
 }
 
-// Every op of this rank — submitted, drained or queued for execution — ends with `status`, and
-// its name is free again whether or not its handle was released (Note [Name lifetime]).
-// store_failure: later submissions fail with it too.
-void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
-  executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (store_failure) {
-      failure_ = status;
-      has_failure_.store(true, std::memory_order_release);
+void BackgroundLoop::checkShutdownAgreement() {
+  if (finished_) return;
+  if (mesh_.rank() == 0 && coordinator_->shutDownRanks() == mesh_.size()) {
+    for (int w = 1; w < mesh_.size(); ++w) {
+      mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kShutdown), "", 1.0);
     }
-    for (auto& e : submitted_) handles_.complete(e.handle, status);
-    submitted_.clear();
+    finished_ = true;
+    return;
   }
-  entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
-  entries_.clear();
-  keys_.releaseAll();
-  to_execute_.clear();
-  held_.take();
+  if (Clock::now() > shutdown_deadline_) {
+    HVD_LOG(kWarning, "runtime") << "shutdown: not every rank shut down within "
+                                 << config_.timeout_seconds << " s; closing anyway";
+    finished_ = true;
+  }
 }
 
-void BackgroundLoop::fail(const Status& status, bool tell_peers) {
-  if (failed_) return;
-  failed_ = true;
-  HVD_LOG(kWarning, "runtime") << "core failed: " << status.message();
-  // Note [Failure fan-out]: the reason travels to every rank (kAbort with the status code,
-  // relayed by rank 0), so a survivor reports the real cause — e.g. the rank that died — not
-  // the rank that told it. A lost peer is also seen by every survivor on its own connection
-  // (the mesh is complete), so for that cause this rank keeps its sockets open: closing them
-  // would make slower survivors blame a live rank. Other causes (abort, timeout, malformed
-  // input) are invisible to peers, so the connections are closed as well.
-  if (tell_peers) {
-    std::string payload(1, static_cast<char>(status.code()));
-    payload += status.message();
-    for (int r = 0; r < mesh_.size(); ++r) {
-      transport::ControlChannel* channel = mesh_.control(r);
-      if (channel != nullptr) {
-        channel->send(static_cast<uint32_t>(coord::MessageType::kAbort), payload, 1.0);
-      }
+// ---- callers that drive ----------------------------------------------------------------------
+
+// Note [Caller drives]
+// A synchronous op costs four sleeping hand-offs when only the loop thread communicates:
+// caller -> loop (submit), worker -> rank 0 (request), rank 0 -> worker (response), loop ->
+// caller (completion), each a scheduler wake-up of ~20 us on this kind of machine. A caller
+// about to block on its handle instead runs the loop's passes itself (its op was submitted
+// with wake=false, so the loop thread stays asleep): no hand-off between threads of a rank,
+// and while every rank of the host has a core, the caller polls its control channel and the
+// shm segment for up to HVD_CALLER_SPIN_US rather than sleeping, so a small op costs a few
+// socket messages and no wake-up at all. Rules:
+//   A. Passes are serialised by progress_; a caller waits for it at most its spin budget,
+//      asleep on the mutex (try_lock_for), so a loop thread in the middle of a long op is
+//      never waited for beyond that — the caller then blocks on its handle as before.
+//      (Giving up at the first failed try can lock ranks into a mode where the loop thread,
+//      woken by each peer message, holds the lock whenever a caller comes: one benchmark run
+//      showed 281 us per 1 KiB op, the loop thread doing the work, against 15-19 us in every
+//      other run and size. Spinning on try_lock instead took the core that loop thread needed
+//      to finish its pass on a loaded host: async allreduces + one waited allgather per
+//      iteration, np=2, load 4-6, ran at ~1 ms in half the launches, the callers driving 0-84
+//      of 400 ops, against 0.08-0.13 ms and ~395 driven in 6 of 6 launches asleep on the lock.)
+//   B. While a caller drives, standby_ tells the loop thread to sleep on wake_fd_ (and its
+//      200 ms tick) only, so messages the caller is waiting for do not also wake it. Leaving
+//      standby (an async submit, a caller giving up, shutdown, abort, a process set added or
+//      removed, the timeline file started) wakes it. Never on rank 0 while it coordinates a
+//      set it is not in (that set's requests need the loop thread), nor while a timeline
+//      file is written (NEGOTIATE spans time arrivals as they happen).
+//   C. A caller leaves standby on only when its op finished and the loop is idle, so no
+//      response, held batch or window timer is left without a thread that watches it.
+//   D. Only where every peer is on shm; elsewhere submit() wakes the loop thread whatever the
+//      caller asked. TCP rings keep per-thread helpers (a ReduceWorker thread, scratch) that
+//      should not be made on every framework thread. On shm they remain for the ring-based
+//      ops (reducescatter, an allreduce in a set without the host segment): a thread that
+//      drives one of those gets its own scratch buffer (and, for large ones, an idle helper
+//      thread) for its lifetime — in practice only the main thread.
+//   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
+//      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
+//      changed neither the DistributedOptimizer step of bench_torch_step.py nor the
+//      200 x 4 KiB set beyond run-to-run noise.)
+//   F. Signals: a caller inside a pass sees Ctrl-C only after the pass. A pass never waits
+//      for negotiation (that is non-blocking); it waits only inside collectives every rank
+//      agreed to (its own, and whatever else is queued before it, async batches included),
+//      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
+//      op — a rank that never submits it — is never agreed, so the caller gives up its spin
+//      and waits in 50 ms slices that see Ctrl-C, as before.
+
+bool BackgroundLoop::drive(int64_t handle) {
+  // E. An async op's caller went on while the loop thread, already awake, worked on it.
+  if (!drive_.drivable() || !handles_.callerWaits(handle)) {
+    // A napping loop may hold this op's submission (Note [Coalesced wakes]).
+    queue_.wakeForWaiter();
+    return false;
+  }
+  const auto spin = drive_.nextSpin();  // Note [Spin backoff] in drive_policy.h
+  if (spin.count() == 0) metrics_.countSpinSkipped();
+  const auto give_up = Clock::now() + spin;
+  std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
+  while (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
+    if (handles_.poll(handle) != 0) return false;  // A: the loop thread finished it
+    if (Clock::now() >= give_up) {
+      queue_.wakeIfAsleep();
+      queue_.wakeForWaiter();  // the loop may nap with this op undrained (Note [Coalesced wakes])
+      return false;
     }
   }
-  completeAllPending(status, /*store_failure=*/true);
-  metrics_.setLastError(status.message());
-  if (tell_peers) flushControl();
-  if (status.code() != common::Code::kPeerLost) mesh_.close();
-  if (shutdown_requested_) finished_ = true;
+  if (handles_.poll(handle) != 0) return false;  // the loop thread finished it
+  const bool quiet_loop =
+      !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
+  queue_.setStandby(quiet_loop);  // B
+  bool done = false;
+  int passes = 0;
+  while (!failed_ && !finished_ && !queue_.shutdownRequested()) {
+    pass(/*mark_cycle=*/false);
+    ++passes;
+    done = handles_.poll(handle) != 0;
+    if (done || Clock::now() >= give_up) break;
+    if (mesh_.spinYields()) sched_yield(); else common::cpuRelax();
+  }
+  if (done) metrics_.countDriven();
+  if (passes > 1 && done) {  // Note [Spin backoff]
+    drive_.spinPaid();
+  } else if (passes > 1 && !failed_ && !finished_ && !queue_.shutdownRequested()) {
+    drive_.spinMissed();
+  }
+  const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
+  lock.unlock();
+  if (!keep_standby) {
+    queue_.wakeIfAsleep();
+    // A loop that took progress_ before standby_ was cleared may nap on wake_fd_ alone.
+    if (!done) queue_.wakeForWaiter();
+  }
+  return done;
 }
 
 }  // namespace hvd::runtime

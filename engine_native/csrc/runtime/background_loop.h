@@ -4,7 +4,7 @@
 // rank 0 coordinates and sends responses) -> execute responses in order -> complete the CUDA
 // ops whose stream work has run (Note [Deferred completion]) -> inspect stalls.
 // A pass of that loop may also run on a framework thread that is about to block on its own op
-// (drive(), Note [Caller drives] in caller_drives.cc): passes are serialised by progress_,
+// (drive(), Note [Caller drives] in background_loop.cc): passes are serialised by progress_,
 // so "the background thread" below means whichever thread holds it.
 // Rule relied on: every rank executes the responses of its process sets in the order rank 0
 // produced them, so collectives never interleave differently across ranks.
@@ -16,31 +16,44 @@
 // Tensors are known by their keys (coord/key_table.h): per-tensor state sits in slots indexed by
 // key, which keep their storage from step to step, so a repeated training step negotiates and
 // executes without allocating.
+//
+// State by owner (the loop itself keeps orchestration: the pass, failure, shutdown):
+//   SubmissionQueue (submission_queue.h)      framework threads <-> loop: submissions, the
+//                                             sticky failure, shutdown/abort, wake protocol
+//   RankZeroCoordinator (rank_zero_coordinator.h)  rank 0 only: coordinator, mirrors, parked
+//                                             requests, per-name state, shutdown votes, with
+//     BatchingWindow (batching_window.h)      the held batch and step memory
+//   WorkerRequests (worker_requests.h)        workers only: requests not yet sent, their cache
+//   ExecutionQueue (execution_queue.h)        agreed work in order, per-set connections
+//   StallInspector (stall_inspector.h)        pending tensors, stall warnings, deadlocks
+//   DrivePolicy (drive_policy.h)              whether and how long callers drive
+// Methods: background_loop.cc (threads: construction, run/wait, shutdown agreement, drive)
+// and loop_pass.cc (one pass and its steps, failure, key sweep).
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "common/config.h"
-#include "coord/coordinator.h"
-#include "coord/fusion.h"
-#include "coord/response_cache.h"
+#include "coord/key_table.h"
 #include "runtime/autotuner.h"
+#include "runtime/drive_policy.h"
+#include "runtime/execution_queue.h"
 #include "runtime/executor.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
 #include "runtime/process_sets.h"
+#include "runtime/rank_zero_coordinator.h"
+#include "runtime/stall_inspector.h"
+#include "runtime/submission_queue.h"
 #include "runtime/tensor_entry.h"
+#include "runtime/worker_requests.h"
 #include "timeline/timeline.h"
 #include "transport/mesh.h"
 
@@ -61,16 +74,20 @@ class BackgroundLoop {
   // fills in their keys and handles; each handle holds its name until the user has seen the
   // op finish (Note [Name lifetime] in handle_table.h). Fails at once with the stored failure
   // when the core has failed.
-  // wake=false: the caller waits for these entries at once and drive()s them itself.
+  // wake=false: the caller waits for these entries at once and drive()s them itself (where
+  // callers can drive at all: Note [Caller drives] D; elsewhere the loop is woken anyway).
   common::Status submit(TensorEntry* entries, const std::string_view* names, size_t count,
-                        bool wake = true);
+                        bool wake = true) {
+    return queue_.submit(entries, names, count, /*caller_waits=*/!wake,
+                         /*wake=*/wake || !drive_.drivable());
+  }
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
   bool drive(int64_t handle);
   // After add/remove_process_set: rank 0 may now coordinate a set it is not in, whose
   // requests only the loop thread can answer (Note [Caller drives] B).
-  void processSetsChanged() { wakeIfAsleep(); }
+  void processSetsChanged() { queue_.wakeIfAsleep(); }
   // Bounded: agrees shutdown with the other ranks or gives up after HVD_TIMEOUT.
   void shutdown();
   void abort(const std::string& reason);
@@ -80,160 +97,72 @@ class BackgroundLoop {
   void setTimelineDetail(bool on);
 
  private:
-  // Rank 0's per-name negotiation state, in the slot of the name's key index.
-  struct NameState {
-    coord::Key key;         // the name of the fields below (a stale slot is reset on use)
-    int8_t negotiating = -1;  // OpType while requested by part of its set, else -1
-    uint64_t stamp = 0;       // step (Note [Batching window]) it was last released in
-    uint64_t prev_stamp = 0;  // the step before that one
-  };
-
+  // background_loop.cc
   void run();
   int waitForWork(std::vector<int>* readable_controls);
-  void pass(bool mark_cycle);
+  int timeoutMs() const;
   bool idle() const;
   bool controlBacklog() const;
   void flushControl();
+  void beginShutdown();
+  void checkShutdownAgreement();
+  // loop_pass.cc
+  void pass(bool mark_cycle);
   void drainSubmissions();
   void readControl();
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
-  void admit(coord::Key key, const coord::Request& request, int32_t rank,
-             timeline::Timeline* timeline, Clock::time_point now);
-  void admitParked();
-  void adoptTunedParams();
-  NameState& nameState(coord::Key key);
-  void noteReleased(const std::vector<coord::Response>& ready);
-  bool holdForWindow() const;
-  bool lastStepIncomplete() const;
-  void noteStepBoundary();
-  void noteStepRelease(coord::Key key);
-  bool inLastStep(coord::Key key) const;
-  bool heldRepeatsLastStep() const;
-  void sweepKeys();
-  std::chrono::steady_clock::time_point windowEnd(bool repeating) const;
   void sendReady();
   void sendRequests();
   void executeQueued();
-  void applyParams(const coord::ParamsUpdate& update);
-  void observeExecuted(const coord::Response& response, const common::Status& status);
-  void inspectStalls();
-  void failDeadlocked(std::chrono::steady_clock::time_point now);
-  void beginShutdown();
-  void checkShutdownAgreement();
+  void awaitCause();
   void fail(const common::Status& status, bool tell_peers);
   void completeAllPending(const common::Status& status, bool store_failure);
-  void syncProcessSets();
-  struct CommSlot {
-    std::unique_ptr<transport::Comm> comm;
-    std::string transport;  // "SHM" / "TCP" (any TCP peer), for timeline activity names
-  };
-  // One unit of work in execution order: a response, or an autotune switch that takes effect
-  // before the responses queued after it.
-  struct Work {
-    std::optional<coord::ParamsUpdate> params;
-    coord::Response response;
-  };
+  void sweepKeys();
 
-  CommSlot& commFor(int32_t process_set);
-  void dropRemovedSets();
   timeline::Timeline* negotiationTimeline() const {
     return timeline_detail_.load(std::memory_order_relaxed) ? timeline_ : nullptr;
   }
-  void wake();
-  void wakeIfAsleep();
-  void wakeForWaiter();
-  int timeoutMs() const;
-  void awaitCause();
+  // Rank 0's window, as autotune set it; a worker's stays HVD_CYCLE_TIME_MS.
+  double cycleTimeMs() const {
+    return coordinator_ ? coordinator_->window().cycleTimeMs() : config_.cycle_time_ms;
+  }
+  bool coordinatesOtherSets() const {
+    return coordinator_ && coordinator_->coordinatesOtherSets();
+  }
 
+  // Set at construction, outlive the loop.
   transport::Mesh& mesh_;
   HandleTable& handles_;
   ProcessSetTable& sets_;
   Metrics& metrics_;
   const common::Config& config_;
   timeline::Timeline* timeline_;
-  Autotuner* autotuner_;
-  int wake_fd_ = -1;      // before executor_, whose device completions write it
-  coord::KeyTable keys_;  // before executor_, which reads names from it
+  coord::KeyTable keys_;  // thread-safe; before queue_ and executor_, which use it
+  // Any thread (its own lock and atomics); before executor_, whose device completions write
+  // its wakeFd().
+  SubmissionQueue queue_;
   uint32_t names_epoch_ = 0;  // handles_ holds keys_'s names under this attach
   Executor executor_;
   std::thread thread_;
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
   std::timed_mutex progress_;
-  // While callers drive, the sleeping loop thread watches only wake_fd_ (and its tick).
-  std::atomic<bool> standby_{false};
-  bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
-  bool coordinates_other_sets_ = false;  // rank 0: a registered set leaves rank 0 out
-  std::chrono::microseconds caller_spin_{0};
-  // Note [Spin backoff] in caller_drives.cc: drives whose spin ran out in a row, and drives.
-  std::atomic<int> spin_misses_{0};
-  std::atomic<uint32_t> drives_{0};
+  DrivePolicy drive_;  // configured before start(); then read by framework threads
+  std::atomic<bool> timeline_detail_{false};  // written by any thread, read by passes
 
-  // Shared with framework threads (guarded by mutex_). Names in flight are the keys_ held.
-  mutable std::mutex mutex_;
-  std::vector<TensorEntry> submitted_;
-  common::Status failure_;
-  std::atomic<bool> has_failure_{false};  // failure_ is set (read without the lock)
-  std::atomic<bool> shutdown_requested_{false};
-  std::atomic<bool> abort_requested_{false};
-  std::atomic<bool> timeline_detail_{false};
-  // Note [Wake only a sleeper]: submit() writes wake_fd_ only while the loop is (about to be)
-  // blocked in poll(); otherwise the loop sees submissions_pending_ on its next pass.
-  std::atomic<bool> submissions_pending_{false};
-  std::atomic<bool> sleeping_{false};
-  // Note [Coalesced wakes]: the loop naps (work of its own in flight, back within a cycle);
-  // submitters leave it be, a caller about to wait wakes it (waiter_waiting_ is the pair).
-  std::atomic<bool> napping_{false};
-  std::atomic<bool> waiter_waiting_{false};
-  bool drained_recently_ = false;  // the last pass took submissions (guarded by progress_)
-  std::string abort_reason_;
-
-  // Background thread only.
-  EntryTable entries_;
-  std::vector<TensorEntry> draining_;          // submissions being drained (storage reused)
-  std::vector<coord::Key> outgoing_;           // workers: requests not yet sent to rank 0
-  std::vector<const coord::Request*> encoding_;
-  std::deque<Work> to_execute_;
-  bool waiting_for_device_ = false;  // its head is a staged CUDA op whose inputs are in transit
-  uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
-  std::map<int32_t, CommSlot> comms_;
-  uint64_t comms_version_ = 0;  // sets_.version() comms_ was last pruned at
-  uint64_t sets_version_ = 0;
-  std::set<int32_t> registered_sets_;  // rank 0: sets the coordinator knows
+  // Guarded by progress_ (the background thread: the loop thread or a driving caller).
+  bool drained_recently_ = false;  // the last pass took submissions (Note [Coalesced wakes])
+  EntryTable entries_;             // drained, not yet completed
+  std::vector<TensorEntry> draining_;  // submissions being drained (storage reused)
+  ExecutionQueue execution_;       // after executor_ and entries_, which it uses
+  StallInspector stalls_;
   bool failed_ = false;
   bool finished_ = false;
   bool shutdown_sent_ = false;
-  std::chrono::steady_clock::time_point shutdown_deadline_;
-  std::chrono::steady_clock::time_point last_stall_check_;
-  std::chrono::steady_clock::time_point last_stall_report_;
-  // Rank 0 only.
-  std::unique_ptr<coord::Coordinator> coordinator_;
-  std::vector<coord::Request> parked_;  // requests (with request_rank, key) for sets not yet
-                                        // registered
-  std::set<int> shutdown_ranks_;
-  std::map<int, std::unique_ptr<coord::RequestCache>> mirrors_;
-  // Names with at least one request and not yet released (NameState::negotiating):
-  // NEGOTIATE_<OP> spans are open for them, and while an allreduce is among them the batching
-  // window may hold ready responses.
-  std::vector<NameState> names_;
-  size_t negotiating_ = 0;
-  size_t negotiating_allreduces_ = 0;
-  coord::FusionBatch held_;                       // released, fused, not yet sent (window)
-  std::chrono::steady_clock::time_point held_since_;
-  std::chrono::steady_clock::time_point last_arrival_;  // latest allreduce request admitted
-  // Step memory (Note [Batching window]): allreduces released in the current step are the
-  // names stamped step_, the previous step's those stamped step_ - 1.
-  uint64_t step_ = 2;
-  size_t this_step_count_ = 0;
-  size_t this_step_repeats_ = 0;  // of them, names of the previous step
-  size_t last_step_count_ = 0;
-  int64_t fusion_threshold_ = 0;                  // in force (autotune may change these)
-  double cycle_time_ms_ = 0.0;
-  bool cache_enabled_ = true;
-  std::optional<coord::ParamsUpdate> unsent_params_;  // goes with the next list sent
-  // Workers only.
-  std::unique_ptr<coord::RequestCache> request_cache_;
+  Clock::time_point shutdown_deadline_;
+  std::unique_ptr<RankZeroCoordinator> coordinator_;  // rank 0 only (null elsewhere)
+  std::unique_ptr<WorkerRequests> requests_;          // workers only (null on rank 0)
 };
 
 }  // namespace hvd::runtime

@@ -1,12 +1,30 @@
-// The batching window of BackgroundLoop (rank 0 only): how long released allreduces are held
+// The batching window (batching_window.h, rank 0 only): how long released allreduces are held
 // so that more fuse with them, and the step memory that keeps a repeated step in one batch.
-// Background thread only. See background_loop.h and Note [Batching window].
-#include "coord/fusion.h"
-#include "runtime/background_loop.h"
+// Background thread only. Note [Batching window].
+#include "runtime/batching_window.h"
+
+#include <algorithm>
 
 namespace hvd::runtime {
 
 using Clock = std::chrono::steady_clock;
+
+BatchingWindow::BatchingWindow(const std::vector<NameState>& names, int64_t fusion_threshold,
+                               double cycle_time_ms)
+    : names_(names), fusion_threshold_(fusion_threshold), cycle_time_ms_(cycle_time_ms) {
+  held_.setThreshold(fusion_threshold_);
+}
+
+void BatchingWindow::setParams(int64_t fusion_threshold, double cycle_time_ms) {
+  fusion_threshold_ = fusion_threshold;
+  held_.setThreshold(fusion_threshold_);
+  cycle_time_ms_ = cycle_time_ms;
+}
+
+void BatchingWindow::add(std::vector<coord::Response>&& ready, Clock::time_point now) {
+  if (held_.empty()) held_since_ = now;
+  held_.addAll(std::move(ready));
+}
 
 // Note [Batching window]: HVD_CYCLE_TIME_MS is how long rank 0 may hold released responses so
 // that allreduces still arriving fuse with them. It holds only while more can become ready
@@ -17,21 +35,21 @@ using Clock = std::chrono::steady_clock;
 // be under the threshold: a lone tensor, sequential ops, or the last tensor of a step are sent
 // at once. Otherwise the window stays open while requests keep arriving less than a cycle
 // apart, up to kMaxWindowCycles cycles after the first release (windowEnd).
-bool BackgroundLoop::holdForWindow() const {
+bool BatchingWindow::hold(size_t negotiating_allreduces) const {
   if (cycle_time_ms_ <= 0 || fusion_threshold_ <= 0) return false;
   if (!held_.hasAllreduce() || held_.allreduceBytes() >= fusion_threshold_) return false;
   const bool repeating = heldRepeatsLastStep();
-  if (negotiating_allreduces_ == 0 && !(repeating && lastStepIncomplete())) return false;
+  if (negotiating_allreduces == 0 && !(repeating && lastStepIncomplete())) return false;
   return Clock::now() < windowEnd(repeating);
 }
 
-bool BackgroundLoop::inLastStep(coord::Key key) const {
+bool BatchingWindow::inLastStep(coord::Key key) const {
   if (key.index >= names_.size() || names_[key.index].key != key) return false;
   const NameState& s = names_[key.index];
   return s.stamp == step_ - 1 || (s.stamp == step_ && s.prev_stamp == step_ - 1);
 }
 
-bool BackgroundLoop::heldRepeatsLastStep() const {
+bool BatchingWindow::heldRepeatsLastStep() const {
   for (const auto& r : held_.responses()) {
     if (r.type == coord::OpType::kAllreduce && !r.keys.empty() && inLastStep(r.keys.front())) {
       return true;
@@ -41,7 +59,7 @@ bool BackgroundLoop::heldRepeatsLastStep() const {
 }
 
 // Every name of the previous step released again in this one?
-bool BackgroundLoop::lastStepIncomplete() const { return this_step_repeats_ < last_step_count_; }
+bool BatchingWindow::lastStepIncomplete() const { return this_step_repeats_ < last_step_count_; }
 
 // Step memory. A step ends when rank 0 has nothing in flight after executing (no name
 // negotiating, held or queued, no own tensor pending) or when a name of it is released again
@@ -50,7 +68,7 @@ bool BackgroundLoop::lastStepIncomplete() const { return this_step_repeats_ < la
 // (and the one before), so membership and completeness are counters, not set lookups.
 // A stream that never pauses with fresh names has no steps: past kMaxStepNames the memory is
 // dropped (nothing counts as the previous step).
-void BackgroundLoop::noteStepBoundary() {
+void BatchingWindow::noteStepBoundary(bool busy) {
   constexpr size_t kMaxStepNames = 1 << 16;
   if (this_step_count_ > kMaxStepNames) {
     step_ += 2;
@@ -58,17 +76,13 @@ void BackgroundLoop::noteStepBoundary() {
   }
   // Own tensors submitted but not drained yet count as pending: without that check a loop that
   // executed the first part of a step before draining the rest cut the step there.
-  if (this_step_count_ == 0 || negotiating_ != 0 || !held_.empty() || !entries_.empty() ||
-      !to_execute_.empty() || submissions_pending_.load(std::memory_order_relaxed)) {
-    return;
-  }
+  if (this_step_count_ == 0 || busy || !held_.empty()) return;
   last_step_count_ = this_step_count_;
   ++step_;
   this_step_count_ = this_step_repeats_ = 0;
 }
 
-void BackgroundLoop::noteStepRelease(coord::Key key) {
-  NameState& s = nameState(key);
+void BatchingWindow::noteStepRelease(NameState& s) {
   if (s.stamp == step_) {  // released again: the next step has begun
     last_step_count_ = this_step_count_;
     ++step_;
@@ -82,7 +96,7 @@ void BackgroundLoop::noteStepRelease(coord::Key key) {
 
 // A repeated step is held until it is complete or the cap passes (a rank descheduled for a
 // while must not cut it); anything else until arrivals pause for a cycle, at most the cap.
-std::chrono::steady_clock::time_point BackgroundLoop::windowEnd(bool repeating) const {
+Clock::time_point BatchingWindow::windowEnd(bool repeating) const {
   constexpr int kMaxWindowCycles = 5;
   const auto cycle = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double, std::milli>(cycle_time_ms_));

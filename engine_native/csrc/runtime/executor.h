@@ -70,7 +70,7 @@ class Executor : private ActivityLog {
   void failDevice(const common::Status& status);
 
   // Called with a failed op's Status before its handles complete; may return a better cause
-  // (Note [Failure fan-out] in background_loop.cc).
+  // (Note [Failure fan-out] in loop_pass.cc).
   void setFailureRefiner(std::function<common::Status(const common::Status&)> refine) {
     refine_ = std::move(refine);
   }

@@ -35,7 +35,7 @@ namespace hvd::transport::nccl {
 
 // Gives the calling thread its current CUDA device back at the end of a scope: the loop's
 // passes, which select the device they work on, may run on a framework thread (Note [Caller
-// drives] in runtime/caller_drives.cc), and that thread's device is the framework's business.
+// drives] in runtime/background_loop.cc), and that thread's device is the framework's business.
 class DeviceRestorer {
  public:
   DeviceRestorer();  // no-op while the CUDA runtime is not loaded
@@ -61,7 +61,7 @@ class DeviceStream {
   common::Status init(int device);
   bool ready() const { return stream_ != nullptr; }
   // Makes the device current on the calling thread (the loop's passes may run on a framework
-  // thread that waits on its op: Note [Caller drives] in runtime/caller_drives.cc).
+  // thread that waits on its op: Note [Caller drives] in runtime/background_loop.cc).
   common::Status select() const;
   int device() const { return device_; }
   CudaStream stream() const { return stream_; }

@@ -1,0 +1,56 @@
+// DrivePolicy: whether a framework thread about to block on its own op may run the loop's
+// passes itself (Note [Caller drives] D in background_loop.cc: only where every peer is on
+// shm) and how long it may spin doing so (HVD_CALLER_SPIN_US, backed off while spins keep
+// running out: Note [Spin backoff] below). configure()d once by BackgroundLoop's constructor,
+// before any framework thread can drive; the backoff counters are atomics any thread updates.
+//
+// Note [Spin backoff]
+// A spin pays only while the peers run: on a host with more runnable threads than cores, two
+// ranks can share one core's run queue, and then the spinner holds the core its peer needs
+// for the whole budget — every op costs the budget plus a wake-up (np=2, load 6-7: 4 B ops at
+// ~255 us in about half the launches, ~15 us in the others; with no spin 55-100 us in every
+// launch). So after kMissesToBackOff drives in a row that spun (ran more than one pass) until
+// the budget ran out with the op unfinished, a caller does not spin (one pass, then it blocks
+// and the loop thread takes over), except every kProbeEvery-th drive, which spins to see
+// whether spinning pays again; a drive that spun and finished its op resets the count. A
+// single pass proves nothing either way (the peers' requests were already there, or the
+// caller slept on the mutex for its budget) and leaves the count alone. A peer that is merely
+// late (uneven work before the op) backs off too, and there the spin was wasted as well.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace hvd::runtime {
+
+class DrivePolicy {
+ public:
+  void configure(bool drivable, std::chrono::microseconds spin) {
+    drivable_ = drivable;
+    spin_ = spin;
+  }
+  bool drivable() const { return drivable_; }
+  std::chrono::microseconds configuredSpin() const { return spin_; }
+  // The spin budget of the next drive: zero while backed off, except on a probe.
+  std::chrono::microseconds nextSpin() {
+    const uint32_t drive_number = drives_.fetch_add(1, std::memory_order_relaxed);
+    const bool backed_off = misses_.load(std::memory_order_relaxed) >= kMissesToBackOff &&
+                            drive_number % kProbeEvery != 0;
+    return backed_off ? std::chrono::microseconds(0) : spin_;
+  }
+  // A drive that spun (more than one pass): it finished its op, or its budget ran out.
+  void spinPaid() { misses_.store(0, std::memory_order_relaxed); }
+  void spinMissed() { misses_.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  static constexpr int kMissesToBackOff = 3;
+  static constexpr uint32_t kProbeEvery = 16;
+
+  bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
+  std::chrono::microseconds spin_{0};  // HVD_CALLER_SPIN_US where drivable_, else 0
+  std::atomic<int> misses_{0};         // drives in a row whose spin ran out
+  std::atomic<uint32_t> drives_{0};
+};
+
+}  // namespace hvd::runtime

@@ -1,0 +1,328 @@
+// One pass of BackgroundLoop (background_loop.h), run by the loop thread or by a caller that
+// drives (Note [Caller drives] in background_loop.cc), and its steps in order: drain
+// submissions, read control messages, negotiate (rank 0 coordinates and sends responses,
+// workers send requests), execute, inspect stalls; then failure (Note [Failure fan-out]) and
+// the sweep of keys nothing refers to any more.
+#include <algorithm>
+
+#include "common/logging.h"
+#include "runtime/background_loop.h"
+#include "transport/tcp/socket.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+using coord::MessageType;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A kAbort payload is the failing rank's status code (one byte) followed by its message
+// (Note [Failure fan-out]); anything else reads as a plain abort. A peer's own mistake (a
+// ValueError there) is an abort here: this rank did nothing wrong.
+Status statusFromAbort(const std::string& payload) {
+  if (!payload.empty()) {
+    auto code = static_cast<common::Code>(static_cast<unsigned char>(payload[0]));
+    if (code == common::Code::kPeerLost || code == common::Code::kTimeout ||
+        code == common::Code::kAborted || code == common::Code::kInternal) {
+      return Status(code, payload.substr(1));
+    }
+    if (code == common::Code::kInvalidArgument || code == common::Code::kTypeError ||
+        code == common::Code::kMismatch) {
+      return common::aborted(payload.substr(1));
+    }
+  }
+  return common::aborted(payload);
+}
+
+}  // namespace
+
+void BackgroundLoop::pass(bool mark_cycle) {
+  if (queue_.abortRequested() && !failed_) {
+    const std::string reason = queue_.abortReason();
+    fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
+                         (reason.empty() ? "" : ": " + reason)),
+         /*tell_peers=*/true);
+  }
+  // only while a file marks cycles; a spinning caller's passes are not cycles
+  if (mark_cycle && timeline_ != nullptr) timeline_->markCycle();
+  if (coordinator_ && !failed_) {
+    // Before anything is admitted: requests are admitted (and fused) as they arrive, so a new
+    // autotune setting must be in force first (coordinate(), step b).
+    coordinator_->syncProcessSets();
+    coordinator_->adoptTunedParams();
+  }
+  drainSubmissions();
+  if (!failed_) readControl();
+  if (!failed_ && !shutdown_sent_) {
+    int lost = mesh_.findLostPeer();
+    if (lost >= 0 && !execution_.empty()) {
+      // Responses already here were agreed by every rank, and the peer may have left after
+      // completing them and agreeing to shut down: run them before judging it.
+      executeQueued();
+      lost = failed_ ? -1 : mesh_.findLostPeer();
+    }
+    if (lost >= 0) awaitCause();  // Note [Failure fan-out]
+    if (lost >= 0 && !failed_) {
+      fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
+                            ": the process exited or closed the connection"),
+           true);
+    }
+  }
+  if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
+  if (!failed_ && !shutdown_sent_) {
+    if (mesh_.rank() == 0) coordinate(); else sendRequests();
+    executeQueued();
+    stalls_.inspect(entries_, coordinator_.get());
+  }
+  if (!failed_) {  // device ops queued earlier may finish while the shutdown is agreed
+    Status device = executor_.pollDevice();
+    if (!device.isOk()) fail(device, /*tell_peers=*/true);
+  }
+  if (shutdown_sent_) checkShutdownAgreement();
+  if (keys_.wantsSweep()) sweepKeys();
+}
+
+void BackgroundLoop::drainSubmissions() {
+  queue_.take(&draining_);  // clears the pending flags (Note [Coalesced wakes])
+  drained_recently_ = !draining_.empty();  // Note [Coalesced wakes]
+  if (draining_.empty()) return;
+  timeline::Timeline* timeline = coordinator_ ? negotiationTimeline() : nullptr;
+  timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
+  const auto now = Clock::now();
+  for (auto& e : draining_) {
+    e.enqueued = now;  // for the stall inspector's ages: one clock read per drain
+    if (failed_) {
+      handles_.complete(e.handle, failure());
+      keys_.release(&e.request.key, 1);
+      continue;
+    }
+    if (e.request.type == coord::OpType::kJoin && e.request.device >= 0) {
+      executor_.noteJoinDevice(e.request.device);
+    }
+    TensorEntry& entry = entries_.put(std::move(e));
+    if (coordinator_) {
+      coordinator_->admit(entry.request.key, entry.request, mesh_.rank(), timeline, now);
+    } else {
+      requests_->add(entry.request.key);
+    }
+  }
+  draining_.clear();
+  metrics_.setQueueDepth(entries_.size());
+}
+
+void BackgroundLoop::readControl() {
+  for (int r = 0; r < mesh_.size() && !failed_ && !finished_; ++r) {
+    transport::ControlChannel* channel = mesh_.control(r);
+    if (channel == nullptr) continue;
+    channel->flush();  // Note [Control over shm] C
+    std::vector<transport::ControlMessage> messages;
+    Status status = channel->receive(&messages);
+    for (const auto& m : messages) {
+      if (mesh_.rank() == 0) handleWorkerMessage(r, m); else handleCoordinatorMessage(m);
+      if (failed_ || finished_) return;
+    }
+    if (status.isOk()) continue;
+    if (shutdown_sent_) {
+      // A peer that already agreed to shut down may close first.
+      if (mesh_.rank() == 0) coordinator_->noteShutdown(r); else finished_ = true;
+      continue;
+    }
+    if (status.code() == common::Code::kPeerLost) {
+      fail(common::peerLost("lost connection to rank " + std::to_string(r) +
+                            ": the process exited or closed the connection"), true);
+    } else {
+      fail(status, true);
+    }
+  }
+}
+
+void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& message) {
+  switch (static_cast<MessageType>(message.type)) {
+    case MessageType::kResponses: {
+      coord::ResponseList list;
+      Status status = coord::decode(message.payload, keys_, &list);
+      if (!status.isOk()) {
+        fail(common::internalError("malformed response list from rank 0: " + status.message()),
+             false);
+        return;
+      }
+      // The switch precedes this list's responses (Rule in coord/message.h, ParamsUpdate).
+      if (list.params) execution_.pushParams(*list.params);
+      for (auto& r : list.responses) execution_.push(std::move(r));
+      break;
+    }
+    case MessageType::kShutdown:  // every rank agreed (checkShutdownAgreement)
+      finished_ = true;
+      break;
+    case MessageType::kAbort:
+      fail(statusFromAbort(message.payload), false);
+      break;
+    default:
+      HVD_LOG(kWarning, "coord") << "ignoring control message of unknown type " << message.type;
+  }
+}
+
+// Requests are admitted as they are decoded: a repeated one comes from the mirror with its
+// key hint, so the steady state interns nothing.
+void BackgroundLoop::handleWorkerMessage(int from, const transport::ControlMessage& message) {
+  switch (static_cast<MessageType>(message.type)) {
+    case MessageType::kRequests: {
+      timeline::Timeline* timeline = negotiationTimeline();
+      timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
+      const auto now = Clock::now();
+      Status status = coordinator_->admitRequests(from, message.payload, timeline, now);
+      if (!status.isOk()) {
+        fail(common::internalError("malformed request list from rank " + std::to_string(from) +
+                                   ": " + status.message()), true);
+        return;
+      }
+      break;
+    }
+    case MessageType::kShutdown:
+      coordinator_->noteShutdown(from);
+      break;
+    case MessageType::kAbort:
+      fail(statusFromAbort(message.payload), /*tell_peers=*/true);
+      break;
+    default:
+      HVD_LOG(kWarning, "coord") << "ignoring control message of unknown type " << message.type
+                                 << " from rank " << from;
+  }
+}
+
+// The coordinator step, in order (requests were admitted as they arrived: drain and
+// readControl call RankZeroCoordinator::admit(); only those for sets not registered yet wait
+// in its parked list):
+//   a. admit parked requests whose set is registered now;
+//   b. (at the start of the pass, before any admission: a new autotune setting — rank 0's
+//      fusion threshold, window and cache — is adopted, so the responses released in this
+//      pass are fused under it and carry it);
+//   c. release what is ready (timeline: NEGOTIATE_<OP> closes) into the batching window;
+//   d. keep holding while the batching window is open (BatchingWindow::hold), else send the
+//      batch.
+void BackgroundLoop::coordinate() {
+  auto t0 = Clock::now();
+  timeline::Timeline* timeline = negotiationTimeline();
+  coordinator_->admitParked(timeline);
+  coordinator_->release(t0, timeline);
+  if (coordinator_->sendNow()) sendReady();
+  metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+// Step A: send each worker its share (responses of sets it belongs to), in order, with the
+// pending autotune setting (also to workers whose share is empty). Step B: queue rank 0's own
+// share the same way.
+void BackgroundLoop::sendReady() {
+  std::optional<coord::ParamsUpdate> params;
+  std::vector<coord::Response> ready = coordinator_->takeBatch(&params);
+  std::vector<const coord::Response*> share;
+  for (int w = 1; w < mesh_.size(); ++w) {
+    share.clear();
+    for (const auto& r : ready) {
+      if (sets_.contains(r.process_set, w)) share.push_back(&r);
+    }
+    if (share.empty() && !params) continue;
+    Status status = mesh_.control(w)->send(static_cast<uint32_t>(MessageType::kResponses),
+                                           coord::encode(share.data(), share.size(), params,
+                                                         keys_),
+                                           config_.timeout_seconds);
+    if (!status.isOk()) {
+      fail(common::peerLost("lost connection to rank " + std::to_string(w) + ": " +
+                            status.message()), true);
+      return;
+    }
+  }
+  if (params) execution_.pushParams(*params);
+  for (auto& r : ready) execution_.push(std::move(r));
+}
+
+void BackgroundLoop::sendRequests() {
+  if (requests_->empty()) return;
+  std::string bytes = requests_->encode(entries_);
+  Status status = mesh_.control(0)->send(static_cast<uint32_t>(MessageType::kRequests), bytes,
+                                         config_.timeout_seconds);
+  if (!status.isOk()) {
+    fail(common::peerLost("lost connection to rank 0: " + status.message()), true);
+  }
+}
+
+void BackgroundLoop::executeQueued() {
+  Status status = execution_.run();
+  if (!status.isOk()) fail(status, /*tell_peers=*/true);
+  // Right after executing, before the next drain: a caller's next op cannot look concurrent.
+  // Own tensors submitted but not drained yet count too (Note [Batching window]).
+  if (coordinator_ && !failed_) {
+    coordinator_->noteStepBoundary(!entries_.empty() || !execution_.empty() ||
+                                   queue_.submissionsPending());
+  }
+}
+
+// A worker that sees a peer hang up may be early: the peer may have closed on a cause rank 0
+// is relaying to every worker (an abort, a timeout), and rank 0's message to this rank can
+// trail the peer's close. Give it a short, bounded chance to arrive (Note [Failure fan-out]).
+void BackgroundLoop::awaitCause() {
+  constexpr double kCauseWaitSeconds = 0.1;
+  transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
+  // Rank 0's ring may already hold other frames (responses of ops running now): read them and
+  // keep waiting, until the cause comes (fail() sets failed_) or the time is up.
+  const auto deadline = transport::tcp::deadlineAfter(kCauseWaitSeconds);
+  for (int left_ms = 1; channel != nullptr && !failed_ && left_ms > 0;) {
+    left_ms = transport::tcp::millisecondsLeft(deadline, 1000);
+    if (left_ms > 0) channel->waitReadable(left_ms);
+    readControl();
+  }
+  if (channel == nullptr) readControl();
+}
+
+// Every op of this rank — submitted, drained or queued for execution — ends with `status`, and
+// its name is free again whether or not its handle was released (Note [Name lifetime]).
+// store_failure: later submissions fail with it too.
+void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
+  executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
+  queue_.failAll(status, store_failure);
+  entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
+  entries_.clear();
+  keys_.releaseAll();
+  execution_.clear();
+  if (coordinator_) coordinator_->dropBatch();
+}
+
+void BackgroundLoop::fail(const Status& status, bool tell_peers) {
+  if (failed_) return;
+  failed_ = true;
+  HVD_LOG(kWarning, "runtime") << "core failed: " << status.message();
+  // Note [Failure fan-out]: the reason travels to every rank (kAbort with the status code,
+  // relayed by rank 0), so a survivor reports the real cause — e.g. the rank that died — not
+  // the rank that told it. A lost peer is also seen by every survivor on its own connection
+  // (the mesh is complete), so for that cause this rank keeps its sockets open: closing them
+  // would make slower survivors blame a live rank. Other causes (abort, timeout, malformed
+  // input) are invisible to peers, so the connections are closed as well.
+  if (tell_peers) {
+    std::string payload(1, static_cast<char>(status.code()));
+    payload += status.message();
+    for (int r = 0; r < mesh_.size(); ++r) {
+      transport::ControlChannel* channel = mesh_.control(r);
+      if (channel != nullptr) {
+        channel->send(static_cast<uint32_t>(coord::MessageType::kAbort), payload, 1.0);
+      }
+    }
+  }
+  completeAllPending(status, /*store_failure=*/true);
+  metrics_.setLastError(status.message());
+  if (tell_peers) flushControl();
+  if (status.code() != common::Code::kPeerLost) mesh_.close();
+  if (queue_.shutdownRequested()) finished_ = true;
+}
+
+// Frees the keys of names nothing refers to any more (Note [Key lifetime] in key_table.cc):
+// names in flight on this rank are kept by the table itself; here go the other holders.
+void BackgroundLoop::sweepKeys() {
+  keys_.sweep([this](const coord::KeyTable::MarkFn& mark) {
+    if (coordinator_) coordinator_->markKeys(mark);  // its tables, parked and held requests
+    execution_.markKeys(mark);
+    if (requests_) requests_->markKeys(mark);
+  });
+}
+
+}  // namespace hvd::runtime
