@@ -97,10 +97,8 @@ class SealedChannel:
         self.sock = sock
         out_dir, in_dir = (_S2C, _C2S) if is_server else (_C2S, _S2C)
         self._out_dir, self._in_dir = out_dir, in_dir
-        self._out_mac = hmac.new(_direction_key(secret, context, out_dir, server_nonce,
-                                                client_nonce), digestmod=hashlib.sha256)
-        self._in_mac = hmac.new(_direction_key(secret, context, in_dir, server_nonce,
-                                               client_nonce), digestmod=hashlib.sha256)
+        self._out_key = _direction_key(secret, context, out_dir, server_nonce, client_nonce)
+        self._in_key = _direction_key(secret, context, in_dir, server_nonce, client_nonce)
         self._sent = 0
         self.received = 0  # frames received and verified so far
         self._send_lock = threading.Lock()
@@ -109,7 +107,7 @@ class SealedChannel:
         """Send one frame (``OSError`` if the connection is gone)."""
         header = HEADER.pack(op, len(body))
         with self._send_lock:
-            tag = self._tag(self._out_mac, self._out_dir, self._sent, header, body)
+            tag = self._tag(self._out_key, self._out_dir, self._sent, header, body)
             self.sock.sendall(header + body + tag)
             self._sent += 1
 
@@ -131,15 +129,12 @@ class SealedChannel:
             raise ValueError(f"frame of {length} bytes exceeds the limit of {max_body}")
         rest = recv_exact(self.sock, length + TAG_SIZE)
         body, tag = rest[:length], rest[length:]
-        expected = self._tag(self._in_mac, self._in_dir, self.received, header, body)
+        expected = self._tag(self._in_key, self._in_dir, self.received, header, body)
         if not hmac.compare_digest(tag, expected):
             raise FrameAuthError(self.received)
         self.received += 1
         return op, body
 
     @staticmethod
-    def _tag(base: "hmac.HMAC", direction: bytes, seq: int, header: bytes, body: bytes) -> bytes:
-        h = base.copy()
-        h.update(direction + _SEQ.pack(seq) + header)
-        h.update(body)
-        return h.digest()
+    def _tag(key: bytes, direction: bytes, seq: int, header: bytes, body: bytes) -> bytes:
+        return hmac.digest(key, direction + _SEQ.pack(seq) + header + body, "sha256")

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from hvd_magic.spark.logchannel import EXIT, MAGIC, STDOUT, LogClient, LogServer
+from hvd_magic.spark.logchannel import EXIT, MAGIC, STDERR, STDOUT, LogClient, LogServer
 from mitm_proxy import C2S, TamperingProxy, frame, split
 
 SECRET = b"log-channel-secret"
@@ -120,6 +120,17 @@ def test_swapped_lines_are_not_delivered(driver, caplog):
     delivered = _attack(driver, tamper, [(STDOUT, "first"), (STDOUT, "second")])
     assert delivered == [("closed", "")]
     assert "frame 0 from rank" in _auth_failures(caplog)[0]
+    _assert_still_serving(driver)
+
+
+def test_dropped_line_is_noticed_at_the_next_frame(driver, caplog):
+    def tamper(conn, direction, seq, data):
+        return [] if seq == 1 else [data]  # "epoch 2 failed" never arrives
+
+    delivered = _attack(driver, tamper, [(STDOUT, "epoch 1"), (STDERR, "epoch 2 failed"),
+                                         (EXIT, "0")])
+    assert delivered == [("stdout", "epoch 1"), ("closed", "")]
+    assert "frame 1 from rank" in _auth_failures(caplog)[0]
     _assert_still_serving(driver)
 
 
