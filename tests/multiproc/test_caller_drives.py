@@ -1,5 +1,5 @@
 """A thread waiting on its own op runs the core itself (Note [Caller drives] in
-engine_native/csrc/runtime/caller_drives.cc), on spawned ranks.
+engine_native/csrc/runtime/background_loop.cc), on spawned ranks.
 
 Covered: synchronous collectives finish on the calling thread when the host has a core per
 rank; the spin yields the core where ranks outnumber the cores this process may use; a peer
