@@ -41,6 +41,7 @@ HEADER = struct.Struct("!BI")
 TAG_SIZE = 32
 _SEQ = struct.Struct("!Q")
 _C2S, _S2C = b"c2s", b"s2c"
+_GATHER_ABOVE = 64 << 10
 
 
 class FrameAuthError(ConnectionError):
@@ -108,7 +109,7 @@ class SealedChannel:
         header = HEADER.pack(op, len(body))
         with self._send_lock:
             tag = self._tag(self._out_key, self._out_dir, self._sent, header, body)
-            self.sock.sendall(header + body + tag)
+            _send_parts(self.sock, header, body, tag)
             self._sent += 1
 
     def recv(self, max_body: int) -> tuple[int, bytes]:
@@ -127,14 +128,43 @@ class SealedChannel:
         op, length = HEADER.unpack(header)
         if length > max_body:
             raise ValueError(f"frame of {length} bytes exceeds the limit of {max_body}")
-        rest = recv_exact(self.sock, length + TAG_SIZE)
-        body, tag = rest[:length], rest[length:]
-        expected = self._tag(self._in_key, self._in_dir, self.received, header, body)
-        if not hmac.compare_digest(tag, expected):
+        rest = memoryview(_recv_into(self.sock, length + TAG_SIZE))
+        expected = self._tag(self._in_key, self._in_dir, self.received, header, rest[:length])
+        if not hmac.compare_digest(rest[length:], expected):
             raise FrameAuthError(self.received)
         self.received += 1
-        return op, body
+        return op, bytes(rest[:length])
 
     @staticmethod
-    def _tag(key: bytes, direction: bytes, seq: int, header: bytes, body: bytes) -> bytes:
-        return hmac.digest(key, direction + _SEQ.pack(seq) + header + body, "sha256")
+    def _tag(key: bytes, direction: bytes, seq: int, header: bytes, body) -> bytes:
+        h = hmac.new(key, direction + _SEQ.pack(seq) + header, "sha256")
+        h.update(body)  # no copy of a large body
+        return h.digest()
+
+
+def _recv_into(sock: socket.socket, n: int) -> bytearray:
+    """Exactly ``n`` bytes into one buffer (a large frame is not copied while it arrives)."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("connection closed")
+        got += k
+    return buf
+
+
+def _send_parts(sock: socket.socket, *parts: bytes) -> None:
+    """``sendall`` of the parts' concatenation; a large frame in gathered writes, without
+    building it (a small one is cheaper to join: one plain send costs less than a gathered one)."""
+    if sum(len(p) for p in parts) < _GATHER_ABOVE or not hasattr(sock, "sendmsg"):
+        sock.sendall(b"".join(parts))
+        return
+    views = [memoryview(p) for p in parts if len(p)]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0], sent = views[0][sent:], 0
