@@ -19,7 +19,7 @@ import types
 
 import pytest
 
-from hvd_magic import cellrun
+from hvd_magic import cellrun, stall
 
 PUBLISH_EVERY = 0.25  # engine_side._Watch.INTERVAL
 ENTERED = 0.02        # s after the cell's start at which rank 0 submits and waits
@@ -117,7 +117,7 @@ def test_a_grace_too_short_for_any_lead_still_prints_the_hint_first(monkeypatch,
 def test_without_a_stall_grace_the_hint_comes_after_stall_warn_after(monkeypatch, capsys):
     hint_at, hint, ended_at, run = _run_until_ended(monkeypatch, capsys, 0, limit=12.0)
     assert ended_at is None and run.reason is None  # nothing ends the cell by itself
-    assert cellrun.STALL_WARN_AFTER <= hint_at <= cellrun.STALL_WARN_AFTER + 0.5
+    assert stall.STALL_WARN_AFTER <= hint_at <= stall.STALL_WARN_AFTER + 0.5
     assert "Interrupt the kernel (or use --timeout) to abort and recover." in hint
 
 

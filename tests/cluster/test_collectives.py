@@ -76,9 +76,9 @@ def test_ctrl_c_on_skipped_allreduce_reports_and_recovers(local_cluster, shell):
 
 
 def test_long_wait_in_a_collective_prints_a_hint(local_cluster, run, monkeypatch):
-    from hvd_magic import cellrun
+    from hvd_magic import stall
 
-    monkeypatch.setattr(cellrun, "STALL_WARN_AFTER", 1.0)
+    monkeypatch.setattr(stall, "STALL_WARN_AFTER", 1.0)  # the stall policy reads it there
     res = run(SKIP_ONE.format(opts=" --timeout 4"))
     assert isinstance(res.error, CellInterrupted), res.text
     assert "hvd: ranks 0,2 waiting 1+ s in allreduce 'grad.fc1'; rank(s) 1 already " \
