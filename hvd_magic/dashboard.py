@@ -36,6 +36,7 @@ import time
 
 from . import engine_dashboard, status
 from .interrupts import interrupt_running_cell
+from .launch import hosts as hostlib
 from .ranks import format_ranks
 
 ATTACH_TIMEOUT = 10.0   # s for every engine to start its publisher
@@ -105,11 +106,9 @@ class Dashboard:
             os.environ.get("HVD_DASHBOARD", "").strip().lower() != "text"
         if quiet_text:  # no widget frontend: collect quietly, print the status once below
             mode = "off"  # (a line per state change would interleave with cells' output)
-        local = self.cluster.launcher in ("local", "mpi")
         self.hub = start_dashboard(
-            size=self.cluster.size, key=self.key,
-            bind="tcp://127.0.0.1" if local else "tcp://0.0.0.0",
-            connect_host=None if local else _own_address(), mode=mode, display=show,
+            size=self.cluster.size, key=self.key, bind=f"tcp://{self._listen_address()}",
+            mode=mode, display=show,
             on_stop=self.stop_clicked, on_timeline=self.timeline_clicked,
             on_autotune=self.autotune_clicked)
         self.hub.add_sink(self._watch)
@@ -119,6 +118,13 @@ class Dashboard:
             self.hub.wait_for_ranks(range(self.cluster.size), FIRST_SNAPSHOT_TIMEOUT)
             self.show()
         return notes
+
+    def _listen_address(self) -> str:
+        """Loopback for ranks on this machine; else the one interface the ranks reach this
+        machine through (never every interface: the hub takes frames from whoever connects)."""
+        if self.cluster.launcher in ("local", "mpi"):
+            return "127.0.0.1"
+        return hostlib.address_toward([r.host for r in self.cluster.ranks])
 
     def attach_engines(self) -> list[str]:
         """Start a publisher on every rank (after %hvd_start and %hvd_restart)."""
@@ -278,11 +284,6 @@ def ask_ranks(cluster, call, timeout: float) -> tuple[dict, list]:
             answers[rank] = (False, f"{getattr(exc, 'ename', None) or type(exc).__name__}: "
                                     f"{getattr(exc, 'evalue', None) or exc}")
     return answers, missing
-
-
-def _own_address() -> str:
-    import socket
-    return socket.gethostbyname(socket.gethostname())
 
 
 def open_dashboard(cluster, show: bool = True) -> Dashboard | None:

@@ -23,6 +23,7 @@ import time
 import uuid
 
 from ..launch import config
+from ..launch import hosts as hostlib
 from ..launch.output import RankOutput
 from ..launch.pickling import dumps_call
 from ..launch.procs import JobResult
@@ -140,6 +141,14 @@ def _wait(sc, group: str, watch: _Watch, size: int, start_timeout: float) -> str
             watch.cond.wait(0.5)  # woken at once by every report; the tick checks deadlines
 
 
+def listen_host(conf, local: bool) -> str:
+    """Where the store and log servers listen: loopback for a local master, else the address
+    executors reach the driver at (Spark's ``spark.driver.host``); never every interface."""
+    if local:
+        return "127.0.0.1"
+    return conf.get("spark.driver.host") or hostlib.address_toward([])
+
+
 def run_on_spark(fn, args=(), kwargs=None, num_proc: int | None = None,
                  start_timeout: float | None = None, env: dict | None = None,
                  stdout=None, stderr=None, prefix_output_with_timestamp: bool = False,
@@ -158,7 +167,7 @@ def run_on_spark(fn, args=(), kwargs=None, num_proc: int | None = None,
     if start_timeout is None:
         start_timeout = float(os.environ.get("HOROVOD_SPARK_START_TIMEOUT", "600"))
     payload = dumps_call(fn, tuple(args), dict(kwargs or {}), what)  # step A
-    host = "127.0.0.1" if slots is not None else sc.getConf().get("spark.driver.host", "0.0.0.0")
+    host = listen_host(sc.getConf(), local=slots is not None)
     secret, key = secrets.token_bytes(32), "spark-" + uuid.uuid4().hex[:12]
     output = RankOutput(stdout, stderr, timestamp=prefix_output_with_timestamp,
                         only_ranks=only_ranks)

@@ -1,6 +1,7 @@
 """The notebook side of tests/multihost/test_hvd_start_ssh.py, run on host a: an IPython shell
 with hvd_magic starts ``%hvd_start -n 4 --launcher ssh --hosts a:2,b:2``, runs ``%%hvd``
-cells on the ranks, stops the cluster, and prints one ``NB-RESULT {json}`` line.
+cells on the ranks, notes where the dashboard listens and which ranks it heard from, stops the
+cluster, and prints one ``NB-RESULT {json}`` line.
 
 Environment: ``MH_ADDRESSES`` ("a=10.231.0.1,b=..."), passed on to the engines.
 """
@@ -46,6 +47,16 @@ def run(ip, code: str) -> dict:
             "out": out.getvalue()[-3000:], "err": err.getvalue()[-3000:]}
 
 
+def dashboard_seen() -> dict:
+    """Where the dashboard's hub listens and the ranks whose snapshots reached it."""
+    import hvd_magic
+
+    hub = hvd_magic._magics.dashboard.hub
+    hub.wait_for_ranks(range(4), 30)
+    return {"address": hub.address,
+            "ranks": sorted(r.rank for r in hub.model.rows(time.monotonic()) if r.pid)}
+
+
 def main() -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -54,11 +65,12 @@ def main() -> None:
     report = {}
     env = f"--env MH_ADDRESSES={os.environ['MH_ADDRESSES']}"
     report["start"] = run(ip, f"%hvd_start -n 4 --launcher ssh --hosts a:2,b:2 --gpus none "
-                              f"--no-dashboard --timeout 90 {env}")
+                              f"--timeout 90 {env}")
     try:
         if report["start"]["ok"]:
             report["cell"] = run(ip, CELL)
             report["where"] = ip.user_ns.get("where")
+            report["dashboard"] = dashboard_seen()
     finally:
         report["stop"] = run(ip, "%hvd_stop")
     print("NB-RESULT " + json.dumps(report, default=repr), flush=True)

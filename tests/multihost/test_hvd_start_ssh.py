@@ -5,7 +5,8 @@ controller on a. A ``%%hvd`` cell then runs on every rank.
 
 Checked per rank: it runs on its host (host name, and it can bind that host's address only),
 ranks fill the hosts in order, local/cross rank and size, shm within a host and tcp across,
-allreduce results; the cluster stops cleanly.
+allreduce results; the dashboard listens on host a's address toward b (not every interface)
+and hears every rank; the cluster stops cleanly.
 
 Bugs this found: engines that registered while the SSH launcher was still starting the
 others were not counted ("only 2 of 4 engines registered"), and the rendezvous advertised
@@ -46,4 +47,7 @@ def test_hvd_start_ssh_on_two_hosts(namespace_hosts_ab):
         assert got["transports"] == ["self" if q == rank else "shm" if q // 2 == rank // 2
                                      else "tcp" for q in range(4)], got
         assert got["x"] == [0.0, 10.0, 20.0, 30.0] and got["big_ok"], got
+    dashboard = report["dashboard"]
+    assert dashboard["address"].startswith(f"tcp://{hosts.addresses['a']}:"), dashboard
+    assert dashboard["ranks"] == [0, 1, 2, 3], dashboard
     assert report["stop"]["ok"] and "cluster stopped" in report["stop"]["out"], report["stop"]
