@@ -39,9 +39,14 @@ class RendezvousClient:
         The job's secret (``bytes.fromhex(os.environ["HVD_SECRET"])``).
     connect_timeout : float
         How long to keep retrying while the server is not reachable yet.
+    reply_timeout : float
+        How long a request waits for its reply beyond the time the store itself may wait (a
+        ``get``'s timeout): a live store answers at once, so none in time means the path to it
+        is broken (a proxy swallowing frames, a stopped store) and the request fails.
     """
 
-    def __init__(self, address: str, secret: bytes, connect_timeout: float = 30.0) -> None:
+    def __init__(self, address: str, secret: bytes, connect_timeout: float = 30.0,
+                 reply_timeout: float = 30.0) -> None:
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"rendezvous address must be 'host:port', got {address!r}")
@@ -50,6 +55,7 @@ class RendezvousClient:
             raise ValueError("RendezvousClient: secret must be non-empty bytes")
         self._secret = bytes(secret)
         self._connect_timeout = connect_timeout
+        self._reply_timeout = reply_timeout
         self._channel: Optional[SealedChannel] = None
         self._lock = threading.Lock()
 
@@ -61,7 +67,7 @@ class RendezvousClient:
         if not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"rendezvous set({key!r}): value must be bytes, "
                             f"got {type(value).__name__}")
-        status, body = self._request(OP_SET, pack_key(key) + bytes(value), None)
+        status, body = self._request(OP_SET, pack_key(key) + bytes(value), 0.0)
         if status != OK:
             reason = body.decode(errors="replace")
             raise RendezvousError(f"rendezvous set({key!r}) refused: {reason}")
@@ -133,12 +139,13 @@ class RendezvousClient:
             pos += 4 + n
         return values
 
-    def _request(self, op: int, body: bytes, timeout: Optional[float]) -> tuple[int, bytes]:
+    def _request(self, op: int, body: bytes, store_wait: float) -> tuple[int, bytes]:
+        """One request and its reply; ``store_wait``: how long the store may hold the reply."""
         with self._lock:
             channel = self._connected()
             where = f"rendezvous {self._addr[0]}:{self._addr[1]}"
             try:
-                channel.sock.settimeout(None if timeout is None else timeout + 30.0)
+                channel.sock.settimeout(store_wait + self._reply_timeout)
                 channel.send(op, body)
                 return channel.recv(1 << 31)  # verified before anything reads the reply
             except FrameAuthError as exc:

@@ -259,3 +259,21 @@ def test_unreachable_server_raises_promptly():
         with pytest.raises(RendezvousError, match="cannot reach"):
             RendezvousClient(f"127.0.0.1:{port}", SECRET, connect_timeout=0.5).get("k", 1)
         assert time.monotonic() - start < 5
+
+
+def test_a_swallowed_reply_fails_the_request_instead_of_blocking(server):
+    # A path that takes the request and never answers (a proxy swallowing the store's frames)
+    # fails every request after reply_timeout, set included; get's own wait comes first.
+    from mitm_proxy import S2C, TamperingProxy
+
+    handshake = ([32 + 32], [8 + 32, 32])
+    with TamperingProxy(server.address, handshake,
+                        lambda conn, direction, seq, f: [] if direction == S2C else [f]) as proxy:
+        client = RendezvousClient(proxy.address, SECRET, connect_timeout=5, reply_timeout=0.5)
+        with client:
+            began = time.monotonic()
+            with pytest.raises(RendezvousError, match="connection lost"):
+                client.set("k", b"v")
+            with pytest.raises(RendezvousError, match="connection lost"):
+                client.get("k", timeout=0.2)
+            assert time.monotonic() - began < 10
