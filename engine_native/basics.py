@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import _core, bootstrap
+from . import _core, bootstrap, horovod_env
 from ._core import HorovodInternalError
 
 try:  # the core and this package ship together: a core without these was built elsewhere
@@ -95,6 +95,7 @@ def init(comm=None, process_sets: Optional[Sequence[ProcessSet]] = None, *,
     with _lock:
         if _core.is_initialized():
             return
+        horovod_env.warn_unread_once()
         _world = bootstrap.bootstrap(comm, rank, size, rendezvous, secret, job_id)
         global_process_set.ranks = list(range(_world.size))
         if not _atexit_registered:
