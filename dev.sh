@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # hvd-magic developer entry point. Two commands:
 #
-#   ./dev.sh test   set up (if needed) and run every test tier with pytest
+#   ./dev.sh test   set up (if needed) and run every test tier with pytest (2 workers;
+#                   HVD_TEST_WORKERS=1 for one)
 #   ./dev.sh demo   set up (if needed) and run the quickstart notebook headless
 #
 # Set-up installs into the *active* Python environment (a venv, conda env or pyenv version);
@@ -116,8 +117,14 @@ cmd=${1:-}
 case "$cmd" in
     test)
         setup
-        log "pytest (per-test timeout ${TEST_TIMEOUT}s)"
-        exec "$PYTHON" -m pytest --timeout="$TEST_TIMEOUT" "$@"
+        # Most tests wait (for ranks to start, a peer's answer, a kernel) more than they
+        # compute: two workers (pytest-xdist) keep both cores busy. tests/conftest.py decides
+        # which tests must share a worker. HVD_TEST_WORKERS=1 runs them one at a time.
+        workers=${HVD_TEST_WORKERS:-2}
+        parallel=()
+        [ "$workers" -gt 1 ] && parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+        log "pytest (per-test timeout ${TEST_TIMEOUT}s, $workers worker(s))"
+        exec "$PYTHON" -m pytest --timeout="$TEST_TIMEOUT" "${parallel[@]}" "$@"
         ;;
     demo)
         setup

@@ -36,7 +36,32 @@ def pytest_configure(config):
         config.pluginmanager.register(tier_times.TierTimes(), "hvd-tier-times")
 
 
+# Under pytest-xdist (./dev.sh test runs two workers) each of these tiers runs whole in one
+# worker, first: its tests share something one per process (the IPython shell and its
+# cluster; the network-namespace hosts; a JupyterLab; an mpiexec'd cluster), and the longest
+# goes first so the other worker spends that time on the rest. Every other test file is a unit
+# of its own, run where a worker is free; the unit tier's short files last, to fill the end.
+_WHOLE_TIERS = ("cluster", "multihost", "browser", "mpi")
+_LAST_TIERS = ("unit",)
+
+
+def _distribute(config, items):
+    if not getattr(config.option, "loadgroup", False):
+        return
+    def rank(item):
+        rel = os.path.relpath(str(item.path), TESTS).split(os.sep)
+        tier = rel[0] if len(rel) > 1 else ""
+        if tier in _WHOLE_TIERS:
+            item.add_marker(pytest.mark.xdist_group(tier))
+            return _WHOLE_TIERS.index(tier)
+        item.add_marker(pytest.mark.xdist_group("/".join(rel)))
+        return len(_WHOLE_TIERS) + (tier in _LAST_TIERS)
+    items.sort(key=rank)  # stable: the order within a unit stays the collection's
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
+    _distribute(config, items)
     required = tiers.required()
     for item in items:
         rel = os.path.relpath(str(item.path), TESTS).split(os.sep)
