@@ -1,9 +1,10 @@
 // DeviceOutputPool: device memory for the outputs the core allocates for CUDA tensors
 // (allgather, alltoall, reducescatter), reused instead of cudaMalloc/cudaFree per op: cudaFree
-// synchronises the whole device, from whatever thread drops the last tensor. Note [Output
-// reuse] in device_output_pool.cc says when a block may be written again. Process-wide (an
-// output may outlive the init() that made it), never destroyed, locked: blocks are taken by
-// the background loop and given back by any thread that drops a tensor.
+// synchronises the whole device, from whatever thread drops the last tensor. A BlockPool per
+// device (runtime/block_pool.h); Note [Output reuse] in device_output_pool.cc says when a
+// block may be written again. Process-wide (an output may outlive the init() that made it),
+// never destroyed: blocks are taken by the background loop and given back by any thread that
+// drops a tensor.
 #pragma once
 
 #include <cstddef>
@@ -27,10 +28,6 @@ class DeviceOutputPool {
   // The last tensor over `block` is gone; `consumer` (the dropping thread's current stream of
   // `device`, 0 for the legacy stream) is the stream its last use was queued on.
   void give(int device, void* block, size_t capacity, uintptr_t consumer);
-
-  // For tests: blocks cached now, and blocks ever allocated, on `device`.
-  size_t cachedBlocks(int device);
-  size_t allocatedBlocks(int device);
 };
 
 }  // namespace hvd::runtime
