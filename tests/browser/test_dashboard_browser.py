@@ -7,7 +7,9 @@ shows the dashboard with a row per rank; while the training cell runs (it calls
 ``hvd.report``) every row shows a non-zero samples/s that changes, and the timeline and
 autotune buttons act; the Stop button ends the training cell (the same report as Ctrl-C) and
 the cluster answers the next cell. Screenshots are saved as test artifacts
-(``dashboard-training.png``, ``dashboard-after-stop.png``, ``notebook-after-stop.png``).
+(``dashboard-training.png``, ``dashboard-after-stop.png``, ``notebook-after-stop.png``); the
+first also becomes the README's picture when the dashboard's look changed
+(tests/dashboard_picture.py).
 """
 
 import contextlib
@@ -18,6 +20,8 @@ import time
 
 import nbformat
 import pytest
+
+import dashboard_picture
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -165,7 +169,10 @@ def test_quickstart_dashboard_in_jupyterlab(lab, page, artifacts):
     wait_until(lambda: re.search(r"autotune (warmup|bayes|categorical|done) ",
                                  dashboard.inner_text()), 30, "the autotune panel",
                shown=dashboard.inner_text)
-    dashboard.screenshot(path=os.path.join(artifacts, "dashboard-training.png"))
+    training_png = os.path.join(artifacts, "dashboard-training.png")
+    dashboard.screenshot(path=training_png)
+    if dashboard_picture.refresh(training_png):
+        print(f"the dashboard's look changed: {dashboard_picture.PICTURE} replaced; commit it")
     with open(os.path.join(artifacts, "rates.json"), "w") as f:
         json.dump(seen, f)
 
