@@ -38,6 +38,7 @@ CORE_SOURCES = [
     "transport/comm.cc",
     "transport/tcp/socket.cc",
     "transport/tcp/handshake.cc",
+    "transport/tcp/acceptor.cc",
     "transport/tcp/pair.cc",
     "transport/shm/segment.cc",
     "transport/shm/offer.cc",

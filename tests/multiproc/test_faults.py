@@ -280,3 +280,33 @@ def hostile_suite(transport):
 def test_hostile_connections_are_dropped_and_job_continues(np_, transport):
     run_ranks(hostile_suite, np_, args=(transport,), timeout=120,
               **checks.world_kwargs(np_, transport, FAULT_ENV))
+
+
+def silent_crowd_at_init(count):
+    """Rank 1 opens ``count`` connections to rank 0's listener that never speak, then joins."""
+    import json
+    import socket
+
+    import engine_native as hvd
+    from engine_native.rendezvous import RendezvousClient
+
+    silent = []
+    if os.environ["HVD_RANK"] == "1":
+        # Where rank 0 listens, as its init() publishes it (engine_native/bootstrap.py).
+        with RendezvousClient(os.environ["HVD_RENDEZVOUS"],
+                              bytes.fromhex(os.environ["HVD_SECRET"])) as store:
+            key = f"{os.environ['HVD_JOB_ID']}/init1/0"
+            _, host, port, _ = json.loads(store.get(key, timeout=60))
+        silent = [socket.create_connection((host, port), timeout=5) for _ in range(count)]
+    hvd.init()
+    out = hvd.allreduce(np.ones(3), op=hvd.Sum, name="after-crowd")
+    for s in silent:
+        s.close()
+    hvd.shutdown()
+    return bool(np.all(out == 2))
+
+
+def test_silent_connections_during_init_do_not_delay_the_ranks():
+    # Each of the 20 would hold a one-at-a-time acceptor for 2 s: 40 s against HVD_TIMEOUT=4.
+    results = run_ranks(silent_crowd_at_init, 2, args=(20,), timeout=90, env=FAULT_ENV)
+    assert [r.value for r in results] == [True, True]

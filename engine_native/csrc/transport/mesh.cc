@@ -9,7 +9,7 @@
 //   B. Rank r then accepts until it holds a data connection from every higher rank and, on
 //      rank 0, a control connection from every worker. Any other connection (garbage, wrong
 //      secret, wrong job, wrong or duplicate rank, stalled > 2 s) is dropped with a log line
-//      and accepting goes on.
+//      and accepting goes on; handshakes run side by side (Note [Concurrent accept]).
 //   C. Deadlock-free: rank 0 only accepts; by induction every rank i < r reaches step B after
 //      finitely many dials, and r's connection to i waits in i's backlog until then.
 //   D. Shared-memory setup runs over the data sockets once all of them exist; then pairs are
@@ -35,6 +35,7 @@
 #include "transport/shm/pair.h"
 #include "transport/shm/setup.h"
 #include "transport/shm/shared_blocks.h"
+#include "transport/tcp/acceptor.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/pair.h"
 #include "transport/tcp/socket.h"
@@ -222,17 +223,17 @@ Status Mesh::Impl::acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline) {
   const int self = mesh.rank_;
   const int world = mesh.size();
   int remaining = world - 1 - self + (self == 0 ? world - 1 : 0);
-  const tcp::AdmitFunction admit = [&m, self](int peer, ChannelKind kind) -> std::string {
+  // Whether such a connection may come at all: read-only, so the handshake threads may ask.
+  tcp::AdmitFunction expected = [self](int peer, ChannelKind kind) -> std::string {
     const bool control = kind == ChannelKind::kControl;
     if (control ? (self != 0 || peer == 0) : peer <= self) {
       return "rank " + std::to_string(peer) + " should not open a " +
              tcp::channelKindName(kind) + " connection to rank " + std::to_string(self);
     }
-    const int fd = control ? m.control_fds[peer] : m.data_fds[peer];
-    return fd >= 0 ? "duplicate " + std::string(tcp::channelKindName(kind)) +
-                         " connection from rank " + std::to_string(peer)
-                   : std::string();
+    return std::string();
   };
+  tcp::ConcurrentAcceptor acceptor(mesh.listen_fd_, m.identity, std::move(expected));
+  std::vector<tcp::AcceptOutcome> ended;
   while (remaining > 0) {
     if (mesh.aborted()) return common::aborted("aborted while connecting");
     const int wait_ms = tcp::millisecondsLeft(deadline, 200);
@@ -245,25 +246,27 @@ Status Mesh::Impl::acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline) {
       }
       return connectTimeout(self, m.config.timeout_seconds, missing, m.last_error);
     }
-    pollfd p{mesh.listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, wait_ms) <= 0) continue;
-    int fd = -1;
-    std::string from;
-    HVD_RETURN_IF_ERROR(tcp::acceptOne(mesh.listen_fd_, &fd, &from));
-    if (fd < 0) continue;
-    const tcp::Deadline handshake_deadline =
-        std::min(deadline, tcp::deadlineAfter(tcp::kAcceptorHandshakeSeconds));
-    int peer = -1;
-    ChannelKind kind = ChannelKind::kData;
-    Status s = tcp::acceptorHandshake(fd, m.identity, admit, handshake_deadline, &peer, &kind);
-    if (!s.isOk()) {
-      HVD_LOG(kWarning, "transport") << "dropped connection from " << from << ": " << s.message();
-      m.last_error = "dropped connection from " + from + ": " + s.message();
-      tcp::closeFd(&fd);
-      continue;
+    ended.clear();
+    HVD_RETURN_IF_ERROR(acceptor.poll(deadline, wait_ms, &ended));
+    for (tcp::AcceptOutcome& o : ended) {
+      int* slot = nullptr;
+      std::string reason = o.status.message();
+      if (o.status.isOk()) {
+        slot = &(o.kind == ChannelKind::kControl ? m.control_fds : m.data_fds)[o.rank];
+        if (*slot >= 0) {
+          reason = "duplicate " + std::string(tcp::channelKindName(o.kind)) +
+                   " connection from rank " + std::to_string(o.rank);
+        }
+      }
+      if (slot == nullptr || *slot >= 0) {
+        HVD_LOG(kWarning, "transport") << "dropped connection from " << o.from << ": " << reason;
+        m.last_error = "dropped connection from " + o.from + ": " + reason;
+        tcp::closeFd(&o.fd);
+        continue;
+      }
+      *slot = o.fd;
+      --remaining;
     }
-    (kind == ChannelKind::kControl ? m.control_fds : m.data_fds)[peer] = fd;
-    --remaining;
   }
   return Status::ok();
 }
