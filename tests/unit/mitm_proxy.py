@@ -9,9 +9,14 @@ the frames that arrived in that direction on that connection. When either side c
 sockets of that connection are shut down, and closed once both directions stopped, so a peer
 learns of it promptly; :attr:`TamperingProxy.closed` holds one event per connection, set once
 both of its sockets are closed.
+
+:func:`old_protocol_server` is the other end a version check needs: a server that opens its
+handshake with an older protocol's magic.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import struct
 import threading
@@ -22,6 +27,7 @@ HEADER = struct.Struct("!BI")
 TAG = 32
 
 Tamper = Callable[[int, str, int, bytes], list]
+NONCE = 32
 
 
 def frame(op: int, body: bytes, tag: bytes = bytes(TAG)) -> bytes:
@@ -117,3 +123,21 @@ class TamperingProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def old_protocol_server(magic: bytes):
+    """Yield the ``host:port`` of a loopback server that answers one connection the way a
+    server of another protocol version opens its handshake (``magic`` and a nonce), then waits
+    for the client to hang up."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        def serve():
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(magic + os.urandom(NONCE))
+                conn.recv(1)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        yield "127.0.0.1:%d" % listener.getsockname()[1]
+        thread.join(10)

@@ -6,13 +6,12 @@ rank's connection closed, the task's next sends fail with a clear error, and the
 taking honest tasks.
 """
 import os
-import socket
 import threading
 
 import pytest
 
 from hvd_magic.spark.logchannel import EXIT, MAGIC, STDERR, STDOUT, LogClient, LogServer
-from mitm_proxy import C2S, TamperingProxy, frame, split
+from mitm_proxy import C2S, TamperingProxy, frame, old_protocol_server, split
 
 SECRET = b"log-channel-secret"
 HANDSHAKE = ([4 + 32 + 32], [8 + 32, 32])  # rank + client nonce + proof; magic + nonce, proof
@@ -163,17 +162,6 @@ def test_honest_stream_through_the_relay_is_delivered_in_order(driver):
 
 def test_other_protocol_version_fails_at_the_handshake_by_name():
     assert MAGIC == b"HVDLOG2\0"
-    with socket.create_server(("127.0.0.1", 0)) as old_driver:
-        port = old_driver.getsockname()[1]
-
-        def serve():
-            conn, _ = old_driver.accept()
-            with conn:
-                conn.sendall(b"HVDLOG1\0" + os.urandom(32))
-                conn.recv(1)
-
-        t = threading.Thread(target=serve)
-        t.start()
+    with old_protocol_server(b"HVDLOG1\0") as old_driver:
         with pytest.raises(ConnectionError, match="speaks HVDLOG1, this task HVDLOG2"):
-            LogClient(f"127.0.0.1:{port}", SECRET, rank=0, connect_timeout=5)
-        t.join(10)
+            LogClient(old_driver, SECRET, rank=0, connect_timeout=5)

@@ -16,7 +16,7 @@ import pytest
 from engine_native.rendezvous import RendezvousClient, RendezvousError, RendezvousServer
 from engine_native.rendezvous_wire import OK, OP_SET, pack_key
 from engine_native.sealed_frames import FrameAuthError, SealedChannel
-from mitm_proxy import C2S, S2C, TamperingProxy, frame, split
+from mitm_proxy import C2S, S2C, TamperingProxy, frame, old_protocol_server, split
 
 SECRET = b"sealed-frames-secret"
 HANDSHAKE = ([32 + 32], [8 + 32, 32])  # client nonce + proof; magic + server nonce, proof
@@ -262,18 +262,7 @@ def test_length_is_checked_before_the_body_is_read():
 
 
 def test_older_protocol_version_fails_at_the_handshake_by_name():
-    with socket.create_server(("127.0.0.1", 0)) as old_server:
-        port = old_server.getsockname()[1]
-
-        def serve():
-            conn, _ = old_server.accept()
-            with conn:
-                conn.sendall(b"HVDRDV1\0" + os.urandom(32))
-                conn.recv(1)
-
-        t = threading.Thread(target=serve)
-        t.start()
+    with old_protocol_server(b"HVDRDV1\0") as old_server:
         with pytest.raises(RendezvousError, match="speaks protocol HVDRDV1, this client HVDRDV2"
                                                   ".*same version"):
-            RendezvousClient(f"127.0.0.1:{port}", SECRET, connect_timeout=5).get("x", 1)
-        t.join(10)
+            RendezvousClient(old_server, SECRET, connect_timeout=5).get("x", 1)
