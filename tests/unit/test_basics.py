@@ -2,36 +2,19 @@
 package calls is an import-time error naming the function and the fix, never a silent no-op."""
 import contextlib
 import importlib
-import importlib.util
-import pathlib
-import sys
 
 import pytest
-
-_spec = importlib.util.spec_from_file_location(
-    'torch_fakecore', pathlib.Path(__file__).with_name('test_torch_fakecore.py'))
-_fakecore = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fakecore)
+from fakecore import engine_native_on, make_fake_core
 
 
 @contextlib.contextmanager
 def _core_without(name=None):
     """``engine_native`` imported afresh on a fake core that lacks ``name`` (or nothing)."""
-    saved = {k: v for k, v in sys.modules.items()
-             if k == 'engine_native' or k.startswith('engine_native.')}
-    for k in saved:
-        del sys.modules[k]
-    core = _fakecore.make_fake_core()
+    core = make_fake_core()
     if name is not None:
         delattr(core, name)
-    sys.modules['engine_native._core'] = core
-    try:
+    with engine_native_on(core):
         yield
-    finally:
-        for k in [k for k in sys.modules if k == 'engine_native' or
-                  k.startswith('engine_native.')]:
-            del sys.modules[k]
-        sys.modules.update(saved)
 
 
 @pytest.mark.parametrize('name', ['start_timeline', 'stop_timeline', 'timeline_events',

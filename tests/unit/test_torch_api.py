@@ -6,7 +6,6 @@ fake's log; results are checked against plain torch.
 import importlib.util
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -15,28 +14,25 @@ import warnings
 import pytest
 import torch
 
-_spec = importlib.util.spec_from_file_location(
-    'torch_fakecore', pathlib.Path(__file__).with_name('test_torch_fakecore.py'))
-_fakecore = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fakecore)
-fake = _fakecore.fake
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
 NOT_INIT = 'Horovod has not been initialized; use hvd.init().'
 
 
-@pytest.fixture
-def hvd(fake):
-    hvd, core = fake
-    hvd.init()
-    hvd.core = core
-    yield hvd
-    hvd.shutdown()
-
-
 def last_op(hvd):
     return hvd.core.state['log'][-1]
+
+
+def test_fake_core_round_trip(fake):
+    hvd, core = fake
+    hvd.init()
+    t = torch.arange(4, dtype=torch.float32)
+    h = hvd.allreduce_async(t, name='x', op=hvd.Sum, prescale_factor=2.0)
+    assert hvd.poll(h) is False
+    assert torch.equal(hvd.synchronize(h), t * 2)
+    assert core.state['log'][-1][1] == 'allreduce.x'
+    hvd.shutdown()
 
 
 def test_queries_before_init_raise_horovods_value_error(fake):

@@ -1,6 +1,5 @@
 """engine_native.compat: the ``horovod`` import alias and the ``run`` entry point."""
 import importlib
-import importlib.util
 import os
 import pathlib
 import subprocess
@@ -9,11 +8,6 @@ import textwrap
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    'torch_fakecore', pathlib.Path(__file__).with_name('test_torch_fakecore.py'))
-_fakecore = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fakecore)
-fake = _fakecore.fake
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 

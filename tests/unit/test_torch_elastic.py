@@ -1,24 +1,6 @@
 """hvd.elastic worker-side API at size 1 on the fake core: state commit/restore/sync, the
 run decorator's retry, ElasticSampler bookkeeping."""
-import importlib.util
-import pathlib
-
-import pytest
 import torch
-
-_spec = importlib.util.spec_from_file_location(
-    'torch_fakecore', pathlib.Path(__file__).with_name('test_torch_fakecore.py'))
-_fakecore = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fakecore)
-fake = _fakecore.fake
-
-
-@pytest.fixture
-def hvd(fake):
-    hvd, core = fake
-    hvd.init()
-    yield hvd
-    hvd.shutdown()
 
 
 def test_torch_state_commit_restore(hvd):

@@ -1,25 +1,7 @@
 """broadcast_parameters/optimizer state/objects, Compression, SyncBatchNorm and autograd
 plumbing at size 1, on the fake core."""
-import importlib.util
-import pathlib
-
 import pytest
 import torch
-
-_spec = importlib.util.spec_from_file_location(
-    'torch_fakecore', pathlib.Path(__file__).with_name('test_torch_fakecore.py'))
-_fakecore = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fakecore)
-fake = _fakecore.fake
-
-
-@pytest.fixture
-def hvd(fake):
-    hvd, core = fake
-    hvd.init()
-    hvd.core = core
-    yield hvd
-    hvd.shutdown()
 
 
 def test_broadcast_parameters_names_and_types(hvd):

@@ -4,27 +4,10 @@ With HOROVOD_ELASTIC=1 the optimizer registers its hooks even at size 1 (Horovod
 the whole hook -> allreduce_async_ -> synchronize path runs here; the fake core records what
 was submitted.
 """
-import importlib.util
-import pathlib
 import warnings
 
 import pytest
 import torch
-
-_spec = importlib.util.spec_from_file_location(
-    'torch_fakecore', pathlib.Path(__file__).with_name('test_torch_fakecore.py'))
-_fakecore = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_fakecore)
-fake = _fakecore.fake
-
-
-@pytest.fixture
-def hvd(fake):
-    hvd, core = fake
-    hvd.init()
-    hvd.core = core
-    yield hvd
-    hvd.shutdown()
 
 
 @pytest.fixture

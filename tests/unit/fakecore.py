@@ -5,9 +5,10 @@ lazily (the first ``poll`` says False, ``wait`` executes), so a test sees whethe
 layer keeps memory alive and waits properly; every enqueue is recorded, so a test can assert
 what the torch layer asked of the core (names, ops, scales, roots, splits).
 
-Other unit-test files load this file by path and reuse its ``fake`` fixture, which swaps
-``engine_native*`` in ``sys.modules`` for the duration of a test (``fake_engine_native()``) and
-restores the originals afterwards, so no other test ever sees the fake.
+The ``fake`` and ``hvd`` fixtures (tests/unit/conftest.py) swap ``engine_native*`` in
+``sys.modules`` for the duration of a test (:func:`fake_engine_native`) and restore the
+originals afterwards, so no other test ever sees the fake; :func:`engine_native_on` does the
+same for a core a test has altered.
 """
 import contextlib
 import ctypes
@@ -15,7 +16,6 @@ import importlib
 import sys
 import types
 
-import pytest
 import torch
 
 _DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -268,17 +268,16 @@ def make_fake_core():
 
 
 @contextlib.contextmanager
-def fake_engine_native():
-    """Import a fresh ``engine_native.torch`` on a fake core; restore sys.modules after."""
+def engine_native_on(core):
+    """``engine_native`` imported afresh on ``core`` inside the block; sys.modules restored
+    after."""
     saved = {k: v for k, v in sys.modules.items()
              if k == 'engine_native' or k.startswith('engine_native.')}
     for k in saved:
         del sys.modules[k]
-    core = make_fake_core()
     sys.modules['engine_native._core'] = core
     try:
-        hvd = importlib.import_module('engine_native.torch')
-        yield hvd, core
+        yield
     finally:
         for k in [k for k in sys.modules if k == 'engine_native' or
                   k.startswith('engine_native.')]:
@@ -286,21 +285,9 @@ def fake_engine_native():
         sys.modules.update(saved)
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    for var in ('HVD_RANK', 'HVD_SIZE', 'HOROVOD_RANK', 'HOROVOD_SIZE', 'OMPI_COMM_WORLD_RANK',
-                'PMI_RANK', 'PMIX_RANK', 'HOROVOD_ELASTIC'):
-        monkeypatch.delenv(var, raising=False)
-    with fake_engine_native() as (hvd, core):
-        yield hvd, core
-
-
-def test_fake_core_round_trip(fake):
-    hvd, core = fake
-    hvd.init()
-    t = torch.arange(4, dtype=torch.float32)
-    h = hvd.allreduce_async(t, name='x', op=hvd.Sum, prescale_factor=2.0)
-    assert hvd.poll(h) is False
-    assert torch.equal(hvd.synchronize(h), t * 2)
-    assert core.state['log'][-1][1] == 'allreduce.x'
-    hvd.shutdown()
+@contextlib.contextmanager
+def fake_engine_native():
+    """Import a fresh ``engine_native.torch`` on a fake core; yield it and the core."""
+    core = make_fake_core()
+    with engine_native_on(core):
+        yield importlib.import_module('engine_native.torch'), core
