@@ -139,5 +139,5 @@ def old_protocol_server(magic: bytes):
 
         thread = threading.Thread(target=serve)
         thread.start()
-        yield "127.0.0.1:%d" % listener.getsockname()[1]
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
         thread.join(10)

@@ -162,6 +162,6 @@ def test_honest_stream_through_the_relay_is_delivered_in_order(driver):
 
 def test_other_protocol_version_fails_at_the_handshake_by_name():
     assert MAGIC == b"HVDLOG2\0"
-    with old_protocol_server(b"HVDLOG1\0") as old_driver:
-        with pytest.raises(ConnectionError, match="speaks HVDLOG1, this task HVDLOG2"):
-            LogClient(old_driver, SECRET, rank=0, connect_timeout=5)
+    with old_protocol_server(b"HVDLOG1\0") as old_driver, \
+            pytest.raises(ConnectionError, match="speaks HVDLOG1, this task HVDLOG2"):
+        LogClient(old_driver, SECRET, rank=0, connect_timeout=5)

@@ -262,7 +262,7 @@ def test_length_is_checked_before_the_body_is_read():
 
 
 def test_older_protocol_version_fails_at_the_handshake_by_name():
-    with old_protocol_server(b"HVDRDV1\0") as old_server:
-        with pytest.raises(RendezvousError, match="speaks protocol HVDRDV1, this client HVDRDV2"
-                                                  ".*same version"):
-            RendezvousClient(old_server, SECRET, connect_timeout=5).get("x", 1)
+    with old_protocol_server(b"HVDRDV1\0") as old_server, \
+            pytest.raises(RendezvousError, match="speaks protocol HVDRDV1, this client HVDRDV2"
+                                                 ".*same version"):
+        RendezvousClient(old_server, SECRET, connect_timeout=5).get("x", 1)

@@ -14,7 +14,6 @@ import warnings
 import pytest
 import torch
 
-
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
 NOT_INIT = 'Horovod has not been initialized; use hvd.init().'
