@@ -8,24 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from multiproc import checks
+from multiproc import checks, faults
 from multiproc.checks import Failures
 from multiproc.harness import run_ranks
 
 HVD_TIMEOUT = 4.0
 FAULT_ENV = {"HVD_TIMEOUT": str(HVD_TIMEOUT)}
-
-
-def _die_once_big_is_moving(hvd, handle):
-    """SIGKILL this rank once its executor runs "big" (metrics' current op): every rank has
-    then submitted it and the data plane is moving its chunks. If "big" finishes first, die
-    anyway: the survivors' checks then report that the kill came too late."""
-    deadline = time.monotonic() + 60
-    while "big" not in ((hvd.metrics()["current"] or {}).get("name") or ""):
-        if hvd.poll(handle) or time.monotonic() > deadline:
-            break
-        threading.Event().wait(0.0005)  # a bounded poll of the core's state, not a nap
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _big_as_executed(hvd):
@@ -52,8 +40,9 @@ def killed_rank_suite(transport, mode):
     big = np.ones(16 << 20, np.float32)  # 64 MiB: many chunks, a transfer of tens of ms
     hvd.allreduce(np.ones(8), name="warm-up")
     if me == victim:
-        if mode == "during":
-            _die_once_big_is_moving(hvd, hvd.allreduce_async(big, op=hvd.Sum, name="big"))
+        if mode == "during":  # once every rank submitted "big" and its chunks are moving;
+            # if it finishes first, the survivors' checks report that the kill came too late
+            faults.wait_until_running(hvd, "big", hvd.allreduce_async(big, op=hvd.Sum, name="big"))
         os.kill(os.getpid(), signal.SIGKILL)
     errors, times = [], []
     for name in ("big", "next-op"):

@@ -9,11 +9,9 @@ algo/single_copy.cc; the paths themselves: test_single_copy.py). Real processes,
   waiting rank within a few seconds; the slow reader's op (or its next) fails too;
 - a rank killed while its peers read its input: the others' op ends with an error, no hang.
 """
-import os
-
 import numpy as np
 
-from multiproc import checks
+from multiproc import checks, faults
 from multiproc.harness import run_ranks
 
 BIG = 300 << 10  # above the threshold these tests set
@@ -141,23 +139,19 @@ def killed_owner(pid_dir):
     """Rank 1 SIGKILLs rank 0 (the root) once its own big broadcast is under way, so rank 2 is
     likely inside process_vm_readv of the root's 256 MiB input; the readers must end with an
     error (ESRCH from the read, or the lost root in their wait), not hang."""
-    import signal
     import threading
     import time
     hvd = checks.init("shm")
     me = hvd.rank()
     big = np.ones(256 << 20, np.uint8)
     if me == 0:
-        with open(os.path.join(pid_dir, "root"), "w") as fh:
-            fh.write(str(os.getpid()))
+        faults.write_pid(pid_dir, "root")
     hvd.broadcast(np.ones(4), 0, name="warm-up")
     if me == 1:
         def kill_root():
-            while "big" not in str(hvd.metrics().get("current")):
-                time.sleep(0.0002)
+            faults.wait_until_running(hvd, "big")
             time.sleep(0.005)
-            with open(os.path.join(pid_dir, "root")) as fh:
-                os.kill(int(fh.read()), signal.SIGKILL)
+            faults.kill_by_pid_file(pid_dir, "root")
         threading.Thread(target=kill_root, daemon=True).start()
     start = time.monotonic()
     try:

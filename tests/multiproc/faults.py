@@ -1,0 +1,88 @@
+"""Rank-side set-ups of the fault tests, and the check they share: a rank that stops or dies
+while its executor runs a chosen op, a pid file through which one rank kills another, and a
+hung peer (SIGSTOP) that the others must time out on naming it.
+
+A rank cannot be killed from the test process at a chosen point of an op (the parent does not
+see the op), so the ranks do it themselves: they poll the core's metrics for the op the
+executor is running (``metrics()["current"]``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+
+
+def wait_until_running(hvd, name: str, handle=None, timeout: float = 60.0) -> bool:
+    """Poll until this rank's executor runs an op whose name contains ``name``: True then;
+    False when ``handle`` completed or ``timeout`` passed first."""
+    deadline = time.monotonic() + timeout
+    while name not in ((hvd.metrics()["current"] or {}).get("name") or ""):
+        if (handle is not None and hvd.poll(handle)) or time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.0005)  # a bounded poll of the core's state, not a nap
+    return True
+
+
+def write_pid(pid_dir: str, role: str) -> None:
+    """Leave this process's pid where :func:`kill_by_pid_file` finds it."""
+    with open(os.path.join(pid_dir, role), "w") as fh:
+        fh.write(str(os.getpid()))
+
+
+def kill_by_pid_file(pid_dir: str, role: str) -> None:
+    """SIGKILL the rank that wrote its pid as ``role`` (a stopped rank cannot kill itself)."""
+    with open(os.path.join(pid_dir, role)) as fh:
+        os.kill(int(fh.read()), signal.SIGKILL)
+
+
+def hung_peer(hvd, victim: int, pid_dir: str, op, op_async) -> tuple:
+    """Rank ``victim`` stops (SIGSTOP) while its executor runs a long op; every other rank runs
+    the same op and returns ``(error, seconds)``: the HorovodInternalError's text (None if the
+    op succeeded) and how long the op took. ``op(name)`` runs the op and waits,
+    ``op_async(name)`` submits it. Retried under a new name when the op ended before the stop
+    landed. Then the survivors SIGKILL the victim, which the test's harness reports."""
+    error, took = None, 0.0
+    for attempt in range(5):  # retried only if the stop missed the op
+        name = f"big.{attempt}"
+        if hvd.rank() == victim:
+            write_pid(pid_dir, "victim")
+            handle = op_async(name)
+            if wait_until_running(hvd, name, handle) and not hvd.poll(handle):
+                os.kill(os.getpid(), signal.SIGSTOP)
+            hvd.synchronize(handle)
+            continue
+        start = time.monotonic()
+        try:
+            op(name)
+        except hvd.HorovodInternalError as exc:
+            error, took = str(exc), time.monotonic() - start
+            break
+    kill_by_pid_file(pid_dir, "victim")
+    return error, took
+
+
+def assert_hung_peer_named(res, timeout: float) -> dict:
+    """Parent side of :func:`hung_peer` with the last rank the victim: it was killed, every
+    survivor failed within 2 x HVD_TIMEOUT + 5 s, and at least one timed out over shm naming
+    it. Returns ``{rank: seconds}`` of the survivors that timed out.
+
+    The first survivor to time out fails its core and closes its connections, so a slower
+    survivor may see that hang-up first and report the lost survivor instead."""
+    victim = len(res) - 1
+    assert res[victim].returncode == -signal.SIGKILL, res[victim].describe()
+    timed_out = {}
+    for r in res[:victim]:
+        assert r.ok, r.describe()
+        error, took = r.value
+        assert error, f"rank {r.rank}: no error"
+        assert took < 2 * timeout + 5, f"rank {r.rank}: {error!r} after {took} s"
+        if "timed out" in error:
+            assert "over shm" in error and re.search(rf"\brank {victim}\b", error), error
+            timed_out[r.rank] = took
+        else:
+            assert "lost connection" in error, f"rank {r.rank}: {error!r}"
+    assert timed_out, "no survivor timed out"
+    return timed_out
