@@ -1,5 +1,6 @@
 """Helpers for the cluster tests: run cells in an IPython shell, find and kill the processes
-of the clusters a test started (imported by conftest.py and by test modules)."""
+of the clusters a test started, kill one rank's engine, read the dashboard's rows (imported by
+conftest.py and by test modules)."""
 
 from __future__ import annotations
 
@@ -140,3 +141,25 @@ def stop_cluster(shell) -> None:
         while cluster_processes([cid]) and time.monotonic() < deadline:
             time.sleep(0.2)
         kill_strays([cid])
+
+
+def wait_for(predicate, timeout=20.0, what="condition"):
+    tick, deadline = threading.Event(), time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout:.0f} s"
+        tick.wait(0.05)
+
+
+def kill_rank(rank: int) -> int:
+    """SIGKILL the engine of ``rank`` in the shell's cluster and wait until the cluster has
+    noticed (``dead_ranks()``); returns the engine's pid."""
+    cluster = magics().cluster
+    victim = cluster.ranks[rank].pid
+    os.kill(victim, signal.SIGKILL)
+    wait_for(cluster.dead_ranks, what=f"rank {rank}'s death noticed")
+    return victim
+
+
+def dashboard_rows():
+    """The dashboard's rows as its view would draw them now."""
+    return magics().dashboard.hub.model.rows(time.monotonic())

@@ -8,11 +8,9 @@ PYTHONPATH records every torch.cuda call that finds, pins or initialises a GPU
 (tests/gpu_fakes.py)."""
 
 import os
-import threading
-import time
 
 import pytest
-from cluster_harness import magics, start_cluster, stop_cluster
+from cluster_harness import dashboard_rows, kill_rank, magics, start_cluster, stop_cluster, wait_for
 from gpu_fakes import cuda_tracer, fake_smi
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -42,17 +40,6 @@ def engines_env(monkeypatch, tmp_path):
     return use
 
 
-def wait_for(predicate, timeout=20.0, what="condition"):
-    tick, deadline = threading.Event(), time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout:.0f} s"
-        tick.wait(0.05)
-
-
-def rows():
-    return magics().dashboard.hub.model.rows(time.monotonic())
-
-
 def test_hvd_start_pins_a_gpu_per_local_rank_without_touching_cuda(no_cluster, shell, run,
                                                                     engines_env):
     engines_env(2)
@@ -68,8 +55,8 @@ def test_hvd_start_pins_a_gpu_per_local_rank_without_touching_cuda(no_cluster, s
         assert [(r.rank, r.device, r.device_name) for r in magics().cluster.ranks] == [
             (r, "cuda:0", f"GPU {r % 2}: NVIDIA Fake A100") for r in range(3)]
         assert "rank 1 -> cuda:0 (GPU 1: NVIDIA Fake A100)" in started.text
-        wait_for(lambda: [r.gpu_index for r in rows()] == [0, 1, 0], what="GPU rows")
-        assert {(r.device, r.gpu_name, r.gpu_mem_total, r.gpu_path) for r in rows()} == {
+        wait_for(lambda: [r.gpu_index for r in dashboard_rows()] == [0, 1, 0], what="GPU rows")
+        assert {(r.device, r.gpu_name, r.gpu_mem_total, r.gpu_path) for r in dashboard_rows()} == {
             ("cuda:0", "NVIDIA Fake A100", 40960 << 20, "")}
     finally:
         stop_cluster(shell)
@@ -84,15 +71,13 @@ def test_a_cluster_without_gpus_pays_nothing(no_cluster, shell, run, engines_env
         assert res.error is None, res.text
         assert res.value == [[0, 0, None, False, [], None, [3.0, 3.0]],
                              [1, 1, None, False, [], None, [3.0, 3.0]]]
-        wait_for(lambda: [r.device for r in rows()] == ["cpu", "cpu"], what="CPU rows")
+        wait_for(lambda: [r.device for r in dashboard_rows()] == ["cpu", "cpu"], what="CPU rows")
     finally:
         stop_cluster(shell)
 
 
 def test_hvd_scale_pins_new_ranks_and_a_replacement_takes_the_dead_ranks_gpu(
         no_cluster, shell, run, engines_env):
-    import signal
-
     engines_env(3)
     try:
         start_cluster(shell, "-n 2 --launcher local --timeout 120 --no-dashboard")
@@ -101,9 +86,7 @@ def test_hvd_scale_pins_new_ranks_and_a_replacement_takes_the_dead_ranks_gpu(
         res = run(PROBE)
         assert res.error is None, res.text
         assert [v[:3] for v in res.value] == [[0, 0, "0"], [1, 1, "1"], [2, 2, "2"]]
-        cluster = magics().cluster
-        os.kill(cluster.ranks[1].pid, signal.SIGKILL)
-        wait_for(lambda: cluster.dead_ranks(), what="the dead rank noticed")
+        kill_rank(1)
         res = run("%hvd_scale -n 3")  # a replacement: GPU 1 is free again
         assert res.error is None, res.text
         res = run(PROBE)

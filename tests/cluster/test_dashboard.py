@@ -6,12 +6,11 @@ engine, ``%hvd_restart``, ``%hvd_stop``, ``--no-dashboard``.
 """
 
 import os
-import signal
 import threading
 import time
 
 import pytest
-from cluster_harness import magics, start_cluster
+from cluster_harness import dashboard_rows, kill_rank, magics, start_cluster, wait_for
 
 from hvd_magic.errors import CellInterrupted
 
@@ -31,17 +30,6 @@ LONG = "%%hvd\nimport time\nfor i in range(400):\n    hvd.allreduce(torch.ones(4
        "    time.sleep(0.05)"
 
 
-def wait_for(predicate, timeout=20.0, what="condition"):
-    tick, deadline = threading.Event(), time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout:.0f} s"
-        tick.wait(0.05)
-
-
-def rows():
-    return magics().dashboard.hub.model.rows(time.monotonic())
-
-
 def later(seconds, fn):
     """Call ``fn`` from another thread after ``seconds`` (a click while a cell runs)."""
     results = []
@@ -55,19 +43,20 @@ def test_rows_show_every_rank_with_its_identity(local_cluster):
     assert dash is not None and dash.running and dash.hub.view is None  # no widget frontend
     assert "hvd: 3 ranks (3 idle)" in local_cluster.out  # the text status, printed once
     cluster = magics().cluster
-    wait_for(lambda: all(r.pid for r in rows()), what="a snapshot from every rank")
-    assert [(r.rank, r.pid, r.host, r.device) for r in rows()] == \
+    wait_for(lambda: all(r.pid for r in dashboard_rows()), what="a snapshot from every rank")
+    assert [(r.rank, r.pid, r.host, r.device) for r in dashboard_rows()] == \
         [(i.rank, i.pid, i.host, "cpu") for i in cluster.ranks]
     # A first snapshot may still show the engine busy with the request that started its
     # publisher; the next one (0.3 s later) must say idle.
-    wait_for(lambda: all(r.state == "idle" for r in rows()), timeout=5, what="every rank idle")
+    wait_for(lambda: all(r.state == "idle" for r in dashboard_rows()), timeout=5,
+             what="every rank idle")
 
 
 def test_reported_samples_become_throughput_and_the_timeline_fills(local_cluster, run):
     res = run(TRAIN)
     assert res.error is None, res.text
-    wait_for(lambda: all(r.samples == 300 * 16 for r in rows()), what="every report")
-    for r in rows():
+    wait_for(lambda: all(r.samples == 300 * 16 for r in dashboard_rows()), what="every report")
+    for r in dashboard_rows():
         assert r.unit == "samples/s" and r.rate and r.rate > 0 and r.extra == {"loss": 0.5}
         assert r.ops_rate and r.ops_rate > 0
     model = magics().dashboard.hub.model
@@ -134,15 +123,14 @@ def test_buttons_act_while_a_cell_runs_and_stop_interrupts_it(local_cluster, run
 
 
 def test_a_dead_engine_shows_dead_and_restart_brings_fresh_rows(local_cluster, run):
-    victim = magics().cluster.ranks[2].pid
-    os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: rows()[2].state == "dead", what="rank 2 shown dead")
-    assert rows()[0].state != "dead"
+    victim = kill_rank(2)
+    wait_for(lambda: dashboard_rows()[2].state == "dead", what="rank 2 shown dead")
+    assert dashboard_rows()[0].state != "dead"
     res = run("%hvd_restart")
     assert res.error is None, res.text
     pids = {i.pid for i in magics().cluster.ranks}
-    wait_for(lambda: {r.pid for r in rows()} == pids and all(r.state == "idle" for r in rows()),
-             what="rows of the new engines")
+    wait_for(lambda: {r.pid for r in dashboard_rows()} == pids
+             and all(r.state == "idle" for r in dashboard_rows()), what="rows of the new engines")
     assert victim not in pids
     res = run("%%hvd\nhvd.report(samples=1)\nhvd.rank()")
     assert res.error is None, res.text
@@ -153,7 +141,7 @@ def test_no_dashboard_then_on_demand_then_off_then_stop(no_cluster, run):
     assert magics().dashboard is None
     res = run("%hvd_dashboard")
     assert res.error is None and magics().dashboard.running, res.text
-    wait_for(lambda: len([r for r in rows() if r.pid]) == 2, what="both ranks")
+    wait_for(lambda: len([r for r in dashboard_rows() if r.pid]) == 2, what="both ranks")
     assert "hvd: 2 ranks" in run("%hvd_dashboard").out
     assert "dashboard off" in run("%hvd_dashboard --off").out and magics().dashboard is None
     run("%hvd_dashboard")

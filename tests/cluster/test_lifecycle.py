@@ -2,12 +2,10 @@
 killed with SIGKILL (reported with its signal, then ``%hvd_restart``), and ``%hvd_stop``
 leaving no process behind."""
 
-import os
-import signal
 import time
 
 import pytest
-from cluster_harness import cluster_processes, magics
+from cluster_harness import cluster_processes, kill_rank, magics
 
 from hvd_magic import preflight
 from hvd_magic.errors import RanksDead, StartError
@@ -55,11 +53,7 @@ class TestMPI:
         assert "mpi launcher" in mpi_cluster.out
 
     def test_sigkilled_rank_is_reported_and_restart_recovers(self, mpi_cluster, run):
-        victim = magics().cluster.ranks[1].pid
-        os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while not magics().cluster.dead_ranks() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        victim = kill_rank(1)
         res = run("%%hvd\nprint('hello')")
         assert isinstance(res.error, RanksDead), res.text
         text = "\n".join(res.error._render_traceback_())

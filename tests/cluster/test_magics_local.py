@@ -8,7 +8,6 @@ must run on the same engines.
 """
 
 import os
-import signal
 import time
 
 import pytest
@@ -166,15 +165,11 @@ def test_sync_magic_call_path_also_works(local_cluster, shell):
 
 def test_sigkilled_local_rank_is_reported_and_restart_recovers(local_cluster, run):
     """Last in the module: restarts the shared cluster."""
-    from cluster_harness import magics
+    from cluster_harness import kill_rank
 
     from hvd_magic.errors import RanksDead
 
-    victim = magics().cluster.ranks[2].pid
-    os.kill(victim, signal.SIGKILL)
-    deadline = time.monotonic() + 20
-    while not magics().cluster.dead_ranks() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    kill_rank(2)
     res = run("%%hvd\nprint('hello')")
     assert isinstance(res.error, RanksDead), res.text
     text = "\n".join(res.error._render_traceback_())
