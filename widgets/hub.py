@@ -9,18 +9,20 @@ nothing new it still refreshes once a second (ages, "no data for N s"). The thre
 threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`, :meth:`~MetricsHub.stop`)
 wake it through an inproc socket.
 
-Why a socket of our own rather than ipyparallel's ``publish_data`` (measured on this 2-core
-box, ipyparallel 9.2, one local engine publishing both ways every 0.1 s from a thread):
+Why a socket of our own rather than ipyparallel's ``publish_data`` (tried with ipyparallel 9.2,
+one local engine publishing both ways from a thread):
 
-- during a running cell both arrive (``AsyncResult.data`` advanced; hub got 14 in 1.5 s);
-- between cells ``publish_data`` reached nothing: the finished task's ``.data`` stayed frozen
-  for 1.5 s idle and after another client's request, while the hub got 15 and 10 snapshots;
+- during a running cell both arrive;
+- between cells ``publish_data`` reached nothing: the finished task's ``.data`` stayed frozen,
+  idle and after another client's request, while the hub kept receiving snapshots;
 - ``publish_data`` from a thread raced ipyparallel's lazily built canning table and made the
   engine's own ``apply`` reply fail (``KeyError: 'numpy.ndarray'`` in ``_import_mapping``);
-- both starve while the engine's main thread holds the GIL in C code (1 snapshot in a 1.0 s
-  ``sum(range(6e7))``); the core releases the GIL in ``wait()``, and the model flags a rank
+- both starve while the engine's main thread holds the GIL in C code (a long
+  ``sum(range(...))``); the core releases the GIL in ``wait()``, and the model flags a rank
   that has sent nothing for ``stale_after_s`` as "no data for N s";
-- building, signing and packing one snapshot costs 27 µs on the engine (744 bytes).
+- building, signing and packing a snapshot is cheap next to a training step (the publisher
+  thread's share of a core and the step time with the dashboard live: benchmarks/RESULTS.md,
+  "Dashboard").
 
 Commands (the dashboard's buttons) go the other way on a PUB socket to every publisher, and
 their answers come back inside snapshots (:mod:`.control`); ``on_done`` runs on this thread.

@@ -8,15 +8,15 @@ hub.
 
 Channel: a ZMQ PUSH socket per engine, connected to the hub's PULL socket (address and key
 passed by the magic). Chosen over ipyparallel's ``publish_data`` because that one tags data
-with the engine's current request, so between cells nothing reaches the driver (measured), it
+with the engine's current request, so between cells nothing reaches the driver (hub.py), it
 pickles through a canning table that is not thread-safe (a background publish broke a task's
 reply), and it loads the controller and client IO thread that carry cell output. The PUSH
-socket works the same during and between cells, costs ~30 µs of engine CPU per snapshot
-(measured, see hub.py), never blocks (``IMMEDIATE`` + ``NOBLOCK`` + a small high-water mark:
-with no hub, snapshots are dropped and counted), and needs only pyzmq, which ipyparallel
-already requires. The thread
-keeps running while the main thread waits in the core (the core releases the GIL), which is
-exactly when "rank 3 is stuck in allreduce" must show.
+socket works the same during and between cells, costs little engine CPU (the publisher
+thread's share of a core: benchmarks/RESULTS.md, "Dashboard"), never blocks (``IMMEDIATE`` +
+``NOBLOCK`` + a small high-water mark: with no hub, snapshots are dropped and counted), and
+needs only pyzmq, which ipyparallel already requires. The thread keeps running while the main
+thread waits in the core (the core releases the GIL), which is exactly when "rank 3 is stuck
+in allreduce" must show.
 
 The ``device`` a snapshot names is described by :mod:`.device_info`.
 

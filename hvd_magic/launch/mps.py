@@ -66,8 +66,9 @@ REFUSED_MODES = ("prohibited", "exclusive_thread")
 
 DEFAULT_PIPE = "/tmp/nvidia-mps"  # where a daemon started without CUDA_MPS_PIPE_DIRECTORY listens
 MODES = ("auto", "on", "off")
-WITHOUT_COST = ("each small op then waits for the GPU's time slices (~0.5 ms against ~0.1 ms "
-                "under MPS, measured on an H100)")
+# Latency with and without MPS on one GPU: benchmarks/RESULTS.md, "GPU: one H100".
+WITHOUT_COST = ("each small op then waits for the GPU's time slices (several times its latency "
+                "under MPS)")
 
 __all__ = ["LOG_ENV", "MODES", "PIPE_ENV", "MpsDaemon", "MpsError", "Plan", "UsersDaemon",
            "decide", "gpu_count", "mode_of", "plan", "start_for_job"]
