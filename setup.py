@@ -44,6 +44,7 @@ CORE_SOURCES = [
     "transport/shm/offer.cc",
     "transport/shm/setup.cc",
     "transport/shm/pair.cc",
+    "transport/dynamic_library.cc",
     "transport/nccl/loader.cc",
     "transport/nccl/device_stream.cc",
     "transport/nccl/communicator.cc",

@@ -47,6 +47,7 @@ CORE = [
     "autotune/bayesian_optimizer.cc",
     "autotune/parameter_manager.cc",
     "bindings/timeline_autotune.cc",
+    "transport/dynamic_library.cc",
     "transport/nccl/loader.cc",
     "transport/cuda/kernel_libraries.cc",
     "transport/cuda/kernel_compiler.cc",

@@ -218,6 +218,27 @@ def test_nothing_found_says_what_to_install(tmp_path):
 
 
 @needs_loader
+def test_none_usable_is_one_message_naming_every_candidate_and_why(build, tmp_path):
+    old = build(tmp_path / "old" / "libnccl.so.2", 2804)
+    partial = build(tmp_path / "partial" / "libnccl.so.2", 21805, omit=("ncclSend",))
+    corrupt = tmp_path / "corrupt" / "libnccl.so.2"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"\x7fELF garbage")
+    missing = [str(tmp_path / "none" / "libnccl.so.2"), "libnccl-nonexistent.so.2"]
+    result = load(missing[0], old, partial, corrupt, missing[1])
+    assert [r[0] for r in result["rejected"]] == [missing[0], old, partial, str(corrupt),
+                                                  missing[1]]
+    assert re.fullmatch(
+        re.escape(f"No usable NCCL: {old} is NCCL 2.8.4 (version code 2804); this core needs "
+                  f"NCCL 2.10.0 or newer; {partial} is NCCL 2.18.5 (version code 21805) but "
+                  f"lacks ncclSend; {corrupt} cannot be loaded: ") + ".+"
+        + re.escape(f". Also looked for {missing[0]}, {missing[1]}. CUDA tensors need NCCL "
+                    "2.10 or newer: ") + ".+" + re.escape("or set HVD_NCCL_LIBRARY to the path "
+                                                         "of a libnccl.so.2."),
+        result["error"]), result["error"]
+
+
+@needs_loader
 def test_require_nccl_raises_runtime_error_with_the_fix(tmp_path):
     out = fresh("try:\n    gpu.require_nccl()\n    out = None\n"
                 "except RuntimeError as exc:\n    out = str(exc)",

@@ -1,5 +1,5 @@
-// Binding code only: converts candidate lists and LoadResults (transport/nccl/loader.h) between
-// Python and C++. A failed load is a result ({"error": ...}), not an exception: the caller
+// Binding code only: converts candidate lists and LoadResults (transport/dynamic_library.h)
+// between Python and C++. A failed load is a result ({"error": ...}), not an exception: the caller
 // decides whether missing NCCL matters (it does only once a CUDA tensor arrives).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -14,7 +14,7 @@
 
 namespace {
 
-using hvd::transport::nccl::LoadResult;
+using hvd::transport::LoadResult;
 
 bool toStrings(PyObject* seq, std::vector<std::string>* out) {
   if (PyUnicode_Check(seq)) {

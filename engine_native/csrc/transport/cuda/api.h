@@ -18,6 +18,7 @@ constexpr int kNvrtcSuccess = 0;            // nvrtcResult
 constexpr int kNvrtcErrorCompilation = 6;
 // nvrtcVersion answers (major, minor); 11.2 is the first with nvrtcGetCUBIN and sm_XY targets.
 constexpr int kMinNvrtcVersion = 11020;     // 1000 * major + 10 * minor, as the runtime's codes
+constexpr char kNvrtcVersionSymbol[] = "nvrtcVersion";
 
 using NvrtcVersionFn = int (*)(int* major, int* minor);
 using NvrtcGetErrorStringFn = const char* (*)(int result);
@@ -57,6 +58,7 @@ constexpr int kCuSuccess = 0;                // CUresult
 constexpr int kCuDeviceAttributeComputeCapabilityMajor = 75;  // CUdevice_attribute
 constexpr int kCuDeviceAttributeComputeCapabilityMinor = 76;
 constexpr int kMinDriverVersion = 11020;     // cuDriverGetVersion: 1000 * major + 10 * minor
+constexpr char kDriverVersionSymbol[] = "cuDriverGetVersion";
 
 using CuIntOutFn = int (*)(int* value);      // cuDriverGetVersion
 using CuInitFn = int (*)(unsigned flags);

@@ -48,10 +48,9 @@ common::Status launchReduce(const ReduceJob& job, void* stream);
 common::Status allocationBase(const void* pointer, const void** base);
 
 // The libraries deviceKernelsReady() tries, in order. Only Python knows site-packages and
-// torch's lib folder, so the caller passes them (as engine_native/gpu.py does for the runtime;
-// the Python side and its HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides are still to be
-// written, issue #19). Until set, the bare sonames: libnvrtc.so.13, libnvrtc.so.12 and
-// libcuda.so.1. Has no effect once a library is loaded.
+// torch's lib folder, so the caller passes them (engine_native.gpu.device_kernel_candidates,
+// with its HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides). Until set, the bare sonames:
+// libnvrtc.so.13, libnvrtc.so.12 and libcuda.so.1. Has no effect once a library is loaded.
 void setDeviceKernelCandidates(std::vector<std::string> nvrtc, std::vector<std::string> driver);
 
 // Compiles the kernel source for compute capability major.minor without a device: PTX for

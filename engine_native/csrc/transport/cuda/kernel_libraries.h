@@ -1,8 +1,8 @@
 // Finds NVRTC and the CUDA driver (libcuda) with dlopen and publishes their function tables
-// (api.h), for the device kernels (device_kernels.h). Same procedure and reports as
-// transport/nccl/loader.h: candidates in order, every rejected one named with its reason, a
-// version check, every symbol required. Thread-safe; a loaded library is never unloaded; after
-// a failure the next call tries again (the user may have installed the library meanwhile).
+// (api.h), for the device kernels (device_kernels.h), through the same search and reports as
+// NCCL and the runtime (transport/dynamic_library.h): candidates in order, every rejected one
+// named with its reason, a version check, every symbol required. Thread-safe; a loaded library
+// is never unloaded; after a failure the next call tries again.
 #pragma once
 
 #include <string>
@@ -13,8 +13,8 @@
 
 namespace hvd::transport::cuda {
 
-// Candidates as in transport/nccl/loader.h: a path when it contains '/', else a soname for the
-// system loader. On success the table is published (nvrtcApi()/driverApi() return it); on
+// Candidates as in transport/dynamic_library.h: a path when it contains '/', else a soname for
+// the system loader. On success the table is published (nvrtcApi()/driverApi() return it); on
 // failure the Status names every candidate tried and how to get a usable library.
 common::Status loadNvrtc(const std::vector<std::string>& candidates);
 common::Status loadCudaDriver(const std::vector<std::string>& candidates);

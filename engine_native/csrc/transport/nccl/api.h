@@ -43,6 +43,7 @@ enum NcclRedOp : int { kNcclSum = 0, kNcclProd = 1, kNcclMax = 2, kNcclMin = 3, 
 // as major*1000 + minor*100 + patch (2.8.4 -> 2804). ncclGetVersion returns that code, which is
 // also what Horovod's nccl_built() returns.
 constexpr int kMinNcclVersion = 21000;       // 2.10.0: ncclAvg and ncclBfloat16
+constexpr char kNcclVersionSymbol[] = "ncclGetVersion";
 
 using NcclGetVersionFn = int (*)(int* version);
 using NcclGetErrorStringFn = const char* (*)(int result);
@@ -105,6 +106,7 @@ constexpr unsigned kCudaStreamNonBlocking = 0x1;
 constexpr unsigned kCudaEventDisableTiming = 0x2;
 
 constexpr int kMinCudaRuntimeVersion = 11000;  // cudaRuntimeGetVersion: 1000*major + 10*minor
+constexpr char kCudaRuntimeVersionSymbol[] = "cudaRuntimeGetVersion";
 
 using CudaIntOutFn = int (*)(int* value);    // cudaRuntimeGetVersion, cudaGetDeviceCount, ...
 using CudaGetErrorStringFn = const char* (*)(int error);

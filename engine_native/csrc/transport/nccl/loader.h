@@ -8,31 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "transport/dynamic_library.h"
 #include "transport/nccl/api.h"
 
 namespace hvd::transport::nccl {
 
-// Why one candidate was passed over.
-struct Rejection {
-  std::string candidate;  // as given
-  std::string reason;     // "not found", "cannot be loaded: ...", "is NCCL 2.8.4 (...) ..."
-  bool not_found = false;
-};
-
-struct LoadResult {
-  bool ok = false;
-  std::string path;       // the loaded library (absolute), empty when none
-  int version = 0;        // ncclGetVersion / cudaRuntimeGetVersion code, 0 when none
-  std::string error;      // why none was loaded (names every rejected path and its version)
-  std::vector<Rejection> rejected;  // candidates passed over, in the order tried
-};
-
-// Tries `candidates` in order and keeps the first usable one. A candidate containing '/' is a
-// file path; any other is a name for the system loader (LD_LIBRARY_PATH, ldconfig), e.g.
-// "libnccl.so.2". Usable = it loads (RTLD_NOW), reports a version >= the minimum in api.h, and
-// exports every symbol of the table. Once one is loaded, later calls return it unchanged and
-// ignore their candidates; after a failure, the next call tries again (the user may have
-// installed the library meanwhile).
+// Tries `candidates` in order and keeps the first usable one (transport/dynamic_library.h):
+// it loads, reports a version >= the minimum in api.h, and exports every symbol of the table.
+// Once one is loaded, later calls return it unchanged and ignore their candidates; after a
+// failure, the next call tries again (the user may have installed the library meanwhile).
 LoadResult loadNccl(const std::vector<std::string>& candidates);
 LoadResult loadCudaRuntime(const std::vector<std::string>& candidates);
 
