@@ -125,9 +125,9 @@ def nccl_candidates(environ=None, site_dirs=None, torch_lib=None, conda_prefix=N
     """The NCCL search order, as :class:`Candidate` s. Arguments override discovery (tests)."""
     environ, site_dirs, torch_lib, conda_prefix = _search_args(environ, site_dirs, torch_lib,
                                                                conda_prefix)
-    explicit = environ.get(NCCL_LIBRARY_ENV, "").strip()
+    explicit = _override(environ, NCCL_LIBRARY_ENV)
     if explicit:
-        return [Candidate(explicit, NCCL_LIBRARY_ENV)]
+        return explicit
     out = []
     for rel, major in _NCCL_WHEEL_FILES:
         for sp in site_dirs:
@@ -148,9 +148,9 @@ def cuda_runtime_candidates(environ=None, site_dirs=None, torch_lib=None,
     first unless an already-imported torch was built for CUDA 13."""
     environ, site_dirs, torch_lib, conda_prefix = _search_args(environ, site_dirs, torch_lib,
                                                                conda_prefix)
-    explicit = environ.get(CUDA_RUNTIME_LIBRARY_ENV, "").strip()
+    explicit = _override(environ, CUDA_RUNTIME_LIBRARY_ENV)
     if explicit:
-        return [Candidate(explicit, CUDA_RUNTIME_LIBRARY_ENV)]
+        return explicit
     torch_cuda = str(getattr(getattr(sys.modules.get("torch"), "version", None), "cuda", ""))
     majors = (13, 12) if torch_cuda.startswith("13.") else (12, 13)
     out = [Candidate(os.path.join(sp, _CUDART_WHEEL_FILES[m]), f"nvidia-cuda-runtime wheel "
@@ -161,6 +161,13 @@ def cuda_runtime_candidates(environ=None, site_dirs=None, torch_lib=None,
         out += [Candidate(os.path.join(conda_prefix, "lib", f"libcudart.so.{m}"), "conda")
                 for m in majors]
     return _unique(out + [Candidate(f"libcudart.so.{m}", "system") for m in majors])
+
+
+def _override(environ, name: str) -> list:
+    """``[Candidate(value, name)]`` when the ``HVD_*_LIBRARY`` variable ``name`` is set: then
+    the only candidate, since an explicit choice never falls back. Else ``[]``."""
+    value = environ.get(name, "").strip()
+    return [Candidate(value, name)] if value else []
 
 
 def _unique(candidates: list) -> list:
@@ -248,13 +255,11 @@ def device_kernel_candidates(environ=None, site_dirs=None, torch_lib=None) -> tu
     HVD_NVRTC_LIBRARY / HVD_CUDA_DRIVER_LIBRARY overrides alone when set, else the
     nvidia-cuda-nvrtc wheels, torch's lib folder, then the system's sonames."""
     environ, site_dirs, torch_lib, _ = _search_args(environ, site_dirs, torch_lib, "")
-    nvrtc = environ.get(NVRTC_LIBRARY_ENV, "").strip()
-    driver = environ.get(CUDA_DRIVER_LIBRARY_ENV, "").strip()
-    nvrtcs = [nvrtc] if nvrtc else (
+    nvrtcs = [c.path for c in _override(environ, NVRTC_LIBRARY_ENV)] or (
         [os.path.join(sp, _NVRTC_WHEEL_FILES[m]) for m in (12, 13) for sp in site_dirs]
         + _torch_libs(torch_lib, "libnvrtc*.so*", ("libnvrtc.so.12", "libnvrtc.so.13"))
         + ["libnvrtc.so.13", "libnvrtc.so.12"])
-    drivers = [driver] if driver else ["libcuda.so.1"]
+    drivers = [c.path for c in _override(environ, CUDA_DRIVER_LIBRARY_ENV)] or ["libcuda.so.1"]
     return [c for c in nvrtcs if "/" not in c or os.path.exists(c)] or nvrtcs, drivers
 
 

@@ -315,6 +315,17 @@ def test_cuda_runtime_candidate_order(tmp_path):
     assert paths[-2:] == ["libcudart.so.12", "libcudart.so.13"]
 
 
+def test_device_kernel_candidates_and_their_overrides(tmp_path):
+    wheel = tmp_path / "nvidia" / "cuda_nvrtc" / "lib" / "libnvrtc.so.12"
+    wheel.parent.mkdir(parents=True)
+    wheel.write_bytes(b"")
+    assert gpu.device_kernel_candidates(environ={}, site_dirs=[str(tmp_path)], torch_lib="") == (
+        [str(wheel), "libnvrtc.so.13", "libnvrtc.so.12"], ["libcuda.so.1"])
+    environ = {gpu.NVRTC_LIBRARY_ENV: " /opt/libnvrtc.so ", gpu.CUDA_DRIVER_LIBRARY_ENV: "/d.so"}
+    assert gpu.device_kernel_candidates(environ=environ, site_dirs=[str(tmp_path)],
+                                        torch_lib="") == (["/opt/libnvrtc.so"], ["/d.so"])
+
+
 def test_discovery_never_imports_torch():
     import importlib.util
     out = fresh("gpu.nccl_candidates(); gpu.cuda_runtime_candidates()\n"
