@@ -22,10 +22,11 @@
 // TCP): 2 hosts x 2 ranks, 64 MiB: phase 1 and 3 cost what the shm pipeline's halves cost
 // (~40 ms together with 4 ranks on 2 cores), phase 2 moves S/2·2·1/2 = 16 MiB each way per
 // rank over TCP (~15-25 ms at ~1 GB/s loopback with 4 ranks on 2 cores), so ≈ 60 ms, busbw
-// ≈ 1.7 GB/s, against the flat TCP ring's 2·3/4·S = 96 MiB per rank (~100-200 ms measured).
-// Measured (same machine, load ~7, hosts a,a,b,b): median 122 ms (busbw 0.82 GB/s), best 92 ms,
-// 20 ms CPU per rank, against the flat ring's 167 ms / 128 ms / 30 ms (200 ms before this
-// dispatcher). Loopback "inter-host" TCP is cheap; across real hosts the gain is larger.
+// ≈ 1.7 GB/s, against the flat TCP ring's 2·3/4·S = 96 MiB per rank.
+// Measured there (hosts a,a,b,b) it beat the flat ring in time and in CPU per rank
+// (benchmarks/history/RESULTS-parts-1-10.md, "Core allreduce: shared-memory segment vs ring"),
+// and over network namespaces too (benchmarks/RESULTS.md, "Multi-host over network
+// namespaces"). Loopback "inter-host" TCP is cheap; across real hosts the gain is larger.
 //
 // Pipelining: inside each phase (the host pipeline's chunks, the ring's segments); the
 // phases themselves run one after another.

@@ -40,12 +40,11 @@
 // Note [Single-copy threshold]
 // process_vm_readv pins the peer's source pages for each call (get_user_pages) and faults in
 // the reader's fresh output pages from inside the kernel, 4 KiB at a time; on the 2-core
-// Firecracker VM that is a fixed ~0.3-0.5 ms per op at 1-2 MiB (measured: np=2 broadcast
-// 1 MiB 0.36-0.59 ms single-copy against 0.05-0.09 ms through the slots, whose 256 KiB pieces
-// stay in the 32 MiB L3). At 8 MiB the two were even, at 16 and 64 MiB single-copy won
-// (broadcast 16 MiB 2.2-2.4 ms against 2.5-2.8; alltoall 64 MiB 8.9-9.2 against 11.2-13.5).
-// So the default HVD_SINGLE_COPY_MIN_BYTES is 16 MiB per transfer (benchmarks/RESULTS.md,
-// issue #20 part 3); a machine with cheaper faults (bare metal, huge pages) may lower it.
+// Firecracker VM that is a fixed cost per op, so at 1-2 MiB single-copy was slower than the
+// slots (whose 256 KiB pieces stay in the L3), about even at 8 MiB, and ahead only at 16 and
+// 64 MiB (benchmarks/history/RESULTS-parts-1-10.md, "Single-copy reads between ranks of one
+// host (issue #20, part 3)"). So the default HVD_SINGLE_COPY_MIN_BYTES is 16 MiB per
+// transfer; a machine with cheaper faults (bare metal, huge pages) may lower it.
 #include "algo/single_copy.h"
 
 #include <unistd.h>

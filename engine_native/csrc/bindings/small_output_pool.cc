@@ -1,9 +1,9 @@
 // Note [Small output pool]
 // The numpy path returns a new array per allreduce. For a step's small gradients a fresh
 // array is a malloc and, when the caller drops it, a free of a few KiB each: 200 x 4 KiB a
-// step churned glibc's heap (coalescing, malloc_consolidate) for about a sixth of the calling
-// thread's time. Outputs below numpy_ops._POOL_MIN_BYTES (the large ones have their own pool,
-// Note [Output pool], with the same rule) go through a FIFO here instead:
+// step churned glibc's heap (coalescing, malloc_consolidate) in the calling thread. Outputs
+// below numpy_ops._POOL_MIN_BYTES (the large ones have their own pool, Note [Output pool], with
+// the same rule) go through a FIFO here instead:
 //   - every output handed out is appended; the pool keeps one reference;
 //   - an entry is free when the pool holds the only reference to it. A free entry at the
 //     front that has the requested dtype and shape, still owns its memory, is writable and has
@@ -15,9 +15,10 @@
 // an earlier step's result for the same tensor; a loop that still holds last step's results
 // (`outs = step()`) makes the FIFO two steps deep. A caller that keeps a result (in a list, a
 // view, a torch tensor from torch.from_numpy: any reference at all) keeps it from reuse: the
-// reference count is the test. Measured: the 200 x 4 KiB set at np=2, one rank per core,
-// 0.38 -> 0.355 ms, much of it in the core's thread, which now writes results into memory it
-// wrote the step before (a free list of raw blocks handed out the same way saved nothing).
+// reference count is the test. The 200 x 4 KiB set at np=2 got faster, much of it in the
+// core's thread, which now writes results into memory it wrote the step before; a free list of
+// raw blocks handed out the same way saved nothing (benchmarks/history/RESULTS-parts-1-10.md,
+// "Session 4, later": "Small outputs come from a pool").
 #include "bindings/small_output_pool.h"
 
 #include <deque>

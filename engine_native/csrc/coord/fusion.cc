@@ -46,15 +46,15 @@ uint64_t fusionKeyHash(const Response& r) {
 // row_shape (concatenated), and first_dims holds tensor-major the first dim of every set rank
 // (coord/message.h); the executor gathers all of them as one allgatherv (runtime/op_layout.h).
 //
-// Note [Allgather fusion limit]: fusing saves a collective's fixed cost (on the 2-core VM, about
-// 0.1-0.4 ms per op) but costs two copies (this rank's part in, every rank's parts out), per
-// byte, and a large fused buffer leaves the caches. Measured (benchmarks/RESULTS.md, part 4;
-// fused vs HVD_FUSION_THRESHOLD=0, one run each, loaded machine): with batches up to the
-// 64 MiB threshold, 64 x 64 KiB gathered 1.07x (np=2) and 0.94x (np=4), 4 x 4 MiB np=2
-// 0.29x; with fused allgathers held to 2 MiB gathered, 64 x 64 KiB 1.58x and 2.72x, and
-// 64 x 4 KiB (one op of 0.5-1 MiB) unchanged at 2.3-3.9x. So an allgather batch stops at
-// 2 MiB gathered (or the threshold, if smaller), and a tensor gathering more than that goes
-// alone, without closing the open batch.
+// Note [Allgather fusion limit]: fusing saves a collective's fixed cost but costs two copies
+// (this rank's part in, every rank's parts out) per byte, and a large fused buffer leaves the
+// caches. Against HVD_FUSION_THRESHOLD=0 on the loaded 2-core VM, batches up to the 64 MiB
+// threshold gained nothing on 64 x 64 KiB and lost on 4 x 4 MiB; held to 2 MiB gathered,
+// 64 x 64 KiB gained and 64 x 4 KiB (one op) kept its gain
+// (benchmarks/history/RESULTS-parts-1-10.md, "Grouped allgather fused (issue #20, part 4)";
+// the current run: benchmarks/RESULTS.md, "Grouped allgather and blocking groups"). So an
+// allgather batch stops at 2 MiB gathered (or the threshold, if smaller), and a tensor
+// gathering more than that goes alone, without closing the open batch.
 constexpr int64_t kMaxFusedAllgatherBytes = int64_t{2} << 20;
 
 int64_t allgatherBytes(const Response& r);

@@ -137,7 +137,8 @@ Status CpuExecutor::allreduce(OpContext& op) {
 // one host: 1 collective instead of G, so 1 round of host-segment posts and waits (about
 // 2 wake-ups per rank) instead of G, and 2 extra copies of bytes that are small by assumption;
 // a group of large tensors gains little (the copies cost what the saved rounds do). Measured:
-// benchmarks/RESULTS.md, "Grouped allgather fused".
+// benchmarks/history/RESULTS-parts-1-10.md, "Grouped allgather fused (issue #20, part 4)"; the
+// current run: benchmarks/RESULTS.md, "Grouped allgather and blocking groups".
 Status CpuExecutor::allgatherFused(OpContext& op) {
   const coord::Response& r = op.response;
   const int n = op.comm.size();

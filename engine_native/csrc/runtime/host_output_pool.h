@@ -1,8 +1,9 @@
 // Host output pool: the host memory of the outputs the core allocates for CPU tensors
 // (allgather, alltoall, reducescatter), reused across ops instead of a fresh allocation per
 // op. A fresh block of many MiB is a fresh mapping: the first write of each of its pages
-// faults and the kernel zeroes it (measured on a 16 MiB np=2 allgather: ~60 % of the op in
-// page faults, issue #20). Process-wide (an output may outlive the init() that made it),
+// faults and the kernel zeroes it (page faults were most of a 16 MiB np=2 allgather's profile:
+// benchmarks/history/RESULTS-parts-1-10.md, "Allgather and broadcast through the shared segment
+// (issue #20, part 1)"). Process-wide (an output may outlive the init() that made it),
 // never destroyed, locked: blocks are taken by the background loop and given back by whatever
 // thread drops the last reference (a NumPy array, a torch tensor).
 #pragma once

@@ -108,8 +108,9 @@ void SubmissionQueue::wake() {
 // loop skips its blocking poll or the submitter writes wake_fd_: a submission is never left
 // unseen, and a busy loop costs a submitter no syscall. The submitter that wakes the sleeper
 // also clears sleeping_, so one sleep costs one write: a woken loop waiting for a core (this
-// machine runs two threads per rank on two cores) still looks asleep until it runs, and a
-// step's 200 submissions each wrote wake_fd_ again (about 135 writes per step measured).
+// machine runs two threads per rank on two cores) still looks asleep until it runs, and most
+// of a step's 200 submissions wrote wake_fd_ again (the writes counted before and after:
+// benchmarks/history/RESULTS-parts-1-10.md, "Session 4, later": "One wake per sleep").
 void SubmissionQueue::wakeIfAsleep() {
   standby_.store(false);
   submissions_pending_.store(true);
@@ -122,12 +123,14 @@ void SubmissionQueue::wakeIfAsleep() {
 // pass — a peer's message, the window timer, the nap's end, or a caller about to wait on a
 // handle (wakeForWaiter). A pass that takes nothing ends the naps: a rank waiting on a slow
 // peer (a barrier, the shutdown agreement) sleeps until a message or its tick, as an idle
-// rank does, instead of waking every cycle. A backward pass submits a
-// gradient every ~20 us; waking for each cost every rank ~120 sleep/wake cycles and ~1.4 ms of
-// CPU per 194-tensor step on cores the backward pass needs. A lone tensor is never delayed:
-// with nothing in flight the loop sleeps as before and the first submission wakes it. A
-// Dekker pair as in Note [Wake only a sleeper]: the waiter stores waiter_waiting_ then reads
-// napping_; the loop stores napping_ then reads waiter_waiting_ (and submissions_pending_).
+// rank does, instead of waking every cycle. A backward pass submits its gradients in quick
+// succession; waking for each cost every rank about a sleep/wake cycle per gradient, and CPU on
+// the cores the backward pass needs (wake-ups and CPU per step, before and after:
+// benchmarks/history/RESULTS-parts-1-10.md, "Session 6": "Coalesced wakes"). A lone tensor
+// is never delayed: with nothing in flight the loop sleeps as before and the first submission
+// wakes it. A Dekker pair as in Note [Wake only a sleeper]: the waiter stores waiter_waiting_
+// then reads napping_; the loop stores napping_ then reads waiter_waiting_ (and
+// submissions_pending_).
 // (BackgroundLoop::waitForWork decides between nap and sleep.)
 void SubmissionQueue::wakeForWaiter() {
   waiter_waiting_.store(true);

@@ -81,11 +81,12 @@ struct Mesh::Impl {
 // a caller driving its op), because a sleep/wake hand-off costs tens of microseconds. With more
 // ranks than cores, a spin that pauses on its core holds it for the whole budget while the
 // peer it waits for sits in the run queue; so the spins were switched off there, and every op
-// paid the futex wake-ups instead: 4 B ops at np=4 on 2 cores took 110-185 us (MPICH, whose
-// ranks poll and yield: 8-20 us). There the spins now call sched_yield() between polls, which
-// hands the core to a runnable peer at once and costs a syscall when there is none. Measured
-// (np=4, 2 cores, negotiation over shm): 4 B allreduce/allgather/broadcast/alltoall 158-183 us
-// -> 22-33 us; the collectives' spin budget (20-1000 us tried) did not matter, the yield did.
+// paid the futex wake-ups instead, many times what MPICH's polling, yielding ranks take. There
+// the spins now call sched_yield() between polls, which hands the core to a runnable peer at
+// once and costs a syscall when there is none. That cut 4 B ops at np=4 on 2 cores several-fold;
+// the collectives' spin budget (20-1000 us tried) did not matter, the yield did
+// (benchmarks/history/RESULTS-parts-1-10.md, "Issue #20, part 7"; the current figures:
+// benchmarks/RESULTS.md, "Allreduce against MPICH, gloo and Horovod", small ops).
 // The budgets still bound each wait, and Note [Spin backoff] still applies.
 
 namespace {
