@@ -66,11 +66,11 @@ const std::vector<Knob>& knobs() {
       boolKnob({"HVD_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE", "bool", "false",
                 "Turn the stall inspector's warning off (not the deadlock shutdown)."},
                &Config::stall_check_disable),
-      floatKnob({"HVD_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "float", "-1",
+      floatKnob({"HVD_STALL_SHUTDOWN_TIME", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "float", "0",
                  "Seconds after which ops that can never complete (every rank they wait for "
                  "is itself blocked on other tensors: diverging op sequences) fail on every "
-                 "rank with a report of what each rank waits for. 0 never; negative (default): "
-                 "4 x HVD_STALL_CHECK_TIME."},
+                 "rank with a report of what each rank waits for. 0 (default): never, as "
+                 "Horovod; negative: 4 x HVD_STALL_CHECK_TIME."},
                 &Config::stall_shutdown_seconds, -1e300),
       tunable(intKnob({"HVD_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", "bytes", "134217728",
                        "Fusion buffer size in bytes (suffixes K, M, G accepted); 0 disables "

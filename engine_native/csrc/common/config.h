@@ -17,7 +17,7 @@ struct Config {
   bool stall_check_disable = false;         // HVD_STALL_CHECK_DISABLE
   // HVD_STALL_SHUTDOWN_TIME (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): deadlocked ops fail after
   // this long; 0 never, < 0 (default) kStallShutdownChecks x stall_check_seconds.
-  double stall_shutdown_seconds = -1.0;
+  double stall_shutdown_seconds = 0.0;
   int64_t fusion_threshold_bytes = 128ll << 20;  // HVD_FUSION_THRESHOLD (HOROVOD_FUSION_THRESHOLD)
   double cycle_time_ms = 1.0;               // HVD_CYCLE_TIME_MS (HOROVOD_CYCLE_TIME)
   int64_t cache_capacity = 1024;            // HVD_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY)

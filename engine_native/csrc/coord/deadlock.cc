@@ -23,9 +23,10 @@
 //      handles get the report, the others have no entry for it), and the name leaves the
 //      table, so the job stays usable: later ops that agree run.
 // A rank late by less than the shutdown time is never failed: it submitted within that time,
-// so it is no candidate (b), and the ranks waiting for it are dropped (c). The rule cannot tell a rank blocked on a handle from one computing for longer than
-// the shutdown time with async ops pending (the core never sees the framework thread): the
-// default time is a few stall warnings (HVD_STALL_SHUTDOWN_TIME, common/config.cc) for that.
+// so it is no candidate (b), and the ranks waiting for it are dropped (c). The rule cannot
+// tell a rank blocked on a handle from one computing for longer than the shutdown time with
+// async ops pending (the core never sees the framework thread), so it is off unless asked for
+// (HVD_STALL_SHUTDOWN_TIME, common/config.cc; Horovod's default is never too).
 #include <algorithm>
 #include <map>
 #include <set>

@@ -44,7 +44,7 @@ void StallInspector::inspect(EntryTable& entries, RankZeroCoordinator* coordinat
 // Note [Deadlock shutdown] in coord/deadlock.cc: the error Responses leave with the next
 // coordinate(), on every member of their sets.
 void StallInspector::failDeadlocked(RankZeroCoordinator& coordinator, Clock::time_point now) {
-  constexpr double kStallShutdownChecks = 4;  // the default: this many stall warning periods
+  constexpr double kStallShutdownChecks = 4;  // a negative time: this many warning periods
   double seconds = config_.stall_shutdown_seconds;
   if (seconds < 0) seconds = kStallShutdownChecks * config_.stall_check_seconds;
   if (seconds == 0) return;
