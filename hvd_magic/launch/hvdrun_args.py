@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--stall-check-warning-time-seconds", type=float)
     t.add_argument("--stall-check-shutdown-time-seconds", type=float,
                    help="fail ops that can never complete (ranks submitted different ops) "
-                        "after this many seconds; 0 never (default: 4 warning periods)")
+                        "after this many seconds (default 0: never, as Horovod)")
     t.add_argument("--log-level", help="TRACE, DEBUG, INFO, WARNING, ERROR or FATAL")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return p
