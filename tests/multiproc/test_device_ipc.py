@@ -20,7 +20,7 @@ from multiproc.test_device_path import allreduce_suite, fusion_suite, others_sui
 
 fake_cuda = _fake_cuda  # the session fixture, under its name
 IPC = "cuda-ipc"
-MAX_SLOT = 64 << 20  # kMaxIpcSlotBytes in runtime/device_ipc_ops.cc
+MAX_SLOT = 64 << 20  # kMaxIpcSlotBytes in runtime/device_ipc_steps.cc
 
 
 def ipc_envs(fake, np_, extra=None):

@@ -68,9 +68,9 @@ def stuck_ipc_peer(action):
 
 def stuck_then_grow():
     """Device-ordered, the last rank's input comes from a producer that never finishes, and
-    the next op needs larger slots: every rank's slot growth (ipcReserve) waits for its stream
-    — the last rank's behind the producer, the others' behind their device wait for its
-    input. Rank 0 aborts: the waits end, no rank hangs."""
+    the next op needs larger slots: every rank's slot growth (DeviceIpcSteps::reserve) waits
+    for its stream — the last rank's behind the producer, the others' behind their device wait
+    for its input. Rank 0 aborts: the waits end, no rank hangs."""
     from engine_native import _core
     hvd = device_ops.init()
     f = device_ops.fakes()

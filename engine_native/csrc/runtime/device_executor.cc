@@ -1,16 +1,15 @@
-// DeviceExecutor (device_executor.h): sets, streams, deferred completion and abort. The op
-// bodies are in device_nccl_ops.cc and device_staged_ops.cc, the path choice in device_path.cc.
+// DeviceExecutor (device_executor.h): sets, streams, dispatch to the path strategies
+// (device_ops.h), deferred completion and abort. The path choice is in device_path.cc.
 #include "runtime/device_executor.h"
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <thread>
 
 #include "common/logging.h"
-#include "runtime/device_output_pool.h"
+#include "runtime/device_ipc_ops.h"
+#include "runtime/device_mixed_ops.h"
+#include "runtime/device_nccl_ops.h"
 #include "runtime/device_path.h"
-#include "transport/nccl/loader.h"
 
 namespace hvd::runtime {
 
@@ -21,40 +20,12 @@ using Clock = std::chrono::steady_clock;
 // Note [Deferred completion]: an op's stream work (waits on the producers' events, copies,
 // the NCCL call) is only queued when its method returns; queueCompletion() records an event
 // after it and queues a host function that writes the loop's eventfd once the stream reaches
-// it. The loop, woken, calls poll(): events that fired complete their handles, in queue
-// order. No thread blocks on the device on this path (the staged path waits for its own
-// copies, Note [Staged fallback]). The host function may run after the loop is gone (a
-// shutdown while the stream drains): it holds its own reference to a duplicate of the fd.
-class HostWake {
- public:
-  explicit HostWake(int fd) : fd_(::dup(fd)) {}
-  ~HostWake() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  HostWake(const HostWake&) = delete;
-  HostWake& operator=(const HostWake&) = delete;
-  void wake() const {
-    const uint64_t one = 1;
-    ssize_t rc = ::write(fd_, &one, sizeof(one));
-    (void)rc;  // EAGAIN: the counter is already non-zero, the loop wakes anyway
-  }
-
- private:
-  int fd_;
-};
+// it (LoopWake). The loop, woken, calls poll(): events that fired complete their handles, in
+// queue order. No thread blocks on the device on this path (the staged path waits for its own
+// copies, Note [Staged fallback]; the host-ordered IPC path for its own step, Note [IPC step
+// protocol]).
 
 namespace {
-
-void wakeFromDriver(void* data) {
-  auto* keep = static_cast<std::shared_ptr<HostWake>*>(data);
-  (*keep)->wake();
-  delete keep;
-}
-
-void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_output_pool.cc
-  DeviceOutputPool::instance().give(buffer.device, buffer.data, buffer.capacity,
-                                    buffer.release_stream);
-}
 
 const char* pathName(const PathChoice& choice) {
   return choice.nccl ? "nccl" : choice.ipc ? "cuda-ipc" : choice.mixed ? "cuda-ipc+nccl"
@@ -64,10 +35,14 @@ const char* pathName(const PathChoice& choice) {
 }  // namespace
 
 DeviceExecutor::DeviceExecutor(Metrics& metrics, const common::Config& config, int wake_fd)
-    : metrics_(metrics), config_(config), wake_(std::make_shared<HostWake>(wake_fd)) {}
+    : metrics_(metrics),
+      config_(config),
+      wake_(wake_fd),
+      held_(wake_),
+      staged_(metrics, config, held_) {}
 
 DeviceExecutor::~DeviceExecutor() {
-  if (!in_flight_.empty() || staging_.queued) {
+  if (busy()) {
     std::vector<DeviceCompletion> dropped;
     abort(&dropped, /*core_failed=*/true);  // the loop completed their handles already
   }
@@ -131,23 +106,13 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
   PathChoice choice;
   HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path,
                                  config_.ipc_order == "host", &choice));
-  DeviceSet set;
-  set.device = device;
-  set.path = choice.nccl    ? Path::kNccl
-             : choice.ipc  ? Path::kIpc
-             : choice.mixed ? Path::kMixed
-                            : Path::kStaged;
-  set.nccl = std::move(choice.communicator);
-  set.ipc = std::move(choice.peers);
-  set.gpu_comm = std::move(choice.gpu_comm);
-  set.leader = choice.leader;
   const int32_t id = op.response.process_set;
   if (choice.nccl) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
                                 << device;
   } else if (choice.mixed) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA allreduce via CUDA IPC among "
-                                << "the " << set.gpu_comm->size() << " ranks on cuda:" << device
+                                << "the " << choice.gpu_comm->size() << " ranks on cuda:" << device
                                 << ", then NCCL among one rank per GPU; other CUDA collectives "
                                 << "stage through host memory";
   } else if (choice.ipc) {
@@ -160,6 +125,17 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
                                    << choice.why;
   }
   metrics_.setDevicePath(id, pathName(choice), device);
+  DeviceSet set;
+  set.device = device;
+  if (choice.nccl) {
+    set.ops = std::make_unique<DeviceNcclOps>(metrics_, std::move(choice.communicator));
+  } else if (choice.ipc) {
+    set.ops = std::make_unique<DeviceIpcOps>(metrics_, config_, held_, std::move(choice.peers));
+  } else if (choice.mixed) {
+    set.ops = std::make_unique<DeviceMixedOps>(metrics_, config_, std::move(choice.gpu_comm),
+                                               std::move(choice.peers),
+                                               std::move(choice.communicator));
+  }
   sets_.emplace(id, std::move(set));
   return Status::ok();
 }
@@ -175,57 +151,28 @@ Status DeviceExecutor::waitForInputs(const OpContext& op) {
   return Status::ok();
 }
 
-// Note [Scaling without kernels] in communicator.h: what NCCL cannot reduce is staged.
-bool DeviceExecutor::ncclCannotReduce(const OpContext& op, double scale) const {
-  return !nccl::ncclCanReduce(*nccl::ncclApi(), op.response.dtype, op.response.reduce_op, scale);
+DeviceOps& DeviceExecutor::opsFor(const OpContext& op) {
+  DeviceOps* ops = current_.set->ops.get();
+  return ops != nullptr && !ops->stagesThroughHost(op) ? *ops : staged_;
 }
 
-Status DeviceExecutor::deviceOutput(size_t bytes, OpResult* result) {
-  void* data = nullptr;
-  size_t capacity = 0;
-  if (bytes > 0) {
-    HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, stream(), &data, &capacity));
-  }
-  result->buffer = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(data), bytes,
-                                                  stream().device(), capacity, &giveBackOutput);
-  return Status::ok();
-}
-
-Status DeviceExecutor::notifyLoop() {
-  auto* keep = new std::shared_ptr<HostWake>(wake_);
-  Status status = stream().notify(&wakeFromDriver, keep);
-  if (!status.isOk()) delete keep;
-  return status;
-}
-
-bool DeviceExecutor::stagesThroughHost(const OpContext& op) const {
-  const coord::Response& r = op.response;
-  const bool reduction = r.type == coord::OpType::kAllreduce ||
-                         r.type == coord::OpType::kReducescatter;
-  if (current_.set->path == Path::kStaged) return true;
-  if (!reduction && current_.set->path != Path::kMixed) return false;
-  if (current_.set->path == Path::kIpc) return r.reduce_op == common::ReduceOp::kAdasum;
-  if (current_.set->path == Path::kMixed) {  // Note [Device path choice], E
-    const common::ReduceOp across = r.reduce_op == common::ReduceOp::kAverage
-                                        ? common::ReduceOp::kSum : r.reduce_op;
-    return r.type != coord::OpType::kAllreduce ||
-           !nccl::ncclCanReduce(*nccl::ncclApi(), r.dtype, across, 1.0);
-  }
-  return ncclCannotReduce(op, r.prescale * r.postscale);
+Status DeviceExecutor::allreduce(OpContext& op) { return opsFor(op).allreduce(op, stream()); }
+Status DeviceExecutor::allgather(OpContext& op) { return opsFor(op).allgather(op, stream()); }
+Status DeviceExecutor::broadcast(OpContext& op) { return opsFor(op).broadcast(op, stream()); }
+Status DeviceExecutor::alltoall(OpContext& op) { return opsFor(op).alltoall(op, stream()); }
+Status DeviceExecutor::reducescatter(OpContext& op) {
+  return opsFor(op).reducescatter(op, stream());
 }
 
 Status DeviceExecutor::inputsReady(OpContext& op, bool* ready) {
-  *ready = true;
-  if (stagesThroughHost(op)) return stageInputs(op, ready);
-  if (current_.set->path == Path::kIpc && ipc().hostOrdered()) return awaitProducers(op, ready);
-  return Status::ok();
+  return opsFor(op).inputsReady(op, stream(), ready);
 }
 
 Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
   InFlight item;
   item.stream = current_.stream;
   HVD_RETURN_IF_ERROR(item.stream->record(&item.done));
-  Status status = notifyLoop();
+  Status status = wake_.notifyAfter(*item.stream);
   if (!status.isOk()) {
     item.stream->release(item.done);
     return status;
@@ -246,8 +193,7 @@ bool DeviceExecutor::dropProcessSet(int32_t id) {
 
 Status DeviceExecutor::poll(std::vector<DeviceCompletion>* done) {
   const auto now = Clock::now();
-  if (staging_.queued && now - staging_.since > std::chrono::duration<double>(
-                                                     config_.timeout_seconds)) {
+  if (held_.overdue(now, config_.timeout_seconds)) {
     return common::timedOut("a CUDA op waited for its inputs' producers (or their copy to "
                             "host memory) for HVD_TIMEOUT=" +
                             std::to_string(config_.timeout_seconds) +
@@ -277,7 +223,7 @@ Status DeviceExecutor::poll(std::vector<DeviceCompletion>* done) {
 // know why (ncclCommGetAsyncError).
 Status DeviceExecutor::checkTimeout(Clock::time_point now) {
   for (auto& [id, set] : sets_) {
-    if (set.nccl) HVD_RETURN_IF_ERROR(set.nccl->asyncError());
+    if (set.ops) HVD_RETURN_IF_ERROR(set.ops->asyncError());
   }
   const double waited = std::chrono::duration<double>(now - progress_at_).count();
   if (waited < config_.timeout_seconds) return Status::ok();
@@ -288,9 +234,9 @@ Status DeviceExecutor::checkTimeout(Clock::time_point now) {
 }
 
 void DeviceExecutor::abort(std::vector<DeviceCompletion>* all, bool core_failed) {
-  if (!core_failed && in_flight_.empty() && !staging_.queued) return;
+  if (!core_failed && !busy()) return;
   for (auto& [id, set] : sets_) {
-    if (set.nccl) set.nccl->abort();
+    if (set.ops) set.ops->abort();
   }
   // Users' tensors may still be written by queued copies: give the streams a short, bounded
   // time to drain before the handles complete (an aborted collective returns at once; work
@@ -298,10 +244,7 @@ void DeviceExecutor::abort(std::vector<DeviceCompletion>* all, bool core_failed)
   // HVD_TIMEOUT).
   const auto give_up = Clock::now() + std::chrono::milliseconds(
       static_cast<int64_t>(std::min(1.0, config_.timeout_seconds / 4) * 1000));
-  if (staging_.queued) {  // copies that only read users' tensors: no need to wait for them
-    staging_.stream->release(staging_.event);
-    staging_ = Staging();
-  }
+  held_.release();  // its copies only read users' tensors: no need to wait for them
   for (InFlight& item : in_flight_) {
     bool finished = false;
     while (item.stream->query(item.done, &finished).isOk() && !finished &&

@@ -42,7 +42,7 @@ using common::Status;
 //      allgathers the handles; every member opens the others'; an allgather of the outcomes
 //      follows, and if any member failed, every member closes what it opened and stages,
 //      naming each failure. The same exchange runs again when an op needs larger slots
-//      (device_ipc_ops.cc).
+//      (Note [IPC slot size] in device_ipc_steps.cc).
 namespace {
 
 struct MemberRecord {
@@ -217,7 +217,7 @@ void describeIpc(IpcRecord* mine) {
   std::strncpy(mine->why, why.c_str(), sizeof(mine->why) - 1);
 }
 
-constexpr size_t kFirstIpcSlotBytes = size_t{1} << 20;  // grows with the ops (device_ipc_ops.cc)
+constexpr size_t kFirstIpcSlotBytes = size_t{1} << 20;  // grows with the ops (device_ipc_steps.cc)
 
 }  // namespace
 

@@ -1,6 +1,6 @@
-// DeviceExecutor's staged bodies (Note [Staged fallback] in transport/nccl/device_stream.h), in
-// two phases so that the loop never blocks on the device:
-//   A. stageInputs(): the op's inputs are queued for copying into the pinned host buffer, with
+// The staged bodies (Note [Staged fallback] in transport/nccl/device_stream.h), in two phases
+// so that the loop never blocks on the device:
+//   A. inputsReady(): the op's inputs are queued for copying into the pinned host buffer, with
 //      an event (and a driver callback that wakes the loop) after them; the loop leaves the
 //      response at the head of its queue and goes on with everything else (messages, other
 //      completions, abort) until the event has fired.
@@ -9,11 +9,12 @@
 //      completion is deferred like any device op.
 // The host buffer is reused by the next op only after its own phase A, which the stream
 // orders after this op's copies back.
+#include "runtime/device_staged_ops.h"
+
 #include <cstdint>
 #include <cstring>
 
 #include "runtime/cpu_executor.h"
-#include "runtime/device_executor.h"
 #include "runtime/op_layout.h"
 
 namespace hvd::runtime {
@@ -62,78 +63,41 @@ void singleInputSizes(const OpContext& op, size_t* in, size_t* out) {
 
 // A: allreduce packs every tensor of the batch at its offset; the others put their one input
 // first and leave room for the CPU algorithm's result after it.
-Status DeviceExecutor::stageInputs(OpContext& op, bool* landed) {
+Status DeviceStagedOps::inputsReady(OpContext& op, DeviceStream& stream, bool* landed) {
   const coord::Response& r = op.response;
-  bool queued = false;
-  HVD_RETURN_IF_ERROR(phaseAQueued(op, &queued, landed));
-  if (queued) return Status::ok();
+  *landed = true;
+  bool held = false;
+  HVD_RETURN_IF_ERROR(held_.check(op, &held, landed));
+  if (held) return Status::ok();
   void* host = nullptr;
+  size_t out_offset = 0;
   if (r.type == OpType::kAllreduce) {
     const size_t elem = common::dataTypeSize(r.dtype);
-    HVD_RETURN_IF_ERROR(stream().hostBuffer(static_cast<size_t>(totalCount(r)) * elem, &host));
-    HVD_RETURN_IF_ERROR(packInputs(op, static_cast<uint8_t*>(host), /*zero_missing=*/false));
-    staging_.out_offset = 0;
+    HVD_RETURN_IF_ERROR(stream.hostBuffer(static_cast<size_t>(totalCount(r)) * elem, &host));
+    HVD_RETURN_IF_ERROR(packInputs(op, stream, static_cast<uint8_t*>(host),
+                                   /*zero_missing=*/false));
   } else {
     size_t in = 0, out = 0;
     singleInputSizes(op, &in, &out);
-    HVD_RETURN_IF_ERROR(stream().hostBuffer(roundUp(in) + out, &host));
+    HVD_RETURN_IF_ERROR(stream.hostBuffer(roundUp(in) + out, &host));
     if (op.entries[0] != nullptr) {
-      HVD_RETURN_IF_ERROR(stream().copy(host, op.entries[0]->input, in));
+      HVD_RETURN_IF_ERROR(stream.copy(host, op.entries[0]->input, in));
     }
-    staging_.out_offset = roundUp(in);
+    out_offset = roundUp(in);
   }
   nccl::CudaEvent event = nullptr;
-  HVD_RETURN_IF_ERROR(stream().record(&event));
+  HVD_RETURN_IF_ERROR(stream.record(&event));
   *landed = false;
-  return holdPhaseA(op, event, static_cast<uint8_t*>(host));
+  return held_.hold(op, stream, event, static_cast<uint8_t*>(host), out_offset);
 }
 
-Status DeviceExecutor::phaseAQueued(const OpContext& op, bool* queued, bool* landed) {
-  const coord::Response& r = op.response;
-  const coord::Key first = r.keys.empty() ? coord::Key() : r.keys[0];
-  if (staging_.queued && (staging_.first != first || staging_.process_set != r.process_set)) {
-    staging_.stream->release(staging_.event);  // left by a response that was dropped unrun
-    staging_ = Staging();
-  }
-  *queued = staging_.queued;
-  if (!staging_.queued) return Status::ok();
-  bool finished = false;
-  HVD_RETURN_IF_ERROR(stream().query(staging_.event, &finished));
-  *landed = finished;
-  return Status::ok();
-}
-
-Status DeviceExecutor::holdPhaseA(const OpContext& op, nccl::CudaEvent event, uint8_t* host) {
-  const coord::Response& r = op.response;
-  staging_.host = host;
-  staging_.first = r.keys.empty() ? coord::Key() : r.keys[0];
-  staging_.process_set = r.process_set;
-  staging_.since = std::chrono::steady_clock::now();
-  staging_.stream = &stream();
-  staging_.event = event;
-  staging_.queued = true;
-  return notifyLoop();
-}
-
-// B begins: the staged inputs of the response being executed (phase A has landed).
-Status DeviceExecutor::takeStaged(uint8_t** in, uint8_t** out) {
-  if (!staging_.queued) {
-    return common::internalError("a staged CUDA op ran before its inputs reached the host");
-  }
-  *in = staging_.host;
-  *out = staging_.host + staging_.out_offset;
-  stream().release(staging_.event);
-  staging_ = Staging();
-  return Status::ok();
-}
-
-Status DeviceExecutor::stagedAllreduce(OpContext& op) {
+Status DeviceStagedOps::allreduce(OpContext& op, DeviceStream& stream) {
   const coord::Response& r = op.response;
   const auto& entries = op.entries;
   const size_t elem = common::dataTypeSize(r.dtype);
   const size_t count = static_cast<size_t>(totalCount(r));
   uint8_t *base = nullptr, *unused = nullptr;
-  HVD_RETURN_IF_ERROR(takeStaged(&base, &unused));
+  HVD_RETURN_IF_ERROR(held_.take(&base, &unused));
   size_t offset = 0;
   for (size_t i = 0; i < r.keys.size(); ++i) {  // a joined rank's zeros
     const size_t n = static_cast<size_t>(r.counts[i]) * elem;
@@ -143,15 +107,15 @@ Status DeviceExecutor::stagedAllreduce(OpContext& op) {
   HVD_RETURN_IF_ERROR(allreduceHostBuffer(op, base, count,
                                           static_cast<size_t>(config_.tcp_segment_bytes)));
   op.activities.start("MEMCPY_HOST_TO_DEVICE");
-  HVD_RETURN_IF_ERROR(unpackOutputs(op, base));
+  HVD_RETURN_IF_ERROR(unpackOutputs(op, stream, base));
   op.activities.end();
   metrics_.countOp(static_cast<int>(OpType::kAllreduce), count * elem, r.keys.size());
   return Status::ok();
 }
 
-// The single staged input; a rank without one (it joined) contributes zeros.
-Status DeviceExecutor::stagedInput(OpContext& op, uint8_t** in, uint8_t** out) {
-  HVD_RETURN_IF_ERROR(takeStaged(in, out));
+// B begins: the single staged input; a rank without one (it joined) contributes zeros.
+Status DeviceStagedOps::stagedInput(OpContext& op, uint8_t** in, uint8_t** out) {
+  HVD_RETURN_IF_ERROR(held_.take(in, out));
   if (op.entries[0] == nullptr) {
     size_t in_bytes = 0, out_bytes = 0;
     singleInputSizes(op, &in_bytes, &out_bytes);
@@ -160,28 +124,29 @@ Status DeviceExecutor::stagedInput(OpContext& op, uint8_t** in, uint8_t** out) {
   return Status::ok();
 }
 
-Status DeviceExecutor::stageOutput(OpContext& op, void* device, const void* host, size_t bytes) {
+Status DeviceStagedOps::stageOutput(OpContext& op, DeviceStream& stream, void* device,
+                                    const void* host, size_t bytes) {
   op.activities.start("MEMCPY_HOST_TO_DEVICE");
-  HVD_RETURN_IF_ERROR(stream().copy(device, host, bytes));
+  HVD_RETURN_IF_ERROR(stream.copy(device, host, bytes));
   op.activities.end();
   return Status::ok();
 }
 
-Status DeviceExecutor::stagedAllgather(OpContext& op) {
+Status DeviceStagedOps::allgather(OpContext& op, DeviceStream& stream) {
   const GatherLayout layout = allgatherLayout(op.response);
   uint8_t *in = nullptr, *out = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
   op.activities.start("STAGED_ALLGATHER");
   HVD_RETURN_IF_ERROR(algo::allgather(op.comm, in, out, layout.bytes, op.choice));
   op.activities.end();
-  HVD_RETURN_IF_ERROR(deviceOutput(layout.total, op.result));
+  HVD_RETURN_IF_ERROR(deviceOutput(stream, layout.total, op.result));
   op.result->shape = layout.shape;
-  HVD_RETURN_IF_ERROR(stageOutput(op, op.result->buffer->data, out, layout.total));
+  HVD_RETURN_IF_ERROR(stageOutput(op, stream, op.result->buffer->data, out, layout.total));
   metrics_.countOp(static_cast<int>(OpType::kAllgather), layout.total, 1);
   return Status::ok();
 }
 
-Status DeviceExecutor::stagedBroadcast(OpContext& op) {
+Status DeviceStagedOps::broadcast(OpContext& op, DeviceStream& stream) {
   const coord::Response& r = op.response;
   const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
                        common::dataTypeSize(r.dtype);
@@ -193,13 +158,13 @@ Status DeviceExecutor::stagedBroadcast(OpContext& op) {
   HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, data, bytes, root, op.choice));
   op.activities.end();
   if (op.entries[0] != nullptr) {
-    HVD_RETURN_IF_ERROR(stageOutput(op, op.entries[0]->output, data, bytes));
+    HVD_RETURN_IF_ERROR(stageOutput(op, stream, op.entries[0]->output, data, bytes));
   }
   metrics_.countOp(static_cast<int>(OpType::kBroadcast), bytes, 1);
   return Status::ok();
 }
 
-Status DeviceExecutor::stagedAlltoall(OpContext& op) {
+Status DeviceStagedOps::alltoall(OpContext& op, DeviceStream& stream) {
   const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
   uint8_t *in = nullptr, *out = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &in, &out));
@@ -207,15 +172,15 @@ Status DeviceExecutor::stagedAlltoall(OpContext& op) {
   HVD_RETURN_IF_ERROR(algo::alltoall(op.comm, in, layout.send, out, layout.recv, layout.largest,
                                      op.choice));
   op.activities.end();
-  HVD_RETURN_IF_ERROR(deviceOutput(layout.total, op.result));
+  HVD_RETURN_IF_ERROR(deviceOutput(stream, layout.total, op.result));
   op.result->shape = layout.shape;
   op.result->received_splits = layout.received_splits;
-  HVD_RETURN_IF_ERROR(stageOutput(op, op.result->buffer->data, out, layout.total));
+  HVD_RETURN_IF_ERROR(stageOutput(op, stream, op.result->buffer->data, out, layout.total));
   metrics_.countOp(static_cast<int>(OpType::kAlltoall), layout.total, 1);
   return Status::ok();
 }
 
-Status DeviceExecutor::stagedReducescatter(OpContext& op) {
+Status DeviceStagedOps::reducescatter(OpContext& op, DeviceStream& stream) {
   const coord::Response& r = op.response;
   const int me = op.comm.rank();
   const ReducescatterLayout layout = reducescatterLayout(r, me, op.comm.size());
@@ -232,9 +197,9 @@ Status DeviceExecutor::stagedReducescatter(OpContext& op) {
   op.activities.end();
   const double post = postFactor(r, op.comm.size());
   if (post != 1.0) common::scaleInPlace(out, layout.counts[me], r.dtype, post);
-  HVD_RETURN_IF_ERROR(deviceOutput(mine, op.result));
+  HVD_RETURN_IF_ERROR(deviceOutput(stream, mine, op.result));
   op.result->shape = layout.shape;
-  HVD_RETURN_IF_ERROR(stageOutput(op, op.result->buffer->data, out, mine));
+  HVD_RETURN_IF_ERROR(stageOutput(op, stream, op.result->buffer->data, out, mine));
   metrics_.countOp(static_cast<int>(OpType::kReducescatter), layout.input_bytes, 1);
   return Status::ok();
 }

@@ -36,7 +36,7 @@ namespace nccl = transport::nccl;
 //   writes are ordered after this op's reads by (a).
 //
 //   Host-ordered first step (HVD_IPC_ORDER=host, the default; the set runs it when any
-//   member asks). Phase A (DeviceExecutor::awaitProducers) holds the op, without blocking the
+//   member asks). Phase A (DeviceIpcOps::inputsReady) holds the op, without blocking the
 //   loop, until its inputs' producers finished. The op's first step is then drained: after (b)
 //   r waits on the host for its own stream — only its own copies and kernels are queued, so
 //   the wait is short — and at (c) no stream waits on a peer's input_ready: passing the
@@ -54,7 +54,7 @@ namespace nccl = transport::nccl;
 //   CUDA: "Calling cudaFree on an exported memory region before calling cudaIpcCloseMemHandle
 //   in the importing context will result in undefined behavior" — and likewise for an
 //   interprocess event. So this rank's exports are freed only once every peer closed its
-//   imports, which needs a host barrier between the two: growing the slots (device_ipc_ops.cc)
+//   imports, which needs a host barrier between the two: growing the slots (device_ipc_steps.cc)
 //   runs stream sync, barrier, closeImported, barrier, freeOwn. The destructor — shutdown,
 //   abort, a failed connect (device_path.cc) — has no barrier it can trust (a peer may be dead
 //   or may never reach it), so it closes only the imports and keeps (leaks) this rank's buffer

@@ -1,7 +1,8 @@
 // IpcPeers: the CUDA-IPC state of one process set whose members share one GPU — this rank's
 // exported staging buffer (two slots) and interprocess events, and every peer's buffer and
-// events opened in this process. Owned by the DeviceExecutor's set (runtime/device_ipc_*.cc),
-// which exchanges the IpcExport records over the set's CPU Comm; background thread only.
+// events opened in this process. Owned by the set's IPC steps (runtime/device_ipc_steps.h);
+// runtime/device_path.cc exchanges the IpcExport records over the set's CPU Comm; background
+// thread only.
 // Note [IPC step protocol] (ipc_peers.cc) says which events order which buffer accesses.
 #pragma once
 
