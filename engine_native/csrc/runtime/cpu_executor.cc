@@ -214,8 +214,7 @@ Status rootSetRank(const coord::Response& r, const transport::Comm& comm, int* r
 Status CpuExecutor::broadcast(OpContext& op) {
   const coord::Response& r = op.response;
   TensorEntry* entry = op.entries[0];
-  const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
-                       common::dataTypeSize(r.dtype);
+  const size_t bytes = broadcastBytes(r);
   std::vector<uint8_t> scratch;
   void* data = nullptr;
   const void* in = nullptr;

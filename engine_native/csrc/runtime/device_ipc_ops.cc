@@ -174,8 +174,7 @@ Status DeviceIpcOps::allgather(OpContext& op, DeviceStream& stream) {
 // Note [Result target]: a joined rank receives into scratch.
 Status DeviceIpcOps::broadcast(OpContext& op, DeviceStream& stream) {
   const coord::Response& r = op.response;
-  const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
-                       common::dataTypeSize(r.dtype);
+  const size_t bytes = broadcastBytes(r);
   int root = -1;
   HVD_RETURN_IF_ERROR(rootSetRank(r, op.comm, &root));
   const bool is_root = op.comm.rank() == root;

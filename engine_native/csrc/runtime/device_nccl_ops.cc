@@ -67,8 +67,7 @@ Status DeviceNcclOps::allgather(OpContext& op, DeviceStream& stream) {
 // Note [Result target]: a joined rank receives into scratch.
 Status DeviceNcclOps::broadcast(OpContext& op, DeviceStream& stream) {
   const coord::Response& r = op.response;
-  const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
-                       common::dataTypeSize(r.dtype);
+  const size_t bytes = broadcastBytes(r);
   ResultTarget out;
   HVD_RETURN_IF_ERROR(resultTarget(op, stream, bytes, &out));
   if (out.lone) HVD_RETURN_IF_ERROR(stream.copy(out.data, op.entries[0]->input, bytes));

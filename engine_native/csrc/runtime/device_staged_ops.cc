@@ -40,8 +40,7 @@ void singleInputSizes(const OpContext& op, size_t* in, size_t* out) {
       break;
     }
     case OpType::kBroadcast:
-      *in = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
-            common::dataTypeSize(r.dtype);
+      *in = broadcastBytes(r);
       break;
     case OpType::kAlltoall: {
       const AlltoallLayout layout = alltoallLayout(r, me, n);
@@ -148,8 +147,7 @@ Status DeviceStagedOps::allgather(OpContext& op, DeviceStream& stream) {
 
 Status DeviceStagedOps::broadcast(OpContext& op, DeviceStream& stream) {
   const coord::Response& r = op.response;
-  const size_t bytes = static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) *
-                       common::dataTypeSize(r.dtype);
+  const size_t bytes = broadcastBytes(r);
   int root = -1;
   HVD_RETURN_IF_ERROR(rootSetRank(r, op.comm, &root));
   uint8_t *data = nullptr, *unused = nullptr;

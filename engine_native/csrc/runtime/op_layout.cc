@@ -128,6 +128,10 @@ int64_t totalCount(const coord::Response& r) {
   return std::accumulate(r.counts.begin(), r.counts.end(), int64_t{0});
 }
 
+size_t broadcastBytes(const coord::Response& r) {
+  return static_cast<size_t>(r.counts.empty() ? 0 : r.counts[0]) * common::dataTypeSize(r.dtype);
+}
+
 double postFactor(const coord::Response& r, int set_size) {
   double post = r.postscale;
   if (r.reduce_op == common::ReduceOp::kAverage) post /= set_size;

@@ -55,6 +55,8 @@ ReducescatterLayout reducescatterLayout(const coord::Response& r, int set_rank, 
 
 // Element count of a response's tensors together (fused allreduce: the fusion buffer).
 int64_t totalCount(const coord::Response& r);
+// Bytes a broadcast sends (its one tensor; never fused).
+size_t broadcastBytes(const coord::Response& r);
 // The factor applied after the sum: postscale, divided by the set size for Average.
 double postFactor(const coord::Response& r, int set_size);
 
