@@ -14,17 +14,16 @@
 // with one wake-up per hop and step: (L+1)·S against (2L-1)·S bytes copied per rank at even
 // parts, and 2 milestones per chunk against 2(L-1) transfers per ring step.
 //
-// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc, whose counters and rules this
-// shares): step t posts chunk t and collects chunk t-1, so a rank copies its next piece in
-// while its peers still read the last one. post(k) waits until every other rank released
-// chunk k - depth (rule 2: the slot is free); collect(k) until every other rank posted k
-// (rule 3). Every rank of the host runs the same number of chunks, ceil(max B_j / P), since
-// all see the same sizes; a rank whose part ran out posts empty pieces but still publishes,
-// so all counters end the op equal (rule 1). Posting also publishes kReduced (there is no
-// reduction), as the hierarchical allreduce's hostAllgather does.
-// P is the slot for large parts but at least 8 pieces per part (down to 16 KiB), so that a
-// 1 MiB part still overlaps copy-in with copy-out; a part of a few KiB is one chunk: one
-// post, one wait, one collect.
+// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc, walked by algo/segment_walk.h):
+// step t posts chunk t and collects chunk t-1, so a rank copies its next piece in while its
+// peers still read the last one. post(k) waits until every other rank released chunk
+// k - depth (rule 2: the slot is free); collect(k) until every other rank posted k (rule 3).
+// Every rank of the host runs the same number of chunks, ceil(max B_j / P), since all see the
+// same sizes; a rank whose part ran out posts empty pieces but still publishes, so all
+// counters end the op equal (rule 1). Collecting publishes kReduced with kReleased (there is
+// no reduction). P is the slot for large parts but at least 8 pieces per part (down to
+// 16 KiB: Note [Piece size]), so that a 1 MiB part still overlaps copy-in with copy-out; a
+// part of a few KiB is one chunk: one post, one wait, one collect.
 //
 // Prediction (2-core AMD VM, float32, out freshly allocated by the caller): np=2, 16 MiB per
 // rank: 48 MiB copied per rank, slots hot in L2/L3, 32 chunks, ≤ 64 waits (mostly satisfied
@@ -38,6 +37,7 @@
 #include "algo/algorithms.h"
 #include "algo/peer_block.h"
 #include "algo/ring_util.h"
+#include "algo/segment_walk.h"
 #include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
@@ -47,51 +47,38 @@ namespace hvd::algo {
 namespace {
 
 using transport::shm::CollectiveSync;
-using transport::shm::Stage;
-
-constexpr size_t kMinChunks = 8;
-constexpr size_t kMinPieceBytes = 16 << 10;
-
-// Piece size for parts of at most `largest` bytes: the whole slot, but at least kMinChunks
-// pieces per part down to kMinPieceBytes (a multiple of 64 bytes: pieces start on cache lines).
-size_t pieceBytes(size_t largest, size_t slot_bytes) {
-  const size_t spread = (largest + kMinChunks - 1) / kMinChunks;
-  const size_t rounded = (std::max(spread, kMinPieceBytes) + 63) / 64 * 64;
-  return std::min(slot_bytes, rounded);
-}
 
 class HostAllgather {
  public:
   HostAllgather(CollectiveSync& sync, const transport::Comm& comm, const uint8_t* in,
                 uint8_t* out, const std::vector<size_t>& bytes_per_rank);
-  common::Status run();
+  // SegmentWalk's two stages: post chunk t, collect chunk t-1.
+  common::Status run() {
+    return walk_.run([this](uint64_t k) { post(k); }, [this](uint64_t k) { collect(k); });
+  }
 
  private:
-  // Bytes of piece k of local rank j's part, and where they start within it.
-  size_t pieceSize(int j, uint64_t k) const {
-    const size_t begin = k * piece_;
-    return begin >= part_[j] ? 0 : std::min(piece_, part_[j] - begin);
-  }
-  common::Status post(uint64_t k);
-  common::Status collect(uint64_t k);
+  void post(uint64_t k);
+  void collect(uint64_t k);
 
-  CollectiveSync& sync_;
   const uint8_t* const in_;
   uint8_t* const out_;
   const int me_;
   const int n_;
   std::vector<size_t> part_;     // by local index: that rank's bytes
   std::vector<size_t> offset_;   // by local index: where its part starts in out
-  size_t piece_ = 0;
-  uint64_t chunks_ = 0;
-  uint64_t base_ = 0;            // global number of chunk 0 (rule 1)
+  SegmentWalk walk_;
+  const size_t piece_;
 };
 
 HostAllgather::HostAllgather(CollectiveSync& sync, const transport::Comm& comm,
                              const uint8_t* in, uint8_t* out,
                              const std::vector<size_t>& bytes_per_rank)
-    : sync_(sync), in_(in), out_(out), me_(sync.index()), n_(sync.size()),
-      part_(static_cast<size_t>(n_), 0), offset_(static_cast<size_t>(n_), 0) {
+    : in_(in), out_(out), me_(sync.index()), n_(sync.size()),
+      part_(static_cast<size_t>(n_), 0), offset_(static_cast<size_t>(n_), 0),
+      walk_(sync, *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end()), 1,
+            static_cast<size_t>(sync.segment().chunkBytes())),
+      piece_(walk_.piece()) {
   // Local index j is the host's j-th rank in global order; the output is in set-rank order.
   const BlockOffsets offsets = prefixBlocks(bytes_per_rank);
   for (int r = 0; r < comm.size(); ++r) {
@@ -99,45 +86,23 @@ HostAllgather::HostAllgather(CollectiveSync& sync, const transport::Comm& comm,
     part_[j] = bytes_per_rank[static_cast<size_t>(r)];
     offset_[j] = offsets[static_cast<size_t>(r)];
   }
-  const size_t largest = *std::max_element(part_.begin(), part_.end());
-  piece_ = pieceBytes(largest, static_cast<size_t>(sync.segment().chunkBytes()));
-  chunks_ = (largest + piece_ - 1) / piece_;
-  base_ = sync.released();
 }
 
-common::Status HostAllgather::run() {
-  for (uint64_t t = 0; t < chunks_ + 1; ++t) {
-    if (t < chunks_) HVD_RETURN_IF_ERROR(post(t));
-    if (t >= 1) HVD_RETURN_IF_ERROR(collect(t - 1));
-  }
-  return common::Status::ok();
+void HostAllgather::post(uint64_t k) {
+  const size_t len = walk_.pieceLength(part_[me_], k);
+  if (len == 0) return;
+  const uint8_t* const from = in_ + k * piece_;
+  uint8_t* const to = out_ + offset_[me_] + k * piece_;
+  std::memcpy(walk_.slot(me_, k), from, len);
+  if (to != from) std::memmove(to, from, len);
 }
 
-common::Status HostAllgather::post(uint64_t k) {
-  const uint64_t depth = sync_.segment().depth();
-  if (base_ + k >= depth) {  // rule 2
-    HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + k + 1 - depth));
-  }
-  const size_t len = pieceSize(me_, k);
-  if (len > 0) {
-    const uint8_t* const from = in_ + k * piece_;
-    uint8_t* const to = out_ + offset_[me_] + k * piece_;
-    std::memcpy(sync_.segment().slot(me_, base_ + k), from, len);
-    if (to != from) std::memmove(to, from, len);
-  }
-  sync_.publish({Stage::kPosted, Stage::kReduced}, base_ + k + 1);
-  return common::Status::ok();
-}
-
-common::Status HostAllgather::collect(uint64_t k) {
-  HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kPosted, base_ + k + 1));  // rule 3
+void HostAllgather::collect(uint64_t k) {
   for (int j = 0; j < n_; ++j) {
-    const size_t len = pieceSize(j, k);
+    const size_t len = walk_.pieceLength(part_[j], k);
     if (j == me_ || len == 0) continue;
-    std::memcpy(out_ + offset_[j] + k * piece_, sync_.segment().slot(j, base_ + k), len);
+    std::memcpy(out_ + offset_[j] + k * piece_, walk_.slot(j, k), len);
   }
-  sync_.publish({Stage::kReleased}, base_ + k + 1);
-  return common::Status::ok();
 }
 
 // Note [Single-copy ops] in algo/single_copy.cc: every rank reads every other rank's input

@@ -54,6 +54,8 @@
 //      (a seq_cst store: the release that publishes them).
 // No cycle: in step t a rank waits only for the others' steps <= t-1 (depth >= 3), which in
 // turn needed from it only steps <= t-2, already done.
+// SegmentWalk (algo/segment_walk.h) carries out these rules for every shm algorithm: the
+// algorithm gives it the stages, it numbers the chunks, waits and publishes.
 // An error (abort, lost peer, timeout) fails the core, which closes the mesh and the segment:
 // counters are never reused after a broken op.
 #include <algorithm>
@@ -61,18 +63,15 @@
 
 #include "algo/algorithms.h"
 #include "algo/ring_util.h"
-#include "common/check.h"
+#include "algo/segment_walk.h"
 #include "transport/shm/collective_sync.h"
 
 namespace hvd::algo {
 namespace {
 
 using transport::shm::CollectiveSync;
-using transport::shm::Stage;
 
 constexpr size_t kWholeBytes = 8 << 10;
-constexpr size_t kMinChunks = 8;               // Note [Piece size]
-constexpr size_t kMinPieceBytes = 16 << 10;
 
 enum class Kind {
   kAllreduce,      // post, reduce + publish, collect
@@ -96,13 +95,17 @@ class HostPipeline {
 
  private:
   Piece piece(uint64_t k, int j) const;
-  uint8_t* slotOf(int j, uint64_t k) const { return sync_.segment().slot(j, base_ + k); }
-  // Each waits for what Note [Host pipeline] rules 2 and 3 require, then does its stage.
-  common::Status post(uint64_t k);
-  common::Status reduce(uint64_t k);
-  common::Status collect(uint64_t k);
+  uint8_t* slotOf(int j, uint64_t k) const { return walk_.slot(j, k); }
+  void copyIn(const Piece& p, uint64_t k) const;
+  // The stages; the walk waits for what Note [Host pipeline] rules 2 and 3 require before
+  // each and publishes its milestone after it.
+  void postOthers(uint64_t k);  // the pieces this rank does not reduce
+  void postOwn(uint64_t k);     // kAllgather: the piece this rank holds
+  void postWhole(uint64_t k);
+  void reduce(uint64_t k);      // this rank's piece, from every rank's slot
+  void reduceWhole(uint64_t k);
+  void collect(uint64_t k);     // every other rank's reduced piece
 
-  CollectiveSync& sync_;
   const Kind kind_;
   const SpanBuffer buffer_;
   const size_t count_;
@@ -111,108 +114,66 @@ class HostPipeline {
   const size_t esize_;
   const int me_;
   const int n_;
-  BlockOffsets blocks_;      // kWhole: unused
-  size_t piece_elems_ = 0;   // block layout: piece size; kWhole: chunk size
-  uint64_t chunks_ = 0;
-  uint64_t base_ = 0;        // global number of chunk 0 (rule 1)
+  const BlockOffsets blocks_;  // kWhole: unused
+  SegmentWalk walk_;           // kWhole: pieces of the buffer; else of block 0, the largest
 };
 
 HostPipeline::HostPipeline(CollectiveSync& sync, Kind kind, SpanBuffer buffer, size_t count,
                            common::DataType dtype, common::ReduceOp op)
-    : sync_(sync), kind_(kind), buffer_(std::move(buffer)), count_(count),
-      dtype_(dtype), op_(op), esize_(common::dataTypeSize(dtype)), me_(sync.index()),
-      n_(sync.size()) {
-  const size_t chunk_bytes = static_cast<size_t>(sync.segment().chunkBytes());
-  if (kind_ == Kind::kWhole) {
-    piece_elems_ = chunk_bytes / esize_;
-    chunks_ = (count_ + piece_elems_ - 1) / piece_elems_;
-  } else {
-    blocks_ = evenBlocks(count_, n_);
-    // Note [Piece size]: pieces fill a slot (256 KiB) for large buffers, but a block gets at
-    // least kMinChunks pieces (down to kMinPieceBytes) so a batch of a few hundred KiB still
-    // pipelines: a 200 x 4 KiB step went from 2 chunks to 8 and from ~615 to ~480 us.
-    const size_t slot_piece = chunk_bytes / static_cast<size_t>(n_) / esize_;
-    const size_t spread = (blockSize(blocks_, 0) + kMinChunks - 1) / kMinChunks;
-    const size_t floor_elems = std::max<size_t>(1, kMinPieceBytes / esize_);
-    piece_elems_ = std::min(slot_piece, std::max(spread, floor_elems));
-    chunks_ = (blockSize(blocks_, 0) + piece_elems_ - 1) / piece_elems_;  // block 0 is largest
-  }
-  base_ = sync.released();
-  HVD_CHECK(sync.segment().depth() >= 3);  // Note [Host pipeline]: no cycle below 3 slots
-}
+    : kind_(kind), buffer_(std::move(buffer)), count_(count), dtype_(dtype), op_(op),
+      esize_(common::dataTypeSize(dtype)), me_(sync.index()), n_(sync.size()),
+      blocks_(kind == Kind::kWhole ? BlockOffsets{} : evenBlocks(count, n_)),
+      walk_(sync, kind == Kind::kWhole ? count : blockSize(blocks_, 0), esize_,
+            static_cast<size_t>(sync.segment().chunkBytes()) /
+                static_cast<size_t>(kind == Kind::kWhole ? 1 : n_)) {}
 
 Piece HostPipeline::piece(uint64_t k, int j) const {
-  if (kind_ == Kind::kWhole) {
-    const size_t first = k * piece_elems_;
-    return Piece{first, std::min(piece_elems_, count_ - first), 0};
-  }
-  const size_t begin = blocks_[j] + k * piece_elems_;
-  const size_t end = blocks_[j + 1];
-  const size_t offset = static_cast<size_t>(j) * piece_elems_ * esize_;
-  return begin >= end ? Piece{0, 0, offset} : Piece{begin, std::min(piece_elems_, end - begin),
-                                                    offset};
+  const size_t first = k * walk_.piece();
+  if (kind_ == Kind::kWhole) return Piece{first, walk_.pieceLength(count_, k), 0};
+  return Piece{blocks_[j] + first, walk_.pieceLength(blockSize(blocks_, j), k),
+               static_cast<size_t>(j) * walk_.piece() * esize_};
 }
 
 // The loop of Note [Host pipeline]: step t posts chunk t, reduces t-1 and collects t-2.
 common::Status HostPipeline::run() {
-  for (uint64_t t = 0; t < chunks_ + 2; ++t) {
-    if (t < chunks_) HVD_RETURN_IF_ERROR(post(t));
-    if (t >= 1 && t - 1 < chunks_) HVD_RETURN_IF_ERROR(reduce(t - 1));
-    if (t >= 2) HVD_RETURN_IF_ERROR(collect(t - 2));
+  auto post_others = [this](uint64_t k) { postOthers(k); };
+  auto reduce_own = [this](uint64_t k) { reduce(k); };
+  auto collect_others = [this](uint64_t k) { collect(k); };
+  switch (kind_) {
+    case Kind::kAllreduce: return walk_.run(post_others, reduce_own, collect_others);
+    case Kind::kReduceScatter: return walk_.run(post_others, reduce_own);
+    case Kind::kAllgather: return walk_.run([this](uint64_t k) { postOwn(k); }, collect_others);
+    case Kind::kWhole:
+      return walk_.run([this](uint64_t k) { postWhole(k); },
+                       [this](uint64_t k) { reduceWhole(k); });
   }
-  return common::Status::ok();
+  return common::internalError("shm allreduce: unknown pipeline kind");
 }
 
-common::Status HostPipeline::post(uint64_t k) {
-  const uint64_t depth = sync_.segment().depth();
-  if (base_ + k >= depth) {  // rule 2
-    HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + k + 1 - depth));
-  }
-  uint8_t* const slot = slotOf(me_, k);
+void HostPipeline::copyIn(const Piece& p, uint64_t k) const {
+  uint8_t* const to = slotOf(me_, k) + p.offset;
   const size_t esize = esize_;
-  auto copyIn = [slot, esize](const Piece& p) {
-    uint8_t* const to = slot + p.offset;
-    return [to, esize](const uint8_t* in, uint8_t*, size_t n, size_t off) {
-      std::memcpy(to + off * esize, in, n * esize);
-    };
-  };
-  if (kind_ == Kind::kWhole) {
-    const Piece p = piece(k, 0);
-    buffer_.forRange(p.first, p.count, copyIn(p));
-  } else if (kind_ == Kind::kAllgather) {
-    const Piece p = piece(k, me_);
-    buffer_.forRange(p.first, p.count, copyIn(p));
-    sync_.publish({Stage::kPosted, Stage::kReduced}, base_ + k + 1);
-    return common::Status::ok();
-  } else {
-    for (int j = 0; j < n_; ++j) {
-      const Piece p = piece(k, j);
-      if (j != me_) buffer_.forRange(p.first, p.count, copyIn(p));
-    }
-  }
-  sync_.publish({Stage::kPosted}, base_ + k + 1);
-  return common::Status::ok();
+  buffer_.forRange(p.first, p.count, [to, esize](const uint8_t* in, uint8_t*, size_t n,
+                                                 size_t off) {
+    std::memcpy(to + off * esize, in, n * esize);
+  });
 }
 
-common::Status HostPipeline::reduce(uint64_t k) {
-  if (kind_ == Kind::kAllgather) return common::Status::ok();
-  HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kPosted, base_ + k + 1));  // rule 3
-  const size_t esize = esize_;
-  if (kind_ == Kind::kWhole) {
-    // Every rank folds the L copies in the same order, so every rank gets the same bits.
-    const Piece p = piece(k, 0);
-    buffer_.forRange(p.first, p.count, [&](const uint8_t*, uint8_t* out, size_t n, size_t off) {
-      std::memcpy(out, slotOf(0, k) + off * esize, n * esize);
-      for (int j = 1; j < n_; ++j) {
-        common::reduceInto(out, slotOf(j, k) + off * esize, n, dtype_, op_);
-      }
-    });
-    sync_.publish({Stage::kReduced, Stage::kReleased}, base_ + k + 1);
-    return common::Status::ok();
+void HostPipeline::postOthers(uint64_t k) {
+  for (int j = 0; j < n_; ++j) {
+    if (j != me_) copyIn(piece(k, j), k);
   }
+}
+
+void HostPipeline::postOwn(uint64_t k) { copyIn(piece(k, me_), k); }
+
+void HostPipeline::postWhole(uint64_t k) { copyIn(piece(k, 0), k); }
+
+void HostPipeline::reduce(uint64_t k) {
   const Piece p = piece(k, me_);
   const bool publish = kind_ != Kind::kReduceScatter;
   uint8_t* const own_slot = slotOf(me_, k) + p.offset;
+  const size_t esize = esize_;
   buffer_.forRange(p.first, p.count, [&](const uint8_t* in, uint8_t* out, size_t n,
                                          size_t off) {
     if (in != out) std::memcpy(out, in, n * esize);
@@ -221,29 +182,31 @@ common::Status HostPipeline::reduce(uint64_t k) {
     }
     if (publish) std::memcpy(own_slot + off * esize, out, n * esize);
   });
-  if (!publish) {
-    sync_.publish({Stage::kReduced, Stage::kReleased}, base_ + k + 1);
-    return common::Status::ok();
-  }
-  sync_.publish({Stage::kReduced}, base_ + k + 1);
-  return common::Status::ok();
 }
 
-common::Status HostPipeline::collect(uint64_t k) {
-  if (kind_ != Kind::kAllreduce && kind_ != Kind::kAllgather) return common::Status::ok();
-  HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReduced, base_ + k + 1));  // rule 3
+// Every rank folds the L copies in the same order, so every rank gets the same bits.
+void HostPipeline::reduceWhole(uint64_t k) {
+  const Piece p = piece(k, 0);
+  const size_t esize = esize_;
+  buffer_.forRange(p.first, p.count, [&](const uint8_t*, uint8_t* out, size_t n, size_t off) {
+    std::memcpy(out, slotOf(0, k) + off * esize, n * esize);
+    for (int j = 1; j < n_; ++j) {
+      common::reduceInto(out, slotOf(j, k) + off * esize, n, dtype_, op_);
+    }
+  });
+}
+
+void HostPipeline::collect(uint64_t k) {
   const size_t esize = esize_;
   for (int j = 0; j < n_; ++j) {
-    const Piece p = piece(k, j);
     if (j == me_) continue;
+    const Piece p = piece(k, j);
     const uint8_t* const from = slotOf(j, k) + p.offset;
     buffer_.forRange(p.first, p.count, [from, esize](const uint8_t*, uint8_t* out, size_t n,
                                                      size_t off) {
       std::memcpy(out, from + off * esize, n * esize);
     });
   }
-  sync_.publish({Stage::kReleased}, base_ + k + 1);
-  return common::Status::ok();
 }
 
 common::Status runPipeline(transport::Comm& comm, Kind kind, SpanBuffer buffer, size_t count,

@@ -15,14 +15,15 @@
 // but in L-1 sequential steps, each a handshake per pair buffer's worth: L-1 round trips per
 // op at least, where this takes 2 milestones per chunk for all peers at once.
 //
-// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc, whose counters and rules this
-// shares): step t posts chunk t and collects chunk t-1. post(k) waits until every other rank
+// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc, walked by algo/segment_walk.h):
+// step t posts chunk t and collects chunk t-1. post(k) waits until every other rank
 // released chunk k - depth (rule 2); collect(k) until every other rank posted k (rule 3).
 // Every rank runs the same number of chunks, ceil(largest / P), where `largest` is the
 // largest off-diagonal block of the whole splits matrix (the negotiated response carries all
 // of it, so every rank computes the same value); a rank whose blocks ran out posts empty
 // pieces but still publishes, so all counters end the op equal (rule 1). As in allgather_shm,
-// P is the slot's share for large blocks but at least 8 pieces per block (down to 16 KiB).
+// P is the slot's share for large blocks but at least 8 pieces per block (down to 16 KiB:
+// Note [Piece size]).
 //
 // Prediction (2-core AMD VM, float32, pooled output, written before measuring): np=2, 16 MiB
 // per rank (8 MiB to each): 8 MiB copied in, 8 MiB out, 8 MiB diagonal per rank = 24 MiB,
@@ -40,6 +41,7 @@
 #include "algo/algorithms.h"
 #include "algo/peer_block.h"
 #include "algo/ring_util.h"
+#include "algo/segment_walk.h"
 #include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
@@ -49,10 +51,6 @@ namespace hvd::algo {
 namespace {
 
 using transport::shm::CollectiveSync;
-using transport::shm::Stage;
-
-constexpr size_t kMinChunks = 8;
-constexpr size_t kMinPieceBytes = 16 << 10;
 
 class HostAlltoall {
  public:
@@ -67,13 +65,8 @@ class HostAlltoall {
   common::Status writeIntoOutputs(bool* use_slots);
 
  private:
-  // Bytes of piece k of a block of `block` bytes.
-  size_t pieceSize(size_t block, uint64_t k) const {
-    const size_t begin = k * piece_;
-    return begin >= block ? 0 : std::min(piece_, block - begin);
-  }
-  common::Status post(uint64_t k);
-  common::Status collect(uint64_t k);
+  void post(uint64_t k);
+  void collect(uint64_t k);
 
   CollectiveSync& sync_;
   const uint8_t* const in_;
@@ -84,9 +77,8 @@ class HostAlltoall {
   std::vector<size_t> send_, send_at_, recv_, recv_at_;
   // The single-copy op's layout: (offset, bytes) of the block for local index j at 2j, 2j+1.
   std::vector<uint64_t> layout_;
-  size_t piece_ = 0;
-  uint64_t chunks_ = 0;
-  uint64_t base_ = 0;  // global number of chunk 0 (rule 1)
+  SegmentWalk walk_;
+  const size_t piece_;
 };
 
 HostAlltoall::HostAlltoall(CollectiveSync& sync, const transport::Comm& comm, const uint8_t* in,
@@ -94,7 +86,10 @@ HostAlltoall::HostAlltoall(CollectiveSync& sync, const transport::Comm& comm, co
                            const std::vector<size_t>& recv_bytes, size_t largest)
     : sync_(sync), in_(in), out_(out), me_(sync.index()), n_(sync.size()),
       send_(static_cast<size_t>(n_), 0), send_at_(send_.size(), 0), recv_(send_.size(), 0),
-      recv_at_(send_.size(), 0) {
+      recv_at_(send_.size(), 0),
+      walk_(sync, largest, 1,
+            static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_)),
+      piece_(walk_.piece()) {
   // Local index j is the host's j-th rank in global order; the buffers are in set-rank order.
   const BlockOffsets send_offsets = prefixBlocks(send_bytes);
   const BlockOffsets recv_offsets = prefixBlocks(recv_bytes);
@@ -105,12 +100,6 @@ HostAlltoall::HostAlltoall(CollectiveSync& sync, const transport::Comm& comm, co
     recv_[j] = recv_bytes[static_cast<size_t>(r)];
     recv_at_[j] = recv_offsets[static_cast<size_t>(r)];
   }
-  const size_t slot_share = static_cast<size_t>(sync.segment().chunkBytes()) /
-                            static_cast<size_t>(n_) / 64 * 64;
-  const size_t spread = (largest + kMinChunks - 1) / kMinChunks;
-  piece_ = std::min(slot_share, (std::max(spread, kMinPieceBytes) + 63) / 64 * 64);
-  chunks_ = (largest + piece_ - 1) / piece_;
-  base_ = sync.released();
 }
 
 common::Status HostAlltoall::run() {
@@ -118,11 +107,8 @@ common::Status HostAlltoall::run() {
   uint8_t* const own_to = out_ + recv_at_[static_cast<size_t>(me_)];
   const uint8_t* const own_from = in_ + send_at_[static_cast<size_t>(me_)];
   if (own > 0 && own_to != own_from) std::memmove(own_to, own_from, own);
-  for (uint64_t t = 0; t < chunks_ + 1; ++t) {
-    if (t < chunks_) HVD_RETURN_IF_ERROR(post(t));
-    if (t >= 1) HVD_RETURN_IF_ERROR(collect(t - 1));
-  }
-  return common::Status::ok();
+  // SegmentWalk's two stages: post chunk t, collect chunk t-1.
+  return walk_.run([this](uint64_t k) { post(k); }, [this](uint64_t k) { collect(k); });
 }
 
 common::Status HostAlltoall::singleCopy() {
@@ -171,33 +157,24 @@ common::Status HostAlltoall::writeIntoOutputs(bool* use_slots) {
   return runSharedOutputs(sync_, op, use_slots);
 }
 
-common::Status HostAlltoall::post(uint64_t k) {
-  const uint64_t depth = sync_.segment().depth();
-  if (base_ + k >= depth) {  // rule 2
-    HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + k + 1 - depth));
-  }
-  uint8_t* const slot = sync_.segment().slot(me_, base_ + k);
+void HostAlltoall::post(uint64_t k) {
+  uint8_t* const slot = walk_.slot(me_, k);
   for (int j = 0; j < n_; ++j) {
-    const size_t len = pieceSize(send_[static_cast<size_t>(j)], k);
+    const size_t len = walk_.pieceLength(send_[static_cast<size_t>(j)], k);
     if (j == me_ || len == 0) continue;
     std::memcpy(slot + static_cast<size_t>(j) * piece_,
                 in_ + send_at_[static_cast<size_t>(j)] + k * piece_, len);
   }
-  sync_.publish({Stage::kPosted, Stage::kReduced}, base_ + k + 1);
-  return common::Status::ok();
 }
 
-common::Status HostAlltoall::collect(uint64_t k) {
-  HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kPosted, base_ + k + 1));  // rule 3
+void HostAlltoall::collect(uint64_t k) {
   const size_t mine = static_cast<size_t>(me_) * piece_;
   for (int j = 0; j < n_; ++j) {
-    const size_t len = pieceSize(recv_[static_cast<size_t>(j)], k);
+    const size_t len = walk_.pieceLength(recv_[static_cast<size_t>(j)], k);
     if (j == me_ || len == 0) continue;
-    std::memcpy(out_ + recv_at_[static_cast<size_t>(j)] + k * piece_,
-                sync_.segment().slot(j, base_ + k) + mine, len);
+    std::memcpy(out_ + recv_at_[static_cast<size_t>(j)] + k * piece_, walk_.slot(j, k) + mine,
+                len);
   }
-  sync_.publish({Stage::kReleased}, base_ + k + 1);
-  return common::Status::ok();
 }
 
 }  // namespace

@@ -5,17 +5,20 @@
 // Derivation. The message (S bytes) is cut into pieces of P bytes; piece k goes through slot
 // k % depth of the root's segment area (P up to the whole slot, chunk_bytes = L x 256 KiB).
 //   root    waits until every other rank released piece k - depth (its slot is free), copies
-//           piece k of its input in, publishes it, then copies the piece to its own output
-//           when that is another buffer (in cache by then; the readers copy out meanwhile)
+//           piece k of its input in, publishes it, and one step later copies the piece to
+//           its own output when that is another buffer (in cache still; the readers copy out
+//           meanwhile)
 //   others  wait until the root posted piece k, copy it out and release it
 // Per rank S bytes copied (the root in, every other rank out): the least a copy through shared
 // memory allows, against the chain's S in and S out per middle rank (algo/broadcast_tree.cc)
 // and its L-1 hops of latency. The root may run `depth` pieces ahead of the slowest reader, so
 // its copy-in overlaps the readers' copy-out; readers read the same slot at the same time.
 // P is the slot for large messages but at least 8 pieces (down to 16 KiB) so 1 MiB still
-// pipelines; a message of a few KiB is one piece: one wait per reader, none for the root.
+// pipelines (Note [Piece size] in algo/segment_walk.h); a message of a few KiB is one piece:
+// one wait per reader, none for the root.
 //
-// Counters (Note [Host pipeline] in algo/allreduce_shm.cc). Every rank publishes all three
+// Counters (Note [Host pipeline] in algo/allreduce_shm.cc; SegmentWalk's one-writer walk in
+// algo/segment_walk.h). Every rank publishes all three
 // milestones for each piece: the root after copying in (it reads no other rank's slot, so it
 // has nothing to release later), a reader after copying out (its slot is not used). So every
 // rank's counters end the op at base + pieces, equal everywhere (rule 1), and the next op's
@@ -29,6 +32,7 @@
 
 #include "algo/algorithms.h"
 #include "algo/peer_block.h"
+#include "algo/segment_walk.h"
 #include "algo/single_copy.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
@@ -37,37 +41,27 @@ namespace hvd::algo {
 namespace {
 
 using transport::shm::CollectiveSync;
-using transport::shm::Stage;
 
-constexpr size_t kMinPieces = 8;
-constexpr size_t kMinPieceBytes = 16 << 10;
-
+// SegmentWalk with one writer: the root's stage copies piece k in, the readers' copies it out.
+// The root copies its own output one step behind, after the piece is published: it is still in
+// cache, and the readers copy it out meanwhile.
 common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
                                size_t bytes, int root) {
-  const size_t slot_bytes = static_cast<size_t>(sync.segment().chunkBytes());
-  const size_t spread = (bytes + kMinPieces - 1) / kMinPieces;
-  const size_t piece = std::min(slot_bytes, (std::max(spread, kMinPieceBytes) + 63) / 64 * 64);
-  const uint64_t pieces = (bytes + piece - 1) / piece;
-  const uint64_t depth = sync.segment().depth();
-  const uint64_t base = sync.released();
-  const bool is_root = sync.index() == root;
-  for (uint64_t k = 0; k < pieces; ++k) {
-    const uint64_t g = base + k;
-    const size_t offset = k * piece;
-    const size_t len = std::min(piece, bytes - offset);
-    if (is_root) {
-      if (g >= depth) HVD_RETURN_IF_ERROR(sync.waitAll(Stage::kReleased, g + 1 - depth));
-      std::memcpy(sync.segment().slot(root, g), root_in + offset, len);
-      sync.publish({Stage::kPosted, Stage::kReduced, Stage::kReleased}, g + 1);
-      // Its own output after publishing: the readers copy the piece out meanwhile.
-      if (root_in != data) std::memcpy(data + offset, root_in + offset, len);
-    } else {
-      HVD_RETURN_IF_ERROR(sync.waitFor(root, Stage::kPosted, g + 1));
-      std::memcpy(data + offset, sync.segment().slot(root, g), len);
-      sync.publish({Stage::kPosted, Stage::kReduced, Stage::kReleased}, g + 1);
-    }
+  SegmentWalk walk(sync, bytes, 1, static_cast<size_t>(sync.segment().chunkBytes()), root);
+  const size_t piece = walk.piece();
+  auto length = [&](uint64_t k) { return walk.pieceLength(bytes, k); };
+  if (sync.index() != root) {
+    return walk.run([&](uint64_t k) {
+      std::memcpy(data + k * piece, walk.slot(root, k), length(k));
+    });
   }
-  return common::Status::ok();
+  auto copy_in = [&](uint64_t k) {
+    std::memcpy(walk.slot(root, k), root_in + k * piece, length(k));
+  };
+  if (root_in == data) return walk.run(copy_in);
+  return walk.run(copy_in, [&](uint64_t k) {
+    std::memcpy(data + k * piece, root_in + k * piece, length(k));
+  });
 }
 
 // Note [Single-copy ops] in algo/single_copy.cc: the readers copy the root's input straight

@@ -24,12 +24,13 @@
 // exactly, as tests/multiproc/test_host_alltoall_reducescatter.py checks. Prescale is applied
 // by the caller to a copy before either, postscale after (Note [Reducescatter scaling]).
 //
-// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc): step t posts chunk t and
-// reduces chunk t-1. post(k) waits until every other rank released chunk k - depth (rule 2);
-// reduce(k) until every other rank posted k (rule 3). All ranks run ceil(max_b B_b / P)
-// chunks (the counts are the same everywhere), posting empty pieces past a block's end, so
-// the counters end the op equal (rule 1). P fills the slot's share (256 KiB) for large
-// blocks, but a block gets at least 8 pieces (down to 16 KiB).
+// Pipelining (Note [Host pipeline] in algo/allreduce_shm.cc, walked by algo/segment_walk.h):
+// step t posts chunk t and reduces chunk t-1. post(k) waits until every other rank released
+// chunk k - depth (rule 2); reduce(k) until every other rank posted k (rule 3). All ranks run
+// ceil(max_b B_b / P) chunks (the counts are the same everywhere), posting empty pieces past
+// a block's end, so the counters end the op equal (rule 1). P fills the slot's share
+// (256 KiB) for large blocks, but a block gets at least 8 pieces (down to 16 KiB: Note [Piece
+// size]).
 //
 // Prediction (2-core AMD VM, float32, pooled output, written before measuring): np=2, 16 MiB
 // input: 8 MiB copied in, 8 MiB read and summed, 8 MiB written per rank, 32 chunks of 2
@@ -44,114 +45,87 @@
 
 #include "algo/algorithms.h"
 #include "algo/ring_util.h"
+#include "algo/segment_walk.h"
 #include "transport/shm/collective_sync.h"
 
 namespace hvd::algo {
 namespace {
 
 using transport::shm::CollectiveSync;
-using transport::shm::Stage;
-
-constexpr size_t kMinChunks = 8;
-constexpr size_t kMinPieceBytes = 16 << 10;
 
 class HostReduceScatter {
  public:
   HostReduceScatter(CollectiveSync& sync, const transport::Comm& comm, const uint8_t* in,
                     uint8_t* out, const std::vector<size_t>& counts, common::DataType dtype,
                     common::ReduceOp op);
-  common::Status run();
+  // SegmentWalk's two stages: post chunk t, reduce chunk t-1.
+  common::Status run() {
+    return walk_.run([this](uint64_t k) { post(k); }, [this](uint64_t k) { reduce(k); });
+  }
 
  private:
   // Elements of piece k of set rank b's block.
   size_t pieceCount(int b, uint64_t k) const {
-    const size_t size = blockSize(blocks_, b);
-    const size_t begin = k * piece_;
-    return begin >= size ? 0 : std::min(piece_, size - begin);
+    return walk_.pieceLength(blockSize(blocks_, b), k);
   }
   // Where piece k of set rank b's block lies in local rank j's slot.
   uint8_t* inSlot(int j, int b, uint64_t k) const {
-    return sync_.segment().slot(j, base_ + k) + local_[static_cast<size_t>(b)] * piece_ * esize_;
+    return walk_.slot(j, k) + local_[static_cast<size_t>(b)] * piece_ * esize_;
   }
-  common::Status post(uint64_t k);
-  common::Status reduce(uint64_t k);
+  void post(uint64_t k);
+  void reduce(uint64_t k);
 
-  CollectiveSync& sync_;
   const uint8_t* const in_;
   uint8_t* const out_;
   const common::DataType dtype_;
   const common::ReduceOp op_;
   const size_t esize_;
   const int me_;                // set rank
+  const int me_local_;          // its local index (its slot)
   const int n_;
   BlockOffsets blocks_;         // in elements, by set rank
   std::vector<size_t> local_;   // by set rank: its local index (its slot)
-  size_t piece_ = 0;            // elements
-  uint64_t chunks_ = 0;
-  uint64_t base_ = 0;           // global number of chunk 0 (rule 1)
+  SegmentWalk walk_;
+  const size_t piece_;          // elements
 };
 
 HostReduceScatter::HostReduceScatter(CollectiveSync& sync, const transport::Comm& comm,
                                      const uint8_t* in, uint8_t* out,
                                      const std::vector<size_t>& counts, common::DataType dtype,
                                      common::ReduceOp op)
-    : sync_(sync), in_(in), out_(out), dtype_(dtype), op_(op),
-      esize_(common::dataTypeSize(dtype)), me_(comm.rank()), n_(comm.size()),
-      blocks_(prefixBlocks(counts)), local_(counts.size(), 0) {
+    : in_(in), out_(out), dtype_(dtype), op_(op), esize_(common::dataTypeSize(dtype)),
+      me_(comm.rank()), me_local_(sync.index()), n_(comm.size()),
+      blocks_(prefixBlocks(counts)), local_(counts.size(), 0),
+      walk_(sync, *std::max_element(counts.begin(), counts.end()), esize_,
+            static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_)),
+      piece_(walk_.piece()) {
   for (int r = 0; r < n_; ++r) {
     local_[static_cast<size_t>(r)] = static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)));
   }
-  const size_t largest = *std::max_element(counts.begin(), counts.end());
-  const size_t slot_share =
-      static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_) / esize_;
-  const size_t spread = (largest + kMinChunks - 1) / kMinChunks;
-  const size_t floor_elems = std::max<size_t>(1, kMinPieceBytes / esize_);
-  piece_ = std::min(slot_share, std::max(spread, floor_elems));
-  chunks_ = (largest + piece_ - 1) / piece_;
-  base_ = sync.released();
 }
 
-common::Status HostReduceScatter::run() {
-  for (uint64_t t = 0; t < chunks_ + 1; ++t) {
-    if (t < chunks_) HVD_RETURN_IF_ERROR(post(t));
-    if (t >= 1) HVD_RETURN_IF_ERROR(reduce(t - 1));
-  }
-  return common::Status::ok();
-}
-
-common::Status HostReduceScatter::post(uint64_t k) {
-  const uint64_t depth = sync_.segment().depth();
-  if (base_ + k >= depth) {  // rule 2
-    HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kReleased, base_ + k + 1 - depth));
-  }
-  const int me_local = sync_.index();
+void HostReduceScatter::post(uint64_t k) {
   for (int b = 0; b < n_; ++b) {
     const size_t count = pieceCount(b, k);
     if (b == me_ || count == 0) continue;
-    std::memcpy(inSlot(me_local, b, k),
+    std::memcpy(inSlot(me_local_, b, k),
                 in_ + (blocks_[static_cast<size_t>(b)] + k * piece_) * esize_, count * esize_);
   }
-  sync_.publish({Stage::kPosted}, base_ + k + 1);
-  return common::Status::ok();
 }
 
-common::Status HostReduceScatter::reduce(uint64_t k) {
-  HVD_RETURN_IF_ERROR(sync_.waitAll(Stage::kPosted, base_ + k + 1));  // rule 3
+void HostReduceScatter::reduce(uint64_t k) {
   const size_t count = pieceCount(me_, k);
-  if (count > 0) {
-    // Note [Reduce-scatter fold order]: x_{me+1}, then x_{me+2}, ..., x_me.
-    uint8_t* const to = out_ + k * piece_ * esize_;
-    const uint8_t* const own = in_ + (blocks_[static_cast<size_t>(me_)] + k * piece_) * esize_;
-    auto source = [&](int b) {
-      return b == me_ ? own : inSlot(static_cast<int>(local_[static_cast<size_t>(b)]), me_, k);
-    };
-    std::memcpy(to, source((me_ + 1) % n_), count * esize_);
-    for (int step = 2; step <= n_; ++step) {
-      common::reduceInto(to, source((me_ + step) % n_), count, dtype_, op_);
-    }
+  if (count == 0) return;
+  // Note [Reduce-scatter fold order]: x_{me+1}, then x_{me+2}, ..., x_me.
+  uint8_t* const to = out_ + k * piece_ * esize_;
+  const uint8_t* const own = in_ + (blocks_[static_cast<size_t>(me_)] + k * piece_) * esize_;
+  auto source = [&](int b) {
+    return b == me_ ? own : inSlot(static_cast<int>(local_[static_cast<size_t>(b)]), me_, k);
+  };
+  std::memcpy(to, source((me_ + 1) % n_), count * esize_);
+  for (int step = 2; step <= n_; ++step) {
+    common::reduceInto(to, source((me_ + step) % n_), count, dtype_, op_);
   }
-  sync_.publish({Stage::kReduced, Stage::kReleased}, base_ + k + 1);
-  return common::Status::ok();
 }
 
 }  // namespace
