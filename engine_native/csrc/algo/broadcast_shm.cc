@@ -5,9 +5,8 @@
 // Derivation. The message (S bytes) is cut into pieces of P bytes; piece k goes through slot
 // k % depth of the root's segment area (P up to the whole slot, chunk_bytes = L x 256 KiB).
 //   root    waits until every other rank released piece k - depth (its slot is free), copies
-//           piece k of its input in, publishes it, and one step later copies the piece to
-//           its own output when that is another buffer (in cache still; the readers copy out
-//           meanwhile)
+//           piece k of its input in, publishes it, then copies the piece to its own output
+//           when that is another buffer (in cache by then; the readers copy out meanwhile)
 //   others  wait until the root posted piece k, copy it out and release it
 // Per rank S bytes copied (the root in, every other rank out): the least a copy through shared
 // memory allows, against the chain's S in and S out per middle rank (algo/broadcast_tree.cc)
@@ -42,9 +41,8 @@ namespace {
 
 using transport::shm::CollectiveSync;
 
-// SegmentWalk with one writer: the root's stage copies piece k in, the readers' copies it out.
-// The root copies its own output one step behind, after the piece is published: it is still in
-// cache, and the readers copy it out meanwhile.
+// SegmentWalk with one writer: the root's first stage copies piece k in, the readers' stage
+// copies it out; the root's second copies it to its own output once published.
 common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
                                size_t bytes, int root) {
   SegmentWalk walk(sync, bytes, 1, static_cast<size_t>(sync.segment().chunkBytes()), root);

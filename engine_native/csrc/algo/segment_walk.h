@@ -55,8 +55,9 @@ class SegmentWalk {
   //   the last stage publishes every milestone from its own on, so all counters end the op
   //   equal (rule 1).
   // With one writer its stage 0 publishes every milestone (nothing later of its own is waited
-  // for) and its later stages are local work; every other rank runs one stage, which waits
-  // until the writer posted chunk k and publishes every milestone.
+  // for) and its later stages are local work on the same chunk in the same step, while the
+  // piece is still in cache; every other rank runs one stage, which waits until the writer
+  // posted chunk k and publishes every milestone.
   template <typename... Stages>
   common::Status run(Stages&&... stages) {
     constexpr int kStages = static_cast<int>(sizeof...(Stages));
@@ -73,9 +74,9 @@ class SegmentWalk {
 
   template <int kStage, int kStages, typename First, typename... Rest>
   common::Status step(uint64_t t, First& first, Rest&... rest) {
-    constexpr uint64_t kLag = kStage;
-    if (t >= kLag && t - kLag < chunks_) {
-      const uint64_t k = t - kLag;
+    const uint64_t lag = writer_ >= 0 ? 0 : kStage;
+    if (t >= lag && t - lag < chunks_) {
+      const uint64_t k = t - lag;
       HVD_RETURN_IF_ERROR(waitBefore<kStage>(k));
       first(k);
       publishAfter<kStage, kStages>(k);
