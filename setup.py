@@ -32,6 +32,7 @@ CORE_SOURCES = [
     "common/logging.cc",
     "common/config.cc",
     "common/hmac.cc",
+    "common/byte_codec.cc",
     "transport/mesh.cc",
     "transport/control.cc",
     "transport/shm/control_link.cc",

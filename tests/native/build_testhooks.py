@@ -33,11 +33,13 @@ CSRC = os.path.join(REPO, "engine_native", "csrc")
 OUT = os.path.join(REPO, "build", "testhooks")
 
 HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc",
-         "testhooks/device_kernels.cc", "testhooks/peer_block.cc", "testhooks/hmac.cc"]
+         "testhooks/device_kernels.cc", "testhooks/peer_block.cc", "testhooks/hmac.cc",
+         "testhooks/byte_codec.cc"]
 # The core's sources the hooks run, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/dtype.cc",
     "common/hmac.cc",
+    "common/byte_codec.cc",
     "common/logging.cc",
     "timeline/trace_writer.cc",
     "timeline/recent_events.cc",
@@ -53,6 +55,11 @@ CORE = [
     "transport/cuda/kernel_compiler.cc",
     "transport/cuda/reduce_kernel_source.cc",
     "transport/cuda/device_kernels.cc",
+    "coord/key_table.cc",
+    "coord/wire.cc",
+    "coord/request_cache.cc",
+    "coord/response_cache.cc",
+    "coord/message.cc",
 ]
 
 

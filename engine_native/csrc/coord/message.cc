@@ -37,7 +37,7 @@ constexpr double kMaxCycleMs = 1e6;
 constexpr int32_t kMaxPhase = 3;          // autotune::AutotunePhase::kDone
 constexpr int32_t kMaxTrials = 1 << 20;
 
-void writeResponse(wire::ByteWriter& w, const Response& r, const KeyTable& keys) {
+void writeResponse(common::ByteWriter& w, const Response& r, const KeyTable& keys) {
   w.i32(static_cast<int32_t>(r.status));
   w.i32(static_cast<int32_t>(r.type));
   w.u32(static_cast<uint32_t>(r.keys.size()));
@@ -57,20 +57,20 @@ void writeResponse(wire::ByteWriter& w, const Response& r, const KeyTable& keys)
   w.i32(r.last_joined_rank);
 }
 
-bool readNames(wire::ByteReader& in, std::vector<std::string_view>* names) {
+bool readNames(common::ByteReader& in, std::vector<std::string_view>* names) {
   uint32_t n = 0;
   if (!in.count(&n, 4)) return false;
   names->clear();
   for (uint32_t i = 0; i < n; ++i) {
     std::string_view name;
-    if (!in.view(&name, wire::kMaxNameBytes)) return false;
+    if (!in.str(&name, wire::kMaxNameBytes)) return false;
     names->push_back(name);
   }
   return true;
 }
 
 // Cross-field consistency a well-formed Response always has.
-bool checkShape(wire::ByteReader& in, const Response& r, size_t names, OpType type,
+bool checkShape(common::ByteReader& in, const Response& r, size_t names, OpType type,
                 ResponseType status) {
   if (!r.counts.empty() && r.counts.size() != names) {
     return in.fail("counts do not match names");
@@ -90,7 +90,7 @@ bool checkShape(wire::ByteReader& in, const Response& r, size_t names, OpType ty
 }
 
 // Names are interned (in `batch`) once the response's process set is known.
-bool readResponse(wire::ByteReader& in, KeyTable::Batch& batch,
+bool readResponse(common::ByteReader& in, KeyTable::Batch& batch,
                   std::vector<std::string_view>* names, Response* out) {
   int32_t status = 0, type = 0, dtype = 0, op = 0;
   bool ok = in.ranged(&status, 0, static_cast<int32_t>(ResponseType::kError), "status") &&
@@ -122,7 +122,7 @@ bool readResponse(wire::ByteReader& in, KeyTable::Batch& batch,
   return true;
 }
 
-void writeParams(wire::ByteWriter& w, const ParamsUpdate& p) {
+void writeParams(common::ByteWriter& w, const ParamsUpdate& p) {
   w.u8(kParamsTag);
   w.i64(p.fusion_threshold_bytes);
   w.f64(p.cycle_time_ms);
@@ -133,7 +133,7 @@ void writeParams(wire::ByteWriter& w, const ParamsUpdate& p) {
   w.i32(p.trials);
 }
 
-bool readFlag(wire::ByteReader& in, bool* v, const char* what) {
+bool readFlag(common::ByteReader& in, bool* v, const char* what) {
   uint8_t b = 0;
   if (!in.u8(&b)) return false;
   if (b > 1) return in.fail(std::string(what) + " flag " + std::to_string(b) + " is not 0 or 1");
@@ -141,7 +141,7 @@ bool readFlag(wire::ByteReader& in, bool* v, const char* what) {
   return true;
 }
 
-bool readParams(wire::ByteReader& in, ParamsUpdate* out) {
+bool readParams(common::ByteReader& in, ParamsUpdate* out) {
   uint8_t tag = 0;
   bool ok = in.u8(&tag) && (tag == kParamsTag || in.fail("unknown block after the responses")) &&
             in.i64(&out->fusion_threshold_bytes) && in.f64(&out->cycle_time_ms) &&
@@ -166,15 +166,16 @@ bool readParams(wire::ByteReader& in, ParamsUpdate* out) {
 
 std::string encode(const Response* const* responses, size_t count,
                    const std::optional<ParamsUpdate>& params, const KeyTable& keys) {
-  wire::ByteWriter w;
   size_t names = 0;
   for (size_t i = 0; i < count; ++i) names += responses[i]->keys.size();
-  w.reserve(16 + 120 * count + 40 * names);
+  std::string out;
+  out.reserve(16 + 120 * count + 40 * names);
+  common::ByteWriter w(&out);
   w.u8(wire::kResponseListTag);
   w.u32(static_cast<uint32_t>(count));
   for (size_t i = 0; i < count; ++i) writeResponse(w, *responses[i], keys);
   if (params) writeParams(w, *params);
-  return w.take();
+  return out;
 }
 
 std::string encode(const ResponseList& list, const KeyTable& keys) {
@@ -184,7 +185,7 @@ std::string encode(const ResponseList& list, const KeyTable& keys) {
 }
 
 common::Status decode(const std::string& bytes, KeyTable& keys, ResponseList* out) {
-  wire::ByteReader in(bytes);
+  common::ByteReader in(bytes);
   uint8_t tag = 0;
   uint32_t n = 0;
   bool ok = in.u8(&tag) && (tag == wire::kResponseListTag || in.fail("not a ResponseList")) &&

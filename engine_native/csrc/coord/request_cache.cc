@@ -68,8 +68,9 @@ int32_t RequestCache::insert(const Request& r, const std::string& name) {
 
 std::string encodeRequests(const Request* const* requests, size_t count,
                            RequestCache* sender_cache, const KeyTable* keys) {
-  wire::ByteWriter w;
-  w.reserve(8 + 16 * count);
+  std::string out;
+  out.reserve(8 + 16 * count);
+  common::ByteWriter w(&out);
   w.u8(wire::kRequestListTag);
   w.u32(static_cast<uint32_t>(count));
   for (size_t i = 0; i < count; ++i) {
@@ -90,13 +91,13 @@ std::string encodeRequests(const Request* const* requests, size_t count,
     wire::writeRequest(w, r, name);
     if (use_cache) sender_cache->insert(r, name);
   }
-  return w.take();
+  return out;
 }
 
 namespace {
 
 // One entry of a request list, replaying the sender's cache step on `mirror`, handed to visit.
-bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* scratch,
+bool readEntry(common::ByteReader& in, RequestCache* mirror, Request* scratch,
                const RequestVisitor& visit) {
   uint8_t form = 0;
   if (!in.u8(&form)) return false;
@@ -129,7 +130,7 @@ bool readEntry(wire::ByteReader& in, RequestCache* mirror, Request* scratch,
 
 common::Status decodeRequests(const std::string& bytes, RequestCache* mirror,
                               const RequestVisitor& visit) {
-  wire::ByteReader in(bytes);
+  common::ByteReader in(bytes);
   uint8_t tag = 0;
   uint32_t n = 0;
   bool ok = in.u8(&tag) && (tag == wire::kRequestListTag || in.fail("not a RequestList")) &&

@@ -11,7 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <string_view>
 
+#include "common/byte_codec.h"
 #include "common/text.h"
 #include "transport/tcp/socket.h"
 
@@ -26,13 +28,11 @@ constexpr size_t kReadChunk = 64 << 10;
 constexpr size_t kReadBudget = 4 << 20;  // per call, so one chatty peer cannot starve the loop
 constexpr size_t kCoalesceBytes = 64 << 10;  // frames up to this are copied and sent at once
 
-void putLe(char* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint64_t getLe(const char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
-  return v;
+void writeHeader(std::string* out, uint32_t type, uint64_t length) {
+  common::ByteWriter w(out);
+  w.u32(kControlMagic);
+  w.u32(type);
+  w.u64(length);
 }
 
 }  // namespace
@@ -49,26 +49,25 @@ Status ControlChannel::send(uint32_t type, const std::string& payload, double ti
                                  " bytes exceeds the limit of " +
                                  std::to_string(kMaxControlBytes));
   }
-  char header[kHeaderBytes];
-  putLe(header, kControlMagic, 4);
-  putLe(header + 4, type, 4);
-  putLe(header + 8, payload.size(), 8);
   if (link_ != nullptr) {  // Note [Control over shm] C: never waits
     const bool backlog = hasBacklog();
-    outbox_.append(header, kHeaderBytes);
+    writeHeader(&outbox_, type, payload.size());
     outbox_ += payload;
     if (!backlog) flush();
     return Status::ok();
   }
   const tcp::Deadline deadline = tcp::deadlineAfter(timeout_seconds);
+  std::string frame;
   Status s;
   if (payload.size() <= kCoalesceBytes) {
     // One send, one segment: the receiver wakes once per frame, not for a lone header.
-    std::string frame(header, kHeaderBytes);
+    frame.reserve(kHeaderBytes + payload.size());
+    writeHeader(&frame, type, payload.size());
     frame += payload;
     s = tcp::writeFull(fd_, frame.data(), frame.size(), deadline);
   } else {
-    s = tcp::writeFull(fd_, header, kHeaderBytes, deadline);
+    writeHeader(&frame, type, payload.size());
+    s = tcp::writeFull(fd_, frame.data(), frame.size(), deadline);
     if (s.isOk()) s = tcp::writeFull(fd_, payload.data(), payload.size(), deadline);
   }
   return s.isOk() ? s : sendFailed(s, timeout_seconds);
@@ -197,11 +196,13 @@ Status ControlChannel::receive(std::vector<ControlMessage>* out) {
                                      : ": " + tcp::errnoText(err)));
     break;
   }
+  // Every whole frame in the inbox; the remaining() checks keep a partial frame's reads from
+  // recording a failure: its rest arrives later.
+  common::ByteReader in(inbox_.data(), inbox_used_);
   size_t offset = 0;
-  while (inbox_used_ - offset >= kHeaderBytes) {
-    const char* h = inbox_.data() + offset;
-    const uint64_t magic = getLe(h, 4);
-    const uint64_t length = getLe(h + 8, 8);
+  uint32_t magic = 0, type = 0;
+  uint64_t length = 0;
+  while (in.remaining() >= kHeaderBytes && in.u32(&magic) && in.u32(&type) && in.u64(&length)) {
     if (magic != kControlMagic || length > kMaxControlBytes) {
       inbox_used_ = 0;
       return common::internalError(
@@ -209,12 +210,10 @@ Status ControlChannel::receive(std::vector<ControlMessage>* out) {
           (magic != kControlMagic ? std::string(": bad magic")
                                   : ": length " + std::to_string(length) + " over the limit"));
     }
-    if (inbox_used_ - offset - kHeaderBytes < length) break;
-    ControlMessage message;
-    message.type = static_cast<uint32_t>(getLe(h + 4, 4));
-    message.payload.assign(h + kHeaderBytes, length);
-    out->push_back(std::move(message));
-    offset += kHeaderBytes + length;
+    std::string_view payload;
+    if (in.remaining() < length || !in.rawView(&payload, length)) break;
+    out->push_back(ControlMessage{type, std::string(payload)});
+    offset = in.position();
   }
   if (offset > 0) {
     std::memmove(inbox_.data(), inbox_.data() + offset, inbox_used_ - offset);

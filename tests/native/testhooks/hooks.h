@@ -23,5 +23,8 @@ int addDeviceKernelHooks(PyObject* module);
 int addPeerBlockHooks(PyObject* module);
 // sha256, hmac_sha256, constant_time_equal (hmac.cc): common/hmac.h. Same contract.
 int addHmacHooks(PyObject* module);
+// codec_write, codec_read, decode_requests, ... (byte_codec.cc): common/byte_codec.h and the
+// negotiation decoders over it. Same contract.
+int addByteCodecHooks(PyObject* module);
 
 }  // namespace hvd::testhooks

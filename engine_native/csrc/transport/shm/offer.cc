@@ -1,8 +1,7 @@
 // The shared-memory offer (transport/shm/offer.h).
 #include "transport/shm/offer.h"
 
-#include <cstring>
-
+#include "common/byte_codec.h"
 #include "common/check.h"
 #include "common/hmac.h"
 
@@ -14,16 +13,6 @@ namespace {
 
 constexpr size_t kFixedBytes = 32;
 constexpr size_t kMaxNameBytes = 255;  // the u8 length
-
-void putLe(uint8_t* p, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-
-uint64_t getLe(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= uint64_t{p[i]} << (8 * i);
-  return v;
-}
 
 }  // namespace
 
@@ -41,28 +30,35 @@ std::string segmentName(const std::string& job_id, char tag, int rank) {
 
 Status writeOffer(int fd, uint32_t magic, const Offer& offer, tcp::Deadline deadline) {
   HVD_CHECK(offer.name.size() <= kMaxNameBytes);
-  uint8_t msg[kFixedBytes + kMaxNameBytes] = {};
-  putLe(msg, magic, 4);
-  msg[4] = offer.ok ? 1 : 0;
-  msg[5] = static_cast<uint8_t>(offer.name.size());
-  putLe(msg + 8, offer.index, 4);
-  putLe(msg + 12, offer.count, 4);
-  putLe(msg + 16, offer.depth, 4);
-  putLe(msg + 24, offer.bytes, 8);
-  std::memcpy(msg + kFixedBytes, offer.name.data(), offer.name.size());
-  return tcp::writeFull(fd, msg, kFixedBytes + offer.name.size(), deadline);
+  std::string msg;
+  msg.reserve(kFixedBytes + offer.name.size());
+  common::ByteWriter w(&msg);
+  w.u32(magic);
+  w.u8(offer.ok ? 1 : 0);
+  w.u8(static_cast<uint8_t>(offer.name.size()));
+  w.u16(0);
+  w.u32(offer.index);
+  w.u32(offer.count);
+  w.u32(offer.depth);
+  w.u32(0);
+  w.u64(offer.bytes);
+  HVD_CHECK_EQ(msg.size(), kFixedBytes);
+  w.bytes(offer.name.data(), offer.name.size());
+  return tcp::writeFull(fd, msg.data(), msg.size(), deadline);
 }
 
 Status readOffer(int fd, uint32_t magic, tcp::Deadline deadline, Offer* offer) {
   uint8_t fixed[kFixedBytes];
   HVD_RETURN_IF_ERROR(tcp::readFull(fd, fixed, sizeof(fixed), deadline));
-  if (getLe(fixed, 4) != magic) return common::internalError("bad shared-memory offer");
-  offer->ok = fixed[4] == 1;
-  offer->index = static_cast<uint32_t>(getLe(fixed + 8, 4));
-  offer->count = static_cast<uint32_t>(getLe(fixed + 12, 4));
-  offer->depth = static_cast<uint32_t>(getLe(fixed + 16, 4));
-  offer->bytes = getLe(fixed + 24, 8);
-  offer->name.resize(fixed[5]);
+  common::ByteReader in(fixed, sizeof(fixed));
+  uint32_t sent_magic = 0;
+  uint8_t ok = 0, name_bytes = 0;
+  const bool parsed = in.u32(&sent_magic) && in.u8(&ok) && in.u8(&name_bytes) && in.skip(2) &&
+                      in.u32(&offer->index) && in.u32(&offer->count) &&
+                      in.u32(&offer->depth) && in.skip(4) && in.u64(&offer->bytes);
+  if (!parsed || sent_magic != magic) return common::internalError("bad shared-memory offer");
+  offer->ok = ok == 1;
+  offer->name.resize(name_bytes);
   if (!offer->name.empty()) {
     HVD_RETURN_IF_ERROR(tcp::readFull(fd, &offer->name[0], offer->name.size(), deadline));
   }

@@ -22,9 +22,9 @@
 // from accept to Welcome; a stalled or silent dialer is dropped and accepting goes on.
 #include "transport/tcp/handshake.h"
 
-#include <cstring>
-#include <vector>
+#include <string>
 
+#include "common/byte_codec.h"
 #include "common/hmac.h"
 
 namespace hvd::transport::tcp {
@@ -39,13 +39,7 @@ constexpr uint32_t kWelcomeMagic = 0x4b445648;    // "HVDK"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kHelloFixedBytes = 16 + kNonceBytes;
-
-void put32(std::vector<uint8_t>* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint32_t get32(const uint8_t* p) {
-  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-}
+constexpr size_t kChallengeBytes = 4 + kNonceBytes + common::kSha256Bytes;
 
 struct Hello {
   ChannelKind kind = ChannelKind::kData;
@@ -57,14 +51,15 @@ struct Hello {
 
 common::Digest transcriptMac(const std::string& secret, const char* role, const Hello& hello,
                              const uint8_t* nonce_a) {
-  std::vector<uint8_t> t(role, role + std::strlen(role));
-  t.push_back(static_cast<uint8_t>(hello.kind));
-  put32(&t, static_cast<uint32_t>(hello.dialer_rank));
-  put32(&t, static_cast<uint32_t>(hello.acceptor_rank));
-  t.push_back(static_cast<uint8_t>(hello.job_id.size()));
-  t.insert(t.end(), hello.job_id.begin(), hello.job_id.end());
-  t.insert(t.end(), hello.nonce_d, hello.nonce_d + kNonceBytes);
-  t.insert(t.end(), nonce_a, nonce_a + kNonceBytes);
+  std::string t(role);
+  common::ByteWriter w(&t);
+  w.u8(static_cast<uint8_t>(hello.kind));
+  w.i32(hello.dialer_rank);
+  w.i32(hello.acceptor_rank);
+  w.u8(static_cast<uint8_t>(hello.job_id.size()));
+  w.bytes(hello.job_id.data(), hello.job_id.size());
+  w.bytes(hello.nonce_d, kNonceBytes);
+  w.bytes(nonce_a, kNonceBytes);
   return common::hmacSha256(secret, t.data(), t.size());
 }
 
@@ -84,21 +79,26 @@ Status readPart(int fd, void* data, size_t n, Deadline deadline, const char* wha
 Status readHello(int fd, Deadline deadline, Hello* hello) {
   uint8_t fixed[kHelloFixedBytes];
   HVD_RETURN_IF_ERROR(readPart(fd, fixed, sizeof(fixed), deadline, "hello"));
-  if (get32(fixed) != kHelloMagic) return common::internalError("garbage instead of a hello");
-  const uint16_t version = static_cast<uint16_t>(fixed[4] | (fixed[5] << 8));
-  if (version != kVersion) {
+  common::ByteReader in(fixed, sizeof(fixed));
+  uint32_t magic = 0;
+  uint16_t version = 0;
+  uint8_t kind = 0, job_id_bytes = 0;
+  if (!in.u32(&magic) || magic != kHelloMagic) {
+    return common::internalError("garbage instead of a hello");
+  }
+  if (!in.u16(&version) || version != kVersion) {
     return common::internalError("unsupported handshake version " + std::to_string(version));
   }
-  const uint8_t kind = fixed[6];
-  if (kind != static_cast<uint8_t>(ChannelKind::kData) &&
-      kind != static_cast<uint8_t>(ChannelKind::kControl)) {
+  if (!in.u8(&kind) || (kind != static_cast<uint8_t>(ChannelKind::kData) &&
+                        kind != static_cast<uint8_t>(ChannelKind::kControl))) {
     return common::internalError("unknown channel kind " + std::to_string(kind));
   }
   hello->kind = static_cast<ChannelKind>(kind);
-  hello->dialer_rank = static_cast<int32_t>(get32(fixed + 8));
-  hello->acceptor_rank = static_cast<int32_t>(get32(fixed + 12));
-  std::memcpy(hello->nonce_d, fixed + 16, kNonceBytes);
-  hello->job_id.resize(fixed[7]);
+  if (!in.u8(&job_id_bytes) || !in.i32(&hello->dialer_rank) || !in.i32(&hello->acceptor_rank) ||
+      !in.bytes(hello->nonce_d, kNonceBytes)) {
+    return common::internalError("truncated hello: " + in.error());
+  }
+  hello->job_id.resize(job_id_bytes);
   if (!hello->job_id.empty()) {
     HVD_RETURN_IF_ERROR(readPart(fd, &hello->job_id[0], hello->job_id.size(), deadline, "job id"));
   }
@@ -130,25 +130,30 @@ Status dialerHandshake(int fd, const JobIdentity& self, int acceptor_rank, Chann
   if (!common::randomBytes(hello.nonce_d, kNonceBytes)) {
     return common::internalError("no random bytes for the handshake nonce");
   }
-  std::vector<uint8_t> msg;  // step A
-  put32(&msg, kHelloMagic);
-  msg.push_back(kVersion & 0xff);
-  msg.push_back(kVersion >> 8);
-  msg.push_back(static_cast<uint8_t>(kind));
-  msg.push_back(static_cast<uint8_t>(self.job_id.size()));
-  put32(&msg, static_cast<uint32_t>(self.rank));
-  put32(&msg, static_cast<uint32_t>(acceptor_rank));
-  msg.insert(msg.end(), hello.nonce_d, hello.nonce_d + kNonceBytes);
-  msg.insert(msg.end(), self.job_id.begin(), self.job_id.end());
+  std::string msg;  // step A
+  common::ByteWriter w(&msg);
+  w.u32(kHelloMagic);
+  w.u16(kVersion);
+  w.u8(static_cast<uint8_t>(kind));
+  w.u8(static_cast<uint8_t>(self.job_id.size()));
+  w.i32(self.rank);
+  w.i32(acceptor_rank);
+  w.bytes(hello.nonce_d, kNonceBytes);
+  w.bytes(self.job_id.data(), self.job_id.size());
   HVD_RETURN_IF_ERROR(writeFull(fd, msg.data(), msg.size(), deadline));
 
-  uint8_t challenge[4 + kNonceBytes + common::kSha256Bytes];  // step C
+  uint8_t challenge[kChallengeBytes];  // step C
   HVD_RETURN_IF_ERROR(readPart(fd, challenge, sizeof(challenge), deadline, "challenge"));
-  const uint8_t* nonce_a = challenge + 4;
+  common::ByteReader in(challenge, sizeof(challenge));
+  uint32_t magic = 0;
+  uint8_t nonce_a[kNonceBytes];
+  common::Digest mac_a{};
+  const bool parsed = in.u32(&magic) && in.bytes(nonce_a, kNonceBytes) &&
+                      in.bytes(mac_a.data(), mac_a.size());
   const common::Digest expected = transcriptMac(self.secret, "acceptor", hello, nonce_a);
   const common::Digest proof = transcriptMac(self.secret, "dialer", hello, nonce_a);
-  if (get32(challenge) != kChallengeMagic ||
-      !common::constantTimeEqual(expected.data(), challenge + 4 + kNonceBytes, expected.size())) {
+  if (!parsed || magic != kChallengeMagic ||
+      !common::constantTimeEqual(expected.data(), mac_a.data(), expected.size())) {
     // Still send our proof (it reveals nothing about the real secret), so that a legitimate
     // acceptor logs "authentication failed" rather than a hang-up.
     writeFull(fd, proof.data(), proof.size(), deadline);
@@ -161,7 +166,11 @@ Status dialerHandshake(int fd, const JobIdentity& self, int acceptor_rank, Chann
   uint8_t welcome[4];  // step E
   Status s = readPart(fd, welcome, sizeof(welcome), deadline, "welcome");
   if (!s.isOk()) return common::peerLost(s.message() + "; the secret may differ");
-  if (get32(welcome) != kWelcomeMagic) return common::internalError("bad welcome");
+  common::ByteReader welcome_in(welcome, sizeof(welcome));
+  uint32_t welcome_magic = 0;
+  if (!welcome_in.u32(&welcome_magic) || welcome_magic != kWelcomeMagic) {
+    return common::internalError("bad welcome");
+  }
   return Status::ok();
 }
 
@@ -183,16 +192,17 @@ Status acceptorHandshake(int fd, const JobIdentity& self, const AdmitFunction& a
   const std::string refusal = admit(hello.dialer_rank, hello.kind);
   if (!refusal.empty()) return common::invalidArgument(refusal);
 
-  uint8_t challenge[4 + kNonceBytes + common::kSha256Bytes];
-  const uint32_t magic = kChallengeMagic;
-  for (int i = 0; i < 4; ++i) challenge[i] = static_cast<uint8_t>(magic >> (8 * i));
-  uint8_t* nonce_a = challenge + 4;
+  uint8_t nonce_a[kNonceBytes];
   if (!common::randomBytes(nonce_a, kNonceBytes)) {
     return common::internalError("no random bytes for the handshake nonce");
   }
   const common::Digest mac_a = transcriptMac(self.secret, "acceptor", hello, nonce_a);
-  std::memcpy(challenge + 4 + kNonceBytes, mac_a.data(), mac_a.size());
-  HVD_RETURN_IF_ERROR(writeFull(fd, challenge, sizeof(challenge), deadline));
+  std::string challenge;
+  common::ByteWriter w(&challenge);
+  w.u32(kChallengeMagic);
+  w.bytes(nonce_a, kNonceBytes);
+  w.bytes(mac_a.data(), mac_a.size());
+  HVD_RETURN_IF_ERROR(writeFull(fd, challenge.data(), challenge.size(), deadline));
 
   uint8_t proof[common::kSha256Bytes];  // step D
   HVD_RETURN_IF_ERROR(readPart(fd, proof, sizeof(proof), deadline, "proof"));
@@ -200,9 +210,9 @@ Status acceptorHandshake(int fd, const JobIdentity& self, const AdmitFunction& a
   if (!common::constantTimeEqual(expected.data(), proof, sizeof(proof))) {
     return common::invalidArgument("authentication failed (wrong secret)");
   }
-  uint8_t welcome[4];
-  for (int i = 0; i < 4; ++i) welcome[i] = static_cast<uint8_t>(kWelcomeMagic >> (8 * i));
-  HVD_RETURN_IF_ERROR(writeFull(fd, welcome, sizeof(welcome), deadline));
+  std::string welcome;
+  common::ByteWriter(&welcome).u32(kWelcomeMagic);
+  HVD_RETURN_IF_ERROR(writeFull(fd, welcome.data(), welcome.size(), deadline));
   *dialer_rank = hello.dialer_rank;
   *kind = hello.kind;
   return Status::ok();
