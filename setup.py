@@ -41,6 +41,7 @@ CORE_SOURCES = [
     "transport/tcp/handshake.cc",
     "transport/tcp/acceptor.cc",
     "transport/tcp/pair.cc",
+    "transport/shm/shared_mapping.cc",
     "transport/shm/segment.cc",
     "transport/shm/offer.cc",
     "transport/shm/setup.cc",

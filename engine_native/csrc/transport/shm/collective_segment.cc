@@ -26,14 +26,7 @@
 // Offers and verdicts are a few dozen bytes, so the socket buffers absorb all of L's writes.
 #include "transport/shm/collective_segment.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include "common/logging.h"
 #include "transport/shm/offer.h"
@@ -166,101 +159,59 @@ uint64_t CollectiveSegment::totalBytes(int local_size, uint32_t depth, uint64_t 
 
 Status CollectiveSegment::create(const std::string& name, int local_size, uint32_t depth,
                                  uint64_t chunk_bytes, std::unique_ptr<CollectiveSegment>* out) {
+  const uint64_t total = totalBytes(local_size, depth, chunk_bytes);
   std::unique_ptr<CollectiveSegment> segment(new CollectiveSegment());
-  segment->name_ = name;
+  HVD_RETURN_IF_ERROR(SharedMapping::create(name, total, &segment->mapping_));
   segment->local_size_ = local_size;
   segment->depth_ = depth;
   segment->chunk_bytes_ = chunk_bytes;
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) return common::internalError("shm_open(" + name + "): " + std::strerror(errno));
-  segment->linked_ = true;
-  HVD_RETURN_IF_ERROR(segment->map(fd, true));
   // The file is zero-filled: every counter and doorbell starts at 0. Peers read the header
   // after receiving the name over a socket (a syscall, so ordered after these stores).
-  auto* header = reinterpret_cast<Header*>(segment->base_);
+  auto* header = reinterpret_cast<Header*>(segment->base());
   header->magic = kCollectiveMagic;
   header->local_size = static_cast<uint32_t>(local_size);
   header->depth = depth;
   header->chunk_bytes = chunk_bytes;
-  header->total_bytes = segment->bytes_;
+  header->total_bytes = total;
   *out = std::move(segment);
   return Status::ok();
 }
 
 Status CollectiveSegment::open(const std::string& name, int local_size, uint32_t depth,
                                uint64_t chunk_bytes, std::unique_ptr<CollectiveSegment>* out) {
+  const uint64_t total = totalBytes(local_size, depth, chunk_bytes);
   std::unique_ptr<CollectiveSegment> segment(new CollectiveSegment());
-  segment->name_ = name;
+  HVD_RETURN_IF_ERROR(SharedMapping::open(name, total, &segment->mapping_));
   segment->local_size_ = local_size;
   segment->depth_ = depth;
   segment->chunk_bytes_ = chunk_bytes;
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return common::internalError("shm_open(" + name + "): " + std::strerror(errno));
-  HVD_RETURN_IF_ERROR(segment->map(fd, false));
-  const auto* header = reinterpret_cast<const Header*>(segment->base_);
+  const auto* header = reinterpret_cast<const Header*>(segment->base());
   if (header->magic != kCollectiveMagic ||
       header->local_size != static_cast<uint32_t>(local_size) || header->depth != depth ||
-      header->chunk_bytes != chunk_bytes || header->total_bytes != segment->bytes_) {
+      header->chunk_bytes != chunk_bytes || header->total_bytes != total) {
     return common::internalError("shared memory " + name + " has a bad header");
   }
   *out = std::move(segment);
   return Status::ok();
 }
 
-// Sizes (creator) or checks the size (others), maps, and closes fd.
-Status CollectiveSegment::map(int fd, bool created) {
-  const uint64_t total = totalBytes(local_size_, depth_, chunk_bytes_);
-  int err = 0;
-  if (created) {
-    err = ::ftruncate(fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
-    if (err == 0) err = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
-  } else {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != total) err = EINVAL;
-  }
-  void* base = MAP_FAILED;
-  if (err == 0) {
-    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) err = errno;
-  }
-  ::close(fd);
-  if (err != 0) {
-    return common::internalError("cannot map " + std::to_string(total) +
-                                 " bytes of shared memory for " + name_ + ": " +
-                                 std::strerror(err));
-  }
-  base_ = static_cast<uint8_t*>(base);
-  bytes_ = total;
-  return Status::ok();
-}
-
-CollectiveSegment::~CollectiveSegment() {
-  unlink();
-  if (base_ != nullptr) ::munmap(base_, bytes_);
-}
-
-void CollectiveSegment::unlink() {
-  if (linked_) ::shm_unlink(name_.c_str());
-  linked_ = false;
-}
-
 uint8_t* CollectiveSegment::slot(int local, uint64_t chunk) const {
   const uint64_t index = static_cast<uint64_t>(local) * depth_ + chunk % depth_;
-  return base_ + kHeaderBytes + local_size_ * kControlBytes + index * chunk_bytes_;
+  return base() + kHeaderBytes + local_size_ * kControlBytes + index * chunk_bytes_;
 }
 
 std::atomic<uint64_t>& CollectiveSegment::counter(int local, Stage stage) const {
-  auto* counters = reinterpret_cast<std::atomic<uint64_t>*>(base_ + kHeaderBytes +
+  auto* counters = reinterpret_cast<std::atomic<uint64_t>*>(base() + kHeaderBytes +
                                                             local * kControlBytes);
   return counters[static_cast<int>(stage)];
 }
 
 Doorbell* CollectiveSegment::doorbell(int local) const {
-  return reinterpret_cast<Doorbell*>(base_ + kHeaderBytes + local * kControlBytes + 64);
+  return reinterpret_cast<Doorbell*>(base() + kHeaderBytes + local * kControlBytes + 64);
 }
 
 PeerRegion* CollectiveSegment::region(int local) const {
-  return reinterpret_cast<PeerRegion*>(base_ + kHeaderBytes + local * kControlBytes + 128);
+  return reinterpret_cast<PeerRegion*>(base() + kHeaderBytes + local * kControlBytes + 128);
 }
 
 Status setupCollectiveSegment(const CollectiveRequest& request,

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "transport/shm/segment.h"
+#include "transport/shm/shared_mapping.h"
 #include "transport/tcp/socket.h"
 
 namespace hvd::transport::shm {
@@ -51,19 +52,18 @@ struct PeerRegion {
 
 class CollectiveSegment {
  public:
-  ~CollectiveSegment();
   CollectiveSegment(const CollectiveSegment&) = delete;
   CollectiveSegment& operator=(const CollectiveSegment&) = delete;
 
-  // Creates (fallocate'd, mode 0600, O_EXCL) or maps a segment for `local_size` ranks.
+  // Creates or maps (SharedMapping::create, ::open) a segment for `local_size` ranks.
   static common::Status create(const std::string& name, int local_size, uint32_t depth,
                                uint64_t chunk_bytes, std::unique_ptr<CollectiveSegment>* out);
   static common::Status open(const std::string& name, int local_size, uint32_t depth,
                              uint64_t chunk_bytes, std::unique_ptr<CollectiveSegment>* out);
   static uint64_t totalBytes(int local_size, uint32_t depth, uint64_t chunk_bytes);
 
-  void unlink();  // removes the name (mappings stay); idempotent
-  const std::string& name() const { return name_; }
+  void unlink() { mapping_.unlink(); }  // removes the name (mappings stay); idempotent
+  const std::string& name() const { return mapping_.name(); }
   int localSize() const { return local_size_; }
   uint32_t depth() const { return depth_; }
   uint64_t chunkBytes() const { return chunk_bytes_; }
@@ -104,15 +104,12 @@ class CollectiveSegment {
 
  private:
   CollectiveSegment() = default;
-  common::Status map(int fd, bool created);
+  uint8_t* base() const { return mapping_.base(); }
 
-  std::string name_;
-  uint8_t* base_ = nullptr;
-  size_t bytes_ = 0;
+  SharedMapping mapping_;
   int local_size_ = 0;  // private copies: never re-read from the shared header
   uint32_t depth_ = 0;
   uint64_t chunk_bytes_ = 0;
-  bool linked_ = false;
   bool single_copy_wanted_ = false;
   bool single_copy_ = false;
   std::string single_copy_reason_ = "not probed";

@@ -28,16 +28,12 @@
 // drained, so a wake sent before the poll starts is not lost either.
 #include "transport/shm/segment.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -69,8 +65,6 @@ static_assert(sizeof(RingHeader) == 128, "ring header is two cache lines");
 uint64_t ringStride(uint64_t ring_bytes) {
   return sizeof(RingHeader) + ((ring_bytes + 63) / 64) * 64;
 }
-
-std::string errnoText(int err) { return std::strerror(err); }
 
 long futexCall(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -167,30 +161,13 @@ uint64_t Segment::totalBytes(uint32_t ring_count, uint64_t ring_bytes) {
 Status Segment::create(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
                        std::unique_ptr<Segment>* out) {
   const uint64_t total = totalBytes(ring_count, ring_bytes);
-  const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) return common::internalError("shm_open(" + name + "): " + errnoText(errno));
   std::unique_ptr<Segment> segment(new Segment());
-  segment->name_ = name;
-  segment->linked_ = true;
-  int err = ::ftruncate(fd, static_cast<off_t>(total)) == 0 ? 0 : errno;
-  if (err == 0) err = ::posix_fallocate(fd, 0, static_cast<off_t>(total));
-  void* base = MAP_FAILED;
-  if (err == 0) {
-    base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base == MAP_FAILED) err = errno;
-  }
-  ::close(fd);
-  if (err != 0) {
-    return common::internalError("cannot allocate " + std::to_string(total) +
-                                 " bytes of shared memory for " + name + ": " + errnoText(err));
-  }
-  segment->base_ = static_cast<uint8_t*>(base);
-  segment->bytes_ = total;
+  HVD_RETURN_IF_ERROR(SharedMapping::create(name, total, &segment->mapping_));
   segment->ring_count_ = ring_count;
   segment->ring_bytes_ = ring_bytes;
   // The file is zero-filled, which is the initial state of every atomic; only the header needs
   // writing. Peers read it after receiving the name over a socket (a syscall, so ordered).
-  auto* header = reinterpret_cast<SegmentHeader*>(segment->base_);
+  auto* header = reinterpret_cast<SegmentHeader*>(segment->base());
   header->magic = kSegmentMagic;
   header->ring_count = ring_count;
   header->ring_bytes = ring_bytes;
@@ -202,24 +179,11 @@ Status Segment::create(const std::string& name, uint32_t ring_count, uint64_t ri
 Status Segment::open(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
                      std::unique_ptr<Segment>* out) {
   const uint64_t total = totalBytes(ring_count, ring_bytes);
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return common::internalError("shm_open(" + name + "): " + errnoText(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != total) {
-    ::close(fd);
-    return common::internalError("shared memory " + name + " has an unexpected size");
-  }
-  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int err = errno;
-  ::close(fd);
-  if (base == MAP_FAILED) return common::internalError("mmap(" + name + "): " + errnoText(err));
   std::unique_ptr<Segment> segment(new Segment());
-  segment->name_ = name;
-  segment->base_ = static_cast<uint8_t*>(base);
-  segment->bytes_ = total;
+  HVD_RETURN_IF_ERROR(SharedMapping::open(name, total, &segment->mapping_));
   segment->ring_count_ = ring_count;
   segment->ring_bytes_ = ring_bytes;
-  const auto* header = reinterpret_cast<const SegmentHeader*>(segment->base_);
+  const auto* header = reinterpret_cast<const SegmentHeader*>(segment->base());
   if (header->magic != kSegmentMagic || header->ring_count != ring_count ||
       header->ring_bytes != ring_bytes || header->total_bytes != total) {
     return common::internalError("shared memory " + name + " has a bad header");
@@ -228,31 +192,21 @@ Status Segment::open(const std::string& name, uint32_t ring_count, uint64_t ring
   return Status::ok();
 }
 
-Segment::~Segment() {
-  unlink();
-  if (base_ != nullptr) ::munmap(base_, bytes_);
-}
-
-void Segment::unlink() {
-  if (linked_) ::shm_unlink(name_.c_str());
-  linked_ = false;
-}
-
-Doorbell* Segment::doorbell() const { return reinterpret_cast<Doorbell*>(base_ + kDoorbellOffset); }
+Doorbell* Segment::doorbell() const { return reinterpret_cast<Doorbell*>(base() + kDoorbellOffset); }
 
 Doorbell* Segment::controlDoorbell() const {
-  return reinterpret_cast<Doorbell*>(base_ + kControlDoorbellOffset);
+  return reinterpret_cast<Doorbell*>(base() + kControlDoorbellOffset);
 }
 
 Ring Segment::controlRing(uint32_t index) const {
-  uint8_t* start = base_ + kRingsOffset + ring_count_ * ringStride(ring_bytes_) +
+  uint8_t* start = base() + kRingsOffset + ring_count_ * ringStride(ring_bytes_) +
                    index * ringStride(kControlRingBytes);
   return Ring(reinterpret_cast<RingHeader*>(start), start + sizeof(RingHeader),
               kControlRingBytes);
 }
 
 Ring Segment::ring(uint32_t index) const {
-  uint8_t* start = base_ + kRingsOffset + index * ringStride(ring_bytes_);
+  uint8_t* start = base() + kRingsOffset + index * ringStride(ring_bytes_);
   return Ring(reinterpret_cast<RingHeader*>(start), start + sizeof(RingHeader), ring_bytes_);
 }
 

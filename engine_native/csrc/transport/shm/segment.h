@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "transport/shm/shared_mapping.h"
 
 namespace hvd::transport::shm {
 
@@ -96,20 +97,19 @@ void drainWakeBytes(int socket_fd);
 
 class Segment {
  public:
-  ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
-  // Creates, sizes (fallocate, so a full /dev/shm fails here and not with SIGBUS later) and
-  // maps a new segment with `ring_count` rings of `ring_bytes` each. Mode 0600, O_EXCL.
+  // Creates and maps a new segment (SharedMapping::create) with `ring_count` rings of
+  // `ring_bytes` each.
   static common::Status create(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
                                std::unique_ptr<Segment>* out);
   // Maps a peer's segment and validates its header against what the peer announced.
   static common::Status open(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
                              std::unique_ptr<Segment>* out);
 
-  void unlink();  // removes the name (the mapping stays); idempotent
-  const std::string& name() const { return name_; }
+  void unlink() { mapping_.unlink(); }  // removes the name (the mapping stays); idempotent
+  const std::string& name() const { return mapping_.name(); }
   uint32_t ringCount() const { return ring_count_; }
   uint64_t ringBytes() const { return ring_bytes_; }
   Doorbell* doorbell() const;
@@ -121,12 +121,11 @@ class Segment {
 
  private:
   Segment() = default;
-  std::string name_;
-  uint8_t* base_ = nullptr;
-  size_t bytes_ = 0;
+  uint8_t* base() const { return mapping_.base(); }
+
+  SharedMapping mapping_;
   uint32_t ring_count_ = 0;  // private copies: never re-read from the shared header
   uint64_t ring_bytes_ = 0;
-  bool linked_ = false;
 };
 
 template <typename Ready>
