@@ -28,6 +28,7 @@
 
 #include <algorithm>
 
+#include "common/byte_codec.h"
 #include "common/logging.h"
 #include "transport/shm/offer.h"
 
@@ -53,14 +54,35 @@ static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(std::atomic<uint64_t>) * kStageCount <= 64, "counters share one line");
 static_assert(sizeof(PeerRegion) <= 128, "a peer region fits its two lines");
 
-// Step H's verdict, L to every P.
+// Step H's verdict, L to every P. Wire: u8 mapped, 3 bytes 0, i32 single_copy_off,
+// u64 single_copy_min_bytes.
 struct HostVerdict {
   uint8_t mapped = 0;
-  uint8_t pad[3] = {0, 0, 0};
   int32_t single_copy_off = -1;  // global rank with HVD_SINGLE_COPY off, -1: every rank wants it
   uint64_t single_copy_min_bytes = 0;
 };
-static_assert(sizeof(HostVerdict) == 16, "the verdict's wire size");
+constexpr size_t kVerdictBytes = 16;
+
+Status writeVerdict(int fd, const HostVerdict& verdict, tcp::Deadline deadline) {
+  std::string msg;
+  common::ByteWriter w(&msg);
+  w.u8(verdict.mapped);
+  w.bytes("\0\0\0", 3);
+  w.i32(verdict.single_copy_off);
+  w.u64(verdict.single_copy_min_bytes);
+  return tcp::writeFull(fd, msg.data(), msg.size(), deadline);
+}
+
+Status readVerdict(int fd, tcp::Deadline deadline, HostVerdict* verdict) {
+  uint8_t raw[kVerdictBytes];
+  HVD_RETURN_IF_ERROR(tcp::readFull(fd, raw, sizeof(raw), deadline));
+  common::ByteReader in(raw, sizeof(raw));
+  if (!in.u8(&verdict->mapped) || !in.skip(3) || !in.i32(&verdict->single_copy_off) ||
+      !in.u64(&verdict->single_copy_min_bytes)) {
+    return common::internalError("malformed host collective verdict: " + in.error());
+  }
+  return Status::ok();
+}
 
 void recordWish(const HostVerdict& verdict, CollectiveSegment* segment) {
   const bool all = verdict.single_copy_off < 0;
@@ -112,8 +134,8 @@ Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegm
   }
   verdict.mapped = all ? 1 : 0;
   for (int i = 1; i < n; ++i) {
-    HVD_RETURN_IF_ERROR(tcp::writeFull(request.fds[request.host_ranks[i]], &verdict,
-                                       sizeof(verdict), request.deadline));
+    HVD_RETURN_IF_ERROR(writeVerdict(request.fds[request.host_ranks[i]], verdict,
+                                     request.deadline));
   }
   if (segment) segment->unlink();
   if (all) {
@@ -142,7 +164,7 @@ Status followLeader(const CollectiveRequest& request, std::unique_ptr<Collective
                          static_cast<uint8_t>(request.single_copy_wanted ? 1 : 0)};
   HVD_RETURN_IF_ERROR(tcp::writeFull(fd, ack, sizeof(ack), request.deadline));
   HostVerdict verdict;
-  HVD_RETURN_IF_ERROR(tcp::readFull(fd, &verdict, sizeof(verdict), request.deadline));
+  HVD_RETURN_IF_ERROR(readVerdict(fd, request.deadline, &verdict));
   if (verdict.mapped == 1 && segment) {
     recordWish(verdict, segment.get());
     *out = std::move(segment);

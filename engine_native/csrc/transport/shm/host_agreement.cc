@@ -2,7 +2,36 @@
 
 #include <string>
 
+#include "common/byte_codec.h"
+
 namespace hvd::transport::shm {
+
+namespace {
+
+constexpr size_t kVerdictBytes = 16;
+
+common::Status writeVerdict(int fd, const ProbeVerdict& verdict, tcp::Deadline deadline) {
+  std::string msg;
+  common::ByteWriter w(&msg);
+  w.u32(verdict.refusal);
+  w.i32(verdict.rank);
+  w.i32(verdict.peer);
+  w.u32(0);
+  return tcp::writeFull(fd, msg.data(), msg.size(), deadline);
+}
+
+common::Status readVerdict(int fd, tcp::Deadline deadline, ProbeVerdict* verdict) {
+  uint8_t raw[kVerdictBytes];
+  HVD_RETURN_IF_ERROR(tcp::readFull(fd, raw, sizeof(raw), deadline));
+  common::ByteReader in(raw, sizeof(raw));
+  if (!in.u32(&verdict->refusal) || !in.i32(&verdict->rank) || !in.i32(&verdict->peer) ||
+      !in.skip(4)) {
+    return common::internalError("malformed probe verdict: " + in.error());
+  }
+  return common::Status::ok();
+}
+
+}  // namespace
 
 common::Status hostIndexOf(const std::vector<int>& host_ranks, int rank, int local_size,
                            const char* probe, int* self) {
@@ -43,17 +72,17 @@ common::Status agreeOnVerdict(const std::vector<int>& host_ranks, const std::vec
   if (self == 0) {
     for (int i = 1; i < n; ++i) {
       ProbeVerdict theirs;
-      HVD_RETURN_IF_ERROR(tcp::readFull(fds[host_ranks[i]], &theirs, sizeof(theirs), deadline));
+      HVD_RETURN_IF_ERROR(readVerdict(fds[host_ranks[i]], deadline, &theirs));
       if (host->refusal == 0 && theirs.refusal != 0) *host = theirs;
     }
     for (int i = 1; i < n; ++i) {
-      HVD_RETURN_IF_ERROR(tcp::writeFull(fds[host_ranks[i]], host, sizeof(*host), deadline));
+      HVD_RETURN_IF_ERROR(writeVerdict(fds[host_ranks[i]], *host, deadline));
     }
     return common::Status::ok();
   }
   const int leader_fd = fds[host_ranks[0]];
-  HVD_RETURN_IF_ERROR(tcp::writeFull(leader_fd, &mine, sizeof(mine), deadline));
-  return tcp::readFull(leader_fd, host, sizeof(*host), deadline);
+  HVD_RETURN_IF_ERROR(writeVerdict(leader_fd, mine, deadline));
+  return readVerdict(leader_fd, deadline, host);
 }
 
 }  // namespace hvd::transport::shm

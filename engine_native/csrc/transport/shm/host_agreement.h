@@ -14,11 +14,11 @@
 
 namespace hvd::transport::shm {
 
+// On the wire (common/byte_codec.h): u32 refusal, i32 rank, i32 peer, u32 0.
 struct ProbeVerdict {
   uint32_t refusal = 0;  // 0: fine; else a probe-defined reason
   int32_t rank = -1;     // global rank that refused
   int32_t peer = -1;     // global rank it could not reach, where that is the reason
-  int32_t pad = 0;
 };
 
 // Sets *self to `rank`'s index in host_ranks; an internal error naming `probe` when it is not
