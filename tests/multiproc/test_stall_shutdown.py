@@ -77,8 +77,9 @@ def torch_unnamed_divergence():
 
 
 @pytest.mark.parametrize("env", [ENV, {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"},
-                                 {"HVD_STALL_CHECK_TIME": "0.75"}],  # default: 4 warnings
-                         ids=["hvd", "horovod-alias", "default"])
+                                 {"HVD_STALL_SHUTDOWN_TIME": "-1",  # negative: 4 warnings
+                                  "HVD_STALL_CHECK_TIME": "0.75"}],
+                         ids=["hvd", "horovod-alias", "four-warnings"])
 def test_an_extra_unnamed_op_fails_instead_of_hanging(env):
     for r in run_ranks(torch_unnamed_divergence, 3, env=env, timeout=90):
         took, error, after = r.value
