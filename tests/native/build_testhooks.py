@@ -43,6 +43,7 @@ CORE = [
     "common/logging.cc",
     "timeline/trace_writer.cc",
     "timeline/recent_events.cc",
+    "timeline/writer_thread.cc",
     "timeline/timeline.cc",
     "autotune/local_search.cc",
     "autotune/gaussian_process.cc",

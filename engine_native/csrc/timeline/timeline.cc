@@ -1,17 +1,8 @@
 #include "timeline/timeline.h"
 
-#include <pthread.h>
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <system_error>
-
-#include "common/logging.h"
 
 namespace hvd::timeline {
 
@@ -20,12 +11,6 @@ namespace {
 constexpr size_t kMaxInterned = 1 << 14;   // ids are reused after this many distinct strings
 constexpr size_t kMaxStringBytes = 4096;   // longer names are truncated
 constexpr size_t kMaxDims = 64;
-
-int64_t steadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 int64_t epochUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -36,29 +21,29 @@ int64_t epochUs() {
 }  // namespace
 
 Timeline::Timeline(TimelineOptions options)
-    : options_(options),
-      epoch_offset_us_(epochUs() - steadyNs() / 1000),
+    : epoch_offset_us_(epochUs() - RecordClock::steadyNs() / 1000),
       ring_(options.ring_slots),
       live_events_(options.live_window_seconds, options.live_max_events),
-      writer_(&live_events_, epoch_offset_us_) {}
+      writer_(&live_events_, epoch_offset_us_),
+      writer_thread_(&ring_, &writer_, options.flush_interval_ms) {}
 
 Timeline::~Timeline() {
   std::lock_guard<std::mutex> lock(control_mutex_);
   enabled_.store(false);
   session_.store(0);
-  pauseWriterLocked();
+  writer_thread_.stop();
   writer_.close();
 }
 
 // ---- control ---------------------------------------------------------------------------------
-// Every control call pauses the writer thread (which drains the ring into the current file),
-// changes the writer's state on this thread, then resumes it when anything is listening.
+// Every control call stops the writer thread (which first drains the ring into the current
+// file), changes the writer's state on this thread, then restarts it when anything is listening.
 
 common::Status Timeline::start(const std::string& path, bool mark_cycles) {
   std::lock_guard<std::mutex> lock(control_mutex_);
-  pauseWriterLocked();
+  writer_thread_.stop();
   const uint32_t session = next_session_++;
-  common::Status status = writer_.open(path, session, steadyNs(), epochUs());
+  common::Status status = writer_.open(path, session, RecordClock::steadyNs(), epochUs());
   file_open_ = status.isOk();
   path_ = file_open_ ? path : std::string();
   session_.store(file_open_ ? session : 0);
@@ -72,7 +57,7 @@ void Timeline::stop() {
   if (!file_open_) return;
   session_.store(0);
   mark_cycles_.store(false);
-  pauseWriterLocked();
+  writer_thread_.stop();
   writer_.close();
   file_open_ = false;
   path_.clear();
@@ -82,21 +67,10 @@ void Timeline::stop() {
 void Timeline::setLiveCapture(bool on) {
   std::lock_guard<std::mutex> lock(control_mutex_);
   if (live_ == on) return;
-  pauseWriterLocked();
+  writer_thread_.stop();
   live_ = on;
   if (!on) live_events_.clear();
   resumeWriterLocked();
-}
-
-void Timeline::pauseWriterLocked() {
-  if (!thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(wake_mutex_);
-    stop_thread_ = true;
-  }
-  wake_.notify_one();
-  thread_.join();
-  stop_thread_ = false;
 }
 
 void Timeline::resumeWriterLocked() {
@@ -104,66 +78,15 @@ void Timeline::resumeWriterLocked() {
   writer_.setLive(live_);
   if (!listening) writer_.resetTracks();  // nothing records until the next start
   enabled_.store(listening);
-  if (!listening) return;
-  try {
-    thread_ = std::thread([this] { writerLoop(); });
-  } catch (const std::system_error& e) {
-    enabled_.store(false);
-    HVD_LOG(kWarning, "timeline") << "timeline: cannot start the writer thread (" << e.what()
-                                  << "); recording is off";
-  }
-}
-
-// Formatting and I/O must never take a core from the communication threads, which on a
-// machine with fewer cores than runnable threads is what an extra thread does when it wakes:
-// SCHED_BATCH (a wake-up does not preempt the running thread) at nice 10 (about a tenth of a
-// core's share against nice-0 threads; idle cores it uses freely). Failure is harmless.
-namespace {
-void lowerWriterPriority() {
-  sched_param param{};
-  param.sched_priority = 0;
-  pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
-  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
-}
-}  // namespace
-
-// Drains every flush interval while events flow; when idle, backs off to kIdleFlush so an idle
-// rank wakes rarely; an event still reaches the file within max(interval, 80 ms).
-void Timeline::writerLoop() {
-  constexpr std::chrono::milliseconds kIdleFlush(80);
-  const auto base = std::chrono::milliseconds(std::max(1, options_.flush_interval_ms));
-  auto interval = base;
-  lowerWriterPriority();
-  for (;;) {
-    const size_t groups = writer_.drain(ring_);
-    writer_.flush();
-    interval = groups > 0 ? base : std::min(interval * 2, std::max(base, kIdleFlush));
-    std::unique_lock<std::mutex> lock(wake_mutex_);
-    if (!stop_thread_ && groups * 4 < ring_.capacity()) {
-      wake_.wait_for(lock, interval, [this] { return stop_thread_; });
-    }
-    if (stop_thread_) {
-      // Everything recorded before the pause request is in the ring now: write it out.
-      lock.unlock();
-      writer_.drain(ring_);
-      writer_.flush();
-      return;
-    }
-  }
+  if (listening && !writer_thread_.start()) enabled_.store(false);
 }
 
 // ---- recording -------------------------------------------------------------------------------
 
-int64_t Timeline::now() {
-  if (!clock_frozen_) return steadyNs();
-  if (frozen_ts_ns_ == 0) frozen_ts_ns_ = steadyNs();
-  return frozen_ts_ns_;
-}
-
 TimelineRecord Timeline::makeRecord(RecordKind kind, int64_t ts_ns) {
   TimelineRecord r;
   std::memset(&r, 0, sizeof(r));
-  r.ts_ns = ts_ns != 0 ? ts_ns : now();
+  r.ts_ns = ts_ns != 0 ? ts_ns : clock_.now();
   r.session = session_.load(std::memory_order_relaxed);
   r.kind = kind;
   r.name = kNoString;
@@ -192,9 +115,7 @@ bool Timeline::push(TimelineRecord record, const void* data, size_t bytes) {
 }
 
 void Timeline::emit(const TimelineRecord& record, const void* data, size_t bytes) {
-  const bool negotiate = record.kind == RecordKind::kNegotiateStart;
-  last_negotiate_name_ = negotiate ? record.name : kNoString;
-  last_negotiate_ts_ns_ = negotiate ? record.ts_ns : 0;
+  clock_.noteEmitted(record);
   if (push(record, data, bytes)) {
     recorded_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -252,8 +173,7 @@ void Timeline::negotiateRankReady(std::string_view name, int rank) {
     return;
   }
   // The first arrival is recorded right after the negotiation start it caused.
-  TimelineRecord r = makeRecord(RecordKind::kRankReady,
-                                id == last_negotiate_name_ ? last_negotiate_ts_ns_ : 0);
+  TimelineRecord r = makeRecord(RecordKind::kRankReady, clock_.rankReadyTime(id));
   r.name = id;
   r.value = rank;
   emit(r);
@@ -269,7 +189,7 @@ void Timeline::negotiateEnd(std::string_view name) {
 void Timeline::start(std::string_view name, std::string_view op, common::DataType dtype,
                      const std::vector<int64_t>& shape) {
   if (!recording()) return;
-  TimelineRecord r = makeRecord(RecordKind::kOpStart, in_group_ ? group_ts_ns_ : 0);
+  TimelineRecord r = makeRecord(RecordKind::kOpStart, clock_.groupTime());
   r.value = static_cast<int32_t>(dtype);
   const size_t dims = std::min(shape.size(), kMaxDims);
   if (internName(name, &r.name) && internLabel(op, &r.label)) {
@@ -293,7 +213,7 @@ void Timeline::activityEnd(std::string_view name) {
 }
 
 void Timeline::end(std::string_view name, std::string_view error) {
-  in_group_ = false;
+  clock_.leaveGroup();
   if (!recording()) return;
   TimelineRecord r = makeRecord(RecordKind::kOpEnd);
   if (internName(name, &r.name) && (error.empty() || internLabel(error, &r.label))) return emit(r);
@@ -305,7 +225,7 @@ void Timeline::end(std::string_view name, std::string_view error) {
 // background thread's cost stays near one record per tensor however many activities a batch
 // has. The writer expands each group record into every member's B/E events.
 void Timeline::recordLabel(RecordKind kind, std::string_view label) {
-  in_group_ = false;
+  clock_.leaveGroup();
   if (!recording()) return;
   TimelineRecord r = makeRecord(kind);
   if (!label.empty() && !internLabel(label, &r.label)) {
@@ -314,8 +234,7 @@ void Timeline::recordLabel(RecordKind kind, std::string_view label) {
   }
   emit(r);
   // Members started now share the group's time: they start together (one clock read).
-  in_group_ = kind == RecordKind::kGroupBegin;
-  group_ts_ns_ = r.ts_ns;
+  if (kind == RecordKind::kGroupBegin) clock_.enterGroup(r.ts_ns);
 }
 
 void Timeline::beginGroup(std::string_view op) { recordLabel(RecordKind::kGroupBegin, op); }

@@ -7,21 +7,21 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
 #include "timeline/intern_table.h"
 #include "timeline/recent_events.h"
+#include "timeline/record_clock.h"
 #include "timeline/spsc_ring.h"
 #include "timeline/timeline_record.h"
 #include "timeline/trace_writer.h"
+#include "timeline/writer_thread.h"
 
 namespace hvd::timeline {
 
@@ -29,7 +29,7 @@ struct TimelineOptions {
   size_t ring_slots = 1 << 16;       // 64-byte slots: 4 MiB
   double live_window_seconds = 10.0;
   size_t live_max_events = 4096;
-  int flush_interval_ms = 40;        // while events flow; up to 80 when idle (see writerLoop)
+  int flush_interval_ms = 40;        // while events flow; up to 80 when idle (WriterThread)
 };
 
 struct TimelineStats {
@@ -80,11 +80,8 @@ class Timeline {
 
   // While frozen, every record takes the time of the first one recorded after freezeClock():
   // for a loop that records many arrivals or releases of one message (ClockScope below).
-  void freezeClock() {
-    clock_frozen_ = true;
-    frozen_ts_ns_ = 0;
-  }
-  void thawClock() { clock_frozen_ = false; }
+  void freezeClock() { clock_.freeze(); }
+  void thawClock() { clock_.thaw(); }
 
   // ---- readers (any thread) ----------------------------------------------------------------
   // Finished collectives (one "op" span per response group or per lone start/end pair) and
@@ -109,29 +106,21 @@ class Timeline {
   void recordLabel(RecordKind kind, std::string_view label);
   void emit(const TimelineRecord& record, const void* data = nullptr, size_t bytes = 0);
   TimelineRecord makeRecord(RecordKind kind, int64_t ts_ns = 0);
-  int64_t now();
-  void pauseWriterLocked();
   void resumeWriterLocked();
-  void writerLoop();
 
-  const TimelineOptions options_;
   const int64_t epoch_offset_us_;  // steady-clock microseconds -> Unix epoch microseconds
   SpscRing<TimelineRecord> ring_;
   RecentEvents live_events_;
   TraceWriter writer_;
+  // Drains ring_ into writer_; started and stopped under control_mutex_. Declared after both,
+  // so it is stopped before they are destroyed.
+  WriterThread writer_thread_;
 
   // Producer-only intern table (string -> id); reset when it grows past its cap.
   InternTable interned_;
   LastInterned last_name_;   // a tensor's rank tick often follows its negotiation start
   LastInterned last_label_;  // op and activity names repeat
-  // Clock reads are a third of a record's cost: members of a response group share the group's
-  // timestamp, and a negotiation start's first rank tick shares the start's.
-  bool clock_frozen_ = false;
-  int64_t frozen_ts_ns_ = 0;
-  int64_t group_ts_ns_ = 0;
-  bool in_group_ = false;
-  uint32_t last_negotiate_name_ = kNoString;
-  int64_t last_negotiate_ts_ns_ = 0;
+  RecordClock clock_;        // producer-only: the timestamps records share
 
   std::atomic<bool> enabled_{false};
   std::atomic<bool> mark_cycles_{false};
@@ -144,11 +133,6 @@ class Timeline {
   bool live_ = false;
   uint32_t next_session_ = 1;
   std::string path_;
-  std::thread thread_;
-
-  std::mutex wake_mutex_;
-  std::condition_variable wake_;
-  bool stop_thread_ = false;
 };
 
 // Freezes `timeline`'s clock (if any) for a scope of the recording thread: one clock read for a
