@@ -36,10 +36,9 @@
 // write per rank (~13 ms at 10.5 GB/s of copy traffic), the slot traffic stays in cache:
 // ≈ 16 ms, busbw ≈ 4 GB/s (MPI: 1.2-1.8). At L=4 on 2 cores each core carries two ranks of the
 // same traffic: ≈ 40 ms, busbw ≈ 2.5 GB/s (MPI: 0.7-1.0).
-// Measured (2-vCPU AMD EPYC shared with other jobs, load 5.5, 64 MiB float32, in place, vs the
-// ring before this file): np=2 median 17 ms (busbw 3.9 GB/s; ring 34 ms, 2.0), best 6.6 ms
-// (10 GB/s; ring 14.6), 6.5 ms CPU per rank (ring 10.5); np=4 median 47 ms (2.1 GB/s; ring
-// 88 ms, 1.1), 10 ms CPU per rank (ring 21).
+// It halved the ring's time and CPU per rank at np 2 and 4 (benchmarks/history/
+// RESULTS-parts-1-10.md, "Core allreduce: shared-memory segment vs ring (issue #3)"; today's
+// figures: RESULTS.md, "Allreduce against MPICH, gloo and Horovod").
 //
 // Note [Host pipeline]
 // Counters: rank i's kPosted/kReduced/kReleased count chunks past that milestone; a chunk's

@@ -31,9 +31,10 @@
 // in 1 MiB-ish pair-buffer rounds). np=4, 16 MiB (4 MiB to each): 12 + 12 + 4 MiB per rank,
 // two ranks per core: ≈ 10-15 ms. 4 B: one post, one wait, one collect: one round trip through
 // the counters per op, as the shm allgather.
-// Measured (the same VM shared with three other sessions, load 5-12, 3 runs, medians;
-// benchmarks/RESULTS.md, issue #20 part 2): np=2 16 MiB 6.1 ms (best 4.6), np=4 14.9 ms; 4 B
-// 15-30 us or ~250-450 us, the per-op path's two modes under load, not this file.
+// Measured close to the prediction, np=2 at its upper end (benchmarks/history/RESULTS-parts-
+// 1-10.md, "The other collectives and sparse gradients (issue #20, part 2)"; today's figures:
+// RESULTS.md, "The other collectives"); small ops show the per-op path's two modes under load,
+// not this file.
 #include <algorithm>
 #include <cstring>
 #include <utility>

@@ -37,9 +37,9 @@
 // milestones: ≈ 4-7 ms (the ring: a 16 MiB scratch copy, 8 MiB through the pair, a sum: the
 // issue measured 0.33-0.56x MPICH). np=4, 16 MiB: 12 MiB in, 12 MiB read and summed, 4 MiB
 // out, two ranks per core: ≈ 10-15 ms. 4 B: one post, one wait, one fold.
-// Measured (the same VM shared with three other sessions, load 5-12, 3 runs, medians;
-// benchmarks/RESULTS.md, issue #20 part 2): np=2 16 MiB 4.8 ms (best 3.0), 64 MiB 17 ms (MPICH
-// 39 ms), np=4 16 MiB 8.9 ms; 4 B as the shm alltoall: the per-op path's two modes.
+// The prediction held, and large ops beat MPICH (benchmarks/history/RESULTS-parts-1-10.md,
+// "The other collectives and sparse gradients (issue #20, part 2)"; today's figures:
+// RESULTS.md, "The other collectives"); 4 B as the shm alltoall: the per-op path's two modes.
 #include <algorithm>
 #include <cstring>
 
