@@ -163,3 +163,39 @@ def kill_rank(rank: int) -> int:
 def dashboard_rows():
     """The dashboard's rows as its view would draw them now."""
     return magics().dashboard.hub.model.rows(time.monotonic())
+
+
+def traceback_text(res: CellResult) -> str:
+    """What the notebook shows for the cell's error, without colour codes."""
+    from hvd_magic.errors import strip_ansi
+
+    return strip_ansi("\n".join(res.error._render_traceback_()))
+
+
+def assert_allreduce_works(run) -> None:
+    """The shared 3-rank cluster still answers a collective."""
+    res = run("%%hvd\nhvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum).tolist()")
+    assert res.error is None, res.text
+    assert res.value == [6.0, 6.0]
+
+
+def run_notebook(nb, folder: str, settle_s: float = 15.0, **client_args):
+    """Execute ``nb`` headless through nbclient, its kernel in ``folder``. Every process the
+    kernel spawns carries a fresh ``HVD_TEST_TAG``; whatever still runs ``settle_s`` after the
+    last cell is killed and fails the test. Returns ``nb`` with its outputs."""
+    import uuid
+
+    from nbclient import NotebookClient
+
+    tag = uuid.uuid4().hex
+    client = NotebookClient(nb, timeout=300, allow_errors=False,
+                            resources={"metadata": {"path": folder}}, **client_args)
+    try:
+        client.execute(env={**os.environ, "HVD_TEST_TAG": tag})
+    finally:
+        deadline = time.monotonic() + settle_s
+        while cluster_processes([], tag) and time.monotonic() < deadline:
+            time.sleep(0.25)
+        leaked = kill_strays([], tag)
+    assert not leaked, f"the notebook left processes running: {leaked}"
+    return nb

@@ -7,9 +7,9 @@ run the next allreduce.
 """
 
 import pytest
-from cluster_harness import run_cell
+from cluster_harness import assert_allreduce_works, run_cell, traceback_text
 
-from hvd_magic.errors import CellInterrupted, RankError, strip_ansi
+from hvd_magic.errors import CellInterrupted, RankError
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -37,16 +37,6 @@ else:
 """
 
 
-def report(res) -> str:
-    return strip_ansi("\n".join(res.error._render_traceback_()))
-
-
-def assert_allreduce_works(run):
-    res = run("%%hvd\nhvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum).tolist()")
-    assert res.error is None, res.text
-    assert res.value == [6.0, 6.0]
-
-
 def test_namespace_has_hvd_and_torch(local_cluster, run):
     res = run("%%hvd\n(hvd.rank(), hvd.size(), hvd.is_initialized(), torch.__name__)")
     assert res.error is None, res.text
@@ -58,7 +48,7 @@ def test_timeout_on_skipped_allreduce_reports_and_recovers(local_cluster, run):
     res = run(SKIP_ONE.format(opts=" --timeout 2"))
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.seconds < 2 + 5, res.seconds
-    text = report(res)
+    text = traceback_text(res)
     assert "interrupted after 2 s" in text
     assert "ranks 0,2: stuck in allreduce 'grad.fc1'" in text
     assert "waiting on rank 1 (finished the cell)" in text
@@ -71,7 +61,7 @@ def test_ctrl_c_on_skipped_allreduce_reports_and_recovers(local_cluster, shell):
     res = run_cell(shell, SKIP_ONE_SAYS_WHEN, interrupt_on=PENDING)
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.error.reason == "interrupt"
-    assert "stuck in allreduce 'grad.fc1'" in report(res)
+    assert "stuck in allreduce 'grad.fc1'" in traceback_text(res)
     assert_allreduce_works(lambda code: run_cell(shell, code))
 
 
@@ -92,7 +82,7 @@ def test_failing_rank_does_not_leave_peers_hanging(local_cluster, run):
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.error.reason == "failfast"
     assert res.seconds < 10
-    text = report(res)
+    text = traceback_text(res)
     assert "rank 2 failed while the others were still running" in text
     assert "waiting on rank 2 (raised ValueError)" in text
     assert "ValueError: bad batch" in text
@@ -104,7 +94,7 @@ def test_mismatch_error_from_core_is_grouped(local_cluster, run):
     assert isinstance(res.error, RankError), res.text
     assert not isinstance(res.error, CellInterrupted)
     assert len(res.error.failures) == 3
-    assert "all ranks" in report(res) or "ranks 0-2" in report(res)
+    assert "all ranks" in traceback_text(res) or "ranks 0-2" in traceback_text(res)
     assert_allreduce_works(run)
 
 
@@ -120,8 +110,8 @@ def test_interrupted_training_step_leaves_optimizer_usable(local_cluster, run):
     res = run("%%hvd --timeout 3\nsteps(100, stall_at=2)")
     assert isinstance(res.error, CellInterrupted), res.text
     # rank 1 stalls after its backward pass: the others wait for its next step's gradients
-    assert "ranks 0,2: stuck in allreduce 'bias', 'weight'" in report(res), report(res)
-    assert "waiting on rank 1" in report(res)
+    assert "ranks 0,2: stuck in allreduce 'bias', 'weight'" in traceback_text(res), traceback_text(res)
+    assert "waiting on rank 1" in traceback_text(res)
     res = run("%%hvd\nsteps(3)")
     assert res.error is None, res.text
     assert res.value == "ok"

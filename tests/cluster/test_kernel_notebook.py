@@ -9,13 +9,12 @@ fails if anything was.
 import os
 import subprocess
 import sys
-import time
-import uuid
 
 import nbformat
 import pytest
-from cluster_harness import REPO, cluster_processes, kill_strays
+from cluster_harness import REPO, run_notebook
 from hvd_magic.kernel import DEFAULT_NAME
+from notebook_cells import cell_text
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,37 +30,13 @@ def kernelspec(tmp_path, monkeypatch):
     return DEFAULT_NAME
 
 
-def outputs(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", "") + "\n")
-        elif out.output_type == "error":
-            parts.append(f"{out.ename}: {out.evalue}\n")
-    return "".join(parts)
-
-
 def test_cluster_kernel_notebook(kernelspec):
-    from nbclient import NotebookClient
-
     nb = nbformat.read(NOTEBOOK, as_version=4)
     assert nb.metadata.kernelspec.name == kernelspec
-    tag = uuid.uuid4().hex
-    client = NotebookClient(nb, timeout=300, startup_timeout=120, allow_errors=False,
-                            resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
-    try:
-        client.execute(env={**os.environ, "HVD_TEST_TAG": tag})
-    finally:
-        deadline = time.monotonic() + 30
-        while cluster_processes([], tag) and time.monotonic() < deadline:
-            time.sleep(0.25)
-        leaked = kill_strays([], tag)
-    assert not leaked, f"the notebook left processes running: {leaked}"
+    run_notebook(nb, os.path.dirname(NOTEBOOK), settle_s=30, startup_timeout=120)
 
     code = [c for c in nb.cells if c.cell_type == "code"]
-    text = [outputs(c) for c in code]
+    text = [cell_text(c) for c in code]
     assert "hvd cluster: 2 ranks, local launcher" in text[0]
     assert "[rank 0] rank 0 of 2" in text[0] and "[rank 1] rank 1 of 2" in text[0]
     assert "[all ranks] sum over ranks: [3.0, 3.0, 3.0]" in text[1]

@@ -5,12 +5,11 @@ Each notebook's kernel gets ``HVD_TEST_TAG`` in its environment; every process i
 and killed afterwards, and the test fails if anything was left."""
 
 import os
-import time
-import uuid
 
 import nbformat
 import pytest
-from cluster_harness import REPO, cluster_processes, kill_strays
+from cluster_harness import REPO, run_notebook
+from notebook_cells import cell_text
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.mpi]
 
@@ -18,31 +17,8 @@ NOTEBOOKS = os.path.join(REPO, "notebooks")
 
 
 def execute(name: str):
-    from nbclient import NotebookClient
-
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
-    tag = uuid.uuid4().hex
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=False,
-                            resources={"metadata": {"path": NOTEBOOKS}})
-    try:
-        client.execute(env={**os.environ, "HVD_TEST_TAG": tag})
-    finally:
-        deadline = time.monotonic() + 15
-        while cluster_processes([], tag) and time.monotonic() < deadline:
-            time.sleep(0.25)
-        leaked = kill_strays([], tag)
-    assert not leaked, f"{name} left processes running: {leaked}"
-    return nb
-
-
-def cell_text(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", ""))
-    return "".join(parts)
+    return run_notebook(nb, NOTEBOOKS, kernel_name="python3")
 
 
 def test_quickstart():

@@ -11,9 +11,10 @@ finish] in hvd_magic.cellrun), against the shared real 3-rank local cluster.
 """
 
 import pytest
+from cluster_harness import assert_allreduce_works, traceback_text
 from IPython.core.error import UsageError
 
-from hvd_magic.errors import CellInterrupted, strip_ansi
+from hvd_magic.errors import CellInterrupted
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -31,16 +32,6 @@ steps
 """
 
 
-def report(res) -> str:
-    return strip_ansi("\n".join(res.error._render_traceback_()))
-
-
-def assert_allreduce_works(run):
-    res = run("%%hvd\nhvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum).tolist()")
-    assert res.error is None, res.text
-    assert res.value == [6.0, 6.0]
-
-
 def test_uneven_time_based_loop_is_ended_after_the_grace(local_cluster, run, monkeypatch):
     monkeypatch.setenv("HVD_STALL_GRACE", str(GRACE))  # the default, from the environment
     res = run(UNEVEN_LOOP.format(opts=""))
@@ -48,7 +39,7 @@ def test_uneven_time_based_loop_is_ended_after_the_grace(local_cluster, run, mon
     assert res.error.reason == "stalled"
     # rank 0 finishes ~1 s in; then the grace; then interrupt + abort + re-init (a few s)
     assert res.seconds < 1 + GRACE + 6, res.seconds
-    text = report(res)
+    text = traceback_text(res)
     assert f"hvd: ended the cell: ranks 1,2 waited {GRACE}+ s in collectives" in text, text
     assert "ranks 1,2: stuck in allreduce 'loss'" in text, text
     assert "waiting on rank 0 (finished the cell)" in text, text
@@ -89,7 +80,7 @@ def test_stall_grace_zero_waits_as_before(local_cluster, run):
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.error.reason == "timeout"
     assert res.seconds >= GRACE + 4
-    assert f"interrupted after {GRACE + 4} s" in report(res)
+    assert f"interrupted after {GRACE + 4} s" in traceback_text(res)
     assert_allreduce_works(run)
 
 

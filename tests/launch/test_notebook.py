@@ -6,6 +6,7 @@ import shutil
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from notebook_cells import cell_text
 
 import hvd_magic
 
@@ -13,16 +14,6 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(420)]
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NOTEBOOK = os.path.join(REPO, "notebooks", "migrate_to_jobs.ipynb")
-
-
-def _text(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", ""))
-    return "".join(parts)
 
 
 def test_migrate_to_jobs_notebook(no_leaks):
@@ -35,10 +26,10 @@ def test_migrate_to_jobs_notebook(no_leaks):
                             resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
     client.execute(env=dict(os.environ))
     code = [c for c in nb.cells if c.cell_type == "code"]
-    text = "\n".join(_text(c) for c in code)
+    text = "\n".join(cell_text(c) for c in code)
     assert "[0]<stdout>:epoch 1: loss" in text, text
     assert "[(0, " in text and "(1, " in text  # hvd_magic.run: one result per rank
     assert "rank 0 accuracy" in text  # HorovodRunner: rank 0's value
     assert "UnpicklableError" in text and "global 'log'" in text
-    hvdrun_out = _text(next(c for c in code if "!hvdrun" in c.source))
+    hvdrun_out = cell_text(next(c for c in code if "!hvdrun" in c.source))
     assert "[0]<stdout>:epoch 0: loss" in hvdrun_out, hvdrun_out
