@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 
 import numpy as np
 from fakecuda.clib import Fakes
@@ -97,3 +98,37 @@ def alltoall(x, splits, name):
 def reducescatter(x, op, name, pre=1.0, post=1.0):
     buffer, shape = _core.wait(enqueue(_core.REDUCESCATTER, x, None, name, op, pre, post))
     return device_array(buffer, shape, x.dtype)
+
+
+class StuckAllreduce:
+    """An allreduce on every rank whose input on ``blocked_rank`` comes from a producer kernel
+    that never finishes (the fake's blocker), so the other ranks wait for it: it stays pending
+    until the test acts. Holds the arrays, which must outlive the op, and the blocker's token
+    (0 on the other ranks) for :meth:`release`."""
+
+    def __init__(self, blocked_rank: int):
+        f = fakes()
+        producer = f.stream()
+        self.token = f.cuda.fakeCudaLaunchBlocker(producer) if hvd.rank() == blocked_rank else 0
+        self.x = np.ones(1024, np.float32)
+        self.out = np.empty_like(self.x)
+        self.handle = enqueue(_core.ALLREDUCE, self.x, self.out, "stuck", hvd.Sum,
+                              stream=producer)
+
+    def rank0_acts(self, action: str, bus) -> bool:
+        """Rank 0 looks after a moment (a stimulus, not a synchronisation), aborts when
+        ``action`` is "abort" and tells the others it acted; returns whether the op was still
+        pending. The other ranks wait for that word."""
+        if hvd.rank() != 0:
+            bus.get("rank0-ready", timeout=30)
+            return True
+        time.sleep(0.3)
+        pending = not _core.poll(self.handle)
+        if action == "abort":
+            hvd.abort("test")
+        bus.set("rank0-ready", b"1")
+        return pending
+
+    def release(self) -> None:
+        if self.token:
+            fakes().check(fakes().cuda.fakeCudaReleaseBlocker(self.token))

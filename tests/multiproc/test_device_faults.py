@@ -39,31 +39,19 @@ def stuck_peer(action):
     """Rank 1's input comes from a producer kernel that never finishes, so rank 0's NCCL
     collective waits for it on the device. Then: rank 0 aborts, rank 1 dies, or nobody acts
     (HVD_TIMEOUT passes)."""
-    from engine_native import _core
     hvd = device_ops.init()
-    f = device_ops.fakes()
     device_ops.allreduce(np.ones(4, np.float32), hvd.Sum, "warm")  # communicator made
-    producer, token = f.stream(), 0
-    if hvd.rank() == 1:
-        token = f.cuda.fakeCudaLaunchBlocker(producer)
-    x = np.ones(1024, np.float32)
-    out = np.empty_like(x)
-    handle = device_ops.enqueue(_core.ALLREDUCE, x, out, "stuck", hvd.Sum, stream=producer)
+    stuck = device_ops.StuckAllreduce(blocked_rank=1)
     bus = checks.out_of_band()
+    pending = stuck.rank0_acts(action, bus)
     if hvd.rank() == 0:
-        time.sleep(0.3)  # a stimulus, not a synchronisation: the op must still be pending
-        pending = not _core.poll(handle)
-        if action == "abort":
-            hvd.abort("test")
-        bus.set("rank0-ready", b"1")
-        error, seconds = _failure(handle)
+        error, seconds = _failure(stuck.handle)
         return {"pending": pending, "error": error, "seconds": seconds,
                 "again": action != "exit" and _works_again(hvd)}
-    bus.get("rank0-ready", timeout=30)
     if action == "exit":
         os._exit(3)
-    error, seconds = _failure(handle)  # the producer is still blocked here
-    f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    error, seconds = _failure(stuck.handle)  # the producer is still blocked here
+    stuck.release()
     return {"error": error, "seconds": seconds, "again": _works_again(hvd)}
 
 

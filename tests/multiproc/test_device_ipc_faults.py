@@ -25,33 +25,18 @@ def stuck_ipc_peer(action):
     wait for it (Note [IPC step protocol]): host-ordered, in the step's barrier while its loop
     holds the op in phase A; device-ordered, their streams on its input_ready event. Then rank
     0 aborts, or the last rank is SIGKILLed."""
-    from engine_native import _core
     hvd = device_ops.init()
     f = device_ops.fakes()
     last = hvd.size() - 1
     device_ops.allreduce(np.ones(4, np.float32), hvd.Sum, "warm")  # peers mapped
     mapped = f.cuda.fakeCudaLiveIpcMappings()
-    producer, token = f.stream(), 0
-    if hvd.rank() == last:
-        token = f.cuda.fakeCudaLaunchBlocker(producer)
-    x = np.ones(1024, np.float32)
-    out = np.empty_like(x)
-    handle = device_ops.enqueue(_core.ALLREDUCE, x, out, "stuck", hvd.Sum, stream=producer)
+    stuck = device_ops.StuckAllreduce(blocked_rank=last)
     bus = checks.out_of_band()
-    if hvd.rank() == 0:
-        time.sleep(0.3)  # a stimulus, not a synchronisation: the op must still be pending
-        pending = not _core.poll(handle)
-        if action == "abort":
-            hvd.abort("test")
-        bus.set("rank0-ready", b"1")
-    else:
-        pending = True
-        bus.get("rank0-ready", timeout=30)
+    pending = stuck.rank0_acts(action, bus)
     if action == "kill" and hvd.rank() == last:
         os.kill(os.getpid(), signal.SIGKILL)
-    error, seconds = _failure(handle)
-    if hvd.rank() == last:
-        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    error, seconds = _failure(stuck.handle)
+    stuck.release()
     result = {"pending": pending, "error": error, "seconds": seconds, "mapped": mapped}
     if action == "abort":
         hvd.shutdown()
