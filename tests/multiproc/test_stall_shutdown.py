@@ -218,26 +218,10 @@ def test_a_join_in_a_deadlock_fails_and_a_later_join_works():
         assert after == [3.0, 3.0] and last in (0, 1, 2), f"rank {r.rank}: {after} {last}"
 
 
-def numpy_computing_with_async_pending(compute_s):
-    """Rank 2 submits "a" asynchronously, computes, then joins "b"; ranks 0 and 1 run "b" then
-    "a". While rank 2 computes, the waits form a cycle that is no deadlock."""
-    import engine_native as hvd
-    hvd.init()
-    if hvd.rank() == 2:
-        h = hvd.allreduce_async(np.ones(2), op=hvd.Sum, name="a")
-        time.sleep(compute_s)  # computing: the core cannot tell this from blocking
-        b = hvd.allreduce(np.ones(2), op=hvd.Sum, name="b")
-        a = hvd.synchronize(h)
-    else:
-        b = hvd.allreduce(np.ones(2), op=hvd.Sum, name="b")
-        a = hvd.allreduce(np.ones(2), op=hvd.Sum, name="a")
-    hvd.shutdown()
-    return a.tolist(), b.tolist()
-
-
 def test_by_default_a_computing_rank_with_async_ops_pending_is_never_failed():
     # The deadlock shutdown is off unless HVD_STALL_SHUTDOWN_TIME asks for it, as Horovod's:
     # with it on at 4 stall periods (4 s here) this job failed on every rank.
+    # numpy_late_rank: rank 2, with "pre" pending, computes for longer than that before "x".
     env = {"HVD_STALL_CHECK_TIME": "1"}
-    for r in run_ranks(numpy_computing_with_async_pending, 3, env=env, timeout=90, args=(6.0,)):
+    for r in run_ranks(numpy_late_rank, 3, env=env, timeout=90, args=(6.0,)):
         assert r.value == ([3.0, 3.0], [3.0, 3.0])
