@@ -13,7 +13,8 @@
 //      reuse the input while a peer still reads it (a rank that only reads returns at once).
 //   5. a read that fails (EPERM, EFAULT, a block that disagrees) ends this rank's reads: it
 //      writes g + 1 into its region's `failed`, publishes kReduced = kReleased = g + 1 (it
-//      reads nothing more, so every input it read is free again) and returns the error. A
+//      reads nothing more, so every input it read is free again), waits as step 4 does when
+//      its own input is read (the peers still reading it find it there) and returns the error. A
 //      rank waiting in step 4 then wakes at once and, seeing `failed` = g + 1 on a peer,
 //      ends its op with an error naming that rank, instead of waiting for the abort that
 //      the failed rank fans out, or for HVD_TIMEOUT. The owner still never returns while a
@@ -127,6 +128,8 @@ common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {
       if (!read.isOk()) {  // step 5
         own->failed.store(g, std::memory_order_relaxed);
         sync.publish({Stage::kReduced, Stage::kReleased}, g);  // release: `failed` first
+        // Peers may still be reading this rank's input: the caller may free it only after.
+        if (op.read_by_others) (void)sync.waitAll(Stage::kReleased, g);
         return common::Status(read.code(), "rank " + std::to_string(sync.globalRankOf(me)) +
                                                ", single-copy read of rank " +
                                                std::to_string(sync.globalRankOf(j)) +
