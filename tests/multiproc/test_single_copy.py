@@ -223,3 +223,36 @@ def test_a_non_dumpable_rank_turns_it_off_everywhere_with_eperm():
         mode, reason, probes, used, ok = r.value
         assert (mode, probes, used, ok) == ("segment", 1, 0, True), (r.rank, r.value)
         assert f"may not read rank {which}'s memory (EPERM" in reason, (r.rank, reason)
+
+
+def misaddressed_peer(victim):
+    """Rank 0's core is told by the bootstrap that rank `victim` runs in rank 0's own process:
+    the pid rank `victim` stores in the shared segment must not override it."""
+    import engine_native as hvd
+    from engine_native import bootstrap
+    real_init = bootstrap._core.init
+
+    def init(rank, peers, secret, job_id):
+        if rank == 0:
+            peers = [tuple(p) for p in peers]
+            peers[victim] = (*peers[victim][:3], os.getpid())
+        return real_init(rank, peers, secret, job_id)
+
+    bootstrap._core.init = init
+    hvd.init()
+    m = hvd.metrics()
+    hvd.shutdown()
+    return m["host_copy"], m["host_copy_reason"], m["shared_outputs"], m["shared_outputs_reason"]
+
+
+def test_peers_are_addressed_by_the_pid_the_bootstrap_announced():
+    """Issue #35: process_vm_readv and pidfd_getfd address the pid fixed at bootstrap, never one
+    re-read from the segment (which any process mapping it could rewrite). Rank 0 believes rank
+    1 is itself, so both probes look into the wrong process and turn their path off everywhere;
+    had they taken the pid from the segment, both would have passed."""
+    victim = 1
+    res = run_ranks(misaddressed_peer, 2, args=(victim,), timeout=120, env=LOW)
+    for r in res:
+        copy, copy_reason, outputs, outputs_reason = r.value
+        assert copy == "segment" and f"rank {victim}" in copy_reason, (r.rank, r.value)
+        assert not outputs and f"rank {victim}" in outputs_reason, (r.rank, r.value)

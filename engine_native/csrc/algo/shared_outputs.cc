@@ -37,8 +37,6 @@
 // MiB, where both paths read and write memory once and the slots' extra copy stays in cache.
 #include "algo/shared_outputs.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -74,7 +72,6 @@ void publish(CollectiveSync& sync, const SharedOutputOp& op, uint64_t base,
   }
   if (!transport::shm::findSharedBlock(op.out, op.out_bytes, ref)) ref->fd = -1;
   PeerRegion* own = sync.segment().region(sync.index());
-  own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->out_serial.store(ref->serial, std::memory_order_relaxed);
   own->out_capacity.store(ref->capacity, std::memory_order_relaxed);
   own->out_offset.store(ref->offset, std::memory_order_relaxed);
@@ -110,8 +107,8 @@ common::Status destination(const CollectiveSync& sync, int j, uint64_t base, siz
                                  ": the ranks disagree on the sizes");
   }
   uint8_t* mapped = nullptr;
-  HVD_RETURN_IF_ERROR(transport::shm::mapPeerBlock(
-      static_cast<pid_t>(region->pid.load(std::memory_order_relaxed)), ref, op_id, &mapped));
+  HVD_RETURN_IF_ERROR(
+      transport::shm::mapPeerBlock(sync.segment().peerPid(j), ref, op_id, &mapped));
   *dst = mapped + ref.offset + at;
   return common::Status::ok();
 }

@@ -103,7 +103,6 @@ common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {
   const uint64_t g = sync.released() + 1;
   const int me = sync.index();
   PeerRegion* own = sync.segment().region(me);
-  own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->address.store(reinterpret_cast<uint64_t>(op.in), std::memory_order_relaxed);
   own->bytes.store(op.bytes, std::memory_order_relaxed);
   own->layout.store(op.layout, std::memory_order_relaxed);
@@ -120,7 +119,7 @@ common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {
       if (j == me || (op.source >= 0 && j != op.source)) continue;
       const PeerRegion* region = sync.segment().region(j);
       PeerInput peer;
-      peer.pid = static_cast<int>(region->pid.load(std::memory_order_acquire));
+      peer.pid = sync.segment().peerPid(j);
       peer.address = region->address.load(std::memory_order_acquire);
       peer.bytes = region->bytes.load(std::memory_order_acquire);
       peer.layout = region->layout.load(std::memory_order_acquire);

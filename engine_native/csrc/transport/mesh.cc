@@ -334,6 +334,7 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   request.rank = mesh.rank_;
   request.job_id = m.identity.job_id;
   request.host_ranks = m.host_ranks;
+  for (int r : m.host_ranks) request.host_pids.push_back(static_cast<pid_t>(mesh.peers_[r].pid));
   request.fds = m.data_fds;
   request.wanted = m.config.transport != "tcp";
   request.single_copy_wanted = m.config.single_copy;

@@ -38,7 +38,7 @@ using common::Status;
 
 namespace {
 
-constexpr uint64_t kCollectiveMagic = 0x32304c4f43445648ull;  // "HVDCOL02"
+constexpr uint64_t kCollectiveMagic = 0x33304c4f43445648ull;  // "HVDCOL03"
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kControlBytes = 4 * 64;  // per rank: counters, doorbell, peer region (2)
 constexpr int kMaxLocalSize = 1024;
@@ -242,8 +242,10 @@ Status setupCollectiveSegment(const CollectiveRequest& request,
   const int n = static_cast<int>(request.host_ranks.size());
   if (n < 2) return Status::ok();
   if (n > kMaxLocalSize) return Status::ok();  // every rank of the host skips alike
-  return request.host_ranks[0] == request.rank ? leadHost(request, out)
-                                               : followLeader(request, out);
+  const Status s = request.host_ranks[0] == request.rank ? leadHost(request, out)
+                                                        : followLeader(request, out);
+  if (s.isOk() && *out) (*out)->setPeerPids(request.host_pids);
+  return s;
 }
 
 }  // namespace hvd::transport::shm

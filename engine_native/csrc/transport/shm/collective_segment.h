@@ -7,6 +7,8 @@
 // ranks, plus Mesh::abort, which rings its own rank's doorbell.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -29,8 +31,9 @@ constexpr int kStageCount = 3;
 // Where a local rank's input lies in its own address space, for peers that read it with
 // process_vm_readv (transport/shm/cross_memory.h), and where its output lies, for peers that
 // write into it (transport/shm/shared_blocks.h). Written only by its owner before it posts.
+// Which process to read or take descriptors from is never in here: any process that maps the
+// segment could rewrite it, so the pid comes from the bootstrap (CollectiveSegment::peerPid).
 struct PeerRegion {
-  std::atomic<uint64_t> pid;
   std::atomic<uint64_t> address;
   std::atomic<uint64_t> bytes;
   std::atomic<uint64_t> layout;  // an op-defined table in the owner (alltoall's offsets)
@@ -67,6 +70,11 @@ class CollectiveSegment {
   int localSize() const { return local_size_; }
   uint32_t depth() const { return depth_; }
   uint64_t chunkBytes() const { return chunk_bytes_; }
+
+  // The process of local rank `local`, as the job's authenticated bootstrap announced it
+  // (PeerInfo::pid): whom process_vm_readv and pidfd_getfd address. Fixed at setup.
+  pid_t peerPid(int local) const { return peer_pids_[static_cast<size_t>(local)]; }
+  void setPeerPids(std::vector<pid_t> pids) { peer_pids_ = std::move(pids); }
 
   // Slot (chunk % depth) of local rank `local`: chunk_bytes writable by that rank.
   uint8_t* slot(int local, uint64_t chunk) const;
@@ -110,6 +118,7 @@ class CollectiveSegment {
   int local_size_ = 0;  // private copies: never re-read from the shared header
   uint32_t depth_ = 0;
   uint64_t chunk_bytes_ = 0;
+  std::vector<pid_t> peer_pids_;  // by local index
   bool single_copy_wanted_ = false;
   bool single_copy_ = false;
   std::string single_copy_reason_ = "not probed";
@@ -123,6 +132,7 @@ struct CollectiveRequest {
   std::string job_id;
   std::vector<int> host_ranks;   // global ranks of this host, ascending, self included
   std::vector<int> fds;          // data socket per global rank
+  std::vector<pid_t> host_pids;  // per host rank, from the bootstrap (PeerInfo::pid)
   bool wanted = true;            // false when HVD_TRANSPORT=tcp
   uint32_t depth = 4;
   uint64_t piece_bytes = 256 << 10;  // chunk = local size x piece

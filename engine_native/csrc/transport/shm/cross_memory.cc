@@ -80,9 +80,8 @@ void probePeers(const CollectiveSegment& segment, const SingleCopyRequest& reque
     const PeerRegion* region = segment.region(i);
     uint64_t word = 0;
     int err = 0;
-    Status s = readPeer(static_cast<pid_t>(region->pid.load(std::memory_order_acquire)),
-                        region->address.load(std::memory_order_acquire), &word, sizeof(word),
-                        &err);
+    Status s = readPeer(segment.peerPid(i), region->address.load(std::memory_order_acquire),
+                        &word, sizeof(word), &err);
     if (!s.isOk() || word != (kProbeMagic ^ static_cast<uint64_t>(i))) {
       v->refusal = err == EPERM ? kNotPermitted : kReadFailed;
       v->peer = request.host_ranks[static_cast<size_t>(i)];
@@ -142,7 +141,6 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
   // J: publish the probe word, then the leader's barrier.
   volatile uint64_t word = kProbeMagic ^ static_cast<uint64_t>(self);
   PeerRegion* own = segment->region(self);
-  own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->address.store(reinterpret_cast<uint64_t>(&word), std::memory_order_relaxed);
   own->bytes.store(sizeof(word), std::memory_order_release);
   HVD_RETURN_IF_ERROR(hostBarrier(request.host_ranks, request.fds, self, request.deadline));

@@ -331,7 +331,6 @@ Status probeSharedOutputs(const SharedOutputRequest& request, CollectiveSegment*
     std::memcpy(block, &word, sizeof(word));
   }
   PeerRegion* own = segment->region(self);
-  own->pid.store(static_cast<uint64_t>(::getpid()), std::memory_order_relaxed);
   own->out_serial.store(own_ref.serial, std::memory_order_relaxed);
   own->out_capacity.store(own_ref.capacity, std::memory_order_relaxed);
   own->out_inode.store(own_ref.inode, std::memory_order_relaxed);
@@ -361,7 +360,7 @@ Status probeSharedOutputs(const SharedOutputRequest& request, CollectiveSegment*
     ref.capacity = region->out_capacity.load(std::memory_order_relaxed);
     ref.inode = region->out_inode.load(std::memory_order_relaxed);
     ref.device = region->out_device.load(std::memory_order_relaxed);
-    const auto pid = static_cast<pid_t>(region->pid.load(std::memory_order_relaxed));
+    const pid_t pid = segment->peerPid(i);
     uint8_t* theirs = nullptr;
     int err = 0;
     const Status mapped = ref.fd < 0 ? common::internalError("no probe block")
