@@ -20,6 +20,9 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
 PYTHON=${PYTHON:-python3}
+# The core dev.sh builds reads the tests' HVD_TEST_* fault switches (common/test_switch.h);
+# a plain `pip install .` and every wheel leave them out.
+export HVD_TEST_SWITCHES=${HVD_TEST_SWITCHES:-1}
 TORCH_PIN=${HVD_TORCH_VERSION:-2.13.0}
 TEST_TIMEOUT=${HVD_TEST_TIMEOUT:-600}   # seconds per test (pytest-timeout), a hard upper bound
 

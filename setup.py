@@ -163,6 +163,8 @@ def compile_args():
     args = ["-std=c++17", "-O3", "-Wall", "-Wextra", "-pthread", "-fvisibility=hidden"]
     if _truthy("CI") or _truthy("HVD_WERROR"):
         args.append("-Werror")
+    if _truthy("HVD_TEST_SWITCHES"):  # the test build: common/test_switch.h
+        args.append("-DHVD_TEST_SWITCHES")
     return args
 
 
@@ -232,14 +234,22 @@ class ParallelBuildExt(build_ext):
                 list(pool.map(compile_one, todo))  # re-raises the first compile error
         ext_path = self.get_ext_fullpath(ext.name)
         objects = [o for _, o in pairs]
-        if not todo and os.path.exists(ext_path) and all(
+        # The object folder of the last link: a build with other flags (CI's -Werror, the test
+        # switches) must relink even when its objects are older than the library.
+        stamp = os.path.join(ROOT, "build", f"cpp-{tag}-linked")
+        linked_from = open(stamp).read() if os.path.exists(stamp) else ""
+        if not todo and linked_from == obj_dir and os.path.exists(ext_path) and all(
                 os.path.getmtime(o) <= os.path.getmtime(ext_path) for o in objects):
             return
         os.makedirs(os.path.dirname(ext_path), exist_ok=True)
+        if os.path.exists(ext_path):  # else distutils skips a library newer than the objects
+            os.remove(ext_path)
         compiler.link_shared_object(
             objects, ext_path, libraries=ext.libraries,
             library_dirs=ext.library_dirs + self.library_dirs,
             extra_postargs=ext.extra_link_args, target_lang="c++")
+        with open(stamp, "w") as fh:
+            fh.write(obj_dir)
 
 
 def _mapped(folder, package):

@@ -16,6 +16,9 @@ REDUCESCATTER: int  # 4
 BARRIER: int  # 5
 JOIN: int  # 6
 
+# 1 where the tests' HVD_TEST_* fault switches are compiled in (HVD_TEST_SWITCHES=1, ./dev.sh)
+TEST_SWITCHES: int
+
 class HorovodInternalError(RuntimeError):
     """A collective failed: mismatch across ranks, lost peer, timeout, abort or shutdown."""
 

@@ -186,6 +186,18 @@ def _finish(procs, workdir, np, timeout, check, label):
     return results
 
 
+def _require_test_switches(envs: Sequence[dict]) -> None:
+    """A test that sets an HVD_TEST_* switch needs a core that reads them (common/test_switch.h):
+    without one the switch would silently do nothing and the test would check the wrong thing."""
+    wanted = sorted({k for e in envs for k in e if k.startswith("HVD_TEST_")})
+    from engine_native import _core
+    if wanted and not _core.TEST_SWITCHES:
+        raise AssertionError(
+            f"this test sets {', '.join(wanted)}, but engine_native._core was built without the "
+            "test switches: build it with ./dev.sh, or HVD_TEST_SWITCHES=1 python setup.py "
+            "build_ext --inplace")
+
+
 def run_ranks(fn: Callable, np: int, env: Optional[dict] = None, timeout: float = 60,
               hosts: Optional[Sequence[str]] = None, *, args: Sequence = (),
               kwargs: Optional[dict] = None, rank_env: Optional[dict] = None,
@@ -208,6 +220,7 @@ def run_ranks(fn: Callable, np: int, env: Optional[dict] = None, timeout: float 
 
     if hosts is not None and len(hosts) != np:
         raise ValueError(f"hosts has {len(hosts)} entries for {np} ranks")
+    _require_test_switches([env or {}] + list((rank_env or {}).values()))
     secret = secrets.token_bytes(32)
     workdir = tempfile.mkdtemp(prefix="hvd-ranks-")
     procs: list = []

@@ -57,6 +57,7 @@
 #include <string>
 #include <thread>
 
+#include "common/test_switch.h"
 #include "transport/shm/cross_memory.h"
 
 namespace hvd::algo {
@@ -71,7 +72,7 @@ std::atomic<uint64_t> g_single_copy_ops{0};
 // HVD_TEST_SINGLE_COPY_READ_DELAY_MS, read once; 0 when unset.
 int readDelayMilliseconds() {
   static const int delay = [] {
-    const char* raw = std::getenv("HVD_TEST_SINGLE_COPY_READ_DELAY_MS");
+    const char* raw = HVD_TEST_SWITCH("SINGLE_COPY_READ_DELAY_MS");
     return raw == nullptr ? 0 : std::max(0, std::atoi(raw));
   }();
   return delay;

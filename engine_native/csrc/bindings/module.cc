@@ -17,6 +17,7 @@
 #include "bindings/torch_api.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
+#include "common/test_switch.h"
 #include "runtime/runtime.h"
 
 namespace {
@@ -383,6 +384,9 @@ PyMODINIT_FUNC PyInit__core() {
   const char* kinds[] = {"ALLREDUCE", "ALLGATHER", "BROADCAST", "ALLTOALL",
                          "REDUCESCATTER", "BARRIER", "JOIN"};
   for (int i = 0; i < 7; ++i) PyModule_AddIntConstant(module, kinds[i], i);
+  // Whether HVD_TEST_* fault switches are compiled in (common/test_switch.h): tests that
+  // need one fail with a rebuild hint when they are not.
+  PyModule_AddIntConstant(module, "TEST_SWITCHES", hvd::common::kTestSwitches ? 1 : 0);
   if (addTimelineAutotuneBindings(module) < 0) return nullptr;
   if (addNcclBindings(module) < 0) return nullptr;
   if (hvd::bindings::addNumpyBindings(module) < 0) return nullptr;

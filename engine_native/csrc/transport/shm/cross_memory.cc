@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/test_switch.h"
 #include "transport/shm/host_agreement.h"
 
 namespace hvd::transport::shm {
@@ -62,13 +63,13 @@ std::string explain(const Verdict& v) {
                    "seccomp profile that blocks process_vm_readv, or a non-dumpable process); "
                    "host collectives copy through the shared segment";
     case kReadFailed: return who + " could not read " + whom + "'s probe word";
-    case kForced: return who + " failed its probe on purpose (HVD_TEST_SINGLE_COPY_PROBE_FAIL)";
+    case kForced: return who + " failed its probe on purpose (a test switch)";
     default: return "";
   }
 }
 
 bool forcedToFail() {
-  const char* raw = std::getenv("HVD_TEST_SINGLE_COPY_PROBE_FAIL");
+  const char* raw = HVD_TEST_SWITCH("SINGLE_COPY_PROBE_FAIL");
   return raw != nullptr && std::strcmp(raw, "1") == 0;
 }
 

@@ -53,6 +53,7 @@
 #include <mutex>
 #include <random>
 
+#include "common/test_switch.h"
 #include "transport/shm/host_agreement.h"
 
 #ifndef SYS_pidfd_open
@@ -73,7 +74,7 @@ constexpr size_t kMaxPeerBytes = size_t{2} << 30;  // Note [Peer block cache]
 // kMaxPeerBytes, or HVD_TEST_PEER_BLOCK_CACHE_BYTES (tests only: a bound small enough to reach).
 size_t peerCacheBytes() {
   static const size_t bytes = [] {
-    const char* raw = std::getenv("HVD_TEST_PEER_BLOCK_CACHE_BYTES");
+    const char* raw = HVD_TEST_SWITCH("PEER_BLOCK_CACHE_BYTES");
     return raw == nullptr ? kMaxPeerBytes : static_cast<size_t>(std::strtoull(raw, nullptr, 10));
   }();
   return bytes;
@@ -170,7 +171,7 @@ Status mapUncached(pid_t pid, const SharedBlockRef& ref, uint8_t** base,
 enum Refusal : uint32_t { kFine = 0, kNotWanted = 1, kNotPermitted = 2, kFailed = 3, kForced = 4 };
 
 bool forcedToFail() {
-  const char* raw = std::getenv("HVD_TEST_SHARED_OUTPUTS_PROBE_FAIL");
+  const char* raw = HVD_TEST_SWITCH("SHARED_OUTPUTS_PROBE_FAIL");
   return raw != nullptr && std::strcmp(raw, "1") == 0;
 }
 
@@ -183,7 +184,7 @@ std::string explain(const ProbeVerdict& v) {
       return who + " may not map " + whom + "'s blocks (EPERM: a Yama ptrace_scope >= 1 or a "
                    "seccomp profile that blocks pidfd_getfd)";
     case kFailed: return who + " could not map " + whom + "'s probe block or memfds";
-    case kForced: return who + " failed its probe on purpose (HVD_TEST_SHARED_OUTPUTS_PROBE_FAIL)";
+    case kForced: return who + " failed its probe on purpose (a test switch)";
     default: return "";
   }
 }
