@@ -143,7 +143,7 @@ CORE_SOURCES = [
     "bindings/numpy_fast_path.cc",
     "bindings/numpy_api.cc",
     "bindings/numpy_broadcast.cc",
-    "bindings/small_output_pool.cc",
+    "bindings/output_array_pool.cc",
     "bindings/torch_api.cc",
     "bindings/torch_group.cc",
     "bindings/module.cc",

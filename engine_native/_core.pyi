@@ -88,13 +88,21 @@ def wait(handle: int) -> Any:
 
 # ---- the numpy API's per-tensor path (bindings/numpy_api.cc) --------------------------------
 
-def numpy_setup(codes: dict, output_like: Any, checked: Any, noname: Any, global_set: Any,
-                pool_min_bytes: int) -> None:
+def numpy_setup(codes: dict, checked: Any, noname: Any, global_set: Any) -> None:
     """Configure allreduce_async below (engine_native.numpy_ops calls it at import): the
-    {numpy dtype: dtype code} table, the output pool for arrays of ``pool_min_bytes`` or more,
-    the checked Python path ``checked(array, op, full_name, prescale, postscale, process_set,
+    {numpy dtype: dtype code} table, the checked Python path ``checked(array, op, full_name, prescale, postscale, process_set,
     waited) -> handle`` for everything the C path leaves to it, the noname-name function
     ``noname(kind, None, process_set) -> str`` and the global ProcessSet object."""
+
+def output_like(array: Any) -> Any:
+    """An uninitialised array like ``array`` for a result: from the output pools (one for small
+    arrays, one for those of 1 MiB or more) when a pooled one is free, i.e. only the pool still
+    references it (Note [Output array pools]); a fresh ``empty_like`` for a non-C-contiguous
+    array."""
+
+def output_pool_counts() -> dict:
+    """``{"small_reused", "small_made", "large_reused", "large_made"}``: arrays each output
+    pool handed out again, and made new, in this process."""
 
 def allreduce_async(array: Any, op: int = 0, name: Optional[str] = None,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,

@@ -13,7 +13,6 @@ errors.
 from __future__ import annotations
 
 import itertools
-import sys
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -26,43 +25,11 @@ _counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counte
 _join_epochs: dict[int, int] = {}  # process set id -> joins completed
 
 
-
-
-# Note [Output pool]: a large fresh result array costs more than the allreduce itself on a fast
-# path (the kernel zeroes every new page; 64 MiB out-of-place spends ~45 % of its time there).
-# Large outputs are kept in a small pool and handed out again once nobody but the pool holds
-# them (reference count; a view or a torch.from_numpy tensor keeps its base referenced), so a
-# loop that drops each result reuses warm pages. Bounded in count and bytes.
-_POOL_MIN_BYTES = 1 << 20
-_POOL_MAX_ARRAYS = 4
-_POOL_MAX_BYTES = 512 << 20
-_output_pool: list = []
-
-
 def _enqueuer(waited: bool):
     """The synchronous functions wait for their op at once: that wait runs it on the calling
     thread (Note [Caller drives] in the core), so their enqueue does not wake the core's
     thread. Looked up per call, so a test's stand-in core is honoured."""
     return _core.enqueue_for_wait if waited else _core.enqueue
-
-
-def _output_like(array: np.ndarray) -> np.ndarray:
-    """An uninitialised array of array's shape and dtype, from the pool when one is free."""
-    if array.nbytes < _POOL_MIN_BYTES or not array.flags.c_contiguous:
-        return np.empty_like(array)
-    for i in range(len(_output_pool)):
-        candidate = _output_pool[i]
-        # 3 references: the pool, `candidate` and getrefcount's argument.
-        if (sys.getrefcount(candidate) == 3 and candidate.shape == array.shape
-                and candidate.dtype == array.dtype):
-            _output_pool.append(_output_pool.pop(i))  # most recently used last
-            return candidate
-    out = np.empty_like(array)
-    _output_pool.append(out)
-    while (len(_output_pool) > _POOL_MAX_ARRAYS
-           or sum(a.nbytes for a in _output_pool) > _POOL_MAX_BYTES):
-        _output_pool.pop(0)
-    return out
 
 
 def _full_name(kind: str, name: Optional[str],
@@ -137,7 +104,7 @@ def _allreduce_async_checked(array, op, full, prescale_factor, postscale_factor,
     """allreduce_async for what the C fast path leaves to Python: any array-like, any dtype the
     core supports, with the errors of the numpy API."""
     array = _check_array(array, "allreduce", full)
-    out = _output_like(array)
+    out = _core.output_like(array)
     handle = _enqueuer(waited)(_core.ALLREDUCE, full, _code(array, "allreduce", full),
                                array.shape, array, out, Average if op is None else op,
                                float(prescale_factor), float(postscale_factor), 0,
@@ -150,8 +117,7 @@ def _allreduce_async_checked(array, op, full, prescale_factor, postscale_factor,
 #                 process_set=global_process_set): reduce across ranks without waiting; returns
 # a handle for poll()/synchronize(), whose result is a new array.
 allreduce_async = _core.allreduce_async
-_core.numpy_setup(_NUMPY_CODES, _output_like, _allreduce_async_checked, _full_name,
-                  global_process_set, _POOL_MIN_BYTES)
+_core.numpy_setup(_NUMPY_CODES, _allreduce_async_checked, _full_name, global_process_set)
 
 
 def allreduce(array, op: int = Average, name: Optional[str] = None,
@@ -175,7 +141,7 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"
         array = _check_array(array, "grouped_allreduce", full)
-        out = _output_like(array)
+        out = _core.output_like(array)
         keep.append((array, out))
         ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
                     array.shape, array, out, op,
@@ -259,7 +225,7 @@ def grouped_allgather(arrays: Sequence, name: Optional[str] = None,
 def _broadcast_async_checked(array, root_rank: int, name: Optional[str] = None,
                              process_set: ProcessSet = global_process_set, *,
                              _waited: bool = False) -> int:
-    out = _output_like(np.asarray(array))
+    out = _core.output_like(np.asarray(array))
     return _submit(_core.BROADCAST, "broadcast", name, array, out, root=root_rank,
                    process_set=process_set, finish=lambda _: out, waited=_waited)
 

@@ -1,7 +1,7 @@
 """The numpy API's allreduce_async/synchronize (C functions, bindings/numpy_api.cc) and
 broadcast_async/broadcast_async_ (bindings/numpy_broadcast.cc) on spawned ranks: every way of calling them a user has, the cases the C path hands to the checked Python
 path (lists, subclasses, non-contiguous or byte-swapped arrays, unregistered process sets),
-and the errors those raise; and the pool small outputs come from (Note [Small output pool]).
+and the errors those raise; and the pools results come from (Note [Output array pools]).
 Results are checked against NumPy.
 """
 import weakref
@@ -176,7 +176,7 @@ def test_numpy_broadcast_calls(np_):
     run_ranks(broadcast_calls_suite, np_, timeout=120)
 
 
-def small_pool_suite():
+def output_pools_suite():
     hvd = checks.init("shm")
     fails = Failures()
     n, me = hvd.size(), hvd.rank()
@@ -244,9 +244,36 @@ def small_pool_suite():
     fails.expect("step: results come back a step later", [id(o) for o in outs] == ids)
     fails.expect("step: results right", all(
         o.shape == shape and bool(np.all(o == 2 * want)) for o, shape in zip(outs, shapes)))
+
+    # Large results (>= 1 MiB) of two shapes: each finds its own free array whatever the
+    # order (a FIFO would drop the other shape's), and a held one is never handed out. The
+    # pool's counts tell (ids cannot: a new array may land where a dropped one was).
+    from engine_native import _core
+
+    def big(shape, k):
+        before = _core.output_pool_counts()
+        out = hvd.allreduce(np.full(shape, (me + 1.0) * k, np.float32), op=hvd.Sum,
+                            name=f"big{len(shape)}")
+        after = _core.output_pool_counts()
+        fails.expect(f"large {shape} result right", bool(np.all(out == k * want)))
+        reused = after["large_reused"] - before["large_reused"]
+        made = after["large_made"] - before["large_made"]
+        return out, ("reused" if (reused, made) == (1, 0) else
+                     "new" if (reused, made) == (0, 1) else f"{reused} reused, {made} new")
+
+    for shape in [(1 << 18,), (512, 1024)]:
+        how = big(shape, 1)[1]  # the result is dropped at once
+        fails.expect(f"large {shape}: first result new", how == "new", how)
+    for k, shape in enumerate([(512, 1024), (1 << 18,)], start=2):
+        how = big(shape, k)[1]
+        fails.expect(f"large {shape} reused in any order", how == "reused", how)
+    held = big((1 << 18,), 5)[0]
+    out, how = big((1 << 18,), 6)
+    fails.expect("large held result not handed out", how == "new" and out is not held and
+                 bool(np.all(held == 5 * want)), how)
     hvd.shutdown()
     return fails.raise_if_any()
 
 
-def test_numpy_small_output_pool():
-    run_ranks(small_pool_suite, 2, timeout=120)
+def test_numpy_output_pools():
+    run_ranks(output_pools_suite, 2, timeout=120)

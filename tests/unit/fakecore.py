@@ -16,6 +16,7 @@ import importlib
 import sys
 import types
 
+import numpy as np
 import torch
 
 _DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
@@ -166,8 +167,11 @@ def make_fake_core():
     # checked path.
     numpy = {}
 
-    def numpy_setup(codes, output_like, checked, noname, global_set, pool_min_bytes):
+    def numpy_setup(codes, checked, noname, global_set):
         numpy.update(checked=checked, noname=noname, global_set=global_set)
+
+    def output_like(array):  # the fake keeps no pool
+        return np.empty_like(array)
 
     def allreduce_async(array, op=0, name=None, prescale_factor=1.0, postscale_factor=1.0,
                         process_set=None, *, _waited=False):
@@ -250,7 +254,8 @@ def make_fake_core():
         state['autotune'] = bool(enabled)
 
     for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
-               add_process_set, remove_process_set, numpy_setup, allreduce_async, keep,
+               add_process_set, remove_process_set, numpy_setup, output_like, allreduce_async,
+               keep,
                numpy_broadcast_setup, broadcast_async, broadcast_async_,
                synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
                torch_release_kept, torch_group_setup, torch_group_async, torch_group_wait,

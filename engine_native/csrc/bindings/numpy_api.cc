@@ -1,11 +1,11 @@
 // The numpy API's per-tensor path in C: allreduce_async() on a plain ndarray, synchronize(), and
 // keep() for the checked path; the references live in bindings/kept_table.h (broadcast:
 // numpy_broadcast.cc; what both share: numpy_fast_path.h).
-// engine_native.numpy_ops configures it once (its dtype table, the output pool for large
-// arrays, the checked Python path). Arrays are read through numpy's C API: data pointer, dims
-// cost a few loads and an output comes from a pool (small_output_pool.h, or numpy_ops' for
-// large arrays), where the buffer protocol allocated (and later freed) a buffer-info record per
-// fresh output and np.empty_like went through Python's call and __array_function__ dispatch.
+// engine_native.numpy_ops configures it once (its dtype table, the checked Python path). Arrays
+// are read through numpy's C API: data pointer, dims cost a few loads and an output comes from
+// a pool (output_array_pool.h), where the buffer protocol allocated (and later freed) a
+// buffer-info record per fresh output and np.empty_like went through Python's call and
+// __array_function__ dispatch.
 // Anything the fast path does not handle itself — another array type, a foreign or non-native
 // dtype, a non-contiguous array, an unregistered process set — goes to the checked path, which
 // raises the proper errors; nothing is enqueued before that decision. Binding code only; every
@@ -21,6 +21,7 @@
 #include "bindings/kept_table.h"
 #include "bindings/numpy_api.h"
 #include "bindings/numpy_fast_path.h"
+#include "bindings/output_array_pool.h"
 #include "runtime/runtime.h"
 
 namespace hvd::bindings {
@@ -39,11 +40,11 @@ AllreduceSetup g;
 PyObject* pyNumpySetup(PyObject*, PyObject* args) {
   NumpySetup s;
   AllreduceSetup a;
-  if (!PyArg_ParseTuple(args, "O!OOOOn", &PyDict_Type, &s.codes, &s.output_like, &a.checked,
-                        &s.noname, &s.global_set, &s.pool_min_bytes)) {
+  if (!PyArg_ParseTuple(args, "O!OOO", &PyDict_Type, &s.codes, &a.checked, &s.noname,
+                        &s.global_set)) {
     return nullptr;
   }
-  for (PyObject* o : {s.codes, s.output_like, a.checked, s.noname, s.global_set}) {
+  for (PyObject* o : {s.codes, a.checked, s.noname, s.global_set}) {
     Py_INCREF(o);
   }
   s.str_set_id = PyUnicode_InternFromString("process_set_id");
@@ -126,7 +127,7 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
   op->request.shape.resize(static_cast<size_t>(ndim));
   for (int i = 0; i < ndim; ++i) op->request.shape[i] = static_cast<int64_t>(dims[i]);
   op->input = PyArray_DATA(arr);
-  PyObject* out = outputLike(a.array, arr);
+  PyObject* out = pooledOutputLike(arr);  // Note [Output array pools]
   if (out == nullptr) return false;
   PyArrayObject* out_arr = plainArray(out, true);
   if (out_arr == nullptr || PyArray_NBYTES(out_arr) != PyArray_NBYTES(arr)) {
@@ -192,8 +193,13 @@ PyObject* pySynchronize(PyObject*, PyObject* arg) {
 
 PyMethodDef g_numpy_methods[] = {
     {"numpy_setup", pyNumpySetup, METH_VARARGS,
-     "numpy_setup(codes, output_like, checked, noname, global_set, pool_min_bytes): configure "
-     "the numpy fast path (engine_native.numpy_ops calls it)."},
+     "numpy_setup(codes, checked, noname, global_set): configure the numpy fast path "
+     "(engine_native.numpy_ops calls it)."},
+    {"output_like", pyOutputLike, METH_O,
+     "output_like(array): an uninitialised array like `array` for a result, from the output "
+     "pools when one is free (Note [Output array pools])."},
+    {"output_pool_counts", pyOutputPoolCounts, METH_NOARGS,
+     "output_pool_counts(): arrays the output pools handed out again and made new."},
     {"keep", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(pyKeep)), METH_FASTCALL,
      "keep(handle, keepalive, output, finish): hold references until synchronize(handle)."},
     {"allreduce_async",

@@ -14,6 +14,7 @@
 #include "bindings/kept_table.h"
 #include "bindings/numpy_api.h"
 #include "bindings/numpy_fast_path.h"
+#include "bindings/output_array_pool.h"
 #include "runtime/runtime.h"
 
 namespace hvd::bindings {
@@ -53,7 +54,7 @@ bool fastOp(PyObject* const* slots, bool in_place, runtime::EnqueueArgs* op,
   if (in_place) {
     Py_INCREF(out);
   } else {
-    out = outputLike(array_obj, arr);
+    out = pooledOutputLike(arr);  // Note [Output array pools]
     PyArrayObject* out_arr = out != nullptr ? plainArray(out, true) : nullptr;
     if (out_arr == nullptr || PyArray_NBYTES(out_arr) != PyArray_NBYTES(arr)) {
       Py_XDECREF(out);

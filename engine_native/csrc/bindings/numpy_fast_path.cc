@@ -1,7 +1,6 @@
 #include "bindings/numpy_fast_path.h"
 
 #include "bindings/enqueue_args.h"
-#include "bindings/small_output_pool.h"
 
 namespace hvd::bindings {
 namespace {
@@ -89,14 +88,6 @@ bool processSetId(PyObject* process_set, int* id) {
   const bool ok = id_obj != Py_None && asCInt(id_obj, id);
   Py_DECREF(id_obj);
   return ok && *id >= 0;  // unregistered (None) or not an int: the checked path says so
-}
-
-PyObject* outputLike(PyObject* array_obj, PyArrayObject* array) {
-  if (PyArray_NBYTES(array) < g_setup.pool_min_bytes) {
-    return smallOutput(PyArray_DESCR(array), PyArray_NDIM(array),
-                       PyArray_DIMS(array));  // Note [Small output pool]
-  }
-  return PyObject_Vectorcall(g_setup.output_like, &array_obj, 1, nullptr);
 }
 
 bool fullName(const char* kind, PyObject* name, PyObject* process_set, std::string* full) {

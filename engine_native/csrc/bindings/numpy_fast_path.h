@@ -14,10 +14,8 @@ namespace hvd::bindings {
 // Set by numpy_setup(); references held for the life of the process.
 struct NumpySetup {
   PyObject* codes = nullptr;          // {numpy dtype: core dtype code}
-  PyObject* output_like = nullptr;    // numpy_ops._output_like (pooled large outputs)
   PyObject* noname = nullptr;         // numpy_ops._full_name
   PyObject* global_set = nullptr;     // basics.global_process_set
-  Py_ssize_t pool_min_bytes = 0;
   PyObject* str_set_id = nullptr;     // "process_set_id"
 };
 // Null codes until numpy_setup() ran.
@@ -44,8 +42,6 @@ PyArrayObject* plainArray(PyObject* obj, bool writable);
 bool dtypeCode(PyArrayObject* array, int* code);
 // The id of a registered process set (null or None: the global set, 0).
 bool processSetId(PyObject* process_set, int* id);
-// A fresh output of array's shape and dtype: the small-output pool, or numpy_ops' pool.
-PyObject* outputLike(PyObject* array_obj, PyArrayObject* array);
 // Horovod's tensor name: "<kind>.<name>", or "<kind>.noname.<n>" from the counter of the op's
 // set (Note [Noname counters] in torch/runtime.py). None and "" are unnamed.
 bool fullName(const char* kind, PyObject* name, PyObject* process_set, std::string* full);
