@@ -26,6 +26,22 @@ def wait_until_running(hvd, name: str, handle=None, timeout: float = 60.0) -> bo
     return True
 
 
+def announce(folder: str, event: str) -> None:
+    """Tell the other ranks that ``event`` happened here (they :func:`await_event` it): an
+    explicit handshake, where a sleep would only make one order likely."""
+    with open(os.path.join(folder, event + ".tmp"), "w"):
+        pass
+    os.replace(os.path.join(folder, event + ".tmp"), os.path.join(folder, event))
+
+
+def await_event(folder: str, event: str, timeout: float = 60.0) -> None:
+    """Return once some rank announced ``event``; AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(os.path.join(folder, event)):
+        assert time.monotonic() < deadline, f"no rank announced {event!r} in {timeout} s"
+        threading.Event().wait(0.01)  # a bounded poll of a file, not a nap
+
+
 def write_pid(pid_dir: str, role: str) -> None:
     """Leave this process's pid where :func:`kill_by_pid_file` finds it."""
     with open(os.path.join(pid_dir, role), "w") as fh:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fakecuda.fixtures import fake_cuda as _fake_cuda
 
-from multiproc import checks, device_ops
+from multiproc import checks, device_ops, faults
 from multiproc.checks import Failures
 from multiproc.harness import run_ranks
 from multiproc.test_device_path import allreduce_suite, fusion_suite, others_suite, scaling_suite
@@ -99,11 +99,11 @@ def mappings_lifecycle():
     return counts, out.tolist(), f.calls("cudaIpcOpenMemHandle")
 
 
-def exports_outlive_peer_mappings():
+def exports_outlive_peer_mappings(folder):
     """No rank frees its exported buffer while a peer still maps it (Note [IPC teardown]): not
     when the slots grow twice, and not at shutdown, where rank 0 goes first while the others
-    still hold its buffer mapped (the fake counts a cudaFree that meets a peer's mapping)."""
-    import time
+    still hold its buffer mapped (the fake counts a cudaFree that meets a peer's mapping).
+    Rank 0's shutdown waits for the others', so "first" is its start: announced, not slept."""
     hvd = device_ops.init()
     f = device_ops.fakes()
     freed = []
@@ -111,16 +111,18 @@ def exports_outlive_peer_mappings():
         out = device_ops.allreduce(np.ones(count, np.float32), hvd.Sum, f"grow{i}")
         assert out[-1] == hvd.size(), out[-1]
         freed.append(f.cuda.fakeCudaFreedWhileMapped())
-    if hvd.rank() != 0:
-        time.sleep(1.0)  # rank 0 shuts down while this rank still maps its buffer
+    if hvd.rank() == 0:
+        faults.announce(folder, "rank 0 shuts down")
+    else:
+        faults.await_event(folder, "rank 0 shuts down")
     hvd.shutdown()
     freed.append(f.cuda.fakeCudaFreedWhileMapped())
     return freed
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-def test_no_rank_frees_an_export_a_peer_still_maps(fake_cuda, np_):
-    for r in run_ranks(exports_outlive_peer_mappings, np_, timeout=120,
+def test_no_rank_frees_an_export_a_peer_still_maps(fake_cuda, np_, tmp_path):
+    for r in run_ranks(exports_outlive_peer_mappings, np_, args=(str(tmp_path),), timeout=120,
                        **ipc_envs(fake_cuda, np_)):
         assert r.value == [0, 0, 0, 0], r.value
 
