@@ -13,6 +13,8 @@ Example
 from __future__ import annotations
 
 import ctypes
+import threading
+import time
 from ctypes import POINTER, c_char_p, c_int, c_long, c_size_t, c_uint, c_void_p
 
 HOST_FN = ctypes.CFUNCTYPE(None, c_void_p)
@@ -59,7 +61,7 @@ _CUDA_LONG = {"fakeCudaLaunchBlocker": [c_void_p], "fakeCudaLiveAllocations": []
               "fakeCudaLiveHostAllocations": [], "fakeCudaLiveStreams": [],
               "fakeCudaLiveEvents": [], "fakeCudaCalls": [c_char_p],
               "fakeCudaLiveIpcMappings": [], "fakeCudaFreedWhileMapped": [],
-              "fakeCudaIpcEventWaits": []}
+              "fakeCudaIpcEventWaits": [], "fakeCudaStreamParked": [c_void_p]}
 _COLL = [c_void_p, c_void_p, c_size_t, c_int]  # send, recv, count, dtype
 _NCCL = {
     "ncclGetVersion": [POINTER(c_int)], "ncclGetUniqueId": [POINTER(UniqueId)],
@@ -105,6 +107,17 @@ class Fakes:
     @staticmethod
     def check(result: int, what: str = "call") -> None:
         assert result == 0, f"{what} returned {result}"
+
+    def settled(self, *streams, timeout: float = 30.0) -> None:
+        """Return once every stream's worker sleeps (Note [Parked streams] in
+        fake_cudart_stream.c): what could run on them has run, what is held stays held. In
+        place of a sleep before checking that held work is still held."""
+        deadline = time.monotonic() + timeout
+        for s in streams:
+            while (parked := self.cuda.fakeCudaStreamParked(s)) != 1:
+                assert parked == 0, f"stream {s}: fakeCudaStreamParked returned {parked}"
+                assert time.monotonic() < deadline, f"stream {s} still running after {timeout} s"
+                threading.Event().wait(0.001)  # a bounded poll, not a nap
 
     def calls(self, api: str) -> int:
         return self.cuda.fakeCudaCalls(api.encode())

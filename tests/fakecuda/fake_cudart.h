@@ -83,6 +83,9 @@ int fc_stream_device_locked(void* handle);
 int fc_current_device(void);
 /* Waits until every stream has run what was queued before the call (cudaDeviceSynchronize). */
 void fc_drain_all(void);
+/* Note [Parked streams] (fake_cudart_stream.c): an op about to sleep until something else
+ * happens calls fakeCudaWorkerParks(1) first and fakeCudaWorkerParks(0) once awake. */
+FC_API void fakeCudaWorkerParks(int parked);
 
 /* Markers (fake_cudart_event.c): one per event record, fired when its stream reaches it. */
 typedef struct fc_marker fc_marker;

@@ -60,7 +60,11 @@ static void runRecord(fc_op* op) {
 
 static void runWait(fc_op* op) {
   pthread_mutex_lock(&fc_mu);
-  while (!op->marker->done) pthread_cond_wait(&fc_done_cv, &fc_mu);
+  while (!op->marker->done) {
+    fakeCudaWorkerParks(1);
+    pthread_cond_wait(&fc_done_cv, &fc_mu);
+    fakeCudaWorkerParks(0);
+  }
   markerReleaseLocked(op->marker);
   pthread_mutex_unlock(&fc_mu);
 }
@@ -234,7 +238,11 @@ int fc_event_adopt(void** event, fc_shared_event* shared) {
 
 static void runBlock(fc_op* op) {
   pthread_mutex_lock(&fc_mu);
-  while (!op->blocker->released) pthread_cond_wait(&fc_done_cv, &fc_mu);
+  while (!op->blocker->released) {
+    fakeCudaWorkerParks(1);
+    pthread_cond_wait(&fc_done_cv, &fc_mu);
+    fakeCudaWorkerParks(0);
+  }
   free(op->blocker);
   pthread_mutex_unlock(&fc_mu);
 }

@@ -272,7 +272,9 @@ static void runSharedWait(fc_op* op) {
   const uint32_t target = (uint32_t)op->bytes;
   const struct timespec tick = {0, 100 * 1000 * 1000};  /* re-checks; never spins */
   for (uint32_t now; !reached(now = __atomic_load_n(fired, __ATOMIC_ACQUIRE), target);) {
+    fakeCudaWorkerParks(1);
     futex(fired, FUTEX_WAIT, now, &tick);
+    fakeCudaWorkerParks(0);
   }
   pthread_mutex_lock(&fc_mu);
   releaseLocked(shared);

@@ -9,7 +9,12 @@
  * waits for everything queued before on those streams, and work queued on them waits for what
  * is queued before on it. Handle 2 (cudaStreamPerThread) is a blocking stream of the calling
  * host thread, created on first use and drained and freed when that thread exits.
- * Non-blocking streams never wait implicitly. */
+ * Non-blocking streams never wait implicitly.
+ *
+ * Note [Parked streams]: a stream is parked while its worker sleeps, waiting for work or, inside
+ * an op, for something else to happen (a blocker's release, an event, a peer). Tests that check
+ * that held work stays held wait for fakeCudaStreamParked() instead of sleeping a while: once
+ * the stream is parked, work that could run has run, so the check is exact. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +43,14 @@ struct fc_stream {
   int user;                    /* made by cudaStreamCreateWithFlags */
   int device;                  /* a user stream's device (its creator's current device) */
   int stopping;
+  int parked;                  /* Note [Parked streams]; atomic: ops park without fc_mu */
 };
+
+static __thread fc_stream* this_worker;  /* the stream whose worker this thread is */
+
+FC_API void fakeCudaWorkerParks(int parked) {
+  if (this_worker != NULL) __atomic_store_n(&this_worker->parked, parked, __ATOMIC_SEQ_CST);
+}
 
 static fc_stream* streams;
 static unsigned long next_stream_id = 1;
@@ -54,9 +66,14 @@ fc_op* fc_op_new(void (*run)(fc_op*)) {
 
 static void* workerMain(void* arg) {
   fc_stream* s = arg;
+  this_worker = s;
   pthread_mutex_lock(&fc_mu);
   for (;;) {
-    while (s->head == NULL && !s->stopping) pthread_cond_wait(&s->work_cv, &fc_mu);
+    while (s->head == NULL && !s->stopping) {
+      fakeCudaWorkerParks(1);
+      pthread_cond_wait(&s->work_cv, &fc_mu);
+      fakeCudaWorkerParks(0);
+    }
     fc_op* op = s->head;
     if (op == NULL) break;  /* stopping, and everything queued has run */
     s->head = op->next;
@@ -214,7 +231,11 @@ void fc_drain_all(void) {
     while (s != NULL && s->id != ids[2 * i]) s = s->next;
     if (s == NULL) continue;  /* destroyed meanwhile, which drained it */
     s->waiters++;
-    while (s->completed < ids[2 * i + 1]) pthread_cond_wait(&fc_done_cv, &fc_mu);
+    while (s->completed < ids[2 * i + 1]) {
+      fakeCudaWorkerParks(1);  /* a no-op on a host thread (cudaDeviceSynchronize) */
+      pthread_cond_wait(&fc_done_cv, &fc_mu);
+      fakeCudaWorkerParks(0);
+    }
     s->waiters--;
     pthread_cond_broadcast(&fc_done_cv);
   }
@@ -322,6 +343,17 @@ FC_API int fakeCudaLaunchDelayedFill(void* dst, int byte, size_t bytes, int dela
     op->delay_ms = delay_ms;
   }
   return fc_enqueue(stream, op);
+}
+
+/* 1 while the stream's worker sleeps (Note [Parked streams]), 0 while it runs, or minus a
+ * cudaError_t for an unknown handle. */
+FC_API long fakeCudaStreamParked(void* stream) {
+  pthread_mutex_lock(&fc_mu);
+  fc_stream* s = resolveLocked(stream);
+  const long parked = s == NULL ? -kCudaErrorInvalidResourceHandle
+                                : __atomic_load_n(&s->parked, __ATOMIC_SEQ_CST);
+  pthread_mutex_unlock(&fc_mu);
+  return parked;
 }
 
 FC_API long fakeCudaLiveStreams(void) {

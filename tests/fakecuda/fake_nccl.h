@@ -28,6 +28,7 @@ enum { kNumDataTypes = 10, kNumBuiltinOps = 5, kMaxUserOps = 64 };
 int cudaGetDevice(int* device);
 int cudaDeviceGetPCIBusId(char* bus_id, int length, int device);
 int cudaLaunchHostFunc(void* stream, void (*fn)(void*), void* user_data);
+void fakeCudaWorkerParks(int parked);  /* Note [Parked streams] in fake_cudart_stream.c */
 
 /* A reduction with its scalar captured by value: PreMulSum's (in the dtype's terms), or none. */
 typedef struct {

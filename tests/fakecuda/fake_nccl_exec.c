@@ -82,7 +82,9 @@ static int waitFor(fn_comm* comm, fn_ready ready, const fn_call* call) {
     if (ready != NULL && ready(comm, call)) return kNcclSuccess;
     const double left = ready == NULL ? 3600 : deadline - fn_now();
     if (left <= 0) break;
+    fakeCudaWorkerParks(1);  /* the batch runs on a stream's worker: Note [Parked streams] */
     fn_futex_wait(bell, seen, left);
+    fakeCudaWorkerParks(0);
   }
   fprintf(stderr, "fake-nccl: rank %d: %s (seq %u) timed out after FAKE_NCCL_TIMEOUT_S=%gs "
           "waiting for", comm->rank, fn_kind_name(call->kind), call->seq, comm->timeout_s);

@@ -10,7 +10,6 @@ import ctypes
 import os
 import re
 import threading
-import time
 
 import pytest
 from fakecuda import build
@@ -210,7 +209,7 @@ def rank_default_streams(fake):
     legacy_done = wait_while_held(None, f)
     f.check(c.cudaMemsetAsync(buf + 16, 7, 8, 2))  # per-thread: behind the legacy work
     per_thread_done = wait_while_held(2, f)
-    time.sleep(0.05)
+    f.settled(None, 2, non_blocking)  # whatever could run has run
     held = [c.cudaEventQuery(legacy_done), c.cudaEventQuery(per_thread_done), f.get(buf, 24)]
     f.check(c.fakeCudaReleaseBlocker(token))
     f.check(c.cudaStreamSynchronize(2))
@@ -261,7 +260,7 @@ def rank_events(fake):
     s2_done = wait_while_held(s2, f)
     f.check(c.cudaEventRecord(e, s3))  # the latest record, on an idle stream
     f.check(c.cudaEventSynchronize(e))
-    time.sleep(0.05)
+    f.settled(s2)
     out["held"] = (c.cudaEventQuery(e), c.cudaEventQuery(s2_done), f.get(buf, 8))
     f.check(c.fakeCudaReleaseBlocker(token))
     f.check(c.cudaEventSynchronize(s2_done))

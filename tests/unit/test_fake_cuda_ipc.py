@@ -61,7 +61,7 @@ def rank_ipc(fake):
         f.check(c.cudaStreamWaitEvent(s, peer_ev, 0))
         f.check(c.cudaMemsetAsync(buf, 7, 4, s))
         f.check(c.cudaEventRecord(done, s))
-        time.sleep(0.1)
+        f.settled(s)
         out["held"] = (c.cudaEventQuery(peer_ev), c.cudaEventQuery(done), f.get(buf, 4))
     hvd.barrier()
     if me == 0:

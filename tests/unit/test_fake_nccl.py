@@ -266,7 +266,7 @@ def rank_abort(fake, uid):
     f.check(f.nccl.ncclAllReduce(buf, buf, 4, FLOAT32, SUM, comm, s))
     f.check(f.cuda.cudaMemsetAsync(flag, 1, 4, s))
     f.check(f.cuda.cudaEventRecord(done, s))
-    time.sleep(0.2)
+    f.settled(s)  # the collective is waiting for its peer
     waiting = (f.cuda.cudaEventQuery(done), f.async_error(comm), f.get(flag, 4))
     start = time.monotonic()
     f.check(f.nccl.ncclCommAbort(comm))
