@@ -12,6 +12,7 @@ The result lives in ``build/testhooks/<digest>/`` of the checkout (git-ignored),
 covering every source and header involved, the flags, the compiler and the Python: an
 unchanged tree reuses it, a changed one builds anew (about 30 s on two cores, in parallel).
 A failed build raises with the compiler's output: the hooks' tests fail, never skip.
+``build_into`` and ``tree_digest`` are the same for other test-time builds (tests/fuzz).
 """
 
 from __future__ import annotations
@@ -85,53 +86,63 @@ def _sources() -> list:
 
 
 def _digest() -> str:
-    """Covers what the build reads: the sources, every header they could include, the flags,
-    the compiler's identity and the interpreter's ABI."""
+    abi = [sys.version, sysconfig.get_config_var("EXT_SUFFIX")]
+    return tree_digest(_sources(), _flags() + abi, (CSRC, HERE))
+
+
+def tree_digest(sources: list, flags: list, header_roots) -> str:
+    """Covers what a build reads: the sources, every header under ``header_roots`` they could
+    include, the flags (and whatever else the caller adds to them) and the compiler's identity."""
     h = hashlib.sha256()
-    headers = sorted(os.path.join(d, f) for top in (CSRC, HERE) for d, _, files in os.walk(top)
+    headers = sorted(os.path.join(d, f) for top in header_roots for d, _, files in os.walk(top)
                      for f in files if f.endswith(".h"))
-    for path in _sources() + headers:
+    for path in sources + headers:
         h.update(path.encode())
         with open(path, "rb") as fh:
             h.update(fh.read())
     version = subprocess.run(_compiler() + ["--version"], capture_output=True, text=True,
                              timeout=60, check=True).stdout
-    h.update("\0".join(_flags() + [version, sys.version, sysconfig.get_config_var("EXT_SUFFIX")])
-             .encode())
+    h.update("\0".join(flags + [version]).encode())
     return h.hexdigest()[:16]
 
 
 def _run(cmd: list) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"building _testhooks failed: {' '.join(cmd)}\n{proc.stdout}"
-                           f"{proc.stderr}")
+        raise RuntimeError(f"build failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
 
-def build() -> str:
-    """Path of an up-to-date _testhooks extension, building it when needed."""
-    target_dir = os.path.join(OUT, _digest())
-    target = os.path.join(target_dir, "_testhooks" + sysconfig.get_config_var("EXT_SUFFIX"))
+def build_into(out_root: str, digest: str, filename: str, sources: list, flags: list,
+               link_flags: list) -> str:
+    """``out_root/<digest>/<filename>``, compiled (in parallel) and linked unless it exists.
+    Builds of other digests under ``out_root`` are removed: they are never used again."""
+    target_dir = os.path.join(out_root, digest)
+    target = os.path.join(target_dir, filename)
     if os.path.exists(target):
         return target
-    os.makedirs(OUT, exist_ok=True)
-    work = tempfile.mkdtemp(prefix="tmp-", dir=OUT)
+    os.makedirs(out_root, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="tmp-", dir=out_root)
     try:
-        objects = [os.path.join(work, f"{i}.o") for i in range(len(_sources()))]
+        objects = [os.path.join(work, f"{i}.o") for i in range(len(sources))]
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda pair: _run(_compiler() + _flags() + ["-c", pair[0], "-o",
-                                                                      pair[1]]),
-                          zip(_sources(), objects)))
-        linked = os.path.join(work, os.path.basename(target))
-        _run(_compiler() + ["-shared", "-pthread", "-o", linked] + objects)
+            list(pool.map(lambda pair: _run(_compiler() + flags + ["-c", pair[0], "-o", pair[1]]),
+                          zip(sources, objects)))
+        linked = os.path.join(work, filename)
+        _run(_compiler() + link_flags + ["-o", linked] + objects)
         os.makedirs(target_dir, exist_ok=True)
         os.replace(linked, target)  # atomic: a concurrent build of the same tree is harmless
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for old in os.listdir(OUT):  # builds of earlier trees are never used again
-        if old != os.path.basename(target_dir) and not old.startswith("tmp-"):
-            shutil.rmtree(os.path.join(OUT, old), ignore_errors=True)
+    for old in os.listdir(out_root):
+        if old != digest and not old.startswith("tmp-"):
+            shutil.rmtree(os.path.join(out_root, old), ignore_errors=True)
     return target
+
+
+def build() -> str:
+    """Path of an up-to-date _testhooks extension, building it when needed."""
+    return build_into(OUT, _digest(), "_testhooks" + sysconfig.get_config_var("EXT_SUFFIX"),
+                      _sources(), _flags(), ["-shared", "-pthread"])
 
 
 @functools.cache

@@ -1,0 +1,305 @@
+// The transport's decoders of a peer's bytes, each run through its public entry point on a
+// socket fed with the input (FedSocket): the mesh handshake, both ends (tcp/handshake.h), the
+// shared-memory offers of the pair and the host collective setups (shm/offer.h through
+// shm/setup.h and shm/collective_segment.h, with shared memory not wanted, so nothing is
+// mapped), the host probes' verdict (shm/host_agreement.h) and the control frames
+// (transport/control.h). Every input ends in EOF, so a kTimeout means a decoder waited for
+// bytes that can never come: a failure, as is any status code the entry point does not give.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/byte_codec.h"
+#include "fuzz.h"
+#include "transport/control.h"
+#include "transport/shm/collective_segment.h"
+#include "transport/shm/host_agreement.h"
+#include "transport/shm/offer.h"
+#include "transport/shm/setup.h"
+#include "transport/tcp/handshake.h"
+
+namespace hvd::fuzz {
+
+FedSocket::FedSocket() {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) {
+    std::perror("socketpair");
+    std::abort();
+  }
+  fd_ = pair[0];
+  peer_ = pair[1];
+}
+
+FedSocket::~FedSocket() {
+  if (fd_ >= 0) ::close(fd_);
+  ::close(peer_);
+}
+
+void FedSocket::feed(const std::string& bytes) {
+  for (size_t done = 0; done < bytes.size();) {  // inputs fit the socket buffer: never waits
+    const ssize_t n = ::send(peer_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::perror("feeding the decoder's socket");
+      std::abort();
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+void FedSocket::hangUp() { ::shutdown(peer_, SHUT_WR); }
+
+std::string FedSocket::written() {
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(peer_, buf, sizeof(buf), MSG_DONTWAIT)) > 0) out.append(buf, n);
+  return out;
+}
+
+namespace {
+
+using common::Code;
+using common::Status;
+
+const transport::tcp::JobIdentity kSelf{"secret of the job", "job-7", 1, 4};
+constexpr uint32_t kHelloMagic = 0x48445648, kChallengeMagic = 0x41445648;
+constexpr uint32_t kWelcomeMagic = 0x4b445648;
+
+transport::tcp::Deadline soon() { return transport::tcp::deadlineAfter(5.0); }
+
+Outcome unexpected(const Status& s) {
+  return failed("unexpected status " + std::to_string(static_cast<int>(s.code())) + ": " +
+                s.message());
+}
+
+// Acceptor: the input is what a dialer sends (hello, job id, proof). Nobody here knows the
+// nonce the acceptor draws, so a proof never verifies: "accepted" counts the inputs whose
+// hello was decoded and admitted (rejected at the proof), and an OK would be a forged entry.
+Outcome handshakeAcceptor(const std::string& input) {
+  FedSocket sock(input);
+  int rank = -1;
+  transport::tcp::ChannelKind kind;
+  auto admit = [](int r, transport::tcp::ChannelKind) {
+    return r == 3 ? std::string("rank 3 is already connected") : std::string();
+  };
+  const Status s = transport::tcp::acceptorHandshake(sock.fd(), kSelf, admit, soon(), &rank, &kind);
+  if (s.isOk()) return failed("a dialer without the secret was accepted");
+  if (s.message() == "authentication failed (wrong secret)") return accepted();
+  const bool expected = s.code() == Code::kInternal || s.code() == Code::kInvalidArgument ||
+                        s.code() == Code::kPeerLost;
+  return expected ? rejected() : unexpected(s);
+}
+
+std::vector<std::string> helloSeeds(Rng& rng) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 16; ++i) {
+    std::string s;
+    common::ByteWriter w(&s);
+    const std::string job = rng.chance(4) ? "job-8" : kSelf.job_id;
+    w.u32(kHelloMagic);
+    w.u16(1);
+    w.u8(static_cast<uint8_t>(1 + rng.below(2)));
+    w.u8(static_cast<uint8_t>(job.size()));
+    w.i32(static_cast<int32_t>(rng.below(5)));
+    w.i32(rng.chance(4) ? 0 : kSelf.rank);
+    s += rng.bytes(32);  // nonce
+    s += job;
+    s += rng.bytes(32);  // proof
+    seeds.push_back(s);
+  }
+  return seeds;
+}
+
+// Dialer: the input is the acceptor's challenge and welcome. The dialer's nonce is fresh, so
+// no challenge verifies: every input must be refused, none may connect.
+Outcome handshakeDialer(const std::string& input) {
+  FedSocket sock(input);
+  const Status s = transport::tcp::dialerHandshake(sock.fd(), kSelf, 0,
+                                                   transport::tcp::ChannelKind::kControl, soon());
+  if (s.isOk()) return failed("connected to a listener that does not know the secret");
+  return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
+}
+
+std::vector<std::string> challengeSeeds(Rng& rng) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 8; ++i) {
+    std::string s;
+    common::ByteWriter w(&s);
+    w.u32(kChallengeMagic);
+    s += rng.bytes(64);  // nonce, mac
+    w.u32(kWelcomeMagic);
+    seeds.push_back(s);
+  }
+  return seeds;
+}
+
+std::string offerBytes(Rng& rng, uint32_t magic) {
+  transport::shm::Offer offer;
+  offer.ok = !rng.chance(4);
+  if (offer.ok) {
+    offer.name = transport::shm::segmentName("job-7", magic == transport::shm::kPairOfferMagic ? 'r' : 'c', 0);
+    offer.count = static_cast<uint32_t>(1 + rng.below(4));
+    offer.index = static_cast<uint32_t>(rng.below(offer.count));
+    offer.depth = static_cast<uint32_t>(rng.below(8));
+    offer.bytes = 64 << rng.below(16);
+  }
+  FedSocket out;  // the encoder writes to a socket: its bytes are taken from the other end
+  transport::shm::writeOffer(out.fd(), magic, offer, soon());
+  return out.written();
+}
+
+// Pair setup (Note [Shm setup]) as rank 0 with one local peer, rank 1: the input is rank 1's
+// offer and its ack.
+Outcome pairOffer(const std::string& input) {
+  FedSocket sock(input);
+  transport::shm::SetupRequest request;
+  request.rank = 0;
+  request.job_id = "job-7";
+  request.local_peers = {1};
+  request.fds = {-1, sock.fd()};
+  request.wanted = false;
+  request.deadline = soon();
+  transport::shm::SetupResult result;
+  const Status s = transport::shm::setupSharedMemory(request, &result);
+  if (s.isOk()) return result.peer_segment[1] ? failed("mapped although not wanted") : accepted();
+  return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
+}
+
+// Host collective setup (Note [Collective setup]) as rank 1 following leader 0: the input is
+// the leader's offer and its verdict.
+Outcome collectiveOffer(const std::string& input) {
+  FedSocket sock(input);
+  transport::shm::CollectiveRequest request;
+  request.rank = 1;
+  request.job_id = "job-7";
+  request.host_ranks = {0, 1};
+  request.fds = {sock.fd(), -1};
+  request.wanted = false;
+  request.deadline = soon();
+  std::unique_ptr<transport::shm::CollectiveSegment> segment;
+  const Status s = transport::shm::setupCollectiveSegment(request, &segment);
+  if (s.isOk()) return segment ? failed("mapped although not wanted") : accepted();
+  return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
+}
+
+std::vector<std::string> offerSeeds(Rng& rng, uint32_t magic, size_t trailer) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 16; ++i) {
+    std::string trail = rng.bytes(trailer);
+    if (trailer == 1) trail[0] = static_cast<char>(rng.below(2));  // the ack
+    seeds.push_back(offerBytes(rng, magic) + trail);
+  }
+  return seeds;
+}
+
+// Both ends of agreeOnVerdict: the leader reads a follower's verdict and sends the host's
+// back (which must be the one it read, ours being fine); a follower reads the host's.
+Outcome probeVerdict(const std::string& input) {
+  const transport::shm::ProbeVerdict fine;
+  transport::shm::ProbeVerdict host;
+  FedSocket leader(input);
+  const Status s = transport::shm::agreeOnVerdict({0, 1}, {-1, leader.fd()}, 0, fine, &host, soon());
+  FedSocket follower(input);
+  transport::shm::ProbeVerdict told;
+  const Status t = transport::shm::agreeOnVerdict({0, 1}, {follower.fd(), -1}, 1, fine, &told, soon());
+  for (const Status* x : {&s, &t}) {
+    if (!x->isOk() && x->code() != Code::kInternal && x->code() != Code::kPeerLost) return unexpected(*x);
+  }
+  if (s.isOk() != t.isOk()) return failed("the two ends disagree on the same bytes");
+  if (!s.isOk()) return rejected();
+  if (host.refusal == 0) return told.refusal == 0 ? accepted() : failed("a refusal was lost");
+  const std::string relayed = leader.written();
+  if (relayed.compare(0, 12, input, 0, 12) != 0) return failed("the refusal was relayed altered");
+  return told.refusal == host.refusal && told.rank == host.rank && told.peer == host.peer
+             ? accepted() : failed("the ends read different refusals");
+}
+
+std::vector<std::string> verdictSeeds(Rng& rng) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 8; ++i) {
+    std::string s;
+    common::ByteWriter w(&s);
+    w.u32(static_cast<uint32_t>(rng.below(5)));
+    w.i32(static_cast<int32_t>(rng.below(4)));
+    w.i32(static_cast<int32_t>(rng.below(4)) - 1);
+    w.u32(0);
+    seeds.push_back(s);
+  }
+  return seeds;
+}
+
+// Control frames: fed in up to three pieces (a frame may arrive split), received after each,
+// then the hang-up. The frames received, framed again, must be a prefix of the input; the
+// channel ends in kPeerLost (the hang-up) or kInternal (a malformed frame).
+Outcome controlFrames(const std::string& input) {
+  FedSocket sock;
+  transport::ControlChannel channel(::dup(sock.fd()), 1);
+  std::vector<transport::ControlMessage> frames;
+  const size_t cuts[] = {input.size() / 3, input.size() * 2 / 3, input.size()};
+  size_t fed = 0;
+  Status s;
+  for (size_t cut : cuts) {
+    sock.feed(input.substr(fed, cut - fed));
+    fed = cut;
+    s = channel.receive(&frames);
+    if (!s.isOk()) break;
+  }
+  if (s.isOk()) {
+    sock.hangUp();
+    for (int i = 0; i < 4 && s.isOk(); ++i) s = channel.receive(&frames);
+    if (s.isOk()) return failed("the hang-up was never reported");
+  }
+  std::string again;
+  common::ByteWriter w(&again);
+  for (const transport::ControlMessage& m : frames) {
+    w.u32(transport::kControlMagic);
+    w.u32(m.type);
+    w.u64(m.payload.size());
+    w.bytes(m.payload.data(), m.payload.size());
+  }
+  if (input.compare(0, again.size(), again) != 0) return failed("frames differ from the bytes");
+  if (s.code() == Code::kPeerLost) return again.size() == input.size() ? accepted() : rejected();
+  return s.code() == Code::kInternal ? rejected() : unexpected(s);
+}
+
+std::vector<std::string> frameSeeds(Rng& rng) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 16; ++i) {
+    std::string s;
+    common::ByteWriter w(&s);
+    for (uint64_t n = rng.below(4); n > 0; --n) {
+      const std::string payload = rng.bytes(rng.below(rng.chance(8) ? 4000 : 40));
+      w.u32(transport::kControlMagic);
+      w.u32(static_cast<uint32_t>(1 + rng.below(4)));
+      w.u64(payload.size());
+      s += payload;
+    }
+    seeds.push_back(s);
+  }
+  return seeds;
+}
+
+}  // namespace
+
+void addTransportTargets(std::vector<Target>* out) {
+  using transport::shm::kCollectiveOfferMagic;
+  using transport::shm::kPairOfferMagic;
+  out->push_back({"handshake_acceptor", "tcp::acceptorHandshake (hello, job id, proof)",
+                  helloSeeds, handshakeAcceptor});
+  out->push_back({"handshake_dialer", "tcp::dialerHandshake (challenge, welcome)",
+                  challengeSeeds, handshakeDialer});
+  out->push_back({"shm_pair_offer", "shm::readOffer + checkPairOffer via setupSharedMemory",
+                  [](Rng& rng) { return offerSeeds(rng, kPairOfferMagic, 1); }, pairOffer});
+  out->push_back({"shm_collective_offer", "shm::readOffer + host verdict via setupCollectiveSegment",
+                  [](Rng& rng) { return offerSeeds(rng, kCollectiveOfferMagic, 16); },
+                  collectiveOffer});
+  out->push_back({"probe_verdict", "shm::agreeOnVerdict, leader and follower", verdictSeeds,
+                  probeVerdict});
+  out->push_back({"control_frames", "transport::ControlChannel::receive", frameSeeds,
+                  controlFrames});
+}
+
+}  // namespace hvd::fuzz
