@@ -76,9 +76,14 @@ bool checkShape(common::ByteReader& in, const Response& r, size_t names, OpType 
     return in.fail("counts do not match names");
   }
   if (type == OpType::kAllgather && status == ResponseType::kOk && names > 0) {
-    int64_t dims = 0;
-    for (int64_t c : r.counts) dims += c;
-    if (r.counts.size() != names || static_cast<size_t>(dims) != r.row_shape.size() ||
+    // Each count is at most the row dims sent, so their sum cannot overflow (a peer's
+    // INT64_MAX counts once did: signed overflow, found by tests/fuzz).
+    size_t dims = 0;
+    for (int64_t c : r.counts) {
+      if (static_cast<uint64_t>(c) > r.row_shape.size()) return in.fail("row dims out of range");
+      dims += static_cast<size_t>(c);
+    }
+    if (r.counts.size() != names || dims != r.row_shape.size() ||
         r.first_dims.size() % names != 0) {
       return in.fail("allgather row shapes or first dims do not match names");
     }
