@@ -16,7 +16,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/, for native.build_testhooks
 
-from native.build_testhooks import CSRC, REPO, build_into, tree_digest  # noqa: E402
+from native.build_testhooks import CSRC, REPO, build_into, tree_digest
 
 OUT = os.path.join(REPO, "build", "fuzz")
 DRIVER = os.path.join(HERE, "driver")
