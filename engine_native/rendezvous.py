@@ -25,7 +25,8 @@ from typing import Callable, Optional
 from .rendezvous_client import RendezvousClient, RendezvousError
 from .rendezvous_wire import (ERROR, FRAME_CONTEXT, HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC,
                               MAX_KEYS_PER_WAIT, MISSING, NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT,
-                              check_timeout, mac, pack_key, recv_exact, unpack_key)
+                              check_timeout, mac, pack_key, pack_values, recv_exact,
+                              unpack_key)
 from .sealed_frames import FrameAuthError, SealedChannel
 
 __all__ = ["RendezvousServer", "RendezvousClient", "RendezvousError"]
@@ -274,7 +275,7 @@ class RendezvousServer:
                 missing = [k for k in keys if k not in self._store]
                 if not missing:
                     values = [self._store[k] for k in keys]
-                    return OK, b"".join(struct.pack("!I", len(v)) + v for v in values)
+                    return OK, pack_values(values)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._stopping:
                     return MISSING, struct.pack("!H", len(missing)) + b"".join(

@@ -17,7 +17,8 @@ from typing import Iterable, Optional
 
 from .rendezvous_wire import (FRAME_CONTEXT, HANDSHAKE_TIMEOUT, MAC_SIZE, MAGIC, MAGIC_FAMILY,
                               MAX_KEYS_PER_WAIT, MISSING, NONCE_SIZE, OK, OP_GET, OP_SET, OP_WAIT,
-                              check_timeout, mac, pack_key, recv_exact, unpack_key)
+                              check_timeout, mac, pack_key, recv_exact, unpack_missing,
+                              unpack_values)
 from .sealed_frames import FrameAuthError, SealedChannel
 
 __all__ = ["RendezvousClient", "RendezvousError"]
@@ -120,24 +121,20 @@ class RendezvousClient:
     # -- internals ---------------------------------------------------------------------------
     def _wait_reply(self, op: int, body: bytes, keys: list[str], timeout: float) -> list[bytes]:
         status, reply = self._request(op, body, timeout)
+        try:
+            if status == MISSING:
+                missing = unpack_missing(reply)
+            elif status == OK:
+                return unpack_values(reply, len(keys))
+        except ValueError as exc:  # UnicodeDecodeError too: a key that is not UTF-8
+            raise RendezvousError(f"rendezvous {self._addr[0]}:{self._addr[1]}: malformed "
+                                  f"reply ({exc})") from None
         if status == MISSING:
-            (count,) = struct.unpack_from("!H", reply, 0)
-            missing, pos = [], 2
-            for _ in range(count):
-                key, pos = unpack_key(reply, pos)
-                missing.append(key)
             shown = ", ".join(repr(k) for k in missing[:10])
             more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
             raise TimeoutError(f"rendezvous {self._addr[0]}:{self._addr[1]}: key(s) {shown}{more} "
                                f"not set within {timeout:g} s")
-        if status != OK:
-            raise RendezvousError(f"rendezvous request failed: {reply.decode(errors='replace')}")
-        values, pos = [], 0
-        for _ in keys:
-            (n,) = struct.unpack_from("!I", reply, pos)
-            values.append(reply[pos + 4:pos + 4 + n])
-            pos += 4 + n
-        return values
+        raise RendezvousError(f"rendezvous request failed: {reply.decode(errors='replace')}")
 
     def _request(self, op: int, body: bytes, store_wait: float) -> tuple[int, bytes]:
         """One request and its reply; ``store_wait``: how long the store may hold the reply."""

@@ -61,6 +61,42 @@ def unpack_key(body: bytes, pos: int) -> tuple[str, int]:
     return body[pos + 2:pos + 2 + n].decode("utf-8"), pos + 2 + n
 
 
+def pack_values(values: list) -> bytes:
+    """An OK reply's body: each value as ``length:u32 | bytes``."""
+    return b"".join(struct.pack("!I", len(v)) + v for v in values)
+
+
+def unpack_values(body: bytes, count: int) -> list:
+    """The ``count`` values of an OK reply; ValueError unless they fill the body exactly."""
+    values, pos = [], 0
+    for _ in range(count):
+        if pos + 4 > len(body):
+            raise ValueError("truncated value length")
+        (n,) = struct.unpack_from("!I", body, pos)
+        if pos + 4 + n > len(body):
+            raise ValueError("truncated value")
+        values.append(body[pos + 4:pos + 4 + n])
+        pos += 4 + n
+    if pos != len(body):
+        raise ValueError("trailing bytes")
+    return values
+
+
+def unpack_missing(body: bytes) -> list:
+    """A MISSING reply's keys: ``count:u16`` then each key (:func:`pack_key`); ValueError
+    unless they fill the body exactly."""
+    if len(body) < 2:
+        raise ValueError("truncated key count")
+    (count,) = struct.unpack_from("!H", body, 0)
+    keys, pos = [], 2
+    for _ in range(count):
+        key, pos = unpack_key(body, pos)
+        keys.append(key)
+    if pos != len(body):
+        raise ValueError("trailing bytes")
+    return keys
+
+
 def check_timeout(timeout: float) -> float:
     if not (timeout >= 0.0) or timeout > MAX_WAIT_SECONDS:  # also rejects NaN
         raise ValueError(f"timeout must be in [0, {MAX_WAIT_SECONDS:.0f}] seconds, got {timeout}")
