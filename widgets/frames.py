@@ -58,6 +58,8 @@ def unpack(frame, key, max_bytes, what, bad_signature_hint=""):
         return json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{what}: invalid JSON ({exc})") from None
+    except RecursionError:  # nesting deeper than the interpreter's limit (found by tests/fuzz)
+        raise ValueError(f"{what}: JSON nested too deep") from None
 
 
 def is_int(x):
