@@ -159,7 +159,12 @@ def validate(obj):
 
 
 def _is_num(x):
-    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer past float's range (found by tests/fuzz)
+        return False
 
 
 def _clean_device(dev):
@@ -186,7 +191,7 @@ def _clean_gpu(dev):
     util = dev.get("util")
     if isinstance(util, (int, float)) and not isinstance(util, bool) and 0 <= util <= 100:
         out["util"] = util
-    if dev.get("path") in GPU_PATHS:
+    if isinstance(dev.get("path"), str) and dev["path"] in GPU_PATHS:  # a list: unhashable
         out["path"] = dev["path"]
     return out
 
