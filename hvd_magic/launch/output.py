@@ -21,7 +21,8 @@ from typing import TextIO
 __all__ = ["TAG", "LineSplitter", "RankOutput", "parse_tagged"]
 
 STREAMS = ("stdout", "stderr")
-TAG = re.compile(r"^\[(\d+)\]<(stdout|stderr|exit)>:(.*)$", re.DOTALL)
+# ASCII digits, at most 9: int() of thousands of digits raises (found by tests/fuzz).
+TAG = re.compile(r"^\[([0-9]{1,9})\]<(stdout|stderr|exit)>:(.*)$", re.DOTALL)
 
 
 def parse_tagged(line: str):
