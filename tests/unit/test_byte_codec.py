@@ -1,8 +1,8 @@
 """common/byte_codec.h, the one byte codec under every wire format of the core (control frames,
 the mesh handshake, shm offers, negotiation lists), against Python's struct; and the
-negotiation decoders over it fed truncated and mutated lists, as a hostile or broken peer's
-bytes would arrive: each must decode or fail with an error, never read past its input."""
-import random
+negotiation decoders over it fed truncated lists, as a hostile or broken peer's
+bytes would arrive: each must decode or fail with an error, never read past its input.
+Random and mutated inputs for every decoder, under ASan + UBSan: tests/fuzz."""
 import struct
 
 import pytest
@@ -59,29 +59,3 @@ def test_every_prefix_of_a_negotiation_list_is_rejected(kind):
     for cut in range(len(encoded)):
         error = decode(encoded[:cut])
         assert error is not None and "malformed" in error, (cut, error)
-
-
-@pytest.mark.parametrize("kind", ["requests", "responses"])
-def test_mutated_negotiation_lists_decode_or_fail_cleanly(kind):
-    """A light fuzz (about 3000 mutants, well under a second): flipped, inserted and deleted
-    bytes and spliced garbage. Only a crash or a hang fails it; every result is a list or an
-    error."""
-    rng = random.Random(34)
-    encoded = (_hooks.sample_requests() if kind == "requests"
-               else _hooks.sample_responses(True))
-    decode = getattr(_hooks, "decode_" + kind)
-    for _ in range(3000):
-        data = bytearray(encoded)
-        for _ in range(rng.randint(1, 4)):
-            at = rng.randrange(len(data))
-            action = rng.randrange(4)
-            if action == 0:
-                data[at] = rng.randrange(256)
-            elif action == 1:
-                data[at:at] = bytes([rng.randrange(256)])
-            elif action == 2:
-                del data[at]
-            else:
-                data[at:at + 4] = struct.pack("<I", rng.choice([0, 1, 2**31, 2**32 - 1]))
-        error = decode(bytes(data))
-        assert error is None or "malformed" in error, error

@@ -118,7 +118,7 @@ void mutateOnce(std::string* s, const std::vector<std::string>& seeds, Rng& rng)
                                       0x7fffffffffffffffull, 0x8000000000000000ull,
                                       0xffffffffffffffffull, 64ull << 20, (64ull << 20) + 1};
   const size_t at = rng.below(s->size() + 1);
-  switch (rng.below(9)) {
+  switch (rng.below(10)) {
     case 0:  // bit flip
       if (!s->empty()) (*s)[at % s->size()] ^= static_cast<char>(1u << rng.below(8));
       break;
@@ -148,9 +148,16 @@ void mutateOnce(std::string* s, const std::vector<std::string>& seeds, Rng& rng)
     case 7:  // delete a range
       s->erase(at, 1 + rng.below(8));
       break;
-    default: {  // duplicate a chunk (a repeated entry or field)
+    case 8: {  // duplicate a chunk (a repeated entry or field)
       const size_t n = 1 + rng.below(16);
       s->insert(at, s->substr(rng.below(s->size() + 1), n));
+      break;
+    }
+    default: {  // a long run of one short chunk: many entries, long names
+      const std::string chunk = s->substr(rng.below(s->size() + 1), 1 + rng.below(4));
+      std::string run;
+      for (uint64_t k = 100 + rng.below(2000); k > 0; --k) run += chunk;
+      s->insert(at, run);
     }
   }
 }
@@ -219,8 +226,9 @@ Counts fuzzTarget(const Target& t, uint64_t inputs, uint64_t seed, const std::st
   return c;
 }
 
-// Not decoders: planted bugs that prove the build reports them (tests/fuzz's canary test).
-// A '!' input reads one byte past its heap copy, a '+' input overflows an int32.
+// Not decoders: planted bugs that prove the build and the watchdog report them (tests/fuzz's
+// canary tests). A '!' input reads one byte past its heap copy, a '+' input overflows an
+// int32, and either one never returns from canary_hang.
 void addCanaries(std::vector<Target>* out) {
   auto seeds = [](Rng&) { return std::vector<std::string>{"!", "+", "a"}; };
   out->push_back({"canary_asan", "reads past the end of a heap buffer", seeds,
@@ -237,6 +245,10 @@ void addCanaries(std::vector<Target>* out) {
                     const int32_t step = !in.empty() && in[0] == '+' ? 1 : 0;
                     volatile int32_t sum = big + step;
                     (void)sum;
+                    return rejected();
+                  }, false});
+  out->push_back({"canary_hang", "never returns", seeds, [](const std::string& in) {
+                    while (!in.empty() && in[0] != 'a') std::this_thread::sleep_for(std::chrono::hours(1));
                     return rejected();
                   }, false});
 }
@@ -306,6 +318,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%-22s | %9s | %9s | %9s | %7s | %7s\n", "decoder", "inputs", "accepted",
               "rejected", "crashes", "seconds");
+  std::fflush(stdout);  // a crash or hang ends the process without flushing
   uint64_t failures = 0;
   for (const Target* t : chosen) {
     const Counts c = fuzzTarget(*t, inputs, seed, seed_dir);
