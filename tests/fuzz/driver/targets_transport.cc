@@ -30,6 +30,8 @@ FedSocket::FedSocket() {
   }
   fd_ = pair[0];
   peer_ = pair[1];
+  const int bytes = 1 << 20;  // well above kMaxInputBytes, whatever the system's default
+  ::setsockopt(peer_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
 }
 
 FedSocket::~FedSocket() {
@@ -38,7 +40,7 @@ FedSocket::~FedSocket() {
 }
 
 void FedSocket::feed(const std::string& bytes) {
-  for (size_t done = 0; done < bytes.size();) {  // inputs fit the socket buffer: never waits
+  for (size_t done = 0; done < bytes.size();) {  // an input fits the socket buffer: no wait
     const ssize_t n = ::send(peer_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -140,7 +142,8 @@ std::string offerBytes(Rng& rng, uint32_t magic) {
   transport::shm::Offer offer;
   offer.ok = !rng.chance(4);
   if (offer.ok) {
-    offer.name = transport::shm::segmentName("job-7", magic == transport::shm::kPairOfferMagic ? 'r' : 'c', 0);
+    // segmentName's form, with the nonce from rng: the same seeds on every run.
+    offer.name = "/hvd-job-7-r0-" + std::to_string(rng.next());
     offer.count = static_cast<uint32_t>(1 + rng.below(4));
     offer.index = static_cast<uint32_t>(rng.below(offer.count));
     offer.depth = static_cast<uint32_t>(rng.below(8));
