@@ -59,3 +59,11 @@ def test_every_prefix_of_a_negotiation_list_is_rejected(kind):
     for cut in range(len(encoded)):
         error = decode(encoded[:cut])
         assert error is not None and "malformed" in error, (cut, error)
+
+
+def test_a_peers_fixed_text_field_is_read_within_the_field():
+    """common::fieldText, how the device path reads the error and bus-id fields peers send: up
+    to the first NUL, and never past the field when a peer left it unterminated."""
+    assert _hooks.field_text(b"GPU 0000:1b:00") == b"GPU 0000:1b:00"
+    assert _hooks.field_text(b"ok\0garbage") == b"ok"
+    assert _hooks.field_text(b"x" * 40) == b"x" * 16

@@ -14,11 +14,19 @@
 #pragma once
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
 namespace hvd::common {
+
+// A fixed-size text field another process filled: its bytes up to the first NUL, never past
+// the field (a peer's field need not be terminated).
+template <size_t N>
+std::string fieldText(const char (&field)[N]) {
+  return std::string(field, ::strnlen(field, N));
+}
 
 class Text {
  public:

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "algo/algorithms.h"
+#include "common/text.h"
 #include "transport/cuda/device_kernels.h"
 #include "transport/mesh.h"
 #include "transport/nccl/loader.h"
@@ -79,7 +80,8 @@ std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& re
       if (std::strncmp(records[a].bus_id, records[b].bus_id, sizeof(records[a].bus_id)) == 0 &&
           comm.mesh().sameHost(comm.globalRank(a), comm.globalRank(b))) {
         return "ranks " + std::to_string(comm.globalRank(a)) + " and " +
-               std::to_string(comm.globalRank(b)) + " share GPU " + records[a].bus_id +
+               std::to_string(comm.globalRank(b)) + " share GPU " +
+               common::fieldText(records[a].bus_id) +
                " on one host, which NCCL refuses (start one rank per GPU for NCCL)";
       }
     }
@@ -135,7 +137,7 @@ std::string ipcReason(transport::Comm& comm, const std::vector<MemberRecord>& re
     if (records[r].wanted == 1) return sharedGpu(comm, records);
     if (!ipc[r].capable) {
       return "rank " + std::to_string(comm.globalRank(r)) + " cannot use CUDA IPC: " +
-             ipc[r].why;
+             common::fieldText(ipc[r].why);
     }
   }
   return "";
@@ -190,7 +192,8 @@ Status createCommunicator(transport::Comm& comm, nccl::DeviceStream& stream, Pat
   for (int r = 0; r < comm.size(); ++r) {
     if (outcomes[r].ok) continue;
     failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
-                std::to_string(comm.globalRank(r)) + ": " + outcomes[r].error;
+                std::to_string(comm.globalRank(r)) + ": " +
+                common::fieldText(outcomes[r].error);
   }
   if (!failures.empty()) {
     communicator->abort();
@@ -233,7 +236,7 @@ Status connectIpc(transport::Comm& comm, nccl::DeviceStream& stream, size_t slot
   std::string local_error;
   for (int r = 0; r < comm.size() && local_error.empty(); ++r) {
     if (!all[r].ok) {
-      local_error = r == comm.rank() ? std::string(all[r].error)
+      local_error = r == comm.rank() ? common::fieldText(all[r].error)
                                      : "rank " + std::to_string(comm.globalRank(r)) +
                                            " exported nothing";
     }
@@ -250,7 +253,8 @@ Status connectIpc(transport::Comm& comm, nccl::DeviceStream& stream, size_t slot
   for (int r = 0; r < comm.size(); ++r) {
     if (outcomes[r].ok) continue;
     failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
-                std::to_string(comm.globalRank(r)) + ": " + outcomes[r].error;
+                std::to_string(comm.globalRank(r)) + ": " +
+                common::fieldText(outcomes[r].error);
   }
   if (!failures.empty()) {
     *why = "CUDA IPC could not connect the ranks sharing the GPU (" + failures + ")";
@@ -273,7 +277,7 @@ Status agree(transport::Comm& comm, const std::string& local_error, std::string*
   for (int r = 0; r < comm.size(); ++r) {
     if (all[r].ok) continue;
     *failures += (failures->empty() ? "" : "; ") + std::string("rank ") +
-                 std::to_string(comm.globalRank(r)) + ": " + all[r].error;
+                 std::to_string(comm.globalRank(r)) + ": " + common::fieldText(all[r].error);
   }
   return Status::ok();
 }

@@ -1,16 +1,18 @@
 // codec_write, codec_read, sample_requests, sample_responses, decode_requests,
-// decode_responses (testhooks/hooks.h): common/byte_codec.h on bytes the tests choose, checked
+// decode_responses, field_text (testhooks/hooks.h): common/byte_codec.h on bytes the tests choose, checked
 // against Python's struct, and the negotiation decoders (coord/message.h) fed truncated and
 // mutated lists, as a peer's bytes would arrive: every one must come back as an error or a
 // list, never a read past the end.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "common/byte_codec.h"
+#include "common/text.h"
 #include "coord/key_table.h"
 #include "coord/message.h"
 #include "testhooks/hooks.h"
@@ -200,6 +202,21 @@ PyObject* decodeResponses(PyObject*, PyObject* args) {
   return decodeResult(coord::decode(bytes, keys, &list));
 }
 
+// field_text(bytes) -> bytes: common::fieldText over a 16-byte field holding the first 16
+// bytes given (zero-padded), with 16 bytes of 'Z' right after it in one record, as a peer's
+// fixed-size text field arrives: a read past the field would return the Zs.
+PyObject* fieldText(PyObject*, PyObject* args) {
+  std::string bytes;
+  if (!bytesArg(args, &bytes)) return nullptr;
+  struct {
+    char field[16];
+    char after[16];
+  } record{};
+  std::memcpy(record.field, bytes.data(), std::min(bytes.size(), sizeof(record.field)));
+  std::memset(record.after, 'Z', sizeof(record.after));
+  return bytesOf(common::fieldText(record.field));
+}
+
 PyMethodDef g_methods[] = {
     {"codec_write", codecWrite, METH_VARARGS, "common::ByteWriter over struct-like fields"},
     {"codec_read", codecRead, METH_VARARGS, "common::ByteReader: (values, error or None)"},
@@ -207,6 +224,7 @@ PyMethodDef g_methods[] = {
     {"sample_responses", sampleResponses, METH_VARARGS, "an encoded two-entry ResponseList"},
     {"decode_requests", decodeRequests, METH_VARARGS, "coord::decode(RequestList): error"},
     {"decode_responses", decodeResponses, METH_VARARGS, "coord::decode(ResponseList): error"},
+    {"field_text", fieldText, METH_VARARGS, "common::fieldText of a 16-byte field"},
     {nullptr, nullptr, 0, nullptr},
 };
 
