@@ -7,7 +7,7 @@ measured there, ours and DDP-gloo in the same ranks:
 
 Each rank prints one line ``BENCH {json}``: its GPU path, the MPS pipe directory its CUDA
 uses ("" without MPS), the 4 B allreduce median, and the CNN step median for ours and for
-DDP with gloo (bench_gpu.py's rank bodies; the step is bench_gpu's CNN, batch 64).
+DDP with gloo (bench_gpu_ranks.py's rank bodies; the step is bench_gpu's CNN, batch 64).
 ``--timeline``: rank 0 writes the core's timeline of ours' step run there (not timed apart).
 Needs a CUDA GPU; prints, never asserts.
 """
@@ -18,7 +18,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_gpu  # after the path above
+import bench_gpu_ranks  # after the path above
 
 
 def main():
@@ -31,10 +31,10 @@ def main():
     rank, size = int(os.environ["HVD_RANK"]), int(os.environ["HVD_SIZE"])
     if args.timeline:
         os.environ["HVD_TIMELINE"] = args.timeline
-    ours = bench_gpu.rank_step("ours", rank, size, None, args.steps, 64)
+    ours = bench_gpu_ranks.rank_step("ours", rank, size, None, args.steps, 64)
     os.environ.pop("HVD_TIMELINE", None)
-    latency = bench_gpu.rank_latency("ours", rank, size, None, args.iters)
-    ddp = bench_gpu.rank_step("ddp", rank, size, args.ddp_port, args.steps, 64)
+    latency = bench_gpu_ranks.rank_latency("ours", rank, size, None, args.iters)
+    ddp = bench_gpu_ranks.rank_step("ddp", rank, size, args.ddp_port, args.steps, 64)
     print("BENCH " + json.dumps({
         "rank": rank, "path": latency["path"],  # what metrics() names mps_pipe_directory:
         "mps_pipe_directory": os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""),
