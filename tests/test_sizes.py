@@ -1,12 +1,13 @@
-"""File sizes stay within the hard limits of shared/STYLE.md: a C++ .cc or a Python module is
-never over 600 lines, a header never over 300 (the style targets are 400 and 200)."""
+"""File sizes stay within the limits of shared/STYLE.md: a Python file (module or test) is never
+over 400 lines, its target, which every one now meets; a C++ .cc never over 600, a header never
+over 300 (their hard limits; the targets are 400 and 200)."""
 import os
 import subprocess
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIMITS = {".py": 600, ".cc": 600, ".cpp": 600, ".h": 300, ".hpp": 300}
+LIMITS = {".py": 400, ".cc": 600, ".cpp": 600, ".h": 300, ".hpp": 300}
 
 
 def _sources():
