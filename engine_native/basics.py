@@ -33,6 +33,10 @@ _NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 _lock = threading.RLock()
 _world: Optional[bootstrap.World] = None
 _atexit_registered = False
+# What the API modules keep per world (the numpy API's unnamed-op counters): cleared at every
+# init() and shutdown(), so every rank of a new world starts from the same state, whatever the
+# last world (an aborted one, other process sets under the same ids) left behind.
+_per_world_resets: list = []
 
 
 class ProcessSet:
@@ -96,6 +100,8 @@ def init(comm=None, process_sets: Optional[Sequence[ProcessSet]] = None, *,
         if _core.is_initialized():
             return
         horovod_env.warn_unread_once()
+        for reset in _per_world_resets:
+            reset()
         _world = bootstrap.bootstrap(comm, rank, size, rendezvous, secret, job_id)
         global_process_set.ranks = list(range(_world.size))
         if not _atexit_registered:
@@ -114,6 +120,8 @@ def shutdown(reason: Optional[str] = None) -> None:
         _core.shutdown()
         _world = None
         _check_counter = 0  # a new world (maybe with fresh processes) counts checks from 0
+        for reset in _per_world_resets:
+            reset()
         for ps in _process_sets.values():
             ps._invalidate(reason)
         _process_sets.clear()

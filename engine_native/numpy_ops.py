@@ -19,10 +19,23 @@ import numpy as np
 
 from . import _core
 from ._dtypes import Average, Sum, numpy_code, numpy_dtype, supported_numpy_dtypes, _NUMPY_CODES
+from . import basics
 from .basics import ProcessSet, global_process_set
 
 _counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counter
 _join_epochs: dict[int, int] = {}  # process set id -> joins completed
+_barrier_counters: dict[int, itertools.count] = {}  # process set id -> barriers run
+
+
+def _reset_names() -> None:
+    """A new world counts unnamed ops, joins and barriers from 0 on every rank (cleared in
+    place: the C fast path calls _full_name, which reads these dicts)."""
+    _counters.clear()
+    _join_epochs.clear()
+    _barrier_counters.clear()
+
+
+basics._per_world_resets.append(_reset_names)
 
 
 def _enqueuer(waited: bool):
@@ -313,14 +326,14 @@ def reducescatter(array, op: int = Average, name: Optional[str] = None,
                                            postscale_factor, _waited=True))
 
 
-_barrier_counter = itertools.count()
-
-
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return when every rank of ``process_set`` has reached the barrier."""
-    name = f"barrier.{next(_barrier_counter)}"
-    handle = _enqueuer(True)(_core.BARRIER, name, 0, (), 0, 0, Sum, 1.0, 1.0, 0,
-                             _set_id(process_set, "barrier"))
+    set_id = _set_id(process_set, "barrier")
+    # Counted per set: a barrier of a set must not shift the names of the next global one on
+    # its members only (the others would wait for a name no member submits).
+    counter = _barrier_counters.setdefault(set_id, itertools.count())
+    name = f"barrier.{next(counter)}"
+    handle = _enqueuer(True)(_core.BARRIER, name, 0, (), 0, 0, Sum, 1.0, 1.0, 0, set_id)
     _core.keep(handle, (), None, lambda _: None)
     synchronize(handle)
 

@@ -79,3 +79,22 @@ def test_join_without_work(np_):
     res = run_ranks(join_then_barrier_suite, np_, timeout=60)
     values = {r.value for r in res}
     assert len(values) == 1 and values.pop() in range(np_)
+
+
+def set_barrier_then_global_suite():
+    """A barrier of a process set, then a global one: the set's barrier must not shift the
+    global barrier's name on its members only (the global barrier then never completes)."""
+    hvd = checks.init()
+    pair = hvd.add_process_set([0, 1])
+    if hvd.rank() in (0, 1):
+        hvd.barrier(process_set=pair)
+        hvd.barrier(process_set=pair)
+    hvd.barrier()
+    out = hvd.allreduce(np.ones(2), op=hvd.Sum, name="after-barriers")
+    hvd.shutdown()
+    return out.tolist()
+
+
+def test_a_set_barrier_leaves_the_global_barrier_alone():
+    res = run_ranks(set_barrier_then_global_suite, 3, timeout=60)
+    assert [r.value for r in res] == [[3.0, 3.0]] * 3

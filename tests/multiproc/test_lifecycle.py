@@ -104,6 +104,42 @@ def test_abort_then_reinit(np_, transport):
               **checks.world_kwargs(np_, transport, env={"HVD_TIMEOUT": "10"}))
 
 
+
+def unnamed_ops_after_reinit_suite():
+    """Unnamed ops are matched by a counter per process set: a new world must start it equal on
+    every rank, after an abort that left one rank's unnamed op unsubmitted elsewhere, and for a
+    set id the last world used with other members."""
+    hvd = checks.init()
+    n, me = hvd.size(), hvd.rank()
+    fails = Failures()
+    pair = hvd.add_process_set([0, 1])  # id 1 in this world: ranks 0 and 1
+    if me in (0, 1):
+        hvd.allreduce(np.ones(2), process_set=pair)
+    if me == 0:
+        hvd.allreduce_async(np.ones(2))  # only rank 0 counts it: the abort fails it
+        hvd.abort("unnamed ops after re-init")
+    try:
+        hvd.allreduce(np.ones(2), name="fails")
+        fails.items.append("op after abort: no error")
+    except hvd.HorovodInternalError:
+        pass
+    hvd.shutdown()
+    hvd.init()
+    out = hvd.allreduce(np.full(2, me), op=hvd.Sum)
+    fails.expect("global unnamed op", np.all(out == n * (n - 1) // 2), f"{out}")
+    tail = hvd.add_process_set([1, 2])  # id 1 again, other members
+    if me in (1, 2):
+        out = hvd.allreduce(np.full(2, me), op=hvd.Sum, process_set=tail)
+        fails.expect("set unnamed op", np.all(out == 3), f"{out}")
+    hvd.barrier()  # rank 0 coordinates the set's op: it shuts down only after it
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+def test_unnamed_ops_match_after_abort_and_reinit():
+    run_ranks(unnamed_ops_after_reinit_suite, 3, timeout=60, env={"HVD_TIMEOUT": "5"})
+
+
 def idle_cpu_suite(transport, seconds):
     hvd = checks.init(transport)
     hvd.allreduce(np.ones(1 << 16, np.float32), name="warm")  # threads and buffers are live
