@@ -48,10 +48,29 @@ def write_pid(pid_dir: str, role: str) -> None:
         fh.write(str(os.getpid()))
 
 
+def _pid_of(pid_dir: str, role: str) -> int:
+    with open(os.path.join(pid_dir, role)) as fh:
+        return int(fh.read())
+
+
 def kill_by_pid_file(pid_dir: str, role: str) -> None:
     """SIGKILL the rank that wrote its pid as ``role`` (a stopped rank cannot kill itself)."""
-    with open(os.path.join(pid_dir, role)) as fh:
-        os.kill(int(fh.read()), signal.SIGKILL)
+    os.kill(_pid_of(pid_dir, role), signal.SIGKILL)
+
+
+def resume_by_pid_file(pid_dir: str, role: str, timeout: float = 60.0) -> None:
+    """SIGCONT the rank that wrote its pid as ``role`` once it is stopped: it announces its
+    stop before it sends itself SIGSTOP, and a SIGCONT that came first would be lost."""
+    pid = _pid_of(pid_dir, role)
+    deadline = time.monotonic() + timeout
+    while _state(pid) not in ("T", "t") and time.monotonic() < deadline:
+        threading.Event().wait(0.005)  # a bounded poll of the process state, not a nap
+    os.kill(pid, signal.SIGCONT)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fh:  # "pid (comm) S ...": the state follows the comm
+        return fh.read().rsplit(")", 1)[1].split()[0]
 
 
 def hung_peer(hvd, victim: int, pid_dir: str, op, op_async) -> tuple:
