@@ -99,10 +99,10 @@ def _merge(results: list, records: dict, hvd_timeout: float) -> BatchResult:
             killed.add(r.rank)
         elif not (r.ok and r.returncode == 0):
             problems.append(f"slot {r.rank} failed outside a program:\n{r.describe()}")
-    if hangs:
-        listing = next((r.stdout[r.stdout.index("HANG"):] for r in results
-                        if r.returncode == rank_side.HANG_EXIT), "")
-        problems.append("HANG: " + "\n".join(line for _, line in hangs) + "\n" + listing[:6000])
+    if hangs:  # each hung rank's line, then the program's listing (after the first line)
+        text = next(r.stdout for r in results if r.returncode == rank_side.HANG_EXIT)
+        listing = text[text.index("HANG"):].split("\n", 1)[1]
+        problems.append("HANG:\n" + "\n".join(line for _, line in hangs) + "\n" + listing[:6000])
     outcomes = [_outcome(records[k], hvd_timeout, killed) for k in sorted(records)]
     for outcome in outcomes:
         if outcome.problems:
