@@ -63,6 +63,7 @@ def main() -> int:
           f"HVD_TIMEOUT {args.hvd_timeout:g} s, bound {args.hvd_timeout + batch.LATENCY_SLACK:g}"
           f" s\n")
     print(batch.table(outcomes, hangs))
+    print(batch.latency_by_kind(outcomes))
     return 1 if problems else 0
 
 

@@ -207,11 +207,11 @@ def describe(program: Program) -> str:
     """The replayable listing: seed, size and one line per step."""
     lines = [f"program seed={program.seed} np={program.size} failure={program.failure}"]
     for i, step in enumerate(program.steps):
-        lines.append(f"  {i:2d} {_step_text(step)}")
+        lines.append(f"  {i:2d} {step_text(step)}")
     return "\n".join(lines)
 
 
-def _step_text(step) -> str:
+def step_text(step) -> str:
     if isinstance(step, Collective):
         where = "global" if step.set_index is None else f"set@{step.set_index}{list(step.members)}"
         shapes = [s for s in step.shapes[0]] if len({*step.shapes}) == 1 else list(step.shapes)

@@ -104,6 +104,12 @@ def _merge(results: list, records: dict, hvd_timeout: float) -> BatchResult:
         listing = text[text.index("HANG"):].split("\n", 1)[1]
         problems.append("HANG:\n" + "\n".join(line for _, line in hangs) + "\n" + listing[:6000])
     outcomes = [_outcome(records[k], hvd_timeout, killed) for k in sorted(records)]
+    pids: dict = {}  # slot -> the processes its programs ran in: one, or a rank was replaced
+    for k in records:
+        for rec in records[k]:
+            pids.setdefault(rec["slot"], set()).add(rec["pid"])
+    problems += [f"slot {slot} ran its programs in processes {sorted(p)}, not one"
+                 for slot, p in pids.items() if len(p) > 1]
     for outcome in outcomes:
         if outcome.problems:
             listing = rp.describe(rp.generate(outcome.seed, outcome.np))
@@ -170,3 +176,12 @@ def table(outcomes: list, hangs: list) -> str:
                     f"| {hung} | {sum(o.wrong for o in mine)} | {latency} "
                     f"| {sum(o.seconds for o in mine):.0f} |")
     return "\n".join(rows)
+
+
+def latency_by_kind(outcomes: list) -> str:
+    """The slowest failure-to-exception latency of each failure kind."""
+    parts = []
+    for kind in rp.FAILURE_KINDS:
+        latencies = [o.latency for o in outcomes if o.failure == kind and o.latency is not None]
+        parts.append(f"{kind} {max(latencies):.2f}" if latencies else f"{kind} -")
+    return "max latency by kind (s): " + ", ".join(parts)

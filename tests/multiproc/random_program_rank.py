@@ -89,7 +89,7 @@ class ProgramRun:
         self.record = {"seed": program.seed, "np": program.size, "steps": len(program.steps),
                        "failure": self.failure.kind if self.failure else None,
                        "injected": False, "victim": self.victim, "error_step": None,
-                       "slot": slot, "world": list(world),
+                       "slot": slot, "world": list(world), "pid": os.getpid(),
                        "error": None, "latency": None, "wrong": [], "unexpected": None}
 
     # -- the program ---------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class ProgramRun:
     def _check(self, i, step, salt, result, absent=()) -> None:
         problem = expect.mismatch(self.hvd, step, salt, self.me, result, absent)
         if problem:
-            self.record["wrong"].append(f"step {i} {rp._step_text(step)}: {problem}")
+            self.record["wrong"].append(f"step {i} {rp.step_text(step)}: {problem}")
 
     def _wait_pending(self) -> None:
         """Wait every async op in an order of this rank's own (not the submission order)."""
@@ -321,7 +321,7 @@ class ProgramRun:
 
     def _hang(self) -> None:
         steps = self.program.steps
-        where = (f"step {self.step}: {rp._step_text(steps[self.step])}"
+        where = (f"step {self.step}: {rp.step_text(steps[self.step])}"
                  if isinstance(self.step, int) else self.step)
         text = (f"HANG seed={self.program.seed} np={self.program.size} rank={self.me} "
                 f"slot={self.slot} at {where}\n{rp.describe(self.program)}\n")
