@@ -236,8 +236,13 @@ class ParallelBuildExt(build_ext):
         objects = [o for _, o in pairs]
         # The object folder of the last link: a build with other flags (CI's -Werror, the test
         # switches) must relink even when its objects are older than the library.
-        stamp = os.path.join(ROOT, "build", f"cpp-{tag}-linked")
-        linked_from = open(stamp).read() if os.path.exists(stamp) else ""
+        # One stamp per library path: the in-place copy and build/lib's are linked apart.
+        where = hashlib.sha1(os.path.abspath(ext_path).encode()).hexdigest()[:8]
+        stamp = os.path.join(ROOT, "build", f"cpp-{tag}-linked-{where}")
+        linked_from = ""
+        if os.path.exists(stamp):
+            with open(stamp) as fh:
+                linked_from = fh.read()
         if not todo and linked_from == obj_dir and os.path.exists(ext_path) and all(
                 os.path.getmtime(o) <= os.path.getmtime(ext_path) for o in objects):
             return

@@ -117,14 +117,16 @@ def shutdown(reason: Optional[str] = None) -> None:
     afterwards."""
     global _world, _check_counter
     with _lock:
-        _core.shutdown()
-        _world = None
-        _check_counter = 0  # a new world (maybe with fresh processes) counts checks from 0
-        for reset in _per_world_resets:
-            reset()
-        for ps in _process_sets.values():
-            ps._invalidate(reason)
-        _process_sets.clear()
+        try:
+            _core.shutdown()
+        finally:  # the world is gone even when its shutdown failed
+            _world = None
+            _check_counter = 0  # a new world (maybe with fresh processes) counts checks from 0
+            for reset in _per_world_resets:
+                reset()
+            for ps in _process_sets.values():
+                ps._invalidate(reason)
+            _process_sets.clear()
 
 
 def abort(reason: str = "") -> None:

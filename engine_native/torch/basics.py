@@ -24,7 +24,6 @@ def init(comm=None, process_sets=None):
     """
     if rt.is_initialized():
         return  # Horovod: a repeated init() is a no-op
-    rt._reset_handles()
     if isinstance(process_sets, str):
         if process_sets != 'dynamic':
             raise ValueError('init(process_sets=%r): expected a list of ProcessSet or '
@@ -53,11 +52,9 @@ def _communicator(comm):
 
 
 def shutdown():
-    """Shut the core down; ``init()`` may be called again afterwards."""
-    try:
-        _basics.shutdown()
-    finally:
-        rt._reset_handles()
+    """Shut the core down; ``init()`` may be called again afterwards (the torch API's handles
+    and counters go with the world: runtime._reset_handles)."""
+    _basics.shutdown()
 
 
 def local_size():

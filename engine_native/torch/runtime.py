@@ -289,6 +289,9 @@ def _reset_handles():
     _join_epochs.clear()
 
 
+_basics._per_world_resets.append(_reset_handles)  # every init() and shutdown(), whichever API
+
+
 def _internal_error(exc):
     if isinstance(exc, HorovodInternalError):
         return exc

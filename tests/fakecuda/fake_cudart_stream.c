@@ -12,9 +12,11 @@
  * Non-blocking streams never wait implicitly.
  *
  * Note [Parked streams]: a stream is parked while its worker sleeps, waiting for work or, inside
- * an op, for something else to happen (a blocker's release, an event, a peer). Tests that check
- * that held work stays held wait for fakeCudaStreamParked() instead of sleeping a while: once
- * the stream is parked, work that could run has run, so the check is exact. */
+ * an op, for something else to happen (a blocker's release, an event, a peer). Queuing work
+ * unparks it at once. Tests that check that held work stays held wait for
+ * fakeCudaStreamParked() instead of sleeping a while: once the stream is parked, the work it
+ * could run has run. (A worker just woken by a release still reads as parked until it runs:
+ * so the checks are only that held work is still held, never that released work is done.) */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,11 +48,15 @@ struct fc_stream {
   int parked;                  /* Note [Parked streams]; atomic: ops park without fc_mu */
 };
 
+enum { kRunning = 0, kIdle = 1, kInOp = 2 };  /* values of fc_stream.parked */
+
 static __thread fc_stream* this_worker;  /* the stream whose worker this thread is */
 
-FC_API void fakeCudaWorkerParks(int parked) {
-  if (this_worker != NULL) __atomic_store_n(&this_worker->parked, parked, __ATOMIC_SEQ_CST);
+static void park(int state) {
+  if (this_worker != NULL) __atomic_store_n(&this_worker->parked, state, __ATOMIC_SEQ_CST);
 }
+
+FC_API void fakeCudaWorkerParks(int parked) { park(parked ? kInOp : kRunning); }
 
 static fc_stream* streams;
 static unsigned long next_stream_id = 1;
@@ -70,9 +76,9 @@ static void* workerMain(void* arg) {
   pthread_mutex_lock(&fc_mu);
   for (;;) {
     while (s->head == NULL && !s->stopping) {
-      fakeCudaWorkerParks(1);
+      park(kIdle);
       pthread_cond_wait(&s->work_cv, &fc_mu);
-      fakeCudaWorkerParks(0);
+      park(kRunning);
     }
     fc_op* op = s->head;
     if (op == NULL) break;  /* stopping, and everything queued has run */
@@ -175,6 +181,9 @@ static void pushLocked(fc_stream* s, fc_op* op) {
   }
   s->tail = op;
   s->enqueued++;
+  int idle = kIdle;  /* an idle worker has work again; one inside an op still waits there */
+  __atomic_compare_exchange_n(&s->parked, &idle, kRunning, 0, __ATOMIC_SEQ_CST,
+                              __ATOMIC_SEQ_CST);
   pthread_cond_signal(&s->work_cv);
 }
 
@@ -351,7 +360,7 @@ FC_API long fakeCudaStreamParked(void* stream) {
   pthread_mutex_lock(&fc_mu);
   fc_stream* s = resolveLocked(stream);
   const long parked = s == NULL ? -kCudaErrorInvalidResourceHandle
-                                : __atomic_load_n(&s->parked, __ATOMIC_SEQ_CST);
+                                : __atomic_load_n(&s->parked, __ATOMIC_SEQ_CST) != kRunning;
   pthread_mutex_unlock(&fc_mu);
   return parked;
 }

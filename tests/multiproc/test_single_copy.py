@@ -226,8 +226,8 @@ def test_a_non_dumpable_rank_turns_it_off_everywhere_with_eperm():
 
 
 def misaddressed_peer(victim):
-    """Rank 0's core is told by the bootstrap that rank `victim` runs in rank 0's own process:
-    the pid rank `victim` stores in the shared segment must not override it."""
+    """Rank 0's core is told by the bootstrap that rank `victim` runs in rank 0's own process;
+    rank `victim`'s real pid must not reach rank 0's reads by any other way."""
     import engine_native as hvd
     from engine_native import bootstrap
     real_init = bootstrap._core.init
@@ -247,9 +247,9 @@ def misaddressed_peer(victim):
 
 def test_peers_are_addressed_by_the_pid_the_bootstrap_announced():
     """Issue #35: process_vm_readv and pidfd_getfd address the pid fixed at bootstrap, never one
-    re-read from the segment (which any process mapping it could rewrite). Rank 0 believes rank
-    1 is itself, so both probes look into the wrong process and turn their path off everywhere;
-    had they taken the pid from the segment, both would have passed."""
+    read from the segment (which any process mapping it could rewrite). Rank 0 believes rank 1
+    is itself, so both probes look into the wrong process and turn their path off everywhere;
+    a core that took the pid from the segment (as before) passes both probes and fails this."""
     victim = 1
     res = run_ranks(misaddressed_peer, 2, args=(victim,), timeout=120, env=LOW)
     for r in res:

@@ -26,8 +26,8 @@
 // A write that cannot be made (a mapping refused) ends this rank's writes as a single-copy
 // read does: `failed` = g + 1, release, wait for every rank's release (the peers still writing
 // into this rank's output must find it there), return the error; a rank waiting in step 3 then
-// ends its op with an error naming that rank. An output a peer may still write into (a wait
-// for the peers that ended in an error) is retired: the pool never reuses it.
+// ends its op with an error naming that rank. An output a peer may still write into (the wait
+// for the posts or for the releases ended in an error) is retired: the pool never reuses it.
 // Prediction (2-core VM, float32, the pool's blocks reused, mappings cached): alltoall np=2
 // 16 MiB per rank 1.13 ms -> ~0.75 ms (1.5S -> S per rank, copy-bound); np=4 16 MiB 3.5 ->
 // ~2.2 ms (1.75S -> S); 1 MiB np=2 46 -> ~32 us; 4 B unchanged (below the threshold: the
@@ -175,6 +175,7 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
   SharedBlockRef ref;
   publish(sync, op, base, &ref);
   common::Status status = sync.waitAll(Stage::kPosted, g);
+  const bool all_posted = status.isOk();
   if (status.isOk() && someOutputPrivate(sync)) {  // every rank sees the same regions
     g_fallbacks.fetch_add(1, std::memory_order_relaxed);
     sync.publish({Stage::kReduced, Stage::kReleased}, g);
@@ -200,10 +201,12 @@ common::Status runSharedOutputs(CollectiveSync& sync, const SharedOutputOp& op,
   if (!status.isOk()) {  // no more writes from here: the others must not wait for them
     sync.segment().region(me)->failed.store(g, std::memory_order_relaxed);
     sync.publish({Stage::kReduced, Stage::kReleased}, g);  // release: `failed` first
-    // The peers may still be writing into this output: it stays, descriptor and all, until
-    // they are done, so their ops end naming this rank, not a block freed under them.
-    const common::Status drained = sync.waitAll(Stage::kReleased, g);
-    if (!drained.isOk() && ref.fd >= 0) transport::shm::retireSharedBlock(op.out);
+    // After a failed mapping the peers may still be writing into this output: it stays,
+    // descriptor and all, until they are done, so their ops end naming this rank, not a block
+    // freed under them. After a failed wait for the posts nobody writes (a peer writes once
+    // all posted), and a second wait would only time out again.
+    const bool drained = all_posted && sync.waitAll(Stage::kReleased, g).isOk();
+    if (!drained && ref.fd >= 0) transport::shm::retireSharedBlock(op.out);
     return common::Status(status.code(), "rank " + std::to_string(sync.globalRankOf(me)) +
                                              ", " + op.name + " into the peers' outputs: " +
                                              status.message());

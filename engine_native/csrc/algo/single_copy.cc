@@ -48,8 +48,6 @@
 // transfer; a machine with cheaper faults (bare metal, huge pages) may lower it.
 #include "algo/single_copy.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>

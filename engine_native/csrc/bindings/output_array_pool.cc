@@ -19,7 +19,7 @@
 //   - large arrays: every entry is looked at (there are at most 4; 512 MiB), so one loop's
 //     few large results of different shapes each find theirs, whatever the order.
 // When no entry fits, a new array is made; the oldest entries go once a pool is over its
-// bounds. The small pool made the 200 x 4 KiB set at np=2 faster, much of it in the core's
+// bounds, and an array larger than its pool's byte bound is never pooled. The small pool made the 200 x 4 KiB set at np=2 faster, much of it in the core's
 // thread, which now writes results into memory it wrote the step before; a free list of raw
 // blocks handed out the same way saved nothing (benchmarks/history/RESULTS-parts-1-10.md,
 // "Session 4, later": "Small outputs come from a pool").
@@ -59,14 +59,14 @@ class ArrayPool {
 
   PyObject* take(PyArray_Descr* descr, int ndim, const npy_intp* dims) {
     for (size_t i = 0; i < entries_.size();) {
-      const Entry entry = classify(entries_[i], descr, ndim, dims);
+      const Entry entry = classify(entries_[i].array, descr, ndim, dims);
       if (entry == Entry::kMatches) {
-        PyObject* out = entries_[i];
+        const Pooled out = entries_[i];
         entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
         entries_.push_back(out);
-        Py_INCREF(out);
+        Py_INCREF(out.array);
         ++reused_;
-        return out;
+        return out.array;
       }
       const bool droppable = entry == Entry::kUnusable ||
                              (entry == Entry::kOtherShape && !looks_past_front_);
@@ -84,12 +84,12 @@ class ArrayPool {
                                          nullptr);
     if (out == nullptr) return nullptr;
     ++made_;
+    const Py_ssize_t bytes = PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(out));
+    if (bytes > max_bytes_) return out;  // never pooled: it alone would pass the bound
     Py_INCREF(out);
-    entries_.push_back(out);
-    bytes_ += PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(out));
-    while (entries_.size() > max_arrays_ || (bytes_ > max_bytes_ && entries_.size() > 1)) {
-      drop(0);
-    }
+    entries_.push_back({out, bytes});
+    bytes_ += bytes;
+    while (entries_.size() > max_arrays_ || bytes_ > max_bytes_) drop(0);
     return out;
   }
 
@@ -97,17 +97,23 @@ class ArrayPool {
   unsigned long long made() const { return made_; }
 
  private:
+  // An entry and its bytes when pooled (a user may resize a result in place later).
+  struct Pooled {
+    PyObject* array;
+    Py_ssize_t bytes;
+  };
+
   void drop(size_t i) {
-    PyObject* entry = entries_[i];
+    const Pooled entry = entries_[i];
     entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(i));
-    bytes_ -= PyArray_NBYTES(reinterpret_cast<PyArrayObject*>(entry));
-    Py_DECREF(entry);  // after the erase: a deallocation cannot see a half-updated pool
+    bytes_ -= entry.bytes;
+    Py_DECREF(entry.array);  // after the erase: a deallocation cannot see a half-updated pool
   }
 
   const size_t max_arrays_;
   const Py_ssize_t max_bytes_;
   const bool looks_past_front_;
-  std::deque<PyObject*> entries_;  // oldest first; one reference each
+  std::deque<Pooled> entries_;  // oldest first; one reference each
   Py_ssize_t bytes_ = 0;
   unsigned long long reused_ = 0;  // arrays handed out again
   unsigned long long made_ = 0;    // new arrays
@@ -142,8 +148,8 @@ PyObject* pyOutputLike(PyObject*, PyObject* array) {
     return nullptr;
   }
   auto* arr = reinterpret_cast<PyArrayObject*>(array);
-  if (!PyArray_IS_C_CONTIGUOUS(arr)) {
-    return PyArray_NewLikeArray(arr, NPY_KEEPORDER, nullptr, 1);
+  if (!PyArray_CheckExact(array) || !PyArray_IS_C_CONTIGUOUS(arr)) {
+    return PyArray_NewLikeArray(arr, NPY_KEEPORDER, nullptr, 1);  // np.empty_like's result
   }
   return pooledOutputLike(arr);
 }

@@ -11,8 +11,8 @@ namespace hvd::bindings {
 // set. `array` must be C-contiguous.
 PyObject* pooledOutputLike(PyArrayObject* array);
 
-// output_like(array): pooledOutputLike() of a C-contiguous array; for any other
-// array a fresh np.empty_like. numpy_ops' checked paths call it.
+// output_like(array): pooledOutputLike() of a C-contiguous ndarray; for any other array
+// (a subclass, another layout) a fresh np.empty_like. numpy_ops' checked paths call it.
 PyObject* pyOutputLike(PyObject* self, PyObject* array);
 // output_pool_counts(): {"small_reused", "small_made", "large_reused", "large_made"}: arrays
 // each pool handed out again and made new in this process.

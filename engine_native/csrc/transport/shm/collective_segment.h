@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/check.h"
 #include "common/status.h"
 #include "transport/shm/segment.h"
 #include "transport/shm/shared_mapping.h"
@@ -74,7 +75,10 @@ class CollectiveSegment {
   // The process of local rank `local`, as the job's authenticated bootstrap announced it
   // (PeerInfo::pid): whom process_vm_readv and pidfd_getfd address. Fixed at setup.
   pid_t peerPid(int local) const { return peer_pids_[static_cast<size_t>(local)]; }
-  void setPeerPids(std::vector<pid_t> pids) { peer_pids_ = std::move(pids); }
+  void setPeerPids(std::vector<pid_t> pids) {
+    HVD_CHECK_EQ(pids.size(), static_cast<size_t>(local_size_));
+    peer_pids_ = std::move(pids);
+  }
 
   // Slot (chunk % depth) of local rank `local`: chunk_bytes writable by that rank.
   uint8_t* slot(int local, uint64_t chunk) const;
