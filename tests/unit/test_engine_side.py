@@ -37,8 +37,12 @@ class FakeCuda:
 
 
 @pytest.fixture
-def engine(monkeypatch):
-    """init_engine's surroundings: an engine namespace, and torch = the stand-in given."""
+def engine(isolated):
+    """init_engine's surroundings: an engine namespace, and torch = the stand-in given. The pin
+    init_engine writes into this process's environment is undone afterwards (``isolated``):
+    left there, the engines a later test starts (tests/cluster, in a serial run) inherit "no
+    GPUs"."""
+    monkeypatch = isolated
     shell = types.SimpleNamespace(user_ns={})
     monkeypatch.setattr(engine_side, "_shell", lambda: shell)
     monkeypatch.setattr(engine_side, "RANK", None)

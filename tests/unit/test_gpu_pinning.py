@@ -15,27 +15,6 @@ from gpu_fakes import fake_smi, trace_cuda
 from engine_native import gpu, gpu_devices
 from hvd_magic import engine_side, gpu_compat, gpu_pinning
 
-PIN_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", gpu_compat.PIN_ENV, "HVD_LOCAL_RANK",
-            "HVD_LOCAL_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-            "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALRANKID",
-            "MPI_LOCALNRANKS")
-
-
-@pytest.fixture
-def isolated(monkeypatch):
-    """Pinning this process (os.environ) is undone afterwards: the variables it sets, the
-    set_device mapping it installs, pin_gpu's once-only sharing warning."""
-    for name in PIN_VARS:
-        monkeypatch.setenv(name, "x")
-        monkeypatch.delenv(name)
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    cuda = sys.modules.get("torch.cuda")
-    if cuda is not None:
-        monkeypatch.setattr(cuda, "set_device", cuda.set_device)
-    monkeypatch.setattr(gpu_devices, "_sharing_warned", False)
-    monkeypatch.setattr(gpu_pinning, "_pinned", None)
-    return monkeypatch
-
 
 def test_pin_narrows_to_one_gpu_and_records_it_for_children(tmp_path):
     env = {"PATH": fake_smi(tmp_path, 4)}
