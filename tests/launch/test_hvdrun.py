@@ -98,10 +98,17 @@ def test_output_filename_and_timestamp(tmp_path, no_leaks):
                          res.stdout, re.M), res.stdout
 
 
+def _sigint_default():
+    # A shell without job control starts background commands with SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt: hvdrun gets Ctrl-C's default, as from a terminal.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_interrupt_stops_every_rank_and_their_children(no_leaks):
     proc = subprocess.Popen([sys.executable, "-m", "hvd_magic.launch.hvdrun", "-np", "2",
                              sys.executable, script("sleeper.py")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
     try:
         ready = 0
         deadline = time.monotonic() + 120
