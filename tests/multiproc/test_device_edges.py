@@ -151,13 +151,23 @@ def framework_thread_keeps_its_device():
     warm = np.ones(8, np.float32)  # the set's path and communicator are made first
     _core.wait(_core.enqueue(_core.ALLREDUCE, "warm", 7, warm.shape, warm, np.empty_like(warm),
                              hvd.Sum, 1.0, 1.0, 0, 0, None, 1, 0))
-    x = np.ones(8, np.float32)
-    out = np.empty_like(x)
-    _core.wait(_core.enqueue_for_wait(_core.ALLREDUCE, "on.gpu1", 7, x.shape, x, out, hvd.Sum,
-                                      1.0, 1.0, 0, 0, None, 1, 0))
-    current = ctypes.c_int(-1)
-    f.check(f.cuda.cudaGetDevice(ctypes.byref(current)))
-    return current.value, out.tolist(), hvd.metrics()["caller_driven_ops"]
+    # Until one op ran on this thread (the core's own thread may take an op first on a busy
+    # machine), each checked: results right, this thread's device still 0.
+    devices, outs, driven = [], [], 0
+    for attempt in range(20):
+        x = np.ones(8, np.float32)
+        out = np.empty_like(x)
+        before = hvd.metrics()["caller_driven_ops"]
+        _core.wait(_core.enqueue_for_wait(_core.ALLREDUCE, f"on.gpu1.{attempt}", 7, x.shape, x,
+                                          out, hvd.Sum, 1.0, 1.0, 0, 0, None, 1, 0))
+        current = ctypes.c_int(-1)
+        f.check(f.cuda.cudaGetDevice(ctypes.byref(current)))
+        devices.append(current.value)
+        outs.append(out.tolist())
+        driven = hvd.metrics()["caller_driven_ops"] - before
+        if driven:
+            break
+    return devices, outs, driven
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["nccl", "staged"])
@@ -166,7 +176,7 @@ def test_a_driving_caller_keeps_its_current_device(fake_cuda, shared):
     kwargs = device_ops.rank_envs(fake_cuda, 1, shared, {"FAKE_CUDA_DEVICE_COUNT": "2",
                                                           "HVD_CALLER_SPIN_US": "5000000"})
     kwargs["rank_env"][0]["FAKE_CUDA_BUS_IDS"] += ",0000:7f:00.0"
-    device, out, driven = run_ranks(framework_thread_keeps_its_device, 1, timeout=60,
-                                    **kwargs)[0].value
-    assert device == 0 and out == [1.0] * 8, (device, out)
-    assert driven >= 1, "the op did not run on the waiting thread: the test proves nothing"
+    devices, outs, driven = run_ranks(framework_thread_keeps_its_device, 1, timeout=60,
+                                      **kwargs)[0].value
+    assert set(devices) == {0} and all(o == [1.0] * 8 for o in outs), (devices, outs)
+    assert driven >= 1, f"none of {len(devices)} ops ran on the waiting thread: proves nothing"

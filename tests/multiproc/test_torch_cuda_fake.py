@@ -267,6 +267,9 @@ def join_on_device():
                   1e-6)
         before = fake._counters()
         last = hvd.join(device=device)
+        # The zeros' NCCL call counts once this rank's stream has run it, which may be after
+        # join() returned: drain every stream first (cudaDeviceSynchronize).
+        device_ops.fakes().check(device_ops.fakes().cuda.cudaDeviceSynchronize())
         after = fake._counters()
         joined_moved.append(after["nccl"] - before["nccl"])
         assert last == n - 1, f"join returned {last}"
