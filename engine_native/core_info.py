@@ -36,7 +36,10 @@ def metrics() -> dict:
     short spins, yield the core between tries because this host's ranks outnumber its cores
     (Note [Yielding spins]), ``caller_spin_skipped`` how many driven waits did not spin
     (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
-    because it kept running out: Note [Spin backoff]).
+    because it kept running out: Note [Spin backoff]), ``caller_passes`` how many loop passes
+    those waits ran while they polled. ``loop_wakeups`` counts the background loop's waits
+    that ended, and ``tick_pickups`` those of its passes that found work nothing had woken it
+    for, after a whole 200 ms idle tick (Note [Tick pickups]: a missing wake-up).
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,
     ``"tcp"``); ``control_transports`` how negotiation messages travel to it (``"shm"``
     between a worker and rank 0 on one host, ``"tcp"`` across hosts or with

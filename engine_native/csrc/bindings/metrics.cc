@@ -76,6 +76,9 @@ PyObject* buildMetrics() {
   setItem(dict, "spin_yields", PyBool_FromLong(s.spin_yields));
   setItem(dict, "caller_spin_skipped",
           PyLong_FromUnsignedLongLong(s.caller_spin_skipped));
+  setItem(dict, "caller_passes", PyLong_FromUnsignedLongLong(s.caller_passes));
+  setItem(dict, "loop_wakeups", PyLong_FromUnsignedLongLong(s.loop_wakeups));
+  setItem(dict, "tick_pickups", PyLong_FromUnsignedLongLong(s.tick_pickups));
   setItem(dict, "queue_depth", PyLong_FromUnsignedLongLong(s.queue_depth));
   setItem(dict, "last_error", PyUnicode_FromString(s.last_error.c_str()));
   PyObject* current = Py_None;

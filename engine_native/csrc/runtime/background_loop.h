@@ -99,7 +99,8 @@ class BackgroundLoop {
  private:
   // background_loop.cc
   void run();
-  int waitForWork(std::vector<int>* readable_controls);
+  // Sets *idle_tick when the wait ran out its whole idle tick (Note [Tick pickups]).
+  int waitForWork(std::vector<int>* readable_controls, bool* idle_tick);
   int timeoutMs() const;
   bool idle() const;
   bool controlBacklog() const;
@@ -107,9 +108,10 @@ class BackgroundLoop {
   void beginShutdown();
   void checkShutdownAgreement();
   // loop_pass.cc
-  void pass(bool mark_cycle);
-  void drainSubmissions();
-  void readControl();
+  // True when the pass took a submission or received a control message.
+  bool pass(bool mark_cycle);
+  bool drainSubmissions();
+  bool readControl();
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();

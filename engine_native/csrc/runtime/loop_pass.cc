@@ -37,7 +37,7 @@ Status statusFromAbort(const std::string& payload) {
 
 }  // namespace
 
-void BackgroundLoop::pass(bool mark_cycle) {
+bool BackgroundLoop::pass(bool mark_cycle) {
   if (queue_.abortRequested() && !failed_) {
     const std::string reason = queue_.abortReason();
     fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
@@ -52,8 +52,8 @@ void BackgroundLoop::pass(bool mark_cycle) {
     coordinator_->syncProcessSets();
     coordinator_->adoptTunedParams();
   }
-  drainSubmissions();
-  if (!failed_) readControl();
+  bool took_work = drainSubmissions();
+  if (!failed_ && readControl()) took_work = true;
   if (!failed_ && !shutdown_sent_) {
     int lost = mesh_.findLostPeer();
     if (lost >= 0 && !execution_.empty()) {
@@ -81,12 +81,13 @@ void BackgroundLoop::pass(bool mark_cycle) {
   }
   if (shutdown_sent_) checkShutdownAgreement();
   if (keys_.wantsSweep()) sweepKeys();
+  return took_work;
 }
 
-void BackgroundLoop::drainSubmissions() {
+bool BackgroundLoop::drainSubmissions() {
   queue_.take(&draining_);  // clears the pending flags (Note [Coalesced wakes])
   drained_recently_ = !draining_.empty();  // Note [Coalesced wakes]
-  if (draining_.empty()) return;
+  if (draining_.empty()) return false;
   timeline::Timeline* timeline = coordinator_ ? negotiationTimeline() : nullptr;
   timeline::ClockScope one_clock_read(timeline);  // these arrivals are processed together
   const auto now = Clock::now();
@@ -109,18 +110,21 @@ void BackgroundLoop::drainSubmissions() {
   }
   draining_.clear();
   metrics_.setQueueDepth(entries_.size());
+  return true;
 }
 
-void BackgroundLoop::readControl() {
+bool BackgroundLoop::readControl() {
+  bool received = false;
   for (int r = 0; r < mesh_.size() && !failed_ && !finished_; ++r) {
     transport::ControlChannel* channel = mesh_.control(r);
     if (channel == nullptr) continue;
     channel->flush();  // Note [Control over shm] C
     std::vector<transport::ControlMessage> messages;
     Status status = channel->receive(&messages);
+    received = received || !messages.empty();
     for (const auto& m : messages) {
       if (mesh_.rank() == 0) handleWorkerMessage(r, m); else handleCoordinatorMessage(m);
-      if (failed_ || finished_) return;
+      if (failed_ || finished_) return true;
     }
     if (status.isOk()) continue;
     if (shutdown_sent_) {
@@ -135,6 +139,7 @@ void BackgroundLoop::readControl() {
       fail(status, true);
     }
   }
+  return received;
 }
 
 void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& message) {

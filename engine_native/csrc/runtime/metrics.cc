@@ -79,6 +79,9 @@ MetricsSnapshot Metrics::snapshot() const {
   }
   s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
   s.caller_spin_skipped = spin_skipped_.load(std::memory_order_relaxed);
+  s.caller_passes = caller_passes_.load(std::memory_order_relaxed);
+  s.loop_wakeups = loop_wakeups_.load(std::memory_order_relaxed);
+  s.tick_pickups = tick_pickups_.load(std::memory_order_relaxed);
   s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
   s.spin_yields = spin_yields_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
@@ -114,6 +117,9 @@ void Metrics::reset() {
   handle_wait_ns_ = 0;
   driven_ = 0;
   spin_skipped_ = 0;
+  caller_passes_ = 0;
+  loop_wakeups_ = 0;
+  tick_pickups_ = 0;
   caller_spin_us_ = 0;
   spin_yields_ = false;
   queue_depth_ = 0;

@@ -39,6 +39,9 @@ struct MetricsSnapshot {
   int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where callers never drive)
   bool spin_yields = false;        // Note [Yielding spins]
   uint64_t caller_spin_skipped = 0;  // driven waits that did not spin (Note [Spin backoff])
+  uint64_t caller_passes = 0;      // loop passes run by driving callers (their spin's polls)
+  uint64_t loop_wakeups = 0;       // the loop thread's waits that ended, for any reason
+  uint64_t tick_pickups = 0;       // Note [Tick pickups] in background_loop.cc
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
@@ -91,6 +94,9 @@ class Metrics {
   }
   void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
   void countSpinSkipped() { spin_skipped_.fetch_add(1, std::memory_order_relaxed); }
+  void countCallerPasses(int n) { caller_passes_.fetch_add(n, std::memory_order_relaxed); }
+  void countLoopWakeup() { loop_wakeups_.fetch_add(1, std::memory_order_relaxed); }
+  void countTickPickup() { tick_pickups_.fetch_add(1, std::memory_order_relaxed); }
   void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
   void setSpinYields(bool on) { spin_yields_.store(on, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
@@ -117,6 +123,7 @@ class Metrics {
   std::atomic<uint64_t> queue_depth_{0};
   std::atomic<uint64_t> driven_{0};
   std::atomic<uint64_t> spin_skipped_{0};
+  std::atomic<uint64_t> caller_passes_{0}, loop_wakeups_{0}, tick_pickups_{0};
   std::atomic<int64_t> caller_spin_us_{0};
   std::atomic<bool> spin_yields_{false};
   std::atomic<int64_t> main_blocked_since_ns_{0};  // steady clock; 0: not blocked; not reset
