@@ -117,7 +117,7 @@ def late_peer_suite():
 def test_a_late_peer_costs_the_waiting_rank_no_cpu():
     res = run_ranks(late_peer_suite, 2, timeout=60)
     assert [r.value[0] for r in res] == [2.0, 2.0]
-    total, wall, counts = res[0].value
+    _, wall, counts = res[0].value
     if wall < LATE_S / 2:
         pytest.skip(f"rank 1 was not late here (rank 0 waited {wall:.3f} s)")
     # The default 200 us spin, then asleep: measured 4-5 loop wake-ups (the 200 ms tick, the
