@@ -50,6 +50,7 @@ _CUDA = {
     "cudaMemcpyAsync": [c_void_p, c_void_p, c_size_t, c_int, c_void_p],
     "cudaMemsetAsync": [c_void_p, c_int, c_size_t, c_void_p],
     "cudaLaunchHostFunc": [c_void_p, HOST_FN, c_void_p],
+    "cudaStreamIsCapturing": [c_void_p, POINTER(c_int)], "fakeCudaSetCapture": [c_void_p, c_int],
     "fakeCudaLaunchDelayedFill": [c_void_p, c_int, c_size_t, c_int, c_void_p],
     "cudaIpcGetMemHandle": [POINTER(IpcHandle), c_void_p],
     "cudaIpcOpenMemHandle": [POINTER(c_void_p), IpcHandle, c_uint],

@@ -22,6 +22,7 @@ enum {
   kCudaErrorMapBufferObjectFailed = 205,
   kCudaErrorInvalidResourceHandle = 400,
   kCudaErrorNotReady = 600,
+  kCudaErrorStreamCaptureImplicit = 906,
 };
 
 /* Every API whose calls fakeCudaCalls(name) counts. */
@@ -32,6 +33,7 @@ enum {
   X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags) X(cudaEventRecord) X(cudaEventQuery)     \
   X(cudaEventSynchronize) X(cudaEventDestroy) X(cudaMalloc) X(cudaFree) X(cudaMallocHost)    \
   X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaLaunchHostFunc)                \
+  X(cudaStreamIsCapturing)                                                                    \
   X(cudaIpcGetMemHandle) X(cudaIpcOpenMemHandle) X(cudaIpcCloseMemHandle)                     \
   X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle)
 

@@ -132,6 +132,8 @@ FC_API const char* cudaGetErrorString(int error) {
     case kCudaErrorDeviceUninitialized: return "invalid device context";
     case kCudaErrorMapBufferObjectFailed: return "mapping of buffer object failed";
     case kCudaErrorNotReady: return "device not ready";
+    case kCudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
     default: return "unrecognized error code";
   }
 }

@@ -46,6 +46,7 @@ struct fc_stream {
   int device;                  /* a user stream's device (its creator's current device) */
   int stopping;
   int parked;                  /* Note [Parked streams]; atomic: ops park without fc_mu */
+  int capture;                 /* Note [Fake capture] */
 };
 
 enum { kRunning = 0, kIdle = 1, kInOp = 2 };  /* values of fc_stream.parked */
@@ -261,6 +262,34 @@ FC_API int cudaStreamCreateWithFlags(void** stream, unsigned flags) {
   if (s == NULL) return kCudaErrorMemoryAllocation;
   *stream = s;
   return kCudaSuccess;
+}
+
+/* Note [Fake capture]: cudaStreamIsCapturing answers what fakeCudaSetCapture last set for the
+ * stream (0 none, 1 active, 2 invalidated); the legacy stream, while another stream captures,
+ * answers cudaErrorStreamCaptureImplicit, as CUDA's global capture mode does. Nothing is
+ * actually captured: ops still run. */
+FC_API int fakeCudaSetCapture(void* stream, int status) {
+  pthread_mutex_lock(&fc_mu);
+  fc_stream* s = resolveLocked(stream);
+  if (s != NULL) s->capture = status;
+  pthread_mutex_unlock(&fc_mu);
+  return s != NULL ? kCudaSuccess : kCudaErrorInvalidResourceHandle;
+}
+
+FC_API int cudaStreamIsCapturing(void* stream, int* status) {
+  fc_count(FC_CALL_cudaStreamIsCapturing);
+  if (status == NULL) return kCudaErrorInvalidValue;
+  pthread_mutex_lock(&fc_mu);
+  fc_stream* s = resolveLocked(stream);
+  int rc = s != NULL ? kCudaSuccess : kCudaErrorInvalidResourceHandle;
+  if (s != NULL) *status = s->capture;
+  if (s != NULL && s == legacy_stream) {
+    for (fc_stream* other = streams; other != NULL; other = other->next) {
+      if (other != s && other->capture != 0) rc = kCudaErrorStreamCaptureImplicit;
+    }
+  }
+  pthread_mutex_unlock(&fc_mu);
+  return rc;
 }
 
 FC_API int cudaStreamDestroy(void* stream) {

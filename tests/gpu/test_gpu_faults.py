@@ -66,3 +66,34 @@ def test_abort_with_cuda_ops_in_flight_then_reinit(np):
         assert v["error"] and "abort" in v["error"], v
         assert v["seconds"] < 20 and v["again"], v
     assert results[-1].value["in_flight"], "the op finished before abort: spin longer"
+
+
+def rank_collective_inside_graph_capture():
+    import torch
+
+    import engine_native.torch as hvd
+    hvd.init()
+    torch.cuda.set_device(0)
+    x = torch.ones(8, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    refused = None
+    with torch.cuda.graph(graph):
+        y = x * 2
+        try:
+            hvd.allreduce(y, name="captured")
+        except ValueError as exc:  # refused at enqueue: nothing was queued into the graph
+            refused = str(exc)
+    graph.replay()
+    after = hvd.allreduce(y, op=hvd.Sum, name="after")
+    torch.cuda.synchronize()
+    return refused, bool((after == 2 * hvd.size()).all())
+
+
+def test_a_collective_inside_cuda_graph_capture_is_refused():
+    """Note [Graph capture] on a real GPU: torch.cuda.graph's capture stream is detected."""
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    [r] = run_ranks(rank_collective_inside_graph_capture, 1, timeout=120,
+                    env={"CUDA_VISIBLE_DEVICES": first})
+    refused, after_ok = r.value
+    assert refused and "capturing a CUDA graph" in refused, refused
+    assert after_ok

@@ -217,6 +217,9 @@ Status Runtime::submitLocked(TensorEntry* entries, const std::string_view* names
   for (size_t i = 0; i < count; ++i) {
     HVD_RETURN_IF_ERROR(checkDevice(&entries[i].request, names[i]));
   }
+  for (size_t i = 0; i < count; ++i) {
+    HVD_RETURN_IF_ERROR(checkNotCapturing(entries[i], names[i]));
+  }
   for (size_t i = 0; i < count; ++i) {  // Note [Stream ordering] in nccl/device_stream.h
     HVD_RETURN_IF_ERROR(recordReady(&entries[i]));
   }

@@ -103,6 +103,7 @@ class Runtime {
 
  private:
   common::Status validate(coord::Request* request, std::string_view name) const;
+  common::Status checkNotCapturing(const TensorEntry& entry, std::string_view name) const;
   common::Status recordReady(TensorEntry* entry) const;
   common::Status checkDevice(coord::Request* request, std::string_view name);
   // Validates and submits; entries' handles are created by BackgroundLoop::submit.

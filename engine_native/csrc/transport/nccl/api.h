@@ -99,6 +99,9 @@ struct NcclApi {
 // cudaError_t
 constexpr int kCudaSuccess = 0;
 constexpr int kCudaErrorNotReady = 600;
+constexpr int kCudaErrorStreamCaptureImplicit = 906;  // the legacy stream during a global capture
+// cudaStreamCaptureStatus
+constexpr int kCudaStreamCaptureStatusNone = 0;
 // cudaMemcpyKind
 constexpr int kCudaMemcpyDefault = 4;        // direction inferred (unified addressing)
 // flags
@@ -125,6 +128,7 @@ using CudaMemcpyAsyncFn = int (*)(void* dst, const void* src, size_t bytes, int 
 using CudaMemsetAsyncFn = int (*)(void* dst, int value, size_t bytes, CudaStream stream);
 using CudaHostFn = void (*)(void* user_data);  // runs on a driver thread: no CUDA calls in it
 using CudaLaunchHostFuncFn = int (*)(CudaStream stream, CudaHostFn fn, void* user_data);
+using CudaStreamIsCapturingFn = int (*)(CudaStream stream, int* capture_status);
 // CUDA IPC (ranks sharing one GPU): cudaIpcMemHandle_t and cudaIpcEventHandle_t are both 64
 // opaque bytes passed by value (CUDA_IPC_HANDLE_SIZE).
 constexpr unsigned kCudaEventInterprocess = 0x4;          // needs kCudaEventDisableTiming too
@@ -163,6 +167,7 @@ struct CudaApi {
   CudaMemcpyAsyncFn memcpyAsync = nullptr;
   CudaMemsetAsyncFn memsetAsync = nullptr;
   CudaLaunchHostFuncFn launchHostFunc = nullptr;
+  CudaStreamIsCapturingFn streamIsCapturing = nullptr;
   // Optional (a partial runtime may lack them): without all five, ranks sharing a GPU stage.
   CudaIpcGetMemHandleFn ipcGetMemHandle = nullptr;
   CudaIpcOpenMemHandleFn ipcOpenMemHandle = nullptr;

@@ -53,6 +53,7 @@ void bindCuda(SymbolBinder& b, CudaApi* api) {
   b.bind("cudaMemcpyAsync", &api->memcpyAsync);
   b.bind("cudaMemsetAsync", &api->memsetAsync);
   b.bind("cudaLaunchHostFunc", &api->launchHostFunc);
+  b.bind("cudaStreamIsCapturing", &api->streamIsCapturing);
   b.bindOptional("cudaIpcGetMemHandle", &api->ipcGetMemHandle);
   b.bindOptional("cudaIpcOpenMemHandle", &api->ipcOpenMemHandle);
   b.bindOptional("cudaIpcCloseMemHandle", &api->ipcCloseMemHandle);
