@@ -35,6 +35,8 @@ CORE_SOURCES = [
     "common/byte_codec.cc",
     "transport/mesh.cc",
     "transport/control.cc",
+    "transport/peer_frame.cc",
+    "transport/peer_channel.cc",
     "transport/shm/control_link.cc",
     "transport/comm.cc",
     "transport/tcp/socket.cc",
@@ -127,6 +129,7 @@ CORE_SOURCES = [
     "runtime/executor.cc",
     "runtime/submission_queue.cc",
     "runtime/worker_requests.cc",
+    "runtime/peer_ops.cc",
     "runtime/execution_queue.cc",
     "runtime/stall_inspector.cc",
     "runtime/loop_pass.cc",
@@ -146,6 +149,7 @@ CORE_SOURCES = [
     "bindings/output_array_pool.cc",
     "bindings/torch_api.cc",
     "bindings/torch_group.cc",
+    "bindings/peer_api.cc",
     "bindings/module.cc",
 ]
 

@@ -20,6 +20,7 @@ from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, 
                         broadcast_async_, grouped_allgather, grouped_allgather_async,
                         grouped_allreduce, grouped_allreduce_async, join, poll, reducescatter,
                         reducescatter_async, synchronize)
+from .p2p import P2PRequest, irecv, isend, recv, send
 from .progress import report
 
 __all__ = [
@@ -33,5 +34,5 @@ __all__ = [
     "broadcast_async", "broadcast_", "broadcast_async_", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
     "start_timeline", "stop_timeline", "timeline_events", "autotune_state", "set_autotune",
-    "report",
+    "report", "send", "recv", "isend", "irecv", "P2PRequest",
 ]

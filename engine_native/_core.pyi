@@ -84,7 +84,17 @@ def wait(handle: int) -> Any:
     raises KeyboardInterrupt here (the op stays pending; the caller usually calls abort()).
     Returns None (allreduce, broadcast, barrier), ``(Buffer, shape)`` (allgather,
     reducescatter), ``(Buffer, shape, received_splits)`` (alltoall), or the last joined global
-    rank (join). Raises the op's error. The handle is released after a completed wait."""
+    rank (join), ``(Buffer, shape, dtype code)`` (p2p_recv). Raises the op's error. The handle
+    is released after a completed wait."""
+
+def p2p_send(peer: int, tag: int, dtype: int, shape: Sequence[int], data: Any) -> int:
+    """Queue a point-to-point message to global rank ``peer`` (bindings/peer_api.cc); ``data``
+    is an address or a C-contiguous buffer that must stay valid until the handle completes.
+    Returns a handle; ``wait`` returns None once the message is written."""
+
+def p2p_recv(peer: int, tag: int) -> int:
+    """Receive the next message with ``tag`` from global rank ``peer``; returns a handle whose
+    ``wait`` returns ``(Buffer, shape, dtype code)``."""
 
 # ---- the numpy API's per-tensor path (bindings/numpy_api.cc) --------------------------------
 

@@ -46,6 +46,8 @@ CORE = [
     "transport/shm/host_agreement.cc",
     "transport/shm/control_link.cc",
     "transport/control.cc",
+    "transport/peer_frame.cc",
+    "transport/peer_channel.cc",
 ]
 
 

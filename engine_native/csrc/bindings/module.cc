@@ -14,6 +14,7 @@
 #include "bindings/enqueue_args.h"
 #include "bindings/nccl.h"
 #include "bindings/numpy_api.h"
+#include "bindings/peer_api.h"
 #include "bindings/torch_api.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
@@ -186,6 +187,9 @@ PyObject* resultToPython(const hvd::runtime::OpResult& result) {
   if (!result.buffer) Py_RETURN_NONE;
   PyObject* buffer = hvd::bindings::wrapBuffer(result.buffer);
   if (buffer == nullptr) return nullptr;
+  if (result.dtype >= 0) {  // a point-to-point receive
+    return Py_BuildValue("(NNi)", buffer, int64Tuple(result.shape), result.dtype);
+  }
   if (!result.received_splits.empty()) {
     return Py_BuildValue("(NNN)", buffer, int64Tuple(result.shape),
                          int64Tuple(result.received_splits));
@@ -392,5 +396,6 @@ PyMODINIT_FUNC PyInit__core() {
   if (hvd::bindings::addNumpyBindings(module) < 0) return nullptr;
   if (hvd::bindings::addTorchBindings(module) < 0) return nullptr;
   if (hvd::bindings::addTorchGroupBindings(module) < 0) return nullptr;
+  if (hvd::bindings::addPeerBindings(module) < 0) return nullptr;
   return module;
 }

@@ -43,6 +43,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline),
       queue_(handles, keys_),
+      peer_ops_(mesh, handles, queue_, config.timeout_seconds),
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_) {
@@ -108,7 +109,8 @@ void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
 bool BackgroundLoop::idle() const {
   return entries_.empty() && execution_.empty() && (!requests_ || requests_->empty()) &&
          (!coordinator_ || coordinator_->idle()) && !executor_.deviceBusy() &&
-         !queue_.shutdownRequested() && !queue_.abortRequested() && !controlBacklog();
+         !queue_.shutdownRequested() && !queue_.abortRequested() && !controlBacklog() &&
+         peer_ops_.idle();
 }
 
 // Frames a control ring had no room for yet (Note [Control over shm] C): the loop must watch
@@ -212,6 +214,14 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls, bool* idle_
         // which the reader answers with a wake byte now that the sleep is announced.
         if (channel->hasBacklog() && channel->flush()) control_waiting = true;
       }
+    }
+    // Point-to-point connections are watched even in standby: a peer's large send must not
+    // wait for this rank's next op to be read (Note [Point-to-point]).
+    if (!failed_) {
+      std::vector<int> peer_fds;
+      std::vector<short> peer_events;
+      peer_ops_.pollSet(&peer_fds, &peer_events);
+      for (size_t k = 0; k < peer_fds.size(); ++k) fds.push_back({peer_fds[k], peer_events[k], 0});
     }
     timeout_us = int64_t{timeoutMs()} * 1000;
     const double cycle_time_ms = cycleTimeMs();

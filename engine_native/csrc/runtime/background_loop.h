@@ -48,6 +48,7 @@
 #include "runtime/executor.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
+#include "runtime/peer_ops.h"
 #include "runtime/process_sets.h"
 #include "runtime/rank_zero_coordinator.h"
 #include "runtime/stall_inspector.h"
@@ -81,6 +82,8 @@ class BackgroundLoop {
     return queue_.submit(entries, names, count, /*caller_waits=*/!wake,
                          /*wake=*/wake || !drive_.drivable());
   }
+  // Point-to-point sends and receives (peer_ops.h); framework threads.
+  PeerOps& peerOps() { return peer_ops_; }
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
@@ -112,6 +115,7 @@ class BackgroundLoop {
   bool pass(bool mark_cycle);
   bool drainSubmissions();
   bool readControl();
+  void progressPeerOps(bool* took_work);
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
@@ -145,6 +149,7 @@ class BackgroundLoop {
   // Any thread (its own lock and atomics); before executor_, whose device completions write
   // its wakeFd().
   SubmissionQueue queue_;
+  PeerOps peer_ops_;  // framework threads submit (its own lock); passes run the rest
   uint32_t names_epoch_ = 0;  // handles_ holds keys_'s names under this attach
   Executor executor_;
   std::thread thread_;

@@ -54,6 +54,7 @@ struct OpResult {
   std::vector<int64_t> shape;
   std::vector<int64_t> received_splits;   // alltoall
   int32_t last_joined_rank = -1;          // join
+  int32_t dtype = -1;                     // a point-to-point receive: the message's dtype code
 };
 
 class HandleTable {

@@ -69,6 +69,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
            true);
     }
   }
+  if (!failed_ && !shutdown_sent_) progressPeerOps(&took_work);
   if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
@@ -82,6 +83,17 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   if (shutdown_sent_) checkShutdownAgreement();
   if (keys_.wantsSweep()) sweepKeys();
   return took_work;
+}
+
+// Note [Point-to-point] D in peer_ops.cc: a connection lost or malformed fails the rank; a lost
+// peer is reported with its original cause where one comes (Note [Failure fan-out]).
+void BackgroundLoop::progressPeerOps(bool* took_work) {
+  bool moved = false;
+  const Status s = peer_ops_.progress(&moved);
+  if (moved) *took_work = true;
+  if (s.isOk()) return;
+  if (s.code() == common::Code::kPeerLost) awaitCause();
+  if (!failed_) fail(s, /*tell_peers=*/true);
 }
 
 bool BackgroundLoop::drainSubmissions() {
@@ -286,6 +298,7 @@ void BackgroundLoop::awaitCause() {
 void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
   executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
   queue_.failAll(status, store_failure);
+  peer_ops_.failAll(status);
   entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
   entries_.clear();
   keys_.releaseAll();

@@ -266,6 +266,19 @@ bool Runtime::drive(int64_t handle) {
   return loop && loop->drive(handle);
 }
 
+Status Runtime::send(int peer, int64_t tag, common::DataType dtype, std::vector<int64_t> shape,
+                     const void* data, int64_t* handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
+  return loop_->peerOps().submitSend(peer, tag, dtype, std::move(shape), data, handle);
+}
+
+Status Runtime::recv(int peer, int64_t tag, int64_t* handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
+  return loop_->peerOps().submitRecv(peer, tag, handle);
+}
+
 Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) return common::invalidArgument(kNotInitialized);

@@ -3,11 +3,12 @@
 // and then holds the pairs and control channels for the background thread.
 //
 // Note [Mesh connect order]
-//   A. Rank r dials every lower rank i < r (data), then, if r > 0, rank 0 again (control).
+//   A. Rank r dials every lower rank i < r (data), then, if r > 0, rank 0 again (control),
+//      then every lower rank again (peer: point-to-point messages, transport/peer_channel.h).
 //      Connection refused (i is not listening yet) is retried until the deadline; so is a
 //      connection the acceptor closed during the handshake.
-//   B. Rank r then accepts until it holds a data connection from every higher rank and, on
-//      rank 0, a control connection from every worker. Any other connection (garbage, wrong
+//   B. Rank r then accepts until it holds a data and a peer connection from every higher rank
+//      and, on rank 0, a control connection from every worker. Any other connection (garbage, wrong
 //      secret, wrong job, wrong or duplicate rank, stalled > 2 s) is dropped with a log line
 //      and accepting goes on; handshakes run side by side (Note [Concurrent accept]).
 //   C. Deadlock-free: rank 0 only accepts; by induction every rank i < r reaches step B after
@@ -50,6 +51,8 @@ struct Mesh::Impl {
   common::Config config;
   std::vector<int> data_fds;     // by global rank; -1 for self or not connected
   std::vector<int> control_fds;  // by global rank, until handed to a ControlChannel
+  std::vector<int> peer_fds;     // by global rank, until handed to a PeerChannel
+  std::vector<std::unique_ptr<PeerChannel>> peer_channels;
   std::vector<std::unique_ptr<Pair>> pairs;
   std::vector<std::unique_ptr<ControlChannel>> controls;
   shm::SetupResult shm;
@@ -155,6 +158,12 @@ ControlChannel* Mesh::control(int global_rank) const {
   return impl_->controls[global_rank].get();
 }
 
+PeerChannel* Mesh::peerChannel(int global_rank) const {
+  const auto& channels = impl_->peer_channels;
+  if (global_rank < 0 || global_rank >= static_cast<int>(channels.size())) return nullptr;
+  return channels[global_rank].get();
+}
+
 Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::string& secret,
                      const std::string& job_id, const common::Config& config) {
   const int world = static_cast<int>(peers.size());
@@ -178,6 +187,7 @@ Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::st
   m.config = config;
   m.data_fds.assign(world, -1);
   m.control_fds.assign(world, -1);
+  m.peer_fds.assign(world, -1);
   const auto start = tcp::Clock::now();
   const tcp::Deadline deadline = tcp::deadlineAfter(config.timeout_seconds);
   Status s = m.dialLowerRanks(*this, deadline);
@@ -198,19 +208,25 @@ Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::st
 Status Mesh::Impl::dialLowerRanks(Mesh& mesh, tcp::Deadline deadline) {
   Impl& m = *this;
   const int self = mesh.rank_;
-  for (int i = 0; i <= self; ++i) {
-    const bool control = i == self;  // the last step: control channel to rank 0
-    const int peer = control ? 0 : i;
-    if (control && self == 0) break;
-    int* slot = control ? &m.control_fds[0] : &m.data_fds[i];
-    Status s = dialPeer(mesh.peers_[peer], peer,
-                        control ? ChannelKind::kControl : ChannelKind::kData, m.identity,
-                        deadline, mesh.aborted_, slot, &m.last_error);
+  // data to every lower rank, control to rank 0, peer to every lower rank
+  std::vector<std::pair<int, ChannelKind>> dials;
+  for (int i = 0; i < self; ++i) dials.emplace_back(i, ChannelKind::kData);
+  if (self > 0) dials.emplace_back(0, ChannelKind::kControl);
+  for (int i = 0; i < self; ++i) dials.emplace_back(i, ChannelKind::kPeer);
+  for (const auto& [peer, kind] : dials) {
+    int* slot = kind == ChannelKind::kControl ? &m.control_fds[0]
+                : kind == ChannelKind::kPeer  ? &m.peer_fds[peer]
+                                              : &m.data_fds[peer];
+    Status s = dialPeer(mesh.peers_[peer], peer, kind, m.identity, deadline, mesh.aborted_, slot,
+                        &m.last_error);
     if (s.code() == common::Code::kTimeout) {
       std::vector<int> missing;
       for (int j = 0; j < mesh.size(); ++j) {
         const bool control_missing = j == 0 && self > 0 && m.control_fds[0] < 0;
-        if (j != self && (m.data_fds[j] < 0 || control_missing)) missing.push_back(j);
+        const bool peer_missing = j < self && m.peer_fds[j] < 0;
+        if (j != self && (m.data_fds[j] < 0 || control_missing || peer_missing)) {
+          missing.push_back(j);
+        }
       }
       return connectTimeout(self, m.config.timeout_seconds, missing, m.last_error);
     }
@@ -223,10 +239,10 @@ Status Mesh::Impl::acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline) {
   Impl& m = *this;
   const int self = mesh.rank_;
   const int world = mesh.size();
-  int remaining = world - 1 - self + (self == 0 ? world - 1 : 0);
+  int remaining = 2 * (world - 1 - self) + (self == 0 ? world - 1 : 0);
   // Whether such a connection may come at all: read-only, so the handshake threads may ask.
   tcp::AdmitFunction expected = [self](int peer, ChannelKind kind) -> std::string {
-    const bool control = kind == ChannelKind::kControl;
+    const bool control = kind == ChannelKind::kControl;  // else data or peer: higher ranks
     if (control ? (self != 0 || peer == 0) : peer <= self) {
       return "rank " + std::to_string(peer) + " should not open a " +
              tcp::channelKindName(kind) + " connection to rank " + std::to_string(self);
@@ -241,7 +257,8 @@ Status Mesh::Impl::acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline) {
     if (wait_ms == 0) {
       std::vector<int> missing;
       for (int j = 1; j < world; ++j) {
-        if (j > self ? m.data_fds[j] < 0 : (self == 0 && m.control_fds[j] < 0)) {
+        if (j > self ? m.data_fds[j] < 0 || m.peer_fds[j] < 0
+                     : (self == 0 && m.control_fds[j] < 0)) {
           missing.push_back(j);
         }
       }
@@ -253,7 +270,9 @@ Status Mesh::Impl::acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline) {
       int* slot = nullptr;
       std::string reason = o.status.message();
       if (o.status.isOk()) {
-        slot = &(o.kind == ChannelKind::kControl ? m.control_fds : m.data_fds)[o.rank];
+        slot = &(o.kind == ChannelKind::kControl ? m.control_fds
+                 : o.kind == ChannelKind::kPeer  ? m.peer_fds
+                                                 : m.data_fds)[o.rank];
         if (*slot >= 0) {
           reason = "duplicate " + std::string(tcp::channelKindName(o.kind)) +
                    " connection from rank " + std::to_string(o.rank);
@@ -299,10 +318,16 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
   m.pairs.resize(world);
   m.controls.clear();
   m.controls.resize(world);
+  m.peer_channels.clear();
+  m.peer_channels.resize(world);
   for (int j = 0; j < world; ++j) {
     if (m.control_fds[j] >= 0) {
       m.controls[j].reset(new ControlChannel(m.control_fds[j], j));
       m.control_fds[j] = -1;  // owned by the channel now
+    }
+    if (m.peer_fds[j] >= 0) {
+      m.peer_channels[j] = std::make_unique<PeerChannel>(m.peer_fds[j], j);
+      m.peer_fds[j] = -1;  // owned by the channel now
     }
     if (j == self) continue;
     if (m.shm.peer_segment[j]) {
@@ -454,6 +479,8 @@ void Mesh::close() {
   m.pairs.clear();
   m.controls.clear();
   for (int& fd : m.control_fds) tcp::closeFd(&fd);
+  m.peer_channels.clear();
+  for (int& fd : m.peer_fds) tcp::closeFd(&fd);
   for (int& fd : m.data_fds) tcp::closeFd(&fd);
   m.shm = shm::SetupResult();
   m.collective.reset();

@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "transport/control.h"
 #include "transport/pair.h"
+#include "transport/peer_channel.h"
 
 namespace hvd::transport {
 
@@ -57,6 +58,8 @@ class Mesh {
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
   // a worker has one, to rank 0. nullptr when absent.
   ControlChannel* control(int global_rank) const;
+  // Point-to-point connection to a peer (nullptr for self, or before connect()).
+  PeerChannel* peerChannel(int global_rank) const;
   // Where this rank's loop announces a poll sleep to control channels on shared memory
   // (Note [Control over shm] B); nullptr when no channel is on shared memory. Until close().
   shm::Doorbell* controlDoorbell() const;

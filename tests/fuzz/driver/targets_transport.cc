@@ -2,18 +2,20 @@
 // socket fed with the input (FedSocket): the mesh handshake, both ends (tcp/handshake.h), the
 // shared-memory offers of the pair and the host collective setups (shm/offer.h through
 // shm/setup.h and shm/collective_segment.h, with shared memory not wanted, so nothing is
-// mapped), the host probes' verdict (shm/host_agreement.h) and the control frames
-// (transport/control.h). Every input ends in EOF, so a kTimeout means a decoder waited for
+// mapped), the host probes' verdict (shm/host_agreement.h), the control frames
+// (transport/control.h) and the point-to-point frames (transport/peer_channel.h). Every input ends in EOF, so a kTimeout means a decoder waited for
 // bytes that can never come: a failure, as is any status code the entry point does not give.
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/byte_codec.h"
 #include "fuzz.h"
 #include "transport/control.h"
+#include "transport/peer_channel.h"
 #include "transport/shm/collective_segment.h"
 #include "transport/shm/host_agreement.h"
 #include "transport/shm/offer.h"
@@ -285,6 +287,57 @@ std::vector<std::string> frameSeeds(Rng& rng) {
   return seeds;
 }
 
+// Point-to-point frames: as the control frames, through PeerChannel::receive. Each message,
+// encoded again (encodePeerHeader + payload), must be a prefix of the input.
+Outcome peerFrames(const std::string& input) {
+  FedSocket sock;
+  transport::PeerChannel channel(::dup(sock.fd()), 1);
+  std::vector<transport::PeerMessage> messages;
+  const size_t cuts[] = {input.size() / 3, input.size() * 2 / 3, input.size()};
+  size_t fed = 0;
+  bool moved = false;
+  Status s;
+  for (size_t cut : cuts) {
+    sock.feed(input.substr(fed, cut - fed));
+    fed = cut;
+    s = channel.receive(&messages, &moved);
+    if (!s.isOk()) break;
+  }
+  if (s.isOk()) {
+    sock.hangUp();
+    for (int i = 0; i < 4 && s.isOk(); ++i) s = channel.receive(&messages, &moved);
+  }
+  std::string again;
+  for (transport::PeerMessage& m : messages) {
+    again += transport::encodePeerHeader(m.frame);
+    again.append(reinterpret_cast<const char*>(m.payload), m.frame.bytes);
+    transport::releasePeerPayload(m.payload, m.frame.bytes);
+  }
+  if (s.isOk()) return failed("the hang-up was never reported");
+  if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
+  if (s.code() == Code::kPeerLost) return again.size() == input.size() ? accepted() : rejected();
+  return s.code() == Code::kInternal ? rejected() : unexpected(s);
+}
+
+std::vector<std::string> peerFrameSeeds(Rng& rng) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 16; ++i) {
+    std::string s;
+    for (uint64_t n = rng.below(4); n > 0; --n) {
+      transport::PeerFrame frame;
+      frame.tag = static_cast<int64_t>(rng.below(1000));
+      frame.dtype = static_cast<common::DataType>(rng.below(common::kNumDataTypes));
+      for (uint64_t d = rng.below(4); d > 0; --d) {
+        frame.shape.push_back(static_cast<int64_t>(rng.below(rng.chance(8) ? 300 : 6)));
+      }
+      transport::peerPayloadBytes(frame.dtype, frame.shape, &frame.bytes);
+      s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
+    }
+    seeds.push_back(s);
+  }
+  return seeds;
+}
+
 }  // namespace
 
 void addTransportTargets(std::vector<Target>* out) {
@@ -303,6 +356,8 @@ void addTransportTargets(std::vector<Target>* out) {
                   probeVerdict});
   out->push_back({"control_frames", "transport::ControlChannel::receive", frameSeeds,
                   controlFrames});
+  out->push_back({"peer_frames", "transport::PeerChannel::receive (decodePeerHeader)",
+                  peerFrameSeeds, peerFrames});
 }
 
 }  // namespace hvd::fuzz

@@ -3,9 +3,9 @@
 // Note [Mesh handshake]
 // Every new connection, data or control, runs these steps before any other byte is trusted.
 // Integers are little-endian; nonces are 32 bytes from getrandom(2).
-//   A. Dialer -> acceptor, Hello: u32 magic 'HVDH', u16 version, u8 kind (1 data, 2 control),
-//      u8 job id length, i32 dialer rank, i32 acceptor rank (whom the dialer means to reach),
-//      nonce_d, job id bytes.
+//   A. Dialer -> acceptor, Hello: u32 magic 'HVDH', u16 version, u8 kind (1 data, 2 control,
+//      3 peer), u8 job id length, i32 dialer rank, i32 acceptor rank (whom the dialer means to
+//      reach), nonce_d, job id bytes.
 //   B. Acceptor checks the magic and version (else: garbage), the job id (else: wrong job), the
 //      acceptor rank (else: the dialer reached a stale address), the dialer rank and the kind
 //      (admit(): in range, expected, not yet connected). Then, Challenge: u32 magic 'HVDA',
@@ -89,8 +89,8 @@ Status readHello(int fd, Deadline deadline, Hello* hello) {
   if (!in.u16(&version) || version != kVersion) {
     return common::internalError("unsupported handshake version " + std::to_string(version));
   }
-  if (!in.u8(&kind) || (kind != static_cast<uint8_t>(ChannelKind::kData) &&
-                        kind != static_cast<uint8_t>(ChannelKind::kControl))) {
+  if (!in.u8(&kind) || kind < static_cast<uint8_t>(ChannelKind::kData) ||
+      kind > static_cast<uint8_t>(ChannelKind::kPeer)) {
     return common::internalError("unknown channel kind " + std::to_string(kind));
   }
   hello->kind = static_cast<ChannelKind>(kind);
@@ -114,7 +114,12 @@ std::string printable(const std::string& text) {
 }  // namespace
 
 const char* channelKindName(ChannelKind kind) {
-  return kind == ChannelKind::kControl ? "control" : "data";
+  switch (kind) {
+    case ChannelKind::kData: return "data";
+    case ChannelKind::kControl: return "control";
+    case ChannelKind::kPeer: return "peer";
+  }
+  return "unknown";
 }
 
 Status dialerHandshake(int fd, const JobIdentity& self, int acceptor_rank, ChannelKind kind,

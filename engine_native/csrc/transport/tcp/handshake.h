@@ -13,7 +13,8 @@
 
 namespace hvd::transport::tcp {
 
-enum class ChannelKind : uint8_t { kData = 1, kControl = 2 };
+// kPeer: point-to-point messages (transport/peer_channel.h), one connection per pair of ranks.
+enum class ChannelKind : uint8_t { kData = 1, kControl = 2, kPeer = 3 };
 
 const char* channelKindName(ChannelKind kind);
 

@@ -1,0 +1,247 @@
+// Point-to-point operations (runtime/peer_ops.h).
+//
+// Note [Point-to-point]
+//   A. Ranks are global ranks; a process set plays no part. A rank cannot send to itself.
+//   B. Order: a pair's connection is one byte stream, so messages from a rank arrive in the
+//      order it sent them. A receive takes the first arrived message from its peer with its
+//      tag; an arriving message goes to the first posted receive from that peer with its tag,
+//      else waits (its payload already here: sends never wait for a receive) until one is
+//      posted. So two messages with one tag are received in the order they were sent (MPI's
+//      non-overtaking rule), and tags let a receiver take messages in another order.
+//   C. A send completes when its last byte is in the socket; its tensor is not touched after.
+//   D. Errors, never hangs. A lost or malformed connection fails the whole rank (the loop's
+//      failure: every pending op on every rank fails, Note [Failure fan-out]). A send that
+//      writes nothing for HVD_TIMEOUT also fails the rank: its frame is half written and the
+//      connection cannot be used again (a stopped peer). A receive that gets no byte from its
+//      peer for HVD_TIMEOUT fails alone, naming the peer and tag; its message, if it comes
+//      later, waits for the next receive of that tag.
+//   E. Sends and receives are not caller-driven (Note [Caller drives]): the loop thread runs
+//      them, woken by the submission or by the connection.
+#include "runtime/peer_ops.h"
+
+#include <poll.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "common/check.h"
+
+#include "runtime/submission_queue.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+
+namespace {
+
+std::string what(const char* kind, int peer, int64_t tag) {
+  return std::string(kind) + (kind[0] == 's' ? " to rank " : " from rank ") +
+         std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
+}
+
+}  // namespace
+
+PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
+                 double timeout_seconds)
+    : mesh_(mesh), handles_(handles), queue_(queue), timeout_(timeout_seconds),
+      peers_(static_cast<size_t>(mesh.size())) {}
+
+PeerOps::~PeerOps() {
+  for (PerPeer& p : peers_) {
+    for (Arrived& a : p.arrived) {
+      transport::releasePeerPayload(a.message.payload, a.message.frame.bytes);
+    }
+  }
+}
+
+Status PeerOps::submitSend(int peer, int64_t tag, common::DataType dtype,
+                           std::vector<int64_t> shape, const void* data, int64_t* handle) {
+  Op op;
+  op.peer = peer;
+  op.tag = tag;
+  op.is_send = true;
+  op.dtype = dtype;
+  op.shape = std::move(shape);
+  op.data = data;
+  return submit(std::move(op), handle);
+}
+
+Status PeerOps::submitRecv(int peer, int64_t tag, int64_t* handle) {
+  Op op;
+  op.peer = peer;
+  op.tag = tag;
+  return submit(std::move(op), handle);
+}
+
+Status PeerOps::submit(Op op, int64_t* handle) {
+  const char* kind = op.is_send ? "send" : "recv";
+  if (op.peer < 0 || op.peer >= mesh_.size()) {
+    return common::invalidArgument(what(kind, op.peer, op.tag) + ": no such rank; ranks are 0.." +
+                                   std::to_string(mesh_.size() - 1));
+  }
+  if (op.peer == mesh_.rank()) {
+    return common::invalidArgument(what(kind, op.peer, op.tag) + ": this is the rank itself; "
+                                   "point-to-point needs another rank");
+  }
+  if (op.tag < 0) return common::invalidArgument(what(kind, op.peer, op.tag) + ": tags are >= 0");
+  uint64_t bytes = 0;
+  if (op.is_send && !transport::peerPayloadBytes(op.dtype, op.shape, &bytes)) {
+    return common::invalidArgument(what(kind, op.peer, op.tag) + ": bad shape");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_.isOk()) return failure_;
+    op.handle = handles_.create();
+    *handle = op.handle;
+    submitted_.push_back(std::move(op));
+  }
+  queue_.wakeIfAsleep();
+  return Status::ok();
+}
+
+void PeerOps::takeSubmitted() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    taking_.swap(submitted_);
+  }
+  const Clock::time_point now = Clock::now();
+  for (Op& op : taking_) {
+    op.since = now;
+    PerPeer& p = peers_[op.peer];
+    if (op.is_send) {
+      transport::PeerFrame frame;
+      frame.tag = op.tag;
+      frame.dtype = op.dtype;
+      frame.shape = op.shape;
+      transport::peerPayloadBytes(op.dtype, op.shape, &frame.bytes);
+      mesh_.peerChannel(op.peer)->send(frame, op.data, static_cast<uint64_t>(op.handle));
+      p.sending.push_back(std::move(op));
+    } else {
+      p.receiving.push_back(std::move(op));
+      match(p);
+    }
+  }
+  taking_.clear();
+}
+
+Status PeerOps::progress(bool* moved) {
+  takeSubmitted();
+  const Clock::time_point now = Clock::now();
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (mesh_.peerChannel(peer) == nullptr) continue;
+    HVD_RETURN_IF_ERROR(progressPeer(peer, now, moved));
+  }
+  return Status::ok();
+}
+
+Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
+  transport::PeerChannel& channel = *mesh_.peerChannel(peer);
+  PerPeer& p = peers_[peer];
+  bool wrote = false, read = false;
+  sent_.clear();
+  if (channel.hasBacklog()) HVD_RETURN_IF_ERROR(channel.flush(&sent_, &wrote));
+  for (size_t k = 0; k < sent_.size(); ++k) {  // frames are written in queue order (B)
+    HVD_CHECK_EQ(sent_[k], static_cast<uint64_t>(p.sending.front().handle));
+    handles_.complete(p.sending.front().handle, Status::ok());
+    p.sending.pop_front();
+  }
+  if (wrote) {
+    for (Op& op : p.sending) op.since = now;
+  } else if (!p.sending.empty() && now - p.sending.front().since > timeout_) {
+    return common::timedOut(what("send", peer, p.sending.front().tag) + ": the peer took no "
+                            "byte for " + std::to_string(static_cast<int>(timeout_.count())) +
+                            " s (HVD_TIMEOUT): it is stopped, stuck, or not reading");
+  }
+  received_.clear();
+  HVD_RETURN_IF_ERROR(channel.receive(&received_, &read));
+  for (transport::PeerMessage& m : received_) {
+    const int64_t tag = m.frame.tag;
+    p.arrived.push_back(Arrived{tag, std::move(m)});
+  }
+  if (read) {
+    for (Op& op : p.receiving) op.since = now;
+  }
+  if (!received_.empty()) match(p);
+  timeOut(p, now);
+  *moved = *moved || wrote || read || !sent_.empty();
+  return Status::ok();
+}
+
+// B: every posted receive takes the first arrived message with its tag.
+void PeerOps::match(PerPeer& p) {
+  for (auto r = p.receiving.begin(); r != p.receiving.end();) {
+    auto m = p.arrived.begin();
+    while (m != p.arrived.end() && m->tag != r->tag) ++m;
+    if (m == p.arrived.end()) {
+      ++r;
+      continue;
+    }
+    completeRecv(*r, std::move(m->message));
+    p.arrived.erase(m);
+    r = p.receiving.erase(r);
+  }
+}
+
+void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
+  OpResult result;
+  const size_t bytes = static_cast<size_t>(message.frame.bytes);
+  result.buffer = std::make_shared<OutputBuffer>(
+      message.payload, bytes, -1, bytes,
+      [](OutputBuffer& b) { transport::releasePeerPayload(b.data, b.bytes); });
+  result.shape = std::move(message.frame.shape);
+  result.dtype = static_cast<int32_t>(message.frame.dtype);
+  handles_.complete(op.handle, Status::ok(), std::move(result));
+}
+
+void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
+  for (auto r = p.receiving.begin(); r != p.receiving.end();) {
+    if (now - r->since <= timeout_) {
+      ++r;
+      continue;
+    }
+    handles_.complete(r->handle, common::timedOut(
+        what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
+        std::to_string(static_cast<int>(timeout_.count())) + " s (HVD_TIMEOUT): it is stopped, "
+        "stuck, or never sends this tag"));
+    r = p.receiving.erase(r);
+  }
+}
+
+bool PeerOps::idle() const {
+  for (const PerPeer& p : peers_) {
+    if (!p.sending.empty() || !p.receiving.empty()) return false;
+  }
+  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mutex_));
+  return submitted_.empty();
+}
+
+void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events) const {
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    const transport::PeerChannel* channel = mesh_.peerChannel(peer);
+    if (channel == nullptr) continue;
+    fds->push_back(channel->fd());
+    events->push_back(static_cast<short>(POLLIN | (channel->hasBacklog() ? POLLOUT : 0)));
+  }
+}
+
+void PeerOps::failAll(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_.isOk()) failure_ = status;
+    taking_.swap(submitted_);
+  }
+  for (Op& op : taking_) handles_.complete(op.handle, status);
+  taking_.clear();
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    PerPeer& p = peers_[peer];
+    if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
+    for (Op& op : p.sending) handles_.complete(op.handle, status);
+    for (Op& op : p.receiving) handles_.complete(op.handle, status);
+    for (Arrived& a : p.arrived) {
+      transport::releasePeerPayload(a.message.payload, a.message.frame.bytes);
+    }
+    p = PerPeer();
+  }
+}
+
+}  // namespace hvd::runtime

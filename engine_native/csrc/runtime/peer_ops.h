@@ -1,0 +1,95 @@
+// PeerOps: this rank's point-to-point operations (issue #36): send a tensor to one rank,
+// receive one from another, matched by (peer, tag) in the order each side issued them, with no
+// round through rank 0 — each pair of ranks has its own connection (transport/peer_channel.h)
+// and agrees alone. Every message carries its dtype and shape, so a receive needs neither.
+// Framework threads submit (thread-safe, under mutex_); the background loop, or a caller that
+// drives it (under its progress_ lock), calls the rest each pass. Note [Point-to-point] in
+// peer_ops.cc has the rules.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
+#include "runtime/handle_table.h"
+#include "transport/mesh.h"
+
+namespace hvd::runtime {
+
+class SubmissionQueue;
+
+class PeerOps {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
+          double timeout_seconds);
+  ~PeerOps();
+
+  // ---- framework threads ----
+  // `data` (bytes of dtype x shape) must stay valid until the handle completes.
+  common::Status submitSend(int peer, int64_t tag, common::DataType dtype,
+                            std::vector<int64_t> shape, const void* data, int64_t* handle);
+  // The handle completes with the message's payload, shape and dtype (OpResult).
+  common::Status submitRecv(int peer, int64_t tag, int64_t* handle);
+
+  // ---- the loop (under progress_) ----
+  // Takes new ops, writes and reads every channel, matches, completes handles, times out ops
+  // without progress for HVD_TIMEOUT. True when it moved anything. An error (a channel lost
+  // or malformed) is the whole rank's: the loop fails with it.
+  common::Status progress(bool* moved);
+  bool idle() const;  // nothing pending (submitted, queued, posted or being written)
+  // Every channel's socket, with POLLOUT where frames wait to be written.
+  void pollSet(std::vector<int>* fds, std::vector<short>* events) const;
+  // Completes every pending op with `status`; later submissions fail with it.
+  void failAll(const common::Status& status);
+
+ private:
+  struct Op {
+    int64_t handle = 0;
+    int peer = -1;
+    int64_t tag = 0;
+    bool is_send = false;
+    common::DataType dtype = common::DataType::kUint8;
+    std::vector<int64_t> shape;
+    const void* data = nullptr;
+    Clock::time_point since;  // posted, or last progress on its channel
+  };
+  struct Arrived {  // a message no receive has matched yet
+    int64_t tag;
+    transport::PeerMessage message;
+  };
+  struct PerPeer {
+    std::deque<Op> sending;      // queued on the channel, in order
+    std::deque<Op> receiving;    // posted receives, in order
+    std::deque<Arrived> arrived;  // unmatched messages, in arrival order
+  };
+
+  common::Status submit(Op op, int64_t* handle);
+  void takeSubmitted();
+  common::Status progressPeer(int peer, Clock::time_point now, bool* moved);
+  void match(PerPeer& p);
+  void completeRecv(const Op& op, transport::PeerMessage message);
+  void timeOut(PerPeer& p, Clock::time_point now);
+
+  transport::Mesh& mesh_;
+  HandleTable& handles_;
+  SubmissionQueue& queue_;
+  const std::chrono::duration<double> timeout_;
+
+  std::mutex mutex_;         // guards submitted_ and failure_
+  std::vector<Op> submitted_;
+  common::Status failure_;   // sticky once set
+
+  // The loop's (under progress_).
+  std::vector<PerPeer> peers_;
+  std::vector<Op> taking_;   // storage reused by takeSubmitted
+  std::vector<uint64_t> sent_;
+  std::vector<transport::PeerMessage> received_;
+};
+
+}  // namespace hvd::runtime

@@ -1,0 +1,202 @@
+// Point-to-point connections (transport/peer_channel.h).
+//
+// Reads go into a 64 KiB inbox and are parsed from there, so a small message costs one recv()
+// however many parts it has; the rest of a payload larger than the inbox is read straight into
+// its own memory. Writes gather up to kMaxFramesPerWrite queued frames (header and payload
+// each) into one writev().
+//
+// A header announces its payload's length before any of it arrives. Memory for a payload of
+// 1 MiB or more is reserved with mmap(MAP_NORESERVE), so only pages the bytes actually fill
+// are committed: a header that claims a terabyte costs address space, not memory (found by
+// the fuzz tier, where such a header made aligned_alloc fail the process).
+#include "transport/peer_channel.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/byte_codec.h"
+#include "transport/tcp/socket.h"
+
+namespace hvd::transport {
+
+using common::Status;
+
+namespace {
+
+constexpr size_t kInboxBytes = 64 << 10;
+constexpr size_t kMaxFramesPerWrite = 32;
+
+Status lost(int peer, const std::string& what) {
+  return common::peerLost("point-to-point connection to rank " + std::to_string(peer) + " " +
+                          what);
+}
+
+constexpr uint64_t kMappedPayloadBytes = 1 << 20;
+
+size_t allocationBytes(uint64_t bytes) {
+  return static_cast<size_t>((std::max<uint64_t>(bytes, 1) + 63) / 64 * 64);
+}
+
+uint8_t* allocatePayload(uint64_t bytes) {
+  if (bytes < kMappedPayloadBytes) {
+    return static_cast<uint8_t*>(std::aligned_alloc(64, allocationBytes(bytes)));
+  }
+  void* p = ::mmap(nullptr, allocationBytes(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+void releasePeerPayload(uint8_t* payload, uint64_t bytes) {
+  if (payload == nullptr) return;
+  if (bytes < kMappedPayloadBytes) {
+    std::free(payload);
+  } else {
+    ::munmap(payload, allocationBytes(bytes));
+  }
+}
+
+PeerChannel::PeerChannel(int fd, int peer) : fd_(fd), peer_(peer), inbox_(kInboxBytes) {}
+
+PeerChannel::~PeerChannel() {
+  if (stage_ == Stage::kPayload) releasePeerPayload(incoming_.payload, incoming_.frame.bytes);
+  tcp::closeFd(&fd_);
+}
+
+void PeerChannel::send(const PeerFrame& frame, const void* payload, uint64_t id) {
+  outbox_.push_back(Outgoing{encodePeerHeader(frame), static_cast<const uint8_t*>(payload),
+                             frame.bytes, id});
+}
+
+Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
+  while (!outbox_.empty()) {
+    iovec iov[2 * kMaxFramesPerWrite];
+    int count = 0;
+    for (size_t k = 0; k < outbox_.size() && k < kMaxFramesPerWrite; ++k) {
+      const Outgoing& o = outbox_[k];
+      const uint64_t header = o.header.size();
+      if (o.written < header) {
+        iov[count++] = {const_cast<char*>(o.header.data()) + o.written, header - o.written};
+      }
+      const uint64_t from = o.written > header ? o.written - header : 0;
+      if (from < o.bytes) iov[count++] = {const_cast<uint8_t*>(o.payload) + from, o.bytes - from};
+    }
+    ssize_t n = count > 0 ? ::writev(fd_, iov, count) : 0;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
+      return lost(peer_, std::string("failed: ") + std::strerror(errno));
+    }
+    if (n > 0) *moved = true;
+    uint64_t left = static_cast<uint64_t>(n);
+    while (!outbox_.empty()) {
+      Outgoing& o = outbox_.front();
+      const uint64_t total = o.header.size() + o.bytes;
+      const uint64_t take = std::min(left, total - o.written);
+      o.written += take;
+      left -= take;
+      if (o.written < total) break;
+      sent->push_back(o.id);
+      outbox_.pop_front();
+    }
+  }
+  return Status::ok();
+}
+
+Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved) {
+  while (true) {
+    HVD_RETURN_IF_ERROR(parse(out));
+    uint8_t* dst;
+    size_t room;
+    const uint64_t payload_left = incoming_.frame.bytes - payload_got_;
+    if (stage_ == Stage::kPayload && payload_left >= kInboxBytes) {
+      dst = incoming_.payload + payload_got_;  // large: straight into the message
+      room = static_cast<size_t>(payload_left);
+    } else {
+      if (inbox_begin_ == inbox_end_) inbox_begin_ = inbox_end_ = 0;
+      if (inbox_end_ == inbox_.size() && inbox_begin_ > 0) {
+        std::memmove(inbox_.data(), inbox_.data() + inbox_begin_, inbox_end_ - inbox_begin_);
+        inbox_end_ -= inbox_begin_;
+        inbox_begin_ = 0;
+      }
+      dst = inbox_.data() + inbox_end_;
+      room = inbox_.size() - inbox_end_;
+    }
+    const ssize_t n = ::recv(fd_, dst, room, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
+      return lost(peer_, std::string("failed: ") + std::strerror(errno));
+    }
+    if (n == 0) return lost(peer_, "was closed by the peer");
+    *moved = true;
+    if (dst == inbox_.data() + inbox_end_) {
+      inbox_end_ += static_cast<size_t>(n);
+    } else {
+      payload_got_ += static_cast<uint64_t>(n);
+    }
+  }
+}
+
+// Takes what the inbox holds: a length, a header, payload bytes; completes messages.
+Status PeerChannel::parse(std::vector<PeerMessage>* out) {
+  while (true) {
+    const size_t have = inbox_end_ - inbox_begin_;
+    const uint8_t* at = inbox_.data() + inbox_begin_;
+    if (stage_ == Stage::kLength) {
+      if (have < 4) break;
+      common::ByteReader in(at, 4);
+      in.u32(&header_bytes_);
+      if (header_bytes_ == 0 || header_bytes_ > kMaxPeerHeaderBytes) {
+        return common::internalError("malformed point-to-point frame from rank " +
+                                     std::to_string(peer_) + ": header of " +
+                                     std::to_string(header_bytes_) + " bytes");
+      }
+      inbox_begin_ += 4;
+      stage_ = Stage::kHeader;
+    } else if (stage_ == Stage::kHeader) {
+      if (have < header_bytes_) break;
+      Status s = decodePeerHeader(at, header_bytes_, &incoming_.frame);
+      if (!s.isOk()) {
+        return Status(s.code(), s.message() + " (from rank " + std::to_string(peer_) + ")");
+      }
+      inbox_begin_ += header_bytes_;
+      HVD_RETURN_IF_ERROR(startPayload());
+    } else {
+      const uint64_t left = incoming_.frame.bytes - payload_got_;
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(left, have));
+      if (take == 0 && left > 0) break;
+      std::memcpy(incoming_.payload + payload_got_, at, take);
+      inbox_begin_ += take;
+      payload_got_ += take;
+      if (payload_got_ == incoming_.frame.bytes) {
+        out->push_back(std::move(incoming_));
+        incoming_ = PeerMessage();
+        stage_ = Stage::kLength;
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status PeerChannel::startPayload() {
+  incoming_.payload = allocatePayload(incoming_.frame.bytes);
+  if (incoming_.payload == nullptr) {
+    return common::internalError("out of memory for a point-to-point message of " +
+                                 std::to_string(incoming_.frame.bytes) + " bytes from rank " +
+                                 std::to_string(peer_));
+  }
+  payload_got_ = 0;
+  stage_ = Stage::kPayload;
+  return Status::ok();
+}
+
+}  // namespace hvd::transport

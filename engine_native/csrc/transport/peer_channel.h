@@ -1,0 +1,77 @@
+// PeerChannel: the point-to-point connection to one peer (issue #36): one authenticated TCP
+// connection per pair of ranks (Mesh::connect, kind kPeer) that carries frames of
+// transport/peer_frame.h both ways, so two ranks exchange messages without any other rank.
+// It never blocks: send() queues a frame whose payload stays the caller's until it is written,
+// flush() writes what the socket takes now, receive() reads what has arrived and returns the
+// messages it completed, each payload in memory of its own. Owned by the Mesh; used by the
+// background thread (or a caller driving the loop, under its lock) through runtime/peer_ops.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/peer_frame.h"
+
+namespace hvd::transport {
+
+// A received message. `payload` (64-byte aligned) belongs to the receiver from here, which
+// gives it back with releasePeerPayload(payload, frame.bytes).
+struct PeerMessage {
+  PeerFrame frame;
+  uint8_t* payload = nullptr;
+};
+void releasePeerPayload(uint8_t* payload, uint64_t bytes);
+
+class PeerChannel {
+ public:
+  PeerChannel(int fd, int peer);
+  ~PeerChannel();  // closes the socket, frees a payload still arriving
+  PeerChannel(const PeerChannel&) = delete;
+  PeerChannel& operator=(const PeerChannel&) = delete;
+
+  int fd() const { return fd_; }
+  int peer() const { return peer_; }
+
+  // Queues a frame; `payload` (frame.bytes long) must stay valid until flush() reports `id`.
+  void send(const PeerFrame& frame, const void* payload, uint64_t id);
+  // Writes what the socket takes; appends the ids of frames now wholly written to *sent and
+  // sets *moved when any byte went. kPeerLost when the connection is gone.
+  common::Status flush(std::vector<uint64_t>* sent, bool* moved);
+  bool hasBacklog() const { return !outbox_.empty(); }
+  // Forgets queued frames (their payloads may be freed next): the connection is given up.
+  void dropOutbox() { outbox_.clear(); }
+
+  // Reads what has arrived; appends completed messages to *out and sets *moved when any byte
+  // came. kPeerLost on EOF/reset, kInternal on a malformed header (the peer is not a rank of
+  // this job's code, or memory is corrupt): the channel is unusable after either.
+  common::Status receive(std::vector<PeerMessage>* out, bool* moved);
+
+ private:
+  struct Outgoing {
+    std::string header;      // encodePeerHeader
+    const uint8_t* payload;
+    uint64_t bytes;
+    uint64_t id;
+    uint64_t written = 0;    // of header + payload
+  };
+  enum class Stage { kLength, kHeader, kPayload };
+
+  common::Status parse(std::vector<PeerMessage>* out);  // from inbox_
+  common::Status startPayload();
+
+  int fd_;
+  int peer_;
+  std::deque<Outgoing> outbox_;
+  std::vector<uint8_t> inbox_;      // bytes read, not parsed yet: [inbox_begin_, inbox_end_)
+  size_t inbox_begin_ = 0, inbox_end_ = 0;
+  Stage stage_ = Stage::kLength;
+  uint32_t header_bytes_ = 0;
+  PeerMessage incoming_;            // stage kPayload: the message being filled
+  uint64_t payload_got_ = 0;
+};
+
+}  // namespace hvd::transport

@@ -1,0 +1,102 @@
+"""Point-to-point messages between two ranks (issue #36): a rank sends a NumPy array to one
+other rank, which receives it by (source rank, tag), with no other rank involved.
+
+>>> import engine_native as hvd
+>>> hvd.init()
+>>> if hvd.rank() == 0:
+...     hvd.send(np.arange(4.0), dst=1, tag=7)
+... elif hvd.rank() == 1:
+...     x = hvd.recv(src=0, tag=7)   # dtype and shape travel with the message
+
+Ranks are global ranks. Messages from one rank with one tag are received in the order they
+were sent; different tags may be received in any order. A send does not wait for its receive
+(the receiver keeps a message until it asks for it). Errors, never hangs: a receive that gets
+nothing from its peer for ``HVD_TIMEOUT`` seconds raises ``HorovodInternalError`` naming the
+peer and tag, and a peer that dies fails every rank's pending ops, as for collectives (Note
+[Point-to-point] in engine_native/csrc/runtime/peer_ops.cc). The transport is each pair's own
+TCP connection (shared memory, CUDA IPC and NCCL come later).
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import _core, _dtypes
+
+_lock = threading.Lock()
+_sending: dict = {}  # send handle -> its array, alive until the send completed
+
+
+class P2PRequest:
+    """An :func:`isend` or :func:`irecv` in flight. ``wait()`` blocks until it is done and
+    returns None for a send, the received array for a receive; ``is_completed()`` never
+    blocks."""
+
+    def __init__(self, handle: int, what: str, out: np.ndarray | None = None):
+        self._handle = handle
+        self._what = what
+        self._out = out
+        self._result = None
+        self._done = False
+
+    def is_completed(self) -> bool:
+        return self._done or _core.poll(self._handle)
+
+    def wait(self):
+        if self._done:
+            return self._result
+        try:
+            result = _core.wait(self._handle)
+        finally:
+            if self._what.startswith("send"):
+                with _lock:
+                    _sending.pop(self._handle, None)
+        self._done = True
+        if result is not None:
+            self._result = _received(result, self._what, self._out)
+        return self._result
+
+
+def isend(array, dst: int, tag: int = 0) -> P2PRequest:
+    """Start sending ``array`` (any shape, a dtype of the core) to rank ``dst``. The array must
+    not be changed until the request completes."""
+    x = np.asarray(array)
+    if not x.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+        x = x.copy(order="C")
+    what = f"send(to rank {dst}, tag {tag})"
+    code = _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")
+    handle = _core.p2p_send(int(dst), int(tag), code, x.shape, x)
+    with _lock:
+        _sending[handle] = x
+    return P2PRequest(handle, what)
+
+
+def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
+    """Start receiving the next message with ``tag`` from rank ``src``. Its dtype and shape come
+    with it; with ``out``, the message is copied into that array, which must have the same
+    dtype and shape (else ``ValueError`` on this rank)."""
+    what = f"recv(from rank {src}, tag {tag})"
+    return P2PRequest(_core.p2p_recv(int(src), int(tag)), what, out)
+
+
+def send(array, dst: int, tag: int = 0) -> None:
+    """Send ``array`` to rank ``dst``; returns once its bytes are written (not received)."""
+    isend(array, dst, tag).wait()
+
+
+def recv(src: int, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    """Receive the next message with ``tag`` from rank ``src`` (a new array, or ``out``)."""
+    return irecv(src, tag, out).wait()
+
+
+def _received(result, what: str, out: np.ndarray | None) -> np.ndarray:
+    buffer, shape, code = result
+    array = np.frombuffer(buffer, dtype=_dtypes.numpy_dtype(code)).reshape(shape)
+    if out is None:
+        return array
+    if out.dtype != array.dtype or tuple(out.shape) != tuple(array.shape):
+        raise ValueError(f"{what}: the message is {array.dtype} {tuple(array.shape)}, "
+                         f"out is {out.dtype} {tuple(out.shape)}")
+    out[...] = array
+    return out
