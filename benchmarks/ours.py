@@ -76,6 +76,12 @@ class Adapter:
     def reducescatter(self, buf, name: str):
         return self.hvd.reducescatter(buf, op=self.hvd.Sum, name=name)
 
+    def send(self, buf, dst: int, tag: int) -> None:
+        self.hvd.send(buf, dst, tag)
+
+    def recv(self, buf, src: int, tag: int):
+        return self.hvd.recv(src, tag)  # a new array: the message brings its dtype and shape
+
     def barrier(self) -> None:
         self.hvd.barrier()
 

@@ -24,7 +24,7 @@ ADAPTERS = {"ours": "ours", "ours-torch": "ours_torch", "mpi": "peers.mpi_peer",
 CASES = {"allreduce": "bench_allreduce", "fusion": "bench_fusion",
          "collectives": "bench_other_collectives", "idle": "bench_idle",
          "embedding": "bench_embedding_step", "grouped": "bench_grouped_allgather",
-         "loop": "profile_ours", "timeline": "bench_timeline"}
+         "loop": "profile_ours", "timeline": "bench_timeline", "p2p": "bench_p2p"}
 
 
 def main() -> None:

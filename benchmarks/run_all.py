@@ -9,7 +9,8 @@
 Cases: allreduce (shm), tcp (forced TCP), fusion (200 x 4 KiB), collectives (allgather,
 broadcast, alltoall, reducescatter), grouped (grouped allgather of 64 x 4 KiB / 64 KiB and
 8 x 1 MiB, fused vs HVD_FUSION_THRESHOLD=0 vs the peers), embedding (a 1M x 64
-sparse-embedding training step, engine_native.torch vs Horovod), idle (idle CPU and first-op
+sparse-embedding training step, engine_native.torch vs Horovod), p2p (send/recv ping-pong
+between two ranks, 4 B to 64 MiB, vs MPICH Send/Recv and gloo send/recv), idle (idle CPU and first-op
 time after init), memcpy (this machine's ceiling).
 Peers: MPICH through mpi4py, torch.distributed gloo, Horovod 0.28.1 from
 benchmarks/.venv-horovod (``bash benchmarks/horovod_venv.sh``; skipped with a note when absent).
@@ -38,6 +39,7 @@ import bench_fusion
 import bench_grouped_allgather
 import bench_idle
 import bench_other_collectives
+import bench_p2p
 import benchlib
 import launcher
 import machine
@@ -45,7 +47,7 @@ import targets
 import targets_collectives
 
 ALL_CASES = ("memcpy", "allreduce", "tcp", "fusion", "collectives", "grouped", "embedding",
-             "idle")
+             "p2p", "idle")
 FAMILIES = {"ours", "mpi", "gloo", "horovod"}
 
 
@@ -116,6 +118,8 @@ def _run_case(ctx, case: str) -> list:
         return bench_fusion.run(ctx)
     if case == "collectives":
         return bench_other_collectives.run(ctx)
+    if case == "p2p":
+        return bench_p2p.run(ctx)
     if case == "grouped":
         return bench_grouped_allgather.run(ctx)
     if case == "embedding":

@@ -62,6 +62,13 @@ class Adapter:
         self.dist.reduce_scatter_tensor(out, buf)
         return out
 
+    def send(self, buf, dst: int, tag: int) -> None:
+        self.dist.send(buf, dst, tag=tag)
+
+    def recv(self, buf, src: int, tag: int):
+        self.dist.recv(buf, src, tag=tag)  # into a tensor of the known size
+        return buf
+
     def barrier(self) -> None:
         self.dist.barrier()
 

@@ -82,6 +82,13 @@ class Adapter:
         self.comm.Reduce_scatter_block(buf, out, op=self.MPI.SUM)
         return out
 
+    def send(self, buf, dst: int, tag: int) -> None:
+        self.comm.Send(buf, dest=dst, tag=tag)
+
+    def recv(self, buf, src: int, tag: int):
+        self.comm.Recv(buf, source=src, tag=tag)  # into a buffer of the known size
+        return buf
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

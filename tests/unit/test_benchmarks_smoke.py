@@ -37,7 +37,7 @@ def test_run_all_smoke_ours_np2(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "run_all.py"), "--smoke", "--np", "2",
          "--systems", "ours", "--cases",
-         "memcpy,allreduce,tcp,fusion,collectives,grouped,embedding,idle",
+         "memcpy,allreduce,tcp,fusion,collectives,grouped,embedding,p2p,idle",
          "--timeout", "60", "--out", str(report)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -46,6 +46,7 @@ def test_run_all_smoke_ours_np2(tmp_path):
                   "allreduce float32 sum, np=2, forced TCP", "200 x 4 KiB",
                   "allgather, broadcast, alltoall, reducescatter",
                   "grouped allgather, float32, np=2", "embedding step",
+                  "send/recv ping-pong, ranks 0 and 1 of 2",
                   "start-up and idle, np=2", "targets from the issue",
                   "issue #20's targets", "broadcast_ (in place"):
         assert title in text, f"missing table {title!r}:\n{text}"
