@@ -153,10 +153,10 @@ void BackgroundLoop::abort(const std::string& reason) {
 
 void BackgroundLoop::run() {
   std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
-  std::vector<int> readable_controls;
+  std::vector<int> readable_controls, readable_peers;
   while (true) {
     bool idle_tick = false;
-    const int ready_listen_fd = waitForWork(&readable_controls, &idle_tick);
+    const int ready_listen_fd = waitForWork(&readable_controls, &readable_peers, &idle_tick);
     lock.lock();
     if (finished_) break;  // a driving caller may have finished the shutdown agreement
     // Under progress_: a driving caller's fail() may have closed the mesh meanwhile.
@@ -164,6 +164,7 @@ void BackgroundLoop::run() {
     for (int r : readable_controls) {
       if (transport::ControlChannel* channel = mesh_.control(r)) channel->markSocketReadable();
     }
+    for (int r : readable_peers) peer_ops_.markReadable(r);
     if (ready_listen_fd >= 0 && !failed_ && ready_listen_fd == mesh_.listenFd()) {
       mesh_.acceptStray();
     }
@@ -180,8 +181,10 @@ void BackgroundLoop::run() {
 // listening socket when it has a connection to accept (-1 otherwise): run() accepts it under
 // progress_, after checking that a driving caller did not close the mesh meanwhile. Fills
 // *readable_controls with the ranks whose control socket polled readable, for run() to mark
-// (and to end the control doorbell's poll sleep) under progress_ likewise.
-int BackgroundLoop::waitForWork(std::vector<int>* readable_controls, bool* idle_tick) {
+// (and to end the control doorbell's poll sleep) under progress_ likewise, and
+// *readable_peers with those whose point-to-point socket did.
+int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
+                                std::vector<int>* readable_peers, bool* idle_tick) {
   std::vector<pollfd> fds;
   std::vector<int> control_ranks;  // of fds[control_begin ...]
   fds.push_back({queue_.wakeFd(), POLLIN, 0});
@@ -190,7 +193,10 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls, bool* idle_
   size_t listen_index = 0;  // 0: not polled
   size_t control_begin = 0;
   bool control_waiting = false;  // a frame sits in a control ring already
+  size_t peer_begin = 0;
+  std::vector<int> peer_ranks;   // of fds[peer_begin ...]
   readable_controls->clear();
+  readable_peers->clear();
   {
     std::lock_guard<std::timed_mutex> lock(progress_);
     if (!failed_ && !queue_.standby()) {  // Note [Caller drives] B
@@ -220,7 +226,8 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls, bool* idle_
     if (!failed_) {
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
-      peer_ops_.pollSet(&peer_fds, &peer_events);
+      peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks);
+      peer_begin = fds.size();
       for (size_t k = 0; k < peer_fds.size(); ++k) fds.push_back({peer_fds[k], peer_events[k], 0});
     }
     timeout_us = int64_t{timeoutMs()} * 1000;
@@ -243,6 +250,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls, bool* idle_
   if (rc <= 0) return -1;
   for (size_t i = 0; i < control_ranks.size(); ++i) {
     if (fds[control_begin + i].revents != 0) readable_controls->push_back(control_ranks[i]);
+  }
+  for (size_t i = 0; i < peer_ranks.size(); ++i) {
+    if (fds[peer_begin + i].revents & ~POLLOUT) readable_peers->push_back(peer_ranks[i]);
   }
   if (fds[0].revents & POLLIN) queue_.consumeWake();
   return listen_index > 0 && (fds[listen_index].revents & POLLIN) ? fds[listen_index].fd : -1;

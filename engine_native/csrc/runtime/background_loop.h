@@ -103,7 +103,8 @@ class BackgroundLoop {
   // background_loop.cc
   void run();
   // Sets *idle_tick when the wait ran out its whole idle tick (Note [Tick pickups]).
-  int waitForWork(std::vector<int>* readable_controls, bool* idle_tick);
+  int waitForWork(std::vector<int>* readable_controls, std::vector<int>* readable_peers,
+                  bool* idle_tick);
   int timeoutMs() const;
   bool idle() const;
   bool controlBacklog() const;

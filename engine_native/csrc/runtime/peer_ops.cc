@@ -44,7 +44,7 @@ std::string what(const char* kind, int peer, int64_t tag) {
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
                  double timeout_seconds)
     : mesh_(mesh), handles_(handles), queue_(queue), timeout_(timeout_seconds),
-      peers_(static_cast<size_t>(mesh.size())) {}
+      peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0) {}
 
 PeerOps::~PeerOps() {
   for (PerPeer& p : peers_) {
@@ -153,7 +153,10 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
                             " s (HVD_TIMEOUT): it is stopped, stuck, or not reading");
   }
   received_.clear();
-  HVD_RETURN_IF_ERROR(channel.receive(&received_, &read));
+  if (readable_[peer] || !p.receiving.empty()) {
+    readable_[peer] = 0;
+    HVD_RETURN_IF_ERROR(channel.receive(&received_, &read));
+  }
   for (transport::PeerMessage& m : received_) {
     const int64_t tag = m.frame.tag;
     p.arrived.push_back(Arrived{tag, std::move(m)});
@@ -211,16 +214,18 @@ bool PeerOps::idle() const {
   for (const PerPeer& p : peers_) {
     if (!p.sending.empty() || !p.receiving.empty()) return false;
   }
-  std::lock_guard<std::mutex> lock(const_cast<std::mutex&>(mutex_));
+  std::lock_guard<std::mutex> lock(mutex_);
   return submitted_.empty();
 }
 
-void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events) const {
+void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events,
+                      std::vector<int>* peers) const {
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     const transport::PeerChannel* channel = mesh_.peerChannel(peer);
     if (channel == nullptr) continue;
     fds->push_back(channel->fd());
     events->push_back(static_cast<short>(POLLIN | (channel->hasBacklog() ? POLLOUT : 0)));
+    peers->push_back(peer);
   }
 }
 

@@ -43,8 +43,12 @@ class PeerOps {
   // or malformed) is the whole rank's: the loop fails with it.
   common::Status progress(bool* moved);
   bool idle() const;  // nothing pending (submitted, queued, posted or being written)
-  // Every channel's socket, with POLLOUT where frames wait to be written.
-  void pollSet(std::vector<int>* fds, std::vector<short>* events) const;
+  // Every channel's socket and peer, with POLLOUT where frames wait to be written.
+  void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
+  // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A
+  // pass reads a socket only then or while a receive from that peer is posted, so a rank that
+  // uses no point-to-point pays no system call for it.
+  void markReadable(int peer) { readable_[peer] = 1; }
   // Completes every pending op with `status`; later submissions fail with it.
   void failAll(const common::Status& status);
 
@@ -81,12 +85,13 @@ class PeerOps {
   SubmissionQueue& queue_;
   const std::chrono::duration<double> timeout_;
 
-  std::mutex mutex_;         // guards submitted_ and failure_
+  mutable std::mutex mutex_;  // guards submitted_ and failure_
   std::vector<Op> submitted_;
   common::Status failure_;   // sticky once set
 
   // The loop's (under progress_).
   std::vector<PerPeer> peers_;
+  std::vector<uint8_t> readable_;  // by peer: markReadable since the last read
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;
   std::vector<transport::PeerMessage> received_;
