@@ -38,23 +38,36 @@ class P2PRequest:
         self._what = what
         self._out = out
         self._result = None
+        self._error = None  # a receive whose `out` did not fit: raised by every wait()
         self._done = False
 
     def is_completed(self) -> bool:
         return self._done or _core.poll(self._handle)
 
+    def _forget(self) -> None:
+        with _lock:
+            _sending.pop(self._handle, None)
+
     def wait(self):
+        if self._error is not None:
+            raise self._error
         if self._done:
             return self._result
         try:
             result = _core.wait(self._handle)
-        finally:
-            if self._what.startswith("send"):
-                with _lock:
-                    _sending.pop(self._handle, None)
+        except (KeyboardInterrupt, SystemExit):
+            raise  # the op is still pending: its array stays in use (and kept)
+        except BaseException:
+            self._forget()  # the op failed: the core no longer reads the array
+            raise
+        self._forget()
         self._done = True
         if result is not None:
-            self._result = _received(result, self._what, self._out)
+            try:
+                self._result = _received(result, self._what, self._out)
+            except ValueError as exc:
+                self._error = exc
+                raise
         return self._result
 
 

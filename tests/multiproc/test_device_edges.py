@@ -185,10 +185,12 @@ def test_a_driving_caller_keeps_its_current_device(fake_cuda, shared):
 def ops_while_a_stream_captures():
     """Note [Graph capture]: an op whose producer stream captures a CUDA graph, or on the legacy
     stream while another stream captures, is refused at enqueue on this rank; once the capture
-    ends, the same op runs (nothing was submitted meanwhile, so the ranks still agree)."""
+    ends, the same op runs (nothing was submitted meanwhile, so the ranks still agree). (No op
+    runs during the capture: in CUDA's global capture mode, torch's default, the core thread's
+    own calls would invalidate it.)"""
     hvd = device_ops.init()
     f = device_ops.fakes()
-    capturing, other = f.stream(), f.stream()
+    capturing = f.stream()
     x = np.ones(3, np.float32)
     errors = []
     f.check(f.cuda.fakeCudaSetCapture(capturing, 1))
@@ -198,20 +200,18 @@ def ops_while_a_stream_captures():
             errors.append(None)
         except ValueError as exc:
             errors.append(str(exc))
-    # a stream that does not capture may go on meanwhile (CUDA's relaxed rule for other streams)
-    beside = device_ops.allreduce(x, hvd.Sum, "beside", stream=other).tolist()
     f.check(f.cuda.fakeCudaSetCapture(capturing, 0))
     after = device_ops.allreduce(x, hvd.Sum, "captured", stream=capturing).tolist()
-    return errors, beside, after, f.calls("cudaStreamIsCapturing") > 0
+    return errors, after, f.calls("cudaStreamIsCapturing") > 0
 
 
 def test_an_op_on_a_capturing_stream_is_refused_at_enqueue_on_its_rank(fake_cuda):
     for r in run_ranks(ops_while_a_stream_captures, 2, timeout=60,
                        **device_ops.rank_envs(fake_cuda, 2, False)):
-        errors, beside, after, asked = r.value
+        errors, after, asked = r.value
         assert len(errors) == 2 and all(errors), r.value
         for e in errors:
             assert e.startswith("ALLREDUCE('captured'): the tensor's CUDA stream is capturing a "
                                 "CUDA graph"), e
             assert "after graph.replay()" in e, e
-        assert beside == after == [2.0] * 3 and asked, r.value
+        assert after == [2.0] * 3 and asked, r.value

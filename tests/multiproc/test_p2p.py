@@ -16,7 +16,7 @@ from multiproc import checks, faults
 from multiproc.checks import ALL_DTYPES, Failures, world_kwargs
 from multiproc.harness import run_ranks
 
-LARGE = 3 << 20  # bytes: more than the 4 MiB-buffered sockets move in one write at np 2
+LARGE = 12 << 20  # bytes: more than the two 4 MiB socket buffers of a connection hold
 
 
 def ring_suite(transport):
@@ -88,11 +88,13 @@ def test_tags_order_early_messages_and_collectives_between():
 
 
 def bad_arguments_suite():
+    from engine_native import _core
     hvd = checks.init("shm")
     errors = []
     for call in (lambda: hvd.send(np.ones(1), 2), lambda: hvd.recv(-1),
                  lambda: hvd.send(np.ones(1), hvd.rank()), lambda: hvd.recv(1 - hvd.rank(), tag=-3),
-                 lambda: hvd.send(np.array(["text"]), 1 - hvd.rank())):
+                 lambda: hvd.send(np.array(["text"]), 1 - hvd.rank()),
+                 lambda: _core.p2p_send(1 - hvd.rank(), 0, 7, (4,), np.ones(2, np.float32))):
         try:
             call()
             errors.append(None)
@@ -115,7 +117,9 @@ def test_bad_arguments_are_refused_on_the_calling_rank():
              "point-to-point needs another rank"),
             f"ValueError: recv from rank {other} (tag -3): tags are >= 0",
             (f"TypeError: send('to rank {other}, tag 0'): unsupported dtype <U4; supported: "
-             + errors[4].split("supported: ", 1)[1])], errors
+             + errors[4].split("supported: ", 1)[1]),
+            (f"ValueError: send(to rank {other}, tag 0): the buffer holds 8 bytes, its dtype "
+             "and shape need 16")], errors
 
 
 def killed_peer_suite(folder):
@@ -133,12 +137,13 @@ def killed_peer_suite(folder):
         return str(exc), time.monotonic() - start
 
 
-def test_a_killed_peer_fails_the_receive(tmp_path):
+def test_a_killed_peer_fails_the_receive_at_once(tmp_path):
     res = run_ranks(killed_peer_suite, 2, args=(str(tmp_path),), timeout=60, check=False,
-                    env={"HVD_TIMEOUT": "5"})
+                    env={"HVD_TIMEOUT": "30"})
     assert res[0].returncode == -signal.SIGKILL, res[0].describe()
     error, took = res[1].value
-    assert error and "rank 0" in error and took < 5 + 1, (error, took)
+    # the lost connection, not the receive's timeout (30 s)
+    assert error and "lost connection to rank 0" in error and took < 5, (error, took)
 
 
 def stopped_peer_suite(folder):
@@ -167,6 +172,34 @@ def test_a_stopped_peer_times_the_receive_out_naming_peer_and_tag(tmp_path):
     assert error == ("recv from rank 0 (tag 9): no byte came from that rank for 2 s "
                      "(HVD_TIMEOUT): it is stopped, stuck, or never sends this tag"), error
     assert 2 <= took < 2 + 1, took
+
+
+def stopped_receiver_suite(folder):
+    hvd = checks.init("shm")
+    if hvd.rank() == 1:
+        faults.write_pid(folder, "stopped")
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return None
+    start = time.monotonic()
+    try:  # far more than the connection's socket buffers take without a reader
+        hvd.send(np.ones(8 * LARGE, np.uint8), 1, tag=2)
+        error = None
+    except hvd.HorovodInternalError as exc:
+        error = str(exc)
+    took = time.monotonic() - start
+    faults.kill_by_pid_file(folder, "stopped")
+    return error, took
+
+
+def test_a_send_to_a_stopped_receiver_fails_the_rank_naming_peer_and_tag(tmp_path):
+    """Note [Point-to-point] D: the half-written frame makes the connection unusable."""
+    res = run_ranks(stopped_receiver_suite, 2, args=(str(tmp_path),), timeout=60, check=False,
+                    env={"HVD_TIMEOUT": "2"})
+    assert res[1].returncode == -signal.SIGKILL, res[1].describe()
+    error, took = res[0].value
+    assert error and ("send to rank 1 (tag 2): the peer took no byte for 2 s (HVD_TIMEOUT): it "
+                      "is stopped, stuck, or not reading") in error, error
+    assert took < 2 + 2, took
 
 
 def abort_suite(folder):

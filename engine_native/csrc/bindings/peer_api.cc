@@ -10,6 +10,7 @@
 #include "bindings/enqueue_args.h"
 #include "common/dtype.h"
 #include "runtime/runtime.h"
+#include "transport/peer_frame.h"
 
 namespace hvd::bindings {
 
@@ -40,7 +41,16 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
     Py_buffer view;
     if (PyObject_GetBuffer(data_obj, &view, PyBUF_C_CONTIGUOUS) != 0) return nullptr;
     address = reinterpret_cast<uintptr_t>(view.buf);
+    const Py_ssize_t have = view.len;
     PyBuffer_Release(&view);
+    uint64_t need = 0;
+    if (!transport::peerPayloadBytes(static_cast<common::DataType>(dtype), shape, &need) ||
+        static_cast<uint64_t>(have) != need) {
+      PyErr_Format(PyExc_ValueError,
+                   "send(to rank %d, tag %lld): the buffer holds %zd bytes, its dtype and shape "
+                   "need %llu", peer, tag, have, static_cast<unsigned long long>(need));
+      return nullptr;
+    }
   }
   int64_t handle = 0;
   const common::Status status =

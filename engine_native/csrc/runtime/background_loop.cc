@@ -222,8 +222,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
       }
     }
     // Point-to-point connections are watched even in standby: a peer's large send must not
-    // wait for this rank's next op to be read (Note [Point-to-point]).
-    if (!failed_) {
+    // wait for this rank's next op to be read (Note [Point-to-point]). Not once shutting down:
+    // passes no longer read them then, and a readable socket would make this poll spin.
+    if (!failed_ && !shutdown_sent_) {
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
       peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks);

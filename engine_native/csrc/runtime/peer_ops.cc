@@ -15,8 +15,9 @@
 //      connection cannot be used again (a stopped peer). A receive that gets no byte from its
 //      peer for HVD_TIMEOUT fails alone, naming the peer and tag; its message, if it comes
 //      later, waits for the next receive of that tag.
-//   E. Sends and receives are not caller-driven (Note [Caller drives]): the loop thread runs
-//      them, woken by the submission or by the connection.
+//   E. A wait on a send or receive does not drive the loop (Note [Caller drives]): the loop
+//      thread runs them, woken by the submission or by the connection (a caller driving a
+//      collective meanwhile moves them too: every pass does).
 #include "runtime/peer_ops.h"
 
 #include <poll.h>
@@ -25,6 +26,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/text.h"
 
 #include "runtime/submission_queue.h"
 
@@ -37,6 +39,12 @@ namespace {
 std::string what(const char* kind, int peer, int64_t tag) {
   return std::string(kind) + (kind[0] == 's' ? " to rank " : " from rank ") +
          std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
+}
+
+std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
+  common::Text os;
+  os << s;
+  return os.str();
 }
 
 }  // namespace
@@ -84,6 +92,11 @@ Status PeerOps::submit(Op op, int64_t* handle) {
                                    "point-to-point needs another rank");
   }
   if (op.tag < 0) return common::invalidArgument(what(kind, op.peer, op.tag) + ": tags are >= 0");
+  if (op.shape.size() > transport::kMaxPeerDims) {
+    return common::invalidArgument(what(kind, op.peer, op.tag) + ": " +
+                                   std::to_string(op.shape.size()) + " dimensions, at most " +
+                                   std::to_string(transport::kMaxPeerDims));
+  }
   uint64_t bytes = 0;
   if (op.is_send && !transport::peerPayloadBytes(op.dtype, op.shape, &bytes)) {
     return common::invalidArgument(what(kind, op.peer, op.tag) + ": bad shape");
@@ -149,18 +162,22 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
     for (Op& op : p.sending) op.since = now;
   } else if (!p.sending.empty() && now - p.sending.front().since > timeout_) {
     return common::timedOut(what("send", peer, p.sending.front().tag) + ": the peer took no "
-                            "byte for " + std::to_string(static_cast<int>(timeout_.count())) +
+                            "byte for " + seconds(timeout_.count()) +
                             " s (HVD_TIMEOUT): it is stopped, stuck, or not reading");
   }
   received_.clear();
+  Status received = Status::ok();
   if (readable_[peer] || !p.receiving.empty()) {
     readable_[peer] = 0;
-    HVD_RETURN_IF_ERROR(channel.receive(&received_, &read));
+    received = channel.receive(&received_, &read);
   }
+  // Messages completed before an error (a peer that sent, then exited) are kept first, so
+  // failAll frees them.
   for (transport::PeerMessage& m : received_) {
     const int64_t tag = m.frame.tag;
     p.arrived.push_back(Arrived{tag, std::move(m)});
   }
+  HVD_RETURN_IF_ERROR(received);
   if (read) {
     for (Op& op : p.receiving) op.since = now;
   }
@@ -204,7 +221,7 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
     }
     handles_.complete(r->handle, common::timedOut(
         what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
-        std::to_string(static_cast<int>(timeout_.count())) + " s (HVD_TIMEOUT): it is stopped, "
+        seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, "
         "stuck, or never sends this tag"));
     r = p.receiving.erase(r);
   }

@@ -220,11 +220,10 @@ Status Mesh::Impl::dialLowerRanks(Mesh& mesh, tcp::Deadline deadline) {
     Status s = dialPeer(mesh.peers_[peer], peer, kind, m.identity, deadline, mesh.aborted_, slot,
                         &m.last_error);
     if (s.code() == common::Code::kTimeout) {
-      std::vector<int> missing;
+      std::vector<int> missing;  // no data connection yet, and the rank this dial was for
       for (int j = 0; j < mesh.size(); ++j) {
         const bool control_missing = j == 0 && self > 0 && m.control_fds[0] < 0;
-        const bool peer_missing = j < self && m.peer_fds[j] < 0;
-        if (j != self && (m.data_fds[j] < 0 || control_missing || peer_missing)) {
+        if (j != self && (m.data_fds[j] < 0 || control_missing || j == peer)) {
           missing.push_back(j);
         }
       }

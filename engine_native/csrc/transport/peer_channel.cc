@@ -3,7 +3,7 @@
 // Reads go into a 64 KiB inbox and are parsed from there, so a small message costs one recv()
 // however many parts it has; the rest of a payload larger than the inbox is read straight into
 // its own memory. Writes gather up to kMaxFramesPerWrite queued frames (header and payload
-// each) into one writev().
+// each) into one sendmsg().
 //
 // A header announces its payload's length before any of it arrives. Memory for a payload of
 // 1 MiB or more is reserved with mmap(MAP_NORESERVE), so only pages the bytes actually fill
@@ -13,7 +13,6 @@
 
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,7 +88,11 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
       const uint64_t from = o.written > header ? o.written - header : 0;
       if (from < o.bytes) iov[count++] = {const_cast<uint8_t*>(o.payload) + from, o.bytes - from};
     }
-    ssize_t n = count > 0 ? ::writev(fd_, iov, count) : 0;
+    msghdr message{};
+    message.msg_iov = iov;
+    message.msg_iovlen = static_cast<size_t>(count);
+    // MSG_NOSIGNAL: a closed peer is an EPIPE here, never a SIGPIPE for the process
+    ssize_t n = count > 0 ? ::sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();

@@ -38,7 +38,7 @@ class PeerChannel {
 
   // Queues a frame; `payload` (frame.bytes long) must stay valid until flush() reports `id`.
   void send(const PeerFrame& frame, const void* payload, uint64_t id);
-  // Writes what the socket takes; appends the ids of frames now wholly written to *sent and
+  // Writes what the socket takes (sendmsg, MSG_NOSIGNAL); appends the ids of frames now wholly written to *sent and
   // sets *moved when any byte went. kPeerLost when the connection is gone.
   common::Status flush(std::vector<uint64_t>* sent, bool* moved);
   bool hasBacklog() const { return !outbox_.empty(); }
