@@ -28,6 +28,7 @@
 #include "common/check.h"
 #include "common/text.h"
 
+#include "runtime/host_output_pool.h"
 #include "runtime/submission_queue.h"
 
 namespace hvd::runtime {
@@ -41,6 +42,29 @@ std::string what(const char* kind, int peer, int64_t tag) {
          std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
 }
 
+// Note [Received payloads]
+// A message lands in an output the core reuses (hostOutput, Note [Host output reuse]) up to
+// kPooledPayloadBytes, so a pipeline's same-shaped activations find pages already faulted in
+// rather than fresh ones every message; a larger one in a mapping reserved with MAP_NORESERVE
+// (transport/peer_channel.h: what a header claims is committed only as bytes arrive). Either
+// is an OutputBuffer, the receive's result.
+constexpr uint64_t kPooledPayloadBytes = 1ull << 30;
+
+transport::PeerPayload outputPayload(uint64_t bytes) {
+  std::shared_ptr<OutputBuffer> out;
+  if (bytes <= kPooledPayloadBytes) {
+    out = hostOutput(static_cast<size_t>(bytes));
+  } else if (uint8_t* mapped = transport::reservePayloadMapping(bytes)) {
+    const auto size = static_cast<size_t>(bytes);
+    out = std::make_shared<OutputBuffer>(mapped, size, -1, size, [](OutputBuffer& b) {
+      transport::releasePayloadMapping(b.data, b.capacity);
+    });
+  }
+  if (!out || out->data == nullptr) return {};
+  uint8_t* data = out->data;
+  return {std::move(out), data};
+}
+
 std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
   common::Text os;
   os << s;
@@ -52,15 +76,15 @@ std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
                  double timeout_seconds)
     : mesh_(mesh), handles_(handles), queue_(queue), timeout_(timeout_seconds),
-      peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0) {}
-
-PeerOps::~PeerOps() {
-  for (PerPeer& p : peers_) {
-    for (Arrived& a : p.arrived) {
-      transport::releasePeerPayload(a.message.payload, a.message.frame.bytes);
+      peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0) {
+  for (int peer = 0; peer < mesh.size(); ++peer) {
+    if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
+      channel->setAllocator(&outputPayload);
     }
   }
 }
+
+PeerOps::~PeerOps() = default;
 
 Status PeerOps::submitSend(int peer, int64_t tag, common::DataType dtype,
                            std::vector<int64_t> shape, const void* data, int64_t* handle) {
@@ -204,10 +228,7 @@ void PeerOps::match(PerPeer& p) {
 
 void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
   OpResult result;
-  const size_t bytes = static_cast<size_t>(message.frame.bytes);
-  result.buffer = std::make_shared<OutputBuffer>(
-      message.payload, bytes, -1, bytes,
-      [](OutputBuffer& b) { transport::releasePeerPayload(b.data, b.bytes); });
+  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
   result.shape = std::move(message.frame.shape);
   result.dtype = static_cast<int32_t>(message.frame.dtype);
   handles_.complete(op.handle, Status::ok(), std::move(result));
@@ -259,9 +280,6 @@ void PeerOps::failAll(const Status& status) {
     if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
     for (Op& op : p.sending) handles_.complete(op.handle, status);
     for (Op& op : p.receiving) handles_.complete(op.handle, status);
-    for (Arrived& a : p.arrived) {
-      transport::releasePeerPayload(a.message.payload, a.message.frame.bytes);
-    }
     p = PerPeer();
   }
 }

@@ -5,10 +5,8 @@
 // its own memory. Writes gather up to kMaxFramesPerWrite queued frames (header and payload
 // each) into one sendmsg().
 //
-// A header announces its payload's length before any of it arrives. Memory for a payload of
-// 1 MiB or more is reserved with mmap(MAP_NORESERVE), so only pages the bytes actually fill
-// are committed: a header that claims a terabyte costs address space, not memory (found by
-// the fuzz tier, where such a header made aligned_alloc fail the process).
+// A header announces its payload's length before any of it arrives; the payload's memory comes
+// from the channel's allocator (reservedPeerPayload unless the runtime set its own).
 #include "transport/peer_channel.h"
 
 #include <sys/mman.h>
@@ -43,32 +41,35 @@ size_t allocationBytes(uint64_t bytes) {
   return static_cast<size_t>((std::max<uint64_t>(bytes, 1) + 63) / 64 * 64);
 }
 
-uint8_t* allocatePayload(uint64_t bytes) {
-  if (bytes < kMappedPayloadBytes) {
-    return static_cast<uint8_t*>(std::aligned_alloc(64, allocationBytes(bytes)));
-  }
+}  // namespace
+
+uint8_t* reservePayloadMapping(uint64_t bytes) {
   void* p = ::mmap(nullptr, allocationBytes(bytes), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
-}  // namespace
+void releasePayloadMapping(uint8_t* data, uint64_t bytes) {
+  if (data != nullptr) ::munmap(data, allocationBytes(bytes));
+}
 
-void releasePeerPayload(uint8_t* payload, uint64_t bytes) {
-  if (payload == nullptr) return;
+PeerPayload reservedPeerPayload(uint64_t bytes) {
   if (bytes < kMappedPayloadBytes) {
-    std::free(payload);
-  } else {
-    ::munmap(payload, allocationBytes(bytes));
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, allocationBytes(bytes)));
+    if (p == nullptr) return {};
+    return {std::shared_ptr<void>(p, [](void* q) { std::free(q); }), p};
   }
+  uint8_t* p = reservePayloadMapping(bytes);
+  if (p == nullptr) return {};
+  return {std::shared_ptr<void>(p, [bytes](void* q) {
+            releasePayloadMapping(static_cast<uint8_t*>(q), bytes);
+          }),
+          p};
 }
 
 PeerChannel::PeerChannel(int fd, int peer) : fd_(fd), peer_(peer), inbox_(kInboxBytes) {}
 
-PeerChannel::~PeerChannel() {
-  if (stage_ == Stage::kPayload) releasePeerPayload(incoming_.payload, incoming_.frame.bytes);
-  tcp::closeFd(&fd_);
-}
+PeerChannel::~PeerChannel() { tcp::closeFd(&fd_); }
 
 void PeerChannel::send(const PeerFrame& frame, const void* payload, uint64_t id) {
   outbox_.push_back(Outgoing{encodePeerHeader(frame), static_cast<const uint8_t*>(payload),
@@ -121,7 +122,7 @@ Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved) {
     size_t room;
     const uint64_t payload_left = incoming_.frame.bytes - payload_got_;
     if (stage_ == Stage::kPayload && payload_left >= kInboxBytes) {
-      dst = incoming_.payload + payload_got_;  // large: straight into the message
+      dst = incoming_.payload.data + payload_got_;  // large: straight into the message
       room = static_cast<size_t>(payload_left);
     } else {
       if (inbox_begin_ == inbox_end_) inbox_begin_ = inbox_end_ = 0;
@@ -177,7 +178,7 @@ Status PeerChannel::parse(std::vector<PeerMessage>* out) {
       const uint64_t left = incoming_.frame.bytes - payload_got_;
       const size_t take = static_cast<size_t>(std::min<uint64_t>(left, have));
       if (take == 0 && left > 0) break;
-      std::memcpy(incoming_.payload + payload_got_, at, take);
+      std::memcpy(incoming_.payload.data + payload_got_, at, take);
       inbox_begin_ += take;
       payload_got_ += take;
       if (payload_got_ == incoming_.frame.bytes) {
@@ -191,8 +192,8 @@ Status PeerChannel::parse(std::vector<PeerMessage>* out) {
 }
 
 Status PeerChannel::startPayload() {
-  incoming_.payload = allocatePayload(incoming_.frame.bytes);
-  if (incoming_.payload == nullptr) {
+  incoming_.payload = allocate_(incoming_.frame.bytes);
+  if (incoming_.payload.data == nullptr) {
     return common::internalError("out of memory for a point-to-point message of " +
                                  std::to_string(incoming_.frame.bytes) + " bytes from rank " +
                                  std::to_string(peer_));

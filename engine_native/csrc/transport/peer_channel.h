@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,18 +19,33 @@
 
 namespace hvd::transport {
 
-// A received message. `payload` (64-byte aligned) belongs to the receiver from here, which
-// gives it back with releasePeerPayload(payload, frame.bytes).
+// Memory for a received payload: `data` (at least the payload's bytes, 64-byte aligned), kept
+// alive by `owner`. An allocator answers {} when it has no memory.
+struct PeerPayload {
+  std::shared_ptr<void> owner;
+  uint8_t* data = nullptr;
+};
+using PeerPayloadAllocator = PeerPayload (*)(uint64_t bytes);
+// The default allocator: aligned_alloc below 1 MiB; from 1 MiB a mapping reserved with
+// MAP_NORESERVE, whose pages are committed only as the bytes fill them, so a header that claims
+// a terabyte costs address space, not memory (found by the fuzz tier).
+PeerPayload reservedPeerPayload(uint64_t bytes);
+// The mapping reservedPeerPayload makes for `bytes`, and its release, for an allocator that
+// keeps the memory in an owner of its own.
+uint8_t* reservePayloadMapping(uint64_t bytes);
+void releasePayloadMapping(uint8_t* data, uint64_t bytes);
+
 struct PeerMessage {
   PeerFrame frame;
-  uint8_t* payload = nullptr;
+  PeerPayload payload;
 };
-void releasePeerPayload(uint8_t* payload, uint64_t bytes);
 
 class PeerChannel {
  public:
   PeerChannel(int fd, int peer);
-  ~PeerChannel();  // closes the socket, frees a payload still arriving
+  ~PeerChannel();  // closes the socket
+  // Where received payloads go from now on (runtime/peer_ops.cc: the core's reused outputs).
+  void setAllocator(PeerPayloadAllocator allocate) { allocate_ = allocate; }
   PeerChannel(const PeerChannel&) = delete;
   PeerChannel& operator=(const PeerChannel&) = delete;
 
@@ -65,6 +81,7 @@ class PeerChannel {
 
   int fd_;
   int peer_;
+  PeerPayloadAllocator allocate_ = reservedPeerPayload;
   std::deque<Outgoing> outbox_;
   std::vector<uint8_t> inbox_;      // bytes read, not parsed yet: [inbox_begin_, inbox_end_)
   size_t inbox_begin_ = 0, inbox_end_ = 0;

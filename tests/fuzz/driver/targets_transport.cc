@@ -310,8 +310,7 @@ Outcome peerFrames(const std::string& input) {
   std::string again;
   for (transport::PeerMessage& m : messages) {
     again += transport::encodePeerHeader(m.frame);
-    again.append(reinterpret_cast<const char*>(m.payload), m.frame.bytes);
-    transport::releasePeerPayload(m.payload, m.frame.bytes);
+    again.append(reinterpret_cast<const char*>(m.payload.data), m.frame.bytes);
   }
   if (s.isOk()) return failed("the hang-up was never reported");
   if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
