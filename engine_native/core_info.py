@@ -40,6 +40,8 @@ def metrics() -> dict:
     those waits ran while they polled. ``loop_wakeups`` counts the background loop's waits
     that ended, and ``tick_pickups`` those of its passes that found work nothing had woken it
     for, after a whole 200 ms idle tick (Note [Tick pickups]: a missing wake-up).
+    ``p2p_sent``/``p2p_received`` count this rank's point-to-point messages,
+    ``p2p_sent_bytes``/``p2p_received_bytes`` their bytes.
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,
     ``"tcp"``); ``control_transports`` how negotiation messages travel to it (``"shm"``
     between a worker and rank 0 on one host, ``"tcp"`` across hosts or with

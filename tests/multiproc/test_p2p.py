@@ -66,6 +66,9 @@ def order_suite():
         seen["into out"] = hvd.recv(0, tag=3, out=out) is out and out.tolist()
         seen["sum"] = float(hvd.allreduce(np.ones(2), op=hvd.Sum)[0])
         seen["big"] = int(hvd.recv(0, tag=4).sum())
+    m = hvd.metrics()
+    seen["counted"] = (m["p2p_sent"], m["p2p_sent_bytes"], m["p2p_received"],
+                       m["p2p_received_bytes"])
     hvd.barrier()
     if me == 1:  # a wrong `out` is this rank's ValueError; the message is consumed, nothing hangs
         hvd.send(np.ones(3, np.float32), 0, tag=5)
@@ -80,10 +83,12 @@ def order_suite():
 
 def test_tags_order_early_messages_and_collectives_between():
     zero, one = (r.value for r in run_ranks(order_suite, 2, timeout=120))
-    assert zero == {"sum": 2.0, "completed": True,
+    sent = 3 * 8 + 8 + 6 * 2 + LARGE  # three int64, one float64, an int16 2x3, the big one
+    assert zero == {"sum": 2.0, "completed": True, "counted": (6, sent, 0, 0),
                     "mismatch": "recv(from rank 1, tag 5): the message is float32 (3,), out is "
                                 "float32 (4,)"}
     assert one == {"tag2 first": 10.0, "tag1 in order": [0, 1, 2], "sum": 2.0,
+                   "counted": (0, 0, 6, sent),
                    "into out": [[0, 1, 2], [3, 4, 5]], "big": LARGE}
 
 

@@ -79,6 +79,10 @@ PyObject* buildMetrics() {
   setItem(dict, "caller_passes", PyLong_FromUnsignedLongLong(s.caller_passes));
   setItem(dict, "loop_wakeups", PyLong_FromUnsignedLongLong(s.loop_wakeups));
   setItem(dict, "tick_pickups", PyLong_FromUnsignedLongLong(s.tick_pickups));
+  setItem(dict, "p2p_sent", PyLong_FromUnsignedLongLong(s.p2p_sent));
+  setItem(dict, "p2p_sent_bytes", PyLong_FromUnsignedLongLong(s.p2p_sent_bytes));
+  setItem(dict, "p2p_received", PyLong_FromUnsignedLongLong(s.p2p_received));
+  setItem(dict, "p2p_received_bytes", PyLong_FromUnsignedLongLong(s.p2p_received_bytes));
   setItem(dict, "queue_depth", PyLong_FromUnsignedLongLong(s.queue_depth));
   setItem(dict, "last_error", PyUnicode_FromString(s.last_error.c_str()));
   PyObject* current = Py_None;

@@ -82,6 +82,10 @@ MetricsSnapshot Metrics::snapshot() const {
   s.caller_passes = caller_passes_.load(std::memory_order_relaxed);
   s.loop_wakeups = loop_wakeups_.load(std::memory_order_relaxed);
   s.tick_pickups = tick_pickups_.load(std::memory_order_relaxed);
+  s.p2p_sent = p2p_sent_.load(std::memory_order_relaxed);
+  s.p2p_sent_bytes = p2p_sent_bytes_.load(std::memory_order_relaxed);
+  s.p2p_received = p2p_received_.load(std::memory_order_relaxed);
+  s.p2p_received_bytes = p2p_received_bytes_.load(std::memory_order_relaxed);
   s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
   s.spin_yields = spin_yields_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
@@ -120,6 +124,10 @@ void Metrics::reset() {
   caller_passes_ = 0;
   loop_wakeups_ = 0;
   tick_pickups_ = 0;
+  p2p_sent_ = 0;
+  p2p_sent_bytes_ = 0;
+  p2p_received_ = 0;
+  p2p_received_bytes_ = 0;
   caller_spin_us_ = 0;
   spin_yields_ = false;
   queue_depth_ = 0;

@@ -42,6 +42,8 @@ struct MetricsSnapshot {
   uint64_t caller_passes = 0;      // loop passes run by driving callers (their spin's polls)
   uint64_t loop_wakeups = 0;       // the loop thread's waits that ended, for any reason
   uint64_t tick_pickups = 0;       // Note [Tick pickups] in background_loop.cc
+  // Point-to-point messages this rank sent / received (runtime/peer_ops.h) and their bytes.
+  uint64_t p2p_sent = 0, p2p_sent_bytes = 0, p2p_received = 0, p2p_received_bytes = 0;
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
@@ -97,6 +99,10 @@ class Metrics {
   void countCallerPasses(int n) { caller_passes_.fetch_add(n, std::memory_order_relaxed); }
   void countLoopWakeup() { loop_wakeups_.fetch_add(1, std::memory_order_relaxed); }
   void countTickPickup() { tick_pickups_.fetch_add(1, std::memory_order_relaxed); }
+  void countP2p(bool sent, uint64_t bytes) {
+    (sent ? p2p_sent_ : p2p_received_).fetch_add(1, std::memory_order_relaxed);
+    (sent ? p2p_sent_bytes_ : p2p_received_bytes_).fetch_add(bytes, std::memory_order_relaxed);
+  }
   void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
   void setSpinYields(bool on) { spin_yields_.store(on, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
@@ -124,6 +130,8 @@ class Metrics {
   std::atomic<uint64_t> driven_{0};
   std::atomic<uint64_t> spin_skipped_{0};
   std::atomic<uint64_t> caller_passes_{0}, loop_wakeups_{0}, tick_pickups_{0};
+  std::atomic<uint64_t> p2p_sent_{0}, p2p_sent_bytes_{0}, p2p_received_{0},
+      p2p_received_bytes_{0};
   std::atomic<int64_t> caller_spin_us_{0};
   std::atomic<bool> spin_yields_{false};
   std::atomic<int64_t> main_blocked_since_ns_{0};  // steady clock; 0: not blocked; not reset

@@ -74,8 +74,8 @@ std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
 }  // namespace
 
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
-                 double timeout_seconds)
-    : mesh_(mesh), handles_(handles), queue_(queue), timeout_(timeout_seconds),
+                 Metrics& metrics, double timeout_seconds)
+    : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeout_(timeout_seconds),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
@@ -178,8 +178,12 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   sent_.clear();
   if (channel.hasBacklog()) HVD_RETURN_IF_ERROR(channel.flush(&sent_, &wrote));
   for (size_t k = 0; k < sent_.size(); ++k) {  // frames are written in queue order (B)
-    HVD_CHECK_EQ(sent_[k], static_cast<uint64_t>(p.sending.front().handle));
-    handles_.complete(p.sending.front().handle, Status::ok());
+    const Op& op = p.sending.front();
+    HVD_CHECK_EQ(sent_[k], static_cast<uint64_t>(op.handle));
+    uint64_t bytes = 0;
+    transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
+    metrics_.countP2p(/*sent=*/true, bytes);
+    handles_.complete(op.handle, Status::ok());
     p.sending.pop_front();
   }
   if (wrote) {
@@ -227,6 +231,7 @@ void PeerOps::match(PerPeer& p) {
 }
 
 void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
+  metrics_.countP2p(/*sent=*/false, message.frame.bytes);
   OpResult result;
   result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
   result.shape = std::move(message.frame.shape);

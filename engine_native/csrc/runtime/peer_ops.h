@@ -16,6 +16,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "runtime/handle_table.h"
+#include "runtime/metrics.h"
 #include "transport/mesh.h"
 
 namespace hvd::runtime {
@@ -26,7 +27,7 @@ class PeerOps {
  public:
   using Clock = std::chrono::steady_clock;
 
-  PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
+  PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue, Metrics& metrics,
           double timeout_seconds);
   ~PeerOps();
 
@@ -83,6 +84,7 @@ class PeerOps {
   transport::Mesh& mesh_;
   HandleTable& handles_;
   SubmissionQueue& queue_;
+  Metrics& metrics_;
   const std::chrono::duration<double> timeout_;
 
   mutable std::mutex mutex_;  // guards submitted_ and failure_
