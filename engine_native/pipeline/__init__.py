@@ -1,8 +1,8 @@
-"""Pipeline parallelism (issue #36), built up in parts. What exists so far: the schedules as
-data — ``schedule.build`` makes the action table every rank runs (GPipe, 1F1B, interleaved
-1F1B, forward-only), ``schedule_check.check`` refuses a table that cannot run, with the reason,
-and ``schedule_check.simulate`` counts a step's bubble and activation memory. Running a table
-needs point-to-point sends between ranks, which the core does not have yet.
+"""Pipeline schedules as data (issue #36), independent of any framework: ``schedule.build``
+makes the action table every rank runs (GPipe, 1F1B, interleaved 1F1B, forward-only),
+``schedule_check.check`` refuses a table that cannot run, with the reason, and
+``schedule_check.simulate`` counts a step's bubble and activation memory. PyTorch runs the
+tables in ``engine_native.torch.pipelining``.
 """
 from engine_native.pipeline.schedule import (
                                              SCHEDULES,

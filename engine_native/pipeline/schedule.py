@@ -23,7 +23,8 @@ Schedules (their names are ``torch.distributed.pipelining``'s):
 - ``interleaved_1f1b``: 1F1B over ``stages_per_rank`` = V > 1 chunks per rank, micro-batches in
   groups of K per chunk (Megatron's order; needs M to be a multiple of K), bubble
   (K - 1) / (V M + K - 1) of the step instead of (K - 1) / (M + K - 1).
-- ``forward_only`` (inference): the forwards of ``gpipe``, no backward.
+- ``forward_only`` (inference): the forwards of ``gpipe``, no backward (with
+  ``stages_per_rank`` > 1, a rank's stages one after the other).
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def build(name: str, ranks: int, microbatches: int, stages_per_rank: int = 1) ->
                                 f"{ranks} ranks: microbatches={microbatches} is not a multiple "
                                 f"of {ranks}; use {(microbatches // ranks + 1) * ranks} "
                                 f"micro-batches, or schedule='1f1b'")
-    elif stages_per_rank != 1:
+    elif stages_per_rank != 1 and name != "forward_only":
         raise ScheduleError(f"{name} places one stage per rank; stages_per_rank="
                             f"{stages_per_rank} needs schedule='interleaved_1f1b'")
     stages = ranks * stages_per_rank
@@ -103,8 +104,8 @@ def _gpipe_order(rank, ranks, microbatches, _v):
             [("B", rank, m) for m in range(microbatches)])
 
 
-def _forward_only_order(rank, ranks, microbatches, _v):
-    return [("F", rank, m) for m in range(microbatches)]
+def _forward_only_order(rank, ranks, microbatches, chunks):
+    return [("F", rank + c * ranks, m) for c in range(chunks) for m in range(microbatches)]
 
 
 def _one_f_one_b_order(rank, ranks, microbatches, _v):

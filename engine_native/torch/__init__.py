@@ -45,3 +45,8 @@ from engine_native.torch.optimizer import DistributedOptimizer  # noqa: F401
 from engine_native.progress import report  # noqa: F401
 from engine_native.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
 from engine_native.torch import elastic  # noqa: F401,E402
+# Not in Horovod: point-to-point between two ranks and pipeline parallelism's short form,
+# hvd.pipeline.Pipeline (issue #36).
+from engine_native.torch.p2p_ops import (  # noqa: F401,E402
+    P2POp, batch_isend_irecv, irecv, isend, recv, send)
+from engine_native.torch import pipeline  # noqa: F401,E402

@@ -57,6 +57,14 @@ def test_every_interleaved_table_checks_and_has_the_theorys_bubble():
             assert ideal_bubble(k, m, v) < ideal_bubble(k, m)
 
 
+def test_forward_only_runs_several_stages_per_rank_one_after_the_other():
+    for k, m, v in INTERLEAVED:
+        schedule = build("forward_only", k, m, stages_per_rank=v)
+        check(schedule)
+        computed = [(a.stage, a.microbatch) for a in schedule.programs[0] if a.kind == "F"]
+        assert computed == [(c * k, mb) for c in range(v) for mb in range(m)]
+
+
 def test_stages_live_round_robin_and_only_cross_rank_hops_communicate():
     schedule = build("interleaved_1f1b", 2, 2, stages_per_rank=2)
     for rank, program in enumerate(schedule.programs):

@@ -1,0 +1,217 @@
+"""Point-to-point for torch tensors (issue #36; not in Horovod): ``send``/``recv`` between two
+ranks, autograd-aware, and ``isend``/``irecv``/``batch_isend_irecv`` as in
+``torch.distributed``::
+
+    if hvd.rank() == 0:
+        token = hvd.send(stage0(x), dst=1)     # its backward waits for rank 1's gradient
+        token.backward()
+    else:
+        h = hvd.recv(src=0, requires_grad=True)  # dtype and shape come with the message
+        loss_fn(stage1(h), y).backward()         # sends h's gradient back to rank 0
+
+CPU tensors; ranks are global ranks; tags 0 .. 2**40 - 1 are the program's (the pipeline's
+and the gradients' messages use tags above). Messages of one (rank, tag) arrive in the order
+sent. Note [Gradient tags]: the gradient of the k-th message sent from A to B with tag t goes
+back from B to A with a tag made of t and k, so gradients find their message whatever order
+the backwards run in; both ranks count the messages of each (peer, tag) they send or receive
+through this module since ``init()`` (mixing engine_native's NumPy send/recv into the same
+(peer, tag) would shift the count).
+"""
+from __future__ import annotations
+
+import collections
+import threading
+
+import torch
+
+import engine_native.basics as _basics
+from engine_native import _core
+from engine_native.torch import runtime as rt
+
+__all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
+
+USER_TAGS = 1 << 40
+_GRAD_TAGS = 1 << 62
+_SEQUENCE_WRAP = 1 << 21  # gradients of messages this many apart on one (peer, tag) share a tag
+_CODES_TO_DTYPES = {code: dtype for dtype, code in rt._DTYPE_CODES.items()}
+
+_lock = threading.Lock()
+_sends = collections.Counter()     # (dst, tag) -> messages sent since init()
+_receives = collections.Counter()  # (src, tag) -> receives posted since init()
+
+
+def _reset_counts():
+    with _lock:
+        _sends.clear()
+        _receives.clear()
+
+
+_basics._per_world_resets.append(_reset_counts)
+
+
+def _count(counter, key) -> int:
+    with _lock:
+        k = counter[key]
+        counter[key] += 1
+        return k
+
+
+def _grad_tag(tag: int, sequence: int) -> int:
+    return _GRAD_TAGS + (sequence % _SEQUENCE_WRAP) * USER_TAGS + tag
+
+
+def _check(tensor, what: str):
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.device.type != "cpu":
+        raise ValueError(f"{what}: only CPU tensors so far (got one on {tensor.device})")
+    return rt.dtype_code(tensor, what)
+
+
+def _check_tag(tag: int, what: str) -> int:
+    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < USER_TAGS:
+        raise ValueError(f"{what}: tag must be an int in [0, 2**40), got {tag!r}")
+    return tag
+
+
+class Request:
+    """An :func:`isend` or :func:`irecv` in flight: ``wait()`` returns None for a send, the
+    received tensor for a receive; ``is_completed()`` never blocks."""
+
+    def __init__(self, handle: int, what: str, keep=None, out=None):
+        self._handle, self._what, self._keep, self._out = handle, what, keep, out
+        self._done, self._result = False, None
+
+    def is_completed(self) -> bool:
+        return self._done or _core.poll(self._handle)
+
+    def wait(self):
+        if self._done:
+            return self._result
+        result = _core.wait(self._handle)
+        self._keep = None  # the core no longer reads the send's tensor
+        self._done = True
+        if result is not None:
+            self._result = _received(result, self._what, self._out)
+        return self._result
+
+
+def _received(result, what: str, out):
+    buffer, shape, code = result
+    tensor = rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
+    if out is None:
+        return tensor
+    if out.dtype != tensor.dtype or tuple(out.shape) != tuple(tensor.shape):
+        raise ValueError(f"{what}: the message is {tensor.dtype} {tuple(tensor.shape)}, the "
+                         f"tensor to fill is {out.dtype} {tuple(out.shape)}")
+    with torch.no_grad():
+        out.copy_(tensor)
+    return out
+
+
+def _isend(tensor, dst: int, tag: int) -> Request:
+    what = f"send(to rank {dst}, tag {tag})"
+    code = _check(tensor, what)
+    data = tensor.detach().contiguous()
+    handle = _core.p2p_send(int(dst), int(tag), code, tuple(data.shape), data.data_ptr())
+    return Request(handle, what, keep=data)
+
+
+def _irecv(src: int, tag: int, out=None) -> Request:
+    what = f"recv(from rank {src}, tag {tag})"
+    if out is not None:
+        _check(out, what)
+    return Request(_core.p2p_recv(int(src), int(tag)), what, out=out)
+
+
+def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
+    """Start sending ``tensor`` to rank ``dst``; it must not change until ``wait()``."""
+    _check_tag(tag, "isend")
+    _count(_sends, (dst, tag))
+    return _isend(tensor, dst, tag)
+
+
+def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None) -> Request:
+    """Start receiving the next message with ``tag`` from rank ``src``; ``wait()`` returns a
+    new tensor, or ``out`` filled (same dtype and shape, else ValueError)."""
+    _check_tag(tag, "irecv")
+    _count(_receives, (src, tag))
+    return _irecv(src, tag, out)
+
+
+class _Send(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, dst, tag, sequence):
+        ctx.dst, ctx.tag, ctx.sequence = dst, tag, sequence
+        ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
+        _isend(tensor, dst, tag).wait()
+        return torch.zeros((), dtype=tensor.dtype)
+
+    @staticmethod
+    def backward(ctx, _):
+        grad = _irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence)).wait()
+        if grad.shape != ctx.shape or grad.dtype != ctx.dtype:
+            raise ValueError(f"send(to rank {ctx.dst}, tag {ctx.tag}): the gradient that came "
+                             f"back is {grad.dtype} {tuple(grad.shape)}, the tensor sent was "
+                             f"{ctx.dtype} {tuple(ctx.shape)}")
+        return grad, None, None, None
+
+
+class _Recv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, _anchor, src, tag, sequence):
+        ctx.src, ctx.tag, ctx.sequence = src, tag, sequence
+        return _irecv(src, tag).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _isend(grad, ctx.src, _grad_tag(ctx.tag, ctx.sequence)).wait()
+        return None, None, None, None
+
+
+def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
+    """Send ``tensor`` to rank ``dst``; returns once its bytes are written (not received).
+
+    Returns a zero-dimensional token: when ``tensor`` requires grad, ``token.backward()`` (or
+    any backward through it) waits for the gradient that rank ``dst``'s :func:`recv` sends back
+    and passes it to ``tensor``'s graph."""
+    _check_tag(tag, "send")
+    sequence = _count(_sends, (dst, tag))
+    if tensor.requires_grad and torch.is_grad_enabled():
+        return _Send.apply(tensor, dst, tag, sequence)
+    _isend(tensor, dst, tag).wait()
+    return torch.zeros((), dtype=tensor.dtype)
+
+
+def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
+         requires_grad: bool = False) -> torch.Tensor:
+    """Receive the next message with ``tag`` from rank ``src`` (a new tensor, or ``out``).
+
+    With ``requires_grad=True`` the tensor is part of the autograd graph: its gradient is sent
+    back to rank ``src``, whose :func:`send` token receives it."""
+    _check_tag(tag, "recv")
+    sequence = _count(_receives, (src, tag))
+    if requires_grad:
+        if out is not None:
+            raise ValueError("recv: requires_grad=True returns a new tensor; out= is for "
+                             "receives outside autograd")
+        anchor = torch.empty(0, requires_grad=True)  # puts the receive in the graph
+        return _Recv.apply(anchor, src, tag, sequence)
+    return _irecv(src, tag, out).wait()
+
+
+class P2POp:
+    """One operation of :func:`batch_isend_irecv`: ``P2POp(hvd.isend, tensor, peer, tag)``
+    sends ``tensor``; ``P2POp(hvd.irecv, tensor, peer, tag)`` receives into ``tensor``."""
+
+    def __init__(self, op, tensor: torch.Tensor, peer: int, tag: int = 0):
+        if op not in (isend, irecv):
+            raise ValueError("P2POp: op must be hvd.isend or hvd.irecv")
+        self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Request]:
+    """Start every send and receive of the list at once (the order does not matter: a send
+    never waits for its receive) and return their requests."""
+    return [isend(op.tensor, op.peer, op.tag) if op.op is isend else
+            irecv(op.peer, op.tag, out=op.tensor) for op in p2p_op_list]

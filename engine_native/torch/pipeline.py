@@ -1,0 +1,133 @@
+"""``hvd.pipeline.Pipeline``: a model given as a list of layers, split over the ranks in one
+call (issue #36's short form of engine_native.torch.pipelining)::
+
+    import engine_native.torch as hvd
+    hvd.init()
+    pipe = hvd.pipeline.Pipeline(model, microbatches=8, schedule="1f1b",
+                                 loss_fn=torch.nn.functional.cross_entropy)
+    opt = torch.optim.SGD(pipe.parameters(), lr=0.1)    # this rank's stage
+    for x, y in batches:
+        opt.zero_grad()
+        loss = pipe.step(x, y)                           # every rank calls it
+        opt.step()
+
+Every rank of the pipeline builds the same model (as in a notebook's ``%%hvd`` cell) and keeps
+its consecutive share of the layers. ``balance``: None (even counts), a list of counts, one
+per stage, or ``"time"``: each layer's forward and backward timed once on ``sample`` by the
+pipeline's first rank (GPipe's cost estimate), the counts chosen so that the costliest stage is
+as cheap as possible, and sent to the others. ``checkpoint=True`` keeps only each stage's input
+per micro-batch and recomputes its activations in the backward.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import engine_native as _engine
+from engine_native.torch.functions import allgather_object, broadcast_object
+from engine_native.torch.mpi_ops import global_process_set
+from engine_native.torch.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from engine_native.torch.pipelining import balance as _balance
+from engine_native.torch.pipelining.step_run import TAG_BASE
+
+__all__ = ["Pipeline"]
+
+_SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+              "interleaved_1f1b": ScheduleInterleaved1F1B}
+_LOSS_TAG = TAG_BASE - 1  # the last stage's mean loss, to every other rank of the pipeline
+
+
+class Pipeline:
+    """``layers`` (an ``nn.Sequential`` or a list of modules) split into ``stages_per_rank``
+    stages per rank of ``process_set``, trained by ``schedule`` over ``microbatches``."""
+
+    def __init__(self, layers, microbatches: int, schedule: str = "1f1b", loss_fn=None,
+                 balance=None, sample: torch.Tensor | None = None, checkpoint: bool = False,
+                 stages_per_rank: int = 1, process_set=global_process_set):
+        if schedule not in _SCHEDULES:
+            raise ValueError(f"Pipeline: schedule={schedule!r}; use one of "
+                             f"{', '.join(_SCHEDULES)}")
+        if loss_fn is None:
+            raise ValueError("Pipeline: loss_fn is needed (the last stage's loss)")
+        layers = list(layers)
+        ranks = list(process_set.ranks)
+        self.ranks = ranks
+        stages = len(ranks) * stages_per_rank
+        if len(layers) < stages:
+            raise ValueError(f"Pipeline: {len(layers)} layers cannot fill {stages} stages "
+                             f"({len(ranks)} ranks x {stages_per_rank})")
+        self.counts = _counts(balance, layers, stages, sample, ranks, process_set)
+        starts = np.cumsum([0] + self.counts).tolist()
+        me = ranks.index(_engine.rank())
+        group = None if process_set is global_process_set else process_set
+        self.stage_indices = list(range(me, stages, len(ranks)))
+        self.layer_indices = [list(range(starts[s], starts[s + 1])) for s in self.stage_indices]
+        self.stages = [PipelineStage(torch.nn.Sequential(*(layers[i] for i in mine)), s, stages,
+                                     group=group, checkpoint=checkpoint)
+                       for s, mine in zip(self.stage_indices, self.layer_indices)]
+        cls = _SCHEDULES[schedule]
+        self.schedule = cls(self.stages if cls is ScheduleInterleaved1F1B else self.stages[0],
+                            microbatches, loss_fn=loss_fn)
+        self._first, self._last = me == 0, me == len(ranks) - 1
+        self._process_set = process_set
+
+    def parameters(self):
+        """This rank's parameters (its stages'), for its optimizer."""
+        return [p for stage in self.stages for p in stage.submod.parameters()]
+
+    def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> float:
+        """One training step (forwards and backwards of every micro-batch; the optimizer step
+        is the caller's). ``x`` is read on the first rank, ``y`` on the last; returns the mean
+        loss over the micro-batches on every rank of the pipeline."""
+        losses = []
+        self.schedule.step(*([x] if self._first else []),
+                           **({"target": y, "losses": losses} if self._last else {}))
+        others = [r for r in self.ranks if r != self.ranks[-1]]
+        if self._last:
+            loss = np.array([float(torch.stack(losses).mean())])
+            for request in [_engine.isend(loss, r, tag=_LOSS_TAG) for r in others]:
+                request.wait()
+            return float(loss[0])
+        return float(_engine.recv(self.ranks[-1], tag=_LOSS_TAG)[0])
+
+    def predict(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """The forwards alone: the model's outputs on the last rank, None on the others."""
+        return self.schedule.eval(*([x] if self._first else []))
+
+    def gather_state_dict(self) -> dict | None:
+        """The whole model's ``state_dict`` (keys as the full ``nn.Sequential``'s) on the
+        pipeline's first rank; None on the others."""
+        mine = {}
+        for stage, indices in zip(self.stages, self.layer_indices):
+            for key, value in stage.submod.state_dict().items():
+                position, rest = key.split(".", 1)
+                mine[f"{indices[int(position)]}.{rest}"] = value
+        gathered = allgather_object(mine, name="Pipeline.gather_state_dict",
+                                    process_set=self._process_set)
+        if not self._first:
+            return None
+        return {k: v for part in gathered for k, v in part.items()}
+
+
+def _counts(balance, layers, stages, sample, ranks, process_set) -> list[int]:
+    if balance is None:
+        return _balance.even(len(layers), stages)
+    if balance == "time":
+        if _engine.rank() == ranks[0] and sample is None:
+            raise ValueError('Pipeline: balance="time" times the layers on sample=, a batch '
+                             "like the ones the pipeline will get (the first rank needs it)")
+        counts = _balance.by_cost(_balance.layer_costs(layers, sample), stages) \
+            if _engine.rank() == ranks[0] else None
+        return broadcast_object(counts, root_rank=ranks[0], name="Pipeline.balance",
+                                process_set=process_set)
+    counts = list(balance)
+    if len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts) or \
+            sum(counts) != len(layers):
+        raise ValueError(f"Pipeline: balance={balance!r} must be {stages} positive layer "
+                         f"counts (one per stage) adding up to the {len(layers)} layers")
+    return counts

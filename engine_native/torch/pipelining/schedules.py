@@ -1,0 +1,126 @@
+"""The schedules' classes (torch.distributed.pipelining's names): each builds and checks its
+action table once, then runs it every step (step_run.StepRun)."""
+from __future__ import annotations
+
+import torch
+
+import engine_native as _engine
+from engine_native.pipeline import build, check
+
+from .stage import PipelineStage
+from .step_run import StepRun
+
+
+class _PipelineSchedule:
+    _name = ""
+
+    def __init__(self, stages: list[PipelineStage], n_microbatches: int, loss_fn=None,
+                 args_chunk_spec=None, kwargs_chunk_spec=None, output_merge_spec=None,
+                 scale_grads: bool = True):
+        for what, spec in (("args_chunk_spec", args_chunk_spec),
+                           ("kwargs_chunk_spec", kwargs_chunk_spec),
+                           ("output_merge_spec", output_merge_spec)):
+            if spec is not None:
+                raise ValueError(f"{type(self).__name__}: {what} is not supported; batches "
+                                 "split and merge along dimension 0")
+        ranks = stages[0].ranks
+        num_stages = stages[0].num_stages
+        if any(s.ranks != ranks or s.num_stages != num_stages for s in stages):
+            raise ValueError(f"{type(self).__name__}: the stages belong to different pipelines")
+        k = len(ranks)
+        me = ranks.index(_engine.rank())
+        self._stages = {s.stage_index: s for s in stages}
+        mine = list(range(me, num_stages, k))
+        if sorted(self._stages) != mine:
+            raise ValueError(f"{type(self).__name__}: rank {_engine.rank()} holds stages "
+                             f"{mine} of the {num_stages}; got {sorted(self._stages)}")
+        self._n = n_microbatches
+        self._loss_fn = loss_fn
+        self._scale = 1.0 / n_microbatches if scale_grads else 1.0
+        self._rank = me
+        self._is_first = me == 0
+        self._is_last = me == k - 1
+        self._table = build(self._name, k, n_microbatches, num_stages // k)
+        check(self._table)  # a table that cannot run is refused here, with the reason
+        self._eval_table = None
+        self.peak_activations = 0
+
+    def step(self, *args, target=None, losses: list | None = None, **kwargs):
+        """One training step's forwards and backwards over every micro-batch. Returns the
+        last stage's outputs (concatenated along dimension 0), None elsewhere; on the last
+        stage, ``losses`` gets each micro-batch's (unscaled) loss. The optimizer step is the
+        caller's."""
+        if self._is_last and self._loss_fn is None:
+            raise ValueError(f"{type(self).__name__}.step trains, so the last stage needs "
+                             "loss_fn; for the forwards alone call eval()")
+        return self._run(self._table, args, target, losses, kwargs, "step")
+
+    def eval(self, *args, target=None, losses: list | None = None, **kwargs):
+        """The forwards alone (no gradients): the last stage's outputs, and with ``target``
+        and a ``loss_fn`` each micro-batch's loss in ``losses``."""
+        if self._eval_table is None:
+            k = self._table.ranks
+            self._eval_table = build("forward_only", k, self._n, self._table.stages // k)
+        with torch.no_grad():
+            return self._run(self._eval_table, args, target, losses, kwargs, "eval")
+
+    def _run(self, table, args, target, losses, kwargs, call: str):
+        name = f"{type(self).__name__}.{call}"
+        if kwargs:
+            raise ValueError(f"{name}: keyword inputs ({', '.join(kwargs)}) are not supported; "
+                             "pass the batch as one tensor")
+        if self._is_first != bool(args) or len(args) > 1:
+            raise ValueError(f"{name}: the first stage takes the batch, one tensor (and only "
+                             "it)")
+        if self._is_last and target is None and call == "step":
+            raise ValueError(f"{name}: the last stage takes target=")
+        inputs = _split(args[0], self._n, "batch") if args else None
+        targets = _split(target, self._n, "target") if self._is_last and target is not None \
+            else None
+        loss_fn = self._loss_fn if targets is not None else None
+        run = StepRun(self._stages, table, loss_fn, inputs, targets, self._scale)
+        run.run(table.programs[self._rank])
+        self.peak_activations = run.peak
+        if not self._is_last:
+            return None
+        if losses is not None and loss_fn is not None:
+            losses.extend(run.losses)
+        return torch.cat(run.outputs)
+
+
+class _SingleStageSchedule(_PipelineSchedule):
+    def __init__(self, stage: PipelineStage, n_microbatches: int, loss_fn=None, **kwargs):
+        if stage.num_stages != len(stage.ranks):
+            raise ValueError(f"{type(self).__name__} runs one stage per rank; {stage.num_stages}"
+                             f" stages on {len(stage.ranks)} ranks need "
+                             "ScheduleInterleaved1F1B")
+        super().__init__([stage], n_microbatches, loss_fn, **kwargs)
+
+
+class ScheduleGPipe(_SingleStageSchedule):
+    """Every micro-batch's forward, then every backward (GPipe; activations of all M
+    micro-batches held at once)."""
+    _name = "gpipe"
+
+
+class Schedule1F1B(_SingleStageSchedule):
+    """Warm-up forwards, then one forward and one backward in turn (activations of at most
+    K - r micro-batches on rank r)."""
+    _name = "1f1b"
+
+
+class ScheduleInterleaved1F1B(_PipelineSchedule):
+    """1F1B over several stages per rank (``stages``: this rank's, stage s on the pipeline's
+    rank s % K): the bubble shrinks to (K - 1) / (V M + K - 1) for V stages per rank; M must be
+    a multiple of K."""
+    _name = "interleaved_1f1b"
+
+
+def _split(batch: torch.Tensor, n: int, what: str) -> list:
+    if not isinstance(batch, torch.Tensor):
+        raise TypeError(f"pipeline step: the {what} must be one tensor, got "
+                         f"{type(batch).__name__}")
+    if batch.shape[0] < n:
+        raise ValueError(f"pipeline step: the {what} has {batch.shape[0]} rows, fewer than the "
+                         f"{n} micro-batches")
+    return list(torch.tensor_split(batch, n))

@@ -1,0 +1,52 @@
+"""PipelineStage: one stage of a pipeline (a module) and where the pipeline's stages live."""
+from __future__ import annotations
+
+import torch
+
+import engine_native as _engine
+
+
+class PipelineStage:
+    """``submodule`` as stage ``stage_index`` of ``num_stages``.
+
+    The pipeline runs on the ranks of ``group`` (an ``engine_native`` ProcessSet; every rank
+    when None), K of them: stage ``s`` lives on the set's ``s % K``-th rank, so ``num_stages``
+    is K (one stage per rank) or a multiple of it (``ScheduleInterleaved1F1B``). With
+    ``checkpoint=True`` (not in torch's class) the stage keeps only its input per micro-batch
+    and recomputes its activations in the backward (``torch.utils.checkpoint``).
+    """
+
+    def __init__(self, submodule: torch.nn.Module, stage_index: int, num_stages: int,
+                 device=None, input_args=None, output_args=None, group=None, *,
+                 checkpoint: bool = False):
+        del input_args, output_args  # shapes travel with every message; none are needed
+        ranks = list(range(_engine.size())) if group is None else list(group.ranks)
+        me = _engine.rank()
+        if me not in ranks:
+            raise ValueError(f"PipelineStage: rank {me} is not in the pipeline's process set "
+                             f"{ranks}")
+        if num_stages < len(ranks) or num_stages % len(ranks):
+            raise ValueError(f"PipelineStage: num_stages={num_stages} must be the {len(ranks)} "
+                             f"ranks of the pipeline or a multiple of them (stage s lives on "
+                             f"the pipeline's rank s % {len(ranks)})")
+        if not 0 <= stage_index < num_stages:
+            raise ValueError(f"PipelineStage: stage_index={stage_index} is not one of the "
+                             f"{num_stages} stages")
+        owner = ranks[stage_index % len(ranks)]
+        if owner != me:
+            raise ValueError(f"PipelineStage: stage {stage_index} belongs on rank {owner}, not "
+                             f"on rank {me}")
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError("PipelineStage: only CPU modules and tensors so far (device="
+                             f"{device!r})")
+        self.submod = submodule
+        self.stage_index = stage_index
+        self.num_stages = num_stages
+        self.ranks = ranks              # global rank of each pipeline rank
+        self.checkpoint = checkpoint
+        self.is_first = stage_index == 0
+        self.is_last = stage_index == num_stages - 1
+
+    def rank_of(self, stage: int) -> int:
+        """The global rank that holds ``stage``."""
+        return self.ranks[stage % len(self.ranks)]

@@ -1,0 +1,173 @@
+"""One pipeline step on one rank: run this rank's program of the schedule's action table over
+the rank's stages, moving activations and gradients with ``engine_native`` point-to-point.
+
+Note [Pipeline step failures]: a step is a collective of the pipeline's ranks. When one rank
+fails (its stage raises, a receive times out, a peer is lost), the others would wait in
+receives until HVD_TIMEOUT, and messages of the failed step could be taken by the next one.
+So the failing rank aborts the world's ops (``engine_native.abort``) with a reason naming
+its stage, the action and the micro-batch: every other rank's pending receive fails at once
+with that reason, wrapped in its own stage and action. Every rank raises ``PipelineError``
+(a ``HorovodInternalError``); ``shutdown()`` + ``init()`` start clean in the same processes,
+and a notebook's ``%%hvd`` cell does that by itself.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import engine_native as _engine
+
+# Pipeline messages use tags from here up, out of the way of a program's own small tags.
+TAG_BASE = 1 << 40
+
+
+class PipelineError(_engine.HorovodInternalError):
+    """A pipeline step failed; the message names the stage, the action and the micro-batch."""
+
+
+def forward_tag(stage: int, microbatch: int, microbatches: int) -> int:
+    """The tag of stage ``stage``'s output for ``microbatch`` (sent to stage + 1)."""
+    return TAG_BASE + 2 * (stage * microbatches + microbatch)
+
+
+def backward_tag(stage: int, microbatch: int, microbatches: int) -> int:
+    """The tag of the gradient of stage ``stage``'s output (sent back by stage + 1)."""
+    return forward_tag(stage, microbatch, microbatches) + 1
+
+
+def describe(action, stage_rank) -> str:
+    s, mb = action.stage, action.microbatch
+    return {
+        "F": f"the forward of micro-batch {mb}",
+        "B": f"the backward of micro-batch {mb}",
+        "RECV_F": f"receiving micro-batch {mb}'s activations from stage {s - 1} "
+                  f"(rank {stage_rank(s - 1)})",
+        "SEND_F": f"sending micro-batch {mb}'s activations to stage {s + 1} "
+                  f"(rank {stage_rank(s + 1)})",
+        "RECV_B": f"receiving micro-batch {mb}'s gradient from stage {s + 1} "
+                  f"(rank {stage_rank(s + 1)})",
+        "SEND_B": f"sending micro-batch {mb}'s gradient to stage {s - 1} "
+                  f"(rank {stage_rank(s - 1)})",
+    }[action.kind]
+
+
+class StepRun:
+    """The state of one step: per (stage, micro-batch) the input, output and gradients.
+
+    ``stages``: this rank's PipelineStages by index; ``inputs``: the first stage's micro-batches
+    (on its rank); ``targets``: the last stage's (on its rank); ``loss_scale``: what each
+    micro-batch's loss is multiplied by before its backward (1 / M for the mean)."""
+
+    def __init__(self, stages: dict, table, loss_fn, inputs, targets, loss_scale: float):
+        self.stages, self.table, self.loss_fn = stages, table, loss_fn
+        self.any_stage = next(iter(stages.values()))
+        self.m = table.microbatches
+        self.last_stage = table.stages - 1
+        self.loss_scale = loss_scale
+        self.x = {}          # (stage, mb) -> the stage's input (requires grad past stage 0)
+        self.y = {}          # (stage, mb) -> the stage's output, until its backward
+        self.dy = {}         # (stage, mb) -> the gradient received for that output
+        self.scaled = {}     # mb -> the last stage's loss * loss_scale, until its backward
+        self.targets = targets
+        self.first_inputs = inputs
+        self.outputs = [None] * self.m   # the last stage's outputs, detached
+        self.losses = [None] * self.m
+        self.sending = []                # isend requests, completed at the step's end
+        self.live = 0                    # (stage, mb) whose activations are held now
+        self.peak = 0
+
+    # ---- running ---------------------------------------------------------------------------
+
+    def run(self, program) -> None:
+        """Every action of ``program`` in order, then the sends; on a failure, Note [Pipeline
+        step failures]."""
+        action = None
+        try:
+            for action in program:
+                self._do(action)
+            action = None
+            for request in self.sending:
+                request.wait()
+        except Exception as exc:  # noqa: BLE001 - any failure fails the step on every rank
+            self._fail(action, exc)
+
+    def _fail(self, action, exc: Exception):
+        me = _engine.rank()
+        where = describe(action, self.any_stage.rank_of) if action else "completing its sends"
+        stage = action.stage if action else self.any_stage.stage_index
+        message = (f"pipeline stage {stage} (rank {me}) failed in {where}: "
+                   f"{type(exc).__name__}: {exc}")
+        try:
+            _engine.abort(message)
+        except Exception:  # noqa: BLE001, S110 - the world may be gone already; the error stands
+            pass
+        for request in self.sending:  # the abort failed them: let them release their arrays
+            try:
+                request.wait()
+            except Exception:  # noqa: BLE001, S110
+                pass
+        raise PipelineError(message) from exc
+
+    def _do(self, action) -> None:
+        s, mb = action.stage, action.microbatch
+        kind = action.kind
+        if kind == "RECV_F":
+            array = _engine.recv(self.any_stage.rank_of(s - 1),
+                                 tag=forward_tag(s - 1, mb, self.m))
+            self.x[s, mb] = _tensor(array).requires_grad_(True)
+        elif kind == "RECV_B":
+            array = _engine.recv(self.any_stage.rank_of(s + 1), tag=backward_tag(s, mb, self.m))
+            self.dy[s, mb] = _tensor(array)
+        elif kind == "SEND_F":
+            self._send(self.y[s, mb].detach(), s + 1, forward_tag(s, mb, self.m))
+        elif kind == "SEND_B":
+            x = self.x.pop((s, mb))
+            grad = x.grad if x.grad is not None else torch.zeros_like(x)  # output ignores x
+            self._send(grad, s - 1, backward_tag(s - 1, mb, self.m))
+        elif kind == "F":
+            self._forward(s, mb)
+        else:
+            self._backward(s, mb)
+
+    def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
+        array = tensor.contiguous().numpy()
+        self.sending.append(_engine.isend(array, self.any_stage.rank_of(to_stage), tag=tag))
+
+    def _forward(self, s: int, mb: int) -> None:
+        stage = self.stages[s]
+        if s == 0:
+            x = self.first_inputs[mb]
+        elif (s, mb) not in self.x:  # the previous stage is on this rank: a local hand-off
+            x = self.x[s, mb] = self.y[s - 1, mb].detach().requires_grad_(True)
+        else:
+            x = self.x[s, mb]
+        if stage.checkpoint and torch.is_grad_enabled():
+            y = checkpoint(stage.submod, x, use_reentrant=False)
+        else:
+            y = stage.submod(x)
+        if s == self.last_stage:
+            self.outputs[mb] = y.detach()
+            if self.loss_fn is not None:
+                loss = self.loss_fn(y, self.targets[mb])
+                self.losses[mb] = loss.detach()
+                self.scaled[mb] = loss * self.loss_scale
+        self.y[s, mb] = y
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+
+    def _backward(self, s: int, mb: int) -> None:
+        y = self.y.pop((s, mb))
+        if s == self.last_stage:
+            self.scaled.pop(mb).backward()
+        else:
+            dy = self.dy.pop((s, mb), None)
+            if dy is None:  # the next stage is on this rank
+                x_next = self.x.pop((s + 1, mb))
+                dy = x_next.grad if x_next.grad is not None else torch.zeros_like(x_next)
+            torch.autograd.backward(y, grad_tensors=dy)
+        self.live -= 1
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array if array.flags.writeable else array.copy())

@@ -1,0 +1,118 @@
+"""hvd.pipeline.Pipeline, the short form, on real ranks: a list of layers built alike on every
+rank, split over the ranks (even, by counts, by timing the layers, interleaved, with
+re-materialisation, over a process set), trained three SGD steps: every rank gets the step's mean loss, and the model
+gathered on the first rank equals single-process training with gradient accumulation (1e-6).
+``predict`` gives the model's outputs on the last rank. Bad balances are refused with what to
+pass."""
+import pytest
+
+from multiproc.harness import run_ranks
+
+STEPS, MICROBATCHES = 3, 4
+
+
+def _layers():
+    import torch
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(5, 5, dtype=torch.float64), torch.nn.Tanh()]
+    return layers
+
+
+def _reference(x, y):
+    """(state_dict, mean loss per step) of single-process training over the same steps."""
+    import torch
+    model = torch.nn.Sequential(*_layers())
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad()
+        step = []
+        for xm, ym in zip(torch.tensor_split(x, MICROBATCHES), torch.tensor_split(y, MICROBATCHES)):
+            loss = torch.nn.functional.mse_loss(model(xm), ym)
+            step.append(loss.item())
+            (loss / MICROBATCHES).backward()
+        opt.step()
+        losses.append(sum(step) / MICROBATCHES)
+    return model.state_dict(), losses, model(x).detach()
+
+
+def short_form_suite():
+    import torch
+
+    import engine_native.torch as hvd
+    hvd.init()
+    x = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    want_state, want_losses, want_out = _reference(x, y)
+    k = hvd.size()
+    pair = hvd.add_process_set([0, k - 1])  # a pipeline of two ranks among more
+    configs = {"even 1f1b": {}, "gpipe by counts": {"schedule": "gpipe",
+                                                    "balance": [2] * (k - 1) + [10 - 2 * k]},
+               "checkpoint": {"checkpoint": True},
+               "by time": {"balance": "time", "sample": x[:2]}}
+    if MICROBATCHES % k == 0:  # (interleaving runs micro-batches in groups of K)
+        configs["interleaved"] = {"schedule": "interleaved_1f1b", "stages_per_rank": 2}
+    if k > 2:
+        configs["process set"] = {"process_set": pair}
+    worst = {}
+    for name, options in configs.items():
+        ps = options.get("process_set")
+        if ps is not None and hvd.rank() not in ps.ranks:
+            continue
+        pipe = hvd.pipeline.Pipeline(_layers(), microbatches=MICROBATCHES,
+                                     loss_fn=torch.nn.functional.mse_loss, **options)
+        # (a stage of Tanh alone, which timing may choose, has no parameters to step)
+        params = pipe.parameters()
+        opt = torch.optim.SGD(params or [torch.zeros(1, requires_grad=True)], lr=0.5)
+        losses = []
+        for _ in range(STEPS):
+            opt.zero_grad()
+            losses.append(pipe.step(x, y))
+            opt.step()
+        err = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
+        state = pipe.gather_state_dict()
+        first = hvd.rank() == pipe.ranks[0]
+        assert (state is None) != first, (name, state is None)
+        if first:
+            assert sorted(state) == sorted(want_state), (sorted(state), sorted(want_state))
+            err = max(err, max(((state[k] - v).abs().max() / v.abs().max()).item()
+                               for k, v in want_state.items()))
+        out = pipe.predict(x)
+        if hvd.rank() == pipe.ranks[-1]:
+            err = max(err, (out - want_out).abs().max().item())
+        else:
+            assert out is None
+        worst[name] = (err, pipe.counts)
+    errors = []
+    for balance in ([3] * k, [0] + [1] * (k - 2) + [9 - k], "fast"):
+        try:
+            hvd.pipeline.Pipeline(_layers(), 4, loss_fn=torch.nn.functional.mse_loss,
+                                  balance=balance)
+        except ValueError as exc:
+            errors.append(str(exc))
+    hvd.shutdown()
+    return worst, errors
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_the_short_form_trains_like_one_process(np_):
+    results = run_ranks(short_form_suite, np_, timeout=180)
+    assert len({tuple(res.value[0]["by time"][1]) for res in results}) == 1
+    for res in results:
+        worst, errors = res.value
+        assert all(err <= 1e-6 for err, _ in worst.values()), (res.rank, worst)
+        assert worst["even 1f1b"][1] == [8 // np_ + (i < 8 % np_) for i in range(np_)]
+        assert worst["gpipe by counts"][1] == [2] * (np_ - 1) + [10 - 2 * np_]
+        if np_ == 2:
+            assert worst["interleaved"][1] == [2, 2, 2, 2], worst
+        # timed on the first rank, then the same counts everywhere (checked across ranks below)
+        counts = worst["by time"][1]
+        assert len(counts) == np_ and sum(counts) == 8 and min(counts) >= 1, counts
+        if np_ == 3:
+            assert ("process set" in worst) == (res.rank != 1), worst
+        assert len(errors) == 3, errors
+        assert all(f"must be {np_} positive layer counts (one per stage) adding up to the 8 "
+                   "layers" in e for e in errors[:2]), errors
+        assert errors[2].startswith("Pipeline: balance='fast' must be"), errors

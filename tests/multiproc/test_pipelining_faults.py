@@ -1,0 +1,130 @@
+"""A pipeline step that cannot finish fails on every rank, never hangs (issue #36, "Faults"):
+at np 3 with 1F1B, stage 1 raises in a forward, gets activations of the wrong shape, is
+SIGKILLed, or is SIGSTOPped. Every other rank raises PipelineError naming its own stage,
+what it was doing (the micro-batch, the peer) and, when a stage failed, that stage and
+micro-batch (Note [Pipeline step failures]); a raise or a shape error aborts the step at once
+(HVD_TIMEOUT here is far longer than the harness allows), a stopped stage within HVD_TIMEOUT +
+1 s. After a raise the same processes re-initialise and train the next step."""
+import os
+import signal
+import time
+
+import pytest
+
+from multiproc import faults
+from multiproc.harness import run_ranks
+
+FAULTY_MB = 2
+
+
+def _fault_layer(mode: str, folder: str):
+    import torch
+
+    class Fault(torch.nn.Module):
+        """Passes its input through; at micro-batch FAULTY_MB's forward, the fault."""
+
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls == FAULTY_MB + 1:
+                if mode == "raise":
+                    raise RuntimeError("injected fault")
+                if mode == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if mode == "stop":
+                    faults.write_pid(folder, "stopped")
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            return x
+
+    return Fault()
+
+
+def faulty_step(mode: str, folder: str):
+    import torch
+
+    import engine_native.torch as hvd
+    from engine_native.torch.pipelining import PipelineError, PipelineStage, Schedule1F1B
+    hvd.init()
+    r, k = hvd.rank(), hvd.size()
+    torch.manual_seed(r)
+    width = 5 if (mode == "shape" and r == 1) else 6  # stage 1 expects 5 features, gets 6
+    part = torch.nn.Sequential(torch.nn.Linear(width, 6), torch.nn.Tanh())
+    if r == 1 and mode != "shape":
+        part.append(_fault_layer(mode, folder))
+    x, y = torch.randn(8, 6), torch.randn(8, 6)
+
+    def step(module):
+        schedule = Schedule1F1B(PipelineStage(module, r, k), 4,
+                                loss_fn=torch.nn.functional.mse_loss)
+        if r == 0:
+            return schedule.step(x)
+        return schedule.step(target=y) if r == k - 1 else schedule.step()
+
+    start = time.monotonic()
+    try:
+        step(part)
+        error = None
+    except PipelineError as exc:
+        error = str(exc)
+    took = time.monotonic() - start
+    if mode == "stop" and r == 0:
+        faults.kill_by_pid_file(folder, "stopped")
+    recovered = None
+    if mode in ("raise", "shape"):  # the next step on the same processes, after a re-init
+        hvd.shutdown()
+        hvd.init()
+        recovered = step(torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh()))
+        recovered = recovered is None or tuple(recovered.shape) == (8, 6)
+        hvd.shutdown()
+    return error, took, recovered
+
+
+def _own(rank: int) -> str:
+    return f"pipeline stage {rank} (rank {rank}) failed in "
+
+
+@pytest.mark.parametrize("mode, cause", [
+    ("raise", "the forward of micro-batch 2: RuntimeError: injected fault"),
+    ("shape", ("the forward of micro-batch 0: RuntimeError: mat1 and mat2 shapes cannot be "
+               "multiplied (2x6 and 5x6)")),
+])
+def test_a_stage_that_raises_fails_every_rank_at_once_and_the_next_step_runs(tmp_path, mode,
+                                                                             cause):
+    res = run_ranks(faulty_step, 3, args=(mode, str(tmp_path)), timeout=90,
+                    env={"HVD_TIMEOUT": "300"})  # only the abort can end the step in time
+    failed = _own(1) + cause
+    for r in range(3):
+        error, _, recovered = res[r].value
+        assert error is not None and error.startswith(_own(r)), (r, error)
+        assert failed in error, (r, error)
+        if r != 1:
+            assert f"aborted on rank 1: {failed}" in error, (r, error)
+        assert recovered, r
+
+
+def test_a_killed_stage_fails_the_others_naming_stage_micro_batch_and_peer(tmp_path):
+    res = run_ranks(faulty_step, 3, args=("kill", str(tmp_path)), timeout=90, check=False,
+                    env={"HVD_TIMEOUT": "300"})
+    assert res[1].returncode == -signal.SIGKILL, res[1].describe()
+    for r in (0, 2):
+        assert res[r].ok, res[r].describe()
+        error = res[r].value[0]
+        assert error is not None and error.startswith(_own(r)), (r, error)
+        assert "micro-batch" in error and "rank 1" in error, error
+
+
+def test_a_stopped_stage_fails_the_others_within_the_timeout(tmp_path):
+    res = run_ranks(faulty_step, 3, args=("stop", str(tmp_path)), timeout=90, check=False,
+                    env={"HVD_TIMEOUT": "3"})
+    assert res[1].returncode == -signal.SIGKILL, res[1].describe()
+    # stage 2 waits for micro-batch 2's activations from the stopped stage 1, stage 0 for a
+    # gradient from it: the first to time out aborts the step for the other
+    for r, waits_for in ((2, "micro-batch 2's activations from stage 1 (rank 1)"),
+                         (0, "micro-batch 1's gradient from stage 1 (rank 1)")):
+        error, took, _ = res[r].value
+        assert error.startswith(_own(r) + "receiving " + waits_for), error
+        assert "no byte came from that rank for 3 s (HVD_TIMEOUT)" in error, error
+        assert took < 3 + 1, (r, took)
