@@ -89,6 +89,20 @@ def test_failing_rank_does_not_leave_peers_hanging(local_cluster, run):
     assert_allreduce_works(run)
 
 
+def test_a_failing_rank_ends_its_peers_wait_in_a_receive(local_cluster, run):
+    """A receive is listed with the collectives (op RECV): the same fail-fast, within
+    seconds, not HVD_TIMEOUT."""
+    res = run("%%hvd\nif hvd.rank() == 2:\n    raise ValueError('bad batch')\n"
+              "if hvd.rank() == 0:\n    hvd.recv(2, tag=1)")
+    assert isinstance(res.error, CellInterrupted), res.text
+    assert res.error.reason == "failfast"
+    assert res.seconds < 10
+    text = traceback_text(res)
+    assert "recv 'from rank 2, tag 1'" in text and "waiting on rank 2 (raised ValueError)" \
+        in text, text
+    assert_allreduce_works(run)
+
+
 def test_mismatch_error_from_core_is_grouped(local_cluster, run):
     res = run("%%hvd\nhvd.allreduce(torch.ones(hvd.rank() + 1), name='shape')")
     assert isinstance(res.error, RankError), res.text

@@ -45,3 +45,17 @@ def test_elastic():
     assert "elastic: generation" in text and "rank 3 (pid" in text  # %hvd_status
     assert "killed by SIGKILL" in text.split("elastic: generation")[1]
     assert "hvd: cluster stopped" in text
+
+
+def test_pipeline():
+    nb = execute("pipeline.ipynb")
+    text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
+    assert "[rank 0] my blocks: [[0, 1, 2]]" in text and "[rank 1] my blocks: [[3, 4, 5]]" \
+        in text, text
+    two = float(text.split("[rank 1] 2 stages: test accuracy ")[1].split()[0])
+    counts = text.split("[all ranks] blocks per stage: ")[1].splitlines()[0]
+    assert sum(int(c) for c in counts.strip("[]").split(",")) == 6, counts
+    four = text.split("[rank 3] 4 stages: test accuracy ")[1].split()[0]
+    assert f"[rank 0] gathered model: test accuracy {four}" in text, text
+    assert two > 0.75 and float(four) > 0.75, (two, four)  # (deterministic: seeded, exact)
+    assert "hvd: cluster stopped" in text

@@ -74,7 +74,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
     executeQueued();
-    stalls_.inspect(entries_, coordinator_.get());
+    stalls_.inspect(entries_, coordinator_.get(), peer_ops_);
   }
   if (!failed_) {  // device ops queued earlier may finish while the shutdown is agreed
     Status device = executor_.pollDevice();

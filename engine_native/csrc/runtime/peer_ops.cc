@@ -261,6 +261,22 @@ bool PeerOps::idle() const {
   return submitted_.empty();
 }
 
+void PeerOps::appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const {
+  for (const PerPeer& p : peers_) {
+    for (const auto* ops : {&p.receiving, &p.sending}) {
+      for (const Op& op : *ops) {
+        PendingInfo info;
+        info.op = op.is_send ? "SEND" : "RECV";
+        info.name = std::string(op.is_send ? "to" : "from") + " rank " +
+                    std::to_string(op.peer) + ", tag " + std::to_string(op.tag);
+        info.age_seconds = std::chrono::duration<double>(now - op.since).count();
+        info.missing_ranks = {op.peer};
+        out->push_back(std::move(info));
+      }
+    }
+  }
+}
+
 void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events,
                       std::vector<int>* peers) const {
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {

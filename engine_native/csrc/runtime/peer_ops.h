@@ -44,6 +44,10 @@ class PeerOps {
   // or malformed) is the whole rank's: the loop fails with it.
   common::Status progress(bool* moved);
   bool idle() const;  // nothing pending (submitted, queued, posted or being written)
+  // Posted receives and unfinished sends, as metrics()["pending"] lists them (op "RECV" or
+  // "SEND", the peer as the missing rank): a notebook sees a rank waiting in a receive as it
+  // sees one waiting in a collective.
+  void appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const;
   // Every channel's socket and peer, with POLLOUT where frames wait to be written.
   void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
   // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A

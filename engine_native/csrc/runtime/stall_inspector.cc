@@ -13,7 +13,8 @@ StallInspector::StallInspector(Metrics& metrics, const common::Config& config,
     : metrics_(metrics), config_(config), keys_(keys), queue_(queue),
       last_check_(Clock::now()), last_report_(last_check_) {}
 
-void StallInspector::inspect(EntryTable& entries, RankZeroCoordinator* coordinator) {
+void StallInspector::inspect(EntryTable& entries, RankZeroCoordinator* coordinator,
+                             const PeerOps& peers) {
   auto now = Clock::now();
   if (now - last_check_ < std::chrono::milliseconds(200)) return;
   std::vector<PendingInfo> pending;
@@ -25,6 +26,7 @@ void StallInspector::inspect(EntryTable& entries, RankZeroCoordinator* coordinat
     if (coordinator) info.missing_ranks = coordinator->missingRanks(entry.request.key);
     pending.push_back(std::move(info));
   });
+  peers.appendPending(now, &pending);
   metrics_.setPending(std::move(pending));
   if (coordinator) failDeadlocked(*coordinator, now);
   if (!coordinator || config_.stall_check_disable) {

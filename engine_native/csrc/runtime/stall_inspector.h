@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "coord/key_table.h"
 #include "runtime/metrics.h"
+#include "runtime/peer_ops.h"
 #include "runtime/rank_zero_coordinator.h"
 #include "runtime/submission_queue.h"
 #include "runtime/tensor_entry.h"
@@ -25,7 +26,8 @@ class StallInspector {
                  SubmissionQueue& queue);
 
   // `coordinator`: null except on rank 0.
-  void inspect(EntryTable& entries, RankZeroCoordinator* coordinator);
+  // `peers`: its posted receives and unfinished sends are listed with the collectives.
+  void inspect(EntryTable& entries, RankZeroCoordinator* coordinator, const PeerOps& peers);
 
  private:
   void failDeadlocked(RankZeroCoordinator& coordinator, Clock::time_point now);
