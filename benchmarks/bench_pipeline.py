@@ -1,15 +1,22 @@
-"""Pipeline training step, np=2 (issue #36, "against the peer"): the same MLP split in two
-stages, trained with GPipe and 1F1B by ``engine_native.torch.pipelining`` (under ``hvdrun``)
-and by ``torch.distributed.pipelining`` on gloo (under ``torchrun``), in the same run.
+"""Pipeline training steps (issue #36): ours (``engine_native.torch.pipelining`` under
+``hvdrun``) and ``torch.distributed.pipelining`` on gloo (under ``torchrun``), the same code
+and the same cases, in the same run.
 
-    python benchmarks/bench_pipeline.py [--steps 20] [--launches 3]
+    python benchmarks/bench_pipeline.py [--steps 20] [--launches 3] [--only mlp|bubble]
 
-Cases (the issue's): an 8-block MLP of hidden 1024, batch 64, 8 micro-batches (compute-bound);
-the same MLP at hidden 64, 16 micro-batches (bound by the hand-offs). A block is
-Linear(h, h) + Tanh; each stage holds 4 blocks. Step time: the median of ``--steps`` steps
-after 3 warm-up steps, the slowest rank's; each launch is one process pair per system and
-schedule, and a launch that runs past ``--timeout`` counts as a hang. Prints one table: the
-median over launches and ours / torch (time; < 1: ours faster).
+Table 1, "against the peer" (np=2, GPipe and 1F1B): an MLP of 8 blocks (Linear(h, h) + Tanh),
+4 per stage, batch 64: hidden 1024 with 8 micro-batches (compute-bound), hidden 64 with 16
+(bound by the hand-offs). Step time: the median of ``--steps`` steps after 3 warm-up steps,
+the slowest rank's; the median over launches; ours / torch < 1: ours faster.
+
+Table 2, "bubble": balanced synthetic stages whose forward sleeps 10 ms and backward 20 ms
+(compute that needs no core, so 4 ranks fit on 2 cores), K=2 with M=8 and K=4 with M=16.
+Idle fraction of a rank = 1 - (time in its stage's compute) / (step time), the worst rank's,
+beside the theory (K-1)/(M+K-1); speedup = K M (f + b) / step time (the same work on one rank),
+as a share of the ideal K M / (M + K - 1).
+
+Each launch is one set of processes per system and case; launches alternate which system
+goes first; a launch that fails or runs past ``--timeout`` is counted, not hidden.
 """
 from __future__ import annotations
 
@@ -23,13 +30,46 @@ import sys
 import tempfile
 import time
 
-CASES = [("hidden 1024, batch 64, 8 micro-batches", 1024, 64, 8),
-         ("hidden 64, batch 64, 16 micro-batches", 64, 64, 16)]
+MLP_CASES = [("hidden 1024, batch 64, 8 micro-batches", 2, 1024, 8),
+             ("hidden 64, batch 64, 16 micro-batches", 2, 64, 16)]
+BUBBLE_CASES = [("K=2, M=8", 2, 16, 8), ("K=4, M=16", 4, 16, 16)]
 SCHEDULES = ("gpipe", "1f1b")
+FORWARD_S, BACKWARD_S = 0.010, 0.020
+BATCH = 64
 
 
-def rank_main(system: str, hidden: int, batch: int, micro: int, schedule: str,
-              steps: int, out_dir: str) -> None:
+def _sleep_stage(torch, busy: list):
+    """A stage that sleeps FORWARD_S in its forward and BACKWARD_S in its backward, adding
+    the time to ``busy[0]``."""
+
+    class Sleep(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            t0 = time.perf_counter()
+            time.sleep(FORWARD_S)
+            busy[0] += time.perf_counter() - t0
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            t0 = time.perf_counter()
+            time.sleep(BACKWARD_S)
+            busy[0] += time.perf_counter() - t0
+            return grad
+
+    class Stage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))  # so stage 0 runs a backward too
+
+        def forward(self, x):
+            return Sleep.apply(x * self.w)
+
+    return Stage()
+
+
+def rank_main(system: str, kind: str, hidden: int, micro: int, schedule: str, steps: int,
+              out_dir: str) -> None:
     import torch
     torch.set_num_threads(1)
     if system == "ours":
@@ -47,20 +87,25 @@ def rank_main(system: str, hidden: int, batch: int, micro: int, schedule: str,
         make_stage = lambda mod: pp.PipelineStage(mod, rank, size, torch.device("cpu"))
         barrier = dist.barrier
     torch.manual_seed(0)
-    blocks = []
-    for _ in range(8):
-        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
-    per = len(blocks) // size
-    part = torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
+    busy = [0.0]
+    if kind == "mlp":
+        blocks = []
+        for _ in range(8):
+            blocks += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
+        per = len(blocks) // size
+        part = torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
+    else:
+        part = _sleep_stage(torch, busy)
     cls = pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B
     last = rank == size - 1
     # every rank passes loss_fn: torch's schedules run forward only on a rank without one
     sched = cls(make_stage(part), micro, loss_fn=torch.nn.functional.mse_loss)
     opt = torch.optim.SGD(part.parameters(), lr=1e-3)
-    x, y = torch.randn(batch, hidden), torch.randn(batch, hidden)
-    times = []
+    x, y = torch.randn(BATCH, hidden), torch.randn(BATCH, hidden)
+    times, busies = [], []
     for i in range(3 + steps):
         barrier()
+        busy[0] = 0.0
         t0 = time.perf_counter()
         opt.zero_grad()
         if rank == 0:
@@ -72,69 +117,100 @@ def rank_main(system: str, hidden: int, batch: int, micro: int, schedule: str,
         opt.step()
         if i >= 3:
             times.append(time.perf_counter() - t0)
+            busies.append(busy[0])
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:  # (torchrun mixes stdouts)
-        json.dump(times, f)
+        json.dump({"times": times, "busy": busies}, f)
 
 
-def launch(system: str, case, schedule: str, steps: int, timeout: float):
-    _, hidden, batch, micro = case
-    here = os.path.abspath(__file__)
+def launch(system: str, kind: str, case, schedule: str, steps: int, timeout: float):
+    """(step time, worst rank's idle fraction) of one launch, or None if it failed or hung."""
+    _, np_, hidden, micro = case
     out_dir = tempfile.mkdtemp(prefix="bench_pipeline_")
-    args = [here, "--rank-main", system, str(hidden), str(batch), str(micro), schedule,
-            str(steps), out_dir]
+    args = [os.path.abspath(__file__), "--rank-main", system, kind, str(hidden), str(micro),
+            schedule, str(steps), out_dir]
     if system == "ours":
-        cmd = ["hvdrun", "-np", "2", sys.executable] + args
+        cmd = ["hvdrun", "-np", str(np_), sys.executable] + args
     else:
-        cmd = ["torchrun", "--nproc-per-node", "2", "--master-port", "29517",
-               "--log-dir", "/tmp/bench_pipeline_torchrun"] + args
+        cmd = ["torchrun", "--nproc-per-node", str(np_), "--master-port", "29517",
+               "--log-dir", os.path.join(out_dir, "torchrun")] + args
     try:
         subprocess.run(cmd, check=False, capture_output=True, timeout=timeout,
                        start_new_session=True)
         per_rank = []
-        for rank in range(2):
+        for rank in range(np_):
             with open(os.path.join(out_dir, f"{rank}.json")) as f:
                 per_rank.append(json.load(f))
     except (subprocess.TimeoutExpired, OSError):  # hung, or a rank wrote no result
         return None
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
-    slowest = [max(pair) for pair in zip(*per_rank)]
-    return statistics.median(slowest)
+    steps_slowest = [max(ts) for ts in zip(*(r["times"] for r in per_rank))]
+    idle = [1 - statistics.median(r["busy"]) / statistics.median(r["times"]) for r in per_rank]
+    return statistics.median(steps_slowest), max(idle)
+
+
+def measure(kind: str, case, schedule: str, a):
+    got = {"ours": [], "torch": []}
+    failed = {"ours": 0, "torch": 0}
+    for i in range(a.launches):
+        for system in (("ours", "torch") if i % 2 == 0 else ("torch", "ours")):
+            result = launch(system, kind, case, schedule, a.steps, a.timeout)
+            if result is None:
+                failed[system] += 1
+            else:
+                got[system].append(result)
+    med = {s: (statistics.median(t for t, _ in v), statistics.median(i for _, i in v))
+           if v else None for s, v in got.items()}
+    return med, failed
+
+
+def _ms(t):
+    return f"{t * 1e3:.1f} ms" if t else "-"
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
-        s, h, b, m, sched, steps, out_dir = sys.argv[2:9]
-        rank_main(s, int(h), int(b), int(m), sched, int(steps), out_dir)
+        s, kind, h, m, sched, steps, out_dir = sys.argv[2:9]
+        rank_main(s, kind, int(h), int(m), sched, int(steps), out_dir)
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--only", choices=("mlp", "bubble"))
     a = ap.parse_args()
-    rows = []
-    for case in CASES:
-        for schedule in SCHEDULES:
-            got = {"ours": [], "torch": []}
-            hangs = {"ours": 0, "torch": 0}
-            for i in range(a.launches):
-                order = ("ours", "torch") if i % 2 == 0 else ("torch", "ours")
-                for system in order:
-                    t = launch(system, case, schedule, a.steps, a.timeout)
-                    if t is None:
-                        hangs[system] += 1
-                    else:
-                        got[system].append(t)
-            ours = statistics.median(got["ours"]) if got["ours"] else None
-            peer = statistics.median(got["torch"]) if got["torch"] else None
-            ratio = f"{ours / peer:.2f}x" if ours and peer else "-"
-            fmt = lambda t: f"{t * 1e3:.1f} ms" if t else "-"
-            rows.append(f"| {case[0]} | {schedule} | {fmt(ours)} | {fmt(peer)} | {ratio} | "
-                        f"{hangs['ours']} / {hangs['torch']} |")
-    print("| case | schedule | ours (step) | torch.distributed.pipelining, gloo | ours / torch "
-          "| launches failed or hung: ours / torch |")
-    print("|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    if a.only != "bubble":
+        print("| case (np=2) | schedule | ours (step) | torch.distributed.pipelining, gloo | "
+              "ours / torch | launches failed or hung: ours / torch |")
+        print("|---|---|---|---|---|---|")
+        for case in MLP_CASES:
+            for schedule in SCHEDULES:
+                med, failed = measure("mlp", case, schedule, a)
+                ours, peer = (med[s][0] if med[s] else None for s in ("ours", "torch"))
+                ratio = f"{ours / peer:.2f}x" if ours and peer else "-"
+                print(f"| {case[0]} | {schedule} | {_ms(ours)} | {_ms(peer)} | {ratio} | "
+                      f"{failed['ours']} / {failed['torch']} |", flush=True)
+    if a.only != "mlp":
+        print(f"\n| stages (f {FORWARD_S * 1e3:.0f} ms, b {BACKWARD_S * 1e3:.0f} ms) | "
+              "schedule | theory idle | ours: idle, step, speedup / ideal | "
+              "torch: idle, step, speedup / ideal | failed: ours / torch |")
+        print("|---|---|---|---|---|---|")
+        for case in BUBBLE_CASES:
+            k, m = case[1], case[3]
+            theory = (k - 1) / (m + k - 1)
+            ideal = k * m / (m + k - 1)
+            for schedule in SCHEDULES:
+                med, failed = measure("bubble", case, schedule, a)
+                cells = []
+                for s in ("ours", "torch"):
+                    if med[s] is None:
+                        cells.append("-")
+                        continue
+                    step, idle = med[s]
+                    speedup = k * m * (FORWARD_S + BACKWARD_S) / step
+                    cells.append(f"{idle:.1%}, {_ms(step)}, {speedup / ideal:.0%}")
+                print(f"| {case[0]} | {schedule} | {theory:.1%} | {cells[0]} | {cells[1]} | "
+                      f"{failed['ours']} / {failed['torch']} |", flush=True)
 
 
 if __name__ == "__main__":
