@@ -57,12 +57,12 @@ def test_blocking_gathers_run_on_the_caller(np_):
     res = run_ranks(driven_counts, np_, timeout=120, env={"HVD_CALLER_SPIN_US": "5000000"})
     for r in res:
         driven, values = r.value
-        for op in ("allgather", "alltoall", "reducescatter"):
-            assert driven[op] == OPS, f"rank {r.rank}: {op} drove {driven[op]} of {OPS}"
-        # Without waited groups none is driven; one may be lost to the loop's 200 ms tick.
-        for op in ("grouped_allgather", "grouped_allreduce", "grouped_allreduce_",
-                   "grouped_reducescatter"):
-            assert OPS - 1 <= driven[op] <= OPS, f"rank {r.rank}: {op} drove {driven[op]} of {OPS}"
+        # Without the mechanism none is driven. With it, the core's thread still takes an op
+        # now and then: at its 200 ms tick, or woken by the peer's request frame while the
+        # caller is descheduled (seen on a loaded CI machine: alltoall drove 19 of 20).
+        for op in ("allgather", "alltoall", "reducescatter", "grouped_allgather",
+                   "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter"):
+            assert OPS - 2 <= driven[op] <= OPS, f"rank {r.rank}: {op} drove {driven[op]} of {OPS}"
         # not waited at submit: the core's thread
         assert driven["allgather_async"] == driven["grouped_allgather_async"] == 0, driven
         n = np_
