@@ -1,6 +1,7 @@
 """Point-to-point for torch tensors (issue #36; not in Horovod): ``send``/``recv`` between two
-ranks, autograd-aware, and ``isend``/``irecv``/``batch_isend_irecv`` as in
-``torch.distributed``::
+ranks, autograd-aware, and ``isend``/``irecv``/``batch_isend_irecv`` with torch.distributed's
+names but not its signatures (a receive returns a new tensor, ``out=`` fills one; no group;
+``P2POp(op, tensor, peer, tag)``)::
 
     if hvd.rank() == 0:
         token = hvd.send(stage0(x), dst=1)     # its backward waits for rank 1's gradient
@@ -49,11 +50,16 @@ def _reset_counts():
 _basics._per_world_resets.append(_reset_counts)
 
 
-def _count(counter, key) -> int:
+def _next(counter, key) -> int:
+    """The number of the next message of ``key`` (counted once it was submitted)."""
     with _lock:
-        k = counter[key]
+        return counter[key]
+
+
+def _count(counter, key) -> None:
+    """A message of ``key`` was submitted (a refused one is not counted, on either side)."""
+    with _lock:
         counter[key] += 1
-        return k
 
 
 def _grad_tag(tag: int, sequence: int) -> int:
@@ -80,19 +86,25 @@ class Request:
 
     def __init__(self, handle: int, what: str, keep=None, out=None):
         self._handle, self._what, self._keep, self._out = handle, what, keep, out
-        self._done, self._result = False, None
+        self._done, self._result, self._error = False, None, None
 
     def is_completed(self) -> bool:
         return self._done or _core.poll(self._handle)
 
     def wait(self):
+        if self._error is not None:
+            raise self._error
         if self._done:
             return self._result
         result = _core.wait(self._handle)
         self._keep = None  # the core no longer reads the send's tensor
-        self._done = True
         if result is not None:
-            self._result = _received(result, self._what, self._out)
+            try:
+                self._result = _received(result, self._what, self._out)
+            except ValueError as exc:  # a misfit `out`: every wait() raises it
+                self._error = exc
+                raise
+        self._done = True
         return self._result
 
 
@@ -127,16 +139,18 @@ def _irecv(src: int, tag: int, out=None) -> Request:
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
     """Start sending ``tensor`` to rank ``dst``; it must not change until ``wait()``."""
     _check_tag(tag, "isend")
+    request = _isend(tensor, dst, tag)
     _count(_sends, (dst, tag))
-    return _isend(tensor, dst, tag)
+    return request
 
 
 def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None) -> Request:
     """Start receiving the next message with ``tag`` from rank ``src``; ``wait()`` returns a
     new tensor, or ``out`` filled (same dtype and shape, else ValueError)."""
     _check_tag(tag, "irecv")
+    request = _irecv(src, tag, out)
     _count(_receives, (src, tag))
-    return _irecv(src, tag, out)
+    return request
 
 
 class _Send(torch.autograd.Function):
@@ -144,7 +158,9 @@ class _Send(torch.autograd.Function):
     def forward(ctx, tensor, dst, tag, sequence):
         ctx.dst, ctx.tag, ctx.sequence = dst, tag, sequence
         ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
-        _isend(tensor, dst, tag).wait()
+        request = _isend(tensor, dst, tag)
+        _count(_sends, (dst, tag))
+        request.wait()
         return torch.zeros((), dtype=tensor.dtype)
 
     @staticmethod
@@ -161,7 +177,9 @@ class _Recv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, _anchor, src, tag, sequence):
         ctx.src, ctx.tag, ctx.sequence = src, tag, sequence
-        return _irecv(src, tag).wait()
+        request = _irecv(src, tag)
+        _count(_receives, (src, tag))
+        return request.wait()
 
     @staticmethod
     def backward(ctx, grad):
@@ -176,11 +194,15 @@ def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     any backward through it) waits for the gradient that rank ``dst``'s :func:`recv` sends back
     and passes it to ``tensor``'s graph."""
     _check_tag(tag, "send")
-    sequence = _count(_sends, (dst, tag))
+    sequence = _next(_sends, (dst, tag))
     if tensor.requires_grad and torch.is_grad_enabled():
-        return _Send.apply(tensor, dst, tag, sequence)
-    _isend(tensor, dst, tag).wait()
-    return torch.zeros((), dtype=tensor.dtype)
+        token = _Send.apply(tensor, dst, tag, sequence)  # (counted once submitted, below)
+    else:
+        request = _isend(tensor, dst, tag)
+        _count(_sends, (dst, tag))
+        request.wait()
+        token = torch.zeros((), dtype=tensor.dtype)
+    return token
 
 
 def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
@@ -190,14 +212,15 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     With ``requires_grad=True`` the tensor is part of the autograd graph: its gradient is sent
     back to rank ``src``, whose :func:`send` token receives it."""
     _check_tag(tag, "recv")
-    sequence = _count(_receives, (src, tag))
     if requires_grad:
         if out is not None:
             raise ValueError("recv: requires_grad=True returns a new tensor; out= is for "
                              "receives outside autograd")
         anchor = torch.empty(0, requires_grad=True)  # puts the receive in the graph
-        return _Recv.apply(anchor, src, tag, sequence)
-    return _irecv(src, tag, out).wait()
+        return _Recv.apply(anchor, src, tag, _next(_receives, (src, tag)))
+    request = _irecv(src, tag, out)
+    _count(_receives, (src, tag))
+    return request.wait()
 
 
 class P2POp:

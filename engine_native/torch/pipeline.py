@@ -33,13 +33,12 @@ from engine_native.torch.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from engine_native.torch.pipelining import balance as _balance
-from engine_native.torch.pipelining.step_run import TAG_BASE
+from engine_native.torch.pipelining.step_run import LOSS_TAG as _LOSS_TAG
 
 __all__ = ["Pipeline"]
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
               "interleaved_1f1b": ScheduleInterleaved1F1B}
-_LOSS_TAG = TAG_BASE - 1  # the last stage's mean loss, to every other rank of the pipeline
 
 
 class Pipeline:
@@ -118,9 +117,10 @@ def _counts(balance, layers, stages, sample, ranks, process_set) -> list[int]:
     if balance is None:
         return _balance.even(len(layers), stages)
     if balance == "time":
-        if _engine.rank() == ranks[0] and sample is None:
+        if sample is None:  # (refused on every rank, so none waits for the others' counts)
             raise ValueError('Pipeline: balance="time" times the layers on sample=, a batch '
-                             "like the ones the pipeline will get (the first rank needs it)")
+                             "like the ones the pipeline will get (pass it on every rank; the "
+                             "first rank uses it)")
         counts = _balance.by_cost(_balance.layer_costs(layers, sample), stages) \
             if _engine.rank() == ranks[0] else None
         return broadcast_object(counts, root_rank=ranks[0], name="Pipeline.balance",

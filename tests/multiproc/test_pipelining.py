@@ -112,7 +112,7 @@ def pipeline_suite():
     return worst, peaks, errors
 
 
-@pytest.mark.parametrize("np_", [2, 3, 4])
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])  # np 1: stages hand off inside one rank
 def test_every_schedule_trains_like_gradient_accumulation(np_):
     for res in run_ranks(pipeline_suite, np_, timeout=240):
         worst, peaks, errors = res.value
@@ -123,8 +123,9 @@ def test_every_schedule_trains_like_gradient_accumulation(np_):
         for m in MICROBATCHES:  # activations held at once: the schedules' memory
             assert peaks[f"ScheduleGPipe m={m}"] == m, peaks
             assert peaks[f"Schedule1F1B m={m}"] == min(np_ - res.rank, m), peaks
-        assert len(errors) == 2, errors
         first = "ScheduleGPipe.step: the first stage takes the batch, one tensor (and only it)"
         last = "ScheduleGPipe.step: the last stage takes target="
-        assert errors[0] == (last if res.rank == np_ - 1 else first), errors
-        assert f"belongs on rank {(res.rank + 1) % np_}, not on rank {res.rank}" in errors[1]
+        assert errors[0] == (last if 0 < res.rank == np_ - 1 else first), errors
+        if np_ > 1:  # (with one rank every stage is its own)
+            assert f"belongs on rank {(res.rank + 1) % np_}, not on rank {res.rank}" in errors[1]
+        assert len(errors) == (2 if np_ > 1 else 1), errors

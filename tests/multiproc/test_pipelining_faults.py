@@ -3,8 +3,9 @@ at np 3 with 1F1B, stage 1 raises in a forward, gets activations of the wrong sh
 SIGKILLed, or is SIGSTOPped. Every other rank raises PipelineError naming its own stage,
 what it was doing (the micro-batch, the peer) and, when a stage failed, that stage and
 micro-batch (Note [Pipeline step failures]); a raise or a shape error aborts the step at once
-(HVD_TIMEOUT here is far longer than the harness allows), a stopped stage within HVD_TIMEOUT +
-1 s. After a raise the same processes re-initialise and train the next step."""
+(HVD_TIMEOUT here is far longer than the harness allows), a stopped stage within HVD_TIMEOUT
+(plus a margin for a loaded machine). After a raise the same processes re-initialise and the
+next step gives the model's output."""
 import os
 import signal
 import time
@@ -54,7 +55,8 @@ def faulty_step(mode: str, folder: str):
     part = torch.nn.Sequential(torch.nn.Linear(width, 6), torch.nn.Tanh())
     if r == 1 and mode != "shape":
         part.append(_fault_layer(mode, folder))
-    x, y = torch.randn(8, 6), torch.randn(8, 6)
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(7))
+    y = torch.randn(8, 6, generator=torch.Generator().manual_seed(8))
 
     def step(module):
         schedule = Schedule1F1B(PipelineStage(module, r, k), 4,
@@ -76,8 +78,16 @@ def faulty_step(mode: str, folder: str):
     if mode in ("raise", "shape"):  # the next step on the same processes, after a re-init
         hvd.shutdown()
         hvd.init()
-        recovered = step(torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh()))
-        recovered = recovered is None or tuple(recovered.shape) == (8, 6)
+
+        def stage_of(rank):
+            torch.manual_seed(100 + rank)
+            return torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh())
+        out = step(stage_of(r))
+        if r == k - 1:  # the whole model's output, computed here from the same stages
+            want = torch.nn.Sequential(*(stage_of(q) for q in range(k)))(x).detach()
+            recovered = bool(torch.allclose(out, want))
+        else:
+            recovered = out is None
         hvd.shutdown()
     return error, took, recovered
 
@@ -127,4 +137,4 @@ def test_a_stopped_stage_fails_the_others_within_the_timeout(tmp_path):
         error, took, _ = res[r].value
         assert error.startswith(_own(r) + "receiving " + waits_for), error
         assert "no byte came from that rank for 3 s (HVD_TIMEOUT)" in error, error
-        assert took < 3 + 1, (r, took)
+        assert took < 3 + 3, (r, took)  # HVD_TIMEOUT + a margin for a loaded machine

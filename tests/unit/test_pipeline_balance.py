@@ -49,24 +49,37 @@ class _Clock:
         return self.now
 
 
-class _Costly(torch.nn.Module):
-    """A Linear whose forward advances the test's clock by ``seconds``."""
+CLOCK = _Clock()  # module-level: the layers' copies advance this same clock
 
-    def __init__(self, clock, seconds):
+
+class _Costly(torch.nn.Module):
+    """A Linear whose forward advances the test's clock by ``seconds``; a BatchNorm after it
+    (running statistics) and dropout (random numbers) that timing must leave as they were."""
+
+    def __init__(self, seconds):
         super().__init__()
-        self.clock, self.seconds = clock, seconds
+        self.seconds = seconds
         self.linear = torch.nn.Linear(3, 3)
+        self.norm = torch.nn.BatchNorm1d(3)
+        self.drop = torch.nn.Dropout(0.5)
 
     def forward(self, x):
-        self.clock.now += self.seconds
-        return self.linear(x)
+        CLOCK.now += self.seconds
+        return self.drop(self.norm(self.linear(x)))
 
 
 def test_layer_costs_time_each_layer_on_the_sample(monkeypatch):
-    clock = _Clock()
-    monkeypatch.setattr(balance.time, "perf_counter", clock)
-    layers = [_Costly(clock, s) for s in (0.5, 0.1, 0.2)] + [torch.nn.Tanh()]
+    monkeypatch.setattr(balance.time, "perf_counter", CLOCK)
+    layers = [_Costly(s) for s in (0.5, 0.1, 0.2)] + [torch.nn.Tanh()]
+    before = [{k: v.clone() for k, v in layer.state_dict().items()} for layer in layers]
+    torch.manual_seed(3)
     costs = balance.layer_costs(layers, torch.randn(4, 3))
     assert costs == pytest.approx([0.5, 0.1, 0.2, 0.0])
     assert all(p.grad is None for layer in layers for p in layer.parameters())
+    assert all(torch.equal(v, layer.state_dict()[k])
+               for layer, state in zip(layers, before) for k, v in state.items())
+    after_timing = torch.rand(1)
+    torch.manual_seed(3)
+    torch.randn(4, 3)
+    assert torch.equal(after_timing, torch.rand(1))  # the random stream is where it was
     assert balance.by_cost(costs, 2) == [1, 3]

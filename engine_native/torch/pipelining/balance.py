@@ -2,6 +2,7 @@
 cost (GPipe's estimate: each layer's forward and backward timed on a sample)."""
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -39,9 +40,16 @@ def by_cost(costs: list[float], parts: int) -> list[int]:
 
 def layer_costs(layers: list, sample: torch.Tensor) -> list[float]:
     """Seconds of each layer's forward and backward on ``sample`` run through the layers before
-    it (the second of two runs: the first pays for allocation). Parameters' ``.grad`` are not
-    touched."""
+    it (the second of two runs: the first pays for allocation). Runs on copies of the layers
+    with the random state restored after, so parameters, their ``.grad``, running statistics
+    and the random stream are as before."""
     costs = [0.0] * len(layers)
+    with torch.random.fork_rng():
+        _time_layers(copy.deepcopy(layers), sample, costs)
+    return costs
+
+
+def _time_layers(layers: list, sample: torch.Tensor, costs: list) -> None:
     for _ in range(2):
         x = sample.detach()
         for i, layer in enumerate(layers):
@@ -54,4 +62,3 @@ def layer_costs(layers: list, sample: torch.Tensor) -> list[float]:
                                     allow_unused=True)
             costs[i] = time.perf_counter() - start
             x = out.detach()
-    return costs

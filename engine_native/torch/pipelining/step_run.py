@@ -4,13 +4,17 @@ the rank's stages, moving activations and gradients with ``engine_native`` point
 Note [Pipeline step failures]: a step is a collective of the pipeline's ranks. When one rank
 fails (its stage raises, a receive times out, a peer is lost), the others would wait in
 receives until HVD_TIMEOUT, and messages of the failed step could be taken by the next one.
-So the failing rank aborts the world's ops (``engine_native.abort``) with a reason naming
-its stage, the action and the micro-batch: every other rank's pending receive fails at once
-with that reason, wrapped in its own stage and action. Every rank raises ``PipelineError``
+So the failing rank aborts the world's ops (``engine_native.abort``; every process set's) with
+a reason naming its stage, the action and the micro-batch: every other rank's pending receive
+fails at once with that reason, wrapped in its own stage and action. A rank that already
+finished its part of the step (the last stage, once its gradients are written) has returned
+and learns of it at its next call. Every rank raises ``PipelineError``
 (a ``HorovodInternalError``); ``shutdown()`` + ``init()`` start clean in the same processes,
 and a notebook's ``%%hvd`` cell does that by itself.
 """
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import torch
@@ -18,8 +22,10 @@ from torch.utils.checkpoint import checkpoint
 
 import engine_native as _engine
 
-# Pipeline messages use tags from here up, out of the way of a program's own small tags.
+# Pipeline messages use tags from here up, out of the way of a program's own tags (below 2**40):
+# TAG_BASE itself carries the short form's loss, the stages' messages start 2 above it.
 TAG_BASE = 1 << 40
+LOSS_TAG = TAG_BASE
 
 
 class PipelineError(_engine.HorovodInternalError):
@@ -28,7 +34,7 @@ class PipelineError(_engine.HorovodInternalError):
 
 def forward_tag(stage: int, microbatch: int, microbatches: int) -> int:
     """The tag of stage ``stage``'s output for ``microbatch`` (sent to stage + 1)."""
-    return TAG_BASE + 2 * (stage * microbatches + microbatch)
+    return TAG_BASE + 2 + 2 * (stage * microbatches + microbatch)
 
 
 def backward_tag(stage: int, microbatch: int, microbatches: int) -> int:
@@ -73,7 +79,7 @@ class StepRun:
         self.first_inputs = inputs
         self.outputs = [None] * self.m   # the last stage's outputs, detached
         self.losses = [None] * self.m
-        self.sending = []                # isend requests, completed at the step's end
+        self.sending = collections.deque()  # isend requests not known to be complete
         self.live = 0                    # (stage, mb) whose activations are held now
         self.peak = 0
 
@@ -86,6 +92,9 @@ class StepRun:
         try:
             for action in program:
                 self._do(action)
+                # a completed send's tensor is released now, not at the step's end
+                while self.sending and self.sending[0].is_completed():
+                    self.sending.popleft().wait()
             action = None
             for request in self.sending:
                 request.wait()
@@ -115,12 +124,14 @@ class StepRun:
         if kind == "RECV_F":
             array = _engine.recv(self.any_stage.rank_of(s - 1),
                                  tag=forward_tag(s - 1, mb, self.m))
-            self.x[s, mb] = _tensor(array).requires_grad_(True)
+            x = _tensor(array)
+            self.x[s, mb] = x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
         elif kind == "RECV_B":
             array = _engine.recv(self.any_stage.rank_of(s + 1), tag=backward_tag(s, mb, self.m))
             self.dy[s, mb] = _tensor(array)
         elif kind == "SEND_F":
-            self._send(self.y[s, mb].detach(), s + 1, forward_tag(s, mb, self.m))
+            y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
+            self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
         elif kind == "SEND_B":
             x = self.x.pop((s, mb))
             grad = x.grad if x.grad is not None else torch.zeros_like(x)  # output ignores x
@@ -139,7 +150,10 @@ class StepRun:
         if s == 0:
             x = self.first_inputs[mb]
         elif (s, mb) not in self.x:  # the previous stage is on this rank: a local hand-off
-            x = self.x[s, mb] = self.y[s - 1, mb].detach().requires_grad_(True)
+            y = self.y[s - 1, mb] if torch.is_grad_enabled() else self.y.pop((s - 1, mb))
+            x = y.detach()
+            x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
+            self.x[s, mb] = x
         else:
             x = self.x[s, mb]
         if stage.checkpoint and torch.is_grad_enabled():
@@ -152,6 +166,11 @@ class StepRun:
                 loss = self.loss_fn(y, self.targets[mb])
                 self.losses[mb] = loss.detach()
                 self.scaled[mb] = loss * self.loss_scale
+        if not torch.is_grad_enabled():  # eval: only outputs still to be sent are kept
+            self.x.pop((s, mb), None)
+            if s != self.last_stage:
+                self.y[s, mb] = y
+            return
         self.y[s, mb] = y
         self.live += 1
         self.peak = max(self.peak, self.live)
@@ -165,7 +184,8 @@ class StepRun:
             if dy is None:  # the next stage is on this rank
                 x_next = self.x.pop((s + 1, mb))
                 dy = x_next.grad if x_next.grad is not None else torch.zeros_like(x_next)
-            torch.autograd.backward(y, grad_tensors=dy)
+            if y.requires_grad:  # (else nothing before it needs a gradient: no parameters)
+                torch.autograd.backward(y, grad_tensors=dy)
         self.live -= 1
 
 
