@@ -31,12 +31,14 @@ _sending: dict = {}  # send handle -> its array, alive until the send completed
 class P2PRequest:
     """An :func:`isend` or :func:`irecv` in flight. ``wait()`` blocks until it is done and
     returns None for a send, the received array for a receive; ``is_completed()`` never
-    blocks."""
+    blocks. ``convert(result, what, out)`` turns a receive's (buffer, shape, dtype code) into
+    what ``wait()`` returns (engine_native.torch passes one that makes tensors)."""
 
-    def __init__(self, handle: int, what: str, out: np.ndarray | None = None):
+    def __init__(self, handle: int, what: str, out=None, convert=None):
         self._handle = handle
         self._what = what
         self._out = out
+        self._convert = convert or _received
         self._result = None
         self._error = None  # a receive whose `out` did not fit: raised by every wait()
         self._done = False
@@ -64,7 +66,7 @@ class P2PRequest:
         self._done = True
         if result is not None:
             try:
-                self._result = _received(result, self._what, self._out)
+                self._result = self._convert(result, self._what, self._out)
             except ValueError as exc:
                 self._error = exc
                 raise
@@ -77,12 +79,19 @@ def isend(array, dst: int, tag: int = 0) -> P2PRequest:
     x = np.asarray(array)
     if not x.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
         x = x.copy(order="C")
-    what = f"send(to rank {dst}, tag {tag})"
     code = _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")
-    handle = _core.p2p_send(int(dst), int(tag), code, x.shape, x)
+    return start_send(dst, tag, code, x.shape, x, keep=x)
+
+
+def start_send(dst: int, tag: int, code: int, shape, data, keep,
+               convert=None) -> P2PRequest:
+    """Submit a send of ``data`` (a buffer or an address) of dtype ``code`` and ``shape``;
+    ``keep`` (what owns the bytes) stays referenced until the send completed, even if the
+    request is dropped."""
+    handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data)
     with _lock:
-        _sending[handle] = x
-    return P2PRequest(handle, what)
+        _sending[handle] = keep
+    return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert)
 
 
 def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:

@@ -27,6 +27,8 @@ import torch
 
 import engine_native.basics as _basics
 from engine_native import _core
+from engine_native import p2p as _p2p
+from engine_native.p2p import P2PRequest
 from engine_native.torch import runtime as rt
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
@@ -80,34 +82,6 @@ def _check_tag(tag: int, what: str) -> int:
     return tag
 
 
-class Request:
-    """An :func:`isend` or :func:`irecv` in flight: ``wait()`` returns None for a send, the
-    received tensor for a receive; ``is_completed()`` never blocks."""
-
-    def __init__(self, handle: int, what: str, keep=None, out=None):
-        self._handle, self._what, self._keep, self._out = handle, what, keep, out
-        self._done, self._result, self._error = False, None, None
-
-    def is_completed(self) -> bool:
-        return self._done or _core.poll(self._handle)
-
-    def wait(self):
-        if self._error is not None:
-            raise self._error
-        if self._done:
-            return self._result
-        result = _core.wait(self._handle)
-        self._keep = None  # the core no longer reads the send's tensor
-        if result is not None:
-            try:
-                self._result = _received(result, self._what, self._out)
-            except ValueError as exc:  # a misfit `out`: every wait() raises it
-                self._error = exc
-                raise
-        self._done = True
-        return self._result
-
-
 def _received(result, what: str, out):
     buffer, shape, code = result
     tensor = rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
@@ -121,34 +95,34 @@ def _received(result, what: str, out):
     return out
 
 
-def _isend(tensor, dst: int, tag: int) -> Request:
-    what = f"send(to rank {dst}, tag {tag})"
-    code = _check(tensor, what)
+def raw_isend(tensor, dst: int, tag: int) -> P2PRequest:
+    """isend without the tag range check or the message count (the pipeline's own tags)."""
+    code = _check(tensor, f"send(to rank {dst}, tag {tag})")
     data = tensor.detach().contiguous()
-    handle = _core.p2p_send(int(dst), int(tag), code, tuple(data.shape), data.data_ptr())
-    return Request(handle, what, keep=data)
+    return _p2p.start_send(dst, tag, code, data.shape, data.data_ptr(), keep=data)
 
 
-def _irecv(src: int, tag: int, out=None) -> Request:
+def raw_irecv(src: int, tag: int, out=None) -> P2PRequest:
+    """irecv without the tag range check or the message count (the pipeline's own tags)."""
     what = f"recv(from rank {src}, tag {tag})"
     if out is not None:
         _check(out, what)
-    return Request(_core.p2p_recv(int(src), int(tag)), what, out=out)
+    return P2PRequest(_core.p2p_recv(int(src), int(tag)), what, out, convert=_received)
 
 
-def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> Request:
+def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
     """Start sending ``tensor`` to rank ``dst``; it must not change until ``wait()``."""
     _check_tag(tag, "isend")
-    request = _isend(tensor, dst, tag)
+    request = raw_isend(tensor, dst, tag)
     _count(_sends, (dst, tag))
     return request
 
 
-def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None) -> Request:
+def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None) -> P2PRequest:
     """Start receiving the next message with ``tag`` from rank ``src``; ``wait()`` returns a
     new tensor, or ``out`` filled (same dtype and shape, else ValueError)."""
     _check_tag(tag, "irecv")
-    request = _irecv(src, tag, out)
+    request = raw_irecv(src, tag, out)
     _count(_receives, (src, tag))
     return request
 
@@ -158,14 +132,14 @@ class _Send(torch.autograd.Function):
     def forward(ctx, tensor, dst, tag, sequence):
         ctx.dst, ctx.tag, ctx.sequence = dst, tag, sequence
         ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
-        request = _isend(tensor, dst, tag)
+        request = raw_isend(tensor, dst, tag)
         _count(_sends, (dst, tag))
         request.wait()
         return torch.zeros((), dtype=tensor.dtype)
 
     @staticmethod
     def backward(ctx, _):
-        grad = _irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence)).wait()
+        grad = raw_irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence)).wait()
         if grad.shape != ctx.shape or grad.dtype != ctx.dtype:
             raise ValueError(f"send(to rank {ctx.dst}, tag {ctx.tag}): the gradient that came "
                              f"back is {grad.dtype} {tuple(grad.shape)}, the tensor sent was "
@@ -177,13 +151,13 @@ class _Recv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, _anchor, src, tag, sequence):
         ctx.src, ctx.tag, ctx.sequence = src, tag, sequence
-        request = _irecv(src, tag)
+        request = raw_irecv(src, tag)
         _count(_receives, (src, tag))
         return request.wait()
 
     @staticmethod
     def backward(ctx, grad):
-        _isend(grad, ctx.src, _grad_tag(ctx.tag, ctx.sequence)).wait()
+        raw_isend(grad, ctx.src, _grad_tag(ctx.tag, ctx.sequence)).wait()
         return None, None, None, None
 
 
@@ -198,7 +172,7 @@ def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     if tensor.requires_grad and torch.is_grad_enabled():
         token = _Send.apply(tensor, dst, tag, sequence)  # (counted once submitted, below)
     else:
-        request = _isend(tensor, dst, tag)
+        request = raw_isend(tensor, dst, tag)
         _count(_sends, (dst, tag))
         request.wait()
         token = torch.zeros((), dtype=tensor.dtype)
@@ -218,7 +192,7 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
                              "receives outside autograd")
         anchor = torch.empty(0, requires_grad=True)  # puts the receive in the graph
         return _Recv.apply(anchor, src, tag, _next(_receives, (src, tag)))
-    request = _irecv(src, tag, out)
+    request = raw_irecv(src, tag, out)
     _count(_receives, (src, tag))
     return request.wait()
 
@@ -233,7 +207,7 @@ class P2POp:
         self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
 
 
-def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Request]:
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[P2PRequest]:
     """Start every send and receive of the list at once (the order does not matter: a send
     never waits for its receive) and return their requests."""
     return [isend(op.tensor, op.peer, op.tag) if op.op is isend else

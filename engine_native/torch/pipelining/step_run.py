@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 
 import engine_native as _engine
+from engine_native.torch.p2p_ops import raw_irecv, raw_isend
 
 # Pipeline messages use tags from here up, out of the way of a program's own tags (below 2**40):
 # TAG_BASE itself carries the short form's loss, the stages' messages start 2 above it.
@@ -122,13 +122,11 @@ class StepRun:
         s, mb = action.stage, action.microbatch
         kind = action.kind
         if kind == "RECV_F":
-            array = _engine.recv(self.any_stage.rank_of(s - 1),
-                                 tag=forward_tag(s - 1, mb, self.m))
-            x = _tensor(array)
+            x = raw_irecv(self.any_stage.rank_of(s - 1), forward_tag(s - 1, mb, self.m)).wait()
             self.x[s, mb] = x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
         elif kind == "RECV_B":
-            array = _engine.recv(self.any_stage.rank_of(s + 1), tag=backward_tag(s, mb, self.m))
-            self.dy[s, mb] = _tensor(array)
+            self.dy[s, mb] = raw_irecv(self.any_stage.rank_of(s + 1),
+                                       backward_tag(s, mb, self.m)).wait()
         elif kind == "SEND_F":
             y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
             self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
@@ -142,8 +140,7 @@ class StepRun:
             self._backward(s, mb)
 
     def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
-        array = tensor.contiguous().numpy()
-        self.sending.append(_engine.isend(array, self.any_stage.rank_of(to_stage), tag=tag))
+        self.sending.append(raw_isend(tensor, self.any_stage.rank_of(to_stage), tag))
 
     def _forward(self, s: int, mb: int) -> None:
         stage = self.stages[s]
@@ -188,6 +185,3 @@ class StepRun:
                 torch.autograd.backward(y, grad_tensors=dy)
         self.live -= 1
 
-
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
