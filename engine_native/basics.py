@@ -260,6 +260,13 @@ def add_process_set(process_set) -> ProcessSet:
     return ps
 
 
+def registered_process_set(ranks) -> Optional[ProcessSet]:
+    """The registered process set whose members are exactly ``ranks``, or None (the same
+    answer on every rank: sets are registered by every rank alike)."""
+    ranks = list(ranks)
+    return next((ps for ps in _process_sets.values() if ps.ranks == ranks), None)
+
+
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a registered process set on every rank. Returns True when it was removed."""
     _require_world()
@@ -345,7 +352,8 @@ def set_autotune(enabled: bool) -> None:
 __all__ = [
     "HorovodInternalError", "ProcessSet", "global_process_set", "init", "shutdown", "abort",
     "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-    "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "listen_address", "add_process_set", "remove_process_set", "metrics",
+    "is_homogeneous", "mpi_built", "mpi_enabled", "mpi_threads_supported", "listen_address",
+    "add_process_set", "registered_process_set", "remove_process_set", "metrics",
     "config_table", "start_timeline", "stop_timeline", "timeline_events", "autotune_state",
     "set_autotune",
 ]

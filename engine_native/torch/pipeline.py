@@ -17,6 +17,11 @@ per stage, or ``"time"``: each layer's forward and backward timed once on ``samp
 pipeline's first rank (GPipe's cost estimate), the counts chosen so that the costliest stage is
 as cheap as possible, and sent to the others. ``checkpoint=True`` keeps only each stage's input
 per micro-batch and recomputes its activations in the backward.
+
+``replicas=D`` (on every rank): data x pipeline parallelism. The ranks form D pipelines of K =
+size / D consecutive ranks, each fed its own batches; every step ends with each stage's
+gradients averaged over the D ranks that hold it, overlapped with the last backward
+(PipelineStage's ``data_group``), so the replicas stay equal under the same optimizer.
 """
 from __future__ import annotations
 
@@ -24,8 +29,11 @@ import numpy as np
 import torch
 
 import engine_native as _engine
+from engine_native.basics import registered_process_set
 from engine_native.torch.functions import allgather_object, broadcast_object
-from engine_native.torch.mpi_ops import global_process_set
+from engine_native.torch.mpi_ops import add_process_set, global_process_set
+from engine_native.torch.reduce_ops import allreduce
+from engine_native.torch.runtime import Sum
 from engine_native.torch.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -33,7 +41,6 @@ from engine_native.torch.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from engine_native.torch.pipelining import balance as _balance
-from engine_native.torch.pipelining.step_run import LOSS_TAG as _LOSS_TAG
 
 __all__ = ["Pipeline"]
 
@@ -47,73 +54,96 @@ class Pipeline:
 
     def __init__(self, layers, microbatches: int, schedule: str = "1f1b", loss_fn=None,
                  balance=None, sample: torch.Tensor | None = None, checkpoint: bool = False,
-                 stages_per_rank: int = 1, process_set=global_process_set):
+                 stages_per_rank: int = 1, process_set=global_process_set, replicas: int = 1):
         if schedule not in _SCHEDULES:
             raise ValueError(f"Pipeline: schedule={schedule!r}; use one of "
                              f"{', '.join(_SCHEDULES)}")
         if loss_fn is None:
             raise ValueError("Pipeline: loss_fn is needed (the last stage's loss)")
         layers = list(layers)
-        ranks = list(process_set.ranks)
-        self.ranks = ranks
-        stages = len(ranks) * stages_per_rank
+        self.replica, self.ranks, group, data_group = _placement(process_set, replicas)
+        stages = len(self.ranks) * stages_per_rank
         if len(layers) < stages:
             raise ValueError(f"Pipeline: {len(layers)} layers cannot fill {stages} stages "
-                             f"({len(ranks)} ranks x {stages_per_rank})")
-        self.counts = _counts(balance, layers, stages, sample, ranks, process_set)
+                             f"({len(self.ranks)} ranks x {stages_per_rank})")
+        self.counts = _counts(balance, layers, stages, sample, process_set)
         starts = np.cumsum([0] + self.counts).tolist()
-        me = ranks.index(_engine.rank())
-        group = None if process_set is global_process_set else process_set
-        self.stage_indices = list(range(me, stages, len(ranks)))
+        me = self.ranks.index(_engine.rank())
+        self.stage_indices = list(range(me, stages, len(self.ranks)))
         self.layer_indices = [list(range(starts[s], starts[s + 1])) for s in self.stage_indices]
         self.stages = [PipelineStage(torch.nn.Sequential(*(layers[i] for i in mine)), s, stages,
-                                     group=group, checkpoint=checkpoint)
+                                     group=group, checkpoint=checkpoint, data_group=data_group)
                        for s, mine in zip(self.stage_indices, self.layer_indices)]
         cls = _SCHEDULES[schedule]
         self.schedule = cls(self.stages if cls is ScheduleInterleaved1F1B else self.stages[0],
                             microbatches, loss_fn=loss_fn)
-        self._first, self._last = me == 0, me == len(ranks) - 1
-        self._process_set = process_set
+        self._first, self._last = me == 0, me == len(self.ranks) - 1
+        self._process_set, self._replicas = process_set, replicas
+        self._group = group or global_process_set
 
     def parameters(self):
         """This rank's parameters (its stages'), for its optimizer."""
         return [p for stage in self.stages for p in stage.submod.parameters()]
 
     def step(self, x: torch.Tensor | None, y: torch.Tensor | None) -> float:
-        """One training step (forwards and backwards of every micro-batch; the optimizer step
-        is the caller's). ``x`` is read on the first rank, ``y`` on the last; returns the mean
-        loss over the micro-batches on every rank of the pipeline."""
+        """One training step (forwards and backwards of every micro-batch, and with replicas
+        the gradients averaged over them; the optimizer step is the caller's). ``x`` is read
+        on the first rank of each replica, ``y`` on the last; returns the mean loss over the
+        micro-batches (of every replica) on every rank."""
         losses = []
         self.schedule.step(*([x] if self._first else []),
                            **({"target": y, "losses": losses} if self._last else {}))
-        others = [r for r in self.ranks if r != self.ranks[-1]]
-        if self._last:
-            loss = np.array([float(torch.stack(losses).mean())])
-            for request in [_engine.isend(loss, r, tag=_LOSS_TAG) for r in others]:
-                request.wait()
-            return float(loss[0])
-        return float(_engine.recv(self.ranks[-1], tag=_LOSS_TAG)[0])
+        mine = float(torch.stack(losses).mean()) / self._replicas if self._last else 0.0
+        total = allreduce(torch.tensor([mine], dtype=torch.float64), op=Sum,
+                          name="Pipeline.loss", process_set=self._process_set)
+        return float(total[0])
 
     def predict(self, x: torch.Tensor | None) -> torch.Tensor | None:
         """The forwards alone: the model's outputs on the last rank, None on the others."""
         return self.schedule.eval(*([x] if self._first else []))
 
     def gather_state_dict(self) -> dict | None:
-        """The whole model's ``state_dict`` (keys as the full ``nn.Sequential``'s) on the
-        pipeline's first rank; None on the others."""
+        """The whole model's ``state_dict`` (keys as the full ``nn.Sequential``'s) on the first
+        rank of each replica; None on the others."""
         mine = {}
         for stage, indices in zip(self.stages, self.layer_indices):
             for key, value in stage.submod.state_dict().items():
                 position, rest = key.split(".", 1)
                 mine[f"{indices[int(position)]}.{rest}"] = value
-        gathered = allgather_object(mine, name="Pipeline.gather_state_dict",
-                                    process_set=self._process_set)
+        gathered = allgather_object(mine, name=f"Pipeline.gather_state_dict.{self.replica}",
+                                    process_set=self._group)
         if not self._first:
             return None
         return {k: v for part in gathered for k, v in part.items()}
 
 
-def _counts(balance, layers, stages, sample, ranks, process_set) -> list[int]:
+def _placement(process_set, replicas: int):
+    """(this rank's replica, its pipeline's global ranks, the pipeline's ProcessSet or None for
+    the global set, this rank's stage's data ProcessSet or None): replica d is the d-th run
+    of K consecutive ranks of ``process_set``; a stage's data set, the ranks at its position
+    in every replica."""
+    ranks = list(process_set.ranks)
+    if not isinstance(replicas, int) or replicas < 1 or len(ranks) % replicas:
+        raise ValueError(f"Pipeline: replicas={replicas!r} must divide the {len(ranks)} ranks "
+                         "(each replica a pipeline of as many ranks)")
+    if replicas == 1:
+        return 0, ranks, None if process_set is global_process_set else process_set, None
+    if process_set is not global_process_set:
+        raise ValueError("Pipeline: replicas > 1 needs every rank (the default process_set): "
+                         "the replicas' process sets are registered by every rank")
+    k = len(ranks) // replicas
+    runs = [ranks[d * k:(d + 1) * k] for d in range(replicas)]
+    columns = [[run[p] for run in runs] for p in range(k)]
+    sets = [_registered(r) for r in runs + columns]  # (the same order on every rank)
+    me = ranks.index(_engine.rank())
+    return me // k, runs[me // k], sets[me // k], sets[replicas + me % k]
+
+
+def _registered(ranks):
+    return registered_process_set(ranks) or add_process_set(ranks)
+
+
+def _counts(balance, layers, stages, sample, process_set) -> list[int]:
     if balance is None:
         return _balance.even(len(layers), stages)
     if balance == "time":
@@ -122,8 +152,9 @@ def _counts(balance, layers, stages, sample, ranks, process_set) -> list[int]:
                              "like the ones the pipeline will get (pass it on every rank; the "
                              "first rank uses it)")
         counts = _balance.by_cost(_balance.layer_costs(layers, sample), stages) \
-            if _engine.rank() == ranks[0] else None
-        return broadcast_object(counts, root_rank=ranks[0], name="Pipeline.balance",
+            if _engine.rank() == process_set.ranks[0] else None
+        return broadcast_object(counts, root_rank=process_set.ranks[0],
+                                name="Pipeline.balance",
                                 process_set=process_set)
     counts = list(balance)
     if len(counts) != stages or any(not isinstance(c, int) or c < 1 for c in counts) or \

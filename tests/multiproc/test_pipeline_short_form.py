@@ -1,9 +1,9 @@
 """hvd.pipeline.Pipeline, the short form, on real ranks: a list of layers built alike on every
 rank, split over the ranks (even, by counts, by timing the layers, interleaved, with
-re-materialisation, over a process set), trained three SGD steps: every rank gets the step's mean loss, and the model
-gathered on the first rank equals single-process training with gradient accumulation (1e-6).
-``predict`` gives the model's outputs on the last rank. Bad balances are refused with what to
-pass."""
+re-materialisation, over a process set, in replicas), trained three SGD steps: every rank gets
+the step's mean loss, and the model gathered on the first rank equals single-process training
+with gradient accumulation (1e-6). ``predict`` gives the model's outputs on the last rank. Bad
+balances and replica counts are refused with what to pass."""
 import pytest
 
 from multiproc.harness import run_ranks
@@ -20,21 +20,24 @@ def _layers():
     return layers
 
 
-def _reference(x, y):
-    """(state_dict, mean loss per step) of single-process training over the same steps."""
+def _reference(x, y, replicas=1):
+    """(state_dict, mean loss per step, outputs) of single-process training over the same
+    steps: the batch split into ``replicas`` shards of MICROBATCHES micro-batches each, the
+    gradients those of the mean loss over all of them."""
     import torch
     model = torch.nn.Sequential(*_layers())
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
+    n = replicas * MICROBATCHES
     for _ in range(STEPS):
         opt.zero_grad()
         step = []
-        for xm, ym in zip(torch.tensor_split(x, MICROBATCHES), torch.tensor_split(y, MICROBATCHES)):
+        for xm, ym in zip(torch.tensor_split(x, n), torch.tensor_split(y, n)):
             loss = torch.nn.functional.mse_loss(model(xm), ym)
             step.append(loss.item())
-            (loss / MICROBATCHES).backward()
+            (loss / n).backward()
         opt.step()
-        losses.append(sum(step) / MICROBATCHES)
+        losses.append(sum(step) / n)
     return model.state_dict(), losses, model(x).detach()
 
 
@@ -116,3 +119,62 @@ def test_the_short_form_trains_like_one_process(np_):
         assert all(f"must be {np_} positive layer counts (one per stage) adding up to the 8 "
                    "layers" in e for e in errors[:2]), errors
         assert errors[2].startswith("Pipeline: balance='fast' must be"), errors
+
+
+def replicas_suite():
+    """Two replicas of a two-rank pipeline on four ranks, each fed its half of the batch."""
+    import torch
+
+    import engine_native.torch as hvd
+    hvd.init()
+    x = torch.randn(16, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    y = torch.randn(16, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    want_state, want_losses, want_out = _reference(x, y, replicas=2)
+    configs = {"1f1b": {}, "gpipe": {"schedule": "gpipe"}, "checkpoint": {"checkpoint": True},
+               "interleaved": {"schedule": "interleaved_1f1b", "stages_per_rank": 2}}
+    worst, placement = {}, None
+    for name, options in configs.items():
+        pipe = hvd.pipeline.Pipeline(_layers(), microbatches=MICROBATCHES, replicas=2,
+                                     loss_fn=torch.nn.functional.mse_loss, **options)
+        placement = (pipe.replica, pipe.ranks, pipe.stages[0].data_group.ranks)
+        mine = slice(8 * pipe.replica, 8 * pipe.replica + 8)
+        opt = torch.optim.SGD(pipe.parameters(), lr=0.5)
+        losses = []
+        for _ in range(STEPS):
+            opt.zero_grad()
+            losses.append(pipe.step(x[mine], y[mine]))
+            opt.step()
+        err = max(abs(a - b) / abs(b) for a, b in zip(losses, want_losses))
+        state = pipe.gather_state_dict()
+        if state is not None:  # the first rank of each replica: the whole model, trained alike
+            assert sorted(state) == sorted(want_state)
+            err = max(err, max(((state[k] - v).abs().max() / v.abs().max()).item()
+                               for k, v in want_state.items()))
+        out = pipe.predict(x[mine])
+        if out is not None:
+            err = max(err, (out - want_out[mine]).abs().max().item())
+        worst[name] = err
+    errors = []
+    for replicas in (3, 0):
+        try:
+            hvd.pipeline.Pipeline(_layers(), MICROBATCHES, loss_fn=torch.nn.functional.mse_loss,
+                                  replicas=replicas)
+        except ValueError as exc:
+            errors.append(str(exc))
+    hvd.shutdown()
+    return worst, placement, errors
+
+
+def test_replicas_of_a_pipeline_train_like_one_process():
+    """Data x pipeline: each stage's gradients averaged over its replicas (started during the
+    stage's last backward) make every replica equal single-process training on the whole
+    batch, for every schedule."""
+    results = run_ranks(replicas_suite, 4, timeout=180)
+    for res in results:
+        worst, placement, errors = res.value
+        assert all(err <= 1e-6 for err in worst.values()), (res.rank, worst)
+        replica = res.rank // 2
+        assert placement == (replica, [2 * replica, 2 * replica + 1], [res.rank % 2,
+                                                                       res.rank % 2 + 2])
+        assert errors == [f"Pipeline: replicas={r} must divide the 4 ranks (each replica a "
+                          "pipeline of as many ranks)" for r in (3, 0)], errors

@@ -31,9 +31,10 @@ Differences from torch: ``step()`` always trains (torch runs forwards alone on a
 ``loss_fn``; here that is ``eval()``, and only the last stage needs ``loss_fn``); a failed step
 fails on every rank still in it at once with ``PipelineError`` naming the stage, the action
 and the micro-batch (Note [Pipeline step failures] in step_run.py; a rank done with its part
-returns normally, and arguments refused before the step fail that rank alone); ``schedule.peak_activations`` is
-the most micro-batches whose activations this rank held at once in the last step;
-``PipelineStage(..., checkpoint=True)`` recomputes a stage's activations in the backward.
+returns normally, and arguments refused before the step fail that rank alone);
+``schedule.peak_activations`` is the most micro-batches whose activations this rank held at once in the last step;
+``PipelineStage(..., checkpoint=True)`` recomputes a stage's activations in the backward, and
+``PipelineStage(..., data_group=...)`` averages its gradients over the stage's replicas.
 A stage takes one tensor and returns one; the mean over micro-batches is exact when they are
 of equal size. Not here: CUDA tensors, keyword inputs and chunk specs, torch's other schedules
 (ZeroBubble, looped BFS).

@@ -14,11 +14,17 @@ class PipelineStage:
     is K (one stage per rank) or a multiple of it (``ScheduleInterleaved1F1B``). With
     ``checkpoint=True`` (not in torch's class) the stage keeps only its input per micro-batch
     and recomputes its activations in the backward (``torch.utils.checkpoint``).
+
+    ``data_group`` (not in torch's class either): data x pipeline parallelism. A ProcessSet of
+    the ranks that hold this same stage in replicas of the pipeline (each replica its own
+    ``group``, fed its own batches); every step ends with this stage's gradients averaged over
+    it, each allreduce started as soon as the stage's last backward of the step has written
+    that gradient (grad_average.py), so they overlap the rest of the backward and the cool-down.
     """
 
     def __init__(self, submodule: torch.nn.Module, stage_index: int, num_stages: int,
                  device=None, input_args=None, output_args=None, group=None, *,
-                 checkpoint: bool = False):
+                 checkpoint: bool = False, data_group=None):
         del input_args, output_args  # shapes travel with every message; none are needed
         ranks = list(range(_engine.size())) if group is None else list(group.ranks)
         me = _engine.rank()
@@ -39,11 +45,16 @@ class PipelineStage:
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError("PipelineStage: only CPU modules and tensors so far (device="
                              f"{device!r})")
+        if data_group is not None and me not in data_group.ranks:
+            raise ValueError(f"PipelineStage: rank {me} is not in data_group "
+                             f"{list(data_group.ranks)} (the ranks holding stage {stage_index} "
+                             "in each replica of the pipeline)")
         self.submod = submodule
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.ranks = ranks              # global rank of each pipeline rank
         self.checkpoint = checkpoint
+        self.data_group = data_group
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
 

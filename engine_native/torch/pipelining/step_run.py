@@ -20,12 +20,12 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import engine_native as _engine
-from engine_native.torch.p2p_ops import raw_irecv, raw_isend
+from engine_native.torch.p2p_ops import USER_TAGS, raw_irecv, raw_isend
 
-# Pipeline messages use tags from here up, out of the way of a program's own tags (below 2**40):
-# TAG_BASE itself carries the short form's loss, the stages' messages start 2 above it.
-TAG_BASE = 1 << 40
-LOSS_TAG = TAG_BASE
+from .grad_average import GradAverage
+
+# Pipeline messages use tags from here up, out of the way of a program's own tags.
+TAG_BASE = USER_TAGS
 
 
 class PipelineError(_engine.HorovodInternalError):
@@ -34,7 +34,7 @@ class PipelineError(_engine.HorovodInternalError):
 
 def forward_tag(stage: int, microbatch: int, microbatches: int) -> int:
     """The tag of stage ``stage``'s output for ``microbatch`` (sent to stage + 1)."""
-    return TAG_BASE + 2 + 2 * (stage * microbatches + microbatch)
+    return TAG_BASE + 2 * (stage * microbatches + microbatch)
 
 
 def backward_tag(stage: int, microbatch: int, microbatches: int) -> int:
@@ -82,6 +82,10 @@ class StepRun:
         self.sending = collections.deque()  # isend requests not known to be complete
         self.live = 0                    # (stage, mb) whose activations are held now
         self.peak = 0
+        self.backwards = collections.Counter()   # stage -> backwards run this step
+        self.averaging = [GradAverage(st.submod, i, st.data_group)
+                          for i, st in stages.items() if st.data_group is not None]
+        self.averaging_of = {a.stage_index: a for a in self.averaging}
 
     # ---- running ---------------------------------------------------------------------------
 
@@ -98,12 +102,15 @@ class StepRun:
             action = None
             for request in self.sending:
                 request.wait()
+            for averaging in self.averaging:
+                averaging.wait()
         except Exception as exc:  # noqa: BLE001 - any failure fails the step on every rank
             self._fail(action, exc)
 
     def _fail(self, action, exc: Exception):
         me = _engine.rank()
-        where = describe(action, self.any_stage.rank_of) if action else "completing its sends"
+        where = describe(action, self.any_stage.rank_of) if action else \
+            "completing its sends and gradient averages"
         stage = action.stage if action else self.any_stage.stage_index
         message = (f"pipeline stage {stage} (rank {me}) failed in {where}: "
                    f"{type(exc).__name__}: {exc}")
@@ -116,6 +123,8 @@ class StepRun:
                 request.wait()
             except Exception:  # noqa: BLE001, S110
                 pass
+        for averaging in self.averaging:
+            averaging.discard()
         raise PipelineError(message) from exc
 
     def _do(self, action) -> None:
@@ -173,6 +182,16 @@ class StepRun:
         self.peak = max(self.peak, self.live)
 
     def _backward(self, s: int, mb: int) -> None:
+        self.backwards[s] += 1
+        averaging = self.averaging_of.get(s) if self.backwards[s] == self.m else None
+        if averaging is None:
+            self._run_backward(s, mb)
+            return
+        averaging.arm()  # the stage's last backward of the step: its gradients are final
+        self._run_backward(s, mb)
+        averaging.disarm()  # (after a failure, _fail's discard() takes the hooks off)
+
+    def _run_backward(self, s: int, mb: int) -> None:
         y = self.y.pop((s, mb))
         if s == self.last_stage:
             self.scaled.pop(mb).backward()
