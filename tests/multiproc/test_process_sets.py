@@ -118,3 +118,43 @@ def empty_rank_list_suite():
 def test_an_empty_rank_list_is_a_set_of_every_rank():
     for r in run_ranks(empty_rank_list_suite, 2, timeout=60):
         assert r.value == (([0, 1], True, 2, r.rank), [2.0] * 3, True), r.value
+
+
+def shutdown_while_a_set_works_suite(marker_dir):
+    """Ranks 0 and 1 shut down while ranks 2 and 3 go on with allreduces in their own set for
+    half a second after rank 0 announced it (a window, not an ordering: rank 0's loop takes
+    the shutdown within a tick, so most of the ops land while it waits for the agreement)."""
+    import os
+    import time
+    hvd = checks.init()
+    pair = hvd.add_process_set([2, 3])
+    marker = os.path.join(marker_dir, "rank0-shuts-down")
+    if hvd.rank() == 0:
+        open(marker, "w").close()
+    if hvd.rank() < 2:
+        hvd.shutdown()
+        return None
+    deadline = time.monotonic() + 30
+    while not os.path.exists(marker):
+        assert time.monotonic() < deadline, "rank 0 never announced its shutdown"
+        time.sleep(0.01)  # polling a condition, with a deadline
+    done, until, going = 0, time.monotonic() + 0.5, True
+    while going:  # (both ranks stop after the same op: each says whether it wants more)
+        more = done < 20 or time.monotonic() < until
+        out = hvd.allreduce(np.array([hvd.rank(), more], np.float32), op=hvd.Sum,
+                            name=f"pair.{done}", process_set=pair)
+        assert out[0] == 5.0, out
+        going = out[1] > 0
+        done += 1
+    hvd.shutdown()
+    return done
+
+
+def test_a_set_keeps_working_while_other_ranks_shut_down(tmp_path):
+    """Rank 0 coordinates every set: while it waits for the shutdown agreement it must go on
+    answering the ranks still running (before, their next op waited for its deadline and
+    failed with 'lost connection to rank 0')."""
+    results = run_ranks(shutdown_while_a_set_works_suite, 4, args=(str(tmp_path),),
+                        env={"HVD_TIMEOUT": "10"}, timeout=60)
+    assert [r.value is None for r in results] == [True, True, False, False]
+    assert all(r.value >= 20 for r in results[2:]), [r.value for r in results]

@@ -75,6 +75,8 @@ bool BackgroundLoop::pass(bool mark_cycle) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
     executeQueued();
     stalls_.inspect(entries_, coordinator_.get(), peer_ops_);
+  } else if (!failed_ && !finished_ && mesh_.rank() == 0) {
+    coordinate();  // for the ranks still running (see the shutdown agreement's comment)
   }
   if (!failed_) {  // device ops queued earlier may finish while the shutdown is agreed
     Status device = executor_.pollDevice();
