@@ -131,7 +131,15 @@ def core_state() -> dict:
         return {"core": _CORE_MODULE, "error": f"{type(exc).__name__}: {exc}"}
     return {"core": _CORE_MODULE, "initialized": True, "pending": list(m.get("pending") or []),
             "current": m.get("current"), "last_error": m.get("last_error", ""),
-            "blocked_seconds": float(m.get("main_blocked_seconds") or 0.0)}
+            "blocked_seconds": float(m.get("main_blocked_seconds") or 0.0),
+            "activity": _pipeline_activity()}
+
+
+def _pipeline_activity() -> str | None:
+    """What a pipeline step on this rank was doing (engine_native/pipeline/activity.py), if
+    one was imported at all."""
+    module = sys.modules.get("engine_native.pipeline.activity")
+    return module.current() if module is not None else None
 
 
 def reset_core(reason: str) -> dict:

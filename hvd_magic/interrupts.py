@@ -142,3 +142,10 @@ def stuck_lines(groups: list[dict], world: list[int], finished: dict[int, str],
                     f"{format_ranks(missing)}" + (f" ({'; '.join(why)})" if why else "")
         lines.append(line)
     return lines
+
+
+def activity_lines(states: dict[int, dict]) -> list[str]:
+    """One line per rank that was inside a pipeline step: its stage and action, e.g. "rank 1:
+    pipeline stage 1, in the forward of micro-batch 1" (engine_native/pipeline/activity.py)."""
+    return [f"  rank {r}: {s['activity']}" for r, s in sorted(states.items())
+            if s and s.get("activity")]

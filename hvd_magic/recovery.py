@@ -5,7 +5,8 @@ every rank answered or was given up on (steps C of the protocol in hvd_magic.cel
 
 A. Read the core's state on every rank that can answer (not dead, not still busy); for ranks
    that cannot, use what they last published while running, or what their error carried.
-B. Group pending collectives into the stuck report (hvd_magic.interrupts.stuck_groups).
+B. Group pending collectives into the stuck report (hvd_magic.interrupts.stuck_groups), and
+   add where each rank inside a pipeline step was (its stage and action).
 C. When anything is pending, the cell was interrupted or the core itself failed
    (HorovodInternalError): abort + shutdown + init on all ranks at once. Dead or unresponsive
    ranks make that impossible; the report then says to run ``%hvd_restart``.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import time
 
 from . import engine_side
-from .interrupts import pending_by_rank, stuck_groups, stuck_lines
+from .interrupts import activity_lines, pending_by_rank, stuck_groups, stuck_lines
 from .ranks import format_ranks, rank_label
 
 QUERY_TIMEOUT = 2.0   # s to read the core state of idle ranks
@@ -95,7 +96,8 @@ def recover(run, failures) -> tuple[str, list[str], dict]:
     states = _core_states(run, world, set(dead) | stuck_now)
     groups = stuck_groups(pending_by_rank(states), world)
     # a dead peer makes every pending op moot; its death is the story
-    lines = [] if dead else stuck_lines(groups, world, _finished(run, world))
+    lines = [] if dead else stuck_lines(groups, world, _finished(run, world)) + \
+        activity_lines(states)
     notes = []
     has_core = any(info.core for info in c.ranks)
     if dead:

@@ -94,6 +94,44 @@ def test_failing_rank_does_not_leave_peers_hanging(local_cluster, run, wait, lab
     assert_allreduce_works(run)
 
 
+HANGING_STAGE = """%%hvd --timeout 3
+import threading
+from engine_native.torch.pipelining import PipelineStage, Schedule1F1B
+
+class Stage(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.calls = torch.nn.Linear(2, 2), 0
+
+    def forward(self, x):
+        self.calls += 1
+        if hvd.rank() == 1 and self.calls == 2:
+            threading.Event().wait()  # micro-batch 1's forward never ends
+        return self.lin(x)
+
+schedule = Schedule1F1B(PipelineStage(Stage(), hvd.rank(), 3), 4,
+                        loss_fn=torch.nn.functional.mse_loss)
+x = torch.ones(8, 2)
+schedule.step(*([x] if hvd.rank() == 0 else []), **({'target': x} if hvd.rank() == 2 else {}))
+"""
+
+
+def test_stuck_pipeline_is_reported_in_its_own_terms(local_cluster, run):
+    """A stage that never finishes a forward: the report says where every stage was."""
+    res = run(HANGING_STAGE)
+    assert isinstance(res.error, CellInterrupted), res.text
+    text = traceback_text(res)
+    assert "rank 1: pipeline stage 1, in the forward of micro-batch 1" in text, text
+    assert "rank 2: pipeline stage 2, receiving micro-batch 1's activations from stage 1 " \
+           "(rank 1)" in text, text
+    assert "rank 0: pipeline stage 0, receiving micro-batch 0's gradient from stage 1 " \
+           "(rank 1)" in text, text
+    assert_allreduce_works(run)
+    res = run(SKIP_ONE.format(opts=" --timeout 2"))  # the re-initialised core forgot the step
+    assert "pipeline stage" not in traceback_text(res), traceback_text(res)
+    assert_allreduce_works(run)
+
+
 def test_mismatch_error_from_core_is_grouped(local_cluster, run):
     res = run("%%hvd\nhvd.allreduce(torch.ones(hvd.rank() + 1), name='shape')")
     assert isinstance(res.error, RankError), res.text

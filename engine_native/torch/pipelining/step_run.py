@@ -20,6 +20,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import engine_native as _engine
+from engine_native.pipeline import activity
 from engine_native.torch.p2p_ops import USER_TAGS, raw_irecv, raw_isend
 
 from .grad_average import GradAverage
@@ -40,6 +41,20 @@ def forward_tag(stage: int, microbatch: int, microbatches: int) -> int:
 def backward_tag(stage: int, microbatch: int, microbatches: int) -> int:
     """The tag of the gradient of stage ``stage``'s output (sent back by stage + 1)."""
     return forward_tag(stage, microbatch, microbatches) + 1
+
+
+def doing(action, stage_rank) -> str:
+    """``action`` as the stuck report shows it: "pipeline stage 1, in the forward of
+    micro-batch 1" (Note in engine_native/pipeline/activity.py)."""
+    verb = "in " if action.kind in ("F", "B") else ""
+    return f"pipeline stage {action.stage}, {verb}{describe(action, stage_rank)}"
+
+
+_FINISHING = "completing its sends and gradient averages"
+
+
+def _finishing(stage: int) -> str:
+    return f"pipeline stage {stage}, {_FINISHING}"
 
 
 def describe(action, stage_rank) -> str:
@@ -95,22 +110,25 @@ class StepRun:
         action = None
         try:
             for action in program:
+                activity.doing(doing, action, self.any_stage.rank_of)
                 self._do(action)
                 # a completed send's tensor is released now, not at the step's end
                 while self.sending and self.sending[0].is_completed():
                     self.sending.popleft().wait()
             action = None
+            activity.doing(_finishing, self.any_stage.stage_index)
             for request in self.sending:
                 request.wait()
             for averaging in self.averaging:
                 averaging.wait()
         except Exception as exc:  # noqa: BLE001 - any failure fails the step on every rank
+            activity.clear()  # (the error names the action)
             self._fail(action, exc)
+        activity.clear()
 
     def _fail(self, action, exc: Exception):
         me = _engine.rank()
-        where = describe(action, self.any_stage.rank_of) if action else \
-            "completing its sends and gradient averages"
+        where = describe(action, self.any_stage.rank_of) if action else _FINISHING
         stage = action.stage if action else self.any_stage.stage_index
         message = (f"pipeline stage {stage} (rank {me}) failed in {where}: "
                    f"{type(exc).__name__}: {exc}")
