@@ -19,6 +19,7 @@ import time
 
 from . import preflight, ranksetup, reaper, ssh_engines
 from .cluster_mps import ClusterMps
+from .launch import hosts as hostlib
 from .loop import LoopThread
 from .rankinfo import RankInfo
 
@@ -98,8 +99,9 @@ class HvdCluster:
         t0 = time.perf_counter()
         preflight.check_launcher(self.launcher)
         self.slots = ssh_engines.parse(self.hosts, self.n, self.launcher)
-        # engines of batch/ssh launchers run on other hosts: the controller must listen there
-        kwargs = {"controller_ip": "*"} if self.launcher not in ("local", "mpi") else {}
+        kwargs = {}
+        if self.launcher not in ("local", "mpi"):  # engines on other hosts (else loopback)
+            kwargs["controller_ip"] = self._controller_address()
         kwargs["controller_args"] = [f"--HeartMonitor.period={HEART_PERIOD_MS}",
                                      f"--HeartMonitor.max_heartmonitor_misses={HEART_MISSES}"]
         if self.slots is not None:
@@ -117,6 +119,13 @@ class HvdCluster:
         self.started_at = time.time()
         self.ready_seconds = time.perf_counter() - t0
         return notes
+
+    def _controller_address(self) -> str:
+        """Where the controller listens for engines on other hosts: the interface toward the
+        ssh launcher's hosts, or the default route's for slurm/pbs, whose hosts are not known
+        before the engines start (as the Spark driver does); never every interface, which
+        would take connections from networks the job does not use (issue #35)."""
+        return hostlib.address_toward([s.host for s in self.slots or ()])
 
     def _start_engines(self, progress) -> list[str]:
         self.setup = ranksetup.RankSetup(self, ranksetup.engine_env(self))

@@ -8,8 +8,8 @@ What ipyparallel needs, and what this module sets:
 - ``remote_python``: this Python (ipyparallel's default is ``python3`` on the remote PATH,
   which lacks this environment's packages); the hosts must have it at the same path, as on a
   shared file system or identical images;
-- the controller listens on every interface (``controller_ip="*"``, set by the cluster) and
-  engines reach it at this machine's host name (ipyparallel's ``location``).
+- the controller listens on the interface toward the hosts (``controller_ip``, set by the
+  cluster: hvd_magic.launch.hosts.address_toward), the address engines connect to.
 
 ssh itself is configured as users do (``~/.ssh/config``: keys, ports): the launcher runs
 ``ssh host ...`` and ``scp`` for the connection file.

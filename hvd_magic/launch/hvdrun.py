@@ -222,7 +222,8 @@ def run_mpi(args, command, slots, env, output) -> int:
     rank_cmd = [sys.executable, "-m", "hvd_magic.launch.rankwrap", "--", *command]
     flavor = mpi_flavor(exe) if os.path.isabs(exe) else "mpich"
     cmd = build_command(exe, flavor, slots, rank_cmd, env, ssh_port=args.ssh_port,
-                        ssh_identity=args.ssh_identity_file, mpi_args=args.mpi_args)
+                        ssh_identity=args.ssh_identity_file, mpi_args=args.mpi_args,
+                        user_names=frozenset(config.parse_env_pairs(args.env)))
     if args.dry_run or args.verbose:
         (print if args.dry_run else output.note)(shlex.join(cmd))
         if args.dry_run:

@@ -7,6 +7,15 @@ the rank and reports the rank's exit code as a ``[r]<exit>:code`` line. :class:`
 mpiexec's output, hands tagged lines to the same :class:`RankOutput` as local ranks, and on the
 first failing rank stops mpiexec (SIGTERM to its process group: mpiexec then signals every
 rank on every host). Ranks bootstrap through MPI (mpi4py), as under a plain ``mpiexec``.
+
+What the ranks get of the launcher's environment (:func:`forwarded_names`): on other hosts,
+only the allowlist of :func:`hvd_magic.launch.remote.forwarded_env` plus the names the user
+passed (``--env``, ``run(env=...)``), as mpirun's ``-x`` does; never the rest of a login's
+variables (cloud tokens, keys). MPICH's hydra forwards everything unless told otherwise, so it
+gets ``-genvlist NAME,...``; Open MPI forwards nothing to other hosts, so it gets ``-x NAME``
+per name. Values are read by mpiexec from its own environment: no value is on the command line.
+When every host is this machine, hydra's ranks keep the whole environment (nothing leaves the
+machine; hydra's local proxy would pass it on anyway).
 """
 
 from __future__ import annotations
@@ -21,14 +30,19 @@ import tempfile
 from collections.abc import Sequence
 from itertools import groupby
 
+from . import hosts as hostlib
 from .output import parse_tagged
 from .procs import ProcessJob, describe_exit
+from .remote import forwarded_env
 
-__all__ = ["MpiJob", "build_command", "find_mpiexec", "mpi_flavor"]
+__all__ = ["MpiJob", "build_command", "find_mpiexec", "forwarded_names", "mpi_flavor"]
 
-# Variables passed with -x to Open MPI (it does not forward the environment by itself).
-_EXPORT_PREFIXES = ("HVD_", "HOROVOD_", "PYTHON", "NCCL_", "CUDA_", "OMP_", "MKL_")
-_EXPORT_NAMES = ("PATH", "LD_LIBRARY_PATH")
+_PER_HOST = ("HVD_HOSTNAME", "HOROVOD_HOSTNAME")  # set per host segment below
+# hydra takes one environment choice; one in --mpi-args is the user's (e.g. -genvall)
+_HYDRA_ENV_CHOICES = ("-genvall", "-genvnone", "-genvlist")
+# Hydra's -genvlist/-envlist skip a listed variable that is the last one of mpiexec's
+# environment (seen with MPICH 5.0.2); build_command ends that environment with this one.
+_ENV_END = "MPIEXEC_ENV_END"
 
 
 def find_mpiexec() -> str | None:
@@ -68,13 +82,22 @@ def _ssh_wrapper(port: int | None, identity: str | None) -> str | None:
     return path
 
 
+def forwarded_names(env: dict, user_names=()) -> list:
+    """The variables of ``env`` that ranks on other hosts get, sorted: remote.forwarded_env's
+    allowlist plus ``user_names`` (the user's --env names), less the per-host ones."""
+    return sorted(k for k in forwarded_env(env, user_names) if k not in _PER_HOST)
+
+
 def build_command(exe: str, flavor: str, slots: Sequence, rank_cmd: Sequence[str], env: dict,
                   *, ssh_port: int | None = None, ssh_identity: str | None = None,
-                  mpi_args: str | None = None) -> list:
-    """The mpiexec command line that runs ``rank_cmd`` once per slot, host by host."""
+                  mpi_args: str | None = None, user_names=()) -> list:
+    """The mpiexec command line that runs ``rank_cmd`` once per slot, host by host; ranks on
+    other hosts get :func:`forwarded_names` of ``env``, the environment mpiexec is to run
+    with (for hydra, ``env`` then ends with a variable that is not forwarded: _ENV_END)."""
     segments = [(host, len(list(group))) for host, group in groupby(slots, key=lambda s: s.host)]
     hosts = ",".join(f"{host}:{count}" for host, count in segments)
     extra = shlex.split(mpi_args) if mpi_args else []
+    names = forwarded_names(env, user_names)
     if flavor == "openmpi":
         cmd = [exe, "--allow-run-as-root", "-bind-to", "none", "-map-by", "slot",
                "-mca", "pml", "ob1", "-mca", "btl", "^openib", "-H", hosts]
@@ -82,20 +105,24 @@ def build_command(exe: str, flavor: str, slots: Sequence, rank_cmd: Sequence[str
             rsh = (f"-p {int(ssh_port)} " if ssh_port is not None else "") + (
                 f"-i {ssh_identity}" if ssh_identity else "")
             cmd += ["-mca", "plm_rsh_args", rsh.strip()]
-        exported = sorted(k for k in env if k.startswith(_EXPORT_PREFIXES) or k in _EXPORT_NAMES)
-        for key in exported:
-            if key not in ("HVD_HOSTNAME", "HOROVOD_HOSTNAME"):
-                cmd += ["-x", key]
+        for key in names:  # Open MPI forwards nothing else to other hosts
+            cmd += ["-x", key]
         cmd += extra
         for i, (host, count) in enumerate(segments):
             cmd += ([":"] if i else []) + ["-np", str(count), "-x", f"HVD_HOSTNAME={host}",
                                            *rank_cmd]
         return cmd
-    # MPICH / hydra (also the default for unknown mpiexecs): the environment is forwarded.
+    # MPICH / hydra (also the default for unknown mpiexecs): hydra forwards the whole
+    # environment by default; -genvlist narrows it (-genvnone with it is an error to hydra).
     cmd = [exe, "-hosts", hosts]
     wrapper = _ssh_wrapper(ssh_port, ssh_identity)
     if wrapper:
         cmd += ["-launcher", "ssh", "-launcher-exec", wrapper]
+    remote = not all(hostlib.is_local(host) for host, _ in segments)
+    if remote and not any(arg in _HYDRA_ENV_CHOICES for arg in extra):
+        cmd += ["-genvlist", ",".join(names)] if names else ["-genvnone"]
+        env.pop(_ENV_END, None)
+        env[_ENV_END] = "1"  # now last, so no forwarded variable is (see _ENV_END)
     cmd += extra
     for i, (host, count) in enumerate(segments):
         cmd += ([":"] if i else []) + ["-n", str(count), "-env", "HVD_HOSTNAME", host, *rank_cmd]

@@ -21,9 +21,10 @@ from .procs import spawn
 
 __all__ = ["env_script", "forwarded_env", "remote_command", "spawn_remote"]
 
-# What a remote worker gets of the job's environment: the job's own variables and what Python,
-# the frameworks and the GPU libraries read; never the rest of a login's environment (cloud
-# tokens, keys). Names the user passes with --env go too, as with mpirun -x.
+# What a process on another host gets of the job's environment (these workers, and mpiexec's
+# ranks through hvd_magic.launch.mpi): the job's own variables and what Python, the frameworks
+# and the GPU libraries read; never the rest of a login's environment (cloud tokens, keys).
+# Names the user passes with --env go too, as with mpirun -x. docs/pages/jobs.md lists it.
 _FORWARD_NAMES = frozenset({"PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV"})
 _FORWARD_PREFIXES = ("HVD_", "HOROVOD_", "PYTHON", "CUDA_", "NCCL_", "OMP_", "MKL_",
                      "OPENBLAS_", "TORCH_", "PYTORCH_")

@@ -196,7 +196,8 @@ def run(fn: Callable, args=(), kwargs: dict | None = None, num_proc: int | None 
                         timestamp=prefix_output_with_timestamp, only_ranks=only_ranks)
     launch = _Launch(slot_list, base, output, what, executable, bool(verbose), mpi,
                      mpi and not hostlib.only_loopback(host_list),
-                     dict(mpi_args=mpi_args, ssh_port=ssh_port, ssh_identity=ssh_identity_file))
+                     dict(mpi_args=mpi_args, ssh_port=ssh_port, ssh_identity=ssh_identity_file,
+                          user_names=frozenset(env or {})))
     daemon = _start_mps(mps, mpi, size, base, output, what)
     try:
         result, results = launch.run(payload)
@@ -294,7 +295,7 @@ def _run_local(slot_list, rank_cmd, base, output, address, secret, key) -> JobRe
 
 
 def _run_mpi(slot_list, rank_cmd, base, output, loopback, mpi_args, ssh_port,
-             ssh_identity) -> JobResult:
+             ssh_identity, user_names) -> JobResult:
     from .mpi import MpiJob, build_command, find_mpiexec, mpi_flavor
 
     exe = find_mpiexec()
@@ -305,7 +306,7 @@ def _run_mpi(slot_list, rank_cmd, base, output, loopback, mpi_args, ssh_port,
         base["HVD_IFACE_ADDRESS"] = "127.0.0.1"
     wrapped = [sys.executable, "-m", "hvd_magic.launch.rankwrap", "--", *rank_cmd]
     cmd = build_command(exe, mpi_flavor(exe), slot_list, wrapped, base, ssh_port=ssh_port,
-                        ssh_identity=ssh_identity, mpi_args=mpi_args)
+                        ssh_identity=ssh_identity, mpi_args=mpi_args, user_names=user_names)
     job = MpiJob(output)
     job.add(MpiJob.KEY, spawn(cmd, base))
     return job.run()

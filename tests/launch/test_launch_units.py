@@ -2,6 +2,7 @@
 lines, and the process supervisor's rules (fail fast, grace then SIGKILL, process groups)."""
 import io
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def test_clean_env_drops_inherited_ranks():
 def test_mpich_command_has_a_segment_per_host():
     slots = hosts.assign(3, hosts.parse_hosts("node1:2,node2:2"))
     cmd = build_command("mpiexec", "mpich", slots, ["python", "t.py"], {}, mpi_args="-v")
-    assert cmd == ["mpiexec", "-hosts", "node1:2,node2:1", "-v",
+    assert cmd == ["mpiexec", "-hosts", "node1:2,node2:1", "-genvnone", "-v",
                    "-n", "2", "-env", "HVD_HOSTNAME", "node1", "python", "t.py", ":",
                    "-n", "1", "-env", "HVD_HOSTNAME", "node2", "python", "t.py"]
     cmd = build_command("mpiexec", "mpich", slots, ["python"], {}, ssh_port=2222)
@@ -103,6 +104,86 @@ def test_openmpi_command_exports_variables():
     assert "HOME" not in cmd and "plm_rsh_args" in cmd
     assert cmd[-13:] == ["-np", "1", "-x", "HVD_HOSTNAME=node1", "python", "t.py", ":",
                          "-np", "1", "-x", "HVD_HOSTNAME=node2", "python", "t.py"]
+
+
+# A login's environment: the job's variables, what must stay on this machine, and last (as
+# hvdrun adds it) a --env name.
+LOGIN = {"HVD_X": "1", "PATH": "/bin", "PYTHONPATH": "/p", "HVD_HOSTNAME": "h",
+         "AWS_SECRET_ACCESS_KEY": "k3y", "HOME": "/root", "MY_DATA": "/d"}
+OTHER_HOSTS = "node1.invalid:1,node2.invalid:1"
+
+
+@pytest.mark.parametrize("flavor", ["mpich", "openmpi"])
+def test_ranks_on_other_hosts_get_the_allowlist_and_the_users_names(flavor):
+    """Issue #35: the allowlist of remote.forwarded_env plus the --env names, by name (mpiexec
+    reads the values from its own environment); HVD_HOSTNAME is set per host segment."""
+    slots, env = hosts.assign(2, hosts.parse_hosts(OTHER_HOSTS)), dict(LOGIN)
+    cmd = build_command("mpiexec", flavor, slots, ["python", "t.py"], env,
+                        user_names={"MY_DATA"})
+    if flavor == "mpich":
+        sent = cmd[cmd.index("-genvlist") + 1].split(",")
+        assert list(env)[-1] not in sent  # hydra would skip the last variable of its environment
+    else:
+        sent = [cmd[i + 1] for i in range(cmd.index("-np")) if cmd[i] == "-x"]
+    assert sent == ["HVD_X", "MY_DATA", "PATH", "PYTHONPATH"]
+    assert not any(secret in arg for arg in cmd for secret in ("AWS_", "k3y", "HOME", "/d"))
+
+
+def test_mpich_keeps_the_environment_on_this_machine_or_when_asked():
+    """Ranks all on this machine keep the whole environment (nothing leaves it); an
+    environment choice in --mpi-args is the user's (hydra refuses two)."""
+    local = hosts.assign(2, hosts.parse_hosts("localhost:1,127.0.0.1:1"))
+    cmd = build_command("mpiexec", "mpich", local, ["python"], dict(LOGIN))
+    assert not {"-genvlist", "-genvnone"} & set(cmd)
+    remote = hosts.assign(2, hosts.parse_hosts(OTHER_HOSTS))
+    cmd = build_command("mpiexec", "mpich", remote, ["python"], dict(LOGIN), mpi_args="-genvall")
+    assert "-genvall" in cmd and not {"-genvlist", "-genvnone"} & set(cmd)
+
+
+def test_hvdrun_sends_its_env_names_to_other_hosts(capsys, monkeypatch):
+    monkeypatch.setattr(hvdrun, "find_mpiexec", lambda: None)  # hydra's syntax, any machine
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "k3y")
+    monkeypatch.setenv("HVD_X", "1")
+    assert hvdrun.main(["-np", "2", "-H", OTHER_HOSTS, "--env", "MY_DATA=/d", "--dry-run",
+                        "python", "t.py"]) == 0
+    argv = shlex.split(capsys.readouterr().out.strip())
+    sent = argv[argv.index("-genvlist") + 1].split(",")
+    assert {"HVD_X", "MY_DATA", "PATH"} <= set(sent) and "AWS_SECRET_ACCESS_KEY" not in sent
+
+
+# hydra's "ssh [-x] HOST COMMAND": runs COMMAND on this machine in a fresh login environment,
+# as sshd would on another host, so only what mpiexec forwards reaches the ranks.
+FAKE_SSH = """#!/bin/sh
+while [ "$1" = -x ]; do shift; done
+shift
+exec env -i PATH="$PATH" HOME="$HOME" sh -c "$*"
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_ranks_on_other_hosts_do_not_get_the_login(tmp_path, monkeypatch, no_leaks):
+    """run(fn, hosts=...) through hydra with an ssh that starts a fresh environment: a rank
+    on another host sees the job's variables and env= names, not this login's secrets."""
+    from hvd_magic import run
+    from hvd_magic.launch.mpi import find_mpiexec, mpi_flavor
+    exe = find_mpiexec()
+    if exe is None or mpi_flavor(exe) != "mpich":
+        pytest.skip("needs MPICH's mpiexec (hydra's -launcher-exec)")
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o700)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "k3y")
+    monkeypatch.setenv("HVD_X", "1")
+
+    def seen():
+        import os
+        return [os.environ.get(k) for k in ("AWS_SECRET_ACCESS_KEY", "HVD_X", "MY_DATA",
+                                            "HVD_HOSTNAME")]
+
+    got = run(seen, np=2, hosts=OTHER_HOSTS, env={"MY_DATA": "/d"},
+              mpi_args=f"-launcher ssh -launcher-exec {ssh}")
+    assert got == [[None, "1", "/d", "node1.invalid"], [None, "1", "/d", "node2.invalid"]]
 
 
 def test_hvdrun_dry_run_for_remote_hosts(capsys):

@@ -25,12 +25,14 @@ TAGGED = re.compile(r"^\[(\d+)\]<(stdout|stderr)>:(.*)$")
 
 def run_hvdrun(hosts, extra_env: dict, timeout: float = 400):
     env = dict(hosts.env, HVD_LOG="info", HVD_LOG_SUBSYS="transport,algo", HVD_TIMEOUT="60",
-               MH_HOSTS=",".join(HOSTS),
-               MH_ADDRESSES=",".join(f"{h}={a}" for h, a in hosts.addresses.items()),
                **extra_env)
+    addresses = ",".join(f"{h}={a}" for h, a in hosts.addresses.items())
     hvdrun = shutil.which("hvdrun") or os.path.join(os.path.dirname(sys.executable), "hvdrun")
-    res = hosts.run("a", [hvdrun, "-np", "4", "-H", "a:2,b:2", sys.executable, SCRIPT],
-                    timeout=timeout, env=env)
+    # the script's variables go with --env: ranks on b get only the job's part of the
+    # environment (docs/pages/jobs.md)
+    res = hosts.run("a", [hvdrun, "-np", "4", "-H", "a:2,b:2", "--env",
+                          f"MH_HOSTS={','.join(HOSTS)}", "--env", f"MH_ADDRESSES={addresses}",
+                          sys.executable, SCRIPT], timeout=timeout, env=env)
     assert res.returncode == 0, f"hvdrun failed ({res.returncode}):\n{res.stdout[-6000:]}\n" \
                                 f"{res.stderr[-6000:]}"
     lines = {r: {"stdout": [], "stderr": []} for r in range(4)}
