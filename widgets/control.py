@@ -5,41 +5,57 @@ a timeline during training), but every request sent through ipyparallel waits in
 queue behind the running cell. The metrics publisher is a thread that keeps running during
 cells, so commands travel the metrics channel the other way:
 
-A. The hub (driver) publishes a signed frame ``{"id", "name", "args"}`` on a ZMQ PUB socket.
-B. Each engine's publisher thread (SUB socket) verifies it, runs the handler registered for
-   ``name`` (:func:`hvd_magic.widgets.publisher.start_publisher`'s ``handlers``) and puts
+A. The hub (driver) publishes a signed frame ``{"id", "name", "args", "to"}`` on a ZMQ PUB
+   socket; ``to`` lists the ids of the publishers it heard from (their snapshots' ``pub``).
+B. Each engine's publisher thread (SUB socket) verifies it, checks that it is addressed to this
+   publisher and newer than the last command run, runs the handler registered for ``name``
+   (:func:`hvd_magic.widgets.publisher.start_publisher`'s ``handlers``) and puts
    ``[id, ok, text]`` into its next snapshots' ``acks`` (repeated a few times, so one dropped
    snapshot does not lose it).
 C. The hub matches acks to the command (:class:`Pending`) and, once every rank that was alive
    when it was sent answered or ``timeout_s`` passed, calls ``on_done(answers, missing)`` on
    its own thread.
 
-Frames are signed JSON frames like snapshots (:mod:`.frames`); ids only grow, and an engine
-runs each id at most once.
+Frames are signed JSON frames like snapshots, in the other direction (:mod:`.frames`); ids
+only grow, and a publisher runs each id at most once and only the ids sent after the hub heard
+from it, so a recorded command is never run again (Note [Dashboard frames] in :mod:`.frames`).
 """
 
 import logging
+from typing import NamedTuple
 
 from . import frames
-from .frames import MAX_TEXT, is_int
+from .frames import MAX_TEXT, is_id, is_int
 
-MAX_COMMAND_BYTES = 16 * 1024
+MAX_COMMAND_BYTES = 64 * 1024  # `to` names every rank's publisher: ~3,000 ranks
 MAX_ACKS = 16
 log = logging.getLogger("hvd_magic.widgets")
 
 
-def pack_command(cmd_id, name, args, key=None):
-    """One signed command frame."""
-    return frames.pack({"id": int(cmd_id), "name": str(name), "args": dict(args or {})}, key)
+class Command(NamedTuple):
+    """A decoded command frame."""
+
+    id: int
+    name: str
+    args: dict
+    to: list  # ids of the publishers it is addressed to
+
+
+def pack_command(cmd_id, name, args, key=None, to=()):
+    """One signed command frame for the publishers whose ids are in ``to``."""
+    obj = {"id": int(cmd_id), "name": str(name), "args": dict(args or {}), "to": list(to)}
+    return frames.pack(obj, key, frames.COMMAND)
 
 
 def unpack_command(frame, key=None):
-    """Verify and decode a command frame: ``(id, name, args)``; ValueError when bad."""
-    obj = frames.unpack(frame, key, MAX_COMMAND_BYTES, "command frame")
+    """Verify and decode a command frame into a :class:`Command`; ValueError when bad."""
+    obj = frames.unpack(frame, key, MAX_COMMAND_BYTES, "command frame", frames.COMMAND)
     if not (isinstance(obj, dict) and is_int(obj.get("id")) and isinstance(obj.get("name"), str)
-            and isinstance(obj.get("args"), dict)):
-        raise ValueError("command frame: expected {id: int, name: str, args: object}")
-    return obj["id"], obj["name"], obj["args"]
+            and isinstance(obj.get("args"), dict) and isinstance(obj.get("to"), list)
+            and all(is_id(p) for p in obj["to"])):
+        raise ValueError("command frame: expected {id: int, name: str, args: object, "
+                         "to: [publisher id]}")
+    return Command(obj["id"], obj["name"], obj["args"], obj["to"])
 
 
 def clean_acks(acks):

@@ -26,6 +26,10 @@ one local engine publishing both ways from a thread):
 
 Commands (the dashboard's buttons) go the other way on a PUB socket to every publisher, and
 their answers come back inside snapshots (:mod:`.control`); ``on_done`` runs on this thread.
+A snapshot is rendered, and its answers counted, only when it is newer than the last one
+accepted from its publisher, and a command names the publishers it is for (Note [Dashboard
+frames] in :mod:`.frames`: what a replayed, reordered or reflected frame meets). When to
+render is :class:`.pacing.RenderPacer`'s decision.
 
 Wiring, as hvd_magic.dashboard does it (the driver; engines run hvd_magic.engine_dashboard;
 :func:`~.startup.start_dashboard` and :func:`~.startup.dashboard_mode` are in :mod:`.startup`)::
@@ -42,7 +46,9 @@ import threading
 import time
 
 from .control import Pending, pack_command
+from .frames import RefusalLog, SnapshotOrder
 from .model import DashboardModel
+from .pacing import RenderPacer
 from .snapshot import MAX_FRAME_BYTES, unpack
 
 log = logging.getLogger("hvd_magic.widgets")
@@ -80,8 +86,10 @@ class MetricsHub:
         What publishers connect to, valid after :meth:`start`.
     command_address : str
         Where publishers listen for commands (:meth:`command`), valid after :meth:`start`.
-    received, rejected, renders : int
-        Counters for diagnostics and tests.
+    received, rejected, stale, renders : int
+        Counters for diagnostics and tests: snapshots accepted, frames that failed their tag
+        or schema, snapshots refused as replayed, out of order or from a retired publisher
+        (Note [Dashboard frames] in :mod:`.frames`), renders.
     """
 
     def __init__(self, model=None, sinks=(), key=None, bind="tcp://127.0.0.1",
@@ -91,13 +99,11 @@ class MetricsHub:
         self.key = key.encode() if isinstance(key, str) else key
         self.bind = bind
         self.connect_host = connect_host
-        self.min_interval_s = 1.0 / max_hz
-        self.refresh_s = refresh_s
-        self.gather_s = gather_s
+        self.pacer = RenderPacer(max_hz, refresh_s, gather_s)
         self.clock = clock
         self.address = self.command_address = None
         self.view = None  # set by start_dashboard
-        self.received = self.rejected = self.renders = 0
+        self.received = self.rejected = self.stale = self.renders = 0
         self._sinks = list(sinks)
         self._sinks_lock = threading.Lock()
         self._wake_lock = threading.Lock()
@@ -111,8 +117,8 @@ class MetricsHub:
         self._next_id = 1
         self._pending = Pending(clock)
         self._arrived = threading.Condition()  # notified after snapshots were ingested
-        self._fresh = set()  # ranks with a snapshot since the last render (hub thread only)
-        self._arrived_at = {}  # rank -> hub clock of its latest snapshot (hub thread only)
+        self._order = SnapshotOrder()  # hub thread only
+        self._refusals = RefusalLog(log, "dashboard hub", clock)
 
     # ---------------------------------------------------------------- control (any thread)
     def start(self, timeout=10.0):
@@ -252,48 +258,27 @@ class MetricsHub:
                 sock.close(0)
 
     def _loop(self, poller, pull, wake_in, zmq):
-        """Drain → ingest → render when due. Rendering waits for the throttle, not the data.
-
-        New snapshots are gathered for up to ``gather_s`` until every rank publishing lately
-        has sent one, so the ranks' unsynchronised publishers (N snapshots per interval) make
-        one render per interval rather than one per snapshot; a wake-up (dead rank, command,
-        driver change) renders as soon as the throttle allows."""
-        dirty, urgent, since = True, True, 0.0
-        last_render, next_allowed = float("-inf"), 0.0
+        """Drain → ingest → render when the pacer says so; sleep until its next due time, a
+        command's deadline, a frame or a wake-up (dead rank, command, driver change)."""
+        pacer = self.pacer
         while not self._stopping:
             now = self.clock()
-            if not dirty:
-                due = last_render + self.refresh_s
-            elif urgent or self._all_fresh(now):
-                due = next_allowed
-            else:
-                due = max(next_allowed, since + self.gather_s)
+            due = pacer.due(now)
             due = min(due, self._pending.next_deadline() or due)
             ready = dict(poller.poll(max(0, int((due - now) * 1000) + 1)))
             if wake_in in ready:
                 _drain(wake_in, zmq)
                 self._send_commands()
-                dirty = urgent = True
-            if pull in ready and self._receive(pull, zmq) and not dirty:
-                dirty, since = True, self.clock()
+                pacer.wake()
+            if pull in ready:
+                self._receive(pull, zmq)
             if self._stopping:
                 break
             now = self.clock()
             if self._pending:
                 self._pending.expire(now)
-            if now < next_allowed:
-                continue
-            if dirty and (urgent or now >= since + self.gather_s or self._all_fresh(now)) \
-                    or not dirty and now - last_render >= self.refresh_s:
+            if pacer.render_due(now):
                 self._render(now)
-                self._fresh.clear()
-                dirty = urgent = False
-                last_render, next_allowed = now, now + self.min_interval_s
-
-    def _all_fresh(self, now):
-        """Every rank that sent a snapshot within the last second sent one since the last
-        render."""
-        return all(r in self._fresh for r, t in self._arrived_at.items() if now - t <= 1.0)
 
     def _receive(self, pull, zmq, limit=10000):
         got = False
@@ -306,15 +291,21 @@ class MetricsHub:
                 snap = unpack(frame, self.key)
             except ValueError as exc:
                 self.rejected += 1
-                self._warn_once("frame", f"dashboard hub: dropped a frame: {exc}")
+                self._refusals.refused("bad", str(exc))
+                continue
+            refusal = self._order.admit(snap)  # Note [Dashboard frames]
+            if refusal is not None:
+                self.stale += 1
+                kind, why = refusal
+                self._refusals.refused(kind, why, logging.INFO if kind == "retired" else
+                                       logging.WARNING)
                 continue
             self.received += 1
             if snap.get("acks"):
                 self._pending.ack(snap["rank"], snap["acks"])
             now = self.clock()
             self.model.ingest(snap["rank"], snap, now)
-            self._fresh.add(snap["rank"])
-            self._arrived_at[snap["rank"]] = now
+            self.pacer.arrived(snap["rank"], now)
             got = True
         if got:
             with self._arrived:
@@ -329,8 +320,9 @@ class MetricsHub:
             return
         rows = self.model.rows(self.clock())
         alive = [r.rank for r in rows if r.state not in ("dead", "starting")]
+        to = self._order.publishers(alive)  # a rank whose publisher is unknown: missing
         for cmd_id, name, args, timeout_s, on_done in outbox:
-            self._pub.send(pack_command(cmd_id, name, args, self.key))
+            self._pub.send(pack_command(cmd_id, name, args, self.key, to=to))
             self._pending.sent(cmd_id, alive, timeout_s, on_done)
 
     def _render(self, now):

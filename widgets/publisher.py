@@ -22,7 +22,10 @@ The ``device`` a snapshot names is described by :mod:`.device_info`.
 
 The same thread runs the dashboard's commands (timeline, autotune buttons) arriving on a SUB
 socket from the hub, so they act while a cell keeps the engine's main thread busy; answers
-ride in the next snapshots (protocol in :mod:`.control`).
+ride in the next snapshots (protocol in :mod:`.control`). Every publisher draws a fresh id
+(:attr:`Publisher.pub_id`) that its snapshots carry and the hub's commands name, so a command
+recorded for an earlier publisher (before ``%hvd_restart``) is refused by a later one, and a
+replayed or reordered one by the same one (Note [Dashboard frames] in :mod:`.frames`).
 
 Example (what ``%hvd_start`` runs on every engine, after the core is initialised; see
 hvd_magic.engine_dashboard)::
@@ -37,12 +40,15 @@ hvd_magic.engine_dashboard)::
 import atexit
 import logging
 import os
+import secrets
 import socket
 import sys
 import threading
 import time
 
+from .control import MAX_COMMAND_BYTES, unpack_command
 from .device_info import device_info
+from .frames import RefusalLog
 from .snapshot import MAX_BAR_S, MAX_EVENTS, MERGE_GAP_S, SCHEMA_VERSION, normalize_core, pack
 
 log = logging.getLogger("hvd_magic.widgets")
@@ -156,6 +162,14 @@ class Publisher:
     handlers : dict, optional
         ``{name: callable(**args) -> str}`` for those commands; an exception is the answer
         ``ok=False`` with its text.
+
+    Attributes
+    ----------
+    pub_id : str
+        Drawn at random for this publisher; its snapshots carry it as ``pub``, and it runs
+        only commands whose ``to`` names it.
+    commands_run, commands_refused : int
+        Commands run, and commands refused (Note [Dashboard frames] in :mod:`.frames`).
     """
 
     ACK_REPEATS = 3  # snapshots that carry each answer
@@ -173,7 +187,9 @@ class Publisher:
         self.hwm = hwm
         self.command_address = command_address
         self.handlers = dict(handlers or {})
-        self.commands_run = 0
+        self.pub_id = secrets.token_hex(8)
+        self.commands_run = self.commands_refused = 0
+        self._refusals = RefusalLog(log, f"rank {self.rank} metrics publisher", time.monotonic)
         self.busy_s = 0.0  # thread CPU time spent building and sending snapshots
         self._last_command = -1
         self._acks = []  # [[id, ok, text], repeats left]
@@ -193,8 +209,8 @@ class Publisher:
         """Build one snapshot now (also usable without the thread, e.g. from ``%hvd_status``)."""
         samples, extra, cell = _reported()
         snap = {"v": SCHEMA_VERSION, "rank": self.rank, "t": time.time(), "seq": self._seq,
-                "host": self._host, "pid": os.getpid(), "busy": cell is not None,
-                "cell": cell or "", "samples": samples, "extra": extra}
+                "pub": self.pub_id, "host": self._host, "pid": os.getpid(),
+                "busy": cell is not None, "cell": cell or "", "samples": samples, "extra": extra}
         self._seq += 1
         raw = None
         if self.metrics is not None:
@@ -249,7 +265,7 @@ class Publisher:
             if self.command_address:
                 cmd = ctx.socket(zmq.SUB)
                 cmd.setsockopt(zmq.LINGER, 0)
-                cmd.setsockopt(zmq.MAXMSGSIZE, 16 * 1024)
+                cmd.setsockopt(zmq.MAXMSGSIZE, MAX_COMMAND_BYTES)
                 cmd.setsockopt(zmq.SUBSCRIBE, b"")
                 cmd.connect(self.command_address)
             while True:
@@ -280,14 +296,17 @@ class Publisher:
         return True
 
     def _command(self, frame):
-        from .control import unpack_command
+        """Run one command frame from the hub, unless Note [Dashboard frames] (D) refuses it."""
         try:
-            cmd_id, name, args = unpack_command(frame, self.key)
+            cmd_id, name, args, to = unpack_command(frame, self.key)
         except ValueError as exc:
-            self._warn_once(f"dropped a command: {exc}")
-            return
+            return self._refuse("bad", str(exc))
+        if self.pub_id not in to:  # also what a command sent before the hub heard from us meets
+            return self._refuse("to", f"command {cmd_id} ({name!r}) is not addressed to this "
+                                      f"publisher (recorded for an earlier one?)", logging.INFO)
         if cmd_id <= self._last_command:
-            return  # already run (ids only grow)
+            return self._refuse("order", f"command {cmd_id} ({name!r}) not after command "
+                                         f"{self._last_command} (replayed or out of order)")
         self._last_command = cmd_id
         handler = self.handlers.get(name)
         try:
@@ -298,6 +317,10 @@ class Publisher:
             ok, text = False, f"{type(exc).__name__}: {exc}"
         self.commands_run += 1
         self._acks.append([[cmd_id, ok, text], self.ACK_REPEATS])
+
+    def _refuse(self, kind, reason, level=logging.WARNING):
+        self.commands_refused += 1
+        self._refusals.refused(kind, reason, level)
 
     def _send(self, sock, zmq):
         t0 = time.thread_time()

@@ -11,6 +11,8 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
     rank     int    global rank of the engine
     t        float  engine wall clock (time.time()) when built; only differences are used
     seq      int    per-publisher sequence number (a gap means snapshots were dropped)
+    pub      str    the publisher's id, drawn at random when it starts (with ``seq``, what the
+                    hub orders snapshots by: Note [Dashboard frames] in .frames)
     host     str    hostname
     pid      int    engine process id
     device   dict   {"kind": "cpu"} or {"kind": "cuda", "index": k, "name": "NVIDIA H100",
@@ -48,14 +50,15 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
 Counters are monotonic within one core lifetime; a decrease means the core was re-initialised
 and the model restarts its rate baselines.
 
-Wire frame: a signed JSON frame (:mod:`.frames`, shared with the dashboard's commands).
+Wire frame: a signed JSON frame in the ``snapshot`` direction (:mod:`.frames`, shared with the
+dashboard's commands, which are signed in the other direction).
 """
 
 import math
 
 from . import frames
 from .control import clean_acks
-from .frames import MAX_TEXT, is_int
+from .frames import MAX_TEXT, is_id, is_int
 from .gpu_stats import GPU_PATHS
 
 SCHEMA_VERSION = 1
@@ -81,7 +84,7 @@ def pack(snapshot, key=None):
     -------
     bytes
     """
-    return frames.pack(snapshot, key)
+    return frames.pack(snapshot, key, frames.SNAPSHOT)
 
 
 def unpack(frame, key=None):
@@ -104,7 +107,7 @@ def unpack(frame, key=None):
     ValueError
         Bad size, bad signature, invalid JSON or a snapshot that fails validation.
     """
-    return validate(frames.unpack(frame, key, MAX_FRAME_BYTES, "metrics frame",
+    return validate(frames.unpack(frame, key, MAX_FRAME_BYTES, "metrics frame", frames.SNAPSHOT,
                                   " (engine started with another key?)"))
 
 
@@ -143,6 +146,8 @@ def validate(obj):
     for name in ("host", "cell"):
         if isinstance(obj.get(name), str):
             out[name] = obj[name][:MAX_TEXT]
+    if is_id(obj.get("pub")):
+        out["pub"] = obj["pub"]
     if isinstance(obj.get("busy"), bool):
         out["busy"] = obj["busy"]
     if isinstance(obj.get("device"), dict):

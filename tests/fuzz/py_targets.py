@@ -150,7 +150,8 @@ def _snapshot_obj(rng, rank):
     ops = {op: rng.randrange(1000) for op in snapshot.OP_NAMES[:rng.randrange(8)]}
     return {
         "v": 1, "rank": rank, "t": 1000.0 + rng.random(), "seq": rng.randrange(100),
-        "host": "node-a", "pid": 4242, "busy": rng.random() < 0.5, "cell": "train()",
+        "pub": f"{rng.randrange(1 << 64):016x}", "host": "node-a", "pid": 4242,
+        "busy": rng.random() < 0.5, "cell": "train()",
         "samples": rng.randrange(10**6), "extra": {"loss": rng.random(), "phase": "warm"},
         "device": {"kind": "cuda", "index": 0, "name": "H100", "mem_used": 1 << 30,
                    "mem_total": 80 << 30, "gpu": 0, "util": 55, "path": "nccl"},
@@ -173,10 +174,15 @@ def snapshot_seeds(rng):
 
 
 def snapshot_run(data):
-    """What the hub does with a frame (widgets/hub.py _receive): unpack, then the model merges
-    it after a baseline snapshot of the same rank and renders rows, cluster, autotune and the
-    timeline from it."""
+    """What the hub does with a frame (widgets/hub.py _receive): unpack, the order check
+    (after a baseline from the same publisher), then the model merges it after a baseline
+    snapshot of the same rank and renders rows, cluster, autotune and the timeline from it."""
     snap = snapshot.unpack(data, KEY)
+    order = frames.SnapshotOrder()
+    if order.admit({"rank": snap["rank"], "pub": "baseline", "seq": 0}) is not None:
+        raise Broken("the order check refused a first snapshot")
+    if order.admit(snap) is not None:
+        return "rejected"
     model = DashboardModel(size=4)
     base = snapshot.validate(_snapshot_obj(_Fixed(), snap["rank"]))
     model.ingest(snap["rank"], base, 10.0)
@@ -199,15 +205,18 @@ class _Fixed:
 def command_seeds(rng):
     names = ["timeline", "autotune", "stop"]
     return [control.pack_command(rng.randrange(1, 100), rng.choice(names),
-                                 {"path": "/tmp/t.json", "on": rng.random() < 0.5}, KEY)
+                                 {"path": "/tmp/t.json", "on": rng.random() < 0.5}, KEY,
+                                 to=[f"{rng.randrange(1 << 64):016x}"
+                                     for _ in range(rng.randrange(4))])
             for _ in range(16)]
 
 
 def command_run(data):
-    """What an engine's publisher does with a command frame (widgets/publisher.py _command)."""
-    cmd_id, name, args = control.unpack_command(data, KEY)
-    if control.unpack_command(control.pack_command(cmd_id, name, args, KEY), KEY) != (
-            cmd_id, name, args):
+    """What an engine's publisher decodes of a command frame (widgets/publisher.py _command),
+    before its addressee and order checks (Note [Dashboard frames])."""
+    command = control.unpack_command(data, KEY)
+    if control.unpack_command(control.pack_command(*command[:3], KEY, to=command.to),
+                              KEY) != command:
         raise Broken("a command does not survive re-encoding")
     return "accepted"
 
@@ -254,10 +263,11 @@ TARGETS = [
            request_seeds, request_run, (ValueError, struct.error)),
     Target("rendezvous_reply", "RendezvousClient._wait_reply (status, values, missing keys)",
            reply_seeds, reply_run, (RendezvousError,)),
-    Target("dashboard_snapshot", "widgets.snapshot.unpack + DashboardModel", snapshot_seeds,
-           snapshot_run, (ValueError,), sign=lambda p: frames.sign(p, KEY) + p),
+    Target("dashboard_snapshot", "widgets.snapshot.unpack + SnapshotOrder + DashboardModel",
+           snapshot_seeds, snapshot_run, (ValueError,),
+           sign=lambda p: frames.sign(p, KEY, frames.SNAPSHOT) + p),
     Target("dashboard_command", "widgets.control.unpack_command", command_seeds, command_run,
-           (ValueError,), sign=lambda p: frames.sign(p, KEY) + p),
+           (ValueError,), sign=lambda p: frames.sign(p, KEY, frames.COMMAND) + p),
     Target("launch_output", "launch.output.LineSplitter + parse_tagged", output_seeds,
            output_run),
 ]

@@ -17,14 +17,18 @@ KEY = b"job-key"
 
 
 def test_command_frames_round_trip_and_reject_tampering():
-    frame = C.pack_command(7, "timeline", {"start": True, "path": "/tmp/t.json"}, KEY)
-    assert C.unpack_command(frame, KEY) == (7, "timeline", {"start": True, "path": "/tmp/t.json"})
+    frame = C.pack_command(7, "timeline", {"start": True, "path": "/tmp/t.json"}, KEY,
+                           to=["a1b2", "c3d4"])
+    assert C.unpack_command(frame, KEY) == (7, "timeline", {"start": True, "path": "/tmp/t.json"},
+                                            ["a1b2", "c3d4"])
     with pytest.raises(ValueError, match="bad signature"):
         C.unpack_command(frame, b"other-key")
     with pytest.raises(ValueError, match="bad signature"):
         C.unpack_command(frame[:-2] + b"0}", KEY)
     with pytest.raises(ValueError, match=r"expected \{id: int"):
         C.unpack_command(C.pack_command(1, "x", {}).replace(b'"id":1', b'"id":"1"'), None)
+    with pytest.raises(ValueError, match=r"to: \[publisher id\]"):
+        C.unpack_command(C.pack_command(1, "x", {}, to=[""]), None)
 
 
 def test_acks_travel_in_snapshots_and_bad_ones_are_dropped():
