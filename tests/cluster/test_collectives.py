@@ -153,7 +153,8 @@ def test_interrupted_training_step_leaves_optimizer_usable(local_cluster, run):
     res = run("%%hvd --timeout 3\nsteps(100, stall_at=2)")
     assert isinstance(res.error, CellInterrupted), res.text
     # rank 1 stalls after its backward pass: the others wait for its next step's gradients
-    assert "ranks 0,2: stuck in allreduce 'bias', 'weight'" in traceback_text(res), traceback_text(res)
+    text = traceback_text(res)
+    assert "ranks 0,2: stuck in allreduce 'bias', 'weight'" in text, text
     assert "waiting on rank 1" in traceback_text(res)
     res = run("%%hvd\nsteps(3)")
     assert res.error is None, res.text
