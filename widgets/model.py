@@ -252,10 +252,11 @@ class DashboardModel:
         return "idle", "idle"
 
     def _primary(self, st):
-        """(unit, rate): samples/s once the rank reported samples, else allreduce bytes/s."""
+        """(unit, rate): samples/s once the rank reported samples, else the bytes/s it sends:
+        allreduce plus point-to-point (a pipeline stage's activations and gradients)."""
         if st.history.latest("samples") > 0:
             return SAMPLES, st.history.rate("samples")
-        return BYTES, st.history.rate("ar_bytes")
+        return BYTES, st.history.rate("sent_bytes")
 
     def _throughputs(self):
         live = [(r, st) for r, st in self._ranks.items() if st.dead is None and st.snap]
@@ -336,7 +337,8 @@ def _counters(snap):
     ops, byts = core.get("ops") or {}, core.get("bytes") or {}
     return {
         "samples": snap.get("samples", 0),
-        "ar_ops": ops.get("allreduce", 0), "ar_bytes": byts.get("allreduce", 0),
+        "ar_ops": ops.get("allreduce", 0),
+        "sent_bytes": byts.get("allreduce", 0) + byts.get("send", 0),
         "ops_total": sum(ops.values()), "bytes_total": sum(byts.values()),
         "fused_batches": core.get("fused_batches", 0), "fused_tensors": core.get("fused_tensors", 0),
         "negotiate_s": core.get("negotiate_s", 0.0), "communicate_s": core.get("communicate_s", 0.0),

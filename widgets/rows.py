@@ -28,7 +28,7 @@ class RankRow:
     detail: str = "waiting for the first snapshot"
     stale_s: float = None  # seconds without a snapshot, when over the model's stale_after_s
     unit: str = BYTES
-    rate: float = None  # samples/s, or allreduce bytes/s when the rank reports no samples
+    rate: float = None  # samples/s, or bytes/s sent (allreduce + point-to-point) without samples
     ops_rate: float = None  # allreduce ops/s
     samples: int = 0  # cumulative samples reported with report()
     spark: tuple = ()

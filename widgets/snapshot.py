@@ -25,7 +25,8 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
     samples  int    cumulative samples reported with report(samples=...)
     extra    dict   latest scalar values passed as report(**extra) (≤ 16 keys)
     core     dict   core metrics, normalised by normalize_core(); absent before init():
-      ops            {op: int}     collectives completed per op kind (monotonic)
+      ops            {op: int}     collectives completed per op kind, and point-to-point
+                                   messages as "send" and "recv" (monotonic)
       bytes          {op: int}     bytes reduced/moved per op kind (monotonic)
       fused_batches  int           batches holding more than one tensor (monotonic)
       fused_tensors  int           tensors inside those batches (monotonic)
@@ -68,6 +69,8 @@ MERGE_GAP_S = 0.002  # events of one op closer than this are sent (and kept) as 
 MAX_BAR_S = 0.25  # ... as long as it spans at most this long
 MAX_EXTRA = 16
 OP_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join")
+# point-to-point messages sent and received (the core's p2p_* counters), counted with the ops
+P2P_NAMES = ("send", "recv")
 
 
 def pack(snapshot, key=None):
@@ -214,7 +217,8 @@ def _clean_scalars(d, limit):
 def _counter_map(d):
     if not isinstance(d, dict):
         return {}
-    return {k: v for k, v in d.items() if k in OP_NAMES and _is_num(v) and v >= 0}
+    return {k: v for k, v in d.items()
+            if (k in OP_NAMES or k in P2P_NAMES) and _is_num(v) and v >= 0}
 
 
 def _clean_core(core):
@@ -305,6 +309,10 @@ def normalize_core(raw):
         The ``core`` field (before :func:`validate`).
     """
     out = {"ops": _by_op(raw.get("ops")), "bytes": _by_op(raw.get("bytes"))}
+    for op, counter in zip(P2P_NAMES, ("p2p_sent", "p2p_received")):
+        if raw.get(counter):
+            out["ops"][op] = int(raw[counter])
+            out["bytes"][op] = int(raw.get(counter + "_bytes") or 0)
     for name in ("fused_batches", "fused_tensors", "queue_depth"):
         if raw.get(name) is not None:
             out[name] = int(raw[name])

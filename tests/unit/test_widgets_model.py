@@ -57,6 +57,17 @@ def test_bytes_and_ops_rates_come_from_counters_over_engine_time():
     assert r.ops_rate == pytest.approx(20)
 
 
+def test_a_pipeline_stage_rate_counts_the_bytes_it_sends_point_to_point():
+    m = M.DashboardModel(rate_window_s=2.0)
+    for i in range(5):  # no allreduce at all: activations sent to the next stage
+        s = snap(0, i)
+        s["core"]["bytes"]["send"] = 3_000_000 * i
+        s["core"]["bytes"]["recv"] = 1_000_000 * i  # (what it receives is the others' sending)
+        m.ingest(0, s, now=float(i))
+    r = row(m, 0, 5.0)
+    assert (r.unit, r.rate) == (M.BYTES, pytest.approx(3_000_000))
+
+
 def test_samples_are_preferred_once_reported():
     m = M.DashboardModel()
     for i in range(5):

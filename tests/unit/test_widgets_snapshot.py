@@ -94,6 +94,16 @@ def test_normalize_core_maps_the_native_metrics_layout():
     assert snap["core"]["fused_tensors"] == 5 and snap["core"]["queue_depth"] == 3
 
 
+def test_point_to_point_counters_travel_as_send_and_recv():
+    raw = {"ops": {"ALLREDUCE": 1}, "bytes": {"ALLREDUCE": 8}, "p2p_sent": 3,
+           "p2p_sent_bytes": 3000, "p2p_received": 2, "p2p_received_bytes": 1024}
+    core = S.normalize_core(raw)
+    assert core["ops"] == {"allreduce": 1, "send": 3, "recv": 2}
+    assert core["bytes"] == {"allreduce": 8, "send": 3000, "recv": 1024}
+    assert S.validate(minimal(core=core))["core"]["bytes"] == core["bytes"]
+    assert S.normalize_core({"p2p_sent": 0})["ops"] == {}  # nothing sent: nothing shown
+
+
 @pytest.mark.parametrize("raw, expected", [
     ({"wait_seconds": 2.0, "idle_seconds": 3.0}, {"wait_s": 2.0, "idle_s": 3.0}),
     ({"wait_seconds": 3.0, "handle_wait_seconds": 2.0}, {"wait_s": 2.0, "idle_s": 3.0}),
