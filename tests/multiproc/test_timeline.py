@@ -283,3 +283,41 @@ def metrics_suite():
 
 def test_metrics_events_and_waits():
     run_ranks(metrics_suite, 2, timeout=120)
+
+
+def p2p_suite(path):
+    """Point-to-point ops get SEND and RECV spans named like the pending list's entries: in
+    rank 0's file (with the sent dtype and shape; a receive's are unknown when it is posted)
+    and in every rank's live strip."""
+    hvd = checks.init("shm")
+    fails = Failures()
+    hvd.start_timeline(path)
+    me, other = hvd.rank(), 1 - hvd.rank()
+    if me == 0:
+        hvd.send(np.ones((2, 3), np.float32), 1, tag=5)
+        hvd.recv(1, tag=6)
+    else:
+        hvd.recv(0, tag=5)
+        hvd.send(np.arange(4, dtype=np.int64), 0, tag=6)
+    names = {f"send to rank {other} (tag {5 + me})", f"recv from rank {other} (tag {6 - me})"}
+    live = _live_when(hvd, lambda ev: names <= {e[1] for e in ev})
+    fails.expect("live spans", names <= {e[1] for e in live}, f"{live}")
+    fails.expect("live ops", {e[3] for e in live if e[1] in names} == {"SEND", "RECV"},
+                 f"{[e for e in live if e[1] in names]}")
+    hvd.barrier()
+    hvd.stop_timeline()
+    if me == 0:
+        tracks, _ = _tracks(_load(path))
+        send, recv = tracks.get("send to rank 1 (tag 5)", []), tracks.get(
+            "recv from rank 1 (tag 6)", [])
+        fails.expect("send span", _spans(send) == ["SEND"], f"{send}")
+        fails.expect("recv span", _spans(recv) == ["RECV"], f"{recv}")
+        ends = [e["args"] for e in send + recv if e["ph"] == "E"]
+        fails.expect("dtype and shape", ends == [{"dtype": "float32", "shape": "[2, 3]"},
+                                                 {"dtype": "unknown", "shape": "[]"}], f"{ends}")
+    hvd.shutdown()
+    return fails.raise_if_any()
+
+
+def test_point_to_point_spans(tmp_path):
+    run_ranks(p2p_suite, 2, args=(str(tmp_path / "t.json"),), timeout=120)

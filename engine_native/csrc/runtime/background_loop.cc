@@ -43,7 +43,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline),
       queue_(handles, keys_),
-      peer_ops_(mesh, handles, queue_, metrics, config.timeout_seconds),
+      peer_ops_(mesh, handles, queue_, metrics, timeline, config.timeout_seconds),
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_) {

@@ -74,8 +74,9 @@ std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
 }  // namespace
 
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
-                 Metrics& metrics, double timeout_seconds)
-    : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeout_(timeout_seconds),
+                 Metrics& metrics, timeline::Timeline* timeline, double timeout_seconds)
+    : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
+      timeout_(timeout_seconds),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
@@ -144,6 +145,7 @@ void PeerOps::takeSubmitted() {
   const Clock::time_point now = Clock::now();
   for (Op& op : taking_) {
     op.since = now;
+    startSpan(op);
     PerPeer& p = peers_[op.peer];
     if (op.is_send) {
       transport::PeerFrame frame;
@@ -183,6 +185,7 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
     uint64_t bytes = 0;
     transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
     metrics_.countP2p(/*sent=*/true, bytes);
+    endSpan(op);
     handles_.complete(op.handle, Status::ok());
     p.sending.pop_front();
   }
@@ -232,6 +235,7 @@ void PeerOps::match(PerPeer& p) {
 
 void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
   metrics_.countP2p(/*sent=*/false, message.frame.bytes);
+  endSpan(op);
   OpResult result;
   result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
   result.shape = std::move(message.frame.shape);
@@ -245,12 +249,31 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
       ++r;
       continue;
     }
-    handles_.complete(r->handle, common::timedOut(
+    const Status timed_out = common::timedOut(
         what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
         seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, "
-        "stuck, or never sends this tag"));
+        "stuck, or never sends this tag");
+    endSpan(*r, timed_out);
+    handles_.complete(r->handle, timed_out);
     r = p.receiving.erase(r);
   }
+}
+
+// Spans are named like the pending list's entries ("send to rank 1, tag 5"), one track per
+// (peer, tag) and direction; the name is built only while a timeline records.
+void PeerOps::startSpan(Op& op) {
+  if (timeline_ == nullptr || !timeline_->enabled()) return;
+  op.span = what(op.is_send ? "send" : "recv", op.peer, op.tag);
+  if (op.is_send) {
+    timeline_->start(op.span, "SEND", op.dtype, op.shape);
+  } else {
+    timeline_->startUntyped(op.span, "RECV");
+  }
+}
+
+void PeerOps::endSpan(const Op& op, const Status& status) {
+  if (op.span.empty()) return;
+  timeline_->end(op.span, status.isOk() ? std::string_view() : status.message());
 }
 
 bool PeerOps::idle() const {
@@ -299,8 +322,12 @@ void PeerOps::failAll(const Status& status) {
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
     if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
-    for (Op& op : p.sending) handles_.complete(op.handle, status);
-    for (Op& op : p.receiving) handles_.complete(op.handle, status);
+    for (const auto* ops : {&p.sending, &p.receiving}) {
+      for (const Op& op : *ops) {
+        endSpan(op, status);
+        handles_.complete(op.handle, status);
+      }
+    }
     p = PerPeer();
   }
 }

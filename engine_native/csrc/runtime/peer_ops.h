@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
+#include "timeline/timeline.h"
 #include "transport/mesh.h"
 
 namespace hvd::runtime {
@@ -27,8 +28,9 @@ class PeerOps {
  public:
   using Clock = std::chrono::steady_clock;
 
+  // `timeline` (may be null) gets a SEND or RECV span per op, from its submission to its end.
   PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue, Metrics& metrics,
-          double timeout_seconds);
+          timeline::Timeline* timeline, double timeout_seconds);
   ~PeerOps();
 
   // ---- framework threads ----
@@ -67,6 +69,7 @@ class PeerOps {
     std::vector<int64_t> shape;
     const void* data = nullptr;
     Clock::time_point since;  // posted, or last progress on its channel
+    std::string span;         // its timeline span's name; empty when none was recorded
   };
   struct Arrived {  // a message no receive has matched yet
     int64_t tag;
@@ -84,11 +87,14 @@ class PeerOps {
   void match(PerPeer& p);
   void completeRecv(const Op& op, transport::PeerMessage message);
   void timeOut(PerPeer& p, Clock::time_point now);
+  void startSpan(Op& op);
+  void endSpan(const Op& op, const common::Status& status = common::Status::ok());
 
   transport::Mesh& mesh_;
   HandleTable& handles_;
   SubmissionQueue& queue_;
   Metrics& metrics_;
+  timeline::Timeline* timeline_;
   const std::chrono::duration<double> timeout_;
 
   mutable std::mutex mutex_;  // guards submitted_ and failure_

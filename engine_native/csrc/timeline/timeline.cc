@@ -198,6 +198,14 @@ void Timeline::start(std::string_view name, std::string_view op, common::DataTyp
   dropped_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void Timeline::startUntyped(std::string_view name, std::string_view op) {
+  if (!recording()) return;
+  TimelineRecord r = makeRecord(RecordKind::kOpStart, clock_.groupTime());
+  r.value = -1;  // no dtype: the writer names it "unknown"
+  if (internName(name, &r.name) && internLabel(op, &r.label)) return emit(r, nullptr, 0);
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Timeline::activityStart(std::string_view name, std::string_view activity) {
   if (!recording()) return;
   TimelineRecord r = makeRecord(RecordKind::kActivityStart);

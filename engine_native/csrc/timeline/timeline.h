@@ -65,6 +65,9 @@ class Timeline {
   void negotiateEnd(std::string_view name);
   void start(std::string_view name, std::string_view op, common::DataType dtype,
              const std::vector<int64_t>& shape);
+  // A span whose dtype and shape are not known when it starts (a receive: they come with the
+  // message); written with dtype "unknown".
+  void startUntyped(std::string_view name, std::string_view op);
   void activityStart(std::string_view name, std::string_view activity);
   void activityEnd(std::string_view name);
   void end(std::string_view name, std::string_view error = std::string_view());
