@@ -144,7 +144,7 @@ def validate(obj):
         raise ValueError(f"snapshot from rank {rank}: expected a float 't', got {t!r}")
     out = {"v": SCHEMA_VERSION, "rank": rank, "t": float(t)}
     for name in ("seq", "pid", "samples"):
-        if is_int(obj.get(name)) and obj[name] >= 0:
+        if _is_count(obj.get(name)):
             out[name] = obj[name]
     for name in ("host", "cell"):
         if isinstance(obj.get(name), str):
@@ -166,6 +166,15 @@ def validate(obj):
     return out
 
 
+# Counters and sizes are 64-bit in every sender; larger ones are refused, since the rates and
+# ratios made of them overflow a float (found by tests/fuzz).
+_COUNT_LIMIT = 1 << 63
+
+
+def _is_count(x):
+    return is_int(x) and 0 <= x < _COUNT_LIMIT
+
+
 def _is_num(x):
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return False
@@ -183,7 +192,7 @@ def _clean_device(dev):
     if isinstance(dev.get("name"), str):
         out["name"] = dev["name"][:MAX_TEXT]
     for name in ("mem_used", "mem_total"):
-        if is_int(dev.get(name)) and dev[name] >= 0:
+        if _is_count(dev.get(name)):
             out[name] = dev[name]
     return out
 
@@ -218,13 +227,13 @@ def _counter_map(d):
     if not isinstance(d, dict):
         return {}
     return {k: v for k, v in d.items()
-            if (k in OP_NAMES or k in P2P_NAMES) and _is_num(v) and v >= 0}
+            if (k in OP_NAMES or k in P2P_NAMES) and _is_num(v) and 0 <= v < _COUNT_LIMIT}
 
 
 def _clean_core(core):
     out = {"ops": _counter_map(core.get("ops")), "bytes": _counter_map(core.get("bytes"))}
     for name in ("fused_batches", "fused_tensors", "queue_depth"):
-        if is_int(core.get(name)) and core[name] >= 0:
+        if _is_count(core.get(name)):
             out[name] = core[name]
     for name in ("negotiate_s", "communicate_s", "wait_s", "idle_s"):
         if _is_num(core.get(name)) and core[name] >= 0:
