@@ -76,19 +76,24 @@ class P2PRequest:
 def isend(array, dst: int, tag: int = 0) -> P2PRequest:
     """Start sending ``array`` (any shape, a dtype of the core) to rank ``dst``. The array must
     not be changed until the request completes."""
+    return _isend(array, dst, tag, wait_now=False)
+
+
+def _isend(array, dst: int, tag: int, wait_now: bool) -> P2PRequest:
     x = np.asarray(array)
     if not x.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
         x = x.copy(order="C")
     code = _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")
-    return start_send(dst, tag, code, x.shape, x, keep=x)
+    return start_send(dst, tag, code, x.shape, x, keep=x, wait_now=wait_now)
 
 
-def start_send(dst: int, tag: int, code: int, shape, data, keep,
-               convert=None) -> P2PRequest:
+def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
+               wait_now: bool = False) -> P2PRequest:
     """Submit a send of ``data`` (a buffer or an address) of dtype ``code`` and ``shape``;
     ``keep`` (what owns the bytes) stays referenced until the send completed, even if the
-    request is dropped."""
-    handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data)
+    request is dropped. ``wait_now``: the caller waits for it at once, and drives it (Note
+    [Point-to-point] E in the core)."""
+    handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data, wait_now)
     with _lock:
         _sending[handle] = keep
     return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert)
@@ -98,18 +103,22 @@ def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
     """Start receiving the next message with ``tag`` from rank ``src``. Its dtype and shape come
     with it; with ``out``, the message is copied into that array, which must have the same
     dtype and shape (else ``ValueError`` on this rank)."""
+    return _irecv(src, tag, out, wait_now=False)
+
+
+def _irecv(src: int, tag: int, out, wait_now: bool) -> P2PRequest:
     what = f"recv(from rank {src}, tag {tag})"
-    return P2PRequest(_core.p2p_recv(int(src), int(tag)), what, out)
+    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out)
 
 
 def send(array, dst: int, tag: int = 0) -> None:
     """Send ``array`` to rank ``dst``; returns once its bytes are written (not received)."""
-    isend(array, dst, tag).wait()
+    _isend(array, dst, tag, wait_now=True).wait()
 
 
 def recv(src: int, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """Receive the next message with ``tag`` from rank ``src`` (a new array, or ``out``)."""
-    return irecv(src, tag, out).wait()
+    return _irecv(src, tag, out, wait_now=True).wait()
 
 
 def _received(result, what: str, out: np.ndarray | None) -> np.ndarray:

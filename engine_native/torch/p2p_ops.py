@@ -95,19 +95,23 @@ def _received(result, what: str, out):
     return out
 
 
-def raw_isend(tensor, dst: int, tag: int) -> P2PRequest:
-    """isend without the tag range check or the message count (the pipeline's own tags)."""
+def raw_isend(tensor, dst: int, tag: int, wait_now: bool = False) -> P2PRequest:
+    """isend without the tag range check or the message count (the pipeline's own tags).
+    ``wait_now``: the caller waits for it at once (and drives it)."""
     code = _check(tensor, f"send(to rank {dst}, tag {tag})")
     data = tensor.detach().contiguous()
-    return _p2p.start_send(dst, tag, code, data.shape, data.data_ptr(), keep=data)
+    return _p2p.start_send(dst, tag, code, data.shape, data.data_ptr(), keep=data,
+                           wait_now=wait_now)
 
 
-def raw_irecv(src: int, tag: int, out=None) -> P2PRequest:
-    """irecv without the tag range check or the message count (the pipeline's own tags)."""
+def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False) -> P2PRequest:
+    """irecv without the tag range check or the message count (the pipeline's own tags).
+    ``wait_now``: the caller waits for it at once (and drives it)."""
     what = f"recv(from rank {src}, tag {tag})"
     if out is not None:
         _check(out, what)
-    return P2PRequest(_core.p2p_recv(int(src), int(tag)), what, out, convert=_received)
+    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out,
+                      convert=_received)
 
 
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
@@ -132,14 +136,14 @@ class _Send(torch.autograd.Function):
     def forward(ctx, tensor, dst, tag, sequence):
         ctx.dst, ctx.tag, ctx.sequence = dst, tag, sequence
         ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
-        request = raw_isend(tensor, dst, tag)
+        request = raw_isend(tensor, dst, tag, wait_now=True)
         _count(_sends, (dst, tag))
         request.wait()
         return torch.zeros((), dtype=tensor.dtype)
 
     @staticmethod
     def backward(ctx, _):
-        grad = raw_irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence)).wait()
+        grad = raw_irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence), wait_now=True).wait()
         if grad.shape != ctx.shape or grad.dtype != ctx.dtype:
             raise ValueError(f"send(to rank {ctx.dst}, tag {ctx.tag}): the gradient that came "
                              f"back is {grad.dtype} {tuple(grad.shape)}, the tensor sent was "
@@ -151,13 +155,13 @@ class _Recv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, _anchor, src, tag, sequence):
         ctx.src, ctx.tag, ctx.sequence = src, tag, sequence
-        request = raw_irecv(src, tag)
+        request = raw_irecv(src, tag, wait_now=True)
         _count(_receives, (src, tag))
         return request.wait()
 
     @staticmethod
     def backward(ctx, grad):
-        raw_isend(grad, ctx.src, _grad_tag(ctx.tag, ctx.sequence)).wait()
+        raw_isend(grad, ctx.src, _grad_tag(ctx.tag, ctx.sequence), wait_now=True).wait()
         return None, None, None, None
 
 
@@ -172,7 +176,7 @@ def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     if tensor.requires_grad and torch.is_grad_enabled():
         token = _Send.apply(tensor, dst, tag, sequence)  # (counted once submitted, below)
     else:
-        request = raw_isend(tensor, dst, tag)
+        request = raw_isend(tensor, dst, tag, wait_now=True)
         _count(_sends, (dst, tag))
         request.wait()
         token = torch.zeros((), dtype=tensor.dtype)
@@ -192,7 +196,7 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
                              "receives outside autograd")
         anchor = torch.empty(0, requires_grad=True)  # puts the receive in the graph
         return _Recv.apply(anchor, src, tag, _next(_receives, (src, tag)))
-    request = raw_irecv(src, tag, out)
+    request = raw_irecv(src, tag, out, wait_now=True)
     _count(_receives, (src, tag))
     return request.wait()
 

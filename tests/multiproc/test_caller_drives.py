@@ -327,3 +327,43 @@ def test_idle_rank_0_still_coordinates_a_set_it_is_not_in(tmp_path):
     # 200 ms tick (measured with rank 0 left in standby, Note [Caller drives] B: 19 and 20 of
     # 20); one may race the tick.
     assert res[0].value <= 1, f"rank 0 picked up {res[0].value} requests at its idle tick"
+
+
+def p2p_suite():
+    """Ping-pong with blocking send/recv (driven by their callers), then the same with
+    isend/irecv and a later wait (left to the core's thread)."""
+    hvd = checks.init("shm")
+    fails = Failures()
+    me, other = hvd.rank(), 1 - hvd.rank()
+    hvd.barrier()
+    counts = {}
+    for label, send, recv in (
+            ("blocking", hvd.send, hvd.recv),
+            ("async", lambda x, dst, tag: hvd.isend(x, dst, tag).wait(),
+             lambda src, tag: hvd.irecv(src, tag).wait())):
+        before = hvd.metrics()["caller_driven_ops"]
+        for i in range(OPS // 3):
+            if me == 0:
+                send(np.full(2, i, np.int64), other, 3)
+                got = recv(other, 4)
+            else:
+                got = recv(other, 3)
+                send(got + 1, other, 4)
+            want = i + 1 if me == 0 else i
+            fails.check(f"{label} {i}", None if np.all(got == want) else f"{got} != {want}")
+        counts[label] = hvd.metrics()["caller_driven_ops"] - before
+    hvd.shutdown()
+    return fails.raise_if_any(), counts
+
+
+def test_blocking_point_to_point_is_driven_by_its_caller():
+    """Note [Point-to-point] E: a blocking send or receive runs on its caller's thread (no
+    hand-off to the core's thread and back); isend/irecv stay the core thread's."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a core per rank (2)")
+    res = run_ranks(p2p_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=120)
+    for r in res:
+        counts = r.value[1]
+        # 2 ops per round; measured: almost all (a wait that finds the op done drives none)
+        assert counts["blocking"] >= OPS // 10, (r.rank, counts)
+        assert counts["async"] == 0, (r.rank, counts)

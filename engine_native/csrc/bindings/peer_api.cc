@@ -18,12 +18,14 @@ namespace {
 
 using runtime::Runtime;
 
-// p2p_send(peer, tag, dtype_code, shape, data) -> handle; data: an address or a buffer.
+// p2p_send(peer, tag, dtype_code, shape, data, wait_now=False) -> handle; data: an address or
+// a buffer; wait_now: the caller waits for the handle at once (it drives it).
 PyObject* pyP2pSend(PyObject*, PyObject* args) {
-  int peer = 0, dtype = 0;
+  int peer = 0, dtype = 0, wait_now = 0;
   long long tag = 0;
   PyObject *shape_obj = nullptr, *data_obj = nullptr;
-  if (!PyArg_ParseTuple(args, "iLiOO", &peer, &tag, &dtype, &shape_obj, &data_obj)) {
+  if (!PyArg_ParseTuple(args, "iLiOO|p", &peer, &tag, &dtype, &shape_obj, &data_obj,
+                        &wait_now)) {
     return nullptr;
   }
   if (!common::isValidDataType(dtype)) {
@@ -55,29 +57,30 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
   int64_t handle = 0;
   const common::Status status =
       Runtime::instance().send(peer, tag, static_cast<common::DataType>(dtype), std::move(shape),
-                               reinterpret_cast<const void*>(address), &handle);
+                               reinterpret_cast<const void*>(address), wait_now != 0, &handle);
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
 }
 
-// p2p_recv(peer, tag) -> handle
+// p2p_recv(peer, tag, wait_now=False) -> handle
 PyObject* pyP2pRecv(PyObject*, PyObject* args) {
-  int peer = 0;
+  int peer = 0, wait_now = 0;
   long long tag = 0;
-  if (!PyArg_ParseTuple(args, "iL", &peer, &tag)) return nullptr;
+  if (!PyArg_ParseTuple(args, "iL|p", &peer, &tag, &wait_now)) return nullptr;
   int64_t handle = 0;
-  const common::Status status = Runtime::instance().recv(peer, tag, &handle);
+  const common::Status status = Runtime::instance().recv(peer, tag, wait_now != 0, &handle);
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
 }
 
 PyMethodDef g_peer_methods[] = {
     {"p2p_send", pyP2pSend, METH_VARARGS,
-     "p2p_send(peer, tag, dtype_code, shape, data): queue a message to a rank; returns a "
-     "handle (wait() returns None). data stays in use until then."},
+     "p2p_send(peer, tag, dtype_code, shape, data, wait_now=False): queue a message to a "
+     "rank; returns a handle (wait() returns None). data stays in use until then. wait_now: "
+     "the caller waits for it at once."},
     {"p2p_recv", pyP2pRecv, METH_VARARGS,
-     "p2p_recv(peer, tag): receive the next message with this tag from a rank; returns a "
-     "handle (wait() returns (Buffer, shape, dtype code))."},
+     "p2p_recv(peer, tag, wait_now=False): receive the next message with this tag from a "
+     "rank; returns a handle (wait() returns (Buffer, shape, dtype code))."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

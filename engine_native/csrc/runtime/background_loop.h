@@ -82,8 +82,18 @@ class BackgroundLoop {
     return queue_.submit(entries, names, count, /*caller_waits=*/!wake,
                          /*wake=*/wake || !drive_.drivable());
   }
-  // Point-to-point sends and receives (peer_ops.h); framework threads.
-  PeerOps& peerOps() { return peer_ops_; }
+  // Point-to-point sends and receives (peer_ops.h); framework threads. wait_now as submit()'s
+  // !wake: the caller blocks on the handle at once and drive()s it.
+  common::Status submitSend(int peer, int64_t tag, common::DataType dtype,
+                            std::vector<int64_t> shape, const void* data, bool wait_now,
+                            int64_t* handle) {
+    return peer_ops_.submitSend(peer, tag, dtype, std::move(shape), data, wait_now,
+                                /*wake=*/!wait_now || !drive_.drivable(), handle);
+  }
+  common::Status submitRecv(int peer, int64_t tag, bool wait_now, int64_t* handle) {
+    return peer_ops_.submitRecv(peer, tag, wait_now, /*wake=*/!wait_now || !drive_.drivable(),
+                                handle);
+  }
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).

@@ -15,9 +15,12 @@
 //      connection cannot be used again (a stopped peer). A receive that gets no byte from its
 //      peer for HVD_TIMEOUT fails alone, naming the peer and tag; its message, if it comes
 //      later, waits for the next receive of that tag.
-//   E. A wait on a send or receive does not drive the loop (Note [Caller drives]): the loop
-//      thread runs them, woken by the submission or by the connection (a caller driving a
-//      collective meanwhile moves them too: every pass does).
+//   E. A blocking send or receive (submitted for an at-once wait) is driven by its caller
+//      (Note [Caller drives]): the loop thread is not woken, the caller's passes write the
+//      frame or read the socket for up to its spin budget, then it blocks and the loop thread
+//      takes over, woken. Async ones (isend/irecv) are the loop thread's, woken by the
+//      submission or by the connection (a caller driving anything meanwhile moves them too:
+//      every pass does).
 #include "runtime/peer_ops.h"
 
 #include <poll.h>
@@ -88,7 +91,8 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
 PeerOps::~PeerOps() = default;
 
 Status PeerOps::submitSend(int peer, int64_t tag, common::DataType dtype,
-                           std::vector<int64_t> shape, const void* data, int64_t* handle) {
+                           std::vector<int64_t> shape, const void* data, bool caller_waits,
+                           bool wake, int64_t* handle) {
   Op op;
   op.peer = peer;
   op.tag = tag;
@@ -96,17 +100,18 @@ Status PeerOps::submitSend(int peer, int64_t tag, common::DataType dtype,
   op.dtype = dtype;
   op.shape = std::move(shape);
   op.data = data;
-  return submit(std::move(op), handle);
+  return submit(std::move(op), caller_waits, wake, handle);
 }
 
-Status PeerOps::submitRecv(int peer, int64_t tag, int64_t* handle) {
+Status PeerOps::submitRecv(int peer, int64_t tag, bool caller_waits, bool wake,
+                           int64_t* handle) {
   Op op;
   op.peer = peer;
   op.tag = tag;
-  return submit(std::move(op), handle);
+  return submit(std::move(op), caller_waits, wake, handle);
 }
 
-Status PeerOps::submit(Op op, int64_t* handle) {
+Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
   const char* kind = op.is_send ? "send" : "recv";
   if (op.peer < 0 || op.peer >= mesh_.size()) {
     return common::invalidArgument(what(kind, op.peer, op.tag) + ": no such rank; ranks are 0.." +
@@ -129,11 +134,11 @@ Status PeerOps::submit(Op op, int64_t* handle) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_.isOk()) return failure_;
-    op.handle = handles_.create();
+    op.handle = handles_.create(caller_waits);
     *handle = op.handle;
     submitted_.push_back(std::move(op));
   }
-  queue_.wakeIfAsleep();
+  if (wake) queue_.wakeIfAsleep();
   return Status::ok();
 }
 

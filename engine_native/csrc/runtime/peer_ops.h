@@ -34,11 +34,15 @@ class PeerOps {
   ~PeerOps();
 
   // ---- framework threads ----
-  // `data` (bytes of dtype x shape) must stay valid until the handle completes.
+  // `data` (bytes of dtype x shape) must stay valid until the handle completes. caller_waits
+  // and wake as SubmissionQueue::submit's (Note [Caller drives]: the caller blocks on the
+  // handle at once and drives it, so the loop thread is not woken).
   common::Status submitSend(int peer, int64_t tag, common::DataType dtype,
-                            std::vector<int64_t> shape, const void* data, int64_t* handle);
+                            std::vector<int64_t> shape, const void* data, bool caller_waits,
+                            bool wake, int64_t* handle);
   // The handle completes with the message's payload, shape and dtype (OpResult).
-  common::Status submitRecv(int peer, int64_t tag, int64_t* handle);
+  common::Status submitRecv(int peer, int64_t tag, bool caller_waits, bool wake,
+                            int64_t* handle);
 
   // ---- the loop (under progress_) ----
   // Takes new ops, writes and reads every channel, matches, completes handles, times out ops
@@ -81,7 +85,7 @@ class PeerOps {
     std::deque<Arrived> arrived;  // unmatched messages, in arrival order
   };
 
-  common::Status submit(Op op, int64_t* handle);
+  common::Status submit(Op op, bool caller_waits, bool wake, int64_t* handle);
   void takeSubmitted();
   common::Status progressPeer(int peer, Clock::time_point now, bool* moved);
   void match(PerPeer& p);

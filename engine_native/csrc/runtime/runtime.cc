@@ -267,16 +267,16 @@ bool Runtime::drive(int64_t handle) {
 }
 
 Status Runtime::send(int peer, int64_t tag, common::DataType dtype, std::vector<int64_t> shape,
-                     const void* data, int64_t* handle) {
+                     const void* data, bool wait_now, int64_t* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
-  return loop_->peerOps().submitSend(peer, tag, dtype, std::move(shape), data, handle);
+  return loop_->submitSend(peer, tag, dtype, std::move(shape), data, wait_now, handle);
 }
 
-Status Runtime::recv(int peer, int64_t tag, int64_t* handle) {
+Status Runtime::recv(int peer, int64_t tag, bool wait_now, int64_t* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
-  return loop_->peerOps().submitRecv(peer, tag, handle);
+  return loop_->submitRecv(peer, tag, wait_now, handle);
 }
 
 Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {

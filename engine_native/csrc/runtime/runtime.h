@@ -71,10 +71,11 @@ class Runtime {
 
   // Point-to-point (Note [Point-to-point] in peer_ops.cc), between global ranks. `data` must
   // stay valid until the handle completes; a receive's handle completes with the message
-  // (OpResult: buffer, shape, dtype).
+  // (OpResult: buffer, shape, dtype). wait_now: the caller blocks on the handle at once and
+  // drives it (Note [Point-to-point] E).
   common::Status send(int peer, int64_t tag, common::DataType dtype, std::vector<int64_t> shape,
-                      const void* data, int64_t* handle);
-  common::Status recv(int peer, int64_t tag, int64_t* handle);
+                      const void* data, bool wait_now, int64_t* handle);
+  common::Status recv(int peer, int64_t tag, bool wait_now, int64_t* handle);
   common::Status addProcessSet(std::vector<int> ranks, int32_t* id);
   common::Status removeProcessSet(int32_t id);
   std::optional<std::vector<int>> processSetRanks(int32_t id) const;

@@ -149,11 +149,12 @@ class StepRun:
         s, mb = action.stage, action.microbatch
         kind = action.kind
         if kind == "RECV_F":
-            x = raw_irecv(self.any_stage.rank_of(s - 1), forward_tag(s - 1, mb, self.m)).wait()
+            x = raw_irecv(self.any_stage.rank_of(s - 1), forward_tag(s - 1, mb, self.m),
+                          wait_now=True).wait()
             self.x[s, mb] = x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
         elif kind == "RECV_B":
             self.dy[s, mb] = raw_irecv(self.any_stage.rank_of(s + 1),
-                                       backward_tag(s, mb, self.m)).wait()
+                                       backward_tag(s, mb, self.m), wait_now=True).wait()
         elif kind == "SEND_F":
             y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
             self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
