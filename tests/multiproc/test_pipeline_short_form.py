@@ -45,6 +45,7 @@ def short_form_suite():
     import torch
 
     import engine_native.torch as hvd
+    from engine_native import progress
     hvd.init()
     x = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     y = torch.randn(8, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
@@ -59,7 +60,7 @@ def short_form_suite():
         configs["interleaved"] = {"schedule": "interleaved_1f1b", "stages_per_rank": 2}
     if k > 2:
         configs["process set"] = {"process_set": pair}
-    worst = {}
+    worst, bubbles = {}, {}
     for name, options in configs.items():
         ps = options.get("process_set")
         if ps is not None and hvd.rank() not in ps.ranks:
@@ -82,12 +83,16 @@ def short_form_suite():
             assert sorted(state) == sorted(want_state), (sorted(state), sorted(want_state))
             err = max(err, max(((state[k] - v).abs().max() / v.abs().max()).item()
                                for k, v in want_state.items()))
-        out = pipe.predict(x)
+        bubble = (pipe.schedule.bubble, pipe.schedule.ideal_bubble,
+                  progress.totals()[1].get("bubble"))
+        out = pipe.predict(x)  # (forwards alone: the training step's bubble stays)
         if hvd.rank() == pipe.ranks[-1]:
             err = max(err, (out - want_out).abs().max().item())
         else:
             assert out is None
+        assert pipe.schedule.bubble == bubble[0]
         worst[name] = (err, pipe.counts)
+        bubbles[name] = bubble
     errors = []
     for balance in ([3] * k, [0] + [1] * (k - 2) + [9 - k], "fast"):
         try:
@@ -96,7 +101,7 @@ def short_form_suite():
         except ValueError as exc:
             errors.append(str(exc))
     hvd.shutdown()
-    return worst, errors
+    return worst, errors, bubbles
 
 
 @pytest.mark.parametrize("np_", [2, 3])
@@ -104,8 +109,12 @@ def test_the_short_form_trains_like_one_process(np_):
     results = run_ranks(short_form_suite, np_, timeout=180)
     assert len({tuple(res.value[0]["by time"][1]) for res in results}) == 1
     for res in results:
-        worst, errors = res.value
+        worst, errors, bubbles = res.value
         assert all(err <= 1e-6 for err, _ in worst.values()), (res.rank, worst)
+        # each step measures this rank's idle fraction and reports it for the dashboard's row
+        measured, ideal, shown = bubbles["even 1f1b"]
+        assert 0.0 <= measured < 1.0 and ideal == (np_ - 1) / (MICROBATCHES + np_ - 1)
+        assert shown == f"{measured:.0%} (ideal {ideal:.0%})", bubbles
         assert worst["even 1f1b"][1] == [8 // np_ + (i < 8 % np_) for i in range(np_)]
         assert worst["gpipe by counts"][1] == [2] * (np_ - 1) + [10 - 2 * np_]
         if np_ == 2:

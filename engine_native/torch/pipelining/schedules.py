@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 import engine_native as _engine
-from engine_native.pipeline import build, check
+from engine_native.pipeline import build, check, ideal_bubble
+from engine_native.progress import report
 
 from .stage import PipelineStage
 from .step_run import StepRun
@@ -44,6 +45,8 @@ class _PipelineSchedule:
         check(self._table)  # a table that cannot run is refused here, with the reason
         self._eval_table = None
         self.peak_activations = 0
+        self.bubble = None  # this rank's measured idle fraction in the last training step
+        self.ideal_bubble = ideal_bubble(k, n_microbatches, num_stages // k)
 
     def step(self, *args, target=None, losses: list | None = None, **kwargs):
         """One training step's forwards and backwards over every micro-batch. Returns the
@@ -81,6 +84,9 @@ class _PipelineSchedule:
         run = StepRun(self._stages, table, loss_fn, inputs, targets, self._scale)
         run.run(table.programs[self._rank])
         self.peak_activations = run.peak
+        if call == "step":  # Note [Measured bubble]
+            self.bubble = run.idle_fraction
+            report(bubble=f"{self.bubble:.0%} (ideal {self.ideal_bubble:.0%})")
         if not self._is_last:
             return None
         if losses is not None and loss_fn is not None:
@@ -114,6 +120,13 @@ class ScheduleInterleaved1F1B(_PipelineSchedule):
     rank s % K): the bubble shrinks to (K - 1) / (V M + K - 1) for V stages per rank; M must be
     a multiple of K."""
     _name = "interleaved_1f1b"
+
+
+# Note [Measured bubble]: a training step's idle fraction on this rank is 1 - (time in its
+# forwards and backwards) / (the step's time): the schedule's bubble plus whatever the
+# hand-offs and the Python between actions cost. Each step reports it for the dashboard's row
+# (engine_native.progress.report, key "bubble", beside the balanced-stage ideal
+# (K - 1) / (V M + K - 1)) and keeps it as schedule.bubble.
 
 
 def _split(batch: torch.Tensor, n: int, what: str) -> list:

@@ -15,6 +15,7 @@ and a notebook's ``%%hvd`` cell does that by itself.
 from __future__ import annotations
 
 import collections
+import time
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -97,6 +98,8 @@ class StepRun:
         self.sending = collections.deque()  # isend requests not known to be complete
         self.live = 0                    # (stage, mb) whose activations are held now
         self.peak = 0
+        self.busy = 0.0                  # seconds in this rank's forwards and backwards
+        self.idle_fraction = None        # of the whole step, once it completed
         self.backwards = collections.Counter()   # stage -> backwards run this step
         self.averaging = [GradAverage(st.submod, i, st.data_group)
                           for i, st in stages.items() if st.data_group is not None]
@@ -108,10 +111,16 @@ class StepRun:
         """Every action of ``program`` in order, then the sends; on a failure, Note [Pipeline
         step failures]."""
         action = None
+        start = time.perf_counter()
         try:
             for action in program:
                 activity.doing(doing, action, self.any_stage.rank_of)
-                self._do(action)
+                if action.kind in ("F", "B"):
+                    t0 = time.perf_counter()
+                    self._do(action)
+                    self.busy += time.perf_counter() - t0
+                else:
+                    self._do(action)
                 # a completed send's tensor is released now, not at the step's end
                 while self.sending and self.sending[0].is_completed():
                     self.sending.popleft().wait()
@@ -125,6 +134,7 @@ class StepRun:
             activity.clear()  # (the error names the action)
             self._fail(action, exc)
         activity.clear()
+        self.idle_fraction = max(0.0, 1.0 - self.busy / (time.perf_counter() - start))
 
     def _fail(self, action, exc: Exception):
         me = _engine.rank()
