@@ -50,7 +50,7 @@ class RenderPacer:
             if not (self._urgent or now >= self._since + self.gather_s
                     or self._all_fresh(now)):
                 return False
-        elif now - self._last_render < self.refresh_s:
+        elif now < self._last_render + self.refresh_s:  # (due()'s sum: the same rounding)
             return False
         self._fresh.clear()
         self._dirty = self._urgent = False
