@@ -263,8 +263,8 @@ def add_process_set(process_set) -> ProcessSet:
 def registered_process_set(ranks) -> Optional[ProcessSet]:
     """The registered process set whose members are exactly ``ranks``, or None (the same
     answer on every rank: sets are registered by every rank alike)."""
-    ranks = list(ranks)
-    return next((ps for ps in _process_sets.values() if ps.ranks == ranks), None)
+    ranks = sorted(ranks)
+    return next((ps for ps in _process_sets.values() if sorted(ps.ranks) == ranks), None)
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:

@@ -121,11 +121,14 @@ class HvdCluster:
         return notes
 
     def _controller_address(self) -> str:
-        """Where the controller listens for engines on other hosts: the interface toward the
+        """Where the controller listens for engines on other hosts: ``HVD_CONTROLLER_ADDRESS``
+        when set (an address of this machine, or ``*`` for every interface: a login node
+        whose default route is not the compute nodes' network), else the interface toward the
         ssh launcher's hosts, or the default route's for slurm/pbs, whose hosts are not known
-        before the engines start (as the Spark driver does); never every interface, which
-        would take connections from networks the job does not use (issue #35)."""
-        return hostlib.address_toward([s.host for s in self.slots or ()])
+        before the engines start (as the Spark driver does); never every interface unless
+        asked, which would take connections from networks the job does not use (issue #35)."""
+        chosen = os.environ.get("HVD_CONTROLLER_ADDRESS", "").strip()
+        return chosen or hostlib.address_toward([s.host for s in self.slots or ()])
 
     def _start_engines(self, progress) -> list[str]:
         self.setup = ranksetup.RankSetup(self, ranksetup.engine_env(self))

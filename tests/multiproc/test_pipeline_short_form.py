@@ -20,24 +20,45 @@ def _layers():
     return layers
 
 
-def _reference(x, y, replicas=1):
+def _gate():
+    """A last layer whose parameter only the first shard's data uses (a branch, as a mixture
+    of experts takes): on the other replica its gradient is None."""
+    import torch
+
+    class Gate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shift = torch.nn.Parameter(torch.full((5,), 0.1, dtype=torch.float64))
+            self.on = True
+
+        def forward(self, x):
+            return x + self.shift if self.on else x
+    return Gate()
+
+
+def _reference(x, y, replicas=1, gate=None):
     """(state_dict, mean loss per step, outputs) of single-process training over the same
     steps: the batch split into ``replicas`` shards of MICROBATCHES micro-batches each, the
-    gradients those of the mean loss over all of them."""
+    gradients those of the mean loss over all of them (``gate``, appended, on for the first
+    shard only)."""
     import torch
-    model = torch.nn.Sequential(*_layers())
+    model = torch.nn.Sequential(*_layers(), *([gate] if gate is not None else []))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     losses = []
     n = replicas * MICROBATCHES
     for _ in range(STEPS):
         opt.zero_grad()
         step = []
-        for xm, ym in zip(torch.tensor_split(x, n), torch.tensor_split(y, n)):
+        for i, (xm, ym) in enumerate(zip(torch.tensor_split(x, n), torch.tensor_split(y, n))):
+            if gate is not None:
+                gate.on = i < MICROBATCHES
             loss = torch.nn.functional.mse_loss(model(xm), ym)
             step.append(loss.item())
             (loss / n).backward()
         opt.step()
         losses.append(sum(step) / n)
+    if gate is not None:
+        gate.on = True
     return model.state_dict(), losses, model(x).detach()
 
 
@@ -141,10 +162,17 @@ def replicas_suite():
     want_state, want_losses, want_out = _reference(x, y, replicas=2)
     configs = {"1f1b": {}, "gpipe": {"schedule": "gpipe"}, "checkpoint": {"checkpoint": True},
                "interleaved": {"schedule": "interleaved_1f1b", "stages_per_rank": 2}}
+    configs["a parameter one replica leaves unused"] = {}
     worst, placement = {}, None
     for name, options in configs.items():
-        pipe = hvd.pipeline.Pipeline(_layers(), microbatches=MICROBATCHES, replicas=2,
+        gate = _gate() if name.startswith("a parameter") else None
+        if gate is not None:
+            want_state, want_losses, want_out = _reference(x, y, replicas=2, gate=_gate())
+        layers = _layers() + ([gate] if gate is not None else [])
+        pipe = hvd.pipeline.Pipeline(layers, microbatches=MICROBATCHES, replicas=2,
                                      loss_fn=torch.nn.functional.mse_loss, **options)
+        if gate is not None:
+            gate.on = pipe.replica == 0
         placement = (pipe.replica, pipe.ranks, pipe.stages[0].data_group.ranks)
         mine = slice(8 * pipe.replica, 8 * pipe.replica + 8)
         opt = torch.optim.SGD(pipe.parameters(), lr=0.5)
@@ -159,6 +187,8 @@ def replicas_suite():
             assert sorted(state) == sorted(want_state)
             err = max(err, max(((state[k] - v).abs().max() / v.abs().max()).item()
                                for k, v in want_state.items()))
+        if gate is not None:
+            gate.on = True  # (the reference's outputs are the gated model's)
         out = pipe.predict(x[mine])
         if out is not None:
             err = max(err, (out - want_out[mine]).abs().max().item())

@@ -69,3 +69,8 @@ def test_controller_listens_toward_the_engines_hosts(monkeypatch):
         got = _controller_args(monkeypatch, launcher)["controller_ip"]
         assert got not in WILDCARDS and got == hostlib.address_toward([])
     assert "controller_ip" not in _controller_args(monkeypatch, "local")
+    # the user's choice wins (a login node whose default route is not the compute network)
+    monkeypatch.setenv("HVD_CONTROLLER_ADDRESS", "10.1.2.3")
+    assert _controller_args(monkeypatch, "slurm")["controller_ip"] == "10.1.2.3"
+    monkeypatch.setenv("HVD_CONTROLLER_ADDRESS", "*")
+    assert _controller_args(monkeypatch, "pbs")["controller_ip"] == "*"

@@ -281,10 +281,9 @@ int BackgroundLoop::timeoutMs() const {
 // ---- shutdown agreement ----------------------------------------------------------------------
 // Every rank tells rank 0 it is shutting down, rank 0 answers once all have, and a rank gives
 // up waiting after HVD_TIMEOUT (one second when it still had work queued, so peers blocked on
-// it are not held long). While it waits, rank 0 goes on coordinating (loop_pass.cc): ranks
-// still running keep the collectives of process sets without it (replicas of a pipeline
-// that finish at different times); an op that needs a rank that shut down meets that rank's
-// absence as before.
+// it are not held long). While it waits, rank 0 goes on coordinating (loop_pass.cc), so ranks
+// still running keep their sets' collectives until it gives up (replicas of a pipeline that
+// end apart); an op with a rank that shut down still fails when that rank closes.
 
 void BackgroundLoop::beginShutdown() {
   shutdown_sent_ = true;

@@ -231,12 +231,16 @@ void BackgroundLoop::coordinate() {
 
 // Step A: send each worker its share (responses of sets it belongs to), in order, with the
 // pending autotune setting (also to workers whose share is empty). Step B: queue rank 0's own
-// share the same way.
+// share the same way. Once rank 0 is shutting down (the shutdown agreement's comment in
+// background_loop.cc): no share for ranks that shut down (they may have closed), and none
+// queued here (nothing executes them any more: a queue that never empties would make the loop
+// poll without sleeping).
 void BackgroundLoop::sendReady() {
   std::optional<coord::ParamsUpdate> params;
   std::vector<coord::Response> ready = coordinator_->takeBatch(&params);
   std::vector<const coord::Response*> share;
   for (int w = 1; w < mesh_.size(); ++w) {
+    if (shutdown_sent_ && coordinator_->hasShutDown(w)) continue;
     share.clear();
     for (const auto& r : ready) {
       if (sets_.contains(r.process_set, w)) share.push_back(&r);
@@ -252,6 +256,7 @@ void BackgroundLoop::sendReady() {
       return;
     }
   }
+  if (shutdown_sent_) return;
   if (params) execution_.pushParams(*params);
   for (auto& r : ready) execution_.push(std::move(r));
 }

@@ -1,5 +1,6 @@
 // Timeline: Chrome-trace recording of this process's collectives in Horovod's layout, plus the
-// recent-events strip for the dashboard. The background loop is the only recorder: the
+// recent-events strip for the dashboard. The background loop's passes are the only recorder
+// (its thread, or a caller driving it: one at a time, under the loop's progress_ lock): the
 // recording calls are lock-free, never block and never format (records go into an SPSC ring;
 // a full ring drops and counts). A writer thread, running only while a file or the live strip
 // is on, drains the ring every 40-80 ms at a low priority (it never preempts the communication
@@ -57,7 +58,7 @@ class Timeline {
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
   bool markingCycles() const { return mark_cycles_.load(std::memory_order_relaxed); }
 
-  // ---- recording (the background thread only: single producer) ---------------------------
+  // ---- recording (the loop's passes only, under its progress_ lock: single producer) -------
   // Tensor state per name: NEGOTIATE_<op> span [rank ticks] -> <op> span [nested activities]
   // -> end. Calls out of that order are ignored by the writer; end() closes open activities.
   void negotiateStart(std::string_view name, std::string_view op);

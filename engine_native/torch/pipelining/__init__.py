@@ -32,7 +32,8 @@ Differences from torch: ``step()`` always trains (torch runs forwards alone on a
 fails on every rank still in it at once with ``PipelineError`` naming the stage, the action
 and the micro-batch (Note [Pipeline step failures] in step_run.py; a rank done with its part
 returns normally, and arguments refused before the step fail that rank alone);
-``schedule.peak_activations`` is the most micro-batches whose activations this rank held at once in the last step;
+``schedule.peak_activations`` is the most micro-batches whose activations this rank held at
+once in the last step, ``schedule.bubble`` its measured idle fraction (Note [Measured bubble]);
 ``PipelineStage(..., checkpoint=True)`` recomputes a stage's activations in the backward, and
 ``PipelineStage(..., data_group=...)`` averages its gradients over the stage's replicas.
 A stage takes one tensor and returns one; the mean over micro-batches is exact when they are

@@ -36,14 +36,22 @@ class GradAverage:
                     lambda param, i=i: self._start(i, param)))
 
     def disarm(self) -> None:
-        """After that backward: hooks off, and any gradient the backward did not reach (a
-        parameter used by earlier micro-batches only) is reduced too."""
+        """After that backward: hooks off, and every other parameter that trains is reduced
+        too: one the backward did not reach (used by earlier micro-batches only), or none
+        reached this step (a zero gradient, as Horovod's DistributedOptimizer sends), so every
+        replica submits the same names whatever its data touched."""
+        self.remove_hooks()
+        for i, p in enumerate(self.params):
+            if p.requires_grad and i not in self.started:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._start(i, p)
+
+    def remove_hooks(self) -> None:
+        """Hooks off (also what an interrupted backward needs: none may outlive the step)."""
         for hook in self.hooks:
             hook.remove()
         self.hooks.clear()
-        for i, p in enumerate(self.params):
-            if p.grad is not None and i not in self.started:
-                self._start(i, p)
 
     def _start(self, i: int, p: torch.Tensor) -> None:
         self.started[i] = allreduce_async_(p.grad, op=Average, process_set=self.data_group,
@@ -64,9 +72,7 @@ class GradAverage:
     def discard(self) -> None:
         """After a failed step: hooks off, started ones waited for, their errors dropped (the
         step's own error is the one raised)."""
-        for hook in self.hooks:
-            hook.remove()
-        self.hooks.clear()
+        self.remove_hooks()
         try:
             self.wait()
         except Exception:  # noqa: BLE001, S110 - the step's failure stands

@@ -217,8 +217,11 @@ class StepRun:
             self._run_backward(s, mb)
             return
         averaging.arm()  # the stage's last backward of the step: its gradients are final
-        self._run_backward(s, mb)
-        averaging.disarm()  # (after a failure, _fail's discard() takes the hooks off)
+        try:
+            self._run_backward(s, mb)
+        finally:  # (an interrupt too: no hook outlives the step; _fail waits for the rest)
+            averaging.remove_hooks()
+        averaging.disarm()
 
     def _run_backward(self, s: int, mb: int) -> None:
         y = self.y.pop((s, mb))
