@@ -1,6 +1,7 @@
 """How often the live dashboard updates while a training cell runs (issue #17): the figures that
-tests/cluster/test_dashboard_kernel.py used to assert tightly (updates per second, the gaps
-between a widget's updates); the test keeps bounds an order of magnitude away.
+tests/cluster/test_dashboard_kernel.py used to assert on wall-clock times (updates per second,
+the gaps between a widget's updates); the test now checks the 5 Hz cap on the hub's own render
+clock and counts updates per render, so these figures are only measured here.
 
     python benchmarks/bench_dashboard_updates.py             # 3 training cells of 5 s (~1 min)
     python benchmarks/bench_dashboard_updates.py --cells 10
@@ -72,8 +73,7 @@ def main(argv=None) -> int:
               f"{statistics.median(gaps):.3f} / {max(gaps):.3f} |")
     every = [g for *_, gaps in rows for g in gaps]
     print(f"\nall gaps: min {min(every):.3f} s, median {statistics.median(every):.3f} s, "
-          f"max {max(every):.3f} s (throttle 0.2 s, publishers every 0.3 s; the test allows "
-          f"0.02 - 4.5 s)")
+          f"max {max(every):.3f} s (throttle 0.2 s, publishers every 0.3 s)")
     return 0
 
 
