@@ -19,6 +19,9 @@
 // an op without a core output, or the op's exception), so a wait interrupted by Ctrl-C resumes
 // where it stopped and a failed member never hides the others' completion.
 // Binding code only; every function runs with the GIL held (the wait releases it).
+#include <Python.h>  // first, before any standard header (Python's rule; else zig's newer
+                     // glibc headers define _POSIX_C_SOURCE first and pyconfig.h redefines it)
+
 #include <algorithm>
 #include <string>
 #include <vector>
