@@ -3,8 +3,9 @@
 Runs inside every engine (rank). :class:`Publisher` is one daemon thread that every
 ``interval_s`` builds a snapshot (schema in :mod:`.snapshot`) from the core's metrics, the
 progress the training code reported (``hvd.report(samples=64, loss=0.3)``, kept by
-``engine_native.progress``) and this process's identity, signs it and sends it to the driver's
-hub.
+``engine_native.progress``), the last pipeline step's forwards and backwards (kept by
+``engine_native.pipeline.last_step``) and this process's identity, signs it and sends it to
+the driver's hub.
 
 Channel: a ZMQ PUSH socket per engine, connected to the hub's PULL socket (address and key
 passed by the magic). Chosen over ipyparallel's ``publish_data`` because that one tags data
@@ -76,6 +77,13 @@ def _reported():
     with _lock:
         label = _cell if _cell is not None else _hook_cell
     return samples, extra, label
+
+
+def _pipeline_step():
+    """This rank's last pipeline training step (``engine_native.pipeline.last_step``), or
+    None: the module is read only when a step imported it, as ``_reported`` reads progress."""
+    last_step = sys.modules.get("engine_native.pipeline.last_step")
+    return last_step.latest() if last_step is not None else None
 
 
 def _on_pre_execute():
@@ -225,6 +233,9 @@ class Publisher:
             snap["events"] = _events(self.events() if self.events else (raw or {}).get("events"))
         except Exception as exc:
             self._warn_once(f"events() failed: {exc}")
+        pipeline = _pipeline_step()
+        if pipeline is not None:
+            snap["pipeline"] = pipeline
         if self._acks:
             snap["acks"] = [ack for ack, _ in self._acks]
             self._acks = [[ack, n - 1] for ack, n in self._acks if n > 1]
@@ -335,8 +346,8 @@ class Publisher:
             frame = pack(snap, self.key)
         except (TypeError, ValueError) as exc:  # a non-JSON value from the core or report()
             self._warn_once(f"snapshot not serialisable ({exc}); sent without core/extra")
-            snap.pop("core", None)
-            snap.pop("extra", None)
+            for name in ("core", "extra", "pipeline"):
+                snap.pop(name, None)
             frame = pack(snap, self.key)
         try:
             sock.send(frame, zmq.NOBLOCK)

@@ -47,6 +47,7 @@ Schema, version 1 (a JSON object; every field but ``v``, ``rank`` and ``t`` may 
                     Back-to-back collectives of one op (< MERGE_GAP_S apart, ≤ MAX_BAR_S in all)
                     come as one [op, first name, start_ago_s, dur_s, count, busy_s]
     acks     list   [[command id, ok, text], ...] answers to dashboard commands (see .control)
+    pipeline dict   the rank's last pipeline training step, action by action (.pipeline_step)
 
 Counters are monotonic within one core lifetime; a decrease means the core was re-initialised
 and the model restarts its rate baselines.
@@ -57,7 +58,7 @@ dashboard's commands, which are signed in the other direction).
 
 import math
 
-from . import frames
+from . import frames, pipeline_step
 from .control import clean_acks
 from .frames import MAX_TEXT, is_id, is_int
 from .gpu_stats import GPU_PATHS
@@ -163,6 +164,9 @@ def validate(obj):
         out["events"] = _clean_events(obj["events"])
     if isinstance(obj.get("acks"), list):
         out["acks"] = clean_acks(obj["acks"])
+    pipeline = pipeline_step.clean(obj.get("pipeline"))
+    if pipeline is not None:
+        out["pipeline"] = pipeline
     return out
 
 

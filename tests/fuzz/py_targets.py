@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from hvd_magic.widgets import control, frames, snapshot
 from hvd_magic.widgets.model import DashboardModel
+from hvd_magic.widgets.sparkline import pipeline_strip
 
 from engine_native import rendezvous_wire as W
 from engine_native.rendezvous import RendezvousServer
@@ -166,6 +167,10 @@ def _snapshot_obj(rng, rank):
                               "best_score": 1.5, "scores": [[1, 1.0], [2, 1.5]]}},
         "events": [["allreduce", "grad.w", 0.1, 0.01], ["allgather", "x", 0.2, 0.1, 3, 0.05]],
         "acks": [[1, True, "timeline started"]],
+        "pipeline": {"schedule": "1f1b", "step_s": 0.02, "bubble": rng.random(), "ideal": 0.25,
+                     "actions": [["FB"[rng.randrange(2)], rng.randrange(4), i, 0.001 * i,
+                                  0.001 * i + 0.0005] for i in range(rng.randrange(1, 8))],
+                     "more": rng.randrange(3)},
     }
 
 
@@ -176,7 +181,8 @@ def snapshot_seeds(rng):
 def snapshot_run(data):
     """What the hub does with a frame (widgets/hub.py _receive): unpack, the order check
     (after a baseline from the same publisher), then the model merges it after a baseline
-    snapshot of the same rank and renders rows, cluster, autotune and the timeline from it."""
+    snapshot of the same rank and renders rows, cluster, autotune, the timeline and a pipeline
+    step's strip from it."""
     snap = snapshot.unpack(data, KEY)
     order = frames.SnapshotOrder()
     if order.admit({"rank": snap["rank"], "pub": "baseline", "seq": 0}) is not None:
@@ -187,7 +193,11 @@ def snapshot_run(data):
     base = snapshot.validate(_snapshot_obj(_Fixed(), snap["rank"]))
     model.ingest(snap["rank"], base, 10.0)
     model.ingest(snap["rank"], snap, 10.5)
-    model.rows(11.0), model.cluster(11.0), model.autotune(), model.timeline(11.0)
+    rows = model.rows(11.0)
+    model.cluster(11.0), model.autotune(), model.timeline(11.0)
+    for row in rows:
+        if row.pipeline is not None:
+            pipeline_strip(row.pipeline, span_s=0.01)
     if snapshot.validate(json.loads(json.dumps(snap))) != snap:
         raise Broken("a validated snapshot does not validate to itself")
     return "accepted"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import engine_native as _engine
-from engine_native.pipeline import build, check, ideal_bubble
+from engine_native.pipeline import build, check, ideal_bubble, last_step
 from engine_native.progress import report
 
 from .stage import PipelineStage
@@ -87,6 +87,8 @@ class _PipelineSchedule:
         if call == "step":  # Note [Measured bubble]
             self.bubble = run.idle_fraction
             report(bubble=f"{self.bubble:.0%} (ideal {self.ideal_bubble:.0%})")
+            last_step.record(run.spans, run.started, run.ended, self.bubble,
+                             self.ideal_bubble, self._name)
         if not self._is_last:
             return None
         if losses is not None and loss_fn is not None:
@@ -127,7 +129,9 @@ class ScheduleInterleaved1F1B(_PipelineSchedule):
 # hand-offs and the Python between actions cost, and with replicas the wait for the gradient
 # averages (a receive's caller may also run queued collectives while it drives the core). Each step reports it for the dashboard's row
 # (engine_native.progress.report, key "bubble", beside the balanced-stage ideal
-# (K - 1) / (V M + K - 1)) and keeps it as schedule.bubble.
+# (K - 1) / (V M + K - 1)) and keeps it as schedule.bubble; with its forwards' and backwards'
+# times it is also the step the dashboard draws as this rank's strip
+# (engine_native.pipeline.last_step).
 
 
 def _split(batch: torch.Tensor, n: int, what: str) -> list:

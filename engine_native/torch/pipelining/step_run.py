@@ -99,6 +99,8 @@ class StepRun:
         self.live = 0                    # (stage, mb) whose activations are held now
         self.peak = 0
         self.busy = 0.0                  # seconds in this rank's forwards and backwards
+        self.spans = []                  # (action, start, end) of each: the dashboard's strip
+        self.started = self.ended = None  # the step's perf_counter clock
         self.idle_fraction = None        # of the whole step, once it completed
         self.backwards = collections.Counter()   # stage -> backwards run this step
         self.averaging = [GradAverage(st.submod, i, st.data_group)
@@ -111,14 +113,16 @@ class StepRun:
         """Every action of ``program`` in order, then the sends; on a failure, Note [Pipeline
         step failures]."""
         action = None
-        start = time.perf_counter()
+        self.started = time.perf_counter()
         try:
             for action in program:
                 activity.doing(doing, action, self.any_stage.rank_of)
                 if action.kind in ("F", "B"):
                     t0 = time.perf_counter()
                     self._do(action)
-                    self.busy += time.perf_counter() - t0
+                    t1 = time.perf_counter()
+                    self.busy += t1 - t0
+                    self.spans.append((action, t0, t1))  # (converted only when read)
                 else:
                     self._do(action)
                 # a completed send's tensor is released now, not at the step's end
@@ -134,7 +138,8 @@ class StepRun:
             activity.clear()  # (the error names the action)
             self._fail(action, exc)
         activity.clear()
-        self.idle_fraction = max(0.0, 1.0 - self.busy / (time.perf_counter() - start))
+        self.ended = time.perf_counter()
+        self.idle_fraction = max(0.0, 1.0 - self.busy / (self.ended - self.started))
 
     def _fail(self, action, exc: Exception):
         me = _engine.rank()
