@@ -48,6 +48,12 @@ def pct(fraction):
     return "–" if fraction is None else f"{100 * fraction:.0f}%"
 
 
+def bubble(step):
+    """A pipeline step's measured idle fraction beside its schedule's:
+    ``'bubble 15.6% (ideal 11.1%)'``."""
+    return f"bubble {100 * step.bubble:.1f}% (ideal {100 * step.ideal:.1f}%)"
+
+
 def params(d):
     """``{'fusion_threshold': 67108864, 'cycle_time_ms': 5}`` → ``'fusion_threshold=64.0 MiB
     cycle_time_ms=5'`` (byte-sized values recognised by name)."""

@@ -17,7 +17,7 @@ from collections import deque
 
 from .rates import CounterHistory, Series, fusion_ratio, straggler, time_split
 from .rows import (BYTES, SAMPLES, AutotunePanel,  # noqa: F401 (re-exported)
-                   ClusterRow, Lane, RankRow, WorldChange)
+                   ClusterRow, Lane, PipelineStep, RankRow, WorldChange)
 from .snapshot import MAX_BAR_S, MERGE_GAP_S
 
 _PROGRESS_KEYS = ("samples", "ops_total", "bytes_total")
@@ -227,7 +227,7 @@ class DashboardModel:
             unit=unit, rate=rate, ops_rate=st.history.rate("ar_ops"),
             samples=snap.get("samples", 0),
             spark=tuple(st.series.values()), extra=dict(snap.get("extra") or {}),
-            last_error=core.get("last_error", ""))
+            last_error=core.get("last_error", ""), pipeline=_pipeline(snap.get("pipeline")))
 
     def _state(self, st, now):
         if st.dead is not None:
@@ -344,6 +344,14 @@ def _counters(snap):
         "negotiate_s": core.get("negotiate_s", 0.0), "communicate_s": core.get("communicate_s", 0.0),
         "wait_s": core.get("wait_s"), "idle_s": core.get("idle_s"),
     }
+
+
+def _pipeline(step):
+    if not step:
+        return None
+    return PipelineStep(schedule=step["schedule"], step_s=step["step_s"], bubble=step["bubble"],
+                        ideal=step["ideal"], actions=tuple(map(tuple, step["actions"])),
+                        more=step["more"])
 
 
 def _age(seconds):

@@ -1,4 +1,5 @@
-"""What the dashboard model hands out: :class:`RankRow` per rank, :class:`ClusterRow`,
+"""What the dashboard model hands out: :class:`RankRow` per rank (with its
+:class:`PipelineStep` when it runs a pipeline), :class:`ClusterRow`,
 :class:`AutotunePanel`, a :class:`Lane` per rank of the live timeline and the
 :class:`WorldChange` records of an elastic cluster. Frozen plain dataclasses, built by
 :class:`widgets.model.DashboardModel` (which re-exports them) and read by the views.
@@ -34,6 +35,21 @@ class RankRow:
     spark: tuple = ()
     extra: dict = field(default_factory=dict)
     last_error: str = ""
+    pipeline: "PipelineStep" = None  # the rank's last pipeline training step, if it ran one
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    """A rank's last pipeline training step: ``actions`` are (kind "F" | "B", stage,
+    micro-batch, start, end) in seconds from the step's start on that rank, in the order it
+    ran them; ``more`` counts those the engine left out (past its cap)."""
+
+    schedule: str = ""
+    step_s: float = 0.0
+    bubble: float = 0.0  # measured idle fraction of the step
+    ideal: float = 0.0  # the schedule's, (K - 1) / (V M + K - 1)
+    actions: tuple = ()
+    more: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Inline SVG drawings for the dashboard: sparklines, the autotune score plot, the timeline strip.
+"""Inline SVG drawings for the dashboard: sparklines, the autotune score plot, the timeline strip,
+a pipeline rank's last step.
 
 Pure functions from numbers to an ``<svg>`` string, rendered by an ``ipywidgets.HTML`` (no JS
 build step; they also survive static widget-state export). Coordinates are rounded to 0.1 px so
@@ -13,6 +14,10 @@ OP_COLORS = {
     "reducescatter": "#76b7b2", "barrier": "#9c9c9c", "join": "#bab0ac",
 }
 _FALLBACK = "#e15759"
+# forward / backward boxes of a pipeline step: a rank's first stage, its second (interleaved)
+PIPELINE_COLORS = {"F": ("#4c78a8", "#9ecae9"), "B": ("#f28e2b", "#ffbf79")}
+_IDLE = "#e4e4e4"
+_DIGIT_PX = 5.5  # width of a digit at 9px monospace
 
 
 def _pt(x, y):
@@ -147,3 +152,45 @@ def _runs(bars, span_s, scale, gutter):
             last = [x0, x1 - x0, op, name, count, busy, is_open]
             runs.append(last)
     return runs
+
+
+def pipeline_strip(step, span_s=None, width=480, height=14):
+    """One rank's last pipeline training step on one line: a box per forward (blue) and
+    backward (orange), placed by time from the step's start at the left edge, over grey that
+    shows through wherever the rank was idle (the bubble). Boxes wide enough carry their
+    micro-batch number; a rank's second and later stages (interleaved 1F1B) are lighter.
+
+    Parameters
+    ----------
+    step : rows.PipelineStep
+        ``actions`` as ``(kind, stage, microbatch, start, end)``, seconds from the step's start.
+    span_s : float, optional
+        Seconds the width stands for (the slowest rank's step, so strips of several ranks
+        share one scale); the step's own time by default.
+    width, height : int
+        Size in CSS pixels.
+
+    Returns
+    -------
+    str
+        An ``<svg>`` element; each box has a ``<title>`` tooltip naming the action.
+    """
+    span = max(span_s or step.step_s, step.step_s, 1e-9)
+    scale = width / span
+    parts = [f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+             'style="vertical-align:middle;font:9px monospace">',
+             f'<rect x="0" y="0" width="{step.step_s * scale:.1f}" height="{height}" '
+             f'fill="{_IDLE}"><title>idle</title></rect>']
+    chunk = {s: i for i, s in enumerate(sorted({a[1] for a in step.actions}))}
+    for kind, stage, mb, start, end in step.actions:
+        x, w = start * scale, max((end - start) * scale, 0.5)
+        color = PIPELINE_COLORS[kind][min(chunk[stage], 1)]
+        what = "forward" if kind == "F" else "backward"
+        tip = escape(f"{what} of micro-batch {mb}, stage {stage}: {(end - start) * 1e3:.2f} ms")
+        parts.append(f'<rect class="hvd-{what}" x="{x:.1f}" y="0" width="{w:.1f}" '
+                     f'height="{height}" fill="{color}"><title>{tip}</title></rect>')
+        if w >= _DIGIT_PX * len(str(mb)) + 2:
+            parts.append(f'<text x="{x + w / 2:.1f}" y="{height - 4}" text-anchor="middle" '
+                         f'fill="#fff" pointer-events="none">{mb}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

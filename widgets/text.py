@@ -82,6 +82,8 @@ def row_text(r):
     text = f"r{r.rank} {r.host or '?'} pid {r.pid if r.pid is not None else '?'} {device} {r.detail}"
     if r.rate is not None:
         text += f" · {fmt.rate(r.rate, r.unit)}"
+    if r.pipeline is not None:
+        text += f" · pipeline {fmt.bubble(r.pipeline)}"
     if r.stale_s is not None:
         text += f" · no data for {r.stale_s:.0f} s"
     if r.last_error:

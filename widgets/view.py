@@ -15,7 +15,7 @@ from html import escape
 import ipywidgets as W
 
 from . import fmt
-from .sparkline import score_plot, sparkline, timeline_strip
+from .sparkline import pipeline_strip, score_plot, sparkline, timeline_strip
 from .text import autotune_text, world_text
 
 _COLUMNS = "44px 120px 64px 210px minmax(260px,1fr) 150px 124px"
@@ -57,15 +57,18 @@ def gpu_cells(r):
             _cell(fmt.gpu_path(r.gpu_path), cls="hvd-gpu-path")]
 
 
-def row_html(r, gpu=False):
-    """One rank as a grid row (all engine-provided text escaped); ``gpu`` as in header_html."""
+def row_html(r, gpu=False, span_s=None):
+    """One rank as a grid row (all engine-provided text escaped); ``gpu`` as in header_html.
+    A pipeline rank gets a second line, its last step's strip (``span_s``: seconds its width
+    stands for, the same for every rank)."""
     device = escape(fmt.gpu_label(r))
     if r.gpu_name and not gpu:
         device += f" {fmt.mem(r.gpu_mem_used)}"
     color = _STATE_COLORS.get(r.state, "#777")
     state = f'<span style="color:{color};font-weight:bold">{escape(r.detail)}</span>'
-    if r.extra:
-        state += " · " + escape(" ".join(f"{k}={_short(v)}" for k, v in list(r.extra.items())[:3]))
+    extra = [(k, v) for k, v in r.extra.items() if not (r.pipeline and k == "bubble")]
+    if extra:  # (a pipeline's reported bubble is shown with its strip instead)
+        state += " · " + escape(" ".join(f"{k}={_short(v)}" for k, v in extra[:3]))
     if r.stale_s is not None:
         state += f' <span style="color:#ef6c00">⚠ no data for {r.stale_s:.0f} s</span>'
     if r.last_error:
@@ -79,8 +82,26 @@ def row_html(r, gpu=False):
     cells += gpu_cells(r) if gpu else []
     cells += [_cell(state, r.last_error or r.detail, f"hvd-state hvd-{r.state}"),
               _cell(through, cls="hvd-rate"), sparkline(r.spark)]
+    if r.pipeline is not None:
+        cells.append(pipeline_html(r.pipeline, span_s))
     return (f'<div class="hvd-row" data-rank="{r.rank}" style="{_grid(gpu)}">' + "".join(cells)
             + "</div>")
+
+
+def pipeline_html(step, span_s=None):
+    """A pipeline rank's last training step on a line of its own under the row: the strip
+    (:func:`.sparkline.pipeline_strip`), the measured bubble beside the schedule's ideal, the
+    schedule and the step's time."""
+    shown = len(step.actions)
+    more = f" · first {shown} of {shown + step.more} actions" if step.more else ""
+    return ('<div class="hvd-pipeline" style="grid-column:2/-1;display:flex;gap:8px;'
+            f'align-items:center">{pipeline_strip(step, span_s)}'  # first: strips line up
+            f'<span class="hvd-bubble">{fmt.bubble(step)}</span><span style="color:#777">'
+            f'{escape(step.schedule)} step {_seconds(step.step_s)}{more}</span></div>')
+
+
+def _seconds(s):
+    return f"{s * 1e3:.1f} ms" if s < 1 else f"{s:.2f} s"
 
 
 def _short(v):
@@ -241,8 +262,10 @@ class DashboardView:
                     self._rows[r.rank] for r in rows))
             gpu = any(r.device.startswith("cuda") for r in rows)  # GPU columns only with a GPU
             self._set(self.rows_box.children[0], value=header_html(gpu))
+            steps = [r.pipeline.step_s for r in rows if r.pipeline is not None]
+            span = max(steps) if steps else None  # one time scale for every rank's strip
             for r in rows:
-                self._set(self._rows[r.rank], value=row_html(r, gpu))
+                self._set(self._rows[r.rank], value=row_html(r, gpu, span))
             self._set(self.cluster, value=cluster_html(model.cluster(now)))
             at = model.autotune()
             self._set(self.autotune, value=autotune_html(at))

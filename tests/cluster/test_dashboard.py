@@ -1,8 +1,8 @@
 """The dashboard wired to a real cluster (in-process IPython shell; no widget frontend, so the
 hub collects quietly and ``%hvd_dashboard`` prints text): rows per rank from the engines'
-publishers, ``hvd.report`` throughput, the timeline strip, ``%hvd_timeline`` /
-``%hvd_autotune`` and the buttons' command path (also during a running cell), Stop, a dead
-engine, ``%hvd_restart``, ``%hvd_stop``, ``--no-dashboard``.
+publishers, ``hvd.report`` throughput, the timeline strip, a pipeline step's strip,
+``%hvd_timeline`` / ``%hvd_autotune`` and the buttons' command path (also during a running
+cell), Stop, a dead engine, ``%hvd_restart``, ``%hvd_stop``, ``--no-dashboard``.
 """
 
 import os
@@ -66,6 +66,28 @@ def test_reported_samples_become_throughput_and_the_timeline_fills(local_cluster
                for lane in lanes), lanes
     text = run("%hvd_dashboard").out
     assert "hvd: 3 ranks" in text and "samples/s" in text and "r2 " in text
+
+
+PIPELINE_STEP = """%%hvd
+from engine_native.torch.pipelining import PipelineStage, Schedule1F1B
+schedule = Schedule1F1B(PipelineStage(torch.nn.Linear(2, 2), hvd.rank(), 3), 4,
+                        loss_fn=torch.nn.functional.mse_loss)
+x = torch.ones(8, 2)
+schedule.step(*([x] if hvd.rank() == 0 else []), **({'target': x} if hvd.rank() == 2 else {}))
+"""
+
+
+def test_a_pipeline_step_reaches_every_ranks_row_as_its_strip(local_cluster, run):
+    res = run(PIPELINE_STEP)
+    assert res.error is None, res.text
+    wait_for(lambda: all(r.pipeline for r in dashboard_rows()), timeout=5,
+             what="every rank's pipeline step")
+    for r in dashboard_rows():  # 4 forwards and 4 backwards of the rank's stage, in 1F1B order
+        assert r.pipeline.schedule == "1f1b" and len(r.pipeline.actions) == 8
+        assert {(kind, stage) for kind, stage, *_ in r.pipeline.actions} == \
+            {("F", r.rank), ("B", r.rank)}
+        assert 0 <= r.pipeline.bubble <= 1 and r.pipeline.ideal == pytest.approx(2 / 6)
+    assert "pipeline bubble" in run("%hvd_dashboard").out
 
 
 def test_timeline_and_autotune_magics_run_on_every_rank(local_cluster, run, tmp_path):
