@@ -37,7 +37,7 @@ CORE_SOURCES = [
     "transport/control.cc",
     "transport/peer_frame.cc",
     "transport/peer_channel.cc",
-    "transport/shm/control_link.cc",
+    "transport/shm/ring_stream.cc",
     "transport/comm.cc",
     "transport/tcp/socket.cc",
     "transport/tcp/handshake.cc",

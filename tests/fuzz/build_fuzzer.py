@@ -44,7 +44,7 @@ CORE = [
     "transport/shm/setup.cc",
     "transport/shm/collective_segment.cc",
     "transport/shm/host_agreement.cc",
-    "transport/shm/control_link.cc",
+    "transport/shm/ring_stream.cc",
     "transport/control.cc",
     "transport/peer_frame.cc",
     "transport/peer_channel.cc",

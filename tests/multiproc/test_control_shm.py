@@ -1,5 +1,5 @@
 """Negotiation between ranks of one host goes through shared memory (Note [Control over shm]
-in engine_native/csrc/transport/shm/control_link.cc), on spawned ranks.
+in engine_native/csrc/transport/shm/ring_stream.cc), on spawned ranks.
 
 Covered: which road each control channel takes (shm on one host, tcp across hosts: mixed
 hosts use both at once); request and response lists far larger than the 64 KiB control ring,

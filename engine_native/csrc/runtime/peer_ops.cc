@@ -33,6 +33,7 @@
 
 #include "runtime/host_output_pool.h"
 #include "runtime/submission_queue.h"
+#include "transport/shm/segment.h"
 
 namespace hvd::runtime {
 
@@ -175,7 +176,14 @@ Status PeerOps::progress(bool* moved) {
     if (mesh_.peerChannel(peer) == nullptr) continue;
     HVD_RETURN_IF_ERROR(progressPeer(peer, now, moved));
   }
+  moved_since_taken_ = moved_since_taken_ || *moved;
   return Status::ok();
+}
+
+bool PeerOps::takeMoved() {
+  const bool moved = moved_since_taken_;
+  moved_since_taken_ = false;
+  return moved;
 }
 
 Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
@@ -203,9 +211,13 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   }
   received_.clear();
   Status received = Status::ok();
-  if (readable_[peer] || !p.receiving.empty()) {
+  // A ring is read whenever it has bytes (Note [Point-to-point over shm] A); a socket when it
+  // polled readable or a receive waits on it.
+  const bool socket_readable = readable_[peer] != 0;
+  if (socket_readable || channel.hasIncoming() ||
+      (!p.receiving.empty() && !channel.onSharedMemory())) {
     readable_[peer] = 0;
-    received = channel.receive(&received_, &read);
+    received = channel.receive(&received_, &read, socket_readable);
   }
   // Messages completed before an error (a peer that sent, then exited) are kept first, so
   // failAll frees them.
@@ -285,6 +297,11 @@ bool PeerOps::idle() const {
   for (const PerPeer& p : peers_) {
     if (!p.sending.empty() || !p.receiving.empty()) return false;
   }
+  // A message in a ring that no pass has read yet (Note [Point-to-point over shm] C).
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    const transport::PeerChannel* channel = mesh_.peerChannel(peer);
+    if (channel != nullptr && channel->hasIncoming()) return false;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   return submitted_.empty();
 }
@@ -311,8 +328,31 @@ void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events,
     const transport::PeerChannel* channel = mesh_.peerChannel(peer);
     if (channel == nullptr) continue;
     fds->push_back(channel->fd());
-    events->push_back(static_cast<short>(POLLIN | (channel->hasBacklog() ? POLLOUT : 0)));
+    events->push_back(static_cast<short>(POLLIN | (channel->wantsWritable() ? POLLOUT : 0)));
     peers->push_back(peer);
+  }
+}
+
+bool PeerOps::announceSleep() {
+  transport::shm::Doorbell* bell = mesh_.peerDoorbell();
+  if (bell == nullptr) return false;
+  transport::shm::beginPollSleep(bell);  // Note [Point-to-point over shm] B
+  bool ready = false;
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    transport::PeerChannel* channel = mesh_.peerChannel(peer);
+    if (channel == nullptr || !channel->onSharedMemory()) continue;
+    ready = channel->hasIncoming() || channel->rearmWriter() || ready;
+  }
+  return ready;
+}
+
+void PeerOps::endSleep() {
+  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) transport::shm::endSleep(bell);
+}
+
+void PeerOps::setDriving(bool driving) {
+  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {  // C
+    bell->driving.store(driving ? 1 : 0, std::memory_order_seq_cst);
   }
 }
 

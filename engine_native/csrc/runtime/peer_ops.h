@@ -49,13 +49,23 @@ class PeerOps {
   // without progress for HVD_TIMEOUT. True when it moved anything. An error (a channel lost
   // or malformed) is the whole rank's: the loop fails with it.
   common::Status progress(bool* moved);
-  bool idle() const;  // nothing pending (submitted, queued, posted or being written)
+  // Nothing pending (submitted, queued, posted or being written) and no unread ring bytes.
+  bool idle() const;
+  // Whether any pass since the last call moved point-to-point bytes: a driving caller spins on
+  // while a large message streams through a ring (Note [Caller drives] G).
+  bool takeMoved();
   // Posted receives and unfinished sends, as metrics()["pending"] lists them (op "RECV" or
   // "SEND", the peer as the missing rank): a notebook sees a rank waiting in a receive as it
   // sees one waiting in a collective.
   void appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const;
-  // Every channel's socket and peer, with POLLOUT where frames wait to be written.
+  // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket.
   void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
+  // Before the loop thread polls them: announces its sleep to channels on shared memory and
+  // answers whether one can move already (then it must not sleep); endSleep after the poll.
+  // A caller driving the loop says so with setDriving (Note [Point-to-point over shm] B, C).
+  bool announceSleep();
+  void endSleep();
+  void setDriving(bool driving);
   // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A
   // pass reads a socket only then or while a receive from that peer is posted, so a rank that
   // uses no point-to-point pays no system call for it.
@@ -108,6 +118,7 @@ class PeerOps {
   // The loop's (under progress_).
   std::vector<PerPeer> peers_;
   std::vector<uint8_t> readable_;  // by peer: markReadable since the last read
+  bool moved_since_taken_ = false;
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;
   std::vector<transport::PeerMessage> received_;

@@ -85,7 +85,7 @@ Status ControlChannel::sendFailed(const Status& s, double timeout_seconds) const
                           s.message());
 }
 
-void ControlChannel::attachSharedMemory(std::unique_ptr<shm::ControlLink> link) {
+void ControlChannel::attachSharedMemory(std::unique_ptr<shm::RingStream> link) {
   link_ = std::move(link);
 }
 

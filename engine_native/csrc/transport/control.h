@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "transport/shm/control_link.h"
+#include "transport/shm/ring_stream.h"
 
 namespace hvd::transport {
 
@@ -49,7 +49,7 @@ class ControlChannel {
   common::Status receive(std::vector<ControlMessage>* out);
 
   // From here frames go through `link` (set up by the Mesh before any frame is sent).
-  void attachSharedMemory(std::unique_ptr<shm::ControlLink> link);
+  void attachSharedMemory(std::unique_ptr<shm::RingStream> link);
   bool sharedMemory() const { return link_ != nullptr; }
   bool hasIncoming() const { return link_ != nullptr && link_->hasData(); }
   void markSocketReadable() { socket_readable_ = true; }
@@ -63,7 +63,7 @@ class ControlChannel {
   // calls: growing a string by a read chunk zero-filled 64 KiB on every poll of the channel.
   std::vector<char> inbox_;
   size_t inbox_used_ = 0;
-  std::unique_ptr<shm::ControlLink> link_;
+  std::unique_ptr<shm::RingStream> link_;
   bool socket_readable_ = false;
   std::string outbox_;  // shm: frames not yet in the ring are outbox_[outbox_sent_, size)
   size_t outbox_sent_ = 0;

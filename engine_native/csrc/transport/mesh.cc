@@ -336,9 +336,14 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
           j, {theirs.ring(out), m.shm.own->ring(in), theirs.doorbell(), m.shm.own->doorbell(),
               m.data_fds[j]}));
       if (m.controls[j]) {  // Note [Control over shm]; both sides decide alike (step D)
-        m.controls[j]->attachSharedMemory(std::make_unique<shm::ControlLink>(shm::RingLink{
+        m.controls[j]->attachSharedMemory(std::make_unique<shm::RingStream>(shm::RingLink{
             theirs.controlRing(out), m.shm.own->controlRing(in), theirs.controlDoorbell(),
             m.shm.own->controlDoorbell(), m.controls[j]->fd()}));
+      }
+      if (m.peer_channels[j]) {  // Note [Point-to-point over shm]
+        m.peer_channels[j]->attachSharedMemory(std::make_unique<shm::RingStream>(shm::RingLink{
+            theirs.peerRing(out), m.shm.own->peerRing(in), theirs.peerDoorbell(),
+            m.shm.own->peerDoorbell(), m.peer_channels[j]->fd()}));
       }
     } else {
       m.pairs[j].reset(new tcp::TcpPair(m.data_fds[j], j, m.abort_fd));
@@ -424,6 +429,10 @@ bool Mesh::flushControl() {
 
 shm::Doorbell* Mesh::controlDoorbell() const {
   return impl_->shm.own ? impl_->shm.own->controlDoorbell() : nullptr;
+}
+
+shm::Doorbell* Mesh::peerDoorbell() const {
+  return impl_->shm.own ? impl_->shm.own->peerDoorbell() : nullptr;
 }
 
 void Mesh::acceptStray() {

@@ -63,6 +63,9 @@ class Mesh {
   // Where this rank's loop announces a poll sleep to control channels on shared memory
   // (Note [Control over shm] B); nullptr when no channel is on shared memory. Until close().
   shm::Doorbell* controlDoorbell() const;
+  // The same for point-to-point channels on shared memory (Note [Point-to-point over shm] in
+  // peer_channel.cc), where a driving caller also says that it reads the rings.
+  shm::Doorbell* peerDoorbell() const;
   // Moves control frames a ring had no room for into it (Note [Control over shm] C); true
   // while some remain. Waits inside collectives call it: an agreed op's response may be what
   // the peer this rank waits for still needs. Background thread (or a driving caller) only.

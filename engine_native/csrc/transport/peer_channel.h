@@ -1,11 +1,16 @@
 // PeerChannel: the point-to-point connection to one peer (issue #36): one authenticated TCP
 // connection per pair of ranks (Mesh::connect, kind kPeer) that carries frames of
 // transport/peer_frame.h both ways, so two ranks exchange messages without any other rank.
+// Between ranks of one host the frames go through shared-memory rings instead (a RingStream;
+// Note [Point-to-point over shm] in peer_channel.cc) and the socket carries only wake bytes.
 // It never blocks: send() queues a frame whose payload stays the caller's until it is written,
 // flush() writes what the socket takes now, receive() reads what has arrived and returns the
 // messages it completed, each payload in memory of its own. Owned by the Mesh; used by the
 // background thread (or a caller driving the loop, under its lock) through runtime/peer_ops.h.
 #pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +21,7 @@
 
 #include "common/status.h"
 #include "transport/peer_frame.h"
+#include "transport/shm/ring_stream.h"
 
 namespace hvd::transport {
 
@@ -51,6 +57,9 @@ class PeerChannel {
 
   int fd() const { return fd_; }
   int peer() const { return peer_; }
+  // From now on frames go through `link`'s rings (both sides attach alike, at connect).
+  void attachSharedMemory(std::unique_ptr<shm::RingStream> link) { link_ = std::move(link); }
+  bool onSharedMemory() const { return link_ != nullptr; }
 
   // Queues a frame; `payload` (frame.bytes long) must stay valid until flush() reports `id`.
   void send(const PeerFrame& frame, const void* payload, uint64_t id);
@@ -58,13 +67,22 @@ class PeerChannel {
   // sets *moved when any byte went. kPeerLost when the connection is gone.
   common::Status flush(std::vector<uint64_t>* sent, bool* moved);
   bool hasBacklog() const { return !outbox_.empty(); }
+  // Whether the loop should poll the socket for POLLOUT: TCP with a backlog (a ring's room is
+  // announced by a wake byte instead).
+  bool wantsWritable() const { return link_ == nullptr && !outbox_.empty(); }
+  // Shared memory only, seq_cst (the sleep re-check): a message waits in the incoming ring.
+  bool hasIncoming() const { return link_ != nullptr && link_->hasData(); }
+  // Shared memory only, after the loop announced its sleep: with a backlog, marks the ring for
+  // a wake once the peer reads and says whether it has room already (then do not sleep).
+  bool rearmWriter() { return link_ != nullptr && !outbox_.empty() && link_->rearm(); }
   // Forgets queued frames (their payloads may be freed next): the connection is given up.
   void dropOutbox() { outbox_.clear(); }
 
   // Reads what has arrived; appends completed messages to *out and sets *moved when any byte
   // came. kPeerLost on EOF/reset, kInternal on a malformed header (the peer is not a rank of
-  // this job's code, or memory is corrupt): the channel is unusable after either.
-  common::Status receive(std::vector<PeerMessage>* out, bool* moved);
+  // this job's code, or memory is corrupt): the channel is unusable after either. On shared
+  // memory the socket (wake bytes, hang-up) is read only when `socket_readable` (it polled so).
+  common::Status receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable);
 
  private:
   struct Outgoing {
@@ -78,9 +96,15 @@ class PeerChannel {
 
   common::Status parse(std::vector<PeerMessage>* out);  // from inbox_
   common::Status startPayload();
+  // One write or read of the transport: bytes moved, 0 when it takes or has none now, -1 with
+  // errno on a socket error.
+  ssize_t writeSome(const iovec* iov, int count);
+  ssize_t readSome(uint8_t* dst, size_t room);
+  common::Status drainSocket(bool* closed);  // shared memory: wake bytes and hang-up
 
   int fd_;
   int peer_;
+  std::unique_ptr<shm::RingStream> link_;  // null: frames go over the socket
   PeerPayloadAllocator allocate_ = reservedPeerPayload;
   std::deque<Outgoing> outbox_;
   std::vector<uint8_t> inbox_;      // bytes read, not parsed yet: [inbox_begin_, inbox_end_)

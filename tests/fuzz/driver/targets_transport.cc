@@ -300,12 +300,12 @@ Outcome peerFrames(const std::string& input) {
   for (size_t cut : cuts) {
     sock.feed(input.substr(fed, cut - fed));
     fed = cut;
-    s = channel.receive(&messages, &moved);
+    s = channel.receive(&messages, &moved, /*socket_readable=*/true);
     if (!s.isOk()) break;
   }
   if (s.isOk()) {
     sock.hangUp();
-    for (int i = 0; i < 4 && s.isOk(); ++i) s = channel.receive(&messages, &moved);
+    for (int i = 0; i < 4 && s.isOk(); ++i) s = channel.receive(&messages, &moved, /*socket_readable=*/true);
   }
   std::string again;
   for (transport::PeerMessage& m : messages) {

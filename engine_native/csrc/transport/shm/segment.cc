@@ -1,9 +1,10 @@
 // Shared-memory segment, rings and doorbell (transport/shm/segment.h).
 //
-// Layout: [header 64 B][doorbell 64 B][control doorbell 64 B][ring 0: RingHeader 128 B, data]
-// [ring 1 ...][control ring 0: RingHeader 128 B, kControlRingBytes][control ring 1 ...], every
-// ring starting on a 64-byte boundary so producer and consumer counters never share a cache
-// line. Data ring k and control ring k receive from the same peer.
+// Layout: [header 64 B][doorbell 64 B][control doorbell 64 B][peer doorbell 64 B]
+// [ring 0: RingHeader 128 B, data][ring 1 ...][control ring 0: RingHeader 128 B,
+// kControlRingBytes][control ring 1 ...][peer ring 0: RingHeader 128 B, kPeerRingBytes]
+// [peer ring 1 ...], every ring starting on a 64-byte boundary so producer and consumer
+// counters never share a cache line. Data, control and peer ring k receive from the same peer.
 //
 // Note [Doorbell ordering]
 // The owner of a doorbell sleeps only if no peer can have made progress possible for it:
@@ -44,11 +45,12 @@ using common::Status;
 
 namespace {
 
-constexpr uint64_t kSegmentMagic = 0x32304d4853445648ull;  // "HVDSHM02"
+constexpr uint64_t kSegmentMagic = 0x33304d4853445648ull;  // "HVDSHM03"
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kDoorbellOffset = 64;
 constexpr size_t kControlDoorbellOffset = 128;
-constexpr size_t kRingsOffset = 192;
+constexpr size_t kPeerDoorbellOffset = 192;
+constexpr size_t kRingsOffset = 256;
 
 struct SegmentHeader {
   uint64_t magic;
@@ -60,6 +62,7 @@ struct SegmentHeader {
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(Doorbell) <= 64, "doorbell must fit its slot");
 static_assert(kControlRingBytes % 64 == 0, "control rings keep the 64-byte alignment");
+static_assert(kPeerRingBytes % 64 == 0, "peer rings keep the 64-byte alignment");
 static_assert(sizeof(RingHeader) == 128, "ring header is two cache lines");
 
 uint64_t ringStride(uint64_t ring_bytes) {
@@ -75,7 +78,10 @@ long futexCall(std::atomic<uint32_t>* word, int op, uint32_t value, const timesp
 size_t Ring::write(const uint8_t* src, size_t n) {
   const uint64_t head = header_->head.load(std::memory_order_relaxed);  // ours
   const uint64_t tail = header_->tail.load(std::memory_order_seq_cst);
-  const uint64_t free_bytes = capacity_ - (head - tail);
+  // tail is the peer's to write: a value ahead of head or behind it by more than the ring
+  // leaves no room, rather than a count past the ring's end
+  const uint64_t used = head - tail;
+  const uint64_t free_bytes = used > capacity_ ? 0 : capacity_ - used;
   const size_t k = static_cast<size_t>(std::min<uint64_t>(n, free_bytes));
   if (k == 0) return 0;
   const size_t pos = static_cast<size_t>(head % capacity_);
@@ -89,7 +95,8 @@ size_t Ring::write(const uint8_t* src, size_t n) {
 size_t Ring::read(uint8_t* dst, size_t n) {
   const uint64_t tail = header_->tail.load(std::memory_order_relaxed);  // ours
   const uint64_t head = header_->head.load(std::memory_order_seq_cst);
-  const size_t k = static_cast<size_t>(std::min<uint64_t>(n, head - tail));
+  // head is the peer's to write: never read more than the ring holds, whatever it says
+  const size_t k = static_cast<size_t>(std::min<uint64_t>({n, head - tail, capacity_}));
   if (k == 0) return 0;
   const size_t pos = static_cast<size_t>(tail % capacity_);
   const size_t first = std::min<size_t>(k, static_cast<size_t>(capacity_) - pos);
@@ -125,6 +132,7 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 }
 
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
+  if (doorbell->driving.load(std::memory_order_seq_cst) != 0) return;  // a caller reads
   const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
   if (sleeping == kFutexSleep) {
     wakeAlways(doorbell);
@@ -155,7 +163,8 @@ void wakeAlways(Doorbell* doorbell) {
 }
 
 uint64_t Segment::totalBytes(uint32_t ring_count, uint64_t ring_bytes) {
-  return kRingsOffset + ring_count * (ringStride(ring_bytes) + ringStride(kControlRingBytes));
+  return kRingsOffset + ring_count * (ringStride(ring_bytes) + ringStride(kControlRingBytes) +
+                                      ringStride(kPeerRingBytes));
 }
 
 Status Segment::create(const std::string& name, uint32_t ring_count, uint64_t ring_bytes,
@@ -203,6 +212,17 @@ Ring Segment::controlRing(uint32_t index) const {
                    index * ringStride(kControlRingBytes);
   return Ring(reinterpret_cast<RingHeader*>(start), start + sizeof(RingHeader),
               kControlRingBytes);
+}
+
+Doorbell* Segment::peerDoorbell() const {
+  return reinterpret_cast<Doorbell*>(base() + kPeerDoorbellOffset);
+}
+
+Ring Segment::peerRing(uint32_t index) const {
+  uint8_t* start = base() + kRingsOffset +
+                   ring_count_ * (ringStride(ring_bytes_) + ringStride(kControlRingBytes)) +
+                   index * ringStride(kPeerRingBytes);
+  return Ring(reinterpret_cast<RingHeader*>(start), start + sizeof(RingHeader), kPeerRingBytes);
 }
 
 Ring Segment::ring(uint32_t index) const {

@@ -1,7 +1,7 @@
 // Segment: one rank's POSIX shared-memory segment — a doorbell (futex word + sleeping flag)
 // and one single-producer/single-consumer byte ring per peer on the host that sends to this
-// rank, plus, for the control channel (transport/shm/control_link.h), a second doorbell and a
-// small ring per peer. Created by the owner and mapped by its peers during Mesh::connect (shm/setup.h);
+// rank, plus, for the control channel and the point-to-point channel (both through
+// transport/shm/ring_stream.h), a doorbell and a ring per peer each. Created by the owner and mapped by its peers during Mesh::connect (shm/setup.h);
 // afterwards rings and doorbells are touched only by the background threads of the two ranks
 // of a pair, plus Mesh::abort (any thread), which only rings the owner's doorbell.
 // See Note [Doorbell ordering] in segment.cc.
@@ -21,10 +21,18 @@ namespace hvd::transport::shm {
 struct Doorbell {
   std::atomic<uint32_t> sequence;  // futex word: bumped by every futex wake
   std::atomic<uint32_t> sleeping;  // kAwake, kFutexSleep or kPollSleep
+  // 1 while a caller drives the owner's loop (point-to-point doorbell only): it reads the
+  // rings itself, so a writer need not wake the sleeping loop thread (Note [Point-to-point
+  // over shm] in transport/peer_channel.cc).
+  std::atomic<uint32_t> driving;
 };
 
 // Control rings carry negotiation frames, written in pieces when larger: small is enough.
 constexpr uint64_t kControlRingBytes = 64 << 10;
+// Point-to-point rings carry whole messages, a large one in pieces: 1 MiB per directed pair
+// (benchmarks/RESULTS.md, "Point-to-point send/recv", has the sizes tried). Pages are
+// committed only once a message touches them.
+constexpr uint64_t kPeerRingBytes = 1 << 20;
 
 constexpr uint32_t kAwake = 0;
 constexpr uint32_t kFutexSleep = 1;  // owner is (about to be) in FUTEX_WAIT on `sequence`
@@ -63,7 +71,7 @@ class Ring {
 };
 
 // The rings and doorbells between this rank and one peer of its host, and the socket that
-// carries wake bytes (owned elsewhere): ShmPair's data rings, ControlLink's control rings.
+// carries wake bytes (owned elsewhere): ShmPair's data rings, RingStream's control rings.
 struct RingLink {
   Ring outgoing;             // this rank's ring in the peer's segment
   Ring incoming;             // the peer's ring in this rank's segment
@@ -116,6 +124,8 @@ class Segment {
   Ring ring(uint32_t index) const;
   Doorbell* controlDoorbell() const;  // its owner's loop thread announces poll sleeps here
   Ring controlRing(uint32_t index) const;  // from the same peer as ring(index)
+  Doorbell* peerDoorbell() const;     // the same, for point-to-point
+  Ring peerRing(uint32_t index) const;    // from the same peer as ring(index)
 
   static uint64_t totalBytes(uint32_t ring_count, uint64_t ring_bytes);
 

@@ -1,4 +1,4 @@
-// ControlLink (transport/shm/control_link.h).
+// RingStream (transport/shm/ring_stream.h).
 //
 // Note [Control over shm]
 // Every op negotiates: a worker's request to rank 0 and rank 0's response back. Over loopback
@@ -24,11 +24,11 @@
 //      the reader to answer (the loss cost up to the 200 ms tick).
 //   D. The socket's hang-up (poll readable, recv 0) is still how the loop sees a lost peer;
 //      wake bytes are drained when poll() reported the socket readable.
-#include "transport/shm/control_link.h"
+#include "transport/shm/ring_stream.h"
 
 namespace hvd::transport::shm {
 
-size_t ControlLink::write(const uint8_t* data, size_t n) {
+size_t RingStream::write(const uint8_t* data, size_t n) {
   size_t done = link_.outgoing.write(data, n);
   if (done < n) {  // C
     link_.outgoing.markWriterWaiting();
@@ -38,7 +38,29 @@ size_t ControlLink::write(const uint8_t* data, size_t n) {
   return done;
 }
 
-size_t ControlLink::read(uint8_t* dst, size_t n) {
+size_t RingStream::writeGather(const iovec* pieces, int count) {
+  size_t done = 0;
+  for (int k = 0; k < count; ++k) {
+    const auto* data = static_cast<const uint8_t*>(pieces[k].iov_base);
+    const size_t n = pieces[k].iov_len;
+    size_t wrote = link_.outgoing.write(data, n);
+    if (wrote < n) {  // C
+      link_.outgoing.markWriterWaiting();
+      wrote += link_.outgoing.write(data + wrote, n - wrote);
+    }
+    done += wrote;
+    if (wrote < n) break;
+  }
+  if (done > 0) link_.wakePeer();  // B
+  return done;
+}
+
+bool RingStream::rearm() {
+  link_.outgoing.markWriterWaiting();
+  return link_.outgoing.hasSpace();
+}
+
+size_t RingStream::read(uint8_t* dst, size_t n) {
   const size_t got = link_.incoming.read(dst, n);
   if (got > 0 && link_.incoming.takeWriterWaiting()) link_.wakePeer();
   return got;
