@@ -7,6 +7,7 @@
 ``import engine_native.torch as hvd`` is the Horovod-compatible PyTorch API on the same core.
 """
 
+from ._version import __version__  # noqa: F401 (one place: _version.py)
 from ._core import HorovodInternalError
 from ._dtypes import Adasum, Average, Max, Min, Product, Sum
 from .basics import (ProcessSet, abort, add_process_set, autotune_state, config_table,

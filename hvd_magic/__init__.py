@@ -31,12 +31,14 @@ _dash_magics = None
 _scale_magics = None
 _transform = None
 
-_LAZY = {"run": (".launch", "run"), "HorovodRunner": (".runner", "HorovodRunner")}
+_LAZY = {"run": (".launch", "run"), "HorovodRunner": (".runner", "HorovodRunner"),
+         "__version__": ("engine_native._version", "__version__")}
 
 
 def __getattr__(name):
-    """``hvd_magic.run`` and ``hvd_magic.HorovodRunner`` load on first use (engines import
-    this package and need neither)."""
+    """``hvd_magic.run``, ``hvd_magic.HorovodRunner`` and ``hvd_magic.__version__`` (the core
+    package's: one version for both) load on first use (engines import this package and need
+    none of them)."""
     if name in _LAZY:
         import importlib
 
