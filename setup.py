@@ -210,19 +210,19 @@ class ParallelBuildExt(build_ext):
             raise SystemExit("engine_native._core: listed sources do not exist: "
                              + ", ".join(missing) + " (edit CORE_SOURCES in setup.py)")
         flags = ext.extra_compile_args + ["-MMD"]
-        # One object folder per interpreter and flag set, so a CI build (-Werror) and a local
-        # one never overwrite each other's objects.
+        compiler = self.compiler
+        driver = getattr(compiler, "compiler_so_cxx", None) or compiler.compiler_so
+        driver = [a for a in driver if a not in _C_ONLY_FLAGS]
+        # One object folder per interpreter, compiler and flag set, so a CI build (-Werror), a
+        # local one and the wheel's (zig's libc++, .ci/build-wheel.sh) never mix objects.
         tag = sysconfig.get_config_var("EXT_SUFFIX").strip(".").rsplit(".", 1)[0]
-        digest = hashlib.sha1(" ".join([sys.version] + flags).encode()).hexdigest()[:8]
+        digest = hashlib.sha1(" ".join([sys.version] + driver + flags).encode()).hexdigest()[:8]
         obj_dir = os.path.join(ROOT, "build", f"cpp-{tag}-{digest}")
         pairs = []
         for src in ext.sources:
             obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
             pairs.append((src, obj))
         todo = [(s, o) for s, o in pairs if self.force or _stale(o, s)]
-        compiler = self.compiler
-        driver = getattr(compiler, "compiler_so_cxx", None) or compiler.compiler_so
-        driver = [a for a in driver if a not in _C_ONLY_FLAGS]
         include_args = ["-I" + d for d in ext.include_dirs + self.include_dirs]
         cc_args = driver + include_args + flags
 
@@ -273,7 +273,8 @@ def _mapped(folder, package):
 packages = find_packages(include=["engine_native", "engine_native.*", "hvd_magic",
                                   "hvd_magic.*"])
 package_dir = {}
-for _folder, _package in (("kernel", "hvd_magic.kernel"), ("widgets", "hvd_magic.widgets")):
+for _folder, _package in (("kernel", "hvd_magic.kernel"), ("widgets", "hvd_magic.widgets"),
+                          ("notebooks", "hvd_magic.notebooks")):
     _names, _dirs = _mapped(_folder, _package)
     packages += _names
     package_dir.update(_dirs)
@@ -302,7 +303,11 @@ core = Extension(
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"engine_native": ["_core.pyi", "py.typed"]},
+    # Exactly these data files, not every file of the sdist (the C++ sources stay out of the
+    # wheel); the notebooks are what `python -m hvd_magic.demo` runs from an installed wheel.
+    include_package_data=False,
+    package_data={"engine_native": ["_core.pyi", "py.typed"],
+                  "hvd_magic.notebooks": ["*.ipynb"]},
     ext_modules=[core],
     cmdclass={"build_ext": ParallelBuildExt},
     zip_safe=False,

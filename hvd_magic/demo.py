@@ -13,7 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
+_HERE = Path(__file__).resolve().parent
+# An installed wheel carries the notebooks as hvd_magic/notebooks (setup.py); a checkout (an
+# editable install) has them at the top level.
+DEFAULT_NOTEBOOK = next((p for p in (_HERE / "notebooks" / "quickstart.ipynb",
+                                     _HERE.parent / "notebooks" / "quickstart.ipynb")
+                         if p.exists()), _HERE / "notebooks" / "quickstart.ipynb")
 
 
 def _text(output) -> str:
@@ -41,16 +46,20 @@ def main(argv: list[str]) -> int:
 
     path = Path(argv[0]) if argv else DEFAULT_NOTEBOOK
     if not path.exists():
-        print(f"demo: {path} not found; run from a clone of hvd-magic", file=sys.stderr)
+        print(f"demo: {path} not found; reinstall hvd-magic (its wheel carries the notebooks) "
+              f"or pass a notebook: python -m hvd_magic.demo path/to/notebook.ipynb",
+              file=sys.stderr)
         return 2
     os.environ.setdefault("IPP_NONINTERACTIVE", "1")  # grouped, deterministic output
     notebook = nbformat.read(path, as_version=4)
     print(f"running {path.name} headless ...", flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hvd-demo-") as sockets:
+        # The notebook runs in its own folder, unless that is a read-only site-packages.
+        cwd = str(path.parent) if os.access(path.parent, os.W_OK) else sockets
         client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                          config=_ipc_kernel(sockets),
-                                         resources={"metadata": {"path": str(path.parent)}})
+                                         resources={"metadata": {"path": cwd}})
         try:
             client.execute()
         except nbclient.exceptions.CellExecutionError as err:

@@ -1,5 +1,7 @@
-"""Packaging: the editable install maps kernel/ and widgets/ under hvd_magic, installs nothing
-generic at top level, and the extension's explicit source list matches engine_native/csrc."""
+"""Packaging: the editable install maps kernel/ and widgets/ under hvd_magic (a wheel also
+carries notebooks/ as hvd_magic/notebooks), installs nothing generic at top level, the
+extension's explicit source list matches engine_native/csrc, and the sdist carries what a build
+needs. (What a wheel carries is checked on the built wheel: .ci/check_wheel.py.)"""
 import ast
 import importlib.metadata
 import json
@@ -70,6 +72,23 @@ def _inside(paths, folder):
 def test_mapped_packages_resolve_to_top_level_folders(locations, package, folder):
     assert os.path.exists(os.path.join(REPO, folder, "__init__.py")), f"{folder}/__init__.py"
     assert _inside(locations[package], folder), f"{package} -> {locations[package]}"
+
+
+def test_the_demo_finds_its_notebook():
+    """A wheel carries notebooks/ as data in hvd_magic/notebooks, where ``python -m
+    hvd_magic.demo`` looks first; a checkout has them at the top level."""
+    from hvd_magic import demo
+
+    assert demo.DEFAULT_NOTEBOOK.exists(), demo.DEFAULT_NOTEBOOK
+
+
+def test_the_sdist_carries_the_headers_and_notebooks():
+    """setup.py lists only the .cc files; without MANIFEST.in an sdist has no header and
+    cannot build (python -m build builds its wheel from the sdist)."""
+    lines = [line.split() for line in open(os.path.join(REPO, "MANIFEST.in"))
+             if line.strip() and not line.startswith("#")]
+    assert ["recursive-include", "engine_native/csrc", "*.h", "*.cc"] in lines
+    assert ["recursive-include", "notebooks", "*.ipynb"] in lines
 
 
 def test_engine_native_and_its_torch_subpackage_resolve_into_the_repo(locations):
