@@ -35,6 +35,10 @@
 //      stay in the cache between the two copies. Whole-ring writes and reads (1 MiB) left the
 //      two sides taking turns: 64 MiB at 5 GB/s; 64 KiB pieces: 10-11 GB/s, as MPICH
 //      (benchmarks/RESULTS.md, "Point-to-point send/recv", has the pieces tried).
+//   F. One receive() reads at most a ring's worth, then the pass moves on: a writer that
+//      keeps the ring full, or a peer that lies in its counter, cannot hold the loop in one
+//      channel (the lie was found by the fuzz tier, target peer_frames_shm). Ring reads also
+//      never trust the peer's counters past the ring's size (Ring::read/write).
 #include "transport/peer_channel.h"
 
 #include <sys/mman.h>
@@ -42,6 +46,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -144,6 +149,9 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
 Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable) {
   bool closed = false;  // shared memory: the socket hung up; deliver what the ring holds first
   if (link_ != nullptr && socket_readable) HVD_RETURN_IF_ERROR(drainSocket(&closed));
+  // A ring is read at most a ring's worth per call (F): a writer that keeps it full, or lies
+  // in its counter, cannot hold the pass here.
+  uint64_t budget = link_ != nullptr ? shm::kPeerRingBytes : UINT64_MAX;
   while (true) {
     HVD_RETURN_IF_ERROR(parse(out));
     uint8_t* dst;
@@ -173,11 +181,13 @@ Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool soc
     }
     if (n == 0) return lost(peer_, "was closed by the peer");
     *moved = true;
+    budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
     if (dst == inbox_.data() + inbox_end_) {
       inbox_end_ += static_cast<size_t>(n);
     } else {
       payload_got_ += static_cast<uint64_t>(n);
     }
+    if (budget == 0) return parse(out);  // F: the next pass goes on
   }
 }
 

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "common/byte_codec.h"
 #include "fuzz.h"
@@ -19,6 +21,8 @@
 #include "transport/shm/collective_segment.h"
 #include "transport/shm/host_agreement.h"
 #include "transport/shm/offer.h"
+#include "transport/shm/ring_stream.h"
+#include "transport/shm/segment.h"
 #include "transport/shm/setup.h"
 #include "transport/tcp/handshake.h"
 
@@ -305,7 +309,9 @@ Outcome peerFrames(const std::string& input) {
   }
   if (s.isOk()) {
     sock.hangUp();
-    for (int i = 0; i < 4 && s.isOk(); ++i) s = channel.receive(&messages, &moved, /*socket_readable=*/true);
+    for (int i = 0; i < 4 && s.isOk(); ++i) {
+      s = channel.receive(&messages, &moved, /*socket_readable=*/true);
+    }
   }
   std::string again;
   for (transport::PeerMessage& m : messages) {
@@ -316,6 +322,57 @@ Outcome peerFrames(const std::string& input) {
   if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
   if (s.code() == Code::kPeerLost) return again.size() == input.size() ? accepted() : rejected();
   return s.code() == Code::kInternal ? rejected() : unexpected(s);
+}
+
+// The same frames through a shared-memory channel (Note [Point-to-point over shm]): a
+// PeerChannel reading a small ring that the input is written into as room appears (so frames
+// wrap around its end), then the socket's hang-up, which must come out after every whole
+// message. Then the peer lies in its counter (head far past tail): the reader must stay inside
+// the ring (the sanitizer build checks) and report, not crash.
+Outcome peerFramesShm(const std::string& input) {
+  constexpr uint64_t kRingBytes = 4096;
+  auto in_header = std::make_unique<transport::shm::RingHeader>();
+  auto out_header = std::make_unique<transport::shm::RingHeader>();
+  std::vector<uint8_t> in_data(kRingBytes), out_data(kRingBytes);
+  transport::shm::Doorbell own{}, peer{};
+  FedSocket sock;
+  const int fd = ::dup(sock.fd());
+  transport::PeerChannel channel(fd, 1);
+  channel.attachSharedMemory(std::make_unique<transport::shm::RingStream>(transport::shm::RingLink{
+      transport::shm::Ring(out_header.get(), out_data.data(), kRingBytes),
+      transport::shm::Ring(in_header.get(), in_data.data(), kRingBytes), &peer, &own, fd}));
+  transport::shm::Ring writer(in_header.get(), in_data.data(), kRingBytes);
+  std::vector<transport::PeerMessage> messages;
+  bool moved = false;
+  Status s;
+  size_t fed = 0;
+  while (s.isOk()) {
+    const size_t wrote = writer.write(reinterpret_cast<const uint8_t*>(input.data()) + fed,
+                                      input.size() - fed);
+    fed += wrote;
+    moved = false;
+    s = channel.receive(&messages, &moved, /*socket_readable=*/false);
+    if (wrote == 0 && !moved) break;  // the ring is drained and the input is all in
+  }
+  std::string again;
+  for (transport::PeerMessage& m : messages) {
+    again += transport::encodePeerHeader(m.frame);
+    again.append(reinterpret_cast<const char*>(m.payload.data), m.frame.bytes);
+  }
+  if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
+  if (s.isOk()) {
+    sock.hangUp();
+    s = channel.receive(&messages, &moved, /*socket_readable=*/true);
+    if (s.isOk()) return failed("the hang-up was never reported");
+  }
+  Outcome outcome = s.code() == Code::kPeerLost
+                        ? (fed == input.size() && again.size() == input.size() ? accepted()
+                                                                                : rejected())
+                        : s.code() == Code::kInternal ? rejected() : unexpected(s);
+  // The lie: whatever the channel's state, a read stays inside the ring.
+  in_header->head.store(in_header->tail.load() + (uint64_t{1} << 40));
+  for (int i = 0; i < 4; ++i) channel.receive(&messages, &moved, /*socket_readable=*/false);
+  return outcome;
 }
 
 std::vector<std::string> peerFrameSeeds(Rng& rng) {
@@ -357,6 +414,8 @@ void addTransportTargets(std::vector<Target>* out) {
                   controlFrames});
   out->push_back({"peer_frames", "transport::PeerChannel::receive (decodePeerHeader)",
                   peerFrameSeeds, peerFrames});
+  out->push_back({"peer_frames_shm", "transport::PeerChannel::receive over a ring (RingStream)",
+                  peerFrameSeeds, peerFramesShm});
 }
 
 }  // namespace hvd::fuzz
