@@ -64,7 +64,9 @@ def install() -> list:
     else:
         tags = [line.split(":", 1)[1].strip() for line in (dist.read_text("WHEEL") or "")
                 .splitlines() if line.startswith("Tag:")]
-        how = f"wheel {', '.join(tags) or '?'}"
+        source = f" from {direct['url']}" if "url" in direct else ""
+        how = (f"wheel {', '.join(tags)}{source}" if tags else  # else a build's egg-info:
+               f"a source checkout on sys.path, {os.path.dirname(os.path.dirname(_core.__file__))}")
     switches = ("compiled in (the test build of ./dev.sh; never in a wheel)"
                 if getattr(_core, "TEST_SWITCHES", 0) else "none (a release build)")
     return [f"installed as {how}", f"core {_core.__file__}",
