@@ -86,3 +86,33 @@ def test_a_driving_caller_is_not_woken_through_its_loop():
         assert counts["caller_driven_ops"] >= DRIVEN, counts
         ticks = took / 0.2
         assert counts["loop_wakeups"] <= ticks + 10, (counts, f"{took:.2f} s")
+
+
+def eager_isend_suite():
+    """An isend is written by its caller when no pass runs (Note [Caller drives] H): the
+    sender's loop thread is not woken for it."""
+    hvd = checks.init("shm")
+    me, other = hvd.rank(), 1 - hvd.rank()
+    hvd.barrier()
+    before = _counts(hvd, "loop_wakeups")
+    start = time.monotonic()
+    if me == 0:
+        for k in range(DRIVEN):
+            request = hvd.isend(np.full(4, k, np.float32), other, tag=3)
+            assert request.is_completed(), k  # in the ring before isend returned
+            request.wait()
+    else:
+        got = [float(hvd.recv(other, tag=3)[0]) for _ in range(DRIVEN)]
+        assert got == [float(k) for k in range(DRIVEN)], got[:10]
+    woke = _counts(hvd, "loop_wakeups")["loop_wakeups"] - before["loop_wakeups"]
+    took = time.monotonic() - start
+    hvd.shutdown()
+    return woke, took
+
+
+def test_an_isend_is_written_by_its_caller():
+    # Measured: 0 wake-ups of the sender's loop for 500 isends; with every isend waking the
+    # loop thread instead (before H), 500-501, and isend returned before the frame was written.
+    res = run_ranks(eager_isend_suite, 2, timeout=60)
+    woke, took = res[0].value
+    assert woke <= took / 0.2 + 10, (woke, f"{took:.2f} s")

@@ -370,11 +370,39 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
 //      op — a rank that never submits it — is never agreed, so the caller gives up its spin
 //      and waits in 50 ms slices that see Ctrl-C, as before.
+//   H. An async point-to-point send (isend) is written by its caller when no pass is running
+//      (one point-to-point pass, not a whole one: no collective runs inside an isend), and the
+//      loop thread is woken only if it could not be: on shared memory the frame is in the
+//      peer's ring at once. Waking the loop for each isend cost a context switch on the
+//      sender's core: in a hand-off-bound pipeline step (np=2, 2 cores, torch computing
+//      beside) an isend call took ~220 us against 8 us alone (cProfile of bench_pipeline.py).
 //   G. A pass that moved point-to-point bytes renews the spin budget: a message larger than
 //      its ring streams through it only while both sides pass, and a caller that gave up
 //      after 200 us left the rest to two loop threads waking each other once per ring's
 //      worth (64 MiB over a 1 MiB ring: 1.7 GB/s against 7 GB/s while driven). Moving bytes
 //      is work, not a wait, so Note [Spin backoff]'s reasons do not apply.
+
+Status BackgroundLoop::submitSend(int peer, int64_t tag, common::DataType dtype,
+                                  std::vector<int64_t> shape, const void* data, bool wait_now,
+                                  int64_t* handle) {
+  const bool eager = !wait_now && drive_.drivable();  // H
+  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(peer, tag, dtype, std::move(shape), data, wait_now,
+                                           /*wake=*/!drive_.drivable(), handle));
+  if (eager) sendEagerly(*handle);
+  return Status::ok();
+}
+
+void BackgroundLoop::sendEagerly(int64_t handle) {
+  {
+    std::unique_lock<std::timed_mutex> lock(progress_, std::try_to_lock);
+    if (lock.owns_lock() && !failed_ && !finished_ && !shutdown_sent_) {
+      bool took_work = false;
+      progressPeerOps(&took_work);
+      if (handles_.poll(handle) != 0) return;
+    }
+  }
+  queue_.wakeIfAsleep();
+}
 
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
