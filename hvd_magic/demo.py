@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         return 2
     os.environ.setdefault("IPP_NONINTERACTIVE", "1")  # grouped, deterministic output
     notebook = nbformat.read(path, as_version=4)
-    print(f"running {path.name} headless ...", flush=True)
+    print(f"running {path} headless ...", flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hvd-demo-") as sockets:
         # The notebook runs in its own folder, unless that is a read-only site-packages.
