@@ -331,7 +331,7 @@ def test_idle_rank_0_still_coordinates_a_set_it_is_not_in(tmp_path):
 
 def p2p_suite():
     """Ping-pong with blocking send/recv (driven by their callers), then the same with
-    isend/irecv and a later wait (left to the core's thread)."""
+    isend/irecv and a later wait (written or posted by the caller, and driven by the wait)."""
     hvd = checks.init("shm")
     fails = Failures()
     me, other = hvd.rank(), 1 - hvd.rank()
@@ -358,12 +358,14 @@ def p2p_suite():
 
 def test_blocking_point_to_point_is_driven_by_its_caller():
     """Note [Point-to-point] E: a blocking send or receive runs on its caller's thread (no
-    hand-off to the core's thread and back); isend/irecv stay the core thread's."""
+    hand-off to the core's thread and back); so does a wait on an isend/irecv (Note [Caller
+    drives] H: the core's thread was not woken for them)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a core per rank (2)")
     res = run_ranks(p2p_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=120)
     for r in res:
         counts = r.value[1]
-        # 2 ops per round; measured: almost all (a wait that finds the op done drives none)
+        # 2 ops per round; measured: almost all (a wait that finds the op done drives none:
+        # an isend is in the peer's ring when it returns, so only the irecvs' waits drive)
         assert counts["blocking"] >= OPS // 10, (r.rank, counts)
-        assert counts["async"] == 0, (r.rank, counts)
+        assert counts["async"] >= OPS // 10, (r.rank, counts)

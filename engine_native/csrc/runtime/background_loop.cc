@@ -370,12 +370,16 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
 //      op — a rank that never submits it — is never agreed, so the caller gives up its spin
 //      and waits in 50 ms slices that see Ctrl-C, as before.
-//   H. An async point-to-point send (isend) is written by its caller when no pass is running
-//      (one point-to-point pass, not a whole one: no collective runs inside an isend), and the
-//      loop thread is woken only if it could not be: on shared memory the frame is in the
-//      peer's ring at once. Waking the loop for each isend cost a context switch on the
-//      sender's core: in a hand-off-bound pipeline step (np=2, 2 cores, torch computing
-//      beside) an isend call took ~220 us against 8 us alone (cProfile of bench_pipeline.py).
+//   H. An async point-to-point send (isend) is written, and an async receive (irecv) posted,
+//      by its caller when no pass is running (one point-to-point pass, not a whole one: no
+//      collective runs inside an isend), and the loop thread is woken only if that could not
+//      be done: on shared memory the frame is in the peer's ring at once. Waking the loop for
+//      each isend cost a context switch on the sender's core: in a hand-off-bound pipeline
+//      step (np=2, 2 cores, torch computing beside) an isend call took ~220 us against 8 us
+//      alone (cProfile of bench_pipeline.py). And, unlike E, a wait on either drives it: the
+//      loop thread was not woken for them, and a receive's wait is where a pipeline stage
+//      waits for its neighbour's hand-off (read by the waiting caller, not handed over by the
+//      loop thread: two context switches fewer on the critical path).
 //   G. A pass that moved point-to-point bytes renews the spin budget: a message larger than
 //      its ring streams through it only while both sides pass, and a caller that gave up
 //      after 200 us left the rest to two loop threads waking each other once per ring's
@@ -385,20 +389,32 @@ void BackgroundLoop::checkShutdownAgreement() {
 Status BackgroundLoop::submitSend(int peer, int64_t tag, common::DataType dtype,
                                   std::vector<int64_t> shape, const void* data, bool wait_now,
                                   int64_t* handle) {
-  const bool eager = !wait_now && drive_.drivable();  // H
-  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(peer, tag, dtype, std::move(shape), data, wait_now,
-                                           /*wake=*/!drive_.drivable(), handle));
-  if (eager) sendEagerly(*handle);
+  const bool drivable = drive_.drivable();  // H
+  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(peer, tag, dtype, std::move(shape), data,
+                                           /*caller_waits=*/wait_now || drivable,
+                                           /*wake=*/!drivable, handle));
+  if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/true);
   return Status::ok();
 }
 
-void BackgroundLoop::sendEagerly(int64_t handle) {
+Status BackgroundLoop::submitRecv(int peer, int64_t tag, bool wait_now, int64_t* handle) {
+  const bool drivable = drive_.drivable();  // H
+  HVD_RETURN_IF_ERROR(peer_ops_.submitRecv(peer, tag, /*caller_waits=*/wait_now || drivable,
+                                           /*wake=*/!drivable, handle));
+  if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/false);
+  return Status::ok();
+}
+
+// A posted receive needs no loop thread awake: a message for it wakes a sleeping loop through
+// the peer doorbell (Note [Point-to-point over shm] B), or a caller waiting on it reads it. A
+// send not written in this pass (the ring is full) does: it must be flushed as room appears.
+void BackgroundLoop::progressEagerly(int64_t handle, bool is_send) {
   {
     std::unique_lock<std::timed_mutex> lock(progress_, std::try_to_lock);
     if (lock.owns_lock() && !failed_ && !finished_ && !shutdown_sent_) {
       bool took_work = false;
       progressPeerOps(&took_work);
-      if (handles_.poll(handle) != 0) return;
+      if (!is_send || handles_.poll(handle) != 0) return;
     }
   }
   queue_.wakeIfAsleep();

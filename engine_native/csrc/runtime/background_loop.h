@@ -84,22 +84,20 @@ class BackgroundLoop {
   }
   // Point-to-point sends and receives (peer_ops.h); framework threads. wait_now as submit()'s
   // !wake: the caller blocks on the handle at once and drive()s it.
-  // An async send where callers can drive is written at once by the caller when the loop is
-  // free (Note [Caller drives] H).
+  // Where callers can drive, an async send is written, and an async receive posted, by the
+  // caller at once when the loop is free, and a later wait on either drives it (Note [Caller
+  // drives] H).
   common::Status submitSend(int peer, int64_t tag, common::DataType dtype,
                             std::vector<int64_t> shape, const void* data, bool wait_now,
                             int64_t* handle);
-  common::Status submitRecv(int peer, int64_t tag, bool wait_now, int64_t* handle) {
-    return peer_ops_.submitRecv(peer, tag, wait_now, /*wake=*/!wait_now || !drive_.drivable(),
-                                handle);
-  }
+  common::Status submitRecv(int peer, int64_t tag, bool wait_now, int64_t* handle);
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).
   bool drive(int64_t handle);
-  // H: one point-to-point pass on this thread if no pass is running; wakes the loop unless it
-  // finished `handle`.
-  void sendEagerly(int64_t handle);
+  // H: one point-to-point pass on this thread if no pass is running; wakes the loop unless
+  // the pass ran (a send not written by it is left to the loop thread).
+  void progressEagerly(int64_t handle, bool is_send);
   // After add/remove_process_set: rank 0 may now coordinate a set it is not in, whose
   // requests only the loop thread can answer (Note [Caller drives] B).
   void processSetsChanged() { queue_.wakeIfAsleep(); }

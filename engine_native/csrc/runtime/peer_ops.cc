@@ -18,9 +18,10 @@
 //   E. A blocking send or receive (submitted for an at-once wait) is driven by its caller
 //      (Note [Caller drives]): the loop thread is not woken, the caller's passes write the
 //      frame or read the socket for up to its spin budget, then it blocks and the loop thread
-//      takes over, woken. Async ones (isend/irecv) are the loop thread's, woken by the
-//      submission or by the connection (a caller driving anything meanwhile moves them too:
-//      every pass does).
+//      takes over, woken. Async ones (isend/irecv) are written or posted by their caller
+//      where callers can drive (Note [Caller drives] H), and a wait on them drives too;
+//      elsewhere they are the loop thread's, woken by the submission or by the connection (a
+//      caller driving anything meanwhile moves them too: every pass does).
 #include "runtime/peer_ops.h"
 
 #include <poll.h>
