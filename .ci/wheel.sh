@@ -48,7 +48,7 @@ timed=$SECONDS
 mkdir "$work/bin"
 for tool in "${SHELL_TOOLS[@]}"; do
     found=$(command -v "$tool" || true)
-    [ -n "$found" ] && ln -s "$found" "$work/bin/$tool"
+    if [ -n "$found" ]; then ln -s "$found" "$work/bin/$tool"; fi
 done
 export PATH="$work/venv/bin:$work/bin"
 hash -r
