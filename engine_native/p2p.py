@@ -13,8 +13,9 @@ were sent; different tags may be received in any order. A send does not wait for
 (the receiver keeps a message until it asks for it). Errors, never hangs: a receive that gets
 nothing from its peer for ``HVD_TIMEOUT`` seconds raises ``HorovodInternalError`` naming the
 peer and tag, and a peer that dies fails every rank's pending ops, as for collectives (Note
-[Point-to-point] in engine_native/csrc/runtime/peer_ops.cc). The transport is each pair's own
-TCP connection (shared memory, CUDA IPC and NCCL come later).
+[Point-to-point] in engine_native/csrc/runtime/peer_ops.cc). Each pair of ranks has its own
+channel: shared-memory rings within a host, a TCP connection between hosts (CPU arrays only:
+no CUDA IPC or NCCL path).
 """
 from __future__ import annotations
 

@@ -55,9 +55,14 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
     }
   }
   int64_t handle = 0;
-  const common::Status status =
-      Runtime::instance().send(peer, tag, static_cast<common::DataType>(dtype), std::move(shape),
-                               reinterpret_cast<const void*>(address), wait_now != 0, &handle);
+  common::Status status;
+  // Without the GIL: an isend may write its frame here (Note [Caller drives] H), up to a
+  // ring's worth of copying, or fail the rank. The caller's argument keeps `data` alive.
+  Py_BEGIN_ALLOW_THREADS
+  status = Runtime::instance().send(peer, tag, static_cast<common::DataType>(dtype),
+                                    std::move(shape), reinterpret_cast<const void*>(address),
+                                    wait_now != 0, &handle);
+  Py_END_ALLOW_THREADS
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
 }
@@ -68,7 +73,10 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   long long tag = 0;
   if (!PyArg_ParseTuple(args, "iL|p", &peer, &tag, &wait_now)) return nullptr;
   int64_t handle = 0;
-  const common::Status status = Runtime::instance().recv(peer, tag, wait_now != 0, &handle);
+  common::Status status;
+  Py_BEGIN_ALLOW_THREADS  // an irecv may read rings here (Note [Caller drives] H)
+  status = Runtime::instance().recv(peer, tag, wait_now != 0, &handle);
+  Py_END_ALLOW_THREADS
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
 }

@@ -33,6 +33,8 @@ const char* kShutdownMessage =
 // A caller asleep on the mutex wakes this often to see whether the loop thread finished its
 // op meanwhile (a long pass may hold the mutex for the whole budget).
 constexpr auto kLockSlice = std::chrono::microseconds(50);
+// Note [Caller drives] G: how long moving point-to-point bytes may keep a caller driving.
+constexpr auto kMaxRenewedSpin = std::chrono::seconds(1);
 
 }  // namespace
 
@@ -379,12 +381,16 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      alone (cProfile of bench_pipeline.py). And, unlike E, a wait on either drives it: the
 //      loop thread was not woken for them, and a receive's wait is where a pipeline stage
 //      waits for its neighbour's hand-off (read by the waiting caller, not handed over by the
-//      loop thread: two context switches fewer on the critical path).
+//      loop thread: two context switches fewer on the critical path). Such a wait that runs
+//      out of spin (its neighbour is still computing) does not count as a miss of Note [Spin
+//      backoff]: in a pipeline most do, and they would turn off the collectives' spins.
 //   G. A pass that moved point-to-point bytes renews the spin budget: a message larger than
 //      its ring streams through it only while both sides pass, and a caller that gave up
 //      after 200 us left the rest to two loop threads waking each other once per ring's
 //      worth (64 MiB over a 1 MiB ring: 1.7 GB/s against 7 GB/s while driven). Moving bytes
-//      is work, not a wait, so Note [Spin backoff]'s reasons do not apply.
+//      is work, not a wait, so Note [Spin backoff]'s reasons do not apply. Renewals end
+//      kMaxRenewedSpin after the drive began (bytes of other messages streaming in must not
+//      keep a caller from Ctrl-C beside a stalled op).
 
 Status BackgroundLoop::submitSend(int peer, int64_t tag, common::DataType dtype,
                                   std::vector<int64_t> shape, const void* data, bool wait_now,
@@ -443,28 +449,40 @@ bool BackgroundLoop::drive(int64_t handle) {
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
   queue_.setStandby(quiet_loop);  // B
-  peer_ops_.setDriving(true);     // Note [Point-to-point over shm] C
-  peer_ops_.takeMoved();          // G counts this drive's passes only
+  const bool point_to_point = handles_.pointToPoint(handle);
   bool done = false;
   int passes = 0;
-  while (!failed_ && !finished_ && !queue_.shutdownRequested()) {
-    pass(/*mark_cycle=*/false);
-    ++passes;
-    done = handles_.poll(handle) != 0;
-    if (done) break;
-    const auto now = Clock::now();
-    if (spin.count() > 0 && peer_ops_.takeMoved()) give_up = std::max(give_up, now + spin);  // G
-    if (now >= give_up) break;
-    if (mesh_.spinYields()) sched_yield(); else common::cpuRelax();
+  {
+    // Note [Point-to-point over shm] C: cleared before idle() below reads the rings, also if
+    // a pass throws.
+    struct Driving {
+      PeerOps& ops;
+      explicit Driving(PeerOps& o) : ops(o) { ops.setDriving(true); }
+      ~Driving() { ops.setDriving(false); }
+    } driving(peer_ops_);
+    peer_ops_.takeMoved();  // G counts this drive's passes only
+    const auto renew_until = Clock::now() + kMaxRenewedSpin;
+    while (!failed_ && !finished_ && !queue_.shutdownRequested()) {
+      pass(/*mark_cycle=*/false);
+      ++passes;
+      done = handles_.poll(handle) != 0;
+      if (done) break;
+      const auto now = Clock::now();
+      if (spin.count() > 0 && peer_ops_.takeMoved()) {  // G
+        give_up = std::max(give_up, std::min(now + spin, renew_until));
+      }
+      if (now >= give_up) break;
+      if (mesh_.spinYields()) sched_yield(); else common::cpuRelax();
+    }
   }
   metrics_.countCallerPasses(passes);
   if (done) metrics_.countDriven();
   if (passes > 1 && done) {  // Note [Spin backoff]
     drive_.spinPaid();
-  } else if (passes > 1 && !failed_ && !finished_ && !queue_.shutdownRequested()) {
-    drive_.spinMissed();
+  } else if (passes > 1 && !point_to_point && !failed_ && !finished_ &&
+             !queue_.shutdownRequested()) {
+    drive_.spinMissed();  // (H: a receive's wait for a late neighbour is no reason to back off)
   }
-  peer_ops_.setDriving(false);  // before idle() reads the rings (Note [Point-to-point over shm] C)
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   lock.unlock();
   if (!keep_standby) {

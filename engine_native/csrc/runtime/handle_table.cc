@@ -47,7 +47,7 @@ const HandleTable::State* HandleTable::find(int64_t handle) const {
   return const_cast<HandleTable*>(this)->find(handle);
 }
 
-int64_t HandleTable::create(bool caller_waits, coord::Key name) {
+int64_t HandleTable::create(bool caller_waits, coord::Key name, bool point_to_point) {
   std::lock_guard<std::mutex> lock(mutex_);
   uint32_t slot = free_head_;
   if (slot != kNoSlot) {
@@ -60,6 +60,7 @@ int64_t HandleTable::create(bool caller_waits, coord::Key name) {
   state.generation = nextGeneration(state.generation);  // even (free) -> odd (in use)
   state.done = false;
   state.caller_waits = caller_waits;
+  state.point_to_point = point_to_point;
   state.name = name;
   state.names_epoch = names_epoch_;
   return makeHandle(slot, state.generation);
@@ -96,6 +97,12 @@ bool HandleTable::callerWaits(int64_t handle) const {
   std::lock_guard<std::mutex> lock(mutex_);
   const State* state = find(handle);
   return state != nullptr && state->caller_waits && !state->done;
+}
+
+bool HandleTable::pointToPoint(int64_t handle) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const State* state = find(handle);
+  return state != nullptr && state->point_to_point;
 }
 
 void HandleTable::complete(int64_t handle, common::Status status, OpResult result) {

@@ -62,12 +62,16 @@ class HandleTable {
   // caller_waits: submitted by a caller that waits for it at once (enqueue_for_wait), whose
   // wait may drive it (Note [Caller drives]). name: the op's key, acquired in the attached
   // KeyTable; the handle releases it (Note [Name lifetime]).
-  int64_t create(bool caller_waits = false, coord::Key name = coord::Key());
+  // point_to_point: a send or receive (runtime/peer_ops.h), whose wait may be for a peer's
+  // compute rather than for bytes (Note [Caller drives] H).
+  int64_t create(bool caller_waits = false, coord::Key name = coord::Key(),
+                 bool point_to_point = false);
   // The background loop's KeyTable, whose keys handles created from now on hold; detach()
   // with the returned epoch before the table goes (a later loop's attach wins).
   uint32_t attachNames(coord::KeyTable* keys);
   void detachNames(uint32_t epoch);
   bool callerWaits(int64_t handle) const;
+  bool pointToPoint(int64_t handle) const;
   void complete(int64_t handle, common::Status status, OpResult result = {});
   // Completes several handles with `status` under one lock: each with `result`, or, when
   // `each` is given, handles[i] with each[i] (moved from).
@@ -93,6 +97,7 @@ class HandleTable {
     uint32_t generation = 0;  // odd while in use
     bool done = false;
     bool caller_waits = false;
+    bool point_to_point = false;
     common::Status status;
     OpResult result;
     uint32_t next_free = 0;

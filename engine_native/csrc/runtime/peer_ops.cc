@@ -8,7 +8,8 @@
 //      else waits (its payload already here: sends never wait for a receive) until one is
 //      posted. So two messages with one tag are received in the order they were sent (MPI's
 //      non-overtaking rule), and tags let a receiver take messages in another order.
-//   C. A send completes when its last byte is in the socket; its tensor is not touched after.
+//   C. A send completes when its last byte is in the socket or the peer's ring; its tensor is
+//      not touched after.
 //   D. Errors, never hangs. A lost or malformed connection fails the whole rank (the loop's
 //      failure: every pending op on every rank fails, Note [Failure fan-out]). A send that
 //      writes nothing for HVD_TIMEOUT also fails the rank: its frame is half written and the
@@ -136,7 +137,7 @@ Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!failure_.isOk()) return failure_;
-    op.handle = handles_.create(caller_waits);
+    op.handle = handles_.create(caller_waits, coord::Key(), /*point_to_point=*/true);
     *handle = op.handle;
     submitted_.push_back(std::move(op));
   }

@@ -30,8 +30,9 @@ struct Doorbell {
 // Control rings carry negotiation frames, written in pieces when larger: small is enough.
 constexpr uint64_t kControlRingBytes = 64 << 10;
 // Point-to-point rings carry whole messages, a large one in pieces: 1 MiB per directed pair
-// (benchmarks/RESULTS.md, "Point-to-point send/recv", has the sizes tried). Pages are
-// committed only once a message touches them.
+// (benchmarks/RESULTS.md, "Point-to-point send/recv"), committed at setup like the rest of
+// the segment (posix_fallocate): 1 MiB of /dev/shm per local peer and rank, 56 MiB a host
+// of 8 ranks.
 constexpr uint64_t kPeerRingBytes = 1 << 20;
 
 constexpr uint32_t kAwake = 0;
