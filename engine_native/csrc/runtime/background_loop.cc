@@ -372,6 +372,13 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      which end when the data has moved, a peer is lost, or HVD_TIMEOUT passes. A stalled
 //      op — a rank that never submits it — is never agreed, so the caller gives up its spin
 //      and waits in 50 ms slices that see Ctrl-C, as before.
+//   G. A pass that moved point-to-point bytes renews the spin budget: a message larger than
+//      its ring streams through it only while both sides pass, and a caller that gave up
+//      after 200 us left the rest to two loop threads waking each other once per ring's
+//      worth (64 MiB over a 1 MiB ring: 1.7 GB/s against 7 GB/s while driven). Moving bytes
+//      is work, not a wait, so Note [Spin backoff]'s reasons do not apply. Renewals end
+//      kMaxRenewedSpin after the drive began (bytes of other messages streaming in must not
+//      keep a caller from Ctrl-C beside a stalled op).
 //   H. An async point-to-point send (isend) is written, and an async receive (irecv) posted,
 //      by its caller when no pass is running (one point-to-point pass, not a whole one: no
 //      collective runs inside an isend), and the loop thread is woken only if that could not
@@ -384,13 +391,6 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      loop thread: two context switches fewer on the critical path). Such a wait that runs
 //      out of spin (its neighbour is still computing) does not count as a miss of Note [Spin
 //      backoff]: in a pipeline most do, and they would turn off the collectives' spins.
-//   G. A pass that moved point-to-point bytes renews the spin budget: a message larger than
-//      its ring streams through it only while both sides pass, and a caller that gave up
-//      after 200 us left the rest to two loop threads waking each other once per ring's
-//      worth (64 MiB over a 1 MiB ring: 1.7 GB/s against 7 GB/s while driven). Moving bytes
-//      is work, not a wait, so Note [Spin backoff]'s reasons do not apply. Renewals end
-//      kMaxRenewedSpin after the drive began (bytes of other messages streaming in must not
-//      keep a caller from Ctrl-C beside a stalled op).
 
 Status BackgroundLoop::submitSend(int peer, int64_t tag, common::DataType dtype,
                                   std::vector<int64_t> shape, const void* data, bool wait_now,

@@ -148,7 +148,7 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
 
 Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable) {
   bool closed = false;  // shared memory: the socket hung up; deliver what the ring holds first
-  if (link_ != nullptr && socket_readable) HVD_RETURN_IF_ERROR(drainSocket(&closed));
+  if (link_ != nullptr && socket_readable) closed = shm::drainWakeBytes(fd_);  // D
   // A ring is read at most a ring's worth per call (F): a writer that keeps it full, or lies
   // in its counter, cannot hold the pass here.
   uint64_t budget = link_ != nullptr ? shm::kPeerRingBytes : UINT64_MAX;
@@ -213,24 +213,6 @@ ssize_t PeerChannel::writeSome(const iovec* iov, int count) {
 ssize_t PeerChannel::readSome(uint8_t* dst, size_t room) {
   if (link_ != nullptr) return static_cast<ssize_t>(link_->read(dst, std::min(room, kRingPieceBytes)));
   return ::recv(fd_, dst, room, MSG_DONTWAIT);
-}
-
-// D: the socket of a shared-memory channel carries only wake bytes; anything else is a peer
-// that does not follow this code, and EOF or an error is its loss (after the ring is read).
-Status PeerChannel::drainSocket(bool* closed) {
-  uint8_t sink[64];
-  while (true) {
-    const ssize_t n = ::recv(fd_, sink, sizeof(sink), MSG_DONTWAIT);
-    if (n > 0) continue;
-    if (n == 0) {
-      *closed = true;
-      return Status::ok();
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
-    *closed = true;
-    return Status::ok();
-  }
 }
 
 // Takes what the inbox holds: a length, a header, payload bytes; completes messages.

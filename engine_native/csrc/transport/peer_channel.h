@@ -100,7 +100,6 @@ class PeerChannel {
   // errno on a socket error.
   ssize_t writeSome(const iovec* iov, int count);
   ssize_t readSome(uint8_t* dst, size_t room);
-  common::Status drainSocket(bool* closed);  // shared memory: wake bytes and hang-up
 
   int fd_;
   int peer_;

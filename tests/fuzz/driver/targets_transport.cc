@@ -291,6 +291,16 @@ std::vector<std::string> frameSeeds(Rng& rng) {
   return seeds;
 }
 
+// The received messages framed again, to compare with the input they came from.
+std::string encodedAgain(const std::vector<transport::PeerMessage>& messages) {
+  std::string again;
+  for (const transport::PeerMessage& m : messages) {
+    again += transport::encodePeerHeader(m.frame);
+    again.append(reinterpret_cast<const char*>(m.payload.data), m.frame.bytes);
+  }
+  return again;
+}
+
 // Point-to-point frames: as the control frames, through PeerChannel::receive. Each message,
 // encoded again (encodePeerHeader + payload), must be a prefix of the input.
 Outcome peerFrames(const std::string& input) {
@@ -313,11 +323,7 @@ Outcome peerFrames(const std::string& input) {
       s = channel.receive(&messages, &moved, /*socket_readable=*/true);
     }
   }
-  std::string again;
-  for (transport::PeerMessage& m : messages) {
-    again += transport::encodePeerHeader(m.frame);
-    again.append(reinterpret_cast<const char*>(m.payload.data), m.frame.bytes);
-  }
+  const std::string again = encodedAgain(messages);
   if (s.isOk()) return failed("the hang-up was never reported");
   if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
   if (s.code() == Code::kPeerLost) return again.size() == input.size() ? accepted() : rejected();
@@ -354,11 +360,7 @@ Outcome peerFramesShm(const std::string& input) {
     s = channel.receive(&messages, &moved, /*socket_readable=*/false);
     if (wrote == 0 && !moved) break;  // the ring is drained and the input is all in
   }
-  std::string again;
-  for (transport::PeerMessage& m : messages) {
-    again += transport::encodePeerHeader(m.frame);
-    again.append(reinterpret_cast<const char*>(m.payload.data), m.frame.bytes);
-  }
+  const std::string again = encodedAgain(messages);
   if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
   if (s.isOk()) {
     sock.hangUp();

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstring>
 #include <ctime>
@@ -151,9 +152,12 @@ void beginPollSleep(Doorbell* doorbell) {
 
 void endSleep(Doorbell* doorbell) { doorbell->sleeping.store(kAwake, std::memory_order_seq_cst); }
 
-void drainWakeBytes(int socket_fd) {
+bool drainWakeBytes(int socket_fd) {
   uint8_t sink[64];
-  while (::recv(socket_fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+  while (true) {
+    const ssize_t n = ::recv(socket_fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n > 0 || (n < 0 && errno == EINTR)) continue;
+    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
   }
 }
 

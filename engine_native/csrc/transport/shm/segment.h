@@ -102,7 +102,8 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 // drainWakeBytes on every pair socket that polled readable.
 void beginPollSleep(Doorbell* doorbell);
 void endSleep(Doorbell* doorbell);
-void drainWakeBytes(int socket_fd);
+// Reads every wake byte queued on the socket; true when the peer hung up (EOF or an error).
+bool drainWakeBytes(int socket_fd);
 
 class Segment {
  public:
