@@ -137,6 +137,31 @@ def test_sequential_ops_are_never_held_for_each_other():
     assert [r.value[1] for r in res] == [0, 0]
 
 
+def reused_names_suite(rounds):
+    """A step of two async allreduces (a loss and an accuracy, waited together), then the same
+    names as blocking allreduces one at a time (an evaluation): each of those goes at once,
+    not held for the other name of the step (which its caller submits only after it)."""
+    hvd = checks.init("shm")
+    fails = Failures()
+    for k in range(rounds):
+        for step in range(2):
+            handles = [hvd.allreduce_async(np.full(3, hvd.rank() + k, np.float64), op=hvd.Sum,
+                                           name=name) for name in ("reuse.loss", "reuse.acc")]
+            for name, handle in zip(("reuse.loss", "reuse.acc"), handles):
+                fails.expect(f"{name}@{k}.{step}", hvd.synchronize(handle)[0] == 2 * k + 1)
+        for name in ("reuse.loss", "reuse.acc"):
+            out = hvd.allreduce(np.full(3, hvd.rank() + k, np.float64), op=hvd.Sum, name=name)
+            fails.expect(f"{name}@{k} alone", out[0] == 2 * k + 1)
+    hvd.shutdown()
+    return fails.raise_if_any(), 0
+
+
+def test_a_step_s_names_reused_one_at_a_time_are_not_held():
+    # Held for the missing name, each lone op would wait out the cap (5 cycles = 10 s): 8 of
+    # them would run far past the hard timeout.
+    run_ranks(reused_names_suite, 2, env={"HVD_CYCLE_TIME_MS": "2000"}, timeout=40, args=(8,))
+
+
 def pool_suite():
     """Large numpy results come from a pool: never one the caller still holds."""
     hvd = checks.init("shm")

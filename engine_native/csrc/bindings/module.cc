@@ -250,6 +250,7 @@ bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) 
   auto& handles = Runtime::instance().handles();
   // Already finished (the rest of a fused batch): one lock, no waiting.
   if (handles.takeIfDone(handle, status, result)) return true;
+  hvd::runtime::HandleTable::WaitScope in_wait(handles);  // before drive() runs a pass
   // Time blocked here is metrics()["handle_wait_seconds"] (framework threads waiting).
   const auto t0 = std::chrono::steady_clock::now();
   auto blocked = [&t0]() {

@@ -35,8 +35,16 @@ void BatchingWindow::add(std::vector<coord::Response>&& ready, Clock::time_point
 // be under the threshold: a lone tensor, sequential ops, or the last tensor of a step are sent
 // at once. Otherwise the window stays open while requests keep arriving less than a cycle
 // apart, up to kMaxWindowCycles cycles after the first release (windowEnd).
-bool BatchingWindow::hold(size_t negotiating_allreduces) const {
-  if (cycle_time_ms_ <= 0 || fusion_threshold_ <= 0) return false;
+// Nor is a batch held while a caller of rank 0 is in wait() and every tensor rank 0 has in
+// flight is in it: nothing more of rank 0's can join it before it is sent (the waiting thread
+// submits again only after its wait), and every other rank's request for a set with rank 0
+// needs rank 0's. Without that, blocking allreduces whose names once went together as a step
+// (a loss, then an accuracy; or names of a training step reused one at a time) were each held
+// for the missing ones until the cap: 5 cycles per op, and the missing names came only after
+// it. A step whose tensors come from one thread while another waits is not blocked: that
+// thread's tensors are in flight, outside the batch.
+bool BatchingWindow::hold(size_t negotiating_allreduces, bool own_blocked) const {
+  if (cycle_time_ms_ <= 0 || fusion_threshold_ <= 0 || own_blocked) return false;
   if (!held_.hasAllreduce() || held_.allreduceBytes() >= fusion_threshold_) return false;
   const bool repeating = heldRepeatsLastStep();
   if (negotiating_allreduces == 0 && !(repeating && lastStepIncomplete())) return false;

@@ -44,8 +44,9 @@ class BatchingWindow {
   const std::vector<coord::Response>& responses() const { return held_.responses(); }
   void noteArrival(Clock::time_point now) { last_arrival_ = now; }  // an allreduce admitted
   // Keep holding (Note [Batching window])? `negotiating_allreduces`: allreduce names
-  // requested by part of their set.
-  bool hold(size_t negotiating_allreduces) const;
+  // requested by part of their set; `own_blocked`: a caller of rank 0 waits and every tensor
+  // rank 0 has in flight is in this batch.
+  bool hold(size_t negotiating_allreduces, bool own_blocked) const;
   // When the window of the batch held now closes.
   Clock::time_point end() const { return windowEnd(heldRepeatsLastStep()); }
 

@@ -19,6 +19,7 @@
 // the loop detaches its KeyTable before it goes, and handles it created release nothing after.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -92,6 +93,21 @@ class HandleTable {
   // Completes every pending handle with `status` (shutdown / abort / lost peer).
   void failAll(const common::Status& status);
 
+  // A caller is inside wait() (driving its op or blocked), from before it drives until it
+  // returns: rank 0 does not hold a batch for more of its own tensors while its caller cannot
+  // submit them (Note [Batching window] in runtime/batching_window.cc).
+  class WaitScope {
+   public:
+    explicit WaitScope(HandleTable& table) : table_(table) { table_.callers_in_wait_.fetch_add(1); }
+    ~WaitScope() { table_.callers_in_wait_.fetch_sub(1); }
+    WaitScope(const WaitScope&) = delete;
+    WaitScope& operator=(const WaitScope&) = delete;
+
+   private:
+    HandleTable& table_;
+  };
+  bool callerInWait() const { return callers_in_wait_.load() > 0; }
+
  private:
   struct State {
     uint32_t generation = 0;  // odd while in use
@@ -114,6 +130,7 @@ class HandleTable {
   std::vector<State> slots_;
   uint32_t free_head_ = kNoSlot;
   int waiters_ = 0;  // threads blocked in waitFor
+  std::atomic<int> callers_in_wait_{0};  // WaitScope
   coord::KeyTable* names_ = nullptr;  // the live loop's, or null
   uint32_t names_epoch_ = 0;
   static constexpr uint32_t kNoSlot = 0xffffffffu;

@@ -225,7 +225,11 @@ void BackgroundLoop::coordinate() {
   timeline::Timeline* timeline = negotiationTimeline();
   coordinator_->admitParked(timeline);
   coordinator_->release(t0, timeline);
-  if (coordinator_->sendNow()) sendReady();
+  // Note [Batching window], the blocked caller: everything rank 0 has in flight is held.
+  const bool own_blocked = handles_.callerInWait() && execution_.empty() &&
+                           !queue_.submissionsPending() && !entries_.empty() &&
+                           entries_.size() == coordinator_->heldOwnTensors();
+  if (coordinator_->sendNow(own_blocked)) sendReady();
   metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 

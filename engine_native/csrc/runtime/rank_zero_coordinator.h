@@ -53,8 +53,13 @@ class RankZeroCoordinator {
   // ---- responses out ----
   // coordinate() step c: what is ready now goes into the window (released at `now`).
   void release(Clock::time_point now, timeline::Timeline* timeline);
-  // coordinate() step d: the held batch is to be sent now.
-  bool sendNow() const { return !window_.empty() && !window_.hold(negotiating_allreduces_); }
+  // coordinate() step d: the held batch is to be sent now. `own_blocked`: a caller of rank 0
+  // is in wait() and every own tensor in flight is in the batch (BatchingWindow::hold).
+  bool sendNow(bool own_blocked) const {
+    return !window_.empty() && !window_.hold(negotiating_allreduces_, own_blocked);
+  }
+  // How many of rank 0's own tensors the held batch names (those of sets rank 0 is in).
+  size_t heldOwnTensors() const;
   // The held batch and the autotune setting not sent yet (which goes with it).
   std::vector<coord::Response> takeBatch(std::optional<coord::ParamsUpdate>* params);
   void dropBatch() { window_.take(); }  // the core failed or shuts down
