@@ -363,9 +363,14 @@ def test_blocking_point_to_point_is_driven_by_its_caller():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs a core per rank (2)")
     res = run_ranks(p2p_suite, 2, env={"HVD_CALLER_SPIN_US": "2000000"}, timeout=120)
-    for r in res:
-        counts = r.value[1]
-        # 2 ops per round; measured: almost all (a wait that finds the op done drives none:
-        # an isend is in the peer's ring when it returns, so only the irecvs' waits drive)
-        assert counts["blocking"] >= OPS // 10, (r.rank, counts)
-        assert counts["async"] >= OPS // 10, (r.rank, counts)
+    counts = [r.value[1] for r in res]
+    # 2 ops per round, OPS // 3 rounds; measured: every blocking op is driven by its caller
+    for rank, c in enumerate(counts):
+        assert c["blocking"] >= OPS // 10, (rank, counts)
+    # A wait drives only what is still pending when it starts: an isend is in the peer's ring
+    # when it returns, and a message that lands while its receiver is between ops wakes the
+    # receiver's loop thread (the caller is not driving), which reads it first. So at most one
+    # driven op per rank and round, and how many depends on how the two ranks interleave:
+    # measured 38-100 per rank on an idle host and under load, 23 once beside another test.
+    # A wait that never drives counts 0 on both ranks.
+    assert sum(c["async"] for c in counts) >= OPS // 10, counts
