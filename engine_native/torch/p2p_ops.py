@@ -10,8 +10,9 @@ names but not its signatures (a receive returns a new tensor, ``out=`` fills one
         h = hvd.recv(src=0, requires_grad=True)  # dtype and shape come with the message
         loss_fn(stage1(h), y).backward()         # sends h's gradient back to rank 0
 
-CPU tensors; ranks are global ranks; tags 0 .. 2**40 - 1 are the program's (the pipeline's
-and the gradients' messages use tags above). Messages of one (rank, tag) arrive in the order
+Ranks are global ranks; tags 0 .. 2**40 - 1 are the program's (the pipeline's and the
+gradients' messages use tags above). CUDA tensors go through host memory (Note [Staged
+point-to-point]); a receive gives a CPU tensor unless ``device=`` says where it goes. Messages of one (rank, tag) arrive in the order
 sent. Note [Gradient tags]: the gradient of the k-th message sent from A to B with tag t goes
 back from B to A with a tag made of t and k, so gradients find their message whatever order
 the backwards run in; both ranks count the messages of each (peer, tag) they send or receive
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import warnings
 
 import torch
 
@@ -71,9 +73,55 @@ def _grad_tag(tag: int, sequence: int) -> int:
 def _check(tensor, what: str):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        raise ValueError(f"{what}: only CPU tensors so far (got one on {tensor.device})")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{what}: CPU or CUDA tensors only (got one on {tensor.device})")
     return rt.dtype_code(tensor, what)
+
+
+# Note [Staged point-to-point]
+# The core's peer channels carry host bytes (shared-memory rings, TCP): a CUDA tensor is sent
+# through host memory. ``.to("cpu")`` copies it on its device's current stream and waits for
+# that copy, so the kernels that produced it (queued before, on that stream: Horovod's stream
+# contract) have finished and the bytes are final before the core reads them; the sending
+# thread blocks for the copy. A receive is a CPU tensor, moved with ``.to(device)`` (a copy on
+# that device's current stream) when ``device=`` names one, or copied into ``out=`` wherever
+# ``out`` lives. The gradient of a sent CUDA tensor comes back to the tensor's device. There
+# is no CUDA IPC or NCCL path for point-to-point (issue #36), and this one has not run on a GPU
+# yet: its first use warns once.
+_staged_warned = False
+
+
+def _host_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """What a send writes: the tensor itself on the CPU, a host copy of a device tensor."""
+    data = tensor.detach()
+    if data.device.type != "cpu":
+        _warn_staged()
+        data = data.to("cpu")
+    return data.contiguous()
+
+
+def _warn_staged() -> None:
+    global _staged_warned
+    if not _staged_warned:
+        _staged_warned = True
+        warnings.warn("engine_native.torch point-to-point: CUDA tensors are copied through host "
+                      "memory (no CUDA IPC or NCCL path yet), and this path has not been "
+                      "verified on a GPU yet", RuntimeWarning, stacklevel=3)
+
+
+def target_device(device, what: str):
+    """``device=`` of a receive: None for the CPU, else a CUDA torch.device (checked before
+    anything is submitted, so a bad one loses no message)."""
+    if device is None:
+        return None
+    d = torch.device(device)
+    if d.type == "cpu":
+        return None
+    if d.type != "cuda":
+        raise ValueError(f"{what}: device must be the CPU or a CUDA device, got {d}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{what}: device={d}, but this torch sees no CUDA device")
+    return d
 
 
 def _check_tag(tag: int, what: str) -> int:
@@ -82,11 +130,14 @@ def _check_tag(tag: int, what: str) -> int:
     return tag
 
 
-def _received(result, what: str, out):
+def _received(result, what: str, out, device=None):
     buffer, shape, code = result
     tensor = rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
     if out is None:
-        return tensor
+        if device is None:
+            return tensor
+        _warn_staged()
+        return tensor.to(device)
     if out.dtype != tensor.dtype or tuple(out.shape) != tuple(tensor.shape):
         raise ValueError(f"{what}: the message is {tensor.dtype} {tuple(tensor.shape)}, the "
                          f"tensor to fill is {out.dtype} {tuple(out.shape)}")
@@ -99,19 +150,23 @@ def raw_isend(tensor, dst: int, tag: int, wait_now: bool = False) -> P2PRequest:
     """isend without the tag range check or the message count (the pipeline's own tags).
     ``wait_now``: the caller waits for it at once (and drives it)."""
     code = _check(tensor, f"send(to rank {dst}, tag {tag})")
-    data = tensor.detach().contiguous()
+    data = _host_bytes(tensor)
     return _p2p.start_send(dst, tag, code, data.shape, data.data_ptr(), keep=data,
                            wait_now=wait_now)
 
 
-def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False) -> P2PRequest:
+def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
+              device=None) -> P2PRequest:
     """irecv without the tag range check or the message count (the pipeline's own tags).
-    ``wait_now``: the caller waits for it at once (and drives it)."""
+    ``wait_now``: the caller waits for it at once (and drives it); ``device``: None (the CPU)
+    or a CUDA torch.device the received tensor is moved to."""
     what = f"recv(from rank {src}, tag {tag})"
     if out is not None:
         _check(out, what)
+    convert = _received if device is None else \
+        (lambda result, what_, out_: _received(result, what_, out_, device))
     return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out,
-                      convert=_received)
+                      convert=convert)
 
 
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
@@ -122,11 +177,14 @@ def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
     return request
 
 
-def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None) -> P2PRequest:
+def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None,
+          device=None) -> P2PRequest:
     """Start receiving the next message with ``tag`` from rank ``src``; ``wait()`` returns a
-    new tensor, or ``out`` filled (same dtype and shape, else ValueError)."""
+    new tensor (on the CPU, or on ``device``), or ``out`` filled (same dtype and shape, else
+    ValueError)."""
     _check_tag(tag, "irecv")
-    request = raw_irecv(src, tag, out)
+    device = target_device(device, "irecv")
+    request = raw_irecv(src, tag, out, device=device)
     _count(_receives, (src, tag))
     return request
 
@@ -136,6 +194,7 @@ class _Send(torch.autograd.Function):
     def forward(ctx, tensor, dst, tag, sequence):
         ctx.dst, ctx.tag, ctx.sequence = dst, tag, sequence
         ctx.shape, ctx.dtype = tensor.shape, tensor.dtype
+        ctx.device = tensor.device if tensor.device.type != "cpu" else None
         request = raw_isend(tensor, dst, tag, wait_now=True)
         _count(_sends, (dst, tag))
         request.wait()
@@ -143,7 +202,8 @@ class _Send(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, _):
-        grad = raw_irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence), wait_now=True).wait()
+        grad = raw_irecv(ctx.dst, _grad_tag(ctx.tag, ctx.sequence), wait_now=True,
+                         device=ctx.device).wait()
         if grad.shape != ctx.shape or grad.dtype != ctx.dtype:
             raise ValueError(f"send(to rank {ctx.dst}, tag {ctx.tag}): the gradient that came "
                              f"back is {grad.dtype} {tuple(grad.shape)}, the tensor sent was "
@@ -153,16 +213,16 @@ class _Send(torch.autograd.Function):
 
 class _Recv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, _anchor, src, tag, sequence):
+    def forward(ctx, _anchor, src, tag, sequence, device):
         ctx.src, ctx.tag, ctx.sequence = src, tag, sequence
-        request = raw_irecv(src, tag, wait_now=True)
+        request = raw_irecv(src, tag, wait_now=True, device=device)
         _count(_receives, (src, tag))
         return request.wait()
 
     @staticmethod
     def backward(ctx, grad):
         raw_isend(grad, ctx.src, _grad_tag(ctx.tag, ctx.sequence), wait_now=True).wait()
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
@@ -184,19 +244,21 @@ def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
 
 
 def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
-         requires_grad: bool = False) -> torch.Tensor:
-    """Receive the next message with ``tag`` from rank ``src`` (a new tensor, or ``out``).
+         requires_grad: bool = False, device=None) -> torch.Tensor:
+    """Receive the next message with ``tag`` from rank ``src``: a new tensor (on the CPU, or
+    on ``device``), or ``out`` filled.
 
     With ``requires_grad=True`` the tensor is part of the autograd graph: its gradient is sent
     back to rank ``src``, whose :func:`send` token receives it."""
     _check_tag(tag, "recv")
+    device = target_device(device, "recv")
     if requires_grad:
         if out is not None:
             raise ValueError("recv: requires_grad=True returns a new tensor; out= is for "
                              "receives outside autograd")
         anchor = torch.empty(0, requires_grad=True)  # puts the receive in the graph
-        return _Recv.apply(anchor, src, tag, _next(_receives, (src, tag)))
-    request = raw_irecv(src, tag, out, wait_now=True)
+        return _Recv.apply(anchor, src, tag, _next(_receives, (src, tag)), device)
+    request = raw_irecv(src, tag, out, wait_now=True, device=device)
     _count(_receives, (src, tag))
     return request.wait()
 

@@ -98,11 +98,13 @@ def pipeline_suite():
 
     errors = []
     # refused on the calling rank before anything is sent: the batch on another stage than
-    # the first (or none on the first), no target on the last, a stage on another rank
+    # the first (or none on the first), no target on the last, a stage on another rank, a
+    # CUDA device this torch lacks
     schedule = ScheduleGPipe(stages(1)[0], 2, loss_fn=mse)
     bad_calls = [(lambda: schedule.step()) if r == 0 else
                  (lambda: schedule.step(target=None)) if last else (lambda: schedule.step(x)),
-                 lambda: PipelineStage(full, (r + 1) % k, k)]
+                 lambda: PipelineStage(full, (r + 1) % k, k),
+                 lambda: PipelineStage(full, r, k, device="cuda")]  # (CI's torch: CPU only)
     for call in bad_calls:
         try:
             call()
@@ -128,4 +130,5 @@ def test_every_schedule_trains_like_gradient_accumulation(np_):
         assert errors[0] == (last if 0 < res.rank == np_ - 1 else first), errors
         if np_ > 1:  # (with one rank every stage is its own)
             assert f"belongs on rank {(res.rank + 1) % np_}, not on rank {res.rank}" in errors[1]
-        assert len(errors) == (2 if np_ > 1 else 1), errors
+        assert errors[-1] == "PipelineStage: device=cuda, but this torch sees no CUDA device"
+        assert len(errors) == (3 if np_ > 1 else 2), errors

@@ -1,6 +1,7 @@
 """Point-to-point for torch tensors (engine_native.torch: send/recv/isend/irecv,
 batch_isend_irecv), on real ranks: every dtype at sizes 0, 1, odd and large arrive equal,
-new or into a given tensor (a misfit is a ValueError that loses nothing); autograd pairs
+new or into a given tensor (a misfit, or a receive to a device this torch lacks, is a
+ValueError that loses nothing); autograd pairs
 train a model split over two ranks like one process, and gradients find their messages when
 the backwards run in the opposite order (Note [Gradient tags]); a ring exchanged in one
 batch; bad tags refused."""
@@ -44,11 +45,16 @@ def dtypes_suite():
         hvd.send(torch.ones(3), 1, tag=99)
         hvd.send(torch.ones(3), 1, tag=99)
     else:
-        try:
-            hvd.recv(0, tag=99, out=torch.empty(4))
-        except ValueError as exc:
-            errors.append(str(exc))
+        for kwargs in ({"out": torch.empty(4)}, {"device": "cuda"}, {"device": "meta"}):
+            try:
+                hvd.recv(0, tag=99, **kwargs)
+            except ValueError as exc:
+                errors.append(str(exc))
         errors.append(hvd.recv(0, tag=99).tolist())  # the next message is still there
+    try:
+        hvd.send(torch.ones(2, device="meta"), 1 - hvd.rank(), tag=98)
+    except ValueError as exc:
+        errors.append(str(exc))
     for bad in (-1, 1 << 40, 1.5):
         try:
             hvd.send(torch.ones(1), 1 - hvd.rank(), tag=bad)
@@ -62,10 +68,14 @@ def test_every_dtype_and_size_arrives_equal():
     res = run_ranks(dtypes_suite, 2, timeout=120)
     assert res[1].value[0] == [], res[1].value[0]
     errors = res[1].value[1]
-    assert errors[0] == ("recv(from rank 0, tag 99): the message is torch.float32 (3,), the "
-                         "tensor to fill is torch.float32 (4,)"), errors
-    assert errors[1] == [1.0, 1.0, 1.0]
-    assert errors[2:] == [f"send: tag must be an int in [0, 2**40), got {t!r}"
+    assert errors[:3] == [
+        "recv(from rank 0, tag 99): the message is torch.float32 (3,), the tensor to fill is "
+        "torch.float32 (4,)",
+        "recv: device=cuda, but this torch sees no CUDA device",  # (CI's torch is CPU-only)
+        "recv: device must be the CPU or a CUDA device, got meta"], errors
+    assert errors[3] == [1.0, 1.0, 1.0]
+    assert errors[4] == "send(to rank 0, tag 98): CPU or CUDA tensors only (got one on meta)"
+    assert errors[5:] == [f"send: tag must be an int in [0, 2**40), got {t!r}"
                           for t in (-1, 1 << 40, 1.5)]
 
 

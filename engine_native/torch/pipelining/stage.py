@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 import engine_native as _engine
+from engine_native.torch.p2p_ops import target_device
 
 
 class PipelineStage:
@@ -14,6 +15,11 @@ class PipelineStage:
     is K (one stage per rank) or a multiple of it (``ScheduleInterleaved1F1B``). With
     ``checkpoint=True`` (not in torch's class) the stage keeps only its input per micro-batch
     and recomputes its activations in the backward (``torch.utils.checkpoint``).
+
+    ``device``: where the stage computes, the CPU (default) or a CUDA device holding
+    ``submodule``; the activations and gradients it receives are moved there, and those it
+    sends go through host memory (Note [Staged point-to-point] in p2p_ops.py). The first
+    stage's batch and the last stage's targets are moved there too.
 
     ``data_group`` (not in torch's class either): data x pipeline parallelism. A ProcessSet of
     the ranks that hold this same stage in replicas of the pipeline (each replica its own
@@ -42,14 +48,13 @@ class PipelineStage:
         if owner != me:
             raise ValueError(f"PipelineStage: stage {stage_index} belongs on rank {owner}, not "
                              f"on rank {me}")
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError("PipelineStage: only CPU modules and tensors so far (device="
-                             f"{device!r})")
+        device = target_device(device, "PipelineStage")
         if data_group is not None and me not in data_group.ranks:
             raise ValueError(f"PipelineStage: rank {me} is not in data_group "
                              f"{list(data_group.ranks)} (the ranks holding stage {stage_index} "
                              "in each replica of the pipeline)")
         self.submod = submodule
+        self.device = device            # None: the CPU; else received tensors are moved here
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.ranks = ranks              # global rank of each pipeline rank

@@ -165,11 +165,12 @@ class StepRun:
         kind = action.kind
         if kind == "RECV_F":
             x = raw_irecv(self.any_stage.rank_of(s - 1), forward_tag(s - 1, mb, self.m),
-                          wait_now=True).wait()
+                          wait_now=True, device=self.stages[s].device).wait()
             self.x[s, mb] = x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
         elif kind == "RECV_B":
             self.dy[s, mb] = raw_irecv(self.any_stage.rank_of(s + 1),
-                                       backward_tag(s, mb, self.m), wait_now=True).wait()
+                                       backward_tag(s, mb, self.m), wait_now=True,
+                                       device=self.stages[s].device).wait()
         elif kind == "SEND_F":
             y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
             self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
@@ -189,9 +190,11 @@ class StepRun:
         stage = self.stages[s]
         if s == 0:
             x = self.first_inputs[mb]
+            if stage.device is not None:
+                x = x.to(stage.device)
         elif (s, mb) not in self.x:  # the previous stage is on this rank: a local hand-off
             y = self.y[s - 1, mb] if torch.is_grad_enabled() else self.y.pop((s - 1, mb))
-            x = y.detach()
+            x = y.detach() if stage.device is None else y.detach().to(stage.device)
             x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
             self.x[s, mb] = x
         else:
@@ -203,7 +206,9 @@ class StepRun:
         if s == self.last_stage:
             self.outputs[mb] = y.detach()
             if self.loss_fn is not None:
-                loss = self.loss_fn(y, self.targets[mb])
+                target = self.targets[mb]
+                loss = self.loss_fn(y, target if stage.device is None else
+                                    target.to(stage.device))
                 self.losses[mb] = loss.detach()
                 self.scaled[mb] = loss * self.loss_scale
         if not torch.is_grad_enabled():  # eval: only outputs still to be sent are kept
@@ -237,6 +242,7 @@ class StepRun:
             if dy is None:  # the next stage is on this rank
                 x_next = self.x.pop((s + 1, mb))
                 dy = x_next.grad if x_next.grad is not None else torch.zeros_like(x_next)
+                dy = dy.to(y.device)  # (stages of one rank on two devices)
             if y.requires_grad:  # (else nothing before it needs a gradient: no parameters)
                 torch.autograd.backward(y, grad_tensors=dy)
         self.live -= 1
