@@ -115,6 +115,7 @@ CORE_SOURCES = [
     "runtime/op_layout.cc",
     "runtime/cpu_executor.cc",
     "runtime/device_path.cc",
+    "runtime/device_nccl_setup.cc",
     "runtime/device_output_pool.cc",
     "runtime/host_output_pool.cc",
     "runtime/device_loop_wake.cc",

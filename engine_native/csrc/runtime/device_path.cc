@@ -6,6 +6,7 @@
 
 #include "algo/algorithms.h"
 #include "common/text.h"
+#include "runtime/device_nccl_setup.h"
 #include "transport/cuda/device_kernels.h"
 #include "transport/mesh.h"
 #include "transport/nccl/loader.h"
@@ -28,10 +29,7 @@ using common::Status;
 //      mixes shared and distinct GPUs is not served by IPC yet); else NCCL.
 //      HVD_GPU_PATH=nccl (or =ipc) on a member where that path is impossible fails the op on
 //      every member.
-//   C. NCCL: set rank 0 makes the unique id and broadcasts it (with a flag: making it may
-//      fail) over the CPU Comm; every member creates its communicator (ncclCommInitRank
-//      returns once all members joined); an allgather of the outcomes follows, and if any
-//      member failed, every member drops its communicator and stages, naming each failure.
+//   C. NCCL: createCommunicator (Note [NCCL set-up outcome] in device_nccl_setup.cc).
 //   E. A mixed set — several GPUs, some shared by several members (the hierarchical shape of
 //      hosts, one level down): when every member can do IPC and has NCCL and none asks for
 //      NCCL or staging, the members of each GPU connect over IPC among themselves (a Comm of
@@ -57,22 +55,10 @@ struct IpcRecord {  // A, second round: only for a set on one GPU
   char why[188];  // why not, when !capable
 };
 
-struct UniqueIdMessage {
-  int32_t ok;
-  nccl::NcclUniqueId id;
-};
-
 struct InitOutcome {
   int32_t ok;
   char error[252];
 };
-
-template <typename T>
-Status allgatherRecords(transport::Comm& comm, const T& mine, std::vector<T>* all) {
-  all->resize(comm.size());
-  std::vector<size_t> bytes(comm.size(), sizeof(T));
-  return algo::allgatherRing(comm, &mine, all->data(), bytes);
-}
 
 std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& records) {
   for (int a = 0; a < comm.size(); ++a) {
@@ -165,44 +151,6 @@ std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>
     }
   }
   return sharedGpu(comm, records);
-}
-
-Status createCommunicator(transport::Comm& comm, nccl::DeviceStream& stream, PathChoice* out) {
-  UniqueIdMessage message{};
-  std::string local_error;
-  if (comm.rank() == 0) {
-    Status made = nccl::NcclCommunicator::createUniqueId(&message.id);
-    message.ok = made.isOk() ? 1 : 0;
-    if (!made.isOk()) local_error = made.message();
-  }
-  HVD_RETURN_IF_ERROR(algo::broadcastTree(comm, &message, sizeof(message), 0));
-  auto communicator = std::make_unique<nccl::NcclCommunicator>(stream);
-  InitOutcome mine{};
-  if (message.ok) {
-    Status init = communicator->init(message.id, comm.rank(), comm.size());
-    if (!init.isOk()) local_error = init.message();
-  } else if (comm.rank() != 0) {
-    local_error = "set rank 0 could not make an NCCL unique id";
-  }
-  mine.ok = local_error.empty() ? 1 : 0;
-  std::strncpy(mine.error, local_error.c_str(), sizeof(mine.error) - 1);
-  std::vector<InitOutcome> outcomes;
-  HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &outcomes));
-  std::string failures;  // every member's error: the first one may only echo another's
-  for (int r = 0; r < comm.size(); ++r) {
-    if (outcomes[r].ok) continue;
-    failures += (failures.empty() ? "" : "; ") + std::string("rank ") +
-                std::to_string(comm.globalRank(r)) + ": " +
-                common::fieldText(outcomes[r].error);
-  }
-  if (!failures.empty()) {
-    communicator->abort();
-    out->why = "NCCL could not set up a communicator (" + failures + ")";
-    return Status::ok();
-  }
-  out->nccl = true;
-  out->communicator = std::move(communicator);
-  return Status::ok();
 }
 
 // A: whether this rank can do IPC, and why not. deviceKernelsReady() compiles the kernels for

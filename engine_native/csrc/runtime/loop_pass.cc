@@ -277,7 +277,10 @@ void BackgroundLoop::sendRequests() {
 
 void BackgroundLoop::executeQueued() {
   Status status = execution_.run();
-  if (!status.isOk()) fail(status, /*tell_peers=*/true);
+  // A peer lost mid-op (e.g. during NCCL set-up) may have sent its cause (Note [Failure
+  // fan-out]).
+  if (status.code() == common::Code::kPeerLost) awaitCause();
+  if (!status.isOk() && !failed_) fail(status, /*tell_peers=*/true);
   // Right after executing, before the next drain: a caller's next op cannot look concurrent.
   // Own tensors submitted but not drained yet count too (Note [Batching window]).
   if (coordinator_ && !failed_) {

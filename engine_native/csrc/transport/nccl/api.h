@@ -28,7 +28,7 @@ struct NcclUniqueId {
 
 // ncclResult_t
 constexpr int kNcclSuccess = 0;
-constexpr int kNcclInProgress = 7;
+constexpr int kNcclInProgress = 7;  // non-blocking communicators only (NCCL 2.14+)
 
 // ncclDataType_t
 enum NcclDataType : int {
@@ -49,6 +49,29 @@ using NcclGetVersionFn = int (*)(int* version);
 using NcclGetErrorStringFn = const char* (*)(int result);
 using NcclGetUniqueIdFn = int (*)(NcclUniqueId* id);
 using NcclCommInitRankFn = int (*)(NcclComm* comm, int nranks, NcclUniqueId id, int rank);
+// ncclConfig_t as nccl.h declares it since 2.18 (struct ncclConfig_v21700). NCCL reads `size`
+// bytes of it and, by `version`, defaults the fields an older header did not have, so this
+// layout works with every NCCL that has ncclCommInitRankConfig (2.14+). Fields past splitShare
+// (2.25+) are not declared and keep NCCL's defaults.
+constexpr unsigned kNcclConfigMagic = 0xcafebeef;
+constexpr int kNcclConfigUndefInt = -2147483647 - 1;  // NCCL_CONFIG_UNDEF_INT (INT_MIN)
+constexpr unsigned kNcclConfigVersion = 21700;        // the layout below
+struct NcclConfig {  // = NCCL_CONFIG_INITIALIZER
+  size_t size = sizeof(NcclConfig);
+  unsigned magic = kNcclConfigMagic;
+  unsigned version = kNcclConfigVersion;
+  int blocking = kNcclConfigUndefInt;
+  int cgaClusterSize = kNcclConfigUndefInt;
+  int minCTAs = kNcclConfigUndefInt;
+  int maxCTAs = kNcclConfigUndefInt;
+  const char* netName = nullptr;
+  int splitShare = kNcclConfigUndefInt;
+};
+static_assert(offsetof(NcclConfig, blocking) == 16 && offsetof(NcclConfig, netName) == 32 &&
+                  sizeof(NcclConfig) == 48,
+              "NcclConfig must match ncclConfig_t (LP64)");
+using NcclCommInitRankConfigFn = int (*)(NcclComm* comm, int nranks, NcclUniqueId id, int rank,
+                                         NcclConfig* config);
 using NcclCommDestroyFn = int (*)(NcclComm comm);
 using NcclCommAbortFn = int (*)(NcclComm comm);
 using NcclCommGetAsyncErrorFn = int (*)(NcclComm comm, int* result);
@@ -78,6 +101,8 @@ struct NcclApi {
   NcclGetErrorStringFn getErrorString = nullptr;
   NcclGetUniqueIdFn getUniqueId = nullptr;
   NcclCommInitRankFn commInitRank = nullptr;
+  // Optional (NCCL 2.14+): without it set-up blocks (Note [Non-blocking set-up]).
+  NcclCommInitRankConfigFn commInitRankConfig = nullptr;
   NcclCommDestroyFn commDestroy = nullptr;
   NcclCommAbortFn commAbort = nullptr;
   NcclCommGetAsyncErrorFn commGetAsyncError = nullptr;

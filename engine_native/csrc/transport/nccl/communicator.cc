@@ -3,10 +3,13 @@
 // int16 included — can use them; reductions need an NCCL type (ncclDataTypeOf).
 #include "transport/nccl/communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 
+#include "common/text.h"
 #include "transport/nccl/loader.h"
 
 namespace hvd::transport::nccl {
@@ -72,14 +75,55 @@ Status NcclCommunicator::createUniqueId(NcclUniqueId* id) {
                                nccl->getErrorString(result));
 }
 
-Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size) {
+Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size,
+                              const SetupWait& wait) {
   nccl_ = ncclApi();
   if (nccl_ == nullptr) return common::internalError("NCCL is not loaded");
   if (!stream_.ready()) return common::internalError("NcclCommunicator::init before the stream");
   if (comm_ != nullptr) return common::internalError("NcclCommunicator::init called twice");
   rank_ = rank;
   size_ = size;
-  return check(nccl_->commInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+  if (nccl_->commInitRankConfig == nullptr) {  // NCCL < 2.14: blocks until all members joined
+    return check(nccl_->commInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+  }
+  NcclConfig config;
+  config.blocking = 0;
+  const int result = nccl_->commInitRankConfig(&comm_, size, id, rank, &config);
+  if (result != kNcclSuccess && result != kNcclInProgress) {
+    Status failed = check(result, "ncclCommInitRankConfig");
+    abort();  // NCCL may have handed out a communicator before failing
+    return failed;
+  }
+  return awaitSetup(wait);
+}
+
+// Note [Non-blocking set-up] in communicator.h.
+Status NcclCommunicator::awaitSetup(const SetupWait& wait) {
+  constexpr auto kMaxPause = std::chrono::milliseconds(20);
+  std::chrono::steady_clock::duration pause = std::chrono::microseconds(100);
+  for (;;) {
+    int state = kNcclInProgress;
+    Status status = check(nccl_->commGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+    if (status.isOk() && state == kNcclSuccess) return status;
+    if (status.isOk() && state != kNcclInProgress) {
+      status = check(state, "ncclCommInitRankConfig (set-up failed asynchronously)");
+    }
+    if (status.isOk() && wait.interrupted) status = wait.interrupted();
+    const auto now = std::chrono::steady_clock::now();
+    if (status.isOk() && now >= wait.deadline) {
+      common::Text text;
+      text << "NCCL communicator set-up did not finish within HVD_TIMEOUT (" <<
+          wait.timeout_seconds << " s) on set rank " << rank_ << " of " << size_;
+      status = common::timedOut(text.str());
+    }
+    if (!status.isOk()) {
+      abort();
+      return status;
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        pause, wait.deadline - now));
+    pause = std::min<std::chrono::steady_clock::duration>(pause * 2, kMaxPause);
+  }
 }
 
 // Note [Scaling without kernels] in communicator.h.

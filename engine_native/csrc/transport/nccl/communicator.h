@@ -17,9 +17,19 @@
 // rounding. Whatever ncclCanReduce() rejects (scaled Min/Max/Product, scaled integers, integer
 // Average, int16, Adasum, or no PreMulSum) goes to the staged fallback, where the CPU code
 // applies it.
+//
+// Note [Non-blocking set-up]: a member that fails or stalls inside NCCL's set-up leaves the
+// others waiting there, and a blocking ncclCommInitRank cannot be interrupted. So init() uses
+// ncclCommInitRankConfig with blocking = 0 and polls ncclCommGetAsyncError, sleeping between
+// polls (a back-off from 0.1 ms to 20 ms: set-up takes milliseconds to seconds, and engines
+// often outnumber cores), until the state leaves ncclInProgress, the deadline passes, or
+// `interrupted` (abort(), a lost peer) says stop; the last two ncclCommAbort the communicator.
+// NCCL before 2.14 lacks the call: there init() blocks in ncclCommInitRank as before.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "common/dtype.h"
@@ -43,8 +53,17 @@ class NcclCommunicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
+  // How long init() waits, and what ends the wait early (Note [Non-blocking set-up]).
+  struct SetupWait {
+    std::chrono::steady_clock::time_point deadline;
+    double timeout_seconds = 0;                  // HVD_TIMEOUT, for the message
+    std::function<common::Status()> interrupted;  // non-OK: stop with that status
+  };
+
   static common::Status createUniqueId(NcclUniqueId* id);
-  common::Status init(const NcclUniqueId& id, int rank, int size);
+  // kTimeout past the deadline, the interruption's status when interrupted, kInternal for an
+  // NCCL error; the communicator is aborted in all three cases.
+  common::Status init(const NcclUniqueId& id, int rank, int size, const SetupWait& wait);
   bool ready() const { return comm_ != nullptr; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -76,6 +95,7 @@ class NcclCommunicator {
 
  private:
   common::Status check(int result, const char* call);
+  common::Status awaitSetup(const SetupWait& wait);
   common::Status reduceOp(common::DataType dtype, common::ReduceOp op, double scale, int* nccl_op,
                           bool* created);
   void destroyOp(int nccl_op, bool created);

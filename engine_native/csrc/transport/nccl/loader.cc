@@ -14,6 +14,7 @@ void bindNccl(SymbolBinder& b, NcclApi* api) {
   b.bind("ncclGetErrorString", &api->getErrorString);
   b.bind("ncclGetUniqueId", &api->getUniqueId);
   b.bind("ncclCommInitRank", &api->commInitRank);
+  b.bindOptional("ncclCommInitRankConfig", &api->commInitRankConfig);  // 2.14+
   b.bind("ncclCommDestroy", &api->commDestroy);
   b.bind("ncclCommAbort", &api->commAbort);
   b.bind("ncclCommGetAsyncError", &api->commGetAsyncError);
