@@ -21,7 +21,10 @@ Environment (read once per process unless noted):
 - ``FAKE_NCCL_INIT_TIMEOUT_S`` (default 60) and ``FAKE_NCCL_TIMEOUT_S`` (default 300): seconds,
   fractions allowed, read per init.
 - ``FAKE_NCCL_FAIL_INIT=1``: this rank's init fails (ncclSystemError; its peers get
-  ncclRemoteError). ``FAKE_NCCL_FAIL_COLLECTIVE=k``: this process's k-th NCCL call (every
+  ncclRemoteError). ``FAKE_NCCL_INIT_STALL=hang|fail`` (read per init): this rank never joins
+  its communicators; ``hang`` leaves every member's set-up in progress (a blocking init
+  sleeps until ``FAKE_NCCL_INIT_TIMEOUT_S``), ``fail`` reports ncclSystemError on this rank
+  while the others stay in progress (Note [Init states]). ``FAKE_NCCL_FAIL_COLLECTIVE=k``: this process's k-th NCCL call (every
   collective, send and receive counted, 1-based) records async error ncclSystemError and hangs
   on its stream until ncclCommAbort.
 """

@@ -9,8 +9,8 @@
  *
  * Environment: FAKE_NCCL_VERSION (ncclGetVersion, default 22809), FAKE_NCCL_FAIL_COLLECTIVE=k
  * (this process's k-th call counting every collective, send and receive, 1-based, read once,
- * records async error ncclSystemError and hangs until ncclCommAbort); the others are read in
- * fake_nccl_comm.c. */
+ * records async error ncclSystemError and hangs until ncclCommAbort); the others (the init
+ * hooks FAKE_NCCL_FAIL_INIT and FAKE_NCCL_INIT_STALL among them) are read in fake_nccl_comm.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +76,33 @@ FN_API int ncclCommInitRank(fn_comm** comm, int nranks, fn_unique_id id, int ran
   return kNcclSuccess;
 }
 
+/* ncclConfig_t's leading fields, which every version has (nccl.h since 2.14). */
+typedef struct {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+} fn_config;
+
+/* blocking = 0: Note [Init states] in fake_nccl_comm.c; anything else blocks as
+ * ncclCommInitRank does (NCCL's default). */
+FN_API int ncclCommInitRankConfig(fn_comm** comm, int nranks, fn_unique_id id, int rank,
+                                  const fn_config* config) {
+  if (config != NULL && (config->magic != 0xcafebeef || config->size < sizeof(fn_config))) {
+    fprintf(stderr, "fake-nccl: ncclConfig_t argument not initialized via "
+            "NCCL_CONFIG_INITIALIZER\n");
+    return kNcclInvalidArgument;
+  }
+  if (config == NULL || config->blocking != 0) return ncclCommInitRank(comm, nranks, id, rank);
+  const int result = fn_comm_start(comm, nranks, id.internal, rank);
+  if (result != kNcclSuccess) return result;
+  pthread_mutex_lock(&live_mu);
+  (*comm)->next_live = live;
+  live = *comm;
+  pthread_mutex_unlock(&live_mu);
+  return kNcclInProgress;
+}
+
 /* 1 if `comm` is a live handle; with `unlink`, it stops being one. */
 static int checkHandle(fn_comm* comm, const char* call, int unlink) {
   pthread_mutex_lock(&live_mu);
@@ -103,7 +130,7 @@ FN_API int ncclCommDestroy(fn_comm* comm) {
 FN_API int ncclCommAbort(fn_comm* comm) {
   if (!checkHandle(comm, "ncclCommAbort", 1)) return kNcclInvalidArgument;
   __atomic_store_n(&comm->aborted, 1, __ATOMIC_SEQ_CST);
-  fn_ring(comm, comm->rank);
+  if (comm->ctl != NULL) fn_ring(comm, comm->rank);  /* NULL: never joined (Note [Init states]) */
   pthread_mutex_lock(&comm->mu);
   while (comm->executing > 0) pthread_cond_wait(&comm->cv, &comm->mu);
   pthread_mutex_unlock(&comm->mu);
@@ -115,7 +142,8 @@ FN_API int ncclCommGetAsyncError(fn_comm* comm, int* result) {
   if (result == NULL || !checkHandle(comm, "ncclCommGetAsyncError", 0)) {
     return kNcclInvalidArgument;
   }
-  *result = __atomic_load_n(&comm->async_error, __ATOMIC_SEQ_CST);
+  const int init = fn_comm_poll_init(comm);  /* Note [Init states] */
+  *result = init != kNcclSuccess ? init : __atomic_load_n(&comm->async_error, __ATOMIC_SEQ_CST);
   return kNcclSuccess;
 }
 

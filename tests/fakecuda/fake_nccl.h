@@ -19,7 +19,10 @@ enum {  /* ncclResult_t */
   kNcclInvalidArgument = 4,
   kNcclInvalidUsage = 5,
   kNcclRemoteError = 6,
+  kNcclInProgress = 7,
 };
+
+enum { kNoStall = 0, kStallHang = 1, kStallFail = 2 };  /* FAKE_NCCL_INIT_STALL */
 
 enum { kOpSum = 0, kOpProd = 1, kOpMax = 2, kOpMin = 3, kOpAvg = 4, kOpPreMulSum = 5 };
 enum { kNumDataTypes = 10, kNumBuiltinOps = 5, kMaxUserOps = 64 };
@@ -91,6 +94,8 @@ typedef struct fn_comm {
   int aborted;
   int async_error;
   int has_left;            /* fn_comm_leave ran */
+  int init_state;          /* Note [Init states] in fake_nccl_comm.c */
+  int stall;               /* FAKE_NCCL_INIT_STALL: kNoStall, kStallHang or kStallFail */
 } fn_comm;
 
 /* One call, queued as part of a batch (fake_nccl_exec.c). */
@@ -115,7 +120,11 @@ void fn_futex_wait(uint32_t* word, uint32_t seen, double seconds);
 
 const char* fn_kind_name(fn_kind kind);  /* "ncclAllReduce", ... */
 
-int fn_comm_init(fn_comm** out, int nranks, const char id[128], int rank);
+int fn_comm_init(fn_comm** out, int nranks, const char id[128], int rank);  /* blocking */
+/* Non-blocking init (Note [Init states]): start returns the handle in progress; poll never
+ * waits and returns ncclInProgress or the set-up's result. */
+int fn_comm_start(fn_comm** out, int nranks, const char id[128], int rank);
+int fn_comm_poll_init(fn_comm* comm);
 void fn_comm_release(fn_comm* comm);  /* drops a reference; the last one leaves and frees */
 void fn_comm_leave(fn_comm* comm);    /* Note [Cleanup]; idempotent, touches files only */
 void fn_ring(fn_comm* comm, int rank);

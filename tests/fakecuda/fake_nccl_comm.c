@@ -18,7 +18,15 @@
  *
  * Note [Cleanup]: a member leaving marks itself gone; the member that then finds every other
  * one gone, never joined, or dead (its process exited or is a zombie: a crashed or killed rank)
- * removes the folder with whatever is left in it. A process that exits with communicators open
+ * removes the folder with whatever is left in it.
+ *
+ * Note [Init states]: ncclCommInitRankConfig with blocking = 0 does (a)-(c) and returns
+ * ncclInProgress with the handle; ncclCommGetAsyncError then reports ncclInProgress until every
+ * member joined, and then (e)'s result, doing (e) and (f) on that call (real NCCL finishes on a
+ * thread of its own; a caller that polls sees the same states). ncclCommAbort ends a handle in
+ * any state. FAKE_NCCL_INIT_STALL makes a member never join: "hang" stays in progress (a
+ * blocking init sleeps until FAKE_NCCL_INIT_TIMEOUT_S), "fail" reports ncclSystemError at once
+ * while its peers stay in progress — a member failing inside set-up. A process that exits with communicators open
  * leaves them too (fake_nccl.c), so a folder stays behind only when its last user is killed. */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -157,20 +165,8 @@ static int join(fn_comm* comm, const char* bus_id) {
   return kNcclSuccess;
 }
 
-/* (d) and (e) of Note [Init protocol]. */
-static int awaitMembers(fn_comm* comm) {
-  const double deadline = fn_now() + fn_env_seconds("FAKE_NCCL_INIT_TIMEOUT_S", 60);
-  uint32_t joined;
-  while ((joined = __atomic_load_n(&comm->ctl->joined, __ATOMIC_SEQ_CST)) <
-         (uint32_t)comm->nranks) {
-    const double left = deadline - fn_now();
-    if (left <= 0) {
-      fprintf(stderr, "fake-nccl: ncclCommInitRank (rank %d): only %u of %d ranks joined "
-              "within FAKE_NCCL_INIT_TIMEOUT_S\n", comm->rank, joined, comm->nranks);
-      return kNcclSystemError;
-    }
-    fn_futex_wait(&comm->ctl->joined, joined, left);
-  }
+/* (e) of Note [Init protocol], once every member joined. */
+static int checkMembers(fn_comm* comm) {
   const fn_member* m = comm->ctl->member;
   for (int r = 0; r < comm->nranks; ++r) {
     if (m[r].fail_init) return r == comm->rank ? kNcclSystemError : kNcclRemoteError;
@@ -188,7 +184,17 @@ static int awaitMembers(fn_comm* comm) {
   return kNcclSuccess;
 }
 
-int fn_comm_init(fn_comm** out, int nranks, const char id[128], int rank) {
+/* FAKE_NCCL_INIT_STALL on this member: "hang" never joins (every member's set-up stays in
+ * progress), "fail" never joins and fails (the others stay in progress): Note [Init states]. */
+static int stallMode(void) {
+  const char* mode = getenv("FAKE_NCCL_INIT_STALL");
+  if (mode == NULL) return kNoStall;
+  if (strcmp(mode, "hang") == 0) return kStallHang;
+  return strcmp(mode, "fail") == 0 ? kStallFail : kNoStall;
+}
+
+/* (a)-(c) of Note [Init protocol]: the handle, in progress (Note [Init states]). */
+int fn_comm_start(fn_comm** out, int nranks, const char id[128], int rank) {
   if (out == NULL || nranks < 1 || rank < 0 || rank >= nranks ||
       memcmp(id, kMagic, sizeof(kMagic)) != 0) {
     return kNcclInvalidArgument;
@@ -216,19 +222,62 @@ int fn_comm_init(fn_comm** out, int nranks, const char id[128], int rank) {
   comm->send_seq = seqs;
   comm->recv_seq = seqs + nranks;
   comm->refs = 1;
+  comm->init_state = kNcclInProgress;
+  comm->stall = stallMode();
   for (int r = 0; r < nranks; ++r) fds[r] = -1;
   pthread_mutex_init(&comm->mu, NULL);
   pthread_cond_init(&comm->cv, NULL);
   int result = mapControl(comm, id);
-  if (result == kNcclSuccess) result = join(comm, bus_id);
-  const int joined = result == kNcclSuccess;
-  if (joined) result = awaitMembers(comm);
-  for (int r = 0; r < nranks && result == kNcclSuccess; ++r) {  /* (f) */
-    if (r != rank && (fds[r] = openOutbox(comm, r, O_RDONLY)) < 0) result = kNcclSystemError;
-  }
-  if (!joined && comm->ctl != NULL) {  /* never joined: the others don't count on it */
-    munmap(comm->ctl, comm->ctl_bytes);
+  if (result == kNcclSuccess && comm->stall == kNoStall) result = join(comm, bus_id);
+  if (comm->ctl != NULL && (result != kNcclSuccess || comm->stall != kNoStall)) {
+    munmap(comm->ctl, comm->ctl_bytes);  /* never joined: the others don't count on it */
     comm->ctl = NULL;
+  }
+  if (result != kNcclSuccess) {
+    fn_comm_release(comm);
+    return result;
+  }
+  if (comm->stall == kStallFail) comm->init_state = kNcclSystemError;
+  *out = comm;
+  return kNcclSuccess;
+}
+
+/* (e) and (f) of Note [Init protocol] once every member joined; never waits. */
+int fn_comm_poll_init(fn_comm* comm) {
+  const int state = __atomic_load_n(&comm->init_state, __ATOMIC_SEQ_CST);
+  if (state != kNcclInProgress || comm->stall != kNoStall) return state;
+  if (__atomic_load_n(&comm->ctl->joined, __ATOMIC_SEQ_CST) < (uint32_t)comm->nranks) {
+    return kNcclInProgress;
+  }
+  int result = checkMembers(comm);
+  for (int r = 0; r < comm->nranks && result == kNcclSuccess; ++r) {
+    if (r != comm->rank && (comm->outbox_fd[r] = openOutbox(comm, r, O_RDONLY)) < 0) {
+      result = kNcclSystemError;
+    }
+  }
+  __atomic_store_n(&comm->init_state, result, __ATOMIC_SEQ_CST);
+  return result;
+}
+
+/* ncclCommInitRank: start, then (d) — sleep until every member joined or
+ * FAKE_NCCL_INIT_TIMEOUT_S (default 60) passes — then finish. */
+int fn_comm_init(fn_comm** out, int nranks, const char id[128], int rank) {
+  fn_comm* comm = NULL;
+  int result = fn_comm_start(&comm, nranks, id, rank);
+  if (result != kNcclSuccess) return result;
+  const double deadline = fn_now() + fn_env_seconds("FAKE_NCCL_INIT_TIMEOUT_S", 60);
+  uint32_t joined = 0, word = 0;
+  uint32_t* bell = comm->ctl != NULL ? &comm->ctl->joined : &word;  /* stalled: just sleeps */
+  while ((result = fn_comm_poll_init(comm)) == kNcclInProgress) {
+    const double left = deadline - fn_now();
+    joined = __atomic_load_n(bell, __ATOMIC_SEQ_CST);
+    if (left <= 0) {
+      fprintf(stderr, "fake-nccl: ncclCommInitRank (rank %d): only %u of %d ranks joined "
+              "within FAKE_NCCL_INIT_TIMEOUT_S\n", rank, joined, nranks);
+      result = kNcclSystemError;
+      break;
+    }
+    fn_futex_wait(bell, joined, left);
   }
   if (result != kNcclSuccess) {
     fn_comm_release(comm);
