@@ -47,6 +47,8 @@ _CUDA = {
     "cudaEventSynchronize": [c_void_p], "cudaEventDestroy": [c_void_p],
     "cudaMalloc": [POINTER(c_void_p), c_size_t], "cudaFree": [c_void_p],
     "cudaMallocHost": [POINTER(c_void_p), c_size_t], "cudaFreeHost": [c_void_p],
+    "cudaMallocAsync": [POINTER(c_void_p), c_size_t, c_void_p],
+    "cudaFreeAsync": [c_void_p, c_void_p],
     "cudaMemcpyAsync": [c_void_p, c_void_p, c_size_t, c_int, c_void_p],
     "cudaMemsetAsync": [c_void_p, c_int, c_size_t, c_void_p],
     "cudaLaunchHostFunc": [c_void_p, HOST_FN, c_void_p],

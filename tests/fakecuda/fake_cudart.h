@@ -22,6 +22,7 @@ enum {
   kCudaErrorMapBufferObjectFailed = 205,
   kCudaErrorInvalidResourceHandle = 400,
   kCudaErrorNotReady = 600,
+  kCudaErrorNotSupported = 801,
   kCudaErrorStreamCaptureImplicit = 906,
 };
 
@@ -33,7 +34,7 @@ enum {
   X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags) X(cudaEventRecord) X(cudaEventQuery)     \
   X(cudaEventSynchronize) X(cudaEventDestroy) X(cudaMalloc) X(cudaFree) X(cudaMallocHost)    \
   X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaLaunchHostFunc)                \
-  X(cudaStreamIsCapturing)                                                                    \
+  X(cudaStreamIsCapturing) X(cudaMallocAsync) X(cudaFreeAsync)                              \
   X(cudaIpcGetMemHandle) X(cudaIpcOpenMemHandle) X(cudaIpcCloseMemHandle)                     \
   X(cudaIpcGetEventHandle) X(cudaIpcOpenEventHandle)
 

@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "fake_cudart.h"
 
@@ -132,6 +134,7 @@ FC_API const char* cudaGetErrorString(int error) {
     case kCudaErrorDeviceUninitialized: return "invalid device context";
     case kCudaErrorMapBufferObjectFailed: return "mapping of buffer object failed";
     case kCudaErrorNotReady: return "device not ready";
+    case kCudaErrorNotSupported: return "operation not supported";
     case kCudaErrorStreamCaptureImplicit:
       return "operation would make the legacy stream depend on a capturing blocking stream";
     default: return "unrecognized error code";
@@ -192,10 +195,8 @@ static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
   return kCudaSuccess;
 }
 
-/* Like CUDA, waits for every stream first (queued work may still use the memory). */
-static int release(fc_registry* registry, void* pointer) {
-  fc_drain_all();
-  if (pointer == NULL) return kCudaSuccess;
+/* The registry's block given out as `pointer`, taken out of the registry (NULL if none). */
+static fc_block* unregister(fc_registry* registry, void* pointer) {
   pthread_mutex_lock(&registry->mu);
   fc_block** p = &registry->blocks;
   while (*p != NULL && (char*)(*p)->ptr + (*p)->offset != (char*)pointer) p = &(*p)->next;
@@ -205,7 +206,10 @@ static int release(fc_registry* registry, void* pointer) {
     registry->live--;
   }
   pthread_mutex_unlock(&registry->mu);
-  if (found == NULL) return kCudaErrorInvalidValue;
+  return found;
+}
+
+static void unmap(fc_registry* registry, fc_block* found) {
   if (found->fd >= 0) {
     if (registry == &device_memory) fc_note_free_of_shared(found->fd);
     fc_shared_unmap(found->ptr, found->bytes, found->fd);
@@ -213,6 +217,15 @@ static int release(fc_registry* registry, void* pointer) {
     free(found->ptr);
   }
   free(found);
+}
+
+/* Like CUDA, waits for every stream first (queued work may still use the memory). */
+static int release(fc_registry* registry, void* pointer) {
+  fc_drain_all();
+  if (pointer == NULL) return kCudaSuccess;
+  fc_block* found = unregister(registry, pointer);
+  if (found == NULL) return kCudaErrorInvalidValue;
+  unmap(registry, found);
   return kCudaSuccess;
 }
 
@@ -253,6 +266,50 @@ FC_API int cudaMalloc(void** pointer, size_t bytes) {
 FC_API int cudaFree(void* pointer) {
   fc_count(FC_CALL_cudaFree);
   return release(&device_memory, pointer);
+}
+
+/* ---- the stream-ordered allocator (cudaMallocAsync, CUDA 11.2) ---------------------------- */
+
+/* Note [Ordered frees read as poison]: cudaFreeAsync frees when its stream reaches the free;
+ * the fake then maps fresh pages filled with 0xDB over the block (never reused: the range is
+ * kept) instead of unmapping it, so work misordered after the free reads poison a test sees
+ * instead of crashing the process. FAKE_CUDA_NO_MEMPOOL=1 makes cudaMallocAsync answer
+ * cudaErrorNotSupported, as CUDA does on a device without memory pools. */
+#define POISON 0xDB
+
+static void runOrderedFree(fc_op* op) {
+  fc_block* block = op->arg;
+  if (block->fd >= 0) {
+    fc_note_free_of_shared(block->fd);
+    void* kept = mmap(block->ptr, block->bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    if (kept != MAP_FAILED) memset(kept, POISON, block->bytes);
+    close(block->fd);
+  }
+  free(block);
+}
+
+FC_API int cudaMallocAsync(void** pointer, size_t bytes, void* stream) {
+  fc_count(FC_CALL_cudaMallocAsync);
+  const char* no_pool = getenv("FAKE_CUDA_NO_MEMPOOL");
+  if (no_pool != NULL && strcmp(no_pool, "1") == 0) return kCudaErrorNotSupported;
+  pthread_mutex_lock(&fc_mu);
+  const int known = fc_check_stream_locked(stream);
+  pthread_mutex_unlock(&fc_mu);
+  if (known != kCudaSuccess) return known;
+  return allocate(&device_memory, pointer, bytes);
+}
+
+FC_API int cudaFreeAsync(void* pointer, void* stream) {
+  fc_count(FC_CALL_cudaFreeAsync);
+  if (pointer == NULL) return kCudaSuccess;
+  fc_block* found = unregister(&device_memory, pointer);
+  if (found == NULL) return kCudaErrorInvalidValue;
+  fc_op* op = fc_op_new(runOrderedFree);
+  if (op != NULL) op->arg = found;
+  const int queued = fc_enqueue(stream, op);
+  if (queued != kCudaSuccess) unmap(&device_memory, found);  /* not queued: nothing uses it */
+  return queued;
 }
 
 FC_API int cudaMallocHost(void** pointer, size_t bytes) {

@@ -347,3 +347,28 @@ def test_memory_registries_and_cuda_free_waits_for_streams(fake_cuda):
     assert out["unknown"] == 1
     assert out["after"] == {"device": 0, "host": 0, "streams": 0, "events": 0, "comms": 0}
     assert out["calls"] == [3, 5, 3, -1]
+
+
+def rank_ordered_memory(fake):
+    f = fakes(fake)
+    c, s, p = f.cuda, f.stream(), ctypes.c_void_p()
+    out = {"malloc": c.cudaMallocAsync(ctypes.byref(p), 8, s)}
+    if out["malloc"] != 0:
+        return out
+    f.put(p.value, b"\x07" * 8)
+    token = c.fakeCudaLaunchBlocker(s)
+    f.check(c.cudaFreeAsync(p, s))
+    out["held"] = f.get(p.value, 8)  # the stream has not reached the free
+    f.check(c.fakeCudaReleaseBlocker(token))
+    f.check(c.cudaStreamSynchronize(s))
+    out["freed"] = f.get(p.value, 8)  # Note [Ordered frees read as poison]
+    f.check(c.cudaStreamDestroy(s))
+    out["calls"] = [f.calls(n) for n in ("cudaMallocAsync", "cudaFreeAsync", "cudaFree")]
+    return out
+
+
+def test_ordered_memory_is_freed_when_its_stream_gets_there(fake_cuda):
+    out = spawn(rank_ordered_memory, fake_cuda)[0]
+    assert out == {"malloc": 0, "held": b"\x07" * 8, "freed": b"\xdb" * 8, "calls": [1, 1, 0]}
+    no_pools = spawn(rank_ordered_memory, fake_cuda, env={"FAKE_CUDA_NO_MEMPOOL": "1"})[0]
+    assert no_pools == {"malloc": 801}  # cudaErrorNotSupported: a device without pools
