@@ -100,11 +100,15 @@ Status DeviceStream::deviceBuffer(size_t bytes, void** out) {
 
 Status DeviceStream::hostBuffer(size_t bytes, void** out) {
   if (bytes > host_bytes_) {
+    // cudaFreeHost, which frees a replaced buffer, waits for the device and has no
+    // stream-ordered form: powers of two from 1 MiB keep growths few and small ops free of it.
+    size_t grown = size_t{1} << 20;
+    while (grown < bytes) grown <<= 1;
     void* fresh = nullptr;
-    HVD_RETURN_IF_ERROR(check(cuda_->mallocHost(&fresh, bytes), "cudaMallocHost"));
+    HVD_RETURN_IF_ERROR(check(cuda_->mallocHost(&fresh, grown), "cudaMallocHost"));
     if (host_buffer_ != nullptr) retired_host_.push_back(host_buffer_);
     host_buffer_ = fresh;
-    host_bytes_ = bytes;
+    host_bytes_ = grown;
   }
   *out = host_buffer_;
   return Status::ok();
