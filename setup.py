@@ -51,6 +51,7 @@ CORE_SOURCES = [
     "transport/dynamic_library.cc",
     "transport/nccl/loader.cc",
     "transport/nccl/device_stream.cc",
+    "transport/nccl/ordered_memory.cc",
     "transport/nccl/communicator.cc",
     "transport/cuda/kernel_libraries.cc",
     "transport/cuda/kernel_compiler.cc",

@@ -100,6 +100,23 @@ def reducescatter(x, op, name, pre=1.0, post=1.0):
     return device_array(buffer, shape, x.dtype)
 
 
+def held_for_a_second(hvd, kind: str, start):
+    """``start()`` enqueues one op of ``kind`` ("ALLGATHER", ...) and returns its handle; once
+    the loop queued it on its stream, the op is watched for a second. Returns the handle and
+    whether the op was still pending then: a bounded negative check, as an op that nothing
+    holds finishes well within it, and a held one stays pending whatever the wait."""
+    queued = hvd.metrics()["ops"][kind] + 1
+    handle = start()
+    deadline = time.monotonic() + 30
+    while hvd.metrics()["ops"][kind] < queued:
+        assert time.monotonic() < deadline, f"the {kind} was never queued"
+        time.sleep(0.005)
+    deadline = time.monotonic() + 1.0
+    while not _core.poll(handle) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return handle, not _core.poll(handle)
+
+
 class StuckAllreduce:
     """An allreduce on every rank whose input on ``blocked_rank`` comes from a producer kernel
     that never finishes (the fake's blocker), so the other ranks wait for it: it stays pending

@@ -4,7 +4,6 @@ would synchronise the whole device), and a block is written again only after the
 last user ran on got past that use (Note [Output reuse] in runtime/device_output_pool.cc).
 """
 import ctypes
-import time
 
 import numpy as np
 import pytest
@@ -53,18 +52,9 @@ def reuse_waits_for_the_last_user():
     buffer.release_stream = consumer
     del buffer  # the last reference: the block goes back to the pool behind the queued read
     y = np.full((2, 4), 10 * (hvd.rank() + 1), np.float32)
-    queued = hvd.metrics()["ops"]["ALLGATHER"] + 1
-    handle = device_ops.enqueue(_core.ALLGATHER, y, None, "second")
-    deadline = time.monotonic() + 30
-    while hvd.metrics()["ops"]["ALLGATHER"] < queued:  # the loop queued it on its stream
-        assert time.monotonic() < deadline, "the second allgather was never queued"
-        time.sleep(0.005)
-    # A bounded negative check: were the reuse not ordered, the write (and the op) would finish
-    # now; ordered, it waits behind the blocked read whatever the wait.
-    deadline = time.monotonic() + 1.0
-    while not _core.poll(handle) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    pending = not _core.poll(handle)
+    # Were the reuse not ordered, the write (and the op) would finish now.
+    handle, pending = device_ops.held_for_a_second(
+        hvd, "ALLGATHER", lambda: device_ops.enqueue(_core.ALLGATHER, y, None, "second"))
     f.check(f.cuda.fakeCudaReleaseBlocker(token))
     second, _ = _core.wait(handle)
     f.check(f.cuda.cudaStreamSynchronize(consumer))

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -42,10 +43,10 @@ class BlockPool {
     size_t capacity = 0;  // the size class
     Fence reuse_after{};
   };
-  // Frees a block the pool evicts, its fence included.
-  using FreeFn = void (*)(Block& block);
+  // Frees a block the pool evicts, its fence included (or hands it to what will).
+  using FreeFn = std::function<void(Block& block)>;
 
-  BlockPool(BlockPoolLimits limits, FreeFn free) : limits_(limits), free_(free) {}
+  BlockPool(BlockPoolLimits limits, FreeFn free) : limits_(limits), free_(std::move(free)) {}
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 

@@ -1,11 +1,16 @@
 #include "runtime/device_output_pool.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "common/logging.h"
+#include "common/test_switch.h"
 #include "runtime/block_pool.h"
 #include "transport/nccl/loader.h"
+#include "transport/nccl/ordered_memory.h"
 
 namespace hvd::runtime {
 
@@ -19,28 +24,69 @@ using common::Status;
 // well). That event is the block's fence in its device's pool (Note [Block pool]): the next op
 // that takes the block makes its own stream wait on it, so it writes only after everything
 // queued before the drop has run: the host never waits. Size classes start at 64 KiB; at most
-// kCachedBytes stay cached per device and a block past that is freed (cudaFree, which waits
-// for the device: rare by construction).
+// kCachedBytes stay cached per device. A block past that is not freed by the dropping thread
+// (which has no stream of the core's, and may hold the GIL): it waits in its device's
+// `evicted` list until the next take() on that device, which orders the free after the
+// block's fence on the op's stream (Note [Ordered device memory]). Fresh blocks come from the
+// same allocator on the op's stream; one that fails for lack of memory first frees every
+// cached block, which the framework's allocator may need as much as this op does.
 namespace {
 
 using DevicePool = BlockPool<nccl::CudaEvent>;
 
-constexpr BlockPoolLimits kLimits{size_t{64} << 10, size_t{1} << 30,
-                                  /*keep_returned_block=*/false};
-
-// cudaFree waits for the device: the block's last users are done before it returns.
-void freeBlock(DevicePool::Block& block) {
-  const nccl::CudaApi* cuda = nccl::cudaApi();
-  if (block.reuse_after != nullptr) cuda->eventDestroy(block.reuse_after);
-  cuda->free(block.memory);
+size_t cachedBytesBound() {
+  const char* forced = HVD_TEST_SWITCH("DEVICE_OUTPUT_CACHE_BYTES");  // tests: evict at once
+  return forced != nullptr ? static_cast<size_t>(std::strtoull(forced, nullptr, 10))
+                           : size_t{1} << 30;
 }
 
-std::mutex g_mutex;
-std::map<int, DevicePool>* g_pools = new std::map<int, DevicePool>();  // never destroyed
+// One device's blocks: the cache, and what it evicted, still to be freed on an op's stream.
+class DeviceBlocks {
+ public:
+  DeviceBlocks()
+      : cache_({size_t{64} << 10, cachedBytesBound(), /*keep_returned_block=*/false},
+               [this](DevicePool::Block& block) { evict(block); }) {}
 
-DevicePool& poolOf(int device) {
+  DevicePool& cache() { return cache_; }
+
+  // Frees the evicted blocks after their last use: `stream` waits for each fence first.
+  Status freeEvicted(nccl::DeviceStream& stream) {
+    std::vector<DevicePool::Block> blocks;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      blocks.swap(evicted_);
+    }
+    const nccl::CudaApi* cuda = nccl::cudaApi();
+    Status status;
+    for (DevicePool::Block& block : blocks) {
+      Status freed = stream.waitFor(block.reuse_after);
+      cuda->eventDestroy(block.reuse_after);
+      if (freed.isOk()) {
+        freed = stream.check(nccl::freeOrdered(*cuda, stream.stream(), block.memory),
+                             "cudaFreeAsync/cudaFree");
+      }
+      if (status.isOk()) status = freed;  // a block not freed is leaked, never freed early
+    }
+    return status;
+  }
+
+ private:
+  void evict(DevicePool::Block& block) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    evicted_.push_back(block);
+  }
+
+  DevicePool cache_;
+  std::mutex mutex_;
+  std::vector<DevicePool::Block> evicted_;
+};
+
+std::mutex g_mutex;
+std::map<int, DeviceBlocks>* g_devices = new std::map<int, DeviceBlocks>();  // never destroyed
+
+DeviceBlocks& blocksOf(int device) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_pools->try_emplace(device, kLimits, &freeBlock).first->second;  // nodes never move
+  return (*g_devices)[device];  // nodes never move
 }
 
 }  // namespace
@@ -53,13 +99,21 @@ DeviceOutputPool& DeviceOutputPool::instance() {
 Status DeviceOutputPool::take(size_t bytes, nccl::DeviceStream& stream, void** block,
                               size_t* capacity) {
   const nccl::CudaApi* cuda = nccl::cudaApi();
-  Status allocated;
-  DevicePool::Block found = poolOf(stream.device()).take(bytes, [&](size_t want) -> void* {
+  DeviceBlocks& blocks = blocksOf(stream.device());
+  HVD_RETURN_IF_ERROR(blocks.freeEvicted(stream));
+  int error = nccl::kCudaSuccess;
+  auto allocate = [&](size_t want) -> void* {
     void* memory = nullptr;
-    allocated = stream.check(cuda->malloc(&memory, want), "cudaMalloc");
-    return allocated.isOk() ? memory : nullptr;
-  });
-  HVD_RETURN_IF_ERROR(allocated);
+    error = nccl::allocateOrdered(*cuda, stream.stream(), want, &memory);
+    return error == nccl::kCudaSuccess ? memory : nullptr;
+  };
+  DevicePool::Block found = blocks.cache().take(bytes, allocate);
+  if (error == nccl::kCudaErrorMemoryAllocation) {  // give the cache back, then try once more
+    blocks.cache().freeCached();
+    HVD_RETURN_IF_ERROR(blocks.freeEvicted(stream));
+    found = blocks.cache().take(bytes, allocate);
+  }
+  HVD_RETURN_IF_ERROR(stream.check(error, "cudaMallocAsync/cudaMalloc"));
   if (found.reuse_after != nullptr) {
     Status waited = stream.waitFor(found.reuse_after);
     cuda->eventDestroy(found.reuse_after);
@@ -83,11 +137,13 @@ void DeviceOutputPool::give(int device, void* memory, size_t capacity, uintptr_t
       cuda->eventRecord(block.reuse_after, reinterpret_cast<nccl::CudaStream>(consumer)) ==
           nccl::kCudaSuccess;
   if (recorded) {
-    poolOf(device).give(block);  // what it evicts is freed here, on the block's device
+    blocksOf(device).cache().give(block);  // what it evicts waits for the next take()
   } else {
     HVD_LOG(kWarning, "transport") << "could not order the reuse of a CUDA output block after "
-                                   << "its last use; freeing it instead";
-    freeBlock(block);
+                                   << "its last use; freeing it with cudaFree, which waits for "
+                                   << "the whole device";
+    if (block.reuse_after != nullptr) cuda->eventDestroy(block.reuse_after);
+    cuda->free(block.memory);
   }
   if (switched) cuda->setDevice(previous);
 }

@@ -1,10 +1,10 @@
 // DeviceOutputPool: device memory for the outputs the core allocates for CUDA tensors
-// (allgather, alltoall, reducescatter), reused instead of cudaMalloc/cudaFree per op: cudaFree
+// (allgather, alltoall, reducescatter), reused instead of allocated and freed per op: cudaFree
 // synchronises the whole device, from whatever thread drops the last tensor. A BlockPool per
-// device (runtime/block_pool.h); Note [Output reuse] in device_output_pool.cc says when a
-// block may be written again. Process-wide (an output may outlive the init() that made it),
-// never destroyed: blocks are taken by the background loop and given back by any thread that
-// drops a tensor.
+// device (runtime/block_pool.h) over the stream-ordered allocator; Note [Output reuse] in
+// device_output_pool.cc says when a block may be written again, and when it is freed.
+// Process-wide (an output may outlive the init() that made it), never destroyed: blocks are
+// taken by the background loop and given back by any thread that drops a tensor.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +22,7 @@ class DeviceOutputPool {
 
   // A block of at least `bytes` on the stream's device (current on this thread); the stream
   // waits (on the device) for the block's last users before anything queued after this call.
+  // Frees, in the stream's order, the blocks the cache evicted since the last call.
   // *capacity is the block's real size (a power of two), for give().
   common::Status take(size_t bytes, transport::nccl::DeviceStream& stream, void** block,
                       size_t* capacity);

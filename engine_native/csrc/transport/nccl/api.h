@@ -123,7 +123,9 @@ struct NcclApi {
 
 // cudaError_t
 constexpr int kCudaSuccess = 0;
+constexpr int kCudaErrorMemoryAllocation = 2;
 constexpr int kCudaErrorNotReady = 600;
+constexpr int kCudaErrorNotSupported = 801;  // e.g. cudaMallocAsync on a device without pools
 constexpr int kCudaErrorStreamCaptureImplicit = 906;  // the legacy stream during a global capture
 // cudaStreamCaptureStatus
 constexpr int kCudaStreamCaptureStatusNone = 0;
@@ -168,6 +170,9 @@ using CudaIpcOpenMemHandleFn = int (*)(void** device_pointer, CudaIpcHandle hand
 using CudaIpcCloseMemHandleFn = int (*)(void* device_pointer);
 using CudaIpcGetEventHandleFn = int (*)(CudaIpcHandle* handle, CudaEvent event);
 using CudaIpcOpenEventHandleFn = int (*)(CudaEvent* event, CudaIpcHandle handle);
+// The stream-ordered allocator (CUDA 11.2): transport/nccl/ordered_memory.h.
+using CudaMallocAsyncFn = int (*)(void** pointer, size_t bytes, CudaStream stream);
+using CudaFreeAsyncFn = int (*)(void* pointer, CudaStream stream);
 
 struct CudaApi {
   CudaIntOutFn runtimeGetVersion = nullptr;
@@ -199,6 +204,9 @@ struct CudaApi {
   CudaIpcCloseMemHandleFn ipcCloseMemHandle = nullptr;
   CudaIpcGetEventHandleFn ipcGetEventHandle = nullptr;
   CudaIpcOpenEventHandleFn ipcOpenEventHandle = nullptr;
+  // Optional (CUDA 11.2+): without both, device buffers come from cudaMalloc/cudaFree.
+  CudaMallocAsyncFn mallocAsync = nullptr;
+  CudaFreeAsyncFn freeAsync = nullptr;
   bool hasIpc() const {
     return ipcGetMemHandle != nullptr && ipcOpenMemHandle != nullptr &&
            ipcCloseMemHandle != nullptr && ipcGetEventHandle != nullptr &&

@@ -8,6 +8,7 @@
 
 #include "common/logging.h"
 #include "transport/nccl/loader.h"
+#include "transport/nccl/ordered_memory.h"
 
 namespace hvd::transport::nccl {
 
@@ -89,10 +90,18 @@ Status DeviceStream::waitFor(CudaEvent event) {
 Status DeviceStream::deviceBuffer(size_t bytes, void** out) {
   if (bytes > device_bytes_) {
     void* fresh = nullptr;
-    HVD_RETURN_IF_ERROR(check(cuda_->malloc(&fresh, bytes), "cudaMalloc"));
-    if (device_buffer_ != nullptr) retired_device_.push_back(device_buffer_);
+    HVD_RETURN_IF_ERROR(
+        check(allocateOrdered(*cuda_, stream_, bytes, &fresh), "cudaMallocAsync/cudaMalloc"));
+    void* replaced = device_buffer_;
     device_buffer_ = fresh;
     device_bytes_ = bytes;
+    // Every user of the old buffer is queued on this stream: a stream-ordered free runs after
+    // them; cudaFree (the fallback: Note [Ordered device memory]) waits until it drained.
+    if (replaced != nullptr && orderedFrees()) {
+      HVD_RETURN_IF_ERROR(check(freeOrdered(*cuda_, stream_, replaced), "cudaFreeAsync"));
+    } else if (replaced != nullptr) {
+      retired_device_.push_back(replaced);
+    }
   }
   *out = device_buffer_;
   return Status::ok();

@@ -72,9 +72,10 @@ class DeviceStream {
   // This stream waits (device side) for `event`, as recorded when the call is made.
   common::Status waitFor(CudaEvent event);
 
-  // Buffers grown on demand and reused (contents undefined after growth). A buffer replaced
-  // by a larger one may still be used by queued work: it is retired, and freed by
-  // freeRetired() once the caller knows this stream has drained (no completion pending).
+  // Buffers grown on demand and reused (contents undefined after growth). A device buffer
+  // replaced by a larger one is freed in this stream's order (Note [Ordered device memory]);
+  // without that allocator, and for the host buffer, it is retired: freed by freeRetired()
+  // once the caller knows this stream has drained (no completion pending).
   common::Status deviceBuffer(size_t bytes, void** out);
   common::Status hostBuffer(size_t bytes, void** out);  // pinned (cudaMallocHost)
   void freeRetired();

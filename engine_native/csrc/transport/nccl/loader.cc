@@ -60,6 +60,8 @@ void bindCuda(SymbolBinder& b, CudaApi* api) {
   b.bindOptional("cudaIpcCloseMemHandle", &api->ipcCloseMemHandle);
   b.bindOptional("cudaIpcGetEventHandle", &api->ipcGetEventHandle);
   b.bindOptional("cudaIpcOpenEventHandle", &api->ipcOpenEventHandle);
+  b.bindOptional("cudaMallocAsync", &api->mallocAsync);
+  b.bindOptional("cudaFreeAsync", &api->freeAsync);
 }
 
 DynamicLibrary<NcclApi>& nccl() {
