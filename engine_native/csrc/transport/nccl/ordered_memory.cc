@@ -17,6 +17,8 @@ namespace hvd::transport::nccl {
 // off the steady state (outputs reuse cached blocks, the fusion buffer only grows) but not off
 // a buffer's growth or a cached block's eviction. Once fallen back (a second device may lack
 // pools the first had), every free is cudaFree, which also frees cudaMallocAsync's memory.
+// CUDA IPC's slots (transport/cuda/ipc_peers.cc) stay cudaMalloc'd: cudaIpcGetMemHandle
+// cannot export pool memory, and they live as long as their process set, off the op path.
 namespace {
 
 enum Mode : int { kUndecided = 0, kOrdered = 1, kFallback = 2 };
