@@ -156,11 +156,20 @@ typedef struct {
   pthread_mutex_t mu;
   fc_block* blocks;
   long live;
+  size_t live_bytes;
   int shareable;  /* device memory: memfd-backed, so a peer process can map it */
 } fc_registry;
 
-static fc_registry device_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 1};
-static fc_registry host_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0};
+static fc_registry device_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1};
+static fc_registry host_memory = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 0};
+
+/* FAKE_CUDA_DEVICE_BYTES=N: device memory runs out past N live bytes (0 or unset: never), so
+ * tests can see what a caller does when an allocation fails for lack of memory. */
+static int outOfMemory(fc_registry* registry, size_t bytes) {
+  const char* limit = registry->shareable ? getenv("FAKE_CUDA_DEVICE_BYTES") : NULL;
+  const size_t cap = limit != NULL ? (size_t)strtoull(limit, NULL, 10) : 0;
+  return cap != 0 && registry->live_bytes + bytes > cap;
+}
 
 /* Zero bytes gives NULL and success, as cudaMalloc(0) does. */
 static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
@@ -177,20 +186,32 @@ static int allocate(fc_registry* registry, void** pointer, size_t bytes) {
   bytes += block->offset;
   block->bytes = bytes;
   block->fd = -1;
+  pthread_mutex_lock(&registry->mu);
+  const int refused = outOfMemory(registry, bytes);
+  if (!refused) registry->live_bytes += bytes;  /* reserved before mapping */
+  pthread_mutex_unlock(&registry->mu);
+  if (refused) {
+    free(block);
+    return kCudaErrorMemoryAllocation;
+  }
   if (registry->shareable) {
     block->ptr = fc_shared_map(bytes, &block->fd);
   } else if (posix_memalign(&block->ptr, ALIGNMENT, bytes) != 0) {
     block->ptr = NULL;
   }
+  pthread_mutex_lock(&registry->mu);
+  if (block->ptr != NULL) {
+    block->next = registry->blocks;
+    registry->blocks = block;
+    registry->live++;
+  } else {
+    registry->live_bytes -= bytes;
+  }
+  pthread_mutex_unlock(&registry->mu);
   if (block->ptr == NULL) {
     free(block);
     return kCudaErrorMemoryAllocation;
   }
-  pthread_mutex_lock(&registry->mu);
-  block->next = registry->blocks;
-  registry->blocks = block;
-  registry->live++;
-  pthread_mutex_unlock(&registry->mu);
   *pointer = (char*)block->ptr + block->offset;
   return kCudaSuccess;
 }
@@ -204,6 +225,7 @@ static fc_block* unregister(fc_registry* registry, void* pointer) {
   if (found != NULL) {
     *p = found->next;
     registry->live--;
+    registry->live_bytes -= found->bytes;
   }
   pthread_mutex_unlock(&registry->mu);
   return found;

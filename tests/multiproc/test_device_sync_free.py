@@ -197,3 +197,31 @@ def test_without_the_ordered_allocator_frees_wait_for_the_device(fake_cuda):
         assert async_mallocs == 0 and async_frees == 0, r.value
         warned = r.stderr.count("cudaMallocAsync is not supported on this device")
         assert warned == 1, f"the fallback was not logged once; the rank's log: {r.stderr!r}"
+
+
+def allgather_when_memory_runs_out():
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    n = hvd.size()
+    for kib in (64, 128, 256):  # three outputs, cached when dropped: 448 KiB
+        device_ops.allgather(np.ones(kib * 256 // n, np.float32), f"fill.{kib}")
+    frees = f.calls("cudaFreeAsync")
+    x = np.full(512 * 256 // n, hvd.rank() + 1, np.float32)  # a 512 KiB output
+    got = device_ops.allgather(x, "big")
+    assert (got == np.repeat(np.arange(n) + 1, x.size)).all(), got
+    frees = f.calls("cudaFreeAsync") - frees
+    with pytest.raises(hvd.HorovodInternalError) as error:  # 1 MiB cannot fit at all
+        device_ops.allgather(np.ones(1024 * 256 // n, np.float32), "too.big")
+    return frees, str(error.value)
+
+
+def test_an_allocation_that_runs_out_of_memory_frees_the_cache_first(fake_cuda):
+    """768 KiB of device memory: the 512 KiB output fits only once the cached blocks, which the
+    framework's allocator may need as much, are freed (Note [Output reuse]); a 1 MiB output
+    never fits, and the error says what to do."""
+    kw = device_ops.rank_envs(fake_cuda, 2, False, extra={"FAKE_CUDA_DEVICE_BYTES": "786432"})
+    for r in run_ranks(allgather_when_memory_runs_out, 2, timeout=60, **kw):
+        frees, error = r.value
+        assert frees == 3, r.value
+        assert "CUDA device 0 has no 1048576 bytes left for a collective's output" in error \
+            and "torch.cuda.empty_cache()" in error, error

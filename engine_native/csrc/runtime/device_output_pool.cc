@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -112,6 +113,12 @@ Status DeviceOutputPool::take(size_t bytes, nccl::DeviceStream& stream, void** b
     blocks.cache().freeCached();
     HVD_RETURN_IF_ERROR(blocks.freeEvicted(stream));
     found = blocks.cache().take(bytes, allocate);
+  }
+  if (error == nccl::kCudaErrorMemoryAllocation) {
+    return common::internalError(
+        "CUDA device " + std::to_string(stream.device()) + " has no " + std::to_string(bytes) +
+        " bytes left for a collective's output, even with the core's cached outputs freed: "
+        "release memory the framework caches (torch.cuda.empty_cache()) or use smaller tensors");
   }
   HVD_RETURN_IF_ERROR(stream.check(error, "cudaMallocAsync/cudaMalloc"));
   if (found.reuse_after != nullptr) {
