@@ -16,6 +16,9 @@ Environment (read once per process unless noted):
 
 - ``FAKE_CUDA_DEVICE_COUNT`` (default 1), ``FAKE_CUDA_BUS_IDS`` (comma-separated, entry d for
   device d; default ``0000:0<d+1>:00.0``).
+- ``FAKE_CUDA_NO_MEMPOOL=1``: ``cudaMallocAsync`` answers cudaErrorNotSupported, as on a
+  device without memory pools; ``FAKE_CUDA_DEVICE_BYTES=N``: device memory runs out past N
+  live bytes (both read per call).
 - ``FAKE_NCCL_VERSION`` (default 22809, read per call), ``FAKE_NCCL_DIR`` (where communicator
   folders go; default /dev/shm, else $TMPDIR or /tmp; read per init).
 - ``FAKE_NCCL_INIT_TIMEOUT_S`` (default 60) and ``FAKE_NCCL_TIMEOUT_S`` (default 300): seconds,
