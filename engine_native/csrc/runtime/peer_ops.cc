@@ -139,6 +139,7 @@ Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
     if (!failure_.isOk()) return failure_;
     op.handle = handles_.create(caller_waits, coord::Key(), /*point_to_point=*/true);
     *handle = op.handle;
+    if (!op.is_send) listen(+1);  // before any pass looks for its message
     submitted_.push_back(std::move(op));
   }
   if (wake) queue_.wakeIfAsleep();
@@ -253,6 +254,7 @@ void PeerOps::match(PerPeer& p) {
 }
 
 void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
+  listen(-1);
   metrics_.countP2p(/*sent=*/false, message.frame.bytes);
   endSpan(op);
   OpResult result;
@@ -273,6 +275,7 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
         seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, "
         "stuck, or never sends this tag");
     endSpan(*r, timed_out);
+    listen(-1);
     handles_.complete(r->handle, timed_out);
     r = p.receiving.erase(r);
   }
@@ -358,11 +361,22 @@ void PeerOps::setDriving(bool driving) {
   }
 }
 
+// Note [Point-to-point over shm] B: a peer's message wakes this rank's sleeping loop only while
+// a receive is open (submitted, not completed); the count lives in the peer doorbell.
+void PeerOps::listen(int delta) {
+  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
+    bell->listening.fetch_add(static_cast<uint32_t>(delta), std::memory_order_seq_cst);
+  }
+}
+
 void PeerOps::failAll(const Status& status) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_.isOk()) failure_ = status;
     taking_.swap(submitted_);
+    if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
+      bell->listening.store(0, std::memory_order_seq_cst);  // none opens again (failure_)
+    }
   }
   for (Op& op : taking_) handles_.complete(op.handle, status);
   taking_.clear();

@@ -101,6 +101,7 @@ class PeerOps {
   void match(PerPeer& p);
   void completeRecv(const Op& op, transport::PeerMessage message);
   void timeOut(PerPeer& p, Clock::time_point now);
+  void listen(int delta);  // a receive opened (+1) or completed (-1)
   void startSpan(Op& op);
   void endSpan(const Op& op, const common::Status& status = common::Status::ok());
 

@@ -343,7 +343,8 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
       if (m.peer_channels[j]) {  // Note [Point-to-point over shm]
         m.peer_channels[j]->attachSharedMemory(std::make_unique<shm::RingStream>(shm::RingLink{
             theirs.peerRing(out), m.shm.own->peerRing(in), theirs.peerDoorbell(),
-            m.shm.own->peerDoorbell(), m.peer_channels[j]->fd()}));
+            m.shm.own->peerDoorbell(), m.peer_channels[j]->fd()},
+            shm::RingStream::Wakes::kWhileListening));
       }
     } else {
       m.pairs[j].reset(new tcp::TcpPair(m.data_fds[j], j, m.abort_fd));

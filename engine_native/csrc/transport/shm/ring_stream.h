@@ -19,9 +19,16 @@ namespace hvd::transport::shm {
 
 class RingStream {
  public:
+  // When a write wakes a sleeping peer: for every write (control frames, which the peer's
+  // loop must answer), or only while the peer listens (its doorbell's `listening`) or the
+  // write did not fit (the peer must make room): point-to-point frames, which wait in the
+  // ring until the peer asks for them (Note [Point-to-point over shm] B).
+  enum class Wakes { kEveryWrite, kWhileListening };
+
   // link: the rings (outgoing: the peer's ring for this rank); its socket is the channel's
   // connection (owned by the channel).
-  explicit RingStream(const RingLink& link) : link_(link) {}
+  explicit RingStream(const RingLink& link, Wakes wakes = Wakes::kEveryWrite)
+      : link_(link), wakes_(wakes) {}
 
   // Never blocks: writes what fits and wakes the peer if it sleeps. Bytes left over stay with
   // the caller, who calls again; the peer wakes this rank once it has read (Note [Control
@@ -39,7 +46,10 @@ class RingStream {
   Doorbell* ownDoorbell() const { return link_.own_doorbell; }
 
  private:
+  bool wakeAfterWrite(size_t written, size_t asked) const;
+
   RingLink link_;
+  Wakes wakes_;
 };
 
 }  // namespace hvd::transport::shm

@@ -25,6 +25,9 @@ struct Doorbell {
   // rings itself, so a writer need not wake the sleeping loop thread (Note [Point-to-point
   // over shm] in transport/peer_channel.cc).
   std::atomic<uint32_t> driving;
+  // Receives the owner has open (point-to-point doorbell only): a message that fits its ring
+  // wakes a sleeping owner only while there is one (Note [Point-to-point over shm] B).
+  std::atomic<uint32_t> listening;
 };
 
 // Control rings carry negotiation frames, written in pieces when larger: small is enough.
