@@ -1,0 +1,130 @@
+"""Where a pipeline step's time goes, per action kind (issue #36): ours only, the hand-off-bound
+case of bench_pipeline.py (np=2: an MLP of 8 blocks, Linear(64, 64) + Tanh, 4 per stage, batch
+64 in 16 micro-batches).
+
+    python benchmarks/bench_pipeline_actions.py [--schedule gpipe|1f1b] [--steps 100]
+
+Prints per rank: the median step, the mean time of each action kind (F, B, RECV_*, SEND_*;
+a receive includes its wait for the neighbour), the isend calls alone, the loop thread's
+wake-ups and the caller-driven ops per step (``metrics()``), and beside it the same stage's
+forwards and backwards in one process with nothing else running (the compute floor).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import subprocess
+import sys
+import time
+
+HIDDEN, BATCH, MICRO = 64, 64, 16
+
+
+def _stage(torch, rank: int, size: int):
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(8):
+        blocks += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()]
+    per = len(blocks) // size
+    return torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
+
+
+def rank_main(schedule: str, steps: int) -> None:
+    import torch
+    torch.set_num_threads(1)
+    import engine_native
+    import engine_native.torch as hvd
+    from engine_native.torch import pipelining as pp
+    from engine_native.torch.pipelining import step_run
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    part = _stage(torch, rank, size)
+    cls = pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B
+    sched = cls(pp.PipelineStage(part, rank, size), MICRO,
+                loss_fn=torch.nn.functional.mse_loss)
+    opt = torch.optim.SGD(part.parameters(), lr=1e-3)
+    x, y = torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN)
+
+    def step():
+        opt.zero_grad()
+        sched.step(x) if rank == 0 else sched.step(target=y, losses=[])
+        opt.step()
+
+    for _ in range(5):
+        hvd.barrier()
+        step()
+    spent, count = collections.Counter(), collections.Counter()
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name if name else args[1].kind] += time.perf_counter() - t0
+                count[name if name else args[1].kind] += 1
+        return wrapper
+
+    step_run.StepRun._do = timed(None, step_run.StepRun._do)
+    step_run.raw_isend = timed("isend call", step_run.raw_isend)
+    before = engine_native.metrics()
+    times = []
+    for _ in range(steps):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    after = engine_native.metrics()
+    per_step = {k: (after[k] - before[k]) / steps for k in ("loop_wakeups", "caller_driven_ops")}
+    actions = ", ".join(f"{k} {spent[k] / count[k] * 1e6:.0f} us" for k in sorted(spent))
+    print(f"| {rank} | {statistics.median(times) * 1e3:.2f} ms | {actions} | "
+          f"{per_step['loop_wakeups']:.1f} | {per_step['caller_driven_ops']:.1f} |",
+          flush=True)
+    hvd.shutdown()
+
+
+def floor(rank: int, size: int, repeats: int = 200) -> float:
+    """Median seconds of stage ``rank``'s forwards and backwards of a step, in one process."""
+    import torch
+    torch.set_num_threads(1)
+    part = _stage(torch, rank, size)
+    x, y = torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN)
+    chunks = list(zip(torch.tensor_split(x, MICRO), torch.tensor_split(y, MICRO)))
+    times = []
+    for _ in range(repeats + 20):
+        t0 = time.perf_counter()
+        for xm, ym in chunks:
+            xi = xm.detach().requires_grad_(rank > 0)
+            out = part(xi)
+            if rank == size - 1:
+                (torch.nn.functional.mse_loss(out, ym) / MICRO).backward()
+            else:
+                out.backward(torch.ones_like(out))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[20:])
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
+        rank_main(sys.argv[2], int(sys.argv[3]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
+    ap.add_argument("--steps", type=int, default=100)
+    a = ap.parse_args()
+    print(f"{a.schedule}, hidden {HIDDEN}, batch {BATCH}, {MICRO} micro-batches, np=2\n")
+    print("| rank | step (median) | per action (mean) | loop wake-ups / step | "
+          "driven ops / step |")
+    print("|---|---|---|---|---|")
+    out = subprocess.run(["hvdrun", "-np", "2", sys.executable, __file__, "--rank-main",
+                          a.schedule, str(a.steps)], capture_output=True, text=True,
+                         timeout=600)
+    rows = sorted(line.split(":", 1)[-1] for line in out.stdout.splitlines() if "| " in line)
+    print("\n".join(rows) if rows else out.stdout + out.stderr)
+    print("\nCompute floor (one process, the stage's forwards and backwards of a step): " +
+          ", ".join(f"stage {r} {floor(r, 2) * 1e3:.2f} ms" for r in range(2)))
+
+
+if __name__ == "__main__":
+    main()
