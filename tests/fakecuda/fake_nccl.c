@@ -10,7 +10,15 @@
  * Environment: FAKE_NCCL_VERSION (ncclGetVersion, default 22809), FAKE_NCCL_FAIL_COLLECTIVE=k
  * (this process's k-th call counting every collective, send and receive, 1-based, read once,
  * records async error ncclSystemError and hangs until ncclCommAbort); the others (the init
- * hooks FAKE_NCCL_FAIL_INIT and FAKE_NCCL_INIT_STALL among them) are read in fake_nccl_comm.c. */
+ * hooks FAKE_NCCL_FAIL_INIT and FAKE_NCCL_INIT_STALL among them) are read in fake_nccl_comm.c.
+ *
+ * Note [Calls in progress]: on a communicator made with blocking = 0, NCCL may answer any call
+ * ncclInProgress (the call is under way: since 2.22 a group's end may still be connecting
+ * peers), and the caller must then poll ncclCommGetAsyncError until it leaves that state before
+ * its next call on the communicator. With FAKE_NCCL_CALLS_IN_PROGRESS=1 every collective
+ * outside a group and every ncclGroupEnd on such a communicator does its work and answers so;
+ * ncclCommGetAsyncError then reports ncclInProgress for two polls; a call made before that is
+ * refused with ncclInvalidUsage and a line on stderr, as a caller that did not wait. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +36,7 @@ static fn_comm* live;  /* handles not yet destroyed or aborted */
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static long fail_at;   /* FAKE_NCCL_FAIL_COLLECTIVE, 0 for none */
 static long issued;    /* calls issued by this process */
+static int calls_in_progress;  /* FAKE_NCCL_CALLS_IN_PROGRESS: Note [Calls in progress] */
 static __thread int group_depth;
 static __thread fn_batch* group_batches;
 static __thread int group_error;
@@ -35,6 +44,24 @@ static __thread int group_error;
 static void readEnv(void) {
   const char* fail = getenv("FAKE_NCCL_FAIL_COLLECTIVE");
   fail_at = fail != NULL ? atol(fail) : 0;
+  const char* in_progress = getenv("FAKE_NCCL_CALLS_IN_PROGRESS");
+  calls_in_progress = in_progress != NULL && strcmp(in_progress, "1") == 0;
+}
+
+/* Note [Calls in progress]: a call on a communicator whose last call is still in progress. */
+static int stillInProgress(fn_comm* comm, const char* call) {
+  if (__atomic_load_n(&comm->polls_in_progress, __ATOMIC_SEQ_CST) == 0) return 0;
+  fprintf(stderr, "fake-nccl: %s while the communicator's last call is in progress (poll "
+          "ncclCommGetAsyncError until it is not)\n", call);
+  return 1;
+}
+
+/* A call that did its work: answered ncclInProgress where Note [Calls in progress] says so. */
+static int answer(fn_comm* comm, int result) {
+  pthread_once(&env_once, readEnv);
+  if (result != kNcclSuccess || !calls_in_progress || !comm->nonblocking) return result;
+  __atomic_store_n(&comm->polls_in_progress, 2, __ATOMIC_SEQ_CST);
+  return kNcclInProgress;
 }
 
 FN_API int ncclGetVersion(int* version) {
@@ -96,6 +123,7 @@ FN_API int ncclCommInitRankConfig(fn_comm** comm, int nranks, fn_unique_id id, i
   if (config == NULL || config->blocking != 0) return ncclCommInitRank(comm, nranks, id, rank);
   const int result = fn_comm_start(comm, nranks, id.internal, rank);
   if (result != kNcclSuccess) return result;
+  (*comm)->nonblocking = 1;
   pthread_mutex_lock(&live_mu);
   (*comm)->next_live = live;
   live = *comm;
@@ -144,6 +172,13 @@ FN_API int ncclCommGetAsyncError(fn_comm* comm, int* result) {
   }
   const int init = fn_comm_poll_init(comm);  /* Note [Init states] */
   *result = init != kNcclSuccess ? init : __atomic_load_n(&comm->async_error, __ATOMIC_SEQ_CST);
+  int polls = __atomic_load_n(&comm->polls_in_progress, __ATOMIC_SEQ_CST);
+  while (*result == kNcclSuccess && polls > 0) {  /* Note [Calls in progress] */
+    if (__atomic_compare_exchange_n(&comm->polls_in_progress, &polls, polls - 1, 0,
+                                    __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+      *result = kNcclInProgress;
+    }
+  }
   return kNcclSuccess;
 }
 
@@ -260,6 +295,7 @@ static int issue(fn_comm* comm, void* stream, fn_call* call) {
 static int enqueue(fn_kind kind, const void* send, void* recv, size_t count, int dtype, int op,
                    int peer, fn_comm* comm, void* stream) {
   if (!checkHandle(comm, fn_kind_name(kind), 0)) return kNcclInvalidArgument;
+  if (stillInProgress(comm, fn_kind_name(kind))) return kNcclInvalidUsage;
   const int pending = __atomic_load_n(&comm->async_error, __ATOMIC_SEQ_CST);
   if (pending != kNcclSuccess) return pending;  /* as NCCL: a broken comm refuses new work */
   const int uses_peer = kind == kBroadcast || kind == kReduce || kind == kSend || kind == kRecv;
@@ -279,7 +315,8 @@ static int enqueue(fn_kind kind, const void* send, void* recv, size_t count, int
     return kNcclInvalidArgument;
   }
   call->op.dtype = dtype;
-  return issue(comm, stream, call);
+  const int result = issue(comm, stream, call);
+  return group_depth > 0 ? result : answer(comm, result);  /* a group's end answers for it */
 }
 
 /* Inside a group, a failed call also fails the ncclGroupEnd that closes it, as in NCCL. */
@@ -334,14 +371,17 @@ FN_API int ncclGroupEnd(void) {
   if (group_depth == 0) return kNcclInvalidUsage;
   if (--group_depth > 0) return kNcclSuccess;
   int result = group_error;
+  fn_comm* answering = NULL;  /* Note [Calls in progress]: the group's communicator */
   while (group_batches != NULL) {
     fn_batch* batch = group_batches;
     group_batches = batch->next;
+    answering = batch->comm;
     if (cudaLaunchHostFunc(batch->stream, fn_run_batch, batch) != 0) {
       dropBatch(batch);
       if (result == kNcclSuccess) result = kNcclUnhandledCudaError;
     }
   }
+  if (answering != NULL) result = answer(answering, result);
   group_error = kNcclSuccess;
   return result;
 }

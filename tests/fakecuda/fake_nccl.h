@@ -96,6 +96,8 @@ typedef struct fn_comm {
   int has_left;            /* fn_comm_leave ran */
   int init_state;          /* Note [Init states] in fake_nccl_comm.c */
   int stall;               /* FAKE_NCCL_INIT_STALL: kNoStall, kStallHang or kStallFail */
+  int nonblocking;         /* made with config.blocking = 0 */
+  int polls_in_progress;   /* Note [Calls in progress] in fake_nccl.c */
 } fn_comm;
 
 /* One call, queued as part of a batch (fake_nccl_exec.c). */

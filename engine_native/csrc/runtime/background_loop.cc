@@ -277,6 +277,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
 int BackgroundLoop::timeoutMs() const {
   if (!execution_.empty() && !execution_.waitingForDevice()) return 0;
   if (!coordinator_ || coordinator_->window().empty()) return kTickMs;
+  // Executing may just have left the held batch all rank 0 has in flight (Note [Batching
+  // window]): the next pass sends it.
+  if (ownBlocked()) return 0;
   const auto left = coordinator_->window().end() - Clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(left).count();
   return us <= 0 ? 0 : static_cast<int>(std::min<int64_t>((us + 999) / 1000, kTickMs));
@@ -429,8 +432,10 @@ void BackgroundLoop::progressEagerly(int64_t handle, bool is_send) {
 bool BackgroundLoop::drive(int64_t handle) {
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
   if (!drive_.drivable() || !handles_.callerWaits(handle)) {
-    // A napping loop may hold this op's submission (Note [Coalesced wakes]).
+    // A napping loop may hold this op's submission (Note [Coalesced wakes]); rank 0's sleeping
+    // one may hold a batch this wait now blocks (Note [Batching window]).
     queue_.wakeForWaiter();
+    if (mesh_.rank() == 0) queue_.wakeIfAsleep();
     return false;
   }
   const auto spin = drive_.nextSpin();  // Note [Spin backoff] in drive_policy.h

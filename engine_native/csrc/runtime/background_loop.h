@@ -130,6 +130,9 @@ class BackgroundLoop {
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
   void coordinate();
+  // Note [Batching window], the blocked caller: a caller of rank 0 is in wait() and every
+  // tensor rank 0 has in flight is in the held batch (rank 0 only).
+  bool ownBlocked() const;
   void sendReady();
   void sendRequests();
   void executeQueued();

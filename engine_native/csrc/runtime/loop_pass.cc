@@ -225,12 +225,22 @@ void BackgroundLoop::coordinate() {
   timeline::Timeline* timeline = negotiationTimeline();
   coordinator_->admitParked(timeline);
   coordinator_->release(t0, timeline);
-  // Note [Batching window], the blocked caller: everything rank 0 has in flight is held.
-  const bool own_blocked = handles_.callerInWait() && execution_.empty() &&
-                           !queue_.submissionsPending() && !entries_.empty() &&
-                           entries_.size() == coordinator_->heldOwnTensors();
-  if (coordinator_->sendNow(own_blocked)) sendReady();
+  if (coordinator_->sendNow(ownBlocked())) sendReady();
   metrics_.addNegotiate(std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+// Counted against the held batch's own keys: after rank 0 joined, the batch also names
+// tensors it never submitted.
+bool BackgroundLoop::ownBlocked() const {
+  if (!handles_.callerInWait() || !execution_.empty() || queue_.submissionsPending() ||
+      entries_.empty() || coordinator_->window().empty()) {
+    return false;
+  }
+  size_t held = 0;
+  for (const auto& r : coordinator_->window().responses()) {
+    for (coord::Key key : r.keys) held += entries_.contains(key) ? 1 : 0;
+  }
+  return held == entries_.size();
 }
 
 // Step A: send each worker its share (responses of sets it belongs to), in order, with the

@@ -160,14 +160,6 @@ void RankZeroCoordinator::noteReleased(const std::vector<coord::Response>& ready
   }
 }
 
-size_t RankZeroCoordinator::heldOwnTensors() const {
-  size_t count = 0;
-  for (const auto& r : window_.responses()) {
-    if (sets_.contains(r.process_set, 0)) count += r.keys.size();
-  }
-  return count;
-}
-
 std::vector<coord::Response> RankZeroCoordinator::takeBatch(
     std::optional<coord::ParamsUpdate>* params) {
   std::vector<coord::Response> ready = window_.take();

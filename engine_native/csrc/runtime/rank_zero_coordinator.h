@@ -58,8 +58,6 @@ class RankZeroCoordinator {
   bool sendNow(bool own_blocked) const {
     return !window_.empty() && !window_.hold(negotiating_allreduces_, own_blocked);
   }
-  // How many of rank 0's own tensors the held batch names (those of sets rank 0 is in).
-  size_t heldOwnTensors() const;
   // The held batch and the autotune setting not sent yet (which goes with it).
   std::vector<coord::Response> takeBatch(std::optional<coord::ParamsUpdate>* params);
   void dropBatch() { window_.take(); }  // the core failed or shuts down

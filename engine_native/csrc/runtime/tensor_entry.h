@@ -46,6 +46,10 @@ class EntryTable {
     ++size_;
     return slot.entry;
   }
+  bool contains(coord::Key key) const {
+    return key.index < slots_.size() && slots_[key.index].used &&
+           slots_[key.index].entry.request.key == key;
+  }
   void erase(coord::Key key) {
     TensorEntry* entry = find(key);
     if (entry == nullptr) return;

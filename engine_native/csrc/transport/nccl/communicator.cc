@@ -58,6 +58,8 @@ NcclCommunicator::~NcclCommunicator() {
 
 Status NcclCommunicator::check(int result, const char* call) {
   if (result == kNcclSuccess) return Status::ok();
+  // Note [Non-blocking set-up]: any call on the communicator may answer "in progress".
+  if (result == kNcclInProgress && comm_ != nullptr && nonblocking_) return awaitCall(call);
   broken_ = true;  // a failed collective leaves the members out of step: never reuse it
   const char* text = nccl_ != nullptr ? nccl_->getErrorString(result) : nullptr;
   return common::internalError(std::string("NCCL error in ") + call + " (rank " +
@@ -88,6 +90,8 @@ Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size,
   }
   NcclConfig config;
   config.blocking = 0;
+  nonblocking_ = true;
+  wait_ = wait;
   const int result = nccl_->commInitRankConfig(&comm_, size, id, rank, &config);
   if (result != kNcclSuccess && result != kNcclInProgress) {
     Status failed = check(result, "ncclCommInitRankConfig");
@@ -99,30 +103,52 @@ Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size,
 
 // Note [Non-blocking set-up] in communicator.h.
 Status NcclCommunicator::awaitSetup(const SetupWait& wait) {
+  Status status = pollUntilDone("ncclCommInitRankConfig", "NCCL communicator set-up",
+                                wait.deadline);
+  if (!status.isOk()) abort();
+  return status;
+}
+
+// A call that answered ncclInProgress: done when the communicator's state leaves it, within
+// HVD_TIMEOUT of now (the communicator is broken past that).
+Status NcclCommunicator::awaitCall(const char* call) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(wait_.timeout_seconds));
+  common::Text what;
+  what << "NCCL's " << call;
+  Status status = pollUntilDone(call, what.str().c_str(), deadline);
+  if (!status.isOk()) broken_ = true;
+  return status;
+}
+
+Status NcclCommunicator::pollUntilDone(const char* call, const char* what,
+                                       Clock::time_point deadline) {
   constexpr auto kMaxPause = std::chrono::milliseconds(20);
-  std::chrono::steady_clock::duration pause = std::chrono::microseconds(100);
+  Clock::duration pause = std::chrono::microseconds(100);
   for (;;) {
     int state = kNcclInProgress;
-    Status status = check(nccl_->commGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
-    if (status.isOk() && state == kNcclSuccess) return status;
-    if (status.isOk() && state != kNcclInProgress) {
-      status = check(state, "ncclCommInitRankConfig (set-up failed asynchronously)");
+    const int result = nccl_->commGetAsyncError(comm_, &state);
+    if (result != kNcclSuccess && result != kNcclInProgress) {
+      return check(result, "ncclCommGetAsyncError");
     }
-    if (status.isOk() && wait.interrupted) status = wait.interrupted();
-    const auto now = std::chrono::steady_clock::now();
-    if (status.isOk() && now >= wait.deadline) {
+    if (result == kNcclSuccess && state == kNcclSuccess) return Status::ok();
+    if (result == kNcclSuccess && state != kNcclInProgress) {
       common::Text text;
-      text << "NCCL communicator set-up did not finish within HVD_TIMEOUT (" <<
-          wait.timeout_seconds << " s) on set rank " << rank_ << " of " << size_;
-      status = common::timedOut(text.str());
+      text << call << " (failed asynchronously)";
+      return check(state, text.str().c_str());
     }
-    if (!status.isOk()) {
-      abort();
-      return status;
+    Status status = wait_.interrupted ? wait_.interrupted() : Status::ok();
+    if (!status.isOk()) return status;
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      common::Text text;
+      text << what << " did not finish within HVD_TIMEOUT (" << wait_.timeout_seconds
+           << " s) on set rank " << rank_ << " of " << size_;
+      return common::timedOut(text.str());
     }
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-        pause, wait.deadline - now));
-    pause = std::min<std::chrono::steady_clock::duration>(pause * 2, kMaxPause);
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    pause = std::min<Clock::duration>(pause * 2, kMaxPause);
   }
 }
 

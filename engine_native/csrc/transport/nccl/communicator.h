@@ -25,6 +25,10 @@
 // often outnumber cores), until the state leaves ncclInProgress, the deadline passes, or
 // `interrupted` (abort(), a lost peer) says stop; the last two ncclCommAbort the communicator.
 // NCCL before 2.14 lacks the call: there init() blocks in ncclCommInitRank as before.
+// The communicator stays non-blocking for its life: any later call (a collective, a group's
+// end, which may connect peers at run time since NCCL 2.22) may answer ncclInProgress, and then
+// the next call must wait until ncclCommGetAsyncError leaves it. check() does that wait, the
+// same poll bounded by HVD_TIMEOUT from the call and by `interrupted`.
 #pragma once
 
 #include <chrono>
@@ -95,7 +99,13 @@ class NcclCommunicator {
 
  private:
   common::Status check(int result, const char* call);
+  using Clock = std::chrono::steady_clock;
   common::Status awaitSetup(const SetupWait& wait);
+  common::Status awaitCall(const char* call);
+  // Polls ncclCommGetAsyncError (sleeping between polls) until the state leaves
+  // ncclInProgress, `deadline` passes (kTimeout: "<what> did not finish ...") or
+  // wait_.interrupted says stop.
+  common::Status pollUntilDone(const char* call, const char* what, Clock::time_point deadline);
   common::Status reduceOp(common::DataType dtype, common::ReduceOp op, double scale, int* nccl_op,
                           bool* created);
   void destroyOp(int nccl_op, bool created);
@@ -106,6 +116,8 @@ class NcclCommunicator {
   int rank_ = -1;
   int size_ = 0;
   bool broken_ = false;  // after abort() or an NCCL error: destroy by ncclCommAbort
+  bool nonblocking_ = false;  // made with blocking = 0: any call may answer ncclInProgress
+  SetupWait wait_;            // HVD_TIMEOUT and the interruption, for every such wait
 };
 
 }  // namespace hvd::transport::nccl
