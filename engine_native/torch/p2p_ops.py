@@ -114,13 +114,19 @@ def target_device(device, what: str):
     anything is submitted, so a bad one loses no message)."""
     if device is None:
         return None
-    d = torch.device(device)
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{what}: device={device!r} is not a device ({exc})") from None
     if d.type == "cpu":
         return None
     if d.type != "cuda":
         raise ValueError(f"{what}: device must be the CPU or a CUDA device, got {d}")
     if not torch.cuda.is_available():
         raise ValueError(f"{what}: device={d}, but this torch sees no CUDA device")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"{what}: device={d}, but this process sees "
+                         f"{torch.cuda.device_count()} CUDA device(s)")
     return d
 
 
@@ -184,6 +190,8 @@ def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     ValueError)."""
     _check_tag(tag, "irecv")
     device = target_device(device, "irecv")
+    if device is not None and out is not None:
+        raise ValueError("irecv: give out= (filled where it lives) or device=, not both")
     request = raw_irecv(src, tag, out, device=device)
     _count(_receives, (src, tag))
     return request
@@ -252,6 +260,8 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     back to rank ``src``, whose :func:`send` token receives it."""
     _check_tag(tag, "recv")
     device = target_device(device, "recv")
+    if device is not None and out is not None:
+        raise ValueError("recv: give out= (filled where it lives) or device=, not both")
     if requires_grad:
         if out is not None:
             raise ValueError("recv: requires_grad=True returns a new tensor; out= is for "

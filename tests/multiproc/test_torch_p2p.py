@@ -42,10 +42,11 @@ def dtypes_suite():
                     wrong.append((str(dtype), shape))
     errors = []
     if hvd.rank() == 0:
-        hvd.send(torch.ones(3), 1, tag=99)
-        hvd.send(torch.ones(3), 1, tag=99)
+        for _ in range(3):  # the misfit's, out='s and the last receive's
+            hvd.send(torch.ones(3), 1, tag=99)
     else:
-        for kwargs in ({"out": torch.empty(4)}, {"device": "cuda"}, {"device": "meta"}):
+        for kwargs in ({"out": torch.empty(4)}, {"device": "cuda"}, {"device": "meta"},
+                       {"device": "bogus"}, {"device": "cpu", "out": torch.empty(3)}):
             try:
                 hvd.recv(0, tag=99, **kwargs)
             except ValueError as exc:
@@ -73,9 +74,11 @@ def test_every_dtype_and_size_arrives_equal():
         "torch.float32 (4,)",
         "recv: device=cuda, but this torch sees no CUDA device",  # (CI's torch is CPU-only)
         "recv: device must be the CPU or a CUDA device, got meta"], errors
-    assert errors[3] == [1.0, 1.0, 1.0]
-    assert errors[4] == "send(to rank 0, tag 98): CPU or CUDA tensors only (got one on meta)"
-    assert errors[5:] == [f"send: tag must be an int in [0, 2**40), got {t!r}"
+    assert errors[3].startswith("recv: device='bogus' is not a device ("), errors
+    # (device="cpu" is the default: with out= it is no conflict, and that receive fills out)
+    assert errors[4] == [1.0, 1.0, 1.0]
+    assert errors[5] == "send(to rank 0, tag 98): CPU or CUDA tensors only (got one on meta)"
+    assert errors[6:] == [f"send: tag must be an int in [0, 2**40), got {t!r}"
                           for t in (-1, 1 << 40, 1.5)]
 
 
