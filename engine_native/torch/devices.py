@@ -91,3 +91,24 @@ def device_tensor(buffer, shape, dtype):
     array = _DeviceArray(buffer, shape, _TYPESTR[dtype])
     out = torch.as_tensor(array, device=torch.device('cuda', buffer.device))
     return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out
+
+
+def receive_device(device, what: str):
+    """``device=`` of a receive: None for the CPU, else a CUDA torch.device (checked before
+    anything is submitted, so a bad one loses no message)."""
+    if device is None:
+        return None
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"{what}: device={device!r} is not a device ({exc})") from None
+    if d.type == "cpu":
+        return None
+    if d.type != "cuda":
+        raise ValueError(f"{what}: device must be the CPU or a CUDA device, got {d}")
+    if not torch.cuda.is_available():
+        raise ValueError(f"{what}: device={d}, but this torch sees no CUDA device")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"{what}: device={d}, but this process sees "
+                         f"{torch.cuda.device_count()} CUDA device(s)")
+    return d

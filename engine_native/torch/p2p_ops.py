@@ -31,6 +31,7 @@ import engine_native.basics as _basics
 from engine_native import _core
 from engine_native import p2p as _p2p
 from engine_native.p2p import P2PRequest
+from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
@@ -109,27 +110,6 @@ def _warn_staged() -> None:
                       "verified on a GPU yet", RuntimeWarning, stacklevel=3)
 
 
-def target_device(device, what: str):
-    """``device=`` of a receive: None for the CPU, else a CUDA torch.device (checked before
-    anything is submitted, so a bad one loses no message)."""
-    if device is None:
-        return None
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"{what}: device={device!r} is not a device ({exc})") from None
-    if d.type == "cpu":
-        return None
-    if d.type != "cuda":
-        raise ValueError(f"{what}: device must be the CPU or a CUDA device, got {d}")
-    if not torch.cuda.is_available():
-        raise ValueError(f"{what}: device={d}, but this torch sees no CUDA device")
-    if d.index is not None and d.index >= torch.cuda.device_count():
-        raise ValueError(f"{what}: device={d}, but this process sees "
-                         f"{torch.cuda.device_count()} CUDA device(s)")
-    return d
-
-
 def _check_tag(tag: int, what: str) -> int:
     if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < USER_TAGS:
         raise ValueError(f"{what}: tag must be an int in [0, 2**40), got {tag!r}")
@@ -189,7 +169,7 @@ def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     new tensor (on the CPU, or on ``device``), or ``out`` filled (same dtype and shape, else
     ValueError)."""
     _check_tag(tag, "irecv")
-    device = target_device(device, "irecv")
+    device = devices.receive_device(device, "irecv")
     if device is not None and out is not None:
         raise ValueError("irecv: give out= (filled where it lives) or device=, not both")
     request = raw_irecv(src, tag, out, device=device)
@@ -259,7 +239,7 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     With ``requires_grad=True`` the tensor is part of the autograd graph: its gradient is sent
     back to rank ``src``, whose :func:`send` token receives it."""
     _check_tag(tag, "recv")
-    device = target_device(device, "recv")
+    device = devices.receive_device(device, "recv")
     if device is not None and out is not None:
         raise ValueError("recv: give out= (filled where it lives) or device=, not both")
     if requires_grad:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 import engine_native as _engine
-from engine_native.torch.p2p_ops import target_device
+from engine_native.torch import devices
 
 
 class PipelineStage:
@@ -48,7 +48,7 @@ class PipelineStage:
         if owner != me:
             raise ValueError(f"PipelineStage: stage {stage_index} belongs on rank {owner}, not "
                              f"on rank {me}")
-        device = target_device(device, "PipelineStage")
+        device = devices.receive_device(device, "PipelineStage")
         if data_group is not None and me not in data_group.ranks:
             raise ValueError(f"PipelineStage: rank {me} is not in data_group "
                              f"{list(data_group.ranks)} (the ranks holding stage {stage_index} "
