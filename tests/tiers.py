@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 
-TIERS = ("gpu", "browser", "spark", "mpi", "multihost")
+TIERS = ("gpu", "browser", "spark", "mpi", "multihost", "jax", "keras", "tensorflow")
 
 
 def chromium_path():
@@ -108,8 +108,20 @@ def _missing_multihost():
     return _missing_mpi()
 
 
+def _missing_framework(*modules):
+    """A framework tier (engine_native.jax, .keras, .tensorflow): its packages importable, as
+    .ci/install-frameworks.sh installs them (pinned)."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (run .ci/install-frameworks.sh)"
+    return None
+
+
 _CHECKS = {"gpu": _missing_gpu, "browser": _missing_browser, "spark": _missing_spark,
-           "mpi": _missing_mpi, "multihost": _missing_multihost}
+           "mpi": _missing_mpi, "multihost": _missing_multihost,
+           "jax": functools.partial(_missing_framework, "jax", "optax"),
+           "keras": functools.partial(_missing_framework, "keras"),
+           "tensorflow": functools.partial(_missing_framework, "tensorflow")}
 
 
 def missing(tier: str):
