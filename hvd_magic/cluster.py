@@ -17,7 +17,7 @@ import re
 import signal
 import time
 
-from . import preflight, ranksetup, reaper, ssh_engines
+from . import frameworks, preflight, ranksetup, reaper, ssh_engines
 from .cluster_mps import ClusterMps
 from .launch import hosts as hostlib
 from .loop import LoopThread
@@ -70,8 +70,10 @@ class HvdCluster:
 
     def __init__(self, n: int, launcher: str = "mpi", gpus: str = "auto",
                  timeout: float = 60.0, env: dict | None = None, hosts: str | None = None,
-                 mps="auto"):
+                 mps="auto", framework: str | None = None):
         self.n, self.launcher, self.gpus, self.timeout = n, launcher, gpus, timeout
+        # hvd_magic.frameworks: the binding every rank imports (default: torch, else numpy)
+        self.framework = framework or frameworks.default()
         self.hosts = hosts  # "a:2,b:2" for the ssh launcher (hvd_magic.ssh_engines)
         self.slots = None
         self.env = dict(env or {})

@@ -5,7 +5,7 @@ this module must import on an engine with nothing but the standard library, IPyt
 every engine has) and, lazily, torch / engine_native. Keep it free of driver-side imports.
 
 State per engine process: ``RANK`` (set by :func:`init_engine`) and the name of the core API
-module in use. The user's namespace gets ``hvd`` and ``torch``.
+module in use. The user's namespace gets ``hvd`` and its framework (``torch``, ``jax``, ...).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import sys
 import threading
 import time
 
-from . import gpu_pinning
+from . import frameworks, gpu_pinning
 
 RANK: int | None = None
-_CORE_MODULE: str | None = None  # "engine_native.torch" or "engine_native"
+_CORE_MODULE: str | None = None  # the binding in use: "engine_native.torch", ".jax", ...
 
 
 def _shell():
@@ -43,13 +43,15 @@ def describe() -> dict:
 
 
 def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: bool = True,
-                local_size: int | None = None) -> dict:
+                local_size: int | None = None, framework: str = "torch") -> dict:
     """Become ``rank``: set the environment, pin a GPU, initialise the core, fill the namespace.
 
-    The GPU is pinned first, before torch is imported, through
+    The GPU is pinned first, before any framework is imported, through
     :func:`hvd_magic.gpu_pinning.pin` (``engine_native.gpu.pin_gpu``: nvidia-smi, never
     ``torch.cuda``), so a CPU-only engine never initialises CUDA. ``local_size`` (ranks on this
     host) tells pin_gpu when ranks share GPUs; unknown, it counts this rank as the last one.
+    ``framework`` (hvd_magic.frameworks) names the binding the namespace gets as ``hvd`` and
+    the modules it gets beside it (``torch``; ``jax``, ``jnp``, ``optax``; ``keras``; ``tf``).
 
     Returns what happened (device, the pin as ``gpu``, core API, the core's own rank/size, or
     why it failed); never raises, so one bad rank does not hide the others' reports.
@@ -60,21 +62,22 @@ def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: boo
     ns = _shell().user_ns
     out: dict = {"rank": rank, "device": "cpu", "core": None, "core_error": None}
     out.update(_pin_gpu(gpus, local_rank, local_size or local_rank + 1))
-    torch = _import("torch")
-    if torch is not None:
-        ns["torch"] = torch
+    chosen = frameworks.FRAMEWORKS[framework]
+    for alias, module_name in chosen.namespace:
+        module = _import(module_name)
+        if module is not None:
+            ns[alias] = module
     if not with_core:
         return out
-    name = "engine_native.torch" if torch is not None else "engine_native"
     try:
-        hvd = importlib.import_module(name)
+        hvd = importlib.import_module(chosen.binding)
         hvd.init()
     except BaseException as exc:  # ImportError, core failure, KeyboardInterrupt from the magic
         out["core_error"] = f"{type(exc).__name__}: {exc}"
         return out
-    _CORE_MODULE = name
+    _CORE_MODULE = chosen.binding
     ns["hvd"] = hvd
-    out.update(core=name, core_rank=hvd.rank(), core_size=hvd.size(),
+    out.update(core=chosen.binding, core_rank=hvd.rank(), core_size=hvd.size(),
                local_rank=hvd.local_rank())
     return out
 

@@ -15,6 +15,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from . import frameworks
 from . import status as status_mod
 from .cellrun import CellRun
 from .cluster import HvdCluster
@@ -67,6 +68,10 @@ class HvdMagics(Magics):
                    "cluster; --mps makes a daemon that cannot start an error")
     @argument("--no-mps", dest="mps", action="store_const", const="off",
               help="never start an MPS daemon (ranks sharing a GPU are time-sliced)")
+    @argument("--framework", default=None, choices=sorted(frameworks.FRAMEWORKS),
+              help="the binding every rank imports as hvd (default: torch when it is "
+                   "installed, else numpy): torch, keras (Keras 3; its backend from "
+                   "KERAS_BACKEND, e.g. --env KERAS_BACKEND=jax), jax, tensorflow")
     @argument("--timeout", type=float, default=60.0,
               help="seconds to wait for engines to register and the core to start")
     @argument("--env", action="append", metavar="KEY=VALUE",
@@ -82,7 +87,9 @@ class HvdMagics(Magics):
 
         Engines start as MPI ranks by default (``mpiexec``), in their own process session
         so a notebook interrupt never kills them. Each rank gets ``hvd``
-        (``engine_native.torch`` when torch is installed) and ``torch`` in its namespace
+        (``engine_native.torch`` when torch is installed, or the binding ``--framework``
+        names: ``engine_native.keras``, ``.jax``, ``.tensorflow``) and its framework
+        (``torch``; ``keras``; ``jax``, ``jnp``, ``optax``; ``tf``) in its namespace
         and, with GPUs, one GPU per local rank, pinned before anything touches CUDA by
         narrowing ``CUDA_VISIBLE_DEVICES`` (hvd_magic.gpu_pinning): the rank's GPU is its
         ``cuda:0``, ``torch.cuda.set_device(hvd.local_rank())`` still selects it, ranks share
@@ -108,6 +115,7 @@ class HvdMagics(Magics):
             hvd: MPS: 2 ranks share 1 GPU(s) on node1: they run under a private MPS daemon
             (--no-mps: time-sliced instead)
             In [6]: %hvd_start -n 4 --launcher local --min-np 2   # elastic: %hvd_scale?
+            In [7]: %hvd_start -n 2 --framework jax                # hvd is engine_native.jax
         """
         args = parse_argstring(self.hvd_start, line)
         if self.cluster is not None:
@@ -117,10 +125,14 @@ class HvdMagics(Magics):
             return
         if args.n < 1:
             raise UsageError(f"%hvd_start -n {args.n}: need at least one rank")
+        try:
+            framework = frameworks.check(args.framework)
+        except ValueError as exc:
+            raise UsageError(f"%hvd_start: {exc}") from None
         from .scalemagics import check_start_elastic, start_elastic
         check_start_elastic(args)
         cluster = HvdCluster(args.n, args.launcher, args.gpus, args.timeout, _env_pairs(args.env),
-                             hosts=args.hosts, mps=args.mps)
+                             hosts=args.hosts, mps=args.mps, framework=framework)
         try:
             notes = cluster.start(RegistrationProgress(self.shell))
         except KeyboardInterrupt:

@@ -124,7 +124,7 @@ class RankSetup:
         envs = [dict(e, **c.mps.rank_env(r)) for e, r in zip(self._rank_env(mpi), ranks)]
         pending = [c.client[r.engine_id].apply_async(engine_side.init_engine, r.rank, envs[r.rank],
                                                      c.gpus, r.local_rank, self.with_core,
-                                                     local_sizes[r.host])
+                                                     local_sizes[r.host], c.framework)
                    for r in ranks]
         deadline = time.monotonic() + c.timeout
         for ar in pending:

@@ -146,7 +146,7 @@ def _join(cluster, ranks, new, removed) -> dict[int, str]:
             # server as the ranks whose buffers it maps (Note [MPS by default]).
             env = dict(env, **c.mps.rank_env(r))
             call = (engine_side.init_engine, r.rank, env, c.gpus, r.pin_slot,
-                    c.setup.with_core, max(local_sizes[r.host], r.pin_slot + 1))
+                    c.setup.with_core, max(local_sizes[r.host], r.pin_slot + 1), c.framework)
         else:
             call = (engine_side.rejoin, env)
         pending[r.rank] = c.client[r.engine_id].apply_async(*call)

@@ -39,16 +39,16 @@ __all__ = ["build_parser", "main"]
 
 
 def check_build() -> str:
-    import importlib.util
+    from .. import frameworks
 
     def mark(ok: bool) -> str:
         return "[X]" if ok else "[ ]"
-    torch = importlib.util.find_spec("torch") is not None
     mpiexec = find_mpiexec()
+    bindings = [f"    {mark(frameworks.missing(name) is None)} {f.label} ({f.binding})"
+                for name, f in frameworks.FRAMEWORKS.items()]
     return "\n".join([
         "hvd-magic: available frameworks, controllers and transports", "",
-        "Available Frameworks:", f"    {mark(torch)} PyTorch (engine_native.torch)",
-        "    [X] NumPy (engine_native)", "",
+        "Available Frameworks:", *bindings, "",
         "Available Controllers:", "    [X] rendezvous (hvdrun, Gloo-like)",
         f"    {mark(mpiexec is not None)} MPI ({mpiexec or 'mpiexec not found'})", "",
         "Available Tensor Operations:", "    [X] shm (same host)", "    [X] TCP",
