@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import collections
 import threading
-import warnings
 
 import torch
 
 import engine_native.basics as _basics
 from engine_native import _core
 from engine_native import p2p as _p2p
+from engine_native import unverified
 from engine_native.p2p import P2PRequest
 from engine_native.torch import devices
 from engine_native.torch import runtime as rt
@@ -88,26 +88,16 @@ def _check(tensor, what: str):
 # that device's current stream) when ``device=`` names one, or copied into ``out=`` wherever
 # ``out`` lives. The gradient of a sent CUDA tensor comes back to the tensor's device. There
 # is no CUDA IPC or NCCL path for point-to-point (issue #36), and this one has not run on a GPU
-# yet: its first use warns once.
-_staged_warned = False
+# yet: its first use warns once (engine_native.unverified).
 
 
 def _host_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """What a send writes: the tensor itself on the CPU, a host copy of a device tensor."""
     data = tensor.detach()
     if data.device.type != "cpu":
-        _warn_staged()
+        unverified.warn("cuda-p2p-staged")
         data = data.to("cpu")
     return data.contiguous()
-
-
-def _warn_staged() -> None:
-    global _staged_warned
-    if not _staged_warned:
-        _staged_warned = True
-        warnings.warn("engine_native.torch point-to-point: CUDA tensors are copied through host "
-                      "memory (no CUDA IPC or NCCL path yet), and this path has not been "
-                      "verified on a GPU yet", RuntimeWarning, stacklevel=3)
 
 
 def _check_tag(tag: int, what: str) -> int:
@@ -122,7 +112,7 @@ def _received(result, what: str, out, device=None):
     if out is None:
         if device is None:
             return tensor
-        _warn_staged()
+        unverified.warn("cuda-p2p-staged")
         return tensor.to(device)
     if out.dtype != tensor.dtype or tuple(out.shape) != tuple(tensor.shape):
         raise ValueError(f"{what}: the message is {tensor.dtype} {tuple(tensor.shape)}, the "

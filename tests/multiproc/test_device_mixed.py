@@ -78,4 +78,7 @@ def test_abort_mid_hierarchical_allreduce_then_reinit(fake_cuda):
         assert v["error"] and v["seconds"] < TIMEOUT + 3, v
         assert v["mapped"] == 1 and v["after_shutdown"] == 0, v
         assert v["again"] and v["path"] == MIXED, v
+        # a path never run on hardware warns once per process (issue #39 item 6), not again
+        # after the re-init
+        assert r.stderr.count("has not yet been verified on a GPU") == 1, r.stderr
         assert v["remapped"] == 1 and v["final"] == 0, v

@@ -3,6 +3,7 @@
 #include "runtime/device_executor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "common/logging.h"
@@ -30,6 +31,16 @@ namespace {
 const char* pathName(const PathChoice& choice) {
   return choice.nccl ? "nccl" : choice.ipc ? "cuda-ipc" : choice.mixed ? "cuda-ipc+nccl"
                                                                       : "staged";
+}
+
+// Issue #39 item 6: a path never run on real hardware warns once per process when first used
+// (engine_native/unverified.py has the Python side's paths). Remove once a device run proves it.
+void warnMixedUnverified() {
+  static std::atomic<bool> warned{false};
+  if (warned.exchange(true)) return;
+  HVD_LOG(kWarning, "transport") << "a mixed process set (CUDA IPC within each GPU, NCCL "
+                                 << "between GPUs) has not yet been verified on a GPU (tested "
+                                 << "only against a fake CUDA runtime)";
 }
 
 }  // namespace
@@ -115,6 +126,7 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
                                 << "the " << choice.gpu_comm->size() << " ranks on cuda:" << device
                                 << ", then NCCL among one rank per GPU; other CUDA collectives "
                                 << "stage through host memory";
+    warnMixedUnverified();
   } else if (choice.ipc) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via CUDA IPC "
                                 << "between the " << op.comm.size() << " ranks sharing cuda:"
