@@ -129,17 +129,11 @@ size_t ControlChannel::drainLink(size_t budget) {
 Status ControlChannel::drainSocket() {
   if (!socket_readable_) return Status::ok();
   socket_readable_ = false;
-  char sink[256];
-  while (true) {
-    const ssize_t got = ::recv(fd_, sink, sizeof(sink), MSG_DONTWAIT);
-    const int err = errno;
-    if (got > 0) continue;
-    if (got < 0 && err == EINTR) continue;
-    if (got < 0 && (err == EAGAIN || err == EWOULDBLOCK)) return Status::ok();
-    return common::peerLost("lost the control connection to rank " + std::to_string(peer_) +
-                            (got == 0 ? std::string(": connection closed")
-                                      : ": " + tcp::errnoText(err)));
-  }
+  const int end = shm::drainWakeBytes(fd_);
+  if (end == 0) return Status::ok();
+  return common::peerLost("lost the control connection to rank " + std::to_string(peer_) +
+                          (end == shm::kWakeSocketClosed ? std::string(": connection closed")
+                                                         : ": " + tcp::errnoText(end)));
 }
 
 void ControlChannel::waitReadable(int timeout_ms) {

@@ -156,7 +156,7 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
 
 Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable) {
   bool closed = false;  // shared memory: the socket hung up; deliver what the ring holds first
-  if (link_ != nullptr && socket_readable) closed = shm::drainWakeBytes(fd_);  // D
+  if (link_ != nullptr && socket_readable) closed = shm::drainWakeBytes(fd_) != 0;  // D
   // A ring is read at most a ring's worth per call (F): a writer that keeps it full, or lies
   // in its counter, cannot hold the pass here.
   uint64_t budget = link_ != nullptr ? shm::kPeerRingBytes : UINT64_MAX;

@@ -152,12 +152,13 @@ void beginPollSleep(Doorbell* doorbell) {
 
 void endSleep(Doorbell* doorbell) { doorbell->sleeping.store(kAwake, std::memory_order_seq_cst); }
 
-bool drainWakeBytes(int socket_fd) {
-  uint8_t sink[64];
+int drainWakeBytes(int socket_fd) {
+  uint8_t sink[256];
   while (true) {
     const ssize_t n = ::recv(socket_fd, sink, sizeof(sink), MSG_DONTWAIT);
     if (n > 0 || (n < 0 && errno == EINTR)) continue;
-    return n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
+    if (n == 0) return kWakeSocketClosed;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : errno;
   }
 }
 

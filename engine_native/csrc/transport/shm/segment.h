@@ -105,8 +105,10 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 // drainWakeBytes on every pair socket that polled readable.
 void beginPollSleep(Doorbell* doorbell);
 void endSleep(Doorbell* doorbell);
-// Reads every wake byte queued on the socket; true when the peer hung up (EOF or an error).
-bool drainWakeBytes(int socket_fd);
+// Reads every wake byte queued on the socket: 0 while it stays open, kWakeSocketClosed when
+// the peer hung up, else the errno of a socket error (a hang-up too).
+constexpr int kWakeSocketClosed = -1;
+int drainWakeBytes(int socket_fd);
 
 class Segment {
  public:
