@@ -1,8 +1,8 @@
 """``python -m hvd_magic.doctor``: everything a problem report needs, in one paste.
 
-Prints the versions (hvd-magic, Python, torch, numpy, MPI and the notebook stack), how this
-copy was installed and how its core was built, what loads here (MPI, NCCL, the CUDA runtime
-and driver, NVRTC, MPS), the transports that follow from that, and the GPUs. Each section is
+Prints the versions (hvd-magic, Python, the frameworks, numpy, MPI and the notebook stack),
+how this copy was installed and how its core was built, what loads here (MPI, NCCL, the CUDA
+runtime and driver, NVRTC, MPS), the transports that follow from that, and the GPUs. Each section is
 probed on its own: a missing or broken piece is reported on its line (what is missing and the
 fix), never as a traceback, so the report is complete exactly when something is wrong. Nothing
 here starts ranks or calls MPI_Init; NCCL and CUDA are loaded as a rank would load them.
@@ -20,17 +20,22 @@ import shutil
 import sys
 from importlib import metadata
 
-_DISTS = ("torch", "numpy", "mpi4py", "mpich", "cloudpickle", "ipyparallel", "ipykernel",
-          "jupyter_client", "ipywidgets", "nbclient")
+_DISTS = ("torch", "numpy", "keras", "jax", "jaxlib", "optax", "tensorflow", "mpi4py", "mpich",
+          "cloudpickle", "ipyparallel", "ipykernel", "jupyter_client", "ipywidgets", "nbclient")
+# A distribution published under other names: the first one installed is reported.
+_ALIASES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-gpu")}
 _HIDDEN = ("SECRET", "KEY", "TOKEN", "PASSWORD")  # never printed: reports get pasted in public
 _COMPILERS = (b"GCC: (", b"clang version ")  # what gcc and clang write into .comment
 
 
 def _dist_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    for dist in _ALIASES.get(name, (name,)):
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        return version if dist == name else f"{version} ({dist})"
+    return "not installed"
 
 
 def versions() -> list:
