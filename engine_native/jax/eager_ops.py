@@ -1,0 +1,109 @@
+"""The collectives on concrete jax arrays, as ``*_async`` functions returning handles.
+
+Each one hands the array's host view to the numpy API (``engine_native.numpy_ops``, which
+names the op, submits it and keeps the buffers alive), and registers the conversion of the
+result back to a jax array on the input's device (``handles``, ``arrays``). The synchronous
+functions of ``collectives`` are ``synchronize(<op>_async(..., _waited=True))``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from engine_native import _core, numpy_ops
+from engine_native._dtypes import Average
+from engine_native.basics import ProcessSet, global_process_set
+from engine_native.jax import arrays, handles
+from engine_native.jax.callback_guard import refuse_inside_pure_callback
+
+
+def _host(tensor, op: str, name: Optional[str] = None):
+    """(host view, device) of an eager input; refuses non-arrays, dtypes the core lacks and
+    pure callbacks before anything is named or submitted."""
+    arrays.check_array(tensor, op)
+    arrays.check_dtype(tensor.dtype, op, name or "unnamed")
+    refuse_inside_pure_callback(op)
+    return arrays.to_host(tensor, op), arrays.device_of(tensor, op)
+
+
+def _into_aligned(kind: int, op: str, tensor, name, waited: bool, **submit) -> int:
+    """Submit an op whose result has the input's shape, into an aligned output (no copy back)."""
+    host, device = _host(tensor, op, name)
+    out = arrays.aligned_empty(host.shape, host.dtype)
+    core = numpy_ops._submit(kind, op, name, host, out, finish=lambda _: out, waited=waited,
+                             **submit)
+    return handles.register([core], lambda results: arrays.to_jax(results[0], device))
+
+
+def allreduce_async(tensor, op: int = Average, name: Optional[str] = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set, *,
+                    _waited: bool = False) -> int:
+    """Start an allreduce; ``synchronize(handle)`` returns the reduced jax array."""
+    return _into_aligned(_core.ALLREDUCE, "allreduce", tensor, name, _waited, reduce_op=op,
+                         prescale=prescale_factor, postscale=postscale_factor,
+                         process_set=process_set)
+
+
+def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set, *,
+                    _waited: bool = False) -> int:
+    """Start a broadcast of ``root_rank``'s array; ``synchronize`` returns it on every rank."""
+    return _into_aligned(_core.BROADCAST, "broadcast", tensor, name, _waited,
+                         root=int(root_rank), process_set=process_set)
+
+
+def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional[str] = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set, *,
+                            _waited: bool = False) -> int:
+    """Start allreduces of several arrays that negotiate and fuse as one batch;
+    ``synchronize`` returns the list of reduced arrays, in order."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"grouped_allreduce(): expected a list of jax arrays, got "
+                        f"{type(tensors).__name__}")
+    hosts, devices = zip(*(_host(t, "grouped_allreduce", name) for t in tensors)) if tensors else ((), ())
+    outs = [arrays.aligned_empty(h.shape, h.dtype) for h in hosts]
+    core = numpy_ops.grouped_allreduce_async(list(hosts), op, name, prescale_factor,
+                                             postscale_factor, process_set, _waited=_waited,
+                                             _outputs=outs)
+    return handles.register(core, lambda results: [arrays.to_jax(r, d)
+                                                   for r, d in zip(results, devices)])
+
+
+def allgather_async(tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set, *,
+                    _waited: bool = False) -> int:
+    """Start an allgather along dimension 0 (sizes may differ per rank)."""
+    host, device = _host(tensor, "allgather", name)
+    core = numpy_ops.allgather_async(host, name, process_set, _waited=_waited)
+    return handles.register([core], lambda results: arrays.to_jax(results[0], device))
+
+
+def reducescatter_async(tensor, op: int = Average, name: Optional[str] = None,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                        _waited: bool = False) -> int:
+    """Start a reducescatter; ``synchronize`` returns this rank's rows of the reduction."""
+    host, device = _host(tensor, "reducescatter", name)
+    core = numpy_ops.reducescatter_async(host, op, name, process_set, prescale_factor,
+                                         postscale_factor, _waited=_waited)
+    return handles.register([core], lambda results: arrays.to_jax(results[0], device))
+
+
+def alltoall_async(tensor, splits=None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set, *,
+                   _waited: bool = False) -> int:
+    """Start an alltoall: ``splits[r]`` rows go to rank r (equal parts when None);
+    ``synchronize`` returns (received rows, received splits)."""
+    host, device = _host(tensor, "alltoall", name)
+    if splits is not None:
+        splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    core = numpy_ops.alltoall_async(host, splits, name, process_set, _waited=_waited)
+
+    def finish(results):
+        received, received_splits = results[0]
+        return arrays.to_jax(received, device), jnp.asarray(received_splits)
+    return handles.register([core], finish)

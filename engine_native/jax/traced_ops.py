@@ -1,0 +1,165 @@
+"""The collectives on traced arrays (inside ``jax.jit``), as ordered host callbacks.
+
+Each op becomes one ``jax.experimental.io_callback(..., ordered=True)``: JAX runs it exactly
+once per execution, in program order, never dropped or merged (a pure callback may be; see
+``callback_guard``). The host function runs the numpy API's synchronous op on the buffers JAX
+passes (views on the CPU); JAX copies the returned array into the program's output buffer.
+
+Result shapes must be known when tracing, so: allgather assumes the same first dimension on
+every rank (checked when it runs), alltoall takes equal splits only, reducescatter gives this
+rank its Horovod share of the rows.
+
+Names (Note [Traced names]): an op without ``name=`` is named ``<op>.jit.<n>`` with n counted
+when tracing, so every rank, tracing the same functions in the same order, gives the k-th
+traced op the same name, whichever thread runs the callback and whatever eager ops run
+meanwhile (the numpy API's unnamed counters advance at submission, which would race with
+JAX's asynchronous dispatch). A compiled function reuses its names at each call: its
+callbacks run one after the other (ordered), so a name is never in flight twice.
+
+Transformations: ``vmap`` and ``grad``/``jvp``/``vjp`` of a collective raise a ValueError
+saying what to do (JAX itself has no batching or differentiation rule for an ordered
+callback): ``custom_vmap`` and ``custom_jvp`` wrappers whose rules raise.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Optional, Sequence
+
+import jax
+import numpy as np
+from jax.experimental import io_callback
+
+from engine_native import basics, numpy_ops
+from engine_native.basics import ProcessSet
+from engine_native.jax import arrays
+
+_trace_counter = itertools.count()
+
+
+def _restart_names() -> None:
+    global _trace_counter
+    _trace_counter = itertools.count()  # a new world: every rank counts from 0 again
+
+
+basics._per_world_resets.append(_restart_names)
+
+
+def traced_name(name: Optional[str]) -> str:
+    """The op's name suffix under jit (Note [Traced names]); numpy_ops prefixes ``<op>.``."""
+    return name if name else f"jit.{next(_trace_counter)}"
+
+
+def _refusing_transforms(fn: Callable, op: str) -> Callable:
+    """``fn`` whose vmap and derivatives raise errors naming ``op`` and the way out."""
+    batched = jax.custom_batching.custom_vmap(fn)
+
+    @batched.def_vmap
+    def _vmap_rule(axis_size, in_batched, *args):
+        raise ValueError(f"{op}() cannot run under jax.vmap: it is one host call per program "
+                         f"execution. Call it on the whole batched array (outside vmap), or "
+                         f"loop over the batch")
+
+    differentiable = jax.custom_jvp(batched)
+
+    @differentiable.defjvp
+    def _jvp_rule(primals, tangents):
+        raise ValueError(f"{op}() cannot be differentiated (jax.grad/jvp/vjp): compute the "
+                         f"gradients first, then reduce them, e.g. grads = jax.grad(loss)(params);"
+                         f" grads = hvd.allreduce(grads) (or chain hvd.average_gradients() "
+                         f"into the optax optimizer)")
+    return differentiable
+
+
+def ordered_call(op: str, host_fn: Callable, result_shapes, tracers: Sequence):
+    """Run ``host_fn(*numpy arrays)`` once, in program order, returning ``result_shapes``."""
+    def callback(*args):
+        return host_fn(*[np.asarray(a) for a in args])
+    return _refusing_transforms(
+        lambda *xs: io_callback(callback, result_shapes, *xs, ordered=True), op)(*tracers)
+
+
+def _check(tracer, op: str, name: str, process_set: ProcessSet) -> None:
+    """What can be checked when tracing: a supported dtype and a registered process set."""
+    arrays.check_dtype(tracer.dtype, op, f"{op}.{name}")
+    numpy_ops._set_id(process_set, op)
+
+
+def _like(tracer) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tracer.shape, tracer.dtype)
+
+
+def allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set):
+    name = traced_name(name)
+    _check(tensor, "allreduce", name, process_set)
+    return ordered_call("allreduce", lambda x: numpy_ops.allreduce(
+        x, op, name, prescale_factor, postscale_factor, process_set), _like(tensor), [tensor])
+
+
+def grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set):
+    name = traced_name(name)
+    for t in tensors:
+        _check(t, "grouped_allreduce", name, process_set)
+    return ordered_call("grouped_allreduce", lambda *xs: numpy_ops.grouped_allreduce(
+        list(xs), op, name, prescale_factor, postscale_factor, process_set),
+        [_like(t) for t in tensors], list(tensors))
+
+
+def broadcast(tensor, root_rank, name, process_set):
+    name = traced_name(name)
+    _check(tensor, "broadcast", name, process_set)
+    return ordered_call("broadcast", lambda x: numpy_ops.broadcast(
+        x, int(root_rank), name, process_set), _like(tensor), [tensor])
+
+
+def _rows(tensor, op: str) -> int:
+    if tensor.ndim == 0:
+        raise ValueError(f"{op}(): expected an array with a first dimension, got a scalar; "
+                         f"reshape it to (1,)")
+    return tensor.shape[0]
+
+
+def allgather(tensor, name, process_set):
+    name = traced_name(name)
+    _check(tensor, "allgather", name, process_set)
+    rows = _rows(tensor, "allgather") * process_set.size()
+    shape = jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype)
+
+    def host(x):
+        gathered = numpy_ops.allgather(x, name, process_set)
+        if gathered.shape[0] != rows:
+            raise ValueError(f"allgather('{name}') inside jax.jit: the ranks' first dimensions "
+                             f"differ ({gathered.shape[0]} rows in all, {rows} expected); a "
+                             f"jitted allgather needs the same shape on every rank: call it "
+                             f"outside jit for ragged inputs")
+        return gathered
+    return ordered_call("allgather", host, shape, [tensor])
+
+
+def reducescatter(tensor, op, name, process_set, prescale_factor, postscale_factor):
+    name = traced_name(name)
+    _check(tensor, "reducescatter", name, process_set)
+    rows, n, me = _rows(tensor, "reducescatter"), process_set.size(), process_set.rank()
+    mine = rows // n + (1 if me < rows % n else 0)  # Horovod: the first rows % n get one more
+    shape = jax.ShapeDtypeStruct((mine,) + tensor.shape[1:], tensor.dtype)
+    return ordered_call("reducescatter", lambda x: numpy_ops.reducescatter(
+        x, op, name, process_set, prescale_factor, postscale_factor), shape, [tensor])
+
+
+def alltoall(tensor, splits, name, process_set):
+    if splits is not None:
+        raise ValueError("alltoall(splits=...) inside jax.jit: the received sizes are not known "
+                         "when tracing; pass splits=None (equal parts, the same shape on every "
+                         "rank) or call alltoall outside jit")
+    name = traced_name(name)
+    _check(tensor, "alltoall", name, process_set)
+    rows, n = _rows(tensor, "alltoall"), process_set.size()
+    if rows % n:
+        raise ValueError(f"alltoall(): {rows} rows do not split equally over {n} ranks; pass "
+                         f"splits= (outside jit)")
+    split_dtype = np.dtype(jax.numpy.int64 if jax.config.jax_enable_x64 else np.int32)
+    shapes = (_like(tensor), jax.ShapeDtypeStruct((n,), split_dtype))
+
+    def host(x):
+        received, received_splits = numpy_ops.alltoall(x, None, name, process_set)
+        return received, received_splits.astype(split_dtype)
+    return ordered_call("alltoall", host, shapes, [tensor])
