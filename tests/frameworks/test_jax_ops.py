@@ -1,0 +1,142 @@
+"""engine_native.jax collectives by value: every op and dtype, eagerly and inside jax.jit,
+process sets and async handles, on 2 and 3 ranks.
+
+One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
+check, collects what failed, and returns the list; the test shows every rank's list.
+"""
+import pytest
+
+from .jax_ranks import run_jax_ranks
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.jax]
+
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+          "uint8", "bool"]
+
+
+def _expect(failures, what, got, want):
+    import numpy as np
+    got_np = np.asarray(got)
+    want = np.asarray(want)
+    if got_np.shape != want.shape or got_np.dtype != want.dtype or not np.array_equal(
+            got_np.astype(np.float64), want.astype(np.float64)):
+        failures.append(f"{what}: got {got_np.dtype}{got_np.shape} {got_np.ravel()[:6]}, "
+                        f"want {want.dtype}{want.shape} {want.ravel()[:6]}")
+
+
+def _all_ops(hvd, ps):
+    """Every collective on each dtype's array (and its n-times tiled rows, for alltoall): a
+    dict per dtype. Run eagerly, and jitted as ONE program for all dtypes (a compilation per
+    dtype would double the test's time)."""
+    def ops(inputs):
+        out = {}
+        for dt, (x, rows) in inputs.items():
+            op = hvd.Max if dt == "bool" else hvd.Sum
+            out[dt] = {"allreduce": hvd.allreduce(x, op=op, process_set=ps),
+                       "broadcast": hvd.broadcast(x, ps.ranks[-1], process_set=ps),
+                       "allgather": hvd.allgather(x, process_set=ps),
+                       "grouped": hvd.grouped_allreduce([x, x[:1]], op=op, process_set=ps),
+                       "alltoall": hvd.alltoall(rows, process_set=ps)}
+            if dt != "bool":
+                out[dt]["reducescatter"] = hvd.reducescatter(x, op=hvd.Sum, process_set=ps)
+        return out
+    return ops
+
+
+def _check_collectives(hvd, jax, np, failures, ps, label, dtypes=DTYPES):
+    """Every collective in every dtype on ``ps``, eagerly and inside jax.jit."""
+    import jax.numpy as jnp
+    n, me = ps.size(), ps.rank()
+    base = np.arange(6).reshape(3, 2)
+    every = {dt: [((base + q) % 2 if dt == "bool" else base * (q + 1)).astype(jnp.dtype(dt))
+                  for q in range(n)] for dt in dtypes}
+    inputs = {dt: (jnp.asarray(every[dt][me]), jnp.asarray(np.concatenate([every[dt][me]] * n)))
+              for dt in dtypes}
+    ops = _all_ops(hvd, ps)
+    share = [len(c) for c in np.array_split(np.arange(3), n)]
+    start = sum(share[:me])
+    for mode, results in (("eager", ops(inputs)), ("jit", jax.jit(ops)(inputs))):
+        for dt, got in results.items():
+            tag = f"{label}.{mode}.{dt}"
+            x, every_dt = inputs[dt][0], every[dt]
+            reduced = (np.any(every_dt, axis=0) if dt == "bool"
+                       else np.sum(every_dt, axis=0).astype(every_dt[0].dtype))
+            _expect(failures, f"{tag}.allreduce", got["allreduce"], reduced)
+            if got["allreduce"].devices() != x.devices():
+                failures.append(f"{tag}: result on {got['allreduce'].devices()}, input on "
+                                f"{x.devices()}")
+            _expect(failures, f"{tag}.broadcast", got["broadcast"], every_dt[-1])
+            _expect(failures, f"{tag}.allgather", got["allgather"], np.concatenate(every_dt))
+            _expect(failures, f"{tag}.grouped.0", got["grouped"][0], reduced)
+            _expect(failures, f"{tag}.grouped.1", got["grouped"][1], reduced[:1])
+            received, splits = got["alltoall"]
+            _expect(failures, f"{tag}.alltoall", received, np.concatenate(every_dt))
+            _expect(failures, f"{tag}.alltoall.splits", np.asarray(splits, np.int64),
+                    np.full(n, 3, np.int64))
+            if "reducescatter" in got:
+                _expect(failures, f"{tag}.reducescatter", got["reducescatter"],
+                        reduced[start:start + share[me]])
+
+
+def _check_eager_extras(hvd, jnp, np, failures, n, me):
+    """What only the eager path does: ragged allgather, alltoall splits, scaling, handles."""
+    ragged = jnp.full((me + 1, 2), me, jnp.float32)
+    want = np.concatenate([np.full((q + 1, 2), q, np.float32) for q in range(n)])
+    _expect(failures, "eager.allgather.ragged", hvd.allgather(ragged), want)
+    splits = [q + 1 for q in range(n)]  # q + 1 rows to rank q
+    rows = jnp.full((sum(splits),), me, jnp.int32)
+    got, got_splits = hvd.alltoall(rows, splits=splits)
+    _expect(failures, "eager.alltoall.splits", got,
+            np.repeat(np.arange(n, dtype=np.int32), me + 1))
+    _expect(failures, "eager.alltoall.received", np.asarray(got_splits, np.int64),
+            np.full(n, me + 1, np.int64))
+    got = hvd.allreduce(jnp.ones(4, jnp.float32), op=hvd.Sum, prescale_factor=2.0,
+                        postscale_factor=0.5)
+    _expect(failures, "eager.allreduce.scaled", got, np.full(4, n, np.float32))
+    got = hvd.allreduce(jnp.full(4, me, jnp.float32))  # Average by default
+    _expect(failures, "eager.allreduce.average", got, np.full(4, (n - 1) / 2, np.float32))
+    handles = [hvd.allreduce_async(jnp.full(8, me + k, jnp.float32), op=hvd.Sum,
+                                   name=f"async.{k}") for k in range(3)]
+    grouped = hvd.grouped_allreduce_async([jnp.ones(3, jnp.int32), jnp.ones(2, jnp.float32)],
+                                          op=hvd.Sum)
+    gathered = hvd.allgather_async(jnp.full((1,), me, jnp.int32))
+    while not all(hvd.poll(h) for h in handles):  # poll never blocks; a finished op stays so
+        pass
+    for k, h in enumerate(handles):
+        _expect(failures, f"async.{k}", hvd.synchronize(h),
+                np.full(8, sum(q + k for q in range(n)), np.float32))
+    got = hvd.synchronize(grouped)
+    _expect(failures, "async.grouped.0", got[0], np.full(3, n, np.int32))
+    _expect(failures, "async.grouped.1", got[1], np.full(2, n, np.float32))
+    _expect(failures, "async.allgather", hvd.synchronize(gathered), np.arange(n, dtype=np.int32))
+
+
+def rank_collectives():
+    import jax
+    jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
+    import jax.numpy as jnp
+    import numpy as np
+    import engine_native.jax as hvd
+
+    hvd.init()
+    n, me = hvd.size(), hvd.rank()
+    failures = []
+    _check_collectives(hvd, jax, np, failures, hvd.global_process_set, "global")
+    _check_eager_extras(hvd, jnp, np, failures, n, me)
+    if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
+        pair = hvd.add_process_set([0, 2])
+        if me in pair.ranks:
+            _check_collectives(hvd, jax, np, failures, pair, "set02",
+                               ["float32", "bfloat16", "int64"])
+        got = hvd.allreduce(jnp.full(2, me, jnp.int32), op=hvd.Sum)
+        _expect(failures, "after.set", got, np.full(2, 3, np.int32))
+        hvd.remove_process_set(pair)
+    hvd.shutdown()
+    return failures
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives_by_value(np_):
+    results = run_jax_ranks(rank_collectives, np_)
+    for r in results:
+        assert r.value == [], f"rank {r.rank}:\n" + "\n".join(r.value)
