@@ -64,7 +64,9 @@ def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"grouped_allreduce(): expected a list of jax arrays, got "
                         f"{type(tensors).__name__}")
-    hosts, devices = zip(*(_host(t, "grouped_allreduce", name) for t in tensors)) if tensors else ((), ())
+    if not tensors:
+        return handles.register([], lambda results: [])
+    hosts, devices = zip(*(_host(t, "grouped_allreduce", name) for t in tensors))
     outs = [arrays.aligned_empty(h.shape, h.dtype) for h in hosts]
     core = numpy_ops.grouped_allreduce_async(list(hosts), op, name, prescale_factor,
                                              postscale_factor, process_set, _waited=_waited,

@@ -65,8 +65,8 @@ def _refusing_transforms(fn: Callable, op: str) -> Callable:
     def _jvp_rule(primals, tangents):
         raise ValueError(f"{op}() cannot be differentiated (jax.grad/jvp/vjp): compute the "
                          f"gradients first, then reduce them, e.g. grads = jax.grad(loss)(params);"
-                         f" grads = hvd.allreduce(grads) (or chain hvd.average_gradients() "
-                         f"into the optax optimizer)")
+                         f" grads = hvd.allreduce_pytree(grads), or chain "
+                         f"hvd.average_gradients() into the optax optimizer")
     return differentiable
 
 
@@ -78,9 +78,10 @@ def ordered_call(op: str, host_fn: Callable, result_shapes, tracers: Sequence):
         lambda *xs: io_callback(callback, result_shapes, *xs, ordered=True), op)(*tracers)
 
 
-def _check(tracer, op: str, name: str, process_set: ProcessSet) -> None:
-    """What can be checked when tracing: a supported dtype and a registered process set."""
-    arrays.check_dtype(tracer.dtype, op, f"{op}.{name}")
+def _check(tracer, op: str, name: Optional[str], process_set: ProcessSet) -> None:
+    """What can be checked when tracing, before a name is drawn (a failure on one rank must
+    not shift the names of the next ops): a supported dtype and a registered process set."""
+    arrays.check_dtype(tracer.dtype, op, name or "unnamed")
     numpy_ops._set_id(process_set, op)
 
 
@@ -89,24 +90,24 @@ def _like(tracer) -> jax.ShapeDtypeStruct:
 
 
 def allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set):
-    name = traced_name(name)
     _check(tensor, "allreduce", name, process_set)
+    name = traced_name(name)
     return ordered_call("allreduce", lambda x: numpy_ops.allreduce(
         x, op, name, prescale_factor, postscale_factor, process_set), _like(tensor), [tensor])
 
 
 def grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set):
-    name = traced_name(name)
     for t in tensors:
         _check(t, "grouped_allreduce", name, process_set)
+    name = traced_name(name)
     return ordered_call("grouped_allreduce", lambda *xs: numpy_ops.grouped_allreduce(
         list(xs), op, name, prescale_factor, postscale_factor, process_set),
         [_like(t) for t in tensors], list(tensors))
 
 
 def broadcast(tensor, root_rank, name, process_set):
-    name = traced_name(name)
     _check(tensor, "broadcast", name, process_set)
+    name = traced_name(name)
     return ordered_call("broadcast", lambda x: numpy_ops.broadcast(
         x, int(root_rank), name, process_set), _like(tensor), [tensor])
 
@@ -119,26 +120,26 @@ def _rows(tensor, op: str) -> int:
 
 
 def allgather(tensor, name, process_set):
-    name = traced_name(name)
     _check(tensor, "allgather", name, process_set)
     rows = _rows(tensor, "allgather") * process_set.size()
+    name = traced_name(name)
     shape = jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype)
 
     def host(x):
         gathered = numpy_ops.allgather(x, name, process_set)
         if gathered.shape[0] != rows:
-            raise ValueError(f"allgather('{name}') inside jax.jit: the ranks' first dimensions "
-                             f"differ ({gathered.shape[0]} rows in all, {rows} expected); a "
-                             f"jitted allgather needs the same shape on every rank: call it "
-                             f"outside jit for ragged inputs")
+            raise ValueError(f"allgather('allgather.{name}') inside jax.jit: the ranks' first "
+                             f"dimensions differ ({gathered.shape[0]} rows in all, {rows} "
+                             f"expected); a jitted allgather needs the same shape on every "
+                             f"rank: call it outside jit for ragged inputs")
         return gathered
     return ordered_call("allgather", host, shape, [tensor])
 
 
 def reducescatter(tensor, op, name, process_set, prescale_factor, postscale_factor):
-    name = traced_name(name)
     _check(tensor, "reducescatter", name, process_set)
     rows, n, me = _rows(tensor, "reducescatter"), process_set.size(), process_set.rank()
+    name = traced_name(name)
     mine = rows // n + (1 if me < rows % n else 0)  # Horovod: the first rows % n get one more
     shape = jax.ShapeDtypeStruct((mine,) + tensor.shape[1:], tensor.dtype)
     return ordered_call("reducescatter", lambda x: numpy_ops.reducescatter(
@@ -150,16 +151,20 @@ def alltoall(tensor, splits, name, process_set):
         raise ValueError("alltoall(splits=...) inside jax.jit: the received sizes are not known "
                          "when tracing; pass splits=None (equal parts, the same shape on every "
                          "rank) or call alltoall outside jit")
-    name = traced_name(name)
     _check(tensor, "alltoall", name, process_set)
     rows, n = _rows(tensor, "alltoall"), process_set.size()
     if rows % n:
         raise ValueError(f"alltoall(): {rows} rows do not split equally over {n} ranks; pass "
                          f"splits= (outside jit)")
+    name = traced_name(name)
     split_dtype = np.dtype(jax.numpy.int64 if jax.config.jax_enable_x64 else np.int32)
     shapes = (_like(tensor), jax.ShapeDtypeStruct((n,), split_dtype))
 
     def host(x):
         received, received_splits = numpy_ops.alltoall(x, None, name, process_set)
+        if received.shape != tensor.shape:
+            raise ValueError(f"alltoall('alltoall.{name}') inside jax.jit: received "
+                             f"{received.shape[0]} rows, {rows} expected; a jitted alltoall "
+                             f"needs the same shape on every rank: call it outside jit")
         return received, received_splits.astype(split_dtype)
     return ordered_call("alltoall", host, shapes, [tensor])
