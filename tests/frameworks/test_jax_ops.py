@@ -111,6 +111,21 @@ def _check_eager_extras(hvd, jnp, np, failures, n, me):
     _expect(failures, "async.allgather", hvd.synchronize(gathered), np.arange(n, dtype=np.int32))
 
 
+def _check_runs_once_per_call(hvd, jax, jnp, failures):
+    """Inside jit a collective whose result is unused still runs, once per call: JAX drops an
+    unused pure callback, and a rank that skipped an op would leave the others waiting."""
+    import engine_native
+    unused = jax.jit(lambda v: [hvd.allreduce(v, name="unused.a"),
+                                hvd.allreduce(v, name="unused.b"), v][-1])
+    before = engine_native.metrics()["ops"]["ALLREDUCE"]
+    for _ in range(2):
+        unused(jnp.ones(2)).block_until_ready()
+    jax.effects_barrier()
+    ran = engine_native.metrics()["ops"]["ALLREDUCE"] - before
+    if ran != 4:
+        failures.append(f"jit: 2 calls of 2 allreduces with unused results ran {ran} ops")
+
+
 def rank_collectives():
     import jax
     jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
@@ -123,6 +138,7 @@ def rank_collectives():
     failures = []
     _check_collectives(hvd, jax, np, failures, hvd.global_process_set, "global")
     _check_eager_extras(hvd, jnp, np, failures, n, me)
+    _check_runs_once_per_call(hvd, jax, jnp, failures)
     if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
         pair = hvd.add_process_set([0, 2])
         if me in pair.ranks:
