@@ -147,16 +147,14 @@ def allreduce(array, op: int = Average, name: Optional[str] = None,
 def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[str] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, *,
-                            _waited: bool = False, _outputs: Optional[Sequence] = None) -> list:
-    """Submit several allreduces together so they negotiate (and fuse) as one batch.
-    ``_outputs`` (optional, one array like each input) receive the results: a binding that
-    hands them on without a copy (engine_native.jax: 64-byte aligned) allocates them."""
+                            _waited: bool = False) -> list:
+    """Submit several allreduces together so they negotiate (and fuse) as one batch."""
     base = _full_name("grouped_allreduce", name, process_set)
     ops, keep = [], []
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"
         array = _check_array(array, "grouped_allreduce", full)
-        out = _core.output_like(array) if _outputs is None else _outputs[i]
+        out = _core.output_like(array)
         keep.append((array, out))
         ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
                     array.shape, array, out, op,

@@ -1,9 +1,10 @@
 """The collectives on concrete jax arrays, as ``*_async`` functions returning handles.
 
 Each one hands the array's host view to the numpy API (``engine_native.numpy_ops``, which
-names the op, submits it and keeps the buffers alive), and registers the conversion of the
-result back to a jax array on the input's device (``handles``, ``arrays``). The synchronous
-functions of ``collectives`` are ``synchronize(<op>_async(..., _waited=True))``.
+names the op, submits it, keeps the buffers alive and takes its result buffer from the core's
+output pool), and registers the conversion of the result back to a jax array on the input's
+device (``handles``, ``arrays``). The synchronous functions of ``collectives`` are
+``synchronize(<op>_async(..., _waited=True))``.
 """
 from __future__ import annotations
 
@@ -12,28 +13,24 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from engine_native import _core, numpy_ops
+from engine_native import numpy_ops
 from engine_native._dtypes import Average
 from engine_native.basics import ProcessSet, global_process_set
 from engine_native.jax import arrays, handles
 from engine_native.jax.callback_guard import refuse_inside_pure_callback
 
 
-def _host(tensor, op: str, name: Optional[str] = None):
+def _host(tensor, op: str, name: Optional[str] = None, guard: bool = True):
     """(host view, device) of an eager input; refuses non-arrays, dtypes the core lacks and
-    pure callbacks before anything is named or submitted."""
+    (``guard``) pure callbacks before anything is named or submitted."""
     arrays.check_array(tensor, op)
     arrays.check_dtype(tensor.dtype, op, name or "unnamed")
-    refuse_inside_pure_callback(op)
+    if guard:
+        refuse_inside_pure_callback(op)
     return arrays.to_host(tensor, op), arrays.device_of(tensor, op)
 
 
-def _into_aligned(kind: int, op: str, tensor, name, waited: bool, **submit) -> int:
-    """Submit an op whose result has the input's shape, into an aligned output (no copy back)."""
-    host, device = _host(tensor, op, name)
-    out = arrays.aligned_empty(host.shape, host.dtype)
-    core = numpy_ops._submit(kind, op, name, host, out, finish=lambda _: out, waited=waited,
-                             **submit)
+def _one_result(core: int, device) -> int:
     return handles.register([core], lambda results: arrays.to_jax(results[0], device))
 
 
@@ -42,17 +39,19 @@ def allreduce_async(tensor, op: int = Average, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, *,
                     _waited: bool = False) -> int:
     """Start an allreduce; ``synchronize(handle)`` returns the reduced jax array."""
-    return _into_aligned(_core.ALLREDUCE, "allreduce", tensor, name, _waited, reduce_op=op,
-                         prescale=prescale_factor, postscale=postscale_factor,
-                         process_set=process_set)
+    host, device = _host(tensor, "allreduce", name)
+    return _one_result(numpy_ops.allreduce_async(host, op, name, prescale_factor,
+                                                 postscale_factor, process_set,
+                                                 _waited=_waited), device)
 
 
 def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, *,
                     _waited: bool = False) -> int:
     """Start a broadcast of ``root_rank``'s array; ``synchronize`` returns it on every rank."""
-    return _into_aligned(_core.BROADCAST, "broadcast", tensor, name, _waited,
-                         root=int(root_rank), process_set=process_set)
+    host, device = _host(tensor, "broadcast", name)
+    return _one_result(numpy_ops.broadcast_async(host, int(root_rank), name, process_set,
+                                                 _waited=_waited), device)
 
 
 def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional[str] = None,
@@ -66,11 +65,10 @@ def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional
                         f"{type(tensors).__name__}")
     if not tensors:
         return handles.register([], lambda results: [])
-    hosts, devices = zip(*(_host(t, "grouped_allreduce", name) for t in tensors))
-    outs = [arrays.aligned_empty(h.shape, h.dtype) for h in hosts]
+    refuse_inside_pure_callback("grouped_allreduce")
+    hosts, devices = zip(*(_host(t, "grouped_allreduce", name, guard=False) for t in tensors))
     core = numpy_ops.grouped_allreduce_async(list(hosts), op, name, prescale_factor,
-                                             postscale_factor, process_set, _waited=_waited,
-                                             _outputs=outs)
+                                             postscale_factor, process_set, _waited=_waited)
     return handles.register(core, lambda results: [arrays.to_jax(r, d)
                                                    for r, d in zip(results, devices)])
 
@@ -80,8 +78,8 @@ def allgather_async(tensor, name: Optional[str] = None,
                     _waited: bool = False) -> int:
     """Start an allgather along dimension 0 (sizes may differ per rank)."""
     host, device = _host(tensor, "allgather", name)
-    core = numpy_ops.allgather_async(host, name, process_set, _waited=_waited)
-    return handles.register([core], lambda results: arrays.to_jax(results[0], device))
+    return _one_result(numpy_ops.allgather_async(host, name, process_set, _waited=_waited),
+                       device)
 
 
 def reducescatter_async(tensor, op: int = Average, name: Optional[str] = None,
@@ -90,9 +88,9 @@ def reducescatter_async(tensor, op: int = Average, name: Optional[str] = None,
                         _waited: bool = False) -> int:
     """Start a reducescatter; ``synchronize`` returns this rank's rows of the reduction."""
     host, device = _host(tensor, "reducescatter", name)
-    core = numpy_ops.reducescatter_async(host, op, name, process_set, prescale_factor,
-                                         postscale_factor, _waited=_waited)
-    return handles.register([core], lambda results: arrays.to_jax(results[0], device))
+    return _one_result(numpy_ops.reducescatter_async(host, op, name, process_set,
+                                                     prescale_factor, postscale_factor,
+                                                     _waited=_waited), device)
 
 
 def alltoall_async(tensor, splits=None, name: Optional[str] = None,

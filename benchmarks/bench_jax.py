@@ -1,0 +1,136 @@
+"""Per-step gradient communication: engine_native.jax vs engine_native.torch, same sizes.
+
+A gradient pytree of 20 float32 arrays of assorted sizes (~4.6 MiB, an MLP's shapes) is
+averaged across ranks once per step, the way each binding's training helper does it: one
+grouped allreduce (``hvd.allreduce_pytree``, which ``hvd.average_gradients()`` calls), eagerly
+and inside ``jax.jit``; ``engine_native.torch.grouped_allreduce`` on torch tensors of the
+same shapes; and the numpy API's ``grouped_allreduce`` as the floor (no framework). Every
+variant runs in the same rank processes, interleaved in rounds, so they share the machine's
+state. A step is as slow as its slowest rank. Prints a table and the ratio to torch; never
+asserts anything (DESIGN §7).
+
+    python benchmarks/bench_jax.py                # np=2
+    python benchmarks/bench_jax.py --np 3 --steps 400
+"""
+import argparse
+import multiprocessing as mp
+import os
+import secrets
+import statistics
+import sys
+import time
+import traceback
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+# (rows, cols) of the gradients: weights and biases of a 10-layer MLP, 20 arrays
+SHAPES = [(784, 512), (512,), (512, 512), (512,), (512, 256), (256,), (256, 256), (256,),
+          (256, 128), (128,), (128, 128), (128,), (128, 64), (64,), (64, 64), (64,),
+          (64, 32), (32,), (32, 10), (10,)]
+VARIANTS = ("jax eager", "jax jit", "torch", "numpy")
+
+
+def _variants(rank):
+    """name -> step function averaging this rank's gradients once."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import engine_native as hvd_np
+    import engine_native.jax as hvd_jax
+    import engine_native.torch as hvd_torch
+
+    hvd_jax.init()
+    rng = np.random.default_rng(rank)
+    host = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+    grads_jax = {f"g{i}": jnp.asarray(a) for i, a in enumerate(host)}
+    grads_torch = [torch.from_numpy(a.copy()) for a in host]
+    jitted = jax.jit(hvd_jax.allreduce_pytree)
+    return {
+        "jax eager": lambda: jax.block_until_ready(hvd_jax.allreduce_pytree(grads_jax)),
+        "jax jit": lambda: jax.block_until_ready(jitted(grads_jax)),
+        "torch": lambda: hvd_torch.grouped_allreduce(grads_torch),
+        "numpy": lambda: hvd_np.grouped_allreduce(host),
+    }, hvd_np
+
+
+def _worker(rank, env, rounds, steps, warmup, queue):
+    os.environ.update(env)
+    try:
+        import torch
+        torch.set_num_threads(1)
+        variants, hvd = _variants(rank)
+        times = {name: [] for name in VARIANTS}
+        for name in VARIANTS:
+            for _ in range(warmup):
+                variants[name]()
+        for _ in range(rounds):
+            for name in VARIANTS:
+                hvd.barrier()
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    variants[name]()
+                    times[name].append(time.perf_counter() - t0)
+        hvd.shutdown()
+        queue.put((rank, times, None))
+    except Exception:  # reported, never raised: the parent prints the table or the error
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def run(size, rounds, steps, warmup, timeout):
+    """Per variant: the median and p90 step time (s), a step as slow as its slowest rank."""
+    from engine_native.rendezvous import RendezvousServer
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    secret = secrets.token_bytes(32)
+    with RendezvousServer(secret) as server:
+        host, port = server.address
+        shared = dict(HVD_RENDEZVOUS=f"{host}:{port}", HVD_SECRET=secret.hex(),
+                      HVD_JOB_ID=uuid.uuid4().hex[:12], HVD_SIZE=str(size),
+                      OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu")
+        procs = [ctx.Process(target=_worker, args=(r, dict(shared, HVD_RANK=str(r)), rounds,
+                                                   steps, warmup, queue))
+                 for r in range(size)]
+        for p in procs:
+            p.start()
+        try:
+            results = [queue.get(timeout=timeout) for _ in procs]
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+    errors = [err for _, _, err in results if err]
+    if errors:
+        raise SystemExit("a rank failed:\n" + errors[0])
+    summary = {}
+    for name in VARIANTS:
+        per_step = sorted(max(ts) for ts in zip(*(times[name] for _, times, _ in results)))
+        summary[name] = (statistics.median(per_step), per_step[int(0.9 * (len(per_step) - 1))])
+    return summary
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=60, help="steps per variant per round")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    import numpy as np
+    mib = sum(int(np.prod(s)) for s in SHAPES) * 4 / (1 << 20)
+    summary = run(args.np, args.rounds, args.steps, args.warmup, args.timeout)
+    torch_median = summary["torch"][0]
+    print(f"gradient averaging per step: np={args.np}, {len(SHAPES)} float32 arrays, "
+          f"{mib:.2f} MiB, {args.rounds} rounds x {args.steps} steps, CPU, shm")
+    print(f"{'variant':<12}{'median ms':>11}{'p90 ms':>9}{'vs torch':>10}")
+    for name in VARIANTS:
+        median, p90 = summary[name]
+        print(f"{name:<12}{median * 1e3:>11.3f}{p90 * 1e3:>9.3f}{median / torch_median:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()
