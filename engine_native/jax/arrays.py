@@ -73,9 +73,14 @@ def _wrapper_from_host():
     if put is None or not hasattr(core, "ShapedArray"):
         return None
 
+    shardings: dict = {}  # device -> its sharding (building one costs as much as the call)
+
     def wrap(result, device):
-        return put(core.ShapedArray(result.shape, result.dtype), SingleDeviceSharding(device),
-                   [result], [device], True)
+        sharding = shardings.get(device)
+        if sharding is None:
+            sharding = shardings[device] = SingleDeviceSharding(device)
+        return put(core.ShapedArray(result.shape, result.dtype), sharding, [result], [device],
+                   True)
     return wrap
 
 
