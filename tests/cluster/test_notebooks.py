@@ -5,6 +5,7 @@ Each notebook's kernel gets ``HVD_TEST_TAG`` in its environment; every process i
 and killed afterwards, and the test fails if anything was left."""
 
 import os
+import re
 
 import nbformat
 import pytest
@@ -58,4 +59,18 @@ def test_pipeline():
     four = text.split("[rank 3] 4 stages: test accuracy ")[1].split()[0]
     assert f"[rank 0] gathered model: test accuracy {four}" in text, text
     assert two > 0.75 and float(four) > 0.75, (two, four)  # (deterministic: seeded, exact)
+    assert "hvd: cluster stopped" in text
+
+
+@pytest.mark.jax
+def test_jax():
+    nb = execute("jax.ipynb")
+    text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
+    # %hvd_start --framework jax: engine_native.jax is hvd on both ranks
+    assert len(re.findall(r"engine_native\.jax +idle", text)) == 2, text
+    assert "[all ranks] sum over ranks: [1.0, 3.0, 5.0]" in text
+    assert "[all ranks] in jit: [0.5, 2.5, 6.5]" in text
+    accuracy = float(text.split("[all ranks] test accuracy: ")[1].split()[0])  # equal on both
+    assert accuracy > 0.85, accuracy
+    assert "[all ranks] parameters equal on every rank: True" in text
     assert "hvd: cluster stopped" in text
