@@ -1,0 +1,62 @@
+"""Horovod's keras helpers on values: ``allreduce``, ``allgather``, ``broadcast``,
+``broadcast_global_variables``. A value is anything ``keras.ops.convert_to_tensor`` takes; the
+result is a backend tensor. Eager only for allgather/broadcast (see backend_glue)."""
+import keras
+
+from engine_native._dtypes import Average, Sum
+from engine_native.basics import global_process_set
+from engine_native.keras import backend_glue
+from engine_native.keras.compression import Compression
+
+
+def _resolve_op(op, average):
+    if op is not None and average is not None:
+        raise ValueError("allreduce(): pass op or the deprecated average, not both")
+    if average is not None:
+        return Average if average else Sum
+    return Average if op is None else op
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
+              op=None, compression=Compression.none, process_set=global_process_set):
+    """Reduce ``value`` across ranks (Average unless ``op`` says otherwise)."""
+    tensor, ctx = compression.compress(keras.ops.convert_to_tensor(value))
+    reduced, = backend_glue.grouped_allreduce([tensor], _resolve_op(op, average),
+                                              prescale_factor, postscale_factor, process_set,
+                                              name=name)
+    return compression.decompress(reduced, ctx)
+
+
+def allgather(value, name=None, process_set=global_process_set):
+    """Every rank's ``value`` concatenated along the first dimension (sizes may differ)."""
+    return backend_glue.allgather(keras.ops.convert_to_tensor(value), name, process_set)
+
+
+def broadcast(value, root_rank, name=None, process_set=global_process_set):
+    """``root_rank``'s ``value`` on every rank."""
+    return backend_glue.broadcast(keras.ops.convert_to_tensor(value), root_rank, name,
+                                  process_set)
+
+
+def broadcast_variables(variables, root_rank, name=None, process_set=global_process_set):
+    """Assign ``root_rank``'s values to ``variables`` (keras.Variable) on every rank."""
+    prefix = name or "broadcast_variables"
+    for i, variable in enumerate(variables):
+        variable.assign(broadcast(variable.value, root_rank, f"{prefix}.{i}", process_set))
+
+
+def broadcast_model(model, root_rank, optimizer=None):
+    """Broadcast ``model``'s variables and its optimizer's (built first, so they exist)."""
+    optimizer = optimizer or getattr(model, "optimizer", None)
+    broadcast_variables(model.variables, root_rank, name="model")
+    if optimizer is not None:
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        broadcast_variables(optimizer.variables, root_rank, name="optimizer")
+
+
+def broadcast_global_variables(root_rank):
+    """Horovod's TF1-era call has no Keras 3 equivalent (there are no global variables)."""
+    raise NotImplementedError("broadcast_global_variables(): Keras 3 has no global variables; "
+                              "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) "
+                              "or hvd.broadcast_variables(model.variables, root_rank)")
