@@ -12,10 +12,9 @@ state everybody receives) is the lowest surviving rank (engine_native.elastic_wo
 any other way, the world keeps its ranks: this recovers from aborts and transient failures.
 Process sets are not carried over a reset: register them again (e.g. in a reset callback).
 """
-import functools
-
 from engine_native import basics as _basics
 from engine_native import elastic_world
+from engine_native.elastic_state import run_fn
 from engine_native.torch import basics
 from engine_native.torch import runtime as rt
 from engine_native.torch.elastic.sampler import ElasticSampler  # noqa: F401
@@ -40,23 +39,4 @@ def run(func):
     No collective may run before the decorated function is called: the first thing it does
     is ``state.sync()`` (broadcast from rank 0).
     """
-    @functools.wraps(func)
-    def wrapper(state, *args, **kwargs):
-        reset_required = False
-        after_failure = False
-        skip_sync = False
-        while True:
-            try:
-                if reset_required:  # inside the try: a peer lost while joining → again
-                    _reset(after_failure)
-                    state.on_reset()
-                if not skip_sync:
-                    state.sync()
-                return func(state, *args, **kwargs)
-            except rt.HorovodInternalError:
-                state.restore()
-                skip_sync, after_failure = False, True
-            except HostsUpdatedInterrupt as exc:
-                skip_sync, after_failure = exc.skip_sync, False
-            reset_required = True
-    return wrapper
+    return run_fn(func, _reset)

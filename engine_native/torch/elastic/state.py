@@ -9,7 +9,7 @@ import copy
 
 import torch
 
-from engine_native import elastic_world
+from engine_native.elastic_state import HostsUpdatedInterrupt, ObjectState, State  # noqa: F401
 from engine_native.torch import runtime as rt
 from engine_native.torch.functions import (
     allgather_object,
@@ -17,104 +17,6 @@ from engine_native.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """Hosts were added or removed: the job must re-initialize (not a failure)."""
-
-    def __init__(self, skip_sync=False):
-        super().__init__('hosts updated')
-        self.skip_sync = skip_sync
-
-
-class State:
-    """State representation used for tracking in memory state across workers.
-
-    Parameters
-    ----------
-    bcast_object : callable
-        ``broadcast_object``-like function used to agree on values across ranks.
-    get_rank : callable
-        Returns this process's rank.
-    """
-
-    def __init__(self, bcast_object, get_rank):
-        self._bcast_object = bcast_object
-        self._rank = get_rank
-        self._reset_callbacks = []
-        self._host_messages = []
-        self._last_updated_timestamp = 0
-
-    def register_reset_callbacks(self, callbacks):
-        """Functions called (in order) after every reset, before ``sync()``."""
-        self._reset_callbacks.extend(callbacks)
-
-    def on_reset(self):
-        self._host_messages = []
-        for callback in self._reset_callbacks:
-            callback()
-
-    def on_hosts_updated(self, timestamp, update_res):
-        """Record a host change pushed by an elastic driver."""
-        self._host_messages.append((timestamp, update_res))
-
-    def commit(self):
-        """Save the state in memory and check for host updates (may raise
-        HostsUpdatedInterrupt on every rank at once)."""
-        self.save()
-        self.check_host_updates()
-
-    def check_host_updates(self):
-        """Raise HostsUpdatedInterrupt on every rank when a host change was recorded."""
-        last = self._last_updated_timestamp
-        newest = max([ts for ts, _ in self._host_messages], default=last)
-        self._host_messages = []
-        # Under the elastic driver rank 0 also asks the store whether a newer generation
-        # (hosts added or removed) was published; its answer is everybody's.
-        published = self._rank() == 0 and elastic_world.newer_generation_published()
-        newest, published = self._bcast_object((newest, published), root_rank=0,
-                                               name='elastic.host_update')
-        if newest > last or published:
-            self._last_updated_timestamp = newest
-            raise HostsUpdatedInterrupt(skip_sync=False)
-
-    def save(self):
-        raise NotImplementedError()
-
-    def restore(self):
-        raise NotImplementedError()
-
-    def sync(self):
-        raise NotImplementedError()
-
-    def reset(self):
-        pass
-
-
-class ObjectState(State):
-    """State of plain Python attributes (``state.epoch``, ``state.batch``...)."""
-
-    def __init__(self, bcast_object, get_rank, **kwargs):
-        super().__init__(bcast_object, get_rank)
-        self._saved_state = kwargs
-        self._set_attrs()
-
-    def save(self):
-        self._saved_state = {attr: copy.deepcopy(getattr(self, attr))
-                             for attr in self._saved_state}
-
-    def restore(self):
-        self._set_attrs()
-
-    def sync(self):
-        if self._saved_state:
-            self._saved_state = self._bcast_object(self._saved_state, root_rank=0,
-                                                   name='elastic.object_state')
-            self._set_attrs()
-
-    def _set_attrs(self):
-        for attr, value in self._saved_state.items():
-            setattr(self, attr, copy.deepcopy(value))
 
 
 class _ModelHandler:
