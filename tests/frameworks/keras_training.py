@@ -1,0 +1,81 @@
+"""Rank-side checks of engine_native.keras shared by the backend tests: training with
+DistributedOptimizer equals single-process training on the global batch.
+
+Every rank also trains the single-process reference itself (no communication) on the
+concatenation of all ranks' batches and compares its distributed weights with it. Imported in
+the ranks only (keras is imported after KERAS_BACKEND is set by the harness's environment).
+"""
+import numpy as np
+
+STEPS, BATCH, FEATURES = 20, 4, 8
+
+
+def start(backend):
+    import keras
+
+    import engine_native.keras as hvd
+    assert keras.backend.backend() == backend, (keras.backend.backend(), backend)
+    hvd.init()
+    return hvd, keras
+
+
+def global_data(n, steps=STEPS, b=BATCH):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((steps * n * b, FEATURES)).astype("float32")
+    y = (x[:, :3].sum(axis=1, keepdims=True) ** 2 * 0.1).astype("float32")
+    return x, y
+
+
+def rank_shard(array, n, r, b=BATCH):
+    """This rank's rows: its b rows of every step's global batch of n*b, in step order."""
+    steps = len(array) // (n * b)
+    return np.concatenate([array[s * n * b + r * b: s * n * b + (r + 1) * b]
+                           for s in range(steps)])
+
+
+def model(keras, seed):
+    """A small MLP whose initial weights depend on ``seed`` only (seeded initializers:
+    keras.utils.set_random_seed would import tensorflow, seconds a rank)."""
+    def init(offset):
+        return keras.initializers.GlorotUniform(seed=seed * 10 + offset)
+    return keras.Sequential([keras.Input((FEATURES,)),
+                             keras.layers.Dense(16, activation="tanh", kernel_initializer=init(0),
+                                                bias_initializer=keras.initializers.RandomNormal(
+                                                    stddev=0.1, seed=seed * 10 + 1)),
+                             keras.layers.Dense(1, kernel_initializer=init(2))])
+
+
+def relative_error(a_weights, b_weights):
+    return max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
+               for a, b in zip(a_weights, b_weights))
+
+
+def fit_matches_single_process(fails, hvd, keras, label, *, bpps=1, lr=0.05,
+                               compile_kwargs=None):
+    """Fit STEPS steps on np ranks (rank-dependent init, BroadcastGlobalVariablesCallback) and
+    compare with one process on the global batch; bpps > 1 sums the micro-steps' gradients,
+    which the reference gets from Keras's own accumulation (their mean) at bpps times the
+    learning rate (SGD is linear in the gradient)."""
+    n, r = hvd.size(), hvd.rank()
+    x, y = global_data(n)
+    compile_kwargs = compile_kwargs or {}
+
+    dist = model(keras, seed=100 + r)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
+                                   backward_passes_per_step=bpps)
+    dist.compile(optimizer=opt, loss="mse", **compile_kwargs)
+    dist.fit(rank_shard(x, n, r), rank_shard(y, n, r), batch_size=BATCH, shuffle=False,
+             epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+    ref = model(keras, seed=100)
+    ref.compile(optimizer=keras.optimizers.SGD(
+        lr * bpps, momentum=0.9, gradient_accumulation_steps=bpps if bpps > 1 else None),
+        loss="mse", **compile_kwargs)
+    ref.fit(x, y, batch_size=n * BATCH, shuffle=False, epochs=1, verbose=0)
+
+    error = relative_error(dist.get_weights(), ref.get_weights())
+    fails.expect(f"{label}: fit equals single-process training (relative error {error:.2e})",
+                 error <= 1e-5)
+    moved = relative_error(dist.get_weights(), model(keras, seed=100).get_weights())
+    fails.expect(f"{label}: the weights changed", moved > 1e-3, f"{moved:.2e}")
+    return dist
