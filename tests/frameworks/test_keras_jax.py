@@ -1,0 +1,31 @@
+"""engine_native.keras on the jax backend: model.fit's jit-compiled train step (Keras's default
+on jax) reduces the gradients through an ordered io_callback, and training equals
+single-process training on the global batch; also with backward_passes_per_step (the
+allreduce inside a lax.cond) and an eager allreduce by value (the numpy path on a view of the
+jax array)."""
+import numpy as np
+import pytest
+
+from frameworks import keras_training as kt
+from multiproc.checks import Failures
+from multiproc.harness import run_ranks
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.keras, pytest.mark.jax]
+
+
+def rank_jax_suite():
+    hvd, keras = kt.start("jax")
+    fails = Failures()
+    model = kt.fit_matches_single_process(fails, hvd, keras, "jit")
+    fails.expect("fit jit-compiled its train step", model.jit_compile is True)
+    kt.fit_matches_single_process(fails, hvd, keras, "jit, backward_passes_per_step=2",
+                                  bpps=2)
+    n = hvd.size()
+    got = keras.ops.convert_to_numpy(hvd.allreduce(np.arange(3.0) * hvd.rank(), op=hvd.Sum))
+    fails.expect("eager allreduce of a jax array",
+                 np.allclose(got, np.arange(3.0) * n * (n - 1) / 2), got)
+    return fails.raise_if_any()
+
+
+def test_keras_jax_backend():
+    run_ranks(rank_jax_suite, 2, env={"KERAS_BACKEND": "jax"}, timeout=120)

@@ -1,0 +1,37 @@
+"""engine_native.keras on the tensorflow backend: model.fit's tf.function train step (Keras's
+default on a CPU) reduces the gradients through tf.numpy_function, and training equals
+single-process training on the global batch, also with backward_passes_per_step; an
+XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
+next op works."""
+import numpy as np
+import pytest
+
+from frameworks import keras_training as kt
+from multiproc.checks import Failures
+from multiproc.harness import run_ranks
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.keras, pytest.mark.tensorflow]
+
+
+def rank_tensorflow_suite():
+    hvd, keras = kt.start("tensorflow")
+    fails = Failures()
+    model = kt.fit_matches_single_process(fails, hvd, keras, "tf.function")
+    fails.expect("fit compiled its train step without XLA",
+                 not model.run_eagerly and model.jit_compile is False)
+    kt.fit_matches_single_process(fails, hvd, keras, "tf.function, backward_passes_per_step=2",
+                                  bpps=2)
+    try:
+        kt.fit_matches_single_process(fails, hvd, keras, "xla",
+                                      compile_kwargs={"jit_compile": True})
+        fails.expect("jit_compile=True raises", False, "nothing raised")
+    except ValueError as exc:
+        fails.expect("jit_compile=True: the message names the fix",
+                     "jit_compile=False" in str(exc), str(exc))
+    got = keras.ops.convert_to_numpy(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after"))
+    fails.expect("the next op works", np.allclose(got, hvd.size()), got)
+    return fails.raise_if_any()
+
+
+def test_keras_tensorflow_backend():
+    run_ranks(rank_tensorflow_suite, 2, env={"KERAS_BACKEND": "tensorflow"}, timeout=120)
