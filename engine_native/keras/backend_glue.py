@@ -8,7 +8,8 @@ Per backend (``keras.backend.backend()``):
     jit-compiled step (Keras's default ``jit_compile`` on jax) the group runs through one
     ``jax.experimental.io_callback(ordered=True)``, so every rank submits its steps' groups in
     program order.
-  * tensorflow: eager tensors go to the numpy API through ``.numpy()``; inside a
+  * tensorflow: eager tensors go to the numpy API as ``np.asarray`` views (no copy on CPU;
+    ``.numpy()`` would copy); inside a
     ``tf.function`` (Keras's compiled ``train_step``) through one
     ``tf.numpy_function(stateful=True)``. XLA (``jit_compile=True``) cannot compile a numpy
     function: :func:`check_not_xla` turns TF's error into one that names the fix.
@@ -132,7 +133,7 @@ def _tf_grouped_allreduce(tensors, op, prescale, postscale, process_set, name):
     import tensorflow as tf
     tensors = [tf.convert_to_tensor(t) for t in tensors]  # IndexedSlices become dense
     if tf.executing_eagerly():
-        arrays = [t.numpy() for t in tensors]
+        arrays = [np.asarray(t) for t in tensors]  # a read-only view (.numpy() copies)
         return [_to_tensor(a) for a in _numpy_grouped_allreduce(
             arrays, op, prescale, postscale, process_set, name)]
     check_not_xla()
@@ -149,7 +150,7 @@ def _tf_grouped_allreduce(tensors, op, prescale, postscale, process_set, name):
 def _tf_eager_array(op_name, tensor):
     import tensorflow as tf
     _eager_only(op_name, not tf.executing_eagerly())
-    return _contiguous(tf.convert_to_tensor(tensor).numpy())
+    return _contiguous(tf.convert_to_tensor(tensor))
 
 
 def _tf_allgather(tensor, name, process_set):
