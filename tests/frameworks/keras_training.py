@@ -51,21 +51,26 @@ def relative_error(a_weights, b_weights):
 
 
 def fit_matches_single_process(fails, hvd, keras, label, *, bpps=1, lr=0.05,
-                               compile_kwargs=None):
+                               compile_kwargs=None, process_set=None, **optimizer_kwargs):
     """Fit STEPS steps on np ranks (rank-dependent init, BroadcastGlobalVariablesCallback) and
     compare with one process on the global batch; bpps > 1 sums the micro-steps' gradients,
     which the reference gets from Keras's own accumulation (their mean) at bpps times the
-    learning rate (SGD is linear in the gradient)."""
-    n, r = hvd.size(), hvd.rank()
+    learning rate (SGD is linear in the gradient). With ``process_set`` only its members call
+    this; they start from the same weights (the callback broadcasts over every rank)."""
+    in_set = process_set is not None
+    n, r = (process_set.size(), process_set.rank()) if in_set else (hvd.size(), hvd.rank())
     x, y = global_data(n)
     compile_kwargs = compile_kwargs or {}
 
-    dist = model(keras, seed=100 + r)
+    dist = model(keras, seed=100 if in_set else 100 + r)
+    if in_set:
+        optimizer_kwargs["process_set"] = process_set
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
-                                   backward_passes_per_step=bpps)
+                                   backward_passes_per_step=bpps, **optimizer_kwargs)
     dist.compile(optimizer=opt, loss="mse", **compile_kwargs)
+    callbacks = [] if in_set else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     dist.fit(rank_shard(x, n, r), rank_shard(y, n, r), batch_size=BATCH, shuffle=False,
-             epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+             epochs=1, verbose=0, callbacks=callbacks)
 
     ref = model(keras, seed=100)
     ref.compile(optimizer=keras.optimizers.SGD(

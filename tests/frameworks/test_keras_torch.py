@@ -2,7 +2,8 @@
 size runs every check (importing keras costs seconds a rank) and reports them all.
 
 Checks: the value collectives against NumPy; model.fit with DistributedOptimizer equals
-single-process training on the global batch (also with backward_passes_per_step); each
+single-process training on the global batch (also with backward_passes_per_step, and on a
+process set with gradient_predivide_factor); each
 callback by value; load_model wraps the optimizer and keeps its state; wrapping twice fails
 on every rank and the next op works; KerasState commit/restore/sync, the elastic callbacks
 and hvd.elastic.run's retry after a failed collective.
@@ -173,6 +174,13 @@ def rank_torch_suite(path):
     _collectives(fails, hvd, keras)
     kt.fit_matches_single_process(fails, hvd, keras, "fit")
     kt.fit_matches_single_process(fails, hvd, keras, "fit, backward_passes_per_step=2", bpps=2)
+    if hvd.size() > 2:  # ranks 0 and 1 train alone; 2 stays out
+        pair = hvd.add_process_set([0, 1])
+        if hvd.rank() in pair.ranks:
+            kt.fit_matches_single_process(fails, hvd, keras, "fit on process set [0, 1], "
+                                          "gradient_predivide_factor=2", process_set=pair,
+                                          gradient_predivide_factor=2.0)
+        hvd.remove_process_set(pair)
     _callbacks(fails, hvd, keras)
     if path is not None:
         _load_model(fails, hvd, keras, path)
