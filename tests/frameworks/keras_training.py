@@ -45,6 +45,12 @@ def model(keras, seed):
                              keras.layers.Dense(1, kernel_initializer=init(2))])
 
 
+def _fusion_counts():
+    import engine_native
+    metrics = engine_native.metrics()
+    return metrics["fused_batches"], metrics["fused_tensors"]
+
+
 def relative_error(a_weights, b_weights):
     return max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
                for a, b in zip(a_weights, b_weights))
@@ -69,8 +75,15 @@ def fit_matches_single_process(fails, hvd, keras, label, *, bpps=1, lr=0.05,
                                    backward_passes_per_step=bpps, **optimizer_kwargs)
     dist.compile(optimizer=opt, loss="mse", **compile_kwargs)
     callbacks = [] if in_set else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    before = _fusion_counts()
     dist.fit(rank_shard(x, n, r), rank_shard(y, n, r), batch_size=BATCH, shuffle=False,
              epochs=1, verbose=0, callbacks=callbacks)
+    batches, tensors = (a - b for a, b in zip(_fusion_counts(), before))
+    updates, variables = STEPS // bpps, len(dist.trainable_variables)
+    fails.expect(f"{label}: one fused allreduce of every gradient per update",
+                 (batches, tensors) == (updates, updates * variables),
+                 f"{batches} fused batches of {tensors} tensors for {updates} updates of "
+                 f"{variables} gradients")
 
     ref = model(keras, seed=100)
     ref.compile(optimizer=keras.optimizers.SGD(
