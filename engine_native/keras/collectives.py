@@ -57,6 +57,6 @@ def broadcast_model(model, root_rank, optimizer=None):
 
 def broadcast_global_variables(root_rank):
     """Horovod's TF1-era call has no Keras 3 equivalent (there are no global variables)."""
-    raise NotImplementedError("broadcast_global_variables(): Keras 3 has no global variables; "
-                              "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) "
-                              "or hvd.broadcast_variables(model.variables, root_rank)")
+    raise RuntimeError("broadcast_global_variables(): Keras 3 has no global variables; "
+                       "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) "
+                       "or hvd.broadcast_variables(model.variables, root_rank)")

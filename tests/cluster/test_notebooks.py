@@ -74,3 +74,18 @@ def test_jax():
     assert accuracy > 0.85, accuracy
     assert "[all ranks] parameters equal on every rank: True" in text
     assert "hvd: cluster stopped" in text
+
+
+@pytest.mark.keras
+def test_keras():
+    nb = execute("keras.ipynb")
+    text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
+    assert len(re.findall(r"engine_native\.keras +idle", text)) == 2, text
+    starts = re.findall(r"\[rank (\d)\] initial weights sum: (\S+)", text)
+    assert len(starts) == 2 and starts[0][1] != starts[1][1], starts  # before the broadcast
+    losses = text.split("[rank 0] loss per epoch: [")[1].split("]")[0].split(", ")
+    assert float(losses[-1]) < float(losses[0]) / 4, losses
+    accuracy = float(text.split("[all ranks] test accuracy: ")[1].split()[0])  # equal on both
+    assert accuracy > 0.85, accuracy
+    assert "[all ranks] weights equal on every rank: True" in text
+    assert "hvd: cluster stopped" in text
