@@ -1,0 +1,46 @@
+"""Horovod-compatible TensorFlow API on the engine_native core.
+
+``import engine_native.tensorflow as hvd`` is a drop-in for the TF2 parts of
+``import horovod.tensorflow as hvd`` (Horovod 0.28): init and topology, process sets,
+allreduce (also of tf.IndexedSlices), grouped_allreduce, allgather, grouped_allgather,
+broadcast, alltoall, reducescatter, broadcast_variables, broadcast_object, allgather_object,
+DistributedGradientTape, Compression. Eager and inside ``tf.function``.
+
+Differences from Horovod, by design of this binding:
+  * No compiled TF ops: inside ``tf.function`` a collective is a stateful
+    ``tf.numpy_function`` (graph.py), so ``tf.function(jit_compile=True)`` refuses it with an
+    error, a SavedModel that contains one cannot run in another process, and errors inside a
+    graph arrive as ``tf.errors`` (InvalidArgumentError for a ValueError/TypeError, Unknown
+    otherwise) with the core's message.
+  * Tensors reach the core through host memory (``device_dense``/``device_sparse`` are
+    ignored); a GPU tensor is copied to host and back.
+  * The collectives have no registered gradients: differentiate before reducing, as
+    DistributedGradientTape does.
+  * No TF1 API (DistributedOptimizer for tf.compat.v1, session hooks, ``*_op`` tensors).
+  * ``report(samples=n, **scalars)`` (an addition) feeds the notebook dashboard's samples/s.
+
+Example
+-------
+>>> import engine_native.tensorflow as hvd
+>>> hvd.init()
+>>> hvd.broadcast_variables(model.variables, root_rank=0)
+>>> with tf.GradientTape() as tape:
+...     loss = loss_fn(model(x), y)
+>>> grads = hvd.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+"""
+from engine_native._core import HorovodInternalError  # noqa: F401
+from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from engine_native.basics import (  # noqa: F401
+    ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, is_homogeneous,
+    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
+    rank, remove_process_set, shutdown, size, start_timeline, stop_timeline)
+from engine_native.tensorflow.basics import init  # noqa: F401
+from engine_native.tensorflow.compression import Compression  # noqa: F401
+from engine_native.tensorflow.mpi_ops import (  # noqa: F401
+    allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce,
+    join, reducescatter)
+from engine_native.tensorflow.functions import (  # noqa: F401
+    allgather_object, broadcast_object, broadcast_variables)
+from engine_native.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+# Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).
+from engine_native.progress import report  # noqa: F401

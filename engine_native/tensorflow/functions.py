@@ -1,0 +1,69 @@
+"""Broadcasting variables and Python objects (Horovod's ``horovod.tensorflow.functions``)."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+try:
+    import cloudpickle as _pickle
+except ImportError:  # pragma: no cover - cloudpickle is a dependency; plain pickle as a fallback
+    import pickle as _pickle
+
+from engine_native import basics, numpy_ops
+from engine_native.basics import global_process_set
+from engine_native.tensorflow import graph, tensors
+from engine_native.tensorflow.mpi_ops import check_call
+
+
+def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
+    """Assign ``root_rank``'s values to ``variables`` on every rank of ``process_set``.
+
+    The broadcasts are submitted together and waited for together (one ``tf.numpy_function``
+    in graph mode), then each variable is assigned its value (``inplace`` is accepted for
+    compatibility: ``assign`` writes into the variable's own buffer either way).
+
+    Returns None when run eagerly, the group of assign ops inside ``tf.function``.
+    """
+    check_call("broadcast_variables", process_set)
+    variables = list(variables)
+    for var in variables:
+        if not isinstance(var, tf.Variable):
+            raise TypeError(f"broadcast_variables(): expected tf.Variable objects, got "
+                            f"{type(var).__name__}; use hvd.broadcast() for a tensor")
+    if not variables:
+        return None
+    values = [tensors.as_tensor(v, "broadcast_variables", v.name) for v in variables]
+    root_rank = int(root_rank)
+
+    def broadcast_arrays(*arrays):
+        handles = [numpy_ops.broadcast_async(a, root_rank, None, process_set) for a in arrays]
+        return numpy_ops._synchronize_group(handles)  # every wait, then the first error
+    results = graph.run(broadcast_arrays, values, [v.dtype for v in values],
+                        [v.shape for v in values], "broadcast_variables")
+    assigns = [var.assign(value) for var, value in zip(variables, results)]
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """``root_rank``'s ``obj`` (serialized with cloudpickle) on every rank. Eager only;
+    ``session`` is accepted for compatibility (TF1) and ignored."""
+    name = name or type(obj).__name__
+    is_root = basics.rank() == root_rank
+    data = np.frombuffer(_pickle.dumps(obj), dtype=np.uint8) if is_root else np.zeros(0, np.uint8)
+    count = numpy_ops.broadcast(np.array([data.size], np.int64), root_rank, f"{name}.sz",
+                                process_set)
+    if not is_root:
+        data = np.zeros(int(count[0]), np.uint8)
+    data = numpy_ops.broadcast(data, root_rank, f"{name}.t", process_set)
+    return obj if is_root else _pickle.loads(data.tobytes())
+
+
+def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Every rank's ``obj`` (cloudpickle), as a list indexed by rank in ``process_set``."""
+    name = name or type(obj).__name__
+    data = np.frombuffer(_pickle.dumps(obj), dtype=np.uint8)
+    counts = numpy_ops.allgather(np.array([data.size], np.int64), f"{name}.sz", process_set)
+    gathered = numpy_ops.allgather(data, f"{name}.t", process_set)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    return [_pickle.loads(gathered[offsets[i]:offsets[i + 1]].tobytes())
+            for i in range(len(counts))]

@@ -1,0 +1,148 @@
+"""``hvd.DistributedGradientTape``: a ``tf.GradientTape`` whose ``gradient()`` returns the
+gradients averaged over the ranks (Horovod's, same arguments).
+
+All dense gradients of one ``gradient()`` call are reduced as ONE grouped allreduce (one
+negotiation, fused in the core, one ``tf.numpy_function`` inside ``tf.function``), unless
+``groups`` asks for several groups. Sparse gradients (IndexedSlices) are allgathered, or
+densified first with ``sparse_as_dense=True``.
+"""
+from __future__ import annotations
+
+import warnings
+
+import tensorflow as tf
+
+from engine_native._dtypes import Average
+from engine_native.basics import global_process_set
+from engine_native.tensorflow.compression import Compression
+from engine_native.tensorflow.mpi_ops import grouped_allreduce
+
+
+def _split_evenly(items, n):
+    """``items`` in ``n`` consecutive chunks whose lengths differ by at most one."""
+    k, m = divmod(len(items), n)
+    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
+
+
+class _GradientReducer:
+    """What ``gradient()`` does with the local gradients: the tape's Horovod arguments."""
+
+    def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
+                 process_set):
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        # Average splits over the two factors: the core divides by the set size as well.
+        self.prescale = 1.0 / gradient_predivide_factor if op == Average else 1.0
+        self.postscale = gradient_predivide_factor if op == Average else 1.0
+        self.groups = groups
+        self.process_set = process_set
+
+    def _index_groups(self, grads, sources):
+        """Lists of gradient positions, each reduced as one grouped allreduce."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if self.groups is None:
+            return [present] if present else []
+        if isinstance(self.groups, int):
+            return [g for g in _split_evenly(present, self.groups) if g]
+        position = {id(s): i for i, s in enumerate(sources)}
+        chosen = [[position[id(v)] for v in group if id(v) in position
+                   and grads[position[id(v)]] is not None] for group in self.groups]
+        listed = {i for group in chosen for i in group}
+        return [g for g in chosen if g] + [[i] for i in present if i not in listed]
+
+    def reduce(self, grads, sources):
+        if not self.process_set.included() or self.process_set.size() == 1:
+            return grads  # Horovod's _allreduce_cond: nothing to combine
+        if self.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        reduced = list(grads)
+        for group in self._index_groups(grads, sources):
+            values = grouped_allreduce([grads[i] for i in group], compression=self.compression,
+                                       op=self.op, prescale_factor=self.prescale,
+                                       postscale_factor=self.postscale,
+                                       process_set=self.process_set)
+            for i, value in zip(group, values):
+                reduced[i] = value
+        return reduced
+
+
+class _DistributedTape:
+    """Mixed into the wrapped tape's own class, so ``isinstance(tape, tf.GradientTape)`` and
+    any subclass behaviour stay."""
+
+    def register_local_source(self, source):
+        """Keep ``source``'s gradient local (not reduced); scaled by 1/size when
+        ``scale_local_gradients`` (Horovod's rule)."""
+        self._hvd_local_sources[id(source)] = source  # by id: Keras 3 variables have no ref()
+
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
+                 **kwargs):
+        grads = super().gradient(target, sources, output_gradients, **kwargs)
+        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
+        local = [id(s) in self._hvd_local_sources for s in flat_sources]
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        reduced = self._hvd_reducer.reduce([flat_grads[i] for i in shared],
+                                           [flat_sources[i] for i in shared])
+        for i, grad in zip(shared, reduced):
+            flat_grads[i] = grad
+        if self._hvd_scale_local_gradients and self._hvd_local_sources:
+            n = float(self._hvd_reducer.process_set.size())
+            for i, is_local in enumerate(local):
+                g = flat_grads[i]
+                if is_local and g is not None:
+                    flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                                     if isinstance(g, tf.IndexedSlices) else g / n)
+        return tf.nest.pack_sequence_as(grads, flat_grads)
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """Wrap ``gradtape`` so that ``gradient()`` reduces the gradients over the ranks.
+
+    Parameters
+    ----------
+    gradtape : tf.GradientTape
+        Wrapped after its ``with`` block (or before: the new tape is then the one to enter).
+    compression : hvd.Compression.none or .fp16
+    sparse_as_dense : bool
+        Densify IndexedSlices gradients and allreduce them with the others.
+    op : hvd.Average (default), hvd.Sum, hvd.Adasum, ...
+    gradient_predivide_factor : float
+        With Average: scale by 1/f before the sum and f/size after it.
+    groups : int or list of lists of tf.Variable, optional
+        Default: every gradient in one group. An int n: n groups of consecutive gradients;
+        lists: those variables' gradients together, each other gradient alone.
+    process_set : hvd.ProcessSet
+    scale_local_gradients : bool
+        Divide the gradients of ``register_local_source`` sources by the set size.
+
+    Example
+    -------
+    >>> with tf.GradientTape() as tape:
+    ...     loss = loss_fn(model(x), y)
+    >>> tape = hvd.DistributedGradientTape(tape)
+    >>> grads = tape.gradient(loss, model.trainable_variables)
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError('gradient_predivide_factor not supported with op != Average')
+    if num_groups != 0:
+        warnings.warn('Parameter `num_groups` has been replaced by `groups` '
+                      'and will be removed in v0.23.0.', DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list) or
+                                   (isinstance(groups, int) and groups > 0)):
+        raise ValueError('groups should be a non-negative integer or '
+                         'a list of list of tf.Variable.')
+    cls = type(type(gradtape).__name__, (_DistributedTape, type(gradtape)), {})
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)  # the same recording (its _tape), persistence, ...
+    tape._hvd_reducer = _GradientReducer(compression, sparse_as_dense, op,
+                                         gradient_predivide_factor, groups, process_set)
+    tape._hvd_local_sources = {}
+    tape._hvd_scale_local_gradients = scale_local_gradients
+    return tape

@@ -1,0 +1,52 @@
+"""One way to run a core collective from TensorFlow, eager or inside ``tf.function``.
+
+Eager: the NumPy function runs at once on views of the input tensors (tensors.py) and its
+results become tensors without a copy.
+
+Graph (``tf.function``): there are no compiled Horovod ops here, so the NumPy function runs in
+a ``tf.numpy_function`` marked ``stateful=True``. Stateful ops are never pruned, constant-folded
+or merged, and ``tf.function``'s automatic control dependencies chain them in program order, so
+every rank runs its collectives in the order the Python code wrote them (the core matches ops
+by name, and unnamed ops take their name from a counter when they run). The static shapes the
+caller knows are set on the outputs, since ``numpy_function`` returns unknown shapes.
+
+XLA cannot compile a Python callback: inside ``tf.function(jit_compile=True)`` a collective is
+refused while tracing with an error that says what to do instead.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tensorflow as tf
+
+from engine_native.tensorflow import tensors
+
+try:  # private TF module; without it, XLA refuses the callback itself when compiling
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
+except ImportError:  # pragma: no cover - other TF versions
+    _in_xla = None
+
+
+def _refuse_xla(op: str) -> None:
+    if _in_xla is not None and _in_xla(tf.compat.v1.get_default_graph()):
+        raise RuntimeError(
+            f"{op}(): collectives cannot run inside tf.function(jit_compile=True): XLA cannot "
+            "compile the Python callback (tf.numpy_function) that reaches the engine_native "
+            "core. Keep the collective in a tf.function without jit_compile (e.g. compute the "
+            "gradients in a jit-compiled function and reduce them outside it); with Keras, "
+            "compile the model with jit_compile=False.")
+
+
+def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
+        out_shapes: Sequence, op: str) -> list:
+    """``numpy_fn(*arrays) -> list of arrays`` on ``inputs``; a list of tensors, one per
+    ``out_dtypes`` entry, with ``out_shapes`` (``tf.TensorShape``-likes) set in graph mode."""
+    if tf.executing_eagerly():
+        results = numpy_fn(*[tensors.to_numpy(t) for t in inputs])
+        return [tensors.to_tensor(array) for array in results]
+    _refuse_xla(op)
+    outputs = tf.numpy_function(numpy_fn, list(inputs), list(out_dtypes), stateful=True,
+                                name=f"hvd_{op}")
+    for output, shape in zip(outputs, out_shapes):
+        output.set_shape(shape)
+    return list(outputs)

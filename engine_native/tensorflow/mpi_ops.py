@@ -1,0 +1,222 @@
+"""Collectives of ``engine_native.tensorflow`` on tf.Tensor / tf.Variable (and IndexedSlices for
+allreduce), with the signatures, defaults and return types of Horovod 0.28's
+``horovod.tensorflow``.
+
+Each function checks its arguments while Python runs (eagerly, or once while ``tf.function``
+traces), then hands a NumPy function over ``engine_native.numpy_ops`` to ``graph.run``, which
+calls it at once (eager) or from a stateful ``tf.numpy_function`` (graph). Unnamed ops take
+their name from the numpy API's counter when they run, which is the same on every rank because
+every rank runs them in program order (graph.py).
+
+``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility
+and have no effect: tensors reach the core through host memory.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from engine_native import numpy_ops
+from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum
+from engine_native.basics import global_process_set
+from engine_native.tensorflow import graph, sparse, tensors
+from engine_native.tensorflow.compression import Compression
+
+_REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
+
+
+def resolve_op(op, average):
+    """Horovod's deprecated ``average=``: ``op`` wins; giving both is an error."""
+    if op is not None:
+        if average is not None:
+            raise ValueError('The op parameter supersedes average. '
+                             'Please provide only one of them.')
+        return op
+    if average is not None:
+        warnings.warn('Parameter `average` has been replaced with `op` and will be removed in '
+                      'v1.0', DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return Average
+
+
+def check_call(op_name: str, process_set, reduce_op=None) -> None:
+    """Argument errors at call (or trace) time, before any rank enqueues anything."""
+    if process_set.process_set_id is None:
+        raise ValueError(f"{op_name}(): {process_set} is not registered; call "
+                         "hvd.add_process_set() on every rank first")
+    if reduce_op is not None and reduce_op not in _REDUCE_OPS:
+        raise ValueError(f"{op_name}(): unknown op {reduce_op!r}; use hvd.Average, hvd.Sum, "
+                         "hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")
+
+
+def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, process_set,
+                  op_name):
+    """Allreduce dense tensors as one core group (one negotiation, fused in the core)."""
+    def reduce_arrays(*arrays):
+        if len(arrays) == 1 and op_name == "allreduce":
+            return [numpy_ops.allreduce(arrays[0], reduce_op, name, prescale_factor,
+                                        postscale_factor, process_set)]
+        return numpy_ops.grouped_allreduce(arrays, reduce_op, name, prescale_factor,
+                                           postscale_factor, process_set)
+    return graph.run(reduce_arrays, values, [v.dtype for v in values],
+                     [v.shape for v in values], op_name)
+
+
+def allreduce(tensor, average=None, device_dense='', device_sparse='',
+              compression=Compression.none, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, name=None, process_set=global_process_set,
+              ignore_name_scope=False):
+    """Reduce ``tensor`` over the ranks of ``process_set`` (Average by default).
+
+    Parameters
+    ----------
+    tensor : tf.Tensor, tf.Variable, tf.IndexedSlices, NumPy array or Python number
+        Same shape and dtype on every rank. IndexedSlices are allgathered (values and
+        indices) instead, as in Horovod: only Sum and Average, no scale factors.
+    op : hvd.Average (default), Sum, Adasum, Min, Max or Product.
+    compression : hvd.Compression.none or .fp16
+    prescale_factor, postscale_factor : float
+        Multiply the input before / the result after the reduction.
+    name : str, optional
+        Key of the op (``allreduce.<name>``); unnamed ops are counted in program order.
+    process_set : hvd.ProcessSet
+
+    Returns
+    -------
+    tf.Tensor (tf.IndexedSlices for IndexedSlices) of the input's shape and dtype.
+    """
+    op = resolve_op(op, average)
+    check_call("allreduce", process_set, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        return sparse.allreduce_slices([tensor], op, prescale_factor, postscale_factor, name,
+                                       process_set)[0]
+    tensor = tensors.as_tensor(tensor, "allreduce", name or "noname")
+    compressed, ctx = compression.compress(tensor)
+    reduced, = _reduce_dense([compressed], op, name, prescale_factor, postscale_factor,
+                             process_set, "allreduce")
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors_, average=None, device_dense='', device_sparse='',
+                      compression=Compression.none, op=None, prescale_factor=1.0,
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
+    """Allreduce a list of tensors as one group: they negotiate together and the core fuses
+    them (one ``tf.numpy_function`` in graph mode). IndexedSlices in the list are allgathered
+    as one group of their own. Returns a list in the input's order (None stays None)."""
+    op = resolve_op(op, average)
+    check_call("grouped_allreduce", process_set, op)
+    results = list(tensors_)
+    dense = [i for i, t in enumerate(results) if t is not None
+             and not isinstance(t, tf.IndexedSlices)]
+    slices = [i for i, t in enumerate(results) if isinstance(t, tf.IndexedSlices)]
+    if slices:
+        reduced = sparse.allreduce_slices([results[i] for i in slices], op, prescale_factor,
+                                          postscale_factor, name, process_set)
+        for i, value in zip(slices, reduced):
+            results[i] = value
+    if dense:
+        values, contexts = [], []
+        for i in dense:
+            value, ctx = compression.compress(
+                tensors.as_tensor(results[i], "grouped_allreduce", name or "noname"))
+            values.append(value)
+            contexts.append(ctx)
+        reduced = _reduce_dense(values, op, name, prescale_factor, postscale_factor,
+                                process_set, "grouped_allreduce")
+        for i, value, ctx in zip(dense, reduced, contexts):
+            results[i] = compression.decompress(value, ctx)
+    return results
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Concatenate every rank's ``tensor`` along dimension 0 (its size may differ per rank;
+    the other dimensions may not)."""
+    return grouped_allgather([tensor], name, ignore_name_scope, process_set, _op="allgather")[0]
+
+
+def grouped_allgather(tensors_, name=None, ignore_name_scope=False,
+                      process_set=global_process_set, *, _op="grouped_allgather"):
+    """Allgather each tensor of a list, as one group (fused in the core); a list back."""
+    check_call(_op, process_set)
+    values = [tensors.as_tensor(t, _op, name or "noname") for t in tensors_]
+    for value in values:
+        if value.shape.rank == 0:
+            raise ValueError(f"{_op}(): expected a tensor of rank >= 1 (gathered along "
+                             "dimension 0), got a scalar; reshape it to [1]")
+
+    def gather_arrays(*arrays):
+        if _op == "allgather":
+            return [numpy_ops.allgather(arrays[0], name, process_set)]
+        return numpy_ops.grouped_allgather(arrays, name, process_set)
+    return graph.run(gather_arrays, values, [v.dtype for v in values],
+                     [tf.TensorShape([None]).concatenate(v.shape[1:]) for v in values], _op)
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
+              process_set=global_process_set):
+    """``root_rank``'s ``tensor`` on every rank of ``process_set`` (a new tensor)."""
+    check_call("broadcast", process_set)
+    value = tensors.as_tensor(tensor, "broadcast", name or "noname")
+    root_rank = int(root_rank)
+
+    def broadcast_array(array):
+        return [numpy_ops.broadcast(array, root_rank, name, process_set)]
+    return graph.run(broadcast_array, [value], [value.dtype], [value.shape], "broadcast")[0]
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
+             process_set=global_process_set):
+    """Send ``splits[r]`` rows of ``tensor`` to rank r (equal parts when ``splits`` is None).
+
+    Returns the received rows, and with ``splits`` given also the received splits (int32), as
+    Horovod's does."""
+    check_call("alltoall", process_set)
+    value = tensors.as_tensor(tensor, "alltoall", name or "noname")
+    inputs = [value]
+    if splits is not None:
+        inputs.append(tf.cast(tensors.as_tensor(splits, "alltoall", "splits"), tf.int32))
+
+    def exchange(array, split_array=None):
+        received, received_splits = numpy_ops.alltoall(array, split_array, name, process_set)
+        return [received, received_splits.astype(np.int32)]
+    rows, received_splits = graph.run(
+        exchange, inputs, [value.dtype, tf.int32],
+        [tf.TensorShape([None]).concatenate(value.shape[1:]), [process_set.size()]],
+        "alltoall")
+    return (rows, received_splits) if splits is not None else rows
+
+
+def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average,
+                  name=None, process_set=global_process_set, ignore_name_scope=False,
+                  prescale_factor=1.0, postscale_factor=1.0):
+    """Reduce ``tensor`` over the ranks and give each its slice of dimension 0 (the first
+    ``dim0 % size`` ranks get one more row, as in Horovod)."""
+    check_call("reducescatter", process_set, op)
+    value = tensors.as_tensor(tensor, "reducescatter", name or "noname")
+    compressed, ctx = compression.compress(value)
+
+    def reduce_scatter(array):
+        return [numpy_ops.reducescatter(array, op, name, process_set, prescale_factor,
+                                        postscale_factor)]
+    rows = None
+    if value.shape.rank and value.shape[0] is not None and process_set.rank() not in (None, -1):
+        count, n = value.shape[0], process_set.size()
+        rows = count // n + (1 if process_set.rank() < count % n else 0)
+    shape = tf.TensorShape([rows]).concatenate(value.shape[1:]) if value.shape.rank else None
+    scattered, = graph.run(reduce_scatter, [compressed], [compressed.dtype], [shape],
+                           "reducescatter")
+    return compression.decompress(scattered, ctx)
+
+
+def barrier(process_set=global_process_set):
+    """Return when every rank of ``process_set`` has reached the barrier (eager)."""
+    numpy_ops.barrier(process_set)
+
+
+def join():
+    """This rank is done (it contributes zeros to others' allreduces until all have joined);
+    returns the last rank to join (eager)."""
+    return numpy_ops.join()

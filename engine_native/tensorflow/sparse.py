@@ -1,0 +1,43 @@
+"""Allreduce of ``tf.IndexedSlices`` (sparse gradients, e.g. of an embedding lookup), as Horovod
+does it: allgather the values and the indices instead of reducing a dense tensor. Repeated
+indices are left for the optimizer to sum, as TF's own sparse updates do.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from engine_native import numpy_ops
+from engine_native._dtypes import Adasum, Average, Sum
+from engine_native.tensorflow import graph, tensors
+
+
+def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, process_set):
+    """Sum or average a list of IndexedSlices over ``process_set``: one grouped allgather of
+    every values and indices tensor; a list of IndexedSlices back."""
+    if op == Adasum:
+        raise NotImplementedError('The Adasum reduction does not currently support sparse '
+                                  'tensors. As a workaround please pass sparse_as_dense=True '
+                                  'to DistributedGradientTape')
+    if op not in (Sum, Average):
+        raise NotImplementedError('Only Sum and Average ops are supported with '
+                                  'tf.IndexedSlices')
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with "
+                                  "tf.IndexedSlices")
+    parts = []
+    for slices in slices_list:
+        parts.append(tensors.as_tensor(slices.values, "allreduce", name or "noname"))
+        parts.append(tensors.as_tensor(slices.indices, "allreduce", name or "noname"))
+
+    def gather_arrays(*arrays):
+        return numpy_ops.grouped_allgather(arrays, name, process_set)
+    gathered = graph.run(gather_arrays, parts, [p.dtype for p in parts],
+                         [tf.TensorShape([None]).concatenate(p.shape[1:]) for p in parts],
+                         "allreduce")
+    results = []
+    for k, slices in enumerate(slices_list):
+        values, indices = gathered[2 * k], gathered[2 * k + 1]
+        if op == Average:
+            values = values / tf.cast(process_set.size(), values.dtype)
+        results.append(tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape))
+    return results
