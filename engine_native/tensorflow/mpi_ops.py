@@ -195,6 +195,9 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """Reduce ``tensor`` over the ranks and give each its slice of dimension 0 (the first
     ``dim0 % size`` ranks get one more row, as in Horovod)."""
     check_call("reducescatter", process_set, op)
+    if op not in (Sum, Average):  # the core's rule too; refused here before any rank submits
+        raise ValueError(f"reducescatter(): op {op!r} is not supported; use hvd.Sum or "
+                         "hvd.Average")
     value = tensors.as_tensor(tensor, "reducescatter", name or "noname")
     compressed, ctx = compression.compress(value)
 

@@ -7,10 +7,14 @@ Into the core: ``np.asarray(eager_tensor)`` is a read-only view of a CPU tensor'
 says so). The core only reads its inputs, so the view is enough. A ``tf.Variable`` is read
 first (``tf.convert_to_tensor``), a GPU tensor is copied to host by ``np.asarray``.
 
-Out of the core: the result arrays the core allocated become tensors through DLPack
+Out of the core: a result array the core allocated becomes a tensor through DLPack
 (``tf.experimental.dlpack.from_dlpack``), which wraps the array's buffer (checked: same
-pointer) and keeps the array alive. NumPy cannot export bfloat16 through DLPack, so a bfloat16
-result travels as its uint16 bits and ``tf.bitcast`` gives the bfloat16 tensor back.
+pointer) and keeps the array alive -- but only when the buffer is 64-byte aligned: TF's kernels
+CHECK-fail (abort the process) on a tensor whose buffer is less aligned than Eigen wants, and
+from_dlpack does not check. Other results are copied by ``tf.convert_to_tensor`` (the core's
+output pools hand out 16-byte aligned large arrays, so large results are mostly copied).
+NumPy cannot export bfloat16 through DLPack, so a bfloat16 result travels as its uint16 bits
+and ``tf.bitcast`` gives the bfloat16 tensor back.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from engine_native._dtypes import numpy_code
 
 # The TF dtypes the core reduces (engine_native/_dtypes.py); bfloat16 through ml_dtypes, which
 # TensorFlow itself depends on.
+_TF_ALIGNMENT = 64  # EIGEN_MAX_ALIGN_BYTES of an AVX-512 build: what tensorflow::Tensor checks
 SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
                     tf.float32, tf.float64, tf.bool)
 
@@ -56,8 +61,8 @@ def to_numpy(tensor: tf.Tensor) -> np.ndarray:
 
 def to_tensor(array: np.ndarray) -> tf.Tensor:
     """A tensor over the core's result ``array`` (DLPack: no copy)."""
-    if not array.flags.writeable:  # DLPack (version 0, TF's) cannot mark a buffer read-only
-        return tf.convert_to_tensor(array)
+    if array.ctypes.data % _TF_ALIGNMENT or not array.flags.writeable or not array.size:
+        return tf.convert_to_tensor(array)  # a copy (DLPack 0.x cannot mark read-only)
     if array.dtype.name == "bfloat16":
         bits = tf.experimental.dlpack.from_dlpack(array.view(np.uint16).__dlpack__())
         return tf.bitcast(bits, tf.bfloat16)

@@ -1,0 +1,212 @@
+"""Rank-side checks of engine_native.tensorflow's collectives by value: every op and dtype,
+eagerly and inside tf.function, process sets, IndexedSlices, broadcast_variables, program order
+inside one tf.function, and bad input (an error on every rank, then the next op works).
+
+Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
+"""
+DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+          "uint8", "bool"]
+
+
+def _expect(failures, what, got, want, tol=0.0):
+    import numpy as np
+    got_np, want = np.asarray(got), np.asarray(want)
+    if got_np.shape != want.shape or got_np.dtype != want.dtype or not np.allclose(
+            got_np.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol):
+        failures.append(f"{what}: got {got_np.dtype}{got_np.shape} {got_np.ravel()[:6]}, "
+                        f"want {want.dtype}{want.shape} {want.ravel()[:6]}")
+
+
+def _data(q, rows, npdt):
+    """Rank q's rows: small integers (exact in every dtype), 0/1 for bool."""
+    import numpy as np
+    base = (np.arange(rows * 2).reshape(rows, 2) + 3 * q) % 5
+    return (base % 2 if npdt == np.bool_ else base).astype(npdt)
+
+
+def check_collectives(hvd, tf, np, failures, ps, label):
+    """Every collective in every dtype on ``ps``, eagerly and inside one tf.function."""
+    n, me = ps.size(), ps.rank()
+    root = ps.ranks[-1]
+    for dt in DTYPES:
+        tfdt = tf.as_dtype(dt)
+        npdt = tfdt.as_numpy_dtype
+        every = [_data(q, 3, npdt) for q in range(n)]
+        op = hvd.Max if dt == "bool" else hvd.Sum
+        reduced = np.any(every, axis=0) if dt == "bool" else np.sum(every, axis=0).astype(npdt)
+        splits = [(me + j) % 2 + 1 for j in range(n)]
+        sent = np.arange(sum(splits) * 2).reshape(-1, 2) + 10 * me
+        received = []
+        for q in range(n):
+            their = [(q + j) % 2 + 1 for j in range(n)]
+            start = sum(their[:me])
+            received.append(np.arange(sum(their) * 2).reshape(-1, 2)[start:start + their[me]]
+                            + 10 * q)
+        received = np.concatenate(received)
+        if dt == "bool":
+            sent, received = sent % 2, received % 2
+        received = received.astype(npdt)
+        rows = 2 * n + 1  # reducescatter: an uneven split
+        scatter_in = [_data(q, rows, npdt) for q in range(n)]
+        scatter_sum = (np.any(scatter_in, axis=0) if dt == "bool"
+                       else np.sum(scatter_in, axis=0).astype(npdt))
+        first = me * (rows // n) + min(me, rows % n)
+        mine_rows = rows // n + (1 if me < rows % n else 0)
+
+        def ops(x, gathered_in, sent_in, scatter_x):
+            return (hvd.allreduce(x, op=op, process_set=ps),
+                    hvd.grouped_allreduce([x, x], op=op, process_set=ps),
+                    hvd.allgather(gathered_in, process_set=ps),
+                    hvd.broadcast(x, root, process_set=ps),
+                    hvd.alltoall(sent_in, splits=splits, process_set=ps),
+                    hvd.reducescatter(scatter_x, op=hvd.Sum, process_set=ps))
+        args = (tf.constant(every[me]), tf.constant(_data(me, me + 1, npdt)),
+                tf.constant(sent.astype(npdt)), tf.constant(scatter_in[me]))
+        static = {}
+
+        def traced(*a):
+            out = ops(*a)
+            static.update(allreduce=out[0].shape.as_list(), allgather=out[2].shape.as_list(),
+                          reducescatter=out[5].shape.as_list())
+            return out
+        for mode, fn in (("eager", ops), ("graph", tf.function(traced))):
+            tag = f"{label}.{mode}.{dt}"
+            ar, grouped, ag, bc, (a2a, a2a_splits), rs = fn(*args)
+            _expect(failures, f"{tag}.allreduce", ar, reduced)
+            for k, g in enumerate(grouped):
+                _expect(failures, f"{tag}.grouped_allreduce[{k}]", g, reduced)
+            _expect(failures, f"{tag}.allgather", ag,
+                    np.concatenate([_data(q, q + 1, npdt) for q in range(n)]))
+            _expect(failures, f"{tag}.broadcast", bc, every[ps.ranks.index(root)])
+            _expect(failures, f"{tag}.alltoall", a2a, received)
+            _expect(failures, f"{tag}.alltoall.splits", a2a_splits,
+                    np.array([(q + me) % 2 + 1 for q in range(n)], np.int32))
+            _expect(failures, f"{tag}.reducescatter", rs,
+                    scatter_sum[first:first + mine_rows])
+            for result in (ar, ag, bc, a2a, rs):
+                if not isinstance(result, tf.Tensor) or result.dtype != tfdt:
+                    failures.append(f"{tag}: result {type(result).__name__} {result.dtype}")
+        if static != {"allreduce": [3, 2], "allgather": [None, 2],
+                      "reducescatter": [mine_rows, 2]}:
+            failures.append(f"{label}.{dt}: static shapes in tf.function {static}")
+    # Average of floats, scale factors, Min, Python numbers and NumPy arrays.
+    x = tf.constant([1.0, 2.0, 4.0]) * (me + 1)
+    mean = np.array([1.0, 2.0, 4.0], np.float32) * (n + 1) / 2
+    _expect(failures, f"{label}.average", hvd.allreduce(x, process_set=ps), mean, 1e-6)
+    _expect(failures, f"{label}.scaled", hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0,
+                                                        postscale_factor=0.5, process_set=ps),
+            mean * n, 1e-6)
+    _expect(failures, f"{label}.min", hvd.allreduce(x, op=hvd.Min, process_set=ps),
+            np.array([1.0, 2.0, 4.0], np.float32))
+    _expect(failures, f"{label}.fp16", hvd.allreduce(x, compression=hvd.Compression.fp16,
+                                                      process_set=ps), mean, 1e-3)
+    _expect(failures, f"{label}.python", hvd.allreduce(2.5, op=hvd.Sum, process_set=ps),
+            np.float32(2.5 * n))
+    _expect(failures, f"{label}.numpy", hvd.allreduce(np.arange(3), op=hvd.Sum,
+                                                       process_set=ps), np.arange(3) * n)
+    v = tf.Variable([float(me)] * 2)
+    _expect(failures, f"{label}.variable", hvd.allreduce(v, op=hvd.Sum, process_set=ps),
+            np.full(2, n * (n - 1) / 2, np.float32))
+
+
+def check_sparse_and_variables(hvd, tf, np, failures):
+    n, me = hvd.size(), hvd.rank()
+    slices = tf.IndexedSlices(tf.constant([[1.0, 2.0]]) * (me + 1), tf.constant([me]),
+                              dense_shape=tf.constant([n, 2]))
+    for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce))):
+        out = fn(slices)
+        if not isinstance(out, tf.IndexedSlices):
+            failures.append(f"sparse.{mode}: got {type(out).__name__}")
+            continue
+        _expect(failures, f"sparse.{mode}.values", out.values,
+                (np.array([[1.0, 2.0]]) * np.arange(1, n + 1)[:, None] / n).astype(np.float32),
+                1e-6)
+        _expect(failures, f"sparse.{mode}.indices", out.indices, np.arange(n, dtype=np.int32))
+        _expect(failures, f"sparse.{mode}.dense", tf.convert_to_tensor(out),
+                (np.array([[1.0, 2.0]]) * np.arange(1, n + 1)[:, None] / n).astype(np.float32),
+                1e-6)
+    variables = [tf.Variable(np.full((2, 3), me, np.float32)), tf.Variable([me, 7 * me])]
+    hvd.broadcast_variables(variables, root_rank=n - 1)
+    _expect(failures, "broadcast_variables.eager.0", variables[0],
+            np.full((2, 3), n - 1, np.float32))
+    _expect(failures, "broadcast_variables.eager.1", variables[1],
+            np.array([n - 1, 7 * (n - 1)], np.int32))
+    for var in variables:
+        var.assign_add(tf.ones_like(var) * me)
+
+    @tf.function
+    def broadcast_in_graph():
+        hvd.broadcast_variables(variables, root_rank=0)
+    broadcast_in_graph()
+    _expect(failures, "broadcast_variables.graph", variables[0],
+            np.full((2, 3), n - 1, np.float32))
+    if hvd.broadcast_object({"from": me}, root_rank=n - 1) != {"from": n - 1}:
+        failures.append("broadcast_object")
+    if hvd.allgather_object(me * 10) != [q * 10 for q in range(n)]:
+        failures.append("allgather_object")
+
+
+def check_program_order(hvd, tf, np, failures):
+    """Two independent unnamed collectives in one tf.function run in program order on every
+    rank (their names come from one counter when they run): stateful ops chained by
+    tf.function's automatic control dependencies."""
+    n = hvd.size()
+
+    @tf.function
+    def two(a, b):
+        return hvd.allreduce(a, op=hvd.Sum), hvd.allreduce(b, op=hvd.Sum)
+    a, b = tf.ones([3]), tf.ones([5, 2])
+    for _ in range(5):
+        x, y = two(a, b)
+        _expect(failures, "order.first", x, np.full(3, n, np.float32))
+        _expect(failures, "order.second", y, np.full((5, 2), n, np.float32))
+    graph = two.get_concrete_function(a, b).graph
+    calls = [op for op in graph.get_operations() if op.type in ("PyFunc", "EagerPyFunc")]
+    if len(calls) != 2 or calls[0] not in calls[1].control_inputs:
+        failures.append(f"order: {[op.name for op in calls]} not chained by a control "
+                        f"dependency ({[c.name for c in calls[-1].control_inputs]})")
+
+
+def check_bad_input(hvd, tf, np, failures):
+    """Errors on every rank, and the next op works."""
+    n, me = hvd.size(), hvd.rank()
+    for bad in ({"a": 1}, None, tf.constant([1], tf.uint32)):
+        try:
+            hvd.allreduce(bad)
+            failures.append(f"bad input {bad!r}: no error")
+        except TypeError as exc:
+            if "allreduce" not in str(exc):
+                failures.append(f"bad input {bad!r}: {exc}")
+    mixed = tf.ones([4], tf.float32 if me == 0 else tf.float64)
+    for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce))):
+        try:
+            fn(mixed, name=f"mixed_{mode}")
+            failures.append(f"mismatched dtypes ({mode}): no error")
+        except (ValueError, tf.errors.OpError, hvd.HorovodInternalError) as exc:
+            if "float" not in str(exc):
+                failures.append(f"mismatched dtypes ({mode}): {type(exc).__name__}: {exc}")
+        _expect(failures, f"after mismatch ({mode})", hvd.allreduce(tf.ones([2]), op=hvd.Sum),
+                np.full(2, n, np.float32))
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        return hvd.allreduce(x)
+    try:
+        compiled(tf.ones([2]))
+        failures.append("jit_compile=True: no error")
+    except RuntimeError as exc:
+        if "jit_compile" not in str(exc):
+            failures.append(f"jit_compile=True: {exc}")
+
+
+def run_all(hvd, tf, np, failures):
+    """Every check above, on the global set and (with 3 ranks) on the set [0, 2]."""
+    check_collectives(hvd, tf, np, failures, hvd.global_process_set, "global")
+    if hvd.size() == 3:
+        edges = hvd.add_process_set([0, 2])
+        if hvd.rank() in edges.ranks:
+            check_collectives(hvd, tf, np, failures, edges, "set[0,2]")
+        hvd.remove_process_set(edges)
+    check_sparse_and_variables(hvd, tf, np, failures)
+    check_program_order(hvd, tf, np, failures)
+    check_bad_input(hvd, tf, np, failures)
