@@ -147,14 +147,17 @@ def allreduce(array, op: int = Average, name: Optional[str] = None,
 def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[str] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, *,
+                            outputs: Optional[Sequence[np.ndarray]] = None,
                             _waited: bool = False) -> list:
-    """Submit several allreduces together so they negotiate (and fuse) as one batch."""
+    """Submit several allreduces together so they negotiate (and fuse) as one batch.
+    ``outputs``: contiguous arrays like ``arrays`` to write the results into (a binding that
+    needs its own buffers, e.g. aligned ones), instead of new arrays."""
     base = _full_name("grouped_allreduce", name, process_set)
     ops, keep = [], []
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"
         array = _check_array(array, "grouped_allreduce", full)
-        out = _core.output_like(array)
+        out = _core.output_like(array) if outputs is None else outputs[i]
         keep.append((array, out))
         ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
                     array.shape, array, out, op,
@@ -168,10 +171,11 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
 
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set) -> list:
+                      process_set: ProcessSet = global_process_set, *,
+                      outputs: Optional[Sequence[np.ndarray]] = None) -> list:
     return _synchronize_group(grouped_allreduce_async(arrays, op, name, prescale_factor,
                                                       postscale_factor, process_set,
-                                                      _waited=True))
+                                                      outputs=outputs, _waited=True))
 
 
 def _synchronize_group(handles: list) -> list:

@@ -26,13 +26,14 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     """
     check_call("broadcast_variables", process_set)
     variables = list(variables)
-    for var in variables:
-        if not isinstance(var, tf.Variable):
-            raise TypeError(f"broadcast_variables(): expected tf.Variable objects, got "
+    for var in variables:  # tf.Variable, or a variable with assign() (Keras 3's)
+        if not callable(getattr(var, "assign", None)):
+            raise TypeError(f"broadcast_variables(): expected variables, got "
                             f"{type(var).__name__}; use hvd.broadcast() for a tensor")
     if not variables:
         return None
-    values = [tensors.as_tensor(v, "broadcast_variables", v.name) for v in variables]
+    values = [tensors.as_tensor(v, "broadcast_variables", getattr(v, "name", "variable"))
+              for v in variables]
     root_rank = int(root_rank)
 
     def broadcast_arrays(*arrays):

@@ -53,13 +53,12 @@ def check_call(op_name: str, process_set, reduce_op=None) -> None:
 
 def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, process_set,
                   op_name):
-    """Allreduce dense tensors as one core group (one negotiation, fused in the core)."""
+    """Allreduce dense tensors as one core group (one negotiation, fused in the core; a lone
+    allreduce is a group of one), into aligned buffers that TF wraps without a copy."""
     def reduce_arrays(*arrays):
-        if len(arrays) == 1 and op_name == "allreduce":
-            return [numpy_ops.allreduce(arrays[0], reduce_op, name, prescale_factor,
-                                        postscale_factor, process_set)]
-        return numpy_ops.grouped_allreduce(arrays, reduce_op, name, prescale_factor,
-                                           postscale_factor, process_set)
+        return numpy_ops.grouped_allreduce(
+            arrays, reduce_op, name, prescale_factor, postscale_factor, process_set,
+            outputs=[tensors.aligned_empty(a) for a in arrays])
     return graph.run(reduce_arrays, values, [v.dtype for v in values],
                      [v.shape for v in values], op_name)
 

@@ -7,12 +7,14 @@ Into the core: ``np.asarray(eager_tensor)`` is a read-only view of a CPU tensor'
 says so). The core only reads its inputs, so the view is enough. A ``tf.Variable`` is read
 first (``tf.convert_to_tensor``), a GPU tensor is copied to host by ``np.asarray``.
 
-Out of the core: a result array the core allocated becomes a tensor through DLPack
+Out of the core: a result array becomes a tensor through DLPack
 (``tf.experimental.dlpack.from_dlpack``), which wraps the array's buffer (checked: same
 pointer) and keeps the array alive -- but only when the buffer is 64-byte aligned: TF's kernels
 CHECK-fail (abort the process) on a tensor whose buffer is less aligned than Eigen wants, and
-from_dlpack does not check. Other results are copied by ``tf.convert_to_tensor`` (the core's
-output pools hand out 16-byte aligned large arrays, so large results are mostly copied).
+from_dlpack does not check. The core's own result arrays are not (large ones sit 16 bytes past
+a page), so allreduce writes into :func:`aligned_empty` buffers; any other result that is not
+aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function``, TF wraps an aligned
+array returned by the numpy_function the same way and copies the others.
 NumPy cannot export bfloat16 through DLPack, so a bfloat16 result travels as its uint16 bits
 and ``tf.bitcast`` gives the bfloat16 tensor back.
 """
@@ -57,6 +59,14 @@ def to_numpy(tensor: tf.Tensor) -> np.ndarray:
     if tensor.shape.rank == 0:
         return np.asarray(tensor.numpy())
     return np.asarray(tensor)
+
+
+def aligned_empty(like: np.ndarray) -> np.ndarray:
+    """An uninitialised array of ``like``'s dtype and shape whose buffer is 64-byte aligned."""
+    nbytes = like.nbytes
+    raw = np.empty(nbytes + _TF_ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _TF_ALIGNMENT
+    return raw[start:start + nbytes].view(like.dtype).reshape(like.shape)
 
 
 def to_tensor(array: np.ndarray) -> tf.Tensor:
