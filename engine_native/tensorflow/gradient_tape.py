@@ -15,7 +15,7 @@ import tensorflow as tf
 from engine_native._dtypes import Average
 from engine_native.basics import global_process_set
 from engine_native.tensorflow.compression import Compression
-from engine_native.tensorflow.mpi_ops import grouped_allreduce
+from engine_native.tensorflow.mpi_ops import check_call, grouped_allreduce
 
 
 def _split_evenly(items, n):
@@ -52,6 +52,7 @@ class _GradientReducer:
         return [g for g in chosen if g] + [[i] for i in present if i not in listed]
 
     def reduce(self, grads, sources):
+        check_call("DistributedGradientTape.gradient", self.process_set, self.op)
         if not self.process_set.included() or self.process_set.size() == 1:
             return grads  # Horovod's _allreduce_cond: nothing to combine
         if self.sparse_as_dense:

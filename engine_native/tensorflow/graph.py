@@ -38,12 +38,13 @@ def _refuse_xla(op: str) -> None:
 
 
 def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
-        out_shapes: Sequence, op: str) -> list:
+        out_shapes: Sequence, op: str, aligned: bool = False) -> list:
     """``numpy_fn(*arrays) -> list of arrays`` on ``inputs``; a list of tensors, one per
-    ``out_dtypes`` entry, with ``out_shapes`` (``tf.TensorShape``-likes) set in graph mode."""
+    ``out_dtypes`` entry, with ``out_shapes`` (``tf.TensorShape``-likes) set in graph mode.
+    ``aligned``: numpy_fn returns tensors.aligned_outputs arrays."""
     if tf.executing_eagerly():
         results = numpy_fn(*[tensors.to_numpy(t) for t in inputs])
-        return [tensors.to_tensor(array) for array in results]
+        return [tensors.to_tensor(array, aligned) for array in results]
     _refuse_xla(op)
     outputs = tf.numpy_function(numpy_fn, list(inputs), list(out_dtypes), stateful=True,
                                 name=f"hvd_{op}")

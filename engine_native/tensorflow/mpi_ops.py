@@ -21,7 +21,8 @@ import tensorflow as tf
 from engine_native import numpy_ops
 from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum
 from engine_native.basics import global_process_set
-from engine_native.tensorflow import graph, sparse, tensors
+from engine_native.tensorflow import graph, sparse
+from engine_native.tensorflow import tensors as tensor_io
 from engine_native.tensorflow.compression import Compression
 
 _REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
@@ -58,9 +59,9 @@ def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, pr
     def reduce_arrays(*arrays):
         return numpy_ops.grouped_allreduce(
             arrays, reduce_op, name, prescale_factor, postscale_factor, process_set,
-            outputs=[tensors.aligned_empty(a) for a in arrays])
+            outputs=tensor_io.aligned_outputs(arrays))
     return graph.run(reduce_arrays, values, [v.dtype for v in values],
-                     [v.shape for v in values], op_name)
+                     [v.shape for v in values], op_name, aligned=True)
 
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
@@ -91,14 +92,14 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     if isinstance(tensor, tf.IndexedSlices):
         return sparse.allreduce_slices([tensor], op, prescale_factor, postscale_factor, name,
                                        process_set)[0]
-    tensor = tensors.as_tensor(tensor, "allreduce", name or "noname")
+    tensor = tensor_io.as_tensor(tensor, "allreduce", name or "noname")
     compressed, ctx = compression.compress(tensor)
     reduced, = _reduce_dense([compressed], op, name, prescale_factor, postscale_factor,
                              process_set, "allreduce")
     return compression.decompress(reduced, ctx)
 
 
-def grouped_allreduce(tensors_, average=None, device_dense='', device_sparse='',
+def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set,
                       ignore_name_scope=False, name=None):
@@ -107,7 +108,7 @@ def grouped_allreduce(tensors_, average=None, device_dense='', device_sparse='',
     as one group of their own. Returns a list in the input's order (None stays None)."""
     op = resolve_op(op, average)
     check_call("grouped_allreduce", process_set, op)
-    results = list(tensors_)
+    results = list(tensors)
     dense = [i for i, t in enumerate(results) if t is not None
              and not isinstance(t, tf.IndexedSlices)]
     slices = [i for i, t in enumerate(results) if isinstance(t, tf.IndexedSlices)]
@@ -120,7 +121,7 @@ def grouped_allreduce(tensors_, average=None, device_dense='', device_sparse='',
         values, contexts = [], []
         for i in dense:
             value, ctx = compression.compress(
-                tensors.as_tensor(results[i], "grouped_allreduce", name or "noname"))
+                tensor_io.as_tensor(results[i], "grouped_allreduce", name or "noname"))
             values.append(value)
             contexts.append(ctx)
         reduced = _reduce_dense(values, op, name, prescale_factor, postscale_factor,
@@ -136,11 +137,11 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
     return grouped_allgather([tensor], name, ignore_name_scope, process_set, _op="allgather")[0]
 
 
-def grouped_allgather(tensors_, name=None, ignore_name_scope=False,
+def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set, *, _op="grouped_allgather"):
     """Allgather each tensor of a list, as one group (fused in the core); a list back."""
     check_call(_op, process_set)
-    values = [tensors.as_tensor(t, _op, name or "noname") for t in tensors_]
+    values = [tensor_io.as_tensor(t, _op, name or "noname") for t in tensors]
     for value in values:
         if value.shape.rank == 0:
             raise ValueError(f"{_op}(): expected a tensor of rank >= 1 (gathered along "
@@ -158,7 +159,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """``root_rank``'s ``tensor`` on every rank of ``process_set`` (a new tensor)."""
     check_call("broadcast", process_set)
-    value = tensors.as_tensor(tensor, "broadcast", name or "noname")
+    value = tensor_io.as_tensor(tensor, "broadcast", name or "noname")
     root_rank = int(root_rank)
 
     def broadcast_array(array):
@@ -173,10 +174,10 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     Returns the received rows, and with ``splits`` given also the received splits (int32), as
     Horovod's does."""
     check_call("alltoall", process_set)
-    value = tensors.as_tensor(tensor, "alltoall", name or "noname")
+    value = tensor_io.as_tensor(tensor, "alltoall", name or "noname")
     inputs = [value]
     if splits is not None:
-        inputs.append(tf.cast(tensors.as_tensor(splits, "alltoall", "splits"), tf.int32))
+        inputs.append(tf.cast(tensor_io.as_tensor(splits, "alltoall", "splits"), tf.int32))
 
     def exchange(array, split_array=None):
         received, received_splits = numpy_ops.alltoall(array, split_array, name, process_set)
@@ -197,7 +198,7 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     if op not in (Sum, Average):  # the core's rule too; refused here before any rank submits
         raise ValueError(f"reducescatter(): op {op!r} is not supported; use hvd.Sum or "
                          "hvd.Average")
-    value = tensors.as_tensor(tensor, "reducescatter", name or "noname")
+    value = tensor_io.as_tensor(tensor, "reducescatter", name or "noname")
     compressed, ctx = compression.compress(value)
 
     def reduce_scatter(array):

@@ -12,7 +12,7 @@ Out of the core: a result array becomes a tensor through DLPack
 pointer) and keeps the array alive -- but only when the buffer is 64-byte aligned: TF's kernels
 CHECK-fail (abort the process) on a tensor whose buffer is less aligned than Eigen wants, and
 from_dlpack does not check. The core's own result arrays are not (large ones sit 16 bytes past
-a page), so allreduce writes into :func:`aligned_empty` buffers; any other result that is not
+a page), so allreduce writes into :func:`aligned_outputs` buffers; any other result that is not
 aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function``, TF wraps an aligned
 array returned by the numpy_function the same way and copies the others.
 NumPy cannot export bfloat16 through DLPack, so a bfloat16 result travels as its uint16 bits
@@ -32,12 +32,18 @@ SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16,
                     tf.float32, tf.float64, tf.bool)
 
 
+# Checked by enum (an int) once per tensor per call: DType.__eq__ was a tenth of an eager step.
+_SUPPORTED_ENUMS = frozenset(d.as_datatype_enum for d in SUPPORTED_DTYPES)
+for _dtype in SUPPORTED_DTYPES:  # the core's own table agrees (registers ml_dtypes' bfloat16)
+    numpy_code(_dtype.as_numpy_dtype, "import", "engine_native.tensorflow")
+_BFLOAT16 = np.dtype(tf.bfloat16.as_numpy_dtype)
+
+
 def check_dtype(dtype: tf.DType, op: str, name: str) -> None:
     """TypeError naming the op, unless the core supports ``dtype``."""
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype.as_datatype_enum not in _SUPPORTED_ENUMS:
         raise TypeError(f"{op}('{name}'): unsupported dtype {dtype.name}; supported: "
                         f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
-    numpy_code(dtype.as_numpy_dtype, op, name)  # the core's own table agrees (bfloat16 needs ml_dtypes)
 
 
 def as_tensor(value, op: str, name: str = "noname") -> tf.Tensor:
@@ -56,24 +62,34 @@ def as_tensor(value, op: str, name: str = "noname") -> tf.Tensor:
 def to_numpy(tensor: tf.Tensor) -> np.ndarray:
     """A read-only view of an eager tensor's buffer (see the module docstring). A scalar is
     copied: TF hands a bfloat16 scalar out as a NumPy scalar, which ``__array__`` refuses."""
-    if tensor.shape.rank == 0:
+    try:
+        return np.asarray(tensor)
+    except ValueError:  # "__array__ method not producing an array": a bfloat16 scalar
         return np.asarray(tensor.numpy())
-    return np.asarray(tensor)
 
 
-def aligned_empty(like: np.ndarray) -> np.ndarray:
-    """An uninitialised array of ``like``'s dtype and shape whose buffer is 64-byte aligned."""
-    nbytes = like.nbytes
-    raw = np.empty(nbytes + _TF_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % _TF_ALIGNMENT
-    return raw[start:start + nbytes].view(like.dtype).reshape(like.shape)
+def aligned_outputs(likes) -> list:
+    """Uninitialised arrays of the dtypes and shapes of ``likes``, each 64-byte aligned, carved
+    from one buffer (one allocation per call, not one per tensor; a result tensor keeps the
+    buffer alive, so a group's results free their memory together)."""
+    sizes = [-(-a.nbytes // _TF_ALIGNMENT) * _TF_ALIGNMENT for a in likes]
+    raw = np.empty(sum(sizes) + _TF_ALIGNMENT, np.uint8)
+    offset = -raw.ctypes.data % _TF_ALIGNMENT
+    outputs = []
+    for a, size in zip(likes, sizes):
+        outputs.append(raw[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
+        offset += size
+    return outputs
 
 
-def to_tensor(array: np.ndarray) -> tf.Tensor:
-    """A tensor over the core's result ``array`` (DLPack: no copy)."""
-    if array.ctypes.data % _TF_ALIGNMENT or not array.flags.writeable or not array.size:
+def to_tensor(array: np.ndarray, aligned: bool = False) -> tf.Tensor:
+    """A tensor over the core's result ``array`` (DLPack: no copy); ``aligned``: the caller
+    knows the buffer is (aligned_outputs), which spares the pointer query."""
+    if not aligned and (array.ctypes.data % _TF_ALIGNMENT or not array.flags.writeable):
         return tf.convert_to_tensor(array)  # a copy (DLPack 0.x cannot mark read-only)
-    if array.dtype.name == "bfloat16":
+    if not array.size:
+        return tf.convert_to_tensor(array)
+    if array.dtype == _BFLOAT16:
         bits = tf.experimental.dlpack.from_dlpack(array.view(np.uint16).__dlpack__())
         return tf.bitcast(bits, tf.bfloat16)
     return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
