@@ -177,16 +177,18 @@ def check_bad_input(hvd, tf, np, failures):
         except TypeError as exc:
             if "allreduce" not in str(exc):
                 failures.append(f"bad input {bad!r}: {exc}")
-    mixed = tf.ones([4], tf.float32 if me == 0 else tf.float64)
-    for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce))):
-        try:
-            fn(mixed, name=f"mixed_{mode}")
-            failures.append(f"mismatched dtypes ({mode}): no error")
-        except (ValueError, tf.errors.OpError, hvd.HorovodInternalError) as exc:
-            if "float" not in str(exc):
-                failures.append(f"mismatched dtypes ({mode}): {type(exc).__name__}: {exc}")
-        _expect(failures, f"after mismatch ({mode})", hvd.allreduce(tf.ones([2]), op=hvd.Sum),
-                np.full(2, n, np.float32))
+    mismatches = {"dtypes": (tf.ones([4], tf.float32 if me == 0 else tf.float64), "float"),
+                  "shapes": (tf.ones([2 + me]), "shape")}
+    for what, (mixed, word) in mismatches.items():
+        for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce))):
+            try:
+                fn(mixed, name=f"mixed_{what}_{mode}")
+                failures.append(f"mismatched {what} ({mode}): no error")
+            except (ValueError, tf.errors.OpError, hvd.HorovodInternalError) as exc:
+                if word not in str(exc):
+                    failures.append(f"mismatched {what} ({mode}): {type(exc).__name__}: {exc}")
+            _expect(failures, f"after mismatched {what} ({mode})",
+                    hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n, np.float32))
 
     @tf.function(jit_compile=True)
     def compiled(x):
