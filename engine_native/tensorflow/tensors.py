@@ -13,8 +13,8 @@ pointer) and keeps the array alive -- but only when the buffer is 64-byte aligne
 CHECK-fail (abort the process) on a tensor whose buffer is less aligned than Eigen wants, and
 from_dlpack does not check. The core's own result arrays are not (large ones sit 16 bytes past
 a page), so allreduce writes into :func:`aligned_outputs` buffers; any other result that is not
-aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function``, TF wraps an aligned
-array returned by the numpy_function the same way and copies the others.
+aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function`` TF converts the arrays
+the numpy_function returns itself (they are the same aligned arrays).
 NumPy cannot export bfloat16 through DLPack, so a bfloat16 result travels as its uint16 bits
 and ``tf.bitcast`` gives the bfloat16 tensor back.
 """
@@ -25,9 +25,9 @@ import tensorflow as tf
 
 from engine_native._dtypes import numpy_code
 
+_TF_ALIGNMENT = 64  # EIGEN_MAX_ALIGN_BYTES of an AVX-512 build: what tensorflow::Tensor checks
 # The TF dtypes the core reduces (engine_native/_dtypes.py); bfloat16 through ml_dtypes, which
 # TensorFlow itself depends on.
-_TF_ALIGNMENT = 64  # EIGEN_MAX_ALIGN_BYTES of an AVX-512 build: what tensorflow::Tensor checks
 SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
                     tf.float32, tf.float64, tf.bool)
 
