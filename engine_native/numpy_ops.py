@@ -158,6 +158,10 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
         full = f"{base}_{i}of{len(arrays)}"
         array = _check_array(array, "grouped_allreduce", full)
         out = _core.output_like(array) if outputs is None else outputs[i]
+        if outputs is not None and not (out.shape == array.shape and out.dtype == array.dtype
+                                        and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError(f"grouped_allreduce('{full}'): outputs[{i}] must be a writable, "
+                             f"contiguous {array.dtype}{array.shape} array")
         keep.append((array, out))
         ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
                     array.shape, array, out, op,
