@@ -27,7 +27,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 SHAPES = [(512, 512), (512,), (512, 256), (256,), (256, 256), (256,), (1024, 128), (128,),
           (128, 128), (128,), (300, 300), (300,), (1000, 64), (1000,), (64, 64), (64,),
           (32, 32), (32,), (10, 32), (10,)]
-MODES = [('numpy', 'engine_native (NumPy API, the floor)'), ('torch', 'engine_native.torch'), ('tf-eager', 'engine_native.tensorflow, eager'),
+MODES = [('numpy', 'engine_native (NumPy API, the floor)'), ('torch', 'engine_native.torch'),
+         ('tf-eager', 'engine_native.tensorflow, eager'),
          ('tf-function', 'engine_native.tensorflow, tf.function')]
 
 
