@@ -95,6 +95,8 @@ def make_settings(optimizer_name, compression=Compression.none, gradient_predivi
                          f"{backward_passes_per_step}")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("DistributedOptimizer: gradient_predivide_factor needs op=Average")
+    # always named: inside jax.jit an unnamed op takes its name from the trace order
+    # (engine_native.jax, Note [Traced names]), which a rank that retraced would shift
     return _Settings(name or f"Distributed{optimizer_name}", compression, op,
                      float(gradient_predivide_factor), int(backward_passes_per_step),
                      bool(average_aggregated_gradients), process_set)

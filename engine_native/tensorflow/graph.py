@@ -27,8 +27,13 @@ except ImportError:  # pragma: no cover - other TF versions
     _in_xla = None
 
 
+def in_xla() -> bool:
+    """True while tracing a function that XLA compiles (``jit_compile=True``)."""
+    return _in_xla is not None and _in_xla(tf.compat.v1.get_default_graph())
+
+
 def _refuse_xla(op: str) -> None:
-    if _in_xla is not None and _in_xla(tf.compat.v1.get_default_graph()):
+    if in_xla():
         raise RuntimeError(
             f"{op}(): collectives cannot run inside tf.function(jit_compile=True): XLA cannot "
             "compile the Python callback (tf.numpy_function) that reaches the engine_native "
