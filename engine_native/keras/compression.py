@@ -1,49 +1,28 @@
-"""Gradient compression for allreduce (Horovod's ``hvd.Compression``), in ``keras.ops``: the
-cast runs in the backend's own graph, also inside a compiled train step. No communication."""
+"""Gradient compression for allreduce (Horovod's ``hvd.Compression``) in ``keras.ops``: the
+framework-neutral compressors (``engine_native.compression``) with Keras's dtype names and
+``keras.ops.cast``, which runs in the backend's own graph, also inside a compiled train step."""
 import keras
 
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)`` and ``decompress(tensor, ctx)``."""
-
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
+from engine_native import compression as _neutral
+from engine_native.compression import Compressor, NoneCompressor  # noqa: F401 (Horovod's names)
 
 
-class NoneCompressor(Compressor):
-    """Default: no compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(_neutral.FP16Compressor):
     """Send floating-point tensors as float16; other dtypes pass through unchanged."""
 
+    float16 = "float16"
+
     @staticmethod
-    def compress(tensor):
+    def wider_float_dtype(tensor):
         dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if "float" in dtype and dtype != "float16":
-            return keras.ops.cast(tensor, "float16"), dtype
-        return tensor, None
+        return dtype if "float" in dtype and dtype != "float16" else None
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tensor if ctx is None else keras.ops.cast(tensor, ctx)
+    def cast(tensor, dtype):
+        return keras.ops.cast(tensor, dtype)
 
 
-class Compression:
+class Compression(_neutral.Compression):
     """Optional gradient compression algorithm used during allreduce."""
 
-    none = NoneCompressor
     fp16 = FP16Compressor

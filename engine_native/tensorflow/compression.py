@@ -1,54 +1,28 @@
-"""Gradient compression for allreduce (Horovod's ``hvd.Compression`` for TensorFlow).
-
-A compressor turns a tensor into the tensor that is sent (``compress`` returns it with a
-context) and back (``decompress``). Plain TF ops: they work eagerly and in ``tf.function``.
-"""
+"""Gradient compression for allreduce (Horovod's ``hvd.Compression`` for TensorFlow): the
+framework-neutral compressors (``engine_native.compression``) with TF's dtypes and ``tf.cast``,
+plain TF ops that work eagerly and in ``tf.function``."""
 import tensorflow as tf
 
-
-class Compressor:
-    """Interface for compressing and decompressing a given tensor."""
-
-    @staticmethod
-    def compress(tensor):
-        """Compress a tensor and return it with any context needed to decompress it."""
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        """Decompress the tensor with the given context."""
-        raise NotImplementedError
+from engine_native import compression as _neutral
+from engine_native.compression import Compressor, NoneCompressor  # noqa: F401 (Horovod's names)
 
 
-class NoneCompressor(Compressor):
-    """Default: no compression."""
-
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
-
-
-class FP16Compressor(Compressor):
+class FP16Compressor(_neutral.FP16Compressor):
     """Send floating-point tensors as float16; other dtypes pass through unchanged."""
 
-    @staticmethod
-    def compress(tensor):
-        if tensor.dtype.is_floating:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, tensor.dtype
+    float16 = tf.float16
 
     @staticmethod
-    def decompress(tensor, ctx):
-        return tf.cast(tensor, ctx) if ctx is not None and ctx.is_floating else tensor
+    def wider_float_dtype(tensor):
+        dtype = tensor.dtype
+        return dtype if dtype.is_floating and dtype != tf.float16 else None
+
+    @staticmethod
+    def cast(tensor, dtype):
+        return tf.cast(tensor, dtype)
 
 
-class Compression:
+class Compression(_neutral.Compression):
     """Optional gradient compression algorithm used during allreduce."""
 
-    none = NoneCompressor
-    """Compress all floating point gradients to 16-bit."""
     fp16 = FP16Compressor

@@ -100,6 +100,8 @@ def check_collectives(hvd, tf, np, failures, ps, label):
             np.array([1.0, 2.0, 4.0], np.float32))
     _expect(failures, f"{label}.fp16", hvd.allreduce(x, compression=hvd.Compression.fp16,
                                                       process_set=ps), mean, 1e-3)
+    if hvd.Compression.fp16.compress(x)[0].dtype != tf.float16:
+        failures.append(f"{label}.fp16: not sent as float16")
     _expect(failures, f"{label}.python", hvd.allreduce(2.5, op=hvd.Sum, process_set=ps),
             np.float32(2.5 * n))
     _expect(failures, f"{label}.numpy", hvd.allreduce(np.arange(3), op=hvd.Sum,

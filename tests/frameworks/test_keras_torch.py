@@ -48,6 +48,9 @@ def _collectives(fails, hvd, keras):
                  keras.backend.standardize_dtype(got.dtype) == "float32", got.dtype)
     fails.expect("fp16 compression values", np.allclose(keras.ops.convert_to_numpy(got),
                                                         np.arange(6) + (n - 1) / 2))
+    sent, _ = hvd.Compression.fp16.compress(keras.ops.convert_to_tensor(x))
+    fails.expect("fp16 compression sends float16",
+                 keras.backend.standardize_dtype(sent.dtype) == "float16", sent.dtype)
     got = keras.ops.convert_to_numpy(hvd.allgather(np.full((r + 1, 2), r, np.int32)))
     want = np.concatenate([np.full((q + 1, 2), q, np.int32) for q in range(n)])
     fails.expect("allgather, first dimensions differ", np.array_equal(got, want), got)
