@@ -1,27 +1,19 @@
 """Horovod's keras helpers on values: ``allreduce``, ``allgather``, ``broadcast``,
 ``broadcast_global_variables``. A value is anything ``keras.ops.convert_to_tensor`` takes; the
-result is a backend tensor. Eager only for allgather/broadcast (see backend_glue)."""
+result is a backend tensor (see backend_glue)."""
 import keras
 
-from engine_native._dtypes import Average, Sum
 from engine_native.basics import global_process_set
+from engine_native.horovod_args import resolve_op
 from engine_native.keras import backend_glue
 from engine_native.keras.compression import Compression
-
-
-def _resolve_op(op, average):
-    if op is not None and average is not None:
-        raise ValueError("allreduce(): pass op or the deprecated average, not both")
-    if average is not None:
-        return Average if average else Sum
-    return Average if op is None else op
 
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none, process_set=global_process_set):
     """Reduce ``value`` across ranks (Average unless ``op`` says otherwise)."""
     tensor, ctx = compression.compress(keras.ops.convert_to_tensor(value))
-    reduced, = backend_glue.grouped_allreduce([tensor], _resolve_op(op, average),
+    reduced, = backend_glue.grouped_allreduce([tensor], resolve_op(op, average),
                                               prescale_factor, postscale_factor, process_set,
                                               name=name)
     return compression.decompress(reduced, ctx)

@@ -13,33 +13,18 @@ and have no effect: tensors reach the core through host memory.
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import tensorflow as tf
 
 from engine_native import numpy_ops
 from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum
 from engine_native.basics import global_process_set
+from engine_native.horovod_args import resolve_op
 from engine_native.tensorflow import graph, sparse
 from engine_native.tensorflow import tensors as tensor_io
 from engine_native.tensorflow.compression import Compression
 
 _REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
-
-
-def resolve_op(op, average):
-    """Horovod's deprecated ``average=``: ``op`` wins; giving both is an error."""
-    if op is not None:
-        if average is not None:
-            raise ValueError('The op parameter supersedes average. '
-                             'Please provide only one of them.')
-        return op
-    if average is not None:
-        warnings.warn('Parameter `average` has been replaced with `op` and will be removed in '
-                      'v1.0', DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
 
 
 def check_call(op_name: str, process_set, reduce_op=None) -> None:

@@ -8,6 +8,7 @@ import os
 
 from engine_native import basics as _basics
 from engine_native import gpu
+from engine_native.horovod_args import init_arguments
 from engine_native.torch import runtime as rt
 from engine_native.torch.runtime import is_initialized, rank, size  # noqa: F401
 
@@ -24,31 +25,8 @@ def init(comm=None, process_sets=None):
     """
     if rt.is_initialized():
         return  # Horovod: a repeated init() is a no-op
-    if isinstance(process_sets, str):
-        if process_sets != 'dynamic':
-            raise ValueError('init(process_sets=%r): expected a list of ProcessSet or '
-                             '"dynamic"' % (process_sets,))
-        process_sets = None  # add/remove_process_set always work in engine_native
-    _basics.init(comm=_communicator(comm), process_sets=process_sets)
-
-
-def _communicator(comm):
-    """Horovod's ``comm``: None, an mpi4py communicator, or a list of MPI_COMM_WORLD ranks."""
-    if not isinstance(comm, (list, tuple)):
-        return comm
-    ranks = sorted(int(r) for r in comm)
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        raise ValueError('init(comm=%r): a list of ranks needs mpi4py and a job started by '
-                         'mpiexec' % (comm,)) from None
-    world = MPI.COMM_WORLD
-    if ranks == list(range(world.Get_size())):
-        return world
-    if world.Get_rank() not in ranks:
-        raise ValueError('init(comm=%r): rank %d of MPI_COMM_WORLD is not in comm'
-                         % (comm, world.Get_rank()))
-    return world.Create_group(world.Get_group().Incl(ranks))
+    comm, process_sets = init_arguments(comm, process_sets)
+    _basics.init(comm=comm, process_sets=process_sets)
 
 
 def shutdown():

@@ -6,29 +6,14 @@ with its postscale), so integer averages truncate exactly like Horovod's.
 Backward rule (Horovod's): the gradient of an allreduce is the allreduce of the gradient with
 the same op, scale factors and process set.
 """
-import warnings
-
 import torch
 
 from engine_native import _core
+from engine_native.horovod_args import resolve_op
 from engine_native.torch import grouped
 from engine_native.torch import runtime as rt
 from engine_native.torch.compression import Compression
 from engine_native.torch.runtime import Average, Sum, global_process_set
-
-
-def resolve_op(op, average):
-    """Horovod's deprecated ``average=`` handling: mixing both is an error."""
-    if op is not None:
-        if average is not None:
-            raise ValueError('The op parameter supersedes average. '
-                             'Please provide only one of them.')
-        return op
-    if average is not None:
-        warnings.warn('Parameter `average` has been replaced with `op` and will be removed in v1.0',
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    return Average
 
 
 def _allreduce_op(tensor, output, full_name, code, op, prescale_factor, postscale_factor,
