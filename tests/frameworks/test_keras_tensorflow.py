@@ -2,7 +2,7 @@
 default on a CPU) reduces the gradients through tf.numpy_function, and training equals
 single-process training on the global batch, also with backward_passes_per_step; an
 XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
-next op works."""
+next op works; a broadcast inside tf.function works."""
 import numpy as np
 import pytest
 
@@ -30,6 +30,10 @@ def rank_tensorflow_suite():
                      "jit_compile=False" in str(exc), str(exc))
     got = keras.ops.convert_to_numpy(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after"))
     fails.expect("the next op works", np.allclose(got, hvd.size()), got)
+    import tensorflow as tf
+    got = tf.function(lambda v: hvd.broadcast(v, root_rank=1))(tf.fill([2], float(hvd.rank())))
+    fails.expect("broadcast inside tf.function (engine_native.tensorflow)",
+                 np.allclose(keras.ops.convert_to_numpy(got), 1.0), got)
     return fails.raise_if_any()
 
 
