@@ -13,17 +13,13 @@ asserts anything (DESIGN §7).
     python benchmarks/bench_jax.py --np 3 --steps 400
 """
 import argparse
-import multiprocessing as mp
 import os
-import secrets
-import statistics
 import sys
 import time
-import traceback
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from spawned_ranks import RankFailed, run_ranks, step_stats  # noqa: E402
 
 # (rows, cols) of the gradients: weights and biases of a 10-layer MLP, 20 arrays
 SHAPES = [(784, 512), (512,), (512, 512), (512,), (512, 256), (256,), (256, 256), (256,),
@@ -56,60 +52,33 @@ def _variants(rank):
     }, hvd_np
 
 
-def _worker(rank, env, rounds, steps, warmup, queue):
-    os.environ.update(env)
-    try:
-        import torch
-        torch.set_num_threads(1)
-        variants, hvd = _variants(rank)
-        times = {name: [] for name in VARIANTS}
+def _worker(rank, rounds, steps, warmup):
+    import torch
+    torch.set_num_threads(1)
+    variants, hvd = _variants(rank)
+    times = {name: [] for name in VARIANTS}
+    for name in VARIANTS:
+        for _ in range(warmup):
+            variants[name]()
+    for _ in range(rounds):
         for name in VARIANTS:
-            for _ in range(warmup):
+            hvd.barrier()
+            for _ in range(steps):
+                t0 = time.perf_counter()
                 variants[name]()
-        for _ in range(rounds):
-            for name in VARIANTS:
-                hvd.barrier()
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    variants[name]()
-                    times[name].append(time.perf_counter() - t0)
-        hvd.shutdown()
-        queue.put((rank, times, None))
-    except Exception:  # reported, never raised: the parent prints the table or the error
-        queue.put((rank, None, traceback.format_exc()))
+                times[name].append(time.perf_counter() - t0)
+    hvd.shutdown()
+    return times
 
 
 def run(size, rounds, steps, warmup, timeout):
     """Per variant: the median and p90 step time (s), a step as slow as its slowest rank."""
-    from engine_native.rendezvous import RendezvousServer
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    secret = secrets.token_bytes(32)
-    with RendezvousServer(secret) as server:
-        host, port = server.address
-        shared = dict(HVD_RENDEZVOUS=f"{host}:{port}", HVD_SECRET=secret.hex(),
-                      HVD_JOB_ID=uuid.uuid4().hex[:12], HVD_SIZE=str(size),
-                      OMP_NUM_THREADS="1", JAX_PLATFORMS="cpu")
-        procs = [ctx.Process(target=_worker, args=(r, dict(shared, HVD_RANK=str(r)), rounds,
-                                                   steps, warmup, queue))
-                 for r in range(size)]
-        for p in procs:
-            p.start()
-        try:
-            results = [queue.get(timeout=timeout) for _ in procs]
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-    errors = [err for _, _, err in results if err]
-    if errors:
-        raise SystemExit("a rank failed:\n" + errors[0])
-    summary = {}
-    for name in VARIANTS:
-        per_step = sorted(max(ts) for ts in zip(*(times[name] for _, times, _ in results)))
-        summary[name] = (statistics.median(per_step), per_step[int(0.9 * (len(per_step) - 1))])
-    return summary
+    try:
+        results = run_ranks(_worker, size, (rounds, steps, warmup),
+                            env={"JAX_PLATFORMS": "cpu"}, timeout=timeout)
+    except RankFailed as exc:
+        raise SystemExit(f"a rank failed:\n{exc}") from None
+    return {name: step_stats([times[name] for times in results])[:2] for name in VARIANTS}
 
 
 def main(argv=None):

@@ -16,17 +16,14 @@ processes) separate Keras's own per-step cost from the binding's.
     python benchmarks/bench_keras.py --np 3 --steps 200
 """
 import argparse
-import multiprocessing as mp
 import os
-import secrets
 import statistics
 import sys
 import time
-import traceback
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from spawned_ranks import RankFailed, run_ranks  # noqa: E402
 LAYERS = (784, 512, 512, 10)
 
 
@@ -68,69 +65,47 @@ def _torch_step(hvd_torch, distributed, batch, rank):
     return step
 
 
-def _worker(rank, env, args, queue):
+def _worker(rank, args):
     """Every case in every rank, interleaved step by step: load on the machine that drifts
     during the run hits all cases alike."""
-    os.environ.update(env)
-    try:
-        import torch
+    import torch
 
-        import engine_native.keras as hvd
-        import engine_native.torch as hvd_torch
-        torch.set_num_threads(1)
-        hvd.init()
-        keras_dist, model, opt = _keras_step(hvd, True, args.batch, rank)
-        grads = [torch.randn(tuple(v.shape)) for v in model.trainable_variables]
-        cases = {
-            "keras": keras_dist,
-            "torch": _torch_step(hvd_torch, True, args.batch, rank),
-            "keras-local": _keras_step(hvd, False, args.batch, rank)[0],
-            "torch-local": _torch_step(hvd_torch, False, args.batch, rank),
-            "keras-allreduce": lambda: opt._hvd_allreduce(grads),
-            "torch-allreduce": lambda: hvd_torch.grouped_allreduce(grads, op=hvd.Average),
-        }
-        times = {name: [] for name in cases}
-        for i in range(args.warmup + args.steps):
-            for name, fn in cases.items():
-                # untimed: the ranks start each case together, so no case's time includes
-                # waiting for a rank still busy with the case before
-                hvd_torch.allreduce(torch.zeros(1), name="bench.barrier")
-                t0 = time.perf_counter()
-                fn()
-                if i >= args.warmup:
-                    times[name].append(time.perf_counter() - t0)
-        hvd.shutdown()
-        queue.put((rank, times, None))
-    except Exception:  # reported instead of the table
-        queue.put((rank, None, traceback.format_exc()))
+    import engine_native.keras as hvd
+    import engine_native.torch as hvd_torch
+    torch.set_num_threads(1)
+    hvd.init()
+    keras_dist, model, opt = _keras_step(hvd, True, args.batch, rank)
+    grads = [torch.randn(tuple(v.shape)) for v in model.trainable_variables]
+    cases = {
+        "keras": keras_dist,
+        "torch": _torch_step(hvd_torch, True, args.batch, rank),
+        "keras-local": _keras_step(hvd, False, args.batch, rank)[0],
+        "torch-local": _torch_step(hvd_torch, False, args.batch, rank),
+        "keras-allreduce": lambda: opt._hvd_allreduce(grads),
+        "torch-allreduce": lambda: hvd_torch.grouped_allreduce(grads, op=hvd.Average),
+    }
+    times = {name: [] for name in cases}
+    for i in range(args.warmup + args.steps):
+        for name, fn in cases.items():
+            # untimed: the ranks start each case together, so no case's time includes
+            # waiting for a rank still busy with the case before
+            hvd_torch.allreduce(torch.zeros(1), name="bench.barrier")
+            t0 = time.perf_counter()
+            fn()
+            if i >= args.warmup:
+                times[name].append(time.perf_counter() - t0)
+    hvd.shutdown()
+    return times
 
 
 def run(args):
     """{case: step times of all ranks pooled}, or an error string."""
-    from engine_native.rendezvous import RendezvousServer
-    secret = secrets.token_bytes(32)
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with RendezvousServer(secret) as server:
-        host, port = server.address
-        shared = dict(HVD_SIZE=str(args.np), HVD_RENDEZVOUS=f"{host}:{port}",
-                      HVD_SECRET=secret.hex(), HVD_JOB_ID=uuid.uuid4().hex[:12],
-                      OMP_NUM_THREADS="1", KERAS_BACKEND="torch")
-        procs = [ctx.Process(target=_worker, args=(r, dict(shared, HVD_RANK=str(r)), args,
-                                                   queue)) for r in range(args.np)]
-        for p in procs:
-            p.start()
-        try:
-            results = [queue.get(timeout=args.timeout) for _ in procs]
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-    errors = [err for _, _, err in results if err]
-    if errors:
-        return errors[0]
-    return {name: [t for _, times, _ in results for t in times[name]] for name in results[0][1]}
+    try:
+        results = run_ranks(_worker, args.np, (args,), env={"KERAS_BACKEND": "torch"},
+                            timeout=args.timeout)
+    except RankFailed as exc:  # reported instead of the table
+        return str(exc)
+    return {name: [t for times in results for t in times[name]] for name in results[0]}
 
 
 def main():

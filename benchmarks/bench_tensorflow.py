@@ -11,17 +11,13 @@ Prints a table and the ratios; never asserts anything (DESIGN §7).
     python benchmarks/bench_tensorflow.py --np 3 --steps 200
 """
 import argparse
-import multiprocessing as mp
 import os
-import secrets
-import statistics
 import sys
 import time
-import traceback
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from spawned_ranks import RankFailed, run_ranks, step_stats  # noqa: E402
 
 # (rows, cols) of weight and bias gradients: 20 tensors, ~0.8 M floats (~3.2 MB) a step.
 SHAPES = [(512, 512), (512,), (512, 256), (256,), (256, 256), (256,), (1024, 128), (128,),
@@ -55,57 +51,33 @@ def _step_fn(mode, rank):
     return hvd, lambda: reduce(tensors)  # returns once the function ran (synchronous executor)
 
 
-def _worker(mode, rank, warmup, steps, env, queue):
-    os.environ.update(env)
-    try:
-        hvd, step = _step_fn(mode, rank)
-        hvd.init()
-        for _ in range(warmup):
-            step()
-        hvd.barrier()  # every rank starts timing together
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        hvd.shutdown()
-        queue.put((rank, times, None))
-    except Exception:  # reported in the table; the other modes still run
-        queue.put((rank, None, traceback.format_exc()))
+def _worker(rank, mode, warmup, steps):
+    hvd, step = _step_fn(mode, rank)
+    hvd.init()
+    for _ in range(warmup):
+        step()
+    hvd.barrier()  # every rank starts timing together
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    hvd.shutdown()
+    return times
 
 
 def run_mode(mode, size, warmup, steps, timeout):
     """Median, p90 and fastest step time (a step as slow as its slowest rank), or an error
     string. The fastest step is the least disturbed by other load on a shared machine."""
-    from engine_native.rendezvous import RendezvousServer
-    ctx = mp.get_context('spawn')
-    queue = ctx.Queue()
-    secret = secrets.token_bytes(32)
-    with RendezvousServer(secret) as server:
-        host, port = server.address
-        shared = dict(HVD_SIZE=str(size), HVD_RENDEZVOUS='%s:%d' % (host, port),
-                      HVD_SECRET=secret.hex(), HVD_JOB_ID=uuid.uuid4().hex[:12],
-                      OMP_NUM_THREADS='1', TF_CPP_MIN_LOG_LEVEL='2',
-                      TF_NUM_INTEROP_THREADS='1', TF_NUM_INTRAOP_THREADS='1')
-        procs = [ctx.Process(target=_worker, args=(mode, r, warmup, steps,
-                                                   dict(shared, HVD_RANK=str(r)), queue))
-                 for r in range(size)]
-        try:
-            for p in procs:
-                p.start()
-            results = [queue.get(timeout=timeout) for _ in procs]
-        except Exception as exc:  # timeout or spawn failure
-            return 'failed: %r' % (exc,)
-        finally:
-            for p in procs:
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-    errors = [err for _, _, err in results if err]
-    if errors:
-        return 'failed: ' + errors[0].strip().splitlines()[-1]
-    per_step = sorted(max(ts) for ts in zip(*[times for _, times, _ in results]))
-    return statistics.median(per_step), per_step[int(0.9 * (len(per_step) - 1))], per_step[0]
+    try:
+        return step_stats(run_ranks(_worker, size, (mode, warmup, steps), timeout=timeout,
+                                    env=dict(TF_CPP_MIN_LOG_LEVEL='2',
+                                             TF_NUM_INTEROP_THREADS='1',
+                                             TF_NUM_INTRAOP_THREADS='1')))
+    except RankFailed as exc:  # reported in the table; the other modes still run
+        return 'failed: ' + str(exc).strip().splitlines()[-1]
+    except Exception as exc:  # timeout or spawn failure
+        return 'failed: %r' % (exc,)
 
 
 def main(argv=None):
