@@ -314,6 +314,19 @@ class Failures:
     def expect(self, label: str, condition: bool, detail: str = "") -> None:
         self.check(label, None if condition else (detail or "condition false"))
 
+    def expect_raises(self, label: str, exc_type, fn, text: str = "") -> None:
+        """``fn()`` raises ``exc_type`` with ``text`` in its message (another exception, or
+        none, is a failed check)."""
+        try:
+            fn()
+        except exc_type as exc:
+            self.expect(f"{label}: message", text in str(exc), str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - the wrong type is the failure
+            self.expect(f"{label}: raises {exc_type.__name__}", False, repr(exc))
+            return
+        self.expect(f"{label}: raises {exc_type.__name__}", False, "nothing raised")
+
     def raise_if_any(self) -> int:
         if self.items:
             shown = "\n  ".join(self.items[:40])
