@@ -29,9 +29,7 @@ _REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 
 def check_call(op_name: str, process_set, reduce_op=None) -> None:
     """Argument errors at call (or trace) time, before any rank enqueues anything."""
-    if process_set.process_set_id is None:
-        raise ValueError(f"{op_name}(): {process_set} is not registered; call "
-                         "hvd.add_process_set() on every rank first")
+    numpy_ops._set_id(process_set, op_name)  # registered (the numpy API's own check)
     if reduce_op is not None and reduce_op not in _REDUCE_OPS:
         raise ValueError(f"{op_name}(): unknown op {reduce_op!r}; use hvd.Average, hvd.Sum, "
                          "hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")

@@ -192,6 +192,15 @@ def check_bad_input(hvd, tf, np, failures):
             _expect(failures, f"after mismatched {what} ({mode})",
                     hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n, np.float32))
 
+    unregistered = hvd.ProcessSet([0])
+    for mode, fn in (("eager", hvd.allreduce), ("tf.function", tf.function(hvd.allreduce))):
+        try:  # refused when called (traced), before any rank submits
+            fn(tf.ones([2]), process_set=unregistered)
+            failures.append(f"unregistered process set ({mode}): no error")
+        except Exception as exc:  # noqa: BLE001 - a graph-time OpError is the failure
+            if not isinstance(exc, ValueError) or "not registered" not in str(exc):
+                failures.append(f"unregistered process set ({mode}): {exc!r}")
+
     @tf.function(jit_compile=True)
     def compiled(x):
         return hvd.allreduce(x)
