@@ -63,9 +63,8 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
-    """Optional gradient compression algorithm used during allreduce (a binding's subclass
-    sets ``fp16`` to its FP16Compressor)."""
+    """Optional gradient compression algorithm used during allreduce. ``fp16`` needs a
+    framework's cast: each binding's subclass adds it (its FP16Compressor with the hooks
+    filled in), so this neutral one offers no compressor that cannot run."""
 
     none = NoneCompressor
-    """Compress all floating point gradients to 16-bit."""
-    fp16 = FP16Compressor

@@ -29,6 +29,8 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def warn(path: str) -> bool:
     """Warn (RuntimeWarning) the first time ``path`` is used in this process; True if this
     call warned. The warning names the user's line: the first caller outside engine_native."""
+    if path in _warned:  # every later use: a set lookup, no lock (the set only grows)
+        return False
     with _lock:
         if path in _warned:
             return False
