@@ -87,14 +87,24 @@ def wait(handle: int) -> Any:
     rank (join), ``(Buffer, shape, dtype code)`` (p2p_recv). Raises the op's error. The handle
     is released after a completed wait."""
 
-def p2p_send(peer: int, tag: int, dtype: int, shape: Sequence[int], data: Any) -> int:
+def p2p_send(peer: int, tag: int, dtype: int, shape: Sequence[int], data: Any,
+             wait_now: bool = False, device: int = -1, stream: int = 0) -> int:
     """Queue a point-to-point message to global rank ``peer`` (bindings/peer_api.cc); ``data``
     is an address or a C-contiguous buffer that must stay valid until the handle completes.
-    Returns a handle; ``wait`` returns None once the message is written."""
+    ``device >= 0``: ``data`` is the address of a CUDA tensor on that device, produced on
+    ``stream``, sent by CUDA IPC (a rank of this host only). Returns a handle; ``wait``
+    returns None once the message is written (a CUDA tensor's: once it was copied out)."""
 
-def p2p_recv(peer: int, tag: int) -> int:
+def p2p_recv(peer: int, tag: int, wait_now: bool = False, device: int = -1,
+             on_device: bool = False) -> int:
     """Receive the next message with ``tag`` from global rank ``peer``; returns a handle whose
-    ``wait`` returns ``(Buffer, shape, dtype code)``."""
+    ``wait`` returns ``(Buffer, shape, dtype code)``. ``device``: the CUDA device that reads
+    a CUDA tensor sent from this host; ``on_device``: the result stays there."""
+
+def p2p_cuda_route(peer: int) -> str:
+    """How a CUDA tensor travels to global rank ``peer``: ``"ipc"`` (CUDA IPC to a rank of this
+    host), ``"staged"`` (through host memory, by the binding: another host, or
+    ``HVD_GPU_PATH=staged``), ``""`` for no channel."""
 
 # ---- the numpy API's per-tensor path (bindings/numpy_api.cc) --------------------------------
 

@@ -14,8 +14,8 @@ were sent; different tags may be received in any order. A send does not wait for
 nothing from its peer for ``HVD_TIMEOUT`` seconds raises ``HorovodInternalError`` naming the
 peer and tag, and a peer that dies fails every rank's pending ops, as for collectives (Note
 [Point-to-point] in engine_native/csrc/runtime/peer_ops.cc). Each pair of ranks has its own
-channel: shared-memory rings within a host, a TCP connection between hosts (CPU arrays only:
-no CUDA IPC or NCCL path).
+channel: shared-memory rings within a host, a TCP connection between hosts. (CUDA tensors:
+engine_native.torch's send/recv, by CUDA IPC within a host.)
 """
 from __future__ import annotations
 
@@ -89,12 +89,14 @@ def _isend(array, dst: int, tag: int, wait_now: bool) -> P2PRequest:
 
 
 def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
-               wait_now: bool = False) -> P2PRequest:
+               wait_now: bool = False, device: int = -1, stream: int = 0) -> P2PRequest:
     """Submit a send of ``data`` (a buffer or an address) of dtype ``code`` and ``shape``;
     ``keep`` (what owns the bytes) stays referenced until the send completed, even if the
     request is dropped. ``wait_now``: the caller waits for it at once, and drives it (Note
-    [Point-to-point] E in the core)."""
-    handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data, wait_now)
+    [Point-to-point] E in the core). ``device >= 0``: ``data`` is the address of a CUDA tensor
+    on that device, produced on ``stream`` (Note [Device point-to-point] in the core)."""
+    handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data, wait_now, device,
+                            stream)
     with _lock:
         _sending[handle] = keep
     return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert)

@@ -15,8 +15,10 @@ import threading
 import warnings
 
 PATHS = {
-    "cuda-p2p-staged": "engine_native.torch point-to-point: CUDA tensors are copied through "
-                       "host memory (no CUDA IPC or NCCL path yet)",
+    "cuda-p2p-ipc": "engine_native.torch point-to-point: CUDA tensors between ranks of one "
+                    "host go by CUDA IPC (the core's exported staging memory)",
+    "cuda-p2p-staged": "engine_native.torch point-to-point: CUDA tensors to another host (or "
+                       "with HVD_GPU_PATH=staged) are copied through host memory",
     "cuda-sparse": "engine_native.torch: sparse gradients on CUDA are allreduced as one "
                    "packed device allgather per values dtype",
 }

@@ -11,8 +11,9 @@ names but not its signatures (a receive returns a new tensor, ``out=`` fills one
         loss_fn(stage1(h), y).backward()         # sends h's gradient back to rank 0
 
 Ranks are global ranks; tags 0 .. 2**40 - 1 are the program's (the pipeline's and the
-gradients' messages use tags above). CUDA tensors go through host memory (Note [Staged
-point-to-point]); a receive gives a CPU tensor unless ``device=`` says where it goes. Messages of one (rank, tag) arrive in the order
+gradients' messages use tags above). CUDA tensors go by CUDA IPC to a rank of the same host
+and through host memory to another host (Note [Staged point-to-point]); a receive gives a CPU
+tensor unless ``device=`` says where it goes. Messages of one (rank, tag) arrive in the order
 sent. Note [Gradient tags]: the gradient of the k-th message sent from A to B with tag t goes
 back from B to A with a tag made of t and k, so gradients find their message whatever order
 the backwards run in; both ranks count the messages of each (peer, tag) they send or receive
@@ -80,24 +81,44 @@ def _check(tensor, what: str):
 
 
 # Note [Staged point-to-point]
-# The core's peer channels carry host bytes (shared-memory rings, TCP): a CUDA tensor is sent
-# through host memory. ``.to("cpu")`` copies it on its device's current stream and waits for
-# that copy, so the kernels that produced it (queued before, on that stream: Horovod's stream
-# contract) have finished and the bytes are final before the core reads them; the sending
-# thread blocks for the copy. A receive is a CPU tensor, moved with ``.to(device)`` (a copy on
-# that device's current stream) when ``device=`` names one, or copied into ``out=`` wherever
-# ``out`` lives. The gradient of a sent CUDA tensor comes back to the tensor's device. There
-# is no CUDA IPC or NCCL path for point-to-point (issue #36), and this one has not run on a GPU
-# yet: its first use warns once (engine_native.unverified).
+# Between ranks of one host the core moves a CUDA tensor itself, by CUDA IPC (Note [Device
+# point-to-point] in the core): the send passes the tensor's address and its device's current
+# stream, and a receive names the device that reads it (``device=``, else this process's
+# current CUDA device) and whether the result stays there. To another host, or with
+# HVD_GPU_PATH=staged, a CUDA tensor goes through host memory: ``.to("cpu")`` copies it on its
+# device's current stream and waits for that copy, so the kernels that produced it (queued
+# before, on that stream: Horovod's stream contract) have finished and the bytes are final
+# before the core reads them; the sending thread blocks for the copy. A receive of a host
+# message is a CPU tensor, moved with ``.to(device)`` (a copy on that device's current stream)
+# when ``device=`` names one; ``out=`` is filled by a copy wherever it lives. The gradient of a
+# sent CUDA tensor comes back to the tensor's device. Neither way has run on a GPU yet: the
+# first use of each warns once (engine_native.unverified).
+
+
+def _by_ipc(tensor: torch.Tensor, dst: int) -> bool:
+    return tensor.device.type == "cuda" and _core.p2p_cuda_route(int(dst)) == "ipc"
 
 
 def _host_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """What a send writes: the tensor itself on the CPU, a host copy of a device tensor."""
+    """What a staged send writes: the tensor itself on the CPU, a host copy of a device
+    tensor."""
     data = tensor.detach()
     if data.device.type != "cpu":
         unverified.warn("cuda-p2p-staged")
         data = data.to("cpu")
     return data.contiguous()
+
+
+def _reading_device(device) -> tuple[int, bool]:
+    """``(device, on_device)`` of a receive for the core: the CUDA ordinal that reads a CUDA
+    tensor sent from this host (-1: none) and whether the result stays there."""
+    if device is not None:
+        devices._require_cuda()
+        return (device.index if device.index is not None else torch.cuda.current_device()), True
+    if torch.cuda.is_initialized():
+        devices._require_cuda()
+        return torch.cuda.current_device(), False
+    return -1, False
 
 
 def _check_tag(tag: int, what: str) -> int:
@@ -110,7 +131,7 @@ def _received(result, what: str, out, device=None):
     buffer, shape, code = result
     tensor = rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
     if out is None:
-        if device is None:
+        if device is None or tensor.device.type == "cuda":  # a CUDA read lands on `device`
             return tensor
         unverified.warn("cuda-p2p-staged")
         return tensor.to(device)
@@ -126,6 +147,12 @@ def raw_isend(tensor, dst: int, tag: int, wait_now: bool = False) -> P2PRequest:
     """isend without the tag range check or the message count (the pipeline's own tags).
     ``wait_now``: the caller waits for it at once (and drives it)."""
     code = _check(tensor, f"send(to rank {dst}, tag {tag})")
+    if _by_ipc(tensor, dst):
+        unverified.warn("cuda-p2p-ipc")
+        data = tensor.detach().contiguous()  # (a strided tensor: a copy on its current stream)
+        device, stream = devices.placement(data)
+        return _p2p.start_send(dst, tag, code, data.shape, data.data_ptr(), keep=data,
+                               wait_now=wait_now, device=device, stream=stream)
     data = _host_bytes(tensor)
     return _p2p.start_send(dst, tag, code, data.shape, data.data_ptr(), keep=data,
                            wait_now=wait_now)
@@ -141,8 +168,9 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
         _check(out, what)
     convert = _received if device is None else \
         (lambda result, what_, out_: _received(result, what_, out_, device))
-    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out,
-                      convert=convert)
+    reader, on_device = _reading_device(device)
+    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device), what,
+                      out, convert=convert)
 
 
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:

@@ -18,14 +18,17 @@ namespace {
 
 using runtime::Runtime;
 
-// p2p_send(peer, tag, dtype_code, shape, data, wait_now=False) -> handle; data: an address or
-// a buffer; wait_now: the caller waits for the handle at once (it drives it).
+// p2p_send(peer, tag, dtype_code, shape, data, wait_now=False, device=-1, stream=0) ->
+// handle; data: an address or a buffer (device >= 0: the address of a CUDA tensor on that
+// device, produced on `stream`); wait_now: the caller waits for the handle at once (it drives
+// it).
 PyObject* pyP2pSend(PyObject*, PyObject* args) {
-  int peer = 0, dtype = 0, wait_now = 0;
+  int peer = 0, dtype = 0, wait_now = 0, device = -1;
   long long tag = 0;
+  unsigned long long stream = 0;
   PyObject *shape_obj = nullptr, *data_obj = nullptr;
-  if (!PyArg_ParseTuple(args, "iLiOO|p", &peer, &tag, &dtype, &shape_obj, &data_obj,
-                        &wait_now)) {
+  if (!PyArg_ParseTuple(args, "iLiOO|piK", &peer, &tag, &dtype, &shape_obj, &data_obj,
+                        &wait_now, &device, &stream)) {
     return nullptr;
   }
   if (!common::isValidDataType(dtype)) {
@@ -35,6 +38,10 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
   }
   std::vector<int64_t> shape;
   if (!toInt64List(shape_obj, &shape, "send(): shape must be a sequence of ints")) return nullptr;
+  if (device >= 0 && !PyLong_Check(data_obj)) {
+    PyErr_SetString(PyExc_TypeError, "send(): a CUDA tensor is passed by its address (an int)");
+    return nullptr;
+  }
   uintptr_t address = 0;
   if (PyLong_Check(data_obj)) {
     address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(data_obj));
@@ -58,37 +65,65 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
   common::Status status;
   // Without the GIL: an isend may write its frame here (Note [Caller drives] H), up to a
   // ring's worth of copying, or fail the rank. The caller's argument keeps `data` alive.
+  runtime::PeerSend send;
+  send.peer = peer;
+  send.tag = tag;
+  send.dtype = static_cast<common::DataType>(dtype);
+  send.shape = std::move(shape);
+  send.data = reinterpret_cast<const void*>(address);
+  send.device = device;
+  send.stream = static_cast<uintptr_t>(stream);
   Py_BEGIN_ALLOW_THREADS
-  status = Runtime::instance().send(peer, tag, static_cast<common::DataType>(dtype),
-                                    std::move(shape), reinterpret_cast<const void*>(address),
-                                    wait_now != 0, &handle);
+  status = Runtime::instance().send(std::move(send), wait_now != 0, &handle);
   Py_END_ALLOW_THREADS
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
 }
 
-// p2p_recv(peer, tag, wait_now=False) -> handle
+// p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False) -> handle; device: the CUDA
+// device that reads a CUDA tensor sent from this host (its result stays there when
+// on_device, else it lands in host memory).
 PyObject* pyP2pRecv(PyObject*, PyObject* args) {
-  int peer = 0, wait_now = 0;
+  int peer = 0, wait_now = 0, device = -1, on_device = 0;
   long long tag = 0;
-  if (!PyArg_ParseTuple(args, "iL|p", &peer, &tag, &wait_now)) return nullptr;
+  if (!PyArg_ParseTuple(args, "iL|pip", &peer, &tag, &wait_now, &device, &on_device)) {
+    return nullptr;
+  }
+  runtime::PeerRecv recv;
+  recv.peer = peer;
+  recv.tag = tag;
+  recv.device = device;
+  recv.on_device = on_device != 0;
   int64_t handle = 0;
   common::Status status;
   Py_BEGIN_ALLOW_THREADS  // an irecv may read rings here (Note [Caller drives] H)
-  status = Runtime::instance().recv(peer, tag, wait_now != 0, &handle);
+  status = Runtime::instance().recv(recv, wait_now != 0, &handle);
   Py_END_ALLOW_THREADS
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
+}
+
+// p2p_cuda_route(peer) -> "ipc", "staged" or "" (no channel to it)
+PyObject* pyP2pCudaRoute(PyObject*, PyObject* args) {
+  int peer = 0;
+  if (!PyArg_ParseTuple(args, "i", &peer)) return nullptr;
+  return PyUnicode_FromString(Runtime::instance().peerCudaRoute(peer).c_str());
 }
 
 PyMethodDef g_peer_methods[] = {
     {"p2p_send", pyP2pSend, METH_VARARGS,
-     "p2p_send(peer, tag, dtype_code, shape, data, wait_now=False): queue a message to a "
-     "rank; returns a handle (wait() returns None). data stays in use until then. wait_now: "
-     "the caller waits for it at once."},
+     "p2p_send(peer, tag, dtype_code, shape, data, wait_now=False, device=-1, stream=0): queue "
+     "a message to a rank; returns a handle (wait() returns None). data stays in use until "
+     "then. wait_now: the caller waits for it at once. device >= 0: data is the address of a "
+     "CUDA tensor on it, produced on stream (a rank of this host only)."},
     {"p2p_recv", pyP2pRecv, METH_VARARGS,
-     "p2p_recv(peer, tag, wait_now=False): receive the next message with this tag from a "
-     "rank; returns a handle (wait() returns (Buffer, shape, dtype code))."},
+     "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False): receive the next "
+     "message with this tag from a rank; returns a handle (wait() returns (Buffer, shape, "
+     "dtype code)). device: the CUDA device that reads a CUDA tensor; on_device: its result "
+     "stays there."},
+    {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
+     "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'ipc' (CUDA IPC, a rank "
+     "of this host), 'staged' (through host memory, by the binding), '' for no channel."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

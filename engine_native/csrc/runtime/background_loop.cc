@@ -45,7 +45,8 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
     : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline),
       queue_(handles, keys_),
-      peer_ops_(mesh, handles, queue_, metrics, timeline, config.timeout_seconds),
+      peer_ops_(mesh, handles, queue_, metrics, timeline, config.timeout_seconds,
+                /*cuda_ipc=*/config.gpu_path != "staged"),
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_) {
@@ -395,20 +396,18 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      out of spin (its neighbour is still computing) does not count as a miss of Note [Spin
 //      backoff]: in a pipeline most do, and they would turn off the collectives' spins.
 
-Status BackgroundLoop::submitSend(int peer, int64_t tag, common::DataType dtype,
-                                  std::vector<int64_t> shape, const void* data, bool wait_now,
-                                  int64_t* handle) {
+Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle) {
   const bool drivable = drive_.drivable();  // H
-  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(peer, tag, dtype, std::move(shape), data,
+  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(std::move(send),
                                            /*caller_waits=*/wait_now || drivable,
                                            /*wake=*/!drivable, handle));
   if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/true);
   return Status::ok();
 }
 
-Status BackgroundLoop::submitRecv(int peer, int64_t tag, bool wait_now, int64_t* handle) {
+Status BackgroundLoop::submitRecv(const PeerRecv& recv, bool wait_now, int64_t* handle) {
   const bool drivable = drive_.drivable();  // H
-  HVD_RETURN_IF_ERROR(peer_ops_.submitRecv(peer, tag, /*caller_waits=*/wait_now || drivable,
+  HVD_RETURN_IF_ERROR(peer_ops_.submitRecv(recv, /*caller_waits=*/wait_now || drivable,
                                            /*wake=*/!drivable, handle));
   if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/false);
   return Status::ok();

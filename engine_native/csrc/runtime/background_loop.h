@@ -87,10 +87,9 @@ class BackgroundLoop {
   // Where callers can drive, an async send is written, and an async receive posted, by the
   // caller at once when the loop is free, and a later wait on either drives it (Note [Caller
   // drives] H).
-  common::Status submitSend(int peer, int64_t tag, common::DataType dtype,
-                            std::vector<int64_t> shape, const void* data, bool wait_now,
-                            int64_t* handle);
-  common::Status submitRecv(int peer, int64_t tag, bool wait_now, int64_t* handle);
+  common::Status submitSend(PeerSend send, bool wait_now, int64_t* handle);
+  common::Status submitRecv(const PeerRecv& recv, bool wait_now, int64_t* handle);
+  const char* peerCudaRoute(int peer) const { return peer_ops_.cudaRoute(peer); }
   // Framework threads about to block on `handle`: run passes on this thread for up to
   // HVD_CALLER_SPIN_US (one pass when spinning would steal a core). True when the handle
   // finished here; false means the caller must block on it (the loop thread took over).

@@ -158,21 +158,7 @@ Status Runtime::checkDevice(coord::Request* r, std::string_view name) {
 Status Runtime::checkNotCapturing(const TensorEntry& entry, std::string_view name) const {
   const coord::Request& r = entry.request;
   if (r.device < 0 || r.type == OpType::kBarrier || r.type == OpType::kJoin) return Status::ok();
-  const transport::nccl::CudaApi* cuda = transport::nccl::cudaApi();
-  if (cuda == nullptr) return Status::ok();  // recordReady says how to load the runtime
-  int capture = transport::nccl::kCudaStreamCaptureStatusNone;
-  const int rc = cuda->streamIsCapturing(
-      reinterpret_cast<transport::nccl::CudaStream>(entry.stream), &capture);
-  const bool capturing = rc == transport::nccl::kCudaErrorStreamCaptureImplicit ||
-                         (rc == transport::nccl::kCudaSuccess &&
-                          capture != transport::nccl::kCudaStreamCaptureStatusNone);
-  if (!capturing) return Status::ok();
-  return common::invalidArgument(
-      describe(r, name) + ": the tensor's CUDA stream is capturing a CUDA graph "
-      "(torch.cuda.graph); a collective cannot be captured, because the core runs it on its own "
-      "thread and streams, outside any replay. Run hvd ops outside the captured region: capture "
-      "the forward and backward passes, then allreduce the gradients (or step the "
-      "DistributedOptimizer) after graph.replay()");
+  return refuseGraphCapture(entry.stream, describe(r, name));
 }
 
 // A CUDA tensor's op waits (on the device) for its producer's stream as it is now.

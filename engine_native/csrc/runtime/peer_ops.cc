@@ -27,6 +27,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -71,6 +72,9 @@ transport::PeerPayload outputPayload(uint64_t bytes) {
   return {std::move(out), data};
 }
 
+// The id under which a receipt's frame is queued (handles are positive and smaller).
+constexpr uint64_t kReceiptId = ~uint64_t{0};
+
 std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
   common::Text os;
   os << s;
@@ -80,10 +84,12 @@ std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
 }  // namespace
 
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
-                 Metrics& metrics, timeline::Timeline* timeline, double timeout_seconds)
+                 Metrics& metrics, timeline::Timeline* timeline, double timeout_seconds,
+                 bool cuda_ipc)
     : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
-      timeout_(timeout_seconds),
-      peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0) {
+      timeout_(timeout_seconds), cuda_ipc_(cuda_ipc),
+      peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
+      device_(queue.wakeFd(), timeout_seconds) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
       channel->setAllocator(&outputPayload);
@@ -93,25 +99,47 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
 
 PeerOps::~PeerOps() = default;
 
-Status PeerOps::submitSend(int peer, int64_t tag, common::DataType dtype,
-                           std::vector<int64_t> shape, const void* data, bool caller_waits,
-                           bool wake, int64_t* handle) {
+Status PeerOps::submitSend(PeerSend send, bool caller_waits, bool wake, int64_t* handle) {
   Op op;
-  op.peer = peer;
-  op.tag = tag;
+  op.peer = send.peer;
+  op.tag = send.tag;
   op.is_send = true;
-  op.dtype = dtype;
-  op.shape = std::move(shape);
-  op.data = data;
+  op.dtype = send.dtype;
+  op.shape = std::move(send.shape);
+  op.data = send.data;
+  op.device = send.device;
+  if (op.device >= 0) {  // Note [Device point-to-point] A, B
+    uint64_t bytes = 0;
+    if (transport::peerPayloadBytes(op.dtype, op.shape, &bytes) && bytes == 0) {
+      op.device = -1;  // nothing to read on the device: an empty host message
+    } else if (std::string(cudaRoute(op.peer)) == "ipc") {
+      const auto producer = reinterpret_cast<transport::nccl::CudaStream>(send.stream);
+      HVD_RETURN_IF_ERROR(refuseGraphCapture(send.stream, what("send", op.peer, op.tag)));
+      HVD_RETURN_IF_ERROR(op.ready.record(op.device, producer));
+    } else if (op.peer >= 0 && op.peer < mesh_.size() && op.peer != mesh_.rank()) {
+      return common::invalidArgument(what("send", op.peer, op.tag) + ": a CUDA tensor goes by "
+                                     "CUDA IPC to ranks of this host only (and not with "
+                                     "HVD_GPU_PATH=staged); stage it through host memory");
+    }
+  }
   return submit(std::move(op), caller_waits, wake, handle);
 }
 
-Status PeerOps::submitRecv(int peer, int64_t tag, bool caller_waits, bool wake,
+Status PeerOps::submitRecv(const PeerRecv& recv, bool caller_waits, bool wake,
                            int64_t* handle) {
   Op op;
-  op.peer = peer;
-  op.tag = tag;
+  op.peer = recv.peer;
+  op.tag = recv.tag;
+  op.device = recv.device;
+  op.on_device = recv.on_device && recv.device >= 0;
   return submit(std::move(op), caller_waits, wake, handle);
+}
+
+const char* PeerOps::cudaRoute(int peer) const {
+  const transport::PeerChannel* channel =
+      peer >= 0 && peer < mesh_.size() ? mesh_.peerChannel(peer) : nullptr;
+  if (channel == nullptr) return "";
+  return channel->onSharedMemory() && cuda_ipc_ ? "ipc" : "staged";
 }
 
 Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
@@ -156,7 +184,9 @@ void PeerOps::takeSubmitted() {
     op.since = now;
     startSpan(op);
     PerPeer& p = peers_[op.peer];
-    if (op.is_send) {
+    if (op.is_send && op.device >= 0) {
+      stageDeviceSend(op);
+    } else if (op.is_send) {
       transport::PeerFrame frame;
       frame.tag = op.tag;
       frame.dtype = op.dtype;
@@ -172,8 +202,33 @@ void PeerOps::takeSubmitted() {
   taking_.clear();
 }
 
+// Note [Device point-to-point] B: the copy is queued and the frame sent in the same pass.
+void PeerOps::stageDeviceSend(Op& op) {
+  uint64_t bytes = 0;
+  transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
+  transport::DeviceMessage message;
+  const Status staged = device_.stage(op.peer, op.device, op.ready.get(), op.data, bytes,
+                                      static_cast<uint64_t>(op.handle),
+                                      what("send", op.peer, op.tag), &message);
+  op.ready.reset();  // the stream's wait on it is queued (or nothing was)
+  if (!staged.isOk()) {
+    fail(op, staged);
+    return;
+  }
+  transport::PeerFrame frame;
+  frame.kind = transport::PeerFrameKind::kDevice;
+  frame.tag = op.tag;
+  frame.dtype = op.dtype;
+  frame.shape = op.shape;
+  frame.bytes = transport::kDeviceMessageBytes;
+  op.payload = std::make_shared<const std::string>(transport::encodeDeviceMessage(message));
+  mesh_.peerChannel(op.peer)->send(frame, op.payload->data(), static_cast<uint64_t>(op.handle));
+  peers_[op.peer].sending.push_back(std::move(op));
+}
+
 Status PeerOps::progress(bool* moved) {
   takeSubmitted();
+  HVD_RETURN_IF_ERROR(progressDevice());
   const Clock::time_point now = Clock::now();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     if (mesh_.peerChannel(peer) == nullptr) continue;
@@ -196,13 +251,17 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   sent_.clear();
   if (channel.hasBacklog()) HVD_RETURN_IF_ERROR(channel.flush(&sent_, &wrote));
   for (size_t k = 0; k < sent_.size(); ++k) {  // frames are written in queue order (B)
-    const Op& op = p.sending.front();
+    if (sent_[k] == kReceiptId) {
+      p.receipts.pop_front();
+      continue;
+    }
+    Op& op = p.sending.front();
     HVD_CHECK_EQ(sent_[k], static_cast<uint64_t>(op.handle));
-    uint64_t bytes = 0;
-    transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
-    metrics_.countP2p(/*sent=*/true, bytes);
-    endSpan(op);
-    handles_.complete(op.handle, Status::ok());
+    if (op.device >= 0 && !op.copied) {
+      p.staged.push_back(std::move(op));  // completes when its copy finished
+    } else {
+      completeSend(op);
+    }
     p.sending.pop_front();
   }
   if (wrote) {
@@ -224,10 +283,7 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   }
   // Messages completed before an error (a peer that sent, then exited) are kept first, so
   // failAll frees them.
-  for (transport::PeerMessage& m : received_) {
-    const int64_t tag = m.frame.tag;
-    p.arrived.push_back(Arrived{tag, std::move(m)});
-  }
+  for (transport::PeerMessage& m : received_) HVD_RETURN_IF_ERROR(arrive(peer, p, std::move(m)));
   HVD_RETURN_IF_ERROR(received);
   if (read) {
     for (Op& op : p.receiving) op.since = now;
@@ -235,6 +291,29 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   if (!received_.empty()) match(p);
   timeOut(p, now);
   *moved = *moved || wrote || read || !sent_.empty();
+  return Status::ok();
+}
+
+// A receipt's payload is the peer's; a malformed device message fails the rank as a
+// malformed header does (the peer is not this job's code, or memory is corrupt).
+Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
+  const transport::PeerFrame& frame = message.frame;
+  if (frame.kind == transport::PeerFrameKind::kDeviceRead) {
+    uint64_t sequence = 0;
+    HVD_RETURN_IF_ERROR(
+        transport::decodeDeviceRead(message.payload.data, frame.bytes, &sequence));
+    device_.released(peer, sequence);
+    return Status::ok();
+  }
+  Arrived arrived{frame.tag, {}, {}};
+  if (frame.kind == transport::PeerFrameKind::kDevice) {
+    uint64_t tensor_bytes = 0;
+    transport::peerPayloadBytes(frame.dtype, frame.shape, &tensor_bytes);
+    HVD_RETURN_IF_ERROR(transport::decodeDeviceMessage(message.payload.data, frame.bytes,
+                                                       tensor_bytes, &arrived.device));
+  }
+  arrived.message = std::move(message);
+  p.arrived.push_back(std::move(arrived));
   return Status::ok();
 }
 
@@ -247,10 +326,102 @@ void PeerOps::match(PerPeer& p) {
       ++r;
       continue;
     }
-    completeRecv(*r, std::move(m->message));
+    if (m->message.frame.kind == transport::PeerFrameKind::kDevice) {
+      startDeviceRead(p, std::move(*r), std::move(*m));
+    } else {
+      completeRecv(*r, std::move(m->message));
+    }
     p.arrived.erase(m);
     r = p.receiving.erase(r);
   }
+}
+
+// Note [Device point-to-point] D. The receipt goes back whatever happens to the read: the
+// sender's memory is free either way.
+void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
+  const transport::PeerFrame& frame = arrived.message.frame;
+  uint64_t bytes = 0;
+  transport::peerPayloadBytes(frame.dtype, frame.shape, &bytes);
+  Status status = Status::ok();
+  if (op.device < 0) {
+    status = common::invalidArgument(
+        what("recv", op.peer, op.tag) + ": the message is a CUDA tensor and this receive names "
+        "no CUDA device to read it with (engine_native.torch's recv(device=...) does)");
+  } else {
+    status = device_.read(op.peer, arrived.device, bytes, op.device, op.on_device,
+                          static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag));
+  }
+  if (!status.isOk()) {
+    sendReceipt(op.peer, arrived.device.sequence);
+    listen(-1);
+    fail(op, status);
+    return;
+  }
+  op.dtype = frame.dtype;
+  op.shape = frame.shape;
+  op.payload = std::make_shared<const std::string>(transport::encodeDeviceRead(
+      arrived.device.sequence));  // the receipt, sent once the copy finished
+  p.reading.push_back(std::move(op));
+}
+
+void PeerOps::sendReceipt(int peer, uint64_t sequence) {
+  PerPeer& p = peers_[peer];
+  p.receipts.push_back(transport::encodeDeviceRead(sequence));
+  transport::PeerFrame frame;
+  frame.kind = transport::PeerFrameKind::kDeviceRead;
+  frame.bytes = transport::kDeviceReadBytes;
+  mesh_.peerChannel(peer)->send(frame, p.receipts.back().data(), kReceiptId);
+}
+
+Status PeerOps::progressDevice() {
+  if (!device_.busy()) return Status::ok();
+  device_done_.clear();
+  HVD_RETURN_IF_ERROR(device_.poll(&device_done_));
+  for (DevicePeerOps::Done& done : device_done_) {
+    const auto handle = static_cast<int64_t>(done.id);
+    auto has = [handle](const Op& op) { return op.handle == handle; };
+    for (PerPeer& p : peers_) {
+      if (auto s = std::find_if(p.sending.begin(), p.sending.end(), has); s != p.sending.end()) {
+        s->copied = true;  // completes once its frame is written
+        break;
+      }
+      if (auto s = std::find_if(p.staged.begin(), p.staged.end(), has); s != p.staged.end()) {
+        completeSend(*s);
+        p.staged.erase(s);
+        break;
+      }
+      if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
+          r != p.reading.end()) {
+        uint64_t sequence = 0;
+        transport::decodeDeviceRead(r->payload->data(), r->payload->size(), &sequence);
+        sendReceipt(r->peer, sequence);
+        listen(-1);
+        metrics_.countP2p(/*sent=*/false, done.output->bytes);
+        endSpan(*r);
+        OpResult result;
+        result.buffer = std::move(done.output);
+        result.shape = r->shape;
+        result.dtype = static_cast<int32_t>(r->dtype);
+        handles_.complete(r->handle, Status::ok(), std::move(result));
+        p.reading.erase(r);
+        break;
+      }
+    }
+  }
+  return Status::ok();
+}
+
+void PeerOps::completeSend(const Op& op) {
+  uint64_t bytes = 0;
+  transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
+  metrics_.countP2p(/*sent=*/true, bytes);
+  endSpan(op);
+  handles_.complete(op.handle, Status::ok());
+}
+
+void PeerOps::fail(const Op& op, const Status& status) {
+  endSpan(op, status);
+  handles_.complete(op.handle, status);
 }
 
 void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
@@ -299,8 +470,12 @@ void PeerOps::endSpan(const Op& op, const Status& status) {
 }
 
 bool PeerOps::idle() const {
+  if (device_.busy()) return false;
   for (const PerPeer& p : peers_) {
-    if (!p.sending.empty() || !p.receiving.empty()) return false;
+    if (!p.sending.empty() || !p.receiving.empty() || !p.staged.empty() || !p.reading.empty() ||
+        !p.receipts.empty()) {
+      return false;
+    }
   }
   // A message in a ring that no pass has read yet (Note [Point-to-point over shm] C).
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
@@ -313,7 +488,7 @@ bool PeerOps::idle() const {
 
 void PeerOps::appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const {
   for (const PerPeer& p : peers_) {
-    for (const auto* ops : {&p.receiving, &p.sending}) {
+    for (const auto* ops : {&p.receiving, &p.reading, &p.sending, &p.staged}) {
       for (const Op& op : *ops) {
         PendingInfo info;
         info.op = op.is_send ? "SEND" : "RECV";
@@ -380,10 +555,11 @@ void PeerOps::failAll(const Status& status) {
   }
   for (Op& op : taking_) handles_.complete(op.handle, status);
   taking_.clear();
+  device_.abandon();  // Note [Device point-to-point] F: before the tensors go
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
     if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
-    for (const auto* ops : {&p.sending, &p.receiving}) {
+    for (const auto* ops : {&p.sending, &p.staged, &p.receiving, &p.reading}) {
       for (const Op& op : *ops) {
         endSpan(op, status);
         handles_.complete(op.handle, status);

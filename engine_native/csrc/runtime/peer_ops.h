@@ -4,19 +4,24 @@
 // and agrees alone. Every message carries its dtype and shape, so a receive needs neither.
 // Framework threads submit (thread-safe, under mutex_); the background loop, or a caller that
 // drives it (under its progress_ lock), calls the rest each pass. Note [Point-to-point] in
-// peer_ops.cc has the rules.
+// peer_ops.cc has the rules; CUDA tensors between ranks of one host go through DevicePeerOps
+// (Note [Device point-to-point]).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "runtime/device_peer_ops.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
+#include "runtime/ready_events.h"
 #include "timeline/timeline.h"
 #include "transport/mesh.h"
 
@@ -24,25 +29,47 @@ namespace hvd::runtime {
 
 class SubmissionQueue;
 
+// A send: `data` (bytes of dtype x shape) must stay valid until its handle completes. A CUDA
+// tensor (device >= 0) is read after what its producer's `stream` (cudaStream_t; 0: the legacy
+// stream) had queued at submission.
+struct PeerSend {
+  int peer = -1;
+  int64_t tag = 0;
+  common::DataType dtype = common::DataType::kUint8;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  int device = -1;
+  uintptr_t stream = 0;
+};
+// A receive: `device` (-1: none) is the CUDA device that reads a CUDA tensor sent from this
+// host; its result stays there when `on_device`, else it lands in host memory.
+struct PeerRecv {
+  int peer = -1;
+  int64_t tag = 0;
+  int device = -1;
+  bool on_device = false;
+};
+
 class PeerOps {
  public:
   using Clock = std::chrono::steady_clock;
 
   // `timeline` (may be null) gets a SEND or RECV span per op, from its submission to its end.
+  // cuda_ipc: CUDA tensors may go by CUDA IPC (HVD_GPU_PATH is not "staged").
   PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue, Metrics& metrics,
-          timeline::Timeline* timeline, double timeout_seconds);
+          timeline::Timeline* timeline, double timeout_seconds, bool cuda_ipc);
   ~PeerOps();
 
   // ---- framework threads ----
-  // `data` (bytes of dtype x shape) must stay valid until the handle completes. caller_waits
-  // and wake as SubmissionQueue::submit's (Note [Caller drives]: the caller blocks on the
-  // handle at once and drives it, so the loop thread is not woken).
-  common::Status submitSend(int peer, int64_t tag, common::DataType dtype,
-                            std::vector<int64_t> shape, const void* data, bool caller_waits,
-                            bool wake, int64_t* handle);
+  // caller_waits and wake as SubmissionQueue::submit's (Note [Caller drives]: the caller blocks
+  // on the handle at once and drives it, so the loop thread is not woken).
+  common::Status submitSend(PeerSend send, bool caller_waits, bool wake, int64_t* handle);
   // The handle completes with the message's payload, shape and dtype (OpResult).
-  common::Status submitRecv(int peer, int64_t tag, bool caller_waits, bool wake,
-                            int64_t* handle);
+  common::Status submitRecv(const PeerRecv& recv, bool caller_waits, bool wake, int64_t* handle);
+  // How a CUDA tensor travels to `peer`: "ipc" (a rank of this host, Note [Device
+  // point-to-point] A), "staged" (through host memory, by the binding: another host, or
+  // HVD_GPU_PATH=staged), "" for no channel (this rank, or out of range).
+  const char* cudaRoute(int peer) const;
 
   // ---- the loop (under progress_) ----
   // Takes new ops, writes and reads every channel, matches, completes handles, times out ops
@@ -82,17 +109,26 @@ class PeerOps {
     common::DataType dtype = common::DataType::kUint8;
     std::vector<int64_t> shape;
     const void* data = nullptr;
+    int device = -1;          // send: the CUDA tensor's; receive: the device that reads one
+    bool on_device = false;   // receive: a CUDA tensor's result stays on `device`
+    ReadyEvent ready;         // a CUDA send: its producer's stream at submission
+    std::shared_ptr<const std::string> payload;  // a CUDA send's frame: its DeviceMessage
+    bool copied = false;      // a CUDA send: its staging copy finished
     Clock::time_point since;  // posted, or last progress on its channel
     std::string span;         // its timeline span's name; empty when none was recorded
   };
   struct Arrived {  // a message no receive has matched yet
     int64_t tag;
     transport::PeerMessage message;
+    transport::DeviceMessage device;  // a kDevice message's
   };
   struct PerPeer {
     std::deque<Op> sending;      // queued on the channel, in order
+    std::deque<Op> staged;       // CUDA sends written, their copies still running
     std::deque<Op> receiving;    // posted receives, in order
+    std::deque<Op> reading;      // receives of CUDA tensors whose copies run
     std::deque<Arrived> arrived;  // unmatched messages, in arrival order
+    std::deque<std::string> receipts;  // kDeviceRead payloads queued on the channel, in order
   };
 
   common::Status submit(Op op, bool caller_waits, bool wake, int64_t* handle);
@@ -100,6 +136,13 @@ class PeerOps {
   common::Status progressPeer(int peer, Clock::time_point now, bool* moved);
   void match(PerPeer& p);
   void completeRecv(const Op& op, transport::PeerMessage message);
+  void stageDeviceSend(Op& op);          // Note [Device point-to-point] B
+  void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
+  void sendReceipt(int peer, uint64_t sequence);
+  common::Status arrive(int peer, PerPeer& p, transport::PeerMessage message);
+  common::Status progressDevice();
+  void completeSend(const Op& op);
+  void fail(const Op& op, const common::Status& status);  // this op alone
   void timeOut(PerPeer& p, Clock::time_point now);
   void listen(int delta);  // a receive opened (+1) or completed (-1)
   void startSpan(Op& op);
@@ -111,6 +154,7 @@ class PeerOps {
   Metrics& metrics_;
   timeline::Timeline* timeline_;
   const std::chrono::duration<double> timeout_;
+  const bool cuda_ipc_;
 
   mutable std::mutex mutex_;  // guards submitted_ and failure_
   std::vector<Op> submitted_;
@@ -123,6 +167,8 @@ class PeerOps {
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;
   std::vector<transport::PeerMessage> received_;
+  DevicePeerOps device_;
+  std::vector<DevicePeerOps::Done> device_done_;
 };
 
 }  // namespace hvd::runtime

@@ -106,4 +106,22 @@ void ReadyEvent::reset() {
   event_ = nullptr;
 }
 
+
+Status refuseGraphCapture(uintptr_t stream, std::string_view what) {
+  const nccl::CudaApi* cuda = nccl::cudaApi();
+  if (cuda == nullptr) return Status::ok();
+  int capture = nccl::kCudaStreamCaptureStatusNone;
+  const int rc = cuda->streamIsCapturing(reinterpret_cast<nccl::CudaStream>(stream), &capture);
+  const bool capturing = rc == nccl::kCudaErrorStreamCaptureImplicit ||
+                         (rc == nccl::kCudaSuccess &&
+                          capture != nccl::kCudaStreamCaptureStatusNone);
+  if (!capturing) return Status::ok();
+  return common::invalidArgument(
+      std::string(what) + ": the tensor's CUDA stream is capturing a CUDA graph "
+      "(torch.cuda.graph); a collective cannot be captured, because the core runs it on its own "
+      "thread and streams, outside any replay. Run hvd ops outside the captured region: capture "
+      "the forward and backward passes, then allreduce the gradients (or step the "
+      "DistributedOptimizer) after graph.replay()");
+}
+
 }  // namespace hvd::runtime

@@ -6,6 +6,9 @@
 // thread: the pool is locked. It lives for the whole process (events outlive one init()).
 #pragma once
 
+#include <cstdint>
+#include <string_view>
+
 #include "common/status.h"
 #include "transport/nccl/api.h"
 
@@ -32,5 +35,10 @@ class ReadyEvent {
   transport::nccl::CudaEvent event_ = nullptr;
   int device_ = -1;
 };
+
+// Note [Graph capture] (runtime/enqueue_checks.cc): an InvalidArgument naming `what` when the
+// producer's `stream` (0: the legacy stream) is capturing a CUDA graph; OK otherwise, and when
+// the CUDA runtime is not loaded (recording the ready event then says how to load it).
+common::Status refuseGraphCapture(uintptr_t stream, std::string_view what);
 
 }  // namespace hvd::runtime

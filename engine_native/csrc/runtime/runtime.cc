@@ -266,17 +266,21 @@ bool Runtime::drive(int64_t handle) {
   return loop && loop->drive(handle);
 }
 
-Status Runtime::send(int peer, int64_t tag, common::DataType dtype, std::vector<int64_t> shape,
-                     const void* data, bool wait_now, int64_t* handle) {
+Status Runtime::send(PeerSend send, bool wait_now, int64_t* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
-  return loop_->submitSend(peer, tag, dtype, std::move(shape), data, wait_now, handle);
+  return loop_->submitSend(std::move(send), wait_now, handle);
 }
 
-Status Runtime::recv(int peer, int64_t tag, bool wait_now, int64_t* handle) {
+Status Runtime::recv(const PeerRecv& recv, bool wait_now, int64_t* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) return common::invalidArgument(std::string(kNotInitialized));
-  return loop_->submitRecv(peer, tag, wait_now, handle);
+  return loop_->submitRecv(recv, wait_now, handle);
+}
+
+std::string Runtime::peerCudaRoute(int peer) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return loop_ ? loop_->peerCudaRoute(peer) : "";
 }
 
 Status Runtime::addProcessSet(std::vector<int> ranks, int32_t* id) {

@@ -73,9 +73,10 @@ class Runtime {
   // stay valid until the handle completes; a receive's handle completes with the message
   // (OpResult: buffer, shape, dtype). wait_now: the caller blocks on the handle at once and
   // drives it (Note [Point-to-point] E).
-  common::Status send(int peer, int64_t tag, common::DataType dtype, std::vector<int64_t> shape,
-                      const void* data, bool wait_now, int64_t* handle);
-  common::Status recv(int peer, int64_t tag, bool wait_now, int64_t* handle);
+  common::Status send(PeerSend send, bool wait_now, int64_t* handle);
+  common::Status recv(const PeerRecv& recv, bool wait_now, int64_t* handle);
+  // PeerOps::cudaRoute: "ipc", "staged", or "" (no channel to `peer`).
+  std::string peerCudaRoute(int peer) const;
   common::Status addProcessSet(std::vector<int> ranks, int32_t* id);
   common::Status removeProcessSet(int32_t id);
   std::optional<std::vector<int>> processSetRanks(int32_t id) const;

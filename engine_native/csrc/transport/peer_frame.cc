@@ -23,6 +23,7 @@ std::string encodePeerHeader(const PeerFrame& frame) {
   std::string header;
   common::ByteWriter w(&header);
   w.u32(kPeerFrameMagic);
+  w.u8(static_cast<uint8_t>(frame.kind));
   w.i64(frame.tag);
   w.u8(static_cast<uint8_t>(frame.dtype));
   w.i64s(frame.shape);
@@ -40,9 +41,14 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   };
   common::ByteReader in(data, size);
   uint32_t magic = 0;
-  uint8_t dtype = 0;
+  uint8_t kind = 0, dtype = 0;
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
+  if (!in.u8(&kind)) return bad(in.error());
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kDeviceRead)) {
+    return bad("unknown kind " + std::to_string(kind));
+  }
+  out->kind = static_cast<PeerFrameKind>(kind);
   if (!in.i64(&out->tag) || !in.u8(&dtype)) return bad(in.error());
   if (!common::isValidDataType(dtype)) return bad("unknown dtype code " + std::to_string(dtype));
   out->dtype = static_cast<common::DataType>(dtype);
@@ -53,11 +59,69 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   }
   uint64_t expected = 0;
   if (!peerPayloadBytes(out->dtype, out->shape, &expected)) return bad("shape too large");
+  if (out->kind == PeerFrameKind::kDevice) {
+    expected = kDeviceMessageBytes;  // the tensor's bytes stay on the sender's device
+  } else if (out->kind == PeerFrameKind::kDeviceRead) {
+    if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag != 0) {
+      return bad("a read receipt with dims, a dtype or a tag");
+    }
+    expected = kDeviceReadBytes;
+  }
   if (expected != out->bytes) {
     return bad("payload of " + std::to_string(out->bytes) + " bytes for a shape of " +
                std::to_string(expected));
   }
   if (in.remaining() != 0) return bad(std::to_string(in.remaining()) + " trailing bytes");
+  return Status::ok();
+}
+
+std::string encodeDeviceMessage(const DeviceMessage& message) {
+  std::string out;
+  common::ByteWriter w(&out);
+  w.u64(message.sequence);
+  w.u64(message.segment);
+  w.u64(message.segment_bytes);
+  w.u64(message.base_offset);
+  w.u64(message.offset);
+  w.bytes(message.memory, sizeof(message.memory));
+  w.bytes(message.event, sizeof(message.event));
+  return out;
+}
+
+Status decodeDeviceMessage(const void* data, size_t size, uint64_t tensor_bytes,
+                           DeviceMessage* out) {
+  const auto bad = [](const std::string& what) {
+    return common::internalError("malformed device message: " + what);
+  };
+  if (size != kDeviceMessageBytes) return bad(std::to_string(size) + " bytes");
+  common::ByteReader in(data, size);
+  if (!in.u64(&out->sequence) || !in.u64(&out->segment) || !in.u64(&out->segment_bytes) ||
+      !in.u64(&out->base_offset) || !in.u64(&out->offset) ||
+      !in.bytes(out->memory, sizeof(out->memory)) || !in.bytes(out->event, sizeof(out->event))) {
+    return bad(in.error());
+  }
+  if (out->offset > out->segment_bytes || tensor_bytes > out->segment_bytes - out->offset) {
+    return bad(std::to_string(tensor_bytes) + " bytes at offset " +
+               std::to_string(out->offset) + " of a " + std::to_string(out->segment_bytes) +
+               "-byte segment");
+  }
+  if (out->base_offset > kMaxPeerPayloadBytes) return bad("segment offset out of range");
+  return Status::ok();
+}
+
+std::string encodeDeviceRead(uint64_t sequence) {
+  std::string out;
+  common::ByteWriter w(&out);
+  w.u64(sequence);
+  return out;
+}
+
+Status decodeDeviceRead(const void* data, size_t size, uint64_t* sequence) {
+  common::ByteReader in(data, size);
+  if (size != kDeviceReadBytes || !in.u64(sequence)) {
+    return common::internalError("malformed device read receipt: " + std::to_string(size) +
+                                 " bytes");
+  }
   return Status::ok();
 }
 

@@ -1,10 +1,19 @@
 // The header of one point-to-point message (transport/peer_channel.h): what a receiver needs
-// to take a message it did not size in advance — its tag, dtype and shape — and the payload
-// length, checked against them. Encoded with common/byte_codec.h; decoded from bytes another
-// process wrote, so every field is checked before it is used. Any thread (no shared state).
+// to take a message it did not size in advance — its kind, tag, dtype and shape — and the
+// payload length, checked against them. Encoded with common/byte_codec.h; decoded from bytes
+// another process wrote, so every field is checked before it is used. Any thread (no shared
+// state).
 //
 //   frame = u32 header bytes | header | payload
-//   header = u32 magic 'HVDP' | i64 tag | u8 dtype | u32 ndim, ndim x i64 dims | u64 payload bytes
+//   header = u32 magic 'HVDP' | u8 kind | i64 tag | u8 dtype | u32 ndim, ndim x i64 dims |
+//            u64 payload bytes
+//
+// Kinds (Note [Device point-to-point] in runtime/device_peer_ops.cc has the device ones):
+//   kHost: the payload is the tensor's bytes (dtype x shape).
+//   kDevice: a CUDA tensor staged in the sender's exported device memory; the payload is a
+//     DeviceMessage (below) saying where, and dtype x shape the tensor's bytes there.
+//   kDeviceRead: the receiver finished copying device message `sequence` out (the payload, a
+//     u64); the sender may reuse that memory. No dims, dtype uint8, tag 0.
 #pragma once
 
 #include <cstddef>
@@ -18,16 +27,37 @@
 namespace hvd::transport {
 
 constexpr uint32_t kPeerFrameMagic = 0x50445648;  // "HVDP" little-endian
-constexpr size_t kMaxPeerHeaderBytes = 1024;      // 4 + 8 + 1 + 4 + 8 x 100 dims + 8
+constexpr size_t kMaxPeerHeaderBytes = 1024;  // 4 + 1 + 8 + 1 + 4 + 8 x 100 dims + 8
 constexpr uint32_t kMaxPeerDims = 100;
 constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 
+enum class PeerFrameKind : uint8_t { kHost = 0, kDevice = 1, kDeviceRead = 2 };
+
 struct PeerFrame {
+  PeerFrameKind kind = PeerFrameKind::kHost;
   int64_t tag = 0;
   common::DataType dtype = common::DataType::kUint8;
   std::vector<int64_t> shape;
-  uint64_t bytes = 0;  // = product(shape) x dtype size
+  uint64_t bytes = 0;  // the payload's: kHost product(shape) x dtype size; see the kinds
 };
+
+// Where a kDevice message's bytes wait: at `offset` in the sender's exported segment
+// `segment` (`segment_bytes` long, opened from `memory` at `base_offset` into the block the
+// handle maps: Note [IPC sub-allocation] in transport/cuda/ipc_peers.cc), final once `event`
+// (an interprocess event) fired. `sequence` numbers the sender's device messages to this
+// receiver; the kDeviceRead frame names it.
+struct DeviceMessage {
+  uint64_t sequence = 0;
+  uint64_t segment = 0;
+  uint64_t segment_bytes = 0;
+  uint64_t base_offset = 0;
+  uint64_t offset = 0;
+  char memory[64] = {};  // cudaIpcMemHandle_t
+  char event[64] = {};   // cudaIpcEventHandle_t
+};
+constexpr uint64_t kDeviceMessageBytes = 5 * 8 + 64 + 64;
+constexpr uint64_t kDeviceReadBytes = 8;
+
 
 // The whole frame prefix: u32 header bytes, then the header. The payload follows it.
 std::string encodePeerHeader(const PeerFrame& frame);
@@ -37,7 +67,17 @@ std::string encodePeerHeader(const PeerFrame& frame);
 bool peerPayloadBytes(common::DataType dtype, const std::vector<int64_t>& shape, uint64_t* bytes);
 
 // Decodes a header (the bytes after its u32 length). kInternal naming the first bad field:
-// magic, dtype, dims (count, negative, overflow), or a payload length that disagrees with them.
+// magic, kind, dtype, dims (count, negative, overflow), or a payload length that disagrees
+// with them.
 common::Status decodePeerHeader(const void* data, size_t size, PeerFrame* out);
+
+// A kDevice frame's payload, and a kDeviceRead frame's.
+std::string encodeDeviceMessage(const DeviceMessage& message);
+// kInternal unless `size` is kDeviceMessageBytes and the tensor's `tensor_bytes` lie inside
+// the segment (offset + bytes <= segment_bytes, without overflow).
+common::Status decodeDeviceMessage(const void* data, size_t size, uint64_t tensor_bytes,
+                                   DeviceMessage* out);
+std::string encodeDeviceRead(uint64_t sequence);
+common::Status decodeDeviceRead(const void* data, size_t size, uint64_t* sequence);
 
 }  // namespace hvd::transport

@@ -1,0 +1,92 @@
+// DevicePeerOps: the CUDA half of point-to-point between ranks of one host (issue #36). A
+// send copies the tensor into device memory of its own that it exported to the receiver
+// (transport/cuda/ipc_messages.h) and the message says where; the receiver copies it out on
+// its stream once the sender's event fired, then tells the sender, which reuses the memory.
+// Note [Device point-to-point] in device_peer_ops.cc has the rules. Owned by PeerOps, which
+// moves the frames; background thread only (whoever holds the loop's progress lock).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "runtime/device_loop_wake.h"
+#include "runtime/handle_table.h"
+#include "transport/cuda/ipc_messages.h"
+#include "transport/nccl/device_stream.h"
+#include "transport/peer_frame.h"
+
+namespace hvd::runtime {
+
+class DevicePeerOps {
+ public:
+  // wake_fd: the loop's eventfd, written by the driver when queued copies finished.
+  DevicePeerOps(int wake_fd, double timeout_seconds);
+  ~DevicePeerOps();  // waits (bounded) for the streams, closes imports; keeps exports
+  DevicePeerOps(const DevicePeerOps&) = delete;
+  DevicePeerOps& operator=(const DevicePeerOps&) = delete;
+
+  // Sender: on `device`'s stream, waits for `ready` (the producer), copies `bytes` (> 0) from
+  // `data` into the memory staged for `peer`, records the message's event; fills *message.
+  // poll() reports `id` once the copy finished (the tensor is free again). `what` names the
+  // op in errors.
+  common::Status stage(int peer, int device, transport::nccl::CudaEvent ready, const void* data,
+                       uint64_t bytes, uint64_t id, const std::string& what,
+                       transport::DeviceMessage* message);
+  // The receiver read `peer`'s message `sequence` (its kDeviceRead frame came).
+  void released(int peer, uint64_t sequence);
+
+  // Receiver: copies `message` (`bytes` > 0) from `peer` into a new output, on `device` when
+  // `on_device`, else in host memory (the copy runs on `device`'s stream either way).
+  // poll() reports `id` with the output.
+  common::Status read(int peer, const transport::DeviceMessage& message, uint64_t bytes,
+                      int device, bool on_device, uint64_t id, const std::string& what);
+
+  struct Done {
+    uint64_t id = 0;
+    std::shared_ptr<OutputBuffer> output;  // a read's
+  };
+  // Appends the finished copies, in queue order per stream. Non-OK when one made no progress
+  // for HVD_TIMEOUT: the rank fails with it (its stream waits on something that never comes).
+  common::Status poll(std::vector<Done>* done);
+  bool busy() const { return !copies_.empty(); }
+  // The rank failed: forgets the copies in flight, after waiting a bounded time for them.
+  void abandon();
+
+ private:
+  struct PerDevice {
+    std::unique_ptr<transport::nccl::DeviceStream> stream;
+    std::map<int, std::unique_ptr<transport::cuda::StagingRing>> rings;   // by peer
+    std::map<int, std::unique_ptr<transport::cuda::IpcImports>> imports;  // by peer
+  };
+  struct Copy {
+    uint64_t id = 0;
+    std::string what;
+    transport::nccl::DeviceStream* stream = nullptr;
+    transport::nccl::CudaEvent done = nullptr;
+    bool pooled = false;  // `done` is the stream's pooled event (released after), else a ring's
+    // A host read's first phase: the sender's bytes are final; the copy out comes next.
+    bool gated = false;
+    const uint8_t* source = nullptr;
+    std::shared_ptr<OutputBuffer> output;
+    std::chrono::steady_clock::time_point since;
+  };
+
+  common::Status device(int ordinal, PerDevice** out);
+  common::Status queueDone(Copy copy);  // records copy.done (pooled) and asks for a wake
+  common::Status copyOut(Copy& copy);   // a gated host read's second phase
+  void drain();
+
+  LoopWake wake_;
+  const std::chrono::duration<double> timeout_;
+  std::map<int, PerDevice> devices_;
+  std::map<int, uint64_t> next_sequence_;  // by peer
+  std::deque<Copy> copies_;  // in queue order
+};
+
+}  // namespace hvd::runtime

@@ -1,0 +1,168 @@
+"""Point-to-point of CUDA tensors between ranks of one host, by CUDA IPC (Note [Device
+point-to-point] in engine_native/csrc/runtime/device_peer_ops.cc), on the fake CUDA runtime
+(tests/fakecuda: memfd-backed device memory a peer maps, interprocess events). NumPy arrays
+stand for CUDA tensors of device 0, as in test_device_ipc.py.
+
+Covered: every dtype and size both ways at once, results on the device and in host memory;
+tags taken out of order; more bytes in flight than the first staging segment holds (it grows,
+nothing waits for a receive), and released memory reused; the producer's stream order (a send submitted behind a held
+kernel reads what that kernel writes); a receive that names no device refused on its rank
+alone; HVD_GPU_PATH=staged refusing the IPC route; the peers' mappings closed at shutdown;
+and a copy that never finishes failing both ranks within HVD_TIMEOUT instead of hanging.
+"""
+import time
+
+import numpy as np
+from fakecuda.fixtures import fake_cuda as _fake_cuda
+
+from multiproc import checks, device_ops
+from multiproc.checks import ALL_DTYPES, Failures
+from multiproc.harness import run_ranks
+
+import engine_native as hvd_module
+from engine_native import _core, _dtypes
+
+fake_cuda = _fake_cuda  # the session fixture, under its name
+LARGE = (3 << 20) + 5    # bytes: past the first 1 MiB staging segment
+
+
+def send(x, peer, tag, stream=0, wait_now=False):
+    code = _dtypes.numpy_code(x.dtype, "send", str(tag))
+    return _core.p2p_send(peer, tag, code, x.shape, x.ctypes.data, wait_now, 0, stream)
+
+
+def receive(peer, tag, on_device=True, device=0):
+    """The message as a NumPy array, and the device its result was on (-1: host memory)."""
+    buffer, shape, code = _core.wait(_core.p2p_recv(peer, tag, True, device, on_device))
+    dtype = _dtypes.numpy_dtype(code)
+    if buffer.device >= 0:
+        return device_ops.device_array(buffer, shape, dtype), buffer.device
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy(), -1
+
+
+def exchange_suite():
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    fails = Failures()
+    me = hvd.rank()
+    peer = 1 - me
+    fails.expect("route", _core.p2p_cuda_route(peer) == "ipc", _core.p2p_cuda_route(peer))
+    k = 0
+    for dtype in ALL_DTYPES:
+        for shape in ((), (0,), (1,), (1001,), (7, 3, 5), (LARGE // dtype.itemsize,)):
+            k += 1
+            name = f"dp2p.{dtype}.{shape}"
+            x = checks.make_input(dtype, shape, me, name)
+            handle = send(x, peer, k)  # both ranks send first: a send never waits
+            on_device = k % 2 == 0
+            got, where = receive(peer, k, on_device)
+            _core.wait(handle)
+            want = checks.make_input(dtype, shape, peer, name)
+            fails.check(name, None if got.dtype == want.dtype and got.shape == want.shape and
+                        np.array_equal(got, want) else f"got {got.dtype} {got.shape}")
+            if x.size:
+                fails.expect(f"{name}: result on {'device' if on_device else 'host'}",
+                             where == (0 if on_device else -1), where)
+    # Tags out of order, and four messages in flight (2.8 MiB) before any receive: the ring
+    # grows rather than wait.
+    rows = [np.full(700 << 10, r, np.uint8) for r in range(4)]
+    if me == 0:
+        handles = [send(rows[r], 1, 100 + r) for r in range(4)]
+        hvd.barrier()
+        for h in handles:
+            _core.wait(h)
+    else:
+        hvd.barrier()
+        for r in (3, 1, 0, 2):
+            got, _ = receive(0, 100 + r)
+            fails.expect(f"out of order: tag {100 + r}", np.array_equal(got, rows[r]))
+    # Stream order: the producer's kernel is held and writes the tensor after the send was
+    # submitted; the copy waits for it (Note [Device point-to-point] B).
+    pattern = np.arange(4096, dtype=np.float32) * (me + 2)
+    x = np.zeros_like(pattern)
+    producer = f.stream()
+    token = f.cuda.fakeCudaLaunchBlocker(producer)
+    f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, pattern.ctypes.data, x.nbytes, 4, producer))
+    handle = send(x, peer, 200, stream=producer)
+    f.settled(producer)
+    fails.expect("held producer: send pending", not _core.poll(handle))
+    f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    got, _ = receive(peer, 200)
+    _core.wait(handle)
+    fails.expect("stream order", np.array_equal(got, np.arange(4096, dtype=np.float32) *
+                                                 (peer + 2)), got[:4])
+    # Released rooms are reused: a steady exchange allocates nothing more (C).
+    block = np.full(700 << 10, me, np.uint8)
+    for _ in range(2):
+        handle = send(block, peer, 400)
+        receive(peer, 400)
+        _core.wait(handle)
+    allocated = f.cuda.fakeCudaLiveAllocations()
+    for _ in range(12):
+        handle = send(block, peer, 400)
+        receive(peer, 400)
+        _core.wait(handle)
+    fails.expect("staging reused", f.cuda.fakeCudaLiveAllocations() == allocated,
+                 (allocated, f.cuda.fakeCudaLiveAllocations()))
+    # A receive with no device for a CUDA tensor: an error on this rank; the next one works.
+    handle = send(np.ones(8, np.int32), peer, 300)
+    fails.expect_raises("no device", ValueError, lambda: receive(peer, 300, device=-1),
+                        "names no CUDA device")
+    handle2 = send(np.full(8, 9, np.int32), peer, 301)
+    got, _ = receive(peer, 301)
+    fails.expect("after the refused receive", np.array_equal(got, np.full(8, 9, np.int32)))
+    _core.wait(handle)
+    _core.wait(handle2)
+    counts = hvd.metrics()
+    fails.expect("nothing pending", not counts["pending"], counts["pending"])
+    hvd.shutdown()
+    fails.expect("mappings closed", f.cuda.fakeCudaLiveIpcMappings() == 0,
+                 f.cuda.fakeCudaLiveIpcMappings())
+    return fails.raise_if_any()
+
+
+def test_cuda_tensors_between_ranks_of_one_host(fake_cuda):
+    run_ranks(exchange_suite, 2, timeout=180, **device_ops.rank_envs(fake_cuda, 2, True,
+                                                                     ipc=True))
+
+
+def stuck_suite():
+    """Rank 0's producer never finishes: rank 1's copy waits on its event, and both ranks fail
+    within HVD_TIMEOUT (Note [Device point-to-point] F). Rank 1 runs HVD_GPU_PATH=staged: its
+    own CUDA sends are refused (it would stage them through host memory)."""
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    me = hvd.rank()
+    out = {}
+    if me == 1:
+        out["route"] = _core.p2p_cuda_route(0)
+        try:
+            send(np.ones(4, np.float32), 0, 1)
+        except ValueError as exc:
+            out["staged refusal"] = "HVD_GPU_PATH=staged" in str(exc)
+    producer = f.stream()
+    token = f.cuda.fakeCudaLaunchBlocker(producer) if me == 0 else 0
+    x = np.ones(1024, np.float32)
+    start = time.monotonic()
+    try:
+        if me == 0:
+            _core.wait(send(x, 1, 5, stream=producer))
+        else:
+            receive(0, 5)
+        out["error"] = None
+    except hvd_module.HorovodInternalError as exc:
+        out["error"] = str(exc)
+    out["seconds"] = time.monotonic() - start
+    if token:
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    return out
+
+
+def test_a_copy_that_never_finishes_fails_both_ranks(fake_cuda):
+    kwargs = device_ops.rank_envs(fake_cuda, 2, True, {"HVD_TIMEOUT": "3"}, ipc=True)
+    kwargs["rank_env"][1]["HVD_GPU_PATH"] = "staged"
+    results = [r.value for r in run_ranks(stuck_suite, 2, timeout=120, **kwargs)]
+    assert results[1]["route"] == "staged" and results[1]["staged refusal"], results[1]
+    for rank, r in enumerate(results):
+        assert r["error"] and r["seconds"] < 3 + 10, (rank, r)
+    assert "did not finish" in results[1]["error"], results[1]["error"]
