@@ -26,6 +26,13 @@ And issue #19's (ranks sharing one GPU over CUDA IPC, reductions on the device):
                Targets: 4 B ≤ 100 µs, step ≥ 2× DDP-gloo. ``--dry-run`` checks its control
                flow without a GPU (fake rank results; the daemon really started and stopped).
 
+And issue #36's (point-to-point between two pipeline stages sharing the GPU):
+
+  p2p          ping-pong of CUDA tensors at 1/16/64 MiB between 2 ranks on one GPU, each
+               received onto the GPU: ours by CUDA IPC (the core's route within a host), ours
+               staged (HVD_GPU_PATH=staged) and gloo (.cpu(), send, recv, .cuda()); GB/s of
+               one hop (bytes / half a round trip). Target: ≥ 50 GB/s from 1 MiB (ours, IPC).
+
 The staged case forces HVD_GPU_PATH=staged for ours, so it still measures the staged path.
 
     python benchmarks/bench_gpu.py                      # everything, table on stdout
@@ -42,11 +49,11 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]  # engine_native; the ranks' file when loaded by path
-from bench_gpu_ranks import rank_allreduce, rank_latency, rank_step, run
+from bench_gpu_ranks import rank_allreduce, rank_latency, rank_p2p, rank_step, run
 
 MIB = 1 << 20
 TARGETS = {"latency": 1.5, "staged": 3.0, "step": 2.0, "ipc": 50.0, "ipc_latency": 100.0,
-           "ipc_mps_latency": 100.0, "ipc_mps_step": 2.0}
+           "ipc_mps_latency": 100.0, "ipc_mps_step": 2.0, "p2p": 50.0}
 AT_MOST = ("latency", "ipc_latency", "ipc_mps_latency")  # targets that are ceilings
 
 
@@ -227,6 +234,26 @@ def case_ipc_mps(args, run=None):
     return ("2 ranks sharing one GPU under MPS (hvd_magic.launch.mps)", rows, verdicts)
 
 
+def case_p2p(args):
+    rows, worst = [], None
+    for nbytes in (1 * MIB, 16 * MIB, 64 * MIB):
+        iters = 50 if nbytes <= 16 * MIB else 20
+
+        def hop_gbps(results):  # rank 0's round trips: two hops each
+            return nbytes / (statistics.median(results[0]["times"]) / 2) / 1e9
+
+        ipc = hop_gbps(run(rank_p2p, 2, "ours", nbytes, iters))
+        staged = hop_gbps(run(rank_p2p, 2, "ours", nbytes, iters,
+                              env={"HVD_GPU_PATH": "staged"}))
+        gloo = hop_gbps(run(rank_p2p, 2, "gloo", nbytes, iters))
+        rows.append((f"{nbytes // MIB} MiB", f"ours (cuda-ipc) {ipc:.2f} GB/s",
+                     f"ours (staged) {staged:.2f} GB/s", f"gloo (.cpu/.cuda) {gloo:.2f} GB/s",
+                     f"{ipc / gloo:.1f}× gloo"))
+        worst = ipc if worst is None else min(worst, ipc)
+    return "point-to-point of CUDA tensors, 2 ranks sharing one GPU, one hop", rows, (
+        "p2p", worst, "ours (cuda-ipc), the least GB/s of 1/16/64 MiB (≥ 50)")
+
+
 def _dry_results(fn, size, system, *rest, env=None):
     """--dry-run: what each rank body would return, without a GPU."""
     if fn is rank_latency:
@@ -250,7 +277,7 @@ def describe():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="latency,ipc_latency,ipc,staged,step",
+    parser.add_argument("--cases", default="latency,ipc_latency,ipc,staged,step,p2p",
                         help="comma-separated; ipc_mps (under an MPS daemon) only when named")
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=40)
@@ -268,7 +295,8 @@ def main():
                         "made-up rank results, no GPU needed; its figures mean nothing")
     args = parser.parse_args()
     cases = {"latency": case_latency, "staged": case_staged, "step": case_step,
-             "ipc": case_ipc, "ipc_latency": case_ipc_latency, "ipc_mps": case_ipc_mps}
+             "ipc": case_ipc, "ipc_latency": case_ipc_latency, "ipc_mps": case_ipc_mps,
+             "p2p": case_p2p}
     if args.dry_run:
         if args.cases != "ipc_mps":
             parser.error("--dry-run runs --cases ipc_mps only")

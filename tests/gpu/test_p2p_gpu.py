@@ -1,6 +1,8 @@
-"""Point-to-point and pipelines on CUDA tensors, on a real GPU (Note [Staged point-to-point]
-in engine_native/torch/p2p_ops.py: through host memory). Two ranks share the first visible
-GPU: CUDA tensors of every size arrive equal, new on a device or into a device tensor; a send
+"""Point-to-point and pipelines on CUDA tensors, on a real GPU (Note [Device point-to-point] in
+the core: by CUDA IPC between ranks of one host; Note [Staged point-to-point] in
+engine_native/torch/p2p_ops.py: through host memory with HVD_GPU_PATH=staged). Two ranks
+share the first visible GPU: CUDA tensors of every size arrive equal, new on a device, in
+host memory or into a device tensor, by either route; a send
 right behind a long kernel on the current stream sends that kernel's result (the stream
 contract); autograd pairs bring the gradient back to the sender's device; GPipe and 1F1B over
 two stages on the GPU train like one process. Marker ``gpu``.
@@ -23,7 +25,7 @@ def _init():
     return torch, hvd
 
 
-def rank_messages():
+def rank_messages(expected_warning):
     import warnings
 
     torch, hvd = _init()
@@ -36,6 +38,7 @@ def rank_messages():
             if r == 0:
                 hvd.send(x, 1, tag=i)
                 hvd.isend(x, 1, tag=i).wait()
+                hvd.send(x, 1, tag=i)
             else:
                 got = hvd.recv(0, tag=i, device="cuda")
                 out = torch.empty(shape, dtype=dtype, device="cuda")
@@ -43,6 +46,9 @@ def rank_messages():
                 if not (got.is_cuda and torch.equal(got, x) and filled is out
                         and torch.equal(out, x)):
                     wrong.append((str(dtype), shape))
+                on_host = hvd.recv(0, tag=i)  # this process's current device reads it
+                if on_host.is_cuda or not torch.equal(on_host, x.cpu()):
+                    wrong.append(("host", str(dtype), shape))
         # the stream contract: a kernel queued behind a long one on the current stream
         y = torch.zeros(1 << 20, device="cuda")
         if r == 0:
@@ -53,16 +59,19 @@ def rank_messages():
             got = hvd.recv(0, tag=10, device="cuda")
             if not bool((got == 7.0).all()):
                 wrong.append("the send did not wait for the kernel that wrote its tensor")
-    staged = [w for w in caught if "copied through host memory" in str(w.message)]
+    warned = [w for w in caught if expected_warning in str(w.message)]
     hvd.shutdown()
-    return wrong, len(staged)
+    return wrong, len(warned)
 
 
-def test_cuda_tensors_arrive_equal_and_in_stream_order():
-    for res in run_ranks(rank_messages, 2, env=_env(), timeout=300):
+@pytest.mark.parametrize("route, warning", [("ipc", "go by CUDA IPC"),
+                                            ("staged", "copied through host memory")])
+def test_cuda_tensors_arrive_equal_and_in_stream_order(route, warning):
+    env = dict(_env(), **({"HVD_GPU_PATH": "staged"} if route == "staged" else {}))
+    for res in run_ranks(rank_messages, 2, env=env, timeout=300, args=(warning,)):
         wrong, warned = res.value
         assert wrong == [], (res.rank, wrong)
-        assert warned == 1, (res.rank, warned)  # once per process
+        assert warned == (1 if res.rank == 0 or route == "staged" else 0), (res.rank, warned)
 
 
 def rank_pipeline():

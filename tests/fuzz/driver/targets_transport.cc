@@ -383,15 +383,67 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(3) : 0);
+      if (frame.kind == transport::PeerFrameKind::kDeviceRead) {  // a receipt
+        frame.bytes = transport::kDeviceReadBytes;
+        s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
+        continue;
+      }
       frame.tag = static_cast<int64_t>(rng.below(1000));
       frame.dtype = static_cast<common::DataType>(rng.below(common::kNumDataTypes));
       for (uint64_t d = rng.below(4); d > 0; --d) {
         frame.shape.push_back(static_cast<int64_t>(rng.below(rng.chance(8) ? 300 : 6)));
       }
       transport::peerPayloadBytes(frame.dtype, frame.shape, &frame.bytes);
+      if (frame.kind == transport::PeerFrameKind::kDevice) {
+        frame.bytes = transport::kDeviceMessageBytes;  // the tensor stays on the device
+      }
       s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
     }
     seeds.push_back(s);
+  }
+  return seeds;
+}
+
+// A kDevice frame's payload (runtime/peer_ops.cc decodes it on arrival): the input is a u64
+// tensor size, then the payload. Accepted means the tensor lies inside the claimed segment and
+// the message encodes back to the same bytes; a receipt decodes only from its 8 bytes.
+Outcome deviceMessages(const std::string& input) {
+  common::ByteReader in(input.data(), input.size());
+  uint64_t tensor_bytes = 0;
+  if (!in.u64(&tensor_bytes)) return rejected();
+  const char* payload = input.data() + 8;
+  const size_t size = input.size() - 8;
+  uint64_t sequence = 0;
+  const Status read = transport::decodeDeviceRead(payload, size, &sequence);
+  if (read.isOk() != (size == transport::kDeviceReadBytes)) return failed("receipt size");
+  transport::DeviceMessage m;
+  const Status s = transport::decodeDeviceMessage(payload, size, tensor_bytes, &m);
+  if (!s.isOk()) return s.code() == Code::kInternal ? rejected() : unexpected(s);
+  if (m.offset > m.segment_bytes || tensor_bytes > m.segment_bytes - m.offset) {
+    return failed("accepted a tensor outside its segment");
+  }
+  if (transport::encodeDeviceMessage(m) != std::string(payload, size)) {
+    return failed("the message encodes to other bytes");
+  }
+  return accepted();
+}
+
+std::vector<std::string> deviceMessageSeeds(Rng& rng) {
+  std::vector<std::string> seeds;
+  for (int i = 0; i < 12; ++i) {
+    transport::DeviceMessage m;
+    m.sequence = rng.below(100);
+    m.segment = rng.below(8);
+    m.segment_bytes = uint64_t{1} << (20 + rng.below(4));
+    m.base_offset = rng.chance(4) ? 4096 * rng.below(16) : 0;
+    m.offset = rng.below(m.segment_bytes) & ~uint64_t{255};
+    const uint64_t tensor_bytes =
+        rng.chance(4) ? m.segment_bytes + 1 : rng.below(m.segment_bytes - m.offset + 1);
+    std::string s;
+    common::ByteWriter w(&s);
+    w.u64(tensor_bytes);
+    seeds.push_back(s + transport::encodeDeviceMessage(m));
   }
   return seeds;
 }
@@ -418,6 +470,8 @@ void addTransportTargets(std::vector<Target>* out) {
                   peerFrameSeeds, peerFrames});
   out->push_back({"peer_frames_shm", "transport::PeerChannel::receive over a ring (RingStream)",
                   peerFrameSeeds, peerFramesShm});
+  out->push_back({"device_messages", "transport::decodeDeviceMessage and decodeDeviceRead",
+                  deviceMessageSeeds, deviceMessages});
 }
 
 }  // namespace hvd::fuzz
