@@ -1,15 +1,9 @@
 """Broadcasting variables and Python objects (Horovod's ``horovod.tensorflow.functions``)."""
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
-try:
-    import cloudpickle as _pickle
-except ImportError:  # pragma: no cover - cloudpickle is a dependency; plain pickle as a fallback
-    import pickle as _pickle
-
-from engine_native import basics, numpy_ops
+from engine_native import numpy_ops, objects
 from engine_native.basics import global_process_set
 from engine_native.tensorflow import graph, tensors
 from engine_native.tensorflow.mpi_ops import check_call
@@ -46,25 +40,11 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
-    """``root_rank``'s ``obj`` (serialized with cloudpickle) on every rank. Eager only;
-    ``session`` is accepted for compatibility (TF1) and ignored."""
-    name = name or type(obj).__name__
-    is_root = basics.rank() == root_rank
-    data = np.frombuffer(_pickle.dumps(obj), dtype=np.uint8) if is_root else np.zeros(0, np.uint8)
-    count = numpy_ops.broadcast(np.array([data.size], np.int64), root_rank, f"{name}.sz",
-                                process_set)
-    if not is_root:
-        data = np.zeros(int(count[0]), np.uint8)
-    data = numpy_ops.broadcast(data, root_rank, f"{name}.t", process_set)
-    return obj if is_root else _pickle.loads(data.tobytes())
+    """``root_rank``'s ``obj`` (serialized with cloudpickle) on every rank (engine_native.
+    objects). Eager only; ``session`` is accepted for compatibility (TF1) and ignored."""
+    return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
     """Every rank's ``obj`` (cloudpickle), as a list indexed by rank in ``process_set``."""
-    name = name or type(obj).__name__
-    data = np.frombuffer(_pickle.dumps(obj), dtype=np.uint8)
-    counts = numpy_ops.allgather(np.array([data.size], np.int64), f"{name}.sz", process_set)
-    gathered = numpy_ops.allgather(data, f"{name}.t", process_set)
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    return [_pickle.loads(gathered[offsets[i]:offsets[i + 1]].tobytes())
-            for i in range(len(counts))]
+    return objects.allgather_object(obj, name, process_set)

@@ -5,18 +5,12 @@ Every function here is collective: all ranks (of the process set) must call it i
 order with the same names.
 """
 import collections
-import io
 
 import torch
 
-try:
-    import cloudpickle as _pickle
-except ImportError:  # pragma: no cover - cloudpickle is a dependency; plain pickle as a fallback
-    import pickle as _pickle
-
+from engine_native import objects
 from engine_native.torch import runtime as rt
-from engine_native.torch.broadcast_ops import broadcast_, broadcast_async_
-from engine_native.torch.gather_ops import allgather
+from engine_native.torch.broadcast_ops import broadcast_async_
 from engine_native.torch.runtime import global_process_set
 
 
@@ -159,18 +153,9 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
         callbacks[key](value)
 
 
-def _to_byte_tensor(obj):
-    buffer = io.BytesIO()
-    _pickle.dump(obj, buffer)
-    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
-
-
-def _from_bytes(data):
-    return _pickle.load(io.BytesIO(data))
-
-
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Serialize ``obj`` on ``root_rank`` (cloudpickle) and return it on every rank.
+    """Serialize ``obj`` on ``root_rank`` (cloudpickle) and return it on every rank
+    (engine_native.objects, shared by every binding).
 
     Parameters
     ----------
@@ -183,20 +168,7 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
     process_set : ProcessSet
         Ranks taking part.
     """
-    if name is None:
-        name = type(obj).__name__
-    if rt.rank() == root_rank:
-        data = _to_byte_tensor(obj)
-        sz = torch.tensor([data.shape[0]], dtype=torch.int64)
-        broadcast_(sz, root_rank, name + '.sz', process_set=process_set)
-    else:
-        sz = torch.zeros(1, dtype=torch.int64)
-        broadcast_(sz, root_rank, name + '.sz', process_set=process_set)
-        data = torch.empty(int(sz.item()), dtype=torch.uint8)
-    broadcast_(data, root_rank, name + '.t', process_set=process_set)
-    if rt.rank() != root_rank:
-        obj = _from_bytes(data.numpy().tobytes())
-    return obj
+    return objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
@@ -204,14 +176,4 @@ def allgather_object(obj, name=None, process_set=global_process_set):
 
     The list is indexed by rank within ``process_set``.
     """
-    if name is None:
-        name = type(obj).__name__
-    data = _to_byte_tensor(obj)
-    sz = torch.tensor([data.shape[0]], dtype=torch.int64)
-    sizes = allgather(sz, name=name + '.sz', process_set=process_set).tolist()
-    gathered = allgather(data, name=name + '.t', process_set=process_set).numpy()
-    out, start = [], 0
-    for n in sizes:
-        out.append(_from_bytes(gathered[start:start + n].tobytes()))
-        start += n
-    return out
+    return objects.allgather_object(obj, name, process_set)

@@ -109,6 +109,13 @@ def _check_eager_extras(hvd, jnp, np, failures, n, me):
     _expect(failures, "async.grouped.0", got[0], np.full(3, n, np.int32))
     _expect(failures, "async.grouped.1", got[1], np.full(2, n, np.float32))
     _expect(failures, "async.allgather", hvd.synchronize(gathered), np.arange(n, dtype=np.int32))
+    # Python objects (engine_native.objects, shared with the other bindings)
+    got = hvd.broadcast_object({"from": me, "blob": b"x" * (100 * (me + 1))}, root_rank=n - 1)
+    if got != {"from": n - 1, "blob": b"x" * (100 * n)}:
+        failures.append(f"broadcast_object: got {str(got)[:60]}")
+    got = hvd.allgather_object((me, "ab" * me))
+    if got != [(q, "ab" * q) for q in range(n)]:
+        failures.append(f"allgather_object: got {got}")
 
 
 def _check_runs_once_per_call(hvd, jax, jnp, failures):
