@@ -99,6 +99,8 @@ fc_op* fc_wait_op(fc_marker* marker);    /* blocks its stream until fired, drops
 /* Device memory (fake_cudart_device.c): 1 and the allocation holding `pointer` (its base, size
  * and memfd), or 0 when `pointer` is not in device memory. */
 int fc_device_allocation(const void* pointer, void** base, size_t* bytes, int* fd);
+/* The same for a peer's allocation this process opened (fake_cudart_ipc.c): 1 when found. */
+int fc_ipc_mapping_range(const void* pointer, void** base, size_t* bytes);
 /* cudaFree of an exported allocation: counts it when a peer still maps it (fake_cudart_ipc.c). */
 void fc_note_free_of_shared(int fd);
 

@@ -267,10 +267,12 @@ int fc_device_allocation(const void* pointer, void** base, size_t* bytes, int* f
   return found;
 }
 
-/* cuMemGetAddressRange for the fake driver: the whole block holding `pointer`. */
+/* cuMemGetAddressRange for the fake driver: the whole block holding `pointer`, this process's
+ * own or a peer's it opened by IPC (CUDA answers for both). */
 FC_API int fakeCudaAllocationRange(const void* pointer, void** base, size_t* bytes) {
   int fd = -1;
-  return fc_device_allocation(pointer, base, bytes, &fd) ? kCudaSuccess : kCudaErrorInvalidValue;
+  if (fc_device_allocation(pointer, base, bytes, &fd)) return kCudaSuccess;
+  return fc_ipc_mapping_range(pointer, base, bytes) ? kCudaSuccess : kCudaErrorInvalidValue;
 }
 
 static long live(fc_registry* registry) {

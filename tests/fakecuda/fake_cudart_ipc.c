@@ -125,6 +125,21 @@ FC_API int cudaIpcGetMemHandle(fc_ipc_handle* handle, void* device_pointer) {
   return kCudaSuccess;
 }
 
+int fc_ipc_mapping_range(const void* pointer, void** base, size_t* bytes) {
+  const char* p = pointer;
+  int found = 0;
+  pthread_mutex_lock(&mappings_mu);
+  for (fc_mapping* m = mappings; m != NULL && !found; m = m->next) {
+    if (p >= (const char*)m->ptr && p < (const char*)m->ptr + m->bytes) {
+      *base = m->ptr;
+      *bytes = m->bytes;
+      found = 1;
+    }
+  }
+  pthread_mutex_unlock(&mappings_mu);
+  return found;
+}
+
 /* flags: cudaIpcMemLazyEnablePeerAccess (1) or 0. */
 FC_API int cudaIpcOpenMemHandle(void** device_pointer, fc_ipc_handle handle, unsigned flags) {
   fc_count(FC_CALL_cudaIpcOpenMemHandle);

@@ -26,26 +26,31 @@
 //   D. Receiver. A kDevice message waits like any other (Note [Point-to-point] B) until a
 //      receive takes it. The receive names the device to read with: the result stays there
 //      (on_device) or lands in host memory. The loop opens the sender's segment and event
-//      (once each: IpcImports keeps them), queues on that device's stream a wait for the
-//      event, and then: for a device result, a copy into an output from the core's device
-//      pool (runtime/device_output_pool.h); for a host result, first only the wait (phase 1,
-//      "gated"): a copy into pageable host memory returns when it finished, so it is issued
-//      only once the sender's bytes are final, and the loop never blocks on another process's
-//      kernels. The receive completes when its copy finished; then the kDeviceRead frame
-//      goes back. A message whose sender's bytes cannot be read (no CUDA runtime, no device
-//      named, an IPC failure: GPUs without peer access) fails that receive on this rank with
-//      the reason, and is still released.
-//   E. Order. Copies of one device's stream finish in queue order and are reported in that
-//      order (a gated host read holds back the reads queued after it), so two messages of one
-//      (peer, tag) still complete in the order sent.
+//      (once each: IpcImports keeps them, and checks every later message against what was
+//      mapped), queues on that device's stream a wait for the event, and then: for a device
+//      result, a copy into an output from the core's device pool
+//      (runtime/device_output_pool.h); for a host result, first only the wait (phase 1,
+//      "gated"). A copy into pageable host memory returns only when it ran, and so waits for
+//      whatever its stream queued before it; so it is issued once the sender's bytes are
+//      final (phase 2), on a stream of its own that holds only such copies: the loop blocks
+//      for the copy itself, never on another process's kernels. The receive completes when
+//      its copy finished; then the kDeviceRead frame goes back. A message whose bytes cannot
+//      be read (no CUDA runtime here, no device named, an IPC failure: two GPUs without peer
+//      access) fails that receive on this rank with the reason and is still released; the
+//      send has completed. Ranks whose GPUs cannot reach each other's memory set
+//      HVD_GPU_PATH=staged (the error says so): the sender cannot know the receive's device.
+//   E. Order. Messages are matched to receives in the order sent (Note [Point-to-point] B);
+//      their copies may finish in another order (different devices, a gated host result),
+//      so receives complete when their own copy did, as irecv handles may anywhere.
 //   F. Errors, never hangs. A copy that does not finish within HVD_TIMEOUT (its producer's
 //      kernel never ends, or the sender died before its copy ran: a dead process's event never
 //      fires) fails the rank: the stream is stuck and everything queued behind it with it. A
 //      lost peer fails the rank as for host messages; abandon() then waits a bounded time for
-//      the streams and forgets what was in flight.
+//      the streams and forgets what was in flight — except, when a stream did not drain, the
+//      outputs its copies may still write, which are kept until exit rather than reused.
 #include "runtime/device_peer_ops.h"
 
-#include <algorithm>
+#include <mutex>
 #include <utility>
 
 #include "common/logging.h"
@@ -98,11 +103,14 @@ Status DevicePeerOps::device(int ordinal, PerDevice** out) {
 
 Status DevicePeerOps::queueDone(Copy copy) {
   HVD_RETURN_IF_ERROR(copy.stream->record(&copy.done));
-  copy.pooled = true;
   const Status woken = wake_.notifyAfter(*copy.stream);
+  if (!woken.isOk()) {
+    copy.stream->release(copy.done);  // it will fire; nobody polls it
+    return woken;
+  }
   copy.since = std::chrono::steady_clock::now();
   copies_.push_back(std::move(copy));
-  return woken;
+  return Status::ok();
 }
 
 Status DevicePeerOps::stage(int peer, int device_ordinal, nccl::CudaEvent ready,
@@ -124,19 +132,18 @@ Status DevicePeerOps::stage(int peer, int device_ordinal, nccl::CudaEvent ready,
     status = d->stream->check(nccl::cudaApi()->eventRecord(event, d->stream->stream()),
                               "cudaEventRecord(interprocess)");
   }
-  if (!status.isOk()) {
-    ring->release(message->sequence);  // no frame goes: nobody reads it
-    return status;
-  }
   Copy copy;
   copy.id = id;
   copy.what = what;
   copy.stream = d->stream.get();
-  copy.done = event;  // the ring's: released with the room, not to the stream's pool
-  copy.since = std::chrono::steady_clock::now();
-  const Status woken = wake_.notifyAfter(*d->stream);
-  copies_.push_back(std::move(copy));
-  return woken;
+  // The room's event may be recorded again once the receiver released it, even before this
+  // copy ran (a receive that failed): the send's completion has its own event.
+  if (status.isOk()) status = queueDone(std::move(copy));
+  if (!status.isOk()) {
+    ring->release(message->sequence);  // no frame goes: nobody reads it
+    return status;
+  }
+  return Status::ok();
 }
 
 void DevicePeerOps::released(int peer, uint64_t sequence) {
@@ -156,7 +163,12 @@ Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, ui
   if (!imports) imports = std::make_unique<transport::cuda::IpcImports>(*d->stream);
   const uint8_t* source = nullptr;
   nccl::CudaEvent written = nullptr;
-  HVD_RETURN_IF_ERROR(imports->open(message, &source, &written));
+  const Status opened = imports->open(message, bytes, &source, &written);
+  if (!opened.isOk()) {
+    return common::internalError(what + ": cannot read the sender's CUDA memory by IPC (" +
+                                 opened.message() + "); for GPUs without peer access to each "
+                                 "other, set HVD_GPU_PATH=staged on the sending rank");
+  }
   HVD_RETURN_IF_ERROR(d->stream->waitFor(written));
   Copy copy;
   copy.id = id;
@@ -175,17 +187,25 @@ Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, ui
       return common::internalError(what + ": no host memory for " + std::to_string(bytes) +
                                    " bytes");
     }
+    if (!d->copy_out) {
+      auto stream = std::make_unique<nccl::DeviceStream>();
+      HVD_RETURN_IF_ERROR(stream->init(device_ordinal));
+      d->copy_out = std::move(stream);
+    }
     copy.gated = true;  // D: the copy out waits until the sender's bytes are final
     copy.source = source;
+    copy.copy_out = d->copy_out.get();
   }
   return queueDone(std::move(copy));
 }
 
+// D, phase 2: the sender's bytes are final; the copy runs alone on the copy-out stream.
 Status DevicePeerOps::copyOut(Copy& copy) {
-  HVD_RETURN_IF_ERROR(copy.stream->select());
   copy.stream->release(copy.done);
   copy.done = nullptr;
   copy.gated = false;
+  copy.stream = copy.copy_out;
+  HVD_RETURN_IF_ERROR(copy.stream->select());
   HVD_RETURN_IF_ERROR(copy.stream->copy(copy.output->data, copy.source, copy.output->bytes));
   HVD_RETURN_IF_ERROR(copy.stream->record(&copy.done));
   copy.since = std::chrono::steady_clock::now();
@@ -196,19 +216,14 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
   if (copies_.empty()) return Status::ok();
   nccl::DeviceRestorer restore;
   const auto now = std::chrono::steady_clock::now();
-  std::vector<const nccl::DeviceStream*> blocked;  // E: a stream whose oldest copy is not done
   for (auto it = copies_.begin(); it != copies_.end();) {
     Copy& copy = *it;
-    const bool held_back =
-        std::find(blocked.begin(), blocked.end(), copy.stream) != blocked.end();
     bool finished = false;
-    if (!held_back) {
-      HVD_RETURN_IF_ERROR(copy.stream->select());
-      HVD_RETURN_IF_ERROR(copy.stream->query(copy.done, &finished));
-    }
+    HVD_RETURN_IF_ERROR(copy.stream->select());
+    HVD_RETURN_IF_ERROR(copy.stream->query(copy.done, &finished));
     if (finished && copy.gated) {
       HVD_RETURN_IF_ERROR(copyOut(copy));
-      finished = false;
+      HVD_RETURN_IF_ERROR(copy.stream->query(copy.done, &finished));  // pageable: often done
     }
     if (!finished) {
       if (now - copy.since > timeout_) {
@@ -216,23 +231,25 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
                                 seconds(timeout_.count()) + " s (HVD_TIMEOUT): the kernel that "
                                 "produces the tensor still runs, or its sender stopped");
       }
-      if (!held_back) blocked.push_back(copy.stream);
       ++it;
       continue;
     }
-    if (copy.pooled) copy.stream->release(copy.done);
+    copy.stream->release(copy.done);
     done->push_back(Done{copy.id, std::move(copy.output)});
     it = copies_.erase(it);
   }
   return Status::ok();
 }
 
-void DevicePeerOps::drain() {
+bool DevicePeerOps::drain() {
   nccl::DeviceRestorer restore;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  bool drained = true;
   for (auto& [ordinal, d] : devices_) {
     if (!d.stream || !d.stream->select().isOk()) continue;
+    if (d.copy_out) d.copy_out->drain(deadline);  // holds no wait on a peer: it drains
     if (!d.stream->drain(deadline)) {
+      drained = false;
       HVD_LOG(kWarning, "transport") << "CUDA point-to-point: the stream of device " << ordinal
                                      << " still waits (a sender that died never signals); "
                                      << "the peers' mapped memory stays open until exit";
@@ -243,10 +260,18 @@ void DevicePeerOps::drain() {
       if (imports) imports->close();
     }
   }
+  return drained;
 }
 
 void DevicePeerOps::abandon() {
-  drain();
+  if (!drain()) {  // F: a stuck copy may still write its output: never reuse it
+    static std::mutex mutex;
+    static auto* kept = new std::vector<std::shared_ptr<OutputBuffer>>();  // until exit
+    std::lock_guard<std::mutex> lock(mutex);
+    for (Copy& copy : copies_) {
+      if (copy.output) kept->push_back(std::move(copy.output));
+    }
+  }
   copies_.clear();
 }
 

@@ -61,6 +61,9 @@ class DevicePeerOps {
  private:
   struct PerDevice {
     std::unique_ptr<transport::nccl::DeviceStream> stream;
+    // Host results' copies only (Note [Device point-to-point] D): a copy into pageable memory
+    // returns when it ran, so nothing else may be queued before it.
+    std::unique_ptr<transport::nccl::DeviceStream> copy_out;
     std::map<int, std::unique_ptr<transport::cuda::StagingRing>> rings;   // by peer
     std::map<int, std::unique_ptr<transport::cuda::IpcImports>> imports;  // by peer
   };
@@ -68,19 +71,20 @@ class DevicePeerOps {
     uint64_t id = 0;
     std::string what;
     transport::nccl::DeviceStream* stream = nullptr;
-    transport::nccl::CudaEvent done = nullptr;
-    bool pooled = false;  // `done` is the stream's pooled event (released after), else a ring's
-    // A host read's first phase: the sender's bytes are final; the copy out comes next.
+    transport::nccl::CudaEvent done = nullptr;  // the stream's pooled event
+    // A host read's first phase: the sender's bytes are final; the copy out comes next, on
+    // `copy_out`.
     bool gated = false;
+    transport::nccl::DeviceStream* copy_out = nullptr;
     const uint8_t* source = nullptr;
     std::shared_ptr<OutputBuffer> output;
     std::chrono::steady_clock::time_point since;
   };
 
   common::Status device(int ordinal, PerDevice** out);
-  common::Status queueDone(Copy copy);  // records copy.done (pooled) and asks for a wake
+  common::Status queueDone(Copy copy);  // records copy.done and asks for a wake
   common::Status copyOut(Copy& copy);   // a gated host read's second phase
-  void drain();
+  bool drain();  // false when a stream did not finish in time
 
   LoopWake wake_;
   const std::chrono::duration<double> timeout_;

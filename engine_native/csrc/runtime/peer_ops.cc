@@ -346,7 +346,8 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
   if (op.device < 0) {
     status = common::invalidArgument(
         what("recv", op.peer, op.tag) + ": the message is a CUDA tensor and this receive names "
-        "no CUDA device to read it with (engine_native.torch's recv(device=...) does)");
+        "no CUDA device to read it with (engine_native.torch's recv(device=...) does, or "
+        "HVD_GPU_PATH=staged on the sender sends it through host memory)");
   } else {
     status = device_.read(op.peer, arrived.device, bytes, op.device, op.on_device,
                           static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag));

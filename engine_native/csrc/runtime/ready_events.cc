@@ -118,7 +118,7 @@ Status refuseGraphCapture(uintptr_t stream, std::string_view what) {
   if (!capturing) return Status::ok();
   return common::invalidArgument(
       std::string(what) + ": the tensor's CUDA stream is capturing a CUDA graph "
-      "(torch.cuda.graph); a collective cannot be captured, because the core runs it on its own "
+      "(torch.cuda.graph); an hvd op cannot be captured, because the core runs it on its own "
       "thread and streams, outside any replay. Run hvd ops outside the captured region: capture "
       "the forward and backward passes, then allreduce the gradients (or step the "
       "DistributedOptimizer) after graph.replay()");

@@ -100,6 +100,7 @@ Status decodeDeviceMessage(const void* data, size_t size, uint64_t tensor_bytes,
       !in.bytes(out->memory, sizeof(out->memory)) || !in.bytes(out->event, sizeof(out->event))) {
     return bad(in.error());
   }
+  if (tensor_bytes == 0) return bad("an empty tensor (sent as a host message)");
   if (out->offset > out->segment_bytes || tensor_bytes > out->segment_bytes - out->offset) {
     return bad(std::to_string(tensor_bytes) + " bytes at offset " +
                std::to_string(out->offset) + " of a " + std::to_string(out->segment_bytes) +

@@ -73,8 +73,9 @@ common::Status decodePeerHeader(const void* data, size_t size, PeerFrame* out);
 
 // A kDevice frame's payload, and a kDeviceRead frame's.
 std::string encodeDeviceMessage(const DeviceMessage& message);
-// kInternal unless `size` is kDeviceMessageBytes and the tensor's `tensor_bytes` lie inside
-// the segment (offset + bytes <= segment_bytes, without overflow).
+// kInternal unless `size` is kDeviceMessageBytes and the tensor's `tensor_bytes` (> 0) lie
+// inside the segment as claimed (offset + bytes <= segment_bytes, without overflow); the
+// receiver checks the claim against what it mapped (transport/cuda/ipc_messages.h).
 common::Status decodeDeviceMessage(const void* data, size_t size, uint64_t tensor_bytes,
                                    DeviceMessage* out);
 std::string encodeDeviceRead(uint64_t sequence);

@@ -217,6 +217,11 @@ common::Status deviceKernelsReady() {
 }
 
 common::Status allocationBase(const void* pointer, const void** base) {
+  size_t bytes = 0;
+  return allocationRange(pointer, base, &bytes);
+}
+
+common::Status allocationRange(const void* pointer, const void** base, size_t* size) {
   std::vector<std::string> driver;
   {
     std::lock_guard<std::mutex> lock(state().candidates_mu);
@@ -231,6 +236,7 @@ common::Status allocationBase(const void* pointer, const void** base) {
       cu, cu.memGetAddressRange(&start, &bytes, reinterpret_cast<uintptr_t>(pointer)),
       "cuMemGetAddressRange"));
   *base = reinterpret_cast<const void*>(static_cast<uintptr_t>(start));
+  *size = bytes;
   return common::Status::ok();
 }
 

@@ -46,6 +46,8 @@ common::Status launchReduce(const ReduceJob& job, void* stream);
 // driver only). A caching allocator's pointer may sit inside a larger block, and CUDA IPC maps
 // whole blocks (Note [IPC sub-allocation] in ipc_peers.cc).
 common::Status allocationBase(const void* pointer, const void** base);
+// The same block's base and size (also for a peer's block opened by CUDA IPC).
+common::Status allocationRange(const void* pointer, const void** base, size_t* bytes);
 
 // The libraries deviceKernelsReady() tries, in order. Only Python knows site-packages and
 // torch's lib folder, so the caller passes them (engine_native.gpu.device_kernel_candidates,

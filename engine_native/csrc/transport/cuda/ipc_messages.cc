@@ -149,18 +149,38 @@ void StagingRing::release(uint64_t sequence) {
 
 IpcImports::~IpcImports() { close(); }
 
-Status IpcImports::open(const DeviceMessage& message, const uint8_t** data,
+Status IpcImports::open(const DeviceMessage& message, uint64_t bytes, const uint8_t** data,
                         nccl::CudaEvent* event) {
   const nccl::CudaApi* cuda = nccl::cudaApi();
+  const std::string handle_bytes(message.memory, sizeof(message.memory));
   auto segment = segments_.find(message.segment);
   if (segment == segments_.end()) {
     nccl::CudaIpcHandle handle;
     std::memcpy(&handle, message.memory, sizeof(handle));
-    void* mapped = nullptr;
+    Mapped m;
+    m.handle = handle_bytes;
     HVD_RETURN_IF_ERROR(stream_.check(
-        cuda->ipcOpenMemHandle(&mapped, handle, nccl::kCudaIpcMemLazyEnablePeerAccess),
+        cuda->ipcOpenMemHandle(&m.base, handle, nccl::kCudaIpcMemLazyEnablePeerAccess),
         "cudaIpcOpenMemHandle"));
-    segment = segments_.emplace(message.segment, mapped).first;
+    const void* block = nullptr;
+    size_t size = 0;
+    const Status range = allocationRange(m.base, &block, &size);
+    if (!range.isOk()) {
+      cuda->ipcCloseMemHandle(m.base);
+      return range;
+    }
+    m.bytes = size - static_cast<uint64_t>(static_cast<const uint8_t*>(m.base) -
+                                           static_cast<const uint8_t*>(block));
+    segment = segments_.emplace(message.segment, m).first;
+  }
+  const Mapped& m = segment->second;
+  // base_offset <= 2^40 and offset + bytes <= segment_bytes (decodeDeviceMessage): no overflow.
+  if (m.handle != handle_bytes || message.base_offset > m.bytes ||
+      message.offset > m.bytes - message.base_offset ||
+      bytes > m.bytes - message.base_offset - message.offset) {
+    return common::internalError(
+        "a device message names bytes outside the memory its sender exported (segment " +
+        std::to_string(message.segment) + ", " + std::to_string(m.bytes) + " bytes mapped)");
   }
   const std::string key(message.event, sizeof(message.event));
   auto opened = events_.find(key);
@@ -172,7 +192,7 @@ Status IpcImports::open(const DeviceMessage& message, const uint8_t** data,
                                       "cudaIpcOpenEventHandle"));
     opened = events_.emplace(key, e).first;
   }
-  *data = static_cast<const uint8_t*>(segment->second) + message.base_offset + message.offset;
+  *data = static_cast<const uint8_t*>(m.base) + message.base_offset + message.offset;
   *event = opened->second;
   return Status::ok();
 }
@@ -180,7 +200,7 @@ Status IpcImports::open(const DeviceMessage& message, const uint8_t** data,
 void IpcImports::close() {
   const nccl::CudaApi* cuda = nccl::cudaApi();
   if (cuda == nullptr) return;
-  for (const auto& [id, mapped] : segments_) cuda->ipcCloseMemHandle(mapped);
+  for (const auto& [id, mapped] : segments_) cuda->ipcCloseMemHandle(mapped.base);
   for (const auto& [key, e] : events_) cuda->eventDestroy(e);
   segments_.clear();
   events_.clear();

@@ -74,15 +74,23 @@ class IpcImports {
   IpcImports(const IpcImports&) = delete;
   IpcImports& operator=(const IpcImports&) = delete;
 
-  // Where `message`'s bytes are in this process, and its event; opens the segment and the
-  // event at their first use and keeps them open.
-  common::Status open(const DeviceMessage& message, const uint8_t** data, nccl::CudaEvent* event);
+  // Where `message`'s `bytes` are in this process, and its event; opens the segment and the
+  // event at their first use and keeps them open. The peer's claims are checked against what
+  // was mapped: a segment id always names the same handle, and the bytes lie inside the
+  // mapped block (kInternal otherwise: the peer is not this job's code).
+  common::Status open(const DeviceMessage& message, uint64_t bytes, const uint8_t** data,
+                      nccl::CudaEvent* event);
   // Closes every mapping and event. Only once the stream that reads them drained.
   void close();
 
  private:
   nccl::DeviceStream& stream_;
-  std::map<uint64_t, void*> segments_;           // by the sender's segment id: the mapped base
+  struct Mapped {
+    std::string handle;   // its 64 bytes, as first named
+    void* base = nullptr;  // what cudaIpcOpenMemHandle returned (closed by close())
+    uint64_t bytes = 0;    // the mapped block's size (cuMemGetAddressRange)
+  };
+  std::map<uint64_t, Mapped> segments_;            // by the sender's segment id
   std::map<std::string, nccl::CudaEvent> events_;  // by handle bytes
 };
 
