@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/poll_pacer.h"
 #include "transport/nccl/loader.h"
 #include "transport/nccl/ordered_memory.h"
 
@@ -155,15 +156,14 @@ bool DeviceStream::drain(std::chrono::steady_clock::time_point deadline,
   if (!record(&marker).isOk()) return false;
   bool finished = false;
   const auto spin_until = std::chrono::steady_clock::now() + spin;
-  auto nap = std::chrono::microseconds(20);
+  const common::PollPacer pacer;
   while (query(marker, &finished).isOk() && !finished) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline || (stop && stop())) break;
     if (now < spin_until) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(1000));
+      pacer.nap(deadline);
     }
   }
   release(marker);

@@ -88,7 +88,7 @@ class DeviceStream {
   // The same, bounded: false when `deadline` passed first (or the stream failed).
   bool drain(std::chrono::steady_clock::time_point deadline);
   // The same, for short waits on the hot path: polls for up to `spin`, yielding the core
-  // between polls, then sleeps between polls (20 us, doubling to 1 ms) until the deadline.
+  // between polls, then sleeps between polls (common/poll_pacer.h) until the deadline.
   // `stop` (may be empty) ends the wait early, e.g. when the job aborted.
   bool drain(std::chrono::steady_clock::time_point deadline, std::chrono::microseconds spin,
              const std::function<bool()>& stop);
