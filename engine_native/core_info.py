@@ -30,7 +30,9 @@ def metrics() -> dict:
     ``main_blocked_seconds`` is how long the main thread has been blocked in its current
     ``wait()`` (0 when it is not waiting: what the notebook uses to tell a rank stuck in a
     collective from one still computing);
-    ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself, and
+    ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself,
+    ``caller_polled_ops`` those whose CUDA op the waiting thread then saw finish by polling
+    its event (no host function woke the loop for it: Note [Caller waits on the device]), and
     ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where callers never
     drive: a peer over TCP), ``spin_yields`` whether such polls, and the collectives' own
     short spins, yield the core between tries because this host's ranks outnumber its cores

@@ -246,6 +246,8 @@ static bool readMainThread() {
   return !PyErr_Occurred();
 }
 
+constexpr int kWaitSliceMs = 50;  // signals are checked between slices
+
 bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
   auto& handles = Runtime::instance().handles();
   // Already finished (the rest of a fused batch): one lock, no waiting.
@@ -264,7 +266,10 @@ bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) 
   while (true) {
     bool done = false;
     Py_BEGIN_ALLOW_THREADS
-    done = handles.waitFor(handle, 50, status, result);
+    // Its CUDA op's event, polled here when its drive queued the op (Note [Caller waits on
+    // the device] in runtime/device_executor.cc); else the handle's condition variable.
+    const bool polled = Runtime::instance().awaitDevice(handle, kWaitSliceMs);
+    done = handles.waitFor(handle, polled ? 0 : kWaitSliceMs, status, result);
     Py_END_ALLOW_THREADS
     if (done) break;
     // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays

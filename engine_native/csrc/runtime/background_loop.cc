@@ -12,6 +12,7 @@
 
 #include "common/cpu_relax.h"
 #include "common/logging.h"
+#include "common/poll_pacer.h"
 #include "transport/shm/collective_segment.h"
 
 namespace hvd::runtime {
@@ -453,8 +454,10 @@ bool BackgroundLoop::drive(int64_t handle) {
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
   queue_.setStandby(quiet_loop);  // B
+  executor_.setAwaitedHandle(handle);  // Note [Caller waits on the device] A
   const bool point_to_point = handles_.pointToPoint(handle);
   bool done = false;
+  bool queued = false;  // its CUDA op is on the device, the caller's to poll
   int passes = 0;
   {
     // Note [Point-to-point over shm] C: cleared before idle() below reads the rings, also if
@@ -471,6 +474,9 @@ bool BackgroundLoop::drive(int64_t handle) {
       ++passes;
       done = handles_.poll(handle) != 0;
       if (done) break;
+      // Note [Caller waits on the device] B: from here awaitDevice() polls its event, paced.
+      queued = executor_.callerPollsDevice(handle);
+      if (queued) break;
       const auto now = Clock::now();
       if (spin.count() > 0 && peer_ops_.takeMoved()) {  // G
         give_up = std::max(give_up, std::min(now + spin, renew_until));
@@ -480,13 +486,14 @@ bool BackgroundLoop::drive(int64_t handle) {
     }
   }
   metrics_.countCallerPasses(passes);
-  if (done) metrics_.countDriven();
-  if (passes > 1 && done) {  // Note [Spin backoff]
+  if (done || queued) metrics_.countDriven();
+  if (queued || (passes > 1 && done)) {  // Note [Spin backoff]
     drive_.spinPaid();
   } else if (passes > 1 && !point_to_point && !failed_ && !finished_ &&
              !queue_.shutdownRequested()) {
     drive_.spinMissed();  // (H: a receive's wait for a late neighbour is no reason to back off)
   }
+  executor_.setAwaitedHandle(-1);
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   lock.unlock();
   if (!keep_standby) {
@@ -495,6 +502,31 @@ bool BackgroundLoop::drive(int64_t handle) {
     if (!done) queue_.wakeForWaiter();
   }
   return done;
+}
+
+// Note [Caller waits on the device] B, D, E in device_executor.cc.
+bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice) {
+  if (!executor_.callerPollsAnyDevice()) return false;  // the common case: no lock taken
+  const auto end = Clock::now() + slice;
+  const common::PollPacer pacer;
+  bool polled = false;
+  while (true) {
+    {
+      std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
+      if (!lock.try_lock_for(end - Clock::now())) return polled;
+      if (failed_ || finished_ || !executor_.callerPollsDevice(handle)) return polled;
+      polled = true;
+      const Status device = executor_.pollDevice();
+      if (!device.isOk()) fail(device, /*tell_peers=*/true);
+      if (handles_.poll(handle) != 0) {
+        if (!failed_) metrics_.countCallerPolled();
+        return true;
+      }
+      if (failed_) return true;
+    }
+    if (Clock::now() >= end) return true;
+    pacer.nap(end);
+  }
 }
 
 }  // namespace hvd::runtime

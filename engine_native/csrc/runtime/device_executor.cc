@@ -24,7 +24,43 @@ using Clock = std::chrono::steady_clock;
 // it (LoopWake). The loop, woken, calls poll(): events that fired complete their handles, in
 // queue order. No thread blocks on the device on this path (the staged path waits for its own
 // copies, Note [Staged fallback]; the host-ordered IPC path for its own step, Note [IPC step
-// protocol]).
+// protocol]). An op whose own caller waits for it is the exception below.
+//
+// Note [Caller waits on the device]
+// A host function per op costs a driver-thread callback, an eventfd write and a loop-thread
+// wake-up, all to tell a framework thread that is already blocked on the op. Where that thread
+// is the one that queued the op's stream work, it waits on the op's event itself:
+//   A. A caller that drives its op (Note [Caller drives] in background_loop.cc; only ops
+//      enqueued for an at-once wait, E there) names its handle to the Executor for its passes.
+//      A completion holding that handle is queued with caller_polls set and no host function;
+//      every other completion (async ops, ops the loop thread executes, a caller's drive that
+//      ran someone else's op) keeps the host function, so the loop thread never blocks on the
+//      device and a waiter that comes after the host function was queued just blocks on its
+//      handle, as before.
+//   B. The caller's drive ends as soon as its op is queued so (it counts as driven, and as a
+//      spin that paid: Note [Spin backoff] must not turn spins off because the device, not a
+//      peer, is what the caller waits for); then, while its handle is in a caller_polls
+//      completion in flight, it polls the events from awaitDevice() in slices of the
+//      binding's 50 ms wait (so Ctrl-C is seen between slices): under
+//      progress_, pollDevice() completes every op whose event fired, in queue order (one
+//      stream per device: the ops queued before it, async or not, finished first and complete
+//      with it); between polls it sleeps (common/poll_pacer.h: an eighth of the time waited,
+//      20 us to 1 ms), so it is never more than ~1/8 late and costs at most ~1000 short
+//      wake-ups a second on a long op — engines outnumber cores, so no long busy spin.
+//   C. Not cudaEventSynchronize (even on a blocking-sync event): it cannot be bounded or
+//      interrupted. A collective whose input comes from a kernel that never finishes, an IPC
+//      step whose peer died, or an op behind them would hold the caller past HVD_TIMEOUT and
+//      past abort(), which must end every wait; ncclCommAbort frees NCCL's kernels only.
+//   D. Failures end the wait as they end everything else: the caller's pollDevice() runs the
+//      HVD_TIMEOUT and NCCL error checks (it fails the core itself); abort() and a lost peer
+//      reach the loop thread (the drive, ending with its op unfinished, woke it, and it stays
+//      out of standby while device work is in flight: idle(), Note [Caller drives] C),
+//      whose fail() completes every op in flight with the error (abort(): a bounded drain,
+//      then the handles), which the caller sees at its next poll.
+//   E. A caller that stops polling (a signal between slices) leaves its op to the loop
+//      thread's idle tick (200 ms; every pass polls the device): late, never lost.
+// The fake CUDA runtime counts the host functions (tests/multiproc/test_device_completion.py);
+// only a device run shows the latency against the host function's.
 
 namespace {
 
@@ -184,7 +220,8 @@ Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
   InFlight item;
   item.stream = current_.stream;
   HVD_RETURN_IF_ERROR(item.stream->record(&item.done));
-  Status status = wake_.notifyAfter(*item.stream);
+  // Note [Caller waits on the device] A: its waiting caller polls the event instead.
+  Status status = completion.caller_polls ? Status::ok() : wake_.notifyAfter(*item.stream);
   if (!status.isOk()) {
     item.stream->release(item.done);
     return status;
@@ -193,6 +230,15 @@ Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
   item.completion = std::move(completion);
   in_flight_.push_back(std::move(item));
   return Status::ok();
+}
+
+bool DeviceExecutor::callerPolls(int64_t handle) const {
+  for (const InFlight& item : in_flight_) {
+    if (!item.completion.caller_polls) continue;
+    const auto& handles = item.completion.handles;
+    if (std::find(handles.begin(), handles.end(), handle) != handles.end()) return true;
+  }
+  return false;
 }
 
 bool DeviceExecutor::dropProcessSet(int32_t id) {

@@ -33,6 +33,9 @@ struct DeviceCompletion {
   OpResult result;
   std::vector<std::string> timeline_names;  // spans the Executor ends at completion
   common::Status status;                    // filled when it is handed back
+  // Its waiting caller polls the event: no host function wakes the loop (Note [Caller waits
+  // on the device] in device_executor.cc).
+  bool caller_polls = false;
 };
 
 class DeviceExecutor : public OpExecutor {
@@ -58,6 +61,8 @@ class DeviceExecutor : public OpExecutor {
   common::Status inputsReady(OpContext& op, bool* ready);
   // After an op method returned OK: marks the end of its stream work.
   common::Status queueCompletion(DeviceCompletion completion);
+  // `handle` is in a completion in flight that its caller polls (no host function).
+  bool callerPolls(int64_t handle) const;
   // Moves the finished completions (in queue order) into `done`. Non-OK when the oldest one
   // made no progress for HVD_TIMEOUT or NCCL reported an asynchronous error: the loop fails
   // the core with it.

@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 
@@ -199,8 +200,11 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   if (on_device) restore.emplace();
   status = run(op, first);
   if (status.isOk() && on_device) {
-    status = device_->queueCompletion(
-        DeviceCompletion{done_handles_, std::move(result), openSpans(r), Status::ok()});
+    const bool caller_polls = std::find(done_handles_.begin(), done_handles_.end(),
+                                        awaited_handle_) != done_handles_.end();
+    status = device_->queueCompletion(DeviceCompletion{done_handles_, std::move(result),
+                                                       openSpans(r), Status::ok(), caller_polls});
+    if (status.isOk() && caller_polls) caller_polled_.fetch_add(1, std::memory_order_release);
   }
   metrics_.addCommunicate(elapsedSince(t0));
   metrics_.endOp();
@@ -228,6 +232,7 @@ void Executor::finishDevice(std::vector<DeviceCompletion>& done) {
       for (const std::string& name : c.timeline_names) timeline_->end(name, c.status.message());
     }
     handles_.completeMany(c.handles.data(), c.handles.size(), c.status, c.result);
+    if (c.caller_polls) caller_polled_.fetch_sub(1, std::memory_order_release);
   }
   done.clear();
 }

@@ -65,6 +65,14 @@ class Executor : private ActivityLog {
   // HVD_TIMEOUT, an NCCL error) is for the loop to fail the core with.
   common::Status pollDevice();
   bool deviceBusy() const { return device_ && device_->busy(); }
+  // Note [Caller waits on the device] in device_executor.cc: while a caller drives, the handle
+  // it waits on (-1: none), whose completion then has no host function; callerPollsDevice():
+  // that completion is still in flight.
+  void setAwaitedHandle(int64_t handle) { awaited_handle_ = handle; }
+  bool callerPollsDevice(int64_t handle) const { return device_ && device_->callerPolls(handle); }
+  // Any thread, without the progress lock: some completion in flight is a caller's to poll
+  // (false: a waiter need not take the lock to look).
+  bool callerPollsAnyDevice() const { return caller_polled_.load(std::memory_order_acquire) > 0; }
   // The core failed: aborts the NCCL communicators and completes every device op in flight
   // with `status`.
   void failDevice(const common::Status& status);
@@ -105,6 +113,8 @@ class Executor : private ActivityLog {
   CpuExecutor cpu_;
   std::unique_ptr<DeviceExecutor> device_;  // at the first CUDA response
   int join_device_ = -1;                    // of this rank's last join(device=...)
+  int64_t awaited_handle_ = -1;             // setAwaitedHandle
+  std::atomic<int> caller_polled_{0};       // completions in flight with caller_polls
   std::atomic<bool> hierarchical_{false};
   std::atomic<bool> detailed_{false};  // Note [Timeline detail] in executor.cc
   bool detailed_now_ = false;          // for the response being executed

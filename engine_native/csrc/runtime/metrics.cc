@@ -78,6 +78,7 @@ MetricsSnapshot Metrics::snapshot() const {
     s.main_blocked_seconds = (now - blocked_since) / 1e9;
   }
   s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
+  s.caller_polled_ops = polled_.load(std::memory_order_relaxed);
   s.caller_spin_skipped = spin_skipped_.load(std::memory_order_relaxed);
   s.caller_passes = caller_passes_.load(std::memory_order_relaxed);
   s.loop_wakeups = loop_wakeups_.load(std::memory_order_relaxed);
@@ -120,6 +121,7 @@ void Metrics::reset() {
   wait_us_ = 0;
   handle_wait_ns_ = 0;
   driven_ = 0;
+  polled_ = 0;
   spin_skipped_ = 0;
   caller_passes_ = 0;
   loop_wakeups_ = 0;

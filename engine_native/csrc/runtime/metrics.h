@@ -36,6 +36,9 @@ struct MetricsSnapshot {
   // blocked: Note [Blocked main thread].
   double main_blocked_seconds = 0;
   uint64_t caller_driven_ops = 0;  // waits whose op finished on the waiting thread
+  // waits whose CUDA op the waiting thread saw finish on the device (Note [Caller waits on
+  // the device] in device_executor.cc)
+  uint64_t caller_polled_ops = 0;
   int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where callers never drive)
   bool spin_yields = false;        // Note [Yielding spins]
   uint64_t caller_spin_skipped = 0;  // driven waits that did not spin (Note [Spin backoff])
@@ -95,6 +98,7 @@ class Metrics {
     main_blocked_since_ns_.store(blocked ? now : 0, std::memory_order_relaxed);
   }
   void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
+  void countCallerPolled() { polled_.fetch_add(1, std::memory_order_relaxed); }
   void countSpinSkipped() { spin_skipped_.fetch_add(1, std::memory_order_relaxed); }
   void countCallerPasses(int n) { caller_passes_.fetch_add(n, std::memory_order_relaxed); }
   void countLoopWakeup() { loop_wakeups_.fetch_add(1, std::memory_order_relaxed); }
@@ -128,6 +132,7 @@ class Metrics {
   std::atomic<uint64_t> negotiate_us_{0}, communicate_us_{0}, wait_us_{0}, handle_wait_ns_{0};
   std::atomic<uint64_t> queue_depth_{0};
   std::atomic<uint64_t> driven_{0};
+  std::atomic<uint64_t> polled_{0};  // countCallerPolled
   std::atomic<uint64_t> spin_skipped_{0};
   std::atomic<uint64_t> caller_passes_{0}, loop_wakeups_{0}, tick_pickups_{0};
   std::atomic<uint64_t> p2p_sent_{0}, p2p_sent_bytes_{0}, p2p_received_{0},

@@ -266,6 +266,15 @@ bool Runtime::drive(int64_t handle) {
   return loop && loop->drive(handle);
 }
 
+bool Runtime::awaitDevice(int64_t handle, int slice_ms) {
+  std::shared_ptr<BackgroundLoop> loop;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loop = loop_;
+  }
+  return loop && loop->awaitDevice(handle, std::chrono::milliseconds(slice_ms));
+}
+
 Status Runtime::send(PeerSend send, bool wait_now, int64_t* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!loop_) return common::invalidArgument(std::string(kNotInitialized));

@@ -67,6 +67,8 @@ class Runtime {
   // Before blocking on `handle`: run the core's passes on this thread for a bounded time.
   // True when the handle finished here. Call without the GIL.
   bool drive(int64_t handle);
+  // After drive(): BackgroundLoop::awaitDevice (Note [Caller waits on the device]).
+  bool awaitDevice(int64_t handle, int slice_ms);
   HandleTable& handles() { return handles_; }
 
   // Point-to-point (Note [Point-to-point] in peer_ops.cc), between global ranks. `data` must
