@@ -125,6 +125,7 @@ CORE_SOURCES = [
     "runtime/device_ops.cc",
     "runtime/device_nccl_ops.cc",
     "runtime/device_staged_ops.cc",
+    "runtime/device_solo_ops.cc",
     "runtime/device_ipc_steps.cc",
     "runtime/device_ipc_ops.cc",
     "runtime/device_mixed_ops.cc",

@@ -24,7 +24,8 @@ must load; NCCL is used when it does). Per process set the core takes NCCL when 
 has a GPU of its own and NCCL, CUDA IPC ("cuda-ipc": the members' buffers mapped into each
 other, reductions compiled at run time with NVRTC, :func:`device_kernel_candidates`) when they
 all share one GPU, IPC within each GPU and NCCL between one rank per GPU when a set spans GPUs
-with several ranks on some, else the staged path through host memory, saying why once
+with several ranks on some, else the staged path through host memory, saying why once; a set
+of one rank exchanges nothing ("local": device copies, scaling by the device kernel)
 (``HVD_GPU_PATH`` overrides; ``engine_native.metrics()["gpu_paths"]`` shows the choice).
 
 >>> gpu.pin_gpu(local_rank=1, local_size=4)   # before CUDA is initialised: {"device": ...}

@@ -136,7 +136,7 @@ def _torch_reserved(ordinal):
 # The core's names for the paths of CUDA collectives (Note [Device path choice]) and how the
 # dashboard labels them.
 GPU_PATHS = {"nccl": "NCCL", "staged": "staged", "cuda-ipc": "CUDA IPC",
-             "cuda-ipc+nccl": "CUDA IPC + NCCL"}
+             "cuda-ipc+nccl": "CUDA IPC + NCCL", "local": "local (one rank)"}
 # Ranks under an MPS daemon (hvd_magic.launch.mps): the same paths, one shared GPU context.
 GPU_PATHS.update({f"{key}/mps": f"{label} under MPS" for key, label in list(GPU_PATHS.items())})
 

@@ -18,7 +18,8 @@ from multiproc.harness import run_ranks
 
 fake_cuda = _fake_cuda  # the session fixture, under its name
 
-CONFIGS = [(1, False, "nccl"), (2, False, "nccl"), (3, False, "nccl"), (2, True, "staged"),
+# One rank exchanges nothing: "local" (Note [A world of one] in runtime/device_solo_ops.cc).
+CONFIGS = [(1, False, "local"), (2, False, "nccl"), (3, False, "nccl"), (2, True, "staged"),
            (3, True, "staged")]
 CONFIG_IDS = [f"np{n}-{'shared' if s else 'own'}-gpu" for n, s, _ in CONFIGS]
 

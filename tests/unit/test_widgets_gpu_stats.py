@@ -187,6 +187,7 @@ def test_text_status_shows_the_gpu_compactly_and_cpu_as_cpu():
 
 @pytest.mark.parametrize("path, label", [("cuda-ipc", "CUDA IPC"),
                                          ("cuda-ipc+nccl", "CUDA IPC + NCCL"),
+                                         ("local", "local (one rank)"),
                                          ("staged", "staged")])
 def test_widget_rows_name_every_device_path(path, label):
     """Ranks sharing a GPU (CUDA IPC, alone or under NCCL between GPUs) are named, not '—'."""

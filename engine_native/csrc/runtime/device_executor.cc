@@ -11,6 +11,7 @@
 #include "runtime/device_mixed_ops.h"
 #include "runtime/device_nccl_ops.h"
 #include "runtime/device_path.h"
+#include "runtime/device_solo_ops.h"
 
 namespace hvd::runtime {
 
@@ -150,10 +151,20 @@ Status DeviceExecutor::prepare(OpContext& op) {
 }
 
 Status DeviceExecutor::setUp(OpContext& op, int device) {
+  const int32_t id = op.response.process_set;
+  if (op.comm.size() == 1 && config_.gpu_path != "staged") {  // Note [A world of one]
+    HVD_LOG(kInfo, "transport") << "process set " << id << " has one rank: its CUDA "
+                                << "collectives are device copies on cuda:" << device;
+    metrics_.setDevicePath(id, "local", device);
+    DeviceSet set;
+    set.device = device;
+    set.ops = std::make_unique<DeviceSoloOps>(metrics_);
+    sets_.emplace(id, std::move(set));
+    return Status::ok();
+  }
   PathChoice choice;
   HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path,
                                  config_.ipc_order == "host", &choice));
-  const int32_t id = op.response.process_set;
   if (choice.nccl) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
                                 << device;
