@@ -167,6 +167,26 @@ def world_of_one():
     late_counts = (hvd.metrics()["caller_polled_ops"] - polled,
                    f.calls("cudaLaunchHostFunc") - launches)
 
+    # Async ops behind a late producer, then a synchronous one: its caller's polls complete
+    # them all, in queue order; then a wait that comes after its op's host function was queued.
+    polled, launches = hvd.metrics()["caller_polled_ops"], f.calls("cudaLaunchHostFunc")
+    ins = [np.zeros(4, np.float32) for _ in range(3)]
+    outs = [np.empty_like(a) for a in ins]
+    for k, a in enumerate(ins):
+        f.check(f.cuda.fakeCudaLaunchDelayedFill(a.ctypes.data, 0x40, a.nbytes, 10, producer))
+    handles = [device_ops.enqueue(_core.ALLREDUCE, a, o, f"queued.{k}", stream=producer)
+               for k, (a, o) in enumerate(zip(ins[:2], outs[:2]))]
+    _core.wait(enqueue_sync(_core.ALLREDUCE, ins[2], outs[2], "queued.sync", stream=producer))
+    queued = [bool(_core.poll(h)) for h in handles]
+    for h in handles:
+        _core.wait(h)
+    f.check(f.cuda.fakeCudaLaunchDelayedFill(ins[0].ctypes.data, 0x41, 16, 20, producer))
+    _core.wait(device_ops.enqueue(_core.ALLREDUCE, ins[0], outs[0], "waited.later",
+                                  stream=producer))
+    queued_counts = (queued, [o.view(np.uint32).tolist() for o in outs],
+                     hvd.metrics()["caller_polled_ops"] - polled,
+                     f.calls("cudaLaunchHostFunc") - launches)
+
     # abort() while the caller waits on an event behind a producer that never finishes.
     token = f.cuda.fakeCudaLaunchBlocker(producer)
     stuck = np.ones(4, np.float32)
@@ -189,13 +209,13 @@ def world_of_one():
     seconds = time.monotonic() - t0
     aborter.join()
     f.check(f.cuda.fakeCudaReleaseBlocker(token))
-    return got, exchanged, late, late_counts, (error, seconds)
+    return got, exchanged, late, late_counts, queued_counts, (error, seconds)
 
 
 def test_a_world_of_one_exchanges_nothing_and_waits_on_events(fake_cuda):
     kw = device_ops.rank_envs(fake_cuda, 1, False, extra={"HVD_TIMEOUT": "5"})
-    got, exchanged, late, late_counts, (error, seconds) = run_ranks(world_of_one, 1,
-                                                                    timeout=60, **kw)[0].value
+    got, exchanged, late, late_counts, queued_counts, (error, seconds) = run_ranks(
+        world_of_one, 1, timeout=60, **kw)[0].value
     x = np.array([1.5, -2.0, 3.25, 0.5], np.float32)
     scaled = ((x * np.float32(2.0)) * np.float32(0.25)).tolist()
     for name in ("sum", "average", "min", "max", "product"):
@@ -209,5 +229,10 @@ def test_a_world_of_one_exchanges_nothing_and_waits_on_events(fake_cuda):
     assert late == [[int.from_bytes(bytes([0x40 + i]) * 4, "little")] * 4 for i in range(3)]
     polled, host_fns = late_counts
     assert polled >= 1 and host_fns <= 1, late_counts
+    queued, outs, polled, host_fns = queued_counts
+    assert queued == [True, True], "a synchronous op completed before earlier ones"
+    assert outs == [[0x41414141] * 4] + [[0x40404040] * 4] * 2, outs
+    # the async ops' host functions (2 or 3) and the late waiter's; not the synchronous op's
+    assert polled <= 1 and 2 <= host_fns <= 4, queued_counts
     assert error and "aborted" in error, error
     assert seconds < 5, seconds  # within HVD_TIMEOUT
