@@ -21,6 +21,7 @@ fake_cuda = _fake_cuda  # the session fixture, under its name
 OPS = 20  # synchronous ops counted per kind once warm
 # A waiting caller drives for up to 5 s (not 200 us): its own pass surely queues its op.
 LONG_SPIN = {"HVD_CALLER_SPIN_US": "5000000"}
+TIMEOUT = 1  # HVD_TIMEOUT of the np=1 launch, which waits it out once
 
 
 def enqueue_sync(kind, x, out, name, op=None, pre=1.0, post=1.0, set_id=0, stream=0,
@@ -187,11 +188,23 @@ def world_of_one():
                      hvd.metrics()["caller_polled_ops"] - polled,
                      f.calls("cudaLaunchHostFunc") - launches)
 
-    # abort() while the caller waits on an event behind a producer that never finishes.
+    # The caller waits on an event behind a producer that never finishes: abort() ends the
+    # wait; HVD_TIMEOUT does (the core fails, by the caller's poll or the loop's tick).
+    aborted = _wait_behind_a_stuck_producer(hvd, f, producer, abort=True)
+    hvd.shutdown()
+    hvd.init()
+    timed_out = _wait_behind_a_stuck_producer(hvd, f, producer, abort=False)
+    return got, exchanged, late, late_counts, queued_counts, aborted, timed_out
+
+
+def _wait_behind_a_stuck_producer(hvd, f, producer, abort):
+    """(error, seconds) of a synchronous allreduce's wait whose input's producer is stuck
+    (the fake's blocker, released after the wait), with abort() once the caller waits."""
+    from engine_native import _core
     token = f.cuda.fakeCudaLaunchBlocker(producer)
     stuck = np.ones(4, np.float32)
-    handle = enqueue_sync(_core.ALLREDUCE, stuck, np.empty_like(stuck), "stuck",
-                          stream=producer)
+    out = np.empty_like(stuck)  # both outlive the op
+    handle = enqueue_sync(_core.ALLREDUCE, stuck, out, "stuck", stream=producer)
 
     def abort_once_blocked():
         deadline = time.monotonic() + 30
@@ -199,7 +212,8 @@ def world_of_one():
             threading.Event().wait(0.001)  # until the main thread sits in wait()
         hvd.abort("test")
     aborter = threading.Thread(target=abort_once_blocked)
-    aborter.start()
+    if abort:
+        aborter.start()
     t0 = time.monotonic()
     try:
         _core.wait(handle)
@@ -207,14 +221,16 @@ def world_of_one():
     except _core.HorovodInternalError as exc:
         error = str(exc)
     seconds = time.monotonic() - t0
-    aborter.join()
+    if abort:
+        aborter.join()
     f.check(f.cuda.fakeCudaReleaseBlocker(token))
-    return got, exchanged, late, late_counts, queued_counts, (error, seconds)
+    f.check(f.cuda.cudaStreamSynchronize(producer))  # the op's stream work ends before `out`
+    return error, seconds
 
 
 def test_a_world_of_one_exchanges_nothing_and_waits_on_events(fake_cuda):
-    kw = device_ops.rank_envs(fake_cuda, 1, False, extra={"HVD_TIMEOUT": "5"})
-    got, exchanged, late, late_counts, queued_counts, (error, seconds) = run_ranks(
+    kw = device_ops.rank_envs(fake_cuda, 1, False, extra={"HVD_TIMEOUT": str(TIMEOUT)})
+    got, exchanged, late, late_counts, queued_counts, aborted, timed_out = run_ranks(
         world_of_one, 1, timeout=60, **kw)[0].value
     x = np.array([1.5, -2.0, 3.25, 0.5], np.float32)
     scaled = ((x * np.float32(2.0)) * np.float32(0.25)).tolist()
@@ -234,5 +250,7 @@ def test_a_world_of_one_exchanges_nothing_and_waits_on_events(fake_cuda):
     assert outs == [[0x41414141] * 4] + [[0x40404040] * 4] * 2, outs
     # the async ops' host functions (2 or 3) and the late waiter's; not the synchronous op's
     assert polled <= 1 and 2 <= host_fns <= 4, queued_counts
-    assert error and "aborted" in error, error
-    assert seconds < 5, seconds  # within HVD_TIMEOUT
+    error, seconds = aborted
+    assert error and "aborted" in error and seconds < TIMEOUT, aborted
+    error, seconds = timed_out
+    assert error and "made no progress" in error and seconds < TIMEOUT + 3, timed_out
