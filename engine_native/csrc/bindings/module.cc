@@ -268,7 +268,7 @@ bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) 
     Py_BEGIN_ALLOW_THREADS
     // Its CUDA op's event, polled here when its drive queued the op (Note [Caller waits on
     // the device] in runtime/device_executor.cc); else the handle's condition variable.
-    const bool polled = Runtime::instance().awaitDevice(handle, kWaitSliceMs);
+    const bool polled = Runtime::instance().awaitDevice(handle, kWaitSliceMs, t0);
     done = handles.waitFor(handle, polled ? 0 : kWaitSliceMs, status, result);
     Py_END_ALLOW_THREADS
     if (done) break;

@@ -17,6 +17,7 @@ class PollPacer {
 
  public:
   PollPacer() : since_(Clock::now()) {}
+  explicit PollPacer(Clock::time_point since) : since_(since) {}  // a wait that began earlier
   // Sleeps for the next nap, never past `deadline`.
   void nap(Clock::time_point deadline) const {
     const auto now = Clock::now();

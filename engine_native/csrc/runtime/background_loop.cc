@@ -505,10 +505,11 @@ bool BackgroundLoop::drive(int64_t handle) {
 }
 
 // Note [Caller waits on the device] B, D, E in device_executor.cc.
-bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice) {
+bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice,
+                                 Clock::time_point since) {
   if (!executor_.callerPollsAnyDevice()) return false;  // the common case: no lock taken
   const auto end = Clock::now() + slice;
-  const common::PollPacer pacer;
+  const common::PollPacer pacer(since);
   bool polled = false;
   while (true) {
     {

@@ -97,8 +97,9 @@ class BackgroundLoop {
   // Framework threads, after drive(), blocked on `handle`: while its CUDA op's completion is
   // the caller's to poll (Note [Caller waits on the device] in device_executor.cc), polls the
   // device for up to `slice` or until the op is done, and returns true; false at once when it
-  // is not (the caller blocks on its handle).
-  bool awaitDevice(int64_t handle, std::chrono::milliseconds slice);
+  // is not (the caller blocks on its handle). since: when the caller began to wait (paces the
+  // polls across slices).
+  bool awaitDevice(int64_t handle, std::chrono::milliseconds slice, Clock::time_point since);
   // H: one point-to-point pass on this thread if no pass is running; wakes the loop unless
   // the pass ran (a send not written by it is left to the loop thread).
   void progressEagerly(int64_t handle, bool is_send);

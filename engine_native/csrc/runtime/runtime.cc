@@ -266,13 +266,14 @@ bool Runtime::drive(int64_t handle) {
   return loop && loop->drive(handle);
 }
 
-bool Runtime::awaitDevice(int64_t handle, int slice_ms) {
+bool Runtime::awaitDevice(int64_t handle, int slice_ms,
+                          std::chrono::steady_clock::time_point since) {
   std::shared_ptr<BackgroundLoop> loop;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     loop = loop_;
   }
-  return loop && loop->awaitDevice(handle, std::chrono::milliseconds(slice_ms));
+  return loop && loop->awaitDevice(handle, std::chrono::milliseconds(slice_ms), since);
 }
 
 Status Runtime::send(PeerSend send, bool wait_now, int64_t* handle) {

@@ -7,6 +7,7 @@
 // records into them and both are torn down only after the loop has stopped.
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,7 +69,7 @@ class Runtime {
   // True when the handle finished here. Call without the GIL.
   bool drive(int64_t handle);
   // After drive(): BackgroundLoop::awaitDevice (Note [Caller waits on the device]).
-  bool awaitDevice(int64_t handle, int slice_ms);
+  bool awaitDevice(int64_t handle, int slice_ms, std::chrono::steady_clock::time_point since);
   HandleTable& handles() { return handles_; }
 
   // Point-to-point (Note [Point-to-point] in peer_ops.cc), between global ranks. `data` must
