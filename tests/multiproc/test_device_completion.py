@@ -168,10 +168,11 @@ def world_of_one():
     late_counts = (hvd.metrics()["caller_polled_ops"] - polled,
                    f.calls("cudaLaunchHostFunc") - launches)
 
-    # Async ops behind a late producer, then a synchronous one: its caller's polls complete
-    # them all, in queue order; then a wait that comes after its op's host function was queued.
+    # Async ops behind a late producer, then a synchronous one (float64: not fused with them):
+    # its caller's polls complete them all, in queue order; then a wait that comes after its
+    # op's host function was queued.
     polled, launches = hvd.metrics()["caller_polled_ops"], f.calls("cudaLaunchHostFunc")
-    ins = [np.zeros(4, np.float32) for _ in range(3)]
+    ins = [np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float64)]
     outs = [np.empty_like(a) for a in ins]
     for k, a in enumerate(ins):
         f.check(f.cuda.fakeCudaLaunchDelayedFill(a.ctypes.data, 0x40, a.nbytes, 10, producer))
@@ -184,7 +185,7 @@ def world_of_one():
     f.check(f.cuda.fakeCudaLaunchDelayedFill(ins[0].ctypes.data, 0x41, 16, 20, producer))
     _core.wait(device_ops.enqueue(_core.ALLREDUCE, ins[0], outs[0], "waited.later",
                                   stream=producer))
-    queued_counts = (queued, [o.view(np.uint32).tolist() for o in outs],
+    queued_counts = (queued, [o.view(np.uint8).tolist() for o in outs],
                      hvd.metrics()["caller_polled_ops"] - polled,
                      f.calls("cudaLaunchHostFunc") - launches)
 
@@ -247,7 +248,7 @@ def test_a_world_of_one_exchanges_nothing_and_waits_on_events(fake_cuda):
     assert polled >= 1 and host_fns <= 1, late_counts
     queued, outs, polled, host_fns = queued_counts
     assert queued == [True, True], "a synchronous op completed before earlier ones"
-    assert outs == [[0x41414141] * 4] + [[0x40404040] * 4] * 2, outs
+    assert outs == [[0x41] * 16, [0x40] * 16, [0x40] * 32], outs
     # the async ops' host functions (2 or 3) and the late waiter's; not the synchronous op's
     assert polled <= 1 and 2 <= host_fns <= 4, queued_counts
     error, seconds = aborted
