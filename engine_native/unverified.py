@@ -3,9 +3,10 @@
 
 The CPU tests drive these paths against the fake CUDA runtime and NCCL (DESIGN §8), which
 checks their control flow, not what a real driver does with them. A user on such a path
-deserves to know that it is the first. The core's own path of this kind, a mixed process set
-(CUDA IPC within each GPU, NCCL between GPUs), logs its warning from the core
-(runtime/device_executor.cc), once per process as well.
+deserves to know that it is the first. The core's own paths of this kind — a mixed process
+set (CUDA IPC within each GPU, NCCL between GPUs), a process set of one rank with CUDA tensors
+(device copies), a synchronous CUDA op's completion polled by its waiting thread — log their
+warnings from the core (runtime/device_executor.cc), once per process as well.
 """
 from __future__ import annotations
 

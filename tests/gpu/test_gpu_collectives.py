@@ -1,7 +1,8 @@
 """The rest of engine_native.torch on CUDA tensors, on a real GPU: allgather (uneven first
 dims), alltoall (splits), reducescatter (Horovod's uneven split), broadcast, tensors larger than
 the fusion buffer, SyncBatchNorm against BatchNorm on the global batch, and the optimizer-state
-broadcast. np=1 runs on NCCL; np=2 shares the one GPU (staged path). Marker ``gpu``.
+broadcast. np=1 runs on NCCL (HVD_GPU_PATH=nccl: not the one-rank local path); np=2 shares
+the one GPU (staged path). Marker ``gpu``.
 """
 import pytest
 from multiproc.harness import run_ranks
@@ -56,6 +57,12 @@ def rank_collectives():
 def test_every_collective_on_cuda_tensors(np):
     paths = [r.value for r in run_ranks(rank_collectives, np, env=_env(np=np), timeout=300)]
     assert paths == (["nccl"] if np == 1 else ["staged"] * np)
+
+
+def test_every_collective_on_the_one_rank_local_path():
+    """np=1 as the core chooses it: device copies, no NCCL (Note [A world of one])."""
+    env = {k: v for k, v in _env().items() if k != "HVD_GPU_PATH"}
+    assert [r.value for r in run_ranks(rank_collectives, 1, env=env, timeout=300)] == ["local"]
 
 
 def rank_beyond_fusion_buffer(count=24, elements=1 << 17):
@@ -129,5 +136,5 @@ def _env(extra=None, np=1):
     (the CUDA-IPC path the core would choose is tests/gpu/test_ipc_gpu.py's)."""
     import os
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-    staged = {"HVD_GPU_PATH": "staged"} if np > 1 else {}
+    staged = {"HVD_GPU_PATH": "staged" if np > 1 else "nccl"}  # np=1: not the local path
     return dict({"CUDA_VISIBLE_DEVICES": first}, **staged, **(extra or {}))

@@ -59,7 +59,7 @@ def rank_abort_in_flight(spin_cycles=2_000_000_000):
 def test_abort_with_cuda_ops_in_flight_then_reinit(np):
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
     env = {"CUDA_VISIBLE_DEVICES": first, "HVD_TIMEOUT": "20",
-           **({"HVD_GPU_PATH": "staged"} if np > 1 else {})}  # IPC: test_ipc_gpu.py
+           "HVD_GPU_PATH": "staged" if np > 1 else "nccl"}  # IPC: test_ipc_gpu.py
     results = run_ranks(rank_abort_in_flight, np, env=env, timeout=300)
     for r in results:
         v = r.value

@@ -21,7 +21,7 @@ def _same_gpu_env(extra=None, np=1):
     ranks there take the staged path, forced (the CUDA-IPC path the core would choose is
     tests/gpu/test_ipc_gpu.py's)."""
     first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-    staged = {"HVD_GPU_PATH": "staged"} if np > 1 else {}
+    staged = {"HVD_GPU_PATH": "staged" if np > 1 else "nccl"}  # np=1: not the local path
     return dict({"CUDA_VISIBLE_DEVICES": first}, **staged, **(extra or {}))
 
 

@@ -80,5 +80,6 @@ def test_abort_mid_hierarchical_allreduce_then_reinit(fake_cuda):
         assert v["again"] and v["path"] == MIXED, v
         # a path never run on hardware warns once per process (issue #39 item 6), not again
         # after the re-init
-        assert r.stderr.count("has not yet been verified on a GPU") == 1, r.stderr
+        assert r.stderr.count("a mixed process set (CUDA IPC within each GPU, NCCL between "
+                              "GPUs) has not yet been verified on a GPU") == 1, r.stderr
         assert v["remapped"] == 1 and v["final"] == 0, v

@@ -4,11 +4,13 @@ point-to-point] in engine_native/csrc/runtime/device_peer_ops.cc), on the fake C
 stand for CUDA tensors of device 0, as in test_device_ipc.py.
 
 Covered: every dtype and size both ways at once, results on the device and in host memory;
-receives posted before their messages exist; tags taken out of order; more bytes in flight than the first staging segment holds (it grows,
-nothing waits for a receive), and released memory reused; the producer's stream order (a send submitted behind a held
-kernel reads what that kernel writes); a receive that names no device refused on its rank
-alone; HVD_GPU_PATH=staged refusing the IPC route; the peers' mappings closed at shutdown;
-and a copy that never finishes failing both ranks within HVD_TIMEOUT instead of hanging.
+receives posted before their messages exist; tags taken out of order; more bytes in flight
+than the first staging segment holds (it grows, nothing waits for a receive), and released
+memory reused; the producer's stream order (a send submitted behind a held kernel reads what
+that kernel writes); a receive that cannot read a CUDA tensor refusing it and getting its
+bytes resent through host memory, the sender staging later ones; HVD_GPU_PATH=staged refusing
+the IPC route; the peers' mappings closed at shutdown; and a copy that never finishes failing
+both ranks within HVD_TIMEOUT instead of hanging.
 """
 import time
 
@@ -119,16 +121,18 @@ def exchange_suite():
         _core.wait(handle)
     fails.expect("staging reused", f.cuda.fakeCudaLiveAllocations() == allocated,
                  (allocated, f.cuda.fakeCudaLiveAllocations()))
-    # A receive with no device for a CUDA tensor: an error on this rank; the next one works.
-    ones, nines = np.ones(8, np.int32), np.full(8, 9, np.int32)  # alive until sent
+    # A receive that cannot read a CUDA tensor (it names no device): it refuses, the sender
+    # resends the bytes through host memory, and stages every later CUDA tensor to it (G).
+    ones = np.arange(8, dtype=np.int32) + me  # alive until sent
     handle = send(ones, peer, 300)
-    fails.expect_raises("no device", ValueError, lambda: receive(peer, 300, device=-1),
-                        "names no CUDA device")
-    handle2 = send(nines, peer, 301)
-    got, _ = receive(peer, 301)
-    fails.expect("after the refused receive", np.array_equal(got, np.full(8, 9, np.int32)))
+    got, where = receive(peer, 300, device=-1)
     _core.wait(handle)
-    _core.wait(handle2)
+    fails.expect("refused, then resent", np.array_equal(got, np.arange(8, dtype=np.int32) + peer)
+                 and where == -1, (where, got))
+    fails.expect("route after a refusal", _core.p2p_cuda_route(peer) == "staged",
+                 _core.p2p_cuda_route(peer))
+    fails.expect_raises("a CUDA send after a refusal", ValueError,
+                        lambda: send(ones, peer, 301), "HVD_GPU_PATH=staged")
     hvd.shutdown()
     fails.expect("mappings closed", f.cuda.fakeCudaLiveIpcMappings() == 0,
                  f.cuda.fakeCudaLiveIpcMappings())

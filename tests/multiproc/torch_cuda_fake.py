@@ -22,8 +22,10 @@ runtime and NCCL (``devices._require_cuda``), the core's device path (ready even
 producer stream, NCCL with distinct bus ids, staged with a shared one, device outputs), and the
 fake CUDA runtime and NCCL below it, whose collectives really combine the ranks' data.
 
-The fake cannot tell tensors Horovod keeps on the CPU (the row counts in allgather's backward,
-broadcast_object's bytes) from CUDA ones: in a faked rank, every tensor goes to the device.
+The fake cannot tell tensors Horovod keeps on the CPU (the row counts in allgather's backward)
+from CUDA ones: in a faked rank, every tensor goes to the device. (broadcast_object's and
+allgather_object's bytes go through the NumPy API, engine_native/objects.py, so they stay on
+the host here too.)
 
 Example
 -------

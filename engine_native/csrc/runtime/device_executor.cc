@@ -72,13 +72,13 @@ const char* pathName(const PathChoice& choice) {
 
 // Issue #39 item 6: a path never run on real hardware warns once per process when first used
 // (engine_native/unverified.py has the Python side's paths). Remove once a device run proves it.
-void warnMixedUnverified() {
-  static std::atomic<bool> warned{false};
+void warnUnverified(std::atomic<bool>& warned, const char* what) {
   if (warned.exchange(true)) return;
-  HVD_LOG(kWarning, "transport") << "a mixed process set (CUDA IPC within each GPU, NCCL "
-                                 << "between GPUs) has not yet been verified on a GPU (tested "
-                                 << "only against a fake CUDA runtime)";
+  HVD_LOG(kWarning, "transport") << what << " has not yet been verified on a GPU (tested only "
+                                 << "against a fake CUDA runtime)";
 }
+
+std::atomic<bool> g_mixed_warned{false}, g_solo_warned{false}, g_polled_warned{false};
 
 }  // namespace
 
@@ -152,10 +152,13 @@ Status DeviceExecutor::prepare(OpContext& op) {
 
 Status DeviceExecutor::setUp(OpContext& op, int device) {
   const int32_t id = op.response.process_set;
-  if (op.comm.size() == 1 && config_.gpu_path != "staged") {  // Note [A world of one]
+  // Note [A world of one]; HVD_GPU_PATH=nccl still asks for a (one-rank) communicator.
+  if (op.comm.size() == 1 && config_.gpu_path != "staged" && config_.gpu_path != "nccl") {
     HVD_LOG(kInfo, "transport") << "process set " << id << " has one rank: its CUDA "
                                 << "collectives are device copies on cuda:" << device;
     metrics_.setDevicePath(id, "local", device);
+    warnUnverified(g_solo_warned, "a process set of one rank with CUDA tensors (device copies, "
+                                  "no exchange)");
     DeviceSet set;
     set.device = device;
     set.ops = std::make_unique<DeviceSoloOps>(metrics_);
@@ -173,7 +176,8 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
                                 << "the " << choice.gpu_comm->size() << " ranks on cuda:" << device
                                 << ", then NCCL among one rank per GPU; other CUDA collectives "
                                 << "stage through host memory";
-    warnMixedUnverified();
+    warnUnverified(g_mixed_warned, "a mixed process set (CUDA IPC within each GPU, NCCL between "
+                                   "GPUs)");
   } else if (choice.ipc) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via CUDA IPC "
                                 << "between the " << op.comm.size() << " ranks sharing cuda:"
@@ -233,6 +237,10 @@ Status DeviceExecutor::queueCompletion(DeviceCompletion completion) {
   HVD_RETURN_IF_ERROR(item.stream->record(&item.done));
   // Note [Caller waits on the device] A: its waiting caller polls the event instead.
   Status status = completion.caller_polls ? Status::ok() : wake_.notifyAfter(*item.stream);
+  if (completion.caller_polls) {
+    warnUnverified(g_polled_warned, "a synchronous CUDA op's completion polled by its waiting "
+                                    "thread (no host function)");
+  }
   if (!status.isOk()) {
     item.stream->release(item.done);
     return status;

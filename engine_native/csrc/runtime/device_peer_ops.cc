@@ -35,10 +35,7 @@
 //      final (phase 2), on a stream of its own that holds only such copies: the loop blocks
 //      for the copy itself, never on another process's kernels. The receive completes when
 //      its copy finished; then the kDeviceRead frame goes back. A message whose bytes cannot
-//      be read (no CUDA runtime here, no device named, an IPC failure: two GPUs without peer
-//      access) fails that receive on this rank with the reason and is still released; the
-//      send has completed. Ranks whose GPUs cannot reach each other's memory set
-//      HVD_GPU_PATH=staged (the error says so): the sender cannot know the receive's device.
+//      be read goes by G.
 //   E. Order. Messages are matched to receives in the order sent (Note [Point-to-point] B);
 //      their copies may finish in another order (different devices, a gated host result),
 //      so receives complete when their own copy did, as irecv handles may anywhere.
@@ -48,6 +45,15 @@
 //      lost peer fails the rank as for host messages; abandon() then waits a bounded time for
 //      the streams and forgets what was in flight — except, when a stream did not drain, the
 //      outputs its copies may still write, which are kept until exit rather than reused.
+//   G. Refusal. The sender cannot know whether the receiver can map its memory (that depends
+//      on the receive's device: two GPUs without peer access, no CUDA runtime or device on
+//      the receiving rank, an IPC failure). A receiver that cannot read a message answers
+//      kDeviceRefused instead of kDeviceRead and keeps the receive open; the sender, whose
+//      bytes still sit in the message's room, copies them into host memory (the same gated
+//      host copy as D) and sends them as kDeviceResend, then releases the room; the receive
+//      completes with them (a host result, moved to its device by the binding). From the
+//      first refusal on, cudaRoute says "staged" for that peer, so the binding stages later
+//      CUDA tensors to it itself. Both ranks log it once.
 #include "runtime/device_peer_ops.h"
 
 #include <mutex>
@@ -165,38 +171,61 @@ Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, ui
   nccl::CudaEvent written = nullptr;
   const Status opened = imports->open(message, bytes, &source, &written);
   if (!opened.isOk()) {
-    return common::internalError(what + ": cannot read the sender's CUDA memory by IPC (" +
-                                 opened.message() + "); for GPUs without peer access to each "
-                                 "other, set HVD_GPU_PATH=staged on the sending rank");
+    return common::internalError("cannot read its CUDA memory by IPC (" + opened.message() +
+                                 ")");
   }
   HVD_RETURN_IF_ERROR(d->stream->waitFor(written));
+  if (!on_device) return startHostCopy(*d, device_ordinal, source, bytes, id, what);
   Copy copy;
   copy.id = id;
   copy.what = what;
   copy.stream = d->stream.get();
-  if (on_device) {
-    void* block = nullptr;
-    size_t capacity = 0;
-    HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, *d->stream, &block, &capacity));
-    copy.output = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(block), bytes,
-                                                 device_ordinal, capacity, &giveBackOutput);
-    HVD_RETURN_IF_ERROR(d->stream->copy(block, source, bytes));
-  } else {
-    copy.output = hostOutput(static_cast<size_t>(bytes));
-    if (!copy.output || copy.output->data == nullptr) {
-      return common::internalError(what + ": no host memory for " + std::to_string(bytes) +
-                                   " bytes");
-    }
-    if (!d->copy_out) {
-      auto stream = std::make_unique<nccl::DeviceStream>();
-      HVD_RETURN_IF_ERROR(stream->init(device_ordinal));
-      d->copy_out = std::move(stream);
-    }
-    copy.gated = true;  // D: the copy out waits until the sender's bytes are final
-    copy.source = source;
-    copy.copy_out = d->copy_out.get();
-  }
+  void* block = nullptr;
+  size_t capacity = 0;
+  HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, *d->stream, &block, &capacity));
+  copy.output = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(block), bytes,
+                                               device_ordinal, capacity, &giveBackOutput);
+  HVD_RETURN_IF_ERROR(d->stream->copy(block, source, bytes));
   return queueDone(std::move(copy));
+}
+
+// D: phase 1 only marks the point of `d`'s stream after which the bytes are final.
+Status DevicePeerOps::startHostCopy(PerDevice& d, int device_ordinal, const uint8_t* source,
+                                    uint64_t bytes, uint64_t id, const std::string& what) {
+  Copy copy;
+  copy.id = id;
+  copy.what = what;
+  copy.stream = d.stream.get();
+  copy.output = hostOutput(static_cast<size_t>(bytes));
+  if (!copy.output || copy.output->data == nullptr) {
+    return common::internalError(what + ": no host memory for " + std::to_string(bytes) +
+                                 " bytes");
+  }
+  if (!d.copy_out) {
+    auto stream = std::make_unique<nccl::DeviceStream>();
+    HVD_RETURN_IF_ERROR(stream->init(device_ordinal));
+    d.copy_out = std::move(stream);
+    HVD_RETURN_IF_ERROR(d.stream->select());
+  }
+  copy.gated = true;
+  copy.source = source;
+  copy.copy_out = d.copy_out.get();
+  return queueDone(std::move(copy));
+}
+
+Status DevicePeerOps::restage(int peer, uint64_t sequence, uint64_t id) {
+  nccl::DeviceRestorer restore;
+  for (auto& [ordinal, d] : devices_) {
+    auto ring = d.rings.find(peer);
+    const uint8_t* source = nullptr;
+    uint64_t bytes = 0;
+    if (ring == d.rings.end() || !ring->second->find(sequence, &source, &bytes)) continue;
+    HVD_RETURN_IF_ERROR(d.stream->select());
+    return startHostCopy(d, ordinal, source, bytes, id,
+                         "the resend of a CUDA tensor to rank " + std::to_string(peer));
+  }
+  return common::internalError("rank " + std::to_string(peer) + " refused device message " +
+                               std::to_string(sequence) + ", which this rank never sent");
 }
 
 // D, phase 2: the sender's bytes are final; the copy runs alone on the copy-out stream.

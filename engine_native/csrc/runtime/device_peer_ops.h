@@ -40,6 +40,10 @@ class DevicePeerOps {
                        transport::DeviceMessage* message);
   // The receiver read `peer`'s message `sequence` (its kDeviceRead frame came).
   void released(int peer, uint64_t sequence);
+  // The receiver could not read message `sequence` (kDeviceRefused): copies its bytes, once
+  // its staging copy finished, into host memory; poll() reports `id` with them. The room
+  // stays until released().
+  common::Status restage(int peer, uint64_t sequence, uint64_t id);
 
   // Receiver: copies `message` (`bytes` > 0) from `peer` into a new output, on `device` when
   // `on_device`, else in host memory (the copy runs on `device`'s stream either way).
@@ -84,6 +88,9 @@ class DevicePeerOps {
   common::Status device(int ordinal, PerDevice** out);
   common::Status queueDone(Copy copy);  // records copy.done and asks for a wake
   common::Status copyOut(Copy& copy);   // a gated host read's second phase
+  // Phase 1 of a copy of `bytes` at `source` into host memory, on `d`'s streams.
+  common::Status startHostCopy(PerDevice& d, int device_ordinal, const uint8_t* source,
+                               uint64_t bytes, uint64_t id, const std::string& what);
   bool drain();  // false when a stream did not finish in time
 
   LoopWake wake_;

@@ -14,8 +14,9 @@ using coord::OpType;
 // A process set of one member (np=1, or a set of one rank inside a larger job) has no peer, so
 // its CUDA collectives exchange nothing: no NCCL communicator (none is made), no IPC, no
 // staging through host memory (Note [Device path choice] is skipped: the DeviceExecutor
-// picks this path for any set of size 1 unless HVD_GPU_PATH=staged asks for staging;
-// HVD_GPU_PATH=nccl or =ipc has nothing to do in a set of one and is not an error there).
+// picks this path for any set of size 1 unless HVD_GPU_PATH=staged asks for staging or
+// HVD_GPU_PATH=nccl for a one-rank communicator — how a one-GPU machine tests NCCL at all;
+// HVD_GPU_PATH=ipc has nothing to do in a set of one and is not an error there).
 // On the set's stream, after the inputs' producers (Note [Stream ordering]):
 //   allreduce, reducescatter  output = postscale' * OP(prescale * input), where OP of one
 //                             source is the identity and postscale' is postscale (Average

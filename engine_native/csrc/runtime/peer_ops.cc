@@ -32,6 +32,7 @@
 #include <utility>
 
 #include "common/check.h"
+#include "common/logging.h"
 #include "common/text.h"
 
 #include "runtime/host_output_pool.h"
@@ -72,8 +73,11 @@ transport::PeerPayload outputPayload(uint64_t bytes) {
   return {std::move(out), data};
 }
 
-// The id under which a receipt's frame is queued (handles are positive and smaller).
+// The ids under which a receipt's and a resend's frames are queued, and the ids of resend
+// copies (handles are positive and smaller).
 constexpr uint64_t kReceiptId = ~uint64_t{0};
+constexpr uint64_t kResendId = ~uint64_t{0} - 1;
+constexpr uint64_t kRestageBit = uint64_t{1} << 62;
 
 std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
   common::Text os;
@@ -89,7 +93,8 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
     : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
       timeout_(timeout_seconds), cuda_ipc_(cuda_ipc),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
-      device_(queue.wakeFd(), timeout_seconds) {
+      device_(queue.wakeFd(), timeout_seconds),
+      ipc_refused_(static_cast<size_t>(mesh.size())) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
       channel->setAllocator(&outputPayload);
@@ -139,7 +144,9 @@ const char* PeerOps::cudaRoute(int peer) const {
   const transport::PeerChannel* channel =
       peer >= 0 && peer < mesh_.size() ? mesh_.peerChannel(peer) : nullptr;
   if (channel == nullptr) return "";
-  return channel->onSharedMemory() && cuda_ipc_ ? "ipc" : "staged";
+  const bool ipc = channel->onSharedMemory() && cuda_ipc_ &&
+                   !ipc_refused_[peer].load(std::memory_order_relaxed);
+  return ipc ? "ipc" : "staged";
 }
 
 Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
@@ -255,6 +262,10 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
       p.receipts.pop_front();
       continue;
     }
+    if (sent_[k] == kResendId) {
+      p.resends.pop_front();
+      continue;
+    }
     Op& op = p.sending.front();
     HVD_CHECK_EQ(sent_[k], static_cast<uint64_t>(op.handle));
     if (op.device >= 0 && !op.copied) {
@@ -298,13 +309,16 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
 // malformed header does (the peer is not this job's code, or memory is corrupt).
 Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
   const transport::PeerFrame& frame = message.frame;
-  if (frame.kind == transport::PeerFrameKind::kDeviceRead) {
+  if (frame.kind == transport::PeerFrameKind::kDeviceRead ||
+      frame.kind == transport::PeerFrameKind::kDeviceRefused) {
     uint64_t sequence = 0;
     HVD_RETURN_IF_ERROR(
         transport::decodeDeviceRead(message.payload.data, frame.bytes, &sequence));
+    if (frame.kind == transport::PeerFrameKind::kDeviceRefused) return refused(peer, sequence);
     device_.released(peer, sequence);
     return Status::ok();
   }
+  if (frame.kind == transport::PeerFrameKind::kDeviceResend) return resent(p, std::move(message));
   Arrived arrived{frame.tag, {}, {}};
   if (frame.kind == transport::PeerFrameKind::kDevice) {
     uint64_t tensor_bytes = 0;
@@ -352,26 +366,84 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
     status = device_.read(op.peer, arrived.device, bytes, op.device, op.on_device,
                           static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag));
   }
-  if (!status.isOk()) {
-    sendReceipt(op.peer, arrived.device.sequence);
-    listen(-1);
-    fail(op, status);
-    return;
-  }
   op.dtype = frame.dtype;
   op.shape = frame.shape;
-  op.payload = std::make_shared<const std::string>(transport::encodeDeviceRead(
-      arrived.device.sequence));  // the receipt, sent once the copy finished
+  op.sequence = arrived.device.sequence;
+  if (!status.isOk()) {  // G: the bytes come again, through host memory
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      HVD_LOG(kWarning, "transport") << what("recv", op.peer, op.tag) << ": a CUDA tensor that "
+                                     << "this rank cannot read: " << status.message()
+                                     << "; rank " << op.peer << " resends it, and sends the "
+                                     << "next ones, through host memory";
+    }
+    sendReceipt(op.peer, op.sequence, transport::PeerFrameKind::kDeviceRefused);
+    op.awaiting_resend = true;
+    op.since = Clock::now();  // timeOut() bounds the wait for the resend
+  }
   p.reading.push_back(std::move(op));
 }
 
-void PeerOps::sendReceipt(int peer, uint64_t sequence) {
+void PeerOps::sendReceipt(int peer, uint64_t sequence, transport::PeerFrameKind kind) {
   PerPeer& p = peers_[peer];
   p.receipts.push_back(transport::encodeDeviceRead(sequence));
   transport::PeerFrame frame;
-  frame.kind = transport::PeerFrameKind::kDeviceRead;
+  frame.kind = kind;
   frame.bytes = transport::kDeviceReadBytes;
   mesh_.peerChannel(peer)->send(frame, p.receipts.back().data(), kReceiptId);
+}
+
+// Note [Device point-to-point] G, the sender: CUDA tensors to `peer` are staged from now on;
+// this message's bytes, still in its room, go again through host memory.
+Status PeerOps::refused(int peer, uint64_t sequence) {
+  if (!ipc_refused_[peer].exchange(true)) {
+    HVD_LOG(kWarning, "transport") << "rank " << peer << " cannot read this rank's CUDA memory "
+                                   << "by IPC: CUDA tensors to it go through host memory";
+  }
+  const uint64_t id = kRestageBit | next_restage_++;
+  restaging_[id] = {peer, sequence};
+  const Status status = device_.restage(peer, sequence, id);
+  if (!status.isOk()) restaging_.erase(id);
+  return status;  // not OK: the receiver would wait for nothing; the rank fails
+}
+
+void PeerOps::completeResend(uint64_t id, std::shared_ptr<OutputBuffer> bytes) {
+  const auto [peer, sequence] = restaging_.at(id);
+  restaging_.erase(id);
+  device_.released(peer, sequence);  // the bytes are in host memory now
+  PerPeer& p = peers_[peer];
+  transport::PeerFrame frame;
+  frame.kind = transport::PeerFrameKind::kDeviceResend;
+  frame.tag = static_cast<int64_t>(sequence);
+  frame.shape = {static_cast<int64_t>(bytes->bytes)};
+  frame.bytes = bytes->bytes;
+  p.resends.push_back(std::move(bytes));
+  mesh_.peerChannel(peer)->send(frame, p.resends.back()->data, kResendId);
+}
+
+// G, the receiver: the refused message's bytes, for the receive that waits for them.
+Status PeerOps::resent(PerPeer& p, transport::PeerMessage message) {
+  const auto sequence = static_cast<uint64_t>(message.frame.tag);
+  auto r = std::find_if(p.reading.begin(), p.reading.end(), [sequence](const Op& op) {
+    return op.awaiting_resend && op.sequence == sequence;
+  });
+  uint64_t bytes = 0;
+  if (r != p.reading.end()) transport::peerPayloadBytes(r->dtype, r->shape, &bytes);
+  if (r == p.reading.end() || bytes != message.frame.bytes) {
+    return common::internalError("malformed point-to-point frame: a resent device message (" +
+                                 std::to_string(message.frame.bytes) + " bytes) that no "
+                                 "refused receive waits for");
+  }
+  listen(-1);
+  metrics_.countP2p(/*sent=*/false, bytes);
+  endSpan(*r);
+  OpResult result;
+  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
+  result.shape = r->shape;
+  result.dtype = static_cast<int32_t>(r->dtype);
+  handles_.complete(r->handle, Status::ok(), std::move(result));
+  p.reading.erase(r);
+  return Status::ok();
 }
 
 Status PeerOps::progressDevice() {
@@ -379,6 +451,10 @@ Status PeerOps::progressDevice() {
   device_done_.clear();
   HVD_RETURN_IF_ERROR(device_.poll(&device_done_));
   for (DevicePeerOps::Done& done : device_done_) {
+    if (done.id & kRestageBit) {
+      completeResend(done.id, std::move(done.output));
+      continue;
+    }
     const auto handle = static_cast<int64_t>(done.id);
     auto has = [handle](const Op& op) { return op.handle == handle; };
     for (PerPeer& p : peers_) {
@@ -393,9 +469,7 @@ Status PeerOps::progressDevice() {
       }
       if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
           r != p.reading.end()) {
-        uint64_t sequence = 0;
-        transport::decodeDeviceRead(r->payload->data(), r->payload->size(), &sequence);
-        sendReceipt(r->peer, sequence);
+        sendReceipt(r->peer, r->sequence);
         listen(-1);
         metrics_.countP2p(/*sent=*/false, done.output->bytes);
         endSpan(*r);
@@ -437,6 +511,18 @@ void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
 }
 
 void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
+  for (auto r = p.reading.begin(); r != p.reading.end();) {  // G: a resend that never came
+    if (!r->awaiting_resend || now - r->since <= timeout_) {
+      ++r;
+      continue;
+    }
+    const Status timed_out = common::timedOut(
+        what("recv", r->peer, r->tag) + ": the CUDA tensor it refused was not resent through "
+        "host memory within " + seconds(timeout_.count()) + " s (HVD_TIMEOUT)");
+    listen(-1);
+    fail(*r, timed_out);
+    r = p.reading.erase(r);
+  }
   for (auto r = p.receiving.begin(); r != p.receiving.end();) {
     if (now - r->since <= timeout_) {
       ++r;
@@ -474,7 +560,7 @@ bool PeerOps::idle() const {
   if (device_.busy()) return false;
   for (const PerPeer& p : peers_) {
     if (!p.sending.empty() || !p.receiving.empty() || !p.staged.empty() || !p.reading.empty() ||
-        !p.receipts.empty()) {
+        !p.receipts.empty() || !p.resends.empty()) {
       return false;
     }
   }
@@ -557,6 +643,7 @@ void PeerOps::failAll(const Status& status) {
   for (Op& op : taking_) handles_.complete(op.handle, status);
   taking_.clear();
   device_.abandon();  // Note [Device point-to-point] F: before the tensors go
+  restaging_.clear();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
     if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();

@@ -8,9 +8,11 @@
 // (Note [Device point-to-point]).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,8 +69,9 @@ class PeerOps {
   // The handle completes with the message's payload, shape and dtype (OpResult).
   common::Status submitRecv(const PeerRecv& recv, bool caller_waits, bool wake, int64_t* handle);
   // How a CUDA tensor travels to `peer`: "ipc" (a rank of this host, Note [Device
-  // point-to-point] A), "staged" (through host memory, by the binding: another host, or
-  // HVD_GPU_PATH=staged), "" for no channel (this rank, or out of range).
+  // point-to-point] A), "staged" (through host memory, by the binding: another host,
+  // HVD_GPU_PATH=staged, or a peer that could not read this rank's CUDA memory: G), "" for no
+  // channel (this rank, or out of range). Any thread.
   const char* cudaRoute(int peer) const;
 
   // ---- the loop (under progress_) ----
@@ -114,6 +117,8 @@ class PeerOps {
     ReadyEvent ready;         // a CUDA send: its producer's stream at submission
     std::shared_ptr<const std::string> payload;  // a CUDA send's frame: its DeviceMessage
     bool copied = false;      // a CUDA send: its staging copy finished
+    bool awaiting_resend = false;  // a CUDA receive refused (Note [Device point-to-point] G)
+    uint64_t sequence = 0;         // ... of this device message
     Clock::time_point since;  // posted, or last progress on its channel
     std::string span;         // its timeline span's name; empty when none was recorded
   };
@@ -129,6 +134,7 @@ class PeerOps {
     std::deque<Op> reading;      // receives of CUDA tensors whose copies run
     std::deque<Arrived> arrived;  // unmatched messages, in arrival order
     std::deque<std::string> receipts;  // kDeviceRead payloads queued on the channel, in order
+    std::deque<std::shared_ptr<OutputBuffer>> resends;  // kDeviceResend payloads, in order
   };
 
   common::Status submit(Op op, bool caller_waits, bool wake, int64_t* handle);
@@ -138,7 +144,11 @@ class PeerOps {
   void completeRecv(const Op& op, transport::PeerMessage message);
   void stageDeviceSend(Op& op);          // Note [Device point-to-point] B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
-  void sendReceipt(int peer, uint64_t sequence);
+  void sendReceipt(int peer, uint64_t sequence,
+                   transport::PeerFrameKind kind = transport::PeerFrameKind::kDeviceRead);
+  common::Status refused(int peer, uint64_t sequence);       // G, the sender
+  common::Status resent(PerPeer& p, transport::PeerMessage message);  // G, the receiver
+  void completeResend(uint64_t id, std::shared_ptr<OutputBuffer> bytes);
   common::Status arrive(int peer, PerPeer& p, transport::PeerMessage message);
   common::Status progressDevice();
   void completeSend(const Op& op);
@@ -169,6 +179,10 @@ class PeerOps {
   std::vector<transport::PeerMessage> received_;
   DevicePeerOps device_;
   std::vector<DevicePeerOps::Done> device_done_;
+  // G: by peer, whether it refused this rank's CUDA memory (read by cudaRoute, any thread).
+  std::vector<std::atomic<bool>> ipc_refused_;
+  std::map<uint64_t, std::pair<int, uint64_t>> restaging_;  // id -> (peer, sequence)
+  uint64_t next_restage_ = 0;
 };
 
 }  // namespace hvd::runtime

@@ -45,7 +45,7 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
   if (!in.u8(&kind)) return bad(in.error());
-  if (kind > static_cast<uint8_t>(PeerFrameKind::kDeviceRead)) {
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kDeviceResend)) {
     return bad("unknown kind " + std::to_string(kind));
   }
   out->kind = static_cast<PeerFrameKind>(kind);
@@ -61,11 +61,16 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!peerPayloadBytes(out->dtype, out->shape, &expected)) return bad("shape too large");
   if (out->kind == PeerFrameKind::kDevice) {
     expected = kDeviceMessageBytes;  // the tensor's bytes stay on the sender's device
-  } else if (out->kind == PeerFrameKind::kDeviceRead) {
+  } else if (out->kind == PeerFrameKind::kDeviceRead ||
+             out->kind == PeerFrameKind::kDeviceRefused) {
     if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag != 0) {
       return bad("a read receipt with dims, a dtype or a tag");
     }
     expected = kDeviceReadBytes;
+  } else if (out->kind == PeerFrameKind::kDeviceResend &&
+             (out->shape.size() != 1 || out->dtype != common::DataType::kUint8 ||
+              out->tag < 0)) {
+    return bad("a resent device message that is not uint8 bytes of a sequence number");
   }
   if (expected != out->bytes) {
     return bad("payload of " + std::to_string(out->bytes) + " bytes for a shape of " +

@@ -14,6 +14,10 @@
 //     DeviceMessage (below) saying where, and dtype x shape the tensor's bytes there.
 //   kDeviceRead: the receiver finished copying device message `sequence` out (the payload, a
 //     u64); the sender may reuse that memory. No dims, dtype uint8, tag 0.
+//   kDeviceRefused: the same, for a message the receiver could not read (it cannot map the
+//     sender's memory): the sender answers with kDeviceResend.
+//   kDeviceResend: the bytes of refused message `sequence` (in the tag field, >= 0) through
+//     host memory: dtype uint8, one dim, the payload.
 #pragma once
 
 #include <cstddef>
@@ -31,7 +35,9 @@ constexpr size_t kMaxPeerHeaderBytes = 1024;  // 4 + 1 + 8 + 1 + 4 + 8 x 100 dim
 constexpr uint32_t kMaxPeerDims = 100;
 constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 
-enum class PeerFrameKind : uint8_t { kHost = 0, kDevice = 1, kDeviceRead = 2 };
+enum class PeerFrameKind : uint8_t {
+  kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4
+};
 
 struct PeerFrame {
   PeerFrameKind kind = PeerFrameKind::kHost;

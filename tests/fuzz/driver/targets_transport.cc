@@ -383,8 +383,9 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
-      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(3) : 0);
-      if (frame.kind == transport::PeerFrameKind::kDeviceRead) {  // a receipt
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(5) : 0);
+      if (frame.kind == transport::PeerFrameKind::kDeviceRead ||
+          frame.kind == transport::PeerFrameKind::kDeviceRefused) {  // a receipt
         frame.bytes = transport::kDeviceReadBytes;
         s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
         continue;
@@ -393,6 +394,10 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
       frame.dtype = static_cast<common::DataType>(rng.below(common::kNumDataTypes));
       for (uint64_t d = rng.below(4); d > 0; --d) {
         frame.shape.push_back(static_cast<int64_t>(rng.below(rng.chance(8) ? 300 : 6)));
+      }
+      if (frame.kind == transport::PeerFrameKind::kDeviceResend) {  // uint8 bytes
+        frame.dtype = common::DataType::kUint8;
+        frame.shape = {static_cast<int64_t>(rng.below(300))};
       }
       transport::peerPayloadBytes(frame.dtype, frame.shape, &frame.bytes);
       if (frame.kind == transport::PeerFrameKind::kDevice) {

@@ -125,7 +125,7 @@ Status StagingRing::reserve(uint64_t bytes, DeviceMessage* message, uint8_t** ds
   size_t e = 0;
   HVD_RETURN_IF_ERROR(takeEvent(&e));
   const Segment& s = segments_.back();
-  held_.push_back(Held{message->sequence, s.id, offset, offset + room, e});
+  held_.push_back(Held{message->sequence, s.id, offset, offset + room, bytes, e});
   message->segment = s.id;
   message->segment_bytes = s.bytes;
   message->base_offset = s.base_offset;
@@ -145,6 +145,19 @@ void StagingRing::release(uint64_t sequence) {
     break;
   }
   while (!held_.empty() && held_.front().released) held_.pop_front();
+}
+
+bool StagingRing::find(uint64_t sequence, const uint8_t** data, uint64_t* bytes) const {
+  for (const Held& h : held_) {
+    if (h.sequence != sequence || h.released) continue;
+    for (const Segment& s : segments_) {
+      if (s.id != h.segment) continue;
+      *data = s.memory + h.begin;
+      *bytes = h.bytes;
+      return true;
+    }
+  }
+  return false;
 }
 
 IpcImports::~IpcImports() { close(); }

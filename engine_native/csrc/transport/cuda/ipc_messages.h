@@ -34,6 +34,8 @@ class StagingRing {
                          nccl::CudaEvent* event);
   // The receiver read message `sequence`: its room and event may be used again.
   void release(uint64_t sequence);
+  // Where message `sequence`'s bytes are (its room, not released yet); false when unknown.
+  bool find(uint64_t sequence, const uint8_t** data, uint64_t* bytes) const;
   uint64_t exportedBytes() const;  // every segment's, retired ones included
 
  private:
@@ -47,7 +49,8 @@ class StagingRing {
   struct Held {  // a message's room, in reservation order
     uint64_t sequence;
     uint64_t segment;
-    uint64_t begin, end;
+    uint64_t begin, end;  // the room (aligned)
+    uint64_t bytes;       // the message's
     size_t event;
     bool released = false;
   };
