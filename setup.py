@@ -135,6 +135,7 @@ CORE_SOURCES = [
     "runtime/worker_requests.cc",
     "runtime/device_peer_ops.cc",
     "runtime/peer_ops.cc",
+    "runtime/peer_ops_device.cc",
     "runtime/execution_queue.cc",
     "runtime/stall_inspector.cc",
     "runtime/loop_pass.cc",

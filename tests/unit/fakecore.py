@@ -25,6 +25,11 @@ ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER, BARRIER, JOIN = range(
 
 
 def _view(ptr, dtype, shape):
+    """A tensor over an op's memory: an address (the torch binding's) or an array that owns it
+    (the NumPy API's, e.g. engine_native.objects)."""
+    if not isinstance(ptr, int):
+        import numpy as np
+        ptr = np.asarray(ptr).ctypes.data
     numel = 1
     for d in shape:
         numel *= d

@@ -32,7 +32,6 @@
 #include <utility>
 
 #include "common/check.h"
-#include "common/logging.h"
 #include "common/text.h"
 
 #include "runtime/host_output_pool.h"
@@ -44,11 +43,6 @@ namespace hvd::runtime {
 using common::Status;
 
 namespace {
-
-std::string what(const char* kind, int peer, int64_t tag) {
-  return std::string(kind) + (kind[0] == 's' ? " to rank " : " from rank ") +
-         std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
-}
 
 // Note [Received payloads]
 // A message lands in an output the core reuses (hostOutput, Note [Host output reuse]) up to
@@ -73,12 +67,6 @@ transport::PeerPayload outputPayload(uint64_t bytes) {
   return {std::move(out), data};
 }
 
-// The ids under which a receipt's and a resend's frames are queued, and the ids of resend
-// copies (handles are positive and smaller).
-constexpr uint64_t kReceiptId = ~uint64_t{0};
-constexpr uint64_t kResendId = ~uint64_t{0} - 1;
-constexpr uint64_t kRestageBit = uint64_t{1} << 62;
-
 std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
   common::Text os;
   os << s;
@@ -86,6 +74,11 @@ std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
 }
 
 }  // namespace
+
+std::string PeerOps::what(const char* kind, int peer, int64_t tag) {
+  return std::string(kind) + (kind[0] == 's' ? " to rank " : " from rank ") +
+         std::to_string(peer) + " (tag " + std::to_string(tag) + ")";
+}
 
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
                  Metrics& metrics, timeline::Timeline* timeline, double timeout_seconds,
@@ -209,30 +202,6 @@ void PeerOps::takeSubmitted() {
   taking_.clear();
 }
 
-// Note [Device point-to-point] B: the copy is queued and the frame sent in the same pass.
-void PeerOps::stageDeviceSend(Op& op) {
-  uint64_t bytes = 0;
-  transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
-  transport::DeviceMessage message;
-  const Status staged = device_.stage(op.peer, op.device, op.ready.get(), op.data, bytes,
-                                      static_cast<uint64_t>(op.handle),
-                                      what("send", op.peer, op.tag), &message);
-  op.ready.reset();  // the stream's wait on it is queued (or nothing was)
-  if (!staged.isOk()) {
-    fail(op, staged);
-    return;
-  }
-  transport::PeerFrame frame;
-  frame.kind = transport::PeerFrameKind::kDevice;
-  frame.tag = op.tag;
-  frame.dtype = op.dtype;
-  frame.shape = op.shape;
-  frame.bytes = transport::kDeviceMessageBytes;
-  op.payload = std::make_shared<const std::string>(transport::encodeDeviceMessage(message));
-  mesh_.peerChannel(op.peer)->send(frame, op.payload->data(), static_cast<uint64_t>(op.handle));
-  peers_[op.peer].sending.push_back(std::move(op));
-}
-
 Status PeerOps::progress(bool* moved) {
   takeSubmitted();
   HVD_RETURN_IF_ERROR(progressDevice());
@@ -348,142 +317,6 @@ void PeerOps::match(PerPeer& p) {
     p.arrived.erase(m);
     r = p.receiving.erase(r);
   }
-}
-
-// Note [Device point-to-point] D. The receipt goes back whatever happens to the read: the
-// sender's memory is free either way.
-void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
-  const transport::PeerFrame& frame = arrived.message.frame;
-  uint64_t bytes = 0;
-  transport::peerPayloadBytes(frame.dtype, frame.shape, &bytes);
-  Status status = Status::ok();
-  if (op.device < 0) {
-    status = common::invalidArgument(
-        what("recv", op.peer, op.tag) + ": the message is a CUDA tensor and this receive names "
-        "no CUDA device to read it with (engine_native.torch's recv(device=...) does, or "
-        "HVD_GPU_PATH=staged on the sender sends it through host memory)");
-  } else {
-    status = device_.read(op.peer, arrived.device, bytes, op.device, op.on_device,
-                          static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag));
-  }
-  op.dtype = frame.dtype;
-  op.shape = frame.shape;
-  op.sequence = arrived.device.sequence;
-  if (!status.isOk()) {  // G: the bytes come again, through host memory
-    static std::atomic<bool> warned{false};
-    if (!warned.exchange(true)) {
-      HVD_LOG(kWarning, "transport") << what("recv", op.peer, op.tag) << ": a CUDA tensor that "
-                                     << "this rank cannot read: " << status.message()
-                                     << "; rank " << op.peer << " resends it, and sends the "
-                                     << "next ones, through host memory";
-    }
-    sendReceipt(op.peer, op.sequence, transport::PeerFrameKind::kDeviceRefused);
-    op.awaiting_resend = true;
-    op.since = Clock::now();  // timeOut() bounds the wait for the resend
-  }
-  p.reading.push_back(std::move(op));
-}
-
-void PeerOps::sendReceipt(int peer, uint64_t sequence, transport::PeerFrameKind kind) {
-  PerPeer& p = peers_[peer];
-  p.receipts.push_back(transport::encodeDeviceRead(sequence));
-  transport::PeerFrame frame;
-  frame.kind = kind;
-  frame.bytes = transport::kDeviceReadBytes;
-  mesh_.peerChannel(peer)->send(frame, p.receipts.back().data(), kReceiptId);
-}
-
-// Note [Device point-to-point] G, the sender: CUDA tensors to `peer` are staged from now on;
-// this message's bytes, still in its room, go again through host memory.
-Status PeerOps::refused(int peer, uint64_t sequence) {
-  if (!ipc_refused_[peer].exchange(true)) {
-    HVD_LOG(kWarning, "transport") << "rank " << peer << " cannot read this rank's CUDA memory "
-                                   << "by IPC: CUDA tensors to it go through host memory";
-  }
-  const uint64_t id = kRestageBit | next_restage_++;
-  restaging_[id] = {peer, sequence};
-  const Status status = device_.restage(peer, sequence, id);
-  if (!status.isOk()) restaging_.erase(id);
-  return status;  // not OK: the receiver would wait for nothing; the rank fails
-}
-
-void PeerOps::completeResend(uint64_t id, std::shared_ptr<OutputBuffer> bytes) {
-  const auto [peer, sequence] = restaging_.at(id);
-  restaging_.erase(id);
-  device_.released(peer, sequence);  // the bytes are in host memory now
-  PerPeer& p = peers_[peer];
-  transport::PeerFrame frame;
-  frame.kind = transport::PeerFrameKind::kDeviceResend;
-  frame.tag = static_cast<int64_t>(sequence);
-  frame.shape = {static_cast<int64_t>(bytes->bytes)};
-  frame.bytes = bytes->bytes;
-  p.resends.push_back(std::move(bytes));
-  mesh_.peerChannel(peer)->send(frame, p.resends.back()->data, kResendId);
-}
-
-// G, the receiver: the refused message's bytes, for the receive that waits for them.
-Status PeerOps::resent(PerPeer& p, transport::PeerMessage message) {
-  const auto sequence = static_cast<uint64_t>(message.frame.tag);
-  auto r = std::find_if(p.reading.begin(), p.reading.end(), [sequence](const Op& op) {
-    return op.awaiting_resend && op.sequence == sequence;
-  });
-  uint64_t bytes = 0;
-  if (r != p.reading.end()) transport::peerPayloadBytes(r->dtype, r->shape, &bytes);
-  if (r == p.reading.end() || bytes != message.frame.bytes) {
-    return common::internalError("malformed point-to-point frame: a resent device message (" +
-                                 std::to_string(message.frame.bytes) + " bytes) that no "
-                                 "refused receive waits for");
-  }
-  listen(-1);
-  metrics_.countP2p(/*sent=*/false, bytes);
-  endSpan(*r);
-  OpResult result;
-  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
-  result.shape = r->shape;
-  result.dtype = static_cast<int32_t>(r->dtype);
-  handles_.complete(r->handle, Status::ok(), std::move(result));
-  p.reading.erase(r);
-  return Status::ok();
-}
-
-Status PeerOps::progressDevice() {
-  if (!device_.busy()) return Status::ok();
-  device_done_.clear();
-  HVD_RETURN_IF_ERROR(device_.poll(&device_done_));
-  for (DevicePeerOps::Done& done : device_done_) {
-    if (done.id & kRestageBit) {
-      completeResend(done.id, std::move(done.output));
-      continue;
-    }
-    const auto handle = static_cast<int64_t>(done.id);
-    auto has = [handle](const Op& op) { return op.handle == handle; };
-    for (PerPeer& p : peers_) {
-      if (auto s = std::find_if(p.sending.begin(), p.sending.end(), has); s != p.sending.end()) {
-        s->copied = true;  // completes once its frame is written
-        break;
-      }
-      if (auto s = std::find_if(p.staged.begin(), p.staged.end(), has); s != p.staged.end()) {
-        completeSend(*s);
-        p.staged.erase(s);
-        break;
-      }
-      if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
-          r != p.reading.end()) {
-        sendReceipt(r->peer, r->sequence);
-        listen(-1);
-        metrics_.countP2p(/*sent=*/false, done.output->bytes);
-        endSpan(*r);
-        OpResult result;
-        result.buffer = std::move(done.output);
-        result.shape = r->shape;
-        result.dtype = static_cast<int32_t>(r->dtype);
-        handles_.complete(r->handle, Status::ok(), std::move(result));
-        p.reading.erase(r);
-        break;
-      }
-    }
-  }
-  return Status::ok();
 }
 
 void PeerOps::completeSend(const Op& op) {

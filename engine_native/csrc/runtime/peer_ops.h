@@ -137,12 +137,21 @@ class PeerOps {
     std::deque<std::shared_ptr<OutputBuffer>> resends;  // kDeviceResend payloads, in order
   };
 
+  // The ids under which a receipt's and a resend's frames are queued, and the ids of resend
+  // copies (handles are positive and smaller).
+  static constexpr uint64_t kReceiptId = ~uint64_t{0};
+  static constexpr uint64_t kResendId = ~uint64_t{0} - 1;
+  static constexpr uint64_t kRestageBit = uint64_t{1} << 62;
+  // "send to rank 1 (tag 5)", "recv from rank 0 (tag 5)": errors and spans name ops so.
+  static std::string what(const char* kind, int peer, int64_t tag);
+
   common::Status submit(Op op, bool caller_waits, bool wake, int64_t* handle);
   void takeSubmitted();
   common::Status progressPeer(int peer, Clock::time_point now, bool* moved);
   void match(PerPeer& p);
   void completeRecv(const Op& op, transport::PeerMessage message);
-  void stageDeviceSend(Op& op);          // Note [Device point-to-point] B
+  // The CUDA messages (peer_ops_device.cc, Note [Device point-to-point]).
+  void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
   void sendReceipt(int peer, uint64_t sequence,
                    transport::PeerFrameKind kind = transport::PeerFrameKind::kDeviceRead);
