@@ -27,7 +27,6 @@
 
 #include <poll.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
