@@ -127,6 +127,9 @@ def exchange_suite():
     handle = send(ones, peer, 300)
     got, where = receive(peer, 300, device=-1)
     _core.wait(handle)
+    # The peer's refusal of this rank's message may still be on its way: the resend is the
+    # core's to send, so this rank must not shut down before the peer has it (noted as open).
+    hvd.barrier()
     fails.expect("refused, then resent", np.array_equal(got, np.arange(8, dtype=np.int32) + peer)
                  and where == -1, (where, got))
     fails.expect("route after a refusal", _core.p2p_cuda_route(peer) == "staged",
