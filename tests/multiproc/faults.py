@@ -15,6 +15,18 @@ import threading
 import time
 
 
+def timed_wait(handle) -> tuple:
+    """``(error text or None, seconds)`` of waiting on a core handle that may fail."""
+    from engine_native import _core
+    t0 = time.monotonic()
+    try:
+        _core.wait(handle)
+        error = None
+    except _core.HorovodInternalError as exc:
+        error = str(exc)
+    return error, time.monotonic() - t0
+
+
 def wait_until_running(hvd, name: str, handle=None, timeout: float = 60.0) -> bool:
     """Poll until this rank's executor runs an op whose name contains ``name``: True then;
     False when ``handle`` completed or ``timeout`` passed first."""

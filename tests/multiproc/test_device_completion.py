@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fakecuda.fixtures import fake_cuda as _fake_cuda
 
-from multiproc import device_ops
+from multiproc import device_ops, faults
 from multiproc.harness import run_ranks
 
 fake_cuda = _fake_cuda  # the session fixture, under its name
@@ -215,13 +215,7 @@ def _wait_behind_a_stuck_producer(hvd, f, producer, abort):
     aborter = threading.Thread(target=abort_once_blocked)
     if abort:
         aborter.start()
-    t0 = time.monotonic()
-    try:
-        _core.wait(handle)
-        error = None
-    except _core.HorovodInternalError as exc:
-        error = str(exc)
-    seconds = time.monotonic() - t0
+    error, seconds = faults.timed_wait(handle)
     if abort:
         aborter.join()
     f.check(f.cuda.fakeCudaReleaseBlocker(token))

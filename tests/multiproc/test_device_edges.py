@@ -2,13 +2,12 @@
 GPUs in one process, removed process sets, a producer that never finishes on a staged set of
 one, and a framework thread's current device (the loop's passes may run on it).
 """
-import time
 
 import numpy as np
 import pytest
 from fakecuda.fixtures import fake_cuda as _fake_cuda
 
-from multiproc import device_ops
+from multiproc import device_ops, faults
 from multiproc.harness import run_ranks
 
 fake_cuda = _fake_cuda  # the session fixture, under its name
@@ -119,13 +118,7 @@ def stuck_producer_on_a_staged_set_of_one():
     x = np.ones(4, np.float32)
     handle = device_ops.enqueue(_core.ALLREDUCE, x, np.empty_like(x), "stuck", hvd.Sum,
                                 stream=producer)
-    t0 = time.monotonic()
-    try:
-        _core.wait(handle)
-        error = None
-    except _core.HorovodInternalError as exc:
-        error = str(exc)
-    seconds = time.monotonic() - t0
+    error, seconds = faults.timed_wait(handle)
     f.check(f.cuda.fakeCudaReleaseBlocker(token))
     hvd.shutdown()
     return error, seconds
