@@ -26,7 +26,8 @@ from engine_native.basics import (  # noqa: F401
 from engine_native.numpy_ops import barrier, join  # noqa: F401 (no array crosses)
 from engine_native.jax.collectives import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,
-    broadcast, broadcast_async, grouped_allreduce, grouped_allreduce_async, poll,
+    broadcast, broadcast_async, grouped_allgather, grouped_allgather_async, grouped_allreduce,
+    grouped_allreduce_async, poll,
     reducescatter, reducescatter_async, synchronize)
 from engine_native.jax.pytrees import allreduce_pytree, broadcast_parameters  # noqa: F401
 from engine_native.objects import allgather_object, broadcast_object  # noqa: F401

@@ -15,7 +15,17 @@ from engine_native.jax.arrays import check_array, is_traced
 from engine_native.jax.handles import poll, synchronize  # noqa: F401 (public)
 
 
+def _traced_list(tensors, op: str):
+    """``tensors`` checked, when it is a list holding a traced array (a grouped op inside
+    jit); else None (the eager path checks and refuses what is not a list of arrays)."""
+    if isinstance(tensors, (list, tuple)) and any(is_traced(t) for t in tensors):
+        return [check_array(t, op) for t in tensors]
+    return None
+
+
 def _refuse_traced(tensors, op: str) -> None:
+    if not isinstance(tensors, (list, tuple)):
+        tensors = []  # not a list: the eager op raises the TypeError
     if any(is_traced(t) for t in tensors):
         raise ValueError(f"{op}() got a traced array (inside jax.jit, grad or vmap): handles "
                          f"exist only eagerly. Use {op[:-len('_async')]}() inside jit: it runs "
@@ -49,10 +59,10 @@ def grouped_allreduce(tensors: Sequence, op: int = Average, name: Optional[str] 
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list:
     """Allreduce several arrays as one negotiated, fused batch; a list of results."""
-    if isinstance(tensors, (list, tuple)) and any(is_traced(t) for t in tensors):
-        return traced_ops.grouped_allreduce(
-            [check_array(t, "grouped_allreduce") for t in tensors], op, name,
-            prescale_factor, postscale_factor, process_set)
+    traced = _traced_list(tensors, "grouped_allreduce")
+    if traced is not None:
+        return traced_ops.grouped_allreduce(traced, op, name, prescale_factor,
+                                            postscale_factor, process_set)
     return synchronize(eager_ops.grouped_allreduce_async(
         tensors, op, name, prescale_factor, postscale_factor, process_set, _waited=True))
 
@@ -61,8 +71,7 @@ def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start a grouped allreduce; ``synchronize(handle)`` returns the list of results."""
-    _refuse_traced(tensors if isinstance(tensors, (list, tuple)) else [],
-                   "grouped_allreduce_async")
+    _refuse_traced(tensors, "grouped_allreduce_async")
     return eager_ops.grouped_allreduce_async(tensors, op, name, prescale_factor,
                                              postscale_factor, process_set)
 
@@ -95,6 +104,29 @@ def allgather_async(tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     _refuse_traced([tensor], "allgather_async")
     return eager_ops.allgather_async(tensor, name, process_set)
+
+
+def grouped_allgather(tensors: Sequence, name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> list:
+    """Allgather several arrays as one negotiated group (fused in the core when they share a
+    dtype); a list of results, each every rank's array concatenated along dimension 0
+    (eagerly the first dimension may differ per rank and per array; inside jit it must be
+    the same on every rank).
+
+    >>> w, b = hvd.grouped_allgather([jnp.ones((2, 3)), jnp.zeros(1)])
+    """
+    traced = _traced_list(tensors, "grouped_allgather")
+    if traced is not None:
+        return traced_ops.grouped_allgather(traced, name, process_set)
+    return synchronize(eager_ops.grouped_allgather_async(tensors, name, process_set,
+                                                         _waited=True))
+
+
+def grouped_allgather_async(tensors: Sequence, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> int:
+    """Start a grouped allgather; ``synchronize(handle)`` returns the list of results."""
+    _refuse_traced(tensors, "grouped_allgather_async")
+    return eager_ops.grouped_allgather_async(tensors, name, process_set)
 
 
 def reducescatter(tensor, op: int = Average, name: Optional[str] = None,

@@ -54,23 +54,39 @@ def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                                                  _waited=_waited), device)
 
 
+def _grouped_async(op: str, tensors: Sequence, name: Optional[str], submit) -> int:
+    """Start the numpy API's grouped ``op`` on several arrays: ``submit(host views)`` returns
+    its core handles; ``synchronize`` returns the list of results as jax arrays, each on its
+    input's device. The grouped ops share this: they differ only in ``submit``."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{op}(): expected a list of jax arrays, got {type(tensors).__name__}")
+    if not tensors:
+        return handles.register([], lambda results: [])
+    refuse_inside_pure_callback(op)
+    hosts, devices = zip(*(_host(t, op, name, guard=False) for t in tensors))
+    return handles.register(submit(list(hosts)), lambda results: [
+        arrays.to_jax(r, d) for r, d in zip(results, devices)])
+
+
 def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional[str] = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, *,
                             _waited: bool = False) -> int:
     """Start allreduces of several arrays that negotiate and fuse as one batch;
     ``synchronize`` returns the list of reduced arrays, in order."""
-    if not isinstance(tensors, (list, tuple)):
-        raise TypeError(f"grouped_allreduce(): expected a list of jax arrays, got "
-                        f"{type(tensors).__name__}")
-    if not tensors:
-        return handles.register([], lambda results: [])
-    refuse_inside_pure_callback("grouped_allreduce")
-    hosts, devices = zip(*(_host(t, "grouped_allreduce", name, guard=False) for t in tensors))
-    core = numpy_ops.grouped_allreduce_async(list(hosts), op, name, prescale_factor,
-                                             postscale_factor, process_set, _waited=_waited)
-    return handles.register(core, lambda results: [arrays.to_jax(r, d)
-                                                   for r, d in zip(results, devices)])
+    return _grouped_async("grouped_allreduce", tensors, name, lambda hosts: (
+        numpy_ops.grouped_allreduce_async(hosts, op, name, prescale_factor, postscale_factor,
+                                          process_set, _waited=_waited)))
+
+
+def grouped_allgather_async(tensors: Sequence, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set, *,
+                            _waited: bool = False) -> int:
+    """Start allgathers of several arrays that negotiate as one group (fused in the core when
+    they share a dtype); ``synchronize`` returns the list of gathered arrays, in order. The
+    first dimension may differ per rank and per array."""
+    return _grouped_async("grouped_allgather", tensors, name, lambda hosts: (
+        numpy_ops.grouped_allgather_async(hosts, name, process_set, _waited=_waited)))
 
 
 def allgather_async(tensor, name: Optional[str] = None,

@@ -5,9 +5,9 @@ once per execution, in program order, never dropped or merged (a pure callback m
 ``callback_guard``). The host function runs the numpy API's synchronous op on the buffers JAX
 passes (views on the CPU); JAX copies the returned array into the program's output buffer.
 
-Result shapes must be known when tracing, so: allgather assumes the same first dimension on
-every rank (checked when it runs), alltoall takes equal splits only, reducescatter gives this
-rank its Horovod share of the rows.
+Result shapes must be known when tracing, so: allgather (and each array of a
+grouped_allgather) assumes the same first dimension on every rank (checked when it runs),
+alltoall takes equal splits only, reducescatter gives this rank its Horovod share of the rows.
 
 Names (Note [Traced names]): an op without ``name=`` is named ``<op>.jit.<n>`` with n counted
 when tracing, so every rank, tracing the same functions in the same order, gives the k-th
@@ -96,13 +96,21 @@ def allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set):
         x, op, name, prescale_factor, postscale_factor, process_set), _like(tensor), [tensor])
 
 
-def grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set):
+def _grouped(op: str, tensors, name, process_set, run: Callable, result_shape: Callable):
+    """One ordered callback for a grouped ``op``: ``run(numpy arrays, name)`` runs the numpy
+    API's grouped op; ``result_shape(tracer)`` is each result's shape. The grouped ops share
+    this: they differ only in ``run`` and ``result_shape``."""
     for t in tensors:
-        _check(t, "grouped_allreduce", name, process_set)
+        _check(t, op, name, process_set)
+    shapes = [result_shape(t) for t in tensors]
     name = traced_name(name)
-    return ordered_call("grouped_allreduce", lambda *xs: numpy_ops.grouped_allreduce(
-        list(xs), op, name, prescale_factor, postscale_factor, process_set),
-        [_like(t) for t in tensors], list(tensors))
+    return ordered_call(op, lambda *xs: run(list(xs), name), shapes, list(tensors))
+
+
+def grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set):
+    return _grouped("grouped_allreduce", tensors, name, process_set,
+                    lambda xs, full: numpy_ops.grouped_allreduce(
+                        xs, op, full, prescale_factor, postscale_factor, process_set), _like)
 
 
 def broadcast(tensor, root_rank, name, process_set):
@@ -119,21 +127,37 @@ def _rows(tensor, op: str) -> int:
     return tensor.shape[0]
 
 
+def _gathered_like(tensor, op: str, process_set: ProcessSet) -> jax.ShapeDtypeStruct:
+    """An allgather's result when every rank has ``tensor``'s shape (all jit can know)."""
+    rows = _rows(tensor, op) * process_set.size()
+    return jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype)
+
+
+def _check_gathered(gathered, expected: jax.ShapeDtypeStruct, full_name: str):
+    if gathered.shape[0] != expected.shape[0]:
+        raise ValueError(f"allgather('{full_name}') inside jax.jit: the ranks' first "
+                         f"dimensions differ ({gathered.shape[0]} rows in all, "
+                         f"{expected.shape[0]} expected); a jitted allgather needs the same "
+                         f"shape on every rank: call it outside jit for ragged inputs")
+    return gathered
+
+
 def allgather(tensor, name, process_set):
     _check(tensor, "allgather", name, process_set)
-    rows = _rows(tensor, "allgather") * process_set.size()
+    shape = _gathered_like(tensor, "allgather", process_set)
     name = traced_name(name)
-    shape = jax.ShapeDtypeStruct((rows,) + tensor.shape[1:], tensor.dtype)
+    return ordered_call("allgather", lambda x: _check_gathered(
+        numpy_ops.allgather(x, name, process_set), shape, f"allgather.{name}"), shape, [tensor])
 
-    def host(x):
-        gathered = numpy_ops.allgather(x, name, process_set)
-        if gathered.shape[0] != rows:
-            raise ValueError(f"allgather('allgather.{name}') inside jax.jit: the ranks' first "
-                             f"dimensions differ ({gathered.shape[0]} rows in all, {rows} "
-                             f"expected); a jitted allgather needs the same shape on every "
-                             f"rank: call it outside jit for ragged inputs")
-        return gathered
-    return ordered_call("allgather", host, shape, [tensor])
+
+def grouped_allgather(tensors, name, process_set):
+    def run(xs, full):
+        gathered = numpy_ops.grouped_allgather(xs, full, process_set)
+        return [_check_gathered(g, _gathered_like(x, "grouped_allgather", process_set),
+                                f"grouped_allgather.{full}_{i}of{len(xs)}")
+                for i, (g, x) in enumerate(zip(gathered, xs))]
+    return _grouped("grouped_allgather", tensors, name, process_set, run,
+                    lambda t: _gathered_like(t, "grouped_allgather", process_set))
 
 
 def reducescatter(tensor, op, name, process_set, prescale_factor, postscale_factor):

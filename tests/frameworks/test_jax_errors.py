@@ -37,6 +37,11 @@ def _cases(hvd, jax, jnp, optax, me):
         "ragged_allgather_jit": lambda: jax.jit(hvd.allgather)(ragged).block_until_ready(),
         "alltoall_splits_jit": lambda: jax.jit(lambda v: hvd.alltoall(v, splits=[1, 1]))(
             jnp.ones(2)),
+        "grouped_allgather_not_a_list": lambda: hvd.grouped_allgather(x),
+        "grouped_allgather_async_in_jit": lambda: jax.jit(
+            lambda v: hvd.grouped_allgather_async([v]))(x),
+        "ragged_grouped_allgather_jit": lambda: jax.jit(lambda v, w: hvd.grouped_allgather(
+            [v, w]))(x[:2], ragged).block_until_ready(),
     }
 
 
@@ -81,6 +86,11 @@ EXPECTED = {
     "async_in_jit": ("ValueError", ["handles exist only eagerly"]),
     "ragged_allgather_jit": ("JaxRuntimeError", ["first dimensions differ"]),
     "alltoall_splits_jit": ("ValueError", ["splits=None"]),
+    "grouped_allgather_not_a_list": ("TypeError", ["grouped_allgather", "list", "ArrayImpl"]),
+    "grouped_allgather_async_in_jit": ("ValueError", ["grouped_allgather_async",
+                                                       "handles exist only eagerly"]),
+    "ragged_grouped_allgather_jit": ("JaxRuntimeError", ["grouped_allgather.jit.",
+                                                         "_1of2", "first dimensions differ"]),
 }
 
 

@@ -1,5 +1,5 @@
-"""engine_native.jax collectives by value: every op and dtype, eagerly and inside jax.jit,
-process sets and async handles, on 2 and 3 ranks.
+"""engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
+and inside jax.jit, process sets and async handles, on 2 and 3 ranks.
 
 One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
 check, collects what failed, and returns the list; the test shows every rank's list.
@@ -36,6 +36,7 @@ def _all_ops(hvd, ps):
                        "broadcast": hvd.broadcast(x, ps.ranks[-1], process_set=ps),
                        "allgather": hvd.allgather(x, process_set=ps),
                        "grouped": hvd.grouped_allreduce([x, x[:1]], op=op, process_set=ps),
+                       "gathered": hvd.grouped_allgather([x, x[:1]], process_set=ps),
                        "alltoall": hvd.alltoall(rows, process_set=ps)}
             if dt != "bool":
                 out[dt]["reducescatter"] = hvd.reducescatter(x, op=hvd.Sum, process_set=ps)
@@ -69,6 +70,10 @@ def _check_collectives(hvd, jax, np, failures, ps, label, dtypes=DTYPES):
             _expect(failures, f"{tag}.allgather", got["allgather"], np.concatenate(every_dt))
             _expect(failures, f"{tag}.grouped.0", got["grouped"][0], reduced)
             _expect(failures, f"{tag}.grouped.1", got["grouped"][1], reduced[:1])
+            _expect(failures, f"{tag}.grouped_allgather.0", got["gathered"][0],
+                    np.concatenate(every_dt))
+            _expect(failures, f"{tag}.grouped_allgather.1", got["gathered"][1],
+                    np.concatenate([e[:1] for e in every_dt]))
             received, splits = got["alltoall"]
             _expect(failures, f"{tag}.alltoall", received, np.concatenate(every_dt))
             _expect(failures, f"{tag}.alltoall.splits", np.asarray(splits, np.int64),
@@ -100,6 +105,8 @@ def _check_eager_extras(hvd, jnp, np, failures, n, me):
     grouped = hvd.grouped_allreduce_async([jnp.ones(3, jnp.int32), jnp.ones(2, jnp.float32)],
                                           op=hvd.Sum)
     gathered = hvd.allgather_async(jnp.full((1,), me, jnp.int32))
+    ragged_group = hvd.grouped_allgather_async([jnp.full((me + 1, 2), me, jnp.float32),
+                                                jnp.arange(me + 2, dtype=jnp.int32)])
     while not all(hvd.poll(h) for h in handles):  # poll never blocks; a finished op stays so
         pass
     for k, h in enumerate(handles):
@@ -109,6 +116,10 @@ def _check_eager_extras(hvd, jnp, np, failures, n, me):
     _expect(failures, "async.grouped.0", got[0], np.full(3, n, np.int32))
     _expect(failures, "async.grouped.1", got[1], np.full(2, n, np.float32))
     _expect(failures, "async.allgather", hvd.synchronize(gathered), np.arange(n, dtype=np.int32))
+    got = hvd.synchronize(ragged_group)  # first dimensions differ per rank and per array
+    _expect(failures, "async.grouped_allgather.0", got[0], want)
+    _expect(failures, "async.grouped_allgather.1", got[1],
+            np.concatenate([np.arange(q + 2, dtype=np.int32) for q in range(n)]))
     # Python objects (engine_native.objects, shared with the other bindings)
     got = hvd.broadcast_object({"from": me, "blob": b"x" * (100 * (me + 1))}, root_rank=n - 1)
     if got != {"from": n - 1, "blob": b"x" * (100 * n)}:
