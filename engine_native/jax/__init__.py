@@ -31,6 +31,7 @@ from engine_native.jax.collectives import (  # noqa: F401
     reducescatter, reducescatter_async, synchronize)
 from engine_native.jax.pytrees import allreduce_pytree, broadcast_parameters  # noqa: F401
 from engine_native.objects import allgather_object, broadcast_object  # noqa: F401
+from engine_native.jax.compression import Compression  # noqa: F401
 from engine_native.jax.optax_ops import (  # noqa: F401
     DistributedGradientTransformation, average_gradients)
 # Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).

@@ -15,21 +15,36 @@ from engine_native._dtypes import Average
 from engine_native.basics import ProcessSet, global_process_set
 from engine_native.jax import collectives, eager_ops
 from engine_native.jax.arrays import is_traced
+from engine_native.jax.compression import Compression
+
+
+def check_compression(compression, op: str) -> None:
+    """A TypeError naming ``op`` unless ``compression`` compresses and decompresses."""
+    if not (callable(getattr(compression, "compress", None))
+            and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"{op}(): compression must be hvd.Compression.none, "
+                        f"hvd.Compression.fp16 or another Compressor, got {compression!r}")
 
 
 def allreduce_pytree(tree, op: int = Average, name: Optional[str] = None,
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                     process_set: ProcessSet = global_process_set):
+                     process_set: ProcessSet = global_process_set,
+                     compression=Compression.none):
     """``tree`` with every leaf reduced across ranks, as one grouped allreduce.
+    ``compression=hvd.Compression.fp16`` sends the floating-point leaves as float16 and
+    casts the results back to each leaf's dtype.
 
     >>> grads = hvd.allreduce_pytree(jax.grad(loss)(params, batch))
     """
+    check_compression(compression, "allreduce_pytree")
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not leaves:
         return tree
-    reduced = collectives.grouped_allreduce(leaves, op, name, prescale_factor,
+    sent, contexts = zip(*(compression.compress(leaf) for leaf in leaves))
+    reduced = collectives.grouped_allreduce(list(sent), op, name, prescale_factor,
                                             postscale_factor, process_set)
-    return jax.tree_util.tree_unflatten(treedef, reduced)
+    return jax.tree_util.tree_unflatten(treedef, [compression.decompress(r, ctx)
+                                                  for r, ctx in zip(reduced, contexts)])
 
 
 def broadcast_parameters(params, root_rank: int = 0,

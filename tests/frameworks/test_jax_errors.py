@@ -42,6 +42,7 @@ def _cases(hvd, jax, jnp, optax, me):
             lambda v: hvd.grouped_allgather_async([v]))(x),
         "ragged_grouped_allgather_jit": lambda: jax.jit(lambda v, w: hvd.grouped_allgather(
             [v, w]))(x[:2], ragged).block_until_ready(),
+        "compression_not_a_compressor": lambda: hvd.average_gradients(compression="fp16"),
     }
 
 
@@ -91,6 +92,8 @@ EXPECTED = {
                                                        "handles exist only eagerly"]),
     "ragged_grouped_allgather_jit": ("JaxRuntimeError", ["grouped_allgather.jit.",
                                                          "_1of2", "first dimensions differ"]),
+    "compression_not_a_compressor": ("TypeError", ["average_gradients", "Compression.fp16",
+                                                   "'fp16'"]),
 }
 
 

@@ -1,5 +1,6 @@
 """engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
-and inside jax.jit, process sets and async handles, on 2 and 3 ranks.
+and inside jax.jit, process sets and async handles, fp16 compression of average_gradients,
+on 2 and 3 ranks.
 
 One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
 check, collects what failed, and returns the list; the test shows every rank's list.
@@ -144,6 +145,33 @@ def _check_runs_once_per_call(hvd, jax, jnp, failures):
         failures.append(f"jit: 2 calls of 2 allreduces with unused results ran {ran} ops")
 
 
+def _check_fp16_compression(hvd, jax, jnp, np, failures, n, me):
+    """average_gradients(compression=fp16), eagerly and jitted: the average of the float32
+    and float64 leaves within float16's precision, in their dtype, and sent as float16 (the
+    core's byte count); the int32 leaf exact and sent as it is."""
+    import engine_native
+    base = np.linspace(0.1, 3.3, 15).reshape(5, 3) + 1e-4  # not float16 values
+    every = [{"w": (base * (q + 1)).astype(np.float32), "d": (base[0] / (q + 1)),
+              "i": np.arange(4, dtype=np.int32) * (q + 1) * n} for q in range(n)]
+    want = {k: np.mean([e[k] for e in every], axis=0) for k in every[0]}
+    grads = jax.tree_util.tree_map(jnp.asarray, every[me])
+    tx = hvd.average_gradients(compression=hvd.Compression.fp16)
+    for mode, update in (("eager", tx.update), ("jit", jax.jit(tx.update))):
+        before = engine_native.metrics()["bytes"]["ALLREDUCE"]
+        got, _ = update(grads, tx.init(grads))
+        jax.block_until_ready(got)
+        jax.effects_barrier()
+        sent = engine_native.metrics()["bytes"]["ALLREDUCE"] - before
+        if sent != (15 + 3) * 2 + 4 * 4:
+            failures.append(f"fp16.{mode}: {sent} bytes allreduced, want 52 (float16)")
+        for k in ("w", "d"):
+            error = np.abs(np.asarray(got[k], np.float64) - want[k]).max() / np.abs(want[k]).max()
+            if got[k].dtype != every[0][k].dtype or not 0 < error < 2e-3:
+                failures.append(f"fp16.{mode}.{k}: {got[k].dtype}, relative error {error:.1e}")
+        _expect(failures, f"fp16.{mode}.i", got["i"], np.arange(4, dtype=np.int32) * (n + 1)
+                * n // 2)
+
+
 def rank_collectives():
     import jax
     jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
@@ -157,6 +185,7 @@ def rank_collectives():
     _check_collectives(hvd, jax, np, failures, hvd.global_process_set, "global")
     _check_eager_extras(hvd, jnp, np, failures, n, me)
     _check_runs_once_per_call(hvd, jax, jnp, failures)
+    _check_fp16_compression(hvd, jax, jnp, np, failures, n, me)
     if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
         pair = hvd.add_process_set([0, 2])
         if me in pair.ranks:
