@@ -1,9 +1,12 @@
 """Horovod-style JAX API on the engine_native core (Horovod itself has no JAX binding).
 
 ``import engine_native.jax as hvd``: the basics of ``horovod.torch`` (init, rank, size,
-process sets, reduce ops), the collectives on ``jax.Array`` (eagerly, with ``_async`` handles,
-and inside ``jax.jit`` as ordered host callbacks), pytree helpers and an optax transformation
-that averages gradients across ranks. Docs: docs/pages/jax.md.
+process sets, reduce ops), the collectives on ``jax.Array`` (allreduce, grouped_allreduce,
+allgather, grouped_allgather, broadcast, reducescatter, alltoall: eagerly, with ``_async``
+handles, and inside ``jax.jit`` as ordered host callbacks), pytree helpers, and an optax
+transformation that averages gradients across ranks, with ``Compression.fp16`` and
+``backward_passes_per_step`` (local accumulation, one allreduce every k steps, also inside
+jit). Docs: docs/pages/jax.md.
 
 Example
 -------
@@ -33,6 +36,6 @@ from engine_native.jax.pytrees import allreduce_pytree, broadcast_parameters  # 
 from engine_native.objects import allgather_object, broadcast_object  # noqa: F401
 from engine_native.jax.compression import Compression  # noqa: F401
 from engine_native.jax.optax_ops import (  # noqa: F401
-    DistributedGradientTransformation, average_gradients)
+    DistributedGradientTransformation, DistributedState, average_gradients)
 # Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).
 from engine_native.progress import report  # noqa: F401

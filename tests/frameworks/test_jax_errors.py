@@ -42,6 +42,10 @@ def _cases(hvd, jax, jnp, optax, me):
             lambda v: hvd.grouped_allgather_async([v]))(x),
         "ragged_grouped_allgather_jit": lambda: jax.jit(lambda v, w: hvd.grouped_allgather(
             [v, w]))(x[:2], ragged).block_until_ready(),
+        "passes_zero": lambda: hvd.DistributedGradientTransformation(
+            optax.sgd(0.1), backward_passes_per_step=0),
+        "passes_not_int": lambda: hvd.DistributedGradientTransformation(
+            optax.sgd(0.1), backward_passes_per_step=2.5),
         "compression_not_a_compressor": lambda: hvd.average_gradients(compression="fp16"),
     }
 
@@ -92,6 +96,8 @@ EXPECTED = {
                                                        "handles exist only eagerly"]),
     "ragged_grouped_allgather_jit": ("JaxRuntimeError", ["grouped_allgather.jit.",
                                                          "_1of2", "first dimensions differ"]),
+    "passes_zero": ("ValueError", ["backward_passes_per_step must be an integer >= 1", "0"]),
+    "passes_not_int": ("ValueError", ["backward_passes_per_step", "2.5"]),
     "compression_not_a_compressor": ("TypeError", ["average_gradients", "Compression.fp16",
                                                    "'fp16'"]),
 }

@@ -2,7 +2,9 @@
 
 An MLP on scikit-learn's digits, 20 steps of optax SGD (momentum) and Adam, the update step
 jitted with ``hvd.DistributedGradientTransformation`` (plus a few eager steps with
-``hvd.average_gradients()`` chained by hand). Every rank starts from its own random
+``hvd.average_gradients()`` chained by hand, and 20 jitted steps with
+``backward_passes_per_step``, against ``optax.MultiSteps`` on the global batch, counting the
+allreduces the core ran). Every rank starts from its own random
 parameters, made equal by ``broadcast_parameters`` from rank 0, and also runs the reference
 itself (no communication) on the concatenation of all ranks' batches.
 """
@@ -51,6 +53,29 @@ def _max_relative_error(jax, np, a, b):
 
 OPTIMIZERS = {"sgd": lambda optax: optax.sgd(0.3, momentum=0.9),
               "adam": lambda optax: optax.adam(0.01)}
+# backward_passes_per_step per case: (k, average_aggregated_gradients). The sum (Horovod's
+# default) with SGD equals optax.MultiSteps's mean at k times the learning rate (SGD with
+# momentum is linear in the gradient); the mean with Adam equals MultiSteps itself.
+PASSES = {"sgd": (2, False), "adam": (4, True)}
+
+
+def _accumulated(jax, optax, engine_native, hvd, grad_fn, make, params, mine, everyone,
+                 opt_name, me):
+    """backward_passes_per_step: (this rank's parameters, allreduces the core ran, rank 0's
+    reference: MultiSteps on the global batches)."""
+    passes, mean = PASSES[opt_name]
+    tx = hvd.DistributedGradientTransformation(make(optax), backward_passes_per_step=passes,
+                                               average_aggregated_gradients=mean)
+    before = engine_native.metrics()["ops"]["ALLREDUCE"]
+    trained = _train(jax, optax, grad_fn, tx, params, mine, jit=True)
+    jax.effects_barrier()
+    ran = engine_native.metrics()["ops"]["ALLREDUCE"] - before
+    reference = None
+    if me == 0:
+        inner = make(optax) if mean else optax.sgd(0.3 * passes, momentum=0.9)
+        reference = _train(jax, optax, grad_fn, optax.MultiSteps(inner, passes).
+                           gradient_transformation(), params, everyone, jit=True)
+    return trained, ran, reference
 
 
 def rank_training(opt_name):
@@ -62,6 +87,7 @@ def rank_training(opt_name):
     import numpy as np
     import optax
     from launch import digits  # the CSV read directly: importing sklearn costs seconds a rank
+    import engine_native
     import engine_native.jax as hvd
 
     hvd.init()
@@ -84,12 +110,14 @@ def rank_training(opt_name):
                      params, mine, jit=True)
     eager = _train(jax, optax, grad_fn, optax.chain(hvd.average_gradients(), optax.sgd(0.3)),
                    params, mine[:eager_steps], jit=False)
-    out["params"] = jax.tree_util.tree_map(np.asarray, (params, trained, eager))
+    accumulated, out["allreduces"], accumulated_reference = _accumulated(
+        jax, optax, engine_native, hvd, grad_fn, make, params, mine, everyone, opt_name, me)
+    out["params"] = jax.tree_util.tree_map(np.asarray, (params, trained, eager, accumulated))
     if me == 0:
         reference = (params,
                      _train(jax, optax, grad_fn, make(optax), params, everyone, jit=True),
                      _train(jax, optax, grad_fn, optax.sgd(0.3), params,
-                            everyone[:eager_steps], jit=False))
+                            everyone[:eager_steps], jit=False), accumulated_reference)
         out["reference"] = jax.tree_util.tree_map(np.asarray, reference)
 
     # An optax state broadcast as a pytree: rank 0's Adam moments on every rank.
@@ -117,6 +145,10 @@ def test_training_equals_single_process_on_global_batch(np_, opt_name):
         got = r.value["params"]
         for leaf, want in zip(jax.tree_util.tree_leaves(got[0]), init):
             assert np.array_equal(leaf, want), (r.rank, "parameters not broadcast from rank 0")
-        for case, index in (("jitted " + opt_name, 1), ("eager sgd", 2)):
+        passes = PASSES[opt_name][0]
+        for case, index in (("jitted " + opt_name, 1), ("eager sgd", 2),
+                            (f"{opt_name}, backward_passes_per_step={passes}", 3)):
             error = _max_relative_error(jax, np, got[index], reference[index])
             assert error <= 1e-5, (r.rank, case, error)
+        leaves = len(init)  # one grouped allreduce of every leaf per k steps, none between
+        assert r.value["allreduces"] == STEPS // passes * leaves, (r.rank, r.value["allreduces"])
