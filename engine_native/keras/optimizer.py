@@ -12,18 +12,23 @@ optimizer sums N steps' gradients locally and reaches ``_clip_gradients`` only o
 only, so the allreduce sits in a ``lax.cond`` of its own), with the accumulated mean, which
 the allreduce scales back to a sum unless ``average_aggregated_gradients``.
 
+``groups=`` splits the list into several grouped allreduces (``gradient_groups``); which
+gradient is whose variable comes from ``_backend_apply_gradients(grads, variables)``, the
+call that leads to ``_clip_gradients`` with the same (filtered) list, on every backend.
+
 As in Horovod, the generated class takes the base class's name and module, so a saved model
 loads without engine_native; :func:`engine_native.keras.load_model` wraps it again.
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import keras
 
 from engine_native._dtypes import Average, Sum
 from engine_native.basics import ProcessSet, global_process_set
-from engine_native.keras import backend_glue
+from engine_native.keras import backend_glue, gradient_groups
 from engine_native.keras.compression import Compression
 
 
@@ -36,11 +41,18 @@ class _Settings:
     backward_passes_per_step: int
     average_aggregated_gradients: bool
     process_set: ProcessSet
+    groups: object = None  # None, a positive int or gradient_groups.VariableGroups
 
 
 class _DistributedOptimizerMixin:
     """Placed before the user's optimizer class in the generated class's bases."""
     _hvd_settings: _Settings = None
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of the gradients _clip_gradients will get, for the groups. Set past
+        # Keras's attribute tracking, which would adopt model variables as the optimizer's.
+        object.__setattr__(self, "_hvd_variables", tuple(trainable_variables))
+        return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
         grads = list(grads)
@@ -63,8 +75,16 @@ class _DistributedOptimizerMixin:
         if settings.backward_passes_per_step > 1 and not settings.average_aggregated_gradients:
             postscale *= settings.backward_passes_per_step  # Keras passes the mean of the N
         compressed, contexts = zip(*[settings.compression.compress(g) for g in grads])
-        reduced = backend_glue.grouped_allreduce(compressed, op, prescale, postscale,
-                                                 settings.process_set, name=settings.name)
+        groups = gradient_groups.split(settings.groups, len(grads),
+                                       getattr(self, "_hvd_variables", None),
+                                       self._trainable_variables)
+        reduced = [None] * len(grads)
+        for k, members in enumerate(groups):
+            name = settings.name if settings.groups is None else f"{settings.name}.group{k}"
+            out = backend_glue.grouped_allreduce([compressed[i] for i in members], op, prescale,
+                                                 postscale, settings.process_set, name=name)
+            for i, tensor in zip(members, out):
+                reduced[i] = tensor
         return [settings.compression.decompress(g, ctx) for g, ctx in zip(reduced, contexts)]
 
 
@@ -87,7 +107,7 @@ def distributed_class(base: type, settings: _Settings) -> type:
 
 def make_settings(optimizer_name, compression=Compression.none, gradient_predivide_factor=1.0,
                   op=Average, backward_passes_per_step=1, average_aggregated_gradients=False,
-                  process_set=global_process_set, name=None) -> _Settings:
+                  process_set=global_process_set, name=None, groups=None) -> _Settings:
     if op not in (Average, Sum):
         raise ValueError("DistributedOptimizer: op currently only supports Average and Sum")
     if int(backward_passes_per_step) < 1:
@@ -99,13 +119,15 @@ def make_settings(optimizer_name, compression=Compression.none, gradient_predivi
     # (engine_native.jax, Note [Traced names]), which a rank that retraced would shift
     return _Settings(name or f"Distributed{optimizer_name}", compression, op,
                      float(gradient_predivide_factor), int(backward_passes_per_step),
-                     bool(average_aggregated_gradients), process_set)
+                     bool(average_aggregated_gradients), process_set,
+                     gradient_groups.check(groups))
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
-                         average_aggregated_gradients=False, process_set=global_process_set):
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set):
     """An optimizer that averages gradients across ranks before applying them.
 
     Returns a new optimizer of a generated subclass of ``type(optimizer)``, built from
@@ -128,6 +150,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         Accumulate this many steps' gradients locally; allreduce and apply on every N-th.
     average_aggregated_gradients : bool
         Divide the accumulated gradients by ``backward_passes_per_step`` (default: sum).
+    num_groups : int
+        Deprecated (as in Horovod): used as ``groups`` when that is None.
+    groups : int or list of lists of keras.Variable, optional
+        None: one grouped allreduce of every gradient. k > 0: k groups of consecutive
+        gradients (sizes differing by at most one). Lists: each list one group; a variable
+        in none of them is a group of its own. Each group is one grouped allreduce, run one
+        after the other (engine_native.keras.gradient_groups).
     process_set : ProcessSet
         Reduce over these ranks only.
 
@@ -142,9 +171,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer: expected a keras.optimizers.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    if num_groups:
+        warnings.warn("DistributedOptimizer: num_groups is deprecated (as in Horovod); use "
+                      "groups", DeprecationWarning, stacklevel=2)
+        groups = num_groups if groups is None else groups
     settings = make_settings(type(optimizer).__name__, compression, gradient_predivide_factor,
                              op, backward_passes_per_step, average_aggregated_gradients,
-                             process_set, name)
+                             process_set, name, groups)
     config = optimizer.get_config()
     if settings.backward_passes_per_step > 1:
         if config.get("gradient_accumulation_steps"):

@@ -57,12 +57,16 @@ def relative_error(a_weights, b_weights):
 
 
 def fit_matches_single_process(fails, hvd, keras, label, *, bpps=1, lr=0.05,
-                               compile_kwargs=None, process_set=None, **optimizer_kwargs):
+                               compile_kwargs=None, process_set=None, fused=None,
+                               groups=None, **optimizer_kwargs):
     """Fit STEPS steps on np ranks (rank-dependent init, BroadcastGlobalVariablesCallback) and
     compare with one process on the global batch; bpps > 1 sums the micro-steps' gradients,
     which the reference gets from Keras's own accumulation (their mean) at bpps times the
     learning rate (SGD is linear in the gradient). With ``process_set`` only its members call
-    this; they start from the same weights (the callback broadcasts over every rank)."""
+    this; they start from the same weights (the callback broadcasts over every rank).
+    ``groups``: DistributedOptimizer's, or a function of the model's trainable variables
+    returning it; ``fused``: the core's (fused batches, fused tensors) per update that it
+    must give (default: one batch of every gradient)."""
     in_set = process_set is not None
     n, r = (process_set.size(), process_set.rank()) if in_set else (hvd.size(), hvd.rank())
     x, y = global_data(n)
@@ -71,6 +75,9 @@ def fit_matches_single_process(fails, hvd, keras, label, *, bpps=1, lr=0.05,
     dist = model(keras, seed=100 if in_set else 100 + r)
     if in_set:
         optimizer_kwargs["process_set"] = process_set
+    if groups is not None:
+        optimizer_kwargs["groups"] = groups(dist.trainable_variables) if callable(groups) \
+            else groups
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9),
                                    backward_passes_per_step=bpps, **optimizer_kwargs)
     dist.compile(optimizer=opt, loss="mse", **compile_kwargs)
@@ -80,8 +87,10 @@ def fit_matches_single_process(fails, hvd, keras, label, *, bpps=1, lr=0.05,
              epochs=1, verbose=0, callbacks=callbacks)
     batches, tensors = (a - b for a, b in zip(_fusion_counts(), before))
     updates, variables = STEPS // bpps, len(dist.trainable_variables)
-    fails.expect(f"{label}: one fused allreduce of every gradient per update",
-                 (batches, tensors) == (updates, updates * variables),
+    per_update = fused or (1, variables)
+    fails.expect(f"{label}: {per_update[0]} fused allreduce(s) of {per_update[1]} gradients "
+                 f"per update", (batches, tensors) == (updates * per_update[0],
+                                                       updates * per_update[1]),
                  f"{batches} fused batches of {tensors} tensors for {updates} updates of "
                  f"{variables} gradients")
 

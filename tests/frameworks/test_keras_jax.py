@@ -1,8 +1,8 @@
 """engine_native.keras on the jax backend: model.fit's jit-compiled train step (Keras's default
 on jax) reduces the gradients through an ordered io_callback, and training equals
 single-process training on the global batch; also with backward_passes_per_step (the
-allreduce inside a lax.cond), an eager allreduce by value and an allgather inside jax.jit
-(both through engine_native.jax)."""
+allreduce inside a lax.cond) and groups given as lists of variables; an eager allreduce by
+value and an allgather inside jax.jit (both through engine_native.jax)."""
 import numpy as np
 import pytest
 
@@ -18,8 +18,10 @@ def rank_jax_suite():
     fails = Failures()
     model = kt.fit_matches_single_process(fails, hvd, keras, "jit")
     fails.expect("fit jit-compiled its train step", model.jit_compile is True)
-    kt.fit_matches_single_process(fails, hvd, keras, "jit, backward_passes_per_step=2",
-                                  bpps=2)
+    # groups as lists: kernel 0, bias 1 and kernel 1 together (one fused op of 3 a
+    # step), bias 0 alone; inside jit and the lax.cond of the accumulation
+    kt.fit_matches_single_process(fails, hvd, keras, "jit, backward_passes_per_step=2, groups",
+                                  bpps=2, groups=lambda v: [[v[0], v[3], v[2]]], fused=(1, 3))
     n = hvd.size()
     got = keras.ops.convert_to_numpy(hvd.allreduce(np.arange(3.0) * hvd.rank(), op=hvd.Sum))
     fails.expect("eager allreduce of a jax array",

@@ -3,8 +3,8 @@ size runs every check (importing keras costs seconds a rank) and reports them al
 
 Checks: the value collectives against NumPy; model.fit with DistributedOptimizer equals
 single-process training on the global batch, with one fused grouped allreduce per update (the
-core's metrics), also with backward_passes_per_step and on a process set with
-gradient_predivide_factor; each callback by value; load_model wraps the optimizer and keeps
+core's metrics), also with backward_passes_per_step, with groups=2 (two per update) and on a
+process set with gradient_predivide_factor; each callback by value; load_model wraps the optimizer and keeps
 its state; wrapping twice fails on every rank and the next op works; KerasState
 commit/restore/sync, the elastic callbacks and hvd.elastic.run's retry after a failed
 collective.
@@ -111,6 +111,17 @@ def _errors(fails, hvd, keras):
     fails.expect_raises("op=Max", ValueError,
                         lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Max),
                         "Average")
+    variables = kt.model(keras, seed=5).trainable_variables
+    for bad, words in ((0, "positive int"), (-2, "positive int"), (2.5, "got float 2.5"),
+                       ("2", "got str"), ([variables[0]], "not a list"),
+                       ([[variables[0], "bias"]], "holds str"),
+                       ([[variables[0]], [variables[0]]], "in more than one group")):
+        fails.expect_raises(f"groups={bad!r}", ValueError, lambda: hvd.DistributedOptimizer(
+            keras.optimizers.SGD(), groups=bad), words)
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=[[variables[0]]])
+    trained = kt.model(keras, seed=6).trainable_variables  # not the listed variable's model
+    fails.expect_raises("groups of another model's variables", ValueError, lambda: opt.apply(
+        [keras.ops.zeros(v.shape) for v in trained], trained), "does not train")
     got = keras.ops.convert_to_numpy(hvd.allreduce(np.ones(2), op=hvd.Sum, name="after"))
     fails.expect("the next op works", np.allclose(got, hvd.size()), got)
 
@@ -167,6 +178,7 @@ def rank_torch_suite(path):
     _collectives(fails, hvd, keras)
     kt.fit_matches_single_process(fails, hvd, keras, "fit")
     kt.fit_matches_single_process(fails, hvd, keras, "fit, backward_passes_per_step=2", bpps=2)
+    kt.fit_matches_single_process(fails, hvd, keras, "fit, groups=2", groups=2, fused=(2, 4))
     if hvd.size() > 2:  # ranks 0 and 1 train alone; 2 stays out
         pair = hvd.add_process_set([0, 1])
         if hvd.rank() in pair.ranks:
