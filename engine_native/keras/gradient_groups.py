@@ -15,6 +15,8 @@ step is left out of its group for that step (Keras drops it before the allreduce
 """
 from __future__ import annotations
 
+import itertools
+
 import keras
 
 _USAGE = ("groups must be a positive int (the number of groups) or a list of lists of the "
@@ -35,7 +37,8 @@ def _describe(variable) -> str:
 
 def check(groups):
     """``groups`` as DistributedOptimizer keeps it: None, a positive int or VariableGroups;
-    a ValueError naming the problem for anything else."""
+    a ValueError naming the problem for anything else (ValueError, as Horovod raises, also
+    for a wrong type)."""
     if groups is None:
         return None
     if isinstance(groups, int) and not isinstance(groups, bool):
@@ -64,7 +67,7 @@ def check(groups):
 def _split_evenly(count: int, k: int) -> list:
     size, extra = divmod(count, k)
     bounds = [i * size + min(i, extra) for i in range(k + 1)]
-    return [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return [list(range(a, b)) for a, b in itertools.pairwise(bounds) if b > a]
 
 
 def split(groups, count: int, variables, trained) -> list:

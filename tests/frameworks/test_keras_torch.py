@@ -4,10 +4,10 @@ size runs every check (importing keras costs seconds a rank) and reports them al
 Checks: the value collectives against NumPy; model.fit with DistributedOptimizer equals
 single-process training on the global batch, with one fused grouped allreduce per update (the
 core's metrics), also with backward_passes_per_step, with groups=2 (two per update) and on a
-process set with gradient_predivide_factor; each callback by value; load_model wraps the optimizer and keeps
-its state; wrapping twice fails on every rank and the next op works; KerasState
-commit/restore/sync, the elastic callbacks and hvd.elastic.run's retry after a failed
-collective.
+process set with gradient_predivide_factor; each callback by value; load_model wraps the
+optimizer and keeps its state; wrapping twice and bad groups fail on every rank and the next
+op works; KerasState commit/restore/sync, the elastic callbacks and hvd.elastic.run's retry
+after a failed collective.
 """
 import os
 
@@ -116,8 +116,8 @@ def _errors(fails, hvd, keras):
                        ("2", "got str"), ([variables[0]], "not a list"),
                        ([[variables[0], "bias"]], "holds str"),
                        ([[variables[0]], [variables[0]]], "in more than one group")):
-        fails.expect_raises(f"groups={bad!r}", ValueError, lambda: hvd.DistributedOptimizer(
-            keras.optimizers.SGD(), groups=bad), words)
+        fails.expect_raises(f"groups={bad!r}", ValueError, lambda bad=bad: (
+            hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=bad)), words)
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(), groups=[[variables[0]]])
     trained = kt.model(keras, seed=6).trainable_variables  # not the listed variable's model
     fails.expect_raises("groups of another model's variables", ValueError, lambda: opt.apply(
