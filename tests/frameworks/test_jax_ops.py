@@ -1,6 +1,6 @@
 """engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
 and inside jax.jit, process sets and async handles, fp16 compression of average_gradients,
-on 2 and 3 ranks.
+backward_passes_per_step eagerly, on 2 and 3 ranks.
 
 One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
 check, collects what failed, and returns the list; the test shows every rank's list.
@@ -172,6 +172,26 @@ def _check_fp16_compression(hvd, jax, jnp, np, failures, n, me):
                 * n // 2)
 
 
+def _check_eager_accumulation(hvd, jnp, np, failures, n, me):
+    """DistributedGradientTransformation(backward_passes_per_step=2) eagerly (the jitted one:
+    test_jax_training): the first call returns zeros without an allreduce, the second
+    applies the inner SGD to the rank average of both calls' sum, with one allreduce."""
+    import optax
+    import engine_native
+    tx = hvd.DistributedGradientTransformation(optax.sgd(1.0), backward_passes_per_step=2)
+    params = jnp.zeros(3, jnp.float32)
+    state = tx.init(params)
+    ran = []
+    for k in range(2):
+        before = engine_native.metrics()["ops"]["ALLREDUCE"]
+        updates, state = tx.update(jnp.full(3, (me + 1) * (k + 1), jnp.float32), state, params)
+        ran.append(engine_native.metrics()["ops"]["ALLREDUCE"] - before)
+        want = np.zeros(3) if k == 0 else np.full(3, -3 * (n + 1) / 2)
+        _expect(failures, f"eager accumulation, call {k}", updates, want.astype(np.float32))
+    if ran != [0, 1]:
+        failures.append(f"eager accumulation: allreduces per call {ran}, want [0, 1]")
+
+
 def rank_collectives():
     import jax
     jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
@@ -186,6 +206,7 @@ def rank_collectives():
     _check_eager_extras(hvd, jnp, np, failures, n, me)
     _check_runs_once_per_call(hvd, jax, jnp, failures)
     _check_fp16_compression(hvd, jax, jnp, np, failures, n, me)
+    _check_eager_accumulation(hvd, jnp, np, failures, n, me)
     if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
         pair = hvd.add_process_set([0, 2])
         if me in pair.ranks:
