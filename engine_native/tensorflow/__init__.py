@@ -4,7 +4,9 @@
 ``import horovod.tensorflow as hvd`` (Horovod 0.28): init and topology, process sets,
 allreduce (also of tf.IndexedSlices), grouped_allreduce, allgather, grouped_allgather,
 broadcast, alltoall, reducescatter, broadcast_variables, broadcast_object, allgather_object,
-DistributedGradientTape, Compression. Eager and inside ``tf.function``.
+DistributedGradientTape, Compression. Eager and inside ``tf.function``. ``tf.GradientTape``
+differentiates through the collectives with Horovod's registered gradients (autodiff.py,
+mpi_ops.py).
 
 Differences from Horovod, by design of this binding:
   * No compiled TF ops: inside ``tf.function`` a collective is a stateful
@@ -14,8 +16,6 @@ Differences from Horovod, by design of this binding:
     otherwise) with the core's message.
   * Tensors reach the core through host memory (``device_dense``/``device_sparse`` are
     ignored); a GPU tensor is copied to host and back.
-  * The collectives have no registered gradients: differentiate before reducing, as
-    DistributedGradientTape does.
   * No TF1 API (DistributedOptimizer for tf.compat.v1, session hooks, ``*_op`` tensors).
   * ``report(samples=n, **scalars)`` (an addition) feeds the notebook dashboard's samples/s.
 

@@ -7,14 +7,20 @@ Graph (``tf.function``): there are no compiled Horovod ops here, so the NumPy fu
 a ``tf.numpy_function`` marked ``stateful=True``. Stateful ops are never pruned, constant-folded
 or merged, and ``tf.function``'s automatic control dependencies chain them in program order, so
 every rank runs its collectives in the order the Python code wrote them (the core matches ops
-by name, and unnamed ops take their name from a counter when they run). The static shapes the
-caller knows are set on the outputs, since ``numpy_function`` returns unknown shapes.
+by name, and unnamed ops take their name from a counter when they run). A function graph that
+TF builds itself has no automatic control dependencies -- the backward function of a
+``tf.function`` differentiated by a tape outside it, where the gradients' collectives
+(autodiff.py) would otherwise run in any order -- so each collective created in a function
+graph also waits for the one created before it there (redundant under tf.function, which
+chains them already). The static shapes the caller knows are set on the outputs, since
+``numpy_function`` returns unknown shapes.
 
 XLA cannot compile a Python callback: inside ``tf.function(jit_compile=True)`` a collective is
 refused while tracing with an error that says what to do instead.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Sequence
 
 import tensorflow as tf
@@ -25,6 +31,10 @@ try:  # private TF module; without it, XLA refuses the callback itself when comp
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
 except ImportError:  # pragma: no cover - other TF versions
     _in_xla = None
+
+
+# The last collective created in each function graph (Note in the module docstring).
+_last_collective: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def in_xla() -> bool:
@@ -51,8 +61,13 @@ def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf
         results = numpy_fn(*[tensors.to_numpy(t) for t in inputs])
         return [tensors.to_tensor(array, aligned) for array in results]
     _refuse_xla(op)
-    outputs = tf.numpy_function(numpy_fn, list(inputs), list(out_dtypes), stateful=True,
-                                name=f"hvd_{op}")
+    graph = tf.compat.v1.get_default_graph()
+    previous = _last_collective.get(graph) if tf.inside_function() else None
+    with tf.control_dependencies([previous] if previous is not None else []):
+        outputs = tf.numpy_function(numpy_fn, list(inputs), list(out_dtypes), stateful=True,
+                                    name=f"hvd_{op}")
+    if tf.inside_function():
+        _last_collective[graph] = outputs[0].op
     for output, shape in zip(outputs, out_shapes):
         output.set_shape(shape)
     return list(outputs)

@@ -8,6 +8,13 @@ calls it at once (eager) or from a stateful ``tf.numpy_function`` (graph). Unnam
 their name from the numpy API's counter when they run, which is the same on every rank because
 every rank runs them in program order (graph.py).
 
+Gradients (autodiff.py) are Horovod 0.28's registered ones: allreduce -> allreduce of the
+gradient with the same op and scale factors; allgather -> Average allreduce of the gradient,
+then this rank's rows; broadcast -> Average allreduce of the gradient on the root, zeros
+elsewhere; alltoall -> alltoall of the gradient back with the received splits; reducescatter
+-> allgather of the gradient times prescale * postscale (* set size for Sum). Grouped ops
+reduce their gradients as a group.
+
 ``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility
 and have no effect: tensors reach the core through host memory.
 """
@@ -19,9 +26,11 @@ import tensorflow as tf
 from engine_native import numpy_ops
 from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum
 from engine_native.basics import global_process_set
+from engine_native.basics import rank as _global_rank
 from engine_native.horovod_args import resolve_op
 from engine_native.tensorflow import graph, sparse
 from engine_native.tensorflow import tensors as tensor_io
+from engine_native.tensorflow.autodiff import differentiable
 from engine_native.tensorflow.compression import Compression
 
 _REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
@@ -43,8 +52,15 @@ def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, pr
         return numpy_ops.grouped_allreduce(
             arrays, reduce_op, name, prescale_factor, postscale_factor, process_set,
             outputs=tensor_io.aligned_outputs(arrays))
-    return graph.run(reduce_arrays, values, [v.dtype for v in values],
-                     [v.shape for v in values], op_name, aligned=True)
+
+    def forward(*tensors):
+        return graph.run(reduce_arrays, tensors, [v.dtype for v in tensors],
+                         [v.shape for v in tensors], op_name, aligned=True)
+
+    def backward(_, grads):  # Horovod: the same reduction of the gradients
+        return _reduce_dense(grads, reduce_op, None, prescale_factor, postscale_factor,
+                             process_set, op_name)
+    return differentiable(forward, values, backward)
 
 
 def allreduce(tensor, average=None, device_dense='', device_sparse='',
@@ -134,8 +150,34 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
         if _op == "allgather":
             return [numpy_ops.allgather(arrays[0], name, process_set)]
         return numpy_ops.grouped_allgather(arrays, name, process_set)
-    return graph.run(gather_arrays, values, [v.dtype for v in values],
-                     [tf.TensorShape([None]).concatenate(v.shape[1:]) for v in values], _op)
+
+    def forward(*tensors):
+        return graph.run(gather_arrays, tensors, [v.dtype for v in tensors],
+                         [tf.TensorShape([None]).concatenate(v.shape[1:]) for v in tensors],
+                         _op)
+
+    def backward(_, grads):
+        return _allgather_grads(values, grads, process_set)
+    return differentiable(forward, values, backward)
+
+
+def _allgather_grads(inputs, grads, process_set):
+    """Horovod's allgather gradient: each gradient averaged over the set, then this rank's
+    rows (its offset from every rank's first dimension, allgathered). None stays None (an
+    integer tensor's)."""
+    grads = grouped_allreduce(grads, op=Average, process_set=process_set)
+    rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in inputs])
+    every = tf.reshape(allgather(rows[None], process_set=process_set),
+                       [process_set.size(), len(inputs)])
+    offsets = tf.reduce_sum(every[:process_set.rank()], axis=0)
+    results = []
+    for k, g in enumerate(grads):
+        if g is not None:
+            tail = [[0, g.shape.rank - 1]]
+            g = tf.slice(g, tf.pad(offsets[k:k + 1], tail),
+                         tf.pad(rows[k:k + 1], tail, constant_values=-1))
+        results.append(g)
+    return results
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
@@ -147,7 +189,15 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
     def broadcast_array(array):
         return [numpy_ops.broadcast(array, root_rank, name, process_set)]
-    return graph.run(broadcast_array, [value], [value.dtype], [value.shape], "broadcast")[0]
+
+    def forward(tensor):
+        return graph.run(broadcast_array, [tensor], [tensor.dtype], [tensor.shape],
+                         "broadcast")
+
+    def backward(_, grads):  # Horovod: averaged on the root, zeros elsewhere
+        grad = allreduce(grads[0], op=Average, process_set=process_set)
+        return [grad if _global_rank() == root_rank else grad * 0]
+    return differentiable(forward, [value], backward)[0]
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
@@ -165,10 +215,17 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
     def exchange(array, split_array=None):
         received, received_splits = numpy_ops.alltoall(array, split_array, name, process_set)
         return [received, received_splits.astype(np.int32)]
-    rows, received_splits = graph.run(
-        exchange, inputs, [value.dtype, tf.int32],
-        [tf.TensorShape([None]).concatenate(value.shape[1:]), [process_set.size()]],
-        "alltoall")
+
+    def forward(*tensors):
+        return graph.run(
+            exchange, tensors, [value.dtype, tf.int32],
+            [tf.TensorShape([None]).concatenate(value.shape[1:]), [process_set.size()]],
+            "alltoall")
+
+    def backward(outputs, grads):  # Horovod: the gradient's rows go back where they came from
+        grad, _ = alltoall(grads[0], splits=outputs[1], process_set=process_set)
+        return [grad, None]
+    rows, received_splits = differentiable(forward, inputs, backward)
     return (rows, received_splits) if splits is not None else rows
 
 
@@ -192,8 +249,15 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
         count, n = value.shape[0], process_set.size()
         rows = count // n + (1 if process_set.rank() < count % n else 0)
     shape = tf.TensorShape([rows]).concatenate(value.shape[1:]) if value.shape.rank else None
-    scattered, = graph.run(reduce_scatter, [compressed], [compressed.dtype], [shape],
-                           "reducescatter")
+
+    def forward(tensor):
+        return graph.run(reduce_scatter, [tensor], [tensor.dtype], [shape], "reducescatter")
+
+    def backward(_, grads):  # Horovod's scale: Sum's gradient is `size` times Average's
+        scale = prescale_factor * postscale_factor * (process_set.size() if op == Sum else 1)
+        grad = grads[0] * tf.cast(scale, grads[0].dtype) if scale != 1 else grads[0]
+        return [allgather(grad, process_set=process_set)]
+    scattered, = differentiable(forward, [compressed], backward)
     return compression.decompress(scattered, ctx)
 
 

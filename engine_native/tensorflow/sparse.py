@@ -1,14 +1,14 @@
 """Allreduce of ``tf.IndexedSlices`` (sparse gradients, e.g. of an embedding lookup), as Horovod
 does it: allgather the values and the indices instead of reducing a dense tensor. Repeated
-indices are left for the optimizer to sum, as TF's own sparse updates do.
+indices are left for the optimizer to sum, as TF's own sparse updates do. The allgather is
+mpi_ops' differentiable one, so a tape differentiates through the values as through Horovod's.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from engine_native import numpy_ops
 from engine_native._dtypes import Adasum, Average, Sum
-from engine_native.tensorflow import graph, tensors
+from engine_native.tensorflow import tensors
 
 
 def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, process_set):
@@ -24,16 +24,12 @@ def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, p
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with "
                                   "tf.IndexedSlices")
+    from engine_native.tensorflow.mpi_ops import grouped_allgather  # mpi_ops imports this
     parts = []
     for slices in slices_list:
         parts.append(tensors.as_tensor(slices.values, "allreduce", name or "noname"))
         parts.append(tensors.as_tensor(slices.indices, "allreduce", name or "noname"))
-
-    def gather_arrays(*arrays):
-        return numpy_ops.grouped_allgather(arrays, name, process_set)
-    gathered = graph.run(gather_arrays, parts, [p.dtype for p in parts],
-                         [tf.TensorShape([None]).concatenate(p.shape[1:]) for p in parts],
-                         "allreduce")
+    gathered = grouped_allgather(parts, name, process_set=process_set, _op="allreduce")
     results = []
     for k, slices in enumerate(slices_list):
         values, indices = gathered[2 * k], gathered[2 * k + 1]
