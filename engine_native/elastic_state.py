@@ -9,7 +9,7 @@ optimizers and the reset of their own handles.
 import copy
 import functools
 
-from engine_native import elastic_world
+from engine_native import basics, elastic_world
 from engine_native._core import HorovodInternalError
 
 
@@ -109,6 +109,18 @@ class ObjectState(State):
     def _set_attrs(self):
         for attr, value in self._saved_state.items():
             setattr(self, attr, copy.deepcopy(value))
+
+
+def reset_core(after_failure):
+    """The reset of ``run_fn`` for the bindings without handles of their own (Keras,
+    TensorFlow): shut the core down and initialize it again, in the elastic driver's newest
+    generation when there is one (a failure no death explains asks the driver for one)."""
+    if after_failure:
+        elastic_world.request_reset()
+    why = f"the elastic reset after generation {elastic_world.generation()}" \
+        if elastic_world.managed() else "an elastic reset"
+    basics.shutdown(why)
+    basics.init()
 
 
 def run_fn(func, reset):

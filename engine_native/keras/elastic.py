@@ -1,8 +1,8 @@
 """Elastic training with Keras 3 (Horovod's ``horovod.tensorflow.keras.elastic``):
 ``KerasState``, ``run`` and the callbacks that commit the state and track batch and epoch.
 
-The framework-neutral parts (``ObjectState``, the retry loop) are engine_native.elastic_state's;
-this module adds the state of a Keras model and optimizer, on any backend.
+The framework-neutral parts (``ObjectState``, the retry loop, the reset of the core) are
+engine_native.elastic_state's; this module adds the state of a Keras model and optimizer, on any backend.
 
 >>> state = hvd.elastic.KerasState(model, batch=0, epoch=0)
 >>> @hvd.elastic.run
@@ -14,27 +14,19 @@ this module adds the state of a Keras model and optimizer, on any backend.
 """
 import keras
 
-from engine_native import basics, elastic_world
-from engine_native.elastic_state import HostsUpdatedInterrupt, ObjectState, run_fn  # noqa: F401
+from engine_native import basics
+from engine_native.elastic_state import (  # noqa: F401
+    HostsUpdatedInterrupt, ObjectState, reset_core, run_fn)
 from engine_native.keras.callbacks import sync_backend_state
 from engine_native.keras.collectives import broadcast_model
 from engine_native.keras.objects import broadcast_object
-
-
-def _reset(after_failure):
-    if after_failure:
-        elastic_world.request_reset()  # a failure no death explains still gets a new world
-    why = f"the elastic reset after generation {elastic_world.generation()}" \
-        if elastic_world.managed() else "an elastic reset"
-    basics.shutdown(why)
-    basics.init()
 
 
 def run(func):
     """Decorator for an elastic training function ``func(state, *args, **kwargs)``: retried
     after a failed collective (the last commit restored) or a host change. No collective may
     run before it is called: the first thing it does is ``state.sync()``."""
-    return run_fn(func, _reset)
+    return run_fn(func, reset_core)
 
 
 class KerasState(ObjectState):

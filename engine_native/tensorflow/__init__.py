@@ -4,9 +4,9 @@
 ``import horovod.tensorflow as hvd`` (Horovod 0.28): init and topology, process sets,
 allreduce (also of tf.IndexedSlices), grouped_allreduce, allgather, grouped_allgather,
 broadcast, alltoall, reducescatter, broadcast_variables, broadcast_object, allgather_object,
-DistributedGradientTape, Compression. Eager and inside ``tf.function``. ``tf.GradientTape``
-differentiates through the collectives with Horovod's registered gradients (autodiff.py,
-mpi_ops.py).
+DistributedGradientTape, Compression, and ``hvd.elastic`` (run, TensorFlowState,
+TensorFlowKerasState). Eager and inside ``tf.function``. ``tf.GradientTape`` differentiates
+through the collectives with Horovod's registered gradients (autodiff.py, mpi_ops.py).
 
 Differences from Horovod, by design of this binding:
   * No compiled TF ops: inside ``tf.function`` a collective is a stateful
@@ -16,6 +16,7 @@ Differences from Horovod, by design of this binding:
     otherwise) with the core's message.
   * Tensors reach the core through host memory (``device_dense``/``device_sparse`` are
     ignored); a GPU tensor is copied to host and back.
+  * Elastic states are TF2 only (a TF1 session is refused).
   * No TF1 API (DistributedOptimizer for tf.compat.v1, session hooks, ``*_op`` tensors).
   * ``report(samples=n, **scalars)`` (an addition) feeds the notebook dashboard's samples/s.
 
@@ -42,5 +43,6 @@ from engine_native.tensorflow.mpi_ops import (  # noqa: F401
 from engine_native.tensorflow.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_variables)
 from engine_native.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from engine_native.tensorflow import elastic  # noqa: F401
 # Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).
 from engine_native.progress import report  # noqa: F401

@@ -1,8 +1,9 @@
 """engine_native.tensorflow on 2 and 3 ranks: every collective and dtype by value (eager and in
 tf.function), process sets, program order, bad input (tensorflow_collective_checks.py), and a
 custom training loop that equals single-process training on the global batch
-(tensorflow_training_checks.py), and the gradients through the collectives
-(tensorflow_gradient_checks.py).
+(tensorflow_training_checks.py), the gradients through the collectives
+(tensorflow_gradient_checks.py) and hvd.elastic (tensorflow_elastic_checks.py: last, it
+re-initializes the core).
 
 One launch of ranks per world size runs every check (importing TensorFlow costs 5-10 s a
 rank); each rank returns the list of what failed and the test shows every rank's list.
@@ -22,14 +23,15 @@ def rank_checks():
     import tensorflow as tf
 
     import engine_native.tensorflow as hvd
-    from frameworks import (tensorflow_collective_checks, tensorflow_gradient_checks,
-                            tensorflow_training_checks)
+    from frameworks import (tensorflow_collective_checks, tensorflow_elastic_checks,
+                            tensorflow_gradient_checks, tensorflow_training_checks)
     hvd.init()
     failures = []
     tensorflow_collective_checks.run_all(hvd, tf, np, failures)
     tensorflow_gradient_checks.run_all(hvd, tf, np, failures)
     tensorflow_training_checks.check_training(hvd, tf, np, failures)
     tensorflow_training_checks.check_tape_options(hvd, tf, np, failures)
+    tensorflow_elastic_checks.run_all(hvd, tf, np, failures)
     hvd.shutdown()
     return failures
 

@@ -1,0 +1,127 @@
+"""Elastic training with TensorFlow 2 (Horovod's ``horovod.tensorflow.elastic``): ``run``,
+``TensorFlowState`` (a list of variables) and ``TensorFlowKerasState`` (a Keras model and its
+optimizer).
+
+One mechanism for every binding: the retry loop, ``ObjectState`` and the reset of the core are
+engine_native.elastic_state's, and ``TensorFlowKerasState`` is engine_native.keras's
+``KerasState`` (Keras 3 is TensorFlow's Keras). What this module adds: the state of plain
+``tf.Variable`` lists, and ``run`` seeing a failed collective inside ``tf.function``, which TF
+raises as a ``tf.errors.UnknownError`` carrying the core's ``HorovodInternalError``.
+
+TF2 only: a TF1 session (``TensorFlowState(session=...)``) is refused.
+
+>>> state = hvd.elastic.TensorFlowState(model.variables + optimizer.variables, epoch=0)
+>>> @hvd.elastic.run
+... def train(state):
+...     for state.epoch in range(state.epoch, epochs):
+...         for x, y in batches:
+...             train_step(x, y)
+...         state.commit()
+>>> train(state)
+"""
+import functools
+
+import tensorflow as tf
+
+from engine_native import basics
+from engine_native._core import HorovodInternalError
+from engine_native.elastic_state import (  # noqa: F401
+    HostsUpdatedInterrupt,
+    ObjectState,
+    State,
+    reset_core,
+    run_fn,
+)
+from engine_native.keras.elastic import KerasState
+from engine_native.tensorflow.functions import broadcast_object, broadcast_variables
+
+__all__ = ["TensorFlowKerasState", "TensorFlowState", "run"]
+
+
+def _internal_error(error: tf.errors.OpError):
+    """The core's HorovodInternalError inside a graph op's error, or None."""
+    message = getattr(error, "message", str(error))
+    return HorovodInternalError(message) if "HorovodInternalError" in message else None
+
+
+def run(func):
+    """Decorator for an elastic training function ``func(state, *args, **kwargs)``: retried
+    after a failed collective, eager or inside ``tf.function`` (the last commit restored), or
+    a host change (HostsUpdatedInterrupt from ``state.commit()``). No collective may run
+    before it is called: the first thing it does is ``state.sync()``."""
+    @functools.wraps(func)
+    def collective_errors(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.OpError as error:
+            internal = _internal_error(error)
+            if internal is None:
+                raise
+            raise internal from error
+    return run_fn(collective_errors, reset_core)
+
+
+def _refuse_session(what, session):
+    if session is not None:
+        raise NotImplementedError(
+            f"{what}: TF1 sessions are not supported by engine_native.tensorflow (TF2, eager "
+            "and tf.function only); pass no session")
+
+
+class TensorFlowState(ObjectState):
+    """State of a list of ``tf.Variable`` and other attributes for elastic training.
+
+    Parameters
+    ----------
+    variables : list of tf.Variable
+        Saved by ``commit()``, assigned back by ``restore()``, broadcast from rank 0 by
+        ``sync()``. Required: TF2 has no global variables collection.
+    session : None
+        TF1 only in Horovod; refused here.
+    **kwargs :
+        Plain values kept as attributes, committed, restored and synchronized with them.
+    """
+
+    def __init__(self, variables=None, session=None, **kwargs):
+        _refuse_session("TensorFlowState", session)
+        if variables is None:
+            raise ValueError("TensorFlowState: pass the variables to track (e.g. "
+                             "variables=model.variables); TF2 has no global variables")
+        self.variables = list(variables)
+        for var in self.variables:
+            if not callable(getattr(var, "assign", None)):
+                raise TypeError(f"TensorFlowState: expected tf.Variable, got "
+                                f"{type(var).__name__}")
+        self.session = None
+        self._save_model()
+        super().__init__(bcast_object=broadcast_object, get_rank=basics.rank, **kwargs)
+
+    def _save_model(self):
+        self._values = [tf.identity(var).numpy() for var in self.variables]  # copies
+
+    def _load_model(self):
+        for var, value in zip(self.variables, self._values):
+            var.assign(value)
+
+    def save(self):
+        self._save_model()
+        super().save()
+
+    def restore(self):
+        self._load_model()
+        super().restore()
+
+    def sync(self):
+        broadcast_variables(self.variables, root_rank=0)
+        self._save_model()
+        super().sync()
+
+
+class TensorFlowKerasState(KerasState):
+    """State of a Keras model, its optimizer and other attributes (engine_native.keras's
+    ``KerasState``). ``backend`` is accepted for Horovod's signature and unused: Horovod needs
+    it only for a TF1 session."""
+
+    def __init__(self, model, optimizer=None, backend=None, **kwargs):
+        self.backend = backend
+        super().__init__(model, optimizer, **kwargs)
