@@ -5,7 +5,7 @@ need. Built here at test time, never by setup.py.
     python tests/fuzz/build_fuzzer.py         # build now (or reuse), print the binary's path
 
 The binary lives in ``build/fuzz/<digest>/`` of the checkout (git-ignored): an unchanged tree
-reuses it, a changed one builds anew (about 50 s on two cores). A failed build raises with the
+reuses it, a changed one builds anew (about 40 s on two cores). A failed build raises with the
 compiler's output, so the fuzz tests fail, never skip.
 """
 from __future__ import annotations
@@ -52,8 +52,10 @@ CORE = [
 
 
 def _flags() -> list:
-    # -O1 -g: the sanitizers' advice (fast enough, exact reports); warnings as in setup.py.
-    return ["-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread",
+    # -O1 and line tables (-g1): the sanitizers' advice (fast enough; reports name file:line,
+    # inlined frames included), a quarter less compile time than full -g; warnings as in
+    # setup.py.
+    return ["-std=c++17", "-O1", "-g1", "-Wall", "-Wextra", "-Werror", "-pthread",
             "-I" + CSRC] + SANITIZE
 
 
