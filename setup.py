@@ -8,7 +8,8 @@ Metadata and dependencies live in pyproject.toml; this file holds what TOML cann
 - a build_ext that compiles in parallel (one job per core) and incrementally: objects live in
   ``build/cpp-<python tag>-<flags hash>/`` and are rebuilt only when their source or a header
   they include (from gcc's ``-MMD`` dependency files) changed. So ``pip install -e .`` after
-  editing C++ rebuilds just what changed.
+  editing C++ rebuilds just what changed. With GCC the standard headers of
+  ``common/std_headers.h`` are precompiled once and force-included (``-include``).
 """
 import hashlib
 import os
@@ -211,6 +212,47 @@ def _stale(obj, src):
     return False
 
 
+def _is_gcc(driver):
+    try:
+        out = subprocess.run([driver[0], "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Free Software Foundation" in out and "clang" not in out
+
+
+def _precompiled_header(cc_args, obj_dir):
+    """``-include`` args for common/std_headers.h, precompiled into ``obj_dir`` (GCC only; []
+    for other compilers or when the header does not precompile). It declares standard names
+    only, so objects need no rebuild when it changes (``-MMD`` files do not name it); sources
+    still include what they use, and the wheel's clang build, which has no PCH, checks that.
+    The .gch is made with the sources' flags, else GCC ignores it and parses the header."""
+    if not _is_gcc(cc_args):
+        return []
+    header = os.path.join(ROOT, CSRC, "common", "std_headers.h")
+    copy = os.path.join(obj_dir, "pch", "std_headers.h")
+    with open(header) as fh:  # less its #pragma once, which GCC refuses in a main file
+        text = "".join(line for line in fh if line.strip() != "#pragma once")
+    old = None
+    if os.path.exists(copy):
+        with open(copy) as fh:
+            old = fh.read()
+    os.makedirs(os.path.dirname(copy), exist_ok=True)
+    if old != text:
+        with open(copy, "w") as fh:
+            fh.write(text)
+    gch = copy + ".gch"
+    if not os.path.exists(gch) or os.path.getmtime(gch) < os.path.getmtime(copy):
+        done = subprocess.run(cc_args + ["-x", "c++-header", copy, "-o", gch + ".tmp"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            print("engine_native._core: no precompiled header (building without one):\n"
+                  + done.stderr[-2000:], flush=True)
+            return []
+        os.replace(gch + ".tmp", gch)
+    return ["-include", copy]
+
+
 class ParallelBuildExt(build_ext):
     """Compile every source of an extension on a thread pool; relink only when needed."""
 
@@ -235,6 +277,7 @@ class ParallelBuildExt(build_ext):
         todo = [(s, o) for s, o in pairs if self.force or _stale(o, s)]
         include_args = ["-I" + d for d in ext.include_dirs + self.include_dirs]
         cc_args = driver + include_args + flags
+        cc_args += _precompiled_header(driver + include_args + ext.extra_compile_args, obj_dir)
 
         def compile_one(pair):
             src, obj = pair
