@@ -112,6 +112,23 @@ def _run(cmd: list) -> None:
         raise RuntimeError(f"build failed: {' '.join(cmd)}\n{proc.stdout}{proc.stderr}")
 
 
+def _precompiled(work: str, flags: list) -> list:
+    """``-include`` args for the core's common/std_headers.h precompiled into ``work`` with
+    ``flags``, as setup.py does (GCC only, else []): a quarter less compile time per source."""
+    version = subprocess.run(_compiler() + ["--version"], capture_output=True, text=True,
+                             timeout=60, check=False).stdout
+    if "Free Software Foundation" not in version or "clang" in version:
+        return []
+    copy = os.path.join(work, "std_headers.h")
+    with open(os.path.join(CSRC, "common", "std_headers.h")) as fh:  # GCC refuses the pragma
+        text = "".join(line for line in fh if line.strip() != "#pragma once")
+    with open(copy, "w") as fh:
+        fh.write(text)
+    proc = subprocess.run(_compiler() + flags + ["-x", "c++-header", copy, "-o", copy + ".gch"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    return ["-include", copy] if proc.returncode == 0 else []
+
+
 def build_into(out_root: str, digest: str, filename: str, sources: list, flags: list,
                link_flags: list) -> str:
     """``out_root/<digest>/<filename>``, compiled (in parallel) and linked unless it exists.
@@ -124,6 +141,7 @@ def build_into(out_root: str, digest: str, filename: str, sources: list, flags: 
     work = tempfile.mkdtemp(prefix="tmp-", dir=out_root)
     try:
         objects = [os.path.join(work, f"{i}.o") for i in range(len(sources))]
+        flags = flags + _precompiled(work, flags)
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             list(pool.map(lambda pair: _run(_compiler() + flags + ["-c", pair[0], "-o", pair[1]]),
                           zip(sources, objects)))
