@@ -44,6 +44,8 @@ def metrics() -> dict:
     for, after a whole 200 ms idle tick (Note [Tick pickups]: a missing wake-up).
     ``p2p_sent``/``p2p_received`` count this rank's point-to-point messages,
     ``p2p_sent_bytes``/``p2p_received_bytes`` their bytes.
+    ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others
+    still run (refreshed every 200 ms; ``[]`` on other ranks).
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,
     ``"tcp"``); ``control_transports`` how negotiation messages travel to it (``"shm"``
     between a worker and rank 0 on one host, ``"tcp"`` across hosts or with

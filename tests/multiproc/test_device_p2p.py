@@ -9,7 +9,8 @@ than the first staging segment holds (it grows, nothing waits for a receive), an
 memory reused; the producer's stream order (a send submitted behind a held kernel reads what
 that kernel writes); a receive that cannot read a CUDA tensor refusing it and getting its
 bytes resent through host memory, the sender staging later ones; HVD_GPU_PATH=staged refusing
-the IPC route; the peers' mappings closed at shutdown; and a copy that never finishes failing
+the IPC route; a rank that shut down still resending a message refused after its send
+completed; the peers' mappings closed at shutdown; and a copy that never finishes failing
 both ranks within HVD_TIMEOUT instead of hanging.
 """
 import time
@@ -123,20 +124,34 @@ def exchange_suite():
                  (allocated, f.cuda.fakeCudaLiveAllocations()))
     # A receive that cannot read a CUDA tensor (it names no device): it refuses, the sender
     # resends the bytes through host memory, and stages every later CUDA tensor to it (G).
-    ones = np.arange(8, dtype=np.int32) + me  # alive until sent
-    handle = send(ones, peer, 300)
-    got, where = receive(peer, 300, device=-1)
-    _core.wait(handle)
-    # The peer's refusal of this rank's message may still be on its way: the resend is the
-    # core's to send, so this rank must not shut down before the peer has it (noted as open).
-    hvd.barrier()
-    fails.expect("refused, then resent", np.array_equal(got, np.arange(8, dtype=np.int32) + peer)
-                 and where == -1, (where, got))
-    fails.expect("route after a refusal", _core.p2p_cuda_route(peer) == "staged",
-                 _core.p2p_cuda_route(peer))
-    fails.expect_raises("a CUDA send after a refusal", ValueError,
-                        lambda: send(ones, peer, 301), "HVD_GPU_PATH=staged")
-    hvd.shutdown()
+    if me == 0:
+        ones = np.arange(8, dtype=np.int32)  # alive until sent
+        _core.wait(send(ones, peer, 300))  # the route flips when the refusal comes (below)
+    else:
+        got, where = receive(peer, 300, device=-1)
+        fails.expect("refused, then resent", np.array_equal(got, np.arange(8, dtype=np.int32))
+                     and where == -1, (where, got))
+    # A rank that shut down still resends what it owes (Note [Point-to-point] F): rank 1's
+    # send completed and it shut down before rank 0 refused the message.
+    if me == 1:
+        owed = np.arange(6, dtype=np.int32) + 40
+        _core.wait(send(owed, peer, 310))
+        hvd.shutdown()
+    else:
+        deadline = time.monotonic() + 60
+        while 1 not in hvd.metrics()["shutting_down_ranks"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        fails.expect("rank 1 seen shutting down", 1 in hvd.metrics()["shutting_down_ranks"])
+        got, where = receive(peer, 310, device=-1)
+        fails.expect("resent by a rank that shut down",
+                     np.array_equal(got, np.arange(6, dtype=np.int32) + 40) and where == -1,
+                     (where, got))
+        # Rank 1 refused tag 300 before it sent tag 310 (one byte stream): the route flipped.
+        fails.expect("route after a refusal", _core.p2p_cuda_route(peer) == "staged",
+                     _core.p2p_cuda_route(peer))
+        fails.expect_raises("a CUDA send after a refusal", ValueError,
+                            lambda: send(ones, peer, 301), "HVD_GPU_PATH=staged")
+        hvd.shutdown()
     fails.expect("mappings closed", f.cuda.fakeCudaLiveIpcMappings() == 0,
                  f.cuda.fakeCudaLiveIpcMappings())
     return fails.raise_if_any()

@@ -95,6 +95,12 @@ PyObject* buildMetrics() {
   }
   setItem(dict, "current", current);
   setItem(dict, "pending", pendingList(s.pending));
+  PyObject* shutting_down = PyList_New(static_cast<Py_ssize_t>(s.shutting_down.size()));
+  for (size_t i = 0; i < s.shutting_down.size(); ++i) {
+    PyList_SET_ITEM(shutting_down, static_cast<Py_ssize_t>(i),
+                    PyLong_FromLong(s.shutting_down[i]));
+  }
+  setItem(dict, "shutting_down_ranks", shutting_down);
   setItem(dict, "transports", stringList(s.transports));
   setItem(dict, "control_transports", stringList(s.control_transports));
   setItem(dict, "host_copy", PyUnicode_FromString(s.host_copy.c_str()));

@@ -178,6 +178,8 @@ void BackgroundLoop::run() {
     if (!idle() || coordinatesOtherSets()) queue_.setStandby(false);  // Note [Caller drives] B, C
     lock.unlock();
   }
+  // What point-to-point still had in flight when the agreement ended (Note [Point-to-point] F).
+  peer_ops_.failAll(Status(common::Code::kShutDown, kShutdownMessage));
   flushControl();
   mesh_.close();
 }
@@ -227,9 +229,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
       }
     }
     // Point-to-point connections are watched even in standby: a peer's large send must not
-    // wait for this rank's next op to be read (Note [Point-to-point]). Not once shutting down:
-    // passes no longer read them then, and a readable socket would make this poll spin.
-    if (!failed_ && !shutdown_sent_) {
+    // wait for this rank's next op to be read (Note [Point-to-point]); and while shutting down,
+    // for the answers this rank owes (F). Every pass reads what a readable socket has.
+    if (!failed_) {
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
       if (peer_ops_.announceSleep()) control_waiting = true;  // a ring can move already
@@ -304,6 +306,7 @@ void BackgroundLoop::beginShutdown() {
     shutdown_deadline_ = std::min(shutdown_deadline_, Clock::now() + std::chrono::seconds(1));
   }
   completeAllPending(status, /*store_failure=*/false);
+  peer_ops_.beginShutdown(status);  // Note [Point-to-point] F: what this rank owes goes on
   if (failed_ || mesh_.size() == 1) {
     finished_ = true;
     return;

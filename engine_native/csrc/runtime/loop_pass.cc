@@ -69,7 +69,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
            true);
     }
   }
-  if (!failed_ && !shutdown_sent_) progressPeerOps(&took_work);
+  if (!failed_ && !finished_) progressPeerOps(&took_work);  // also while shutting down (F)
   if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
@@ -88,12 +88,18 @@ bool BackgroundLoop::pass(bool mark_cycle) {
 }
 
 // Note [Point-to-point] D in peer_ops.cc: a connection lost or malformed fails the rank; a lost
-// peer is reported with its original cause where one comes (Note [Failure fan-out]).
+// peer is reported with its original cause where one comes (Note [Failure fan-out]). While the
+// rank shuts down (F) an error ends point-to-point only: the rank is leaving anyway.
 void BackgroundLoop::progressPeerOps(bool* took_work) {
   bool moved = false;
   const Status s = peer_ops_.progress(&moved);
   if (moved) *took_work = true;
   if (s.isOk()) return;
+  if (shutdown_sent_) {
+    HVD_LOG(kWarning, "runtime") << "shutdown: point-to-point stopped: " << s.message();
+    peer_ops_.failAll(s);
+    return;
+  }
   if (s.code() == common::Code::kPeerLost) awaitCause();
   if (!failed_) fail(s, /*tell_peers=*/true);
 }
@@ -322,7 +328,6 @@ void BackgroundLoop::awaitCause() {
 void BackgroundLoop::completeAllPending(const Status& status, bool store_failure) {
   executor_.failDevice(status);  // aborts the NCCL communicators a lost peer may hold up
   queue_.failAll(status, store_failure);
-  peer_ops_.failAll(status);
   entries_.forEach([&](TensorEntry& entry) { handles_.complete(entry.handle, status); });
   entries_.clear();
   keys_.releaseAll();
@@ -351,6 +356,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
     }
   }
   completeAllPending(status, /*store_failure=*/true);
+  peer_ops_.failAll(status);
   metrics_.setLastError(status.message());
   if (tell_peers) flushControl();
   if (status.code() != common::Code::kPeerLost) mesh_.close();

@@ -35,6 +35,11 @@ void Metrics::setPending(std::vector<PendingInfo> pending) {
   pending_ = std::move(pending);
 }
 
+void Metrics::setShuttingDown(std::vector<int> ranks) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  shutting_down_ = std::move(ranks);
+}
+
 void Metrics::setTransports(std::vector<std::string> transports,
                             std::vector<std::string> control_transports) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -99,6 +104,7 @@ MetricsSnapshot Metrics::snapshot() const {
                                                       current_since_).count();
   }
   s.pending = pending_;
+  s.shutting_down = shutting_down_;
   s.transports = transports_;
   s.control_transports = control_transports_;
   s.host_copy = host_copy_;
@@ -139,6 +145,7 @@ void Metrics::reset() {
   current_name_.clear();
   device_paths_.clear();
   pending_.clear();
+  shutting_down_.clear();
   transports_.clear();
   control_transports_.clear();
   host_copy_.clear();

@@ -53,6 +53,7 @@ struct MetricsSnapshot {
   std::string current_name;
   double current_seconds = 0;
   std::vector<PendingInfo> pending;
+  std::vector<int> shutting_down;       // rank 0: the ranks that told it they shut down
   std::vector<std::string> transports;  // per global rank: "self" / "shm" / "tcp"
   // per global rank: how negotiation frames travel to it, "shm" / "tcp" / "none" (no channel)
   std::vector<std::string> control_transports;
@@ -114,6 +115,7 @@ class Metrics {
   void beginOp(const std::string& op, const std::string& name);
   void endOp();
   void setPending(std::vector<PendingInfo> pending);
+  void setShuttingDown(std::vector<int> ranks);
   void setTransports(std::vector<std::string> transports,
                      std::vector<std::string> control_transports);
   void setHostCopy(std::string mode, std::string reason);
@@ -144,6 +146,7 @@ class Metrics {
   std::string last_error_, current_op_, current_name_;
   std::chrono::steady_clock::time_point current_since_;
   std::vector<PendingInfo> pending_;
+  std::vector<int> shutting_down_;
   std::vector<std::string> transports_;
   std::vector<std::string> control_transports_;
   std::string host_copy_;

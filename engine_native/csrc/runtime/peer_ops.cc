@@ -23,6 +23,13 @@
 //      where callers can drive (Note [Caller drives] H), and a wait on them drives too;
 //      elsewhere they are the loop thread's, woken by the submission or by the connection (a
 //      caller driving anything meanwhile moves them too: every pass does).
+//   F. Shutdown. A rank that shuts down still owes its peers answers: a CUDA message it sent
+//      may be refused after its send completed, and only this rank can resend the bytes (Note
+//      [Device point-to-point] G). So until the shutdown agreement ends (every rank shut down,
+//      or HVD_TIMEOUT), the loop goes on moving frames: posted receives and new submissions
+//      fail with the shutdown, sends and reads already started complete, arriving messages
+//      are dropped (a CUDA one's room released), refusals are answered. A peer whose
+//      connection fails meanwhile (it finished first) is left alone; the rank does not fail.
 #include "runtime/peer_ops.h"
 
 #include <poll.h>
@@ -85,6 +92,7 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
     : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
       timeout_(timeout_seconds), cuda_ipc_(cuda_ipc),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
+      closed_(static_cast<size_t>(mesh.size()), 0),
       device_(queue.wakeFd(), timeout_seconds),
       ipc_refused_(static_cast<size_t>(mesh.size())) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
@@ -206,8 +214,11 @@ Status PeerOps::progress(bool* moved) {
   HVD_RETURN_IF_ERROR(progressDevice());
   const Clock::time_point now = Clock::now();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
-    if (mesh_.peerChannel(peer) == nullptr) continue;
-    HVD_RETURN_IF_ERROR(progressPeer(peer, now, moved));
+    if (!open(peer)) continue;
+    const Status status = progressPeer(peer, now, moved);
+    if (status.isOk()) continue;
+    if (!shutting_down_) return status;
+    closePeer(peer, status);  // F: a peer that finished its shutdown first closes, say
   }
   moved_since_taken_ = moved_since_taken_ || *moved;
   return Status::ok();
@@ -293,6 +304,10 @@ Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
     transport::peerPayloadBytes(frame.dtype, frame.shape, &tensor_bytes);
     HVD_RETURN_IF_ERROR(transport::decodeDeviceMessage(message.payload.data, frame.bytes,
                                                        tensor_bytes, &arrived.device));
+  }
+  if (shutting_down_) {
+    dropArrival(peer, arrived);
+    return Status::ok();
   }
   arrived.message = std::move(message);
   p.arrived.push_back(std::move(arrived));
@@ -398,8 +413,7 @@ bool PeerOps::idle() const {
   }
   // A message in a ring that no pass has read yet (Note [Point-to-point over shm] C).
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
-    const transport::PeerChannel* channel = mesh_.peerChannel(peer);
-    if (channel != nullptr && channel->hasIncoming()) return false;
+    if (open(peer) && mesh_.peerChannel(peer)->hasIncoming()) return false;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   return submitted_.empty();
@@ -424,8 +438,8 @@ void PeerOps::appendPending(Clock::time_point now, std::vector<PendingInfo>* out
 void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events,
                       std::vector<int>* peers) const {
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (!open(peer)) continue;  // F: a closed socket would poll readable for ever
     const transport::PeerChannel* channel = mesh_.peerChannel(peer);
-    if (channel == nullptr) continue;
     fds->push_back(channel->fd());
     events->push_back(static_cast<short>(POLLIN | (channel->wantsWritable() ? POLLOUT : 0)));
     peers->push_back(peer);
@@ -439,7 +453,7 @@ bool PeerOps::announceSleep() {
   bool ready = false;
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     transport::PeerChannel* channel = mesh_.peerChannel(peer);
-    if (channel == nullptr || !channel->onSharedMemory()) continue;
+    if (!open(peer) || !channel->onSharedMemory()) continue;
     ready = channel->hasIncoming() || channel->rearmWriter() || ready;
   }
   return ready;

@@ -102,6 +102,10 @@ class PeerOps {
   void markReadable(int peer) { readable_[peer] = 1; }
   // Completes every pending op with `status`; later submissions fail with it.
   void failAll(const common::Status& status);
+  // The rank shuts down (Note [Point-to-point] F in peer_ops_shutdown.cc): posted receives
+  // and later submissions fail with `status`; what is already in flight goes on, and so do
+  // the answers this rank owes its peers, until the loop ends (then failAll).
+  void beginShutdown(const common::Status& status);
 
  private:
   struct Op {
@@ -163,6 +167,11 @@ class PeerOps {
   void completeSend(const Op& op);
   void fail(const Op& op, const common::Status& status);  // this op alone
   void timeOut(PerPeer& p, Clock::time_point now);
+  // F: a message that arrives once this rank shuts down (no receive will take it).
+  void dropArrival(int peer, const Arrived& arrived);
+  // F: `peer`'s connection failed while this rank shuts down: its ops fail, it is left alone.
+  void closePeer(int peer, const common::Status& status);
+  bool open(int peer) const { return mesh_.peerChannel(peer) != nullptr && closed_[peer] == 0; }
   void listen(int delta);  // a receive opened (+1) or completed (-1)
   void startSpan(Op& op);
   void endSpan(const Op& op, const common::Status& status = common::Status::ok());
@@ -182,6 +191,8 @@ class PeerOps {
   // The loop's (under progress_).
   std::vector<PerPeer> peers_;
   std::vector<uint8_t> readable_;  // by peer: markReadable since the last read
+  bool shutting_down_ = false;     // F
+  std::vector<uint8_t> closed_;    // by peer: its connection failed while shutting down (F)
   bool moved_since_taken_ = false;
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;

@@ -102,6 +102,7 @@ void PeerOps::completeResend(uint64_t id, std::shared_ptr<OutputBuffer> bytes) {
   const auto [peer, sequence] = restaging_.at(id);
   restaging_.erase(id);
   device_.released(peer, sequence);  // the bytes are in host memory now
+  if (!open(peer)) return;           // Note [Point-to-point] F: nobody waits for them
   PerPeer& p = peers_[peer];
   transport::PeerFrame frame;
   frame.kind = transport::PeerFrameKind::kDeviceResend;

@@ -78,6 +78,9 @@ class RankZeroCoordinator {
   void noteShutdown(int rank) { shutdown_ranks_.insert(rank); }
   int shutDownRanks() const { return static_cast<int>(shutdown_ranks_.size()); }
   bool hasShutDown(int rank) const { return shutdown_ranks_.count(rank) != 0; }
+  std::vector<int> shutDownRankList() const {
+    return {shutdown_ranks_.begin(), shutdown_ranks_.end()};
+  }
   // Marks the keys rank 0's tables still refer to (Note [Key lifetime] in key_table.cc).
   void markKeys(const coord::KeyTable::MarkFn& mark) const;
 

@@ -28,6 +28,7 @@ void StallInspector::inspect(EntryTable& entries, RankZeroCoordinator* coordinat
   });
   peers.appendPending(now, &pending);
   metrics_.setPending(std::move(pending));
+  if (coordinator) metrics_.setShuttingDown(coordinator->shutDownRankList());
   if (coordinator) failDeadlocked(*coordinator, now);
   if (!coordinator || config_.stall_check_disable) {
     last_check_ = now;
