@@ -90,7 +90,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     check_call("allreduce", process_set, op)
     if isinstance(tensor, tf.IndexedSlices):
         return sparse.allreduce_slices([tensor], op, prescale_factor, postscale_factor, name,
-                                       process_set)[0]
+                                       process_set, grouped_allgather)[0]
     tensor = tensor_io.as_tensor(tensor, "allreduce", name or "noname")
     compressed, ctx = compression.compress(tensor)
     reduced, = _reduce_dense([compressed], op, name, prescale_factor, postscale_factor,
@@ -113,7 +113,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     slices = [i for i, t in enumerate(results) if isinstance(t, tf.IndexedSlices)]
     if slices:
         reduced = sparse.allreduce_slices([results[i] for i in slices], op, prescale_factor,
-                                          postscale_factor, name, process_set)
+                                          postscale_factor, name, process_set, grouped_allgather)
         for i, value in zip(slices, reduced):
             results[i] = value
     if dense:

@@ -1,7 +1,8 @@
 """Allreduce of ``tf.IndexedSlices`` (sparse gradients, e.g. of an embedding lookup), as Horovod
 does it: allgather the values and the indices instead of reducing a dense tensor. Repeated
 indices are left for the optimizer to sum, as TF's own sparse updates do. The allgather is
-mpi_ops' differentiable one, so a tape differentiates through the values as through Horovod's.
+mpi_ops' differentiable one (passed in by mpi_ops, which calls this), so a tape differentiates
+through the values as through Horovod's.
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from engine_native._dtypes import Adasum, Average, Sum
 from engine_native.tensorflow import tensors
 
 
-def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, process_set):
-    """Sum or average a list of IndexedSlices over ``process_set``: one grouped allgather of
+def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, process_set,
+                     grouped_allgather):
+    """Sum or average a list of IndexedSlices over ``process_set``: one ``grouped_allgather`` of
     every values and indices tensor; a list of IndexedSlices back."""
     if op == Adasum:
         raise NotImplementedError('The Adasum reduction does not currently support sparse '
@@ -24,7 +26,6 @@ def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, p
     if prescale_factor != 1.0 or postscale_factor != 1.0:
         raise NotImplementedError("Pre/postscale_factor are not supported with "
                                   "tf.IndexedSlices")
-    from engine_native.tensorflow.mpi_ops import grouped_allgather  # mpi_ops imports this
     parts = []
     for slices in slices_list:
         parts.append(tensors.as_tensor(slices.values, "allreduce", name or "noname"))
