@@ -3,7 +3,7 @@ case starts them.
 
 A rank body is ``fn(system, rank, size, port, *rest)``: ``system`` is "ours" (engine_native.torch,
 meeting at a rendezvous server :func:`run` starts) or what ours is compared with: "torch"
-(torch.distributed NCCL, rank_latency), "gloo" (rank_allreduce), "ddp" (DDP over gloo) or
+(torch.distributed NCCL, rank_latency), "gloo" or "nccl" (rank_allreduce), "ddp" (DDP over gloo) or
 "alone" (no communication; rank_step); ``port`` is torch.distributed's. :func:`run` spawns
 ``size`` of them and returns their results in rank order, failing fast when one dies.
 """
@@ -102,11 +102,11 @@ def rank_allreduce(system, rank, size, port, nbytes, iters):
         import engine_native
         path = engine_native.metrics()["gpu_paths"][0]["path"]
         hvd.shutdown()
-    else:
-        dist = _init_torch("gloo", rank, size, port)
+    else:  # "gloo", or "nccl": torch.distributed's NCCL (the library the process loaded)
+        dist = _init_torch(system, rank, size, port)
         times = _timed(lambda: dist.all_reduce(x), iters, torch.cuda.synchronize)
         dist.destroy_process_group()
-        path = "gloo"
+        path = system
     return {"times": times, "path": path}
 
 
@@ -149,6 +149,62 @@ def rank_p2p(system, rank, size, port, nbytes, iters):
     else:
         dist.destroy_process_group()
     return {"times": times, "path": system}
+
+
+def rank_pipeline(system, rank, size, port, hidden, batch, micro, schedule, steps):
+    """An MLP of 8 blocks (Linear(hidden, hidden) + Tanh) on the GPU: "ours" splits it over
+    the ranks with engine_native.torch.pipelining (``schedule`` "gpipe" or "1f1b", ``micro``
+    micro-batches of the batch); "alone" is one rank running one stage's half of it, forward
+    and backward over the same micro-batches, with nothing to hand off: the floor of a stage.
+    Step times, each waited for on the device. HVD_BENCH_DEVICE=cpu runs it on the CPU (a
+    check of the body where there is no GPU)."""
+    import torch
+    device = os.environ.get("HVD_BENCH_DEVICE", "cuda")
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(8):
+        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
+    stages = 2 if system == "alone" else size
+    per = len(blocks) // stages
+    part = torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per]).to(device)
+    opt = torch.optim.SGD(part.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, hidden, device=device), torch.randn(batch, hidden, device=device)
+    loss_fn = torch.nn.functional.mse_loss
+    if system == "ours":
+        hvd = _init_ours(rank, size, port)
+        from engine_native.torch import pipelining as pp
+        cls = pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B
+        sched = cls(pp.PipelineStage(part, rank, size, device=device), micro, loss_fn=loss_fn)
+
+        def run_step():
+            if rank == 0:
+                sched.step(x)
+            elif rank == size - 1:
+                sched.step(target=y, losses=[])
+            else:
+                sched.step()
+    else:
+        def run_step():
+            for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+                (loss_fn(part(xs), ys) / micro).backward()
+
+    def step():
+        opt.zero_grad()
+        run_step()
+        opt.step()
+
+    for _ in range(3):
+        step()
+        sync()
+    if system == "ours":
+        hvd.barrier()
+    times = _timed(step, steps, sync)
+    if system == "ours":
+        hvd.shutdown()
+    return {"times": times}
 
 
 def rank_step(system, rank, size, port, steps, batch):

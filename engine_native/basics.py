@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import _core, bootstrap, horovod_env
+from . import _core, bootstrap, gpu, horovod_env
 from ._core import HorovodInternalError
 
 try:  # the core and this package ship together: a core without these was built elsewhere
@@ -100,6 +100,7 @@ def init(comm=None, process_sets: Optional[Sequence[ProcessSet]] = None, *,
         if _core.is_initialized():
             return
         horovod_env.warn_unread_once()
+        gpu.prepare_nccl_environment()
         for reset in _per_world_resets:
             reset()
         _world = bootstrap.bootstrap(comm, rank, size, rendezvous, secret, job_id)

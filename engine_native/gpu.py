@@ -264,6 +264,19 @@ def device_kernel_candidates(environ=None, site_dirs=None, torch_lib=None) -> tu
     return [c for c in nvrtcs if "/" not in c or os.path.exists(c)] or nvrtcs, drivers
 
 
+MULTI_RANK_GPU_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
+
+
+def prepare_nccl_environment(environ=os.environ) -> None:
+    """Under ``HVD_GPU_PATH=nccl``, let NCCL 2.30+ take two ranks that share a GPU
+    (``NCCL_MULTI_RANK_GPU_ENABLE=1``) unless the user set that variable; NCCL reads it at
+    communicator set-up and applies it only to ranks sharing a GPU (Note [Device path choice]
+    F). ``init()`` calls this before the core's thread starts, so nothing reads the
+    environment while it changes."""
+    if environ.get("HVD_GPU_PATH", "").strip().lower() == "nccl":
+        environ.setdefault(MULTI_RANK_GPU_ENV, "1")
+
+
 def require_cuda() -> dict:
     """At the first CUDA tensor: load the CUDA runtime (needed) and NCCL (used if it loads).
 

@@ -64,10 +64,14 @@ static int answer(fn_comm* comm, int result) {
   return kNcclInProgress;
 }
 
+int fn_version(void) {
+  const char* text = getenv("FAKE_NCCL_VERSION");
+  return text != NULL && atoi(text) > 0 ? atoi(text) : DEFAULT_VERSION;
+}
+
 FN_API int ncclGetVersion(int* version) {
   if (version == NULL) return kNcclInvalidArgument;
-  const char* text = getenv("FAKE_NCCL_VERSION");
-  *version = text != NULL && atoi(text) > 0 ? atoi(text) : DEFAULT_VERSION;
+  *version = fn_version();
   return kNcclSuccess;
 }
 

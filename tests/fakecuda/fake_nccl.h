@@ -116,6 +116,7 @@ typedef struct fn_call {
   int fail;        /* FAKE_NCCL_FAIL_COLLECTIVE chose this call */
 } fn_call;
 
+int fn_version(void);  /* ncclGetVersion's answer: FAKE_NCCL_VERSION, default 2.28.9 */
 double fn_env_seconds(const char* name, double fallback);  /* a positive number, or fallback */
 double fn_now(void);                                        /* CLOCK_MONOTONIC, seconds */
 void fn_futex_wait(uint32_t* word, uint32_t seen, double seconds);

@@ -14,7 +14,8 @@
  * wake the others; (d) sleep until joined == nranks or FAKE_NCCL_INIT_TIMEOUT_S (default 60)
  * passes; (e) every member checks the same table, so all agree: a failing member gets
  * ncclSystemError and the others ncclRemoteError; two members on one (host, bus id) give every
- * member ncclInvalidUsage; (f) open every peer's outbox (before anyone can leave and unlink it).
+ * member ncclInvalidUsage, unless the version is 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1: then
+ * three do (at most two ranks per GPU, as NCCL 2.30's opt-in); (f) open every peer's outbox (before anyone can leave and unlink it).
  *
  * Note [Cleanup]: a member leaving marks itself gone; the member that then finds every other
  * one gone, never joined, or dead (its process exited or is a zombie: a crashed or killed rank)
@@ -165,15 +166,37 @@ static int join(fn_comm* comm, const char* bus_id) {
   return kNcclSuccess;
 }
 
+/* NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1 takes two ranks per GPU (Note [Init protocol],
+ * e); this process's version and environment decide, as each real member checks alone. */
+static int multiRankPerGpu(void) {
+  const char* enabled = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  return fn_version() >= 23000 && enabled != NULL && strcmp(enabled, "1") == 0;
+}
+
+static int sameGpu(const fn_member* a, const fn_member* b) {
+  return strcmp(a->host, b->host) == 0 && strcmp(a->bus_id, b->bus_id) == 0;
+}
+
 /* (e) of Note [Init protocol], once every member joined. */
 static int checkMembers(fn_comm* comm) {
   const fn_member* m = comm->ctl->member;
   for (int r = 0; r < comm->nranks; ++r) {
     if (m[r].fail_init) return r == comm->rank ? kNcclSystemError : kNcclRemoteError;
   }
+  if (multiRankPerGpu()) {
+    for (int i = 0; i < comm->nranks; ++i) {
+      int sharing = 0;
+      for (int j = 0; j < comm->nranks; ++j) sharing += sameGpu(&m[i], &m[j]);
+      if (sharing <= 2) continue;
+      fprintf(stderr, "%s:%d [fake-nccl] NCCL WARN %d ranks on CUDA device %s: at most 2 ranks "
+              "per GPU are supported\n", m[comm->rank].host, (int)getpid(), sharing, m[i].bus_id);
+      return kNcclInvalidUsage;
+    }
+    return kNcclSuccess;
+  }
   for (int i = 0; i < comm->nranks; ++i) {
     for (int j = i + 1; j < comm->nranks; ++j) {
-      if (strcmp(m[i].host, m[j].host) != 0 || strcmp(m[i].bus_id, m[j].bus_id) != 0) continue;
+      if (!sameGpu(&m[i], &m[j])) continue;
       const int first = j == comm->rank ? j : i, second = j == comm->rank ? i : j;
       fprintf(stderr, "%s:%d [fake-nccl] NCCL WARN Duplicate GPU detected : rank %d and rank %d "
               "both on CUDA device %s\n", m[comm->rank].host, (int)getpid(), first, second,

@@ -1,6 +1,7 @@
 #include "runtime/device_path.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -28,7 +29,14 @@ using common::Status;
 //      (NCCL refuses duplicate GPUs in a communicator: "Duplicate GPU detected"; a set that
 //      mixes shared and distinct GPUs is not served by IPC yet); else NCCL.
 //      HVD_GPU_PATH=nccl (or =ipc) on a member where that path is impossible fails the op on
-//      every member.
+//      every member; so do members demanding different paths.
+//   F. NCCL on a shared GPU, only when demanded (HVD_GPU_PATH=nccl): NCCL 2.30+ takes at most
+//      two ranks per GPU when NCCL_MULTI_RANK_GPU_ENABLE=1 (experimental there; NVLS off), and
+//      refuses any older version or a third rank. Each member's record carries its NCCL
+//      version and that variable (engine_native's init sets it under HVD_GPU_PATH=nccl unless
+//      the user did), so every member names the same obstacle before NCCL is asked. Never
+//      chosen by itself: on one GPU, CUDA IPC moves the bytes once where NCCL's ring moves them
+//      through its channels twice; the path exists to run NCCL's code on a one-GPU machine.
 //   C. NCCL: createCommunicator (Note [NCCL set-up outcome] in device_nccl_setup.cc).
 //   E. A mixed set — several GPUs, some shared by several members (the hierarchical shape of
 //      hosts, one level down): when every member can do IPC and has NCCL and none asks for
@@ -47,8 +55,13 @@ namespace {
 struct MemberRecord {
   char bus_id[64];
   int32_t nccl_loaded;
-  int32_t wanted;  // 0 auto, 1 nccl, 2 staged, 3 ipc
+  int32_t wanted;             // 0 auto, 1 nccl, 2 staged, 3 ipc
+  int32_t nccl_version;       // ncclGetVersion's code, 0 without NCCL (F)
+  int32_t multi_rank_per_gpu;  // NCCL_MULTI_RANK_GPU_ENABLE=1 here (F)
 };
+
+constexpr int kMultiRankGpuNccl = 23000;  // F: NCCL 2.30.0
+constexpr int kMaxNcclRanksPerGpu = 2;    // F
 
 struct IpcRecord {  // A, second round: only for a set on one GPU
   int32_t capable;
@@ -60,16 +73,42 @@ struct InitOutcome {
   char error[252];
 };
 
+std::vector<std::vector<int>> gpuGroups(transport::Comm& comm,
+                                        const std::vector<MemberRecord>& records);
+
+std::string rankList(transport::Comm& comm, const std::vector<int>& members) {
+  std::string text;
+  for (size_t i = 0; i < members.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == members.size() ? " and " : ", ") +
+            std::to_string(comm.globalRank(members[i]));
+  }
+  return text;
+}
+
+// B and F: why NCCL cannot take the members sharing a GPU, "" when none share one or when NCCL
+// 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1 takes them (at most two a GPU).
 std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& records) {
-  for (int a = 0; a < comm.size(); ++a) {
-    for (int b = a + 1; b < comm.size(); ++b) {
-      if (std::strncmp(records[a].bus_id, records[b].bus_id, sizeof(records[a].bus_id)) == 0 &&
-          comm.mesh().sameHost(comm.globalRank(a), comm.globalRank(b))) {
-        return "ranks " + std::to_string(comm.globalRank(a)) + " and " +
-               std::to_string(comm.globalRank(b)) + " share GPU " +
-               common::fieldText(records[a].bus_id) +
-               " on one host, which NCCL refuses (start one rank per GPU for NCCL)";
+  for (const auto& group : gpuGroups(comm, records)) {
+    if (group.size() < 2) continue;
+    const std::string who = "ranks " + rankList(comm, group) + " share GPU " +
+                            common::fieldText(records[group[0]].bus_id) + " on one host";
+    for (int r : group) {
+      if (records[r].nccl_version < kMultiRankGpuNccl) {
+        return who + ", which NCCL " + nccl::ncclVersionText(records[r].nccl_version) +
+               " (rank " + std::to_string(comm.globalRank(r)) + ") refuses: start one rank "
+               "per GPU for NCCL, or point HVD_NCCL_LIBRARY at NCCL 2.30 or newer, which takes "
+               "two ranks per GPU";
       }
+      if (!records[r].multi_rank_per_gpu) {
+        return who + ", and NCCL takes two ranks per GPU only with "
+               "NCCL_MULTI_RANK_GPU_ENABLE=1, which is not set on rank " +
+               std::to_string(comm.globalRank(r)) + " (HVD_GPU_PATH=nccl sets it unless it is "
+               "set otherwise)";
+      }
+    }
+    if (group.size() > kMaxNcclRanksPerGpu) {
+      return who + "; NCCL takes at most " + std::to_string(kMaxNcclRanksPerGpu) +
+             " ranks per GPU: start fewer ranks per GPU for NCCL";
     }
   }
   return "";
@@ -113,14 +152,12 @@ bool isMixed(const std::vector<std::vector<int>>& groups) {
   return false;
 }
 
-std::string ipcReason(transport::Comm& comm, const std::vector<MemberRecord>& records,
-                      const std::vector<IpcRecord>& ipc) {
+std::string ipcReason(transport::Comm& comm, const std::vector<IpcRecord>& ipc) {
   if (comm.size() > transport::cuda::kMaxReduceSources) {
     return std::to_string(comm.size()) + " ranks share the GPU; the device reduction takes at "
            "most " + std::to_string(transport::cuda::kMaxReduceSources);
   }
   for (int r = 0; r < comm.size(); ++r) {
-    if (records[r].wanted == 1) return sharedGpu(comm, records);
     if (!ipc[r].capable) {
       return "rank " + std::to_string(comm.globalRank(r)) + " cannot use CUDA IPC: " +
              common::fieldText(ipc[r].why);
@@ -134,6 +171,15 @@ std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>
   for (int r = 0; r < comm.size(); ++r) {
     if (records[r].wanted == 2) {
       return "HVD_GPU_PATH=staged on rank " + std::to_string(comm.globalRank(r));
+    }
+  }
+  for (int a = 0; a < comm.size(); ++a) {
+    for (int b = 0; b < comm.size(); ++b) {
+      if (records[a].wanted == 1 && records[b].wanted == 3) {
+        return "the ranks disagree: HVD_GPU_PATH=nccl on rank " +
+               std::to_string(comm.globalRank(a)) + ", HVD_GPU_PATH=ipc on rank " +
+               std::to_string(comm.globalRank(b)) + " (set the same on every rank)";
+      }
     }
   }
   for (int r = 0; r < comm.size(); ++r) {
@@ -238,7 +284,7 @@ Status connectMixed(transport::Comm& comm, nccl::DeviceStream& stream,
   describeIpc(&ipc_mine);
   std::vector<IpcRecord> ipc;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
-  out->why = ipcReason(comm, records, ipc);
+  out->why = ipcReason(comm, ipc);
   for (int r = 0; r < comm.size() && out->why.empty(); ++r) {
     if (!records[r].nccl_loaded) {
       out->why = "rank " + std::to_string(comm.globalRank(r)) + " has no usable NCCL for the "
@@ -295,7 +341,13 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
   std::string bus_id;
   HVD_RETURN_IF_ERROR(stream.pciBusId(&bus_id));
   std::strncpy(mine.bus_id, bus_id.c_str(), sizeof(mine.bus_id) - 1);
-  mine.nccl_loaded = nccl::ncclApi() != nullptr ? 1 : 0;
+  const nccl::NcclApi* api = nccl::ncclApi();
+  mine.nccl_loaded = api != nullptr ? 1 : 0;
+  if (api != nullptr && api->getVersion(&mine.nccl_version) != nccl::kNcclSuccess) {
+    mine.nccl_version = 0;
+  }
+  const char* multi_rank = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  mine.multi_rank_per_gpu = multi_rank != nullptr && std::strcmp(multi_rank, "1") == 0;
   mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : wanted == "ipc" ? 3 : 0;
   std::vector<MemberRecord> records;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &records));  // A
@@ -306,18 +358,21 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
     ipc_demanded = ipc_demanded || r.wanted == 3;
   }
   const bool staged_demanded = out->why.rfind("HVD_GPU_PATH=staged", 0) == 0;
-  if (!staged_demanded && oneGpu(comm, records)) {
+  if (staged_demanded) {
+  } else if (nccl_demanded) {
+    if (out->why.empty()) HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C, F
+  } else if (oneGpu(comm, records)) {
     IpcRecord ipc_mine{};
     describeIpc(&ipc_mine);
     std::vector<IpcRecord> ipc;
     HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
-    out->why = ipcReason(comm, records, ipc);
+    out->why = ipcReason(comm, ipc);
     if (out->why.empty()) {
       HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, ipc_host_ordered,
                                      &out->peers, &out->why));
       out->ipc = out->peers != nullptr;  // D
     }
-  } else if (!staged_demanded && !nccl_demanded && isMixed(gpuGroups(comm, records))) {
+  } else if (isMixed(gpuGroups(comm, records))) {
     HVD_RETURN_IF_ERROR(connectMixed(comm, stream, records, gpuGroups(comm, records), out));  // E
   } else if (out->why.empty()) {
     HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C
