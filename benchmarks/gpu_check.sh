@@ -81,7 +81,11 @@ if [ "${image_nccl:-0}" -ge 23000 ]; then
     NEW_NCCL=$("$PYTHON" -c "from engine_native import gpu; print(gpu.nccl_info()['path'])")
 elif [ -n "${NCCL_PARTS:-}" ] && ls "$NCCL_PARTS"/part* > /dev/null 2>&1; then
     mkdir -p /tmp/nccl_new
-    cat "$NCCL_PARTS"/part* | xz -d -T0 > /tmp/nccl_new/libnccl.so.2
+    if command -v xz > /dev/null; then
+        cat "$NCCL_PARTS"/part* | xz -d -T0 > /tmp/nccl_new/libnccl.so.2
+    else
+        cat "$NCCL_PARTS"/part* | "$PYTHON" -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer, 1 << 20)" > /tmp/nccl_new/libnccl.so.2
+    fi
     got=$(sha256sum /tmp/nccl_new/libnccl.so.2 | cut -d' ' -f1)
     if [ "$got" = "${NCCL_SHA256:-}" ]; then
         NEW_NCCL=/tmp/nccl_new/libnccl.so.2
