@@ -48,6 +48,13 @@ And issue #36's pipeline target:
                one rank running one stage's half alone over the same micro-batches; target:
                step ≤ (M+1)/M × the stage alone + 10 %.
 
+And issue #39's items 3 and 5 (where a shared-GPU step's time goes; no hidden syncs):
+
+  profile      torch.profiler over 10 CNN steps, 2 ranks sharing the GPU under MPS, ours and
+               "alone x2"; and over 200 allreduces of 1 MiB (ours): CUDA runtime calls that
+               synchronise or allocate, per step and per op (target: 0 cudaDeviceSynchronize
+               per op), and each rank's top operators by device time (in the --out report).
+
 The staged case forces HVD_GPU_PATH=staged for ours, so it still measures the staged path.
 
     python benchmarks/bench_gpu.py                      # everything, table on stdout
@@ -64,14 +71,15 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]  # engine_native; the ranks' file when loaded by path
-from bench_gpu_ranks import (rank_allreduce, rank_latency, rank_p2p, rank_pipeline, rank_step,
-                             run)
+from bench_gpu_ranks import (SYNC_CALLS, rank_allreduce, rank_latency, rank_p2p, rank_pipeline,
+                             rank_profile, rank_step, run)
 
 MIB = 1 << 20
 TARGETS = {"latency": 1.5, "staged": 3.0, "step": 2.0, "ipc": 50.0, "ipc_latency": 100.0,
            "ipc_mps_latency": 100.0, "ipc_mps_step": 2.0, "p2p": 50.0, "nccl2_busbw": 0.95,
-           "nccl2_latency": 1.25, "pipeline": 1.0}
-AT_MOST = ("latency", "ipc_latency", "ipc_mps_latency", "nccl2_latency", "pipeline")
+           "nccl2_latency": 1.25, "pipeline": 1.0, "device_syncs": 0.0}
+AT_MOST = ("latency", "ipc_latency", "ipc_mps_latency", "nccl2_latency", "pipeline",
+           "device_syncs")
 
 
 # ---- cases ---------------------------------------------------------------------------------
@@ -326,6 +334,27 @@ def case_pipeline(args):
             rows, verdicts)
 
 
+def case_profile(args):
+    rows, tables = [], []
+    with under_mps():
+        found = {system: run(rank_profile, 2, system, 10, 64) for system in ("alone", "ours")}
+    for system, results in found.items():
+        for rank, r in enumerate(results):
+            rows.append((f"{system}, rank {rank}, per step", *(f"{k} {v:g}" for k, v in
+                                                               r["per_step"].items() if v)))
+            tables.append(f"{system}, rank {rank}:\n{r['table']}")
+    per_op = [r["per_op"] for r in found["ours"]]
+    for rank, counts in enumerate(per_op):
+        rows.append((f"ours ({found['ours'][0]['path']}), rank {rank}, per 1 MiB allreduce",
+                     *(f"{k} {v:g}" for k, v in counts.items() if v)))
+    args.appendix += ["", "## torch.profiler: top operators by device time", "", "```"] + \
+        tables + ["```"]
+    worst = max(c["cudaDeviceSynchronize"] for c in per_op)
+    return ("CUDA runtime calls under torch.profiler, 2 ranks sharing the GPU under MPS "
+            f"(counted: {', '.join(SYNC_CALLS)})", rows,
+            ("device_syncs", worst, "cudaDeviceSynchronize per allreduce (0)"))
+
+
 def _dry_results(fn, size, system, *rest, env=None):
     """--dry-run: what each rank body would return, without a GPU."""
     if fn is rank_latency:
@@ -367,9 +396,11 @@ def main():
                         help="ipc_mps only: run its control flow (the MPS daemon included) with "
                         "made-up rank results, no GPU needed; its figures mean nothing")
     args = parser.parse_args()
+    args.appendix = []  # long text a case adds to the report's end (not printed)
     cases = {"latency": case_latency, "staged": case_staged, "step": case_step,
              "ipc": case_ipc, "ipc_latency": case_ipc_latency, "ipc_mps": case_ipc_mps,
-             "p2p": case_p2p, "nccl2": case_nccl2, "pipeline": case_pipeline}
+             "p2p": case_p2p, "nccl2": case_nccl2, "pipeline": case_pipeline,
+             "profile": case_profile}
     if args.dry_run:
         if args.cases != "ipc_mps":
             parser.error("--dry-run runs --cases ipc_mps only")
@@ -396,8 +427,8 @@ def main():
         print("\n".join(lines[-len(rows) - 3:]), flush=True)
     lines += ["", "## targets", "", "| target | measure (wanted) | value | verdict |", "|---|---|---|---|"]
     lines += verdicts
-    text = "\n".join(lines)
     print("\n".join(lines[-len(verdicts) - 4:]))
+    text = "\n".join(lines + args.appendix)
     if args.out:
         with open(args.out, "w") as fh:
             fh.write(text + "\n")

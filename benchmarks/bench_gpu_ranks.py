@@ -207,6 +207,63 @@ def rank_pipeline(system, rank, size, port, hidden, batch, micro, schedule, step
     return {"times": times}
 
 
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+              "cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cudaLaunchHostFunc",
+              "cudaStreamWaitEvent", "cudaEventRecord", "cudaMemcpyAsync")
+
+
+def _api_counts(prof, per):
+    """CUDA runtime calls of interest in a torch.profiler run, per ``per`` (steps or ops)."""
+    counts = {e.key: e.count for e in prof.key_averages() if e.key in SYNC_CALLS}
+    return {k: round(counts.get(k, 0) / per, 2) for k in SYNC_CALLS}
+
+
+def rank_profile(system, rank, size, port, steps, batch):
+    """torch.profiler over the CNN step (``system`` "ours" or "alone", 2 ranks sharing the
+    GPU) and, for ours, over 200 allreduces of a 1 MiB CUDA tensor: the CUDA runtime calls
+    that synchronise or allocate, per step and per op (issue #39: 0 device-wide syncs per
+    op), and the step's top operators by device time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.set_device(0)
+    model = _cnn().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    x = torch.randn(batch, 3, 32, 32, device="cuda", generator=gen)
+    y = torch.randint(0, 10, (batch,), device="cuda", generator=gen)
+    hvd = None
+    if system == "ours":
+        hvd = _init_ours(rank, size, port)
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    out = {"per_step": _api_counts(prof, steps),
+           "table": prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)}
+    if hvd:
+        t = torch.ones(1 << 18, device="cuda")
+        hvd.allreduce(t, name="warm")
+        with profile(activities=activities) as ops:
+            for i in range(200):
+                hvd.allreduce(t, name=f"op.{i % 4}")
+        out["per_op"] = _api_counts(ops, 200)
+        out["path"] = __import__("engine_native").metrics()["gpu_paths"][0]["path"]
+        hvd.shutdown()
+    return out
+
+
 def rank_step(system, rank, size, port, steps, batch):
     import torch
     torch.cuda.set_device(0)

@@ -17,7 +17,7 @@
 # HVD_NCCL_LIBRARY for ours, LD_PRELOAD for torch, so both run on the same library.
 #
 # TESTS: pytest's arguments (default tests/gpu), TEST_K its -k expression; CASES: bench_gpu.py's
-# --cases for the image's NCCL (default latency,ipc_mps,p2p,pipeline);
+# --cases for the image's NCCL (default latency,ipc_mps,p2p,pipeline,profile);
 # TEST_WORKERS: pytest-xdist workers for tests/gpu (default 4; the GPU has room for them).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -136,7 +136,7 @@ fi
 step "benchmarks/bench_gpu.py"
 if fits 40; then
     timeout "$(left "${BENCH_TIMEOUT:-220}")" "$PYTHON" benchmarks/bench_gpu.py --out "$OUT/bench_gpu.md" \
-        --cases "${CASES:-latency,ipc_mps,p2p,pipeline}" --iters 1000 --steps 30 \
+        --cases "${CASES:-latency,ipc_mps,p2p,pipeline,profile}" --iters 1000 --steps 30 \
         ${BENCH_ARGS:-} || rc=1
 fi
 
