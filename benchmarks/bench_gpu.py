@@ -55,6 +55,12 @@ And issue #39's items 3 and 5 (where a shared-GPU step's time goes; no hidden sy
                synchronise or allocate, per step and per op (target: 0 cudaDeviceSynchronize
                per op), and each rank's top operators by device time (in the --out report).
 
+And the machine itself, for reading the above:
+
+  cpu_latency  4 B on the CPU at np=2, no GPU touched: ours (allreduce, point-to-point hop)
+               and gloo's allreduce, median per call (no target: what the machine's process
+               wake-ups cost; compare benchmarks/RESULTS.md's figures of the CI machine).
+
 The staged case forces HVD_GPU_PATH=staged for ours, so it still measures the staged path.
 
     python benchmarks/bench_gpu.py                      # everything, table on stdout
@@ -71,8 +77,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]  # engine_native; the ranks' file when loaded by path
-from bench_gpu_ranks import (SYNC_CALLS, rank_allreduce, rank_latency, rank_p2p, rank_pipeline,
-                             rank_profile, rank_step, run)
+from bench_gpu_ranks import (SYNC_CALLS, rank_allreduce, rank_cpu_latency, rank_latency, rank_p2p,
+                             rank_pipeline, rank_profile, rank_step, run)
 
 MIB = 1 << 20
 TARGETS = {"latency": 1.5, "staged": 3.0, "step": 2.0, "ipc": 50.0, "ipc_latency": 100.0,
@@ -343,6 +349,8 @@ def case_profile(args):
             rows.append((f"{system}, rank {rank}, per step", *(f"{k} {v:g}" for k, v in
                                                                r["per_step"].items() if v)))
             tables.append(f"{system}, rank {rank}:\n{r['table']}")
+    rows.append(("the profiler's own calls (an empty profiled region, subtracted above)",
+                 *(f"{k} {v:g}" for k, v in found["ours"][0]["profiler_own"].items() if v)))
     per_op = [r["per_op"] for r in found["ours"]]
     for rank, counts in enumerate(per_op):
         rows.append((f"ours ({found['ours'][0]['path']}), rank {rank}, per 1 MiB allreduce",
@@ -353,6 +361,18 @@ def case_profile(args):
     return ("CUDA runtime calls under torch.profiler, 2 ranks sharing the GPU under MPS "
             f"(counted: {', '.join(SYNC_CALLS)})", rows,
             ("device_syncs", worst, "cudaDeviceSynchronize per allreduce (0)"))
+
+
+def case_cpu_latency(args):
+    ours = run(rank_cpu_latency, 2, "ours", args.iters)
+    gloo = run(rank_cpu_latency, 2, "gloo", args.iters)
+
+    def us(results, key):
+        return max(statistics.median(r[key]) for r in results) * 1e6
+    rows = [("ours, allreduce", f"{us(ours, 'allreduce'):.1f} µs"),
+            ("ours, point-to-point hop (half a ping-pong)", f"{us(ours[:1], 'p2p_hop'):.1f} µs"),
+            ("gloo, allreduce", f"{us(gloo, 'allreduce'):.1f} µs")]
+    return "4 B on the CPU, np=2, median per call (this machine's wake-up costs)", rows, []
 
 
 def _dry_results(fn, size, system, *rest, env=None):
@@ -400,7 +420,7 @@ def main():
     cases = {"latency": case_latency, "staged": case_staged, "step": case_step,
              "ipc": case_ipc, "ipc_latency": case_ipc_latency, "ipc_mps": case_ipc_mps,
              "p2p": case_p2p, "nccl2": case_nccl2, "pipeline": case_pipeline,
-             "profile": case_profile}
+             "profile": case_profile, "cpu_latency": case_cpu_latency}
     if args.dry_run:
         if args.cases != "ipc_mps":
             parser.error("--dry-run runs --cases ipc_mps only")

@@ -92,6 +92,33 @@ def rank_latency(system, rank, size, port, iters):
     return {"waited": waited, "enqueue": enqueue}
 
 
+def rank_cpu_latency(system, rank, size, port, iters):
+    """4 B on the CPU, no GPU touched: allreduce per call and (ours) a point-to-point ping-pong
+    between ranks 0 and 1 (half a round trip) — what the machine's process wake-ups cost,
+    beside which the CUDA figures are read."""
+    import torch
+    x = torch.ones(1)
+    if system == "ours":
+        hvd = _init_ours(rank, size, port)
+        out = {"allreduce": _timed(lambda: hvd.allreduce(x, op=hvd.Sum, name="cpu"), iters,
+                                   lambda: None)}
+
+        def ping():
+            if rank == 0:
+                hvd.send(x, 1)
+                hvd.recv(1)
+            elif rank == 1:
+                hvd.recv(0)
+                hvd.send(x, 0)
+        out["p2p_hop"] = [t / 2 for t in _timed(ping, iters, lambda: None)]
+        hvd.shutdown()
+        return out
+    dist = _init_torch("gloo", rank, size, port)
+    out = {"allreduce": _timed(lambda: dist.all_reduce(x), iters, lambda: None)}
+    dist.destroy_process_group()
+    return out
+
+
 def rank_allreduce(system, rank, size, port, nbytes, iters):
     import torch
     torch.cuda.set_device(0)
@@ -212,10 +239,12 @@ SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchr
               "cudaStreamWaitEvent", "cudaEventRecord", "cudaMemcpyAsync")
 
 
-def _api_counts(prof, per):
-    """CUDA runtime calls of interest in a torch.profiler run, per ``per`` (steps or ops)."""
+def _api_counts(prof, per, baseline=None):
+    """CUDA runtime calls of interest in a torch.profiler run, per ``per`` (steps or ops),
+    less ``baseline`` (the profiler's own calls: an empty profiled region's counts)."""
     counts = {e.key: e.count for e in prof.key_averages() if e.key in SYNC_CALLS}
-    return {k: round(counts.get(k, 0) / per, 2) for k in SYNC_CALLS}
+    base = baseline or {}
+    return {k: round((counts.get(k, 0) - base.get(k, 0)) / per, 2) for k in SYNC_CALLS}
 
 
 def rank_profile(system, rank, size, port, steps, batch):
@@ -246,11 +275,14 @@ def rank_profile(system, rank, size, port, steps, batch):
         step()
     torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as empty:
+        pass
+    baseline = _api_counts(empty, 1)
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    out = {"per_step": _api_counts(prof, steps),
+    out = {"per_step": _api_counts(prof, steps, baseline), "profiler_own": baseline,
            "table": prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)}
     if hvd:
         t = torch.ones(1 << 18, device="cuda")
@@ -258,7 +290,7 @@ def rank_profile(system, rank, size, port, steps, batch):
         with profile(activities=activities) as ops:
             for i in range(200):
                 hvd.allreduce(t, name=f"op.{i % 4}")
-        out["per_op"] = _api_counts(ops, 200)
+        out["per_op"] = _api_counts(ops, 200, baseline)
         out["path"] = __import__("engine_native").metrics()["gpu_paths"][0]["path"]
         hvd.shutdown()
     return out

@@ -16,8 +16,9 @@
 # the parts are joined, checked against NCCL_SHA256, and that library serves the NCCL steps:
 # HVD_NCCL_LIBRARY for ours, LD_PRELOAD for torch, so both run on the same library.
 #
-# TESTS: pytest's arguments (default tests/gpu), TEST_K its -k expression; CASES: bench_gpu.py's
-# --cases for the image's NCCL (default latency,ipc_mps,p2p,pipeline,profile);
+# RUN_TESTS=0 skips the test steps (a rerun for figures only); TESTS: pytest's arguments
+# (default tests/gpu), TEST_K its -k expression; CASES: bench_gpu.py's
+# --cases for the image's NCCL (default latency,ipc_mps,p2p,pipeline,profile,cpu_latency);
 # TEST_WORKERS: pytest-xdist workers for tests/gpu (default 4; the GPU has room for them).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -101,7 +102,9 @@ fi
 
 if [ -n "$NEW_NCCL" ]; then
     step "tests/gpu/test_nccl_shared_gpu.py (NCCL $NEW_NCCL)"
-    if fits 60; then
+    if [ "${RUN_TESTS:-1}" = 0 ]; then
+        echo "SKIPPED: RUN_TESTS=0"
+    elif fits 60; then
         HVD_NCCL_LIBRARY=$NEW_NCCL LD_PRELOAD=$NEW_NCCL HVD_REQUIRE=gpu timeout "$(left 150)" \
             "$PYTHON" -m pytest tests/gpu/test_nccl_shared_gpu.py -q -rA -p no:cacheprovider \
             --timeout 140 --durations=5 > "$OUT/tests_nccl2.log" 2>&1 || rc=1
@@ -115,7 +118,9 @@ if [ -n "$NEW_NCCL" ]; then
 fi
 
 step "tests/gpu"
-if fits 60; then
+if [ "${RUN_TESTS:-1}" = 0 ]; then
+    echo "SKIPPED: RUN_TESTS=0"
+elif fits 60; then
     # shellcheck disable=SC2086 # TESTS is a list of pytest arguments
     # In parallel, but not the files that start an MPS daemon: a daemon serves the whole GPU.
     HVD_REQUIRE=gpu timeout "$(left "${TEST_TIMEOUT:-200}")" "$PYTHON" -m pytest ${TESTS:-tests/gpu} \
@@ -124,7 +129,7 @@ if fits 60; then
         -p no:cacheprovider --timeout 150 --durations=15 > "$OUT/tests.log" 2>&1 || rc=1
     grep -E "^(PASSED|FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -60
 fi
-if [ -z "${TESTS:-}" ]; then
+if [ -z "${TESTS:-}" ] && [ "${RUN_TESTS:-1}" != 0 ]; then
     step "tests/gpu/test_mps_gpu.py"
     if fits 40; then
         HVD_REQUIRE=gpu timeout "$(left 100)" "$PYTHON" -m pytest tests/gpu/test_mps_gpu.py -q -rA \
@@ -136,7 +141,7 @@ fi
 step "benchmarks/bench_gpu.py"
 if fits 40; then
     timeout "$(left "${BENCH_TIMEOUT:-220}")" "$PYTHON" benchmarks/bench_gpu.py --out "$OUT/bench_gpu.md" \
-        --cases "${CASES:-latency,ipc_mps,p2p,pipeline,profile}" --iters 1000 --steps 30 \
+        --cases "${CASES:-latency,ipc_mps,p2p,pipeline,profile,cpu_latency}" --iters 1000 --steps 30 \
         ${BENCH_ARGS:-} || rc=1
 fi
 

@@ -18,7 +18,6 @@ usual step) the one allgather runs on the waiting thread (Note [Caller drives]).
 """
 import torch
 
-from engine_native import unverified
 from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 from engine_native.torch.gather_ops import _grouped_allgather_async
@@ -36,8 +35,6 @@ def as_bytes(t):
 
 
 def _pack(tensors):
-    if devices.placement(tensors[0])[0] >= 0:
-        unverified.warn("cuda-sparse")
     device = tensors[0].device  # the counts and padding join the tensors' own device
     counts = torch.tensor([t._nnz() for t in tensors], dtype=torch.int64, device=device)
     indices = [t._indices().transpose(0, 1).reshape(-1).to(torch.int64) for t in tensors]

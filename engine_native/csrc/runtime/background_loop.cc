@@ -513,6 +513,8 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
   if (!executor_.callerPollsAnyDevice()) return false;  // the common case: no lock taken
   const auto end = Clock::now() + slice;
   const common::PollPacer pacer(since);
+  // B: the caller's spin budget, from the wait's start, before the naps.
+  const auto spin_until = since + drive_.configuredSpin();
   bool polled = false;
   while (true) {
     {
@@ -528,8 +530,15 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
       }
       if (failed_) return true;
     }
-    if (Clock::now() >= end) return true;
-    pacer.nap(end);
+    const auto now = Clock::now();
+    if (now >= end) return true;
+    if (now >= spin_until) {
+      pacer.nap(end);
+    } else if (mesh_.spinYields()) {
+      sched_yield();
+    } else {
+      common::cpuRelax();
+    }
   }
 }
 
