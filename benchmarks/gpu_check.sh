@@ -12,7 +12,8 @@
 #
 # NCCL with two ranks on the one GPU needs NCCL 2.30+ (issue #39 item 1). When the image's is
 # older and NCCL_PARTS names a folder of parts (part0, part1, ... of an xz-compressed
-# libnccl.so.2, carried over consecutive calls: the library is 344 MB, a call carries 64 MiB),
+# libnccl.so.2 that benchmarks/nccl_parts.sh makes, carried over consecutive calls: the
+# library is 344 MB, a call carries 64 MiB),
 # the parts are joined, checked against NCCL_SHA256, and that library serves the NCCL steps:
 # HVD_NCCL_LIBRARY for ours, LD_PRELOAD for torch, so both run on the same library.
 #
