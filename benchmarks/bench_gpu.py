@@ -69,7 +69,6 @@ The staged case forces HVD_GPU_PATH=staged for ours, so it still measures the st
 Needs a CUDA GPU and torch with CUDA. Prints; never asserts a timing.
 """
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -77,8 +76,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]  # engine_native; the ranks' file when loaded by path
-from bench_gpu_ranks import (SYNC_CALLS, rank_allreduce, rank_cpu_latency, rank_latency, rank_p2p,
-                             rank_pipeline, rank_profile, rank_step, run)
+from bench_gpu_mps import under_mps
+from bench_gpu_pipeline import case_pipeline
+from bench_gpu_ranks import rank_allreduce, rank_latency, rank_p2p, rank_step, run
+from bench_gpu_where import case_cpu_latency, case_profile
 
 MIB = 1 << 20
 TARGETS = {"latency": 1.5, "staged": 3.0, "step": 2.0, "ipc": 50.0, "ipc_latency": 100.0,
@@ -196,40 +197,6 @@ def case_ipc_latency(args):
         "ipc_latency", a * 1e6, "µs per call (≤ 100)")
 
 
-def _mps_module():
-    """hvd_magic/launch/mps.py on its own (it needs the standard library only): importing the
-    hvd_magic package would need its driver-side dependencies (cloudpickle, IPython), which
-    the GPU machine may lack. A stand-in package over the launch folder, whose ``__init__``
-    never runs, lets its relative import of procfs.py resolve to the file."""
-    import importlib
-    import types
-    package = "hvd_mps_for_bench"
-    if package not in sys.modules:
-        stand_in = types.ModuleType(package)
-        stand_in.__path__ = [os.path.join(os.path.dirname(HERE), "hvd_magic", "launch")]
-        sys.modules[package] = stand_in
-    return importlib.import_module(package + ".mps")
-
-
-@contextlib.contextmanager
-def under_mps():
-    """A private MPS daemon for the ranks spawned inside (they inherit its variables from
-    os.environ); stopped, and the variables removed, on the way out. Yields the daemon."""
-    daemon = _mps_module().MpsDaemon()
-    added = daemon.start()
-    saved = {k: os.environ.get(k) for k in added}
-    os.environ.update(added)
-    try:
-        yield daemon
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        daemon.stop()
-
-
 def case_ipc_mps(args, run=None):
     """Issue #19's figures with 2 ranks sharing the GPU under MPS (one verdict per target:
     latency, then the step; ``run`` is replaceable for --dry-run)."""
@@ -318,61 +285,6 @@ def case_nccl2(args):
     return ("2 ranks on one GPU through NCCL, under MPS", rows,
             [("nccl2_busbw", worst, "ours / torch NCCL busbw, the least of 16/64/256 MiB "
               "(≥ 0.95)"), ("nccl2_latency", a / b, "ours / torch NCCL, 4 B (≤ 1.25)")])
-
-
-def case_pipeline(args):
-    hidden, batch, micro = 4096, 512, 8
-    rows, verdicts = [], []
-    with under_mps():
-        alone = run(rank_pipeline, 1, "alone", hidden, batch, micro, "gpipe", args.steps)
-        floor = statistics.median(alone[0]["times"])
-        rows.append(("one stage alone (half the model, 8 micro-batches, no hand-offs)",
-                     f"{floor * 1e3:.2f} ms"))
-        for schedule in ("gpipe", "1f1b"):
-            ours = run(rank_pipeline, 2, "ours", hidden, batch, micro, schedule, args.steps)
-            t = max(statistics.median(r["times"]) for r in ours)
-            bound = (micro + 1) / micro * floor * 1.1
-            rows.append((f"ours, {schedule}, 2 stages sharing the GPU", f"{t * 1e3:.2f} ms",
-                         f"{t / floor:.2f}× the stage alone (bound {bound * 1e3:.2f} ms)"))
-            verdicts.append(("pipeline", t / bound, f"{schedule} step / ((M+1)/M × stage alone "
-                             "+ 10 %) (≤ 1)"))
-    return ("pipeline step on one GPU, 2 stages under MPS (hidden 4096, batch 512, M=8)",
-            rows, verdicts)
-
-
-def case_profile(args):
-    rows, tables = [], []
-    with under_mps():
-        found = {system: run(rank_profile, 2, system, 10, 64) for system in ("alone", "ours")}
-    for system, results in found.items():
-        for rank, r in enumerate(results):
-            rows.append((f"{system}, rank {rank}, per step", *(f"{k} {v:g}" for k, v in
-                                                               r["per_step"].items() if v)))
-            tables.append(f"{system}, rank {rank}:\n{r['table']}")
-    rows.append(("the profiler's own calls (an empty profiled region, subtracted above)",
-                 *(f"{k} {v:g}" for k, v in found["ours"][0]["profiler_own"].items() if v)))
-    per_op = [r["per_op"] for r in found["ours"]]
-    for rank, counts in enumerate(per_op):
-        rows.append((f"ours ({found['ours'][0]['path']}), rank {rank}, per 1 MiB allreduce",
-                     *(f"{k} {v:g}" for k, v in counts.items() if v)))
-    args.appendix += ["", "## torch.profiler: top operators by device time", "", "```"] + \
-        tables + ["```"]
-    worst = max(c["cudaDeviceSynchronize"] for c in per_op)
-    return ("CUDA runtime calls under torch.profiler, 2 ranks sharing the GPU under MPS "
-            f"(counted: {', '.join(SYNC_CALLS)})", rows,
-            ("device_syncs", worst, "cudaDeviceSynchronize per allreduce (0)"))
-
-
-def case_cpu_latency(args):
-    ours = run(rank_cpu_latency, 2, "ours", args.iters)
-    gloo = run(rank_cpu_latency, 2, "gloo", args.iters)
-
-    def us(results, key):
-        return max(statistics.median(r[key]) for r in results) * 1e6
-    rows = [("ours, allreduce", f"{us(ours, 'allreduce'):.1f} µs"),
-            ("ours, point-to-point hop (half a ping-pong)", f"{us(ours[:1], 'p2p_hop'):.1f} µs"),
-            ("gloo, allreduce", f"{us(gloo, 'allreduce'):.1f} µs")]
-    return "4 B on the CPU, np=2, median per call (this machine's wake-up costs)", rows, []
 
 
 def _dry_results(fn, size, system, *rest, env=None):

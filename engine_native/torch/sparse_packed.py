@@ -18,7 +18,6 @@ usual step) the one allgather runs on the waiting thread (Note [Caller drives]).
 """
 import torch
 
-from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 from engine_native.torch.gather_ops import _grouped_allgather_async
 from engine_native.torch.runtime import Average

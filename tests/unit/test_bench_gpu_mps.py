@@ -98,7 +98,7 @@ def test_nccl2_runs_ours_and_torch_under_the_daemon_with_the_same_nccl_variables
         return module._dry_results(fn, size, system, *rest)
 
     monkeypatch.setattr(module, "run", spy)
-    _, rows, verdicts = module.case_nccl2(argparse.Namespace(iters=10))
+    _, _, verdicts = module.case_nccl2(argparse.Namespace(iters=10))
     shared = {"NCCL_MULTI_RANK_GPU_ENABLE": "1", "NCCL_MAX_CTAS": "8"}
     assert seen == [("rank_allreduce", s, 2, True, dict(shared, HVD_GPU_PATH="nccl")
                      if s == "ours" else shared) for _ in range(3) for s in ("ours", "nccl")] + [
