@@ -1,7 +1,8 @@
 """CUDA collectives and a CUDA training step: engine_native.torch against torch.distributed, in
 the same invocation on the same GPU (DESIGN §7). The three targets of issue #16:
 
-  latency   4 B allreduce at np=1: ours (NCCL) vs torch.distributed NCCL with a world of one;
+  latency   4 B allreduce at np=1: ours (the one-rank local path) vs torch.distributed NCCL
+            with a world of one;
             per call, each call waited for (ours returns a finished result; torch's call is
             followed by torch.cuda.synchronize()); torch's enqueue-only time is shown too.
   staged    allreduce at 1/64/256 MiB, 2 ranks sharing the GPU: ours (staged path; NCCL

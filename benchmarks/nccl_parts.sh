@@ -23,7 +23,9 @@ python3 -m zipfile -e "$work"/nvidia_nccl_cu13-*.whl "$work/wheel"
 library="$work/wheel/nvidia/nccl/lib/libnccl.so.2"
 sum=$(sha256sum "$library" | cut -d' ' -f1)
 mkdir -p .nccl_parts
-grep -qx "/.nccl_parts/" .git/info/exclude 2>/dev/null || echo "/.nccl_parts/" >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+mkdir -p "$(dirname "$exclude")"
+grep -qx "/.nccl_parts/" "$exclude" 2>/dev/null || echo "/.nccl_parts/" >> "$exclude"
 rm -f .nccl_parts/part* .nccl_parts/SHA256
 xz -T0 -6 -c "$library" | split -b "${PART_MIB}M" -d -a 1 - .nccl_parts/part
 echo "$sum" > .nccl_parts/SHA256

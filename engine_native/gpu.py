@@ -269,10 +269,10 @@ MULTI_RANK_GPU_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
 
 def prepare_nccl_environment(environ=os.environ) -> None:
     """Under ``HVD_GPU_PATH=nccl``, let NCCL 2.30+ take two ranks that share a GPU
-    (``NCCL_MULTI_RANK_GPU_ENABLE=1``) unless the user set that variable; NCCL reads it at
-    communicator set-up and applies it only to ranks sharing a GPU (Note [Device path choice]
-    F). ``init()`` calls this before the core's thread starts, so nothing reads the
-    environment while it changes."""
+    (``NCCL_MULTI_RANK_GPU_ENABLE=1``, for the whole process; NCCL switches NVLS off under it)
+    unless the user set that variable (Note [Device path choice] F). ``init()`` calls this
+    before the core reads its configuration and starts its thread; NCCL reads the variable at
+    communicator set-up."""
     if environ.get("HVD_GPU_PATH", "").strip().lower() == "nccl":
         environ.setdefault(MULTI_RANK_GPU_ENV, "1")
 

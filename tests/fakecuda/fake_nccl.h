@@ -55,6 +55,7 @@ typedef struct {
   char bus_id[32];
   int32_t pid;
   int32_t fail_init;   /* FAKE_NCCL_FAIL_INIT on this member */
+  int32_t multi_rank;  /* 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE on: two ranks per GPU allowed */
   uint32_t joined;     /* 1 once the fields above are written */
   uint32_t doorbell;   /* futex: bumped whenever something this member may wait for changes */
   uint32_t published;  /* seq of the collective whose input this member's outbox holds */

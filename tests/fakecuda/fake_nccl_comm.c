@@ -9,13 +9,14 @@
  *
  * Note [Init protocol]: (a) ask the fake cudart for the current device's PCI bus id (before
  * touching any file); mkdir the folder (whoever is first), map ctl, claim `nranks`; (b) claim
- * member[rank] and create this member's outbox; (c) write host, bus id, pid and the
- * FAKE_NCCL_FAIL_INIT flag into member[rank], then count this member in ctl->joined (futex) and
- * wake the others; (d) sleep until joined == nranks or FAKE_NCCL_INIT_TIMEOUT_S (default 60)
- * passes; (e) every member checks the same table, so all agree: a failing member gets
- * ncclSystemError and the others ncclRemoteError; two members on one (host, bus id) give every
- * member ncclInvalidUsage, unless the version is 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1: then
- * three do (at most two ranks per GPU, as NCCL 2.30's opt-in); (f) open every peer's outbox (before anyone can leave and unlink it).
+ * member[rank] and create this member's outbox; (c) write host, bus id, pid, the
+ * FAKE_NCCL_FAIL_INIT flag and the multi-rank opt-in into member[rank], then count this member in
+ * ctl->joined (futex) and wake the others; (d) sleep until joined == nranks or
+ * FAKE_NCCL_INIT_TIMEOUT_S (default 60) passes; (e) every member checks the same table, so all
+ * agree: a failing member gets ncclSystemError and the others ncclRemoteError; two members on one
+ * (host, bus id) give every member ncclInvalidUsage, unless every member is 2.30+ with
+ * NCCL_MULTI_RANK_GPU_ENABLE on (its table entry says so): then three do (at most two ranks per
+ * GPU, NCCL 2.30's opt-in); (f) open every peer's outbox (before anyone can leave and unlink it).
  *
  * Note [Cleanup]: a member leaving marks itself gone; the member that then finds every other
  * one gone, never joined, or dead (its process exited or is a zombie: a crashed or killed rank)
@@ -142,6 +143,17 @@ static int mapControl(fn_comm* comm, const char id[128]) {
   return expected == 0 || expected == n ? kNcclSuccess : kNcclInvalidUsage;
 }
 
+/* NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE set to a non-zero integer takes two ranks per GPU
+ * (Note [Init protocol], e): this member's part, written into its table entry at (c). */
+static int multiRankPerGpu(void) {
+  const char* enabled = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  return fn_version() >= 23000 && enabled != NULL && atoi(enabled) != 0;
+}
+
+static int sameGpu(const fn_member* a, const fn_member* b) {
+  return strcmp(a->host, b->host) == 0 && strcmp(a->bus_id, b->bus_id) == 0;
+}
+
 /* (b) and (c) of Note [Init protocol]. */
 static int join(fn_comm* comm, const char* bus_id) {
   fn_member* me = &comm->ctl->member[comm->rank];
@@ -161,20 +173,10 @@ static int join(fn_comm* comm, const char* bus_id) {
   me->pid = getpid();
   const char* fail = getenv("FAKE_NCCL_FAIL_INIT");
   me->fail_init = fail != NULL && strcmp(fail, "1") == 0;
+  me->multi_rank = multiRankPerGpu();
   __atomic_fetch_add(&comm->ctl->joined, 1, __ATOMIC_SEQ_CST);  /* publishes the fields */
   futexWakeAll(&comm->ctl->joined);
   return kNcclSuccess;
-}
-
-/* NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1 takes two ranks per GPU (Note [Init protocol],
- * e); this process's version and environment decide, as each real member checks alone. */
-static int multiRankPerGpu(void) {
-  const char* enabled = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-  return fn_version() >= 23000 && enabled != NULL && strcmp(enabled, "1") == 0;
-}
-
-static int sameGpu(const fn_member* a, const fn_member* b) {
-  return strcmp(a->host, b->host) == 0 && strcmp(a->bus_id, b->bus_id) == 0;
 }
 
 /* (e) of Note [Init protocol], once every member joined. */
@@ -183,7 +185,9 @@ static int checkMembers(fn_comm* comm) {
   for (int r = 0; r < comm->nranks; ++r) {
     if (m[r].fail_init) return r == comm->rank ? kNcclSystemError : kNcclRemoteError;
   }
-  if (multiRankPerGpu()) {
+  int multi_rank = 1;
+  for (int r = 0; r < comm->nranks; ++r) multi_rank = multi_rank && m[r].multi_rank;
+  if (multi_rank) {
     for (int i = 0; i < comm->nranks; ++i) {
       int sharing = 0;
       for (int j = 0; j < comm->nranks; ++j) sharing += sameGpu(&m[i], &m[j]);
@@ -198,9 +202,15 @@ static int checkMembers(fn_comm* comm) {
     for (int j = i + 1; j < comm->nranks; ++j) {
       if (!sameGpu(&m[i], &m[j])) continue;
       const int first = j == comm->rank ? j : i, second = j == comm->rank ? i : j;
-      fprintf(stderr, "%s:%d [fake-nccl] NCCL WARN Duplicate GPU detected : rank %d and rank %d "
-              "both on CUDA device %s\n", m[comm->rank].host, (int)getpid(), first, second,
-              m[i].bus_id);
+      if (fn_version() >= 23000) {
+        fprintf(stderr, "%s:%d [fake-nccl] NCCL WARN Multiple Ranks are using the same GPU: "
+                "rank %d and rank %d on CUDA device %s (NCCL_MULTI_RANK_GPU_ENABLE=1 allows "
+                "two)\n", m[comm->rank].host, (int)getpid(), first, second, m[i].bus_id);
+      } else {
+        fprintf(stderr, "%s:%d [fake-nccl] NCCL WARN Duplicate GPU detected : rank %d and rank "
+                "%d both on CUDA device %s\n", m[comm->rank].host, (int)getpid(), first, second,
+                m[i].bus_id);
+      }
       return kNcclInvalidUsage;
     }
   }

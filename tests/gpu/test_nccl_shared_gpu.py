@@ -52,10 +52,11 @@ def rank_everything_on_nccl():
     return path, os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE"), gpu.nccl_version()
 
 
-def test_every_collective_dtype_and_training_on_nccl_with_two_ranks_on_one_gpu(env):
+def test_every_collective_dtype_and_training_on_nccl_with_two_ranks_on_one_gpu(env, daemon):  # noqa: F811
     values = [r.value for r in run_ranks(rank_everything_on_nccl, 2, env=env, timeout=400)]
     for path, multi_rank, version in values:
         assert path == "nccl" and multi_rank == "1" and version >= 23000, values
+    assert daemon.served(), "no MPS server or client in its log: the ranks did not use MPS"
 
 
 def test_allreduce_waits_for_the_producer_with_two_ranks_on_nccl(env):

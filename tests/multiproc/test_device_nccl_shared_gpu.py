@@ -27,14 +27,15 @@ def allreduce_and_path():
             "multi_rank": os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE")}
 
 
-def _run(fake, np_, extra, rank_env=None):
-    kwargs = device_ops.rank_envs(fake, np_, True, extra)
+def _run(fake, np_, extra, rank_env=None, ipc=False):
+    kwargs = device_ops.rank_envs(fake, np_, True, extra, ipc=ipc)
     for r, env in (rank_env or {}).items():
         kwargs["rank_env"][r].update(env)
     return [r.value for r in run_ranks(allreduce_and_path, np_, timeout=60, **kwargs)]
 
 
-def test_nccl_2_30_takes_two_ranks_on_one_gpu_when_asked(fake_cuda):
+def test_nccl_2_30_takes_two_ranks_on_one_gpu_when_asked(fake_cuda, monkeypatch):
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE", raising=False)  # init() must set it
     for value in _run(fake_cuda, 2, NCCL_2_32):
         assert value == {"path": "nccl", "out": [3.0] * 5, "multi_rank": "1"}, value
 
@@ -49,7 +50,19 @@ def test_an_old_nccl_is_named_with_the_version_that_would_do(fake_cuda):
 def test_the_variable_switched_off_on_one_rank_is_named(fake_cuda):
     values = _run(fake_cuda, 2, NCCL_2_32, {1: {"NCCL_MULTI_RANK_GPU_ENABLE": "0"}})
     for value in values:
-        assert "NCCL_MULTI_RANK_GPU_ENABLE=1, which is not set on rank 1" in value["error"], value
+        assert "NCCL_MULTI_RANK_GPU_ENABLE=1, which rank 1 has set to 0" in value["error"], value
+
+
+def test_a_rank_sharing_the_gpu_without_the_demand_is_named(fake_cuda):
+    for value in _run(fake_cuda, 2, NCCL_2_32, {1: {"HVD_GPU_PATH": "auto"}}):
+        assert "rank 1 does not set HVD_GPU_PATH=nccl" in value["error"], value
+
+
+def test_left_to_choose_ranks_sharing_a_gpu_still_take_cuda_ipc(fake_cuda):
+    """F is never chosen by itself: NCCL 2.30+ with the variable on changes nothing."""
+    extra = {"FAKE_NCCL_VERSION": "23203", "NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    for value in _run(fake_cuda, 2, extra, ipc=True):
+        assert value["path"] == "cuda-ipc" and value["out"] == [3.0] * 5, value
 
 
 def test_a_third_rank_on_the_gpu_is_refused(fake_cuda):

@@ -119,8 +119,8 @@ const std::vector<Knob>& knobs() {
               Kind::kInt, &Config::spin_microseconds, 0),
       intKnob({"HVD_CALLER_SPIN_US", nullptr, "int", "200",
                "Microseconds a thread waiting on an op drives the core itself before it "
-               "sleeps; where a host's ranks outnumber its cores it yields the core between "
-               "passes (0: never spin)."},
+               "sleeps, and polls its CUDA op's completion before it naps; where a host's "
+               "ranks outnumber its cores it yields the core between passes (0: never spin)."},
               Kind::kInt, &Config::caller_spin_microseconds, 0),
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
@@ -350,6 +350,9 @@ Config Config::fromEnvironment() {
       config.*knob.set_flag = true;
     }
   }
+  const char* multi_rank = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  config.nccl_multi_rank_gpu =
+      multi_rank != nullptr && std::strtol(trimmed(multi_rank).c_str(), nullptr, 10) != 0;
   return config;
 }
 

@@ -42,6 +42,10 @@ struct Config {
   int64_t autotune_bayes_opt_max_samples = 20;      // HVD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES
   double autotune_gaussian_process_noise = 0.8;     // HVD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
 
+  // NCCL's own NCCL_MULTI_RANK_GPU_ENABLE (an integer, as NCCL parses it), read here once so
+  // every member's path choice describes it (Note [Device path choice] F); not an HVD knob.
+  bool nccl_multi_rank_gpu = false;
+
   // Set by fromEnvironment when the variable (or its alias) held a valid value.
   bool fusion_threshold_set = false;
   bool cycle_time_set = false;

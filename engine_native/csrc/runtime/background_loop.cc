@@ -514,7 +514,7 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
   const auto end = Clock::now() + slice;
   const common::PollPacer pacer(since);
   // B: the caller's spin budget, from the wait's start, before the naps.
-  const auto spin_until = since + drive_.configuredSpin();
+  const auto spin_until = since + drive_.currentSpin();
   bool polled = false;
   while (true) {
     {
@@ -534,10 +534,8 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
     if (now >= end) return true;
     if (now >= spin_until) {
       pacer.nap(end);
-    } else if (mesh_.spinYields()) {
-      sched_yield();
     } else {
-      common::cpuRelax();
+      common::spinPause(mesh_.spinYields());  // progress_ is free meanwhile for the loop
     }
   }
 }

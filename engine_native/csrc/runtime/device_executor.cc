@@ -45,9 +45,10 @@ using Clock = std::chrono::steady_clock;
 //      binding's 50 ms wait (so Ctrl-C is seen between slices): under
 //      progress_, pollDevice() completes every op whose event fired, in queue order (one
 //      stream per device: the ops queued before it, async or not, finished first and complete
-//      with it); until HVD_CALLER_SPIN_US has passed since the wait began it polls without
-//      sleeping (yielding between polls where the host's ranks outnumber its cores, as the
-//      drive does), then it sleeps between polls (common/poll_pacer.h: an eighth of the time
+//      with it); until HVD_CALLER_SPIN_US has passed since the wait began (none while the
+//      drive's spins are backed off: Note [Spin backoff]) it polls without sleeping (a short
+//      pause between polls, which leaves progress_ free; a yield where the host's ranks
+//      outnumber its cores, as the drive does), then it sleeps between polls (common/poll_pacer.h: an eighth of the time
 //      waited, 20 us to 1 ms), so it is never more than ~1/8 late and costs at most ~1000
 //      short wake-ups a second on a long op — engines outnumber cores, so no long busy spin.
 //      The spin is for small ops: on the H200 (gVisor) a 4 B CUDA IPC allreduce under MPS took
@@ -171,8 +172,11 @@ Status DeviceExecutor::setUp(OpContext& op, int device) {
     return Status::ok();
   }
   PathChoice choice;
-  HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, config_.gpu_path,
-                                 config_.ipc_order == "host", &choice));
+  PathWish wish;
+  wish.wanted = config_.gpu_path;
+  wish.ipc_host_ordered = config_.ipc_order == "host";
+  wish.nccl_multi_rank_gpu = config_.nccl_multi_rank_gpu;
+  HVD_RETURN_IF_ERROR(choosePath(op.comm, *current_.stream, wish, &choice));
   if (choice.nccl) {
     HVD_LOG(kInfo, "transport") << "process set " << id << ": CUDA collectives via NCCL on cuda:"
                                 << device;

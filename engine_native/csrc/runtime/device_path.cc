@@ -1,7 +1,6 @@
 #include "runtime/device_path.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -33,8 +32,11 @@ using common::Status;
 //   F. NCCL on a shared GPU, only when demanded (HVD_GPU_PATH=nccl): NCCL 2.30+ takes at most
 //      two ranks per GPU when NCCL_MULTI_RANK_GPU_ENABLE=1 (experimental there; NVLS off), and
 //      refuses any older version or a third rank. Each member's record carries its NCCL
-//      version and that variable (engine_native's init sets it under HVD_GPU_PATH=nccl unless
-//      the user did), so every member names the same obstacle before NCCL is asked. Never
+//      version, its HVD_GPU_PATH and that variable (read once into its Config; engine_native's
+//      init sets it under HVD_GPU_PATH=nccl unless the user did), so every member names the
+//      same obstacle — a member sharing the GPU that does not ask for NCCL among them — before
+//      NCCL is asked. A mixed set (several GPUs, at most two ranks on each) whose ranks all ask
+//      takes one NCCL communicator the same way. Never
 //      chosen by itself: on one GPU, CUDA IPC moves the bytes once where NCCL's ring moves them
 //      through its channels twice; the path exists to run NCCL's code on a one-GPU machine.
 //   C. NCCL: createCommunicator (Note [NCCL set-up outcome] in device_nccl_setup.cc).
@@ -62,6 +64,9 @@ struct MemberRecord {
 
 constexpr int kMultiRankGpuNccl = 23000;  // F: NCCL 2.30.0
 constexpr int kMaxNcclRanksPerGpu = 2;    // F
+constexpr char kChooseForMe[] =
+    "unset HVD_GPU_PATH on every rank to let the core choose (CUDA IPC for ranks sharing a "
+    "GPU, NCCL for one rank per GPU, else the staged path)";
 
 struct IpcRecord {  // A, second round: only for a set on one GPU
   int32_t capable;
@@ -94,16 +99,22 @@ std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& re
                             common::fieldText(records[group[0]].bus_id) + " on one host";
     for (int r : group) {
       if (records[r].nccl_version < kMultiRankGpuNccl) {
-        return who + ", which NCCL " + nccl::ncclVersionText(records[r].nccl_version) +
-               " (rank " + std::to_string(comm.globalRank(r)) + ") refuses: start one rank "
-               "per GPU for NCCL, or point HVD_NCCL_LIBRARY at NCCL 2.30 or newer, which takes "
-               "two ranks per GPU";
+        const std::string rank = std::to_string(comm.globalRank(r));
+        return who + (records[r].nccl_version > 0
+                          ? ", which NCCL " + nccl::ncclVersionText(records[r].nccl_version) +
+                                " (rank " + rank + ") refuses"
+                          : ", and rank " + rank + " could not read its NCCL's version") +
+               ": start one rank per GPU for NCCL, or point HVD_NCCL_LIBRARY at NCCL 2.30 or "
+               "newer, which takes two ranks per GPU";
+      }
+      if (records[r].wanted != 1) {
+        return who + ", and rank " + std::to_string(comm.globalRank(r)) + " does not set "
+               "HVD_GPU_PATH=nccl: NCCL takes ranks sharing a GPU only when each of them asks";
       }
       if (!records[r].multi_rank_per_gpu) {
         return who + ", and NCCL takes two ranks per GPU only with "
-               "NCCL_MULTI_RANK_GPU_ENABLE=1, which is not set on rank " +
-               std::to_string(comm.globalRank(r)) + " (HVD_GPU_PATH=nccl sets it unless it is "
-               "set otherwise)";
+               "NCCL_MULTI_RANK_GPU_ENABLE=1, which rank " + std::to_string(comm.globalRank(r)) +
+               " has set to 0 (HVD_GPU_PATH=nccl sets it to 1 unless it is set)";
       }
     }
     if (group.size() > kMaxNcclRanksPerGpu) {
@@ -178,7 +189,7 @@ std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>
       if (records[a].wanted == 1 && records[b].wanted == 3) {
         return "the ranks disagree: HVD_GPU_PATH=nccl on rank " +
                std::to_string(comm.globalRank(a)) + ", HVD_GPU_PATH=ipc on rank " +
-               std::to_string(comm.globalRank(b)) + " (set the same on every rank)";
+               std::to_string(comm.globalRank(b));
       }
     }
   }
@@ -335,8 +346,9 @@ Status connectMixed(transport::Comm& comm, nccl::DeviceStream& stream,
 
 }  // namespace
 
-Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::string& wanted,
-                  bool ipc_host_ordered, PathChoice* out) {
+Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const PathWish& wish,
+                  PathChoice* out) {
+  const std::string& wanted = wish.wanted;
   MemberRecord mine{};
   std::string bus_id;
   HVD_RETURN_IF_ERROR(stream.pciBusId(&bus_id));
@@ -346,8 +358,7 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
   if (api != nullptr && api->getVersion(&mine.nccl_version) != nccl::kNcclSuccess) {
     mine.nccl_version = 0;
   }
-  const char* multi_rank = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
-  mine.multi_rank_per_gpu = multi_rank != nullptr && std::strcmp(multi_rank, "1") == 0;
+  mine.multi_rank_per_gpu = wish.nccl_multi_rank_gpu ? 1 : 0;
   mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : wanted == "ipc" ? 3 : 0;
   std::vector<MemberRecord> records;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &records));  // A
@@ -368,7 +379,7 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
     HVD_RETURN_IF_ERROR(allgatherRecords(comm, ipc_mine, &ipc));
     out->why = ipcReason(comm, ipc);
     if (out->why.empty()) {
-      HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, ipc_host_ordered,
+      HVD_RETURN_IF_ERROR(connectIpc(comm, stream, kFirstIpcSlotBytes, wish.ipc_host_ordered,
                                      &out->peers, &out->why));
       out->ipc = out->peers != nullptr;  // D
     }
@@ -379,11 +390,11 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const std::
   }
   if (!out->nccl && nccl_demanded) {
     return common::internalError("HVD_GPU_PATH=nccl, but NCCL cannot serve this process set: " +
-                                 out->why + "; unset HVD_GPU_PATH to stage instead");
+                                 out->why + "; " + kChooseForMe);
   }
   if (!out->ipc && !out->mixed && ipc_demanded) {
     return common::internalError("HVD_GPU_PATH=ipc, but CUDA IPC cannot serve this process "
-                                 "set: " + out->why + "; unset HVD_GPU_PATH to stage instead");
+                                 "set: " + out->why + "; " + kChooseForMe);
   }
   return Status::ok();
 }

@@ -25,11 +25,18 @@ struct PathChoice {
   std::unique_ptr<transport::cuda::IpcPeers> peers;                 // ipc; mixed: my GPU's
 };
 
-// wanted: HVD_GPU_PATH on this rank ("auto", "nccl", "ipc" or "staged"); ipc_host_ordered:
-// HVD_IPC_ORDER=host here. Fails, identically on every member, only when some member demanded
-// NCCL or IPC and it cannot be had.
+// What this rank asks for: HVD_GPU_PATH ("auto", "nccl", "ipc" or "staged"), HVD_IPC_ORDER=host,
+// and NCCL_MULTI_RANK_GPU_ENABLE (Note [Device path choice] F), all from its Config.
+struct PathWish {
+  std::string wanted = "auto";
+  bool ipc_host_ordered = true;
+  bool nccl_multi_rank_gpu = false;
+};
+
+// Fails, identically on every member, only when some member demanded NCCL or IPC and it
+// cannot be had.
 common::Status choosePath(transport::Comm& comm, transport::nccl::DeviceStream& stream,
-                          const std::string& wanted, bool ipc_host_ordered, PathChoice* out);
+                          const PathWish& wish, PathChoice* out);
 
 // Every member exports a buffer of kIpcSlots * slot_bytes and opens the others' (an allgather
 // of IpcExport records, then one of the outcomes: Note [Device path choice], D). On success

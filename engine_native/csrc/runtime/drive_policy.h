@@ -39,6 +39,12 @@ class DrivePolicy {
                             drive_number % kProbeEvery != 0;
     return backed_off ? std::chrono::microseconds(0) : spin_;
   }
+  // The budget of a wait that follows a drive (Note [Caller waits on the device] B): the
+  // configured spin, zero while backed off; counts no drive.
+  std::chrono::microseconds currentSpin() const {
+    return misses_.load(std::memory_order_relaxed) >= kMissesToBackOff
+               ? std::chrono::microseconds(0) : spin_;
+  }
   // A drive that spun (more than one pass): it finished its op, or its budget ran out.
   void spinPaid() { misses_.store(0, std::memory_order_relaxed); }
   void spinMissed() { misses_.fetch_add(1, std::memory_order_relaxed); }
