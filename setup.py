@@ -137,6 +137,8 @@ CORE_SOURCES = [
     "runtime/device_peer_ops.cc",
     "runtime/peer_ops.cc",
     "runtime/peer_ops_device.cc",
+    "runtime/peer_ops_nccl.cc",
+    "runtime/device_nccl_peers.cc",
     "runtime/peer_ops_shutdown.cc",
     "runtime/execution_queue.cc",
     "runtime/stall_inspector.cc",

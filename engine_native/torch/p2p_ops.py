@@ -95,7 +95,7 @@ def _check(tensor, what: str):
 
 
 def _by_ipc(tensor: torch.Tensor, dst: int) -> bool:
-    return tensor.device.type == "cuda" and _core.p2p_cuda_route(int(dst)) == "ipc"
+    return tensor.device.type == "cuda" and _core.p2p_cuda_route(int(dst)) in ("ipc", "nccl")
 
 
 def _host_bytes(tensor: torch.Tensor) -> torch.Tensor:

@@ -40,21 +40,6 @@ struct SetupOutcome {
 };
 enum SetupState : int32_t { kSetUp = 0, kNcclFailed = 1, kTimedOut = 2 };
 
-// Ends a member's wait early (Note [Non-blocking set-up]): abort() here, or a peer gone (its
-// cause, e.g. its own abort, follows by Note [Failure fan-out]).
-std::function<Status()> setupInterruption(transport::Mesh& mesh) {
-  return [&mesh]() -> Status {
-    if (mesh.aborted()) {
-      return common::aborted("aborted on rank " + std::to_string(mesh.rank()) +
-                             " during NCCL communicator set-up");
-    }
-    const int lost = mesh.findLostPeer();
-    if (lost < 0) return Status::ok();
-    return common::peerLost("lost connection to rank " + std::to_string(lost) +
-                            " during NCCL communicator set-up");
-  };
-}
-
 // d, when some member timed out: the core fails on every member, naming the
 // members whose NCCL failed (the likely cause) before those that only waited.
 Status setupFailure(transport::Comm& comm, const std::vector<SetupOutcome>& outcomes) {
@@ -82,6 +67,19 @@ Status setupFailure(transport::Comm& comm, const std::vector<SetupOutcome>& outc
 }
 
 }  // namespace
+
+std::function<Status()> setupInterruption(transport::Mesh& mesh) {
+  return [&mesh]() -> Status {
+    if (mesh.aborted()) {
+      return common::aborted("aborted on rank " + std::to_string(mesh.rank()) +
+                             " during NCCL communicator set-up");
+    }
+    const int lost = mesh.findLostPeer();
+    if (lost < 0) return Status::ok();
+    return common::peerLost("lost connection to rank " + std::to_string(lost) +
+                            " during NCCL communicator set-up");
+  };
+}
 
 Status createCommunicator(transport::Comm& comm, nccl::DeviceStream& stream, PathChoice* out) {
   UniqueIdMessage message{};

@@ -4,6 +4,7 @@
 // every member (it is itself a collective over the set's CPU Comm).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "algo/algorithms.h"
@@ -21,6 +22,10 @@ common::Status allgatherRecords(transport::Comm& comm, const T& mine, std::vecto
   std::vector<size_t> bytes(comm.size(), sizeof(T));
   return algo::allgatherRing(comm, &mine, all->data(), bytes);
 }
+
+// Ends a member's wait in NCCL set-up early (Note [Non-blocking set-up]): abort() here, or a
+// peer gone (its cause, e.g. its own abort, follows by Note [Failure fan-out]).
+std::function<common::Status()> setupInterruption(transport::Mesh& mesh);
 
 // On success with out->nccl set, out->communicator is ready on every member; with it unset,
 // out->why says why not, alike on every member (they stage). A non-OK Status is a core failure

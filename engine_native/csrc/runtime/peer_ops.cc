@@ -88,12 +88,13 @@ std::string PeerOps::what(const char* kind, int peer, int64_t tag) {
 
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
                  Metrics& metrics, timeline::Timeline* timeline, double timeout_seconds,
-                 bool cuda_ipc)
+                 bool cuda_ipc, bool nccl_demanded)
     : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
-      timeout_(timeout_seconds), cuda_ipc_(cuda_ipc),
+      timeout_(timeout_seconds), cuda_ipc_(cuda_ipc), nccl_demanded_(nccl_demanded),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
       closed_(static_cast<size_t>(mesh.size()), 0),
       device_(queue.wakeFd(), timeout_seconds),
+      nccl_(mesh, queue.wakeFd(), timeout_seconds),
       ipc_refused_(static_cast<size_t>(mesh.size())) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
@@ -113,11 +114,13 @@ Status PeerOps::submitSend(PeerSend send, bool caller_waits, bool wake, int64_t*
   op.shape = std::move(send.shape);
   op.data = send.data;
   op.device = send.device;
-  if (op.device >= 0) {  // Note [Device point-to-point] A, B
+  if (op.device >= 0) {  // Note [Device point-to-point] A, B; Note [NCCL point-to-point] A
     uint64_t bytes = 0;
+    const std::string route = cudaRoute(op.peer);
+    op.by_nccl = route == "nccl";
     if (transport::peerPayloadBytes(op.dtype, op.shape, &bytes) && bytes == 0) {
       op.device = -1;  // nothing to read on the device: an empty host message
-    } else if (std::string(cudaRoute(op.peer)) == "ipc") {
+    } else if (route == "ipc" || route == "nccl") {
       const auto producer = reinterpret_cast<transport::nccl::CudaStream>(send.stream);
       HVD_RETURN_IF_ERROR(refuseGraphCapture(send.stream, what("send", op.peer, op.tag)));
       HVD_RETURN_IF_ERROR(op.ready.record(op.device, producer));
@@ -144,6 +147,10 @@ const char* PeerOps::cudaRoute(int peer) const {
   const transport::PeerChannel* channel =
       peer >= 0 && peer < mesh_.size() ? mesh_.peerChannel(peer) : nullptr;
   if (channel == nullptr) return "";
+  if (cuda_ipc_ && (nccl_demanded_ || !mesh_.sameHost(mesh_.rank(), peer)) &&
+      DeviceNcclPeers::available()) {
+    return "nccl";
+  }
   const bool ipc = channel->onSharedMemory() && cuda_ipc_ &&
                    !ipc_refused_[peer].load(std::memory_order_relaxed);
   return ipc ? "ipc" : "staged";
@@ -202,6 +209,7 @@ void PeerOps::takeSubmitted() {
       mesh_.peerChannel(op.peer)->send(frame, op.data, static_cast<uint64_t>(op.handle));
       p.sending.push_back(std::move(op));
     } else {
+      nccl_.useDevice(op.peer, op.device);  // Note [NCCL point-to-point] C
       p.receiving.push_back(std::move(op));
       match(p);
     }
@@ -212,6 +220,7 @@ void PeerOps::takeSubmitted() {
 Status PeerOps::progress(bool* moved) {
   takeSubmitted();
   HVD_RETURN_IF_ERROR(progressDevice());
+  HVD_RETURN_IF_ERROR(progressNccl());
   const Clock::time_point now = Clock::now();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     if (!open(peer)) continue;
@@ -298,7 +307,11 @@ Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
     return Status::ok();
   }
   if (frame.kind == transport::PeerFrameKind::kDeviceResend) return resent(p, std::move(message));
-  Arrived arrived{frame.tag, {}, {}};
+  if (frame.kind == transport::PeerFrameKind::kNcclId ||
+      frame.kind == transport::PeerFrameKind::kDeviceNccl) {
+    return arriveNccl(peer, p, std::move(message));
+  }
+  Arrived arrived{frame.tag, {}, {}, 0, nullptr};
   if (frame.kind == transport::PeerFrameKind::kDevice) {
     uint64_t tensor_bytes = 0;
     transport::peerPayloadBytes(frame.dtype, frame.shape, &tensor_bytes);
@@ -325,6 +338,8 @@ void PeerOps::match(PerPeer& p) {
     }
     if (m->message.frame.kind == transport::PeerFrameKind::kDevice) {
       startDeviceRead(p, std::move(*r), std::move(*m));
+    } else if (m->message.frame.kind == transport::PeerFrameKind::kDeviceNccl) {
+      startNcclRead(p, std::move(*r), *m);
     } else {
       completeRecv(*r, std::move(m->message));
     }
@@ -404,7 +419,7 @@ void PeerOps::endSpan(const Op& op, const Status& status) {
 }
 
 bool PeerOps::idle() const {
-  if (device_.busy()) return false;
+  if (device_.busy() || nccl_.busy()) return false;
   for (const PerPeer& p : peers_) {
     if (!p.sending.empty() || !p.receiving.empty() || !p.staged.empty() || !p.reading.empty() ||
         !p.receipts.empty() || !p.resends.empty()) {
@@ -489,6 +504,7 @@ void PeerOps::failAll(const Status& status) {
   for (Op& op : taking_) handles_.complete(op.handle, status);
   taking_.clear();
   device_.abandon();  // Note [Device point-to-point] F: before the tensors go
+  nccl_.abandon();    // Note [NCCL point-to-point] F
   restaging_.clear();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];

@@ -20,6 +20,7 @@
 
 #include "common/dtype.h"
 #include "common/status.h"
+#include "runtime/device_nccl_peers.h"
 #include "runtime/device_peer_ops.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
@@ -57,9 +58,11 @@ class PeerOps {
   using Clock = std::chrono::steady_clock;
 
   // `timeline` (may be null) gets a SEND or RECV span per op, from its submission to its end.
-  // cuda_ipc: CUDA tensors may go by CUDA IPC (HVD_GPU_PATH is not "staged").
+  // cuda_ipc: CUDA tensors may go by CUDA IPC (HVD_GPU_PATH is not "staged"); nccl_demanded:
+  // HVD_GPU_PATH=nccl (Note [NCCL point-to-point] A).
   PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue, Metrics& metrics,
-          timeline::Timeline* timeline, double timeout_seconds, bool cuda_ipc);
+          timeline::Timeline* timeline, double timeout_seconds, bool cuda_ipc,
+          bool nccl_demanded);
   ~PeerOps();
 
   // ---- framework threads ----
@@ -68,8 +71,8 @@ class PeerOps {
   common::Status submitSend(PeerSend send, bool caller_waits, bool wake, int64_t* handle);
   // The handle completes with the message's payload, shape and dtype (OpResult).
   common::Status submitRecv(const PeerRecv& recv, bool caller_waits, bool wake, int64_t* handle);
-  // How a CUDA tensor travels to `peer`: "ipc" (a rank of this host, Note [Device
-  // point-to-point] A), "staged" (through host memory, by the binding: another host,
+  // How a CUDA tensor travels to `peer`: "nccl" (Note [NCCL point-to-point] A), "ipc" (a
+  // rank of this host, Note [Device point-to-point] A), "staged" (through host memory, by the binding: another host,
   // HVD_GPU_PATH=staged, or a peer that could not read this rank's CUDA memory: G), "" for no
   // channel (this rank, or out of range). Any thread.
   const char* cudaRoute(int peer) const;
@@ -122,7 +125,8 @@ class PeerOps {
     std::shared_ptr<const std::string> payload;  // a CUDA send's frame: its DeviceMessage
     bool copied = false;      // a CUDA send: its staging copy finished
     bool awaiting_resend = false;  // a CUDA receive refused (Note [Device point-to-point] G)
-    uint64_t sequence = 0;         // ... of this device message
+    uint64_t sequence = 0;         // ... of this device message; an NCCL receive's slot
+    bool by_nccl = false;          // Note [NCCL point-to-point]
     Clock::time_point since;  // posted, or last progress on its channel
     std::string span;         // its timeline span's name; empty when none was recorded
   };
@@ -130,6 +134,8 @@ class PeerOps {
     int64_t tag;
     transport::PeerMessage message;
     transport::DeviceMessage device;  // a kDevice message's
+    uint64_t slot = 0;                      // a kDeviceNccl message's (its ncclRecv)
+    std::shared_ptr<OutputBuffer> nccl_bytes;  // ... once that finished
   };
   struct PerPeer {
     std::deque<Op> sending;      // queued on the channel, in order
@@ -164,6 +170,13 @@ class PeerOps {
   void completeResend(uint64_t id, std::shared_ptr<OutputBuffer> bytes);
   common::Status arrive(int peer, PerPeer& p, transport::PeerMessage message);
   common::Status progressDevice();
+  // NCCL messages (peer_ops_nccl.cc, Note [NCCL point-to-point]).
+  void stageNcclSend(Op& op);                                      // B
+  common::Status arriveNccl(int peer, PerPeer& p, transport::PeerMessage message);  // C, D
+  void startNcclRead(PerPeer& p, Op op, Arrived& arrived);         // D
+  void completeNcclRead(const Op& op, std::shared_ptr<OutputBuffer> bytes);  // E
+  common::Status progressNccl();
+  void deviceSendDone(int64_t handle);  // a CUDA send's bytes are taken: it may complete
   void completeSend(const Op& op);
   void fail(const Op& op, const common::Status& status);  // this op alone
   void timeOut(PerPeer& p, Clock::time_point now);
@@ -183,6 +196,7 @@ class PeerOps {
   timeline::Timeline* timeline_;
   const std::chrono::duration<double> timeout_;
   const bool cuda_ipc_;
+  const bool nccl_demanded_;
 
   mutable std::mutex mutex_;  // guards submitted_ and failure_
   std::vector<Op> submitted_;
@@ -199,6 +213,8 @@ class PeerOps {
   std::vector<transport::PeerMessage> received_;
   DevicePeerOps device_;
   std::vector<DevicePeerOps::Done> device_done_;
+  DeviceNcclPeers nccl_;
+  std::vector<DeviceNcclPeers::Done> nccl_done_;
   // G: by peer, whether it refused this rank's CUDA memory (read by cudaRoute, any thread).
   std::vector<std::atomic<bool>> ipc_refused_;
   std::map<uint64_t, std::pair<int, uint64_t>> restaging_;  // id -> (peer, sequence)

@@ -18,6 +18,10 @@ using common::Status;
 
 // Note [Device point-to-point] B: the copy is queued and the frame sent in the same pass.
 void PeerOps::stageDeviceSend(Op& op) {
+  if (op.by_nccl) {
+    stageNcclSend(op);  // Note [NCCL point-to-point] B
+    return;
+  }
   uint64_t bytes = 0;
   transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
   transport::DeviceMessage message;
@@ -148,17 +152,12 @@ Status PeerOps::progressDevice() {
       continue;
     }
     const auto handle = static_cast<int64_t>(done.id);
+    if (!done.output) {  // a send's staging copy (a read always has an output)
+      deviceSendDone(handle);
+      continue;
+    }
     auto has = [handle](const Op& op) { return op.handle == handle; };
     for (PerPeer& p : peers_) {
-      if (auto s = std::find_if(p.sending.begin(), p.sending.end(), has); s != p.sending.end()) {
-        s->copied = true;  // completes once its frame is written
-        break;
-      }
-      if (auto s = std::find_if(p.staged.begin(), p.staged.end(), has); s != p.staged.end()) {
-        completeSend(*s);
-        p.staged.erase(s);
-        break;
-      }
       if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
           r != p.reading.end()) {
         sendReceipt(r->peer, r->sequence);

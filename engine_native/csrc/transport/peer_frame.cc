@@ -45,7 +45,7 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
   if (!in.u8(&kind)) return bad(in.error());
-  if (kind > static_cast<uint8_t>(PeerFrameKind::kDeviceResend)) {
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kDeviceNccl)) {
     return bad("unknown kind " + std::to_string(kind));
   }
   out->kind = static_cast<PeerFrameKind>(kind);
@@ -61,12 +61,14 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!peerPayloadBytes(out->dtype, out->shape, &expected)) return bad("shape too large");
   if (out->kind == PeerFrameKind::kDevice) {
     expected = kDeviceMessageBytes;  // the tensor's bytes stay on the sender's device
+  } else if (out->kind == PeerFrameKind::kDeviceNccl) {
+    expected = 0;  // the tensor's bytes go by NCCL
   } else if (out->kind == PeerFrameKind::kDeviceRead ||
-             out->kind == PeerFrameKind::kDeviceRefused) {
+             out->kind == PeerFrameKind::kDeviceRefused || out->kind == PeerFrameKind::kNcclId) {
     if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag != 0) {
-      return bad("a read receipt with dims, a dtype or a tag");
+      return bad("a read receipt or NCCL id with dims, a dtype or a tag");
     }
-    expected = kDeviceReadBytes;
+    expected = out->kind == PeerFrameKind::kNcclId ? kNcclIdBytes : kDeviceReadBytes;
   } else if (out->kind == PeerFrameKind::kDeviceResend &&
              (out->shape.size() != 1 || out->dtype != common::DataType::kUint8 ||
               out->tag < 0)) {

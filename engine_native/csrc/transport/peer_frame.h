@@ -18,6 +18,10 @@
 //     sender's memory): the sender answers with kDeviceResend.
 //   kDeviceResend: the bytes of refused message `sequence` (in the tag field, >= 0) through
 //     host memory: dtype uint8, one dim, the payload.
+//   kNcclId: the sender's NCCL unique id (kNcclIdBytes) for the communicator of its CUDA
+//     messages to this receiver; sent once, before its first kDeviceNccl. No dims, uint8, tag 0.
+//   kDeviceNccl: a CUDA tensor the sender passes to ncclSend (Note [NCCL point-to-point] in
+//     runtime/device_nccl_peers.cc): dtype x shape say its bytes; no payload.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +40,8 @@ constexpr uint32_t kMaxPeerDims = 100;
 constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 
 enum class PeerFrameKind : uint8_t {
-  kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4
+  kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4, kNcclId = 5,
+  kDeviceNccl = 6
 };
 
 struct PeerFrame {
@@ -63,6 +68,7 @@ struct DeviceMessage {
 };
 constexpr uint64_t kDeviceMessageBytes = 5 * 8 + 64 + 64;
 constexpr uint64_t kDeviceReadBytes = 8;
+constexpr uint64_t kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 
 
 // The whole frame prefix: u32 header bytes, then the header. The payload follows it.

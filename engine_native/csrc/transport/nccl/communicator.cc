@@ -80,14 +80,28 @@ Status NcclCommunicator::createUniqueId(NcclUniqueId* id) {
 Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size,
                               const SetupWait& wait) {
   nccl_ = ncclApi();
+  if (nccl_ != nullptr && nccl_->commInitRankConfig == nullptr && comm_ == nullptr &&
+      stream_.ready()) {  // NCCL < 2.14: blocks until all members joined
+    rank_ = rank;
+    size_ = size;
+    return check(nccl_->commInitRank(&comm_, size, id, rank), "ncclCommInitRank");
+  }
+  HVD_RETURN_IF_ERROR(start(id, rank, size, wait));
+  return awaitSetup(wait);
+}
+
+Status NcclCommunicator::start(const NcclUniqueId& id, int rank, int size,
+                               const SetupWait& wait) {
+  nccl_ = ncclApi();
   if (nccl_ == nullptr) return common::internalError("NCCL is not loaded");
   if (!stream_.ready()) return common::internalError("NcclCommunicator::init before the stream");
   if (comm_ != nullptr) return common::internalError("NcclCommunicator::init called twice");
+  if (nccl_->commInitRankConfig == nullptr) {
+    return common::internalError("this NCCL (before 2.14) has no non-blocking communicator "
+                                 "set-up; use NCCL 2.14 or later");
+  }
   rank_ = rank;
   size_ = size;
-  if (nccl_->commInitRankConfig == nullptr) {  // NCCL < 2.14: blocks until all members joined
-    return check(nccl_->commInitRank(&comm_, size, id, rank), "ncclCommInitRank");
-  }
   NcclConfig config;
   config.blocking = 0;
   nonblocking_ = true;
@@ -98,7 +112,16 @@ Status NcclCommunicator::init(const NcclUniqueId& id, int rank, int size,
     abort();  // NCCL may have handed out a communicator before failing
     return failed;
   }
-  return awaitSetup(wait);
+  return Status::ok();
+}
+
+Status NcclCommunicator::pollSetup(bool* done) {
+  *done = false;
+  if (comm_ == nullptr) return common::internalError("NCCL communicator set-up was not started");
+  Status status = pollOnce("ncclCommInitRankConfig", "NCCL communicator set-up", wait_.deadline,
+                           done);
+  if (!status.isOk()) abort();
+  return status;
 }
 
 // Note [Non-blocking set-up] in communicator.h.
@@ -127,29 +150,40 @@ Status NcclCommunicator::pollUntilDone(const char* call, const char* what,
   constexpr auto kMaxPause = std::chrono::milliseconds(20);
   Clock::duration pause = std::chrono::microseconds(100);
   for (;;) {
-    int state = kNcclInProgress;
-    const int result = nccl_->commGetAsyncError(comm_, &state);
-    if (result != kNcclSuccess && result != kNcclInProgress) {
-      return check(result, "ncclCommGetAsyncError");
-    }
-    if (result == kNcclSuccess && state == kNcclSuccess) return Status::ok();
-    if (result == kNcclSuccess && state != kNcclInProgress) {
-      common::Text text;
-      text << call << " (failed asynchronously)";
-      return check(state, text.str().c_str());
-    }
-    Status status = wait_.interrupted ? wait_.interrupted() : Status::ok();
-    if (!status.isOk()) return status;
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      common::Text text;
-      text << what << " did not finish within HVD_TIMEOUT (" << wait_.timeout_seconds
-           << " s) on set rank " << rank_ << " of " << size_;
-      return common::timedOut(text.str());
-    }
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    bool done = false;
+    HVD_RETURN_IF_ERROR(pollOnce(call, what, deadline, &done));
+    if (done) return Status::ok();
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
     pause = std::min<Clock::duration>(pause * 2, kMaxPause);
   }
+}
+
+Status NcclCommunicator::pollOnce(const char* call, const char* what, Clock::time_point deadline,
+                                  bool* done) {
+  *done = false;
+  int state = kNcclInProgress;
+  const int result = nccl_->commGetAsyncError(comm_, &state);
+  if (result != kNcclSuccess && result != kNcclInProgress) {
+    return check(result, "ncclCommGetAsyncError");
+  }
+  if (result == kNcclSuccess && state == kNcclSuccess) {
+    *done = true;
+    return Status::ok();
+  }
+  if (result == kNcclSuccess && state != kNcclInProgress) {
+    common::Text text;
+    text << call << " (failed asynchronously)";
+    return check(state, text.str().c_str());
+  }
+  Status status = wait_.interrupted ? wait_.interrupted() : Status::ok();
+  if (!status.isOk()) return status;
+  if (Clock::now() >= deadline) {
+    common::Text text;
+    text << what << " did not finish within HVD_TIMEOUT (" << wait_.timeout_seconds
+         << " s) on set rank " << rank_ << " of " << size_;
+    return common::timedOut(text.str());
+  }
+  return Status::ok();
 }
 
 // Note [Scaling without kernels] in communicator.h.
@@ -315,6 +349,16 @@ Status NcclCommunicator::alltoall(const void* in, const std::vector<size_t>& sen
   }
   const Status end = check(nccl_->groupEnd(), "ncclGroupEnd");
   return status.isOk() ? end : status;
+}
+
+Status NcclCommunicator::send(const void* data, size_t bytes, int peer) {
+  if (bytes == 0) return Status::ok();
+  return check(nccl_->send(data, bytes, kNcclUint8, peer, comm_, stream_.stream()), "ncclSend");
+}
+
+Status NcclCommunicator::recv(void* data, size_t bytes, int peer) {
+  if (bytes == 0) return Status::ok();
+  return check(nccl_->recv(data, bytes, kNcclUint8, peer, comm_, stream_.stream()), "ncclRecv");
 }
 
 Status NcclCommunicator::asyncError() {

@@ -68,6 +68,12 @@ class NcclCommunicator {
   // kTimeout past the deadline, the interruption's status when interrupted, kInternal for an
   // NCCL error; the communicator is aborted in all three cases.
   common::Status init(const NcclUniqueId& id, int rank, int size, const SetupWait& wait);
+  // The same set-up for a caller that must not wait in it (point-to-point's lazy pairs, Note
+  // [NCCL point-to-point] in runtime/device_nccl_peers.cc): start() issues it and returns;
+  // pollSetup() looks once, never sleeping: *done once set up, non-OK as init() would end
+  // (the communicator aborted). NCCL before 2.14 has no non-blocking set-up: start() refuses.
+  common::Status start(const NcclUniqueId& id, int rank, int size, const SetupWait& wait);
+  common::Status pollSetup(bool* done);
   bool ready() const { return comm_ != nullptr; }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -88,6 +94,9 @@ class NcclCommunicator {
   // `out` (back to back): one ncclGroup of send/recv pairs.
   common::Status alltoall(const void* in, const std::vector<size_t>& send_bytes, void* out,
                           const std::vector<size_t>& recv_bytes);
+  // `bytes` to or from member `peer` (ncclSend / ncclRecv as uint8); 0 bytes queue nothing.
+  common::Status send(const void* data, size_t bytes, int peer);
+  common::Status recv(void* data, size_t bytes, int peer);
 
   // Never blocks: an error NCCL detected asynchronously (a peer died, a network failure) while
   // a collective is in flight. The background thread checks it while it polls the events and
@@ -106,6 +115,9 @@ class NcclCommunicator {
   // ncclInProgress, `deadline` passes (kTimeout: "<what> did not finish ...") or
   // wait_.interrupted says stop.
   common::Status pollUntilDone(const char* call, const char* what, Clock::time_point deadline);
+  // One look of pollUntilDone: *done when the state left ncclInProgress successfully.
+  common::Status pollOnce(const char* call, const char* what, Clock::time_point deadline,
+                          bool* done);
   common::Status reduceOp(common::DataType dtype, common::ReduceOp op, double scale, int* nccl_op,
                           bool* created);
   void destroyOp(int nccl_op, bool created);
