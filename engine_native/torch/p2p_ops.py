@@ -11,8 +11,10 @@ names but not its signatures (a receive returns a new tensor, ``out=`` fills one
         loss_fn(stage1(h), y).backward()         # sends h's gradient back to rank 0
 
 Ranks are global ranks; tags 0 .. 2**40 - 1 are the program's (the pipeline's and the
-gradients' messages use tags above). CUDA tensors go by CUDA IPC to a rank of the same host
-and through host memory to another host (Note [Staged point-to-point]); a receive gives a CPU
+gradients' messages use tags above). CUDA tensors go by NCCL where the core says so (another
+host with NCCL loaded, or HVD_GPU_PATH=nccl: Note [NCCL point-to-point] in the core), else by
+CUDA IPC to a rank of the same host and through host memory to another host (Note [Staged
+point-to-point]); a receive gives a CPU
 tensor unless ``device=`` says where it goes. Messages of one (rank, tag) arrive in the order
 sent. Note [Gradient tags]: the gradient of the k-th message sent from A to B with tag t goes
 back from B to A with a tag made of t and k, so gradients find their message whatever order
@@ -80,8 +82,8 @@ def _check(tensor, what: str):
 
 
 # Note [Staged point-to-point]
-# Between ranks of one host the core moves a CUDA tensor itself, by CUDA IPC (Note [Device
-# point-to-point] in the core): the send passes the tensor's address and its device's current
+# Where _core.p2p_cuda_route says "nccl" or "ipc" the core moves a CUDA tensor itself (Note
+# [NCCL point-to-point], Note [Device point-to-point] in the core): the send passes the tensor's address and its device's current
 # stream, and a receive names the device that reads it (``device=``, else this process's
 # current CUDA device) and whether the result stays there. To another host, or with
 # HVD_GPU_PATH=staged, a CUDA tensor goes through host memory: ``.to("cpu")`` copies it on its

@@ -8,7 +8,7 @@ count); every dtype and size both ways at once, results on the device and in hos
 tags taken out of order with several messages in flight before any receive; a receive posted
 before its message; the producer's stream order; metrics and timeline spans. Then, one launch
 each: abort(), a killed peer, and a set-up that never finishes fail both ranks within
-HVD_TIMEOUT naming the peer and tag.
+HVD_TIMEOUT naming the peer and tag, and so does a transfer that never finishes.
 """
 import os
 import time
@@ -35,7 +35,8 @@ def _envs(fake, extra=None):
 
 
 def _sizes_both_ways(fails, me, peer):
-    k = 0
+    """Every dtype and size, both ways at once; returns (messages, non-empty ones) per way."""
+    k = nonempty = 0
     for dtype in ALL_DTYPES:
         for shape in ((), (0,), (1,), (1001,), (7, 3, 5), (LARGE // dtype.itemsize,)):
             k += 1
@@ -49,9 +50,10 @@ def _sizes_both_ways(fails, me, peer):
             fails.check(name, None if got.dtype == want.dtype and got.shape == want.shape and
                         np.array_equal(got, want) else f"got {got.dtype} {got.shape}")
             if x.size:
+                nonempty += 1
                 fails.expect(f"{name}: result on {'device' if on_device else 'host'}",
                              where == (0 if on_device else -1), where)
-    return k
+    return k, nonempty
 
 
 def exchange_suite(path):
@@ -61,11 +63,11 @@ def exchange_suite(path):
     me, peer = hvd.rank(), 1 - hvd.rank()
     fails.expect("route", _core.p2p_cuda_route(peer) == "nccl", _core.p2p_cuda_route(peer))
     calls, before = f.nccl.fakeNcclCollectives(), hvd.metrics()
-    count = _sizes_both_ways(fails, me, peer)
-    after = hvd.metrics()
-    nonempty = sum(1 for d in ALL_DTYPES for s in ((), (1,), (1001,), (7, 3, 5), (1,)))
-    fails.expect("NCCL carried the bytes", f.nccl.fakeNcclCollectives() - calls == 2 * nonempty,
-                 (f.nccl.fakeNcclCollectives() - calls, 2 * nonempty))
+    count, nonempty = _sizes_both_ways(fails, me, peer)
+    hvd.barrier()  # the next sends' receives are posted as they arrive: count before them
+    after, carried = hvd.metrics(), f.nccl.fakeNcclCollectives() - calls
+    hvd.barrier()
+    fails.expect("NCCL carried the bytes", carried == 2 * nonempty, (carried, 2 * nonempty))
     for key in ("p2p_sent", "p2p_received"):
         fails.expect(f"metrics {key}", after[key] - before[key] == count,
                      (after[key] - before[key], count))
@@ -134,8 +136,9 @@ def test_cuda_tensors_by_nccl(fake_cuda, tmp_path):
 
 
 def failing_suite(action):
-    """Rank 0 sends a tensor whose producer never finishes (abort, exit), or through a set-up
-    rank 1 never joins (stall); rank 1 receives it. Both fail within HVD_TIMEOUT."""
+    """Rank 0 sends a tensor whose producer never finishes, then aborts (abort), rank 1 dies
+    (exit), or nobody acts (timeout); or rank 0 sends through a set-up rank 1 never joins
+    (stall). Rank 1 receives it. Both fail within HVD_TIMEOUT."""
     hvd = device_ops.init()
     f = device_ops.fakes()
     me = hvd.rank()
@@ -175,7 +178,7 @@ def failing_suite(action):
     return out
 
 
-@pytest.mark.parametrize("action", ["abort", "exit", "stall"])
+@pytest.mark.parametrize("action", ["abort", "exit", "stall", "timeout"])
 def test_nccl_point_to_point_fails_in_time(fake_cuda, action):
     kwargs = _envs(fake_cuda, {"HVD_TIMEOUT": "3"})
     if action == "stall":
@@ -192,6 +195,7 @@ def test_nccl_point_to_point_fails_in_time(fake_cuda, action):
     one = results[1]
     assert one.ok, one.describe()
     assert one.value["error"] and one.value["seconds"] < 3 + 4, one.value
-    if action == "stall":
-        for r in (zero, one):
-            assert "NCCL set-up" in r.value["error"] and "tag 7" in r.value["error"], r.value
+    cause = {"abort": "abort", "stall": "NCCL set-up", "timeout": "did not finish"}[action]
+    for r in (zero, one):
+        assert cause in r.value["error"], r.value
+        assert action == "abort" or "tag 7" in r.value["error"], r.value

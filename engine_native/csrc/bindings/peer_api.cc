@@ -103,7 +103,7 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   return PyLong_FromLongLong(handle);
 }
 
-// p2p_cuda_route(peer) -> "ipc", "staged" or "" (no channel to it)
+// p2p_cuda_route(peer) -> "nccl", "ipc", "staged" or "" (no channel to it)
 PyObject* pyP2pCudaRoute(PyObject*, PyObject* args) {
   int peer = 0;
   if (!PyArg_ParseTuple(args, "i", &peer)) return nullptr;
@@ -115,15 +115,16 @@ PyMethodDef g_peer_methods[] = {
      "p2p_send(peer, tag, dtype_code, shape, data, wait_now=False, device=-1, stream=0): queue "
      "a message to a rank; returns a handle (wait() returns None). data stays in use until "
      "then. wait_now: the caller waits for it at once. device >= 0: data is the address of a "
-     "CUDA tensor on it, produced on stream (a rank of this host only)."},
+     "CUDA tensor on it, produced on stream (p2p_cuda_route 'nccl' or 'ipc' only)."},
     {"p2p_recv", pyP2pRecv, METH_VARARGS,
      "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False): receive the next "
      "message with this tag from a rank; returns a handle (wait() returns (Buffer, shape, "
      "dtype code)). device: the CUDA device that reads a CUDA tensor; on_device: its result "
      "stays there."},
     {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
-     "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'ipc' (CUDA IPC, a rank "
-     "of this host), 'staged' (through host memory, by the binding), '' for no channel."},
+     "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'nccl' (ncclSend/ncclRecv: "
+     "another host, or HVD_GPU_PATH=nccl), 'ipc' (CUDA IPC, a rank of this host), 'staged' "
+     "(through host memory, by the binding), '' for no channel."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

@@ -46,10 +46,12 @@
 //      kernels cannot all be resident (NCCL's documentation on concurrent communicators).
 #include "runtime/device_nccl_peers.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <utility>
 
+#include "common/logging.h"
 #include "common/text.h"
 #include "runtime/device_nccl_setup.h"
 #include "runtime/device_output_pool.h"
@@ -90,6 +92,12 @@ DeviceNcclPeers::Link& DeviceNcclPeers::link(int peer, bool receiving) {
 // B (rank 0) and C (rank 1): the stream, then the non-blocking set-up.
 void DeviceNcclPeers::startSetup(Link& l) {
   nccl::DeviceRestorer restore;
+  static std::atomic<bool> warned{false};  // G
+  if (!warned.exchange(true)) {
+    HVD_LOG(kWarning, "transport") << "CUDA point-to-point with rank " << l.peer << " goes by "
+                                   << "NCCL (device " << l.device << "): this path has run "
+                                   << "only against test fakes, never on a real GPU";
+  }
   l.started = true;
   ++setting_up_;
   auto stream = std::make_unique<nccl::DeviceStream>();
@@ -304,12 +312,17 @@ void DeviceNcclPeers::abandon() {
   for (auto& [key, l] : links_) {
     if (l.stream && l.stream->select().isOk()) drained = l.stream->drain(deadline) && drained;
   }
-  if (!drained) {  // F: a stuck transfer may still write its output: never reuse it
+  if (!drained) {  // F: a stuck transfer may still write its output or use its stream
     static std::mutex mutex;
     static auto* kept = new std::vector<std::shared_ptr<OutputBuffer>>();  // until exit
+    static auto* streams = new std::vector<std::unique_ptr<nccl::DeviceStream>>();
     std::lock_guard<std::mutex> lock(mutex);
     for (Transfer& t : transfers_) {
       if (t.output) kept->push_back(std::move(t.output));
+    }
+    for (auto& [key, l] : links_) {
+      l.comm.reset();  // aborted: nothing left to destroy
+      if (l.stream) streams->push_back(std::move(l.stream));  // never freed under its work
     }
   }
   transfers_.clear();

@@ -1,11 +1,12 @@
 // Device point-to-point (runtime/device_peer_ops.h).
 //
 // Note [Device point-to-point]
-//   A. Route. A CUDA tensor sent to a rank of this host (a shared-memory channel) travels by
-//      CUDA IPC; to another host it is staged through host memory by the framework binding
-//      (engine_native/torch/p2p_ops.py), as HVD_GPU_PATH=staged asks everywhere. There is no
-//      NCCL path for point-to-point: between hosts the bytes cross the network through the
-//      CPU either way.
+//   A. Route (PeerOps::cudaRoute). With the CUDA runtime and NCCL 2.14+ loaded, a CUDA tensor
+//      to a rank of another host, or to any rank under HVD_GPU_PATH=nccl, goes by NCCL
+//      ncclSend/ncclRecv (Note [NCCL point-to-point] in device_nccl_peers.cc). Otherwise one
+//      sent to a rank of this host (a shared-memory channel) travels by CUDA IPC, as this Note
+//      says; one to another host is staged through host memory by the framework binding
+//      (engine_native/torch/p2p_ops.py), as HVD_GPU_PATH=staged asks everywhere.
 //   B. Sender. At submission (the framework thread) an event is recorded on the producer's
 //      stream (Horovod's stream contract). The loop then queues, on the core's point-to-point
 //      stream of that device: wait for that event, copy the tensor into a StagingRing of
