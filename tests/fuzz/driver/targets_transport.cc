@@ -383,10 +383,12 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
-      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(5) : 0);
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(7) : 0);
       if (frame.kind == transport::PeerFrameKind::kDeviceRead ||
-          frame.kind == transport::PeerFrameKind::kDeviceRefused) {  // a receipt
-        frame.bytes = transport::kDeviceReadBytes;
+          frame.kind == transport::PeerFrameKind::kDeviceRefused ||
+          frame.kind == transport::PeerFrameKind::kNcclId) {  // a receipt, an NCCL unique id
+        frame.bytes = frame.kind == transport::PeerFrameKind::kNcclId ? transport::kNcclIdBytes
+                                                                      : transport::kDeviceReadBytes;
         s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
         continue;
       }
@@ -403,6 +405,7 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
       if (frame.kind == transport::PeerFrameKind::kDevice) {
         frame.bytes = transport::kDeviceMessageBytes;  // the tensor stays on the device
       }
+      if (frame.kind == transport::PeerFrameKind::kDeviceNccl) frame.bytes = 0;  // by NCCL
       s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
     }
     seeds.push_back(s);
