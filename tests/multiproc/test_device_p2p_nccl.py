@@ -8,7 +8,8 @@ count); every dtype and size both ways at once, results on the device and in hos
 tags taken out of order with several messages in flight before any receive; a receive posted
 before its message; the producer's stream order; metrics and timeline spans. Then, one launch
 each: abort(), a killed peer, and a set-up that never finishes fail both ranks within
-HVD_TIMEOUT naming the peer and tag, and so does a transfer that never finishes.
+HVD_TIMEOUT naming the peer and tag, and so does a transfer that never finishes; and ranks
+on two (fake) hosts take the route without HVD_GPU_PATH.
 """
 import os
 import time
@@ -199,3 +200,21 @@ def test_nccl_point_to_point_fails_in_time(fake_cuda, action):
     for r in (zero, one):
         assert cause in r.value["error"], r.value
         assert action == "abort" or "tag 7" in r.value["error"], r.value
+
+
+def cross_host_suite():
+    """Without HVD_GPU_PATH, ranks on two (fake) hosts with NCCL loaded take the NCCL route."""
+    hvd = device_ops.init()
+    me, peer = hvd.rank(), 1 - hvd.rank()
+    x = np.arange(5000, dtype=np.float32) * (me + 1)
+    handle = send(x, peer, 3)
+    got, where = receive(peer, 3, on_device=False)
+    _core.wait(handle)
+    ok = np.array_equal(got, np.arange(5000, dtype=np.float32) * (peer + 1)) and where == -1
+    return _core.p2p_cuda_route(peer), ok
+
+
+def test_another_host_takes_the_nccl_route(fake_cuda):
+    kwargs = device_ops.rank_envs(fake_cuda, 2, False)
+    results = run_ranks(cross_host_suite, 2, hosts=["host-a", "host-b"], timeout=120, **kwargs)
+    assert [r.value for r in results] == [("nccl", True)] * 2

@@ -125,9 +125,11 @@ Status PeerOps::submitSend(PeerSend send, bool caller_waits, bool wake, int64_t*
       HVD_RETURN_IF_ERROR(refuseGraphCapture(send.stream, what("send", op.peer, op.tag)));
       HVD_RETURN_IF_ERROR(op.ready.record(op.device, producer));
     } else if (op.peer >= 0 && op.peer < mesh_.size() && op.peer != mesh_.rank()) {
-      return common::invalidArgument(what("send", op.peer, op.tag) + ": a CUDA tensor goes by "
-                                     "CUDA IPC to ranks of this host only (and not with "
-                                     "HVD_GPU_PATH=staged); stage it through host memory");
+      return common::invalidArgument(what("send", op.peer, op.tag) + ": the core moves a CUDA "
+                                     "tensor by NCCL (NCCL loaded, another host or "
+                                     "HVD_GPU_PATH=nccl) or by CUDA IPC to a rank of this host, "
+                                     "never with HVD_GPU_PATH=staged; stage it through host "
+                                     "memory");
     }
   }
   return submit(std::move(op), caller_waits, wake, handle);
