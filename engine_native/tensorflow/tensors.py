@@ -12,8 +12,8 @@ Out of the core: a result array becomes a tensor through DLPack
 pointer) and keeps the array alive -- but only when the buffer is 64-byte aligned: TF's kernels
 CHECK-fail (abort the process) on a tensor whose buffer is less aligned than Eigen wants, and
 from_dlpack does not check. The core's own result arrays are not (large ones sit 16 bytes past
-a page), so allreduce writes into :func:`aligned_outputs` buffers; any other result that is not
-aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function`` TF converts the arrays
+a page), so allreduce writes into ``engine_native.aligned_buffers`` buffers; any other
+result that is not aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function`` TF converts the arrays
 the numpy_function returns itself (they are the same aligned arrays).
 NumPy cannot export bfloat16 through DLPack, so a bfloat16 result travels as its uint16 bits
 and ``tf.bitcast`` gives the bfloat16 tensor back.
@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine_native._dtypes import numpy_code
+from engine_native.aligned_buffers import ALIGNMENT as _TF_ALIGNMENT
 
-_TF_ALIGNMENT = 64  # EIGEN_MAX_ALIGN_BYTES of an AVX-512 build: what tensorflow::Tensor checks
 # The TF dtypes the core reduces (engine_native/_dtypes.py); bfloat16 through ml_dtypes, which
 # TensorFlow itself depends on.
 SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
@@ -68,23 +68,9 @@ def to_numpy(tensor: tf.Tensor) -> np.ndarray:
         return np.asarray(tensor.numpy())
 
 
-def aligned_outputs(likes) -> list:
-    """Uninitialised arrays of the dtypes and shapes of ``likes``, each 64-byte aligned, carved
-    from one buffer (one allocation per call, not one per tensor; a result tensor keeps the
-    buffer alive, so a group's results free their memory together)."""
-    sizes = [-(-a.nbytes // _TF_ALIGNMENT) * _TF_ALIGNMENT for a in likes]
-    raw = np.empty(sum(sizes) + _TF_ALIGNMENT, np.uint8)
-    offset = -raw.ctypes.data % _TF_ALIGNMENT
-    outputs = []
-    for a, size in zip(likes, sizes):
-        outputs.append(raw[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape))
-        offset += size
-    return outputs
-
-
 def to_tensor(array: np.ndarray, aligned: bool = False) -> tf.Tensor:
     """A tensor over the core's result ``array`` (DLPack: no copy); ``aligned``: the caller
-    knows the buffer is (aligned_outputs), which spares the pointer query."""
+    knows the buffer is (aligned_buffers), which spares the pointer query."""
     if not aligned and (array.ctypes.data % _TF_ALIGNMENT or not array.flags.writeable):
         return tf.convert_to_tensor(array)  # a copy (DLPack 0.x cannot mark read-only)
     if not array.size:

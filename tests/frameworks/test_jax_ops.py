@@ -1,6 +1,7 @@
 """engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
 and inside jax.jit, process sets and async handles, fp16 compression of average_gradients,
-backward_passes_per_step eagerly, on 2 and 3 ranks.
+backward_passes_per_step eagerly, eager grouped results adopted by XLA without a copy, on 2
+and 3 ranks.
 
 One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
 check, collects what failed, and returns the list; the test shows every rank's list.
@@ -192,6 +193,24 @@ def _check_eager_accumulation(hvd, jnp, np, failures, n, me):
         failures.append(f"eager accumulation: allreduces per call {ran}, want [0, 1]")
 
 
+def _check_grouped_results_not_copied(hvd, jnp, np, failures, n):
+    """Eager grouped allreduce results are XLA's views of the 64-byte aligned buffer the core
+    wrote (engine_native.aligned_buffers), not copies: each starts where the previous one's
+    padded bytes end. A copy would put each in its own allocation."""
+    xs = [jnp.ones((300, 7), jnp.float32), jnp.ones(5, jnp.int32),
+          jnp.ones((2, 3), jnp.float64)]
+    got = hvd.grouped_allreduce(xs, op=hvd.Sum)
+    for k, (g, x) in enumerate(zip(got, xs)):
+        _expect(failures, f"not_copied.{k}", g, np.full(x.shape, n, x.dtype))
+    pointers = [g.unsafe_buffer_pointer() for g in got]
+    padded = [-(-x.nbytes // 64) * 64 for x in xs]
+    want = [pointers[0] + sum(padded[:k]) for k in range(len(xs))]
+    if pointers[0] % 64 or pointers != want:
+        failures.append(f"eager grouped_allreduce results copied: buffers at offsets "
+                        f"{[p - pointers[0] for p in pointers]}, want {[w - want[0] for w in want]}"
+                        f", first {pointers[0] % 64} bytes past 64-byte alignment")
+
+
 def rank_collectives():
     import jax
     jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
@@ -207,6 +226,7 @@ def rank_collectives():
     _check_runs_once_per_call(hvd, jax, jnp, failures)
     _check_fp16_compression(hvd, jax, jnp, np, failures, n, me)
     _check_eager_accumulation(hvd, jnp, np, failures, n, me)
+    _check_grouped_results_not_copied(hvd, jnp, np, failures, n)
     if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
         pair = hvd.add_process_set([0, 2])
         if me in pair.ranks:
