@@ -13,8 +13,8 @@ pointer) and keeps the array alive -- but only when the buffer is 64-byte aligne
 CHECK-fail (abort the process) on a tensor whose buffer is less aligned than Eigen wants, and
 from_dlpack does not check. The core's own result arrays are not (large ones sit 16 bytes past
 a page), so allreduce writes into ``engine_native.aligned_buffers`` buffers; any other
-result that is not aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function`` TF converts the arrays
-the numpy_function returns itself (they are the same aligned arrays).
+result that is not aligned is copied by ``tf.convert_to_tensor``. Inside ``tf.function`` TF
+converts the arrays the numpy_function returns itself (they are the same aligned arrays).
 NumPy cannot export bfloat16 through DLPack, so a bfloat16 result travels as its uint16 bits
 and ``tf.bitcast`` gives the bfloat16 tensor back.
 """
