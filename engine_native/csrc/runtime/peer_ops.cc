@@ -320,11 +320,11 @@ Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
     HVD_RETURN_IF_ERROR(transport::decodeDeviceMessage(message.payload.data, frame.bytes,
                                                        tensor_bytes, &arrived.device));
   }
+  arrived.message = std::move(message);  // before dropArrival, which reads its kind
   if (shutting_down_) {
     dropArrival(peer, arrived);
     return Status::ok();
   }
-  arrived.message = std::move(message);
   p.arrived.push_back(std::move(arrived));
   return Status::ok();
 }
