@@ -151,7 +151,10 @@ def rank_p2p(system, rank, size, port, nbytes, iters):
     return {"times": times, "path": system}
 
 
-def rank_step(system, rank, size, port, steps, batch):
+def cnn_step(system, rank, size, port, batch):
+    """The CNN's training step on this rank's GPU, as ``system`` runs it ("ours":
+    DistributedOptimizer; "ddp": DDP over gloo; "alone": no communication): (step, parameter
+    count, a function that ends the system's world), after 5 warm-up steps."""
     import torch
     torch.cuda.set_device(0)
     model = _cnn().cuda()
@@ -159,32 +162,32 @@ def rank_step(system, rank, size, port, steps, batch):
     gen = torch.Generator(device="cuda").manual_seed(rank)
     x = torch.randn(batch, 3, 32, 32, device="cuda", generator=gen)
     y = torch.randint(0, 10, (batch,), device="cuda", generator=gen)
-    loss_fn = torch.nn.functional.cross_entropy
-    params = sum(p.numel() for p in model.parameters())
-    hvd = dist = None
+    net, end = model, (lambda: None)
     if system == "ours":
         hvd = _init_ours(rank, size, port)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        net = model
+        end = hvd.shutdown
     elif system == "ddp":
         dist = _init_torch("gloo", rank, size, port)
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
-    else:
-        net = model
+        end = dist.destroy_process_group
 
     def step():
         opt.zero_grad()
-        loss_fn(net(x), y).backward()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
         opt.step()
 
     for _ in range(5):
         step()
+    return step, sum(p.numel() for p in model.parameters()), end
+
+
+def rank_step(system, rank, size, port, steps, batch):
+    import torch
+    step, params, end = cnn_step(system, rank, size, port, batch)
     times = _timed(step, steps, torch.cuda.synchronize)
-    if hvd:
-        hvd.shutdown()
-    if dist:
-        dist.destroy_process_group()
+    end()
     return {"times": times, "params": params}
 
 

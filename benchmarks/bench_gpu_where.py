@@ -6,7 +6,7 @@ cost, beside which the CUDA figures are read)."""
 import statistics
 
 from bench_gpu_mps import under_mps
-from bench_gpu_ranks import _cnn, _init_ours, _init_torch, _timed, run
+from bench_gpu_ranks import _init_ours, _init_torch, _timed, cnn_step, run
 
 
 def rank_cpu_latency(system, rank, size, port, iters):
@@ -56,25 +56,7 @@ def rank_profile(system, rank, size, port, steps, batch):
     op), and the step's top operators by device time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    torch.cuda.set_device(0)
-    model = _cnn().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    gen = torch.Generator(device="cuda").manual_seed(rank)
-    x = torch.randn(batch, 3, 32, 32, device="cuda", generator=gen)
-    y = torch.randint(0, 10, (batch,), device="cuda", generator=gen)
-    hvd = None
-    if system == "ours":
-        hvd = _init_ours(rank, size, port)
-        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-
-    def step():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    for _ in range(5):
-        step()
+    step, _, end = cnn_step(system, rank, size, port, batch)
     torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     with profile(activities=activities) as empty:
@@ -86,15 +68,17 @@ def rank_profile(system, rank, size, port, steps, batch):
         torch.cuda.synchronize()
     out = {"per_step": _api_counts(prof, steps, baseline), "profiler_own": baseline,
            "table": prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)}
-    if hvd:
+    if system == "ours":
+        import engine_native
+        import engine_native.torch as hvd
         t = torch.ones(1 << 18, device="cuda")
         hvd.allreduce(t, name="warm")
         with profile(activities=activities) as ops:
             for i in range(200):
                 hvd.allreduce(t, name=f"op.{i % 4}")
         out["per_op"] = _api_counts(ops, 200, baseline)
-        out["path"] = __import__("engine_native").metrics()["gpu_paths"][0]["path"]
-        hvd.shutdown()
+        out["path"] = engine_native.metrics()["gpu_paths"][0]["path"]
+    end()
     return out
 
 

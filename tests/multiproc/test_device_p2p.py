@@ -44,6 +44,25 @@ def receive(peer, tag, on_device=True, device=0):
     return np.frombuffer(buffer, dtype=dtype).reshape(shape).copy(), -1
 
 
+def check_stream_order(f, fails, me, peer, tag=200):
+    """Horovod's stream contract on any route: the producer's kernel is held and writes the
+    tensor after the send was submitted; the send stays pending until it ran, and what
+    arrives is what it wrote. Both ranks send, then receive."""
+    pattern = np.arange(4096, dtype=np.float32) * (me + 2)
+    x = np.zeros_like(pattern)
+    producer = f.stream()
+    token = f.cuda.fakeCudaLaunchBlocker(producer)
+    f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, pattern.ctypes.data, x.nbytes, 4, producer))
+    handle = send(x, peer, tag, stream=producer)
+    f.settled(producer)
+    fails.expect("held producer: send pending", not _core.poll(handle))
+    f.check(f.cuda.fakeCudaReleaseBlocker(token))
+    got, _ = receive(peer, tag)
+    _core.wait(handle)
+    fails.expect("stream order", np.array_equal(got, np.arange(4096, dtype=np.float32) *
+                                                 (peer + 2)), got[:4])
+
+
 def exchange_suite():
     hvd = device_ops.init()
     f = device_ops.fakes()
@@ -94,21 +113,8 @@ def exchange_suite():
                      (buffer.device, got[:3]))
     for handle in sends:
         _core.wait(handle)
-    # Stream order: the producer's kernel is held and writes the tensor after the send was
-    # submitted; the copy waits for it (Note [Device point-to-point] B).
-    pattern = np.arange(4096, dtype=np.float32) * (me + 2)
-    x = np.zeros_like(pattern)
-    producer = f.stream()
-    token = f.cuda.fakeCudaLaunchBlocker(producer)
-    f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, pattern.ctypes.data, x.nbytes, 4, producer))
-    handle = send(x, peer, 200, stream=producer)
-    f.settled(producer)
-    fails.expect("held producer: send pending", not _core.poll(handle))
-    f.check(f.cuda.fakeCudaReleaseBlocker(token))
-    got, _ = receive(peer, 200)
-    _core.wait(handle)
-    fails.expect("stream order", np.array_equal(got, np.arange(4096, dtype=np.float32) *
-                                                 (peer + 2)), got[:4])
+    # Stream order: the copy waits for the producer (Note [Device point-to-point] B).
+    check_stream_order(f, fails, me, peer)
     # Released rooms are reused: a steady exchange allocates nothing more (C).
     block = np.full(700 << 10, me, np.uint8)
     for _ in range(2):

@@ -21,7 +21,7 @@ from fakecuda.fixtures import fake_cuda as _fake_cuda
 from multiproc import checks, device_ops
 from multiproc.checks import ALL_DTYPES, Failures
 from multiproc.harness import run_ranks
-from multiproc.test_device_p2p import receive, send
+from multiproc.test_device_p2p import check_stream_order, receive, send
 from multiproc.test_timeline import _load, _spans, _tracks
 
 import engine_native as hvd_module
@@ -98,21 +98,8 @@ def exchange_suite(path):
                      buffer.device == (0 if k else -1), (buffer.device, got[:3]))
     for handle in sends:
         _core.wait(handle)
-    # Stream order: the producer's kernel is held and writes the tensor after the send was
-    # submitted; ncclSend waits for it (Note [NCCL point-to-point] B).
-    pattern = np.arange(4096, dtype=np.float32) * (me + 2)
-    x = np.zeros_like(pattern)
-    producer = f.stream()
-    token = f.cuda.fakeCudaLaunchBlocker(producer)
-    f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, pattern.ctypes.data, x.nbytes, 4, producer))
-    handle = send(x, peer, 200, stream=producer)
-    f.settled(producer)
-    fails.expect("held producer: send pending", not _core.poll(handle))
-    f.check(f.cuda.fakeCudaReleaseBlocker(token))
-    got, _ = receive(peer, 200)
-    _core.wait(handle)
-    fails.expect("stream order", np.array_equal(got, np.arange(4096, dtype=np.float32) *
-                                                 (peer + 2)), got[:4])
+    # Stream order: ncclSend waits for the producer (Note [NCCL point-to-point] B).
+    check_stream_order(f, fails, me, peer)
     # Timeline: SEND and RECV spans as on the other routes.
     if me == 0:
         hvd.start_timeline(path)

@@ -63,15 +63,6 @@ namespace hvd::runtime {
 using common::Status;
 namespace nccl = transport::nccl;
 
-namespace {
-
-void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_output_pool.cc
-  DeviceOutputPool::instance().give(buffer.device, buffer.data, buffer.capacity,
-                                    buffer.release_stream);
-}
-
-}  // namespace
-
 DeviceNcclPeers::DeviceNcclPeers(transport::Mesh& mesh, int wake_fd, double timeout_seconds)
     : mesh_(mesh), wake_(wake_fd), timeout_seconds_(timeout_seconds) {}
 
@@ -203,8 +194,7 @@ Status DeviceNcclPeers::issue(Link& l, Pending p) {
     void* block = nullptr;
     size_t capacity = 0;
     HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(p.bytes, *l.stream, &block, &capacity));
-    t.output = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(block), p.bytes, l.device,
-                                              capacity, &giveBackOutput);
+    t.output = pooledDeviceOutput(block, p.bytes, l.device, capacity);
     HVD_RETURN_IF_ERROR(l.comm->recv(block, p.bytes, 0));
   } else {
     if (p.ready.get() != nullptr) HVD_RETURN_IF_ERROR(l.stream->waitFor(p.ready.get()));

@@ -8,15 +8,6 @@ namespace hvd::runtime {
 
 using common::Status;
 
-namespace {
-
-void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_output_pool.cc
-  DeviceOutputPool::instance().give(buffer.device, buffer.data, buffer.capacity,
-                                    buffer.release_stream);
-}
-
-}  // namespace
-
 Status DeviceOps::inputsReady(OpContext&, DeviceStream&, bool* ready) {
   *ready = true;
   return Status::ok();
@@ -41,8 +32,7 @@ Status deviceOutput(transport::nccl::DeviceStream& stream, size_t bytes, OpResul
   if (bytes > 0) {
     HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, stream, &data, &capacity));
   }
-  result->buffer = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(data), bytes,
-                                                  stream.device(), capacity, &giveBackOutput);
+  result->buffer = pooledDeviceOutput(data, bytes, stream.device(), capacity);
   return Status::ok();
 }
 

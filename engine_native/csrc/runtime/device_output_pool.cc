@@ -155,4 +155,13 @@ void DeviceOutputPool::give(int device, void* memory, size_t capacity, uintptr_t
   if (switched) cuda->setDevice(previous);
 }
 
+std::shared_ptr<OutputBuffer> pooledDeviceOutput(void* block, size_t bytes, int device,
+                                                 size_t capacity) {
+  return std::make_shared<OutputBuffer>(
+      static_cast<uint8_t*>(block), bytes, device, capacity, [](OutputBuffer& buffer) {
+        DeviceOutputPool::instance().give(buffer.device, buffer.data, buffer.capacity,
+                                          buffer.release_stream);
+      });
+}
+
 }  // namespace hvd::runtime

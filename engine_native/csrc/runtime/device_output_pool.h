@@ -9,8 +9,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "common/status.h"
+#include "runtime/handle_table.h"
 #include "transport/nccl/api.h"
 #include "transport/nccl/device_stream.h"
 
@@ -30,5 +32,10 @@ class DeviceOutputPool {
   // `device`, 0 for the legacy stream) is the stream its last use was queued on.
   void give(int device, void* block, size_t capacity, uintptr_t consumer);
 };
+
+// A block from take() as the output of an op or a message (`bytes` of it, on `device`): given
+// back to the pool when the last tensor over it is gone (Note [Output reuse]).
+std::shared_ptr<OutputBuffer> pooledDeviceOutput(void* block, size_t bytes, int device,
+                                                 size_t capacity);
 
 }  // namespace hvd::runtime

@@ -73,11 +73,6 @@ namespace nccl = transport::nccl;
 
 namespace {
 
-void giveBackOutput(OutputBuffer& buffer) {  // Note [Output reuse] in device_output_pool.cc
-  DeviceOutputPool::instance().give(buffer.device, buffer.data, buffer.capacity,
-                                    buffer.release_stream);
-}
-
 std::string seconds(double s) {
   common::Text os;
   os << s;
@@ -184,8 +179,7 @@ Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, ui
   void* block = nullptr;
   size_t capacity = 0;
   HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, *d->stream, &block, &capacity));
-  copy.output = std::make_shared<OutputBuffer>(static_cast<uint8_t*>(block), bytes,
-                                               device_ordinal, capacity, &giveBackOutput);
+  copy.output = pooledDeviceOutput(block, bytes, device_ordinal, capacity);
   HVD_RETURN_IF_ERROR(d->stream->copy(block, source, bytes));
   return queueDone(std::move(copy));
 }
