@@ -3,7 +3,9 @@ HVD_GPU_PATH=nccl, NCCL 2.30+ (NCCL_MULTI_RANK_GPU_ENABLE=1, which init() sets),
 under a private MPS daemon as NCCL advises for ranks sharing a GPU. The multi-GPU NCCL code
 path — every collective and dtype, fusion beyond the buffer, stream order behind a running
 producer, SyncBatchNorm, DistributedOptimizer against one process, abort in flight then
-init() again — on a one-GPU machine. Marker ``gpu``; skipped when the NCCL the core loads is
+init() again — on a one-GPU machine; and point-to-point of CUDA tensors over NCCL
+(Note [NCCL point-to-point]: HVD_GPU_PATH=nccl routes it there; written after the H200 run of
+2026-12-04, not yet run on a GPU). Marker ``gpu``; skipped when the NCCL the core loads is
 older than 2.30 (benchmarks/gpu_check.sh brings 2.32.3 along and points HVD_NCCL_LIBRARY at
 it) or MPS is missing.
 """
@@ -16,7 +18,7 @@ from gpu.test_gpu_collectives import rank_beyond_fusion_buffer, rank_collectives
 from gpu.test_gpu_collectives import rank_sync_batch_norm
 from gpu.test_gpu_faults import rank_abort_in_flight
 from gpu.test_mps_gpu import daemon  # noqa: F401 (the fixture)
-from gpu.test_nccl_gpu import rank_allreduce, rank_optimizer, rank_stream_order
+from gpu.test_nccl_gpu import _init, rank_allreduce, rank_optimizer, rank_stream_order
 
 pytestmark = pytest.mark.gpu
 
@@ -70,3 +72,30 @@ def test_abort_in_flight_then_init_again_on_nccl(env):
         assert r.value["error"] and "abort" in r.value["error"], r.value
         assert r.value["seconds"] < 20 and r.value["again"], r.value
     assert results[-1].value["in_flight"], "the op finished before abort: spin longer"
+
+
+def rank_p2p_over_nccl():
+    from engine_native import _core
+    torch, hvd = _init()
+    r = hvd.rank()
+    peer = 1 - r
+    wrong = []
+    for tag, (dtype, shape) in enumerate([(torch.float32, (0,)), (torch.float16, (7, 3)),
+                                          (torch.int64, (3, 512, 512))]):
+        base = (torch.arange(torch.Size(shape).numel()) % 97).reshape(shape).to(dtype)
+        x = (base + r).cuda()
+        if r == 0:
+            hvd.send(x, peer, tag=tag)
+            got = hvd.recv(peer, tag=tag, device="cuda")
+        else:
+            got = hvd.recv(peer, tag=tag, device="cuda")
+            hvd.send(x, peer, tag=tag)
+        if not (got.is_cuda and got.dtype == dtype and torch.equal(got.cpu(), base + peer)):
+            wrong.append((str(dtype), shape))
+    return wrong, _core.p2p_cuda_route(peer)
+
+
+def test_point_to_point_over_nccl_with_two_ranks_on_one_gpu(env):
+    for res in run_ranks(rank_p2p_over_nccl, 2, env=env, timeout=300):
+        wrong, route = res.value
+        assert wrong == [] and route == "nccl", (res.rank, res.value)
