@@ -75,3 +75,13 @@ def test_ranks_demanding_different_paths_are_told_so(fake_cuda):
     for value in _run(fake_cuda, 2, NCCL_2_32, {1: {"HVD_GPU_PATH": "ipc"}}):
         assert "the ranks disagree: HVD_GPU_PATH=nccl on rank 0, HVD_GPU_PATH=ipc on rank 1" \
             in value["error"], value
+
+
+def test_a_mixed_set_that_asks_for_nccl_takes_one_communicator(fake_cuda):
+    """Two fake GPUs with two ranks on each, every rank asking: one NCCL communicator over the
+    four (F), not the mixed path's IPC within each GPU (E)."""
+    kwargs = device_ops.rank_envs(fake_cuda, 4, True, NCCL_2_32)
+    for r in range(4):
+        kwargs["rank_env"][r]["FAKE_CUDA_BUS_IDS"] = f"0000:0{1 + r // 2}:00.0"
+    for res in run_ranks(allreduce_and_path, 4, timeout=90, **kwargs):
+        assert res.value == {"path": "nccl", "out": [10.0] * 5, "multi_rank": "1"}, res.value
