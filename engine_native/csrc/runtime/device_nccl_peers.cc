@@ -304,12 +304,9 @@ void DeviceNcclPeers::abandon() {
   }
   if (!drained) {  // F: a stuck transfer may still write its output or use its stream
     static std::mutex mutex;
-    static auto* kept = new std::vector<std::shared_ptr<OutputBuffer>>();  // until exit
-    static auto* streams = new std::vector<std::unique_ptr<nccl::DeviceStream>>();
+    static auto* streams = new std::vector<std::unique_ptr<nccl::DeviceStream>>();  // until exit
+    for (Transfer& t : transfers_) keepUntilExit(std::move(t.output));
     std::lock_guard<std::mutex> lock(mutex);
-    for (Transfer& t : transfers_) {
-      if (t.output) kept->push_back(std::move(t.output));
-    }
     for (auto& [key, l] : links_) {
       l.comm.reset();  // aborted: nothing left to destroy
       if (l.stream) streams->push_back(std::move(l.stream));  // never freed under its work

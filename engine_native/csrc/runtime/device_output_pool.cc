@@ -164,4 +164,12 @@ std::shared_ptr<OutputBuffer> pooledDeviceOutput(void* block, size_t bytes, int 
       });
 }
 
+void keepUntilExit(std::shared_ptr<OutputBuffer> output) {
+  if (!output) return;
+  static std::mutex mutex;
+  static auto* kept = new std::vector<std::shared_ptr<OutputBuffer>>();  // never destroyed
+  std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(output));
+}
+
 }  // namespace hvd::runtime

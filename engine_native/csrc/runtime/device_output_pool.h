@@ -38,4 +38,8 @@ class DeviceOutputPool {
 std::shared_ptr<OutputBuffer> pooledDeviceOutput(void* block, size_t bytes, int device,
                                                  size_t capacity);
 
+// An output that a stream which did not drain may still write: never given back nor reused,
+// held until exit (Note [Device point-to-point] F, Note [NCCL point-to-point] F).
+void keepUntilExit(std::shared_ptr<OutputBuffer> output);
+
 }  // namespace hvd::runtime

@@ -57,7 +57,6 @@
 //      CUDA tensors to it itself. Both ranks log it once.
 #include "runtime/device_peer_ops.h"
 
-#include <mutex>
 #include <utility>
 
 #include "common/logging.h"
@@ -289,12 +288,7 @@ bool DevicePeerOps::drain() {
 
 void DevicePeerOps::abandon() {
   if (!drain()) {  // F: a stuck copy may still write its output: never reuse it
-    static std::mutex mutex;
-    static auto* kept = new std::vector<std::shared_ptr<OutputBuffer>>();  // until exit
-    std::lock_guard<std::mutex> lock(mutex);
-    for (Copy& copy : copies_) {
-      if (copy.output) kept->push_back(std::move(copy.output));
-    }
+    for (Copy& copy : copies_) keepUntilExit(std::move(copy.output));
   }
   copies_.clear();
 }
