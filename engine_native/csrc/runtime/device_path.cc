@@ -54,10 +54,13 @@ using common::Status;
 //      (Note [IPC slot size] in device_ipc_steps.cc).
 namespace {
 
+// HVD_GPU_PATH as a member record carries it.
+enum Wanted : int32_t { kWantsAuto = 0, kWantsNccl = 1, kWantsStaged = 2, kWantsIpc = 3 };
+
 struct MemberRecord {
   char bus_id[64];
   int32_t nccl_loaded;
-  int32_t wanted;             // 0 auto, 1 nccl, 2 staged, 3 ipc
+  int32_t wanted;             // a Wanted
   int32_t nccl_version;       // ncclGetVersion's code, 0 without NCCL (F)
   int32_t multi_rank_per_gpu;  // NCCL_MULTI_RANK_GPU_ENABLE=1 here (F)
 };
@@ -107,7 +110,7 @@ std::string sharedGpu(transport::Comm& comm, const std::vector<MemberRecord>& re
                ": start one rank per GPU for NCCL, or point HVD_NCCL_LIBRARY at NCCL 2.30 or "
                "newer, which takes two ranks per GPU";
       }
-      if (records[r].wanted != 1) {
+      if (records[r].wanted != kWantsNccl) {
         return who + ", and rank " + std::to_string(comm.globalRank(r)) + " does not set "
                "HVD_GPU_PATH=nccl: NCCL takes ranks sharing a GPU only when each of them asks";
       }
@@ -180,13 +183,13 @@ std::string ipcReason(transport::Comm& comm, const std::vector<IpcRecord>& ipc) 
 // B: the reason to stage, or "" for NCCL; the same on every member.
 std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>& records) {
   for (int r = 0; r < comm.size(); ++r) {
-    if (records[r].wanted == 2) {
+    if (records[r].wanted == kWantsStaged) {
       return "HVD_GPU_PATH=staged on rank " + std::to_string(comm.globalRank(r));
     }
   }
   for (int a = 0; a < comm.size(); ++a) {
     for (int b = 0; b < comm.size(); ++b) {
-      if (records[a].wanted == 1 && records[b].wanted == 3) {
+      if (records[a].wanted == kWantsNccl && records[b].wanted == kWantsIpc) {
         return "the ranks disagree: HVD_GPU_PATH=nccl on rank " +
                std::to_string(comm.globalRank(a)) + ", HVD_GPU_PATH=ipc on rank " +
                std::to_string(comm.globalRank(b));
@@ -194,7 +197,7 @@ std::string stagingReason(transport::Comm& comm, const std::vector<MemberRecord>
     }
   }
   for (int r = 0; r < comm.size(); ++r) {
-    if (records[r].wanted == 3 && !oneGpu(comm, records) &&
+    if (records[r].wanted == kWantsIpc && !oneGpu(comm, records) &&
         !isMixed(gpuGroups(comm, records))) {
       return "HVD_GPU_PATH=ipc on rank " + std::to_string(comm.globalRank(r)) + ", but CUDA "
              "IPC serves only sets whose ranks share one GPU on one host (or, mixed, several "
@@ -359,16 +362,17 @@ Status choosePath(transport::Comm& comm, nccl::DeviceStream& stream, const PathW
     mine.nccl_version = 0;
   }
   mine.multi_rank_per_gpu = wish.nccl_multi_rank_gpu ? 1 : 0;
-  mine.wanted = wanted == "nccl" ? 1 : wanted == "staged" ? 2 : wanted == "ipc" ? 3 : 0;
+  mine.wanted = wanted == "nccl" ? kWantsNccl : wanted == "staged" ? kWantsStaged
+                 : wanted == "ipc" ? kWantsIpc : kWantsAuto;
   std::vector<MemberRecord> records;
   HVD_RETURN_IF_ERROR(allgatherRecords(comm, mine, &records));  // A
   out->why = stagingReason(comm, records);                       // B
-  bool nccl_demanded = false, ipc_demanded = false;
+  bool nccl_demanded = false, ipc_demanded = false, staged_demanded = false;
   for (const MemberRecord& r : records) {
-    nccl_demanded = nccl_demanded || r.wanted == 1;
-    ipc_demanded = ipc_demanded || r.wanted == 3;
+    nccl_demanded = nccl_demanded || r.wanted == kWantsNccl;
+    ipc_demanded = ipc_demanded || r.wanted == kWantsIpc;
+    staged_demanded = staged_demanded || r.wanted == kWantsStaged;  // (B gives it first)
   }
-  const bool staged_demanded = out->why.rfind("HVD_GPU_PATH=staged", 0) == 0;
   if (staged_demanded) {
   } else if (nccl_demanded) {
     if (out->why.empty()) HVD_RETURN_IF_ERROR(createCommunicator(comm, stream, out));  // C, F
