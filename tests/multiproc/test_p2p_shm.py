@@ -156,8 +156,9 @@ LATE_RECVS = 8
 
 
 def late_neighbour_suite():
-    """A pipeline stage's receive waits for its neighbour's compute: its spin runs out, which
-    must not turn off the spins of the collectives after it (Note [Caller drives] H)."""
+    """A pipeline stage's receive waits for its neighbour's compute: its spin runs out. Such
+    misses back off point-to-point waits' own spins, never the collectives' (Note [Caller
+    drives] H)."""
     hvd = checks.init("shm")
     me, other = hvd.rank(), 1 - hvd.rank()
     hvd.barrier()
@@ -170,8 +171,9 @@ def late_neighbour_suite():
             hvd.send(np.ones(1, np.float32), other, tag=k)
     skipped1 = hvd.metrics()["caller_spin_skipped"]
     # Two collectives: a spin is skipped only after 3 misses in a row (Note [Spin backoff]), so
-    # these two skip nothing unless misses were counted before them, however loaded the host
-    # (two of their own could run out; 20 allreduces here on a loaded host backed off alone).
+    # these two skip nothing unless the receives' misses were counted against them, however
+    # loaded the host (two of their own could run out; 20 allreduces here on a loaded host
+    # backed off alone).
     hvd.barrier()
     hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="after")
     skipped2 = hvd.metrics()["caller_spin_skipped"]
@@ -179,10 +181,11 @@ def late_neighbour_suite():
     return skipped1 - skipped0, skipped2 - skipped1
 
 
-def test_a_late_neighbour_does_not_turn_off_the_collectives_spin():
-    # Measured: rank 0 skipped 0 spins in either phase. Counting those receives as misses
-    # backed the spin off: 6-7 of the 8 late receives and the collectives after them skipped
-    # their spin.
+def test_late_receives_back_off_their_own_spin_not_the_collectives():
+    # Measured: rank 0 skipped 4 of the 8 late receives' spins (3 misses, then a probe), 0 in
+    # the collectives. With the receives' misses in the collectives' record (one record): 5
+    # then 2; with no backoff for point-to-point (before): 0 then 0, every late receive
+    # spinning its whole budget while the neighbour computed.
     res = run_ranks(late_neighbour_suite, 2, timeout=60, env={"HVD_CALLER_SPIN_US": "2000"})
     late, after = res[0].value
-    assert (late, after) == (0, 0), (late, after)
+    assert late >= 1 and after == 0, (late, after)

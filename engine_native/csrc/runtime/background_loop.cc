@@ -98,6 +98,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   // [Yielding spins] in transport/mesh.cc).
   drive_.configure(drivable,
                    std::chrono::microseconds(drivable ? config_.caller_spin_microseconds : 0));
+  peer_drive_.configure(drivable, drive_.configuredSpin());
   metrics_.setSpinYields(mesh_.spinYields());
   metrics_.setCallerSpin(drive_.configuredSpin().count());
 }
@@ -397,9 +398,13 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      alone (cProfile of bench_pipeline.py). And, unlike E, a wait on either drives it: the
 //      loop thread was not woken for them, and a receive's wait is where a pipeline stage
 //      waits for its neighbour's hand-off (read by the waiting caller, not handed over by the
-//      loop thread: two context switches fewer on the critical path). Such a wait that runs
-//      out of spin (its neighbour is still computing) does not count as a miss of Note [Spin
-//      backoff]: in a pipeline most do, and they would turn off the collectives' spins.
+//      loop thread: two context switches fewer on the critical path). Point-to-point waits
+//      keep their own Note [Spin backoff] record (peer_drive_): a pipeline stage's receive
+//      mostly waits for its neighbour's compute, and those misses must turn off neither the
+//      collectives' spins nor be hidden from their own. A receive spinning out its budget
+//      holds a core the computing neighbour may need (np=2 on this 2-core VM: 1F1B step 38-57
+//      ms with the spin, 20-25 ms without, load 7); where its messages come within the spin
+//      (a ping-pong, a stage that waits little) its spins pay and it keeps them.
 
 Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle) {
   const bool drivable = drive_.drivable();  // H
@@ -442,7 +447,9 @@ bool BackgroundLoop::drive(int64_t handle) {
     if (mesh_.rank() == 0) queue_.wakeIfAsleep();
     return false;
   }
-  const auto spin = drive_.nextSpin();  // Note [Spin backoff] in drive_policy.h
+  const bool point_to_point = handles_.pointToPoint(handle);
+  DrivePolicy& policy = point_to_point ? peer_drive_ : drive_;  // H
+  const auto spin = policy.nextSpin();  // Note [Spin backoff] in drive_policy.h
   if (spin.count() == 0) metrics_.countSpinSkipped();
   auto give_up = Clock::now() + spin;
   std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
@@ -459,7 +466,6 @@ bool BackgroundLoop::drive(int64_t handle) {
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
   queue_.setStandby(quiet_loop);  // B
   executor_.setAwaitedHandle(handle);  // Note [Caller waits on the device] A
-  const bool point_to_point = handles_.pointToPoint(handle);
   bool done = false;
   bool queued = false;  // its CUDA op is on the device, the caller's to poll
   int passes = 0;
@@ -492,10 +498,9 @@ bool BackgroundLoop::drive(int64_t handle) {
   metrics_.countCallerPasses(passes);
   if (done || queued) metrics_.countDriven();
   if (queued || (passes > 1 && done)) {  // Note [Spin backoff]
-    drive_.spinPaid();
-  } else if (passes > 1 && !point_to_point && !failed_ && !finished_ &&
-             !queue_.shutdownRequested()) {
-    drive_.spinMissed();  // (H: a receive's wait for a late neighbour is no reason to back off)
+    policy.spinPaid();
+  } else if (passes > 1 && !failed_ && !finished_ && !queue_.shutdownRequested()) {
+    policy.spinMissed();
   }
   executor_.setAwaitedHandle(-1);
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C

@@ -175,6 +175,7 @@ class BackgroundLoop {
   // Note [Caller drives]: held for every pass, by the loop thread or a driving caller.
   std::timed_mutex progress_;
   DrivePolicy drive_;  // configured before start(); then read by framework threads
+  DrivePolicy peer_drive_;  // point-to-point waits' own spin record (Note [Caller drives] H)
   std::atomic<bool> timeline_detail_{false};  // written by any thread, read by passes
 
   // Guarded by progress_ (the background thread: the loop thread or a driving caller).

@@ -3,6 +3,8 @@
 // shm) and how long it may spin doing so (HVD_CALLER_SPIN_US, backed off while spins keep
 // running out: Note [Spin backoff] below). configure()d once by BackgroundLoop's constructor,
 // before any framework thread can drive; the backoff counters are atomics any thread updates.
+// BackgroundLoop keeps two records: the collectives' and point-to-point waits' (Note [Caller
+// drives] H), so that either's waits back off on their own misses alone.
 //
 // Note [Spin backoff]
 // A spin pays only while the peers run: on a host with more runnable threads than cores, two
@@ -11,11 +13,13 @@
 // ~255 us in about half the launches, ~15 us in the others; with no spin 55-100 us in every
 // launch). So after kMissesToBackOff drives in a row that spun (ran more than one pass) until
 // the budget ran out with the op unfinished, a caller does not spin (one pass, then it blocks
-// and the loop thread takes over), except every kProbeEvery-th drive, which spins to see
-// whether spinning pays again; a drive that spun and finished its op resets the count. A
-// single pass proves nothing either way (the peers' requests were already there, or the
-// caller slept on the mutex for its budget) and leaves the count alone. A peer that is merely
-// late (uneven work before the op) backs off too, and there the spin was wasted as well.
+// and the loop thread takes over), except every kProbeEvery-th drive while backed off, which
+// spins to see whether spinning pays again; a drive that spun and finished its op resets the
+// count. A single pass proves nothing either way (the peers' requests were already there, or
+// the caller slept on the mutex for its budget) and leaves the count alone — and leaves a
+// probe due, so the next drive probes instead: where drives alternate between two kinds (a
+// ping-pong's send, done in its first pass, and its receive) a probe number must not always
+// fall on the kind that proves nothing (measured: a backed-off ping-pong never recovered).
 #pragma once
 
 #include <atomic>
@@ -34,10 +38,15 @@ class DrivePolicy {
   std::chrono::microseconds configuredSpin() const { return spin_; }
   // The spin budget of the next drive: zero while backed off, except on a probe.
   std::chrono::microseconds nextSpin() {
-    const uint32_t drive_number = drives_.fetch_add(1, std::memory_order_relaxed);
-    const bool backed_off = misses_.load(std::memory_order_relaxed) >= kMissesToBackOff &&
-                            drive_number % kProbeEvery != 0;
-    return backed_off ? std::chrono::microseconds(0) : spin_;
+    if (misses_.load(std::memory_order_relaxed) < kMissesToBackOff ||
+        probe_due_.load(std::memory_order_relaxed)) {
+      return spin_;
+    }
+    if (backed_off_drives_.fetch_add(1, std::memory_order_relaxed) % kProbeEvery != 0) {
+      return std::chrono::microseconds(0);
+    }
+    probe_due_.store(true, std::memory_order_relaxed);
+    return spin_;
   }
   // The budget of a wait that follows a drive (Note [Caller waits on the device] B): the
   // configured spin, zero while backed off; counts no drive.
@@ -46,8 +55,14 @@ class DrivePolicy {
                ? std::chrono::microseconds(0) : spin_;
   }
   // A drive that spun (more than one pass): it finished its op, or its budget ran out.
-  void spinPaid() { misses_.store(0, std::memory_order_relaxed); }
-  void spinMissed() { misses_.fetch_add(1, std::memory_order_relaxed); }
+  void spinPaid() {
+    misses_.store(0, std::memory_order_relaxed);
+    probe_due_.store(false, std::memory_order_relaxed);
+  }
+  void spinMissed() {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    probe_due_.store(false, std::memory_order_relaxed);
+  }
 
  private:
   static constexpr int kMissesToBackOff = 3;
@@ -56,7 +71,8 @@ class DrivePolicy {
   bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
   std::chrono::microseconds spin_{0};  // HVD_CALLER_SPIN_US where drivable_, else 0
   std::atomic<int> misses_{0};         // drives in a row whose spin ran out
-  std::atomic<uint32_t> drives_{0};
+  std::atomic<uint32_t> backed_off_drives_{0};
+  std::atomic<bool> probe_due_{false};  // a probe that proved nothing: the next drive probes
 };
 
 }  // namespace hvd::runtime
