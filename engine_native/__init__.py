@@ -19,7 +19,8 @@ from .basics import (ProcessSet, abort, add_process_set, autotune_state, config_
 from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, alltoall,
                         alltoall_async, barrier, broadcast, broadcast_, broadcast_async,
                         broadcast_async_, grouped_allgather, grouped_allgather_async,
-                        grouped_allreduce, grouped_allreduce_async, join, poll, reducescatter,
+                        grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
+                        grouped_reducescatter_async, join, poll, reducescatter,
                         reducescatter_async, synchronize)
 from .p2p import P2PRequest, irecv, isend, recv, send
 from .progress import report
@@ -33,7 +34,8 @@ __all__ = [
     "allreduce_async", "grouped_allreduce", "grouped_allreduce_async", "allgather",
     "allgather_async", "grouped_allgather", "grouped_allgather_async", "broadcast",
     "broadcast_async", "broadcast_", "broadcast_async_", "alltoall", "alltoall_async",
-    "reducescatter", "reducescatter_async", "barrier", "join", "poll", "synchronize",
+    "reducescatter", "reducescatter_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize",
     "start_timeline", "stop_timeline", "timeline_events", "autotune_state", "set_autotune",
     "report", "send", "recv", "isend", "irecv", "P2PRequest",
 ]

@@ -9,11 +9,10 @@ gradient per step, so they are the core's own C functions (bindings/numpy_api.cc
 at import; the checked Python path below takes every case they do not handle and raises the
 errors.
 """
-
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -211,29 +210,38 @@ def allgather(array, name: Optional[str] = None,
     return synchronize(allgather_async(array, name, process_set, _waited=True))
 
 
+def _grouped_gather_like_async(kind: int, op_name: str, arrays: Sequence, name: Optional[str],
+                               process_set: ProcessSet, waited: bool, reduce_op: int = Sum,
+                               prescale: float = 1.0, postscale: float = 1.0) -> list:
+    """Allgathers or reducescatters (``kind``) of several arrays as one core group (negotiated
+    together); one handle per array, whose result is a new array the core allocated."""
+    arrays = list(arrays)
+    if not arrays:
+        raise ValueError(f"{op_name}: expected a non-empty list of arrays")
+    base = _full_name(op_name, name, process_set)
+    set_id = _set_id(process_set, op_name)
+    ops, kept = [], []
+    for i, array in enumerate(arrays):
+        full = f"{base}_{i}of{len(arrays)}"
+        array = _check_array(array, op_name, full)
+        kept.append(array)
+        ops.append((kind, full, _code(array, op_name, full), array.shape, array, None,
+                    reduce_op, float(prescale), float(postscale), 0, set_id))
+    handles = _core.enqueue_group(ops, waited)
+    for handle, array in zip(handles, kept):
+        _core.keep(handle, (array, None), None,
+                   lambda result, dtype=array.dtype: _frombuffer(result, dtype))
+    return handles
+
+
 def grouped_allgather_async(arrays: Sequence, name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set, *,
                             _waited: bool = False) -> list:
     """Submit several allgathers together: they negotiate as one group and, host arrays of one
     dtype within HVD_FUSION_THRESHOLD, run as one fused allgather in the core (Note [Fused
     allgather]). Returns one handle per array."""
-    arrays = list(arrays)
-    if not arrays:
-        raise ValueError("grouped_allgather: expected a non-empty list of arrays")
-    base = _full_name("grouped_allgather", name, process_set)
-    set_id = _set_id(process_set, "grouped_allgather")
-    ops, kept = [], []
-    for i, array in enumerate(arrays):
-        full = f"{base}_{i}of{len(arrays)}"
-        array = _check_array(array, "grouped_allgather", full)
-        kept.append(array)
-        ops.append((_core.ALLGATHER, full, _code(array, "grouped_allgather", full), array.shape,
-                    array, None, Sum, 1.0, 1.0, 0, set_id))
-    handles = _core.enqueue_group(ops, _waited)
-    for handle, array in zip(handles, kept):
-        _core.keep(handle, (array, None), None,
-                   lambda result, dtype=array.dtype: _frombuffer(result, dtype))
-    return handles
+    return _grouped_gather_like_async(_core.ALLGATHER, "grouped_allgather", arrays, name,
+                                      process_set, _waited)
 
 
 def grouped_allgather(arrays: Sequence, name: Optional[str] = None,
@@ -334,6 +342,24 @@ def reducescatter(array, op: int = Average, name: Optional[str] = None,
                                            postscale_factor, _waited=True))
 
 
+def grouped_reducescatter_async(arrays: Sequence, op: int = Average, name: Optional[str] = None,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
+                                _waited: bool = False) -> list:
+    """Submit reducescatters of several arrays as one group; one handle per array."""
+    return _grouped_gather_like_async(_core.REDUCESCATTER, "grouped_reducescatter", arrays,
+                                      name, process_set, _waited, op, prescale_factor,
+                                      postscale_factor)
+
+
+def grouped_reducescatter(arrays: Sequence, op: int = Average, name: Optional[str] = None,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+    """``reducescatter`` of each array, as one group; a list of results, in order."""
+    return _synchronize_group(grouped_reducescatter_async(
+        arrays, op, name, process_set, prescale_factor, postscale_factor, _waited=True))
+
+
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return when every rank of ``process_set`` has reached the barrier."""
     set_id = _set_id(process_set, "barrier")
@@ -369,5 +395,6 @@ def supported_dtypes() -> list:
 
 __all__ = ["allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
            "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
-           "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join", "poll",
-           "synchronize", "Average", "Sum", "numpy_dtype"]
+           "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
+           "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async",
+           "barrier", "join", "poll", "synchronize", "Average", "Sum", "numpy_dtype"]

@@ -3,10 +3,11 @@
 ``import engine_native.tensorflow as hvd`` is a drop-in for the TF2 parts of
 ``import horovod.tensorflow as hvd`` (Horovod 0.28): init and topology, process sets,
 allreduce (also of tf.IndexedSlices), grouped_allreduce, allgather, grouped_allgather,
-broadcast, alltoall, reducescatter, broadcast_variables, broadcast_object, allgather_object,
-DistributedGradientTape, Compression, and ``hvd.elastic`` (run, TensorFlowState,
-TensorFlowKerasState). Eager and inside ``tf.function``. ``tf.GradientTape`` differentiates
-through the collectives with Horovod's registered gradients (autodiff.py, mpi_ops.py).
+broadcast, alltoall, reducescatter, grouped_reducescatter, broadcast_variables,
+broadcast_object, allgather_object, DistributedGradientTape, Compression, and ``hvd.elastic``
+(run, TensorFlowState, TensorFlowKerasState). Eager and inside ``tf.function``.
+``tf.GradientTape`` differentiates through the collectives with Horovod's registered gradients
+(autodiff.py, mpi_ops.py).
 
 Differences from Horovod, by design of this binding:
   * No compiled TF ops: inside ``tf.function`` a collective is a stateful
@@ -39,7 +40,7 @@ from engine_native.tensorflow.basics import init  # noqa: F401
 from engine_native.tensorflow.compression import Compression  # noqa: F401
 from engine_native.tensorflow.mpi_ops import (  # noqa: F401
     allgather, allreduce, alltoall, barrier, broadcast, grouped_allgather, grouped_allreduce,
-    join, reducescatter)
+    grouped_reducescatter, join, reducescatter)
 from engine_native.tensorflow.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_variables)
 from engine_native.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401

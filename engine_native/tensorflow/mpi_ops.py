@@ -13,7 +13,7 @@ gradient with the same op and scale factors; allgather -> Average allreduce of t
 then this rank's rows; broadcast -> Average allreduce of the gradient on the root, zeros
 elsewhere; alltoall -> alltoall of the gradient back with the received splits; reducescatter
 -> allgather of the gradient times prescale * postscale (* set size for Sum). Grouped ops
-reduce their gradients as a group.
+reduce (grouped_reducescatter: gather) their gradients as a group.
 
 ``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility
 and have no effect: tensors reach the core through host memory.
@@ -235,31 +235,67 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
                   prescale_factor=1.0, postscale_factor=1.0):
     """Reduce ``tensor`` over the ranks and give each its slice of dimension 0 (the first
     ``dim0 % size`` ranks get one more row, as in Horovod)."""
-    check_call("reducescatter", process_set, op)
-    if op not in (Sum, Average):  # the core's rule too; refused here before any rank submits
-        raise ValueError(f"reducescatter(): op {op!r} is not supported; use hvd.Sum or "
-                         "hvd.Average")
-    value = tensor_io.as_tensor(tensor, "reducescatter", name or "noname")
-    compressed, ctx = compression.compress(value)
+    return _reducescatter_list([tensor], compression, op, name, process_set, prescale_factor,
+                               postscale_factor, "reducescatter")[0]
 
-    def reduce_scatter(array):
-        return [numpy_ops.reducescatter(array, op, name, process_set, prescale_factor,
-                                        postscale_factor)]
+
+def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
+                          process_set=global_process_set, prescale_factor=1.0,
+                          postscale_factor=1.0, name=None):
+    """Reducescatter each tensor of a list, as one group (negotiated together in the core; one
+    ``tf.numpy_function`` in graph mode); a list back, in order. Horovod's signature, plus
+    ``name``; an empty list comes back as it is (Horovod's). Dtypes may differ within the
+    list (Horovod's compiled op wants one)."""
+    if not tensors:
+        return tensors
+    return _reducescatter_list(list(tensors), compression, op, name, process_set,
+                               prescale_factor, postscale_factor, "grouped_reducescatter")
+
+
+def _scattered_shape(shape: tf.TensorShape, process_set) -> tf.TensorShape:
+    """This rank's static output shape: its row count when dimension 0 is known."""
+    if not shape.rank:
+        return tf.TensorShape(None)
     rows = None
-    if value.shape.rank and value.shape[0] is not None and process_set.rank() not in (None, -1):
-        count, n = value.shape[0], process_set.size()
+    if shape[0] is not None and process_set.rank() not in (None, -1):
+        count, n = shape[0], process_set.size()
         rows = count // n + (1 if process_set.rank() < count % n else 0)
-    shape = tf.TensorShape([rows]).concatenate(value.shape[1:]) if value.shape.rank else None
+    return tf.TensorShape([rows]).concatenate(shape[1:])
 
-    def forward(tensor):
-        return graph.run(reduce_scatter, [tensor], [tensor.dtype], [shape], "reducescatter")
+
+def _reducescatter_list(tensors, compression, op, name, process_set, prescale_factor,
+                        postscale_factor, op_name):
+    """``reducescatter`` (one tensor) or ``grouped_reducescatter`` (a core group of them)."""
+    check_call(op_name, process_set, op)
+    if op not in (Sum, Average):  # the core's rule too; refused here before any rank submits
+        raise ValueError(f"{op_name}(): op {op!r} is not supported; use hvd.Sum or "
+                         "hvd.Average")
+    compressed, contexts = zip(*[compression.compress(tensor_io.as_tensor(
+        t, op_name, name or "noname")) for t in tensors])
+
+    def reduce_scatter(*arrays):
+        if op_name == "reducescatter":
+            return [numpy_ops.reducescatter(arrays[0], op, name, process_set, prescale_factor,
+                                            postscale_factor)]
+        return numpy_ops.grouped_reducescatter(arrays, op, name, process_set, prescale_factor,
+                                               postscale_factor)
+
+    def forward(*tensors):
+        return graph.run(reduce_scatter, tensors, [t.dtype for t in tensors],
+                         [_scattered_shape(t.shape, process_set) for t in tensors], op_name)
 
     def backward(_, grads):  # Horovod's scale: Sum's gradient is `size` times Average's
         scale = prescale_factor * postscale_factor * (process_set.size() if op == Sum else 1)
-        grad = grads[0] * tf.cast(scale, grads[0].dtype) if scale != 1 else grads[0]
-        return [allgather(grad, process_set=process_set)]
-    scattered, = differentiable(forward, [compressed], backward)
-    return compression.decompress(scattered, ctx)
+        present = [i for i, g in enumerate(grads) if g is not None]  # None: an integer's
+        scaled = [grads[i] * tf.cast(scale, grads[i].dtype) if scale != 1 else grads[i]
+                  for i in present]
+        gathered = grouped_allgather(scaled, process_set=process_set) if present else []
+        results = [None] * len(grads)
+        for i, grad in zip(present, gathered):
+            results[i] = grad
+        return results
+    scattered = differentiable(forward, compressed, backward)
+    return [compression.decompress(s, ctx) for s, ctx in zip(scattered, contexts)]
 
 
 def barrier(process_set=global_process_set):

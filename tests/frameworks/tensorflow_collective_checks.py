@@ -52,6 +52,7 @@ def check_collectives(hvd, tf, np, failures, ps, label):
                        else np.sum(scatter_in, axis=0).astype(npdt))
         first = me * (rows // n) + min(me, rows % n)
         mine_rows = rows // n + (1 if me < rows % n else 0)
+        first3, rows3 = me * (3 // n) + min(me, 3 % n), 3 // n + (1 if me < 3 % n else 0)
 
         def ops(x, gathered_in, sent_in, scatter_x):
             return (hvd.allreduce(x, op=op, process_set=ps),
@@ -59,7 +60,8 @@ def check_collectives(hvd, tf, np, failures, ps, label):
                     hvd.allgather(gathered_in, process_set=ps),
                     hvd.broadcast(x, root, process_set=ps),
                     hvd.alltoall(sent_in, splits=splits, process_set=ps),
-                    hvd.reducescatter(scatter_x, op=hvd.Sum, process_set=ps))
+                    hvd.reducescatter(scatter_x, op=hvd.Sum, process_set=ps),
+                    hvd.grouped_reducescatter([scatter_x, x], op=hvd.Sum, process_set=ps))
         args = (tf.constant(every[me]), tf.constant(_data(me, me + 1, npdt)),
                 tf.constant(sent.astype(npdt)), tf.constant(scatter_in[me]))
         static = {}
@@ -67,13 +69,14 @@ def check_collectives(hvd, tf, np, failures, ps, label):
         def traced(*a):
             out = ops(*a)
             static.update(allreduce=out[0].shape.as_list(), allgather=out[2].shape.as_list(),
-                          reducescatter=out[5].shape.as_list())
+                          reducescatter=out[5].shape.as_list(),
+                          grouped_reducescatter=[g.shape.as_list() for g in out[6]])
             return out
         # autograph=False: its conversion was most of this check's time (the training check
         # still runs the library under autograph)
         for mode, fn in (("eager", ops), ("graph", tf.function(traced, autograph=False))):
             tag = f"{label}.{mode}.{dt}"
-            ar, grouped, ag, bc, (a2a, a2a_splits), rs = fn(*args)
+            ar, grouped, ag, bc, (a2a, a2a_splits), rs, grs = fn(*args)
             _expect(failures, f"{tag}.allreduce", ar, reduced)
             for k, g in enumerate(grouped):
                 _expect(failures, f"{tag}.grouped_allreduce[{k}]", g, reduced)
@@ -85,11 +88,16 @@ def check_collectives(hvd, tf, np, failures, ps, label):
                     np.array([(q + me) % 2 + 1 for q in range(n)], np.int32))
             _expect(failures, f"{tag}.reducescatter", rs,
                     scatter_sum[first:first + mine_rows])
-            for result in (ar, ag, bc, a2a, rs):
+            _expect(failures, f"{tag}.grouped_reducescatter[0]", grs[0],
+                    scatter_sum[first:first + mine_rows])
+            _expect(failures, f"{tag}.grouped_reducescatter[1]", grs[1],
+                    reduced[first3:first3 + rows3])
+            for result in (ar, ag, bc, a2a, rs, *grs):
                 if not isinstance(result, tf.Tensor) or result.dtype != tfdt:
                     failures.append(f"{tag}: result {type(result).__name__} {result.dtype}")
         if static != {"allreduce": [3, 2], "allgather": [None, 2],
-                      "reducescatter": [mine_rows, 2]}:
+                      "reducescatter": [mine_rows, 2],
+                      "grouped_reducescatter": [[mine_rows, 2], [rows3, 2]]}:
             failures.append(f"{label}.{dt}: static shapes in tf.function {static}")
     # Average of floats, scale factors, Min, Python numbers and NumPy arrays.
     x = tf.constant([1.0, 2.0, 4.0]) * (me + 1)
@@ -98,6 +106,14 @@ def check_collectives(hvd, tf, np, failures, ps, label):
     _expect(failures, f"{label}.scaled", hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0,
                                                         postscale_factor=0.5, process_set=ps),
             mean * n, 1e-6)
+    # grouped_reducescatter: mixed dtypes in one group, Average (the default), scale factors
+    rows = np.arange(2 * n, dtype=np.float64).reshape(n, 2)
+    pair = hvd.grouped_reducescatter([tf.constant(rows * (me + 1)), x[None] * 2.0],
+                                     prescale_factor=2.0, postscale_factor=0.5, process_set=ps)
+    _expect(failures, f"{label}.grouped_reducescatter.average[0]", pair[0],
+            rows[me:me + 1] * (n + 1) / 2, 1e-12)
+    _expect(failures, f"{label}.grouped_reducescatter.average[1]", pair[1],
+            (mean * 2)[None] if me == 0 else np.zeros((0, 3), np.float32), 1e-6)
     _expect(failures, f"{label}.min", hvd.allreduce(x, op=hvd.Min, process_set=ps),
             np.array([1.0, 2.0, 4.0], np.float32))
     _expect(failures, f"{label}.fp16", hvd.allreduce(x, compression=hvd.Compression.fp16,
@@ -193,6 +209,21 @@ def check_bad_input(hvd, tf, np, failures):
                     failures.append(f"mismatched {what} ({mode}): {type(exc).__name__}: {exc}")
             _expect(failures, f"after mismatched {what} ({mode})",
                     hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n, np.float32))
+
+    # grouped_reducescatter: Sum and Average only, tensors only; an empty list comes back
+    for what, call, error, words in (
+            ("op=Max", lambda: hvd.grouped_reducescatter([tf.ones([2])], op=hvd.Max),
+             ValueError, ("grouped_reducescatter", "hvd.Sum")),
+            ("a dict", lambda: hvd.grouped_reducescatter([tf.ones([2]), {"a": 1}]),
+             TypeError, ("grouped_reducescatter", "dict"))):
+        try:
+            call()
+            failures.append(f"grouped_reducescatter({what}): no error")
+        except error as exc:
+            if not all(w in str(exc) for w in words):
+                failures.append(f"grouped_reducescatter({what}): {exc}")
+    if hvd.grouped_reducescatter([]) != []:
+        failures.append("grouped_reducescatter([]): not []")
 
     unregistered = hvd.ProcessSet([0])
     for mode, fn in (("eager", hvd.allreduce), ("tf.function", tf.function(hvd.allreduce))):

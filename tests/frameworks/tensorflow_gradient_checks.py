@@ -90,6 +90,13 @@ def _cases(hvd, tf, np, ps):
     cases.append(("reducescatter.average.prescaled",
                   lambda a: hvd.reducescatter(a, prescale_factor=3.0, process_set=ps),
                   [tf.constant(scatter)], [upstream], [3.0 * every]))
+    cases.append(("grouped_reducescatter",  # mixed dtypes and an integer without gradient
+                  lambda a, b, i: hvd.grouped_reducescatter(
+                      [a, b, i], op=hvd.Sum, postscale_factor=0.5, process_set=ps),
+                  [tf.constant(scatter), tf.constant(scatter, tf.float64),
+                   tf.constant(scatter, tf.int32)],
+                  [upstream, 2 * upstream.astype(np.float64), None],
+                  [0.5 * n * every, n * every.astype(np.float64), None]))
     return cases
 
 

@@ -1,5 +1,6 @@
 """reducescatter (Sum, Average) on spawned ranks: Horovod's split of dimension 0, where the
-first ``dim0 % size`` ranks get one extra row."""
+first ``dim0 % size`` ranks get one extra row; grouped_reducescatter (one core group of mixed
+dtypes and shapes, synchronous and async) gives each member what reducescatter would."""
 import numpy as np
 
 from multiproc import checks
@@ -31,6 +32,34 @@ def _check(hvd, fails, dtype, shape, op, name, async_=False, **scales):
     fails.expect(f"{name} input untouched", np.array_equal(x, before))
 
 
+def _check_grouped(hvd, fails):
+    n, me = hvd.size(), hvd.rank()
+    floats = [("float32", (2 * n + 1, 3)), ("float64", (n, 2)), ("float16", (0, 4))]
+    scales = {"prescale_factor": 0.5, "postscale_factor": 4.0}  # floats: ints would round
+    for op, async_, scales, members in ((hvd.Sum, False, {}, floats + [("int64", (1,))]),
+                                        (hvd.Average, True, scales, floats)):
+        tag = f"grouped.{checks.op_names()[op]}"
+        names = [f"{tag}.{i}" for i in range(len(members))]
+        xs = [checks.make_input(d, shape, me, nm) for (d, shape), nm in zip(members, names)]
+        if async_:
+            outs = [hvd.synchronize(h) for h in hvd.grouped_reducescatter_async(
+                xs, op=op, name=tag, **scales)]
+        else:
+            outs = hvd.grouped_reducescatter(xs, op=op, name=tag, **scales)
+        fails.expect(f"{tag}: one result per array", len(outs) == len(xs))
+        for (d, shape), nm, out in zip(members, names, outs):
+            lo, hi = _slice(shape[0], n, me)
+            want = checks.reference(checks.all_inputs(d, shape, n, nm, rows=(lo, hi)), op,
+                                    scales.get("prescale_factor", 1.0),
+                                    scales.get("postscale_factor", 1.0))
+            fails.check(nm, checks.mismatch(out, want, d, op))
+    try:
+        hvd.grouped_reducescatter([])
+        fails.expect("grouped_reducescatter([]) raises", False)
+    except ValueError as exc:
+        fails.expect("grouped_reducescatter([]): the message", "non-empty" in str(exc), exc)
+
+
 def reducescatter_suite(transport):
     hvd = checks.init(transport)
     fails = Failures()
@@ -47,6 +76,7 @@ def reducescatter_suite(transport):
     for dtype in checks.FLOAT_DTYPES:
         _check(hvd, fails, dtype, (3 * n + 2, 4), hvd.Sum, f"{dtype}.scaled",
                prescale_factor=0.5, postscale_factor=3.0)
+    _check_grouped(hvd, fails)
     default = hvd.reducescatter(np.full((n, 2), float(hvd.rank())))  # default op: Average
     fails.check("default op", checks.mismatch(default, np.full((1, 2), (n - 1) / 2.0),
                                               np.float64))
