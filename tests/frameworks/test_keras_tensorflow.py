@@ -1,8 +1,12 @@
 """engine_native.keras on the tensorflow backend: model.fit's tf.function train step (Keras's
 default on a CPU) reduces the gradients through tf.numpy_function, and training equals
-single-process training on the global batch, also with backward_passes_per_step; an
-XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
+single-process training on the global batch, also with backward_passes_per_step and with
+DistributedOptimizer's groups (an int, lists of variables, the deprecated num_groups; in the
+tf.function step, inside the accumulation's cond, and eagerly), each group one fused
+allreduce; an XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
 next op works; a broadcast inside tf.function works."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -21,6 +25,19 @@ def rank_tensorflow_suite():
                  not model.run_eagerly and model.jit_compile is False)
     kt.fit_matches_single_process(fails, hvd, keras, "tf.function, backward_passes_per_step=2",
                                   bpps=2)
+    kt.fit_matches_single_process(fails, hvd, keras, "tf.function, groups=2", groups=2,
+                                  fused=(2, 4))
+    # kernel 0, bias 1 and kernel 1 together (one fused op of 3), bias 0 alone
+    kt.fit_matches_single_process(fails, hvd, keras, "tf.function, backward_passes_per_step=2, "
+                                  "groups of variables", bpps=2,
+                                  groups=lambda v: [[v[0], v[3], v[2]]], fused=(1, 3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kt.fit_matches_single_process(fails, hvd, keras, "eager, num_groups=3", num_groups=3,
+                                      compile_kwargs={"run_eagerly": True}, fused=(1, 2))
+    fails.expect("num_groups warns that it is deprecated",
+                 any(issubclass(w.category, DeprecationWarning) and "num_groups" in
+                     str(w.message) for w in caught), [str(w.message) for w in caught])
     try:
         kt.fit_matches_single_process(fails, hvd, keras, "xla",
                                       compile_kwargs={"jit_compile": True})
