@@ -21,7 +21,7 @@ from engine_native.progress import report  # noqa: F401
 from engine_native.keras.compression import Compression  # noqa: F401
 from engine_native.keras.collectives import (  # noqa: F401
     allgather, allreduce, broadcast, broadcast_global_variables, broadcast_model,
-    broadcast_variables)
+    broadcast_variables, reducescatter)
 from engine_native.keras.optimizer import DistributedOptimizer  # noqa: F401
 from engine_native.keras.saving import load_model  # noqa: F401
 from engine_native.keras import callbacks  # noqa: F401,E402

@@ -1,6 +1,7 @@
 """How a Keras backend tensor reaches the core: the one module of engine_native.keras that
 knows the backends (torch, jax, tensorflow). Everything else in the package calls
-:func:`grouped_allreduce`, :func:`allgather` and :func:`broadcast` on backend tensors.
+:func:`grouped_allreduce`, :func:`allgather`, :func:`broadcast` and :func:`reducescatter` on
+backend tensors.
 
 Each backend's tensors go to that framework's binding, which takes the same keywords
 (``keras.backend.backend()`` picks it):
@@ -21,7 +22,8 @@ import importlib
 
 from engine_native.basics import global_process_set
 
-# backend -> the binding whose grouped_allreduce / allgather / broadcast take its tensors
+# backend -> the binding whose grouped_allreduce / allgather / broadcast / reducescatter take
+# its tensors
 _BINDINGS = {
     "torch": "engine_native.torch",
     "jax": "engine_native.jax",
@@ -79,3 +81,8 @@ def allgather(tensor, name=None, process_set=global_process_set):
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
     """``root_rank``'s ``tensor`` on every rank, as a new backend tensor."""
     return _binding().broadcast(tensor, root_rank, name=name, process_set=process_set)
+
+
+def reducescatter(tensor, op, name=None, process_set=global_process_set):
+    """``tensor`` reduced across ranks, this rank's rows of dimension 0."""
+    return _binding().reducescatter(tensor, op=op, name=name, process_set=process_set)

@@ -1,8 +1,9 @@
 """Horovod's keras helpers on values: ``allreduce``, ``allgather``, ``broadcast``,
-``broadcast_global_variables``. A value is anything ``keras.ops.convert_to_tensor`` takes; the
+``reducescatter``, ``broadcast_global_variables``. A value is anything ``keras.ops.convert_to_tensor`` takes; the
 result is a backend tensor (see backend_glue)."""
 import keras
 
+from engine_native._dtypes import Average, Sum
 from engine_native.basics import global_process_set
 from engine_native.horovod_args import resolve_op
 from engine_native.keras import backend_glue
@@ -28,6 +29,16 @@ def broadcast(value, root_rank, name=None, process_set=global_process_set):
     """``root_rank``'s ``value`` on every rank."""
     return backend_glue.broadcast(keras.ops.convert_to_tensor(value), root_rank, name,
                                   process_set)
+
+
+def reducescatter(value, name=None, op=Average, process_set=global_process_set):
+    """``value`` reduced across ranks (Average or Sum), this rank's rows of dimension 0 (the
+    first ``dim0 % size`` ranks get one more row, as in Horovod)."""
+    if op not in (Average, Sum):  # checked here: each backend's binding has its own error type
+        raise ValueError(f"reducescatter(): op {op!r} is not supported; use hvd.Average or "
+                         "hvd.Sum")
+    return backend_glue.reducescatter(keras.ops.convert_to_tensor(value), op, name,
+                                      process_set)
 
 
 def broadcast_variables(variables, root_rank, name=None, process_set=global_process_set):

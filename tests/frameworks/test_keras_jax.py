@@ -1,8 +1,8 @@
 """engine_native.keras on the jax backend: model.fit's jit-compiled train step (Keras's default
 on jax) reduces the gradients through an ordered io_callback, and training equals
 single-process training on the global batch; also with backward_passes_per_step (the
-allreduce inside a lax.cond) and groups given as lists of variables; an eager allreduce by
-value and an allgather inside jax.jit (both through engine_native.jax)."""
+allreduce inside a lax.cond) and groups given as lists of variables; an eager allreduce and
+reducescatter by value and an allgather inside jax.jit (both through engine_native.jax)."""
 import numpy as np
 import pytest
 
@@ -26,6 +26,9 @@ def rank_jax_suite():
     got = keras.ops.convert_to_numpy(hvd.allreduce(np.arange(3.0) * hvd.rank(), op=hvd.Sum))
     fails.expect("eager allreduce of a jax array",
                  np.allclose(got, np.arange(3.0) * n * (n - 1) / 2), got)
+    got = keras.ops.convert_to_numpy(hvd.reducescatter(np.full((n, 2), hvd.rank(), np.float32)))
+    fails.expect("eager reducescatter (Average) of a jax array",
+                 np.allclose(got, np.full((1, 2), (n - 1) / 2)), str(got))
     import jax
     got = jax.jit(lambda v: hvd.allgather(v))(np.full(2, hvd.rank(), np.float32))
     fails.expect("allgather inside jax.jit (engine_native.jax)",

@@ -3,7 +3,7 @@ default on a CPU) reduces the gradients through tf.numpy_function, and training 
 single-process training on the global batch, also with backward_passes_per_step and with
 DistributedOptimizer's groups (an int, lists of variables, the deprecated num_groups; in the
 tf.function step, inside the accumulation's cond, and eagerly), each group one fused
-allreduce; an XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
+allreduce; hvd.reducescatter eagerly and in tf.function; an XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
 next op works; a broadcast inside tf.function works."""
 import warnings
 
@@ -15,6 +15,27 @@ from multiproc.checks import Failures
 from multiproc.harness import run_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.keras, pytest.mark.tensorflow]
+
+
+def _reducescatter(fails, hvd, keras, tf):
+    """hvd.reducescatter (Horovod's keras name): eagerly and inside tf.function, an uneven
+    split; an op other than Average/Sum is a ValueError before anything is submitted."""
+    n, r = hvd.size(), hvd.rank()
+    x = np.arange((2 * n + 1) * 2, dtype=np.float32).reshape(-1, 2) * (r + 1)
+    rows = [2 + (q < 1) for q in range(n)]
+    first = sum(rows[:r])
+    total = np.arange((2 * n + 1) * 2, dtype=np.float32).reshape(-1, 2) * n * (n + 1) / 2
+    for label, fn in (("eager", hvd.reducescatter),
+                      ("tf.function", tf.function(hvd.reducescatter, autograph=False))):
+        got = fn(x)  # Average
+        fails.expect(f"reducescatter {label}: a backend tensor", keras.ops.is_tensor(got))
+        got = keras.ops.convert_to_numpy(got)
+        fails.expect(f"reducescatter {label}: this rank's rows, averaged",
+                     np.allclose(got, total[first:first + rows[r]] / n), str(got))
+    got = keras.ops.convert_to_numpy(hvd.reducescatter(x, op=hvd.Sum, name="rs.sum"))
+    fails.expect("reducescatter Sum", np.allclose(got, total[first:first + rows[r]]), str(got))
+    fails.expect_raises("reducescatter op=Max", ValueError,
+                        lambda: hvd.reducescatter(x, op=hvd.Max), "hvd.Average or hvd.Sum")
 
 
 def rank_tensorflow_suite():
@@ -51,6 +72,7 @@ def rank_tensorflow_suite():
     got = tf.function(lambda v: hvd.broadcast(v, root_rank=1))(tf.fill([2], float(hvd.rank())))
     fails.expect("broadcast inside tf.function (engine_native.tensorflow)",
                  np.allclose(keras.ops.convert_to_numpy(got), 1.0), got)
+    _reducescatter(fails, hvd, keras, tf)
     return fails.raise_if_any()
 
 

@@ -1,7 +1,7 @@
 """engine_native.keras on the torch backend, as a user runs it: one launch of ranks per world
 size runs every check (importing keras costs seconds a rank) and reports them all.
 
-Checks: the value collectives against NumPy; model.fit with DistributedOptimizer equals
+Checks: the value collectives (reducescatter included) against NumPy; model.fit with DistributedOptimizer equals
 single-process training on the global batch, with one fused grouped allreduce per update (the
 core's metrics), also with backward_passes_per_step, with groups=2 (two per update) and on a
 process set with gradient_predivide_factor; each callback by value; load_model wraps the
@@ -44,6 +44,12 @@ def _collectives(fails, hvd, keras):
     fails.expect("allgather, first dimensions differ", np.array_equal(got, want), got)
     got = keras.ops.convert_to_numpy(hvd.broadcast(np.float64(r + 5), root_rank=n - 1))
     fails.expect("broadcast of a scalar", got.shape == () and got == n + 4, got)
+    rows = np.arange(2 * n + 1, dtype=np.float32)[:, None] * (r + 1)  # uneven: rank 0 has 3
+    got = keras.ops.convert_to_numpy(hvd.reducescatter(rows, op=hvd.Sum))
+    first = 0 if r == 0 else 1 + 2 * r
+    want = np.arange(first, first + (3 if r == 0 else 2), dtype=np.float32)[:, None]
+    fails.expect("reducescatter, uneven rows", np.allclose(got, want * n * (n + 1) / 2),
+                 str(got))
 
 
 def _callbacks(fails, hvd, keras):
