@@ -1,11 +1,14 @@
 """Horovod-compatible TensorFlow API on the engine_native core.
 
-``import engine_native.tensorflow as hvd`` is a drop-in for the TF2 parts of
-``import horovod.tensorflow as hvd`` (Horovod 0.28): init and topology, process sets,
+``import engine_native.tensorflow as hvd`` is a drop-in for ``import horovod.tensorflow as hvd``
+(Horovod 0.28): init and topology, process sets,
 allreduce (also of tf.IndexedSlices), grouped_allreduce, allgather, grouped_allgather,
 broadcast, alltoall, reducescatter, grouped_reducescatter, broadcast_variables,
 broadcast_object, allgather_object, DistributedGradientTape, Compression, and ``hvd.elastic``
-(run, TensorFlowState, TensorFlowKerasState). Eager and inside ``tf.function``.
+(run, TensorFlowState, TensorFlowKerasState). Eager and inside ``tf.function``; in
+``tf.compat.v1`` graphs and sessions too, with DistributedOptimizer (of a tf.compat.v1
+optimizer; a Keras one goes to engine_native.keras), broadcast_global_variables and
+BroadcastGlobalVariablesHook (legacy.py).
 ``tf.GradientTape`` differentiates through the collectives with Horovod's registered gradients
 (autodiff.py, mpi_ops.py).
 
@@ -18,7 +21,9 @@ Differences from Horovod, by design of this binding:
   * Tensors reach the core through host memory (``device_dense``/``device_sparse`` are
     ignored); a GPU tensor is copied to host and back.
   * Elastic states are TF2 only (a TF1 session is refused).
-  * No TF1 API (DistributedOptimizer for tf.compat.v1, session hooks, ``*_op`` tensors).
+  * In a TF1 graph an unnamed collective is named from the graph (graph.py, Note [TF1
+    graphs]); no ``*_op`` tensors; for a tf.compat.v1 optimizer no
+    ``backward_passes_per_step > 1`` or Adasum delta optimizer.
   * ``report(samples=n, **scalars)`` (an addition) feeds the notebook dashboard's samples/s.
 
 Example
@@ -44,6 +49,8 @@ from engine_native.tensorflow.mpi_ops import (  # noqa: F401
 from engine_native.tensorflow.functions import (  # noqa: F401
     allgather_object, broadcast_object, broadcast_variables)
 from engine_native.tensorflow.gradient_tape import DistributedGradientTape  # noqa: F401
+from engine_native.tensorflow.legacy import (  # noqa: F401
+    BroadcastGlobalVariablesHook, DistributedOptimizer, broadcast_global_variables)
 from engine_native.tensorflow import elastic  # noqa: F401
 # Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).
 from engine_native.progress import report  # noqa: F401

@@ -18,7 +18,7 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
 
     Returns None when run eagerly, the group of assign ops inside ``tf.function``.
     """
-    check_call("broadcast_variables", process_set)
+    name = check_call("broadcast_variables", process_set)  # None but in a TF1 graph
     variables = list(variables)
     for var in variables:  # tf.Variable, or a variable with assign() (Keras 3's)
         if not callable(getattr(var, "assign", None)):
@@ -31,7 +31,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     root_rank = int(root_rank)
 
     def broadcast_arrays(*arrays):
-        handles = [numpy_ops.broadcast_async(a, root_rank, None, process_set) for a in arrays]
+        handles = [numpy_ops.broadcast_async(a, root_rank, name and f"{name}.{i}", process_set)
+                   for i, a in enumerate(arrays)]
         return numpy_ops._synchronize_group(handles)  # every wait, then the first error
     results = graph.run(broadcast_arrays, values, [v.dtype for v in values],
                         [v.shape for v in values], "broadcast_variables")

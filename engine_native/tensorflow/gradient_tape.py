@@ -24,6 +24,20 @@ def _split_evenly(items, n):
     return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
 
 
+def check_groups(num_groups, groups):
+    """``groups`` (or the deprecated ``num_groups``, with Horovod's warning), checked."""
+    if num_groups != 0:
+        warnings.warn('Parameter `num_groups` has been replaced by `groups` '
+                      'and will be removed in v0.23.0.', DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, list) or
+                                   (isinstance(groups, int) and groups > 0)):
+        raise ValueError('groups should be a non-negative integer or '
+                         'a list of list of tf.Variable.')
+    return groups
+
+
 class _GradientReducer:
     """What ``gradient()`` does with the local gradients: the tape's Horovod arguments."""
 
@@ -130,15 +144,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError('gradient_predivide_factor not supported with op != Average')
-    if num_groups != 0:
-        warnings.warn('Parameter `num_groups` has been replaced by `groups` '
-                      'and will be removed in v0.23.0.', DeprecationWarning)
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not (isinstance(groups, list) or
-                                   (isinstance(groups, int) and groups > 0)):
-        raise ValueError('groups should be a non-negative integer or '
-                         'a list of list of tf.Variable.')
+    groups = check_groups(num_groups, groups)
     cls = type(type(gradtape).__name__, (_DistributedTape, type(gradtape)), {})
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the same recording (its _tape), persistence, ...

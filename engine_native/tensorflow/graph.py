@@ -17,6 +17,18 @@ chains them already). The static shapes the caller knows are set on the outputs,
 
 XLA cannot compile a Python callback: inside ``tf.function(jit_compile=True)`` a collective is
 refused while tracing with an error that says what to do instead.
+
+Note [TF1 graphs]. In a ``tf.compat.v1`` graph run by a Session there are no automatic control
+dependencies, and chaining the collectives here would make every ``session.run`` run all
+earlier ones (a training step would repeat the broadcast of the initial variables). The
+executor may run the independent collectives of one ``session.run`` in any order, at the same
+time, so a counter could give the same name to different tensors on different ranks. Instead
+an unnamed op takes a name from the graph when it is built (``default_name``: unique in the
+graph, the same on every rank that builds the same graph, as Horovod names its ops after their
+graph nodes); the core matches the names, whatever order they run in. Each waits on its own
+executor thread: more independent collectives in one ``session.run`` than the session's
+``inter_op_parallelism_threads`` could leave ranks waiting on different ones (chain them with
+``tf.control_dependencies``).
 """
 from __future__ import annotations
 
@@ -50,6 +62,14 @@ def _refuse_xla(op: str) -> None:
             "core. Keep the collective in a tf.function without jit_compile (e.g. compute the "
             "gradients in a jit-compiled function and reduce them outside it); with Keras, "
             "compile the model with jit_compile=False.")
+
+
+def default_name(name, op: str):
+    """``name``, or in a TF1 graph for an unnamed op one unique in the graph (Note [TF1
+    graphs]); None elsewhere (eager and ``tf.function``: the counter names it)."""
+    if name or tf.executing_eagerly() or tf.inside_function():
+        return name
+    return tf.compat.v1.get_default_graph().unique_name(f"hvd_{op}")
 
 
 def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],

@@ -37,12 +37,14 @@ from engine_native.tensorflow.compression import Compression
 _REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 
 
-def check_call(op_name: str, process_set, reduce_op=None) -> None:
-    """Argument errors at call (or trace) time, before any rank enqueues anything."""
+def check_call(op_name: str, process_set, reduce_op=None, name=None):
+    """Argument errors at call (or trace) time, before any rank enqueues anything; returns the
+    op's name (``name``, or in a TF1 graph one from the graph: graph.default_name)."""
     numpy_ops._set_id(process_set, op_name)  # registered (the numpy API's own check)
     if reduce_op is not None and reduce_op not in _REDUCE_OPS:
         raise ValueError(f"{op_name}(): unknown op {reduce_op!r}; use hvd.Average, hvd.Sum, "
                          "hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")
+    return graph.default_name(name, op_name)
 
 
 def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, process_set,
@@ -88,7 +90,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     tf.Tensor (tf.IndexedSlices for IndexedSlices) of the input's shape and dtype.
     """
     op = resolve_op(op, average)
-    check_call("allreduce", process_set, op)
+    name = check_call("allreduce", process_set, op, name)
     if isinstance(tensor, tf.IndexedSlices):
         return sparse.allreduce_slices([tensor], op, prescale_factor, postscale_factor, name,
                                        process_set, grouped_allgather)[0]
@@ -107,7 +109,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     them (one ``tf.numpy_function`` in graph mode). IndexedSlices in the list are allgathered
     as one group of their own. Returns a list in the input's order (None stays None)."""
     op = resolve_op(op, average)
-    check_call("grouped_allreduce", process_set, op)
+    name = check_call("grouped_allreduce", process_set, op, name)
     results = list(tensors)
     dense = [i for i, t in enumerate(results) if t is not None
              and not isinstance(t, tf.IndexedSlices)]
@@ -140,7 +142,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set, *, _op="grouped_allgather"):
     """Allgather each tensor of a list, as one group (fused in the core); a list back."""
-    check_call(_op, process_set)
+    name = check_call(_op, process_set, name=name)
     values = [tensor_io.as_tensor(t, _op, name or "noname") for t in tensors]
     for value in values:
         if value.shape.rank == 0:
@@ -184,7 +186,7 @@ def _allgather_grads(inputs, grads, process_set):
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """``root_rank``'s ``tensor`` on every rank of ``process_set`` (a new tensor)."""
-    check_call("broadcast", process_set)
+    name = check_call("broadcast", process_set, name=name)
     value = tensor_io.as_tensor(tensor, "broadcast", name or "noname")
     root_rank = int(root_rank)
 
@@ -207,7 +209,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     Returns the received rows, and with ``splits`` given also the received splits (int32), as
     Horovod's does."""
-    check_call("alltoall", process_set)
+    name = check_call("alltoall", process_set, name=name)
     value = tensor_io.as_tensor(tensor, "alltoall", name or "noname")
     inputs = [value]
     if splits is not None:
@@ -266,7 +268,7 @@ def _scattered_shape(shape: tf.TensorShape, process_set) -> tf.TensorShape:
 def _reducescatter_list(tensors, compression, op, name, process_set, prescale_factor,
                         postscale_factor, op_name):
     """``reducescatter`` (one tensor) or ``grouped_reducescatter`` (a core group of them)."""
-    check_call(op_name, process_set, op)
+    name = check_call(op_name, process_set, op, name)
     if op not in (Sum, Average):  # the core's rule too; refused here before any rank submits
         raise ValueError(f"{op_name}(): op {op!r} is not supported; use hvd.Sum or "
                          "hvd.Average")

@@ -3,7 +3,8 @@ default on a CPU) reduces the gradients through tf.numpy_function, and training 
 single-process training on the global batch, also with backward_passes_per_step and with
 DistributedOptimizer's groups (an int, lists of variables, the deprecated num_groups; in the
 tf.function step, inside the accumulation's cond, and eagerly), each group one fused
-allreduce; hvd.reducescatter eagerly and in tf.function; an XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
+allreduce; hvd.reducescatter eagerly and in tf.function; engine_native.tensorflow's
+DistributedOptimizer of a Keras optimizer is engine_native.keras's; an XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
 next op works; a broadcast inside tf.function works."""
 import warnings
 
@@ -73,6 +74,15 @@ def rank_tensorflow_suite():
     fails.expect("broadcast inside tf.function (engine_native.tensorflow)",
                  np.allclose(keras.ops.convert_to_numpy(got), 1.0), got)
     _reducescatter(fails, hvd, keras, tf)
+    # horovod.tensorflow's DistributedOptimizer hands a Keras optimizer to the Keras binding
+    import engine_native.tensorflow as hvd_tf
+    from engine_native.keras.optimizer import _DistributedOptimizerMixin
+    opt = hvd_tf.DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Sum,
+                                      compression=hvd_tf.Compression.fp16)
+    fails.expect("engine_native.tensorflow.DistributedOptimizer(a Keras optimizer) is "
+                 "engine_native.keras's", isinstance(opt, _DistributedOptimizerMixin) and
+                 opt._hvd_settings.op == hvd.Sum and
+                 opt._hvd_settings.compression is hvd.Compression.fp16, str(type(opt)))
     return fails.raise_if_any()
 
 

@@ -2,7 +2,8 @@
 tf.function), process sets, program order, bad input (tensorflow_collective_checks.py), and a
 custom training loop that equals single-process training on the global batch
 (tensorflow_training_checks.py), the gradients through the collectives
-(tensorflow_gradient_checks.py) and hvd.elastic (tensorflow_elastic_checks.py: last, it
+(tensorflow_gradient_checks.py), the TF1 API in tf.compat.v1 graphs and sessions
+(tensorflow_v1_checks.py) and hvd.elastic (tensorflow_elastic_checks.py: last, it
 re-initializes the core).
 
 One launch of ranks per world size runs every check (importing TensorFlow costs 5-10 s a
@@ -24,13 +25,15 @@ def rank_checks():
 
     import engine_native.tensorflow as hvd
     from frameworks import (tensorflow_collective_checks, tensorflow_elastic_checks,
-                            tensorflow_gradient_checks, tensorflow_training_checks)
+                            tensorflow_gradient_checks, tensorflow_training_checks,
+                            tensorflow_v1_checks)
     hvd.init()
     failures = []
     tensorflow_collective_checks.run_all(hvd, tf, np, failures)
     tensorflow_gradient_checks.run_all(hvd, tf, np, failures)
     tensorflow_training_checks.check_training(hvd, tf, np, failures)
     tensorflow_training_checks.check_tape_options(hvd, tf, np, failures)
+    tensorflow_v1_checks.run_all(hvd, tf, np, failures)
     tensorflow_elastic_checks.run_all(hvd, tf, np, failures)
     hvd.shutdown()
     return failures

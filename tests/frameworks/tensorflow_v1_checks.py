@@ -1,0 +1,135 @@
+"""Rank-side checks of engine_native.tensorflow's TF1 API, as a tf.compat.v1 user writes it:
+collectives in a tf.compat.v1 graph run by a Session (several independent ones in one
+``session.run``, run twice: their names come from the graph, Note [TF1 graphs]), a gradient
+through one by ``tf.compat.v1.gradients``; DistributedOptimizer wrapping a
+``tf.compat.v1.train`` optimizer under a MonitoredSession with BroadcastGlobalVariablesHook
+(rank-dependent initial values) equals single-process training on the global batch, also with
+groups; broadcast_global_variables; the refusals.
+
+Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
+"""
+from frameworks.tensorflow_collective_checks import _expect
+
+
+def check_graph_collectives(hvd, tf, np, failures):
+    n, me = hvd.size(), hvd.rank()
+    base = np.arange(6, dtype=np.float32).reshape(3, 2)
+    total = n * (n + 1) / 2
+    first3, rows3 = me * (3 // n) + min(me, 3 % n), 3 // n + (1 if me < 3 % n else 0)
+    want = {
+        "allreduce": base * total,
+        "allreduce.int": np.full(4, n * (n - 1) // 2, np.int32),
+        "grouped": [base * total, np.full(4, n * (n - 1) // 2, np.int32)],
+        "allgather": np.concatenate([np.full((q + 1, 2), q, np.float32) for q in range(n)]),
+        "broadcast": base * n,
+        "alltoall": np.array([2 * me + 10 * q + k for q in range(n) for k in (0, 1)], np.int32),
+        "grouped_reducescatter": [(base * total)[first3:first3 + rows3],
+                                  (base * total)[first3:first3 + rows3].astype(np.float64)],
+        "grad": np.full((3, 2), total, np.float32),
+    }
+    with tf.Graph().as_default():
+        x = tf.constant(base * (me + 1))
+        ints = tf.fill([4], me)
+        outs = {
+            "allreduce": hvd.allreduce(x, op=hvd.Sum),
+            "allreduce.int": hvd.allreduce(ints, op=hvd.Sum),
+            "grouped": hvd.grouped_allreduce([x, ints], op=hvd.Sum),
+            "allgather": hvd.allgather(tf.fill([me + 1, 2], float(me))),
+            "broadcast": hvd.broadcast(x, root_rank=n - 1),
+            "alltoall": hvd.alltoall(tf.range(2 * n) + 10 * me),
+            "grouped_reducescatter": hvd.grouped_reducescatter([x, tf.cast(x, tf.float64)],
+                                                               op=hvd.Sum),
+            "grad": tf.compat.v1.gradients(hvd.allreduce(x, op=hvd.Sum) * float(me + 1), x)[0],
+        }
+        with tf.compat.v1.Session() as session:
+            for attempt in range(2):
+                got = session.run(outs)
+                for key, value in want.items():
+                    for k, (g, w) in enumerate(zip(*(
+                            (got[key], value) if isinstance(value, list)
+                            else ([got[key]], [value])))):
+                        _expect(failures, f"v1.{key}[{k}].run{attempt}", g, w, 1e-6)
+
+
+def check_names_from_the_graph(hvd, tf, np, failures):
+    """Two unnamed allreduces of different shapes: rank 0 runs both in one ``session.run``
+    (the executor picks their order, two threads), the others run B, then A. Each is matched
+    by the name it took from the graph, so the values are right however they interleave."""
+    n, me = hvd.size(), hvd.rank()
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+    with tf.Graph().as_default():
+        a = hvd.allreduce(tf.fill([2], float(me)), op=hvd.Sum)
+        b = hvd.allreduce(tf.fill([3, 1], float(me + 1)), op=hvd.Sum)
+        with tf.compat.v1.Session(config=config) as session:
+            for attempt in range(3):
+                if me == 0:
+                    got_a, got_b = session.run([a, b])
+                else:
+                    got_b = session.run(b)
+                    got_a = session.run(a)
+                _expect(failures, f"v1.names.a.run{attempt}", got_a,
+                        np.full(2, n * (n - 1) / 2, np.float32))
+                _expect(failures, f"v1.names.b.run{attempt}", got_b,
+                        np.full((3, 1), n * (n + 1) / 2, np.float32))
+
+
+def _train(hvd, tf, np, x, y, w0, distributed, steps=5, **optimizer_kwargs):
+    """``steps`` of SGD on a linear model in a TF1 graph; the final variables."""
+    with tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant(w0))
+        b = tf.compat.v1.get_variable("b", initializer=tf.constant(w0[:1, 0] * 0.5))
+        loss = tf.reduce_mean((tf.matmul(tf.constant(x), w) + b - tf.constant(y)) ** 2)
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        hooks = []
+        if distributed:
+            optimizer = hvd.DistributedOptimizer(optimizer, **optimizer_kwargs)
+            hooks = [hvd.BroadcastGlobalVariablesHook(0)]
+        train = optimizer.minimize(loss)
+        with tf.compat.v1.train.MonitoredSession(
+                session_creator=tf.compat.v1.train.ChiefSessionCreator(),
+                hooks=hooks) as session:
+            for _ in range(steps):
+                session.run(train)
+            return session.run([w, b])
+
+
+def check_distributed_optimizer(hvd, tf, np, failures):
+    n, me = hvd.size(), hvd.rank()
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4 * n, 3)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], np.float32) + 0.3).astype(np.float32)
+    w0 = np.array([[0.1], [0.2], [0.3]], np.float32)
+    reference = _train(hvd, tf, np, x, y, w0, False)
+    mine = slice(4 * me, 4 * me + 4)
+    for label, kwargs in (("one group", {}), ("groups=2", {"groups": 2})):
+        got = _train(hvd, tf, np, x[mine], y[mine], w0 + me, True, **kwargs)
+        for k, (g, r) in enumerate(zip(got, reference)):
+            _expect(failures, f"v1.DistributedOptimizer.{label}[{k}]", g, r, 1e-5)
+        if np.allclose(got[0], w0, atol=1e-3):
+            failures.append(f"v1.DistributedOptimizer.{label}: the weights did not move")
+
+
+def check_refusals(hvd, tf, np, failures):
+    sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    for what, call, error, word in (
+            ("broadcast_global_variables eagerly", lambda: hvd.broadcast_global_variables(0),
+             RuntimeError, "broadcast_variables"),
+            ("backward_passes_per_step=2", lambda: hvd.DistributedOptimizer(
+                sgd, backward_passes_per_step=2), ValueError, "backward_passes_per_step"),
+            ("op=Adasum", lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), ValueError,
+             "Adasum"),
+            ("not an optimizer", lambda: hvd.DistributedOptimizer(object()), ValueError,
+             "optimizer")):
+        try:
+            call()
+            failures.append(f"v1 {what}: no error")
+        except error as exc:
+            if word not in str(exc):
+                failures.append(f"v1 {what}: {exc}")
+
+
+def run_all(hvd, tf, np, failures):
+    check_graph_collectives(hvd, tf, np, failures)
+    check_names_from_the_graph(hvd, tf, np, failures)
+    check_distributed_optimizer(hvd, tf, np, failures)
+    check_refusals(hvd, tf, np, failures)
