@@ -4,7 +4,7 @@ collectives in a tf.compat.v1 graph run by a Session (several independent ones i
 through one by ``tf.compat.v1.gradients``; DistributedOptimizer wrapping a
 ``tf.compat.v1.train`` optimizer under a MonitoredSession with BroadcastGlobalVariablesHook
 (rank-dependent initial values) equals single-process training on the global batch, also with
-groups; broadcast_global_variables; the refusals.
+groups, and eagerly; broadcast_global_variables; the refusals.
 
 Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
 """
@@ -107,6 +107,18 @@ def check_distributed_optimizer(hvd, tf, np, failures):
             _expect(failures, f"v1.DistributedOptimizer.{label}[{k}]", g, r, 1e-5)
         if np.allclose(got[0], w0, atol=1e-3):
             failures.append(f"v1.DistributedOptimizer.{label}: the weights did not move")
+    # eagerly (TF2), as Horovod's wrapper also runs: minimize(callable loss)
+    w = tf.Variable(w0 + me)
+    hvd.broadcast_variables([w], root_rank=0)
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    for _ in range(5):
+        opt.minimize(lambda: tf.reduce_mean((x[mine] @ w - y[mine]) ** 2),
+                     var_list=[w])
+    alone = tf.Variable(w0)
+    plain = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    for _ in range(5):
+        plain.minimize(lambda: tf.reduce_mean((x @ alone - y) ** 2), var_list=[alone])
+    _expect(failures, "v1.DistributedOptimizer.eager", w, alone.numpy(), 1e-5)
 
 
 def check_refusals(hvd, tf, np, failures):
