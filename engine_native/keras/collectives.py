@@ -1,6 +1,6 @@
 """Horovod's keras helpers on values: ``allreduce``, ``allgather``, ``broadcast``,
-``reducescatter``, ``broadcast_global_variables``. A value is anything ``keras.ops.convert_to_tensor`` takes; the
-result is a backend tensor (see backend_glue)."""
+``reducescatter``, ``broadcast_global_variables``. A value is anything
+``keras.ops.convert_to_tensor`` takes; the result is a backend tensor (see backend_glue)."""
 import keras
 
 from engine_native._dtypes import Average, Sum

@@ -4,8 +4,9 @@ single-process training on the global batch, also with backward_passes_per_step 
 DistributedOptimizer's groups (an int, lists of variables, the deprecated num_groups; in the
 tf.function step, inside the accumulation's cond, and eagerly), each group one fused
 allreduce; hvd.reducescatter eagerly and in tf.function; engine_native.tensorflow's
-DistributedOptimizer of a Keras optimizer is engine_native.keras's; an XLA-compiled step (jit_compile=True) fails on every rank with the fix in the message, and the
-next op works; a broadcast inside tf.function works."""
+DistributedOptimizer of a Keras optimizer is engine_native.keras's; an XLA-compiled step
+(jit_compile=True) fails on every rank with the fix in the message, and the next op works; a
+broadcast inside tf.function works."""
 import warnings
 
 import numpy as np

@@ -1,13 +1,13 @@
 """engine_native.keras on the torch backend, as a user runs it: one launch of ranks per world
 size runs every check (importing keras costs seconds a rank) and reports them all.
 
-Checks: the value collectives (reducescatter included) against NumPy; model.fit with DistributedOptimizer equals
-single-process training on the global batch, with one fused grouped allreduce per update (the
-core's metrics), also with backward_passes_per_step, with groups=2 (two per update) and on a
-process set with gradient_predivide_factor; each callback by value; load_model wraps the
-optimizer and keeps its state; wrapping twice and bad groups fail on every rank and the next
-op works; KerasState commit/restore/sync, the elastic callbacks and hvd.elastic.run's retry
-after a failed collective.
+Checks: the value collectives (reducescatter included) against NumPy; model.fit with
+DistributedOptimizer equals single-process training on the global batch, with one fused
+grouped allreduce per update (the core's metrics), also with backward_passes_per_step, with
+groups=2 (two per update) and on a process set with gradient_predivide_factor; each callback
+by value; load_model wraps the optimizer and keeps its state; wrapping twice and bad groups
+fail on every rank and the next op works; KerasState commit/restore/sync, the elastic
+callbacks and hvd.elastic.run's retry after a failed collective.
 """
 import os
 
