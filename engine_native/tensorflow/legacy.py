@@ -25,7 +25,8 @@ def broadcast_global_variables(root_rank):
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. "
                            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` "
                            "instead.")
-    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    assigns = broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    return tf.no_op() if assigns is None else assigns  # None: the graph has no variables
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):

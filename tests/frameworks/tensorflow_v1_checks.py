@@ -122,6 +122,10 @@ def check_distributed_optimizer(hvd, tf, np, failures):
 
 
 def check_refusals(hvd, tf, np, failures):
+    with tf.Graph().as_default():  # no variables: an op that does nothing, as tf.group()
+        nothing = hvd.broadcast_global_variables(0)
+        with tf.compat.v1.Session() as session:
+            session.run(nothing)
     sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
     for what, call, error, word in (
             ("broadcast_global_variables eagerly", lambda: hvd.broadcast_global_variables(0),
