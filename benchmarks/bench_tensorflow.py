@@ -1,7 +1,8 @@
 """Per-step gradient communication of engine_native.tensorflow vs engine_native.torch.
 
 Both bindings reduce the same ~20 gradient-shaped float32 tensors (a few MB, the layer sizes
-of a small MLP) as one grouped allreduce per step, on ``--np`` freshly spawned CPU processes
+of a small MLP) as one grouped allreduce per step (``--op reducescatter``: one
+grouped_reducescatter), on ``--np`` freshly spawned CPU processes
 each, in the same invocation: torch tensors through ``engine_native.torch``, and tf.Tensors
 through ``engine_native.tensorflow`` eagerly and inside ``tf.function`` (one stateful
 ``tf.numpy_function``). The difference is what the TF binding adds around the same core.
@@ -9,6 +10,7 @@ Prints a table and the ratios; never asserts anything (DESIGN §7).
 
     python benchmarks/bench_tensorflow.py                 # np=2
     python benchmarks/bench_tensorflow.py --np 3 --steps 200
+    python benchmarks/bench_tensorflow.py --op reducescatter
 """
 import argparse
 import os
@@ -28,31 +30,32 @@ MODES = [('numpy', 'engine_native (NumPy API, the floor)'), ('torch', 'engine_na
          ('tf-function', 'engine_native.tensorflow, tf.function')]
 
 
-def _step_fn(mode, rank):
-    """(hvd, step): one grouped allreduce of every gradient, for ``mode``."""
+def _step_fn(mode, rank, op):
+    """(hvd, step): one grouped allreduce (or reducescatter) of every gradient, for ``mode``."""
     import numpy as np
     rng = np.random.default_rng(rank)
     arrays = [rng.standard_normal(shape).astype(np.float32) for shape in SHAPES]
     if mode == 'numpy':
         import engine_native as hvd
-        return hvd, lambda: hvd.grouped_allreduce(arrays)
+        return hvd, lambda: getattr(hvd, 'grouped_' + op)(arrays)
     if mode == 'torch':
         import torch
         import engine_native.torch as hvd
         torch.set_num_threads(1)
         tensors = [torch.from_numpy(a) for a in arrays]
-        return hvd, lambda: hvd.grouped_allreduce(tensors)
+        return hvd, lambda: getattr(hvd, 'grouped_' + op)(tensors)
     import tensorflow as tf
     import engine_native.tensorflow as hvd
     tensors = [tf.constant(a) for a in arrays]
+    grouped = getattr(hvd, 'grouped_' + op)
     if mode == 'tf-eager':
-        return hvd, lambda: hvd.grouped_allreduce(tensors)
-    reduce = tf.function(lambda ts: hvd.grouped_allreduce(ts))
+        return hvd, lambda: grouped(tensors)
+    reduce = tf.function(lambda ts: grouped(ts))
     return hvd, lambda: reduce(tensors)  # returns once the function ran (synchronous executor)
 
 
-def _worker(rank, mode, warmup, steps):
-    hvd, step = _step_fn(mode, rank)
+def _worker(rank, mode, warmup, steps, op):
+    hvd, step = _step_fn(mode, rank, op)
     hvd.init()
     for _ in range(warmup):
         step()
@@ -66,11 +69,11 @@ def _worker(rank, mode, warmup, steps):
     return times
 
 
-def run_mode(mode, size, warmup, steps, timeout):
+def run_mode(mode, size, warmup, steps, timeout, op):
     """Median, p90 and fastest step time (a step as slow as its slowest rank), or an error
     string. The fastest step is the least disturbed by other load on a shared machine."""
     try:
-        return step_stats(run_ranks(_worker, size, (mode, warmup, steps), timeout=timeout,
+        return step_stats(run_ranks(_worker, size, (mode, warmup, steps, op), timeout=timeout,
                                     env=dict(TF_CPP_MIN_LOG_LEVEL='2',
                                              TF_NUM_INTEROP_THREADS='1',
                                              TF_NUM_INTRAOP_THREADS='1')))
@@ -88,18 +91,19 @@ def main(argv=None):
     parser.add_argument('--rounds', type=int, default=2,
                         help='runs per mode, in alternating order; the best is shown')
     parser.add_argument('--timeout', type=float, default=300)
+    parser.add_argument('--op', choices=['allreduce', 'reducescatter'], default='allreduce')
     args = parser.parse_args(argv)
     import numpy as np
     megabytes = sum(int(np.prod(s)) for s in SHAPES) * 4 / 1e6
-    print('# grouped allreduce of %d float32 tensors (%.1f MB) per step, np=%d, %d timed steps '
+    print('# grouped %s of %d float32 tensors (%.1f MB) per step, np=%d, %d timed steps '
           'after %d warm-up, best of %d rounds; %d CPUs, %s'
-          % (len(SHAPES), megabytes, args.np, args.steps, args.warmup, args.rounds,
+          % (args.op, len(SHAPES), megabytes, args.np, args.steps, args.warmup, args.rounds,
              os.cpu_count(), time.strftime('%Y-%m-%d')))
     best = {}
     for round_index in range(args.rounds):  # alternate the order: the machine drifts
         order = MODES if round_index % 2 == 0 else MODES[::-1]
         for mode, _ in order:
-            res = run_mode(mode, args.np, args.warmup, args.steps, args.timeout)
+            res = run_mode(mode, args.np, args.warmup, args.steps, args.timeout, args.op)
             previous = best.get(mode)
             if previous is None or isinstance(previous, str) or \
                     (not isinstance(res, str) and res[0] < previous[0]):
