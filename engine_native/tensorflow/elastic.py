@@ -64,8 +64,8 @@ def run(func):
 def _refuse_session(what, session):
     if session is not None:
         raise NotImplementedError(
-            f"{what}: TF1 sessions are not supported by engine_native.tensorflow (TF2, eager "
-            "and tf.function only); pass no session")
+            f"{what}: TF1 sessions are not supported by engine_native.tensorflow's elastic "
+            "states (TF2, eager and tf.function only); pass no session and the variables")
 
 
 class TensorFlowState(ObjectState):
