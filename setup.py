@@ -136,6 +136,7 @@ CORE_SOURCES = [
     "runtime/worker_requests.cc",
     "runtime/device_peer_ops.cc",
     "runtime/peer_ops.cc",
+    "runtime/peer_ops_into.cc",
     "runtime/peer_ops_device.cc",
     "runtime/peer_ops_nccl.cc",
     "runtime/device_nccl_peers.cc",

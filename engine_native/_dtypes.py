@@ -53,6 +53,15 @@ def numpy_code(dtype, op_name: str, tensor_name: str) -> int:
     return code
 
 
+def numpy_code_or_none(dtype):
+    """The core's code for a NumPy dtype, or None for one it does not carry."""
+    dtype = np.dtype(dtype)
+    code = _NUMPY_CODES.get(dtype)
+    if code is None and _register_bfloat16():
+        code = _NUMPY_CODES.get(dtype)
+    return code
+
+
 def numpy_dtype(code: int) -> np.dtype:
     """The numpy dtype of a core dtype code (bfloat16 needs ml_dtypes)."""
     if code == BFLOAT16:

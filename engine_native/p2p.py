@@ -26,7 +26,7 @@ import numpy as np
 from . import _core, _dtypes
 
 _lock = threading.Lock()
-_sending: dict = {}  # send handle -> its array, alive until the send completed
+_in_use: dict = {}  # handle -> the array the core reads (a send) or writes (recv's out=)
 
 
 class P2PRequest:
@@ -49,7 +49,7 @@ class P2PRequest:
 
     def _forget(self) -> None:
         with _lock:
-            _sending.pop(self._handle, None)
+            _in_use.pop(self._handle, None)
 
     def wait(self):
         if self._error is not None:
@@ -98,20 +98,41 @@ def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
     handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data, wait_now, device,
                             stream)
     with _lock:
-        _sending[handle] = keep
+        _in_use[handle] = keep
     return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert)
 
 
 def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
     """Start receiving the next message with ``tag`` from rank ``src``. Its dtype and shape come
-    with it; with ``out``, the message is copied into that array, which must have the same
-    dtype and shape (else ``ValueError`` on this rank)."""
+    with it; with ``out``, the message is written into that array, which must have the same
+    dtype and shape (else ``ValueError`` on this rank) and must not be used until the request
+    completes. A receive that fails may leave ``out`` partly written."""
     return _irecv(src, tag, out, wait_now=False)
 
 
 def _irecv(src: int, tag: int, out, wait_now: bool) -> P2PRequest:
     what = f"recv(from rank {src}, tag {tag})"
-    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out)
+    code = _dtypes.numpy_code_or_none(out.dtype) if _writable_c_array(out) else None
+    if code is None:
+        return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out)
+    return start_recv_into(src, tag, code, out.shape, out.ctypes.data, out, wait_now, what)
+
+
+def _writable_c_array(out) -> bool:
+    return isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable
+
+
+def start_recv_into(src: int, tag: int, code: int, shape, address: int, out, wait_now: bool,
+                    what: str, convert=None, device: int = -1) -> P2PRequest:
+    """Submit a receive whose message, if of dtype ``code`` and ``shape``, the core writes to
+    host memory at ``address`` (``out``'s, referenced until the receive completed, even if
+    the request is dropped): Note [Receive into out] in the core. ``device``: the CUDA device
+    that reads a CUDA tensor sent from this host (-1: none)."""
+    handle = _core.p2p_recv(int(src), int(tag), wait_now, device, False, int(address), code,
+                            tuple(shape))
+    with _lock:
+        _in_use[handle] = out
+    return P2PRequest(handle, what, out, convert=convert)
 
 
 def send(array, dst: int, tag: int = 0) -> None:
@@ -132,5 +153,6 @@ def _received(result, what: str, out: np.ndarray | None) -> np.ndarray:
     if out.dtype != array.dtype or tuple(out.shape) != tuple(array.shape):
         raise ValueError(f"{what}: the message is {array.dtype} {tuple(array.shape)}, "
                          f"out is {out.dtype} {tuple(out.shape)}")
-    out[...] = array
+    if array.size == 0 or array.ctypes.data != out.ctypes.data:  # else written there already
+        out[...] = array
     return out

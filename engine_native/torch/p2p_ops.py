@@ -91,7 +91,8 @@ def _check(tensor, what: str):
 # before, on that stream: Horovod's stream contract) have finished and the bytes are final
 # before the core reads them; the sending thread blocks for the copy. A receive of a host
 # message is a CPU tensor, moved with ``.to(device)`` (a copy on that device's current stream)
-# when ``device=`` names one; ``out=`` is filled by a copy wherever it lives. The gradient of a
+# when ``device=`` names one; a contiguous CPU ``out=`` is written by the core itself (Note
+# [Receive into out]), any other ``out=`` filled by a copy wherever it lives. The gradient of a
 # sent CUDA tensor comes back to the tensor's device. Both ways ran on an H200 (tests/gpu/
 # test_p2p_gpu.py, 2026-12-04).
 
@@ -137,8 +138,9 @@ def _received(result, what: str, out, device=None):
     if out.dtype != tensor.dtype or tuple(out.shape) != tuple(tensor.shape):
         raise ValueError(f"{what}: the message is {tensor.dtype} {tuple(tensor.shape)}, the "
                          f"tensor to fill is {out.dtype} {tuple(out.shape)}")
-    with torch.no_grad():
-        out.copy_(tensor)
+    if out.numel() == 0 or tensor.data_ptr() != out.data_ptr():  # else written there already
+        with torch.no_grad():
+            out.copy_(tensor)
     return out
 
 
@@ -167,6 +169,10 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     convert = _received if device is None else \
         (lambda result, what_, out_: _received(result, what_, out_, device))
     reader, on_device = _reading_device(device)
+    if out is not None and out.device.type == "cpu" and out.is_contiguous():
+        # written there by the core (Note [Receive into out]); _received then copies nothing
+        return _p2p.start_recv_into(src, tag, rt.dtype_code(out, what), out.shape,
+                                    out.data_ptr(), out, wait_now, what, convert, reader)
     return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device), what,
                       out, convert=convert)
 

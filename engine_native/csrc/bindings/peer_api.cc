@@ -80,13 +80,19 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
   return PyLong_FromLongLong(handle);
 }
 
-// p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False) -> handle; device: the CUDA
-// device that reads a CUDA tensor sent from this host (its result stays there when
-// on_device, else it lands in host memory).
+// p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=0, into_dtype=0,
+// into_shape=()) -> handle; device: the CUDA device that reads a CUDA tensor sent from this
+// host (its result stays there when on_device, else it lands in host memory); into: the
+// address of host memory of into_dtype x into_shape (C order) that a message of exactly that
+// type is written to (Note [Receive into out]); the caller keeps it alive until the handle
+// completes.
 PyObject* pyP2pRecv(PyObject*, PyObject* args) {
-  int peer = 0, wait_now = 0, device = -1, on_device = 0;
+  int peer = 0, wait_now = 0, device = -1, on_device = 0, into_dtype = 0;
   long long tag = 0;
-  if (!PyArg_ParseTuple(args, "iL|pip", &peer, &tag, &wait_now, &device, &on_device)) {
+  unsigned long long into = 0;
+  PyObject* into_shape = nullptr;
+  if (!PyArg_ParseTuple(args, "iL|pipKiO", &peer, &tag, &wait_now, &device, &on_device, &into,
+                        &into_dtype, &into_shape)) {
     return nullptr;
   }
   runtime::PeerRecv recv;
@@ -94,6 +100,21 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   recv.tag = tag;
   recv.device = device;
   recv.on_device = on_device != 0;
+  if (into != 0) {
+    if (!common::isValidDataType(into_dtype)) {
+      PyErr_Format(PyExc_TypeError, "recv(from rank %d, tag %lld): unsupported dtype code %d",
+                   peer, tag, into_dtype);
+      return nullptr;
+    }
+    if (into_shape == nullptr ||
+        !toInt64List(into_shape, &recv.into_shape, "recv(): into_shape must be a sequence of "
+                     "ints")) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "recv(): into needs into_shape");
+      return nullptr;
+    }
+    recv.into = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(into));
+    recv.into_dtype = static_cast<common::DataType>(into_dtype);
+  }
   int64_t handle = 0;
   common::Status status;
   Py_BEGIN_ALLOW_THREADS  // an irecv may read rings here (Note [Caller drives] H)
@@ -117,10 +138,12 @@ PyMethodDef g_peer_methods[] = {
      "then. wait_now: the caller waits for it at once. device >= 0: data is the address of a "
      "CUDA tensor on it, produced on stream (p2p_cuda_route 'nccl' or 'ipc' only)."},
     {"p2p_recv", pyP2pRecv, METH_VARARGS,
-     "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False): receive the next "
-     "message with this tag from a rank; returns a handle (wait() returns (Buffer, shape, "
-     "dtype code)). device: the CUDA device that reads a CUDA tensor; on_device: its result "
-     "stays there."},
+     "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=0, into_dtype=0, "
+     "into_shape=()): receive the next message with this tag from a rank; returns a handle "
+     "(wait() returns (Buffer, shape, dtype code)). device: the CUDA device that reads a CUDA "
+     "tensor; on_device: its result stays there. into: the address of host memory of "
+     "into_dtype x into_shape that a message of that type is written to (the Buffer is then "
+     "over it); kept alive by the caller until the handle completes."},
     {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
      "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'nccl' (ncclSend/ncclRecv: "
      "another host, or HVD_GPU_PATH=nccl), 'ipc' (CUDA IPC, a rank of this host), 'staged' "

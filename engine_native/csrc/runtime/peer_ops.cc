@@ -40,7 +40,6 @@
 #include "common/check.h"
 #include "common/text.h"
 
-#include "runtime/host_output_pool.h"
 #include "runtime/submission_queue.h"
 #include "transport/shm/segment.h"
 
@@ -49,29 +48,6 @@ namespace hvd::runtime {
 using common::Status;
 
 namespace {
-
-// Note [Received payloads]
-// A message lands in an output the core reuses (hostOutput, Note [Host output reuse]) up to
-// kPooledPayloadBytes, so a pipeline's same-shaped activations find pages already faulted in
-// rather than fresh ones every message; a larger one in a mapping reserved with MAP_NORESERVE
-// (transport/peer_channel.h: what a header claims is committed only as bytes arrive). Either
-// is an OutputBuffer, the receive's result.
-constexpr uint64_t kPooledPayloadBytes = 1ull << 30;
-
-transport::PeerPayload outputPayload(uint64_t bytes) {
-  std::shared_ptr<OutputBuffer> out;
-  if (bytes <= kPooledPayloadBytes) {
-    out = hostOutput(static_cast<size_t>(bytes));
-  } else if (uint8_t* mapped = transport::reservePayloadMapping(bytes)) {
-    const auto size = static_cast<size_t>(bytes);
-    out = std::make_shared<OutputBuffer>(mapped, size, -1, size, [](OutputBuffer& b) {
-      transport::releasePayloadMapping(b.data, b.capacity);
-    });
-  }
-  if (!out || out->data == nullptr) return {};
-  uint8_t* data = out->data;
-  return {std::move(out), data};
-}
 
 std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
   common::Text os;
@@ -98,7 +74,7 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
       ipc_refused_(static_cast<size_t>(mesh.size())) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
-      channel->setAllocator(&outputPayload);
+      channel->setAllocator(&PeerOps::payloadFor, this);  // Note [Receive into out]
     }
   }
 }
@@ -142,6 +118,9 @@ Status PeerOps::submitRecv(const PeerRecv& recv, bool caller_waits, bool wake,
   op.tag = recv.tag;
   op.device = recv.device;
   op.on_device = recv.on_device && recv.device >= 0;
+  op.into = recv.into;
+  op.dtype = recv.into_dtype;
+  op.shape = recv.into_shape;
   return submit(std::move(op), caller_waits, wake, handle);
 }
 
@@ -285,11 +264,13 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   // Messages completed before an error (a peer that sent, then exited) are kept first, so
   // failAll frees them.
   for (transport::PeerMessage& m : received_) HVD_RETURN_IF_ERROR(arrive(peer, p, std::move(m)));
+  const bool arrived = !received_.empty();
+  received_.clear();  // bindOrAllocate counts what it holds (Note [Receive into out] A)
   HVD_RETURN_IF_ERROR(received);
   if (read) {
     for (Op& op : p.receiving) op.since = now;
   }
-  if (!received_.empty()) match(p);
+  if (arrived) match(p);
   timeOut(p, now);
   *moved = *moved || wrote || read || !sent_.empty();
   return Status::ok();
@@ -343,6 +324,7 @@ void PeerOps::match(PerPeer& p) {
     } else if (m->message.frame.kind == transport::PeerFrameKind::kDeviceNccl) {
       startNcclRead(p, std::move(*r), *m);
     } else {
+      HVD_CHECK(!r->bound || m->message.payload.data == r->into);  // Note [Receive into out] B
       completeRecv(*r, std::move(m->message));
     }
     p.arrived.erase(m);
@@ -368,7 +350,13 @@ void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
   metrics_.countP2p(/*sent=*/false, message.frame.bytes);
   endSpan(op);
   OpResult result;
-  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
+  if (message.payload.owner == nullptr) {  // the receive's own `into` (Note [Receive into out] B)
+    result.buffer = std::make_shared<OutputBuffer>(message.payload.data, message.frame.bytes, -1,
+                                                   message.frame.bytes,
+                                                   [](OutputBuffer&) {});  // the caller's
+  } else {
+    result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
+  }
   result.shape = std::move(message.frame.shape);
   result.dtype = static_cast<int32_t>(message.frame.dtype);
   handles_.complete(op.handle, Status::ok(), std::move(result));
@@ -399,7 +387,9 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
     endSpan(*r, timed_out);
     listen(-1);
     handles_.complete(r->handle, timed_out);
+    const Op gone = std::move(*r);
     r = p.receiving.erase(r);
+    unbind(gone);  // Note [Receive into out] C: after the erase, so it may bind the next
   }
 }
 
@@ -511,7 +501,10 @@ void PeerOps::failAll(const Status& status) {
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
     if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
-    for (const auto* ops : {&p.sending, &p.staged, &p.receiving, &p.reading}) {
+    std::deque<Op> receiving;
+    receiving.swap(p.receiving);
+    for (const Op& op : receiving) unbind(op);  // Note [Receive into out] C
+    for (const auto* ops : {&p.sending, &p.staged, &receiving, &p.reading}) {
       for (const Op& op : *ops) {
         endSpan(op, status);
         handles_.complete(op.handle, status);

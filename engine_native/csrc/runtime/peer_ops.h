@@ -46,11 +46,17 @@ struct PeerSend {
 };
 // A receive: `device` (-1: none) is the CUDA device that reads a CUDA tensor sent from this
 // host; its result stays there when `on_device`, else it lands in host memory.
+// `into` (host memory, null: none) may take a host message of exactly `into_dtype` x
+// `into_shape`, written there with no copy in between; it must stay valid until the handle
+// completes (Note [Receive into out] in peer_ops_into.cc).
 struct PeerRecv {
   int peer = -1;
   int64_t tag = 0;
   int device = -1;
   bool on_device = false;
+  uint8_t* into = nullptr;
+  common::DataType into_dtype = common::DataType::kUint8;
+  std::vector<int64_t> into_shape;
 };
 
 class PeerOps {
@@ -116,9 +122,11 @@ class PeerOps {
     int peer = -1;
     int64_t tag = 0;
     bool is_send = false;
-    common::DataType dtype = common::DataType::kUint8;
-    std::vector<int64_t> shape;
+    common::DataType dtype = common::DataType::kUint8;  // a receive: its `into`'s
+    std::vector<int64_t> shape;                         // ditto
     const void* data = nullptr;
+    uint8_t* into = nullptr;  // a receive's out= memory (Note [Receive into out])
+    bool bound = false;       // ... a message is being written there
     int device = -1;          // send: the CUDA tensor's; receive: the device that reads one
     bool on_device = false;   // receive: a CUDA tensor's result stays on `device`
     ReadyEvent ready;         // a CUDA send: its producer's stream at submission
@@ -160,6 +168,12 @@ class PeerOps {
   common::Status progressPeer(int peer, Clock::time_point now, bool* moved);
   void match(PerPeer& p);
   void completeRecv(const Op& op, transport::PeerMessage message);
+  // Note [Receive into out] (peer_ops_into.cc): where an arriving payload goes, and the way
+  // back for a bound receive that ends without its message.
+  static transport::PeerPayload payloadFor(void* self, int peer,
+                                           const transport::PeerFrame& frame);
+  transport::PeerPayload bindOrAllocate(int peer, const transport::PeerFrame& frame);
+  void unbind(const Op& op);
   // The CUDA messages (peer_ops_device.cc, Note [Device point-to-point]).
   void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D

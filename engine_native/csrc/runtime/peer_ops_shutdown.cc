@@ -30,7 +30,9 @@ void PeerOps::beginShutdown(const Status& status) {
       endSpan(op, status);
       handles_.complete(op.handle, status);
     }
-    p.receiving.clear();
+    std::deque<Op> receiving;
+    receiving.swap(p.receiving);
+    for (const Op& op : receiving) unbind(op);  // Note [Receive into out] C
     for (const Arrived& arrived : p.arrived) dropArrival(peer, arrived);
     p.arrived.clear();
   }

@@ -60,6 +60,7 @@
 #include <cstring>
 
 #include "common/byte_codec.h"
+#include "common/test_switch.h"
 #include "transport/tcp/socket.h"
 
 namespace hvd::transport {
@@ -109,7 +110,15 @@ PeerPayload reservedPeerPayload(uint64_t bytes) {
           p};
 }
 
-PeerChannel::PeerChannel(int fd, int peer) : fd_(fd), peer_(peer), inbox_(kInboxBytes) {}
+// Test switch: HVD_TEST_PEER_PAUSE_AT_BYTES=N with HVD_TEST_PEER_PAUSE_FILE=path: a channel on
+// shared memory writes no byte past its N-th while that file exists: a sender stuck in the
+// middle of a message, which goes on when the test removes the file (the writer retries on
+// its loop's tick, as after a full ring).
+PeerChannel::PeerChannel(int fd, int peer) : fd_(fd), peer_(peer), inbox_(kInboxBytes) {
+  const char* at = HVD_TEST_SWITCH("PEER_PAUSE_AT_BYTES");
+  pause_file_ = HVD_TEST_SWITCH("PEER_PAUSE_FILE");
+  if (at != nullptr && pause_file_ != nullptr) pause_at_ = std::strtoull(at, nullptr, 10);
+}
 
 PeerChannel::~PeerChannel() { tcp::closeFd(&fd_); }
 
@@ -155,6 +164,7 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
 }
 
 Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable) {
+  HVD_RETURN_IF_ERROR(broken_);
   bool closed = false;  // shared memory: the socket hung up; deliver what the ring holds first
   if (link_ != nullptr && socket_readable) closed = shm::drainWakeBytes(fd_) != 0;  // D
   // A ring is read at most a ring's worth per call (F): a writer that keeps it full, or lies
@@ -203,19 +213,30 @@ ssize_t PeerChannel::writeSome(const iovec* iov, int count) {
   if (link_ != nullptr) {  // E: a piece at a time
     iovec capped[2 * kMaxFramesPerWrite];
     size_t budget = kRingPieceBytes;
+    if (paused()) return 0;
+    if (pause_at_ != 0) budget = std::min<uint64_t>(budget, pause_at_ - written_);
     int k = 0;
     for (; k < count && budget > 0; ++k) {
       capped[k] = iov[k];
       capped[k].iov_len = std::min(capped[k].iov_len, budget);
       budget -= capped[k].iov_len;
     }
-    return static_cast<ssize_t>(link_->writeGather(capped, k));
+    const size_t wrote = link_->writeGather(capped, k);
+    written_ += wrote;
+    return static_cast<ssize_t>(wrote);
   }
   msghdr message{};
   message.msg_iov = const_cast<iovec*>(iov);
   message.msg_iovlen = static_cast<size_t>(count);
   // MSG_NOSIGNAL: a closed peer is an EPIPE here, never a SIGPIPE for the process
   return ::sendmsg(fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+bool PeerChannel::paused() {
+  if (pause_at_ == 0 || written_ < pause_at_) return false;
+  if (::access(pause_file_, F_OK) == 0) return true;  // the loop sleeps to its tick meanwhile
+  pause_at_ = 0;
+  return false;
 }
 
 ssize_t PeerChannel::readSome(uint8_t* dst, size_t room) {
@@ -265,7 +286,7 @@ Status PeerChannel::parse(std::vector<PeerMessage>* out) {
 }
 
 Status PeerChannel::startPayload() {
-  incoming_.payload = allocate_(incoming_.frame.bytes);
+  incoming_.payload = allocate_(allocate_context_, peer_, incoming_.frame);
   if (incoming_.payload.data == nullptr) {
     return common::internalError("out of memory for a point-to-point message of " +
                                  std::to_string(incoming_.frame.bytes) + " bytes from rank " +
@@ -274,6 +295,20 @@ Status PeerChannel::startPayload() {
   payload_got_ = 0;
   stage_ = Stage::kPayload;
   return Status::ok();
+}
+
+void PeerChannel::rehomeIncoming(const uint8_t* data) {
+  if (stage_ != Stage::kPayload || incoming_.payload.data != data) return;
+  PeerPayload fresh = allocate_(allocate_context_, peer_, incoming_.frame);
+  if (fresh.data == nullptr) {
+    broken_ = common::internalError("out of memory for the rest of a point-to-point message "
+                                    "of " + std::to_string(incoming_.frame.bytes) +
+                                    " bytes from rank " + std::to_string(peer_));
+    incoming_ = PeerMessage();  // never written again
+    return;
+  }
+  std::memcpy(fresh.data, incoming_.payload.data, static_cast<size_t>(payload_got_));
+  incoming_.payload = std::move(fresh);
 }
 
 }  // namespace hvd::transport

@@ -25,13 +25,15 @@
 
 namespace hvd::transport {
 
-// Memory for a received payload: `data` (at least the payload's bytes, 64-byte aligned), kept
-// alive by `owner`. An allocator answers {} when it has no memory.
+// Memory for a received payload: `data` (at least the payload's bytes), kept alive by `owner`
+// (null: memory a posted receive brought, Note [Receive into out] in runtime/peer_ops.cc). An
+// allocator answers {} when it has no memory; it is asked once a frame's header is read, with
+// the context given to setAllocator and the sending peer.
 struct PeerPayload {
   std::shared_ptr<void> owner;
   uint8_t* data = nullptr;
 };
-using PeerPayloadAllocator = PeerPayload (*)(uint64_t bytes);
+using PeerPayloadAllocator = PeerPayload (*)(void* context, int peer, const PeerFrame& frame);
 // The default allocator: aligned_alloc below 1 MiB; from 1 MiB a mapping reserved with
 // MAP_NORESERVE, whose pages are committed only as the bytes fill them, so a header that claims
 // a terabyte costs address space, not memory (found by the fuzz tier).
@@ -51,7 +53,15 @@ class PeerChannel {
   PeerChannel(int fd, int peer);
   ~PeerChannel();  // closes the socket
   // Where received payloads go from now on (runtime/peer_ops.cc: the core's reused outputs).
-  void setAllocator(PeerPayloadAllocator allocate) { allocate_ = allocate; }
+  void setAllocator(PeerPayloadAllocator allocate, void* context) {
+    allocate_ = allocate;
+    allocate_context_ = context;
+  }
+  // The message being received, if its payload is being written to `data`, goes on in fresh
+  // memory from the allocator, its bytes so far copied there: whoever brought `data` gave up
+  // on it (a receive into out= that failed). Without memory for it, the message is dropped and
+  // the next receive() fails with that.
+  void rehomeIncoming(const uint8_t* data);
   PeerChannel(const PeerChannel&) = delete;
   PeerChannel& operator=(const PeerChannel&) = delete;
 
@@ -74,7 +84,9 @@ class PeerChannel {
   bool hasIncoming() const { return link_ != nullptr && link_->hasData(); }
   // Shared memory only, after the loop announced its sleep: with a backlog, marks the ring for
   // a wake once the peer reads and says whether it has room already (then do not sleep).
-  bool rearmWriter() { return link_ != nullptr && !outbox_.empty() && link_->rearm(); }
+  bool rearmWriter() {
+    return link_ != nullptr && !outbox_.empty() && !paused() && link_->rearm();
+  }
   // Forgets queued frames (their payloads may be freed next): the connection is given up.
   void dropOutbox() { outbox_.clear(); }
 
@@ -96,15 +108,20 @@ class PeerChannel {
 
   common::Status parse(std::vector<PeerMessage>* out);  // from inbox_
   common::Status startPayload();
+  static PeerPayload defaultAllocator(void*, int, const PeerFrame& frame) {
+    return reservedPeerPayload(frame.bytes);
+  }
   // One write or read of the transport: bytes moved, 0 when it takes or has none now, -1 with
   // errno on a socket error.
   ssize_t writeSome(const iovec* iov, int count);
   ssize_t readSome(uint8_t* dst, size_t room);
+  bool paused();  // the test switch PEER_PAUSE_AT_BYTES holds
 
   int fd_;
   int peer_;
   std::unique_ptr<shm::RingStream> link_;  // null: frames go over the socket
-  PeerPayloadAllocator allocate_ = reservedPeerPayload;
+  PeerPayloadAllocator allocate_ = defaultAllocator;
+  void* allocate_context_ = nullptr;
   std::deque<Outgoing> outbox_;
   std::vector<uint8_t> inbox_;      // bytes read, not parsed yet: [inbox_begin_, inbox_end_)
   size_t inbox_begin_ = 0, inbox_end_ = 0;
@@ -112,6 +129,11 @@ class PeerChannel {
   uint32_t header_bytes_ = 0;
   PeerMessage incoming_;            // stage kPayload: the message being filled
   uint64_t payload_got_ = 0;
+  common::Status broken_;           // rehomeIncoming found no memory: receive() fails with it
+  // Test switch PEER_PAUSE_AT_BYTES (peer_channel.cc); 0: none.
+  uint64_t pause_at_ = 0;
+  const char* pause_file_ = nullptr;
+  uint64_t written_ = 0;            // bytes written to the ring, while pause_at_ is set
 };
 
 }  // namespace hvd::transport
