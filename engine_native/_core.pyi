@@ -96,14 +96,14 @@ def p2p_send(peer: int, tag: int, dtype: int, shape: Sequence[int], data: Any,
     returns None once the message is written (a CUDA tensor's: once it was copied out)."""
 
 def p2p_recv(peer: int, tag: int, wait_now: bool = False, device: int = -1,
-             on_device: bool = False, into: int = 0, into_dtype: int = 0,
+             on_device: bool = False, into: Any = None, into_dtype: int = 0,
              into_shape: Sequence[int] = ()) -> int:
     """Receive the next message with ``tag`` from global rank ``peer``; returns a handle whose
     ``wait`` returns ``(Buffer, shape, dtype code)``. ``device``: the CUDA device that reads
-    a CUDA tensor sent from this host; ``on_device``: the result stays there. ``into``: the
-    address of host memory of ``into_dtype`` x ``into_shape`` (C order) that a message of
-    exactly that type is written to (the Buffer is then over it); the caller keeps it alive
-    until the handle completes."""
+    a CUDA tensor sent from this host; ``on_device``: the result stays there. ``into``: host
+    memory (an address, or a writable C-contiguous buffer) of ``into_dtype`` x ``into_shape``
+    that a message of exactly that type is written to (``wait`` then gives None for the
+    Buffer); the caller keeps it alive until the handle completes."""
 
 def p2p_cuda_route(peer: int) -> str:
     """How a CUDA tensor travels to global rank ``peer``: ``"ipc"`` (CUDA IPC to a rank of this

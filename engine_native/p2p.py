@@ -112,47 +112,84 @@ def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
 
 def _irecv(src: int, tag: int, out, wait_now: bool) -> P2PRequest:
     what = f"recv(from rank {src}, tag {tag})"
-    code = _dtypes.numpy_code_or_none(out.dtype) if _writable_c_array(out) else None
+    code = _bindable(out)
     if code is None:
         return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out)
-    return start_recv_into(src, tag, code, out.shape, out.ctypes.data, out, wait_now, what)
+    return start_recv_into(src, tag, code, out.shape, out, out, wait_now, what)
 
 
-def _writable_c_array(out) -> bool:
-    return isinstance(out, np.ndarray) and out.flags.c_contiguous and out.flags.writeable
+def _bindable(out):
+    """The dtype code of an ``out`` the core can write into itself (a writable C-contiguous
+    ndarray of a dtype it carries), else None (the message is copied into it)."""
+    if isinstance(out, np.ndarray) and out.size and out.flags.c_contiguous and \
+            out.flags.writeable:
+        return _dtypes.numpy_code_or_none(out.dtype)
+    return None
 
 
-def start_recv_into(src: int, tag: int, code: int, shape, address: int, out, wait_now: bool,
+def start_recv_into(src: int, tag: int, code: int, shape, into, out, wait_now: bool,
                     what: str, convert=None, device: int = -1) -> P2PRequest:
     """Submit a receive whose message, if of dtype ``code`` and ``shape``, the core writes to
-    host memory at ``address`` (``out``'s, referenced until the receive completed, even if
-    the request is dropped): Note [Receive into out] in the core. ``device``: the CUDA device
-    that reads a CUDA tensor sent from this host (-1: none)."""
-    handle = _core.p2p_recv(int(src), int(tag), wait_now, device, False, int(address), code,
+    host memory ``into`` (an address, or ``out`` itself as a buffer): Note [Receive into out]
+    in the core. ``out`` stays referenced until the receive completed, even if the request is
+    dropped. ``device``: the CUDA device that reads a CUDA tensor sent from this host (-1:
+    none)."""
+    handle = _core.p2p_recv(int(src), int(tag), wait_now, device, False, into, code,
                             tuple(shape))
     with _lock:
         _in_use[handle] = out
     return P2PRequest(handle, what, out, convert=convert)
 
 
+def _wait_holding(handle: int, keep):
+    """``_core.wait`` for a blocking send or receive, whose array ``keep`` the caller's frame
+    holds meanwhile; an interrupted wait leaves the op pending, so ``keep`` is kept (as an
+    abandoned request's is)."""
+    try:
+        return _core.wait(handle)
+    except (KeyboardInterrupt, SystemExit):
+        with _lock:
+            _in_use[handle] = keep
+        raise
+
+
 def send(array, dst: int, tag: int = 0) -> None:
     """Send ``array`` to rank ``dst``; returns once its bytes are written (not received)."""
-    _isend(array, dst, tag, wait_now=True).wait()
+    x = np.asarray(array)
+    if not x.flags.c_contiguous:
+        x = x.copy(order="C")
+    code = _dtypes.numpy_code_or_none(x.dtype)
+    if code is None:
+        _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")  # raises TypeError
+    # Blocking: no request object, no table entry (this frame keeps x) and no name string
+    # unless an error needs one: the few microseconds a small message's round trip is.
+    _wait_holding(_core.p2p_send(int(dst), int(tag), code, x.shape, x, True), x)
 
 
 def recv(src: int, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """Receive the next message with ``tag`` from rank ``src`` (a new array, or ``out``)."""
-    return _irecv(src, tag, out, wait_now=True).wait()
+    if out is None:
+        buffer, shape, code = _core.wait(_core.p2p_recv(int(src), int(tag), True))
+        return np.frombuffer(buffer, dtype=_dtypes.numpy_dtype(code)).reshape(shape)
+    code = _bindable(out)
+    if code is None:
+        return _irecv(src, tag, out, wait_now=True).wait()
+    result = _wait_holding(_core.p2p_recv(int(src), int(tag), True, -1, False, out, code,
+                                          out.shape), out)
+    if result[0] is None:  # written into out (Note [Receive into out])
+        return out
+    return _received(result, f"recv(from rank {src}, tag {tag})", out)
 
 
 def _received(result, what: str, out: np.ndarray | None) -> np.ndarray:
     buffer, shape, code = result
+    if buffer is None:  # written into out itself, of its dtype and shape
+        return out
     array = np.frombuffer(buffer, dtype=_dtypes.numpy_dtype(code)).reshape(shape)
     if out is None:
         return array
     if out.dtype != array.dtype or tuple(out.shape) != tuple(array.shape):
         raise ValueError(f"{what}: the message is {array.dtype} {tuple(array.shape)}, "
                          f"out is {out.dtype} {tuple(out.shape)}")
-    if array.size == 0 or array.ctypes.data != out.ctypes.data:  # else written there already
-        out[...] = array
+    out[...] = array
     return out

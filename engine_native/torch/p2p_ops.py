@@ -130,6 +130,8 @@ def _check_tag(tag: int, what: str) -> int:
 
 def _received(result, what: str, out, device=None):
     buffer, shape, code = result
+    if buffer is None:  # written into out itself (Note [Receive into out])
+        return out
     tensor = rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
     if out is None:
         if device is None or tensor.device.type == "cuda":  # a CUDA read lands on `device`
@@ -138,9 +140,8 @@ def _received(result, what: str, out, device=None):
     if out.dtype != tensor.dtype or tuple(out.shape) != tuple(tensor.shape):
         raise ValueError(f"{what}: the message is {tensor.dtype} {tuple(tensor.shape)}, the "
                          f"tensor to fill is {out.dtype} {tuple(out.shape)}")
-    if out.numel() == 0 or tensor.data_ptr() != out.data_ptr():  # else written there already
-        with torch.no_grad():
-            out.copy_(tensor)
+    with torch.no_grad():
+        out.copy_(tensor)
     return out
 
 
@@ -169,7 +170,7 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     convert = _received if device is None else \
         (lambda result, what_, out_: _received(result, what_, out_, device))
     reader, on_device = _reading_device(device)
-    if out is not None and out.device.type == "cpu" and out.is_contiguous():
+    if out is not None and out.device.type == "cpu" and out.is_contiguous() and out.numel() > 0:
         # written there by the core (Note [Receive into out]); _received then copies nothing
         return _p2p.start_recv_into(src, tag, rt.dtype_code(out, what), out.shape,
                                     out.data_ptr(), out, wait_now, what, convert, reader)

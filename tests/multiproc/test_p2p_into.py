@@ -1,6 +1,6 @@
 """A receive given out= (Note [Receive into out] in engine_native/csrc/runtime/peer_ops_into.cc):
 a message that arrives for a posted receive of its dtype and shape is written into out itself
-(the core's result Buffer is over out's memory: no copy in between), two posted receives of one
+(the core's result has no Buffer of its own: no copy in between), two posted receives of one
 tag each get their own message in order, one whose out does not fit gets a copy; a receive into
 out that times out in the middle of its message never writes out again, and the message goes to
 the next receive whole.
@@ -18,17 +18,17 @@ LARGE = 12 << 20  # bytes: three times the 4 MiB ring of a directed pair
 def _post(src, tag, out):
     """A receive into `out` through the core; its handle."""
     from engine_native import _core, _dtypes
-    return _core.p2p_recv(src, tag, False, -1, False, out.ctypes.data,
+    return _core.p2p_recv(src, tag, False, -1, False, out,
                           _dtypes.numpy_code(out.dtype, "recv", "out"), out.shape)
 
 
 def _landed(handle, out) -> tuple:
-    """(written in out itself, values) of a receive posted with _post."""
-    from engine_native import _core
-    buffer, shape, _ = _core.wait(handle)
-    array = np.frombuffer(buffer, dtype=out.dtype).reshape(shape)
-    return array.ctypes.data == out.ctypes.data, array.tolist() if array.size < 10 else \
-        float(array.sum())
+    """(written in out itself, the values received) of a receive posted with _post."""
+    from engine_native import _core, _dtypes
+    buffer, shape, code = _core.wait(handle)
+    array = out if buffer is None else \
+        np.frombuffer(buffer, dtype=_dtypes.numpy_dtype(code)).reshape(shape)
+    return buffer is None, array.tolist() if array.size < 10 else float(array.sum())
 
 
 def posted_suite():

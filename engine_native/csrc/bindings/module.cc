@@ -184,12 +184,15 @@ PyObject* pyPoll(PyObject*, PyObject* args) {
 
 PyObject* resultToPython(const hvd::runtime::OpResult& result) {
   if (result.last_joined_rank >= 0) return PyLong_FromLong(result.last_joined_rank);
+  if (result.dtype >= 0) {  // a point-to-point receive; no buffer: written into its `into`
+    PyObject* buffer =
+        result.buffer ? hvd::bindings::wrapBuffer(result.buffer) : Py_NewRef(Py_None);
+    if (buffer == nullptr) return nullptr;
+    return Py_BuildValue("(NNi)", buffer, int64Tuple(result.shape), result.dtype);
+  }
   if (!result.buffer) Py_RETURN_NONE;
   PyObject* buffer = hvd::bindings::wrapBuffer(result.buffer);
   if (buffer == nullptr) return nullptr;
-  if (result.dtype >= 0) {  // a point-to-point receive
-    return Py_BuildValue("(NNi)", buffer, int64Tuple(result.shape), result.dtype);
-  }
   if (!result.received_splits.empty()) {
     return Py_BuildValue("(NNN)", buffer, int64Tuple(result.shape),
                          int64Tuple(result.received_splits));

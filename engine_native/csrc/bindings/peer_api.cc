@@ -80,18 +80,41 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
   return PyLong_FromLongLong(handle);
 }
 
-// p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=0, into_dtype=0,
+// The address of memory a receive may be written into: `into` is an int (an address) or a
+// writable C-contiguous buffer of exactly `bytes`; 0 with a Python error set otherwise.
+uintptr_t intoAddress(PyObject* into, uint64_t bytes, int peer, long long tag) {
+  if (PyLong_Check(into)) {
+    const auto address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(into));
+    if (address == 0 && !PyErr_Occurred()) {
+      PyErr_SetString(PyExc_ValueError, "recv(): into is a null address");
+    }
+    return PyErr_Occurred() ? 0 : address;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(into, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return 0;
+  const auto address = reinterpret_cast<uintptr_t>(view.buf);
+  const Py_ssize_t have = view.len;
+  PyBuffer_Release(&view);
+  if (static_cast<uint64_t>(have) != bytes || address == 0) {
+    PyErr_Format(PyExc_ValueError,
+                 "recv(from rank %d, tag %lld): into holds %zd bytes, its dtype and shape need "
+                 "%llu", peer, tag, have, static_cast<unsigned long long>(bytes));
+    return 0;
+  }
+  return address;
+}
+
+// p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=None, into_dtype=0,
 // into_shape=()) -> handle; device: the CUDA device that reads a CUDA tensor sent from this
-// host (its result stays there when on_device, else it lands in host memory); into: the
-// address of host memory of into_dtype x into_shape (C order) that a message of exactly that
-// type is written to (Note [Receive into out]); the caller keeps it alive until the handle
-// completes.
+// host (its result stays there when on_device, else it lands in host memory); into: host
+// memory of into_dtype x into_shape (C order; an address, or a writable buffer) that a message
+// of exactly that type is written to (Note [Receive into out]; wait() then gives None for the
+// buffer); the caller keeps it alive until the handle completes.
 PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   int peer = 0, wait_now = 0, device = -1, on_device = 0, into_dtype = 0;
   long long tag = 0;
-  unsigned long long into = 0;
-  PyObject* into_shape = nullptr;
-  if (!PyArg_ParseTuple(args, "iL|pipKiO", &peer, &tag, &wait_now, &device, &on_device, &into,
+  PyObject *into = Py_None, *into_shape = nullptr;
+  if (!PyArg_ParseTuple(args, "iL|pipOiO", &peer, &tag, &wait_now, &device, &on_device, &into,
                         &into_dtype, &into_shape)) {
     return nullptr;
   }
@@ -100,20 +123,29 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   recv.tag = tag;
   recv.device = device;
   recv.on_device = on_device != 0;
-  if (into != 0) {
+  if (into != Py_None) {
     if (!common::isValidDataType(into_dtype)) {
       PyErr_Format(PyExc_TypeError, "recv(from rank %d, tag %lld): unsupported dtype code %d",
                    peer, tag, into_dtype);
       return nullptr;
     }
-    if (into_shape == nullptr ||
-        !toInt64List(into_shape, &recv.into_shape, "recv(): into_shape must be a sequence of "
-                     "ints")) {
-      if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "recv(): into needs into_shape");
+    if (into_shape == nullptr) {
+      PyErr_SetString(PyExc_TypeError, "recv(): into needs into_shape");
       return nullptr;
     }
-    recv.into = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(into));
+    if (!toInt64List(into_shape, &recv.into_shape, "recv(): into_shape must be a sequence of "
+                     "ints")) {
+      return nullptr;
+    }
+    uint64_t bytes = 0;
     recv.into_dtype = static_cast<common::DataType>(into_dtype);
+    if (!transport::peerPayloadBytes(recv.into_dtype, recv.into_shape, &bytes)) {
+      PyErr_Format(PyExc_ValueError, "recv(from rank %d, tag %lld): bad into_shape", peer, tag);
+      return nullptr;
+    }
+    const uintptr_t address = intoAddress(into, bytes, peer, tag);
+    if (address == 0) return nullptr;
+    recv.into = reinterpret_cast<uint8_t*>(address);
   }
   int64_t handle = 0;
   common::Status status;
@@ -138,12 +170,12 @@ PyMethodDef g_peer_methods[] = {
      "then. wait_now: the caller waits for it at once. device >= 0: data is the address of a "
      "CUDA tensor on it, produced on stream (p2p_cuda_route 'nccl' or 'ipc' only)."},
     {"p2p_recv", pyP2pRecv, METH_VARARGS,
-     "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=0, into_dtype=0, "
+     "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=None, into_dtype=0, "
      "into_shape=()): receive the next message with this tag from a rank; returns a handle "
      "(wait() returns (Buffer, shape, dtype code)). device: the CUDA device that reads a CUDA "
-     "tensor; on_device: its result stays there. into: the address of host memory of "
-     "into_dtype x into_shape that a message of that type is written to (the Buffer is then "
-     "over it); kept alive by the caller until the handle completes."},
+     "tensor; on_device: its result stays there. into: host memory (an address or a writable "
+     "buffer) of into_dtype x into_shape that a message of that type is written to (wait() "
+     "then gives None for the Buffer); kept alive by the caller until the handle completes."},
     {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
      "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'nccl' (ncclSend/ncclRecv: "
      "another host, or HVD_GPU_PATH=nccl), 'ipc' (CUDA IPC, a rank of this host), 'staged' "

@@ -350,13 +350,8 @@ void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
   metrics_.countP2p(/*sent=*/false, message.frame.bytes);
   endSpan(op);
   OpResult result;
-  if (message.payload.owner == nullptr) {  // the receive's own `into` (Note [Receive into out] B)
-    result.buffer = std::make_shared<OutputBuffer>(message.payload.data, message.frame.bytes, -1,
-                                                   message.frame.bytes,
-                                                   [](OutputBuffer&) {});  // the caller's
-  } else {
-    result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
-  }
+  // No buffer: the message is in the receive's own `into` (Note [Receive into out] B).
+  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
   result.shape = std::move(message.frame.shape);
   result.dtype = static_cast<int32_t>(message.frame.dtype);
   handles_.complete(op.handle, Status::ok(), std::move(result));
