@@ -82,6 +82,9 @@ class Adapter:
     def recv(self, buf, src: int, tag: int):
         return self.hvd.recv(src, tag)  # a new array: the message brings its dtype and shape
 
+    def recv_into(self, buf, src: int, tag: int):
+        return self.hvd.recv(src, tag, out=buf)  # written into buf (Note [Receive into out])
+
     def barrier(self) -> None:
         self.hvd.barrier()
 

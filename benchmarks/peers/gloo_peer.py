@@ -69,6 +69,8 @@ class Adapter:
         self.dist.recv(buf, src, tag=tag)  # into a tensor of the known size
         return buf
 
+    recv_into = recv
+
     def barrier(self) -> None:
         self.dist.barrier()
 

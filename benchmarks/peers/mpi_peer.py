@@ -89,6 +89,8 @@ class Adapter:
         self.comm.Recv(buf, source=src, tag=tag)  # into a buffer of the known size
         return buf
 
+    recv_into = recv
+
     def barrier(self) -> None:
         self.comm.Barrier()
 

@@ -488,7 +488,10 @@ void PeerOps::failAll(const Status& status) {
       bell->listening.store(0, std::memory_order_seq_cst);  // none opens again (failure_)
     }
   }
-  for (Op& op : taking_) handles_.complete(op.handle, status);
+  for (Op& op : taking_) {
+    unbind(op);  // Note [Receive into out] C (a receive bound while still submitted)
+    handles_.complete(op.handle, status);
+  }
   taking_.clear();
   device_.abandon();  // Note [Device point-to-point] F: before the tensors go
   nccl_.abandon();    // Note [NCCL point-to-point] F

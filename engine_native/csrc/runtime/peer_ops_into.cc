@@ -14,7 +14,8 @@
 // are the transport's). Now, as MPI's posted receive buffers:
 //   A. When a frame's header is read, the receive that will take it is known: with k messages
 //      of its tag from that peer already complete and unmatched (Arrived, or completed in this
-//      same read), it is the (k+1)-th posted receive of that tag (Note [Point-to-point] B). If
+//      same read), it is the (k+1)-th posted receive of that tag (Note [Point-to-point] B),
+//      taken by a pass or still submitted (a caller submits while the loop thread reads). If
 //      that receive brought `into` and the frame is a host message of exactly its dtype and
 //      shape, the payload is written there (the receive is `bound`); else it goes to an
 //      output (a message that arrives before its receive is posted, or whose type differs:
@@ -77,13 +78,31 @@ transport::PeerPayload PeerOps::bindOrAllocate(int peer, const transport::PeerFr
   for (const transport::PeerMessage& m : received_) {
     ahead += matchable(m.frame.kind) && m.frame.tag == frame.tag ? 1 : 0;
   }
+  // The posted receives in order: those a pass took, then those submitted since (a caller may
+  // submit while the loop thread's pass reads: A's receive is then still in submitted_).
+  Op* taker = nullptr;
   for (Op& r : p.receiving) {
-    if (r.tag != frame.tag || ahead-- > 0) continue;
-    if (r.into == nullptr || r.bound || r.dtype != frame.dtype || r.shape != frame.shape) break;
-    r.bound = true;
-    return {nullptr, r.into};
+    if (r.tag == frame.tag && ahead-- == 0) {
+      taker = &r;
+      break;
+    }
   }
-  return outputPayload(frame.bytes);
+  std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
+  if (taker == nullptr) {
+    lock.lock();
+    for (Op& r : submitted_) {
+      if (!r.is_send && r.peer == peer && r.tag == frame.tag && ahead-- == 0) {
+        taker = &r;
+        break;
+      }
+    }
+  }
+  if (taker == nullptr || taker->into == nullptr || taker->bound ||
+      taker->dtype != frame.dtype || taker->shape != frame.shape) {
+    return outputPayload(frame.bytes);
+  }
+  taker->bound = true;
+  return {nullptr, taker->into};
 }
 
 void PeerOps::unbind(const Op& op) {  // C

@@ -20,7 +20,10 @@ void PeerOps::beginShutdown(const Status& status) {
     if (failure_.isOk()) failure_ = status;  // later submissions fail with it
     taking_.swap(submitted_);
   }
-  for (Op& op : taking_) handles_.complete(op.handle, status);
+  for (Op& op : taking_) {
+    unbind(op);  // Note [Receive into out] C (a receive bound while still submitted)
+    handles_.complete(op.handle, status);
+  }
   taking_.clear();
   shutting_down_ = true;
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
