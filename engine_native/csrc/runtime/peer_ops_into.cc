@@ -70,7 +70,7 @@ transport::PeerPayload PeerOps::payloadFor(void* self, int peer,
 
 transport::PeerPayload PeerOps::bindOrAllocate(int peer, const transport::PeerFrame& frame) {
   PerPeer& p = peers_[peer];
-  if (frame.kind != transport::PeerFrameKind::kHost || frame.bytes == 0 || p.receiving.empty()) {
+  if (frame.kind != transport::PeerFrameKind::kHost || frame.bytes == 0) {
     return outputPayload(frame.bytes);
   }
   size_t ahead = 0;  // A: complete, unmatched messages of this tag
