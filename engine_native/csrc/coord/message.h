@@ -37,7 +37,7 @@ struct Request {
   common::ReduceOp reduce_op = common::ReduceOp::kSum;
   double prescale = 1.0;
   double postscale = 1.0;
-  int32_t root_rank = 0;           // broadcast root, set rank
+  int32_t root_rank = 0;           // broadcast root, a global rank
   int32_t process_set = 0;
   int32_t group_id = -1;           // grouped ops: same id lands in the same response batch
   int32_t device = -1;             // -1 = CPU
