@@ -134,6 +134,7 @@ CORE_SOURCES = [
     "runtime/executor.cc",
     "runtime/submission_queue.cc",
     "runtime/worker_requests.cc",
+    "runtime/host_copy_streams.cc",
     "runtime/device_peer_ops.cc",
     "runtime/peer_ops.cc",
     "runtime/peer_ops_into.cc",

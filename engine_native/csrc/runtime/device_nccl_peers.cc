@@ -33,7 +33,8 @@
 //      receive that takes the message gets it, once its ncclRecv finished.
 //   E. A receive whose result stays on the device gets that memory (on the pair's device,
 //      whatever device it named); one into host memory gets a copy, made once the bytes are
-//      final, on a stream that holds only such copies (as Note [Device point-to-point] D).
+//      final, on the device's stream that holds only such copies (HostCopyStreams, which
+//      Note [Device point-to-point] D's copies share).
 //   F. Errors, never hangs. A set-up that fails or does not finish in HVD_TIMEOUT, and a
 //      transfer without progress for HVD_TIMEOUT (the peer stopped, never receives, or its
 //      producer's kernel never ends), fail the rank naming the op (peer and tag); the other
@@ -63,8 +64,10 @@ namespace hvd::runtime {
 using common::Status;
 namespace nccl = transport::nccl;
 
-DeviceNcclPeers::DeviceNcclPeers(transport::Mesh& mesh, int wake_fd, double timeout_seconds)
-    : mesh_(mesh), wake_(wake_fd), timeout_seconds_(timeout_seconds) {}
+DeviceNcclPeers::DeviceNcclPeers(transport::Mesh& mesh, int wake_fd, double timeout_seconds,
+                                 HostCopyStreams& host_copies)
+    : mesh_(mesh), wake_(wake_fd), timeout_seconds_(timeout_seconds),
+      host_copies_(host_copies) {}
 
 DeviceNcclPeers::~DeviceNcclPeers() { abandon(); }
 
@@ -266,18 +269,6 @@ Status DeviceNcclPeers::poll(std::vector<Done>* done) {
   return Status::ok();
 }
 
-Status DeviceNcclPeers::copyStream(int device, nccl::DeviceStream** out) {
-  auto& stream = copy_out_[device];
-  if (!stream) {
-    auto made = std::make_unique<nccl::DeviceStream>();
-    HVD_RETURN_IF_ERROR(made->init(device));
-    stream = std::move(made);
-  }
-  HVD_RETURN_IF_ERROR(stream->select());
-  *out = stream.get();
-  return Status::ok();
-}
-
 Status DeviceNcclPeers::toHost(const OutputBuffer& device_bytes,
                                std::shared_ptr<OutputBuffer>* host) {
   nccl::DeviceRestorer restore;
@@ -287,7 +278,7 @@ Status DeviceNcclPeers::toHost(const OutputBuffer& device_bytes,
                                  " bytes");
   }
   nccl::DeviceStream* stream = nullptr;
-  HVD_RETURN_IF_ERROR(copyStream(device_bytes.device, &stream));
+  HVD_RETURN_IF_ERROR(host_copies_.get(device_bytes.device, &stream));
   HVD_RETURN_IF_ERROR(stream->copy((*host)->data, device_bytes.data, device_bytes.bytes));
   return stream->synchronize();  // the bytes are final: only this copy runs
 }

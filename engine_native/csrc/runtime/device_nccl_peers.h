@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "runtime/device_loop_wake.h"
 #include "runtime/handle_table.h"
+#include "runtime/host_copy_streams.h"
 #include "runtime/ready_events.h"
 #include "transport/mesh.h"
 #include "transport/nccl/communicator.h"
@@ -26,7 +27,9 @@ namespace hvd::runtime {
 
 class DeviceNcclPeers {
  public:
-  DeviceNcclPeers(transport::Mesh& mesh, int wake_fd, double timeout_seconds);
+  // host_copies: the per-device streams of host copies (shared, outlives this).
+  DeviceNcclPeers(transport::Mesh& mesh, int wake_fd, double timeout_seconds,
+                  HostCopyStreams& host_copies);
   ~DeviceNcclPeers();
   DeviceNcclPeers(const DeviceNcclPeers&) = delete;
   DeviceNcclPeers& operator=(const DeviceNcclPeers&) = delete;
@@ -98,14 +101,13 @@ class DeviceNcclPeers {
   void startSetup(Link& l);  // failures land in l.failure
   common::Status issue(Link& l, Pending p);
   common::Status pollSetups();
-  common::Status copyStream(int device, transport::nccl::DeviceStream** out);
 
   transport::Mesh& mesh_;
   LoopWake wake_;
   const double timeout_seconds_;
   std::map<std::pair<int, bool>, Link> links_;  // by (peer, receiving)
   std::map<int, int> devices_;                  // receiving: by peer (useDevice)
-  std::map<int, std::unique_ptr<transport::nccl::DeviceStream>> copy_out_;  // by device
+  HostCopyStreams& host_copies_;
   std::deque<Transfer> transfers_;
   int setting_up_ = 0;
   uint64_t next_slot_ = 1;

@@ -33,8 +33,9 @@
 //      (runtime/device_output_pool.h); for a host result, first only the wait (phase 1,
 //      "gated"). A copy into pageable host memory returns only when it ran, and so waits for
 //      whatever its stream queued before it; so it is issued once the sender's bytes are
-//      final (phase 2), on a stream of its own that holds only such copies: the loop blocks
-//      for the copy itself, never on another process's kernels. The receive completes when
+//      final (phase 2), on the device's stream that holds only such copies (HostCopyStreams,
+//      shared with NCCL point-to-point's): the loop blocks for the copy itself, never on
+//      another process's kernels. The receive completes when
 //      its copy finished; then the kDeviceRead frame goes back. A message whose bytes cannot
 //      be read goes by G.
 //   E. Order. Messages are matched to receives in the order sent (Note [Point-to-point] B);
@@ -80,8 +81,9 @@ std::string seconds(double s) {
 
 }  // namespace
 
-DevicePeerOps::DevicePeerOps(int wake_fd, double timeout_seconds)
-    : wake_(wake_fd), timeout_(timeout_seconds) {}
+DevicePeerOps::DevicePeerOps(int wake_fd, double timeout_seconds,
+                             HostCopyStreams& host_copies)
+    : wake_(wake_fd), timeout_(timeout_seconds), host_copies_(host_copies) {}
 
 DevicePeerOps::~DevicePeerOps() { drain(); }
 
@@ -195,15 +197,10 @@ Status DevicePeerOps::startHostCopy(PerDevice& d, int device_ordinal, const uint
     return common::internalError(what + ": no host memory for " + std::to_string(bytes) +
                                  " bytes");
   }
-  if (!d.copy_out) {
-    auto stream = std::make_unique<nccl::DeviceStream>();
-    HVD_RETURN_IF_ERROR(stream->init(device_ordinal));
-    d.copy_out = std::move(stream);
-    HVD_RETURN_IF_ERROR(d.stream->select());
-  }
+  HVD_RETURN_IF_ERROR(host_copies_.get(device_ordinal, &copy.copy_out));
+  HVD_RETURN_IF_ERROR(d.stream->select());
   copy.gated = true;
   copy.source = source;
-  copy.copy_out = d.copy_out.get();
   return queueDone(std::move(copy));
 }
 
@@ -268,9 +265,9 @@ bool DevicePeerOps::drain() {
   nccl::DeviceRestorer restore;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   bool drained = true;
+  host_copies_.drain(deadline);  // holds no wait on a peer: it drains
   for (auto& [ordinal, d] : devices_) {
     if (!d.stream || !d.stream->select().isOk()) continue;
-    if (d.copy_out) d.copy_out->drain(deadline);  // holds no wait on a peer: it drains
     if (!d.stream->drain(deadline)) {
       drained = false;
       HVD_LOG(kWarning, "transport") << "CUDA point-to-point: the stream of device " << ordinal

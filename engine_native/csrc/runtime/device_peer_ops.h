@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "runtime/device_loop_wake.h"
 #include "runtime/handle_table.h"
+#include "runtime/host_copy_streams.h"
 #include "transport/cuda/ipc_messages.h"
 #include "transport/nccl/device_stream.h"
 #include "transport/peer_frame.h"
@@ -25,8 +26,9 @@ namespace hvd::runtime {
 
 class DevicePeerOps {
  public:
-  // wake_fd: the loop's eventfd, written by the driver when queued copies finished.
-  DevicePeerOps(int wake_fd, double timeout_seconds);
+  // wake_fd: the loop's eventfd, written by the driver when queued copies finished;
+  // host_copies: the per-device streams of host results' copies (shared, outlives this).
+  DevicePeerOps(int wake_fd, double timeout_seconds, HostCopyStreams& host_copies);
   ~DevicePeerOps();  // waits (bounded) for the streams, closes imports; keeps exports
   DevicePeerOps(const DevicePeerOps&) = delete;
   DevicePeerOps& operator=(const DevicePeerOps&) = delete;
@@ -65,9 +67,6 @@ class DevicePeerOps {
  private:
   struct PerDevice {
     std::unique_ptr<transport::nccl::DeviceStream> stream;
-    // Host results' copies only (Note [Device point-to-point] D): a copy into pageable memory
-    // returns when it ran, so nothing else may be queued before it.
-    std::unique_ptr<transport::nccl::DeviceStream> copy_out;
     std::map<int, std::unique_ptr<transport::cuda::StagingRing>> rings;   // by peer
     std::map<int, std::unique_ptr<transport::cuda::IpcImports>> imports;  // by peer
   };
@@ -77,7 +76,7 @@ class DevicePeerOps {
     transport::nccl::DeviceStream* stream = nullptr;
     transport::nccl::CudaEvent done = nullptr;  // the stream's pooled event
     // A host read's first phase: the sender's bytes are final; the copy out comes next, on
-    // `copy_out`.
+    // `copy_out` (the device's HostCopyStreams stream).
     bool gated = false;
     transport::nccl::DeviceStream* copy_out = nullptr;
     const uint8_t* source = nullptr;
@@ -95,6 +94,7 @@ class DevicePeerOps {
 
   LoopWake wake_;
   const std::chrono::duration<double> timeout_;
+  HostCopyStreams& host_copies_;
   std::map<int, PerDevice> devices_;
   std::map<int, uint64_t> next_sequence_;  // by peer
   std::deque<Copy> copies_;  // in queue order

@@ -69,8 +69,8 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
       timeout_(timeout_seconds), cuda_ipc_(cuda_ipc), nccl_demanded_(nccl_demanded),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
       closed_(static_cast<size_t>(mesh.size()), 0),
-      device_(queue.wakeFd(), timeout_seconds),
-      nccl_(mesh, queue.wakeFd(), timeout_seconds),
+      device_(queue.wakeFd(), timeout_seconds, host_copies_),
+      nccl_(mesh, queue.wakeFd(), timeout_seconds, host_copies_),
       ipc_refused_(static_cast<size_t>(mesh.size())) {
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {

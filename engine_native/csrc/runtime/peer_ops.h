@@ -225,6 +225,7 @@ class PeerOps {
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;
   std::vector<transport::PeerMessage> received_;
+  HostCopyStreams host_copies_;  // before device_ and nccl_: it outlives them
   DevicePeerOps device_;
   std::vector<DevicePeerOps::Done> device_done_;
   DeviceNcclPeers nccl_;
