@@ -167,7 +167,9 @@ def send(array, dst: int, tag: int = 0) -> None:
 
 
 def recv(src: int, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
-    """Receive the next message with ``tag`` from rank ``src`` (a new array, or ``out``)."""
+    """Receive the next message with ``tag`` from rank ``src`` (a new array, or ``out``).
+    A wait interrupted by Ctrl-C leaves the receive posted, as a dropped ``irecv`` is: the next
+    message of that tag is still written into ``out``, until ``abort()`` or ``shutdown()``."""
     if out is None:
         buffer, shape, code = _core.wait(_core.p2p_recv(int(src), int(tag), True))
         return np.frombuffer(buffer, dtype=_dtypes.numpy_dtype(code)).reshape(shape)

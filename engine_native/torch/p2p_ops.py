@@ -131,6 +131,8 @@ def _check_tag(tag: int, what: str) -> int:
 def _received(result, what: str, out, device=None):
     buffer, shape, code = result
     if buffer is None:  # written into out itself (Note [Receive into out])
+        # as out.copy_() would: autograd then refuses a graph that saved out's old values
+        torch.autograd.graph.increment_version(out)
         return out
     tensor = rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
     if out is None:

@@ -263,9 +263,14 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   }
   // Messages completed before an error (a peer that sent, then exited) are kept first, so
   // failAll frees them.
-  for (transport::PeerMessage& m : received_) HVD_RETURN_IF_ERROR(arrive(peer, p, std::move(m)));
+  Status stored = Status::ok();
+  for (transport::PeerMessage& m : received_) {
+    stored = arrive(peer, p, std::move(m));
+    if (!stored.isOk()) break;
+  }
   const bool arrived = !received_.empty();
   received_.clear();  // bindOrAllocate counts what it holds (Note [Receive into out] A)
+  HVD_RETURN_IF_ERROR(stored);
   HVD_RETURN_IF_ERROR(received);
   if (read) {
     for (Op& op : p.receiving) op.since = now;
@@ -319,12 +324,18 @@ void PeerOps::match(PerPeer& p) {
       ++r;
       continue;
     }
+    const transport::PeerPayload& payload = m->message.payload;
     if (m->message.frame.kind == transport::PeerFrameKind::kDevice) {
+      HVD_CHECK(!r->bound);  // Note [Receive into out] A: host messages only
       startDeviceRead(p, std::move(*r), std::move(*m));
     } else if (m->message.frame.kind == transport::PeerFrameKind::kDeviceNccl) {
+      HVD_CHECK(!r->bound);
       startNcclRead(p, std::move(*r), *m);
     } else {
-      HVD_CHECK(!r->bound || m->message.payload.data == r->into);  // Note [Receive into out] B
+      // Note [Receive into out] B: a bound receive gets the bytes in its `into`; any other one
+      // bytes in memory of their own (not another receive's `into`)
+      HVD_CHECK(r->bound ? payload.data == r->into
+                         : payload.owner != nullptr || payload.data == nullptr);
       completeRecv(*r, std::move(m->message));
     }
     p.arrived.erase(m);
@@ -350,7 +361,8 @@ void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
   metrics_.countP2p(/*sent=*/false, message.frame.bytes);
   endSpan(op);
   OpResult result;
-  // No buffer: the message is in the receive's own `into` (Note [Receive into out] B).
+  // A bound receive gets no buffer: the message is in its own `into` (Note [Receive into
+  // out] B).
   result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
   result.shape = std::move(message.frame.shape);
   result.dtype = static_cast<int32_t>(message.frame.dtype);
@@ -381,10 +393,12 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
         "stuck, or never sends this tag");
     endSpan(*r, timed_out);
     listen(-1);
-    handles_.complete(r->handle, timed_out);
     const Op gone = std::move(*r);
     r = p.receiving.erase(r);
-    unbind(gone);  // Note [Receive into out] C: after the erase, so it may bind the next
+    // Note [Receive into out] C: after the erase, so it may bind the next; before the
+    // completion, after which the caller may reuse or free its `out`
+    unbind(gone);
+    handles_.complete(gone.handle, timed_out);
   }
 }
 

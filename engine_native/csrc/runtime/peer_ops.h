@@ -122,8 +122,9 @@ class PeerOps {
     int peer = -1;
     int64_t tag = 0;
     bool is_send = false;
-    common::DataType dtype = common::DataType::kUint8;  // a receive: its `into`'s
-    std::vector<int64_t> shape;                         // ditto
+    // A receive: its `into`'s, until a device read sets the message's
+    common::DataType dtype = common::DataType::kUint8;
+    std::vector<int64_t> shape;
     const void* data = nullptr;
     uint8_t* into = nullptr;  // a receive's out= memory (Note [Receive into out])
     bool bound = false;       // ... a message is being written there

@@ -28,14 +28,14 @@ void PeerOps::beginShutdown(const Status& status) {
   shutting_down_ = true;
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
-    for (const Op& op : p.receiving) {
+    std::deque<Op> receiving;
+    receiving.swap(p.receiving);
+    for (const Op& op : receiving) unbind(op);  // Note [Receive into out] C: before completing
+    for (const Op& op : receiving) {
       listen(-1);
       endSpan(op, status);
       handles_.complete(op.handle, status);
     }
-    std::deque<Op> receiving;
-    receiving.swap(p.receiving);
-    for (const Op& op : receiving) unbind(op);  // Note [Receive into out] C
     for (const Arrived& arrived : p.arrived) dropArrival(peer, arrived);
     p.arrived.clear();
   }

@@ -26,7 +26,8 @@
 namespace hvd::transport {
 
 // Memory for a received payload: `data` (at least the payload's bytes), kept alive by `owner`
-// (null: memory a posted receive brought, Note [Receive into out] in runtime/peer_ops.cc). An
+// (null: memory a posted receive brought, Note [Receive into out] in
+// runtime/peer_ops_into.cc). An
 // allocator answers {} when it has no memory; it is asked once a frame's header is read, with
 // the context given to setAllocator and the sending peer.
 struct PeerPayload {
@@ -52,7 +53,8 @@ class PeerChannel {
  public:
   PeerChannel(int fd, int peer);
   ~PeerChannel();  // closes the socket
-  // Where received payloads go from now on (runtime/peer_ops.cc: the core's reused outputs).
+  // Where received payloads go from now on (runtime/peer_ops_into.cc: a bound receive's `out`,
+  // else the core's reused outputs).
   void setAllocator(PeerPayloadAllocator allocate, void* context) {
     allocate_ = allocate;
     allocate_context_ = context;
@@ -133,7 +135,7 @@ class PeerChannel {
   // Test switch PEER_PAUSE_AT_BYTES (peer_channel.cc); 0: none.
   uint64_t pause_at_ = 0;
   const char* pause_file_ = nullptr;
-  uint64_t written_ = 0;            // bytes written to the ring, while pause_at_ is set
+  uint64_t written_ = 0;            // bytes written to the ring (pause_at_ compares)
 };
 
 }  // namespace hvd::transport
