@@ -60,9 +60,9 @@ def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, pr
         return graph.run(reduce_arrays, tensors, [v.dtype for v in tensors],
                          [v.shape for v in tensors], op_name, aligned=True)
 
-    def backward(_, grads):  # Horovod: the same reduction of the gradients
-        return _reduce_dense(grads, reduce_op, None, prescale_factor, postscale_factor,
-                             process_set, op_name)
+    def backward(_, grads):  # Horovod: the same reduction of the gradients (its own name)
+        return _reduce_dense(grads, reduce_op, graph.default_name(None, op_name),
+                             prescale_factor, postscale_factor, process_set, op_name)
     return differentiable(forward, values, backward)
 
 

@@ -1,7 +1,8 @@
 """Rank-side checks of engine_native.tensorflow's TF1 API, as a tf.compat.v1 user writes it:
 collectives in a tf.compat.v1 graph run by a Session (several independent ones in one
 ``session.run``, run twice: their names come from the graph, Note [TF1 graphs]), a gradient
-through one by ``tf.compat.v1.gradients``; DistributedOptimizer wrapping a
+through one by ``tf.compat.v1.gradients`` (two of one shape, fetched in either order: the
+backward collectives are named from the graph too); DistributedOptimizer wrapping a
 ``tf.compat.v1.train`` optimizer under a MonitoredSession with BroadcastGlobalVariablesHook
 (rank-dependent initial values) equals single-process training on the global batch, also with
 groups, and eagerly; broadcast_global_variables; the refusals.
@@ -71,6 +72,30 @@ def check_names_from_the_graph(hvd, tf, np, failures):
                         np.full(2, n * (n - 1) / 2, np.float32))
                 _expect(failures, f"v1.names.b.run{attempt}", got_b,
                         np.full((3, 1), n * (n + 1) / 2, np.float32))
+
+
+def check_backward_names(hvd, tf, np, failures):
+    """The gradients of two unnamed allreduces of the same shape (backward collectives of one
+    shape: swapped, the core could not tell). Rank 0 fetches both in one ``session.run`` (the
+    executor picks their order), the others B, then A. The backward collectives take their
+    names from the graph too, so each gradient is its own on every step."""
+    n, me = hvd.size(), hvd.rank()
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+    with tf.Graph().as_default():
+        xa, xb = tf.fill([4], float(me + 1)), tf.fill([4], float(me + 1))
+        ga = tf.compat.v1.gradients(hvd.allreduce(xa, op=hvd.Sum) * 1.0, xa)[0]
+        gb = tf.compat.v1.gradients(hvd.allreduce(xb, op=hvd.Sum) * 100.0, xb)[0]
+        with tf.compat.v1.Session(config=config) as session:
+            for step in range(40):
+                if me == 0:
+                    got_a, got_b = session.run([ga, gb])
+                else:
+                    got_b = session.run(gb)
+                    got_a = session.run(ga)
+                _expect(failures, f"v1.backward_names.a.step{step}", got_a,
+                        np.full(4, n, np.float32))
+                _expect(failures, f"v1.backward_names.b.step{step}", got_b,
+                        np.full(4, 100 * n, np.float32))
 
 
 def _train(hvd, tf, np, x, y, w0, distributed, steps=5, **optimizer_kwargs):
@@ -147,5 +172,6 @@ def check_refusals(hvd, tf, np, failures):
 def run_all(hvd, tf, np, failures):
     check_graph_collectives(hvd, tf, np, failures)
     check_names_from_the_graph(hvd, tf, np, failures)
+    check_backward_names(hvd, tf, np, failures)
     check_distributed_optimizer(hvd, tf, np, failures)
     check_refusals(hvd, tf, np, failures)
