@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from engine_native._dtypes import Average
 from engine_native.basics import global_process_set
+from engine_native.tensorflow import graph
 from engine_native.tensorflow.compression import Compression
 from engine_native.tensorflow.mpi_ops import check_call, grouped_allreduce
 
@@ -73,13 +74,14 @@ class _GradientReducer:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
         reduced = list(grads)
-        for group in self._index_groups(grads, sources):
-            values = grouped_allreduce([grads[i] for i in group], compression=self.compression,
-                                       op=self.op, prescale_factor=self.prescale,
-                                       postscale_factor=self.postscale,
-                                       process_set=self.process_set)
-            for i, value in zip(group, values):
-                reduced[i] = value
+        with graph.in_order():  # TF1: the groups one at a time (Note [TF1 graphs])
+            for group in self._index_groups(grads, sources):
+                values = grouped_allreduce(
+                    [grads[i] for i in group], compression=self.compression, op=self.op,
+                    prescale_factor=self.prescale, postscale_factor=self.postscale,
+                    process_set=self.process_set)
+                for i, value in zip(group, values):
+                    reduced[i] = value
         return reduced
 
 

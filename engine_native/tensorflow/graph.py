@@ -27,11 +27,16 @@ an unnamed op takes a name from the graph when it is built (``default_name``: un
 graph, the same on every rank that builds the same graph, as Horovod names its ops after their
 graph nodes); the core matches the names, whatever order they run in. Each waits on its own
 executor thread: more independent collectives in one ``session.run`` than the session's
-``inter_op_parallelism_threads`` could leave ranks waiting on different ones (chain them with
-``tf.control_dependencies``).
+``inter_op_parallelism_threads`` could leave ranks waiting on different ones, every thread
+taken, none matched. Where one call builds several collectives that always run together (the
+groups of a DistributedOptimizer, the sparse and dense parts of a grouped allreduce), it builds
+them under ``in_order()``: each waits for the one built before it there, so they run one at a
+time in the same order on every rank. A user's own independent collectives are the user's to
+chain (``tf.control_dependencies``).
 """
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Callable, Sequence
 
@@ -45,8 +50,11 @@ except ImportError:  # pragma: no cover - other TF versions
     _in_xla = None
 
 
-# The last collective created in each function graph (Note in the module docstring).
+# The last collective created in each function graph, and in each TF1 graph inside in_order()
+# (the module docstring and Note [TF1 graphs]).
 _last_collective: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# TF1 graphs being built inside in_order(): how deep.
+_ordered_depth: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def in_xla() -> bool:
@@ -67,9 +75,34 @@ def _refuse_xla(op: str) -> None:
 def default_name(name, op: str):
     """``name``, or in a TF1 graph for an unnamed op one unique in the graph (Note [TF1
     graphs]); None elsewhere (eager and ``tf.function``: the counter names it)."""
-    if name or tf.executing_eagerly() or tf.inside_function():
+    if name or not _tf1_graph():
         return name
     return tf.compat.v1.get_default_graph().unique_name(f"hvd_{op}")
+
+
+def _tf1_graph() -> bool:
+    return not tf.executing_eagerly() and not tf.inside_function()
+
+
+@contextlib.contextmanager
+def in_order():
+    """In a TF1 graph, each collective built inside waits for the one built before it inside
+    (Note [TF1 graphs]); the chain starts afresh at the outermost entry. Nothing elsewhere:
+    eager runs in program order, and a function graph chains every collective already."""
+    if not _tf1_graph():
+        yield
+        return
+    graph = tf.compat.v1.get_default_graph()
+    depth = _ordered_depth.get(graph, 0)
+    if depth == 0:
+        _last_collective.pop(graph, None)
+    _ordered_depth[graph] = depth + 1
+    try:
+        yield
+    finally:
+        _ordered_depth[graph] = depth
+        if depth == 0:
+            _last_collective.pop(graph, None)
 
 
 def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf.DType],
@@ -82,11 +115,12 @@ def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf
         return [tensors.to_tensor(array, aligned) for array in results]
     _refuse_xla(op)
     graph = tf.compat.v1.get_default_graph()
-    previous = _last_collective.get(graph) if tf.inside_function() else None
+    chained = tf.inside_function() or _ordered_depth.get(graph, 0) > 0
+    previous = _last_collective.get(graph) if chained else None
     with tf.control_dependencies([previous] if previous is not None else []):
         outputs = tf.numpy_function(numpy_fn, list(inputs), list(out_dtypes), stateful=True,
                                     name=f"hvd_{op}")
-    if tf.inside_function():
+    if chained:
         _last_collective[graph] = outputs[0].op
     for output, shape in zip(outputs, out_shapes):
         output.set_shape(shape)

@@ -114,6 +114,16 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     dense = [i for i, t in enumerate(results) if t is not None
              and not isinstance(t, tf.IndexedSlices)]
     slices = [i for i, t in enumerate(results) if isinstance(t, tf.IndexedSlices)]
+    with graph.in_order():  # TF1: the allgather, then the allreduce (Note [TF1 graphs])
+        _grouped_allreduce_parts(results, dense, slices, compression, op, prescale_factor,
+                                 postscale_factor, process_set, name)
+    return results
+
+
+def _grouped_allreduce_parts(results, dense, slices, compression, op, prescale_factor,
+                             postscale_factor, process_set, name):
+    """grouped_allreduce's two collectives, written into ``results``: one allgather of the
+    IndexedSlices at ``slices``, one grouped allreduce of the dense tensors at ``dense``."""
     if slices:
         reduced = sparse.allreduce_slices([results[i] for i in slices], op, prescale_factor,
                                           postscale_factor, name, process_set, grouped_allgather)
@@ -130,7 +140,6 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                                 process_set, "grouped_allreduce")
         for i, value, ctx in zip(dense, reduced, contexts):
             results[i] = compression.decompress(value, ctx)
-    return results
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
@@ -168,10 +177,11 @@ def _allgather_grads(inputs, grads, process_set):
     """Horovod's allgather gradient: each gradient averaged over the set, then this rank's
     rows (its offset from every rank's first dimension, allgathered). None stays None (an
     integer tensor's)."""
-    grads = grouped_allreduce(grads, op=Average, process_set=process_set)
-    rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in inputs])
-    every = tf.reshape(allgather(rows[None], process_set=process_set),
-                       [process_set.size(), len(inputs)])
+    with graph.in_order():  # TF1: the allreduce, then the allgather (Note [TF1 graphs])
+        grads = grouped_allreduce(grads, op=Average, process_set=process_set)
+        rows = tf.stack([tf.shape(x, out_type=tf.int64)[0] for x in inputs])
+        every = tf.reshape(allgather(rows[None], process_set=process_set),
+                           [process_set.size(), len(inputs)])
     offsets = tf.reduce_sum(every[:process_set.rank()], axis=0)
     results = []
     for k, g in enumerate(grads):

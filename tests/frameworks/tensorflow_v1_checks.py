@@ -5,7 +5,8 @@ through one by ``tf.compat.v1.gradients`` (two of one shape, fetched in either o
 backward collectives are named from the graph too); DistributedOptimizer wrapping a
 ``tf.compat.v1.train`` optimizer under a MonitoredSession with BroadcastGlobalVariablesHook
 (rank-dependent initial values) equals single-process training on the global batch, also with
-groups, and eagerly; broadcast_global_variables; the refusals.
+groups, and eagerly; with 8 groups in a Session of 2 inter-op threads (it would hang unless
+the groups run in order); broadcast_global_variables; the refusals.
 
 Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
 """
@@ -146,6 +147,34 @@ def check_distributed_optimizer(hvd, tf, np, failures):
     _expect(failures, "v1.DistributedOptimizer.eager", w, alone.numpy(), 1e-5)
 
 
+def check_groups_in_few_threads(hvd, tf, np, failures):
+    """DistributedOptimizer(groups=8) in a Session of 2 inter-op threads. Each group's
+    collective blocks an executor thread while it waits: unless the groups run one after the
+    other, ranks fill their two threads with different groups and hang (Note [TF1 graphs]).
+    The loss is rank-dependent, sum_i (i+1)(me+1)|w_i|^2, so the averaged gradient steps
+    every w_i by the factor 1 - 2 lr (i+1)(n+1)/2 (single-process training on the mean)."""
+    n, me, lr, k, steps = hvd.size(), hvd.rank(), 0.002, 8, 20
+    with tf.Graph().as_default():
+        ws = [tf.compat.v1.get_variable(f"w{i}", initializer=tf.fill([3], float(me + 1)))
+              for i in range(k)]
+        loss = tf.add_n([tf.reduce_sum(w * w) * float((i + 1) * (me + 1))
+                         for i, w in enumerate(ws)])
+        optimizer = tf.compat.v1.train.GradientDescentOptimizer(lr)
+        train = hvd.DistributedOptimizer(optimizer, groups=k).minimize(loss)
+        bcast = hvd.broadcast_global_variables(0)
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=2)
+        with tf.compat.v1.Session(config=config) as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(bcast)
+            for _ in range(steps):
+                session.run(train)
+            got = session.run(ws)
+    for i, g in enumerate(got):
+        factor = (1 - 2 * lr * (i + 1) * (n + 1) / 2) ** steps
+        _expect(failures, f"v1.groups=8 in 2 threads.w{i}", g,
+                np.full(3, factor, np.float32), 1e-5)
+
+
 def check_refusals(hvd, tf, np, failures):
     with tf.Graph().as_default():  # no variables: an op that does nothing, as tf.group()
         nothing = hvd.broadcast_global_variables(0)
@@ -174,4 +203,5 @@ def run_all(hvd, tf, np, failures):
     check_names_from_the_graph(hvd, tf, np, failures)
     check_backward_names(hvd, tf, np, failures)
     check_distributed_optimizer(hvd, tf, np, failures)
+    check_groups_in_few_threads(hvd, tf, np, failures)
     check_refusals(hvd, tf, np, failures)
