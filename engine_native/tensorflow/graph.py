@@ -23,9 +23,10 @@ dependencies, and chaining the collectives here would make every ``session.run``
 earlier ones (a training step would repeat the broadcast of the initial variables). The
 executor may run the independent collectives of one ``session.run`` in any order, at the same
 time, so a counter could give the same name to different tensors on different ranks. Instead
-an unnamed op takes a name from the graph when it is built (``default_name``: unique in the
-graph, the same on every rank that builds the same graph, as Horovod names its ops after their
-graph nodes); the core matches the names, whatever order they run in. Each waits on its own
+an op takes a name from the graph when it is built (``default_name``: unique in the graph,
+the same on every rank that builds the same graph, as Horovod names its ops after their graph
+nodes; an explicit name too, made unique as a node's); the core matches the names, whatever
+order they run in. Each waits on its own
 executor thread: more independent collectives in one ``session.run`` than the session's
 ``inter_op_parallelism_threads`` could leave ranks waiting on different ones, every thread
 taken, none matched. Where one call builds several collectives that always run together (the
@@ -72,12 +73,21 @@ def _refuse_xla(op: str) -> None:
             "compile the model with jit_compile=False.")
 
 
-def default_name(name, op: str):
-    """``name``, or in a TF1 graph for an unnamed op one unique in the graph (Note [TF1
-    graphs]); None elsewhere (eager and ``tf.function``: the counter names it)."""
-    if name or not _tf1_graph():
+def default_name(name, op: str, ignore_name_scope: bool = False):
+    """The op's name. In a TF1 graph (Note [TF1 graphs]) one unique in the graph, as TF makes
+    node names unique (``loss``, ``loss_1``, ...): ``name``, or ``hvd_<op>`` for an unnamed op,
+    under the current name scope (an explicit name outside any with ``ignore_name_scope``), so
+    one call built twice (a tower) gives two ops. Elsewhere ``name`` as given (eager and
+    ``tf.function``: None, the counter names it)."""
+    if not _tf1_graph():
         return name
-    return tf.compat.v1.get_default_graph().unique_name(f"hvd_{op}")
+    graph = tf.compat.v1.get_default_graph()
+    if not name:
+        return graph.unique_name(f"hvd_{op}")
+    if ignore_name_scope:
+        with graph.name_scope(None):
+            return graph.unique_name(name)
+    return graph.unique_name(name)
 
 
 def _tf1_graph() -> bool:

@@ -15,8 +15,9 @@ elsewhere; alltoall -> alltoall of the gradient back with the received splits; r
 -> allgather of the gradient times prescale * postscale (* set size for Sum). Grouped ops
 reduce (grouped_reducescatter: gather) their gradients as a group.
 
-``device_dense``, ``device_sparse`` and ``ignore_name_scope`` are accepted for compatibility
-and have no effect: tensors reach the core through host memory.
+``device_dense`` and ``device_sparse`` are accepted for compatibility and have no effect:
+tensors reach the core through host memory. ``ignore_name_scope`` matters in a TF1 graph only,
+where names come from the graph (graph.default_name).
 """
 from __future__ import annotations
 
@@ -37,14 +38,14 @@ from engine_native.tensorflow.compression import Compression
 _REDUCE_OPS = (Average, Sum, Adasum, Min, Max, Product)
 
 
-def check_call(op_name: str, process_set, reduce_op=None, name=None):
+def check_call(op_name: str, process_set, reduce_op=None, name=None, ignore_name_scope=False):
     """Argument errors at call (or trace) time, before any rank enqueues anything; returns the
-    op's name (``name``, or in a TF1 graph one from the graph: graph.default_name)."""
+    op's name (``name``; in a TF1 graph one unique in the graph: graph.default_name)."""
     numpy_ops._set_id(process_set, op_name)  # registered (the numpy API's own check)
     if reduce_op is not None and reduce_op not in _REDUCE_OPS:
         raise ValueError(f"{op_name}(): unknown op {reduce_op!r}; use hvd.Average, hvd.Sum, "
                          "hvd.Adasum, hvd.Min, hvd.Max or hvd.Product")
-    return graph.default_name(name, op_name)
+    return graph.default_name(name, op_name, ignore_name_scope)
 
 
 def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, process_set,
@@ -90,7 +91,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     tf.Tensor (tf.IndexedSlices for IndexedSlices) of the input's shape and dtype.
     """
     op = resolve_op(op, average)
-    name = check_call("allreduce", process_set, op, name)
+    name = check_call("allreduce", process_set, op, name, ignore_name_scope)
     if isinstance(tensor, tf.IndexedSlices):
         return sparse.allreduce_slices([tensor], op, prescale_factor, postscale_factor, name,
                                        process_set, grouped_allgather)[0]
@@ -109,7 +110,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     them (one ``tf.numpy_function`` in graph mode). IndexedSlices in the list are allgathered
     as one group of their own. Returns a list in the input's order (None stays None)."""
     op = resolve_op(op, average)
-    name = check_call("grouped_allreduce", process_set, op, name)
+    name = check_call("grouped_allreduce", process_set, op, name, ignore_name_scope)
     results = list(tensors)
     dense = [i for i, t in enumerate(results) if t is not None
              and not isinstance(t, tf.IndexedSlices)]
@@ -151,7 +152,8 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_pro
 def grouped_allgather(tensors, name=None, ignore_name_scope=False,
                       process_set=global_process_set, *, _op="grouped_allgather"):
     """Allgather each tensor of a list, as one group (fused in the core); a list back."""
-    name = check_call(_op, process_set, name=name)
+    if _op != "allreduce":  # allreduce of IndexedSlices: checked and named by allreduce
+        name = check_call(_op, process_set, name=name, ignore_name_scope=ignore_name_scope)
     values = [tensor_io.as_tensor(t, _op, name or "noname") for t in tensors]
     for value in values:
         if value.shape.rank == 0:
@@ -196,7 +198,8 @@ def _allgather_grads(inputs, grads, process_set):
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
     """``root_rank``'s ``tensor`` on every rank of ``process_set`` (a new tensor)."""
-    name = check_call("broadcast", process_set, name=name)
+    name = check_call("broadcast", process_set, name=name,
+                      ignore_name_scope=ignore_name_scope)
     value = tensor_io.as_tensor(tensor, "broadcast", name or "noname")
     root_rank = int(root_rank)
 
@@ -219,7 +222,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
 
     Returns the received rows, and with ``splits`` given also the received splits (int32), as
     Horovod's does."""
-    name = check_call("alltoall", process_set, name=name)
+    name = check_call("alltoall", process_set, name=name,
+                      ignore_name_scope=ignore_name_scope)
     value = tensor_io.as_tensor(tensor, "alltoall", name or "noname")
     inputs = [value]
     if splits is not None:
@@ -248,7 +252,7 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     """Reduce ``tensor`` over the ranks and give each its slice of dimension 0 (the first
     ``dim0 % size`` ranks get one more row, as in Horovod)."""
     return _reducescatter_list([tensor], compression, op, name, process_set, prescale_factor,
-                               postscale_factor, "reducescatter")[0]
+                               postscale_factor, "reducescatter", ignore_name_scope)[0]
 
 
 def grouped_reducescatter(tensors, device_dense='', compression=Compression.none, op=Average,
@@ -276,9 +280,9 @@ def _scattered_shape(shape: tf.TensorShape, process_set) -> tf.TensorShape:
 
 
 def _reducescatter_list(tensors, compression, op, name, process_set, prescale_factor,
-                        postscale_factor, op_name):
+                        postscale_factor, op_name, ignore_name_scope=False):
     """``reducescatter`` (one tensor) or ``grouped_reducescatter`` (a core group of them)."""
-    name = check_call(op_name, process_set, op, name)
+    name = check_call(op_name, process_set, op, name, ignore_name_scope)
     if op not in (Sum, Average):  # the core's rule too; refused here before any rank submits
         raise ValueError(f"{op_name}(): op {op!r} is not supported; use hvd.Sum or "
                          "hvd.Average")

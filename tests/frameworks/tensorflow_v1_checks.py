@@ -2,11 +2,12 @@
 collectives in a tf.compat.v1 graph run by a Session (several independent ones in one
 ``session.run``, run twice: their names come from the graph, Note [TF1 graphs]), a gradient
 through one by ``tf.compat.v1.gradients`` (two of one shape, fetched in either order: the
-backward collectives are named from the graph too); DistributedOptimizer wrapping a
-``tf.compat.v1.train`` optimizer under a MonitoredSession with BroadcastGlobalVariablesHook
-(rank-dependent initial values) equals single-process training on the global batch, also with
-groups, and eagerly; with 8 groups in a Session of 2 inter-op threads (it would hang unless
-the groups run in order); broadcast_global_variables; the refusals.
+backward collectives are named from the graph too); one explicit name built twice;
+DistributedOptimizer wrapping a ``tf.compat.v1.train`` optimizer under a MonitoredSession
+with BroadcastGlobalVariablesHook (rank-dependent initial values) equals single-process
+training on the global batch, also with groups, and eagerly; with 8 groups in a Session of 2
+inter-op threads (it would hang unless the groups run in order); broadcast_global_variables;
+the refusals.
 
 Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
 """
@@ -73,6 +74,28 @@ def check_names_from_the_graph(hvd, tf, np, failures):
                         np.full(2, n * (n - 1) / 2, np.float32))
                 _expect(failures, f"v1.names.b.run{attempt}", got_b,
                         np.full((3, 1), n * (n + 1) / 2, np.float32))
+
+
+def check_explicit_names(hvd, tf, np, failures):
+    """One named allreduce built twice in one graph (a tower), both fetched in one
+    ``session.run``: the name is made unique in the graph as a node's (Horovod's are node
+    names), so they are two ops, not one name twice in flight. With ``ignore_name_scope``
+    under two name scopes as well (made unique outside any scope)."""
+    n, me = hvd.size(), hvd.rank()
+    total = n * (n + 1) / 2
+    with tf.Graph().as_default():
+        def tower(v, scope, **kwargs):
+            with tf.name_scope(scope):
+                return hvd.allreduce(tf.fill([4], v * (me + 1)), op=hvd.Sum, name="loss",
+                                     **kwargs)
+        outs = [tower(1.0, "t"), tower(100.0, "t"),
+                tower(2.0, "a", ignore_name_scope=True), tower(3.0, "b", ignore_name_scope=True)]
+        with tf.compat.v1.Session() as session:
+            for attempt in range(2):
+                got = session.run(outs)
+                for k, (g, v) in enumerate(zip(got, (1.0, 100.0, 2.0, 3.0))):
+                    _expect(failures, f"v1.explicit_names[{k}].run{attempt}", g,
+                            np.full(4, v * total, np.float32))
 
 
 def check_backward_names(hvd, tf, np, failures):
@@ -202,6 +225,7 @@ def run_all(hvd, tf, np, failures):
     check_graph_collectives(hvd, tf, np, failures)
     check_names_from_the_graph(hvd, tf, np, failures)
     check_backward_names(hvd, tf, np, failures)
+    check_explicit_names(hvd, tf, np, failures)
     check_distributed_optimizer(hvd, tf, np, failures)
     check_groups_in_few_threads(hvd, tf, np, failures)
     check_refusals(hvd, tf, np, failures)
