@@ -16,7 +16,8 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     in graph mode), then each variable is assigned its value (``inplace`` is accepted for
     compatibility: ``assign`` writes into the variable's own buffer either way).
 
-    Returns None when run eagerly, the group of assign ops inside ``tf.function``.
+    Returns None when run eagerly, the group of assign ops in a graph (``tf.function``, or a
+    tf.compat.v1 graph, where it is what ``broadcast_global_variables`` returns).
     """
     name = check_call("broadcast_variables", process_set)  # None but in a TF1 graph
     variables = list(variables)

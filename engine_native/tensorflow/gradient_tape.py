@@ -43,7 +43,7 @@ class _GradientReducer:
     """What ``gradient()`` does with the local gradients: the tape's Horovod arguments."""
 
     def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
-                 process_set):
+                 process_set, caller="DistributedGradientTape.gradient"):
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -52,6 +52,7 @@ class _GradientReducer:
         self.postscale = gradient_predivide_factor if op == Average else 1.0
         self.groups = groups
         self.process_set = process_set
+        self.caller = caller  # what argument errors name
 
     def _index_groups(self, grads, sources):
         """Lists of gradient positions, each reduced as one grouped allreduce."""
@@ -67,7 +68,7 @@ class _GradientReducer:
         return [g for g in chosen if g] + [[i] for i in present if i not in listed]
 
     def reduce(self, grads, sources):
-        check_call("DistributedGradientTape.gradient", self.process_set, self.op)
+        check_call(self.caller, self.process_set, self.op)
         if not self.process_set.included() or self.process_set.size() == 1:
             return grads  # Horovod's _allreduce_cond: nothing to combine
         if self.sparse_as_dense:

@@ -124,7 +124,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         return _DistributedOptimizer(
             optimizer, name or f"Distributed{type(optimizer).__name__}", use_locking,
             _GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                             groups, process_set))
+                             groups, process_set, "DistributedOptimizer.compute_gradients"))
     if _keras_optimizer(optimizer):
         from engine_native import keras as hvd_keras
         if compression is Compression.fp16:  # the same cast, in keras.ops
@@ -136,4 +136,5 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
             average_aggregated_gradients=average_aggregated_gradients, groups=groups,
             process_set=process_set)
     raise ValueError(f"Provided optimizer doesn't inherit from either legacy TensorFlow or "
-                     f"Keras optimizer: {optimizer}")
+                     f"Keras optimizer: {optimizer}; pass a tf.compat.v1.train.Optimizer or "
+                     "a keras.optimizers.Optimizer")

@@ -4,9 +4,10 @@ allreduce), with the signatures, defaults and return types of Horovod 0.28's
 
 Each function checks its arguments while Python runs (eagerly, or once while ``tf.function``
 traces), then hands a NumPy function over ``engine_native.numpy_ops`` to ``graph.run``, which
-calls it at once (eager) or from a stateful ``tf.numpy_function`` (graph). Unnamed ops take
-their name from the numpy API's counter when they run, which is the same on every rank because
-every rank runs them in program order (graph.py).
+calls it at once (eager) or from a stateful ``tf.numpy_function`` (graph). Eagerly and in
+``tf.function``, unnamed ops take their name from the numpy API's counter when they run, which
+is the same on every rank because every rank runs them in program order; in a tf.compat.v1
+graph every op takes a name from the graph when it is built (Note [TF1 graphs] in graph.py).
 
 Gradients (autodiff.py) are Horovod 0.28's registered ones: allreduce -> allreduce of the
 gradient with the same op and scale factors; allgather -> Average allreduce of the gradient,
@@ -83,7 +84,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     prescale_factor, postscale_factor : float
         Multiply the input before / the result after the reduction.
     name : str, optional
-        Key of the op (``allreduce.<name>``); unnamed ops are counted in program order.
+        Key of the op (``allreduce.<name>``); unnamed ops are counted in program order (in a
+        TF1 graph, named from the graph; explicit names made unique there).
     process_set : hvd.ProcessSet
 
     Returns
@@ -314,12 +316,25 @@ def _reducescatter_list(tensors, compression, op, name, process_set, prescale_fa
     return [compression.decompress(s, ctx) for s, ctx in zip(scattered, contexts)]
 
 
+def _refuse_graph(op: str, instead: str) -> None:
+    """barrier() and join() act when called: in a graph, once while it is built."""
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            f"{op}() runs eagerly only: in a tf.compat.v1 graph or inside tf.function it would "
+            f"run once, while the graph is built, not when the graph runs. {instead}")
+
+
 def barrier(process_set=global_process_set):
-    """Return when every rank of ``process_set`` has reached the barrier (eager)."""
+    """Return when every rank of ``process_set`` has reached the barrier (eager only)."""
+    _refuse_graph("barrier", "Call hvd.barrier() outside the graph (between session.run "
+                  "calls, or outside the tf.function).")
     numpy_ops.barrier(process_set)
 
 
 def join():
     """This rank is done (it contributes zeros to others' allreduces until all have joined);
-    returns the last rank to join (eager)."""
+    returns the last rank to join (eager only: Horovod's returns an op, which a graph would
+    run; here a graph refuses it)."""
+    _refuse_graph("join", "Call hvd.join() eagerly, after the last session.run or outside "
+                  "the tf.function; it returns the last rank to join.")
     return numpy_ops.join()

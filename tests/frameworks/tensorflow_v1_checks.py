@@ -203,6 +203,21 @@ def check_refusals(hvd, tf, np, failures):
         nothing = hvd.broadcast_global_variables(0)
         with tf.compat.v1.Session() as session:
             session.run(nothing)
+    with tf.Graph().as_default():  # act when called: in a graph, refused (not run once)
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([2]))
+        bogus = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                                         op="bogus")
+        for what, call, word in (
+                ("barrier in a graph", hvd.barrier, "eagerly"),
+                ("join in a graph", hvd.join, "eagerly"),
+                ("op='bogus'", lambda: bogus.minimize(tf.reduce_sum(w)),
+                 "DistributedOptimizer.compute_gradients")):
+            try:
+                call()
+                failures.append(f"v1 {what}: no error")
+            except (RuntimeError, ValueError) as exc:
+                if word not in str(exc):
+                    failures.append(f"v1 {what}: {exc}")
     sgd = tf.compat.v1.train.GradientDescentOptimizer(0.1)
     for what, call, error, word in (
             ("broadcast_global_variables eagerly", lambda: hvd.broadcast_global_variables(0),
@@ -212,7 +227,7 @@ def check_refusals(hvd, tf, np, failures):
             ("op=Adasum", lambda: hvd.DistributedOptimizer(sgd, op=hvd.Adasum), ValueError,
              "Adasum"),
             ("not an optimizer", lambda: hvd.DistributedOptimizer(object()), ValueError,
-             "optimizer")):
+             "pass a tf.compat.v1.train.Optimizer or a keras.optimizers.Optimizer")):
         try:
             call()
             failures.append(f"v1 {what}: no error")
