@@ -5,7 +5,8 @@
 The collectives themselves need nothing here: in a TF1 graph each is a stateful
 ``tf.numpy_function`` that the Session runs, named from the graph when built (Note [TF1 graphs]
 in graph.py). The optimizer reduces its gradients with the tape's reducer (gradient_tape.py):
-one grouped allreduce of every gradient, or one per group with ``groups``.
+one grouped allreduce of every gradient, or one per group with ``groups``, run one after the
+other (graph.in_order).
 """
 from __future__ import annotations
 
