@@ -18,6 +18,45 @@ namespace {
 
 using runtime::Runtime;
 
+// The memory a message is read from (a send) or written to (a receive: `writable`): `obj` is
+// an address (an int; not a bool) or a C-contiguous buffer of exactly `bytes`. False with a
+// Python error naming the op ("recv(from rank 1, tag 5): into ...") otherwise; the text is
+// made only then (a small message's call is a few microseconds). The buffer is not held: the
+// caller keeps `obj` alive and unchanged until the handle completes.
+bool messageMemory(PyObject* obj, bool writable, uint64_t bytes, int peer, long long tag,
+                   uintptr_t* address) {
+  const char* op = writable ? "recv(from" : "send(to";
+  const char* role = writable ? "into" : "the buffer";
+  if (PyBool_Check(obj)) {
+    PyErr_Format(PyExc_TypeError, "%s rank %d, tag %lld): %s is a bool; pass an address (an "
+                 "int) or a buffer", op, peer, tag, role);
+    return false;
+  }
+  if (PyLong_Check(obj)) {
+    *address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(obj));
+    if (PyErr_Occurred()) return false;
+    if (*address == 0 && writable) {
+      PyErr_Format(PyExc_ValueError, "%s rank %d, tag %lld): %s is a null address", op, peer,
+                   tag, role);
+      return false;
+    }
+    return true;
+  }
+  Py_buffer view;
+  const int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
+  if (PyObject_GetBuffer(obj, &view, flags) != 0) return false;
+  *address = reinterpret_cast<uintptr_t>(view.buf);
+  const Py_ssize_t have = view.len;
+  PyBuffer_Release(&view);
+  if (static_cast<uint64_t>(have) != bytes || (writable && *address == 0)) {
+    PyErr_Format(PyExc_ValueError, "%s rank %d, tag %lld): %s holds %zd bytes, its dtype and "
+                 "shape need %llu", op, peer, tag, role, have,
+                 static_cast<unsigned long long>(bytes));
+    return false;
+  }
+  return true;
+}
+
 // p2p_send(peer, tag, dtype_code, shape, data, wait_now=False, device=-1, stream=0) ->
 // handle; data: an address or a buffer (device >= 0: the address of a CUDA tensor on that
 // device, produced on `stream`); wait_now: the caller waits for the handle at once (it drives
@@ -42,25 +81,13 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_TypeError, "send(): a CUDA tensor is passed by its address (an int)");
     return nullptr;
   }
-  uintptr_t address = 0;
-  if (PyLong_Check(data_obj)) {
-    address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(data_obj));
-    if (PyErr_Occurred()) return nullptr;
-  } else {
-    Py_buffer view;
-    if (PyObject_GetBuffer(data_obj, &view, PyBUF_C_CONTIGUOUS) != 0) return nullptr;
-    address = reinterpret_cast<uintptr_t>(view.buf);
-    const Py_ssize_t have = view.len;
-    PyBuffer_Release(&view);
-    uint64_t need = 0;
-    if (!transport::peerPayloadBytes(static_cast<common::DataType>(dtype), shape, &need) ||
-        static_cast<uint64_t>(have) != need) {
-      PyErr_Format(PyExc_ValueError,
-                   "send(to rank %d, tag %lld): the buffer holds %zd bytes, its dtype and shape "
-                   "need %llu", peer, tag, have, static_cast<unsigned long long>(need));
-      return nullptr;
-    }
+  uint64_t need = 0;
+  if (!transport::peerPayloadBytes(static_cast<common::DataType>(dtype), shape, &need)) {
+    PyErr_Format(PyExc_ValueError, "send(to rank %d, tag %lld): bad shape", peer, tag);
+    return nullptr;
   }
+  uintptr_t address = 0;
+  if (!messageMemory(data_obj, /*writable=*/false, need, peer, tag, &address)) return nullptr;
   int64_t handle = 0;
   common::Status status;
   // Without the GIL: an isend may write its frame here (Note [Caller drives] H), up to a
@@ -78,30 +105,6 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
   Py_END_ALLOW_THREADS
   if (!status.isOk()) return raiseStatus(status);
   return PyLong_FromLongLong(handle);
-}
-
-// The address of memory a receive may be written into: `into` is an int (an address) or a
-// writable C-contiguous buffer of exactly `bytes`; 0 with a Python error set otherwise.
-uintptr_t intoAddress(PyObject* into, uint64_t bytes, int peer, long long tag) {
-  if (PyLong_Check(into)) {
-    const auto address = static_cast<uintptr_t>(PyLong_AsUnsignedLongLong(into));
-    if (address == 0 && !PyErr_Occurred()) {
-      PyErr_SetString(PyExc_ValueError, "recv(): into is a null address");
-    }
-    return PyErr_Occurred() ? 0 : address;
-  }
-  Py_buffer view;
-  if (PyObject_GetBuffer(into, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0) return 0;
-  const auto address = reinterpret_cast<uintptr_t>(view.buf);
-  const Py_ssize_t have = view.len;
-  PyBuffer_Release(&view);
-  if (static_cast<uint64_t>(have) != bytes || address == 0) {
-    PyErr_Format(PyExc_ValueError,
-                 "recv(from rank %d, tag %lld): into holds %zd bytes, its dtype and shape need "
-                 "%llu", peer, tag, have, static_cast<unsigned long long>(bytes));
-    return 0;
-  }
-  return address;
 }
 
 // p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=None, into_dtype=0,
@@ -143,8 +146,8 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
       PyErr_Format(PyExc_ValueError, "recv(from rank %d, tag %lld): bad into_shape", peer, tag);
       return nullptr;
     }
-    const uintptr_t address = intoAddress(into, bytes, peer, tag);
-    if (address == 0) return nullptr;
+    uintptr_t address = 0;
+    if (!messageMemory(into, /*writable=*/true, bytes, peer, tag, &address)) return nullptr;
     recv.into = reinterpret_cast<uint8_t*>(address);
   }
   int64_t handle = 0;
