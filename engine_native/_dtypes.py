@@ -43,12 +43,9 @@ def _register_bfloat16() -> bool:
 
 def numpy_code(dtype, op_name: str, tensor_name: str) -> int:
     """The core's code for a numpy dtype, or a TypeError naming the op and tensor."""
-    dtype = np.dtype(dtype)
-    code = _NUMPY_CODES.get(dtype)
-    if code is None and _register_bfloat16():  # the first bfloat16 array registers it
-        code = _NUMPY_CODES.get(dtype)
+    code = numpy_code_or_none(dtype)
     if code is None:
-        raise TypeError(f"{op_name}('{tensor_name}'): unsupported dtype {dtype}; "
+        raise TypeError(f"{op_name}('{tensor_name}'): unsupported dtype {np.dtype(dtype)}; "
                         f"supported: {', '.join(supported_numpy_dtypes())}")
     return code
 
@@ -57,7 +54,7 @@ def numpy_code_or_none(dtype):
     """The core's code for a NumPy dtype, or None for one it does not carry."""
     dtype = np.dtype(dtype)
     code = _NUMPY_CODES.get(dtype)
-    if code is None and _register_bfloat16():
+    if code is None and _register_bfloat16():  # the first bfloat16 array registers it
         code = _NUMPY_CODES.get(dtype)
     return code
 

@@ -54,6 +54,15 @@ def check_graph_collectives(hvd, tf, np, failures):
                         _expect(failures, f"v1.{key}[{k}].run{attempt}", g, w, 1e-6)
 
 
+def _fetch_crossed(session, me, a, b):
+    """(a, b): rank 0 fetches both in one ``session.run`` (the executor picks their order),
+    the others b, then a."""
+    if me == 0:
+        return session.run([a, b])
+    got_b = session.run(b)
+    return session.run(a), got_b
+
+
 def check_names_from_the_graph(hvd, tf, np, failures):
     """Two unnamed allreduces of different shapes: rank 0 runs both in one ``session.run``
     (the executor picks their order, two threads), the others run B, then A. Each is matched
@@ -65,11 +74,7 @@ def check_names_from_the_graph(hvd, tf, np, failures):
         b = hvd.allreduce(tf.fill([3, 1], float(me + 1)), op=hvd.Sum)
         with tf.compat.v1.Session(config=config) as session:
             for attempt in range(3):
-                if me == 0:
-                    got_a, got_b = session.run([a, b])
-                else:
-                    got_b = session.run(b)
-                    got_a = session.run(a)
+                got_a, got_b = _fetch_crossed(session, me, a, b)
                 _expect(failures, f"v1.names.a.run{attempt}", got_a,
                         np.full(2, n * (n - 1) / 2, np.float32))
                 _expect(failures, f"v1.names.b.run{attempt}", got_b,
@@ -111,11 +116,7 @@ def check_backward_names(hvd, tf, np, failures):
         gb = tf.compat.v1.gradients(hvd.allreduce(xb, op=hvd.Sum) * 100.0, xb)[0]
         with tf.compat.v1.Session(config=config) as session:
             for step in range(40):
-                if me == 0:
-                    got_a, got_b = session.run([ga, gb])
-                else:
-                    got_b = session.run(gb)
-                    got_a = session.run(ga)
+                got_a, got_b = _fetch_crossed(session, me, ga, gb)
                 _expect(failures, f"v1.backward_names.a.step{step}", got_a,
                         np.full(4, n, np.float32))
                 _expect(failures, f"v1.backward_names.b.step{step}", got_b,
