@@ -502,20 +502,14 @@ void PeerOps::failAll(const Status& status) {
       bell->listening.store(0, std::memory_order_seq_cst);  // none opens again (failure_)
     }
   }
-  for (Op& op : taking_) {
-    unbind(op);  // Note [Receive into out] C (a receive bound while still submitted)
-    handles_.complete(op.handle, status);
-  }
-  taking_.clear();
+  failTaken(status);
   device_.abandon();  // Note [Device point-to-point] F: before the tensors go
   nccl_.abandon();    // Note [NCCL point-to-point] F
   restaging_.clear();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
     if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
-    std::deque<Op> receiving;
-    receiving.swap(p.receiving);
-    for (const Op& op : receiving) unbind(op);  // Note [Receive into out] C
+    std::deque<Op> receiving = takeReceives(p);
     for (const auto* ops : {&p.sending, &p.staged, &receiving, &p.reading}) {
       for (const Op& op : *ops) {
         endSpan(op, status);

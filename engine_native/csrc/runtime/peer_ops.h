@@ -175,6 +175,11 @@ class PeerOps {
                                            const transport::PeerFrame& frame);
   transport::PeerPayload bindOrAllocate(int peer, const transport::PeerFrame& frame);
   void unbind(const Op& op);
+  // C, for the ops a failure or shutdown ends: each receive unbound before its completion
+  // (after which its caller may reuse or free `into`). failTaken completes taking_ (the
+  // submissions taken under the lock) with `status`; takeReceives empties p.receiving.
+  void failTaken(const common::Status& status);
+  std::deque<Op> takeReceives(PerPeer& p);
   // The CUDA messages (peer_ops_device.cc, Note [Device point-to-point]).
   void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D

@@ -28,6 +28,7 @@
 //      next posted receive of the tag, by A) and never writes `into` again, whose owner may
 //      reuse it at once. What was written there stays: a failed receive leaves out partly
 //      written, as MPI leaves a failed receive's buffer undefined.
+#include <deque>
 #include <memory>
 #include <utility>
 
@@ -110,6 +111,21 @@ void PeerOps::unbind(const Op& op) {  // C
   if (transport::PeerChannel* channel = mesh_.peerChannel(op.peer)) {
     channel->rehomeIncoming(op.into);
   }
+}
+
+void PeerOps::failTaken(const common::Status& status) {
+  for (Op& op : taking_) {
+    unbind(op);  // a receive bound while still submitted
+    handles_.complete(op.handle, status);
+  }
+  taking_.clear();
+}
+
+std::deque<PeerOps::Op> PeerOps::takeReceives(PerPeer& p) {
+  std::deque<Op> receiving;
+  receiving.swap(p.receiving);
+  for (const Op& op : receiving) unbind(op);
+  return receiving;
 }
 
 }  // namespace hvd::runtime

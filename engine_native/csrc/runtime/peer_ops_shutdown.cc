@@ -20,18 +20,11 @@ void PeerOps::beginShutdown(const Status& status) {
     if (failure_.isOk()) failure_ = status;  // later submissions fail with it
     taking_.swap(submitted_);
   }
-  for (Op& op : taking_) {
-    unbind(op);  // Note [Receive into out] C (a receive bound while still submitted)
-    handles_.complete(op.handle, status);
-  }
-  taking_.clear();
+  failTaken(status);
   shutting_down_ = true;
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     PerPeer& p = peers_[peer];
-    std::deque<Op> receiving;
-    receiving.swap(p.receiving);
-    for (const Op& op : receiving) unbind(op);  // Note [Receive into out] C: before completing
-    for (const Op& op : receiving) {
+    for (const Op& op : takeReceives(p)) {
       listen(-1);
       endSpan(op, status);
       handles_.complete(op.handle, status);
