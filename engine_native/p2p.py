@@ -81,11 +81,20 @@ def isend(array, dst: int, tag: int = 0) -> P2PRequest:
 
 
 def _isend(array, dst: int, tag: int, wait_now: bool) -> P2PRequest:
+    x, code = _sendable(array, dst, tag)
+    return start_send(dst, tag, code, x.shape, x, keep=x, wait_now=wait_now)
+
+
+def _sendable(array, dst: int, tag: int):
+    """(C-contiguous array, dtype code) of what a send writes; TypeError for a dtype the core
+    does not carry (its message made only then)."""
     x = np.asarray(array)
     if not x.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
         x = x.copy(order="C")
-    code = _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")
-    return start_send(dst, tag, code, x.shape, x, keep=x, wait_now=wait_now)
+    code = _dtypes.numpy_code_or_none(x.dtype)
+    if code is None:
+        _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")  # raises TypeError
+    return x, code
 
 
 def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
@@ -155,12 +164,7 @@ def _wait_holding(handle: int, keep):
 
 def send(array, dst: int, tag: int = 0) -> None:
     """Send ``array`` to rank ``dst``; returns once its bytes are written (not received)."""
-    x = np.asarray(array)
-    if not x.flags.c_contiguous:
-        x = x.copy(order="C")
-    code = _dtypes.numpy_code_or_none(x.dtype)
-    if code is None:
-        _dtypes.numpy_code(x.dtype, "send", f"to rank {dst}, tag {tag}")  # raises TypeError
+    x, code = _sendable(array, dst, tag)
     # Blocking: no request object, no table entry (this frame keeps x) and no name string
     # unless an error needs one: the few microseconds a small message's round trip is.
     _wait_holding(_core.p2p_send(int(dst), int(tag), code, x.shape, x, True), x)
