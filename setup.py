@@ -138,6 +138,7 @@ CORE_SOURCES = [
     "runtime/device_peer_ops.cc",
     "runtime/peer_ops.cc",
     "runtime/peer_ops_into.cc",
+    "runtime/peer_await.cc",
     "runtime/peer_ops_device.cc",
     "runtime/peer_ops_nccl.cc",
     "runtime/device_nccl_peers.cc",

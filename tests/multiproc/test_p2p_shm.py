@@ -21,10 +21,18 @@ def _counts(hvd, *names):
     return {k: m[k] for k in names}
 
 
+def _polled(request):
+    """The receive's result, polled rather than waited for: no caller drives it or sleeps on
+    the doorbell for it (Note [Caller sleeps on the doorbell]), so only the loop thread reads
+    its message."""
+    while not request.is_completed():
+        time.sleep(0.0005)
+    return request.wait()
+
+
 def async_ping_pong_suite():
-    """With no caller spin (HVD_CALLER_SPIN_US=0) a wait makes one pass and blocks, and the
-    loop thread takes over: each message reaches a loop that sleeps, so only the writer's wake
-    byte gets it read before the tick."""
+    """Receives nobody waits on, with no caller spin (HVD_CALLER_SPIN_US=0): each message
+    reaches a loop that sleeps, so only the writer's wake byte gets it read before the tick."""
     hvd = checks.init("shm")
     me, other = hvd.rank(), 1 - hvd.rank()
     hvd.barrier()
@@ -32,9 +40,9 @@ def async_ping_pong_suite():
     for k in range(EXCHANGES):
         if me == 0:
             hvd.isend(np.full(3, k, np.int32), other, tag=k).wait()
-            got = hvd.irecv(other, tag=k).wait()
+            got = _polled(hvd.irecv(other, tag=k))
         else:
-            got = hvd.irecv(other, tag=k).wait()
+            got = _polled(hvd.irecv(other, tag=k))
             hvd.isend(got + 1, other, tag=k).wait()
         assert int(got[0]) == k + other, (k, got)  # rank 1 answers k + 1
     picked = _counts(hvd, "tick_pickups")["tick_pickups"] - before["tick_pickups"]
@@ -189,3 +197,41 @@ def test_late_receives_back_off_their_own_spin_not_the_collectives():
     res = run_ranks(late_neighbour_suite, 2, timeout=60, env={"HVD_CALLER_SPIN_US": "2000"})
     late, after = res[0].value
     assert late >= 1 and after == 0, (late, after)
+
+
+LATE_WAITS = 8
+
+
+def late_waits_suite():
+    """A receive whose message comes after its caller's spin ran out (the neighbour
+    "computes" 20 ms): the caller sleeps on its rank's peer doorbell, the writer wakes it and
+    it reads the message itself (Note [Caller sleeps on the doorbell]); the loop thread, asleep
+    watching everything, is woken neither when the spin gives up nor for the message (Note
+    [Caller drives] I)."""
+    hvd = checks.init("shm")
+    me, other = hvd.rank(), 1 - hvd.rank()
+    hvd.barrier()
+    before = _counts(hvd, "loop_wakeups")["loop_wakeups"]
+    start = time.monotonic()
+    got = []
+    for k in range(LATE_WAITS):
+        if me == 0:
+            got.append(int(hvd.recv(other, tag=k)[0]))
+        else:
+            time.sleep(0.02)
+            hvd.send(np.full(2, k, np.int16), other, tag=k)
+    woke = _counts(hvd, "loop_wakeups")["loop_wakeups"] - before
+    took = time.monotonic() - start
+    hvd.shutdown()
+    if me == 0:
+        assert got == list(range(LATE_WAITS)), got
+    return woke, took
+
+
+def test_a_late_message_wakes_its_waiting_caller_not_the_loop_thread():
+    # Measured: rank 0's loop woke 0-2 times for 8 late receives; with the loop thread woken
+    # when the spin gave up and reading the message (before), 16-17: two wake-ups per receive,
+    # each followed by the caller's own.
+    res = run_ranks(late_waits_suite, 2, timeout=60, env={"HVD_CALLER_SPIN_US": "200"})
+    woke, took = res[0].value
+    assert woke <= took / 0.2 + LATE_WAITS // 2, (woke, f"{took:.2f} s")

@@ -270,9 +270,12 @@ bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) 
     bool done = false;
     Py_BEGIN_ALLOW_THREADS
     // Its CUDA op's event, polled here when its drive queued the op (Note [Caller waits on
-    // the device] in runtime/device_executor.cc); else the handle's condition variable.
-    const bool polled = Runtime::instance().awaitDevice(handle, kWaitSliceMs, t0);
-    done = handles.waitFor(handle, polled ? 0 : kWaitSliceMs, status, result);
+    // the device] in runtime/device_executor.cc); a point-to-point op's peer doorbell (Note
+    // [Caller sleeps on the doorbell] in runtime/peer_await.cc); else the handle's condition
+    // variable.
+    const bool awaited = Runtime::instance().awaitDevice(handle, kWaitSliceMs, t0) ||
+                         Runtime::instance().awaitPeer(handle, kWaitSliceMs);
+    done = handles.waitFor(handle, awaited ? 0 : kWaitSliceMs, status, result);
     Py_END_ALLOW_THREADS
     if (done) break;
     // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays

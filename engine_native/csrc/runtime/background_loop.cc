@@ -31,9 +31,6 @@ const char* kShutdownMessage =
     "execution. If the shutdown was caused by an exception, you should see the exception in "
     "the log before the first shutdown message.";
 
-// A caller asleep on the mutex wakes this often to see whether the loop thread finished its
-// op meanwhile (a long pass may hold the mutex for the whole budget).
-constexpr auto kLockSlice = std::chrono::microseconds(50);
 // Note [Caller drives] G: how long moving point-to-point bytes may keep a caller driving.
 constexpr auto kMaxRenewedSpin = std::chrono::seconds(1);
 
@@ -112,11 +109,12 @@ BackgroundLoop::~BackgroundLoop() {
 
 void BackgroundLoop::start() { thread_ = std::thread([this] { run(); }); }
 
-bool BackgroundLoop::idle() const {
+bool BackgroundLoop::idle() const { return collectivesIdle() && peer_ops_.idle(); }
+
+bool BackgroundLoop::collectivesIdle() const {
   return entries_.empty() && execution_.empty() && (!requests_ || requests_->empty()) &&
          (!coordinator_ || coordinator_->idle()) && !executor_.deviceBusy() &&
-         !queue_.shutdownRequested() && !queue_.abortRequested() && !controlBacklog() &&
-         peer_ops_.idle();
+         !queue_.shutdownRequested() && !queue_.abortRequested() && !controlBacklog();
 }
 
 // Frames a control ring had no room for yet (Note [Control over shm] C): the loop must watch
@@ -208,7 +206,8 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
   readable_peers->clear();
   {
     std::lock_guard<std::timed_mutex> lock(progress_);
-    if (!failed_ && !queue_.standby()) {  // Note [Caller drives] B
+    watches_all_ = !failed_ && !queue_.standby();  // Note [Caller drives] I
+    if (watches_all_) {  // Note [Caller drives] B
       if (mesh_.listenFd() >= 0) {
         listen_index = fds.size();
         fds.push_back({mesh_.listenFd(), POLLIN, 0});
@@ -405,6 +404,12 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      holds a core the computing neighbour may need (np=2 on this 2-core VM: 1F1B step 38-57
 //      ms with the spin, 20-25 ms without, load 7); where its messages come within the spin
 //      (a ping-pong, a stage that waits little) its spins pay and it keeps them.
+//   I. A point-to-point wait whose drive gives up does not wake a loop thread that sleeps
+//      watching everything (watches_all_: its sleep began out of standby) while no collective
+//      work is in flight: the drive changed nothing but point-to-point state, and the caller
+//      now sleeps on the peer doorbell and reads what comes itself (Note [Caller sleeps on
+//      the doorbell] in peer_await.cc). Waking it anyway cost every late receive of a
+//      pipeline stage a loop wake-up for one empty pass, on a core its neighbour computes on.
 
 Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle) {
   const bool drivable = drive_.drivable();  // H
@@ -504,8 +509,11 @@ bool BackgroundLoop::drive(int64_t handle) {
   }
   executor_.setAwaitedHandle(-1);
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
+  const bool let_sleep = !done && point_to_point && watches_all_ && !failed_ && !finished_ &&
+                         collectivesIdle();  // I
+  if (let_sleep) queue_.setStandby(false);  // before a loop thread can read it again
   lock.unlock();
-  if (!keep_standby) {
+  if (!keep_standby && !let_sleep) {
     queue_.wakeIfAsleep();
     // A loop that took progress_ before standby_ was cleared may nap on wake_fd_ alone.
     if (!done) queue_.wakeForWaiter();

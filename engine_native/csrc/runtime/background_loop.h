@@ -100,6 +100,11 @@ class BackgroundLoop {
   // is not (the caller blocks on its handle). since: when the caller began to wait (paces the
   // polls across slices).
   bool awaitDevice(int64_t handle, std::chrono::milliseconds slice, Clock::time_point since);
+  // Framework threads, after drive(), blocked on a point-to-point `handle`: sleeps on the peer
+  // doorbell and reads what wakes it itself, for up to `slice` or until the op is done, and
+  // returns true; false at once where it cannot (the caller blocks on its handle). Note
+  // [Caller sleeps on the doorbell] in peer_await.cc.
+  bool awaitPeer(int64_t handle, std::chrono::milliseconds slice);
   // H: one point-to-point pass on this thread if no pass is running; wakes the loop unless
   // the pass ran (a send not written by it is left to the loop thread).
   void progressEagerly(int64_t handle, bool is_send);
@@ -122,6 +127,7 @@ class BackgroundLoop {
                   bool* idle_tick);
   int timeoutMs() const;
   bool idle() const;
+  bool collectivesIdle() const;  // idle() but for point-to-point
   bool controlBacklog() const;
   void flushControl();
   void beginShutdown();
@@ -176,6 +182,13 @@ class BackgroundLoop {
   std::timed_mutex progress_;
   DrivePolicy drive_;  // configured before start(); then read by framework threads
   DrivePolicy peer_drive_;  // point-to-point waits' own spin record (Note [Caller drives] H)
+  std::atomic<bool> peer_sleeper_{false};  // a caller is in awaitPeer (one at a time)
+  // Under progress_: the loop thread's latest sleep watches control channels and sockets (it
+  // began out of standby, not failed). Note [Caller drives] I.
+  bool watches_all_ = false;
+  // A caller asleep on the mutex wakes this often to see whether the loop thread finished its
+  // op meanwhile (a long pass may hold the mutex for the whole budget).
+  static constexpr auto kLockSlice = std::chrono::microseconds(50);
   std::atomic<bool> timeline_detail_{false};  // written by any thread, read by passes
 
   // Guarded by progress_ (the background thread: the loop thread or a driving caller).

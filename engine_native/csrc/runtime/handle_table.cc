@@ -107,6 +107,7 @@ bool HandleTable::pointToPoint(int64_t handle) const {
 
 void HandleTable::complete(int64_t handle, common::Status status, OpResult result) {
   bool wake = false;
+  Waker waker;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     State* state = find(handle);
@@ -115,8 +116,23 @@ void HandleTable::complete(int64_t handle, common::Status status, OpResult resul
     state->status = std::move(status);
     state->result = std::move(result);
     wake = waiters_ > 0;
+    if (handle == waker_.handle) waker = waker_;
   }
   if (wake) cv_.notify_all();
+  if (waker.wake != nullptr) waker.wake(waker.arg);
+}
+
+bool HandleTable::setWaker(int64_t handle, void (*wake)(void*), void* arg) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const State* state = find(handle);
+  if (state == nullptr || state->done) return false;
+  waker_ = Waker{handle, wake, arg};
+  return true;
+}
+
+void HandleTable::clearWaker() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waker_ = Waker{};
 }
 
 void HandleTable::completeMany(const int64_t* handles, size_t count,
@@ -124,11 +140,13 @@ void HandleTable::completeMany(const int64_t* handles, size_t count,
                                OpResult* each) {
   if (count == 0) return;
   bool wake = false;
+  Waker waker;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (size_t i = 0; i < count; ++i) {
       State* state = find(handles[i]);
       if (state == nullptr || state->done) continue;
+      if (handles[i] == waker_.handle) waker = waker_;
       state->done = true;
       state->status = status;
       if (each != nullptr) {
@@ -140,6 +158,7 @@ void HandleTable::completeMany(const int64_t* handles, size_t count,
     wake = waiters_ > 0;
   }
   if (wake) cv_.notify_all();
+  if (waker.wake != nullptr) waker.wake(waker.arg);
 }
 
 int HandleTable::poll(int64_t handle) const {
@@ -198,6 +217,7 @@ void HandleTable::release(int64_t handle) {
 }
 
 void HandleTable::failAll(const common::Status& status) {
+  Waker waker;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (State& state : slots_) {
@@ -205,8 +225,10 @@ void HandleTable::failAll(const common::Status& status) {
       state.done = true;
       state.status = status;
     }
+    waker = waker_;
   }
   cv_.notify_all();
+  if (waker.wake != nullptr) waker.wake(waker.arg);
 }
 
 }  // namespace hvd::runtime

@@ -92,6 +92,12 @@ class HandleTable {
   void release(int64_t handle);
   // Completes every pending handle with `status` (shutdown / abort / lost peer).
   void failAll(const common::Status& status);
+  // One thread at a time may wait for `handle` elsewhere than in waitFor (a point-to-point
+  // wait asleep on its rank's peer doorbell, Note [Point-to-point over shm] G in
+  // transport/peer_channel.cc): completing the handle then calls wake(arg), outside the lock.
+  // False, with nothing set, when the handle is done or unknown. clearWaker() when it stops.
+  bool setWaker(int64_t handle, void (*wake)(void*), void* arg);
+  void clearWaker();
 
   // A caller is inside wait() (driving its op or blocked), from before it drives until it
   // returns: rank 0 does not hold a batch for more of its own tensors while its caller cannot
@@ -125,8 +131,15 @@ class HandleTable {
   void freeName(State* state);
   void freeSlot(int64_t handle, State* state);
 
+  struct Waker {
+    int64_t handle = 0;  // handles are positive: 0 matches none
+    void (*wake)(void*) = nullptr;
+    void* arg = nullptr;
+  };
+
   mutable std::mutex mutex_;
   std::condition_variable cv_;
+  Waker waker_;  // setWaker
   std::vector<State> slots_;
   uint32_t free_head_ = kNoSlot;
   int waiters_ = 0;  // threads blocked in waitFor

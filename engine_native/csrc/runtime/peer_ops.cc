@@ -466,6 +466,12 @@ bool PeerOps::announceSleep() {
   transport::shm::Doorbell* bell = mesh_.peerDoorbell();
   if (bell == nullptr) return false;
   transport::shm::beginPollSleep(bell);  // Note [Point-to-point over shm] B
+  return ringsCanMove();
+}
+
+// After a sleep was announced (seq_cst): a ring with bytes to read, or room for a backlog
+// (rearmWriter leaves the mark its reader answers with a wake), means: do not sleep.
+bool PeerOps::ringsCanMove() {
   bool ready = false;
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     transport::PeerChannel* channel = mesh_.peerChannel(peer);
@@ -480,8 +486,26 @@ void PeerOps::endSleep() {
 }
 
 void PeerOps::setDriving(bool driving) {
-  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {  // C
-    bell->driving.store(driving ? 1 : 0, std::memory_order_seq_cst);
+  markDoorbell(transport::shm::kCallerDrives, driving);  // C
+}
+
+transport::shm::Doorbell* PeerOps::announceCallerSleep(uint32_t* seen) {
+  transport::shm::Doorbell* bell = mesh_.peerDoorbell();
+  if (bell == nullptr) return nullptr;
+  *seen = bell->sequence.load(std::memory_order_seq_cst);  // G: before the announcement
+  markDoorbell(transport::shm::kCallerSleeps, true);
+  return ringsCanMove() ? nullptr : bell;
+}
+
+void PeerOps::endCallerSleep() { markDoorbell(transport::shm::kCallerSleeps, false); }
+
+void PeerOps::markDoorbell(uint32_t bit, bool on) {
+  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
+    if (on) {
+      bell->driving.fetch_or(bit, std::memory_order_seq_cst);
+    } else {
+      bell->driving.fetch_and(~bit, std::memory_order_seq_cst);
+    }
   }
 }
 

@@ -257,23 +257,25 @@ Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* hand
   return Status::ok();
 }
 
+std::shared_ptr<BackgroundLoop> Runtime::liveLoop() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return loop_;
+}
+
 bool Runtime::drive(int64_t handle) {
-  std::shared_ptr<BackgroundLoop> loop;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    loop = loop_;
-  }
+  const std::shared_ptr<BackgroundLoop> loop = liveLoop();
   return loop && loop->drive(handle);
 }
 
 bool Runtime::awaitDevice(int64_t handle, int slice_ms,
                           std::chrono::steady_clock::time_point since) {
-  std::shared_ptr<BackgroundLoop> loop;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    loop = loop_;
-  }
+  const std::shared_ptr<BackgroundLoop> loop = liveLoop();
   return loop && loop->awaitDevice(handle, std::chrono::milliseconds(slice_ms), since);
+}
+
+bool Runtime::awaitPeer(int64_t handle, int slice_ms) {
+  const std::shared_ptr<BackgroundLoop> loop = liveLoop();
+  return loop && loop->awaitPeer(handle, std::chrono::milliseconds(slice_ms));
 }
 
 Status Runtime::send(PeerSend send, bool wait_now, int64_t* handle) {

@@ -70,6 +70,8 @@ class Runtime {
   bool drive(int64_t handle);
   // After drive(): BackgroundLoop::awaitDevice (Note [Caller waits on the device]).
   bool awaitDevice(int64_t handle, int slice_ms, std::chrono::steady_clock::time_point since);
+  // After drive(): BackgroundLoop::awaitPeer (Note [Caller sleeps on the doorbell]).
+  bool awaitPeer(int64_t handle, int slice_ms);
   HandleTable& handles() { return handles_; }
 
   // Point-to-point (Note [Point-to-point] in peer_ops.cc), between global ranks. `data` must
@@ -127,6 +129,7 @@ class Runtime {
   std::shared_ptr<timeline::Timeline> timeline_;  // shared: control calls run unlocked
   std::shared_ptr<Autotuner> autotuner_;          // kept after shutdown: state stays readable
   std::shared_ptr<BackgroundLoop> loop_;  // shared: a driving caller keeps it alive
+  std::shared_ptr<BackgroundLoop> liveLoop();  // loop_, read under mutex_
   common::Config config_;
   ProcessSetTable sets_;
   std::map<int32_t, int> set_devices_;  // this rank's GPU per process set (guarded by mutex_)

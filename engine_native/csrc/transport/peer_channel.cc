@@ -29,8 +29,8 @@
 //      system call and, on a host whose cores the ranks fill, the core itself: the woken loop
 //      thread ran on the sender's core (a pipeline's hand-off-bound step: 10-11 loop wake-ups
 //      per rank for 16 messages, isend calls of 40-50 us where 11 us without).
-//   C. A caller driving the loop (Note [Caller drives]) sets the doorbell's `driving`: it
-//      reads the rings every pass, so writers skip the wake byte (a system call, and a wake of
+//   C. A caller driving the loop (Note [Caller drives]) sets kCallerDrives in the doorbell's
+//      `driving`: it reads the rings every pass, so writers skip the wake byte (a system call, and a wake of
 //      a loop thread that would only wait for the caller's lock). It clears `driving` and then
 //      checks the rings (PeerOps::idle) before it lets the loop thread sleep on: a write it
 //      missed is either seen there or sees `driving` clear and wakes the loop (the Dekker pair
@@ -47,6 +47,11 @@
 //      keeps the ring full, or a peer that lies in its counter, cannot hold the loop in one
 //      channel (the lie was found by the fuzz tier, target peer_frames_shm). Ring reads also
 //      never trust the peer's counters past the ring's size (Ring::read/write).
+//   G. A caller blocked on a point-to-point op may sleep on the doorbell itself (Note [Caller
+//      sleeps on the doorbell] in runtime/peer_await.cc): it sets kCallerSleeps, and a writer
+//      that sees it FUTEX_WAKEs the doorbell's sequence instead of sending the wake byte, so
+//      the caller, not the loop thread, is woken and reads the rings (one wake-up on the
+//      critical path, not two). Whether a write wakes at all is still B's rule.
 #include "transport/peer_channel.h"
 
 #include <sys/mman.h>

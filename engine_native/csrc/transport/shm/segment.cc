@@ -133,7 +133,12 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 }
 
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
-  if (doorbell->driving.load(std::memory_order_seq_cst) != 0) return;  // a caller reads
+  const uint32_t driving = doorbell->driving.load(std::memory_order_seq_cst);
+  if ((driving & kCallerDrives) != 0) return;  // a caller reads the rings every pass
+  if ((driving & kCallerSleeps) != 0) {  // a caller reads them once woken; the loop sleeps on
+    wakeAlways(doorbell);
+    return;
+  }
   const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
   if (sleeping == kFutexSleep) {
     wakeAlways(doorbell);

@@ -21,9 +21,10 @@ namespace hvd::transport::shm {
 struct Doorbell {
   std::atomic<uint32_t> sequence;  // futex word: bumped by every futex wake
   std::atomic<uint32_t> sleeping;  // kAwake, kFutexSleep or kPollSleep
-  // 1 while a caller drives the owner's loop (point-to-point doorbell only): it reads the
-  // rings itself, so a writer need not wake the sleeping loop thread (Note [Point-to-point
-  // over shm] in transport/peer_channel.cc).
+  // Point-to-point doorbell only (Note [Point-to-point over shm] C, D in
+  // transport/peer_channel.cc), bits: kCallerDrives while a caller drives the owner's loop (it
+  // reads the rings itself: a writer wakes nobody); kCallerSleeps while a caller sleeps in
+  // FUTEX_WAIT on `sequence` to read them itself (a writer wakes it, not the loop thread).
   std::atomic<uint32_t> driving;
   // Receives the owner has open (point-to-point doorbell only): a message that fits its ring
   // wakes a sleeping owner only while there is one (Note [Point-to-point over shm] B).
@@ -41,6 +42,8 @@ constexpr uint64_t kPeerRingBytes = 1 << 20;
 constexpr uint32_t kAwake = 0;
 constexpr uint32_t kFutexSleep = 1;  // owner is (about to be) in FUTEX_WAIT on `sequence`
 constexpr uint32_t kPollSleep = 2;   // owner is (about to be) in poll() on the pair sockets
+constexpr uint32_t kCallerDrives = 1;  // Doorbell::driving bits
+constexpr uint32_t kCallerSleeps = 2;
 
 struct RingHeader {
   alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer only)

@@ -1,0 +1,91 @@
+// BackgroundLoop::awaitPeer (background_loop.h): a caller blocked on a point-to-point op
+// sleeps on its rank's peer doorbell and reads the message that wakes it.
+//
+// Note [Caller sleeps on the doorbell]
+// A pipeline stage's receive mostly waits for its neighbour's compute: its drive's spin runs
+// out, or is backed off (Note [Caller drives] H), and the caller blocks. The message then
+// reached it through two sleeping hand-offs: the writer's wake byte woke this rank's loop
+// thread, whose pass read the frame and completed the handle, whose condition variable woke
+// the caller — each a scheduler wake-up, ~20 us with a core free and up to a millisecond on a
+// host whose cores the ranks fill (bench_pipeline.py's hand-off-bound step). Instead the
+// caller sleeps on the peer doorbell itself and is the one woken:
+//   A. Under progress_, it announces kCallerSleeps (Doorbell::driving), re-checks the rings
+//      (PeerOps::announceCallerSleep) and then FUTEX_WAITs on the doorbell's sequence: Note
+//      [Doorbell ordering] with the bit for `sleeping`. A writer that sees the bit FUTEX_WAKEs
+//      it instead of sending the loop thread a wake byte (wakeIfSleeping); the woken caller
+//      takes progress_, clears the bit and runs one point-to-point pass (as an isend's, Note
+//      [Caller drives] H), which reads the frame into its receive.
+//   B. Every clearing of the bit is followed, under the same lock, by a read of the rings, so
+//      a frame whose writer saw the bit (and woke only the caller) is read; a writer that no
+//      longer sees it wakes the loop thread as before. A caller that cannot take the lock
+//      within its slice clears the bit and wakes the loop thread, whose next pass reads them.
+//   C. Others may finish the op meanwhile (a pass of the loop thread woken for something
+//      else, another caller's drive, a failure, abort): HandleTable::setWaker makes that
+//      completion ring the doorbell too.
+//   D. The loop thread keeps everything else: control channels, device completions, and the
+//      sockets, whose hang-up (a lost peer) fails the op, which C answers.
+//   E. One caller at a time (peer_sleeper_); another blocks on its handle as before. Only
+//      where callers drive (every peer on shared memory, Note [Caller drives] D): a frame over
+//      TCP rings no doorbell. The binding calls this in its 50 ms slices, so Ctrl-C is seen
+//      between them as before.
+#include <algorithm>
+
+#include "runtime/background_loop.h"
+#include "transport/shm/segment.h"
+
+namespace hvd::runtime {
+
+namespace {
+
+void ringDoorbell(void* doorbell) {  // C
+  transport::shm::wakeAlways(static_cast<transport::shm::Doorbell*>(doorbell));
+}
+
+}  // namespace
+
+bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) {
+  if (!drive_.drivable() || mesh_.peerDoorbell() == nullptr || !handles_.pointToPoint(handle)) {
+    return false;
+  }
+  if (peer_sleeper_.exchange(true)) return false;  // E
+  const auto end = Clock::now() + slice;
+  bool announced = false;
+  bool done = false;
+  bool waited = true;  // false: the loop failed or shuts down, the handle tells the rest
+  while (true) {
+    std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
+    if (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, end - Clock::now()))) {
+      done = handles_.poll(handle) != 0;
+      if (!done && Clock::now() < end) continue;
+      if (announced) {  // B
+        peer_ops_.endCallerSleep();
+        queue_.wakeIfAsleep();
+      }
+      break;
+    }
+    if (announced) peer_ops_.endCallerSleep();  // B: the pass below reads the rings
+    announced = false;
+    if (failed_ || finished_ || queue_.shutdownRequested()) {
+      waited = false;
+      break;
+    }
+    bool took_work = false;
+    progressPeerOps(&took_work);
+    done = handles_.poll(handle) != 0;
+    const auto now = Clock::now();
+    if (done || now >= end) break;
+    uint32_t seen = 0;
+    transport::shm::Doorbell* bell = peer_ops_.announceCallerSleep(&seen);  // A
+    announced = true;
+    if (bell == nullptr) continue;  // a ring moves already: read it
+    if (!handles_.setWaker(handle, ringDoorbell, bell)) continue;  // C: it just finished
+    lock.unlock();
+    const auto left = std::chrono::duration_cast<std::chrono::microseconds>(end - now);
+    transport::shm::futexWait(&bell->sequence, seen, std::max<int64_t>(1, left.count()));
+    handles_.clearWaker();
+  }
+  peer_sleeper_.store(false);
+  return waited;
+}
+
+}  // namespace hvd::runtime
