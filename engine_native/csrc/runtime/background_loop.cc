@@ -146,7 +146,12 @@ Status BackgroundLoop::failure() const { return queue_.failure(); }
 void BackgroundLoop::shutdown() {
   queue_.requestShutdown();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::timed_mutex> drained(progress_);  // a driving caller has left its pass
+  {
+    std::lock_guard<std::timed_mutex> drained(progress_);  // a driving caller left its pass
+  }
+  // A caller in awaitPeer leaves within its slice (its op failed, which rang its doorbell) and
+  // touches the mesh until then (Note [Caller sleeps on the doorbell] F).
+  while (peer_sleeper_.load()) std::this_thread::sleep_for(kLockSlice);
 }
 
 void BackgroundLoop::abort(const std::string& reason) {
@@ -510,7 +515,7 @@ bool BackgroundLoop::drive(int64_t handle) {
   executor_.setAwaitedHandle(-1);
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   const bool let_sleep = !done && point_to_point && watches_all_ && !failed_ && !finished_ &&
-                         collectivesIdle();  // I
+                         collectivesIdle() && !peer_ops_.ringsCanMove();  // I
   if (let_sleep) queue_.setStandby(false);  // before a loop thread can read it again
   lock.unlock();
   if (!keep_standby && !let_sleep) {

@@ -15,19 +15,24 @@
 //      it instead of sending the loop thread a wake byte (wakeIfSleeping); the woken caller
 //      takes progress_, clears the bit and runs one point-to-point pass (as an isend's, Note
 //      [Caller drives] H), which reads the frame into its receive.
-//   B. Every clearing of the bit is followed, under the same lock, by a read of the rings, so
-//      a frame whose writer saw the bit (and woke only the caller) is read; a writer that no
-//      longer sees it wakes the loop thread as before. A caller that cannot take the lock
-//      within its slice clears the bit and wakes the loop thread, whose next pass reads them.
+//   B. The bit is set, and normally cleared, under progress_, each clearing followed by a
+//      point-to-point pass, so a frame whose writer saw the bit (and woke only the caller) is
+//      read. A woken caller that finds a pass running (the loop thread's, another caller's)
+//      clears the bit at once, wakes the loop thread and blocks on its handle: the running
+//      pass, or the loop's next, reads what came (both re-check the rings before they sleep).
 //   C. Others may finish the op meanwhile (a pass of the loop thread woken for something
 //      else, another caller's drive, a failure, abort): HandleTable::setWaker makes that
 //      completion ring the doorbell too.
 //   D. The loop thread keeps everything else: control channels, device completions, and the
 //      sockets, whose hang-up (a lost peer) fails the op, which C answers.
-//   E. One caller at a time (peer_sleeper_); another blocks on its handle as before. Only
-//      where callers drive (every peer on shared memory, Note [Caller drives] D): a frame over
-//      TCP rings no doorbell. The binding calls this in its 50 ms slices, so Ctrl-C is seen
-//      between them as before.
+//   E. One caller at a time (peer_sleeper_); another blocks on its handle as before, and a
+//      writer wakes the sleeping one even while that other drives (wakeIfSleeping), since its
+//      drive may give up after its last read. Only where callers drive (every peer on shared
+//      memory, Note [Caller drives] D): a frame over TCP rings no doorbell. The binding calls
+//      this in its 50 ms slices, so Ctrl-C is seen between them as before.
+//   F. The mesh is touched under progress_ after failed_/finished_ were checked, except the
+//      clearing of B, which goes through Mesh::markPeerDoorbell (safe against close()); and
+//      shutdown() waits for the caller to leave before the mesh can go.
 #include <algorithm>
 
 #include "runtime/background_loop.h"
@@ -44,36 +49,32 @@ void ringDoorbell(void* doorbell) {  // C
 }  // namespace
 
 bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) {
-  if (!drive_.drivable() || mesh_.peerDoorbell() == nullptr || !handles_.pointToPoint(handle)) {
-    return false;
-  }
+  if (!drive_.drivable() || !handles_.pointToPoint(handle)) return false;
   if (peer_sleeper_.exchange(true)) return false;  // E
+  struct Leave {
+    std::atomic<bool>& sleeper;
+    ~Leave() { sleeper.store(false); }
+  } leave{peer_sleeper_};
   const auto end = Clock::now() + slice;
   bool announced = false;
-  bool done = false;
-  bool waited = true;  // false: the loop failed or shuts down, the handle tells the rest
   while (true) {
     std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
-    if (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, end - Clock::now()))) {
-      done = handles_.poll(handle) != 0;
-      if (!done && Clock::now() < end) continue;
-      if (announced) {  // B
+    if (!lock.try_lock_for(kLockSlice)) {  // B: a pass runs; it or the loop reads the rest
+      if (announced) {
         peer_ops_.endCallerSleep();
         queue_.wakeIfAsleep();
       }
-      break;
+      return false;
     }
     if (announced) peer_ops_.endCallerSleep();  // B: the pass below reads the rings
     announced = false;
-    if (failed_ || finished_ || queue_.shutdownRequested()) {
-      waited = false;
-      break;
-    }
+    if (failed_ || finished_) return false;  // F
     bool took_work = false;
     progressPeerOps(&took_work);
-    done = handles_.poll(handle) != 0;
+    if (handles_.poll(handle) != 0) return true;
     const auto now = Clock::now();
-    if (done || now >= end) break;
+    if (now >= end) return true;
+    if (failed_ || queue_.shutdownRequested()) return false;  // the handle tells the rest
     uint32_t seen = 0;
     transport::shm::Doorbell* bell = peer_ops_.announceCallerSleep(&seen);  // A
     announced = true;
@@ -84,8 +85,6 @@ bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) 
     transport::shm::futexWait(&bell->sequence, seen, std::max<int64_t>(1, left.count()));
     handles_.clearWaker();
   }
-  peer_sleeper_.store(false);
-  return waited;
 }
 
 }  // namespace hvd::runtime

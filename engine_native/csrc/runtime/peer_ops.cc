@@ -469,8 +469,9 @@ bool PeerOps::announceSleep() {
   return ringsCanMove();
 }
 
-// After a sleep was announced (seq_cst): a ring with bytes to read, or room for a backlog
-// (rearmWriter leaves the mark its reader answers with a wake), means: do not sleep.
+// After a sleep was announced or a `driving` mark cleared (seq_cst): a ring with bytes to
+// read, or room for a backlog (rearmWriter leaves the mark its reader answers with a wake),
+// means: do not sleep, or leave the reading to nobody.
 bool PeerOps::ringsCanMove() {
   bool ready = false;
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
@@ -486,28 +487,19 @@ void PeerOps::endSleep() {
 }
 
 void PeerOps::setDriving(bool driving) {
-  markDoorbell(transport::shm::kCallerDrives, driving);  // C
+  mesh_.markPeerDoorbell(transport::shm::kCallerDrives, driving);  // C
 }
 
 transport::shm::Doorbell* PeerOps::announceCallerSleep(uint32_t* seen) {
   transport::shm::Doorbell* bell = mesh_.peerDoorbell();
   if (bell == nullptr) return nullptr;
   *seen = bell->sequence.load(std::memory_order_seq_cst);  // G: before the announcement
-  markDoorbell(transport::shm::kCallerSleeps, true);
+  mesh_.markPeerDoorbell(transport::shm::kCallerSleeps, true);
   return ringsCanMove() ? nullptr : bell;
 }
 
-void PeerOps::endCallerSleep() { markDoorbell(transport::shm::kCallerSleeps, false); }
+void PeerOps::endCallerSleep() { mesh_.markPeerDoorbell(transport::shm::kCallerSleeps, false); }
 
-void PeerOps::markDoorbell(uint32_t bit, bool on) {
-  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
-    if (on) {
-      bell->driving.fetch_or(bit, std::memory_order_seq_cst);
-    } else {
-      bell->driving.fetch_and(~bit, std::memory_order_seq_cst);
-    }
-  }
-}
 
 // Note [Point-to-point over shm] B: a peer's message wakes this rank's sleeping loop only while
 // a receive is open (submitted, not completed); the count lives in the peer doorbell.

@@ -108,9 +108,12 @@ class PeerOps {
   // A caller about to sleep until a ring moves (Note [Point-to-point over shm] G): announces it
   // on the peer doorbell, whose futex word's value before that is *seen, and answers the
   // doorbell to FUTEX_WAIT on; null when a ring can move already or this rank has no shared
-  // memory. endCallerSleep() after the wait, also when null was answered.
+  // memory. endCallerSleep() after the wait, also when null was answered; it alone may be
+  // called without progress_ (any thread, also once the mesh closed).
   transport::shm::Doorbell* announceCallerSleep(uint32_t* seen);
   void endCallerSleep();
+  // B, G: after a sleep was announced, or a caller's `driving` mark cleared (under progress_).
+  bool ringsCanMove();
   // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A
   // pass reads a socket only then or while a receive from that peer is posted, so a rank that
   // uses no point-to-point pays no system call for it.
@@ -212,8 +215,6 @@ class PeerOps {
   void closePeer(int peer, const common::Status& status);
   bool open(int peer) const { return mesh_.peerChannel(peer) != nullptr && closed_[peer] == 0; }
   void listen(int delta);  // a receive opened (+1) or completed (-1)
-  bool ringsCanMove();  // B, G: after announcing a sleep
-  void markDoorbell(uint32_t bit, bool on);  // a Doorbell::driving bit
   void startSpan(Op& op);
   void endSpan(const Op& op, const common::Status& status = common::Status::ok());
 

@@ -61,6 +61,7 @@ struct Mesh::Impl {
   std::string last_error;        // the most recent failure while connecting, for the report
   std::mutex doorbell_mutex;     // Note [Abort versus close]
   shm::Doorbell* own_doorbell = nullptr;
+  shm::Doorbell* own_peer_doorbell = nullptr;  // markPeerDoorbell's
   shm::Doorbell* own_collective_doorbell = nullptr;
   int abort_fd = -1;             // eventfd, readable once aborted; lives as long as the Mesh
   bool connected = false;
@@ -354,6 +355,7 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
   }
   std::lock_guard<std::mutex> lock(m.doorbell_mutex);
   m.own_doorbell = m.shm.own ? m.shm.own->doorbell() : nullptr;
+  m.own_peer_doorbell = m.shm.own ? m.shm.own->peerDoorbell() : nullptr;
   return Status::ok();
 }
 
@@ -436,6 +438,17 @@ shm::Doorbell* Mesh::peerDoorbell() const {
   return impl_->shm.own ? impl_->shm.own->peerDoorbell() : nullptr;
 }
 
+void Mesh::markPeerDoorbell(uint32_t bit, bool on) {
+  std::lock_guard<std::mutex> lock(impl_->doorbell_mutex);  // Note [Abort versus close]
+  shm::Doorbell* bell = impl_->own_peer_doorbell;
+  if (bell == nullptr) return;
+  if (on) {
+    bell->driving.fetch_or(bit, std::memory_order_seq_cst);
+  } else {
+    bell->driving.fetch_and(~bit, std::memory_order_seq_cst);
+  }
+}
+
 void Mesh::acceptStray() {
   // The mesh is complete, so no connection is expected: drop without reading from it, which
   // never blocks the background thread. A bounded batch per call keeps the loop responsive.
@@ -483,6 +496,7 @@ void Mesh::close() {
   {
     std::lock_guard<std::mutex> lock(m.doorbell_mutex);
     m.own_doorbell = nullptr;
+    m.own_peer_doorbell = nullptr;
     m.own_collective_doorbell = nullptr;
   }
   m.pairs.clear();

@@ -66,6 +66,9 @@ class Mesh {
   // The same for point-to-point channels on shared memory (Note [Point-to-point over shm] in
   // peer_channel.cc), where a driving caller also says that it reads the rings.
   shm::Doorbell* peerDoorbell() const;
+  // Sets or clears a Doorbell::driving bit of that doorbell (kCallerDrives, kCallerSleeps).
+  // Any thread: nothing once close() began (Note [Abort versus close] in mesh.cc).
+  void markPeerDoorbell(uint32_t bit, bool on);
   // Moves control frames a ring had no room for into it (Note [Control over shm] C); true
   // while some remain. Waits inside collectives call it: an agreed op's response may be what
   // the peer this rank waits for still needs. Background thread (or a driving caller) only.

@@ -134,11 +134,13 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
 
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
   const uint32_t driving = doorbell->driving.load(std::memory_order_seq_cst);
-  if ((driving & kCallerDrives) != 0) return;  // a caller reads the rings every pass
-  if ((driving & kCallerSleeps) != 0) {  // a caller reads them once woken; the loop sleeps on
+  // A caller that sleeps reads the rings once woken (the loop thread sleeps on), also while
+  // another drives: that one may give up after its last read of this frame.
+  if ((driving & kCallerSleeps) != 0) {
     wakeAlways(doorbell);
     return;
   }
+  if ((driving & kCallerDrives) != 0) return;  // a caller reads the rings every pass
   const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
   if (sleeping == kFutexSleep) {
     wakeAlways(doorbell);
