@@ -15,9 +15,9 @@ step is left out of its group for that step (Keras drops it before the allreduce
 """
 from __future__ import annotations
 
-import itertools
-
 import keras
+
+from engine_native.group_split import index_groups
 
 _USAGE = ("groups must be a positive int (the number of groups) or a list of lists of the "
           "model's keras.Variable")
@@ -64,36 +64,23 @@ def check(groups):
     return VariableGroups(groups)
 
 
-def _split_evenly(count: int, k: int) -> list:
-    size, extra = divmod(count, k)
-    bounds = [i * size + min(i, extra) for i in range(k + 1)]
-    return [list(range(a, b)) for a, b in itertools.pairwise(bounds) if b > a]
-
-
 def split(groups, count: int, variables, trained) -> list:
     """The groups as lists of indices into the step's ``count`` gradients. ``variables``:
     their variables, in order (needed for lists only); ``trained``: every variable the
     optimizer was built with; a listed variable outside it is a ValueError (it belongs to
     another model)."""
-    if groups is None:
-        return [list(range(count))]
-    if isinstance(groups, int):
-        return _split_evenly(count, groups)
+    if groups is None or isinstance(groups, int):
+        return index_groups(groups, list(range(count)), {})
     if variables is None or len(variables) != count:
         raise RuntimeError(f"DistributedOptimizer(groups=[...]): {count} gradients reached the "
                            f"allreduce without their variables; apply them through "
                            f"optimizer.apply(grads, variables) or apply_gradients")
     trained_ids = {id(v) for v in trained}
-    position = {id(v): i for i, v in enumerate(variables)}
-    result, placed = [], set()
     for group in groups.groups:
         for variable in group:
             if id(variable) not in trained_ids:
                 raise ValueError(f"DistributedOptimizer: groups lists the variable "
                                  f"{_describe(variable)!r}, which this optimizer does not "
                                  f"train; list the variables of the model being trained")
-        members = [position[id(v)] for v in group if id(v) in position]
-        if members:
-            result.append(members)
-            placed.update(members)
-    return result + [[i] for i in range(count) if i not in placed]
+    return index_groups(groups.groups, list(range(count)),
+                        {id(v): i for i, v in enumerate(variables)})

@@ -14,15 +14,10 @@ import tensorflow as tf
 
 from engine_native._dtypes import Average
 from engine_native.basics import global_process_set
+from engine_native.group_split import index_groups
 from engine_native.tensorflow import graph
 from engine_native.tensorflow.compression import Compression
 from engine_native.tensorflow.mpi_ops import check_call, grouped_allreduce
-
-
-def _split_evenly(items, n):
-    """``items`` in ``n`` consecutive chunks whose lengths differ by at most one."""
-    k, m = divmod(len(items), n)
-    return [items[i * k + min(i, m):(i + 1) * k + min(i + 1, m)] for i in range(n)]
 
 
 def check_groups(num_groups, groups):
@@ -57,15 +52,7 @@ class _GradientReducer:
     def _index_groups(self, grads, sources):
         """Lists of gradient positions, each reduced as one grouped allreduce."""
         present = [i for i, g in enumerate(grads) if g is not None]
-        if self.groups is None:
-            return [present] if present else []
-        if isinstance(self.groups, int):
-            return [g for g in _split_evenly(present, self.groups) if g]
-        position = {id(s): i for i, s in enumerate(sources)}
-        chosen = [[position[id(v)] for v in group if id(v) in position
-                   and grads[position[id(v)]] is not None] for group in self.groups]
-        listed = {i for group in chosen for i in group}
-        return [g for g in chosen if g] + [[i] for i in present if i not in listed]
+        return index_groups(self.groups, present, {id(s): i for i, s in enumerate(sources)})
 
     def reduce(self, grads, sources):
         check_call(self.caller, self.process_set, self.op)
