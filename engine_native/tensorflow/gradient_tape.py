@@ -35,10 +35,15 @@ def check_groups(num_groups, groups):
 
 
 class _GradientReducer:
-    """What ``gradient()`` does with the local gradients: the tape's Horovod arguments."""
+    """What ``gradient()`` does with the local gradients: the tape's Horovod arguments, and
+    the sources whose gradients stay local (``register_local_source`` of the tape,
+    ``register_local_var`` of the TF1 optimizer)."""
 
     def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
-                 process_set, caller="DistributedGradientTape.gradient"):
+                 process_set, caller="DistributedGradientTape.gradient",
+                 scale_local_gradients=True):
+        self.local_sources = {}  # by id: Keras 3 variables have no ref()
+        self.scale_local_gradients = scale_local_gradients
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -53,6 +58,24 @@ class _GradientReducer:
         """Lists of gradient positions, each reduced as one grouped allreduce."""
         present = [i for i, g in enumerate(grads) if g is not None]
         return index_groups(self.groups, present, {id(s): i for i, s in enumerate(sources)})
+
+    def reduce_shared(self, grads, sources):
+        """``reduce`` of every gradient but those of local sources, which stay this rank's:
+        divided by the set size when ``scale_local_gradients`` (Horovod's rule)."""
+        local = [id(s) in self.local_sources for s in sources]
+        shared = [i for i, is_local in enumerate(local) if not is_local]
+        out = list(grads)
+        reduced = self.reduce([grads[i] for i in shared], [sources[i] for i in shared])
+        for i, grad in zip(shared, reduced):
+            out[i] = grad
+        if self.scale_local_gradients and self.local_sources:
+            n = float(self.process_set.size())
+            for i, is_local in enumerate(local):
+                g = out[i]
+                if is_local and g is not None:
+                    out[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
+                              if isinstance(g, tf.IndexedSlices) else g / n)
+        return out
 
     def reduce(self, grads, sources):
         check_call(self.caller, self.process_set, self.op)
@@ -80,25 +103,13 @@ class _DistributedTape:
     def register_local_source(self, source):
         """Keep ``source``'s gradient local (not reduced); scaled by 1/size when
         ``scale_local_gradients`` (Horovod's rule)."""
-        self._hvd_local_sources[id(source)] = source  # by id: Keras 3 variables have no ref()
+        self._hvd_reducer.local_sources[id(source)] = source
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
                  **kwargs):
         grads = super().gradient(target, sources, output_gradients, **kwargs)
-        flat_sources, flat_grads = tf.nest.flatten(sources), tf.nest.flatten(grads)
-        local = [id(s) in self._hvd_local_sources for s in flat_sources]
-        shared = [i for i, is_local in enumerate(local) if not is_local]
-        reduced = self._hvd_reducer.reduce([flat_grads[i] for i in shared],
-                                           [flat_sources[i] for i in shared])
-        for i, grad in zip(shared, reduced):
-            flat_grads[i] = grad
-        if self._hvd_scale_local_gradients and self._hvd_local_sources:
-            n = float(self._hvd_reducer.process_set.size())
-            for i, is_local in enumerate(local):
-                g = flat_grads[i]
-                if is_local and g is not None:
-                    flat_grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
-                                     if isinstance(g, tf.IndexedSlices) else g / n)
+        flat_grads = self._hvd_reducer.reduce_shared(tf.nest.flatten(grads),
+                                                     tf.nest.flatten(sources))
         return tf.nest.pack_sequence_as(grads, flat_grads)
 
 
@@ -139,7 +150,6 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)  # the same recording (its _tape), persistence, ...
     tape._hvd_reducer = _GradientReducer(compression, sparse_as_dense, op,
-                                         gradient_predivide_factor, groups, process_set)
-    tape._hvd_local_sources = {}
-    tape._hvd_scale_local_gradients = scale_local_gradients
+                                         gradient_predivide_factor, groups, process_set,
+                                         scale_local_gradients=scale_local_gradients)
     return tape

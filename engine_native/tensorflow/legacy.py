@@ -65,8 +65,13 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
             return pairs
         grads, variables = (list(x) for x in zip(*pairs))
         with tf.name_scope(self._name + "_Allreduce"):
-            grads = self._hvd_reducer.reduce(grads, variables)
+            grads = self._hvd_reducer.reduce_shared(grads, variables)
         return list(zip(grads, variables))
+
+    def register_local_var(self, var):
+        """Keep ``var``'s gradient this rank's (not reduced); divided by the set size when
+        ``scale_local_gradients`` (Horovod's rule)."""
+        self._hvd_reducer.local_sources[id(var)] = var
 
     def apply_gradients(self, *args, **kwargs):
         return self._optimizer.apply_gradients(*args, **kwargs)
@@ -105,8 +110,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
 
     Not taken for a ``tf.compat.v1`` optimizer (a ValueError naming the alternative):
     ``backward_passes_per_step > 1`` and ``op=hvd.Adasum`` (Horovod's delta optimizer).
-    ``device_dense`` / ``device_sparse`` are ignored (host memory); ``scale_local_gradients``
-    has no effect (there is no ``register_local_var``).
+    ``device_dense`` / ``device_sparse`` are ignored (host memory). ``register_local_var(v)``
+    keeps ``v``'s gradient local, divided by the set size when ``scale_local_gradients``.
     """
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError('gradient_predivide_factor not supported with op != Average')
@@ -125,7 +130,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         return _DistributedOptimizer(
             optimizer, name or f"Distributed{type(optimizer).__name__}", use_locking,
             _GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                             groups, process_set, "DistributedOptimizer.compute_gradients"))
+                             groups, process_set, "DistributedOptimizer.compute_gradients",
+                             scale_local_gradients))
     if _keras_optimizer(optimizer):
         from engine_native import keras as hvd_keras
         if compression is Compression.fp16:  # the same cast, in keras.ops

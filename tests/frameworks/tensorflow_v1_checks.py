@@ -6,7 +6,8 @@ backward collectives are named from the graph too); one explicit name built twic
 DistributedOptimizer wrapping a ``tf.compat.v1.train`` optimizer under a MonitoredSession
 with BroadcastGlobalVariablesHook (rank-dependent initial values) equals single-process
 training on the global batch, also with groups, and eagerly; with 8 groups in a Session of 2
-inter-op threads (it would hang unless the groups run in order); broadcast_global_variables;
+inter-op threads (it would hang unless the groups run in order); register_local_var;
+broadcast_global_variables;
 the refusals.
 
 Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
@@ -171,6 +172,28 @@ def check_distributed_optimizer(hvd, tf, np, failures):
     _expect(failures, "v1.DistributedOptimizer.eager", w, alone.numpy(), 1e-5)
 
 
+def check_local_var(hvd, tf, np, failures):
+    """register_local_var: that variable's gradient stays this rank's (divided by the set
+    size, scale_local_gradients), the other one is summed; in a graph, as a TF1 user runs it."""
+    n, me = hvd.size(), hvd.rank()
+    for scale in (True, False):
+        with tf.Graph().as_default():
+            shared = tf.compat.v1.get_variable("shared", initializer=np.ones(2, np.float32))
+            mine = tf.compat.v1.get_variable("mine", initializer=np.ones(2, np.float32))
+            opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                           op=hvd.Sum, scale_local_gradients=scale)
+            opt.register_local_var(mine)
+            loss = tf.reduce_sum(shared + mine) * (me + 1.0)
+            pairs = opt.compute_gradients(loss, var_list=[shared, mine])
+            with tf.compat.v1.Session() as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                g_shared, g_mine = session.run([g for g, _ in pairs])
+        _expect(failures, f"v1.register_local_var.shared.scale={scale}", g_shared,
+                np.full(2, n * (n + 1) / 2, np.float32), 1e-6)
+        _expect(failures, f"v1.register_local_var.mine.scale={scale}", g_mine,
+                np.full(2, (me + 1.0) / (n if scale else 1), np.float32), 1e-6)
+
+
 def check_groups_in_few_threads(hvd, tf, np, failures):
     """DistributedOptimizer(groups=8) in a Session of 2 inter-op threads. Each group's
     collective blocks an executor thread while it waits: unless the groups run one after the
@@ -243,5 +266,6 @@ def run_all(hvd, tf, np, failures):
     check_backward_names(hvd, tf, np, failures)
     check_explicit_names(hvd, tf, np, failures)
     check_distributed_optimizer(hvd, tf, np, failures)
+    check_local_var(hvd, tf, np, failures)
     check_groups_in_few_threads(hvd, tf, np, failures)
     check_refusals(hvd, tf, np, failures)
