@@ -8,7 +8,9 @@ engine_native.elastic_state's, and ``TensorFlowKerasState`` is engine_native.ker
 ``tf.Variable`` lists, and ``run`` seeing a failed collective inside ``tf.function``, which TF
 raises as a ``tf.errors.UnknownError`` carrying the core's ``HorovodInternalError``.
 
-TF2 only: a TF1 session (``TensorFlowState(session=...)``) is refused.
+In a tf.compat.v1 graph, ``TensorFlowState`` runs its broadcast, saves and restores through
+a session (``session=``, or the default one) and tracks the global variables unless given a
+list, as Horovod's does.
 
 >>> state = hvd.elastic.TensorFlowState(model.variables + optimizer.variables, epoch=0)
 >>> @hvd.elastic.run
@@ -61,13 +63,6 @@ def run(func):
     return run_fn(collective_errors, reset_core)
 
 
-def _refuse_session(what, session):
-    if session is not None:
-        raise NotImplementedError(
-            f"{what}: TF1 sessions are not supported by engine_native.tensorflow's elastic "
-            "states (TF2, eager and tf.function only); pass no session and the variables")
-
-
 class TensorFlowState(ObjectState):
     """State of a list of ``tf.Variable`` and other attributes for elastic training.
 
@@ -75,31 +70,55 @@ class TensorFlowState(ObjectState):
     ----------
     variables : list of tf.Variable
         Saved by ``commit()``, assigned back by ``restore()``, broadcast from rank 0 by
-        ``sync()``. Required: TF2 has no global variables collection.
-    session : None
-        TF1 only in Horovod; refused here.
+        ``sync()``. Required eagerly (TF2 has no global variables collection); in a
+        tf.compat.v1 graph the graph's global variables by default.
+    session : tf.compat.v1.Session, optional
+        In a tf.compat.v1 graph, the session that runs the variables' broadcast, saves and
+        restores (default: the default session). Refused eagerly.
     **kwargs :
         Plain values kept as attributes, committed, restored and synchronized with them.
     """
 
     def __init__(self, variables=None, session=None, **kwargs):
-        _refuse_session("TensorFlowState", session)
-        if variables is None:
-            raise ValueError("TensorFlowState: pass the variables to track (e.g. "
-                             "variables=model.variables); TF2 has no global variables")
+        if tf.executing_eagerly():
+            if session is not None:
+                raise ValueError("TensorFlowState: session= is for a tf.compat.v1 graph; run "
+                                 "eagerly, pass the variables alone")
+            if variables is None:
+                raise ValueError("TensorFlowState: pass the variables to track (e.g. "
+                                 "variables=model.variables); TF2 has no global variables")
+        else:
+            session = session or tf.compat.v1.get_default_session()
+            if session is None:
+                raise ValueError("TensorFlowState: in a tf.compat.v1 graph, pass session= "
+                                 "(or make it the default session)")
+            if variables is None:
+                variables = tf.compat.v1.global_variables()
         self.variables = list(variables)
         for var in self.variables:
             if not callable(getattr(var, "assign", None)):
                 raise TypeError(f"TensorFlowState: expected tf.Variable, got "
                                 f"{type(var).__name__}")
-        self.session = None
+        self.session = session
+        if session is not None:  # the graph's ops, built once: a sync or restore adds none
+            self._bcast_op = broadcast_variables(self.variables, root_rank=0)
+            self._feeds = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape)
+                           for v in self.variables]
+            self._assign_op = tf.group(*[v.assign(f) for v, f in zip(self.variables,
+                                                                     self._feeds)])
         self._save_model()
         super().__init__(bcast_object=broadcast_object, get_rank=basics.rank, **kwargs)
 
     def _save_model(self):
-        self._values = [tf.identity(var).numpy() for var in self.variables]  # copies
+        if self.session is not None:
+            self._values = self.session.run(self.variables)  # numpy copies
+        else:
+            self._values = [tf.identity(var).numpy() for var in self.variables]  # copies
 
     def _load_model(self):
+        if self.session is not None:
+            self.session.run(self._assign_op, dict(zip(self._feeds, self._values)))
+            return
         for var, value in zip(self.variables, self._values):
             var.assign(value)
 
@@ -112,7 +131,10 @@ class TensorFlowState(ObjectState):
         super().restore()
 
     def sync(self):
-        broadcast_variables(self.variables, root_rank=0)
+        if self.session is not None:
+            self.session.run(self._bcast_op)
+        else:
+            broadcast_variables(self.variables, root_rank=0)
         self._save_model()
         super().sync()
 

@@ -1,5 +1,5 @@
 """Rank-side checks of engine_native.tensorflow.elastic: TensorFlowState's sync, commit and
-restore by value; ``hvd.elastic.run`` recovering from a real failure of a collective inside a
+restore by value, eagerly and through a tf.compat.v1 session; ``hvd.elastic.run`` recovering from a real failure of a collective inside a
 ``tf.function`` (one rank aborts the core: every rank's step fails with an UnknownError that
 carries the core's HorovodInternalError), from the last commit, in the same processes; other
 errors pass through; TensorFlowKerasState's sync; bad arguments.
@@ -30,7 +30,7 @@ def check_state(hvd, tf, np, failures):
     if int(count.numpy()) != 0 or state.epoch != 4:
         failures.append(f"TensorFlowState.restore: count {count.numpy()}, epoch {state.epoch}")
     for args, kwargs, error in (((), {}, ValueError), (([tf.constant(1.0)],), {}, TypeError),
-                                (([weights],), {"session": object()}, NotImplementedError)):
+                                (([weights],), {"session": object()}, ValueError)):
         try:
             hvd.elastic.TensorFlowState(*args, **kwargs)
             failures.append(f"TensorFlowState{args}{kwargs}: no error")
@@ -95,7 +95,45 @@ def check_keras_state(hvd, tf, np, failures):
         failures.append(f"TensorFlowKerasState.sync: weights differ or batch {state.batch}")
 
 
+def check_session_state(hvd, tf, np, failures):
+    """TensorFlowState in a tf.compat.v1 graph through its session, as a TF1 user has it:
+    the graph's global variables by default, synchronized from rank 0, committed and restored
+    by value, and a sync or restore adds no node to the graph."""
+    me = hvd.rank()
+    with tf.Graph().as_default() as graph:
+        weights = tf.compat.v1.get_variable("w", initializer=np.full(3, me, np.float32))
+        count = tf.compat.v1.get_variable("count", initializer=np.int64(me * 10))
+        set_weights = weights.assign([1.0, 2.0, 3.0])
+        bump = [weights.assign_add(tf.ones(3)), count.assign(99)]
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            state = hvd.elastic.TensorFlowState(session=session, epoch=me)
+            state.sync()
+            w, c = session.run([weights, count])
+            _expect(failures, "TensorFlowState(session).sync", w, np.zeros(3, np.float32))
+            if int(c) != 0 or state.epoch != 0:
+                failures.append(f"TensorFlowState(session).sync: count {c}, epoch {state.epoch}")
+            session.run(set_weights)
+            state.epoch = 4
+            state.commit()
+            session.run(bump)
+            state.epoch = 5
+            nodes = len(graph.get_operations())
+            state.restore()
+            w, c = session.run([weights, count])
+            _expect(failures, "TensorFlowState(session).restore", w,
+                    np.array([1.0, 2.0, 3.0], np.float32))
+            if int(c) != 0 or state.epoch != 4:
+                failures.append(f"TensorFlowState(session).restore: count {c}, "
+                                f"epoch {state.epoch}")
+            state.sync()
+            if len(graph.get_operations()) != nodes:
+                failures.append(f"TensorFlowState(session): the graph grew from {nodes} to "
+                                f"{len(graph.get_operations())} nodes in a restore and a sync")
+
+
 def run_all(hvd, tf, np, failures):
     check_state(hvd, tf, np, failures)
+    check_session_state(hvd, tf, np, failures)
     check_keras_state(hvd, tf, np, failures)
     check_recovery(hvd, tf, np, failures)
