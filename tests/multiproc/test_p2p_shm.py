@@ -235,3 +235,37 @@ def test_a_late_message_wakes_its_waiting_caller_not_the_loop_thread():
     res = run_ranks(late_waits_suite, 2, timeout=60, env={"HVD_CALLER_SPIN_US": "200"})
     woke, took = res[0].value
     assert woke <= took / 0.2 + LATE_WAITS // 2, (woke, f"{took:.2f} s")
+
+
+def interrupted_receive_suite():
+    """Ctrl-C reaches a caller asleep on the doorbell in a receive nothing will answer (its
+    wait runs in slices that see signals): KeyboardInterrupt, and the rank goes on."""
+    import os
+    import signal
+    import threading
+
+    hvd = checks.init("shm")
+    me, other = hvd.rank(), 1 - hvd.rank()
+    hvd.barrier()
+    waited = None
+    if me == 0:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sent = []
+        timer = threading.Timer(0.3, lambda: (sent.append(time.monotonic()),
+                                              os.kill(os.getpid(), signal.SIGINT)))
+        timer.start()
+        try:
+            hvd.recv(other, tag=7)
+            waited = "no interrupt"
+        except KeyboardInterrupt:
+            waited = time.monotonic() - sent[0]
+        timer.join()
+    hvd.barrier()  # the rank goes on
+    hvd.shutdown()
+    return waited
+
+
+def test_ctrl_c_interrupts_a_receive_asleep_on_the_doorbell():
+    res = run_ranks(interrupted_receive_suite, 2, timeout=60)
+    waited = res[0].value
+    assert isinstance(waited, float) and waited < 5.0, waited
