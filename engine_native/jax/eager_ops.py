@@ -21,13 +21,12 @@ from engine_native.jax import arrays, handles
 from engine_native.jax.callback_guard import refuse_inside_pure_callback
 
 
-def _host(tensor, op: str, name: Optional[str] = None, guard: bool = True):
+def _host(tensor, op: str, name: Optional[str] = None):
     """(host view, device) of an eager input; refuses non-arrays, dtypes the core lacks and
-    (``guard``) pure callbacks before anything is named or submitted."""
+    pure callbacks before anything is named or submitted."""
     arrays.check_array(tensor, op)
     arrays.check_dtype(tensor.dtype, op, name or "unnamed")
-    if guard:
-        refuse_inside_pure_callback(op)
+    refuse_inside_pure_callback(op)
     return arrays.to_host(tensor, op), arrays.device_of(tensor, op)
 
 
@@ -65,9 +64,8 @@ def _grouped_async(op: str, tensors: Sequence, name: Optional[str], submit) -> i
     if not tensors:
         return handles.register([], lambda results: [])
     refuse_inside_pure_callback(op)
-    hosts, devices = zip(*(_host(t, op, name, guard=False) for t in tensors))
-    return handles.register(submit(list(hosts)), lambda results: [
-        arrays.to_jax(r, d) for r, d in zip(results, devices)])
+    hosts, devices = arrays.host_views(tensors, op, name or "unnamed")
+    return handles.register(submit(hosts), lambda results: arrays.to_jax_list(results, devices))
 
 
 def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional[str] = None,

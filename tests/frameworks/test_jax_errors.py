@@ -10,6 +10,12 @@ from .jax_ranks import run_jax_ranks
 pytestmark = [pytest.mark.multiproc, pytest.mark.jax]
 
 
+def _deleted(jnp):
+    y = jnp.ones(4, jnp.float32)
+    y.delete()
+    return y
+
+
 def _cases(hvd, jax, jnp, optax, me):
     """name -> a call that must raise."""
     x = jnp.ones(4, jnp.float32)
@@ -20,6 +26,10 @@ def _cases(hvd, jax, jnp, optax, me):
     return {
         "non_array": lambda: hvd.allreduce([1.0, 2.0]),
         "non_array_grouped": lambda: hvd.grouped_allreduce([x, "grad"]),
+        # a second dtype in a group is checked too (Note [Group checks]), before any naming
+        "unsupported_dtype_grouped": lambda: hvd.grouped_allreduce(
+            [x, x, jnp.ones(4, jnp.uint32)]),
+        "deleted_grouped": lambda: hvd.grouped_allreduce([x, _deleted(jnp)]),
         "unsupported_dtype": lambda: hvd.allreduce(jnp.ones(4, jnp.uint32)),
         "unsupported_dtype_jit": lambda: jax.jit(hvd.allreduce)(jnp.ones(4, jnp.uint32)),
         "dtype_mismatch": lambda: hvd.allreduce(
@@ -81,6 +91,9 @@ EXPECTED = {
     "non_array_grouped": ("TypeError", ["grouped_allreduce", "jax.Array", "str"]),
     "unsupported_dtype": ("TypeError", ["unsupported dtype uint32"]),
     "unsupported_dtype_jit": ("TypeError", ["unsupported dtype uint32"]),
+    "unsupported_dtype_grouped": ("TypeError", ["grouped_allreduce('unnamed')",
+                                                "unsupported dtype uint32"]),
+    "deleted_grouped": ("RuntimeError", ["deleted"]),
     "dtype_mismatch": ("HorovodInternalError", ["float32", "int32", "rank"]),
     "dtype_mismatch_jit": ("JaxRuntimeError", ["float32", "int32", "rank"]),
     "shape_mismatch_optax_jit": ("JaxRuntimeError", ["shape", "rank"]),

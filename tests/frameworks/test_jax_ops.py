@@ -1,6 +1,7 @@
 """engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
 and inside jax.jit, process sets and async handles, fp16 compression of average_gradients,
-backward_passes_per_step eagerly, eager grouped results adopted by XLA without a copy, on 2
+backward_passes_per_step eagerly, eager grouped results adopted by XLA without a copy (and right
+through the public jax.device_put where jaxlib's wrap is missing or fails), on 2
 and 3 ranks.
 
 One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
@@ -211,6 +212,25 @@ def _check_grouped_results_not_copied(hvd, jnp, np, failures, n):
                         f", first {pointers[0] % 64} bytes past 64-byte alignment")
 
 
+def _check_result_wrap_fallback(hvd, jnp, np, failures, n):
+    """Where jaxlib's internal wrap is missing (None) or fails (an internal call changed),
+    grouped results still come back right, through the public jax.device_put."""
+    from engine_native.jax import arrays
+
+    def failing(results, devices):
+        raise TypeError("batched_device_put() changed")
+    xs = [jnp.ones(5, jnp.float32), jnp.ones((2, 3), jnp.int32)]
+    saved = arrays._wrap_host
+    for label, stand_in in (("missing", None), ("failing", failing)):
+        arrays._wrap_host = stand_in
+        try:
+            got = hvd.grouped_allreduce(xs, op=hvd.Sum)
+        finally:
+            arrays._wrap_host = saved
+        for k, (g, x) in enumerate(zip(got, xs)):
+            _expect(failures, f"wrap {label}.{k}", g, np.full(x.shape, n, x.dtype))
+
+
 def rank_collectives():
     import jax
     jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
@@ -227,6 +247,7 @@ def rank_collectives():
     _check_fp16_compression(hvd, jax, jnp, np, failures, n, me)
     _check_eager_accumulation(hvd, jnp, np, failures, n, me)
     _check_grouped_results_not_copied(hvd, jnp, np, failures, n)
+    _check_result_wrap_fallback(hvd, jnp, np, failures, n)
     if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
         pair = hvd.add_process_set([0, 2])
         if me in pair.ranks:
