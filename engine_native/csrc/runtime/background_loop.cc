@@ -40,7 +40,8 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                ProcessSetTable& sets, Metrics& metrics,
                                const common::Config& config, timeline::Timeline* timeline,
                                Autotuner* autotuner)
-    : mesh_(mesh), handles_(handles), sets_(sets), metrics_(metrics), config_(config),
+    : mesh_(mesh), rank_zero_(mesh.rank() == 0), spin_yields_(mesh.spinYields()),
+      handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline),
       queue_(handles, keys_),
       peer_ops_(mesh, handles, queue_, metrics, timeline, config.timeout_seconds,
@@ -454,7 +455,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     // A napping loop may hold this op's submission (Note [Coalesced wakes]); rank 0's sleeping
     // one may hold a batch this wait now blocks (Note [Batching window]).
     queue_.wakeForWaiter();
-    if (mesh_.rank() == 0) queue_.wakeIfAsleep();
+    if (rank_zero_) queue_.wakeIfAsleep();
     return false;
   }
   const bool point_to_point = handles_.pointToPoint(handle);
@@ -502,7 +503,7 @@ bool BackgroundLoop::drive(int64_t handle) {
         give_up = std::max(give_up, std::min(now + spin, renew_until));
       }
       if (now >= give_up) break;
-      if (mesh_.spinYields()) sched_yield(); else common::cpuRelax();
+      if (spin_yields_) sched_yield(); else common::cpuRelax();
     }
   }
   metrics_.countCallerPasses(passes);
@@ -554,7 +555,7 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
     if (now >= spin_until) {
       pacer.nap(end);
     } else {
-      common::spinPause(mesh_.spinYields());  // progress_ is free meanwhile for the loop
+      common::spinPause(spin_yields_);  // progress_ is free meanwhile for the loop
     }
   }
 }

@@ -165,6 +165,10 @@ class BackgroundLoop {
 
   // Set at construction, outlive the loop.
   transport::Mesh& mesh_;
+  // Read by framework threads outside progress_, where the mesh may be gone once the loop
+  // shut down (a caller that took the loop just before Runtime::shutdown).
+  const bool rank_zero_;
+  const bool spin_yields_;
   HandleTable& handles_;
   ProcessSetTable& sets_;
   Metrics& metrics_;

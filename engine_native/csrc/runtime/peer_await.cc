@@ -63,6 +63,7 @@ bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) 
       if (announced) {
         peer_ops_.endCallerSleep();
         queue_.wakeIfAsleep();
+        queue_.wakeForWaiter();  // a napping loop too (Note [Coalesced wakes])
       }
       return false;
     }
@@ -74,7 +75,9 @@ bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) 
     if (handles_.poll(handle) != 0) return true;
     const auto now = Clock::now();
     if (now >= end) return true;
-    if (failed_ || queue_.shutdownRequested()) return false;  // the handle tells the rest
+    if (failed_ || queue_.shutdownRequested() || queue_.abortRequested()) {
+      return false;  // the handle tells the rest
+    }
     uint32_t seen = 0;
     transport::shm::Doorbell* bell = peer_ops_.announceCallerSleep(&seen);  // A
     announced = true;

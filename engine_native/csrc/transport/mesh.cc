@@ -482,6 +482,8 @@ void Mesh::abort() {
   aborted_.store(true, std::memory_order_release);
   std::lock_guard<std::mutex> lock(impl_->doorbell_mutex);
   if (impl_->own_doorbell != nullptr) shm::wakeAlways(impl_->own_doorbell);
+  // a caller asleep on it in a point-to-point wait (Note [Caller sleeps on the doorbell])
+  if (impl_->own_peer_doorbell != nullptr) shm::wakeAlways(impl_->own_peer_doorbell);
   if (impl_->own_collective_doorbell != nullptr) {
     shm::wakeAlways(impl_->own_collective_doorbell);
   }
