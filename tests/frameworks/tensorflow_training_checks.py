@@ -1,6 +1,7 @@
 """Rank-side checks of training with engine_native.tensorflow: a custom training loop (small
 dense model, SGD, DistributedGradientTape inside a tf.function train step) equals
-single-process training on the global batch; the tape's sparse gradients and process sets.
+single-process training on the global batch; the tape's groups, sparse gradients and process
+sets.
 
 Every rank also runs the single-process reference itself (no communication), on the
 concatenation of all ranks' batches, and compares its distributed result with it. Each check
@@ -76,6 +77,27 @@ def check_training(hvd, tf, np, failures):
         err = _relative_error(np, grads, want)
         if not err <= 1e-5:
             failures.append(f"eager DistributedGradientTape: relative error {err:.3g}")
+
+
+def check_tape_groups(hvd, tf, np, failures):
+    """groups=: the gradients go into the grouped allreduces the rule says (engine_native.
+    group_split), counted as the core's fused batches (a group of one is no batch)."""
+    import engine_native
+    n, me = hvd.size(), hvd.rank()
+    a, b, c, d = variables = [tf.Variable(tf.ones([k + 2])) for k in range(4)]
+    for label, groups, batches in (("None", None, 1), ("4", 4, 0), ("2", 2, 2),
+                                   ("[[d, a]]", [[d, a]], 1),
+                                   ("[[a, b], [c, d]]", [[a, b], [c, d]], 2)):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(v) for v in variables]) * (me + 1.0)
+        tape = hvd.DistributedGradientTape(tape, op=hvd.Sum, groups=groups)
+        before = engine_native.metrics()["fused_batches"]
+        grads = tape.gradient(loss, variables)
+        fused = engine_native.metrics()["fused_batches"] - before
+        if not all(np.allclose(g.numpy(), n * (n + 1) / 2) for g in grads):
+            failures.append(f"groups={label}: {[g.numpy() for g in grads]}")
+        if fused != batches:
+            failures.append(f"groups={label}: {fused} fused batches, want {batches}")
 
 
 def check_tape_options(hvd, tf, np, failures):

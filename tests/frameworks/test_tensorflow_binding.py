@@ -32,6 +32,7 @@ def rank_checks():
     tensorflow_collective_checks.run_all(hvd, tf, np, failures)
     tensorflow_gradient_checks.run_all(hvd, tf, np, failures)
     tensorflow_training_checks.check_training(hvd, tf, np, failures)
+    tensorflow_training_checks.check_tape_groups(hvd, tf, np, failures)
     tensorflow_training_checks.check_tape_options(hvd, tf, np, failures)
     tensorflow_v1_checks.run_all(hvd, tf, np, failures)
     tensorflow_elastic_checks.run_all(hvd, tf, np, failures)
