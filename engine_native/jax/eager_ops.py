@@ -22,12 +22,10 @@ from engine_native.jax.callback_guard import refuse_inside_pure_callback
 
 
 def _host(tensor, op: str, name: Optional[str] = None):
-    """(host view, device) of an eager input; refuses non-arrays, dtypes the core lacks and
-    pure callbacks before anything is named or submitted."""
-    arrays.check_array(tensor, op)
-    arrays.check_dtype(tensor.dtype, op, name or "unnamed")
+    """(host view, device) of an eager input; refuses pure callbacks, non-arrays and dtypes
+    the core lacks before anything is named or submitted (the group path's order)."""
     refuse_inside_pure_callback(op)
-    return arrays.to_host(tensor, op), arrays.device_of(tensor, op)
+    return arrays.checked_host(tensor, op, name or "unnamed")
 
 
 def _one_result(core: int, device) -> int:

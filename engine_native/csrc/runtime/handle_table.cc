@@ -216,19 +216,4 @@ void HandleTable::release(int64_t handle) {
   if (state != nullptr) freeSlot(handle, state);
 }
 
-void HandleTable::failAll(const common::Status& status) {
-  Waker waker;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (State& state : slots_) {
-      if ((state.generation & 1) == 0 || state.done) continue;
-      state.done = true;
-      state.status = status;
-    }
-    waker = waker_;
-  }
-  cv_.notify_all();
-  if (waker.wake != nullptr) waker.wake(waker.arg);
-}
-
 }  // namespace hvd::runtime

@@ -90,8 +90,6 @@ class HandleTable {
   bool takeIfDone(int64_t handle, common::Status* status, OpResult* result);
   // Forgets the handle and frees its name.
   void release(int64_t handle);
-  // Completes every pending handle with `status` (shutdown / abort / lost peer).
-  void failAll(const common::Status& status);
   // One thread at a time may wait for `handle` elsewhere than in waitFor (a point-to-point
   // wait asleep on its rank's peer doorbell, Note [Point-to-point over shm] G in
   // transport/peer_channel.cc): completing the handle then calls wake(arg), outside the lock.
