@@ -31,7 +31,8 @@
 //      memory, Note [Caller drives] D): a frame over TCP rings no doorbell. The binding calls
 //      this in its 50 ms slices, so Ctrl-C is seen between them as before.
 //   F. The mesh is touched under progress_ after failed_/finished_ were checked, except the
-//      clearing of B, which goes through Mesh::markPeerDoorbell (safe against close()); and
+//      clearing of B without the lock, which goes through Mesh::markPeerDoorbell (safe against
+//      close(); under progress_ the bit is marked directly, as a drive's is); and
 //      shutdown() waits for the caller to leave before the mesh can go.
 #include <algorithm>
 
@@ -60,8 +61,8 @@ bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) 
   while (true) {
     std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
     if (!lock.try_lock_for(kLockSlice)) {  // B: a pass runs; it or the loop reads the rest
-      if (announced) {
-        peer_ops_.endCallerSleep();
+      if (announced) {  // F: without progress_, through the mesh's doorbell lock
+        mesh_.markPeerDoorbell(transport::shm::kCallerSleeps, false);
         queue_.wakeIfAsleep();
         queue_.wakeForWaiter();  // a napping loop too (Note [Coalesced wakes])
       }

@@ -487,18 +487,25 @@ void PeerOps::endSleep() {
 }
 
 void PeerOps::setDriving(bool driving) {
-  mesh_.markPeerDoorbell(transport::shm::kCallerDrives, driving);  // C
+  markDoorbell(transport::shm::kCallerDrives, driving);  // C
 }
 
 transport::shm::Doorbell* PeerOps::announceCallerSleep(uint32_t* seen) {
   transport::shm::Doorbell* bell = mesh_.peerDoorbell();
   if (bell == nullptr) return nullptr;
   *seen = bell->sequence.load(std::memory_order_seq_cst);  // G: before the announcement
-  mesh_.markPeerDoorbell(transport::shm::kCallerSleeps, true);
+  transport::shm::markDriving(bell, transport::shm::kCallerSleeps, true);
   return ringsCanMove() ? nullptr : bell;
 }
 
-void PeerOps::endCallerSleep() { mesh_.markPeerDoorbell(transport::shm::kCallerSleeps, false); }
+void PeerOps::endCallerSleep() { markDoorbell(transport::shm::kCallerSleeps, false); }
+
+// Under progress_, which close() runs under too: no doorbell_mutex on the drive path.
+void PeerOps::markDoorbell(uint32_t bit, bool on) {
+  if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
+    transport::shm::markDriving(bell, bit, on);
+  }
+}
 
 
 // Note [Point-to-point over shm] B: a peer's message wakes this rank's sleeping loop only while

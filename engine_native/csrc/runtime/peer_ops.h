@@ -108,8 +108,8 @@ class PeerOps {
   // A caller about to sleep until a ring moves (Note [Point-to-point over shm] G): announces it
   // on the peer doorbell, whose futex word's value before that is *seen, and answers the
   // doorbell to FUTEX_WAIT on; null when a ring can move already or this rank has no shared
-  // memory. endCallerSleep() after the wait, also when null was answered; it alone may be
-  // called without progress_ (any thread, also once the mesh closed).
+  // memory. endCallerSleep() after the wait, also when null was answered (a thread without
+  // progress_ clears the bit through Mesh::markPeerDoorbell instead).
   transport::shm::Doorbell* announceCallerSleep(uint32_t* seen);
   void endCallerSleep();
   // B, G: after a sleep was announced, or a caller's `driving` mark cleared (under progress_).
@@ -215,6 +215,7 @@ class PeerOps {
   void closePeer(int peer, const common::Status& status);
   bool open(int peer) const { return mesh_.peerChannel(peer) != nullptr && closed_[peer] == 0; }
   void listen(int delta);  // a receive opened (+1) or completed (-1)
+  void markDoorbell(uint32_t bit, bool on);  // a Doorbell::driving bit, under progress_
   void startSpan(Op& op);
   void endSpan(const Op& op, const common::Status& status = common::Status::ok());
 

@@ -440,13 +440,7 @@ shm::Doorbell* Mesh::peerDoorbell() const {
 
 void Mesh::markPeerDoorbell(uint32_t bit, bool on) {
   std::lock_guard<std::mutex> lock(impl_->doorbell_mutex);  // Note [Abort versus close]
-  shm::Doorbell* bell = impl_->own_peer_doorbell;
-  if (bell == nullptr) return;
-  if (on) {
-    bell->driving.fetch_or(bit, std::memory_order_seq_cst);
-  } else {
-    bell->driving.fetch_and(~bit, std::memory_order_seq_cst);
-  }
+  if (impl_->own_peer_doorbell != nullptr) shm::markDriving(impl_->own_peer_doorbell, bit, on);
 }
 
 void Mesh::acceptStray() {

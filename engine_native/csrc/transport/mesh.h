@@ -66,8 +66,10 @@ class Mesh {
   // The same for point-to-point channels on shared memory (Note [Point-to-point over shm] in
   // peer_channel.cc), where a driving caller also says that it reads the rings.
   shm::Doorbell* peerDoorbell() const;
-  // Sets or clears a Doorbell::driving bit of that doorbell (kCallerDrives, kCallerSleeps).
-  // Any thread: nothing once close() began (Note [Abort versus close] in mesh.cc).
+  // Sets or clears a Doorbell::driving bit of that doorbell (kCallerDrives, kCallerSleeps),
+  // from a thread that may race close(): nothing once close() began (Note [Abort versus
+  // close] in mesh.cc). Under the loop's progress_, which close() also runs under, the
+  // doorbell is marked directly (shm::markDriving) without this mutex.
   void markPeerDoorbell(uint32_t bit, bool on);
   // Moves control frames a ring had no room for into it (Note [Control over shm] C); true
   // while some remain. Waits inside collectives call it: an agreed op's response may be what

@@ -30,8 +30,8 @@
 //      thread ran on the sender's core (a pipeline's hand-off-bound step: 10-11 loop wake-ups
 //      per rank for 16 messages, isend calls of 40-50 us where 11 us without).
 //   C. A caller driving the loop (Note [Caller drives]) sets kCallerDrives in the doorbell's
-//      `driving`: it reads the rings every pass, so writers skip the wake byte (a system call, and a wake of
-//      a loop thread that would only wait for the caller's lock). It clears `driving` and then
+//      `driving`: it reads the rings every pass, so writers skip the wake byte (a system call,
+//      and a wake of a loop thread that would only wait for the caller's lock). It clears `driving` and then
 //      checks the rings (PeerOps::idle) before it lets the loop thread sleep on: a write it
 //      missed is either seen there or sees `driving` clear and wakes the loop (the Dekker pair
 //      of Note [Doorbell ordering]).

@@ -27,9 +27,8 @@ namespace hvd::transport {
 
 // Memory for a received payload: `data` (at least the payload's bytes), kept alive by `owner`
 // (null: memory a posted receive brought, Note [Receive into out] in
-// runtime/peer_ops_into.cc). An
-// allocator answers {} when it has no memory; it is asked once a frame's header is read, with
-// the context given to setAllocator and the sending peer.
+// runtime/peer_ops_into.cc). An allocator answers {} when it has no memory; it is asked once a
+// frame's header is read, with the context given to setAllocator and the sending peer.
 struct PeerPayload {
   std::shared_ptr<void> owner;
   uint8_t* data = nullptr;

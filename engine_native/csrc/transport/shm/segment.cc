@@ -132,6 +132,14 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_u
   futexCall(word, FUTEX_WAIT, expected, &timeout);
 }
 
+void markDriving(Doorbell* doorbell, uint32_t bit, bool on) {
+  if (on) {
+    doorbell->driving.fetch_or(bit, std::memory_order_seq_cst);
+  } else {
+    doorbell->driving.fetch_and(~bit, std::memory_order_seq_cst);
+  }
+}
+
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
   const uint32_t driving = doorbell->driving.load(std::memory_order_seq_cst);
   // A caller that sleeps reads the rings once woken (the loop thread sleeps on), also while

@@ -90,6 +90,8 @@ struct RingLink {
   void wakePeer() const;
 };
 
+// Sets or clears a bit of Doorbell::driving (kCallerDrives, kCallerSleeps), seq_cst.
+void markDriving(Doorbell* doorbell, uint32_t bit, bool on);
 // Wakes the doorbell's owner if it sleeps (or is about to): FUTEX_WAKE, or for a poll sleep
 // one byte on `socket_fd`, the pair's TCP socket to the owner.
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd);
