@@ -59,6 +59,10 @@ class _GradientReducer:
         present = [i for i, g in enumerate(grads) if g is not None]
         return index_groups(self.groups, present, {id(s): i for i, s in enumerate(sources)})
 
+    def register_local(self, source):
+        """Keep ``source``'s gradient this rank's (reduce_shared)."""
+        self.local_sources[id(source)] = source
+
     def reduce_shared(self, grads, sources):
         """``reduce`` of every gradient but those of local sources, which stay this rank's:
         divided by the set size when ``scale_local_gradients`` (Horovod's rule)."""
@@ -103,7 +107,7 @@ class _DistributedTape:
     def register_local_source(self, source):
         """Keep ``source``'s gradient local (not reduced); scaled by 1/size when
         ``scale_local_gradients`` (Horovod's rule)."""
-        self._hvd_reducer.local_sources[id(source)] = source
+        self._hvd_reducer.register_local(source)
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
                  **kwargs):

@@ -71,7 +71,7 @@ class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     def register_local_var(self, var):
         """Keep ``var``'s gradient this rank's (not reduced); divided by the set size when
         ``scale_local_gradients`` (Horovod's rule)."""
-        self._hvd_reducer.local_sources[id(var)] = var
+        self._hvd_reducer.register_local(var)
 
     def apply_gradients(self, *args, **kwargs):
         return self._optimizer.apply_gradients(*args, **kwargs)
