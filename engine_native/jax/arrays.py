@@ -62,8 +62,8 @@ def to_host(value, op: str) -> np.ndarray:
 
 
 def checked_host(value, op: str, name: str) -> tuple:
-    """(host view, device) of an eager input, after the checks ``eager_ops._host`` makes, in
-    its order: a jax or numpy array, a dtype the core has, one device."""
+    """(host view, device) of an eager input, checked in this order: a jax or numpy array, a
+    dtype the core has, one device (the view also refuses a deleted array)."""
     check_array(value, op)
     check_dtype(value.dtype, op, name)
     host = to_host(value, op)
