@@ -122,6 +122,11 @@ const std::vector<Knob>& knobs() {
                "sleeps, and polls its CUDA op's completion before it naps; where a host's "
                "ranks outnumber its cores it yields the core between passes (0: never spin)."},
               Kind::kInt, &Config::caller_spin_microseconds, 0),
+      intKnob({"HVD_P2P_SPIN_MAX_US", nullptr, "int", "2000",
+               "Microseconds a thread waiting on a point-to-point op may go on spinning past "
+               "HVD_CALLER_SPIN_US while the host has a core free for it (0: no longer than "
+               "HVD_CALLER_SPIN_US)."},
+              Kind::kInt, &Config::p2p_spin_max_microseconds, 0),
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
               Kind::kBytes, &Config::shm_ring_bytes, 4096),

@@ -33,6 +33,9 @@ const char* kShutdownMessage =
 
 // Note [Caller drives] G: how long moving point-to-point bytes may keep a caller driving.
 constexpr auto kMaxRenewedSpin = std::chrono::seconds(1);
+// How often a spin past its budget reads whether a core is still free (Note [Spin while a core
+// is free] C).
+constexpr auto kHeadroomSlice = std::chrono::microseconds(100);
 
 }  // namespace
 
@@ -97,6 +100,9 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   drive_.configure(drivable,
                    std::chrono::microseconds(drivable ? config_.caller_spin_microseconds : 0));
   peer_drive_.configure(drivable, drive_.configuredSpin());
+  if (drivable && !spin_yields_) {  // Note [Spin while a core is free] B
+    peer_spin_cap_ = std::chrono::microseconds(config_.p2p_spin_max_microseconds);
+  }
   metrics_.setSpinYields(mesh_.spinYields());
   metrics_.setCallerSpin(drive_.configuredSpin().count());
 }
@@ -409,7 +415,9 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      collectives' spins nor be hidden from their own. A receive spinning out its budget
 //      holds a core the computing neighbour may need (np=2 on this 2-core VM: 1F1B step 38-57
 //      ms with the spin, 20-25 ms without, load 7); where its messages come within the spin
-//      (a ping-pong, a stage that waits little) its spins pay and it keeps them.
+//      (a ping-pong, a stage that waits little) its spins pay and it keeps them. Past the
+//      budget it spins on while the host has a core free (Note [Spin while a core is free]
+//      in core_headroom.cc): a wait outliving the spin cost a wake-up on each side.
 //   I. A point-to-point wait whose drive gives up does not wake a loop thread that sleeps
 //      watching everything (watches_all_: its sleep began out of standby) while no collective
 //      work is in flight: the drive changed nothing but point-to-point state, and the caller
@@ -463,6 +471,9 @@ bool BackgroundLoop::drive(int64_t handle) {
   const auto spin = policy.nextSpin();  // Note [Spin backoff] in drive_policy.h
   if (spin.count() == 0) metrics_.countSpinSkipped();
   auto give_up = Clock::now() + spin;
+  // Note [Spin while a core is free] A: the furthest a point-to-point wait spins on.
+  const auto spin_cap = point_to_point && spin.count() > 0 ? give_up - spin + peer_spin_cap_
+                                                           : give_up;
   std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
   while (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
     if (handles_.poll(handle) != 0) return false;  // A: the loop thread finished it
@@ -502,7 +513,10 @@ bool BackgroundLoop::drive(int64_t handle) {
       if (spin.count() > 0 && peer_ops_.takeMoved()) {  // G
         give_up = std::max(give_up, std::min(now + spin, renew_until));
       }
-      if (now >= give_up) break;
+      if (now >= give_up) {
+        if (now >= spin_cap || !headroom_.coreFree()) break;
+        give_up = std::min(now + kHeadroomSlice, spin_cap);
+      }
       if (spin_yields_) sched_yield(); else common::cpuRelax();
     }
   }

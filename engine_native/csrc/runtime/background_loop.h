@@ -43,6 +43,7 @@
 #include "common/config.h"
 #include "coord/key_table.h"
 #include "runtime/autotuner.h"
+#include "runtime/core_headroom.h"
 #include "runtime/drive_policy.h"
 #include "runtime/execution_queue.h"
 #include "runtime/executor.h"
@@ -186,6 +187,10 @@ class BackgroundLoop {
   std::timed_mutex progress_;
   DrivePolicy drive_;  // configured before start(); then read by framework threads
   DrivePolicy peer_drive_;  // point-to-point waits' own spin record (Note [Caller drives] H)
+  // Note [Spin while a core is free] in core_headroom.cc: how long past its budget a
+  // point-to-point wait may spin (zero where spins yield), and the check that allows it.
+  std::chrono::microseconds peer_spin_cap_{0};
+  CoreHeadroom headroom_;
   std::atomic<bool> peer_sleeper_{false};  // a caller is in awaitPeer (one at a time)
   // Under progress_: the loop thread's latest sleep watches control channels and sockets (it
   // began out of standby, not failed). Note [Caller drives] I.

@@ -1,0 +1,24 @@
+// CoreHeadroom: whether the host has a core free for a spinning thread right now (Note [Spin
+// while a core is free] in core_headroom.cc). Any thread; no state but a file descriptor.
+#pragma once
+
+namespace hvd::runtime {
+
+class CoreHeadroom {
+ public:
+  CoreHeadroom();
+  ~CoreHeadroom();
+  CoreHeadroom(const CoreHeadroom&) = delete;
+  CoreHeadroom& operator=(const CoreHeadroom&) = delete;
+
+  // True when the host runs (or has runnable) no more threads than this process may use
+  // cores, the caller itself counted; false when that cannot be read.
+  bool coreFree() const;
+
+ private:
+  int loadavg_fd_ = -1;  // /proc/loadavg, read with pread from any thread
+  int cores_ = 0;        // CPUs this process may run on (its affinity mask)
+  int forced_ = -1;      // HVD_TEST_CORE_FREE: 1 or 0 answers every call (tests); -1 unset
+};
+
+}  // namespace hvd::runtime
