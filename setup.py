@@ -140,6 +140,7 @@ CORE_SOURCES = [
     "runtime/peer_ops_into.cc",
     "runtime/peer_await.cc",
     "runtime/core_headroom.cc",
+    "runtime/cpu_binding.cc",
     "runtime/peer_ops_device.cc",
     "runtime/peer_ops_nccl.cc",
     "runtime/device_nccl_peers.cc",

@@ -42,6 +42,8 @@ def metrics() -> dict:
     those waits ran while they polled. ``loop_wakeups`` counts the background loop's waits
     that ended, and ``tick_pickups`` those of its passes that found work nothing had woken it
     for, after a whole 200 ms idle tick (Note [Tick pickups]: a missing wake-up).
+    ``cpu_binding`` lists the CPUs this rank is bound to (``"0"``, ``"2,3"``; ``""``
+    unbound: ``HVD_CPU_BIND``, Note [CPU binding]).
     ``p2p_sent``/``p2p_received`` count this rank's point-to-point messages,
     ``p2p_sent_bytes``/``p2p_received_bytes`` their bytes.
     ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others

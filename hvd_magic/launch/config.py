@@ -60,7 +60,7 @@ def tunables_env(*, fusion_threshold_mb: float | None = None,
                  stall_check_warning_time_seconds: float | None = None,
                  stall_check_shutdown_time_seconds: float | None = None,
                  tcp: bool = False, start_timeout: float | None = None,
-                 **_ignored) -> dict:
+                 bind_to: str | None = None, **_ignored) -> dict:
     """horovodrun's tunable flags → the ``HVD_*`` variables the core reads."""
     env = {}
     if fusion_threshold_mb is not None:
@@ -101,6 +101,8 @@ def tunables_env(*, fusion_threshold_mb: float | None = None,
         env["HVD_TRANSPORT"] = "tcp"
     if start_timeout is not None:
         env["HVD_START_TIMEOUT"] = f"{start_timeout:g}"
+    if bind_to is not None:
+        env["HVD_CPU_BIND"] = bind_to
     return env
 
 

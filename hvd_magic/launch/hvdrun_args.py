@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--no-hierarchical-allreduce", dest="hierarchical_allreduce",
                    action="store_false")
     t.add_argument("--tcp", action="store_true", help="TCP between all ranks (no shm)")
+    t.add_argument("--bind-to", choices=("none", "core"), default=None,
+                   help="core: each rank of a host on its own share of the host's CPUs "
+                        "(HVD_CPU_BIND); default none, as horovodrun")
     t.add_argument("--timeline-filename", help="write a Chrome-trace timeline (rank 0)")
     t.add_argument("--timeline-mark-cycles", action="store_true")
     t.add_argument("--autotune", action="store_true", help="tune fusion and cycle time")
@@ -99,7 +102,7 @@ def env_from_args(args) -> dict:
         log_level=args.log_level, no_stall_check=args.no_stall_check,
         stall_check_warning_time_seconds=args.stall_check_warning_time_seconds,
         stall_check_shutdown_time_seconds=args.stall_check_shutdown_time_seconds, tcp=args.tcp,
-        start_timeout=args.start_timeout))
+        start_timeout=args.start_timeout, bind_to=args.bind_to))
     env.update(config.parse_env_pairs(args.env))
     if args.gpus == "none":
         env["CUDA_VISIBLE_DEVICES"] = ""

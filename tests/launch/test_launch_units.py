@@ -61,9 +61,10 @@ def test_tunables_become_hvd_variables(tmp_path):
     env = config.tunables_env(fusion_threshold_mb=64, cycle_time_ms=0.5, cache_capacity=0,
                               hierarchical_allreduce=True, timeline_filename="tl.json",
                               autotune=True, log_level="FATAL", tcp=True, start_timeout=30,
-                              no_stall_check=True, stall_check_shutdown_time_seconds=120)
-    assert env == {"HVD_FUSION_THRESHOLD": str(64 << 20), "HVD_CYCLE_TIME_MS": "0.5",
-                   "HVD_CACHE_CAPACITY": "0", "HVD_HIERARCHICAL_ALLREDUCE": "1",
+                              no_stall_check=True, stall_check_shutdown_time_seconds=120,
+                              bind_to="core")
+    assert env == {"HVD_CPU_BIND": "core", "HVD_FUSION_THRESHOLD": str(64 << 20),
+                   "HVD_CYCLE_TIME_MS": "0.5", "HVD_CACHE_CAPACITY": "0", "HVD_HIERARCHICAL_ALLREDUCE": "1",
                    "HVD_TIMELINE": os.path.abspath("tl.json"), "HVD_AUTOTUNE": "1",
                    "HVD_LOG": "error", "HVD_TRANSPORT": "tcp", "HVD_START_TIMEOUT": "30",
                    "HVD_STALL_CHECK_DISABLE": "1", "HVD_STALL_SHUTDOWN_TIME": "120"}

@@ -103,6 +103,7 @@ PyObject* buildMetrics() {
   setItem(dict, "shutting_down_ranks", shutting_down);
   setItem(dict, "transports", stringList(s.transports));
   setItem(dict, "control_transports", stringList(s.control_transports));
+  setItem(dict, "cpu_binding", PyUnicode_FromString(s.cpu_binding.c_str()));
   setItem(dict, "host_copy", PyUnicode_FromString(s.host_copy.c_str()));
   setItem(dict, "host_copy_reason", PyUnicode_FromString(s.host_copy_reason.c_str()));
   setItem(dict, "single_copy_ops", PyLong_FromUnsignedLongLong(s.single_copy_ops));

@@ -95,6 +95,11 @@ const std::vector<Knob>& knobs() {
                   "auto (shm between ranks of one host, tcp between hosts), tcp (tcp "
                   "everywhere), or shm (same as auto)."},
                  &Config::transport),
+      stringKnob({"HVD_CPU_BIND", nullptr, "string", "none",
+                  "none, or core: each rank of a host runs on its own share of the host's "
+                  "CPUs (CPUs / ranks of the host, contiguous), every thread of the process "
+                  "(hvdrun --bind-to core)."},
+                 &Config::cpu_bind),
       stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
                   "How CUDA collectives move between ranks: auto (NCCL when every member of "
                   "a process set has its own GPU and NCCL loads, CUDA IPC with reductions on "

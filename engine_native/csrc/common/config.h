@@ -22,12 +22,13 @@ struct Config {
   double cycle_time_ms = 1.0;               // HVD_CYCLE_TIME_MS (HOROVOD_CYCLE_TIME)
   int64_t cache_capacity = 1024;            // HVD_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY)
   std::string transport = "auto";           // HVD_TRANSPORT: auto | tcp | shm
+  std::string cpu_bind = "none";            // HVD_CPU_BIND: none | core (Note [CPU binding])
   std::string gpu_path = "auto";            // HVD_GPU_PATH: auto | nccl | ipc | staged
   std::string ipc_order = "host";           // HVD_IPC_ORDER: host | device
   bool hierarchical_allreduce = false;      // HVD_HIERARCHICAL_ALLREDUCE
   int64_t spin_microseconds = 20;           // HVD_SPIN_US: bounded spin before a blocking wait
   int64_t caller_spin_microseconds = 200;   // HVD_CALLER_SPIN_US (Note [Caller drives])
-  int64_t p2p_spin_max_microseconds = 2000;  // HVD_P2P_SPIN_MAX_US (Note [Spin while a core is free])
+  int64_t p2p_spin_max_microseconds = 2000;  // HVD_P2P_SPIN_MAX_US (runtime/core_headroom.cc)
   int64_t shm_ring_bytes = 4ll << 20;       // HVD_SHM_RING_BYTES: per directed pair
   bool single_copy = false;                 // HVD_SINGLE_COPY: cross-memory reads on a host
   int64_t single_copy_min_bytes = 16ll << 20;  // HVD_SINGLE_COPY_MIN_BYTES (the leader's counts)

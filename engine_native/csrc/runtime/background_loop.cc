@@ -42,7 +42,7 @@ constexpr auto kHeadroomSlice = std::chrono::microseconds(100);
 BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                ProcessSetTable& sets, Metrics& metrics,
                                const common::Config& config, timeline::Timeline* timeline,
-                               Autotuner* autotuner)
+                               Autotuner* autotuner, const CpuBinding& binding)
     : mesh_(mesh), rank_zero_(mesh.rank() == 0), spin_yields_(mesh.spinYields()),
       handles_(handles), sets_(sets), metrics_(metrics), config_(config),
       timeline_(timeline),
@@ -51,6 +51,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                 /*cuda_ipc=*/config.gpu_path != "staged",
                 /*nccl_demanded=*/config.gpu_path == "nccl"),
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
+      headroom_(binding.host_cores),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_) {
   // Several peers may look lost by the time a collective notices; one of them may already have
@@ -100,7 +101,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   drive_.configure(drivable,
                    std::chrono::microseconds(drivable ? config_.caller_spin_microseconds : 0));
   peer_drive_.configure(drivable, drive_.configuredSpin());
-  if (drivable && !spin_yields_) {  // Note [Spin while a core is free] B
+  if (drivable && binding.bound && !spin_yields_) {  // Note [Spin while a core is free] B
     peer_spin_cap_ = std::chrono::microseconds(config_.p2p_spin_max_microseconds);
   }
   metrics_.setSpinYields(mesh_.spinYields());

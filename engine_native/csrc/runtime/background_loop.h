@@ -44,6 +44,7 @@
 #include "coord/key_table.h"
 #include "runtime/autotuner.h"
 #include "runtime/core_headroom.h"
+#include "runtime/cpu_binding.h"
 #include "runtime/drive_policy.h"
 #include "runtime/execution_queue.h"
 #include "runtime/executor.h"
@@ -68,7 +69,7 @@ class BackgroundLoop {
   // `timeline` and `autotuner` may be null; both outlive the loop.
   BackgroundLoop(transport::Mesh& mesh, HandleTable& handles, ProcessSetTable& sets,
                  Metrics& metrics, const common::Config& config, timeline::Timeline* timeline,
-                 Autotuner* autotuner);
+                 Autotuner* autotuner, const CpuBinding& binding);
   ~BackgroundLoop();
 
   void start();
@@ -188,7 +189,8 @@ class BackgroundLoop {
   DrivePolicy drive_;  // configured before start(); then read by framework threads
   DrivePolicy peer_drive_;  // point-to-point waits' own spin record (Note [Caller drives] H)
   // Note [Spin while a core is free] in core_headroom.cc: how long past its budget a
-  // point-to-point wait may spin (zero where spins yield), and the check that allows it.
+  // point-to-point wait may spin (zero unless the ranks are bound), and the check that
+  // allows it.
   std::chrono::microseconds peer_spin_cap_{0};
   CoreHeadroom headroom_;
   std::atomic<bool> peer_sleeper_{false};  // a caller is in awaitPeer (one at a time)

@@ -11,11 +11,16 @@
 //   A. A point-to-point wait whose spin budget ran out keeps driving, HVD_P2P_SPIN_MAX_US at
 //      most from the drive's start, while coreFree(): the host's running and runnable
 //      threads (the fourth field of /proc/loadavg, counted when read) are no more than the
-//      CPUs this process may use. The spinner is one of them; a neighbour computing on the
-//      other core is another; a third thread wanting a core ends the spin within a slice.
-//   B. Never where the host's own ranks outnumber its cores (spins yield there: Note
-//      [Yielding spins] in transport/mesh.cc), and never while Note [Spin backoff] has
-//      turned the spin off: waits longer than the cap still miss and back off.
+//      CPUs the host's ranks may use. The spinner is one of them; a neighbour computing on
+//      the other core is another; a third thread wanting a core ends the spin within a slice.
+//   B. Only where the ranks are bound to their own CPUs (Note [CPU binding] in
+//      cpu_binding.cc): unbound, two ranks may share one core while the host's count looks
+//      fine, and the spin then holds the core its neighbour waits for (measured: with the
+//      spin on and the ranks unbound, hand-off-bound pipeline steps of 17-20 ms with both
+//      ranks on one core). Never where the host's ranks outnumber its cores (spins yield
+//      there: Note [Yielding spins] in transport/mesh.cc; nor are they bound), and never
+//      while Note [Spin backoff] has turned the spin off: waits longer than the cap still
+//      miss and back off.
 //   C. coreFree() is one pread of a small kernel file (~2 us), once per kHeadroomSlice of
 //      spinning. The count is the whole machine's (a container sees its host's threads), so
 //      a busy host reads as having no free core and the spin ends: the safe side. CPU quotas
@@ -23,7 +28,6 @@
 #include "runtime/core_headroom.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -35,12 +39,9 @@ namespace hvd::runtime {
 
 // Test switch: HVD_TEST_CORE_FREE=1 (or 0) makes coreFree() answer true (false) whatever the
 // host runs, so a test sees the spin's rule on a loaded host too.
-CoreHeadroom::CoreHeadroom() {
+CoreHeadroom::CoreHeadroom(int cores) : cores_(cores) {
   if (const char* forced = HVD_TEST_SWITCH("CORE_FREE")) forced_ = std::atoi(forced) != 0;
   loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) cores_ = CPU_COUNT(&set);
 }
 
 CoreHeadroom::~CoreHeadroom() {

@@ -6,18 +6,19 @@ namespace hvd::runtime {
 
 class CoreHeadroom {
  public:
-  CoreHeadroom();
+  // `cores`: the CPUs the host's ranks may use (the process's mask before any binding).
+  explicit CoreHeadroom(int cores);
   ~CoreHeadroom();
   CoreHeadroom(const CoreHeadroom&) = delete;
   CoreHeadroom& operator=(const CoreHeadroom&) = delete;
 
-  // True when the host runs (or has runnable) no more threads than this process may use
-  // cores, the caller itself counted; false when that cannot be read.
+  // True when the host runs (or has runnable) no more threads than `cores`, the caller itself
+  // counted; false when that cannot be read.
   bool coreFree() const;
 
  private:
   int loadavg_fd_ = -1;  // /proc/loadavg, read with pread from any thread
-  int cores_ = 0;        // CPUs this process may run on (its affinity mask)
+  int cores_ = 0;
   int forced_ = -1;      // HVD_TEST_CORE_FREE: 1 or 0 answers every call (tests); -1 unset
 };
 

@@ -53,6 +53,11 @@ void Metrics::setHostCopy(std::string mode, std::string reason) {
   host_copy_reason_ = std::move(reason);
 }
 
+void Metrics::setCpuBinding(std::string cpus) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cpu_binding_ = std::move(cpus);
+}
+
 void Metrics::setSharedOutputs(bool on, std::string reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   shared_outputs_ = on;
@@ -107,6 +112,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.shutting_down = shutting_down_;
   s.transports = transports_;
   s.control_transports = control_transports_;
+  s.cpu_binding = cpu_binding_;
   s.host_copy = host_copy_;
   s.host_copy_reason = host_copy_reason_;
   s.shared_outputs = shared_outputs_;
@@ -148,6 +154,7 @@ void Metrics::reset() {
   shutting_down_.clear();
   transports_.clear();
   control_transports_.clear();
+  cpu_binding_.clear();
   host_copy_.clear();
   host_copy_reason_.clear();
   shared_outputs_ = false;

@@ -60,6 +60,7 @@ struct MetricsSnapshot {
   // How host collectives move bytes between this host's ranks: "single-copy" (peers' inputs
   // read with process_vm_readv), "segment" (through the shared segment) or "none" (no host
   // segment); host_copy_reason says why it is not single-copy ("" when it is).
+  std::string cpu_binding;  // CPUs this rank is bound to ("2,3"); "" unbound (Note [CPU binding])
   std::string host_copy;
   std::string host_copy_reason;
   // Note [Shared outputs] in algo/shared_outputs.cc: whether this host's alltoalls and
@@ -119,6 +120,7 @@ class Metrics {
   void setTransports(std::vector<std::string> transports,
                      std::vector<std::string> control_transports);
   void setHostCopy(std::string mode, std::string reason);
+  void setCpuBinding(std::string cpus);
   void setSharedOutputs(bool on, std::string reason);
   void setDevicePath(int32_t process_set, const std::string& path, int device);
   MetricsSnapshot snapshot() const;
@@ -149,6 +151,7 @@ class Metrics {
   std::vector<int> shutting_down_;
   std::vector<std::string> transports_;
   std::vector<std::string> control_transports_;
+  std::string cpu_binding_;
   std::string host_copy_;
   std::string host_copy_reason_;
   bool shared_outputs_ = false;

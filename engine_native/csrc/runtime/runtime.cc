@@ -51,6 +51,18 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
     mesh_.reset();
     return status;
   }
+  const std::vector<int>& host_ranks = mesh_->hostRanks();
+  const auto local_index = std::find(host_ranks.begin(), host_ranks.end(), rank) -
+                           host_ranks.begin();
+  CpuBinding binding;
+  std::string not_bound;
+  status = bindRank(config_.cpu_bind, static_cast<int>(local_index),
+                    static_cast<int>(host_ranks.size()), &binding, &not_bound);
+  if (!status.isOk()) {
+    mesh_.reset();
+    return status;
+  }
+  if (!not_bound.empty()) HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=core: " << not_bound;
   rank_ = rank;
   size_ = static_cast<int>(peers.size());
   sets_.reset(size_);
@@ -63,8 +75,9 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   startTimelineAtInit();
   autotuner_ = std::make_shared<Autotuner>(config_, rank_, static_cast<int>(hosts.size()));
   loop_ = std::make_shared<BackgroundLoop>(*mesh_, handles_, sets_, metrics_, config_,
-                                           timeline_.get(), autotuner_.get());
+                                           timeline_.get(), autotuner_.get(), binding);
   loop_->setTimelineDetail(timeline_->stats().file_open);
+  metrics_.setCpuBinding(binding.cpus);
   loop_->start();
   HVD_LOG(kInfo, "runtime") << "initialised: rank " << rank_ << " of " << size_;
   return Status::ok();
