@@ -161,6 +161,8 @@ CORE_SOURCES = [
     "bindings/numpy_fast_path.cc",
     "bindings/numpy_api.cc",
     "bindings/numpy_broadcast.cc",
+    "bindings/numpy_group.cc",
+    "bindings/group_core.cc",
     "bindings/output_array_pool.cc",
     "bindings/torch_api.cc",
     "bindings/torch_group.cc",

@@ -147,25 +147,33 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set, *,
                             outputs: Optional[Sequence[np.ndarray]] = None,
-                            _waited: bool = False) -> list:
-    """Submit several allreduces together so they negotiate (and fuse) as one batch.
-    ``outputs``: contiguous arrays like ``arrays`` to write the results into (a binding that
-    needs its own buffers, e.g. aligned ones), instead of new arrays."""
+                            aligned: bool = False, _waited: bool = False) -> list:
+    """Submit several allreduces together so they negotiate (and fuse) as one batch, into
+    ``outputs`` (contiguous arrays like ``arrays``), new arrays, or, ``aligned``, new
+    ``aligned_buffers`` views: then one C call takes a plain group (Note [Aligned group path])."""
+    carve = aligned and outputs is None
+    if carve:
+        handles = _core.grouped_allreduce_aligned(arrays, op, name, prescale_factor,
+                                                  postscale_factor, process_set, _waited)
+        if handles is not None:
+            return handles
     base = _full_name("grouped_allreduce", name, process_set)
     ops, keep = [], []
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"
         array = _check_array(array, "grouped_allreduce", full)
-        out = _core.output_like(array) if outputs is None else outputs[i]
-        if outputs is not None and not (out.shape == array.shape and out.dtype == array.dtype
-                                        and out.flags.c_contiguous and out.flags.writeable):
+        out = outputs[i] if outputs is not None else None if carve else _core.output_like(array)
+        if out is not None and not (out.shape == array.shape and out.dtype == array.dtype
+                                    and out.flags.c_contiguous and out.flags.writeable):
             raise ValueError(f"grouped_allreduce('{full}'): outputs[{i}] must be a writable, "
                              f"contiguous {array.dtype}{array.shape} array")
-        keep.append((array, out))
-        ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
-                    array.shape, array, out, op,
-                    float(prescale_factor), float(postscale_factor), 0,
-                    _set_id(process_set, "grouped_allreduce")))
+        keep.append([array, out])
+        ops.append([_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
+                    array.shape, array, out, op, float(prescale_factor),
+                    float(postscale_factor), 0, _set_id(process_set, "grouped_allreduce")])
+    if carve:  # once every array passed its checks
+        for op_args, kept, out in zip(ops, keep, _core.aligned_like([a for a, _ in keep])):
+            op_args[5] = kept[1] = out
     handles = _core.enqueue_group(ops, _waited)
     for handle, (array, out) in zip(handles, keep):
         _core.keep(handle, (array, out), out, None)
@@ -175,25 +183,17 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
 def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set, *,
-                      outputs: Optional[Sequence[np.ndarray]] = None) -> list:
-    return _synchronize_group(grouped_allreduce_async(arrays, op, name, prescale_factor,
-                                                      postscale_factor, process_set,
-                                                      outputs=outputs, _waited=True))
+                      outputs: Optional[Sequence[np.ndarray]] = None,
+                      aligned: bool = False) -> list:
+    return _synchronize_group(grouped_allreduce_async(
+        arrays, op, name, prescale_factor, postscale_factor, process_set, outputs=outputs,
+        aligned=aligned, _waited=True))
 
 
-def _synchronize_group(handles: list) -> list:
-    """Every member's result, in order. A member that fails does not stop the waits for the
-    others (each wait frees its member's name and kept arrays); the first failure is raised
-    after the last wait. Ctrl-C stops at once, as for one op."""
-    results, failure = [], None
-    for handle in handles:
-        try:
-            results.append(synchronize(handle))
-        except Exception as exc:  # noqa: BLE001 -- re-raised below, after the other waits
-            failure = failure or exc
-    if failure is not None:
-        raise failure
-    return results
+# _synchronize_group(handles): every member's result, in order; a failed member does not stop
+# the others' waits (each frees its name and kept arrays), the first failure is raised after the
+# last wait; Ctrl-C stops at once.
+_synchronize_group = _core.synchronize_group
 
 
 def allgather_async(array, name: Optional[str] = None,

@@ -15,7 +15,6 @@ import numpy as np
 
 from engine_native import numpy_ops
 from engine_native._dtypes import Average
-from engine_native.aligned_buffers import aligned_outputs
 from engine_native.basics import ProcessSet, global_process_set
 from engine_native.jax import arrays, handles
 from engine_native.jax.callback_guard import refuse_inside_pure_callback
@@ -76,11 +75,11 @@ def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional
     The core writes the results into 64-byte aligned views of one buffer, which XLA's CPU
     client adopts as jax arrays without a copy (arrays.to_jax): with the core's unaligned
     output pool, XLA copied every result (~250 us for a 3.5 MiB gradient pytree on this
-    machine, and the user's block_until_ready waited on 20 copies)."""
+    machine, and the user's block_until_ready waited on 20 copies). One C call checks and
+    submits the host views (Note [Aligned group path] in bindings/numpy_group.cc)."""
     return _grouped_async("grouped_allreduce", tensors, name, lambda hosts: (
         numpy_ops.grouped_allreduce_async(hosts, op, name, prescale_factor, postscale_factor,
-                                          process_set, outputs=aligned_outputs(hosts),
-                                          _waited=_waited)))
+                                          process_set, aligned=True, _waited=_waited)))
 
 
 def grouped_allgather_async(tensors: Sequence, name: Optional[str] = None,

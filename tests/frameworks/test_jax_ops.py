@@ -244,6 +244,38 @@ def _check_result_wrap_fallback(hvd, jnp, np, failures, n):
             _expect(failures, f"wrap {label}.{k}", g, np.full(x.shape, n, x.dtype))
 
 
+def _check_grouped_c_path(hvd, jnp, np, failures, n):
+    """A plain eager group is submitted by the numpy API's C call (Note [Aligned group path]):
+    with the checked path's enqueue_group made to raise, it still comes back right, named or
+    not, waited or async. A group the C call must decline (an unregistered process set) still
+    gets the checked path's error."""
+    from engine_native import numpy_ops
+
+    def checked_enqueue(*args):
+        raise AssertionError("the checked Python path ran")
+    xs = [jnp.ones((4, 3), jnp.float32), jnp.ones(5, jnp.int32)]
+    saved = numpy_ops._core.enqueue_group
+    numpy_ops._core.enqueue_group = checked_enqueue
+    try:
+        got = {"unnamed": hvd.grouped_allreduce(xs, op=hvd.Sum),
+               "named": hvd.grouped_allreduce(xs, op=hvd.Sum, name="c_path"),
+               "async": hvd.synchronize(hvd.grouped_allreduce_async(xs, op=hvd.Sum))}
+    except AssertionError as exc:
+        got = {}
+        failures.append(f"grouped C path: {exc}")
+    finally:
+        numpy_ops._core.enqueue_group = saved
+    for label, results in got.items():
+        for k, (g, x) in enumerate(zip(results, xs)):
+            _expect(failures, f"c_path {label}.{k}", g, np.full(x.shape, n, x.dtype))
+    try:
+        hvd.grouped_allreduce(xs, process_set=hvd.ProcessSet([0]))
+        failures.append("grouped_allreduce on an unregistered process set raised nothing")
+    except ValueError as exc:
+        if "grouped_allreduce()" not in str(exc) or "not registered" not in str(exc):
+            failures.append(f"unregistered process set: {exc}")
+
+
 def rank_collectives():
     import jax
     jax.config.update("jax_enable_x64", True)  # float64 and int64 exist only with x64
@@ -261,6 +293,7 @@ def rank_collectives():
     _check_eager_accumulation(hvd, jnp, np, failures, n, me)
     _check_grouped_results_not_copied(hvd, jnp, np, failures, n)
     _check_result_wrap_fallback(hvd, jnp, np, failures, n)
+    _check_grouped_c_path(hvd, jnp, np, failures, n)
     if n == 3:  # a process set of ranks 0 and 2; rank 1 runs a global op meanwhile
         pair = hvd.add_process_set([0, 2])
         if me in pair.ranks:

@@ -220,7 +220,8 @@ int addNumpyBindings(PyObject* module) {
   import_array1(-1);  // numpy's C API table (numpy is a dependency of engine_native)
   if (!internArgNames(&g_arg_names)) return -1;
   if (PyModule_AddFunctions(module, g_numpy_methods) < 0) return -1;
-  return addNumpyBroadcastBindings(module);
+  if (addNumpyBroadcastBindings(module) < 0) return -1;
+  return addNumpyGroupBindings(module);
 }
 
 }  // namespace hvd::bindings

@@ -1,6 +1,7 @@
 // The numpy API's per-tensor path (bindings/numpy_api.cc): allreduce_async, synchronize, keep
 // and numpy_setup; broadcast_async, broadcast_async_ and numpy_broadcast_setup
-// (bindings/numpy_broadcast.cc). Added to engine_native._core. Binding code only.
+// (bindings/numpy_broadcast.cc); aligned_like, grouped_allreduce_aligned and synchronize_group
+// (bindings/numpy_group.cc). Added to engine_native._core. Binding code only.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -12,5 +13,7 @@ namespace hvd::bindings {
 int addNumpyBindings(PyObject* module);
 // The broadcast functions alone (addNumpyBindings calls it, after numpy's C API is imported).
 int addNumpyBroadcastBindings(PyObject* module);
+// The group functions alone (likewise).
+int addNumpyGroupBindings(PyObject* module);
 
 }  // namespace hvd::bindings

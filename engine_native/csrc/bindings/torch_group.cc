@@ -29,6 +29,7 @@
 #include "bindings/buffer.h"
 #include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
+#include "bindings/group_core.h"
 #include "bindings/torch_api.h"
 #include "runtime/runtime.h"
 
@@ -113,36 +114,13 @@ PyObject* nameAndSubmit(PyObject* const* args, std::vector<runtime::EnqueueArgs>
   std::string base = text != nullptr ? std::string(text, static_cast<size_t>(length)) : "";
   Py_DECREF(base_obj);
   if (text == nullptr) return nullptr;
-  const size_t n = ops.size();
-  std::vector<std::string> names(n, base);
-  if (PyObject_IsTrue(args[kGrouped]) == 1) {
-    for (size_t i = 0; i < n; ++i) {
-      names[i].append("_").append(std::to_string(i + 1)).append("of").append(std::to_string(n));
-    }
-  }
-  for (size_t i = 0; i < n; ++i) ops[i].name = names[i];
-  std::vector<int64_t> handles(1);
-  common::Status status;
   // waited: the caller's wait drives the group (Note [Caller drives]): each member's wait
   // runs passes until that member ends, and a fused batch ends them all in one.
   const int waited = PyObject_IsTrue(args[kWaited]);
-  if (waited < 0) return nullptr;
-  if (n == 1) {
-    status = Runtime::instance().enqueue(std::move(ops[0]), &handles[0], waited == 0);
-  } else {
-    status = Runtime::instance().enqueue(std::move(ops), &handles, waited == 0);
-  }
-  if (!status.isOk()) return raiseStatus(status);
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
+  const int grouped = PyObject_IsTrue(args[kGrouped]);
+  if (waited < 0 || grouped < 0) return nullptr;
+  PyObject* list = submitNamedGroup(std::move(ops), base, grouped == 1 ? 1 : -1, waited == 1);
   if (list == nullptr) return nullptr;
-  for (size_t i = 0; i < handles.size(); ++i) {
-    PyObject* handle = PyLong_FromLongLong(handles[i]);
-    if (handle == nullptr) {
-      Py_DECREF(list);  // unset items are NULL, which list dealloc skips
-      return nullptr;
-    }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), handle);
-  }
   Py_INCREF(dtypes);
   return Py_BuildValue("(NN)", list, dtypes);
 }
@@ -196,17 +174,6 @@ PyObject* pyTorchGroupAsync(PyObject*, PyObject* const* args, Py_ssize_t nargs) 
   PyObject* result = nameAndSubmit(args, std::move(ops), dtypes);
   Py_DECREF(dtypes);
   return result;
-}
-
-// The pending exception as a value (its traceback attached); clears it.
-PyObject* takeError() {
-  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
-  PyErr_Fetch(&type, &value, &traceback);
-  PyErr_NormalizeException(&type, &value, &traceback);
-  if (traceback != nullptr && value != nullptr) PyException_SetTraceback(value, traceback);
-  Py_XDECREF(type);
-  Py_XDECREF(traceback);
-  return value;
 }
 
 // A tensor of `dtype` over a host output Buffer, shaped as the result (no copy; the tensor

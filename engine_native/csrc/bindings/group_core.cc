@@ -1,0 +1,47 @@
+#include "bindings/group_core.h"
+
+#include <utility>
+
+#include "bindings/core_calls.h"
+
+namespace hvd::bindings {
+
+PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
+                           int first, bool waited) {
+  const size_t n = ops.size();
+  std::vector<std::string> names(n, base);  // the ops' names are views: alive until enqueued
+  if (first >= 0) {
+    const std::string of = "of" + std::to_string(n);
+    for (size_t i = 0; i < n; ++i) {
+      names[i].append("_").append(std::to_string(first + static_cast<int>(i))).append(of);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) ops[i].name = names[i];
+  std::vector<int64_t> handles;
+  const common::Status status = runtime::Runtime::instance().enqueue(std::move(ops), &handles,
+                                                                     /*wake=*/!waited);
+  if (!status.isOk()) return raiseStatus(status);
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    PyObject* handle = PyLong_FromLongLong(handles[i]);
+    if (handle == nullptr) {
+      Py_DECREF(list);  // unset items are NULL, which list dealloc skips
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), handle);
+  }
+  return list;
+}
+
+PyObject* takeError() {
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr && value != nullptr) PyException_SetTraceback(value, traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  return value;
+}
+
+}  // namespace hvd::bindings
