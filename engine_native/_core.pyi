@@ -144,6 +144,30 @@ def synchronize(handle: int) -> Any:
     (kept after a KeyboardInterrupt: the op is still pending). A handle nothing was kept for
     returns wait()'s own result."""
 
+# ---- the numpy API's aligned grouped allreduce (bindings/numpy_group.cc) --------------------
+
+ALIGNMENT: int  # 64: the bytes a result view of aligned_like is aligned to
+
+def aligned_like(arrays: Any) -> list:
+    """Uninitialised, writable, C-contiguous views of one new buffer, shaped and typed as each
+    of ``arrays`` (a list or tuple of numpy arrays, or of anything with ``dtype`` and
+    ``shape``: a numpy scalar; no object dtype), each ALIGNMENT-byte aligned, carved in order
+    (engine_native.aligned_buffers)."""
+
+def grouped_allreduce_aligned(arrays: Any, op: int, name: Optional[str], prescale: float,
+                              postscale: float, process_set: Any,
+                              waited: bool) -> Optional[list]:
+    """numpy_ops.grouped_allreduce_async(..., aligned=True) of a non-empty list or tuple of
+    plain arrays (C-contiguous, aligned, native-order ndarrays of supported dtypes), an int op,
+    float scales and a registered process set (None: the global set): named as the checked
+    path names them, enqueued as one group into aligned_like views; returns the core handles,
+    each synchronizing to its view. None, having named and enqueued nothing, for anything else
+    (Note [Aligned group path])."""
+
+def synchronize_group(handles: Any) -> list:
+    """synchronize() of every handle, in order; a failed member does not stop the others'
+    waits, and the first failure is raised after the last; an interrupt stops at once."""
+
 def torch_setup(tensor_type: type, parameter_type: type, strided: Any, codes: dict,
                 op_name: Any) -> None:
     """Configure torch_allreduce_async below (engine_native.torch.runtime calls it at import):

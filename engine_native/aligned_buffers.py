@@ -22,7 +22,8 @@ ALIGNMENT = _core.ALIGNMENT  # 64
 
 
 def aligned_outputs(likes) -> list:
-    """Uninitialised arrays of the dtypes and shapes of ``likes`` (numpy arrays), each
+    """Uninitialised arrays of the dtypes and shapes of ``likes`` (numpy arrays or scalars,
+    anything with ``dtype`` and ``shape``), each
     ``ALIGNMENT``-byte aligned, carved in order from one new buffer. The carving is
     bindings/numpy_group.cc's, which the numpy API's aligned grouped allreduce calls itself
     (one view there costs a C call, against 0.6 us for numpy's constructor per array here)."""

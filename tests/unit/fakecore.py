@@ -201,6 +201,26 @@ def make_fake_core():
         _, output, finish = state.setdefault('kept', {}).pop(handle, (None, None, None))
         return output if finish is None else finish(result)
 
+    def synchronize_group(handles):  # bindings/numpy_group.cc: every wait, then the first error
+        results, failure = [], None
+        for handle in handles:
+            try:
+                results.append(synchronize(handle))
+            except Exception as exc:  # noqa: BLE001 -- raised after the other waits
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return results
+
+    def grouped_allreduce_aligned(arrays, op, name, prescale, postscale, process_set, waited):
+        return None  # declined: aligned groups take numpy_ops' checked path and are logged
+
+    def aligned_like(arrays):  # one 64-byte aligned buffer, views carved in order
+        sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
+        raw = np.empty(sum(sizes) + 64, np.uint8)
+        offsets = np.cumsum([-raw.ctypes.data % 64] + sizes)
+        return [np.ndarray(a.shape, a.dtype, raw, o) for a, o in zip(arrays, offsets)]
+
     # engine_native.torch's C path (bindings/torch_api.cc): the fake declines every call, so
     # allreduces take the torch layer's checked path and are logged like every other op.
     def torch_setup(tensor_type, parameter_type, strided, codes, op_name):
@@ -262,11 +282,13 @@ def make_fake_core():
                add_process_set, remove_process_set, numpy_setup, output_like, allreduce_async,
                keep,
                numpy_broadcast_setup, broadcast_async, broadcast_async_,
-               synchronize, torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
+               synchronize, synchronize_group, grouped_allreduce_aligned, aligned_like,
+               torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
                torch_release_kept, torch_group_setup, torch_group_async, torch_group_wait,
                nccl_load, cuda_runtime_load, nccl_version, start_timeline,
                stop_timeline, timeline_events, autotune_state, set_autotune):
         setattr(core, fn.__name__, fn)
+    core.ALIGNMENT = 64
     core.abort = lambda reason: None
     core.is_initialized = lambda: state['init']
     core.rank = lambda: 0

@@ -31,3 +31,9 @@ def test_writes_into_later_outputs_never_reach_a_live_result():
         later[0][...] = 7.0
         later[3][...] = 9
     assert np.all(results[0] == 1.0) and results[3] == 5
+
+
+def test_a_numpy_scalar_gets_a_zero_dimensional_view():
+    """tf.numpy_function hands a 0-d tensor over as a numpy scalar, not an array."""
+    out, = aligned_buffers.aligned_outputs((np.float32(2.0),))
+    assert out.shape == () and out.dtype == np.float32 and out.flags.writeable
