@@ -162,6 +162,7 @@ CORE_SOURCES = [
     "bindings/numpy_api.cc",
     "bindings/numpy_broadcast.cc",
     "bindings/numpy_group.cc",
+    "bindings/jax_host.cc",
     "bindings/group_core.cc",
     "bindings/output_array_pool.cc",
     "bindings/torch_api.cc",

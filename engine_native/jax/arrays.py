@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from engine_native import _core
 from engine_native._dtypes import numpy_code
 
 
@@ -85,7 +86,13 @@ def host_views(values, op: str, name: str) -> tuple:
     Python, and arrays carry equal, not identical, shardings). A key enters the table only
     after its checks passed; a value without the attributes (a list, a str, a numpy array)
     is checked alone. The host view is taken for every array; it also refuses a deleted
-    array, with the RuntimeError ``devices()`` would raise."""
+    array, with the RuntimeError ``devices()`` would raise. A group of plain single-device
+    jax arrays (a gradient pytree's leaves) is viewed by one C call (Note [Host views in C]
+    in bindings/jax_host.cc); the loop below takes every other group and raises the errors."""
+    if _views_in_c is not None:
+        views = _views_in_c(values)
+        if views is not None:
+            return views
     hosts, devices, checked = [], [], {}
     for value in values:
         try:
@@ -102,6 +109,21 @@ def host_views(values, op: str, name: str) -> tuple:
         hosts.append(host)
         devices.append(device)
     return hosts, devices
+
+
+def _host_views_in_c():
+    """``_core.jax_host_views`` configured with jaxlib's array and sharding types, or None
+    where this jax does not name them (host_views' loop then takes every group)."""
+    try:
+        from jax._src.array import ArrayImpl
+        from jax.sharding import SingleDeviceSharding
+    except ImportError:
+        return None
+    _core.jax_setup(ArrayImpl, SingleDeviceSharding)
+    return _core.jax_host_views
+
+
+_views_in_c = _host_views_in_c()
 
 
 def _wrapper_from_host():

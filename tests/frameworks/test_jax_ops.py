@@ -245,17 +245,18 @@ def _check_result_wrap_fallback(hvd, jnp, np, failures, n):
 
 
 def _check_grouped_c_path(hvd, jnp, np, failures, n):
-    """A plain eager group is submitted by the numpy API's C call (Note [Aligned group path]):
-    with the checked path's enqueue_group made to raise, it still comes back right, named or
-    not, waited or async. A group the C call must decline (an unregistered process set) still
-    gets the checked path's error."""
+    """A plain eager group is viewed and submitted by C calls (Note [Host views in C], Note
+    [Aligned group path]): with the checked paths' checked_host and enqueue_group made to
+    raise, it still comes back right, named or not, waited or async. Groups the C calls must
+    decline (a numpy member, an unregistered process set) take the checked paths."""
     from engine_native import numpy_ops
+    from engine_native.jax import arrays
 
-    def checked_enqueue(*args):
+    def checked(*args):
         raise AssertionError("the checked Python path ran")
     xs = [jnp.ones((4, 3), jnp.float32), jnp.ones(5, jnp.int32)]
-    saved = numpy_ops._core.enqueue_group
-    numpy_ops._core.enqueue_group = checked_enqueue
+    saved = numpy_ops._core.enqueue_group, arrays.checked_host
+    numpy_ops._core.enqueue_group = arrays.checked_host = checked
     try:
         got = {"unnamed": hvd.grouped_allreduce(xs, op=hvd.Sum),
                "named": hvd.grouped_allreduce(xs, op=hvd.Sum, name="c_path"),
@@ -264,7 +265,8 @@ def _check_grouped_c_path(hvd, jnp, np, failures, n):
         got = {}
         failures.append(f"grouped C path: {exc}")
     finally:
-        numpy_ops._core.enqueue_group = saved
+        numpy_ops._core.enqueue_group, arrays.checked_host = saved
+    got["numpy member"] = hvd.grouped_allreduce([xs[0], np.ones(5, np.int32)], op=hvd.Sum)
     for label, results in got.items():
         for k, (g, x) in enumerate(zip(results, xs)):
             _expect(failures, f"c_path {label}.{k}", g, np.full(x.shape, n, x.dtype))

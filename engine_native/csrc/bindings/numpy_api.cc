@@ -221,7 +221,8 @@ int addNumpyBindings(PyObject* module) {
   if (!internArgNames(&g_arg_names)) return -1;
   if (PyModule_AddFunctions(module, g_numpy_methods) < 0) return -1;
   if (addNumpyBroadcastBindings(module) < 0) return -1;
-  return addNumpyGroupBindings(module);
+  if (addNumpyGroupBindings(module) < 0) return -1;
+  return addJaxHostBindings(module);
 }
 
 }  // namespace hvd::bindings

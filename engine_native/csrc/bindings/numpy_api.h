@@ -1,7 +1,8 @@
 // The numpy API's per-tensor path (bindings/numpy_api.cc): allreduce_async, synchronize, keep
 // and numpy_setup; broadcast_async, broadcast_async_ and numpy_broadcast_setup
 // (bindings/numpy_broadcast.cc); aligned_like, grouped_allreduce_aligned and synchronize_group
-// (bindings/numpy_group.cc). Added to engine_native._core. Binding code only.
+// (bindings/numpy_group.cc); jax_setup and jax_host_views (bindings/jax_host.cc). Added to
+// engine_native._core. Binding code only.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
@@ -15,5 +16,7 @@ int addNumpyBindings(PyObject* module);
 int addNumpyBroadcastBindings(PyObject* module);
 // The group functions alone (likewise).
 int addNumpyGroupBindings(PyObject* module);
+// engine_native.jax's host views (likewise).
+int addJaxHostBindings(PyObject* module);
 
 }  // namespace hvd::bindings
