@@ -168,6 +168,18 @@ def synchronize_group(handles: Any) -> list:
     """synchronize() of every handle, in order; a failed member does not stop the others'
     waits, and the first failure is raised after the last; an interrupt stops at once."""
 
+# ---- engine_native.jax's host views (bindings/jax_host.cc) ------------------------------------
+
+def jax_setup(array_type: type, sharding_type: type) -> None:
+    """Configure jax_host_views (engine_native.jax.arrays calls it at import): jaxlib's
+    ArrayImpl and jax.sharding.SingleDeviceSharding."""
+
+def jax_host_views(values: Any) -> Optional[tuple]:
+    """``(host views, devices)`` of a list or tuple of exact ArrayImpl objects of dtypes the
+    numpy API's table has, each on one device by an exact SingleDeviceSharding, with
+    C-contiguous host views (numpy's asarray); None for anything else, which
+    arrays.host_views then checks (Note [Host views in C])."""
+
 def torch_setup(tensor_type: type, parameter_type: type, strided: Any, codes: dict,
                 op_name: Any) -> None:
     """Configure torch_allreduce_async below (engine_native.torch.runtime calls it at import):
