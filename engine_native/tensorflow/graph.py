@@ -119,7 +119,7 @@ def run(numpy_fn: Callable, inputs: Sequence[tf.Tensor], out_dtypes: Sequence[tf
         out_shapes: Sequence, op: str, aligned: bool = False) -> list:
     """``numpy_fn(*arrays) -> list of arrays`` on ``inputs``; a list of tensors, one per
     ``out_dtypes`` entry, with ``out_shapes`` (``tf.TensorShape``-likes) set in graph mode.
-    ``aligned``: numpy_fn returns aligned_buffers.aligned_outputs arrays."""
+    ``aligned``: numpy_fn returns aligned_buffers views (numpy_ops' ``aligned=True``)."""
     if tf.executing_eagerly():
         results = numpy_fn(*[tensors.to_numpy(t) for t in inputs])
         return [tensors.to_tensor(array, aligned) for array in results]

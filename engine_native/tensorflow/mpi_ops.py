@@ -27,7 +27,6 @@ import tensorflow as tf
 
 from engine_native import numpy_ops
 from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum
-from engine_native.aligned_buffers import aligned_outputs
 from engine_native.basics import global_process_set
 from engine_native.basics import rank as _global_rank
 from engine_native.horovod_args import resolve_op
@@ -56,7 +55,7 @@ def _reduce_dense(values, reduce_op, name, prescale_factor, postscale_factor, pr
     def reduce_arrays(*arrays):
         return numpy_ops.grouped_allreduce(
             arrays, reduce_op, name, prescale_factor, postscale_factor, process_set,
-            outputs=aligned_outputs(arrays))
+            aligned=True)
 
     def forward(*tensors):
         return graph.run(reduce_arrays, tensors, [v.dtype for v in tensors],
