@@ -162,18 +162,18 @@ def grouped_allreduce_async(arrays: Sequence, op: int = Average, name: Optional[
     for i, array in enumerate(arrays):
         full = f"{base}_{i}of{len(arrays)}"
         array = _check_array(array, "grouped_allreduce", full)
-        out = outputs[i] if outputs is not None else None if carve else _core.output_like(array)
-        if out is not None and not (out.shape == array.shape and out.dtype == array.dtype
-                                    and out.flags.c_contiguous and out.flags.writeable):
+        out = None if carve else _core.output_like(array) if outputs is None else outputs[i]
+        if outputs is not None and not (out.shape == array.shape and out.dtype == array.dtype
+                                        and out.flags.c_contiguous and out.flags.writeable):
             raise ValueError(f"grouped_allreduce('{full}'): outputs[{i}] must be a writable, "
                              f"contiguous {array.dtype}{array.shape} array")
-        keep.append([array, out])
-        ops.append([_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
+        keep.append((array, out))
+        ops.append((_core.ALLREDUCE, full, _code(array, "grouped_allreduce", full),
                     array.shape, array, out, op, float(prescale_factor),
-                    float(postscale_factor), 0, _set_id(process_set, "grouped_allreduce")])
+                    float(postscale_factor), 0, _set_id(process_set, "grouped_allreduce")))
     if carve:  # once every array passed its checks
-        for op_args, kept, out in zip(ops, keep, _core.aligned_like([a for a, _ in keep])):
-            op_args[5] = kept[1] = out
+        keep = list(zip([a for a, _ in keep], _core.aligned_like([a for a, _ in keep])))
+        ops = [o[:5] + (out,) + o[6:] for o, (_, out) in zip(ops, keep)]
     handles = _core.enqueue_group(ops, _waited)
     for handle, (array, out) in zip(handles, keep):
         _core.keep(handle, (array, out), out, None)
