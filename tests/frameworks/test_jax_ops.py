@@ -267,6 +267,13 @@ def _check_grouped_c_path(hvd, jnp, np, failures, n):
     finally:
         numpy_ops._core.enqueue_group, arrays.checked_host = saved
     got["numpy member"] = hvd.grouped_allreduce([xs[0], np.ones(5, np.int32)], op=hvd.Sum)
+    # a numpy scalar (what tf.numpy_function passes for a 0-d tensor): the checked path carves
+    scalar = numpy_ops.grouped_allreduce([np.ones((4, 3), np.float32), np.int32(1)],
+                                         op=hvd.Sum, aligned=True)
+    _expect(failures, "carved.0", scalar[0], np.full((4, 3), n, np.float32))
+    _expect(failures, "carved.1", scalar[1], np.full((), n, np.int32))
+    if any(r.ctypes.data % 64 for r in scalar):
+        failures.append("aligned=True checked path: a result not 64-byte aligned")
     for label, results in got.items():
         for k, (g, x) in enumerate(zip(results, xs)):
             _expect(failures, f"c_path {label}.{k}", g, np.full(x.shape, n, x.dtype))
