@@ -101,8 +101,9 @@ bool fillGroup(PyObject* const* args, int kind, std::vector<runtime::EnqueueArgs
   return true;
 }
 
-// Names the group's ops (Note [Grouped C path]) and enqueues them; (handles, dtypes) or nullptr
-// with an exception (the core's ValueError for a duplicate name, ...).
+// Names the group's ops (Note [Grouped C path]) and enqueues them by the step the numpy API's
+// aligned group path shares (bindings/group_core.h); (handles, dtypes) or nullptr with an
+// exception (the core's ValueError for a duplicate name, ...).
 PyObject* nameAndSubmit(PyObject* const* args, std::vector<runtime::EnqueueArgs> ops,
                         PyObject* dtypes) {
   int set_id = 0;
