@@ -5,14 +5,18 @@ case of bench_pipeline.py (np=2: an MLP of 8 blocks, Linear(64, 64) + Tanh, 4 pe
     python benchmarks/bench_pipeline_actions.py [--schedule gpipe|1f1b] [--steps 100]
 
 Prints per rank: the median step, the mean time of each action kind (F, B, RECV_*, SEND_*;
-a receive includes its wait for the neighbour), the isend calls alone, the loop thread's
-wake-ups and the caller-driven ops per step (``metrics()``), and beside it the same stage's
-forwards and backwards in one process with nothing else running (the compute floor).
+a receive includes its wait for the neighbour) with its median and 90th percentile, the isend
+calls alone, the loop thread's wake-ups and the caller-driven ops per step (``metrics()``),
+the CPUs the rank's actions ran on (``sched_getcpu``: two ranks on one CPU is the slow mode of
+Note [CPU binding]) and its binding, and beside it the same stage's forwards and backwards in
+one process with nothing else running (the compute floor). ``HVD_CPU_BIND=core`` in the
+environment binds the ranks.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import statistics
 import subprocess
 import sys
@@ -55,6 +59,9 @@ def rank_main(schedule: str, steps: int) -> None:
         hvd.barrier()
         step()
     spent, count = collections.Counter(), collections.Counter()
+    samples = collections.defaultdict(list)
+    cpus = collections.Counter()
+    sched_getcpu = ctypes.CDLL(None).sched_getcpu
 
     def timed(name, fn):
         def wrapper(*args, **kwargs):
@@ -62,8 +69,11 @@ def rank_main(schedule: str, steps: int) -> None:
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[name if name else args[1].kind] += time.perf_counter() - t0
-                count[name if name else args[1].kind] += 1
+                kind = name if name else args[1].kind
+                spent[kind] += time.perf_counter() - t0
+                count[kind] += 1
+                samples[kind].append(time.perf_counter() - t0)
+                cpus[sched_getcpu()] += 1
         return wrapper
 
     step_run.StepRun._do = timed(None, step_run.StepRun._do)
@@ -77,10 +87,17 @@ def rank_main(schedule: str, steps: int) -> None:
         times.append(time.perf_counter() - t0)
     after = engine_native.metrics()
     per_step = {k: (after[k] - before[k]) / steps for k in ("loop_wakeups", "caller_driven_ops")}
-    actions = ", ".join(f"{k} {spent[k] / count[k] * 1e6:.0f} us" for k in sorted(spent))
+    def pct(kind, q):
+        ordered = sorted(samples[kind])
+        return ordered[int(q * (len(ordered) - 1))] * 1e6
+
+    actions = ", ".join(f"{k} {spent[k] / count[k] * 1e6:.0f} us ({pct(k, .5):.0f} / "
+                        f"{pct(k, .9):.0f})" for k in sorted(spent))
+    ran_on = " ".join(f"{cpu}:{n * 100 // sum(cpus.values())}%" for cpu, n in sorted(cpus.items()))
+    bound = engine_native.metrics()["cpu_binding"] or "none"
     print(f"| {rank} | {statistics.median(times) * 1e3:.2f} ms | {actions} | "
-          f"{per_step['loop_wakeups']:.1f} | {per_step['caller_driven_ops']:.1f} |",
-          flush=True)
+          f"{per_step['loop_wakeups']:.1f} | {per_step['caller_driven_ops']:.1f} | {ran_on} | "
+          f"{bound} |", flush=True)
     hvd.shutdown()
 
 
@@ -114,9 +131,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     a = ap.parse_args()
     print(f"{a.schedule}, hidden {HIDDEN}, batch {BATCH}, {MICRO} micro-batches, np=2\n")
-    print("| rank | step (median) | per action (mean) | loop wake-ups / step | "
-          "driven ops / step |")
-    print("|---|---|---|---|---|")
+    print("| rank | step (median) | per action: mean (median / p90) | loop wake-ups / step | "
+          "driven ops / step | CPUs its actions ran on | bound to |")
+    print("|---|---|---|---|---|---|---|")
     out = subprocess.run(["hvdrun", "-np", "2", sys.executable, __file__, "--rank-main",
                           a.schedule, str(a.steps)], capture_output=True, text=True,
                          timeout=600)

@@ -25,10 +25,12 @@
 #include "runtime/cpu_binding.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -57,19 +59,21 @@ std::vector<int> allowedCpus() {
 
 bool bound_by_us = false;  // Runtime::init only, under its mutex
 
-// B: every thread of this process; false when one could not be bound.
-bool bindAllThreads(const cpu_set_t& set) {
+// B: every thread of this process; 0, or the errno of a thread that could not be bound.
+int bindAllThreads(const cpu_set_t& set) {
   DIR* dir = ::opendir("/proc/self/task");
-  if (dir == nullptr) return ::sched_setaffinity(0, sizeof(set), &set) == 0;
-  bool ok = true;
+  if (dir == nullptr) return ::sched_setaffinity(0, sizeof(set), &set) == 0 ? 0 : errno;
+  int failure = 0;
   while (const dirent* entry = ::readdir(dir)) {
     const long tid = std::strtol(entry->d_name, nullptr, 10);
-    if (tid > 0 && ::sched_setaffinity(static_cast<pid_t>(tid), sizeof(set), &set) != 0) {
-      ok = false;
+    // (a thread that ended since the listing is no failure)
+    if (tid > 0 && ::sched_setaffinity(static_cast<pid_t>(tid), sizeof(set), &set) != 0 &&
+        errno != ESRCH && failure == 0) {
+      failure = errno;
     }
   }
   ::closedir(dir);
-  return ok;
+  return failure;
 }
 
 }  // namespace
@@ -80,7 +84,7 @@ common::Status bindRank(const std::string& mode, int local_index, int local_size
   *out = CpuBinding{};
   out->host_cores = static_cast<int>(cpus.size());
   if (mode == "none" || mode.empty()) {
-    if (bound_by_us && bindAllThreads(originalMask())) bound_by_us = false;  // E
+    if (bound_by_us && bindAllThreads(originalMask()) == 0) bound_by_us = false;  // E
     return common::Status::ok();
   }
   if (mode != "core") {
@@ -106,9 +110,12 @@ common::Status bindRank(const std::string& mode, int local_index, int local_size
     CPU_SET(cpus[static_cast<size_t>(k)], &set);
     out->cpus += (out->cpus.empty() ? "" : ",") + std::to_string(cpus[static_cast<size_t>(k)]);
   }
-  if (!bindAllThreads(set)) {
-    return common::internalError("HVD_CPU_BIND=core: could not bind every thread to CPUs " +
-                                 out->cpus);
+  if (const int failure = bindAllThreads(set)) {
+    const std::string reason = std::strerror(failure);
+    bindAllThreads(originalMask());  // no thread is left bound alone
+    return common::internalError("HVD_CPU_BIND=core: could not bind this process's threads "
+                                 "to CPUs " + out->cpus + " (" + reason + "); a cgroup "
+                                 "cpuset may forbid them: unset HVD_CPU_BIND");
   }
   out->bound = bound_by_us = true;
   return common::Status::ok();
