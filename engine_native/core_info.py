@@ -36,7 +36,10 @@ def metrics() -> dict:
     ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where callers never
     drive: a peer over TCP), ``spin_yields`` whether such polls, and the collectives' own
     short spins, yield the core between tries because this host's ranks outnumber its cores
-    (Note [Yielding spins]), ``caller_spin_skipped`` how many driven waits did not spin
+    (Note [Yielding spins]), ``caller_spin_extended``
+    how many point-to-point waits spun past that budget because the ranks are bound and the
+    host had a core free (Note [Spin while a core is free]), ``caller_spin_skipped`` how many
+    driven waits did not spin
     (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
     because it kept running out: Note [Spin backoff]), ``caller_passes`` how many loop passes
     those waits ran while they polled. ``loop_wakeups`` counts the background loop's waits

@@ -73,6 +73,8 @@ PyObject* buildMetrics() {
   setItem(dict, "main_blocked_seconds", PyFloat_FromDouble(s.main_blocked_seconds));
   setItem(dict, "caller_driven_ops", PyLong_FromUnsignedLongLong(s.caller_driven_ops));
   setItem(dict, "caller_polled_ops", PyLong_FromUnsignedLongLong(s.caller_polled_ops));
+  setItem(dict, "caller_spin_extended",
+          PyLong_FromUnsignedLongLong(s.caller_spin_extended));
   setItem(dict, "caller_spin_us", PyLong_FromLongLong(s.caller_spin_us));
   setItem(dict, "spin_yields", PyBool_FromLong(s.spin_yields));
   setItem(dict, "caller_spin_skipped",

@@ -128,9 +128,9 @@ const std::vector<Knob>& knobs() {
                "ranks outnumber its cores it yields the core between passes (0: never spin)."},
               Kind::kInt, &Config::caller_spin_microseconds, 0),
       intKnob({"HVD_P2P_SPIN_MAX_US", nullptr, "int", "2000",
-               "Microseconds a thread waiting on a point-to-point op may go on spinning past "
-               "HVD_CALLER_SPIN_US while the host has a core free for it (0: no longer than "
-               "HVD_CALLER_SPIN_US)."},
+               "Between bound ranks (HVD_CPU_BIND=core): a thread waiting on a point-to-point "
+               "op whose HVD_CALLER_SPIN_US ran out spins on while the host has a core free, "
+               "until this many microseconds from the wait's start (at most 1 s; 0: never)."},
               Kind::kInt, &Config::p2p_spin_max_microseconds, 0),
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
@@ -272,6 +272,7 @@ const char* expectation(const Knob& knob) {
     case Kind::kBool: return "one of 1/0/true/false/yes/no/on/off";
     case Kind::kString:
       if (knob.string_field == &Config::ipc_order) return "host or device";
+      if (knob.string_field == &Config::cpu_bind) return "none or core";
       if (knob.string_field == &Config::gpu_path) return "auto, nccl, ipc or staged";
       return "auto, tcp or shm";
     case Kind::kDocOnly: break;
@@ -304,8 +305,9 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
     case Kind::kString: {
       std::string v;  // the choice knobs are case-insensitive
       for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (knob.string_field == &Config::ipc_order) {
-        if (v != "host" && v != "device") return false;
+      if (knob.string_field == &Config::ipc_order || knob.string_field == &Config::cpu_bind) {
+        const bool ipc = knob.string_field == &Config::ipc_order;
+        if (ipc ? v != "host" && v != "device" : v != "none" && v != "core") return false;
         config->*knob.string_field = v;
       } else if (knob.string_field == &Config::transport ||
                  knob.string_field == &Config::gpu_path) {

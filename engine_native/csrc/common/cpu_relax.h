@@ -25,11 +25,23 @@ inline void spinPause(bool yield) {
   for (int k = 0; k < 32; ++k) cpuRelax();
 }
 
-// The cores this process may run on (its affinity mask), or the online count.
+// The CPUs this process could run on when the core first asked: its affinity mask before the
+// core bound it to a share of them (Note [CPU binding] in runtime/cpu_binding.cc), so a
+// re-initialised core sees the host's CPUs, not its own earlier share. Empty if unreadable.
+inline const cpu_set_t& processCpuMask() {
+  static const cpu_set_t mask = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
+    return set;
+  }();
+  return mask;
+}
+
+// The cores this process may run on (processCpuMask()), or the online count.
 inline int usableCores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  const int n = CPU_COUNT(&processCpuMask());
+  if (n > 0) return n;
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   return online > 0 ? static_cast<int>(online) : 1;
 }

@@ -102,7 +102,8 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                    std::chrono::microseconds(drivable ? config_.caller_spin_microseconds : 0));
   peer_drive_.configure(drivable, drive_.configuredSpin());
   if (drivable && binding.bound && !spin_yields_) {  // Note [Spin while a core is free] B
-    peer_spin_cap_ = std::chrono::microseconds(config_.p2p_spin_max_microseconds);
+    peer_spin_cap_ = std::min<std::chrono::microseconds>(
+        std::chrono::microseconds(config_.p2p_spin_max_microseconds), kMaxRenewedSpin);
   }
   metrics_.setSpinYields(mesh_.spinYields());
   metrics_.setCallerSpin(drive_.configuredSpin().count());
@@ -492,6 +493,7 @@ bool BackgroundLoop::drive(int64_t handle) {
   bool done = false;
   bool queued = false;  // its CUDA op is on the device, the caller's to poll
   int passes = 0;
+  bool extended = false;  // Note [Spin while a core is free] A
   {
     // Note [Point-to-point over shm] C: cleared before idle() below reads the rings, also if
     // a pass throws.
@@ -517,12 +519,14 @@ bool BackgroundLoop::drive(int64_t handle) {
       if (now >= give_up) {
         if (now >= spin_cap || !headroom_.coreFree()) break;
         give_up = std::min(now + kHeadroomSlice, spin_cap);
+        extended = true;
       }
       if (spin_yields_) sched_yield(); else common::cpuRelax();
     }
   }
   metrics_.countCallerPasses(passes);
   if (done || queued) metrics_.countDriven();
+  if (extended) metrics_.countSpinExtended();
   if (queued || (passes > 1 && done)) {  // Note [Spin backoff]
     policy.spinPaid();
   } else if (passes > 1 && !failed_ && !finished_ && !queue_.shutdownRequested()) {

@@ -24,7 +24,9 @@
 //   C. coreFree() is one pread of a small kernel file (~2 us), once per kHeadroomSlice of
 //      spinning. The count is the whole machine's (a container sees its host's threads), so
 //      a busy host reads as having no free core and the spin ends: the safe side. CPU quotas
-//      (cgroup cpu.max) are not read: a quota'd container may lower HVD_P2P_SPIN_MAX_US.
+//      (cgroup cpu.max) are not read: a quota'd container may lower HVD_P2P_SPIN_MAX_US. The
+//      count is host-wide: with shares of several CPUs, one rank's share can be oversubscribed
+//      (its own threads) while the host's count looks fine.
 #include "runtime/core_headroom.h"
 
 #include <fcntl.h>

@@ -16,12 +16,23 @@
 //      not exist yet; threads created later inherit their creator's mask): the listing of
 //      /proc/self/task, one sched_setaffinity per thread.
 //   C. Where the host's ranks outnumber its CPUs, nothing is bound: a share would be empty.
-//   D. Bound ranks cannot share a core, so a point-to-point wait may spin on while the host
-//      has a core free (Note [Spin while a core is free] in core_headroom.cc); unbound, that
-//      spin could hold the very core its neighbour waits for.
-//   E. A re-initialised core (an elastic reset: another local index, perhaps another local
-//      size) splits the process's mask from its first initialisation, not its own binding;
-//      HVD_CPU_BIND=none then undoes a binding it made.
+//   D. Bound ranks share no CPU, so a point-to-point wait may spin on while the host has a
+//      core free (Note [Spin while a core is free] in core_headroom.cc); unbound, that spin
+//      could hold the very core its neighbour waits for.
+//   E. The CPUs split are the process's mask when the core first asked (common::
+//      processCpuMask), not its own later binding: a re-initialised core (an elastic reset,
+//      another local index or size) first undoes its earlier binding, then splits again, and
+//      HVD_CPU_BIND=none leaves the process unbound. A user's own sched_setaffinity between
+//      two inits is not seen.
+//   F. The CPUs are ordered by (package, core) from sysfs before they are split, so the
+//      hardware threads of one core (often numbered i and i + CPUs/2) fall in one share:
+//      whole cores per rank where the ranks are no more than the cores.
+//   G. One rank on the host: nothing to split, nothing bound.
+//   H. Binding is a speed-up, never needed for correctness: a failure (a cgroup cpuset that
+//      forbids the share) restores the mask and the rank runs unbound, with a warning.
+// The binding outlives shutdown() (a notebook engine stays on its share until the next init
+// or the process ends), and it replaces OpenMP's own per-thread pinning (KMP_AFFINITY,
+// GOMP_CPU_AFFINITY) of threads that exist at init.
 #include "runtime/cpu_binding.h"
 
 #include <dirent.h>
@@ -29,31 +40,49 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
+
+#include "common/cpu_relax.h"
 
 namespace hvd::runtime {
 
 namespace {
 
-// E: the process's mask when the core first initialised, before any binding of its own.
-const cpu_set_t& originalMask() {
-  static const cpu_set_t mask = [] {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (::sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
-    return set;
-  }();
-  return mask;
+// F: (package, core, cpu) of a CPU, from sysfs; (0, cpu, cpu) where that cannot be read.
+struct Placement {
+  long package = 0;
+  long core = 0;
+  int cpu = 0;
+  bool operator<(const Placement& o) const {
+    return std::tie(package, core, cpu) < std::tie(o.package, o.core, o.cpu);
+  }
+};
+
+long topologyValue(int cpu, const char* name, long fallback) {
+  const std::string path =
+      "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + name;
+  std::ifstream in(path);
+  long value = fallback;
+  if (!(in >> value)) return fallback;
+  return value;
 }
 
-std::vector<int> allowedCpus() {
-  std::vector<int> cpus;
+// The process's CPUs (E: as when the core first asked), hardware threads of one core adjacent.
+std::vector<int> cpusByCore() {
+  std::vector<Placement> placed;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &originalMask())) cpus.push_back(c);
+    if (!CPU_ISSET(c, &common::processCpuMask())) continue;
+    placed.push_back({topologyValue(c, "physical_package_id", 0),
+                      topologyValue(c, "core_id", c), c});
   }
+  std::sort(placed.begin(), placed.end());
+  std::vector<int> cpus;
+  for (const Placement& p : placed) cpus.push_back(p.cpu);
   return cpus;
 }
 
@@ -78,27 +107,24 @@ int bindAllThreads(const cpu_set_t& set) {
 
 }  // namespace
 
-common::Status bindRank(const std::string& mode, int local_index, int local_size,
-                        CpuBinding* out, std::string* why) {
-  const std::vector<int> cpus = allowedCpus();
-  *out = CpuBinding{};
-  out->host_cores = static_cast<int>(cpus.size());
-  if (mode == "none" || mode.empty()) {
-    if (bound_by_us && bindAllThreads(originalMask()) == 0) bound_by_us = false;  // E
-    return common::Status::ok();
+CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* why) {
+  CpuBinding out;
+  out.host_cores = common::usableCores();
+  if (bound_by_us && bindAllThreads(common::processCpuMask()) == 0) {
+    bound_by_us = false;  // E: an earlier init's share is not this one's
   }
-  if (mode != "core") {
-    return common::invalidArgument("HVD_CPU_BIND=" + mode + ": expected none or core");
+  if (!wanted || local_size <= 0 || local_index < 0 || local_index >= local_size) {
+    return out;
   }
+  const std::vector<int> cpus = cpusByCore();
   const int n = static_cast<int>(cpus.size());
-  if (local_size <= 0 || local_index < 0 || local_index >= local_size) {
-    return common::invalidArgument("HVD_CPU_BIND=core: no local rank to bind");
-  }
   if (local_size > n) {  // C
-    *why = std::to_string(local_size) + " ranks on this host, " + std::to_string(n) +
-           " CPUs: not bound";
-    return common::Status::ok();
+    *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
+           std::to_string(n) + " CPUs (its affinity mask, perhaps set by the launcher: "
+           "mpirun binds by default; --bind-to none there): not bound";
+    return out;
   }
+  if (local_size == 1) return out;  // G: the share would be every CPU
   // A: shares of n / local_size, the first n % local_size of them one CPU larger.
   const int base = n / local_size;
   const int extra = n % local_size;
@@ -106,19 +132,21 @@ common::Status bindRank(const std::string& mode, int local_index, int local_size
   const int count = base + (local_index < extra ? 1 : 0);
   cpu_set_t set;
   CPU_ZERO(&set);
-  for (int k = first; k < first + count; ++k) {
-    CPU_SET(cpus[static_cast<size_t>(k)], &set);
-    out->cpus += (out->cpus.empty() ? "" : ",") + std::to_string(cpus[static_cast<size_t>(k)]);
+  std::vector<int> share(cpus.begin() + first, cpus.begin() + first + count);
+  std::sort(share.begin(), share.end());
+  for (int cpu : share) {
+    CPU_SET(cpu, &set);
+    out.cpus += (out.cpus.empty() ? "" : ",") + std::to_string(cpu);
   }
-  if (const int failure = bindAllThreads(set)) {
-    const std::string reason = std::strerror(failure);
-    bindAllThreads(originalMask());  // no thread is left bound alone
-    return common::internalError("HVD_CPU_BIND=core: could not bind this process's threads "
-                                 "to CPUs " + out->cpus + " (" + reason + "); a cgroup "
-                                 "cpuset may forbid them: unset HVD_CPU_BIND");
+  if (const int failure = bindAllThreads(set)) {  // H
+    bindAllThreads(common::processCpuMask());  // no thread is left bound alone
+    *why = "could not bind this process's threads to CPUs " + out.cpus + " (" +
+           std::strerror(failure) + "; a cgroup cpuset may forbid them): not bound";
+    out.cpus.clear();
+    return out;
   }
-  out->bound = bound_by_us = true;
-  return common::Status::ok();
+  out.bound = bound_by_us = true;
+  return out;
 }
 
 }  // namespace hvd::runtime

@@ -4,8 +4,6 @@
 
 #include <string>
 
-#include "common/status.h"
-
 namespace hvd::runtime {
 
 struct CpuBinding {
@@ -14,10 +12,10 @@ struct CpuBinding {
   std::string cpus;     // e.g. "2,3"; empty when not bound
 };
 
-// mode "none": nothing changes; "core": the process's CPUs are split into `local_size`
-// contiguous shares and every thread is bound to share `local_index` — unless the host's ranks
-// outnumber its CPUs (then nothing changes, and `why` says so). Any other mode: an error.
-common::Status bindRank(const std::string& mode, int local_index, int local_size,
-                        CpuBinding* out, std::string* why);
+// Unless `wanted` (HVD_CPU_BIND=core), nothing is bound (an earlier init's binding is undone);
+// else the process's CPUs are split into `local_size` shares and every thread is bound to share
+// `local_index`. Where it cannot (more ranks than CPUs, a refusal), nothing is bound and `why`
+// says why. Runtime::init only.
+CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* why);
 
 }  // namespace hvd::runtime

@@ -54,14 +54,9 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   const std::vector<int>& host_ranks = mesh_->hostRanks();
   const auto local_index = std::find(host_ranks.begin(), host_ranks.end(), rank) -
                            host_ranks.begin();
-  CpuBinding binding;
   std::string not_bound;
-  status = bindRank(config_.cpu_bind, static_cast<int>(local_index),
-                    static_cast<int>(host_ranks.size()), &binding, &not_bound);
-  if (!status.isOk()) {
-    mesh_.reset();
-    return status;
-  }
+  const CpuBinding binding = bindRank(config_.cpu_bind == "core", static_cast<int>(local_index),
+                                      static_cast<int>(host_ranks.size()), &not_bound);
   if (!not_bound.empty()) HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=core: " << not_bound;
   rank_ = rank;
   size_ = static_cast<int>(peers.size());
