@@ -34,6 +34,40 @@ PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::str
   return list;
 }
 
+bool waitGroup(PyObject* handles, PyObject* slots, const MemberWait& wait) {
+  // Sizes re-read each time: the waits release the GIL, and the lists are the caller's.
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(handles) &&
+                         (slots == nullptr || i < PyList_GET_SIZE(slots));
+       ++i) {
+    if (slots != nullptr && PyList_GET_ITEM(slots, i) != Py_None) continue;  // done before
+    PyObject* item = Py_NewRef(PySequence_Fast_GET_ITEM(handles, i));  // __index__ runs Python
+    const long long handle = PyLong_AsLongLong(item);
+    Py_DECREF(item);
+    bool pending = false;
+    PyObject* value = handle == -1 && PyErr_Occurred() ? nullptr : wait(i, handle, &pending);
+    if (value == nullptr && pending) return false;
+    if (value == nullptr && !PyErr_Occurred()) {
+      PyErr_SetString(PyExc_SystemError, "a group member failed without an error");
+    }
+    if (value == nullptr) value = takeError();
+    if (value == nullptr) return false;  // never leave a NULL slot
+    if (slots == nullptr) {
+      Py_DECREF(value);
+    } else if (PyList_SetItem(slots, i, value) < 0) {  // steals
+      return false;
+    }
+  }
+  return true;
+}
+
+PyObject* firstFailure(PyObject* slots) {
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(slots); ++i) {
+    PyObject* slot = PyList_GET_ITEM(slots, i);
+    if (PyExceptionInstance_Check(slot)) return slot;
+  }
+  return nullptr;
+}
+
 PyObject* takeError() {
   PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
   PyErr_Fetch(&type, &value, &traceback);

@@ -1,11 +1,14 @@
 // What the C group paths share (bindings/torch_group.cc, bindings/numpy_group.cc): naming a
-// checked group's ops and enqueueing them as one group, and holding a member's failure until the
-// other members were waited for. Binding code only; called with the GIL held.
+// checked group's ops and enqueueing them as one group, and waiting for a group with each
+// member's failure held until the other members were waited for (waitGroup). Binding code only;
+// called with the GIL held (the waits release it).
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +24,23 @@ namespace hvd::bindings {
 // core's ValueError for a duplicate name, ...).
 PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
                            int first, bool waited);
+
+// One member's wait for waitGroup: its result (a new reference), or nullptr with an exception
+// set and *pending true when the wait was interrupted (Ctrl-C) and the op still runs.
+using MemberWait = std::function<PyObject*(Py_ssize_t i, int64_t handle, bool* pending)>;
+
+// Waits for each member of a group whose slot is still None (handles: a list or tuple of core
+// handles; slots: a list as long), filling slot i with member i's result or, when it failed, its
+// exception (takeError): a failed member never stops the waits for the others. False with the
+// exception set when a wait was interrupted: the slots filled so far stay filled and the
+// interrupted member's stays None, so a later call with the same slots resumes there (engine_
+// native.torch's waits do; the numpy API's synchronize_group drops them). slots may be nullptr
+// (a caller that could not make them): every member is still waited for, which frees its name
+// and kept objects, and the results are dropped.
+bool waitGroup(PyObject* handles, PyObject* slots, const MemberWait& wait);
+
+// The first exception among the slots (borrowed), or nullptr.
+PyObject* firstFailure(PyObject* slots);
 
 // The pending exception as a value, its traceback attached; clears it (nullptr when none).
 PyObject* takeError();

@@ -205,35 +205,41 @@ PyObject* pyGroupedAllreduceAligned(PyObject*, PyObject* const* args, Py_ssize_t
   return handles;
 }
 
-// synchronize_group(handles) -> every member's result, in order. A member that fails does not
-// stop the waits for the others (each wait frees its member's name and kept arrays); the first
-// failure is raised after the last wait. An interrupt (Ctrl-C: not an Exception) stops at once.
+// synchronize_group(handles) -> every member's result, in order, by the wait loop engine_native
+// .torch shares (waitGroup, bindings/group_core.h): a member that fails does not stop the waits
+// for the others (each wait frees its member's name and kept arrays); the first failure is
+// raised after the last wait. An interrupt (Ctrl-C: a wait that leaves its op pending) stops at
+// once and drops the results already taken (unlike torch_group_wait, there are no slots to
+// resume with: the caller waits again on the handles it holds; the finished ones are gone).
 PyObject* pySynchronizeGroup(PyObject*, PyObject* handles) {
   PyObject* fast = PySequence_Fast(handles, "synchronize_group(handles): a list of handles");
   if (fast == nullptr) return nullptr;
   const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
   PyObject* results = PyList_New(n);
-  PyObject* failure = nullptr;
   for (Py_ssize_t i = 0; results != nullptr && i < n; ++i) {
-    const long long handle = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-    PyObject* result = handle == -1 && PyErr_Occurred() ? nullptr : synchronizeKept(handle);
-    if (result == nullptr) {
-      if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-        Py_CLEAR(results);
-        break;
-      }
-      PyObject* error = takeError();
-      if (failure == nullptr) failure = error; else Py_XDECREF(error);
-      result = Py_NewRef(Py_None);
-    }
-    PyList_SET_ITEM(results, i, result);
+    PyList_SET_ITEM(results, i, Py_NewRef(Py_None));  // waitGroup fills the None slots
   }
+  PyObject *type = nullptr, *value = nullptr, *traceback = nullptr;
+  if (results == nullptr) PyErr_Fetch(&type, &value, &traceback);  // still wait: frees names
+  const bool waited = waitGroup(fast, results, [](Py_ssize_t, int64_t handle, bool* pending) {
+    PyObject* result = synchronizeKept(handle);
+    *pending = result == nullptr && runtime::Runtime::instance().handles().poll(handle) >= 0;
+    return result;
+  });
   Py_DECREF(fast);
-  if (results != nullptr && failure != nullptr) {
-    Py_CLEAR(results);
-    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(failure)), failure);
+  if (results == nullptr) {
+    if (waited) {
+      PyErr_Restore(type, value, traceback);
+    } else {  // the interrupt wins
+      Py_XDECREF(type);
+      Py_XDECREF(value);
+      Py_XDECREF(traceback);
+    }
+    return nullptr;
   }
-  Py_XDECREF(failure);
+  PyObject* failure = waited ? firstFailure(results) : nullptr;  // borrowed from results
+  if (failure != nullptr) PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(failure)), failure);
+  if (!waited || failure != nullptr) Py_CLEAR(results);
   return results;
 }
 

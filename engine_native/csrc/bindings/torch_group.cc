@@ -233,8 +233,9 @@ PyObject* wrapOutput(const runtime::OpResult& result, PyObject* dtype) {
 
 // torch_group_wait(handles, slots, dtypes) -> the first member's exception, or None. Waits for
 // every handle whose slot is None and fills the slot (Note [Grouped C path]): the output
-// tensor of dtypes[i], or True when dtypes is None (the outputs are the caller's). Raises only
-// when the wait was interrupted; the slots filled so far stay filled.
+// tensor of dtypes[i], or True when dtypes is None (the outputs are the caller's), by the wait
+// loop the numpy API shares (waitGroup, bindings/group_core.h). Raises only when the wait was
+// interrupted; the slots filled so far stay filled.
 PyObject* pyTorchGroupWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
       PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[1]) ||
@@ -245,36 +246,20 @@ PyObject* pyTorchGroupWait(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
                     "be None)");
     return nullptr;
   }
-  PyObject* handles = args[0];
-  PyObject* slots = args[1];
   PyObject* dtypes = args[2];
-  const Py_ssize_t n = PyList_GET_SIZE(handles);
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    if (PyList_GET_ITEM(slots, i) != Py_None) continue;  // finished before an interrupt
-    const long long handle = PyLong_AsLongLong(PyList_GET_ITEM(handles, i));
-    if (handle == -1 && PyErr_Occurred()) return nullptr;
-    common::Status status;
-    runtime::OpResult result;
-    if (!waitResult(handle, &status, &result)) return nullptr;  // interrupted: still pending
-    PyObject* value = nullptr;
-    if (!status.isOk()) {
-      raiseStatus(status);
-    } else if (dtypes == Py_None) {
-      value = Py_NewRef(Py_True);
-    } else {
-      value = wrapOutput(result, PyList_GET_ITEM(dtypes, i));
-    }
-    if (value == nullptr) value = takeError();
-    if (value == nullptr) {  // a failure without an exception: never leave a NULL slot
-      PyErr_SetString(PyExc_SystemError, "torch_group_wait(): a member failed without an error");
-      return nullptr;
-    }
-    PyList_SetItem(slots, i, value);  // steals
-  }
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyObject* slot = PyList_GET_ITEM(slots, i);
-    if (PyExceptionInstance_Check(slot)) return Py_NewRef(slot);
-  }
+  const bool waited = waitGroup(
+      args[0], args[1], [dtypes](Py_ssize_t i, int64_t handle, bool* pending) -> PyObject* {
+        common::Status status;
+        runtime::OpResult result;
+        *pending = !waitResult(handle, &status, &result);  // interrupted: still pending
+        if (*pending) return nullptr;
+        if (!status.isOk()) return raiseStatus(status);
+        if (dtypes == Py_None) return Py_NewRef(Py_True);
+        return wrapOutput(result, PyList_GET_ITEM(dtypes, i));
+      });
+  if (!waited) return nullptr;
+  PyObject* failure = firstFailure(args[1]);
+  if (failure != nullptr) return Py_NewRef(failure);
   Py_RETURN_NONE;
 }
 
