@@ -1,6 +1,7 @@
 """engine_native.aligned_buffers: 64-byte aligned result views carved in order from one
 buffer, each call's views independent of every other call's."""
 import numpy as np
+import pytest
 
 from engine_native import aligned_buffers
 
@@ -37,3 +38,34 @@ def test_a_numpy_scalar_gets_a_zero_dimensional_view():
     """tf.numpy_function hands a 0-d tensor over as a numpy scalar, not an array."""
     out, = aligned_buffers.aligned_outputs((np.float32(2.0),))
     assert out.shape == () and out.dtype == np.float32 and out.flags.writeable
+
+
+class _Like:
+    """Something with a dtype and a shape whose `dtype` getter runs `effect` first."""
+
+    def __init__(self, effect):
+        self._effect = effect
+
+    @property
+    def dtype(self):
+        self._effect()
+        return np.dtype(np.float32)
+
+    shape = (2,)
+
+
+def test_an_interrupt_in_an_items_attribute_is_not_swallowed():
+    def interrupt():
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        aligned_buffers.aligned_outputs([_Like(interrupt)])
+    with pytest.raises(TypeError, match="no plain"):  # an Exception still means "no dtype"
+        aligned_buffers.aligned_outputs([_Like(lambda: 1 / 0)])
+
+
+def test_items_are_read_from_a_snapshot_not_the_callers_list():
+    """A getter that empties the list must not make the carving read past its end."""
+    likes = []
+    likes += [_Like(likes.clear), np.zeros(5, np.int64)]
+    outs = aligned_buffers.aligned_outputs(likes)
+    assert [(o.shape, o.dtype) for o in outs] == [((2,), np.float32), ((5,), np.int64)]

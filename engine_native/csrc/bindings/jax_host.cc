@@ -44,6 +44,10 @@ PyObject* pyJaxSetup(PyObject*, PyObject* args) {
   s.str_sharding = PyUnicode_InternFromString("sharding");
   s.str_device = PyUnicode_InternFromString("_device");
   if (s.str_dtype == nullptr || s.str_sharding == nullptr || s.str_device == nullptr) {
+    for (PyObject* o : {s.array_type, s.sharding_type, s.str_dtype, s.str_sharding,
+                        s.str_device}) {
+      Py_XDECREF(o);
+    }
     return nullptr;
   }
   g = s;  // a second setup (a reload) leaks the first's few references
@@ -84,18 +88,23 @@ PyObject* pyJaxHostViews(PyObject*, PyObject* values) {
     return nullptr;
   }
   if (!PyList_CheckExact(values) && !PyTuple_CheckExact(values)) Py_RETURN_NONE;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(values);
+  // viewOf() runs Python (attribute getters, __array__) that could replace or remove the
+  // caller's list items while we hold them borrowed: read a tuple taken once instead.
+  PyObject* items = PySequence_Tuple(values);
+  if (items == nullptr) return nullptr;
+  const Py_ssize_t n = PyTuple_GET_SIZE(items);
   PyObject* hosts = PyList_New(n);
   PyObject* devices = PyList_New(n);
   bool ok = hosts != nullptr && devices != nullptr;
   for (Py_ssize_t i = 0; ok && i < n; ++i) {
     PyObject *host = nullptr, *device = nullptr;
-    ok = viewOf(PySequence_Fast_GET_ITEM(values, i), &host, &device);
+    ok = viewOf(PyTuple_GET_ITEM(items, i), &host, &device);
     if (ok) {
       PyList_SET_ITEM(hosts, i, host);  // steal
       PyList_SET_ITEM(devices, i, device);
     }
   }
+  Py_DECREF(items);
   if (!ok) {
     Py_XDECREF(hosts);  // unset items are NULL, which list dealloc skips
     Py_XDECREF(devices);

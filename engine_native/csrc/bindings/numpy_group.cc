@@ -37,7 +37,8 @@ constexpr npy_intp kAlignment = 64;  // XLA's CPU client and TF adopt a buffer a
 
 // The dtype and shape of one item of aligned_like(): an ndarray's own, or the `dtype` and
 // `shape` attributes of anything else (a numpy scalar, which tf.numpy_function passes for a
-// 0-d tensor). False with a TypeError when it has neither, or a dtype holding references.
+// 0-d tensor). False with a TypeError when it has neither, or a dtype holding references; a
+// KeyboardInterrupt (no Exception) raised by those attributes propagates as it is.
 struct Like {
   PyArray_Descr* descr = nullptr;  // a new reference
   std::vector<npy_intp> dims;
@@ -62,8 +63,9 @@ bool likeOf(PyObject* item, Py_ssize_t i, Like* like) {
     }
     const bool dims_ok = fast != nullptr && !PyErr_Occurred();
     Py_XDECREF(fast);
-    PyErr_Clear();
     if (!dims_ok) Py_CLEAR(like->descr);
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return false;  // Ctrl-C
+    PyErr_Clear();
   }
   for (npy_intp d : like->dims) {
     if (d < 0) Py_CLEAR(like->descr);
@@ -80,22 +82,19 @@ bool likeOf(PyObject* item, Py_ssize_t i, Like* like) {
 
 npy_intp padded(npy_intp nbytes) { return (nbytes + kAlignment - 1) / kAlignment * kAlignment; }
 
-// Uninitialised views of one new buffer, one per item of `arrays` (a list or tuple of numpy
-// arrays, or of anything with a dtype and a shape), each with that item's dtype and shape,
-// C-contiguous, writable and kAlignment-byte aligned, carved in order. A new list, or nullptr
-// with a TypeError for anything else.
+// Uninitialised views of one new buffer, one per item of `arrays` (a tuple of numpy arrays, or
+// of anything with a dtype and a shape), each with that item's dtype and shape, C-contiguous,
+// writable and kAlignment-byte aligned, carved in order. A new list, or nullptr with a TypeError
+// for an item without them. A tuple, not the caller's list: likeOf() runs Python (a property),
+// which could replace or remove a list's items while we hold them borrowed.
 PyObject* alignedLike(PyObject* arrays) {
-  if (!PyList_CheckExact(arrays) && !PyTuple_CheckExact(arrays)) {
-    PyErr_SetString(PyExc_TypeError, "aligned_like(arrays): a list or tuple of numpy arrays");
-    return nullptr;
-  }
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(arrays);
+  const Py_ssize_t n = PyTuple_GET_SIZE(arrays);
   std::vector<Like> likes(static_cast<size_t>(n));
   npy_intp total = kAlignment;  // slack to align the first view
   bool ok = true;
   for (Py_ssize_t i = 0; ok && i < n; ++i) {
     Like& like = likes[static_cast<size_t>(i)];
-    ok = likeOf(PySequence_Fast_GET_ITEM(arrays, i), i, &like);
+    ok = likeOf(PyTuple_GET_ITEM(arrays, i), i, &like);
     total += padded(like.nbytes);
   }
   PyObject* raw = ok ? PyArray_SimpleNew(1, &total, NPY_UINT8) : nullptr;
@@ -126,14 +125,24 @@ PyObject* alignedLike(PyObject* arrays) {
   return views;
 }
 
-PyObject* pyAlignedLike(PyObject*, PyObject* arrays) { return alignedLike(arrays); }
+PyObject* pyAlignedLike(PyObject*, PyObject* arrays) {
+  if (!PyList_CheckExact(arrays) && !PyTuple_CheckExact(arrays)) {
+    PyErr_SetString(PyExc_TypeError, "aligned_like(arrays): a list or tuple of numpy arrays");
+    return nullptr;
+  }
+  PyObject* items = PySequence_Tuple(arrays);
+  PyObject* views = items != nullptr ? alignedLike(items) : nullptr;
+  Py_XDECREF(items);
+  return views;
+}
 
 // The arguments of grouped_allreduce_aligned, in order.
 enum Arg { kArrays, kOp, kName, kPre, kPost, kSet, kWaited, kArgCount };
 
-// Fills ops[i] from arrays[i] except its output; false (perhaps with an error set, which the
-// caller clears) when the checked path must take the group (Note [Aligned group path]).
-bool fillGroup(PyObject* const* args, std::vector<runtime::EnqueueArgs>* ops) {
+// Fills ops[i] from arrays[i] (a tuple: Note [Group snapshot]) except its output; false (perhaps
+// with an error set, which the caller clears unless it is an interrupt) when the checked path
+// must take the group (Note [Aligned group path]).
+bool fillGroup(PyObject* const* args, PyObject* arrays, std::vector<runtime::EnqueueArgs>* ops) {
   int reduce_op = 0, set_id = 0;
   const double prescale = PyFloat_AsDouble(args[kPre]);
   if (prescale == -1.0 && PyErr_Occurred()) return false;
@@ -142,7 +151,7 @@ bool fillGroup(PyObject* const* args, std::vector<runtime::EnqueueArgs>* ops) {
   if (!asCInt(args[kOp], &reduce_op) || !processSetId(args[kSet], &set_id)) return false;
   for (size_t i = 0; i < ops->size(); ++i) {
     PyArrayObject* array =
-        plainArray(PySequence_Fast_GET_ITEM(args[kArrays], static_cast<Py_ssize_t>(i)), false);
+        plainArray(PyTuple_GET_ITEM(arrays, static_cast<Py_ssize_t>(i)), false);
     int code = 0;
     if (array == nullptr || !dtypeCode(array, &code)) return false;
     runtime::EnqueueArgs& op = (*ops)[i];
@@ -161,6 +170,47 @@ bool fillGroup(PyObject* const* args, std::vector<runtime::EnqueueArgs>* ops) {
   return true;
 }
 
+// grouped_allreduce_aligned's work on its snapshot `arrays` (a non-empty tuple).
+PyObject* submitAligned(PyObject* const* args, PyObject* arrays) {
+  std::vector<runtime::EnqueueArgs> ops(static_cast<size_t>(PyTuple_GET_SIZE(arrays)));
+  if (!fillGroup(args, arrays, &ops)) {
+    if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;  // Ctrl-C
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  const int waited = PyObject_IsTrue(args[kWaited]);
+  if (waited < 0) return nullptr;
+  // Carved before named: a failure here (a MemoryError on one rank) must not use up a noname
+  // on that rank only, and a declined group uses none either.
+  PyObject* outputs = alignedLike(arrays);
+  if (outputs == nullptr) return nullptr;
+  std::string base;
+  if (!fullName("grouped_allreduce", args[kName], args[kSet], &base)) {
+    Py_DECREF(outputs);
+    return nullptr;
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ops[i].output = PyArray_DATA(
+        reinterpret_cast<PyArrayObject*>(PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i))));
+  }
+  PyObject* handles = submitNamedGroup(std::move(ops), base, 0, waited == 1);
+  for (Py_ssize_t i = 0; handles != nullptr && i < PyList_GET_SIZE(handles); ++i) {
+    keepRefs(PyLong_AsLongLong(PyList_GET_ITEM(handles, i)), PyTuple_GET_ITEM(arrays, i),
+             PyList_GET_ITEM(outputs, i), nullptr, KeptBy::kNumpy);
+  }
+  Py_DECREF(outputs);
+  return handles;
+}
+
+// Note [Group snapshot]
+// The group's ops hold its arrays' data pointers and shapes, and the kept table keeps those
+// arrays alive; between reading them and enqueueing, Python runs (process_set's attributes,
+// `waited`'s truth, the noname counter numpy_ops._full_name draws from, a garbage collection
+// while carving), and so could another thread that replaces an item of the caller's list. Read
+// from that list, the op could then keep the old item's shape while its output is carved for,
+// and the keep-alive holds, the new one (a heap overflow, or a use after free). So the call
+// takes the group as a tuple once, at entry, and reads every item from it.
+
 // grouped_allreduce_aligned(arrays, op, name, prescale, postscale, process_set, waited) -> core
 // handles, each synchronizing to its member's aligned result; or None when the checked path
 // must take the call (Note [Aligned group path]).
@@ -175,33 +225,15 @@ PyObject* pyGroupedAllreduceAligned(PyObject*, PyObject* const* args, Py_ssize_t
                     "grouped_allreduce_aligned(): numpy_setup() was not called");
     return nullptr;
   }
-  PyObject* arrays = args[kArrays];
-  if (!(PyList_CheckExact(arrays) || PyTuple_CheckExact(arrays)) ||
-      PySequence_Fast_GET_SIZE(arrays) == 0 || !runtime::Runtime::instance().initialized()) {
+  PyObject* given = args[kArrays];
+  if (!(PyList_CheckExact(given) || PyTuple_CheckExact(given)) ||
+      PySequence_Fast_GET_SIZE(given) == 0 || !runtime::Runtime::instance().initialized()) {
     Py_RETURN_NONE;
   }
-  std::vector<runtime::EnqueueArgs> ops(static_cast<size_t>(PySequence_Fast_GET_SIZE(arrays)));
-  if (!fillGroup(args, &ops)) {
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
-  const int waited = PyObject_IsTrue(args[kWaited]);
-  if (waited < 0) return nullptr;
-  std::string base;  // taken only now: a declined group must not use up a noname
-  if (!fullName("grouped_allreduce", args[kName], args[kSet], &base)) return nullptr;
-  PyObject* outputs = alignedLike(arrays);
-  if (outputs == nullptr) return nullptr;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    ops[i].output = PyArray_DATA(
-        reinterpret_cast<PyArrayObject*>(PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i))));
-  }
-  PyObject* handles = submitNamedGroup(std::move(ops), base, 0, waited == 1);
-  for (Py_ssize_t i = 0; handles != nullptr && i < PyList_GET_SIZE(handles); ++i) {
-    keepRefs(PyLong_AsLongLong(PyList_GET_ITEM(handles, i)),
-             PySequence_Fast_GET_ITEM(arrays, i), PyList_GET_ITEM(outputs, i), nullptr,
-             KeptBy::kNumpy);
-  }
-  Py_DECREF(outputs);
+  PyObject* arrays = PySequence_Tuple(given);  // Note [Group snapshot]
+  if (arrays == nullptr) return nullptr;
+  PyObject* handles = submitAligned(args, arrays);
+  Py_DECREF(arrays);
   return handles;
 }
 
