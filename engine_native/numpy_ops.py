@@ -59,16 +59,17 @@ def _full_name(kind: str, name: Optional[str],
     return f"{kind}.noname.{next(counter)}"
 
 
-def _set_id(process_set: ProcessSet, op: str) -> int:
-    if process_set.process_set_id is None:
+def _set_id(process_set: Optional[ProcessSet], op: str) -> int:
+    """The core id of ``process_set``; None is the global set, as the C paths take it."""
+    set_id = 0 if process_set is None else process_set.process_set_id
+    if set_id is None:
         raise ValueError(f"{op}(): {process_set} is not registered; call add_process_set() on "
                          "every rank first")
-    return process_set.process_set_id
+    return set_id
 
 
 def _check_array(array, op: str, name: str) -> np.ndarray:
-    if not isinstance(array, np.ndarray):
-        array = np.asarray(array)
+    array = array if isinstance(array, np.ndarray) else np.asarray(array)
     if not array.flags.c_contiguous:
         raise ValueError(f"{op}('{name}'): expected a contiguous array, got strides "
                          f"{array.strides}; pass np.ascontiguousarray(x)")
@@ -82,8 +83,7 @@ def _code(array: np.ndarray, op: str, name: str) -> int:
 
 
 def _frombuffer(result, dtype) -> np.ndarray:
-    buffer, shape = result[0], result[1]
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    return np.frombuffer(result[0], dtype=dtype).reshape(result[1])  # (buffer, shape)
 
 
 def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out, *,

@@ -38,6 +38,13 @@ def calls_suite():
     # Handed to the checked path: it must work with the defaults too.
     out = hvd.synchronize(hvd.allreduce_async([1.0, 2.0, 3.0], name="list"))
     fails.expect("list input", np.allclose(out, [1.0, 2.0, 3.0]), f"{out}")
+    # process_set=None is the global set on the C path and on the checked path it hands over to.
+    out = hvd.allreduce([1.0, 2.0], op=hvd.Sum, name="none.list", process_set=None)
+    fails.expect("None set, checked path", np.allclose(out, [n, 2.0 * n]), f"{out}")
+    outs = hvd.grouped_allreduce([x, [1.0]], op=hvd.Sum, name="none.group", process_set=None,
+                                 aligned=True)  # a list member: the C path declines the group
+    fails.expect("None set, declined group",
+                 np.array_equal(outs[0], want) and np.allclose(outs[1], [n]), f"{outs}")
     strided = np.arange(12, dtype=np.float64).reshape(3, 4)[:, 1]
     fails.expect_raises("non-contiguous", ValueError,
                         lambda: hvd.allreduce_async(strided, name="strided"), "contiguous")
