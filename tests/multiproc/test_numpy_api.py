@@ -45,6 +45,12 @@ def calls_suite():
                                  aligned=True)  # a list member: the C path declines the group
     fails.expect("None set, declined group",
                  np.array_equal(outs[0], want) and np.allclose(outs[1], [n]), f"{outs}")
+    if n > 1:  # a member failing (shapes differ across ranks) does not stop the others' waits
+        bad = np.ones(2 + (me == n - 1), np.float32)
+        fails.expect_raises("group member fails", Exception, lambda: hvd.grouped_allreduce(
+            [x, bad, x], op=hvd.Sum, name="mismatch", aligned=True), "shape")
+        outs = hvd.grouped_allreduce([x, x, x], op=hvd.Sum, name="mismatch", aligned=True)
+        fails.expect("failed group's names free", all(np.array_equal(o, want) for o in outs))
     strided = np.arange(12, dtype=np.float64).reshape(3, 4)[:, 1]
     fails.expect_raises("non-contiguous", ValueError,
                         lambda: hvd.allreduce_async(strided, name="strided"), "contiguous")

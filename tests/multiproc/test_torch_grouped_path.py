@@ -140,6 +140,9 @@ def edges_suite():
         except hvd.HorovodInternalError as e:
             expect('mismatch names the shape', 'shape' in str(e).lower(), str(e))
         expect('mismatch record dropped', not rt._handle_map)
+        # every member was waited for despite the failure: all three names are free again
+        outs = hvd.grouped_allgather([good, good, good], name='mismatch')
+        expect('mismatch names reusable', len(outs) == 3)
     # poll, then synchronize; the names are reusable after
     for _ in range(2):
         handle = hvd.grouped_allgather_async([good * me, good], name='polled')
