@@ -35,7 +35,7 @@ OUT = os.path.join(REPO, "build", "testhooks")
 
 HOOKS = ["testhooks/module.cc", "testhooks/timeline_writer.cc", "testhooks/autotune.cc",
          "testhooks/device_kernels.cc", "testhooks/peer_block.cc", "testhooks/hmac.cc",
-         "testhooks/byte_codec.cc"]
+         "testhooks/byte_codec.cc", "testhooks/cpu_share.cc"]
 # The core's sources the hooks run, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/dtype.cc",
@@ -62,6 +62,8 @@ CORE = [
     "coord/request_cache.cc",
     "coord/response_cache.cc",
     "coord/message.cc",
+    "runtime/core_headroom.cc",
+    "runtime/cpu_binding.cc",
 ]
 
 

@@ -57,14 +57,18 @@ bool CoreHeadroom::coreFree() const {
   const ssize_t n = ::pread(loadavg_fd_, text, sizeof(text) - 1, 0);
   if (n <= 0) return false;
   text[n] = '\0';
+  const long running = runningThreads(text);
+  return running >= 0 && running <= cores_;
+}
+
+long runningThreads(const char* loadavg) {
   // "0.46 1.04 2.16 3/90 31139": the running count is the number before the '/'.
-  const char* slash = std::strchr(text, '/');
-  if (slash == nullptr) return false;
+  const char* slash = std::strchr(loadavg, '/');
+  if (slash == nullptr) return -1;
   const char* start = slash;
-  while (start > text && start[-1] >= '0' && start[-1] <= '9') --start;
-  if (start == slash) return false;
-  const long running = std::strtol(start, nullptr, 10);
-  return running <= cores_;
+  while (start > loadavg && start[-1] >= '0' && start[-1] <= '9') --start;
+  if (start == slash || slash - start > 9) return -1;
+  return std::strtol(start, nullptr, 10);
 }
 
 }  // namespace hvd::runtime

@@ -22,4 +22,8 @@ class CoreHeadroom {
   int forced_ = -1;      // HVD_TEST_CORE_FREE: 1 or 0 answers every call (tests); -1 unset
 };
 
+// The running-and-runnable thread count in /proc/loadavg's text ("0.46 1.04 2.16 3/90 31139":
+// 3), or -1 when the text has none.
+long runningThreads(const char* loadavg);
+
 }  // namespace hvd::runtime

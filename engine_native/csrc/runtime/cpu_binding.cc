@@ -53,16 +53,6 @@ namespace hvd::runtime {
 
 namespace {
 
-// F: (package, core, cpu) of a CPU, from sysfs; (0, cpu, cpu) where that cannot be read.
-struct Placement {
-  long package = 0;
-  long core = 0;
-  int cpu = 0;
-  bool operator<(const Placement& o) const {
-    return std::tie(package, core, cpu) < std::tie(o.package, o.core, o.cpu);
-  }
-};
-
 long topologyValue(int cpu, const char* name, long fallback) {
   const std::string path =
       "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/" + name;
@@ -72,18 +62,15 @@ long topologyValue(int cpu, const char* name, long fallback) {
   return value;
 }
 
-// The process's CPUs (E: as when the core first asked), hardware threads of one core adjacent.
-std::vector<int> cpusByCore() {
-  std::vector<Placement> placed;
+// The process's CPUs (E: as when the core first asked) and where they sit (F).
+std::vector<CpuPlacement> placedCpus() {
+  std::vector<CpuPlacement> placed;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
     if (!CPU_ISSET(c, &common::processCpuMask())) continue;
     placed.push_back({topologyValue(c, "physical_package_id", 0),
                       topologyValue(c, "core_id", c), c});
   }
-  std::sort(placed.begin(), placed.end());
-  std::vector<int> cpus;
-  for (const Placement& p : placed) cpus.push_back(p.cpu);
-  return cpus;
+  return placed;
 }
 
 bool bound_by_us = false;  // Runtime::init only, under its mutex
@@ -107,6 +94,25 @@ int bindAllThreads(const cpu_set_t& set) {
 
 }  // namespace
 
+std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size) {
+  const int n = static_cast<int>(cpus.size());
+  if (local_size <= 0 || local_size > n || local_index < 0 || local_index >= local_size) {
+    return {};
+  }
+  std::sort(cpus.begin(), cpus.end(), [](const CpuPlacement& a, const CpuPlacement& b) {
+    return std::tie(a.package, a.core, a.cpu) < std::tie(b.package, b.core, b.cpu);
+  });
+  // A: shares of n / local_size, the first n % local_size of them one CPU larger.
+  const int base = n / local_size;
+  const int extra = n % local_size;
+  const int first = local_index * base + std::min(local_index, extra);
+  const int count = base + (local_index < extra ? 1 : 0);
+  std::vector<int> share;
+  for (int k = first; k < first + count; ++k) share.push_back(cpus[static_cast<size_t>(k)].cpu);
+  std::sort(share.begin(), share.end());
+  return share;
+}
+
 CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* why) {
   CpuBinding out;
   out.host_cores = common::usableCores();
@@ -116,8 +122,8 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* w
   if (!wanted || local_size <= 0 || local_index < 0 || local_index >= local_size) {
     return out;
   }
-  const std::vector<int> cpus = cpusByCore();
-  const int n = static_cast<int>(cpus.size());
+  const std::vector<CpuPlacement> placed = placedCpus();
+  const int n = static_cast<int>(placed.size());
   if (local_size > n) {  // C
     *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
            std::to_string(n) + " CPUs (its affinity mask, perhaps set by the launcher: "
@@ -125,15 +131,9 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* w
     return out;
   }
   if (local_size == 1) return out;  // G: the share would be every CPU
-  // A: shares of n / local_size, the first n % local_size of them one CPU larger.
-  const int base = n / local_size;
-  const int extra = n % local_size;
-  const int first = local_index * base + std::min(local_index, extra);
-  const int count = base + (local_index < extra ? 1 : 0);
+  const std::vector<int> share = cpuShare(placed, local_index, local_size);
   cpu_set_t set;
   CPU_ZERO(&set);
-  std::vector<int> share(cpus.begin() + first, cpus.begin() + first + count);
-  std::sort(share.begin(), share.end());
   for (int cpu : share) {
     CPU_SET(cpu, &set);
     out.cpus += (out.cpus.empty() ? "" : ",") + std::to_string(cpu);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace hvd::runtime {
 
@@ -11,6 +12,18 @@ struct CpuBinding {
   bool bound = false;   // every thread of the process now runs on `cpus` only
   std::string cpus;     // e.g. "2,3"; empty when not bound
 };
+
+// A CPU and where it sits (sysfs topology): the order in which CPUs are split (Note [CPU
+// binding] F).
+struct CpuPlacement {
+  long package = 0;
+  long core = 0;
+  int cpu = 0;
+};
+
+// Share `local_index` of `cpus` split into `local_size` runs, whole cores first (Note [CPU
+// binding] A, F), in CPU order; empty when there are fewer CPUs than ranks.
+std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size);
 
 // Unless `wanted` (HVD_CPU_BIND=core), nothing is bound (an earlier init's binding is undone);
 // else the process's CPUs are split into `local_size` shares and every thread is bound to share

@@ -26,5 +26,8 @@ int addHmacHooks(PyObject* module);
 // codec_write, codec_read, decode_requests, ... (byte_codec.cc): common/byte_codec.h and the
 // negotiation decoders over it. Same contract.
 int addByteCodecHooks(PyObject* module);
+// running_threads, cpu_share (cpu_share.cc): runtime/core_headroom.h's /proc/loadavg reading
+// and runtime/cpu_binding.h's CPU shares. Same contract.
+int addCpuShareHooks(PyObject* module);
 
 }  // namespace hvd::testhooks

@@ -40,7 +40,8 @@ PyMODINIT_FUNC PyInit__testhooks() {
       hvd::testhooks::addDeviceKernelHooks(module) < 0 ||
       hvd::testhooks::addPeerBlockHooks(module) < 0 ||
       hvd::testhooks::addHmacHooks(module) < 0 ||
-      hvd::testhooks::addByteCodecHooks(module) < 0) {
+      hvd::testhooks::addByteCodecHooks(module) < 0 ||
+      hvd::testhooks::addCpuShareHooks(module) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -1,0 +1,65 @@
+// running_threads, cpu_share (testhooks/hooks.h): the two pure rules behind rank binding and
+// the spin past its budget (runtime/core_headroom.h, runtime/cpu_binding.h), on inputs the
+// tests choose: /proc/loadavg texts, malformed ones included, and CPU topologies this machine
+// does not have (hardware threads numbered i and i + N/2, two packages).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <vector>
+
+#include "runtime/core_headroom.h"
+#include "runtime/cpu_binding.h"
+#include "testhooks/hooks.h"
+
+namespace hvd::testhooks {
+namespace {
+
+// running_threads(text: str) -> int (-1: no count in the text).
+PyObject* runningThreads(PyObject*, PyObject* args) {
+  const char* text = nullptr;
+  if (!PyArg_ParseTuple(args, "s", &text)) return nullptr;
+  return PyLong_FromLong(runtime::runningThreads(text));
+}
+
+// cpu_share(cpus: list of (cpu, package, core), local_index, local_size) -> list of int.
+PyObject* cpuShare(PyObject*, PyObject* args) {
+  PyObject* seq = nullptr;
+  int index = 0, size = 0;
+  if (!PyArg_ParseTuple(args, "Oii", &seq, &index, &size)) return nullptr;
+  PyObject* items = PySequence_Tuple(seq);
+  if (items == nullptr) return nullptr;
+  std::vector<runtime::CpuPlacement> cpus;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(items); ++i) {
+    runtime::CpuPlacement p;
+    if (!PyArg_ParseTuple(PyTuple_GET_ITEM(items, i), "ill", &p.cpu, &p.package, &p.core)) {
+      Py_DECREF(items);
+      return nullptr;
+    }
+    cpus.push_back(p);
+  }
+  Py_DECREF(items);
+  const std::vector<int> share = runtime::cpuShare(cpus, index, size);
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(share.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t k = 0; k < share.size(); ++k) {
+    PyObject* v = PyLong_FromLong(share[k]);
+    if (v == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(k), v);
+  }
+  return out;
+}
+
+PyMethodDef kMethods[] = {
+    {"running_threads", runningThreads, METH_VARARGS, nullptr},
+    {"cpu_share", cpuShare, METH_VARARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+}  // namespace
+
+int addCpuShareHooks(PyObject* module) { return PyModule_AddFunctions(module, kMethods); }
+
+}  // namespace hvd::testhooks

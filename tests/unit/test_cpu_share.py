@@ -1,0 +1,53 @@
+"""The two pure rules behind rank binding (Note [CPU binding]) and the point-to-point spin past
+its budget (Note [Spin while a core is free]), through the test-only extension (tests/native):
+how a host's CPUs are split among its ranks, on topologies this machine does not have, and how
+/proc/loadavg's running count is read, malformed texts included."""
+import pytest
+from native.build_testhooks import load
+
+_hooks = load()
+
+
+@pytest.mark.parametrize("text, running", [
+    ("0.46 1.04 2.16 3/90 31139\n", 3),
+    ("12.00 11.50 10.25 17/1234 999999", 17),
+    ("0.00 0.00 0.00 0/1 1", 0),
+    ("", -1),
+    ("0.46 1.04 2.16 /90 31139", -1),  # no digits before the slash
+    ("garbage without a slash", -1),
+    ("0.46 1.04 2.16 12345678901234567890/90 1", -1),  # more digits than a count has
+])
+def test_the_running_count_is_read_from_loadavg_or_refused(text, running):
+    assert _hooks.running_threads(text) == running
+
+
+def _flat(n):
+    return [(c, 0, c) for c in range(n)]
+
+
+def test_shares_are_contiguous_and_the_first_ones_take_the_remainder():
+    assert [_hooks.cpu_share(_flat(2), i, 2) for i in range(2)] == [[0], [1]]
+    assert [_hooks.cpu_share(_flat(7), i, 3) for i in range(3)] == \
+        [[0, 1, 2], [3, 4], [5, 6]]
+    shares = [_hooks.cpu_share(_flat(64), i, 5) for i in range(5)]
+    assert sorted(c for s in shares for c in s) == list(range(64))  # every CPU, once
+
+
+def test_hardware_threads_of_one_core_stay_in_one_share():
+    # 4 cores x 2 threads, numbered as Linux does on x86: core k has CPUs k and k + 4.
+    cpus = [(c, 0, c % 4) for c in range(8)]
+    assert [_hooks.cpu_share(cpus, i, 2) for i in range(2)] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert [_hooks.cpu_share(cpus, i, 4) for i in range(4)] == \
+        [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_packages_are_split_before_cores():
+    # Two packages whose core ids repeat: package 1's core 0 is not package 0's.
+    cpus = [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert [_hooks.cpu_share(cpus, i, 2) for i in range(2)] == [[0, 1], [2, 3]]
+
+
+def test_more_ranks_than_cpus_or_a_bad_index_get_no_share():
+    assert _hooks.cpu_share(_flat(2), 0, 3) == []
+    assert _hooks.cpu_share(_flat(4), 2, 2) == []
+    assert _hooks.cpu_share(_flat(4), -1, 2) == []
