@@ -25,4 +25,14 @@ bool parseEnqueueArgs(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames
 // The same arguments as a tuple (one op of enqueue_group()).
 bool parseEnqueueTuple(PyObject* tuple, hvd::runtime::EnqueueArgs* op);
 
+// A reduction's parameters, as the C group paths (numpy_api, numpy_group, torch_group) set them.
+inline void setReduction(hvd::coord::Request* r, hvd::coord::OpType type, int reduce_op,
+                         double prescale, double postscale, int32_t process_set) {
+  r->type = type;
+  r->reduce_op = static_cast<hvd::common::ReduceOp>(reduce_op);
+  r->prescale = prescale;
+  r->postscale = postscale;
+  r->process_set = process_set;
+}
+
 }  // namespace hvd::bindings

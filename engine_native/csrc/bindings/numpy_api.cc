@@ -135,13 +135,8 @@ bool fastOp(const AllreduceArgs& a, runtime::EnqueueArgs* op, PyObject** output)
     return false;
   }
   op->output = PyArray_DATA(out_arr);
-  auto& r = op->request;
-  r.type = coord::OpType::kAllreduce;
-  r.dtype = static_cast<common::DataType>(code);
-  r.reduce_op = static_cast<common::ReduceOp>(reduce_op);
-  r.prescale = prescale;
-  r.postscale = postscale;
-  r.process_set = set_id;
+  op->request.dtype = static_cast<common::DataType>(code);
+  setReduction(&op->request, coord::OpType::kAllreduce, reduce_op, prescale, postscale, set_id);
   *output = out;
   return true;
 }

@@ -160,12 +160,8 @@ bool fillGroup(PyObject* const* args, PyObject* arrays, std::vector<runtime::Enq
     r.shape.resize(static_cast<size_t>(ndim));
     for (int d = 0; d < ndim; ++d) r.shape[d] = static_cast<int64_t>(PyArray_DIMS(array)[d]);
     op.input = PyArray_DATA(array);
-    r.type = coord::OpType::kAllreduce;
     r.dtype = static_cast<common::DataType>(code);
-    r.reduce_op = static_cast<common::ReduceOp>(reduce_op);
-    r.prescale = prescale;
-    r.postscale = postscale;
-    r.process_set = set_id;
+    setReduction(&r, coord::OpType::kAllreduce, reduce_op, prescale, postscale, set_id);
   }
   return true;
 }

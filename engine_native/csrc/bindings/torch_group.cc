@@ -91,12 +91,8 @@ bool fillGroup(PyObject* const* args, int kind, std::vector<runtime::EnqueueArgs
     if (!fillTorchOp(tensor, output, &op, &dtype)) return false;
     PyList_SET_ITEM(dtypes, i, dtype);  // steals
     if (outputs == Py_None) op.output = nullptr;  // the core allocates the output
-    auto& r = op.request;
-    r.type = static_cast<coord::OpType>(kind);
-    r.reduce_op = static_cast<common::ReduceOp>(reduce_op);
-    r.prescale = prescale;
-    r.postscale = postscale;
-    r.process_set = set_id;
+    setReduction(&op.request, static_cast<coord::OpType>(kind), reduce_op, prescale, postscale,
+                 set_id);
   }
   return true;
 }
