@@ -472,10 +472,10 @@ bool BackgroundLoop::drive(int64_t handle) {
   DrivePolicy& policy = point_to_point ? peer_drive_ : drive_;  // H
   const auto spin = policy.nextSpin();  // Note [Spin backoff] in drive_policy.h
   if (spin.count() == 0) metrics_.countSpinSkipped();
-  auto give_up = Clock::now() + spin;
+  const auto start = Clock::now();
+  auto give_up = start + spin;
   // Note [Spin while a core is free] A: the furthest a point-to-point wait spins on.
-  const auto spin_cap = point_to_point && spin.count() > 0 ? give_up - spin + peer_spin_cap_
-                                                           : give_up;
+  const auto spin_cap = point_to_point && spin.count() > 0 ? start + peer_spin_cap_ : give_up;
   std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
   while (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
     if (handles_.poll(handle) != 0) return false;  // A: the loop thread finished it

@@ -51,12 +51,10 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
     mesh_.reset();
     return status;
   }
-  const std::vector<int>& host_ranks = mesh_->hostRanks();
-  const auto local_index = std::find(host_ranks.begin(), host_ranks.end(), rank) -
-                           host_ranks.begin();
   std::string not_bound;
-  const CpuBinding binding = bindRank(config_.cpu_bind == "core", static_cast<int>(local_index),
-                                      static_cast<int>(host_ranks.size()), &not_bound);
+  const CpuBinding binding =
+      bindRank(config_.cpu_bind == "core", mesh_->hostIndexOf(rank),
+               static_cast<int>(mesh_->hostRanks().size()), &not_bound);
   if (!not_bound.empty()) HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=core: " << not_bound;
   rank_ = rank;
   size_ = static_cast<int>(peers.size());

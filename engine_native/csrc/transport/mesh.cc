@@ -418,6 +418,14 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
 
 const std::vector<int>& Mesh::hostRanks() const { return impl_->host_ranks; }
 
+int Mesh::hostIndexOf(int rank) const {
+  const std::vector<int>& host = impl_->host_ranks;
+  for (int i = 0; i < static_cast<int>(host.size()); ++i) {
+    if (host[i] == rank) return i;
+  }
+  return -1;
+}
+
 shm::CollectiveSegment* Mesh::collectiveSegment() const { return impl_->collective.get(); }
 
 bool Mesh::flushControl() {

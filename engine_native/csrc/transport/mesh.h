@@ -50,6 +50,8 @@ class Mesh {
   // The global ranks of this rank's host, ascending (self included), and the segment they all
   // mapped for host collectives (shm/collective_segment.h), or nullptr when they did not.
   const std::vector<int>& hostRanks() const;
+  // The position of global `rank` in hostRanks() (its local index), or -1 on another host.
+  int hostIndexOf(int rank) const;
   shm::CollectiveSegment* collectiveSegment() const;
   // This host's ranks outnumber the cores this process may use: bounded spins yield the core
   // between polls instead of pausing on it (Note [Yielding spins]). Fixed at connect().

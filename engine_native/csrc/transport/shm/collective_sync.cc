@@ -43,10 +43,7 @@ CollectiveSegment* CollectiveSync::segmentFor(const Comm& comm) {
 CollectiveSync::CollectiveSync(const Comm& comm, CollectiveSegment* segment)
     : comm_(comm), segment_(*segment), size_(segment->localSize()), index_(-1),
       own_doorbell_(nullptr) {
-  const std::vector<int>& host = comm.mesh().hostRanks();
-  for (int i = 0; i < static_cast<int>(host.size()); ++i) {
-    if (host[i] == comm.mesh().rank()) index_ = i;
-  }
+  index_ = comm.mesh().hostIndexOf(comm.mesh().rank());
   own_doorbell_ = segment_.doorbell(index_);
 }
 
@@ -55,11 +52,7 @@ int CollectiveSync::globalRankOf(int local) const {
 }
 
 int CollectiveSync::localIndexOf(int global_rank) const {
-  const std::vector<int>& host = comm_.mesh().hostRanks();
-  for (int i = 0; i < static_cast<int>(host.size()); ++i) {
-    if (host[i] == global_rank) return i;
-  }
-  return -1;
+  return comm_.mesh().hostIndexOf(global_rank);
 }
 
 uint64_t CollectiveSync::released() const {
