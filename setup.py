@@ -38,6 +38,7 @@ CORE_SOURCES = [
     "transport/control.cc",
     "transport/peer_frame.cc",
     "transport/peer_channel.cc",
+    "transport/peer_split.cc",
     "transport/shm/ring_stream.cc",
     "transport/comm.cc",
     "transport/tcp/socket.cc",

@@ -48,6 +48,8 @@ CORE = [
     "transport/control.cc",
     "transport/peer_frame.cc",
     "transport/peer_channel.cc",
+    "transport/peer_split.cc",
+    "transport/shm/cross_memory.cc",
 ]
 
 

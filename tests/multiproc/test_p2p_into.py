@@ -103,7 +103,9 @@ def stalled_suite(folder):
 def test_a_receive_into_out_that_times_out_mid_message_leaves_out_alone(tmp_path):
     pause = tmp_path / "pause"
     pause.write_text("")
+    # The ring's path (the pause switch stalls ring writes): no split copy (Note [Split copy])
     res = run_ranks(stalled_suite, 2, args=(str(tmp_path),), timeout=60,
+                    env={"HVD_P2P_SPLIT_MIN_BYTES": "0"},
                     rank_env={0: {"HVD_TEST_PEER_PAUSE_AT_BYTES": str(PAUSE_AT),
                                   "HVD_TEST_PEER_PAUSE_FILE": str(pause)},
                               1: {"HVD_TIMEOUT": "2"}})

@@ -86,6 +86,9 @@ PyObject* buildMetrics() {
   setItem(dict, "p2p_sent_bytes", PyLong_FromUnsignedLongLong(s.p2p_sent_bytes));
   setItem(dict, "p2p_received", PyLong_FromUnsignedLongLong(s.p2p_received));
   setItem(dict, "p2p_received_bytes", PyLong_FromUnsignedLongLong(s.p2p_received_bytes));
+  setItem(dict, "p2p_split_sent", PyLong_FromUnsignedLongLong(s.p2p_split_sent));
+  setItem(dict, "p2p_split_received", PyLong_FromUnsignedLongLong(s.p2p_split_received));
+  setItem(dict, "p2p_split_refused", PyLong_FromUnsignedLongLong(s.p2p_split_refused));
   setItem(dict, "queue_depth", PyLong_FromUnsignedLongLong(s.queue_depth));
   setItem(dict, "last_error", PyUnicode_FromString(s.last_error.c_str()));
   PyObject* current = Py_None;

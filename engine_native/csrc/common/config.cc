@@ -132,6 +132,13 @@ const std::vector<Knob>& knobs() {
                "op whose HVD_CALLER_SPIN_US ran out spins on while the host has a core free, "
                "until this many microseconds from the wait's start (at most 1 s; 0: never)."},
               Kind::kInt, &Config::p2p_spin_max_microseconds, 0),
+      intKnob({"HVD_P2P_SPLIT_MIN_BYTES", nullptr, "bytes", "1048576",
+               "A point-to-point message between ranks of one host of at least this many "
+               "bytes is copied half by each side, straight from the sender's tensor into "
+               "the receiver's memory (process_vm_readv/writev), instead of twice through "
+               "the ring; a peer that cannot be read goes back to the ring (0: never, and "
+               "offers are refused; metrics()['p2p_split_sent'] counts split messages)."},
+              Kind::kBytes, &Config::p2p_split_min_bytes, 0),
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
               Kind::kBytes, &Config::shm_ring_bytes, 4096),

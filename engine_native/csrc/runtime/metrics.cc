@@ -98,6 +98,9 @@ MetricsSnapshot Metrics::snapshot() const {
   s.p2p_sent_bytes = p2p_sent_bytes_.load(std::memory_order_relaxed);
   s.p2p_received = p2p_received_.load(std::memory_order_relaxed);
   s.p2p_received_bytes = p2p_received_bytes_.load(std::memory_order_relaxed);
+  s.p2p_split_sent = p2p_split_sent_.load(std::memory_order_relaxed);
+  s.p2p_split_received = p2p_split_received_.load(std::memory_order_relaxed);
+  s.p2p_split_refused = p2p_split_refused_.load(std::memory_order_relaxed);
   s.caller_spin_us = caller_spin_us_.load(std::memory_order_relaxed);
   s.spin_yields = spin_yields_.load(std::memory_order_relaxed);
   s.queue_depth = queue_depth_.load(std::memory_order_relaxed);
@@ -144,6 +147,9 @@ void Metrics::reset() {
   p2p_sent_bytes_ = 0;
   p2p_received_ = 0;
   p2p_received_bytes_ = 0;
+  p2p_split_sent_ = 0;
+  p2p_split_received_ = 0;
+  p2p_split_refused_ = 0;
   caller_spin_us_ = 0;
   spin_yields_ = false;
   queue_depth_ = 0;

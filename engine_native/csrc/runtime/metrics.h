@@ -48,6 +48,8 @@ struct MetricsSnapshot {
   uint64_t tick_pickups = 0;       // Note [Tick pickups] in background_loop.cc
   // Point-to-point messages this rank sent / received (runtime/peer_ops.h) and their bytes.
   uint64_t p2p_sent = 0, p2p_sent_bytes = 0, p2p_received = 0, p2p_received_bytes = 0;
+  // Note [Split copy]: messages sent and received half by each side, offers refused.
+  uint64_t p2p_split_sent = 0, p2p_split_received = 0, p2p_split_refused = 0;
   uint64_t queue_depth = 0;
   std::string last_error;
   std::string current_op;          // "" when idle
@@ -111,6 +113,11 @@ class Metrics {
     (sent ? p2p_sent_ : p2p_received_).fetch_add(1, std::memory_order_relaxed);
     (sent ? p2p_sent_bytes_ : p2p_received_bytes_).fetch_add(bytes, std::memory_order_relaxed);
   }
+  void countP2pSplit(uint64_t sent, uint64_t received, uint64_t refused) {
+    if (sent != 0) p2p_split_sent_.fetch_add(sent, std::memory_order_relaxed);
+    if (received != 0) p2p_split_received_.fetch_add(received, std::memory_order_relaxed);
+    if (refused != 0) p2p_split_refused_.fetch_add(refused, std::memory_order_relaxed);
+  }
   void setCallerSpin(int64_t us) { caller_spin_us_.store(us, std::memory_order_relaxed); }
   void setSpinYields(bool on) { spin_yields_.store(on, std::memory_order_relaxed); }
   void setQueueDepth(uint64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
@@ -144,6 +151,7 @@ class Metrics {
   std::atomic<uint64_t> caller_passes_{0}, loop_wakeups_{0}, tick_pickups_{0};
   std::atomic<uint64_t> p2p_sent_{0}, p2p_sent_bytes_{0}, p2p_received_{0},
       p2p_received_bytes_{0};
+  std::atomic<uint64_t> p2p_split_sent_{0}, p2p_split_received_{0}, p2p_split_refused_{0};
   std::atomic<int64_t> caller_spin_us_{0};
   std::atomic<bool> spin_yields_{false};
   std::atomic<int64_t> main_blocked_since_ns_{0};  // steady clock; 0: not blocked; not reset

@@ -64,7 +64,7 @@ std::string PeerOps::what(const char* kind, int peer, int64_t tag) {
 
 PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue,
                  Metrics& metrics, timeline::Timeline* timeline, double timeout_seconds,
-                 bool cuda_ipc, bool nccl_demanded)
+                 bool cuda_ipc, bool nccl_demanded, uint64_t split_min_bytes)
     : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
       timeout_(timeout_seconds), cuda_ipc_(cuda_ipc), nccl_demanded_(nccl_demanded),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
@@ -75,6 +75,7 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
   for (int peer = 0; peer < mesh.size(); ++peer) {
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
       channel->setAllocator(&PeerOps::payloadFor, this);  // Note [Receive into out]
+      channel->setSplitCopy(split_min_bytes);
     }
   }
 }
@@ -270,6 +271,8 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   }
   const bool arrived = !received_.empty();
   received_.clear();  // bindOrAllocate counts what it holds (Note [Receive into out] A)
+  const transport::PeerChannel::SplitCounts split = channel.takeSplitCounts();
+  metrics_.countP2pSplit(split.sent, split.received, split.refused);
   HVD_RETURN_IF_ERROR(stored);
   HVD_RETURN_IF_ERROR(received);
   if (read) {

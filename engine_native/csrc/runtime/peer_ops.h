@@ -65,10 +65,11 @@ class PeerOps {
 
   // `timeline` (may be null) gets a SEND or RECV span per op, from its submission to its end.
   // cuda_ipc: CUDA tensors may go by CUDA IPC (HVD_GPU_PATH is not "staged"); nccl_demanded:
-  // HVD_GPU_PATH=nccl (Note [NCCL point-to-point] A).
+  // HVD_GPU_PATH=nccl (Note [NCCL point-to-point] A); split_min_bytes: HVD_P2P_SPLIT_MIN_BYTES
+  // (Note [Split copy] in transport/peer_split.cc).
   PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& queue, Metrics& metrics,
           timeline::Timeline* timeline, double timeout_seconds, bool cuda_ipc,
-          bool nccl_demanded);
+          bool nccl_demanded, uint64_t split_min_bytes);
   ~PeerOps();
 
   // ---- framework threads ----

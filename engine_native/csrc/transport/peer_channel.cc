@@ -125,15 +125,57 @@ PeerChannel::PeerChannel(int fd, int peer) : fd_(fd), peer_(peer), inbox_(kInbox
   if (at != nullptr && pause_file_ != nullptr) pause_at_ = std::strtoull(at, nullptr, 10);
 }
 
-PeerChannel::~PeerChannel() { tcp::closeFd(&fd_); }
+PeerChannel::~PeerChannel() {
+  // Note [Split copy] F: a sender that has not said Done may still write into this memory.
+  if (split_in_.active && !split_in_.sender_done) keepForever(split_in_.message.payload.owner);
+  tcp::closeFd(&fd_);
+}
 
 void PeerChannel::send(const PeerFrame& frame, const void* payload, uint64_t id) {
-  outbox_.push_back(Outgoing{encodePeerHeader(frame), static_cast<const uint8_t*>(payload),
-                             frame.bytes, id});
+  Outgoing o;
+  o.header = encodePeerHeader(frame);
+  o.payload = static_cast<const uint8_t*>(payload);
+  o.bytes = frame.bytes;
+  o.id = id;
+  outbox_.push_back(std::move(o));
+  if (splitEligible(frame)) {  // Note [Split copy]
+    Outgoing& o = outbox_.back();
+    o.frame = frame;
+    o.tensor = o.payload;
+    offer(&o);
+  }
 }
 
 Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
+  HVD_RETURN_IF_ERROR(writeControl(moved));
   while (!outbox_.empty()) {
+    Outgoing& head = outbox_.front();
+    if (head.split >= Split::kAwaitAccept) {  // Note [Split copy]: its offer is written
+      if (head.split == Split::kWriting) HVD_RETURN_IF_ERROR(writeHalf(&head, moved));
+      HVD_RETURN_IF_ERROR(writeControl(moved));
+      if (head.split != Split::kDone) return Status::ok();  // the peer answers, or next pass
+      sent->push_back(head.id);
+      outbox_.pop_front();
+      continue;
+    }
+    // Answers go first between frames (Note [Split copy] C): one still queued there found the
+    // ring full. A frame half written goes on first (the answer waits for its end).
+    if (!control_.empty() && head.written == 0) return Status::ok();
+    const size_t before = outbox_.size();
+    const uint64_t head_written = head.written;
+    HVD_RETURN_IF_ERROR(writeFrames(sent, moved));
+    if (outbox_.size() == before && !outbox_.empty() &&
+        outbox_.front().written == head_written) {
+      return Status::ok();  // nothing went: the socket or ring is full
+    }
+  }
+  return Status::ok();
+}
+
+// One gathered write of the queued frames, up to the first split offer (Note [Split copy]: no
+// frame may pass a split message).
+Status PeerChannel::writeFrames(std::vector<uint64_t>* sent, bool* moved) {
+  while (true) {
     iovec iov[2 * kMaxFramesPerWrite];
     int count = 0;
     for (size_t k = 0; k < outbox_.size() && k < kMaxFramesPerWrite; ++k) {
@@ -144,6 +186,7 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
       }
       const uint64_t from = o.written > header ? o.written - header : 0;
       if (from < o.bytes) iov[count++] = {const_cast<uint8_t*>(o.payload) + from, o.bytes - from};
+      if (o.split != Split::kNone) break;
     }
     const ssize_t n = count > 0 ? writeSome(iov, count) : 0;
     if (n < 0) {
@@ -151,8 +194,8 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
       return lost(peer_, std::string("failed: ") + std::strerror(errno));
     }
-    if (n == 0 && count > 0) return Status::ok();  // a full ring: its reader wakes us (B)
-    if (n > 0) *moved = true;
+    if (n == 0) return Status::ok();  // a full ring: its reader wakes us (B)
+    *moved = true;
     uint64_t left = static_cast<uint64_t>(n);
     while (!outbox_.empty()) {
       Outgoing& o = outbox_.front();
@@ -161,15 +204,28 @@ Status PeerChannel::flush(std::vector<uint64_t>* sent, bool* moved) {
       o.written += take;
       left -= take;
       if (o.written < total) break;
+      if (o.split == Split::kOffer) {  // written: it waits for the peer's answer
+        o.split = Split::kAwaitAccept;
+        break;
+      }
       sent->push_back(o.id);
       outbox_.pop_front();
     }
+    return Status::ok();
   }
-  return Status::ok();
 }
 
 Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable) {
   HVD_RETURN_IF_ERROR(broken_);
+  if (splitReadPending()) HVD_RETURN_IF_ERROR(readHalf(moved));  // Note [Split copy]
+  const Status status = receiveRing(out, moved, socket_readable);
+  completeSplit(out);  // its half read, and the sender's written
+  HVD_RETURN_IF_ERROR(writeControl(moved));  // answers go at once, not on the next pass
+  return status;
+}
+
+Status PeerChannel::receiveRing(std::vector<PeerMessage>* out, bool* moved,
+                                bool socket_readable) {
   bool closed = false;  // shared memory: the socket hung up; deliver what the ring holds first
   if (link_ != nullptr && socket_readable) closed = shm::drainWakeBytes(fd_) != 0;  // D
   // A ring is read at most a ring's worth per call (F): a writer that keeps it full, or lies
@@ -272,7 +328,19 @@ Status PeerChannel::parse(std::vector<PeerMessage>* out) {
         return Status(s.code(), s.message() + " (from rank " + std::to_string(peer_) + ")");
       }
       inbox_begin_ += header_bytes_;
-      HVD_RETURN_IF_ERROR(startPayload());
+      if (incoming_.frame.kind >= PeerFrameKind::kSplitOffer) {
+        stage_ = Stage::kControl;  // Note [Split copy]: a small payload, taken from the inbox
+      } else {
+        HVD_RETURN_IF_ERROR(startPayload());
+      }
+    } else if (stage_ == Stage::kControl) {
+      const auto bytes = static_cast<size_t>(incoming_.frame.bytes);  // <= 32 (decoded)
+      if (have < bytes) break;
+      inbox_begin_ += bytes;
+      stage_ = Stage::kLength;
+      const PeerFrame frame = std::move(incoming_.frame);
+      incoming_ = PeerMessage();
+      HVD_RETURN_IF_ERROR(handleControl(frame, at));
     } else {
       const uint64_t left = incoming_.frame.bytes - payload_got_;
       const size_t take = static_cast<size_t>(std::min<uint64_t>(left, have));
@@ -303,6 +371,7 @@ Status PeerChannel::startPayload() {
 }
 
 void PeerChannel::rehomeIncoming(const uint8_t* data) {
+  if (split_in_.active && split_in_.message.payload.data == data) return rehomeSplit();
   if (stage_ != Stage::kPayload || incoming_.payload.data != data) return;
   PeerPayload fresh = allocate_(allocate_context_, peer_, incoming_.frame);
   if (fresh.data == nullptr) {

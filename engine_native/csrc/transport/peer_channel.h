@@ -71,25 +71,36 @@ class PeerChannel {
   // From now on frames go through `link`'s rings (both sides attach alike, at connect).
   void attachSharedMemory(std::unique_ptr<shm::RingStream> link) { link_ = std::move(link); }
   bool onSharedMemory() const { return link_ != nullptr; }
+  // Note [Split copy] (transport/peer_split.cc): on shared memory, a host message of at least
+  // `min_bytes` is copied half by each side, straight between the two processes' memory;
+  // 0: never, and the peer's offers are refused. Set before the first send.
+  void setSplitCopy(uint64_t min_bytes) { split_min_bytes_ = min_bytes; }
+  // Split messages sent, received, and offers refused (either way) since the last call.
+  struct SplitCounts {
+    uint64_t sent = 0, received = 0, refused = 0;
+  };
+  SplitCounts takeSplitCounts();
 
   // Queues a frame; `payload` (frame.bytes long) must stay valid until flush() reports `id`.
   void send(const PeerFrame& frame, const void* payload, uint64_t id);
   // Writes what the socket takes (sendmsg, MSG_NOSIGNAL); appends the ids of frames now wholly written to *sent and
   // sets *moved when any byte went. kPeerLost when the connection is gone.
   common::Status flush(std::vector<uint64_t>* sent, bool* moved);
-  bool hasBacklog() const { return !outbox_.empty(); }
+  bool hasBacklog() const { return !outbox_.empty() || !control_.empty(); }
   // Whether the loop should poll the socket for POLLOUT: TCP with a backlog (a ring's room is
   // announced by a wake byte instead).
   bool wantsWritable() const { return link_ == nullptr && !outbox_.empty(); }
-  // Shared memory only, seq_cst (the sleep re-check): a message waits in the incoming ring.
-  bool hasIncoming() const { return link_ != nullptr && link_->hasData(); }
-  // Shared memory only, after the loop announced its sleep: with a backlog, marks the ring for
-  // a wake once the peer reads and says whether it has room already (then do not sleep).
-  bool rearmWriter() {
-    return link_ != nullptr && !outbox_.empty() && !paused() && link_->rearm();
+  // Shared memory only, seq_cst (the sleep re-check): a message waits in the incoming ring,
+  // or this side has a split message's half to read.
+  bool hasIncoming() const {
+    return link_ != nullptr && (link_->hasData() || splitReadPending());
   }
+  // Shared memory only, after the loop announced its sleep: with a backlog, marks the ring for
+  // a wake once the peer reads and says whether it has room already (then do not sleep); a
+  // split send with its half to write can move too, one waiting for the peer's answer cannot.
+  bool rearmWriter();
   // Forgets queued frames (their payloads may be freed next): the connection is given up.
-  void dropOutbox() { outbox_.clear(); }
+  void dropOutbox();
 
   // Reads what has arrived; appends completed messages to *out and sets *moved when any byte
   // came. kPeerLost on EOF/reset, kInternal on a malformed header (the peer is not a rank of
@@ -98,16 +109,52 @@ class PeerChannel {
   common::Status receive(std::vector<PeerMessage>* out, bool* moved, bool socket_readable);
 
  private:
+  // Note [Split copy]: a split send's way, from its offer to the peer's receipt.
+  enum class Split : uint8_t { kNone, kOffer, kAwaitAccept, kWriting, kAwaitRead, kDone };
   struct Outgoing {
-    std::string header;      // encodePeerHeader
+    std::string header;      // encodePeerHeader (an offer: with its payload)
     const uint8_t* payload;
     uint64_t bytes;
     uint64_t id;
     uint64_t written = 0;    // of header + payload
+    Split split = Split::kNone;
+    PeerFrame frame;         // a split send's message (its bytes at `tensor`)
+    const uint8_t* tensor = nullptr;
+    SplitEndpoint receiver;  // kWriting: where its half goes
+    uint64_t half_written = 0;
   };
-  enum class Stage { kLength, kHeader, kPayload };
+  // The message a split offer brought (Note [Split copy]): this side reads [0, end) of the
+  // sender's bytes into `message`'s payload; the sender writes the rest and says so (Done).
+  struct IncomingSplit {
+    bool active = false;
+    PeerMessage message;
+    SplitEndpoint sender;
+    uint64_t end = 0;
+    uint64_t got = 0;
+    bool sender_done = false;
+  };
+  enum class Stage { kLength, kHeader, kPayload, kControl };
 
   common::Status parse(std::vector<PeerMessage>* out);  // from inbox_
+  common::Status receiveRing(std::vector<PeerMessage>* out, bool* moved, bool socket_readable);
+  common::Status writeFrames(std::vector<uint64_t>* sent, bool* moved);
+  // Note [Split copy] (peer_split.cc).
+  bool splitEligible(const PeerFrame& frame) const;
+  void offer(Outgoing* o);
+  void queueControl(PeerFrameKind kind, const std::string& payload);
+  common::Status writeControl(bool* moved);
+  bool controlMidFrame() const { return control_written_ > 0; }
+  common::Status handleControl(const PeerFrame& frame, const uint8_t* payload);
+  common::Status takeOffer(const PeerFrame& frame, const SplitEndpoint& sender);
+  common::Status takeAccept(const SplitEndpoint& receiver);
+  common::Status writeHalf(Outgoing* o, bool* moved);
+  common::Status readHalf(bool* moved);
+  void completeSplit(std::vector<PeerMessage>* out);
+  void rehomeSplit();
+  static void keepForever(std::shared_ptr<void> owner);
+  bool splitReadPending() const { return split_in_.active && split_in_.got < split_in_.end; }
+  bool verified(const SplitEndpoint& peer);
+
   common::Status startPayload();
   static PeerPayload defaultAllocator(void*, int, const PeerFrame& frame) {
     return reservedPeerPayload(frame.bytes);
@@ -135,6 +182,14 @@ class PeerChannel {
   uint64_t pause_at_ = 0;
   const char* pause_file_ = nullptr;
   uint64_t written_ = 0;            // bytes written to the ring (pause_at_ compares)
+  // Note [Split copy].
+  uint64_t split_min_bytes_ = 0;
+  bool split_refused_ = false;      // the peer refused an offer, or could not be verified
+  int peer_identity_ = 0;           // 1: verified, -1: could not be (read once per channel)
+  std::deque<std::string> control_;  // whole frames, written before the outbox's next
+  uint64_t control_written_ = 0;    // of control_.front()
+  IncomingSplit split_in_;
+  SplitCounts split_counts_;
 };
 
 }  // namespace hvd::transport

@@ -45,7 +45,7 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
   if (!in.u8(&kind)) return bad(in.error());
-  if (kind > static_cast<uint8_t>(PeerFrameKind::kDeviceNccl)) {
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kSplitRead)) {
     return bad("unknown kind " + std::to_string(kind));
   }
   out->kind = static_cast<PeerFrameKind>(kind);
@@ -69,6 +69,17 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
       return bad("a read receipt or NCCL id with dims, a dtype or a tag");
     }
     expected = out->kind == PeerFrameKind::kNcclId ? kNcclIdBytes : kDeviceReadBytes;
+  } else if (out->kind == PeerFrameKind::kSplitOffer) {
+    if (expected == 0) return bad("a split offer of an empty tensor");
+    expected = kSplitEndpointBytes;  // the tensor's bytes wait in the sender's memory
+  } else if (out->kind == PeerFrameKind::kSplitAccept ||
+             out->kind == PeerFrameKind::kSplitDone || out->kind == PeerFrameKind::kSplitRead) {
+    if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag != 0) {
+      return bad("a split copy's answer with dims, a dtype or a tag");
+    }
+    expected = out->kind == PeerFrameKind::kSplitAccept ? kSplitEndpointBytes
+               : out->kind == PeerFrameKind::kSplitDone ? kSplitDoneBytes
+                                                        : 0;
   } else if (out->kind == PeerFrameKind::kDeviceResend &&
              (out->shape.size() != 1 || out->dtype != common::DataType::kUint8 ||
               out->tag < 0)) {
@@ -129,6 +140,30 @@ Status decodeDeviceRead(const void* data, size_t size, uint64_t* sequence) {
   if (size != kDeviceReadBytes || !in.u64(sequence)) {
     return common::internalError("malformed device read receipt: " + std::to_string(size) +
                                  " bytes");
+  }
+  return Status::ok();
+}
+
+std::string encodeSplitEndpoint(const SplitEndpoint& endpoint) {
+  std::string out;
+  common::ByteWriter w(&out);
+  w.u64(endpoint.pid);
+  w.u64(endpoint.address);
+  w.u64(endpoint.identity_address);
+  w.u64(endpoint.identity_value);
+  return out;
+}
+
+Status decodeSplitEndpoint(const void* data, size_t size, SplitEndpoint* out) {
+  common::ByteReader in(data, size);
+  if (size != kSplitEndpointBytes || !in.u64(&out->pid) || !in.u64(&out->address) ||
+      !in.u64(&out->identity_address) || !in.u64(&out->identity_value)) {
+    return common::internalError("malformed split copy endpoint: " + std::to_string(size) +
+                                 " bytes");
+  }
+  if (out->pid == 0 || out->pid > 0x7fffffffull) {
+    return common::internalError("malformed split copy endpoint: pid " +
+                                 std::to_string(out->pid));
   }
   return Status::ok();
 }

@@ -22,6 +22,14 @@
 //     messages to this receiver; sent once, before its first kDeviceNccl. No dims, uint8, tag 0.
 //   kDeviceNccl: a CUDA tensor the sender passes to ncclSend (Note [NCCL point-to-point] in
 //     runtime/device_nccl_peers.cc): dtype x shape say its bytes; no payload.
+//   The split copy of a large host message between ranks of one host (Note [Split copy] in
+//   transport/peer_split.cc; the channel's own, PeerOps never sees them):
+//   kSplitOffer: a kHost message of dtype x shape (tag as kHost) whose bytes wait in the
+//     sender's memory; the payload, a SplitEndpoint, says where.
+//   kSplitAccept: the receiver's answer: a SplitEndpoint (address 0: refused, send it whole).
+//   kSplitDone: the sender wrote its half (payload u64 1), or will not (0: read it all).
+//   kSplitRead: the receiver has every byte; the sender's memory is its own again. No payload.
+//   Accept, Done and Read: no dims, dtype uint8, tag 0.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +49,7 @@ constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 
 enum class PeerFrameKind : uint8_t {
   kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4, kNcclId = 5,
-  kDeviceNccl = 6
+  kDeviceNccl = 6, kSplitOffer = 7, kSplitAccept = 8, kSplitDone = 9, kSplitRead = 10
 };
 
 struct PeerFrame {
@@ -70,6 +78,17 @@ constexpr uint64_t kDeviceMessageBytes = 5 * 8 + 64 + 64;
 constexpr uint64_t kDeviceReadBytes = 8;
 constexpr uint64_t kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
 
+// A process and an address in it, and where that process keeps its identity word (and the
+// word's value): a kSplitOffer's and a kSplitAccept's payload.
+struct SplitEndpoint {
+  uint64_t pid = 0;
+  uint64_t address = 0;
+  uint64_t identity_address = 0;
+  uint64_t identity_value = 0;
+};
+constexpr uint64_t kSplitEndpointBytes = 4 * 8;
+constexpr uint64_t kSplitDoneBytes = 8;
+
 
 // The whole frame prefix: u32 header bytes, then the header. The payload follows it.
 std::string encodePeerHeader(const PeerFrame& frame);
@@ -92,5 +111,8 @@ common::Status decodeDeviceMessage(const void* data, size_t size, uint64_t tenso
                                    DeviceMessage* out);
 std::string encodeDeviceRead(uint64_t sequence);
 common::Status decodeDeviceRead(const void* data, size_t size, uint64_t* sequence);
+std::string encodeSplitEndpoint(const SplitEndpoint& endpoint);
+// kInternal unless `size` is kSplitEndpointBytes and the pid fits a pid_t.
+common::Status decodeSplitEndpoint(const void* data, size_t size, SplitEndpoint* out);
 
 }  // namespace hvd::transport

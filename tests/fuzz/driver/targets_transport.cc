@@ -301,6 +301,32 @@ std::string encodedAgain(const std::vector<transport::PeerMessage>& messages) {
   return again;
 }
 
+// The input less its well-formed split offers (Note [Split copy]): a channel whose split copy
+// is off (the fuzzed ones) refuses an offer, which is consumed without becoming a message.
+std::string withoutOffers(const std::string& input) {
+  std::string kept;
+  size_t at = 0;
+  while (input.size() - at >= 4) {
+    common::ByteReader in(input.data() + at, 4);
+    uint32_t header = 0;
+    in.u32(&header);
+    transport::PeerFrame frame;
+    if (input.size() - at - 4 < header ||
+        !transport::decodePeerHeader(input.data() + at + 4, header, &frame).isOk()) {
+      break;
+    }
+    const uint64_t whole = 4 + header + frame.bytes;
+    if (frame.kind != transport::PeerFrameKind::kSplitOffer) {
+      if (input.size() - at < whole) break;
+      kept.append(input, at, whole);
+    } else if (input.size() - at < whole) {
+      break;
+    }
+    at += whole;
+  }
+  return kept + input.substr(at);
+}
+
 // Point-to-point frames: as the control frames, through PeerChannel::receive. Each message,
 // encoded again (encodePeerHeader + payload), must be a prefix of the input.
 Outcome peerFrames(const std::string& input) {
@@ -361,14 +387,15 @@ Outcome peerFramesShm(const std::string& input) {
     if (wrote == 0 && !moved) break;  // the ring is drained and the input is all in
   }
   const std::string again = encodedAgain(messages);
-  if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
+  const std::string data = withoutOffers(input);
+  if (data.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
   if (s.isOk()) {
     sock.hangUp();
     s = channel.receive(&messages, &moved, /*socket_readable=*/true);
     if (s.isOk()) return failed("the hang-up was never reported");
   }
   Outcome outcome = s.code() == Code::kPeerLost
-                        ? (fed == input.size() && again.size() == input.size() ? accepted()
+                        ? (fed == input.size() && again.size() == data.size() ? accepted()
                                                                                 : rejected())
                         : s.code() == Code::kInternal ? rejected() : unexpected(s);
   // The lie: whatever the channel's state, a read stays inside the ring.
@@ -383,7 +410,16 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
-      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(7) : 0);
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(11) : 0);
+      if (frame.kind >= transport::PeerFrameKind::kSplitAccept) {  // answers: no dims, tag 0
+        frame.bytes = frame.kind == transport::PeerFrameKind::kSplitAccept
+                          ? transport::kSplitEndpointBytes
+                      : frame.kind == transport::PeerFrameKind::kSplitDone
+                          ? transport::kSplitDoneBytes
+                          : 0;
+        s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
+        continue;
+      }
       if (frame.kind == transport::PeerFrameKind::kDeviceRead ||
           frame.kind == transport::PeerFrameKind::kDeviceRefused ||
           frame.kind == transport::PeerFrameKind::kNcclId) {  // a receipt, an NCCL unique id
@@ -406,6 +442,10 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
         frame.bytes = transport::kDeviceMessageBytes;  // the tensor stays on the device
       }
       if (frame.kind == transport::PeerFrameKind::kDeviceNccl) frame.bytes = 0;  // by NCCL
+      if (frame.kind == transport::PeerFrameKind::kSplitOffer) {  // where the bytes wait
+        if (frame.bytes == 0) frame.shape = {1};
+        frame.bytes = transport::kSplitEndpointBytes;
+      }
       s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
     }
     seeds.push_back(s);

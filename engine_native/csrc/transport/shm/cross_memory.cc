@@ -93,14 +93,20 @@ void probePeers(const CollectiveSegment& segment, const SingleCopyRequest& reque
 
 }  // namespace
 
-Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes, int* os_error) {
+namespace {
+
+// One mechanism for both directions: process_vm_readv or process_vm_writev until every byte
+// moved, EINTR retried, the error named with the direction and the range.
+Status movePeer(bool write, pid_t pid, uint64_t remote, void* local, size_t bytes,
+                int* os_error) {
   if (os_error != nullptr) *os_error = 0;
-  auto* dst = static_cast<uint8_t*>(local);
+  auto* mine = static_cast<uint8_t*>(local);
   size_t done = 0;
   while (done < bytes) {
-    struct iovec to {dst + done, bytes - done};
-    struct iovec from {reinterpret_cast<void*>(remote + done), bytes - done};
-    const ssize_t n = ::process_vm_readv(pid, &to, 1, &from, 1, 0);
+    struct iovec here {mine + done, bytes - done};
+    struct iovec there {reinterpret_cast<void*>(remote + done), bytes - done};
+    const ssize_t n = write ? ::process_vm_writev(pid, &here, 1, &there, 1, 0)
+                            : ::process_vm_readv(pid, &here, 1, &there, 1, 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
       continue;
@@ -108,27 +114,39 @@ Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes, int* os_e
     const int err = n == 0 ? EFAULT : errno;  // 0 bytes: the rest is not mapped there
     if (err == EINTR) continue;
     if (os_error != nullptr) *os_error = err;
-    const std::string where = std::to_string(bytes - done) + " bytes at 0x" + [&] {
+    const std::string where = std::string(write ? "writing " : "reading ") +
+                              std::to_string(bytes - done) + " bytes at 0x" + [&] {
       char hex[32];
       std::snprintf(hex, sizeof(hex), "%llx", static_cast<unsigned long long>(remote + done));
       return std::string(hex);
     }() + " of process " + std::to_string(pid);
     switch (err) {
       case ESRCH:
-        return common::internalError("reading " + where + ": the process is gone (ESRCH); "
-                                     "a rank of this host exited during the op");
+        return common::internalError(where + ": the process is gone (ESRCH); a rank of this "
+                                     "host exited during the op");
       case EPERM:
-        return common::internalError("reading " + where + ": not permitted (EPERM); set "
-                                     "HVD_SINGLE_COPY=0 or allow ptrace reads between the "
-                                     "job's processes");
+        return common::internalError(where + ": not permitted (EPERM); set " +
+                                     std::string(write ? "HVD_P2P_SPLIT_MIN_BYTES=0"
+                                                       : "HVD_SINGLE_COPY=0") +
+                                     " or allow ptrace access between the job's processes");
       case EFAULT:
-        return common::internalError("reading " + where + ": the range is not mapped in that "
-                                     "process (EFAULT); its buffer was freed during the op");
+        return common::internalError(where + ": the range is not mapped in that process "
+                                     "(EFAULT); its buffer was freed during the op");
       default:
-        return common::internalError("reading " + where + ": " + std::strerror(err));
+        return common::internalError(where + ": " + std::strerror(err));
     }
   }
   return Status::ok();
+}
+
+}  // namespace
+
+Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes, int* os_error) {
+  return movePeer(/*write=*/false, pid, remote, local, bytes, os_error);
+}
+
+Status writePeer(pid_t pid, uint64_t remote, const void* local, size_t bytes, int* os_error) {
+  return movePeer(/*write=*/true, pid, remote, const_cast<void*>(local), bytes, os_error);
 }
 
 uint64_t singleCopyProbes() { return g_probes.load(std::memory_order_relaxed); }

@@ -25,6 +25,11 @@ namespace hvd::transport::shm {
 // the code, never on the message's text.
 common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes,
                         int* os_error = nullptr);
+// The other way: `bytes` bytes from `local` to address `remote` of process `pid`
+// (process_vm_writev; the point-to-point split copy, Note [Split copy] in
+// transport/peer_split.cc). The same errors, saying "writing".
+common::Status writePeer(pid_t pid, uint64_t remote, const void* local, size_t bytes,
+                         int* os_error = nullptr);
 
 struct SingleCopyRequest {
   int rank = -1;                // global rank

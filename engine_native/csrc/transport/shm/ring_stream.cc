@@ -38,7 +38,7 @@ size_t RingStream::write(const uint8_t* data, size_t n) {
   return done;
 }
 
-size_t RingStream::writeGather(const iovec* pieces, int count) {
+size_t RingStream::writeGather(const iovec* pieces, int count, bool always_wake) {
   size_t done = 0, asked = 0;
   for (int k = 0; k < count; ++k) asked += pieces[k].iov_len;
   for (int k = 0; k < count; ++k) {
@@ -52,16 +52,16 @@ size_t RingStream::writeGather(const iovec* pieces, int count) {
     done += wrote;
     if (wrote < n) break;
   }
-  if (wakeAfterWrite(done, asked)) link_.wakePeer();  // B
+  if (wakeAfterWrite(done, asked, always_wake)) link_.wakePeer();  // B
   return done;
 }
 
 // After the ring's head was stored (seq_cst): `listening` is loaded after it, so a receive
 // opened before the write is seen here, or the peer's check of its rings after opening it sees
 // the bytes (Note [Doorbell ordering]'s pair, with `listening` for `sleeping`).
-bool RingStream::wakeAfterWrite(size_t written, size_t asked) const {
+bool RingStream::wakeAfterWrite(size_t written, size_t asked, bool always_wake) const {
   if (written == 0) return false;
-  if (wakes_ == Wakes::kEveryWrite || written < asked) return true;
+  if (always_wake || wakes_ == Wakes::kEveryWrite || written < asked) return true;
   return link_.peer_doorbell->listening.load(std::memory_order_seq_cst) != 0;
 }
 

@@ -35,8 +35,9 @@ class RingStream {
   // over shm] C).
   size_t write(const uint8_t* data, size_t n);
   // The same for pieces written in order as one stream (a frame's header and payload), with
-  // at most one wake: stops at the first piece the ring cannot take whole.
-  size_t writeGather(const iovec* pieces, int count);
+  // at most one wake: stops at the first piece the ring cannot take whole. `always_wake`: a
+  // sleeping peer is woken whatever `Wakes` says (a frame its loop must answer).
+  size_t writeGather(const iovec* pieces, int count, bool always_wake = false);
   // After the owner announced its sleep, with bytes left over: marks the ring for a wake and
   // says whether it has room already (Note [Control over shm] C).
   bool rearm();
@@ -46,7 +47,7 @@ class RingStream {
   Doorbell* ownDoorbell() const { return link_.own_doorbell; }
 
  private:
-  bool wakeAfterWrite(size_t written, size_t asked) const;
+  bool wakeAfterWrite(size_t written, size_t asked, bool always_wake = false) const;
 
   RingLink link_;
   Wakes wakes_;

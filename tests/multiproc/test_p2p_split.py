@@ -1,0 +1,91 @@
+"""The split copy of a large point-to-point message between ranks of one host (Note [Split copy]
+in engine_native/csrc/transport/peer_split.cc): each side copies half, straight between the two
+processes' memory. Messages arrive whole and in order, both ways at once (each side's offer
+waits for the other's answer), into new arrays and into out=; a receiver that cannot verify its
+peer refuses and the message goes whole through the ring; a sender that cannot verify the
+receiver writes nothing and the receiver reads it all; HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
+"""
+import numpy as np
+
+from multiproc import checks
+from multiproc.harness import run_ranks
+
+BIG = (3 << 20) + 13  # bytes: over the 1 MiB default, not a whole number of pages
+
+
+def exchange_suite():
+    """Both ranks send each other two split messages and small ones between them, all posted
+    at once; then a receive into out=. Returns what arrived and the split counters."""
+    hvd = checks.init("shm")
+    me, peer = hvd.rank(), 1 - hvd.rank()
+    big = (np.arange(BIG, dtype=np.uint8) * (7 + me)).astype(np.uint8)
+    wide = np.arange((5 << 20) // 8, dtype=np.float64) * (me + 1)
+    requests = [hvd.irecv(peer, tag=t) for t in (1, 2, 3, 4)]
+    sends = [hvd.isend(big, peer, tag=1), hvd.isend(np.array([me, 42]), peer, tag=2),
+             hvd.isend(wide, peer, tag=3), hvd.isend(np.array([me, 43]), peer, tag=4)]
+    got = [r.wait() for r in requests]
+    for s in sends:
+        s.wait()
+    expect_big = (np.arange(BIG, dtype=np.uint8) * (7 + peer)).astype(np.uint8)
+    expect_wide = np.arange((5 << 20) // 8, dtype=np.float64) * (peer + 1)
+    out = np.zeros_like(wide)
+    if me == 0:
+        hvd.send(wide, 1, tag=5)
+        into = None
+    else:
+        into = hvd.recv(0, tag=5, out=out) is out and bool(np.array_equal(out, expect_wide))
+    hvd.barrier()
+    m = hvd.metrics()
+    hvd.shutdown()
+    return {"big": bool(np.array_equal(got[0], expect_big)) and got[0].dtype == np.uint8,
+            "small": [got[1].tolist(), got[3].tolist()],
+            "wide": bool(np.array_equal(got[2], expect_wide)), "into": into,
+            "split": (m["p2p_split_sent"], m["p2p_split_received"], m["p2p_split_refused"])}
+
+
+def _run(env=None, rank_env=None):
+    values = [r.value for r in run_ranks(exchange_suite, 2, env=env, rank_env=rank_env,
+                                         timeout=90)]
+    return values
+
+
+def _arrived_whole(values):
+    for me, v in enumerate(values):
+        assert v["big"] and v["wide"], v
+        assert v["small"] == [[1 - me, 42], [1 - me, 43]], v
+    assert values[1]["into"] is True, values[1]
+
+
+def test_large_messages_cross_both_ways_at_once_split_between_the_two_sides():
+    values = _run()
+    _arrived_whole(values)
+    assert values[0]["split"] == (3, 2, 0), values  # rank 0 also sent the out= message
+    assert values[1]["split"] == (2, 3, 0), values
+
+
+def test_no_split_below_the_threshold_or_when_turned_off():
+    values = _run(env={"HVD_P2P_SPLIT_MIN_BYTES": "0"})
+    _arrived_whole(values)
+    assert [v["split"] for v in values] == [(0, 0, 0), (0, 0, 0)], values
+
+
+def test_a_receiver_that_cannot_verify_its_peer_refuses_and_the_ring_carries_it():
+    values = _run(rank_env={1: {"HVD_TEST_P2P_SPLIT_UNVERIFIED": "1"}})
+    _arrived_whole(values)
+    # rank 1 checks rank 0 once and refuses its offers: rank 0 sends them whole through the
+    # ring (and offers nothing more); rank 1's own offers, accepted by rank 0, it cannot write
+    # (rank 0 unverified): rank 0 reads those whole
+    sent0, received0, refused0 = values[0]["split"]
+    sent1, received1, refused1 = values[1]["split"]
+    assert (sent0, received1) == (0, 0) and refused0 >= 1 and refused1 >= 1, values
+
+
+def test_a_sender_that_cannot_verify_the_receiver_lets_it_read_everything():
+    values = _run(rank_env={0: {"HVD_TEST_P2P_SPLIT_UNVERIFIED": "1"}})
+    _arrived_whole(values)
+    # rank 0 cannot verify rank 1: it refuses rank 1's offers and writes nothing of its own
+    # first offer (rank 1 reads it all), then sends whole
+    sent0, received0, refused0 = values[0]["split"]
+    sent1, received1, refused1 = values[1]["split"]
+    assert (sent1, received0) == (0, 0) and sent0 >= 1 and received1 >= 1, values
+    assert refused0 >= 1 and refused1 >= 1, values
