@@ -27,4 +27,4 @@ def aligned_outputs(likes) -> list:
     ``ALIGNMENT``-byte aligned, carved in order from one new buffer. The carving is
     bindings/numpy_group.cc's, which the numpy API's aligned grouped allreduce calls itself
     (one view there costs a C call, against 0.6 us for numpy's constructor per array here)."""
-    return _core.aligned_like(likes if isinstance(likes, (list, tuple)) else list(likes))
+    return _core.aligned_like(likes if type(likes) in (list, tuple) else list(likes))

@@ -69,3 +69,12 @@ def test_items_are_read_from_a_snapshot_not_the_callers_list():
     likes += [_Like(likes.clear), np.zeros(5, np.int64)]
     outs = aligned_buffers.aligned_outputs(likes)
     assert [(o.shape, o.dtype) for o in outs] == [((2,), np.float32), ((5,), np.int64)]
+
+
+def test_a_list_subclass_or_a_generator_is_taken_as_a_list():
+    class Params(list):
+        pass
+
+    for likes in (Params(_likes()), (like for like in _likes())):
+        outs = aligned_buffers.aligned_outputs(likes)
+        assert [o.shape for o in outs] == [like.shape for like in _likes()]
