@@ -3,6 +3,7 @@
 and the same cases, in the same run.
 
     python benchmarks/bench_pipeline.py [--steps 20] [--launches 3] [--only mlp|bubble]
+                                        [--case "hidden 64"] [--schedule 1f1b]
 
 Table 1, "against the peer" (np=2, GPipe and 1F1B): an MLP of 8 blocks (Linear(h, h) + Tanh),
 4 per stage, batch 64: hidden 1024 with 8 micro-batches (compute-bound), hidden 64 with 16
@@ -194,13 +195,16 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--only", choices=("mlp", "bubble"))
+    ap.add_argument("--case", default="", help="only the cases whose name contains this")
+    ap.add_argument("--schedule", choices=SCHEDULES, help="only this schedule")
     a = ap.parse_args()
+    schedules = (a.schedule,) if a.schedule else SCHEDULES
     if a.only != "bubble":
         print("| case (np=2) | schedule | ours (step) | torch.distributed.pipelining, gloo | "
               "ours / torch | launches failed or hung: ours / torch |")
         print("|---|---|---|---|---|---|")
-        for case in MLP_CASES:
-            for schedule in SCHEDULES:
+        for case in (c for c in MLP_CASES if a.case in c[0]):
+            for schedule in schedules:
                 med, failed = measure("mlp", case, schedule, a)
                 ours, peer = (med[s][0] if med[s] else None for s in ("ours", "torch"))
                 ratio = f"{ours / peer:.2f}x" if ours and peer else "-"
@@ -211,11 +215,11 @@ def main() -> None:
               "schedule | theory idle | ours: idle (sleeps alone), step, speedup / ideal | "
               "torch: the same | failed: ours / torch |")
         print("|---|---|---|---|---|---|")
-        for case in BUBBLE_CASES:
+        for case in (c for c in BUBBLE_CASES if a.case in c[0]):
             k, m = case[1], case[3]
             theory = (k - 1) / (m + k - 1)
             ideal = k * m / (m + k - 1)
-            for schedule in SCHEDULES:
+            for schedule in schedules:
                 med, failed = measure("bubble", case, schedule, a)
                 cells = []
                 for s in ("ours", "torch"):

@@ -52,7 +52,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                 /*nccl_demanded=*/config.gpu_path == "nccl",
                 static_cast<uint64_t>(config.p2p_split_min_bytes)),
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
-      headroom_(binding.host_cores),
+      headroom_(binding.bound ? binding.host_cores : 0),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_) {
   // Several peers may look lost by the time a collective notices; one of them may already have

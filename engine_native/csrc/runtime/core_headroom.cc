@@ -43,7 +43,8 @@ namespace hvd::runtime {
 // host runs, so a test sees the spin's rule on a loaded host too.
 CoreHeadroom::CoreHeadroom(int cores) : cores_(cores) {
   if (const char* forced = HVD_TEST_SWITCH("CORE_FREE")) forced_ = std::atoi(forced) != 0;
-  loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  // cores 0: the rank is not bound and never asks (Note [Spin while a core is free] B)
+  if (cores_ > 0) loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 }
 
 CoreHeadroom::~CoreHeadroom() {

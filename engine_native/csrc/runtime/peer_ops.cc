@@ -8,8 +8,9 @@
 //      else waits (its payload already here: sends never wait for a receive) until one is
 //      posted. So two messages with one tag are received in the order they were sent (MPI's
 //      non-overtaking rule), and tags let a receiver take messages in another order.
-//   C. A send completes when its last byte is in the socket or the peer's ring; its tensor is
-//      not touched after.
+//   C. A send completes when its last byte is in the socket or the peer's ring, or, split
+//      (Note [Split copy] in transport/peer_split.cc), when the receiver says it has them all;
+//      its tensor is not touched after.
 //   D. Errors, never hangs. A lost or malformed connection fails the whole rank (the loop's
 //      failure: every pending op on every rank fails, Note [Failure fan-out]). A send that
 //      writes nothing for HVD_TIMEOUT also fails the rank: its frame is half written and the

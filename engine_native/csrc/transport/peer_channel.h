@@ -81,7 +81,8 @@ class PeerChannel {
   };
   SplitCounts takeSplitCounts();
 
-  // Queues a frame; `payload` (frame.bytes long) must stay valid until flush() reports `id`.
+  // Queues a frame; `payload` (frame.bytes long) must stay valid until flush() reports `id`
+  // (a split message: until the receiver has read it, Note [Split copy]).
   void send(const PeerFrame& frame, const void* payload, uint64_t id);
   // Writes what the socket takes (sendmsg, MSG_NOSIGNAL); appends the ids of frames now wholly written to *sent and
   // sets *moved when any byte went. kPeerLost when the connection is gone.
