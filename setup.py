@@ -164,6 +164,7 @@ CORE_SOURCES = [
     "bindings/numpy_broadcast.cc",
     "bindings/numpy_group.cc",
     "bindings/jax_host.cc",
+    "bindings/jax_ffi.cc",
     "bindings/group_core.cc",
     "bindings/output_array_pool.cc",
     "bindings/torch_api.cc",
@@ -355,10 +356,23 @@ def _numpy_include():
     return numpy.get_include()
 
 
+def _jaxlib_include():
+    # bindings/jax_ffi.cc's XLA FFI handlers (engine_native.jax inside jax.jit) compile against
+    # jaxlib's xla/ffi/api/c_api.h when jaxlib is installed at build time (.ci/run installs the
+    # frameworks first); without it the file compiles to an empty xla_ffi_targets() and jit
+    # keeps the io_callback path (engine_native.jax.jit_path() says which).
+    try:
+        import jax.ffi
+        folder = jax.ffi.include_dir()
+    except Exception:  # not installed, or broken: build without the handlers
+        return []
+    return [folder] if os.path.exists(os.path.join(folder, "xla", "ffi", "api", "c_api.h")) else []
+
+
 core = Extension(
     "engine_native._core",
     sources=[os.path.join(CSRC, s) for s in CORE_SOURCES],
-    include_dirs=[CSRC, _numpy_include()],
+    include_dirs=[CSRC, _numpy_include()] + _jaxlib_include(),
     extra_compile_args=compile_args(),
     extra_link_args=["-pthread"],
     libraries=["rt", "dl"],

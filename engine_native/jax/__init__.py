@@ -3,7 +3,8 @@
 ``import engine_native.jax as hvd``: the basics of ``horovod.torch`` (init, rank, size,
 process sets, reduce ops), the collectives on ``jax.Array`` (allreduce, grouped_allreduce,
 allgather, grouped_allgather, broadcast, reducescatter, alltoall: eagerly, with ``_async``
-handles, and inside ``jax.jit`` as ordered host callbacks), pytree helpers, and an optax
+handles, and inside ``jax.jit`` as XLA FFI custom calls or ordered host callbacks:
+``jit_path()``), pytree helpers, and an optax
 transformation that averages gradients across ranks, with ``Compression.fp16`` and
 ``backward_passes_per_step`` (local accumulation, one allreduce every k steps, also inside
 jit). Docs: docs/pages/jax.md.
@@ -32,6 +33,7 @@ from engine_native.jax.collectives import (  # noqa: F401
     broadcast, broadcast_async, grouped_allgather, grouped_allgather_async, grouped_allreduce,
     grouped_allreduce_async, poll,
     reducescatter, reducescatter_async, synchronize)
+from engine_native.jax.xla_ffi import jit_path  # noqa: F401 (which path jit takes)
 from engine_native.jax.pytrees import allreduce_pytree, broadcast_parameters  # noqa: F401
 from engine_native.objects import allgather_object, broadcast_object  # noqa: F401
 from engine_native.jax.compression import Compression  # noqa: F401

@@ -1,9 +1,16 @@
-"""The collectives on traced arrays (inside ``jax.jit``), as ordered host callbacks.
+"""The collectives on traced arrays (inside ``jax.jit``): XLA FFI custom calls or ordered host
+callbacks.
 
-Each op becomes one ``jax.experimental.io_callback(..., ordered=True)``: JAX runs it exactly
-once per execution, in program order, never dropped or merged (a pure callback may be; see
-``callback_guard``). The host function runs the numpy API's synchronous op on the buffers JAX
-passes (views on the CPU); JAX copies the returned array into the program's output buffer.
+Which path each op takes (``engine_native.jax.jit_path()`` says which this build has):
+allreduce, grouped_allreduce and broadcast are XLA FFI custom calls into the core
+(``xla_ffi``: no Python, no copy) when the core was built with jaxlib's headers and JAX's
+default backend is the CPU; otherwise, and always for allgather, grouped_allgather,
+reducescatter and alltoall, each op is one ``jax.experimental.io_callback(..., ordered=True)``:
+JAX runs it exactly once per execution, in program order, never dropped or merged (a pure
+callback may be; see ``callback_guard``). That host function runs the numpy API's synchronous
+op on the buffers JAX passes (views on the CPU); JAX copies the returned array into the
+program's output buffer. Both paths thread the same ordered-effect token, so a program mixing
+them runs all its collectives in program order (Note [Ordered FFI collectives] in xla_ffi).
 
 Result shapes must be known when tracing, so: allgather (and each array of a
 grouped_allgather) assumes the same first dimension on every rank (checked when it runs),
@@ -11,14 +18,14 @@ alltoall takes equal splits only, reducescatter gives this rank its Horovod shar
 
 Names (Note [Traced names]): an op without ``name=`` is named ``<op>.jit.<n>`` with n counted
 when tracing, so every rank, tracing the same functions in the same order, gives the k-th
-traced op the same name, whichever thread runs the callback and whatever eager ops run
+traced op the same name, whichever thread runs the op and whatever eager ops run
 meanwhile (the numpy API's unnamed counters advance at submission, which would race with
 JAX's asynchronous dispatch). A compiled function reuses its names at each call: its
-callbacks run one after the other (ordered), so a name is never in flight twice.
+collectives run one after the other (ordered), so a name is never in flight twice.
 
 Transformations: ``vmap`` and ``grad``/``jvp``/``vjp`` of a collective raise a ValueError
 saying what to do (JAX itself has no batching or differentiation rule for an ordered
-callback): ``custom_vmap`` and ``custom_jvp`` wrappers whose rules raise.
+callback or the custom call): ``custom_vmap`` and ``custom_jvp`` wrappers whose rules raise.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from jax.experimental import io_callback
 
 from engine_native import basics, numpy_ops
 from engine_native.basics import ProcessSet
-from engine_native.jax import arrays
+from engine_native.jax import arrays, xla_ffi
 
 _trace_counter = itertools.count()
 
@@ -89,9 +96,25 @@ def _like(tracer) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tracer.shape, tracer.dtype)
 
 
+def _compiled() -> bool:
+    """True when this trace's allreduce/grouped_allreduce/broadcast are XLA FFI custom calls:
+    the core has the handler and the program is for the CPU (the handler's only platform)."""
+    return xla_ffi.jit_path() == "xla_ffi" and jax.default_backend() == "cpu"
+
+
+def ffi_call(op: str, tracers: Sequence, **attrs) -> list:
+    """``xla_ffi.collective(tracers, **attrs)``, its vmap and derivatives refused."""
+    return _refusing_transforms(lambda *xs: xla_ffi.collective(xs, **attrs), op)(*tracers)
+
+
 def allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set):
     _check(tensor, "allreduce", name, process_set)
     name = traced_name(name)
+    if _compiled():
+        return ffi_call("allreduce", [tensor], kind=xla_ffi.ALLREDUCE,
+                        full_name=f"allreduce.{name}", first=-1, reduce_op=op,
+                        prescale=prescale_factor, postscale=postscale_factor,
+                        process_set=numpy_ops._set_id(process_set, "allreduce"))[0]
     return ordered_call("allreduce", lambda x: numpy_ops.allreduce(
         x, op, name, prescale_factor, postscale_factor, process_set), _like(tensor), [tensor])
 
@@ -108,14 +131,27 @@ def _grouped(op: str, tensors, name, process_set, run: Callable, result_shape: C
 
 
 def grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, process_set):
-    return _grouped("grouped_allreduce", tensors, name, process_set,
-                    lambda xs, full: numpy_ops.grouped_allreduce(
-                        xs, op, full, prescale_factor, postscale_factor, process_set), _like)
+    if not _compiled() or not tensors:
+        return _grouped("grouped_allreduce", tensors, name, process_set,
+                        lambda xs, full: numpy_ops.grouped_allreduce(
+                            xs, op, full, prescale_factor, postscale_factor, process_set),
+                        _like)
+    for t in tensors:
+        _check(t, "grouped_allreduce", name, process_set)
+    name = traced_name(name)
+    return list(ffi_call("grouped_allreduce", list(tensors), kind=xla_ffi.ALLREDUCE,
+                         full_name=f"grouped_allreduce.{name}", first=0, reduce_op=op,
+                         prescale=prescale_factor, postscale=postscale_factor,
+                         process_set=numpy_ops._set_id(process_set, "grouped_allreduce")))
 
 
 def broadcast(tensor, root_rank, name, process_set):
     _check(tensor, "broadcast", name, process_set)
     name = traced_name(name)
+    if _compiled():
+        return ffi_call("broadcast", [tensor], kind=xla_ffi.BROADCAST,
+                        full_name=f"broadcast.{name}", first=-1, root_rank=int(root_rank),
+                        process_set=numpy_ops._set_id(process_set, "broadcast"))[0]
     return ordered_call("broadcast", lambda x: numpy_ops.broadcast(
         x, int(root_rank), name, process_set), _like(tensor), [tensor])
 

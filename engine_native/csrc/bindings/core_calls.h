@@ -1,11 +1,12 @@
 // Calls into the runtime that several binding files share (defined in bindings/module.cc).
-// Binding code only; called with the GIL held.
+// Binding code only; called with the GIL held, except awaitResult.
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "common/status.h"
 #include "runtime/handle_table.h"
@@ -23,5 +24,11 @@ PyObject* waitHandle(int64_t handle);
 // filled, the handle released), false with a KeyboardInterrupt (or a signal handler's
 // exception) set, the op still pending and the handle valid.
 bool waitResult(int64_t handle, common::Status* status, runtime::OpResult* result);
+// waitResult's wait without Python (any thread; call it without the GIL): drives and waits in
+// 50 ms slices until the op finished (true; the handle released), or until `stop`, asked
+// between slices, says true (false; the op still pending, the handle valid). An empty `stop`
+// waits until the op finishes (the core's stall and peer timeouts end every op).
+bool awaitResult(int64_t handle, common::Status* status, runtime::OpResult* result,
+                 const std::function<bool()>& stop);
 
 }  // namespace hvd::bindings

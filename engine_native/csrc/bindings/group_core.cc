@@ -6,8 +6,8 @@
 
 namespace hvd::bindings {
 
-PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
-                           int first, bool waited) {
+common::Status enqueueNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
+                                 int first, bool waited, std::vector<int64_t>* handles) {
   const size_t n = ops.size();
   std::vector<std::string> names(n, base);  // the ops' names are views: alive until enqueued
   if (first >= 0) {
@@ -17,9 +17,13 @@ PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::str
     }
   }
   for (size_t i = 0; i < n; ++i) ops[i].name = names[i];
+  return runtime::Runtime::instance().enqueue(std::move(ops), handles, /*wake=*/!waited);
+}
+
+PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
+                           int first, bool waited) {
   std::vector<int64_t> handles;
-  const common::Status status = runtime::Runtime::instance().enqueue(std::move(ops), &handles,
-                                                                     /*wake=*/!waited);
+  const common::Status status = enqueueNamedGroup(std::move(ops), base, first, waited, &handles);
   if (!status.isOk()) return raiseStatus(status);
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(handles.size()));
   if (list == nullptr) return nullptr;

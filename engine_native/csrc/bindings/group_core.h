@@ -24,6 +24,10 @@ namespace hvd::bindings {
 // core's ValueError for a duplicate name, ...).
 PyObject* submitNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
                            int first, bool waited);
+// The same without Python (any thread, no GIL needed): the core handles in *handles, or the
+// core's Status (bindings/jax_ffi.cc's handlers run on XLA's threads).
+common::Status enqueueNamedGroup(std::vector<runtime::EnqueueArgs> ops, const std::string& base,
+                                 int first, bool waited, std::vector<int64_t>* handles);
 
 // One member's wait for waitGroup: its result (a new reference), or nullptr with an exception
 // set and *pending true when the wait was interrupted (Ctrl-C) and the op still runs.

@@ -251,7 +251,8 @@ static bool readMainThread() {
 
 constexpr int kWaitSliceMs = 50;  // signals are checked between slices
 
-bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
+bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result,
+                 const std::function<bool()>& stop) {
   auto& handles = Runtime::instance().handles();
   // Already finished (the rest of a fused batch): one lock, no waiting.
   if (handles.takeIfDone(handle, status, result)) return true;
@@ -262,25 +263,17 @@ bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) 
     Runtime::instance().addHandleWait(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
-  Py_BEGIN_ALLOW_THREADS
   Runtime::instance().drive(handle);
-  Py_END_ALLOW_THREADS
   MainBlocked marked;
   while (true) {
-    bool done = false;
-    Py_BEGIN_ALLOW_THREADS
     // Its CUDA op's event, polled here when its drive queued the op (Note [Caller waits on
     // the device] in runtime/device_executor.cc); a point-to-point op's peer doorbell (Note
     // [Caller sleeps on the doorbell] in runtime/peer_await.cc); else the handle's condition
     // variable.
     const bool awaited = Runtime::instance().awaitDevice(handle, kWaitSliceMs, t0) ||
                          Runtime::instance().awaitPeer(handle, kWaitSliceMs);
-    done = handles.waitFor(handle, awaited ? 0 : kWaitSliceMs, status, result);
-    Py_END_ALLOW_THREADS
-    if (done) break;
-    // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
-    // pending; the Python layer decides whether to abort().
-    if (PyErr_CheckSignals() != 0) {
+    if (handles.waitFor(handle, awaited ? 0 : kWaitSliceMs, status, result)) break;
+    if (stop && stop()) {
       blocked();
       return false;
     }
@@ -288,6 +281,20 @@ bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) 
   blocked();
   handles.release(handle);
   return true;
+}
+
+bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
+  PyThreadState* saved = PyEval_SaveThread();
+  // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
+  // pending; the Python layer decides whether to abort().
+  const bool done = awaitResult(handle, status, result, [&saved] {
+    PyEval_RestoreThread(saved);
+    const bool raised = PyErr_CheckSignals() != 0;
+    saved = PyEval_SaveThread();
+    return raised;
+  });
+  PyEval_RestoreThread(saved);
+  return done;
 }
 
 PyObject* waitHandle(int64_t handle) {

@@ -18,5 +18,7 @@ int addNumpyBroadcastBindings(PyObject* module);
 int addNumpyGroupBindings(PyObject* module);
 // engine_native.jax's host views (likewise).
 int addJaxHostBindings(PyObject* module);
+// engine_native.jax's XLA FFI handlers, xla_ffi_targets() (bindings/jax_ffi.cc; needs no numpy).
+int addJaxFfiBindings(PyObject* module);
 
 }  // namespace hvd::bindings

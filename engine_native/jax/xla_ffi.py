@@ -1,0 +1,90 @@
+"""The collectives inside ``jax.jit`` as XLA FFI custom calls, where the core was built with
+jaxlib's headers (issue #37): allreduce, grouped_allreduce and broadcast.
+
+Each becomes one custom call to the core's handler ``hvd_collective`` (bindings/jax_ffi.cc),
+which XLA:CPU calls with the program's own operand and result buffers: the handler enqueues the
+core's op on them and waits, with no Python, no GIL and no copy of its own (the core reads
+operand i and writes result i). An ordered io_callback, the other path (``traced_ops``), took
+the GIL, ran numpy_ops on views and copied each result into XLA's buffer.
+
+``jit_path()`` says which path this build takes: "xla_ffi" when ``_core.xla_ffi_targets()``
+named the handler (the core was compiled with jaxlib's include folder: setup.py), else
+"io_callback" for every collective.
+
+Note [Ordered FFI collectives]
+A custom call with a side effect is never dropped, but XLA:CPU orders custom calls only by the
+buffers they share (its thunk executor runs independent thunks concurrently, and the scheduler
+may put them in any order): two independent collectives of one program could start in
+different orders on two ranks, and each handler would block its XLA thread on an op the other
+rank has not started (a deadlock). So every call takes and returns JAX's ordered-IO token, the
+one ordered io_callbacks thread (``jax._src.callback``'s ``OrderedIOEffect``; private, jax
+0.10.2): XLA sees a chain of data dependencies through every collective of the program, FFI
+and io_callback alike, in program order, and JAX carries the token from one execution to the
+next. tests/frameworks/test_jax_ops.py has three independent collectives in one program.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax._src import callback as _jax_callback
+from jax._src import core as _jax_core
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
+
+from engine_native import _core
+
+_TARGET = "hvd_collective"
+_ORDERED = _jax_callback._OrderedIOEffect  # Note [Ordered FFI collectives]
+ALLREDUCE, BROADCAST = 0, 2  # coord::OpType
+
+_targets = _core.xla_ffi_targets()
+for _name, _capsule in _targets.items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def jit_path() -> str:
+    """"xla_ffi": allreduce, grouped_allreduce and broadcast inside jax.jit are XLA custom calls
+    into the core; "io_callback": the core was built without jaxlib's headers, and every
+    collective inside jit is an ordered io_callback (docs/pages/jax.md)."""
+    return "xla_ffi" if _TARGET in _targets else "io_callback"
+
+
+collective_p = Primitive("hvd_collective")
+collective_p.multiple_results = True
+
+
+def _abstract_eval(*avals, **attrs):
+    return [_jax_core.ShapedArray(a.shape, a.dtype) for a in avals], {_ORDERED}
+
+
+collective_p.def_effectful_abstract_eval(_abstract_eval)
+
+
+def _lowering(ctx, *operands, **attrs):
+    """One custom call: token and operands in, token and results out (Note [FFI call layout]
+    in bindings/jax_ffi.cc)."""
+    token = ctx.tokens_in.get(_ORDERED)
+    with_token = dataclasses.replace(
+        ctx, avals_in=[_jax_core.abstract_token, *ctx.avals_in],
+        avals_out=[_jax_core.abstract_token, *ctx.avals_out])
+    call = jax.ffi.build_ffi_lowering_function(_TARGET, has_side_effect=True)(
+        with_token, token, *operands, **attrs)
+    ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_ORDERED: call.results[0]})))
+    return call.results[1:]
+
+
+mlir.register_lowering(collective_p, _lowering, platform="cpu")
+
+
+def collective(tracers, kind: int, full_name: str, first: int, reduce_op: int = 0,
+               prescale: float = 1.0, postscale: float = 1.0, root_rank: int = 0,
+               process_set: int = 0) -> list:
+    """``kind`` (ALLREDUCE or BROADCAST) of ``tracers`` as one custom call, the results of their
+    shapes and dtypes. ``first`` -1: one op named ``full_name``; else a group, member i named
+    ``<full_name>_<first + i>of<n>`` (the numpy API's names)."""
+    return collective_p.bind(*tracers, op=np.int64(kind), name=full_name, first=np.int64(first),
+                             reduce_op=np.int64(reduce_op), prescale=np.float64(prescale),
+                             postscale=np.float64(postscale), root_rank=np.int64(root_rank),
+                             process_set=np.int64(process_set))
