@@ -1,6 +1,7 @@
 """engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
 and inside jax.jit, process sets and async handles, fp16 compression of average_gradients,
-backward_passes_per_step eagerly, eager grouped results adopted by XLA without a copy (and right
+backward_passes_per_step eagerly, independent collectives of one jitted program in program
+order, eager grouped results adopted by XLA without a copy (and right
 through the public jax.device_put where jaxlib's wrap is missing or fails), on 2
 and 3 ranks.
 
@@ -145,6 +146,34 @@ def _check_runs_once_per_call(hvd, jax, jnp, failures):
     ran = engine_native.metrics()["ops"]["ALLREDUCE"] - before
     if ran != 4:
         failures.append(f"jit: 2 calls of 2 allreduces with unused results ran {ran} ops")
+
+
+def _check_program_order(hvd, jax, jnp, np, failures, n, me):
+    """Independent collectives of one jitted program run in program order on every rank
+    (Note [Ordered FFI collectives] in engine_native/jax/xla_ffi.py). The ranks' programs
+    differ only in local work (rank r alone computes more before every r-th op, as a rank
+    that computes metrics would): without the ordering XLA:CPU scheduled allreduce 1 first on
+    rank 0 and allreduce 0 first on rank 1, and both ranks waited forever (the launch's
+    timeout ends that)."""
+    sizes = [1 << 16, 7, 1 << 12, 3]
+
+    def program(*xs):
+        out = []
+        for i, x in enumerate(xs):
+            if i % n == me:
+                for _ in range(3):
+                    x = jnp.tanh(x) + jnp.sin(x)
+            out.append(hvd.allreduce(x, op=hvd.Sum, name=f"order.{i}"))
+        return out
+    got = jax.jit(program)(*[jnp.full(s, me + 1.0, jnp.float32) for s in sizes])
+    for i, (size, value) in enumerate(zip(sizes, got)):
+        parts = [np.float32(q + 1.0) for q in range(n)]
+        for q in range(n):
+            for _ in range(3 if i % n == q else 0):
+                parts[q] = np.tanh(parts[q]) + np.sin(parts[q])
+        want = np.full(size, sum(parts), np.float32)
+        if not np.allclose(np.asarray(value), want, rtol=1e-5):
+            failures.append(f"order.{i}: got {np.asarray(value)[:3]}, want {want[:3]}")
 
 
 def _check_fp16_compression(hvd, jax, jnp, np, failures, n, me):
@@ -298,6 +327,7 @@ def rank_collectives():
     _check_collectives(hvd, jax, np, failures, hvd.global_process_set, "global")
     _check_eager_extras(hvd, jnp, np, failures, n, me)
     _check_runs_once_per_call(hvd, jax, jnp, failures)
+    _check_program_order(hvd, jax, jnp, np, failures, n, me)
     _check_fp16_compression(hvd, jax, jnp, np, failures, n, me)
     _check_eager_accumulation(hvd, jnp, np, failures, n, me)
     _check_grouped_results_not_copied(hvd, jnp, np, failures, n)

@@ -27,7 +27,8 @@ bool waitResult(int64_t handle, common::Status* status, runtime::OpResult* resul
 // waitResult's wait without Python (any thread; call it without the GIL): drives and waits in
 // 50 ms slices until the op finished (true; the handle released), or until `stop`, asked
 // between slices, says true (false; the op still pending, the handle valid). An empty `stop`
-// waits until the op finishes (the core's stall and peer timeouts end every op).
+// waits until the op finishes, however long: a stalled op is reported, and failed only after
+// HVD_STALL_SHUTDOWN_TIME when that is set (an error, a lost peer or abort() end it too).
 bool awaitResult(int64_t handle, common::Status* status, runtime::OpResult* result,
                  const std::function<bool()>& stop);
 

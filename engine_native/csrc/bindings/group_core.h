@@ -1,7 +1,8 @@
 // What the C group paths share (bindings/torch_group.cc, bindings/numpy_group.cc): naming a
 // checked group's ops and enqueueing them as one group, and waiting for a group with each
 // member's failure held until the other members were waited for (waitGroup). Binding code only;
-// called with the GIL held (the waits release it).
+// called with the GIL held (the waits release it), except enqueueNamedGroup (bindings/jax_ffi.cc
+// calls it on XLA's threads).
 #pragma once
 
 #define PY_SSIZE_T_CLEAN
