@@ -11,6 +11,12 @@ asserts anything (DESIGN §7).
 
     python benchmarks/bench_jax.py                # np=2
     python benchmarks/bench_jax.py --np 3 --steps 400
+    python benchmarks/bench_jax.py --order "jax eager,torch,jax jit,numpy"
+
+--order sets the order in which the variants run in each round (and the table's rows): torch's
+block has been seen in a slow mode (~2 ms a step against ~1 ms) in some launches, before and
+after the jit path became an XLA FFI call, several times right after the jit block
+(benchmarks/RESULTS.md, "Framework bindings"); another order tells whether the place matters.
 """
 import argparse
 import os
@@ -52,16 +58,16 @@ def _variants(rank):
     }, hvd_np
 
 
-def _worker(rank, rounds, steps, warmup):
+def _worker(rank, rounds, steps, warmup, order=VARIANTS):
     import torch
     torch.set_num_threads(1)
     variants, hvd = _variants(rank)
-    times = {name: [] for name in VARIANTS}
-    for name in VARIANTS:
+    times = {name: [] for name in order}
+    for name in order:
         for _ in range(warmup):
             variants[name]()
     for _ in range(rounds):
-        for name in VARIANTS:
+        for name in order:
             hvd.barrier()
             for _ in range(steps):
                 t0 = time.perf_counter()
@@ -71,15 +77,15 @@ def _worker(rank, rounds, steps, warmup):
     return times
 
 
-def run(size, rounds, steps, warmup, timeout):
+def run(size, rounds, steps, warmup, timeout, order=VARIANTS):
     """Per variant: the median, p90 and fastest step time (s), a step as slow as its slowest
     rank. The fastest step is the least disturbed by other load on a shared machine."""
     try:
-        results = run_ranks(_worker, size, (rounds, steps, warmup),
+        results = run_ranks(_worker, size, (rounds, steps, warmup, order),
                             env={"JAX_PLATFORMS": "cpu"}, timeout=timeout)
     except RankFailed as exc:
         raise SystemExit(f"a rank failed:\n{exc}") from None
-    return {name: step_stats([times[name] for times in results]) for name in VARIANTS}
+    return {name: step_stats([times[name] for times in results]) for name in order}
 
 
 def main(argv=None):
@@ -89,16 +95,21 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=60, help="steps per variant per round")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--order", default=",".join(VARIANTS),
+                        help="the variants' run order in each round, comma-separated")
     args = parser.parse_args(argv)
+    order = tuple(name.strip() for name in args.order.split(","))
+    if sorted(order) != sorted(VARIANTS):
+        parser.error(f"--order must name each of {', '.join(VARIANTS)} once")
     import numpy as np
     mib = sum(int(np.prod(s)) for s in SHAPES) * 4 / (1 << 20)
-    summary = run(args.np, args.rounds, args.steps, args.warmup, args.timeout)
+    summary = run(args.np, args.rounds, args.steps, args.warmup, args.timeout, order)
     torch_median, _, torch_min = summary["torch"]
     print(f"gradient averaging per step: np={args.np}, {len(SHAPES)} float32 arrays, "
           f"{mib:.2f} MiB, {args.rounds} rounds x {args.steps} steps, CPU, shm")
     print(f"{'variant':<12}{'median ms':>11}{'p90 ms':>9}{'min ms':>9}{'vs torch':>10}"
           f"{'min vs':>8}")
-    for name in VARIANTS:
+    for name in order:
         median, p90, fastest = summary[name]
         print(f"{name:<12}{median * 1e3:>11.3f}{p90 * 1e3:>9.3f}{fastest * 1e3:>9.3f}"
               f"{median / torch_median:>9.2f}x{fastest / torch_min:>7.2f}x")

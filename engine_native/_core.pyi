@@ -180,6 +180,13 @@ def jax_host_views(values: Any) -> Optional[tuple]:
     C-contiguous host views (numpy's asarray); None for anything else, which
     arrays.host_views then checks (Note [Host views in C])."""
 
+# ---- engine_native.jax's XLA FFI handlers (bindings/jax_ffi.cc) ------------------------------
+
+def xla_ffi_targets() -> dict:
+    """``{target name: PyCapsule of its XLA_FFI_Handler*}`` for jax.ffi.register_ffi_target
+    (engine_native.jax.xla_ffi registers them at import); ``{}`` when the core was built without
+    jaxlib's headers, and then the collectives inside jax.jit are ordered io_callbacks."""
+
 def torch_setup(tensor_type: type, parameter_type: type, strided: Any, codes: dict,
                 op_name: Any) -> None:
     """Configure torch_allreduce_async below (engine_native.torch.runtime calls it at import):

@@ -3,9 +3,9 @@
 JAX treats a pure callback as a pure function: under ``jit`` it may drop the call when its
 result is unused, run it once for two identical calls, or move it (XLA reorders side-effect
 free work). A collective there would run on some ranks and not others, or in another order,
-and hang or mix up tensors. The binding's own calls inside ``jit`` use
-``jax.experimental.io_callback(..., ordered=True)``, which JAX runs exactly once, in program
-order.
+and hang or mix up tensors. The binding's own calls inside ``jit`` are XLA FFI custom calls or
+``jax.experimental.io_callback(..., ordered=True)`` (``traced_ops``), which JAX runs exactly
+once, in program order.
 
 What is detected: an eager collective whose call stack holds the frame of JAX's
 ``pure_callback`` implementation (a function named ``pure_callback_impl`` in

@@ -1,8 +1,9 @@
 """The public collectives of ``engine_native.jax``: Horovod's names and keywords.
 
 A concrete ``jax.Array`` runs eagerly (``eager_ops``: handles, no copies on the CPU); a traced
-one, inside ``jax.jit``, becomes an ordered host callback (``traced_ops``). ``*_async``
-exist eagerly only: a handle cannot cross a compiled program's boundary.
+one, inside ``jax.jit``, becomes an ordered XLA FFI custom call or host callback
+(``traced_ops``, which says which op takes which). ``*_async`` exist eagerly only: a handle
+cannot cross a compiled program's boundary.
 """
 from __future__ import annotations
 

@@ -14,13 +14,13 @@ it returns zero updates and leaves ``inner``'s state untouched (Horovod's
 ``backward_passes_per_step``; ``optax.MultiSteps``'s result, but MultiSteps runs the inner
 update on every call and keeps it on the k-th only, which here would allreduce every step).
 Inside ``jax.jit`` the allreduce and ``inner`` sit in the taken branch of a ``lax.cond`` on
-the counter: the allreduce is an ordered io_callback (traced_ops), and JAX runs a callback of
-a ``lax.cond`` branch only when that branch is taken, still in program order, so the core sees
-one grouped allreduce per k calls. The counter lives in the state, so every rank takes the
-same branch as long as every rank calls ``update`` equally often from the same state (as in
-any data-parallel loop; ``broadcast_parameters`` the state when ranks start apart). A rank
-that skipped a call would wait in an allreduce its peers never start. Eagerly the counter is
-concrete and the branch is a plain ``if``.
+the counter: the allreduce is an ordered XLA FFI custom call or io_callback (traced_ops), and
+XLA runs the op of a ``lax.cond`` branch only when that branch is taken, still in program order,
+so the core sees one grouped allreduce per k calls. The counter lives in the state, so every
+rank takes the same branch as long as every rank calls ``update`` equally often from the same
+state (as in any data-parallel loop; ``broadcast_parameters`` the state when ranks start
+apart). A rank that skipped a call would wait in an allreduce its peers never start. Eagerly
+the counter is concrete and the branch is a plain ``if``.
 """
 from __future__ import annotations
 
