@@ -1,11 +1,11 @@
 """The collectives on traced arrays (inside ``jax.jit``): XLA FFI custom calls or ordered host
 callbacks.
 
-Which path each op takes (``engine_native.jax.jit_path()`` says which this build has):
-allreduce, grouped_allreduce and broadcast are XLA FFI custom calls into the core
-(``xla_ffi``: no Python, no copy) when the core was built with jaxlib's headers and JAX's
-default backend is the CPU; otherwise, and always for allgather, grouped_allgather,
-reducescatter and alltoall, each op is one ``jax.experimental.io_callback(..., ordered=True)``:
+Which path each op takes (``engine_native.jax.jit_path()`` says which this build has): every
+op here is an XLA FFI custom call into the core (``xla_ffi``: no Python; allgather,
+reducescatter and alltoall copy the core's output into XLA's buffer) when the core was built
+with jaxlib's headers and JAX's default backend is the CPU; otherwise each op is one
+``jax.experimental.io_callback(..., ordered=True)``:
 JAX runs it exactly once per execution, in program order, never dropped or merged (a pure
 callback may be; see ``callback_guard``). That host function runs the numpy API's synchronous
 op on the buffers JAX passes (views on the CPU); JAX copies the returned array into the
@@ -97,8 +97,8 @@ def _like(tracer) -> jax.ShapeDtypeStruct:
 
 
 def _compiled() -> bool:
-    """True when this trace's allreduce/grouped_allreduce/broadcast are XLA FFI custom calls:
-    the core has the handler and the program is for the CPU (the handler's only platform)."""
+    """True when this trace's collectives are XLA FFI custom calls: the core has the handler
+    and the program is for the CPU (the handler's only platform)."""
     return xla_ffi.jit_path() == "xla_ffi" and jax.default_backend() == "cpu"
 
 
@@ -182,11 +182,24 @@ def allgather(tensor, name, process_set):
     _check(tensor, "allgather", name, process_set)
     shape = _gathered_like(tensor, "allgather", process_set)
     name = traced_name(name)
+    if _compiled():
+        return ffi_call("allgather", [tensor], kind=xla_ffi.ALLGATHER,
+                        full_name=f"allgather.{name}", first=-1, results=[shape],
+                        process_set=numpy_ops._set_id(process_set, "allgather"))[0]
     return ordered_call("allgather", lambda x: _check_gathered(
         numpy_ops.allgather(x, name, process_set), shape, f"allgather.{name}"), shape, [tensor])
 
 
 def grouped_allgather(tensors, name, process_set):
+    if _compiled():
+        for t in tensors:
+            _check(t, "grouped_allgather", name, process_set)
+        shapes = [_gathered_like(t, "grouped_allgather", process_set) for t in tensors]
+        name = traced_name(name)
+        return list(ffi_call("grouped_allgather", list(tensors), kind=xla_ffi.ALLGATHER,
+                             full_name=f"grouped_allgather.{name}", first=0, results=shapes,
+                             process_set=numpy_ops._set_id(process_set, "grouped_allgather")))
+
     def run(xs, full):
         gathered = numpy_ops.grouped_allgather(xs, full, process_set)
         return [_check_gathered(g, _gathered_like(x, "grouped_allgather", process_set),
@@ -202,6 +215,11 @@ def reducescatter(tensor, op, name, process_set, prescale_factor, postscale_fact
     name = traced_name(name)
     mine = rows // n + (1 if me < rows % n else 0)  # Horovod: the first rows % n get one more
     shape = jax.ShapeDtypeStruct((mine,) + tensor.shape[1:], tensor.dtype)
+    if _compiled():
+        return ffi_call("reducescatter", [tensor], kind=xla_ffi.REDUCESCATTER,
+                        full_name=f"reducescatter.{name}", first=-1, results=[shape],
+                        reduce_op=op, prescale=prescale_factor, postscale=postscale_factor,
+                        process_set=numpy_ops._set_id(process_set, "reducescatter"))[0]
     return ordered_call("reducescatter", lambda x: numpy_ops.reducescatter(
         x, op, name, process_set, prescale_factor, postscale_factor), shape, [tensor])
 
@@ -219,6 +237,10 @@ def alltoall(tensor, splits, name, process_set):
     name = traced_name(name)
     split_dtype = np.dtype(jax.numpy.int64 if jax.config.jax_enable_x64 else np.int32)
     shapes = (_like(tensor), jax.ShapeDtypeStruct((n,), split_dtype))
+    if _compiled():
+        return tuple(ffi_call("alltoall", [tensor], kind=xla_ffi.ALLTOALL,
+                              full_name=f"alltoall.{name}", first=-1, results=shapes,
+                              process_set=numpy_ops._set_id(process_set, "alltoall")))
 
     def host(x):
         received, received_splits = numpy_ops.alltoall(x, None, name, process_set)

@@ -1,10 +1,13 @@
 """The collectives inside ``jax.jit`` as XLA FFI custom calls, where the core was built with
-jaxlib's headers (issue #37): allreduce, grouped_allreduce and broadcast.
+jaxlib's headers (issue #37): allreduce, grouped_allreduce, broadcast, allgather,
+grouped_allgather, reducescatter and alltoall (equal splits).
 
 Each becomes one custom call to the core's handler ``hvd_collective`` (bindings/jax_ffi.cc),
 which XLA:CPU calls with the program's own operand and result buffers: the handler enqueues the
-core's op on them and waits, with no Python, no GIL and no copy of its own (the core reads
-operand i and writes result i). An ordered io_callback, the other path (``traced_ops``), took
+core's op on them and waits, with no Python and no GIL. Allreduce and broadcast read operand i
+and write result i; allgather, reducescatter and alltoall write the core's output buffer, which
+the handler copies into the result after checking its shape (the traced one needs the same
+shape on every rank). An ordered io_callback, the other path (``traced_ops``), took
 the GIL, ran numpy_ops on views and copied each result into XLA's buffer.
 
 ``jit_path()`` says which path this build takes: "xla_ffi" when ``_core.xla_ffi_targets()``
@@ -37,7 +40,7 @@ from engine_native import _core
 
 _TARGET = "hvd_collective"
 _ORDERED = _jax_callback._OrderedIOEffect  # Note [Ordered FFI collectives]
-ALLREDUCE, BROADCAST = 0, 2  # coord::OpType
+ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4  # coord::OpType
 
 _targets = _core.xla_ffi_targets()
 for _name, _capsule in _targets.items():
@@ -45,9 +48,9 @@ for _name, _capsule in _targets.items():
 
 
 def jit_path() -> str:
-    """"xla_ffi": allreduce, grouped_allreduce and broadcast inside jax.jit are XLA custom calls
-    into the core; "io_callback": the core was built without jaxlib's headers, and every
-    collective inside jit is an ordered io_callback (docs/pages/jax.md)."""
+    """"xla_ffi": the collectives inside jax.jit are XLA custom calls into the core;
+    "io_callback": the core was built without jaxlib's headers, and every collective inside
+    jit is an ordered io_callback (docs/pages/jax.md)."""
     return "xla_ffi" if _TARGET in _targets else "io_callback"
 
 
@@ -55,14 +58,14 @@ collective_p = Primitive("hvd_collective")
 collective_p.multiple_results = True
 
 
-def _abstract_eval(*avals, **attrs):
-    return [_jax_core.ShapedArray(a.shape, a.dtype) for a in avals], {_ORDERED}
+def _abstract_eval(*avals, results, **attrs):
+    return [_jax_core.ShapedArray(shape, dtype) for shape, dtype in results], {_ORDERED}
 
 
 collective_p.def_effectful_abstract_eval(_abstract_eval)
 
 
-def _lowering(ctx, *operands, **attrs):
+def _lowering(ctx, *operands, results, **attrs):
     """One custom call: token and operands in, token and results out (Note [FFI call layout]
     in bindings/jax_ffi.cc)."""
     token = ctx.tokens_in.get(_ORDERED)
@@ -78,13 +81,17 @@ def _lowering(ctx, *operands, **attrs):
 mlir.register_lowering(collective_p, _lowering, platform="cpu")
 
 
-def collective(tracers, kind: int, full_name: str, first: int, reduce_op: int = 0,
+def collective(tracers, kind: int, full_name: str, first: int, results=None, reduce_op: int = 0,
                prescale: float = 1.0, postscale: float = 1.0, root_rank: int = 0,
                process_set: int = 0) -> list:
-    """``kind`` (ALLREDUCE or BROADCAST) of ``tracers`` as one custom call, the results of their
-    shapes and dtypes. ``first`` -1: one op named ``full_name``; else a group, member i named
-    ``<full_name>_<first + i>of<n>`` (the numpy API's names)."""
-    return collective_p.bind(*tracers, op=np.int64(kind), name=full_name, first=np.int64(first),
+    """``kind`` (a coord::OpType above) of ``tracers`` as one custom call. ``results``: the
+    results' ``jax.ShapeDtypeStruct``s (None: the operands' shapes and dtypes, as allreduce and
+    broadcast give; alltoall: its rows, then its received splits). ``first`` -1: one op named
+    ``full_name``; else a group, member i named ``<full_name>_<first + i>of<n>`` (the numpy
+    API's names)."""
+    results = tuple((tuple(r.shape), np.dtype(r.dtype)) for r in (results or tracers))
+    return collective_p.bind(*tracers, results=results, op=np.int64(kind), name=full_name,
+                             first=np.int64(first),
                              reduce_op=np.int64(reduce_op), prescale=np.float64(prescale),
                              postscale=np.float64(postscale), root_rank=np.int64(root_rank),
                              process_set=np.int64(process_set))

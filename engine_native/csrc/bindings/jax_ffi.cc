@@ -1,9 +1,9 @@
 // engine_native.jax's collectives inside jax.jit as XLA FFI custom calls (issue #37): the handler
-// XLA:CPU calls with the program's own buffers runs the core's op on them (no Python, no copy),
-// where an ordered io_callback took the GIL, ran numpy_ops and copied operands and results.
+// XLA:CPU calls with the program's own buffers runs the core's op on them (no Python), where an
+// ordered io_callback took the GIL, ran numpy_ops and copied operands and results.
 // engine_native/jax/xla_ffi.py registers the targets xla_ffi_targets() returns and emits the
-// calls; this file only decodes a call, enqueues it and waits. Runs on XLA's threads, without
-// the GIL (xla_ffi_targets() alone is called from Python).
+// calls; this file only decodes a call, enqueues it, waits and copies a gathered result out.
+// Runs on XLA's threads, without the GIL (xla_ffi_targets() alone is called from Python).
 //
 // Note [FFI through the C API]
 // The handler reads the call frame through xla/ffi/api/c_api.h only. jaxlib's C++ wrappers
@@ -14,11 +14,14 @@
 // XLA_FFI_Error values made by the API's XLA_FFI_Error_Create.
 //
 // Note [FFI call layout]
-// Operands: a token, then n arrays; results: a token, then n arrays, result i of operand i's
-// dtype and shape (allreduce, broadcast: the op is in place when XLA aliases them,
-// input_output_aliases in xla_ffi.py; else the core reads one and writes the other). The token
-// is JAX's ordered-effect token: it chains every collective of a program, so XLA runs them one
-// after the other in program order on every rank (Note [Ordered FFI collectives] in
+// Operands: a token, then n arrays; results: a token, then n arrays of the operands' dtypes
+// (alltoall: one array, then its received splits, int32 or int64). Allreduce and broadcast:
+// result i has operand i's shape and the core reads operand i and writes result i. Allgather,
+// reducescatter, alltoall: the core writes its own output buffer (the sizes are the ranks'),
+// and the handler copies it into result i after checking that it has the traced shape, failing
+// the op on each rank where it does not (a ragged allgather: the ranks traced other sizes).
+// The token is JAX's ordered-effect token: it chains every collective of a program, so XLA runs
+// them one after the other in program order on every rank (Note [Ordered FFI collectives] in
 // xla_ffi.py). Attributes: op (coord::OpType), name (the full name, "<op>.<traced name>"),
 // first (-1: one op named `name`; else a group named "<name>_<first + i>of<n>", as
 // submitNamedGroup), reduce_op, prescale, postscale, root_rank, process_set.
@@ -32,6 +35,7 @@
 #endif
 
 #ifdef HVD_XLA_FFI
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -149,6 +153,17 @@ CallAttrs readAttrs(const XLA_FFI_Attrs& attrs) {
   return a;
 }
 
+bool inPlace(int64_t op) {  // the core writes result i itself (Note [FFI call layout])
+  return op == static_cast<int64_t>(coord::OpType::kAllreduce) ||
+         op == static_cast<int64_t>(coord::OpType::kBroadcast);
+}
+
+std::string shapeText(const int64_t* dims, int64_t rank) {
+  std::string text = "(";
+  for (int64_t d = 0; d < rank; ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
+  return text + (rank == 1 ? ",)" : ")");
+}
+
 // Operand 1 + i and result 1 + i as op i of the group, or an error message naming it.
 std::string fillOp(const XLA_FFI_CallFrame* frame, const CallAttrs& a, int64_t i,
                    runtime::EnqueueArgs* op) {
@@ -159,13 +174,13 @@ std::string fillOp(const XLA_FFI_CallFrame* frame, const CallAttrs& a, int64_t i
   }
   const auto* in = static_cast<const XLA_FFI_Buffer*>(frame->args.args[1 + i]);
   const auto* out = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[1 + i]);
-  if (in->dtype != out->dtype || in->rank != out->rank ||
-      (in->rank > 0 && std::memcmp(in->dims, out->dims, sizeof(int64_t) * in->rank) != 0)) {
+  if (in->dtype != out->dtype || (inPlace(a.op) && (in->rank != out->rank ||
+      (in->rank > 0 && std::memcmp(in->dims, out->dims, sizeof(int64_t) * in->rank) != 0)))) {
     return which + ": its result's dtype or shape differs from its operand's";
   }
   common::DataType dtype;
   if (!coreDataType(in->dtype, &dtype)) {
-    return which + ": XLA dtype " + std::to_string(in->dtype) + " is not one the core reduces";
+    return which + ": XLA dtype " + std::to_string(in->dtype) + " is not one the core has";
   }
   auto& r = op->request;
   r.dtype = dtype;
@@ -174,19 +189,63 @@ std::string fillOp(const XLA_FFI_CallFrame* frame, const CallAttrs& a, int64_t i
                a.postscale, static_cast<int32_t>(a.process_set));
   r.root_rank = static_cast<int32_t>(a.root_rank);
   op->input = in->data;
-  op->output = out->data;
+  op->output = inPlace(a.op) ? out->data : nullptr;  // else the core's buffer, copied below
   return {};
 }
 
-// Every member waited for (each wait frees its name, Note [Handle lifetime]); the first
-// failure's message, or empty.
-std::string waitAll(const std::vector<int64_t>& handles) {
+// Member i's result into result 1 + i when the core allocated it (allgather, reducescatter,
+// alltoall), and alltoall's received splits into result 2; an error message when the ranks'
+// shapes made it another size than traced (jit knows shapes when tracing only).
+std::string copyOut(const XLA_FFI_CallFrame* frame, const CallAttrs& a, int64_t i,
+                    const std::string& member, const runtime::OpResult& result) {
+  const auto* out = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[1 + i]);
+  const size_t bytes = result.buffer ? result.buffer->bytes : 0;
+  common::DataType dtype = common::DataType::kUint8;
+  coreDataType(out->dtype, &dtype);  // checked by fillOp: the operand's dtype
+  size_t want = common::dataTypeSize(dtype);
+  for (int64_t d = 0; d < out->rank; ++d) want *= static_cast<size_t>(out->dims[d]);
+  const bool same = result.shape.size() == static_cast<size_t>(out->rank) && bytes == want &&
+      std::equal(result.shape.begin(), result.shape.end(), out->dims);
+  if (!same) {
+    return "'" + member + "' came back with shape " +
+           shapeText(result.shape.data(), static_cast<int64_t>(result.shape.size())) +
+           ", traced as " + shapeText(out->dims, out->rank) + ": the ranks' first dimensions "
+           "differ, and a jitted " + (a.op == 1 ? "allgather" : a.op == 3 ? "alltoall" :
+           "reducescatter") + " needs the same shape on every rank: call it outside jit";
+  }
+  if (want > 0) std::memcpy(out->data, result.buffer->data, want);
+  if (a.op != static_cast<int64_t>(coord::OpType::kAlltoall)) return {};
+  const auto* splits = static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[2]);
+  const auto count = static_cast<int64_t>(result.received_splits.size());
+  if (splits->rank != 1 || splits->dims[0] != count ||
+      (splits->dtype != XLA_FFI_DataType_S32 && splits->dtype != XLA_FFI_DataType_S64)) {
+    return "its received splits do not fit the traced int32/int64 vector";
+  }
+  for (size_t k = 0; k < result.received_splits.size(); ++k) {
+    if (splits->dtype == XLA_FFI_DataType_S64) {
+      static_cast<int64_t*>(splits->data)[k] = result.received_splits[k];
+    } else {
+      static_cast<int32_t*>(splits->data)[k] = static_cast<int32_t>(result.received_splits[k]);
+    }
+  }
+  return {};
+}
+
+// Every member waited for (each wait frees its name, Note [Handle lifetime]) and its result
+// copied out where the core allocated it; the first failure's message, or empty.
+std::string waitAll(const XLA_FFI_CallFrame* frame, const CallAttrs& a,
+                    const std::vector<int64_t>& handles) {
   std::string failure;
-  for (int64_t handle : handles) {
+  for (size_t i = 0; i < handles.size(); ++i) {
     common::Status status;
     runtime::OpResult result;
-    awaitResult(handle, &status, &result, {});
-    if (!status.isOk() && failure.empty()) failure = status.message();
+    awaitResult(handles[i], &status, &result, {});
+    const std::string member = a.first < 0 ? a.name : a.name + "_" +
+        std::to_string(a.first + static_cast<int64_t>(i)) + "of" + std::to_string(handles.size());
+    std::string bad = !status.isOk() ? status.message()
+        : inPlace(a.op) ? std::string()
+                        : copyOut(frame, a, static_cast<int64_t>(i), member, result);
+    if (!bad.empty() && failure.empty()) failure = std::move(bad);
   }
   return failure;
 }
@@ -208,22 +267,24 @@ XLA_FFI_Error* runCollective(XLA_FFI_CallFrame* frame) {
   }
   if (!a.missing.empty()) return fail(XLA_FFI_Error_Code_INVALID_ARGUMENT, "bad attribute " +
                                       a.missing);
-  if (a.op != static_cast<int64_t>(coord::OpType::kAllreduce) &&
-      a.op != static_cast<int64_t>(coord::OpType::kBroadcast)) {
+  if (a.op < 0 || a.op > static_cast<int64_t>(coord::OpType::kReducescatter)) {
     return fail(XLA_FFI_Error_Code_INVALID_ARGUMENT, "op " + std::to_string(a.op) +
-                " is not one this handler runs (allreduce, broadcast)");
+                " is not one this handler runs (allreduce, allgather, broadcast, alltoall, "
+                "reducescatter)");
   }
+  const bool alltoall = a.op == static_cast<int64_t>(coord::OpType::kAlltoall);
   const int64_t n = frame->args.size - 1;
   const auto* token_in = frame->args.size > 0
       ? static_cast<const XLA_FFI_Buffer*>(frame->args.args[0]) : nullptr;
   const auto* token_out = frame->rets.size > 0
       ? static_cast<const XLA_FFI_Buffer*>(frame->rets.rets[0]) : nullptr;
-  if (n < 1 || frame->rets.size != frame->args.size || token_in->dtype != XLA_FFI_DataType_TOKEN ||
-      token_out->dtype != XLA_FFI_DataType_TOKEN) {
+  const int64_t rets = frame->args.size + (alltoall ? 1 : 0);
+  if (n < 1 || (alltoall && n != 1) || frame->rets.size != rets ||
+      token_in->dtype != XLA_FFI_DataType_TOKEN || token_out->dtype != XLA_FFI_DataType_TOKEN) {
     return fail(XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                "expected a token and n >= 1 arrays in, a token and n arrays out; got " +
-                std::to_string(frame->args.size) + " operands and " +
-                std::to_string(frame->rets.size) + " results");
+                "expected a token and n >= 1 arrays in, a token and n arrays out (alltoall: "
+                "one array in, it and its splits out); got " + std::to_string(frame->args.size) +
+                " operands and " + std::to_string(frame->rets.size) + " results");
   }
   if (!runtime::Runtime::instance().initialized()) {
     return fail(XLA_FFI_Error_Code_FAILED_PRECONDITION, "the core is not initialized (call "
@@ -238,7 +299,7 @@ XLA_FFI_Error* runCollective(XLA_FFI_CallFrame* frame) {
   const common::Status status = enqueueNamedGroup(std::move(ops), a.name,
                                                   static_cast<int>(a.first), true, &handles);
   if (!status.isOk()) return fail(XLA_FFI_Error_Code_INVALID_ARGUMENT, status.message());
-  const std::string failure = waitAll(handles);
+  const std::string failure = waitAll(frame, a, handles);
   if (!failure.empty()) return fail(XLA_FFI_Error_Code_ABORTED, failure);
   return nullptr;
 }
