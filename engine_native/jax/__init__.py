@@ -33,7 +33,7 @@ from engine_native.jax.collectives import (  # noqa: F401
     broadcast, broadcast_async, grouped_allgather, grouped_allgather_async, grouped_allreduce,
     grouped_allreduce_async, poll,
     reducescatter, reducescatter_async, synchronize)
-from engine_native.jax.xla_ffi import jit_path  # noqa: F401 (which path jit takes)
+from engine_native.jax.xla_ffi import jit_path, jit_path_reason  # noqa: F401 (jit's path)
 from engine_native.jax.pytrees import allreduce_pytree, broadcast_parameters  # noqa: F401
 from engine_native.objects import allgather_object, broadcast_object  # noqa: F401
 from engine_native.jax.compression import Compression  # noqa: F401

@@ -28,30 +28,48 @@ next. tests/frameworks/test_jax_ops.py has three independent collectives in one 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
-from jax._src import callback as _jax_callback
-from jax._src import core as _jax_core
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
 from engine_native import _core
 
 _TARGET = "hvd_collective"
-_ORDERED = _jax_callback._OrderedIOEffect  # Note [Ordered FFI collectives]
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4  # coord::OpType
 
+# Why jit takes the io_callback path, or "" when it takes the custom calls.
+_why_not = ""
+try:  # JAX's private names (Note [Ordered FFI collectives]): another jax may not have them
+    from jax._src import callback as _jax_callback
+    from jax._src import core as _jax_core
+    _ORDERED = _jax_callback._OrderedIOEffect
+    _ShapedArray, _abstract_token = _jax_core.ShapedArray, _jax_core.abstract_token
+except (ImportError, AttributeError) as exc:
+    _why_not = f"this jax {jax.__version__} lacks the ordered-IO effect the calls use ({exc})"
 _targets = _core.xla_ffi_targets()
-for _name, _capsule in _targets.items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+if not _targets:
+    _why_not = _why_not or "the core was built without jaxlib's headers (setup.py)"
+elif os.environ.get("HVD_JAX_JIT_PATH", "") == "io_callback":
+    _why_not = "HVD_JAX_JIT_PATH=io_callback"
+if not _why_not:
+    for _name, _capsule in _targets.items():
+        jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
 
 
 def jit_path() -> str:
     """"xla_ffi": the collectives inside jax.jit are XLA custom calls into the core;
-    "io_callback": the core was built without jaxlib's headers, and every collective inside
-    jit is an ordered io_callback (docs/pages/jax.md)."""
-    return "xla_ffi" if _TARGET in _targets else "io_callback"
+    "io_callback": every collective inside jit is an ordered io_callback, because the core was
+    built without jaxlib's headers, this jax lacks what the calls use, or HVD_JAX_JIT_PATH is
+    "io_callback" (``jit_path_reason()`` says which; docs/pages/jax.md)."""
+    return "io_callback" if _why_not else "xla_ffi"
+
+
+def jit_path_reason() -> str:
+    """Why ``jit_path()`` is "io_callback"; "" when it is "xla_ffi"."""
+    return _why_not
 
 
 collective_p = Primitive("hvd_collective")
@@ -59,10 +77,11 @@ collective_p.multiple_results = True
 
 
 def _abstract_eval(*avals, results, **attrs):
-    return [_jax_core.ShapedArray(shape, dtype) for shape, dtype in results], {_ORDERED}
+    return [_ShapedArray(shape, dtype) for shape, dtype in results], {_ORDERED}
 
 
-collective_p.def_effectful_abstract_eval(_abstract_eval)
+if not _why_not:
+    collective_p.def_effectful_abstract_eval(_abstract_eval)
 
 
 def _lowering(ctx, *operands, results, **attrs):
@@ -70,15 +89,16 @@ def _lowering(ctx, *operands, results, **attrs):
     in bindings/jax_ffi.cc)."""
     token = ctx.tokens_in.get(_ORDERED)
     with_token = dataclasses.replace(
-        ctx, avals_in=[_jax_core.abstract_token, *ctx.avals_in],
-        avals_out=[_jax_core.abstract_token, *ctx.avals_out])
+        ctx, avals_in=[_abstract_token, *ctx.avals_in],
+        avals_out=[_abstract_token, *ctx.avals_out])
     call = jax.ffi.build_ffi_lowering_function(_TARGET, has_side_effect=True)(
         with_token, token, *operands, **attrs)
     ctx.set_tokens_out(ctx.tokens_in.update_tokens(mlir.TokenSet({_ORDERED: call.results[0]})))
     return call.results[1:]
 
 
-mlir.register_lowering(collective_p, _lowering, platform="cpu")
+if not _why_not:
+    mlir.register_lowering(collective_p, _lowering, platform="cpu")
 
 
 def collective(tracers, kind: int, full_name: str, first: int, results=None, reduce_op: int = 0,

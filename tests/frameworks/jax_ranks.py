@@ -11,6 +11,6 @@ QUICK_XLA = {"XLA_FLAGS": "--xla_backend_optimization_level=0 "
                           "--xla_llvm_disable_expensive_passes=true"}
 
 
-def run_jax_ranks(fn, np, args=(), timeout=120):
+def run_jax_ranks(fn, np, args=(), timeout=120, env=None):
     """``run_ranks(fn, np)`` with every rank compiling at XLA's lowest optimisation level."""
-    return run_ranks(fn, np, args=args, env=QUICK_XLA, timeout=timeout)
+    return run_ranks(fn, np, args=args, env={**QUICK_XLA, **(env or {})}, timeout=timeout)
