@@ -6,7 +6,6 @@
 #include <Python.h>
 
 #include <cstdint>
-#include <functional>
 
 #include "common/status.h"
 #include "runtime/handle_table.h"
@@ -24,12 +23,10 @@ PyObject* waitHandle(int64_t handle);
 // filled, the handle released), false with a KeyboardInterrupt (or a signal handler's
 // exception) set, the op still pending and the handle valid.
 bool waitResult(int64_t handle, common::Status* status, runtime::OpResult* result);
-// waitResult's wait without Python (any thread; call it without the GIL): drives and waits in
-// 50 ms slices until the op finished (true; the handle released), or until `stop`, asked
-// between slices, says true (false; the op still pending, the handle valid). An empty `stop`
-// waits until the op finishes, however long: a stalled op is reported, and failed only after
-// HVD_STALL_SHUTDOWN_TIME when that is set (an error, a lost peer or abort() end it too).
-bool awaitResult(int64_t handle, common::Status* status, runtime::OpResult* result,
-                 const std::function<bool()>& stop);
+// waitResult's wait on a thread without the GIL (bindings/jax_ffi.cc's handler, on XLA's
+// threads): drives and waits until the op finished (the handle released), however long: a
+// stalled op is reported, and failed only after HVD_STALL_SHUTDOWN_TIME when that is set (an
+// error, a lost peer or abort() end it too).
+bool awaitResult(int64_t handle, common::Status* status, runtime::OpResult* result);
 
 }  // namespace hvd::bindings

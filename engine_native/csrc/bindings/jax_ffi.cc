@@ -239,7 +239,7 @@ std::string waitAll(const XLA_FFI_CallFrame* frame, const CallAttrs& a,
   for (size_t i = 0; i < handles.size(); ++i) {
     common::Status status;
     runtime::OpResult result;
-    awaitResult(handles[i], &status, &result, {});
+    awaitResult(handles[i], &status, &result);
     const std::string member = a.first < 0 ? a.name : a.name + "_" +
         std::to_string(a.first + static_cast<int64_t>(i)) + "of" + std::to_string(handles.size());
     std::string bad = !status.isOk() ? status.message()

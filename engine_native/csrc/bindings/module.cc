@@ -251,8 +251,12 @@ static bool readMainThread() {
 
 constexpr int kWaitSliceMs = 50;  // signals are checked between slices
 
-bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result,
-                 const std::function<bool()>& stop) {
+// The one wait, for both kinds of caller: a Python thread (`holds_gil`: the GIL is released
+// around the drive and each slice's wait only, as Python objects may go with the handle, and
+// Ctrl-C is checked between slices) and a thread without the GIL (bindings/jax_ffi.cc's handler
+// on XLA's threads: it waits until the op ends).
+static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* result,
+                   bool holds_gil) {
   auto& handles = Runtime::instance().handles();
   // Already finished (the rest of a fused batch): one lock, no waiting.
   if (handles.takeIfDone(handle, status, result)) return true;
@@ -263,17 +267,28 @@ bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result,
     Runtime::instance().addHandleWait(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
-  Runtime::instance().drive(handle);
+  auto without_gil = [holds_gil](auto&& fn) {
+    PyThreadState* saved = holds_gil ? PyEval_SaveThread() : nullptr;
+    fn();
+    if (saved != nullptr) PyEval_RestoreThread(saved);
+  };
+  without_gil([handle] { Runtime::instance().drive(handle); });
   MainBlocked marked;
   while (true) {
-    // Its CUDA op's event, polled here when its drive queued the op (Note [Caller waits on
-    // the device] in runtime/device_executor.cc); a point-to-point op's peer doorbell (Note
-    // [Caller sleeps on the doorbell] in runtime/peer_await.cc); else the handle's condition
-    // variable.
-    const bool awaited = Runtime::instance().awaitDevice(handle, kWaitSliceMs, t0) ||
-                         Runtime::instance().awaitPeer(handle, kWaitSliceMs);
-    if (handles.waitFor(handle, awaited ? 0 : kWaitSliceMs, status, result)) break;
-    if (stop && stop()) {
+    bool done = false;
+    without_gil([&] {
+      // Its CUDA op's event, polled here when its drive queued the op (Note [Caller waits on
+      // the device] in runtime/device_executor.cc); a point-to-point op's peer doorbell (Note
+      // [Caller sleeps on the doorbell] in runtime/peer_await.cc); else the handle's condition
+      // variable.
+      const bool awaited = Runtime::instance().awaitDevice(handle, kWaitSliceMs, t0) ||
+                           Runtime::instance().awaitPeer(handle, kWaitSliceMs);
+      done = handles.waitFor(handle, awaited ? 0 : kWaitSliceMs, status, result);
+    });
+    if (done) break;
+    // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
+    // pending; the Python layer decides whether to abort().
+    if (holds_gil && PyErr_CheckSignals() != 0) {
       blocked();
       return false;
     }
@@ -283,18 +298,12 @@ bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result,
   return true;
 }
 
+bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
+  return waitOn(handle, status, result, /*holds_gil=*/false);
+}
+
 bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
-  PyThreadState* saved = PyEval_SaveThread();
-  // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
-  // pending; the Python layer decides whether to abort().
-  const bool done = awaitResult(handle, status, result, [&saved] {
-    PyEval_RestoreThread(saved);
-    const bool raised = PyErr_CheckSignals() != 0;
-    saved = PyEval_SaveThread();
-    return raised;
-  });
-  PyEval_RestoreThread(saved);
-  return done;
+  return waitOn(handle, status, result, /*holds_gil=*/true);
 }
 
 PyObject* waitHandle(int64_t handle) {
