@@ -49,8 +49,10 @@ def metrics() -> dict:
     unbound: ``HVD_CPU_BIND``, Note [CPU binding]).
     ``p2p_sent``/``p2p_received`` count this rank's point-to-point messages,
     ``p2p_sent_bytes``/``p2p_received_bytes`` their bytes; ``p2p_split_sent``/
-    ``p2p_split_received`` those copied half by each side (Note [Split copy]), and
-    ``p2p_split_refused`` the offers of that refused, either way (they went through the ring).
+    ``p2p_split_received`` those copied straight between the two processes (Note [Split
+    copy]: half by each side, or all by the receiver when it could not be verified), and
+    ``p2p_split_refused`` the offers answered "send it whole", either way (a peer that cannot
+    be read, or a posted receive's ``out=``: those went through the ring).
     ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others
     still run (refreshed every 200 ms; ``[]`` on other ranks).
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,

@@ -1,13 +1,15 @@
 """The split copy of a large point-to-point message between ranks of one host (Note [Split copy]
 in engine_native/csrc/transport/peer_split.cc): each side copies half, straight between the two
-processes' memory. Messages arrive whole and in order, both ways at once (each side's offer
-waits for the other's answer), into new arrays and into out=; a receiver that cannot verify its
-peer refuses and the message goes whole through the ring; a sender that cannot verify the
-receiver writes nothing and the receiver reads it all; HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
+processes' memory. Messages arrive whole and in order (one tag too), both ways at once (each
+side's offer waits for the other's answer); a posted receive's out= is never written by the
+peer (that message comes whole through the ring); an offer wakes a receiver that has no receive
+open; a receiver that cannot verify its peer refuses and the messages go whole through the
+ring; a sender that cannot verify the receiver writes nothing and the receiver reads it all;
+HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
 """
 import numpy as np
 
-from multiproc import checks
+from multiproc import checks, faults
 from multiproc.harness import run_ranks
 
 BIG = (3 << 20) + 13  # bytes: over the 1 MiB default, not a whole number of pages
@@ -20,9 +22,10 @@ def exchange_suite():
     me, peer = hvd.rank(), 1 - hvd.rank()
     big = (np.arange(BIG, dtype=np.uint8) * (7 + me)).astype(np.uint8)
     wide = np.arange((5 << 20) // 8, dtype=np.float64) * (me + 1)
-    requests = [hvd.irecv(peer, tag=t) for t in (1, 2, 3, 4)]
+    requests = [hvd.irecv(peer, tag=t) for t in (1, 2, 3, 4, 6, 6)]
     sends = [hvd.isend(big, peer, tag=1), hvd.isend(np.array([me, 42]), peer, tag=2),
-             hvd.isend(wide, peer, tag=3), hvd.isend(np.array([me, 43]), peer, tag=4)]
+             hvd.isend(wide, peer, tag=3), hvd.isend(np.array([me, 43]), peer, tag=4),
+             hvd.isend(big, peer, tag=6), hvd.isend(np.array([me, 44]), peer, tag=6)]
     got = [r.wait() for r in requests]
     for s in sends:
         s.wait()
@@ -30,15 +33,19 @@ def exchange_suite():
     expect_wide = np.arange((5 << 20) // 8, dtype=np.float64) * (peer + 1)
     out = np.zeros_like(wide)
     if me == 0:
+        hvd.barrier()  # rank 1 posted its receive into out
         hvd.send(wide, 1, tag=5)
         into = None
     else:
-        into = hvd.recv(0, tag=5, out=out) is out and bool(np.array_equal(out, expect_wide))
+        request = hvd.irecv(0, tag=5, out=out)
+        hvd.barrier()
+        into = request.wait() is out and bool(np.array_equal(out, expect_wide))
     hvd.barrier()
     m = hvd.metrics()
     hvd.shutdown()
     return {"big": bool(np.array_equal(got[0], expect_big)) and got[0].dtype == np.uint8,
-            "small": [got[1].tolist(), got[3].tolist()],
+            "small": [got[1].tolist(), got[3].tolist(), got[5].tolist()],
+            "one tag": bool(np.array_equal(got[4], expect_big)),
             "wide": bool(np.array_equal(got[2], expect_wide)), "into": into,
             "split": (m["p2p_split_sent"], m["p2p_split_received"], m["p2p_split_refused"])}
 
@@ -51,16 +58,18 @@ def _run(env=None, rank_env=None):
 
 def _arrived_whole(values):
     for me, v in enumerate(values):
-        assert v["big"] and v["wide"], v
-        assert v["small"] == [[1 - me, 42], [1 - me, 43]], v
+        assert v["big"] and v["wide"] and v["one tag"], v
+        assert v["small"] == [[1 - me, 42], [1 - me, 43], [1 - me, 44]], v
     assert values[1]["into"] is True, values[1]
 
 
 def test_large_messages_cross_both_ways_at_once_split_between_the_two_sides():
     values = _run()
     _arrived_whole(values)
-    assert values[0]["split"] == (3, 2, 0), values  # rank 0 also sent the out= message
-    assert values[1]["split"] == (2, 3, 0), values
+    # (sent, received, refused): two big and one wide each way split; the message for rank
+    # 1's posted out= went whole (refused on both sides)
+    assert values[0]["split"] == (3, 3, 1), values
+    assert values[1]["split"] == (3, 3, 1), values
 
 
 def test_no_split_below_the_threshold_or_when_turned_off():
@@ -89,3 +98,31 @@ def test_a_sender_that_cannot_verify_the_receiver_lets_it_read_everything():
     sent1, received1, refused1 = values[1]["split"]
     assert (sent1, received0) == (0, 0) and sent0 >= 1 and received1 >= 1, values
     assert refused0 >= 1 and refused1 >= 1, values
+
+
+def unposted_suite(folder):
+    """Rank 0 sends a split message before rank 1 has a receive open (rank 1 waits for the
+    send to complete first): the offer must wake rank 1's sleeping loop, not wait for its idle
+    tick (metrics()["tick_pickups"] counts passes that found work nothing woke them for)."""
+    hvd = checks.init("shm")
+    message = np.arange(BIG, dtype=np.uint8)
+    hvd.barrier()
+    if hvd.rank() == 0:
+        hvd.send(message, 1, tag=9)
+        faults.announce(folder, "sent")
+        result = None
+    else:
+        before = hvd.metrics()["tick_pickups"]
+        faults.await_event(folder, "sent")
+        got = hvd.recv(0, tag=9)
+        result = (bool(np.array_equal(got, message)), hvd.metrics()["tick_pickups"] - before,
+                  hvd.metrics()["p2p_split_received"])
+    hvd.barrier()
+    hvd.shutdown()
+    return result
+
+
+def test_an_offer_wakes_a_receiver_with_no_receive_open(tmp_path):
+    _, (whole, missed_wakes, split) = (r.value for r in run_ranks(
+        unposted_suite, 2, args=(str(tmp_path),), timeout=60))
+    assert whole and split == 1 and missed_wakes == 0, (whole, missed_wakes, split)

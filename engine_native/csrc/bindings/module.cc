@@ -267,10 +267,16 @@ static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* resul
     Runtime::instance().addHandleWait(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   };
+  struct GilReleased {  // restored however fn leaves
+    explicit GilReleased(bool release) : saved(release ? PyEval_SaveThread() : nullptr) {}
+    ~GilReleased() {
+      if (saved != nullptr) PyEval_RestoreThread(saved);
+    }
+    PyThreadState* saved;
+  };
   auto without_gil = [holds_gil](auto&& fn) {
-    PyThreadState* saved = holds_gil ? PyEval_SaveThread() : nullptr;
+    GilReleased released(holds_gil);
     fn();
-    if (saved != nullptr) PyEval_RestoreThread(saved);
   };
   without_gil([handle] { Runtime::instance().drive(handle); });
   MainBlocked marked;

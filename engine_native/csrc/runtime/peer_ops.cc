@@ -276,8 +276,9 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   metrics_.countP2pSplit(split.sent, split.received, split.refused);
   HVD_RETURN_IF_ERROR(stored);
   HVD_RETURN_IF_ERROR(received);
-  if (read) {
+  if (read) {  // the peer is alive and moving: a split send waits for its answers meanwhile
     for (Op& op : p.receiving) op.since = now;
+    for (Op& op : p.sending) op.since = now;
   }
   if (arrived) match(p);
   timeOut(p, now);

@@ -178,8 +178,10 @@ Status PeerChannel::writeFrames(std::vector<uint64_t>* sent, bool* moved) {
   while (true) {
     iovec iov[2 * kMaxFramesPerWrite];
     int count = 0;
+    bool offer = false;  // Note [Split copy] C: an offer needs an answer, so it always wakes
     for (size_t k = 0; k < outbox_.size() && k < kMaxFramesPerWrite; ++k) {
       const Outgoing& o = outbox_[k];
+      offer = offer || o.split == Split::kOffer;
       const uint64_t header = o.header.size();
       if (o.written < header) {
         iov[count++] = {const_cast<char*>(o.header.data()) + o.written, header - o.written};
@@ -188,7 +190,7 @@ Status PeerChannel::writeFrames(std::vector<uint64_t>* sent, bool* moved) {
       if (from < o.bytes) iov[count++] = {const_cast<uint8_t*>(o.payload) + from, o.bytes - from};
       if (o.split != Split::kNone) break;
     }
-    const ssize_t n = count > 0 ? writeSome(iov, count) : 0;
+    const ssize_t n = count > 0 ? writeSome(iov, count, offer) : 0;
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::ok();
@@ -270,7 +272,7 @@ Status PeerChannel::receiveRing(std::vector<PeerMessage>* out, bool* moved,
   }
 }
 
-ssize_t PeerChannel::writeSome(const iovec* iov, int count) {
+ssize_t PeerChannel::writeSome(const iovec* iov, int count, bool always_wake) {
   if (link_ != nullptr) {  // E: a piece at a time
     iovec capped[2 * kMaxFramesPerWrite];
     size_t budget = kRingPieceBytes;
@@ -282,7 +284,7 @@ ssize_t PeerChannel::writeSome(const iovec* iov, int count) {
       capped[k].iov_len = std::min(capped[k].iov_len, budget);
       budget -= capped[k].iov_len;
     }
-    const size_t wrote = link_->writeGather(capped, k);
+    const size_t wrote = link_->writeGather(capped, k, always_wake);
     written_ += wrote;
     return static_cast<ssize_t>(wrote);
   }
@@ -359,7 +361,18 @@ Status PeerChannel::parse(std::vector<PeerMessage>* out) {
 }
 
 Status PeerChannel::startPayload() {
-  incoming_.payload = allocate_(allocate_context_, peer_, incoming_.frame);
+  if (whole_.data != nullptr) {  // Note [Split copy] F: the memory its offer was given
+    const PeerFrame& offered = whole_frame_;
+    if (incoming_.frame.kind != PeerFrameKind::kHost || incoming_.frame.tag != offered.tag ||
+        incoming_.frame.dtype != offered.dtype || incoming_.frame.shape != offered.shape) {
+      return common::internalError("malformed split copy from rank " + std::to_string(peer_) +
+                                   ": the message sent whole is not the one offered");
+    }
+    incoming_.payload = std::move(whole_);
+    whole_ = PeerPayload();
+  } else {
+    incoming_.payload = allocate_(allocate_context_, peer_, incoming_.frame);
+  }
   if (incoming_.payload.data == nullptr) {
     return common::internalError("out of memory for a point-to-point message of " +
                                  std::to_string(incoming_.frame.bytes) + " bytes from rank " +
@@ -371,7 +384,15 @@ Status PeerChannel::startPayload() {
 }
 
 void PeerChannel::rehomeIncoming(const uint8_t* data) {
-  if (split_in_.active && split_in_.message.payload.data == data) return rehomeSplit();
+  if (whole_.data != nullptr && whole_.data == data) {  // nothing written there yet
+    whole_ = allocate_(allocate_context_, peer_, whole_frame_);
+    if (whole_.data == nullptr) {
+      broken_ = common::internalError("out of memory for a point-to-point message of " +
+                                      std::to_string(whole_frame_.bytes) + " bytes from rank " +
+                                      std::to_string(peer_));
+    }
+    return;
+  }
   if (stage_ != Stage::kPayload || incoming_.payload.data != data) return;
   PeerPayload fresh = allocate_(allocate_context_, peer_, incoming_.frame);
   if (fresh.data == nullptr) {

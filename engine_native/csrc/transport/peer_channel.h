@@ -92,9 +92,9 @@ class PeerChannel {
   // announced by a wake byte instead).
   bool wantsWritable() const { return link_ == nullptr && !outbox_.empty(); }
   // Shared memory only, seq_cst (the sleep re-check): a message waits in the incoming ring,
-  // or this side has a split message's half to read.
+  // or this side has a split message's half to read, or the channel broke (receive() says so).
   bool hasIncoming() const {
-    return link_ != nullptr && (link_->hasData() || splitReadPending());
+    return link_ != nullptr && (link_->hasData() || splitReadPending() || !broken_.isOk());
   }
   // Shared memory only, after the loop announced its sleep: with a backlog, marks the ring for
   // a wake once the peer reads and says whether it has room already (then do not sleep); a
@@ -151,10 +151,11 @@ class PeerChannel {
   common::Status writeHalf(Outgoing* o, bool* moved);
   common::Status readHalf(bool* moved);
   void completeSplit(std::vector<PeerMessage>* out);
-  void rehomeSplit();
   static void keepForever(std::shared_ptr<void> owner);
   bool splitReadPending() const { return split_in_.active && split_in_.got < split_in_.end; }
   bool verified(const SplitEndpoint& peer);
+  void stopOffering();
+  static void sendWhole(Outgoing* o);
 
   common::Status startPayload();
   static PeerPayload defaultAllocator(void*, int, const PeerFrame& frame) {
@@ -162,7 +163,7 @@ class PeerChannel {
   }
   // One write or read of the transport: bytes moved, 0 when it takes or has none now, -1 with
   // errno on a socket error.
-  ssize_t writeSome(const iovec* iov, int count);
+  ssize_t writeSome(const iovec* iov, int count, bool always_wake);
   ssize_t readSome(uint8_t* dst, size_t room);
   bool paused();  // the test switch PEER_PAUSE_AT_BYTES holds
 
@@ -178,7 +179,9 @@ class PeerChannel {
   uint32_t header_bytes_ = 0;
   PeerMessage incoming_;            // stage kPayload: the message being filled
   uint64_t payload_got_ = 0;
-  common::Status broken_;           // rehomeIncoming found no memory: receive() fails with it
+  // rehomeIncoming found no memory, or gave up a split message its sender still writes:
+  // receive() fails with it
+  common::Status broken_;
   // Test switch PEER_PAUSE_AT_BYTES (peer_channel.cc); 0: none.
   uint64_t pause_at_ = 0;
   const char* pause_file_ = nullptr;
@@ -187,6 +190,9 @@ class PeerChannel {
   uint64_t split_min_bytes_ = 0;
   bool split_refused_ = false;      // the peer refused an offer, or could not be verified
   int peer_identity_ = 0;           // 1: verified, -1: could not be (read once per channel)
+  SplitEndpoint verified_;          // ... the endpoint it was verified for (pid and word)
+  PeerPayload whole_;               // F: a posted out= given to an offer sent whole instead
+  PeerFrame whole_frame_;           // ... that offer's message
   std::deque<std::string> control_;  // whole frames, written before the outbox's next
   uint64_t control_written_ = 0;    // of control_.front()
   IncomingSplit split_in_;

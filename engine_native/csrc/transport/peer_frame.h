@@ -26,7 +26,8 @@
 //   transport/peer_split.cc; the channel's own, PeerOps never sees them):
 //   kSplitOffer: a kHost message of dtype x shape (tag as kHost) whose bytes wait in the
 //     sender's memory; the payload, a SplitEndpoint, says where.
-//   kSplitAccept: the receiver's answer: a SplitEndpoint (address 0: refused, send it whole).
+//   kSplitAccept: the receiver's answer: a SplitEndpoint (address 0: send this one whole through
+//     the ring; identity_address 0 too: and every later one).
 //   kSplitDone: the sender wrote its half (payload u64 1), or will not (0: read it all).
 //   kSplitRead: the receiver has every byte; the sender's memory is its own again. No payload.
 //   Accept, Done and Read: no dims, dtype uint8, tag 0.

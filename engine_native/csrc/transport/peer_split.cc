@@ -20,29 +20,34 @@
 //      Done it has the message, and sends kSplitRead; the send completes when that arrives
 //      (its tensor is read until then, Note [Point-to-point] C).
 //   C. Answers (accept, done, read) are written ahead of the outbox whenever no frame is half
-//      written, and wake a sleeping peer whatever the ring's wake rule: each side waits for
-//      the other's answer, and two ranks sending each other split messages would otherwise
-//      wait for ever behind their own offers.
-//   D. Whom a pid names is checked once per channel and direction, before the first copy: the
-//      endpoint carries the address and value of its process's identity word (random, per
-//      process), which the other side reads with process_vm_readv. A pid of another PID
-//      namespace, a recycled pid or a kernel that refuses (EPERM: Yama, seccomp) fails the
-//      check, and nothing is ever written to an unverified process. A receiver that cannot
-//      verify refuses (accept with address 0): the sender sends that message, and every later
-//      one, whole through the ring. A sender that cannot verify the receiver writes nothing
-//      and says so (Done 0): the receiver reads the whole message itself.
+//      written, and they and offers wake a sleeping peer whatever the ring's wake rule (an
+//      offer's receiver may have no receive open, Note [Point-to-point over shm] B): each side
+//      waits for the other's answer, and two ranks sending each other split messages would
+//      otherwise wait for ever behind their own offers.
+//   D. Whom a pid names is checked once per channel, before the first copy: the endpoint
+//      carries the address and value of its process's identity word (random, per process),
+//      which the other side reads with process_vm_readv; every later endpoint must name that
+//      same process and word. A pid of another PID namespace, a recycled pid or a kernel that
+//      refuses (EPERM: Yama, seccomp) fails the check, and nothing is ever written to an
+//      unverified process. A receiver that cannot verify refuses (an accept with address and
+//      identity 0): the sender sends that message, every queued offer and every later message
+//      whole through the ring. A sender that cannot verify the receiver writes nothing and
+//      says so (Done 0): the receiver reads the whole message itself.
 //   E. A ring is copied a piece (kSplitPieceBytes) per pass on each side, so a pass stays short
 //      and other channels move between pieces; hasIncoming() and rearmWriter() report a
 //      pending piece, so neither side sleeps while it has one, and both sleep while they wait
 //      for the other's answer (C wakes them).
-//   F. Ends. A lost channel fails the rank as before. A receive that ends before the sender
-//      said Done (its timeout, the rank failing) cannot stop the sender's writes: the channel
-//      breaks (the rank fails, as a half-written frame does, Note [Point-to-point] D) and the
-//      memory the core owns is never freed (a stopped sender may resume and finish its
-//      write); a posted out= may still receive the sender's half after its receive failed, as
-//      a failed receive's buffer is undefined in MPI. A failed send's tensor may be read by
-//      the receiver after the failure (the peer's message is then garbage, and its rank fails
-//      with this one's).
+//   F. Only memory the core owns is ever written by the peer. An offer whose message a posted
+//      receive's out= would take (Note [Receive into out] A) is answered "send it whole"
+//      (address 0, identity set): the message comes through the ring into out, as before, and
+//      only then are later messages offered again. A receive that ends while its out= waits
+//      for that whole message hands the memory back (rehomeIncoming: nothing was written
+//      there). A sender cannot be stopped once it writes: had the user's out= been the
+//      target, a receive that timed out (or a rank that failed) could return while a stopped
+//      sender, resumed, wrote into memory the user had freed and reused. A receiving channel
+//      destroyed before its sender said Done never frees the core memory it gave (it may still
+//      be written). A failed send's tensor may be read by the receiver after the failure (the
+//      peer's message is then garbage, and its rank fails with this one's).
 #include <unistd.h>
 
 #include <algorithm>
@@ -118,12 +123,13 @@ void PeerChannel::offer(Outgoing* o) {  // A
 
 bool PeerChannel::rearmWriter() {  // E
   if (link_ == nullptr) return false;
-  if (!control_.empty()) return link_->rearm();
-  if (outbox_.empty() || paused()) return false;
-  const Split split = outbox_.front().split;
-  if (split == Split::kAwaitAccept || split == Split::kAwaitRead) return false;  // C wakes
-  if (split == Split::kWriting || split == Split::kDone) return true;
-  return link_->rearm();
+  const Split split = outbox_.empty() ? Split::kNone : outbox_.front().split;
+  if (split == Split::kWriting || split == Split::kDone) return true;  // its own work
+  // Frames to write (not a split head waiting for the peer's answer, which wakes this rank:
+  // C), or answers: the ring's room decides.
+  const bool frames = !outbox_.empty() && split != Split::kAwaitAccept &&
+                      split != Split::kAwaitRead && !paused();
+  return (frames || !control_.empty()) && link_->rearm();
 }
 
 void PeerChannel::dropOutbox() {
@@ -192,26 +198,36 @@ Status PeerChannel::handleControl(const PeerFrame& frame, const uint8_t* payload
   return Status::ok();
 }
 
-// D: once per channel; a refused or failed read, or another value, is "no".
+// D: once per channel; a refused or failed read, or another value, is "no". Every later
+// endpoint must name the same process and word: a peer cannot get one verified and then send
+// this rank's writes elsewhere.
 bool PeerChannel::verified(const SplitEndpoint& peer) {
   if (peer_identity_ == 0) {
     uint64_t value = 0;
     const bool forced = testSwitchOn(HVD_TEST_SWITCH("P2P_SPLIT_UNVERIFIED"));
-    const bool read = !forced && shm::readPeer(static_cast<pid_t>(peer.pid), peer.identity_address,
-                                          &value, sizeof(value)).isOk();
+    const bool read = !forced && shm::readPeer(static_cast<pid_t>(peer.pid),
+                                               peer.identity_address, &value,
+                                               sizeof(value)).isOk();
     peer_identity_ = read && value == peer.identity_value ? 1 : -1;
+    verified_ = peer;
   }
-  return peer_identity_ == 1;
+  return peer_identity_ == 1 && peer.pid == verified_.pid &&
+         peer.identity_address == verified_.identity_address &&
+         peer.identity_value == verified_.identity_value;
 }
 
 Status PeerChannel::takeOffer(const PeerFrame& offer, const SplitEndpoint& sender) {  // B
-  if (split_in_.active) return malformed(peer_, "an offer while another message is open");
+  if (split_in_.active || whole_.data != nullptr) {
+    return malformed(peer_, "an offer while another message is open");
+  }
   PeerFrame frame = offer;
   frame.kind = PeerFrameKind::kHost;
   peerPayloadBytes(frame.dtype, frame.shape, &frame.bytes);  // checked by decodePeerHeader
-  if (split_min_bytes_ == 0 || !verified(sender)) {
+  if (split_min_bytes_ == 0 || !verified(sender)) {  // D: this one and every later one whole
     ++split_counts_.refused;
-    queueControl(PeerFrameKind::kSplitAccept, encodeSplitEndpoint(self(0)));
+    SplitEndpoint never = self(0);
+    never.identity_address = never.identity_value = 0;
+    queueControl(PeerFrameKind::kSplitAccept, encodeSplitEndpoint(never));
     return Status::ok();
   }
   PeerPayload payload = allocate_(allocate_context_, peer_, frame);
@@ -219,6 +235,13 @@ Status PeerChannel::takeOffer(const PeerFrame& offer, const SplitEndpoint& sende
     return common::internalError("out of memory for a point-to-point message of " +
                                  std::to_string(frame.bytes) + " bytes from rank " +
                                  std::to_string(peer_));
+  }
+  if (payload.owner == nullptr) {  // F: a posted receive's out=: only this process writes it
+    ++split_counts_.refused;
+    whole_ = std::move(payload);   // startPayload takes it for the whole message that follows
+    whole_frame_ = std::move(frame);
+    queueControl(PeerFrameKind::kSplitAccept, encodeSplitEndpoint(self(0)));
+    return Status::ok();
   }
   split_in_ = IncomingSplit();
   split_in_.active = true;
@@ -231,23 +254,35 @@ Status PeerChannel::takeOffer(const PeerFrame& offer, const SplitEndpoint& sende
   return Status::ok();
 }
 
+// D: every queued offer not begun goes whole; so does every later message.
+void PeerChannel::stopOffering() {
+  split_refused_ = true;
+  for (Outgoing& o : outbox_) {
+    if (o.split == Split::kOffer && o.written == 0) sendWhole(&o);
+  }
+}
+
+void PeerChannel::sendWhole(Outgoing* o) {
+  o->header = encodePeerHeader(o->frame);
+  o->payload = o->tensor;
+  o->bytes = o->frame.bytes;
+  o->written = 0;
+  o->split = Split::kNone;
+}
+
 Status PeerChannel::takeAccept(const SplitEndpoint& receiver) {
   if (outbox_.empty() || outbox_.front().split != Split::kAwaitAccept) {
     return malformed(peer_, "an accept without an offer");
   }
   Outgoing& o = outbox_.front();
-  if (receiver.address == 0) {  // D: refused; this message and every later one go whole
-    split_refused_ = true;
+  if (receiver.address == 0) {  // D, F: this one whole; with no identity, every later one too
     ++split_counts_.refused;
-    o.header = encodePeerHeader(o.frame);
-    o.payload = o.tensor;
-    o.bytes = o.frame.bytes;
-    o.written = 0;
-    o.split = Split::kNone;
+    sendWhole(&o);
+    if (receiver.identity_address == 0) stopOffering();
     return Status::ok();
   }
   if (!verified(receiver)) {  // D: the receiver reads it all
-    split_refused_ = true;
+    stopOffering();
     o.split = Split::kAwaitRead;
     std::string done;
     common::ByteWriter(&done).u64(0);
@@ -305,31 +340,6 @@ void PeerChannel::completeSplit(std::vector<PeerMessage>* out) {
   ++split_counts_.received;
   out->push_back(std::move(in.message));
   in = IncomingSplit();
-}
-
-// F: a receive gave up on `data` while its split message is open.
-void PeerChannel::rehomeSplit() {
-  if (!split_in_.sender_done) {
-    keepForever(split_in_.message.payload.owner);  // the sender may still write there
-    split_in_ = IncomingSplit();
-    broken_ = common::peerLost("point-to-point connection to rank " + std::to_string(peer_) +
-                               ": a receive ended while that rank was still writing its half "
-                               "of a message into this rank's memory; the connection cannot "
-                               "be used again");
-    return;
-  }
-  PeerPayload fresh = allocate_(allocate_context_, peer_, split_in_.message.frame);
-  if (fresh.data == nullptr) {
-    const uint64_t bytes = split_in_.message.frame.bytes;
-    split_in_ = IncomingSplit();
-    broken_ = common::internalError("out of memory for the rest of a point-to-point message "
-                                    "of " + std::to_string(bytes) +
-                                    " bytes from rank " + std::to_string(peer_));
-    return;
-  }
-  std::memcpy(fresh.data, split_in_.message.payload.data,
-              static_cast<size_t>(split_in_.message.frame.bytes));
-  split_in_.message.payload = std::move(fresh);
 }
 
 void PeerChannel::keepForever(std::shared_ptr<void> owner) {  // F
