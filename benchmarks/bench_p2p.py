@@ -56,7 +56,9 @@ def rank_run(adapter, spec: dict, init_end: float) -> dict:
 
 def _round_trip(adapter, buf, back, spec):
     """Rank 0: send, then receive the echo; rank 1: receive, send it back. Others idle."""
-    recv = adapter.recv_into if spec.get("out") else adapter.recv
+    # "into", not "out": the launcher sets spec["out"] to the results folder (benchlib), which
+    # made every launch receive into a buffer until 2026-12-05
+    recv = adapter.recv_into if spec.get("into") else adapter.recv
     if adapter.rank == 0:
         adapter.send(buf, 1, 3)
         return recv(back, 1, 4)
@@ -70,7 +72,7 @@ def _round_trip(adapter, buf, back, spec):
 def run(ctx) -> list:
     systems = ctx.systems("ours", "ours-out", "mpi", "gloo")
     for system in systems:
-        spec = {"out": system == "ours-out","sizes": [4, 4096, MIB, 16 * MIB] if ctx.quick else SIZES,
+        spec = {"into": system == "ours-out", "sizes": [4, 4096, MIB, 16 * MIB] if ctx.quick else SIZES,
                 **({"sizes": [4, 64 * 1024]} if ctx.smoke else {}),
                 "target_bytes": (64 if ctx.quick else 2048) * MIB,
                 "max_iters": 200 if ctx.quick else 2000,
