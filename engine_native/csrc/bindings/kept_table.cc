@@ -20,6 +20,8 @@ struct Kept {
 // By the handle's slot (its low 32 bits), which the HandleTable reuses: bounded by the ops in
 // flight at once.
 std::vector<Kept> g_kept;
+// Handles whose entries a synchronizeKept took out for its wait (still "kept" to isKept).
+std::vector<int64_t> g_waiting;
 
 // Drops a Kept's references after its slot was reset: a destructor run by a DECREF may call
 // back into an enqueue and grow g_kept, so no reference into it is held meanwhile.
@@ -50,34 +52,47 @@ void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish
   dropRefs(stale);
 }
 
-bool isKept(int64_t handle) { return keptFor(handle) != nullptr; }
+bool isKept(int64_t handle) {
+  return keptFor(handle) != nullptr ||
+         std::find(g_waiting.begin(), g_waiting.end(), handle) != g_waiting.end();
+}
 
 PyObject* synchronizeKept(int64_t handle) {
-  PyObject* result = waitHandle(handle);
+  // Taken out of the table before the wait: the wait frees the handle's slot, and an enqueue on
+  // another thread may take that slot (keepRefs then drops what it holds as stale) before this
+  // thread reads the table again. That happened when a wait released the GIL before its fast
+  // path (TF1 session threads got None for an aligned group's output).
   Kept* k = keptFor(handle);
+  const Kept mine = k != nullptr ? *k : Kept();
+  if (k != nullptr) {
+    *k = Kept();
+    g_waiting.push_back(handle);
+  }
+  PyObject* result = waitHandle(handle);
+  if (mine.handle != 0) g_waiting.erase(std::find(g_waiting.begin(), g_waiting.end(), handle));
   if (result == nullptr) {
     // An interrupted wait (Ctrl-C, or any exception a signal handler raised) leaves the op
-    // pending and its handle known: its memory stays kept. Otherwise the op failed and is
-    // over (wait released the handle): let go.
-    if (k != nullptr && runtime::Runtime::instance().handles().poll(handle) < 0) {
-      const Kept done = *k;
-      *k = Kept();
-      dropRefs(done);
+    // pending and its handle known (so its slot is still its own): its memory stays kept.
+    // Otherwise the op failed and is over (wait released the handle): let go.
+    if (mine.handle != 0) {
+      if (runtime::Runtime::instance().handles().poll(handle) >= 0) {
+        g_kept[static_cast<size_t>(handle & 0xffffffff)] = mine;  // the table only grows
+      } else {
+        dropRefs(mine);
+      }
     }
     return nullptr;
   }
-  if (k == nullptr) return result;  // nothing kept: the core's own result
-  const Kept done = *k;
-  *k = Kept();
+  if (mine.handle == 0) return result;  // nothing kept: the core's own result
   PyObject* out = nullptr;
-  if (done.finish == nullptr) {
-    out = done.output != nullptr ? done.output : Py_None;
+  if (mine.finish == nullptr) {
+    out = mine.output != nullptr ? mine.output : Py_None;
     Py_INCREF(out);
   } else {
-    out = PyObject_CallOneArg(done.finish, result);
+    out = PyObject_CallOneArg(mine.finish, result);
   }
   Py_DECREF(result);
-  dropRefs(done);
+  dropRefs(mine);
   return out;
 }
 
