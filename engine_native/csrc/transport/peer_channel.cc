@@ -374,31 +374,31 @@ Status PeerChannel::startPayload() {
     incoming_.payload = allocate_(allocate_context_, peer_, incoming_.frame);
   }
   if (incoming_.payload.data == nullptr) {
-    return common::internalError("out of memory for a point-to-point message of " +
-                                 std::to_string(incoming_.frame.bytes) + " bytes from rank " +
-                                 std::to_string(peer_));
+    return outOfMemory(incoming_.frame.bytes, "a");
   }
   payload_got_ = 0;
   stage_ = Stage::kPayload;
   return Status::ok();
 }
 
+Status PeerChannel::outOfMemory(uint64_t bytes, const char* what) const {
+  return common::internalError(std::string("out of memory for ") + what +
+                               " point-to-point message of " + std::to_string(bytes) +
+                               " bytes from rank " + std::to_string(peer_));
+}
+
 void PeerChannel::rehomeIncoming(const uint8_t* data) {
   if (whole_.data != nullptr && whole_.data == data) {  // nothing written there yet
     whole_ = allocate_(allocate_context_, peer_, whole_frame_);
     if (whole_.data == nullptr) {
-      broken_ = common::internalError("out of memory for a point-to-point message of " +
-                                      std::to_string(whole_frame_.bytes) + " bytes from rank " +
-                                      std::to_string(peer_));
+      broken_ = outOfMemory(whole_frame_.bytes, "a");
     }
     return;
   }
   if (stage_ != Stage::kPayload || incoming_.payload.data != data) return;
   PeerPayload fresh = allocate_(allocate_context_, peer_, incoming_.frame);
   if (fresh.data == nullptr) {
-    broken_ = common::internalError("out of memory for the rest of a point-to-point message "
-                                    "of " + std::to_string(incoming_.frame.bytes) +
-                                    " bytes from rank " + std::to_string(peer_));
+    broken_ = outOfMemory(incoming_.frame.bytes, "the rest of a");
     incoming_ = PeerMessage();  // never written again
     return;
   }

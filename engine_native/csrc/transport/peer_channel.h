@@ -158,6 +158,8 @@ class PeerChannel {
   static void sendWhole(Outgoing* o);
 
   common::Status startPayload();
+  // "out of memory for <what> point-to-point message of N bytes from rank R"
+  common::Status outOfMemory(uint64_t bytes, const char* what) const;
   static PeerPayload defaultAllocator(void*, int, const PeerFrame& frame) {
     return reservedPeerPayload(frame.bytes);
   }

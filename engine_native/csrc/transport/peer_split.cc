@@ -232,9 +232,7 @@ Status PeerChannel::takeOffer(const PeerFrame& offer, const SplitEndpoint& sende
   }
   PeerPayload payload = allocate_(allocate_context_, peer_, frame);
   if (payload.data == nullptr) {
-    return common::internalError("out of memory for a point-to-point message of " +
-                                 std::to_string(frame.bytes) + " bytes from rank " +
-                                 std::to_string(peer_));
+    return outOfMemory(frame.bytes, "a");
   }
   if (payload.owner == nullptr) {  // F: a posted receive's out=: only this process writes it
     ++split_counts_.refused;
