@@ -29,6 +29,7 @@ struct Config {
   int64_t spin_microseconds = 20;           // HVD_SPIN_US: bounded spin before a blocking wait
   int64_t caller_spin_microseconds = 200;   // HVD_CALLER_SPIN_US (Note [Caller drives])
   int64_t p2p_split_min_bytes = 1 << 20;  // HVD_P2P_SPLIT_MIN_BYTES (transport/peer_split.cc)
+  int64_t one_round_bytes = 4096;  // HVD_ONE_ROUND_BYTES (Note [One round] in runtime/one_round.cc)
   int64_t p2p_spin_max_microseconds = 2000;  // HVD_P2P_SPIN_MAX_US (runtime/core_headroom.cc)
   int64_t shm_ring_bytes = 4ll << 20;       // HVD_SHM_RING_BYTES: per directed pair
   bool single_copy = false;                 // HVD_SINGLE_COPY: cross-memory reads on a host

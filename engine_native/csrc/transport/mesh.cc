@@ -371,6 +371,16 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   request.wanted = m.config.transport != "tcp";
   request.single_copy_wanted = m.config.single_copy;
   request.single_copy_min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
+  // The one-round board wakes a peer's loop through their point-to-point doorbell: a rank with
+  // a host peer it reaches otherwise asks for no board, so the host has none.
+  bool peers_on_shm = true;
+  for (int r : m.host_ranks) {
+    if (r != mesh.rank_) peers_on_shm = peers_on_shm && m.peer_channels[r] &&
+                                        m.peer_channels[r]->onSharedMemory();
+  }
+  request.one_round_bytes = peers_on_shm ? static_cast<uint32_t>(std::min<int64_t>(
+                                               m.config.one_round_bytes, shm::kMaxOneRoundBytes))
+                                         : 0;
   request.deadline = deadline;
   Status s = shm::setupCollectiveSegment(request, &m.collective);
   if (!s.isOk()) {

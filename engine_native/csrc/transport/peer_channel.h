@@ -71,6 +71,10 @@ class PeerChannel {
   // From now on frames go through `link`'s rings (both sides attach alike, at connect).
   void attachSharedMemory(std::unique_ptr<shm::RingStream> link) { link_ = std::move(link); }
   bool onSharedMemory() const { return link_ != nullptr; }
+  // Shared memory only: wakes the peer's loop thread if it sleeps (the one-round board).
+  void wakePeerLoop() const {
+    if (link_ != nullptr) link_->wakePeerLoop();
+  }
   // Note [Split copy] (transport/peer_split.cc): on shared memory, a host message of at least
   // `min_bytes` is copied half by each side, straight between the two processes' memory;
   // 0: never, and the peer's offers are refused. Set before the first send.

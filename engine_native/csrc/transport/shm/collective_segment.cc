@@ -1,7 +1,8 @@
 // Host collective segment (transport/shm/collective_segment.h).
 //
-// Layout: [header 64 B][per local rank: 3 lines = counters, doorbell, peer region][slots of rank 0:
-// depth x chunk_bytes][slots of rank 1]... Counters and doorbell sit on their own cache lines:
+// Layout: [header 64 B][per local rank: 4 lines = counters, doorbell, peer region (2)][slots of
+// rank 0: depth x chunk_bytes][slots of rank 1]...[board of rank 0: BoardHeader line, two posts
+// of kBoardSlotBytes][board of rank 1]... Counters and doorbell sit on their own cache lines:
 // counters are written by their owner only, the doorbell by everyone; slots start on 64-byte
 // boundaries (chunk_bytes is a multiple of 64).
 //
@@ -13,7 +14,8 @@
 //      the local size, the depth, the chunk bytes and the name.
 //   G. P reads the offer; if both it and P want shm and the fields match what P computes
 //      itself, P maps the segment. P writes an ack byte to L: 1 = mapped, 0 = not.
-//      With the ack P sends one more byte: 1 iff it has HVD_SINGLE_COPY on.
+//      With the ack P sends one more byte: 1 iff it has HVD_SINGLE_COPY on. Before the ack P
+//      writes its HVD_ONE_ROUND_BYTES into its BoardHeader (L does so before its verdict).
 //   H. L reads every ack and writes a verdict (HostVerdict) to every P: mapped = 1 iff its own
 //      offer was ok and every ack was 1; the first rank (in host order, L first) that has
 //      HVD_SINGLE_COPY off, or -1 when every rank asked for it; and L's
@@ -38,10 +40,12 @@ using common::Status;
 
 namespace {
 
-constexpr uint64_t kCollectiveMagic = 0x33304c4f43445648ull;  // "HVDCOL03"
+constexpr uint64_t kCollectiveMagic = 0x34304c4f43445648ull;  // "HVDCOL04"
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kControlBytes = 4 * 64;  // per rank: counters, doorbell, peer region (2)
 constexpr int kMaxLocalSize = 1024;
+constexpr size_t kBoardBytes = 64 + 2 * kBoardSlotBytes;  // per rank
+static_assert(sizeof(BoardHeader) <= 64, "a board header fits its line");
 
 struct Header {
   uint64_t magic;
@@ -115,6 +119,7 @@ Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegm
     }
   }
   offer.ok = segment != nullptr;
+  if (segment) segment->boardHeader(0)->wish.store(request.one_round_bytes);
   for (int i = 1; i < n; ++i) {
     HVD_RETURN_IF_ERROR(writeOffer(request.fds[request.host_ranks[i]], kCollectiveOfferMagic,
                                    offer, request.deadline));
@@ -160,6 +165,12 @@ Status followLeader(const CollectiveRequest& request, std::unique_ptr<Collective
                                      << s.message();
     }
   }
+  if (segment) {
+    const int local = static_cast<int>(std::find(request.host_ranks.begin(),
+                                                 request.host_ranks.end(), request.rank) -
+                                       request.host_ranks.begin());
+    segment->boardHeader(local)->wish.store(request.one_round_bytes);
+  }
   const uint8_t ack[2] = {static_cast<uint8_t>(segment ? 1 : 0),
                          static_cast<uint8_t>(request.single_copy_wanted ? 1 : 0)};
   HVD_RETURN_IF_ERROR(tcp::writeFull(fd, ack, sizeof(ack), request.deadline));
@@ -176,7 +187,7 @@ Status followLeader(const CollectiveRequest& request, std::unique_ptr<Collective
 
 uint64_t CollectiveSegment::totalBytes(int local_size, uint32_t depth, uint64_t chunk_bytes) {
   const uint64_t n = static_cast<uint64_t>(local_size);
-  return kHeaderBytes + n * kControlBytes + n * depth * chunk_bytes;
+  return kHeaderBytes + n * kControlBytes + n * depth * chunk_bytes + n * kBoardBytes;
 }
 
 Status CollectiveSegment::create(const std::string& name, int local_size, uint32_t depth,
@@ -234,6 +245,16 @@ Doorbell* CollectiveSegment::doorbell(int local) const {
 
 PeerRegion* CollectiveSegment::region(int local) const {
   return reinterpret_cast<PeerRegion*>(base() + kHeaderBytes + local * kControlBytes + 128);
+}
+
+BoardHeader* CollectiveSegment::boardHeader(int local) const {
+  const uint64_t slots = static_cast<uint64_t>(local_size_) * depth_ * chunk_bytes_;
+  return reinterpret_cast<BoardHeader*>(base() + kHeaderBytes + local_size_ * kControlBytes +
+                                        slots + static_cast<uint64_t>(local) * kBoardBytes);
+}
+
+uint8_t* CollectiveSegment::boardSlot(int local, uint64_t round) const {
+  return reinterpret_cast<uint8_t*>(boardHeader(local)) + 64 + (round % 2) * kBoardSlotBytes;
 }
 
 Status setupCollectiveSegment(const CollectiveRequest& request,

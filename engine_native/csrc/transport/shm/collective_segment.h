@@ -2,8 +2,8 @@
 // that host-local collectives (algo/allreduce_shm.cc) stage chunks through. Created by the
 // host's lowest rank and mapped by the others once, during Mesh::connect (Note [Collective
 // setup] in collective_segment.cc); reused by every op. Per local rank it holds three chunk
-// counters (written only by that rank), a doorbell (Note [Doorbell ordering] in segment.cc)
-// and `depth` slots of `chunk_bytes`. Touched only by the background threads of the host's
+// counters (written only by that rank), a doorbell (Note [Doorbell ordering] in segment.cc),
+// `depth` slots of `chunk_bytes` and its part of the one-round board (two posts). Touched only by the background threads of the host's
 // ranks, plus Mesh::abort, which rings its own rank's doorbell.
 #pragma once
 
@@ -54,6 +54,19 @@ struct PeerRegion {
   std::atomic<uint64_t> out_bytes;
 };
 
+// A local rank's part of the one-round board (Note [One round] in runtime/one_round.cc): the
+// round it posted last, whether it posts no more, and what it asked for at setup. Written only
+// by its owner; `wish` before the host's verdict (Note [Collective setup] G, H), so every rank
+// reads every wish once the segment is agreed.
+struct BoardHeader {
+  std::atomic<uint64_t> posted;  // rounds start at 1; 0: none yet
+  std::atomic<uint32_t> closed;  // 1: never posts again (join, shutdown, failure)
+  std::atomic<uint32_t> wish;    // HVD_ONE_ROUND_BYTES of this rank (0: off)
+};
+// One post of the board: two per rank, round r in slot r % 2 (why two suffice: the Note).
+constexpr uint64_t kBoardSlotBytes = 32 << 10;
+constexpr int64_t kMaxOneRoundBytes = 8 << 10;  // the largest op a post carries
+
 class CollectiveSegment {
  public:
   CollectiveSegment(const CollectiveSegment&) = delete;
@@ -85,6 +98,8 @@ class CollectiveSegment {
   std::atomic<uint64_t>& counter(int local, Stage stage) const;
   Doorbell* doorbell(int local) const;
   PeerRegion* region(int local) const;
+  BoardHeader* boardHeader(int local) const;
+  uint8_t* boardSlot(int local, uint64_t round) const;  // kBoardSlotBytes, 64-byte aligned
 
   // Step H of Note [Collective setup]: whether every rank of the host asked for single-copy
   // reads (HVD_SINGLE_COPY=1); only then does Note [Single-copy probe] (cross_memory.cc) run.
@@ -142,6 +157,7 @@ struct CollectiveRequest {
   uint64_t piece_bytes = 256 << 10;  // chunk = local size x piece
   bool single_copy_wanted = false;   // HVD_SINGLE_COPY on this rank
   uint64_t single_copy_min_bytes = 16 << 20;  // HVD_SINGLE_COPY_MIN_BYTES; the leader's rules
+  uint32_t one_round_bytes = 0;      // HVD_ONE_ROUND_BYTES, this rank's BoardHeader::wish
   tcp::Deadline deadline;
 };
 

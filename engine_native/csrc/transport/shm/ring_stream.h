@@ -45,6 +45,8 @@ class RingStream {
   size_t read(uint8_t* dst, size_t n);
   bool hasData() const { return link_.incoming.hasData(); }  // seq_cst: the sleep re-check
   Doorbell* ownDoorbell() const { return link_.own_doorbell; }
+  // Wakes the peer's loop thread if it sleeps (shm::wakeLoop), for news outside the rings.
+  void wakePeerLoop() const { wakeLoop(link_.peer_doorbell, link_.socket_fd); }
 
  private:
   bool wakeAfterWrite(size_t written, size_t asked, bool always_wake = false) const;

@@ -159,6 +159,17 @@ void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
   }
 }
 
+void wakeLoop(Doorbell* doorbell, int socket_fd) {
+  if ((doorbell->driving.load(std::memory_order_seq_cst) & kCallerDrives) != 0) return;
+  const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
+  if (sleeping == kFutexSleep) {
+    wakeAlways(doorbell);
+  } else if (sleeping == kPollSleep) {
+    const uint8_t wake = 1;  // EAGAIN: unread wake bytes are queued, which wake it as well
+    ::send(socket_fd, &wake, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  }
+}
+
 void RingLink::wakePeer() const { wakeIfSleeping(peer_doorbell, socket_fd); }
 
 void beginPollSleep(Doorbell* doorbell) {

@@ -97,6 +97,10 @@ void markDriving(Doorbell* doorbell, uint32_t bit, bool on);
 void wakeIfSleeping(Doorbell* doorbell, int socket_fd);
 // Always bumps the sequence and FUTEX_WAKEs (abort).
 void wakeAlways(Doorbell* doorbell);
+// Wakes the doorbell owner's loop thread if it sleeps (poll or futex), whether or not a caller
+// sleeps on the same doorbell; nobody while a caller drives (it runs whole passes). For news
+// that only a pass reads (the one-round board, runtime/one_round.cc).
+void wakeLoop(Doorbell* doorbell, int socket_fd);
 
 // The owner's futex wait: announce sleep, re-check `ready` (which must read ring state with
 // seq_cst loads), then FUTEX_WAIT for at most timeout_us. Returns when woken, on timeout, or at
