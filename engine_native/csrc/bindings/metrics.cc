@@ -75,6 +75,7 @@ PyObject* buildMetrics() {
   setItem(dict, "caller_polled_ops", PyLong_FromUnsignedLongLong(s.caller_polled_ops));
   setItem(dict, "caller_spin_extended",
           PyLong_FromUnsignedLongLong(s.caller_spin_extended));
+  setItem(dict, "one_round_ops", PyLong_FromUnsignedLongLong(s.one_round_ops));
   setItem(dict, "caller_spin_us", PyLong_FromLongLong(s.caller_spin_us));
   setItem(dict, "spin_yields", PyBool_FromLong(s.spin_yields));
   setItem(dict, "caller_spin_skipped",

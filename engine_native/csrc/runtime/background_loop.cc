@@ -54,7 +54,8 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
       headroom_(binding.bound ? binding.host_cores : 0),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
-      stalls_(metrics, config, keys_, queue_) {
+      stalls_(metrics, config, keys_, queue_),
+      one_round_(mesh, keys_) {
   // Several peers may look lost by the time a collective notices; one of them may already have
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
@@ -251,6 +252,8 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
       if (peer_ops_.announceSleep()) control_waiting = true;  // a ring can move already
+      // Note [One round] E: announced on the same doorbell a post's wake reads.
+      if (one_round_.canProgress()) control_waiting = true;
       peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks);
       peer_begin = fds.size();
       for (size_t k = 0; k < peer_fds.size(); ++k) fds.push_back({peer_fds[k], peer_events[k], 0});
@@ -321,6 +324,7 @@ void BackgroundLoop::beginShutdown() {
     // Peers may be blocked in a collective with this rank: do not make them wait long.
     shutdown_deadline_ = std::min(shutdown_deadline_, Clock::now() + std::chrono::seconds(1));
   }
+  one_round_.close();
   completeAllPending(status, /*store_failure=*/false);
   peer_ops_.beginShutdown(status);  // Note [Point-to-point] F: what this rank owes goes on
   if (failed_ || mesh_.size() == 1) {

@@ -50,6 +50,7 @@
 #include "runtime/executor.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
+#include "runtime/one_round.h"
 #include "runtime/peer_ops.h"
 #include "runtime/process_sets.h"
 #include "runtime/rank_zero_coordinator.h"
@@ -138,6 +139,9 @@ class BackgroundLoop {
   // True when the pass took a submission or received a control message.
   bool pass(bool mark_cycle);
   bool drainSubmissions();
+  void negotiate(coord::Key key);  // hands a drained op to rank 0's negotiation
+  void stepOneRound();
+  OneRound::Run runOneRound();  // a board op runs through the Executor, outside the queue
   bool readControl();
   void progressPeerOps(bool* took_work);
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
@@ -208,6 +212,7 @@ class BackgroundLoop {
   std::vector<TensorEntry> draining_;  // submissions being drained (storage reused)
   ExecutionQueue execution_;       // after executor_ and entries_, which it uses
   StallInspector stalls_;
+  OneRound one_round_;  // the global set's small blocking ops on one host (Note [One round])
   bool failed_ = false;
   bool finished_ = false;
   bool shutdown_sent_ = false;

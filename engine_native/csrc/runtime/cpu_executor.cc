@@ -78,6 +78,7 @@ Status allreduceHostBuffer(OpContext& op, void* buffer, size_t count, size_t seg
 }
 
 Status CpuExecutor::allreduce(OpContext& op) {
+  if (op.one_round != nullptr) return oneRound(op);
   const coord::Response& r = op.response;
   const auto& entries = op.entries;
   const size_t elem = common::dataTypeSize(r.dtype);
@@ -212,6 +213,7 @@ Status rootSetRank(const coord::Response& r, const transport::Comm& comm, int* r
 }
 
 Status CpuExecutor::broadcast(OpContext& op) {
+  if (op.one_round != nullptr) return oneRound(op);
   const coord::Response& r = op.response;
   TensorEntry* entry = op.entries[0];
   const size_t bytes = broadcastBytes(r);

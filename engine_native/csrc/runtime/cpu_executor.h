@@ -39,6 +39,8 @@ class CpuExecutor : public OpExecutor {
   // Note [Fused allgather]: several host tensors gathered as one allgatherv.
   common::Status allgatherFused(OpContext& op);
   uint8_t* fusionBuffer(size_t bytes);
+  // Note [One round] C (one_round_ops.cc): an op whose every input came with its agreement.
+  common::Status oneRound(OpContext& op);
 
   Metrics& metrics_;
   const common::Config& config_;

@@ -76,6 +76,16 @@ Status ExecutionQueue::run() {
   return Status::ok();
 }
 
+Status ExecutionQueue::runOneRound(const coord::Response& response,
+                                   const OneRoundInputs& inputs) {
+  CommSlot& slot = commFor(0);
+  Status status = executor_.execute(response, entries_, *slot.comm, slot.transport, &inputs);
+  metrics_.setQueueDepth(entries_.size());
+  ++global_responses_;
+  observeExecuted(response, status);
+  return status;
+}
+
 ExecutionQueue::CommSlot& ExecutionQueue::commFor(int32_t process_set) {
   auto it = comms_.find(process_set);
   if (it == comms_.end()) {

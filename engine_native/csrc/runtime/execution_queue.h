@@ -40,6 +40,9 @@ class ExecutionQueue {
   // failure, which it returns (the caller fails the core). The loop's fail() clear()s the
   // queue, so a failure met inside an op (Executor's failure refiner) also ends the run.
   common::Status run();
+  // Runs a one-round op of the global set now, from the board's bytes (Note [One round] in
+  // one_round.cc): it is not in the queue, and no rank's queue orders it.
+  common::Status runOneRound(const coord::Response& response, const OneRoundInputs& inputs);
   bool empty() const { return to_execute_.empty(); }
   bool waitingForDevice() const { return waiting_for_device_; }
   void clear() { to_execute_.clear(); }

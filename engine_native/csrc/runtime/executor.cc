@@ -171,7 +171,7 @@ Status Executor::readyToExecute(const coord::Response& r, EntryTable& table,
 }
 
 Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
-                         const std::string& transport) {
+                         const std::string& transport, const OneRoundInputs* one_round) {
   transport_ = transport;
   lookUp(r, table);
   Status status;
@@ -192,7 +192,7 @@ Status Executor::execute(const coord::Response& r, EntryTable& table, transport:
   auto t0 = std::chrono::steady_clock::now();
   const auto choice = algo::AllreduceChoice::fromConfig(config_, hierarchicalAllreduce());
   key_results_.clear();
-  OpContext op{r, entries_, comm, *this, choice, &result, &key_results_};
+  OpContext op{r, entries_, comm, *this, choice, &result, &key_results_, one_round};
   // A join or a barrier carries no tensor, whatever device join(device=...) named.
   const bool on_device = r.type != OpType::kJoin && r.type != OpType::kBarrier &&
                          (first != nullptr ? first->request.device >= 0 : r.device >= 0);

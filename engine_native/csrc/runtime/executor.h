@@ -45,8 +45,10 @@ class Executor : private ActivityLog {
   // contribute zeros), completes their handles (a device op: queues them) and removes them.
   // `transport` names how this rank reaches the set's peers ("SHM", "TCP"; a set spanning
   // both is "TCP"), for activity names.
+  // `one_round`: the op's data came with its agreement (Note [One round] in one_round.cc).
   common::Status execute(const coord::Response& response, EntryTable& table,
-                         transport::Comm& comm, const std::string& transport);
+                         transport::Comm& comm, const std::string& transport,
+                         const OneRoundInputs* one_round = nullptr);
 
   // Before execute(): false while the response is a staged CUDA op whose inputs are still on
   // their way to host memory (the driver wakes the loop when they landed; call again then).

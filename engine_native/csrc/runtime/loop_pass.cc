@@ -54,6 +54,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   }
   bool took_work = drainSubmissions();
   if (!failed_ && readControl()) took_work = true;
+  if (!failed_ && !shutdown_sent_) stepOneRound();
   if (!failed_ && !shutdown_sent_) {
     int lost = mesh_.findLostPeer();
     if (lost >= 0 && !execution_.empty()) {
@@ -74,7 +75,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
     executeQueued();
-    stalls_.inspect(entries_, coordinator_.get(), peer_ops_);
+    stalls_.inspect(entries_, coordinator_.get(), peer_ops_, one_round_);
   } else if (!failed_ && !finished_ && mesh_.rank() == 0) {
     coordinate();  // for the ranks still running (see the shutdown agreement's comment)
   }
@@ -122,7 +123,9 @@ bool BackgroundLoop::drainSubmissions() {
       executor_.noteJoinDevice(e.request.device);
     }
     TensorEntry& entry = entries_.put(std::move(e));
-    if (coordinator_) {
+    if (one_round_.active() && entry.request.process_set == 0) {
+      one_round_.take(entry.request.key);  // stepOneRound posts it or sends it on
+    } else if (coordinator_) {
       coordinator_->admit(entry.request.key, entry.request, mesh_.rank(), timeline, now);
     } else {
       requests_->add(entry.request.key);
@@ -131,6 +134,31 @@ bool BackgroundLoop::drainSubmissions() {
   draining_.clear();
   metrics_.setQueueDepth(entries_.size());
   return true;
+}
+
+void BackgroundLoop::negotiate(coord::Key key) {
+  const TensorEntry* entry = entries_.find(key);
+  if (entry == nullptr) return;
+  if (coordinator_) {
+    timeline::Timeline* timeline = negotiationTimeline();
+    coordinator_->admit(key, entry->request, mesh_.rank(), timeline, Clock::now());
+  } else {
+    requests_->add(key);
+  }
+}
+
+OneRound::Run BackgroundLoop::runOneRound() {
+  return [this](const coord::Response& r, const OneRoundInputs& inputs) {
+    return execution_.runOneRound(r, inputs);
+  };
+}
+
+// Note [One round] in one_round.cc: before negotiation in the pass, so what the board sends
+// on goes to rank 0 in this pass's request list.
+void BackgroundLoop::stepOneRound() {
+  const Status status =
+      one_round_.step(entries_, [this](coord::Key key) { negotiate(key); }, runOneRound());
+  if (!status.isOk() && !failed_) fail(status, /*tell_peers=*/true);
 }
 
 bool BackgroundLoop::readControl() {
@@ -355,6 +383,9 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
       }
     }
   }
+  // Note [One round] I: ops of a round every rank answered finish here as on the others.
+  one_round_.finishAnswered(entries_, [](coord::Key) {}, runOneRound());
+  one_round_.close();  // peers waiting on this rank's next post stop waiting
   completeAllPending(status, /*store_failure=*/true);
   peer_ops_.failAll(status);
   metrics_.setLastError(status.message());

@@ -90,6 +90,7 @@ MetricsSnapshot Metrics::snapshot() const {
   s.caller_driven_ops = driven_.load(std::memory_order_relaxed);
   s.caller_polled_ops = polled_.load(std::memory_order_relaxed);
   s.caller_spin_extended = spin_extended_.load(std::memory_order_relaxed);
+  s.one_round_ops = one_round_ops_.load(std::memory_order_relaxed);
   s.caller_spin_skipped = spin_skipped_.load(std::memory_order_relaxed);
   s.caller_passes = caller_passes_.load(std::memory_order_relaxed);
   s.loop_wakeups = loop_wakeups_.load(std::memory_order_relaxed);
@@ -139,6 +140,7 @@ void Metrics::reset() {
   driven_ = 0;
   polled_ = 0;
   spin_extended_ = 0;
+  one_round_ops_ = 0;
   spin_skipped_ = 0;
   caller_passes_ = 0;
   loop_wakeups_ = 0;

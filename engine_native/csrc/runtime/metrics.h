@@ -42,6 +42,7 @@ struct MetricsSnapshot {
   int64_t caller_spin_us = 0;      // HVD_CALLER_SPIN_US in force (0 where callers never drive)
   bool spin_yields = false;        // Note [Yielding spins]
   uint64_t caller_spin_extended = 0;  // driven waits that spun past their budget (core free)
+  uint64_t one_round_ops = 0;  // ops agreed and moved in one board round (runtime/one_round.cc)
   uint64_t caller_spin_skipped = 0;  // driven waits that did not spin (Note [Spin backoff])
   uint64_t caller_passes = 0;      // loop passes run by driving callers (their spin's polls)
   uint64_t loop_wakeups = 0;       // the loop thread's waits that ended, for any reason
@@ -104,6 +105,7 @@ class Metrics {
   }
   void countDriven() { driven_.fetch_add(1, std::memory_order_relaxed); }
   void countSpinExtended() { spin_extended_.fetch_add(1, std::memory_order_relaxed); }
+  void countOneRound() { one_round_ops_.fetch_add(1, std::memory_order_relaxed); }
   void countCallerPolled() { polled_.fetch_add(1, std::memory_order_relaxed); }
   void countSpinSkipped() { spin_skipped_.fetch_add(1, std::memory_order_relaxed); }
   void countCallerPasses(int n) { caller_passes_.fetch_add(n, std::memory_order_relaxed); }
@@ -147,6 +149,7 @@ class Metrics {
   std::atomic<uint64_t> driven_{0};
   std::atomic<uint64_t> polled_{0};  // countCallerPolled
   std::atomic<uint64_t> spin_extended_{0};  // countSpinExtended
+  std::atomic<uint64_t> one_round_ops_{0};  // countOneRound
   std::atomic<uint64_t> spin_skipped_{0};
   std::atomic<uint64_t> caller_passes_{0}, loop_wakeups_{0}, tick_pickups_{0};
   std::atomic<uint64_t> p2p_sent_{0}, p2p_sent_bytes_{0}, p2p_received_{0},

@@ -25,6 +25,13 @@ class ActivityLog {
   virtual void end() = 0;
 };
 
+// A one-round op's inputs (Note [One round] in one_round.cc): per set rank, the bytes that
+// rank posted on the board (an allreduce's prescaled input; a broadcast's root only, the
+// others nullptr). The Executor runs such a response from these, with no exchange.
+struct OneRoundInputs {
+  std::vector<const uint8_t*> by_rank;
+};
+
 // One response being executed. entries: one per response key, nullptr where this rank has
 // none (it joined: it contributes zeros, or nothing to an allgather).
 struct OpContext {
@@ -37,6 +44,7 @@ struct OpContext {
   // A fused allgather's outputs, one per response key (filled instead of result); the Executor
   // completes each key's handle with its own.
   std::vector<OpResult>* key_results = nullptr;
+  const OneRoundInputs* one_round = nullptr;  // set: the data came with the agreement
 };
 
 class OpExecutor {

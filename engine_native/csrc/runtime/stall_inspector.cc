@@ -14,22 +14,35 @@ StallInspector::StallInspector(Metrics& metrics, const common::Config& config,
       last_check_(Clock::now()), last_report_(last_check_) {}
 
 void StallInspector::inspect(EntryTable& entries, RankZeroCoordinator* coordinator,
-                             const PeerOps& peers) {
+                             const PeerOps& peers, const OneRound& board) {
   auto now = Clock::now();
   if (now - last_check_ < std::chrono::milliseconds(200)) return;
+  const std::vector<int> board_missing = board.missingRanks();
   std::vector<PendingInfo> pending;
   entries.forEach([&](const TensorEntry& entry) {
     PendingInfo info;
     info.name = keys_.name(entry.request.key);
     info.op = coord::opTypeName(entry.request.type);
     info.age_seconds = std::chrono::duration<double>(now - entry.enqueued).count();
-    if (coordinator) info.missing_ranks = coordinator->missingRanks(entry.request.key);
+    if (!board_missing.empty() && board.holds(entry.request.key)) {
+      info.missing_ranks = board_missing;
+    } else if (coordinator) {
+      info.missing_ranks = coordinator->missingRanks(entry.request.key);
+    }
     pending.push_back(std::move(info));
   });
   peers.appendPending(now, &pending);
   metrics_.setPending(std::move(pending));
   if (coordinator) metrics_.setShuttingDown(coordinator->shutDownRankList());
   if (coordinator) failDeadlocked(*coordinator, now);
+  if (!board_missing.empty() && !config_.stall_check_disable &&
+      now - last_board_report_ >= std::chrono::duration<double>(config_.stall_check_seconds)) {
+    const std::string report = board.stallReport(config_.stall_check_seconds);
+    if (!report.empty()) {
+      HVD_LOG(kWarning, "stall") << report;
+      last_board_report_ = now;
+    }
+  }
   if (!coordinator || config_.stall_check_disable) {
     last_check_ = now;
     return;

@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "coord/key_table.h"
 #include "runtime/metrics.h"
+#include "runtime/one_round.h"
 #include "runtime/peer_ops.h"
 #include "runtime/rank_zero_coordinator.h"
 #include "runtime/submission_queue.h"
@@ -27,7 +28,9 @@ class StallInspector {
 
   // `coordinator`: null except on rank 0.
   // `peers`: its posted receives and unfinished sends are listed with the collectives.
-  void inspect(EntryTable& entries, RankZeroCoordinator* coordinator, const PeerOps& peers);
+  // `board`: ops waiting on it list the ranks it waits for, and any rank warns of its stall.
+  void inspect(EntryTable& entries, RankZeroCoordinator* coordinator, const PeerOps& peers,
+               const OneRound& board);
 
  private:
   void failDeadlocked(RankZeroCoordinator& coordinator, Clock::time_point now);
@@ -38,6 +41,7 @@ class StallInspector {
   SubmissionQueue& queue_;
   Clock::time_point last_check_;
   Clock::time_point last_report_;
+  Clock::time_point last_board_report_;
 };
 
 }  // namespace hvd::runtime

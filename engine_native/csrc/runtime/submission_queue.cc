@@ -49,6 +49,7 @@ Status SubmissionQueue::submit(TensorEntry* entries, const std::string_view* nam
   // submit() moves the entries on; their handle fields (plain integers) keep their values.
   for (size_t i = 0; i < count; ++i) {
     entries[i].handle = handles_.create(caller_waits, entries[i].request.key);
+    entries[i].caller_waits = caller_waits;
   }
   Status refused = push(entries, count);
   if (!refused.isOk()) {

@@ -1,0 +1,336 @@
+// Note [One round]
+// A negotiated small op costs three hand-offs in sequence: the worker's request to rank 0,
+// rank 0's response, then the op's own exchange of data. Where every rank of the world is on
+// one host, the ranks instead agree on the global set's ops and exchange their data in one
+// round on a board in the host collective segment (issue #38):
+//   A. Each rank owns two post slots and a header (BoardHeader: the round it posted last, a
+//      closed flag). A rank takes the global set's drained ops in order and posts them as its
+//      next round r, in slot r % 2: each op as kData (its name, parameters and data: a blocking
+//      CPU allreduce or broadcast of at most HVD_ONE_ROUND_BYTES, the least of every rank's
+//      wish), kNegotiate (name only: anything else), or kClose (a join, an unpostable name).
+//      It posts round r + 1 only once every rank answered round r (posted it, or closed
+//      without it), and every rank reads round r before it posts r + 1, so a slot is never
+//      rewritten while someone may still read it: two suffice.
+//   B. What a rank may assume when it writes its data before it knows the others agree:
+//      nothing, and it needs nothing. Once every rank answered round r, every rank reads the
+//      same posts and decides alike, op by op: a kData op is run here (one_round ops) iff every
+//      rank posted it as kData with byte-equal parameters (and a broadcast's root posted its
+//      data) and no rank closed without posting; every other op of the round, on every rank
+//      that posted it, goes to rank 0's negotiation, which reports mismatches as before. So an
+//      op is never run twice nor on one path by some ranks and on the other by the rest.
+//   C. The result is computed by every rank from the same bytes in the same order (each rank's
+//      prescaled input, folded in rank order from rank 0's, then the post factor, as
+//      algo/allreduce_small.cc does): the ranks cannot disagree on a bit.
+//   D. Owed ops. A rank that finds in round r ops it did not post there (another rank took
+//      them sooner) owes them: its next op of that name goes straight to negotiation, unposted,
+//      as the others' did. Otherwise it would post the op in a later round and wait for ranks
+//      that already sent theirs to rank 0: a deadlock. An occurrence of a name is therefore in
+//      the posts of one round at most, so one count per name is exact.
+//   E. Liveness. A round completes once every rank posted it; a rank posts as soon as it has
+//      any op of the global set, and every op of it is posted or owed: a rank that waits on
+//      round r waits for ops the others have not submitted yet, as negotiation would. Nothing
+//      blocks: step() never waits, the loop keeps coordinating, executing and moving
+//      point-to-point bytes. A rank whose post others may wait on wakes their loops (their
+//      point-to-point doorbell, shm::wakeLoop), and a sleeping loop re-checks canProgress()
+//      after announcing its sleep (Note [Doorbell ordering]: a post's header store and the
+//      sleeper's flag are both seq_cst).
+//   F. Closing. A join (from then on a rank submits nothing until every rank joined) posts
+//      kClose and every rank closes after that round; so does a rank that shuts down or fails
+//      (its header's flag). A closed board routes every op to negotiation for the rest of the
+//      session (elastic reset and init build a new one).
+//   G. Unchanged: process sets other than the global one, device tensors, async ops (the
+//      gradients of a step, which rank 0 fuses), TCP between hosts, worlds spanning hosts.
+//      A round waits only on ranks that submitted no op of the global set since (names they
+//      did submit went to negotiation), which the deadlock shutdown leaves alone as well; the
+//      waiting rank's stall warning and metrics()' pending list name them (StallInspector).
+//   H. Completion order: a board op completes when its round does, so a blocking op may
+//      finish before an async op its rank submitted earlier and that is still negotiated (as
+//      ops of two process sets always could). A barrier is negotiated: it still finishes
+//      after every op submitted before it.
+//   I. A failure (abort, a lost peer) first finishes a round every rank answered: its ops
+//      finished on the ranks that read it, so they finish here too (BackgroundLoop::fail).
+#include "runtime/one_round.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/peer_channel.h"
+#include "transport/shm/collective_segment.h"
+
+namespace hvd::runtime {
+
+using common::Status;
+using coord::OpType;
+using one_round::PostedOp;
+using one_round::PostKind;
+
+namespace {
+
+constexpr size_t kIndexedPost = 16;  // posts with more ops are looked up through a map
+
+size_t opBytes(const coord::Request& r) {
+  int64_t n = 1;
+  for (int64_t d : r.shape) n *= d;
+  return n <= 0 ? 0 : static_cast<size_t>(n) * common::dataTypeSize(r.dtype);
+}
+
+}  // namespace
+
+OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
+    : mesh_(mesh), keys_(keys), me_(mesh.rank()), size_(mesh.size()) {
+  board_ = mesh.collectiveSegment();
+  if (board_ == nullptr || size_ < 2 || static_cast<int>(mesh.hostRanks().size()) != size_) {
+    return;
+  }
+  max_bytes_ = transport::shm::kMaxOneRoundBytes;
+  for (int r = 0; r < size_; ++r) {
+    max_bytes_ = std::min<int64_t>(max_bytes_, board_->boardHeader(r)->wish.load());
+  }
+  active_ = max_bytes_ > 0;
+  begin_.resize(static_cast<size_t>(size_) + 1);
+  absent_.resize(static_cast<size_t>(size_));
+  index_.resize(static_cast<size_t>(size_));
+  inputs_.resize(static_cast<size_t>(size_));
+}
+
+// Host ranks are the world here, so local index == global rank.
+bool OneRound::answered(int rank) const {
+  const transport::shm::BoardHeader* h = board_->boardHeader(rank);
+  // A rank closes after its last post, so decodeAll's later read of `posted` tells which.
+  return h->posted.load(std::memory_order_seq_cst) >= round_ ||
+         h->closed.load(std::memory_order_seq_cst) != 0;
+}
+
+bool OneRound::canProgress() const {
+  if (!pending_) return false;
+  for (int r = 0; r < size_; ++r) {
+    if (r != me_ && !answered(r)) return false;
+  }
+  return true;
+}
+
+std::vector<int> OneRound::missingRanks() const {
+  std::vector<int> missing;
+  for (int r = 0; pending_ && r < size_; ++r) {
+    if (r != me_ && !answered(r)) missing.push_back(r);
+  }
+  return missing;
+}
+
+bool OneRound::holds(coord::Key key) const {
+  return pending_ && (std::find(posted_.begin(), posted_.end(), key) != posted_.end() ||
+                      std::find(queued_.begin(), queued_.end(), key) != queued_.end());
+}
+
+// G: a round waits only on ranks that have submitted no op of the global set since (a rank
+// that submitted other names posted them, and the names went to negotiation, whose stall and
+// deadlock reports see them), so this says which and for what.
+std::string OneRound::stallReport(double seconds) const {
+  const std::vector<int> missing = missingRanks();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - posted_at_).count();
+  if (missing.empty() || waited < seconds) return "";
+  std::string ranks, names;
+  for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  for (coord::Key key : posted_) names += (names.empty() ? "" : ", ") + keys_.name(key);
+  return "rank " + std::to_string(me_) + " has waited " + std::to_string(static_cast<int>(waited)) +
+         " s on the one-round board for rank(s) " + ranks +
+         ", which submitted no op of the global set since; waiting: " + names +
+         ". Make sure every rank submits these ops (Note [One round] G).";
+}
+
+Status OneRound::step(EntryTable& entries, const Route& route, const Run& run) {
+  if (pending_) {
+    if (!canProgress()) return Status::ok();
+    HVD_RETURN_IF_ERROR(finish(entries, route, run));
+  }
+  if (queued_.empty()) return Status::ok();
+  if (closed_) {  // F
+    for (coord::Key key : queued_) route(key);
+    queued_.clear();
+    return Status::ok();
+  }
+  post(entries, route);
+  if (pending_ && canProgress()) return finish(entries, route, run);  // the others were first
+  return Status::ok();
+}
+
+void OneRound::post(EntryTable& entries, const Route& route) {
+  const size_t capacity = transport::shm::kBoardSlotBytes;
+  writer_.begin(round_ + 1);
+  posted_.clear();
+  bool closing = false;
+  size_t taken = 0;
+  for (; taken < queued_.size(); ++taken) {
+    const coord::Key key = queued_[taken];
+    const TensorEntry* entry = entries.find(key);
+    if (entry == nullptr) continue;  // completed meanwhile (the core failed)
+    const std::string& name = keys_.name(key);
+    auto owed = owed_.find(name);
+    if (owed != owed_.end()) {  // D
+      if (--owed->second == 0) owed_.erase(owed);
+      route(key);
+      continue;
+    }
+    const coord::Request& r = entry->request;
+    if (r.type == OpType::kJoin || name.size() > one_round::kMaxPostedName) {  // F
+      if (!writer_.addClose(capacity)) break;
+      closing = true;
+      route(key);
+      ++taken;
+      break;  // nothing after a close is posted
+    }
+    const size_t bytes = opBytes(r);
+    const bool root = r.type == OpType::kBroadcast && r.root_rank == me_;
+    const bool data =
+        entry->caller_waits && r.device < 0 && r.group_id < 0 && bytes > 0 &&
+        bytes <= static_cast<size_t>(max_bytes_) && entry->input != nullptr &&
+        ((r.type == OpType::kAllreduce && r.reduce_op != common::ReduceOp::kAdasum &&
+          common::checkReducible(r.dtype, r.reduce_op).isOk()) ||
+         r.type == OpType::kBroadcast);
+    const bool carries = r.type == OpType::kAllreduce || root;  // C: whose bytes are read
+    if (data && writer_.addData(name, r, entry->input, carries ? bytes : 0, capacity)) {
+      if (r.type == OpType::kAllreduce && r.prescale != 1.0) {
+        common::scaleInPlace(writer_.lastData(), bytes / common::dataTypeSize(r.dtype),
+                             r.dtype, r.prescale);
+      }
+      posted_.push_back(key);
+      continue;
+    }
+    if (!writer_.addNegotiate(name, capacity)) break;  // full: the rest waits for the next
+    route(key);
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
+  if (writer_.count() == 0) return;  // everything was owed: no round
+  const std::string& bytes = writer_.finish();
+  std::memcpy(board_->boardSlot(me_, round_ + 1), bytes.data(), bytes.size());
+  ++round_;
+  transport::shm::BoardHeader* own = board_->boardHeader(me_);
+  own->posted.store(round_, std::memory_order_seq_cst);  // E: publishes the slot
+  if (closing) {
+    closed_ = true;
+    own->closed.store(1, std::memory_order_seq_cst);
+  }
+  pending_ = true;
+  posted_at_ = std::chrono::steady_clock::now();
+  wakeWaiting(round_);
+}
+
+// Wakes the loops of ranks that posted `round` already: this post may be the one they wait on.
+void OneRound::wakeWaiting(uint64_t round) const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == me_) continue;
+    if (board_->boardHeader(r)->posted.load(std::memory_order_seq_cst) < round) continue;
+    if (const transport::PeerChannel* channel = mesh_.peerChannel(r)) channel->wakePeerLoop();
+  }
+}
+
+Status OneRound::decodeAll() {
+  ops_.clear();
+  for (int r = 0; r < size_; ++r) {
+    begin_[static_cast<size_t>(r)] = ops_.size();
+    index_[static_cast<size_t>(r)].clear();
+    const transport::shm::BoardHeader* h = board_->boardHeader(r);
+    absent_[static_cast<size_t>(r)] = h->posted.load(std::memory_order_seq_cst) < round_;
+    if (absent_[static_cast<size_t>(r)]) continue;  // closed without posting it (F)
+    Status s = one_round::decodePost(board_->boardSlot(r, round_),
+                                     transport::shm::kBoardSlotBytes, round_, &ops_);
+    if (!s.isOk()) {
+      return common::internalError("rank " + std::to_string(r) + "'s one-round post: " +
+                                   s.message());
+    }
+    const size_t first = begin_[static_cast<size_t>(r)];
+    if (ops_.size() - first > kIndexedPost) {
+      for (size_t i = first; i < ops_.size(); ++i) {
+        if (ops_[i].kind != PostKind::kClose) index_[static_cast<size_t>(r)][ops_[i].name] = i;
+      }
+    }
+  }
+  begin_[static_cast<size_t>(size_)] = ops_.size();
+  return Status::ok();
+}
+
+const PostedOp* OneRound::findIn(int rank, std::string_view name) {
+  const size_t first = begin_[static_cast<size_t>(rank)];
+  const size_t end = begin_[static_cast<size_t>(rank) + 1];
+  if (end - first > kIndexedPost) {
+    const auto& index = index_[static_cast<size_t>(rank)];
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : &ops_[it->second];
+  }
+  for (size_t i = first; i < end; ++i) {
+    if (ops_[i].kind != PostKind::kClose && ops_[i].name == name) return &ops_[i];
+  }
+  return nullptr;
+}
+
+Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run) {
+  pending_ = false;
+  HVD_RETURN_IF_ERROR(decodeAll());
+  bool close = false;
+  for (int r = 0; r < size_; ++r) close = close || absent_[static_cast<size_t>(r)];
+  for (const PostedOp& op : ops_) close = close || op.kind == PostKind::kClose;
+  // B: this rank's kData ops, in its post order (its kNegotiate ones were routed at posting).
+  size_t next = 0;
+  for (size_t i = begin_[static_cast<size_t>(me_)]; i < begin_[static_cast<size_t>(me_) + 1];
+       ++i) {
+    const PostedOp& mine = ops_[i];
+    if (mine.kind != PostKind::kData) continue;
+    const coord::Key key = posted_[next++];
+    bool agreed = !close;
+    for (int r = 0; r < size_ && agreed; ++r) {
+      const PostedOp* theirs = r == me_ ? &mine : findIn(r, mine.name);
+      agreed = theirs != nullptr && theirs->kind == PostKind::kData &&
+               theirs->params == mine.params;
+      inputs_[static_cast<size_t>(r)] = agreed ? theirs->data : nullptr;
+    }
+    if (agreed && mine.type == OpType::kBroadcast) {  // the root's bytes (equal params: one root)
+      agreed = mine.root_rank >= 0 && mine.root_rank < size_ &&
+               inputs_[static_cast<size_t>(mine.root_rank)] != nullptr;
+    } else if (agreed) {  // every rank's
+      agreed = std::find(inputs_.begin(), inputs_.end(), nullptr) == inputs_.end();
+    }
+    if (!agreed || entries.find(key) == nullptr) {
+      if (entries.find(key) != nullptr) route(key);
+      continue;
+    }
+    coord::Response response;
+    response.type = mine.type;
+    response.keys.push_back(key);
+    response.dtype = mine.dtype;
+    response.reduce_op = mine.reduce_op;
+    response.prescale = mine.prescale;
+    response.postscale = mine.postscale;
+    response.root_rank = mine.root_rank;
+    response.counts.push_back(mine.count);
+    HVD_RETURN_IF_ERROR(run(response, OneRoundInputs{inputs_}));
+  }
+  // D: what the others posted and this rank did not, it owes (one count per name and round).
+  for (int r = 0; r < size_; ++r) {
+    if (r == me_) continue;
+    for (size_t i = begin_[static_cast<size_t>(r)]; i < begin_[static_cast<size_t>(r) + 1];
+         ++i) {
+      const PostedOp& op = ops_[i];
+      if (op.kind == PostKind::kClose || findIn(me_, op.name) != nullptr) continue;
+      bool seen = false;  // posted by a lower rank of this round already
+      for (int q = 0; q < r && !seen; ++q) seen = q != me_ && findIn(q, op.name) != nullptr;
+      if (!seen) ++owed_[std::string(op.name)];
+    }
+  }
+  if (close && !closed_) {  // F
+    closed_ = true;
+    board_->boardHeader(me_)->closed.store(1, std::memory_order_seq_cst);
+    wakeWaiting(round_ + 1);
+  }
+  if (closed_) owed_.clear();
+  return Status::ok();
+}
+
+void OneRound::close() {
+  if (!active_ || closed_) return;
+  closed_ = true;
+  board_->boardHeader(me_)->closed.store(1, std::memory_order_seq_cst);
+  wakeWaiting(round_ + 1);
+}
+
+}  // namespace hvd::runtime

@@ -1,0 +1,98 @@
+// OneRound: this rank's side of the one-round board (Note [One round] in one_round.cc), where
+// the ranks of a one-host world agree on small blocking ops of the global set and exchange
+// their data in the same shared-memory round, without rank 0's negotiation. BackgroundLoop
+// hands it the global set's drained ops (take) and runs step() once a pass; what the board
+// does not finish goes to negotiation through `route`, in a pass's time. Background thread only
+// (whichever thread holds the loop's progress_).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "coord/key_table.h"
+#include "coord/message.h"
+#include "runtime/one_round_post.h"
+#include "runtime/op_executor.h"
+#include "runtime/tensor_entry.h"
+#include "transport/mesh.h"
+
+namespace hvd::runtime {
+
+class OneRound {
+ public:
+  // Reads the board's setup from the connected mesh: active() is the same on every rank.
+  OneRound(transport::Mesh& mesh, const coord::KeyTable& keys);
+
+  // Every rank of the world is on this host, which has a board, and every rank asked for it
+  // (HVD_ONE_ROUND_BYTES > 0; the least of their wishes bounds an op).
+  bool active() const { return active_ && !closed_; }
+  int64_t maxBytes() const { return max_bytes_; }
+
+  // A drained op of the global set, for the next post (in the order taken).
+  void take(coord::Key key) { queued_.push_back(key); }
+
+  // Sends one op to rank 0's negotiation; runs one agreed op on this rank (the Executor).
+  using Route = std::function<void(coord::Key)>;
+  using Run = std::function<common::Status(const coord::Response&, const OneRoundInputs&)>;
+  // Finishes the round this rank posted once every rank answered it, then posts what is
+  // queued. A non-OK Status (a malformed post, a failed op) is for the loop to fail the core.
+  common::Status step(EntryTable& entries, const Route& route, const Run& run);
+  // Only the first half: a round every rank answered is finished, nothing is posted (I).
+  common::Status finishAnswered(EntryTable& entries, const Route& route, const Run& run) {
+    return pending_ && canProgress() ? finish(entries, route, run) : common::Status::ok();
+  }
+
+  // After the owner announced its sleep (seq_cst): a step would move (the sleep re-check).
+  bool canProgress() const;
+  bool idle() const { return !pending_ && queued_.empty(); }
+  // The ranks that have not answered the round this rank waits on (none: it waits on none).
+  std::vector<int> missingRanks() const;
+  // Whether `key` waits on the board (posted in the pending round, or queued behind it).
+  bool holds(coord::Key key) const;
+  // A stall warning once the pending round has waited at least `seconds`, else "".
+  std::string stallReport(double seconds) const;
+
+  // This rank posts no more (shutdown, failure): what is queued goes to `route` at the next
+  // step, and peers waiting on its post stop waiting.
+  void close();
+
+ private:
+  bool answered(int rank) const;  // posted round_, or closed without ever posting it
+  void post(EntryTable& entries, const Route& route);
+  common::Status finish(EntryTable& entries, const Route& route, const Run& run);
+  common::Status decodeAll();
+  const one_round::PostedOp* findIn(int rank, std::string_view name);
+  void wakeWaiting(uint64_t round) const;
+
+  transport::Mesh& mesh_;
+  const coord::KeyTable& keys_;
+  transport::shm::CollectiveSegment* board_ = nullptr;
+  bool active_ = false;
+  bool closed_ = false;
+  int me_ = 0;
+  int size_ = 0;
+  int64_t max_bytes_ = 0;
+
+  uint64_t round_ = 0;    // the last round this rank posted
+  bool pending_ = false;  // ... and has not finished
+  std::chrono::steady_clock::time_point posted_at_;  // ... at this time
+  std::vector<coord::Key> queued_;  // taken, not posted yet
+  std::vector<coord::Key> posted_;  // this rank's kData ops of round_, in post order
+  // Ops peers sent to negotiation that this rank has not taken yet: its next op of that name
+  // goes there too (Note [One round] D).
+  std::unordered_map<std::string, int> owed_;
+  one_round::PostWriter writer_;
+  // finish()'s scratch: every rank's ops of the round, rank r's at [begin_[r], begin_[r + 1]).
+  std::vector<one_round::PostedOp> ops_;
+  std::vector<size_t> begin_;
+  std::vector<bool> absent_;
+  std::vector<std::unordered_map<std::string_view, size_t>> index_;  // large posts only
+  std::vector<const uint8_t*> inputs_;
+};
+
+}  // namespace hvd::runtime

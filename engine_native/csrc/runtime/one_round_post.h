@@ -1,0 +1,72 @@
+// One rank's post on the one-round board (Note [One round] in runtime/one_round.cc): the ops
+// of the global set it took since its last post, in the order it took them. Each is an op
+// whose data rides along (kData), an op that goes to rank 0's negotiation whatever the others
+// posted (kNegotiate), or a mark that ends the board for everyone after this round (kClose:
+// a join, a name too long to post). The bytes are written by the owner into its own slot and
+// read by every rank of the host, so the decoder treats them as hostile: every length, count,
+// code and size is checked against the slot. Any thread (no shared state).
+//
+// Layout: u64 round, u32 count, then per op: u8 kind; kClose ends there; else u16 name length,
+// the name; kData then: the params block (u8 type, u8 dtype, u8 reduce op, u8 dims, i32 root,
+// f64 prescale, f64 postscale, i64 dims...), u32 data bytes, zero padding to 16 bytes, data.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "coord/message.h"
+
+namespace hvd::runtime::one_round {
+
+enum class PostKind : uint8_t { kData = 0, kNegotiate = 1, kClose = 2 };
+constexpr size_t kMaxPostedName = 1024;  // longer: the op closes the board (kClose)
+constexpr uint32_t kMaxPostedDims = 16;
+
+struct PostedOp {
+  PostKind kind = PostKind::kNegotiate;
+  std::string_view name;
+  // kData only. `params` holds the encoded params block: two ops agree iff these bytes do.
+  std::string_view params;
+  coord::OpType type = coord::OpType::kAllreduce;
+  common::DataType dtype = common::DataType::kFloat32;
+  common::ReduceOp reduce_op = common::ReduceOp::kSum;
+  int32_t root_rank = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int64_t count = 0;                 // elements
+  const uint8_t* data = nullptr;     // count x dtype bytes, or none (a broadcast's non-root)
+  size_t bytes = 0;
+};
+
+// Builds a post in memory (storage reused from post to post), then copies it into a slot.
+class PostWriter {
+ public:
+  void begin(uint64_t round);
+  // false (nothing added) when the post would pass `capacity` bytes.
+  bool addData(std::string_view name, const coord::Request& request, const void* data,
+               size_t bytes, size_t capacity);
+  bool addNegotiate(std::string_view name, size_t capacity);
+  bool addClose(size_t capacity);
+  uint32_t count() const { return count_; }
+  // Data bytes of the last addData, in the post (the owner prescales them there).
+  uint8_t* lastData() { return reinterpret_cast<uint8_t*>(&out_[last_data_]); }
+  // The finished post; valid until the next begin().
+  const std::string& finish();
+
+ private:
+  bool fits(size_t more, size_t capacity) const { return out_.size() + more <= capacity; }
+  std::string out_;
+  uint32_t count_ = 0;
+  size_t last_data_ = 0;
+};
+
+// Decodes the post of `round` in `slot` (`capacity` bytes), appending its ops to *out (views
+// into the slot). kInternal naming the first bad field when the bytes are malformed.
+common::Status decodePost(const uint8_t* slot, size_t capacity, uint64_t round,
+                          std::vector<PostedOp>* out);
+
+}  // namespace hvd::runtime::one_round
