@@ -75,7 +75,9 @@ def numpy_names():
     ones = np.ones(4, dtype=np.float32)
 
     def fence():
-        hvd.allreduce(np.ones(1), op=hvd.Sum, name="fence")
+        # negotiated after the async op on every rank, so done after it (a small blocking
+        # allreduce may finish first on the one-round board: Note [One round] H)
+        hvd.barrier()
 
     def summed(out):
         return out is not None and np.array_equal(np.asarray(out), np.full(4, n, np.float32))
@@ -158,7 +160,7 @@ def torch_names():
     tagged = torch.ones(4).as_subclass(Tagged)  # declined by the C path: the Python path
 
     def fence():
-        hvd.allreduce(torch.ones(1), op=hvd.Sum, name="fence")
+        hvd.barrier()  # as numpy_names' fence
 
     def summed(out):
         return out is not None and torch.equal(torch.as_tensor(out).view(-1), torch.full((4,), n))

@@ -1,0 +1,176 @@
+"""The one-round board (Note [One round] in engine_native/csrc/runtime/one_round.cc): on one
+host, a small blocking allreduce or broadcast of the global set is agreed and its data moved in
+one shared-memory round among the ranks, without rank 0's negotiation. Counted by
+metrics()['one_round_ops'] so each case says which path it took: every dtype and reduce op,
+scale factors, in place and not, odd sizes and every root take it and give the reference's
+values, a group's members included; async ops, process sets, large ops, joins and mismatched
+shapes go to negotiation (a mismatch is still an error on every rank, and the core goes on); ranks that
+submit the same names in different orders still finish (owed ops); a rank asking for no board
+(HVD_ONE_ROUND_BYTES=0) or forced TCP turns it off for all; a rank that dies while the others
+wait on its post fails them with the cause.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from multiproc import checks, faults
+from multiproc.harness import run_ranks
+
+
+def _one_round(hvd) -> int:
+    return hvd.metrics()["one_round_ops"]
+
+
+def values_suite():
+    """Every dtype, op, scale and root through the board, each checked against the
+    reference; returns failures and how many ops took the board."""
+    hvd = checks.init("shm")
+    me, n = hvd.rank(), hvd.size()
+    bad, ops = [], 0
+    for dtype in checks.ALL_DTYPES:
+        for count in (1, 7, 1024 // dtype.itemsize):
+            for op in checks.ops_for(dtype):
+                name = f"ar.{dtype}.{count}.{op}"
+                product = op == hvd.Product
+                x = checks.make_input(dtype, (count,), me, name, product)
+                scaled = dtype.kind == "f" or dtype == checks.BFLOAT16
+                pre, post = (0.5, 4.0) if scaled and op == hvd.Sum else (1.0, 1.0)
+                got = hvd.allreduce(x, op=op, name=name, prescale_factor=pre,
+                                    postscale_factor=post)
+                want = checks.reference(checks.all_inputs(dtype, (count,), n, name, product),
+                                        op, pre, post)
+                ops += 1
+                problem = checks.mismatch(got, want, dtype, op)
+                if problem:
+                    bad.append(f"{name}: {problem}")
+            root = count % n
+            name = f"bc.{dtype}.{count}"
+            x = checks.make_input(dtype, (count, 1), me, name)
+            want = checks.make_input(dtype, (count, 1), root, name)
+            if not np.array_equal(hvd.broadcast(x, root_rank=root, name=name), want):
+                bad.append(name)
+            hvd.broadcast_(x, root_rank=root, name=name + ".inplace")
+            if not np.array_equal(x, want):
+                bad.append(name + " in place")
+            ops += 2
+    counted = _one_round(hvd)
+    hvd.shutdown()
+    return {"bad": bad, "ops": ops, "counted": counted}
+
+
+def test_small_blocking_ops_take_the_board_with_the_reference_values():
+    for r in run_ranks(values_suite, 3, timeout=240):
+        assert r.value["bad"] == [], r.value["bad"][:10]
+        assert r.value["counted"] == r.value["ops"], r.value
+
+
+def routes_suite():
+    """Ops the board hands to negotiation, and ranks taking the same names in other orders."""
+    hvd = checks.init("shm")
+    me, n = hvd.rank(), hvd.size()
+    out = {}
+    pair = hvd.add_process_set([0, 1])  # (its own agreement may take the board)
+    base = _one_round(hvd)
+    ones = np.ones(4, np.float32)
+    # async ops, a large op, a process set: negotiated, right
+    h = hvd.allreduce_async(ones, op=hvd.Sum, name="async")
+    out["async"] = hvd.synchronize(h).tolist()
+    big = np.ones(5000, np.float32)  # 20 000 bytes: over the 4 KiB default
+    out["large"] = float(hvd.allreduce(big, op=hvd.Sum, name="large")[0])
+    if me in (0, 1):
+        out["set"] = hvd.allreduce(ones, op=hvd.Sum, name="set", process_set=pair).tolist()
+    out["negotiated"] = _one_round(hvd) - base
+    # a group's members are posted together: both on the board
+    out["grouped"] = [a.tolist() for a in hvd.grouped_allreduce([ones, ones], op=hvd.Sum,
+                                                                   name="grp")]
+    out["grouped_board"] = _one_round(hvd) - base - out["negotiated"]
+    # the same names in another order: rank 0 sends "b" async first, the others "a" async
+    # first; each then waits on the other name (owed ops, Note [One round] D)
+    first, second = ("b", "a") if me == 0 else ("a", "b")
+    h = hvd.allreduce_async(np.full(2, me, np.float32), op=hvd.Sum, name=first)
+    other = hvd.allreduce(np.full(2, me, np.float32), op=hvd.Sum, name=second)
+    mine = hvd.synchronize(h)
+    out["orders"] = sorted([(first, mine.tolist()), (second, other.tolist())])
+    # a mismatch is an error on every rank, and the next op takes the board again
+    shape = (3,) if me == 0 else (4,)
+    try:
+        hvd.allreduce(np.ones(shape, np.float32), name="mismatch")
+        out["mismatch"] = "no error"
+    except Exception as e:  # noqa: BLE001 - the type and message are what is checked
+        out["mismatch"] = f"{type(e).__name__}: {str(e)[:34]}"
+    before = _one_round(hvd)
+    out["after"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="after").tolist()
+    out["after_board"] = _one_round(hvd) - before
+    # a rank that joins early: the others' ops get its zeros, negotiated from then on
+    if me == n - 1:
+        out["last_joined"] = hvd.join()
+    else:
+        out["joined"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="j").tolist()
+        out["last_joined"] = hvd.join()
+    before = _one_round(hvd)
+    out["closed"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="c").tolist()
+    out["closed_board"] = _one_round(hvd) - before
+    hvd.shutdown()
+    return out
+
+
+def test_what_the_board_does_not_take_is_negotiated_and_orders_may_differ():
+    values = [r.value for r in run_ranks(routes_suite, 3, timeout=120)]
+    n = 3
+    for me, v in enumerate(values):
+        assert v["async"] == [n] * 4 and v["large"] == n, v
+        assert v["grouped"] == [[n] * 4, [n] * 4], v
+        assert v.get("set", [2.0] * 4) == [2.0] * 4, v
+        assert v["negotiated"] == 0 and v["grouped_board"] == 2, v
+        assert v["orders"] == [("a", [3.0, 3.0]), ("b", [3.0, 3.0])], v
+        # as negotiation reports it without the board
+        assert v["mismatch"] == "HorovodInternalError: Mismatched ALLREDUCE tensor shapes", v
+        assert v["after"] == [n] and v["after_board"] == 1, v
+        assert v["last_joined"] == values[0]["last_joined"] in (0, 1), v  # not the early one
+        if me < n - 1:
+            assert v["joined"] == [n - 1], v  # the joined rank's zeros
+        assert v["closed"] == [n] and v["closed_board"] == 0, v  # the board closed at the join
+
+
+def count_suite():
+    hvd = checks.init(os.environ.get("EXPECT_TRANSPORT", "shm"))
+    got = [hvd.allreduce(np.full(3, hvd.rank(), np.int32), op=hvd.Sum).tolist()
+           for _ in range(20)]
+    got.append(hvd.broadcast(np.full(2, hvd.rank(), np.int64), root_rank=1).tolist())
+    counted = _one_round(hvd)
+    hvd.shutdown()
+    return {"got": got, "counted": counted}
+
+
+@pytest.mark.parametrize("case", ["one rank asks for none", "forced tcp"])
+def test_the_board_is_off_for_every_rank_when_one_asks_for_none_or_over_tcp(case):
+    if case == "forced tcp":
+        kwargs = checks.world_kwargs(2, "tcp", env={"EXPECT_TRANSPORT": "tcp"})
+    else:
+        kwargs = {"rank_env": {1: {"HVD_ONE_ROUND_BYTES": "0"}}}
+    for r in run_ranks(count_suite, 2, timeout=60, **kwargs):
+        assert r.value["got"] == [[1, 1, 1]] * 20 + [[1, 1]], r.value
+        assert r.value["counted"] == 0, r.value
+
+
+def dying_suite(folder):
+    """Rank 1 takes two board rounds, then exits while rank 0 waits on its next post."""
+    hvd = checks.init("shm")
+    for _ in range(2):
+        hvd.allreduce(np.ones(1, np.float32), name="before")
+    if hvd.rank() == 1:
+        faults.await_event(folder, "waiting")
+        os._exit(0)
+    faults.announce(folder, "waiting")  # just before its wait: rank 1 may go at once
+    try:
+        hvd.allreduce(np.ones(1, np.float32), name="never")
+        return "no error"
+    except Exception as e:  # noqa: BLE001 - the message is what is checked
+        return str(e)
+
+
+def test_a_rank_that_dies_while_the_others_wait_on_its_post_fails_them(tmp_path):
+    results = run_ranks(dying_suite, 2, args=(str(tmp_path),), timeout=60,
+                        env={"HVD_TIMEOUT": "10"}, check=False)
+    assert "rank 1" in str(results[0].value), results[0]
