@@ -24,7 +24,7 @@ SEEDS = os.path.join(HERE, "seeds")
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer"]
 
-DRIVER_SOURCES = ["main.cc", "targets_coord.cc", "targets_transport.cc"]
+DRIVER_SOURCES = ["main.cc", "targets_coord.cc", "targets_transport.cc", "targets_runtime.cc"]
 # The decoders and what they call, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/byte_codec.cc",
@@ -50,6 +50,7 @@ CORE = [
     "transport/peer_channel.cc",
     "transport/peer_split.cc",
     "transport/shm/cross_memory.cc",
+    "runtime/one_round_post.cc",
 ]
 
 

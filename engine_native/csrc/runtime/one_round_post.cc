@@ -132,7 +132,9 @@ bool readOp(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
   op->params = std::string_view(reinterpret_cast<const char*>(slot) + params_at,
                                 in.position() - params_at);
   uint32_t bytes = 0;
-  if (!in.u32(&bytes) || !in.skip(padTo(in.position()))) return false;
+  std::string_view pad;
+  if (!in.u32(&bytes) || !in.rawView(&pad, padTo(in.position()))) return false;
+  if (pad.find_first_not_of('\0') != std::string_view::npos) return in.fail("padding not zero");
   const size_t expected = static_cast<size_t>(op->count) * common::dataTypeSize(op->dtype);
   if (bytes != 0 && bytes != expected) {
     return in.fail(std::to_string(bytes) + " data bytes for " + std::to_string(expected));

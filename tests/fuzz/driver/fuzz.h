@@ -60,6 +60,7 @@ struct Target {
 // Each targets_*.cc appends its targets.
 void addCoordTargets(std::vector<Target>* out);
 void addTransportTargets(std::vector<Target>* out);
+void addRuntimeTargets(std::vector<Target>* out);
 
 // For socket-fed decoders (targets_transport.cc): a connected AF_UNIX stream pair. The
 // decoder reads fd(); the fuzzer feeds the other end and hangs it up, so the decoder reads

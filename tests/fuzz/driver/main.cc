@@ -272,6 +272,7 @@ int main(int argc, char** argv) {
   std::vector<Target> all;
   addCoordTargets(&all);
   addTransportTargets(&all);
+  addRuntimeTargets(&all);
   addCanaries(&all);
   uint64_t inputs = 10000, seed = 1;
   double hang_seconds = 10;
