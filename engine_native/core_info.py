@@ -53,6 +53,8 @@ def metrics() -> dict:
     copy]: half by each side, or all by the receiver when it could not be verified), and
     ``p2p_split_refused`` the offers answered "send it whole", either way (a peer that cannot
     be read, or a posted receive's ``out=``: those went through the ring).
+    ``one_round_ops`` counts ops agreed and moved in one shared-memory round among the ranks,
+    without rank 0's negotiation (``HVD_ONE_ROUND_BYTES``, Note [One round]).
     ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others
     still run (refreshed every 200 ms; ``[]`` on other ranks).
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,

@@ -252,8 +252,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
       if (peer_ops_.announceSleep()) control_waiting = true;  // a ring can move already
-      // Note [One round] E: announced on the same doorbell a post's wake reads.
-      if (one_round_.canProgress()) control_waiting = true;
+      // Note [One round] E: announced on the same doorbell a post's wake reads. In standby the
+      // driving caller finishes the round (a post wakes nobody while it drives).
+      if (watches_all_ && one_round_.canProgress()) control_waiting = true;
       peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks);
       peer_begin = fds.size();
       for (size_t k = 0; k < peer_fds.size(); ++k) fds.push_back({peer_fds[k], peer_events[k], 0});

@@ -157,7 +157,8 @@ OneRound::Run BackgroundLoop::runOneRound() {
 // on goes to rank 0 in this pass's request list.
 void BackgroundLoop::stepOneRound() {
   const Status status =
-      one_round_.step(entries_, [this](coord::Key key) { negotiate(key); }, runOneRound());
+      one_round_.step(entries_, [this](coord::Key key) { negotiate(key); }, runOneRound(),
+                      coordinator_ ? negotiationTimeline() : nullptr);
   if (!status.isOk() && !failed_) fail(status, /*tell_peers=*/true);
 }
 

@@ -139,10 +139,11 @@ std::string OneRound::stallReport(double seconds) const {
          ". Make sure every rank submits these ops (Note [One round] G).";
 }
 
-Status OneRound::step(EntryTable& entries, const Route& route, const Run& run) {
+Status OneRound::step(EntryTable& entries, const Route& route, const Run& run,
+                      timeline::Timeline* timeline) {
   if (pending_) {
     if (!canProgress()) return Status::ok();
-    HVD_RETURN_IF_ERROR(finish(entries, route, run));
+    HVD_RETURN_IF_ERROR(finish(entries, route, run, timeline));
   }
   if (queued_.empty()) return Status::ok();
   if (closed_) {  // F
@@ -150,12 +151,12 @@ Status OneRound::step(EntryTable& entries, const Route& route, const Run& run) {
     queued_.clear();
     return Status::ok();
   }
-  post(entries, route);
-  if (pending_ && canProgress()) return finish(entries, route, run);  // the others were first
+  post(entries, route, timeline);
+  if (pending_ && canProgress()) return finish(entries, route, run, timeline);  // others first
   return Status::ok();
 }
 
-void OneRound::post(EntryTable& entries, const Route& route) {
+void OneRound::post(EntryTable& entries, const Route& route, timeline::Timeline* timeline) {
   const size_t capacity = transport::shm::kBoardSlotBytes;
   writer_.begin(round_ + 1);
   posted_.clear();
@@ -195,6 +196,10 @@ void OneRound::post(EntryTable& entries, const Route& route) {
                              r.dtype, r.prescale);
       }
       posted_.push_back(key);
+      if (timeline != nullptr) {
+        timeline->negotiateStart(name, coord::opTypeName(r.type));
+        timeline->negotiateRankReady(name, me_);
+      }
       continue;
     }
     if (!writer_.addNegotiate(name, capacity)) break;  // full: the rest waits for the next
@@ -264,7 +269,8 @@ const PostedOp* OneRound::findIn(int rank, std::string_view name) {
   return nullptr;
 }
 
-Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run) {
+Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
+                        timeline::Timeline* timeline) {
   pending_ = false;
   HVD_RETURN_IF_ERROR(decodeAll());
   bool close = false;
@@ -277,6 +283,13 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run)
     const PostedOp& mine = ops_[i];
     if (mine.kind != PostKind::kData) continue;
     const coord::Key key = posted_[next++];
+    if (timeline != nullptr) {  // every rank answered; a rank 0 negotiation may follow
+      for (int r = 0; r < size_; ++r) {
+        if (r == me_ || absent_[static_cast<size_t>(r)]) continue;
+        timeline->negotiateRankReady(mine.name, r);
+      }
+      timeline->negotiateEnd(mine.name);
+    }
     bool agreed = !close;
     for (int r = 0; r < size_ && agreed; ++r) {
       const PostedOp* theirs = r == me_ ? &mine : findIn(r, mine.name);

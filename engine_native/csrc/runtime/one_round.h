@@ -19,6 +19,7 @@
 #include "runtime/one_round_post.h"
 #include "runtime/op_executor.h"
 #include "runtime/tensor_entry.h"
+#include "timeline/timeline.h"
 #include "transport/mesh.h"
 
 namespace hvd::runtime {
@@ -41,10 +42,14 @@ class OneRound {
   using Run = std::function<common::Status(const coord::Response&, const OneRoundInputs&)>;
   // Finishes the round this rank posted once every rank answered it, then posts what is
   // queued. A non-OK Status (a malformed post, a failed op) is for the loop to fail the core.
-  common::Status step(EntryTable& entries, const Route& route, const Run& run);
+  // `timeline` (rank 0's, while a file is written): a board op's NEGOTIATE_<OP> span runs from
+  // its post to its round's end, with a tick per rank, as rank 0's negotiation records it.
+  common::Status step(EntryTable& entries, const Route& route, const Run& run,
+                      timeline::Timeline* timeline);
   // Only the first half: a round every rank answered is finished, nothing is posted (I).
   common::Status finishAnswered(EntryTable& entries, const Route& route, const Run& run) {
-    return pending_ && canProgress() ? finish(entries, route, run) : common::Status::ok();
+    return pending_ && canProgress() ? finish(entries, route, run, nullptr)
+                                     : common::Status::ok();
   }
 
   // After the owner announced its sleep (seq_cst): a step would move (the sleep re-check).
@@ -63,8 +68,9 @@ class OneRound {
 
  private:
   bool answered(int rank) const;  // posted round_, or closed without ever posting it
-  void post(EntryTable& entries, const Route& route);
-  common::Status finish(EntryTable& entries, const Route& route, const Run& run);
+  void post(EntryTable& entries, const Route& route, timeline::Timeline* timeline);
+  common::Status finish(EntryTable& entries, const Route& route, const Run& run,
+                        timeline::Timeline* timeline);
   common::Status decodeAll();
   const one_round::PostedOp* findIn(int rank, std::string_view name);
   void wakeWaiting(uint64_t round) const;

@@ -1,0 +1,103 @@
+"""Small ops with and without the one-round board (Note [One round] in
+engine_native/csrc/runtime/one_round.cc), against MPICH, in one run: rounds of three launches,
+ours (default), ours with HVD_ONE_ROUND_BYTES=0 (negotiated through rank 0, as before the board)
+and MPICH, in alternating order, so the load of a shared machine drifts over all three alike;
+each figure is the median over the rounds of each launch's median time per op (the slowest
+rank's, per iteration).
+
+    python benchmarks/bench_one_round.py --np 2,4 --rounds 5 [--sizes 4,4096] [--tcp]
+
+allreduce and broadcast (blocking, up to 4 KiB) take the board; allgather, alltoall and
+reducescatter do not and serve as the control (their on/off ratio shows the noise). With
+--tcp (a fake host per rank) there is no board: both of ours are negotiated. Nothing here
+asserts a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import benchlib  # noqa: E402
+from benchlib import fmt_time, median  # noqa: E402
+from launcher import Context  # noqa: E402
+
+SIZES = [4, 4096]
+VARIANTS = {"ours": ("ours", None), "ours, one round off": ("ours", {"HVD_ONE_ROUND_BYTES": "0"}),
+            "MPICH": ("mpi", None)}
+ROWS = [("allreduce", "allreduce", "out-of-place"), ("allreduce", "allreduce", "in-place"),
+        ("collectives", "broadcast", None), ("collectives", "allgather", None),
+        ("collectives", "alltoall", None), ("collectives", "reducescatter", None)]
+
+
+def _spec(case: str) -> dict:
+    if case == "allreduce":
+        return {"sizes": SIZES, "target_bytes": 1 << 20, "min_iters": 200, "max_iters": 2000,
+                "warmup": 2, "budget_s": 0.5}
+    return {"sizes": SIZES, "target_bytes": 1 << 20, "max_iters": 400, "budget_s": 0.5}
+
+
+def _figures(results: list) -> dict:
+    """key ('op|bytes' or 'variant|bytes') -> the slowest rank's median time per op."""
+    common = set.intersection(*[set(r["times"]) for r in results])
+    return {key: median(benchlib.per_iteration_max([r["times"][key] for r in results]))
+            for key in common}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--np", default="2,4")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--sizes", default="4,4096", help="bytes per rank, comma list")
+    parser.add_argument("--tcp", action="store_true",
+                        help="forced TCP, a host per rank (ours-tcp, mpi-tcp)")
+    args = parser.parse_args()
+    if args.tcp:
+        for label, (system, env) in list(VARIANTS.items()):
+            VARIANTS[label] = (system + "-tcp", env)
+    SIZES[:] = [int(s) for s in args.sizes.split(",")]
+    nps = [int(n) for n in args.np.split(",")]
+    ctx = Context(nps, quick=False, horovod=(False, ""))
+    print(f"load average at start: {benchlib.load_average()}")
+    for np_ranks in nps:
+        got: dict = {}  # (label, case, key) -> [per-round medians]
+        for rnd in range(args.rounds):
+            for label in benchlib.alternate(list(VARIANTS), rnd):
+                system, env = VARIANTS[label]
+                for case in ("allreduce", "collectives"):
+                    results = ctx.run(system, np_ranks, case, _spec(case), env=env,
+                                      label=f"{case}/{label}/np{np_ranks}/round{rnd + 1}")
+                    for key, t in (_figures(results) if results else {}).items():
+                        got.setdefault((label, case, key), []).append(t)
+        where = "forced TCP" if args.tcp else "shm"
+        print(f"\n### small ops, np={np_ranks}, {where}: median over {args.rounds} rounds of the median "
+              "time per op (each round's figures in brackets)\n")
+        print("| op | size | " + " | ".join(VARIANTS) + " | on / off | ours / MPICH |")
+        print("|---|---|" + "---|" * (len(VARIANTS) + 2))
+        for case, op, variant in ROWS:
+            for nbytes in SIZES:
+                cells, med = [], {}
+                for label in VARIANTS:
+                    key = f"{variant or op}|{nbytes}"
+                    if label == "MPICH" and variant == "in-place":
+                        key = f"out-of-place|{nbytes}"  # MPICH's in-place figure is noisier
+                    runs = got.get((label, case, key), [])
+                    med[label] = median(runs) if runs else None
+                    cells.append(f"{fmt_time(med[label])} [" +
+                                 ", ".join(fmt_time(t) for t in runs) + "]" if runs else "-")
+                on, off, peer = med["ours"], med["ours, one round off"], med["MPICH"]
+                ratio = f"{on / off:.2f}x" if on and off else "-"
+                vs_peer = f"{on / peer:.2f}x" if on and peer else "-"
+                name = op + (" " + variant if variant else "")
+                print(f"| {name} | {nbytes} B | " + " | ".join(cells) + f" | {ratio} | {vs_peer} |")
+    print(f"\nload average at end: {benchlib.load_average()}")
+    for note in ctx.notes:
+        print("- " + note)
+
+
+if __name__ == "__main__":
+    main()
