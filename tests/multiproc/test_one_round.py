@@ -1,15 +1,17 @@
 """The one-round board (Note [One round] in engine_native/csrc/runtime/one_round.cc): on one
-host, a small blocking allreduce or broadcast of the global set is agreed and its data moved in
-one shared-memory round among the ranks, without rank 0's negotiation. Counted by
-metrics()['one_round_ops'] so each case says which path it took: every dtype and reduce op,
-scale factors, in place and not, odd sizes and every root take it and give the reference's
-values, a group's members included; async ops, process sets, large ops, joins and mismatched
+host, a small blocking allreduce, broadcast, allgather, alltoall or reducescatter of the global
+set is agreed and its data moved in one shared-memory round among the ranks, without rank 0's
+negotiation. Counted by metrics()['one_round_ops'] so each case says which path it took: every
+dtype and reduce op, scale factors, in place and not, odd sizes, every root, rows that differ
+per rank, uneven splits and blocks take it and give the reference's values, a group's members
+included; async ops, process sets, large ops, joins and mismatched
 shapes go to negotiation (a mismatch is still an error on every rank, and the core goes on); ranks that
 submit the same names in different orders still finish (owed ops); a rank asking for no board
 (HVD_ONE_ROUND_BYTES=0) or forced TCP turns it off for all; a rank that dies while the others
 wait on its post fails them with the cause.
 """
 import os
+import time
 
 import numpy as np
 import pytest
@@ -54,9 +56,52 @@ def values_suite():
             if not np.array_equal(x, want):
                 bad.append(name + " in place")
             ops += 2
+    for dtype in checks.ALL_DTYPES:
+        bad += _gathers_and_scatters(hvd, dtype, me, n)
+        ops += 3 + (dtype != checks.BOOL)
     counted = _one_round(hvd)
     hvd.shutdown()
     return {"bad": bad, "ops": ops, "counted": counted}
+
+
+def _gathers_and_scatters(hvd, dtype, me, n) -> list:
+    """allgather (rows differ per rank), alltoall (uneven splits, then even), reducescatter
+    (a row count that does not divide evenly, with scale factors) of ``dtype``."""
+    bad = []
+    name = f"ag.{dtype}"
+    got = hvd.allgather(checks.make_input(dtype, (me + 1, 3), me, name), name=name)
+    want = np.concatenate([checks.make_input(dtype, (k + 1, 3), k, name) for k in range(n)])
+    if got.dtype != want.dtype or not np.array_equal(got, want):
+        bad.append(name)
+    name = f"a2a.{dtype}"
+
+    def splits_of(r):
+        return [(r + k) % 3 for k in range(n)]
+
+    x = checks.make_input(dtype, (sum(splits_of(me)), 3), me, name)
+    got, received = hvd.alltoall(x, splits=splits_of(me), name=name)
+    want = checks.alltoall_expected(dtype, splits_of, me, n, name)
+    if not np.array_equal(got, want) or list(received) != [splits_of(k)[me] for k in range(n)]:
+        bad.append(name)
+    got, _ = hvd.alltoall(np.full((n, 2), me, dtype), name=name + ".even")
+    if not np.array_equal(got, np.repeat(np.arange(n), 2).reshape(n, 2).astype(dtype)):
+        bad.append(name + " even")
+    if dtype == checks.BOOL:
+        return bad
+    name = f"rs.{dtype}"
+    rows = 2 * n + 1
+    scaled = dtype.kind == "f" or dtype == checks.BFLOAT16
+    pre, post = (0.5, 2.0) if scaled else (1.0, 1.0)
+    got = hvd.reducescatter(checks.make_input(dtype, (rows, 2), me, name), op=hvd.Sum,
+                            name=name, prescale_factor=pre, postscale_factor=post)
+    lo = sum(rows // n + (k < rows % n) for k in range(me))
+    hi = lo + rows // n + (me < rows % n)
+    want = checks.reference(checks.all_inputs(dtype, (rows, 2), n, name, rows=(lo, hi)),
+                            hvd.Sum, pre, post)
+    problem = checks.mismatch(got, want, dtype, hvd.Sum)
+    if problem:
+        bad.append(f"{name}: {problem}")
+    return bad
 
 
 def test_small_blocking_ops_take_the_board_with_the_reference_values():
@@ -92,6 +137,19 @@ def routes_suite():
     other = hvd.allreduce(np.full(2, me, np.float32), op=hvd.Sum, name=second)
     mine = hvd.synchronize(h)
     out["orders"] = sorted([(first, mine.tolist()), (second, other.tolist())])
+    # owed: rank 0 sends "x" to negotiation alone and blocks on it; the others post "w" first
+    # and take "x" only after that round (the pause makes that interleaving likely; any other
+    # one must pass too). Without owed names they would post "x" and wait for a rank 0 that
+    # posts nothing more: a deadlock (the run's timeout).
+    if me == 0:
+        x = hvd.synchronize(hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name="x"))
+        w = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="w")
+    else:
+        hw = hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name="w")
+        time.sleep(0.05)
+        x = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="x")
+        w = hvd.synchronize(hw)
+    out["owed"] = [x.tolist(), w.tolist()]
     # a mismatch is an error on every rank, and the next op takes the board again
     shape = (3,) if me == 0 else (4,)
     try:
@@ -124,6 +182,7 @@ def test_what_the_board_does_not_take_is_negotiated_and_orders_may_differ():
         assert v.get("set", [2.0] * 4) == [2.0] * 4, v
         assert v["negotiated"] == 0 and v["grouped_board"] == 2, v
         assert v["orders"] == [("a", [3.0, 3.0]), ("b", [3.0, 3.0])], v
+        assert v["owed"] == [[n], [n]], v
         # as negotiation reports it without the board
         assert v["mismatch"] == "HorovodInternalError: Mismatched ALLREDUCE tensor shapes", v
         assert v["after"] == [n] and v["after_board"] == 1, v

@@ -185,6 +185,7 @@ Status CpuExecutor::allgatherFused(OpContext& op) {
 }
 
 Status CpuExecutor::allgather(OpContext& op) {
+  if (op.one_round != nullptr) return oneRound(op);
   if (op.response.keys.size() > 1) return allgatherFused(op);
   const GatherLayout layout = allgatherLayout(op.response);
   const bool shared = algo::writesIntoOutputs(
@@ -238,6 +239,7 @@ Status CpuExecutor::broadcast(OpContext& op) {
 }
 
 Status CpuExecutor::alltoall(OpContext& op) {
+  if (op.one_round != nullptr) return oneRound(op);
   const AlltoallLayout layout = alltoallLayout(op.response, op.comm.rank(), op.comm.size());
   const bool shared = algo::writesIntoOutputs(op.comm, layout.largest, op.choice);
   op.result->buffer = hostOutput(layout.total, shared);
@@ -259,6 +261,7 @@ Status CpuExecutor::alltoall(OpContext& op) {
 // rank's block after it. The two do not commute with the sum for integers (0.5 * 3 truncates
 // to 1 on each rank before adding) nor bit for bit for floats, so neither is moved.
 Status CpuExecutor::reducescatter(OpContext& op) {
+  if (op.one_round != nullptr) return oneRound(op);
   const coord::Response& r = op.response;
   const int me = op.comm.rank();
   const ReducescatterLayout layout = reducescatterLayout(r, me, op.comm.size());

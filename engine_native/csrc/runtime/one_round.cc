@@ -6,21 +6,24 @@
 //   A. Each rank owns two post slots and a header (BoardHeader: the round it posted last, a
 //      closed flag). A rank takes the global set's drained ops in order and posts them as its
 //      next round r, in slot r % 2: each op as kData (its name, parameters and data: a blocking
-//      CPU allreduce or broadcast of at most HVD_ONE_ROUND_BYTES, the least of every rank's
-//      wish), kNegotiate (name only: anything else), or kClose (a join, an unpostable name).
+//      CPU allreduce, broadcast, allgather, alltoall or reducescatter whose input is at most
+//      HVD_ONE_ROUND_BYTES, the least of every rank's wish; a broadcast's root alone carries
+//      data), kNegotiate (name only: anything else), or kClose (a join, an unpostable name).
 //      It posts round r + 1 only once every rank answered round r (posted it, or closed
 //      without it), and every rank reads round r before it posts r + 1, so a slot is never
 //      rewritten while someone may still read it: two suffice.
 //   B. What a rank may assume when it writes its data before it knows the others agree:
 //      nothing, and it needs nothing. Once every rank answered round r, every rank reads the
 //      same posts and decides alike, op by op: a kData op is run here (one_round ops) iff every
-//      rank posted it as kData with byte-equal parameters (and a broadcast's root posted its
-//      data) and no rank closed without posting; every other op of the round, on every rank
+//      rank posted it as kData with byte-equal parameters (dim 0 aside for allgather and
+//      alltoall), rank 0's validation (coord::buildResponse) accepts the requests the posts
+//      spell, and no rank closed without posting; every other op of the round, on every rank
 //      that posted it, goes to rank 0's negotiation, which reports mismatches as before. So an
 //      op is never run twice nor on one path by some ranks and on the other by the rest.
 //   C. The result is computed by every rank from the same bytes in the same order (each rank's
 //      prescaled input, folded in rank order from rank 0's, then the post factor, as
-//      algo/allreduce_small.cc does): the ranks cannot disagree on a bit.
+//      algo/allreduce_small.cc does; a reducescatter keeps its block of that): the ranks cannot
+//      disagree on a bit. Gathers copy the blocks op_layout.h places, as negotiated ops do.
 //   D. Owed ops. A rank that finds in round r ops it did not post there (another rank took
 //      them sooner) owes them: its next op of that name goes straight to negotiation, unposted,
 //      as the others' did. Otherwise it would post the op in a later round and wait for ranks
@@ -54,6 +57,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "coord/validation.h"
+
 #include "transport/peer_channel.h"
 #include "transport/shm/collective_segment.h"
 
@@ -74,6 +79,44 @@ size_t opBytes(const coord::Request& r) {
   return n <= 0 ? 0 : static_cast<size_t>(n) * common::dataTypeSize(r.dtype);
 }
 
+bool reduces(OpType type) { return type == OpType::kAllreduce || type == OpType::kReducescatter; }
+
+// A: the ops whose data may ride on the board (validation decides the rest, B).
+bool boardTakes(const coord::Request& r) {
+  switch (r.type) {
+    case OpType::kAllreduce:
+      return r.reduce_op != common::ReduceOp::kAdasum &&
+             common::checkReducible(r.dtype, r.reduce_op).isOk();
+    case OpType::kReducescatter:
+      return !r.shape.empty() && common::checkReducible(r.dtype, r.reduce_op).isOk() &&
+             (r.reduce_op == common::ReduceOp::kSum || r.reduce_op == common::ReduceOp::kAverage);
+    case OpType::kBroadcast:
+      return true;
+    case OpType::kAllgather:
+    case OpType::kAlltoall:
+      return !r.shape.empty();
+    default:
+      return false;
+  }
+}
+
+// The Request rank `rank` posted (enough for coord::buildResponse; named by this rank's key).
+coord::Request postedRequest(const PostedOp& op, int rank, coord::Key key) {
+  coord::Request r;
+  r.request_rank = rank;
+  r.type = op.type;
+  r.name = std::string(op.name);
+  r.key = key;
+  r.dtype = op.dtype;
+  r.reduce_op = op.reduce_op;
+  r.prescale = op.prescale;
+  r.postscale = op.postscale;
+  r.root_rank = op.root_rank;
+  for (uint32_t i = 0; i < op.dims; ++i) r.shape.push_back(op.dim(i));
+  for (uint32_t i = 0; i < op.splits; ++i) r.splits.push_back(op.split(i));
+  return r;
+}
+
 }  // namespace
 
 OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
@@ -91,6 +134,8 @@ OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
   absent_.resize(static_cast<size_t>(size_));
   index_.resize(static_cast<size_t>(size_));
   inputs_.resize(static_cast<size_t>(size_));
+  ops_of_.resize(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) members_.push_back(r);
 }
 
 // Host ranks are the world here, so local index == global rank.
@@ -182,16 +227,13 @@ void OneRound::post(EntryTable& entries, const Route& route, timeline::Timeline*
       break;  // nothing after a close is posted
     }
     const size_t bytes = opBytes(r);
-    const bool root = r.type == OpType::kBroadcast && r.root_rank == me_;
-    const bool data =
-        entry->caller_waits && r.device < 0 && r.group_id < 0 && bytes > 0 &&
-        bytes <= static_cast<size_t>(max_bytes_) && entry->input != nullptr &&
-        ((r.type == OpType::kAllreduce && r.reduce_op != common::ReduceOp::kAdasum &&
-          common::checkReducible(r.dtype, r.reduce_op).isOk()) ||
-         r.type == OpType::kBroadcast);
-    const bool carries = r.type == OpType::kAllreduce || root;  // C: whose bytes are read
+    const bool data = entry->caller_waits && r.device < 0 && r.group_id < 0 && bytes > 0 &&
+                      bytes <= static_cast<size_t>(max_bytes_) && entry->input != nullptr &&
+                      boardTakes(r);
+    // C: whose bytes are read (a broadcast's root only)
+    const bool carries = r.type != OpType::kBroadcast || r.root_rank == me_;
     if (data && writer_.addData(name, r, entry->input, carries ? bytes : 0, capacity)) {
-      if (r.type == OpType::kAllreduce && r.prescale != 1.0) {
+      if (reduces(r.type) && r.prescale != 1.0) {
         common::scaleInPlace(writer_.lastData(), bytes / common::dataTypeSize(r.dtype),
                              r.dtype, r.prescale);
       }
@@ -269,6 +311,28 @@ const PostedOp* OneRound::findIn(int rank, std::string_view name) {
   return nullptr;
 }
 
+// B: the response rank 0 would build from every rank's post; false when validation refuses it
+// (the op goes to rank 0, which reports the same error on every rank).
+bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* out) {
+  if (mine.type == OpType::kAllreduce || mine.type == OpType::kBroadcast) {
+    out->type = mine.type;  // equal params: validation would pass it (the cheap path)
+    out->keys.push_back(key);
+    out->dtype = mine.dtype;
+    out->reduce_op = mine.reduce_op;
+    out->prescale = mine.prescale;
+    out->postscale = mine.postscale;
+    out->root_rank = mine.root_rank;
+    out->counts.push_back(mine.count);
+    return true;
+  }
+  requests_.clear();
+  for (int r = 0; r < size_; ++r) {
+    requests_.push_back(postedRequest(*ops_of_[static_cast<size_t>(r)], r, key));
+  }
+  *out = coord::buildResponse(members_, requests_, {});
+  return out->status == coord::ResponseType::kOk;
+}
+
 Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline) {
   pending_ = false;
@@ -294,8 +358,9 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
     for (int r = 0; r < size_ && agreed; ++r) {
       const PostedOp* theirs = r == me_ ? &mine : findIn(r, mine.name);
       agreed = theirs != nullptr && theirs->kind == PostKind::kData &&
-               theirs->params == mine.params;
+               one_round::sameParams(*theirs, mine);
       inputs_[static_cast<size_t>(r)] = agreed ? theirs->data : nullptr;
+      ops_of_[static_cast<size_t>(r)] = theirs;
     }
     if (agreed && mine.type == OpType::kBroadcast) {  // the root's bytes (equal params: one root)
       agreed = mine.root_rank >= 0 && mine.root_rank < size_ &&
@@ -303,19 +368,12 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
     } else if (agreed) {  // every rank's
       agreed = std::find(inputs_.begin(), inputs_.end(), nullptr) == inputs_.end();
     }
+    coord::Response response;
+    if (agreed) agreed = respond(mine, key, &response);
     if (!agreed || entries.find(key) == nullptr) {
       if (entries.find(key) != nullptr) route(key);
       continue;
     }
-    coord::Response response;
-    response.type = mine.type;
-    response.keys.push_back(key);
-    response.dtype = mine.dtype;
-    response.reduce_op = mine.reduce_op;
-    response.prescale = mine.prescale;
-    response.postscale = mine.postscale;
-    response.root_rank = mine.root_rank;
-    response.counts.push_back(mine.count);
     HVD_RETURN_IF_ERROR(run(response, OneRoundInputs{inputs_}));
   }
   // D: what the others posted and this rank did not, it owes (one count per name and round).

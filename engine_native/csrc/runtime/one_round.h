@@ -73,6 +73,7 @@ class OneRound {
                         timeline::Timeline* timeline);
   common::Status decodeAll();
   const one_round::PostedOp* findIn(int rank, std::string_view name);
+  bool respond(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
   void wakeWaiting(uint64_t round) const;
 
   transport::Mesh& mesh_;
@@ -99,6 +100,9 @@ class OneRound {
   std::vector<bool> absent_;
   std::vector<std::unordered_map<std::string_view, size_t>> index_;  // large posts only
   std::vector<const uint8_t*> inputs_;
+  std::vector<const one_round::PostedOp*> ops_of_;  // per rank: its post of the op decided
+  std::vector<coord::Request> requests_;            // respond()'s scratch
+  std::vector<int> members_;                        // the global set: every rank
 };
 
 }  // namespace hvd::runtime

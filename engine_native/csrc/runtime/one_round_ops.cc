@@ -1,38 +1,108 @@
 // A one-round op on this rank (Note [One round] C in one_round.cc): every input is already in
-// the board, so the op is a fold or a copy into this rank's output, with no exchange.
+// the board, so the op is a fold or copies into this rank's output, with no exchange. Outputs
+// the core allocates are laid out by op_layout.h, as for the negotiated ops.
 #include <cstring>
 
 #include "runtime/cpu_executor.h"
+#include "runtime/host_output_pool.h"
 #include "runtime/op_layout.h"
 
 namespace hvd::runtime {
 
 using common::Status;
+using coord::OpType;
+
+namespace {
+
+// Every rank's prescaled input folded in rank order into `out` (count elements), then the
+// post factor: the same bits on every rank.
+void fold(const coord::Response& r, const std::vector<const uint8_t*>& in, size_t count,
+          uint8_t* out) {
+  const int n = static_cast<int>(in.size());
+  std::memcpy(out, in[0], count * common::dataTypeSize(r.dtype));
+  for (int k = 1; k < n; ++k) {
+    common::reduceInto(out, in[static_cast<size_t>(k)], count, r.dtype, r.reduce_op);
+  }
+  const double post = postFactor(r, n);
+  if (post != 1.0) common::scaleInPlace(out, count, r.dtype, post);
+}
+
+}  // namespace
 
 Status CpuExecutor::oneRound(OpContext& op) {
   const coord::Response& r = op.response;
   TensorEntry* entry = op.entries.empty() ? nullptr : op.entries[0];
   const std::vector<const uint8_t*>& in = op.one_round->by_rank;
   const int n = op.comm.size();
-  if (entry == nullptr || r.keys.size() != 1 || r.counts.size() != 1 ||
-      in.size() != static_cast<size_t>(n)) {
+  const int me = op.comm.rank();
+  if (entry == nullptr || r.keys.size() != 1 || in.size() != static_cast<size_t>(n)) {
     return common::internalError("a one-round op without its entry or inputs");
   }
-  const size_t count = static_cast<size_t>(r.counts[0]);
-  const size_t bytes = count * common::dataTypeSize(r.dtype);
-  uint8_t* out = static_cast<uint8_t*>(entry->output);
+  const size_t elem = common::dataTypeSize(r.dtype);
+  size_t bytes = 0;
   op.activities.start("ONE_ROUND");
-  if (r.type == coord::OpType::kBroadcast) {
-    // The root's input may be its output (in place); the board holds the same bytes.
-    const uint8_t* root = in[static_cast<size_t>(r.root_rank)];
-    if (out != root) std::memmove(out, root, bytes);
-  } else {
-    // C: the ranks' prescaled inputs folded in rank order, then the post factor.
-    std::memcpy(out, in[0], bytes);
-    for (int k = 1; k < n; ++k) common::reduceInto(out, in[static_cast<size_t>(k)], count,
-                                                   r.dtype, r.reduce_op);
-    const double post = postFactor(r, n);
-    if (post != 1.0) common::scaleInPlace(out, count, r.dtype, post);
+  switch (r.type) {
+    case OpType::kAllreduce:
+      bytes = static_cast<size_t>(r.counts[0]) * elem;
+      fold(r, in, static_cast<size_t>(r.counts[0]), static_cast<uint8_t*>(entry->output));
+      break;
+    case OpType::kBroadcast: {
+      // The root's input may be its output (in place); the board holds the same bytes.
+      bytes = broadcastBytes(r);
+      const uint8_t* root = in[static_cast<size_t>(r.root_rank)];
+      if (entry->output != root) std::memmove(entry->output, root, bytes);
+      break;
+    }
+    case OpType::kAllgather: {
+      const GatherLayout layout = allgatherLayout(r);
+      op.result->buffer = hostOutput(layout.total);
+      op.result->shape = layout.shape;
+      uint8_t* out = op.result->buffer->data;
+      for (int k = 0; k < n; ++k) {
+        const size_t part = layout.bytes[static_cast<size_t>(k)];
+        if (part > 0) std::memcpy(out, in[static_cast<size_t>(k)], part);
+        out += part;
+      }
+      bytes = layout.total;
+      break;
+    }
+    case OpType::kAlltoall: {
+      const AlltoallLayout layout = alltoallLayout(r, me, n);
+      op.result->buffer = hostOutput(layout.total);
+      op.result->shape = layout.shape;
+      op.result->received_splits = layout.received_splits;
+      size_t row = elem;  // bytes of one row: the dims after the first
+      for (int64_t d : r.row_shape) row *= static_cast<size_t>(d);
+      uint8_t* out = op.result->buffer->data;
+      for (int k = 0; k < n; ++k) {  // rank k's rows for this rank follow its rows for lower ranks
+        int64_t before = 0;
+        for (int j = 0; j < me; ++j) before += r.splits_matrix[static_cast<size_t>(k * n + j)];
+        const size_t part = layout.recv[static_cast<size_t>(k)];
+        if (part > 0) {
+          std::memcpy(out, in[static_cast<size_t>(k)] + static_cast<size_t>(before) * row, part);
+        }
+        out += part;
+      }
+      bytes = layout.total;
+      break;
+    }
+    case OpType::kReducescatter: {
+      const ReducescatterLayout layout = reducescatterLayout(r, me, n);
+      const size_t count = layout.input_bytes / elem;
+      uint8_t* whole = fusionBuffer(layout.input_bytes);
+      fold(r, in, count, whole);
+      size_t offset = 0;
+      for (int k = 0; k < me; ++k) offset += layout.counts[static_cast<size_t>(k)];
+      op.result->buffer = hostOutput(layout.counts[static_cast<size_t>(me)] * elem);
+      op.result->shape = layout.shape;
+      std::memcpy(op.result->buffer->data, whole + offset * elem,
+                  layout.counts[static_cast<size_t>(me)] * elem);
+      bytes = layout.input_bytes;
+      break;
+    }
+    default:
+      op.activities.end();
+      return common::internalError("a one-round op of an unsupported type");
   }
   op.activities.end();
   metrics_.countOp(static_cast<int>(r.type), bytes, 1);

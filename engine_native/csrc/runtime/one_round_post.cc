@@ -36,8 +36,11 @@ void PostWriter::begin(uint64_t round) {
 bool PostWriter::addData(std::string_view name, const coord::Request& request, const void* data,
                          size_t bytes, size_t capacity) {
   const size_t dims = request.shape.size();
-  if (name.size() > kMaxPostedName || dims > kMaxPostedDims) return false;
-  const size_t head = 1 + 2 + name.size() + kParamsFixedBytes + 8 * dims + 4;
+  const size_t splits = request.splits.size();
+  if (name.size() > kMaxPostedName || dims > kMaxPostedDims || splits > kMaxPostedSplits) {
+    return false;
+  }
+  const size_t head = 1 + 2 + name.size() + kParamsFixedBytes + 8 * dims + 2 + 8 * splits + 4;
   const size_t pad = padTo(out_.size() + head);
   if (!fits(head + pad + bytes, capacity)) return false;
   common::ByteWriter w(&out_);
@@ -52,6 +55,8 @@ bool PostWriter::addData(std::string_view name, const coord::Request& request, c
   w.f64(request.prescale);
   w.f64(request.postscale);
   for (int64_t d : request.shape) w.i64(d);
+  w.u16(static_cast<uint16_t>(splits));
+  for (int64_t s : request.splits) w.i64(s);
   w.u32(static_cast<uint32_t>(bytes));
   out_.append(pad, '\0');
   last_data_ = out_.size();
@@ -84,14 +89,13 @@ const std::string& PostWriter::finish() {
 
 namespace {
 
-bool readParams(common::ByteReader& in, PostedOp* op) {
+bool readParams(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
   uint8_t type = 0, dtype = 0, reduce = 0, dims = 0;
   if (!in.u8(&type) || !in.u8(&dtype) || !in.u8(&reduce) || !in.u8(&dims) ||
       !in.i32(&op->root_rank) || !in.f64(&op->prescale) || !in.f64(&op->postscale)) {
     return false;
   }
-  if (type != static_cast<uint8_t>(coord::OpType::kAllreduce) &&
-      type != static_cast<uint8_t>(coord::OpType::kBroadcast)) {
+  if (type > static_cast<uint8_t>(coord::OpType::kReducescatter)) {
     return in.fail("op type " + std::to_string(type) + " has no data on the board");
   }
   if (!common::isValidDataType(dtype)) return in.fail("dtype " + std::to_string(dtype));
@@ -104,6 +108,8 @@ bool readParams(common::ByteReader& in, PostedOp* op) {
   op->reduce_op = static_cast<common::ReduceOp>(reduce);
   const int64_t limit = std::numeric_limits<int64_t>::max() / 16;
   int64_t count = 1;
+  op->dims = dims;
+  op->shape = slot + in.position();
   for (uint8_t i = 0; i < dims; ++i) {
     int64_t d = 0;
     if (!in.i64(&d)) return false;
@@ -112,6 +118,17 @@ bool readParams(common::ByteReader& in, PostedOp* op) {
   }
   op->count = count;
   return true;
+}
+
+bool readSplits(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
+  uint16_t splits = 0;
+  if (!in.u16(&splits)) return false;
+  if (splits > kMaxPostedSplits || (splits > 0 && op->type != coord::OpType::kAlltoall)) {
+    return in.fail(std::to_string(splits) + " splits");
+  }
+  op->splits = splits;
+  op->split_values = slot + in.position();
+  return in.skip(8 * static_cast<size_t>(splits));
 }
 
 bool readOp(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
@@ -128,9 +145,10 @@ bool readOp(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
   if (!in.rawView(&op->name, length)) return false;
   if (op->kind == PostKind::kNegotiate) return true;
   const size_t params_at = in.position();
-  if (!readParams(in, op)) return false;
+  if (!readParams(in, slot, op)) return false;
   op->params = std::string_view(reinterpret_cast<const char*>(slot) + params_at,
                                 in.position() - params_at);
+  if (!readSplits(in, slot, op)) return false;
   uint32_t bytes = 0;
   std::string_view pad;
   if (!in.u32(&bytes) || !in.rawView(&pad, padTo(in.position()))) return false;
@@ -145,6 +163,24 @@ bool readOp(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
 }
 
 }  // namespace
+
+int64_t PostedOp::readI64(const uint8_t* at, uint32_t i) {
+  uint8_t raw[8];
+  std::memcpy(raw, at + 8 * static_cast<size_t>(i), sizeof(raw));
+  uint64_t v = 0;
+  for (int b = 7; b >= 0; --b) v = (v << 8) | raw[b];  // little-endian, as ByteWriter
+  return static_cast<int64_t>(v);
+}
+
+bool sameParams(const PostedOp& a, const PostedOp& b) {
+  if (a.params.size() != b.params.size()) return false;
+  const bool first_may_differ =
+      a.type == coord::OpType::kAllgather || a.type == coord::OpType::kAlltoall;
+  if (!first_may_differ || a.dims == 0) return a.params == b.params;
+  constexpr size_t kDim0 = kParamsFixedBytes;  // dims start after the fixed part
+  return a.params.substr(0, kDim0) == b.params.substr(0, kDim0) &&
+         a.params.substr(kDim0 + 8) == b.params.substr(kDim0 + 8);
+}
 
 Status decodePost(const uint8_t* slot, size_t capacity, uint64_t round,
                   std::vector<PostedOp>* out) {

@@ -8,7 +8,8 @@
 //
 // Layout: u64 round, u32 count, then per op: u8 kind; kClose ends there; else u16 name length,
 // the name; kData then: the params block (u8 type, u8 dtype, u8 reduce op, u8 dims, i32 root,
-// f64 prescale, f64 postscale, i64 dims...), u32 data bytes, zero padding to 16 bytes, data.
+// f64 prescale, f64 postscale, i64 dims...), u16 splits, i64 splits... (alltoall), u32 data
+// bytes, zero padding to 16 bytes, data.
 #pragma once
 
 #include <cstddef>
@@ -25,11 +26,13 @@ namespace hvd::runtime::one_round {
 enum class PostKind : uint8_t { kData = 0, kNegotiate = 1, kClose = 2 };
 constexpr size_t kMaxPostedName = 1024;  // longer: the op closes the board (kClose)
 constexpr uint32_t kMaxPostedDims = 16;
+constexpr uint32_t kMaxPostedSplits = 1024;  // a host's ranks (CollectiveSegment's bound)
 
 struct PostedOp {
   PostKind kind = PostKind::kNegotiate;
   std::string_view name;
-  // kData only. `params` holds the encoded params block: two ops agree iff these bytes do.
+  // kData only. `params` holds the encoded params block: two ops agree iff these bytes do
+  // (sameParams: dim 0 aside where it may differ, allgather and alltoall).
   std::string_view params;
   coord::OpType type = coord::OpType::kAllreduce;
   common::DataType dtype = common::DataType::kFloat32;
@@ -40,7 +43,19 @@ struct PostedOp {
   int64_t count = 0;                 // elements
   const uint8_t* data = nullptr;     // count x dtype bytes, or none (a broadcast's non-root)
   size_t bytes = 0;
+  uint32_t dims = 0;                 // the shape and an alltoall's splits, as i64s in the post
+  const uint8_t* shape = nullptr;
+  uint32_t splits = 0;
+  const uint8_t* split_values = nullptr;
+
+  int64_t dim(uint32_t i) const { return readI64(shape, i); }
+  int64_t split(uint32_t i) const { return readI64(split_values, i); }
+  static int64_t readI64(const uint8_t* at, uint32_t i);
 };
+
+// Whether two kData ops were posted with the same parameters (dim 0 aside for allgather and
+// alltoall, whose first dims may differ).
+bool sameParams(const PostedOp& a, const PostedOp& b);
 
 // Builds a post in memory (storage reused from post to post), then copies it into a slot.
 class PostWriter {
@@ -48,7 +63,7 @@ class PostWriter {
   void begin(uint64_t round);
   // false (nothing added) when the post would pass `capacity` bytes.
   bool addData(std::string_view name, const coord::Request& request, const void* data,
-               size_t bytes, size_t capacity);
+               size_t bytes, size_t capacity);  // request.splits: an alltoall's
   bool addNegotiate(std::string_view name, size_t capacity);
   bool addClose(size_t capacity);
   uint32_t count() const { return count_; }
