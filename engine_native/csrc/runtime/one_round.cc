@@ -42,10 +42,13 @@
 //      (its header's flag). A closed board routes every op to negotiation for the rest of the
 //      session (elastic reset and init build a new one).
 //   G. Unchanged: process sets other than the global one, device tensors, async ops (the
-//      gradients of a step, which rank 0 fuses), TCP between hosts, worlds spanning hosts.
-//      A round waits only on ranks that submitted no op of the global set since (names they
-//      did submit went to negotiation), which the deadlock shutdown leaves alone as well; the
-//      waiting rank's stall warning and metrics()' pending list name them (StallInspector).
+//      gradients of a step, which rank 0 fuses), groups (fused by rank 0 into one op), TCP
+//      between hosts, worlds spanning hosts. A round waits only on ranks that submitted no op
+//      of the global set since (names they did submit went to negotiation); the waiting rank's
+//      stall warning and metrics()' pending list name them (StallInspector). The deadlock
+//      shutdown (HVD_STALL_SHUTDOWN_TIME) judges from rank 0's tables, which board ops never
+//      reach, so a rank that sets it asks for no board (transport/mesh.cc): every op is
+//      negotiated, as the shutdown needs.
 //   H. Completion order: a board op completes when its round does, so a blocking op may
 //      finish before an async op its rank submitted earlier and that is still negotiated (as
 //      ops of two process sets always could). A barrier is negotiated: it still finishes
@@ -227,7 +230,7 @@ void OneRound::post(EntryTable& entries, const Route& route, timeline::Timeline*
       break;  // nothing after a close is posted
     }
     const size_t bytes = opBytes(r);
-    const bool data = entry->caller_waits && r.device < 0 && r.group_id < 0 && bytes > 0 &&
+    const bool data = entry->caller_waits && !entry->grouped && r.device < 0 && bytes > 0 &&
                       bytes <= static_cast<size_t>(max_bytes_) && entry->input != nullptr &&
                       boardTakes(r);
     // C: whose bytes are read (a broadcast's root only)

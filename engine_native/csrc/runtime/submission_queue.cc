@@ -50,6 +50,7 @@ Status SubmissionQueue::submit(TensorEntry* entries, const std::string_view* nam
   for (size_t i = 0; i < count; ++i) {
     entries[i].handle = handles_.create(caller_waits, entries[i].request.key);
     entries[i].caller_waits = caller_waits;
+    entries[i].grouped = count > 1;
   }
   Status refused = push(entries, count);
   if (!refused.isOk()) {

@@ -22,6 +22,7 @@ struct TensorEntry {
   void* output = nullptr;   // allreduce / broadcast; others get an OutputBuffer
   int64_t handle = 0;
   bool caller_waits = false;  // enqueued for an at-once wait (Note [One round] A)
+  bool grouped = false;       // submitted with others at once (a group: fused by rank 0)
   std::chrono::steady_clock::time_point enqueued;  // when the loop took it (stall ages)
   uintptr_t stream = 0;  // CUDA tensors: the producer's stream (cudaStream_t), at enqueue
   ReadyEvent ready;      // recorded on that stream when the op is submitted

@@ -378,9 +378,12 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
     if (r != mesh.rank_) peers_on_shm = peers_on_shm && m.peer_channels[r] &&
                                         m.peer_channels[r]->onSharedMemory();
   }
-  request.one_round_bytes = peers_on_shm ? static_cast<uint32_t>(std::min<int64_t>(
-                                               m.config.one_round_bytes, shm::kMaxOneRoundBytes))
-                                         : 0;
+  // The deadlock shutdown judges from rank 0's tables, which board ops never reach (Note [One
+  // round] G): a rank that asks for it asks for no board.
+  const bool wants = peers_on_shm && m.config.stall_shutdown_seconds == 0;
+  request.one_round_bytes = wants ? static_cast<uint32_t>(std::min<int64_t>(
+                                        m.config.one_round_bytes, shm::kMaxOneRoundBytes))
+                                  : 0;
   request.deadline = deadline;
   Status s = shm::setupCollectiveSegment(request, &m.collective);
   if (!s.isOk()) {
