@@ -148,6 +148,19 @@ def routes_suite():
         x = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="x")
         w = hvd.synchronize(hw)
     out["owed"] = [x.tolist(), w.tolist()]
+    # the same with the owed op queued behind a round the others posted already: rank 0 blocks
+    # on "x2" in negotiation and posts nothing more, so that round never completes
+    if me == 0:
+        x = hvd.synchronize(hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name="x2"))
+        hs = [hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name=nm)
+              for nm in ("w2", "v2")]
+    else:
+        hs = [hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name="w2")]
+        time.sleep(0.05)
+        hs.append(hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name="v2"))
+        time.sleep(0.05)
+        x = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="x2")
+    out["owed_behind"] = [x.tolist()] + [hvd.synchronize(h).tolist() for h in hs]
     # a mismatch is an error on every rank, and the next op takes the board again
     shape = (3,) if me == 0 else (4,)
     try:
@@ -180,7 +193,7 @@ def test_what_the_board_does_not_take_is_negotiated_and_orders_may_differ():
         assert v.get("set", [2.0] * 4) == [2.0] * 4, v
         assert v["negotiated"] == 0, v
         assert v["orders"] == [("a", [3.0, 3.0]), ("b", [3.0, 3.0])], v
-        assert v["owed"] == [[n], [n]], v
+        assert v["owed"] == [[n], [n]] and v["owed_behind"] == [[n]] * 3, v
         # as negotiation reports it without the board
         assert v["mismatch"] == "HorovodInternalError: Mismatched ALLREDUCE tensor shapes", v
         assert v["after"] == [n] and v["after_board"] == 1, v

@@ -172,6 +172,11 @@ Status Executor::readyToExecute(const coord::Response& r, EntryTable& table,
 
 Status Executor::execute(const coord::Response& r, EntryTable& table, transport::Comm& comm,
                          const std::string& transport, const OneRoundInputs* one_round) {
+  struct Executing {
+    bool& flag;
+    explicit Executing(bool& f) : flag(f) { flag = true; }
+    ~Executing() { flag = false; }
+  } executing(executing_);
   transport_ = transport;
   lookUp(r, table);
   Status status;

@@ -67,6 +67,7 @@ class Executor : private ActivityLog {
   // HVD_TIMEOUT, an NCCL error) is for the loop to fail the core with.
   common::Status pollDevice();
   bool deviceBusy() const { return device_ && device_->busy(); }
+  bool executing() const { return executing_; }  // inside execute(), its refiner included
   // Note [Caller waits on the device] in device_executor.cc: while a caller drives, the handle
   // it waits on (-1: none), whose completion then has no host function; callerPollsDevice():
   // that completion is still in flight.
@@ -121,6 +122,7 @@ class Executor : private ActivityLog {
   std::atomic<bool> detailed_{false};  // Note [Timeline detail] in executor.cc
   bool detailed_now_ = false;          // for the response being executed
   const coord::Response* current_ = nullptr;  // for the activity calls
+  bool executing_ = false;
   std::string summary_;                // its strip track when not detailed
   std::string transport_;              // of the response being executed
   std::vector<TensorEntry*> entries_;  // of the response being executed, per key

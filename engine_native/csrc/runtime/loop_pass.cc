@@ -384,8 +384,11 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
       }
     }
   }
-  // Note [One round] I: ops of a round every rank answered finish here as on the others.
-  one_round_.finishAnswered(entries_, [](coord::Key) {}, runOneRound());
+  // Note [One round] I: ops of a round every rank answered finish here as on the others (not
+  // from inside an op: the Executor is not reentrant, and that op's failure is the cause).
+  if (!executor_.executing()) {
+    one_round_.finishAnswered(entries_, [](coord::Key) {}, runOneRound());
+  }
   one_round_.close();  // peers waiting on this rank's next post stop waiting
   completeAllPending(status, /*store_failure=*/true);
   peer_ops_.failAll(status);

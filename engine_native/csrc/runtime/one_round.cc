@@ -4,14 +4,16 @@
 // one host, the ranks instead agree on the global set's ops and exchange their data in one
 // round on a board in the host collective segment (issue #38):
 //   A. Each rank owns two post slots and a header (BoardHeader: the round it posted last, a
-//      closed flag). A rank takes the global set's drained ops in order and posts them as its
-//      next round r, in slot r % 2: each op as kData (its name, parameters and data: a blocking
-//      CPU allreduce, broadcast, allgather, alltoall or reducescatter whose input is at most
-//      HVD_ONE_ROUND_BYTES, the least of every rank's wish; a broadcast's root alone carries
-//      data), kNegotiate (name only: anything else), or kClose (a join, an unpostable name).
-//      It posts round r + 1 only once every rank answered round r (posted it, or closed
-//      without it), and every rank reads round r before it posts r + 1, so a slot is never
-//      rewritten while someone may still read it: two suffice.
+//      closed flag). A rank takes the global set's drained ops in order. A data op (a blocking
+//      CPU allreduce, broadcast, allgather, alltoall or reducescatter, not in a group, whose
+//      input is at most HVD_ONE_ROUND_BYTES, the least of every rank's wish) waits for its
+//      next round r and is posted there, in slot r % 2, as kData: its name, parameters and
+//      data (a broadcast's root alone carries data). Any other op goes to negotiation at once
+//      and its name is posted with the next round as kNegotiate, so nothing that a peer may
+//      wait for in negotiation waits for a round here. A rank posts round r + 1 only once
+//      every rank answered round r (posted it, or closed without it), and every rank reads
+//      round r before it posts r + 1, so a slot is never rewritten while someone may still
+//      read it: two suffice.
 //   B. What a rank may assume when it writes its data before it knows the others agree:
 //      nothing, and it needs nothing. Once every rank answered round r, every rank reads the
 //      same posts and decides alike, op by op: a kData op is run here (one_round ops) iff every
@@ -26,9 +28,11 @@
 //      disagree on a bit. Gathers copy the blocks op_layout.h places, as negotiated ops do.
 //   D. Owed ops. A rank that finds in round r ops it did not post there (another rank took
 //      them sooner) owes them: its next op of that name goes straight to negotiation, unposted,
-//      as the others' did. Otherwise it would post the op in a later round and wait for ranks
-//      that already sent theirs to rank 0: a deadlock. An occurrence of a name is therefore in
-//      the posts of one round at most, so one count per name is exact.
+//      as the others' did, at once (also when it is queued behind the next round already).
+//      Otherwise it would post the op in a later round and wait for ranks that already sent
+//      theirs to rank 0 and may post nothing more: a deadlock (test_one_round's owed case). An
+//      occurrence of a name is therefore in the posts of one round at most, so one count per
+//      name is exact.
 //   E. Liveness. A round completes once every rank posted it; a rank posts as soon as it has
 //      any op of the global set, and every op of it is posted or owed: a rank that waits on
 //      round r waits for ops the others have not submitted yet, as negotiation would. Nothing
@@ -37,10 +41,11 @@
 //      point-to-point doorbell, shm::wakeLoop), and a sleeping loop re-checks canProgress()
 //      after announcing its sleep (Note [Doorbell ordering]: a post's header store and the
 //      sleeper's flag are both seq_cst).
-//   F. Closing. A join (from then on a rank submits nothing until every rank joined) posts
-//      kClose and every rank closes after that round; so does a rank that shuts down or fails
-//      (its header's flag). A closed board routes every op to negotiation for the rest of the
-//      session (elastic reset and init build a new one).
+//   F. Closing. A join (from then on a rank submits nothing until every rank joined), a name
+//      too long to post, shutdown and failure set the rank's closed flag: it posts no more, so
+//      it is absent from its next round, and every rank closes after a round with an absent
+//      rank. A closed board routes every op to negotiation for the rest of the session
+//      (elastic reset and init build a new one); a pending round still finishes.
 //   G. Unchanged: process sets other than the global one, device tensors, async ops (the
 //      gradients of a step, which rank 0 fuses), groups (fused by rank 0 into one op), TCP
 //      between hosts, worlds spanning hosts. A round waits only on ranks that submitted no op
@@ -189,31 +194,36 @@ std::string OneRound::stallReport(double seconds) const {
 
 Status OneRound::step(EntryTable& entries, const Route& route, const Run& run,
                       timeline::Timeline* timeline) {
-  if (pending_) {
-    if (!canProgress()) return Status::ok();
-    HVD_RETURN_IF_ERROR(finish(entries, route, run, timeline));
+  sortTaken(entries, route);
+  for (int turn = 0; turn < 4; ++turn) {  // finish, post, finish if the others were first...
+    if (pending_) {
+      if (!canProgress()) return Status::ok();
+      HVD_RETURN_IF_ERROR(finish(entries, route, run, timeline));
+    }
+    if (closed_) {  // F
+      for (coord::Key key : queued_) {
+        if (entries.find(key) != nullptr) route(key);
+      }
+      queued_.clear();
+      return Status::ok();
+    }
+    if (queued_.empty() && announce_.empty()) return Status::ok();
+    post(entries, timeline);
   }
-  if (queued_.empty()) return Status::ok();
-  if (closed_) {  // F
-    for (coord::Key key : queued_) route(key);
-    queued_.clear();
-    return Status::ok();
-  }
-  post(entries, route, timeline);
-  if (pending_ && canProgress()) return finish(entries, route, run, timeline);  // others first
   return Status::ok();
 }
 
-void OneRound::post(EntryTable& entries, const Route& route, timeline::Timeline* timeline) {
-  const size_t capacity = transport::shm::kBoardSlotBytes;
-  writer_.begin(round_ + 1);
-  posted_.clear();
-  bool closing = false;
-  size_t taken = 0;
-  for (; taken < queued_.size(); ++taken) {
-    const coord::Key key = queued_[taken];
+// A: what needs no board goes to negotiation at once, even behind a pending round (its name is
+// posted with the next round); only data ops wait for it. So nothing a peer may wait for in
+// negotiation waits here (D: owed names too).
+void OneRound::sortTaken(EntryTable& entries, const Route& route) {
+  for (coord::Key key : taken_) {
     const TensorEntry* entry = entries.find(key);
     if (entry == nullptr) continue;  // completed meanwhile (the core failed)
+    if (closed_) {
+      route(key);
+      continue;
+    }
     const std::string& name = keys_.name(key);
     auto owed = owed_.find(name);
     if (owed != owed_.end()) {  // D
@@ -223,47 +233,68 @@ void OneRound::post(EntryTable& entries, const Route& route, timeline::Timeline*
     }
     const coord::Request& r = entry->request;
     if (r.type == OpType::kJoin || name.size() > one_round::kMaxPostedName) {  // F
-      if (!writer_.addClose(capacity)) break;
-      closing = true;
       route(key);
-      ++taken;
-      break;  // nothing after a close is posted
-    }
-    const size_t bytes = opBytes(r);
-    const bool data = entry->caller_waits && !entry->grouped && r.device < 0 && bytes > 0 &&
-                      bytes <= static_cast<size_t>(max_bytes_) && entry->input != nullptr &&
-                      boardTakes(r);
-    // C: whose bytes are read (a broadcast's root only)
-    const bool carries = r.type != OpType::kBroadcast || r.root_rank == me_;
-    if (data && writer_.addData(name, r, entry->input, carries ? bytes : 0, capacity)) {
-      if (reduces(r.type) && r.prescale != 1.0) {
-        common::scaleInPlace(writer_.lastData(), bytes / common::dataTypeSize(r.dtype),
-                             r.dtype, r.prescale);
-      }
-      posted_.push_back(key);
-      if (timeline != nullptr) {
-        timeline->negotiateStart(name, coord::opTypeName(r.type));
-        timeline->negotiateRankReady(name, me_);
-      }
+      closeNow();
       continue;
     }
-    if (!writer_.addNegotiate(name, capacity)) break;  // full: the rest waits for the next
+    const size_t bytes = opBytes(r);
+    if (entry->caller_waits && !entry->grouped && r.device < 0 && bytes > 0 &&
+        bytes <= static_cast<size_t>(max_bytes_) && entry->input != nullptr && boardTakes(r)) {
+      queued_.push_back(key);
+      continue;
+    }
     route(key);
+    announce_.push_back(name);
+  }
+  taken_.clear();
+}
+
+void OneRound::post(EntryTable& entries, timeline::Timeline* timeline) {
+  const size_t capacity = transport::shm::kBoardSlotBytes;
+  writer_.begin(round_ + 1);
+  posted_.clear();
+  size_t named = 0;
+  while (named < announce_.size() && writer_.addNegotiate(announce_[named], capacity)) ++named;
+  announce_.erase(announce_.begin(), announce_.begin() + static_cast<std::ptrdiff_t>(named));
+  size_t taken = 0;
+  for (; taken < queued_.size(); ++taken) {
+    const coord::Key key = queued_[taken];
+    const TensorEntry* entry = entries.find(key);
+    if (entry == nullptr) continue;  // completed meanwhile (the core failed)
+    const std::string& name = keys_.name(key);
+    const coord::Request& r = entry->request;
+    const size_t bytes = opBytes(r);
+    // C: whose bytes are read (a broadcast's root only)
+    const bool carries = r.type != OpType::kBroadcast || r.root_rank == me_;
+    if (!writer_.addData(name, r, entry->input, carries ? bytes : 0, capacity)) break;  // full
+    if (reduces(r.type) && r.prescale != 1.0) {
+      common::scaleInPlace(writer_.lastData(), bytes / common::dataTypeSize(r.dtype), r.dtype,
+                           r.prescale);
+    }
+    posted_.push_back(key);
+    if (timeline != nullptr) {
+      timeline->negotiateStart(name, coord::opTypeName(r.type));
+      timeline->negotiateRankReady(name, me_);
+    }
   }
   queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
-  if (writer_.count() == 0) return;  // everything was owed: no round
+  if (writer_.count() == 0) return;
   const std::string& bytes = writer_.finish();
   std::memcpy(board_->boardSlot(me_, round_ + 1), bytes.data(), bytes.size());
   ++round_;
-  transport::shm::BoardHeader* own = board_->boardHeader(me_);
-  own->posted.store(round_, std::memory_order_seq_cst);  // E: publishes the slot
-  if (closing) {
-    closed_ = true;
-    own->closed.store(1, std::memory_order_seq_cst);
-  }
+  board_->boardHeader(me_)->posted.store(round_, std::memory_order_seq_cst);  // E: publishes it
   pending_ = true;
   posted_at_ = std::chrono::steady_clock::now();
   wakeWaiting(round_);
+}
+
+// F: from now on this rank posts nothing; ranks that posted the next round stop waiting for it
+// (its own pending round still finishes: every rank may have posted it).
+void OneRound::closeNow() {
+  if (closed_) return;
+  closed_ = true;
+  board_->boardHeader(me_)->closed.store(1, std::memory_order_seq_cst);
+  wakeWaiting(round_ + 1);
 }
 
 // Wakes the loops of ranks that posted `round` already: this post may be the one they wait on.
@@ -292,7 +323,7 @@ Status OneRound::decodeAll() {
     const size_t first = begin_[static_cast<size_t>(r)];
     if (ops_.size() - first > kIndexedPost) {
       for (size_t i = first; i < ops_.size(); ++i) {
-        if (ops_[i].kind != PostKind::kClose) index_[static_cast<size_t>(r)][ops_[i].name] = i;
+        index_[static_cast<size_t>(r)].emplace(ops_[i].name, i);  // the first, as the scan
       }
     }
   }
@@ -309,7 +340,7 @@ const PostedOp* OneRound::findIn(int rank, std::string_view name) {
     return it == index.end() ? nullptr : &ops_[it->second];
   }
   for (size_t i = first; i < end; ++i) {
-    if (ops_[i].kind != PostKind::kClose && ops_[i].name == name) return &ops_[i];
+    if (ops_[i].name == name) return &ops_[i];
   }
   return nullptr;
 }
@@ -317,6 +348,7 @@ const PostedOp* OneRound::findIn(int rank, std::string_view name) {
 // B: the response rank 0 would build from every rank's post; false when validation refuses it
 // (the op goes to rank 0, which reports the same error on every rank).
 bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* out) {
+  if (mine.prescale != mine.prescale || mine.postscale != mine.postscale) return false;  // NaN
   if (mine.type == OpType::kAllreduce || mine.type == OpType::kBroadcast) {
     out->type = mine.type;  // equal params: validation would pass it (the cheap path)
     out->keys.push_back(key);
@@ -333,6 +365,12 @@ bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* ou
     requests_.push_back(postedRequest(*ops_of_[static_cast<size_t>(r)], r, key));
   }
   *out = coord::buildResponse(members_, requests_, {});
+  // The shapes were read from the posts again: each must still fit the data decoded with it.
+  const size_t elem = common::dataTypeSize(mine.dtype);
+  for (int r = 0; r < size_; ++r) {
+    const int64_t count = coord::elementCount(requests_[static_cast<size_t>(r)].shape);
+    if (static_cast<size_t>(count) * elem != ops_of_[static_cast<size_t>(r)]->bytes) return false;
+  }
   return out->status == coord::ResponseType::kOk;
 }
 
@@ -342,7 +380,6 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
   HVD_RETURN_IF_ERROR(decodeAll());
   bool close = false;
   for (int r = 0; r < size_; ++r) close = close || absent_[static_cast<size_t>(r)];
-  for (const PostedOp& op : ops_) close = close || op.kind == PostKind::kClose;
   // B: this rank's kData ops, in its post order (its kNegotiate ones were routed at posting).
   size_t next = 0;
   for (size_t i = begin_[static_cast<size_t>(me_)]; i < begin_[static_cast<size_t>(me_) + 1];
@@ -385,26 +422,35 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
     for (size_t i = begin_[static_cast<size_t>(r)]; i < begin_[static_cast<size_t>(r) + 1];
          ++i) {
       const PostedOp& op = ops_[i];
-      if (op.kind == PostKind::kClose || findIn(me_, op.name) != nullptr) continue;
+      if (findIn(me_, op.name) != nullptr) continue;
       bool seen = false;  // posted by a lower rank of this round already
       for (int q = 0; q < r && !seen; ++q) seen = q != me_ && findIn(q, op.name) != nullptr;
       if (!seen) ++owed_[std::string(op.name)];
     }
   }
-  if (close && !closed_) {  // F
-    closed_ = true;
-    board_->boardHeader(me_)->closed.store(1, std::memory_order_seq_cst);
-    wakeWaiting(round_ + 1);
+  if (close) closeNow();  // F
+  // D: data ops queued behind this round whose names it made owed go to negotiation now.
+  for (size_t i = 0; i < queued_.size();) {
+    auto owed = owed_.find(keys_.name(queued_[i]));
+    if (!closed_ && owed == owed_.end()) {
+      ++i;
+      continue;
+    }
+    if (!closed_ && --owed->second == 0) owed_.erase(owed);
+    if (entries.find(queued_[i]) != nullptr) route(queued_[i]);
+    queued_.erase(queued_.begin() + static_cast<std::ptrdiff_t>(i));
   }
-  if (closed_) owed_.clear();
+  if (closed_) {
+    owed_.clear();
+    announce_.clear();
+  }
   return Status::ok();
 }
 
 void OneRound::close() {
-  if (!active_ || closed_) return;
-  closed_ = true;
-  board_->boardHeader(me_)->closed.store(1, std::memory_order_seq_cst);
-  wakeWaiting(round_ + 1);
+  if (!active_) return;
+  closeNow();
+  pending_ = false;  // nothing finishes it any more (the loop's sleep re-check must not spin)
 }
 
 }  // namespace hvd::runtime

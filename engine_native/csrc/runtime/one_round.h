@@ -34,8 +34,8 @@ class OneRound {
   bool active() const { return active_ && !closed_; }
   int64_t maxBytes() const { return max_bytes_; }
 
-  // A drained op of the global set, for the next post (in the order taken).
-  void take(coord::Key key) { queued_.push_back(key); }
+  // A drained op of the global set (in the order taken), sorted at the next step.
+  void take(coord::Key key) { taken_.push_back(key); }
 
   // Sends one op to rank 0's negotiation; runs one agreed op on this rank (the Executor).
   using Route = std::function<void(coord::Key)>;
@@ -54,7 +54,7 @@ class OneRound {
 
   // After the owner announced its sleep (seq_cst): a step would move (the sleep re-check).
   bool canProgress() const;
-  bool idle() const { return !pending_ && queued_.empty(); }
+  bool idle() const { return !pending_ && queued_.empty() && taken_.empty(); }
   // The ranks that have not answered the round this rank waits on (none: it waits on none).
   std::vector<int> missingRanks() const;
   // Whether `key` waits on the board (posted in the pending round, or queued behind it).
@@ -68,7 +68,9 @@ class OneRound {
 
  private:
   bool answered(int rank) const;  // posted round_, or closed without ever posting it
-  void post(EntryTable& entries, const Route& route, timeline::Timeline* timeline);
+  void sortTaken(EntryTable& entries, const Route& route);
+  void post(EntryTable& entries, timeline::Timeline* timeline);
+  void closeNow();
   common::Status finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline);
   common::Status decodeAll();
@@ -88,7 +90,9 @@ class OneRound {
   uint64_t round_ = 0;    // the last round this rank posted
   bool pending_ = false;  // ... and has not finished
   std::chrono::steady_clock::time_point posted_at_;  // ... at this time
-  std::vector<coord::Key> queued_;  // taken, not posted yet
+  std::vector<coord::Key> taken_;   // drained, not sorted yet
+  std::vector<coord::Key> queued_;  // data ops waiting for the next post
+  std::vector<std::string> announce_;  // names sent to negotiation, for the next post
   std::vector<coord::Key> posted_;  // this rank's kData ops of round_, in post order
   // Ops peers sent to negotiation that this rank has not taken yet: its next op of that name
   // goes there too (Note [One round] D).

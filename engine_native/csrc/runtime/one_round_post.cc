@@ -36,7 +36,7 @@ void PostWriter::begin(uint64_t round) {
 bool PostWriter::addData(std::string_view name, const coord::Request& request, const void* data,
                          size_t bytes, size_t capacity) {
   const size_t dims = request.shape.size();
-  const size_t splits = request.splits.size();
+  const size_t splits = request.type == coord::OpType::kAlltoall ? request.splits.size() : 0;
   if (name.size() > kMaxPostedName || dims > kMaxPostedDims || splits > kMaxPostedSplits) {
     return false;
   }
@@ -56,7 +56,7 @@ bool PostWriter::addData(std::string_view name, const coord::Request& request, c
   w.f64(request.postscale);
   for (int64_t d : request.shape) w.i64(d);
   w.u16(static_cast<uint16_t>(splits));
-  for (int64_t s : request.splits) w.i64(s);
+  for (size_t i = 0; i < splits; ++i) w.i64(request.splits[i]);
   w.u32(static_cast<uint32_t>(bytes));
   out_.append(pad, '\0');
   last_data_ = out_.size();
@@ -71,13 +71,6 @@ bool PostWriter::addNegotiate(std::string_view name, size_t capacity) {
   w.u8(static_cast<uint8_t>(PostKind::kNegotiate));
   w.u16(static_cast<uint16_t>(name.size()));
   w.bytes(name.data(), name.size());
-  ++count_;
-  return true;
-}
-
-bool PostWriter::addClose(size_t capacity) {
-  if (!fits(1, capacity)) return false;
-  out_.push_back(static_cast<char>(PostKind::kClose));
   ++count_;
   return true;
 }
@@ -134,11 +127,10 @@ bool readSplits(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
 bool readOp(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
   uint8_t kind = 0;
   if (!in.u8(&kind)) return false;
-  if (kind > static_cast<uint8_t>(PostKind::kClose)) {
+  if (kind > static_cast<uint8_t>(PostKind::kNegotiate)) {
     return in.fail("post kind " + std::to_string(kind));
   }
   op->kind = static_cast<PostKind>(kind);
-  if (op->kind == PostKind::kClose) return true;
   uint16_t length = 0;
   if (!in.u16(&length)) return false;
   if (length > kMaxPostedName) return in.fail("name of " + std::to_string(length) + " bytes");

@@ -1,15 +1,14 @@
 // One rank's post on the one-round board (Note [One round] in runtime/one_round.cc): the ops
-// of the global set it took since its last post, in the order it took them. Each is an op
-// whose data rides along (kData), an op that goes to rank 0's negotiation whatever the others
-// posted (kNegotiate), or a mark that ends the board for everyone after this round (kClose:
-// a join, a name too long to post). The bytes are written by the owner into its own slot and
-// read by every rank of the host, so the decoder treats them as hostile: every length, count,
-// code and size is checked against the slot. Any thread (no shared state).
+// of the global set it took since its last post: ops whose data rides along (kData), then the
+// names of ops that went to rank 0's negotiation whatever the others posted (kNegotiate). The
+// bytes are written by the owner into its own slot and read by every rank of the host, so the
+// decoder treats them as hostile: every length, count, code and size is checked against the
+// slot. Any thread (no shared state).
 //
-// Layout: u64 round, u32 count, then per op: u8 kind; kClose ends there; else u16 name length,
-// the name; kData then: the params block (u8 type, u8 dtype, u8 reduce op, u8 dims, i32 root,
-// f64 prescale, f64 postscale, i64 dims...), u16 splits, i64 splits... (alltoall), u32 data
-// bytes, zero padding to 16 bytes, data.
+// Layout: u64 round, u32 count, then per op: u8 kind, u16 name length, the name; kData then:
+// the params block (u8 type, u8 dtype, u8 reduce op, u8 dims, i32 root, f64 prescale, f64
+// postscale, i64 dims...), u16 splits, i64 splits... (alltoall only), u32 data bytes, zero
+// padding to 16 bytes, data.
 #pragma once
 
 #include <cstddef>
@@ -23,8 +22,8 @@
 
 namespace hvd::runtime::one_round {
 
-enum class PostKind : uint8_t { kData = 0, kNegotiate = 1, kClose = 2 };
-constexpr size_t kMaxPostedName = 1024;  // longer: the op closes the board (kClose)
+enum class PostKind : uint8_t { kData = 0, kNegotiate = 1 };
+constexpr size_t kMaxPostedName = 1024;  // longer: the op closes the board
 constexpr uint32_t kMaxPostedDims = 16;
 constexpr uint32_t kMaxPostedSplits = 1024;  // a host's ranks (CollectiveSegment's bound)
 
@@ -65,7 +64,6 @@ class PostWriter {
   bool addData(std::string_view name, const coord::Request& request, const void* data,
                size_t bytes, size_t capacity);  // request.splits: an alltoall's
   bool addNegotiate(std::string_view name, size_t capacity);
-  bool addClose(size_t capacity);
   uint32_t count() const { return count_; }
   // Data bytes of the last addData, in the post (the owner prescales them there).
   uint8_t* lastData() { return reinterpret_cast<uint8_t*>(&out_[last_data_]); }

@@ -25,17 +25,15 @@ std::vector<std::string> postSeeds(Rng& rng) {
     w.begin(kRound);
     for (uint64_t n = rng.below(6); n > 0; --n) {
       const std::string name = "op." + std::to_string(rng.below(1000));
-      const uint64_t kind = rng.below(3);
-      if (kind == 2) {
-        w.addClose(kCapacity);
-        continue;
-      }
-      if (kind == 1) {
+      if (rng.chance(3)) {
         w.addNegotiate(name, kCapacity);
         continue;
       }
       coord::Request r;
-      r.type = rng.chance(2) ? coord::OpType::kAllreduce : coord::OpType::kBroadcast;
+      r.type = static_cast<coord::OpType>(rng.below(5));  // the five collectives
+      if (r.type == coord::OpType::kAlltoall) {
+        for (uint64_t k = rng.below(4); k > 0; --k) r.splits.push_back(rng.below(3));
+      }
       r.dtype = static_cast<common::DataType>(rng.below(common::kNumDataTypes));
       r.reduce_op = static_cast<common::ReduceOp>(rng.below(6));
       r.root_rank = static_cast<int32_t>(rng.below(4));
@@ -66,12 +64,12 @@ Outcome runPost(const std::string& in) {
   PostWriter w;
   w.begin(kRound);
   for (const PostedOp& op : ops) {
-    if (!inside(op.name.data(), op.name.size(), in) || !inside(op.data, op.bytes, in)) {
+    if (!inside(op.name.data(), op.name.size(), in) || !inside(op.data, op.bytes, in) ||
+        !inside(op.shape, 8 * static_cast<size_t>(op.dims), in) ||
+        !inside(op.split_values, 8 * static_cast<size_t>(op.splits), in)) {
       return failed("a view outside the input");
     }
-    if (op.kind == PostKind::kClose) {
-      w.addClose(kCapacity * 4);
-    } else if (op.kind == PostKind::kNegotiate) {
+    if (op.kind == PostKind::kNegotiate) {
       w.addNegotiate(op.name, kCapacity * 4);
     } else {
       coord::Request r;  // the params block back into a request: dims from its tail
@@ -81,8 +79,8 @@ Outcome runPost(const std::string& in) {
       r.root_rank = op.root_rank;
       r.prescale = op.prescale;
       r.postscale = op.postscale;
-      common::ByteReader dims(op.params.data() + 24, op.params.size() - 24);
-      for (int64_t d = 0; dims.i64(&d);) r.shape.push_back(d);
+      for (uint32_t i = 0; i < op.dims; ++i) r.shape.push_back(op.dim(i));
+      for (uint32_t i = 0; i < op.splits; ++i) r.splits.push_back(op.split(i));
       w.addData(op.name, r, op.data, op.bytes, kCapacity * 4);
     }
   }
