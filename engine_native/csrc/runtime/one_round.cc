@@ -108,22 +108,6 @@ bool boardTakes(const coord::Request& r) {
   }
 }
 
-// The Request rank `rank` posted (enough for coord::buildResponse; named by this rank's key).
-coord::Request postedRequest(const PostedOp& op, int rank, coord::Key key) {
-  coord::Request r;
-  r.request_rank = rank;
-  r.type = op.type;
-  r.name = std::string(op.name);
-  r.key = key;
-  r.dtype = op.dtype;
-  r.reduce_op = op.reduce_op;
-  r.prescale = op.prescale;
-  r.postscale = op.postscale;
-  r.root_rank = op.root_rank;
-  for (uint32_t i = 0; i < op.dims; ++i) r.shape.push_back(op.dim(i));
-  for (uint32_t i = 0; i < op.splits; ++i) r.splits.push_back(op.split(i));
-  return r;
-}
 
 }  // namespace
 
@@ -362,7 +346,9 @@ bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* ou
   }
   requests_.clear();
   for (int r = 0; r < size_; ++r) {
-    requests_.push_back(postedRequest(*ops_of_[static_cast<size_t>(r)], r, key));
+    requests_.push_back(one_round::postedRequest(*ops_of_[static_cast<size_t>(r)]));
+    requests_.back().request_rank = r;
+    requests_.back().key = key;  // named by this rank's key, as rank 0 names responses
   }
   *out = coord::buildResponse(members_, requests_, {});
   // The shapes were read from the posts again: each must still fit the data decoded with it.

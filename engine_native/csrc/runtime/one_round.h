@@ -32,7 +32,6 @@ class OneRound {
   // Every rank of the world is on this host, which has a board, and every rank asked for it
   // (HVD_ONE_ROUND_BYTES > 0; the least of their wishes bounds an op).
   bool active() const { return active_ && !closed_; }
-  int64_t maxBytes() const { return max_bytes_; }
 
   // A drained op of the global set (in the order taken), sorted at the next step.
   void take(coord::Key key) { taken_.push_back(key); }
@@ -54,7 +53,6 @@ class OneRound {
 
   // After the owner announced its sleep (seq_cst): a step would move (the sleep re-check).
   bool canProgress() const;
-  bool idle() const { return !pending_ && queued_.empty() && taken_.empty(); }
   // The ranks that have not answered the round this rank waits on (none: it waits on none).
   std::vector<int> missingRanks() const;
   // Whether `key` waits on the board (posted in the pending round, or queued behind it).

@@ -164,6 +164,20 @@ int64_t PostedOp::readI64(const uint8_t* at, uint32_t i) {
   return static_cast<int64_t>(v);
 }
 
+coord::Request postedRequest(const PostedOp& op) {
+  coord::Request r;
+  r.type = op.type;
+  r.name = std::string(op.name);
+  r.dtype = op.dtype;
+  r.reduce_op = op.reduce_op;
+  r.prescale = op.prescale;
+  r.postscale = op.postscale;
+  r.root_rank = op.root_rank;
+  for (uint32_t i = 0; i < op.dims; ++i) r.shape.push_back(op.dim(i));
+  for (uint32_t i = 0; i < op.splits; ++i) r.splits.push_back(op.split(i));
+  return r;
+}
+
 bool sameParams(const PostedOp& a, const PostedOp& b) {
   if (a.params.size() != b.params.size()) return false;
   const bool first_may_differ =

@@ -52,6 +52,9 @@ struct PostedOp {
   static int64_t readI64(const uint8_t* at, uint32_t i);
 };
 
+// The request a kData op spells (name, type, dtype, reduce op, scales, root, shape, splits).
+coord::Request postedRequest(const PostedOp& op);
+
 // Whether two kData ops were posted with the same parameters (dim 0 aside for allgather and
 // alltoall, whose first dims may differ).
 bool sameParams(const PostedOp& a, const PostedOp& b);

@@ -72,15 +72,7 @@ Outcome runPost(const std::string& in) {
     if (op.kind == PostKind::kNegotiate) {
       w.addNegotiate(op.name, kCapacity * 4);
     } else {
-      coord::Request r;  // the params block back into a request: dims from its tail
-      r.type = op.type;
-      r.dtype = op.dtype;
-      r.reduce_op = op.reduce_op;
-      r.root_rank = op.root_rank;
-      r.prescale = op.prescale;
-      r.postscale = op.postscale;
-      for (uint32_t i = 0; i < op.dims; ++i) r.shape.push_back(op.dim(i));
-      for (uint32_t i = 0; i < op.splits; ++i) r.splits.push_back(op.split(i));
+      const coord::Request r = runtime::one_round::postedRequest(op);
       w.addData(op.name, r, op.data, op.bytes, kCapacity * 4);
     }
   }
