@@ -56,8 +56,9 @@
 //      negotiated, as the shutdown needs.
 //   H. Completion order: a board op completes when its round does, so a blocking op may
 //      finish before an async op its rank submitted earlier and that is still negotiated (as
-//      ops of two process sets always could). A barrier is negotiated: it still finishes
-//      after every op submitted before it.
+//      ops of two process sets always could). A barrier is negotiated after the async ops
+//      submitted before it, so it still finishes after them (and a blocking op has finished
+//      before its thread can call barrier()).
 //   I. A failure (abort, a lost peer) first finishes a round every rank answered: its ops
 //      finished on the ranks that read it, so they finish here too (BackgroundLoop::fail).
 #include "runtime/one_round.h"
