@@ -98,7 +98,9 @@ def removed_set_drops_its_communicator():
                                   set_id=evens.process_set_id))
     during = f.nccl.fakeNcclLiveComms()
     hvd.remove_process_set(evens)
-    hvd.allreduce(np.ones(1, np.float32), name="a.pass.later")  # the loop has run a pass
+    # executed from the loop's queue, after the pass that drops removed sets (a small blocking
+    # allreduce may finish on the one-round board before that: Note [One round] H)
+    hvd.barrier()
     return before, during, f.nccl.fakeNcclLiveComms()
 
 
