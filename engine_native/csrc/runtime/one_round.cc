@@ -83,9 +83,7 @@ namespace {
 constexpr size_t kIndexedPost = 16;  // posts with more ops are looked up through a map
 
 size_t opBytes(const coord::Request& r) {
-  int64_t n = 1;
-  for (int64_t d : r.shape) n *= d;
-  return n <= 0 ? 0 : static_cast<size_t>(n) * common::dataTypeSize(r.dtype);
+  return static_cast<size_t>(coord::elementCount(r.shape)) * common::dataTypeSize(r.dtype);
 }
 
 bool reduces(OpType type) { return type == OpType::kAllreduce || type == OpType::kReducescatter; }
@@ -126,7 +124,7 @@ OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
   begin_.resize(static_cast<size_t>(size_) + 1);
   absent_.resize(static_cast<size_t>(size_));
   index_.resize(static_cast<size_t>(size_));
-  inputs_.resize(static_cast<size_t>(size_));
+  inputs_.by_rank.resize(static_cast<size_t>(size_));
   ops_of_.resize(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) members_.push_back(r);
 }
@@ -386,22 +384,24 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
       const PostedOp* theirs = r == me_ ? &mine : findIn(r, mine.name);
       agreed = theirs != nullptr && theirs->kind == PostKind::kData &&
                one_round::sameParams(*theirs, mine);
-      inputs_[static_cast<size_t>(r)] = agreed ? theirs->data : nullptr;
+      inputs_.by_rank[static_cast<size_t>(r)] = agreed ? theirs->data : nullptr;
       ops_of_[static_cast<size_t>(r)] = theirs;
     }
     if (agreed && mine.type == OpType::kBroadcast) {  // the root's bytes (equal params: one root)
       agreed = mine.root_rank >= 0 && mine.root_rank < size_ &&
-               inputs_[static_cast<size_t>(mine.root_rank)] != nullptr;
+               inputs_.by_rank[static_cast<size_t>(mine.root_rank)] != nullptr;
     } else if (agreed) {  // every rank's
-      agreed = std::find(inputs_.begin(), inputs_.end(), nullptr) == inputs_.end();
+      agreed = std::find(inputs_.by_rank.begin(), inputs_.by_rank.end(), nullptr) ==
+               inputs_.by_rank.end();
     }
     coord::Response response;
     if (agreed) agreed = respond(mine, key, &response);
-    if (!agreed || entries.find(key) == nullptr) {
-      if (entries.find(key) != nullptr) route(key);
+    if (entries.find(key) == nullptr) continue;  // completed meanwhile (the core failed)
+    if (!agreed) {
+      route(key);
       continue;
     }
-    HVD_RETURN_IF_ERROR(run(response, OneRoundInputs{inputs_}));
+    HVD_RETURN_IF_ERROR(run(response, inputs_));
   }
   // D: what the others posted and this rank did not, it owes (one count per name and round).
   for (int r = 0; r < size_; ++r) {

@@ -101,7 +101,7 @@ class OneRound {
   std::vector<size_t> begin_;
   std::vector<bool> absent_;
   std::vector<std::unordered_map<std::string_view, size_t>> index_;  // large posts only
-  std::vector<const uint8_t*> inputs_;
+  OneRoundInputs inputs_;  // finish()'s: the op being decided, per rank
   std::vector<const one_round::PostedOp*> ops_of_;  // per rank: its post of the op decided
   std::vector<coord::Request> requests_;            // respond()'s scratch
   std::vector<int> members_;                        // the global set: every rank

@@ -157,11 +157,9 @@ bool readOp(common::ByteReader& in, const uint8_t* slot, PostedOp* op) {
 }  // namespace
 
 int64_t PostedOp::readI64(const uint8_t* at, uint32_t i) {
-  uint8_t raw[8];
-  std::memcpy(raw, at + 8 * static_cast<size_t>(i), sizeof(raw));
-  uint64_t v = 0;
-  for (int b = 7; b >= 0; --b) v = (v << 8) | raw[b];  // little-endian, as ByteWriter
-  return static_cast<int64_t>(v);
+  int64_t v = 0;
+  common::ByteReader(at + 8 * static_cast<size_t>(i), 8).i64(&v);  // the decoder's bounds
+  return v;
 }
 
 coord::Request postedRequest(const PostedOp& op) {

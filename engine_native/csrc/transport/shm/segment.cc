@@ -140,15 +140,10 @@ void markDriving(Doorbell* doorbell, uint32_t bit, bool on) {
   }
 }
 
-void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
-  const uint32_t driving = doorbell->driving.load(std::memory_order_seq_cst);
-  // A caller that sleeps reads the rings once woken (the loop thread sleeps on), also while
-  // another drives: that one may give up after its last read of this frame.
-  if ((driving & kCallerSleeps) != 0) {
-    wakeAlways(doorbell);
-    return;
-  }
-  if ((driving & kCallerDrives) != 0) return;  // a caller reads the rings every pass
+namespace {
+
+// The owner's loop thread, if it sleeps: FUTEX_WAKE, or a wake byte for a poll sleep.
+void wakeSleepingLoop(Doorbell* doorbell, int socket_fd) {
   const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
   if (sleeping == kFutexSleep) {
     wakeAlways(doorbell);
@@ -159,15 +154,23 @@ void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
   }
 }
 
+}  // namespace
+
+void wakeIfSleeping(Doorbell* doorbell, int socket_fd) {
+  const uint32_t driving = doorbell->driving.load(std::memory_order_seq_cst);
+  // A caller that sleeps reads the rings once woken (the loop thread sleeps on), also while
+  // another drives: that one may give up after its last read of this frame.
+  if ((driving & kCallerSleeps) != 0) {
+    wakeAlways(doorbell);
+    return;
+  }
+  if ((driving & kCallerDrives) != 0) return;  // a caller reads the rings every pass
+  wakeSleepingLoop(doorbell, socket_fd);
+}
+
 void wakeLoop(Doorbell* doorbell, int socket_fd) {
   if ((doorbell->driving.load(std::memory_order_seq_cst) & kCallerDrives) != 0) return;
-  const uint32_t sleeping = doorbell->sleeping.load(std::memory_order_seq_cst);
-  if (sleeping == kFutexSleep) {
-    wakeAlways(doorbell);
-  } else if (sleeping == kPollSleep) {
-    const uint8_t wake = 1;  // EAGAIN: unread wake bytes are queued, which wake it as well
-    ::send(socket_fd, &wake, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-  }
+  wakeSleepingLoop(doorbell, socket_fd);
 }
 
 void RingLink::wakePeer() const { wakeIfSleeping(peer_doorbell, socket_fd); }
