@@ -139,6 +139,7 @@ class BackgroundLoop {
   // True when the pass took a submission or received a control message.
   bool pass(bool mark_cycle);
   bool drainSubmissions();
+  bool lostPeerCheckDue(bool loop_thread);  // Note [Lost peer checks]
   void negotiate(coord::Key key);  // hands a drained op to rank 0's negotiation
   void stepOneRound();
   OneRound::Run runOneRound();  // a board op runs through the Executor, outside the queue
@@ -217,6 +218,8 @@ class BackgroundLoop {
   bool finished_ = false;
   bool shutdown_sent_ = false;
   Clock::time_point shutdown_deadline_;
+  Clock::time_point last_lost_peer_check_{};
+  static constexpr auto kLostPeerCheckEvery = std::chrono::milliseconds(1);
   std::unique_ptr<RankZeroCoordinator> coordinator_;  // rank 0 only (null elsewhere)
   std::unique_ptr<WorkerRequests> requests_;          // workers only (null on rank 0)
 };

@@ -55,7 +55,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   bool took_work = drainSubmissions();
   if (!failed_ && readControl()) took_work = true;
   if (!failed_ && !shutdown_sent_) stepOneRound();
-  if (!failed_ && !shutdown_sent_) {
+  if (!failed_ && !shutdown_sent_ && lostPeerCheckDue(mark_cycle)) {
     int lost = mesh_.findLostPeer();
     if (lost >= 0 && !execution_.empty()) {
       // Responses already here were agreed by every rank, and the peer may have left after
@@ -86,6 +86,20 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   if (shutdown_sent_) checkShutdownAgreement();
   if (keys_.wantsSweep()) sweepKeys();
   return took_work;
+}
+
+// Note [Lost peer checks]
+// A pass asks the kernel whether a peer's data connection hung up (one poll() over them, ~1 us
+// of system call). The loop thread's passes always ask: it may have woken for that hang-up. A
+// caller's spinning passes ask at most once per kLostPeerCheckEvery: in a small op's wait the
+// syscall was most of each pass, so it delayed seeing the peer's post by up to its own length,
+// while a peer lost mid-spin is still seen within that interval (and by the control channel's
+// own end-of-stream, and by the collective's own wait, whichever comes first).
+bool BackgroundLoop::lostPeerCheckDue(bool loop_thread) {
+  const auto now = Clock::now();
+  if (!loop_thread && now - last_lost_peer_check_ < kLostPeerCheckEvery) return false;
+  last_lost_peer_check_ = now;
+  return true;
 }
 
 // Note [Point-to-point] D in peer_ops.cc: a connection lost or malformed fails the rank; a lost
