@@ -165,6 +165,7 @@ CORE_SOURCES = [
     "bindings/numpy_fast_path.cc",
     "bindings/numpy_api.cc",
     "bindings/numpy_broadcast.cc",
+    "bindings/numpy_gathers.cc",
     "bindings/numpy_group.cc",
     "bindings/jax_host.cc",
     "bindings/jax_ffi.cc",

@@ -5,9 +5,10 @@ Every function builds the tensor name Horovod would (``allreduce.<name>`` or
 handle completes (``_core.keep``). A name stays taken until ``synchronize`` returned or ``poll``
 answered True (Note [Name lifetime] in csrc/runtime/handle_table.h). ``*_async`` return a
 handle for ``poll``/``synchronize``. ``allreduce_async`` and ``synchronize`` run once per
-gradient per step, so they are the core's own C functions (bindings/numpy_api.cc), configured
-at import; the checked Python path below takes every case they do not handle and raises the
-errors.
+gradient per step, so they are the core's own C functions (bindings/numpy_api.cc), as are
+``broadcast_async(_)`` and the gathers' ``*_async`` (numpy_broadcast.cc, numpy_gathers.cc),
+configured at import; the checked Python paths below take every case they do not handle and
+raise the errors. What they share (names, checks, one submission) is in numpy_common.py.
 """
 from __future__ import annotations
 
@@ -17,87 +18,10 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import _core
-from ._dtypes import Average, Sum, numpy_code, numpy_dtype, supported_numpy_dtypes, _NUMPY_CODES
-from . import basics
+from ._dtypes import Average, Sum, numpy_dtype, supported_numpy_dtypes, _NUMPY_CODES
 from .basics import ProcessSet, global_process_set
-
-_counters: dict[tuple, itertools.count] = {}  # (kind, process set id) -> counter
-_join_epochs: dict[int, int] = {}  # process set id -> joins completed
-_barrier_counters: dict[int, itertools.count] = {}  # process set id -> barriers run
-
-
-def _reset_names() -> None:
-    """A new world counts unnamed ops, joins and barriers from 0 on every rank (cleared in
-    place: the C fast path calls _full_name, which reads these dicts)."""
-    _counters.clear()
-    _join_epochs.clear()
-    _barrier_counters.clear()
-
-
-basics._per_world_resets.append(_reset_names)
-
-
-def _enqueuer(waited: bool):
-    """The synchronous functions wait for their op at once: that wait runs it on the calling
-    thread (Note [Caller drives] in the core), so their enqueue does not wake the core's
-    thread. Looked up per call, so a test's stand-in core is honoured."""
-    return _core.enqueue_for_wait if waited else _core.enqueue
-
-
-def _full_name(kind: str, name: Optional[str],
-               process_set: Optional[ProcessSet] = None) -> str:
-    """``<kind>.<name>``, or ``<kind>.noname.<n>`` from the counter of ``kind`` in the op's
-    process set (None: the global set), so ops of one set never shift another set's names
-    (Note [Noname counters] in torch/runtime.py)."""
-    if name:
-        return f"{kind}.{name}"
-    set_key = 0 if process_set is None else getattr(process_set, "process_set_id", None)
-    counter = _counters.get((kind, set_key))
-    if counter is None:  # from the set's join epoch (Note [Noname counters])
-        counter = itertools.count(_join_epochs.get(set_key, 0) << 32)
-        _counters[(kind, set_key)] = counter
-    return f"{kind}.noname.{next(counter)}"
-
-
-def _set_id(process_set: Optional[ProcessSet], op: str) -> int:
-    """The core id of ``process_set``; None is the global set, as the C paths take it."""
-    set_id = 0 if process_set is None else process_set.process_set_id
-    if set_id is None:
-        raise ValueError(f"{op}(): {process_set} is not registered; call add_process_set() on "
-                         "every rank first")
-    return set_id
-
-
-def _check_array(array, op: str, name: str) -> np.ndarray:
-    array = array if isinstance(array, np.ndarray) else np.asarray(array)
-    if not array.flags.c_contiguous:
-        raise ValueError(f"{op}('{name}'): expected a contiguous array, got strides "
-                         f"{array.strides}; pass np.ascontiguousarray(x)")
-    return array  # the dtype is checked by _code(), which every caller calls next
-
-
-def _code(array: np.ndarray, op: str, name: str) -> int:
-    """numpy_code(array.dtype) with the common case a single dict lookup (hot path)."""
-    code = _NUMPY_CODES.get(array.dtype)
-    return numpy_code(array.dtype, op, name) if code is None else code
-
-
-def _frombuffer(result, dtype) -> np.ndarray:
-    return np.frombuffer(result[0], dtype=dtype).reshape(result[1])  # (buffer, shape)
-
-
-def _submit(kind: int, op_name: str, name: Optional[str], array: np.ndarray, out, *,
-            reduce_op: int = Sum, prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
-            process_set: ProcessSet = global_process_set, splits=None, finish,
-            waited: bool = False) -> int:
-    full = _full_name(op_name, name, process_set)
-    array = _check_array(array, op_name, full)
-    handle = _enqueuer(waited)(kind, full, _code(array, op_name, full), array.shape,
-                               array, out, reduce_op, float(prescale),
-                               float(postscale), root, _set_id(process_set, op_name),
-                               None if splits is None else [int(s) for s in splits])
-    _core.keep(handle, (array, out), out, finish)
-    return handle
+from .numpy_common import (_barrier_counters, _check_array, _code, _counters, _enqueuer,
+                           _frombuffer, _full_name, _join_epochs, _set_id, _submit)
 
 
 def poll(handle: int) -> bool:
@@ -196,9 +120,9 @@ def grouped_allreduce(arrays: Sequence, op: int = Average, name: Optional[str] =
 _synchronize_group = _core.synchronize_group
 
 
-def allgather_async(array, name: Optional[str] = None,
-                    process_set: ProcessSet = global_process_set, *,
-                    _waited: bool = False) -> int:
+def _allgather_async_checked(array, name: Optional[str] = None,
+                             process_set: ProcessSet = global_process_set, *,
+                             _waited: bool = False) -> int:
     dtype = np.asarray(array).dtype
     return _submit(_core.ALLGATHER, "allgather", name, array, None, process_set=process_set,
                    finish=lambda result: _frombuffer(result, dtype), waited=_waited)
@@ -306,9 +230,9 @@ def broadcast_(array: np.ndarray, root_rank: int, name: Optional[str] = None,
     return synchronize(broadcast_async_(array, root_rank, name, process_set, _waited=True))
 
 
-def alltoall_async(array, splits=None, name: Optional[str] = None,
-                   process_set: ProcessSet = global_process_set, *,
-                   _waited: bool = False) -> int:
+def _alltoall_async_checked(array, splits=None, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set, *,
+                            _waited: bool = False) -> int:
     dtype = np.asarray(array).dtype
     return _submit(_core.ALLTOALL, "alltoall", name, array, None, splits=splits,
                    process_set=process_set,
@@ -322,15 +246,33 @@ def alltoall(array, splits=None, name: Optional[str] = None,
     return synchronize(alltoall_async(array, splits, name, process_set, _waited=True))
 
 
-def reducescatter_async(array, op: int = Average, name: Optional[str] = None,
-                        process_set: ProcessSet = global_process_set,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
-                        _waited: bool = False) -> int:
+def _reducescatter_async_checked(array, op: int = Average, name: Optional[str] = None,
+                                 process_set: ProcessSet = global_process_set,
+                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                 *, _waited: bool = False) -> int:
     dtype = np.asarray(array).dtype
     return _submit(_core.REDUCESCATTER, "reducescatter", name, array, None, reduce_op=op,
                    prescale=prescale_factor, postscale=postscale_factor,
                    process_set=process_set, finish=lambda r: _frombuffer(r, dtype),
                    waited=_waited)
+
+
+# allgather_async(array, name=None, process_set=global_process_set): concatenate every rank's
+# array along dimension 0 without waiting; synchronize() returns a new array.
+# alltoall_async(array, splits=None, name=None, process_set=global_process_set): send
+# splits[r] rows to rank r; synchronize() returns (received rows, received splits).
+# reducescatter_async(array, op=Average, name=None, process_set=global_process_set,
+#                     prescale_factor=1.0, postscale_factor=1.0): each rank's slice of the
+# reduction. In C (bindings/numpy_gathers.cc), which hands what it does not take to the checked
+# functions above, under the names the user called.
+allgather_async = _core.allgather_async
+alltoall_async = _core.alltoall_async
+reducescatter_async = _core.reducescatter_async
+_allgather_async_checked.__qualname__ = "allgather_async"
+_alltoall_async_checked.__qualname__ = "alltoall_async"
+_reducescatter_async_checked.__qualname__ = "reducescatter_async"
+_core.numpy_gathers_setup(_allgather_async_checked, _alltoall_async_checked,
+                          _reducescatter_async_checked)
 
 
 def reducescatter(array, op: int = Average, name: Optional[str] = None,

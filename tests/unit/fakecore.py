@@ -168,8 +168,8 @@ def make_fake_core():
         state['sets'].pop(sid, None)
 
     # The numpy API's entry points (engine_native.numpy_ops configures them at import): the
-    # fake has no fast path, so allreduce_async and broadcast_async(_) always take numpy_ops'
-    # checked path.
+    # fake has no fast path, so allreduce_async, broadcast_async(_) and the gathers always take
+    # numpy_ops' checked path.
     numpy = {}
 
     def numpy_setup(codes, checked, noname, global_set):
@@ -192,6 +192,18 @@ def make_fake_core():
 
     def broadcast_async_(*args, **kwargs):
         return numpy['broadcast_'](*args, **kwargs)
+
+    def numpy_gathers_setup(allgather, alltoall, reducescatter):
+        numpy.update(allgather=allgather, alltoall=alltoall, reducescatter=reducescatter)
+
+    def allgather_async(*args, **kwargs):
+        return numpy['allgather'](*args, **kwargs)
+
+    def alltoall_async(*args, **kwargs):
+        return numpy['alltoall'](*args, **kwargs)
+
+    def reducescatter_async(*args, **kwargs):
+        return numpy['reducescatter'](*args, **kwargs)
 
     def keep(handle, keepalive, output, finish):
         state.setdefault('kept', {})[handle] = (keepalive, output, finish)
@@ -282,6 +294,7 @@ def make_fake_core():
                add_process_set, remove_process_set, numpy_setup, output_like, allreduce_async,
                keep,
                numpy_broadcast_setup, broadcast_async, broadcast_async_,
+               numpy_gathers_setup, allgather_async, alltoall_async, reducescatter_async,
                synchronize, synchronize_group, grouped_allreduce_aligned, aligned_like,
                torch_setup, torch_allreduce_async, torch_synchronize, torch_kept,
                torch_release_kept, torch_group_setup, torch_group_async, torch_group_wait,

@@ -16,6 +16,7 @@ struct Kept {
   PyObject* output = nullptr;
   PyObject* finish = nullptr;  // nullptr: synchronize returns `output`
   KeptBy by = KeptBy::kNumpy;
+  ResultConverter convert = nullptr;  // set: synchronize returns convert(finish, result)
 };
 // By the handle's slot (its low 32 bits), which the HandleTable reuses: bounded by the ops in
 // flight at once.
@@ -52,6 +53,11 @@ void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish
   dropRefs(stale);
 }
 
+void convertKeptResult(int64_t handle, ResultConverter convert) {
+  Kept* k = keptFor(handle);
+  if (k != nullptr) k->convert = convert;
+}
+
 bool isKept(int64_t handle) {
   return keptFor(handle) != nullptr ||
          std::find(g_waiting.begin(), g_waiting.end(), handle) != g_waiting.end();
@@ -68,7 +74,16 @@ PyObject* synchronizeKept(int64_t handle) {
     *k = Kept();
     g_waiting.push_back(handle);
   }
-  PyObject* result = waitHandle(handle);
+  PyObject* result = nullptr;
+  if (mine.convert != nullptr) {
+    common::Status status;
+    runtime::OpResult op_result;
+    if (waitResult(handle, &status, &op_result)) {
+      result = status.isOk() ? mine.convert(mine.finish, op_result) : raiseStatus(status);
+    }
+  } else {
+    result = waitHandle(handle);
+  }
   if (mine.handle != 0) g_waiting.erase(std::find(g_waiting.begin(), g_waiting.end(), handle));
   if (result == nullptr) {
     // An interrupted wait (Ctrl-C, or any exception a signal handler raised) leaves the op
@@ -85,7 +100,10 @@ PyObject* synchronizeKept(int64_t handle) {
   }
   if (mine.handle == 0) return result;  // nothing kept: the core's own result
   PyObject* out = nullptr;
-  if (mine.finish == nullptr) {
+  if (mine.convert != nullptr) {
+    out = result;  // converted already
+    Py_INCREF(out);
+  } else if (mine.finish == nullptr) {
     out = mine.output != nullptr ? mine.output : Py_None;
     Py_INCREF(out);
   } else {

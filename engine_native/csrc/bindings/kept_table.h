@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "runtime/handle_table.h"
+
 namespace hvd::bindings {
 
 // Which C path kept an entry: engine_native.torch forgets its handles at shutdown()/init()
@@ -18,6 +20,12 @@ enum class KeptBy { kNumpy, kTorch };
 // Holds new references to `keep`, `output` and `finish` (each may be nullptr) until
 // synchronizeKept(handle) returns.
 void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish, KeptBy by);
+
+// Makes synchronizeKept(handle)'s answer convert(finish, the core's result) for an op the core
+// allocated the output of, without the result tuple a Python finish would take apart (the
+// numpy API's allgather, alltoall and reducescatter: numpy_gathers.cc). Call after keepRefs.
+using ResultConverter = PyObject* (*)(PyObject* finish, const runtime::OpResult& result);
+void convertKeptResult(int64_t handle, ResultConverter convert);
 
 // True while `handle` has references kept (enqueued by a C path and not yet synchronized).
 bool isKept(int64_t handle);

@@ -217,6 +217,7 @@ int addNumpyBindings(PyObject* module) {
   if (PyModule_AddFunctions(module, g_numpy_methods) < 0) return -1;
   if (addNumpyBroadcastBindings(module) < 0) return -1;
   if (addNumpyGroupBindings(module) < 0) return -1;
+  if (addNumpyGatherBindings(module) < 0) return -1;
   if (addJaxHostBindings(module) < 0) return -1;
   return addJaxFfiBindings(module);
 }

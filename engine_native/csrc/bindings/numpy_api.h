@@ -16,6 +16,9 @@ int addNumpyBindings(PyObject* module);
 int addNumpyBroadcastBindings(PyObject* module);
 // The group functions alone (likewise).
 int addNumpyGroupBindings(PyObject* module);
+// allgather_async, alltoall_async, reducescatter_async and numpy_gathers_setup alone
+// (bindings/numpy_gathers.cc; likewise).
+int addNumpyGatherBindings(PyObject* module);
 // engine_native.jax's host views (likewise).
 int addJaxHostBindings(PyObject* module);
 // engine_native.jax's XLA FFI handlers, xla_ffi_targets() (bindings/jax_ffi.cc; needs no numpy).
