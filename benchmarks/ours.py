@@ -48,9 +48,10 @@ class Adapter:
     def allreduce(self, buf, name: str, variant: str = "out-of-place"):
         if variant == "out-of-place":
             return self.hvd.allreduce(buf, op=self.hvd.Sum, name=name)
-        ptr = buf.ctypes.data  # as engine_native.torch.allreduce_: enqueued for an at-once wait
+        # As engine_native.torch.allreduce_: enqueued for an at-once wait, input and output the
+        # same memory (the array itself: buf.ctypes.data cost ~1 us per call in Python).
         h = self._core.enqueue_for_wait(self._core.ALLREDUCE, "allreduce." + name, self._f32,
-                                        buf.shape, ptr, ptr, self.hvd.Sum, 1.0, 1.0, 0,
+                                        buf.shape, buf, buf, self.hvd.Sum, 1.0, 1.0, 0,
                                         self._set)
         self._core.wait(h)
         return buf

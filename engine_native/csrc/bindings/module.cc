@@ -278,7 +278,14 @@ static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* resul
     GilReleased released(holds_gil);
     fn();
   };
-  without_gil([handle] { Runtime::instance().drive(handle); });
+  bool driven = false;
+  without_gil([handle, &driven] { driven = Runtime::instance().drive(handle); });
+  // Its drive finished it (a small op of a host's ranks, mostly): taken at once, without a
+  // second release of the GIL and the device and peer checks of a slice.
+  if (driven && handles.takeIfDone(handle, status, result)) {
+    blocked();
+    return true;
+  }
   MainBlocked marked;
   while (true) {
     bool done = false;

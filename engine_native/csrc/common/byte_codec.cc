@@ -36,69 +36,9 @@ bool ByteReader::fail(const std::string& what) {
   return false;
 }
 
-// The one bounds check every read goes through. Written as n > size_ - pos_ (pos_ <= size_
-// always holds), never pos_ + n > size_, which a hostile length near 2^64 would wrap.
-bool ByteReader::take(size_t n, const char** p) {
+bool ByteReader::refuse(size_t n) {
   if (!error_.empty()) return false;
-  if (n > size_ - pos_) return fail("truncated input (" + std::to_string(n) + " bytes needed)");
-  *p = data_ + pos_;
-  pos_ += n;
-  return true;
-}
-
-uint64_t ByteReader::get(const char* p, int width) const {
-  uint64_t v = 0;
-  for (int i = 0; i < width; ++i) v |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
-  return v;
-}
-
-bool ByteReader::u8(uint8_t* v) {
-  const char* p = nullptr;
-  if (!take(1, &p)) return false;
-  *v = static_cast<uint8_t>(p[0]);
-  return true;
-}
-
-bool ByteReader::u16(uint16_t* v) {
-  const char* p = nullptr;
-  if (!take(2, &p)) return false;
-  *v = static_cast<uint16_t>(get(p, 2));
-  return true;
-}
-
-bool ByteReader::u32(uint32_t* v) {
-  const char* p = nullptr;
-  if (!take(4, &p)) return false;
-  *v = static_cast<uint32_t>(get(p, 4));
-  return true;
-}
-
-bool ByteReader::i32(int32_t* v) {
-  uint32_t x = 0;
-  if (!u32(&x)) return false;
-  *v = static_cast<int32_t>(x);
-  return true;
-}
-
-bool ByteReader::u64(uint64_t* v) {
-  const char* p = nullptr;
-  if (!take(8, &p)) return false;
-  *v = get(p, 8);
-  return true;
-}
-
-bool ByteReader::i64(int64_t* v) {
-  uint64_t x = 0;
-  if (!u64(&x)) return false;
-  *v = static_cast<int64_t>(x);
-  return true;
-}
-
-bool ByteReader::f64(double* v) {
-  uint64_t bits = 0;
-  if (!u64(&bits)) return false;
-  std::memcpy(v, &bits, sizeof(bits));
-  return true;
+  return fail("truncated input (" + std::to_string(n) + " bytes needed)");
 }
 
 bool ByteReader::bytes(void* dst, size_t n) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,13 +48,14 @@ class ByteReader {
   explicit ByteReader(const std::string& bytes) : ByteReader(bytes.data(), bytes.size()) {}
   explicit ByteReader(std::string&&) = delete;  // would read a dead temporary
 
-  bool u8(uint8_t* v);
-  bool u16(uint16_t* v);
-  bool u32(uint32_t* v);
-  bool i32(int32_t* v);
-  bool u64(uint64_t* v);
-  bool i64(int64_t* v);
-  bool f64(double* v);
+  // Inline: a board post or a response list decodes a few dozen of these per op.
+  bool u8(uint8_t* v) { return fixed(v); }
+  bool u16(uint16_t* v) { return fixed(v); }
+  bool u32(uint32_t* v) { return fixed(v); }
+  bool i32(int32_t* v) { return fixed(v); }
+  bool u64(uint64_t* v) { return fixed(v); }
+  bool i64(int64_t* v) { return fixed(v); }
+  bool f64(double* v) { return fixed(v); }
   bool bytes(void* dst, size_t n);            // n bytes as they are
   bool skip(size_t n);                        // padding
   // n bytes as a view into the input (valid while the input is).
@@ -84,8 +86,29 @@ class ByteReader {
   const std::string& error() const { return error_; }
 
  private:
-  bool take(size_t n, const char** p);
-  uint64_t get(const char* p, int width) const;
+  // The one bounds check every read goes through. Written as n > size_ - pos_ (pos_ <= size_
+  // always holds), never pos_ + n > size_, which a hostile length near 2^64 would wrap.
+  bool take(size_t n, const char** p) {
+    if (n > size_ - pos_ || !error_.empty()) return refuse(n);
+    *p = data_ + pos_;
+    pos_ += n;
+    return true;
+  }
+  bool refuse(size_t n);  // take()'s failure: records it (once), returns false
+  // A little-endian value of T's width (the wire's order whatever the host's), bit for bit.
+  template <typename T>
+  bool fixed(T* v) {
+    const char* p = nullptr;
+    if (!take(sizeof(T), &p)) return false;
+    uint64_t bits = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) bits |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
+    if constexpr (sizeof(T) == 8) {
+      std::memcpy(v, &bits, 8);
+    } else {
+      *v = static_cast<T>(bits);
+    }
+    return true;
+  }
   bool nonNegative(int64_t* v);
 
   const char* data_;

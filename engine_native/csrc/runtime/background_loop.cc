@@ -482,8 +482,9 @@ bool BackgroundLoop::drive(int64_t handle) {
   auto give_up = start + spin;
   // Note [Spin while a core is free] A: the furthest a point-to-point wait spins on.
   const auto spin_cap = point_to_point && spin.count() > 0 ? start + peer_spin_cap_ : give_up;
-  std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
-  while (!lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
+  std::unique_lock<std::timed_mutex> lock(progress_, std::try_to_lock);  // mostly free
+  while (!lock.owns_lock() &&
+         !lock.try_lock_for(std::min<Clock::duration>(kLockSlice, give_up - Clock::now()))) {
     if (handles_.poll(handle) != 0) return false;  // A: the loop thread finished it
     if (Clock::now() >= give_up) {
       queue_.wakeIfAsleep();

@@ -37,26 +37,22 @@ void Executor::recordStart(const coord::Response& r, const std::vector<TensorEnt
   detailed_now_ = recording() && detailed_.load(std::memory_order_relaxed);
   if (!recording() || r.type == OpType::kJoin || r.keys.empty()) return;
   const char* op = coord::opTypeName(r.type);
-  std::vector<int64_t> shape;
   if (!detailed_now_) {
     summary_ = keys_.name(r.keys[0]);
     if (r.keys.size() > 1) summary_ += " (+" + std::to_string(r.keys.size() - 1) + " fused)";
-    if (entries[0] != nullptr) {
-      shape.assign(entries[0]->request.shape.begin(), entries[0]->request.shape.end());
-    }
-    timeline_->start(summary_, op, r.dtype, shape);
+    const coord::Shape* dims = entries[0] != nullptr ? &entries[0]->request.shape : nullptr;
+    timeline_->start(summary_, op, r.dtype, dims ? dims->data() : nullptr, dims ? dims->size() : 0);
     return;
   }
   timeline_->beginGroup(op);  // Note [Response groups] in timeline.cc
   for (size_t i = 0; i < r.keys.size(); ++i) {
     if (entries[i] != nullptr) {
       const coord::Shape& dims = entries[i]->request.shape;
-      timeline_->start(keys_.name(r.keys[i]), op, r.dtype,
-                       std::vector<int64_t>(dims.begin(), dims.end()));
+      timeline_->start(keys_.name(r.keys[i]), op, r.dtype, dims.data(), dims.size());
       continue;
     }
-    shape.assign(1, i < r.counts.size() ? r.counts[i] : 0);  // a joined rank's zeros
-    timeline_->start(keys_.name(r.keys[i]), op, r.dtype, shape);
+    const int64_t zeros = i < r.counts.size() ? r.counts[i] : 0;  // a joined rank's zeros
+    timeline_->start(keys_.name(r.keys[i]), op, r.dtype, &zeros, 1);
   }
 }
 

@@ -5,6 +5,7 @@
 // the sweep of keys nothing refers to any more.
 #include <algorithm>
 
+#include "common/coarse_clock.h"
 #include "common/logging.h"
 #include "runtime/background_loop.h"
 #include "transport/tcp/socket.h"
@@ -91,12 +92,13 @@ bool BackgroundLoop::pass(bool mark_cycle) {
 // Note [Lost peer checks]
 // A pass asks the kernel whether a peer's data connection hung up (one poll() over them, ~1 us
 // of system call). The loop thread's passes always ask: it may have woken for that hang-up. A
-// caller's spinning passes ask at most once per kLostPeerCheckEvery: in a small op's wait the
-// syscall was most of each pass, so it delayed seeing the peer's post by up to its own length,
-// while a peer lost mid-spin is still seen within that interval (and by the control channel's
-// own end-of-stream, and by the collective's own wait, whichever comes first).
+// caller's spinning passes ask at most once per kLostPeerCheckEvery (read on the coarse clock,
+// so up to a tick later): in a small op's wait the syscall was most of each pass, so it
+// delayed seeing the peer's post by up to its own length, while a peer lost mid-spin is still
+// seen within a few milliseconds (or sooner by the control channel's own end-of-stream, or by
+// the collective's own wait).
 bool BackgroundLoop::lostPeerCheckDue(bool loop_thread) {
-  const auto now = Clock::now();
+  const auto now = common::coarseSteadyNow();
   if (!loop_thread && now - last_lost_peer_check_ < kLostPeerCheckEvery) return false;
   last_lost_peer_check_ = now;
   return true;

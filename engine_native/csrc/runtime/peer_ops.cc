@@ -166,6 +166,7 @@ Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
     *handle = op.handle;
     if (!op.is_send) listen(+1);  // before any pass looks for its message
     submitted_.push_back(std::move(op));
+    submissions_waiting_.store(true, std::memory_order_release);
   }
   if (wake) queue_.wakeIfAsleep();
   return Status::ok();
@@ -175,7 +176,9 @@ void PeerOps::takeSubmitted() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     taking_.swap(submitted_);
+    submissions_waiting_.store(false, std::memory_order_relaxed);
   }
+  if (taking_.empty()) return;
   const Clock::time_point now = Clock::now();
   for (Op& op : taking_) {
     op.since = now;
@@ -201,10 +204,16 @@ void PeerOps::takeSubmitted() {
 }
 
 Status PeerOps::progress(bool* moved) {
-  takeSubmitted();
+  // A pass of a host's small collectives comes here too: no lock and no clock while no
+  // point-to-point op exists (a message arriving unasked needs neither).
+  if (submissions_waiting_.load(std::memory_order_acquire)) takeSubmitted();
   HVD_RETURN_IF_ERROR(progressDevice());
   HVD_RETURN_IF_ERROR(progressNccl());
-  const Clock::time_point now = Clock::now();
+  bool timed = false;  // an op whose HVD_TIMEOUT runs (the only readers of `now`)
+  for (const PerPeer& p : peers_) {
+    timed = timed || !p.sending.empty() || !p.receiving.empty() || !p.reading.empty();
+  }
+  const Clock::time_point now = timed ? Clock::now() : Clock::time_point();
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     if (!open(peer)) continue;
     const Status status = progressPeer(peer, now, moved);

@@ -231,6 +231,8 @@ class PeerOps {
 
   mutable std::mutex mutex_;  // guards submitted_ and failure_
   std::vector<Op> submitted_;
+  // submitted_ may be non-empty: set under mutex_ with a push, cleared by takeSubmitted.
+  std::atomic<bool> submissions_waiting_{false};
   common::Status failure_;   // sticky once set
 
   // The loop's (under progress_).

@@ -187,13 +187,13 @@ void Timeline::negotiateEnd(std::string_view name) {
 }
 
 void Timeline::start(std::string_view name, std::string_view op, common::DataType dtype,
-                     const std::vector<int64_t>& shape) {
+                     const int64_t* shape, size_t dims) {
   if (!recording()) return;
   TimelineRecord r = makeRecord(RecordKind::kOpStart, clock_.groupTime());
   r.value = static_cast<int32_t>(dtype);
-  const size_t dims = std::min(shape.size(), kMaxDims);
+  dims = std::min(dims, kMaxDims);
   if (internName(name, &r.name) && internLabel(op, &r.label)) {
-    return emit(r, shape.data(), dims * sizeof(int64_t));
+    return emit(r, shape, dims * sizeof(int64_t));
   }
   dropped_.fetch_add(1, std::memory_order_relaxed);
 }

@@ -65,7 +65,11 @@ class Timeline {
   void negotiateRankReady(std::string_view name, int rank);
   void negotiateEnd(std::string_view name);
   void start(std::string_view name, std::string_view op, common::DataType dtype,
-             const std::vector<int64_t>& shape);
+             const int64_t* shape, size_t dims);
+  void start(std::string_view name, std::string_view op, common::DataType dtype,
+             const std::vector<int64_t>& shape) {
+    start(name, op, dtype, shape.data(), shape.size());
+  }
   // A span whose dtype and shape are not known when it starts (a receive: they come with the
   // message); written with dtype "unknown".
   void startUntyped(std::string_view name, std::string_view op);
