@@ -246,10 +246,22 @@ def output_pools_suite():
     fails.expect("step: results right", all(
         o.shape == shape and bool(np.all(o == 2 * want)) for o, shape in zip(outs, shapes)))
 
-    # Large results (>= 1 MiB) of two shapes: each finds its own free array whatever the
-    # order (a FIFO would drop the other shape's), and a held one is never handed out. The
-    # pool's counts tell (ids cannot: a new array may land where a dropped one was).
+    # One result kept (a baseline, a logged value) does not stop the results after it from
+    # being handed out again: the small pool looks past a held front. The pool's counts tell
+    # (ids cannot: a new array may land where a dropped one was).
     from engine_native import _core
+    del outs
+    baseline = allreduce(7)
+    before = _core.output_pool_counts()
+    for _ in range(4):
+        allreduce(8)
+    made = _core.output_pool_counts()["small_made"] - before["small_made"]
+    fails.expect("kept result: later ones reused", made <= 1 and
+                 bool(np.all(baseline == 7 * want)), f"{made} new arrays for 4 results")
+    del baseline
+
+    # Large results (>= 1 MiB) of two shapes: each finds its own free array whatever the
+    # order (a FIFO would drop the other shape's), and a held one is never handed out.
 
     def big(shape, k):
         before = _core.output_pool_counts()

@@ -15,7 +15,10 @@
 //     submits the same tensors in the same order each step, so the front is an earlier step's
 //     result for the same tensor; a loop that still holds last step's results (`outs =
 //     step()`) makes the FIFO two steps deep. A free front entry of another shape is dropped.
-//     Bounded by 4,096 arrays and 32 MiB;
+//     Up to kHeldSkips held entries at the front (a baseline the caller kept, a loss appended
+//     to a list) are looked past, in place: a FIFO that stopped at the first made every later
+//     call a new array in cold memory (a 4 KiB allreduce between two ranks: 5.7 against 3.7 us
+//     while one earlier result was kept). Bounded by 4,096 arrays and 32 MiB;
 //   - large arrays: every entry is looked at (there are at most 4; 512 MiB), so one loop's
 //     few large results of different shapes each find theirs, whatever the order.
 // When no entry fits, a new array is made; the oldest entries go once a pool is over its
@@ -31,6 +34,7 @@ namespace hvd::bindings {
 namespace {
 
 constexpr Py_ssize_t kLargeBytes = 1 << 20;
+constexpr size_t kHeldSkips = 4;  // held entries at a small pool's front a call looks past
 
 enum class Entry { kHeld, kMatches, kOtherShape, kUnusable };
 
@@ -70,12 +74,16 @@ class ArrayPool {
       }
       const bool droppable = entry == Entry::kUnusable ||
                              (entry == Entry::kOtherShape && !looks_past_front_);
-      if (droppable) {
+      if (looks_past_front_ && droppable) {
         drop(i);
       } else if (looks_past_front_) {
         ++i;
+      } else if (droppable && i == 0) {
+        drop(i);  // the front: its next take would be ours again
+      } else if (entry == Entry::kHeld && i < kHeldSkips) {
+        ++i;  // a held front: look past it (it stays where it is for its next turn)
       } else {
-        break;  // the front is held: a FIFO looks no further
+        break;
       }
     }
     Py_INCREF(descr);  // stolen by the call

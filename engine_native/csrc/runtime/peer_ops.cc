@@ -234,6 +234,12 @@ bool PeerOps::takeMoved() {
 Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   transport::PeerChannel& channel = *mesh_.peerChannel(peer);
   PerPeer& p = peers_[peer];
+  // Nothing to write, read or time out with this peer: every pass of a host's small
+  // collectives (Note [One round]) comes here for each peer.
+  if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
+      !channel.hasBacklog() && !channel.hasIncoming()) {
+    return Status::ok();
+  }
   bool wrote = false, read = false;
   sent_.clear();
   if (channel.hasBacklog()) HVD_RETURN_IF_ERROR(channel.flush(&sent_, &wrote));
