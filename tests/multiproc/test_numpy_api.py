@@ -247,11 +247,13 @@ def output_pools_suite():
         o.shape == shape and bool(np.all(o == 2 * want)) for o, shape in zip(outs, shapes)))
 
     # One result kept (a baseline, a logged value) does not stop the results after it from
-    # being handed out again: the small pool looks past a held front. The pool's counts tell
+    # being handed out again: the small pool looks past a held front (and past a free result
+    # of another shape behind it, as a metric's allreduce leaves). The pool's counts tell
     # (ids cannot: a new array may land where a dropped one was).
     from engine_native import _core
     del outs
     baseline = allreduce(7)
+    hvd.allreduce(np.ones(3, np.float32), name="other")  # a result of another shape behind it
     before = _core.output_pool_counts()
     for _ in range(4):
         allreduce(8)

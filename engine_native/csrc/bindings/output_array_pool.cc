@@ -15,15 +15,17 @@
 //     submits the same tensors in the same order each step, so the front is an earlier step's
 //     result for the same tensor; a loop that still holds last step's results (`outs =
 //     step()`) makes the FIFO two steps deep. A free front entry of another shape is dropped.
-//     Up to kHeldSkips held entries at the front (a baseline the caller kept, a loss appended
-//     to a list) are looked past, in place: a FIFO that stopped at the first made every later
-//     call a new array in cold memory (a 4 KiB allreduce between two ranks: 5.7 against 3.7 us
-//     while one earlier result was kept). Bounded by 4,096 arrays and 32 MiB;
+//     Behind a held front (a baseline the caller kept, a loss appended to a list) the next
+//     kLookPast entries are candidates too, looked past in place when they do not fit: a FIFO
+//     that stopped at a held front made every later call a new array in cold memory (a 4 KiB
+//     allreduce between two ranks: 5.6 against 3.7 us while one earlier result was kept and a
+//     small allreduce of another shape came after it). Bounded by 4,096 arrays and 32 MiB;
 //   - large arrays: every entry is looked at (there are at most 4; 512 MiB), so one loop's
 //     few large results of different shapes each find theirs, whatever the order.
 // When no entry fits, a new array is made; the oldest entries go once a pool is over its
-// bounds, and an array larger than its pool's byte bound is never pooled. The small pool made the 200 x 4 KiB set at np=2 faster, much of it in the core's
-// thread, which now writes results into memory it wrote the step before; a free list of raw
+// bounds, and an array larger than its pool's byte bound is never pooled. The small pool made
+// the 200 x 4 KiB set at np=2 faster, much of it in the core's thread, which now writes
+// results into memory it wrote the step before; a free list of raw
 // blocks handed out the same way saved nothing (benchmarks/history/RESULTS-parts-1-10.md,
 // "Session 4, later": "Small outputs come from a pool").
 #include "bindings/output_array_pool.h"
@@ -34,7 +36,7 @@ namespace hvd::bindings {
 namespace {
 
 constexpr Py_ssize_t kLargeBytes = 1 << 20;
-constexpr size_t kHeldSkips = 4;  // held entries at a small pool's front a call looks past
+constexpr size_t kLookPast = 4;  // entries behind a held small-pool front a call looks at
 
 enum class Entry { kHeld, kMatches, kOtherShape, kUnusable };
 
@@ -80,8 +82,8 @@ class ArrayPool {
         ++i;
       } else if (droppable && i == 0) {
         drop(i);  // the front: its next take would be ours again
-      } else if (entry == Entry::kHeld && i < kHeldSkips) {
-        ++i;  // a held front: look past it (it stays where it is for its next turn)
+      } else if (i < kLookPast && (i > 0 || entry == Entry::kHeld)) {
+        ++i;  // behind a held front: each stays where it is for its next turn
       } else {
         break;
       }
