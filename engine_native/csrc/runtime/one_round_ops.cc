@@ -14,14 +14,15 @@ using coord::OpType;
 
 namespace {
 
-// Every rank's prescaled input folded in rank order into `out` (count elements), then the
-// post factor: the same bits on every rank.
-void fold(const coord::Response& r, const std::vector<const uint8_t*>& in, size_t count,
-          uint8_t* out) {
+// Every rank's prescaled input, from byte `offset` on, folded in rank order into `out` (count
+// elements), then the post factor: the same bits on every rank (elementwise, so a slice folds
+// to the bits of the same slice of the whole).
+void fold(const coord::Response& r, const std::vector<const uint8_t*>& in, size_t offset,
+          size_t count, uint8_t* out) {
   const int n = static_cast<int>(in.size());
-  std::memcpy(out, in[0], count * common::dataTypeSize(r.dtype));
+  std::memcpy(out, in[0] + offset, count * common::dataTypeSize(r.dtype));
   for (int k = 1; k < n; ++k) {
-    common::reduceInto(out, in[static_cast<size_t>(k)], count, r.dtype, r.reduce_op);
+    common::reduceInto(out, in[static_cast<size_t>(k)] + offset, count, r.dtype, r.reduce_op);
   }
   const double post = postFactor(r, n);
   if (post != 1.0) common::scaleInPlace(out, count, r.dtype, post);
@@ -44,7 +45,7 @@ Status CpuExecutor::oneRound(OpContext& op) {
   switch (r.type) {
     case OpType::kAllreduce:
       bytes = static_cast<size_t>(r.counts[0]) * elem;
-      fold(r, in, static_cast<size_t>(r.counts[0]), static_cast<uint8_t*>(entry->output));
+      fold(r, in, 0, static_cast<size_t>(r.counts[0]), static_cast<uint8_t*>(entry->output));
       break;
     case OpType::kBroadcast: {
       // The root's input may be its output (in place); the board holds the same bytes.
@@ -86,17 +87,14 @@ Status CpuExecutor::oneRound(OpContext& op) {
       bytes = layout.total;
       break;
     }
-    case OpType::kReducescatter: {
+    case OpType::kReducescatter: {  // only this rank's slice is folded (and read)
       const ReducescatterLayout layout = reducescatterLayout(r, me, n);
-      const size_t count = layout.input_bytes / elem;
-      uint8_t* whole = fusionBuffer(layout.input_bytes);
-      fold(r, in, count, whole);
       size_t offset = 0;
       for (int k = 0; k < me; ++k) offset += layout.counts[static_cast<size_t>(k)];
-      op.result->buffer = hostOutput(layout.counts[static_cast<size_t>(me)] * elem);
+      const size_t count = layout.counts[static_cast<size_t>(me)];
+      op.result->buffer = hostOutput(count * elem);
       op.result->shape = layout.shape;
-      std::memcpy(op.result->buffer->data, whole + offset * elem,
-                  layout.counts[static_cast<size_t>(me)] * elem);
+      fold(r, in, offset * elem, count, op.result->buffer->data);
       bytes = layout.input_bytes;
       break;
     }
