@@ -5,6 +5,7 @@ arrays the core's outputs become, the cases the C path hands to the checked Pyth
 and the errors those raise. Results are checked against NumPy.
 """
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -114,6 +115,32 @@ def reducescatter_checks(hvd, fails: Failures) -> None:
     fails.expect("reducescatter: list input (checked path)", np.allclose(got, part), f"{got}")
     fails.expect_raises("reducescatter: repeated argument", TypeError,
                         lambda: hvd.reducescatter_async(mine, hvd.Sum, op=hvd.Sum), "op")
+    few = np.full((n - 1, 2), me + 1, np.int32)  # fewer rows than ranks: the last gets none
+    got = hvd.reducescatter(few, op=hvd.Sum, name="few")
+    rows_here = 1 if me < n - 1 else 0
+    fails.expect("reducescatter: a rank with no rows", got.shape == (rows_here, 2) and
+                 np.all(got == n * (n + 1) // 2), f"{got!r}")
+
+
+def failure_checks(hvd, fails: Failures) -> None:
+    """A failed op through the C path raises on every rank and keeps nothing; the next op
+    works; repeated calls hold no reference to their inputs."""
+    n, me = hvd.size(), hvd.rank()
+    if n > 1:
+        odd = np.ones((1, 2 + (me == n - 1)), np.float32)  # trailing dims differ on one rank
+        fails.expect_raises("allgather: mismatched trailing dims", Exception,
+                            lambda: hvd.allgather(odd, name="odd"), "shape")
+        fails.expect("allgather: the name is free again",
+                     np.array_equal(hvd.allgather(np.ones(1, np.float32), name="odd"),
+                                    np.ones(n, np.float32)))
+    x = np.ones(3, np.float32)
+    before = sys.getrefcount(x)
+    for _ in range(20):
+        hvd.allgather(x, name="refs")
+        hvd.reducescatter(x, name="refs")
+        hvd.alltoall(np.ones(n, np.float32), name="refs")
+    fails.expect("inputs not kept", sys.getrefcount(x) == before,
+                 f"{sys.getrefcount(x)} references, {before} before")
 
 
 def gathers_suite():
@@ -122,6 +149,7 @@ def gathers_suite():
     allgather_checks(hvd, fails)
     alltoall_checks(hvd, fails)
     reducescatter_checks(hvd, fails)
+    failure_checks(hvd, fails)
     hvd.shutdown()
     return fails.raise_if_any()
 

@@ -118,11 +118,23 @@ PyObject* resultArray(PyObject* descr, const runtime::OpResult& result) {
                  NPY_MAXDIMS);
     return nullptr;
   }
-  for (int i = 0; i < ndim; ++i) dims[i] = static_cast<npy_intp>(result.shape[i]);
+  size_t bytes = static_cast<size_t>(PyDataType_ELSIZE(reinterpret_cast<PyArray_Descr*>(descr)));
+  for (int i = 0; i < ndim; ++i) {
+    dims[i] = static_cast<npy_intp>(result.shape[i]);
+    bytes *= static_cast<size_t>(result.shape[i]);
+  }
+  const runtime::OutputBuffer* buffer = result.buffer.get();
+  if (buffer != nullptr && (buffer->device >= 0 || buffer->bytes < bytes)) {
+    PyErr_Format(PyExc_SystemError, "a result of %zu bytes in an output of %zu bytes (device %d)",
+                 bytes, buffer->bytes, buffer->device);  // the core broke its own contract
+    return nullptr;
+  }
   auto* dtype = reinterpret_cast<PyArray_Descr*>(descr);
   Py_INCREF(dtype);  // stolen by the constructors below
-  if (!result.buffer || result.buffer->data == nullptr) {  // nothing to gather: a new array
-    return PyArray_Empty(ndim, dims, dtype, 0);
+  if (buffer == nullptr) return PyArray_Empty(ndim, dims, dtype, 0);  // no output: empty
+  if (buffer->data == nullptr) {
+    Py_DECREF(dtype);
+    return PyErr_NoMemory();
   }
   PyObject* base = wrapBuffer(result.buffer);
   if (base == nullptr) {
@@ -130,11 +142,14 @@ PyObject* resultArray(PyObject* descr, const runtime::OpResult& result) {
     return nullptr;
   }
   PyObject* array = PyArray_NewFromDescr(&PyArray_Type, dtype, ndim, dims, nullptr,
-                                         result.buffer->data, NPY_ARRAY_CARRAY, nullptr);
-  if (array == nullptr ||
-      PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(array), base) < 0) {
-    Py_XDECREF(array);
-    Py_DECREF(base);  // SetBaseObject steals it only on success
+                                         buffer->data, NPY_ARRAY_CARRAY, nullptr);
+  if (array == nullptr) {
+    Py_DECREF(base);
+    return nullptr;
+  }
+  // Steals `base` whether it succeeds or not (numpy releases it on its error paths).
+  if (PyArray_SetBaseObject(reinterpret_cast<PyArrayObject*>(array), base) < 0) {
+    Py_DECREF(array);
     return nullptr;
   }
   return array;

@@ -20,6 +20,7 @@ namespace {
 void fold(const coord::Response& r, const std::vector<const uint8_t*>& in, size_t offset,
           size_t count, uint8_t* out) {
   const int n = static_cast<int>(in.size());
+  if (count == 0) return;  // a reducescatter rank with no rows
   std::memcpy(out, in[0] + offset, count * common::dataTypeSize(r.dtype));
   for (int k = 1; k < n; ++k) {
     common::reduceInto(out, in[static_cast<size_t>(k)] + offset, count, r.dtype, r.reduce_op);
