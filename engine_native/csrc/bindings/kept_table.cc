@@ -79,7 +79,8 @@ PyObject* synchronizeKept(int64_t handle) {
     common::Status status;
     runtime::OpResult op_result;
     if (waitResult(handle, &status, &op_result)) {
-      result = status.isOk() ? mine.convert(mine.finish, op_result) : raiseStatus(status);
+      result = status.isOk() ? mine.convert(mine.finish, mine.output, op_result)
+                             : raiseStatus(status);
     }
   } else {
     result = waitHandle(handle);

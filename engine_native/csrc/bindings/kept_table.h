@@ -21,10 +21,12 @@ enum class KeptBy { kNumpy, kTorch };
 // synchronizeKept(handle) returns.
 void keepRefs(int64_t handle, PyObject* keep, PyObject* output, PyObject* finish, KeptBy by);
 
-// Makes synchronizeKept(handle)'s answer convert(finish, the core's result) for an op the core
-// allocated the output of, without the result tuple a Python finish would take apart (the
-// numpy API's allgather, alltoall and reducescatter: numpy_gathers.cc). Call after keepRefs.
-using ResultConverter = PyObject* (*)(PyObject* finish, const runtime::OpResult& result);
+// Makes synchronizeKept(handle)'s answer convert(finish, output, the core's result) for an op
+// whose output the core may allocate, without the result tuple a Python finish would take
+// apart (the numpy API's allgather, alltoall and reducescatter: numpy_gathers.cc). Call after
+// keepRefs.
+using ResultConverter = PyObject* (*)(PyObject* finish, PyObject* output,
+                                      const runtime::OpResult& result);
 void convertKeptResult(int64_t handle, ResultConverter convert);
 
 // True while `handle` has references kept (enqueued by a C path and not yet synchronized).

@@ -18,6 +18,7 @@
 #include "bindings/kept_table.h"
 #include "bindings/numpy_api.h"
 #include "bindings/numpy_fast_path.h"
+#include "bindings/output_array_pool.h"
 #include "runtime/runtime.h"
 
 namespace hvd::bindings {
@@ -44,6 +45,8 @@ const char* const kReducescatterArgs[] = {"array",           "op",          "nam
                                           "process_set",     "prescale_factor",
                                           "postscale_factor", "_waited"};
 constexpr int kMaxSlots = 7;
+// Inputs up to this size get an output guess (the board's largest, HVD_ONE_ROUND_BYTES' cap).
+constexpr npy_intp kGuessedInputBytes = 8192;
 
 Op g_ops[kKinds] = {
     {"allgather", coord::OpType::kAllgather, {"allgather_async()", kAllgatherArgs, 4, 3}, 1, 2,
@@ -75,6 +78,32 @@ bool asDouble(PyObject* obj, double* out) {
   return !(*out == -1.0 && PyErr_Occurred());
 }
 
+// Note [Output guesses] in runtime/one_round_ops.cc: an output from the numpy pool the result
+// of a small op of the global set most likely fills: size x the input's rows (allgather),
+// the input's shape (alltoall of even splits), this rank's rows (reducescatter: the first
+// dim0 % size ranks get one more). A new reference in *output, or nullptr without a guess;
+// false with a Python error when the pool fails.
+bool guessOutput(Kind kind, PyArrayObject* arr, runtime::EnqueueArgs* op, PyObject** output) {
+  *output = nullptr;
+  const int ndim = PyArray_NDIM(arr);
+  const runtime::Runtime& core = Runtime::instance();
+  const int size = core.size(), rank = core.rank();
+  if (op->request.process_set != 0 || ndim == 0 || size < 1 ||
+      PyArray_NBYTES(arr) > kGuessedInputBytes) {
+    return true;  // the board takes neither (Note [One round] A): the core allocates
+  }
+  npy_intp dims[NPY_MAXDIMS];
+  for (int i = 0; i < ndim; ++i) dims[i] = PyArray_DIM(arr, i);
+  if (kind == kAllgather) dims[0] *= size;
+  if (kind == kReducescatter) dims[0] = dims[0] / size + (rank < dims[0] % size ? 1 : 0);
+  *output = pooledOutput(PyArray_DESCR(arr), ndim, dims);
+  if (*output == nullptr) return false;
+  auto* out = reinterpret_cast<PyArrayObject*>(*output);
+  op->output = PyArray_DATA(out);
+  op->output_bytes = static_cast<size_t>(PyArray_NBYTES(out));
+  return true;
+}
+
 // The op when the fast path can take it; false (no Python error set) when the checked path
 // must decide.
 bool fastOp(Kind kind, PyObject* const* slots, runtime::EnqueueArgs* op) {
@@ -104,19 +133,26 @@ bool fastOp(Kind kind, PyObject* const* slots, runtime::EnqueueArgs* op) {
   for (int i = 0; i < ndim; ++i) r.shape[i] = static_cast<int64_t>(dims[i]);
   r.dtype = static_cast<common::DataType>(code);
   op->input = PyArray_DATA(arr);
-  op->output = nullptr;  // the core allocates it: its size depends on the other ranks
+  op->output = nullptr;  // the core's, or a guess (guessOutput)
   return true;
 }
 
-// The core's output as an ndarray of `descr`'s dtype and the result's shape, whose base keeps
-// the core's buffer alive (what np.frombuffer(buffer, dtype).reshape(shape) made).
-PyObject* resultArray(PyObject* descr, const runtime::OpResult& result) {
+// The result as an ndarray of `descr`'s dtype and the result's shape: the guessed `output`
+// when the core filled it (no buffer of its own, the same shape), else over the core's buffer,
+// which its base keeps alive (what np.frombuffer(buffer, dtype).reshape(shape) made).
+PyObject* resultArray(PyObject* descr, PyObject* output, const runtime::OpResult& result) {
   npy_intp dims[NPY_MAXDIMS];
   const int ndim = static_cast<int>(result.shape.size());
   if (ndim > NPY_MAXDIMS) {
     PyErr_Format(PyExc_ValueError, "a result of %d dimensions (numpy allows %d)", ndim,
                  NPY_MAXDIMS);
     return nullptr;
+  }
+  if (!result.buffer && output != nullptr) {
+    auto* guess = reinterpret_cast<PyArrayObject*>(output);
+    bool same = PyArray_NDIM(guess) == ndim;
+    for (int i = 0; same && i < ndim; ++i) same = PyArray_DIM(guess, i) == result.shape[i];
+    if (same) return Py_NewRef(output);
   }
   size_t bytes = static_cast<size_t>(PyDataType_ELSIZE(reinterpret_cast<PyArray_Descr*>(descr)));
   for (int i = 0; i < ndim; ++i) {
@@ -156,8 +192,9 @@ PyObject* resultArray(PyObject* descr, const runtime::OpResult& result) {
 }
 
 // alltoall's (received rows, received splits as an int64 array).
-PyObject* resultArrayAndSplits(PyObject* descr, const runtime::OpResult& result) {
-  PyObject* rows = resultArray(descr, result);
+PyObject* resultArrayAndSplits(PyObject* descr, PyObject* output,
+                               const runtime::OpResult& result) {
+  PyObject* rows = resultArray(descr, output, result);
   if (rows == nullptr) return nullptr;
   npy_intp count = static_cast<npy_intp>(result.received_splits.size());
   PyObject* splits = PyArray_SimpleNew(1, &count, NPY_INT64);
@@ -190,13 +227,19 @@ PyObject* enqueueFast(Kind kind, PyObject* const* args, Py_ssize_t nargs, PyObje
   if (waited < 0 || !fullName(spec.core_name, slots[spec.name_slot], slots[spec.set_slot], &full)) {
     return nullptr;
   }
+  auto* arr = reinterpret_cast<PyArrayObject*>(slots[0]);
+  PyObject* output = nullptr;  // Note [Output guesses]
+  if (!guessOutput(kind, arr, &op, &output)) return nullptr;
   op.name = full;
   int64_t handle = 0;
   const common::Status status = Runtime::instance().enqueue(std::move(op), &handle, !waited);
-  if (!status.isOk()) return raiseStatus(status);
-  PyObject* descr = reinterpret_cast<PyObject*>(
-      PyArray_DESCR(reinterpret_cast<PyArrayObject*>(slots[0])));
-  keepRefs(handle, slots[0], nullptr, descr, KeptBy::kNumpy);
+  if (!status.isOk()) {
+    Py_XDECREF(output);
+    return raiseStatus(status);
+  }
+  PyObject* descr = reinterpret_cast<PyObject*>(PyArray_DESCR(arr));
+  keepRefs(handle, slots[0], output, descr, KeptBy::kNumpy);
+  Py_XDECREF(output);
   convertKeptResult(handle, kind == kAlltoall ? resultArrayAndSplits : resultArray);
   return PyLong_FromLongLong(handle);
 }

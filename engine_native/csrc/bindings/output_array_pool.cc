@@ -143,8 +143,14 @@ ArrayPool& largePool() {
 }  // namespace
 
 PyObject* pooledOutputLike(PyArrayObject* array) {
-  ArrayPool& pool = PyArray_NBYTES(array) < kLargeBytes ? smallPool() : largePool();
-  return pool.take(PyArray_DESCR(array), PyArray_NDIM(array), PyArray_DIMS(array));
+  return pooledOutput(PyArray_DESCR(array), PyArray_NDIM(array), PyArray_DIMS(array));
+}
+
+PyObject* pooledOutput(PyArray_Descr* descr, int ndim, const npy_intp* dims) {
+  Py_ssize_t bytes = PyDataType_ELSIZE(descr);
+  for (int i = 0; i < ndim; ++i) bytes *= dims[i];
+  ArrayPool& pool = bytes < kLargeBytes ? smallPool() : largePool();
+  return pool.take(descr, ndim, dims);
 }
 
 PyObject* pyOutputPoolCounts(PyObject*, PyObject*) {

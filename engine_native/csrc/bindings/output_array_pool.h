@@ -10,6 +10,9 @@ namespace hvd::bindings {
 // reference), from the pool for its size when a free one fits, or nullptr with a Python error
 // set. `array` must be C-contiguous.
 PyObject* pooledOutputLike(PyArrayObject* array);
+// The same for an array of `descr` and the shape `dims` (ndim of them): a result whose shape
+// differs from its input's (bindings/numpy_gathers.cc's guesses).
+PyObject* pooledOutput(PyArray_Descr* descr, int ndim, const npy_intp* dims);
 
 // output_like(array): pooledOutputLike() of a C-contiguous ndarray; for any other array
 // (a subclass, another layout) a fresh np.empty_like. numpy_ops' checked paths call it.

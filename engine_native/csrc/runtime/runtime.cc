@@ -238,6 +238,7 @@ Status Runtime::enqueue(EnqueueArgs&& op, int64_t* handle, bool wake) {
   entry.request = std::move(op.request);
   entry.input = op.input;
   entry.output = op.output;
+  entry.output_bytes = op.output_bytes;
   entry.stream = op.stream;
   std::lock_guard<std::mutex> lock(mutex_);
   HVD_RETURN_IF_ERROR(submitLocked(&entry, &op.name, 1, wake));
@@ -253,6 +254,7 @@ Status Runtime::enqueue(std::vector<EnqueueArgs> ops, std::vector<int64_t>* hand
     entries[i].request = std::move(ops[i].request);
     entries[i].input = ops[i].input;
     entries[i].output = ops[i].output;
+    entries[i].output_bytes = ops[i].output_bytes;
     entries[i].stream = ops[i].stream;
     names[i] = ops[i].name;
   }

@@ -36,7 +36,11 @@ struct EnqueueArgs {
   coord::Request request;   // request_rank filled by the runtime; name left empty
   std::string_view name;    // the tensor name, valid for the duration of the enqueue call
   const void* input = nullptr;
+  // Where the result goes. An allgather's, alltoall's or reducescatter's may be null (the core
+  // allocates it) or a guess of output_bytes the one-round board fills when the result is exactly that
+  // size (Note [Output guesses] in one_round_ops.cc); the op's result then has no buffer.
   void* output = nullptr;
+  size_t output_bytes = 0;
   // CUDA tensors (request.device >= 0): the stream that produced them (cudaStream_t; 0 is the
   // legacy default stream). The op waits for what was queued there before the enqueue.
   uintptr_t stream = 0;

@@ -20,6 +20,7 @@ struct TensorEntry {
   coord::Request request;   // request.key: the name's key, held in flight while pending
   const void* input = nullptr;
   void* output = nullptr;   // allreduce / broadcast; others get an OutputBuffer
+  size_t output_bytes = 0;  // a gather-like op's guessed output (Note [Output guesses])
   int64_t handle = 0;
   bool caller_waits = false;  // enqueued for an at-once wait (Note [One round] A)
   bool grouped = false;       // submitted with others at once (a group: fused by rank 0)
