@@ -114,7 +114,6 @@ bool needsDims(OpType type) {
 std::string checkShapes(const std::vector<Request>& reqs) {
   const Request& a = reqs.front();
   if (a.type == OpType::kBarrier) return std::string();
-  std::string lead = "Mismatched " + opText(a) + " tensor shapes";
   for (const Request& b : reqs) {
     if (needsDims(a.type) && b.shape.empty()) {
       return "Rank " + std::to_string(b.request_rank) + " tried to " + opText(a) +
@@ -124,7 +123,8 @@ std::string checkShapes(const std::vector<Request>& reqs) {
                     ? b.shape.size() == a.shape.size() &&
                           std::equal(a.shape.begin() + 1, a.shape.end(), b.shape.begin() + 1)
                     : b.shape == a.shape;
-    if (!same) {
+    if (!same) {  // the message is built only here: every response passes through this loop
+      const std::string lead = "Mismatched " + opText(a) + " tensor shapes";
       return pairError(lead, a, shapeText(a.shape), b, shapeText(b.shape),
                        "sent a tensor of shape",
                        firstDimMayDiffer(a.type) ? " (only the first dimension may differ)" : "");
