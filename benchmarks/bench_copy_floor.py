@@ -12,11 +12,12 @@ run_all run that measured memcpy and the 1-64 MiB sizes of the allreduce or coll
 
 The copy floor
 --------------
-R = the memcpy case's "copy 256 MiB" rate: numpy copyto of 256 MiB into a warm buffer, one
-thread, median of the repetitions, measured in the launcher before the ranks start, in the same
-run. One copy of B bytes reads B and writes B in B / R seconds, so a rank that must read ``r``
-bytes (its own input or a peer's, mapped over shared memory) and write ``w`` bytes (its output)
-needs at least (r + w) / 2 copy-equivalent bytes: floor = (r + w) / (2 R). The op's floor is its
+R = the memcpy case's copy rate: numpy copyto of 256 MiB (64 with --quick, 16 with --smoke)
+into a warm buffer, one thread, median of the repetitions, measured in the launcher before the
+ranks start, in the same run. One copy of B bytes reads B and writes B in B / R seconds, so a
+rank that must read ``r`` bytes (its own input or a peer's, mapped over shared memory) and
+write ``w`` bytes (its output) needs at least (r + w) / 2 copy-equivalent bytes:
+floor = (r + w) / (2 R). The op's floor is its
 busiest rank's. With S bytes per rank (as the benchmarks count it) and n ranks:
 
 - allgather (out of place): the output is n*S, every byte written, this rank's own block too
@@ -179,9 +180,9 @@ def table(ctx) -> Table | None:
         verdicts = [r[column] for r in t.rows]
         t.notes.append(f"{name}: {verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS "
                        f"of {len(verdicts)} rows")
-    t.notes.append(f"copy rate R = {rate:.2f} GB/s (the memcpy table's 256 MiB copy; floor = "
-                   "copy-equivalent bytes / R, derived per op in benchmarks/bench_copy_floor.py)"
-                   f"; this process may use {cores} cores")
+    t.notes.append(f"copy rate R = {rate:.2f} GB/s (the memcpy table's copy row: one thread, "
+                   "warm buffers); floor = copy-equivalent bytes / R, derived per op in "
+                   f"benchmarks/bench_copy_floor.py; this process may use {cores} cores")
     runs = len(getattr(ctx, "runs", []))
     if runs > 1:
         t.notes.append(f"each figure is the median of {runs} runs (run_all --repeat {runs})")
