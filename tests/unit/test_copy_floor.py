@@ -43,8 +43,9 @@ def test_unknown_op_and_single_rank_are_refused():
         floor.traffic("allgather", S, 1)
 
 
-def _rows(figures, rate=10.0):
+def _rows(figures, rate=10.0, rate_np=None):
     ctx = SimpleNamespace(figures={("memcpy", "copy"): rate,
+                                   **({("memcpy", "copy", 2): rate_np} if rate_np else {}),
                                    **{k: {"time": v} for k, v in figures.items()}},
                           nps=[2], smoke=False)
     t = floor.table(ctx)
@@ -66,6 +67,20 @@ def test_verdicts_against_the_peers_and_the_floor():
     assert rows[("alltoall", "64 MiB")][-2:] == ["MISS", "MISS"]  # slower than MPICH, 1.3x
     assert rows[("allreduce in place", "64 MiB")][-2] == "not measured"  # no gloo figure
     assert ("allgather", "64 MiB") not in rows                           # ours not measured
+    assert bcast[8] == "-"  # no R_np measured
+
+
+def test_floor_at_the_concurrent_copy_rate_is_printed_beside_the_verdict():
+    f = S / 10e9
+    rows = _rows({("collectives", "ours", "alltoall", 2, S): 2 * f}, rate_np=5.0)
+    row = rows[("alltoall", "64 MiB")]
+    assert row[7] == "2.00x" and row[8] == "1.00x"  # half the rate: twice the floor
+    assert row[-1] == "MISS"                         # the verdict stays on R
+
+
+def test_concurrent_copy_rates_runs_every_process():
+    rates = floor.concurrent_copy_rates(2, 1 << 20, 2)
+    assert len(rates) == 4 and all(r > 0 for r in rates)
 
 
 def test_no_table_without_a_copy_rate():
