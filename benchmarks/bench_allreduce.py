@@ -76,7 +76,7 @@ def _metrics_delta(before: dict, after: dict, iters: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Launcher side
 
-def _spec(system: str, np_ranks: int, quick: bool, smoke: bool = False) -> dict:
+def spec(system: str, np_ranks: int, quick: bool, smoke: bool = False) -> dict:
     slow = system.startswith(("gloo", "horovod"))
     if smoke:
         return {"sizes": [4, 4 * KIB, 256 * KIB], "target_bytes": 4 * MIB, "min_iters": 2,
@@ -125,9 +125,10 @@ def run(ctx, tcp: bool = False) -> list:
     for np_ranks in ctx.nps:
         order = benchlib.alternate(systems, ctx.nps.index(np_ranks))
         for system in order:
-            spec = _spec(system, np_ranks, ctx.quick, ctx.smoke)
-            collect(ctx, case, system, np_ranks, ctx.run(system, np_ranks, "allreduce", spec,
-                                                         label=f"{case}/{system}/np{np_ranks}"))
+            results = ctx.run(system, np_ranks, "allreduce",
+                              spec(system, np_ranks, ctx.quick, ctx.smoke),
+                              label=f"{case}/{system}/np{np_ranks}")
+            collect(ctx, case, system, np_ranks, results)
         tables += _tables(ctx, case, systems, np_ranks)
     return tables
 

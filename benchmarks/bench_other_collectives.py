@@ -104,31 +104,41 @@ def run(ctx) -> list:
     for np_ranks in ctx.nps:
         order = benchlib.alternate(systems, ctx.nps.index(np_ranks))
         for system in order:
-            slow = system.startswith(("gloo", "horovod"))
-            spec = {"sizes": [4, 4096, MIB, 16 * MIB] if ctx.quick else SIZES,
-                    **({"sizes": [64 * 1024]} if ctx.smoke else {}),
-                    "target_bytes": (32 if ctx.quick else 256) * MIB // max(1, np_ranks // 2),
-                    "max_iters": 10 if ctx.quick else (30 if slow else 60),
-                    "budget_s": 0.5 if ctx.quick else 1.5}
-            results = ctx.run(system, np_ranks, "collectives", spec)
-            if not results:
-                continue
-            if any(r.get("stopped") or r.get("partial") for r in results):
-                ctx.notes.append(f"collectives/{system} np={np_ranks}: cut short by the "
-                                 "launch deadline; rows missing")
-            for key in set.intersection(*[set(r["times"]) for r in results]):
-                op, nbytes = key.split("|")
-                nbytes = int(nbytes)
-                t = median(benchlib.per_iteration_max([r["times"][key] for r in results]))
-                moved = nbytes * np_ranks if op == "allgather" else nbytes
-                algbw = moved / t / 1e9
-                ctx.figures[("collectives", system, op, np_ranks, nbytes)] = {
-                    "time": t, "busbw": algbw * benchlib.busbw_factor(op, np_ranks)}
-                if not all(r["ok"][key] for r in results):
-                    ctx.notes.append(f"collectives/{system}/{op} np={np_ranks} "
-                                     f"{fmt_bytes(nbytes)}: WRONG RESULT")
+            collect(ctx, system, np_ranks,
+                    ctx.run(system, np_ranks, "collectives", spec(ctx, system, np_ranks)))
         tables.append(_table(ctx, systems, np_ranks))
     return tables
+
+
+def spec(ctx, system: str, np_ranks: int) -> dict:
+    """The rank side's spec for ``system`` at ``np_ranks`` (sizes: SIZES, fewer with --quick,
+    one with --smoke)."""
+    slow = system.startswith(("gloo", "horovod"))
+    sizes = [64 * 1024] if ctx.smoke else ([4, 4096, MIB, 16 * MIB] if ctx.quick else SIZES)
+    return {"sizes": sizes,
+            "target_bytes": (32 if ctx.quick else 256) * MIB // max(1, np_ranks // 2),
+            "max_iters": 10 if ctx.quick else (30 if slow else 60),
+            "budget_s": 0.5 if ctx.quick else 1.5}
+
+
+def collect(ctx, system: str, np_ranks: int, results: list) -> None:
+    """Fold every rank's timings into ctx.figures[("collectives", system, op, np, size)]."""
+    if not results:
+        return
+    if any(r.get("stopped") or r.get("partial") for r in results):
+        ctx.notes.append(f"collectives/{system} np={np_ranks}: cut short by the "
+                         "launch deadline; rows missing")
+    for key in set.intersection(*[set(r["times"]) for r in results]):
+        op, nbytes = key.split("|")
+        nbytes = int(nbytes)
+        t = median(benchlib.per_iteration_max([r["times"][key] for r in results]))
+        moved = nbytes * np_ranks if op == "allgather" else nbytes
+        algbw = moved / t / 1e9
+        ctx.figures[("collectives", system, op, np_ranks, nbytes)] = {
+            "time": t, "busbw": algbw * benchlib.busbw_factor(op, np_ranks)}
+        if not all(r["ok"][key] for r in results):
+            ctx.notes.append(f"collectives/{system}/{op} np={np_ranks} "
+                             f"{fmt_bytes(nbytes)}: WRONG RESULT")
 
 
 def _table(ctx, systems: list, np_ranks: int) -> Table:

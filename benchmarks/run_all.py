@@ -11,7 +11,9 @@ broadcast, alltoall, reducescatter), grouped (grouped allgather of 64 x 4 KiB / 
 8 x 1 MiB, fused vs HVD_FUSION_THRESHOLD=0 vs the peers), embedding (a 1M x 64
 sparse-embedding training step, engine_native.torch vs Horovod), p2p (send/recv ping-pong
 between two ranks, 4 B to 64 MiB, vs MPICH Send/Recv and gloo send/recv), idle (idle CPU and first-op
-time after init), memcpy (this machine's ceiling).
+time after init), memcpy (this machine's ceiling); not in the default list: floor (issue #38:
+every collective at 1-64 MiB vs MPICH, gloo and the copy floor, bench_copy_floor.py; its table
+is also printed after any run that measured memcpy and those sizes).
 Peers: MPICH through mpi4py, torch.distributed gloo, Horovod 0.28.1 from
 benchmarks/.venv-horovod (``bash benchmarks/horovod_venv.sh``; skipped with a note when absent).
 Standalone, for figures the tests bound loosely: bench_scheduler.py, bench_dashboard_updates.py.
@@ -34,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench_allreduce
+import bench_copy_floor
 import bench_embedding_step
 import bench_fusion
 import bench_grouped_allgather
@@ -48,6 +51,7 @@ import targets_collectives
 
 ALL_CASES = ("memcpy", "allreduce", "tcp", "fusion", "collectives", "grouped", "embedding",
              "p2p", "idle")
+CASES = ALL_CASES + ("floor",)  # floor repeats allreduce and collectives at 1-64 MiB
 FAMILIES = {"ours", "mpi", "gloo", "horovod"}
 
 
@@ -72,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="short smoke run: few sizes/iters")
     parser.add_argument("--cases", default=",".join(ALL_CASES),
-                        help=f"comma list from {','.join(ALL_CASES)}")
+                        help=f"comma list from {','.join(CASES)}")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes and a few iterations: proves the scripts run")
     parser.add_argument("--np", default="2,4", help="comma list of rank counts (default 2,4)")
@@ -92,9 +96,9 @@ def _parser() -> argparse.ArgumentParser:
 def _context(parser, args) -> tuple:
     """(cases, Context) from the command line; parser.error() on a bad value."""
     cases = [c for c in args.cases.split(",") if c]
-    unknown = set(cases) - set(ALL_CASES)
+    unknown = set(cases) - set(CASES)
     if unknown:
-        parser.error(f"unknown cases {sorted(unknown)}; choose from {ALL_CASES}")
+        parser.error(f"unknown cases {sorted(unknown)}; choose from {CASES}")
     nps = [int(x) for x in args.np.split(",") if x]
     allowed = None if args.systems == "all" else set(args.systems.split(","))
     if allowed is not None and allowed - FAMILIES:
@@ -122,6 +126,8 @@ def _run_case(ctx, case: str) -> list:
         return bench_p2p.run(ctx)
     if case == "grouped":
         return bench_grouped_allgather.run(ctx)
+    if case == "floor":
+        return bench_copy_floor.run(ctx)
     if case == "embedding":
         return bench_embedding_step.run(ctx)
     return bench_idle.run(ctx)
@@ -164,9 +170,8 @@ def main(argv=None) -> int:
         ctx.runs.append(ctx.figures)
     ctx.figures = launcher.median_figures(ctx.runs)
     tables.append(targets.table(ctx))
-    collectives_targets = targets_collectives.table(ctx)
-    if collectives_targets is not None:
-        tables.append(collectives_targets)
+    tables += [t for t in (targets_collectives.table(ctx), bench_copy_floor.table(ctx))
+               if t is not None]
     footer = [f"load average at end: {benchlib.load_average()}",
               f"total wall time: {time.time() - started:.0f} s"]
     report = _report(header, footer, tables, ctx)

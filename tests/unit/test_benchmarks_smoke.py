@@ -37,7 +37,7 @@ def test_run_all_smoke_ours_np2(tmp_path):
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "benchmarks", "run_all.py"), "--smoke", "--np", "2",
          "--systems", "ours", "--cases",
-         "memcpy,allreduce,tcp,fusion,collectives,grouped,embedding,p2p,idle",
+         "memcpy,allreduce,tcp,fusion,collectives,grouped,embedding,p2p,idle,floor",
          "--timeout", "60", "--out", str(report)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -48,8 +48,9 @@ def test_run_all_smoke_ours_np2(tmp_path):
                   "grouped allgather, float32, np=2", "embedding step",
                   "send/recv ping-pong, ranks 0 and 1 of 2",
                   "start-up and idle, np=2", "targets from the issue",
-                  "issue #20's targets", "broadcast_ (in place"):
+                  "issue #20's targets", "broadcast_ (in place", "issue #38's targets"):
         assert title in text, f"missing table {title!r}:\n{text}"
+    assert "| alltoall | 2 | 256 KiB |" in text  # the floor case's own launch (collectives: 64 KiB)
     assert "WRONG RESULT" not in text
     assert " failed: " not in text, text
     assert "| ours | " in text and "| ours tcp | " in text  # idle rows for both transports
