@@ -74,6 +74,7 @@ class OneRound {
   common::Status decodeAll();
   const one_round::PostedOp* findIn(int rank, std::string_view name);
   bool respond(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
+  bool respondAllgather(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
   void wakeWaiting(uint64_t round) const;
 
   transport::Mesh& mesh_;
