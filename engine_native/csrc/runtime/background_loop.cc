@@ -189,7 +189,7 @@ void BackgroundLoop::run() {
     if (ready_listen_fd >= 0 && !failed_ && ready_listen_fd == mesh_.listenFd()) {
       mesh_.acceptStray();
     }
-    if (pass(/*mark_cycle=*/true) && idle_tick) metrics_.countTickPickup();
+    if (pass(/*by_loop_thread=*/true) && idle_tick) metrics_.countTickPickup();
     if (finished_) break;
     if (!idle() || coordinatesOtherSets()) queue_.setStandby(false);  // Note [Caller drives] B, C
     lock.unlock();
@@ -512,7 +512,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     peer_ops_.takeMoved();  // G counts this drive's passes only
     const auto renew_until = Clock::now() + kMaxRenewedSpin;
     while (!failed_ && !finished_ && !queue_.shutdownRequested()) {
-      pass(/*mark_cycle=*/false);
+      pass(/*by_loop_thread=*/false);
       ++passes;
       done = handles_.poll(handle) != 0;
       if (done) break;

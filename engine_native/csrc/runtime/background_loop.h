@@ -136,8 +136,10 @@ class BackgroundLoop {
   void beginShutdown();
   void checkShutdownAgreement();
   // loop_pass.cc
-  // True when the pass took a submission or received a control message.
-  bool pass(bool mark_cycle);
+  // True when the pass took a submission or received a control message. by_loop_thread: the
+  // loop thread's pass (it marks timeline cycles and always checks for lost peers), not a
+  // driving caller's.
+  bool pass(bool by_loop_thread);
   bool drainSubmissions();
   bool lostPeerCheckDue(bool loop_thread);  // Note [Lost peer checks]
   void negotiate(coord::Key key);  // hands a drained op to rank 0's negotiation

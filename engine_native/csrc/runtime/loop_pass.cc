@@ -38,7 +38,7 @@ Status statusFromAbort(const std::string& payload) {
 
 }  // namespace
 
-bool BackgroundLoop::pass(bool mark_cycle) {
+bool BackgroundLoop::pass(bool by_loop_thread) {
   if (queue_.abortRequested() && !failed_) {
     const std::string reason = queue_.abortReason();
     fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
@@ -46,7 +46,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
          /*tell_peers=*/true);
   }
   // only while a file marks cycles; a spinning caller's passes are not cycles
-  if (mark_cycle && timeline_ != nullptr) timeline_->markCycle();
+  if (by_loop_thread && timeline_ != nullptr) timeline_->markCycle();
   if (coordinator_ && !failed_) {
     // Before anything is admitted: requests are admitted (and fused) as they arrive, so a new
     // autotune setting must be in force first (coordinate(), step b).
@@ -56,7 +56,7 @@ bool BackgroundLoop::pass(bool mark_cycle) {
   bool took_work = drainSubmissions();
   if (!failed_ && readControl()) took_work = true;
   if (!failed_ && !shutdown_sent_) stepOneRound();
-  if (!failed_ && !shutdown_sent_ && lostPeerCheckDue(mark_cycle)) {
+  if (!failed_ && !shutdown_sent_ && lostPeerCheckDue(by_loop_thread)) {
     int lost = mesh_.findLostPeer();
     if (lost >= 0 && !execution_.empty()) {
       // Responses already here were agreed by every rank, and the peer may have left after

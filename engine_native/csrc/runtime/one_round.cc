@@ -328,18 +328,27 @@ const PostedOp* OneRound::findIn(int rank, std::string_view name) {
   return nullptr;
 }
 
+namespace {
+
+// The fields coord::buildResponse copies from the first request, from an agreed op's post.
+void agreedResponse(const PostedOp& mine, coord::Key key, coord::Response* out) {
+  out->type = mine.type;
+  out->keys.push_back(key);
+  out->dtype = mine.dtype;
+  out->reduce_op = mine.reduce_op;
+  out->prescale = mine.prescale;
+  out->postscale = mine.postscale;
+  out->root_rank = mine.root_rank;
+}
+
+}  // namespace
+
 // B: the response rank 0 would build from every rank's post; false when validation refuses it
 // (the op goes to rank 0, which reports the same error on every rank).
 bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* out) {
   if (mine.prescale != mine.prescale || mine.postscale != mine.postscale) return false;  // NaN
   if (mine.type == OpType::kAllreduce || mine.type == OpType::kBroadcast) {
-    out->type = mine.type;  // equal params: validation would pass it (the cheap path)
-    out->keys.push_back(key);
-    out->dtype = mine.dtype;
-    out->reduce_op = mine.reduce_op;
-    out->prescale = mine.prescale;
-    out->postscale = mine.postscale;
-    out->root_rank = mine.root_rank;
+    agreedResponse(mine, key, out);  // equal params: validation would pass it (the cheap path)
     out->counts.push_back(mine.count);
     return true;
   }
@@ -365,13 +374,7 @@ bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* ou
 // fillFields makes, read from the posts without rebuilding every rank's request (~1,700
 // instructions at np=2, growing with the ranks: most of what allgather paid over allreduce).
 bool OneRound::respondAllgather(const PostedOp& mine, coord::Key key, coord::Response* out) {
-  out->type = OpType::kAllgather;
-  out->keys.push_back(key);
-  out->dtype = mine.dtype;
-  out->reduce_op = mine.reduce_op;
-  out->prescale = mine.prescale;
-  out->postscale = mine.postscale;
-  out->root_rank = mine.root_rank;
+  agreedResponse(mine, key, out);
   out->counts.push_back(static_cast<int64_t>(mine.dims) - 1);  // row dims
   coord::Shape shape;
   for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
