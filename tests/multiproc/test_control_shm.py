@@ -5,16 +5,18 @@ Covered: which road each control channel takes (shm on one host, tcp across host
 hosts use both at once); request and response lists far larger than the 64 KiB control ring,
 sent both ways at the same moment (written in pieces, each side draining its own ring while
 it waits for room); a loop thread asleep in poll() is woken by a frame in its ring, both
-ways (a lost wake would cost the 200 ms tick on every op). That every other op negotiates
+ways (a lost wake would cost the 200 ms tick on every op); a peer's last frame (a failure's
+cause) written just before it hangs up is read, not lost behind the hang-up. That every other op negotiates
 correctly over the rings is what the rest of tests/multiproc checks (checks.init asserts the
 control road of every shm and tcp world).
 """
+import os
 import statistics
 import time
 
 import numpy as np
 
-from multiproc import checks
+from multiproc import checks, faults
 from multiproc.checks import Failures
 from multiproc.harness import run_ranks
 
@@ -87,3 +89,39 @@ def test_a_sleeping_loop_is_woken_by_its_ring():
         res = run_ranks(sleeping_loop_suite, 2, args=(late,), timeout=120)
         waits = res[late].value
         assert statistics.median(waits) < 0.06, (late, [round(w * 1e3, 2) for w in waits])
+
+
+def last_frame_suite(folder: str):
+    """Rank 1's loop thread stops between reading its ring and reading its socket (the test
+    switch CONTROL_END_GAP_DIR, armed here); there rank 0 aborts, so its cause goes into the
+    ring, and shuts down, so its socket hangs up. Rank 1 must report that cause."""
+    hvd = checks.init("shm")
+    x = np.ones(1 << 18, np.float32)  # past the one-round size: negotiated, rank 0 answers
+    if hvd.rank() == 1:
+        faults.announce(folder, "arm")
+        handle = hvd.allreduce_async(x, name="last")  # not waited on: its loop thread reads
+        faults.await_event(folder, "go")
+        try:
+            hvd.synchronize(handle)
+        except hvd.HorovodInternalError as error:
+            return str(error)
+        return "no error"
+    handle = hvd.allreduce_async(x, name="last")  # its answer wakes rank 1's loop thread
+    faults.await_event(folder, "in_gap")  # rank 1 read its ring and has not seen the hang-up
+    hvd.abort("rank 0 gives up")
+    try:
+        hvd.synchronize(handle)
+    except hvd.HorovodInternalError:
+        pass
+    hvd.shutdown()  # the mesh is closed: rank 1's socket has hung up
+    faults.announce(folder, "go")
+    return "aborted"
+
+
+def test_a_cause_written_just_before_the_hang_up_is_read(tmp_path):
+    folder = str(tmp_path)
+    res = run_ranks(last_frame_suite, 2, args=(folder,), timeout=90,
+                    rank_env={1: {"HVD_TEST_CONTROL_END_GAP_DIR": folder}})
+    assert res[0].value == "aborted"
+    assert "aborted on rank 0: rank 0 gives up" in res[1].value, res[1].value
+    assert not os.path.exists(os.path.join(folder, "arm")), "rank 1 never read in the gap"

@@ -157,6 +157,8 @@ class BackgroundLoop {
   void sendRequests();
   void executeQueued();
   void awaitCause();
+  // This rank's abort() as the failure to report: "aborted on rank R: <reason>".
+  common::Status abortedHere() const;
   void fail(const common::Status& status, bool tell_peers);
   void completeAllPending(const common::Status& status, bool store_failure);
   void sweepKeys();

@@ -39,12 +39,7 @@ Status statusFromAbort(const std::string& payload) {
 }  // namespace
 
 bool BackgroundLoop::pass(bool by_loop_thread) {
-  if (queue_.abortRequested() && !failed_) {
-    const std::string reason = queue_.abortReason();
-    fail(common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
-                         (reason.empty() ? "" : ": " + reason)),
-         /*tell_peers=*/true);
-  }
+  if (queue_.abortRequested() && !failed_) fail(abortedHere(), /*tell_peers=*/true);
   // only while a file marks cycles; a spinning caller's passes are not cycles
   if (by_loop_thread && timeline_ != nullptr) timeline_->markCycle();
   if (coordinator_ && !failed_) {
@@ -341,7 +336,10 @@ void BackgroundLoop::executeQueued() {
   // A peer lost mid-op (e.g. during NCCL set-up) may have sent its cause (Note [Failure
   // fan-out]).
   if (status.code() == common::Code::kPeerLost) awaitCause();
-  if (!status.isOk() && !failed_) fail(status, /*tell_peers=*/true);
+  // An op that abort() ended in its wait says only "aborted": the peers get the reason.
+  if (!status.isOk() && !failed_) {
+    fail(queue_.abortRequested() ? abortedHere() : status, /*tell_peers=*/true);
+  }
   // Right after executing, before the next drain: a caller's next op cannot look concurrent.
   // Own tensors submitted but not drained yet count too (Note [Batching window]).
   if (coordinator_ && !failed_) {
@@ -365,6 +363,12 @@ void BackgroundLoop::awaitCause() {
     readControl();
   }
   if (channel == nullptr) readControl();
+}
+
+Status BackgroundLoop::abortedHere() const {
+  const std::string reason = queue_.abortReason();
+  return common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
+                         (reason.empty() ? "" : ": " + reason));
 }
 
 // Every op of this rank — submitted, drained or queued for execution — ends with `status`, and

@@ -23,7 +23,9 @@
 //      once more after announcing (B): bytes move and it goes on, or a fresh mark is left for
 //      the reader to answer (the loss cost up to the 200 ms tick).
 //   D. The socket's hang-up (poll readable, recv 0) is still how the loop sees a lost peer;
-//      wake bytes are drained when poll() reported the socket readable.
+//      wake bytes are drained when poll() reported the socket readable. A hang-up is reported
+//      after the ring is read once more: the peer wrote its last frames (a failure's cause)
+//      before it closed, maybe after this rank's first read of the ring.
 #include "transport/shm/ring_stream.h"
 
 namespace hvd::transport::shm {
