@@ -168,6 +168,14 @@ def routes_suite():
         out["mismatch"] = "no error"
     except Exception as e:  # noqa: BLE001 - the type and message are what is checked
         out["mismatch"] = f"{type(e).__name__}: {str(e)[:34]}"
+    # a reducescatter the board does not take (MAX): rank 0 reports it on every rank
+    before = _one_round(hvd)
+    try:
+        hvd.reducescatter(np.ones(2 * n, np.float32), op=hvd.Max, name="rs.max")
+        out["refused"] = "no error"
+    except Exception as e:  # noqa: BLE001 - the type and message are what is checked
+        out["refused"] = f"{type(e).__name__}: {str(e)[:43]}"
+    out["refused_board"] = _one_round(hvd) - before
     before = _one_round(hvd)
     out["after"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="after").tolist()
     out["after_board"] = _one_round(hvd) - before
@@ -196,6 +204,9 @@ def test_what_the_board_does_not_take_is_negotiated_and_orders_may_differ():
         assert v["owed"] == [[n], [n]] and v["owed_behind"] == [[n]] * 3, v
         # as negotiation reports it without the board
         assert v["mismatch"] == "HorovodInternalError: Mismatched ALLREDUCE tensor shapes", v
+        assert v["refused"] == ("HorovodInternalError: REDUCESCATTER supports only SUM and "
+                                "AVERAGE"), v
+        assert v["refused_board"] == 0, v
         assert v["after"] == [n] and v["after_board"] == 1, v
         assert v["last_joined"] == values[0]["last_joined"] in (0, 1), v  # not the early one
         if me < n - 1:

@@ -352,7 +352,11 @@ bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* ou
     out->counts.push_back(mine.count);
     return true;
   }
-  if (mine.type == OpType::kAllgather && mine.dims > 0) return respondAllgather(mine, key, out);
+  if (mine.dims > 0 && mine.type == OpType::kAllgather) return respondAllgather(mine, key, out);
+  if (mine.dims > 0 && mine.type == OpType::kReducescatter) {
+    return respondReducescatter(mine, key, out);
+  }
+  if (mine.dims > 0 && mine.type == OpType::kAlltoall) return respondAlltoall(mine, key, out);
   requests_.clear();
   for (int r = 0; r < size_; ++r) {
     requests_.push_back(one_round::postedRequest(*ops_of_[static_cast<size_t>(r)]));
@@ -386,6 +390,56 @@ bool OneRound::respondAllgather(const PostedOp& mine, coord::Key key, coord::Res
     // Each rank's rows must still fit the data decoded with them (as respond() checks).
     if (static_cast<size_t>(coord::elementCount(shape)) * elem != theirs.bytes) return false;
     out->first_dims.push_back(shape[0]);
+  }
+  return true;
+}
+
+// B: a reducescatter whose posts agree (one shape, at least one dim) passes rank 0's validation
+// when its reduction is a sum or an average; its response is fillFields', read from the post.
+bool OneRound::respondReducescatter(const PostedOp& mine, coord::Key key, coord::Response* out) {
+  if (mine.reduce_op != common::ReduceOp::kSum && mine.reduce_op != common::ReduceOp::kAverage) {
+    return false;  // rank 0 reports it
+  }
+  agreedResponse(mine, key, out);
+  coord::Shape shape;
+  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
+  out->first_dims.assign(shape.begin(), shape.end());
+  out->row_shape.assign(shape.begin() + 1, shape.end());
+  const size_t bytes =
+      static_cast<size_t>(coord::elementCount(shape)) * common::dataTypeSize(mine.dtype);
+  for (int r = 0; r < size_; ++r) {  // each rank's data must still fit the shape (as respond())
+    if (ops_of_[static_cast<size_t>(r)]->bytes != bytes) return false;
+  }
+  return true;
+}
+
+// B: an alltoall whose posts agree (one dtype, the same dims after the first) passes rank 0's
+// validation when each rank's splits (its own: they are not params) fit its first dim, or, with
+// none, its first dim divides among the ranks; the response is fillFields', from the posts.
+bool OneRound::respondAlltoall(const PostedOp& mine, coord::Key key, coord::Response* out) {
+  agreedResponse(mine, key, out);
+  coord::Shape shape;
+  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
+  out->row_shape.assign(shape.begin() + 1, shape.end());
+  const size_t elem = common::dataTypeSize(mine.dtype);
+  const int64_t n = size_;
+  for (int r = 0; r < size_; ++r) {
+    const PostedOp& theirs = *ops_of_[static_cast<size_t>(r)];
+    shape[0] = theirs.dim(0);
+    if (static_cast<size_t>(coord::elementCount(shape)) * elem != theirs.bytes) return false;
+    if (theirs.splits == 0) {
+      if (shape[0] % n != 0) return false;  // rank 0 explains it, as for any refusal here
+      out->splits_matrix.insert(out->splits_matrix.end(), static_cast<size_t>(n), shape[0] / n);
+      continue;
+    }
+    if (theirs.splits != static_cast<uint32_t>(n)) return false;
+    int64_t left = shape[0];
+    for (uint32_t i = 0; i < theirs.splits; ++i) {
+      const int64_t split = theirs.split(i);
+      if (split < 0 || split > left) return false;
+      left -= split;
+      out->splits_matrix.push_back(split);
+    }
   }
   return true;
 }

@@ -75,6 +75,9 @@ class OneRound {
   const one_round::PostedOp* findIn(int rank, std::string_view name);
   bool respond(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
   bool respondAllgather(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
+  bool respondReducescatter(const one_round::PostedOp& mine, coord::Key key,
+                            coord::Response* out);
+  bool respondAlltoall(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
   void wakeWaiting(uint64_t round) const;
 
   transport::Mesh& mesh_;
