@@ -31,19 +31,21 @@ constexpr size_t kReadChunk = 64 << 10;
 constexpr size_t kReadBudget = 4 << 20;  // per call, so one chatty peer cannot starve the loop
 constexpr size_t kCoalesceBytes = 64 << 10;  // frames up to this are copied and sent at once
 
-// HVD_TEST_CONTROL_END_GAP_DIR=<folder>: once, in a receive that will read the socket (its poll
-// said readable) while <folder>/arm exists, stop between reading the ring and reading the
-// socket: rename arm to in_gap, then wait (at most 60 s) for <folder>/go. A test lets the peer
-// write its last frame and hang up there, in that order (Note [Control over shm] D).
-void pauseBeforeSocketForTest() {
+// HVD_TEST_CONTROL_END_GAP_DIR=<folder>: once, in a receive while <folder>/arm exists, stop
+// between reading the ring and reading the socket, the socket taken as polled readable (as a
+// left-over wake byte makes it): rename arm to in_gap, then wait (at most 60 s) for <folder>/go.
+// A test lets the peer write its last frame and hang up there, in that order (Note [Control
+// over shm] D). True when it stopped.
+bool pauseBeforeSocketForTest() {
   static const char* folder = HVD_TEST_SWITCH("CONTROL_END_GAP_DIR");
-  if (folder == nullptr) return;
+  if (folder == nullptr) return false;
   const std::string arm = std::string(folder) + "/arm", go = std::string(folder) + "/go";
-  if (::rename(arm.c_str(), (std::string(folder) + "/in_gap").c_str()) != 0) return;
+  if (::rename(arm.c_str(), (std::string(folder) + "/in_gap").c_str()) != 0) return false;
   for (int waited_ms = 0; ::access(go.c_str(), F_OK) != 0 && waited_ms < 60000; waited_ms += 10) {
     const timespec nap{0, 10 * 1000 * 1000};
     ::nanosleep(&nap, nullptr);
   }
+  return true;
 }
 
 void writeHeader(std::string* out, uint32_t type, uint64_t length) {
@@ -187,7 +189,7 @@ Status ControlChannel::receive(std::vector<ControlMessage>* out) {
   Status end = Status::ok();
   if (link_ != nullptr) {  // Note [Control over shm] A, D
     drainLink(kReadBudget);
-    if (socket_readable_) pauseBeforeSocketForTest();
+    if (pauseBeforeSocketForTest()) socket_readable_ = true;
     end = drainSocket();
     // The peer wrote its last frames (a failure's cause) before it hung up, maybe after the
     // drain above: read the ring to its end, or that cause would be lost behind the hang-up.
