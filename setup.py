@@ -120,6 +120,7 @@ CORE_SOURCES = [
     "runtime/cpu_executor.cc",
     "runtime/one_round_ops.cc",
     "runtime/one_round_post.cc",
+    "runtime/one_round_respond.cc",
     "runtime/one_round.cc",
     "runtime/device_path.cc",
     "runtime/device_nccl_setup.cc",

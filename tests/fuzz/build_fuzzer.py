@@ -51,6 +51,8 @@ CORE = [
     "transport/peer_split.cc",
     "transport/shm/cross_memory.cc",
     "runtime/one_round_post.cc",
+    "runtime/one_round_respond.cc",
+    "coord/validation.cc",
 ]
 
 

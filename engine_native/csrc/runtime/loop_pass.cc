@@ -336,9 +336,12 @@ void BackgroundLoop::executeQueued() {
   // A peer lost mid-op (e.g. during NCCL set-up) may have sent its cause (Note [Failure
   // fan-out]).
   if (status.code() == common::Code::kPeerLost) awaitCause();
-  // An op that abort() ended in its wait says only "aborted": the peers get the reason.
+  // An op that this rank's abort() ended in its wait says only "aborted": the peers get the
+  // reason. Any other failure keeps its own words.
   if (!status.isOk() && !failed_) {
-    fail(queue_.abortRequested() ? abortedHere() : status, /*tell_peers=*/true);
+    const bool ended_by_abort =
+        status.code() == common::Code::kAborted && queue_.abortRequested();
+    fail(ended_by_abort ? abortedHere() : status, /*tell_peers=*/true);
   }
   // Right after executing, before the next drain: a caller's next op cannot look concurrent.
   // Own tensors submitted but not drained yet count too (Note [Batching window]).

@@ -67,6 +67,7 @@
 #include <cstring>
 
 #include "coord/validation.h"
+#include "runtime/one_round_respond.h"
 
 #include "transport/peer_channel.h"
 #include "transport/shm/collective_segment.h"
@@ -328,122 +329,6 @@ const PostedOp* OneRound::findIn(int rank, std::string_view name) {
   return nullptr;
 }
 
-namespace {
-
-// The fields coord::buildResponse copies from the first request, from an agreed op's post.
-void agreedResponse(const PostedOp& mine, coord::Key key, coord::Response* out) {
-  out->type = mine.type;
-  out->keys.push_back(key);
-  out->dtype = mine.dtype;
-  out->reduce_op = mine.reduce_op;
-  out->prescale = mine.prescale;
-  out->postscale = mine.postscale;
-  out->root_rank = mine.root_rank;
-}
-
-}  // namespace
-
-// B: the response rank 0 would build from every rank's post; false when validation refuses it
-// (the op goes to rank 0, which reports the same error on every rank).
-bool OneRound::respond(const PostedOp& mine, coord::Key key, coord::Response* out) {
-  if (mine.prescale != mine.prescale || mine.postscale != mine.postscale) return false;  // NaN
-  if (mine.type == OpType::kAllreduce || mine.type == OpType::kBroadcast) {
-    agreedResponse(mine, key, out);  // equal params: validation would pass it (the cheap path)
-    out->counts.push_back(mine.count);
-    return true;
-  }
-  if (mine.dims > 0 && mine.type == OpType::kAllgather) return respondAllgather(mine, key, out);
-  if (mine.dims > 0 && mine.type == OpType::kReducescatter) {
-    return respondReducescatter(mine, key, out);
-  }
-  if (mine.dims > 0 && mine.type == OpType::kAlltoall) return respondAlltoall(mine, key, out);
-  requests_.clear();
-  for (int r = 0; r < size_; ++r) {
-    requests_.push_back(one_round::postedRequest(*ops_of_[static_cast<size_t>(r)]));
-    requests_.back().request_rank = r;
-    requests_.back().key = key;  // named by this rank's key, as rank 0 names responses
-  }
-  *out = coord::buildResponse(members_, requests_, {});
-  // The shapes were read from the posts again: each must still fit the data decoded with it.
-  const size_t elem = common::dataTypeSize(mine.dtype);
-  for (int r = 0; r < size_; ++r) {
-    const int64_t count = coord::elementCount(requests_[static_cast<size_t>(r)].shape);
-    if (static_cast<size_t>(count) * elem != ops_of_[static_cast<size_t>(r)]->bytes) return false;
-  }
-  return out->status == coord::ResponseType::kOk;
-}
-
-// B: an allgather whose posts agree (equal params: one dtype, the same dims after the first,
-// at least one dim) passes rank 0's validation; its response is what coord::buildResponse's
-// fillFields makes, read from the posts without rebuilding every rank's request (~1,700
-// instructions at np=2, growing with the ranks: most of what allgather paid over allreduce).
-bool OneRound::respondAllgather(const PostedOp& mine, coord::Key key, coord::Response* out) {
-  agreedResponse(mine, key, out);
-  out->counts.push_back(static_cast<int64_t>(mine.dims) - 1);  // row dims
-  coord::Shape shape;
-  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
-  out->row_shape.assign(shape.begin() + 1, shape.end());
-  const size_t elem = common::dataTypeSize(mine.dtype);
-  for (int r = 0; r < size_; ++r) {
-    const PostedOp& theirs = *ops_of_[static_cast<size_t>(r)];
-    shape[0] = theirs.dim(0);
-    // Each rank's rows must still fit the data decoded with them (as respond() checks).
-    if (static_cast<size_t>(coord::elementCount(shape)) * elem != theirs.bytes) return false;
-    out->first_dims.push_back(shape[0]);
-  }
-  return true;
-}
-
-// B: a reducescatter whose posts agree (one shape, at least one dim) passes rank 0's validation
-// when its reduction is a sum or an average; its response is fillFields', read from the post.
-bool OneRound::respondReducescatter(const PostedOp& mine, coord::Key key, coord::Response* out) {
-  if (mine.reduce_op != common::ReduceOp::kSum && mine.reduce_op != common::ReduceOp::kAverage) {
-    return false;  // rank 0 reports it
-  }
-  agreedResponse(mine, key, out);
-  coord::Shape shape;
-  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
-  out->first_dims.assign(shape.begin(), shape.end());
-  out->row_shape.assign(shape.begin() + 1, shape.end());
-  const size_t bytes =
-      static_cast<size_t>(coord::elementCount(shape)) * common::dataTypeSize(mine.dtype);
-  for (int r = 0; r < size_; ++r) {  // each rank's data must still fit the shape (as respond())
-    if (ops_of_[static_cast<size_t>(r)]->bytes != bytes) return false;
-  }
-  return true;
-}
-
-// B: an alltoall whose posts agree (one dtype, the same dims after the first) passes rank 0's
-// validation when each rank's splits (its own: they are not params) fit its first dim, or, with
-// none, its first dim divides among the ranks; the response is fillFields', from the posts.
-bool OneRound::respondAlltoall(const PostedOp& mine, coord::Key key, coord::Response* out) {
-  agreedResponse(mine, key, out);
-  coord::Shape shape;
-  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
-  out->row_shape.assign(shape.begin() + 1, shape.end());
-  const size_t elem = common::dataTypeSize(mine.dtype);
-  const int64_t n = size_;
-  for (int r = 0; r < size_; ++r) {
-    const PostedOp& theirs = *ops_of_[static_cast<size_t>(r)];
-    shape[0] = theirs.dim(0);
-    if (static_cast<size_t>(coord::elementCount(shape)) * elem != theirs.bytes) return false;
-    if (theirs.splits == 0) {
-      if (shape[0] % n != 0) return false;  // rank 0 explains it, as for any refusal here
-      out->splits_matrix.insert(out->splits_matrix.end(), static_cast<size_t>(n), shape[0] / n);
-      continue;
-    }
-    if (theirs.splits != static_cast<uint32_t>(n)) return false;
-    int64_t left = shape[0];
-    for (uint32_t i = 0; i < theirs.splits; ++i) {
-      const int64_t split = theirs.split(i);
-      if (split < 0 || split > left) return false;
-      left -= split;
-      out->splits_matrix.push_back(split);
-    }
-  }
-  return true;
-}
-
 Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline) {
   pending_ = false;
@@ -480,7 +365,9 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
                inputs_.by_rank.end();
     }
     coord::Response response;
-    if (agreed) agreed = respond(mine, key, &response);
+    if (agreed) {
+      agreed = one_round::respond(mine, ops_of_, key, members_, &requests_, &response);
+    }
     if (entries.find(key) == nullptr) continue;  // completed meanwhile (the core failed)
     if (!agreed) {
       route(key);

@@ -73,11 +73,6 @@ class OneRound {
                         timeline::Timeline* timeline);
   common::Status decodeAll();
   const one_round::PostedOp* findIn(int rank, std::string_view name);
-  bool respond(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
-  bool respondAllgather(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
-  bool respondReducescatter(const one_round::PostedOp& mine, coord::Key key,
-                            coord::Response* out);
-  bool respondAlltoall(const one_round::PostedOp& mine, coord::Key key, coord::Response* out);
   void wakeWaiting(uint64_t round) const;
 
   transport::Mesh& mesh_;
@@ -107,7 +102,7 @@ class OneRound {
   std::vector<std::unordered_map<std::string_view, size_t>> index_;  // large posts only
   OneRoundInputs inputs_;  // finish()'s: the op being decided, per rank
   std::vector<const one_round::PostedOp*> ops_of_;  // per rank: its post of the op decided
-  std::vector<coord::Request> requests_;            // respond()'s scratch
+  std::vector<coord::Request> requests_;            // one_round::respond()'s scratch
   std::vector<int> members_;                        // the global set: every rank
 };
 

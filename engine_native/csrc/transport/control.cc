@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -192,8 +191,9 @@ Status ControlChannel::receive(std::vector<ControlMessage>* out) {
     if (pauseBeforeSocketForTest()) socket_readable_ = true;
     end = drainSocket();
     // The peer wrote its last frames (a failure's cause) before it hung up, maybe after the
-    // drain above: read the ring to its end, or that cause would be lost behind the hang-up.
-    if (!end.isOk()) drainLink(SIZE_MAX);
+    // drain above: read the ring again (it holds at most a ring's worth; the budget also bounds
+    // a peer that lies in its counter), or that cause would be lost behind the hang-up.
+    if (!end.isOk()) drainLink(kReadBudget);
   }
   for (size_t budget = link_ != nullptr ? 0 : kReadBudget; budget > 0;) {
     if (inbox_.size() < inbox_used_ + kReadChunk) inbox_.resize(inbox_used_ + kReadChunk);
