@@ -3,6 +3,11 @@ does it: allgather the values and the indices instead of reducing a dense tensor
 indices are left for the optimizer to sum, as TF's own sparse updates do. The allgather is
 mpi_ops' differentiable one (passed in by mpi_ops, which calls this), so a tape differentiates
 through the values as through Horovod's.
+
+Pre- and postscale factors apply to the values as the dense op applies them (each rank's values
+times ``prescale_factor`` before the allgather, the gathered ones times ``postscale_factor``;
+Horovod refuses them here); floating-point values only. Adasum, Min, Max and Product are refused,
+as Horovod refuses them: pass ``sparse_as_dense=True`` for those.
 """
 from __future__ import annotations
 
@@ -23,18 +28,28 @@ def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, p
     if op not in (Sum, Average):
         raise NotImplementedError('Only Sum and Average ops are supported with '
                                   'tf.IndexedSlices')
-    if prescale_factor != 1.0 or postscale_factor != 1.0:
-        raise NotImplementedError("Pre/postscale_factor are not supported with "
-                                  "tf.IndexedSlices")
     parts = []
     for slices in slices_list:
-        parts.append(tensors.as_tensor(slices.values, "allreduce", name or "noname"))
+        values = tensors.as_tensor(slices.values, "allreduce", name or "noname")
+        parts.append(_scaled(values, prescale_factor, "prescale_factor"))
         parts.append(tensors.as_tensor(slices.indices, "allreduce", name or "noname"))
     gathered = grouped_allgather(parts, name, process_set=process_set, _op="allreduce")
     results = []
     for k, slices in enumerate(slices_list):
         values, indices = gathered[2 * k], gathered[2 * k + 1]
+        values = _scaled(values, postscale_factor, "postscale_factor")
         if op == Average:
             values = values / tf.cast(process_set.size(), values.dtype)
         results.append(tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape))
     return results
+
+
+def _scaled(values, factor, what: str):
+    """``values * factor`` in their dtype; 1.0 leaves them as they are (any dtype)."""
+    if factor == 1.0:
+        return values
+    if not (values.dtype.is_floating or values.dtype.is_complex):
+        raise ValueError(f"{what}={factor} on tf.IndexedSlices of {values.dtype.name} values: "
+                         f"scaling needs floating-point values; scale them yourself or pass "
+                         f"sparse_as_dense=True")
+    return values * tf.cast(factor, values.dtype)
