@@ -19,9 +19,11 @@
 //      same posts and decides alike, op by op: a kData op is run here (one_round ops) iff every
 //      rank posted it as kData with byte-equal parameters (dim 0 aside for allgather and
 //      alltoall), rank 0's validation (coord::buildResponse) accepts the requests the posts
-//      spell, and no rank closed without posting; every other op of the round, on every rank
-//      that posted it, goes to rank 0's negotiation, which reports mismatches as before. So an
-//      op is never run twice nor on one path by some ranks and on the other by the rest.
+//      spell (runtime/one_round_respond.cc answers most ops from the posts directly; the fuzz
+//      target one_round_respond holds it to that validation), and no rank closed without
+//      posting; every other op of the round, on every rank that posted it, goes to rank 0's
+//      negotiation, which reports mismatches as before. So an op is never run twice nor on
+//      one path by some ranks and on the other by the rest.
 //   C. The result is computed by every rank from the same bytes in the same order (each rank's
 //      prescaled input, folded in rank order from rank 0's, then the post factor, as
 //      algo/allreduce_small.cc does; a reducescatter keeps its block of that): the ranks cannot
