@@ -31,6 +31,7 @@ def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, p
     parts = []
     for slices in slices_list:
         values = tensors.as_tensor(slices.values, "allreduce", name or "noname")
+        _check_scalable(values, postscale_factor, "postscale_factor")  # before any exchange
         parts.append(_scaled(values, prescale_factor, "prescale_factor"))
         parts.append(tensors.as_tensor(slices.indices, "allreduce", name or "noname"))
     gathered = grouped_allgather(parts, name, process_set=process_set, _op="allreduce")
@@ -44,12 +45,14 @@ def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, p
     return results
 
 
-def _scaled(values, factor, what: str):
-    """``values * factor`` in their dtype; 1.0 leaves them as they are (any dtype)."""
-    if factor == 1.0:
-        return values
-    if not (values.dtype.is_floating or values.dtype.is_complex):
+def _check_scalable(values, factor, what: str) -> None:
+    if factor != 1.0 and not (values.dtype.is_floating or values.dtype.is_complex):
         raise ValueError(f"{what}={factor} on tf.IndexedSlices of {values.dtype.name} values: "
                          f"scaling needs floating-point values; scale them yourself or pass "
                          f"sparse_as_dense=True")
-    return values * tf.cast(factor, values.dtype)
+
+
+def _scaled(values, factor, what: str):
+    """``values * factor`` in their dtype; 1.0 leaves them as they are (any dtype)."""
+    _check_scalable(values, factor, what)
+    return values if factor == 1.0 else values * tf.cast(factor, values.dtype)

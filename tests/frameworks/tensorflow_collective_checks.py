@@ -148,13 +148,14 @@ def check_sparse_and_variables(hvd, tf, np, failures):
     scaled = hvd.allreduce(slices, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0)
     _expect(failures, "sparse.scaled.values", scaled.values,
             (np.array([[2.0, 4.0]]) * np.arange(1, n + 1)[:, None]).astype(np.float32), 1e-6)
-    try:
-        hvd.allreduce(tf.IndexedSlices(tf.constant([[1, 2]]), tf.constant([0]), [n, 2]),
-                      prescale_factor=0.5)
-        failures.append("sparse.scaled.int32: no error")
-    except ValueError as error:
-        if "floating-point" not in str(error):
-            failures.append(f"sparse.scaled.int32: {error}")
+    for factors in ({"prescale_factor": 0.5}, {"postscale_factor": 2.0}):
+        try:  # refused on every rank alike (before the allgather: nothing is sent)
+            hvd.allreduce(tf.IndexedSlices(tf.constant([[1, 2]]), tf.constant([0]), [n, 2]),
+                          **factors)
+            failures.append(f"sparse.scaled.int32 {factors}: no error")
+        except ValueError as error:
+            if "floating-point" not in str(error):
+                failures.append(f"sparse.scaled.int32 {factors}: {error}")
     variables = [tf.Variable(np.full((2, 3), me, np.float32)), tf.Variable([me, 7 * me])]
     hvd.broadcast_variables(variables, root_rank=n - 1)
     _expect(failures, "broadcast_variables.eager.0", variables[0],
