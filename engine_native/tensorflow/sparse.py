@@ -31,28 +31,29 @@ def allreduce_slices(slices_list, op, prescale_factor, postscale_factor, name, p
     parts = []
     for slices in slices_list:
         values = tensors.as_tensor(slices.values, "allreduce", name or "noname")
-        _check_scalable(values, postscale_factor, "postscale_factor")  # before any exchange
-        parts.append(_scaled(values, prescale_factor, "prescale_factor"))
+        _check_scalable(values, prescale_factor, postscale_factor)  # before any exchange
+        parts.append(_scaled(values, prescale_factor))
         parts.append(tensors.as_tensor(slices.indices, "allreduce", name or "noname"))
     gathered = grouped_allgather(parts, name, process_set=process_set, _op="allreduce")
     results = []
     for k, slices in enumerate(slices_list):
         values, indices = gathered[2 * k], gathered[2 * k + 1]
-        values = _scaled(values, postscale_factor, "postscale_factor")
+        values = _scaled(values, postscale_factor)
         if op == Average:
             values = values / tf.cast(process_set.size(), values.dtype)
         results.append(tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape))
     return results
 
 
-def _check_scalable(values, factor, what: str) -> None:
-    if factor != 1.0 and not (values.dtype.is_floating or values.dtype.is_complex):
-        raise ValueError(f"{what}={factor} on tf.IndexedSlices of {values.dtype.name} values: "
-                         f"scaling needs floating-point values; scale them yourself or pass "
-                         f"sparse_as_dense=True")
+def _check_scalable(values, prescale_factor, postscale_factor) -> None:
+    for what, factor in (("prescale_factor", prescale_factor),
+                         ("postscale_factor", postscale_factor)):
+        if factor != 1.0 and not (values.dtype.is_floating or values.dtype.is_complex):
+            raise ValueError(f"{what}={factor} on tf.IndexedSlices of {values.dtype.name} "
+                             f"values: scaling needs floating-point values; scale them "
+                             f"yourself or pass sparse_as_dense=True")
 
 
-def _scaled(values, factor, what: str):
-    """``values * factor`` in their dtype; 1.0 leaves them as they are (any dtype)."""
-    _check_scalable(values, factor, what)
+def _scaled(values, factor):
+    """``values * factor`` in their dtype (checked by _check_scalable); 1.0 leaves them."""
     return values if factor == 1.0 else values * tf.cast(factor, values.dtype)

@@ -162,6 +162,12 @@ int64_t PostedOp::readI64(const uint8_t* at, uint32_t i) {
   return v;
 }
 
+coord::Shape postedShape(const PostedOp& op) {
+  coord::Shape shape;
+  for (uint32_t i = 0; i < op.dims; ++i) shape.push_back(op.dim(i));
+  return shape;
+}
+
 coord::Request postedRequest(const PostedOp& op) {
   coord::Request r;
   r.type = op.type;
@@ -171,7 +177,7 @@ coord::Request postedRequest(const PostedOp& op) {
   r.prescale = op.prescale;
   r.postscale = op.postscale;
   r.root_rank = op.root_rank;
-  for (uint32_t i = 0; i < op.dims; ++i) r.shape.push_back(op.dim(i));
+  r.shape = postedShape(op);
   for (uint32_t i = 0; i < op.splits; ++i) r.splits.push_back(op.split(i));
   return r;
 }

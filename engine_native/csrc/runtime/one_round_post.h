@@ -52,6 +52,9 @@ struct PostedOp {
   static int64_t readI64(const uint8_t* at, uint32_t i);
 };
 
+// The shape a kData op was posted with.
+coord::Shape postedShape(const PostedOp& op);
+
 // The request a kData op spells (name, type, dtype, reduce op, scales, root, shape, splits).
 coord::Request postedRequest(const PostedOp& op);
 

@@ -28,8 +28,7 @@ bool respondAllgather(const PostedOp& mine, const std::vector<const PostedOp*>& 
                       coord::Key key, coord::Response* out) {
   agreedResponse(mine, key, out);
   out->counts.push_back(static_cast<int64_t>(mine.dims) - 1);  // row dims
-  coord::Shape shape;
-  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
+  coord::Shape shape = postedShape(mine);
   out->row_shape.assign(shape.begin() + 1, shape.end());
   const size_t elem = common::dataTypeSize(mine.dtype);
   for (size_t r = 0; r < ops.size(); ++r) {
@@ -50,8 +49,7 @@ bool respondReducescatter(const PostedOp& mine, const std::vector<const PostedOp
     return false;  // rank 0 reports it
   }
   agreedResponse(mine, key, out);
-  coord::Shape shape;
-  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
+  const coord::Shape shape = postedShape(mine);
   out->first_dims.assign(shape.begin(), shape.end());
   out->row_shape.assign(shape.begin() + 1, shape.end());
   const size_t bytes =
@@ -68,8 +66,7 @@ bool respondReducescatter(const PostedOp& mine, const std::vector<const PostedOp
 bool respondAlltoall(const PostedOp& mine, const std::vector<const PostedOp*>& ops,
                      coord::Key key, coord::Response* out) {
   agreedResponse(mine, key, out);
-  coord::Shape shape;
-  for (uint32_t d = 0; d < mine.dims; ++d) shape.push_back(mine.dim(d));
+  coord::Shape shape = postedShape(mine);
   out->row_shape.assign(shape.begin() + 1, shape.end());
   const size_t elem = common::dataTypeSize(mine.dtype);
   const int64_t n = static_cast<int64_t>(ops.size());
