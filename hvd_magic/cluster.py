@@ -26,12 +26,18 @@ from .rankinfo import RankInfo
 log = logging.getLogger("hvd_magic")
 
 ENGINE_STOP_WAIT = 5.0  # seconds for the hub to notice engines that were stopped
-MPIEXEC_REPORT_WAIT = 3.0  # seconds for mpiexec to exit and report after a rank died
+# seconds for the launcher to report how a rank that died ended: mpiexec writes its report as
+# it exits; a local engine's launcher notices the exit on its own thread, after the hub may
+# already have seen the engine go
+LAUNCHER_REPORT_WAIT = 3.0
 # The hub registers an engine only on the heartbeat after the engine's heart first answers,
 # so ipyparallel's 3 s period made every start and restart wait 3-6 s for nothing. A 0.5 s
 # period with 60 allowed misses keeps its 30 s before a silent engine is declared dead.
 HEART_PERIOD_MS = 500
 HEART_MISSES = 60
+
+
+_UNREPORTED = object()  # no launcher has reported the exit (yet)
 
 
 def describe_exit(code) -> str:
@@ -302,18 +308,34 @@ class HvdCluster:
         return busy
 
     def _exit_reason(self, info: RankInfo) -> str:
+        deadline = time.monotonic() + LAUNCHER_REPORT_WAIT
+        while True:
+            code, watched = self._launcher_report(info.pid)
+            if code is not _UNREPORTED:
+                return describe_exit(code)
+            if not watched or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)  # the launcher's thread has yet to see the exit: give it time
         es = self._engine_set()
-        for each in (self.ipp.engines.values() if self.ipp else ()):  # %hvd_scale adds sets
-            stop = getattr(each, "stop_data", None) or {}
-            for data in (stop.get("engines") or {}).values():
-                if data.get("pid") == info.pid:
-                    return describe_exit(data.get("exit_code"))
         if self.launcher == "mpi" and es is not None:
-            deadline = time.monotonic() + MPIEXEC_REPORT_WAIT  # mpiexec writes its report last
             while getattr(es, "state", "") != "after" and time.monotonic() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.05)  # mpiexec writes its report last
             return mpi_exit_reason(launcher_output(es), info.pid)
         return "exited (status unknown)"
+
+    def _launcher_report(self, pid: int):
+        """(exit code, or _UNREPORTED; whether a launcher still watches ``pid``): the local
+        launcher's per-engine report, from any engine set (%hvd_scale adds sets)."""
+        watched = False
+        for each in (self.ipp.engines.values() if self.ipp else ()):
+            stop = getattr(each, "stop_data", None) or {}
+            for data in (stop.get("engines") or {}).values():
+                if data.get("pid") == pid:
+                    return data.get("exit_code"), False
+            launchers = getattr(each, "launchers", None) or {}
+            watched = watched or any(getattr(one, "pid", None) == pid
+                                     for one in launchers.values())
+        return _UNREPORTED, watched
 
     def signal_ranks(self, ranks, sig=signal.SIGINT) -> None:
         """Signal ranks through their KernelNanny (launcher-independent, unlike mpiexec)."""

@@ -1,0 +1,58 @@
+"""How a dead rank's end is described (``HvdCluster.dead_ranks``). The hub can see a local
+engine go before the local launcher's thread has reaped it (CI62: "exited (status unknown)"
+for an engine killed by SIGKILL): the reason waits, bounded, for a launcher that still
+watches the engine's pid, and is at once "status unknown" where none watches it."""
+import signal
+from types import SimpleNamespace
+
+from hvd_magic import cluster as cluster_mod
+from hvd_magic.cluster import HvdCluster
+from hvd_magic.rankinfo import RankInfo
+
+
+class _LateEngineSet:
+    """A local engine set whose launcher reaps engine ``pid`` only at the ``reaped_at``-th
+    look at its reports (as its thread would, some time after the engine died)."""
+
+    def __init__(self, pid: int, reaped_at: int):
+        self.pid, self.reaped_at, self.looks = pid, reaped_at, 0
+        self.launchers = {"engine-0": SimpleNamespace(pid=pid)}
+
+    @property
+    def stop_data(self):
+        self.looks += 1
+        if self.looks < self.reaped_at:
+            return {}
+        self.launchers = {}  # as _notice_engine_stopped pops the launcher
+        return {"engines": {"engine-0": {"pid": self.pid, "exit_code": -signal.SIGKILL}}}
+
+
+def _cluster(engine_set) -> HvdCluster:
+    c = HvdCluster.__new__(HvdCluster)  # no loop thread, nothing started
+    c.launcher = "local"
+    c.ipp = SimpleNamespace(engines={"set": engine_set})
+    c.client = SimpleNamespace(ids=[0, 2])  # rank 1's engine is gone
+    c.ranks = [RankInfo(rank=r, engine_id=r, host="vm", pid=100 + r) for r in range(3)]
+    return c
+
+
+def test_a_kill_the_launcher_reaps_late_is_still_named():
+    engine_set = _LateEngineSet(pid=101, reaped_at=3)
+    c = _cluster(engine_set)
+    assert c.dead_ranks() == {1: "killed by SIGKILL"}
+    assert engine_set.looks == 3
+
+
+def test_an_engine_no_launcher_watches_is_not_waited_for():
+    engine_set = _LateEngineSet(pid=999, reaped_at=10 ** 9)  # watches another process
+    c = _cluster(engine_set)
+    assert c.dead_ranks() == {1: "exited (status unknown)"}
+    assert engine_set.looks == 1
+
+
+def test_the_wait_for_a_report_is_bounded(monkeypatch):
+    monkeypatch.setattr(cluster_mod, "LAUNCHER_REPORT_WAIT", 0.2)
+    engine_set = _LateEngineSet(pid=101, reaped_at=10 ** 9)  # its thread never reaps it
+    c = _cluster(engine_set)
+    assert c.dead_ranks() == {1: "exited (status unknown)"}
+    assert engine_set.looks > 1
