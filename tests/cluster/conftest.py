@@ -2,8 +2,9 @@
 
 - ``shell``: one InteractiveShell for the session with ``%load_ext hvd_magic``.
 - ``run``: runs a cell and returns a CellResult (value, error, stdout, stderr, seconds).
-- ``local_cluster``: one 3-rank local cluster for the whole session; ``mpi_cluster`` (per
-  module) and ``no_cluster`` park it while a test needs the shell's single cluster slot.
+- ``local_cluster``: one 3-rank local cluster for the whole session (a dead rank is restarted
+  before the next test that asks); ``mpi_cluster`` (per module) and ``no_cluster`` park it
+  while a test needs the shell's single cluster slot.
 - Nothing leaks: every cluster a test starts is recorded; the session finalizer kills any
   process still carrying one of their cluster ids (controller, engines, nannies, mpiexec) and
   our reaper watchdogs, even when a test failed or timed out, and fails if it had to.
@@ -36,12 +37,22 @@ def run(shell):
 
 
 @pytest.fixture(scope="session")
-def local_cluster(shell):
+def shared_local_cluster(shell):
     """Three ranks on the local launcher, shared by every module that asks (a start costs
     7-10 s on an idle 2-core machine, several times that on a loaded one)."""
     res = start_cluster(shell, "-n 3 --launcher local --gpus none --env HVD_MAGIC_TEST=yes")
     yield res
     stop_cluster(shell)
+
+
+@pytest.fixture
+def local_cluster(shared_local_cluster, shell):
+    """The shared cluster with every rank alive: a test that killed a rank and failed before
+    its own %hvd_restart must fail alone, not take every later test down with it."""
+    if magics().cluster.dead_ranks():
+        res = run_cell(shell, "%hvd_restart")
+        assert res.error is None, res.text
+    return shared_local_cluster
 
 
 @contextlib.contextmanager
