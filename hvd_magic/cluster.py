@@ -17,7 +17,7 @@ import re
 import signal
 import time
 
-from . import frameworks, preflight, ranksetup, reaper, ssh_engines
+from . import frameworks, mpi_shm, preflight, ranksetup, reaper, ssh_engines
 from .cluster_mps import ClusterMps
 from .launch import hosts as hostlib
 from .loop import LoopThread
@@ -94,6 +94,7 @@ class HvdCluster:
         self._loop = LoopThread()
         self._reaper: reaper.Reaper | None = None
         self.mps = ClusterMps(mps)
+        self._mpi_files: set[str] = set()  # hvd_magic.mpi_shm: MPICH's files the ranks map
 
     # -- start / stop -----------------------------------------------------------------------
 
@@ -150,7 +151,12 @@ class HvdCluster:
         engine_ids = self._wait_for_engines(progress, before)
         self.ranks, notes = self.setup.setup_ranks(engine_ids)
         self.update_reaper()
+        if self.launcher == "mpi":
+            self._mpi_files |= mpi_shm.mapped_by(self._local_pids())
         return notes
+
+    def _local_pids(self) -> list[int]:
+        return [r.pid for r in self.ranks if r.host == os.uname().nodename]
 
     def _shutdown_cores(self) -> None:
         """Shut the cores down cleanly while every rank can still agree on it; otherwise
@@ -178,6 +184,7 @@ class HvdCluster:
                 log.warning("hvd: stopping the cluster: %s", exc)
             self.ipp = None
         self.mps.stop()  # after the engines: a daemon told to quit waits for its clients
+        self._mpi_files -= set(mpi_shm.remove_unmapped(self._mpi_files))
         if self._reaper is not None:
             self._reaper.close()
             self._reaper = None
@@ -195,6 +202,7 @@ class HvdCluster:
         deadline = time.monotonic() + ENGINE_STOP_WAIT
         while self.client.ids and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._mpi_files -= set(mpi_shm.remove_unmapped(self._mpi_files))
         self.ranks = []
         notes = self._start_engines(progress)
         self.ready_seconds = time.perf_counter() - t0
@@ -354,7 +362,7 @@ class HvdCluster:
             pids.extend(e.pid for e in getattr(es, "launchers", {}).values() if e.pid > 0)
             if getattr(es, "pid", -1) > 0:
                 pids.append(es.pid)
-        pids.extend(r.pid for r in self.ranks if r.host == os.uname().nodename)
+        pids.extend(self._local_pids())
         self._reaper.watch(pids + self.mps.pids())
 
 

@@ -2,6 +2,7 @@
 killed with SIGKILL (reported with its signal, then ``%hvd_restart``), and ``%hvd_stop``
 leaving no process behind."""
 
+import os
 import time
 
 import pytest
@@ -53,6 +54,9 @@ class TestMPI:
         assert "mpi launcher" in mpi_cluster.out
 
     def test_sigkilled_rank_is_reported_and_restart_recovers(self, mpi_cluster, run):
+        from hvd_magic import mpi_shm
+        mpich_files = mpi_shm.mapped_by(r.pid for r in magics().cluster.ranks)
+        assert mpich_files  # MPICH's shared memory between the two ranks
         victim = kill_rank(1)
         res = run("%%hvd\nprint('hello')")
         assert isinstance(res.error, RanksDead), res.text
@@ -64,6 +68,8 @@ class TestMPI:
         assert res.error is None, res.text
         res = run("%%hvd\nimport os\nos.getpid()")
         assert res.error is None and res.value != victim
+        # the killed world never finalized: its file went with the restart, not left in RAM
+        assert not [f for f in mpich_files if os.path.exists(f)]
 
     def test_stop_leaves_nothing_running(self, mpi_cluster, run):
         cids = {magics().cluster.ipp.cluster_id}
