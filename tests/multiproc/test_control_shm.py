@@ -6,9 +6,10 @@ hosts use both at once); request and response lists far larger than the 64 KiB c
 sent both ways at the same moment (written in pieces, each side draining its own ring while
 it waits for room); a loop thread asleep in poll() is woken by a frame in its ring, both
 ways (a lost wake would cost the 200 ms tick on every op); a peer's last frame (a failure's
-cause) written just before it hangs up is read, not lost behind the hang-up. That every other op negotiates
-correctly over the rings is what the rest of tests/multiproc checks (checks.init asserts the
-control road of every shm and tcp world).
+cause) written just before it hangs up is read, not lost behind the hang-up; a cause rank 0
+relays late reaches a worker that already saw the failing rank hang up. That every other op
+negotiates correctly over the rings is what the rest of tests/multiproc checks (checks.init
+asserts the control road of every shm and tcp world).
 """
 import statistics
 import time
@@ -116,3 +117,26 @@ def test_a_cause_written_just_before_the_hang_up_is_read(tmp_path):
                     rank_env={1: {"HVD_TEST_CONTROL_END_GAP_DIR": folder}})
     assert res[0].value == "aborted"
     assert "aborted on rank 0: rank 0 gives up" in res[1].value, res[1].value
+
+
+def late_relay_suite():
+    """Rank 1 aborts and closes; rank 2, waiting in an allreduce, sees rank 1 hang up before
+    rank 0 (HVD_TEST_FAILURE_NOTICE_DELAY_MS) relays the cause. Rank 2 must report the cause,
+    not the hang-up of the rank that closed."""
+    hvd = checks.init("shm")
+    if hvd.rank() == 1:
+        hvd.abort("rank 1 gives up")
+        hvd.shutdown()
+        return "aborted"
+    try:
+        hvd.allreduce(np.ones(4, np.float32), name="never-completes")
+    except hvd.HorovodInternalError as error:
+        return str(error)
+    return "no error"
+
+
+def test_a_cause_rank_0_relays_late_is_still_the_reported_one():
+    res = run_ranks(late_relay_suite, 3, timeout=90,
+                    rank_env={0: {"HVD_TEST_FAILURE_NOTICE_DELAY_MS": "400"}})
+    for r in (0, 2):
+        assert "aborted on rank 1: rank 1 gives up" in res[r].value, (r, res[r].value)

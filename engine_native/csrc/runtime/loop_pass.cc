@@ -4,9 +4,13 @@
 // workers send requests), execute, inspect stalls; then failure (Note [Failure fan-out]) and
 // the sweep of keys nothing refers to any more.
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 
 #include "common/coarse_clock.h"
 #include "common/logging.h"
+#include "common/test_switch.h"
 #include "runtime/background_loop.h"
 #include "transport/tcp/socket.h"
 
@@ -34,6 +38,14 @@ Status statusFromAbort(const std::string& payload) {
     }
   }
   return common::aborted(payload);
+}
+
+// Test switch: HVD_TEST_FAILURE_NOTICE_DELAY_MS=N (set on one rank): it waits N ms before it
+// tells its peers of a failure, as a rank 0 descheduled on a loaded host relays late.
+void delayFailureNoticeForTests() {
+  if (const char* raw = HVD_TEST_SWITCH("FAILURE_NOTICE_DELAY_MS")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(raw)));
+  }
 }
 
 }  // namespace
@@ -353,9 +365,13 @@ void BackgroundLoop::executeQueued() {
 
 // A worker that sees a peer hang up may be early: the peer may have closed on a cause rank 0
 // is relaying to every worker (an abort, a timeout), and rank 0's message to this rank can
-// trail the peer's close. Give it a short, bounded chance to arrive (Note [Failure fan-out]).
+// trail the peer's close. Wait for rank 0's word (Note [Failure fan-out]): it always comes
+// unless rank 0 is gone (its channel ends the wait) or stopped, since rank 0 relays a cause at
+// once and fails, telling everyone, when it sees a peer lost itself. So the bound is for a
+// stopped rank 0 only, and generous: on a loaded host a relay 100 ms late (the old bound) made
+// a survivor blame the live peer that closed ("lost connection to rank 1", not its cause).
 void BackgroundLoop::awaitCause() {
-  constexpr double kCauseWaitSeconds = 0.1;
+  constexpr double kCauseWaitSeconds = 2.0;
   transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
   // Rank 0's ring may already hold other frames (responses of ops running now): read them and
   // keep waiting, until the cause comes (fail() sets failed_) or the time is up.
@@ -398,6 +414,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   // would make slower survivors blame a live rank. Other causes (abort, timeout, malformed
   // input) are invisible to peers, so the connections are closed as well.
   if (tell_peers) {
+    delayFailureNoticeForTests();
     std::string payload(1, static_cast<char>(status.code()));
     payload += status.message();
     for (int r = 0; r < mesh_.size(); ++r) {
