@@ -5,10 +5,12 @@ negotiation. Counted by metrics()['one_round_ops'] so each case says which path 
 dtype and reduce op, scale factors, odd sizes, every root, in place, rows that differ per rank,
 uneven splits and blocks take it and give the reference's values; async ops, groups, process
 sets, large ops, joins and mismatched shapes go to negotiation (a mismatch is still an error on
-every rank, and the core goes on); ranks that submit the same names in different orders still
+every rank, and the core goes on); after a join completes the board is open again, join after
+join, whoever joins first (a rank leaving closes it for the others, and an op negotiated after
+the join is not waited for on it); ranks that submit the same names in different orders still
 finish (owed ops); a rank asking for no board (HVD_ONE_ROUND_BYTES=0, or the deadlock shutdown
-on) or forced TCP turns it off for all; a rank that dies while the others wait on its post fails
-them with the cause.
+on) or forced TCP turns it off for all; a rank that dies while the others wait on its post
+fails them with the cause.
 """
 import os
 import time
@@ -186,8 +188,8 @@ def routes_suite():
         out["joined"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="j").tolist()
         out["last_joined"] = hvd.join()
     before = _one_round(hvd)
-    out["closed"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="c").tolist()
-    out["closed_board"] = _one_round(hvd) - before
+    out["reopened"] = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="c").tolist()
+    out["reopened_board"] = _one_round(hvd) - before
     hvd.shutdown()
     return out
 
@@ -211,7 +213,8 @@ def test_what_the_board_does_not_take_is_negotiated_and_orders_may_differ():
         assert v["last_joined"] == values[0]["last_joined"] in (0, 1), v  # not the early one
         if me < n - 1:
             assert v["joined"] == [n - 1], v  # the joined rank's zeros
-        assert v["closed"] == [n] and v["closed_board"] == 0, v  # the board closed at the join
+        # the join closed the board; once it completed, the board is open again (J)
+        assert v["reopened"] == [n] and v["reopened_board"] == 1, v
 
 
 def count_suite():
@@ -257,3 +260,115 @@ def test_a_rank_that_dies_while_the_others_wait_on_its_post_fails_them(tmp_path)
     results = run_ranks(dying_suite, 2, args=(str(tmp_path),), timeout=60,
                         env={"HVD_TIMEOUT": "10"}, check=False)
     assert "rank 1" in str(results[0].value), results[0]
+
+
+def join_cycles_suite(cycles: int):
+    """Epochs of uneven length, each ended by a join: rank r runs r + 1 extra small ops (the
+    joined ranks' zeros complete the others' through negotiation), then every rank joins, and
+    the next epoch's first ops take the reopened board. Returns per cycle: the extra ops'
+    values, the join's last rank, and the values and board count of the epoch's common ops."""
+    hvd = checks.init("shm")
+    me, n = hvd.rank(), hvd.size()
+    cycles_out = []
+    for c in range(cycles):
+        before = _one_round(hvd)
+        common = [hvd.allreduce(np.full(3, me + c, np.float32), op=hvd.Sum,
+                                name=f"common.{c}.{k}").tolist() for k in range(3)]
+        common.append(hvd.broadcast(np.full(2, me, np.int64), root_rank=c % n,
+                                    name=f"bc.{c}").tolist())
+        common.append(hvd.allgather(np.full((1, 2), me, np.int32), name=f"ag.{c}").tolist())
+        on_board = _one_round(hvd) - before
+        extra = [hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum,
+                               name=f"extra.{c}.{k}").tolist() for k in range((me + c) % n + 1)]
+        last = hvd.join()
+        cycles_out.append({"common": common, "on_board": on_board, "extra": extra,
+                           "last": last})
+    hvd.shutdown()
+    return cycles_out
+
+
+@pytest.mark.parametrize("np_", [2, 3, 4])
+def test_the_board_reopens_after_every_join(np_):
+    cycles = 6
+    values = [r.value for r in run_ranks(join_cycles_suite, np_, args=(cycles,), timeout=180)]
+    for c in range(cycles):
+        lasts = {values[r][c]["last"] for r in range(np_)}
+        assert len(lasts) == 1, (c, lasts)  # one answer on every rank
+        for me in range(np_):
+            v = values[me][c]
+            want = [[float(sum(r + c for r in range(np_)))] * 3] * 3
+            assert v["common"][:3] == want, (c, me, v)
+            assert v["common"][3] == [c % np_] * 2, (c, me, v)
+            assert v["common"][4] == [[r, r] for r in range(np_)], (c, me, v)
+            assert v["on_board"] == 5, (c, me, v)  # every common op, the first epoch's too
+            # extra op k: the ranks that still run it, each adding 1 (the joined add zeros)
+            got = [x[0] for x in v["extra"]]
+            assert got == [float(sum((r + c) % np_ + 1 > k for r in range(np_)))
+                           for k in range((me + c) % np_ + 1)], (c, me, got)
+
+
+def leaving_suite():
+    """After a join, rank 1 shuts down while rank 0's next small op waits for its reopening or
+    its post: rank 0's op ends with rank 1's departure, and a later init works."""
+    hvd = checks.init("shm")
+    hvd.allreduce(np.ones(1, np.float32), name="before")
+    hvd.join()
+    if hvd.rank() == 1:
+        hvd.shutdown()
+        return "left"
+    try:
+        hvd.allreduce(np.ones(1, np.float32), name="alone")
+        out = "no error"
+    except hvd.HorovodInternalError as error:
+        out = str(error)
+    hvd.shutdown()
+    return out
+
+
+def test_a_rank_that_leaves_after_a_join_ends_the_others_wait():
+    results = run_ranks(leaving_suite, 2, timeout=90, env={"HVD_TIMEOUT": "5"})
+    assert results[1].value == "left"
+    assert "no error" != results[0].value and "rank 1" in results[0].value, results[0].value
+
+
+def second_thread_suite(folder: str):
+    """Rank 1's second thread waits in a blocking allreduce "loss" on the board while its main
+    thread joins; rank 0 joins last without having posted "loss", then submits it. Rank 1's
+    "loss" reaches rank 0's negotiation only after the join, so it pairs with rank 0's: the
+    reopened board must not wait for rank 1 to post it (the first post after the join names
+    it). If rank 0's join came first instead (it should not), the join gives rank 1's "loss"
+    rank 0's zeros and rank 0 submits none: the outcome is checked either way."""
+    import threading
+    hvd = checks.init("shm")
+    hvd.allreduce(np.ones(1, np.float32), name="warm")
+    if hvd.rank() == 1:
+        got = {}
+        worker = threading.Thread(target=lambda: got.setdefault(
+            "loss", hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="loss").tolist()))
+        worker.start()
+        time.sleep(0.3)  # (the thread's post first: either order is checked)
+        faults.announce(folder, "joining")
+        last = hvd.join()
+        worker.join(60)
+        loss = got.get("loss", "still waiting")
+    else:
+        faults.await_event(folder, "joining")
+        time.sleep(0.3)  # (rank 1's join request first: either order is checked)
+        last = hvd.join()
+        loss = (hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="loss").tolist()
+                if last == 0 else None)
+    after = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="after").tolist()
+    hvd.shutdown()
+    return {"last": last, "loss": loss, "after": after}
+
+
+def test_an_op_negotiated_after_the_join_is_not_waited_for_on_the_reopened_board(tmp_path):
+    values = [r.value for r in run_ranks(second_thread_suite, 2, args=(str(tmp_path),),
+                                         timeout=90, env={"HVD_TIMEOUT": "30"})]
+    last = values[0]["last"]
+    assert values[1]["last"] == last, values
+    if last == 0:  # the case the test is for: both "loss" ops paired after the join
+        assert values[0]["loss"] == [2.0] and values[1]["loss"] == [2.0], values
+    else:
+        assert values[1]["loss"] == [1.0], values  # with rank 0's zeros
+    assert values[0]["after"] == values[1]["after"] == [2.0], values

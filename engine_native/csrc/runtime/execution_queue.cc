@@ -70,6 +70,10 @@ Status ExecutionQueue::run() {
     status = executor_.execute(response, entries_, *slot.comm, slot.transport);
     metrics_.setQueueDepth(entries_.size());
     if (response.process_set == 0) ++global_responses_;
+    if (response.process_set == 0 && response.type == coord::OpType::kJoin && status.isOk() &&
+        response.status == coord::ResponseType::kOk) {
+      ++global_joins_;
+    }
     observeExecuted(response, status);
     if (!status.isOk()) return status;
   }

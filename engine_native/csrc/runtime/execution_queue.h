@@ -44,6 +44,8 @@ class ExecutionQueue {
   // one_round.cc): it is not in the queue, and no rank's queue orders it.
   common::Status runOneRound(const coord::Response& response, const OneRoundInputs& inputs);
   bool empty() const { return to_execute_.empty(); }
+  // The global set's joins executed (completed) on this rank so far (Note [One round] J).
+  uint64_t globalJoins() const { return global_joins_; }
   bool waitingForDevice() const { return waiting_for_device_; }
   void clear() { to_execute_.clear(); }
   void markKeys(const coord::KeyTable::MarkFn& mark) const;
@@ -75,6 +77,7 @@ class ExecutionQueue {
   std::deque<Work> to_execute_;
   bool waiting_for_device_ = false;  // its head is a staged CUDA op whose inputs are in transit
   uint64_t global_responses_ = 0;  // global-set responses executed (autotune switch points)
+  uint64_t global_joins_ = 0;
   std::map<int32_t, CommSlot> comms_;
   uint64_t comms_version_ = 0;  // sets_.version() comms_ was last pruned at
 };

@@ -345,6 +345,11 @@ void BackgroundLoop::sendRequests() {
 
 void BackgroundLoop::executeQueued() {
   Status status = execution_.run();
+  if (status.isOk() && !failed_) {  // Note [One round] J: before the joined callers' next ops
+    status = one_round_.reopenAfterJoin(execution_.globalJoins(), entries_,
+                                        [this](coord::Key key) { negotiate(key); },
+                                        runOneRound());
+  }
   // A peer lost mid-op (e.g. during NCCL set-up) may have sent its cause (Note [Failure
   // fan-out]).
   if (status.code() == common::Code::kPeerLost) awaitCause();

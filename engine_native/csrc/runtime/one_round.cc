@@ -46,8 +46,8 @@
 //   F. Closing. A join (from then on a rank submits nothing until every rank joined), a name
 //      too long to post, shutdown and failure set the rank's closed flag: it posts no more, so
 //      it is absent from its next round, and every rank closes after a round with an absent
-//      rank. A closed board routes every op to negotiation for the rest of the session
-//      (elastic reset and init build a new one); a pending round still finishes.
+//      rank. A closed board routes every op to negotiation until a join opens it again (J);
+//      shutdown and failure close it for good (kBoardGone); a pending round still finishes.
 //   G. Unchanged: process sets other than the global one, device tensors, async ops (the
 //      gradients of a step, which rank 0 fuses), groups (fused by rank 0 into one op), TCP
 //      between hosts, worlds spanning hosts. A round waits only on ranks that submitted no op
@@ -63,6 +63,20 @@
 //      before its thread can call barrier()).
 //   I. A failure (abort, a lost peer) first finishes a round every rank answered: its ops
 //      finished on the ranks that read it, so they finish here too (BackgroundLoop::fail).
+//   J. Reopening. When the global set's join completes on a rank, every rank has closed
+//      (each closes as it takes its join op, before its join request leaves), so every posted
+//      counter is final and every pending round is answered. The rank finishes its pending
+//      round, then opens its board in the next epoch (header `state`: epoch << 1 | closed, one
+//      word), its rounds going on from the largest counter any rank posted (the same number on
+//      every rank), and forgets what it owed (the join resolved it). This happens as the join
+//      executes, so every op its caller submits after join() returns is taken by the open
+//      board. It posts the epoch's first round only once every peer's board is in the epoch:
+//      a peer still in the old one may be reading an old slot, and reopens when its own join
+//      completes (a peer gone for good instead closes this board again). Seen from a round of
+//      epoch E: a peer in an older epoch has not answered yet; one in a later epoch answered
+//      (closed in E, its counter final: nobody posts in E + 1 before this rank is in it).
+//      Without this a join closed the board for the rest of the session, and every small op
+//      after an epoch's join paid negotiation again.
 #include "runtime/one_round.h"
 
 #include <algorithm>
@@ -135,13 +149,31 @@ OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
 // Host ranks are the world here, so local index == global rank.
 bool OneRound::answered(int rank) const {
   const transport::shm::BoardHeader* h = board_->boardHeader(rank);
+  const uint64_t state = h->state.load(std::memory_order_seq_cst);
+  if (state == transport::shm::kBoardGone) return true;
+  if ((state >> 1) != epoch_) return (state >> 1) > epoch_;  // J
   // A rank closes after its last post, so decodeAll's later read of `posted` tells which.
-  return h->posted.load(std::memory_order_seq_cst) >= round_ ||
-         h->closed.load(std::memory_order_seq_cst) != 0;
+  return h->posted.load(std::memory_order_seq_cst) >= round_ || (state & 1) != 0;
+}
+
+bool OneRound::peersReopened(bool* gone) const {
+  *gone = false;
+  bool all = true;
+  for (int r = 0; r < size_; ++r) {
+    if (r == me_) continue;
+    const uint64_t state = board_->boardHeader(r)->state.load(std::memory_order_seq_cst);
+    if (state == transport::shm::kBoardGone) *gone = true;
+    else if ((state >> 1) < epoch_) all = false;
+  }
+  return all || *gone;
 }
 
 bool OneRound::canProgress() const {
-  if (!pending_) return false;
+  if (!pending_) {  // J: ops that wait for the peers to reopen
+    bool gone = false;
+    return !closed_ && (!queued_.empty() || !announce_.empty()) && epoch_ > 0 &&
+           peersReopened(&gone);
+  }
   for (int r = 0; r < size_; ++r) {
     if (r != me_ && !answered(r)) return false;
   }
@@ -150,15 +182,20 @@ bool OneRound::canProgress() const {
 
 std::vector<int> OneRound::missingRanks() const {
   std::vector<int> missing;
-  for (int r = 0; pending_ && r < size_; ++r) {
-    if (r != me_ && !answered(r)) missing.push_back(r);
+  const bool reopening =  // J
+      !pending_ && !closed_ && epoch_ > 0 && (!queued_.empty() || !announce_.empty());
+  for (int r = 0; (pending_ || reopening) && r < size_; ++r) {
+    if (r == me_) continue;
+    const uint64_t state = board_->boardHeader(r)->state.load(std::memory_order_seq_cst);
+    const bool behind = state != transport::shm::kBoardGone && (state >> 1) < epoch_;
+    if (pending_ ? !answered(r) : behind) missing.push_back(r);
   }
   return missing;
 }
 
 bool OneRound::holds(coord::Key key) const {
-  return pending_ && (std::find(posted_.begin(), posted_.end(), key) != posted_.end() ||
-                      std::find(queued_.begin(), queued_.end(), key) != queued_.end());
+  return (pending_ && std::find(posted_.begin(), posted_.end(), key) != posted_.end()) ||
+         std::find(queued_.begin(), queued_.end(), key) != queued_.end();
 }
 
 // G: a round waits only on ranks that have submitted no op of the global set since (a rank
@@ -166,20 +203,29 @@ bool OneRound::holds(coord::Key key) const {
 // deadlock reports see them), so this says which and for what.
 std::string OneRound::stallReport(double seconds) const {
   const std::vector<int> missing = missingRanks();
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - posted_at_).count();
-  if (missing.empty() || waited < seconds) return "";
+  const Clock::time_point since = pending_ ? posted_at_ : reopen_wait_since_;
+  if (missing.empty() || since == Clock::time_point{}) return "";
+  const double waited = std::chrono::duration<double>(Clock::now() - since).count();
+  if (waited < seconds) return "";
   std::string ranks, names;
   for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  for (coord::Key key : posted_) names += (names.empty() ? "" : ", ") + keys_.name(key);
-  return "rank " + std::to_string(me_) + " has waited " + std::to_string(static_cast<int>(waited)) +
-         " s on the one-round board for rank(s) " + ranks +
-         ", which submitted no op of the global set since; waiting: " + names +
+  for (coord::Key key : pending_ ? posted_ : queued_) {  // (queued: J's wait)
+    names += (names.empty() ? "" : ", ") + keys_.name(key);
+  }
+  const std::string head = "rank " + std::to_string(me_) + " has waited " +
+                           std::to_string(static_cast<int>(waited)) +
+                           " s on the one-round board for rank(s) " + ranks;
+  if (!pending_) {  // J
+    return head + ", whose join has not completed yet (the board reopens on every rank after " +
+           "a join); waiting: " + names + " (Note [One round] J).";
+  }
+  return head + ", which submitted no op of the global set since; waiting: " + names +
          ". Make sure every rank submits these ops (Note [One round] G).";
 }
 
-Status OneRound::step(EntryTable& entries, const Route& route, const Run& run,
+Status OneRound::step(EntryTable& entries, const Route& to_negotiation, const Run& run,
                       timeline::Timeline* timeline) {
+  const Route route = routing(entries, to_negotiation);
   sortTaken(entries, route);
   for (int turn = 0; turn < 4; ++turn) {  // finish, post, finish if the others were first...
     if (pending_) {
@@ -194,6 +240,16 @@ Status OneRound::step(EntryTable& entries, const Route& route, const Run& run,
       return Status::ok();
     }
     if (queued_.empty() && announce_.empty()) return Status::ok();
+    bool gone = false;
+    if (!peersReopened(&gone)) {  // J: wait for the peers' reopening
+      if (reopen_wait_since_ == Clock::time_point{}) reopen_wait_since_ = Clock::now();
+      return Status::ok();
+    }
+    reopen_wait_since_ = Clock::time_point{};
+    if (gone) {
+      closeNow();
+      continue;  // routes what is queued (above)
+    }
     post(entries, timeline);
   }
   return Status::ok();
@@ -279,7 +335,7 @@ void OneRound::post(EntryTable& entries, timeline::Timeline* timeline) {
 void OneRound::closeNow() {
   if (closed_) return;
   closed_ = true;
-  board_->boardHeader(me_)->closed.store(1, std::memory_order_seq_cst);
+  board_->boardHeader(me_)->state.store(epoch_ << 1 | 1, std::memory_order_seq_cst);
   wakeWaiting(round_ + 1);
 }
 
@@ -409,9 +465,79 @@ Status OneRound::finish(EntryTable& entries, const Route& route, const Run& run,
 }
 
 void OneRound::close() {
-  if (!active_) return;
+  if (!active_ || gone_) return;  // (a failure closed it, then the mesh: nothing to wake)
   closeNow();
+  closeForGood();
   pending_ = false;  // nothing finishes it any more (the loop's sleep re-check must not spin)
+}
+
+void OneRound::closeForGood() {
+  gone_ = true;
+  board_->boardHeader(me_)->state.store(transport::shm::kBoardGone, std::memory_order_seq_cst);
+  wakeAll();  // peers waiting for this rank to reopen (J) stop waiting
+}
+
+Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries,
+                                 const Route& to_negotiation, const Run& run) {
+  if (joins == joins_) return Status::ok();
+  const Route route = routing(entries, to_negotiation);
+  joins_ = joins;
+  if (!active_ || gone_ || !closed_) return Status::ok();
+  if (pending_) {  // answered by every rank: all closed before this join could complete
+    if (!canProgress()) {  // not expected; peers must not wait for a reopening then (the
+      closeForGood();      // round still finishes once answered, as F's pending round)
+      return Status::ok();
+    }
+    HVD_RETURN_IF_ERROR(finish(entries, route, run, nullptr));
+  }
+  uint64_t base = 0;  // every counter is final: the same on every rank
+  for (int r = 0; r < size_; ++r) {
+    base = std::max(base, board_->boardHeader(r)->posted.load(std::memory_order_seq_cst));
+  }
+  for (coord::Key key : queued_) {  // (none: a closed board routes at once)
+    if (entries.find(key) != nullptr) route(key);
+  }
+  queued_.clear();
+  owed_.clear();
+  announce_.clear();
+  // What the closed board sent to negotiation and is still pending there reached rank 0 after
+  // the join (the join released every name pending before it): the peers must not wait for it
+  // on the board, so the epoch's first post names it (they route or owe it, A and D).
+  for (coord::Key key : routed_closed_) {
+    if (entries.find(key) != nullptr) announce_.push_back(keys_.name(key));
+  }
+  routed_closed_.clear();
+  round_ = base;
+  ++epoch_;
+  closed_ = false;
+  posted_.clear();
+  board_->boardHeader(me_)->state.store(epoch_ << 1, std::memory_order_seq_cst);
+  wakeAll();  // peers whose ops wait for this rank's reopening
+  return Status::ok();
+}
+
+// Sends a key to negotiation; one sent while the board is closed (but may reopen) is kept for
+// the reopening (J). Those completed meanwhile are dropped as the list grows.
+OneRound::Route OneRound::routing(EntryTable& entries, const Route& to_negotiation) {
+  return [this, &entries, &to_negotiation](coord::Key key) {
+    if (closed_ && !gone_) {
+      if (routed_closed_.size() >= routed_closed_bound_) {
+        routed_closed_.erase(std::remove_if(routed_closed_.begin(), routed_closed_.end(),
+                                            [&](coord::Key k) { return !entries.find(k); }),
+                             routed_closed_.end());
+        routed_closed_bound_ = std::max<size_t>(64, 2 * routed_closed_.size());
+      }
+      routed_closed_.push_back(key);
+    }
+    to_negotiation(key);
+  };
+}
+
+void OneRound::wakeAll() const {
+  for (int r = 0; r < size_; ++r) {
+    if (r == me_) continue;
+    if (const transport::PeerChannel* channel = mesh_.peerChannel(r)) channel->wakePeerLoop();
+  }
 }
 
 }  // namespace hvd::runtime

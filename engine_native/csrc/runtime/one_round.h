@@ -63,30 +63,47 @@ class OneRound {
   // This rank posts no more (shutdown, failure): what is queued goes to `route` at the next
   // step, and peers waiting on its post stop waiting.
   void close();
+  // `joins`: the global set's joins this rank has completed so far (ExecutionQueue). At a new
+  // one, a board the join closed is opened again (Note [One round] J); its pending round is
+  // finished first. Call before the pass's next drain.
+  common::Status reopenAfterJoin(uint64_t joins, EntryTable& entries, const Route& route,
+                                 const Run& run);
 
  private:
   bool answered(int rank) const;  // posted round_, or closed without ever posting it
+  // J: every peer's board is in this rank's epoch (false: wait); *gone: one never will be
+  bool peersReopened(bool* gone) const;
   void sortTaken(EntryTable& entries, const Route& route);
   void post(EntryTable& entries, timeline::Timeline* timeline);
   void closeNow();
+  void closeForGood();  // J: peers stop waiting for this rank to reopen
+  Route routing(EntryTable& entries, const Route& to_negotiation);
   common::Status finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline);
   common::Status decodeAll();
   const one_round::PostedOp* findIn(int rank, std::string_view name);
   void wakeWaiting(uint64_t round) const;
+  void wakeAll() const;
 
   transport::Mesh& mesh_;
   const coord::KeyTable& keys_;
   transport::shm::CollectiveSegment* board_ = nullptr;
+  using Clock = std::chrono::steady_clock;
   bool active_ = false;
   bool closed_ = false;
+  bool gone_ = false;       // closed for good (shutdown, failure): never reopened (J)
+  uint64_t epoch_ = 0;      // J: reopened this many times after joins
+  uint64_t joins_ = 0;      // the global joins completed when last asked (reopenAfterJoin)
+  Clock::time_point reopen_wait_since_{};  // J: since when a post waits for peers to reopen
+  std::vector<coord::Key> routed_closed_;  // J: sent to negotiation while closed (routing())
+  size_t routed_closed_bound_ = 64;        // ... pruned of completed keys at this size
   int me_ = 0;
   int size_ = 0;
   int64_t max_bytes_ = 0;
 
   uint64_t round_ = 0;    // the last round this rank posted
   bool pending_ = false;  // ... and has not finished
-  std::chrono::steady_clock::time_point posted_at_;  // ... at this time
+  Clock::time_point posted_at_;  // ... at this time
   std::vector<coord::Key> taken_;   // drained, not sorted yet
   std::vector<coord::Key> queued_;  // data ops waiting for the next post
   std::vector<std::string> announce_;  // names sent to negotiation, for the next post

@@ -40,7 +40,7 @@ using common::Status;
 
 namespace {
 
-constexpr uint64_t kCollectiveMagic = 0x34304c4f43445648ull;  // "HVDCOL04"
+constexpr uint64_t kCollectiveMagic = 0x35304c4f43445648ull;  // "HVDCOL05"
 constexpr size_t kHeaderBytes = 64;
 constexpr size_t kControlBytes = 4 * 64;  // per rank: counters, doorbell, peer region (2)
 constexpr int kMaxLocalSize = 1024;

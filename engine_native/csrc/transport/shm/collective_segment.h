@@ -55,14 +55,17 @@ struct PeerRegion {
 };
 
 // A local rank's part of the one-round board (Note [One round] in runtime/one_round.cc): the
-// round it posted last, whether it posts no more, and what it asked for at setup. Written only
-// by its owner; `wish` before the host's verdict (Note [Collective setup] G, H), so every rank
-// reads every wish once the segment is agreed.
+// round it posted last, its board's epoch and whether it is closed in it, and what it asked
+// for at setup. Written only by its owner; `wish` before the host's verdict (Note [Collective
+// setup] G, H), so every rank reads every wish once the segment is agreed.
 struct BoardHeader {
-  std::atomic<uint64_t> posted;  // rounds start at 1; 0: none yet
-  std::atomic<uint32_t> closed;  // 1: never posts again (join, shutdown, failure)
-  std::atomic<uint32_t> wish;    // HVD_ONE_ROUND_BYTES of this rank (0: off)
+  std::atomic<uint64_t> posted;  // rounds start at 1 and only grow; 0: none yet
+  // epoch << 1 | closed (Note [One round] F, J), one word so a reader sees both at once; or
+  // kBoardGone: this rank posts never again (shutdown, failure)
+  std::atomic<uint64_t> state;
+  std::atomic<uint32_t> wish;  // HVD_ONE_ROUND_BYTES of this rank (0: off)
 };
+constexpr uint64_t kBoardGone = ~uint64_t{0};
 // One post of the board: two per rank, round r in slot r % 2 (why two suffice: the Note).
 constexpr uint64_t kBoardSlotBytes = 32 << 10;
 constexpr int64_t kMaxOneRoundBytes = 8 << 10;  // the largest op a post carries
