@@ -9,8 +9,10 @@ rank's, per iteration).
 
 allreduce and broadcast (blocking, up to 4 KiB) take the board; allgather, alltoall and
 reducescatter do not and serve as the control (their on/off ratio shows the noise). With
---tcp (a fake host per rank) there is no board: both of ours are negotiated. Nothing here
-asserts a timing.
+--tcp (a fake host per rank) there is no board: both of ours are negotiated. With --after-join
+every rank calls join() once before the timed ops (MPICH: a barrier), so the table shows the
+ops of a training loop after an epoch's join (Note [One round] J: the board opens again).
+Nothing here asserts a timing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="4,4096", help="bytes per rank, comma list")
     parser.add_argument("--tcp", action="store_true",
                         help="forced TCP, a host per rank (ours-tcp, mpi-tcp)")
+    parser.add_argument("--after-join", action="store_true",
+                        help="every rank joins once before the timed ops")
     args = parser.parse_args()
     if args.tcp:
         for label, (system, env) in list(VARIANTS.items()):
@@ -69,11 +73,13 @@ def main() -> None:
             for label in benchlib.alternate(list(VARIANTS), rnd):
                 system, env = VARIANTS[label]
                 for case in ("allreduce", "collectives"):
-                    results = ctx.run(system, np_ranks, case, _spec(case), env=env,
+                    spec = dict(_spec(case), join_first=args.after_join)
+                    results = ctx.run(system, np_ranks, case, spec, env=env,
                                       label=f"{case}/{label}/np{np_ranks}/round{rnd + 1}")
                     for key, t in (_figures(results) if results else {}).items():
                         got.setdefault((label, case, key), []).append(t)
-        where = "forced TCP" if args.tcp else "shm"
+        where = ("forced TCP" if args.tcp else "shm") + (", after a join" if args.after_join
+                                                           else "")
         print(f"\n### small ops, np={np_ranks}, {where}: median over {args.rounds} rounds of the median "
               "time per op (each round's figures in brackets)\n")
         print("| op | size | " + " | ".join(VARIANTS) + " | on / off | ours / MPICH |")

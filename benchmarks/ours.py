@@ -89,6 +89,9 @@ class Adapter:
     def barrier(self) -> None:
         self.hvd.barrier()
 
+    def join(self) -> None:
+        self.hvd.join()
+
     def metrics(self) -> dict:
         return core_metrics()
 

@@ -42,6 +42,8 @@ def main() -> None:
     t0 = time.perf_counter()
     adapter.init()
     init_s = time.perf_counter() - t0
+    if spec.get("join_first"):  # bench_one_round.py --after-join: the ops after an hvd.join()
+        adapter.join()
     result = case.rank_run(adapter, spec, init_end=time.perf_counter())
     result.update(rank=adapter.rank, size=adapter.size, system=args.system, init_s=init_s)
     benchlib.write_result(spec, result)

@@ -94,6 +94,9 @@ class Adapter:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def join(self) -> None:
+        self.comm.Barrier()  # MPI has no join: every rank reaching this point is the same thing
+
     def metrics(self) -> dict:
         return {}
 
