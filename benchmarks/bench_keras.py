@@ -14,6 +14,11 @@ processes) separate Keras's own per-step cost from the binding's.
 
     python benchmarks/bench_keras.py                  # np=2, MLP 784-512-512-10, batch 64
     python benchmarks/bench_keras.py --np 3 --steps 200
+    python benchmarks/bench_keras.py --layers 784,4096,4096,10 --batch 256   # compute-bound
+
+Keras's own per-step cost (its train_on_batch against a hand-written PyTorch step) is a fixed
+few milliseconds: on the small default MLP it alone is ~1.5x the PyTorch step, on a model with
+more work per step it is a small share; ``--layers``/``--batch`` show both.
 """
 import argparse
 import os
@@ -27,36 +32,36 @@ from spawned_ranks import RankFailed, run_ranks  # noqa: E402
 LAYERS = (784, 512, 512, 10)
 
 
-def _keras_step(hvd, distributed, batch, rank):
+def _keras_step(hvd, distributed, batch, rank, layers=LAYERS):
     import keras
     import numpy as np
-    layers = [keras.Input((LAYERS[0],))]
-    layers += [keras.layers.Dense(w, activation="relu") for w in LAYERS[1:-1]]
-    model = keras.Sequential(layers + [keras.layers.Dense(LAYERS[-1])])
+    stack = [keras.Input((layers[0],))]
+    stack += [keras.layers.Dense(w, activation="relu") for w in layers[1:-1]]
+    model = keras.Sequential(stack + [keras.layers.Dense(layers[-1])])
     opt = keras.optimizers.SGD(0.01, momentum=0.9)
     if distributed:
         opt = hvd.DistributedOptimizer(opt)
     model.compile(optimizer=opt,
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     rng = np.random.default_rng(rank)
-    x = rng.standard_normal((batch, LAYERS[0])).astype("float32")
-    y = rng.integers(0, LAYERS[-1], batch)
+    x = rng.standard_normal((batch, layers[0])).astype("float32")
+    y = rng.integers(0, layers[-1], batch)
     return (lambda: model.train_on_batch(x, y)), model, opt
 
 
-def _torch_step(hvd_torch, distributed, batch, rank):
+def _torch_step(hvd_torch, distributed, batch, rank, layers=LAYERS):
     import torch
     torch.manual_seed(0)
     mods = []
-    for a, b in zip(LAYERS[:-2], LAYERS[1:-1]):
+    for a, b in zip(layers[:-2], layers[1:-1]):
         mods += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*mods, torch.nn.Linear(LAYERS[-2], LAYERS[-1]))
+    model = torch.nn.Sequential(*mods, torch.nn.Linear(layers[-2], layers[-1]))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     if distributed:
         opt = hvd_torch.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     gen = torch.Generator().manual_seed(rank)
-    x = torch.randn((batch, LAYERS[0]), generator=gen)
-    y = torch.randint(0, LAYERS[-1], (batch,), generator=gen)
+    x = torch.randn((batch, layers[0]), generator=gen)
+    y = torch.randint(0, layers[-1], (batch,), generator=gen)
 
     def step():
         opt.zero_grad()
@@ -74,13 +79,13 @@ def _worker(rank, args):
     import engine_native.torch as hvd_torch
     torch.set_num_threads(1)
     hvd.init()
-    keras_dist, model, opt = _keras_step(hvd, True, args.batch, rank)
+    keras_dist, model, opt = _keras_step(hvd, True, args.batch, rank, args.layers)
     grads = [torch.randn(tuple(v.shape)) for v in model.trainable_variables]
     cases = {
         "keras": keras_dist,
-        "torch": _torch_step(hvd_torch, True, args.batch, rank),
-        "keras-local": _keras_step(hvd, False, args.batch, rank)[0],
-        "torch-local": _torch_step(hvd_torch, False, args.batch, rank),
+        "torch": _torch_step(hvd_torch, True, args.batch, rank, args.layers),
+        "keras-local": _keras_step(hvd, False, args.batch, rank, args.layers)[0],
+        "torch-local": _torch_step(hvd_torch, False, args.batch, rank, args.layers),
         "keras-allreduce": lambda: opt._hvd_allreduce(grads),
         "torch-allreduce": lambda: hvd_torch.grouped_allreduce(grads, op=hvd.Average),
     }
@@ -112,6 +117,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--layers", type=lambda text: tuple(int(w) for w in text.split(",")),
+                        default=LAYERS, help="the MLP's widths, input to output (784,512,512,10)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=300)
@@ -121,7 +128,7 @@ def main():
         print(f"failed\n{result}")
         return 1
     med = {name: statistics.median(times) * 1e3 for name, times in result.items()}
-    print(f"np={args.np}, MLP {'-'.join(map(str, LAYERS))}, batch {args.batch} per rank, "
+    print(f"np={args.np}, MLP {'-'.join(map(str, args.layers))}, batch {args.batch} per rank, "
           f"{args.steps} steps, CPU, median ms (cases interleaved step by step)")
     print(f"{'':40s}{'step':>9s}{'allreduce':>11s}")
     print(f"{'engine_native.keras (Keras 3, torch)':40s}{med['keras']:9.2f}"
