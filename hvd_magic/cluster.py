@@ -303,7 +303,8 @@ class HvdCluster:
             return {}
         alive = set(self.client.ids)
         gone = [r for r in self.ranks if r.engine_id not in alive]
-        return {r.rank: self._exit_reason(r) for r in gone}
+        deadline = time.monotonic() + LAUNCHER_REPORT_WAIT  # one wait for all, not one each
+        return {r.rank: self._exit_reason(r, deadline) for r in gone}
 
     def busy_ranks(self) -> list[int]:
         """Ranks still running something we sent earlier (an interrupt they ignored)."""
@@ -315,8 +316,7 @@ class HvdCluster:
                 busy.append(r.rank)
         return busy
 
-    def _exit_reason(self, info: RankInfo) -> str:
-        deadline = time.monotonic() + LAUNCHER_REPORT_WAIT
+    def _exit_reason(self, info: RankInfo, deadline: float) -> str:
         while True:
             code, watched = self._launcher_report(info.pid)
             if code is not _UNREPORTED:

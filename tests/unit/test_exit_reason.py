@@ -56,3 +56,33 @@ def test_the_wait_for_a_report_is_bounded(monkeypatch):
     c = _cluster(engine_set)
     assert c.dead_ranks() == {1: "exited (status unknown)"}
     assert engine_set.looks > 1
+
+
+class _SilentEngineSet:
+    """A local engine set watching ``pids`` whose thread never reports; counts its looks."""
+
+    def __init__(self, pids):
+        self.looks = 0
+        self.launchers = {f"engine-{i}": SimpleNamespace(pid=pid) for i, pid in enumerate(pids)}
+
+    @property
+    def stop_data(self):
+        self.looks += 1
+        return {}
+
+
+def test_ranks_dead_at_once_share_one_wait(monkeypatch):
+    """Eight ranks gone and no report: one bounded wait for all of them, not one each (a fake
+    clock that a sleep advances, so the count of looks is exact)."""
+    clock = SimpleNamespace(now=0.0)
+    fake_time = SimpleNamespace(monotonic=lambda: clock.now,
+                                sleep=lambda s: setattr(clock, "now", clock.now + s))
+    monkeypatch.setattr(cluster_mod, "time", fake_time)
+    monkeypatch.setattr(cluster_mod, "LAUNCHER_REPORT_WAIT", 0.2)
+    engine_set = _SilentEngineSet([100 + r for r in range(8)])
+    c = _cluster(engine_set)
+    c.client = SimpleNamespace(ids=[])
+    c.ranks = [RankInfo(rank=r, engine_id=r, host="vm", pid=100 + r) for r in range(8)]
+    assert c.dead_ranks() == {r: "exited (status unknown)" for r in range(8)}
+    assert clock.now < 0.3  # one wait of 0.2 s, not eight
+    assert engine_set.looks == 5 + 7  # the first rank's 5, then one each past the deadline
