@@ -53,8 +53,8 @@ def read_ours(path, rank, size, batch):
     from engine_native.data import ParquetShardReader
     rows = 0
     for b in ParquetShardReader(path, batch, FEATURES + ["label"], rank=rank, size=size):
-        x, y = torch.stack([b[c] for c in FEATURES], 1), b["label"]
-        rows += len(y)
+        torch.stack([b[c] for c in FEATURES], 1)  # the batch a training step would take
+        rows += len(b["label"])
     return rows
 
 
@@ -82,8 +82,8 @@ def read_petastorm(path, rank, size, batch):
     with make_batch_reader("file://" + path, cur_shard=rank, shard_count=size, num_epochs=1,
                            schema_fields=FEATURES + ["label"]) as reader:
         for b in DataLoader(reader, batch_size=batch):
-            x, y = torch.stack([b[c] for c in FEATURES], 1), b["label"]
-            rows += len(y)
+            torch.stack([b[c] for c in FEATURES], 1)  # the same work as read_ours
+            rows += len(b["label"])
     return rows
 
 
