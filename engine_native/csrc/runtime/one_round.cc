@@ -68,15 +68,17 @@
 //      counter is final and every pending round is answered. The rank finishes its pending
 //      round, then opens its board in the next epoch (header `state`: epoch << 1 | closed, one
 //      word), its rounds going on from the largest counter any rank posted (the same number on
-//      every rank), and forgets what it owed (the join resolved it). This happens as the join
-//      executes, so every op its caller submits after join() returns is taken by the open
-//      board. It posts the epoch's first round only once every peer's board is in the epoch:
-//      a peer still in the old one may be reading an old slot, and reopens when its own join
-//      completes (a peer gone for good instead closes this board again). Seen from a round of
-//      epoch E: a peer in an older epoch has not answered yet; one in a later epoch answered
-//      (closed in E, its counter final: nobody posts in E + 1 before this rank is in it).
-//      Without this a join closed the board for the rest of the session, and every small op
-//      after an epoch's join paid negotiation again.
+//      every rank), and forgets what it owed (the join resolved it); the global set's ops it
+//      still has pending reached rank 0 after the join, so its first post names them (a second
+//      thread's op sent on by the closed board: peers must not wait for it on the board). This
+//      happens as the join executes, so every op its caller submits after join() returns is
+//      taken by the open board. It posts the epoch's first round only once every peer's board
+//      is in the epoch: a peer still in the old one may be reading an old slot, and reopens when
+//      its own join completes (a peer gone for good instead closes this board again). Seen from
+//      a round of epoch E: a peer in an older epoch has not answered yet; one in a later epoch
+//      answered (closed in E, its counter final: nobody posts in E + 1 before this rank is in
+//      it). Without this a join closed the board for the rest of the session, and every small
+//      op after an epoch's join paid negotiation again.
 #include "runtime/one_round.h"
 
 #include <algorithm>
@@ -156,23 +158,31 @@ bool OneRound::answered(int rank) const {
   return h->posted.load(std::memory_order_seq_cst) >= round_ || (state & 1) != 0;
 }
 
+bool OneRound::behind(int rank, bool* gone) const {
+  const uint64_t state = board_->boardHeader(rank)->state.load(std::memory_order_seq_cst);
+  *gone = state == transport::shm::kBoardGone;
+  return !*gone && (state >> 1) < epoch_;
+}
+
 bool OneRound::peersReopened(bool* gone) const {
-  *gone = false;
-  bool all = true;
+  bool all = true, any_gone = false;
   for (int r = 0; r < size_; ++r) {
-    if (r == me_) continue;
-    const uint64_t state = board_->boardHeader(r)->state.load(std::memory_order_seq_cst);
-    if (state == transport::shm::kBoardGone) *gone = true;
-    else if ((state >> 1) < epoch_) all = false;
+    bool left = false;
+    if (r != me_ && behind(r, &left)) all = false;
+    any_gone = any_gone || left;
   }
-  return all || *gone;
+  *gone = any_gone;
+  return all || any_gone;
+}
+
+bool OneRound::waitingForReopen() const {
+  return !pending_ && !closed_ && epoch_ > 0 && (!queued_.empty() || !announce_.empty());
 }
 
 bool OneRound::canProgress() const {
-  if (!pending_) {  // J: ops that wait for the peers to reopen
+  if (!pending_) {
     bool gone = false;
-    return !closed_ && (!queued_.empty() || !announce_.empty()) && epoch_ > 0 &&
-           peersReopened(&gone);
+    return waitingForReopen() && peersReopened(&gone);
   }
   for (int r = 0; r < size_; ++r) {
     if (r != me_ && !answered(r)) return false;
@@ -182,13 +192,10 @@ bool OneRound::canProgress() const {
 
 std::vector<int> OneRound::missingRanks() const {
   std::vector<int> missing;
-  const bool reopening =  // J
-      !pending_ && !closed_ && epoch_ > 0 && (!queued_.empty() || !announce_.empty());
+  const bool reopening = waitingForReopen();
   for (int r = 0; (pending_ || reopening) && r < size_; ++r) {
-    if (r == me_) continue;
-    const uint64_t state = board_->boardHeader(r)->state.load(std::memory_order_seq_cst);
-    const bool behind = state != transport::shm::kBoardGone && (state >> 1) < epoch_;
-    if (pending_ ? !answered(r) : behind) missing.push_back(r);
+    bool gone = false;
+    if (r != me_ && (pending_ ? !answered(r) : behind(r, &gone))) missing.push_back(r);
   }
   return missing;
 }
@@ -223,9 +230,8 @@ std::string OneRound::stallReport(double seconds) const {
          ". Make sure every rank submits these ops (Note [One round] G).";
 }
 
-Status OneRound::step(EntryTable& entries, const Route& to_negotiation, const Run& run,
+Status OneRound::step(EntryTable& entries, const Route& route, const Run& run,
                       timeline::Timeline* timeline) {
-  const Route route = routing(entries, to_negotiation);
   sortTaken(entries, route);
   for (int turn = 0; turn < 4; ++turn) {  // finish, post, finish if the others were first...
     if (pending_) {
@@ -477,10 +483,9 @@ void OneRound::closeForGood() {
   wakeAll();  // peers waiting for this rank to reopen (J) stop waiting
 }
 
-Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries,
-                                 const Route& to_negotiation, const Run& run) {
+Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries, const Route& route,
+                                 const Run& run) {
   if (joins == joins_) return Status::ok();
-  const Route route = routing(entries, to_negotiation);
   joins_ = joins;
   if (!active_ || gone_ || !closed_) return Status::ok();
   if (pending_) {  // answered by every rank: all closed before this join could complete
@@ -500,13 +505,22 @@ Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries,
   queued_.clear();
   owed_.clear();
   announce_.clear();
-  // What the closed board sent to negotiation and is still pending there reached rank 0 after
-  // the join (the join released every name pending before it): the peers must not wait for it
-  // on the board, so the epoch's first post names it (they route or owe it, A and D).
-  for (coord::Key key : routed_closed_) {
-    if (entries.find(key) != nullptr) announce_.push_back(keys_.name(key));
+  // What of the global set is still pending went to negotiation and reached rank 0 after the
+  // join (the join released every name pending before it; a closed board holds nothing): the
+  // peers must not wait for it on the board, so the epoch's first post names it (they route
+  // or owe it, A and D). A name too long to post keeps the board closed, as in F.
+  bool postable = true;
+  entries.forEach([&](const TensorEntry& entry) {
+    if (entry.request.process_set != 0 || entry.request.type == OpType::kJoin) return;
+    const std::string& name = keys_.name(entry.request.key);
+    postable = postable && name.size() <= one_round::kMaxPostedName;
+    announce_.push_back(name);
+  });
+  if (!postable) {
+    announce_.clear();
+    closeForGood();
+    return Status::ok();
   }
-  routed_closed_.clear();
   round_ = base;
   ++epoch_;
   closed_ = false;
@@ -514,23 +528,6 @@ Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries,
   board_->boardHeader(me_)->state.store(epoch_ << 1, std::memory_order_seq_cst);
   wakeAll();  // peers whose ops wait for this rank's reopening
   return Status::ok();
-}
-
-// Sends a key to negotiation; one sent while the board is closed (but may reopen) is kept for
-// the reopening (J). Those completed meanwhile are dropped as the list grows.
-OneRound::Route OneRound::routing(EntryTable& entries, const Route& to_negotiation) {
-  return [this, &entries, &to_negotiation](coord::Key key) {
-    if (closed_ && !gone_) {
-      if (routed_closed_.size() >= routed_closed_bound_) {
-        routed_closed_.erase(std::remove_if(routed_closed_.begin(), routed_closed_.end(),
-                                            [&](coord::Key k) { return !entries.find(k); }),
-                             routed_closed_.end());
-        routed_closed_bound_ = std::max<size_t>(64, 2 * routed_closed_.size());
-      }
-      routed_closed_.push_back(key);
-    }
-    to_negotiation(key);
-  };
 }
 
 void OneRound::wakeAll() const {

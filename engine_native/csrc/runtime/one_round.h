@@ -71,13 +71,15 @@ class OneRound {
 
  private:
   bool answered(int rank) const;  // posted round_, or closed without ever posting it
+  // J: `rank`'s board is still in an older epoch (*gone: closed for good instead)
+  bool behind(int rank, bool* gone) const;
   // J: every peer's board is in this rank's epoch (false: wait); *gone: one never will be
   bool peersReopened(bool* gone) const;
+  bool waitingForReopen() const;  // J: ops to post wait for the peers' reopening
   void sortTaken(EntryTable& entries, const Route& route);
   void post(EntryTable& entries, timeline::Timeline* timeline);
   void closeNow();
   void closeForGood();  // J: peers stop waiting for this rank to reopen
-  Route routing(EntryTable& entries, const Route& to_negotiation);
   common::Status finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline);
   common::Status decodeAll();
@@ -95,8 +97,6 @@ class OneRound {
   uint64_t epoch_ = 0;      // J: reopened this many times after joins
   uint64_t joins_ = 0;      // the global joins completed when last asked (reopenAfterJoin)
   Clock::time_point reopen_wait_since_{};  // J: since when a post waits for peers to reopen
-  std::vector<coord::Key> routed_closed_;  // J: sent to negotiation while closed (routing())
-  size_t routed_closed_bound_ = 64;        // ... pruned of completed keys at this size
   int me_ = 0;
   int size_ = 0;
   int64_t max_bytes_ = 0;
