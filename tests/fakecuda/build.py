@@ -81,7 +81,8 @@ def _compile(cc: str, out_dir: str) -> None:
          *CUDART_SOURCES])
     run(["-Wl,-soname," + NCCL_NAME, "-o", os.path.join(out_dir, NCCL_NAME), *NCCL_SOURCES,
          "-L" + out_dir, "-l:" + CUDART_NAME, "-Wl,-rpath,$ORIGIN"])
-    run(["-Wl,-soname," + NVRTC_NAME, "-o", os.path.join(out_dir, NVRTC_NAME), *NVRTC_SOURCES])
+    run(["-Wl,-soname," + NVRTC_NAME, "-o", os.path.join(out_dir, NVRTC_NAME), *NVRTC_SOURCES,
+         "-ldl"])
     run(["-Wl,-soname," + DRIVER_NAME, "-o", os.path.join(out_dir, DRIVER_NAME),
          *DRIVER_SOURCES, "-ldl", "-L" + out_dir, "-l:" + CUDART_NAME, "-Wl,-rpath,$ORIGIN"])
 

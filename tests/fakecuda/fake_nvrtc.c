@@ -10,11 +10,15 @@
  * compiler error is NVRTC_ERROR_COMPILATION with the compiler's output as the log.
  * FAKE_NVRTC_VERSION (default 12090, read per call) sets what nvrtcVersion answers. Each
  * compile's folder is removed when the process exits (a destructor; a killed process leaves
- * its folders). */
+ * its folders); a program compiled before, by any process on this library, is taken from the
+ * compile cache beside it (cacheFolder). */
 #define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FN_API __attribute__((visibility("default")))
@@ -151,6 +155,37 @@ static char* readFile(const char* path) {
   return text;
 }
 
+/* 64-bit FNV-1a: the compile cache's key (a test double's cache, not a security boundary). */
+static unsigned long long fnv1a(unsigned long long h, const char* text) {
+  for (const unsigned char* c = (const unsigned char*)text; *c != '\0'; ++c) {
+    h = (h ^ *c) * 1099511628211ULL;
+  }
+  return h;
+}
+
+/* The compile cache: <this library's folder>/kernel-cache, so every process of a test session
+ * on these fakes compiles a given program once (each compile is seconds of CPU, and the core
+ * compiles its kernels in every rank). FAKE_NVRTC_CACHE=0 compiles every time. Only
+ * successful compiles are kept; a file appears whole (a link, then a rename). */
+static int cacheFolder(char* out, size_t size) {
+  const char* off = getenv("FAKE_NVRTC_CACHE");
+  Dl_info info;
+  if ((off != NULL && strcmp(off, "0") == 0) || dladdr((void*)&fnv1a, &info) == 0 ||
+      info.dli_fname == NULL) {
+    return -1;
+  }
+  const char* slash = strrchr(info.dli_fname, '/');
+  if (slash == NULL) return -1;
+  snprintf(out, size, "%.*s/kernel-cache", (int)(slash - info.dli_fname), info.dli_fname);
+  return mkdir(out, 0700) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+static int setImage(program* p, const char* so_path) {
+  free(p->image);
+  if (asprintf(&p->image, "FAKECUDA-SO:%s", so_path) < 0) p->image = NULL;
+  return p->image != NULL ? kSuccess : kOutOfMemory;
+}
+
 FN_API int nvrtcCompileProgram(program* p, int num_options, const char* const* options) {
   if (p == NULL) return kInvalidProgram;
   int contract_off = 0, has_arch = 0;
@@ -160,38 +195,65 @@ FN_API int nvrtcCompileProgram(program* p, int num_options, const char* const* o
     has_arch |= strncmp(options[i], "--gpu-architecture=", 19) == 0;
   }
   if (!has_arch) return kInvalidOption;  /* the core always names the device's architecture */
+  char* text = NULL;
+  size_t text_size = 0;
+  FILE* mem = open_memstream(&text, &text_size);
+  if (mem == NULL) return kOutOfMemory;
+  fputs(kPrelude, mem);
+  fputs(p->source, mem);
+  fputs("\n", mem);
+  const int wrapped = writeWrappers(mem, p->source);
+  fclose(mem);
+  if (wrapped != 0) {
+    free(text);
+    free(p->log);
+    p->log = strdup("fake NVRTC: a kernel's signature is not `name(Type param)`");
+    return kCompilation;
+  }
+  const char* cxx = getenv("CXX") != NULL && getenv("CXX")[0] != '\0' ? getenv("CXX") : "c++";
+  char flags[4400];
+  snprintf(flags, sizeof(flags), "%s -std=c++17 -O2 -fPIC -shared -fvisibility=hidden %s", cxx,
+           contract_off ? "-ffp-contract=off" : "");
+  char cache[4096], cached[4200];
+  const int caching = cacheFolder(cache, sizeof(cache)) == 0;
+  if (caching) {
+    snprintf(cached, sizeof(cached), "%s/%016llx.so", cache,
+             fnv1a(fnv1a(14695981039346656037ULL, flags), text));
+    if (access(cached, R_OK) == 0) {
+      free(text);
+      free(p->log);
+      p->log = strdup("");
+      return setImage(p, cached);
+    }
+  }
   const char* tmp = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
-  char dir[4096], src_path[4200], so_path[4200], log_path[4200], cmd[16384];
+  char dir[4096], src_path[4200], so_path[4200], log_path[4200], cmd[17100];
   snprintf(dir, sizeof(dir), "%s/fakenvrtc-XXXXXX", tmp);
-  if (mkdtemp(dir) == NULL) return kOutOfMemory;
+  if (mkdtemp(dir) == NULL) {
+    free(text);
+    return kOutOfMemory;
+  }
   const int slot = __atomic_fetch_add(&g_folder_count, 1, __ATOMIC_RELAXED);
   if (slot < kMaxFolders) g_folders[slot] = strdup(dir);
   snprintf(src_path, sizeof(src_path), "%s/program.cc", dir);
   snprintf(so_path, sizeof(so_path), "%s/program.so", dir);
   snprintf(log_path, sizeof(log_path), "%s/log.txt", dir);
   FILE* out = fopen(src_path, "w");
-  if (out == NULL) return kOutOfMemory;
-  fputs(kPrelude, out);
-  fputs(p->source, out);
-  fputs("\n", out);
-  const int wrapped = writeWrappers(out, p->source);
-  fclose(out);
-  if (wrapped != 0) {
-    free(p->log);
-    p->log = strdup("fake NVRTC: a kernel's signature is not `name(Type param)`");
-    return kCompilation;
-  }
-  const char* cxx = getenv("CXX") != NULL && getenv("CXX")[0] != '\0' ? getenv("CXX") : "c++";
-  snprintf(cmd, sizeof(cmd),
-           "%s -std=c++17 -O2 -fPIC -shared -fvisibility=hidden %s -o '%s' '%s' > '%s' 2>&1",
-           cxx, contract_off ? "-ffp-contract=off" : "", so_path, src_path, log_path);
+  const int written = out != NULL && fwrite(text, 1, text_size, out) == text_size;
+  if (out != NULL) fclose(out);
+  free(text);
+  if (!written) return kOutOfMemory;
+  snprintf(cmd, sizeof(cmd), "%s -o '%s' '%s' > '%s' 2>&1", flags, so_path, src_path, log_path);
   const int status = system(cmd);
   free(p->log);
   p->log = readFile(log_path);
   if (status != 0) return kCompilation;
-  free(p->image);
-  if (asprintf(&p->image, "FAKECUDA-SO:%s", so_path) < 0) p->image = NULL;
-  return p->image != NULL ? kSuccess : kOutOfMemory;
+  if (caching) {  /* another process may be storing the same program: either copy is whole */
+    char staged[4300];
+    snprintf(staged, sizeof(staged), "%s.%d", cached, (int)getpid());
+    if (link(so_path, staged) == 0 && rename(staged, cached) != 0) unlink(staged);
+  }
+  return setImage(p, so_path);
 }
 
 static int getSize(const char* text, size_t* size) {
