@@ -41,8 +41,10 @@ def pytest_configure(config):
 # cluster; the network-namespace hosts; a JupyterLab; an mpiexec'd cluster), and the longest
 # goes first so the other worker spends that time on the rest. Every other test file is a unit
 # of its own, run where a worker is free; the unit tier's short files last, to fill the end.
+# Files that share a session fixture one per process are one unit (_SHARED: the Spark JVM).
 _WHOLE_TIERS = ("cluster", "multihost", "browser", "mpi")
 _LAST_TIERS = ("unit",)
+_SHARED = {"launch/test_spark.py": "launch/spark", "launch/test_spark_estimator.py": "launch/spark"}
 
 
 def _distribute(config, items):
@@ -54,7 +56,8 @@ def _distribute(config, items):
         if tier in _WHOLE_TIERS:
             item.add_marker(pytest.mark.xdist_group(tier))
             return _WHOLE_TIERS.index(tier)
-        item.add_marker(pytest.mark.xdist_group("/".join(rel)))
+        unit = "/".join(rel)
+        item.add_marker(pytest.mark.xdist_group(_SHARED.get(unit, unit)))
         return len(_WHOLE_TIERS) + (tier in _LAST_TIERS)
     items.sort(key=rank)  # stable: the order within a unit stays the collection's
 

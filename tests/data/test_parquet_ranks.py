@@ -1,5 +1,4 @@
 """ParquetShardReader on real ranks: rank and size from hvd.init(), one collective per batch."""
-import numpy as np
 import pytest
 
 from data.parquet_fixtures import write_dataset

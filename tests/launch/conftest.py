@@ -64,3 +64,39 @@ def hvdrun(*args, timeout: float = 120, env=None, **kwargs) -> subprocess.Comple
 
 def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local[2] Spark session (and JVM) for test_spark.py and test_spark_estimator.py:
+    tests/conftest.py runs both files in one worker, so the JVM starts once."""
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("hvd-magic-launch-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.host", "127.0.0.1")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("FATAL")
+    yield session
+    session.stop()
+    _stop_spark_jvm()
+
+
+def _stop_spark_jvm():
+    """session.stop() leaves pyspark's gateway JVM running until this interpreter exits; end
+    it here so no process outlives the tests that started it."""
+    from pyspark import SparkContext
+
+    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
+    if gateway is None:
+        return
+    gateway.shutdown()
+    proc = getattr(gateway, "proc", None)
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -3,7 +3,6 @@
 Skipped without pyspark or Java (tests/conftest.py); .ci/install-spark.sh installs both.
 """
 import os
-import subprocess
 import time
 
 import numpy as np
@@ -15,40 +14,6 @@ from hvd_magic.runner import HorovodRunner
 from . import digits
 
 pytestmark = [pytest.mark.spark, pytest.mark.multiproc, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("hvd-magic-launch-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.driver.host", "127.0.0.1")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("FATAL")
-    yield session
-    session.stop()
-    _stop_spark_jvm()
-
-
-def _stop_spark_jvm():
-    """session.stop() leaves pyspark's gateway JVM running until this interpreter exits; end
-    it here so no process outlives the tests that started it."""
-    from pyspark import SparkContext
-
-    gateway, SparkContext._gateway, SparkContext._jvm = SparkContext._gateway, None, None
-    if gateway is None:
-        return
-    gateway.shutdown()
-    proc = getattr(gateway, "proc", None)
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def _spark_ranks() -> list:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from . import digits
-from .test_spark import no_leaks, spark  # noqa: F401 - the session and leak check fixtures
+from .test_spark import no_leaks  # noqa: F401 - the leak check fixture
 
 pytestmark = [pytest.mark.spark, pytest.mark.multiproc, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def digits_df(spark):  # noqa: F811
+def digits_df(spark):
     x, y = digits.load()
     rows = [(x[i].tolist(), int(y[i])) for i in range(len(y))]
     return spark.createDataFrame(rows, "features array<double>, label long")
@@ -106,8 +106,8 @@ def test_vector_features(spark, tmp_path, no_leaks):  # noqa: F811
     assert err < 0.05, err
 
 
-def test_bad_input_fails_before_any_rank_and_keeps_the_store(spark, digits_df, tmp_path,  # noqa: F811
-                                                              no_leaks):
+def test_bad_input_fails_before_any_rank_and_keeps_the_store(spark, digits_df, tmp_path,
+                                                              no_leaks):  # noqa: F811
     store = tmp_path / "store"
     make_estimator(str(store), epochs=1, validation=None).fit(digits_df)
     before = sorted(str(p.relative_to(store)) for p in store.rglob("*"))

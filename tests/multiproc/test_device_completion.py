@@ -10,7 +10,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 from fakecuda.fixtures import fake_cuda as _fake_cuda
 
 from multiproc import device_ops, faults

@@ -48,7 +48,7 @@ def fused_suite(sparse_as_dense):
     from engine_native.torch.gather_ops import sparse_allreduce_async
 
     hvd.init()
-    me, n = hvd.rank(), hvd.size()
+    me = hvd.rank()
     model = _model(torch)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),

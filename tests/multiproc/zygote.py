@@ -53,9 +53,9 @@ from typing import Optional
 # The zygote's own side is zygote_server.py; its PRELOAD, die_with (a rank's harness calls
 # zygote.die_with) and exit_after_python stay reachable from here.
 try:  # multiproc.zygote in the test process, zygote in a rank (its folder comes first)
-    from .zygote_server import PRELOAD, die_with, exit_after_python, receive, send
+    from .zygote_server import PRELOAD, die_with, exit_after_python, receive, send  # noqa: F401
 except ImportError:
-    from zygote_server import PRELOAD, die_with, exit_after_python, receive, send
+    from zygote_server import PRELOAD, die_with, exit_after_python, receive, send  # noqa: F401
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

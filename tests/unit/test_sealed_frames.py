@@ -4,7 +4,6 @@ RendezvousServer alters, replays, swaps and injects frames after an honest hands
 it touched is stored, returned or unpickled; the client fails promptly with a clear error;
 the server logs what happened and keeps serving honest clients.
 """
-import logging
 import os
 import pickle
 import socket
