@@ -130,11 +130,16 @@ def test_horovod_runner_log_callback_only_shows_rank0(capsys, no_leaks):
     assert "[0]<stdout>:hello from 0" in out and "hello from 1" not in out
 
 
-def test_horovod_runner_arguments():
+def test_horovod_runner_arguments(monkeypatch):
     with pytest.raises(TypeError):
         HorovodRunner(np=2.0)
     with pytest.raises(ValueError):
         HorovodRunner(np=2, driver_log_verbosity="loud")
+    try:  # a Spark test of the same worker may have left its (session-scoped) session open
+        from pyspark import SparkContext
+        monkeypatch.setattr(SparkContext, "_active_spark_context", None)
+    except ImportError:
+        pass
     with pytest.raises(RuntimeError, match="no active Spark session|pyspark"):
         HorovodRunner(np=2).run(lambda: 1)
     with pytest.raises(ValueError, match="elastic"):
