@@ -163,10 +163,12 @@ static unsigned long long fnv1a(unsigned long long h, const char* text) {
   return h;
 }
 
-/* The compile cache: <this library's folder>/kernel-cache, so every process of a test session
- * on these fakes compiles a given program once (each compile is seconds of CPU, and the core
- * compiles its kernels in every rank). FAKE_NVRTC_CACHE=0 compiles every time. Only
- * successful compiles are kept; a file appears whole (a link, then a rename). */
+/* The compile cache: <this library's folder>/kernel-cache, so the processes using this copy of
+ * the library (one per pytest worker) compile a given program once between them (each compile
+ * is seconds of CPU, and the core compiles its kernels in every rank). FAKE_NVRTC_CACHE=0
+ * compiles every time. Only successful compiles are kept: the compiler writes a name of this
+ * process's own in the cache folder, renamed to the program's name once it succeeded (the
+ * file appears whole; the same folder, so the rename cannot cross filesystems). */
 static int cacheFolder(char* out, size_t size) {
   const char* off = getenv("FAKE_NVRTC_CACHE");
   Dl_info info;
@@ -227,7 +229,7 @@ FN_API int nvrtcCompileProgram(program* p, int num_options, const char* const* o
     }
   }
   const char* tmp = getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp";
-  char dir[4096], src_path[4200], so_path[4200], log_path[4200], cmd[17100];
+  char dir[4096], src_path[4200], so_path[4200], log_path[4200], cmd[17200];
   snprintf(dir, sizeof(dir), "%s/fakenvrtc-XXXXXX", tmp);
   if (mkdtemp(dir) == NULL) {
     free(text);
@@ -243,17 +245,19 @@ FN_API int nvrtcCompileProgram(program* p, int num_options, const char* const* o
   if (out != NULL) fclose(out);
   free(text);
   if (!written) return kOutOfMemory;
-  snprintf(cmd, sizeof(cmd), "%s -o '%s' '%s' > '%s' 2>&1", flags, so_path, src_path, log_path);
+  /* Another process may be storing the same program: either copy is whole. */
+  char staged[4300] = "";
+  if (caching) snprintf(staged, sizeof(staged), "%s.%d", cached, (int)getpid());
+  const char* target = caching ? staged : so_path;
+  snprintf(cmd, sizeof(cmd), "%s -o '%s' '%s' > '%s' 2>&1", flags, target, src_path, log_path);
   const int status = system(cmd);
   free(p->log);
   p->log = readFile(log_path);
-  if (status != 0) return kCompilation;
-  if (caching) {  /* another process may be storing the same program: either copy is whole */
-    char staged[4300];
-    snprintf(staged, sizeof(staged), "%s.%d", cached, (int)getpid());
-    if (link(so_path, staged) == 0 && rename(staged, cached) != 0) unlink(staged);
+  if (status != 0) {
+    if (caching) unlink(staged);
+    return kCompilation;
   }
-  return setImage(p, so_path);
+  return setImage(p, caching && rename(staged, cached) == 0 ? cached : target);
 }
 
 static int getSize(const char* text, size_t* size) {
