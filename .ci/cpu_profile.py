@@ -112,6 +112,8 @@ def report(out: str) -> None:
     for path in glob.glob(os.path.join(out, "tests-*.log")):
         started = {}
         for line in open(path):
+            if not line.endswith("\n"):
+                continue  # a worker killed mid-line
             mark, pid, t, node = line.rstrip("\n").split(" ", 3)
             if mark == "S":
                 started[node] = float(t)
@@ -139,6 +141,8 @@ def report(out: str) -> None:
     data = open(os.path.join(out, "acct.dat"), "rb").read()
     for off in range(0, len(data) - 63, 64):  # struct acct_v3
         rec = data[off:off + 64]
+        if rec[1] != 3:
+            sys.exit("process accounting wrote records of another version than acct_v3")
         pid, ppid_at_exit, start = struct.unpack_from("<III", rec, 16)
         utime, stime = struct.unpack_from("<HH", rec, 32)
         cpu = (_comp(utime) + _comp(stime)) / hz
