@@ -62,7 +62,8 @@ def sample(path: str) -> None:
                     if seen.get(pid) == fields[19]:
                         continue
                     with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                        cmd = fh.read().replace(b"\0", b" ")[:200].decode(errors="replace")
+                        cmd = fh.read()[:200].decode(errors="replace")
+                    cmd = " ".join(cmd.replace("\0", " ").split())  # one line (python -c ...)
                 except OSError:
                     continue
                 seen[pid] = fields[19]
@@ -108,7 +109,7 @@ def report(out: str) -> None:
     hz = os.sysconf("SC_CLK_TCK")
     with open("/proc/stat") as fh:  # start ticks are since boot (same boot as the run)
         boot = int(next(line for line in fh if line.startswith("btime")).split()[1])
-    tests = collections.defaultdict(list)  # worker pid -> sorted (start, end, nodeid)
+    tests = collections.defaultdict(list)  # worker pid -> (start, end, nodeid), sorted below
     for path in glob.glob(os.path.join(out, "tests-*.log")):
         started = {}
         for line in open(path):
@@ -122,12 +123,14 @@ def report(out: str) -> None:
     seen = collections.defaultdict(list)  # pid -> [(start time, parent, command)]
     for line in open(os.path.join(out, "procs.log")):
         if not line.startswith("P "):
-            continue
+            continue  # a line of a command the sampler did not flatten (written before 2026-12-06)
         _, pid, ppid, ticks, _, cmd = line.rstrip("\n").split(" ", 5)
         seen[int(pid)].append((boot + int(ticks) / hz, int(ppid), cmd))
     controller = {pp for pid in tests for _, pp, _ in seen.get(pid, ())}
     workers = set(tests) - controller  # xdist's controller logs too: keep its workers
-    starts = {w: [a for a, _, _ in sorted(tests[w])] for w in workers}
+    for runs in tests.values():
+        runs.sort()
+    starts = {w: [a for a, _, _ in tests[w]] for w in workers}
 
     def at(pid, t):
         found = None
@@ -163,7 +166,7 @@ def report(out: str) -> None:
             if worker is None:
                 loose[kind] += cpu
             continue
-        runs = sorted(tests[worker])
+        runs = tests[worker]
         i = bisect.bisect_right(starts[worker], start) - 1
         node = runs[i][2] if i >= 0 and start <= runs[i][1] + 0.5 else "(between tests)"
         per_test[node] += cpu
