@@ -35,11 +35,12 @@ class P2PRequest:
     blocks. ``convert(result, what, out)`` turns a receive's (buffer, shape, dtype code) into
     what ``wait()`` returns (engine_native.torch passes one that makes tensors)."""
 
-    def __init__(self, handle: int, what: str, out=None, convert=None):
+    def __init__(self, handle: int, what: str, out=None, convert=None, kept: bool = False):
         self._handle = handle
         self._what = what
         self._out = out
         self._convert = convert or _received
+        self._kept = kept  # _in_use holds an array for the handle (start_send, start_recv_into)
         self._result = None
         self._error = None  # a receive whose `out` did not fit: raised by every wait()
         self._done = False
@@ -48,8 +49,9 @@ class P2PRequest:
         return self._done or _core.poll(self._handle)
 
     def _forget(self) -> None:
-        with _lock:
-            _in_use.pop(self._handle, None)
+        if self._kept:
+            with _lock:
+                _in_use.pop(self._handle, None)
 
     def wait(self):
         if self._error is not None:
@@ -104,11 +106,10 @@ def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
     request is dropped. ``wait_now``: the caller waits for it at once, and drives it (Note
     [Point-to-point] E in the core). ``device >= 0``: ``data`` is the address of a CUDA tensor
     on that device, produced on ``stream`` (Note [Device point-to-point] in the core)."""
-    handle = _core.p2p_send(int(dst), int(tag), code, tuple(shape), data, wait_now, device,
-                            stream)
+    handle = _core.p2p_send(int(dst), int(tag), code, shape, data, wait_now, device, stream)
     with _lock:
         _in_use[handle] = keep
-    return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert)
+    return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert, kept=True)
 
 
 def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
@@ -143,11 +144,10 @@ def start_recv_into(src: int, tag: int, code: int, shape, into, out, wait_now: b
     in the core. ``out`` stays referenced until the receive completed, even if the request is
     dropped. ``device``: the CUDA device that reads a CUDA tensor sent from this host (-1:
     none)."""
-    handle = _core.p2p_recv(int(src), int(tag), wait_now, device, False, into, code,
-                            tuple(shape))
+    handle = _core.p2p_recv(int(src), int(tag), wait_now, device, False, into, code, shape)
     with _lock:
         _in_use[handle] = out
-    return P2PRequest(handle, what, out, convert=convert)
+    return P2PRequest(handle, what, out, convert=convert, kept=True)
 
 
 def _wait_holding(handle: int, keep):
