@@ -64,6 +64,7 @@ CORE_SOURCES = [
     "transport/shm/collective_segment.cc",
     "transport/shm/host_agreement.cc",
     "transport/shm/cross_memory.cc",
+    "transport/shm/helper_read.cc",
     "transport/shm/shared_blocks.cc",
     "transport/shm/collective_sync.cc",
     "algo/reduce_worker.cc",

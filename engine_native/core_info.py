@@ -50,9 +50,10 @@ def metrics() -> dict:
     ``p2p_sent``/``p2p_received`` count this rank's point-to-point messages,
     ``p2p_sent_bytes``/``p2p_received_bytes`` their bytes; ``p2p_split_sent``/
     ``p2p_split_received`` those copied straight between the two processes (Note [Split
-    copy]: half by each side, or all by the receiver when it could not be verified), and
+    copy]: half by each side; all by the receiver, on two threads, into a posted receive's
+    ``out=`` of at least 4 MiB or from a sender that could not verify it), and
     ``p2p_split_refused`` the offers answered "send it whole", either way (a peer that cannot
-    be read, or a posted receive's ``out=``: those went through the ring).
+    be read, or a posted receive's ``out=`` under 4 MiB: those went through the ring).
     ``one_round_ops`` counts ops agreed and moved in one shared-memory round among the ranks,
     without rank 0's negotiation (``HVD_ONE_ROUND_BYTES``, Note [One round]).
     ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others

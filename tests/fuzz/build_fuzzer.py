@@ -50,6 +50,7 @@ CORE = [
     "transport/peer_channel.cc",
     "transport/peer_split.cc",
     "transport/shm/cross_memory.cc",
+    "transport/shm/helper_read.cc",
     "runtime/one_round_post.cc",
     "runtime/one_round_respond.cc",
     "coord/validation.cc",

@@ -2,11 +2,15 @@
 in engine_native/csrc/transport/peer_split.cc): each side copies half, straight between the two
 processes' memory. Messages arrive whole and in order (one tag too), both ways at once (each
 side's offer waits for the other's answer); a posted receive's out= is never written by the
-peer (that message comes whole through the ring); an offer wakes a receiver that has no receive
-open; a receiver that cannot verify its peer refuses and the messages go whole through the
-ring; a sender that cannot verify the receiver writes nothing and the receiver reads it all;
-HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
+peer (from 4 MiB the receiver reads it all, on two threads; below, it comes whole through the
+ring); a receive into out= that ends while the helper thread reads never has out written
+afterwards, and the helper's end wakes a sleeping loop; an offer wakes a receiver that has no
+receive open; a receiver that cannot verify its peer refuses and the messages go whole through
+the ring; a sender that cannot verify the receiver writes nothing and the receiver reads it
+all; HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
 """
+import threading
+
 import numpy as np
 
 from multiproc import checks, faults
@@ -32,14 +36,17 @@ def exchange_suite():
     expect_big = (np.arange(BIG, dtype=np.uint8) * (7 + peer)).astype(np.uint8)
     expect_wide = np.arange((5 << 20) // 8, dtype=np.float64) * (peer + 1)
     out = np.zeros_like(wide)
+    small_out = np.zeros(BIG, np.uint8)
     if me == 0:
-        hvd.barrier()  # rank 1 posted its receive into out
+        hvd.barrier()  # rank 1 posted its receives into out
         hvd.send(wide, 1, tag=5)
+        hvd.send(big, 1, tag=7)
         into = None
     else:
-        request = hvd.irecv(0, tag=5, out=out)
+        requests = [hvd.irecv(0, tag=5, out=out), hvd.irecv(0, tag=7, out=small_out)]
         hvd.barrier()
-        into = request.wait() is out and bool(np.array_equal(out, expect_wide))
+        into = [requests[0].wait() is out and bool(np.array_equal(out, expect_wide)),
+                requests[1].wait() is small_out and bool(np.array_equal(small_out, expect_big))]
     hvd.barrier()
     m = hvd.metrics()
     hvd.shutdown()
@@ -60,16 +67,17 @@ def _arrived_whole(values):
     for me, v in enumerate(values):
         assert v["big"] and v["wide"] and v["one tag"], v
         assert v["small"] == [[1 - me, 42], [1 - me, 43], [1 - me, 44]], v
-    assert values[1]["into"] is True, values[1]
+    assert values[1]["into"] == [True, True], values[1]
 
 
 def test_large_messages_cross_both_ways_at_once_split_between_the_two_sides():
     values = _run()
     _arrived_whole(values)
-    # (sent, received, refused): two big and one wide each way split; the message for rank
-    # 1's posted out= went whole (refused on both sides)
-    assert values[0]["split"] == (3, 3, 1), values
-    assert values[1]["split"] == (3, 3, 1), values
+    # (sent, received, refused): two big and one wide each way split; rank 1's posted out=
+    # of 5 MiB read by rank 1 alone (a split both sides count), the one of 3 MiB went whole
+    # (refused on both sides)
+    assert values[0]["split"] == (4, 3, 1), values
+    assert values[1]["split"] == (3, 4, 1), values
 
 
 def test_no_split_below_the_threshold_or_when_turned_off():
@@ -126,3 +134,62 @@ def test_an_offer_wakes_a_receiver_with_no_receive_open(tmp_path):
     _, (whole, missed_wakes, split) = (r.value for r in run_ranks(
         unposted_suite, 2, args=(str(tmp_path),), timeout=60))
     assert whole and split == 1 and missed_wakes == 0, (whole, missed_wakes, split)
+
+
+WIDE = 6 << 20  # bytes: a posted out= this large is read by the receiver alone (G)
+
+
+def helper_suite(folder, times_out):
+    """Rank 1 posts a receive into out= of WIDE bytes; the process's helper thread starts its
+    half late (HVD_TEST_P2P_HELPER_READ_DELAY_MS). times_out: HVD_TIMEOUT passes first, the
+    receive fails, and out must not change afterwards; the message then goes whole to the
+    next receive. Else the receive completes while this thread only polls: the loop thread
+    sleeps once its half is read, and the helper's end must wake it (tick_pickups counts a
+    pass that found work nothing woke it for)."""
+    hvd = checks.init("shm")
+    message = (np.arange(WIDE // 4, dtype=np.float32) % 251) + 1  # no zero anywhere
+    if hvd.rank() == 0:
+        faults.await_event(folder, "posted")
+        hvd.send(message, 1, tag=3)
+        hvd.barrier()
+        hvd.shutdown()
+        return "sent"
+    out = np.zeros_like(message)
+    before = hvd.metrics()["tick_pickups"]
+    request = hvd.irecv(0, tag=3, out=out)
+    faults.announce(folder, "posted")
+    if not times_out:
+        while not request.is_completed():  # the loop thread drives it, not this one
+            threading.Event().wait(0.002)  # a bounded poll of the core's state, not a nap
+        result = (request.wait() is out, bool(np.array_equal(out, message)),
+                  hvd.metrics()["tick_pickups"] - before)
+        hvd.barrier()
+        hvd.shutdown()
+        return result
+    try:
+        request.wait()
+        error = None
+    except hvd.HorovodInternalError as exc:
+        error = str(exc)
+    kept = out.copy()
+    got = hvd.recv(0, tag=3)  # the whole message, in memory of its own, once the helper ends
+    hvd.barrier()
+    hvd.shutdown()
+    return error, bool(np.array_equal(out, kept)), bool(np.array_equal(got, message))
+
+
+def test_a_receive_into_out_that_ends_while_the_helper_reads_leaves_out_alone(tmp_path):
+    res = run_ranks(helper_suite, 2, args=(str(tmp_path), True), timeout=60,
+                    rank_env={1: {"HVD_TIMEOUT": "1",
+                                  "HVD_TEST_P2P_HELPER_READ_DELAY_MS": "2500"}})
+    assert res[0].value == "sent"
+    error, untouched_after, whole = res[1].value
+    assert error and "recv from rank 0 (tag 3)" in error, error
+    assert untouched_after and whole, res[1].value
+
+
+def test_the_helpers_end_wakes_the_sleeping_loop(tmp_path):
+    res = run_ranks(helper_suite, 2, args=(str(tmp_path), False), timeout=60,
+                    rank_env={1: {"HVD_TEST_P2P_HELPER_READ_DELAY_MS": "600"}})
+    into, equal, missed_wakes = res[1].value
+    assert into and equal and missed_wakes == 0, res[1].value

@@ -77,11 +77,25 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
     if (transport::PeerChannel* channel = mesh.peerChannel(peer)) {
       channel->setAllocator(&PeerOps::payloadFor, this);  // Note [Receive into out]
       channel->setSplitCopy(split_min_bytes);
+      channel->setHelperWake(&PeerOps::helperFinished, this);  // Note [Split copy] G
     }
   }
 }
 
-PeerOps::~PeerOps() = default;
+PeerOps::~PeerOps() {
+  for (int peer = 0; peer < mesh_.size(); ++peer) {  // no helper read calls this one later
+    if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->settleHelperRead();
+  }
+}
+
+// Note [Split copy] G, on the helper thread: the pass that completes its message must run. A
+// caller may sleep on the doorbell; the loop thread in its poll (a submission's wake).
+void PeerOps::helperFinished(void* self) {
+  auto* ops = static_cast<PeerOps*>(self);
+  ops->mesh_.ringPeerDoorbell();
+  ops->queue_.wakeIfAsleep();
+  ops->queue_.wakeForWaiter();  // a napping loop too (Note [Coalesced wakes])
+}
 
 Status PeerOps::submitSend(PeerSend send, bool caller_waits, bool wake, int64_t* handle) {
   Op op;

@@ -183,6 +183,7 @@ class PeerOps {
   // back for a bound receive that ends without its message.
   static transport::PeerPayload payloadFor(void* self, int peer,
                                            const transport::PeerFrame& frame);
+  static void helperFinished(void* self);  // Note [Split copy] G: wakes whoever drives
   transport::PeerPayload bindOrAllocate(int peer, const transport::PeerFrame& frame);
   void unbind(const Op& op);
   // C, for the ops a failure or shutdown ends: each receive unbound before its completion

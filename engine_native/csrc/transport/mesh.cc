@@ -464,6 +464,11 @@ void Mesh::markPeerDoorbell(uint32_t bit, bool on) {
   if (impl_->own_peer_doorbell != nullptr) shm::markDriving(impl_->own_peer_doorbell, bit, on);
 }
 
+void Mesh::ringPeerDoorbell() {
+  std::lock_guard<std::mutex> lock(impl_->doorbell_mutex);
+  if (impl_->own_peer_doorbell != nullptr) shm::wakeAlways(impl_->own_peer_doorbell);
+}
+
 void Mesh::acceptStray() {
   // The mesh is complete, so no connection is expected: drop without reading from it, which
   // never blocks the background thread. A bounded batch per call keeps the loop responsive.

@@ -73,6 +73,9 @@ class Mesh {
   // close] in mesh.cc). Under the loop's progress_, which close() also runs under, the
   // doorbell is marked directly (shm::markDriving) without this mutex.
   void markPeerDoorbell(uint32_t bit, bool on);
+  // Wakes a caller asleep on this rank's point-to-point doorbell (Note [Caller sleeps on the
+  // doorbell]); any thread, nothing once close() began (as markPeerDoorbell).
+  void ringPeerDoorbell();
   // Moves control frames a ring had no room for into it (Note [Control over shm] C); true
   // while some remain. Waits inside collectives call it: an agreed op's response may be what
   // the peer this rank waits for still needs. Background thread (or a driving caller) only.

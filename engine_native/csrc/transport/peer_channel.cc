@@ -126,6 +126,7 @@ PeerChannel::PeerChannel(int fd, int peer) : fd_(fd), peer_(peer), inbox_(kInbox
 }
 
 PeerChannel::~PeerChannel() {
+  settleHelperRead();  // Note [Split copy] G
   // Note [Split copy] F: a sender that has not said Done may still write into this memory.
   if (split_in_.active && !split_in_.sender_done) keepForever(split_in_.message.payload.owner);
   tcp::closeFd(&fd_);
@@ -221,7 +222,8 @@ Status PeerChannel::receive(std::vector<PeerMessage>* out, bool* moved, bool soc
   HVD_RETURN_IF_ERROR(broken_);
   if (splitReadPending()) HVD_RETURN_IF_ERROR(readHalf(moved));  // Note [Split copy]
   const Status status = receiveRing(out, moved, socket_readable);
-  completeSplit(out);  // its half read, and the sender's written
+  // its half read, and the sender's written (or the helper's read: G)
+  HVD_RETURN_IF_ERROR(completeSplit(out));
   HVD_RETURN_IF_ERROR(writeControl(moved));  // answers go at once, not on the next pass
   return status;
 }
@@ -395,6 +397,7 @@ void PeerChannel::rehomeIncoming(const uint8_t* data) {
     }
     return;
   }
+  if (rehomeReadAll(data)) return;  // Note [Split copy] G
   if (stage_ != Stage::kPayload || incoming_.payload.data != data) return;
   PeerPayload fresh = allocate_(allocate_context_, peer_, incoming_.frame);
   if (fresh.data == nullptr) {

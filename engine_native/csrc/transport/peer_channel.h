@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "transport/peer_frame.h"
+#include "transport/shm/helper_read.h"
 #include "transport/shm/ring_stream.h"
 
 namespace hvd::transport {
@@ -79,6 +80,15 @@ class PeerChannel {
   // `min_bytes` is copied half by each side, straight between the two processes' memory;
   // 0: never, and the peer's offers are refused. Set before the first send.
   void setSplitCopy(uint64_t min_bytes) { split_min_bytes_ = min_bytes; }
+  // Note [Split copy] G: how the process's helper thread wakes this rank once it has read its
+  // part of a message (any thread; `context` outlives the channel's helper reads).
+  void setHelperWake(void (*wake)(void* context), void* context) {
+    helper_wake_ = wake;
+    helper_wake_context_ = context;
+  }
+  // Waits for the helper's read of this channel's message, if one runs (G): nothing writes
+  // that memory or calls the wake afterwards.
+  void settleHelperRead();
   // Split messages sent, received, and offers refused (either way) since the last call.
   struct SplitCounts {
     uint64_t sent = 0, received = 0, refused = 0;
@@ -98,7 +108,8 @@ class PeerChannel {
   // Shared memory only, seq_cst (the sleep re-check): a message waits in the incoming ring,
   // or this side has a split message's half to read, or the channel broke (receive() says so).
   bool hasIncoming() const {
-    return link_ != nullptr && (link_->hasData() || splitReadPending() || !broken_.isOk());
+    return link_ != nullptr &&
+           (link_->hasData() || splitReadPending() || helperFinished() || !broken_.isOk());
   }
   // Shared memory only, after the loop announced its sleep: with a backlog, marks the ring for
   // a wake once the peer reads and says whether it has room already (then do not sleep); a
@@ -129,7 +140,8 @@ class PeerChannel {
     uint64_t half_written = 0;
   };
   // The message a split offer brought (Note [Split copy]): this side reads [0, end) of the
-  // sender's bytes into `message`'s payload; the sender writes the rest and says so (Done).
+  // sender's bytes into `message`'s payload; the sender writes the rest and says so (Done),
+  // or, for a posted out= (G), the process's helper thread reads it (`helper`).
   struct IncomingSplit {
     bool active = false;
     PeerMessage message;
@@ -137,6 +149,7 @@ class PeerChannel {
     uint64_t end = 0;
     uint64_t got = 0;
     bool sender_done = false;
+    std::shared_ptr<shm::HelperRead> helper;
   };
   enum class Stage { kLength, kHeader, kPayload, kControl };
 
@@ -154,7 +167,13 @@ class PeerChannel {
   common::Status takeAccept(const SplitEndpoint& receiver);
   common::Status writeHalf(Outgoing* o, bool* moved);
   common::Status readHalf(bool* moved);
-  void completeSplit(std::vector<PeerMessage>* out);
+  common::Status completeSplit(std::vector<PeerMessage>* out);
+  void readAll(PeerFrame frame, PeerPayload out, const SplitEndpoint& sender);  // G
+  bool rehomeReadAll(const uint8_t* data);  // G
+  bool helperFinished() const {
+    return split_in_.active && split_in_.helper != nullptr &&
+           split_in_.helper->finished.load(std::memory_order_seq_cst);
+  }
   static void keepForever(std::shared_ptr<void> owner);
   bool splitReadPending() const { return split_in_.active && split_in_.got < split_in_.end; }
   bool verified(const SplitEndpoint& peer);
@@ -203,6 +222,8 @@ class PeerChannel {
   uint64_t control_written_ = 0;    // of control_.front()
   IncomingSplit split_in_;
   SplitCounts split_counts_;
+  void (*helper_wake_)(void*) = nullptr;  // G
+  void* helper_wake_context_ = nullptr;
 };
 
 }  // namespace hvd::transport

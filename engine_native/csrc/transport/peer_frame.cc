@@ -45,7 +45,7 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
   if (!in.u8(&kind)) return bad(in.error());
-  if (kind > static_cast<uint8_t>(PeerFrameKind::kSplitRead)) {
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kSplitReadAll)) {
     return bad("unknown kind " + std::to_string(kind));
   }
   out->kind = static_cast<PeerFrameKind>(kind);
@@ -73,7 +73,8 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
     if (expected == 0) return bad("a split offer of an empty tensor");
     expected = kSplitEndpointBytes;  // the tensor's bytes wait in the sender's memory
   } else if (out->kind == PeerFrameKind::kSplitAccept ||
-             out->kind == PeerFrameKind::kSplitDone || out->kind == PeerFrameKind::kSplitRead) {
+             out->kind == PeerFrameKind::kSplitDone || out->kind == PeerFrameKind::kSplitRead ||
+             out->kind == PeerFrameKind::kSplitReadAll) {
     if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag != 0) {
       return bad("a split copy's answer with dims, a dtype or a tag");
     }

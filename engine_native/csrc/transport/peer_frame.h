@@ -30,7 +30,10 @@
 //     the ring; identity_address 0 too: and every later one).
 //   kSplitDone: the sender wrote its half (payload u64 1), or will not (0: read it all).
 //   kSplitRead: the receiver has every byte; the sender's memory is its own again. No payload.
-//   Accept, Done and Read: no dims, dtype uint8, tag 0.
+//   kSplitReadAll: the receiver's other answer: it reads every byte itself (a posted out=,
+//     which only its own process writes); the sender writes nothing and waits for the Read.
+//     No payload.
+//   Accept, Done, Read and ReadAll: no dims, dtype uint8, tag 0.
 #pragma once
 
 #include <cstddef>
@@ -50,7 +53,8 @@ constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 
 enum class PeerFrameKind : uint8_t {
   kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4, kNcclId = 5,
-  kDeviceNccl = 6, kSplitOffer = 7, kSplitAccept = 8, kSplitDone = 9, kSplitRead = 10
+  kDeviceNccl = 6, kSplitOffer = 7, kSplitAccept = 8, kSplitDone = 9, kSplitRead = 10,
+  kSplitReadAll = 11
 };
 
 struct PeerFrame {

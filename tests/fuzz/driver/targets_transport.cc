@@ -410,7 +410,7 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
-      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(11) : 0);
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(12) : 0);
       if (frame.kind >= transport::PeerFrameKind::kSplitAccept) {  // answers: no dims, tag 0
         frame.bytes = frame.kind == transport::PeerFrameKind::kSplitAccept
                           ? transport::kSplitEndpointBytes

@@ -1,0 +1,75 @@
+// The process's reading thread (transport/shm/helper_read.h).
+#include "transport/shm/helper_read.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "common/test_switch.h"
+#include "transport/shm/cross_memory.h"
+
+namespace hvd::transport::shm {
+
+namespace {
+
+struct Reader {
+  std::mutex mutex;
+  std::condition_variable work;  // a read was queued
+  std::condition_variable done;  // a read was released
+  std::deque<std::shared_ptr<HelperRead>> queue;
+  pid_t owner = 0;  // the process whose thread serves `queue` (a forked child has none)
+};
+
+// Never destroyed: the detached thread waits on it until the process exits.
+Reader& reader() {
+  static Reader* r = new Reader();
+  return *r;
+}
+
+void serve(Reader* r) {
+  std::unique_lock<std::mutex> lock(r->mutex);
+  while (true) {
+    r->work.wait(lock, [r] { return !r->queue.empty(); });
+    std::shared_ptr<HelperRead> read = std::move(r->queue.front());
+    r->queue.pop_front();
+    lock.unlock();
+    // Test switch: the read starts this late (a receive that ends while it runs, the wake).
+    if (const char* ms = HVD_TEST_SWITCH("P2P_HELPER_READ_DELAY_MS")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms)));
+    }
+    read->status = readPeer(read->pid, read->remote, read->local, read->bytes);
+    read->finished.store(true, std::memory_order_seq_cst);
+    if (read->on_finished != nullptr) read->on_finished(read->context);
+    lock.lock();
+    read->released = true;
+    r->done.notify_all();
+  }
+}
+
+}  // namespace
+
+void startHelperRead(std::shared_ptr<HelperRead> read) {
+  Reader& r = reader();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.owner != ::getpid()) {  // the first read, or the first in a forked child
+    r.owner = ::getpid();
+    r.queue.clear();  // a parent's reads: its thread was not forked
+    std::thread(serve, &r).detach();
+  }
+  r.queue.push_back(std::move(read));
+  r.work.notify_one();
+}
+
+void awaitHelperRead(const HelperRead& read) {
+  Reader& r = reader();
+  std::unique_lock<std::mutex> lock(r.mutex);
+  r.done.wait(lock, [&read] { return read.released; });
+}
+
+}  // namespace hvd::transport::shm

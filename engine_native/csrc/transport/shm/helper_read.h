@@ -1,0 +1,40 @@
+// HelperRead: a range of a peer's memory read into this process by a thread of its own, while
+// the thread that asked reads another range of the same message (Note [Split copy] G in
+// transport/peer_split.cc): two cores copy a message into memory that only this process writes.
+// One reading thread per process, started at the first read (and again in a forked child);
+// its reads run one after another, in the order asked. Any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+
+namespace hvd::transport::shm {
+
+struct HelperRead {
+  pid_t pid = 0;
+  uint64_t remote = 0;     // the peer's address
+  uint8_t* local = nullptr;
+  size_t bytes = 0;
+  // Called on the reading thread once `finished` is set (a wake for whoever waits for it),
+  // never after awaitHelperRead on this read has returned.
+  void (*on_finished)(void* context) = nullptr;
+  void* context = nullptr;
+  std::atomic<bool> finished{false};  // seq_cst; `status` is final once it is set
+  common::Status status;
+  bool released = false;  // under the reader's lock: the reading thread is done with it
+};
+
+// Queues `read`; `local` and the callback's context must stay valid until awaitHelperRead
+// returns for it.
+void startHelperRead(std::shared_ptr<HelperRead> read);
+// Blocks until the reading thread is done with `read` (writes nothing more to `local`, calls
+// nothing more). Bounded: process_vm_readv of a stopped process reads it, of an exited one fails.
+void awaitHelperRead(const HelperRead& read);
+
+}  // namespace hvd::transport::shm
