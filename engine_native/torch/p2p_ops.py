@@ -155,8 +155,10 @@ def raw_isend(tensor, dst: int, tag: int, wait_now: bool = False) -> P2PRequest:
             tensor.is_contiguous():
         code = rt._DTYPE_CODES.get(tensor.dtype)
         if code is not None:  # a pipeline's every hand-off: the checks below cost ~3 µs more
+            # kept as an alias: the storage outlives a `tensor.data = ...` meanwhile, and the
+            # request holds no autograd graph
             return _p2p.start_send(dst, tag, code, tensor.shape, tensor.data_ptr(),
-                                   keep=tensor, wait_now=wait_now)
+                                   keep=tensor.detach(), wait_now=wait_now)
     code = _check(tensor, f"send(to rank {dst}, tag {tag})")
     if _by_ipc(tensor, dst):
         data = tensor.detach().contiguous()  # (a strided tensor: a copy on its current stream)

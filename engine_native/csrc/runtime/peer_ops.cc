@@ -82,11 +82,10 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
   }
 }
 
-PeerOps::~PeerOps() {
-  for (int peer = 0; peer < mesh_.size(); ++peer) {  // no helper read calls this one later
-    if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->settleHelperRead();
-  }
-}
+// No helper read (Note [Split copy] G) calls helperFinished later: run() ends with failAll,
+// which settles every bound one, and the mesh's close, whose channels settle the rest. (The
+// mesh may be gone by now: nothing here may touch it.)
+PeerOps::~PeerOps() = default;
 
 // Note [Split copy] G, on the helper thread: the pass that completes its message must run. A
 // caller may sleep on the doorbell; the loop thread in its poll (a submission's wake).

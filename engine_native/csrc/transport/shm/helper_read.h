@@ -1,8 +1,9 @@
 // HelperRead: a range of a peer's memory read into this process by a thread of its own, while
 // the thread that asked reads another range of the same message (Note [Split copy] G in
 // transport/peer_split.cc): two cores copy a message into memory that only this process writes.
-// One reading thread per process, started at the first read (and again in a forked child);
-// its reads run one after another, in the order asked. Any thread.
+// One reading thread per process, started at the first read (and again in a forked child,
+// where the parent's reads end failed); its reads run one after another, in the order asked.
+// Any thread.
 #pragma once
 
 #include <sys/types.h>
