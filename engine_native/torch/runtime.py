@@ -16,6 +16,7 @@ Note [Handle lifetime]
     ``_handle_map`` does not hold the handle.
 """
 import itertools
+import math
 
 import torch
 
@@ -165,16 +166,12 @@ def tensor_op(kind, full_name, code, tensor, output_ptr, reduce_op, prescale, po
 
 def tensor_from_buffer(buffer, shape, dtype):
     """Wrap a core-owned output Buffer as a tensor of ``shape`` and ``dtype`` without a copy,
-    on the Buffer's device (CUDA memory when the op ran on CUDA tensors).
-
-    The tensor holds a reference to the Buffer, so the memory lives as long as the tensor.
-    """
+    on the Buffer's device (CUDA memory when the op ran on CUDA tensors). The tensor holds a
+    reference to the Buffer, so the memory lives as long as the tensor."""
     shape = tuple(map(int, shape))
     if buffer.device >= 0:
         return devices.device_tensor(buffer, shape, dtype)
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     if count == 0:
         return torch.empty(shape, dtype=dtype)
     flat = torch.frombuffer(buffer, dtype=dtype, count=count)

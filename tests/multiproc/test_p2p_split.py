@@ -137,35 +137,42 @@ def test_an_offer_wakes_a_receiver_with_no_receive_open(tmp_path):
 
 
 WIDE = 6 << 20  # bytes: a posted out= this large is read by the receiver alone (G)
+WAKES = 3  # messages whose helper read's end must wake the loop
 
 
 def helper_suite(folder, times_out):
-    """Rank 1 posts a receive into out= of WIDE bytes; the process's helper thread starts its
-    half late (HVD_TEST_P2P_HELPER_READ_DELAY_MS). times_out: HVD_TIMEOUT passes first, the
-    receive fails, and out must not change afterwards; the message then goes whole to the
-    next receive. Else the receive completes while this thread only polls: the loop thread
-    sleeps once its half is read, and the helper's end must wake it (tick_pickups counts a
-    pass that found work nothing woke it for)."""
+    """Rank 1 posts receives into out= of WIDE bytes; the process's helper thread starts each
+    of its halves late (HVD_TEST_P2P_HELPER_READ_DELAY_MS). times_out: HVD_TIMEOUT passes
+    first, the receive fails, and out must not change afterwards; the message then goes whole
+    to the next receive. Else WAKES receives complete while this thread only polls: the loop
+    thread sleeps once its half is read, and each helper's end must wake it. tick_pickups
+    counts passes that found work nothing woke them for: without the wake, every message's
+    last pass is one; with it, only a wake that races a tick's end (Note [Tick pickups])."""
     hvd = checks.init("shm")
     message = (np.arange(WIDE // 4, dtype=np.float32) % 251) + 1  # no zero anywhere
     if hvd.rank() == 0:
         faults.await_event(folder, "posted")
-        hvd.send(message, 1, tag=3)
+        for tag in range(1 if times_out else WAKES):
+            hvd.send(message + tag, 1, tag=3 + tag)
         hvd.barrier()
         hvd.shutdown()
         return "sent"
-    out = np.zeros_like(message)
-    before = hvd.metrics()["tick_pickups"]
-    request = hvd.irecv(0, tag=3, out=out)
-    faults.announce(folder, "posted")
     if not times_out:
-        while not request.is_completed():  # the loop thread drives it, not this one
+        outs = [np.zeros_like(message) for _ in range(WAKES)]
+        before = hvd.metrics()["tick_pickups"]
+        requests = [hvd.irecv(0, tag=3 + tag, out=out) for tag, out in enumerate(outs)]
+        faults.announce(folder, "posted")
+        while not all(r.is_completed() for r in requests):  # the loop drives them, not us
             threading.Event().wait(0.002)  # a bounded poll of the core's state, not a nap
-        result = (request.wait() is out, bool(np.array_equal(out, message)),
+        result = ([r.wait() is out for r, out in zip(requests, outs)],
+                  [bool(np.array_equal(out, message + tag)) for tag, out in enumerate(outs)],
                   hvd.metrics()["tick_pickups"] - before)
         hvd.barrier()
         hvd.shutdown()
         return result
+    out = np.zeros_like(message)
+    request = hvd.irecv(0, tag=3, out=out)
+    faults.announce(folder, "posted")
     try:
         request.wait()
         error = None
@@ -190,6 +197,7 @@ def test_a_receive_into_out_that_ends_while_the_helper_reads_leaves_out_alone(tm
 
 def test_the_helpers_end_wakes_the_sleeping_loop(tmp_path):
     res = run_ranks(helper_suite, 2, args=(str(tmp_path), False), timeout=60,
-                    rank_env={1: {"HVD_TEST_P2P_HELPER_READ_DELAY_MS": "600"}})
+                    rank_env={1: {"HVD_TEST_P2P_HELPER_READ_DELAY_MS": "300"}})
     into, equal, missed_wakes = res[1].value
-    assert into and equal and missed_wakes == 0, res[1].value
+    assert all(into) and all(equal), res[1].value
+    assert missed_wakes < WAKES, res[1].value  # (broken, each message's last pass is one)
