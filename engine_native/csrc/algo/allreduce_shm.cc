@@ -175,19 +175,9 @@ void HostPipeline::reduce(uint64_t k) {
   const size_t esize = esize_;
   buffer_.forRange(p.first, p.count, [&](const uint8_t* in, uint8_t* out, size_t n,
                                          size_t off) {
-    auto slot = [&](int j) { return slotOf(j, k) + p.offset + off * esize; };
-    int j = 0;
-    if (in != out) {  // own values and the first peer's in one pass that writes out once
-      j = me_ == 0 ? 1 : 0;
-      if (j < n_) {
-        common::reduceFrom(out, in, slot(j), n, dtype_, op_);
-      } else {
-        std::memcpy(out, in, n * esize);
-      }
-      ++j;
-    }
-    for (; j < n_; ++j) {
-      if (j != me_) common::reduceInto(out, slot(j), n, dtype_, op_);
+    if (in != out) std::memcpy(out, in, n * esize);
+    for (int j = 0; j < n_; ++j) {
+      if (j != me_) common::reduceInto(out, slotOf(j, k) + p.offset + off * esize, n, dtype_, op_);
     }
     if (publish) std::memcpy(own_slot + off * esize, out, n * esize);
   });
@@ -198,13 +188,8 @@ void HostPipeline::reduceWhole(uint64_t k) {
   const Piece p = piece(k, 0);
   const size_t esize = esize_;
   buffer_.forRange(p.first, p.count, [&](const uint8_t*, uint8_t* out, size_t n, size_t off) {
-    if (n_ == 1) {
-      std::memcpy(out, slotOf(0, k) + off * esize, n * esize);
-      return;
-    }
-    common::reduceFrom(out, slotOf(0, k) + off * esize, slotOf(1, k) + off * esize, n, dtype_,
-                       op_);
-    for (int j = 2; j < n_; ++j) {
+    std::memcpy(out, slotOf(0, k) + off * esize, n * esize);
+    for (int j = 1; j < n_; ++j) {
       common::reduceInto(out, slotOf(j, k) + off * esize, n, dtype_, op_);
     }
   });

@@ -122,13 +122,8 @@ void HostReduceScatter::reduce(uint64_t k) {
   auto source = [&](int b) {
     return b == me_ ? own : inSlot(static_cast<int>(local_[static_cast<size_t>(b)]), me_, k);
   };
-  if (n_ == 1) {
-    std::memcpy(to, own, count * esize_);
-    return;
-  }
-  // the first two folded in one pass that writes the output once (was: a copy, then a fold)
-  common::reduceFrom(to, source((me_ + 1) % n_), source((me_ + 2) % n_), count, dtype_, op_);
-  for (int step = 3; step <= n_; ++step) {
+  std::memcpy(to, source((me_ + 1) % n_), count * esize_);
+  for (int step = 2; step <= n_; ++step) {
     common::reduceInto(to, source((me_ + step) % n_), count, dtype_, op_);
   }
 }

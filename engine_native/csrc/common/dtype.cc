@@ -83,38 +83,19 @@ inline T apply(MaxOp, T a, T b) {
   }
 }
 
-// In place (reduceInto) and from two sources (reduceFrom) are separate loops: restrict is what
-// lets the vectoriser skip its overlap check, and dst == a would fail that check at run time.
 template <typename T, typename Op>
 void reduceLoop(T* __restrict dst, const T* __restrict src, size_t count) {
   for (size_t i = 0; i < count; ++i) dst[i] = apply(Op{}, dst[i], src[i]);
 }
 
-template <typename T, typename Op>
-void reduceLoop(T* __restrict dst, const T* __restrict a, const T* __restrict b, size_t count) {
-  for (size_t i = 0; i < count; ++i) dst[i] = apply(Op{}, a[i], b[i]);
-}
-
 // Bool as bytes: or for Sum/Max, and for Min/Product.
-void boolLoop(bool is_or, uint8_t* __restrict dst, const uint8_t* __restrict a,
-              const uint8_t* __restrict b, size_t count) {
-  if (is_or) {
-    for (size_t i = 0; i < count; ++i) dst[i] = static_cast<uint8_t>((a[i] | b[i]) != 0);
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      dst[i] = static_cast<uint8_t>((a[i] != 0) & (b[i] != 0));
-    }
-  }
+void boolOrLoop(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) dst[i] = static_cast<uint8_t>((dst[i] | src[i]) != 0);
 }
 
-void boolLoop(bool is_or, uint8_t* __restrict dst, const uint8_t* __restrict src,
-              size_t count) {
-  if (is_or) {
-    for (size_t i = 0; i < count; ++i) dst[i] = static_cast<uint8_t>((dst[i] | src[i]) != 0);
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      dst[i] = static_cast<uint8_t>((dst[i] != 0) & (src[i] != 0));
-    }
+void boolAndLoop(uint8_t* __restrict dst, const uint8_t* __restrict src, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    dst[i] = static_cast<uint8_t>((dst[i] != 0) & (src[i] != 0));
   }
 }
 
@@ -137,25 +118,23 @@ struct PortableCodec {
 using Float16Codec = PortableCodec<half::halfToFloatInline, half::floatToHalfInline>;
 using Bfloat16Codec = PortableCodec<half::bfloat16ToFloatInline, half::floatToBfloat16Inline>;
 
-// dst = a (op) b by blocks; `a` may be `dst` (reduceInto): each block of it is widened before
-// that block of dst is written.
 template <typename Codec, typename Op>
-HVD_ALWAYS_INLINE void halfReduceBody(uint16_t* dst, const uint16_t* a, const uint16_t* b,
+HVD_ALWAYS_INLINE void halfReduceBody(uint16_t* __restrict dst, const uint16_t* __restrict src,
                                       size_t count) {
-  float x[kHalfBlock];
-  float y[kHalfBlock];
+  float a[kHalfBlock];
+  float b[kHalfBlock];
   for (size_t base = 0; base < count; base += kHalfBlock) {
     const size_t n = count - base < kHalfBlock ? count - base : kHalfBlock;
-    Codec::widen(a + base, x, n);
-    Codec::widen(b + base, y, n);
-    for (size_t i = 0; i < n; ++i) x[i] = apply(Op{}, x[i], y[i]);
-    Codec::narrow(x, dst + base, n);
+    Codec::widen(dst + base, a, n);
+    Codec::widen(src + base, b, n);
+    for (size_t i = 0; i < n; ++i) a[i] = apply(Op{}, a[i], b[i]);
+    Codec::narrow(a, dst + base, n);
   }
 }
 
 template <typename Codec, typename Op>
-void halfReducePortable(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t count) {
-  halfReduceBody<Codec, Op>(dst, a, b, count);
+void halfReducePortable(uint16_t* dst, const uint16_t* src, size_t count) {
+  halfReduceBody<Codec, Op>(dst, src, count);
 }
 
 #if defined(HVD_X86_KERNELS)
@@ -215,9 +194,8 @@ struct Bfloat16Avx2Codec {
 };
 
 template <typename Codec, typename Op>
-HVD_AVX2_F16C void halfReduceAvx2(uint16_t* dst, const uint16_t* a, const uint16_t* b,
-                                  size_t count) {
-  halfReduceBody<Codec, Op>(dst, a, b, count);
+HVD_AVX2_F16C void halfReduceAvx2(uint16_t* dst, const uint16_t* src, size_t count) {
+  halfReduceBody<Codec, Op>(dst, src, count);
 }
 
 bool cpuHasAvx2F16c() {
@@ -227,8 +205,8 @@ bool cpuHasAvx2F16c() {
 #endif
 
 template <typename Op>
-void halfDispatch(DataType dtype, void* dst, const void* a, const void* b, size_t count) {
-  using Fn = void (*)(uint16_t*, const uint16_t*, const uint16_t*, size_t);
+void halfDispatch(DataType dtype, void* dst, const void* src, size_t count) {
+  using Fn = void (*)(uint16_t*, const uint16_t*, size_t);
 #if defined(HVD_X86_KERNELS)
   static const bool fast = cpuHasAvx2F16c();
   static const Fn float16 =
@@ -240,60 +218,29 @@ void halfDispatch(DataType dtype, void* dst, const void* a, const void* b, size_
   static const Fn bfloat16 = halfReducePortable<Bfloat16Codec, Op>;
 #endif
   const Fn fn = dtype == DataType::kFloat16 ? float16 : bfloat16;
-  fn(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(a),
-     static_cast<const uint16_t*>(b), count);
+  fn(static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), count);
 }
 
-// a == nullptr: in place, dst = dst (op) b; else dst = a (op) b.
 template <typename T, typename Op>
-void reduceAs(void* dst, const void* a, const void* b, size_t count) {
-  if (a == nullptr) {
-    reduceLoop<T, Op>(static_cast<T*>(dst), static_cast<const T*>(b), count);
-  } else {
-    reduceLoop<T, Op>(static_cast<T*>(dst), static_cast<const T*>(a), static_cast<const T*>(b),
-                      count);
-  }
+void reduceAs(void* dst, const void* src, size_t count) {
+  reduceLoop<T, Op>(static_cast<T*>(dst), static_cast<const T*>(src), count);
 }
 
 template <typename Op>
-void reduceTyped(void* dst, const void* a, const void* b, size_t count, DataType dtype) {
+void reduceTyped(void* dst, const void* src, size_t count, DataType dtype) {
   switch (dtype) {
-    case DataType::kUint8: return reduceAs<uint8_t, Op>(dst, a, b, count);
-    case DataType::kInt8: return reduceAs<int8_t, Op>(dst, a, b, count);
-    case DataType::kInt16: return reduceAs<int16_t, Op>(dst, a, b, count);
-    case DataType::kInt32: return reduceAs<int32_t, Op>(dst, a, b, count);
-    case DataType::kInt64: return reduceAs<int64_t, Op>(dst, a, b, count);
-    case DataType::kFloat32: return reduceAs<float, Op>(dst, a, b, count);
-    case DataType::kFloat64: return reduceAs<double, Op>(dst, a, b, count);
+    case DataType::kUint8: return reduceAs<uint8_t, Op>(dst, src, count);
+    case DataType::kInt8: return reduceAs<int8_t, Op>(dst, src, count);
+    case DataType::kInt16: return reduceAs<int16_t, Op>(dst, src, count);
+    case DataType::kInt32: return reduceAs<int32_t, Op>(dst, src, count);
+    case DataType::kInt64: return reduceAs<int64_t, Op>(dst, src, count);
+    case DataType::kFloat32: return reduceAs<float, Op>(dst, src, count);
+    case DataType::kFloat64: return reduceAs<double, Op>(dst, src, count);
     case DataType::kFloat16:
-    case DataType::kBfloat16:
-      return halfDispatch<Op>(dtype, dst, a == nullptr ? dst : a, b, count);
+    case DataType::kBfloat16: return halfDispatch<Op>(dtype, dst, src, count);
     case DataType::kBool: break;
   }
   HVD_CHECK(false && "reduceTyped: bool and invalid dtypes are dispatched elsewhere");
-}
-
-// reduceInto (a == nullptr) and reduceFrom.
-void reduceAny(void* dst, const void* a, const void* b, size_t count, DataType dtype,
-               ReduceOp op) {
-  if (count == 0) return;
-  if (dtype == DataType::kBool) {
-    auto* d = static_cast<uint8_t*>(dst);
-    const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
-    HVD_CHECK(is_or || op == ReduceOp::kMin || op == ReduceOp::kProduct);
-    if (a == nullptr) return boolLoop(is_or, d, static_cast<const uint8_t*>(b), count);
-    return boolLoop(is_or, d, static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(b),
-                    count);
-  }
-  switch (op) {
-    case ReduceOp::kAverage:
-    case ReduceOp::kSum: return reduceTyped<SumOp>(dst, a, b, count, dtype);
-    case ReduceOp::kMin: return reduceTyped<MinOp>(dst, a, b, count, dtype);
-    case ReduceOp::kMax: return reduceTyped<MaxOp>(dst, a, b, count, dtype);
-    case ReduceOp::kProduct: return reduceTyped<ProductOp>(dst, a, b, count, dtype);
-    case ReduceOp::kAdasum: break;
-  }
-  HVD_CHECK(false && "reduceInto: callers must reject the op with checkReducible first");
 }
 
 // Scaling, as Horovod 0.28.1's CPU ScaleBuffer (common/ops/collective_operations.{h,cc},
@@ -397,12 +344,23 @@ Status checkReducible(DataType dtype, ReduceOp op) {
 }
 
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
-  reduceAny(dst, nullptr, src, count, dtype, op);
-}
-
-void reduceFrom(void* dst, const void* a, const void* b, size_t count, DataType dtype,
-                ReduceOp op) {
-  reduceAny(dst, a, b, count, dtype, op);
+  if (count == 0) return;
+  if (dtype == DataType::kBool) {
+    auto* d = static_cast<uint8_t*>(dst);
+    const auto* s = static_cast<const uint8_t*>(src);
+    const bool is_or = op == ReduceOp::kSum || op == ReduceOp::kMax;
+    HVD_CHECK(is_or || op == ReduceOp::kMin || op == ReduceOp::kProduct);
+    return is_or ? boolOrLoop(d, s, count) : boolAndLoop(d, s, count);
+  }
+  switch (op) {
+    case ReduceOp::kAverage:
+    case ReduceOp::kSum: return reduceTyped<SumOp>(dst, src, count, dtype);
+    case ReduceOp::kMin: return reduceTyped<MinOp>(dst, src, count, dtype);
+    case ReduceOp::kMax: return reduceTyped<MaxOp>(dst, src, count, dtype);
+    case ReduceOp::kProduct: return reduceTyped<ProductOp>(dst, src, count, dtype);
+    case ReduceOp::kAdasum: break;
+  }
+  HVD_CHECK(false && "reduceInto: callers must reject the op with checkReducible first");
 }
 
 void scaleInPlace(void* buf, size_t count, DataType dtype, double factor) {

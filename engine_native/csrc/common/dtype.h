@@ -33,10 +33,6 @@ Status checkReducible(DataType dtype, ReduceOp op);
 // dst[i] = dst[i] (op) src[i] for i in [0, count). Average reduces like Sum (scaling is separate).
 // Bool: Sum/Max = logical or, Min/Product = logical and.
 void reduceInto(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
-// dst[i] = a[i] (op) b[i]: the bits of copying a into dst and then reduceInto(dst, b), in one
-// pass that writes dst once (a fold's first step). dst overlaps neither a nor b.
-void reduceFrom(void* dst, const void* a, const void* b, size_t count, DataType dtype,
-                ReduceOp op);
 
 // buf[i] = factor * buf[i], bit for bit as Horovod's CPU ScaleBuffer: float32 and the half
 // types multiply in float32 by (float)factor, float64 and integers in double; integers

@@ -1,8 +1,7 @@
 // Hooks on the device reductions (engine_native/csrc/transport/cuda/device_kernels.h): choose
 // the NVRTC/driver candidates, launch a reduction on "device" pointers (with the fakes of
 // tests/fakecuda they are host memory), compile the kernel source, and the CPU path's result for
-// the same inputs (common::reduceInto + scaleInPlace; reduceFrom), for
-// tests/unit/test_device_kernels.py and tests/unit/test_cpu_reduce.py.
+// the same inputs (common::reduceInto + scaleInPlace), for tests/native/test_device_kernels.py.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -126,25 +125,6 @@ PyObject* cpuReduce(PyObject*, PyObject* args) {
   return PyBytes_FromStringAndSize(out.data(), static_cast<Py_ssize_t>(out.size()));
 }
 
-// cpu_reduce_from(dtype, op, a, b) -> bytes: common::reduceFrom, a fold's first step in one pass.
-PyObject* cpuReduceFrom(PyObject*, PyObject* args) {
-  int dtype = 0, op = 0;
-  const char *a = nullptr, *b = nullptr;
-  Py_ssize_t a_bytes = 0, b_bytes = 0;
-  if (!PyArg_ParseTuple(args, "iiy#y#", &dtype, &op, &a, &a_bytes, &b, &b_bytes)) {
-    return nullptr;
-  }
-  const auto type = static_cast<common::DataType>(dtype);
-  if (a_bytes != b_bytes || a_bytes % static_cast<Py_ssize_t>(common::dataTypeSize(type))) {
-    PyErr_SetString(PyExc_ValueError, "a and b: the same whole number of elements");
-    return nullptr;
-  }
-  std::string out(static_cast<size_t>(a_bytes), '\0');
-  common::reduceFrom(out.data(), a, b, out.size() / common::dataTypeSize(type), type,
-                     static_cast<common::ReduceOp>(op));
-  return PyBytes_FromStringAndSize(out.data(), a_bytes);
-}
-
 PyObject* imageBytes(const common::Status& status, const std::string& image) {
   if (!status.isOk()) return raise(status);
   return PyBytes_FromStringAndSize(image.data(), static_cast<Py_ssize_t>(image.size()));
@@ -185,8 +165,6 @@ PyMethodDef g_functions[] = {
      "device_reduce(dtype, op, srcs, dst, count, prescale, postscale, stream): launchReduce"},
     {"cpu_reduce", cpuReduce, METH_VARARGS,
      "cpu_reduce(dtype, op, inputs, prescale, postscale) -> bytes: the CPU path's result"},
-    {"cpu_reduce_from", cpuReduceFrom, METH_VARARGS,
-     "cpu_reduce_from(dtype, op, a, b) -> bytes: common::reduceFrom (a op b)"},
     {"compile_reduce_kernels", compileKernels, METH_VARARGS,
      "compile_reduce_kernels(major, minor, ptx) -> bytes"},
     {"nvrtc_compile", nvrtcCompile, METH_VARARGS,
