@@ -8,9 +8,10 @@ Prints per rank: the median step, the mean time of each action kind (F, B, RECV_
 a receive includes its wait for the neighbour) with its median and 90th percentile, the isend
 calls alone, the loop thread's wake-ups and the caller-driven ops per step (``metrics()``),
 the CPUs the rank's actions ran on (``sched_getcpu``: two ranks on one CPU is the slow mode of
-Note [CPU binding]) and its binding, and beside it the same stage's forwards and backwards in
-one process with nothing else running (the compute floor). ``HVD_CPU_BIND=core`` in the
-environment binds the ranks.
+Note [CPU binding]) and its binding, the CPU time per step of the rank's main thread and of
+its other threads together (``/proc/self/task``: spinning counts, sleeping does not), and
+beside it the same stage's forwards and backwards in one process with nothing else running
+(the compute floor). ``HVD_CPU_BIND=core`` in the environment binds the ranks.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import ctypes
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HIDDEN, BATCH, MICRO = 64, 64, 16
@@ -32,6 +34,21 @@ def _stage(torch, rank: int, size: int):
         blocks += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()]
     per = len(blocks) // size
     return torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
+
+
+def _thread_cpu() -> dict:
+    """CPU seconds so far of each of this process's threads, by thread id."""
+    import os
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return out
 
 
 def rank_main(schedule: str, steps: int) -> None:
@@ -79,13 +96,18 @@ def rank_main(schedule: str, steps: int) -> None:
     step_run.StepRun._do = timed(None, step_run.StepRun._do)
     step_run.raw_isend = timed("isend call", step_run.raw_isend)
     before = engine_native.metrics()
+    cpu_before = _thread_cpu()
     times = []
     for _ in range(steps):
         hvd.barrier()
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
+    cpu_after = _thread_cpu()
     after = engine_native.metrics()
+    main_tid = threading.get_native_id()
+    cpu = {tid: (t - cpu_before.get(tid, 0.0)) / steps * 1e3 for tid, t in cpu_after.items()}
+    main_cpu = cpu.pop(main_tid, 0.0)
     per_step = {k: (after[k] - before[k]) / steps for k in ("loop_wakeups", "caller_driven_ops")}
     def pct(kind, q):
         ordered = sorted(samples[kind])
@@ -97,7 +119,7 @@ def rank_main(schedule: str, steps: int) -> None:
     bound = engine_native.metrics()["cpu_binding"] or "none"
     print(f"| {rank} | {statistics.median(times) * 1e3:.2f} ms | {actions} | "
           f"{per_step['loop_wakeups']:.1f} | {per_step['caller_driven_ops']:.1f} | {ran_on} | "
-          f"{bound} |", flush=True)
+          f"{bound} | {main_cpu:.2f} / {sum(cpu.values()):.2f} ms |", flush=True)
     hvd.shutdown()
 
 
@@ -132,8 +154,9 @@ def main() -> None:
     a = ap.parse_args()
     print(f"{a.schedule}, hidden {HIDDEN}, batch {BATCH}, {MICRO} micro-batches, np=2\n")
     print("| rank | step (median) | per action: mean (median / p90) | loop wake-ups / step | "
-          "driven ops / step | CPUs its actions ran on | bound to |")
-    print("|---|---|---|---|---|---|---|")
+          "driven ops / step | CPUs its actions ran on | bound to | CPU / step: main thread / "
+          "the others |")
+    print("|---|---|---|---|---|---|---|---|")
     out = subprocess.run(["hvdrun", "-np", "2", sys.executable, __file__, "--rank-main",
                           a.schedule, str(a.steps)], capture_output=True, text=True,
                          timeout=600)
