@@ -14,6 +14,8 @@ import signal
 import threading
 import time
 
+import numpy as np
+
 
 def timed_wait(handle) -> tuple:
     """``(error text or None, seconds)`` of waiting on a core handle that may fail."""
@@ -52,6 +54,30 @@ def await_event(folder: str, event: str, timeout: float = 60.0) -> None:
     while not os.path.exists(os.path.join(folder, event)):
         assert time.monotonic() < deadline, f"no rank announced {event!r} in {timeout} s"
         threading.Event().wait(0.01)  # a bounded poll of a file, not a nap
+
+
+def send_once_posted(hvd, folder: str, messages) -> str:
+    """Rank 0's side of a receive-into-out fault test: once rank 1 announced "posted", send it
+    each of ``messages`` (tag 3, 4, ...), then leave with the others."""
+    await_event(folder, "posted")
+    for k, message in enumerate(messages):
+        hvd.send(message, 1, tag=3 + k)
+    hvd.barrier()
+    hvd.shutdown()
+    return "sent"
+
+
+def failed_receive_into(hvd, folder: str, like):
+    """Rank 1's side: post a receive from rank 0 (tag 3) into zeros shaped ``like``, announce
+    "posted" and wait. ``(error text or None, out)``."""
+    out = np.zeros_like(like)
+    request = hvd.irecv(0, tag=3, out=out)
+    announce(folder, "posted")
+    try:
+        request.wait()
+        return None, out
+    except hvd.HorovodInternalError as exc:
+        return str(exc), out
 
 
 def write_pid(pid_dir: str, role: str) -> None:

@@ -77,19 +77,8 @@ def stalled_suite(folder):
     hvd = checks.init("shm")
     message = (np.arange(LARGE // 4, dtype=np.float32) % 251) + 1  # no zero anywhere
     if hvd.rank() == 0:
-        faults.await_event(folder, "posted")
-        hvd.send(message, 1, tag=3)
-        hvd.barrier()
-        hvd.shutdown()
-        return "sent"
-    out = np.zeros_like(message)
-    request = hvd.irecv(0, tag=3, out=out)
-    faults.announce(folder, "posted")
-    try:
-        request.wait()
-        error = None
-    except hvd.HorovodInternalError as exc:
-        error = str(exc)
+        return faults.send_once_posted(hvd, folder, [message])
+    error, out = faults.failed_receive_into(hvd, folder, message)
     written = int(np.count_nonzero(out))
     kept = out.copy()
     os.remove(os.path.join(folder, "pause"))

@@ -151,12 +151,8 @@ def helper_suite(folder, times_out):
     hvd = checks.init("shm")
     message = (np.arange(WIDE // 4, dtype=np.float32) % 251) + 1  # no zero anywhere
     if hvd.rank() == 0:
-        faults.await_event(folder, "posted")
-        for tag in range(1 if times_out else WAKES):
-            hvd.send(message + tag, 1, tag=3 + tag)
-        hvd.barrier()
-        hvd.shutdown()
-        return "sent"
+        return faults.send_once_posted(hvd, folder,
+                                       [message + k for k in range(1 if times_out else WAKES)])
     if not times_out:
         outs = [np.zeros_like(message) for _ in range(WAKES)]
         before = hvd.metrics()["tick_pickups"]
@@ -170,14 +166,7 @@ def helper_suite(folder, times_out):
         hvd.barrier()
         hvd.shutdown()
         return result
-    out = np.zeros_like(message)
-    request = hvd.irecv(0, tag=3, out=out)
-    faults.announce(folder, "posted")
-    try:
-        request.wait()
-        error = None
-    except hvd.HorovodInternalError as exc:
-        error = str(exc)
+    error, out = faults.failed_receive_into(hvd, folder, message)
     kept = out.copy()
     got = hvd.recv(0, tag=3)  # the whole message, in memory of its own, once the helper ends
     hvd.barrier()

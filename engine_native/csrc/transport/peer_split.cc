@@ -109,6 +109,12 @@ uint64_t halfOf(uint64_t bytes) { return std::min(bytes, (bytes / 2 + 4095) / 40
 
 bool testSwitchOn(const char* raw) { return raw != nullptr && std::strcmp(raw, "1") == 0; }
 
+// A copy straight between the two processes failed (B, G): the peer is gone, or its memory.
+Status copyFailed(int peer, const Status& why) {
+  return common::peerLost("point-to-point connection to rank " + std::to_string(peer) +
+                          ": split copy failed: " + why.message());
+}
+
 Status malformed(int peer, const std::string& what) {
   return common::internalError("malformed split copy from rank " + std::to_string(peer) + ": " +
                                what);
@@ -329,8 +335,7 @@ Status PeerChannel::writeHalf(Outgoing* o, bool* moved) {  // B, E
     Status s = shm::writePeer(static_cast<pid_t>(o->receiver.pid), o->receiver.address +
                          o->half_written, o->tensor + o->half_written, piece);
     if (!s.isOk()) {
-      return common::peerLost("point-to-point connection to rank " + std::to_string(peer_) +
-                              ": split copy failed: " + s.message());
+      return copyFailed(peer_, s);
     }
     o->half_written += piece;
     *moved = true;
@@ -352,8 +357,7 @@ Status PeerChannel::readHalf(bool* moved) {  // B, E
     Status s = shm::readPeer(static_cast<pid_t>(in.sender.pid), in.sender.address + in.got,
                         in.message.payload.data + in.got, piece);
     if (!s.isOk()) {
-      return common::peerLost("point-to-point connection to rank " + std::to_string(peer_) +
-                              ": split copy failed: " + s.message());
+      return copyFailed(peer_, s);
     }
     in.got += piece;
     *moved = true;
@@ -368,8 +372,7 @@ Status PeerChannel::completeSplit(std::vector<PeerMessage>* out) {
     if (!in.helper->finished.load(std::memory_order_seq_cst)) return Status::ok();  // it wakes
     shm::awaitHelperRead(*in.helper);  // (its wake is being rung: moments)
     if (!in.helper->status.isOk()) {
-      return common::peerLost("point-to-point connection to rank " + std::to_string(peer_) +
-                              ": split copy failed: " + in.helper->status.message());
+      return copyFailed(peer_, in.helper->status);
     }
   }
   queueControl(PeerFrameKind::kSplitRead, std::string());
@@ -387,17 +390,15 @@ void PeerChannel::readAll(PeerFrame frame, PeerPayload out, const SplitEndpoint&
   split_in_.sender_done = true;  // it writes nothing
   split_in_.end = halfOf(bytes);
   split_in_.message = PeerMessage{std::move(frame), std::move(out)};
-  {
-    auto read = std::make_shared<shm::HelperRead>();
-    read->pid = static_cast<pid_t>(sender.pid);
-    read->remote = sender.address + split_in_.end;
-    read->local = split_in_.message.payload.data + split_in_.end;
-    read->bytes = static_cast<size_t>(bytes - split_in_.end);
-    read->on_finished = helper_wake_;
-    read->context = helper_wake_context_;
-    split_in_.helper = read;
-    shm::startHelperRead(std::move(read));  // the sender's bytes stay until its Read
-  }
+  auto read = std::make_shared<shm::HelperRead>();
+  read->pid = static_cast<pid_t>(sender.pid);
+  read->remote = sender.address + split_in_.end;
+  read->local = split_in_.message.payload.data + split_in_.end;
+  read->bytes = static_cast<size_t>(bytes - split_in_.end);
+  read->on_finished = helper_wake_;
+  read->context = helper_wake_context_;
+  split_in_.helper = read;
+  shm::startHelperRead(std::move(read));  // the sender's bytes stay until its Read
   queueControl(PeerFrameKind::kSplitReadAll, std::string());
 }
 
