@@ -10,7 +10,11 @@ Table 1, "against the peer" (np=2, GPipe and 1F1B): an MLP of 8 blocks (Linear(h
 (bound by the hand-offs). Step time: the median of ``--steps`` steps after 3 warm-up steps,
 the slowest rank's; the median over launches; ours / torch < 1: ours faster. Beside it, the
 busiest stage's compute per step (its forwards and backwards, entry to exit, the loss left
-out), for each system, and ours as a share of torch's step: the least that ours / torch can be.
+out), for each system, and ours as a share of torch's step. Then that stage's whole work of a
+step (forwards, the loss, backwards, as the ranks run them) alone in the launcher's process,
+with no neighbour computing and no hand-off, measured before each pair of launches, and its
+share of torch's step: the least that ours / torch can be on this machine at that time (the
+two vCPUs of this VM share a core, so beside its neighbour a stage computes ~1.5x slower).
 
 Table 2, "bubble": balanced synthetic stages whose forward sleeps 10 ms and backward 20 ms
 (compute that needs no core, so 4 ranks fit on 2 cores), K=2 with M=8 and K=4 with M=16.
@@ -126,6 +130,51 @@ def _timed_stage(torch, part, busy: list):
     return Timed()
 
 
+def mlp_stage(torch, hidden: int, rank: int, size: int, busy: list | None):
+    """Stage ``rank`` of ``size`` of the 8-block MLP; timed (``_timed_stage``) into ``busy``
+    unless it is None."""
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(8):
+        blocks += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
+    per = len(blocks) // size
+    part = torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
+    return part if busy is None else _timed_stage(torch, part, busy)
+
+
+def stages_alone(hidden: int, micro: int, size: int, timed: bool = True,
+                 repeats: int = 40) -> list:
+    """Each stage's work of one step run alone in this process (median seconds): every
+    micro-batch's forward, the last stage's loss, every backward, through the module the ranks
+    run (``timed``: with bench_pipeline's timing wrapper), with no neighbour computing beside
+    it and no hand-off. The busiest is what a step of either system would take if the
+    hand-offs were free and the other stages ran elsewhere: its share of torch's step is the
+    least ours / torch could be on this machine now."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    x, y = torch.randn(BATCH, hidden), torch.randn(BATCH, hidden)
+    chunks = list(zip(torch.tensor_split(x, micro), torch.tensor_split(y, micro)))
+    per_stage = []
+    for rank in range(size):
+        part = mlp_stage(torch, hidden, rank, size, [0.0, 0.0] if timed else None)
+        last = rank == size - 1
+        times = []
+        for _ in range(repeats + 5):
+            t0 = time.perf_counter()
+            outs = []
+            for xm, ym in chunks:
+                out = part(xm.detach().requires_grad_(rank > 0))
+                outs.append((torch.nn.functional.mse_loss(out, ym) / micro, None) if last
+                            else (out, torch.ones_like(out)))
+            for out, grad in outs:
+                out.backward(grad)
+            times.append(time.perf_counter() - t0)
+        per_stage.append(statistics.median(times[5:]))
+    torch.set_num_threads(threads)
+    return per_stage
+
+
 def rank_main(system: str, kind: str, hidden: int, micro: int, schedule: str, steps: int,
               out_dir: str) -> None:
     import torch
@@ -144,15 +193,9 @@ def rank_main(system: str, kind: str, hidden: int, micro: int, schedule: str, st
         rank, size = dist.get_rank(), dist.get_world_size()
         make_stage = lambda mod: pp.PipelineStage(mod, rank, size, torch.device("cpu"))
         barrier = dist.barrier
-    torch.manual_seed(0)
     busy = [0.0, 0.0]
     if kind == "mlp":
-        blocks = []
-        for _ in range(8):
-            blocks += [torch.nn.Linear(hidden, hidden), torch.nn.Tanh()]
-        per = len(blocks) // size
-        part = _timed_stage(torch, torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per]),
-                            busy)
+        part = mlp_stage(torch, hidden, rank, size, busy)
     else:
         part = _sleep_stage(torch, busy)
     cls = pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B
@@ -215,7 +258,10 @@ def launch(system: str, kind: str, case, schedule: str, steps: int, timeout: flo
 def measure(kind: str, case, schedule: str, a):
     got = {"ours": [], "torch": []}
     failed = {"ours": 0, "torch": 0}
+    alone = []  # the busiest stage alone, measured before each pair of launches (mlp)
     for i in range(a.launches):
+        if kind == "mlp":
+            alone.append(max(stages_alone(case[2], case[3], case[1])))
         for system in (("ours", "torch") if i % 2 == 0 else ("torch", "ours")):
             result = launch(system, kind, case, schedule, a.steps, a.timeout)
             if result is None:
@@ -224,7 +270,7 @@ def measure(kind: str, case, schedule: str, a):
                 got[system].append(result)
     med = {s: tuple(statistics.median(column) for column in zip(*v)) if v else None
            for s, v in got.items()}
-    return med, failed
+    return med, failed, statistics.median(alone) if alone else None
 
 
 def _ms(t):
@@ -248,20 +294,22 @@ def main() -> None:
     if a.only != "bubble":
         print("| case (np=2) | schedule | ours (step) | torch.distributed.pipelining, gloo | "
               "ours / torch | busiest stage's compute: ours / torch | its share of torch's "
-              "step | launches failed or hung: ours / torch |")
-        print("|---|---|---|---|---|---|---|---|")
+              "step | that stage alone in one process, its share of torch's step | launches "
+              "failed or hung: ours / torch |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for case in (c for c in MLP_CASES if a.case in c[0]):
             for schedule in schedules:
-                med, failed = measure("mlp", case, schedule, a)
+                med, failed, alone = measure("mlp", case, schedule, a)
                 ours, peer = (med[s][0] if med[s] else None for s in ("ours", "torch"))
                 compute = [med[s][3] if med[s] else None for s in ("ours", "torch")]
                 ratio = f"{ours / peer:.2f}x" if ours and peer else "-"
                 # no schedule's step is shorter than its busiest stage's compute: with it
                 # beside torch's step, a ratio target is seen to be reachable or not
                 floor = f"{compute[0] / peer:.2f}x" if compute[0] and peer else "-"
+                alone_share = f"{alone / peer:.2f}x" if alone and peer else "-"
                 print(f"| {case[0]} | {schedule} | {_ms(ours)} | {_ms(peer)} | {ratio} | "
-                      f"{_ms(compute[0])} / {_ms(compute[1])} | {floor} | "
-                      f"{failed['ours']} / {failed['torch']} |", flush=True)
+                      f"{_ms(compute[0])} / {_ms(compute[1])} | {floor} | {_ms(alone)}, "
+                      f"{alone_share} | {failed['ours']} / {failed['torch']} |", flush=True)
     if a.only != "mlp":
         print(f"\n| stages (f {FORWARD_S * 1e3:.0f} ms, b {BACKWARD_S * 1e3:.0f} ms) | "
               "schedule | theory idle | ours: idle (sleeps alone), step, speedup / ideal | "
@@ -272,7 +320,7 @@ def main() -> None:
             theory = (k - 1) / (m + k - 1)
             ideal = k * m / (m + k - 1)
             for schedule in schedules:
-                med, failed = measure("bubble", case, schedule, a)
+                med, failed, _ = measure("bubble", case, schedule, a)
                 cells = []
                 for s in ("ours", "torch"):
                     if med[s] is None:

@@ -24,16 +24,9 @@ import sys
 import threading
 import time
 
+import bench_pipeline
+
 HIDDEN, BATCH, MICRO = 64, 64, 16
-
-
-def _stage(torch, rank: int, size: int):
-    torch.manual_seed(0)
-    blocks = []
-    for _ in range(8):
-        blocks += [torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.Tanh()]
-    per = len(blocks) // size
-    return torch.nn.Sequential(*blocks[rank * per:(rank + 1) * per])
 
 
 def _thread_cpu() -> dict:
@@ -60,7 +53,7 @@ def rank_main(schedule: str, steps: int) -> None:
     from engine_native.torch.pipelining import step_run
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    part = _stage(torch, rank, size)
+    part = bench_pipeline.mlp_stage(torch, HIDDEN, rank, size, None)
     cls = pp.ScheduleGPipe if schedule == "gpipe" else pp.Schedule1F1B
     sched = cls(pp.PipelineStage(part, rank, size), MICRO,
                 loss_fn=torch.nn.functional.mse_loss)
@@ -123,27 +116,6 @@ def rank_main(schedule: str, steps: int) -> None:
     hvd.shutdown()
 
 
-def floor(rank: int, size: int, repeats: int = 200) -> float:
-    """Median seconds of stage ``rank``'s forwards and backwards of a step, in one process."""
-    import torch
-    torch.set_num_threads(1)
-    part = _stage(torch, rank, size)
-    x, y = torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN)
-    chunks = list(zip(torch.tensor_split(x, MICRO), torch.tensor_split(y, MICRO)))
-    times = []
-    for _ in range(repeats + 20):
-        t0 = time.perf_counter()
-        for xm, ym in chunks:
-            xi = xm.detach().requires_grad_(rank > 0)
-            out = part(xi)
-            if rank == size - 1:
-                (torch.nn.functional.mse_loss(out, ym) / MICRO).backward()
-            else:
-                out.backward(torch.ones_like(out))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[20:])
-
-
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
         rank_main(sys.argv[2], int(sys.argv[3]))
@@ -162,8 +134,9 @@ def main() -> None:
                          timeout=600)
     rows = sorted(line.split(":", 1)[-1] for line in out.stdout.splitlines() if "| " in line)
     print("\n".join(rows) if rows else out.stdout + out.stderr)
+    alone = bench_pipeline.stages_alone(HIDDEN, MICRO, 2, timed=False, repeats=200)
     print("\nCompute floor (one process, the stage's forwards and backwards of a step): " +
-          ", ".join(f"stage {r} {floor(r, 2) * 1e3:.2f} ms" for r in range(2)))
+          ", ".join(f"stage {r} {t * 1e3:.2f} ms" for r, t in enumerate(alone)))
 
 
 if __name__ == "__main__":
