@@ -40,6 +40,18 @@ def wait_until_running(hvd, name: str, handle=None, timeout: float = 60.0) -> bo
     return True
 
 
+def wait_until_pending(hvd, name: str, waits_for=None, timeout: float = 60.0) -> None:
+    """Poll until this rank's ``metrics()["pending"]`` lists an op named ``name`` (and, with
+    ``waits_for``, missing exactly those ranks: on the board, Note [One round] G); the list is
+    refreshed every 200 ms. AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not any(p["name"] == name and (waits_for is None or p["missing_ranks"] == waits_for)
+                  for p in hvd.metrics()["pending"]):
+        assert time.monotonic() < deadline, \
+            f"{name!r} not pending here after {timeout} s: {hvd.metrics()['pending']}"
+        threading.Event().wait(0.01)  # a bounded poll of the core's state, not a nap
+
+
 def announce(folder: str, event: str) -> None:
     """Tell the other ranks that ``event`` happened here (they :func:`await_event` it): an
     explicit handshake, where a sleep would only make one order likely."""

@@ -336,8 +336,11 @@ def second_thread_suite(folder: str):
     thread joins; rank 0 joins last without having posted "loss", then submits it. Rank 1's
     "loss" reaches rank 0's negotiation only after the join, so it pairs with rank 0's: the
     reopened board must not wait for rank 1 to post it (the first post after the join names
-    it). If rank 0's join came first instead (it should not), the join gives rank 1's "loss"
-    rank 0's zeros and rank 0 submits none: the outcome is checked either way."""
+    it). Rank 1 joins only once "loss" waits on the board for rank 0, and rank 0 joins only
+    once rank 1's join op is taken (its request sent to rank 0): both seen in rank 1's
+    pending list. Should rank 0's coordinator still count its own join first (its loop not
+    yet run since the request arrived), the join gives rank 1's "loss" rank 0's zeros and
+    rank 0 submits none: the outcome is checked either way."""
     import threading
     hvd = checks.init("shm")
     hvd.allreduce(np.ones(1, np.float32), name="warm")
@@ -346,14 +349,19 @@ def second_thread_suite(folder: str):
         worker = threading.Thread(target=lambda: got.setdefault(
             "loss", hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="loss").tolist()))
         worker.start()
-        time.sleep(0.3)  # (the thread's post first: either order is checked)
-        faults.announce(folder, "joining")
+        faults.wait_until_pending(hvd, "allreduce.loss", waits_for=[0])
+
+        def announce_once_joining():
+            faults.wait_until_pending(hvd, "join")
+            faults.announce(folder, "joined")
+        announcer = threading.Thread(target=announce_once_joining)
+        announcer.start()
         last = hvd.join()
+        announcer.join(60)
         worker.join(60)
         loss = got.get("loss", "still waiting")
     else:
-        faults.await_event(folder, "joining")
-        time.sleep(0.3)  # (rank 1's join request first: either order is checked)
+        faults.await_event(folder, "joined")
         last = hvd.join()
         loss = (hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="loss").tolist()
                 if last == 0 else None)
