@@ -190,3 +190,54 @@ def test_the_helpers_end_wakes_the_sleeping_loop(tmp_path):
     into, equal, missed_wakes = res[1].value
     assert all(into) and all(equal), res[1].value
     assert missed_wakes < WAKES, res[1].value  # (broken, each message's last pass is one)
+
+
+def _read_all(hvd, value: float) -> bool:
+    """Rank 0 sends WIDE bytes into rank 1's posted out= (read by rank 1 alone, on two
+    threads); True where it arrived."""
+    message = np.full(WIDE // 8, value)
+    if hvd.rank() == 0:
+        hvd.barrier()  # rank 1's receive is posted
+        hvd.send(message, 1, tag=11)
+        return True
+    out = np.zeros_like(message)
+    request = hvd.irecv(0, tag=11, out=out)
+    hvd.barrier()
+    return request.wait() is out and bool(np.array_equal(out, message))
+
+
+def forked_suite():
+    """A read-all in the parent leaves rank 1's helper thread waiting for work; then each rank
+    shuts down and forks, and the children start the core again and read-all twice. A child
+    inherits the helper's lock and conditions but not its thread: it must read with a thread
+    and conditions of its own. The exit status of each child, or "hung"."""
+    import os
+    import signal
+    import time
+    hvd = checks.init("shm")
+    assert _read_all(hvd, 1.0)
+    hvd.shutdown()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            hvd = checks.init("shm")
+            code = 0 if _read_all(hvd, 2.0) and _read_all(hvd, 3.0) else 2
+            hvd.shutdown()
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        threading.Event().wait(0.05)  # a bounded poll of the child, not a nap
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "hung"
+
+
+def test_a_forked_child_reads_all_with_a_helper_of_its_own():
+    values = [r.value for r in run_ranks(forked_suite, 2, timeout=90,
+                                         env={"HVD_TIMEOUT": "10"})]
+    assert values == [0, 0], values

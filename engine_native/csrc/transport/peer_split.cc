@@ -67,6 +67,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <random>
 
@@ -109,10 +110,14 @@ uint64_t halfOf(uint64_t bytes) { return std::min(bytes, (bytes / 2 + 4095) / 40
 
 bool testSwitchOn(const char* raw) { return raw != nullptr && std::strcmp(raw, "1") == 0; }
 
-// A copy straight between the two processes failed (B, G): the peer is gone, or its memory.
-Status copyFailed(int peer, const Status& why) {
-  return common::peerLost("point-to-point connection to rank " + std::to_string(peer) +
-                          ": split copy failed: " + why.message());
+// A copy straight between the two processes failed (B, G). Only a peer that is gone (ESRCH)
+// is a lost peer, whose own failure may still come to name the cause; its memory unmapped
+// (EFAULT), a refusal (EPERM) or a forked child's inherited read fail this rank at once.
+Status copyFailed(int peer, const Status& why, int os_error) {
+  std::string what = "point-to-point connection to rank " + std::to_string(peer) +
+                     ": split copy failed: " + why.message();
+  return os_error == ESRCH ? common::peerLost(std::move(what))
+                           : common::internalError(std::move(what));
 }
 
 Status malformed(int peer, const std::string& what) {
@@ -332,10 +337,11 @@ Status PeerChannel::writeHalf(Outgoing* o, bool* moved) {  // B, E
   const uint64_t bytes = o->frame.bytes;
   const uint64_t piece = std::min(kSplitPieceBytes, bytes - o->half_written);
   if (piece > 0) {
+    int os_error = 0;
     Status s = shm::writePeer(static_cast<pid_t>(o->receiver.pid), o->receiver.address +
-                         o->half_written, o->tensor + o->half_written, piece);
+                         o->half_written, o->tensor + o->half_written, piece, &os_error);
     if (!s.isOk()) {
-      return copyFailed(peer_, s);
+      return copyFailed(peer_, s, os_error);
     }
     o->half_written += piece;
     *moved = true;
@@ -354,10 +360,11 @@ Status PeerChannel::readHalf(bool* moved) {  // B, E
   if (in.got < in.end) {
     const uint64_t most = in.helper != nullptr ? kReadAllPieceBytes : kSplitPieceBytes;  // E, G
     const uint64_t piece = std::min(most, in.end - in.got);
+    int os_error = 0;
     Status s = shm::readPeer(static_cast<pid_t>(in.sender.pid), in.sender.address + in.got,
-                        in.message.payload.data + in.got, piece);
+                        in.message.payload.data + in.got, piece, &os_error);
     if (!s.isOk()) {
-      return copyFailed(peer_, s);
+      return copyFailed(peer_, s, os_error);
     }
     in.got += piece;
     *moved = true;
@@ -372,7 +379,7 @@ Status PeerChannel::completeSplit(std::vector<PeerMessage>* out) {
     if (!in.helper->finished.load(std::memory_order_seq_cst)) return Status::ok();  // it wakes
     shm::awaitHelperRead(*in.helper);  // (its wake is being rung: moments)
     if (!in.helper->status.isOk()) {
-      return copyFailed(peer_, in.helper->status);
+      return copyFailed(peer_, in.helper->status, in.helper->os_error);
     }
   }
   queueControl(PeerFrameKind::kSplitRead, std::string());

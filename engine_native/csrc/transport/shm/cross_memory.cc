@@ -124,11 +124,13 @@ Status movePeer(bool write, pid_t pid, uint64_t remote, void* local, size_t byte
       case ESRCH:
         return common::internalError(where + ": the process is gone (ESRCH); a rank of this "
                                      "host exited during the op");
-      case EPERM:
-        return common::internalError(where + ": not permitted (EPERM); set " +
-                                     std::string(write ? "HVD_P2P_SPLIT_MIN_BYTES=0"
-                                                       : "HVD_SINGLE_COPY=0") +
-                                     " or allow ptrace access between the job's processes");
+      case EPERM:  // (a read serves collectives and point-to-point, a write the latter)
+        return common::internalError(
+            where + ": not permitted (EPERM); allow ptrace access between the job's "
+            "processes, or turn these copies off: " +
+            std::string(write ? "HVD_P2P_SPLIT_MIN_BYTES=0"
+                              : "HVD_SINGLE_COPY=0 (collectives), HVD_P2P_SPLIT_MIN_BYTES=0 "
+                                "(point-to-point)"));
       case EFAULT:
         return common::internalError(where + ": the range is not mapped in that process "
                                      "(EFAULT); its buffer was freed during the op");

@@ -1,8 +1,9 @@
 // The process's reading thread (transport/shm/helper_read.h).
 #include "transport/shm/helper_read.h"
 
-#include <unistd.h>
+#include <pthread.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -18,19 +19,51 @@ namespace hvd::transport::shm {
 
 namespace {
 
+// Note [Helper reads across fork]
+// A forked child has the parent's Reader but not its thread, and the Reader's condition
+// variables may still count that thread as a waiter: glibc's notify then waits, in the child,
+// for a thread that does not exist (a child's second read hung for ever, holding the lock and
+// its caller's progress). A mutex that another thread held at fork() also stays locked in the
+// child for good. So the process takes the Reader's mutex across fork() (pthread_atfork: no
+// read is half queued or half released then), and the child replaces the Reader. The parent's
+// reads end in the old one (failed, unless the thread had finished one); only the forking
+// thread exists in the child, so nothing else touches them. The old Reader is left behind as
+// it is, its mutex held, and the child's first read starts a thread of its own.
 struct Reader {
   std::mutex mutex;
   std::condition_variable work;  // a read was queued
   std::condition_variable done;  // a read was released
   std::deque<std::shared_ptr<HelperRead>> queue;
   std::shared_ptr<HelperRead> current;  // the read the thread runs
-  pid_t owner = 0;  // the process whose thread serves `queue` (a forked child has none)
+  bool serving = false;  // the reading thread was started (at the first read)
 };
 
-// Never destroyed: the detached thread waits on it until the process exits.
+std::atomic<Reader*> g_reader{nullptr};  // never destroyed: its thread waits on it until exit
+
+void lockForFork() { g_reader.load()->mutex.lock(); }
+void unlockInParent() { g_reader.load()->mutex.unlock(); }
+
+void replaceInChild() {
+  Reader* old = g_reader.load();
+  if (old->current != nullptr) old->queue.push_back(std::move(old->current));
+  for (const std::shared_ptr<HelperRead>& read : old->queue) {
+    if (!read->finished.load(std::memory_order_relaxed)) {
+      read->status = common::internalError("a helper read of the process this one forked from");
+      read->finished.store(true, std::memory_order_seq_cst);
+    }
+    read->released = true;
+  }
+  old->queue.clear();
+  g_reader.store(new Reader());
+}
+
 Reader& reader() {
-  static Reader* r = new Reader();
-  return *r;
+  static const bool registered = [] {
+    g_reader.store(new Reader());
+    return ::pthread_atfork(lockForFork, unlockInParent, replaceInChild) == 0;
+  }();
+  (void)registered;  // (without the handlers a child's reads may hang, as before them)
+  return *g_reader.load();
 }
 
 void serve(Reader* r) {
@@ -45,7 +78,8 @@ void serve(Reader* r) {
     if (const char* ms = HVD_TEST_SWITCH("P2P_HELPER_READ_DELAY_MS")) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms)));
     }
-    read->status = readPeer(read->pid, read->remote, read->local, read->bytes);
+    read->status = readPeer(read->pid, read->remote, read->local, read->bytes,
+                            &read->os_error);
     read->finished.store(true, std::memory_order_seq_cst);
     if (read->on_finished != nullptr) read->on_finished(read->context);
     lock.lock();
@@ -55,33 +89,15 @@ void serve(Reader* r) {
   }
 }
 
-// Under r.mutex: in a forked child the parent's thread is gone. Its reads (queued, or the one
-// it ran) end failed, so nothing waits for them; the child's first read starts a thread.
-void ownedHere(Reader& r, bool start) {
-  if (r.owner == ::getpid()) return;
-  if (r.owner != 0) {
-    if (r.current != nullptr) r.queue.push_back(std::move(r.current));
-    for (const std::shared_ptr<HelperRead>& read : r.queue) {
-      read->status = common::internalError("a helper read of the process this one forked from");
-      read->finished.store(true, std::memory_order_seq_cst);
-      read->released = true;
-    }
-    r.queue.clear();
-    r.current = nullptr;
-    r.owner = 0;
-  }
-  if (start) {
-    r.owner = ::getpid();
-    std::thread(serve, &r).detach();
-  }
-}
-
 }  // namespace
 
 void startHelperRead(std::shared_ptr<HelperRead> read) {
   Reader& r = reader();
   std::lock_guard<std::mutex> lock(r.mutex);
-  ownedHere(r, /*start=*/true);
+  if (!r.serving) {
+    r.serving = true;
+    std::thread(serve, &r).detach();
+  }
   r.queue.push_back(std::move(read));
   r.work.notify_one();
 }
@@ -89,7 +105,6 @@ void startHelperRead(std::shared_ptr<HelperRead> read) {
 void awaitHelperRead(const HelperRead& read) {
   Reader& r = reader();
   std::unique_lock<std::mutex> lock(r.mutex);
-  ownedHere(r, /*start=*/false);
   r.done.wait(lock, [&read] { return read.released; });
 }
 

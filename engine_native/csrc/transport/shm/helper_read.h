@@ -1,9 +1,9 @@
 // HelperRead: a range of a peer's memory read into this process by a thread of its own, while
 // the thread that asked reads another range of the same message (Note [Split copy] G in
 // transport/peer_split.cc): two cores copy a message into memory that only this process writes.
-// One reading thread per process, started at the first read (and again in a forked child,
-// where the parent's reads end failed); its reads run one after another, in the order asked.
-// Any thread.
+// One reading thread per process, started at the first read (a forked child starts its own,
+// and the parent's reads end failed there: Note [Helper reads across fork] in helper_read.cc);
+// its reads run one after another, in the order asked. Any thread.
 #pragma once
 
 #include <sys/types.h>
@@ -28,6 +28,7 @@ struct HelperRead {
   void* context = nullptr;
   std::atomic<bool> finished{false};  // seq_cst; `status` is final once it is set
   common::Status status;
+  int os_error = 0;  // errno of a failed read (ESRCH: the peer is gone), else 0
   bool released = false;  // under the reader's lock: the reading thread is done with it
 };
 
