@@ -4,10 +4,10 @@ processes' memory. Messages arrive whole and in order (one tag too), both ways a
 side's offer waits for the other's answer); a posted receive's out= is never written by the
 peer (from 4 MiB the receiver reads it all, on two threads; below, it comes whole through the
 ring); a receive into out= that ends while the helper thread reads never has out written
-afterwards, and the helper's end wakes a sleeping loop; an offer wakes a receiver that has no
-receive open; a receiver that cannot verify its peer refuses and the messages go whole through
-the ring; a sender that cannot verify the receiver writes nothing and the receiver reads it
-all; HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
+afterwards, the helper's end wakes a sleeping loop, and a forked child reads with a helper of
+its own; an offer wakes a receiver that has no receive open; a receiver that cannot verify its
+peer refuses and the messages go whole through the ring; a sender that cannot verify the
+receiver writes nothing and the receiver reads it all; HVD_P2P_SPLIT_MIN_BYTES=0 never splits.
 """
 import threading
 
