@@ -219,11 +219,15 @@ def forked_suite():
     hvd.shutdown()
     pid = os.fork()
     if pid == 0:
+        signal.alarm(60)  # (no child outlives its test, whatever happens to the rank)
         code = 1
         try:
             hvd = checks.init("shm")
             code = 0 if _read_all(hvd, 2.0) and _read_all(hvd, 3.0) else 2
             hvd.shutdown()
+        except BaseException:  # noqa: BLE001 - the child's error, shown before it exits
+            import traceback
+            traceback.print_exc()
         finally:
             os._exit(code)
     deadline = time.monotonic() + 45

@@ -110,14 +110,15 @@ uint64_t halfOf(uint64_t bytes) { return std::min(bytes, (bytes / 2 + 4095) / 40
 
 bool testSwitchOn(const char* raw) { return raw != nullptr && std::strcmp(raw, "1") == 0; }
 
-// A copy straight between the two processes failed (B, G). Only a peer that is gone (ESRCH)
-// is a lost peer, whose own failure may still come to name the cause; its memory unmapped
-// (EFAULT), a refusal (EPERM) or a forked child's inherited read fail this rank at once.
+// A copy straight between the two processes failed (B, G). A peer that is gone (ESRCH) or
+// whose memory went (EFAULT: a failed sender's tensor freed, F) is a lost peer: its own
+// failure may still come to name the cause (Note [Failure fan-out]). A refusal (EPERM) or a
+// forked child's inherited read fails this rank at once.
 Status copyFailed(int peer, const Status& why, int os_error) {
   std::string what = "point-to-point connection to rank " + std::to_string(peer) +
                      ": split copy failed: " + why.message();
-  return os_error == ESRCH ? common::peerLost(std::move(what))
-                           : common::internalError(std::move(what));
+  return os_error == ESRCH || os_error == EFAULT ? common::peerLost(std::move(what))
+                                                 : common::internalError(std::move(what));
 }
 
 Status malformed(int peer, const std::string& what) {

@@ -24,11 +24,12 @@ namespace {
 // variables may still count that thread as a waiter: glibc's notify then waits, in the child,
 // for a thread that does not exist (a child's second read hung for ever, holding the lock and
 // its caller's progress). A mutex that another thread held at fork() also stays locked in the
-// child for good. So the process takes the Reader's mutex across fork() (pthread_atfork: no
-// read is half queued or half released then), and the child replaces the Reader. The parent's
-// reads end in the old one (failed, unless the thread had finished one); only the forking
-// thread exists in the child, so nothing else touches them. The old Reader is left behind as
-// it is, its mutex held, and the child's first read starts a thread of its own.
+// child for good. So the process takes the Reader's mutex across fork() (pthread_atfork,
+// registered when the core is loaded: no read is half queued, half finished or half released
+// then; a read's result is written under the mutex), and the child replaces the Reader. The
+// parent's reads end in the old one (failed, unless the thread had finished one); only the
+// forking thread exists in the child, so nothing else touches them. The old Reader is left
+// behind as it is, its mutex held, and the child's first read starts a thread of its own.
 struct Reader {
   std::mutex mutex;
   std::condition_variable work;  // a read was queued
@@ -49,6 +50,7 @@ void replaceInChild() {
   for (const std::shared_ptr<HelperRead>& read : old->queue) {
     if (!read->finished.load(std::memory_order_relaxed)) {
       read->status = common::internalError("a helper read of the process this one forked from");
+      read->os_error = 0;  // (not a lost peer)
       read->finished.store(true, std::memory_order_seq_cst);
     }
     read->released = true;
@@ -57,14 +59,14 @@ void replaceInChild() {
   g_reader.store(new Reader());
 }
 
-Reader& reader() {
-  static const bool registered = [] {
-    g_reader.store(new Reader());
-    return ::pthread_atfork(lockForFork, unlockInParent, replaceInChild) == 0;
-  }();
-  (void)registered;  // (without the handlers a child's reads may hang, as before them)
-  return *g_reader.load();
-}
+// At load, before any thread of the core exists: a fork while a first use still set the
+// Reader up would leave the child a set-up that never ends.
+const bool g_fork_handlers = [] {
+  g_reader.store(new Reader());
+  return ::pthread_atfork(lockForFork, unlockInParent, replaceInChild) == 0;
+}();
+
+Reader& reader() { return *g_reader.load(); }
 
 void serve(Reader* r) {
   std::unique_lock<std::mutex> lock(r->mutex);
@@ -78,9 +80,14 @@ void serve(Reader* r) {
     if (const char* ms = HVD_TEST_SWITCH("P2P_HELPER_READ_DELAY_MS")) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms)));
     }
-    read->status = readPeer(read->pid, read->remote, read->local, read->bytes,
-                            &read->os_error);
+    int os_error = 0;
+    common::Status status = readPeer(read->pid, read->remote, read->local, read->bytes,
+                                     &os_error);
+    lock.lock();  // (a fork finds the result whole or not at all)
+    read->status = std::move(status);
+    read->os_error = os_error;
     read->finished.store(true, std::memory_order_seq_cst);
+    lock.unlock();
     if (read->on_finished != nullptr) read->on_finished(read->context);
     lock.lock();
     read->released = true;
