@@ -54,6 +54,9 @@ def metrics() -> dict:
     ``out=`` of at least 4 MiB or from a sender that could not verify it), and
     ``p2p_split_refused`` the offers answered "send it whole", either way (a peer that cannot
     be read, or a posted receive's ``out=`` under 4 MiB: those went through the ring).
+    ``helper_reads`` counts the reads the process's second reading thread ran since it
+    started: halves of those point-to-point messages, and of large single-copy broadcasts read
+    on two threads (``HVD_SINGLE_COPY``, Note [Two-thread reads]).
     ``one_round_ops`` counts ops agreed and moved in one shared-memory round among the ranks,
     without rank 0's negotiation (``HVD_ONE_ROUND_BYTES``, Note [One round]).
     ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others

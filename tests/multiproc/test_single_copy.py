@@ -6,7 +6,9 @@ the segment's slots.
 - np 1..5, every dtype, uneven splits with zero-size parts, in place and not: results equal
   NumPy's, and equal what HVD_SINGLE_COPY=0 (the slot path) and HVD_TRANSPORT=tcp give (each
   rank returns a digest of every output; the three runs must agree byte for byte);
-  metrics()["single_copy_ops"] proves which path ran (> 0 with it, 0 without);
+  metrics()["single_copy_ops"] proves which path ran (> 0 with it, 0 without), and
+  metrics()["helper_reads"] that a broadcast's reader read on two threads where each reader can
+  have two CPUs (Note [Two-thread reads]: np=2 here) and on one elsewhere;
 - a process set (a subset of the host's ranks keeps the pairs; the whole host's set reads);
 - the setup probe: every rank agrees, HVD_SINGLE_COPY=0 on one rank or a probe forced to fail
   on one rank (HVD_TEST_SINGLE_COPY_PROBE_FAIL=1) turns it off on every rank, and
@@ -46,6 +48,7 @@ def collectives(tag):
     n, me = hvd.size(), hvd.rank()
     digest = hashlib.sha256()
     before = hvd.metrics()["single_copy_ops"]
+    helped = hvd.metrics()["helper_reads"]
     for dtype in ALL_DTYPES:
         # allgather, uneven with a zero-size part
         name = f"ag.{dtype}"
@@ -78,9 +81,13 @@ def collectives(tag):
         digest.update(np.ascontiguousarray(got).tobytes())
     used = hvd.metrics()["single_copy_ops"] - before
     mode = hvd.metrics()["host_copy"]
+    helped = hvd.metrics()["helper_reads"] - helped
+    # Note [Two-thread reads]: a broadcast's reader reads on two threads where every reader can
+    # have two CPUs; this rank read the other roots' broadcasts
+    two_threads = n > 1 and 2 * (n - 1) <= len(os.sched_getaffinity(0))
     hvd.shutdown()
     fails.raise_if_any()
-    return digest.hexdigest(), used, mode
+    return digest.hexdigest(), used, mode, helped, two_threads
 
 
 # 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS
@@ -93,15 +100,17 @@ def test_single_copy_matches_the_slot_path_and_tcp(np_):
         tcp = run_ranks(collectives, np_, args=("tcp",), timeout=300,
                         env={**LOW, "HVD_TRANSPORT": "tcp"})
     for r in range(np_):
-        digest, used, mode = on[r].value
+        digest, used, mode, helped, two_threads = on[r].value
         assert digest == off[r].value[0], f"rank {r}: single-copy and slot path differ"
         if np_ == 1:
-            assert used == 0 and mode == "none"
+            assert used == 0 and mode == "none" and helped == 0
             continue
         assert digest == tcp[r].value[0], f"rank {r}: single-copy and tcp differ"
         assert mode == "single-copy" and used > 0, (r, mode, used)
-        assert off[r].value[1:] == (0, "segment")
-        assert tcp[r].value[1:] == (0, "none")
+        # one helper read per broadcast this rank read: (np - 1) roots x every dtype
+        assert helped == (len(ALL_DTYPES) * (np_ - 1) if two_threads else 0), (r, helped)
+        assert off[r].value[1:4] == (0, "segment", 0)
+        assert tcp[r].value[1:4] == (0, "none", 0)
 
 
 def subset_and_whole(_):

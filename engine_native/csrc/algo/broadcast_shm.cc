@@ -26,6 +26,8 @@
 // Prediction (2-core AMD VM, float32): np=2, 16 MiB: 16 MiB copied by each rank, overlapped,
 // 32 pieces of 512 KiB, slots hot in cache: ≈ 2 ms (chain 6.2 ms, MPICH 2.45 ms). np=4, 1 MiB:
 // 8 pieces of 128 KiB, three readers on two cores: ≈ 0.3 ms (tree 1.2 ms, MPICH 0.37 ms).
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -33,8 +35,9 @@
 #include "algo/peer_block.h"
 #include "algo/segment_walk.h"
 #include "algo/single_copy.h"
-#include "transport/shm/cross_memory.h"
 #include "transport/shm/collective_sync.h"
+#include "transport/shm/cross_memory.h"
+#include "transport/shm/helper_read.h"
 
 namespace hvd::algo {
 namespace {
@@ -62,11 +65,31 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
   });
 }
 
+// Note [Two-thread reads]
+// A single-copy reader's process_vm_readv is bound by the kernel's work per page (pinning the
+// root's pages, walking both page tables) more than by memory: one thread read 16 MiB in
+// 1.50-1.81 ms and 64 MiB in 9.9-12.5 ms on the 2-vCPU test VM, slower than the slots (1.45-1.53
+// / 7.9-9.5 ms), which is why HVD_SINGLE_COPY is off by default. The root of a broadcast only
+// waits while its readers read, so where each reader can have two CPUs (2 x readers <= the
+// CPUs the reading thread may use: np=2 unbound on two CPUs; not when HVD_CPU_BIND gives each
+// rank one) the reader reads the second half on the process's reading thread
+// (transport/shm/helper_read.h) while it reads the first: 0.70-0.81 / 2.8-4.2 ms, and in
+// `run_all.py --cases floor` broadcast_ 0.86 / 4.72 ms against the slots' 1.50 / 7.59 and
+// MPICH's 1.52 / 11.28 (benchmarks/RESULTS.md, 2026-12-06). Allgather and alltoall read on one
+// thread: every rank reads there, so no CPU is idle.
+bool twoThreadReads(const CollectiveSync& sync) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return false;
+  return 2 * (sync.size() - 1) <= CPU_COUNT(&mine);
+}
+
 // Note [Single-copy ops] in algo/single_copy.cc: the readers copy the root's input straight
 // into their output; the root copies only its own output, and returns once all have read.
 common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
                                    size_t bytes, int root) {
   const bool is_root = sync.index() == root;
+  const bool two_threads = !is_root && twoThreadReads(sync);
   SingleCopyOp op;
   op.in = is_root ? root_in : nullptr;
   op.bytes = is_root ? bytes : 0;
@@ -75,7 +98,8 @@ common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in,
   if (is_root && root_in != data) op.local = [&] { std::memcpy(data, root_in, bytes); };
   op.read = [&](int j, const PeerInput& peer) {
     HVD_RETURN_IF_ERROR(checkPeerBlock("broadcast", j, peer.bytes, 0, peer.bytes, bytes));
-    return transport::shm::readPeer(peer.pid, peer.address, data, bytes);
+    return two_threads ? transport::shm::readOnTwoThreads(peer.pid, peer.address, data, bytes)
+                       : transport::shm::readPeer(peer.pid, peer.address, data, bytes);
   };
   return runSingleCopy(sync, op);
 }

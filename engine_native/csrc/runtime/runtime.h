@@ -28,6 +28,7 @@
 #include "runtime/process_sets.h"
 #include "transport/mesh.h"
 #include "transport/shm/cross_memory.h"
+#include "transport/shm/helper_read.h"
 #include "transport/shm/shared_blocks.h"
 
 namespace hvd::runtime {
@@ -92,6 +93,7 @@ class Runtime {
   MetricsSnapshot metrics() const {
     MetricsSnapshot s = metrics_.snapshot();
     s.single_copy_ops = algo::singleCopyOps();
+    s.helper_reads = transport::shm::helperReads();
     s.shared_output_ops = algo::sharedOutputOps();
     s.shared_output_fallbacks = algo::sharedOutputFallbacks();
     s.peer_block_maps = transport::shm::peerBlockMaps();

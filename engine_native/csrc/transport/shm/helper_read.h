@@ -39,4 +39,16 @@ void startHelperRead(std::shared_ptr<HelperRead> read);
 // nothing more). Bounded: process_vm_readv of a stopped process reads it, of an exited one fails.
 void awaitHelperRead(const HelperRead& read);
 
+// Reads `bytes` of `pid`'s memory at `remote` into `local` on two threads: the second half
+// (from a page boundary) by the reading thread, the first by the calling thread; returns once
+// both are done, with the first failure (and its errno in *os_error). One thread's
+// process_vm_readv is bound by the kernel's work per page more than by memory, so where
+// another core is idle two threads read a message in about half the time (Note [Two-thread
+// reads] in algo/broadcast_shm.cc).
+common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes,
+                                int* os_error = nullptr);
+
+// Reads the reading thread has run since the process started (metrics()["helper_reads"]).
+uint64_t helperReads();
+
 }  // namespace hvd::transport::shm
