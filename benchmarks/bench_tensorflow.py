@@ -5,7 +5,9 @@ of a small MLP) as one grouped allreduce per step (``--op reducescatter``: one
 grouped_reducescatter), on ``--np`` freshly spawned CPU processes
 each, in the same invocation: torch tensors through ``engine_native.torch``, and tf.Tensors
 through ``engine_native.tensorflow`` eagerly and inside ``tf.function`` (one stateful
-``tf.numpy_function``). The difference is what the TF binding adds around the same core.
+``tf.numpy_function``). The difference is what the TF binding adds around the same core. The
+last row is the tf.function mechanism alone: the same function whose numpy_function returns
+ready arrays and runs no op, the least any binding built on ``tf.numpy_function`` can cost.
 Prints a table and the ratios; never asserts anything (DESIGN §7).
 
     python benchmarks/bench_tensorflow.py                 # np=2
@@ -27,7 +29,8 @@ SHAPES = [(512, 512), (512,), (512, 256), (256,), (256, 256), (256,), (1024, 128
           (32, 32), (32,), (10, 32), (10,)]
 MODES = [('numpy', 'engine_native (NumPy API, the floor)'), ('torch', 'engine_native.torch'),
          ('tf-eager', 'engine_native.tensorflow, eager'),
-         ('tf-function', 'engine_native.tensorflow, tf.function')]
+         ('tf-function', 'engine_native.tensorflow, tf.function'),
+         ('tf-function-callback', 'tf.function + numpy_function, no op')]
 
 
 def _step_fn(mode, rank, op):
@@ -50,6 +53,15 @@ def _step_fn(mode, rank, op):
     grouped = getattr(hvd, 'grouped_' + op)
     if mode == 'tf-eager':
         return hvd, lambda: grouped(tensors)
+    if mode == 'tf-function-callback':
+        # The mechanism alone: the same function with a stateful numpy_function that returns
+        # ready arrays of the inputs' shapes (aligned, as the binding's are), no core op.
+        from engine_native.aligned_buffers import aligned_outputs
+        ready = aligned_outputs(arrays)
+        dtypes = [tf.float32] * len(tensors)
+        nothing = tf.function(lambda ts: tf.numpy_function(lambda *_: ready, ts, dtypes,
+                                                           stateful=True))
+        return hvd, lambda: nothing(tensors)
     reduce = tf.function(lambda ts: grouped(ts))
     return hvd, lambda: reduce(tensors)  # returns once the function ran (synchronous executor)
 
