@@ -14,7 +14,8 @@ out), for each system, and ours as a share of torch's step. Then that stage's wh
 step (forwards, the loss, backwards, as the ranks run them) alone in the launcher's process,
 with no neighbour computing and no hand-off, measured before each pair of launches, and its
 share of torch's step: the least that ours / torch can be on this machine at that time (the
-two vCPUs of this VM share a core, so beside its neighbour a stage computes ~1.5x slower).
+other rank computes beside it in a step: on the 2-vCPU test VMs a stage then ran 1.05-1.65x
+slower than alone).
 
 Table 2, "bubble": balanced synthetic stages whose forward sleeps 10 ms and backward 20 ms
 (compute that needs no core, so 4 ranks fit on 2 cores), K=2 with M=8 and K=4 with M=16.
