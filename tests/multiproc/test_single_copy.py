@@ -7,8 +7,8 @@ the segment's slots.
   NumPy's, and equal what HVD_SINGLE_COPY=0 (the slot path) and HVD_TRANSPORT=tcp give (each
   rank returns a digest of every output; the three runs must agree byte for byte);
   metrics()["single_copy_ops"] proves which path ran (> 0 with it, 0 without), and
-  metrics()["helper_reads"] that a broadcast's reader read on two threads where each reader can
-  have two CPUs (Note [Two-thread reads]: np=2 here) and on one elsewhere;
+  metrics()["helper_reads"] that a broadcast of at least 1 MiB was read on two threads where
+  the host has two CPUs per reader (Note [Two-thread reads]: np=2 here) and on one elsewhere;
 - a process set (a subset of the host's ranks keeps the pairs; the whole host's set reads);
 - the setup probe: every rank agrees, HVD_SINGLE_COPY=0 on one rank or a probe forced to fail
   on one rank (HVD_TEST_SINGLE_COPY_PROBE_FAIL=1) turns it off on every rank, and
@@ -79,11 +79,20 @@ def collectives(tag):
             got, checks.alltoall_expected(dtype, splits_of, me, n, name), dtype))
         fails.expect(f"{name}.splits", list(got_splits) == [splits_of(r)[me] for r in range(n)])
         digest.update(np.ascontiguousarray(got).tobytes())
+    # from every root, a broadcast large enough to be read on two threads where that pays
+    # (Note [Two-thread reads]: at least 1 MiB)
+    for root in range(n):
+        name = f"bc.two.{root}"
+        y = checks.make_input(np.float32, (2 << 20) // 4 + 5, me, name)
+        out = hvd.broadcast(y, root, name=name)
+        fails.check(name, checks.mismatch(out, checks.make_input(np.float32, y.size, root, name),
+                                          np.float32))
+        digest.update(out.tobytes())
     used = hvd.metrics()["single_copy_ops"] - before
     mode = hvd.metrics()["host_copy"]
     helped = hvd.metrics()["helper_reads"] - helped
-    # Note [Two-thread reads]: a broadcast's reader reads on two threads where every reader can
-    # have two CPUs; this rank read the other roots' broadcasts
+    # Note [Two-thread reads]: a broadcast's reader reads on two threads where the host has two
+    # CPUs per reader (these ranks are unbound); this rank read the other roots' "bc.two"
     two_threads = n > 1 and 2 * (n - 1) <= len(os.sched_getaffinity(0))
     hvd.shutdown()
     fails.raise_if_any()
@@ -107,8 +116,8 @@ def test_single_copy_matches_the_slot_path_and_tcp(np_):
             continue
         assert digest == tcp[r].value[0], f"rank {r}: single-copy and tcp differ"
         assert mode == "single-copy" and used > 0, (r, mode, used)
-        # one helper read per broadcast this rank read: (np - 1) roots x every dtype
-        assert helped == (len(ALL_DTYPES) * (np_ - 1) if two_threads else 0), (r, helped)
+        # one helper read per "bc.two" this rank read, from each of the np - 1 other roots
+        assert helped == (np_ - 1 if two_threads else 0), (r, helped)
         assert off[r].value[1:4] == (0, "segment", 0)
         assert tcp[r].value[1:4] == (0, "none", 0)
 

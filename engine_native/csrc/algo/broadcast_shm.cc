@@ -35,6 +35,7 @@
 #include "algo/peer_block.h"
 #include "algo/segment_walk.h"
 #include "algo/single_copy.h"
+#include "common/cpu_relax.h"
 #include "transport/shm/collective_sync.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/helper_read.h"
@@ -68,20 +69,26 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
 // Note [Two-thread reads]
 // A single-copy reader's process_vm_readv is bound by the kernel's work per page (pinning the
 // root's pages, walking both page tables) more than by memory: one thread read 16 MiB in
-// 1.50-1.81 ms and 64 MiB in 9.9-12.5 ms on the 2-vCPU test VM, slower than the slots (1.45-1.53
-// / 7.9-9.5 ms), which is why HVD_SINGLE_COPY is off by default. The root of a broadcast only
-// waits while its readers read, so where each reader can have two CPUs (2 x readers <= the
-// CPUs the reading thread may use: np=2 unbound on two CPUs; not when HVD_CPU_BIND gives each
-// rank one) the reader reads the second half on the process's reading thread
-// (transport/shm/helper_read.h) while it reads the first: 0.70-0.81 / 2.8-4.2 ms, and in
-// `run_all.py --cases floor` broadcast_ 0.86 / 4.72 ms against the slots' 1.50 / 7.59 and
-// MPICH's 1.52 / 11.28 (benchmarks/RESULTS.md, 2026-12-06). Allgather and alltoall read on one
+// 1.50-1.81 ms and 64 MiB in 9.9-12.5 ms on the 2-vCPU test VM, no faster than the slots
+// (1.45-1.53 / 7.9-9.5 ms), which is why HVD_SINGLE_COPY is off by default. The root of a
+// broadcast only waits while its readers read, so where the host has two CPUs per reader
+// (2 x readers <= the CPUs the process could use before any binding, common::usableCores)
+// and this thread may run on two, a read of at least kTwoThreadMinBytes takes the second half
+// on the process's reading thread (transport/shm/helper_read.h) while this thread reads the
+// first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data stays in the VM's 300 MiB
+// L3, ~8 % / 1.3x faster than the slots with fresh data each op (benchmarks/RESULTS.md, "Large
+// ops against the copy floor", 2026-12-06). The choice is this rank's own: the op is the same
+// on every rank either way. Allgather's and alltoall's own single-copy reads stay on one
 // thread: every rank reads there, so no CPU is idle.
-bool twoThreadReads(const CollectiveSync& sync) {
-  cpu_set_t mine;
+constexpr size_t kTwoThreadMinBytes = 1 << 20;  // below, the hand-off costs what it saves
+
+bool twoThreadReads(const CollectiveSync& sync, size_t bytes) {
+  if (bytes < kTwoThreadMinBytes || 2 * (sync.size() - 1) > common::usableCores()) {
+    return false;
+  }
+  cpu_set_t mine;  // (a rank bound to one CPU, HVD_CPU_BIND, would read both halves on it)
   CPU_ZERO(&mine);
-  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return false;
-  return 2 * (sync.size() - 1) <= CPU_COUNT(&mine);
+  return sched_getaffinity(0, sizeof(mine), &mine) == 0 && CPU_COUNT(&mine) >= 2;
 }
 
 // Note [Single-copy ops] in algo/single_copy.cc: the readers copy the root's input straight
@@ -89,7 +96,7 @@ bool twoThreadReads(const CollectiveSync& sync) {
 common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
                                    size_t bytes, int root) {
   const bool is_root = sync.index() == root;
-  const bool two_threads = !is_root && twoThreadReads(sync);
+  const bool two_threads = !is_root && twoThreadReads(sync, bytes);
   SingleCopyOp op;
   op.in = is_root ? root_in : nullptr;
   op.bytes = is_root ? bytes : 0;

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <deque>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -104,8 +106,16 @@ void startHelperRead(std::shared_ptr<HelperRead> read) {
   Reader& r = reader();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (!r.serving) {
-    r.serving = true;
-    std::thread(serve, &r).detach();
+    try {
+      std::thread(serve, &r).detach();
+      r.serving = true;
+    } catch (const std::system_error& e) {  // no thread: this read fails (the next tries again)
+      read->status = common::internalError(std::string("could not start the helper reading "
+                                                       "thread: ") + e.what());
+      read->finished.store(true, std::memory_order_seq_cst);
+      read->released = true;
+      return;
+    }
   }
   r.queue.push_back(std::move(read));
   r.work.notify_one();
