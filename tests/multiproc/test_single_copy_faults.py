@@ -13,6 +13,7 @@ algo/single_copy.cc; the paths themselves: test_single_copy.py). Real processes,
 import re
 
 import numpy as np
+import pytest
 
 from multiproc import checks
 from multiproc.harness import run_ranks
@@ -174,15 +175,19 @@ OWNER_GONE = re.compile(r"single-copy read of rank 0's input: .*the process is g
                         r"|lost connection to rank 0\b")
 
 
-def test_owner_killed_while_read_ends_the_readers_op():
+# np=2: the reader reads on two threads (Note [Two-thread reads]: the host has two CPUs per
+# reader), both halves from the dead owner; np=3 on two CPUs: one thread each
+@pytest.mark.parametrize("np_", [2, 3])
+def test_owner_killed_while_read_ends_the_readers_op(np_):
     """The kill is ordered by the root's own counter, not a sleep. That it also lands before
     the readers' reads rests on their 1 s read delay against a kill one 0.5 ms poll after the
     counter moved (holding a reader until the test releases it would need a core hook); a
     kill after the reads ends the next op, and the error must name rank 0 either way."""
     import signal
-    res = run_ranks(killed_owner, 3, args=(None,), timeout=60, check=False,
+    res = run_ranks(killed_owner, np_, args=(None,), timeout=60, check=False,
                     env={**LOW, "HVD_TIMEOUT": "20"},
-                    rank_env={r: {"HVD_TEST_SINGLE_COPY_READ_DELAY_MS": "1000"} for r in (1, 2)})
+                    rank_env={r: {"HVD_TEST_SINGLE_COPY_READ_DELAY_MS": "1000"}
+                              for r in range(1, np_)})
     assert res[0].returncode == -signal.SIGKILL, res[0].describe()
     for r in res[1:]:
         assert r.ok, r.describe()
