@@ -142,7 +142,7 @@ WAKES = 3  # messages whose helper read's end must wake the loop
 
 def helper_suite(folder, times_out):
     """Rank 1 posts receives into out= of WIDE bytes; the process's helper thread starts each
-    of its halves late (HVD_TEST_P2P_HELPER_READ_DELAY_MS). times_out: HVD_TIMEOUT passes
+    of its halves late (HVD_TEST_HELPER_READ_DELAY_MS). times_out: HVD_TIMEOUT passes
     first, the receive fails, and out must not change afterwards; the message then goes whole
     to the next receive. Else WAKES receives complete while this thread only polls: the loop
     thread sleeps once its half is read, and each helper's end must wake it. tick_pickups
@@ -177,7 +177,7 @@ def helper_suite(folder, times_out):
 def test_a_receive_into_out_that_ends_while_the_helper_reads_leaves_out_alone(tmp_path):
     res = run_ranks(helper_suite, 2, args=(str(tmp_path), True), timeout=60,
                     rank_env={1: {"HVD_TIMEOUT": "1",
-                                  "HVD_TEST_P2P_HELPER_READ_DELAY_MS": "2500"}})
+                                  "HVD_TEST_HELPER_READ_DELAY_MS": "2500"}})
     assert res[0].value == "sent"
     error, untouched_after, whole = res[1].value
     assert error and "recv from rank 0 (tag 3)" in error, error
@@ -186,7 +186,7 @@ def test_a_receive_into_out_that_ends_while_the_helper_reads_leaves_out_alone(tm
 
 def test_the_helpers_end_wakes_the_sleeping_loop(tmp_path):
     res = run_ranks(helper_suite, 2, args=(str(tmp_path), False), timeout=60,
-                    rank_env={1: {"HVD_TEST_P2P_HELPER_READ_DELAY_MS": "300"}})
+                    rank_env={1: {"HVD_TEST_HELPER_READ_DELAY_MS": "300"}})
     into, equal, missed_wakes = res[1].value
     assert all(into) and all(equal), res[1].value
     assert missed_wakes < WAKES, res[1].value  # (broken, each message's last pass is one)

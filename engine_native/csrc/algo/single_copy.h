@@ -1,7 +1,8 @@
 // Single-copy host collectives: every rank of the host publishes where its input lies
 // (transport/shm/collective_segment.h PeerRegion) and the ranks that need it read it straight
 // into their output with process_vm_readv (transport/shm/cross_memory.h); nothing goes through
-// the segment's slots. Note [Single-copy ops] in single_copy.cc. Background thread only.
+// the segment's slots. Note [Single-copy ops] in single_copy.cc. Background thread only
+// (whichever thread holds the loop's progress_: the loop thread or a caller driving it).
 #pragma once
 
 #include <cstddef>

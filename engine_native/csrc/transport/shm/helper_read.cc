@@ -79,8 +79,9 @@ void serve(Reader* r) {
     r->queue.pop_front();
     r->current = read;
     lock.unlock();
-    // Test switch: the read starts this late (a receive that ends while it runs, the wake).
-    if (const char* ms = HVD_TEST_SWITCH("P2P_HELPER_READ_DELAY_MS")) {
+    // Test switch: each read starts this late (point-to-point: a receive that ends while it
+    // runs, the wake).
+    if (const char* ms = HVD_TEST_SWITCH("HELPER_READ_DELAY_MS")) {
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atol(ms)));
     }
     int os_error = 0;
