@@ -128,8 +128,7 @@ void awaitHelperRead(const HelperRead& read) {
   r.done.wait(lock, [&read] { return read.released; });
 }
 
-common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes,
-                                int* os_error) {
+common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes) {
   constexpr size_t kPage = 4096;
   const size_t half = bytes / 2 / kPage * kPage;
   auto second = std::make_shared<HelperRead>();
@@ -138,10 +137,8 @@ common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t 
   second->local = static_cast<uint8_t*>(local) + half;
   second->bytes = bytes - half;
   startHelperRead(second);
-  int first_error = 0;
-  common::Status first = readPeer(pid, remote, local, half, &first_error);
+  common::Status first = readPeer(pid, remote, local, half);
   awaitHelperRead(*second);  // (also after a failure here: nothing may write `local` later)
-  if (os_error != nullptr) *os_error = first.isOk() ? second->os_error : first_error;
   return first.isOk() ? second->status : first;
 }
 

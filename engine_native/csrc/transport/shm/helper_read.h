@@ -41,12 +41,10 @@ void awaitHelperRead(const HelperRead& read);
 
 // Reads `bytes` of `pid`'s memory at `remote` into `local` on two threads: the second half
 // (from a page boundary) by the reading thread, the first by the calling thread; returns once
-// both are done, with the first failure (and its errno in *os_error). One thread's
-// process_vm_readv is bound by the kernel's work per page more than by memory, so where
-// another core is idle two threads read a message in about half the time (Note [Two-thread
-// reads] in algo/broadcast_shm.cc).
-common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes,
-                                int* os_error = nullptr);
+// both are done, with the first failure. One thread's process_vm_readv is bound by the
+// kernel's work per page more than by memory, so where another core is idle two threads read
+// a message in about half the time (Note [Two-thread reads] in algo/broadcast_shm.cc).
+common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes);
 
 // Reads the reading thread has run since the process started (metrics()["helper_reads"]).
 uint64_t helperReads();
