@@ -110,40 +110,44 @@ def rank_allreduce(system, rank, size, port, nbytes, iters):
     return {"times": times, "path": path}
 
 
-def rank_p2p(system, rank, size, port, nbytes, iters):
+def rank_p2p(system, rank, size, port, sizes, iters):
     """Ping-pong of a CUDA tensor between ranks 0 and 1 (sharing the GPU), each message
-    received onto the GPU: the round trips' times. "ours" sends by the core's own route (CUDA
-    IPC, or staged with HVD_GPU_PATH=staged); "gloo" is what a torch.distributed user writes
-    for CUDA tensors on gloo, whose send/recv take CPU tensors: .cpu(), send, recv, .cuda()."""
+    received onto the GPU, at each of ``sizes`` (bytes) in one process: the round trips' times
+    per size. "ours" sends by the core's own route (CUDA IPC, or staged with
+    HVD_GPU_PATH=staged); "gloo" is what a torch.distributed user writes for CUDA tensors on
+    gloo, whose send/recv take CPU tensors: .cpu(), send, recv, .cuda()."""
     import torch
     torch.cuda.set_device(0)
-    x = torch.full((nbytes // 4,), float(rank + 1), device="cuda")
     peer = 1 - rank
     if system == "ours":
         hvd = _init_ours(rank, size, port)
-
-        def hop(t, first):
-            if first:
-                hvd.send(t, peer)
-                return hvd.recv(peer, device="cuda")
-            got = hvd.recv(peer, device="cuda")
-            hvd.send(got, peer)
-            return got
     else:
         dist = _init_torch("gloo", rank, size, port)
-        host = torch.empty(nbytes // 4)
+    times = {}
+    for nbytes in sizes:
+        x = torch.full((max(nbytes // 4, 1),), float(rank + 1), device="cuda")
+        if system == "ours":
+            def hop(t, first):
+                if first:
+                    hvd.send(t, peer)
+                    return hvd.recv(peer, device="cuda")
+                got = hvd.recv(peer, device="cuda")
+                hvd.send(got, peer)
+                return got
+        else:
+            host = torch.empty(x.numel())
 
-        def hop(t, first):
-            if first:
-                dist.send(t.cpu(), peer)
+            def hop(t, first):
+                if first:
+                    dist.send(t.cpu(), peer)
+                    dist.recv(host, peer)
+                    return host.cuda()
                 dist.recv(host, peer)
-                return host.cuda()
-            dist.recv(host, peer)
-            got = host.cuda()
-            dist.send(got.cpu(), peer)
-            return got
-
-    times = _timed(lambda: hop(x, rank == 0), iters, torch.cuda.synchronize)
+                got = host.cuda()
+                dist.send(got.cpu(), peer)
+                return got
+        count = iters if nbytes <= 16 * 2**20 else max(iters // 2, 5)
+        times[nbytes] = _timed(lambda: hop(x, rank == 0), count, torch.cuda.synchronize)
     if system == "ours":
         hvd.shutdown()
     else:
