@@ -81,7 +81,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]  # engine_native; the ranks' file w
 from bench_gpu_mps import under_mps
 from bench_gpu_pipeline import case_pipeline
 from bench_gpu_ranks import rank_allreduce, rank_latency, rank_p2p, rank_step, run
-from bench_gpu_where import case_cpu_latency, case_profile
+from bench_gpu_where import case_cpu_latency, case_p2p_where, case_profile
 
 MIB = 1 << 20
 TARGETS = {"latency": 1.5, "staged": 3.0, "step": 2.0, "ipc": 50.0, "ipc_latency": 100.0,
@@ -347,7 +347,8 @@ def main():
     cases = {"latency": case_latency, "staged": case_staged, "step": case_step,
              "ipc": case_ipc, "ipc_latency": case_ipc_latency, "ipc_mps": case_ipc_mps,
              "p2p": case_p2p, "nccl2": case_nccl2, "pipeline": case_pipeline,
-             "profile": case_profile, "cpu_latency": case_cpu_latency}
+             "profile": case_profile, "cpu_latency": case_cpu_latency,
+             "p2p_where": case_p2p_where}
     if args.dry_run:
         if args.cases != "ipc_mps":
             parser.error("--dry-run runs --cases ipc_mps only")

@@ -1,7 +1,8 @@
 """Issue #36's pipeline target on a GPU, for benchmarks/bench_gpu.py (``--cases pipeline``):
 an MLP of 8 blocks (hidden 4096, batch 512, 8 micro-batches: 1 MiB activations) split over 2
 ranks sharing the GPU under MPS (GPipe and 1F1B, ours), against one rank running one stage's
-half alone over the same micro-batches; target: step ≤ (M+1)/M × the stage alone + 10 %."""
+half alone over the same micro-batches; target: step ≤ (M+1)/M × the stage alone + 10 %. Also
+both halves alone at once on two ranks (no hand-offs): what sharing the one GPU costs."""
 import os
 import statistics
 
@@ -73,6 +74,12 @@ def case_pipeline(args):
         floor = statistics.median(alone[0]["times"])
         rows.append(("one stage alone (half the model, 8 micro-batches, no hand-offs)",
                      f"{floor * 1e3:.2f} ms"))
+        # Both halves at once, one per rank, no hand-offs: what sharing the GPU alone costs,
+        # the least any schedule of the two stages on this one GPU can take.
+        both = run(rank_pipeline, 2, "alone", hidden, batch, micro, "gpipe", args.steps)
+        pair = max(statistics.median(r["times"]) for r in both)
+        rows.append(("both stages alone at once (one per rank, no hand-offs: the shared GPU's "
+                     "floor)", f"{pair * 1e3:.2f} ms", f"{pair / floor:.2f}× one stage alone"))
         for schedule in ("gpipe", "1f1b"):
             ours = run(rank_pipeline, 2, "ours", hidden, batch, micro, schedule, args.steps)
             t = max(statistics.median(r["times"]) for r in ours)

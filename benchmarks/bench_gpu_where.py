@@ -2,7 +2,9 @@
 over a shared-GPU CNN step and over 200 CUDA allreduces: the CUDA runtime calls that
 synchronise or allocate, per step and per op, and each rank's top operators; issue #39 items 3
 and 5) and ``--cases cpu_latency`` (4 B on the CPU at np=2: what the machine's process wake-ups
-cost, beside which the CUDA figures are read)."""
+cost, beside which the CUDA figures are read) and ``--cases p2p_where`` (where a CUDA
+point-to-point hop's time goes: the time inside send() and recv() on each rank, and every CUDA
+runtime call per hop with its host time, under torch.profiler; issue #36's 1 MiB target)."""
 import statistics
 
 from bench_gpu_mps import under_mps
@@ -103,6 +105,74 @@ def case_profile(args):
     return ("CUDA runtime calls under torch.profiler, 2 ranks sharing the GPU under MPS "
             f"(counted: {', '.join(SYNC_CALLS)})", rows,
             ("device_syncs", worst, "cudaDeviceSynchronize per allreduce (0)"))
+
+
+def rank_p2p_where(system, rank, size, port, nbytes, hops):
+    """A ping-pong of ``nbytes`` CUDA tensors between ranks 0 and 1 (ours, CUDA IPC): the mean
+    time inside each send() and recv() call, timed alone, then the same hops under
+    torch.profiler: per hop, each CUDA runtime call's count and host µs, and the device time of
+    the copies."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.set_device(0)
+    hvd = _init_ours(rank, size, port)
+    peer = 1 - rank
+    x = torch.full((max(nbytes // 4, 1),), float(rank + 1), device="cuda")
+    spent = {"send": 0.0, "recv": 0.0}
+
+    def timed(name, fn, *a, **k):
+        t0 = time.perf_counter()
+        out = fn(*a, **k)
+        spent[name] += time.perf_counter() - t0
+        return out
+
+    def hop():
+        if rank == 0:
+            timed("send", hvd.send, x, peer)
+            return timed("recv", hvd.recv, peer, device="cuda")
+        got = timed("recv", hvd.recv, peer, device="cuda")
+        timed("send", hvd.send, got, peer)
+        return got
+
+    round_trips = _timed(hop, hops, torch.cuda.synchronize)
+    calls = {k: v / (hops + 1) * 1e6 for k, v in spent.items()}
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with profile(activities=activities) as prof:
+        for _ in range(hops):
+            hop()
+        torch.cuda.synchronize()
+    runtime, device = {}, {}
+    for e in prof.key_averages():
+        if not e.count:
+            continue
+        if e.key.startswith("cuda"):  # a runtime call: its host time
+            runtime[e.key] = (e.count / hops, e.cpu_time_total / e.count)
+        elif "Memcpy" in e.key or "Memset" in e.key:  # a copy on the device: its device time
+            device[e.key] = (e.count / hops, e.device_time_total / e.count)
+    hvd.shutdown()
+    return {"hop_us": statistics.median(round_trips) / 2 * 1e6, "calls_us": calls,
+            "runtime": runtime, "device": device}
+
+
+def case_p2p_where(args):
+    rows = []
+    with under_mps():
+        for nbytes in (4, 1 << 20):
+            found = run(rank_p2p_where, 2, "ours", nbytes, 200)
+            label = f"{nbytes} B" if nbytes < 1 << 20 else "1 MiB"
+            for rank, r in enumerate(found):
+                rows.append((f"{label}, rank {rank}: hop {r['hop_us']:.1f} µs",
+                             *(f"in {k}() {v:.1f} µs" for k, v in r["calls_us"].items())))
+                top = sorted(r["runtime"].items(), key=lambda kv: -kv[1][0] * kv[1][1])
+                rows.append((f"{label}, rank {rank}: CUDA runtime per hop (count × host µs)",
+                             *(f"{k} {n:g} × {us:.1f}" for k, (n, us) in top[:8])))
+                rows.append((f"{label}, rank {rank}: copies on the device per hop",
+                             *(f"{k} {n:g} × {us:.1f} µs" for k, (n, us) in
+                               r["device"].items())))
+    return "where a CUDA point-to-point hop's time goes (2 ranks under MPS, torch.profiler)", \
+        rows, []
 
 
 def case_cpu_latency(args):
