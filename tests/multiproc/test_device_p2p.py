@@ -11,7 +11,8 @@ that kernel writes); a receive that cannot read a CUDA tensor refusing it and ge
 bytes resent through host memory, the sender staging later ones; HVD_GPU_PATH=staged refusing
 the IPC route; a rank that shut down still resending a message refused after its send
 completed; the peers' mappings closed at shutdown; and a copy that never finishes failing
-both ranks within HVD_TIMEOUT instead of hanging.
+both ranks within HVD_TIMEOUT instead of hanging; blocking hand-offs completed by their
+waiting callers' polls, with no host function.
 """
 import time
 
@@ -166,6 +167,51 @@ def exchange_suite():
 def test_cuda_tensors_between_ranks_of_one_host(fake_cuda):
     run_ranks(exchange_suite, 2, timeout=180, **device_ops.rank_envs(fake_cuda, 2, True,
                                                                      ipc=True))
+
+
+HOPS = 20  # blocking hand-offs counted once warm
+
+
+def blocking_hand_offs():
+    """A pipeline stage's hand-offs: rank 0 sends and then receives, rank 1 receives and sends
+    it back, every call blocking. The copy each waiting caller queued asks for no host
+    function: the caller polls its event (Note [Device point-to-point] H); what comes back is
+    what went."""
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    me, peer = hvd.rank(), 1 - hvd.rank()
+
+    def hop(k):
+        if me == 0:
+            x = np.arange(1000, dtype=np.float32) + k
+            _core.wait(send(x, peer, k, wait_now=True))
+            got, _ = receive(peer, k)
+            return np.array_equal(got, x)
+        got, _ = receive(peer, k)
+        _core.wait(send(got, peer, k, wait_now=True))
+        return True
+
+    hop(0)  # warm: the staging ring and the peer's mapping exist
+    launches, polled = f.calls("cudaLaunchHostFunc"), hvd.metrics()["caller_polled_ops"]
+    equal = all(hop(k) for k in range(1, HOPS + 1))
+    counts = {"host_fns": f.calls("cudaLaunchHostFunc") - launches,
+              "caller_polled": hvd.metrics()["caller_polled_ops"] - polled}
+    hvd.shutdown()
+    return equal, counts
+
+
+def test_blocking_hand_offs_are_completed_by_their_callers(fake_cuda):
+    # A waiting caller drives for up to 5 s: its own pass surely queues its copy.
+    kwargs = device_ops.rank_envs(fake_cuda, 2, True, {"HVD_CALLER_SPIN_US": "5000000"},
+                                  ipc=True)
+    for r in run_ranks(blocking_hand_offs, 2, timeout=90, **kwargs):
+        equal, counts = r.value
+        assert equal, "a hand-off came back changed"
+        # One host function per copy would be 2 * HOPS; the loop thread's pass may take a
+        # frame now and then. A copy finished by then may be completed by whichever pass polls
+        # first (the caller's, or the loop thread's, woken as the drive ended).
+        assert counts["host_fns"] <= HOPS // 4, counts
+        assert counts["caller_polled"] >= 1, counts
 
 
 def stuck_suite():

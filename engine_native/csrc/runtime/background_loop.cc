@@ -496,7 +496,8 @@ bool BackgroundLoop::drive(int64_t handle) {
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
   queue_.setStandby(quiet_loop);  // B
-  executor_.setAwaitedHandle(handle);  // Note [Caller waits on the device] A
+  executor_.setAwaitedHandle(handle);  // Note [Caller waits on the device] A, F
+  peer_ops_.setAwaitedHandle(handle);
   bool done = false;
   bool queued = false;  // its CUDA op is on the device, the caller's to poll
   int passes = 0;
@@ -517,7 +518,7 @@ bool BackgroundLoop::drive(int64_t handle) {
       done = handles_.poll(handle) != 0;
       if (done) break;
       // Note [Caller waits on the device] B: from here awaitDevice() polls its event, paced.
-      queued = executor_.callerPollsDevice(handle);
+      queued = executor_.callerPollsDevice(handle) || peer_ops_.callerPollsDevice(handle);
       if (queued) break;
       const auto now = Clock::now();
       if (spin.count() > 0 && peer_ops_.takeMoved()) {  // G
@@ -540,6 +541,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     policy.spinMissed();
   }
   executor_.setAwaitedHandle(-1);
+  peer_ops_.setAwaitedHandle(-1);
   const bool keep_standby = done && quiet_loop && !failed_ && !finished_ && idle();  // C
   const bool let_sleep = !done && point_to_point && watches_all_ && !failed_ && !finished_ &&
                          collectivesIdle() && !peer_ops_.ringsCanMove();  // I
@@ -556,7 +558,8 @@ bool BackgroundLoop::drive(int64_t handle) {
 // Note [Caller waits on the device] B, D, E in device_executor.cc.
 bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice,
                                  Clock::time_point since) {
-  if (!executor_.callerPollsAnyDevice()) return false;  // the common case: no lock taken
+  // The common case: no lock taken.
+  if (!executor_.callerPollsAnyDevice() && !peer_ops_.callerPollsAnyDevice()) return false;
   const auto end = Clock::now() + slice;
   const common::PollPacer pacer(since);
   // B: the caller's spin budget, from the wait's start, before the naps.
@@ -566,10 +569,15 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
     {
       std::unique_lock<std::timed_mutex> lock(progress_, std::defer_lock);
       if (!lock.try_lock_for(end - Clock::now())) return polled;
-      if (failed_ || finished_ || !executor_.callerPollsDevice(handle)) return polled;
+      if (failed_ || finished_ ||
+          !(executor_.callerPollsDevice(handle) || peer_ops_.callerPollsDevice(handle))) {
+        return polled;
+      }
       polled = true;
       const Status device = executor_.pollDevice();
       if (!device.isOk()) fail(device, /*tell_peers=*/true);
+      const Status copies = failed_ ? Status::ok() : peer_ops_.pollDevice();  // F
+      if (!copies.isOk()) peerOpsFailed(copies);
       if (handles_.poll(handle) != 0) {
         if (!failed_) metrics_.countCallerPolled();
         return true;

@@ -48,8 +48,9 @@ using Clock = std::chrono::steady_clock;
 //      with it); until HVD_CALLER_SPIN_US has passed since the wait began (none while the
 //      drive's spins are backed off: Note [Spin backoff]) it polls without sleeping (a short
 //      pause between polls, which leaves progress_ free; a yield where the host's ranks
-//      outnumber its cores, as the drive does), then it sleeps between polls (common/poll_pacer.h: an eighth of the time
-//      waited, 20 us to 1 ms), so it is never more than ~1/8 late and costs at most ~1000
+//      outnumber its cores, as the drive does), then it sleeps between polls
+//      (common/poll_pacer.h: an eighth of the time waited, 20 us to 1 ms), so it is never
+//      more than ~1/8 late and costs at most ~1000
 //      short wake-ups a second on a long op — engines outnumber cores, so no long busy spin.
 //      The spin is for small ops: on the H200 (gVisor) a 4 B CUDA IPC allreduce under MPS took
 //      165-171 us with the naps from the first poll (a sleep there costs far more than 20 us).
@@ -65,8 +66,13 @@ using Clock = std::chrono::steady_clock;
 //      then the handles), which the caller sees at its next poll.
 //   E. A caller that stops polling (a signal between slices) leaves its op to the loop
 //      thread's idle tick (200 ms; every pass polls the device): late, never lost.
-// The fake CUDA runtime counts the host functions (tests/multiproc/test_device_completion.py);
-// only a device run shows the latency against the host function's.
+//   F. Point-to-point too: PeerOps gets the same awaited handle for the drive, and the CUDA
+//      copy queued for it (a blocking send's staging copy, a blocking receive's read onto the
+//      device) asks for no wake (Note [Device point-to-point] H in device_peer_ops.cc); the
+//      drive ends once it is queued, and awaitDevice() polls PeerOps' copies after the
+//      Executor's, under the same rules (B-E).
+// The fake CUDA runtime counts the host functions (tests/multiproc/test_device_completion.py,
+// test_device_p2p.py); only a device run shows the latency against the host function's.
 
 namespace {
 

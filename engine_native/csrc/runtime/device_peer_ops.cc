@@ -56,8 +56,17 @@
 //      completes with them (a host result, moved to its device by the binding). From the
 //      first refusal on, cudaRoute says "staged" for that peer, so the binding stages later
 //      CUDA tensors to it itself. Both ranks log it once.
+//   H. Completion. A copy tells the loop it finished by a host function queued after it (an
+//      eventfd write, Note [Deferred completion] in device_executor.cc), except the copy of
+//      the op a driving caller waits on — its blocking send's staging copy, or its blocking
+//      receive's read onto the device — which asks for no wake: that caller polls its event,
+//      as it does a collective's (Note [Caller waits on the device] F there). A host function
+//      costs a driver callback and holds back whatever the stream queues next (the same
+//      rank's next hand-off) until it ran; a pipeline stage's blocking hand-off paid two a
+//      hop.
 #include "runtime/device_peer_ops.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/logging.h"
@@ -106,14 +115,29 @@ Status DevicePeerOps::device(int ordinal, PerDevice** out) {
 
 Status DevicePeerOps::queueDone(Copy copy) {
   HVD_RETURN_IF_ERROR(copy.stream->record(&copy.done));
-  const Status woken = wake_.notifyAfter(*copy.stream);
+  // H: a gated host read's second phase is the loop's (copyOut), so it keeps its wake.
+  copy.caller_polls = !copy.gated && awaited_ >= 0 && copy.id == static_cast<uint64_t>(awaited_);
+  const Status woken = copy.caller_polls ? Status::ok() : wake_.notifyAfter(*copy.stream);
   if (!woken.isOk()) {
     copy.stream->release(copy.done);  // it will fire; nobody polls it
     return woken;
   }
   copy.since = std::chrono::steady_clock::now();
+  if (copy.caller_polls) caller_polled_.fetch_add(1, std::memory_order_release);
   copies_.push_back(std::move(copy));
   return Status::ok();
+}
+
+void DevicePeerOps::forget(Copy& copy) {
+  if (copy.caller_polls) caller_polled_.fetch_sub(1, std::memory_order_release);
+  copy.caller_polls = false;
+}
+
+bool DevicePeerOps::callerPolls(int64_t handle) const {
+  if (handle < 0 || !callerPollsAny()) return false;
+  return std::any_of(copies_.begin(), copies_.end(), [handle](const Copy& copy) {
+    return copy.caller_polls && copy.id == static_cast<uint64_t>(handle);
+  });
 }
 
 Status DevicePeerOps::stage(int peer, int device_ordinal, nccl::CudaEvent ready,
@@ -255,6 +279,7 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
       continue;
     }
     copy.stream->release(copy.done);
+    forget(copy);
     done->push_back(Done{copy.id, std::move(copy.output)});
     it = copies_.erase(it);
   }
@@ -287,6 +312,7 @@ void DevicePeerOps::abandon() {
   if (!drain()) {  // F: a stuck copy may still write its output: never reuse it
     for (Copy& copy : copies_) keepUntilExit(std::move(copy.output));
   }
+  for (Copy& copy : copies_) forget(copy);
   copies_.clear();
 }
 

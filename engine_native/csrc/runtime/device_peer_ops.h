@@ -6,6 +6,7 @@
 // moves the frames; background thread only (whoever holds the loop's progress lock).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -61,6 +62,12 @@ class DevicePeerOps {
   // for HVD_TIMEOUT: the rank fails with it (its stream waits on something that never comes).
   common::Status poll(std::vector<Done>* done);
   bool busy() const { return !copies_.empty(); }
+  // Note [Device point-to-point] H: the handle a driving caller waits on (-1: none); a copy
+  // queued for it then asks for no wake, and callerPolls(it) holds until poll() reports it.
+  // callerPollsAny() may be read without the lock.
+  void setAwaitedHandle(int64_t handle) { awaited_ = handle; }
+  bool callerPolls(int64_t handle) const;
+  bool callerPollsAny() const { return caller_polled_.load(std::memory_order_acquire) > 0; }
   // The rank failed: forgets the copies in flight, after waiting a bounded time for them.
   void abandon();
 
@@ -82,10 +89,13 @@ class DevicePeerOps {
     const uint8_t* source = nullptr;
     std::shared_ptr<OutputBuffer> output;
     std::chrono::steady_clock::time_point since;
+    bool caller_polls = false;  // H: no host function was queued for it
   };
 
   common::Status device(int ordinal, PerDevice** out);
-  common::Status queueDone(Copy copy);  // records copy.done and asks for a wake
+  // Records copy.done and asks for a wake, unless the copy's own caller polls it (H).
+  common::Status queueDone(Copy copy);
+  void forget(Copy& copy);  // a copy leaves copies_
   common::Status copyOut(Copy& copy);   // a gated host read's second phase
   // Phase 1 of a copy of `bytes` at `source` into host memory, on `d`'s streams.
   common::Status startHostCopy(PerDevice& d, int device_ordinal, const uint8_t* source,
@@ -98,6 +108,8 @@ class DevicePeerOps {
   std::map<int, PerDevice> devices_;
   std::map<int, uint64_t> next_sequence_;  // by peer
   std::deque<Copy> copies_;  // in queue order
+  int64_t awaited_ = -1;     // setAwaitedHandle
+  std::atomic<int> caller_polled_{0};  // copies in flight with caller_polls
 };
 
 }  // namespace hvd::runtime

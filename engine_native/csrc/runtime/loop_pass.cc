@@ -118,7 +118,10 @@ void BackgroundLoop::progressPeerOps(bool* took_work) {
   bool moved = false;
   const Status s = peer_ops_.progress(&moved);
   if (moved) *took_work = true;
-  if (s.isOk()) return;
+  if (!s.isOk()) peerOpsFailed(s);
+}
+
+void BackgroundLoop::peerOpsFailed(const Status& s) {
   if (shutdown_sent_) {
     HVD_LOG(kWarning, "runtime") << "shutdown: point-to-point stopped: " << s.message();
     peer_ops_.failAll(s);

@@ -79,9 +79,9 @@ class PeerOps {
   // The handle completes with the message's payload, shape and dtype (OpResult).
   common::Status submitRecv(const PeerRecv& recv, bool caller_waits, bool wake, int64_t* handle);
   // How a CUDA tensor travels to `peer`: "nccl" (Note [NCCL point-to-point] A), "ipc" (a
-  // rank of this host, Note [Device point-to-point] A), "staged" (through host memory, by the binding: another host,
-  // HVD_GPU_PATH=staged, or a peer that could not read this rank's CUDA memory: G), "" for no
-  // channel (this rank, or out of range). Any thread.
+  // rank of this host, Note [Device point-to-point] A), "staged" (through host memory, by
+  // the binding: another host, HVD_GPU_PATH=staged, or a peer that could not read this
+  // rank's CUDA memory: G), "" for no channel (this rank, or out of range). Any thread.
   const char* cudaRoute(int peer) const;
 
   // ---- the loop (under progress_) ----
@@ -119,6 +119,12 @@ class PeerOps {
   // pass reads a socket only then or while a receive from that peer is posted, so a rank that
   // uses no point-to-point pays no system call for it.
   void markReadable(int peer) { readable_[peer] = 1; }
+  // Note [Caller waits on the device] F (device_executor.cc): the handle a driving caller
+  // waits on (-1: none), whose CUDA copies it polls itself (pollDevice, under progress_).
+  void setAwaitedHandle(int64_t handle) { device_.setAwaitedHandle(handle); }
+  bool callerPollsDevice(int64_t handle) const { return device_.callerPolls(handle); }
+  bool callerPollsAnyDevice() const { return device_.callerPollsAny(); }  // any thread
+  common::Status pollDevice() { return progressDevice(); }
   // Completes every pending op with `status`; later submissions fail with it.
   void failAll(const common::Status& status);
   // The rank shuts down (Note [Point-to-point] F in peer_ops_shutdown.cc): posted receives
