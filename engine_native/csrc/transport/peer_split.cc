@@ -105,8 +105,6 @@ SplitEndpoint self(uint64_t address) {
   return endpoint;
 }
 
-// The split point: half of the bytes, rounded to a page so each side copies whole pages.
-uint64_t halfOf(uint64_t bytes) { return std::min(bytes, (bytes / 2 + 4095) / 4096 * 4096); }
 
 bool testSwitchOn(const char* raw) { return raw != nullptr && std::strcmp(raw, "1") == 0; }
 
@@ -285,7 +283,7 @@ Status PeerChannel::takeOffer(const PeerFrame& offer, const SplitEndpoint& sende
   split_in_ = IncomingSplit();
   split_in_.active = true;
   split_in_.sender = sender;
-  split_in_.end = halfOf(frame.bytes);
+  split_in_.end = shm::pageHalf(frame.bytes);
   split_in_.message = PeerMessage{std::move(frame), std::move(payload)};
   queueControl(PeerFrameKind::kSplitAccept,
                encodeSplitEndpoint(self(reinterpret_cast<uint64_t>(
@@ -329,7 +327,7 @@ Status PeerChannel::takeAccept(const SplitEndpoint& receiver) {
     return Status::ok();
   }
   o.receiver = receiver;
-  o.half_written = halfOf(o.frame.bytes);
+  o.half_written = shm::pageHalf(o.frame.bytes);
   o.split = Split::kWriting;
   return Status::ok();
 }
@@ -396,7 +394,7 @@ void PeerChannel::readAll(PeerFrame frame, PeerPayload out, const SplitEndpoint&
   split_in_.active = true;
   split_in_.sender = sender;
   split_in_.sender_done = true;  // it writes nothing
-  split_in_.end = halfOf(bytes);
+  split_in_.end = shm::pageHalf(bytes);
   split_in_.message = PeerMessage{std::move(frame), std::move(out)};
   auto read = std::make_shared<shm::HelperRead>();
   read->pid = static_cast<pid_t>(sender.pid);

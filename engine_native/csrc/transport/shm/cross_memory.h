@@ -31,6 +31,14 @@ common::Status readPeer(pid_t pid, uint64_t remote, void* local, size_t bytes,
 common::Status writePeer(pid_t pid, uint64_t remote, const void* local, size_t bytes,
                          int* os_error = nullptr);
 
+// Where a copy done by two parties splits (the point-to-point split copy, a two-thread read):
+// half of `bytes`, rounded up to a page so each side copies whole pages; at most `bytes`.
+inline uint64_t pageHalf(uint64_t bytes) {
+  constexpr uint64_t kPage = 4096;
+  const uint64_t half = (bytes / 2 + kPage - 1) / kPage * kPage;
+  return half < bytes ? half : bytes;
+}
+
 struct SingleCopyRequest {
   int rank = -1;                // global rank
   std::vector<int> host_ranks;  // as CollectiveRequest's

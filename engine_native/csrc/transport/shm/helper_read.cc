@@ -129,8 +129,7 @@ void awaitHelperRead(const HelperRead& read) {
 }
 
 common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes) {
-  constexpr size_t kPage = 4096;
-  const size_t half = bytes / 2 / kPage * kPage;
+  const size_t half = pageHalf(bytes);
   auto second = std::make_shared<HelperRead>();
   second->pid = pid;
   second->remote = remote + half;
