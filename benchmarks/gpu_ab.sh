@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BEFORE=${1:?usage: gpu_ab.sh BEFORE_TREE}
 OUT=${OUT:-/tmp/gpu_ab}
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)  # absolute: each case runs inside its tree
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 
@@ -35,11 +35,11 @@ bench() {  # bench CASE SIDE DIR
 rc=0
 IFS=", " read -r -a cases <<< "${CASES:-}"
 IFS=", " read -r -a after_only <<< "${AFTER_ONLY:-}"
-for case in "${cases[@]}"; do
+for case in ${cases[@]+"${cases[@]}"}; do
     bench "$case" before "$BEFORE" || rc=1
     bench "$case" after . || rc=1
 done
-for case in "${after_only[@]}"; do
+for case in ${after_only[@]+"${after_only[@]}"}; do
     bench "$case" after . || rc=1
 done
 exit "$rc"

@@ -192,10 +192,24 @@ def blocking_hand_offs():
         return True
 
     hop(0)  # warm: the staging ring and the peer's mapping exist
-    launches, polled = f.calls("cudaLaunchHostFunc"), hvd.metrics()["caller_polled_ops"]
+    m = hvd.metrics()
+    launches, polled, ticks = (f.calls("cudaLaunchHostFunc"), m["caller_polled_ops"],
+                               m["tick_pickups"])
     equal = all(hop(k) for k in range(1, HOPS + 1))
+    m = hvd.metrics()
     counts = {"host_fns": f.calls("cudaLaunchHostFunc") - launches,
-              "caller_polled": hvd.metrics()["caller_polled_ops"] - polled}
+              "caller_polled": m["caller_polled_ops"] - polled,
+              "tick_pickups": m["tick_pickups"] - ticks}
+    # The last receive's receipt (which frees the sender's room) went with it, not with the
+    # loop's next idle tick (200 ms): rank 1 stays idle past three ticks.
+    if me == 1:
+        got, _ = receive(peer, HOPS + 1)
+        ticks = hvd.metrics()["tick_pickups"]
+        time.sleep(0.6)
+        counts["idle_tick_pickups"] = hvd.metrics()["tick_pickups"] - ticks
+    else:
+        _core.wait(send(np.ones(16, np.float32), peer, HOPS + 1, wait_now=True))
+    hvd.barrier()
     hvd.shutdown()
     return equal, counts
 
@@ -211,7 +225,9 @@ def test_blocking_hand_offs_are_completed_by_their_callers(fake_cuda):
         # frame now and then. A copy finished by then may be completed by whichever pass polls
         # first (the caller's, or the loop thread's, woken as the drive ended).
         assert counts["host_fns"] <= HOPS // 4, counts
-        assert counts["caller_polled"] >= 1, counts
+        assert counts["caller_polled"] >= HOPS // 2, counts
+        # A copy nobody polled would have waited for the loop's idle tick.
+        assert counts["tick_pickups"] == 0 and counts.get("idle_tick_pickups", 0) == 0, counts
 
 
 def stuck_suite():

@@ -563,7 +563,9 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
   const auto end = Clock::now() + slice;
   const common::PollPacer pacer(since);
   // B: the caller's spin budget, from the wait's start, before the naps.
-  const auto spin_until = since + drive_.currentSpin();
+  // (point-to-point waits keep their own spin record: Note [Caller drives] H)
+  const DrivePolicy& policy = handles_.pointToPoint(handle) ? peer_drive_ : drive_;
+  const auto spin_until = since + policy.currentSpin();
   bool polled = false;
   while (true) {
     {
@@ -579,7 +581,7 @@ bool BackgroundLoop::awaitDevice(int64_t handle, std::chrono::milliseconds slice
       const Status copies = failed_ ? Status::ok() : peer_ops_.pollDevice();  // F
       if (!copies.isOk()) peerOpsFailed(copies);
       if (handles_.poll(handle) != 0) {
-        if (!failed_) metrics_.countCallerPolled();
+        if (!failed_ && copies.isOk()) metrics_.countCallerPolled();
         return true;
       }
       if (failed_) return true;

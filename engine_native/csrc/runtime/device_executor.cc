@@ -70,7 +70,8 @@ using Clock = std::chrono::steady_clock;
 //      copy queued for it (a blocking send's staging copy, a blocking receive's read onto the
 //      device) asks for no wake (Note [Device point-to-point] H in device_peer_ops.cc); the
 //      drive ends once it is queued, and awaitDevice() polls PeerOps' copies after the
-//      Executor's, under the same rules (B-E).
+//      Executor's, under the same rules (B-E; the spin budget is point-to-point's own record,
+//      Note [Caller drives] H).
 // The fake CUDA runtime counts the host functions (tests/multiproc/test_device_completion.py,
 // test_device_p2p.py); only a device run shows the latency against the host function's.
 

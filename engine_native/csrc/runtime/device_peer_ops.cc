@@ -60,10 +60,11 @@
 //      eventfd write, Note [Deferred completion] in device_executor.cc), except the copy of
 //      the op a driving caller waits on — its blocking send's staging copy, or its blocking
 //      receive's read onto the device — which asks for no wake: that caller polls its event,
-//      as it does a collective's (Note [Caller waits on the device] F there). A host function
-//      costs a driver callback and holds back whatever the stream queues next (the same
-//      rank's next hand-off) until it ran; a pipeline stage's blocking hand-off paid two a
-//      hop.
+//      as it does a collective's (Note [Caller waits on the device] F there), and writes what
+//      the completion queued (the read's receipt: PeerOps::pollDevice), or the sender's room
+//      would wait for the loop's next pass. A host function costs a driver callback and holds
+//      back whatever the stream queues next (the same rank's next hand-off) until it ran; a
+//      pipeline stage's blocking hand-off paid two a hop.
 #include "runtime/device_peer_ops.h"
 
 #include <algorithm>

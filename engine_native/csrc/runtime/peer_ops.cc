@@ -244,18 +244,13 @@ bool PeerOps::takeMoved() {
   return moved;
 }
 
-Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
+// Writes what waits in `peer`'s channel and settles the ops whose frames went (B); times out
+// a send the peer took no byte of for HVD_TIMEOUT.
+Status PeerOps::flushPeer(int peer, Clock::time_point now, bool* wrote) {
   transport::PeerChannel& channel = *mesh_.peerChannel(peer);
   PerPeer& p = peers_[peer];
-  // Nothing to write, read or time out with this peer: every pass of a host's small
-  // collectives (Note [One round]) comes here for each peer.
-  if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
-      !channel.hasBacklog() && !channel.hasIncoming()) {
-    return Status::ok();
-  }
-  bool wrote = false, read = false;
   sent_.clear();
-  if (channel.hasBacklog()) HVD_RETURN_IF_ERROR(channel.flush(&sent_, &wrote));
+  if (channel.hasBacklog()) HVD_RETURN_IF_ERROR(channel.flush(&sent_, wrote));
   for (size_t k = 0; k < sent_.size(); ++k) {  // frames are written in queue order (B)
     if (sent_[k] == kReceiptId) {
       p.receipts.pop_front();
@@ -274,13 +269,43 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
     }
     p.sending.pop_front();
   }
-  if (wrote) {
+  if (*wrote) {
     for (Op& op : p.sending) op.since = now;
   } else if (!p.sending.empty() && now - p.sending.front().since > timeout_) {
     return common::timedOut(what("send", peer, p.sending.front().tag) + ": the peer took no "
                             "byte for " + seconds(timeout_.count()) +
                             " s (HVD_TIMEOUT): it is stopped, stuck, or not reading");
   }
+  return Status::ok();
+}
+
+// Note [Device point-to-point] H: a caller that polls its copy outside a pass also writes
+// what the copies' completions queued (a read's receipt, which frees the sender's room), as
+// the pass it replaces would have.
+Status PeerOps::pollDevice() {
+  HVD_RETURN_IF_ERROR(progressDevice());
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (!open(peer) || !mesh_.peerChannel(peer)->hasBacklog()) continue;
+    bool wrote = false;
+    const Status status = flushPeer(peer, Clock::now(), &wrote);
+    if (status.isOk()) continue;
+    if (!shutting_down_) return status;
+    closePeer(peer, status);  // as progress() does (F)
+  }
+  return Status::ok();
+}
+
+Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
+  transport::PeerChannel& channel = *mesh_.peerChannel(peer);
+  PerPeer& p = peers_[peer];
+  // Nothing to write, read or time out with this peer: every pass of a host's small
+  // collectives (Note [One round]) comes here for each peer.
+  if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
+      !channel.hasBacklog() && !channel.hasIncoming()) {
+    return Status::ok();
+  }
+  bool wrote = false, read = false;
+  HVD_RETURN_IF_ERROR(flushPeer(peer, now, &wrote));
   received_.clear();
   Status received = Status::ok();
   // A ring is read whenever it has bytes (Note [Point-to-point over shm] A); a socket when it

@@ -124,7 +124,7 @@ class PeerOps {
   void setAwaitedHandle(int64_t handle) { device_.setAwaitedHandle(handle); }
   bool callerPollsDevice(int64_t handle) const { return device_.callerPolls(handle); }
   bool callerPollsAnyDevice() const { return device_.callerPollsAny(); }  // any thread
-  common::Status pollDevice() { return progressDevice(); }
+  common::Status pollDevice();
   // Completes every pending op with `status`; later submissions fail with it.
   void failAll(const common::Status& status);
   // The rank shuts down (Note [Point-to-point] F in peer_ops_shutdown.cc): posted receives
@@ -207,6 +207,7 @@ class PeerOps {
   void completeResend(uint64_t id, std::shared_ptr<OutputBuffer> bytes);
   common::Status arrive(int peer, PerPeer& p, transport::PeerMessage message);
   common::Status progressDevice();
+  common::Status flushPeer(int peer, Clock::time_point now, bool* wrote);
   // NCCL messages (peer_ops_nccl.cc, Note [NCCL point-to-point]).
   void stageNcclSend(Op& op);                                      // B
   common::Status arriveNccl(int peer, PerPeer& p, transport::PeerMessage message);  // C, D
