@@ -279,22 +279,6 @@ Status PeerOps::flushPeer(int peer, Clock::time_point now, bool* wrote) {
   return Status::ok();
 }
 
-// Note [Device point-to-point] H: a caller that polls its copy outside a pass also writes
-// what the copies' completions queued (a read's receipt, which frees the sender's room), as
-// the pass it replaces would have.
-Status PeerOps::pollDevice() {
-  HVD_RETURN_IF_ERROR(progressDevice());
-  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
-    if (!open(peer) || !mesh_.peerChannel(peer)->hasBacklog()) continue;
-    bool wrote = false;
-    const Status status = flushPeer(peer, Clock::now(), &wrote);
-    if (status.isOk()) continue;
-    if (!shutting_down_) return status;
-    closePeer(peer, status);  // as progress() does (F)
-  }
-  return Status::ok();
-}
-
 Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   transport::PeerChannel& channel = *mesh_.peerChannel(peer);
   PerPeer& p = peers_[peer];

@@ -142,6 +142,22 @@ Status PeerOps::resent(PerPeer& p, transport::PeerMessage message) {
   return Status::ok();
 }
 
+// Note [Device point-to-point] H: a caller that polls its copy outside a pass also writes
+// what the copies' completions queued (a read's receipt, which frees the sender's room), as
+// the pass it replaces would have.
+Status PeerOps::pollDevice() {
+  HVD_RETURN_IF_ERROR(progressDevice());
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (!open(peer) || !mesh_.peerChannel(peer)->hasBacklog()) continue;
+    bool wrote = false;
+    const Status status = flushPeer(peer, Clock::now(), &wrote);
+    if (status.isOk()) continue;
+    if (!shutting_down_) return status;
+    closePeer(peer, status);  // as progress() does (F)
+  }
+  return Status::ok();
+}
+
 Status PeerOps::progressDevice() {
   if (!device_.busy()) return Status::ok();
   device_done_.clear();
