@@ -4,7 +4,7 @@ synchronise or allocate, per step and per op, and each rank's top operators; iss
 and 5) and ``--cases cpu_latency`` (4 B on the CPU at np=2: what the machine's process wake-ups
 cost, beside which the CUDA figures are read) and ``--cases p2p_where`` (where a CUDA
 point-to-point hop's time goes: the time inside send() and recv() on each rank, and every CUDA
-runtime call per hop with its host time, under torch.profiler; issue #36's 1 MiB target)."""
+runtime call per round trip with its host time, under torch.profiler; issue #36's 1 MiB target)."""
 import statistics
 
 from bench_gpu_mps import under_mps
@@ -110,7 +110,7 @@ def case_profile(args):
 def rank_p2p_where(system, rank, size, port, nbytes, hops):
     """A ping-pong of ``nbytes`` CUDA tensors between ranks 0 and 1 (ours, CUDA IPC): the mean
     time inside each send() and recv() call, timed alone, then the same hops under
-    torch.profiler: per hop, each CUDA runtime call's count and host µs, and the device time of
+    torch.profiler: per round trip (two hops), each CUDA runtime call's count and host µs, and the device time of
     the copies."""
     import time
 
@@ -166,9 +166,9 @@ def case_p2p_where(args):
                 rows.append((f"{label}, rank {rank}: hop {r['hop_us']:.1f} µs",
                              *(f"in {k}() {v:.1f} µs" for k, v in r["calls_us"].items())))
                 top = sorted(r["runtime"].items(), key=lambda kv: -kv[1][0] * kv[1][1])
-                rows.append((f"{label}, rank {rank}: CUDA runtime per hop (count × host µs)",
+                rows.append((f"{label}, rank {rank}: CUDA runtime per round trip (count × host µs)",
                              *(f"{k} {n:g} × {us:.1f}" for k, (n, us) in top[:8])))
-                rows.append((f"{label}, rank {rank}: copies on the device per hop",
+                rows.append((f"{label}, rank {rank}: copies on the device per round trip",
                              *(f"{k} {n:g} × {us:.1f} µs" for k, (n, us) in
                                r["device"].items())))
     return "where a CUDA point-to-point hop's time goes (2 ranks under MPS, torch.profiler)", \

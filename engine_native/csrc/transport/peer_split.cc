@@ -105,7 +105,6 @@ SplitEndpoint self(uint64_t address) {
   return endpoint;
 }
 
-
 bool testSwitchOn(const char* raw) { return raw != nullptr && std::strcmp(raw, "1") == 0; }
 
 // A copy straight between the two processes failed (B, G). A peer that is gone (ESRCH) or
