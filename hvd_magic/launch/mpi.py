@@ -6,7 +6,8 @@ The launcher builds one MPMD command with a segment per host, so every rank of a
 the rank and reports the rank's exit code as a ``[r]<exit>:code`` line. :class:`MpiJob` reads
 mpiexec's output, hands tagged lines to the same :class:`RankOutput` as local ranks, and on the
 first failing rank stops mpiexec (SIGTERM to its process group: mpiexec then signals every
-rank on every host). Ranks bootstrap through MPI (mpi4py), as under a plain ``mpiexec``.
+rank on every host), then removes the MPICH shared-memory files such a stop leaves on this host
+(:mod:`.shm_sweep`). Ranks bootstrap through MPI (mpi4py), as under a plain ``mpiexec``.
 
 What the ranks get of the launcher's environment (:func:`forwarded_names`): on other hosts,
 only the allowlist of :func:`hvd_magic.launch.remote.forwarded_env` plus the names the user
@@ -27,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from itertools import groupby
 
@@ -34,6 +36,7 @@ from . import hosts as hostlib
 from .output import parse_tagged
 from .procs import ProcessJob, describe_exit
 from .remote import forwarded_env
+from .shm_sweep import sweep_mpich_files
 
 __all__ = ["MpiJob", "build_command", "find_mpiexec", "forwarded_names", "mpi_flavor"]
 
@@ -133,6 +136,16 @@ class MpiJob(ProcessJob):
     """Supervises one mpiexec whose ranks run under rankwrap (tagged output, exit lines)."""
 
     KEY = "mpiexec"
+
+    def run(self, timeout: float | None = None):
+        """As ProcessJob.run; a job that did not end cleanly then has this host's MPICH files
+        it left behind removed (:mod:`.shm_sweep`)."""
+        started = time.time()
+        try:
+            return super().run(timeout)
+        finally:
+            if not self.result.ok:
+                sweep_mpich_files(started)
 
     def handle_line(self, key, stream: str, text: str) -> None:
         tagged = parse_tagged(text)

@@ -1,6 +1,8 @@
 """hvdrun test script: rank --rank fails with a ValueError --when "before" hvd.init() (its peers
 wait in the rendezvous) or "during" training (its peers wait in an allreduce); the others would
-go on for a minute if nobody stopped them."""
+go on for a minute if nobody stopped them. Under mpiexec, "init" fails it once rank 0 is inside
+MPI_Init, holding MPICH's shared-memory file (ordered by that state: rank 0's pid comes through
+a file in $FAIL_RANK_DIR, and its mappings are read)."""
 import argparse
 import os
 import time
@@ -9,12 +11,37 @@ import numpy as np
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--rank", type=int, default=1)
-parser.add_argument("--when", choices=["before", "during"], default="during")
+parser.add_argument("--when", choices=["before", "init", "during"], default="during")
 args = parser.parse_args()
 me = int(os.environ["HVD_RANK"]) if "HVD_RANK" in os.environ else int(os.environ["PMI_RANK"])
 print(f"rank {me} pid {os.getpid()} starting", flush=True)
-if args.when == "before" and me == args.rank:
-    raise ValueError(f"deliberate failure on rank {me} before init")
+
+
+def wait_for_rank0_in_mpi_init():
+    folder = os.environ["FAIL_RANK_DIR"]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(folder, "rank0.pid")) as fh:
+                with open(f"/proc/{int(fh.read())}/maps") as maps:
+                    if "mpich_shm_" in maps.read():
+                        return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.01)
+    raise TimeoutError("rank 0 never mapped an MPICH shared-memory file")
+
+
+if args.when == "init" and me == 0:
+    path = os.path.join(os.environ["FAIL_RANK_DIR"], "rank0.pid")
+    with open(path + ".tmp", "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+if args.when in ("before", "init") and me == args.rank:
+    if args.when == "init":
+        wait_for_rank0_in_mpi_init()
+    where = "while rank 0 is in MPI_Init" if args.when == "init" else "before init"
+    raise ValueError(f"deliberate failure on rank {me} {where}")
 import engine_native as hvd  # noqa: E402
 
 hvd.init()
