@@ -7,6 +7,8 @@ reboots, one per restart after a crash (seen in CI: one per run, from the cluste
 SIGKILLs a rank). So the cluster notes the files its engines map once they are up, and when
 those engines are gone (``%hvd_restart``, ``%hvd_stop``) removes each one no process maps any
 more. A file some process still maps is left alone, as is any file the cluster did not note.
+``hvdrun --mpi`` and ``run(fn, use_mpi=True)`` do the same for a job they stop
+(hvd_magic/launch/mpi.py ``MpiJob``).
 """
 from __future__ import annotations
 

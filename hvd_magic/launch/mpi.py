@@ -6,8 +6,9 @@ The launcher builds one MPMD command with a segment per host, so every rank of a
 the rank and reports the rank's exit code as a ``[r]<exit>:code`` line. :class:`MpiJob` reads
 mpiexec's output, hands tagged lines to the same :class:`RankOutput` as local ranks, and on the
 first failing rank stops mpiexec (SIGTERM to its process group: mpiexec then signals every
-rank on every host), then removes the MPICH shared-memory files such a stop leaves on this host
-(:mod:`.shm_sweep`). Ranks bootstrap through MPI (mpi4py), as under a plain ``mpiexec``.
+rank on every host); the MPICH shared-memory files this host's ranks mapped then, which only
+``MPI_Finalize`` would remove, are removed once they are gone (:mod:`hvd_magic.mpi_shm`). Ranks
+bootstrap through MPI (mpi4py), as under a plain ``mpiexec``.
 
 What the ranks get of the launcher's environment (:func:`forwarded_names`): on other hosts,
 only the allowlist of :func:`hvd_magic.launch.remote.forwarded_env` plus the names the user
@@ -28,15 +29,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from itertools import groupby
 
+from .. import mpi_shm
 from . import hosts as hostlib
+from . import procfs
 from .output import parse_tagged
 from .procs import ProcessJob, describe_exit
 from .remote import forwarded_env
-from .shm_sweep import sweep_mpich_files
 
 __all__ = ["MpiJob", "build_command", "find_mpiexec", "forwarded_names", "mpi_flavor"]
 
@@ -137,15 +138,28 @@ class MpiJob(ProcessJob):
 
     KEY = "mpiexec"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._mpi_files: set[str] = set()  # this host's ranks' MPICH files (hvd_magic.mpi_shm)
+        self._rank_pids: set[int] = set()
+
+    def _terminate_all(self) -> None:
+        # Stopped ranks never reach MPI_Finalize, which removes MPICH's file of their host: note
+        # the files this host's ranks map before the signal goes, to remove them once the ranks
+        # are gone (run).
+        child = self._children.get(self.KEY)
+        if self._kill_at is None and child is not None:
+            self._rank_pids = procfs.descendants(child.proc.pid)
+            self._mpi_files = mpi_shm.mapped_by(self._rank_pids)
+        super()._terminate_all()
+
     def run(self, timeout: float | None = None):
-        """As ProcessJob.run; a job that did not end cleanly then has this host's MPICH files
-        it left behind removed (:mod:`.shm_sweep`)."""
-        started = time.time()
         try:
             return super().run(timeout)
         finally:
-            if not self.result.ok:
-                sweep_mpich_files(started)
+            if self._mpi_files:
+                procfs.wait_gone(self._rank_pids, timeout=5.0, poll=0.02)
+                mpi_shm.remove_unmapped(self._mpi_files)  # a file still mapped stays
 
     def handle_line(self, key, stream: str, text: str) -> None:
         tagged = parse_tagged(text)

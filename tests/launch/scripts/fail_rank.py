@@ -18,18 +18,24 @@ print(f"rank {me} pid {os.getpid()} starting", flush=True)
 
 
 def wait_for_rank0_in_mpi_init():
+    """Waits until rank 0 maps MPICH's file of this host, and leaves its path in
+    $FAIL_RANK_DIR/mpich_file (an MPI that makes none: "none" after 30 s)."""
     folder = os.environ["FAIL_RANK_DIR"]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    found = "none"
+    while time.monotonic() < deadline and found == "none":
         try:
             with open(os.path.join(folder, "rank0.pid")) as fh:
                 with open(f"/proc/{int(fh.read())}/maps") as maps:
-                    if "mpich_shm_" in maps.read():
-                        return
+                    paths = [line.split(None, 5)[5].strip() for line in maps
+                             if "/dev/shm/mpich_shm_" in line]
+            found = paths[0] if paths else "none"
         except (OSError, ValueError):
             pass
-        time.sleep(0.01)
-    raise TimeoutError("rank 0 never mapped an MPICH shared-memory file")
+        if found == "none":
+            time.sleep(0.01)
+    with open(os.path.join(folder, "mpich_file"), "w") as fh:
+        fh.write(found)
 
 
 if args.when == "init" and me == 0:
