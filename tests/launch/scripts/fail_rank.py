@@ -20,22 +20,20 @@ print(f"rank {me} pid {os.getpid()} starting", flush=True)
 def wait_for_rank0_in_mpi_init():
     """Waits until rank 0 maps MPICH's file of this host, and leaves its path in
     $FAIL_RANK_DIR/mpich_file (an MPI that makes none: "none" after 30 s)."""
+    from hvd_magic import mpi_shm
     folder = os.environ["FAIL_RANK_DIR"]
     deadline = time.monotonic() + 30
-    found = "none"
-    while time.monotonic() < deadline and found == "none":
+    found = set()
+    while time.monotonic() < deadline and not found:
         try:
             with open(os.path.join(folder, "rank0.pid")) as fh:
-                with open(f"/proc/{int(fh.read())}/maps") as maps:
-                    paths = [line.split(None, 5)[5].strip() for line in maps
-                             if "/dev/shm/mpich_shm_" in line]
-            found = paths[0] if paths else "none"
-        except (OSError, ValueError):
+                found = mpi_shm.mapped_by([int(fh.read())])
+        except (OSError, ValueError):  # not written yet
             pass
-        if found == "none":
+        if not found:
             time.sleep(0.01)
     with open(os.path.join(folder, "mpich_file"), "w") as fh:
-        fh.write(found)
+        fh.write(min(found) if found else "none")
 
 
 if args.when == "init" and me == 0:
