@@ -110,6 +110,17 @@ def rank_allreduce(system, rank, size, port, nbytes, iters):
     return {"times": times, "path": path}
 
 
+def ours_round_trip(send, recv, x, first, peer):
+    """One round trip of ours between ranks 0 and 1, each message received onto the GPU: the
+    ``first`` rank sends ``x`` and receives; the other receives and sends back what came."""
+    if first:
+        send(x, peer)
+        return recv(peer, device="cuda")
+    got = recv(peer, device="cuda")
+    send(got, peer)
+    return got
+
+
 def rank_p2p(system, rank, size, port, sizes, iters):
     """Ping-pong of a CUDA tensor between ranks 0 and 1 (sharing the GPU), each message
     received onto the GPU, at each of ``sizes`` (bytes) in one process: the round trips' times
@@ -128,12 +139,7 @@ def rank_p2p(system, rank, size, port, sizes, iters):
         x = torch.full((max(nbytes // 4, 1),), float(rank + 1), device="cuda")
         if system == "ours":
             def hop(t, first):
-                if first:
-                    hvd.send(t, peer)
-                    return hvd.recv(peer, device="cuda")
-                got = hvd.recv(peer, device="cuda")
-                hvd.send(got, peer)
-                return got
+                return ours_round_trip(hvd.send, hvd.recv, t, first, peer)
         else:
             host = torch.empty(x.numel())
 

@@ -8,7 +8,7 @@ runtime call per round trip with its host time, under torch.profiler; issue #36'
 import statistics
 
 from bench_gpu_mps import under_mps
-from bench_gpu_ranks import _init_ours, _init_torch, _timed, cnn_step, run
+from bench_gpu_ranks import _init_ours, _init_torch, _timed, cnn_step, ours_round_trip, run
 
 
 def rank_cpu_latency(system, rank, size, port, iters):
@@ -110,8 +110,8 @@ def case_profile(args):
 def rank_p2p_where(system, rank, size, port, nbytes, hops):
     """A ping-pong of ``nbytes`` CUDA tensors between ranks 0 and 1 (ours, CUDA IPC): the mean
     time inside each send() and recv() call, timed alone, then the same hops under
-    torch.profiler: per round trip (two hops), each CUDA runtime call's count and host µs, and the device time of
-    the copies."""
+    torch.profiler: per round trip (two hops), each CUDA runtime call's count and host µs, and
+    the device time of the copies."""
     import time
 
     import torch
@@ -129,12 +129,9 @@ def rank_p2p_where(system, rank, size, port, nbytes, hops):
         return out
 
     def hop():
-        if rank == 0:
-            timed("send", hvd.send, x, peer)
-            return timed("recv", hvd.recv, peer, device="cuda")
-        got = timed("recv", hvd.recv, peer, device="cuda")
-        timed("send", hvd.send, got, peer)
-        return got
+        return ours_round_trip(lambda *a: timed("send", hvd.send, *a),
+                               lambda *a, **k: timed("recv", hvd.recv, *a, **k), x, rank == 0,
+                               peer)
 
     round_trips = _timed(hop, hops, torch.cuda.synchronize)
     calls = {k: v / (hops + 1) * 1e6 for k, v in spent.items()}
@@ -166,7 +163,8 @@ def case_p2p_where(args):
                 rows.append((f"{label}, rank {rank}: hop {r['hop_us']:.1f} µs",
                              *(f"in {k}() {v:.1f} µs" for k, v in r["calls_us"].items())))
                 top = sorted(r["runtime"].items(), key=lambda kv: -kv[1][0] * kv[1][1])
-                rows.append((f"{label}, rank {rank}: CUDA runtime per round trip (count × host µs)",
+                rows.append((f"{label}, rank {rank}: CUDA runtime per round trip "
+                             "(count × host µs)",
                              *(f"{k} {n:g} × {us:.1f}" for k, (n, us) in top[:8])))
                 rows.append((f"{label}, rank {rank}: copies on the device per round trip",
                              *(f"{k} {n:g} × {us:.1f} µs" for k, (n, us) in
