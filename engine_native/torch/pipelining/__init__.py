@@ -1,4 +1,4 @@
-"""Pipeline parallelism for PyTorch modules on CPU (issue #36), with the class names of
+"""Pipeline parallelism for PyTorch modules on CPUs and GPUs (issue #36), with the class names of
 ``torch.distributed.pipelining``'s manual-stage API, so its examples run with the import
 changed::
 
@@ -37,8 +37,8 @@ once in the last step, ``schedule.bubble`` its measured idle fraction (Note [Mea
 ``PipelineStage(..., checkpoint=True)`` recomputes a stage's activations in the backward, and
 ``PipelineStage(..., data_group=...)`` averages its gradients over the stage's replicas.
 A stage takes one tensor and returns one; the mean over micro-batches is exact when they are
-of equal size. Not here: CUDA tensors, keyword inputs and chunk specs, torch's other schedules
-(ZeroBubble, looped BFS).
+of equal size. Stages on GPUs: ``PipelineStage(..., device=...)``. Not here: keyword inputs
+and chunk specs, torch's other schedules (ZeroBubble, looped BFS).
 """
 from .schedules import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 from .stage import PipelineStage

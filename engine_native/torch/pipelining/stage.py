@@ -17,9 +17,10 @@ class PipelineStage:
     and recomputes its activations in the backward (``torch.utils.checkpoint``).
 
     ``device``: where the stage computes, the CPU (default) or a CUDA device holding
-    ``submodule``; the activations and gradients it receives are moved there, and those it
-    sends go through host memory (Note [Staged point-to-point] in p2p_ops.py). The first
-    stage's batch and the last stage's targets are moved there too.
+    ``submodule``; the activations and gradients it receives arrive there, and those it sends
+    go by CUDA IPC to a rank on the same GPU, by NCCL to another GPU of the host, and through
+    host memory otherwise (Note [Staged point-to-point] in p2p_ops.py). The first stage's
+    batch and the last stage's targets are moved there too.
 
     ``data_group`` (not in torch's class either): data x pipeline parallelism. A ProcessSet of
     the ranks that hold this same stage in replicas of the pipeline (each replica its own
