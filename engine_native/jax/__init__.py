@@ -25,8 +25,11 @@ from engine_native._core import HorovodInternalError  # noqa: F401
 from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from engine_native.basics import (  # noqa: F401
     ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
-    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled, rank,
-    remove_process_set, shutdown, size, start_timeline, stop_timeline)
+    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, rank, remove_process_set, shutdown, size, start_timeline,
+    stop_timeline)
+from engine_native.build_info import (  # noqa: F401 (Horovod's build queries)
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, nccl_built, rocm_built)
 from engine_native.numpy_ops import barrier, join  # noqa: F401 (no array crosses)
 from engine_native.jax.collectives import (  # noqa: F401
     allgather, allgather_async, allreduce, allreduce_async, alltoall, alltoall_async,

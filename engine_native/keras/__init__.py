@@ -14,8 +14,11 @@ from engine_native import HorovodInternalError  # noqa: F401
 from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from engine_native.basics import (  # noqa: F401
     ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
-    is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
-    rank, remove_process_set, shutdown, size, start_timeline, stop_timeline)
+    is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,
+    mpi_threads_supported, rank, remove_process_set, shutdown, size, start_timeline,
+    stop_timeline)
+from engine_native.build_info import (  # noqa: F401 (Horovod's build queries)
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, nccl_built, rocm_built)
 # Not in Horovod: progress for the hvd-magic dashboard (a counter; harmless without one).
 from engine_native.progress import report  # noqa: F401
 from engine_native.keras.compression import Compression  # noqa: F401

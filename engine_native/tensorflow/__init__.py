@@ -41,6 +41,8 @@ from engine_native.basics import (  # noqa: F401
     ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, is_homogeneous,
     is_initialized, local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported,
     rank, remove_process_set, shutdown, size, start_timeline, stop_timeline)
+from engine_native.build_info import (  # noqa: F401 (Horovod's build queries)
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, nccl_built, rocm_built)
 from engine_native.tensorflow.basics import init  # noqa: F401
 from engine_native.tensorflow.compression import Compression  # noqa: F401
 from engine_native.tensorflow.mpi_ops import (  # noqa: F401

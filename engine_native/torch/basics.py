@@ -7,7 +7,8 @@ table (see ``runtime``, Note [Handle lifetime]).
 import os
 
 from engine_native import basics as _basics
-from engine_native import gpu
+from engine_native.build_info import (  # noqa: F401
+    ccl_built, cuda_built, ddl_built, gloo_built, gloo_enabled, nccl_built, rocm_built)
 from engine_native.horovod_args import init_arguments
 from engine_native.torch import runtime as rt
 from engine_native.torch.runtime import is_initialized, rank, size  # noqa: F401
@@ -68,8 +69,8 @@ def is_homogeneous():
     return size() == local_size() * cross_size()
 
 
-# Build queries. MPI (through mpi4py) launches and bootstraps ranks started by mpiexec; the
-# tensors travel over the core's own shm/tcp/NCCL transports, never Gloo.
+# MPI queries (the other build queries: engine_native.build_info). MPI (through mpi4py)
+# launches and bootstraps ranks started by mpiexec; tensors travel over shm/tcp/NCCL.
 
 def mpi_threads_supported():
     """Whether MPI runs with ``MPI_THREAD_MULTIPLE``, so that mpi4py may be used from other
@@ -90,44 +91,6 @@ def mpi_built():
     and take an mpi4py communicator in ``init(comm=...)`` (the core itself is never compiled
     against MPI)."""
     return _basics.mpi_built()
-
-
-def gloo_enabled():
-    """False: engine_native has its own transports, not Gloo."""
-    return False
-
-
-def gloo_built():
-    """False: engine_native is not built with Gloo."""
-    return False
-
-
-def nccl_built():
-    """Version code of the NCCL the core loads for CUDA tensors (e.g. 22809 for 2.28.9), or 0
-    when none is usable (Horovod returns an int). Loads NCCL if it is not loaded yet; it never
-    initialises CUDA. Without NCCL, CUDA collectives take the staged path."""
-    return int(gpu.nccl_info()['version'])
-
-
-def ddl_built():
-    """False: no IBM DDL support."""
-    return False
-
-
-def ccl_built():
-    """False: no oneCCL support."""
-    return False
-
-
-def cuda_built():
-    """True when the core can run collectives on CUDA tensors: a usable CUDA runtime loads
-    (the core is never compiled against CUDA; it finds it at run time)."""
-    return bool(gpu.cuda_runtime_info()['loaded'])
-
-
-def rocm_built():
-    """False: no ROCm support."""
-    return False
 
 
 def start_timeline(file_path, mark_cycles=False):
