@@ -311,8 +311,10 @@ class Failures:
         if problem:
             self.items.append(f"{label}: {problem}")
 
-    def expect(self, label: str, condition: bool, detail: str = "") -> None:
+    def expect(self, label: str, condition: bool, detail: str = "") -> bool:
+        """Records the check; returns ``condition``, so a caller may skip what depends on it."""
         self.check(label, None if condition else (detail or "condition false"))
+        return bool(condition)
 
     def expect_raises(self, label: str, exc_type, fn, text: str = "") -> None:
         """``fn()`` raises ``exc_type`` with ``text`` in its message (another exception, or
