@@ -221,22 +221,26 @@ def count_suite():
     hvd = checks.init(os.environ.get("EXPECT_TRANSPORT", "shm"))
     got = [hvd.allreduce(np.full(3, hvd.rank(), np.int32), op=hvd.Sum).tolist()
            for _ in range(20)]
-    got.append(hvd.broadcast(np.full(2, hvd.rank(), np.int64), root_rank=1).tolist())
+    got.append(hvd.broadcast(np.full(2, hvd.rank(), np.int64), root_rank=hvd.size() - 1).tolist())
     counted = _one_round(hvd)
     hvd.shutdown()
     return {"got": got, "counted": counted}
 
 
-@pytest.mark.parametrize("case", ["one rank asks for none", "deadlock shutdown", "forced tcp"])
+@pytest.mark.parametrize("case", ["one rank asks for none", "deadlock shutdown", "forced tcp",
+                                  "a world of one"])
 def test_the_board_is_off_for_every_rank_when_one_asks_for_none_or_over_tcp(case):
+    n = 1 if case == "a world of one" else 2  # one rank has no one to agree with
+    kwargs = {}
     if case == "forced tcp":
         kwargs = checks.world_kwargs(2, "tcp", env={"EXPECT_TRANSPORT": "tcp"})
     elif case == "deadlock shutdown":  # it needs every op at rank 0
         kwargs = {"rank_env": {0: {"HVD_STALL_SHUTDOWN_TIME": "30"}}}
-    else:
+    elif case == "one rank asks for none":
         kwargs = {"rank_env": {1: {"HVD_ONE_ROUND_BYTES": "0"}}}
-    for r in run_ranks(count_suite, 2, timeout=60, **kwargs):
-        assert r.value["got"] == [[1, 1, 1]] * 20 + [[1, 1]], r.value
+    for r in run_ranks(count_suite, n, timeout=60, **kwargs):
+        total = sum(range(n))
+        assert r.value["got"] == [[total] * 3] * 20 + [[n - 1] * 2], r.value
         assert r.value["counted"] == 0, r.value
 
 
