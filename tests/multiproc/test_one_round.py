@@ -291,7 +291,7 @@ def join_cycles_suite(cycles: int):
     return cycles_out
 
 
-@pytest.mark.parametrize("np_", [2, 3, 4])
+@pytest.mark.parametrize("np_", [2, 3, 4, 5])
 def test_the_board_reopens_after_every_join(np_):
     cycles = 6
     values = [r.value for r in run_ranks(join_cycles_suite, np_, args=(cycles,), timeout=180)]
