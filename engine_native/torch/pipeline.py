@@ -77,6 +77,8 @@ class Pipeline:
         cls = _SCHEDULES[schedule]
         self.schedule = cls(self.stages if cls is ScheduleInterleaved1F1B else self.stages[0],
                             microbatches, loss_fn=loss_fn)
+        # compared across the ranks with the schedule's arguments before the first step
+        self.schedule._also_agree = {"layers per stage": self.counts}
         self._first, self._last = me == 0, me == len(self.ranks) - 1
         self._process_set, self._replicas = process_set, replicas
         self._group = group or global_process_set

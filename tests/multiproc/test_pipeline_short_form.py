@@ -3,7 +3,8 @@ rank, split over the ranks (even, by counts, by timing the layers, interleaved, 
 re-materialisation, over a process set, in replicas), trained three SGD steps: every rank gets
 the step's mean loss, and the model gathered on the first rank equals single-process training
 with gradient accumulation (1e-6). ``predict`` gives the model's outputs on the last rank. Bad
-balances and replica counts are refused with what to pass."""
+balances and replica counts are refused with what to pass, and layer counts that differ
+across the ranks on every rank at the first step."""
 import pytest
 
 from multiproc.harness import run_ranks
@@ -121,6 +122,14 @@ def short_form_suite():
                                   balance=balance)
         except ValueError as exc:
             errors.append(str(exc))
+    # counts that differ on rank 0: each rank's layers fit, so only the check refuses them
+    theirs = [1] * (k - 1) + [9 - k] if hvd.rank() == 0 else [2] * (k - 1) + [10 - 2 * k]
+    pipe = hvd.pipeline.Pipeline(_layers(), 4, loss_fn=torch.nn.functional.mse_loss,
+                                 balance=theirs)
+    try:
+        pipe.step(x, y)
+    except ValueError as exc:
+        errors.append(str(exc))
     hvd.shutdown()
     return worst, errors, bubbles
 
@@ -145,10 +154,15 @@ def test_the_short_form_trains_like_one_process(np_):
         assert len(counts) == np_ and sum(counts) == 8 and min(counts) >= 1, counts
         if np_ == 3:
             assert ("process set" in worst) == (res.rank != 1), worst
-        assert len(errors) == 3, errors
+        assert len(errors) == 4, errors
         assert all(f"must be {np_} positive layer counts (one per stage) adding up to the 8 "
                    "layers" in e for e in errors[:2]), errors
         assert errors[2].startswith("Pipeline: balance='fast' must be"), errors
+        others = "rank 1 has" if np_ == 2 else "ranks 1 and 2 have"
+        assert errors[3] == ("Schedule1F1B: layers per stage differs across the pipeline's "
+                             f"ranks: rank 0 has {[1] * (np_ - 1) + [9 - np_]}, {others} "
+                             f"{[2] * (np_ - 1) + [10 - 2 * np_]}; every rank must build the "
+                             "same schedule"), errors
 
 
 def replicas_suite():

@@ -4,8 +4,10 @@ SIGKILLed, or is SIGSTOPped. Every other rank raises PipelineError naming its ow
 what it was doing (the micro-batch, the peer) and, when a stage failed, that stage and
 micro-batch (Note [Pipeline step failures]); a raise or a shape error aborts the step at once
 (HVD_TIMEOUT here is far longer than the harness allows), a stopped stage within HVD_TIMEOUT
-(plus a margin for a loaded machine). After a raise the same processes re-initialise and the
-next step gives the model's output."""
+(plus a margin for a loaded machine). After a raise the same processes re-initialise; a
+schedule that rank 1 then builds with other arguments (M = 8 against 4, or GPipe against 1F1B)
+is refused on every rank at its first step, naming the argument and each rank's value (not
+left to hang until HVD_TIMEOUT), and the next step gives the model's output."""
 import os
 import signal
 import time
@@ -47,7 +49,13 @@ def faulty_step(mode: str, folder: str):
     import torch
 
     import engine_native.torch as hvd
-    from engine_native.torch.pipelining import PipelineError, PipelineStage, Schedule1F1B
+    from engine_native.pipeline import ScheduleError
+    from engine_native.torch.pipelining import (
+        PipelineError,
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+    )
     hvd.init()
     r, k = hvd.rank(), hvd.size()
     torch.manual_seed(r)
@@ -58,9 +66,8 @@ def faulty_step(mode: str, folder: str):
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(7))
     y = torch.randn(8, 6, generator=torch.Generator().manual_seed(8))
 
-    def step(module):
-        schedule = Schedule1F1B(PipelineStage(module, r, k), 4,
-                                loss_fn=torch.nn.functional.mse_loss)
+    def step(module, cls=Schedule1F1B, m=4):
+        schedule = cls(PipelineStage(module, r, k), m, loss_fn=torch.nn.functional.mse_loss)
         if r == 0:
             return schedule.step(x)
         return schedule.step(target=y) if r == k - 1 else schedule.step()
@@ -74,7 +81,7 @@ def faulty_step(mode: str, folder: str):
     took = time.monotonic() - start
     if mode == "stop" and r == 0:
         faults.kill_by_pid_file(folder, "stopped")
-    recovered = None
+    recovered = refused = None
     if mode in ("raise", "shape"):  # the next step on the same processes, after a re-init
         hvd.shutdown()
         hvd.init()
@@ -82,6 +89,13 @@ def faulty_step(mode: str, folder: str):
         def stage_of(rank):
             torch.manual_seed(100 + rank)
             return torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh())
+        # a schedule built with other arguments on rank 1 (M = 8, or GPipe): refused on every
+        # rank before anything is sent, and the world goes on (Note in agree.py)
+        try:
+            step(stage_of(r), **({"m": 8} if mode == "raise" else {"cls": ScheduleGPipe})
+                 if r == 1 else {})
+        except ScheduleError as exc:
+            refused = str(exc)
         out = step(stage_of(r))
         if r == k - 1:  # the whole model's output, computed here from the same stages
             want = torch.nn.Sequential(*(stage_of(q) for q in range(k)))(x).detach()
@@ -89,7 +103,7 @@ def faulty_step(mode: str, folder: str):
         else:
             recovered = out is None
         hvd.shutdown()
-    return error, took, recovered
+    return error, took, recovered, refused
 
 
 def _own(rank: int) -> str:
@@ -103,15 +117,23 @@ def _own(rank: int) -> str:
 ])
 def test_a_stage_that_raises_fails_every_rank_at_once_and_the_next_step_runs(tmp_path, mode,
                                                                              cause):
+    # only the abort (or the arguments' check) can end a step in time
     res = run_ranks(faulty_step, 3, args=(mode, str(tmp_path)), timeout=90,
-                    env={"HVD_TIMEOUT": "300"})  # only the abort can end the step in time
+                    env={"HVD_TIMEOUT": "300"})
     failed = _own(1) + cause
+    # then rank 1 builds its schedule with M = 8 (or GPipe) where the others have M = 4 (1F1B)
+    argument, ours, its = ("n_microbatches", 4, 8) if mode == "raise" else \
+        ("schedule", "Schedule1F1B", "ScheduleGPipe")
     for r in range(3):
-        error, _, recovered = res[r].value
+        error, _, recovered, refused = res[r].value
         assert error is not None and error.startswith(_own(r)), (r, error)
         assert failed in error, (r, error)
         if r != 1:
             assert f"aborted on rank 1: {failed}" in error, (r, error)
+        owner = its if (r == 1 and mode == "shape") else "Schedule1F1B"
+        assert refused == (f"{owner}: {argument} differs across the pipeline's ranks: ranks 0 "
+                           f"and 2 have {ours}, rank 1 has {its}; every rank must build the "
+                           "same schedule"), (r, refused)
         assert recovered, r
 
 
@@ -134,7 +156,7 @@ def test_a_stopped_stage_fails_the_others_within_the_timeout(tmp_path):
     # gradient from it: the first to time out aborts the step for the other
     for r, waits_for in ((2, "micro-batch 2's activations from stage 1 (rank 1)"),
                          (0, "micro-batch 1's gradient from stage 1 (rank 1)")):
-        error, took, _ = res[r].value
+        error, took, _, _ = res[r].value
         assert error.startswith(_own(r) + "receiving " + waits_for), error
         assert "no byte came from that rank for 3 s (HVD_TIMEOUT)" in error, error
         assert took < 3 + 3, (r, took)  # HVD_TIMEOUT + a margin for a loaded machine

@@ -1,13 +1,17 @@
 """The schedules' classes (torch.distributed.pipelining's names): each builds and checks its
-action table once, then runs it every step (step_run.StepRun)."""
+action table once, compares its arguments with the pipeline's other ranks before its first
+step (agree.py), then runs the table every step (step_run.StepRun)."""
 from __future__ import annotations
 
 import torch
 
 import engine_native as _engine
+from engine_native.basics import global_process_set
 from engine_native.pipeline import build, check, ideal_bubble, last_step
 from engine_native.progress import report
 
+from .agree import same_arguments
+from .kept import KeptCounter
 from .stage import PipelineStage
 from .step_run import StepRun
 
@@ -38,13 +42,19 @@ class _PipelineSchedule:
         self._n = n_microbatches
         self._loss_fn = loss_fn
         self._scale = 1.0 / n_microbatches if scale_grads else 1.0
+        self._scale_grads = bool(scale_grads)
         self._rank = me
         self._is_first = me == 0
         self._is_last = me == k - 1
         self._table = build(self._name, k, n_microbatches, num_stages // k)
         check(self._table)  # a table that cannot run is refused here, with the reason
         self._eval_table = None
+        self._group = stages[0].group
+        self._agreed = False  # the ranks' arguments compared (before the first step or eval)
+        self._also_agree = {}  # more arguments to compare (hvd.pipeline.Pipeline's balance)
         self.peak_activations = 0
+        self.count_kept = False  # True: count what each stage keeps (kept.py) into peak_kept
+        self.peak_kept = None  # stage index -> Kept at the stage's peak in the last step
         self.bubble = None  # this rank's measured idle fraction in the last training step
         self.ideal_bubble = ideal_bubble(k, n_microbatches, num_stages // k)
 
@@ -77,13 +87,18 @@ class _PipelineSchedule:
                              "it)")
         if self._is_last and target is None and call == "step":
             raise ValueError(f"{name}: the last stage takes target=")
+        if not self._agreed:
+            self._agree()
         inputs = _split(args[0], self._n, "batch") if args else None
         targets = _split(target, self._n, "target") if self._is_last and target is not None \
             else None
         loss_fn = self._loss_fn if targets is not None else None
-        run = StepRun(self._stages, table, loss_fn, inputs, targets, self._scale)
+        kept = KeptCounter(self._stages) if self.count_kept and call == "step" else None
+        run = StepRun(self._stages, table, loss_fn, inputs, targets, self._scale, kept)
         run.run(table.programs[self._rank])
         self.peak_activations = run.peak
+        if kept is not None:
+            self.peak_kept = kept.peak
         if call == "step":  # Note [Measured bubble]
             self.bubble = run.idle_fraction
             report(bubble=f"{self.bubble:.0%} (ideal {self.ideal_bubble:.0%})")
@@ -94,6 +109,17 @@ class _PipelineSchedule:
         if losses is not None and loss_fn is not None:
             losses.extend(run.losses)
         return torch.cat(run.outputs)
+
+    def _agree(self) -> None:
+        """Refuses, on every rank, arguments that differ across the pipeline's ranks (one
+        allgather, once per schedule; Note in agree.py)."""
+        table = self._table
+        arguments = {"schedule": type(self).__name__, "num_stages": table.stages,
+                     "n_microbatches": self._n, "stages_per_rank": table.stages // table.ranks,
+                     "scale_grads": self._scale_grads, **self._also_agree}
+        ranks = next(iter(self._stages.values())).ranks
+        same_arguments(type(self).__name__, arguments, ranks, self._group or global_process_set)
+        self._agreed = True
 
 
 class _SingleStageSchedule(_PipelineSchedule):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 import engine_native as _engine
 from engine_native.torch import devices
@@ -59,10 +60,18 @@ class PipelineStage:
         self.stage_index = stage_index
         self.num_stages = num_stages
         self.ranks = ranks              # global rank of each pipeline rank
+        self.group = group              # their ProcessSet (None: every rank)
         self.checkpoint = checkpoint
         self.data_group = data_group
         self.is_first = stage_index == 0
         self.is_last = stage_index == num_stages - 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The stage's module on ``x``, re-materialised in the backward with ``checkpoint``
+        (when training)."""
+        if self.checkpoint and torch.is_grad_enabled():
+            return checkpoint(self.submod, x, use_reentrant=False)
+        return self.submod(x)
 
     def rank_of(self, stage: int) -> int:
         """The global rank that holds ``stage``."""

@@ -18,7 +18,6 @@ import collections
 import time
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 import engine_native as _engine
 from engine_native.pipeline import activity
@@ -79,9 +78,11 @@ class StepRun:
 
     ``stages``: this rank's PipelineStages by index; ``inputs``: the first stage's micro-batches
     (on its rank); ``targets``: the last stage's (on its rank); ``loss_scale``: what each
-    micro-batch's loss is multiplied by before its backward (1 / M for the mean)."""
+    micro-batch's loss is multiplied by before its backward (1 / M for the mean); ``kept``: a
+    KeptCounter when the schedule counts what each stage keeps (kept.py), else None."""
 
-    def __init__(self, stages: dict, table, loss_fn, inputs, targets, loss_scale: float):
+    def __init__(self, stages: dict, table, loss_fn, inputs, targets, loss_scale: float,
+                 kept=None):
         self.stages, self.table, self.loss_fn = stages, table, loss_fn
         self.any_stage = next(iter(stages.values()))
         self.m = table.microbatches
@@ -98,6 +99,7 @@ class StepRun:
         self.sending = collections.deque()  # isend requests not known to be complete
         self.live = 0                    # (stage, mb) whose activations are held now
         self.peak = 0
+        self.kept = kept
         self.busy = 0.0                  # seconds in this rank's forwards and backwards
         self.spans = []                  # (action, start, end) of each: the dashboard's strip
         self.started = self.ended = None  # the step's perf_counter clock
@@ -199,10 +201,10 @@ class StepRun:
             self.x[s, mb] = x
         else:
             x = self.x[s, mb]
-        if stage.checkpoint and torch.is_grad_enabled():
-            y = checkpoint(stage.submod, x, use_reentrant=False)
+        if self.kept is not None and torch.is_grad_enabled():
+            y = self.kept.forward(s, mb, stage.forward, x)
         else:
-            y = stage.submod(x)
+            y = stage.forward(x)
         if s == self.last_stage:
             self.outputs[mb] = y.detach()
             if self.loss_fn is not None:
@@ -246,4 +248,6 @@ class StepRun:
             if y.requires_grad:  # (else nothing before it needs a gradient: no parameters)
                 torch.autograd.backward(y, grad_tensors=dy)
         self.live -= 1
+        if self.kept is not None:
+            self.kept.backward(s, mb)
 
