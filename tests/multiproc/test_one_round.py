@@ -170,6 +170,16 @@ def routes_suite():
         out["mismatch"] = "no error"
     except Exception as e:  # noqa: BLE001 - the type and message are what is checked
         out["mismatch"] = f"{type(e).__name__}: {str(e)[:34]}"
+    # gathers posted with rows that do not fit each other: an error on every rank too
+    for op, call in (("ALLGATHER", lambda: hvd.allgather(np.ones((1, 2 + (me == 1)), np.int32),
+                                                         name="ag.mismatch")),
+                     ("ALLTOALL", lambda: hvd.alltoall(np.ones((n, 1 + (me == 1)), np.int32),
+                                                       name="a2a.mismatch"))):
+        try:
+            call()
+            out[op] = "no error"
+        except Exception as e:  # noqa: BLE001 - the type and message are what is checked
+            out[op] = f"{type(e).__name__}: {str(e)}"
     # a reducescatter the board does not take (MAX): rank 0 reports it on every rank
     before = _one_round(hvd)
     try:
@@ -206,6 +216,8 @@ def test_what_the_board_does_not_take_is_negotiated_and_orders_may_differ():
         assert v["owed"] == [[n], [n]] and v["owed_behind"] == [[n]] * 3, v
         # as negotiation reports it without the board
         assert v["mismatch"] == "HorovodInternalError: Mismatched ALLREDUCE tensor shapes", v
+        for op in ("ALLGATHER", "ALLTOALL"):
+            assert v[op].startswith(f"HorovodInternalError: Mismatched {op} tensor shapes"), v
         assert v["refused"] == ("HorovodInternalError: REDUCESCATTER supports only SUM and "
                                 "AVERAGE"), v
         assert v["refused_board"] == 0, v
