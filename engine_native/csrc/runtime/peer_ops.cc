@@ -578,7 +578,7 @@ void PeerOps::failAll(const Status& status) {
     for (const auto* ops : {&p.sending, &p.staged, &receiving, &p.reading}) {
       for (const Op& op : *ops) {
         endSpan(op, status);
-        handles_.complete(op.handle, status);
+        handles_.complete(op.handle, failureOf(op, status));
       }
     }
     p = PerPeer();

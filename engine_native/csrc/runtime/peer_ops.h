@@ -179,6 +179,9 @@ class PeerOps {
   static constexpr uint64_t kRestageBit = uint64_t{1} << 62;
   // "send to rank 1 (tag 5)", "recv from rank 0 (tag 5)": errors and spans name ops so.
   static std::string what(const char* kind, int peer, int64_t tag);
+  // A failure that ends `op` (a lost peer, abort, shutdown) as its caller sees it: prefixed
+  // with what(op), unless the cause already names that op (its own timeout).
+  static common::Status failureOf(const Op& op, const common::Status& status);
 
   common::Status submit(Op op, bool caller_waits, bool wake, int64_t* handle);
   void takeSubmitted();

@@ -113,10 +113,16 @@ void PeerOps::unbind(const Op& op) {  // C
   }
 }
 
+common::Status PeerOps::failureOf(const Op& op, const common::Status& status) {
+  const std::string mine = what(op.is_send ? "send" : "recv", op.peer, op.tag);
+  if (status.message().rfind(mine, 0) == 0) return status;
+  return common::Status(status.code(), mine + ": " + status.message());
+}
+
 void PeerOps::failTaken(const common::Status& status) {
   for (Op& op : taking_) {
     unbind(op);  // a receive bound while still submitted
-    handles_.complete(op.handle, status);
+    handles_.complete(op.handle, failureOf(op, status));
   }
   taking_.clear();
 }
