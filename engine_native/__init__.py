@@ -22,7 +22,7 @@ from .numpy_ops import (allgather, allgather_async, allreduce, allreduce_async, 
                         grouped_allreduce, grouped_allreduce_async, grouped_reducescatter,
                         grouped_reducescatter_async, join, poll, reducescatter,
                         reducescatter_async, synchronize)
-from .p2p import P2PRequest, irecv, isend, recv, send
+from .p2p import P2POp, P2PRequest, batch_isend_irecv, irecv, isend, recv, send
 from .progress import report
 
 __all__ = [
@@ -37,5 +37,5 @@ __all__ = [
     "reducescatter", "reducescatter_async", "grouped_reducescatter",
     "grouped_reducescatter_async", "barrier", "join", "poll", "synchronize",
     "start_timeline", "stop_timeline", "timeline_events", "autotune_state", "set_autotune",
-    "report", "send", "recv", "isend", "irecv", "P2PRequest",
+    "report", "send", "recv", "isend", "irecv", "P2PRequest", "P2POp", "batch_isend_irecv",
 ]

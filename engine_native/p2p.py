@@ -199,3 +199,25 @@ def _received(result, what: str, out: np.ndarray | None) -> np.ndarray:
                          f"out is {out.dtype} {tuple(out.shape)}")
     out[...] = array
     return out
+
+
+class P2POp:
+    """One operation of :func:`batch_isend_irecv`, as in ``torch.distributed``:
+    ``P2POp(hvd.isend, array, peer, tag)`` sends ``array``; ``P2POp(hvd.irecv, array, peer,
+    tag)`` receives into ``array``. ``hvd`` is any binding with ``isend``/``irecv`` (this NumPy
+    API, ``engine_native.torch``)."""
+
+    def __init__(self, op, tensor, peer: int, tag: int = 0):
+        if getattr(op, "__name__", None) not in ("isend", "irecv"):
+            raise ValueError(f"P2POp: op must be hvd.isend or hvd.irecv, not {op!r}")
+        self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
+
+
+def batch_isend_irecv(p2p_op_list: list) -> list:
+    """Start every send and receive of the list at once and return their requests. The
+    order does not matter: a send never waits for its receive, and a pair's messages are
+    matched by (peer, tag) on each side alone (no round with other ranks), so a batch is its
+    ops started together; nothing more is needed to keep two ranks that both send first
+    from waiting on each other."""
+    return [op.op(op.tensor, op.peer, op.tag) if op.op.__name__ == "isend" else
+            op.op(op.peer, op.tag, out=op.tensor) for op in p2p_op_list]

@@ -32,7 +32,7 @@ import torch
 import engine_native.basics as _basics
 from engine_native import _core
 from engine_native import p2p as _p2p
-from engine_native.p2p import P2PRequest
+from engine_native.p2p import P2POp, P2PRequest, batch_isend_irecv  # noqa: F401 (any binding's)
 from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 
@@ -286,19 +286,3 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     _count(_receives, (src, tag))
     return request.wait()
 
-
-class P2POp:
-    """One operation of :func:`batch_isend_irecv`: ``P2POp(hvd.isend, tensor, peer, tag)``
-    sends ``tensor``; ``P2POp(hvd.irecv, tensor, peer, tag)`` receives into ``tensor``."""
-
-    def __init__(self, op, tensor: torch.Tensor, peer: int, tag: int = 0):
-        if op not in (isend, irecv):
-            raise ValueError("P2POp: op must be hvd.isend or hvd.irecv")
-        self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
-
-
-def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[P2PRequest]:
-    """Start every send and receive of the list at once (the order does not matter: a send
-    never waits for its receive) and return their requests."""
-    return [isend(op.tensor, op.peer, op.tag) if op.op is isend else
-            irecv(op.peer, op.tag, out=op.tensor) for op in p2p_op_list]

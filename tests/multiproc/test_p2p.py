@@ -33,6 +33,15 @@ def ring_suite(transport):
             want = checks.make_input(dtype, shape, frm, name)
             fails.check(name, None if got.dtype == want.dtype and got.shape == want.shape and
                         np.array_equal(got, want) else f"got {got.dtype} {got.shape}")
+    # both directions of the ring at once in one batch, every rank receiving into out=
+    left, right = np.zeros(5, np.int64), np.zeros(5, np.int64)
+    hvd_ops = [hvd.P2POp(hvd.isend, np.full(5, me, np.int64), to, 9),
+               hvd.P2POp(hvd.isend, np.full(5, -me, np.int64), frm, 9),
+               hvd.P2POp(hvd.irecv, left, frm, 9), hvd.P2POp(hvd.irecv, right, to, 9)]
+    for request in hvd.batch_isend_irecv(hvd_ops):
+        request.wait()
+    fails.expect("batch_isend_irecv both ways", left.tolist() == [frm] * 5 and
+                 right.tolist() == [-to] * 5, f"{left} {right}")
     hvd.shutdown()
     return fails.raise_if_any()
 
