@@ -14,7 +14,8 @@ Then the cost: 1F1B steps without re-materialisation, alternating count_kept off
 slowest rank); one micro-batch's forward alone, best of 200: the module called directly (what
 the step called before counting existed), ``stage.forward`` (what it calls with count_kept
 off) and counted; and the ranks' argument check (one allgather before a schedule's first
-step), timed on its own. Timings only; the counts are asserted by tests/multiproc/test_pipelining.py.
+step), timed on its own. Timings only; the counts are asserted by
+tests/multiproc/test_pipelining.py.
 """
 from __future__ import annotations
 

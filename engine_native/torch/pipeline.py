@@ -16,7 +16,9 @@ its consecutive share of the layers. ``balance``: None (even counts), a list of 
 per stage, or ``"time"``: each layer's forward and backward timed once on ``sample`` by the
 pipeline's first rank (GPipe's cost estimate), the counts chosen so that the costliest stage is
 as cheap as possible, and sent to the others. ``checkpoint=True`` keeps only each stage's input
-per micro-batch and recomputes its activations in the backward.
+and output per micro-batch and recomputes its activations in the backward. Every rank's
+schedule arguments and layer counts are compared before the first step (a mismatch is refused
+on every rank).
 
 ``replicas=D`` (on every rank): data x pipeline parallelism. The ranks form D pipelines of K =
 size / D consecutive ranks, each fed its own batches; every step ends with each stage's

@@ -32,8 +32,12 @@ Differences from torch: ``step()`` always trains (torch runs forwards alone on a
 fails on every rank still in it at once with ``PipelineError`` naming the stage, the action
 and the micro-batch (Note [Pipeline step failures] in step_run.py; a rank done with its part
 returns normally, and arguments refused before the step fail that rank alone);
-``schedule.peak_activations`` is the most micro-batches whose activations this rank held at
-once in the last step, ``schedule.bubble`` its measured idle fraction (Note [Measured bubble]);
+a schedule built with other arguments than on another of the pipeline's ranks (class,
+stages, micro-batches, loss scaling) is refused on every rank before its first step
+(agree.py); ``schedule.peak_activations`` is the most micro-batches whose activations this
+rank held at once in the last step, ``schedule.bubble`` its measured idle fraction (Note
+[Measured bubble]), and with ``schedule.count_kept = True``, ``schedule.peak_kept`` the
+tensors and bytes each stage kept for its backwards at its peak (kept.py);
 ``PipelineStage(..., checkpoint=True)`` recomputes a stage's activations in the backward, and
 ``PipelineStage(..., data_group=...)`` averages its gradients over the stage's replicas.
 A stage takes one tensor and returns one; the mean over micro-batches is exact when they are

@@ -153,7 +153,8 @@ class ScheduleInterleaved1F1B(_PipelineSchedule):
 # Note [Measured bubble]: a training step's idle fraction on this rank is 1 - (time in its
 # forwards and backwards) / (the step's time): the schedule's bubble plus whatever the
 # hand-offs and the Python between actions cost, and with replicas the wait for the gradient
-# averages (a receive's caller may also run queued collectives while it drives the core). Each step reports it for the dashboard's row
+# averages (a receive's caller may also run queued collectives while it drives the core).
+# Each step reports it for the dashboard's row
 # (engine_native.progress.report, key "bubble", beside the balanced-stage ideal
 # (K - 1) / (V M + K - 1)) and keeps it as schedule.bubble; with its forwards' and backwards'
 # times it is also the step the dashboard draws as this rank's strip
