@@ -39,8 +39,11 @@ def run(shell):
 @pytest.fixture(scope="session")
 def shared_local_cluster(shell):
     """Three ranks on the local launcher, shared by every module that asks (a start costs
-    7-10 s on an idle 2-core machine, several times that on a loaded one)."""
-    res = start_cluster(shell, "-n 3 --launcher local --gpus none --env HVD_MAGIC_TEST=yes")
+    7-10 s on an idle 2-core machine, several times that on a loaded one). ``--framework
+    torch`` is the default, named here so that the flag itself is started once
+    (test_collectives.py::test_namespace_has_hvd_and_torch checks every rank's binding)."""
+    res = start_cluster(shell, "-n 3 --launcher local --gpus none --framework torch "
+                               "--env HVD_MAGIC_TEST=yes")
     yield res
     stop_cluster(shell)
 

@@ -6,6 +6,8 @@ timeout + 5 s, name the collective and the missing rank, and leave the same engi
 run the next allreduce.
 """
 
+import re
+
 import pytest
 from cluster_harness import assert_allreduce_works, run_cell, traceback_text
 
@@ -38,10 +40,14 @@ else:
 
 
 def test_namespace_has_hvd_and_torch(local_cluster, run):
-    res = run("%%hvd\n(hvd.rank(), hvd.size(), hvd.is_initialized(), torch.__name__)")
+    """The shared cluster names ``--framework torch`` (conftest.py): every rank's ``hvd``."""
+    res = run("%%hvd --out names\n(hvd.__name__, hvd.rank(), hvd.size(), hvd.is_initialized(), "
+              "torch.__name__)")
     assert res.error is None, res.text
-    assert res.value == (0, 3, True, "torch")
-    assert "engine_native.torch" in local_cluster.out
+    assert run("names").value == {r: ("engine_native.torch", r, 3, True, "torch")
+                                  for r in range(3)}
+    assert len(re.findall(r"engine_native\.torch +idle", local_cluster.out)) == 3, \
+        local_cluster.out
 
 
 def test_timeout_on_skipped_allreduce_reports_and_recovers(local_cluster, run):

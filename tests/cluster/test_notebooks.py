@@ -1,8 +1,12 @@
-"""The shipped notebooks run headless, top to bottom, through nbclient (as CI runs them).
+"""The shipped notebooks run headless, top to bottom, through nbclient (as CI runs them), and
+one written here for the TensorFlow binding, which no shipped notebook starts.
 
 Each notebook's kernel gets ``HVD_TEST_TAG`` in its environment; every process it spawns
 (controller, mpiexec, engines) inherits it, so whatever the notebook leaves running is found
-and killed afterwards, and the test fails if anything was left."""
+and killed afterwards, and the test fails if anything was left.
+
+nbclient is a widget frontend: the dashboard is the widget view, and :func:`dashboard_rates`
+reads the throughput its rank rows showed from the widget updates the kernel sent."""
 
 import os
 import re
@@ -15,6 +19,41 @@ from notebook_cells import cell_text
 pytestmark = [pytest.mark.timeout(420), pytest.mark.mpi]
 
 NOTEBOOKS = os.path.join(REPO, "notebooks")
+# A rank row of the dashboard's widget view (hvd_magic/widgets/view.py: row_html) and its
+# throughput cell when the rank reported samples (as tests/cluster/test_dashboard_kernel.py
+# reads it).
+ROW = re.compile(r'class="hvd-row" data-rank="(\d+)"')
+RATE = re.compile(r'class="hvd-rate"[^>]*>([0-9.]+)([kMG]?) samples/s<')
+SCALE = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+@pytest.fixture
+def dashboard_rates(monkeypatch):
+    """{rank: [samples/s]}: every throughput in samples/s that the dashboard's row of each rank
+    showed while the notebook ran, read from the widget state updates nbclient receives (the
+    notebook's saved widget state keeps only the last one, sent after training, when the rate
+    over the dashboard's 2 s window may already be back at 0)."""
+    from nbclient import NotebookClient
+
+    rates: dict = {}
+    handle = NotebookClient.handle_comm_msg
+
+    def record(self, outs, msg, cell_index):
+        value = msg["content"].get("data", {}).get("state", {}).get("value")
+        row = ROW.search(value) if isinstance(value, str) else None
+        rate = RATE.search(value) if row else None
+        if rate:
+            rates.setdefault(int(row[1]), []).append(float(rate[1]) * SCALE[rate[2]])
+        return handle(self, outs, msg, cell_index)
+
+    monkeypatch.setattr(NotebookClient, "handle_comm_msg", record)
+    return rates
+
+
+def assert_samples_per_s_on_every_row(rates: dict, n: int) -> None:
+    """Every rank's ``hvd.report(samples=...)`` reached the dashboard: its row showed a
+    non-zero samples/s."""
+    assert sorted(rates) == list(range(n)) and all(max(v) > 0 for v in rates.values()), rates
 
 
 def execute(name: str):
@@ -22,7 +61,7 @@ def execute(name: str):
     return run_notebook(nb, NOTEBOOKS, kernel_name="python3")
 
 
-def test_quickstart():
+def test_quickstart(dashboard_rates):
     nb = execute("quickstart.ipynb")
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert "hvd cluster: 4 ranks, mpi launcher" in text
@@ -31,6 +70,7 @@ def test_quickstart():
     accuracy = float(text.split("[all ranks] test accuracy: ")[1].split()[0])
     assert accuracy > 0.85
     assert "samples/s on 4 ranks" in text
+    assert_samples_per_s_on_every_row(dashboard_rates, 4)
     assert "hvd: cluster stopped" in text
 
 
@@ -76,7 +116,7 @@ def per_rank(text: str, label: str, n: int) -> list:
 
 
 @pytest.mark.jax
-def test_jax():
+def test_jax(dashboard_rates):
     nb = execute("jax.ipynb")
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     # %hvd_start --framework jax: engine_native.jax is hvd on both ranks
@@ -86,11 +126,12 @@ def test_jax():
     accuracy = per_rank(text, "test accuracy: ", 2)
     assert accuracy[0] == accuracy[1] and float(accuracy[0]) > 0.85, text  # equal parameters
     assert per_rank(text, "parameters equal on every rank: ", 2) == ["True"] * 2, text
+    assert_samples_per_s_on_every_row(dashboard_rates, 2)  # hvd.report in the training loop
     assert "hvd: cluster stopped" in text
 
 
 @pytest.mark.keras
-def test_keras():
+def test_keras(dashboard_rates):
     nb = execute("keras.ipynb")
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert len(re.findall(r"engine_native\.keras +idle", text)) == 2, text
@@ -101,4 +142,37 @@ def test_keras():
     accuracy = per_rank(text, "test accuracy: ", 2)
     assert accuracy[0] == accuracy[1] and float(accuracy[0]) > 0.85, text  # equal weights
     assert per_rank(text, "weights equal on every rank: ", 2) == ["True"] * 2, text
+    assert_samples_per_s_on_every_row(dashboard_rates, 2)  # hvd.report in a fit callback
+    assert "hvd: cluster stopped" in text
+
+
+TENSORFLOW = [
+    "%load_ext hvd_magic\n%hvd_start -n 2 --launcher local --framework tensorflow",
+    """%%hvd
+x = tf.range(3.0) + hvd.rank()
+print("hvd is", hvd.__name__)
+print("sum over ranks:", hvd.allreduce(x, op=hvd.Sum).numpy().tolist())
+import time
+for step in range(60):  # steps of a few ms, over several of the dashboard's snapshots
+    hvd.allreduce(tf.ones(256), name="grad")
+    hvd.report(samples=16)
+    time.sleep(0.03)""",
+    "%hvd_stop",
+]
+
+
+@pytest.mark.tensorflow
+def test_tensorflow(dashboard_rates):
+    """``%hvd_start --framework tensorflow``: engine_native.tensorflow is ``hvd`` (and
+    TensorFlow ``tf``) on every rank, a collective works, and ``hvd.report`` feeds the
+    dashboard as torch's does (the binding's ops themselves: tests/frameworks). One cluster
+    start, the cost of the cluster tier: ``--framework torch`` named explicitly is the shared
+    cluster's (tests/cluster/conftest.py), keras and jax are the notebooks' above."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in TENSORFLOW])
+    nb = run_notebook(nb, NOTEBOOKS, kernel_name="python3")
+    text = "\n".join(cell_text(c) for c in nb.cells)
+    assert len(re.findall(r"engine_native\.tensorflow +idle", text)) == 2, text
+    assert per_rank(text, "hvd is ", 2) == ["engine_native.tensorflow"] * 2, text
+    assert per_rank(text, "sum over ranks: ", 2) == ["[1.0, 3.0, 5.0]"] * 2, text
+    assert_samples_per_s_on_every_row(dashboard_rates, 2)
     assert "hvd: cluster stopped" in text
