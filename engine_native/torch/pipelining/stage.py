@@ -35,6 +35,11 @@ class PipelineStage:
                  device=None, input_args=None, output_args=None, group=None, *,
                  checkpoint: bool = False, data_group=None):
         del input_args, output_args  # shapes travel with every message; none are needed
+        # torch.autograd.backward(outputs, grad_tensors), a stage's backward, imports this
+        # module (and sympy) at its first call in a process: 1.0-1.7 s on the 2-vCPU test VMs.
+        # Paid here, once, it stays out of the first step, where it held the step's first
+        # backward and delayed a failing step's errors to the other stages by as much.
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
         ranks = list(range(_engine.size())) if group is None else list(group.ranks)
         me = _engine.rank()
         if me not in ranks:
