@@ -10,10 +10,24 @@ from engine_native.keras import backend_glue
 from engine_native.keras.compression import Compression
 
 
+def _tensor(value, op: str):
+    """``value`` as a backend tensor. What ``keras.ops.convert_to_tensor`` refuses (a dict, an
+    arbitrary object) is a TypeError naming the call and what it got: the backends' own errors
+    differ in type and can say as little as "Invalid dtype: object" (torch). Raised before
+    anything is submitted, so the ranks' next collective is unaffected."""
+    try:
+        return keras.ops.convert_to_tensor(value)
+    except (TypeError, ValueError) as exc:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise TypeError(f"{op}(): expected a tensor, a NumPy array or a number, got "
+                        f"{type(value).__name__} {shown} ({exc})") from exc
+
+
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none, process_set=global_process_set):
     """Reduce ``value`` across ranks (Average unless ``op`` says otherwise)."""
-    tensor, ctx = compression.compress(keras.ops.convert_to_tensor(value))
+    tensor, ctx = compression.compress(_tensor(value, "allreduce"))
     reduced, = backend_glue.grouped_allreduce([tensor], resolve_op(op, average),
                                               prescale_factor, postscale_factor, process_set,
                                               name=name)
@@ -22,13 +36,12 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
 
 def allgather(value, name=None, process_set=global_process_set):
     """Every rank's ``value`` concatenated along the first dimension (sizes may differ)."""
-    return backend_glue.allgather(keras.ops.convert_to_tensor(value), name, process_set)
+    return backend_glue.allgather(_tensor(value, "allgather"), name, process_set)
 
 
 def broadcast(value, root_rank, name=None, process_set=global_process_set):
     """``root_rank``'s ``value`` on every rank."""
-    return backend_glue.broadcast(keras.ops.convert_to_tensor(value), root_rank, name,
-                                  process_set)
+    return backend_glue.broadcast(_tensor(value, "broadcast"), root_rank, name, process_set)
 
 
 def reducescatter(value, name=None, op=Average, process_set=global_process_set):
@@ -37,8 +50,7 @@ def reducescatter(value, name=None, op=Average, process_set=global_process_set):
     if op not in (Average, Sum):  # checked here: each backend's binding has its own error type
         raise ValueError(f"reducescatter(): op {op!r} is not supported; use hvd.Average or "
                          "hvd.Sum")
-    return backend_glue.reducescatter(keras.ops.convert_to_tensor(value), op, name,
-                                      process_set)
+    return backend_glue.reducescatter(_tensor(value, "reducescatter"), op, name, process_set)
 
 
 def broadcast_variables(variables, root_rank, name=None, process_set=global_process_set):

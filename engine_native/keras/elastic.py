@@ -12,11 +12,15 @@ engine_native.elastic_state's; this module adds the state of a Keras model and o
 ...         hvd.elastic.UpdateEpochStateCallback(state)])
 >>> train(state)
 """
+import functools
+
 import keras
 
 from engine_native import basics
+from engine_native._core import HorovodInternalError
 from engine_native.elastic_state import (  # noqa: F401
     HostsUpdatedInterrupt, ObjectState, reset_core, run_fn)
+from engine_native.keras import backend_glue
 from engine_native.keras.callbacks import sync_backend_state
 from engine_native.keras.collectives import broadcast_model
 from engine_native.keras.objects import broadcast_object
@@ -25,8 +29,30 @@ from engine_native.keras.objects import broadcast_object
 def run(func):
     """Decorator for an elastic training function ``func(state, *args, **kwargs)``: retried
     after a failed collective (the last commit restored) or a host change. No collective may
-    run before it is called: the first thing it does is ``state.sync()``."""
-    return run_fn(func, reset_core)
+    run before it is called: the first thing it does is ``state.sync()``.
+
+    A collective that fails inside ``model.fit``'s compiled step reaches here as the backend's
+    own error (tensorflow: ``tf.errors.UnknownError``; jax: ``JaxRuntimeError``), which
+    run_fn's retry, catching HorovodInternalError only, let through: it is turned back into
+    the core's error first (backend_glue.collective_failure)."""
+    @functools.wraps(func)
+    def collective_errors(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except HorovodInternalError:
+            raise
+        except Exception as error:  # re-raised unless a collective failed
+            internal = backend_glue.collective_failure(error)
+            if internal is None:
+                raise
+            raise internal from error
+    return run_fn(collective_errors, _reset)
+
+
+def _reset(after_failure):
+    if after_failure:  # a failed jitted jax step leaves a token failing every later one
+        backend_glue.forget_failed_step()
+    reset_core(after_failure)
 
 
 class KerasState(ObjectState):

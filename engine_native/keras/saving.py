@@ -43,4 +43,22 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
     wrapped = {name: distributed_class(cls, make_settings(name, compression=compression))
                for name, cls in classes.items()}
     wrapped.update(custom_objects or {})
-    return keras.models.load_model(filepath, custom_objects=wrapped)
+    model = keras.models.load_model(filepath, custom_objects=wrapped)
+    _wrap_loaded_optimizer(model, compression)
+    return model
+
+
+def _wrap_loaded_optimizer(model, compression) -> None:
+    """Make the loaded ``model.optimizer`` a DistributedOptimizer where ``custom_objects`` did
+    not: Keras 3 looks custom objects up by the file's ``registered_name``, which it records
+    for a backend's own optimizer class (torch: ``torch_sgd.SGD``) but not for a public one
+    (``keras.optimizers.SGD`` on jax and tensorflow), which it takes from its own API table.
+    The loaded object becomes an instance of the generated subclass, which adds methods and
+    a class attribute only, so the state the file restored (iterations, momentum) is kept
+    as it is."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or isinstance(optimizer, _DistributedOptimizerMixin):
+        return
+    base = type(optimizer)
+    object.__setattr__(optimizer, "__class__", distributed_class(
+        base, make_settings(base.__name__, compression=compression)))
