@@ -6,12 +6,16 @@ tf.function step, inside the accumulation's cond, and eagerly), each group one f
 allreduce; hvd.reducescatter eagerly and in tf.function; engine_native.tensorflow's
 DistributedOptimizer of a Keras optimizer is engine_native.keras's; an XLA-compiled step
 (jit_compile=True) fails on every rank with the fix in the message, and the next op works; a
-broadcast inside tf.function works."""
+broadcast inside tf.function works; Compression.fp16 in fit (float16 crossing the core); and
+the checks every backend runs (keras_checks: collectives, callbacks, load_model, bad input,
+elastic recovery from a failed collective inside the tf.function step). At np 2 and 3."""
+import os
 import warnings
 
 import numpy as np
 import pytest
 
+from frameworks import keras_checks as checks
 from frameworks import keras_training as kt
 from multiproc.checks import Failures
 from multiproc.harness import run_ranks
@@ -40,12 +44,29 @@ def _reducescatter(fails, hvd, keras, tf):
                         lambda: hvd.reducescatter(x, op=hvd.Max), "hvd.Average or hvd.Sum")
 
 
-def rank_tensorflow_suite():
+def rank_tensorflow_suite(path):
+    """Both sizes: fit against single-process training, and bad input; np=2 also: the fit
+    variants, XLA refused, the tf.function ops, fp16, the callbacks, load_model and elastic
+    (last: it re-initializes the core); np=3 also: the value collectives."""
     hvd, keras = kt.start("tensorflow")
     fails = Failures()
     model = kt.fit_matches_single_process(fails, hvd, keras, "tf.function")
     fails.expect("fit compiled its train step without XLA",
                  not model.run_eagerly and model.jit_compile is False)
+    if hvd.size() == 2:
+        _variants(fails, hvd, keras)
+        checks.fp16_fit(fails, hvd, keras, "tf.function")
+        checks.callbacks(fails, hvd, keras)
+        checks.load_model(fails, hvd, keras, path)
+        checks.errors(fails, hvd, keras)
+        checks.elastic(fails, hvd, keras)
+    else:  # lean: every train step's compile costs three ranks' CPU on two cores
+        checks.collectives(fails, hvd, keras)
+        checks.errors(fails, hvd, keras)
+    return fails.raise_if_any()
+
+
+def _variants(fails, hvd, keras):
     kt.fit_matches_single_process(fails, hvd, keras, "tf.function, backward_passes_per_step=2",
                                   bpps=2)
     kt.fit_matches_single_process(fails, hvd, keras, "tf.function, groups=2", groups=2,
@@ -84,8 +105,10 @@ def rank_tensorflow_suite():
                  "engine_native.keras's", isinstance(opt, _DistributedOptimizerMixin) and
                  opt._hvd_settings.op == hvd.Sum and
                  opt._hvd_settings.compression is hvd.Compression.fp16, str(type(opt)))
-    return fails.raise_if_any()
 
 
-def test_keras_tensorflow_backend():
-    run_ranks(rank_tensorflow_suite, 2, env={"KERAS_BACKEND": "tensorflow"}, timeout=120)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_keras_tensorflow_backend(np_, tmp_path):
+    results = run_ranks(rank_tensorflow_suite, np_, env={"KERAS_BACKEND": "tensorflow"},
+                        args=(os.path.join(tmp_path, "model.keras"),), timeout=120)
+    assert all(r.value > 20 for r in results), [r.value for r in results]
