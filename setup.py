@@ -171,6 +171,7 @@ CORE_SOURCES = [
     "bindings/numpy_group.cc",
     "bindings/jax_host.cc",
     "bindings/jax_ffi.cc",
+    "bindings/jit_interrupt.cc",
     "bindings/group_core.cc",
     "bindings/output_array_pool.cc",
     "bindings/torch_api.cc",

@@ -187,6 +187,17 @@ def xla_ffi_targets() -> dict:
     (engine_native.jax.xla_ffi registers them at import); ``{}`` when the core was built without
     jaxlib's headers, and then the collectives inside jax.jit are ordered io_callbacks."""
 
+# ---- waits inside jax.jit (bindings/jit_interrupt.cc) ----------------------------------------
+
+def jit_callback_label(label: Optional[str]) -> None:
+    """This thread's waits belong to the jitted op ``label`` (engine_native.jax's ordered
+    io_callbacks set it around their host function) until ``None``: they check no Python
+    signal, and a Ctrl-C (SIGINT) aborts the core instead (Note [Ctrl-C inside jax.jit])."""
+
+def core_failure() -> Optional[tuple]:
+    """None, or ``(message, what to do)`` of the failure (lost rank, timeout, abort) that every
+    op fails with until shutdown()."""
+
 def torch_setup(tensor_type: type, parameter_type: type, strided: Any, codes: dict,
                 op_name: Any) -> None:
     """Configure torch_allreduce_async below (engine_native.torch.runtime calls it at import):

@@ -70,3 +70,45 @@ def supported_numpy_dtypes() -> list:
     """Names of the numpy dtypes the core takes (bfloat16 where ml_dtypes is installed)."""
     _register_bfloat16()
     return sorted(str(d) for d in _NUMPY_CODES)
+
+
+class AdasumSizeError(ValueError, NotImplementedError):
+    """Adasum over a process set whose size is not a power of two. A ValueError (the caller
+    chooses the set), and Horovod's NotImplementedError, so ported code that catches the
+    exception Horovod raises here still catches it (engine_native.torch raises its own class
+    of the same name, bases and text)."""
+
+    # Exception's own __init__ (the one ValueError's amounts to): TF's autograph re-raises an
+    # error from traced code as its own type only for a few builtins and for classes with this
+    # very __init__; any other comes out of tf.function as a StagingError.
+    __init__ = Exception.__init__
+
+
+_ADASUM_DTYPES = (FLOAT16, BFLOAT16, FLOAT32, FLOAT64)
+
+
+def check_adasum(op: int, op_name: str, set_size, dtype=None, name: str = "") -> None:
+    """Horovod's Adasum rules for an allreduce, before any rank submits anything, as
+    engine_native.torch checks them: a power-of-two process set (``AdasumSizeError``; a set
+    not registered, ``set_size`` None, is refused later, by the op), then, where ``dtype`` is
+    given (inside a traced program, where the core would only refuse it when the program
+    runs), a floating-point dtype (the core's TypeError, same text)."""
+    if op != Adasum:
+        return
+    if set_size is not None and set_size & (set_size - 1):
+        raise AdasumSizeError(
+            f"{op_name}: Running Adasum with non-power of 2 ranks is not supported yet (the "
+            f"process set has {set_size} ranks); use 1, 2, 4, 8, ... ranks, or op=hvd.Average.")
+    if dtype is not None and numpy_code_or_none(dtype) not in _ADASUM_DTYPES:
+        raise TypeError(f"{op_name}('{name}'): Adasum: Unsupported data type {np.dtype(dtype)} "
+                        f"(Horovod's Adasum reduces float16, bfloat16, float32 and float64 "
+                        f"tensors); use op=Average or op=Sum")
+
+
+def check_reducescatter_op(op: int) -> None:
+    """Reducescatter reduces with Sum or Average only (the core's rule, which it applies when
+    the ranks negotiate): refused before submitting, in engine_native.torch's words."""
+    if op not in (Average, Sum):
+        from engine_native._core import HorovodInternalError  # torch raises this one here
+        raise HorovodInternalError(
+            f"reducescatter: op {op!r} is not supported; use hvd.Average or hvd.Sum.")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from engine_native import numpy_ops
-from engine_native._dtypes import Average
+from engine_native._dtypes import Average, check_adasum, check_reducescatter_op
 from engine_native.basics import ProcessSet, global_process_set
 from engine_native.jax import arrays, handles
 from engine_native.jax.callback_guard import refuse_inside_pure_callback
@@ -36,6 +36,7 @@ def allreduce_async(tensor, op: int = Average, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set, *,
                     _waited: bool = False) -> int:
     """Start an allreduce; ``synchronize(handle)`` returns the reduced jax array."""
+    check_adasum(op, "allreduce", process_set.size())
     host, device = _host(tensor, "allreduce", name)
     return _one_result(numpy_ops.allreduce_async(host, op, name, prescale_factor,
                                                  postscale_factor, process_set,
@@ -77,6 +78,7 @@ def grouped_allreduce_async(tensors: Sequence, op: int = Average, name: Optional
     output pool, XLA copied every result (~250 us for a 3.5 MiB gradient pytree on this
     machine, and the user's block_until_ready waited on 20 copies). One C call checks and
     submits the host views (Note [Aligned group path] in bindings/numpy_group.cc)."""
+    check_adasum(op, "grouped_allreduce", process_set.size())
     return _grouped_async("grouped_allreduce", tensors, name, lambda hosts: (
         numpy_ops.grouped_allreduce_async(hosts, op, name, prescale_factor, postscale_factor,
                                           process_set, aligned=True, _waited=_waited)))
@@ -106,6 +108,7 @@ def reducescatter_async(tensor, op: int = Average, name: Optional[str] = None,
                         prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
                         _waited: bool = False) -> int:
     """Start a reducescatter; ``synchronize`` returns this rank's rows of the reduction."""
+    check_reducescatter_op(op)
     host, device = _host(tensor, "reducescatter", name)
     return _one_result(numpy_ops.reducescatter_async(host, op, name, process_set,
                                                      prescale_factor, postscale_factor,

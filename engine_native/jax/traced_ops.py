@@ -36,7 +36,9 @@ import jax
 import numpy as np
 from jax.experimental import io_callback
 
-from engine_native import basics, numpy_ops
+from engine_native import _core, basics, numpy_ops
+from engine_native._core import HorovodInternalError
+from engine_native._dtypes import check_adasum, check_reducescatter_op
 from engine_native.basics import ProcessSet
 from engine_native.jax import arrays, xla_ffi
 
@@ -78,18 +80,39 @@ def _refusing_transforms(fn: Callable, op: str) -> Callable:
 
 
 def ordered_call(op: str, host_fn: Callable, result_shapes, tracers: Sequence):
-    """Run ``host_fn(*numpy arrays)`` once, in program order, returning ``result_shapes``."""
+    """Run ``host_fn(*numpy arrays)`` once, in program order, returning ``result_shapes``.
+
+    Its waits are labelled as inside jit: the op cannot stay pending once the callback returns
+    (its operands are views of XLA's buffers), so Ctrl-C aborts it instead of interrupting the
+    wait (Note [Ctrl-C inside jax.jit] in bindings/jit_interrupt.h); a failure that leaves the
+    core failed says what to do, as the XLA FFI path's do."""
     def callback(*args):
-        return host_fn(*[np.asarray(a) for a in args])
+        _core.jit_callback_label(f"{op} (io_callback)")
+        try:
+            return host_fn(*[np.asarray(a) for a in args])
+        except HorovodInternalError as exc:
+            failure = _core.core_failure()  # None, or (message, what to do)
+            if failure is None:
+                raise
+            raise HorovodInternalError(f"{exc}{failure[1]}") from None
+        finally:
+            _core.jit_callback_label(None)
     return _refusing_transforms(
         lambda *xs: io_callback(callback, result_shapes, *xs, ordered=True), op)(*tracers)
 
 
-def _check(tracer, op: str, name: Optional[str], process_set: ProcessSet) -> None:
+def _check(tracer, op: str, name: Optional[str], process_set: ProcessSet,
+           reduce_op: Optional[int] = None) -> None:
     """What can be checked when tracing, before a name is drawn (a failure on one rank must
-    not shift the names of the next ops): a supported dtype and a registered process set."""
+    not shift the names of the next ops): a supported dtype, a registered process set, and
+    Adasum's rules (what the core would refuse only when the program runs: engine_native.torch
+    and the eager path refuse it before submitting)."""
     arrays.check_dtype(tracer.dtype, op, name or "unnamed")
     numpy_ops._set_id(process_set, op)
+    if op == "reducescatter":
+        check_reducescatter_op(reduce_op)
+    elif reduce_op is not None:
+        check_adasum(reduce_op, op, process_set.size(), tracer.dtype, name or "unnamed")
 
 
 def _like(tracer) -> jax.ShapeDtypeStruct:
@@ -108,7 +131,7 @@ def ffi_call(op: str, tracers: Sequence, **attrs) -> list:
 
 
 def allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set):
-    _check(tensor, "allreduce", name, process_set)
+    _check(tensor, "allreduce", name, process_set, op)
     name = traced_name(name)
     if _compiled():
         return ffi_call("allreduce", [tensor], kind=xla_ffi.ALLREDUCE,
@@ -119,12 +142,13 @@ def allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set):
         x, op, name, prescale_factor, postscale_factor, process_set), _like(tensor), [tensor])
 
 
-def _grouped(op: str, tensors, name, process_set, run: Callable, result_shape: Callable):
+def _grouped(op: str, tensors, name, process_set, run: Callable, result_shape: Callable,
+             reduce_op: Optional[int] = None):
     """One ordered callback for a grouped ``op``: ``run(numpy arrays, name)`` runs the numpy
     API's grouped op; ``result_shape(tracer)`` is each result's shape. The grouped ops share
     this: they differ only in ``run`` and ``result_shape``."""
     for t in tensors:
-        _check(t, op, name, process_set)
+        _check(t, op, name, process_set, reduce_op)
     shapes = [result_shape(t) for t in tensors]
     name = traced_name(name)
     return ordered_call(op, lambda *xs: run(list(xs), name), shapes, list(tensors))
@@ -135,9 +159,9 @@ def grouped_allreduce(tensors, op, name, prescale_factor, postscale_factor, proc
         return _grouped("grouped_allreduce", tensors, name, process_set,
                         lambda xs, full: numpy_ops.grouped_allreduce(
                             xs, op, full, prescale_factor, postscale_factor, process_set),
-                        _like)
+                        _like, op)
     for t in tensors:
-        _check(t, "grouped_allreduce", name, process_set)
+        _check(t, "grouped_allreduce", name, process_set, op)
     name = traced_name(name)
     return list(ffi_call("grouped_allreduce", list(tensors), kind=xla_ffi.ALLREDUCE,
                          full_name=f"grouped_allreduce.{name}", first=0, reduce_op=op,
@@ -210,7 +234,7 @@ def grouped_allgather(tensors, name, process_set):
 
 
 def reducescatter(tensor, op, name, process_set, prescale_factor, postscale_factor):
-    _check(tensor, "reducescatter", name, process_set)
+    _check(tensor, "reducescatter", name, process_set, op)
     rows, n, me = _rows(tensor, "reducescatter"), process_set.size(), process_set.rank()
     name = traced_name(name)
     mine = rows // n + (1 if me < rows % n else 0)  # Horovod: the first rows % n get one more

@@ -24,6 +24,28 @@ one ordered io_callbacks thread (``jax._src.callback``'s ``OrderedIOEffect``; pr
 0.10.2): XLA sees a chain of data dependencies through every collective of the program, FFI
 and io_callback alike, in program order, and JAX carries the token from one execution to the
 next. tests/frameworks/test_jax_ops.py has three independent collectives in one program.
+
+Note [A failed collective and JAX's token]
+JAX hands each program's ordered-effect token to the next program (``dispatch.runtime_tokens``,
+per thread). A program that XLA ran asynchronously (a larger one, on XLA's threads) and that
+failed leaves its error in that token, and JAX raised it again at the dispatch of every later
+program with an ordered effect, even after ``hvd.shutdown()`` and ``hvd.init()`` (seen with
+jax 0.10.2: a dtype mismatch inside a jitted step, which the core does not keep, made every later
+jitted collective fail with it; a small program, run on the caller's thread, raises before JAX
+keeps its token). That failure was raised where the program's results are read; so a token
+holding an engine_native collective's failure is dropped when the next program asks for it (JAX
+then starts a fresh one, as for its first program), and at every init() and shutdown() for the
+calling thread (``jax.effects_barrier()`` and JAX's exit would raise it again). Any other
+failure stays in the token.
+
+Note [Compiled programs with ordered collectives]
+``jax.jit(f).lower(x).compile()`` gives a program that JAX calls through its C++ fast path from
+the second call on, unless the program has unordered effects or host callbacks; jit itself
+also leaves out programs with ordered effects (jax 0.10.2, pxla.MeshExecutable.create_cpp_call
+against pjit._get_fastpath_data). An io_callback has a host callback; these custom calls have
+only the ordered effect, so the fast path called them without their token: "Execution supplied
+1 arguments but compiled program expected 2" from the second call. Such a program keeps JAX's
+Python call path (what the first call took), as under jit.
 """
 from __future__ import annotations
 
@@ -35,7 +57,7 @@ import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
 
-from engine_native import _core
+from engine_native import _core, basics
 
 _TARGET = "hvd_collective"
 ALLREDUCE, ALLGATHER, BROADCAST, ALLTOALL, REDUCESCATTER = 0, 1, 2, 3, 4  # coord::OpType
@@ -45,8 +67,13 @@ _why_not = ""
 try:  # JAX's private names (Note [Ordered FFI collectives]): another jax may not have them
     from jax._src import callback as _jax_callback
     from jax._src import core as _jax_core
+    from jax._src import dispatch as _jax_dispatch
     _ORDERED = _jax_callback._OrderedIOEffect
     _ShapedArray, _abstract_token = _jax_core.ShapedArray, _jax_core.abstract_token
+    from jax._src.interpreters import pxla as _pxla
+    _TokenSet = _jax_dispatch.RuntimeTokenSet
+    _jax_token_input = _TokenSet.get_token_input
+    _jax_cpp_call = _pxla.MeshExecutable.create_cpp_call
 except (ImportError, AttributeError) as exc:
     _why_not = f"this jax {jax.__version__} lacks the ordered-IO effect the calls use ({exc})"
 _targets = _core.xla_ffi_targets()
@@ -57,6 +84,50 @@ elif os.environ.get("HVD_JAX_JIT_PATH", "") == "io_callback":
 if not _why_not:
     for _name, _capsule in _targets.items():
         jax.ffi.register_ffi_target(_name, _capsule, platform="cpu")
+
+
+def _ours(error: Exception) -> bool:
+    """A failure of an engine_native.jax collective (the FFI handler's message, or an
+    io_callback's traceback through engine_native)."""
+    return isinstance(error, jax.errors.JaxRuntimeError) and "engine_native" in str(error)
+
+
+def _token_input(self, effect, devices):
+    """JAX's ``RuntimeTokenSet.get_token_input``, past a token that holds an engine_native
+    collective's failure (Note [A failed collective and JAX's token])."""
+    try:
+        return _jax_token_input(self, effect, devices)
+    except jax.errors.JaxRuntimeError as exc:
+        if not _ours(exc) or self.current_tokens.pop(effect, None) is None:
+            raise
+    return _jax_token_input(self, effect, devices)
+
+
+def drop_failed_tokens() -> None:
+    """This thread's JAX tokens that hold an engine_native collective's failure, dropped
+    (Note [A failed collective and JAX's token]): at init() and shutdown()."""
+    tokens = _jax_dispatch.runtime_tokens
+    for table in (tokens.current_tokens, tokens.output_runtime_tokens):
+        for key, token in list(table.items()):
+            try:
+                token.block_until_ready()
+            except jax.errors.JaxRuntimeError as exc:
+                if _ours(exc):
+                    del table[key]
+
+
+def _create_cpp_call(self, params):
+    """JAX's ``MeshExecutable.create_cpp_call``, declining (None: the Python call path) for a
+    program with an ordered effect (Note [Compiled programs with ordered collectives])."""
+    if isinstance(self.unsafe_call, _pxla.ExecuteReplicated) and self.unsafe_call.ordered_effects:
+        return None
+    return _jax_cpp_call(self, params)
+
+
+if not _why_not:
+    _TokenSet.get_token_input = _token_input
+    _pxla.MeshExecutable.create_cpp_call = _create_cpp_call
+    basics._per_world_resets.append(drop_failed_tokens)
 
 
 def jit_path() -> str:

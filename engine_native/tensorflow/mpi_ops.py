@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from engine_native import numpy_ops
-from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum
+from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum, check_adasum
 from engine_native.basics import global_process_set
 from engine_native.basics import rank as _global_rank
 from engine_native.horovod_args import resolve_op
@@ -93,6 +93,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     """
     op = resolve_op(op, average)
     name = check_call("allreduce", process_set, op, name, ignore_name_scope)
+    check_adasum(op, "allreduce", process_set.size())  # Horovod's NotImplementedError
     if isinstance(tensor, tf.IndexedSlices):
         return sparse.allreduce_slices([tensor], op, prescale_factor, postscale_factor, name,
                                        process_set, grouped_allgather)[0]
@@ -112,6 +113,7 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
     as one group of their own. Returns a list in the input's order (None stays None)."""
     op = resolve_op(op, average)
     name = check_call("grouped_allreduce", process_set, op, name, ignore_name_scope)
+    check_adasum(op, "grouped_allreduce", process_set.size())
     results = list(tensors)
     dense = [i for i, t in enumerate(results) if t is not None
              and not isinstance(t, tf.IndexedSlices)]

@@ -45,6 +45,7 @@
 #include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
 #include "bindings/group_core.h"
+#include "bindings/jit_interrupt.h"
 #include "common/dtype.h"
 #include "runtime/runtime.h"
 #include "xla/ffi/api/c_api.h"
@@ -232,17 +233,18 @@ std::string copyOut(const XLA_FFI_CallFrame* frame, const CallAttrs& a, int64_t 
 }
 
 // Every member waited for (each wait frees its name, Note [Handle lifetime]) and its result
-// copied out where the core allocated it; the first failure's message, or empty.
+// copied out where the core allocated it; the first failure's message (with what to do when
+// the core stays failed), or empty. A Ctrl-C aborts the wait (Note [Ctrl-C inside jax.jit]).
 std::string waitAll(const XLA_FFI_CallFrame* frame, const CallAttrs& a,
                     const std::vector<int64_t>& handles) {
   std::string failure;
   for (size_t i = 0; i < handles.size(); ++i) {
     common::Status status;
     runtime::OpResult result;
-    awaitResult(handles[i], &status, &result);
+    awaitResult(handles[i], &status, &result, a.name);
     const std::string member = a.first < 0 ? a.name : a.name + "_" +
         std::to_string(a.first + static_cast<int64_t>(i)) + "of" + std::to_string(handles.size());
-    std::string bad = !status.isOk() ? status.message()
+    std::string bad = !status.isOk() ? withNextStep(status)
         : inPlace(a.op) ? std::string()
                         : copyOut(frame, a, static_cast<int64_t>(i), member, result);
     if (!bad.empty() && failure.empty()) failure = std::move(bad);
@@ -298,7 +300,12 @@ XLA_FFI_Error* runCollective(XLA_FFI_CallFrame* frame) {
   std::vector<int64_t> handles;
   const common::Status status = enqueueNamedGroup(std::move(ops), a.name,
                                                   static_cast<int>(a.first), true, &handles);
-  if (!status.isOk()) return fail(XLA_FFI_Error_Code_INVALID_ARGUMENT, status.message());
+  if (!status.isOk()) {  // this rank's argument, or the core's earlier failure
+    const bool local = status.code() == common::Code::kInvalidArgument ||
+                       status.code() == common::Code::kTypeError;
+    return fail(local ? XLA_FFI_Error_Code_INVALID_ARGUMENT : XLA_FFI_Error_Code_ABORTED,
+                withNextStep(status));
+  }
   const std::string failure = waitAll(frame, a, handles);
   if (!failure.empty()) return fail(XLA_FFI_Error_Code_ABORTED, failure);
   return nullptr;

@@ -6,12 +6,15 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bindings/buffer.h"
 #include "bindings/core_calls.h"
 #include "bindings/enqueue_args.h"
+#include "bindings/jit_interrupt.h"
 #include "bindings/nccl.h"
 #include "bindings/numpy_api.h"
 #include "bindings/peer_api.h"
@@ -254,9 +257,11 @@ constexpr int kWaitSliceMs = 50;  // signals are checked between slices
 // The one wait, for both kinds of caller: a Python thread (`holds_gil`: the GIL is released
 // around the drive and each slice's wait only, as Python objects may go with the handle, and
 // Ctrl-C is checked between slices) and a thread without the GIL (bindings/jax_ffi.cc's handler
-// on XLA's threads: it waits until the op ends).
+// on XLA's threads: it waits until the op ends). A wait inside jax.jit (`jit_op`, the handler's
+// or an io_callback's label) checks no Python signal: Ctrl-C aborts it instead (Note [Ctrl-C
+// inside jax.jit] in bindings/jit_interrupt.h).
 static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* result,
-                   bool holds_gil) {
+                   bool holds_gil, std::string_view jit_op) {
   auto& handles = Runtime::instance().handles();
   // Already finished (the rest of a fused batch): one lock, no waiting.
   if (handles.takeIfDone(handle, status, result)) return true;
@@ -287,6 +292,8 @@ static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* resul
     return true;
   }
   MainBlocked marked;
+  std::optional<hvd::bindings::JitInterruptWatch> watch;
+  if (!jit_op.empty()) watch.emplace(jit_op);
   while (true) {
     bool done = false;
     without_gil([&] {
@@ -299,6 +306,10 @@ static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* resul
       done = handles.waitFor(handle, awaited ? 0 : kWaitSliceMs, status, result);
     });
     if (done) break;
+    if (watch) {  // inside jit: the op ends failed once a Ctrl-C aborted the core
+      without_gil([&watch] { watch->abortIfInterrupted(); });
+      continue;
+    }
     // Between slices: let Ctrl-C (or an ipyparallel signal) reach the caller. The op stays
     // pending; the Python layer decides whether to abort().
     if (holds_gil && PyErr_CheckSignals() != 0) {
@@ -311,12 +322,13 @@ static bool waitOn(int64_t handle, Status* status, hvd::runtime::OpResult* resul
   return true;
 }
 
-bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
-  return waitOn(handle, status, result, /*holds_gil=*/false);
+bool awaitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result,
+                 std::string_view jit_op) {
+  return waitOn(handle, status, result, /*holds_gil=*/false, jit_op);
 }
 
 bool waitResult(int64_t handle, Status* status, hvd::runtime::OpResult* result) {
-  return waitOn(handle, status, result, /*holds_gil=*/true);
+  return waitOn(handle, status, result, /*holds_gil=*/true, jitCallbackLabel());
 }
 
 PyObject* waitHandle(int64_t handle) {
@@ -438,5 +450,6 @@ PyMODINIT_FUNC PyInit__core() {
   if (hvd::bindings::addTorchBindings(module) < 0) return nullptr;
   if (hvd::bindings::addTorchGroupBindings(module) < 0) return nullptr;
   if (hvd::bindings::addPeerBindings(module) < 0) return nullptr;
+  if (hvd::bindings::addJitInterruptBindings(module) < 0) return nullptr;
   return module;
 }

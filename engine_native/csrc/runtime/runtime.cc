@@ -198,6 +198,15 @@ void Runtime::abort(const std::string& reason) {
   if (loop_) loop_->abort(reason);
 }
 
+Status Runtime::failure() const {
+  std::shared_ptr<BackgroundLoop> loop;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    loop = loop_;
+  }
+  return loop ? loop->failure() : Status::ok();
+}
+
 bool Runtime::initialized() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return loop_ != nullptr;

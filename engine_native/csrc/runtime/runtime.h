@@ -59,6 +59,9 @@ class Runtime {
                       const std::string& secret, const std::string& job_id);
   void shutdown();
   void abort(const std::string& reason);
+  // The sticky failure (lost peer, timeout, abort) that every later op fails with until
+  // shutdown(); ok when there is none or the core is not initialized.
+  common::Status failure() const;
   bool initialized() const;
   int rank() const;
   int size() const;
