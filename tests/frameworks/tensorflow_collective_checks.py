@@ -1,6 +1,8 @@
-"""Rank-side checks of engine_native.tensorflow's collectives by value: every op and dtype,
-eagerly and inside tf.function, process sets, IndexedSlices, broadcast_variables, program order
-inside one tf.function, and bad input (an error on every rank, then the next op works).
+"""Rank-side checks of engine_native.tensorflow's collectives by value: every op and dtype
+(grouped_allgather, Product and Adasum too), eagerly and inside tf.function, process sets,
+IndexedSlices, broadcast_variables, program order inside one tf.function, barrier() and
+join() as engine_native.torch's, and bad input (an error on every rank, then the next op
+works).
 
 Each check appends what failed to ``failures``; test_tensorflow_binding.py runs them.
 """
@@ -24,16 +26,28 @@ def _data(q, rows, npdt):
     return (base % 2 if npdt == np.bool_ else base).astype(npdt)
 
 
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
 def check_collectives(hvd, tf, np, failures, ps, label):
-    """Every collective in every dtype on ``ps``, eagerly and inside one tf.function."""
+    """Every collective in every dtype on ``ps``, eagerly and inside one tf.function; Adasum
+    where the set's size is a power of two (else refused as engine_native.torch refuses it)."""
     n, me = ps.size(), ps.rank()
     root = ps.ranks[-1]
+    adasum = n & (n - 1) == 0
     for dt in DTYPES:
         tfdt = tf.as_dtype(dt)
         npdt = tfdt.as_numpy_dtype
         every = [_data(q, 3, npdt) for q in range(n)]
         op = hvd.Max if dt == "bool" else hvd.Sum
         reduced = np.any(every, axis=0) if dt == "bool" else np.sum(every, axis=0).astype(npdt)
+        # 0..4 per rank: products of 3 ranks up to 64, exact in int8; bool: and
+        product = (np.all(every, axis=0) if dt == "bool"
+                   else np.prod(np.stack(every), axis=0).astype(npdt))
+        # rank q's Adasum input is (q + 1) v: parallel vectors, whose Adasum at 2 ranks is
+        # (1 - 2|v|^2 / 2|v|^2) v + (1 - 2|v|^2 / 8|v|^2) 2v = 1.5 v, exact in every float type
+        vector = np.arange(1, 7, dtype=np.float64).reshape(3, 2)
+        with_adasum = adasum and dt in FLOATS
         splits = [(me + j) % 2 + 1 for j in range(n)]
         sent = np.arange(sum(splits) * 2).reshape(-1, 2) + 10 * me
         received = []
@@ -54,16 +68,21 @@ def check_collectives(hvd, tf, np, failures, ps, label):
         mine_rows = rows // n + (1 if me < rows % n else 0)
         first3, rows3 = me * (3 // n) + min(me, 3 % n), 3 // n + (1 if me < 3 % n else 0)
 
-        def ops(x, gathered_in, sent_in, scatter_x):
+        def ops(x, gathered_in, sent_in, scatter_x, parallel):
             return (hvd.allreduce(x, op=op, process_set=ps),
                     hvd.grouped_allreduce([x, x], op=op, process_set=ps),
                     hvd.allgather(gathered_in, process_set=ps),
                     hvd.broadcast(x, root, process_set=ps),
                     hvd.alltoall(sent_in, splits=splits, process_set=ps),
                     hvd.reducescatter(scatter_x, op=hvd.Sum, process_set=ps),
-                    hvd.grouped_reducescatter([scatter_x, x], op=hvd.Sum, process_set=ps))
+                    hvd.grouped_reducescatter([scatter_x, x], op=hvd.Sum, process_set=ps),
+                    hvd.grouped_allgather([gathered_in, x], process_set=ps),
+                    hvd.allreduce(x, op=hvd.Product, process_set=ps),
+                    hvd.grouped_allreduce([parallel, parallel[:1]], op=hvd.Adasum,
+                                          process_set=ps) if with_adasum else [])
         args = (tf.constant(every[me]), tf.constant(_data(me, me + 1, npdt)),
-                tf.constant(sent.astype(npdt)), tf.constant(scatter_in[me]))
+                tf.constant(sent.astype(npdt)), tf.constant(scatter_in[me]),
+                tf.constant((vector * (me + 1)).astype(npdt)))
         static = {}
 
         def traced(*a):
@@ -76,7 +95,7 @@ def check_collectives(hvd, tf, np, failures, ps, label):
         # still runs the library under autograph)
         for mode, fn in (("eager", ops), ("graph", tf.function(traced, autograph=False))):
             tag = f"{label}.{mode}.{dt}"
-            ar, grouped, ag, bc, (a2a, a2a_splits), rs, grs = fn(*args)
+            ar, grouped, ag, bc, (a2a, a2a_splits), rs, grs, gag, prod, ada = fn(*args)
             _expect(failures, f"{tag}.allreduce", ar, reduced)
             for k, g in enumerate(grouped):
                 _expect(failures, f"{tag}.grouped_allreduce[{k}]", g, reduced)
@@ -92,7 +111,14 @@ def check_collectives(hvd, tf, np, failures, ps, label):
                     scatter_sum[first:first + mine_rows])
             _expect(failures, f"{tag}.grouped_reducescatter[1]", grs[1],
                     reduced[first3:first3 + rows3])
-            for result in (ar, ag, bc, a2a, rs, *grs):
+            _expect(failures, f"{tag}.grouped_allgather[0]", gag[0],
+                    np.concatenate([_data(q, q + 1, npdt) for q in range(n)]))
+            _expect(failures, f"{tag}.grouped_allgather[1]", gag[1], np.concatenate(every))
+            _expect(failures, f"{tag}.product", prod, product)
+            if with_adasum:
+                _expect(failures, f"{tag}.adasum[0]", ada[0], (vector * 1.5).astype(npdt))
+                _expect(failures, f"{tag}.adasum[1]", ada[1], (vector[:1] * 1.5).astype(npdt))
+            for result in (ar, ag, bc, a2a, rs, *grs, *gag, prod, *ada):
                 if not isinstance(result, tf.Tensor) or result.dtype != tfdt:
                     failures.append(f"{tag}: result {type(result).__name__} {result.dtype}")
         if static != {"allreduce": [3, 2], "allgather": [None, 2],
@@ -116,6 +142,18 @@ def check_collectives(hvd, tf, np, failures, ps, label):
             (mean * 2)[None] if me == 0 else np.zeros((0, 3), np.float32), 1e-6)
     _expect(failures, f"{label}.min", hvd.allreduce(x, op=hvd.Min, process_set=ps),
             np.array([1.0, 2.0, 4.0], np.float32))
+    if not adasum:  # before anything is submitted, eagerly and when tracing, as torch's
+        for mode, fn in (("eager", hvd.allreduce), ("graph", tf.function(hvd.allreduce)),
+                         ("grouped", lambda t, **kw: hvd.grouped_allreduce([t], **kw))):
+            try:
+                fn(x, op=hvd.Adasum, process_set=ps)
+                failures.append(f"{label}.adasum.{mode}: {n} ranks, no error")
+            except Exception as exc:  # noqa: BLE001 - the type is what is checked
+                if (type(exc).__name__ != "AdasumSizeError"
+                        or not isinstance(exc, ValueError)
+                        or not isinstance(exc, NotImplementedError)
+                        or f"the process set has {n} ranks" not in str(exc)):
+                    failures.append(f"{label}.adasum.{mode}: {type(exc).__name__}: {exc}")
     _expect(failures, f"{label}.fp16", hvd.allreduce(x, compression=hvd.Compression.fp16,
                                                       process_set=ps), mean, 1e-3)
     if hvd.Compression.fp16.compress(x)[0].dtype != tf.float16:
@@ -198,6 +236,34 @@ def check_program_order(hvd, tf, np, failures):
                         f"dependency ({[c.name for c in calls[-1].control_inputs]})")
 
 
+def check_barrier_and_join(hvd, tf, np, failures):
+    """Eager barrier() and join() behave as engine_native.torch's (tests/multiproc/
+    test_barrier_join.py): no rank leaves a barrier before the last one reached it; rank r
+    runs r + 1 allreduces then joins, joined ranks contribute zeros (Average still divides by
+    the full size), every rank learns that rank n - 1 joined last, and ops work after it."""
+    import time
+    n, me = hvd.size(), hvd.rank()
+    time.sleep(0.05 * me)  # the ranks reach the barrier at different times
+    reached = time.time()
+    hvd.barrier()
+    left = time.time()
+    times = hvd.allgather_object((reached, left))
+    if max(r for r, _ in times) > min(lft for _, lft in times) + 0.01:
+        failures.append(f"barrier: a rank left before the last one reached it: {times}")
+    for k in range(me + 1):
+        op = hvd.Sum if k % 2 == 0 else hvd.Average
+        out = hvd.allreduce(tf.fill([5], float(me + 1)), op=op, name=f"join.{k}")
+        total = float(sum(q + 1 for q in range(k, n)))
+        _expect(failures, f"join: allreduce {k}", out,
+                np.full(5, total if op == hvd.Sum else total / n, np.float32), 1e-6)
+    last = hvd.join()
+    if last != n - 1:
+        failures.append(f"join: returned {last}, want {n - 1}")
+    _expect(failures, "after join", hvd.allreduce(tf.constant([me]), op=hvd.Sum),
+            np.array([n * (n - 1) // 2], np.int32))
+    hvd.barrier()
+
+
 def check_bad_input(hvd, tf, np, failures):
     """Errors on every rank, and the next op works."""
     n, me = hvd.size(), hvd.rank()
@@ -266,4 +332,5 @@ def run_all(hvd, tf, np, failures):
         hvd.remove_process_set(edges)
     check_sparse_and_variables(hvd, tf, np, failures)
     check_program_order(hvd, tf, np, failures)
+    check_barrier_and_join(hvd, tf, np, failures)
     check_bad_input(hvd, tf, np, failures)

@@ -1,11 +1,19 @@
 """Bad input to engine_native.jax: a clear error on every rank, and the next op still works.
+A jitted collective whose peer dies, or that abort() or Ctrl-C ends: an error on every rank
+within HVD_TIMEOUT, and the next op says what to do (torch's "errors, never hangs").
 
-One launch of 2 ranks runs every case; each case records (exception type, message) and
-whether a collective right after it returned the right value, eagerly and inside jit.
+One launch of 2 ranks runs every bad-input case; each case records (exception type, message)
+and whether a collective right after it returned the right value, eagerly and inside jit.
+Another launch of 2 ranks runs the interruptions, on both jit paths, the lost rank last.
 """
+import os
+import signal
+import threading
+import time
+
 import pytest
 
-from .jax_ranks import run_jax_ranks
+from .jax_ranks import on_xla_threads, run_jax_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.jax]
 
@@ -36,6 +44,16 @@ def _cases(hvd, jax, jnp, optax, me):
             jnp.ones(4, jnp.float32 if me == 0 else jnp.int32), name="m.dtype"),
         "dtype_mismatch_jit": lambda: jax.jit(hvd.allreduce)(
             jnp.ones(4, jnp.float32 if me == 0 else jnp.int32)).block_until_ready(),
+        # run on XLA's threads, its failure stays in JAX's ordered-effect token, which every
+        # later jitted collective took (Note [A failed collective and JAX's token])
+        "dtype_mismatch_async_jit": lambda: jax.jit(lambda v: hvd.allreduce(
+            on_xla_threads(jnp, v).astype(jnp.float32 if me == 0 else jnp.float16),
+            name="m.async"))(jnp.ones((8, 8))).block_until_ready(),
+        "adasum_int_jit": lambda: jax.jit(lambda v: hvd.allreduce(v, op=hvd.Adasum))(
+            jnp.ones(4, jnp.int32)),
+        "adasum_reducescatter_jit": lambda: jax.jit(lambda v: hvd.reducescatter(
+            v, op=hvd.Adasum))(jnp.ones(4, jnp.float32)),
+        "min_reducescatter": lambda: hvd.reducescatter(x, op=hvd.Min),
         "shape_mismatch_optax_jit": lambda: jax.block_until_ready(
             jax.jit(tx.update)(mismatched, tx.init(mismatched), mismatched)),
         "pure_callback": lambda: jax.pure_callback(lambda a: hvd.allreduce(a), shape, x),
@@ -96,6 +114,11 @@ EXPECTED = {
     "deleted_grouped": ("RuntimeError", ["deleted"]),
     "dtype_mismatch": ("HorovodInternalError", ["float32", "int32", "rank"]),
     "dtype_mismatch_jit": ("JaxRuntimeError", ["float32", "int32", "rank"]),
+    "dtype_mismatch_async_jit": ("JaxRuntimeError", ["float32", "float16", "rank"]),
+    "adasum_int_jit": ("TypeError", ["allreduce", "Adasum", "int32", "op=Average or op=Sum"]),
+    "adasum_reducescatter_jit": ("HorovodInternalError", ["reducescatter: op 2 is not "
+                                                          "supported", "hvd.Average or hvd.Sum"]),
+    "min_reducescatter": ("HorovodInternalError", ["reducescatter: op 3 is not supported"]),
     "shape_mismatch_optax_jit": ("JaxRuntimeError", ["shape", "rank"]),
     "pure_callback": ("JaxRuntimeError", ["inside jax.pure_callback"]),
     "pure_callback_jit": ("JaxRuntimeError", ["inside jax.pure_callback"]),
@@ -126,3 +149,150 @@ def test_bad_input_fails_on_every_rank_and_the_next_op_works():
             for word in words:
                 assert word in got[1], f"rank {r.rank}: {case}: {word!r} not in {got[1]!r}"
             assert r.value[case + ".next"], f"rank {r.rank}: the op after {case} failed"
+
+
+# ---- a jitted collective ended by a lost rank, abort() or Ctrl-C ----------------------------
+
+HVD_TIMEOUT = 5.0
+NEXT_STEP = "until hvd.shutdown() and hvd.init() on every rank"  # what a failed core says
+
+
+def _outcome(call, settle=False):
+    """(type name, message, seconds) of what ``call()`` raised, or ("returned", value, seconds);
+    with ``settle``, a KeyboardInterrupt that Python raises just after the call returned is
+    recorded as ("late KeyboardInterrupt", message of the call's own error, seconds)."""
+    start = time.monotonic()
+    try:
+        try:
+            got = ("returned", call().tolist())
+        except BaseException as exc:  # noqa: BLE001 - the test checks what it was
+            got = (type(exc).__name__, str(exc))
+        seconds = time.monotonic() - start
+        if settle:
+            time.sleep(0.1)  # Python raises a pending KeyboardInterrupt here at the latest
+    except KeyboardInterrupt:
+        got = ("late KeyboardInterrupt", got[1])
+    return got + (seconds,)
+
+
+def rank_interrupted_jit():
+    """Each rank's jitted collective waits for an op the other never starts (each rank names
+    its own), until rank 0 (1) calls abort() from another thread, (2) gets a SIGINT, each on
+    both jit paths (shutdown() and init() after each); then (3) rank 1 dies while rank 0 waits
+    in one jitted collective per path, on two threads. The io_callback path is traced, where
+    the core has the FFI handler, as a core without it traces it."""
+    import engine_native
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import engine_native.jax as hvd
+    from engine_native.jax import xla_ffi
+
+    hvd.init()
+    me = hvd.rank()
+    x = jnp.ones((8, 8), jnp.float32)
+    paths = ["xla_ffi", "io_callback"] if xla_ffi.jit_path() == "xla_ffi" else ["io_callback"]
+    compiled = {}
+
+    def jitted(name, path, async_=False):
+        """allreduce(x) named ``name`` in a program compiled once (jit(...).lower().compile(),
+        called again after init(): Note [Compiled programs with ordered collectives]): on
+        ``path``, run on XLA's threads when ``async_`` (else on the caller's thread, as a
+        small program is)."""
+        key = (name, path, async_)
+        if key not in compiled:
+            def program(v):
+                extra = on_xla_threads(jnp, v)[0, 0] * 0 if async_ else 0
+                return hvd.allreduce(v, op=hvd.Sum, name=name) + extra
+            saved = xla_ffi._why_not
+            if path != xla_ffi.jit_path():
+                xla_ffi._why_not = "the test traces the io_callback path"
+            try:
+                executable = jax.jit(program).lower(x).compile()
+            finally:
+                xla_ffi._why_not = saved
+            compiled[key] = lambda: np.asarray(executable(x))
+        return compiled[key]
+
+    out = {"paths": paths, "warm": _outcome(jitted(f"after.{paths[0]}", paths[0]))}
+    stimuli = {"abort": lambda: engine_native.abort("the test's abort"),
+               "sigint": lambda: os.kill(os.getpid(), signal.SIGINT)}
+    for case, stimulus in stimuli.items():
+        for path in paths:
+            key = f"{case}.{path}"
+            # on XLA's threads the failure stays in JAX's token (Note [A failed collective and
+            # JAX's token]): the ops after init() show it is dropped
+            async_ = case == "sigint" and path == "xla_ffi"
+            call = jitted(f"{case}.{me}", path, async_)
+            if me == 0:
+                threading.Timer(0.3, stimulus).start()
+            out[key] = _outcome(call, settle=case == "sigint")
+            out[key + ".next"] = _outcome(jitted(f"next.{path}", path))
+            hvd.shutdown()
+            hvd.init()
+            out[key + ".after_init"] = _outcome(jitted(f"after.{path}", path, async_))
+    out["rank 1"] = hvd.allgather_object(out)[1]
+    calls = {path: jitted(f"lost.{path}", path) for path in paths}
+    hvd.barrier()
+    if me == 1:
+        time.sleep(0.5)  # rank 0 waits inside both collectives by then
+        os._exit(3)
+    waiting = [threading.Thread(target=lambda p=p: out.__setitem__(f"lost.{p}",
+                                                                   _outcome(calls[p])))
+               for p in paths[1:]]
+    for thread in waiting:
+        thread.start()
+    out[f"lost.{paths[0]}"] = _outcome(calls[paths[0]])
+    for thread in waiting:
+        thread.join()
+    out["lost.next"] = _outcome(jitted(f"next.{paths[0]}", paths[0]))
+    start = time.monotonic()
+    hvd.shutdown()
+    out["lost.shutdown_seconds"] = time.monotonic() - start
+    return out
+
+
+def test_lost_rank_abort_or_ctrl_c_end_a_jitted_collective_on_every_rank():
+    """Torch's wait ends on each of these (tests/multiproc/test_faults.py,
+    test_torch_interrupt.py); inside jax.jit the op cannot stay pending, so Ctrl-C aborts it
+    (Note [Ctrl-C inside jax.jit] in bindings/jit_interrupt.h): an error on every rank within
+    HVD_TIMEOUT, never the stall shutdown's wait; the next op's error says what to do, and
+    after shutdown() and init() jitted collectives work again (on XLA's threads too: Note [A
+    failed collective and JAX's token] in engine_native/jax/xla_ffi.py)."""
+    results = run_jax_ranks(rank_interrupted_jit, 2, timeout=90, check=False,
+                            env={"HVD_TIMEOUT": str(HVD_TIMEOUT)})
+    assert results[1].returncode == 3, results[1].describe()
+    assert results[0].ok, results[0].describe()
+    summed = ("returned", [[2.0] * 8] * 8)
+    assert results[0].value["warm"][:2] == summed, results[0].value["warm"]
+    for rank, got in enumerate((results[0].value, results[0].value["rank 1"])):
+        for path in got["paths"]:
+            label = "allreduce (io_callback)" if path == "io_callback" else "allreduce.sigint.0"
+            for case, words in (("abort", ["aborted on rank 0: the test's abort"]),
+                                ("sigint", ["aborted on rank 0: interrupted (SIGINT, Ctrl-C) "
+                                            f"while waiting inside jax.jit for {label}"])):
+                key = f"{case}.{path}"
+                kind, message, seconds = got[key]
+                if case == "sigint" and rank == 0:  # the interrupted rank: KeyboardInterrupt
+                    assert "KeyboardInterrupt" in kind or message.endswith(
+                        "KeyboardInterrupt: "), (rank, key, got[key])
+                else:
+                    assert kind == "JaxRuntimeError" and all(w in message for w in words), \
+                        (rank, key, got[key])
+                assert 0.2 < seconds < HVD_TIMEOUT, (rank, key, got[key])
+                kind, message, _ = got[key + ".next"]
+                assert kind == "JaxRuntimeError" and NEXT_STEP in message, \
+                    (rank, key, got[key + ".next"])
+                assert all(w in message for w in words), (rank, key, got[key + ".next"])
+                assert got[key + ".after_init"][:2] == summed, \
+                    (rank, key, got[key + ".after_init"])
+    got = results[0].value
+    for path in got["paths"]:
+        kind, message, seconds = got[f"lost.{path}"]
+        assert kind == "JaxRuntimeError" and "rank 1" in message and NEXT_STEP in message, \
+            (path, got[f"lost.{path}"])
+        assert 0.3 < seconds < HVD_TIMEOUT, (path, got[f"lost.{path}"])
+    kind, message, _ = got["lost.next"]
+    assert kind == "JaxRuntimeError" and "rank 1" in message and NEXT_STEP in message, \
+        got["lost.next"]
+    assert got["lost.shutdown_seconds"] < HVD_TIMEOUT, got["lost.shutdown_seconds"]

@@ -1,9 +1,9 @@
 """engine_native.jax collectives by value: every op and dtype (grouped_allgather too), eagerly
-and inside jax.jit, process sets and async handles, fp16 compression of average_gradients,
-backward_passes_per_step eagerly, independent collectives of one jitted program in program
-order, eager grouped results adopted by XLA without a copy (and right
-through the public jax.device_put where jaxlib's wrap is missing or fails), on 2
-and 3 ranks.
+and inside jax.jit, every other reduce op (jax_reduce_checks.py), process sets and async
+handles, fp16 compression of average_gradients, backward_passes_per_step eagerly,
+independent collectives of one jitted program in program order, eager grouped results
+adopted by XLA without a copy (and right through the public jax.device_put where jaxlib's
+wrap is missing or fails), on 2 and 3 ranks.
 
 One launch of ranks per world size (importing jax costs ~2 s a rank): each rank runs every
 check, collects what failed, and returns the list; the test shows every rank's list.
@@ -12,23 +12,11 @@ import os
 
 import pytest
 
-from .jax_ranks import run_jax_ranks
+from .jax_ranks import DTYPES, run_jax_ranks
+from .jax_ranks import expect as _expect
+from .jax_reduce_checks import check_reduce_ops
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.jax]
-
-DTYPES = ["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-          "uint8", "bool"]
-
-
-def _expect(failures, what, got, want):
-    import numpy as np
-    got_np = np.asarray(got)
-    want = np.asarray(want)
-    if got_np.shape != want.shape or got_np.dtype != want.dtype or not np.array_equal(
-            got_np.astype(np.float64), want.astype(np.float64)):
-        failures.append(f"{what}: got {got_np.dtype}{got_np.shape} {got_np.ravel()[:6]}, "
-                        f"want {want.dtype}{want.shape} {want.ravel()[:6]}")
-
 
 def _all_ops(hvd, ps):
     """Every collective on each dtype's array (and its n-times tiled rows, for alltoall): a
@@ -334,6 +322,7 @@ def rank_collectives():
         failures.append(f"jit_path() is {hvd.jit_path()!r}, not {want!r}: "
                         f"{hvd.jit_path_reason()}")
     _check_collectives(hvd, jax, np, failures, hvd.global_process_set, "global")
+    check_reduce_ops(hvd, jax, np, failures, hvd.global_process_set, "global")
     _check_eager_extras(hvd, jnp, np, failures, n, me)
     _check_runs_once_per_call(hvd, jax, jnp, failures)
     _check_program_order(hvd, jax, jnp, np, failures, n, me)
@@ -347,6 +336,7 @@ def rank_collectives():
         if me in pair.ranks:
             _check_collectives(hvd, jax, np, failures, pair, "set02",
                                ["float32", "bfloat16", "int64"])
+            check_reduce_ops(hvd, jax, np, failures, pair, "set02", ["float32", "bfloat16"])
         got = hvd.allreduce(jnp.full(2, me, jnp.int32), op=hvd.Sum)
         _expect(failures, "after.set", got, np.full(2, 3, np.int32))
         hvd.remove_process_set(pair)
