@@ -2,7 +2,8 @@
 PyTorch with engine_native.torch, and the gradients' allreduce of each alone.
 
 Every case runs in the same ``--np`` freshly spawned CPU processes (one thread each),
-interleaved step by step, so a load that drifts during the run hits all of them alike. The
+interleaved step by step in a new order each step (so no case always follows the same one),
+so a load that drifts during the run hits all of them alike. The
 Keras step is ``train_on_batch`` (what ``fit`` runs per batch) with
 ``hvd.DistributedOptimizer``; the PyTorch step is zero_grad/forward/backward/``opt.step()``
 with ``engine_native.torch.DistributedOptimizer``.
@@ -22,6 +23,7 @@ more work per step it is a small share; ``--layers``/``--batch`` show both.
 """
 import argparse
 import os
+import random
 import statistics
 import sys
 import time
@@ -91,7 +93,13 @@ def _worker(rank, args):
     }
     times = {name: [] for name in cases}
     for i in range(args.warmup + args.steps):
-        for name, fn in cases.items():
+        # a new order every step (the same on every rank): a case's time depends on the case
+        # before it (an allreduce right after a compute step measured 1.3-1.6x the same call
+        # after an allreduce, whichever binding made it), so each case follows each other one
+        # about as often
+        order = list(cases.items())
+        random.Random(i).shuffle(order)
+        for name, fn in order:
             # untimed: the ranks start each case together, so no case's time includes
             # waiting for a rank still busy with the case before
             hvd_torch.allreduce(torch.zeros(1), name="bench.barrier")
