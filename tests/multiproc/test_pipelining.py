@@ -106,8 +106,12 @@ def pipeline_suite():
     # the first (or none on the first), no target on the last, a stage on another rank, a
     # CUDA device this torch lacks
     schedule = ScheduleGPipe(stages(1)[0], 2, loss_fn=mse)
+    # ... and a first call only rank 0 gets wrong (no batch): every rank raises, the others
+    # naming rank 0's reason, where they would have waited for it in the argument check
+    fresh = ScheduleGPipe(stages(1)[0], 2, loss_fn=mse)
     bad_calls = [(lambda: schedule.step()) if r == 0 else
                  (lambda: schedule.step(target=None)) if last else (lambda: schedule.step(x)),
+                 (lambda: fresh.step(target=y)) if last and r > 0 else (lambda: fresh.step()),
                  lambda: PipelineStage(full, (r + 1) % k, k),
                  lambda: PipelineStage(full, r, k, device="cuda")]  # (CI's torch: CPU only)
     for call in bad_calls:
@@ -141,7 +145,9 @@ def test_every_schedule_trains_like_gradient_accumulation(np_):
         first = "ScheduleGPipe.step: the first stage takes the batch, one tensor (and only it)"
         last = "ScheduleGPipe.step: the last stage takes target="
         assert errors[0] == (last if 0 < res.rank == np_ - 1 else first), errors
+        assert errors[1] == (first if res.rank == 0 else "ScheduleGPipe: rank 0 refused its "
+                             f"call, so no rank of the pipeline runs it: {first}"), errors
         if np_ > 1:  # (with one rank every stage is its own)
-            assert f"belongs on rank {(res.rank + 1) % np_}, not on rank {res.rank}" in errors[1]
+            assert f"belongs on rank {(res.rank + 1) % np_}, not on rank {res.rank}" in errors[2]
         assert errors[-1] == "PipelineStage: device=cuda, but this torch sees no CUDA device"
-        assert len(errors) == (3 if np_ > 1 else 2), errors
+        assert len(errors) == (4 if np_ > 1 else 3), errors

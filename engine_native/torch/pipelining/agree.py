@@ -21,26 +21,57 @@ from engine_native.pipeline import ScheduleError
 _LENGTH = 8  # bytes of each rank's length prefix
 
 
-def same_arguments(owner: str, arguments: dict, ranks: list[int], process_set) -> None:
+def same_arguments(owner: str, arguments: dict, ranks: list[int], process_set,
+                   refusal: str | None = None) -> None:
     """Raises ScheduleError on every rank of ``process_set`` (whose global ranks are ``ranks``)
-    when some rank's ``arguments`` (name -> a JSON value) differ from another's; the message
-    names the first argument that differs and every rank's value of it."""
-    mine = json.dumps(arguments, sort_keys=True).encode()
+    when some rank's ``arguments`` (name -> a JSON value) differ from another's, naming the
+    first argument that differs and every rank's value of it; or when some rank refused its
+    own call (``refusal``: why), naming that rank and its reason. A rank that refused alone,
+    without this allgather, would leave the others waiting in it."""
+    mine = json.dumps({"arguments": arguments, "refusal": refusal}, sort_keys=True).encode()
     frame = np.frombuffer(len(mine).to_bytes(_LENGTH, "little") + mine, dtype=np.uint8)
     gathered = numpy_ops.allgather(frame, f"pipeline.arguments.{'-'.join(map(str, ranks))}",
                                    process_set).tobytes()
-    everyone, offset = [], 0
-    for _ in ranks:
-        length = int.from_bytes(gathered[offset:offset + _LENGTH], "little")
-        offset += _LENGTH
-        everyone.append(json.loads(gathered[offset:offset + length]))
-        offset += length
-    for name in sorted({key for theirs in everyone for key in theirs}):
-        values = [theirs.get(name) for theirs in everyone]
+    everyone = _decode(owner, gathered, ranks)
+    refused = [(rank, theirs["refusal"]) for rank, theirs in zip(ranks, everyone)
+               if theirs["refusal"] is not None]
+    if refusal is not None:
+        raise ScheduleError(refusal)
+    if refused:
+        rank, why = refused[0]
+        raise ScheduleError(f"{owner}: rank {rank} refused its call, so no rank of the pipeline "
+                            f"runs it: {why}")
+    for name in sorted({key for theirs in everyone for key in theirs["arguments"]}):
+        values = [theirs["arguments"].get(name) for theirs in everyone]
         if any(v != values[0] for v in values):
             raise ScheduleError(f"{owner}: {name} differs across the pipeline's ranks: "
                                 f"{_by_value(values, ranks)}; every rank must build the same "
                                 "schedule")
+
+
+def _decode(owner: str, gathered: bytes, ranks: list[int]) -> list[dict]:
+    """Each rank's frame of the allgather, checked: a length that runs past the end, bytes
+    left over or a frame that is not this module's JSON is refused naming the rank."""
+    everyone, offset = [], 0
+    for rank in ranks:
+        length = int.from_bytes(gathered[offset:offset + _LENGTH], "little")
+        offset += _LENGTH
+        try:
+            if offset + length > len(gathered):
+                raise ValueError("its length runs past the gathered bytes")
+            theirs = json.loads(gathered[offset:offset + length])
+            if not isinstance(theirs, dict) or not isinstance(theirs.get("arguments"), dict) \
+                    or "refusal" not in theirs:
+                raise ValueError("it is not a pipeline's arguments")
+        except ValueError as exc:  # json's errors are ValueErrors too
+            raise ScheduleError(f"{owner}: rank {rank}'s schedule arguments could not be read "
+                                f"({exc}); every rank must run the same engine_native") from None
+        everyone.append(theirs)
+        offset += length
+    if offset != len(gathered):
+        raise ScheduleError(f"{owner}: {len(gathered) - offset} bytes after the ranks' schedule "
+                            "arguments; every rank must run the same engine_native")
+    return everyone
 
 
 def _by_value(values: list, ranks: list[int]) -> str:

@@ -63,9 +63,6 @@ class _PipelineSchedule:
         last stage's outputs (concatenated along dimension 0), None elsewhere; on the last
         stage, ``losses`` gets each micro-batch's (unscaled) loss. The optimizer step is the
         caller's."""
-        if self._is_last and self._loss_fn is None:
-            raise ValueError(f"{type(self).__name__}.step trains, so the last stage needs "
-                             "loss_fn; for the forwards alone call eval()")
         return self._run(self._table, args, target, losses, kwargs, "step")
 
     def eval(self, *args, target=None, losses: list | None = None, **kwargs):
@@ -78,17 +75,11 @@ class _PipelineSchedule:
             return self._run(self._eval_table, args, target, losses, kwargs, "eval")
 
     def _run(self, table, args, target, losses, kwargs, call: str):
-        name = f"{type(self).__name__}.{call}"
-        if kwargs:
-            raise ValueError(f"{name}: keyword inputs ({', '.join(kwargs)}) are not supported; "
-                             "pass the batch as one tensor")
-        if self._is_first != bool(args) or len(args) > 1:
-            raise ValueError(f"{name}: the first stage takes the batch, one tensor (and only "
-                             "it)")
-        if self._is_last and target is None and call == "step":
-            raise ValueError(f"{name}: the last stage takes target=")
-        if not self._agreed:
-            self._agree()
+        refusal = self._refusal(args, target, kwargs, call)
+        if not self._agreed:  # a refusal here is every rank's (the others wait in the check)
+            self._agree(refusal)
+        if refusal is not None:
+            raise ValueError(refusal)
         inputs = _split(args[0], self._n, "batch") if args else None
         targets = _split(target, self._n, "target") if self._is_last and target is not None \
             else None
@@ -110,15 +101,31 @@ class _PipelineSchedule:
             losses.extend(run.losses)
         return torch.cat(run.outputs)
 
-    def _agree(self) -> None:
-        """Refuses, on every rank, arguments that differ across the pipeline's ranks (one
-        allgather, once per schedule; Note in agree.py)."""
+    def _refusal(self, args, target, kwargs, call: str) -> str | None:
+        """Why this rank's own call cannot run (its arguments alone), else None."""
+        name = f"{type(self).__name__}.{call}"
+        if call == "step" and self._is_last and self._loss_fn is None:
+            return (f"{type(self).__name__}.step trains, so the last stage needs loss_fn; for "
+                    "the forwards alone call eval()")
+        if kwargs:
+            return (f"{name}: keyword inputs ({', '.join(kwargs)}) are not supported; pass the "
+                    "batch as one tensor")
+        if self._is_first != bool(args) or len(args) > 1:
+            return f"{name}: the first stage takes the batch, one tensor (and only it)"
+        if self._is_last and target is None and call == "step":
+            return f"{name}: the last stage takes target="
+        return None
+
+    def _agree(self, refusal: str | None) -> None:
+        """Refuses, on every rank, arguments that differ across the pipeline's ranks, or a call
+        one rank refused (one allgather, once per schedule; Note in agree.py)."""
         table = self._table
         arguments = {"schedule": type(self).__name__, "num_stages": table.stages,
                      "n_microbatches": self._n, "stages_per_rank": table.stages // table.ranks,
                      "scale_grads": self._scale_grads, **self._also_agree}
         ranks = next(iter(self._stages.values())).ranks
-        same_arguments(type(self).__name__, arguments, ranks, self._group or global_process_set)
+        same_arguments(type(self).__name__, arguments, ranks, self._group or global_process_set,
+                       refusal)
         self._agreed = True
 
 
