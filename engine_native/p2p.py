@@ -201,6 +201,16 @@ def _received(result, what: str, out: np.ndarray | None) -> np.ndarray:
     return out
 
 
+# The isend/irecv functions P2POp takes, by identity: "send" or "recv" (each binding adds its
+# own, so torch.distributed's isend, say, is refused rather than called with our arguments).
+_BATCHABLE: dict = {}
+
+
+def batchable(send, recv) -> None:
+    """Lets P2POp take a binding's ``isend`` and ``irecv``."""
+    _BATCHABLE[send], _BATCHABLE[recv] = "send", "recv"
+
+
 class P2POp:
     """One operation of :func:`batch_isend_irecv`, as in ``torch.distributed``:
     ``P2POp(hvd.isend, array, peer, tag)`` sends ``array``; ``P2POp(hvd.irecv, array, peer,
@@ -208,8 +218,9 @@ class P2POp:
     API, ``engine_native.torch``)."""
 
     def __init__(self, op, tensor, peer: int, tag: int = 0):
-        if getattr(op, "__name__", None) not in ("isend", "irecv"):
-            raise ValueError(f"P2POp: op must be hvd.isend or hvd.irecv, not {op!r}")
+        if op not in _BATCHABLE:
+            raise ValueError(f"P2POp: op must be hvd.isend or hvd.irecv of an engine_native "
+                             f"binding, not {op!r}")
         self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
 
 
@@ -219,5 +230,8 @@ def batch_isend_irecv(p2p_op_list: list) -> list:
     matched by (peer, tag) on each side alone (no round with other ranks), so a batch is its
     ops started together; nothing more is needed to keep two ranks that both send first
     from waiting on each other."""
-    return [op.op(op.tensor, op.peer, op.tag) if op.op.__name__ == "isend" else
+    return [op.op(op.tensor, op.peer, op.tag) if _BATCHABLE[op.op] == "send" else
             op.op(op.peer, op.tag, out=op.tensor) for op in p2p_op_list]
+
+
+batchable(isend, irecv)

@@ -32,7 +32,7 @@ import torch
 import engine_native.basics as _basics
 from engine_native import _core
 from engine_native import p2p as _p2p
-from engine_native.p2p import P2POp, P2PRequest, batch_isend_irecv  # noqa: F401 (any binding's)
+from engine_native.p2p import P2POp, P2PRequest, batch_isend_irecv, batchable  # noqa: F401
 from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 
@@ -286,3 +286,5 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     _count(_receives, (src, tag))
     return request.wait()
 
+
+batchable(isend, irecv)  # P2POp takes these two

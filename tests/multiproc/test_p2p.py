@@ -42,6 +42,11 @@ def ring_suite(transport):
         request.wait()
     fails.expect("batch_isend_irecv both ways", left.tolist() == [frm] * 5 and
                  right.tolist() == [-to] * 5, f"{left} {right}")
+
+    def isend(*args):  # another library's function of that name (torch.distributed.isend)
+        raise AssertionError("a foreign isend was called")
+    fails.expect_raises("a foreign isend is refused", ValueError,
+                        lambda: hvd.P2POp(isend, left, to), "engine_native binding")
     hvd.shutdown()
     return fails.raise_if_any()
 
