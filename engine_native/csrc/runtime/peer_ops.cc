@@ -174,7 +174,7 @@ Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!failure_.isOk()) return failure_;
+    if (!failure_.isOk()) return failureOf(op, failure_);
     op.handle = handles_.create(caller_waits, coord::Key(), /*point_to_point=*/true);
     *handle = op.handle;
     if (!op.is_send) listen(+1);  // before any pass looks for its message

@@ -27,7 +27,7 @@ void PeerOps::beginShutdown(const Status& status) {
     for (const Op& op : takeReceives(p)) {
       listen(-1);
       endSpan(op, status);
-      handles_.complete(op.handle, status);
+      handles_.complete(op.handle, failureOf(op, status));
     }
     for (const Arrived& arrived : p.arrived) dropArrival(peer, arrived);
     p.arrived.clear();
