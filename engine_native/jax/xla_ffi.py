@@ -105,8 +105,11 @@ def _token_input(self, effect, devices):
 
 def drop_failed_tokens() -> None:
     """This thread's JAX tokens that hold an engine_native collective's failure, dropped
-    (Note [A failed collective and JAX's token]): at init() and shutdown()."""
-    tokens = _jax_dispatch.runtime_tokens
+    (Note [A failed collective and JAX's token]): at init() and shutdown() on this path, and by
+    engine_native.keras's elastic reset on either path. A no-op on a jax without the names."""
+    tokens = getattr(globals().get("_jax_dispatch"), "runtime_tokens", None)
+    if tokens is None:
+        return
     for table in (tokens.current_tokens, tokens.output_runtime_tokens):
         for key, token in list(table.items()):
             try:

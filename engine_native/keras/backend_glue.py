@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from engine_native import basics
+from engine_native import _core
 from engine_native._core import HorovodInternalError
 from engine_native.basics import global_process_set
 
@@ -96,27 +96,6 @@ def reducescatter(tensor, op, name=None, process_set=global_process_set):
     return _binding().reducescatter(tensor, op=op, name=name, process_set=process_set)
 
 
-def _jax_collective_failed(message: str) -> bool:
-    """A JaxRuntimeError's message is that of a failed collective in a jitted step: through
-    an ordered io_callback it carries the callback's HorovodInternalError traceback; through
-    the XLA FFI call it reads "<CODE>: engine_native.jax <name> inside jax.jit: <why>", where
-    <why> starts with the core's status. ABORTED is a failed collective; but an enqueue that
-    an already failed core refused may come as INVALID_ARGUMENT, as a bad argument does, and
-    a later step re-raising the failure as INTERNAL, so <why> is also compared with the core's
-    last failure."""
-    if "HorovodInternalError" in message:
-        return True
-    if "engine_native.jax " not in message or " inside jax.jit: " not in message:
-        return False
-    if message.startswith("ABORTED"):
-        return True
-    try:
-        last = basics.metrics().get("last_error") or ""
-    except Exception:  # noqa: BLE001 - no core to ask: not one of its failures
-        return False
-    return bool(last) and last in message
-
-
 def collective_failure(error: BaseException):
     """The core's HorovodInternalError for ``error``, raised by a collective that failed
     inside a compiled train step, where the backend wraps it in its own error type
@@ -125,34 +104,20 @@ def collective_failure(error: BaseException):
     Read by ``elastic.run``, which retries after a failed collective only."""
     if isinstance(error, HorovodInternalError):
         return error
-    message = str(error)
-    tf = sys.modules.get("tensorflow")
-    if tf is not None and isinstance(error, tf.errors.OpError):
-        # engine_native.tensorflow's graph op fails with the core error's type in its message
-        return HorovodInternalError(message) if "HorovodInternalError" in message else None
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(error, jax.errors.JaxRuntimeError):
-        return HorovodInternalError(message) if _jax_collective_failed(message) else None
-    return None
+    tf, jax = sys.modules.get("tensorflow"), sys.modules.get("jax")
+    wrapped = (tf is not None and isinstance(error, tf.errors.OpError)) or \
+        (jax is not None and isinstance(error, jax.errors.JaxRuntimeError))
+    # retried only when the core failed (a lost rank, a timeout, abort): a mismatch or a bad
+    # argument leaves it running, and would fail the same way on every retry
+    return HorovodInternalError(str(error)) if wrapped and _core.core_failure() else None
 
 
 def forget_failed_step() -> None:
-    """After a collective failed inside a jitted jax step: drop jax's runtime tokens of
-    ordered effects. The failed step's output token stays the input of the next ordered
-    computation, which then re-raises the old failure forever (even at exit), after the core
-    was re-initialized too. What is still in flight is waited for first (its errors are the
-    failure being handled), so nothing of the old core runs on. Other backends keep nothing:
-    a no-op."""
+    """After a collective failed inside a jitted jax step: drop this thread's jax tokens of
+    ordered effects that hold the failure (engine_native.jax.xla_ffi.drop_failed_tokens, Note
+    [A failed collective and JAX's token]); the failed step's token would otherwise re-raise
+    the old failure at every later jitted step. Other backends keep nothing: a no-op."""
     if "jax" not in sys.modules or backend_name() != "jax":
         return
-    from jax._src import dispatch  # no public API resets them (jax 0.10.2)
-    tokens = getattr(dispatch, "runtime_tokens", None)  # a threading.local: this thread's
-    if tokens is None:
-        return
-    for token in [*getattr(tokens, "current_tokens", {}).values(),
-                  *getattr(tokens, "output_runtime_tokens", {}).values()]:
-        try:
-            token.block_until_ready()
-        except Exception:  # noqa: BLE001, S110 - the failure elastic.run is handling
-            pass
-    tokens.clear()
+    from engine_native.jax import xla_ffi
+    xla_ffi.drop_failed_tokens()

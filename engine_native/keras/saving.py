@@ -17,6 +17,8 @@ def _optimizer_classes():
             if issubclass(sub, _DistributedOptimizerMixin):
                 continue  # a class this package generated
             todo.append(sub)
+            if issubclass(sub, keras.optimizers.LossScaleOptimizer):
+                continue  # it hands the gradients to its inner optimizer: that one is wrapped
             if sub.__module__.startswith("keras.") and not sub.__name__.startswith("_"):
                 found.setdefault(sub.__name__, sub)
                 if sub.__module__.startswith("keras.src.backend."):
@@ -57,6 +59,11 @@ def _wrap_loaded_optimizer(model, compression) -> None:
     a class attribute only, so the state the file restored (iterations, momentum) is kept
     as it is."""
     optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        # (a mixed-precision model) its apply() goes to the inner optimizer, whose
+        # _clip_gradients is where the gradients are averaged: wrapping the outer one would
+        # train every rank on its own gradients, with no error
+        optimizer = optimizer.inner_optimizer
     if optimizer is None or isinstance(optimizer, _DistributedOptimizerMixin):
         return
     base = type(optimizer)

@@ -113,6 +113,22 @@ def load_model(fails, hvd, keras, path):
     everyone = keras.ops.convert_to_numpy(hvd.allgather(mine[None]))
     fails.expect("the loaded model trains in step on every rank",
                  np.allclose(everyone, everyone[0]), np.abs(everyone - everyone[0]).max())
+    # a mixed-precision model's optimizer: a LossScaleOptimizer, which hands its gradients to
+    # the inner one; that one must be wrapped, or no rank's gradients are averaged
+    lso_path = path.replace(".keras", "-lso.keras")
+    if r == 0:
+        m = kt.model(keras, seed=3)
+        m.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
+                  loss="mse")
+        m.fit(x, y, batch_size=kt.BATCH, verbose=0)
+        with _without_importing_tensorflow():
+            m.save(lso_path)
+    hvd.allreduce(np.zeros(1), name="saved.lso")
+    opt = hvd.load_model(lso_path).optimizer
+    fails.expect("load_model wraps a LossScaleOptimizer's inner optimizer",
+                 isinstance(opt.inner_optimizer, hvd.optimizer._DistributedOptimizerMixin)
+                 and not isinstance(opt, hvd.optimizer._DistributedOptimizerMixin),
+                 type(opt).__mro__)
 
 
 @contextlib.contextmanager
