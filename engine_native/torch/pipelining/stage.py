@@ -39,7 +39,10 @@ class PipelineStage:
         # module (and sympy) at its first call in a process: 1.0-1.7 s on the 2-vCPU test VMs.
         # Paid here, once, it stays out of the first step, where it held the step's first
         # backward and delayed a failing step's errors to the other stages by as much.
-        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+        try:
+            import torch.fx.experimental.symbolic_shapes  # noqa: F401
+        except ImportError:  # another torch: its backward imports what it needs, if anything
+            pass
         ranks = list(range(_engine.size())) if group is None else list(group.ranks)
         me = _engine.rank()
         if me not in ranks:
