@@ -9,7 +9,7 @@
 
 from ._version import __version__  # noqa: F401 (one place: _version.py)
 from ._core import HorovodInternalError
-from ._dtypes import Adasum, Average, Max, Min, Product, Sum
+from ._dtypes import Adasum, AdasumSizeError, Average, Max, Min, Product, Sum
 from .basics import (ProcessSet, abort, add_process_set, autotune_state, config_table,
                      cross_rank, cross_size, global_process_set, init, is_homogeneous,
                      is_initialized, listen_address, local_rank, local_size, metrics,
@@ -27,6 +27,7 @@ from .progress import report
 
 __all__ = [
     "HorovodInternalError", "Average", "Sum", "Adasum", "Min", "Max", "Product", "ProcessSet",
+    "AdasumSizeError",
     "global_process_set", "init", "shutdown", "abort", "is_initialized", "rank", "size",
     "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "listen_address",
     "mpi_built", "mpi_enabled", "mpi_threads_supported", "add_process_set",

@@ -75,8 +75,8 @@ def supported_numpy_dtypes() -> list:
 class AdasumSizeError(ValueError, NotImplementedError):
     """Adasum over a process set whose size is not a power of two. A ValueError (the caller
     chooses the set), and Horovod's NotImplementedError, so ported code that catches the
-    exception Horovod raises here still catches it (engine_native.torch raises its own class
-    of the same name, bases and text)."""
+    exception Horovod raises here still catches it. One class for every binding (each exports
+    it as ``hvd.AdasumSizeError``)."""
 
     # Exception's own __init__ (the one ValueError's amounts to): TF's autograph re-raises an
     # error from traced code as its own type only for a few builtins and for classes with this

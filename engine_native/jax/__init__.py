@@ -22,7 +22,8 @@ Example
 ...     return optax.apply_updates(params, updates), opt_state
 """
 from engine_native._core import HorovodInternalError  # noqa: F401
-from engine_native._dtypes import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from engine_native._dtypes import (  # noqa: F401
+    Adasum, AdasumSizeError, Average, Max, Min, Product, Sum)
 from engine_native.basics import (  # noqa: F401
     ProcessSet, add_process_set, cross_rank, cross_size, global_process_set, init,
     is_homogeneous, is_initialized, local_rank, local_size, mpi_built, mpi_enabled,

@@ -27,7 +27,8 @@ Example
 >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 """
 from engine_native.torch.mpi_ops import (  # noqa: F401
-    Adasum, Average, Compression, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
+    Adasum, AdasumSizeError, Average, Compression, HorovodInternalError, Max, Min, Product,
+    ProcessSet, Sum,
     add_process_set, allgather, allgather_async, allreduce, allreduce_, allreduce_async,
     allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
     broadcast_async, broadcast_async_, ccl_built, cross_rank, cross_size, cuda_built,

@@ -11,7 +11,7 @@ from engine_native.torch.basics import (  # noqa: F401
     mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size, start_timeline,
     stop_timeline)
 from engine_native.torch.runtime import (  # noqa: F401
-    Adasum, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
+    Adasum, AdasumSizeError, Average, HorovodInternalError, Max, Min, Product, ProcessSet, Sum,
     add_process_set, barrier, global_process_set, join, poll, remove_process_set, synchronize)
 from engine_native.torch.reduce_ops import (  # noqa: F401
     HorovodAllreduce, HorovodGroupedAllreduce, allreduce, allreduce_, allreduce_async,

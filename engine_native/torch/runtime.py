@@ -22,6 +22,7 @@ import torch
 
 from engine_native import _core
 from engine_native import basics as _basics
+from engine_native._dtypes import AdasumSizeError
 from engine_native.torch import devices
 
 HorovodInternalError = _basics.HorovodInternalError
@@ -111,11 +112,6 @@ def check_tensor(tensor, op_name, name):
                          % (label, tuple(tensor.shape), tuple(tensor.stride())))
     return code
 
-
-class AdasumSizeError(ValueError, NotImplementedError):
-    """Adasum over a process set whose size is not a power of two. A ValueError (the caller
-    chooses the set), and Horovod's NotImplementedError, so ported code that catches the
-    exception Horovod raises here still catches it."""
 
 
 def check_op(op, op_name, process_set=None):

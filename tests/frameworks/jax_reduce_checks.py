@@ -80,7 +80,7 @@ def check_reduce_ops(hvd, jax, np, failures, ps, label, dtypes=DTYPES):
             call()
             failures.append(f"{label}.adasum.{mode}: {n} ranks, no error")
         except (ValueError, NotImplementedError) as exc:
-            if (type(exc).__name__ != "AdasumSizeError" or not isinstance(exc, ValueError)
+            if (not isinstance(exc, hvd.AdasumSizeError) or not isinstance(exc, ValueError)
                     or not isinstance(exc, NotImplementedError)
                     or f"non-power of 2 ranks is not supported yet (the process set has {n} "
                        f"ranks)" not in str(exc)):
