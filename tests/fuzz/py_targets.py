@@ -266,6 +266,40 @@ def output_run(data):
     return "accepted" if tagged == len(lines) else "rejected"
 
 
+def _schedule_error():
+    from engine_native.pipeline import ScheduleError
+    return ScheduleError
+
+
+# --- a pipeline's schedule arguments, allgathered from its ranks (torch/pipelining/agree.py) --
+_PIPELINE_RANKS = [0, 1, 2]
+
+
+def _pipeline_frame(arguments, refusal):
+    body = json.dumps({"arguments": arguments, "refusal": refusal}, sort_keys=True).encode()
+    return len(body).to_bytes(8, "little") + body
+
+
+def pipeline_seeds(rng):
+    def one():
+        arguments = {"schedule": rng.choice(["ScheduleGPipe", "Schedule1F1B"]),
+                     "num_stages": 3, "n_microbatches": rng.choice([1, 4, 8]),
+                     "stages_per_rank": 1, "scale_grads": rng.random() < 0.5}
+        return _pipeline_frame(arguments, rng.choice([None, "no batch"]))
+    return [b"".join(one() for _ in _PIPELINE_RANKS) for _ in range(8)]
+
+
+def pipeline_run(data):
+    """agree._decode over three ranks' frames, as same_arguments reads its allgather: every
+    frame's length inside the bytes, none left over, each a dict of arguments and a refusal."""
+    from engine_native.torch.pipelining import agree
+    everyone = agree._decode("Schedule1F1B", data, _PIPELINE_RANKS)
+    again = b"".join(_pipeline_frame(t["arguments"], t["refusal"]) for t in everyone)
+    if json.loads(again[8:8 + int.from_bytes(again[:8], "little")]) != everyone[0]:
+        raise Broken("a decoded frame does not re-encode")
+    return "accepted"
+
+
 TARGETS = [
     Target("sealed_frames", "sealed_frames.SealedChannel.recv", sealed_seeds, sealed_run,
            (FrameAuthError, ConnectionError, ValueError)),
@@ -280,4 +314,6 @@ TARGETS = [
            (ValueError,), sign=lambda p: frames.sign(p, KEY, frames.COMMAND) + p),
     Target("launch_output", "launch.output.LineSplitter + parse_tagged", output_seeds,
            output_run),
+    Target("pipeline_arguments", "torch.pipelining.agree._decode (every rank's schedule)",
+           pipeline_seeds, pipeline_run, (_schedule_error(),)),
 ]

@@ -63,7 +63,7 @@ def _decode(owner: str, gathered: bytes, ranks: list[int]) -> list[dict]:
             if not isinstance(theirs, dict) or not isinstance(theirs.get("arguments"), dict) \
                     or "refusal" not in theirs:
                 raise ValueError("it is not a pipeline's arguments")
-        except ValueError as exc:  # json's errors are ValueErrors too
+        except (ValueError, RecursionError) as exc:  # json: ValueErrors, or nesting too deep
             raise ScheduleError(f"{owner}: rank {rank}'s schedule arguments could not be read "
                                 f"({exc}); every rank must run the same engine_native") from None
         everyone.append(theirs)
