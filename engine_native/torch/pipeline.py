@@ -43,6 +43,7 @@ from engine_native.torch.pipelining import (
     ScheduleInterleaved1F1B,
 )
 from engine_native.torch.pipelining import balance as _balance
+from engine_native.torch.pipelining.stage import import_backward_modules
 
 __all__ = ["Pipeline"]
 
@@ -62,6 +63,7 @@ class Pipeline:
                              f"{', '.join(_SCHEDULES)}")
         if loss_fn is None:
             raise ValueError("Pipeline: loss_fn is needed (the last stage's loss)")
+        import_backward_modules()  # before the collectives below (stage.py says why)
         layers = list(layers)
         self.replica, self.ranks, group, data_group = _placement(process_set, replicas)
         stages = len(self.ranks) * stages_per_rank

@@ -8,6 +8,19 @@ import engine_native as _engine
 from engine_native.torch import devices
 
 
+def import_backward_modules() -> None:
+    """torch.autograd.backward(outputs, grad_tensors), a stage's backward, imports
+    torch.fx.experimental.symbolic_shapes (and sympy) at its first call in a process: 1.0-1.7 s
+    on the 2-vCPU test VMs. Paid when a stage is made (once), it stays out of the first step,
+    where it held the step's first backward and delayed a failing step's errors to the other
+    stages by as much; hvd.pipeline.Pipeline pays it before its first collective, so its ranks
+    leave the constructor together."""
+    try:
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    except ImportError:  # another torch: its backward imports what it needs, if anything
+        pass
+
+
 class PipelineStage:
     """``submodule`` as stage ``stage_index`` of ``num_stages``.
 
@@ -35,14 +48,7 @@ class PipelineStage:
                  device=None, input_args=None, output_args=None, group=None, *,
                  checkpoint: bool = False, data_group=None):
         del input_args, output_args  # shapes travel with every message; none are needed
-        # torch.autograd.backward(outputs, grad_tensors), a stage's backward, imports this
-        # module (and sympy) at its first call in a process: 1.0-1.7 s on the 2-vCPU test VMs.
-        # Paid here, once, it stays out of the first step, where it held the step's first
-        # backward and delayed a failing step's errors to the other stages by as much.
-        try:
-            import torch.fx.experimental.symbolic_shapes  # noqa: F401
-        except ImportError:  # another torch: its backward imports what it needs, if anything
-            pass
+        import_backward_modules()
         ranks = list(range(_engine.size())) if group is None else list(group.ranks)
         me = _engine.rank()
         if me not in ranks:
