@@ -299,3 +299,19 @@ def elastic(fails, hvd, keras):
     # 3 batches an epoch from epoch 3: a commit after every 2nd batch and at each epoch's end
     fails.expect("CommitStateCallback(batches_per_commit=2): commits by value",
                  commits == [(3, 1), (4, 0), (4, 0), (4, 2), (5, 0)], commits)
+
+
+def by_size(fails, hvd, keras, path, label):
+    """What a compiled backend (jax, tensorflow) checks after its own variants: at np=2 fp16 in
+    fit, the callbacks, load_model, bad input and elastic (last: it re-initializes the core);
+    at np=3, lean (every train step's compile costs three ranks' CPU on two cores), the value
+    collectives and bad input."""
+    if hvd.size() == 2:
+        fp16_fit(fails, hvd, keras, label)
+        callbacks(fails, hvd, keras)
+        load_model(fails, hvd, keras, path)
+        errors(fails, hvd, keras)
+        elastic(fails, hvd, keras)
+    else:
+        collectives(fails, hvd, keras)
+        errors(fails, hvd, keras)

@@ -34,15 +34,8 @@ def rank_jax_suite(path):
         kt.fit_matches_single_process(fails, hvd, keras, "jit, backward_passes_per_step=2, "
                                       "groups", bpps=2, groups=lambda v: [[v[0], v[3], v[2]]],
                                       fused=(1, 3))
-        checks.fp16_fit(fails, hvd, keras, "jit")
         _eager_and_jit_ops(fails, hvd, keras)
-        checks.callbacks(fails, hvd, keras)
-        checks.load_model(fails, hvd, keras, path)
-        checks.errors(fails, hvd, keras)
-        checks.elastic(fails, hvd, keras)
-    else:  # lean: every train step's compile costs three ranks' CPU on two cores
-        checks.collectives(fails, hvd, keras)
-        checks.errors(fails, hvd, keras)
+    checks.by_size(fails, hvd, keras, path, "jit")
     return fails.raise_if_any()
 
 

@@ -55,14 +55,7 @@ def rank_tensorflow_suite(path):
                  not model.run_eagerly and model.jit_compile is False)
     if hvd.size() == 2:
         _variants(fails, hvd, keras)
-        checks.fp16_fit(fails, hvd, keras, "tf.function")
-        checks.callbacks(fails, hvd, keras)
-        checks.load_model(fails, hvd, keras, path)
-        checks.errors(fails, hvd, keras)
-        checks.elastic(fails, hvd, keras)
-    else:  # lean: every train step's compile costs three ranks' CPU on two cores
-        checks.collectives(fails, hvd, keras)
-        checks.errors(fails, hvd, keras)
+    checks.by_size(fails, hvd, keras, path, "tf.function")
     return fails.raise_if_any()
 
 
