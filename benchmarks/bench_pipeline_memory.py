@@ -89,7 +89,7 @@ def rank_main(rank: int, steps: int):
     for _ in range(20):
         hvd.barrier()
         t0 = time.perf_counter()
-        schedule._agree()
+        schedule._agree(None)
         checks.append(time.perf_counter() - t0)
     hvd.shutdown()
     return rows, times, statistics.median(checks), forwards
@@ -126,12 +126,12 @@ def main() -> None:
           f"{ROWS // M * WIDTH * 4 // 1024} KiB)\n")
     print("| stage | schedule | checkpoint | micro-batches held at peak | tensors kept at peak "
           "| bytes kept at peak | per micro-batch |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")  # (a sending stage's peak: its newest output too)
     rows = sorted((row for rows, _, _, _ in results for row in rows),
                   key=lambda r: (r[1] != "ScheduleGPipe", r[0], r[2]))
     for stage, name, checkpoint, held, tensors, nbytes in rows:
         print(f"| {stage} | {name} | {'on' if checkpoint else 'off'} | {held} | {tensors} | "
-              f"{nbytes / 1024:.0f} KiB | {tensors // held} tensors, "
+              f"{nbytes / 1024:.0f} KiB | {tensors / held:.3g} tensors, "
               f"{nbytes / held / 1024:.0f} KiB |")
     print()
     for counting in (False, True):

@@ -9,7 +9,8 @@ returns the tensor unchanged. Tensors are counted once each (a Linear's saved in
 stage's input, a Tanh's saved result its output), by data pointer and size; the stage's
 parameters and buffers are not activations and are left out. With ``checkpoint=True``,
 autograd saves only the checkpoint's input inside the stage, so a micro-batch keeps the two
-stage-boundary tensors, its input and its output.
+stage-boundary tensors, its input and its output, and the output only until it is handed to its
+send (Note [Sent outputs] in step_run.py; the last stage's loss holds its outputs).
 
 Per stage, the step adds a micro-batch's figures at its forward and takes them off at its
 backward; ``peak`` is the most bytes the stage held at once, with the tensors then.
@@ -71,6 +72,14 @@ class KeptCounter:
         if self.held[s].bytes > self.peak[s].bytes:
             self.peak[s] = self.held[s]
         return y
+
+    def handed_off(self, s: int, mb: int, y: torch.Tensor) -> None:
+        """Stage ``s``'s output ``y`` for ``mb`` was handed to its send and the step no longer
+        holds it (Note [Sent outputs] in step_run.py): it is counted off now, though its bytes
+        go when the send completes (a copy into the channel, or the receiver's read)."""
+        gone = Kept(1, _key(y)[1])
+        self.per_microbatch[s, mb] -= gone
+        self.held[s] -= gone
 
     def backward(self, s: int, mb: int) -> None:
         self.held[s] -= self.per_microbatch.pop((s, mb))

@@ -176,6 +176,10 @@ class StepRun:
         elif kind == "SEND_F":
             y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
             self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
+            if self.stages[s].checkpoint and torch.is_grad_enabled() and y.requires_grad:
+                self.y[s, mb] = _SentOutput(y)  # Note [Sent outputs]: y's data goes
+                if self.kept is not None:
+                    self.kept.handed_off(s, mb, y)
         elif kind == "SEND_B":
             x = self.x.pop((s, mb))
             grad = x.grad if x.grad is not None else torch.zeros_like(x)  # output ignores x
@@ -245,9 +249,58 @@ class StepRun:
                 x_next = self.x.pop((s + 1, mb))
                 dy = x_next.grad if x_next.grad is not None else torch.zeros_like(x_next)
                 dy = dy.to(y.device)  # (stages of one rank on two devices)
-            if y.requires_grad:  # (else nothing before it needs a gradient: no parameters)
+            if isinstance(y, _SentOutput):
+                y.backward(dy)
+            elif y.requires_grad:  # (else nothing before it needs a gradient: no parameters)
                 torch.autograd.backward(y, grad_tensors=dy)
         self.live -= 1
         if self.kept is not None:
             self.kept.backward(s, mb)
 
+
+# Note [Sent outputs]
+# A stage under checkpoint=True keeps per micro-batch its input (the checkpoint saved it) and
+# its output, held by the step only to start the backward from: torch.autograd.backward(y, dy)
+# needs y's shape, not its data, and inside the checkpoint nothing saved y (Tanh's saved result
+# is recomputed). So once y is handed to its send, the step keeps a 0-dim anchor instead, an
+# autograd Function of y whose backward returns the gradient it is given, and y's data is
+# freed when its send completes (the send's alias is the last reference), as Megatron frees a
+# sent output's data. That halves what such a stage keeps: its input alone per micro-batch.
+# Not done without checkpoint (the stage's own graph may save y: Tanh does, so nothing would
+# be freed), nor on the last stage (the loss holds y) or a stage whose next one is on this rank
+# (that stage's input is y itself).
+class _SentOutput:
+    """What the step holds for a sent output: ``backward(dy)`` runs the stage's backward from
+    the gradient ``dy`` of that output, as torch.autograd.backward(output, dy) would."""
+    __slots__ = ("zero", "grad")
+
+    def __init__(self, y: torch.Tensor):
+        self.grad = None
+        self.zero = _SeedGradient.apply(y, self)  # 0-dim; y's graph hangs below it
+
+    def backward(self, dy: torch.Tensor) -> None:
+        self.grad = dy
+        try:
+            self.zero.backward()
+        finally:
+            self.zero = self.grad = None
+
+
+class _SeedGradient(torch.autograd.Function):
+    """A 0-dim output of ``y`` whose backward hands ``y`` the gradient its holder was given."""
+
+    @staticmethod
+    def forward(ctx, y, holder):
+        ctx.holder = holder
+        ctx.meta = (y.shape, y.dtype, y.device)
+        return y.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _grad):
+        dy = ctx.holder.grad
+        shape, dtype, device = ctx.meta
+        if dy.shape != shape or dy.dtype != dtype or dy.device != device:
+            raise RuntimeError(f"the gradient received for the stage's output is {dy.dtype} "
+                               f"{tuple(dy.shape)} on {dy.device}; the output was {dtype} "
+                               f"{tuple(shape)} on {device}")
+        return dy, None
