@@ -11,7 +11,9 @@ Ranks on this machine are child processes that bootstrap through an authenticate
 store run by hvdrun (``HVD_RANK``, ``HVD_SIZE``, ``HVD_RENDEZVOUS``, ``HVD_SECRET``, ...). A host
 list naming other machines (or ``--mpi``) runs the ranks through mpiexec instead (see
 hvd_magic.launch.mpi). Output lines are tagged ``[rank]<stdout>:``; the first rank that fails
-stops the others and hvdrun exits with its code after showing its traceback. The flags, and
+stops the others, after a short window in which they may exit with errors of their own
+(hvd_magic.launch.procs, Note [Report window]), and hvdrun exits with its code after showing
+its traceback (or, for a killed rank, its peers' errors). The flags, and
 the environment and host list they make, are in hvd_magic.launch.hvdrun_args.
 """
 
@@ -57,7 +59,9 @@ def check_build() -> str:
 
 def root_cause(output: RankOutput, result: JobResult, size: int) -> int | None:
     """The rank to blame: the first to fail, unless it only lost a peer (HorovodInternalError)
-    while another rank printed a traceback of its own error."""
+    while another rank printed a traceback of its own error. A first rank killed by a signal
+    (hvdrun had sent none yet: procs.py Note [Report window]) is the cause, whatever its peers
+    then raised about losing it."""
     first = result.failed
     if first is None:
         return None
@@ -66,18 +70,34 @@ def root_cause(output: RankOutput, result: JobResult, size: int) -> int | None:
         lines = traceback_tail(output.tail(rank))
         return bool(lines) and lines[0].startswith("Traceback") and \
             "HorovodInternalError" not in lines[-1]
-    if own_error(first):
+    if own_error(first) or (result.codes.get(first) or 0) < 0:
         return first
     others = [r for r in range(size) if r != first and own_error(r)]
     return others[0] if others else first
 
 
+def _others(result: JobResult, size: int) -> str:
+    """What became of the ranks other than the first failed one: exited by themselves (in the
+    report window) or stopped by hvdrun."""
+    others = size - 1
+    stopped = len([k for k in result.stopped if k != result.failed])
+    alone = others - stopped
+
+    def ranks(n: int) -> str:
+        return f"{n} rank{'s' if n != 1 else ''}"
+    if not others:
+        return ""
+    if not alone:
+        return f"; stopped the other {ranks(others)}"
+    if not stopped:
+        return f"; the other {ranks(others)} exited by themselves"
+    return f"; {ranks(alone)} exited by themselves, stopped the other {ranks(stopped)}"
+
+
 def _report_failure(output: RankOutput, result: JobResult, size: int) -> None:
     if result.failed is not None:
         rank = root_cause(output, result, size)
-        others = size - 1
-        stopped = f"; stopped the other {others} rank{'s' if others != 1 else ''}" if others else ""
-        output.note(f"hvdrun: {result.reason}{stopped}.")
+        output.note(f"hvdrun: {result.reason}{_others(result, size)}.")
         if rank != result.failed:
             output.note(f"hvdrun: rank {result.failed} only lost its peer; the error came from "
                         f"rank {rank}.")
@@ -86,6 +106,11 @@ def _report_failure(output: RankOutput, result: JobResult, size: int) -> None:
             output.note(f"hvdrun: rank {rank}'s last error output:")
             for line in lines:
                 output.note(f"    {line}")
+        else:  # a killed rank says nothing: what its peers said about it is the explanation
+            for other in range(size):
+                said = traceback_tail(output.tail(other)) if other != rank else []
+                if said and said[0].startswith("Traceback"):
+                    output.note(f"hvdrun: rank {other}'s error: {said[-1]}")
     elif result.interrupted:
         output.note(f"hvdrun: {result.reason}: stopped all ranks.")
     elif result.reason:

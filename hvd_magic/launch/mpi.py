@@ -139,6 +139,9 @@ class MpiJob(ProcessJob):
     KEY = "mpiexec"
 
     def __init__(self, *args, **kwargs):
+        # No report window (procs.py Note [Report window] d): mpiexec kills every rank itself
+        # when one fails, and the files below are noted when the stop starts.
+        kwargs.setdefault("report_window", 0.0)
         super().__init__(*args, **kwargs)
         self._mpi_files: set[str] = set()  # this host's ranks' MPICH files (hvd_magic.mpi_shm)
         self._rank_pids: set[int] = set()

@@ -7,12 +7,36 @@ child's stdout/stderr pipe and exit (``pidfd``), with no polling, and applies th
 
 A. Each whole output line goes to :meth:`ProcessJob.handle_line` (by default: the rank's
    prefixed line in :class:`~hvd_magic.launch.output.RankOutput`).
-B. The first rank that exits non-zero (or by a signal) fails the job: every other process
-   group gets SIGTERM, and SIGKILL ``grace`` seconds later if still alive.
+B. The first rank that exits non-zero (or by a signal) fails the job (it is
+   ``JobResult.failed``). The others get ``report_window`` seconds to exit by themselves
+   (Note [Report window]); every process group still alive then gets SIGTERM, and SIGKILL
+   ``grace`` seconds later. A rank exiting 0 starts nothing.
 C. Ctrl-C (KeyboardInterrupt on the launcher's thread), :meth:`ProcessJob.stop` from another
-   thread, or ``timeout`` does the same; a second Ctrl-C kills at once.
+   thread, or ``timeout`` sends SIGTERM at once (also inside a report window), SIGKILL after
+   ``grace``; a second Ctrl-C kills at once.
 D. When a rank's main process exits, what is left of its process group is killed (nothing
    outlives the job), and the loop ends once every pipe is drained.
+
+Note [Report window]
+A rank that is SIGKILLed (the OOM killer, a user's ``kill -9``) prints nothing; what explains
+the failure is its peers' errors ("lost connection to rank 1", a pipeline's stage and
+micro-batch), which the core raises within tens of milliseconds of the death. SIGTERM at the
+first failure, as mpiexec does (horovodrun has no window either), kills the peers while they
+print them. So the launcher waits, but briefly and boundedly:
+
+a. The window opens at the first non-zero exit only (rule B); it ends early once every rank
+   has exited, so a job whose ranks all fail with errors ends without waiting.
+b. Ranks that exit inside it exit on their own, with their output forwarded as always.
+c. It is short (``REPORT_WINDOW``, 2 s), not HVD_TIMEOUT. Measured (bench_pipeline_faults.py's
+   kill case, torch, np 3 on 2 cores with a load average of 2-6): the peers of a SIGKILLed
+   rank print their errors 0.00-0.01 s after its death and exit 0.8-2.0 s after it, most of
+   that in torch's interpreter teardown (0.6 s alone). A peer that has not noticed by then
+   (waiting in a rendezvous, in pure Python) will not in time; waiting longer only delays the
+   stop, and a peer stopped in its teardown has printed its error already.
+d. It does not apply to rule C (the user asked for the stop), nor where exits do not go
+   through :meth:`ProcessJob.rank_exited` with a window: MpiJob (``report_window=0``: mpiexec
+   kills every rank itself when one fails), the elastic driver (it keeps survivors running
+   on purpose), and the one-rank supervisors of rankwrap and the Spark task.
 """
 
 from __future__ import annotations
@@ -30,7 +54,9 @@ from dataclasses import dataclass, field
 
 from .output import LineSplitter, RankOutput
 
-__all__ = ["JobResult", "ProcessJob", "exit_status", "spawn"]
+__all__ = ["REPORT_WINDOW", "JobResult", "ProcessJob", "exit_status", "spawn"]
+
+REPORT_WINDOW = 2.0  # seconds; Note [Report window]
 
 _PR_SET_PDEATHSIG = 1
 try:
@@ -80,6 +106,7 @@ class JobResult:
     failed: int | None = None               # the rank whose failure stopped the job
     interrupted: bool = False                  # Ctrl-C / stop() / timeout
     reason: str = ""
+    stopped: list = field(default_factory=list)  # keys the launcher signalled (rules B, C)
 
     @property
     def ok(self) -> bool:
@@ -97,9 +124,11 @@ class _Child:
 class ProcessJob:
     """Supervise child processes (one per rank, or one mpiexec) until all are gone."""
 
-    def __init__(self, output: RankOutput, grace: float = 3.0):
+    def __init__(self, output: RankOutput, grace: float = 3.0,
+                 report_window: float = REPORT_WINDOW):
         self.output = output
         self.grace = grace
+        self.report_window = report_window
         self.result = JobResult()
         self._children: dict = {}
         self._sel = selectors.DefaultSelector()
@@ -111,6 +140,7 @@ class ProcessJob:
         self._stop_request: str | None = None
         self._lock = threading.Lock()
         self._kill_at: float | None = None
+        self._window_end: float | None = None  # Note [Report window]
         self._timeout: float | None = None
 
     # -- hooks (overridden by the mpiexec and Spark flavours) --------------------------------
@@ -136,12 +166,16 @@ class ProcessJob:
 
     # -- job rules ----------------------------------------------------------------------------
     def rank_exited(self, rank, code: int) -> None:
-        """Rule B: a non-zero exit of ``rank`` fails the job (first one wins)."""
+        """Rule B: a non-zero exit of ``rank`` fails the job (first one wins) and opens the
+        report window, after which the ranks left are stopped."""
         self.result.codes[rank] = code
         if code != 0 and self.result.failed is None and not self.result.interrupted:
             self.result.failed = rank
             self.result.reason = f"rank {rank} {describe_exit(code)}"
-            self._terminate_all()
+            if self.report_window > 0:
+                self._window_end = time.monotonic() + self.report_window
+            else:
+                self._terminate_all()
 
     def stop(self, reason: str = "stopped") -> None:
         """Rule C, from any thread: stop every process (SIGTERM, then SIGKILL after grace)."""
@@ -161,6 +195,7 @@ class ProcessJob:
     def _terminate_all(self) -> None:
         if self._kill_at is None:
             self._kill_at = time.monotonic() + self.grace
+            self.result.stopped = [k for k, c in self._children.items() if not c.exited]
             self._signal_all(signal.SIGTERM)
 
     def _signal_all(self, sig: int) -> None:
@@ -196,8 +231,8 @@ class ProcessJob:
 
     def _quiet_while_stopping(self, record) -> bool:
         # Ranks killed mid-handshake make the launcher's rendezvous store log a dropped
-        # connection: expected while stopping, noise for the user.
-        return self._kill_at is None
+        # connection: expected once a rank failed or the job is stopping, noise for the user.
+        return self._kill_at is None and self._window_end is None
 
     def _loop(self, deadline: float | None) -> None:
         drain_until = None
@@ -212,10 +247,14 @@ class ProcessJob:
             if deadline is not None and now >= deadline:
                 self._interrupt(f"timed out after {self._timeout:g} s")
                 deadline = None
+            if self._kill_at is None and self._window_end is not None \
+                    and now >= self._window_end:
+                self._terminate_all()  # rule B: the report window is over
             if self._kill_at is not None and now >= self._kill_at:
                 self._signal_all(signal.SIGKILL)
                 self._kill_at = float("inf")
-            wait = [t - now for t in (deadline, self._kill_at, drain_until)
+            window = self._window_end if self._kill_at is None else None
+            wait = [t - now for t in (deadline, self._kill_at, drain_until, window)
                     if t is not None and t != float("inf")]
             if any(c.pidfd is None and not c.exited for c in self._children.values()):
                 wait.append(0.05)

@@ -55,7 +55,46 @@ def test_failing_rank_stops_job_with_its_traceback(when, no_leaks):
     assert "rank 1's last error output:" in summary, summary
     assert "Traceback (most recent call last):" in summary
     assert f"ValueError: deliberate failure on rank 1 {when}" in summary
-    assert re.search(r"stopped the other 2 ranks", summary), summary
+    # Peers waiting in the rendezvous cannot notice: stopped after the report window. Peers in
+    # an allreduce lose rank 1 and exit by themselves in it (procs.py Note [Report window]),
+    # maybe before rank 1 itself (then "rank 0 only lost its peer; the error came from rank 1").
+    others = "stopped the other 2 ranks" if when == "before" else \
+        r"exited by themselves|stopped the other 2 ranks"
+    assert re.search(rf"^hvdrun: rank \d exited with code 1; .*({others})", summary), summary
+
+
+@pytest.mark.parametrize("wait", ["allreduce", "recv"])
+def test_killed_rank_peers_print_their_errors(wait, no_leaks):
+    """Rank 1 is SIGKILLed while ranks 0 and 2 wait for it: it prints nothing, so the job's
+    explanation is their errors, which the report window lets them print and exit with (issue
+    #36); the job's exit names rank 1, not a peer."""
+    res = hvdrun("-np", "3", sys.executable, script("kill_rank.py"), "--wait", wait, timeout=90)
+    err = res.stderr
+    assert res.returncode == 137, res.stdout + err
+    for rank in (0, 2):
+        assert re.search(rf"^\[{rank}\]<stderr>:\S*HorovodInternalError: .*\brank 1\b", err,
+                         re.M), err
+    summary = err[err.index("hvdrun: rank"):]
+    assert summary.startswith("hvdrun: rank 1 was killed by SIGKILL; the other 2 ranks exited "
+                              "by themselves."), summary
+    assert "only lost its peer" not in summary, summary
+    for rank in (0, 2):
+        assert re.search(rf"^hvdrun: rank {rank}'s error: \S*HorovodInternalError: .*\brank 1\b",
+                         summary, re.M), summary
+
+
+def test_peers_that_never_notice_are_stopped_after_window_and_grace(tmp_path, no_leaks):
+    """Ranks 0 and 2 hang in pure Python ignoring SIGTERM when rank 1 is killed: the report
+    window ends, SIGTERM does nothing, SIGKILL after the grace ends the job."""
+    from hvd_magic.launch.procs import REPORT_WINDOW
+
+    start = time.monotonic()
+    res = hvdrun("-np", "3", sys.executable, script("kill_rank.py"), "--wait", "python",
+                 env={"KILL_RANK_DIR": str(tmp_path)}, timeout=90)
+    took = time.monotonic() - start
+    assert res.returncode == 137, res.stdout + res.stderr
+    assert "hvdrun: rank 1 was killed by SIGKILL; stopped the other 2 ranks." in res.stderr
+    assert took >= REPORT_WINDOW  # (a lower bound: the ranks cannot be stopped before it ends)
 
 
 def test_fake_hosts_get_local_and_cross_ranks(no_leaks):

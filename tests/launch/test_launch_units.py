@@ -249,8 +249,53 @@ def test_first_failure_stops_others_sigkill_after_grace(no_leaks):
     result = job.run()
     assert time.monotonic() - start < 10
     assert result.failed == 1 and result.codes == {0: -signal.SIGKILL, 1: 5}
+    assert result.stopped == [0]  # after the report window (procs.py Note [Report window])
     assert exit_status(result.codes[1]) == 5 and exit_status(-9) == 137
     assert "[0]<stdout>:stubborn" in out.getvalue()
+
+
+def _pipe_ranks(job):
+    """Rank 1 exits 5; rank 0 waits until rank 1 is gone (EOF on a pipe only rank 1 holds
+    open), then exits 4 by itself."""
+    r, w = os.pipe()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    job.add(1, spawn([sys.executable, "-c", "import sys; sys.exit(5)"], env, pass_fds=(w,)))
+    job.add(0, spawn([sys.executable, "-c", f"import os, sys; os.read({r}, 1); sys.exit(4)"],
+                     env, pass_fds=(r,)))
+    os.close(r)
+    os.close(w)
+
+
+@pytest.mark.timeout(60)
+def test_report_window_lets_ranks_exit_and_ends_when_all_have(no_leaks):
+    """A rank that exits after the first failure, inside the report window, exits by itself
+    (its own code, not a signal), and the job ends then, not at the window's end."""
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()), report_window=30.0)
+    _pipe_ranks(job)
+    start = time.monotonic()
+    result = job.run()
+    assert time.monotonic() - start < 30
+    assert result.failed == 1 and result.reason == "rank 1 exited with code 5"
+    assert result.codes == {0: 4, 1: 5} and result.stopped == []
+
+
+@pytest.mark.timeout(60)
+def test_stop_inside_report_window_is_at_once(no_leaks):
+    """Rule C inside a report window: stop() (as Ctrl-C and the timeout) signals at once; the
+    first failed rank stays the job's failure."""
+    class StopOnFailure(ProcessJob):
+        def rank_exited(self, rank, code):
+            super().rank_exited(rank, code)
+            self.stop("dashboard Stop")
+
+    job = StopOnFailure(RankOutput(io.StringIO(), io.StringIO()), report_window=30.0)
+    job.add(0, _py("import time; time.sleep(60)"))
+    job.add(1, _py("import sys; sys.exit(5)"))
+    start = time.monotonic()
+    result = job.run()
+    assert time.monotonic() - start < 30
+    assert result.failed == 1 and result.reason == "rank 1 exited with code 5"
+    assert result.codes == {0: -signal.SIGTERM, 1: 5} and result.stopped == [0]
 
 
 @pytest.mark.timeout(60)
