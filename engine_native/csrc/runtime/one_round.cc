@@ -63,6 +63,7 @@
 //      before its thread can call barrier()).
 //   I. A failure (abort, a lost peer) first finishes a round every rank answered: its ops
 //      finished on the ranks that read it, so they finish here too (BackgroundLoop::fail).
+//      (test_one_round_failure holds a rank off such a round until its failure comes.)
 //   J. Reopening. When the global set's join completes on a rank, every rank has closed
 //      (each closes as it takes its join op, before its join request leaves), so every posted
 //      counter is final and every pending round is answered. The rank finishes its pending
@@ -84,6 +85,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/test_switch.h"
 #include "coord/validation.h"
 #include "runtime/one_round_respond.h"
 
@@ -146,6 +148,10 @@ OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
   inputs_.by_rank.resize(static_cast<size_t>(size_));
   ops_of_.resize(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) members_.push_back(r);
+  // Test switch HVD_TEST_ONE_ROUND_HOLD=<posted name, e.g. allreduce.x> (one rank): a round
+  // this rank posted that op in is read only by a failure (I), as by a rank descheduled
+  // between the last answer and its own read.
+  if (const char* held = HVD_TEST_SWITCH("ONE_ROUND_HOLD")) hold_for_tests_ = held;
 }
 
 // Host ranks are the world here, so local index == global rank.
@@ -184,10 +190,22 @@ bool OneRound::canProgress() const {
     bool gone = false;
     return waitingForReopen() && peersReopened(&gone);
   }
+  return allAnswered() && !heldForTests();
+}
+
+bool OneRound::allAnswered() const {
   for (int r = 0; r < size_; ++r) {
     if (r != me_ && !answered(r)) return false;
   }
   return true;
+}
+
+bool OneRound::heldForTests() const {
+  if (hold_for_tests_.empty()) return false;  // (always, unless the test switch is set)
+  for (coord::Key key : posted_) {
+    if (keys_.name(key) == hold_for_tests_) return true;
+  }
+  return false;
 }
 
 std::vector<int> OneRound::missingRanks() const {
@@ -489,7 +507,7 @@ Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries, const Rout
   joins_ = joins;
   if (!active_ || gone_ || !closed_) return Status::ok();
   if (pending_) {  // answered by every rank: all closed before this join could complete
-    if (!canProgress()) {  // not expected; peers must not wait for a reopening then (the
+    if (!allAnswered()) {  // not expected; peers must not wait for a reopening then (the
       closeForGood();      // round still finishes once answered, as F's pending round)
       return Status::ok();
     }

@@ -47,7 +47,7 @@ class OneRound {
                       timeline::Timeline* timeline);
   // Only the first half: a round every rank answered is finished, nothing is posted (I).
   common::Status finishAnswered(EntryTable& entries, const Route& route, const Run& run) {
-    return pending_ && canProgress() ? finish(entries, route, run, nullptr)
+    return pending_ && allAnswered() ? finish(entries, route, run, nullptr)
                                      : common::Status::ok();
   }
 
@@ -71,6 +71,8 @@ class OneRound {
 
  private:
   bool answered(int rank) const;  // posted round_, or closed without ever posting it
+  bool allAnswered() const;  // every peer answered the pending round
+  bool heldForTests() const;  // the test switch holds the pending round (constructor)
   // J: `rank`'s board is still in an older epoch (*gone: closed for good instead)
   bool behind(int rank, bool* gone) const;
   // J: every peer's board is in this rank's epoch (false: wait); *gone: one never will be
@@ -100,6 +102,7 @@ class OneRound {
   int me_ = 0;
   int size_ = 0;
   int64_t max_bytes_ = 0;
+  std::string hold_for_tests_;  // HVD_TEST_ONE_ROUND_HOLD's op name (test builds only)
 
   uint64_t round_ = 0;    // the last round this rank posted
   bool pending_ = false;  // ... and has not finished
