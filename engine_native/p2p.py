@@ -13,9 +13,10 @@ were sent; different tags may be received in any order. A send does not wait for
 (the receiver keeps a message until it asks for it). Errors, never hangs: a receive that gets
 nothing from its peer for ``HVD_TIMEOUT`` seconds raises ``HorovodInternalError`` naming the
 peer and tag, and a peer that dies fails every rank's pending ops, as for collectives (Note
-[Point-to-point] in engine_native/csrc/runtime/peer_ops.cc). Each pair of ranks has its own
-channel: shared-memory rings within a host, a TCP connection between hosts. (CUDA tensors:
-engine_native.torch's send/recv, by CUDA IPC within a host.)
+[Point-to-point] in engine_native/csrc/runtime/peer_ops.cc). A message that does not fit a
+receive's ``out`` raises ``ValueError`` on both ranks (Note [Refused messages]). Each pair of
+ranks has its own channel: shared-memory rings within a host, a TCP connection between hosts.
+(CUDA tensors: engine_native.torch's send/recv, by CUDA IPC within a host.)
 """
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
 def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
     """Start receiving the next message with ``tag`` from rank ``src``. Its dtype and shape come
     with it; with ``out``, the message is written into that array, which must have the same
-    dtype and shape (else ``ValueError`` on this rank) and must not be used until the request
+    dtype and shape (else ``ValueError`` on this rank, and the sender's send, or its next op
+    with this rank, raises ``ValueError`` too) and must not be used until the request
     completes. A receive that fails may leave ``out`` partly written."""
     return _irecv(src, tag, out, wait_now=False)
 
@@ -124,8 +126,23 @@ def _irecv(src: int, tag: int, out, wait_now: bool) -> P2PRequest:
     what = f"recv(from rank {src}, tag {tag})"
     code = _bindable(out)
     if code is None:
-        return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out)
+        expected = _expected(out)
+        if expected is None:  # no out=, or one of a dtype no message can have
+            return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now), what, out)
+        # the core refuses a message of another type, so its sender raises too (Note
+        # [Refused messages] in the core); this out= is filled by _received's copy
+        handle = _core.p2p_recv(int(src), int(tag), wait_now, -1, False, None, *expected)
+        return P2PRequest(handle, what, out)
     return start_recv_into(src, tag, code, out.shape, out, out, wait_now, what)
+
+
+def _expected(out):
+    """``(dtype code, shape)`` of an ndarray ``out`` the core cannot write into itself, for
+    its check of the message's type; None for no ``out`` or a dtype the core does not carry."""
+    if not isinstance(out, np.ndarray):
+        return None
+    code = _dtypes.numpy_code_or_none(out.dtype)
+    return None if code is None else (code, out.shape)
 
 
 def _bindable(out):

@@ -185,8 +185,11 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
         # written there by the core (Note [Receive into out]); _received then copies nothing
         return _p2p.start_recv_into(src, tag, rt.dtype_code(out, what), out.shape,
                                     out.data_ptr(), out, wait_now, what, convert, reader)
-    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device), what,
-                      out, convert=convert)
+    # an out= the core cannot write (strided, on a CUDA device, empty) still brings its type:
+    # a message of another one is refused, so its sender raises too (Note [Refused messages])
+    expected = () if out is None else (None, rt.dtype_code(out, what), tuple(out.shape))
+    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device, *expected),
+                      what, out, convert=convert)
 
 
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
@@ -201,7 +204,7 @@ def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None,
           device=None) -> P2PRequest:
     """Start receiving the next message with ``tag`` from rank ``src``; ``wait()`` returns a
     new tensor (on the CPU, or on ``device``), or ``out`` filled (same dtype and shape, else
-    ValueError)."""
+    ValueError, on the sender too: its send or its next op with this rank raises)."""
     _check_tag(tag, "irecv")
     device = devices.receive_device(device, "irecv")
     if device is not None and out is not None:

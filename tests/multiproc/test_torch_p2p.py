@@ -1,7 +1,7 @@
 """Point-to-point for torch tensors (engine_native.torch: send/recv/isend/irecv,
 batch_isend_irecv), on real ranks: every dtype at sizes 0, 1, odd and large arrive equal,
 new or into a given tensor (a misfit, or a receive to a device this torch lacks, is a
-ValueError that loses nothing); autograd pairs
+ValueError that loses nothing; a misfit's sender raises too); autograd pairs
 train a model split over two ranks like one process, and gradients find their messages when
 the backwards run in the opposite order (Note [Gradient tags]); a ring exchanged in one
 batch; bad tags refused."""
@@ -42,7 +42,12 @@ def dtypes_suite():
                     wrong.append((str(dtype), shape))
     errors = []
     if hvd.rank() == 0:
-        for _ in range(3):  # the misfit's, out='s and the last receive's
+        hvd.send(torch.ones(3), 1, tag=99)  # the misfit's: refused (Note [Refused messages])
+        try:
+            hvd.recv(1, tag=97)  # rank 1 sends nothing with this tag: the refusal ends it
+        except ValueError as exc:
+            errors.append(str(exc))
+        for _ in range(2):  # out='s and the last receive's
             hvd.send(torch.ones(3), 1, tag=99)
     else:
         for kwargs in ({"out": torch.empty(4)}, {"device": "cuda"}, {"device": "meta"},
@@ -68,6 +73,9 @@ def dtypes_suite():
 def test_every_dtype_and_size_arrives_equal():
     res = run_ranks(dtypes_suite, 2, timeout=120)
     assert res[1].value[0] == [], res[1].value[0]
+    assert res[0].value[1][0] == (
+        "recv from rank 1 (tag 97): send to rank 1 (tag 99): rank 1 refused the message: it is "
+        "float32 (3,), the tensor to fill is float32 (4,)"), res[0].value[1]
     errors = res[1].value[1]
     assert errors[:3] == [
         "recv(from rank 0, tag 99): the message is torch.float32 (3,), the tensor to fill is "

@@ -112,7 +112,9 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
 // host (its result stays there when on_device, else it lands in host memory); into: host
 // memory of into_dtype x into_shape (C order; an address, or a writable buffer) that a message
 // of exactly that type is written to (Note [Receive into out]; wait() then gives None for the
-// buffer); the caller keeps it alive until the handle completes.
+// buffer); the caller keeps it alive until the handle completes. into=None with into_shape:
+// the caller fills an out= of that type itself. Either way a message of another type is
+// refused: its sender raises too (Note [Refused messages]).
 PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   int peer = 0, wait_now = 0, device = -1, on_device = 0, into_dtype = 0;
   long long tag = 0;
@@ -126,7 +128,9 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   recv.tag = tag;
   recv.device = device;
   recv.on_device = on_device != 0;
-  if (into != Py_None) {
+  // into=None with into_shape: an out= the core cannot write, whose type it still checks
+  recv.expects = into != Py_None || (into_shape != nullptr && into_shape != Py_None);
+  if (recv.expects) {
     if (!common::isValidDataType(into_dtype)) {
       PyErr_Format(PyExc_TypeError, "recv(from rank %d, tag %lld): unsupported dtype code %d",
                    peer, tag, into_dtype);
@@ -147,7 +151,10 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
       return nullptr;
     }
     uintptr_t address = 0;
-    if (!messageMemory(into, /*writable=*/true, bytes, peer, tag, &address)) return nullptr;
+    if (into != Py_None &&
+        !messageMemory(into, /*writable=*/true, bytes, peer, tag, &address)) {
+      return nullptr;
+    }
     recv.into = reinterpret_cast<uint8_t*>(address);
   }
   int64_t handle = 0;
@@ -178,7 +185,9 @@ PyMethodDef g_peer_methods[] = {
      "(wait() returns (Buffer, shape, dtype code)). device: the CUDA device that reads a CUDA "
      "tensor; on_device: its result stays there. into: host memory (an address or a writable "
      "buffer) of into_dtype x into_shape that a message of that type is written to (wait() "
-     "then gives None for the Buffer); kept alive by the caller until the handle completes."},
+     "then gives None for the Buffer); kept alive by the caller until the handle completes. "
+     "into=None with into_shape: an out= the caller fills. A message of another type than "
+     "into_dtype x into_shape is refused: its sender's op raises ValueError too."},
     {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
      "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'nccl' (ncclSend/ncclRecv: "
      "another host, or HVD_GPU_PATH=nccl), 'ipc' (CUDA IPC, a rank of this host), 'staged' "

@@ -16,7 +16,8 @@
 //      writes nothing for HVD_TIMEOUT also fails the rank: its frame is half written and the
 //      connection cannot be used again (a stopped peer). A receive that gets no byte from its
 //      peer for HVD_TIMEOUT fails alone, naming the peer and tag; its message, if it comes
-//      later, waits for the next receive of that tag.
+//      later, waits for the next receive of that tag. A receive given out= refuses a message
+//      of another dtype or shape, and its sender raises too (Note [Refused messages]).
 //   E. A blocking send or receive (submitted for an at-once wait) is driven by its caller
 //      (Note [Caller drives]): the loop thread is not woken, the caller's passes write the
 //      frame or read the socket for up to its spin budget, then it blocks and the loop thread
@@ -48,15 +49,11 @@ namespace hvd::runtime {
 
 using common::Status;
 
-namespace {
-
-std::string seconds(double s) {  // 30 -> "30", 0.5 -> "0.5"
+std::string PeerOps::seconds(double s) {
   common::Text os;
   os << s;
   return os.str();
 }
-
-}  // namespace
 
 std::string PeerOps::what(const char* kind, int peer, int64_t tag) {
   return std::string(kind) + (kind[0] == 's' ? " to rank " : " from rank ") +
@@ -69,6 +66,7 @@ PeerOps::PeerOps(transport::Mesh& mesh, HandleTable& handles, SubmissionQueue& q
     : mesh_(mesh), handles_(handles), queue_(queue), metrics_(metrics), timeline_(timeline),
       timeout_(timeout_seconds), cuda_ipc_(cuda_ipc), nccl_demanded_(nccl_demanded),
       peers_(static_cast<size_t>(mesh.size())), readable_(static_cast<size_t>(mesh.size()), 0),
+      read_early_(static_cast<size_t>(mesh.size()), 0),
       closed_(static_cast<size_t>(mesh.size()), 0),
       device_(queue.wakeFd(), timeout_seconds, host_copies_),
       nccl_(mesh, queue.wakeFd(), timeout_seconds, host_copies_),
@@ -134,6 +132,7 @@ Status PeerOps::submitRecv(const PeerRecv& recv, bool caller_waits, bool wake,
   op.device = recv.device;
   op.on_device = recv.on_device && recv.device >= 0;
   op.into = recv.into;
+  op.expects = recv.expects || recv.into != nullptr;
   op.dtype = recv.into_dtype;
   op.shape = recv.into_shape;
   return submit(std::move(op), caller_waits, wake, handle);
@@ -185,18 +184,39 @@ Status PeerOps::submit(Op op, bool caller_waits, bool wake, int64_t* handle) {
   return Status::ok();
 }
 
-void PeerOps::takeSubmitted() {
+Status PeerOps::takeSubmitted(bool* moved) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     taking_.swap(submitted_);
     submissions_waiting_.store(false, std::memory_order_relaxed);
   }
-  if (taking_.empty()) return;
+  if (taking_.empty()) return Status::ok();
   const Clock::time_point now = Clock::now();
+  // Note [Refused messages] C: a refusal already here fails the peer's next op, so what its
+  // channel holds is read first (the receives being taken may be written into: A of Note
+  // [Receive into out] finds them in taking_).
+  for (const Op& op : taking_) {
+    if (!open(op.peer) || (readable_[op.peer] == 0 &&
+                           !mesh_.peerChannel(op.peer)->hasIncoming())) {
+      continue;
+    }
+    bool read = false;
+    const Status status = readPeer(op.peer, now, &read);
+    read_early_[op.peer] = 1;
+    *moved = *moved || read;
+    if (!status.isOk()) {
+      failTaken(status);
+      return status;
+    }
+  }
   for (Op& op : taking_) {
     op.since = now;
     startSpan(op);
     PerPeer& p = peers_[op.peer];
+    if (op.is_send && !p.refused.isOk()) {  // Note [Refused messages] C
+      fail(op, failureOf(op, takeRefusal(p)));
+      continue;
+    }
     if (op.is_send && op.device >= 0) {
       stageDeviceSend(op);
     } else if (op.is_send) {
@@ -205,6 +225,7 @@ void PeerOps::takeSubmitted() {
       frame.dtype = op.dtype;
       frame.shape = op.shape;
       transport::peerPayloadBytes(op.dtype, op.shape, &frame.bytes);
+      noteSent(op);
       mesh_.peerChannel(op.peer)->send(frame, op.data, static_cast<uint64_t>(op.handle));
       p.sending.push_back(std::move(op));
     } else {
@@ -214,12 +235,18 @@ void PeerOps::takeSubmitted() {
     }
   }
   taking_.clear();
+  for (PerPeer& p : peers_) {  // C: a receive that did not get its message at once
+    if (!p.refused.isOk()) settleRefusal(p);
+  }
+  return Status::ok();
 }
 
 Status PeerOps::progress(bool* moved) {
   // A pass of a host's small collectives comes here too: no lock and no clock while no
   // point-to-point op exists (a message arriving unasked needs neither).
-  if (submissions_waiting_.load(std::memory_order_acquire)) takeSubmitted();
+  if (submissions_waiting_.load(std::memory_order_acquire)) {
+    HVD_RETURN_IF_ERROR(takeSubmitted(moved));
+  }
   HVD_RETURN_IF_ERROR(progressDevice());
   HVD_RETURN_IF_ERROR(progressNccl());
   bool timed = false;  // an op whose HVD_TIMEOUT runs (the only readers of `now`)
@@ -260,6 +287,10 @@ Status PeerOps::flushPeer(int peer, Clock::time_point now, bool* wrote) {
       p.resends.pop_front();
       continue;
     }
+    if (sent_[k] == kRefusalId) {
+      p.refusals.pop_front();
+      continue;
+    }
     Op& op = p.sending.front();
     HVD_CHECK_EQ(sent_[k], static_cast<uint64_t>(op.handle));
     if (op.device >= 0 && !op.copied) {
@@ -282,6 +313,8 @@ Status PeerOps::flushPeer(int peer, Clock::time_point now, bool* wrote) {
 Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   transport::PeerChannel& channel = *mesh_.peerChannel(peer);
   PerPeer& p = peers_[peer];
+  const bool read_early = read_early_[peer] != 0;
+  read_early_[peer] = 0;
   // Nothing to write, read or time out with this peer: every pass of a host's small
   // collectives (Note [One round]) comes here for each peer.
   if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
@@ -290,16 +323,26 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   }
   bool wrote = false, read = false;
   HVD_RETURN_IF_ERROR(flushPeer(peer, now, &wrote));
-  received_.clear();
-  Status received = Status::ok();
   // A ring is read whenever it has bytes (Note [Point-to-point over shm] A); a socket when it
-  // polled readable or a receive waits on it.
-  const bool socket_readable = readable_[peer] != 0;
-  if (socket_readable || channel.hasIncoming() ||
-      (!p.receiving.empty() && !channel.onSharedMemory())) {
-    readable_[peer] = 0;
-    received = channel.receive(&received_, &read, socket_readable);
+  // polled readable or a receive waits on it (unless takeSubmitted just read it).
+  if (readable_[peer] != 0 || channel.hasIncoming() ||
+      (!p.receiving.empty() && !channel.onSharedMemory() && !read_early)) {
+    HVD_RETURN_IF_ERROR(readPeer(peer, now, &read));
   }
+  // Note [Refused messages] A: a refusal a match queued goes now, not on the next pass
+  if (!p.refusals.empty()) HVD_RETURN_IF_ERROR(flushPeer(peer, now, &wrote));
+  timeOut(p, now);
+  *moved = *moved || wrote || read || !sent_.empty();
+  return Status::ok();
+}
+
+Status PeerOps::readPeer(int peer, Clock::time_point now, bool* read) {
+  transport::PeerChannel& channel = *mesh_.peerChannel(peer);
+  PerPeer& p = peers_[peer];
+  received_.clear();
+  const bool socket_readable = readable_[peer] != 0;
+  readable_[peer] = 0;
+  const Status received = channel.receive(&received_, read, socket_readable);
   // Messages completed before an error (a peer that sent, then exited) are kept first, so
   // failAll frees them.
   Status stored = Status::ok();
@@ -313,13 +356,12 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   metrics_.countP2pSplit(split.sent, split.received, split.refused);
   HVD_RETURN_IF_ERROR(stored);
   HVD_RETURN_IF_ERROR(received);
-  if (read) {  // the peer is alive and moving: a split send waits for its answers meanwhile
+  if (*read) {  // the peer is alive and moving: a split send waits for its answers meanwhile
     for (Op& op : p.receiving) op.since = now;
     for (Op& op : p.sending) op.since = now;
   }
   if (arrived) match(p);
-  timeOut(p, now);
-  *moved = *moved || wrote || read || !sent_.empty();
+  if (!p.refused.isOk()) settleRefusal(p);  // Note [Refused messages] B
   return Status::ok();
 }
 
@@ -337,11 +379,12 @@ Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
     return Status::ok();
   }
   if (frame.kind == transport::PeerFrameKind::kDeviceResend) return resent(p, std::move(message));
+  if (frame.kind == transport::PeerFrameKind::kRefused) return refusedBy(peer, p, message);
   if (frame.kind == transport::PeerFrameKind::kNcclId ||
       frame.kind == transport::PeerFrameKind::kDeviceNccl) {
     return arriveNccl(peer, p, std::move(message));
   }
-  Arrived arrived{frame.tag, {}, {}, 0, nullptr};
+  Arrived arrived{frame.tag, {}, {}, 0, nullptr, p.arrived_messages++};
   if (frame.kind == transport::PeerFrameKind::kDevice) {
     uint64_t tensor_bytes = 0;
     transport::peerPayloadBytes(frame.dtype, frame.shape, &tensor_bytes);
@@ -367,6 +410,7 @@ void PeerOps::match(PerPeer& p) {
       continue;
     }
     const transport::PeerPayload& payload = m->message.payload;
+    if (r->expects) refuseIfUnfit(*r, *m);  // Note [Refused messages] A
     if (m->message.frame.kind == transport::PeerFrameKind::kDevice) {
       HVD_CHECK(!r->bound);  // Note [Receive into out] A: host messages only
       startDeviceRead(p, std::move(*r), std::move(*m));
@@ -386,6 +430,10 @@ void PeerOps::match(PerPeer& p) {
 }
 
 void PeerOps::completeSend(const Op& op) {
+  if (!op.refusal.isOk()) {  // Note [Refused messages] B: its tensor is free now
+    fail(op, op.refusal);
+    return;
+  }
   uint64_t bytes = 0;
   transport::peerPayloadBytes(op.dtype, op.shape, &bytes);
   metrics_.countP2p(/*sent=*/true, bytes);
@@ -411,39 +459,6 @@ void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
   handles_.complete(op.handle, Status::ok(), std::move(result));
 }
 
-void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
-  for (auto r = p.reading.begin(); r != p.reading.end();) {  // G: a resend that never came
-    if (!r->awaiting_resend || now - r->since <= timeout_) {
-      ++r;
-      continue;
-    }
-    const Status timed_out = common::timedOut(
-        what("recv", r->peer, r->tag) + ": the CUDA tensor it refused was not resent through "
-        "host memory within " + seconds(timeout_.count()) + " s (HVD_TIMEOUT)");
-    listen(-1);
-    fail(*r, timed_out);
-    r = p.reading.erase(r);
-  }
-  for (auto r = p.receiving.begin(); r != p.receiving.end();) {
-    if (now - r->since <= timeout_) {
-      ++r;
-      continue;
-    }
-    const Status timed_out = common::timedOut(
-        what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
-        seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, "
-        "stuck, or never sends this tag");
-    endSpan(*r, timed_out);
-    listen(-1);
-    const Op gone = std::move(*r);
-    r = p.receiving.erase(r);
-    // Note [Receive into out] C: after the erase, so it may bind the next; before the
-    // completion, after which the caller may reuse or free its `out`
-    unbind(gone);
-    handles_.complete(gone.handle, timed_out);
-  }
-}
-
 // Spans are named like the pending list's entries ("send to rank 1, tag 5"), one track per
 // (peer, tag) and direction; the name is built only while a timeline records.
 void PeerOps::startSpan(Op& op) {
@@ -465,7 +480,7 @@ bool PeerOps::idle() const {
   if (device_.busy() || nccl_.busy()) return false;
   for (const PerPeer& p : peers_) {
     if (!p.sending.empty() || !p.receiving.empty() || !p.staged.empty() || !p.reading.empty() ||
-        !p.receipts.empty() || !p.resends.empty()) {
+        !p.receipts.empty() || !p.resends.empty() || !p.refusals.empty()) {
       return false;
     }
   }
@@ -555,33 +570,6 @@ void PeerOps::markDoorbell(uint32_t bit, bool on) {
 void PeerOps::listen(int delta) {
   if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
     bell->listening.fetch_add(static_cast<uint32_t>(delta), std::memory_order_seq_cst);
-  }
-}
-
-void PeerOps::failAll(const Status& status) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (failure_.isOk()) failure_ = status;
-    taking_.swap(submitted_);
-    if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
-      bell->listening.store(0, std::memory_order_seq_cst);  // none opens again (failure_)
-    }
-  }
-  failTaken(status);
-  device_.abandon();  // Note [Device point-to-point] F: before the tensors go
-  nccl_.abandon();    // Note [NCCL point-to-point] F
-  restaging_.clear();
-  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
-    PerPeer& p = peers_[peer];
-    if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
-    std::deque<Op> receiving = takeReceives(p);
-    for (const auto* ops : {&p.sending, &p.staged, &receiving, &p.reading}) {
-      for (const Op& op : *ops) {
-        endSpan(op, status);
-        handles_.complete(op.handle, failureOf(op, status));
-      }
-    }
-    p = PerPeer();
   }
 }
 

@@ -48,13 +48,16 @@ struct PeerSend {
 // host; its result stays there when `on_device`, else it lands in host memory.
 // `into` (host memory, null: none) may take a host message of exactly `into_dtype` x
 // `into_shape`, written there with no copy in between; it must stay valid until the handle
-// completes (Note [Receive into out] in peer_ops_into.cc).
+// completes (Note [Receive into out] in peer_ops_into.cc). `expects` (set with `into`, or
+// alone for an out= the core cannot write): the caller fills an out= of into_dtype x
+// into_shape, so a message of another type is refused (Note [Refused messages]).
 struct PeerRecv {
   int peer = -1;
   int64_t tag = 0;
   int device = -1;
   bool on_device = false;
   uint8_t* into = nullptr;
+  bool expects = false;
   common::DataType into_dtype = common::DataType::kUint8;
   std::vector<int64_t> into_shape;
 };
@@ -152,6 +155,9 @@ class PeerOps {
     bool awaiting_resend = false;  // a CUDA receive refused (Note [Device point-to-point] G)
     uint64_t sequence = 0;         // ... of this device message; an NCCL receive's slot
     bool by_nccl = false;          // Note [NCCL point-to-point]
+    bool expects = false;          // a receive: refuses a message not of dtype x shape
+    uint64_t ordinal = 0;          // a send: its message's number to its peer
+    common::Status refusal;        // a send in flight that was refused: fails with it
     Clock::time_point since;  // posted, or last progress on its channel
     std::string span;         // its timeline span's name; empty when none was recorded
   };
@@ -161,6 +167,7 @@ class PeerOps {
     transport::DeviceMessage device;  // a kDevice message's
     uint64_t slot = 0;                      // a kDeviceNccl message's (its ncclRecv)
     std::shared_ptr<OutputBuffer> nccl_bytes;  // ... once that finished
+    uint64_t ordinal = 0;  // its number among the peer's messages (Note [Refused messages])
   };
   struct PerPeer {
     std::deque<Op> sending;      // queued on the channel, in order
@@ -170,22 +177,33 @@ class PeerOps {
     std::deque<Arrived> arrived;  // unmatched messages, in arrival order
     std::deque<std::string> receipts;  // kDeviceRead payloads queued on the channel, in order
     std::deque<std::shared_ptr<OutputBuffer>> resends;  // kDeviceResend payloads, in order
+    // Note [Refused messages]: kRefused payloads queued, in order; messages sent and arrived
+    // (kHost, kDevice, kDeviceNccl); a refusal that waits for the next op, and how many more
+    std::deque<std::string> refusals;
+    uint64_t sent_messages = 0, arrived_messages = 0;
+    common::Status refused;
+    uint64_t refused_more = 0;
+    bool refused_in_flight = false;  // ... and the refused send raises it itself
   };
 
   // The ids under which a receipt's and a resend's frames are queued, and the ids of resend
   // copies (handles are positive and smaller).
   static constexpr uint64_t kReceiptId = ~uint64_t{0};
   static constexpr uint64_t kResendId = ~uint64_t{0} - 1;
+  static constexpr uint64_t kRefusalId = ~uint64_t{0} - 2;
   static constexpr uint64_t kRestageBit = uint64_t{1} << 62;
   // "send to rank 1 (tag 5)", "recv from rank 0 (tag 5)": errors and spans name ops so.
   static std::string what(const char* kind, int peer, int64_t tag);
+  static std::string seconds(double s);  // 30 -> "30", 0.5 -> "0.5"
   // A failure that ends `op` (a lost peer, abort, shutdown) as its caller sees it: prefixed
   // with what(op), unless the cause already names that op (its own timeout).
   static common::Status failureOf(const Op& op, const common::Status& status);
 
   common::Status submit(Op op, bool caller_waits, bool wake, int64_t* handle);
-  void takeSubmitted();
+  common::Status takeSubmitted(bool* moved);
   common::Status progressPeer(int peer, Clock::time_point now, bool* moved);
+  // Reads what `peer`'s channel has, files it (arrive) and matches it.
+  common::Status readPeer(int peer, Clock::time_point now, bool* read);
   void match(PerPeer& p);
   void completeRecv(const Op& op, transport::PeerMessage message);
   // Note [Receive into out] (peer_ops_into.cc): where an arriving payload goes, and the way
@@ -200,6 +218,12 @@ class PeerOps {
   // submissions taken under the lock) with `status`; takeReceives empties p.receiving.
   void failTaken(const common::Status& status);
   std::deque<Op> takeReceives(PerPeer& p);
+  // Note [Refused messages] (peer_ops_into.cc): the receiver's side (A), the sender's (B, C).
+  void refuseIfUnfit(const Op& receive, const Arrived& message);
+  common::Status refusedBy(int peer, PerPeer& p, const transport::PeerMessage& message);
+  void settleRefusal(PerPeer& p);  // B, C: after a read's matches, and after a take
+  common::Status takeRefusal(PerPeer& p);  // the waiting refusal, as raised; spent
+  void noteSent(Op& op) { op.ordinal = peers_[op.peer].sent_messages++; }
   // The CUDA messages (peer_ops_device.cc, Note [Device point-to-point]).
   void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
@@ -249,6 +273,7 @@ class PeerOps {
   // The loop's (under progress_).
   std::vector<PerPeer> peers_;
   std::vector<uint8_t> readable_;  // by peer: markReadable since the last read
+  std::vector<uint8_t> read_early_;  // by peer: takeSubmitted read it in this pass
   bool shutting_down_ = false;     // F
   std::vector<uint8_t> closed_;    // by peer: its connection failed while shutting down (F)
   bool moved_since_taken_ = false;

@@ -40,6 +40,7 @@ void PeerOps::stageDeviceSend(Op& op) {
   frame.shape = op.shape;
   frame.bytes = transport::kDeviceMessageBytes;
   op.payload = std::make_shared<const std::string>(transport::encodeDeviceMessage(message));
+  noteSent(op);  // Note [Refused messages]
   mesh_.peerChannel(op.peer)->send(frame, op.payload->data(), static_cast<uint64_t>(op.handle));
   peers_[op.peer].sending.push_back(std::move(op));
 }

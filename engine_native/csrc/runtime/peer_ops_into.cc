@@ -1,5 +1,5 @@
 // Where PeerOps's received payloads go (runtime/peer_ops.h): an output the core reuses, or the
-// memory a posted receive brought (out=).
+// memory a posted receive brought (out=); and the refusal of a message that does not fit out=.
 //
 // Note [Received payloads]
 // A message lands in an output the core reuses (hostOutput, Note [Host output reuse]) up to
@@ -28,10 +28,47 @@
 //      next posted receive of the tag, by A) and never writes `into` again, whose owner may
 //      reuse it at once. What was written there stays: a failed receive leaves out partly
 //      written, as MPI leaves a failed receive's buffer undefined.
+//
+// Note [Refused messages]
+// A receive given out= whose message had another dtype or shape raised on the receiving rank
+// alone: the send had completed, and its rank went on — a pipeline stage then waited for an
+// answer that never came, until HVD_TIMEOUT, with no word of why. Now the refusal goes back,
+// at no cost while types fit (no frame, no round trip):
+//   A. The receiver. A receive that carries its out='s dtype and shape (`expects`: the binding
+//      passes them for every out=, with `into` where the core can write it, alone for one it
+//      cannot: strided, on a CUDA device, empty) takes its message and completes exactly as
+//      before: the binding raises ValueError naming both types, the message is consumed, the
+//      next op is unaffected. When the types differ, match() also queues a kRefused frame on
+//      the same channel as the message (the pair's authenticated connection or ring; written
+//      in that pass): the message's tag, its ordinal (how many kHost, kDevice and kDeviceNccl
+//      messages of that sender came before it: both ranks count them in the one stream's
+//      order) and the reason, "it is float32 (4,), the tensor to fill is float64 (4,)". A CUDA
+//      message is still read as before (its receipt, its ncclRecv): no device protocol changes.
+//   B. The sender reads it (bounded, printable: checked, else the frame is malformed) as a
+//      ValueError "send to rank R (tag T): rank R refused the message: <reason>". The send of
+//      that ordinal, if still in flight (frame partly written, split copy unanswered, CUDA copy
+//      running), fails with it when it would have completed: only then is its tensor the
+//      caller's again. And every receive from R already posted and still without its message
+//      after that read fails with it at once, unbound first (Receive into out C): a "send, then
+//      receive the answer" raises within HVD_TIMEOUT, not later; a message of theirs that
+//      comes later waits for the next receive of its tag, as after a timeout.
+//   C. When neither took it (the send had completed, no receive waited), it waits on R and
+//      fails the next send to R, or the next receives from R that do not get their message as
+//      they are posted; then it is spent and later ops go on. More refusals meanwhile add a
+//      count to its text. A refusal already in R's ring, or in its socket when that polled
+//      readable, is read before new ops to R are taken (takeSubmitted), so an op submitted
+//      after the refusal reached this rank fails with it; one submitted before may not.
+//   D. Shutdown (Point-to-point F): a refusal that arrives meanwhile still fails the refused
+//      send if in flight, and is dropped otherwise (posted receives failed already, no new op
+//      starts); failAll forgets one that waits, with the rest of PerPeer. A receiver writes
+//      its refusals until its loop ends, as its receipts.
+#include <algorithm>
 #include <deque>
 #include <memory>
+#include <string>
 #include <utility>
 
+#include "common/dtype.h"
 #include "runtime/host_output_pool.h"
 #include "runtime/peer_ops.h"
 
@@ -62,6 +99,14 @@ bool matchable(transport::PeerFrameKind kind) {
          kind == transport::PeerFrameKind::kDeviceNccl;
 }
 
+std::string typeText(common::DataType dtype, const std::vector<int64_t>& shape) {
+  std::string out = std::string(common::dataTypeName(dtype)) + " (";  // "float32 (4,)"
+  for (size_t k = 0; k < shape.size(); ++k) {
+    out += (k > 0 ? ", " : "") + std::to_string(shape[k]);
+  }
+  return out + (shape.size() == 1 ? ",)" : ")");
+}
+
 }  // namespace
 
 transport::PeerPayload PeerOps::payloadFor(void* self, int peer,
@@ -79,14 +124,19 @@ transport::PeerPayload PeerOps::bindOrAllocate(int peer, const transport::PeerFr
   for (const transport::PeerMessage& m : received_) {
     ahead += matchable(m.frame.kind) && m.frame.tag == frame.tag ? 1 : 0;
   }
-  // The posted receives in order: those a pass took, then those submitted since (a caller may
-  // submit while the loop thread's pass reads: A's receive is then still in submitted_).
+  // The posted receives in order: those a pass took, those being taken (takeSubmitted reads
+  // first: Note [Refused messages] C), then those submitted since (a caller may submit while
+  // the loop thread's pass reads: A's receive is then still in submitted_).
   Op* taker = nullptr;
   for (Op& r : p.receiving) {
     if (r.tag == frame.tag && ahead-- == 0) {
       taker = &r;
       break;
     }
+  }
+  for (size_t k = 0; taker == nullptr && k < taking_.size(); ++k) {
+    Op& r = taking_[k];
+    if (!r.is_send && r.peer == peer && r.tag == frame.tag && ahead-- == 0) taker = &r;
   }
   std::unique_lock<std::mutex> lock(mutex_, std::defer_lock);
   if (taker == nullptr) {
@@ -132,6 +182,85 @@ std::deque<PeerOps::Op> PeerOps::takeReceives(PerPeer& p) {
   receiving.swap(p.receiving);
   for (const Op& op : receiving) unbind(op);
   return receiving;
+}
+
+// Note [Refused messages] A.
+void PeerOps::refuseIfUnfit(const Op& receive, const Arrived& message) {
+  const transport::PeerFrame& frame = message.message.frame;
+  if (frame.dtype == receive.dtype && frame.shape == receive.shape) return;
+  if (!open(receive.peer)) return;
+  PerPeer& p = peers_[receive.peer];
+  p.refusals.push_back(transport::encodeRefusal(
+      message.ordinal, "it is " + typeText(frame.dtype, frame.shape) +
+                           ", the tensor to fill is " + typeText(receive.dtype, receive.shape)));
+  transport::PeerFrame refusal;
+  refusal.kind = transport::PeerFrameKind::kRefused;
+  refusal.tag = frame.tag;
+  refusal.bytes = p.refusals.back().size();
+  mesh_.peerChannel(receive.peer)->send(refusal, p.refusals.back().data(), kRefusalId);
+}
+
+// B: the refused send, if in flight, is marked; settleRefusal, after the read's matches, fails
+// the receives still posted (not here: a later message of this read may be bound to one).
+common::Status PeerOps::refusedBy(int peer, PerPeer& p, const transport::PeerMessage& message) {
+  uint64_t ordinal = 0;
+  std::string reason;
+  HVD_RETURN_IF_ERROR(transport::decodeRefusal(message.payload.data, message.frame.bytes,
+                                               &ordinal, &reason));
+  const int64_t tag = message.frame.tag;
+  const common::Status refusal = common::invalidArgument(
+      what("send", peer, tag) + ": rank " + std::to_string(peer) + " refused the message: " +
+      reason);
+  auto refused = [ordinal, tag](const Op& op) {
+    return op.ordinal == ordinal && op.tag == tag && op.refusal.isOk();
+  };
+  bool in_flight = false;
+  for (std::deque<Op>* sends : {&p.sending, &p.staged}) {
+    auto s = std::find_if(sends->begin(), sends->end(), refused);
+    if (s == sends->end()) continue;
+    s->refusal = refusal;
+    in_flight = true;
+    break;
+  }
+  if (shutting_down_) return common::Status::ok();  // D
+  if (p.refused.isOk()) {
+    p.refused = refusal;
+    p.refused_more = 0;
+    p.refused_in_flight = in_flight;
+  } else if (!in_flight) {
+    ++p.refused_more;
+    p.refused_in_flight = false;
+  }
+  return common::Status::ok();
+}
+
+// B, C: every receive still posted (none has a whole message bound to it: match() took those)
+// fails with the refusal; with none, it waits for the next op unless its send raises it.
+void PeerOps::settleRefusal(PerPeer& p) {
+  if (p.receiving.empty()) {
+    if (p.refused_in_flight) {
+      p.refused = common::Status::ok();
+      p.refused_more = 0;
+    }
+    return;
+  }
+  const common::Status refusal = takeRefusal(p);
+  for (const Op& op : takeReceives(p)) {  // unbound before their completion (Receive into C)
+    listen(-1);
+    fail(op, failureOf(op, refusal));
+  }
+}
+
+common::Status PeerOps::takeRefusal(PerPeer& p) {
+  std::string text = p.refused.message();
+  if (p.refused_more > 0) {
+    text += " (and " + std::to_string(p.refused_more) + " later message" +
+            (p.refused_more > 1 ? "s were" : " was") + " refused too)";
+  }
+  p.refused = common::Status::ok();
+  p.refused_more = 0;
+  p.refused_in_flight = false;
+  return common::Status(common::Code::kInvalidArgument, text);
 }
 
 }  // namespace hvd::runtime

@@ -38,6 +38,7 @@ void PeerOps::stageNcclSend(Op& op) {
   frame.dtype = op.dtype;
   frame.shape = op.shape;
   frame.bytes = 0;
+  noteSent(op);  // Note [Refused messages]
   channel->send(frame, nullptr, static_cast<uint64_t>(op.handle));
   p.sending.push_back(std::move(op));  // completes once written and NCCL took its bytes
 }
@@ -53,7 +54,7 @@ Status PeerOps::arriveNccl(int peer, PerPeer& p, transport::PeerMessage message)
   if (bytes == 0) {
     return common::internalError("malformed point-to-point frame: an empty CUDA tensor by NCCL");
   }
-  Arrived arrived{frame.tag, {}, {}, 0, nullptr};
+  Arrived arrived{frame.tag, {}, {}, 0, nullptr, p.arrived_messages++};
   HVD_RETURN_IF_ERROR(nccl_.arrived(peer, bytes, what("recv", peer, frame.tag), &arrived.slot));
   if (shutting_down_) return Status::ok();  // Note [Point-to-point] F: its bytes are dropped
   arrived.message = std::move(message);

@@ -1,4 +1,5 @@
-// PeerOps while its rank shuts down (runtime/peer_ops.h): Note [Point-to-point] F.
+// How PeerOps's ops end other than by their message (runtime/peer_ops.h): the rank shutting
+// down (Note [Point-to-point] F), HVD_TIMEOUT (D) and the loop's failure.
 #include "runtime/peer_ops.h"
 
 #include <utility>
@@ -61,6 +62,66 @@ void PeerOps::closePeer(int peer, const Status& status) {
   // Copies still running for this peer (a staged send's, a restaged message's) finish into
   // nothing: progressDevice finds no op for them, and completeResend drops a closed peer's.
   p = PerPeer();
+}
+
+void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
+  for (auto r = p.reading.begin(); r != p.reading.end();) {  // G: a resend that never came
+    if (!r->awaiting_resend || now - r->since <= timeout_) {
+      ++r;
+      continue;
+    }
+    const Status timed_out = common::timedOut(
+        what("recv", r->peer, r->tag) + ": the CUDA tensor it refused was not resent through "
+        "host memory within " + seconds(timeout_.count()) + " s (HVD_TIMEOUT)");
+    listen(-1);
+    fail(*r, timed_out);
+    r = p.reading.erase(r);
+  }
+  for (auto r = p.receiving.begin(); r != p.receiving.end();) {
+    if (now - r->since <= timeout_) {
+      ++r;
+      continue;
+    }
+    const Status timed_out = common::timedOut(
+        what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
+        seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, "
+        "stuck, or never sends this tag");
+    endSpan(*r, timed_out);
+    listen(-1);
+    const Op gone = std::move(*r);
+    r = p.receiving.erase(r);
+    // Note [Receive into out] C: after the erase, so it may bind the next; before the
+    // completion, after which the caller may reuse or free its `out`
+    unbind(gone);
+    handles_.complete(gone.handle, timed_out);
+  }
+}
+
+void PeerOps::failAll(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_.isOk()) failure_ = status;
+    taking_.swap(submitted_);
+    if (transport::shm::Doorbell* bell = mesh_.peerDoorbell()) {
+      bell->listening.store(0, std::memory_order_seq_cst);  // none opens again (failure_)
+    }
+  }
+  failTaken(status);
+  device_.abandon();  // Note [Device point-to-point] F: before the tensors go
+  nccl_.abandon();    // Note [NCCL point-to-point] F
+  restaging_.clear();
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    PerPeer& p = peers_[peer];
+    if (transport::PeerChannel* channel = mesh_.peerChannel(peer)) channel->dropOutbox();
+    std::deque<Op> receiving = takeReceives(p);
+    for (const auto* ops : {&p.sending, &p.staged, &receiving, &p.reading}) {
+      for (const Op& op : *ops) {
+        endSpan(op, status);
+        handles_.complete(op.handle, failureOf(op, status));
+      }
+    }
+    p = PerPeer();
+  }
 }
 
 }  // namespace hvd::runtime

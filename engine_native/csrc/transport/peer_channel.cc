@@ -332,7 +332,8 @@ Status PeerChannel::parse(std::vector<PeerMessage>* out) {
         return Status(s.code(), s.message() + " (from rank " + std::to_string(peer_) + ")");
       }
       inbox_begin_ += header_bytes_;
-      if (incoming_.frame.kind >= PeerFrameKind::kSplitOffer) {
+      if (incoming_.frame.kind >= PeerFrameKind::kSplitOffer &&
+          incoming_.frame.kind <= PeerFrameKind::kSplitReadAll) {
         stage_ = Stage::kControl;  // Note [Split copy]: a small payload, taken from the inbox
       } else {
         HVD_RETURN_IF_ERROR(startPayload());

@@ -45,7 +45,7 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
   if (!in.u8(&kind)) return bad(in.error());
-  if (kind > static_cast<uint8_t>(PeerFrameKind::kSplitReadAll)) {
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kRefused)) {
     return bad("unknown kind " + std::to_string(kind));
   }
   out->kind = static_cast<PeerFrameKind>(kind);
@@ -81,6 +81,14 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
     expected = out->kind == PeerFrameKind::kSplitAccept ? kSplitEndpointBytes
                : out->kind == PeerFrameKind::kSplitDone ? kSplitDoneBytes
                                                         : 0;
+  } else if (out->kind == PeerFrameKind::kRefused) {
+    if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag < 0) {
+      return bad("a refusal with dims, a dtype or a negative tag");
+    }
+    if (out->bytes <= kDeviceReadBytes || out->bytes > kDeviceReadBytes + kMaxRefusalTextBytes) {
+      return bad("a refusal of " + std::to_string(out->bytes) + " bytes");
+    }
+    expected = out->bytes;  // the payload's own decoder checks the rest
   } else if (out->kind == PeerFrameKind::kDeviceResend &&
              (out->shape.size() != 1 || out->dtype != common::DataType::kUint8 ||
               out->tag < 0)) {
@@ -166,6 +174,39 @@ Status decodeSplitEndpoint(const void* data, size_t size, SplitEndpoint* out) {
     return common::internalError("malformed split copy endpoint: pid " +
                                  std::to_string(out->pid));
   }
+  return Status::ok();
+}
+
+std::string encodeRefusal(uint64_t ordinal, const std::string& reason) {
+  std::string out;
+  common::ByteWriter w(&out);
+  w.u64(ordinal);
+  std::string text = reason.empty() ? std::string("no reason given") : reason;
+  if (text.size() > kMaxRefusalTextBytes) text.resize(kMaxRefusalTextBytes);
+  for (char& c : text) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out + text;
+}
+
+Status decodeRefusal(const void* data, size_t size, uint64_t* ordinal, std::string* reason) {
+  const auto bad = [](const std::string& what) {
+    return common::internalError("malformed point-to-point refusal: " + what);
+  };
+  common::ByteReader in(data, size);
+  if (size <= kDeviceReadBytes || size > kDeviceReadBytes + kMaxRefusalTextBytes ||
+      !in.u64(ordinal)) {
+    return bad(std::to_string(size) + " bytes");
+  }
+  const char* text = static_cast<const char*>(data) + kDeviceReadBytes;
+  const size_t length = size - kDeviceReadBytes;
+  for (size_t k = 0; k < length; ++k) {
+    if (text[k] < 0x20 || text[k] > 0x7e) {
+      return bad("byte " + std::to_string(static_cast<unsigned char>(text[k])) +
+                 " in its reason");
+    }
+  }
+  reason->assign(text, length);
   return Status::ok();
 }
 

@@ -34,6 +34,10 @@
 //     which only its own process writes); the sender writes nothing and waits for the Read.
 //     No payload.
 //   Accept, Done, Read and ReadAll: no dims, dtype uint8, tag 0.
+//   kRefused: the receiver took message `ordinal` (the payload's u64: its number among the
+//     sender's kHost, kDevice and kDeviceNccl messages to it, from 0) of tag `tag` (>= 0) into
+//     an out= of another dtype or shape; then `reason`, 1 to kMaxRefusalTextBytes printable
+//     ASCII bytes. No dims, dtype uint8 (Note [Refused messages] in runtime/peer_ops_into.cc).
 #pragma once
 
 #include <cstddef>
@@ -54,7 +58,7 @@ constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 enum class PeerFrameKind : uint8_t {
   kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4, kNcclId = 5,
   kDeviceNccl = 6, kSplitOffer = 7, kSplitAccept = 8, kSplitDone = 9, kSplitRead = 10,
-  kSplitReadAll = 11
+  kSplitReadAll = 11, kRefused = 12
 };
 
 struct PeerFrame {
@@ -93,6 +97,7 @@ struct SplitEndpoint {
 };
 constexpr uint64_t kSplitEndpointBytes = 4 * 8;
 constexpr uint64_t kSplitDoneBytes = 8;
+constexpr uint64_t kMaxRefusalTextBytes = 1024;
 
 
 // The whole frame prefix: u32 header bytes, then the header. The payload follows it.
@@ -119,5 +124,11 @@ common::Status decodeDeviceRead(const void* data, size_t size, uint64_t* sequenc
 std::string encodeSplitEndpoint(const SplitEndpoint& endpoint);
 // kInternal unless `size` is kSplitEndpointBytes and the pid fits a pid_t.
 common::Status decodeSplitEndpoint(const void* data, size_t size, SplitEndpoint* out);
+// A kRefused frame's payload; `reason` is cut to kMaxRefusalTextBytes, its bytes outside
+// printable ASCII made '?'.
+std::string encodeRefusal(uint64_t ordinal, const std::string& reason);
+// kInternal unless `size` is 8 + 1..kMaxRefusalTextBytes and every text byte is printable.
+common::Status decodeRefusal(const void* data, size_t size, uint64_t* ordinal,
+                             std::string* reason);
 
 }  // namespace hvd::transport

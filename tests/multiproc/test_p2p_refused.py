@@ -1,0 +1,102 @@
+"""A message that does not fit the receive's out= (Note [Refused messages] in
+engine_native/csrc/runtime/peer_ops_into.cc): the receiver raises ValueError naming both types,
+as before, and now its sender raises too, naming the receiver, the tag and both types — at once
+in a receive from that rank it is already waiting in (send, then receive the answer), else in
+its next op with that rank (send, then send again). Both APIs (NumPy, torch), over shared
+memory and forced TCP, for a dtype, a shape and a strided out= (which the core cannot write
+itself, so only its type reaches the core). Nothing is lost: both ranks then exchange messages
+and run an allreduce.
+"""
+import numpy as np
+import pytest
+
+from multiproc import checks
+from multiproc.checks import world_kwargs
+from multiproc.harness import run_ranks
+
+# Bounds a broken refusal (a sender left waiting) well inside the harness's timeout.
+TIMEOUT_S = "20"
+
+
+def _api(name):
+    """(send, recv, isend, zeros(shape, dtype name), strided zeros, names of dtypes) of one
+    binding; the strided out= is a column of a (n, 2) array."""
+    if name == "numpy":
+        import engine_native as hvd
+        return (hvd.send, hvd.recv, hvd.isend, lambda shape, dtype: np.zeros(shape, dtype),
+                lambda n, dtype: np.zeros((n, 2), dtype)[:, 0], lambda d: d)
+    import torch
+
+    import engine_native.torch as hvd
+    return (hvd.send, hvd.recv, hvd.isend,
+            lambda shape, dtype: torch.zeros(shape, dtype=getattr(torch, dtype)),
+            lambda n, dtype: torch.zeros((n, 2), dtype=getattr(torch, dtype))[:, 0],
+            lambda d: f"torch.{d}")
+
+
+def _error(call):
+    try:
+        call()
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def refused_suite(transport, api):
+    hvd = checks.init(transport)
+    if api == "torch":
+        import engine_native.torch as th
+        th.init()
+    send, recv, isend, zeros, strided, _ = _api(api)
+    seen = {}
+    if hvd.rank() == 0:
+        # send, then receive the answer: the receive raises the refusal
+        send(zeros(4, "float32") + 1, 1, tag=5)
+        seen["recv after"] = _error(lambda: recv(1, tag=6))
+        # send, then send again: the second send raises it (the refusal came before it)
+        send(zeros(4, "float32") + 1, 1, tag=7)
+        hvd.barrier()
+        seen["send after"] = _error(lambda: send(zeros(2, "float32"), 1, tag=8))
+        # an isend whose wait completes; then a receive
+        isend(zeros(3, "float32") + 2, 1, tag=9).wait()
+        seen["strided"] = _error(lambda: recv(1, tag=10))
+    else:
+        seen["dtype"] = _error(lambda: recv(0, tag=5, out=zeros(4, "float64")))
+        seen["shape"] = _error(lambda: recv(0, tag=7, out=zeros(5, "float32")))
+        hvd.barrier()
+        seen["strided"] = _error(lambda: recv(0, tag=9, out=strided(3, "float64")))
+    # nothing lost: a message each way, a strided out= that fits, and an allreduce
+    peer = 1 - hvd.rank()
+    send(zeros(3, "float32") + 7 + hvd.rank(), peer, tag=11)
+    fits = strided(3, "float32")
+    seen["after"] = [float(v) for v in recv(peer, tag=11, out=fits)]
+    seen["sum"] = float(hvd.allreduce(np.ones(2), op=hvd.Sum)[0])
+    hvd.shutdown()
+    return seen
+
+
+@pytest.mark.parametrize("api", ["numpy", "torch"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_refused_message_raises_on_both_ranks(transport, api):
+    kwargs = world_kwargs(2, transport, env={"HVD_TIMEOUT": TIMEOUT_S})
+    sender, receiver = (r.value for r in run_ranks(refused_suite, 2, args=(transport, api),
+                                                   timeout=120, **kwargs))
+    name = _api(api)[5]
+    out = "out is" if api == "numpy" else "the tensor to fill is"
+    assert receiver == {
+        "dtype": f"recv(from rank 0, tag 5): the message is {name('float32')} (4,), {out} "
+                 f"{name('float64')} (4,)",
+        "shape": f"recv(from rank 0, tag 7): the message is {name('float32')} (4,), {out} "
+                 f"{name('float32')} (5,)",
+        "strided": f"recv(from rank 0, tag 9): the message is {name('float32')} (3,), {out} "
+                   f"{name('float64')} (3,)",
+        "after": [7.0] * 3, "sum": 2.0}, receiver
+    refused = "rank 1 refused the message: it is float32"
+    assert sender == {
+        "recv after": f"recv from rank 1 (tag 6): send to rank 1 (tag 5): {refused} (4,), the "
+                      "tensor to fill is float64 (4,)",
+        "send after": f"send to rank 1 (tag 8): send to rank 1 (tag 7): {refused} (4,), the "
+                      "tensor to fill is float32 (5,)",
+        "strided": f"recv from rank 1 (tag 10): send to rank 1 (tag 9): {refused} (3,), the "
+                   "tensor to fill is float64 (3,)",
+        "after": [8.0] * 3, "sum": 2.0}, sender
