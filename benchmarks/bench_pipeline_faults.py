@@ -22,7 +22,8 @@ each rank's process: a rank that leaves no error and is gone was "killed by the 
 SIGKILLs the stopped rank (as the test's rank 0 does), or at ``--bound`` seconds everything:
 a rank still there then got "no error within N s" and the launch counts as a hang.
 Per case, system and rank: each outcome over the launches, with the time from the fault
-(median, and the range), and whether the first launch's error names stage 1 and which
+(median, and the range; "error, not printed": the rank caught its error but was stopped before
+its traceback reached the launcher's output), and whether the first launch's error names stage 1 and which
 micro-batches it names; then those errors, shortened.
 """
 from __future__ import annotations
@@ -175,6 +176,8 @@ def launch(system: str, mode: str, bound: float, clean_first: bool) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         fault = _read(folder, "fault")
+        with open(os.path.join(folder, "output")) as f:
+            output = f.read()
         ranks = []
         for r in range(NP):
             res = _read(folder, f"result.{r}") or {}
@@ -182,7 +185,8 @@ def launch(system: str, mode: str, bound: float, clean_first: bool) -> dict:
             if "error" in res and (fault is None or res["at"] < fault):
                 ranks.append(("failed before the fault", None, res["error"]))
             elif "error" in res:
-                ranks.append(("error", since(res["at"]), res["error"]))
+                kind = "error" if _printed(res["error"], output) else "error, not printed"
+                ranks.append((kind, since(res["at"]), res["error"]))
             elif "finished" in res:
                 ranks.append(("finished, no error", since(res["finished"]), None))
             elif r == FAULTY and mode in ("kill", "stop") and fault is not None:
@@ -195,11 +199,17 @@ def launch(system: str, mode: str, bound: float, clean_first: bool) -> dict:
             else:
                 ranks.append(("did not start the step" if _read(folder, f"pid.{r}") is None
                               else "no error, the launch ended", None, None))
-        with open(os.path.join(folder, "output")) as f:
-            tail = f.read()[-400:]
-        return {"ranks": ranks, "hung": hung, "faulted": fault is not None, "tail": tail}
+        return {"ranks": ranks, "hung": hung, "faulted": fault is not None,
+                "tail": output[-400:]}
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _printed(error: str, output: str) -> bool:
+    """Whether a rank's error reached the launcher's output (its traceback's last line), or the
+    rank was stopped before it printed it."""
+    message = error.split(": ", 1)[-1].splitlines()[0][:60]
+    return message in output
 
 
 def _names(error) -> str:
@@ -260,7 +270,7 @@ def main() -> None:
             print(f"| {mode} | {label} | {cells} | {names} | {hangs}/{len(results)} |",
                   flush=True)
             errors += [(mode, label, r, e) for r, (kind, _, e) in enumerate(first)
-                       if e and kind == "error"]
+                       if e and kind.startswith("error")]
             for i, res in enumerate(results):
                 early = [(mode, label, r, f"(launch {i + 1}, before the fault) {e}")
                          for r, (kind, _, e) in enumerate(res["ranks"])
