@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/byte_codec.h"
@@ -327,8 +328,32 @@ std::string withoutOffers(const std::string& input) {
   return kept + input.substr(at);
 }
 
+// A kRefused message's payload, which PeerOps decodes on arrival (Note [Refused messages] in
+// runtime/peer_ops_into.cc): a malformed one fails the rank as a malformed header does
+// (rejected); one decoded must encode back to the same bytes. True with *out set when a
+// message decides the outcome.
+bool refusalsDecide(const std::vector<transport::PeerMessage>& messages, Outcome* out) {
+  for (const transport::PeerMessage& m : messages) {
+    if (m.frame.kind != transport::PeerFrameKind::kRefused) continue;
+    uint64_t ordinal = 0;
+    std::string reason;
+    const Status s = transport::decodeRefusal(m.payload.data, m.frame.bytes, &ordinal, &reason);
+    if (!s.isOk()) {
+      *out = s.code() == Code::kInternal ? rejected() : unexpected(s);
+      return true;
+    }
+    const std::string bytes(reinterpret_cast<const char*>(m.payload.data), m.frame.bytes);
+    if (transport::encodeRefusal(ordinal, reason) != bytes) {
+      *out = failed("a refusal encodes back to other bytes");
+      return true;
+    }
+  }
+  return false;
+}
+
 // Point-to-point frames: as the control frames, through PeerChannel::receive. Each message,
-// encoded again (encodePeerHeader + payload), must be a prefix of the input.
+// encoded again (encodePeerHeader + payload), must be a prefix of the input; each refusal's
+// payload decodes (refusalsDecide).
 Outcome peerFrames(const std::string& input) {
   FedSocket sock;
   transport::PeerChannel channel(::dup(sock.fd()), 1);
@@ -352,6 +377,8 @@ Outcome peerFrames(const std::string& input) {
   const std::string again = encodedAgain(messages);
   if (s.isOk()) return failed("the hang-up was never reported");
   if (input.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
+  Outcome refusal;
+  if (refusalsDecide(messages, &refusal)) return refusal;
   if (s.code() == Code::kPeerLost) return again.size() == input.size() ? accepted() : rejected();
   return s.code() == Code::kInternal ? rejected() : unexpected(s);
 }
@@ -389,6 +416,8 @@ Outcome peerFramesShm(const std::string& input) {
   const std::string again = encodedAgain(messages);
   const std::string data = withoutOffers(input);
   if (data.compare(0, again.size(), again) != 0) return failed("messages differ from the bytes");
+  Outcome refusal;
+  if (refusalsDecide(messages, &refusal)) return refusal;
   if (s.isOk()) {
     sock.hangUp();
     s = channel.receive(&messages, &moved, /*socket_readable=*/true);
@@ -410,7 +439,16 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
-      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(12) : 0);
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(13) : 0);
+      if (frame.kind == transport::PeerFrameKind::kRefused) {  // an ordinal and a reason
+        std::string reason = rng.bytes(1 + rng.below(rng.chance(8) ? 1100 : 60));
+        for (char& c : reason) c = static_cast<char>(0x20 + static_cast<unsigned char>(c) % 95);
+        const std::string payload = transport::encodeRefusal(rng.below(100), reason);
+        frame.tag = static_cast<int64_t>(rng.below(1000));
+        frame.bytes = payload.size();
+        s += transport::encodePeerHeader(frame) + payload;
+        continue;
+      }
       if (frame.kind >= transport::PeerFrameKind::kSplitAccept) {  // answers: no dims, tag 0
         frame.bytes = frame.kind == transport::PeerFrameKind::kSplitAccept
                           ? transport::kSplitEndpointBytes
