@@ -5,7 +5,8 @@ in a receive from that rank it is already waiting in (send, then receive the ans
 its next op with that rank (send, then send again). Both APIs (NumPy, torch), over shared
 memory and forced TCP, for a dtype, a shape and a strided out= (which the core cannot write
 itself, so only its type reaches the core). Nothing is lost: both ranks then exchange messages
-and run an allreduce.
+and run an allreduce. Of several sends of one tag in flight, the refusal fails only the one
+refused (or, that one completed, the next op).
 """
 import numpy as np
 import pytest
@@ -100,3 +101,50 @@ def test_a_refused_message_raises_on_both_ranks(transport, api):
         "strided": f"recv from rank 1 (tag 10): send to rank 1 (tag 9): {refused} (3,), the "
                    "tensor to fill is float64 (3,)",
         "after": [8.0] * 3, "sum": 2.0}, sender
+
+
+BIG = 4 << 20  # bytes: a split copy on shared memory (in flight until the receiver has it all)
+
+
+def one_tag_suite(transport):
+    """Three sends of one tag in flight at once; the receiver refuses the middle one (a large
+    message). The refusal names that message's number, so it is raised once: by that send's
+    wait (still in flight), or by the next op submitted after it came (the third send, if the
+    refusal beat its submission; else the send after the receiver refused); the first send
+    completes."""
+    hvd = checks.init(transport)
+    big = np.ones(BIG // 4, np.float32)
+    seen = {}
+    if hvd.rank() == 0:
+        requests = [hvd.isend(np.arange(3.0), 1, tag=3), hvd.isend(big, 1, tag=3),
+                    hvd.isend(np.arange(4.0), 1, tag=3)]
+        seen["waits"] = [_error(r.wait) for r in requests]
+        # tells the receiver whether a third message comes; it refused before this returns
+        hvd.allreduce(np.array([seen["waits"][2] is None], np.int32), op=hvd.Sum)
+        seen["next"] = _error(lambda: hvd.send(np.ones(1), 1, tag=4))
+    else:
+        seen["fits"] = hvd.recv(0, tag=3, out=np.zeros(3)).tolist()
+        seen["misfit"] = _error(lambda: hvd.recv(0, tag=3, out=np.zeros(BIG // 4, np.int32)))
+        if hvd.allreduce(np.zeros(1, np.int32), op=hvd.Sum)[0]:
+            seen["fits too"] = hvd.recv(0, tag=3, out=np.zeros(4)).tolist()
+    seen["sum"] = float(hvd.allreduce(np.ones(2), op=hvd.Sum)[0])
+    hvd.shutdown()
+    return seen
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_the_refusal_names_one_of_several_sends_of_a_tag(transport):
+    kwargs = world_kwargs(2, transport, env={"HVD_TIMEOUT": TIMEOUT_S})
+    sender, receiver = (r.value for r in run_ranks(one_tag_suite, 2, args=(transport,),
+                                                   timeout=120, **kwargs))
+    n = BIG // 4
+    refusal = (f"send to rank 1 (tag 3): rank 1 refused the message: it is float32 ({n},), "
+               f"the tensor to fill is int32 ({n},)")
+    raised = [sender["waits"][1], sender["waits"][2], sender["next"]]
+    assert sender["waits"][0] is None and sorted(raised, key=str) == sorted(
+        [None, None, refusal if sender["next"] is None else f"send to rank 1 (tag 4): {refusal}"],
+        key=str), sender
+    third = {} if sender["waits"][2] else {"fits too": [0.0, 1.0, 2.0, 3.0]}
+    assert receiver == {"fits": [0.0, 1.0, 2.0], "sum": 2.0, **third,
+                        "misfit": f"recv(from rank 0, tag 3): the message is float32 ({n},), "
+                                  f"out is int32 ({n},)"}, receiver
