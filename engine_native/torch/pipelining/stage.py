@@ -28,8 +28,9 @@ class PipelineStage:
     when None), K of them: stage ``s`` lives on the set's ``s % K``-th rank, so ``num_stages``
     is K (one stage per rank) or a multiple of it (``ScheduleInterleaved1F1B``). With
     ``checkpoint=True`` (not in torch's class) the stage keeps only its boundary tensors per
-    micro-batch, its input and its output, and recomputes its activations in the backward
-    (``torch.utils.checkpoint``; ``schedule.count_kept`` counts what it keeps).
+    micro-batch, its input, and its output until that is sent (Note [Sent outputs] in
+    step_run.py), and recomputes its activations in the backward (``torch.utils.checkpoint``;
+    ``schedule.count_kept`` counts what it keeps).
 
     ``device``: where the stage computes, the CPU (default) or a CUDA device holding
     ``submodule``; the activations and gradients it receives arrive there, and those it sends

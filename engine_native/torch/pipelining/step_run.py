@@ -100,6 +100,7 @@ class StepRun:
         self.live = 0                    # (stage, mb) whose activations are held now
         self.peak = 0
         self.kept = kept
+        self.let_go = set()              # (stage, mb) whose output goes once sent
         self.busy = 0.0                  # seconds in this rank's forwards and backwards
         self.spans = []                  # (action, start, end) of each: the dashboard's strip
         self.started = self.ended = None  # the step's perf_counter clock
@@ -176,7 +177,8 @@ class StepRun:
         elif kind == "SEND_F":
             y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
             self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
-            if self.stages[s].checkpoint and torch.is_grad_enabled() and y.requires_grad:
+            if (s, mb) in self.let_go:
+                self.let_go.discard((s, mb))
                 self.y[s, mb] = _SentOutput(y)  # Note [Sent outputs]: y's data goes
                 if self.kept is not None:
                     self.kept.handed_off(s, mb, y)
@@ -223,6 +225,9 @@ class StepRun:
                 self.y[s, mb] = y
             return
         self.y[s, mb] = y
+        if stage.checkpoint and s != self.last_stage and y.requires_grad and \
+                y.untyped_storage().data_ptr() != x.untyped_storage().data_ptr():
+            self.let_go.add((s, mb))  # Note [Sent outputs]
         self.live += 1
         self.peak = max(self.peak, self.live)
 
@@ -262,45 +267,47 @@ class StepRun:
 # A stage under checkpoint=True keeps per micro-batch its input (the checkpoint saved it) and
 # its output, held by the step only to start the backward from: torch.autograd.backward(y, dy)
 # needs y's shape, not its data, and inside the checkpoint nothing saved y (Tanh's saved result
-# is recomputed). So once y is handed to its send, the step keeps a 0-dim anchor instead, an
+# is recomputed). So once y is handed to its send, the step keeps a 0-dim stand-in instead, an
 # autograd Function of y whose backward returns the gradient it is given, and y's data is
 # freed when its send completes (the send's alias is the last reference), as Megatron frees a
 # sent output's data. That halves what such a stage keeps: its input alone per micro-batch.
 # Not done without checkpoint (the stage's own graph may save y: Tanh does, so nothing would
-# be freed), nor on the last stage (the loss holds y) or a stage whose next one is on this rank
-# (that stage's input is y itself).
+# be freed), on the last stage (the loss holds y), for an output that shares its input's
+# storage (nn.Identity, a view: nothing to free), nor where the next stage is on this rank
+# (then there is no send: that stage's input is y itself).
 class _SentOutput:
     """What the step holds for a sent output: ``backward(dy)`` runs the stage's backward from
     the gradient ``dy`` of that output, as torch.autograd.backward(output, dy) would."""
-    __slots__ = ("zero", "grad")
+    __slots__ = ("zero", "box")
 
     def __init__(self, y: torch.Tensor):
-        self.grad = None
-        self.zero = _SeedGradient.apply(y, self)  # 0-dim; y's graph hangs below it
+        self.box = [None]  # dy, for the node's backward (not self: no cycle through the graph)
+        self.zero = _SeedGradient.apply(y, self.box)  # 0-dim; y's graph hangs below it
 
     def backward(self, dy: torch.Tensor) -> None:
-        self.grad = dy
+        self.box[0] = dy
         try:
             self.zero.backward()
         finally:
-            self.zero = self.grad = None
+            self.zero = None
+            self.box[0] = None
 
 
 class _SeedGradient(torch.autograd.Function):
-    """A 0-dim output of ``y`` whose backward hands ``y`` the gradient its holder was given."""
+    """A 0-dim output of ``y`` whose backward hands ``y`` the gradient put in ``box``."""
 
     @staticmethod
-    def forward(ctx, y, holder):
-        ctx.holder = holder
-        ctx.meta = (y.shape, y.dtype, y.device)
+    def forward(ctx, y, box):
+        ctx.box = box
+        ctx.meta = (y.shape, y.device)
         return y.new_zeros(())
 
     @staticmethod
     def backward(ctx, _grad):
-        dy = ctx.holder.grad
-        shape, dtype, device = ctx.meta
-        if dy.shape != shape or dy.dtype != dtype or dy.device != device:
-            raise RuntimeError(f"the gradient received for the stage's output is {dy.dtype} "
-                               f"{tuple(dy.shape)} on {dy.device}; the output was {dtype} "
+        dy = ctx.box[0]
+        shape, device = ctx.meta
+        if dy.shape != shape or dy.device != device:  # (a float dtype is cast, as backward's)
+            raise RuntimeError(f"the gradient received for the stage's output is "
+                               f"{tuple(dy.shape)} on {dy.device}; the output was "
                                f"{tuple(shape)} on {device}")
         return dy, None
