@@ -22,9 +22,9 @@ each rank's process: a rank that leaves no error and is gone was "killed by the 
 SIGKILLs the stopped rank (as the test's rank 0 does), or at ``--bound`` seconds everything:
 a rank still there then got "no error within N s" and the launch counts as a hang.
 Per case, system and rank: each outcome over the launches, with the time from the fault
-(median, and the range; "error, not printed": the rank caught its error but was stopped before
-its traceback reached the launcher's output), and whether the first launch's error names stage 1 and which
-micro-batches it names; then those errors, shortened.
+(median, and the range; "error, not printed": the rank caught its error but was stopped
+before its traceback reached the launcher's output), and whether the first launch's error
+names stage 1 and which micro-batches it names; then those errors, shortened.
 """
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def launch(system: str, mode: str, bound: float, clean_first: bool) -> dict:
 def _printed(error: str, output: str) -> bool:
     """Whether a rank's error reached the launcher's output (its traceback's last line), or the
     rank was stopped before it printed it."""
-    message = error.split(": ", 1)[-1].splitlines()[0][:60]
+    message = (error.split(": ", 1)[-1].splitlines() or [""])[0][:60]
     return message in output
 
 
