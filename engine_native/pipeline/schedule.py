@@ -21,8 +21,9 @@ Schedules (their names are ``torch.distributed.pipelining``'s):
 - ``1f1b``: rank r runs ``min(K - 1 - r, M)`` forwards, then alternates one forward and one
   backward, then the remaining backwards (PipeDream-flush; peak activations K - r).
 - ``interleaved_1f1b``: 1F1B over ``stages_per_rank`` = V > 1 chunks per rank, micro-batches in
-  groups of K per chunk (Megatron's order; needs M to be a multiple of K), bubble
-  (K - 1) / (V M + K - 1) of the step instead of (K - 1) / (M + K - 1).
+  groups of K to 2K - 1 per chunk (Megatron's order, groups of K when K divides M; any M >= 1,
+  Note [Interleaved groups]), bubble (K - 1) / (V M + K - 1) of the step instead of
+  (K - 1) / (M + K - 1) when M >= K.
 - ``forward_only`` (inference): the forwards of ``gpipe``, no backward (with
   ``stages_per_rank`` > 1, a rank's stages one after the other).
 """
@@ -80,11 +81,6 @@ def build(name: str, ranks: int, microbatches: int, stages_per_rank: int = 1) ->
         if stages_per_rank < 2:
             raise ScheduleError("interleaved_1f1b needs stages_per_rank >= 2 (with one stage "
                                 "per rank it is 1f1b; use schedule='1f1b')")
-        if microbatches % ranks:
-            raise ScheduleError(f"interleaved_1f1b runs micro-batches in groups of the pipeline's "
-                                f"{ranks} ranks: microbatches={microbatches} is not a multiple "
-                                f"of {ranks}; use {(microbatches // ranks + 1) * ranks} "
-                                f"micro-batches, or schedule='1f1b'")
     elif stages_per_rank != 1 and name != "forward_only":
         raise ScheduleError(f"{name} places one stage per rank; stages_per_rank="
                             f"{stages_per_rank} needs schedule='interleaved_1f1b'")
@@ -117,24 +113,65 @@ def _one_f_one_b_order(rank, ranks, microbatches, _v):
     return order
 
 
+def interleaved_groups(ranks: int, microbatches: int) -> tuple[int, ...]:
+    """The sizes of interleaved 1F1B's micro-batch groups, in order (Note [Interleaved groups],
+    a): max(1, M // K) groups as equal as can be, the larger first."""
+    count = max(1, microbatches // ranks)
+    size, larger = divmod(microbatches, count)
+    return tuple(size + (g < larger) for g in range(count))
+
+
 def _interleaved_order(rank, ranks, microbatches, chunks):
-    """Megatron's interleaved 1F1B: the k-th forward of a rank takes chunk (k // K) % V of
-    micro-batch (k // (K V)) K + k % K; backwards walk the chunks in reverse. Warm-up:
-    2 (K - 1 - r) + (V - 1) K forwards."""
-    total = microbatches * chunks
-
-    def unit(k: int, forward: bool):
-        chunk = (k // ranks) % chunks
-        if not forward:
-            chunk = chunks - 1 - chunk
-        return rank + chunk * ranks, (k // (ranks * chunks)) * ranks + k % ranks
-
-    warmup = min(2 * (ranks - 1 - rank) + (chunks - 1) * ranks, total)
-    order = [("F", *unit(k, True)) for k in range(warmup)]
+    """Note [Interleaved groups]: the same (stage, micro-batch) units on every rank, group by
+    group; warm-up (V - 1) G + 2 (K - 1 - r) forwards, G the largest group."""
+    groups = interleaved_groups(ranks, microbatches)
+    forwards, backwards, first = [], [], 0
+    for size in groups:
+        batch = range(first, first + size)
+        forwards += [(rank + c * ranks, m) for c in range(chunks) for m in batch]
+        backwards += [(rank + c * ranks, m) for c in reversed(range(chunks)) for m in batch]
+        first += size
+    total = len(forwards)
+    warmup = min((chunks - 1) * groups[0] + 2 * (ranks - 1 - rank), total)
+    order = [("F", *unit) for unit in forwards[:warmup]]
     for k in range(total - warmup):
-        order += [("F", *unit(warmup + k, True)), ("B", *unit(k, False))]
-    order += [("B", *unit(k, False)) for k in range(total - warmup, total)]
+        order += [("F", *forwards[warmup + k]), ("B", *backwards[k])]
+    order += [("B", *unit) for unit in backwards[total - warmup:]]
     return order
+
+
+# Note [Interleaved groups]: interleaved 1F1B for any number M >= 1 of micro-batches, on K
+# ranks with V stages (chunks) each, stage s on rank s % K.
+# (a) The micro-batches are split, in order, into R = max(1, M // K) groups of ceil(M / R) or
+#     floor(M / R), the larger first; G = ceil(M / R) is the largest. With M >= K every group
+#     has K to 2K - 1 micro-batches; with M < K there is one group of M. When K divides M these
+#     are Megatron's groups of K (the table is the one built before any M was allowed), when R
+#     divides M torch's rounds.
+# (b) Every rank runs the same sequence of units: group by group, chunks 0..V-1 forward, each
+#     chunk over the group's micro-batches in order; the backwards the same with the chunks
+#     reversed. A stage sees its micro-batches in increasing order both ways, so its gradient
+#     sums them in the order of single-process gradient accumulation.
+# (c) Rank r runs w_r = min(VM, (V - 1) G + 2 (K - 1 - r)) forwards, then a forward and a
+#     backward in turn, then the remaining backwards. The last rank's first backward in a group
+#     (its last chunk) comes (V - 1) G_i units after that group's first forward, hence
+#     (V - 1) G; each rank before it needs two more (the forward going on, the backward coming
+#     back). As w_r >= w_{r+1}, a rank has always forwarded what the next rank needs before
+#     its own backward waits for that rank: the table has no cycle (schedule_check.check).
+# (d) Groups of at least K: a micro-batch's chunk c + 1 on rank 0 needs its chunk c from rank
+#     K - 1, K forwards later, and a group of K or more keeps rank 0 busy meanwhile with its
+#     other micro-batches. A smaller group (M < K) is still sound, only idle for the
+#     difference.
+# (e) Bubble (balanced stages, free communication, ideal_bubble): (K - 1) / (VM + K - 1) for
+#     M >= K. For M < K no rank ever has two units ready at once: the step is a GPipe of VK
+#     stages, (VK + M - 1) units of forward and backward long, bubble 1 - VM / (VK + M - 1).
+# (f) Memory: rank r holds at most min(VM, w_r + 1) stage-micro-batches (forwarded, not yet
+#     backward), exactly that at its peak; rank 0, the rank of stage 0, the most:
+#     min(VM, (V - 1) G + 2K - 1): min(VM, (V + 1) K - 1) when K divides M, at most V (2K - 1)
+#     for any M (G <= 2K - 1), where GPipe holds VM. Stage 0 itself holds at most min(M, 2G)
+#     micro-batches (the group whose backwards have begun and the next) for V <= 4; with more
+#     chunks and unequal groups up to min(K - 1, V - 4) more (the warm-up, sized for the largest
+#     group, runs further into a smaller one; seen for K <= 7, V <= 10, M <= 60). Both are
+#     asserted on the tables by tests/unit/test_pipeline_schedule.py.
 
 
 def _with_communication(order, ranks: int, stages: int) -> list[Action]:
@@ -155,5 +192,9 @@ def _with_communication(order, ranks: int, stages: int) -> list[Action]:
 
 def ideal_bubble(ranks: int, microbatches: int, stages_per_rank: int = 1) -> float:
     """The idle fraction of a step with balanced stages and free communication:
-    (K - 1) / (V M + K - 1) (GPipe's (K - 1) / (M + K - 1) at V = 1)."""
-    return (ranks - 1) / (stages_per_rank * microbatches + ranks - 1)
+    (K - 1) / (V M + K - 1) (GPipe's (K - 1) / (M + K - 1) at V = 1); with V > 1 and M < K,
+    1 - V M / (V K + M - 1) (Note [Interleaved groups], e). One expression for both:
+    1 - V M / (V max(M, K) + min(M, K) - 1)."""
+    v, m, k = stages_per_rank, microbatches, ranks
+    span = v * max(m, k) + min(m, k) - 1
+    return (span - v * m) / span

@@ -1,18 +1,27 @@
 """Pipeline parallelism for PyTorch (engine_native.torch.pipelining) on real ranks: a model of
 Linear/Tanh blocks split over K = 2, 3, 4 ranks, trained one step with GPipe, 1F1B and
-interleaved 1F1B (two stages per rank) at 1-8 micro-batches, gives the loss, the last stage's
+interleaved 1F1B (two stages per rank; also at K - 1 and K + 1 micro-batches, not multiples of
+K: Note [Interleaved groups]) at 1-8 micro-batches, gives the loss, the last stage's
 outputs and every stage's gradients of single-process training with gradient accumulation
 over the same micro-batches (float64, 1e-6 relative; the issue's "Exact" target); with
 re-materialisation too. ``eval()`` gives the forwards alone. The activations each rank held
-at once are counted: GPipe M, 1F1B at most K - r on rank r (the issue's "Memory" target), and
+at once are counted: GPipe M, 1F1B at most K - r on rank r (the issue's "Memory" target),
+interleaved 1F1B min(V M, (V - 1) G + 2 (K - 1 - r) + 1) on rank r (G its largest group), and
 with ``count_kept`` the tensors and bytes a stage keeps for its backwards: with
 re-materialisation only the stage-boundary tensors (its input and output per micro-batch)."""
 import pytest
 
+from engine_native.pipeline.schedule import interleaved_groups
 from multiproc.harness import run_ranks
 
 MICROBATCHES = (1, 2, 4, 8)
 INTERLEAVED = (1, 2, 3, 4, 6, 8)  # of them, the multiples of K
+
+
+def _interleaved(k):
+    """Interleaved 1F1B's M at K ranks: the multiples of K above, K - 1 and K + 1."""
+    return sorted({m for m in INTERLEAVED if m % k == 0} | ({k - 1, k + 1} - {0} if k > 1
+                                                             else set()))
 
 
 def _model(k):
@@ -65,7 +74,7 @@ def pipeline_suite():
 
     worst, peaks, kept = {}, {}, {}
     cases = [(cls, m, False) for cls in (ScheduleGPipe, Schedule1F1B) for m in MICROBATCHES]
-    cases += [(ScheduleInterleaved1F1B, m, False) for m in INTERLEAVED if m % k == 0]
+    cases += [(ScheduleInterleaved1F1B, m, False) for m in _interleaved(k)]
     cases += [(Schedule1F1B, 4, True)]
     for cls, m, checkpoint in cases:
         want_losses, want_out, want = _reference(full, x, y, m)
@@ -127,13 +136,17 @@ def pipeline_suite():
 def test_every_schedule_trains_like_gradient_accumulation(np_):
     for res in run_ranks(pipeline_suite, np_, timeout=240):
         worst, peaks, kept, errors = res.value
-        interleaved = [m for m in INTERLEAVED if m % np_ == 0]
+        interleaved = _interleaved(np_)
         assert len(worst) == 2 * len(MICROBATCHES) + len(interleaved) + 1 + \
             (res.rank == np_ - 1), worst
         assert all(v <= 1e-6 for v in worst.values()), (res.rank, worst)
         for m in MICROBATCHES:  # activations held at once: the schedules' memory
             assert peaks[f"ScheduleGPipe m={m}"] == m, peaks
             assert peaks[f"Schedule1F1B m={m}"] == min(np_ - res.rank, m), peaks
+        for m in interleaved:  # two stages per rank; G: the largest group
+            g = interleaved_groups(np_, m)[0]
+            assert peaks[f"ScheduleInterleaved1F1B m={m}"] == min(
+                2 * m, g + 2 * (np_ - 1 - res.rank) + 1), (m, peaks)
         # what the stage (Linear, Tanh, Linear, Tanh) keeps per micro-batch in flight, counted
         # at 1F1B's peak (min(K - r, 4) micro-batches of 2 x 6 float64, 96 bytes a tensor):
         # with re-materialisation its input and output only, the output until it is sent

@@ -1,8 +1,9 @@
 """Pipeline schedules as data (engine_native/pipeline): every table the builder makes passes the
-check, its simulated bubble is the theory's and its activation peak the schedule's; a table that
-cannot run (a missing, repeated or misplaced action, an order that needs what comes later, ranks
-that would wait for each other in a cycle) is refused with the reason; bad parameters get an
-error that says what to use instead."""
+check, its simulated bubble is the theory's and its activation peak the schedule's (interleaved
+1F1B at every M, Note [Interleaved groups]); a table that cannot run (a missing, repeated or
+misplaced action, an order that needs what comes later, ranks that would wait for each other in
+a cycle) is refused with the reason; bad parameters get an error that says what to use
+instead."""
 import pytest
 
 from engine_native.pipeline import (
@@ -15,10 +16,12 @@ from engine_native.pipeline import (
     ideal_bubble,
     simulate,
 )
+from engine_native.pipeline.schedule import interleaved_groups
 
 PLAIN = [(name, k, m) for name in ("gpipe", "1f1b", "forward_only")
          for k in range(1, 7) for m in range(1, 13)]
-INTERLEAVED = [(k, m, v) for k in range(1, 5) for v in (2, 3, 4) for m in range(k, 13, k)]
+INTERLEAVED = [(k, m, v) for k in range(1, 5) for v in (2, 3, 4) for m in range(1, 13)]
+COSTS = ((1.0, 2.0), (1.0, 1.0), (0.5, 3.0))  # forward, backward
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "forward_only"])
@@ -26,7 +29,7 @@ def test_every_plain_table_checks_and_has_the_theorys_bubble(name):
     for _, k, m in [c for c in PLAIN if c[0] == name]:
         schedule = build(name, k, m)
         check(schedule)
-        for forward, backward in ((1.0, 2.0), (1.0, 1.0), (0.5, 3.0)):
+        for forward, backward in COSTS:
             cost = simulate(schedule, forward, backward)
             assert cost.idle_fraction == pytest.approx([ideal_bubble(k, m)] * k, abs=1e-12), \
                 (k, m, forward, backward)
@@ -50,11 +53,66 @@ def test_every_interleaved_table_checks_and_has_the_theorys_bubble():
         assert schedule.stages == k * v
         check(schedule)
         # the same model split V ways per rank: each stage costs 1/V of a rank's share
-        cost = simulate(schedule, 1.0 / v, 2.0 / v)
-        assert cost.idle_fraction == pytest.approx([ideal_bubble(k, m, v)] * k, abs=1e-12), \
-            (k, m, v)
-        if k > 1:
+        for forward, backward in COSTS:
+            cost = simulate(schedule, forward / v, backward / v)
+            assert cost.idle_fraction == pytest.approx([ideal_bubble(k, m, v)] * k,
+                                                       abs=1e-12), (k, m, v, forward, backward)
+        if k > 1 and m > 1:  # (one micro-batch: the same bubble, (K - 1) / K)
             assert ideal_bubble(k, m, v) < ideal_bubble(k, m)
+
+
+def test_interleaved_bubble_with_fewer_microbatches_than_ranks():
+    """M < K: a GPipe of V K stages, no rank ever with two units ready (Note [Interleaved
+    groups], e); from M = K on, (K - 1) / (V M + K - 1)."""
+    assert ideal_bubble(2, 1, 2) == 0.5                # 4 units long, 2 busy
+    assert ideal_bubble(4, 3, 3) == pytest.approx(5 / 14)
+    assert ideal_bubble(3, 3, 2) == pytest.approx(2 / 8)
+    assert ideal_bubble(3, 2, 1) == pytest.approx(2 / 4)   # V = 1: GPipe's, any M
+    assert interleaved_groups(4, 3) == (3,)
+
+
+def test_interleaved_any_microbatches_each_unit_once_in_order_and_memory_bounded():
+    """K = 2..4, V = 2..3, M = 1..9: checked (sends matched, no cycle); each stage forwards and
+    backwards each micro-batch exactly once, in increasing order (the order of gradient
+    accumulation); rank r holds at most min(V M, (V - 1) G + 2 (K - 1 - r) + 1) micro-batches
+    at once, stage 0 at most min(M, 2 G), G the largest group (Note [Interleaved groups], f)."""
+    for k in range(2, 5):
+        for v in (2, 3):
+            for m in range(1, 10):
+                schedule = build("interleaved_1f1b", k, m, stages_per_rank=v)
+                check(schedule)
+                for rank, program in enumerate(schedule.programs):
+                    for stage in range(rank, k * v, k):
+                        for kind in ("F", "B"):
+                            seen = [a.microbatch for a in program
+                                    if a.kind == kind and a.stage == stage]
+                            assert seen == list(range(m)), (k, v, m, stage, kind, seen)
+                groups = interleaved_groups(k, m)
+                g = groups[0]
+                assert sum(groups) == m and g == max(groups)
+                assert min(groups) >= k or groups == (m,)
+                assert g <= 2 * k - 1 and (m % k or g == k)
+                cost = simulate(schedule)
+                assert cost.peak_activations == tuple(
+                    min(v * m, (v - 1) * g + 2 * (k - 1 - r) + 1) for r in range(k)), (k, v, m)
+                assert cost.peak_activations[0] <= v * (2 * k - 1)  # whatever M is
+                assert max(cost.stage_peaks) == cost.stage_peaks[0] <= min(m, 2 * g), \
+                    (k, v, m, cost.stage_peaks)
+    # M a multiple of K: Megatron's groups of K, stage 0 at most 2K micro-batches
+    assert simulate(build("interleaved_1f1b", 3, 9, 2)).stage_peaks[0] == 6
+    assert interleaved_groups(3, 7) == (4, 3) and interleaved_groups(3, 8) == (4, 4)
+
+
+def test_an_interleaved_table_without_one_backward_is_refused():
+    s = build("interleaved_1f1b", 3, 4, stages_per_rank=2)
+    dropped = Action("B", 3, 2)  # stage 3 (rank 0's second) of micro-batch 2
+    p0 = [a for a in s.programs[0] if a != dropped]
+    assert len(p0) == len(s.programs[0]) - 1
+    with pytest.raises(ScheduleError, match=r"SEND_B stage 3 mb 2\) comes before B stage 3 mb 2"):
+        check(_edited(s, 0, p0))
+    p0 = [a for a in p0 if a != Action("SEND_B", 3, 2)]  # and what it sent to rank 2
+    with pytest.raises(ScheduleError, match="no rank runs B stage 3 mb 2 \\(and 1 more\\)"):
+        check(_edited(s, 0, p0))
 
 
 def test_forward_only_runs_several_stages_per_rank_one_after_the_other():
@@ -133,7 +191,6 @@ def test_ranks_waiting_for_each_other_in_a_cycle_are_refused_naming_each_wait():
     (("pipedream", 2, 4), "unknown pipeline schedule 'pipedream'; use one of gpipe, 1f1b"),
     (("1f1b", 0, 4), "ranks must be a positive integer, got 0"),
     (("gpipe", 2, True), "microbatches must be a positive integer, got True"),
-    (("interleaved_1f1b", 4, 6, 2), "microbatches=6 is not a multiple of 4; use 8 micro-batches"),
     (("interleaved_1f1b", 2, 4, 1), "needs stages_per_rank >= 2"),
     (("1f1b", 2, 4, 2), "stages_per_rank=2 needs schedule='interleaved_1f1b'"),
 ])

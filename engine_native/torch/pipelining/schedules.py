@@ -152,8 +152,12 @@ class Schedule1F1B(_SingleStageSchedule):
 
 class ScheduleInterleaved1F1B(_PipelineSchedule):
     """1F1B over several stages per rank (``stages``: this rank's, stage s on the pipeline's
-    rank s % K): the bubble shrinks to (K - 1) / (V M + K - 1) for V stages per rank; M must be
-    a multiple of K."""
+    rank s % K): the bubble shrinks to (K - 1) / (V M + K - 1) for V stages per rank. Any
+    number M >= 1 of micro-batches: they run in M // K groups of K to 2K - 1 (groups of K
+    when K divides M; one group of M when M < K); rank r holds the activations of at most
+    min(V M, (V - 1) G + 2 (K - 1 - r) + 1) stage-micro-batches at once, G the largest group.
+    With M < K the bubble is 1 - V M / (V K + M - 1) (Note [Interleaved groups] in
+    engine_native/pipeline/schedule.py)."""
     _name = "interleaved_1f1b"
 
 
@@ -163,9 +167,9 @@ class ScheduleInterleaved1F1B(_PipelineSchedule):
 # averages (a receive's caller may also run queued collectives while it drives the core).
 # Each step reports it for the dashboard's row
 # (engine_native.progress.report, key "bubble", beside the balanced-stage ideal
-# (K - 1) / (V M + K - 1)) and keeps it as schedule.bubble; with its forwards' and backwards'
-# times it is also the step the dashboard draws as this rank's strip
-# (engine_native.pipeline.last_step).
+# (K - 1) / (V M + K - 1), or with V > 1 and M < K 1 - V M / (V K + M - 1): ideal_bubble) and
+# keeps it as schedule.bubble; with its forwards' and backwards' times it is also the step the
+# dashboard draws as this rank's strip (engine_native.pipeline.last_step).
 
 
 def _split(batch: torch.Tensor, n: int, what: str) -> list:
