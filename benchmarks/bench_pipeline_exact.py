@@ -3,12 +3,12 @@
 on gloo (under ``torchrun``), the same model and cells in the same run, against single-process
 training of the same model with M-step gradient accumulation.
 
-    python benchmarks/bench_pipeline_exact.py [--k 2,3,4] [--systems ours,torch]
+    python benchmarks/bench_pipeline_exact.py [--k 2,3,4] [--m 1,2,4,8] [--systems ours,torch]
 
-The model is tests/multiproc/test_pipelining.py's: 2K blocks of Linear(6, 6) + Tanh, batch 8,
-MSE loss, split into K stages (GPipe, 1F1B) or 2K (interleaved 1F1B, two per rank), for
-K = 2, 3, 4 ranks and M = 1, 2, 4, 8 micro-batches, in float64 (the dtype the target is
-checked in: the test's) and float32. The reference is computed on every rank, in the same
+The model is tests/multiproc/test_pipelining.py's: 2K blocks of Linear(6, 6) + Tanh, batch 8
+(with ``--m``, the next multiple of M: equal micro-batches, as torch's stages need), MSE loss, split into K stages (GPipe, 1F1B) or 2K (interleaved 1F1B, two per rank), for
+K = 2, 3, 4 ranks and M = 1, 2, 4, 8 micro-batches (``--m``: others), in float64 (the dtype
+the target is checked in: the test's) and float32. The reference is computed on every rank, in the same
 process and dtype: each micro-batch's loss, backward of loss / M, gradients accumulated.
 Errors: the loss, the worst over micro-batches of |loss - reference| / |reference| (the last
 stage's); the gradients, the worst over every parameter of every stage of
@@ -91,7 +91,7 @@ def _one_cell(torch, api, full, x, y, m: int, schedule: str) -> dict:
     return cell
 
 
-def rank_main(system: str, out_dir: str) -> None:
+def rank_main(system: str, out_dir: str, microbatches: tuple) -> None:
     import torch
     torch.set_num_threads(1)
     if system == "ours":
@@ -115,10 +115,13 @@ def rank_main(system: str, out_dir: str) -> None:
     for dtype_name in DTYPES:
         dtype = getattr(torch, dtype_name)
         full = _model(torch, api["size"], dtype)
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randn(8, 6, dtype=dtype, generator=gen)
-        y = torch.randn(8, 6, dtype=dtype, generator=gen)
-        for m in MICROBATCHES:
+        for m in microbatches:
+            # 8 rows, or the next multiple of M: torch's stages receive into buffers shaped
+            # like the first micro-batch (unequal ones time out in its receives)
+            gen = torch.Generator().manual_seed(1)
+            rows = -(-8 // m) * m
+            x = torch.randn(rows, 6, dtype=dtype, generator=gen)
+            y = torch.randn(rows, 6, dtype=dtype, generator=gen)
             for schedule in SCHEDULES:
                 cells[f"{dtype_name} {m} {schedule}"] = _one_cell(torch, api, full, x, y, m,
                                                                   schedule)
@@ -130,10 +133,11 @@ def rank_main(system: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def launch(system: str, k: int, timeout: float):
+def launch(system: str, k: int, timeout: float, microbatches: tuple):
     """(every rank's cells, or None; what went wrong; seconds) of one launch at K ranks."""
     out_dir = tempfile.mkdtemp(prefix="bench_pipeline_exact_")
-    args = [os.path.abspath(__file__), "--rank-main", system, out_dir]
+    args = [os.path.abspath(__file__), "--rank-main", system, out_dir,
+            ",".join(map(str, microbatches))]
     if system == "ours":
         cmd = ["hvdrun", "-np", str(k), sys.executable] + args
     else:
@@ -176,14 +180,19 @@ def _cell(ranks, key: str, k: int, notes: dict):
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
-        rank_main(sys.argv[2], sys.argv[3])
+        rank_main(sys.argv[2], sys.argv[3], tuple(int(v) for v in sys.argv[4].split(",")))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--k", default="2,3,4", help="pipeline sizes (ranks), comma-separated")
+    ap.add_argument("--m", default=",".join(map(str, MICROBATCHES)),
+                    help="micro-batch counts, comma-separated (1 to 8)")
     ap.add_argument("--systems", default="ours,torch")
     ap.add_argument("--timeout", type=float, default=240)
     a = ap.parse_args()
     systems = a.systems.split(",")
+    microbatches = tuple(int(v) for v in a.m.split(","))
+    if not all(1 <= m <= 8 for m in microbatches):
+        ap.error(f"--m {a.m}: each count must be 1 to 8")
     notes, worst, launches = {}, {}, []
     print("| K | M | schedule | " + " | ".join(
         f"{s if s == 'ours' else 'torch (gloo)'} {d}: loss / grads"
@@ -192,10 +201,10 @@ def main() -> None:
     for k in (int(v) for v in a.k.split(",")):
         got = {}
         for system in systems:
-            ranks, error, took = launch(system, k, a.timeout)
+            ranks, error, took = launch(system, k, a.timeout, microbatches)
             got[system] = ranks if ranks is not None else error
             launches.append(f"{system} K={k}: {took:.1f} s" + (f" ({error})" if error else ""))
-        for m in MICROBATCHES:
+        for m in microbatches:
             for schedule in SCHEDULES:
                 row = []
                 for d in DTYPES:
