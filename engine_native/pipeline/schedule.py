@@ -145,8 +145,8 @@ def _interleaved_order(rank, ranks, microbatches, chunks):
 # (a) The micro-batches are split, in order, into R = max(1, M // K) groups of ceil(M / R) or
 #     floor(M / R), the larger first; G = ceil(M / R) is the largest. With M >= K every group
 #     has K to 2K - 1 micro-batches; with M < K there is one group of M. When K divides M these
-#     are Megatron's groups of K (the table is the one built before any M was allowed), when R
-#     divides M torch's rounds.
+#     are Megatron's groups of K (the tables are those of when M had to be a multiple of K),
+#     when R divides M torch's rounds.
 # (b) Every rank runs the same sequence of units: group by group, chunks 0..V-1 forward, each
 #     chunk over the group's micro-batches in order; the backwards the same with the chunks
 #     reversed. A stage sees its micro-batches in increasing order both ways, so its gradient
@@ -159,8 +159,9 @@ def _interleaved_order(rank, ranks, microbatches, chunks):
 #     its own backward waits for that rank: the table has no cycle (schedule_check.check).
 # (d) Groups of at least K: a micro-batch's chunk c + 1 on rank 0 needs its chunk c from rank
 #     K - 1, K forwards later, and a group of K or more keeps rank 0 busy meanwhile with its
-#     other micro-batches. A smaller group (M < K) is still sound, only idle for the
-#     difference.
+#     other micro-batches. A smaller group is still sound, but rank 0 idles for the difference
+#     at each chunk change: hence the remainder of M / K is spread over the groups, not left
+#     as a last small group, and only M < K (one group) has a larger bubble (e).
 # (e) Bubble (balanced stages, free communication, ideal_bubble): (K - 1) / (VM + K - 1) for
 #     M >= K. For M < K no rank ever has two units ready at once: the step is a GPipe of VK
 #     stages, (VK + M - 1) units of forward and backward long, bubble 1 - VM / (VK + M - 1).
