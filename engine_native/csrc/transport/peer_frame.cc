@@ -85,7 +85,8 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
     if (!out->shape.empty() || out->dtype != common::DataType::kUint8 || out->tag < 0) {
       return bad("a refusal with dims, a dtype or a negative tag");
     }
-    if (out->bytes <= kDeviceReadBytes || out->bytes > kDeviceReadBytes + kMaxRefusalTextBytes) {
+    if (out->bytes <= kRefusalOrdinalBytes ||
+        out->bytes > kRefusalOrdinalBytes + kMaxRefusalTextBytes) {
       return bad("a refusal of " + std::to_string(out->bytes) + " bytes");
     }
     expected = out->bytes;  // the payload's own decoder checks the rest
@@ -194,12 +195,12 @@ Status decodeRefusal(const void* data, size_t size, uint64_t* ordinal, std::stri
     return common::internalError("malformed point-to-point refusal: " + what);
   };
   common::ByteReader in(data, size);
-  if (size <= kDeviceReadBytes || size > kDeviceReadBytes + kMaxRefusalTextBytes ||
+  if (size <= kRefusalOrdinalBytes || size > kRefusalOrdinalBytes + kMaxRefusalTextBytes ||
       !in.u64(ordinal)) {
     return bad(std::to_string(size) + " bytes");
   }
-  const char* text = static_cast<const char*>(data) + kDeviceReadBytes;
-  const size_t length = size - kDeviceReadBytes;
+  const char* text = static_cast<const char*>(data) + kRefusalOrdinalBytes;
+  const size_t length = size - kRefusalOrdinalBytes;
   for (size_t k = 0; k < length; ++k) {
     if (text[k] < 0x20 || text[k] > 0x7e) {
       return bad("byte " + std::to_string(static_cast<unsigned char>(text[k])) +

@@ -98,6 +98,7 @@ struct SplitEndpoint {
 constexpr uint64_t kSplitEndpointBytes = 4 * 8;
 constexpr uint64_t kSplitDoneBytes = 8;
 constexpr uint64_t kMaxRefusalTextBytes = 1024;
+constexpr uint64_t kRefusalOrdinalBytes = 8;  // the u64 before the reason
 
 
 // The whole frame prefix: u32 header bytes, then the header. The payload follows it.
