@@ -194,10 +194,10 @@ Status PeerOps::takeSubmitted(bool* moved) {
   const Clock::time_point now = Clock::now();
   // Note [Refused messages] C: a refusal already here fails the peer's next op, so what its
   // channel holds is read first (the receives being taken may be written into: A of Note
-  // [Receive into out] finds them in taking_).
+  // [Receive into out] finds them in taking_). Once per peer: a batch's ops share it.
   for (const Op& op : taking_) {
-    if (!open(op.peer) || (readable_[op.peer] == 0 &&
-                           !mesh_.peerChannel(op.peer)->hasIncoming())) {
+    if (read_early_[op.peer] != 0 || !open(op.peer) ||
+        (readable_[op.peer] == 0 && !mesh_.peerChannel(op.peer)->hasIncoming())) {
       continue;
     }
     bool read = false;
