@@ -54,10 +54,12 @@
 //      comes later waits for the next receive of its tag, as after a timeout.
 //   C. When neither took it (the send had completed, no receive waited), it waits on R and
 //      fails the next send to R, or the next receives from R that do not get their message as
-//      they are posted; then it is spent and later ops go on. More refusals meanwhile add a
-//      count to its text. A refusal already in R's ring, or in its socket when that polled
-//      readable, is read before new ops to R are taken (takeSubmitted), so an op submitted
-//      after the refusal reached this rank fails with it; one submitted before may not.
+//      they are posted; then it is spent and later ops go on. More refusals of completed sends
+//      meanwhile add a count to its text; one of a send in flight is that send's (B), so in a
+//      read that brings both, the one that waits is kept: each is raised once. A refusal
+//      already in R's ring, or in its socket when that polled readable, is read before new ops
+//      to R are taken (takeSubmitted), so an op submitted after the refusal reached this rank
+//      fails with it; one submitted before may not.
 //   D. Shutdown (Point-to-point F): a refusal that arrives meanwhile still fails the refused
 //      send if in flight, and is dropped otherwise (posted receives failed already, no new op
 //      starts); failAll forgets one that waits, with the rest of PerPeer. A receiver writes
@@ -223,13 +225,14 @@ common::Status PeerOps::refusedBy(int peer, PerPeer& p, const transport::PeerMes
     break;
   }
   if (shutting_down_) return common::Status::ok();  // D
-  if (p.refused.isOk()) {
+  // C: one its own send raises (in flight) gives way to one that waits, which alone is
+  // counted into a waiting one (else the first were raised twice, and this one's text lost)
+  if (p.refused.isOk() || (p.refused_in_flight && !in_flight)) {
     p.refused = refusal;
     p.refused_more = 0;
     p.refused_in_flight = in_flight;
   } else if (!in_flight) {
     ++p.refused_more;
-    p.refused_in_flight = false;
   }
   return common::Status::ok();
 }
