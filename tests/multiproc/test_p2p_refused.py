@@ -2,7 +2,8 @@
 engine_native/csrc/runtime/peer_ops_into.cc): the receiver raises ValueError naming both types,
 as before, and now its sender raises too, naming the receiver, the tag and both types — at once
 in a receive from that rank it is already waiting in (send, then receive the answer), else in
-its next op with that rank (send, then send again). Both APIs (NumPy, torch), over shared
+its next op with that rank (send, then send again, once a message the receiver sent after
+refusing has come: over TCP the refusal is read only then). Both APIs (NumPy, torch), over shared
 memory and forced TCP, for a dtype, a shape and a strided out= (which the core cannot write
 itself, so only its type reaches the core). Nothing is lost: both ranks then exchange messages
 and run an allreduce. Of several sends of one tag in flight, the refusal fails only the one
@@ -54,9 +55,14 @@ def refused_suite(transport, api):
         # send, then receive the answer: the receive raises the refusal
         send(zeros(4, "float32") + 1, 1, tag=5)
         seen["recv after"] = _error(lambda: recv(1, tag=6))
-        # send, then send again: the second send raises it (the refusal came before it)
+        # send, then send again: the second send raises it once the refusal was read. Rank 1's
+        # answer comes after its refusal on the one stream, so it was read once the answer is
+        # here (over TCP a barrier is not enough: the socket may not have been polled yet). The
+        # receive of the answer raises it instead if the refusal came alone while it waited.
         send(zeros(4, "float32") + 1, 1, tag=7)
-        hvd.barrier()
+        seen["answer"] = _error(lambda: recv(1, tag=12))
+        if seen["answer"] is not None:
+            recv(1, tag=12)  # the answer itself, after the refusal
         seen["send after"] = _error(lambda: send(zeros(2, "float32"), 1, tag=8))
         # an isend whose wait completes; then a receive
         isend(zeros(3, "float32") + 2, 1, tag=9).wait()
@@ -64,7 +70,7 @@ def refused_suite(transport, api):
     else:
         seen["dtype"] = _error(lambda: recv(0, tag=5, out=zeros(4, "float64")))
         seen["shape"] = _error(lambda: recv(0, tag=7, out=zeros(5, "float32")))
-        hvd.barrier()
+        send(zeros(1, "float32"), 0, tag=12)  # the answer: after the refusal, on one stream
         seen["strided"] = _error(lambda: recv(0, tag=9, out=strided(3, "float64")))
     # nothing lost: a message each way, a strided out= that fits, and an allreduce
     peer = 1 - hvd.rank()
@@ -93,11 +99,13 @@ def test_a_refused_message_raises_on_both_ranks(transport, api):
                    f"{name('float64')} (3,)",
         "after": [7.0] * 3, "sum": 2.0}, receiver
     refused = "rank 1 refused the message: it is float32"
+    shape = f"send to rank 1 (tag 7): {refused} (4,), the tensor to fill is float32 (5,)"
+    raised = (sender.pop("answer"), sender.pop("send after"))
+    assert raised in [(None, f"send to rank 1 (tag 8): {shape}"),
+                      (f"recv from rank 1 (tag 12): {shape}", None)], raised
     assert sender == {
         "recv after": f"recv from rank 1 (tag 6): send to rank 1 (tag 5): {refused} (4,), the "
                       "tensor to fill is float64 (4,)",
-        "send after": f"send to rank 1 (tag 8): send to rank 1 (tag 7): {refused} (4,), the "
-                      "tensor to fill is float32 (5,)",
         "strided": f"recv from rank 1 (tag 10): send to rank 1 (tag 9): {refused} (3,), the "
                    "tensor to fill is float64 (3,)",
         "after": [8.0] * 3, "sum": 2.0}, sender
@@ -110,8 +118,9 @@ def one_tag_suite(transport):
     """Three sends of one tag in flight at once; the receiver refuses the middle one (a large
     message). The refusal names that message's number, so it is raised once: by that send's
     wait (still in flight), or by the next op submitted after it came (the third send, if the
-    refusal beat its submission; else the send after the receiver refused); the first send
-    completes."""
+    refusal beat its submission; else the op after the receiver's answer came, which follows
+    its refusal on the one stream: the receive of that answer or the send after it); the first
+    send completes."""
     hvd = checks.init(transport)
     big = np.ones(BIG // 4, np.float32)
     seen = {}
@@ -121,12 +130,16 @@ def one_tag_suite(transport):
         seen["waits"] = [_error(r.wait) for r in requests]
         # tells the receiver whether a third message comes; it refused before this returns
         hvd.allreduce(np.array([seen["waits"][2] is None], np.int32), op=hvd.Sum)
+        seen["answer"] = _error(lambda: hvd.recv(1, tag=5))
+        if seen["answer"] is not None:
+            hvd.recv(1, tag=5)  # the answer itself, after the refusal
         seen["next"] = _error(lambda: hvd.send(np.ones(1), 1, tag=4))
     else:
         seen["fits"] = hvd.recv(0, tag=3, out=np.zeros(3)).tolist()
         seen["misfit"] = _error(lambda: hvd.recv(0, tag=3, out=np.zeros(BIG // 4, np.int32)))
         if hvd.allreduce(np.zeros(1, np.int32), op=hvd.Sum)[0]:
             seen["fits too"] = hvd.recv(0, tag=3, out=np.zeros(4)).tolist()
+        hvd.send(np.zeros(1), 0, tag=5)  # the answer: after the refusal, on one stream
     seen["sum"] = float(hvd.allreduce(np.ones(2), op=hvd.Sum)[0])
     hvd.shutdown()
     return seen
@@ -140,10 +153,11 @@ def test_the_refusal_names_one_of_several_sends_of_a_tag(transport):
     n = BIG // 4
     refusal = (f"send to rank 1 (tag 3): rank 1 refused the message: it is float32 ({n},), "
                f"the tensor to fill is int32 ({n},)")
-    raised = [sender["waits"][1], sender["waits"][2], sender["next"]]
-    assert sender["waits"][0] is None and sorted(raised, key=str) == sorted(
-        [None, None, refusal if sender["next"] is None else f"send to rank 1 (tag 4): {refusal}"],
-        key=str), sender
+    # raised once, by whichever op came first after it was read
+    raised = [sender["waits"][1], sender["waits"][2], sender["answer"], sender["next"]]
+    prefixes = ["", "", "recv from rank 1 (tag 5): ", "send to rank 1 (tag 4): "]
+    assert sender["waits"][0] is None and sum(r is not None for r in raised) == 1 and all(
+        r in (None, prefix + refusal) for r, prefix in zip(raised, prefixes)), sender
     third = {} if sender["waits"][2] else {"fits too": [0.0, 1.0, 2.0, 3.0]}
     assert receiver == {"fits": [0.0, 1.0, 2.0], "sum": 2.0, **third,
                         "misfit": f"recv(from rank 0, tag 3): the message is float32 ({n},), "

@@ -54,12 +54,14 @@
 //      comes later waits for the next receive of its tag, as after a timeout.
 //   C. When neither took it (the send had completed, no receive waited), it waits on R and
 //      fails the next send to R, or the next receives from R that do not get their message as
-//      they are posted; then it is spent and later ops go on. More refusals of completed sends
-//      meanwhile add a count to its text; one of a send in flight is that send's (B), so in a
-//      read that brings both, the one that waits is kept: each is raised once. A refusal
-//      already in R's ring, or in its socket when that polled readable, is read before new ops
-//      to R are taken (takeSubmitted), so an op submitted after the refusal reached this rank
-//      fails with it; one submitted before may not.
+//      they are posted (one whose message is here takes it and leaves the refusal waiting);
+//      then it is spent and later ops go on. More refusals of completed sends meanwhile add a
+//      count to its text; one of a send in flight is that send's (B), so in a read that brings
+//      both, the one that waits is kept: each is raised once. A refusal in R's ring is read
+//      before new ops to R are taken (takeSubmitted); one in its socket only once the loop's
+//      poll saw it readable, so over TCP "next" is the next op taken after this rank read it (a
+//      blocking op its caller drives may come first). A message R sent after refusing comes
+//      after the refusal (one stream): once it is received here, the refusal has been read.
 //   D. Shutdown (Point-to-point F): a refusal that arrives meanwhile still fails the refused
 //      send if in flight, and is dropped otherwise (posted receives failed already, no new op
 //      starts); failAll forgets one that waits, with the rest of PerPeer. A receiver writes
