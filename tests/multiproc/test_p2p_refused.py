@@ -7,14 +7,23 @@ refusing has come: over TCP the refusal is read only then). Both APIs (NumPy, to
 memory and forced TCP, for a dtype, a shape and a strided out= (which the core cannot write
 itself, so only its type reaches the core). Nothing is lost: both ranks then exchange messages
 and run an allreduce. Of several sends of one tag in flight, the refusal fails only the one
-refused (or, that one completed, the next op).
+refused (or, that one completed, the next op). Two refusals in one read, of a CUDA send in
+flight (fake CUDA runtime) and of a completed one: each is raised once.
 """
+import os
+import signal
+
 import numpy as np
 import pytest
+from fakecuda.fixtures import fake_cuda as _fake_cuda
 
-from multiproc import checks
+from multiproc import checks, device_ops
 from multiproc.checks import world_kwargs
 from multiproc.harness import run_ranks
+
+from engine_native import _core, _dtypes
+
+fake_cuda = _fake_cuda  # the session fixture, under its name
 
 # Bounds a broken refusal (a sender left waiting) well inside the harness's timeout.
 TIMEOUT_S = "20"
@@ -162,3 +171,60 @@ def test_the_refusal_names_one_of_several_sends_of_a_tag(transport):
     assert receiver == {"fits": [0.0, 1.0, 2.0], "sum": 2.0, **third,
                         "misfit": f"recv(from rank 0, tag 3): the message is float32 ({n},), "
                                   f"out is int32 ({n},)"}, receiver
+
+
+def two_refusals_suite():
+    """One read brings two refusals: first that of a CUDA send still in flight (its producer
+    is held), then that of a host send already completed. Rank 1 takes both messages while
+    rank 0 is stopped (SIGSTOP: rank 1 has both once it has the marker rank 0 sent after
+    them), so the refusals and its answer after them wait in the ring and rank 0 reads them
+    in one pass. The CUDA send raises its own refusal, and the host send's is raised once
+    after it (by the receive of the answer or the next send): neither is raised twice."""
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    sender_pid = int(hvd.allgather(np.array([os.getpid()]))[0])
+    seen = {}
+    if hvd.rank() == 0:
+        x = np.ones(4, np.float32)
+        producer = f.stream()
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        code = _dtypes.numpy_code(x.dtype, "send", "3")
+        in_flight = _core.p2p_send(1, 3, code, x.shape, x.ctypes.data, False, 0, producer)
+        hvd.send(np.ones(2, np.float32), 1, tag=5)  # completes once written
+        hvd.send(np.ones(1, np.float32), 1, tag=6)  # the marker
+        seen["answer"] = _error(lambda: hvd.recv(1, tag=12))
+        if seen["answer"] is not None:
+            hvd.recv(1, tag=12)  # the answer itself, after the refusals
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        seen["in flight"] = _error(lambda: _core.wait(in_flight))
+        seen["next"] = _error(lambda: hvd.send(np.ones(1, np.float32), 1, tag=8))
+    else:
+        hvd.recv(0, tag=6)  # tags 3 and 5 are here: they came before it
+        f64 = _dtypes.numpy_code(np.dtype(np.float64), "recv", "3")
+        os.kill(sender_pid, signal.SIGSTOP)
+        try:
+            device = _core.p2p_recv(0, 3, False, 0, True, None, f64, (4,))
+            seen["host"] = _error(lambda: hvd.recv(0, tag=5, out=np.zeros(3, np.float32)))
+            hvd.send(np.zeros(1, np.float32), 0, tag=12)  # written after both refusals
+        finally:
+            os.kill(sender_pid, signal.SIGCONT)
+        _core.wait(device)  # the CUDA message is read once rank 0's producer ran
+    seen["sum"] = float(hvd.allreduce(np.ones(2), op=hvd.Sum)[0])
+    hvd.shutdown()
+    return seen
+
+
+def test_two_refusals_in_one_read_are_each_raised_once(fake_cuda):
+    kwargs = device_ops.rank_envs(fake_cuda, 2, True, {"HVD_TIMEOUT": TIMEOUT_S}, ipc=True)
+    sender, receiver = (r.value for r in run_ranks(two_refusals_suite, 2, timeout=120,
+                                                   **kwargs))
+    refused = "rank 1 refused the message: it is float32"
+    device = f"send to rank 1 (tag 3): {refused} (4,), the tensor to fill is float64 (4,)"
+    host = f"send to rank 1 (tag 5): {refused} (2,), the tensor to fill is float32 (3,)"
+    assert sender.pop("in flight") == device, sender
+    raised = (sender.pop("answer"), sender.pop("next"))
+    assert raised in [(None, f"send to rank 1 (tag 8): {host}"),
+                      (f"recv from rank 1 (tag 12): {host}", None)], raised
+    assert sender == {"sum": 2.0} and receiver == {
+        "host": "recv(from rank 0, tag 5): the message is float32 (2,), out is float32 (3,)",
+        "sum": 2.0}, receiver
