@@ -6,9 +6,10 @@ training of the same model with M-step gradient accumulation.
     python benchmarks/bench_pipeline_exact.py [--k 2,3,4] [--m 1,2,4,8] [--systems ours,torch]
 
 The model is tests/multiproc/test_pipelining.py's: 2K blocks of Linear(6, 6) + Tanh, batch 8
-(with ``--m``, the next multiple of M: equal micro-batches, as torch's stages need), MSE loss, split into K stages (GPipe, 1F1B) or 2K (interleaved 1F1B, two per rank), for
-K = 2, 3, 4 ranks and M = 1, 2, 4, 8 micro-batches (``--m``: others), in float64 (the dtype
-the target is checked in: the test's) and float32. The reference is computed on every rank, in the same
+(with ``--m``, the next multiple of M: equal micro-batches, as torch's stages need), MSE loss,
+split into K stages (GPipe, 1F1B) or 2K (interleaved 1F1B, two per rank), for K = 2, 3, 4
+ranks and M = 1, 2, 4, 8 micro-batches (``--m``: others), in float64 (the dtype the target is
+checked in: the test's) and float32. The reference is computed on every rank, in the same
 process and dtype: each micro-batch's loss, backward of loss / M, gradients accumulated.
 Errors: the loss, the worst over micro-batches of |loss - reference| / |reference| (the last
 stage's); the gradients, the worst over every parameter of every stage of

@@ -171,8 +171,11 @@ def _interleaved_order(rank, ranks, microbatches, chunks):
 #     for any M (G <= 2K - 1), where GPipe holds VM. Stage 0 itself holds at most min(M, 2G)
 #     micro-batches (the group whose backwards have begun and the next) for V <= 4; with more
 #     chunks and unequal groups up to min(K - 1, V - 4) more (the warm-up, sized for the largest
-#     group, runs further into a smaller one; seen for K <= 7, V <= 10, M <= 60). Both are
-#     asserted on the tables by tests/unit/test_pipeline_schedule.py.
+#     group, runs further into a smaller one; seen for K <= 7, V <= 10, M <= 60). The rank
+#     bound, and stage 0's for V <= 4, are asserted on the tables by
+#     tests/unit/test_pipeline_schedule.py; the V > 4 excess was only observed. A remainder
+#     costs memory: with K <= M < 2K there is one group (G = M), so rank 0 holds all V M, as
+#     GPipe does, where the next multiple of K would hold (V + 1) K - 1.
 
 
 def _with_communication(order, ranks: int, stages: int) -> list[Action]:

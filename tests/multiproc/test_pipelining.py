@@ -19,9 +19,10 @@ INTERLEAVED = (1, 2, 3, 4, 6, 8)  # of them, the multiples of K
 
 
 def _interleaved(k):
-    """Interleaved 1F1B's M at K ranks: the multiples of K above, K - 1 and K + 1."""
-    return sorted({m for m in INTERLEAVED if m % k == 0} | ({k - 1, k + 1} - {0} if k > 1
-                                                             else set()))
+    """Interleaved 1F1B's M at K ranks: the multiples of K above, K - 1 and K + 1 (one group),
+    and 2K + 1 up to 8 (two unequal groups: the warm-up sized for the larger)."""
+    extra = {k - 1, k + 1} | ({2 * k + 1} if 2 * k + 1 <= 8 else set()) if k > 1 else set()
+    return sorted({m for m in INTERLEAVED if m % k == 0} | (extra - {0}))
 
 
 def _model(k):
@@ -72,7 +73,7 @@ def pipeline_suite():
         return [PipelineStage(full[s * size:(s + 1) * size], s, n, checkpoint=checkpoint)
                 for s in range(r, n, k)]
 
-    worst, peaks, kept = {}, {}, {}
+    worst, peaks, kept, ideals = {}, {}, {}, {}
     cases = [(cls, m, False) for cls in (ScheduleGPipe, Schedule1F1B) for m in MICROBATCHES]
     cases += [(ScheduleInterleaved1F1B, m, False) for m in _interleaved(k)]
     cases += [(Schedule1F1B, 4, True)]
@@ -97,6 +98,8 @@ def pipeline_suite():
         peaks[name] = schedule.peak_activations
         kept[name] = schedule.peak_kept and {i: (c.tensors, c.bytes)
                                              for i, c in schedule.peak_kept.items()}
+        if cls is ScheduleInterleaved1F1B:
+            ideals[m] = schedule.ideal_bubble  # (what the dashboard shows beside the measured)
         full.zero_grad()
 
     # the forwards alone: the outputs and losses of the model, no gradient anywhere
@@ -129,13 +132,13 @@ def pipeline_suite():
         except ValueError as exc:
             errors.append(str(exc))
     hvd.shutdown()
-    return worst, peaks, kept, errors
+    return worst, peaks, kept, errors, ideals
 
 
 @pytest.mark.parametrize("np_", [1, 2, 3, 4])  # np 1: stages hand off inside one rank
 def test_every_schedule_trains_like_gradient_accumulation(np_):
     for res in run_ranks(pipeline_suite, np_, timeout=240):
-        worst, peaks, kept, errors = res.value
+        worst, peaks, kept, errors, ideals = res.value
         interleaved = _interleaved(np_)
         assert len(worst) == 2 * len(MICROBATCHES) + len(interleaved) + 1 + \
             (res.rank == np_ - 1), worst
@@ -147,6 +150,10 @@ def test_every_schedule_trains_like_gradient_accumulation(np_):
             g = interleaved_groups(np_, m)[0]
             assert peaks[f"ScheduleInterleaved1F1B m={m}"] == min(
                 2 * m, g + 2 * (np_ - 1 - res.rank) + 1), (m, peaks)
+            # the ideal bubble of V = 2 stages per rank: (K - 1) / (V M + K - 1), and with
+            # M < K that of a GPipe of V K stages, 1 - V M / (V K + M - 1)
+            want = 1 - 2 * m / (2 * np_ + m - 1) if m < np_ else (np_ - 1) / (2 * m + np_ - 1)
+            assert abs(ideals[m] - want) < 1e-12, (m, ideals)
         # what the stage (Linear, Tanh, Linear, Tanh) keeps per micro-batch in flight, counted
         # at 1F1B's peak (min(K - r, 4) micro-batches of 2 x 6 float64, 96 bytes a tensor):
         # with re-materialisation its input and output only, the output until it is sent

@@ -153,7 +153,7 @@ class Schedule1F1B(_SingleStageSchedule):
 class ScheduleInterleaved1F1B(_PipelineSchedule):
     """1F1B over several stages per rank (``stages``: this rank's, stage s on the pipeline's
     rank s % K): the bubble shrinks to (K - 1) / (V M + K - 1) for V stages per rank. Any
-    number M >= 1 of micro-batches: they run in M // K groups of K to 2K - 1 (groups of K
+    number M >= 1 of micro-batches: they run in max(1, M // K) groups of K to 2K - 1 (groups of K
     when K divides M; one group of M when M < K); rank r holds the activations of at most
     min(V M, (V - 1) G + 2 (K - 1 - r) + 1) stage-micro-batches at once, G the largest group.
     With M < K the bubble is 1 - V M / (V K + M - 1) (Note [Interleaved groups] in
