@@ -146,6 +146,9 @@ class MpiJob(ProcessJob):
         self._mpi_files: set[str] = set()  # this host's ranks' MPICH files (hvd_magic.mpi_shm)
         self._rank_pids: set[int] = set()
 
+    def _frozen(self) -> list:
+        return []  # (its child is mpiexec, not a rank: which rank is stopped is not known)
+
     def _terminate_all(self) -> None:
         # Stopped ranks never reach MPI_Finalize, which removes MPICH's file of their host: note
         # the files this host's ranks map before the signal goes, to remove them once the ranks

@@ -8,9 +8,11 @@ child's stdout/stderr pipe and exit (``pidfd``), with no polling, and applies th
 A. Each whole output line goes to :meth:`ProcessJob.handle_line` (by default: the rank's
    prefixed line in :class:`~hvd_magic.launch.output.RankOutput`).
 B. The first rank that exits non-zero (or by a signal) fails the job (it is
-   ``JobResult.failed``). The others get ``report_window`` seconds to exit by themselves
-   (Note [Report window]); every process group still alive then gets SIGTERM, and SIGKILL
-   ``grace`` seconds later. A rank exiting 0 starts nothing.
+   ``JobResult.failed``; ranks with a stopped process then, SIGSTOP or Ctrl-Z, are
+   ``JobResult.frozen``: their peers' waits on them time out). The others get
+   ``report_window`` seconds to exit by themselves (Note [Report window]); every process group
+   still alive then gets SIGTERM (and SIGCONT, so that a stopped one gets it now, not after
+   ``grace``), and SIGKILL ``grace`` seconds later. A rank exiting 0 starts nothing.
 C. Ctrl-C (KeyboardInterrupt on the launcher's thread), :meth:`ProcessJob.stop` from another
    thread, or ``timeout`` sends SIGTERM at once (also inside a report window), SIGKILL after
    ``grace``; a second Ctrl-C kills at once.
@@ -52,6 +54,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from . import procfs
 from .output import LineSplitter, RankOutput
 
 __all__ = ["REPORT_WINDOW", "JobResult", "ProcessJob", "exit_status", "spawn"]
@@ -107,6 +110,7 @@ class JobResult:
     interrupted: bool = False                  # Ctrl-C / stop() / timeout
     reason: str = ""
     stopped: list = field(default_factory=list)  # keys the launcher signalled (rules B, C)
+    frozen: list = field(default_factory=list)   # keys with a stopped process at the failure
 
     @property
     def ok(self) -> bool:
@@ -172,6 +176,7 @@ class ProcessJob:
         if code != 0 and self.result.failed is None and not self.result.interrupted:
             self.result.failed = rank
             self.result.reason = f"rank {rank} {describe_exit(code)}"
+            self.result.frozen = self._frozen()
             if self.report_window > 0:
                 self._window_end = time.monotonic() + self.report_window
             else:
@@ -197,6 +202,19 @@ class ProcessJob:
             self._kill_at = time.monotonic() + self.grace
             self.result.stopped = [k for k, c in self._children.items() if not c.exited]
             self._signal_all(signal.SIGTERM)
+            self._signal_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only now
+
+    def _frozen(self) -> list:
+        """Keys of the children with a process in state T (stopped: SIGSTOP, Ctrl-Z, a
+        debugger), the leader or a descendant."""
+        frozen = []
+        for key, child in self._children.items():
+            if child.exited:
+                continue
+            group = {child.proc.pid} | procfs.descendants(child.proc.pid)
+            if any(procfs.stat(pid)[:1] in (["T"], ["t"]) for pid in group):
+                frozen.append(key)
+        return frozen
 
     def _signal_all(self, sig: int) -> None:
         for child in self._children.values():

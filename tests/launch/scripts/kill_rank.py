@@ -3,7 +3,8 @@ wait for it, in an allreduce (--wait allreduce) or a receive from it (--wait rec
 wait for HVD_TIMEOUT if the core did not notice the death; it does, and each raises an error
 naming rank 1 (issue #36), which the launcher's report window lets them print. --wait python:
 the other ranks hang in pure Python instead, ignoring SIGTERM (only window + grace ends them);
-rank 1 dies once both have said they ignore it (files in $KILL_RANK_DIR)."""
+rank 1 dies once both have said they ignore it (files in $KILL_RANK_DIR). --fault stop: rank 1
+SIGSTOPs itself instead, and the others' waits on it end at HVD_TIMEOUT."""
 import argparse
 import os
 import signal
@@ -13,6 +14,7 @@ import numpy as np
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--wait", choices=["allreduce", "recv", "python"], default="allreduce")
+parser.add_argument("--fault", choices=["kill", "stop"], default="kill")
 args = parser.parse_args()
 me, size = int(os.environ["HVD_RANK"]), int(os.environ["HVD_SIZE"])
 
@@ -32,7 +34,7 @@ import engine_native as hvd  # noqa: E402
 hvd.init()
 hvd.allreduce(np.ones(4), name="warm-up")
 if me == 1:
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP)
 if args.wait == "recv":
     hvd.recv(src=1, tag=5)
 for step in range(600):
