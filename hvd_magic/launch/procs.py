@@ -207,14 +207,11 @@ class ProcessJob:
     def _frozen(self) -> list:
         """Keys of the children with a process in state T (stopped: SIGSTOP, Ctrl-Z, a
         debugger), the leader or a descendant."""
-        frozen = []
-        for key, child in self._children.items():
-            if child.exited:
-                continue
-            group = {child.proc.pid} | procfs.descendants(child.proc.pid)
-            if any(procfs.stat(pid)[:1] in (["T"], ["t"]) for pid in group):
-                frozen.append(key)
-        return frozen
+        stopped = {pid for pid in procfs.pids() if procfs.stat(pid)[:1] in (["T"], ["t"])}
+        if not stopped:  # (the usual case: one pass over /proc, no process tree)
+            return []
+        return [key for key, child in self._children.items() if not child.exited and
+                ({child.proc.pid} | procfs.descendants(child.proc.pid)) & stopped]
 
     def _signal_all(self, sig: int) -> None:
         for child in self._children.values():
