@@ -102,8 +102,8 @@ def _report_failure(output: RankOutput, result: JobResult, size: int) -> None:
         if frozen:  # its peers' waits on it timed out: the cause, though it printed nothing
             which = ", ".join(str(r) for r in frozen)
             output.note(f"hvdrun: rank{'s' if len(frozen) > 1 else ''} {which} "
-                        f"{'were' if len(frozen) > 1 else 'was'} stopped (SIGSTOP, Ctrl-Z or "
-                        f"a debugger) when rank {result.failed} failed.")
+                        f"{'were' if len(frozen) > 1 else 'was'} stopped (SIGSTOP/SIGTSTP, or "
+                        f"held by a debugger or tracer) when rank {result.failed} failed.")
         if rank != result.failed:
             output.note(f"hvdrun: rank {result.failed} only lost its peer; the error came from "
                         f"rank {rank}.")

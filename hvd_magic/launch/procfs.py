@@ -1,5 +1,5 @@
-"""Processes as /proc shows them, for the MPS daemon's bookkeeping (MPS runs on Linux only;
-no psutil on a bare GPU machine): every pid, a process's command line, environment and state,
+"""Processes as /proc shows them, for the MPS daemon's bookkeeping and the launcher's check for
+stopped ranks (Linux only; no psutil on a bare GPU machine): every pid, a process's command line, environment and state,
 its descendants, and a wait until a set of processes is gone. A process that is gone, or
 another user's, reads as empty.
 """

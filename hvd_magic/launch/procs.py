@@ -8,11 +8,12 @@ child's stdout/stderr pipe and exit (``pidfd``), with no polling, and applies th
 A. Each whole output line goes to :meth:`ProcessJob.handle_line` (by default: the rank's
    prefixed line in :class:`~hvd_magic.launch.output.RankOutput`).
 B. The first rank that exits non-zero (or by a signal) fails the job (it is
-   ``JobResult.failed``; ranks with a stopped process then, SIGSTOP or Ctrl-Z, are
-   ``JobResult.frozen``: their peers' waits on them time out). The others get
-   ``report_window`` seconds to exit by themselves (Note [Report window]); every process group
-   still alive then gets SIGTERM (and SIGCONT, so that a stopped one gets it now, not after
-   ``grace``), and SIGKILL ``grace`` seconds later. A rank exiting 0 starts nothing.
+   ``JobResult.failed``; ranks with a process stopped then, by SIGSTOP/SIGTSTP or held by a
+   debugger or tracer, are ``JobResult.frozen``: their peers' waits on them time out). The
+   others get ``report_window`` seconds to exit by themselves (Note [Report window]); every
+   process group still alive then gets SIGTERM (and SIGCONT, so that one stopped by a signal
+   acts on it now, not at the SIGKILL; a debugger's hold ends only there), and SIGKILL
+   ``grace`` seconds later. A rank exiting 0 starts nothing.
 C. Ctrl-C (KeyboardInterrupt on the launcher's thread), :meth:`ProcessJob.stop` from another
    thread, or ``timeout`` sends SIGTERM at once (also inside a report window), SIGKILL after
    ``grace``; a second Ctrl-C kills at once.
@@ -202,16 +203,22 @@ class ProcessJob:
             self._kill_at = time.monotonic() + self.grace
             self.result.stopped = [k for k, c in self._children.items() if not c.exited]
             self._signal_all(signal.SIGTERM)
-            self._signal_all(signal.SIGCONT)  # a stopped process acts on SIGTERM only now
+            self._signal_all(signal.SIGCONT)  # a process stopped by a signal acts on it now
 
     def _frozen(self) -> list:
-        """Keys of the children with a process in state T (stopped: SIGSTOP, Ctrl-Z, a
-        debugger), the leader or a descendant."""
-        stopped = {pid for pid in procfs.pids() if procfs.stat(pid)[:1] in (["T"], ["t"])}
-        if not stopped:  # (the usual case: one pass over /proc, no process tree)
+        """Keys of the children with a process in state T or t (stopped by a signal, or held
+        by a debugger or tracer). One pass over /proc, matched by session: each child leads
+        its own (spawn), and its pid, the session's id, is not reused while it is unreaped."""
+        live = {c.proc.pid: k for k, c in self._children.items() if not c.exited}
+        found = set()
+        try:
+            for pid in procfs.pids():
+                fields = procfs.stat(pid)  # state, ppid, pgrp, session, ...
+                if len(fields) > 3 and fields[0] in ("T", "t") and int(fields[3]) in live:
+                    found.add(live[int(fields[3])])
+        except (OSError, ValueError):  # no /proc to read: name nobody, fail nothing
             return []
-        return [key for key, child in self._children.items() if not child.exited and
-                ({child.proc.pid} | procfs.descendants(child.proc.pid)) & stopped]
+        return [key for key in self._children if key in found]
 
     def _signal_all(self, sig: int) -> None:
         for child in self._children.values():

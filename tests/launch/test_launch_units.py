@@ -280,6 +280,23 @@ def test_report_window_lets_ranks_exit_and_ends_when_all_have(no_leaks):
 
 
 @pytest.mark.timeout(60)
+def test_a_stopped_rank_is_named_and_ends_at_the_sigterm(no_leaks):
+    """A rank stopped by SIGSTOP when another fails is JobResult.frozen, and SIGCONT after
+    the SIGTERM ends it by that SIGTERM, not by the SIGKILL a minute later."""
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()), grace=60.0, report_window=0)
+    stopped = _py("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)")
+    job.add(0, stopped)
+    watch = (f"import sys, time\nwhile open('/proc/{stopped.pid}/stat').read().rsplit(')', 1)"
+             "[1].split()[0] != 'T':\n    time.sleep(0.005)\nsys.exit(3)")  # (polls a state)
+    job.add(1, _py(watch))
+    start = time.monotonic()
+    result = job.run()
+    assert time.monotonic() - start < 60
+    assert result.failed == 1 and result.frozen == [0], result
+    assert result.codes == {0: -signal.SIGTERM, 1: 3}, result
+
+
+@pytest.mark.timeout(60)
 def test_stop_inside_report_window_is_at_once(no_leaks):
     """Rule C inside a report window: stop() (as Ctrl-C and the timeout) signals at once; the
     first failed rank stays the job's failure."""
