@@ -47,6 +47,7 @@
 #include "bindings/group_core.h"
 #include "bindings/jit_interrupt.h"
 #include "common/dtype.h"
+#include "common/text.h"
 #include "runtime/runtime.h"
 #include "xla/ffi/api/c_api.h"
 #endif
@@ -160,9 +161,7 @@ bool inPlace(int64_t op) {  // the core writes result i itself (Note [FFI call l
 }
 
 std::string shapeText(const int64_t* dims, int64_t rank) {
-  std::string text = "(";
-  for (int64_t d = 0; d < rank; ++d) text += (d ? ", " : "") + std::to_string(dims[d]);
-  return text + (rank == 1 ? ",)" : ")");
+  return common::tupleText(dims, static_cast<size_t>(rank));
 }
 
 // Operand 1 + i and result 1 + i as op i of the group, or an error message naming it.

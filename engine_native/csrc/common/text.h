@@ -28,6 +28,15 @@ std::string fieldText(const char (&field)[N]) {
   return std::string(field, ::strnlen(field, N));
 }
 
+// A shape as Python prints a tuple, "(4,)", "(2, 3)", "()": how errors a Python caller reads
+// name a tensor's shape.
+template <typename Int>
+std::string tupleText(const Int* dims, size_t rank) {
+  std::string out = "(";
+  for (size_t k = 0; k < rank; ++k) out += (k ? ", " : "") + std::to_string(dims[k]);
+  return out + (rank == 1 ? ",)" : ")");
+}
+
 class Text {
  public:
   Text& operator<<(std::string_view s) {

@@ -73,6 +73,7 @@
 #include <utility>
 
 #include "common/dtype.h"
+#include "common/text.h"
 #include "runtime/host_output_pool.h"
 #include "runtime/peer_ops.h"
 
@@ -104,11 +105,8 @@ bool matchable(transport::PeerFrameKind kind) {
 }
 
 std::string typeText(common::DataType dtype, const std::vector<int64_t>& shape) {
-  std::string out = std::string(common::dataTypeName(dtype)) + " (";  // "float32 (4,)"
-  for (size_t k = 0; k < shape.size(); ++k) {
-    out += (k > 0 ? ", " : "") + std::to_string(shape[k]);
-  }
-  return out + (shape.size() == 1 ? ",)" : ")");
+  return std::string(common::dataTypeName(dtype)) + " " +  // "float32 (4,)"
+         common::tupleText(shape.data(), shape.size());
 }
 
 }  // namespace
