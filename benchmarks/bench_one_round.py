@@ -5,13 +5,18 @@ and MPICH, in alternating order, so the load of a shared machine drifts over all
 each figure is the median over the rounds of each launch's median time per op (the slowest
 rank's, per iteration).
 
-    python benchmarks/bench_one_round.py --np 2,4 --rounds 5 [--sizes 4,4096] [--tcp]
+    python benchmarks/bench_one_round.py --np 2,4 --rounds 5 [--sizes 4,4096] [--tcp | --hosts N]
 
 allreduce and broadcast (blocking, up to 4 KiB) take the board; allgather, alltoall and
 reducescatter do not and serve as the control (their on/off ratio shows the noise). With
 --tcp (a fake host per rank) there is no board: both of ours are negotiated. With --after-join
 every rank calls join() once before the timed ops (MPICH: a barrier), so the table shows the
 ops of a training loop after an epoch's join (Note [One round] J: the board opens again).
+With --hosts N the ranks spread over N fake hosts in blocks (np 4 over 2: ranks 0-1 and 2-3),
+the across-hosts case on one machine: ours through HVD_HOSTNAME per rank (shm within a host,
+TCP between hosts, no HVD_TRANSPORT), MPICH through MPIR_CVAR_NUM_CLIQUES=N with
+MPIR_CVAR_CLIQUES_BY_BLOCK=1 and UCX held to TCP (launcher.mpich_hosts_env: shared memory
+within a clique, TCP between cliques).
 Nothing here asserts a timing.
 """
 
@@ -26,7 +31,7 @@ sys.path.insert(0, HERE)
 
 import benchlib  # noqa: E402
 from benchlib import fmt_time, median  # noqa: E402
-from launcher import Context  # noqa: E402
+from launcher import Context, mpich_hosts_env  # noqa: E402
 
 SIZES = [4, 4096]
 VARIANTS = {"ours": ("ours", None), "ours, one round off": ("ours", {"HVD_ONE_ROUND_BYTES": "0"}),
@@ -50,6 +55,12 @@ def _figures(results: list) -> dict:
             for key in common}
 
 
+def _hosts_text(np_ranks: int, hosts: int) -> str:
+    env = " ".join(f"{k}={v}" for k, v in mpich_hosts_env(hosts).items())
+    return (f"{hosts} hosts of {np_ranks // hosts} (ours: HVD_HOSTNAME per rank; MPICH: "
+            f"{env})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--np", default="2,4")
@@ -57,6 +68,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="4,4096", help="bytes per rank, comma list")
     parser.add_argument("--tcp", action="store_true",
                         help="forced TCP, a host per rank (ours-tcp, mpi-tcp)")
+    parser.add_argument("--hosts", type=int, default=0,
+                        help="ranks over this many fake hosts in blocks (must divide each np)")
     parser.add_argument("--after-join", action="store_true",
                         help="every rank joins once before the timed ops")
     args = parser.parse_args()
@@ -65,6 +78,8 @@ def main() -> None:
             VARIANTS[label] = (system + "-tcp", env)
     SIZES[:] = [int(s) for s in args.sizes.split(",")]
     nps = [int(n) for n in args.np.split(",")]
+    if args.hosts and (args.tcp or args.hosts < 2 or any(n % args.hosts for n in nps)):
+        parser.error("--hosts N: N >= 2 dividing every --np, and not with --tcp")
     ctx = Context(nps, quick=False, horovod=(False, ""))
     print(f"load average at start: {benchlib.load_average()}")
     for np_ranks in nps:
@@ -74,12 +89,12 @@ def main() -> None:
                 system, env = VARIANTS[label]
                 for case in ("allreduce", "collectives"):
                     spec = dict(_spec(case), join_first=args.after_join)
-                    results = ctx.run(system, np_ranks, case, spec, env=env,
+                    results = ctx.run(system, np_ranks, case, spec, env=env, hosts=args.hosts,
                                       label=f"{case}/{label}/np{np_ranks}/round{rnd + 1}")
                     for key, t in (_figures(results) if results else {}).items():
                         got.setdefault((label, case, key), []).append(t)
-        where = ("forced TCP" if args.tcp else "shm") + (", after a join" if args.after_join
-                                                           else "")
+        where = ("forced TCP" if args.tcp else _hosts_text(np_ranks, args.hosts)
+                 if args.hosts else "shm") + (", after a join" if args.after_join else "")
         print(f"\n### small ops, np={np_ranks}, {where}: median over {args.rounds} rounds of the median "
               "time per op (each round's figures in brackets)\n")
         print("| op | size | " + " | ".join(VARIANTS) + " | on / off | ours / MPICH |")

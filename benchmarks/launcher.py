@@ -140,13 +140,15 @@ def _rank_argv(python: str, system: str, spec_path: str) -> list:
 
 
 def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | None = None,
-           timeout: float = 300.0, label: str = "") -> Launch:
+           timeout: float = 300.0, label: str = "", hosts: int = 0) -> Launch:
     """Start ``np_ranks`` ranks of ``system`` running ``case`` with ``spec``; wait; collect.
 
     Systems: ours, ours-tcp (ours with HVD_TRANSPORT=tcp and a host per rank), ours-torch
     (ours through engine_native.torch, called as Horovod's adapter calls horovod.torch), mpi,
     mpi-tcp (MPICH with MPIR_CVAR_NOLOCAL=1 and its netmod held to TCP), gloo, horovod-mpi (venv mpiexec),
-    horovod-gloo (venv horovodrun --gloo).
+    horovod-gloo (venv horovodrun --gloo). ``hosts`` > 1 (ours and mpi): the ranks spread over
+    that many fake hosts in blocks (host_of), ours through HVD_HOSTNAME, MPICH through
+    mpich_hosts_env.
     """
     out_dir = tempfile.mkdtemp(prefix=f"hvdbench-{case}-{system}-")
     # Ranks stop starting new sizes after 60% of the timeout (see agreed_iterations).
@@ -164,7 +166,7 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
         secret = os.urandom(32)
         with _rendezvous_module().RendezvousServer(secret) as server:
             commands = _ours_commands(system, np_ranks, spec_path, base, server.address,
-                                      secret)
+                                      secret, hosts)
             return Launch(label or f"{case}/{system}/np{np_ranks}", commands, out_dir,
                           timeout).run()
     commands = []
@@ -174,6 +176,8 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
             # default) still moves same-host data through UCX's shared-memory transports
             # unless told to use TCP (measured: 4.9 GB/s at 16 MiB "over TCP"; 0.9 with this).
             base.update(MPIR_CVAR_NOLOCAL="1", UCX_TLS="tcp,self", FI_PROVIDER="tcp")
+        if hosts > 1:
+            base.update(mpich_hosts_env(hosts))
         commands = [(["mpiexec", "-n", str(np_ranks)] + _rank_argv(sys.executable, system,
                                                                   spec_path), base)]
     elif system == "gloo":
@@ -213,8 +217,26 @@ def _rendezvous_module():
     return importlib.import_module(package + ".rendezvous")
 
 
+def host_of(rank: int, np_ranks: int, hosts: int) -> int:
+    """The fake host of ``rank`` when ``np_ranks`` spread over ``hosts`` in blocks (np 4 over 2
+    hosts: ranks 0-1 on host 0, 2-3 on host 1), as ``hvdrun -H a:2,b:2`` places them and
+    MPICH's CLIQUES_BY_BLOCK (blocks of ceil(np / hosts): np 3 over 2 gives [0, 1], [2])."""
+    return rank // -(-np_ranks // hosts)
+
+
+def mpich_hosts_env(hosts: int) -> dict:
+    """MPICH's fake hosts: MPIR_CVAR_NUM_CLIQUES splits this machine's ranks into ``hosts``
+    cliques that see one another as remote (CLIQUES_BY_BLOCK: in blocks, as host_of), so
+    between cliques MPICH goes through its netmod, within one through its shared memory.
+    UCX_TLS holds that netmod (UCX, the wheel's default) to TCP: otherwise UCX itself moves
+    the bytes through shared memory (sysv/cma). Checked with UCX_PROTO_INFO=y (every endpoint
+    but self: tcp/eth0) and MPI_COMM_TYPE_SHARED (np 4 over 2: groups [0, 1] and [2, 3])."""
+    return {"MPIR_CVAR_NUM_CLIQUES": str(hosts), "MPIR_CVAR_CLIQUES_BY_BLOCK": "1",
+            "UCX_TLS": "tcp,self", "FI_PROVIDER": "tcp"}
+
+
 def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, address: tuple,
-                   secret: bytes) -> list:
+                   secret: bytes, hosts: int = 0) -> list:
     host, port = address
     commands = []
     for r in range(np_ranks):
@@ -223,6 +245,8 @@ def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, addre
                      HVD_JOB_ID=f"bench{os.getpid()}p{port}")
         if system == "ours-tcp":
             env_r.update(HVD_TRANSPORT="tcp", HVD_HOSTNAME=f"benchhost{r}")
+        elif hosts > 1:  # shm within a fake host, TCP between them, as on real hosts
+            env_r.update(HVD_HOSTNAME=f"benchhost{host_of(r, np_ranks, hosts)}")
         commands.append((_rank_argv(sys.executable, system, spec_path), env_r))
     return commands
 
@@ -282,13 +306,14 @@ class Context:
         return names
 
     def run(self, system: str, np_ranks: int, case: str, spec: dict, env=None,
-            label: str = "") -> list:
+            label: str = "", hosts: int = 0) -> list:
         """Launch, report progress, return every rank's results ([] on failure, noted)."""
         label = label or f"{case}/{system}/np{np_ranks}"
         load = load_average()
         self.loads.append((label, load))
         print(f"  .. {label:<40} load {load}", end="", flush=True)
-        job = launch(system, np_ranks, case, spec, env=env, timeout=self.timeout, label=label)
+        job = launch(system, np_ranks, case, spec, env=env, timeout=self.timeout, label=label,
+                     hosts=hosts)
         results = job.results()
         complete = len(results) == np_ranks
         print(f"  {job.wall:6.1f} s" + ("" if not job.error else "  (!)"), flush=True)
