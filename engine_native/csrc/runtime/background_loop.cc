@@ -56,6 +56,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_),
       one_round_(mesh, keys_) {
+  connectBoardFrames();
   // Several peers may look lost by the time a collective notices; one of them may already have
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {

@@ -144,6 +144,7 @@ class BackgroundLoop {
   bool lostPeerCheckDue(bool loop_thread);  // Note [Lost peer checks]
   void negotiate(coord::Key key);  // hands a drained op to rank 0's negotiation
   void stepOneRound();
+  void connectBoardFrames();  // Note [One round] K, at construction
   OneRound::Run runOneRound();  // a board op runs through the Executor, outside the queue
   bool readControl();
   void progressPeerOps(bool* took_work);

@@ -78,7 +78,11 @@ bool BackgroundLoop::pass(bool by_loop_thread) {
            true);
     }
   }
-  if (!failed_ && !finished_) progressPeerOps(&took_work);  // also while shutting down (F)
+  if (!failed_ && !finished_) {  // also while shutting down (F)
+    peer_ops_.setBoardWaiting(one_round_.awaitsFrames());  // Note [One round] K
+    progressPeerOps(&took_work);
+    if (one_round_.takeFresh() && !failed_ && !shutdown_sent_) stepOneRound();  // their post
+  }
   if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
@@ -177,6 +181,17 @@ OneRound::Run BackgroundLoop::runOneRound() {
   return [this](const coord::Response& r, const OneRoundInputs& inputs) {
     return execution_.runOneRound(r, inputs);
   };
+}
+
+// Note [One round] K: the board's frames to and from ranks off this host's segment.
+void BackgroundLoop::connectBoardFrames() {
+  one_round_.setSender(
+      [this](int peer, transport::PeerFrameKind kind, int64_t tag, std::string bytes) {
+        peer_ops_.sendBoard(peer, kind, tag, std::move(bytes));
+      });
+  peer_ops_.setBoardSink([this](int peer, const transport::PeerMessage& message) {
+    return one_round_.arrived(peer, message);
+  });
 }
 
 // Note [One round] in one_round.cc: before negotiation in the pass, so what the board sends

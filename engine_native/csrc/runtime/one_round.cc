@@ -1,8 +1,8 @@
 // Note [One round]
 // A negotiated small op costs three hand-offs in sequence: the worker's request to rank 0,
-// rank 0's response, then the op's own exchange of data. Where every rank of the world is on
-// one host, the ranks instead agree on the global set's ops and exchange their data in one
-// round on a board in the host collective segment (issue #38):
+// rank 0's response, then the op's own exchange of data. The ranks instead agree on the global
+// set's ops and exchange their data in one round on a board: in the host collective segment
+// within a host, by a frame to each rank beyond it (K) (issue #38):
 //   A. Each rank owns two post slots and a header (BoardHeader: the round it posted last, a
 //      closed flag). A rank takes the global set's drained ops in order. A data op (a blocking
 //      CPU allreduce, broadcast, allgather, alltoall or reducescatter, not in a group, whose
@@ -49,8 +49,8 @@
 //      rank. A closed board routes every op to negotiation until a join opens it again (J);
 //      shutdown and failure close it for good (kBoardGone); a pending round still finishes.
 //   G. Unchanged: process sets other than the global one, device tensors, async ops (the
-//      gradients of a step, which rank 0 fuses), groups (fused by rank 0 into one op), TCP
-//      between hosts, worlds spanning hosts. A round waits only on ranks that submitted no op
+//      gradients of a step, which rank 0 fuses), groups (fused by rank 0 into one op). A
+//      round waits only on ranks that submitted no op
 //      of the global set since (names they did submit went to negotiation); the waiting rank's
 //      stall warning and metrics()' pending list name them (StallInspector). The deadlock
 //      shutdown (HVD_STALL_SHUTDOWN_TIME) judges from rank 0's tables, which board ops never
@@ -80,11 +80,34 @@
 //      answered (closed in E, its counter final: nobody posts in E + 1 before this rank is in
 //      it). Without this a join closed the board for the rest of the session, and every small
 //      op after an epoch's join paid negotiation again.
+//   K. Across hosts. A rank off this host's collective segment (on another host, or on this one
+//      without a segment, as under HVD_TRANSPORT=tcp) cannot read the board, so each rank keeps
+//      a mirror of every such rank's part (BoardMembers) and tells those ranks its own: each
+//      post, as it lands in its slot, goes to them as a kBoardPost frame, and each change of
+//      its state word (closed, a new epoch, gone) as a kBoardState frame, on the pair's
+//      point-to-point connection (PeerOps::sendBoard). The connection is one ordered stream,
+//      so a mirror changes in the order its owner's header did; the frame is the agreement and
+//      the data at once, the first TCP message of the op. A-I hold as written, the mirror read
+//      where the segment was: a rank posts r + 2 only once every rank answered r + 1, and a
+//      remote rank answers r + 1 after it read r, so a mirror's two slots suffice as the
+//      segment's do. The limit (HVD_ONE_ROUND_BYTES) is agreed by the whole world at connect
+//      (transport/board_agreement.h), so the board is on for every rank or for none. A frame
+//      wakes its receiver's loop through the socket, which the loop polls; a caller driving
+//      its op reads the remote ranks' sockets on each pass while its round waits.
+//      What is new is that frames are not ordered against rank 0's messages, which travel on
+//      other connections. Only J relied on that: a rank closes before its join request leaves,
+//      so on one host its close is visible before the join completes anywhere, but its frame
+//      may still be in flight when the join completes here. The reopening therefore waits
+//      (reopen_due_) until every remote rank's state shows it closed in this epoch (its counter
+//      final, as J needs), and holds the ops its callers submit meanwhile rather than routing
+//      them, so that they are still taken by the open board. Nothing else needs the order: B
+//      decides from the posts alone, and D's owed names go to negotiation, which waits for all.
 #include "runtime/one_round.h"
 
 #include <algorithm>
 #include <cstring>
 
+#include "common/byte_codec.h"
 #include "common/test_switch.h"
 #include "coord/validation.h"
 #include "runtime/one_round_respond.h"
@@ -132,16 +155,10 @@ bool boardTakes(const coord::Request& r) {
 }  // namespace
 
 OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
-    : mesh_(mesh), keys_(keys), me_(mesh.rank()), size_(mesh.size()) {
-  board_ = mesh.collectiveSegment();
-  if (board_ == nullptr || size_ < 2 || static_cast<int>(mesh.hostRanks().size()) != size_) {
-    return;
-  }
-  max_bytes_ = transport::shm::kMaxOneRoundBytes;
-  for (int r = 0; r < size_; ++r) {
-    max_bytes_ = std::min<int64_t>(max_bytes_, board_->boardHeader(r)->wish.load());
-  }
-  active_ = max_bytes_ > 0;
+    : mesh_(mesh), keys_(keys), board_(mesh), me_(mesh.rank()), size_(mesh.size()) {
+  max_bytes_ = mesh.oneRoundBytes();  // the same on every rank (K)
+  if (size_ < 2 || max_bytes_ == 0) return;
+  active_ = true;
   begin_.resize(static_cast<size_t>(size_) + 1);
   absent_.resize(static_cast<size_t>(size_));
   index_.resize(static_cast<size_t>(size_));
@@ -154,38 +171,22 @@ OneRound::OneRound(transport::Mesh& mesh, const coord::KeyTable& keys)
   if (const char* held = HVD_TEST_SWITCH("ONE_ROUND_HOLD")) hold_for_tests_ = held;
 }
 
-// Host ranks are the world here, so local index == global rank.
 bool OneRound::answered(int rank) const {
-  const transport::shm::BoardHeader* h = board_->boardHeader(rank);
-  const uint64_t state = h->state.load(std::memory_order_seq_cst);
+  const transport::shm::BoardHeader& h = board_.header(rank);
+  const uint64_t state = h.state.load(std::memory_order_seq_cst);
   if (state == transport::shm::kBoardGone) return true;
   if ((state >> 1) != epoch_) return (state >> 1) > epoch_;  // J
   // A rank closes after its last post, so decodeAll's later read of `posted` tells which.
-  return h->posted.load(std::memory_order_seq_cst) >= round_ || (state & 1) != 0;
+  return h.posted.load(std::memory_order_seq_cst) >= round_ || (state & 1) != 0;
 }
 
-bool OneRound::behind(int rank, bool* gone) const {
-  const uint64_t state = board_->boardHeader(rank)->state.load(std::memory_order_seq_cst);
-  *gone = state == transport::shm::kBoardGone;
-  return !*gone && (state >> 1) < epoch_;
-}
-
-bool OneRound::peersReopened(bool* gone) const {
-  bool all = true, any_gone = false;
-  for (int r = 0; r < size_; ++r) {
-    bool left = false;
-    if (r != me_ && behind(r, &left)) all = false;
-    any_gone = any_gone || left;
-  }
-  *gone = any_gone;
-  return all || any_gone;
-}
-
-bool OneRound::waitingForReopen() const {
-  return !pending_ && !closed_ && epoch_ > 0 && (!queued_.empty() || !announce_.empty());
+Status OneRound::arrived(int peer, const transport::PeerMessage& message) {
+  fresh_ = true;
+  return board_.arrived(peer, message);
 }
 
 bool OneRound::canProgress() const {
+  if (reopen_due_) return remotesClosed();  // K
   if (!pending_) {
     bool gone = false;
     return waitingForReopen() && peersReopened(&gone);
@@ -250,6 +251,10 @@ std::string OneRound::stallReport(double seconds) const {
 
 Status OneRound::step(EntryTable& entries, const Route& route, const Run& run,
                       timeline::Timeline* timeline) {
+  if (reopen_due_) {  // K: held until the remote ranks' closes arrive
+    HVD_RETURN_IF_ERROR(tryReopen(entries, route, run));
+    if (reopen_due_) return Status::ok();
+  }
   sortTaken(entries, route);
   for (int turn = 0; turn < 4; ++turn) {  // finish, post, finish if the others were first...
     if (pending_) {
@@ -346,9 +351,12 @@ void OneRound::post(EntryTable& entries, timeline::Timeline* timeline) {
   queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(taken));
   if (writer_.count() == 0) return;
   const std::string& bytes = writer_.finish();
-  std::memcpy(board_->boardSlot(me_, round_ + 1), bytes.data(), bytes.size());
+  std::memcpy(board_.ownSlot(round_ + 1), bytes.data(), bytes.size());
   ++round_;
-  board_->boardHeader(me_)->posted.store(round_, std::memory_order_seq_cst);  // E: publishes it
+  board_.ownHeader().posted.store(round_, std::memory_order_seq_cst);  // E: publishes it
+  for (int r : board_.remotes()) {  // K
+    send_(r, transport::PeerFrameKind::kBoardPost, static_cast<int64_t>(round_), bytes);
+  }
   pending_ = true;
   posted_at_ = std::chrono::steady_clock::now();
   wakeWaiting(round_);
@@ -359,15 +367,23 @@ void OneRound::post(EntryTable& entries, timeline::Timeline* timeline) {
 void OneRound::closeNow() {
   if (closed_) return;
   closed_ = true;
-  board_->boardHeader(me_)->state.store(epoch_ << 1 | 1, std::memory_order_seq_cst);
+  setState(epoch_ << 1 | 1);
   wakeWaiting(round_ + 1);
+}
+
+void OneRound::setState(uint64_t state) {
+  board_.ownHeader().state.store(state, std::memory_order_seq_cst);
+  if (board_.remotes().empty()) return;
+  std::string word;
+  common::ByteWriter(&word).u64(state);
+  for (int r : board_.remotes()) send_(r, transport::PeerFrameKind::kBoardState, 0, word);
 }
 
 // Wakes the loops of ranks that posted `round` already: this post may be the one they wait on.
 void OneRound::wakeWaiting(uint64_t round) const {
   for (int r = 0; r < size_; ++r) {
     if (r == me_) continue;
-    if (board_->boardHeader(r)->posted.load(std::memory_order_seq_cst) < round) continue;
+    if (board_.header(r).posted.load(std::memory_order_seq_cst) < round) continue;
     if (const transport::PeerChannel* channel = mesh_.peerChannel(r)) channel->wakePeerLoop();
   }
 }
@@ -377,11 +393,12 @@ Status OneRound::decodeAll() {
   for (int r = 0; r < size_; ++r) {
     begin_[static_cast<size_t>(r)] = ops_.size();
     index_[static_cast<size_t>(r)].clear();
-    const transport::shm::BoardHeader* h = board_->boardHeader(r);
-    absent_[static_cast<size_t>(r)] = h->posted.load(std::memory_order_seq_cst) < round_;
+    absent_[static_cast<size_t>(r)] =
+        board_.header(r).posted.load(std::memory_order_seq_cst) < round_;
     if (absent_[static_cast<size_t>(r)]) continue;  // closed without posting it (F)
-    Status s = one_round::decodePost(board_->boardSlot(r, round_),
-                                     transport::shm::kBoardSlotBytes, round_, &ops_);
+    size_t capacity = 0;
+    const uint8_t* post = board_.post(r, round_, &capacity);
+    Status s = one_round::decodePost(post, capacity, round_, &ops_);
     if (!s.isOk()) {
       return common::internalError("rank " + std::to_string(r) + "'s one-round post: " +
                                    s.message());
@@ -493,66 +510,6 @@ void OneRound::close() {
   closeNow();
   closeForGood();
   pending_ = false;  // nothing finishes it any more (the loop's sleep re-check must not spin)
-}
-
-void OneRound::closeForGood() {
-  gone_ = true;
-  board_->boardHeader(me_)->state.store(transport::shm::kBoardGone, std::memory_order_seq_cst);
-  wakeAll();  // peers waiting for this rank to reopen (J) stop waiting
-}
-
-Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries, const Route& route,
-                                 const Run& run) {
-  if (joins == joins_) return Status::ok();
-  joins_ = joins;
-  if (!active_ || gone_ || !closed_) return Status::ok();
-  if (pending_) {  // answered by every rank: all closed before this join could complete
-    if (!allAnswered()) {  // not expected; peers must not wait for a reopening then (the
-      closeForGood();      // round still finishes once answered, as F's pending round)
-      return Status::ok();
-    }
-    HVD_RETURN_IF_ERROR(finish(entries, route, run, nullptr));
-  }
-  uint64_t base = 0;  // every counter is final: the same on every rank
-  for (int r = 0; r < size_; ++r) {
-    base = std::max(base, board_->boardHeader(r)->posted.load(std::memory_order_seq_cst));
-  }
-  for (coord::Key key : queued_) {  // (none: a closed board routes at once)
-    if (entries.find(key) != nullptr) route(key);
-  }
-  queued_.clear();
-  owed_.clear();
-  announce_.clear();
-  // What of the global set is still pending went to negotiation and reached rank 0 after the
-  // join (the join released every name pending before it; a closed board holds nothing): the
-  // peers must not wait for it on the board, so the epoch's first post names it (they route
-  // or owe it, A and D). A name too long to post keeps the board closed, as in F.
-  bool postable = true;
-  entries.forEach([&](const TensorEntry& entry) {
-    if (entry.request.process_set != 0 || entry.request.type == OpType::kJoin) return;
-    const std::string& name = keys_.name(entry.request.key);
-    postable = postable && name.size() <= one_round::kMaxPostedName;
-    announce_.push_back(name);
-  });
-  if (!postable) {
-    announce_.clear();
-    closeForGood();
-    return Status::ok();
-  }
-  round_ = base;
-  ++epoch_;
-  closed_ = false;
-  posted_.clear();
-  board_->boardHeader(me_)->state.store(epoch_ << 1, std::memory_order_seq_cst);
-  wakeAll();  // peers whose ops wait for this rank's reopening
-  return Status::ok();
-}
-
-void OneRound::wakeAll() const {
-  for (int r = 0; r < size_; ++r) {
-    if (r == me_) continue;
-    if (const transport::PeerChannel* channel = mesh_.peerChannel(r)) channel->wakePeerLoop();
-  }
 }
 
 }  // namespace hvd::runtime

@@ -1,6 +1,7 @@
 // OneRound: this rank's side of the one-round board (Note [One round] in one_round.cc), where
-// the ranks of a one-host world agree on small blocking ops of the global set and exchange
-// their data in the same shared-memory round, without rank 0's negotiation. BackgroundLoop
+// the ranks agree on small blocking ops of the global set and exchange their data in the same
+// round (shared memory within a host, a frame to each rank beyond it: K), without rank 0's
+// negotiation. BackgroundLoop
 // hands it the global set's drained ops (take) and runs step() once a pass; what the board
 // does not finish goes to negotiation through `route`, in a pass's time. Background thread only
 // (whichever thread holds the loop's progress_).
@@ -16,22 +17,40 @@
 #include "common/status.h"
 #include "coord/key_table.h"
 #include "coord/message.h"
+#include "runtime/board_members.h"
 #include "runtime/one_round_post.h"
 #include "runtime/op_executor.h"
 #include "runtime/tensor_entry.h"
 #include "timeline/timeline.h"
 #include "transport/mesh.h"
+#include "transport/peer_frame.h"
 
 namespace hvd::runtime {
 
 class OneRound {
  public:
+  // Queues a board frame to a rank off this host's segment (K: PeerOps::sendBoard).
+  using SendFrame = std::function<void(int peer, transport::PeerFrameKind kind, int64_t tag,
+                                       std::string payload)>;
   // Reads the board's setup from the connected mesh: active() is the same on every rank.
   OneRound(transport::Mesh& mesh, const coord::KeyTable& keys);
+  void setSender(SendFrame send) { send_ = std::move(send); }  // before the first step
 
-  // Every rank of the world is on this host, which has a board, and every rank asked for it
-  // (HVD_ONE_ROUND_BYTES > 0; the least of their wishes bounds an op).
-  bool active() const { return active_ && !closed_; }
+  // Every rank asked for the board (HVD_ONE_ROUND_BYTES > 0; the least of their wishes bounds
+  // an op, Mesh::oneRoundBytes) and it is open, or reopens once frames in flight arrive (J, K).
+  bool active() const { return active_ && (!closed_ || reopen_due_); }
+  // A kBoardPost or kBoardState frame from `peer` (K). Not OK: malformed, fail the core.
+  common::Status arrived(int peer, const transport::PeerMessage& message);
+  // Whether a step waits on frames (K): PeerOps reads the sockets of remote ranks meanwhile.
+  bool awaitsFrames() const {
+    return !board_.remotes().empty() && (pending_ || reopen_due_ || waitingForReopen());
+  }
+  // Whether frames arrived since the last call: a step may move now.
+  bool takeFresh() {
+    const bool fresh = fresh_;
+    fresh_ = false;
+    return fresh;
+  }
 
   // A drained op of the global set (in the order taken), sorted at the next step.
   void take(coord::Key key) { taken_.push_back(key); }
@@ -82,6 +101,10 @@ class OneRound {
   void post(EntryTable& entries, timeline::Timeline* timeline);
   void closeNow();
   void closeForGood();  // J: peers stop waiting for this rank to reopen
+  void setState(uint64_t state);  // this rank's BoardHeader::state, here and to the remotes
+  // J, K: reopens once every remote rank's close in this epoch arrived (else stays due).
+  common::Status tryReopen(EntryTable& entries, const Route& route, const Run& run);
+  bool remotesClosed() const;
   common::Status finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline);
   common::Status decodeAll();
@@ -91,7 +114,10 @@ class OneRound {
 
   transport::Mesh& mesh_;
   const coord::KeyTable& keys_;
-  transport::shm::CollectiveSegment* board_ = nullptr;
+  BoardMembers board_;
+  SendFrame send_;
+  bool reopen_due_ = false;  // J, K: a join completed; the reopening waits for remote closes
+  bool fresh_ = false;       // takeFresh
   using Clock = std::chrono::steady_clock;
   bool active_ = false;
   bool closed_ = false;

@@ -317,15 +317,16 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   read_early_[peer] = 0;
   // Nothing to write, read or time out with this peer: every pass of a host's small
   // collectives (Note [One round]) comes here for each peer.
+  const bool board = board_waiting_ && !channel.onSharedMemory();  // Note [One round] K
   if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
-      !channel.hasBacklog() && !channel.hasIncoming()) {
+      !channel.hasBacklog() && !channel.hasIncoming() && !board) {
     return Status::ok();
   }
   bool wrote = false, read = false;
   HVD_RETURN_IF_ERROR(flushPeer(peer, now, &wrote));
   // A ring is read whenever it has bytes (Note [Point-to-point over shm] A); a socket when it
   // polled readable or a receive waits on it (unless takeSubmitted just read it).
-  if (readable_[peer] != 0 || channel.hasIncoming() ||
+  if (readable_[peer] != 0 || channel.hasIncoming() || board ||
       (!p.receiving.empty() && !channel.onSharedMemory() && !read_early)) {
     HVD_RETURN_IF_ERROR(readPeer(peer, now, &read));
   }
@@ -334,6 +335,20 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   timeOut(p, now);
   *moved = *moved || wrote || read || !sent_.empty();
   return Status::ok();
+}
+
+void PeerOps::sendBoard(int peer, transport::PeerFrameKind kind, int64_t tag,
+                        std::string payload) {
+  if (!open(peer)) return;  // its connection failed while shutting down (F)
+  PerPeer& p = peers_[peer];
+  p.receipts.push_back(std::move(payload));  // written in order, popped by kReceiptId
+  transport::PeerFrame frame;
+  frame.kind = kind;
+  frame.tag = tag;
+  frame.bytes = p.receipts.back().size();
+  mesh_.peerChannel(peer)->send(frame, p.receipts.back().data(), kReceiptId);
+  bool wrote = false;  // a failed write is the next pass's to report
+  (void)flushPeer(peer, Clock::now(), &wrote);
 }
 
 Status PeerOps::readPeer(int peer, Clock::time_point now, bool* read) {
@@ -380,6 +395,11 @@ Status PeerOps::arrive(int peer, PerPeer& p, transport::PeerMessage message) {
   }
   if (frame.kind == transport::PeerFrameKind::kDeviceResend) return resent(p, std::move(message));
   if (frame.kind == transport::PeerFrameKind::kRefused) return refusedBy(peer, p, message);
+  if (frame.kind == transport::PeerFrameKind::kBoardPost ||
+      frame.kind == transport::PeerFrameKind::kBoardState) {  // Note [One round] K
+    if (!board_sink_) return common::internalError("a one-round frame with no board here");
+    return board_sink_(peer, message);
+  }
   if (frame.kind == transport::PeerFrameKind::kNcclId ||
       frame.kind == transport::PeerFrameKind::kDeviceNccl) {
     return arriveNccl(peer, p, std::move(message));

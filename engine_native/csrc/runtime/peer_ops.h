@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -98,8 +99,7 @@ class PeerOps {
   // while a large message streams through a ring (Note [Caller drives] G).
   bool takeMoved();
   // Posted receives and unfinished sends, as metrics()["pending"] lists them (op "RECV" or
-  // "SEND", the peer as the missing rank): a notebook sees a rank waiting in a receive as it
-  // sees one waiting in a collective.
+  // "SEND", the peer as the missing rank), as a rank waiting in a collective is listed.
   void appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const;
   // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket.
   void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
@@ -118,10 +118,15 @@ class PeerOps {
   void endCallerSleep();
   // B, G: after a sleep was announced, or a caller's `driving` mark cleared (under progress_).
   bool ringsCanMove();
-  // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A
-  // pass reads a socket only then or while a receive from that peer is posted, so a rank that
-  // uses no point-to-point pays no system call for it.
+  // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A pass
+  // reads a socket only then, or while a receive from that peer is posted or the board waits.
   void markReadable(int peer) { readable_[peer] = 1; }
+  // Note [One round] K: sendBoard queues a board frame to `peer` (written now as the socket
+  // takes it); arriving ones go to the sink; while `waiting`, passes read non-shm sockets.
+  using BoardSink = std::function<common::Status(int peer, const transport::PeerMessage&)>;
+  void setBoardSink(BoardSink sink) { board_sink_ = std::move(sink); }
+  void sendBoard(int peer, transport::PeerFrameKind kind, int64_t tag, std::string payload);
+  void setBoardWaiting(bool waiting) { board_waiting_ = waiting; }
   // Note [Caller waits on the device] F (device_executor.cc): the handle a driving caller
   // waits on (-1: none), whose CUDA copies it polls itself (pollDevice, under progress_).
   void setAwaitedHandle(int64_t handle) { device_.setAwaitedHandle(handle); }
@@ -175,7 +180,7 @@ class PeerOps {
     std::deque<Op> receiving;    // posted receives, in order
     std::deque<Op> reading;      // receives of CUDA tensors whose copies run
     std::deque<Arrived> arrived;  // unmatched messages, in arrival order
-    std::deque<std::string> receipts;  // kDeviceRead payloads queued on the channel, in order
+    std::deque<std::string> receipts;  // kDeviceRead, kNcclId and board payloads queued, in order
     std::deque<std::shared_ptr<OutputBuffer>> resends;  // kDeviceResend payloads, in order
     // Note [Refused messages]: kRefused payloads queued, in order; messages sent and arrived
     // (kHost, kDevice, kDeviceNccl); a refusal that waits for the next op, and how many more
@@ -186,8 +191,8 @@ class PeerOps {
     bool refused_in_flight = false;  // ... and the refused send raises it itself
   };
 
-  // The ids under which a receipt's and a resend's frames are queued, and the ids of resend
-  // copies (handles are positive and smaller).
+  // The ids of queued receipts (and board frames), resends, refusals, and of resend copies
+  // (handles are positive and smaller).
   static constexpr uint64_t kReceiptId = ~uint64_t{0};
   static constexpr uint64_t kResendId = ~uint64_t{0} - 1;
   static constexpr uint64_t kRefusalId = ~uint64_t{0} - 2;
@@ -277,6 +282,7 @@ class PeerOps {
   bool shutting_down_ = false;     // F
   std::vector<uint8_t> closed_;    // by peer: its connection failed while shutting down (F)
   bool moved_since_taken_ = false;
+  BoardSink board_sink_;  bool board_waiting_ = false;  // Note [One round] K
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;
   std::vector<transport::PeerMessage> received_;

@@ -31,6 +31,7 @@
 #include "common/cpu_relax.h"
 #include "common/logging.h"
 #include "common/text.h"
+#include "transport/board_agreement.h"
 #include "transport/shm/collective_segment.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/pair.h"
@@ -71,6 +72,8 @@ struct Mesh::Impl {
   Status acceptHigherRanks(Mesh& mesh, tcp::Deadline deadline);
   Status setupPairs(Mesh& mesh, tcp::Deadline deadline);
   Status setupCollective(Mesh& mesh, tcp::Deadline deadline);
+  Status agreeBoard(Mesh& mesh, tcp::Deadline deadline);
+  uint32_t board_bytes = 0;  // agreeBoard's: the one-round board's limit, the world's least
 };
 
 // Note [Abort versus close]
@@ -195,6 +198,7 @@ Status Mesh::connect(int rank, const std::vector<PeerInfo>& peers, const std::st
   if (s.isOk()) s = m.acceptHigherRanks(*this, deadline);
   if (s.isOk()) s = m.setupPairs(*this, deadline);
   if (s.isOk()) s = m.setupCollective(*this, deadline);
+  if (s.isOk()) s = m.agreeBoard(*this, deadline);
   if (!s.isOk()) {
     close();
     return s;
@@ -428,6 +432,32 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   }
   return Status::ok();
 }
+
+// Note [One round] K: the host's verdict (a rank off any segment: its own wish) goes to every
+// rank off the segment, and the least is the world's.
+Status Mesh::Impl::agreeBoard(Mesh& mesh, tcp::Deadline deadline) {
+  Impl& m = *this;
+  uint32_t mine = 0;
+  if (m.collective) {
+    mine = ~uint32_t{0};
+    for (int i = 0; i < m.collective->localSize(); ++i) {
+      mine = std::min(mine, m.collective->boardHeader(i)->wish.load());
+    }
+  } else if (m.config.stall_shutdown_seconds == 0) {  // the deadlock shutdown: Note G
+    mine = static_cast<uint32_t>(std::clamp<int64_t>(m.config.one_round_bytes, 0,
+                                                     shm::kMaxOneRoundBytes));
+  }
+  std::vector<int> ranks, fds;
+  for (int r = 0; r < mesh.size(); ++r) {
+    if (r == mesh.rank_ || (m.collective && mesh.hostIndexOf(r) >= 0)) continue;
+    ranks.push_back(r);
+    fds.push_back(m.peer_channels[r]->fd());
+  }
+  return agreeBoardBytes(ranks, fds, mine, static_cast<uint32_t>(shm::kMaxOneRoundBytes),
+                         deadline, &m.board_bytes);
+}
+
+uint32_t Mesh::oneRoundBytes() const { return impl_->board_bytes; }
 
 const std::vector<int>& Mesh::hostRanks() const { return impl_->host_ranks; }
 

@@ -53,6 +53,9 @@ class Mesh {
   // The position of global `rank` in hostRanks() (its local index), or -1 on another host.
   int hostIndexOf(int rank) const;
   shm::CollectiveSegment* collectiveSegment() const;
+  // The largest op the one-round board carries, the least every rank of the world asked for
+  // (0: no board; Note [One round] K in runtime/one_round.cc). Fixed at connect().
+  uint32_t oneRoundBytes() const;
   // This host's ranks outnumber the cores this process may use: bounded spins yield the core
   // between polls instead of pausing on it (Note [Yielding spins]). Fixed at connect().
   bool spinYields() const { return spin_yields_; }

@@ -45,7 +45,7 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
   if (!in.u32(&magic)) return bad(in.error());
   if (magic != kPeerFrameMagic) return bad("bad magic");
   if (!in.u8(&kind)) return bad(in.error());
-  if (kind > static_cast<uint8_t>(PeerFrameKind::kRefused)) {
+  if (kind > static_cast<uint8_t>(PeerFrameKind::kBoardState)) {
     return bad("unknown kind " + std::to_string(kind));
   }
   out->kind = static_cast<PeerFrameKind>(kind);
@@ -90,6 +90,17 @@ Status decodePeerHeader(const void* data, size_t size, PeerFrame* out) {
       return bad("a refusal of " + std::to_string(out->bytes) + " bytes");
     }
     expected = out->bytes;  // the payload's own decoder checks the rest
+  } else if (out->kind == PeerFrameKind::kBoardPost || out->kind == PeerFrameKind::kBoardState) {
+    const bool post = out->kind == PeerFrameKind::kBoardPost;
+    if (!out->shape.empty() || out->dtype != common::DataType::kUint8 ||
+        (post ? out->tag < 1 : out->tag != 0)) {
+      return bad("a one-round frame with dims, a dtype or a bad round");
+    }
+    if (post ? out->bytes == 0 || out->bytes > kBoardPostMaxBytes
+             : out->bytes != kBoardStateBytes) {
+      return bad("a one-round frame of " + std::to_string(out->bytes) + " bytes");
+    }
+    expected = out->bytes;  // a post's own decoder checks the rest
   } else if (out->kind == PeerFrameKind::kDeviceResend &&
              (out->shape.size() != 1 || out->dtype != common::DataType::kUint8 ||
               out->tag < 0)) {

@@ -38,6 +38,12 @@
 //     sender's kHost, kDevice and kDeviceNccl messages to it, from 0) of tag `tag` (>= 0) into
 //     an out= of another dtype or shape; then `reason`, 1 to kMaxRefusalTextBytes printable
 //     ASCII bytes. No dims, dtype uint8 (Note [Refused messages] in runtime/peer_ops_into.cc).
+//   The one-round board between ranks off one shared segment (Note [One round] K in
+//   runtime/one_round.cc; PeerOps hands them to the board, never to a receive):
+//   kBoardPost: the sender's post of round `tag` (>= 1): 1 to kBoardSlotBytes bytes, decoded
+//     by one_round::decodePost. No dims, dtype uint8.
+//   kBoardState: the sender's board state word (BoardHeader::state): a u64. No dims, dtype
+//     uint8, tag 0.
 #pragma once
 
 #include <cstddef>
@@ -58,7 +64,7 @@ constexpr uint64_t kMaxPeerPayloadBytes = 1ull << 40;
 enum class PeerFrameKind : uint8_t {
   kHost = 0, kDevice = 1, kDeviceRead = 2, kDeviceRefused = 3, kDeviceResend = 4, kNcclId = 5,
   kDeviceNccl = 6, kSplitOffer = 7, kSplitAccept = 8, kSplitDone = 9, kSplitRead = 10,
-  kSplitReadAll = 11, kRefused = 12
+  kSplitReadAll = 11, kRefused = 12, kBoardPost = 13, kBoardState = 14
 };
 
 struct PeerFrame {
@@ -99,6 +105,8 @@ constexpr uint64_t kSplitEndpointBytes = 4 * 8;
 constexpr uint64_t kSplitDoneBytes = 8;
 constexpr uint64_t kMaxRefusalTextBytes = 1024;
 constexpr uint64_t kRefusalOrdinalBytes = 8;  // the u64 before the reason
+constexpr uint64_t kBoardPostMaxBytes = 32 << 10;  // shm::kBoardSlotBytes (checked there)
+constexpr uint64_t kBoardStateBytes = 8;
 
 
 // The whole frame prefix: u32 header bytes, then the header. The payload follows it.

@@ -439,7 +439,16 @@ std::vector<std::string> peerFrameSeeds(Rng& rng) {
     std::string s;
     for (uint64_t n = rng.below(4); n > 0; --n) {
       transport::PeerFrame frame;
-      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(13) : 0);
+      frame.kind = static_cast<transport::PeerFrameKind>(rng.chance(4) ? rng.below(15) : 0);
+      if (frame.kind == transport::PeerFrameKind::kBoardPost ||
+          frame.kind == transport::PeerFrameKind::kBoardState) {  // Note [One round] K
+        const bool post = frame.kind == transport::PeerFrameKind::kBoardPost;
+        frame.tag = post ? static_cast<int64_t>(1 + rng.below(1000)) : 0;
+        frame.bytes = post ? 1 + rng.below(rng.chance(8) ? 40000 : 200)
+                           : transport::kBoardStateBytes;
+        s += transport::encodePeerHeader(frame) + rng.bytes(frame.bytes);
+        continue;
+      }
       if (frame.kind == transport::PeerFrameKind::kRefused) {  // an ordinal and a reason
         std::string reason = rng.bytes(1 + rng.below(rng.chance(8) ? 1100 : 60));
         for (char& c : reason) c = static_cast<char>(0x20 + static_cast<unsigned char>(c) % 95);
