@@ -57,8 +57,9 @@ def metrics() -> dict:
     ``helper_reads`` counts the reads the process's second reading thread ran since it
     started: halves of those point-to-point messages, and of large single-copy broadcasts read
     on two threads (``HVD_SINGLE_COPY``, Note [Two-thread reads]).
-    ``one_round_ops`` counts ops agreed and moved in one shared-memory round among the ranks,
-    without rank 0's negotiation (``HVD_ONE_ROUND_BYTES``, Note [One round]).
+    ``one_round_ops`` counts ops agreed and moved in one round among the ranks (shared memory
+    within a host, a frame to each rank beyond it), without rank 0's negotiation
+    (``HVD_ONE_ROUND_BYTES``, Note [One round]).
     ``shutting_down_ranks``: on rank 0, the ranks that have begun ``shutdown()`` while others
     still run (refreshed every 200 ms; ``[]`` on other ranks).
     ``transports`` names, per global rank, the data path to it (``"self"``, ``"shm"``,

@@ -100,8 +100,11 @@
 //      may still be in flight when the join completes here. The reopening therefore waits
 //      (reopen_due_) until every remote rank's state shows it closed in this epoch (its counter
 //      final, as J needs), and holds the ops its callers submit meanwhile rather than routing
-//      them, so that they are still taken by the open board. Nothing else needs the order: B
-//      decides from the posts alone, and D's owed names go to negotiation, which waits for all.
+//      them, so that they are still taken by the open board. B needs no order (it decides from
+//      the posts alone), nor D (owed names go to negotiation, which waits for every rank). I is
+//      weaker: a failure finishes a round whose posts have arrived here; a remote post still in
+//      flight is not waited for (its host may be the one lost), so two survivors on two hosts
+//      may disagree on whether that round's ops finished, where on one host they cannot.
 #include "runtime/one_round.h"
 
 #include <algorithm>
