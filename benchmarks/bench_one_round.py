@@ -7,9 +7,10 @@ rank's, per iteration).
 
     python benchmarks/bench_one_round.py --np 2,4 --rounds 5 [--sizes 4,4096] [--tcp | --hosts N]
 
-allreduce and broadcast (blocking, up to 4 KiB) take the board; allgather, alltoall and
-reducescatter do not and serve as the control (their on/off ratio shows the noise). With
---tcp (a fake host per rank) there is no board: both of ours are negotiated. With --after-join
+Every row takes the board (blocking, up to HVD_ONE_ROUND_BYTES: metrics' one_round_ops counts
+allreduce, broadcast, allgather, alltoall and reducescatter alike), so no row is a control:
+the spread of each round's figures shows the noise. Since the board spans hosts (20a03ea) it
+is on with --tcp and --hosts too; before, both of ours were negotiated there. With --after-join
 every rank calls join() once before the timed ops (MPICH: a barrier), so the table shows the
 ops of a training loop after an epoch's join (Note [One round] J: the board opens again).
 With --hosts N the ranks spread over N fake hosts in blocks (np 4 over 2: ranks 0-1 and 2-3),
