@@ -50,11 +50,18 @@ def world_kwargs(np_: int, transport: str, env=None) -> dict:
 
 
 def init(transport: str = "shm"):
-    """Initialise the core in a rank and check that the transport asked for is the one used."""
+    """Initialise the core in a rank and check that the transport asked for is the one used:
+    "shm", "tcp", "any" (no check) or "hosts:A,A,B" (rank r on the r-th fake host, as the run's
+    ``hosts``: shm to the peers on this rank's host, tcp to the others, tcp to all under
+    HVD_TRANSPORT=tcp). ``EXPECT_TRANSPORT`` in the rank's environment overrides ``transport``
+    (test_one_round_hosts.py runs the one-host suites of other files on fake hosts)."""
     import engine_native as hvd
 
+    transport = os.environ.get("EXPECT_TRANSPORT", transport)
     hvd.init()
-    if hvd.size() > 1 and transport in ("shm", "tcp"):
+    if hvd.size() > 1 and transport.startswith("hosts:"):
+        _check_hosts(hvd, transport[len("hosts:"):].split(","))
+    elif hvd.size() > 1 and transport in ("shm", "tcp"):
         metrics = hvd.metrics()
         peers = [t for i, t in enumerate(metrics["transports"]) if i != hvd.rank()]
         assert set(peers) == {transport}, f"expected {transport} to every peer, got {peers}"
@@ -64,6 +71,22 @@ def init(transport: str = "shm"):
                 for i in range(hvd.size())]
         assert metrics["control_transports"] == want, metrics["control_transports"]
     return hvd
+
+
+def _check_hosts(hvd, hosts: list) -> None:
+    """This rank's place among the fake ``hosts`` (local rank and size) and its transports."""
+    me = hvd.rank()
+    mine = [r for r, host in enumerate(hosts) if host == hosts[me]]
+    assert len(hosts) == hvd.size(), f"{len(hosts)} hosts for {hvd.size()} ranks"
+    assert (hvd.local_rank(), hvd.local_size()) == (mine.index(me), len(mine)), \
+        f"rank {me} on {hosts}: local rank/size {hvd.local_rank()}/{hvd.local_size()}"
+    forced = os.environ.get("HVD_TRANSPORT") == "tcp"
+    want = ["self" if r == me else "shm" if r in mine and not forced else "tcp"
+            for r in range(len(hosts))]
+    metrics = hvd.metrics()
+    assert metrics["transports"] == want, f"rank {me} on {hosts}: {metrics['transports']}"
+    want = ["none" if r == me or 0 not in (r, me) else t for r, t in enumerate(want)]
+    assert metrics["control_transports"] == want, metrics["control_transports"]
 
 
 def large_count(dtype: np.dtype) -> int:
