@@ -1,7 +1,6 @@
 """Build of hvd-magic: the Python packages and the one C++ extension, ``engine_native._core``.
 
 Metadata and dependencies live in pyproject.toml; this file holds what TOML cannot say:
-
 - the explicit source list of the native core (no globs: a new .cc is added here on purpose),
 - the package-dir mapping of the top-level ``kernel/`` and ``widgets/`` folders under
   ``hvd_magic`` (nothing generic is installed at top level; DESIGN §2),
@@ -293,10 +292,8 @@ class ParallelBuildExt(build_ext):
         tag = sysconfig.get_config_var("EXT_SUFFIX").strip(".").rsplit(".", 1)[0]
         digest = hashlib.sha1(" ".join([sys.version] + driver + flags).encode()).hexdigest()[:8]
         obj_dir = os.path.join(ROOT, "build", f"cpp-{tag}-{digest}")
-        pairs = []
-        for src in ext.sources:
-            obj = os.path.join(obj_dir, os.path.splitext(src)[0] + ".o")
-            pairs.append((src, obj))
+        pairs = [(src, os.path.join(obj_dir, os.path.splitext(src)[0] + ".o"))
+                 for src in ext.sources]
         todo = [(s, o) for s, o in pairs if self.force or _stale(o, s)]
         include_args = ["-I" + d for d in ext.include_dirs + self.include_dirs]
         cc_args = driver + include_args + flags

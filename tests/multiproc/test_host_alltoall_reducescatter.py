@@ -214,7 +214,7 @@ def test_segment_matches_pairs_bit_for_bit(np_):
                     env=dict(LOG, HVD_ONE_ROUND_BYTES="0"))
     _assert_paths(shm, SHM, SHM)
     tcp = run_ranks(collectives_suite, np_, args=("tcp",), timeout=400,
-                    **checks.world_kwargs(np_, "tcp", LOG))
+                    **checks.world_kwargs(np_, "tcp", dict(LOG, HVD_ONE_ROUND_BYTES="0")))
     _assert_paths(tcp, PAIRWISE, RING)
     for a, b in zip(shm, tcp):
         assert a.value[0] > 300 and a.value[0] == b.value[0]

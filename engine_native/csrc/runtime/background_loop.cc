@@ -73,12 +73,12 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   }
   std::vector<std::string> transports(mesh_.size());
   std::vector<std::string> controls(mesh_.size());
-  bool drivable = true;
+  bool all_shm = true;  // Note [Caller drives] D: point-to-point drives only then
   for (int r = 0; r < mesh_.size(); ++r) {
     transport::Pair* pair = mesh_.pair(r);
     transports[r] = pair == nullptr ? "self"
                     : pair->kind() == transport::PairKind::kShm ? "shm" : "tcp";
-    drivable = drivable && transports[r] != "tcp";
+    all_shm = all_shm && transports[r] != "tcp";
     const transport::ControlChannel* channel = mesh_.control(r);
     controls[r] = channel == nullptr ? "none" : channel->sharedMemory() ? "shm" : "tcp";
   }
@@ -101,10 +101,9 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   }
   // Where the host's ranks outnumber its cores the spin yields between passes (Note
   // [Yielding spins] in transport/mesh.cc).
-  drive_.configure(drivable,
-                   std::chrono::microseconds(drivable ? config_.caller_spin_microseconds : 0));
-  peer_drive_.configure(drivable, drive_.configuredSpin());
-  if (drivable && binding.bound && !spin_yields_) {  // Note [Spin while a core is free] B
+  drive_.configure(true, std::chrono::microseconds(config_.caller_spin_microseconds));
+  peer_drive_.configure(all_shm, all_shm ? drive_.configuredSpin() : std::chrono::microseconds(0));
+  if (all_shm && binding.bound && !spin_yields_) {  // Note [Spin while a core is free] B
     peer_spin_cap_ = std::min<std::chrono::microseconds>(
         std::chrono::microseconds(config_.p2p_spin_max_microseconds), kMaxRenewedSpin);
   }
@@ -386,12 +385,13 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      file is written (NEGOTIATE spans time arrivals as they happen).
 //   C. A caller leaves standby on only when its op finished and the loop is idle, so no
 //      response, held batch or window timer is left without a thread that watches it.
-//   D. Only where every peer is on shm; elsewhere submit() wakes the loop thread whatever the
-//      caller asked. TCP rings keep per-thread helpers (a ReduceWorker thread, scratch) that
-//      should not be made on every framework thread. On shm they remain for the ring-based
-//      ops (reducescatter, an allreduce in a set without the host segment): a thread that
-//      drives one of those gets its own scratch buffer (and, for large ones, an idle helper
-//      thread) for its lifetime — in practice only the main thread.
+//   D. Collectives also where peers are on TCP (other hosts, HVD_TRANSPORT=tcp): the caller
+//      reads their sockets on its passes, so a small op of the one-round board across hosts
+//      (Note [One round] K) costs a message each way and no wake-up (RESULTS.md, "across
+//      hosts"). A thread driving a ring-based op (TCP, reducescatter, a set without the host
+//      segment) keeps its own scratch buffer (for large ones, an idle helper thread) for its
+//      lifetime: in practice the main thread. Point-to-point drives only where every peer is on
+//      shm: its waits sleep on the peer doorbell (peer_await.cc), which no socket rings.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
 //      changed neither the DistributedOptimizer step of bench_torch_step.py nor the
@@ -435,7 +435,7 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      pipeline stage a loop wake-up for one empty pass, on a core its neighbour computes on.
 
 Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle) {
-  const bool drivable = drive_.drivable();  // H
+  const bool drivable = peer_drive_.drivable();  // D, H
   HVD_RETURN_IF_ERROR(peer_ops_.submitSend(std::move(send),
                                            /*caller_waits=*/wait_now || drivable,
                                            /*wake=*/!drivable, handle));
@@ -444,7 +444,7 @@ Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle)
 }
 
 Status BackgroundLoop::submitRecv(const PeerRecv& recv, bool wait_now, int64_t* handle) {
-  const bool drivable = drive_.drivable();  // H
+  const bool drivable = peer_drive_.drivable();  // D, H
   HVD_RETURN_IF_ERROR(peer_ops_.submitRecv(recv, /*caller_waits=*/wait_now || drivable,
                                            /*wake=*/!drivable, handle));
   if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/false);
@@ -467,16 +467,16 @@ void BackgroundLoop::progressEagerly(int64_t handle, bool is_send) {
 }
 
 bool BackgroundLoop::drive(int64_t handle) {
+  const bool point_to_point = handles_.pointToPoint(handle);
+  DrivePolicy& policy = point_to_point ? peer_drive_ : drive_;  // D, H
   // E. An async op's caller went on while the loop thread, already awake, worked on it.
-  if (!drive_.drivable() || !handles_.callerWaits(handle)) {
+  if (!policy.drivable() || !handles_.callerWaits(handle)) {
     // A napping loop may hold this op's submission (Note [Coalesced wakes]); rank 0's sleeping
     // one may hold a batch this wait now blocks (Note [Batching window]).
     queue_.wakeForWaiter();
     if (rank_zero_) queue_.wakeIfAsleep();
     return false;
   }
-  const bool point_to_point = handles_.pointToPoint(handle);
-  DrivePolicy& policy = point_to_point ? peer_drive_ : drive_;  // H
   const auto spin = policy.nextSpin();  // Note [Spin backoff] in drive_policy.h
   if (spin.count() == 0) metrics_.countSpinSkipped();
   const auto start = Clock::now();

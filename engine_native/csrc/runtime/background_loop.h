@@ -145,6 +145,7 @@ class BackgroundLoop {
   void negotiate(coord::Key key);  // hands a drained op to rank 0's negotiation
   void stepOneRound();
   void connectBoardFrames();  // Note [One round] K, at construction
+  void awaitBoardPosts();     // ... and at a failure
   OneRound::Run runOneRound();  // a board op runs through the Executor, outside the queue
   bool readControl();
   void progressPeerOps(bool* took_work);
@@ -226,6 +227,7 @@ class BackgroundLoop {
   Clock::time_point shutdown_deadline_;
   Clock::time_point last_lost_peer_check_{};
   static constexpr auto kLostPeerCheckEvery = std::chrono::milliseconds(1);
+  static constexpr auto kBoardPostsWait = std::chrono::seconds(1);  // awaitBoardPosts
   std::unique_ptr<RankZeroCoordinator> coordinator_;  // rank 0 only (null elsewhere)
   std::unique_ptr<WorkerRequests> requests_;          // workers only (null on rank 0)
 };

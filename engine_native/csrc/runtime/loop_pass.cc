@@ -78,11 +78,7 @@ bool BackgroundLoop::pass(bool by_loop_thread) {
            true);
     }
   }
-  if (!failed_ && !finished_) {  // also while shutting down (F)
-    peer_ops_.setBoardWaiting(one_round_.awaitsFrames());  // Note [One round] K
-    progressPeerOps(&took_work);
-    if (one_round_.takeFresh() && !failed_ && !shutdown_sent_) stepOneRound();  // their post
-  }
+  if (!failed_ && !finished_) progressPeerOps(&took_work);  // also while shutting down (F)
   if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
@@ -120,9 +116,12 @@ bool BackgroundLoop::lostPeerCheckDue(bool loop_thread) {
 // rank shuts down (F) an error ends point-to-point only: the rank is leaving anyway.
 void BackgroundLoop::progressPeerOps(bool* took_work) {
   bool moved = false;
+  peer_ops_.setBoardWaiting(one_round_.awaitsFrames());  // Note [One round] K
   const Status s = peer_ops_.progress(&moved);
   if (moved) *took_work = true;
   if (!s.isOk()) peerOpsFailed(s);
+  // board frames arrived: finish the round now, also in a point-to-point caller's pass
+  if (one_round_.takeFresh() && !failed_ && !shutdown_sent_) stepOneRound();
 }
 
 void BackgroundLoop::peerOpsFailed(const Status& s) {
@@ -426,6 +425,26 @@ void BackgroundLoop::completeAllPending(const Status& status, bool store_failure
   if (coordinator_) coordinator_->dropBatch();
 }
 
+// Note [One round] K, I: before a failure judges the pending round, the posts of ranks that
+// have not answered it are read as they come, from connections still open, for at most
+// kBoardPostsWait: every rank that posted sent its post before anything it did after, and a
+// rank that did not post closes its board (a frame) once it fails too, so the wait ends in
+// the time frames take, unless a peer is stopped or lost mid-send.
+void BackgroundLoop::awaitBoardPosts() {
+  const auto until = Clock::now() + std::min<Clock::duration>(
+      kBoardPostsWait, std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(config_.timeout_seconds)));
+  std::vector<int> lost, missing;
+  int wait_ms = 0;
+  while (true) {
+    peer_ops_.readArrived(missing, wait_ms, &lost);
+    missing = one_round_.unanswered();
+    for (int r : lost) missing.erase(std::remove(missing.begin(), missing.end(), r), missing.end());
+    if (missing.empty() || Clock::now() >= until) return;
+    wait_ms = 1;
+  }
+}
+
 void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   if (failed_) return;
   failed_ = true;
@@ -450,6 +469,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   // Note [One round] I: ops of a round every rank answered finish here as on the others (not
   // from inside an op: the Executor is not reentrant, and that op's failure is the cause).
   if (!executor_.executing()) {
+    awaitBoardPosts();  // Note [One round] K
     one_round_.finishAnswered(entries_, [](coord::Key) {}, runOneRound());
   }
   one_round_.close();  // peers waiting on this rank's next post stop waiting

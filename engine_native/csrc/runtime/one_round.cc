@@ -92,8 +92,10 @@
 //      remote rank answers r + 1 after it read r, so a mirror's two slots suffice as the
 //      segment's do. The limit (HVD_ONE_ROUND_BYTES) is agreed by the whole world at connect
 //      (transport/board_agreement.h), so the board is on for every rank or for none. A frame
-//      wakes its receiver's loop through the socket, which the loop polls; a caller driving
-//      its op reads the remote ranks' sockets on each pass while its round waits.
+//      wakes its receiver's loop: through the socket, which the loop polls, or on a ring (the
+//      same host without a segment) by a wake it always sends (PeerChannel's Outgoing::wakes);
+//      a caller driving its op (Note [Caller drives] D) reads the remote ranks' sockets on each
+//      pass while its round waits, and any pass that read a frame steps the board at once.
 //      What is new is that frames are not ordered against rank 0's messages, which travel on
 //      other connections. Only J relied on that: a rank closes before its join request leaves,
 //      so on one host its close is visible before the join completes anywhere, but its frame
@@ -101,10 +103,15 @@
 //      (reopen_due_) until every remote rank's state shows it closed in this epoch (its counter
 //      final, as J needs), and holds the ops its callers submit meanwhile rather than routing
 //      them, so that they are still taken by the open board. B needs no order (it decides from
-//      the posts alone), nor D (owed names go to negotiation, which waits for every rank). I is
-//      weaker: a failure finishes a round whose posts have arrived here; a remote post still in
-//      flight is not waited for (its host may be the one lost), so two survivors on two hosts
-//      may disagree on whether that round's ops finished, where on one host they cannot.
+//      the posts alone), nor D (owed names go to negotiation, which waits for every rank). I
+//      did: a rank learns of a failure from rank 0 or a lost connection, maybe before a post
+//      sent earlier has arrived (one host's rank may be descheduled between its frames to two
+//      others). So a failing rank first reads, for up to a second, the posts of ranks that
+//      have not answered its round, from connections still open (BackgroundLoop::
+//      awaitBoardPosts): each such rank sent its post before anything it did later, or closes
+//      (a frame) once it fails too, so the wait lasts as long as frames take. Only a rank lost
+//      in the middle of sending, or stopped for that second, can leave two survivors
+//      disagreeing on whether the round's ops finished.
 #include "runtime/one_round.h"
 
 #include <algorithm>
@@ -214,6 +221,13 @@ bool OneRound::heldForTests() const {
 
 std::vector<int> OneRound::missingRanks() const {
   std::vector<int> missing;
+  if (reopen_due_) {  // K: remote ranks whose close in this epoch has not arrived
+    for (int r : board_.remotes()) {
+      const uint64_t state = board_.header(r).state.load(std::memory_order_seq_cst);
+      if (state != transport::shm::kBoardGone && state < (epoch_ << 1 | 1)) missing.push_back(r);
+    }
+    return missing;
+  }
   const bool reopening = waitingForReopen();
   for (int r = 0; (pending_ || reopening) && r < size_; ++r) {
     bool gone = false;
@@ -222,9 +236,18 @@ std::vector<int> OneRound::missingRanks() const {
   return missing;
 }
 
+std::vector<int> OneRound::unanswered() const {
+  std::vector<int> missing;
+  for (int r = 0; pending_ && r < size_; ++r) {
+    if (r != me_ && !answered(r)) missing.push_back(r);
+  }
+  return missing;
+}
+
 bool OneRound::holds(coord::Key key) const {
   return (pending_ && std::find(posted_.begin(), posted_.end(), key) != posted_.end()) ||
-         std::find(queued_.begin(), queued_.end(), key) != queued_.end();
+         std::find(queued_.begin(), queued_.end(), key) != queued_.end() ||
+         (reopen_due_ && std::find(taken_.begin(), taken_.end(), key) != taken_.end());  // K
 }
 
 // G: a round waits only on ranks that have submitted no op of the global set since (a rank
@@ -238,12 +261,16 @@ std::string OneRound::stallReport(double seconds) const {
   if (waited < seconds) return "";
   std::string ranks, names;
   for (int r : missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-  for (coord::Key key : pending_ ? posted_ : queued_) {  // (queued: J's wait)
+  for (coord::Key key : pending_ ? posted_ : reopen_due_ ? taken_ : queued_) {  // J, K
     names += (names.empty() ? "" : ", ") + keys_.name(key);
   }
   const std::string head = "rank " + std::to_string(me_) + " has waited " +
                            std::to_string(static_cast<int>(waited)) +
                            " s on the one-round board for rank(s) " + ranks;
+  if (reopen_due_) {  // K
+    return head + ", whose close for the join has not arrived from its host; waiting: " +
+           names + " (Note [One round] K).";
+  }
   if (!pending_) {  // J
     return head + ", whose join has not completed yet (the board reopens on every rank after " +
            "a join); waiting: " + names + " (Note [One round] J).";

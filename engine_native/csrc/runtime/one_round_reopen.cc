@@ -35,6 +35,7 @@ bool OneRound::waitingForReopen() const {
 
 void OneRound::closeForGood() {
   gone_ = true;
+  reopen_due_ = false;  // never reopens
   setState(transport::shm::kBoardGone);
   wakeAll();  // peers waiting for this rank to reopen (J) stop waiting
 }
@@ -45,6 +46,7 @@ Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries, const Rout
   joins_ = joins;
   if (!active_ || gone_ || !closed_) return Status::ok();
   reopen_due_ = true;
+  reopen_wait_since_ = Clock::now();  // the stall report's (K)
   return tryReopen(entries, route, run);
 }
 
@@ -64,6 +66,7 @@ Status OneRound::tryReopen(EntryTable& entries, const Route& route, const Run& r
   }
   if (!remotesClosed()) return Status::ok();
   reopen_due_ = false;
+  reopen_wait_since_ = Clock::time_point{};
   if (pending_) {  // answered by every rank: all closed before this join could complete
     if (!allAnswered()) {  // not expected; peers must not wait for a reopening then (the
       closeForGood();      // round still finishes once answered, as F's pending round)

@@ -50,7 +50,7 @@ void ringDoorbell(void* doorbell) {  // C
 }  // namespace
 
 bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) {
-  if (!drive_.drivable() || !handles_.pointToPoint(handle)) return false;
+  if (!peer_drive_.drivable() || !handles_.pointToPoint(handle)) return false;
   if (peer_sleeper_.exchange(true)) return false;  // E
   struct Leave {
     std::atomic<bool>& sleeper;

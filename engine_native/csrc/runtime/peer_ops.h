@@ -98,8 +98,7 @@ class PeerOps {
   // Whether any pass since the last call moved point-to-point bytes: a driving caller spins on
   // while a large message streams through a ring (Note [Caller drives] G).
   bool takeMoved();
-  // Posted receives and unfinished sends, as metrics()["pending"] lists them (op "RECV" or
-  // "SEND", the peer as the missing rank), as a rank waiting in a collective is listed.
+  // Posted receives and unfinished sends for metrics()["pending"] (op RECV/SEND, the peer).
   void appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const;
   // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket.
   void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
@@ -121,12 +120,14 @@ class PeerOps {
   // The loop's poll found `peer`'s socket readable (or hung up): the next pass reads it. A pass
   // reads a socket only then, or while a receive from that peer is posted or the board waits.
   void markReadable(int peer) { readable_[peer] = 1; }
-  // Note [One round] K: sendBoard queues a board frame to `peer` (written now as the socket
-  // takes it); arriving ones go to the sink; while `waiting`, passes read non-shm sockets.
+  // Note [One round] K: sendBoard queues a board frame to `peer` (written as the socket takes
+  // it); arrivals go to the sink; while `waiting`, passes read non-shm sockets; readArrived
+  // reads all after up to wait_ms for one of `peers`; *lost: peers whose connection failed.
   using BoardSink = std::function<common::Status(int peer, const transport::PeerMessage&)>;
   void setBoardSink(BoardSink sink) { board_sink_ = std::move(sink); }
   void sendBoard(int peer, transport::PeerFrameKind kind, int64_t tag, std::string payload);
   void setBoardWaiting(bool waiting) { board_waiting_ = waiting; }
+  void readArrived(const std::vector<int>& peers, int wait_ms, std::vector<int>* lost);
   // Note [Caller waits on the device] F (device_executor.cc): the handle a driving caller
   // waits on (-1: none), whose CUDA copies it polls itself (pollDevice, under progress_).
   void setAwaitedHandle(int64_t handle) { device_.setAwaitedHandle(handle); }
@@ -191,8 +192,7 @@ class PeerOps {
     bool refused_in_flight = false;  // ... and the refused send raises it itself
   };
 
-  // The ids of queued receipts (and board frames), resends, refusals, and of resend copies
-  // (handles are positive and smaller).
+  // Ids of queued receipts (and board frames), resends, refusals, resend copies (> handles).
   static constexpr uint64_t kReceiptId = ~uint64_t{0};
   static constexpr uint64_t kResendId = ~uint64_t{0} - 1;
   static constexpr uint64_t kRefusalId = ~uint64_t{0} - 2;

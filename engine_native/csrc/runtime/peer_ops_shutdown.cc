@@ -2,6 +2,8 @@
 // down (Note [Point-to-point] F), HVD_TIMEOUT (D) and the loop's failure.
 #include "runtime/peer_ops.h"
 
+#include <poll.h>
+
 #include <utility>
 
 #include "runtime/submission_queue.h"
@@ -94,6 +96,22 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
     // completion, after which the caller may reuse or free its `out`
     unbind(gone);
     handles_.complete(gone.handle, timed_out);
+  }
+}
+
+// Note [One round] K, I: what every connection holds is read before a failure judges the
+// board's pending round, so a post that arrived before the failure was seen counts.
+void PeerOps::readArrived(const std::vector<int>& peers, int wait_ms, std::vector<int>* lost) {
+  std::vector<pollfd> fds;
+  for (int peer : peers) {
+    if (open(peer)) fds.push_back({mesh_.peerChannel(peer)->fd(), POLLIN, 0});
+  }
+  if (!fds.empty() && wait_ms > 0) ::poll(fds.data(), fds.size(), wait_ms);
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (!open(peer)) continue;
+    readable_[peer] = 1;  // the socket too, whatever the last poll said
+    bool read = false;
+    if (!readPeer(peer, Clock::now(), &read).isOk()) lost->push_back(peer);  // failAll follows
   }
 }
 

@@ -138,6 +138,8 @@ void PeerChannel::send(const PeerFrame& frame, const void* payload, uint64_t id)
   o.payload = static_cast<const uint8_t*>(payload);
   o.bytes = frame.bytes;
   o.id = id;
+  // Note [One round] K: a board frame is waited for by a loop that has no receive open
+  o.wakes = frame.kind == PeerFrameKind::kBoardPost || frame.kind == PeerFrameKind::kBoardState;
   outbox_.push_back(std::move(o));
   if (splitEligible(frame)) {  // Note [Split copy]
     Outgoing& o = outbox_.back();
@@ -179,10 +181,11 @@ Status PeerChannel::writeFrames(std::vector<uint64_t>* sent, bool* moved) {
   while (true) {
     iovec iov[2 * kMaxFramesPerWrite];
     int count = 0;
-    bool offer = false;  // Note [Split copy] C: an offer needs an answer, so it always wakes
+    bool offer = false;  // Note [Split copy] C: an offer needs an answer, so it always wakes (so
+                         // does a board frame: Outgoing::wakes)
     for (size_t k = 0; k < outbox_.size() && k < kMaxFramesPerWrite; ++k) {
       const Outgoing& o = outbox_[k];
-      offer = offer || o.split == Split::kOffer;
+      offer = offer || o.split == Split::kOffer || o.wakes;
       const uint64_t header = o.header.size();
       if (o.written < header) {
         iov[count++] = {const_cast<char*>(o.header.data()) + o.written, header - o.written};

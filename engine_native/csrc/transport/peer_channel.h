@@ -133,6 +133,7 @@ class PeerChannel {
     uint64_t bytes;
     uint64_t id;
     uint64_t written = 0;    // of header + payload
+    bool wakes = false;      // on a ring: wakes its reader whether or not it listens
     Split split = Split::kNone;
     PeerFrame frame;         // a split send's message (its bytes at `tensor`)
     const uint8_t* tensor = nullptr;
