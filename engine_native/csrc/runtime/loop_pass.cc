@@ -425,11 +425,11 @@ void BackgroundLoop::completeAllPending(const Status& status, bool store_failure
   if (coordinator_) coordinator_->dropBatch();
 }
 
-// Note [One round] K, I: before a failure judges the pending round, the posts of ranks that
-// have not answered it are read as they come, from connections still open, for at most
+// Note [One round] K, I: before a failure judges the pending round, the posts of remote ranks
+// that have not answered it are read as they come, from connections still open, for at most
 // kBoardPostsWait: every rank that posted sent its post before anything it did after, and a
 // rank that did not post closes its board (a frame) once it fails too, so the wait ends in
-// the time frames take, unless a peer is stopped or lost mid-send.
+// the time frames take, unless a peer is stopped or lost mid-send. (No wait on one host.)
 void BackgroundLoop::awaitBoardPosts() {
   const auto until = Clock::now() + std::min<Clock::duration>(
       kBoardPostsWait, std::chrono::duration_cast<Clock::duration>(
@@ -438,7 +438,7 @@ void BackgroundLoop::awaitBoardPosts() {
   int wait_ms = 0;
   while (true) {
     peer_ops_.readArrived(missing, wait_ms, &lost);
-    missing = one_round_.unanswered();
+    missing = one_round_.remotesUnanswered();
     for (int r : lost) missing.erase(std::remove(missing.begin(), missing.end(), r), missing.end());
     if (missing.empty() || Clock::now() >= until) return;
     wait_ms = 1;

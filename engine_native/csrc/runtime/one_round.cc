@@ -236,10 +236,10 @@ std::vector<int> OneRound::missingRanks() const {
   return missing;
 }
 
-std::vector<int> OneRound::unanswered() const {
+std::vector<int> OneRound::remotesUnanswered() const {
   std::vector<int> missing;
-  for (int r = 0; pending_ && r < size_; ++r) {
-    if (r != me_ && !answered(r)) missing.push_back(r);
+  for (int r : board_.remotes()) {
+    if (pending_ && !answered(r)) missing.push_back(r);
   }
   return missing;
 }

@@ -74,8 +74,9 @@ class OneRound {
   bool canProgress() const;
   // The ranks that have not answered the round this rank waits on (none: it waits on none).
   std::vector<int> missingRanks() const;
-  // The ranks that have not answered this rank's pending round (none without one).
-  std::vector<int> unanswered() const;
+  // The ranks off this host's segment (K) that have not answered this rank's pending round
+  // (none without one): a segment's rank answers at once, or never (lost).
+  std::vector<int> remotesUnanswered() const;
   // Whether `key` waits on the board (posted in the pending round, or queued behind it).
   bool holds(coord::Key key) const;
   // A stall warning once the pending round has waited at least `seconds`, else "".
