@@ -33,8 +33,8 @@ def metrics() -> dict:
     ``caller_driven_ops`` counts waits whose op ran on the waiting thread itself,
     ``caller_polled_ops`` those whose CUDA op the waiting thread then saw finish by polling
     its event (no host function woke the loop for it: Note [Caller waits on the device]), and
-    ``caller_spin_us`` is how long such a thread polls before it sleeps (0 where callers never
-    drive: a peer over TCP), ``spin_yields`` whether such polls, and the collectives' own
+    ``caller_spin_us`` is how long such a thread polls before it sleeps (a point-to-point wait
+    too, where every peer is on shared memory), ``spin_yields`` whether such polls, and the collectives' own
     short spins, yield the core between tries because this host's ranks outnumber its cores
     (Note [Yielding spins]), ``caller_spin_extended``
     how many point-to-point waits spun past that budget because the ranks are bound and the

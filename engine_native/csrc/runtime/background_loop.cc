@@ -99,8 +99,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                                          ? ""
                                                          : host->sharedOutputsReason());
   }
-  // Where the host's ranks outnumber its cores the spin yields between passes (Note
-  // [Yielding spins] in transport/mesh.cc).
+  // More ranks than cores: the spin yields between passes (Note [Yielding spins], mesh.cc).
   drive_.configure(true, std::chrono::microseconds(config_.caller_spin_microseconds));
   peer_drive_.configure(all_shm, all_shm ? drive_.configuredSpin() : std::chrono::microseconds(0));
   if (all_shm && binding.bound && !spin_yields_) {  // Note [Spin while a core is free] B
@@ -386,12 +385,13 @@ void BackgroundLoop::checkShutdownAgreement() {
 //   C. A caller leaves standby on only when its op finished and the loop is idle, so no
 //      response, held batch or window timer is left without a thread that watches it.
 //   D. Collectives also where peers are on TCP (other hosts, HVD_TRANSPORT=tcp): the caller
-//      reads their sockets on its passes, so a small op of the one-round board across hosts
-//      (Note [One round] K) costs a message each way and no wake-up (RESULTS.md, "across
-//      hosts"). A thread driving a ring-based op (TCP, reducescatter, a set without the host
-//      segment) keeps its own scratch buffer (for large ones, an idle helper thread) for its
-//      lifetime: in practice the main thread. Point-to-point drives only where every peer is on
-//      shm: its waits sleep on the peer doorbell (peer_await.cc), which no socket rings.
+//      reads their sockets on its passes, so a small op of the board across hosts (Note [One
+//      round] K) is a message each way, finished by its caller (the loop thread, watching
+//      point-to-point sockets in standby, may still wake for the frame; RESULTS.md, "Small ops
+//      across hosts"). A thread driving a ring-based op (TCP, reducescatter, a set without the
+//      host segment) keeps its own scratch and idle helper thread for its lifetime (in practice
+//      the main thread). Point-to-point drives only where every peer is on shm: its waits
+//      sleep on the peer doorbell (peer_await.cc), which no socket rings.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
 //      changed neither the DistributedOptimizer step of bench_torch_step.py nor the

@@ -148,7 +148,7 @@ class BackgroundLoop {
   void awaitBoardPosts();     // ... and at a failure
   OneRound::Run runOneRound();  // a board op runs through the Executor, outside the queue
   bool readControl();
-  void progressPeerOps(bool* took_work);
+  void progressPeerOps(bool* took_work, bool in_pass = false);
   void peerOpsFailed(const common::Status& status);  // point-to-point's error, as a pass's
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);

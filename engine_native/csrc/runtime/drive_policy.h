@@ -1,6 +1,6 @@
 // DrivePolicy: whether a framework thread about to block on its own op may run the loop's
-// passes itself (Note [Caller drives] D in background_loop.cc: only where every peer is on
-// shm) and how long it may spin doing so (HVD_CALLER_SPIN_US, backed off while spins keep
+// passes itself (Note [Caller drives] D in background_loop.cc: collectives always,
+// point-to-point only where every peer is on shm) and how long it may spin doing so (HVD_CALLER_SPIN_US, backed off while spins keep
 // running out: Note [Spin backoff] below). configure()d once by BackgroundLoop's constructor,
 // before any framework thread can drive; the backoff counters are atomics any thread updates.
 // BackgroundLoop keeps two records: the collectives' and point-to-point waits' (Note [Caller
@@ -68,7 +68,7 @@ class DrivePolicy {
   static constexpr int kMissesToBackOff = 3;
   static constexpr uint32_t kProbeEvery = 16;
 
-  bool drivable_ = false;  // every peer is on shm: passes need no per-thread TCP helpers
+  bool drivable_ = false;  // Note [Caller drives] D
   std::chrono::microseconds spin_{0};  // HVD_CALLER_SPIN_US where drivable_, else 0
   std::atomic<int> misses_{0};         // drives in a row whose spin ran out
   std::atomic<uint32_t> backed_off_drives_{0};

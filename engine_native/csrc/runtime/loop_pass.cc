@@ -78,7 +78,7 @@ bool BackgroundLoop::pass(bool by_loop_thread) {
            true);
     }
   }
-  if (!failed_ && !finished_) progressPeerOps(&took_work);  // also while shutting down (F)
+  if (!failed_ && !finished_) progressPeerOps(&took_work, true);  // also shutting down (F)
   if (queue_.shutdownRequested() && !shutdown_sent_) beginShutdown();
   if (!failed_ && !shutdown_sent_) {
     if (mesh_.rank() == 0) coordinate(); else sendRequests();
@@ -114,14 +114,17 @@ bool BackgroundLoop::lostPeerCheckDue(bool loop_thread) {
 // Note [Point-to-point] D in peer_ops.cc: a connection lost or malformed fails the rank; a lost
 // peer is reported with its original cause where one comes (Note [Failure fan-out]). While the
 // rank shuts down (F) an error ends point-to-point only: the rank is leaving anyway.
-void BackgroundLoop::progressPeerOps(bool* took_work) {
+void BackgroundLoop::progressPeerOps(bool* took_work, bool in_pass) {
   bool moved = false;
   peer_ops_.setBoardWaiting(one_round_.awaitsFrames());  // Note [One round] K
   const Status s = peer_ops_.progress(&moved);
   if (moved) *took_work = true;
   if (!s.isOk()) peerOpsFailed(s);
-  // board frames arrived: finish the round now, also in a point-to-point caller's pass
-  if (one_round_.takeFresh() && !failed_ && !shutdown_sent_) stepOneRound();
+  // Board frames arrived (Note [One round] K): a pass finishes the round now; a
+  // point-to-point caller (Note [Caller drives] H: no collective inside an isend) wakes the
+  // loop thread for it instead, which may sleep in a poll the caller's read emptied.
+  if (!one_round_.takeFresh() || failed_ || shutdown_sent_) return;
+  if (in_pass) stepOneRound(); else queue_.wakeIfAsleep();
 }
 
 void BackgroundLoop::peerOpsFailed(const Status& s) {
@@ -434,13 +437,12 @@ void BackgroundLoop::awaitBoardPosts() {
   const auto until = Clock::now() + std::min<Clock::duration>(
       kBoardPostsWait, std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(config_.timeout_seconds)));
-  std::vector<int> lost, missing;
+  std::vector<int> lost, missing = one_round_.remotesUnanswered();
   int wait_ms = 0;
-  while (true) {
+  while (!missing.empty() && Clock::now() < until) {
     peer_ops_.readArrived(missing, wait_ms, &lost);
     missing = one_round_.remotesUnanswered();
     for (int r : lost) missing.erase(std::remove(missing.begin(), missing.end(), r), missing.end());
-    if (missing.empty() || Clock::now() >= until) return;
     wait_ms = 1;
   }
 }
