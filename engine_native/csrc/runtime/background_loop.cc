@@ -244,9 +244,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
         if (channel->hasBacklog() && channel->flush()) control_waiting = true;
       }
     }
-    // Point-to-point connections are watched even in standby: a peer's large send must not
-    // wait for this rank's next op to be read (Note [Point-to-point]); and while shutting down,
-    // for the answers this rank owes (F). Every pass reads what a readable socket has.
+    // Point-to-point connections are watched even in standby (but a TCP one only with ops in
+    // flight: board frames are the driving caller's to read, Note D; a submit wakes the loop).
+    // While shutting down, for the answers this rank owes (F). Every pass reads them.
     if (!failed_) {
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
@@ -254,7 +254,7 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
       // Note [One round] E: announced on the same doorbell a post's wake reads. In standby the
       // driving caller finishes the round (a post wakes nobody while it drives).
       if (watches_all_ && one_round_.canProgress()) control_waiting = true;
-      peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks);
+      peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks, !watches_all_);
       peer_begin = fds.size();
       for (size_t k = 0; k < peer_fds.size(); ++k) fds.push_back({peer_fds[k], peer_events[k], 0});
     }

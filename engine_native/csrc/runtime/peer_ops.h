@@ -90,18 +90,18 @@ class PeerOps {
 
   // ---- the loop (under progress_) ----
   // Takes new ops, writes and reads every channel, matches, completes handles, times out ops
-  // without progress for HVD_TIMEOUT. True when it moved anything. An error (a channel lost
-  // or malformed) is the whole rank's: the loop fails with it.
+  // idle for HVD_TIMEOUT; true when it moved anything. An error is the rank's: the loop fails.
   common::Status progress(bool* moved);
   // Nothing pending (submitted, queued, posted or being written) and no unread ring bytes.
   bool idle() const;
-  // Whether any pass since the last call moved point-to-point bytes: a driving caller spins on
-  // while a large message streams through a ring (Note [Caller drives] G).
+  // Whether a pass since the last call moved bytes (Note [Caller drives] G: spin on).
   bool takeMoved();
   // Posted receives and unfinished sends for metrics()["pending"] (op RECV/SEND, the peer).
   void appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const;
-  // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket.
-  void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
+  // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket; in
+  // standby, a TCP one only with ops in flight (Note [Caller drives] B, D).
+  void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers,
+               bool standby) const;
   // Before the loop thread polls them: announces its sleep to channels on shared memory and
   // answers whether one can move already (then it must not sleep); endSleep after the poll.
   // A caller driving the loop says so with setDriving (Note [Point-to-point over shm] B, C).
