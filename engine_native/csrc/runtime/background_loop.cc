@@ -100,7 +100,8 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                                                          : host->sharedOutputsReason());
   }
   // More ranks than cores: the spin yields between passes (Note [Yielding spins], mesh.cc).
-  drive_.configure(true, std::chrono::microseconds(config_.caller_spin_microseconds));
+  drive_.configure(true, std::chrono::microseconds(config_.caller_spin_microseconds),
+                   all_shm ? ~uint64_t{0} : kTcpDriveMaxBytes);  // Note [Caller drives] D
   peer_drive_.configure(all_shm, all_shm ? drive_.configuredSpin() : std::chrono::microseconds(0));
   if (all_shm && binding.bound && !spin_yields_) {  // Note [Spin while a core is free] B
     peer_spin_cap_ = std::min<std::chrono::microseconds>(
@@ -384,14 +385,18 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      file is written (NEGOTIATE spans time arrivals as they happen).
 //   C. A caller leaves standby on only when its op finished and the loop is idle, so no
 //      response, held batch or window timer is left without a thread that watches it.
-//   D. Collectives also where peers are on TCP (other hosts, HVD_TRANSPORT=tcp): the caller
-//      reads their sockets on its passes, so a small op of the board across hosts (Note [One
-//      round] K) is a message each way, finished by its caller (the loop thread, watching
-//      point-to-point sockets in standby, may still wake for the frame; RESULTS.md, "Small ops
-//      across hosts"). A thread driving a ring-based op (TCP, reducescatter, a set without the
-//      host segment) keeps its own scratch and idle helper thread for its lifetime (in practice
-//      the main thread). Point-to-point drives only where every peer is on shm: its waits
-//      sleep on the peer doorbell (peer_await.cc), which no socket rings.
+//   D. Collectives also where peers are on TCP (other hosts, HVD_TRANSPORT=tcp), up to
+//      kTcpDriveMaxBytes there: the caller reads their sockets on its passes, so a small op of
+//      the board across hosts (Note [One round] K) is a message each way that its caller
+//      finishes, and the loop thread, in standby, no longer polls the point-to-point sockets
+//      the frames come on (PeerOps::pollSet). np=2 over two fake hosts: ~11 us against ~70-140
+//      us handed to the loop thread, as MPICH's ~10-20 us (RESULTS.md, "Small ops across
+//      hosts"). A larger op over TCP is left to the loop thread: driven, 16 MiB ran 3-15 %
+//      slower (forced TCP, run_all.py --cases tcp), 1 MiB ~0.6x the time. A thread driving a
+//      ring-based op (TCP, reducescatter, a set without the host segment) keeps its own scratch
+//      and idle helper thread for its lifetime (in practice the main thread). Point-to-point
+//      drives only where every peer is on shm: its waits sleep on the peer doorbell
+//      (peer_await.cc), which no socket rings.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
 //      changed neither the DistributedOptimizer step of bench_torch_step.py nor the
@@ -433,38 +438,6 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      now sleeps on the peer doorbell and reads what comes itself (Note [Caller sleeps on
 //      the doorbell] in peer_await.cc). Waking it anyway cost every late receive of a
 //      pipeline stage a loop wake-up for one empty pass, on a core its neighbour computes on.
-
-Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle) {
-  const bool drivable = peer_drive_.drivable();  // D, H
-  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(std::move(send),
-                                           /*caller_waits=*/wait_now || drivable,
-                                           /*wake=*/!drivable, handle));
-  if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/true);
-  return Status::ok();
-}
-
-Status BackgroundLoop::submitRecv(const PeerRecv& recv, bool wait_now, int64_t* handle) {
-  const bool drivable = peer_drive_.drivable();  // D, H
-  HVD_RETURN_IF_ERROR(peer_ops_.submitRecv(recv, /*caller_waits=*/wait_now || drivable,
-                                           /*wake=*/!drivable, handle));
-  if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/false);
-  return Status::ok();
-}
-
-// A posted receive needs no loop thread awake: a message for it wakes a sleeping loop through
-// the peer doorbell (Note [Point-to-point over shm] B), or a caller waiting on it reads it. A
-// send not written in this pass (the ring is full) does: it must be flushed as room appears.
-void BackgroundLoop::progressEagerly(int64_t handle, bool is_send) {
-  {
-    std::unique_lock<std::timed_mutex> lock(progress_, std::try_to_lock);
-    if (lock.owns_lock() && !failed_ && !finished_ && !shutdown_sent_) {
-      bool took_work = false;
-      progressPeerOps(&took_work);
-      if (!is_send || handles_.poll(handle) != 0) return;
-    }
-  }
-  queue_.wakeIfAsleep();
-}
 
 bool BackgroundLoop::drive(int64_t handle) {
   const bool point_to_point = handles_.pointToPoint(handle);

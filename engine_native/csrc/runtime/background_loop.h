@@ -42,6 +42,7 @@
 
 #include "common/config.h"
 #include "coord/key_table.h"
+#include "coord/validation.h"
 #include "runtime/autotuner.h"
 #include "runtime/core_headroom.h"
 #include "runtime/cpu_binding.h"
@@ -82,8 +83,8 @@ class BackgroundLoop {
   // callers can drive at all: Note [Caller drives] D; elsewhere the loop is woken anyway).
   common::Status submit(TensorEntry* entries, const std::string_view* names, size_t count,
                         bool wake = true) {
-    return queue_.submit(entries, names, count, /*caller_waits=*/!wake,
-                         /*wake=*/wake || !drive_.drivable());
+    const bool drive = !wake && drive_.drives(entryBytes(entries, count));  // Note D
+    return queue_.submit(entries, names, count, /*caller_waits=*/drive, /*wake=*/!drive);
   }
   // Point-to-point sends and receives (peer_ops.h); framework threads. wait_now as submit()'s
   // !wake: the caller blocks on the handle at once and drive()s it.
@@ -228,6 +229,15 @@ class BackgroundLoop {
   Clock::time_point last_lost_peer_check_{};
   static constexpr auto kLostPeerCheckEvery = std::chrono::milliseconds(1);
   static constexpr auto kBoardPostsWait = std::chrono::seconds(1);  // awaitBoardPosts
+  static constexpr uint64_t kTcpDriveMaxBytes = 1 << 20;  // Note [Caller drives] D
+  static uint64_t entryBytes(const TensorEntry* entries, size_t count) {
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      bytes += static_cast<uint64_t>(coord::elementCount(entries[i].request.shape)) *
+               common::dataTypeSize(entries[i].request.dtype);
+    }
+    return bytes;
+  }
   std::unique_ptr<RankZeroCoordinator> coordinator_;  // rank 0 only (null elsewhere)
   std::unique_ptr<WorkerRequests> requests_;          // workers only (null on rank 0)
 };

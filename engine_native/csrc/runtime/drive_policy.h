@@ -30,11 +30,16 @@ namespace hvd::runtime {
 
 class DrivePolicy {
  public:
-  void configure(bool drivable, std::chrono::microseconds spin) {
+  // max_bytes: the largest op (its entries' bytes together) a caller drives (Note [Caller
+  // drives] D: over TCP, a large op runs faster on the loop thread)
+  void configure(bool drivable, std::chrono::microseconds spin,
+                 uint64_t max_bytes = ~uint64_t{0}) {
     drivable_ = drivable;
     spin_ = spin;
+    max_bytes_ = max_bytes;
   }
   bool drivable() const { return drivable_; }
+  bool drives(uint64_t bytes) const { return drivable_ && bytes <= max_bytes_; }
   std::chrono::microseconds configuredSpin() const { return spin_; }
   // The spin budget of the next drive: zero while backed off, except on a probe.
   std::chrono::microseconds nextSpin() {
@@ -70,6 +75,7 @@ class DrivePolicy {
 
   bool drivable_ = false;  // Note [Caller drives] D
   std::chrono::microseconds spin_{0};  // HVD_CALLER_SPIN_US where drivable_, else 0
+  uint64_t max_bytes_ = ~uint64_t{0};
   std::atomic<int> misses_{0};         // drives in a row whose spin ran out
   std::atomic<uint32_t> backed_off_drives_{0};
   std::atomic<bool> probe_due_{false};  // a probe that proved nothing: the next drive probes

@@ -1,5 +1,6 @@
-// BackgroundLoop::awaitPeer (background_loop.h): a caller blocked on a point-to-point op
-// sleeps on its rank's peer doorbell and reads the message that wakes it.
+// BackgroundLoop's point-to-point submissions (Note [Caller drives] H) and awaitPeer
+// (background_loop.h): a caller blocked on a point-to-point op sleeps on its rank's peer
+// doorbell and reads the message that wakes it.
 //
 // Note [Caller sleeps on the doorbell]
 // A pipeline stage's receive mostly waits for its neighbour's compute: its drive's spin runs
@@ -41,6 +42,8 @@
 
 namespace hvd::runtime {
 
+using common::Status;
+
 namespace {
 
 void ringDoorbell(void* doorbell) {  // C
@@ -48,6 +51,38 @@ void ringDoorbell(void* doorbell) {  // C
 }
 
 }  // namespace
+
+Status BackgroundLoop::submitSend(PeerSend send, bool wait_now, int64_t* handle) {
+  const bool drivable = peer_drive_.drivable();  // D, H
+  HVD_RETURN_IF_ERROR(peer_ops_.submitSend(std::move(send),
+                                           /*caller_waits=*/wait_now || drivable,
+                                           /*wake=*/!drivable, handle));
+  if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/true);
+  return Status::ok();
+}
+
+Status BackgroundLoop::submitRecv(const PeerRecv& recv, bool wait_now, int64_t* handle) {
+  const bool drivable = peer_drive_.drivable();  // D, H
+  HVD_RETURN_IF_ERROR(peer_ops_.submitRecv(recv, /*caller_waits=*/wait_now || drivable,
+                                           /*wake=*/!drivable, handle));
+  if (!wait_now && drivable) progressEagerly(*handle, /*is_send=*/false);
+  return Status::ok();
+}
+
+// A posted receive needs no loop thread awake: a message for it wakes a sleeping loop through
+// the peer doorbell (Note [Point-to-point over shm] B), or a caller waiting on it reads it. A
+// send not written in this pass (the ring is full) does: it must be flushed as room appears.
+void BackgroundLoop::progressEagerly(int64_t handle, bool is_send) {
+  {
+    std::unique_lock<std::timed_mutex> lock(progress_, std::try_to_lock);
+    if (lock.owns_lock() && !failed_ && !finished_ && !shutdown_sent_) {
+      bool took_work = false;
+      progressPeerOps(&took_work);
+      if (!is_send || handles_.poll(handle) != 0) return;
+    }
+  }
+  queue_.wakeIfAsleep();
+}
 
 bool BackgroundLoop::awaitPeer(int64_t handle, std::chrono::milliseconds slice) {
   if (!peer_drive_.drivable() || !handles_.pointToPoint(handle)) return false;
