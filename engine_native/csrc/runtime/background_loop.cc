@@ -245,9 +245,9 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
         if (channel->hasBacklog() && channel->flush()) control_waiting = true;
       }
     }
-    // Point-to-point connections are watched even in standby (but a TCP one only with ops in
-    // flight: board frames are the driving caller's to read, Note D; a submit wakes the loop).
-    // While shutting down, for the answers this rank owes (F). Every pass reads them.
+    // Point-to-point connections are watched even in standby: a peer's large send must not
+    // wait for this rank's next op to be read (Note [Point-to-point]; but see Note [Caller
+    // drives] D's park); while shutting down, for the answers this rank owes (F).
     if (!failed_) {
       std::vector<int> peer_fds;
       std::vector<short> peer_events;
@@ -255,7 +255,7 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
       // Note [One round] E: announced on the same doorbell a post's wake reads. In standby the
       // driving caller finishes the round (a post wakes nobody while it drives).
       if (watches_all_ && one_round_.canProgress()) control_waiting = true;
-      peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks, !watches_all_);
+      peer_ops_.pollSet(&peer_fds, &peer_events, &peer_ranks);
       peer_begin = fds.size();
       for (size_t k = 0; k < peer_fds.size(); ++k) fds.push_back({peer_fds[k], peer_events[k], 0});
     }
@@ -277,6 +277,15 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
   metrics_.countLoopWakeup();
   *idle_tick = rc == 0 && timeout_us >= int64_t{kTickMs} * 1000;
   if (rc <= 0) return -1;
+  if (!watches_all_ && caller_driving_.load() && !(fds[0].revents & POLLIN)) {
+    // Note [Caller drives] D: in standby only peer sockets woke it, while a caller drives
+    // and reads them (board frames): park on wake_fd_ for up to kStandbyPark, off progress_
+    // and off the sockets, which the next poll watches again.
+    pollfd wake{queue_.wakeFd(), POLLIN, 0};
+    const timespec park{0, static_cast<long>(kStandbyPark.count()) * 1000};
+    if (::ppoll(&wake, 1, &park, nullptr) > 0) queue_.consumeWake();
+    return -1;
+  }
   for (size_t i = 0; i < control_ranks.size(); ++i) {
     if (fds[control_begin + i].revents != 0) readable_controls->push_back(control_ranks[i]);
   }
@@ -388,8 +397,11 @@ void BackgroundLoop::checkShutdownAgreement() {
 //   D. Collectives also where peers are on TCP (other hosts, HVD_TRANSPORT=tcp), up to
 //      kTcpDriveMaxBytes there: the caller reads their sockets on its passes, so a small op of
 //      the board across hosts (Note [One round] K) is a message each way that its caller
-//      finishes, and the loop thread, in standby, no longer polls the point-to-point sockets
-//      the frames come on (PeerOps::pollSet). np=2 over two fake hosts: ~11 us against ~70-140
+//      finishes. The loop thread in standby still polls the point-to-point sockets the frames
+//      come on; woken by one while a caller drives, it parks on wake_fd_ alone for up to
+//      kStandbyPark instead of fighting the caller for progress_ (which cost 15-50 us per op
+//      instead of ~11): so unsolicited bytes wait at most that long between its polls, and a
+//      lost peer's hang-up is seen as soon. np=2 over two fake hosts: ~11 us against ~70-140
 //      us handed to the loop thread, as MPICH's ~10-20 us (RESULTS.md, "Small ops across
 //      hosts"). A larger op over TCP is left to the loop thread: driven, 16 MiB ran 3-15 %
 //      slower (forced TCP, run_all.py --cases tcp), 1 MiB ~0.6x the time. A thread driving a
@@ -470,6 +482,11 @@ bool BackgroundLoop::drive(int64_t handle) {
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
   queue_.setStandby(quiet_loop);  // B
+  struct Marked {  // D's park; cleared also if a pass throws
+    std::atomic<bool>& flag;
+    ~Marked() { flag.store(false); }
+  } marked{caller_driving_};
+  caller_driving_.store(true);
   executor_.setAwaitedHandle(handle);  // Note [Caller waits on the device] A, F
   peer_ops_.setAwaitedHandle(handle);
   bool done = false;

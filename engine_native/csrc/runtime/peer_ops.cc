@@ -529,13 +529,10 @@ void PeerOps::appendPending(Clock::time_point now, std::vector<PendingInfo>* out
 }
 
 void PeerOps::pollSet(std::vector<int>* fds, std::vector<short>* events,
-                      std::vector<int>* peers, bool standby) const {
+                      std::vector<int>* peers) const {
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
     if (!open(peer)) continue;  // F: a closed socket would poll readable for ever
     const transport::PeerChannel* channel = mesh_.peerChannel(peer);
-    const PerPeer& p = peers_[peer];  // standby: the driving caller reads board frames
-    if (standby && !channel->onSharedMemory() && p.sending.empty() && p.receiving.empty() &&
-        p.reading.empty() && !channel->hasBacklog()) continue;
     fds->push_back(channel->fd());
     events->push_back(static_cast<short>(POLLIN | (channel->wantsWritable() ? POLLOUT : 0)));
     peers->push_back(peer);

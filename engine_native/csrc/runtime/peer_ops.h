@@ -98,10 +98,8 @@ class PeerOps {
   bool takeMoved();
   // Posted receives and unfinished sends for metrics()["pending"] (op RECV/SEND, the peer).
   void appendPending(Clock::time_point now, std::vector<PendingInfo>* out) const;
-  // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket; in
-  // standby, a TCP one only with ops in flight (Note [Caller drives] B, D).
-  void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers,
-               bool standby) const;
+  // Every channel's socket and peer, with POLLOUT where frames wait for a TCP socket.
+  void pollSet(std::vector<int>* fds, std::vector<short>* events, std::vector<int>* peers) const;
   // Before the loop thread polls them: announces its sleep to channels on shared memory and
   // answers whether one can move already (then it must not sleep); endSleep after the poll.
   // A caller driving the loop says so with setDriving (Note [Point-to-point over shm] B, C).
