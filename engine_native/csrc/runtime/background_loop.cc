@@ -398,17 +398,17 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      kTcpDriveMaxBytes there: the caller reads their sockets on its passes, so a small op of
 //      the board across hosts (Note [One round] K) is a message each way that its caller
 //      finishes. The loop thread in standby still polls the point-to-point sockets the frames
-//      come on; woken by one while a caller drives, it parks on wake_fd_ alone for up to
-//      kStandbyPark instead of fighting the caller for progress_ (which cost 15-50 us per op
-//      instead of ~11): so unsolicited bytes wait at most that long between its polls, and a
-//      lost peer's hang-up is seen as soon. np=2 over two fake hosts: ~11 us against ~70-140
-//      us handed to the loop thread, as MPICH's ~10-20 us (RESULTS.md, "Small ops across
-//      hosts"). A larger op over TCP is left to the loop thread: driven, 16 MiB ran 3-15 %
-//      slower (forced TCP, run_all.py --cases tcp), 1 MiB ~0.6x the time. A thread driving a
-//      ring-based op (TCP, reducescatter, a set without the host segment) keeps its own scratch
-//      and idle helper thread for its lifetime (in practice the main thread). Point-to-point
-//      drives only where every peer is on shm: its waits sleep on the peer doorbell
-//      (peer_await.cc), which no socket rings.
+//      come on (unasked bytes must be read: test_standby_tcp.py); woken by one while a caller
+//      drives, it parks on wake_fd_ alone for up to kStandbyPark rather than fight the caller
+//      for progress_ (15-50 us an op), so unasked bytes and a lost peer's hang-up wait at most
+//      that long. np=2 over two fake hosts: 11-25 us against 70-170 us handed to the loop
+//      thread; MPICH 7-26 us (RESULTS.md, "Small ops across hosts"). A larger op over TCP is
+//      left to the loop thread, as before: driven, 4-64 MiB took 0.85-1.15x the time (forced
+//      TCP, run_all.py --cases tcp), up to 1 MiB 0.06-0.63x. A thread driving a ring-based op
+//      (TCP, reducescatter, a set without the host segment) keeps its own scratch and idle
+//      helper thread for its lifetime (in practice the main thread). Point-to-point drives
+//      only where every peer is on shm: its waits sleep on the peer doorbell (peer_await.cc),
+//      which no socket rings.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
 //      changed neither the DistributedOptimizer step of bench_torch_step.py nor the

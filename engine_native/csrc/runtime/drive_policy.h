@@ -31,7 +31,7 @@ namespace hvd::runtime {
 class DrivePolicy {
  public:
   // max_bytes: the largest op (its entries' bytes together) a caller drives (Note [Caller
-  // drives] D: over TCP, a large op runs faster on the loop thread)
+  // drives] D: 1 MiB over TCP)
   void configure(bool drivable, std::chrono::microseconds spin,
                  uint64_t max_bytes = ~uint64_t{0}) {
     drivable_ = drivable;
