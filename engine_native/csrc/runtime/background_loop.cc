@@ -280,10 +280,18 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
   if (!watches_all_ && caller_driving_.load() && !(fds[0].revents & POLLIN)) {
     // Note [Caller drives] D: in standby only peer sockets woke it, while a caller drives
     // and reads them (board frames): park on wake_fd_ for up to kStandbyPark, off progress_
-    // and off the sockets, which the next poll watches again.
+    // and off the sockets, as a sleep (a submission's or the drive's end's wake ends it);
+    // the sockets are marked for the pass after it, which the drive's end lets run.
+    for (size_t i = 0; i < peer_ranks.size(); ++i) {
+      if (fds[peer_begin + i].revents & ~POLLOUT) readable_peers->push_back(peer_ranks[i]);
+    }
     pollfd wake{queue_.wakeFd(), POLLIN, 0};
-    const timespec park{0, static_cast<long>(kStandbyPark.count()) * 1000};
-    if (::ppoll(&wake, 1, &park, nullptr) > 0) queue_.consumeWake();
+    const int64_t park_us = queue_.beginSleep(kStandbyPark.count(), 0);
+    const timespec park{0, static_cast<long>(park_us) * 1000};
+    if (park_us > 0 && caller_driving_.load() && ::ppoll(&wake, 1, &park, nullptr) > 0) {
+      queue_.consumeWake();
+    }
+    queue_.endSleep();
     return -1;
   }
   for (size_t i = 0; i < control_ranks.size(); ++i) {
@@ -399,9 +407,9 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      the board across hosts (Note [One round] K) is a message each way that its caller
 //      finishes. The loop thread in standby still polls the point-to-point sockets the frames
 //      come on (unasked bytes must be read: test_standby_tcp.py); woken by one while a caller
-//      drives, it parks on wake_fd_ alone for up to kStandbyPark rather than fight the caller
-//      for progress_ (15-50 us an op), so unasked bytes and a lost peer's hang-up wait at most
-//      that long. np=2 over two fake hosts: 11-25 us against 70-170 us handed to the loop
+//      drives, it parks on wake_fd_ alone for up to kStandbyPark (ended by any wake, as a
+//      sleep) rather than fight the caller for progress_ (15-50 us an op); the sockets it saw
+//      readable are read by the pass after the drive. np=2 over two fake hosts: 11-25 us against 70-170 us handed to the loop
 //      thread; MPICH 7-26 us (RESULTS.md, "Small ops across hosts"). A larger op over TCP is
 //      left to the loop thread, as before: driven, 4-64 MiB took 0.85-1.15x the time (forced
 //      TCP, run_all.py --cases tcp), up to 1 MiB 0.06-0.63x. A thread driving a ring-based op
@@ -537,6 +545,7 @@ bool BackgroundLoop::drive(int64_t handle) {
   const bool let_sleep = !done && point_to_point && watches_all_ && !failed_ && !finished_ &&
                          collectivesIdle() && !peer_ops_.ringsCanMove();  // I
   if (let_sleep) queue_.setStandby(false);  // before a loop thread can read it again
+  caller_driving_.store(false);  // under progress_, before the wakes below (D's park)
   lock.unlock();
   if (!keep_standby && !let_sleep) {
     queue_.wakeIfAsleep();
