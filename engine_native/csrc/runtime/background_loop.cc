@@ -407,16 +407,16 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      the board across hosts (Note [One round] K) is a message each way that its caller
 //      finishes. The loop thread in standby still polls the point-to-point sockets the frames
 //      come on (unasked bytes must be read: test_standby_tcp.py); woken by one while a caller
-//      drives, it parks on wake_fd_ alone for up to kStandbyPark (ended by any wake, as a
-//      sleep) rather than fight the caller for progress_ (15-50 us an op); the sockets it saw
-//      readable are read by the pass after the drive. np=2 over two fake hosts: 11-25 us against 70-170 us handed to the loop
-//      thread; MPICH 7-26 us (RESULTS.md, "Small ops across hosts"). A larger op over TCP is
-//      left to the loop thread, as before: driven, 4-64 MiB took 0.85-1.15x the time (forced
-//      TCP, run_all.py --cases tcp), up to 1 MiB 0.06-0.63x. A thread driving a ring-based op
-//      (TCP, reducescatter, a set without the host segment) keeps its own scratch and idle
-//      helper thread for its lifetime (in practice the main thread). Point-to-point drives
-//      only where every peer is on shm: its waits sleep on the peer doorbell (peer_await.cc),
-//      which no socket rings.
+//      drives, it parks on wake_fd_ for up to kStandbyPark (as a sleep: any wake ends it)
+//      rather than fight the caller for progress_ (ops took 17-56 us instead of 10-13), and
+//      the pass after the drive reads the sockets it saw readable. np=2 over two fake hosts:
+//      11-25 us against 65-170 us handed to the loop thread; MPICH 7-26 us (RESULTS.md, "Small
+//      ops across hosts"). A larger op over TCP is left to the loop thread, as before: driven,
+//      4-64 MiB took 0.66-1.15x the time (forced TCP, run_all.py --cases tcp; mixed), up to
+//      1 MiB 0.06-0.63x. A thread driving a ring-based op (TCP, reducescatter, a set without
+//      the host segment) keeps its own scratch and idle helper thread for its lifetime (in
+//      practice the main thread). Point-to-point drives only where every peer is on shm: its
+//      waits sleep on the peer doorbell (peer_await.cc), which no socket rings.
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
 //      changed neither the DistributedOptimizer step of bench_torch_step.py nor the

@@ -1,7 +1,8 @@
 // DrivePolicy: whether a framework thread about to block on its own op may run the loop's
-// passes itself (Note [Caller drives] D in background_loop.cc: collectives always,
-// point-to-point only where every peer is on shm) and how long it may spin doing so (HVD_CALLER_SPIN_US, backed off while spins keep
-// running out: Note [Spin backoff] below). configure()d once by BackgroundLoop's constructor,
+// passes itself (Note [Caller drives] D in background_loop.cc: collectives always, over TCP
+// up to 1 MiB; point-to-point only where every peer is on shm) and how long it may spin
+// doing so (HVD_CALLER_SPIN_US, backed off while spins keep running out: Note [Spin backoff]
+// below). configure()d once by BackgroundLoop's constructor,
 // before any framework thread can drive; the backoff counters are atomics any thread updates.
 // BackgroundLoop keeps two records: the collectives' and point-to-point waits' (Note [Caller
 // drives] H), so that either's waits back off on their own misses alone.
