@@ -97,17 +97,17 @@
 //      a caller driving its op (Note [Caller drives] D) reads the remote ranks' sockets on each
 //      pass while its round waits, and any pass that read a frame steps the board at once.
 //      What is new is that frames are not ordered against rank 0's messages, which travel on
-//      other connections. Only J relied on that: a rank closes before its join request leaves,
-//      so on one host its close is visible before the join completes anywhere, but its frame
+//      other connections. J and I relied on that. J: a rank closes before its join request
+//      leaves, so on one host its close is visible before the join completes anywhere; its frame
 //      may still be in flight when the join completes here. The reopening therefore waits
 //      (reopen_due_) until every remote rank's state shows it closed in this epoch (its counter
 //      final, as J needs), and holds the ops its callers submit meanwhile rather than routing
 //      them, so that they are still taken by the open board. B needs no order (it decides from
-//      the posts alone), nor D (owed names go to negotiation, which waits for every rank). I
-//      did: a rank learns of a failure from rank 0 or a lost connection, maybe before a post
+//      the posts alone), nor D (owed names go to negotiation, which waits for every rank). I:
+//      a rank learns of a failure from rank 0 or a lost connection, maybe before a post
 //      sent earlier has arrived (one host's rank may be descheduled between its frames to two
-//      others). So a failing rank first reads, for up to a second, the posts of ranks that
-//      have not answered its round, from connections still open (BackgroundLoop::
+//      others). So a failing rank first reads, for up to a second, the posts of remote ranks
+//      that have not answered its round, from connections still open (BackgroundLoop::
 //      awaitBoardPosts): each such rank sent its post before anything it did later, or closes
 //      (a frame) once it fails too, so the wait lasts as long as frames take. Only a rank lost
 //      in the middle of sending, or stopped for that second, can leave two survivors
