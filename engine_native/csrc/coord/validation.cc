@@ -209,6 +209,10 @@ int64_t elementCount(const Shape& shape) {
   return n;
 }
 
+uint64_t requestBytes(const Request& r) {
+  return static_cast<uint64_t>(elementCount(r.shape)) * common::dataTypeSize(r.dtype);
+}
+
 Response buildResponse(const std::vector<int>& members, const std::vector<Request>& requests,
                        const std::vector<int>& absent) {
   const Request& a = requests.front();

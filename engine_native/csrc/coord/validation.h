@@ -19,5 +19,7 @@ Response buildResponse(const std::vector<int>& members, const std::vector<Reques
 
 // Product of the dims (1 for a scalar), saturating at INT64_MAX.
 int64_t elementCount(const Shape& shape);
+// The bytes of a request's input: elementCount(shape) x the dtype's size.
+uint64_t requestBytes(const Request& r);
 
 }  // namespace hvd::coord

@@ -234,10 +234,7 @@ class BackgroundLoop {
   std::atomic<bool> caller_driving_{false};  // a caller holds progress_ in drive() (D's park)
   static uint64_t entryBytes(const TensorEntry* entries, size_t count) {
     uint64_t bytes = 0;
-    for (size_t i = 0; i < count; ++i) {
-      bytes += static_cast<uint64_t>(coord::elementCount(entries[i].request.shape)) *
-               common::dataTypeSize(entries[i].request.dtype);
-    }
+    for (size_t i = 0; i < count; ++i) bytes += coord::requestBytes(entries[i].request);
     return bytes;
   }
   std::unique_ptr<RankZeroCoordinator> coordinator_;  // rank 0 only (null elsewhere)

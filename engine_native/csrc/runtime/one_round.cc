@@ -136,9 +136,7 @@ namespace {
 
 constexpr size_t kIndexedPost = 16;  // posts with more ops are looked up through a map
 
-size_t opBytes(const coord::Request& r) {
-  return static_cast<size_t>(coord::elementCount(r.shape)) * common::dataTypeSize(r.dtype);
-}
+size_t opBytes(const coord::Request& r) { return static_cast<size_t>(coord::requestBytes(r)); }
 
 bool reduces(OpType type) { return type == OpType::kAllreduce || type == OpType::kReducescatter; }
 
@@ -223,8 +221,7 @@ std::vector<int> OneRound::missingRanks() const {
   std::vector<int> missing;
   if (reopen_due_) {  // K: remote ranks whose close in this epoch has not arrived
     for (int r : board_.remotes()) {
-      const uint64_t state = board_.header(r).state.load(std::memory_order_seq_cst);
-      if (state != transport::shm::kBoardGone && state < (epoch_ << 1 | 1)) missing.push_back(r);
+      if (!closedForJoin(r)) missing.push_back(r);
     }
     return missing;
   }

@@ -108,6 +108,7 @@ class OneRound {
   // J, K: reopens once every remote rank's close in this epoch arrived (else stays due).
   common::Status tryReopen(EntryTable& entries, const Route& route, const Run& run);
   bool remotesClosed() const;
+  bool closedForJoin(int rank) const;  // K: its close in this epoch (or gone) has arrived
   common::Status finish(EntryTable& entries, const Route& route, const Run& run,
                         timeline::Timeline* timeline);
   common::Status decodeAll();

@@ -51,12 +51,14 @@ Status OneRound::reopenAfterJoin(uint64_t joins, EntryTable& entries, const Rout
 }
 
 // K: a remote rank's close in this epoch may still be in flight when the join completes here.
+bool OneRound::closedForJoin(int rank) const {
+  const uint64_t state = board_.header(rank).state.load(std::memory_order_seq_cst);
+  return state == transport::shm::kBoardGone || state >= (epoch_ << 1 | 1);
+}
+
 bool OneRound::remotesClosed() const {
-  for (int r : board_.remotes()) {
-    const uint64_t state = board_.header(r).state.load(std::memory_order_seq_cst);
-    if (state != transport::shm::kBoardGone && state < (epoch_ << 1 | 1)) return false;
-  }
-  return true;
+  const std::vector<int>& remotes = board_.remotes();
+  return std::all_of(remotes.begin(), remotes.end(), [this](int r) { return closedForJoin(r); });
 }
 
 Status OneRound::tryReopen(EntryTable& entries, const Route& route, const Run& run) {
