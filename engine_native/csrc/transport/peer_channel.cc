@@ -268,12 +268,19 @@ Status PeerChannel::receiveRing(std::vector<PeerMessage>* out, bool* moved,
     if (n == 0) return lost(peer_, "was closed by the peer");
     *moved = true;
     budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(n));
-    if (dst == inbox_.data() + inbox_end_) {
+    const bool into_inbox = dst == inbox_.data() + inbox_end_;
+    if (into_inbox) {
       inbox_end_ += static_cast<size_t>(n);
     } else {
       payload_got_ += static_cast<uint64_t>(n);
     }
     if (budget == 0) return parse(out);  // F: the next pass goes on
+    // A short read of a socket into the inbox drained it: skip the recv that would only say
+    // EAGAIN, as ControlChannel does. Later bytes, or the peer's hang-up, make poll() report the
+    // socket again, and a driving caller's next pass reads it anyway. That recv took the
+    // socket's lock while the peer's next frame was being delivered, one more system call per
+    // small message (RESULTS.md, "Small ops across hosts": forced TCP and fake hosts, np=2).
+    if (link_ == nullptr && into_inbox && static_cast<size_t>(n) < room) return parse(out);
   }
 }
 
