@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "common/cpu_relax.h"
 #include "common/logging.h"
@@ -157,9 +158,7 @@ Status BackgroundLoop::failure() const { return queue_.failure(); }
 void BackgroundLoop::shutdown() {
   queue_.requestShutdown();
   if (thread_.joinable()) thread_.join();
-  {
-    std::lock_guard<std::timed_mutex> drained(progress_);  // a driving caller left its pass
-  }
+  { std::lock_guard<std::timed_mutex> drained(progress_); }  // a driving caller left its pass
   // A caller in awaitPeer leaves within its slice (its op failed, which rang its doorbell) and
   // touches the mesh until then (Note [Caller sleeps on the doorbell] F).
   while (peer_sleeper_.load()) std::this_thread::sleep_for(kLockSlice);
@@ -278,20 +277,19 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
   *idle_tick = rc == 0 && timeout_us >= int64_t{kTickMs} * 1000;
   if (rc <= 0) return -1;
   if (!watches_all_ && caller_driving_.load() && !(fds[0].revents & POLLIN)) {
-    // Note [Caller drives] D: in standby only peer sockets woke it, while a caller drives
-    // and reads them (board frames): park on wake_fd_ for up to kStandbyPark, off progress_
-    // and off the sockets, as a sleep (a submission's or the drive's end's wake ends it);
-    // the sockets are marked for the pass after it, which the drive's end lets run.
+    // Note [Caller drives] D: in standby only peer sockets woke it, while a caller drives:
+    // park off progress_ and off the sockets (the callers' passes read them meanwhile) while
+    // callers go on driving; the sockets are marked for the pass after it.
     for (size_t i = 0; i < peer_ranks.size(); ++i) {
       if (fds[peer_begin + i].revents & ~POLLOUT) readable_peers->push_back(peer_ranks[i]);
     }
-    pollfd wake{queue_.wakeFd(), POLLIN, 0};
-    const int64_t park_us = queue_.beginSleep(kStandbyPark.count(), 0);
-    const timespec park{0, static_cast<long>(park_us) * 1000};
-    if (park_us > 0 && caller_driving_.load() && ::ppoll(&wake, 1, &park, nullptr) > 0) {
-      queue_.consumeWake();
-    }
-    queue_.endSleep();
+    peer_ops_.setSocketsUnwatched(true);
+    uint64_t drives = drives_started_.load();
+    queue_.park(kStandbyPark.count(), [this, &drives] {  // a caller drives, or one started
+      const uint64_t seen = std::exchange(drives, drives_started_.load());
+      return caller_driving_.load() || drives != seen;
+    });
+    peer_ops_.setSocketsUnwatched(false);
     return -1;
   }
   for (size_t i = 0; i < control_ranks.size(); ++i) {
@@ -405,18 +403,20 @@ void BackgroundLoop::checkShutdownAgreement() {
 //   D. Collectives also where peers are on TCP (other hosts, HVD_TRANSPORT=tcp), up to
 //      kTcpDriveMaxBytes there: the caller reads their sockets on its passes, so a small op of
 //      the board across hosts (Note [One round] K) is a message each way that its caller
-//      finishes. The loop thread in standby still polls the point-to-point sockets the frames
-//      come on (unasked bytes must be read: test_standby_tcp.py); woken by one while a caller
-//      drives, it parks on wake_fd_ for up to kStandbyPark (as a sleep: any wake ends it)
-//      rather than fight the caller for progress_ (ops took 17-56 us instead of 10-13), and
-//      the pass after the drive reads the sockets it saw readable. np=2 over two fake hosts:
-//      11-25 us against 65-170 us handed to the loop thread; MPICH 7-26 us (RESULTS.md, "Small
-//      ops across hosts"). A larger op over TCP is left to the loop thread, as before: driven,
-//      4-64 MiB took 0.66-1.15x the time (forced TCP, run_all.py --cases tcp; mixed), up to
-//      1 MiB 0.06-0.63x. A thread driving a ring-based op (TCP, reducescatter, a set without
-//      the host segment) keeps its own scratch and idle helper thread for its lifetime (in
-//      practice the main thread). Point-to-point drives only where every peer is on shm: its
-//      waits sleep on the peer doorbell (peer_await.cc), which no socket rings.
+//      finishes. The loop thread in standby polls the point-to-point sockets (unasked bytes
+//      must be read: test_standby_tcp.py). Woken by one while a caller drives, it parks: it
+//      sleeps on wake_fd_ alone, off progress_, in kStandbyPark quanta (20 ms: each one's end
+//      wakes it on a core a caller spins on) until one passes with no caller driving (a wake
+//      ends it sooner), every pass meanwhile reading every TCP socket (PeerOps::
+//      setSocketsUnwatched); the pass after it reads the sockets that woke it.
+//      (Fighting the caller for progress_, or parking one quantum and then taking it for a
+//      pass, left stretches of ops at 15-60 us instead of 11: RESULTS.md, "Small ops across
+//      hosts".) A larger op over TCP is left to the loop thread, as before: driven, 4-64 MiB
+//      took 0.66-1.15x the time (forced TCP, run_all.py --cases tcp; mixed), up to 1 MiB
+//      0.06-0.63x. A thread driving a ring-based op (TCP, reducescatter, a set without the
+//      host segment) keeps its own scratch and idle helper thread for its lifetime (in practice
+//      the main thread). Point-to-point drives only where every peer is on shm (its waits
+//      sleep on the peer doorbell, which no socket rings: peer_await.cc).
 //   E. Only ops enqueued for an at-once wait: async ops (a step's gradients) are already
 //      being worked on by the woken loop thread. (Tried: letting waits on async ops drive too
 //      changed neither the DistributedOptimizer step of bench_torch_step.py nor the
@@ -495,6 +495,7 @@ bool BackgroundLoop::drive(int64_t handle) {
     ~Marked() { flag.store(false); }
   } marked{caller_driving_};
   caller_driving_.store(true);
+  drives_started_.fetch_add(1);
   executor_.setAwaitedHandle(handle);  // Note [Caller waits on the device] A, F
   peer_ops_.setAwaitedHandle(handle);
   bool done = false;

@@ -230,8 +230,9 @@ class BackgroundLoop {
   static constexpr auto kLostPeerCheckEvery = std::chrono::milliseconds(1);
   static constexpr auto kBoardPostsWait = std::chrono::seconds(1);  // awaitBoardPosts
   static constexpr uint64_t kTcpDriveMaxBytes = 1 << 20;  // Note [Caller drives] D
-  static constexpr auto kStandbyPark = std::chrono::microseconds(1000);  // ... D's park
+  static constexpr auto kStandbyPark = std::chrono::microseconds(20'000);  // D's park quantum
   std::atomic<bool> caller_driving_{false};  // a caller holds progress_ in drive() (D's park)
+  std::atomic<uint64_t> drives_started_{0};   // D's park: callers still driving
   static uint64_t entryBytes(const TensorEntry* entries, size_t count) {
     uint64_t bytes = 0;
     for (size_t i = 0; i < count; ++i) bytes += coord::requestBytes(entries[i].request);

@@ -317,7 +317,8 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   read_early_[peer] = 0;
   // Nothing to write, read or time out with this peer: every pass of a host's small
   // collectives (Note [One round]) comes here for each peer.
-  const bool board = board_waiting_ && !channel.onSharedMemory();  // Note [One round] K
+  // Note [One round] K; Note [Caller drives] D's park
+  const bool board = (board_waiting_ || sockets_unwatched_.load()) && !channel.onSharedMemory();
   if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
       !channel.hasBacklog() && !channel.hasIncoming() && !board) {
     return Status::ok();

@@ -3,6 +3,7 @@
 // between submitters and the sleeping loop.
 #include "runtime/submission_queue.h"
 
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -175,6 +176,21 @@ void SubmissionQueue::consumeWake() {
   uint64_t value = 0;
   ssize_t n = ::read(wake_fd_, &value, sizeof(value));
   (void)n;
+}
+
+void SubmissionQueue::park(int64_t quantum_us, const std::function<bool()>& keep) {
+  pollfd wake{wake_fd_, POLLIN, 0};
+  do {
+    const int64_t us = beginSleep(quantum_us, 0);
+    const timespec quantum{static_cast<time_t>(us / 1000000),
+                           static_cast<long>(us % 1000000) * 1000};
+    const bool woken = us == 0 || ::ppoll(&wake, 1, &quantum, nullptr) > 0;
+    endSleep();
+    if (woken) {
+      if (us > 0) consumeWake();
+      return;
+    }
+  } while (keep());
 }
 
 }  // namespace hvd::runtime
