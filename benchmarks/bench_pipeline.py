@@ -3,7 +3,7 @@
 and the same cases, in the same run.
 
     python benchmarks/bench_pipeline.py [--steps 20] [--launches 3] [--only mlp|bubble]
-                                        [--case "hidden 64"] [--schedule 1f1b]
+                                        [--case "hidden 64"] [--schedule 1f1b] [--bind]
 
 Table 1, "against the peer" (np=2, GPipe and 1F1B): an MLP of 8 blocks (Linear(h, h) + Tanh),
 4 per stage, batch 64: hidden 1024 with 8 micro-batches (compute-bound), hidden 64 with 16
@@ -24,6 +24,12 @@ beside the theory (K-1)/(M+K-1); a stage's compute is each forward and backward 
 exit, measured inside the stage the same way for both systems (in brackets: counting the sleeps
 alone, which leaves out the stage's own work after each wake-up); speedup = K M (f + b) / step
 time (the same work on one rank), as a share of the ideal K M / (M + K - 1).
+
+``--bind``: each rank of both systems on its own share of the CPUs, split the same way: ours
+with ``hvdrun --bind-to core`` (Note [CPU binding] in the core), torch's ranks by
+``sched_setaffinity`` to the same share (LOCAL_RANK's contiguous run of the sorted CPUs) before
+torch is imported, so every thread they start inherits it. Unbound is the default, as for both
+launchers.
 
 Each launch is one set of processes per system and case; launches alternate which system
 goes first; a launch that fails or runs past ``--timeout`` is counted, not hidden.
@@ -176,8 +182,21 @@ def stages_alone(hidden: int, micro: int, size: int, timed: bool = True,
     return per_stage
 
 
+def cpu_share(local_rank: int, local_size: int) -> list:
+    """The CPUs of ``local_rank``'s share: contiguous runs of the sorted CPUs, the first
+    ``len % local_size`` runs one longer (Note [CPU binding] A's split)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    base, extra = divmod(len(cpus), local_size)
+    start = local_rank * base + min(local_rank, extra)
+    return cpus[start:start + base + (1 if local_rank < extra else 0)]
+
+
 def rank_main(system: str, kind: str, hidden: int, micro: int, schedule: str, steps: int,
-              out_dir: str) -> None:
+              out_dir: str, bind: bool = False) -> None:
+    if bind and system == "torch":  # (ours: hvdrun --bind-to core binds at hvd.init())
+        local_size = int(os.environ["LOCAL_WORLD_SIZE"])
+        if len(os.sched_getaffinity(0)) >= local_size:  # (as ours: no empty share)
+            os.sched_setaffinity(0, cpu_share(int(os.environ["LOCAL_RANK"]), local_size))
     import torch
     torch.set_num_threads(1)
     if system == "ours":
@@ -223,18 +242,21 @@ def rank_main(system: str, kind: str, hidden: int, micro: int, schedule: str, st
             busies.append(busy[0])
             sleeps.append(busy[1])
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:  # (torchrun mixes stdouts)
-        json.dump({"times": times, "busy": busies, "sleeps": sleeps}, f)
+        json.dump({"times": times, "busy": busies, "sleeps": sleeps,
+                   "cpus": sorted(os.sched_getaffinity(0))}, f)
 
 
-def launch(system: str, kind: str, case, schedule: str, steps: int, timeout: float):
+def launch(system: str, kind: str, case, schedule: str, steps: int, timeout: float,
+           bind: bool = False):
     """(step time, worst rank's idle fraction, the same counting the sleeps alone as compute,
     the busiest rank's compute per step) of one launch, or None if it failed or hung."""
     _, np_, hidden, micro = case
     out_dir = tempfile.mkdtemp(prefix="bench_pipeline_")
     args = [os.path.abspath(__file__), "--rank-main", system, kind, str(hidden), str(micro),
-            schedule, str(steps), out_dir]
+            schedule, str(steps), out_dir, "bind" if bind else "free"]
     if system == "ours":
-        cmd = ["hvdrun", "-np", str(np_), sys.executable] + args
+        cmd = ["hvdrun", "-np", str(np_), "--bind-to", "core" if bind else "none",
+               sys.executable] + args
     else:
         cmd = ["torchrun", "--nproc-per-node", str(np_), "--master-port", "29517",
                "--log-dir", os.path.join(out_dir, "torchrun")] + args
@@ -249,6 +271,9 @@ def launch(system: str, kind: str, case, schedule: str, steps: int, timeout: flo
         return None
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
+    if bind and len({tuple(r["cpus"]) for r in per_rank}) != np_:  # each rank its own share
+        print(f"warning: --bind, but {system}'s ranks ran on CPUs "
+              f"{[r['cpus'] for r in per_rank]}", file=sys.stderr)
     steps_slowest = [max(ts) for ts in zip(*(r["times"] for r in per_rank))]
     idle = [1 - statistics.median(r[busy]) / statistics.median(r["times"])
             for busy in ("busy", "sleeps") for r in per_rank]
@@ -264,7 +289,7 @@ def measure(kind: str, case, schedule: str, a):
         if kind == "mlp":
             alone.append(max(stages_alone(case[2], case[3], case[1])))
         for system in (("ours", "torch") if i % 2 == 0 else ("torch", "ours")):
-            result = launch(system, kind, case, schedule, a.steps, a.timeout)
+            result = launch(system, kind, case, schedule, a.steps, a.timeout, a.bind)
             if result is None:
                 failed[system] += 1
             else:
@@ -280,8 +305,8 @@ def _ms(t):
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--rank-main":
-        s, kind, h, m, sched, steps, out_dir = sys.argv[2:9]
-        rank_main(s, kind, int(h), int(m), sched, int(steps), out_dir)
+        s, kind, h, m, sched, steps, out_dir, bind = sys.argv[2:10]
+        rank_main(s, kind, int(h), int(m), sched, int(steps), out_dir, bind == "bind")
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -290,6 +315,8 @@ def main() -> None:
     ap.add_argument("--only", choices=("mlp", "bubble"))
     ap.add_argument("--case", default="", help="only the cases whose name contains this")
     ap.add_argument("--schedule", choices=SCHEDULES, help="only this schedule")
+    ap.add_argument("--bind", action="store_true",
+                    help="every rank of both systems on its own share of the CPUs")
     a = ap.parse_args()
     schedules = (a.schedule,) if a.schedule else SCHEDULES
     if a.only != "bubble":
