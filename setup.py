@@ -6,9 +6,9 @@ Metadata and dependencies live in pyproject.toml; this file holds what TOML cann
   ``hvd_magic`` (nothing generic is installed at top level; DESIGN §2),
 - a build_ext that compiles in parallel (one job per core) and incrementally: objects live in
   ``build/cpp-<python tag>-<flags hash>/`` and are rebuilt only when their source or a header
-  they include (from gcc's ``-MMD`` dependency files) changed. So ``pip install -e .`` after
-  editing C++ rebuilds just what changed. With GCC the standard headers of
-  ``common/std_headers.h`` are precompiled once and force-included (``-include``).
+  they include (from gcc's ``-MMD`` dependency files) changed, so ``pip install -e .`` after
+  editing C++ rebuilds just that. With GCC the standard headers of ``common/std_headers.h``
+  are precompiled once and force-included (``-include``).
 """
 import hashlib
 import os
@@ -24,9 +24,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("engine_native", "csrc")
 
-# One line per file, grouped by folder in dependency order (common <- transport <- algo <-
-# {timeline, autotune} <- coord <- runtime <- bindings). Keep in sync with engine_native/csrc:
-# tests/unit/test_packaging.py checks it.
+# One line per file, by folder in dependency order (common <- transport <- algo <- {timeline,
+# autotune} <- coord <- runtime <- bindings); tests/unit/test_packaging.py checks it is complete.
 CORE_SOURCES = [
     "common/dtype.cc",
     "common/logging.cc",
@@ -156,6 +155,7 @@ CORE_SOURCES = [
     "runtime/execution_queue.cc",
     "runtime/stall_inspector.cc",
     "runtime/loop_pass.cc",
+    "runtime/loop_sleep.cc",
     "runtime/background_loop.cc",
     "runtime/enqueue_checks.cc",
     "runtime/runtime.cc",

@@ -39,7 +39,6 @@ def test_an_unasked_send_is_read_by_a_rank_in_standby(tmp_path):
     assert all(r.value["driven"] >= 1 for r in res), [r.value for r in res]
 
 
-
 def unasked_send_while_driving_suite(warm_s: float):
     import time
 
@@ -66,9 +65,10 @@ def unasked_send_while_driving_suite(warm_s: float):
 
 def test_an_unasked_send_is_read_while_the_caller_drives(tmp_path):
     # Rank 1's caller drives its allreduce (negotiated: board off) the whole time rank 0's
-    # bytes come, spinning for longer than HVD_TIMEOUT: the loop thread parks off the sockets,
-    # and the send completes only because the caller's passes read every socket meanwhile
-    # (Note [Caller drives] D). Else rank 0's send fails after HVD_TIMEOUT.
+    # bytes come, with a spin budget longer than HVD_TIMEOUT: its loop thread, in no poll of
+    # the sockets meanwhile (parked, or waiting for progress_), reads nothing, and the send
+    # completes only because the caller's passes read every TCP socket (Note [Caller drives]
+    # D). Without that, rank 0's send failed after HVD_TIMEOUT.
     res = run_ranks(unasked_send_while_driving_suite, 2, args=(0.4,), timeout=120,
                     hosts=["A", "B"], env={"HVD_TIMEOUT": "3", "HVD_ONE_ROUND_BYTES": "0",
                                            "HVD_CALLER_SPIN_US": "10000000"})

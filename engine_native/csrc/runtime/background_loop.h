@@ -129,6 +129,7 @@ class BackgroundLoop {
   // Sets *idle_tick when the wait ran out its whole idle tick (Note [Tick pickups]).
   int waitForWork(std::vector<int>* readable_controls, std::vector<int>* readable_peers,
                   bool* idle_tick);
+  void parkWhileCallersDrive();  // Note [Caller drives] D (loop_sleep.cc)
   int timeoutMs() const;
   bool idle() const;
   bool collectivesIdle() const;  // idle() but for point-to-point
@@ -230,6 +231,7 @@ class BackgroundLoop {
   static constexpr auto kLostPeerCheckEvery = std::chrono::milliseconds(1);
   static constexpr auto kBoardPostsWait = std::chrono::seconds(1);  // awaitBoardPosts
   static constexpr uint64_t kTcpDriveMaxBytes = 1 << 20;  // Note [Caller drives] D
+  static constexpr int kTickMs = 200;  // idle wake-up: liveness and stall checks, ~0% CPU
   static constexpr auto kStandbyPark = std::chrono::microseconds(20'000);  // D's park quantum
   std::atomic<bool> caller_driving_{false};  // a caller holds progress_ in drive() (D's park)
   std::atomic<uint64_t> drives_started_{0};   // D's park: callers still driving

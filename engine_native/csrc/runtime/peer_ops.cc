@@ -317,8 +317,9 @@ Status PeerOps::progressPeer(int peer, Clock::time_point now, bool* moved) {
   read_early_[peer] = 0;
   // Nothing to write, read or time out with this peer: every pass of a host's small
   // collectives (Note [One round]) comes here for each peer.
-  // Note [One round] K; Note [Caller drives] D's park
-  const bool board = (board_waiting_ || sockets_unwatched_.load()) && !channel.onSharedMemory();
+  // Note [One round] K; Note [Caller drives] D: a driving caller reads what nobody watches
+  const bool unwatched = caller_drives_ && !sockets_watched_.load();
+  const bool board = (board_waiting_ || unwatched) && !channel.onSharedMemory();
   if (readable_[peer] == 0 && p.sending.empty() && p.receiving.empty() && p.reading.empty() &&
       !channel.hasBacklog() && !channel.hasIncoming() && !board) {
     return Status::ok();
@@ -565,6 +566,7 @@ void PeerOps::endSleep() {
 }
 
 void PeerOps::setDriving(bool driving) {
+  caller_drives_ = driving;
   markDoorbell(transport::shm::kCallerDrives, driving);  // C
 }
 

@@ -119,13 +119,13 @@ class PeerOps {
   // reads a socket only then, or while a receive from that peer is posted or the board waits.
   void markReadable(int peer) { readable_[peer] = 1; }
   // Note [One round] K: sendBoard queues a board frame to `peer` (written as the socket takes
-  // it); arrivals go to the sink; while `waiting` or unwatched (Note [Caller drives] D), passes
-  // read non-shm sockets; readArrived reads all after up to wait_ms for one of `peers`.
+  // it); arrivals go to the sink; passes read non-shm sockets while `waiting` and in a drive while
+  // no loop poll watches them (Note [Caller drives] D); readArrived waits for one, reads all.
   using BoardSink = std::function<common::Status(int peer, const transport::PeerMessage&)>;
   void setBoardSink(BoardSink sink) { board_sink_ = std::move(sink); }
   void sendBoard(int peer, transport::PeerFrameKind kind, int64_t tag, std::string payload);
   void setBoardWaiting(bool waiting) { board_waiting_ = waiting; }
-  void setSocketsUnwatched(bool on) { sockets_unwatched_.store(on); }
+  void setSocketsWatched(bool on) { sockets_watched_.store(on); }  // by the loop thread
   void readArrived(const std::vector<int>& peers, int wait_ms, std::vector<int>* lost);
   // Note [Caller waits on the device] F (device_executor.cc): the handle a driving caller
   // waits on (-1: none), whose CUDA copies it polls itself (pollDevice, under progress_).
@@ -282,7 +282,7 @@ class PeerOps {
   std::vector<uint8_t> closed_;    // by peer: its connection failed while shutting down (F)
   bool moved_since_taken_ = false;
   BoardSink board_sink_;  bool board_waiting_ = false;  // Note [One round] K
-  std::atomic<bool> sockets_unwatched_{false};  // set by the loop thread, off progress_
+  std::atomic<bool> sockets_watched_{false};  bool caller_drives_ = false;  // Caller drives D
   std::vector<Op> taking_;   // storage reused by takeSubmitted
   std::vector<uint64_t> sent_;
   std::vector<transport::PeerMessage> received_;

@@ -180,17 +180,16 @@ void SubmissionQueue::consumeWake() {
 
 void SubmissionQueue::park(int64_t quantum_us, const std::function<bool()>& keep) {
   pollfd wake{wake_fd_, POLLIN, 0};
-  do {
+  while (true) {
     const int64_t us = beginSleep(quantum_us, 0);
+    const bool stay = us > 0 && keep();  // asked once the sleep is announced: no wake is lost
     const timespec quantum{static_cast<time_t>(us / 1000000),
                            static_cast<long>(us % 1000000) * 1000};
-    const bool woken = us == 0 || ::ppoll(&wake, 1, &quantum, nullptr) > 0;
+    const bool woken = stay && ::ppoll(&wake, 1, &quantum, nullptr) > 0;
     endSleep();
-    if (woken) {
-      if (us > 0) consumeWake();
-      return;
-    }
-  } while (keep());
+    if (woken) consumeWake();
+    if (!stay || woken) return;
+  }
 }
 
 }  // namespace hvd::runtime

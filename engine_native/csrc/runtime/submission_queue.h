@@ -67,8 +67,8 @@ class SubmissionQueue {
   int64_t beginSleep(int64_t timeout_us, int64_t nap_us);
   void endSleep();
   void consumeWake();  // reads wake_fd_ after the poll saw it readable
-  // Sleeps on wake_fd_ alone in quanta of quantum_us, for as long as keep() (asked at the end
-  // of each) says so; a wake or a pending submission ends it (Note [Caller drives] D's park).
+  // Sleeps on wake_fd_ alone in quanta of quantum_us while keep() (asked before each) says so;
+  // a wake or a pending submission ends it (Note [Caller drives] D's park).
   void park(int64_t quantum_us, const std::function<bool()>& keep);
 
  private:
