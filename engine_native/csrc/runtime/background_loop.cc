@@ -299,10 +299,10 @@ void BackgroundLoop::checkShutdownAgreement() {
 //      must be read: test_standby_tcp.py). Woken by one while a caller drives, it parks
 //      (loop_sleep.cc): it sleeps on wake_fd_ alone, off progress_, in kStandbyPark quanta
 //      (20 ms: each one's end wakes it on a core a caller spins on) until one passes with no
-//      caller driving, or an idle tick has passed (a wake ends it sooner); the pass after it
-//      reads the sockets that woke it. Whenever the loop thread is in no poll of the sockets
-//      (parked, waiting for progress_, in its own pass), a driving caller's passes read every
-//      TCP socket (PeerOps::setSocketsWatched), so bytes sent unasked move meanwhile.
+//      caller driving, or about an idle tick has passed (a wake ends it sooner); the pass
+//      after it reads the sockets that woke it. Whenever the loop thread is in no poll of them
+//      (parked, or waiting for progress_), a driving caller's passes read every TCP socket
+//      (PeerOps::setSocketsWatched), so bytes sent unasked move meanwhile.
 //      (Fighting the caller for progress_, or parking one quantum and then taking it for a
 //      pass, left stretches of ops at 15-60 us instead of 11: RESULTS.md, "Small ops across
 //      hosts".) A larger op over TCP is left to the loop thread, as before: driven, 4-64 MiB
@@ -384,9 +384,10 @@ bool BackgroundLoop::drive(int64_t handle) {
   const bool quiet_loop =
       !timeline_detail_.load(std::memory_order_relaxed) && !coordinatesOtherSets();
   queue_.setStandby(quiet_loop);  // B
-  struct Marked {  // D's park; cleared also if a pass throws
+  struct Marked {  // D's park; cleared also if a pass throws (not after: another caller's)
     std::atomic<bool>& flag;
-    ~Marked() { flag.store(false); }
+    bool armed = true;
+    ~Marked() { if (armed) flag.store(false); }
   } marked{caller_driving_};
   caller_driving_.store(true);
   drives_started_.fetch_add(1);
@@ -441,6 +442,7 @@ bool BackgroundLoop::drive(int64_t handle) {
                          collectivesIdle() && !peer_ops_.ringsCanMove();  // I
   if (let_sleep) queue_.setStandby(false);  // before a loop thread can read it again
   caller_driving_.store(false);  // under progress_, before the wakes below (D's park)
+  marked.armed = false;
   lock.unlock();
   if (!keep_standby && !let_sleep) {
     queue_.wakeIfAsleep();

@@ -85,7 +85,7 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
   if (control_waiting) timeout_us = 0;
   const timespec ts{static_cast<time_t>(timeout_us / 1000000),
                     static_cast<long>(timeout_us % 1000000) * 1000};
-  peer_ops_.setSocketsWatched(fds.size() > peer_begin);  // Note [Caller drives] D
+  peer_ops_.setSocketsWatched(!peer_ranks.empty());  // Note [Caller drives] D
   int rc = ::ppoll(fds.data(), fds.size(), &ts, nullptr);
   peer_ops_.setSocketsWatched(false);
   queue_.endSleep();
@@ -112,8 +112,8 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
 
 // Note [Caller drives] D: off progress_ and off the sockets (a driving caller's passes read
 // them meanwhile: PeerOps::setSocketsWatched is false), in kStandbyPark quanta while a caller
-// drives or one started in the last quantum, for up to an idle tick: then the pass after it
-// reads the sockets that woke the loop, and the tick's work is done.
+// drives or one started in the last quantum, for about an idle tick at most; the pass after
+// it reads the sockets that woke the loop and does the tick's work.
 void BackgroundLoop::parkWhileCallersDrive() {
   const auto start = Clock::now();
   const auto until = start + std::chrono::milliseconds(kTickMs);

@@ -275,11 +275,11 @@ Status PeerChannel::receiveRing(std::vector<PeerMessage>* out, bool* moved,
       payload_got_ += static_cast<uint64_t>(n);
     }
     if (budget == 0) return parse(out);  // F: the next pass goes on
-    // A short read of a socket into the inbox drained it: skip the recv that would only say
-    // EAGAIN, as ControlChannel does. Later bytes, or the peer's hang-up, make poll() report the
-    // socket again, and a driving caller's next pass reads it anyway. That recv took the
-    // socket's lock while the peer's next frame was being delivered, one more system call per
-    // small message (RESULTS.md, "Small ops across hosts": forced TCP and fake hosts, np=2).
+    // A short read of a socket into the inbox most likely drained it: skip the recv that would
+    // only say EAGAIN, as ControlChannel does. Whatever is left, later bytes or the peer's
+    // hang-up, make the socket poll readable again (or a later pass reads it: Note [Caller
+    // drives] D). That recv took the socket's lock while the peer's next frame was being
+    // delivered, a system call more per small message (RESULTS.md, "Small ops across hosts").
     if (link_ == nullptr && into_inbox && static_cast<size_t>(n) < room) return parse(out);
   }
 }
