@@ -93,20 +93,17 @@ int BackgroundLoop::waitForWork(std::vector<int>* readable_controls,
   metrics_.countLoopWakeup();
   *idle_tick = rc == 0 && timeout_us >= int64_t{kTickMs} * 1000;
   if (rc <= 0) return -1;
-  if (!watches_all_ && caller_driving_.load() && !(fds[0].revents & POLLIN)) {
-    for (size_t i = 0; i < peer_ranks.size(); ++i) {
-      if (fds[peer_begin + i].revents & ~POLLOUT) readable_peers->push_back(peer_ranks[i]);
-    }
-    parkWhileCallersDrive();
-    return -1;
-  }
   for (size_t i = 0; i < control_ranks.size(); ++i) {
     if (fds[control_begin + i].revents != 0) readable_controls->push_back(control_ranks[i]);
   }
   for (size_t i = 0; i < peer_ranks.size(); ++i) {
     if (fds[peer_begin + i].revents & ~POLLOUT) readable_peers->push_back(peer_ranks[i]);
   }
-  if (fds[0].revents & POLLIN) queue_.consumeWake();
+  if (fds[0].revents & POLLIN) {
+    queue_.consumeWake();
+  } else if (!watches_all_ && caller_driving_.load()) {
+    parkWhileCallersDrive();  // only point-to-point sockets woke it (standby polls no others)
+  }
   return listen_index > 0 && (fds[listen_index].revents & POLLIN) ? fds[listen_index].fd : -1;
 }
 
