@@ -235,10 +235,12 @@ def mpich_hosts_env(hosts: int) -> dict:
             "UCX_TLS": "tcp,self", "FI_PROVIDER": "tcp"}
 
 
-def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, address: tuple,
-                   secret: bytes, hosts: int = 0) -> list:
+def ours_rank_envs(system: str, np_ranks: int, base: dict, address: tuple, secret: bytes,
+                   hosts: int = 0) -> list:
+    """Each rank's environment for our core: ``base`` plus its rank, the rendezvous and, for
+    ours-tcp or ``hosts`` > 1, its (fake) host name."""
     host, port = address
-    commands = []
+    envs = []
     for r in range(np_ranks):
         env_r = dict(base, HVD_RANK=str(r), HVD_SIZE=str(np_ranks),
                      HVD_RENDEZVOUS=f"{host}:{port}", HVD_SECRET=secret.hex(),
@@ -247,8 +249,14 @@ def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, addre
             env_r.update(HVD_TRANSPORT="tcp", HVD_HOSTNAME=f"benchhost{r}")
         elif hosts > 1:  # shm within a fake host, TCP between them, as on real hosts
             env_r.update(HVD_HOSTNAME=f"benchhost{host_of(r, np_ranks, hosts)}")
-        commands.append((_rank_argv(sys.executable, system, spec_path), env_r))
-    return commands
+        envs.append(env_r)
+    return envs
+
+
+def _ours_commands(system: str, np_ranks: int, spec_path: str, base: dict, address: tuple,
+                   secret: bytes, hosts: int = 0) -> list:
+    argv = _rank_argv(sys.executable, system, spec_path)
+    return [(argv, env) for env in ours_rank_envs(system, np_ranks, base, address, secret, hosts)]
 
 
 def horovod_available() -> tuple:

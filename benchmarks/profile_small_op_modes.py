@@ -98,14 +98,10 @@ def main() -> None:
     base = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=launcher.REPO)
     secret = os.urandom(32)
     with launcher._rendezvous_module().RendezvousServer(secret) as server:
-        host, port = server.address
+        envs = launcher.ours_rank_envs("ours-tcp" if a.tcp else "ours", 2, base,
+                                       server.address, secret, hosts=0 if a.tcp else 2)
         procs = []
-        for r in range(2):
-            env = dict(base, HVD_RANK=str(r), HVD_SIZE="2", HVD_RENDEZVOUS=f"{host}:{port}",
-                       HVD_SECRET=secret.hex(), HVD_JOB_ID=f"modes{os.getpid()}",
-                       HVD_HOSTNAME=f"modeshost{r}")
-            if a.tcp:
-                env["HVD_TRANSPORT"] = "tcp"
+        for r, env in enumerate(envs):
             argv = [sys.executable, os.path.abspath(__file__), "--rank-main", a.op,
                     str(a.bytes), str(a.blocks), str(a.per),
                     "in-place" if a.in_place else "new", os.path.join(out_dir, f"{r}.json")]
