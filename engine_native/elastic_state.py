@@ -6,6 +6,7 @@ failed collective, and ``sync()`` every rank to rank 0's values after a reset. T
 (engine_native.torch.elastic, engine_native.keras.elastic) add the states of their models and
 optimizers and the reset of their own handles.
 """
+import abc
 import copy
 import functools
 
@@ -21,7 +22,7 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
-class State:
+class State(abc.ABC):
     """State representation used for tracking in memory state across workers.
 
     Parameters
@@ -72,14 +73,19 @@ class State:
             self._last_updated_timestamp = newest
             raise HostsUpdatedInterrupt(skip_sync=False)
 
+    # Each concrete state defines these three (ObjectState and the bindings' states do); a
+    # subclass missing one cannot be constructed, and the TypeError names it.
+    @abc.abstractmethod
     def save(self):
-        raise NotImplementedError()
+        """Keep a copy of the state in memory (``commit()`` calls it)."""
 
+    @abc.abstractmethod
     def restore(self):
-        raise NotImplementedError()
+        """Put back the last copy ``save()`` kept (after a failed collective)."""
 
+    @abc.abstractmethod
     def sync(self):
-        raise NotImplementedError()
+        """Make every rank's state rank 0's (after a reset)."""
 
     def reset(self):
         pass
