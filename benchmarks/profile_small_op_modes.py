@@ -1,6 +1,6 @@
 """Why a small op across fake hosts takes 11 us in one round of bench_one_round.py and 15, 25
-or 120 us in another (issue #38): ours only, np=2 over two fake hosts on this machine (TCP
-between them, as bench_one_round.py --hosts 2).
+or 120 us in another (issue #38): ours only, np ranks (2 by default) over two fake hosts on
+this machine (TCP between them, as bench_one_round.py --hosts 2).
 
     python benchmarks/profile_small_op_modes.py [--op broadcast] [--bytes 4] [--blocks 40]
                                                 [--in-place] [--tcp]
@@ -91,14 +91,17 @@ def main() -> None:
     ap.add_argument("--in-place", action="store_true",
                     help="allreduce in place (as run_all's in-place variant)")
     ap.add_argument("--tcp", action="store_true", help="HVD_TRANSPORT=tcp on one host")
+    ap.add_argument("--np", type=int, default=2, help="ranks (even: two fake hosts of np / 2)")
     a = ap.parse_args()
+    if a.np < 2 or a.np % 2:
+        ap.error("--np: an even number of ranks, at least 2")
     if a.in_place and a.op != "allreduce":
         ap.error("--in-place: allreduce only")
     out_dir = tempfile.mkdtemp(prefix="profile_modes_")
     base = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", PYTHONPATH=launcher.REPO)
     secret = os.urandom(32)
     with launcher._rendezvous_module().RendezvousServer(secret) as server:
-        envs = launcher.ours_rank_envs("ours-tcp" if a.tcp else "ours", 2, base,
+        envs = launcher.ours_rank_envs("ours-tcp" if a.tcp else "ours", a.np, base,
                                        server.address, secret, hosts=0 if a.tcp else 2)
         procs = []
         for r, env in enumerate(envs):
@@ -114,21 +117,21 @@ def main() -> None:
                 if p.poll() is None:
                     os.killpg(p.pid, 9)
     ranks = []
-    for r in range(2):
+    for r in range(a.np):
         with open(os.path.join(out_dir, f"{r}.json")) as f:
             ranks.append(json.load(f))
     where = "forced TCP on one host" if a.tcp else "over two fake hosts"
-    print(f"{a.op}{'_' if a.in_place else ''} {a.bytes} B, np=2 {where}, {a.per} ops per "
-          "block\n")
-    print("| block | rank 0: median, CPUs, passes, spins skipped, loop wake-ups | rank 1: the "
-          "same | "
+    print(f"{a.op}{'_' if a.in_place else ''} {a.bytes} B, np={a.np} {where}, {a.per} ops "
+          "per block\n")
+    others = " | ".join(f"rank {r}: the same" for r in range(1, a.np))
+    print(f"| block | rank 0: median, CPUs, passes, spins skipped, loop wake-ups | {others} | "
           "TCP segments sent |")
-    print("|---|---|---|---|")
-    for b, (r0, r1) in enumerate(zip(*ranks)):
+    print("|---" * (a.np + 2) + "|")
+    for b, rows in enumerate(zip(*ranks)):
         cells = [f"{r['median_us']:.1f} us, {r['cpus']}, {r['passes']}, {r['skipped']}, "
                  f"{r['wakeups']}"
-                 for r in (r0, r1)]
-        print(f"| {b} | {cells[0]} | {cells[1]} | {r0['segments']} |")
+                 for r in rows]
+        print(f"| {b} | {' | '.join(cells)} | {rows[0]['segments']} |")
 
 
 if __name__ == "__main__":

@@ -83,6 +83,21 @@ def host_id() -> str:
     return os.environ.get("HVD_HOSTNAME") or socket.gethostname()
 
 
+def machine_id() -> str:
+    """The kernel this rank runs on (its boot id): ranks of fake hosts or of containers on one
+    node share its CPUs, whatever their host names (Note [Yielding spins] in mesh.cc)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "host:" + host_id()
+
+
+def _peer_entry(address: str, port: int) -> tuple:
+    """This rank's line in the table every rank passes to the core (transport::PeerInfo)."""
+    return (host_id(), address, port, os.getpid(), machine_id())
+
+
 def _is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
@@ -156,7 +171,7 @@ def _init_mpi(comm) -> World:
     port = _core.listen(bind)
     world.listen_address = (advertised, port)
     secret, job_id = comm.bcast((secrets.token_bytes(32), uuid.uuid4().hex[:12]), root=0)
-    peers = comm.allgather((host_id(), advertised, port, os.getpid()))
+    peers = comm.allgather(_peer_entry(advertised, port))
     _connect(world, [tuple(p) for p in peers], secret, f"{job_id}-{_init_count}")
     return world
 
@@ -170,7 +185,7 @@ def _init_rendezvous(rank: int, size: int, rendezvous: Optional[str],
     if size == 1:
         port = _core.listen("127.0.0.1")
         world.listen_address = ("127.0.0.1", port)
-        _connect(world, [(host_id(), "127.0.0.1", port, os.getpid())], secrets.token_bytes(32),
+        _connect(world, [_peer_entry("127.0.0.1", port)], secrets.token_bytes(32),
                  f"{uuid.uuid4().hex[:12]}-{_init_count}")
         return world
     if not rendezvous or not secret_hex:
@@ -190,7 +205,7 @@ def _init_rendezvous(rank: int, size: int, rendezvous: Optional[str],
     scope = scope or f"{job}/init{_init_count}"
     timeout = float(os.environ.get("HVD_START_TIMEOUT", "60"))
     with RendezvousClient(rendezvous, secret) as client:
-        me = (host_id(), advertised, port, os.getpid())
+        me = _peer_entry(advertised, port)
         client.set(f"{scope}/{rank}", json.dumps(me).encode())
         values = _wait_peers(client, [f"{scope}/{r}" for r in range(size)], timeout, abandon)
     peers = [tuple(json.loads(v)) for v in values]

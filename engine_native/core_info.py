@@ -34,9 +34,10 @@ def metrics() -> dict:
     ``caller_polled_ops`` those whose CUDA op the waiting thread then saw finish by polling
     its event (no host function woke the loop for it: Note [Caller waits on the device]), and
     ``caller_spin_us`` is how long such a thread polls before it sleeps (a point-to-point wait
-    too, where every peer is on shared memory), ``spin_yields`` whether such polls, and the collectives' own
-    short spins, yield the core between tries because this host's ranks outnumber its cores
-    (Note [Yielding spins]), ``caller_spin_extended``
+    too, where every peer is on shared memory), ``spin_yields`` whether such polls, and the
+    collectives' own short spins, yield the core between tries because this host's ranks
+    outnumber its cores or this machine's ranks its CPUs (Note [Yielding spins]),
+    ``caller_spin_extended``
     how many point-to-point waits spun past that budget because the ranks are bound and the
     host had a core free (Note [Spin while a core is free]), ``caller_spin_skipped`` how many
     driven waits did not spin

@@ -2,13 +2,13 @@
 engine_native/csrc/runtime/background_loop.cc), on spawned ranks.
 
 Covered: synchronous collectives finish on the calling thread when the host has a core per
-rank; the spin yields the core where ranks outnumber the cores this process may use; a peer
-that arrives late costs the waiting rank no CPU beyond the bounded spin; sync and async ops
-from two threads at once (one driving, one through the core's thread) all finish correctly;
-over TCP (where callers never drive) a sync op still wakes the core's thread at once; async
-ops are left to the core's thread; blocking groups are driven by their wait, as single ops;
-rank 0 idle after a driven op still coordinates a process set it is not in without waiting for
-its loop's tick.
+rank; the spin yields the core where ranks outnumber the cores this process may use, or fake
+hosts' ranks the machine's CPUs; a peer that arrives late costs the waiting rank no CPU beyond
+the bounded spin; sync and async ops from two threads at once (one driving, one through the
+core's thread) all finish correctly; over TCP a sync op is driven by its caller too and never
+waits for the tick; async ops are left to the core's thread; blocking groups are driven by
+their wait, as single ops; rank 0 idle after a driven op still coordinates a process set it is
+not in without waiting for its loop's tick.
 
 Checks count events (ops driven, loop passes, the loop's wake-ups, work it found only at its
 idle tick: Note [Tick pickups]), never time ratios; bounds are an order of magnitude from what
@@ -95,6 +95,26 @@ def test_spins_pause_where_every_rank_has_a_core():
         pytest.skip("needs a core per rank (2)")
     res = run_ranks(spin_mode_suite, 2, args=(False,), timeout=60)
     assert [r.value for r in res] == [(2.0, 2.0, 200, False)] * 2
+
+
+def fake_hosts_suite():
+    hvd = checks.init("tcp")
+    outs = [hvd.allreduce(np.ones(2, np.float32), op=hvd.Sum, name="x")[0] for _ in range(50)]
+    yields = hvd.metrics()["spin_yields"]
+    hvd.shutdown()
+    return float(min(outs)), float(max(outs)), yields
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_spins_yield_where_fake_hosts_outnumber_the_machines_cpus(extra):
+    # A rank per fake host: each host has cores to spare, but with one rank more than the
+    # machine's CPUs, spins must yield (Note [Yielding spins] B in transport/mesh.cc).
+    ranks = os.cpu_count() + extra
+    if ranks > 5:
+        pytest.skip(f"{ranks} ranks on this {os.cpu_count()}-CPU machine")
+    res = run_ranks(fake_hosts_suite, ranks, hosts=[f"host{r}" for r in range(ranks)],
+                    timeout=90)
+    assert [r.value for r in res] == [(float(ranks), float(ranks), extra == 1)] * ranks
 
 
 LATE_S = 0.6

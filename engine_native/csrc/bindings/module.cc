@@ -95,12 +95,13 @@ PyObject* pyInit(PyObject*, PyObject* args) {
     const char* address = nullptr;
     int port = 0;
     long long pid = 0;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiL", &host, &address, &port,
-                          &pid)) {
+    const char* machine = nullptr;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLs", &host, &address, &port,
+                          &pid, &machine)) {
       Py_DECREF(fast);
       return nullptr;
     }
-    peers.push_back({host, address, port, pid});
+    peers.push_back({host, address, port, pid, machine});
   }
   Py_DECREF(fast);
   Status status;

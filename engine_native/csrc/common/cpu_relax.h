@@ -1,7 +1,7 @@
 // The core's bounded spins (HVD_SPIN_US, HVD_CALLER_SPIN_US): cpuRelax() tells the CPU (and a
 // hyper-thread sibling) that this thread is only waiting; spinPause() is one step of such a
-// spin, which yields the core instead where a host's ranks outnumber its cores (Note [Yielding
-// spins] in transport/mesh.cc). Any thread.
+// spin, which yields the core instead where ranks outnumber the cores (Note [Yielding spins] in
+// transport/mesh.cc). Any thread.
 #pragma once
 
 #include <sched.h>
@@ -38,12 +38,16 @@ inline const cpu_set_t& processCpuMask() {
   return mask;
 }
 
+// The machine's online CPUs, whatever this process may run on.
+inline int onlineCpus() {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
 // The cores this process may run on (processCpuMask()), or the online count.
 inline int usableCores() {
   const int n = CPU_COUNT(&processCpuMask());
-  if (n > 0) return n;
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  return online > 0 ? static_cast<int>(online) : 1;
+  return n > 0 ? n : onlineCpus();
 }
 
 }  // namespace hvd::common

@@ -29,6 +29,7 @@ struct PeerInfo {
   std::string address;   // where the peer's listener is reachable
   int port = 0;
   int64_t pid = 0;
+  std::string machine_id;  // ranks with equal machine_id share one kernel's CPUs (boot id)
 };
 
 class Mesh {
@@ -56,8 +57,9 @@ class Mesh {
   // The largest op the one-round board carries, the least every rank of the world asked for
   // (0: no board; Note [One round] K in runtime/one_round.cc). Fixed at connect().
   uint32_t oneRoundBytes() const;
-  // This host's ranks outnumber the cores this process may use: bounded spins yield the core
-  // between polls instead of pausing on it (Note [Yielding spins]). Fixed at connect().
+  // This host's ranks outnumber the cores this process may use, or this machine's ranks its
+  // CPUs: bounded spins yield the core between polls instead of pausing on it (Note [Yielding
+  // spins]). Fixed at connect().
   bool spinYields() const { return spin_yields_; }
 
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
