@@ -116,9 +116,9 @@ def test_sync_ops_skip_the_host_function_async_ops_keep_it(fake_cuda):
     kw = device_ops.rank_envs(fake_cuda, 2, False, extra=LONG_SPIN)
     for r in run_ranks(completions_on_two_ranks, 2, timeout=90, **kw):
         sync, async_fns, mix, solo = r.value
-        # A tick of the loop thread may take an op now and then (ci28, loaded: 2 of 40); one
-        # host function per op would be 2 * OPS.
-        assert sync["host_fns"] <= OPS // 4 and sync["driven"] >= 2 * OPS - 2, sync
+        # A tick of the loop thread may take an op now and then (ci28, loaded: 2 of 40; ci92,
+        # loaded: 6 of 40, every op driven); one host function per op would be 2 * OPS.
+        assert sync["host_fns"] <= OPS // 2 and sync["driven"] >= 2 * OPS - 2, sync
         assert async_fns >= 1, "async ops completed without a host function's wake"
         earlier_done, a_out, s, gathered = mix
         assert earlier_done == [True, True], "a synchronous op completed before earlier ones"
