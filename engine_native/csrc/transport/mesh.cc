@@ -99,7 +99,8 @@ struct Mesh::Impl {
 //      id), against its online CPUs: fake hosts (HVD_HOSTNAME) and containers on one node
 //      have host names of their own but share its cores. Counted per host only, 4 ranks on 2
 //      fake hosts of this 2-core VM paused in their spins while the peer they waited for sat
-//      in the run queue: 320-412 us per 4 B op against MPICH's 38-89 us. Containers with
+//      in the run queue: 355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH:
+//      35-109 us; benchmarks/RESULTS.md, "np=4 over two fake hosts"). Containers with
 //      disjoint cpusets are compared with all the node's CPUs, so they do not yield needlessly.
 
 namespace {
