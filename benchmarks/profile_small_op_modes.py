@@ -3,15 +3,14 @@ or 120 us in another (issue #38): ours only, np ranks (2 by default) over two fa
 this machine (TCP between them, as bench_one_round.py --hosts 2).
 
     python benchmarks/profile_small_op_modes.py [--op broadcast] [--bytes 4] [--blocks 40]
-                                                [--in-place] [--tcp]
+                                                [--in-place] [--tcp] [--np 2]
 
 Each rank runs ``--blocks`` blocks of ``--per`` blocking ops after a warm-up and prints per
 block: its median time per op, the CPU its thread ran each op's return on (``sched_getcpu``),
 its caller's passes, the drives that skipped their spin (Note [Spin backoff]) and the loop
-thread's wake-ups (``metrics()``: Note [Caller drives]), and
-the machine's TCP segments sent (/proc/net/snmp: every rank's, both see the same counter).
-``--tcp``: both
-ranks on one host with HVD_TRANSPORT=tcp instead (a host name each, as run_all's forced TCP).
+thread's wake-ups (``metrics()``: Note [Caller drives]), and the machine's TCP segments sent
+(/proc/net/snmp: one counter for the machine, every rank sees it). ``--tcp``: every rank on
+one host with HVD_TRANSPORT=tcp instead (a host name each, as run_all's forced TCP).
 Not part of run_all; a diagnosis aid whose findings go into RESULTS.md.
 """
 from __future__ import annotations
@@ -91,10 +90,11 @@ def main() -> None:
     ap.add_argument("--in-place", action="store_true",
                     help="allreduce in place (as run_all's in-place variant)")
     ap.add_argument("--tcp", action="store_true", help="HVD_TRANSPORT=tcp on one host")
-    ap.add_argument("--np", type=int, default=2, help="ranks (even: two fake hosts of np / 2)")
+    ap.add_argument("--np", type=int, default=2,
+                    help="ranks (without --tcp: two fake hosts of np / 2 each)")
     a = ap.parse_args()
-    if a.np < 2 or a.np % 2:
-        ap.error("--np: an even number of ranks, at least 2")
+    if a.np < 2 or (a.np % 2 and not a.tcp):
+        ap.error("--np: at least 2 ranks, an even number over the two fake hosts")
     if a.in_place and a.op != "allreduce":
         ap.error("--in-place: allreduce only")
     out_dir = tempfile.mkdtemp(prefix="profile_modes_")

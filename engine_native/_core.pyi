@@ -29,10 +29,14 @@ class Buffer:
 def listen(bind_address: str) -> int:
     """Bind the data/control listener; returns the port. Step A of bootstrap."""
 
-def init(rank: int, peers: Sequence[tuple[str, str, int, int, str]], secret: bytes,
-         job_id: str) -> None:
-    """Connect to every peer ``(host_id, address, port, pid, machine_id)`` (index = global rank;
-    machine_id: the kernel's boot id, ``bootstrap.machine_id``), authenticate
+def process_cpus() -> list[int]:
+    """The CPUs this process could run on when the core first asked, before any binding of its
+    own (Note [CPU binding] E)."""
+
+def init(rank: int, peers: Sequence[tuple[str, str, int, int, str, Sequence[int]]],
+         secret: bytes, job_id: str) -> None:
+    """Connect to every peer ``(host_id, address, port, pid, machine_id, cpus)`` (index = global
+    rank; machine_id: ``bootstrap.machine_id``, cpus: its ``process_cpus()``), authenticate
     with ``secret``, start the background thread. Reads the env table (HVD_*). Raises
     HorovodInternalError on failure (e.g. a peer never connects within HVD_TIMEOUT)."""
 

@@ -8,6 +8,7 @@ store (``HVD_RENDEZVOUS=host:port`` + ``HVD_SECRET``) that the launcher runs.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -84,18 +85,19 @@ def host_id() -> str:
 
 
 def machine_id() -> str:
-    """The kernel this rank runs on (its boot id): ranks of fake hosts or of containers on one
-    node share its CPUs, whatever their host names (Note [Yielding spins] in mesh.cc)."""
+    """The kernel this rank runs on, a digest of its boot id: ranks of fake hosts or of
+    containers on one node may share its CPUs, whatever their host names (Note [Yielding
+    spins] in mesh.cc)."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return hashlib.sha256(f.read().strip()).hexdigest()[:16]
     except OSError:
         return "host:" + host_id()
 
 
 def _peer_entry(address: str, port: int) -> tuple:
     """This rank's line in the table every rank passes to the core (transport::PeerInfo)."""
-    return (host_id(), address, port, os.getpid(), machine_id())
+    return (host_id(), address, port, os.getpid(), machine_id(), _core.process_cpus())
 
 
 def _is_loopback(host: str) -> bool:

@@ -253,7 +253,7 @@ def misaddressed_peer(victim):
     def init(rank, peers, secret, job_id):
         if rank == 0:
             peers = [tuple(p) for p in peers]
-            peers[victim] = (*peers[victim][:3], os.getpid())
+            peers[victim] = (*peers[victim][:3], os.getpid(), *peers[victim][4:])
         return real_init(rank, peers, secret, job_id)
 
     bootstrap._core.init = init

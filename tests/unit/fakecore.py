@@ -64,6 +64,9 @@ def make_fake_core():
     def listen(addr):
         return 1
 
+    def process_cpus():
+        return [0]
+
     def init(rank, peers, secret, job_id):
         assert rank == 0 and len(peers) == 1
         state['init'] = True
@@ -290,7 +293,7 @@ def make_fake_core():
     def set_autotune(enabled):
         state['autotune'] = bool(enabled)
 
-    for fn in (listen, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
+    for fn in (listen, process_cpus, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
                add_process_set, remove_process_set, numpy_setup, output_like, allreduce_async,
                keep,
                numpy_broadcast_setup, broadcast_async, broadcast_async_,

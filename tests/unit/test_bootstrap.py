@@ -1,5 +1,9 @@
 """Rank discovery and topology (engine_native.bootstrap), single process."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 import engine_native as hvd
@@ -57,3 +61,21 @@ def test_single_process_init_shutdown_cycles(monkeypatch):
         assert out.tolist() == [1.0, 2.0]
         hvd.shutdown()
     assert not hvd.is_initialized()
+
+
+def test_a_peer_table_with_bad_cpus_is_refused_before_any_connection():
+    from engine_native import _core
+    entry = ["host", "127.0.0.1", 1, 1, bootstrap.machine_id()]
+    for cpus, error in [([-1], ValueError), ([1 << 20], ValueError), ("0-3", TypeError),
+                        ([0.5], TypeError), (None, TypeError)]:
+        with pytest.raises(error):
+            _core.init(0, [tuple(entry + [cpus])], b"k" * 32, "job")
+        assert not _core.is_initialized()
+
+
+def test_the_cpus_a_rank_announces_are_its_affinity_before_any_binding():
+    code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+            "from engine_native import _core; print(_core.process_cpus())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == str([sorted(os.sched_getaffinity(0))[0]])

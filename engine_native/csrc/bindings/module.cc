@@ -21,6 +21,7 @@
 #include "bindings/torch_api.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
+#include "common/cpu_relax.h"
 #include "common/test_switch.h"
 #include "runtime/runtime.h"
 
@@ -79,6 +80,35 @@ PyObject* pyListen(PyObject*, PyObject* args) {
   return PyLong_FromLong(port);
 }
 
+// A peer's CPUs (transport::PeerInfo::cpus): a sequence of CPU numbers, each in [0, 2^20).
+bool parseCpus(PyObject* seq, std::vector<int>* cpus) {
+  constexpr long kMaxCpu = 1 << 20;
+  PyObject* fast = PySequence_Fast(seq, "a peer's CPUs must be a sequence of ints");
+  if (fast == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  bool ok = n <= kMaxCpu;
+  for (Py_ssize_t i = 0; ok && i < n; ++i) {
+    const long cpu = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+    ok = !PyErr_Occurred() && cpu >= 0 && cpu < kMaxCpu;
+    if (ok) cpus->push_back(static_cast<int>(cpu));
+  }
+  Py_DECREF(fast);
+  if (!ok && !PyErr_Occurred()) {
+    PyErr_SetString(PyExc_ValueError, "a peer's CPUs: at most 2**20 numbers in [0, 2**20)");
+  }
+  return ok;
+}
+
+PyObject* pyProcessCpus(PyObject*, PyObject*) {
+  const std::vector<int> cpus = hvd::common::processCpus();
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(cpus.size()));
+  if (list == nullptr) return nullptr;
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromLong(cpus[i]));
+  }
+  return list;
+}
+
 PyObject* pyInit(PyObject*, PyObject* args) {
   int rank = 0;
   PyObject* peers_seq = nullptr;
@@ -96,12 +126,20 @@ PyObject* pyInit(PyObject*, PyObject* args) {
     int port = 0;
     long long pid = 0;
     const char* machine = nullptr;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLs", &host, &address, &port,
-                          &pid, &machine)) {
+    PyObject* cpus = nullptr;
+    hvd::transport::PeerInfo peer;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLsO", &host, &address, &port,
+                          &pid, &machine, &cpus) ||
+        !parseCpus(cpus, &peer.cpus)) {
       Py_DECREF(fast);
       return nullptr;
     }
-    peers.push_back({host, address, port, pid, machine});
+    peer.host_id = host;
+    peer.address = address;
+    peer.port = port;
+    peer.pid = pid;
+    peer.machine_id = machine;
+    peers.push_back(std::move(peer));
   }
   Py_DECREF(fast);
   Status status;
@@ -394,6 +432,8 @@ PyObject* pyConfigTable(PyObject*, PyObject*) { return buildConfigTable(); }
 PyMethodDef g_methods[] = {
     {"listen", pyListen, METH_VARARGS, "Bind the listener; returns the port."},
     {"init", pyInit, METH_VARARGS, "Connect to every peer and start the background thread."},
+    {"process_cpus", pyProcessCpus, METH_NOARGS,
+     "The CPUs this process could run on when the core first asked (before any binding)."},
     {"shutdown", pyShutdown, METH_NOARGS, "Shut the core down (bounded)."},
     {"abort", pyAbort, METH_VARARGS, "Cancel everything in flight on every rank."},
     {"is_initialized", pyIsInitialized, METH_NOARGS, "True between init() and shutdown()."},

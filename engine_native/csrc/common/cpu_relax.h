@@ -7,6 +7,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <vector>
+
 namespace hvd::common {
 
 inline void cpuRelax() {
@@ -36,6 +38,15 @@ inline const cpu_set_t& processCpuMask() {
     return set;
   }();
   return mask;
+}
+
+// The CPUs of processCpuMask(), ascending.
+inline std::vector<int> processCpus() {
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &processCpuMask())) cpus.push_back(cpu);
+  }
+  return cpus;
 }
 
 // The machine's online CPUs, whatever this process may run on.

@@ -96,14 +96,31 @@ struct Mesh::Impl {
 // benchmarks/RESULTS.md, "Allreduce against MPICH, gloo and Horovod", small ops).
 // The budgets still bound each wait, and Note [Spin backoff] still applies.
 //   B. Ranks are counted per machine too (transport::PeerInfo::machine_id, the kernel's boot
-//      id), against its online CPUs: fake hosts (HVD_HOSTNAME) and containers on one node
-//      have host names of their own but share its cores. Counted per host only, 4 ranks on 2
-//      fake hosts of this 2-core VM paused in their spins while the peer they waited for sat
-//      in the run queue: 355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH:
-//      35-109 us; benchmarks/RESULTS.md, "np=4 over two fake hosts"). Containers with
-//      disjoint cpusets are compared with all the node's CPUs, so they do not yield needlessly.
+//      id) against the CPUs any of them may run on (the union of their affinity masks before
+//      binding, PeerInfo::cpus): fake hosts (HVD_HOSTNAME) and containers on one node have
+//      host names of their own but may share its cores, and taskset or cpusets, disjoint or
+//      overlapping, count as they are. Counted per host only, 4 ranks on 2 fake hosts of this
+//      2-core VM paused in their spins while the peer they waited for sat in the run queue:
+//      355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH: 35-109 us,
+//      broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
 
 namespace {
+
+// Note [Yielding spins] B: the ranks of this rank's machine against the CPUs they may use.
+bool machineOutnumbered(const std::vector<PeerInfo>& peers, int self) {
+  std::vector<int> cpus;
+  int ranks = 0;
+  bool known = true;
+  for (const PeerInfo& p : peers) {
+    if (p.machine_id != peers[self].machine_id) continue;
+    ++ranks;
+    known = known && !p.cpus.empty();
+    cpus.insert(cpus.end(), p.cpus.begin(), p.cpus.end());
+  }
+  std::sort(cpus.begin(), cpus.end());
+  const auto usable = std::unique(cpus.begin(), cpus.end()) - cpus.begin();
+  return ranks > (known ? static_cast<int>(usable) : common::onlineCpus());
+}
 
 std::string rankList(const std::vector<int>& ranks) {
   common::Text os;
@@ -314,14 +331,12 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
   request.wanted = m.config.transport != "tcp";
   request.deadline = deadline;
   m.host_ranks.clear();
-  int machine_ranks = 0;  // Note [Yielding spins] B
   for (int j = 0; j < world; ++j) {
     if (mesh.sameHost(j, self)) m.host_ranks.push_back(j);
     if (j != self && mesh.sameHost(j, self)) request.local_peers.push_back(j);
-    machine_ranks += mesh.peers_[j].machine_id == mesh.peers_[self].machine_id;
   }
   mesh.spin_yields_ = static_cast<int>(m.host_ranks.size()) > common::usableCores() ||
-                      machine_ranks > common::onlineCpus();
+                      machineOutnumbered(mesh.peers_, self);
   Status s = shm::setupSharedMemory(request, &m.shm);
   if (!s.isOk()) {
     return Status(s.code(), "rank " + std::to_string(self) +

@@ -30,6 +30,7 @@ struct PeerInfo {
   int port = 0;
   int64_t pid = 0;
   std::string machine_id;  // ranks with equal machine_id share one kernel's CPUs (boot id)
+  std::vector<int> cpus;   // the CPUs it may run on (common::processCpus); empty: unknown
 };
 
 class Mesh {
