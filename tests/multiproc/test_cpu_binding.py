@@ -1,6 +1,7 @@
 """HVD_CPU_BIND=core (hvdrun --bind-to core): each rank of a host runs on its own share of the
 host's CPUs, every thread of the process (Note [CPU binding] in
-engine_native/csrc/runtime/cpu_binding.cc), on spawned ranks."""
+engine_native/csrc/runtime/cpu_binding.cc), on spawned ranks; not where the host's ranks, or the
+machine's (fake hosts), outnumber the CPUs."""
 import os
 
 import pytest
@@ -93,6 +94,21 @@ def test_more_ranks_than_cpus_stay_unbound():
                         env={"HVD_CPU_BIND": "core"})
     assert all(r.value[0] == "" for r in results), [r.value for r in results]
     assert "ranks on this host" in results[0].stderr, results[0].stderr
+
+
+def two_cpus_binding_suite():
+    os.sched_setaffinity(0, set(CPUS[:2]))
+    return binding_suite()
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to split")
+def test_fake_hosts_outnumbering_their_machines_cpus_stay_unbound():
+    # Two hosts of two ranks on two CPUs: each host could split them, the machine cannot.
+    results = run_ranks(two_cpus_binding_suite, 4, hosts=["A", "A", "B", "B"], timeout=90,
+                        env={"HVD_CPU_BIND": "core"})
+    assert all(r.value[0] == "" and all(t == CPUS[:2] for t in r.value[1]) for r in results), \
+        [r.value for r in results]
+    assert "this machine's ranks" in results[0].stderr, results[0].stderr
 
 
 def test_an_unknown_binding_warns_with_its_choices_and_stays_unbound():

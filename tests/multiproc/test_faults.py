@@ -285,7 +285,7 @@ def silent_crowd_at_init(count):
         with RendezvousClient(os.environ["HVD_RENDEZVOUS"],
                               bytes.fromhex(os.environ["HVD_SECRET"])) as store:
             key = f"{os.environ['HVD_JOB_ID']}/init1/0"
-            _, host, port, _ = json.loads(store.get(key, timeout=60))
+            _, host, port = json.loads(store.get(key, timeout=60))[:3]
         silent = [socket.create_connection((host, port), timeout=5) for _ in range(count)]
     hvd.init()
     out = hvd.allreduce(np.ones(3), op=hvd.Sum, name="after-crowd")

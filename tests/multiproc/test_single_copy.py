@@ -8,7 +8,8 @@ the segment's slots.
   rank returns a digest of every output; the three runs must agree byte for byte);
   metrics()["single_copy_ops"] proves which path ran (> 0 with it, 0 without), and
   metrics()["helper_reads"] that a broadcast of at least 1 MiB was read on two threads where
-  the host has two CPUs per reader (Note [Two-thread reads]: np=2 here) and on one elsewhere;
+  the host has two CPUs per reader (Note [Two-thread reads]: np=2 here) and on one elsewhere,
+  also where fake hosts of two ranks share two CPUs (the machine's ranks outnumber them);
 - a process set (a subset of the host's ranks keeps the pairs; the whole host's set reads);
 - the setup probe: every rank agrees, HVD_SINGLE_COPY=0 on one rank or a probe forced to fail
   on one rank (HVD_TEST_SINGLE_COPY_PROBE_FAIL=1) turns it off on every rank, and
@@ -274,3 +275,24 @@ def test_peers_are_addressed_by_the_pid_the_bootstrap_announced():
         copy, copy_reason, outputs, outputs_reason = r.value
         assert copy == "segment" and f"rank {victim}" in copy_reason, (r.rank, r.value)
         assert not outputs and f"rank {victim}" in outputs_reason, (r.rank, r.value)
+
+
+def outnumbered_broadcast():
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))
+    hvd = checks.init("hosts:A,A,B,B")
+    y = checks.make_input(np.float32, (2 << 20) // 4 + 5, hvd.rank(), "bc")
+    out = hvd.broadcast(y, 0, name="bc")
+    m = hvd.metrics()
+    hvd.shutdown()
+    return bool(np.array_equal(out, checks.make_input(np.float32, y.size, 0, "bc"))), \
+        m["single_copy_ops"], m["helper_reads"], m["spin_yields"]
+
+
+def test_no_two_thread_read_where_fake_hosts_outnumber_their_machines_cpus():
+    # Two fake hosts of two ranks on two CPUs: each host has a CPU per reader and then some,
+    # but the machine's four ranks have two (Note [Two-thread reads]).
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    res = run_ranks(outnumbered_broadcast, 4, hosts=["A", "A", "B", "B"], timeout=120, env=LOW)
+    assert [r.value[0] for r in res] == [True] * 4
+    assert [(r.value[1] > 0, r.value[2], r.value[3]) for r in res] == [(True, 0, True)] * 4

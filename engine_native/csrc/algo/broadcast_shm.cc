@@ -36,6 +36,7 @@
 #include "algo/segment_walk.h"
 #include "algo/single_copy.h"
 #include "common/cpu_relax.h"
+#include "transport/mesh.h"
 #include "transport/shm/collective_sync.h"
 #include "transport/shm/cross_memory.h"
 #include "transport/shm/helper_read.h"
@@ -72,18 +73,20 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
 // 1.50-1.81 ms and 64 MiB in 9.9-12.5 ms on the 2-vCPU test VM, no faster than the slots
 // (1.45-1.53 / 7.9-9.5 ms), which is why HVD_SINGLE_COPY is off by default. The root of a
 // broadcast only waits while its readers read, so where the host has two CPUs per reader
-// (2 x readers <= the CPUs the process could use before any binding, common::usableCores)
-// and this thread may run on two, a read of at least kTwoThreadMinBytes takes the second half
-// on the process's reading thread (transport/shm/helper_read.h) while this thread reads the
-// first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data stays in the VM's 300 MiB
+// (2 x readers <= the CPUs the process could use before any binding, common::usableCores; and
+// the machine's ranks, fake hosts' too, no more than their CPUs: Note [Yielding spins] B in
+// transport/mesh.cc) and this thread may run on two, a read of at least kTwoThreadMinBytes
+// takes the second half on the process's reading thread (transport/shm/helper_read.h) while
+// this thread reads the first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data stays in the VM's 300 MiB
 // L3, ~8 % / 1.3x faster than the slots with fresh data each op (benchmarks/RESULTS.md, "Large
 // ops against the copy floor", 2026-12-06). The choice is this rank's own: the op is the same
 // on every rank either way. Allgather's and alltoall's own single-copy reads stay on one
 // thread: every rank reads there, so no CPU is idle.
 constexpr size_t kTwoThreadMinBytes = 1 << 20;  // below, the hand-off costs what it saves
 
-bool twoThreadReads(const CollectiveSync& sync, size_t bytes) {
-  if (bytes < kTwoThreadMinBytes || 2 * (sync.size() - 1) > common::usableCores()) {
+bool twoThreadReads(const CollectiveSync& sync, size_t bytes, bool cores_outnumbered) {
+  if (bytes < kTwoThreadMinBytes || cores_outnumbered ||
+      2 * (sync.size() - 1) > common::usableCores()) {
     return false;
   }
   cpu_set_t mine;  // (a rank bound to one CPU, HVD_CPU_BIND, would read both halves on it)
@@ -94,9 +97,9 @@ bool twoThreadReads(const CollectiveSync& sync, size_t bytes) {
 // Note [Single-copy ops] in algo/single_copy.cc: the readers copy the root's input straight
 // into their output; the root copies only its own output, and returns once all have read.
 common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in, uint8_t* data,
-                                   size_t bytes, int root) {
+                                   size_t bytes, int root, bool cores_outnumbered) {
   const bool is_root = sync.index() == root;
-  const bool two_threads = !is_root && twoThreadReads(sync, bytes);
+  const bool two_threads = !is_root && twoThreadReads(sync, bytes, cores_outnumbered);
   SingleCopyOp op;
   op.in = is_root ? root_in : nullptr;
   op.bytes = is_root ? bytes : 0;
@@ -125,7 +128,8 @@ common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* da
   if (singleCopyServes(sync, bytes)) {
     return broadcastSingleCopy(sync, static_cast<const uint8_t*>(root_in),
                                static_cast<uint8_t*>(data), bytes,
-                               sync.localIndexOf(comm.globalRank(root)));
+                               sync.localIndexOf(comm.globalRank(root)),
+                               comm.mesh().spinYields());
   }
   return broadcastPieces(sync, static_cast<const uint8_t*>(root_in),
                          static_cast<uint8_t*>(data), bytes,

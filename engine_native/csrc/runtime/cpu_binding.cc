@@ -16,6 +16,8 @@
 //      not exist yet; threads created later inherit their creator's mask): the listing of
 //      /proc/self/task, one sched_setaffinity per thread.
 //   C. Where the host's ranks outnumber its CPUs, nothing is bound: a share would be empty.
+//      Nor where the machine's ranks outnumber the CPUs they may use (fake hosts on one
+//      machine: Note [Yielding spins] B in transport/mesh.cc): two hosts' shares would overlap.
 //   D. Bound ranks share no CPU, so a point-to-point wait may spin on while the host has a
 //      core free (Note [Spin while a core is free] in core_headroom.cc); unbound, that spin
 //      could hold the very core its neighbour waits for.
@@ -121,7 +123,8 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
   return share;
 }
 
-CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* why) {
+CpuBinding bindRank(bool wanted, int local_index, int local_size, bool machine_outnumbered,
+                    std::string* why) {
   CpuBinding out;
   out.host_cores = common::usableCores();
   if (bound_by_us && bindAllThreads(common::processCpuMask()) == 0) {
@@ -136,6 +139,11 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, std::string* w
     *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
            std::to_string(n) + " CPUs (its affinity mask, perhaps set by the launcher: "
            "mpirun binds by default; --bind-to none there): not bound";
+    return out;
+  }
+  if (machine_outnumbered) {  // C
+    *why = "this machine's ranks, other hosts' among them (fake hosts, containers), outnumber "
+           "the CPUs they may use: not bound";
     return out;
   }
   if (local_size == 1) return out;  // G: the share would be every CPU
