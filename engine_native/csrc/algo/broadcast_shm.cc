@@ -77,11 +77,11 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
 // the machine's ranks, fake hosts' too, no more than their CPUs: Note [Yielding spins] B in
 // transport/mesh.cc) and this thread may run on two, a read of at least kTwoThreadMinBytes
 // takes the second half on the process's reading thread (transport/shm/helper_read.h) while
-// this thread reads the first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data stays in the VM's 300 MiB
-// L3, ~8 % / 1.3x faster than the slots with fresh data each op (benchmarks/RESULTS.md, "Large
-// ops against the copy floor", 2026-12-06). The choice is this rank's own: the op is the same
-// on every rank either way. Allgather's and alltoall's own single-copy reads stay on one
-// thread: every rank reads there, so no CPU is idle.
+// this thread reads the first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data
+// stays in the VM's 300 MiB L3, ~8 % / 1.3x faster than the slots with fresh data each op
+// (benchmarks/RESULTS.md, "Large ops against the copy floor", 2026-12-06). The choice is this
+// rank's own: the op is the same on every rank either way. Allgather's and alltoall's own
+// single-copy reads stay on one thread: every rank reads there, so no CPU is idle.
 constexpr size_t kTwoThreadMinBytes = 1 << 20;  // below, the hand-off costs what it saves
 
 bool twoThreadReads(const CollectiveSync& sync, size_t bytes, bool cores_outnumbered) {
