@@ -90,9 +90,10 @@ def machine_id() -> str:
     spins] in mesh.cc)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            return hashlib.sha256(f.read().strip()).hexdigest()[:16]
+            boot_id = f.read().strip()
     except OSError:
-        return "host:" + host_id()
+        boot_id = b""
+    return hashlib.sha256(boot_id).hexdigest()[:16] if boot_id else "host:" + host_id()
 
 
 def _peer_entry(address: str, port: int) -> tuple:

@@ -293,7 +293,8 @@ def make_fake_core():
     def set_autotune(enabled):
         state['autotune'] = bool(enabled)
 
-    for fn in (listen, process_cpus, init, shutdown, enqueue, enqueue_group, enqueue_for_wait, poll, wait,
+    for fn in (listen, process_cpus, init, shutdown, enqueue, enqueue_group, enqueue_for_wait,
+               poll, wait,
                add_process_set, remove_process_set, numpy_setup, output_like, allreduce_async,
                keep,
                numpy_broadcast_setup, broadcast_async, broadcast_async_,

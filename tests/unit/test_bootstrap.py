@@ -73,7 +73,7 @@ def test_a_peer_table_with_bad_cpus_is_refused_before_any_connection():
         assert not _core.is_initialized()
 
 
-def test_the_cpus_a_rank_announces_are_its_affinity_before_any_binding():
+def test_the_cpus_a_rank_announces_are_its_affinity():
     code = ("import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
             "from engine_native import _core; print(_core.process_cpus())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -51,3 +51,30 @@ def test_more_ranks_than_cpus_or_a_bad_index_get_no_share():
     assert _hooks.cpu_share(_flat(2), 0, 3) == []
     assert _hooks.cpu_share(_flat(4), 2, 2) == []
     assert _hooks.cpu_share(_flat(4), -1, 2) == []
+
+
+def _outnumbered(cpus, fallback=64):
+    return [_hooks.group_outnumbers_its_cpus(cpus, r, fallback) for r in range(len(cpus))]
+
+
+def test_ranks_count_against_the_cpus_of_the_ranks_they_share_cpus_with():
+    # Note [Yielding spins] B: fake hosts (every rank on both CPUs), then containers pinned to
+    # CPUs 0-1 (X) and 2-3 (Y): each container is judged on its own CPUs, not the machine's.
+    assert _outnumbered([[0, 1]] * 2) == [False] * 2
+    assert _outnumbered([[0, 1]] * 4) == [True] * 4
+    assert _outnumbered([[0, 1]] + [[2, 3]] * 3) == [False, True, True, True]
+    assert _outnumbered([[0, 1]] * 2 + [[2, 3]] * 3) == [False] * 2 + [True] * 3
+    # ranks bound one per CPU (mpirun --bind-to core), in any order, duplicates ignored
+    assert _outnumbered([[1], [0, 0], [3], [2]]) == [False] * 4
+
+
+def test_overlap_through_another_rank_joins_a_group():
+    ring = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    assert _outnumbered(ring) == [False] * 4
+    assert _outnumbered(ring + [[0]]) == [True] * 5
+    assert _outnumbered([[0], [0, 1], [1], [5]]) == [True, True, True, False]
+
+
+def test_an_unknown_cpu_set_counts_every_rank_against_the_fallback():
+    assert _outnumbered([[0, 1], []], fallback=1) == [True, True]
+    assert _outnumbered([[0], [0], []], fallback=4) == [False] * 3

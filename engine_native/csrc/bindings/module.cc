@@ -104,7 +104,12 @@ PyObject* pyProcessCpus(PyObject*, PyObject*) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(cpus.size()));
   if (list == nullptr) return nullptr;
   for (size_t i = 0; i < cpus.size(); ++i) {
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), PyLong_FromLong(cpus[i]));
+    PyObject* cpu = PyLong_FromLong(cpus[i]);
+    if (cpu == nullptr) {
+      Py_DECREF(list);
+      return nullptr;
+    }
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), cpu);
   }
   return list;
 }

@@ -7,6 +7,8 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <iterator>
 #include <vector>
 
 namespace hvd::common {
@@ -59,6 +61,41 @@ inline int onlineCpus() {
 inline int usableCores() {
   const int n = CPU_COUNT(&processCpuMask());
   return n > 0 ? n : onlineCpus();
+}
+
+// Note [Yielding spins] B in transport/mesh.cc: whether rank `self` and the ranks whose CPUs
+// overlap its own, directly or through one another's, outnumber the CPUs of that group.
+// `cpus[r]`: rank r's CPUs, any order; where one is empty (unknown), every rank counts against
+// `fallback_cpus`.
+inline bool groupOutnumbersItsCpus(std::vector<std::vector<int>> cpus, size_t self,
+                                   int fallback_cpus) {
+  for (std::vector<int>& c : cpus) {
+    if (c.empty()) return static_cast<int>(cpus.size()) > fallback_cpus;
+    std::sort(c.begin(), c.end());
+    c.erase(std::unique(c.begin(), c.end()), c.end());
+  }
+  std::vector<char> member(cpus.size(), 0);
+  member[self] = 1;
+  std::vector<int> group = cpus[self];
+  size_t ranks = 1;
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t r = 0; r < cpus.size(); ++r) {
+      if (member[r] != 0) continue;
+      std::vector<int> shared;
+      std::set_intersection(group.begin(), group.end(), cpus[r].begin(), cpus[r].end(),
+                            std::back_inserter(shared));
+      if (shared.empty()) continue;
+      member[r] = 1;
+      ++ranks;
+      grew = true;
+      std::vector<int> merged;
+      std::set_union(group.begin(), group.end(), cpus[r].begin(), cpus[r].end(),
+                     std::back_inserter(merged));
+      group.swap(merged);
+    }
+  }
+  return ranks > group.size();
 }
 
 }  // namespace hvd::common

@@ -96,30 +96,27 @@ struct Mesh::Impl {
 // benchmarks/RESULTS.md, "Allreduce against MPICH, gloo and Horovod", small ops).
 // The budgets still bound each wait, and Note [Spin backoff] still applies.
 //   B. Ranks are counted per machine too (transport::PeerInfo::machine_id, the kernel's boot
-//      id) against the CPUs any of them may run on (the union of their affinity masks before
-//      binding, PeerInfo::cpus): fake hosts (HVD_HOSTNAME) and containers on one node have
-//      host names of their own but may share its cores, and taskset or cpusets, disjoint or
-//      overlapping, count as they are. Counted per host only, 4 ranks on 2 fake hosts of this
-//      2-core VM paused in their spins while the peer they waited for sat in the run queue:
-//      355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH: 35-109 us,
-//      broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
+//      id): fake hosts (HVD_HOSTNAME) and containers on one node have host names of their own
+//      but may share its cores. A rank counts the ranks whose CPUs (their affinity masks
+//      before binding, PeerInfo::cpus) overlap its own, directly or through one another's,
+//      against the CPUs of that group (common::groupOutnumbersItsCpus), so taskset and
+//      cpusets, disjoint or overlapping, count as they are. Counted per host only, 4 ranks on
+//      2 fake hosts of this 2-core VM paused in their spins while the peer they waited for sat
+//      in the run queue: 355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH:
+//      35-109 us, broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
 
 namespace {
 
-// Note [Yielding spins] B: the ranks of this rank's machine against the CPUs they may use.
+// Note [Yielding spins] B: this rank's machine's ranks that share its CPUs, against those CPUs.
 bool machineOutnumbered(const std::vector<PeerInfo>& peers, int self) {
-  std::vector<int> cpus;
-  int ranks = 0;
-  bool known = true;
-  for (const PeerInfo& p : peers) {
-    if (p.machine_id != peers[self].machine_id) continue;
-    ++ranks;
-    known = known && !p.cpus.empty();
-    cpus.insert(cpus.end(), p.cpus.begin(), p.cpus.end());
+  std::vector<std::vector<int>> cpus;
+  size_t mine = 0;
+  for (size_t r = 0; r < peers.size(); ++r) {
+    if (peers[r].machine_id != peers[self].machine_id) continue;
+    if (static_cast<int>(r) == self) mine = cpus.size();
+    cpus.push_back(peers[r].cpus);
   }
-  std::sort(cpus.begin(), cpus.end());
-  const auto usable = std::unique(cpus.begin(), cpus.end()) - cpus.begin();
-  return ranks > (known ? static_cast<int>(usable) : common::onlineCpus());
+  return common::groupOutnumbersItsCpus(std::move(cpus), mine, common::onlineCpus());
 }
 
 std::string rankList(const std::vector<int>& ranks) {

@@ -1,12 +1,14 @@
-// running_threads, cpu_share (testhooks/hooks.h): the two pure rules behind rank binding and
-// the spin past its budget (runtime/core_headroom.h, runtime/cpu_binding.h), on inputs the
-// tests choose: /proc/loadavg texts, malformed ones included, and CPU topologies this machine
-// does not have (hardware threads numbered i and i + N/2, two packages).
+// running_threads, cpu_share, group_outnumbers_its_cpus (testhooks/hooks.h): the pure rules
+// behind rank binding, the spin past its budget and yielding spins (runtime/core_headroom.h,
+// runtime/cpu_binding.h, common/cpu_relax.h), on inputs the tests choose: /proc/loadavg texts,
+// malformed ones included, CPU topologies this machine does not have (hardware threads
+// numbered i and i + N/2, two packages), and ranks' CPU sets of other machines.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <vector>
 
+#include "common/cpu_relax.h"
 #include "runtime/core_headroom.h"
 #include "runtime/cpu_binding.h"
 #include "testhooks/hooks.h"
@@ -52,9 +54,41 @@ PyObject* cpuShare(PyObject*, PyObject* args) {
   return out;
 }
 
+// group_outnumbers_its_cpus(cpus: list of lists of int, self, fallback_cpus) -> bool.
+PyObject* groupOutnumbersItsCpus(PyObject*, PyObject* args) {
+  PyObject* seq = nullptr;
+  Py_ssize_t self = 0;
+  int fallback = 0;
+  if (!PyArg_ParseTuple(args, "Oni", &seq, &self, &fallback)) return nullptr;
+  PyObject* ranks = PySequence_Tuple(seq);
+  if (ranks == nullptr) return nullptr;
+  std::vector<std::vector<int>> cpus;
+  for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(ranks); ++r) {
+    PyObject* list = PySequence_Tuple(PyTuple_GET_ITEM(ranks, r));
+    if (list == nullptr) {
+      Py_DECREF(ranks);
+      return nullptr;
+    }
+    cpus.emplace_back();
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(list); ++k) {
+      cpus.back().push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(list, k))));
+    }
+    Py_DECREF(list);
+  }
+  Py_DECREF(ranks);
+  if (PyErr_Occurred()) return nullptr;
+  if (self < 0 || self >= static_cast<Py_ssize_t>(cpus.size())) {
+    PyErr_SetString(PyExc_IndexError, "self is not a rank of the list");
+    return nullptr;
+  }
+  return PyBool_FromLong(
+      common::groupOutnumbersItsCpus(std::move(cpus), static_cast<size_t>(self), fallback));
+}
+
 PyMethodDef kMethods[] = {
     {"running_threads", runningThreads, METH_VARARGS, nullptr},
     {"cpu_share", cpuShare, METH_VARARGS, nullptr},
+    {"group_outnumbers_its_cpus", groupOutnumbersItsCpus, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

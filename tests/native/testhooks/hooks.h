@@ -26,8 +26,9 @@ int addHmacHooks(PyObject* module);
 // codec_write, codec_read, decode_requests, ... (byte_codec.cc): common/byte_codec.h and the
 // negotiation decoders over it. Same contract.
 int addByteCodecHooks(PyObject* module);
-// running_threads, cpu_share (cpu_share.cc): runtime/core_headroom.h's /proc/loadavg reading
-// and runtime/cpu_binding.h's CPU shares. Same contract.
+// running_threads, cpu_share, group_outnumbers_its_cpus (cpu_share.cc): runtime/
+// core_headroom.h's /proc/loadavg reading, runtime/cpu_binding.h's CPU shares and common/
+// cpu_relax.h's count of ranks against CPUs. Same contract.
 int addCpuShareHooks(PyObject* module);
 
 }  // namespace hvd::testhooks
