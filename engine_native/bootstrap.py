@@ -85,15 +85,15 @@ def host_id() -> str:
 
 
 def machine_id() -> str:
-    """The kernel this rank runs on, a digest of its boot id: ranks of fake hosts or of
-    containers on one node may share its CPUs, whatever their host names (Note [Yielding
-    spins] in mesh.cc)."""
+    """The kernel this rank runs on, a digest of its boot id (the real host name where the
+    boot id cannot be read): ranks of fake hosts or of containers on one node may share its
+    CPUs, whatever their host names (Note [Yielding spins] in mesh.cc)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             boot_id = f.read().strip()
     except OSError:
         boot_id = b""
-    return hashlib.sha256(boot_id).hexdigest()[:16] if boot_id else "host:" + host_id()
+    return hashlib.sha256(boot_id).hexdigest()[:16] if boot_id else "host:" + socket.gethostname()
 
 
 def _peer_entry(address: str, port: int) -> tuple:

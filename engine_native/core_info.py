@@ -36,7 +36,8 @@ def metrics() -> dict:
     ``caller_spin_us`` is how long such a thread polls before it sleeps (a point-to-point wait
     too, where every peer is on shared memory), ``spin_yields`` whether such polls, and the
     collectives' own short spins, yield the core between tries because this host's ranks
-    outnumber its cores or the ranks sharing its CPUs those CPUs (Note [Yielding spins]),
+    outnumber its cores, or ranks of one machine whose CPUs overlap its own outnumber the CPUs
+    they span (Note [Yielding spins]),
     ``caller_spin_extended``
     how many point-to-point waits spun past that budget because the ranks are bound and the
     host had a core free (Note [Spin while a core is free]), ``caller_spin_skipped`` how many

@@ -108,7 +108,7 @@ def test_fake_hosts_outnumbering_their_machines_cpus_stay_unbound():
                         env={"HVD_CPU_BIND": "core"})
     assert all(r.value[0] == "" and all(t == CPUS[:2] for t in r.value[1]) for r in results), \
         [r.value for r in results]
-    assert "the ranks sharing this process's CPUs" in results[0].stderr, results[0].stderr
+    assert "the ranks whose CPUs overlap this process's" in results[0].stderr, results[0].stderr
 
 
 def test_an_unknown_binding_warns_with_its_choices_and_stays_unbound():

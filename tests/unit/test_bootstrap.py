@@ -1,6 +1,8 @@
 """Rank discovery and topology (engine_native.bootstrap), single process."""
 
+import io
 import os
+import socket
 import subprocess
 import sys
 
@@ -79,3 +81,14 @@ def test_the_cpus_a_rank_announces_are_its_affinity():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert out.strip() == str([sorted(os.sched_getaffinity(0))[0]])
+
+
+def test_a_blank_boot_id_names_the_machine_by_its_real_host_name(monkeypatch):
+    real_open = open
+
+    def fake_open(path, *args, **kwargs):
+        return io.BytesIO(b"\n") if "boot_id" in str(path) else real_open(path, *args, **kwargs)
+
+    monkeypatch.setenv("HVD_HOSTNAME", "a-fake-host")
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert bootstrap.machine_id() == "host:" + socket.gethostname()

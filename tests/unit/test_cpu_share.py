@@ -64,8 +64,9 @@ def test_ranks_count_against_the_cpus_of_the_ranks_they_share_cpus_with():
     assert _outnumbered([[0, 1]] * 4) == [True] * 4
     assert _outnumbered([[0, 1]] + [[2, 3]] * 3) == [False, True, True, True]
     assert _outnumbered([[0, 1]] * 2 + [[2, 3]] * 3) == [False] * 2 + [True] * 3
-    # ranks bound one per CPU (mpirun --bind-to core), in any order, duplicates ignored
+    # a CPU each (ranks of other hosts, pinned), in any order; a CPU listed twice counts once
     assert _outnumbered([[1], [0, 0], [3], [2]]) == [False] * 4
+    assert _outnumbered([[0, 0], [0]]) == [True, True]
 
 
 def test_overlap_through_another_rank_joins_a_group():
@@ -73,6 +74,15 @@ def test_overlap_through_another_rank_joins_a_group():
     assert _outnumbered(ring) == [False] * 4
     assert _outnumbered(ring + [[0]]) == [True] * 5
     assert _outnumbered([[0], [0, 1], [1], [5]]) == [True, True, True, False]
+
+
+def test_bad_cpu_lists_are_refused_by_the_hook():
+    for bad, error in [([[0], [-1]], ValueError), ([[0], [1 << 20]], ValueError),
+                       ([[0], ["x"]], TypeError)]:
+        with pytest.raises(error):
+            _hooks.group_outnumbers_its_cpus(bad, 0, 4)
+    with pytest.raises(IndexError):
+        _hooks.group_outnumbers_its_cpus([[0]], 1, 4)
 
 
 def test_an_unknown_cpu_set_counts_every_rank_against_the_fallback():

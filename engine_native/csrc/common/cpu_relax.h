@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <iterator>
+#include <utility>
 #include <vector>
 
 namespace hvd::common {
@@ -66,36 +66,35 @@ inline int usableCores() {
 // Note [Yielding spins] B in transport/mesh.cc: whether rank `self` and the ranks whose CPUs
 // overlap its own, directly or through one another's, outnumber the CPUs of that group.
 // `cpus[r]`: rank r's CPUs, any order; where one is empty (unknown), every rank counts against
-// `fallback_cpus`.
-inline bool groupOutnumbersItsCpus(std::vector<std::vector<int>> cpus, size_t self,
+// `fallback_cpus`. Union-find over (CPU, rank) pairs: O(T log T) in the T numbers given.
+inline bool groupOutnumbersItsCpus(const std::vector<std::vector<int>>& cpus, size_t self,
                                    int fallback_cpus) {
-  for (std::vector<int>& c : cpus) {
-    if (c.empty()) return static_cast<int>(cpus.size()) > fallback_cpus;
-    std::sort(c.begin(), c.end());
-    c.erase(std::unique(c.begin(), c.end()), c.end());
+  if (self >= cpus.size()) return false;
+  std::vector<std::pair<int, size_t>> pairs;  // (cpu, rank)
+  for (size_t r = 0; r < cpus.size(); ++r) {
+    if (cpus[r].empty()) return static_cast<int>(cpus.size()) > fallback_cpus;
+    for (int cpu : cpus[r]) pairs.emplace_back(cpu, r);
   }
-  std::vector<char> member(cpus.size(), 0);
-  member[self] = 1;
-  std::vector<int> group = cpus[self];
-  size_t ranks = 1;
-  for (bool grew = true; grew;) {
-    grew = false;
-    for (size_t r = 0; r < cpus.size(); ++r) {
-      if (member[r] != 0) continue;
-      std::vector<int> shared;
-      std::set_intersection(group.begin(), group.end(), cpus[r].begin(), cpus[r].end(),
-                            std::back_inserter(shared));
-      if (shared.empty()) continue;
-      member[r] = 1;
-      ++ranks;
-      grew = true;
-      std::vector<int> merged;
-      std::set_union(group.begin(), group.end(), cpus[r].begin(), cpus[r].end(),
-                     std::back_inserter(merged));
-      group.swap(merged);
+  std::sort(pairs.begin(), pairs.end());
+  std::vector<size_t> parent(cpus.size());
+  for (size_t r = 0; r < parent.size(); ++r) parent[r] = r;
+  auto root = [&parent](size_t r) {
+    while (parent[r] != r) r = parent[r] = parent[parent[r]];
+    return r;
+  };
+  for (size_t k = 1; k < pairs.size(); ++k) {  // ranks listing the same CPU join one group
+    if (pairs[k].first == pairs[k - 1].first) {
+      parent[root(pairs[k].second)] = root(pairs[k - 1].second);
     }
   }
-  return ranks > group.size();
+  const size_t group = root(self);
+  size_t ranks = 0, group_cpus = 0;
+  for (size_t r = 0; r < cpus.size(); ++r) ranks += root(r) == group;
+  for (size_t k = 0; k < pairs.size(); ++k) {  // each CPU of the group once
+    const bool first = k == 0 || pairs[k].first != pairs[k - 1].first;
+    group_cpus += first && root(pairs[k].second) == group;
+  }
+  return ranks > group_cpus;
 }
 
 }  // namespace hvd::common

@@ -16,10 +16,11 @@
 //      not exist yet; threads created later inherit their creator's mask): the listing of
 //      /proc/self/task, one sched_setaffinity per thread.
 //   C. Where the host's ranks outnumber its CPUs, nothing is bound: a share would be empty.
-//      Nor where the ranks sharing its CPUs, other hosts' among them (fake hosts, containers
-//      on one machine: Note [Yielding spins] B in transport/mesh.cc), outnumber those CPUs: a
-//      share would hold more ranks than CPUs. Below that, two such hosts' shares still overlap
-//      (hosts AABB on 4 CPUs: A's and B's first ranks both on CPUs 0-1).
+//      Nor where the ranks whose CPUs overlap its own, directly or through one another's,
+//      other hosts' among them (fake hosts, containers on one machine: Note [Yielding spins] B
+//      in transport/mesh.cc), outnumber the CPUs they span: a share would hold more ranks than
+//      CPUs. Below that, two such hosts' shares still overlap (hosts AABB on 4 CPUs: A's and
+//      B's first ranks both on CPUs 0-1).
 //   D. Bound ranks share no CPU, so a point-to-point wait may spin on while the host has a
 //      core free (Note [Spin while a core is free] in core_headroom.cc); unbound, that spin
 //      could hold the very core its neighbour waits for.
@@ -144,8 +145,8 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, bool machine_o
     return out;
   }
   if (machine_outnumbered) {  // C
-    *why = "the ranks sharing this process's CPUs, other hosts' among them (fake hosts, "
-           "containers), outnumber those CPUs: not bound";
+    *why = "the ranks whose CPUs overlap this process's, other hosts' among them (fake hosts, "
+           "containers), outnumber the CPUs they span: not bound";
     return out;
   }
   if (local_size == 1) return out;  // G: the share would be every CPU

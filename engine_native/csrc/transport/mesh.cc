@@ -107,7 +107,8 @@ struct Mesh::Impl {
 
 namespace {
 
-// Note [Yielding spins] B: this rank's machine's ranks that share its CPUs, against those CPUs.
+// Note [Yielding spins] B: the ranks of this rank's machine whose CPUs overlap its own,
+// directly or through one another's, against the CPUs of that group.
 bool machineOutnumbered(const std::vector<PeerInfo>& peers, int self) {
   std::vector<std::vector<int>> cpus;
   size_t mine = 0;
@@ -116,7 +117,7 @@ bool machineOutnumbered(const std::vector<PeerInfo>& peers, int self) {
     if (static_cast<int>(r) == self) mine = cpus.size();
     cpus.push_back(peers[r].cpus);
   }
-  return common::groupOutnumbersItsCpus(std::move(cpus), mine, common::onlineCpus());
+  return common::groupOutnumbersItsCpus(cpus, mine, common::onlineCpus());
 }
 
 std::string rankList(const std::vector<int>& ranks) {

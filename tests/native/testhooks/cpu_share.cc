@@ -63,26 +63,29 @@ PyObject* groupOutnumbersItsCpus(PyObject*, PyObject* args) {
   PyObject* ranks = PySequence_Tuple(seq);
   if (ranks == nullptr) return nullptr;
   std::vector<std::vector<int>> cpus;
-  for (Py_ssize_t r = 0; r < PyTuple_GET_SIZE(ranks); ++r) {
+  bool ok = true;
+  for (Py_ssize_t r = 0; ok && r < PyTuple_GET_SIZE(ranks); ++r) {
     PyObject* list = PySequence_Tuple(PyTuple_GET_ITEM(ranks, r));
-    if (list == nullptr) {
-      Py_DECREF(ranks);
-      return nullptr;
-    }
+    ok = list != nullptr;
     cpus.emplace_back();
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(list); ++k) {
-      cpus.back().push_back(static_cast<int>(PyLong_AsLong(PyTuple_GET_ITEM(list, k))));
+    for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(list); ++k) {
+      const long cpu = PyLong_AsLong(PyTuple_GET_ITEM(list, k));
+      ok = !PyErr_Occurred() && cpu >= 0 && cpu < (1 << 20);
+      cpus.back().push_back(static_cast<int>(cpu));
     }
-    Py_DECREF(list);
+    Py_XDECREF(list);
   }
   Py_DECREF(ranks);
-  if (PyErr_Occurred()) return nullptr;
+  if (!ok) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a CPU outside [0, 2**20)");
+    return nullptr;
+  }
   if (self < 0 || self >= static_cast<Py_ssize_t>(cpus.size())) {
     PyErr_SetString(PyExc_IndexError, "self is not a rank of the list");
     return nullptr;
   }
   return PyBool_FromLong(
-      common::groupOutnumbersItsCpus(std::move(cpus), static_cast<size_t>(self), fallback));
+      common::groupOutnumbersItsCpus(cpus, static_cast<size_t>(self), fallback));
 }
 
 PyMethodDef kMethods[] = {
