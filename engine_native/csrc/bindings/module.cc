@@ -99,20 +99,22 @@ bool parseCpus(PyObject* seq, std::vector<int>* cpus) {
   return ok;
 }
 
-PyObject* pyProcessCpus(PyObject*, PyObject*) {
-  const std::vector<int> cpus = hvd::common::processCpus();
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(cpus.size()));
+// A Python list of `values` (nullptr, an exception set, where an allocation failed).
+PyObject* intList(const std::vector<int>& values) {
+  PyObject* list = PyList_New(static_cast<Py_ssize_t>(values.size()));
   if (list == nullptr) return nullptr;
-  for (size_t i = 0; i < cpus.size(); ++i) {
-    PyObject* cpu = PyLong_FromLong(cpus[i]);
-    if (cpu == nullptr) {
-      Py_DECREF(list);
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* value = PyLong_FromLong(values[i]);
+    if (value == nullptr) {
+      Py_DECREF(list);  // unset items are NULL, which list dealloc skips
       return nullptr;
     }
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), cpu);
+    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), value);
   }
   return list;
 }
+
+PyObject* pyProcessCpus(PyObject*, PyObject*) { return intList(hvd::common::processCpus()); }
 
 PyObject* pyInit(PyObject*, PyObject* args) {
   int rank = 0;
@@ -417,11 +419,7 @@ PyObject* pyProcessSetRanks(PyObject*, PyObject* args) {
     PyErr_Format(PyExc_ValueError, "process set %d is not registered", id);
     return nullptr;
   }
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(members->size()));
-  for (size_t i = 0; i < members->size(); ++i) {
-    PyList_SET_ITEM(list, i, PyLong_FromLong((*members)[i]));
-  }
-  return list;
+  return intList(*members);
 }
 
 }  // namespace

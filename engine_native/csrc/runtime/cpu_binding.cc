@@ -126,7 +126,7 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
   return share;
 }
 
-CpuBinding bindRank(bool wanted, int local_index, int local_size, bool machine_outnumbered,
+CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_outnumbered,
                     std::string* why) {
   CpuBinding out;
   out.host_cores = common::usableCores();
@@ -144,7 +144,7 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, bool machine_o
            "mpirun binds by default; --bind-to none there): not bound";
     return out;
   }
-  if (machine_outnumbered) {  // C
+  if (cores_outnumbered) {  // C (the host's case was answered above)
     *why = "the ranks whose CPUs overlap this process's, other hosts' among them (fake hosts, "
            "containers), outnumber the CPUs they span: not bound";
     return out;

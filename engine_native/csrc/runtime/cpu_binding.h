@@ -27,9 +27,9 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
 
 // Unless `wanted` (HVD_CPU_BIND=core), nothing is bound (an earlier init's binding is undone);
 // else the process's CPUs are split into `local_size` shares and every thread is bound to share
-// `local_index`. Where it cannot (more ranks than CPUs on the host, or on the machine:
-// `machine_outnumbered`; a refusal), nothing is bound and `why` says why. Runtime::init only.
-CpuBinding bindRank(bool wanted, int local_index, int local_size, bool machine_outnumbered,
+// `local_index`. Where it cannot (more ranks than CPUs on the host, or `cores_outnumbered`:
+// Mesh::spinYields(); a refusal), nothing is bound and `why` says why. Runtime::init only.
+CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_outnumbered,
                     std::string* why);
 
 }  // namespace hvd::runtime
