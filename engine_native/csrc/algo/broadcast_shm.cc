@@ -74,7 +74,7 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
 // (1.45-1.53 / 7.9-9.5 ms), which is why HVD_SINGLE_COPY is off by default. The root of a
 // broadcast only waits while its readers read, so where the host has two CPUs per reader
 // (2 x readers <= the CPUs the process could use before any binding, common::usableCores; and
-// the machine's ranks, fake hosts' too, no more than their CPUs: Note [Yielding spins] B in
+// the ranks sharing its CPUs, fake hosts' too, no more than those: Note [Yielding spins] B in
 // transport/mesh.cc) and this thread may run on two, a read of at least kTwoThreadMinBytes
 // takes the second half on the process's reading thread (transport/shm/helper_read.h) while
 // this thread reads the first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data
