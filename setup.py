@@ -32,6 +32,7 @@ CORE_SOURCES = [
     "common/config.cc",
     "common/hmac.cc",
     "common/byte_codec.cc",
+    "common/cpu_ranges.cc",
     "transport/mesh.cc",
     "transport/control.cc",
     "transport/peer_frame.cc",
@@ -353,8 +354,7 @@ for _folder, _package in (("kernel", "hvd_magic.kernel"), ("widgets", "hvd_magic
     package_dir.update(_dirs)
 
 def _numpy_include():
-    # bindings/numpy_api.cc uses numpy's C API (the numpy API's per-tensor path); numpy is a
-    # runtime dependency anyway and a build requirement in pyproject.toml.
+    # bindings/numpy_api.cc uses numpy's C API; numpy is a runtime and a build requirement.
     try:
         import numpy
     except ImportError:

@@ -29,11 +29,11 @@ class Buffer:
 def listen(bind_address: str) -> int:
     """Bind the data/control listener; returns the port. Step A of bootstrap."""
 
-def process_cpus() -> list[int]:
+def process_cpus() -> str:
     """The CPUs this process could run on when the core first asked, before any binding of its
-    own (Note [CPU binding] E)."""
+    own (Note [CPU binding] E), as the kernel writes a CPU list: ``"0-3,8"``."""
 
-def init(rank: int, peers: Sequence[tuple[str, str, int, int, str, Sequence[int]]],
+def init(rank: int, peers: Sequence[tuple[str, str, int, int, str, str]],
          secret: bytes, job_id: str) -> None:
     """Connect to every peer ``(host_id, address, port, pid, machine_id, cpus)`` (index = global
     rank; machine_id: ``bootstrap.machine_id``, cpus: its ``process_cpus()``), authenticate

@@ -24,10 +24,12 @@ SEEDS = os.path.join(HERE, "seeds")
 SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer"]
 
-DRIVER_SOURCES = ["main.cc", "targets_coord.cc", "targets_transport.cc", "targets_runtime.cc"]
+DRIVER_SOURCES = ["main.cc", "targets_common.cc", "targets_coord.cc", "targets_transport.cc",
+                  "targets_runtime.cc"]
 # The decoders and what they call, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/byte_codec.cc",
+    "common/cpu_ranges.cc",
     "common/dtype.cc",
     "common/hmac.cc",
     "common/logging.cc",

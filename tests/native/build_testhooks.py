@@ -41,6 +41,7 @@ CORE = [
     "common/dtype.cc",
     "common/hmac.cc",
     "common/byte_codec.cc",
+    "common/cpu_ranges.cc",
     "common/logging.cc",
     "timeline/trace_writer.cc",
     "timeline/recent_events.cc",

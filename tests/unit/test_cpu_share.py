@@ -54,37 +54,67 @@ def test_more_ranks_than_cpus_or_a_bad_index_get_no_share():
 
 
 def _outnumbered(cpus, fallback=64):
-    return [_hooks.group_outnumbers_its_cpus(cpus, r, fallback) for r in range(len(cpus))]
+    return [_hooks.cpus_outnumbered(cpus, r, fallback) for r in range(len(cpus))]
 
 
 def test_ranks_count_against_the_cpus_of_the_ranks_they_share_cpus_with():
     # Note [Yielding spins] B: fake hosts (every rank on both CPUs), then containers pinned to
     # CPUs 0-1 (X) and 2-3 (Y): each container is judged on its own CPUs, not the machine's.
-    assert _outnumbered([[0, 1]] * 2) == [False] * 2
-    assert _outnumbered([[0, 1]] * 4) == [True] * 4
-    assert _outnumbered([[0, 1]] + [[2, 3]] * 3) == [False, True, True, True]
-    assert _outnumbered([[0, 1]] * 2 + [[2, 3]] * 3) == [False] * 2 + [True] * 3
-    # a CPU each (ranks of other hosts, pinned), in any order; a CPU listed twice counts once
-    assert _outnumbered([[1], [0, 0], [3], [2]]) == [False] * 4
-    assert _outnumbered([[0, 0], [0]]) == [True, True]
+    assert _outnumbered(["0-1"] * 2) == [False] * 2
+    assert _outnumbered(["0-1"] * 4) == [True] * 4
+    assert _outnumbered(["0-1"] + ["2-3"] * 3) == [False, True, True, True]
+    assert _outnumbered(["0-1"] * 2 + ["2-3"] * 3) == [False] * 2 + [True] * 3
+    # a CPU each (ranks of other hosts, pinned), in any order
+    assert _outnumbered(["1", "0", "3", "2"]) == [False] * 4
+    assert _outnumbered(["0", "0"]) == [True, True]
+    assert _outnumbered(["0-3,8-11"] * 8 + ["4-7"] * 4) == [False] * 12
+    assert _outnumbered(["0-3,8-11"] * 9 + ["4-7"] * 4) == [True] * 9 + [False] * 4
 
 
 def test_overlap_through_another_rank_joins_a_group():
-    ring = [[0, 1], [1, 2], [2, 3], [3, 0]]
+    ring = ["0-1", "1-2", "2-3", "0,3"]
     assert _outnumbered(ring) == [False] * 4
-    assert _outnumbered(ring + [[0]]) == [True] * 5
-    assert _outnumbered([[0], [0, 1], [1], [5]]) == [True, True, True, False]
+    assert _outnumbered(ring + ["0"]) == [True] * 5
+    assert _outnumbered(["0", "0-1", "1", "5"]) == [True, True, True, False]
+    # ranges that touch without sharing a CPU do not join
+    assert _outnumbered(["0-1", "0-1", "2-3", "2-3", "2-3"]) == [False] * 2 + [True] * 3
 
 
-def test_bad_cpu_lists_are_refused_by_the_hook():
-    for bad, error in [([[0], [-1]], ValueError), ([[0], [1 << 20]], ValueError),
-                       ([[0], ["x"]], TypeError)]:
-        with pytest.raises(error):
-            _hooks.group_outnumbers_its_cpus(bad, 0, 4)
-    with pytest.raises(IndexError):
-        _hooks.group_outnumbers_its_cpus([[0]], 1, 4)
+def test_ranks_crowded_within_a_wider_ranks_cpus_yield():
+    # Ranks 1 and 2 share CPU 1 while rank 0 may use CPUs 0-3: the group (3 ranks, 4 CPUs) is
+    # not outnumbered, but the two pinned ranks are; the free rank is not.
+    assert _outnumbered(["0-3", "1", "1"]) == [False, True, True]
+    assert _outnumbered(["0-3", "1-2", "1-2", "1-2"]) == [False, True, True, True]
+    assert _outnumbered(["0-3", "1-2", "1-2"]) == [False] * 3
 
 
 def test_an_unknown_cpu_set_counts_every_rank_against_the_fallback():
-    assert _outnumbered([[0, 1], []], fallback=1) == [True, True]
-    assert _outnumbered([[0], [0], []], fallback=4) == [False] * 3
+    assert _outnumbered(["0-1", ""], fallback=1) == [True, True]
+    assert _outnumbered(["0", "0", ""], fallback=4) == [False] * 3
+
+
+@pytest.mark.parametrize("text, ranges", [
+    ("", []),
+    ("0", [(0, 0)]),
+    ("0-3,8,10-11", [(0, 3), (8, 8), (10, 11)]),
+    ("0-1,2-3,4", [(0, 4)]),  # adjacent items merge
+    ("1048575", [(1048575, 1048575)]),
+])
+def test_cpu_lists_read_as_the_kernel_writes_them(text, ranges):
+    assert _hooks.cpu_ranges(text) == ranges
+
+
+@pytest.mark.parametrize("text", [
+    "-1", "1048576", "99999999999999999999", "3-1", "0,0", "2,1", "0-3,2", "0-", "-", ",",
+    "0,", ",0", "0 ,1", " 0", "0x1", "a", "0-1-2", "1,,2", "0--1",
+])
+def test_cpu_lists_the_core_refuses(text):
+    with pytest.raises(ValueError):
+        _hooks.cpu_ranges(text)
+    with pytest.raises(ValueError):
+        _hooks.cpus_outnumbered(["0", text], 0, 4)
+
+
+def test_a_self_outside_the_list_is_refused():
+    with pytest.raises(IndexError):
+        _hooks.cpus_outnumbered(["0"], 1, 4)

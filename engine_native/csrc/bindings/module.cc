@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,7 @@
 #include "bindings/torch_api.h"
 #include "bindings/timeline_autotune.h"
 #include "common/config.h"
+#include "common/cpu_ranges.h"
 #include "common/cpu_relax.h"
 #include "common/test_switch.h"
 #include "runtime/runtime.h"
@@ -80,23 +82,14 @@ PyObject* pyListen(PyObject*, PyObject* args) {
   return PyLong_FromLong(port);
 }
 
-// A peer's CPUs (transport::PeerInfo::cpus): a sequence of CPU numbers, each in [0, 2^20).
-bool parseCpus(PyObject* seq, std::vector<int>* cpus) {
-  constexpr long kMaxCpu = 1 << 20;
-  PyObject* fast = PySequence_Fast(seq, "a peer's CPUs must be a sequence of ints");
-  if (fast == nullptr) return false;
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-  bool ok = n <= kMaxCpu;
-  for (Py_ssize_t i = 0; ok && i < n; ++i) {
-    const long cpu = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
-    ok = !PyErr_Occurred() && cpu >= 0 && cpu < kMaxCpu;
-    if (ok) cpus->push_back(static_cast<int>(cpu));
-  }
-  Py_DECREF(fast);
-  if (!ok && !PyErr_Occurred()) {
-    PyErr_SetString(PyExc_ValueError, "a peer's CPUs: at most 2**20 numbers in [0, 2**20)");
-  }
-  return ok;
+// Peer `rank`'s CPUs (transport::PeerInfo::cpus): the kernel's CPU list format.
+bool parseCpus(Py_ssize_t rank, const char* text, hvd::common::CpuRanges* cpus) {
+  if (hvd::common::parseCpuRanges(text, cpus)) return true;
+  std::string shown(text, ::strnlen(text, 40));
+  PyErr_Format(PyExc_ValueError,
+               "peer %zd's CPUs '%s': expected a CPU list as the kernel writes it ('0-3,8': "
+               "ascending, each CPU below 2**20)", rank, shown.c_str());
+  return false;
 }
 
 // A Python list of `values` (nullptr, an exception set, where an allocation failed).
@@ -114,7 +107,11 @@ PyObject* intList(const std::vector<int>& values) {
   return list;
 }
 
-PyObject* pyProcessCpus(PyObject*, PyObject*) { return intList(hvd::common::processCpus()); }
+PyObject* pyProcessCpus(PyObject*, PyObject*) {
+  const std::string text =
+      hvd::common::formatCpuRanges(hvd::common::cpuRangesOf(hvd::common::processCpuMask()));
+  return PyUnicode_FromStringAndSize(text.data(), static_cast<Py_ssize_t>(text.size()));
+}
 
 PyObject* pyInit(PyObject*, PyObject* args) {
   int rank = 0;
@@ -133,11 +130,11 @@ PyObject* pyInit(PyObject*, PyObject* args) {
     int port = 0;
     long long pid = 0;
     const char* machine = nullptr;
-    PyObject* cpus = nullptr;
+    const char* cpus = nullptr;
     hvd::transport::PeerInfo peer;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLsO", &host, &address, &port,
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLss", &host, &address, &port,
                           &pid, &machine, &cpus) ||
-        !parseCpus(cpus, &peer.cpus)) {
+        !parseCpus(i, cpus, &peer.cpus)) {
       Py_DECREF(fast);
       return nullptr;
     }

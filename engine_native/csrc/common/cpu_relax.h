@@ -7,10 +7,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <utility>
-#include <vector>
-
 namespace hvd::common {
 
 inline void cpuRelax() {
@@ -42,15 +38,6 @@ inline const cpu_set_t& processCpuMask() {
   return mask;
 }
 
-// The CPUs of processCpuMask(), ascending.
-inline std::vector<int> processCpus() {
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &processCpuMask())) cpus.push_back(cpu);
-  }
-  return cpus;
-}
-
 // The machine's online CPUs, whatever this process may run on.
 inline int onlineCpus() {
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
@@ -61,40 +48,6 @@ inline int onlineCpus() {
 inline int usableCores() {
   const int n = CPU_COUNT(&processCpuMask());
   return n > 0 ? n : onlineCpus();
-}
-
-// Note [Yielding spins] B in transport/mesh.cc: whether rank `self` and the ranks whose CPUs
-// overlap its own, directly or through one another's, outnumber the CPUs of that group.
-// `cpus[r]`: rank r's CPUs, any order; where one is empty (unknown), every rank counts against
-// `fallback_cpus`. Union-find over (CPU, rank) pairs: O(T log T) in the T numbers given.
-inline bool groupOutnumbersItsCpus(const std::vector<std::vector<int>>& cpus, size_t self,
-                                   int fallback_cpus) {
-  if (self >= cpus.size()) return false;
-  std::vector<std::pair<int, size_t>> pairs;  // (cpu, rank)
-  for (size_t r = 0; r < cpus.size(); ++r) {
-    if (cpus[r].empty()) return static_cast<int>(cpus.size()) > fallback_cpus;
-    for (int cpu : cpus[r]) pairs.emplace_back(cpu, r);
-  }
-  std::sort(pairs.begin(), pairs.end());
-  std::vector<size_t> parent(cpus.size());
-  for (size_t r = 0; r < parent.size(); ++r) parent[r] = r;
-  auto root = [&parent](size_t r) {
-    while (parent[r] != r) r = parent[r] = parent[parent[r]];
-    return r;
-  };
-  for (size_t k = 1; k < pairs.size(); ++k) {  // ranks listing the same CPU join one group
-    if (pairs[k].first == pairs[k - 1].first) {
-      parent[root(pairs[k].second)] = root(pairs[k - 1].second);
-    }
-  }
-  const size_t group = root(self);
-  size_t ranks = 0, group_cpus = 0;
-  for (size_t r = 0; r < cpus.size(); ++r) ranks += root(r) == group;
-  for (size_t k = 0; k < pairs.size(); ++k) {  // each CPU of the group once
-    const bool first = k == 0 || pairs[k].first != pairs[k - 1].first;
-    group_cpus += first && root(pairs[k].second) == group;
-  }
-  return ranks > group_cpus;
 }
 
 }  // namespace hvd::common

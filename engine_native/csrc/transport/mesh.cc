@@ -99,25 +99,26 @@ struct Mesh::Impl {
 //      id): fake hosts (HVD_HOSTNAME) and containers on one node have host names of their own
 //      but may share its cores. A rank counts the ranks whose CPUs (their affinity masks
 //      before binding, PeerInfo::cpus) overlap its own, directly or through one another's,
-//      against the CPUs of that group (common::groupOutnumbersItsCpus), so taskset and
-//      cpusets, disjoint or overlapping, count as they are. Counted per host only, 4 ranks on
+//      against the CPUs of that group, and the ranks confined within its own CPUs against
+//      those (common::cpusOutnumbered), so taskset and cpusets, disjoint, overlapping or
+//      nested, count as they are. Counted per host only, 4 ranks on
 //      2 fake hosts of this 2-core VM paused in their spins while the peer they waited for sat
 //      in the run queue: 355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH:
 //      35-109 us, broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
 
 namespace {
 
-// Note [Yielding spins] B: the ranks of this rank's machine whose CPUs overlap its own,
-// directly or through one another's, against the CPUs of that group.
+// Note [Yielding spins] B: whether the ranks of this rank's machine that compete for its CPUs
+// outnumber them.
 bool machineOutnumbered(const std::vector<PeerInfo>& peers, int self) {
-  std::vector<std::vector<int>> cpus;
+  std::vector<common::CpuRanges> cpus;
   size_t mine = 0;
   for (size_t r = 0; r < peers.size(); ++r) {
     if (peers[r].machine_id != peers[self].machine_id) continue;
     if (static_cast<int>(r) == self) mine = cpus.size();
     cpus.push_back(peers[r].cpus);
   }
-  return common::groupOutnumbersItsCpus(cpus, mine, common::onlineCpus());
+  return common::cpusOutnumbered(cpus, mine, common::onlineCpus());
 }
 
 std::string rankList(const std::vector<int>& ranks) {

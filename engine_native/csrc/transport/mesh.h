@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/cpu_ranges.h"
 #include "common/status.h"
 #include "transport/control.h"
 #include "transport/pair.h"
@@ -30,7 +31,7 @@ struct PeerInfo {
   int port = 0;
   int64_t pid = 0;
   std::string machine_id;  // ranks with equal machine_id share one kernel's CPUs (boot id)
-  std::vector<int> cpus;   // the CPUs it may run on (common::processCpus); empty: unknown
+  common::CpuRanges cpus;  // the CPUs it may run on (common::processCpuMask); empty: unknown
 };
 
 class Mesh {

@@ -58,6 +58,7 @@ struct Target {
 };
 
 // Each targets_*.cc appends its targets.
+void addCommonTargets(std::vector<Target>* out);
 void addCoordTargets(std::vector<Target>* out);
 void addTransportTargets(std::vector<Target>* out);
 void addRuntimeTargets(std::vector<Target>* out);

@@ -270,6 +270,7 @@ extern "C" const char* __ubsan_default_options() {
 int main(int argc, char** argv) {
   using namespace hvd::fuzz;
   std::vector<Target> all;
+  addCommonTargets(&all);
   addCoordTargets(&all);
   addTransportTargets(&all);
   addRuntimeTargets(&all);

@@ -1,6 +1,6 @@
-// running_threads, cpu_share, group_outnumbers_its_cpus (testhooks/hooks.h): the pure rules
+// running_threads, cpu_share, cpus_outnumbered, cpu_ranges (testhooks/hooks.h): the pure rules
 // behind rank binding, the spin past its budget and yielding spins (runtime/core_headroom.h,
-// runtime/cpu_binding.h, common/cpu_relax.h), on inputs the tests choose: /proc/loadavg texts,
+// runtime/cpu_binding.h, common/cpu_ranges.h), on inputs the tests choose: /proc/loadavg texts,
 // malformed ones included, CPU topologies this machine does not have (hardware threads
 // numbered i and i + N/2, two packages), and ranks' CPU sets of other machines.
 #define PY_SSIZE_T_CLEAN
@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "common/cpu_relax.h"
+#include "common/cpu_ranges.h"
 #include "runtime/core_headroom.h"
 #include "runtime/cpu_binding.h"
 #include "testhooks/hooks.h"
@@ -54,44 +54,59 @@ PyObject* cpuShare(PyObject*, PyObject* args) {
   return out;
 }
 
-// group_outnumbers_its_cpus(cpus: list of lists of int, self, fallback_cpus) -> bool.
-PyObject* groupOutnumbersItsCpus(PyObject*, PyObject* args) {
+// cpu_ranges(text: str) -> list of (first, last), or ValueError where the core refuses it.
+PyObject* cpuRanges(PyObject*, PyObject* args) {
+  const char* text = nullptr;
+  Py_ssize_t size = 0;
+  if (!PyArg_ParseTuple(args, "s#", &text, &size)) return nullptr;
+  common::CpuRanges ranges;
+  if (!common::parseCpuRanges(std::string_view(text, static_cast<size_t>(size)), &ranges)) {
+    PyErr_SetString(PyExc_ValueError, "refused");
+    return nullptr;
+  }
+  PyObject* out = PyList_New(0);
+  for (size_t k = 0; out != nullptr && k < ranges.size(); ++k) {
+    PyObject* pair = Py_BuildValue("(ii)", ranges[k].first, ranges[k].last);
+    if (pair == nullptr || PyList_Append(out, pair) != 0) Py_CLEAR(out);
+    Py_XDECREF(pair);
+  }
+  return out;
+}
+
+// cpus_outnumbered(cpus: list of CPU list texts, self, fallback_cpus) -> bool.
+PyObject* cpusOutnumbered(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
   Py_ssize_t self = 0;
   int fallback = 0;
   if (!PyArg_ParseTuple(args, "Oni", &seq, &self, &fallback)) return nullptr;
   PyObject* ranks = PySequence_Tuple(seq);
   if (ranks == nullptr) return nullptr;
-  std::vector<std::vector<int>> cpus;
+  std::vector<common::CpuRanges> cpus(static_cast<size_t>(PyTuple_GET_SIZE(ranks)));
   bool ok = true;
   for (Py_ssize_t r = 0; ok && r < PyTuple_GET_SIZE(ranks); ++r) {
-    PyObject* list = PySequence_Tuple(PyTuple_GET_ITEM(ranks, r));
-    ok = list != nullptr;
-    cpus.emplace_back();
-    for (Py_ssize_t k = 0; ok && k < PyTuple_GET_SIZE(list); ++k) {
-      const long cpu = PyLong_AsLong(PyTuple_GET_ITEM(list, k));
-      ok = !PyErr_Occurred() && cpu >= 0 && cpu < (1 << 20);
-      cpus.back().push_back(static_cast<int>(cpu));
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(ranks, r), &size);
+    ok = text != nullptr;
+    if (ok && !common::parseCpuRanges(std::string_view(text, static_cast<size_t>(size)),
+                                      &cpus[static_cast<size_t>(r)])) {
+      PyErr_SetString(PyExc_ValueError, "a CPU list the core refuses");
+      ok = false;
     }
-    Py_XDECREF(list);
   }
   Py_DECREF(ranks);
-  if (!ok) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a CPU outside [0, 2**20)");
-    return nullptr;
-  }
+  if (!ok) return nullptr;
   if (self < 0 || self >= static_cast<Py_ssize_t>(cpus.size())) {
     PyErr_SetString(PyExc_IndexError, "self is not a rank of the list");
     return nullptr;
   }
-  return PyBool_FromLong(
-      common::groupOutnumbersItsCpus(cpus, static_cast<size_t>(self), fallback));
+  return PyBool_FromLong(common::cpusOutnumbered(cpus, static_cast<size_t>(self), fallback));
 }
 
 PyMethodDef kMethods[] = {
     {"running_threads", runningThreads, METH_VARARGS, nullptr},
     {"cpu_share", cpuShare, METH_VARARGS, nullptr},
-    {"group_outnumbers_its_cpus", groupOutnumbersItsCpus, METH_VARARGS, nullptr},
+    {"cpu_ranges", cpuRanges, METH_VARARGS, nullptr},
+    {"cpus_outnumbered", cpusOutnumbered, METH_VARARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 

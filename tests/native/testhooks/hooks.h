@@ -26,9 +26,9 @@ int addHmacHooks(PyObject* module);
 // codec_write, codec_read, decode_requests, ... (byte_codec.cc): common/byte_codec.h and the
 // negotiation decoders over it. Same contract.
 int addByteCodecHooks(PyObject* module);
-// running_threads, cpu_share, group_outnumbers_its_cpus (cpu_share.cc): the /proc/loadavg
-// reading of runtime/core_headroom.h, the CPU shares of runtime/cpu_binding.h and the count of
-// ranks against CPUs of common/cpu_relax.h. Same contract.
+// running_threads, cpu_share, cpu_ranges, cpus_outnumbered (cpu_share.cc): the /proc/loadavg
+// reading of runtime/core_headroom.h, the CPU shares of runtime/cpu_binding.h, and the CPU lists
+// and the count of ranks against CPUs of common/cpu_ranges.h. Same contract.
 int addCpuShareHooks(PyObject* module);
 
 }  // namespace hvd::testhooks

@@ -1,0 +1,52 @@
+// A set of CPUs as ascending, disjoint, non-adjacent ranges: how a rank announces the CPUs it
+// may use (transport::PeerInfo::cpus), and the rule that reads those announcements (Note
+// [Yielding spins] B in transport/mesh.cc). On the wire it is the kernel's CPU list format
+// ("0-3,8,10-11", as /sys/devices/system/cpu/online and `taskset -c` write it): a machine's
+// CPUs in a few bytes, where a list of numbers cost ~5 KB per rank on 1024 CPUs, and N ranks'
+// entries travel to every rank. Pure functions; any thread.
+#pragma once
+
+#include <sched.h>
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hvd::common {
+
+struct CpuRange {
+  int first = 0;
+  int last = 0;  // inclusive
+};
+using CpuRanges = std::vector<CpuRange>;  // ascending, disjoint, non-adjacent; empty: unknown
+
+constexpr int kMaxCpu = 1 << 20;  // CPUs announced are below this (the kernel's limit is 8192)
+
+// The CPUs of `set`, as ranges.
+CpuRanges cpuRangesOf(const cpu_set_t& set);
+
+// "0-3,8"; "" for none.
+std::string formatCpuRanges(const CpuRanges& ranges);
+
+// Parses a peer's CPU list (bytes from another process): items "N" or "N-M" (N <= M), decimal
+// digits only, comma-separated, ascending and disjoint, each CPU below kMaxCpu; adjacent items
+// are merged. "" is an empty (unknown) set. False, `out` unspecified, on anything else. O(text).
+bool parseCpuRanges(std::string_view text, CpuRanges* out);
+
+// The number of CPUs in `ranges`.
+size_t cpuCount(const CpuRanges& ranges);
+
+// Note [Yielding spins] B: whether rank `self`'s CPUs are outnumbered by the ranks that compete
+// for them, `cpus[r]` being rank r's CPUs (the ranks of one machine). True where
+//   - self and the ranks whose CPUs overlap its own, directly or through one another's,
+//     outnumber the CPUs of that group, or
+//   - the ranks whose CPUs all lie within self's (self among them) outnumber self's CPUs: two
+//     ranks pinned to one CPU beside a rank free on many share a core, whatever the group's
+//     total says. (A rank pinned more narrowly than such a crowd, "2" beside three ranks on
+//     "1-2", is not seen: that takes a matching of ranks to CPUs.)
+// Where a set is empty (unknown), every rank counts against `fallback_cpus`. O(T log T + n S)
+// in the T ranges given, n ranks and S ranges of self's.
+bool cpusOutnumbered(const std::vector<CpuRanges>& cpus, size_t self, int fallback_cpus);
+
+}  // namespace hvd::common
