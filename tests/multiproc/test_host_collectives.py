@@ -249,3 +249,34 @@ def test_stopped_root_times_out_naming_the_root(tmp_path):
                     env={"HVD_TIMEOUT": str(timeout), "HVD_LOG": "info",
                          "HVD_SINGLE_COPY": "0"})
     faults.assert_hung_peer_named(res, timeout)
+
+
+def mixed_cpus_suite():
+    """Rank 0 may use one CPU (its spins yield: 2 ranks, 1 CPU), rank 1 both (they do not):
+    the ranks must still cut every op into the same chunks (Note [Piece size])."""
+    import os
+    if os.environ["HVD_RANK"] == "0":
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    hvd = checks.init("shm")
+    fails = Failures()
+    me, n = hvd.rank(), hvd.size()
+    count = 3 * PIECE_BYTES // 4  # 8 pieces with both CPUs each, 3 with the whole share
+    for dtype in (np.float32, np.int64):
+        x = checks.make_input(dtype, count, me, "ar")
+        fails.check(f"allreduce.{dtype.__name__}", checks.mismatch(
+            hvd.allreduce(x, op=hvd.Sum, name=f"ar.{dtype.__name__}"),
+            sum(checks.make_input(dtype, count, r, "ar") for r in range(n)), dtype))
+        _gather(hvd, fails, dtype, lambda i: count // 2 + i, f"ag.{dtype.__name__}")
+        _bcast(hvd, fails, dtype, count, 0, f"bc.{dtype.__name__}")
+    yields = hvd.metrics()["spin_yields"]
+    hvd.shutdown()
+    fails.raise_if_any()
+    return yields
+
+
+def test_ranks_that_see_different_cpus_cut_ops_alike():
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs")
+    res = run_ranks(mixed_cpus_suite, 2, timeout=90, env={"HVD_TIMEOUT": "10"})
+    assert [r.value for r in res] == [True, False]  # the premise: the ranks' spins differ

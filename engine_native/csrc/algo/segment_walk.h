@@ -21,6 +21,12 @@ namespace hvd::algo {
 // a 200 x 4 KiB allreduce went from 2 chunks to 8 and from ~615 to ~480 us, a 1 MiB allgather
 // part overlaps copy-in with copy-out. A part of a few KiB is one chunk: one post, one wait,
 // one collect. Pieces are whole 64-byte lines, so every piece starts on a cache line.
+// Where the host's ranks share cores (CollectiveSync::hostOutnumbered, the same answer on
+// every rank of the host, as the chunk count must be), pieces fill their share whatever the
+// part: a rank's copy then overlaps nothing, and each further chunk is one more round of
+// waits on peers that sit in the run queue (each a wake-up of tens of microseconds on a VM).
+// The embedding step's 165 KiB sparse allgather at np=4 on 2 cores took 8 chunks and 2.3 ms
+// (benchmarks/RESULTS.md, "The embedding step at np=4").
 
 class SegmentWalk {
  public:
@@ -30,7 +36,7 @@ class SegmentWalk {
   // last op's (rule 1 of Note [Host pipeline]).
   SegmentWalk(transport::shm::CollectiveSync& sync, size_t largest, size_t unit, size_t share,
               int writer = -1)
-      : sync_(sync), piece_(pieceUnits(largest, unit, share)),
+      : sync_(sync), piece_(pieceUnits(largest, unit, share, sync.hostOutnumbered())),
         chunks_((largest + piece_ - 1) / piece_), base_(sync.released()),
         depth_(sync.segment().depth()), writer_(writer) {}
 
@@ -124,7 +130,8 @@ class SegmentWalk {
   static constexpr size_t kMinPieces = 8;                // Note [Piece size]
   static constexpr size_t kMinPieceBytes = 16 << 10;
 
-  static size_t pieceUnits(size_t largest, size_t unit, size_t share) {
+  static size_t pieceUnits(size_t largest, size_t unit, size_t share, bool whole_share) {
+    if (whole_share) return std::max<size_t>(1, share / 64 * 64 / unit);
     const size_t spread = (largest + kMinPieces - 1) / kMinPieces * unit;
     const size_t wanted = (std::max(spread, kMinPieceBytes) + 63) / 64 * 64;
     return std::max<size_t>(1, std::min(share / 64 * 64, wanted) / unit);

@@ -108,17 +108,20 @@ struct Mesh::Impl {
 
 namespace {
 
-// Note [Yielding spins] B: whether the ranks of this rank's machine that compete for its CPUs
-// outnumber them.
-bool machineOutnumbered(const std::vector<PeerInfo>& peers, int self) {
+// Note [Yielding spins]: whether rank r's spins yield (its host's ranks outnumber the CPUs it
+// may use, or B), read from the peer table alone, so every rank can answer it for any other.
+bool rankSpinsYield(const std::vector<PeerInfo>& peers, int r) {
   std::vector<common::CpuRanges> cpus;
-  size_t mine = 0;
-  for (size_t r = 0; r < peers.size(); ++r) {
-    if (peers[r].machine_id != peers[self].machine_id) continue;
-    if (static_cast<int>(r) == self) mine = cpus.size();
-    cpus.push_back(peers[r].cpus);
+  size_t mine = 0, host_ranks = 0;
+  for (size_t j = 0; j < peers.size(); ++j) {
+    host_ranks += peers[j].host_id == peers[r].host_id;
+    if (peers[j].machine_id != peers[r].machine_id) continue;
+    if (static_cast<int>(j) == r) mine = cpus.size();
+    cpus.push_back(peers[j].cpus);
   }
-  return common::cpusOutnumbered(cpus, mine, common::onlineCpus());
+  const auto& own = peers[r].cpus;  // common::usableCores(), for rank r
+  const size_t usable = own.empty() ? common::onlineCpus() : common::cpuCount(own);
+  return host_ranks > usable || common::cpusOutnumbered(cpus, mine, common::onlineCpus());
 }
 
 std::string rankList(const std::vector<int>& ranks) {
@@ -334,8 +337,9 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
     if (mesh.sameHost(j, self)) m.host_ranks.push_back(j);
     if (j != self && mesh.sameHost(j, self)) request.local_peers.push_back(j);
   }
-  mesh.spin_yields_ = static_cast<int>(m.host_ranks.size()) > common::usableCores() ||
-                      machineOutnumbered(mesh.peers_, self);
+  mesh.spin_yields_ = rankSpinsYield(mesh.peers_, self);
+  mesh.host_outnumbered_ = false;  // the same answer on every rank of the host
+  for (int r : m.host_ranks) mesh.host_outnumbered_ |= rankSpinsYield(mesh.peers_, r);
   Status s = shm::setupSharedMemory(request, &m.shm);
   if (!s.isOk()) {
     return Status(s.code(), "rank " + std::to_string(self) +

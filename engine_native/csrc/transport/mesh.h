@@ -63,6 +63,10 @@ class Mesh {
   // CPUs: bounded spins yield the core between polls instead of pausing on it (Note [Yielding
   // spins]). Fixed at connect().
   bool spinYields() const { return spin_yields_; }
+  // Some rank of this host's spins yield (spinYields() there): the same on every rank of the
+  // host, from the peer table, so its ranks agree on what depends on it (Note [Piece size] in
+  // algo/segment_walk.h). Fixed at connect().
+  bool hostOutnumbered() const { return host_outnumbered_; }
 
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;
   // a worker has one, to rank 0. nullptr when absent.
@@ -112,6 +116,7 @@ class Mesh {
   std::vector<PeerInfo> peers_;
   std::atomic<bool> aborted_{false};
   bool spin_yields_ = false;
+  bool host_outnumbered_ = false;
 };
 
 }  // namespace hvd::transport

@@ -107,6 +107,8 @@ Status CollectiveSync::lostPeer(int global_rank) const {
   return common::peerLost(os.str());
 }
 
+bool CollectiveSync::hostOutnumbered() const { return comm_.mesh().hostOutnumbered(); }
+
 uint64_t CollectiveSync::progressMark() const {
   uint64_t mark = 0;
   for (int j = 0; j < size_; ++j) {

@@ -32,6 +32,8 @@ class CollectiveSync {
   // The global rank of local index `local` (0 <= local < size()).
   int globalRankOf(int local) const;
   const CollectiveSegment& segment() const { return segment_; }
+  // Some rank of this host shares its cores (Mesh::hostOutnumbered): the same on every rank.
+  bool hostOutnumbered() const;
   // Chunks this rank has released so far: the first chunk number of the next op.
   uint64_t released() const;
 
