@@ -90,7 +90,7 @@ def _reducescatter(hvd, fails, dtype, dim0, op, name, width=(), process_set=None
 
 def _alltoall_cases(n, itemsize):
     """name -> splits_of(sender) (rows of one element each)."""
-    across = 3 * PIECE_BYTES // itemsize  # a few pieces; the min-chunks rule cuts finer
+    across = 3 * PIECE_BYTES // itemsize  # a few pieces (more: Note [Piece size]'s minimum)
     many = 5 * PIECE_BYTES // itemsize   # more chunks than slots: slots reused in the op
     return {
         "uneven": lambda s: [(s * 5 + 3 * d + 1) % 6 for d in range(n)],  # zeros included

@@ -56,7 +56,7 @@ def _bcast(hvd, fails, dtype, count, root, name, process_set=None):
 
 def _allgather_cases(n, itemsize):
     """name -> rows of set rank i (rows of one element each)."""
-    across = 3 * PIECE_BYTES // itemsize  # a few pieces, the min-chunks rule cuts it finer
+    across = 3 * PIECE_BYTES // itemsize  # a few pieces (more: Note [Piece size]'s minimum)
     many = 5 * n * PIECE_BYTES // itemsize  # more chunks than slots: slots reused in the op
     return {
         "uneven": lambda i: (i * 5 + 3) % 6,             # 3, 2, 1, 0, 5
@@ -140,10 +140,17 @@ def _assert_paths(res, allgather, broadcast):
                 assert f"{op} via {other}" not in r.stderr, f"rank {r.rank}: {op} via {other}"
 
 
-# 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS
-@pytest.mark.parametrize("np_", [1, 2, 3, 4])
-def test_one_host_goes_through_the_segment(np_):
-    res = run_ranks(collectives_suite, np_, args=("shm",), timeout=300, env=LOG)
+# 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS.
+# Pieces are cut two ways (Note [Piece size]): 128 KiB at least where the host's ranks share
+# cores (on a 2-core machine from 3 ranks on), down to 16 KiB otherwise; the switch forces the
+# other way at 3 ranks, so both are covered on any machine.
+@pytest.mark.parametrize("np_, cut", [(1, ""), (2, ""), (3, ""), (4, ""), (3, "flip")])
+def test_one_host_goes_through_the_segment(np_, cut):
+    import os
+    env = dict(LOG)
+    if cut:
+        env["HVD_TEST_HOST_OUTNUMBERED"] = "0" if np_ > len(os.sched_getaffinity(0)) else "1"
+    res = run_ranks(collectives_suite, np_, args=("shm",), timeout=300, env=env)
     if np_ > 1:
         _assert_paths(res, SHM, SHM)
     assert all(r.value > 300 for r in res)  # the checks actually ran
@@ -251,32 +258,46 @@ def test_stopped_root_times_out_naming_the_root(tmp_path):
     faults.assert_hung_peer_named(res, timeout)
 
 
-def mixed_cpus_suite():
-    """Rank 0 may use one CPU (its spins yield: 2 ranks, 1 CPU), rank 1 both (they do not):
-    the ranks must still cut every op into the same chunks (Note [Piece size])."""
+def mixed_cpus_suite(pin_rank_0: bool):
+    """Rank 0 may use one CPU where pinned (its spins yield: 2 ranks, 1 CPU), rank 1 both (they
+    do not): the ranks must still cut every op into the same chunks, pieces of at least
+    128 KiB where any rank of the host shares its cores (Note [Piece size]). Returns (spins
+    yield, chunks of a 768 KiB allreduce)."""
     import os
-    if os.environ["HVD_RANK"] == "0":
+    if pin_rank_0 and os.environ["HVD_RANK"] == "0":
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     hvd = checks.init("shm")
     fails = Failures()
     me, n = hvd.rank(), hvd.size()
-    count = 3 * PIECE_BYTES // 4  # 8 pieces with both CPUs each, 3 with the whole share
+    count = 3 * PIECE_BYTES // 4  # blocks of 384 KiB: 3 pieces of 128 KiB, or 8 of 48 KiB
+    chunks = None
     for dtype in (np.float32, np.int64):
         x = checks.make_input(dtype, count, me, "ar")
+        before = hvd.metrics()["host_chunks"]
+        out = hvd.allreduce(x, op=hvd.Sum, name=f"ar.{dtype.__name__}")
+        chunks = chunks or hvd.metrics()["host_chunks"] - before
         fails.check(f"allreduce.{dtype.__name__}", checks.mismatch(
-            hvd.allreduce(x, op=hvd.Sum, name=f"ar.{dtype.__name__}"),
-            sum(checks.make_input(dtype, count, r, "ar") for r in range(n)), dtype))
+            out, sum(checks.make_input(dtype, count, r, "ar") for r in range(n)), dtype))
         _gather(hvd, fails, dtype, lambda i: count // 2 + i, f"ag.{dtype.__name__}")
         _bcast(hvd, fails, dtype, count, 0, f"bc.{dtype.__name__}")
+        x = checks.make_input(dtype, (2 * count,), me, "a2a")
+        got = hvd.alltoall(x, name=f"a2a.{dtype.__name__}")[0]
+        want = np.concatenate([checks.make_input(dtype, (2 * count,), r, "a2a")[
+            me * count:(me + 1) * count] for r in range(n)])
+        fails.check(f"alltoall.{dtype.__name__}", checks.mismatch(got, want, dtype))
     yields = hvd.metrics()["spin_yields"]
     hvd.shutdown()
     fails.raise_if_any()
-    return yields
+    return yields, chunks
 
 
-def test_ranks_that_see_different_cpus_cut_ops_alike():
+@pytest.mark.parametrize("pinned", [True, False])
+def test_ranks_that_see_different_cpus_cut_ops_alike(pinned):
     import os
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs")
-    res = run_ranks(mixed_cpus_suite, 2, timeout=90, env={"HVD_TIMEOUT": "10"})
-    assert [r.value for r in res] == [True, False]  # the premise: the ranks' spins differ
+    res = run_ranks(mixed_cpus_suite, 2, args=(pinned,), timeout=90,
+                    env={"HVD_TIMEOUT": "10", "HVD_SHARED_OUTPUTS": "0"})
+    # The premise (rank 0's spins yield where pinned) and the cut: 3 pieces of the 384 KiB
+    # block where any rank of the host shares its cores, else 8.
+    assert [r.value for r in res] == ([(True, 3), (False, 3)] if pinned else [(False, 8)] * 2)

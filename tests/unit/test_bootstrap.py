@@ -68,7 +68,7 @@ def test_single_process_init_shutdown_cycles(monkeypatch):
 def test_a_peer_table_with_bad_cpus_is_refused_before_any_connection():
     from engine_native import _core
     entry = ["host", "127.0.0.1", 1, 1, bootstrap.machine_id()]
-    for cpus, error in [("-1", ValueError), ("1048576", ValueError), ("3-1", ValueError),
+    for cpus, error in [("-1", ValueError), ("8192", ValueError), ("3-1", ValueError),
                         ("0,0", ValueError), ([0, 1], TypeError), (None, TypeError)]:
         with pytest.raises(error):
             _core.init(0, [tuple(entry + [cpus])], b"k" * 32, "job")

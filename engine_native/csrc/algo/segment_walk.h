@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -22,11 +23,18 @@ namespace hvd::algo {
 // part overlaps copy-in with copy-out. A part of a few KiB is one chunk: one post, one wait,
 // one collect. Pieces are whole 64-byte lines, so every piece starts on a cache line.
 // Where the host's ranks share cores (CollectiveSync::hostOutnumbered, the same answer on
-// every rank of the host, as the chunk count must be), pieces fill their share whatever the
-// part: a rank's copy then overlaps nothing, and each further chunk is one more round of
-// waits on peers that sit in the run queue (each a wake-up of tens of microseconds on a VM).
-// The embedding step's 165 KiB sparse allgather at np=4 on 2 cores took 8 chunks and 2.3 ms
-// (benchmarks/RESULTS.md, "The embedding step at np=4").
+// every rank of the host, as the chunk count must be), a piece is at least 128 KiB: each chunk
+// is a round of waits on peers that may sit in the run queue (tens of microseconds a wake-up
+// on a VM), about what copying 128 KiB takes, so a smaller piece costs more than it overlaps.
+// The embedding step at np=4 on 2 cores: its 165 KiB sparse allgather took 8 chunks and its
+// 84 KiB allreduce blocks 6; with the floor 2 and 1, the step 8.1-8.5 ms against 9.8 ms
+// (benchmarks/RESULTS.md, "The embedding step at np=4 on 2 cores"). Parts of 1 MiB and more
+// keep their 8 pieces: at 4 MiB, reduce-scatters cut in 4 were slower than in 8.
+
+// Chunks this process moved through host collective segments since it started
+// (metrics()["host_chunks"]): each a round of waits on the host's ranks.
+inline std::atomic<uint64_t> g_host_chunks{0};
+inline uint64_t hostChunks() { return g_host_chunks.load(std::memory_order_relaxed); }
 
 class SegmentWalk {
  public:
@@ -72,6 +80,7 @@ class SegmentWalk {
     for (uint64_t t = 0; t < chunks_ + kStages - 1; ++t) {
       HVD_RETURN_IF_ERROR((step<0, kStages>(t, stages...)));
     }
+    g_host_chunks.fetch_add(chunks_, std::memory_order_relaxed);
     return common::Status::ok();
   }
 
@@ -129,11 +138,12 @@ class SegmentWalk {
 
   static constexpr size_t kMinPieces = 8;                // Note [Piece size]
   static constexpr size_t kMinPieceBytes = 16 << 10;
+  static constexpr size_t kMinPieceBytesCoresShared = 128 << 10;
 
-  static size_t pieceUnits(size_t largest, size_t unit, size_t share, bool whole_share) {
-    if (whole_share) return std::max<size_t>(1, share / 64 * 64 / unit);
+  static size_t pieceUnits(size_t largest, size_t unit, size_t share, bool cores_shared) {
     const size_t spread = (largest + kMinPieces - 1) / kMinPieces * unit;
-    const size_t wanted = (std::max(spread, kMinPieceBytes) + 63) / 64 * 64;
+    const size_t least = cores_shared ? kMinPieceBytesCoresShared : kMinPieceBytes;
+    const size_t wanted = (std::max(spread, least) + 63) / 64 * 64;
     return std::max<size_t>(1, std::min(share / 64 * 64, wanted) / unit);
   }
 

@@ -113,6 +113,7 @@ PyObject* buildMetrics() {
   setItem(dict, "host_copy", PyUnicode_FromString(s.host_copy.c_str()));
   setItem(dict, "host_copy_reason", PyUnicode_FromString(s.host_copy_reason.c_str()));
   setItem(dict, "single_copy_ops", PyLong_FromUnsignedLongLong(s.single_copy_ops));
+  setItem(dict, "host_chunks", PyLong_FromUnsignedLongLong(s.host_chunks));
   setItem(dict, "helper_reads", PyLong_FromUnsignedLongLong(s.helper_reads));
   setItem(dict, "shared_outputs", PyBool_FromLong(s.shared_outputs ? 1 : 0));
   setItem(dict, "shared_outputs_reason", PyUnicode_FromString(s.shared_outputs_reason.c_str()));

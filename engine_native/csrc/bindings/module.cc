@@ -88,7 +88,7 @@ bool parseCpus(Py_ssize_t rank, const char* text, hvd::common::CpuRanges* cpus) 
   std::string shown(text, ::strnlen(text, 40));
   PyErr_Format(PyExc_ValueError,
                "peer %zd's CPUs '%s': expected a CPU list as the kernel writes it ('0-3,8': "
-               "ascending, each CPU below 2**20)", rank, shown.c_str());
+               "ascending, each CPU below 8192)", rank, shown.c_str());
   return false;
 }
 

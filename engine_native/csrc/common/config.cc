@@ -125,9 +125,9 @@ const std::vector<Knob>& knobs() {
       intKnob({"HVD_CALLER_SPIN_US", nullptr, "int", "200",
                "Microseconds a thread waiting on an op drives the core itself before it "
                "sleeps, and polls its CUDA op's completion before it naps; where a host's "
-               "ranks outnumber its cores, or ranks of one machine whose CPUs overlap (fake "
-               "hosts, containers) outnumber the CPUs they span, it yields the core between "
-               "passes (0: never spin)."},
+               "ranks outnumber its cores, ranks of one machine whose CPUs overlap (fake "
+               "hosts, containers) outnumber the CPUs they span, or ranks pinned within its "
+               "CPUs outnumber them, it yields the core between passes (0: never spin)."},
               Kind::kInt, &Config::caller_spin_microseconds, 0),
       intKnob({"HVD_P2P_SPIN_MAX_US", nullptr, "int", "2000",
                "Between bound ranks (HVD_CPU_BIND=core): a thread waiting on a point-to-point "

@@ -1,6 +1,7 @@
 #include "common/cpu_ranges.h"
 
 #include <algorithm>
+#include <map>
 
 namespace hvd::common {
 
@@ -31,11 +32,18 @@ bool within(const CpuRanges& inner, const CpuRanges& outer) {
   return true;
 }
 
-// The group rule: rank `self` and the ranks whose CPUs overlap its own, directly or through
-// one another's, against the CPUs they span. Ranks are joined (union-find) along a sweep of
-// every rank's ranges by their first CPU: ranges that overlap the block swept so far join its
-// ranks, and the blocks, once joined, are the groups' disjoint CPUs.
-bool groupOutnumbered(const std::vector<CpuRanges>& cpus, size_t self) {
+bool same(const CpuRanges& a, const CpuRanges& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](const CpuRange& x, const CpuRange& y) {
+           return x.first == y.first && x.last == y.last;
+         });
+}
+
+// The group rule for every rank: a rank and the ranks whose CPUs overlap its own, directly or
+// through one another's, against the CPUs they span. Ranks are joined (union-find) along a
+// sweep of every rank's ranges by their first CPU: ranges that overlap the block swept so far
+// join its ranks, and the blocks, once joined, are the groups' disjoint CPUs.
+std::vector<bool> groupsOutnumbered(const std::vector<CpuRanges>& cpus) {
   struct Piece {
     int first, last;
     size_t rank;
@@ -61,13 +69,14 @@ bool groupOutnumbered(const std::vector<CpuRanges>& cpus, size_t self) {
     parent[root(piece.rank)] = root(blocks.back().rank);
     blocks.back().last = std::max(blocks.back().last, piece.last);
   }
-  const size_t group = root(self);
-  size_t ranks = 0, group_cpus = 0;
-  for (size_t r = 0; r < cpus.size(); ++r) ranks += root(r) == group;
+  std::vector<size_t> ranks(cpus.size(), 0), group_cpus(cpus.size(), 0);  // by root
+  for (size_t r = 0; r < cpus.size(); ++r) ++ranks[root(r)];
   for (const Piece& block : blocks) {
-    if (root(block.rank) == group) group_cpus += static_cast<size_t>(block.last - block.first) + 1;
+    group_cpus[root(block.rank)] += static_cast<size_t>(block.last - block.first) + 1;
   }
-  return ranks > group_cpus;
+  std::vector<bool> out(cpus.size());
+  for (size_t r = 0; r < cpus.size(); ++r) out[r] = ranks[root(r)] > group_cpus[root(r)];
+  return out;
 }
 
 }  // namespace
@@ -124,15 +133,79 @@ size_t cpuCount(const CpuRanges& ranges) {
   return n;
 }
 
-bool cpusOutnumbered(const std::vector<CpuRanges>& cpus, size_t self, int fallback_cpus) {
-  if (self >= cpus.size()) return false;
+std::vector<bool> cpusOutnumbered(const std::vector<CpuRanges>& cpus, int fallback_cpus) {
   for (const CpuRanges& ranges : cpus) {
-    if (ranges.empty()) return static_cast<int>(cpus.size()) > fallback_cpus;
+    if (ranges.empty()) {
+      return std::vector<bool>(cpus.size(), static_cast<int>(cpus.size()) > fallback_cpus);
+    }
   }
-  if (groupOutnumbered(cpus, self)) return true;
-  size_t confined = 0;  // the second rule: ranks whose CPUs all lie within self's
-  for (const CpuRanges& ranges : cpus) confined += within(ranges, cpus[self]);
-  return confined > cpuCount(cpus[self]);
+  std::vector<bool> out = groupsOutnumbered(cpus);
+  // The confined rule, over the distinct sets (honest ranks of a machine share a few): a set
+  // of at least as many CPUs as the machine has ranks cannot be outnumbered by the ranks within.
+  std::vector<size_t> order(cpus.size());
+  for (size_t r = 0; r < order.size(); ++r) order[r] = r;
+  std::sort(order.begin(), order.end(), [&cpus](size_t a, size_t b) {
+    return std::lexicographical_compare(
+        cpus[a].begin(), cpus[a].end(), cpus[b].begin(), cpus[b].end(),
+        [](const CpuRange& x, const CpuRange& y) {
+          return x.first != y.first ? x.first < y.first : x.last < y.last;
+        });
+  });
+  std::vector<size_t> distinct, ranks;  // a rank of each distinct set, and how many share it
+  for (size_t r : order) {
+    if (distinct.empty() || !same(cpus[distinct.back()], cpus[r])) {
+      distinct.push_back(r);
+      ranks.push_back(0);
+    }
+    ++ranks.back();
+  }
+  std::vector<bool> crowded(distinct.size(), false);
+  for (size_t d = 0; d < distinct.size(); ++d) {
+    const CpuRanges& mine = cpus[distinct[d]];
+    const size_t count = cpuCount(mine);
+    if (count >= cpus.size()) continue;
+    size_t confined = 0;
+    for (size_t e = 0; e < distinct.size(); ++e) {
+      const CpuRanges& theirs = cpus[distinct[e]];
+      if (theirs.front().first >= mine.front().first && theirs.back().last <= mine.back().last &&
+          within(theirs, mine)) {
+        confined += ranks[e];
+      }
+    }
+    crowded[d] = confined > count;
+  }
+  for (size_t d = 0, k = 0; d < distinct.size(); ++d) {
+    for (size_t i = 0; i < ranks[d]; ++i, ++k) out[order[k]] = out[order[k]] || crowded[d];
+  }
+  return out;
+}
+
+SpinVerdicts spinVerdicts(const std::vector<std::string>& host,
+                          const std::vector<std::string>& machine,
+                          const std::vector<CpuRanges>& cpus, size_t self, int online_cpus) {
+  std::map<std::string, size_t> host_ranks;
+  for (const std::string& h : host) ++host_ranks[h];
+  std::vector<size_t> ranks;  // self's machine's, in world order
+  std::vector<CpuRanges> machine_cpus;
+  bool known = true;  // every verdict below comes from the table alone
+  for (size_t r = 0; r < host.size(); ++r) {
+    known = known && (host[r] != host[self] || machine[r] == machine[self]);
+    if (machine[r] != machine[self]) continue;
+    ranks.push_back(r);
+    machine_cpus.push_back(cpus[r]);
+    known = known && !cpus[r].empty();
+  }
+  const std::vector<bool> crowded = cpusOutnumbered(machine_cpus, online_cpus);
+  SpinVerdicts out;
+  for (size_t k = 0; k < ranks.size(); ++k) {
+    const size_t r = ranks[k];
+    const size_t usable = cpus[r].empty() ? static_cast<size_t>(online_cpus) : cpuCount(cpus[r]);
+    const bool yields = host_ranks[host[r]] > usable || crowded[k];
+    if (r == self) out.self = yields;
+    if (host[r] == host[self]) out.host = out.host || yields;
+  }
+  out.host = out.host && known;
+  return out;
 }
 
 }  // namespace hvd::common

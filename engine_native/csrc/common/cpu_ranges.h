@@ -21,7 +21,7 @@ struct CpuRange {
 };
 using CpuRanges = std::vector<CpuRange>;  // ascending, disjoint, non-adjacent; empty: unknown
 
-constexpr int kMaxCpu = 1 << 20;  // CPUs announced are below this (the kernel's limit is 8192)
+constexpr int kMaxCpu = 8192;  // CPUs announced are below this: the kernel's NR_CPUS limit
 
 // The CPUs of `set`, as ranges.
 CpuRanges cpuRangesOf(const cpu_set_t& set);
@@ -37,16 +37,32 @@ bool parseCpuRanges(std::string_view text, CpuRanges* out);
 // The number of CPUs in `ranges`.
 size_t cpuCount(const CpuRanges& ranges);
 
-// Note [Yielding spins] B: whether rank `self`'s CPUs are outnumbered by the ranks that compete
-// for them, `cpus[r]` being rank r's CPUs (the ranks of one machine). True where
-//   - self and the ranks whose CPUs overlap its own, directly or through one another's,
+// Note [Yielding spins] B, for every rank of one machine: whether rank r's CPUs (cpus[r]) are
+// outnumbered by the ranks that compete for them. True where
+//   - r and the ranks whose CPUs overlap its own, directly or through one another's,
 //     outnumber the CPUs of that group, or
-//   - the ranks whose CPUs all lie within self's (self among them) outnumber self's CPUs: two
-//     ranks pinned to one CPU beside a rank free on many share a core, whatever the group's
-//     total says. (A rank pinned more narrowly than such a crowd, "2" beside three ranks on
-//     "1-2", is not seen: that takes a matching of ranks to CPUs.)
-// Where a set is empty (unknown), every rank counts against `fallback_cpus`. O(T log T + n S)
-// in the T ranges given, n ranks and S ranges of self's.
-bool cpusOutnumbered(const std::vector<CpuRanges>& cpus, size_t self, int fallback_cpus);
+//   - the ranks whose CPUs all lie within r's (r among them) outnumber r's CPUs: two ranks
+//     pinned to one CPU beside a rank free on many share a core, whatever the group's total
+//     says. (A rank pinned more narrowly than such a crowd, "2" beside three ranks on "1-2",
+//     is not seen: that takes a matching of ranks to CPUs.)
+// Where a set is empty (unknown), every rank counts against `fallback_cpus`. Cost: O(T log T)
+// in the T ranges given, and O(D^2 S) for the D distinct sets of at most S ranges each
+// (kMaxCpu bounds S), which honest ranks keep small: a machine's ranks share a few sets.
+std::vector<bool> cpusOutnumbered(const std::vector<CpuRanges>& cpus, int fallback_cpus);
+
+// Note [Yielding spins] for the ranks of a world: rank r is on host `host[r]` (ranks of one
+// host name share its shared memory), on machine `machine[r]` (a kernel, whose CPUs they may
+// share), and may use `cpus[r]`. A rank's spins yield where its host's ranks outnumber the CPUs
+// it may use (`online_cpus` where unknown), or by cpusOutnumbered among its machine's ranks.
+struct SpinVerdicts {
+  bool self = false;  // rank `self`'s spins yield
+  // Some rank of self's host's spins yield, as read from the table by any rank of the host:
+  // the same answer on each. False where the table leaves it to a local value (a CPU set of
+  // the machine unknown, the host's ranks on two machines).
+  bool host = false;
+};
+SpinVerdicts spinVerdicts(const std::vector<std::string>& host,
+                          const std::vector<std::string>& machine,
+                          const std::vector<CpuRanges>& cpus, size_t self, int online_cpus);
 
 }  // namespace hvd::common

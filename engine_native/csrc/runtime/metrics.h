@@ -76,6 +76,7 @@ struct MetricsSnapshot {
   uint64_t shared_output_fallbacks = 0;  // ops that took the slots: some output not shared
   uint64_t peer_block_maps = 0;  // peers' blocks this process mapped (Note [Peer block cache])
   uint64_t single_copy_ops = 0;  // host ops that read peers directly, since the process started
+  uint64_t host_chunks = 0;  // chunks through host collective segments (algo/segment_walk.h)
   uint64_t helper_reads = 0;  // reads run by the process's reading thread (helper_read.h)
   uint64_t single_copy_probes = 0;  // Note [Single-copy probe]s run, since the process started
   struct DevicePath {

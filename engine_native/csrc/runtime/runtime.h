@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "algo/segment_walk.h"
 #include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "common/config.h"
@@ -96,6 +97,7 @@ class Runtime {
   MetricsSnapshot metrics() const {
     MetricsSnapshot s = metrics_.snapshot();
     s.single_copy_ops = algo::singleCopyOps();
+    s.host_chunks = algo::hostChunks();
     s.helper_reads = transport::shm::helperReads();
     s.shared_output_ops = algo::sharedOutputOps();
     s.shared_output_fallbacks = algo::sharedOutputFallbacks();

@@ -30,6 +30,7 @@
 
 #include "common/cpu_relax.h"
 #include "common/logging.h"
+#include "common/test_switch.h"
 #include "common/text.h"
 #include "transport/board_agreement.h"
 #include "transport/shm/collective_segment.h"
@@ -101,28 +102,16 @@ struct Mesh::Impl {
 //      before binding, PeerInfo::cpus) overlap its own, directly or through one another's,
 //      against the CPUs of that group, and the ranks confined within its own CPUs against
 //      those (common::cpusOutnumbered), so taskset and cpusets, disjoint, overlapping or
-//      nested, count as they are. Counted per host only, 4 ranks on
-//      2 fake hosts of this 2-core VM paused in their spins while the peer they waited for sat
-//      in the run queue: 355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH:
-//      35-109 us, broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
+//      nested, count as they are. Counted per host only, 4 ranks on 2 fake hosts of this
+//      2-core VM paused in their spins while the peer they waited for sat in the run queue:
+//      355-502 us per 4 B-4 KiB op; counted per machine, 80-232 us (MPICH: 35-109 us,
+//      broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
+//   C. Every input above is in the peer table, which every rank holds alike (but the online
+//      count, used where a CPU set is unknown), so every rank can tell whether any rank of its
+//      host yields: hostOutnumbered(), the same answer on each rank of the host, which what
+//      they must agree on may follow (Note [Piece size] in algo/segment_walk.h).
 
 namespace {
-
-// Note [Yielding spins]: whether rank r's spins yield (its host's ranks outnumber the CPUs it
-// may use, or B), read from the peer table alone, so every rank can answer it for any other.
-bool rankSpinsYield(const std::vector<PeerInfo>& peers, int r) {
-  std::vector<common::CpuRanges> cpus;
-  size_t mine = 0, host_ranks = 0;
-  for (size_t j = 0; j < peers.size(); ++j) {
-    host_ranks += peers[j].host_id == peers[r].host_id;
-    if (peers[j].machine_id != peers[r].machine_id) continue;
-    if (static_cast<int>(j) == r) mine = cpus.size();
-    cpus.push_back(peers[j].cpus);
-  }
-  const auto& own = peers[r].cpus;  // common::usableCores(), for rank r
-  const size_t usable = own.empty() ? common::onlineCpus() : common::cpuCount(own);
-  return host_ranks > usable || common::cpusOutnumbered(cpus, mine, common::onlineCpus());
-}
 
 std::string rankList(const std::vector<int>& ranks) {
   common::Text os;
@@ -337,9 +326,19 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
     if (mesh.sameHost(j, self)) m.host_ranks.push_back(j);
     if (j != self && mesh.sameHost(j, self)) request.local_peers.push_back(j);
   }
-  mesh.spin_yields_ = rankSpinsYield(mesh.peers_, self);
-  mesh.host_outnumbered_ = false;  // the same answer on every rank of the host
-  for (int r : m.host_ranks) mesh.host_outnumbered_ |= rankSpinsYield(mesh.peers_, r);
+  std::vector<std::string> hosts, machines;  // Note [Yielding spins] B and C
+  std::vector<common::CpuRanges> cpus;
+  for (const PeerInfo& peer : mesh.peers_) {
+    hosts.push_back(peer.host_id);
+    machines.push_back(peer.machine_id);
+    cpus.push_back(peer.cpus);
+  }
+  const auto verdicts = common::spinVerdicts(hosts, machines, cpus, self, common::onlineCpus());
+  mesh.spin_yields_ = verdicts.self;
+  mesh.host_outnumbered_ = verdicts.host;
+  if (const char* forced = HVD_TEST_SWITCH("HOST_OUTNUMBERED")) {  // tests cover both paths
+    mesh.host_outnumbered_ = forced[0] == '1';
+  }
   Status s = shm::setupSharedMemory(request, &m.shm);
   if (!s.isOk()) {
     return Status(s.code(), "rank " + std::to_string(self) +

@@ -63,9 +63,9 @@ class Mesh {
   // CPUs: bounded spins yield the core between polls instead of pausing on it (Note [Yielding
   // spins]). Fixed at connect().
   bool spinYields() const { return spin_yields_; }
-  // Some rank of this host's spins yield (spinYields() there): the same on every rank of the
-  // host, from the peer table, so its ranks agree on what depends on it (Note [Piece size] in
-  // algo/segment_walk.h). Fixed at connect().
+  // Some rank of this host's spins yield (spinYields() there), read from the peer table: the
+  // same on every rank of the host, so its ranks agree on what depends on it (Note [Yielding
+  // spins] C; Note [Piece size] in algo/segment_walk.h). Fixed at connect().
   bool hostOutnumbered() const { return host_outnumbered_; }
 
   // Control channel (framed messages, see transport/control.h). Rank 0 has one per worker;

@@ -73,12 +73,11 @@ PyObject* cpuRanges(PyObject*, PyObject* args) {
   return out;
 }
 
-// cpus_outnumbered(cpus: list of CPU list texts, self, fallback_cpus) -> bool.
+// cpus_outnumbered(cpus: list of CPU list texts, fallback_cpus) -> list of bool, one a rank.
 PyObject* cpusOutnumbered(PyObject*, PyObject* args) {
   PyObject* seq = nullptr;
-  Py_ssize_t self = 0;
   int fallback = 0;
-  if (!PyArg_ParseTuple(args, "Oni", &seq, &self, &fallback)) return nullptr;
+  if (!PyArg_ParseTuple(args, "Oi", &seq, &fallback)) return nullptr;
   PyObject* ranks = PySequence_Tuple(seq);
   if (ranks == nullptr) return nullptr;
   std::vector<common::CpuRanges> cpus(static_cast<size_t>(PyTuple_GET_SIZE(ranks)));
@@ -95,11 +94,12 @@ PyObject* cpusOutnumbered(PyObject*, PyObject* args) {
   }
   Py_DECREF(ranks);
   if (!ok) return nullptr;
-  if (self < 0 || self >= static_cast<Py_ssize_t>(cpus.size())) {
-    PyErr_SetString(PyExc_IndexError, "self is not a rank of the list");
-    return nullptr;
+  const std::vector<bool> verdicts = common::cpusOutnumbered(cpus, fallback);
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(verdicts.size()));
+  for (size_t k = 0; out != nullptr && k < verdicts.size(); ++k) {
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(k), PyBool_FromLong(verdicts[k]));
   }
-  return PyBool_FromLong(common::cpusOutnumbered(cpus, static_cast<size_t>(self), fallback));
+  return out;
 }
 
 PyMethodDef kMethods[] = {
