@@ -36,8 +36,8 @@ def metrics() -> dict:
     ``caller_spin_us`` is how long such a thread polls before it sleeps (a point-to-point wait
     too, where every peer is on shared memory), ``spin_yields`` whether such polls, and the
     collectives' own short spins, yield the core between tries because this host's ranks
-    outnumber its cores, or ranks of one machine whose CPUs overlap its own outnumber the CPUs
-    they span (Note [Yielding spins]),
+    outnumber its cores, ranks of one machine whose CPUs overlap its own outnumber the CPUs
+    they span, or ranks pinned within its CPUs outnumber them (Note [Yielding spins]),
     ``caller_spin_extended``
     how many point-to-point waits spun past that budget because the ranks are bound and the
     host had a core free (Note [Spin while a core is free]), ``caller_spin_skipped`` how many
@@ -56,6 +56,8 @@ def metrics() -> dict:
     ``out=`` of at least 4 MiB or from a sender that could not verify it), and
     ``p2p_split_refused`` the offers answered "send it whole", either way (a peer that cannot
     be read, or a posted receive's ``out=`` under 4 MiB: those went through the ring).
+    ``host_chunks`` counts the chunks of completed ops that went through the host collective
+    segment (each a round of waits on the host's ranks: Note [Piece size]).
     ``helper_reads`` counts the reads the process's second reading thread ran since it
     started: halves of those point-to-point messages, and of large single-copy broadcasts read
     on two threads (``HVD_SINGLE_COPY``, Note [Two-thread reads]).

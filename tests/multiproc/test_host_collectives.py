@@ -68,10 +68,14 @@ def _allgather_cases(n, itemsize):
     }
 
 
-def collectives_suite(transport):
+def collectives_suite(transport, cut_probe=False):
     hvd = checks.init(transport)
     fails = Failures()
     n = hvd.size()
+    if cut_probe:  # the chunks of a 768 KiB allreduce (Note [Piece size]), returned with the count
+        before = hvd.metrics()["host_chunks"]
+        hvd.allreduce(np.ones(3 * PIECE_BYTES // 4, np.float32), op=hvd.Sum, name="cut")
+        chunks = hvd.metrics()["host_chunks"] - before
     for dtype in ALL_DTYPES:
         for case, rows in _allgather_cases(n, dtype.itemsize).items():
             if case == "many" and dtype.itemsize not in (1, 8):
@@ -90,7 +94,7 @@ def collectives_suite(transport):
     _interleaved(hvd, fails)
     _in_flight(hvd, fails)
     hvd.shutdown()
-    return fails.raise_if_any()
+    return (fails.raise_if_any(), chunks) if cut_probe else fails.raise_if_any()
 
 
 def _interleaved(hvd, fails):
@@ -141,19 +145,26 @@ def _assert_paths(res, allgather, broadcast):
 
 
 # 2-4 ranks (the pair, an odd and an even world); 5 ranks: every collective in checks.WORLDS.
-# Pieces are cut two ways (Note [Piece size]): 128 KiB at least where the host's ranks share
-# cores (on a 2-core machine from 3 ranks on), down to 16 KiB otherwise; the switch forces the
-# other way at 3 ranks, so both are covered on any machine.
-@pytest.mark.parametrize("np_, cut", [(1, ""), (2, ""), (3, ""), (4, ""), (3, "flip")])
-def test_one_host_goes_through_the_segment(np_, cut):
-    import os
-    env = dict(LOG)
-    if cut:
-        env["HVD_TEST_HOST_OUTNUMBERED"] = "0" if np_ > len(os.sched_getaffinity(0)) else "1"
-    res = run_ranks(collectives_suite, np_, args=("shm",), timeout=300, env=env)
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
+def test_one_host_goes_through_the_segment(np_):
+    res = run_ranks(collectives_suite, np_, args=("shm",), timeout=300, env=LOG)
     if np_ > 1:
         _assert_paths(res, SHM, SHM)
     assert all(r.value > 300 for r in res)  # the checks actually ran
+
+
+def test_both_cuts_of_pieces_at_three_ranks():
+    # Pieces are cut two ways (Note [Piece size]): 128 KiB at least where the host's ranks
+    # share cores (on a 2-core machine from 3 ranks on), down to 16 KiB otherwise. The switch
+    # forces the way this machine would not take at 3 ranks, so both are covered anywhere:
+    # a 768 KiB allreduce's 256 KiB blocks go in 2 pieces, or 8.
+    import os
+    shared = 3 > len(os.sched_getaffinity(0))
+    res = run_ranks(collectives_suite, 3, args=("shm", True), timeout=300,
+                    env={**LOG, "HVD_TEST_HOST_OUTNUMBERED": "0" if shared else "1"})
+    _assert_paths(res, SHM, SHM)
+    assert [r.value[1] for r in res] == [8 if shared else 2] * 3
+    assert all(r.value[0] > 300 for r in res)
 
 
 @pytest.mark.parametrize("np_", [2, 3, 5])

@@ -103,8 +103,8 @@ def _text(cpus):
 
 
 def _rule(sets):
-    """Note [Yielding spins] B by brute force over Python sets: the group rule or the confined
-    rule, for every rank."""
+    """Note [Yielding spins] B by brute force over Python sets, for every rank: the group rule,
+    or the rank's CPUs within some rank's set C that more ranks than C has CPUs lie within."""
     groups = [{r} for r in range(len(sets))]
     changed = True
     while changed:  # merge groups whose ranks share a CPU, until none do
@@ -117,12 +117,12 @@ def _rule(sets):
                     break
             if changed:
                 break
+    crowded = [c for c in sets if sum(1 for other in sets if other <= c) > len(c)]
     out = []
     for r, mine in enumerate(sets):
         group = next(g for g in groups if r in g)
         spanned = set().union(*(sets[x] for x in group))
-        confined = sum(1 for other in sets if other <= mine)
-        out.append(len(group) > len(spanned) or confined > len(mine))
+        out.append(len(group) > len(spanned) or any(mine <= c for c in crowded))
     return out
 
 
@@ -139,6 +139,10 @@ def test_ranks_crowded_within_a_wider_ranks_cpus_yield():
     # not outnumbered, but the two pinned ranks are; the free rank is not.
     assert _outnumbered(["0-3", "1", "1"]) == [False, True, True]
     assert _outnumbered(["0-3", "1-2", "1-2", "1-2"]) == [False, True, True, True]
+    # pinned more narrowly than the crowd it is part of
+    assert _outnumbered(["0-7", "1-2", "1-2", "1-2", "2"]) == [False] + [True] * 4
+    # the limit (cpu_ranges.h): a crowd on CPUs no rank's set spans is not seen
+    assert _outnumbered(["0-5", "0-1", "0-1", "1-2", "0,2"]) == [False] * 5
     assert _outnumbered(["0-3", "1-2", "1-2"]) == [False] * 3
 
 
@@ -160,7 +164,7 @@ def test_cpu_lists_read_as_the_kernel_writes_them(text, ranges):
 
 @pytest.mark.parametrize("text", [
     "-1", "8192", "99999999999999999999", "3-1", "0,0", "2,1", "0-3,2", "0-", "-", ",",
-    "0,", ",0", "0 ,1", " 0", "0x1", "a", "0-1-2", "1,,2", "0--1",
+    "0,", ",0", "0 ,1", " 0", "0x1", "a", "0-1-2", "1,,2", "0--1", "007", "0-03", "00",
 ])
 def test_cpu_lists_the_core_refuses(text):
     with pytest.raises(ValueError):

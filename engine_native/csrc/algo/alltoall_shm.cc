@@ -22,8 +22,8 @@
 // largest off-diagonal block of the whole splits matrix (the negotiated response carries all
 // of it, so every rank computes the same value); a rank whose blocks ran out posts empty
 // pieces but still publishes, so all counters end the op equal (rule 1). As in allgather_shm,
-// P is the slot's share for large blocks but at least 8 pieces per block (down to 16 KiB:
-// Note [Piece size]).
+// P is the slot's share for large blocks but at least 8 pieces per block (down to 16 KiB,
+// 128 KiB where the host's cores are shared: Note [Piece size]).
 //
 // Prediction (2-core AMD VM, float32, pooled output, written before measuring): np=2, 16 MiB
 // per rank (8 MiB to each): 8 MiB copied in, 8 MiB out, 8 MiB diagonal per rank = 24 MiB,

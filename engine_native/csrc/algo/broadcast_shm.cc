@@ -12,8 +12,9 @@
 // memory allows, against the chain's S in and S out per middle rank (algo/broadcast_tree.cc)
 // and its L-1 hops of latency. The root may run `depth` pieces ahead of the slowest reader, so
 // its copy-in overlaps the readers' copy-out; readers read the same slot at the same time.
-// P is the slot for large messages but at least 8 pieces (down to 16 KiB) so 1 MiB still
-// pipelines (Note [Piece size] in algo/segment_walk.h); a message of a few KiB is one piece:
+// P is the slot for large messages but at least 8 pieces (down to 16 KiB, or 128 KiB where
+// the host's cores are shared) so 1 MiB still pipelines (Note [Piece size] in
+// algo/segment_walk.h); a message of a few KiB is one piece:
 // one wait per reader, none for the root.
 //
 // Counters (Note [Host pipeline] in algo/allreduce_shm.cc; SegmentWalk's one-writer walk in

@@ -6,10 +6,10 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
+#include "algo/host_chunks.h"
 #include "common/check.h"
 #include "common/status.h"
 #include "transport/shm/collective_sync.h"
@@ -30,11 +30,6 @@ namespace hvd::algo {
 // 84 KiB allreduce blocks 6; with the floor 2 and 1, the step 8.1-8.5 ms against 9.8 ms
 // (benchmarks/RESULTS.md, "The embedding step at np=4 on 2 cores"). Parts of 1 MiB and more
 // keep their 8 pieces: at 4 MiB, reduce-scatters cut in 4 were slower than in 8.
-
-// Chunks this process moved through host collective segments since it started
-// (metrics()["host_chunks"]): each a round of waits on the host's ranks.
-inline std::atomic<uint64_t> g_host_chunks{0};
-inline uint64_t hostChunks() { return g_host_chunks.load(std::memory_order_relaxed); }
 
 class SegmentWalk {
  public:

@@ -10,6 +10,10 @@ namespace {
 // A CPU number at text[*pos]: decimal digits, below kMaxCpu; *pos moves past it.
 bool readCpu(std::string_view text, size_t* pos, int* cpu) {
   const size_t start = *pos;
+  if (start + 1 < text.size() && text[start] == '0' && text[start + 1] >= '0' &&
+      text[start + 1] <= '9') {
+    return false;  // "007": not as the kernel writes a CPU
+  }
   int value = 0;
   for (; *pos < text.size() && text[*pos] >= '0' && text[*pos] <= '9'; ++*pos) {
     value = value * 10 + (text[*pos] - '0');
@@ -141,7 +145,8 @@ std::vector<bool> cpusOutnumbered(const std::vector<CpuRanges>& cpus, int fallba
   }
   std::vector<bool> out = groupsOutnumbered(cpus);
   // The confined rule, over the distinct sets (honest ranks of a machine share a few): a set
-  // of at least as many CPUs as the machine has ranks cannot be outnumbered by the ranks within.
+  // is crowded where the ranks within it outnumber its CPUs (one of at least as many CPUs as
+  // the machine has ranks cannot be), and a rank yields where its set lies in a crowded one.
   std::vector<size_t> order(cpus.size());
   for (size_t r = 0; r < order.size(); ++r) order[r] = r;
   std::sort(order.begin(), order.end(), [&cpus](size_t a, size_t b) {
@@ -174,8 +179,14 @@ std::vector<bool> cpusOutnumbered(const std::vector<CpuRanges>& cpus, int fallba
     }
     crowded[d] = confined > count;
   }
+  std::vector<bool> inside(distinct.size(), false);  // within some crowded set, its own too
+  for (size_t e = 0; e < distinct.size(); ++e) {
+    for (size_t d = 0; d < distinct.size() && !inside[e]; ++d) {
+      inside[e] = crowded[d] && within(cpus[distinct[e]], cpus[distinct[d]]);
+    }
+  }
   for (size_t d = 0, k = 0; d < distinct.size(); ++d) {
-    for (size_t i = 0; i < ranks[d]; ++i, ++k) out[order[k]] = out[order[k]] || crowded[d];
+    for (size_t i = 0; i < ranks[d]; ++i, ++k) out[order[k]] = out[order[k]] || inside[d];
   }
   return out;
 }

@@ -30,8 +30,9 @@ CpuRanges cpuRangesOf(const cpu_set_t& set);
 std::string formatCpuRanges(const CpuRanges& ranges);
 
 // Parses a peer's CPU list (bytes from another process): items "N" or "N-M" (N <= M), decimal
-// digits only, comma-separated, ascending and disjoint, each CPU below kMaxCpu; adjacent items
-// are merged. "" is an empty (unknown) set. False, `out` unspecified, on anything else. O(text).
+// digits only (no leading zero), comma-separated, ascending and disjoint, each CPU below
+// kMaxCpu; adjacent items are merged. "" is an empty (unknown) set. False, `out` unspecified,
+// on anything else. O(text).
 bool parseCpuRanges(std::string_view text, CpuRanges* out);
 
 // The number of CPUs in `ranges`.
@@ -41,10 +42,12 @@ size_t cpuCount(const CpuRanges& ranges);
 // outnumbered by the ranks that compete for them. True where
 //   - r and the ranks whose CPUs overlap its own, directly or through one another's,
 //     outnumber the CPUs of that group, or
-//   - the ranks whose CPUs all lie within r's (r among them) outnumber r's CPUs: two ranks
-//     pinned to one CPU beside a rank free on many share a core, whatever the group's total
-//     says. (A rank pinned more narrowly than such a crowd, "2" beside three ranks on "1-2",
-//     is not seen: that takes a matching of ranks to CPUs.)
+//   - r's CPUs lie within some rank's CPUs C (r's own among them) and the ranks whose CPUs
+//     all lie within C outnumber C's CPUs: two ranks pinned to one CPU beside a rank free on
+//     many share a core, whatever the group's total says, and so does a rank pinned to "2"
+//     beside three on "1-2". (What only a matching of ranks to CPUs would see is not: ranks
+//     on "0,1", "0,1", "1,2" and "0,2" crowd CPUs 0-2, which no rank's set is, beside a rank
+//     on "0-5".)
 // Where a set is empty (unknown), every rank counts against `fallback_cpus`. Cost: O(T log T)
 // in the T ranges given, and O(D^2 S) for the D distinct sets of at most S ranges each
 // (kMaxCpu bounds S), which honest ranks keep small: a machine's ranks share a few sets.

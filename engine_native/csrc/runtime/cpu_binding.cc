@@ -146,7 +146,8 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_out
   }
   if (cores_outnumbered) {  // C (the host's case was answered above)
     *why = "the ranks whose CPUs overlap this process's, other hosts' among them (fake hosts, "
-           "containers), outnumber the CPUs they span: not bound";
+           "containers), outnumber the CPUs they span, or ranks pinned within its CPUs "
+           "outnumber them: not bound";
     return out;
   }
   if (local_size == 1) return out;  // G: the share would be every CPU

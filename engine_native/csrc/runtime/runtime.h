@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "algo/segment_walk.h"
+#include "algo/host_chunks.h"
 #include "algo/shared_outputs.h"
 #include "algo/single_copy.h"
 #include "common/config.h"

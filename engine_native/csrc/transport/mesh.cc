@@ -108,8 +108,8 @@ struct Mesh::Impl {
 //      broadcast 7-12 us; benchmarks/RESULTS.md, "np=4 over two fake hosts").
 //   C. Every input above is in the peer table, which every rank holds alike (but the online
 //      count, used where a CPU set is unknown), so every rank can tell whether any rank of its
-//      host yields: hostOutnumbered(), the same answer on each rank of the host, which what
-//      they must agree on may follow (Note [Piece size] in algo/segment_walk.h).
+//      host yields: hostOutnumbered(), the same answer on each rank of the host, so what
+//      those ranks must agree on may depend on it (Note [Piece size] in algo/segment_walk.h).
 
 namespace {
 

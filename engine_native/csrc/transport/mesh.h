@@ -60,8 +60,8 @@ class Mesh {
   // (0: no board; Note [One round] K in runtime/one_round.cc). Fixed at connect().
   uint32_t oneRoundBytes() const;
   // This host's ranks outnumber the cores this process may use, or this machine's ranks its
-  // CPUs: bounded spins yield the core between polls instead of pausing on it (Note [Yielding
-  // spins]). Fixed at connect().
+  // CPUs (overlapping, or pinned within them): bounded spins yield the core between polls
+  // instead of pausing on it (Note [Yielding spins]). Fixed at connect().
   bool spinYields() const { return spin_yields_; }
   // Some rank of this host's spins yield (spinYields() there), read from the peer table: the
   // same on every rank of the host, so its ranks agree on what depends on it (Note [Yielding
