@@ -27,9 +27,9 @@ namespace hvd::algo {
 // is a round of waits on peers that may sit in the run queue (tens of microseconds a wake-up
 // on a VM), about what copying 128 KiB takes, so a smaller piece costs more than it overlaps.
 // The embedding step at np=4 on 2 cores: its 165 KiB sparse allgather took 8 chunks and its
-// 84 KiB allreduce blocks 6; with the floor 2 and 1, the step 8.1-8.5 ms against 9.8 ms
-// (benchmarks/RESULTS.md, "The embedding step at np=4 on 2 cores"). Parts of 1 MiB and more
-// keep their 8 pieces: at 4 MiB, reduce-scatters cut in 4 were slower than in 8.
+// 84 KiB allreduce blocks 6; with the floor 2 and 1, and the step 3-8 % faster (benchmarks/
+// RESULTS.md, "The embedding step at np=4 on 2 cores"). Parts of 1 MiB and more keep their
+// 8 pieces: whole-slot pieces looked slower there for reductions (noisy runs).
 
 class SegmentWalk {
  public:
