@@ -72,9 +72,9 @@ def collectives_suite(transport, cut_probe=False):
     hvd = checks.init(transport)
     fails = Failures()
     n = hvd.size()
-    if cut_probe:  # the chunks of a 768 KiB allreduce (Note [Piece size]), returned with the count
+    if cut_probe:  # the chunks of a 256 KiB broadcast (Note [Piece size]), with the count
         before = hvd.metrics()["host_chunks"]
-        hvd.allreduce(np.ones(3 * PIECE_BYTES // 4, np.float32), op=hvd.Sum, name="cut")
+        hvd.broadcast_(np.ones(PIECE_BYTES // 4, np.float32), 0, name="cut")
         chunks = hvd.metrics()["host_chunks"] - before
     for dtype in ALL_DTYPES:
         for case, rows in _allgather_cases(n, dtype.itemsize).items():
@@ -157,7 +157,7 @@ def test_both_cuts_of_pieces_at_three_ranks():
     # Pieces are cut two ways (Note [Piece size]): 128 KiB at least where the host's ranks
     # share cores (on a 2-core machine from 3 ranks on), down to 16 KiB otherwise. The switch
     # forces the way this machine would not take at 3 ranks, so both are covered anywhere:
-    # a 768 KiB allreduce's 256 KiB blocks go in 2 pieces, or 8.
+    # a 256 KiB broadcast goes in 2 pieces, or 8. (Reductions keep the fine cut either way.)
     import os
 
     from engine_native import _core
@@ -276,21 +276,21 @@ def test_stopped_root_times_out_naming_the_root(tmp_path):
 def mixed_cpus_suite(pin_rank_0: bool):
     """Rank 0 may use one CPU where pinned (its spins yield: 2 ranks, 1 CPU), rank 1 both (they
     do not): the ranks must still cut every op into the same chunks, pieces of at least
-    128 KiB where any rank of the host shares its cores (Note [Piece size]). Returns (spins
-    yield, chunks of a 768 KiB allreduce)."""
+    128 KiB for ops that only copy where any rank of the host shares its cores (Note [Piece
+    size]). Returns (spins yield, chunks of a 256 KiB broadcast)."""
     import os
     if pin_rank_0 and os.environ["HVD_RANK"] == "0":
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     hvd = checks.init("shm")
     fails = Failures()
     me, n = hvd.rank(), hvd.size()
-    count = 3 * PIECE_BYTES // 4  # blocks of 384 KiB: 3 pieces of 128 KiB, or 8 of 48 KiB
-    chunks = None
+    count = 3 * PIECE_BYTES // 4  # several pieces either way
+    before = hvd.metrics()["host_chunks"]
+    hvd.broadcast_(np.ones(PIECE_BYTES // 4, np.float32), 0, name="cut")  # 2 pieces, or 8
+    chunks = hvd.metrics()["host_chunks"] - before
     for dtype in (np.float32, np.int64):
         x = checks.make_input(dtype, count, me, "ar")
-        before = hvd.metrics()["host_chunks"]
         out = hvd.allreduce(x, op=hvd.Sum, name=f"ar.{dtype.__name__}")
-        chunks = chunks or hvd.metrics()["host_chunks"] - before
         fails.check(f"allreduce.{dtype.__name__}", checks.mismatch(
             out, sum(checks.make_input(dtype, count, r, "ar") for r in range(n)), dtype))
         _gather(hvd, fails, dtype, lambda i: count // 2 + i, f"ag.{dtype.__name__}")
@@ -313,6 +313,6 @@ def test_ranks_that_see_different_cpus_cut_ops_alike(pinned):
         pytest.skip("needs two CPUs")
     res = run_ranks(mixed_cpus_suite, 2, args=(pinned,), timeout=90,
                     env={"HVD_TIMEOUT": "10", "HVD_SHARED_OUTPUTS": "0"})
-    # The premise (rank 0's spins yield where pinned) and the cut: 3 pieces of the 384 KiB
-    # block where any rank of the host shares its cores, else 8.
-    assert [r.value for r in res] == ([(True, 3), (False, 3)] if pinned else [(False, 8)] * 2)
+    # The premise (rank 0's spins yield where pinned) and the cut: 2 pieces of the 256 KiB
+    # broadcast where any rank of the host shares its cores, else 8.
+    assert [r.value for r in res] == ([(True, 2), (False, 2)] if pinned else [(False, 8)] * 2)

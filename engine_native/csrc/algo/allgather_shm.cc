@@ -22,8 +22,9 @@
 // same sizes; a rank whose part ran out posts empty pieces but still publishes, so all
 // counters end the op equal (rule 1). Collecting publishes kReduced with kReleased (there is
 // no reduction). P is the slot for large parts but at least 8 pieces per part (down to
-// 16 KiB, 128 KiB where the host's cores are shared: Note [Piece size]), so that a 1 MiB part still overlaps copy-in with copy-out; a
-// part of a few KiB is one chunk: one post, one wait, one collect.
+// 16 KiB, 128 KiB where the host's cores are shared: Note [Piece size]), so that a 1 MiB
+// part still overlaps copy-in with copy-out; a part of a few KiB is one chunk: one post, one
+// wait, one collect.
 //
 // Prediction (2-core AMD VM, float32, out freshly allocated by the caller): np=2, 16 MiB per
 // rank: 48 MiB copied per rank, slots hot in L2/L3, 32 chunks, ≤ 64 waits (mostly satisfied

@@ -29,8 +29,8 @@
 // chunk k - depth (rule 2); reduce(k) until every other rank posted k (rule 3). All ranks run
 // ceil(max_b B_b / P) chunks (the counts are the same everywhere), posting empty pieces past
 // a block's end, so the counters end the op equal (rule 1). P fills the slot's share
-// (256 KiB) for large blocks, but a block gets at least 8 pieces (down to 16 KiB, 128 KiB
-// where the host's cores are shared: Note [Piece size]).
+// (256 KiB) for large blocks, but a block gets at least 8 pieces (down to 16 KiB, even where
+// the host's cores are shared: Note [Piece size]).
 //
 // Prediction (2-core AMD VM, float32, pooled output, written before measuring): np=2, 16 MiB
 // input: 8 MiB copied in, 8 MiB read and summed, 8 MiB written per rank, 32 chunks of 2
@@ -97,7 +97,8 @@ HostReduceScatter::HostReduceScatter(CollectiveSync& sync, const transport::Comm
       me_(comm.rank()), me_local_(sync.index()), n_(comm.size()),
       blocks_(prefixBlocks(counts)), local_(counts.size(), 0),
       walk_(sync, *std::max_element(counts.begin(), counts.end()), esize_,
-            static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_)),
+            static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_), -1,
+            true),
       piece_(walk_.piece()) {
   for (int r = 0; r < n_; ++r) {
     local_[static_cast<size_t>(r)] = static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)));

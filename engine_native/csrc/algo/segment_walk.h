@@ -23,13 +23,13 @@ namespace hvd::algo {
 // part overlaps copy-in with copy-out. A part of a few KiB is one chunk: one post, one wait,
 // one collect. Pieces are whole 64-byte lines, so every piece starts on a cache line.
 // Where the host's ranks share cores (CollectiveSync::hostOutnumbered, the same answer on
-// every rank of the host, as the chunk count must be), a piece is at least 128 KiB: each chunk
-// is a round of waits on peers that may sit in the run queue (tens of microseconds a wake-up
-// on a VM), about what copying 128 KiB takes, so a smaller piece costs more than it overlaps.
-// The embedding step at np=4 on 2 cores: its 165 KiB sparse allgather took 8 chunks and its
-// 84 KiB allreduce blocks 6; with the floor 2 and 1, and the step 3-8 % faster (benchmarks/
-// RESULTS.md, "The embedding step at np=4 on 2 cores"). Parts of 1 MiB and more keep their
-// 8 pieces: whole-slot pieces looked slower there for reductions (noisy runs).
+// every rank of the host, as the chunk count must be), a piece of an op that only copies
+// (allgather, broadcast, alltoall) is at least 128 KiB: each chunk is a round of waits on
+// peers that may sit in the run queue (tens of microseconds a wake-up on a VM), about what
+// copying 128 KiB takes, so a smaller piece costs more than it overlaps. Reductions keep fine
+// pieces: with the floor, 1 MiB reduce-scatters at np=4 on 2 cores took 1.6-2.2x as long.
+// The embedding step's 165 KiB sparse allgather went from 8 chunks to 2 (benchmarks/
+// RESULTS.md, "The embedding step at np=4 on 2 cores").
 
 class SegmentWalk {
  public:
@@ -37,9 +37,12 @@ class SegmentWalk {
   // pieces may take `share` bytes of a slot. Every rank writes its own slot (writer < 0), or
   // only local rank `writer` does (broadcast). Chunk 0 of the op is the first chunk after the
   // last op's (rule 1 of Note [Host pipeline]).
+  // `folds`: a stage reduces (allreduce, reducescatter), which fine pieces overlap with the
+  // copies even where cores are shared, so the floor of Note [Piece size] does not apply.
   SegmentWalk(transport::shm::CollectiveSync& sync, size_t largest, size_t unit, size_t share,
-              int writer = -1)
-      : sync_(sync), piece_(pieceUnits(largest, unit, share, sync.hostOutnumbered())),
+              int writer = -1, bool folds = false)
+      : sync_(sync),
+        piece_(pieceUnits(largest, unit, share, sync.hostOutnumbered() && !folds)),
         chunks_((largest + piece_ - 1) / piece_), base_(sync.released()),
         depth_(sync.segment().depth()), writer_(writer) {}
 
