@@ -27,7 +27,7 @@ namespace hvd::algo {
 // (allgather, broadcast, alltoall) is at least 128 KiB: each chunk is a round of waits on
 // peers that may sit in the run queue (tens of microseconds a wake-up on a VM), about what
 // copying 128 KiB takes, so a smaller piece costs more than it overlaps. Reductions keep fine
-// pieces: with the floor, 1 MiB reduce-scatters at np=4 on 2 cores took 1.6-2.2x as long.
+// pieces: with the floor, 1 MiB reduce-scatters at np=4 on 2 cores took 1.6-2.6x as long.
 // The embedding step's 165 KiB sparse allgather went from 8 chunks to 2 (benchmarks/
 // RESULTS.md, "The embedding step at np=4 on 2 cores").
 
