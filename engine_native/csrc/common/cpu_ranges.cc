@@ -36,13 +36,6 @@ bool within(const CpuRanges& inner, const CpuRanges& outer) {
   return true;
 }
 
-bool same(const CpuRanges& a, const CpuRanges& b) {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](const CpuRange& x, const CpuRange& y) {
-           return x.first == y.first && x.last == y.last;
-         });
-}
-
 // The group rule for every rank: a rank and the ranks whose CPUs overlap its own, directly or
 // through one another's, against the CPUs they span. Ranks are joined (union-find) along a
 // sweep of every rank's ranges by their first CPU: ranges that overlap the block swept so far
@@ -149,16 +142,10 @@ std::vector<bool> cpusOutnumbered(const std::vector<CpuRanges>& cpus, int fallba
   // the machine has ranks cannot be), and a rank yields where its set lies in a crowded one.
   std::vector<size_t> order(cpus.size());
   for (size_t r = 0; r < order.size(); ++r) order[r] = r;
-  std::sort(order.begin(), order.end(), [&cpus](size_t a, size_t b) {
-    return std::lexicographical_compare(
-        cpus[a].begin(), cpus[a].end(), cpus[b].begin(), cpus[b].end(),
-        [](const CpuRange& x, const CpuRange& y) {
-          return x.first != y.first ? x.first < y.first : x.last < y.last;
-        });
-  });
+  std::sort(order.begin(), order.end(), [&cpus](size_t a, size_t b) { return cpus[a] < cpus[b]; });
   std::vector<size_t> distinct, ranks;  // a rank of each distinct set, and how many share it
   for (size_t r : order) {
-    if (distinct.empty() || !same(cpus[distinct.back()], cpus[r])) {
+    if (distinct.empty() || cpus[distinct.back()] != cpus[r]) {
       distinct.push_back(r);
       ranks.push_back(0);
     }

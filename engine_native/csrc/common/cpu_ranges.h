@@ -18,6 +18,11 @@ namespace hvd::common {
 struct CpuRange {
   int first = 0;
   int last = 0;  // inclusive
+
+  bool operator==(const CpuRange& o) const { return first == o.first && last == o.last; }
+  bool operator<(const CpuRange& o) const {  // so CpuRanges compare as sequences
+    return first != o.first ? first < o.first : last < o.last;
+  }
 };
 using CpuRanges = std::vector<CpuRange>;  // ascending, disjoint, non-adjacent; empty: unknown
 

@@ -28,14 +28,6 @@ std::vector<std::string> cpuListSeeds(Rng& rng) {
   return seeds;
 }
 
-bool same(const CpuRanges& a, const CpuRanges& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k) {
-    if (a[k].first != b[k].first || a[k].last != b[k].last) return false;
-  }
-  return true;
-}
-
 Outcome runCpuList(const std::string& in) {
   CpuRanges ranges;
   if (!common::parseCpuRanges(in, &ranges)) return rejected();
@@ -47,7 +39,7 @@ Outcome runCpuList(const std::string& in) {
     }
   }
   CpuRanges again;
-  if (!common::parseCpuRanges(common::formatCpuRanges(ranges), &again) || !same(ranges, again)) {
+  if (!common::parseCpuRanges(common::formatCpuRanges(ranges), &again) || ranges != again) {
     return failed("the accepted list does not survive printing");
   }
   CpuRanges two;
