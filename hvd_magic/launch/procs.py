@@ -8,7 +8,8 @@ child's stdout/stderr pipe and exit (``pidfd``), with no polling, and applies th
 A. Each whole output line goes to :meth:`ProcessJob.handle_line` (by default: the rank's
    prefixed line in :class:`~hvd_magic.launch.output.RankOutput`).
 B. The first rank that exits non-zero (or by a signal) fails the job (it is
-   ``JobResult.failed``; ranks with a process stopped then, by SIGSTOP/SIGTSTP or held by a
+   ``JobResult.failed``, unless a rank killed by a signal is reaped after it: Note [Report
+   window] e; ranks with a process stopped then, by SIGSTOP/SIGTSTP or held by a
    debugger or tracer, are ``JobResult.frozen``: their peers' waits on them time out). The
    others get ``report_window`` seconds to exit by themselves (Note [Report window]); every
    process group still alive then gets SIGTERM (and SIGCONT, so that one stopped by a signal
@@ -40,6 +41,10 @@ d. It does not apply to rule C (the user asked for the stop), nor where exits do
    through :meth:`ProcessJob.rank_exited` with a window: MpiJob (``report_window=0``: mpiexec
    kills every rank itself when one fails), the elastic driver (it keeps survivors running
    on purpose), and the one-rank supervisors of rankwrap and the Spark task.
+e. The first exit seen need not be the first failure: the peers of a SIGKILLed rank may be
+   reaped before it (seen in CI under load: its peer's "exited with code 1" was blamed). A
+   rank killed inside the window by a signal the launcher did not send takes the blame from
+   a first rank that exited with a code of its own.
 """
 
 from __future__ import annotations
@@ -175,13 +180,27 @@ class ProcessJob:
         report window, after which the ranks left are stopped."""
         self.result.codes[rank] = code
         if code != 0 and self.result.failed is None and not self.result.interrupted:
-            self.result.failed = rank
-            self.result.reason = f"rank {rank} {describe_exit(code)}"
+            self._blame(rank, code)
             self.result.frozen = self._frozen()
             if self.report_window > 0:
                 self._window_end = time.monotonic() + self.report_window
             else:
                 self._terminate_all()
+        elif code < 0 and self._killed_first(rank):
+            self._blame(rank, code)
+
+    def _blame(self, rank, code: int) -> None:
+        self.result.failed = rank
+        self.result.reason = f"rank {rank} {describe_exit(code)}"
+
+    def _killed_first(self, rank) -> bool:
+        """Whether ``rank``, killed by a signal after the job failed, is its cause all the
+        same: the launcher sent it nothing, and the rank blamed so far exited with a code of
+        its own, as a peer that lost ``rank`` does. Under load the peers' exits can be reaped
+        before the death that caused them (Note [Report window] e)."""
+        failed = self.result.failed
+        return failed is not None and not self.result.interrupted and \
+            rank not in self.result.stopped and (self.result.codes.get(failed) or 0) > 0
 
     def stop(self, reason: str = "stopped") -> None:
         """Rule C, from any thread: stop every process (SIGTERM, then SIGKILL after grace)."""

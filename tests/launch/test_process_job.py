@@ -63,6 +63,24 @@ def test_report_window_lets_ranks_exit_and_ends_when_all_have(no_leaks):
 
 
 @pytest.mark.timeout(60)
+def test_a_rank_killed_after_its_peer_exited_takes_the_blame(no_leaks):
+    """Rank 0 exits 1 first, as a peer that lost rank 1 does when the two are reaped in that
+    order under load; rank 1 then dies of a SIGKILL nobody in the job sent: rank 1 is the
+    cause (Note [Report window] e), the job's reason and exit code are its death."""
+    r, w = os.pipe()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()), report_window=30.0)
+    job.add(0, spawn([sys.executable, "-c", "import sys; sys.exit(1)"], env, pass_fds=(w,)))
+    job.add(1, spawn([sys.executable, "-c", f"import os, signal; os.read({r}, 1); "
+                      "os.kill(os.getpid(), signal.SIGKILL)"], env, pass_fds=(r,)))
+    os.close(r)
+    os.close(w)
+    result = job.run()
+    assert result.codes == {0: 1, 1: -signal.SIGKILL} and result.stopped == []
+    assert result.failed == 1 and result.reason == "rank 1 was killed by SIGKILL"
+
+
+@pytest.mark.timeout(60)
 def test_a_stopped_rank_is_named_and_ends_at_the_sigterm(no_leaks):
     """A rank stopped by SIGSTOP when another fails is JobResult.frozen, and SIGCONT after
     the SIGTERM ends it by that SIGTERM, not by the SIGKILL a minute later."""
