@@ -34,7 +34,8 @@ class P2PRequest:
     """An :func:`isend` or :func:`irecv` in flight. ``wait()`` blocks until it is done and
     returns None for a send, the received array for a receive; ``is_completed()`` never
     blocks. ``convert(result, what, out)`` turns a receive's (buffer, shape, dtype code) into
-    what ``wait()`` returns (engine_native.torch passes one that makes tensors)."""
+    what ``wait()`` returns (engine_native.torch passes one that makes tensors); ``what`` names
+    the receive in convert's errors."""
 
     def __init__(self, handle: int, what: str, out=None, convert=None, kept: bool = False):
         self._handle = handle
@@ -110,7 +111,9 @@ def start_send(dst: int, tag: int, code: int, shape, data, keep, convert=None,
     handle = _core.p2p_send(int(dst), int(tag), code, shape, data, wait_now, device, stream)
     with _lock:
         _in_use[handle] = keep
-    return P2PRequest(handle, f"send(to rank {dst}, tag {tag})", convert=convert, kept=True)
+    # no name: a send's wait returns None, and its errors come from the core, naming the peer
+    # and tag (a pipeline's every hand-off would format one for nothing)
+    return P2PRequest(handle, "", convert=convert, kept=True)
 
 
 def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:

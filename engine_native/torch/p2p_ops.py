@@ -192,6 +192,15 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
                       what, out, convert=convert)
 
 
+def raw_recv_now(src: int, tag: int) -> torch.Tensor:
+    """``raw_irecv(src, tag, wait_now=True).wait()`` for a new tensor on the CPU, without the
+    request object or its name (a pipeline's every hand-off: the core's errors name the peer
+    and tag). Interrupted (Ctrl-C), the receive stays posted, as a dropped irecv's does."""
+    reader, on_device = _reading_device(None)
+    buffer, shape, code = _core.wait(_core.p2p_recv(src, tag, True, reader, on_device))
+    return rt.tensor_from_buffer(buffer, shape, _CODES_TO_DTYPES[code])
+
+
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
     """Start sending ``tensor`` to rank ``dst``; it must not change until ``wait()``."""
     _check_tag(tag, "isend")

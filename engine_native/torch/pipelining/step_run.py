@@ -21,7 +21,7 @@ import torch
 
 import engine_native as _engine
 from engine_native.pipeline import activity
-from engine_native.torch.p2p_ops import USER_TAGS, raw_irecv, raw_isend
+from engine_native.torch.p2p_ops import USER_TAGS, raw_irecv, raw_isend, raw_recv_now
 
 from .grad_average import GradAverage
 
@@ -167,13 +167,10 @@ class StepRun:
         s, mb = action.stage, action.microbatch
         kind = action.kind
         if kind == "RECV_F":
-            x = raw_irecv(self.any_stage.rank_of(s - 1), forward_tag(s - 1, mb, self.m),
-                          wait_now=True, device=self.stages[s].device).wait()
+            x = self._receive(s, s - 1, forward_tag(s - 1, mb, self.m))
             self.x[s, mb] = x.requires_grad_(torch.is_grad_enabled() and x.is_floating_point())
         elif kind == "RECV_B":
-            self.dy[s, mb] = raw_irecv(self.any_stage.rank_of(s + 1),
-                                       backward_tag(s, mb, self.m), wait_now=True,
-                                       device=self.stages[s].device).wait()
+            self.dy[s, mb] = self._receive(s, s + 1, backward_tag(s, mb, self.m))
         elif kind == "SEND_F":
             y = self.y[s, mb] if torch.is_grad_enabled() else self.y.pop((s, mb))
             self._send(y.detach(), s + 1, forward_tag(s, mb, self.m))
@@ -190,6 +187,14 @@ class StepRun:
             self._forward(s, mb)
         else:
             self._backward(s, mb)
+
+    def _receive(self, s: int, from_stage: int, tag: int) -> torch.Tensor:
+        """Stage ``s``'s blocking receive of ``tag`` from ``from_stage``, moved to its device."""
+        device = self.stages[s].device
+        src = self.any_stage.rank_of(from_stage)
+        if device is None:
+            return raw_recv_now(src, tag)
+        return raw_irecv(src, tag, wait_now=True, device=device).wait()
 
     def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
         self.sending.append(raw_isend(tensor, self.any_stage.rank_of(to_stage), tag))
