@@ -11,11 +11,11 @@ Table 1, "against the peer" (np=2, GPipe and 1F1B): an MLP of 8 blocks (Linear(h
 the slowest rank's; the median over launches; ours / torch < 1: ours faster. Beside it, the
 busiest stage's compute per step (its forwards and backwards, entry to exit, the loss left
 out), for each system, and ours as a share of torch's step. Then that stage's whole work of a
-step (forwards, the loss, backwards, as the ranks run them) alone in the launcher's process,
-with no neighbour computing and no hand-off, measured before each pair of launches, and its
-share of torch's step: the least that ours / torch can be on this machine at that time (the
-other rank computes beside it in a step: on the 2-vCPU test VMs a stage then ran 1.05-1.65x
-slower than alone).
+step (forwards, the loss, backwards, in the order the schedule runs them on its rank) alone in
+the launcher's process, with no neighbour computing and no hand-off, measured before each pair
+of launches, and its share of torch's step: the least that ours / torch can be on this machine
+at that time (the other rank computes beside it in a step: on the 2-vCPU test VMs a stage then
+ran 1.05-1.65x slower than alone).
 
 Table 2, "bubble": balanced synthetic stages whose forward sleeps 10 ms and backward 20 ms
 (compute that needs no core, so 4 ranks fit on 2 cores), K=2 with M=8 and K=4 with M=16.
@@ -149,33 +149,42 @@ def mlp_stage(torch, hidden: int, rank: int, size: int, busy: list | None):
     return part if busy is None else _timed_stage(torch, part, busy)
 
 
-def stages_alone(hidden: int, micro: int, size: int, timed: bool = True,
+def stages_alone(hidden: int, micro: int, size: int, schedule: str, timed: bool = True,
                  repeats: int = 40) -> list:
     """Each stage's work of one step run alone in this process (median seconds): every
-    micro-batch's forward, the last stage's loss, every backward, through the module the ranks
-    run (``timed``: with bench_pipeline's timing wrapper), with no neighbour computing beside
-    it and no hand-off. The busiest is what a step of either system would take if the
+    micro-batch's forward, the last stage's loss, every backward, in the order ``schedule``
+    runs them on that stage's rank (1F1B's alternation of forwards and backwards alone costs a
+    stage ~10 % more than all forwards, then all backwards, here), through the module the
+    ranks run (``timed``: with bench_pipeline's timing wrapper), with no neighbour computing
+    beside it and no hand-off. The busiest is what a step of either system would take if the
     hand-offs were free and the other stages ran elsewhere: its share of torch's step is the
     least ours / torch could be on this machine now."""
     import torch
+
+    from engine_native.pipeline import build
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     x, y = torch.randn(BATCH, hidden), torch.randn(BATCH, hidden)
     chunks = list(zip(torch.tensor_split(x, micro), torch.tensor_split(y, micro)))
+    table = build(schedule, size, micro, 1)
     per_stage = []
     for rank in range(size):
         part = mlp_stage(torch, hidden, rank, size, [0.0, 0.0] if timed else None)
         last = rank == size - 1
+        order = [(a.kind, a.microbatch) for a in table.programs[rank] if a.kind in ("F", "B")]
         times = []
         for _ in range(repeats + 5):
             t0 = time.perf_counter()
-            outs = []
-            for xm, ym in chunks:
-                out = part(xm.detach().requires_grad_(rank > 0))
-                outs.append((torch.nn.functional.mse_loss(out, ym) / micro, None) if last
-                            else (out, torch.ones_like(out)))
-            for out, grad in outs:
-                out.backward(grad)
+            outs = {}
+            for kind, mb in order:
+                if kind == "F":
+                    xm, ym = chunks[mb]
+                    out = part(xm.detach().requires_grad_(rank > 0))
+                    outs[mb] = ((torch.nn.functional.mse_loss(out, ym) / micro, None) if last
+                                else (out, torch.ones_like(out)))
+                else:
+                    out, grad = outs.pop(mb)
+                    out.backward(grad)
             times.append(time.perf_counter() - t0)
         per_stage.append(statistics.median(times[5:]))
     torch.set_num_threads(threads)
@@ -287,7 +296,7 @@ def measure(kind: str, case, schedule: str, a):
     alone = []  # the busiest stage alone, measured before each pair of launches (mlp)
     for i in range(a.launches):
         if kind == "mlp":
-            alone.append(max(stages_alone(case[2], case[3], case[1])))
+            alone.append(max(stages_alone(case[2], case[3], case[1], schedule)))
         for system in (("ours", "torch") if i % 2 == 0 else ("torch", "ours")):
             result = launch(system, kind, case, schedule, a.steps, a.timeout, a.bind)
             if result is None:

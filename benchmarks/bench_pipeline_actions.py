@@ -134,8 +134,9 @@ def main() -> None:
                          timeout=600)
     rows = sorted(line.split(":", 1)[-1] for line in out.stdout.splitlines() if "| " in line)
     print("\n".join(rows) if rows else out.stdout + out.stderr)
-    alone = bench_pipeline.stages_alone(HIDDEN, MICRO, 2, timed=False, repeats=200)
-    print("\nCompute floor (one process, the stage's forwards and backwards of a step): " +
+    alone = bench_pipeline.stages_alone(HIDDEN, MICRO, 2, a.schedule, timed=False, repeats=200)
+    print("\nCompute floor (one process, the stage's forwards and backwards of a step, in the "
+          "schedule's order): " +
           ", ".join(f"stage {r} {t * 1e3:.2f} ms" for r, t in enumerate(alone)))
 
 
