@@ -1,9 +1,10 @@
 """Why a small op across fake hosts takes 11 us in one round of bench_one_round.py and 15, 25
 or 120 us in another (issue #38): ours only, np ranks (2 by default) over two fake hosts on
-this machine (TCP between them, as bench_one_round.py --hosts 2).
+this machine (TCP between them, as bench_one_round.py --hosts 2), or ``--hosts 1``: all on
+this host's shared memory (np=4 on one host switches modes too).
 
     python benchmarks/profile_small_op_modes.py [--op broadcast] [--bytes 4] [--blocks 40]
-                                                [--in-place] [--tcp] [--np 2]
+                                                [--in-place] [--tcp] [--np 2] [--hosts 2]
 
 Each rank runs ``--blocks`` blocks of ``--per`` blocking ops after a warm-up and prints per
 block: its median time per op, the CPU its thread ran each op's return on (``sched_getcpu``),
@@ -91,10 +92,12 @@ def main() -> None:
                     help="allreduce in place (as run_all's in-place variant)")
     ap.add_argument("--tcp", action="store_true", help="HVD_TRANSPORT=tcp on one host")
     ap.add_argument("--np", type=int, default=2,
-                    help="ranks (without --tcp: two fake hosts of np / 2 each)")
+                    help="ranks (without --tcp: over --hosts fake hosts in blocks)")
+    ap.add_argument("--hosts", type=int, default=2,
+                    help="fake hosts (1: every rank on this host's shared memory)")
     a = ap.parse_args()
-    if a.np < 2 or (a.np % 2 and not a.tcp):
-        ap.error("--np: at least 2 ranks, an even number over the two fake hosts")
+    if a.np < 2 or a.hosts < 1 or (a.np % a.hosts and not a.tcp):
+        ap.error("--np: at least 2 ranks, a multiple of --hosts")
     if a.in_place and a.op != "allreduce":
         ap.error("--in-place: allreduce only")
     out_dir = tempfile.mkdtemp(prefix="profile_modes_")
@@ -102,7 +105,7 @@ def main() -> None:
     secret = os.urandom(32)
     with launcher._rendezvous_module().RendezvousServer(secret) as server:
         envs = launcher.ours_rank_envs("ours-tcp" if a.tcp else "ours", a.np, base,
-                                       server.address, secret, hosts=0 if a.tcp else 2)
+                                       server.address, secret, hosts=0 if a.tcp else a.hosts)
         procs = []
         for r, env in enumerate(envs):
             argv = [sys.executable, os.path.abspath(__file__), "--rank-main", a.op,
@@ -120,7 +123,8 @@ def main() -> None:
     for r in range(a.np):
         with open(os.path.join(out_dir, f"{r}.json")) as f:
             ranks.append(json.load(f))
-    where = "forced TCP on one host" if a.tcp else "over two fake hosts"
+    where = ("forced TCP on one host" if a.tcp else "over one host's shared memory" if
+             a.hosts == 1 else f"over {a.hosts} fake hosts")
     print(f"{a.op}{'_' if a.in_place else ''} {a.bytes} B, np={a.np} {where}, {a.per} ops "
           "per block\n")
     others = " | ".join(f"rank {r}: the same" for r in range(1, a.np))
