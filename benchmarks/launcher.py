@@ -140,7 +140,7 @@ def _rank_argv(python: str, system: str, spec_path: str) -> list:
 
 
 def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | None = None,
-           timeout: float = 300.0, label: str = "", hosts: int = 0) -> Launch:
+           timeout: float = 300.0, label: str = "", hosts: int = 0, bind: bool = False) -> Launch:
     """Start ``np_ranks`` ranks of ``system`` running ``case`` with ``spec``; wait; collect.
 
     Systems: ours, ours-tcp (ours with HVD_TRANSPORT=tcp and a host per rank), ours-torch
@@ -148,7 +148,8 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
     mpi-tcp (MPICH with MPIR_CVAR_NOLOCAL=1 and its netmod held to TCP), gloo, horovod-mpi (venv mpiexec),
     horovod-gloo (venv horovodrun --gloo). ``hosts`` > 1 (ours and mpi): the ranks spread over
     that many fake hosts in blocks (host_of), ours through HVD_HOSTNAME, MPICH through
-    mpich_hosts_env.
+    mpich_hosts_env. ``bind``: ours with HVD_CPU_BIND=core, mpiexec's ranks (mpi, horovod-mpi)
+    with -bind-to core; gloo's ranks are not bound.
     """
     out_dir = tempfile.mkdtemp(prefix=f"hvdbench-{case}-{system}-")
     # Ranks stop starting new sizes after 60% of the timeout (see agreed_iterations).
@@ -159,7 +160,10 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
         json.dump(spec, f)
     base = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     base.pop("PYTHONPATH", None)
+    if bind:
+        base["HVD_CPU_BIND"] = "core"
     base.update(env or {})
+    mpiexec_bind = ["-bind-to", "core"] if bind else []
     if system in ("ours", "ours-tcp", "ours-torch"):
         # The core of this checkout (a worktree), not whatever `pip install -e` points at.
         base["PYTHONPATH"] = REPO
@@ -178,8 +182,8 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
             base.update(MPIR_CVAR_NOLOCAL="1", UCX_TLS="tcp,self", FI_PROVIDER="tcp")
         if hosts > 1:
             base.update(mpich_hosts_env(hosts))
-        commands = [(["mpiexec", "-n", str(np_ranks)] + _rank_argv(sys.executable, system,
-                                                                  spec_path), base)]
+        commands = [(["mpiexec", "-n", str(np_ranks)] + mpiexec_bind +
+                     _rank_argv(sys.executable, system, spec_path), base)]
     elif system == "gloo":
         port = free_port()
         for r in range(np_ranks):
@@ -191,7 +195,7 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
         base["PATH"] = venv_bin + os.pathsep + base.get("PATH", "")
         python = os.path.join(venv_bin, "python")
         if system == "horovod-mpi":
-            argv = [os.path.join(venv_bin, "mpiexec"), "-n", str(np_ranks)]
+            argv = [os.path.join(venv_bin, "mpiexec"), "-n", str(np_ranks)] + mpiexec_bind
         else:
             argv = [os.path.join(venv_bin, "horovodrun"), "--gloo", "-np", str(np_ranks),
                     "-H", f"localhost:{np_ranks}", "--gloo-timeout-seconds", "60"]
@@ -305,6 +309,7 @@ class Context:
         self.notes: list = []       # misses, failures and skips, printed at the end
         self.loads: list = []       # (label, load average before the launch)
         self.allowed = None         # --systems: families to run (ours, mpi, gloo, horovod)
+        self.bind = False           # --bind: ranks bound to CPUs (launch's bind)
 
     def systems(self, *names) -> list:
         """``names`` minus the Horovod ones when the venv is missing."""
@@ -321,7 +326,7 @@ class Context:
         self.loads.append((label, load))
         print(f"  .. {label:<40} load {load}", end="", flush=True)
         job = launch(system, np_ranks, case, spec, env=env, timeout=self.timeout, label=label,
-                     hosts=hosts)
+                     hosts=hosts, bind=self.bind)
         results = job.results()
         complete = len(results) == np_ranks
         print(f"  {job.wall:6.1f} s" + ("" if not job.error else "  (!)"), flush=True)

@@ -75,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    action="store_false")
     t.add_argument("--tcp", action="store_true", help="TCP between all ranks (no shm)")
     t.add_argument("--bind-to", choices=("none", "core"), default=None,
-                   help="core: each rank of a host on its own share of the host's CPUs "
-                        "(HVD_CPU_BIND); default none, as horovodrun")
+                   help="core: each rank of a host on its own share of the host's CPUs (one "
+                        "CPU shared evenly where the ranks outnumber them; HVD_CPU_BIND); "
+                        "default none, as horovodrun")
     t.add_argument("--timeline-filename", help="write a Chrome-trace timeline (rank 0)")
     t.add_argument("--timeline-mark-cycles", action="store_true")
     t.add_argument("--autotune", action="store_true", help="tune fusion and cycle time")

@@ -1,7 +1,7 @@
 """HVD_CPU_BIND=core (hvdrun --bind-to core): each rank of a host runs on its own share of the
 host's CPUs, every thread of the process (Note [CPU binding] in
-engine_native/csrc/runtime/cpu_binding.cc), on spawned ranks; not where the host's ranks, or the
-machine's (fake hosts), outnumber the CPUs."""
+engine_native/csrc/runtime/cpu_binding.cc), on spawned ranks; where the host's ranks outnumber
+the CPUs, one CPU each, shared evenly in runs; fake hosts split the CPUs each alone."""
 import os
 
 import pytest
@@ -88,27 +88,39 @@ def test_unbound_by_default():
                for reported, threads, _ in results), results
 
 
-@pytest.mark.skipif(len(CPUS) > 4, reason="needs more ranks than CPUs")
-def test_more_ranks_than_cpus_stay_unbound():
-    results = run_ranks(binding_suite, len(CPUS) + 1, timeout=90,
-                        env={"HVD_CPU_BIND": "core"})
-    assert all(r.value[0] == "" for r in results), [r.value for r in results]
-    assert "ranks on this host" in results[0].stderr, results[0].stderr
-
-
 def two_cpus_binding_suite():
+    """binding_suite on the first two CPUs, with whether spins yield (they share CPUs)."""
+    import engine_native as hvd
+
     os.sched_setaffinity(0, set(CPUS[:2]))
-    return binding_suite()
+    reported, threads, later = binding_suite()
+    hvd.init()
+    yields = hvd.metrics()["spin_yields"]
+    hvd.shutdown()
+    return reported, threads, later, yields
 
 
-@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to split")
-def test_fake_hosts_outnumbering_their_machines_cpus_stay_unbound():
-    # Two hosts of two ranks on two CPUs: each host could split them, the machine cannot.
-    results = run_ranks(two_cpus_binding_suite, 4, hosts=["A", "A", "B", "B"], timeout=90,
-                        env={"HVD_CPU_BIND": "core"})
-    assert all(r.value[0] == "" and all(t == CPUS[:2] for t in r.value[1]) for r in results), \
-        [r.value for r in results]
-    assert "the ranks whose CPUs overlap this process's" in results[0].stderr, results[0].stderr
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+def test_more_ranks_than_cpus_share_them_evenly_in_runs():
+    # Note [CPU binding] C: 3 ranks on 2 CPUs, every thread of each on one CPU: 0, 0, 1.
+    results = [r.value for r in run_ranks(two_cpus_binding_suite, 3, timeout=90,
+                                          env={"HVD_CPU_BIND": "core"})]
+    want = [CPUS[0], CPUS[0], CPUS[1]]
+    for (reported, threads, later, yields), cpu in zip(results, want):
+        assert reported == str(cpu) and all(t == [cpu] for t in threads), (reported, threads)
+        assert later == [cpu] and yields is True, (later, yields)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+def test_fake_hosts_outnumbering_their_machines_cpus_split_them_each_alone():
+    # Two hosts of two ranks on two CPUs: each host splits them, so the machine's ranks sit two
+    # to a CPU, and their spins yield (the machine's CPUs are outnumbered).
+    results = [r.value for r in run_ranks(two_cpus_binding_suite, 4, hosts=["A", "A", "B", "B"],
+                                          timeout=90, env={"HVD_CPU_BIND": "core"})]
+    want = [CPUS[0], CPUS[1], CPUS[0], CPUS[1]]
+    for (reported, threads, _, yields), cpu in zip(results, want):
+        assert reported == str(cpu) and all(t == [cpu] for t in threads), (reported, threads)
+        assert yields is True, results
 
 
 def test_an_unknown_binding_warns_with_its_choices_and_stays_unbound():

@@ -47,10 +47,26 @@ def test_packages_are_split_before_cores():
     assert [_hooks.cpu_share(cpus, i, 2) for i in range(2)] == [[0, 1], [2, 3]]
 
 
-def test_more_ranks_than_cpus_or_a_bad_index_get_no_share():
-    assert _hooks.cpu_share(_flat(2), 0, 3) == []
+def test_ranks_outnumbering_the_cpus_share_one_each_evenly_in_runs():
+    assert [_hooks.cpu_share(_flat(2), i, 4) for i in range(4)] == [[0], [0], [1], [1]]
+    assert [_hooks.cpu_share(_flat(2), i, 3) for i in range(3)] == [[0], [0], [1]]
+    # hardware threads: the CPUs in (core, thread) order, as the shares above
+    cpus = [(c, 0, c % 2) for c in range(4)]
+    assert [_hooks.cpu_share(cpus, i, 8) for i in range(8)] == \
+        [[0], [0], [2], [2], [1], [1], [3], [3]]
+    for n, ranks in ((2, 5), (3, 7), (4, 9), (64, 129)):
+        shares = [_hooks.cpu_share(_flat(n), i, ranks) for i in range(ranks)]
+        assert all(len(s) == 1 for s in shares)
+        flat = [s[0] for s in shares]
+        assert flat == sorted(flat) and set(flat) == set(range(n))  # runs over every CPU
+        per_cpu = [flat.count(c) for c in range(n)]
+        assert max(per_cpu) - min(per_cpu) <= 1, per_cpu
+
+
+def test_a_bad_index_or_no_cpus_get_no_share():
     assert _hooks.cpu_share(_flat(4), 2, 2) == []
     assert _hooks.cpu_share(_flat(4), -1, 2) == []
+    assert _hooks.cpu_share([], 0, 2) == []
 
 
 def _outnumbered(cpus, fallback=64):

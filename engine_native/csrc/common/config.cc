@@ -97,8 +97,9 @@ const std::vector<Knob>& knobs() {
                  &Config::transport),
       stringKnob({"HVD_CPU_BIND", nullptr, "string", "none",
                   "none, or core: each rank of a host runs on its own share of the host's "
-                  "CPUs (CPUs / ranks of the host, contiguous), every thread of the process "
-                  "(hvdrun --bind-to core)."},
+                  "CPUs (CPUs / ranks of the host, contiguous), every thread of the process; "
+                  "where the ranks outnumber the CPUs, on one CPU that ranks / CPUs of them "
+                  "share (hvdrun --bind-to core)."},
                  &Config::cpu_bind),
       stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
                   "How CUDA collectives move between ranks: auto (NCCL when every member of "

@@ -15,15 +15,23 @@
 //   B. Every thread the process has when the core initialises is bound (the loop thread does
 //      not exist yet; threads created later inherit their creator's mask): the listing of
 //      /proc/self/task, one sched_setaffinity per thread.
-//   C. Where the host's ranks outnumber its CPUs, nothing is bound: a share would be empty.
-//      Nor where the ranks whose CPUs overlap its own, directly or through one another's,
-//      other hosts' among them (fake hosts, containers on one machine: Note [Yielding spins] B
-//      in transport/mesh.cc), outnumber the CPUs they span: a share would hold more ranks than
-//      CPUs. Below that, two such hosts' shares still overlap (hosts AABB on 4 CPUs: A's and
-//      B's first ranks both on CPUs 0-1).
-//   D. Bound ranks share no CPU, so a point-to-point wait may spin on while the host has a
-//      core free (Note [Spin while a core is free] in core_headroom.cc); unbound, that spin
-//      could hold the very core its neighbour waits for.
+//   C. Where the host's ranks outnumber its CPUs, each rank is bound to one CPU, the ranks in
+//      contiguous runs of local-size / CPUs (the first CPUs one more where that does not
+//      divide): the ranks share the CPUs anyway, and unbound, the scheduler placed them
+//      unevenly and kept them so. np=4 on this 2-vCPU VM, unbound: small ops moved between
+//      13-17 us (two ranks on each CPU), 20-60 us (three on one CPU, for up to six blocks of
+//      200 ops) and 75-100 us; bound two to a CPU, 13-15 us in every block of five launches,
+//      and the embedding step 4.7-5.8 against 7.1-8.1 ms (benchmarks/RESULTS.md, 2026-12-07).
+//      Fake hosts or containers on one machine (their ranks' CPUs overlap and outnumber the
+//      CPUs they span: Note [Yielding spins] B in transport/mesh.cc) split their CPUs each
+//      alone, so their shares coincide: hosts AABB on 2 CPUs put A0 and B0 on the first CPU,
+//      A1 and B1 on the second. Below that, two such hosts' shares still overlap (hosts AABB
+//      on 4 CPUs: A's and B's first ranks both on CPUs 0-1). Either way the binding says that
+//      its CPUs are shared (CpuBinding::shares_cpus), and its spins yield.
+//   D. Ranks bound to CPUs of their own share none, so a point-to-point wait may spin on while
+//      the host has a core free (Note [Spin while a core is free] in core_headroom.cc);
+//      unbound, or bound to a shared CPU, that spin could hold the very core its neighbour
+//      waits for.
 //   E. The CPUs split are the process's mask when the core first asked (common::
 //      processCpuMask), not its own later binding: a re-initialised core (an elastic reset,
 //      another local index or size) first undoes its earlier binding, then splits again, and
@@ -109,12 +117,14 @@ int bindAllThreads(const cpu_set_t& set) {
 
 std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size) {
   const int n = static_cast<int>(cpus.size());
-  if (local_size <= 0 || local_size > n || local_index < 0 || local_index >= local_size) {
-    return {};
-  }
+  if (n == 0 || local_size <= 0 || local_index < 0 || local_index >= local_size) return {};
   std::sort(cpus.begin(), cpus.end(), [](const CpuPlacement& a, const CpuPlacement& b) {
     return std::tie(a.package, a.core, a.cpu) < std::tie(b.package, b.core, b.cpu);
   });
+  if (local_size > n) {  // C: one CPU, local_size / n ranks on each (the first ones one more)
+    const int64_t slot = static_cast<int64_t>(local_index) * n / local_size;
+    return {cpus[static_cast<size_t>(slot)].cpu};
+  }
   // A: shares of n / local_size, the first n % local_size of them one CPU larger.
   const int base = n / local_size;
   const int extra = n % local_size;
@@ -137,20 +147,8 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_out
     return out;
   }
   const std::vector<CpuPlacement> placed = placedCpus();
-  const int n = static_cast<int>(placed.size());
-  if (local_size > n) {  // C
-    *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
-           std::to_string(n) + " CPUs (its affinity mask, perhaps set by the launcher: "
-           "mpirun binds by default; --bind-to none there): not bound";
-    return out;
-  }
-  if (cores_outnumbered) {  // C (the host's case was answered above)
-    *why = "the ranks whose CPUs overlap this process's, other hosts' among them (fake hosts, "
-           "containers), outnumber the CPUs they span, or ranks pinned within its CPUs "
-           "outnumber them: not bound";
-    return out;
-  }
-  if (local_size == 1) return out;  // G: the share would be every CPU
+  if (local_size == 1 || placed.empty()) return out;  // G: the share would be every CPU
+  out.shares_cpus = cores_outnumbered || local_size > static_cast<int>(placed.size());  // C
   const std::vector<int> share = cpuShare(placed, local_index, local_size);
   cpu_set_t set;
   CPU_ZERO(&set);
