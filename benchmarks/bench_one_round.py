@@ -6,6 +6,7 @@ each figure is the median over the rounds of each launch's median time per op (t
 rank's, per iteration).
 
     python benchmarks/bench_one_round.py --np 2,4 --rounds 5 [--sizes 4,4096] [--tcp | --hosts N]
+                                         [--bind]
 
 Every row takes the board (blocking, up to HVD_ONE_ROUND_BYTES: metrics' one_round_ops counts
 allreduce, broadcast, allgather, alltoall and reducescatter alike), so no row is a control:
@@ -73,6 +74,8 @@ def main() -> None:
                         help="ranks over this many fake hosts in blocks (must divide each np)")
     parser.add_argument("--after-join", action="store_true",
                         help="every rank joins once before the timed ops")
+    parser.add_argument("--bind", action="store_true",
+                        help="ours with HVD_CPU_BIND=core, MPICH with -bind-to core")
     args = parser.parse_args()
     if args.tcp:
         for label, (system, env) in list(VARIANTS.items()):
@@ -82,6 +85,7 @@ def main() -> None:
     if args.hosts and (args.tcp or args.hosts < 2 or any(n % args.hosts for n in nps)):
         parser.error("--hosts N: N >= 2 dividing every --np, and not with --tcp")
     ctx = Context(nps, quick=False, horovod=(False, ""))
+    ctx.bind = args.bind
     print(f"load average at start: {benchlib.load_average()}")
     for np_ranks in nps:
         got: dict = {}  # (label, case, key) -> [per-round medians]
@@ -95,7 +99,8 @@ def main() -> None:
                     for key, t in (_figures(results) if results else {}).items():
                         got.setdefault((label, case, key), []).append(t)
         where = ("forced TCP" if args.tcp else _hosts_text(np_ranks, args.hosts)
-                 if args.hosts else "shm") + (", after a join" if args.after_join else "")
+                 if args.hosts else "shm") + (", after a join" if args.after_join else "") + \
+            (", bound (ours HVD_CPU_BIND=core, MPICH -bind-to core)" if args.bind else "")
         print(f"\n### small ops, np={np_ranks}, {where}: median over {args.rounds} rounds of the median "
               "time per op (each round's figures in brackets)\n")
         print("| op | size | " + " | ".join(VARIANTS) + " | on / off | ours / MPICH |")
