@@ -75,7 +75,8 @@ def main() -> None:
     parser.add_argument("--after-join", action="store_true",
                         help="every rank joins once before the timed ops")
     parser.add_argument("--bind", action="store_true",
-                        help="ours with HVD_CPU_BIND=core, MPICH with -bind-to core")
+                        help="ours with HVD_CPU_BIND=core, MPICH with -bind-to core (a rank "
+                             "alone on its host, as under --tcp, stays unbound)")
     args = parser.parse_args()
     if args.tcp:
         for label, (system, env) in list(VARIANTS.items()):

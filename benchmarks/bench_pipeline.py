@@ -27,9 +27,9 @@ time (the same work on one rank), as a share of the ideal K M / (M + K - 1).
 
 ``--bind``: each rank of both systems on its own share of the CPUs, split the same way: ours
 with ``hvdrun --bind-to core`` (Note [CPU binding] in the core), torch's ranks by
-``sched_setaffinity`` to the same share (LOCAL_RANK's contiguous run of the sorted CPUs) before
-torch is imported, so every thread they start inherits it. Unbound is the default, as for both
-launchers.
+``sched_setaffinity`` to the same share (LOCAL_RANK's contiguous run of the sorted CPUs, or
+where the ranks outnumber the CPUs the one CPU ours would take) before torch is imported, so
+every thread they start inherits it. Unbound is the default, as for both launchers.
 
 Each launch is one set of processes per system and case; launches alternate which system
 goes first; a launch that fails or runs past ``--timeout`` is counted, not hidden.
@@ -193,8 +193,16 @@ def stages_alone(hidden: int, micro: int, size: int, schedule: str, timed: bool 
 
 def cpu_share(local_rank: int, local_size: int) -> list:
     """The CPUs of ``local_rank``'s share: contiguous runs of the sorted CPUs, the first
-    ``len % local_size`` runs one longer (Note [CPU binding] A's split)."""
+    ``len % local_size`` runs one longer (Note [CPU binding] A's split); where the ranks
+    outnumber the CPUs, one CPU, ranks in contiguous runs over them, the first CPUs one rank
+    more (C's)."""
     cpus = sorted(os.sched_getaffinity(0))
+    if local_size > len(cpus):
+        per, crowded = divmod(local_size, len(cpus))
+        head = crowded * (per + 1)
+        slot = local_rank // (per + 1) if local_rank < head else \
+            crowded + (local_rank - head) // per
+        return [cpus[slot]]
     base, extra = divmod(len(cpus), local_size)
     start = local_rank * base + min(local_rank, extra)
     return cpus[start:start + base + (1 if local_rank < extra else 0)]
@@ -204,8 +212,7 @@ def rank_main(system: str, kind: str, hidden: int, micro: int, schedule: str, st
               out_dir: str, bind: bool = False) -> None:
     if bind and system == "torch":  # (ours: hvdrun --bind-to core binds at hvd.init())
         local_size = int(os.environ["LOCAL_WORLD_SIZE"])
-        if len(os.sched_getaffinity(0)) >= local_size:  # (as ours: no empty share)
-            os.sched_setaffinity(0, cpu_share(int(os.environ["LOCAL_RANK"]), local_size))
+        os.sched_setaffinity(0, cpu_share(int(os.environ["LOCAL_RANK"]), local_size))
     import torch
     torch.set_num_threads(1)
     if system == "ours":

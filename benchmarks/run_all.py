@@ -88,9 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", help="also write the report (markdown) to this file")
     parser.add_argument("--bind", action="store_true",
                         help="bind every rank to CPUs: ours with HVD_CPU_BIND=core (where the "
-                             "ranks outnumber the CPUs, evenly in runs), MPICH and Horovod's "
-                             "mpiexec with -bind-to core (round robin); gloo's ranks (torch, "
-                             "Horovod gloo) stay unbound, said in the notes")
+                             "ranks outnumber the CPUs, evenly in runs; a rank alone on its "
+                             "host, as ours-tcp's, stays unbound), MPICH and Horovod's mpiexec "
+                             "with -bind-to core (round robin); gloo's ranks (torch, Horovod "
+                             "gloo) stay unbound, said in the notes")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the cases this many times, back to back; the targets tables "
                              "then take each figure's median over the runs and list every "
@@ -117,8 +118,9 @@ def _context(parser, args) -> tuple:
     ctx.allowed = allowed
     ctx.bind = args.bind
     if args.bind:
-        ctx.notes.append("--bind: ours and the mpiexec-launched systems bound to CPUs; gloo's "
-                         "ranks (torch gloo, Horovod gloo) unbound")
+        ctx.notes.append("--bind: ours and the mpiexec-launched systems bound to CPUs (ours-tcp, "
+                         "a host per rank, unbound); gloo's ranks (torch gloo, Horovod gloo) "
+                         "unbound")
     return cases, ctx
 
 

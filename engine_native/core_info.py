@@ -40,8 +40,8 @@ def metrics() -> dict:
     they span, or ranks pinned within its CPUs outnumber them (Note [Yielding spins]),
     ``caller_spin_extended``
     how many point-to-point waits spun past that budget because the ranks are bound to CPUs
-    of their own and the host had a core free (Note [Spin while a core is free]), ``caller_spin_skipped`` how many
-    driven waits did not spin
+    of their own and the host had a core free (Note [Spin while a core is free]),
+    ``caller_spin_skipped`` how many driven waits did not spin
     (all of them where ``caller_spin_us`` is 0; otherwise those whose spin was backed off
     because it kept running out: Note [Spin backoff]), ``caller_passes`` how many loop passes
     those waits ran while they polled. ``loop_wakeups`` counts the background loop's waits

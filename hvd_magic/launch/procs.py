@@ -8,9 +8,9 @@ child's stdout/stderr pipe and exit (``pidfd``), with no polling, and applies th
 A. Each whole output line goes to :meth:`ProcessJob.handle_line` (by default: the rank's
    prefixed line in :class:`~hvd_magic.launch.output.RankOutput`).
 B. The first rank that exits non-zero (or by a signal) fails the job (it is
-   ``JobResult.failed``, unless a rank killed by a signal is reaped after it: Note [Report
-   window] e; ranks with a process stopped then, by SIGSTOP/SIGTSTP or held by a
-   debugger or tracer, are ``JobResult.frozen``: their peers' waits on them time out). The
+   ``JobResult.failed``, unless a SIGKILLed rank is reaped after it: Note [Report window] e;
+   ranks with a process stopped then, by SIGSTOP/SIGTSTP or held by a debugger or tracer,
+   are ``JobResult.frozen``: their peers' waits on them time out). The
    others get ``report_window`` seconds to exit by themselves (Note [Report window]); every
    process group still alive then gets SIGTERM (and SIGCONT, so that one stopped by a signal
    acts on it now, not at the SIGKILL; a debugger's hold ends only there), and SIGKILL
@@ -43,8 +43,11 @@ d. It does not apply to rule C (the user asked for the stop), nor where exits do
    on purpose), and the one-rank supervisors of rankwrap and the Spark task.
 e. The first exit seen need not be the first failure: the peers of a SIGKILLed rank may be
    reaped before it (seen in CI under load: its peer's "exited with code 1" was blamed). A
-   rank killed inside the window by a signal the launcher did not send takes the blame from
-   a first rank that exited with a code of its own.
+   rank SIGKILLed while the window is open (the launcher has sent no signal yet) takes the
+   blame from a first rank that exited with a code of its own. SIGKILL only: it comes from
+   outside (the OOM killer, ``kill -9``), while a rank that aborts or crashes in its teardown
+   after a peer's own error (SIGABRT, SIGSEGV) is not the cause. Never where the launcher
+   stopped the ranks at the first failure (MpiJob: mpiexec's SIGTERM reaches every rank).
 """
 
 from __future__ import annotations
@@ -186,7 +189,7 @@ class ProcessJob:
                 self._window_end = time.monotonic() + self.report_window
             else:
                 self._terminate_all()
-        elif code < 0 and self._killed_first(rank):
+        elif code == -signal.SIGKILL and self._killed_first(rank):
             self._blame(rank, code)
 
     def _blame(self, rank, code: int) -> None:
@@ -194,13 +197,14 @@ class ProcessJob:
         self.result.reason = f"rank {rank} {describe_exit(code)}"
 
     def _killed_first(self, rank) -> bool:
-        """Whether ``rank``, killed by a signal after the job failed, is its cause all the
-        same: the launcher sent it nothing, and the rank blamed so far exited with a code of
-        its own, as a peer that lost ``rank`` does. Under load the peers' exits can be reaped
-        before the death that caused them (Note [Report window] e)."""
+        """Whether ``rank``, SIGKILLed after the job failed, is its cause all the same: the
+        launcher has signalled nothing yet (the report window is open), and the rank blamed
+        so far exited with a code of its own, as a peer that lost ``rank`` does. Under load
+        the peers' exits can be reaped before the death that caused them (Note [Report
+        window] e)."""
         failed = self.result.failed
         return failed is not None and not self.result.interrupted and \
-            rank not in self.result.stopped and (self.result.codes.get(failed) or 0) > 0
+            self._kill_at is None and (self.result.codes.get(failed) or 0) > 0
 
     def stop(self, reason: str = "stopped") -> None:
         """Rule C, from any thread: stop every process (SIGTERM, then SIGKILL after grace)."""

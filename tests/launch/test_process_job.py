@@ -80,6 +80,22 @@ def test_a_rank_killed_after_its_peer_exited_takes_the_blame(no_leaks):
     assert result.failed == 1 and result.reason == "rank 1 was killed by SIGKILL"
 
 
+def test_a_rank_killed_after_the_launcher_stopped_the_job_is_not_blamed():
+    """Under mpiexec (no report window: the stop goes out at the first failure), a rank that
+    dies of the stop after rank 1 exited 1 is not the cause; nor, under hvdrun, is a rank that
+    aborts (SIGABRT) after a peer's exit: only a SIGKILL from outside takes the blame."""
+    from hvd_magic.launch.mpi import MpiJob
+
+    job = MpiJob(RankOutput(io.StringIO(), io.StringIO()))
+    job.handle_line(MpiJob.KEY, "stdout", "[1]<exit>:1")
+    job.handle_line(MpiJob.KEY, "stdout", f"[0]<exit>:{-signal.SIGKILL}")
+    assert job.result.failed == 1 and job.result.reason == "rank 1 exited with code 1"
+    job = ProcessJob(RankOutput(io.StringIO(), io.StringIO()), report_window=30.0)
+    job.rank_exited(1, 1)
+    job.rank_exited(0, -signal.SIGABRT)
+    assert job.result.failed == 1 and job.result.reason == "rank 1 exited with code 1"
+
+
 @pytest.mark.timeout(60)
 def test_a_stopped_rank_is_named_and_ends_at_the_sigterm(no_leaks):
     """A rank stopped by SIGSTOP when another fails is JobResult.frozen, and SIGCONT after

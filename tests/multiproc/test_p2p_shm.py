@@ -295,16 +295,24 @@ def spin_while_core_free_suite():
     return extended
 
 
+def one_cpu_spin_suite():
+    """spin_while_core_free_suite with both ranks on one CPU: bound, they share it."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    return spin_while_core_free_suite()
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binds two ranks to a CPU each")
 def test_a_late_receive_spins_past_its_budget_only_between_bound_ranks_with_a_core_free():
     # Measured: bound with a core free, all 6 receives spun past their budget (a rank 0 late
     # enough to find its message there spins no more: hence >= 1); with no core free, or
-    # unbound, none may (Note [Spin while a core is free] A, B), whatever the load. With the
-    # extension removed: 0 in the first case too.
+    # unbound, or bound to one CPU that both share (Note [CPU binding] C), none may (Note
+    # [Spin while a core is free] A, B), whatever the load. With the extension removed: 0 in
+    # the first case too; with it allowed for every bound rank, 6 in the last.
     env = {"HVD_CALLER_SPIN_US": "200", "HVD_P2P_SPIN_MAX_US": "1000000"}
     free = {**env, "HVD_CPU_BIND": "core", "HVD_TEST_CORE_FREE": "1"}
     busy = {**env, "HVD_CPU_BIND": "core", "HVD_TEST_CORE_FREE": "0"}
     unbound = {**env, "HVD_TEST_CORE_FREE": "1"}
     counts = [run_ranks(spin_while_core_free_suite, 2, timeout=60, env=e)[0].value
               for e in (free, busy, unbound)]
-    assert counts[0] >= 1 and counts[1:] == [0, 0], counts
+    counts.append(run_ranks(one_cpu_spin_suite, 2, timeout=60, env=free)[0].value)
+    assert counts[0] >= 1 and counts[1:] == [0, 0, 0], counts

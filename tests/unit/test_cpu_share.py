@@ -50,6 +50,9 @@ def test_packages_are_split_before_cores():
 def test_ranks_outnumbering_the_cpus_share_one_each_evenly_in_runs():
     assert [_hooks.cpu_share(_flat(2), i, 4) for i in range(4)] == [[0], [0], [1], [1]]
     assert [_hooks.cpu_share(_flat(2), i, 3) for i in range(3)] == [[0], [0], [1]]
+    # the first CPUs take the remainder, as the shares of CPUs above do
+    assert [_hooks.cpu_share(_flat(4), i, 6) for i in range(6)] == \
+        [[0], [0], [1], [1], [2], [3]]
     # hardware threads: the CPUs in (core, thread) order, as the shares above
     cpus = [(c, 0, c % 2) for c in range(4)]
     assert [_hooks.cpu_share(cpus, i, 8) for i in range(8)] == \
@@ -60,7 +63,7 @@ def test_ranks_outnumbering_the_cpus_share_one_each_evenly_in_runs():
         flat = [s[0] for s in shares]
         assert flat == sorted(flat) and set(flat) == set(range(n))  # runs over every CPU
         per_cpu = [flat.count(c) for c in range(n)]
-        assert max(per_cpu) - min(per_cpu) <= 1, per_cpu
+        assert per_cpu == sorted(per_cpu, reverse=True) and per_cpu[0] - per_cpu[-1] <= 1
 
 
 def test_a_bad_index_or_no_cpus_get_no_share():

@@ -131,7 +131,8 @@ const std::vector<Knob>& knobs() {
                "CPUs outnumber them, it yields the core between passes (0: never spin)."},
               Kind::kInt, &Config::caller_spin_microseconds, 0),
       intKnob({"HVD_P2P_SPIN_MAX_US", nullptr, "int", "2000",
-               "Between bound ranks (HVD_CPU_BIND=core): a thread waiting on a point-to-point "
+               "Between ranks bound to CPUs of their own (HVD_CPU_BIND=core, no more ranks than "
+               "CPUs): a thread waiting on a point-to-point "
                "op whose HVD_CALLER_SPIN_US ran out spins on while the host has a core free, "
                "until this many microseconds from the wait's start (at most 1 s; 0: never)."},
               Kind::kInt, &Config::p2p_spin_max_microseconds, 0),

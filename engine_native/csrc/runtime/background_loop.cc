@@ -48,7 +48,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
                 /*nccl_demanded=*/config.gpu_path == "nccl",
                 static_cast<uint64_t>(config.p2p_split_min_bytes)),
       executor_(handles, metrics, config, timeline, keys_, queue_.wakeFd()),
-      headroom_(binding.bound && !binding.shares_cpus ? binding.host_cores : 0),
+      headroom_(binding.bound ? binding.host_cores : 0),
       execution_(mesh, sets, config, metrics, executor_, keys_, entries_, autotuner),
       stalls_(metrics, config, keys_, queue_),
       one_round_(mesh, keys_) {
@@ -99,8 +99,9 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   drive_.configure(true, std::chrono::microseconds(config_.caller_spin_microseconds),
                    all_shm ? ~uint64_t{0} : kTcpDriveMaxBytes);  // Note [Caller drives] D
   peer_drive_.configure(all_shm, all_shm ? drive_.configuredSpin() : std::chrono::microseconds(0));
-  // Note [Spin while a core is free] B: ranks on CPUs of their own
-  if (all_shm && binding.bound && !binding.shares_cpus && !spin_yields_) {
+  // Note [Spin while a core is free] B: bound ranks whose spins do not yield have CPUs of their
+  // own (Note [CPU binding] C, D)
+  if (all_shm && binding.bound && !spin_yields_) {
     peer_spin_cap_ = std::min<std::chrono::microseconds>(
         std::chrono::microseconds(config_.p2p_spin_max_microseconds), kMaxRenewedSpin);
   }

@@ -203,8 +203,8 @@ class BackgroundLoop {
   DrivePolicy drive_;  // configured before start(); then read by framework threads
   DrivePolicy peer_drive_;  // point-to-point waits' own spin record (Note [Caller drives] H)
   // Note [Spin while a core is free] in core_headroom.cc: how long past its budget a
-  // point-to-point wait may spin (zero unless the ranks are bound), and the check that
-  // allows it.
+  // point-to-point wait may spin (zero unless the ranks are bound to CPUs of their own), and
+  // the check that allows it.
   std::chrono::microseconds peer_spin_cap_{0};
   CoreHeadroom headroom_;
   std::atomic<bool> peer_sleeper_{false};  // a caller is in awaitPeer (one at a time)

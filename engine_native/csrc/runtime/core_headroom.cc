@@ -18,9 +18,9 @@
 //      fine, and the spin then holds the core its neighbour waits for (measured: with the
 //      spin on and the ranks unbound, hand-off-bound pipeline steps of 17-20 ms with both
 //      ranks on one core). Never where the host's ranks outnumber its cores (spins yield
-//      there: Note [Yielding spins] in transport/mesh.cc; nor are they bound), and never
-//      while Note [Spin backoff] has turned the spin off: waits longer than the cap still
-//      miss and back off.
+//      there: Note [Yielding spins] in transport/mesh.cc; bound, they share CPUs: Note [CPU
+//      binding] C), and never while Note [Spin backoff] has turned the spin off: waits
+//      longer than the cap still miss and back off.
 //   C. coreFree() is one pread of a small kernel file (~2 us), once per kHeadroomSlice of
 //      spinning. The count is the whole machine's (a container sees its host's threads), so
 //      a busy host reads as having no free core and the spin ends: the safe side. CPU quotas
@@ -43,7 +43,8 @@ namespace hvd::runtime {
 // host runs, so a test sees the spin's rule on a loaded host too.
 CoreHeadroom::CoreHeadroom(int cores) : cores_(cores) {
   if (const char* forced = HVD_TEST_SWITCH("CORE_FREE")) forced_ = std::atoi(forced) != 0;
-  // cores 0: the rank is not bound and never asks (Note [Spin while a core is free] B)
+  // cores 0: the rank is not bound to CPUs of its own and never asks (Note [Spin while a core
+  // is free] B)
   if (cores_ > 0) loadavg_fd_ = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
 }
 

@@ -7,7 +7,7 @@ namespace hvd::runtime {
 class CoreHeadroom {
  public:
   // `cores`: the CPUs the host's ranks may use (the process's mask before any binding);
-  // 0 for a rank that is not bound: it never asks, and /proc/loadavg is not opened.
+  // 0 for a rank not bound to CPUs of its own: it never asks, and /proc/loadavg is not opened.
   explicit CoreHeadroom(int cores);
   ~CoreHeadroom();
   CoreHeadroom(const CoreHeadroom&) = delete;

@@ -16,22 +16,26 @@
 //      not exist yet; threads created later inherit their creator's mask): the listing of
 //      /proc/self/task, one sched_setaffinity per thread.
 //   C. Where the host's ranks outnumber its CPUs, each rank is bound to one CPU, the ranks in
-//      contiguous runs of local-size / CPUs (the first CPUs one more where that does not
-//      divide): the ranks share the CPUs anyway, and unbound, the scheduler placed them
-//      unevenly and kept them so. np=4 on this 2-vCPU VM, unbound: small ops moved between
-//      13-17 us (two ranks on each CPU), 20-60 us (three on one CPU, for up to six blocks of
-//      200 ops) and 75-100 us; bound two to a CPU, 13-15 us in every block of five launches,
-//      and the embedding step 4.7-5.8 against 7.1-8.1 ms (benchmarks/RESULTS.md, 2026-12-07).
+//      contiguous runs of local-size / CPUs (where that does not divide, the first CPUs
+//      local-size mod CPUs take one rank more, as A's shares take one CPU more): the ranks
+//      share the CPUs anyway, and unbound, the scheduler placed them unevenly and kept them
+//      so. np=4 on this 2-vCPU VM, unbound: small ops moved between 13-17 us (two ranks on
+//      each CPU), 20-60 us (three on one CPU, for up to six blocks of 200 ops) and 75-100
+//      us; bound two to a CPU, 13-15 us in every block of four launches, and the
+//      embedding-heavy step 5.7-7.3 against 10.3-10.6 ms (benchmarks/RESULTS.md, "np=4 on 2
+//      cores bound"). Only where Mesh::spinYields() agrees that ranks crowd these CPUs: a
+//      launcher that narrowed each rank's mask (mpirun --bind-to socket) leaves fewer CPUs
+//      than the host's ranks in every mask, and those ranks stay unbound, with a warning.
 //      Fake hosts or containers on one machine (their ranks' CPUs overlap and outnumber the
 //      CPUs they span: Note [Yielding spins] B in transport/mesh.cc) split their CPUs each
 //      alone, so their shares coincide: hosts AABB on 2 CPUs put A0 and B0 on the first CPU,
 //      A1 and B1 on the second. Below that, two such hosts' shares still overlap (hosts AABB
-//      on 4 CPUs: A's and B's first ranks both on CPUs 0-1). Either way the binding says that
-//      its CPUs are shared (CpuBinding::shares_cpus), and its spins yield.
+//      on 4 CPUs: A's and B's first ranks both on CPUs 0-1). Wherever ranks share CPUs their
+//      spins yield (spinYields()).
 //   D. Ranks bound to CPUs of their own share none, so a point-to-point wait may spin on while
 //      the host has a core free (Note [Spin while a core is free] in core_headroom.cc);
-//      unbound, or bound to a shared CPU, that spin could hold the very core its neighbour
-//      waits for.
+//      unbound, or bound to CPUs that others share (where spins yield), that spin could hold
+//      the very core its neighbour waits for.
 //   E. The CPUs split are the process's mask when the core first asked (common::
 //      processCpuMask), not its own later binding: a re-initialised core (an elastic reset,
 //      another local index or size) first undoes its earlier binding, then splits again, and
@@ -121,8 +125,12 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
   std::sort(cpus.begin(), cpus.end(), [](const CpuPlacement& a, const CpuPlacement& b) {
     return std::tie(a.package, a.core, a.cpu) < std::tie(b.package, b.core, b.cpu);
   });
-  if (local_size > n) {  // C: one CPU, local_size / n ranks on each (the first ones one more)
-    const int64_t slot = static_cast<int64_t>(local_index) * n / local_size;
+  if (local_size > n) {  // C: one CPU each, local_size / n ranks on a CPU, as A splits CPUs
+    const int per = local_size / n;
+    const int crowded = local_size % n;  // the first CPUs take one rank more
+    const int head = crowded * (per + 1);
+    const int slot = local_index < head ? local_index / (per + 1)
+                                        : crowded + (local_index - head) / per;
     return {cpus[static_cast<size_t>(slot)].cpu};
   }
   // A: shares of n / local_size, the first n % local_size of them one CPU larger.
@@ -147,8 +155,15 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_out
     return out;
   }
   const std::vector<CpuPlacement> placed = placedCpus();
-  if (local_size == 1 || placed.empty()) return out;  // G: the share would be every CPU
-  out.shares_cpus = cores_outnumbered || local_size > static_cast<int>(placed.size());  // C
+  const int n = static_cast<int>(placed.size());
+  if (local_size == 1 || n == 0) return out;  // G: the share would be every CPU
+  if (local_size > n && !cores_outnumbered) {  // C: this process's mask, not the host's CPUs
+    *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
+           std::to_string(n) + " CPUs, which other ranks do not crowd (its affinity mask, "
+           "perhaps set by the launcher: mpirun binds by default; --bind-to none there): not "
+           "bound";
+    return out;
+  }
   const std::vector<int> share = cpuShare(placed, local_index, local_size);
   cpu_set_t set;
   CPU_ZERO(&set);

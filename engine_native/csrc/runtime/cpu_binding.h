@@ -11,7 +11,6 @@ struct CpuBinding {
   int host_cores = 0;   // CPUs the process could use before binding (its affinity mask)
   bool bound = false;   // every thread of the process now runs on `cpus` only
   std::string cpus;     // e.g. "2,3"; empty when not bound
-  bool shares_cpus = false;  // other ranks run on these CPUs too (Note [CPU binding] C)
 };
 
 // A CPU and where it sits (sysfs topology): the order in which CPUs are split (Note [CPU
@@ -23,15 +22,16 @@ struct CpuPlacement {
 };
 
 // Share `local_index` of `cpus` split into `local_size` runs, whole cores first (Note [CPU
-// binding] A, F), in CPU order; where the ranks outnumber the CPUs, one CPU that
-// local_size / CPUs ranks share (C); empty for a bad index or no CPUs.
+// binding] A, F), in CPU order; where the ranks outnumber the CPUs, the one CPU of a run of
+// local_size / CPUs ranks (the first CPUs one rank more: C); empty for a bad index or no CPUs.
 std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size);
 
 // Unless `wanted` (HVD_CPU_BIND=core), nothing is bound (an earlier init's binding is undone);
 // else the process's CPUs are split into `local_size` shares and every thread is bound to share
-// `local_index` (one CPU shared with other ranks where the host's ranks outnumber its CPUs, and
-// `shares_cpus` where they or `cores_outnumbered`, Mesh::spinYields(), say that others run
-// there too). Where the kernel refuses, nothing is bound and `why` says why. Runtime::init only.
+// `local_index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
+// `cores_outnumbered`, Mesh::spinYields(), agrees). Where it cannot (more ranks than CPUs in
+// this process's mask alone; a refusal), nothing is bound and `why` says why. Runtime::init
+// only.
 CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_outnumbered,
                     std::string* why);
 
