@@ -63,6 +63,32 @@ def test_failing_rank_stops_job_with_its_traceback(when, no_leaks):
     assert re.search(rf"^hvdrun: rank \d exited with code 1; .*({others})", summary), summary
 
 
+_PINNED_APART = """
+import os, sys
+cpus = [int(c) for c in sys.argv[1].split(",")]
+os.sched_setaffinity(0, {cpus[int(os.environ["HVD_LOCAL_RANK"])]})  # before the core reads it
+import engine_native as hvd
+hvd.init()
+print(f"binding={hvd.metrics()['cpu_binding']!r} cpus={sorted(os.sched_getaffinity(0))}",
+      flush=True)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_bind_to_core_leaves_ranks_a_launcher_pinned_apart_as_they_are(no_leaks):
+    """Each rank starts on a CPU of its own, as under a launcher that binds: its mask holds
+    fewer CPUs than the host has ranks, but no rank crowds another's, so --bind-to core binds
+    nothing and says why (Note [CPU binding] C), rather than splitting the one CPU again."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    res = hvdrun("-np", "2", "--bind-to", "core", sys.executable, "-c", _PINNED_APART,
+                 ",".join(map(str, cpus)), timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank, cpu in enumerate(cpus):
+        assert f"[{rank}]<stdout>:binding='' cpus=[{cpu}]" in res.stdout, res.stdout
+    assert "which other ranks do not crowd" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("wait", ["allreduce", "recv"])
 def test_killed_rank_peers_print_their_errors(wait, no_leaks):
     """Rank 1 is SIGKILLed while ranks 0 and 2 wait for it: it prints nothing, so the job's

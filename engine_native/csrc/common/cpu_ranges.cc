@@ -199,7 +199,10 @@ SpinVerdicts spinVerdicts(const std::vector<std::string>& host,
     const size_t r = ranks[k];
     const size_t usable = cpus[r].empty() ? static_cast<size_t>(online_cpus) : cpuCount(cpus[r]);
     const bool yields = host_ranks[host[r]] > usable || crowded[k];
-    if (r == self) out.self = yields;
+    if (r == self) {
+      out.self = yields;
+      out.crowded = crowded[k];
+    }
     if (host[r] == host[self]) out.host = out.host || yields;
   }
   out.host = out.host && known;

@@ -64,6 +64,9 @@ std::vector<bool> cpusOutnumbered(const std::vector<CpuRanges>& cpus, int fallba
 // it may use (`online_cpus` where unknown), or by cpusOutnumbered among its machine's ranks.
 struct SpinVerdicts {
   bool self = false;  // rank `self`'s spins yield
+  // The cpusOutnumbered half alone: ranks of self's machine crowd self's CPUs, whatever its
+  // own mask's count (a launcher may have narrowed each rank's mask below its host's ranks).
+  bool crowded = false;
   // Some rank of self's host's spins yield, as read from the table by any rank of the host:
   // the same answer on each. False where the table leaves it to a local value (a CPU set of
   // the machine unknown, the host's ranks on two machines).

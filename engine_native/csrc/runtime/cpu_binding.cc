@@ -23,15 +23,16 @@
 //      each CPU), 20-60 us (three on one CPU, for up to six blocks of 200 ops) and 75-100
 //      us; bound two to a CPU, 13-15 us in every block of four launches, and the
 //      embedding-heavy step 5.7-7.3 against 10.3-10.6 ms (benchmarks/RESULTS.md, "np=4 on 2
-//      cores bound"). Only where Mesh::spinYields() agrees that ranks crowd these CPUs: a
-//      launcher that narrowed each rank's mask (mpirun --bind-to socket) leaves fewer CPUs
-//      than the host's ranks in every mask, and those ranks stay unbound, with a warning.
+//      cores bound"). Only where the machine's ranks crowd these CPUs (Mesh::cpusCrowded(),
+//      from every rank's CPU set): a launcher that narrowed each rank's mask (mpirun
+//      --bind-to socket, taskset) leaves fewer CPUs than the host's ranks in every mask, and
+//      where the masks do not crowd one another those ranks stay unbound, with a warning.
 //      Fake hosts or containers on one machine (their ranks' CPUs overlap and outnumber the
 //      CPUs they span: Note [Yielding spins] B in transport/mesh.cc) split their CPUs each
 //      alone, so their shares coincide: hosts AABB on 2 CPUs put A0 and B0 on the first CPU,
 //      A1 and B1 on the second. Below that, two such hosts' shares still overlap (hosts AABB
 //      on 4 CPUs: A's and B's first ranks both on CPUs 0-1). Wherever ranks share CPUs their
-//      spins yield (spinYields()).
+//      spins yield (Mesh::spinYields()).
 //   D. Ranks bound to CPUs of their own share none, so a point-to-point wait may spin on while
 //      the host has a core free (Note [Spin while a core is free] in core_headroom.cc);
 //      unbound, or bound to CPUs that others share (where spins yield), that spin could hold
@@ -144,7 +145,7 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
   return share;
 }
 
-CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_outnumbered,
+CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cpus_crowded,
                     std::string* why) {
   CpuBinding out;
   out.host_cores = common::usableCores();
@@ -157,7 +158,7 @@ CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_out
   const std::vector<CpuPlacement> placed = placedCpus();
   const int n = static_cast<int>(placed.size());
   if (local_size == 1 || n == 0) return out;  // G: the share would be every CPU
-  if (local_size > n && !cores_outnumbered) {  // C: this process's mask, not the host's CPUs
+  if (local_size > n && !cpus_crowded) {  // C: this process's mask, not the host's CPUs
     *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
            std::to_string(n) + " CPUs, which other ranks do not crowd (its affinity mask, "
            "perhaps set by the launcher: mpirun binds by default; --bind-to none there): not "

@@ -29,10 +29,9 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
 // Unless `wanted` (HVD_CPU_BIND=core), nothing is bound (an earlier init's binding is undone);
 // else the process's CPUs are split into `local_size` shares and every thread is bound to share
 // `local_index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
-// `cores_outnumbered`, Mesh::spinYields(), agrees). Where it cannot (more ranks than CPUs in
-// this process's mask alone; a refusal), nothing is bound and `why` says why. Runtime::init
-// only.
-CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cores_outnumbered,
+// `cpus_crowded`, Mesh::cpusCrowded(), agrees). Where it cannot (more ranks than CPUs in this
+// process's mask alone; a refusal), nothing is bound and `why` says why. Runtime::init only.
+CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cpus_crowded,
                     std::string* why);
 
 }  // namespace hvd::runtime

@@ -54,7 +54,7 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   std::string not_bound;
   const CpuBinding binding =
       bindRank(config_.cpu_bind == "core", mesh_->hostIndexOf(rank),
-               static_cast<int>(mesh_->hostRanks().size()), mesh_->spinYields(), &not_bound);
+               static_cast<int>(mesh_->hostRanks().size()), mesh_->cpusCrowded(), &not_bound);
   if (!not_bound.empty()) HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=core: " << not_bound;
   rank_ = rank;
   size_ = static_cast<int>(peers.size());

@@ -335,6 +335,7 @@ Status Mesh::Impl::setupPairs(Mesh& mesh, tcp::Deadline deadline) {
   }
   const auto verdicts = common::spinVerdicts(hosts, machines, cpus, self, common::onlineCpus());
   mesh.spin_yields_ = verdicts.self;
+  mesh.cpus_crowded_ = verdicts.crowded;
   mesh.host_outnumbered_ = verdicts.host;
   if (const char* forced = HVD_TEST_SWITCH("HOST_OUTNUMBERED")) {  // tests cover both paths
     mesh.host_outnumbered_ = forced[0] == '1';

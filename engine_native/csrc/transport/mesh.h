@@ -63,6 +63,9 @@ class Mesh {
   // CPUs (overlapping, or pinned within them): bounded spins yield the core between polls
   // instead of pausing on it (Note [Yielding spins]). Fixed at connect().
   bool spinYields() const { return spin_yields_; }
+  // This machine's ranks whose CPUs overlap this process's outnumber them, or ranks pinned
+  // within its CPUs do (common::SpinVerdicts::crowded; Note [CPU binding] C). Fixed at connect().
+  bool cpusCrowded() const { return cpus_crowded_; }
   // Some rank of this host's spins yield (spinYields() there), read from the peer table: the
   // same on every rank of the host, so its ranks agree on what depends on it (Note [Yielding
   // spins] C; Note [Piece size] in algo/segment_walk.h). Fixed at connect().
@@ -116,6 +119,7 @@ class Mesh {
   std::vector<PeerInfo> peers_;
   std::atomic<bool> aborted_{false};
   bool spin_yields_ = false;
+  bool cpus_crowded_ = false;
   bool host_outnumbered_ = false;
 };
 
