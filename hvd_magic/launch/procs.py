@@ -179,8 +179,9 @@ class ProcessJob:
 
     # -- job rules ----------------------------------------------------------------------------
     def rank_exited(self, rank, code: int) -> None:
-        """Rule B: a non-zero exit of ``rank`` fails the job (first one wins) and opens the
-        report window, after which the ranks left are stopped."""
+        """Rule B: a non-zero exit of ``rank`` fails the job (the first one, or a SIGKILLed rank
+        after it: Note [Report window] e) and opens the report window, after which the ranks
+        left are stopped."""
         self.result.codes[rank] = code
         if code != 0 and self.result.failed is None and not self.result.interrupted:
             self._blame(rank, code)

@@ -125,7 +125,7 @@ HostPipeline::HostPipeline(CollectiveSync& sync, Kind kind, SpanBuffer buffer, s
       walk_(sync, kind == Kind::kWhole ? count : blockSize(blocks_, 0), esize_,
             static_cast<size_t>(sync.segment().chunkBytes()) /
                 static_cast<size_t>(kind == Kind::kWhole ? 1 : n_),
-            -1, kind != Kind::kAllgather) {}
+            /*writer=*/-1, /*folds=*/kind != Kind::kAllgather) {}
 
 Piece HostPipeline::piece(uint64_t k, int j) const {
   const size_t first = k * walk_.piece();

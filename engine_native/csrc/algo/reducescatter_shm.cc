@@ -97,8 +97,8 @@ HostReduceScatter::HostReduceScatter(CollectiveSync& sync, const transport::Comm
       me_(comm.rank()), me_local_(sync.index()), n_(comm.size()),
       blocks_(prefixBlocks(counts)), local_(counts.size(), 0),
       walk_(sync, *std::max_element(counts.begin(), counts.end()), esize_,
-            static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_), -1,
-            true),
+            static_cast<size_t>(sync.segment().chunkBytes()) / static_cast<size_t>(n_),
+            /*writer=*/-1, /*folds=*/true),
       piece_(walk_.piece()) {
   for (int r = 0; r < n_; ++r) {
     local_[static_cast<size_t>(r)] = static_cast<size_t>(sync.localIndexOf(comm.globalRank(r)));
