@@ -162,7 +162,8 @@ common::Status allgatherShm(transport::Comm& comm, const void* in, void* out,
   CollectiveSync sync(comm, segment);
   // Decided before any per-op work: the slot path (the default) pays nothing for it.
   if (comm.size() > 1 &&
-      singleCopyServes(sync, *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end()))) {
+      singleCopyServes(sync, *std::max_element(bytes_per_rank.begin(), bytes_per_rank.end()),
+                       transport::shm::SingleCopyScope::kEveryOp)) {
     std::vector<size_t> part(static_cast<size_t>(comm.size()), 0);
     std::vector<size_t> offset(part.size(), 0);
     const BlockOffsets offsets = prefixBlocks(bytes_per_rank);

@@ -192,7 +192,10 @@ common::Status alltoallShm(transport::Comm& comm, const void* in,
   CollectiveSync sync(comm, segment);
   HostAlltoall exchange(sync, comm, static_cast<const uint8_t*>(in), send_bytes,
                         static_cast<uint8_t*>(out), recv_bytes, largest);
-  if (comm.size() > 1 && singleCopyServes(sync, largest)) return exchange.singleCopy();
+  if (comm.size() > 1 &&
+      singleCopyServes(sync, largest, transport::shm::SingleCopyScope::kEveryOp)) {
+    return exchange.singleCopy();
+  }
   if (!out_shared) return exchange.run();
   bool use_slots = false;
   HVD_RETURN_IF_ERROR(exchange.writeIntoOutputs(&use_slots));

@@ -72,27 +72,30 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
 // A single-copy reader's process_vm_readv is bound by the kernel's work per page (pinning the
 // root's pages, walking both page tables) more than by memory: one thread read 16 MiB in
 // 1.50-1.81 ms and 64 MiB in 9.9-12.5 ms on the 2-vCPU test VM, no faster than the slots
-// (1.45-1.53 / 7.9-9.5 ms), which is why HVD_SINGLE_COPY is off by default. The root of a
-// broadcast only waits while its readers read, so where the host has two CPUs per reader
-// (2 x readers <= the CPUs the process could use before any binding, common::usableCores; and
-// the ranks sharing its CPUs, fake hosts' too, no more than those: Note [Yielding spins] B in
-// transport/mesh.cc) and this thread may run on two, a read of at least kTwoThreadMinBytes
+// (1.45-1.53 / 7.9-9.5 ms). The root of a broadcast only waits while its readers read, so
+// where the host has two CPUs per reader and the reader may run on two
+// (transport::shm::readsOnTwoThreads: 2 x readers <= the CPUs the process could use before any
+// binding, common::usableCores; the ranks sharing its CPUs, fake hosts' too, no more than
+// those: Note [Yielding spins] B in transport/mesh.cc), a read of at least kTwoThreadMinBytes
 // takes the second half on the process's reading thread (transport/shm/helper_read.h) while
 // this thread reads the first: np=2 unbound, 0.70-0.81 / 2.8-4.2 ms in a loop whose data
 // stays in the VM's 300 MiB L3, ~8 % / 1.3x faster than the slots with fresh data each op
-// (benchmarks/RESULTS.md, "Large ops against the copy floor", 2026-12-06). The choice is this
-// rank's own: the op is the same on every rank either way. Allgather's and alltoall's own
-// single-copy reads stay on one thread: every rank reads there, so no CPU is idle.
+// (benchmarks/RESULTS.md, "Large ops against the copy floor", 2026-12-06). So that is where
+// HVD_SINGLE_COPY=auto (the default) reads broadcasts directly: every rank of the host says at
+// setup whether it would read on two threads (Mesh, with the share HVD_CPU_BIND=core will give
+// it), and the host agrees (Note [Collective setup] H). Each read still asks again with the
+// thread's mask then (a user may have narrowed it): the number of threads is this rank's own
+// choice, the op is the same on every rank either way. Allgather's and alltoall's own
+// single-copy reads stay on one thread, and on the slots unless HVD_SINGLE_COPY=1: every
+// rank reads there, so no CPU is idle.
 constexpr size_t kTwoThreadMinBytes = 1 << 20;  // below, the hand-off costs what it saves
 
 bool twoThreadReads(const CollectiveSync& sync, size_t bytes, bool cores_outnumbered) {
-  if (bytes < kTwoThreadMinBytes || cores_outnumbered ||
-      2 * (sync.size() - 1) > common::usableCores()) {
-    return false;
-  }
+  if (bytes < kTwoThreadMinBytes) return false;
   cpu_set_t mine;  // (a rank bound to one CPU, HVD_CPU_BIND, would read both halves on it)
   CPU_ZERO(&mine);
-  return sched_getaffinity(0, sizeof(mine), &mine) == 0 && CPU_COUNT(&mine) >= 2;
+  return sched_getaffinity(0, sizeof(mine), &mine) == 0 &&
+         transport::shm::readsOnTwoThreads(sync.size(), cores_outnumbered, CPU_COUNT(&mine));
 }
 
 // Note [Single-copy ops] in algo/single_copy.cc: the readers copy the root's input straight
@@ -126,7 +129,7 @@ common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* da
   }
   if (bytes == 0 || comm.size() == 1) return common::Status::ok();
   CollectiveSync sync(comm, segment);
-  if (singleCopyServes(sync, bytes)) {
+  if (singleCopyServes(sync, bytes, transport::shm::SingleCopyScope::kBroadcast)) {
     return broadcastSingleCopy(sync, static_cast<const uint8_t*>(root_in),
                                static_cast<uint8_t*>(data), bytes,
                                sync.localIndexOf(comm.globalRank(root)),

@@ -158,7 +158,8 @@ bool writesIntoOutputs(const transport::Comm& comm, size_t largest,
   const transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
   if (segment == nullptr || !segment->sharedOutputs()) return false;
   // The single-copy read, where on, comes first (alltoallShm, allgatherShm): no shared output.
-  return !(segment->singleCopy() && largest >= segment->singleCopyMinBytes());
+  return !(segment->singleCopy() == transport::shm::SingleCopyScope::kEveryOp &&
+           largest >= segment->singleCopyMinBytes());
 }
 
 uint64_t sharedOutputOps() { return g_ops.load(std::memory_order_relaxed); }

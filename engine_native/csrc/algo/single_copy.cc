@@ -93,8 +93,9 @@ common::Status peerFailures(const CollectiveSync& sync, uint64_t g) {
 
 uint64_t singleCopyOps() { return g_single_copy_ops.load(std::memory_order_relaxed); }
 
-bool singleCopyServes(const CollectiveSync& sync, size_t largest) {
-  return sync.segment().singleCopy() && largest >= sync.segment().singleCopyMinBytes();
+bool singleCopyServes(const CollectiveSync& sync, size_t largest,
+                      transport::shm::SingleCopyScope needs) {
+  return sync.segment().singleCopy() >= needs && largest >= sync.segment().singleCopyMinBytes();
 }
 
 common::Status runSingleCopy(CollectiveSync& sync, const SingleCopyOp& op) {

@@ -15,9 +15,11 @@
 namespace hvd::algo {
 
 // Whether an op moving up to `largest` bytes from one rank to another takes the single-copy
-// path: the host probed it usable (and nobody set HVD_SINGLE_COPY=0) and `largest` is at least
-// the host's HVD_SINGLE_COPY_MIN_BYTES (Note [Single-copy threshold] in single_copy.cc).
-bool singleCopyServes(const transport::shm::CollectiveSync& sync, size_t largest);
+// path: the host agreed on a scope that takes in `needs` (broadcast: kBroadcast; allgather
+// and alltoall: kEveryOp) and probed it usable, and `largest` is at least the host's
+// HVD_SINGLE_COPY_MIN_BYTES (Note [Single-copy threshold] in single_copy.cc).
+bool singleCopyServes(const transport::shm::CollectiveSync& sync, size_t largest,
+                      transport::shm::SingleCopyScope needs);
 
 // Where a peer's input lies, as it published it for this op.
 struct PeerInput {

@@ -154,14 +154,15 @@ const std::vector<Knob>& knobs() {
       intKnob({"HVD_SHM_RING_BYTES", nullptr, "bytes", "4194304",
                "Shared-memory ring per directed pair of ranks on one host (at least 4096)."},
               Kind::kBytes, &Config::shm_ring_bytes, 4096),
-      boolKnob({"HVD_SINGLE_COPY", nullptr, "bool", "false",
-                "true: large broadcast, allgather and alltoall between ranks of one host read "
-                "peers' inputs straight into the output with process_vm_readv, one copy "
-                "per byte, when every rank of the host can (probed at start; "
-                "metrics()['host_copy'] says which, and why not). Off by default: not yet "
-                "measured faster on a quiet machine (benchmarks/history/RESULTS-parts-1-10.md, "
-                "issue #20 part 3)."},
-               &Config::single_copy),
+      stringKnob({"HVD_SINGLE_COPY", nullptr, "string", "auto",
+                  "Whether large ops between ranks of one host read peers' inputs straight "
+                  "into the output with process_vm_readv, one copy per byte: auto (the "
+                  "default) for broadcasts where every rank of the host would read on two "
+                  "threads (two CPUs per reader, ranks not outnumbering cores), 1 for "
+                  "broadcast, allgather and alltoall everywhere, 0 never. The host's ranks "
+                  "agree, and probe at start that they can (metrics()['host_copy'] says "
+                  "which, and why no more)."},
+                 &Config::single_copy),
       intKnob({"HVD_SINGLE_COPY_MIN_BYTES", nullptr, "bytes", "16777216",
                "The smallest transfer between two ranks of one host (a broadcast, an "
                "allgather part, an alltoall block) that takes the single-copy read; smaller "
@@ -293,6 +294,9 @@ const char* expectation(const Knob& knob) {
       if (knob.string_field == &Config::ipc_order) return "host or device";
       if (knob.string_field == &Config::cpu_bind) return "none or core";
       if (knob.string_field == &Config::gpu_path) return "auto, nccl, ipc or staged";
+      if (knob.string_field == &Config::single_copy) {
+        return "auto, or one of 1/0/true/false/yes/no/on/off";
+      }
       return "auto, tcp or shm";
     case Kind::kDocOnly: break;
   }
@@ -324,7 +328,12 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
     case Kind::kString: {
       std::string v;  // the choice knobs are case-insensitive
       for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (knob.string_field == &Config::ipc_order || knob.string_field == &Config::cpu_bind) {
+      if (knob.string_field == &Config::single_copy) {  // stored as auto, on or off
+        bool on = false;
+        if (v != "auto" && !parseBool(v, &on)) return false;
+        config->single_copy = v == "auto" ? v : on ? "on" : "off";
+      } else if (knob.string_field == &Config::ipc_order ||
+                 knob.string_field == &Config::cpu_bind) {
         const bool ipc = knob.string_field == &Config::ipc_order;
         if (ipc ? v != "host" && v != "device" : v != "none" && v != "core") return false;
         config->*knob.string_field = v;

@@ -32,7 +32,7 @@ struct Config {
   int64_t one_round_bytes = 4096;  // HVD_ONE_ROUND_BYTES (Note [One round] in runtime/one_round.cc)
   int64_t p2p_spin_max_microseconds = 2000;  // HVD_P2P_SPIN_MAX_US (runtime/core_headroom.cc)
   int64_t shm_ring_bytes = 4ll << 20;       // HVD_SHM_RING_BYTES: per directed pair
-  bool single_copy = false;                 // HVD_SINGLE_COPY: cross-memory reads on a host
+  std::string single_copy = "auto";         // HVD_SINGLE_COPY: auto | on | off (cross-memory reads)
   int64_t single_copy_min_bytes = 16ll << 20;  // HVD_SINGLE_COPY_MIN_BYTES (the leader's counts)
   bool shared_outputs = true;               // HVD_SHARED_OUTPUTS: peers write into outputs
   int64_t tcp_segment_bytes = 1ll << 20;    // HVD_TCP_SEGMENT_BYTES: pipelining unit on TCP

@@ -83,8 +83,10 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   if (host == nullptr) {
     metrics_.setHostCopy("none", "no host collective segment: one rank on this host, "
                                  "HVD_TRANSPORT=tcp, or the segment could not be made");
-  } else if (host->singleCopy()) {
+  } else if (host->singleCopy() == transport::shm::SingleCopyScope::kEveryOp) {
     metrics_.setHostCopy("single-copy", "");
+  } else if (host->singleCopy() == transport::shm::SingleCopyScope::kBroadcast) {
+    metrics_.setHostCopy("single-copy broadcast", host->singleCopyReason());
   } else {
     metrics_.setHostCopy("segment", host->singleCopyReason());
   }

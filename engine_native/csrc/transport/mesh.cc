@@ -401,7 +401,9 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   for (int r : m.host_ranks) request.host_pids.push_back(static_cast<pid_t>(mesh.peers_[r].pid));
   request.fds = m.data_fds;
   request.wanted = m.config.transport != "tcp";
-  request.single_copy_wanted = m.config.single_copy;
+  request.single_copy_wish =
+      shm::singleCopyWish(m.config.single_copy, m.config.cpu_bind == "core",
+                          static_cast<int>(m.host_ranks.size()), mesh.spin_yields_);
   request.single_copy_min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
   // The one-round board wakes a peer's loop through their point-to-point doorbell: a rank with
   // a host peer it reaches otherwise asks for no board, so the host has none.
@@ -447,10 +449,10 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
     HVD_LOG(kInfo, "transport") << "host collective segment: " << m.host_ranks.size()
                                 << " ranks, " << m.collective->depth() << " x "
                                 << (m.collective->chunkBytes() >> 10) << " KiB slots per rank; "
-                                << (m.collective->singleCopy()
-                                        ? "single-copy reads between ranks"
-                                        : "no single-copy reads: " +
-                                              m.collective->singleCopyReason());
+                                << (m.collective->singleCopy() == shm::SingleCopyScope::kNone
+                                        ? "no single-copy reads: "
+                                        : "single-copy reads between ranks; ")
+                                << m.collective->singleCopyReason();
   }
   std::lock_guard<std::mutex> lock(m.doorbell_mutex);
   for (size_t i = 0; i < m.host_ranks.size() && m.collective; ++i) {

@@ -178,16 +178,19 @@ Outcome pairOffer(const std::string& input) {
   return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
 }
 
-// Host collective setup (Note [Collective setup]) as rank 1 following leader 0: the input is
-// the leader's offer and its verdict.
-Outcome collectiveOffer(const std::string& input) {
+// Host collective setup (Note [Collective setup]) between leader 0 and rank 1, as `rank`: as
+// rank 1 the input is the leader's offer and its verdict, as rank 0 rank 1's ack (mapped, its
+// SingleCopyWish), the leader sending its offer and the host's verdict.
+Outcome collectiveSetup(const std::string& input, int rank) {
   FedSocket sock(input);
   transport::shm::CollectiveRequest request;
-  request.rank = 1;
+  request.rank = rank;
   request.job_id = "job-7";
   request.host_ranks = {0, 1};
-  request.fds = {sock.fd(), -1};
+  request.fds = {-1, -1};
+  request.fds[static_cast<size_t>(1 - rank)] = sock.fd();
   request.wanted = false;
+  request.single_copy_wish = transport::shm::SingleCopyWish::kEveryOp;
   request.deadline = soon();
   std::unique_ptr<transport::shm::CollectiveSegment> segment;
   const Status s = transport::shm::setupCollectiveSegment(request, &segment);
@@ -200,9 +203,16 @@ std::vector<std::string> offerSeeds(Rng& rng, uint32_t magic, size_t trailer) {
   for (int i = 0; i < 16; ++i) {
     std::string trail = rng.bytes(trailer);
     if (trailer == 1) trail[0] = static_cast<char>(rng.below(2));  // the ack
+    if (trailer == 16) {  // step H's verdict: mapped, scope, the limiting rank's wish in range
+      for (size_t k = 0; k < 3; ++k) trail[k] = static_cast<char>(rng.below(2 + k));
+    }
     seeds.push_back(offerBytes(rng, magic) + trail);
   }
   return seeds;
+}
+
+std::vector<std::string> ackSeeds(Rng& rng) {  // mapped, a SingleCopyWish
+  return {{static_cast<char>(rng.below(2)), static_cast<char>(rng.below(4))}, {1, 2}, {1, 3}};
 }
 
 // Both ends of agreeOnVerdict: the leader reads a follower's verdict and sends the host's
@@ -556,7 +566,9 @@ void addTransportTargets(std::vector<Target>* out) {
                   [](Rng& rng) { return offerSeeds(rng, kPairOfferMagic, 1); }, pairOffer});
   out->push_back({"shm_collective_offer", "shm::readOffer + host verdict via setupCollectiveSegment",
                   [](Rng& rng) { return offerSeeds(rng, kCollectiveOfferMagic, 16); },
-                  collectiveOffer});
+                  [](const std::string& input) { return collectiveSetup(input, 1); }});
+  out->push_back({"shm_collective_ack", "a follower's ack, as setupCollectiveSegment's leader",
+                  ackSeeds, [](const std::string& input) { return collectiveSetup(input, 0); }});
   out->push_back({"probe_verdict", "shm::agreeOnVerdict, leader and follower", verdictSeeds,
                   probeVerdict});
   out->push_back({"control_frames", "transport::ControlChannel::receive", frameSeeds,

@@ -14,16 +14,19 @@
 //      the local size, the depth, the chunk bytes and the name.
 //   G. P reads the offer; if both it and P want shm and the fields match what P computes
 //      itself, P maps the segment. P writes an ack byte to L: 1 = mapped, 0 = not.
-//      With the ack P sends one more byte: 1 iff it has HVD_SINGLE_COPY on. Before the ack P
-//      writes its HVD_ONE_ROUND_BYTES into its BoardHeader (L does so before its verdict).
+//      With the ack P sends one more byte, its SingleCopyWish (HVD_SINGLE_COPY and, under
+//      auto, whether it would read a broadcast on two threads: Mesh decides). Before the ack
+//      P writes its HVD_ONE_ROUND_BYTES into its BoardHeader (L does so before its verdict).
 //   H. L reads every ack and writes a verdict (HostVerdict) to every P: mapped = 1 iff its own
-//      offer was ok and every ack was 1; the first rank (in host order, L first) that has
-//      HVD_SINGLE_COPY off, or -1 when every rank asked for it; and L's
-//      HVD_SINGLE_COPY_MIN_BYTES. P keeps its mapping iff mapped is 1. So the whole host agrees:
-//      an op uses the segment on all of the host's ranks or on none (Note [Host pipeline]),
-//      and the single-copy probe (Note [Single-copy probe] in cross_memory.cc) runs on all of
-//      them or on none. It runs only when every rank asked: with the feature off (the default)
-//      init exchanges no probe message, so it adds no failure point there.
+//      offer was ok and every ack was 1; the least single-copy scope any rank's wish allows
+//      (none < broadcasts < every op), the first rank (in host order, L first) whose wish set
+//      it and that wish (for the reason metrics() gives); and L's HVD_SINGLE_COPY_MIN_BYTES.
+//      P keeps its mapping iff mapped is 1. So the whole host agrees: an op uses the segment
+//      on all of the host's ranks or on none (Note [Host pipeline]), an op reads peers
+//      directly on all of them or on none, and the single-copy probe (Note [Single-copy
+//      probe] in cross_memory.cc) runs on all of them or on none. It runs only where the scope
+//      is not none: where a rank has HVD_SINGLE_COPY=0, or where under auto one would read on
+//      one thread, init exchanges no probe message, so it adds no failure point there.
 //   I. L unlinks the name: every rank has mapped it or given up, so no crash can leak it.
 // Offers and verdicts are a few dozen bytes, so the socket buffers absorb all of L's writes.
 #include "transport/shm/collective_segment.h"
@@ -32,11 +35,35 @@
 
 #include "common/byte_codec.h"
 #include "common/logging.h"
+#include "transport/shm/helper_read.h"
 #include "transport/shm/offer.h"
 
 namespace hvd::transport::shm {
 
 using common::Status;
+
+SingleCopyScope scopeOf(SingleCopyWish wish) {
+  switch (wish) {
+    case SingleCopyWish::kEveryOp: return SingleCopyScope::kEveryOp;
+    case SingleCopyWish::kBroadcast: return SingleCopyScope::kBroadcast;
+    case SingleCopyWish::kOff:
+    case SingleCopyWish::kNotTwoThreads: break;
+  }
+  return SingleCopyScope::kNone;
+}
+
+// Under auto, broadcasts where this rank would read them on two threads (Note [Two-thread
+// reads] in algo/broadcast_shm.cc) on the CPUs it will run on: its process's, or where it will
+// be bound the smallest share binding gives a rank of the host (Note [CPU binding] A).
+SingleCopyWish singleCopyWish(const std::string& setting, bool binds, int host_ranks,
+                              bool cores_outnumbered) {
+  if (setting == "off") return SingleCopyWish::kOff;
+  if (setting == "on") return SingleCopyWish::kEveryOp;
+  int own = common::usableCores();
+  if (binds && host_ranks > 1) own /= host_ranks;
+  return readsOnTwoThreads(host_ranks, cores_outnumbered, own) ? SingleCopyWish::kBroadcast
+                                                               : SingleCopyWish::kNotTwoThreads;
+}
 
 namespace {
 
@@ -58,11 +85,13 @@ static_assert(sizeof(Header) <= kHeaderBytes, "header must fit its slot");
 static_assert(sizeof(std::atomic<uint64_t>) * kStageCount <= 64, "counters share one line");
 static_assert(sizeof(PeerRegion) <= 128, "a peer region fits its two lines");
 
-// Step H's verdict, L to every P. Wire: u8 mapped, 3 bytes 0, i32 single_copy_off,
-// u64 single_copy_min_bytes.
+// Step H's verdict, L to every P. Wire: u8 mapped, u8 single-copy scope, u8 the limiting
+// rank's wish, 1 byte 0, i32 the limiting rank (-1: none), u64 single_copy_min_bytes.
 struct HostVerdict {
   uint8_t mapped = 0;
-  int32_t single_copy_off = -1;  // global rank with HVD_SINGLE_COPY off, -1: every rank wants it
+  SingleCopyScope scope = SingleCopyScope::kEveryOp;  // the least any rank of the host wished
+  SingleCopyWish limit_wish = SingleCopyWish::kEveryOp;
+  int32_t limit_rank = -1;  // global rank: the first whose wish set `scope` below kEveryOp
   uint64_t single_copy_min_bytes = 0;
 };
 constexpr size_t kVerdictBytes = 16;
@@ -71,8 +100,10 @@ Status writeVerdict(int fd, const HostVerdict& verdict, tcp::Deadline deadline) 
   std::string msg;
   common::ByteWriter w(&msg);
   w.u8(verdict.mapped);
-  w.bytes("\0\0\0", 3);
-  w.i32(verdict.single_copy_off);
+  w.u8(static_cast<uint8_t>(verdict.scope));
+  w.u8(static_cast<uint8_t>(verdict.limit_wish));
+  w.u8(0);
+  w.i32(verdict.limit_rank);
   w.u64(verdict.single_copy_min_bytes);
   return tcp::writeFull(fd, msg.data(), msg.size(), deadline);
 }
@@ -81,19 +112,49 @@ Status readVerdict(int fd, tcp::Deadline deadline, HostVerdict* verdict) {
   uint8_t raw[kVerdictBytes];
   HVD_RETURN_IF_ERROR(tcp::readFull(fd, raw, sizeof(raw), deadline));
   common::ByteReader in(raw, sizeof(raw));
-  if (!in.u8(&verdict->mapped) || !in.skip(3) || !in.i32(&verdict->single_copy_off) ||
-      !in.u64(&verdict->single_copy_min_bytes)) {
+  uint8_t scope = 0, wish = 0;
+  if (!in.u8(&verdict->mapped) || !in.u8(&scope) || !in.u8(&wish) || !in.skip(1) ||
+      !in.i32(&verdict->limit_rank) || !in.u64(&verdict->single_copy_min_bytes)) {
     return common::internalError("malformed host collective verdict: " + in.error());
   }
+  if (scope > static_cast<uint8_t>(SingleCopyScope::kEveryOp) || wish > kLastSingleCopyWish) {
+    return common::internalError("malformed host collective verdict: single-copy scope " +
+                                 std::to_string(scope) + ", wish " + std::to_string(wish));
+  }
+  verdict->scope = static_cast<SingleCopyScope>(scope);
+  verdict->limit_wish = static_cast<SingleCopyWish>(wish);
   return Status::ok();
 }
 
+// L: folds rank `rank`'s wish into the verdict (host order, L first).
+void foldWish(int rank, SingleCopyWish wish, HostVerdict* verdict) {
+  if (scopeOf(wish) < verdict->scope) {
+    verdict->scope = scopeOf(wish);
+    verdict->limit_wish = wish;
+    verdict->limit_rank = rank;
+  }
+}
+
 void recordWish(const HostVerdict& verdict, CollectiveSegment* segment) {
-  const bool all = verdict.single_copy_off < 0;
-  segment->setSingleCopyWish(
-      all, all ? "not probed" : "rank " + std::to_string(verdict.single_copy_off) +
-                                    " has HVD_SINGLE_COPY off (the default; 1 turns it on)",
-      verdict.single_copy_min_bytes);
+  const std::string who = "rank " + std::to_string(verdict.limit_rank);
+  std::string reason;
+  switch (verdict.limit_wish) {
+    case SingleCopyWish::kOff:
+      reason = who + " has HVD_SINGLE_COPY off (0; auto, the default, reads broadcasts "
+                     "directly where it can, 1 every op)";
+      break;
+    case SingleCopyWish::kNotTwoThreads:
+      reason = who + " would read a broadcast on one thread (HVD_SINGLE_COPY=auto, the "
+                     "default, reads broadcasts directly only where every rank of the host "
+                     "has two CPUs per reader, Note [Two-thread reads]; 1 reads anyway)";
+      break;
+    case SingleCopyWish::kBroadcast:
+      reason = who + " has HVD_SINGLE_COPY=auto (the default): broadcasts only; 1 on every "
+                     "rank reads allgather and alltoall directly too";
+      break;
+    case SingleCopyWish::kEveryOp: break;
+  }
+  segment->setSingleCopyWish(verdict.scope, reason, verdict.single_copy_min_bytes);
 }
 
 uint64_t chunkBytesFor(const CollectiveRequest& request) {
@@ -126,16 +187,19 @@ Status leadHost(const CollectiveRequest& request, std::unique_ptr<CollectiveSegm
   }
   bool all = offer.ok;
   HostVerdict verdict;
-  verdict.single_copy_off = request.single_copy_wanted ? -1 : request.rank;
+  foldWish(request.rank, request.single_copy_wish, &verdict);
   verdict.single_copy_min_bytes = request.single_copy_min_bytes;
   for (int i = 1; i < n; ++i) {
-    uint8_t ack[2] = {0, 0};  // mapped, wants single-copy
+    uint8_t ack[2] = {0, 0};  // mapped, its SingleCopyWish
     HVD_RETURN_IF_ERROR(tcp::readFull(request.fds[request.host_ranks[i]], ack, sizeof(ack),
                                       request.deadline));
-    all = all && ack[0] == 1;
-    if (verdict.single_copy_off < 0 && ack[1] != 1) {
-      verdict.single_copy_off = request.host_ranks[i];
+    if (ack[1] > kLastSingleCopyWish) {
+      return common::internalError("malformed host collective ack from rank " +
+                                   std::to_string(request.host_ranks[i]) + ": single-copy wish " +
+                                   std::to_string(ack[1]));
     }
+    all = all && ack[0] == 1;
+    foldWish(request.host_ranks[i], static_cast<SingleCopyWish>(ack[1]), &verdict);
   }
   verdict.mapped = all ? 1 : 0;
   for (int i = 1; i < n; ++i) {
@@ -172,7 +236,7 @@ Status followLeader(const CollectiveRequest& request, std::unique_ptr<Collective
     segment->boardHeader(local)->wish.store(request.one_round_bytes);
   }
   const uint8_t ack[2] = {static_cast<uint8_t>(segment ? 1 : 0),
-                         static_cast<uint8_t>(request.single_copy_wanted ? 1 : 0)};
+                         static_cast<uint8_t>(request.single_copy_wish)};
   HVD_RETURN_IF_ERROR(tcp::writeFull(fd, ack, sizeof(ack), request.deadline));
   HostVerdict verdict;
   HVD_RETURN_IF_ERROR(readVerdict(fd, request.deadline, &verdict));

@@ -29,6 +29,28 @@ namespace hvd::transport::shm {
 enum class Stage : int { kPosted = 0, kReduced = 1, kReleased = 2 };
 constexpr int kStageCount = 3;
 
+// Which host ops read peers' inputs directly (Note [Single-copy ops] in algo/single_copy.cc),
+// the same on every rank of the host (Note [Collective setup] H, Note [Single-copy probe]).
+enum class SingleCopyScope : uint8_t {
+  kNone = 0,
+  kBroadcast = 1,  // HVD_SINGLE_COPY=auto: broadcasts, where their readers read on two threads
+  kEveryOp = 2,    // HVD_SINGLE_COPY=1: broadcast, allgather and alltoall
+};
+
+// What a rank asks for at setup (its ack's second byte, Note [Collective setup] G).
+enum class SingleCopyWish : uint8_t {
+  kOff = 0,           // HVD_SINGLE_COPY=0
+  kEveryOp = 1,       // HVD_SINGLE_COPY=1
+  kBroadcast = 2,     // auto, and this rank would read a broadcast on two threads
+  kNotTwoThreads = 3  // auto, and it would not (Note [Two-thread reads] in broadcast_shm.cc)
+};
+constexpr uint8_t kLastSingleCopyWish = 3;
+SingleCopyScope scopeOf(SingleCopyWish wish);
+// This rank's wish: HVD_SINGLE_COPY `setting` (auto, on or off); under auto, whether it would
+// read a broadcast on two threads on the CPUs it will run on (`binds`: HVD_CPU_BIND=core).
+SingleCopyWish singleCopyWish(const std::string& setting, bool binds, int host_ranks,
+                              bool cores_outnumbered);
+
 // Where a local rank's input lies in its own address space, for peers that read it with
 // process_vm_readv (transport/shm/cross_memory.h), and where its output lies, for peers that
 // write into it (transport/shm/shared_blocks.h). Written only by its owner before it posts.
@@ -104,24 +126,29 @@ class CollectiveSegment {
   BoardHeader* boardHeader(int local) const;
   uint8_t* boardSlot(int local, uint64_t round) const;  // kBoardSlotBytes, 64-byte aligned
 
-  // Step H of Note [Collective setup]: whether every rank of the host asked for single-copy
-  // reads (HVD_SINGLE_COPY=1); only then does Note [Single-copy probe] (cross_memory.cc) run.
-  bool singleCopyWanted() const { return single_copy_wanted_; }
-  // Records step H's answer: off, with `reason` (which rank did not ask), or to be probed.
-  void setSingleCopyWish(bool all_want, std::string reason, uint64_t min_bytes) {
-    single_copy_wanted_ = all_want;
-    setSingleCopy(false, std::move(reason), min_bytes);
+  // Step H of Note [Collective setup]: the ops every rank of the host asked to read directly;
+  // only where some are does Note [Single-copy probe] (cross_memory.cc) run.
+  SingleCopyScope singleCopyWanted() const { return single_copy_wanted_; }
+  // Records step H's answer: the scope to probe for, `reason` saying what limits it.
+  void setSingleCopyWish(SingleCopyScope wanted, std::string reason, uint64_t min_bytes) {
+    single_copy_wanted_ = wanted;
+    single_copy_reason_ = std::move(reason);
+    single_copy_min_bytes_ = min_bytes;
   }
-  // Note [Single-copy probe] in cross_memory.cc: whether ops may read peers' inputs directly,
-  // the same on every rank of the host, and when not, why.
-  bool singleCopy() const { return single_copy_; }
+  // Note [Single-copy probe] in cross_memory.cc: which ops read peers' inputs directly, the
+  // same on every rank of the host, and (below kEveryOp) why no more.
+  SingleCopyScope singleCopy() const { return single_copy_; }
   const std::string& singleCopyReason() const { return single_copy_reason_; }
   // The smallest transfer between two ranks that takes the single-copy path.
   uint64_t singleCopyMinBytes() const { return single_copy_min_bytes_; }
-  void setSingleCopy(bool on, std::string reason, uint64_t min_bytes) {
-    single_copy_ = on;
-    single_copy_reason_ = std::move(reason);
-    single_copy_min_bytes_ = min_bytes;
+  // The probe's answer: the wanted scope (the reason stays step H's), or none, with `refusal`.
+  void setProbed(bool readable, std::string refusal) {
+    if (readable) {
+      single_copy_ = single_copy_wanted_;
+    } else {
+      single_copy_ = SingleCopyScope::kNone;
+      single_copy_reason_ = std::move(refusal);
+    }
   }
   // Note [Shared-output probe] in shared_blocks.cc: whether peers may write ops' outputs
   // directly (outputs in shared blocks), the same on every rank of the host, and when not, why.
@@ -141,8 +168,8 @@ class CollectiveSegment {
   uint32_t depth_ = 0;
   uint64_t chunk_bytes_ = 0;
   std::vector<pid_t> peer_pids_;  // by local index
-  bool single_copy_wanted_ = false;
-  bool single_copy_ = false;
+  SingleCopyScope single_copy_wanted_ = SingleCopyScope::kNone;
+  SingleCopyScope single_copy_ = SingleCopyScope::kNone;
   std::string single_copy_reason_ = "not probed";
   uint64_t single_copy_min_bytes_ = 0;
   bool shared_outputs_ = false;
@@ -158,7 +185,7 @@ struct CollectiveRequest {
   bool wanted = true;            // false when HVD_TRANSPORT=tcp
   uint32_t depth = 4;
   uint64_t piece_bytes = 256 << 10;  // chunk = local size x piece
-  bool single_copy_wanted = false;   // HVD_SINGLE_COPY on this rank
+  SingleCopyWish single_copy_wish = SingleCopyWish::kOff;  // this rank's (Mesh decides it)
   uint64_t single_copy_min_bytes = 16 << 20;  // HVD_SINGLE_COPY_MIN_BYTES; the leader's rules
   uint32_t one_round_bytes = 0;      // HVD_ONE_ROUND_BYTES, this rank's BoardHeader::wish
   tcp::Deadline deadline;

@@ -6,17 +6,18 @@
 // call (Docker's default did before 19.03), no peer that made itself non-dumpable. None of
 // that can be known without trying, and a host's ranks must all take the same path (an op
 // that reads a peer's input directly and an op that waits for the peer to copy into its slot
-// do not mix). So once per host segment, after Note [Collective setup] and only when every
-// rank of the host asked for it there (HVD_SINGLE_COPY=1; the default sends no probe message),
-// over the same sockets, with the host's leader L and every other rank P:
+// do not mix). So once per host segment, after Note [Collective setup] and only where the
+// host's ranks agreed there on a scope that reads (HVD_SINGLE_COPY=1 on every rank; auto, the
+// default, where every rank would read a broadcast on two threads; otherwise no probe message
+// is sent), over the same sockets, with the host's leader L and every other rank P:
 //   J. every rank writes (pid, address, 8) of a probe word holding a value derived from its
 //      local index into its PeerRegion; P then writes one byte to L, and L, having read all
 //      of them, writes one byte back to every P: every region is now published.
 //   K. every rank reads every other rank's probe word with readPeer and checks its value; it
 //      sends L a verdict (kind, rank): 0 = fine, else why not (the kernel refused, the read
 //      failed, a test forced it).
-//   L. L writes the first refusal (or 0) to every P; every rank sets the segment's mode from
-//      it, keeping the threshold step H gave (L's HVD_SINGLE_COPY_MIN_BYTES: one threshold per
+//   L. L writes the first refusal (or 0) to every P; every rank sets the segment's scope from
+//      it (step H's, or none), keeping the threshold step H gave (L's HVD_SINGLE_COPY_MIN_BYTES: one threshold per
 //      host, since ranks that picked different paths for one op would wait on each other
 //      forever). The probe word lives on this function's stack until the verdict, which comes
 //      only after every rank has finished its reads.
@@ -154,7 +155,9 @@ Status writePeer(pid_t pid, uint64_t remote, const void* local, size_t bytes, in
 uint64_t singleCopyProbes() { return g_probes.load(std::memory_order_relaxed); }
 
 Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment) {
-  if (segment == nullptr || !segment->singleCopyWanted()) return Status::ok();
+  if (segment == nullptr || segment->singleCopyWanted() == SingleCopyScope::kNone) {
+    return Status::ok();
+  }
   g_probes.fetch_add(1, std::memory_order_relaxed);
   int self = -1;
   HVD_RETURN_IF_ERROR(hostIndexOf(request.host_ranks, request.rank, segment->localSize(),
@@ -177,7 +180,7 @@ Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segm
   Verdict host;
   HVD_RETURN_IF_ERROR(
       agreeOnVerdict(request.host_ranks, request.fds, self, mine, &host, request.deadline));
-  segment->setSingleCopy(host.refusal == kFine, explain(host), segment->singleCopyMinBytes());
+  segment->setProbed(host.refusal == kFine, explain(host));
   return Status::ok();
 }
 

@@ -48,8 +48,8 @@ struct SingleCopyRequest {
 
 // Note [Single-copy probe]. Every rank of the host calls it with the same segment (or every
 // rank with none); afterwards segment->singleCopy() is the same on all of them, and
-// singleCopyReason() says why it is off. Sends nothing unless segment->singleCopyWanted()
-// (every rank of the host asked for it at setup, Note [Collective setup]).
+// singleCopyReason() says what limits it. Sends nothing where segment->singleCopyWanted() is
+// kNone (the host's ranks agreed at setup, Note [Collective setup] H).
 common::Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment);
 
 // Probes this process ran (exchanged messages for) since it started:

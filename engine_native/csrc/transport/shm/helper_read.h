@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/cpu_relax.h"
 #include "common/status.h"
 
 namespace hvd::transport::shm {
@@ -45,6 +46,17 @@ void awaitHelperRead(const HelperRead& read);
 // kernel's work per page more than by memory, so where another core is idle two threads read
 // a message in about half the time (Note [Two-thread reads] in algo/broadcast_shm.cc).
 common::Status readOnTwoThreads(pid_t pid, uint64_t remote, void* local, size_t bytes);
+
+// Whether a reader of a host's broadcast reads on two threads (Note [Two-thread reads] in
+// algo/broadcast_shm.cc): the host has two CPUs per reader (2 x (host_ranks - 1) <= the CPUs
+// this process could use before any binding), its ranks do not outnumber its cores, and the
+// reader runs on `own_cpus` >= 2 of them. Asked at setup with the CPUs the rank will run on
+// (the host agrees on single-copy broadcasts from every rank's answer: HVD_SINGLE_COPY=auto),
+// and by each read with the thread's mask then.
+inline bool readsOnTwoThreads(int host_ranks, bool cores_outnumbered, int own_cpus) {
+  return host_ranks >= 2 && !cores_outnumbered && own_cpus >= 2 &&
+         2 * (host_ranks - 1) <= common::usableCores();
+}
 
 // Reads the reading thread has run since the process started (metrics()["helper_reads"]).
 uint64_t helperReads();
