@@ -25,7 +25,7 @@ SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all",
             "-fno-omit-frame-pointer"]
 
 DRIVER_SOURCES = ["main.cc", "targets_common.cc", "targets_coord.cc", "targets_transport.cc",
-                  "targets_runtime.cc"]
+                  "targets_shm_setup.cc", "targets_runtime.cc"]
 # The decoders and what they call, spelled as in setup.py's CORE_SOURCES.
 CORE = [
     "common/byte_codec.cc",

@@ -1,7 +1,9 @@
 """Edges of the device path on the fake CUDA runtime and NCCL: joins before any CUDA op, two
 GPUs in one process, removed process sets, a producer that never finishes on a staged set of
-one, and a framework thread's current device (the loop's passes may run on it).
+one, a framework thread's current device (the loop's passes may run on it), and a staged
+broadcast's pinned buffer, which no peer reads directly under HVD_SINGLE_COPY=auto.
 """
+import os
 
 import numpy as np
 import pytest
@@ -210,3 +212,32 @@ def test_an_op_on_a_capturing_stream_is_refused_at_enqueue_on_its_rank(fake_cuda
                                 "CUDA graph"), e
             assert "after graph.replay()" in e, e
         assert after == [2.0] * 3 and asked, r.value
+
+
+def staged_and_host_broadcasts():
+    """A 16 MiB broadcast through the staged path, then the same from host memory, on ranks
+    sharing two CPUs (a host whose readers read on two threads: HVD_SINGLE_COPY=auto reads
+    broadcasts directly). Returns the host's single-copy mode, the single-copy ops each
+    broadcast ran and whether both results are the root's."""
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))
+    hvd = device_ops.init()
+    count = (16 << 20) // 4 + 9
+    before = hvd.metrics()["single_copy_ops"]
+    staged = device_ops.broadcast(np.full(count, hvd.rank() + 1.0, np.float32), 0, "staged.b")
+    staged_ops = hvd.metrics()["single_copy_ops"] - before
+    host = hvd.broadcast(np.full(count, hvd.rank() + 1.0, np.float32), 0, name="host.b")
+    host_ops = hvd.metrics()["single_copy_ops"] - before - staged_ops
+    mode = hvd.metrics()["host_copy"]
+    hvd.shutdown()
+    return mode, staged_ops, host_ops, bool(np.all(staged == 1.0)) and bool(np.all(host == 1.0))
+
+
+def test_a_staged_broadcast_keeps_the_slots_under_auto_single_copy(fake_cuda):
+    """A staged op's host buffer is pinned (cudaMallocHost) on a real GPU, which a peer's
+    process_vm_readv may not read: under auto its broadcast goes through the slots, while a
+    broadcast from the process's own memory reads the root's input directly."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    kwargs = device_ops.rank_envs(fake_cuda, 2, True)
+    results = run_ranks(staged_and_host_broadcasts, 2, timeout=120, **kwargs)
+    assert [r.value for r in results] == [("single-copy broadcast", 0, 1, True)] * 2

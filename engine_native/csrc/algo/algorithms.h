@@ -14,6 +14,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "transport/comm.h"
+#include "transport/shm/collective_segment.h"
 
 namespace hvd::algo {
 
@@ -41,6 +42,10 @@ struct AllreduceChoice {
   bool shared_memory = true;         // false when HVD_TRANSPORT=tcp
   size_t small_bytes = 16 << 10;     // direct exchange at or below this size (and n-1 copies
                                      // of it at or below 256 KiB)
+  // Staged device ops: their host buffers are pinned (cudaMallocHost), which a peer's
+  // process_vm_readv may not read, so their broadcasts read directly only where the user asked
+  // for every op (HVD_SINGLE_COPY=1), not under auto.
+  bool pinned_host_buffers = false;
   // From the env table, with `hierarchical` the value in force (Note [Runtime allreduce
   // choice] in runtime/executor.h).
   static AllreduceChoice fromConfig(const common::Config& config, bool hierarchical);
@@ -112,12 +117,16 @@ bool hostsContiguous(const transport::Comm& comm);
 // rank copies its input to `data` first.
 common::Status broadcast(transport::Comm& comm, const void* root_in, void* data, size_t bytes,
                          int root, const AllreduceChoice& choice);
+// `needs`: the host's single-copy scope that lets it read the root's input directly (Note
+// [Two-thread reads]): kBroadcast for a broadcast the user asked for, kEveryOp for a step of
+// another collective or a staged device op's pinned buffer.
 common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
-                            size_t bytes, int root);
+                            size_t bytes, int root, transport::shm::SingleCopyScope needs);
 common::Status broadcastTree(transport::Comm& comm, void* data, size_t bytes, int root);
 // Leaders' tree across hosts, then each host from its leader (algo/broadcast_hierarchical.cc).
 common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in, void* data,
-                                     size_t bytes, int root);
+                                     size_t bytes, int root,
+                                     transport::shm::SingleCopyScope needs);
 
 // True when the Comm has several members, all on this host, and the host collective segment
 // serves it (every rank of the host in it; not HVD_TRANSPORT=tcp): the same on every rank.

@@ -80,7 +80,9 @@ common::Status allgatherHierarchical(transport::Comm& comm, const void* in, void
   }
   const size_t total = offsets[bytes_per_rank.size()];
   if (mine.size() < 2 || total == 0) return common::Status::ok();
-  if (segment) return broadcastShm(local, output, output, total, 0);  // C
+  if (segment) {  // C
+    return broadcastShm(local, output, output, total, 0, transport::shm::SingleCopyScope::kEveryOp);
+  }
   return broadcastTree(local, output, total, 0);
 }
 

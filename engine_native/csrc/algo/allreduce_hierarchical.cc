@@ -79,7 +79,10 @@ common::Status unevenHosts(const transport::Comm& comm, const HostLayout& layout
   if (!several) return common::Status::ok();
   // The leader is local rank 0, which is set rank 0 of `local` (members in global order).
   const size_t bytes = opts.count * common::dataTypeSize(opts.dtype);
-  if (segment) return broadcastShm(local, opts.data, opts.data, bytes, 0);
+  if (segment) {
+    return broadcastShm(local, opts.data, opts.data, bytes, 0,
+                        transport::shm::SingleCopyScope::kEveryOp);
+  }
   return broadcastTree(local, opts.data, bytes, 0);
 }
 

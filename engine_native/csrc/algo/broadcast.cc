@@ -14,16 +14,18 @@ namespace hvd::algo {
 common::Status broadcast(transport::Comm& comm, const void* root_in, void* data, size_t bytes,
                          int root, const AllreduceChoice& choice) {
   if (root < 0 || root >= comm.size()) return broadcastTree(comm, data, bytes, root);  // error
+  const auto needs = choice.pinned_host_buffers ? transport::shm::SingleCopyScope::kEveryOp
+                                                : transport::shm::SingleCopyScope::kBroadcast;
   const bool shm = hostSegmentServes(comm, choice);
   const bool one_host = static_cast<int>(comm.localMembers().size()) == comm.size();
   if (!shm && !one_host && hierarchicalHelps(comm)) {
     logCollectivePick(CopyCollective::kBroadcast, CopyPath::kHierarchical, comm);
-    return broadcastHierarchical(comm, root_in, data, bytes, root);
+    return broadcastHierarchical(comm, root_in, data, bytes, root, needs);
   }
   if (comm.size() > 1) {
     logCollectivePick(CopyCollective::kBroadcast, shm ? CopyPath::kShm : CopyPath::kPairs, comm);
   }
-  if (shm) return broadcastShm(comm, root_in, data, bytes, root);
+  if (shm) return broadcastShm(comm, root_in, data, bytes, root, needs);
   if (comm.rank() == root && root_in != data && bytes > 0) std::memcpy(data, root_in, bytes);
   return broadcastTree(comm, data, bytes, root);
 }

@@ -29,7 +29,8 @@
 namespace hvd::algo {
 
 common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in, void* data,
-                                     size_t bytes, int root) {
+                                     size_t bytes, int root,
+                                     transport::shm::SingleCopyScope needs) {
   if (bytes == 0 || comm.size() == 1) return common::Status::ok();
   const HostLayout layout = layoutOf(comm);
   if (layout.my_host < 0) return common::internalError("hierarchical broadcast: rank not found");
@@ -60,7 +61,7 @@ common::Status broadcastHierarchical(transport::Comm& comm, const void* root_in,
   const int local_root =
       static_cast<int>(std::find(mine.begin(), mine.end(), my_leader) - mine.begin());
   if (transport::shm::CollectiveSync::segmentFor(local) != nullptr) {
-    return broadcastShm(local, data, data, bytes, local_root);
+    return broadcastShm(local, data, data, bytes, local_root, needs);
   }
   return broadcastTree(local, data, bytes, local_root);
 }

@@ -83,11 +83,14 @@ common::Status broadcastPieces(CollectiveSync& sync, const uint8_t* root_in, uin
 // (benchmarks/RESULTS.md, "Large ops against the copy floor", 2026-12-06). So that is where
 // HVD_SINGLE_COPY=auto (the default) reads broadcasts directly: every rank of the host says at
 // setup whether it would read on two threads (Mesh, with the share HVD_CPU_BIND=core will give
-// it), and the host agrees (Note [Collective setup] H). Each read still asks again with the
-// thread's mask then (a user may have narrowed it): the number of threads is this rank's own
-// choice, the op is the same on every rank either way. Allgather's and alltoall's own
-// single-copy reads stay on one thread, and on the slots unless HVD_SINGLE_COPY=1: every
-// rank reads there, so no CPU is idle.
+// it), and the host agrees (Note [Collective setup] H); under auto only broadcasts the user
+// asked for, of at least kTwoThreadMinBytes, of the process's own memory (a staged device
+// op's pinned buffer may not be readable by a peer's process_vm_readv; a step of another
+// collective keeps that collective's path: `needs` in broadcastShm). Each read still asks
+// again with the thread's mask then (a user may have narrowed it): the number of threads is
+// this rank's own choice, the op is the same on every rank either way. Allgather's and
+// alltoall's own single-copy reads stay on one thread, and on the slots unless
+// HVD_SINGLE_COPY=1: every rank reads there, so no CPU is idle.
 constexpr size_t kTwoThreadMinBytes = 1 << 20;  // below, the hand-off costs what it saves
 
 bool twoThreadReads(const CollectiveSync& sync, size_t bytes, bool cores_outnumbered) {
@@ -121,7 +124,7 @@ common::Status broadcastSingleCopy(CollectiveSync& sync, const uint8_t* root_in,
 }  // namespace
 
 common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* data,
-                            size_t bytes, int root) {
+                            size_t bytes, int root, transport::shm::SingleCopyScope needs) {
   transport::shm::CollectiveSegment* segment = CollectiveSync::segmentFor(comm);
   if (segment == nullptr || static_cast<int>(comm.localMembers().size()) != comm.size()) {
     return common::internalError("shm broadcast: no host collective segment serves this "
@@ -129,7 +132,9 @@ common::Status broadcastShm(transport::Comm& comm, const void* root_in, void* da
   }
   if (bytes == 0 || comm.size() == 1) return common::Status::ok();
   CollectiveSync sync(comm, segment);
-  if (singleCopyServes(sync, bytes, transport::shm::SingleCopyScope::kBroadcast)) {
+  // Under auto (scope kBroadcast) only what a reader reads on two threads: at least 1 MiB.
+  const bool every_op = sync.segment().singleCopy() == transport::shm::SingleCopyScope::kEveryOp;
+  if (singleCopyServes(sync, bytes, needs) && (every_op || bytes >= kTwoThreadMinBytes)) {
     return broadcastSingleCopy(sync, static_cast<const uint8_t*>(root_in),
                                static_cast<uint8_t*>(data), bytes,
                                sync.localIndexOf(comm.globalRank(root)),

@@ -157,17 +157,19 @@ const std::vector<Knob>& knobs() {
       stringKnob({"HVD_SINGLE_COPY", nullptr, "string", "auto",
                   "Whether large ops between ranks of one host read peers' inputs straight "
                   "into the output with process_vm_readv, one copy per byte: auto (the "
-                  "default) for broadcasts where every rank of the host would read on two "
-                  "threads (two CPUs per reader, ranks not outnumbering cores), 1 for "
-                  "broadcast, allgather and alltoall everywhere, 0 never. The host's ranks "
-                  "agree, and probe at start that they can (metrics()['host_copy'] says "
-                  "which, and why no more)."},
+                  "default) for broadcasts of host memory (not a staged GPU op's pinned "
+                  "buffer, nor a step of another collective) where every rank of the host "
+                  "would read on two threads (two CPUs per reader, ranks not outnumbering "
+                  "cores), 1 for every broadcast, allgather and alltoall, 0 never. The host's "
+                  "ranks agree, and probe at start that they can (metrics()['host_copy'] "
+                  "says which, and why no more)."},
                  &Config::single_copy),
       intKnob({"HVD_SINGLE_COPY_MIN_BYTES", nullptr, "bytes", "16777216",
                "The smallest transfer between two ranks of one host (a broadcast, an "
                "allgather part, an alltoall block) that takes the single-copy read; smaller "
                "ones copy through the shared segment, faster there (Note [Single-copy "
-               "threshold]). The host's lowest rank's value holds for the whole host."},
+               "threshold]; under HVD_SINGLE_COPY=auto at least 1 MiB). The host's lowest "
+               "rank's value holds for the whole host."},
               Kind::kBytes, &Config::single_copy_min_bytes, 0),
       boolKnob({"HVD_SHARED_OUTPUTS", nullptr, "bool", "true",
                 "true: an alltoall or allgather between ranks of one host whose largest "

@@ -153,7 +153,9 @@ Status DeviceStagedOps::broadcast(OpContext& op, DeviceStream& stream) {
   uint8_t *data = nullptr, *unused = nullptr;
   HVD_RETURN_IF_ERROR(stagedInput(op, &data, &unused));
   op.activities.start("STAGED_BCAST");
-  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, data, bytes, root, op.choice));
+  algo::AllreduceChoice choice = op.choice;
+  choice.pinned_host_buffers = true;  // (a staging buffer: cudaMallocHost)
+  HVD_RETURN_IF_ERROR(algo::broadcast(op.comm, data, data, bytes, root, choice));
   op.activities.end();
   if (op.entries[0] != nullptr) {
     HVD_RETURN_IF_ERROR(stageOutput(op, stream, op.entries[0]->output, data, bytes));

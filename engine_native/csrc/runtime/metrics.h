@@ -62,8 +62,9 @@ struct MetricsSnapshot {
   // per global rank: how negotiation frames travel to it, "shm" / "tcp" / "none" (no channel)
   std::vector<std::string> control_transports;
   // How host collectives move bytes between this host's ranks: "single-copy" (peers' inputs
-  // read with process_vm_readv), "segment" (through the shared segment) or "none" (no host
-  // segment); host_copy_reason says why it is not single-copy ("" when it is).
+  // read with process_vm_readv), "single-copy broadcast" (broadcasts only: HVD_SINGLE_COPY=auto),
+  // "segment" (through the shared segment) or "none" (no host segment); host_copy_reason says
+  // what keeps it from reading every op directly ("" when nothing does).
   std::string cpu_binding;  // CPUs this rank is bound to ("2,3"); "" unbound (Note [CPU binding])
   std::string host_copy;
   std::string host_copy_reason;

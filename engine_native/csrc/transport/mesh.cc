@@ -451,7 +451,8 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
                                 << (m.collective->chunkBytes() >> 10) << " KiB slots per rank; "
                                 << (m.collective->singleCopy() == shm::SingleCopyScope::kNone
                                         ? "no single-copy reads: "
-                                        : "single-copy reads between ranks; ")
+                                        : "single-copy reads between ranks")
+                                << (m.collective->singleCopyReason().empty() ? "" : "; ")
                                 << m.collective->singleCopyReason();
   }
   std::lock_guard<std::mutex> lock(m.doorbell_mutex);

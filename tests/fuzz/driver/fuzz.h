@@ -61,6 +61,7 @@ struct Target {
 void addCommonTargets(std::vector<Target>* out);
 void addCoordTargets(std::vector<Target>* out);
 void addTransportTargets(std::vector<Target>* out);
+void addShmSetupTargets(std::vector<Target>* out);
 void addRuntimeTargets(std::vector<Target>* out);
 
 // For socket-fed decoders (targets_transport.cc): a connected AF_UNIX stream pair. The

@@ -273,6 +273,7 @@ int main(int argc, char** argv) {
   addCommonTargets(&all);
   addCoordTargets(&all);
   addTransportTargets(&all);
+  addShmSetupTargets(&all);
   addRuntimeTargets(&all);
   addCanaries(&all);
   uint64_t inputs = 10000, seed = 1;

@@ -1,10 +1,9 @@
 // The transport's decoders of a peer's bytes, each run through its public entry point on a
 // socket fed with the input (FedSocket): the mesh handshake, both ends (tcp/handshake.h), the
-// shared-memory offers of the pair and the host collective setups (shm/offer.h through
-// shm/setup.h and shm/collective_segment.h, with shared memory not wanted, so nothing is
-// mapped), the host probes' verdict (shm/host_agreement.h), the control frames
-// (transport/control.h) and the point-to-point frames (transport/peer_channel.h). Every input ends in EOF, so a kTimeout means a decoder waited for
-// bytes that can never come: a failure, as is any status code the entry point does not give.
+// control frames (transport/control.h) and the point-to-point frames
+// (transport/peer_channel.h); the shared-memory setups are in targets_shm_setup.cc. Every
+// input ends in EOF, so a kTimeout means a decoder waited for bytes that can never come: a
+// failure, as is any status code the entry point does not give (status_outcome.h).
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -17,14 +16,11 @@
 
 #include "common/byte_codec.h"
 #include "fuzz.h"
+#include "status_outcome.h"
 #include "transport/control.h"
 #include "transport/peer_channel.h"
-#include "transport/shm/collective_segment.h"
-#include "transport/shm/host_agreement.h"
-#include "transport/shm/offer.h"
 #include "transport/shm/ring_stream.h"
 #include "transport/shm/segment.h"
-#include "transport/shm/setup.h"
 #include "transport/tcp/handshake.h"
 
 namespace hvd::fuzz {
@@ -74,15 +70,10 @@ using common::Code;
 using common::Status;
 
 const transport::tcp::JobIdentity kSelf{"secret of the job", "job-7", 1, 4};
+
 constexpr uint32_t kHelloMagic = 0x48445648, kChallengeMagic = 0x41445648;
 constexpr uint32_t kWelcomeMagic = 0x4b445648;
 
-transport::tcp::Deadline soon() { return transport::tcp::deadlineAfter(5.0); }
-
-Outcome unexpected(const Status& s) {
-  return failed("unexpected status " + std::to_string(static_cast<int>(s.code())) + ": " +
-                s.message());
-}
 
 // Acceptor: the input is what a dialer sends (hello, job id, proof). Nobody here knows the
 // nonce the acceptor draws, so a proof never verifies: "accepted" counts the inputs whose
@@ -129,7 +120,7 @@ Outcome handshakeDialer(const std::string& input) {
   const Status s = transport::tcp::dialerHandshake(sock.fd(), kSelf, 0,
                                                    transport::tcp::ChannelKind::kControl, soon());
   if (s.isOk()) return failed("connected to a listener that does not know the secret");
-  return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
+  return refused(s);
 }
 
 std::vector<std::string> challengeSeeds(Rng& rng) {
@@ -140,112 +131,6 @@ std::vector<std::string> challengeSeeds(Rng& rng) {
     w.u32(kChallengeMagic);
     s += rng.bytes(64);  // nonce, mac
     w.u32(kWelcomeMagic);
-    seeds.push_back(s);
-  }
-  return seeds;
-}
-
-std::string offerBytes(Rng& rng, uint32_t magic) {
-  transport::shm::Offer offer;
-  offer.ok = !rng.chance(4);
-  if (offer.ok) {
-    // segmentName's form, with the nonce from rng: the same seeds on every run.
-    offer.name = "/hvd-job-7-r0-" + std::to_string(rng.next());
-    offer.count = static_cast<uint32_t>(1 + rng.below(4));
-    offer.index = static_cast<uint32_t>(rng.below(offer.count));
-    offer.depth = static_cast<uint32_t>(rng.below(8));
-    offer.bytes = 64 << rng.below(16);
-  }
-  FedSocket out;  // the encoder writes to a socket: its bytes are taken from the other end
-  transport::shm::writeOffer(out.fd(), magic, offer, soon());
-  return out.written();
-}
-
-// Pair setup (Note [Shm setup]) as rank 0 with one local peer, rank 1: the input is rank 1's
-// offer and its ack.
-Outcome pairOffer(const std::string& input) {
-  FedSocket sock(input);
-  transport::shm::SetupRequest request;
-  request.rank = 0;
-  request.job_id = "job-7";
-  request.local_peers = {1};
-  request.fds = {-1, sock.fd()};
-  request.wanted = false;
-  request.deadline = soon();
-  transport::shm::SetupResult result;
-  const Status s = transport::shm::setupSharedMemory(request, &result);
-  if (s.isOk()) return result.peer_segment[1] ? failed("mapped although not wanted") : accepted();
-  return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
-}
-
-// Host collective setup (Note [Collective setup]) between leader 0 and rank 1, as `rank`: as
-// rank 1 the input is the leader's offer and its verdict, as rank 0 rank 1's ack (mapped, its
-// SingleCopyWish), the leader sending its offer and the host's verdict.
-Outcome collectiveSetup(const std::string& input, int rank) {
-  FedSocket sock(input);
-  transport::shm::CollectiveRequest request;
-  request.rank = rank;
-  request.job_id = "job-7";
-  request.host_ranks = {0, 1};
-  request.fds = {-1, -1};
-  request.fds[static_cast<size_t>(1 - rank)] = sock.fd();
-  request.wanted = false;
-  request.single_copy_wish = transport::shm::SingleCopyWish::kEveryOp;
-  request.deadline = soon();
-  std::unique_ptr<transport::shm::CollectiveSegment> segment;
-  const Status s = transport::shm::setupCollectiveSegment(request, &segment);
-  if (s.isOk()) return segment ? failed("mapped although not wanted") : accepted();
-  return s.code() == Code::kInternal || s.code() == Code::kPeerLost ? rejected() : unexpected(s);
-}
-
-std::vector<std::string> offerSeeds(Rng& rng, uint32_t magic, size_t trailer) {
-  std::vector<std::string> seeds;
-  for (int i = 0; i < 16; ++i) {
-    std::string trail = rng.bytes(trailer);
-    if (trailer == 1) trail[0] = static_cast<char>(rng.below(2));  // the ack
-    if (trailer == 16) {  // step H's verdict: mapped, scope, the limiting rank's wish in range
-      for (size_t k = 0; k < 3; ++k) trail[k] = static_cast<char>(rng.below(2 + k));
-    }
-    seeds.push_back(offerBytes(rng, magic) + trail);
-  }
-  return seeds;
-}
-
-std::vector<std::string> ackSeeds(Rng& rng) {  // mapped, a SingleCopyWish
-  return {{static_cast<char>(rng.below(2)), static_cast<char>(rng.below(4))}, {1, 2}, {1, 3}};
-}
-
-// Both ends of agreeOnVerdict: the leader reads a follower's verdict and sends the host's
-// back (which must be the one it read, ours being fine); a follower reads the host's.
-Outcome probeVerdict(const std::string& input) {
-  const transport::shm::ProbeVerdict fine;
-  transport::shm::ProbeVerdict host;
-  FedSocket leader(input);
-  const Status s = transport::shm::agreeOnVerdict({0, 1}, {-1, leader.fd()}, 0, fine, &host, soon());
-  FedSocket follower(input);
-  transport::shm::ProbeVerdict told;
-  const Status t = transport::shm::agreeOnVerdict({0, 1}, {follower.fd(), -1}, 1, fine, &told, soon());
-  for (const Status* x : {&s, &t}) {
-    if (!x->isOk() && x->code() != Code::kInternal && x->code() != Code::kPeerLost) return unexpected(*x);
-  }
-  if (s.isOk() != t.isOk()) return failed("the two ends disagree on the same bytes");
-  if (!s.isOk()) return rejected();
-  if (host.refusal == 0) return told.refusal == 0 ? accepted() : failed("a refusal was lost");
-  const std::string relayed = leader.written();
-  if (relayed.compare(0, 12, input, 0, 12) != 0) return failed("the refusal was relayed altered");
-  return told.refusal == host.refusal && told.rank == host.rank && told.peer == host.peer
-             ? accepted() : failed("the ends read different refusals");
-}
-
-std::vector<std::string> verdictSeeds(Rng& rng) {
-  std::vector<std::string> seeds;
-  for (int i = 0; i < 8; ++i) {
-    std::string s;
-    common::ByteWriter w(&s);
-    w.u32(static_cast<uint32_t>(rng.below(5)));
-    w.i32(static_cast<int32_t>(rng.below(4)));
-    w.i32(static_cast<int32_t>(rng.below(4)) - 1);
-    w.u32(0);
     seeds.push_back(s);
   }
   return seeds;
@@ -556,21 +441,10 @@ std::vector<std::string> deviceMessageSeeds(Rng& rng) {
 }  // namespace
 
 void addTransportTargets(std::vector<Target>* out) {
-  using transport::shm::kCollectiveOfferMagic;
-  using transport::shm::kPairOfferMagic;
   out->push_back({"handshake_acceptor", "tcp::acceptorHandshake (hello, job id, proof)",
                   helloSeeds, handshakeAcceptor});
   out->push_back({"handshake_dialer", "tcp::dialerHandshake (challenge, welcome)",
                   challengeSeeds, handshakeDialer});
-  out->push_back({"shm_pair_offer", "shm::readOffer + checkPairOffer via setupSharedMemory",
-                  [](Rng& rng) { return offerSeeds(rng, kPairOfferMagic, 1); }, pairOffer});
-  out->push_back({"shm_collective_offer", "shm::readOffer + host verdict via setupCollectiveSegment",
-                  [](Rng& rng) { return offerSeeds(rng, kCollectiveOfferMagic, 16); },
-                  [](const std::string& input) { return collectiveSetup(input, 1); }});
-  out->push_back({"shm_collective_ack", "a follower's ack, as setupCollectiveSegment's leader",
-                  ackSeeds, [](const std::string& input) { return collectiveSetup(input, 0); }});
-  out->push_back({"probe_verdict", "shm::agreeOnVerdict, leader and follower", verdictSeeds,
-                  probeVerdict});
   out->push_back({"control_frames", "transport::ControlChannel::receive", frameSeeds,
                   controlFrames});
   out->push_back({"peer_frames", "transport::PeerChannel::receive (decodePeerHeader)",

@@ -57,8 +57,8 @@ SingleCopyScope scopeOf(SingleCopyWish wish) {
 // be bound the smallest share binding gives a rank of the host (Note [CPU binding] A).
 SingleCopyWish singleCopyWish(const std::string& setting, bool binds, int host_ranks,
                               bool cores_outnumbered) {
-  if (setting == "off") return SingleCopyWish::kOff;
   if (setting == "on") return SingleCopyWish::kEveryOp;
+  if (setting != "auto") return SingleCopyWish::kOff;  // "off" (Config parses no other value)
   int own = common::usableCores();
   if (binds && host_ranks > 1) own /= host_ranks;
   return readsOnTwoThreads(host_ranks, cores_outnumbered, own) ? SingleCopyWish::kBroadcast
@@ -112,17 +112,23 @@ Status readVerdict(int fd, tcp::Deadline deadline, HostVerdict* verdict) {
   uint8_t raw[kVerdictBytes];
   HVD_RETURN_IF_ERROR(tcp::readFull(fd, raw, sizeof(raw), deadline));
   common::ByteReader in(raw, sizeof(raw));
-  uint8_t scope = 0, wish = 0;
-  if (!in.u8(&verdict->mapped) || !in.u8(&scope) || !in.u8(&wish) || !in.skip(1) ||
+  uint8_t scope = 0, wish = 0, pad = 0;
+  if (!in.u8(&verdict->mapped) || !in.u8(&scope) || !in.u8(&wish) || !in.u8(&pad) ||
       !in.i32(&verdict->limit_rank) || !in.u64(&verdict->single_copy_min_bytes)) {
     return common::internalError("malformed host collective verdict: " + in.error());
   }
-  if (scope > static_cast<uint8_t>(SingleCopyScope::kEveryOp) || wish > kLastSingleCopyWish) {
-    return common::internalError("malformed host collective verdict: single-copy scope " +
-                                 std::to_string(scope) + ", wish " + std::to_string(wish));
-  }
   verdict->scope = static_cast<SingleCopyScope>(scope);
   verdict->limit_wish = static_cast<SingleCopyWish>(wish);
+  // The scope is the limiting rank's wish's, or every op where no rank limits it.
+  const bool limited = verdict->limit_rank >= 0;
+  if (pad != 0 || scope > static_cast<uint8_t>(SingleCopyScope::kEveryOp) ||
+      wish > kLastSingleCopyWish || verdict->limit_rank < -1 ||
+      (limited ? scopeOf(verdict->limit_wish) != verdict->scope
+               : verdict->scope != SingleCopyScope::kEveryOp)) {
+    return common::internalError(
+        "malformed host collective verdict: single-copy scope " + std::to_string(scope) +
+        ", wish " + std::to_string(wish) + " of rank " + std::to_string(verdict->limit_rank));
+  }
   return Status::ok();
 }
 

@@ -17,10 +17,11 @@
 //      sends L a verdict (kind, rank): 0 = fine, else why not (the kernel refused, the read
 //      failed, a test forced it).
 //   L. L writes the first refusal (or 0) to every P; every rank sets the segment's scope from
-//      it (step H's, or none), keeping the threshold step H gave (L's HVD_SINGLE_COPY_MIN_BYTES: one threshold per
-//      host, since ranks that picked different paths for one op would wait on each other
-//      forever). The probe word lives on this function's stack until the verdict, which comes
-//      only after every rank has finished its reads.
+//      it (step H's, or none), keeping the threshold step H gave (L's
+//      HVD_SINGLE_COPY_MIN_BYTES: one threshold per host, since ranks that picked different
+//      paths for one op would wait on each other forever). The probe word lives on this
+//      function's stack until the verdict, which comes only after every rank has finished its
+//      reads.
 // Cost: a few syscalls and two socket round trips per host, once per job.
 #include "transport/shm/cross_memory.h"
 

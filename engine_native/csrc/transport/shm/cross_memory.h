@@ -53,7 +53,7 @@ struct SingleCopyRequest {
 common::Status probeSingleCopy(const SingleCopyRequest& request, CollectiveSegment* segment);
 
 // Probes this process ran (exchanged messages for) since it started:
-// metrics()["single_copy_probes"], so tests can see that the default runs none.
+// metrics()["single_copy_probes"], so tests can see when none ran (a host that agreed on none).
 uint64_t singleCopyProbes();
 
 }  // namespace hvd::transport::shm

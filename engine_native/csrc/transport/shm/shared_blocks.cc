@@ -33,7 +33,7 @@
 //   L. agrees with the others on the first refusal (host_agreement.h) and sets the segment's
 //      mode from it. The probe block is freed only after the verdict: every read is done.
 // Cost: a few syscalls and two socket round trips per host at init; the default runs it
-// (unlike the single-copy probe) because the default uses the result.
+// because the default uses the result.
 #include "transport/shm/shared_blocks.h"
 
 #include <fcntl.h>
