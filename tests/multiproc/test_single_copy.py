@@ -16,7 +16,8 @@ the segment's slots.
   metrics()["host_copy_reason"] names that rank; with it off on a rank no probe runs at all
   (metrics()["single_copy_probes"] == 0) and every rank takes the slots; the default (auto)
   reads only broadcasts directly, and only where every rank would read them on two threads
-  (else no probe either); on one rank and auto on another: broadcasts only;
+  (else no probe either); on one rank and auto on another: broadcasts only; the setting is
+  auto or a bool in any spelling, anything else warned about and read as auto;
 - a real EPERM: one rank non-dumpable (prctl(PR_SET_DUMPABLE, 0), CAP_SYS_PTRACE dropped so
   root meets the same rule) turns it off on every rank, the reason naming EPERM and the rank;
 - faults (a failed read, a slow reader, abort, a killed owner): test_single_copy_faults.py.
@@ -240,6 +241,30 @@ def test_the_default_reads_broadcasts_directly_where_every_reader_has_two_cpus(n
     # on everywhere: exactly one probe per process, and every op reads directly
     res = run_ranks(probes_run, 3, args=(None,), timeout=120, env=LOW)
     assert all(r.value == ("single-copy", "", 1, 1, True) for r in res), [r.value for r in res]
+
+
+def setting_read(_):
+    os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))
+    import engine_native as hvd
+    hvd.init()
+    mode = hvd.metrics()["host_copy"]
+    hvd.shutdown()
+    return mode
+
+
+@pytest.mark.parametrize("value,mode", [
+    ("YES", "single-copy"), ("on", "single-copy"), ("Off", "segment"), ("false", "segment"),
+    ("AUTO", "single-copy broadcast"), ("bogus", "single-copy broadcast"),
+])
+def test_the_setting_is_read_as_auto_or_a_bool(value, mode):
+    """HVD_SINGLE_COPY takes auto or any of the core's bool spellings, in any case; anything
+    else is warned about and read as auto (two ranks on two CPUs: auto reads broadcasts)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    res = run_ranks(setting_read, 2, args=(None,), timeout=60, env={"HVD_SINGLE_COPY": value})
+    assert [r.value for r in res] == [mode, mode]
+    if value == "bogus":
+        assert "HVD_SINGLE_COPY='bogus' is not valid (expected auto, or one of" in res[0].stderr
 
 
 @pytest.mark.parametrize("on_rank,off_rank", [(1, 0), (0, 1)])
