@@ -89,6 +89,35 @@ def test_bind_to_core_leaves_ranks_a_launcher_pinned_apart_as_they_are(no_leaks)
     assert "which other ranks do not crowd" in res.stderr, res.stderr
 
 
+_ON_TWO_CPUS = """
+import os, sys
+os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(",")})  # before the core reads it
+import engine_native as hvd
+hvd.init()
+print(f"binding={hvd.metrics()['cpu_binding']!r}", flush=True)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize("np_,setting,bound", [
+    (4, None, ["a", "a", "b", "b"]), (6, None, ["a", "a", "a", "b", "b", "b"]),
+    (3, None, ["", "", ""]), (4, "none", ["", "", "", ""])])
+def test_the_default_binds_ranks_that_outnumber_the_cpus_evenly(np_, setting, bound, no_leaks):
+    """HVD_CPU_BIND=auto (the default, Note [CPU binding] I): every rank may run on the same two
+    CPUs; 4 or 6 ranks are bound half to each, in contiguous runs; 3 ranks (uneven) and
+    HVD_CPU_BIND=none stay unbound; nothing is warned about either way."""
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+    args = ("--bind-to", setting) if setting else ()
+    res = hvdrun("-np", str(np_), *args, sys.executable, "-c", _ON_TWO_CPUS, f"{a},{b}",
+                 timeout=90)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank, cpu in enumerate(bound):
+        shown = {"a": str(a), "b": str(b), "": ""}[cpu]
+        assert f"[{rank}]<stdout>:binding={shown!r}" in res.stdout, res.stdout
+    assert "HVD_CPU_BIND" not in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("wait", ["allreduce", "recv"])
 def test_killed_rank_peers_print_their_errors(wait, no_leaks):
     """Rank 1 is SIGKILLed while ranks 0 and 2 wait for it: it prints nothing, so the job's

@@ -95,11 +95,12 @@ const std::vector<Knob>& knobs() {
                   "auto (shm between ranks of one host, tcp between hosts), tcp (tcp "
                   "everywhere), or shm (same as auto)."},
                  &Config::transport),
-      stringKnob({"HVD_CPU_BIND", nullptr, "string", "none",
-                  "none, or core: each rank of a host runs on its own share of the host's "
-                  "CPUs (CPUs / ranks of the host, contiguous), every thread of the process; "
-                  "where the ranks outnumber the CPUs, on one CPU that ranks / CPUs of them "
-                  "share (hvdrun --bind-to core)."},
+      stringKnob({"HVD_CPU_BIND", nullptr, "string", "auto",
+                  "core: each rank of a host runs on its own share of the host's CPUs (CPUs "
+                  "/ ranks of the host, contiguous), every thread of the process; where the "
+                  "ranks outnumber the CPUs, on one CPU that ranks / CPUs of them share "
+                  "(hvdrun --bind-to core). auto (the default): only that last case, where "
+                  "the ranks are a whole multiple of the CPUs (4 on 2). none: never."},
                  &Config::cpu_bind),
       stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
                   "How CUDA collectives move between ranks: auto (NCCL when every member of "
@@ -294,7 +295,7 @@ const char* expectation(const Knob& knob) {
     case Kind::kBool: return "one of 1/0/true/false/yes/no/on/off";
     case Kind::kString:
       if (knob.string_field == &Config::ipc_order) return "host or device";
-      if (knob.string_field == &Config::cpu_bind) return "none or core";
+      if (knob.string_field == &Config::cpu_bind) return "none, auto or core";
       if (knob.string_field == &Config::gpu_path) return "auto, nccl, ipc or staged";
       if (knob.string_field == &Config::single_copy) {
         return "auto, or one of 1/0/true/false/yes/no/on/off";
@@ -337,7 +338,9 @@ bool apply(const Knob& knob, const std::string& value, Config* config) {
       } else if (knob.string_field == &Config::ipc_order ||
                  knob.string_field == &Config::cpu_bind) {
         const bool ipc = knob.string_field == &Config::ipc_order;
-        if (ipc ? v != "host" && v != "device" : v != "none" && v != "core") return false;
+        if (ipc ? v != "host" && v != "device" : v != "none" && v != "core" && v != "auto") {
+          return false;
+        }
         config->*knob.string_field = v;
       } else if (knob.string_field == &Config::transport ||
                  knob.string_field == &Config::gpu_path) {

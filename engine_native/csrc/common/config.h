@@ -22,7 +22,7 @@ struct Config {
   double cycle_time_ms = 1.0;               // HVD_CYCLE_TIME_MS (HOROVOD_CYCLE_TIME)
   int64_t cache_capacity = 1024;            // HVD_CACHE_CAPACITY (HOROVOD_CACHE_CAPACITY)
   std::string transport = "auto";           // HVD_TRANSPORT: auto | tcp | shm
-  std::string cpu_bind = "none";            // HVD_CPU_BIND: none | core (Note [CPU binding])
+  std::string cpu_bind = "auto";  // HVD_CPU_BIND: none | auto | core (Note [CPU binding])
   std::string gpu_path = "auto";            // HVD_GPU_PATH: auto | nccl | ipc | staged
   std::string ipc_order = "host";           // HVD_IPC_ORDER: host | device
   bool hierarchical_allreduce = false;      // HVD_HIERARCHICAL_ALLREDUCE

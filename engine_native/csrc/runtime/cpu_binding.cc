@@ -8,7 +8,7 @@
 // then ran at 10-21 ms with both ranks on one core in every slow launch (sched_getcpu per
 // action), against 5.5 ms apart. MPI implementations bind ranks for this reason; Horovod's
 // launcher passes -bind-to none, so binding is asked for here (HVD_CPU_BIND=core, hvdrun
-// --bind-to core), not imposed:
+// --bind-to core), not imposed, but where the ranks outnumber the CPUs evenly (I):
 //   A. A rank's share is its local index's slice of the CPUs the process may use, split into
 //      local-size contiguous runs (where that does not divide, the first CPUs mod local-size
 //      runs get one more): the launchers' OMP_NUM_THREADS (CPUs / ranks) assumes that share.
@@ -48,6 +48,15 @@
 //   G. One rank on the host: nothing to split, nothing bound.
 //   H. Binding is a speed-up, never needed for correctness: a failure (a cgroup cpuset that
 //      forbids the share) restores the mask and the rank runs unbound, with a warning.
+//   I. The default, HVD_CPU_BIND=auto, binds only C's case, and only where the host's ranks
+//      are a whole multiple of its CPUs (4 or 6 on 2, 8 on 4): there the ranks share every
+//      CPU anyway, and unbound the scheduler's placement cost 1.5-3x (np=4 on this 2-vCPU VM:
+//      small ops, the embedding step, 1 MiB allreduce 440-775 against 250-263 us bound;
+//      benchmarks/RESULTS.md, "np=4 on 2 cores bound"). A whole multiple keeps two such jobs
+//      on one machine even between them (4 + 6 ranks on 2 CPUs: 5 on each), where an uneven
+//      share (3 on 2: two on the first CPU) would stack their remainders on the same CPUs;
+//      those stay unbound, as do ranks no more than the CPUs, where the scheduler's choice
+//      leaves room for the machine's other processes. It says nothing where it does not bind.
 // The binding outlives shutdown() (a notebook engine stays on its share until the next init
 // or the process ends), and it replaces OpenMP's own per-thread pinning (KMP_AFFINITY,
 // GOMP_CPU_AFFINITY) of threads that exist at init.
@@ -145,19 +154,28 @@ std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int l
   return share;
 }
 
-CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cpus_crowded,
+BindMode bindModeOf(const std::string& setting) {
+  return setting == "core" ? BindMode::kCore : setting == "auto" ? BindMode::kAuto
+                                                                 : BindMode::kNone;
+}
+
+CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_crowded,
                     std::string* why) {
   CpuBinding out;
   out.host_cores = common::usableCores();
   if (bound_by_us && bindAllThreads(common::processCpuMask()) == 0) {
     bound_by_us = false;  // E: an earlier init's share is not this one's
   }
-  if (!wanted || local_size <= 0 || local_index < 0 || local_index >= local_size) {
+  if (mode == BindMode::kNone || local_size <= 0 || local_index < 0 ||
+      local_index >= local_size) {
     return out;
   }
   const std::vector<CpuPlacement> placed = placedCpus();
   const int n = static_cast<int>(placed.size());
   if (local_size == 1 || n == 0) return out;  // G: the share would be every CPU
+  if (mode == BindMode::kAuto && !(local_size > n && local_size % n == 0 && cpus_crowded)) {
+    return out;  // I: auto binds only C's even case, and says nothing where it does not
+  }
   if (local_size > n && !cpus_crowded) {  // C: this process's mask, not the host's CPUs
     *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
            std::to_string(n) + " CPUs, which other ranks do not crowd (its affinity mask, "

@@ -26,12 +26,18 @@ struct CpuPlacement {
 // local_size / CPUs ranks (the first CPUs one rank more: C); empty for a bad index or no CPUs.
 std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size);
 
-// Unless `wanted` (HVD_CPU_BIND=core), nothing is bound (an earlier init's binding is undone);
-// else the process's CPUs are split into `local_size` shares and every thread is bound to share
+// HVD_CPU_BIND: none, auto (the default: only where the host's ranks outnumber its CPUs by a
+// whole multiple, Note [CPU binding] I) or core.
+enum class BindMode { kNone, kAuto, kCore };
+BindMode bindModeOf(const std::string& setting);
+
+// Under kNone nothing is bound (an earlier init's binding is undone); under kCore the
+// process's CPUs are split into `local_size` shares and every thread is bound to share
 // `local_index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
-// `cpus_crowded`, Mesh::cpusCrowded(), agrees). Where it cannot (more ranks than CPUs in this
+// `cpus_crowded`, Mesh::cpusCrowded(), agrees); under kAuto only that last case, and only where
+// the ranks are a whole multiple of the CPUs. Where kCore cannot (more ranks than CPUs in this
 // process's mask alone; a refusal), nothing is bound and `why` says why. Runtime::init only.
-CpuBinding bindRank(bool wanted, int local_index, int local_size, bool cpus_crowded,
+CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_crowded,
                     std::string* why);
 
 }  // namespace hvd::runtime

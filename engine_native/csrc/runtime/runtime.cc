@@ -53,9 +53,11 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
   }
   std::string not_bound;
   const CpuBinding binding =
-      bindRank(config_.cpu_bind == "core", mesh_->hostIndexOf(rank),
+      bindRank(bindModeOf(config_.cpu_bind), mesh_->hostIndexOf(rank),
                static_cast<int>(mesh_->hostRanks().size()), mesh_->cpusCrowded(), &not_bound);
-  if (!not_bound.empty()) HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=core: " << not_bound;
+  if (!not_bound.empty()) {
+    HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=" << config_.cpu_bind << ": " << not_bound;
+  }
   rank_ = rank;
   size_ = static_cast<int>(peers.size());
   sets_.reset(size_);
