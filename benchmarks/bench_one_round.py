@@ -76,7 +76,8 @@ def main() -> None:
                         help="every rank joins once before the timed ops")
     parser.add_argument("--bind", action="store_true",
                         help="ours with HVD_CPU_BIND=core, MPICH with -bind-to core (a rank "
-                             "alone on its host, as under --tcp, stays unbound)")
+                             "alone on its host, as under --tcp, stays unbound); without it "
+                             "ours runs its default, auto (np=4 on 2 CPUs bound)")
     args = parser.parse_args()
     if args.tcp:
         for label, (system, env) in list(VARIANTS.items()):

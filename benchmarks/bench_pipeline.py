@@ -29,9 +29,8 @@ time (the same work on one rank), as a share of the ideal K M / (M + K - 1).
 with ``hvdrun --bind-to core`` (Note [CPU binding] in the core), torch's ranks by
 ``sched_setaffinity`` to the same share (LOCAL_RANK's contiguous run of the sorted CPUs, or
 where the ranks outnumber the CPUs the one CPU ours would take) before torch is imported, so
-every thread they start inherits it. Without it each system runs its default: torch's ranks
-unbound, ours HVD_CPU_BIND=auto, which binds only where the ranks are a whole multiple of the
-CPUs (the bubble table's K=4 on a 2-CPU machine; Note [CPU binding] I).
+every thread they start inherits it. Without it both run unbound (ours with ``hvdrun
+--bind-to none``, though its default, auto, would bind K=4 on 2 CPUs).
 
 Each launch is one set of processes per system and case; launches alternate which system
 goes first; a launch that fails or runs past ``--timeout`` is counted, not hidden.

@@ -78,8 +78,16 @@ def init_engine(rank: int, env: dict, gpus: str, local_rank: int, with_core: boo
     _CORE_MODULE = chosen.binding
     ns["hvd"] = hvd
     out.update(core=chosen.binding, core_rank=hvd.rank(), core_size=hvd.size(),
-               local_rank=hvd.local_rank())
+               local_rank=hvd.local_rank(), cpu_binding=_cpu_binding())
     return out
+
+
+def _cpu_binding() -> str:
+    """The CPUs the core bound this rank to at init ("" unbound: HVD_CPU_BIND)."""
+    try:
+        return str(importlib.import_module("engine_native").metrics().get("cpu_binding") or "")
+    except Exception:  # noqa: BLE001 - a report only; the core itself initialised
+        return ""
 
 
 def _import(name: str):
@@ -121,7 +129,8 @@ def _ignore_late_interrupts() -> None:
 
 
 def core_state() -> dict:
-    """The core's state for reports: initialised, pending collectives, current op, last error."""
+    """The core's state for reports: initialised, pending collectives, current op, last error,
+    the CPUs the rank is bound to ("" unbound: HVD_CPU_BIND)."""
     _ignore_late_interrupts()
     basics = _basics()
     if basics is None:
@@ -135,7 +144,7 @@ def core_state() -> dict:
     return {"core": _CORE_MODULE, "initialized": True, "pending": list(m.get("pending") or []),
             "current": m.get("current"), "last_error": m.get("last_error", ""),
             "blocked_seconds": float(m.get("main_blocked_seconds") or 0.0),
-            "activity": _pipeline_activity()}
+            "cpu_binding": m.get("cpu_binding", ""), "activity": _pipeline_activity()}
 
 
 def _pipeline_activity() -> str | None:

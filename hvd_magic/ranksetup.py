@@ -36,6 +36,20 @@ from .rankinfo import RankInfo
 from .ranks import format_ranks
 
 
+def binding_note(bound: dict) -> str | None:
+    """One line for the driver when the core bound ranks to CPUs (HVD_CPU_BIND: by default only
+    where a host's ranks outnumber its CPUs by a whole multiple); None when none was."""
+    if not bound:
+        return None
+    by_cpus: dict[str, list[int]] = {}
+    for rank, cpus in sorted(bound.items()):
+        by_cpus.setdefault(cpus, []).append(rank)
+    where = "; ".join(f"CPU {cpus}: ranks {format_ranks(ranks)}"
+                      for cpus, ranks in by_cpus.items())
+    return (f"ranks bound to CPUs by the core ({where}; HVD_CPU_BIND). "
+            f"--env HVD_CPU_BIND=none leaves them to the scheduler")
+
+
 def engine_env(cluster) -> dict:
     """Environment for the engine launcher: the user's ``--env``, our package importable on
     the engines, GPUs hidden with ``--gpus none``, one OpenMP thread share per rank."""
@@ -137,6 +151,7 @@ class RankSetup:
                              f"other (HVD_IFACE_ADDRESS, firewalls), or raise --timeout")
         notes = [self.core_note] if self.core_note else []
         pins = []  # (host, GPU pin) per rank: ranks sharing GPUs are said once (#16)
+        bound = {}  # rank -> the CPUs the core bound it to (HVD_CPU_BIND)
         for info, ar in zip(ranks, pending):
             try:
                 out = ar.get()
@@ -146,9 +161,11 @@ class RankSetup:
             info.device_memory = out.get("device_memory")
             pins.append((info.host, out.get("gpu") or {}))
             info.core, info.core_error = out["core"], out["core_error"]
+            if out.get("cpu_binding"):
+                bound[info.rank] = out["cpu_binding"]
             if out.get("core_rank") not in (None, info.rank):
                 notes.append(f"rank {info.rank}: the core says it is rank {out['core_rank']}")
-        notes += filter(None, [gpu_pinning.sharing_note(pins)])
+        notes += filter(None, [gpu_pinning.sharing_note(pins), binding_note(bound)])
         errors = {r.rank: r.core_error for r in ranks if r.core_error}
         if errors and self.with_core:
             first = next(iter(errors.values()))

@@ -87,7 +87,9 @@ def _core_text(info, state: dict | None) -> str:
     if not state.get("initialized"):
         return f"{info.core}: not initialised"
     pending = state.get("pending") or []
-    return f"{info.core} ready" + (f", {len(pending)} pending" if pending else "")
+    cpus = state.get("cpu_binding")  # HVD_CPU_BIND: auto binds ranks that outnumber the CPUs
+    return (f"{info.core} ready" + (f", bound to CPU {cpus}" if cpus else "") +
+            (f", {len(pending)} pending" if pending else ""))
 
 
 def format_status(status: ClusterStatus) -> str:

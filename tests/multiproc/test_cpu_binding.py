@@ -2,8 +2,8 @@
 host's CPUs, every thread of the process (Note [CPU binding] in
 engine_native/csrc/runtime/cpu_binding.cc), on spawned ranks; where the host's ranks outnumber
 the CPUs, one CPU each, shared evenly in runs; fake hosts split the CPUs each alone. The
-default, auto, is tested under hvdrun (tests/launch/test_hvdrun.py): these forked ranks share
-the test process's CPU mask as the core first read it."""
+default, auto: only where the ranks outnumber the CPUs by a whole multiple and every rank of
+the host may run on the same CPUs (also under hvdrun: tests/launch/test_hvdrun.py)."""
 import os
 
 import pytest
@@ -84,7 +84,8 @@ def test_a_reinitialised_rank_splits_the_hosts_cpus_again_and_none_unbinds_it():
         assert unbound == "" and all(t == CPUS for t in threads), (unbound, threads)
 
 
-def test_unbound_by_default():
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_ranks_no_more_than_the_cpus_stay_unbound_by_default():
     results = [r.value for r in run_ranks(binding_suite, 2, timeout=60)]
     assert all(reported == "" and all(t == CPUS for t in threads)
                for reported, threads, _ in results), results
@@ -111,6 +112,37 @@ def test_more_ranks_than_cpus_share_them_evenly_in_runs():
     for (reported, threads, later, yields), cpu in zip(results, want):
         assert reported == str(cpu) and all(t == [cpu] for t in threads), (reported, threads)
         assert later == [cpu] and yields is True, (later, yields)
+
+
+def auto_binding_suite(narrow):
+    """The default (auto) on ranks narrowed to CPUs[:2], or per rank to `narrow[rank]`."""
+    import engine_native as hvd
+
+    rank = int(os.environ["HVD_RANK"])
+    os.sched_setaffinity(0, set(CPUS[:2]) if narrow is None else set(narrow[rank]))
+    hvd.init()
+    reported = hvd.metrics()["cpu_binding"]
+    hvd.shutdown()
+    return reported
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+@pytest.mark.parametrize("np_", [3, 4])
+def test_the_default_binds_only_ranks_that_outnumber_the_cpus_evenly(np_):
+    # Note [CPU binding] I: 4 ranks on 2 CPUs two to each, in runs; 3 (uneven) unbound.
+    results = run_ranks(auto_binding_suite, np_, args=(None,), timeout=90)
+    want = [str(CPUS[0]), str(CPUS[0]), str(CPUS[1]), str(CPUS[1])] if np_ == 4 else [""] * 3
+    assert [r.value for r in results] == want
+    assert all("HVD_CPU_BIND" not in r.stderr for r in results)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+def test_the_default_leaves_ranks_of_different_masks_unbound():
+    # Ranks 0-1 may run on two CPUs, ranks 2-3 on the second alone (a launcher's masks): the
+    # index among the host's ranks would not place them evenly, so auto binds none of them.
+    narrow = [CPUS[:2], CPUS[:2], CPUS[1:2], CPUS[1:2]]
+    results = run_ranks(auto_binding_suite, 4, args=(narrow,), timeout=90)
+    assert [r.value for r in results] == [""] * 4
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")

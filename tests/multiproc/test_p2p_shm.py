@@ -311,7 +311,7 @@ def test_a_late_receive_spins_past_its_budget_only_between_bound_ranks_with_a_co
     env = {"HVD_CALLER_SPIN_US": "200", "HVD_P2P_SPIN_MAX_US": "1000000"}
     free = {**env, "HVD_CPU_BIND": "core", "HVD_TEST_CORE_FREE": "1"}
     busy = {**env, "HVD_CPU_BIND": "core", "HVD_TEST_CORE_FREE": "0"}
-    unbound = {**env, "HVD_TEST_CORE_FREE": "1"}
+    unbound = {**env, "HVD_CPU_BIND": "none", "HVD_TEST_CORE_FREE": "1"}
     counts = [run_ranks(spin_while_core_free_suite, 2, timeout=60, env=e)[0].value
               for e in (free, busy, unbound)]
     counts.append(run_ranks(one_cpu_spin_suite, 2, timeout=60, env=free)[0].value)

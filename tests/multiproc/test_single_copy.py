@@ -96,7 +96,8 @@ def collectives(tag):
     mode = hvd.metrics()["host_copy"]
     helped = hvd.metrics()["helper_reads"] - helped
     # Note [Two-thread reads]: a broadcast's reader reads on two threads where the host has two
-    # CPUs per reader (these ranks are unbound); this rank read the other roots' "bc.two"
+    # CPUs per reader (ranks are bound by default only where they outnumber the CPUs, so
+    # never there); this rank read the other roots' "bc.two"
     two_threads = n > 1 and 2 * (n - 1) <= len(os.sched_getaffinity(0))
     hvd.shutdown()
     fails.raise_if_any()

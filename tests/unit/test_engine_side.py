@@ -67,3 +67,13 @@ def test_gpus_none_hides_the_gpus_from_the_engines():
     assert ranksetup.engine_env(cluster)["CUDA_VISIBLE_DEVICES"] == ""
     cluster.gpus = "auto"
     assert "CUDA_VISIBLE_DEVICES" not in ranksetup.engine_env(cluster)
+
+
+def test_the_start_says_which_cpus_the_core_bound_ranks_to():
+    """%hvd_start's note on HVD_CPU_BIND (by default only ranks that outnumber the CPUs by a
+    whole multiple are bound: hvd_magic.ranksetup.binding_note), grouped by CPU."""
+    assert ranksetup.binding_note({}) is None
+    note = ranksetup.binding_note({2: "1", 0: "0", 3: "1", 1: "0"})
+    assert note.startswith("ranks bound to CPUs by the core (CPU 0: ranks 0,1; CPU 1: ranks "
+                           "2,3; HVD_CPU_BIND)"), note
+    assert "--env HVD_CPU_BIND=none" in note

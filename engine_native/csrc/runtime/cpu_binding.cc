@@ -56,7 +56,12 @@
 //      on one machine even between them (4 + 6 ranks on 2 CPUs: 5 on each), where an uneven
 //      share (3 on 2: two on the first CPU) would stack their remainders on the same CPUs;
 //      those stay unbound, as do ranks no more than the CPUs, where the scheduler's choice
-//      leaves room for the machine's other processes. It says nothing where it does not bind.
+//      leaves room for the machine's other processes. Only where every rank of the host may
+//      run on the same CPUs: C places a rank by its index among all of the host's ranks, so
+//      masks a launcher set per socket (ranks 0-3 on CPUs 0-1, 4-7 on 2-3) would put ranks
+//      0-3 all on CPU 0 (`core` does that still, asked). Fake hosts on one machine (hosts AABB
+//      on 2 CPUs: two ranks per host) are not outnumbered per host and stay unbound. It says
+//      nothing where it does not bind, and a refused binding is logged at info, not warned.
 // The binding outlives shutdown() (a notebook engine stays on its share until the next init
 // or the process ends), and it replaces OpenMP's own per-thread pinning (KMP_AFFINITY,
 // GOMP_CPU_AFFINITY) of threads that exist at init.
@@ -160,7 +165,7 @@ BindMode bindModeOf(const std::string& setting) {
 }
 
 CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_crowded,
-                    std::string* why) {
+                    bool masks_alike, std::string* why) {
   CpuBinding out;
   out.host_cores = common::usableCores();
   if (bound_by_us && bindAllThreads(common::processCpuMask()) == 0) {
@@ -173,7 +178,8 @@ CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_cr
   const std::vector<CpuPlacement> placed = placedCpus();
   const int n = static_cast<int>(placed.size());
   if (local_size == 1 || n == 0) return out;  // G: the share would be every CPU
-  if (mode == BindMode::kAuto && !(local_size > n && local_size % n == 0 && cpus_crowded)) {
+  if (mode == BindMode::kAuto &&
+      !(local_size > n && local_size % n == 0 && cpus_crowded && masks_alike)) {
     return out;  // I: auto binds only C's even case, and says nothing where it does not
   }
   if (local_size > n && !cpus_crowded) {  // C: this process's mask, not the host's CPUs

@@ -34,10 +34,12 @@ BindMode bindModeOf(const std::string& setting);
 // Under kNone nothing is bound (an earlier init's binding is undone); under kCore the
 // process's CPUs are split into `local_size` shares and every thread is bound to share
 // `local_index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
-// `cpus_crowded`, Mesh::cpusCrowded(), agrees); under kAuto only that last case, and only where
-// the ranks are a whole multiple of the CPUs. Where kCore cannot (more ranks than CPUs in this
-// process's mask alone; a refusal), nothing is bound and `why` says why. Runtime::init only.
+// `cpus_crowded`, Mesh::cpusCrowded(), agrees); under kAuto only that last case, only where
+// the ranks are a whole multiple of the CPUs and only where every rank of the host may run on
+// the same CPUs as this one (`masks_alike`, from the peer table). Where it cannot (more ranks
+// than CPUs in this process's mask alone; a refusal), nothing is bound and `why` says why
+// (kCore; kAuto says nothing where its case does not hold). Runtime::init only.
 CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_crowded,
-                    std::string* why);
+                    bool masks_alike, std::string* why);
 
 }  // namespace hvd::runtime

@@ -52,12 +52,15 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
     return status;
   }
   std::string not_bound;
+  bool masks_alike = true;  // Note [CPU binding] I
+  for (int r : mesh_->hostRanks()) masks_alike = masks_alike && peers[r].cpus == peers[rank].cpus;
+  const BindMode mode = bindModeOf(config_.cpu_bind);
   const CpuBinding binding =
-      bindRank(bindModeOf(config_.cpu_bind), mesh_->hostIndexOf(rank),
-               static_cast<int>(mesh_->hostRanks().size()), mesh_->cpusCrowded(), &not_bound);
-  if (!not_bound.empty()) {
-    HVD_LOG(kWarning, "runtime") << "HVD_CPU_BIND=" << config_.cpu_bind << ": " << not_bound;
-  }
+      bindRank(mode, mesh_->hostIndexOf(rank), static_cast<int>(mesh_->hostRanks().size()),
+               mesh_->cpusCrowded(), masks_alike, &not_bound);
+  const std::string bind_note = "HVD_CPU_BIND=" + config_.cpu_bind + ": " + not_bound;
+  if (!not_bound.empty() && mode == BindMode::kAuto) HVD_LOG(kInfo, "runtime") << bind_note;
+  if (!not_bound.empty() && mode != BindMode::kAuto) HVD_LOG(kWarning, "runtime") << bind_note;
   rank_ = rank;
   size_ = static_cast<int>(peers.size());
   sets_.reset(size_);

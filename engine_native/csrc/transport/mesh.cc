@@ -401,7 +401,7 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
   for (int r : m.host_ranks) request.host_pids.push_back(static_cast<pid_t>(mesh.peers_[r].pid));
   request.fds = m.data_fds;
   request.wanted = m.config.transport != "tcp";
-  request.single_copy_wish =
+  request.single_copy_wish =  // (auto binds only where ranks outnumber CPUs: no two threads)
       shm::singleCopyWish(m.config.single_copy, m.config.cpu_bind == "core",
                           static_cast<int>(m.host_ranks.size()), mesh.spin_yields_);
   request.single_copy_min_bytes = static_cast<uint64_t>(m.config.single_copy_min_bytes);
