@@ -150,8 +150,8 @@ def launch(system: str, np_ranks: int, case: str, spec: dict, *, env: dict | Non
     that many fake hosts in blocks (host_of), ours through HVD_HOSTNAME, MPICH through
     mpich_hosts_env. ``bind``: ours with HVD_CPU_BIND=core, mpiexec's ranks (mpi, horovod-mpi)
     with -bind-to core; gloo's ranks are not bound. Without it each system runs its default:
-    ours HVD_CPU_BIND=auto (bound where the ranks are a whole multiple of the CPUs: np=4 on
-    2), the others unbound; HVD_CPU_BIND=none in the environment leaves ours unbound too.
+    ours HVD_CPU_BIND=auto (bound where the ranks outnumber the CPUs by a whole multiple:
+    np=4 on 2), the others unbound; HVD_CPU_BIND=none in the environment leaves ours unbound.
     """
     out_dir = tempfile.mkdtemp(prefix=f"hvdbench-{case}-{system}-")
     # Ranks stop starting new sizes after 60% of the timeout (see agreed_iterations).

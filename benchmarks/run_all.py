@@ -92,8 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                              "host, as ours-tcp's, stays unbound), MPICH and Horovod's mpiexec "
                              "with -bind-to core (round robin); gloo's ranks (torch, Horovod "
                              "gloo) stay unbound, said in the notes. Without it, ours runs its "
-                             "default, HVD_CPU_BIND=auto (bound where the ranks are a whole "
-                             "multiple of the CPUs), the peers unbound")
+                             "default, HVD_CPU_BIND=auto (bound where the ranks outnumber the "
+                             "CPUs by a whole multiple), the peers unbound")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the cases this many times, back to back; the targets tables "
                              "then take each figure's median over the runs and list every "

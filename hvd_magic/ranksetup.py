@@ -44,7 +44,7 @@ def binding_note(bound: dict) -> str | None:
     by_cpus: dict[str, list[int]] = {}
     for rank, cpus in sorted(bound.items()):
         by_cpus.setdefault(cpus, []).append(rank)
-    where = "; ".join(f"CPU {cpus}: ranks {format_ranks(ranks)}"
+    where = "; ".join(f"CPUs {cpus}: ranks {format_ranks(ranks)}"
                       for cpus, ranks in by_cpus.items())
     return (f"ranks bound to CPUs by the core ({where}; HVD_CPU_BIND). "
             f"--env HVD_CPU_BIND=none leaves them to the scheduler")

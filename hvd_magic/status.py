@@ -88,7 +88,7 @@ def _core_text(info, state: dict | None) -> str:
         return f"{info.core}: not initialised"
     pending = state.get("pending") or []
     cpus = state.get("cpu_binding")  # HVD_CPU_BIND: auto binds ranks that outnumber the CPUs
-    return (f"{info.core} ready" + (f", bound to CPU {cpus}" if cpus else "") +
+    return (f"{info.core} ready" + (f", bound to CPUs {cpus}" if cpus else "") +
             (f", {len(pending)} pending" if pending else ""))
 
 

@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--bind-to", choices=("none", "auto", "core"), default=None,
                    help="core: each rank of a host on its own share of the host's CPUs (one "
                         "CPU shared evenly where the ranks outnumber them; HVD_CPU_BIND); "
-                        "auto (the core's default): only where the ranks are a whole "
-                        "multiple of the CPUs; none: never, as horovodrun")
+                        "auto (the core's default): only where the ranks outnumber them by a "
+                        "whole multiple; none: never, as horovodrun")
     t.add_argument("--timeline-filename", help="write a Chrome-trace timeline (rank 0)")
     t.add_argument("--timeline-mark-cycles", action="store_true")
     t.add_argument("--autotune", action="store_true", help="tune fusion and cycle time")

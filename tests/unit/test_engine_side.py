@@ -74,6 +74,6 @@ def test_the_start_says_which_cpus_the_core_bound_ranks_to():
     whole multiple are bound: hvd_magic.ranksetup.binding_note), grouped by CPU."""
     assert ranksetup.binding_note({}) is None
     note = ranksetup.binding_note({2: "1", 0: "0", 3: "1", 1: "0"})
-    assert note.startswith("ranks bound to CPUs by the core (CPU 0: ranks 0,1; CPU 1: ranks "
+    assert note.startswith("ranks bound to CPUs by the core (CPUs 0: ranks 0,1; CPUs 1: ranks "
                            "2,3; HVD_CPU_BIND)"), note
     assert "--env HVD_CPU_BIND=none" in note

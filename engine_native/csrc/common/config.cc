@@ -100,7 +100,8 @@ const std::vector<Knob>& knobs() {
                   "/ ranks of the host, contiguous), every thread of the process; where the "
                   "ranks outnumber the CPUs, on one CPU that ranks / CPUs of them share "
                   "(hvdrun --bind-to core). auto (the default): only that last case, where "
-                  "the ranks are a whole multiple of the CPUs (4 on 2). none: never."},
+                  "the ranks outnumber the CPUs by a whole multiple (4 on 2) and may all run "
+                  "on the same CPUs. none: never."},
                  &Config::cpu_bind),
       stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
                   "How CUDA collectives move between ranks: auto (NCCL when every member of "

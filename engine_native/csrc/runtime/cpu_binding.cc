@@ -49,10 +49,11 @@
 //   H. Binding is a speed-up, never needed for correctness: a failure (a cgroup cpuset that
 //      forbids the share) restores the mask and the rank runs unbound, with a warning.
 //   I. The default, HVD_CPU_BIND=auto, binds only C's case, and only where the host's ranks
-//      are a whole multiple of its CPUs (4 or 6 on 2, 8 on 4): there the ranks share every
-//      CPU anyway, and unbound the scheduler's placement cost 1.5-3x (np=4 on this 2-vCPU VM:
-//      small ops, the embedding step, 1 MiB allreduce 440-775 against 250-263 us bound;
-//      benchmarks/RESULTS.md, "np=4 on 2 cores bound"). A whole multiple keeps two such jobs
+//      outnumber its CPUs by a whole multiple (4 or 6 on 2, 8 on 4): there the ranks share
+//      every CPU anyway, and unbound the scheduler's placement cost up to 1.5-3x (np=4 on
+//      this 2-vCPU VM: small ops, the embedding step, 1 MiB allreduce medians 247-776 against
+//      252-263 us bound; benchmarks/RESULTS.md, "np=4 on 2 cores, bound by default" and "np=4
+//      on 2 cores bound"). A whole multiple keeps two such jobs
 //      on one machine even between them (4 + 6 ranks on 2 CPUs: 5 on each), where an uneven
 //      share (3 on 2: two on the first CPU) would stack their remainders on the same CPUs;
 //      those stay unbound, as do ranks no more than the CPUs, where the scheduler's choice

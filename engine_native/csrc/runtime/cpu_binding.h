@@ -27,7 +27,7 @@ struct CpuPlacement {
 std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size);
 
 // HVD_CPU_BIND: none, auto (the default: only where the host's ranks outnumber its CPUs by a
-// whole multiple, Note [CPU binding] I) or core.
+// whole multiple and may all run on the same CPUs, Note [CPU binding] I) or core.
 enum class BindMode { kNone, kAuto, kCore };
 BindMode bindModeOf(const std::string& setting);
 
@@ -35,7 +35,7 @@ BindMode bindModeOf(const std::string& setting);
 // process's CPUs are split into `local_size` shares and every thread is bound to share
 // `local_index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
 // `cpus_crowded`, Mesh::cpusCrowded(), agrees); under kAuto only that last case, only where
-// the ranks are a whole multiple of the CPUs and only where every rank of the host may run on
+// the ranks outnumber the CPUs by a whole multiple and only where every rank of the host may run on
 // the same CPUs as this one (`masks_alike`, from the peer table). Where it cannot (more ranks
 // than CPUs in this process's mask alone; a refusal), nothing is bound and `why` says why
 // (kCore; kAuto says nothing where its case does not hold). Runtime::init only.

@@ -450,7 +450,7 @@ Status Mesh::Impl::setupCollective(Mesh& mesh, tcp::Deadline deadline) {
                                 << " ranks, " << m.collective->depth() << " x "
                                 << (m.collective->chunkBytes() >> 10) << " KiB slots per rank; "
                                 << (m.collective->singleCopy() == shm::SingleCopyScope::kNone
-                                        ? "no single-copy reads: "
+                                        ? "no single-copy reads"
                                         : "single-copy reads between ranks")
                                 << (m.collective->singleCopyReason().empty() ? "" : "; ")
                                 << m.collective->singleCopyReason();
