@@ -42,10 +42,14 @@ def placement(tensor):
     if device.type != 'cuda':
         return -1, 0
     _require_cuda()
-    index = device.index
+    return device.index, current_stream(device.index)
+
+
+def current_stream(index: int) -> int:
+    """The ``cudaStream_t`` of device ``index``'s current stream."""
     if _raw_stream is not None:
-        return index, _raw_stream(index)
-    return index, torch.cuda.current_stream(index).cuda_stream
+        return _raw_stream(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def join_device(device):

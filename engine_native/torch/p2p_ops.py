@@ -171,10 +171,13 @@ def raw_isend(tensor, dst: int, tag: int, wait_now: bool = False) -> P2PRequest:
 
 
 def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
-              device=None) -> P2PRequest:
+              device=None, stream_ordered: bool = False) -> P2PRequest:
     """irecv without the tag range check or the message count (the pipeline's own tags).
     ``wait_now``: the caller waits for it at once (and drives it); ``device``: None (the CPU)
-    or a CUDA torch.device the received tensor is moved to."""
+    or a CUDA torch.device the received tensor is moved to. ``stream_ordered`` (with
+    ``device``): a CUDA tensor sent by IPC is the caller's once its copy is queued, final in
+    the order of ``device``'s current stream, which waits for it (Note [Device point-to-point]
+    I); any other message once its bytes are there."""
     what = f"recv(from rank {src}, tag {tag})"
     if out is not None:
         _check(out, what)
@@ -187,9 +190,11 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
                                     out.data_ptr(), out, wait_now, what, convert, reader)
     # an out= the core cannot write (strided, on a CUDA device, empty) still brings its type:
     # a message of another one is refused, so its sender raises too (Note [Refused messages])
-    expected = () if out is None else (None, rt.dtype_code(out, what), tuple(out.shape))
-    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device, *expected),
-                      what, out, convert=convert)
+    expected = (None, 0, None) if out is None else (None, rt.dtype_code(out, what),
+                                                    tuple(out.shape))
+    consumer = devices.current_stream(reader) if stream_ordered and on_device else -1
+    return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device, *expected,
+                                     consumer), what, out, convert=convert)
 
 
 def raw_recv_now(src: int, tag: int) -> torch.Tensor:

@@ -12,7 +12,9 @@ bytes resent through host memory, the sender staging later ones; HVD_GPU_PATH=st
 the IPC route; a rank that shut down still resending a message refused after its send
 completed; the peers' mappings closed at shutdown; and a copy that never finishes failing
 both ranks within HVD_TIMEOUT instead of hanging; blocking hand-offs completed by their
-waiting callers' polls, with no host function.
+waiting callers' polls, with no host function; a receive that names its consumer's stream
+completing while the sender's kernel is still held, that stream reading the message once it ran,
+and its receipt still freeing the sender's memory.
 """
 import os
 import time
@@ -277,3 +279,78 @@ def test_a_copy_that_never_finishes_fails_both_ranks(fake_cuda):
     for rank, r in enumerate(results):
         assert r["error"] and r["seconds"] < 3 + 10, (rank, r)
     assert "did not finish" in results[1]["error"], results[1]["error"]
+
+
+PATTERN = np.arange(4096, dtype=np.float32) + 7
+
+
+def stream_ordered_suite():
+    """Note [Device point-to-point] I. Rank 0 sends a tensor its held kernel writes, and goes on
+    only once rank 1 says its receive completed; so rank 1's receive must complete while the
+    copy is only queued (a receive that waited for the copy would wait for rank 0 forever).
+    Rank 1's consumer stream then reads the result: nothing while rank 0's kernel is held, the
+    message once it ran. Then a steady exchange of such receives allocates nothing more on
+    either rank beyond one more staging segment: each read's receipt still frees the sender's
+    room, a little later than the receive completed (without receipts, forty more 700 KiB
+    messages would need three more segments: 8, 16 and 32 MiB)."""
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    me = hvd.rank()
+    out = {}
+    ready = np.zeros(1, np.int32)  # a host message: rank 1's receive completed
+    if me == 0:
+        x = np.zeros_like(PATTERN)
+        producer = f.stream()
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, PATTERN.ctypes.data, x.nbytes, 4,
+                                       producer))
+        handle = send(x, 1, 500, stream=producer)
+        _core.wait(_core.p2p_recv(1, 501, True))
+        out["send pending while held"] = not _core.poll(handle)
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        _core.wait(handle)
+    else:
+        consumer = f.stream()
+        buffer, shape, code = _core.wait(_core.p2p_recv(0, 500, True, 0, True, None, 0, None,
+                                                        consumer))
+        seen = np.full_like(PATTERN, -1)  # what no copy writes
+        f.check(f.cuda.cudaMemcpyAsync(seen.ctypes.data, buffer.ptr, seen.nbytes, 4, consumer))
+        f.settled(consumer)
+        out["consumer waits"] = bool((seen == -1).all())
+        # (host memory: a CUDA send's staging copy would queue behind the waiting read)
+        _core.wait(_core.p2p_send(0, 501, _dtypes.numpy_code(ready.dtype, "send", "501"),
+                                  ready.shape, ready.ctypes.data, True, -1, 0))
+        f.check(f.cuda.cudaStreamSynchronize(consumer))
+        out["read in stream order"] = (buffer.device, tuple(shape),
+                                       bool(np.array_equal(seen, PATTERN)))
+        del buffer
+    peer = 1 - me
+    block = np.full(700 << 10, me, np.uint8)
+    consumer = f.stream()
+
+    def exchange():
+        handle = send(block, peer, 510)
+        got = _core.wait(_core.p2p_recv(peer, 510, True, 0, True, None, 0, None, consumer))
+        f.check(f.cuda.cudaStreamSynchronize(consumer))
+        _core.wait(handle)
+        return device_ops.device_array(got[0], got[1], np.uint8)
+
+    for _ in range(4):
+        exchange()
+    allocated = f.cuda.fakeCudaLiveAllocations()
+    out["exchanged"] = all(np.array_equal(exchange(), np.full(700 << 10, peer, np.uint8))
+                           for _ in range(40))
+    out["allocated more"] = f.cuda.fakeCudaLiveAllocations() - allocated
+    hvd.barrier()
+    hvd.shutdown()
+    return out
+
+
+def test_a_receive_ordered_on_its_consumers_stream_completes_once_queued(fake_cuda):
+    results = [r.value for r in run_ranks(stream_ordered_suite, 2, timeout=90,
+                                          **device_ops.rank_envs(fake_cuda, 2, True, ipc=True))]
+    assert results[0]["send pending while held"], results[0]
+    assert results[1]["consumer waits"], results[1]
+    assert results[1]["read in stream order"] == (0, (4096,), True), results[1]
+    for r in results:
+        assert r["exchanged"] and r["allocated more"] <= 1, r

@@ -114,13 +114,15 @@ PyObject* pyP2pSend(PyObject*, PyObject* args) {
 // of exactly that type is written to (Note [Receive into out]; wait() then gives None for the
 // buffer); the caller keeps it alive until the handle completes. into=None with into_shape:
 // the caller fills an out= of that type itself. Either way a message of another type is
-// refused: its sender raises too (Note [Refused messages]).
+// refused: its sender raises too (Note [Refused messages]). consumer (>= 0, with on_device):
+// the cudaStream_t that waits for a CUDA tensor's copy onto `device`, the receive completing
+// once that copy is queued (Note [Device point-to-point] I).
 PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   int peer = 0, wait_now = 0, device = -1, on_device = 0, into_dtype = 0;
-  long long tag = 0;
+  long long tag = 0, consumer = -1;
   PyObject *into = Py_None, *into_shape = nullptr;
-  if (!PyArg_ParseTuple(args, "iL|pipOiO", &peer, &tag, &wait_now, &device, &on_device, &into,
-                        &into_dtype, &into_shape)) {
+  if (!PyArg_ParseTuple(args, "iL|pipOiOL", &peer, &tag, &wait_now, &device, &on_device, &into,
+                        &into_dtype, &into_shape, &consumer)) {
     return nullptr;
   }
   runtime::PeerRecv recv;
@@ -128,6 +130,7 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   recv.tag = tag;
   recv.device = device;
   recv.on_device = on_device != 0;
+  recv.consumer = consumer;
   // into=None with into_shape: an out= the core cannot write, whose type it still checks
   recv.expects = into != Py_None || (into_shape != nullptr && into_shape != Py_None);
   if (recv.expects) {
@@ -181,13 +184,16 @@ PyMethodDef g_peer_methods[] = {
      "CUDA tensor on it, produced on stream (p2p_cuda_route 'nccl' or 'ipc' only)."},
     {"p2p_recv", pyP2pRecv, METH_VARARGS,
      "p2p_recv(peer, tag, wait_now=False, device=-1, on_device=False, into=None, into_dtype=0, "
-     "into_shape=()): receive the next message with this tag from a rank; returns a handle "
-     "(wait() returns (Buffer, shape, dtype code)). device: the CUDA device that reads a CUDA "
-     "tensor; on_device: its result stays there. into: host memory (an address or a writable "
-     "buffer) of into_dtype x into_shape that a message of that type is written to (wait() "
-     "then gives None for the Buffer); kept alive by the caller until the handle completes. "
+     "into_shape=(), consumer=-1): receive the next message with this tag from a rank; returns "
+     "a handle (wait() returns (Buffer, shape, dtype code)). device: the CUDA device that "
+     "reads a CUDA tensor; on_device: its result stays there. into: host memory (an address or "
+     "a writable buffer) of into_dtype x into_shape that a message of that type is written to "
+     "(wait() then gives None for the Buffer); kept alive by the caller until the handle "
+     "completes. "
      "into=None with into_shape: an out= the caller fills. A message of another type than "
-     "into_dtype x into_shape is refused: its sender's op raises ValueError too."},
+     "into_dtype x into_shape is refused: its sender's op raises ValueError too. consumer "
+     "(>= 0, with on_device): the cudaStream_t that waits for a CUDA tensor's copy by IPC; "
+     "the receive completes once that copy is queued."},
     {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
      "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'nccl' (ncclSend/ncclRecv: "
      "another host, or HVD_GPU_PATH=nccl), 'ipc' (CUDA IPC, a rank of this host), 'staged' "

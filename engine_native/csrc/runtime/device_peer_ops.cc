@@ -65,6 +65,26 @@
 //      would wait for the loop's next pass. A host function costs a driver callback and holds
 //      back whatever the stream queues next (the same rank's next hand-off) until it ran; a
 //      pipeline stage's blocking hand-off paid two a hop.
+//   I. Stream-ordered receives. A receive of a result on the device may name the stream that
+//      consumes it (`consumer`: the pipeline's receives pass torch's current stream). It then
+//      completes once its copy is queued, not once it ran: the core's stream waits for the
+//      sender's event and copies into a pooled output as in D, and the consumer's stream waits
+//      (on the device) for that copy. The kernels its caller queues next on that stream read
+//      the message, and its thread goes on queueing them instead of waiting for the sender's
+//      kernels: a pipeline stage on a GPU otherwise waited for its neighbour's device work at
+//      every hand-off, with nothing new queued on its own device meanwhile (benchmarks/
+//      RESULTS.md, "GPU: one H100, 2026-12-06": the pipeline's excess over the stages alone).
+//      As with torch.distributed's NCCL receive, the bytes are final in that stream's order
+//      only. The copy's entry keeps the block until it ran (the caller may drop the tensor
+//      sooner) and wakes the loop as any other copy; its completion only sends the receipt, so
+//      the sender's room is freed a little later than the receive completed (its ring may take
+//      one segment more). The rank's later copies on the core's stream queue behind it, as
+//      they would behind the caller's wait: the stream keeps the order in which this rank
+//      asked, so a schedule that does not deadlock with blocking receives does not here
+//      either. A copy that never finishes still fails the rank within HVD_TIMEOUT (F), now
+//      with the receive already completed: the rank's next op raises. Only a message that came
+//      by IPC is ordered so; one by NCCL, through host memory (staged, G's resend) or read into
+//      host memory completes once its bytes are there, as before.
 #include "runtime/device_peer_ops.h"
 
 #include <algorithm>
@@ -183,7 +203,8 @@ void DevicePeerOps::released(int peer, uint64_t sequence) {
 
 Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, uint64_t bytes,
                            int device_ordinal, bool on_device, uint64_t id,
-                           const std::string& what) {
+                           const std::string& what, int64_t consumer,
+                           std::shared_ptr<OutputBuffer>* handed_over, Status* handover) {
   nccl::DeviceRestorer restore;
   PerDevice* d = nullptr;
   HVD_RETURN_IF_ERROR(device(device_ordinal, &d));
@@ -207,7 +228,20 @@ Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, ui
   HVD_RETURN_IF_ERROR(DeviceOutputPool::instance().take(bytes, *d->stream, &block, &capacity));
   copy.output = pooledDeviceOutput(block, bytes, device_ordinal, capacity);
   HVD_RETURN_IF_ERROR(d->stream->copy(block, source, bytes));
-  return queueDone(std::move(copy));
+  if (consumer < 0) return queueDone(std::move(copy));
+  // I: the copy's entry keeps the block until it ran (a caller may drop the tensor sooner);
+  // never the awaited handle, so its completion wakes the loop, which sends the receipt.
+  copy.id = kHandedOver;
+  copy.receipt_peer = peer;
+  copy.receipt_sequence = message.sequence;
+  std::shared_ptr<OutputBuffer> output = copy.output;
+  HVD_RETURN_IF_ERROR(queueDone(std::move(copy)));
+  *handover = d->stream->check(
+      nccl::cudaApi()->streamWaitEvent(reinterpret_cast<nccl::CudaStream>(consumer),
+                                       copies_.back().done, 0),
+      "cudaStreamWaitEvent (the receiving stream on the received tensor's copy)");
+  if (handover->isOk()) *handed_over = std::move(output);
+  return Status::ok();
 }
 
 // D: phase 1 only marks the point of `d`'s stream after which the bytes are final.
@@ -281,7 +315,11 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
     }
     copy.stream->release(copy.done);
     forget(copy);
-    done->push_back(Done{copy.id, std::move(copy.output)});
+    if (copy.receipt_peer >= 0) {
+      done->push_back(Done{copy.id, nullptr, copy.receipt_peer, copy.receipt_sequence});
+    } else {
+      done->push_back(Done{copy.id, std::move(copy.output)});
+    }
     it = copies_.erase(it);
   }
   return Status::ok();

@@ -50,13 +50,21 @@ class DevicePeerOps {
 
   // Receiver: copies `message` (`bytes` > 0) from `peer` into a new output, on `device` when
   // `on_device`, else in host memory (the copy runs on `device`'s stream either way).
-  // poll() reports `id` with the output.
+  // poll() reports `id` with the output. With a `consumer` stream (>= 0) and `on_device`
+  // (Note [Device point-to-point] I): that stream waits for the copy, *handed_over is the
+  // output at once, and poll() reports the finished copy only as a receipt to send; where
+  // the stream cannot wait, *handed_over stays empty and *handover says why (the copy is
+  // queued either way).
   common::Status read(int peer, const transport::DeviceMessage& message, uint64_t bytes,
-                      int device, bool on_device, uint64_t id, const std::string& what);
+                      int device, bool on_device, uint64_t id, const std::string& what,
+                      int64_t consumer, std::shared_ptr<OutputBuffer>* handed_over,
+                      common::Status* handover);
 
   struct Done {
     uint64_t id = 0;
-    std::shared_ptr<OutputBuffer> output;  // a read's
+    std::shared_ptr<OutputBuffer> output;  // a read's; none for a read handed over (I)
+    int receipt_peer = -1;                 // I: a handed-over read's receipt goes to it
+    uint64_t receipt_sequence = 0;
   };
   // Appends the finished copies, in queue order per stream. Non-OK when one made no progress
   // for HVD_TIMEOUT: the rank fails with it (its stream waits on something that never comes).
@@ -77,6 +85,7 @@ class DevicePeerOps {
     std::map<int, std::unique_ptr<transport::cuda::StagingRing>> rings;   // by peer
     std::map<int, std::unique_ptr<transport::cuda::IpcImports>> imports;  // by peer
   };
+  static constexpr uint64_t kHandedOver = ~uint64_t{0};  // I: no handle waits for the copy
   struct Copy {
     uint64_t id = 0;
     std::string what;
@@ -90,6 +99,8 @@ class DevicePeerOps {
     std::shared_ptr<OutputBuffer> output;
     std::chrono::steady_clock::time_point since;
     bool caller_polls = false;  // H: no host function was queued for it
+    int receipt_peer = -1;      // I: handed over; its completion only sends this receipt
+    uint64_t receipt_sequence = 0;
   };
 
   common::Status device(int ordinal, PerDevice** out);

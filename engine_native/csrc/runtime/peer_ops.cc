@@ -135,6 +135,7 @@ Status PeerOps::submitRecv(const PeerRecv& recv, bool caller_waits, bool wake,
   op.expects = recv.expects || recv.into != nullptr;
   op.dtype = recv.into_dtype;
   op.shape = recv.into_shape;
+  HVD_RETURN_IF_ERROR(orderOnConsumer(recv, &op));
   return submit(std::move(op), caller_waits, wake, handle);
 }
 

@@ -25,6 +25,7 @@
 #include "runtime/device_peer_ops.h"
 #include "runtime/handle_table.h"
 #include "runtime/metrics.h"
+#include "runtime/peer_request.h"
 #include "runtime/ready_events.h"
 #include "timeline/timeline.h"
 #include "transport/mesh.h"
@@ -32,36 +33,6 @@
 namespace hvd::runtime {
 
 class SubmissionQueue;
-
-// A send: `data` (bytes of dtype x shape) must stay valid until its handle completes. A CUDA
-// tensor (device >= 0) is read after what its producer's `stream` (cudaStream_t; 0: the legacy
-// stream) had queued at submission.
-struct PeerSend {
-  int peer = -1;
-  int64_t tag = 0;
-  common::DataType dtype = common::DataType::kUint8;
-  std::vector<int64_t> shape;
-  const void* data = nullptr;
-  int device = -1;
-  uintptr_t stream = 0;
-};
-// A receive: `device` (-1: none) is the CUDA device that reads a CUDA tensor sent from this
-// host; its result stays there when `on_device`, else it lands in host memory.
-// `into` (host memory, null: none) may take a host message of exactly `into_dtype` x
-// `into_shape`, written there with no copy in between; it must stay valid until the handle
-// completes (Note [Receive into out] in peer_ops_into.cc). `expects` (set with `into`, or
-// alone for an out= the core cannot write): the caller fills an out= of into_dtype x
-// into_shape, so a message of another type is refused (Note [Refused messages]).
-struct PeerRecv {
-  int peer = -1;
-  int64_t tag = 0;
-  int device = -1;
-  bool on_device = false;
-  uint8_t* into = nullptr;
-  bool expects = false;
-  common::DataType into_dtype = common::DataType::kUint8;
-  std::vector<int64_t> into_shape;
-};
 
 class PeerOps {
  public:
@@ -154,6 +125,7 @@ class PeerOps {
     bool bound = false;       // ... a message is being written there
     int device = -1;          // send: the CUDA tensor's; receive: the device that reads one
     bool on_device = false;   // receive: a CUDA tensor's result stays on `device`
+    int64_t consumer = -1;    // ... and the stream that waits for its copy (PeerRecv)
     ReadyEvent ready;         // a CUDA send: its producer's stream at submission
     std::shared_ptr<const std::string> payload;  // a CUDA send's frame: its DeviceMessage
     bool copied = false;      // a CUDA send: its staging copy finished
@@ -231,6 +203,8 @@ class PeerOps {
   // The CUDA messages (peer_ops_device.cc, Note [Device point-to-point]).
   void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
+  common::Status orderOnConsumer(const PeerRecv& recv, Op* op);  // I, at submission
+  void completeRead(PerPeer& p, std::deque<Op>::iterator r, std::shared_ptr<OutputBuffer> out);
   void sendReceipt(int peer, uint64_t sequence,
                    transport::PeerFrameKind kind = transport::PeerFrameKind::kDeviceRead);
   common::Status refused(int peer, uint64_t sequence);       // G, the sender

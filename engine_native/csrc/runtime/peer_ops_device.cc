@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,13 +59,27 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
         what("recv", op.peer, op.tag) + ": the message is a CUDA tensor and this receive names "
         "no CUDA device to read it with (engine_native.torch's recv(device=...) does, or "
         "HVD_GPU_PATH=staged on the sender sends it through host memory)");
-  } else {
+  }
+  std::shared_ptr<OutputBuffer> handed_over;  // I
+  Status handover = Status::ok();
+  if (status.isOk()) {
     status = device_.read(op.peer, arrived.device, bytes, op.device, op.on_device,
-                          static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag));
+                          static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag),
+                          op.on_device ? op.consumer : -1, &handed_over, &handover);
   }
   op.dtype = frame.dtype;
   op.shape = frame.shape;
   op.sequence = arrived.device.sequence;
+  if (status.isOk() && op.on_device && op.consumer >= 0) {  // I: the copy is queued
+    if (!handover.isOk()) {  // (its receipt still goes back once the copy ran)
+      listen(-1);
+      fail(op, handover);
+      return;
+    }
+    p.reading.push_back(std::move(op));
+    completeRead(p, std::prev(p.reading.end()), std::move(handed_over));
+    return;
+  }
   if (!status.isOk()) {  // G: the bytes come again, through host memory
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true)) {
@@ -164,6 +179,10 @@ Status PeerOps::progressDevice() {
   device_done_.clear();
   HVD_RETURN_IF_ERROR(device_.poll(&device_done_));
   for (DevicePeerOps::Done& done : device_done_) {
+    if (done.receipt_peer >= 0) {  // I: a read whose receive completed when it was queued
+      sendReceipt(done.receipt_peer, done.receipt_sequence);
+      continue;
+    }
     if (done.id & kRestageBit) {
       completeResend(done.id, std::move(done.output));
       continue;
@@ -178,19 +197,33 @@ Status PeerOps::progressDevice() {
       if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
           r != p.reading.end()) {
         sendReceipt(r->peer, r->sequence);
-        listen(-1);
-        metrics_.countP2p(/*sent=*/false, done.output->bytes);
-        endSpan(*r);
-        OpResult result;
-        result.buffer = std::move(done.output);
-        result.shape = r->shape;
-        result.dtype = static_cast<int32_t>(r->dtype);
-        handles_.complete(r->handle, Status::ok(), std::move(result));
-        p.reading.erase(r);
+        completeRead(p, r, std::move(done.output));
         break;
       }
     }
   }
+  return Status::ok();
+}
+
+void PeerOps::completeRead(PerPeer& p, std::deque<Op>::iterator r,
+                           std::shared_ptr<OutputBuffer> output) {
+  listen(-1);
+  metrics_.countP2p(/*sent=*/false, output->bytes);
+  endSpan(*r);
+  OpResult result;
+  result.buffer = std::move(output);
+  result.shape = r->shape;
+  result.dtype = static_cast<int32_t>(r->dtype);
+  handles_.complete(r->handle, Status::ok(), std::move(result));
+  p.reading.erase(r);
+}
+
+// I, at submission: the stream must be one the loop may queue a wait on, outside a capture.
+Status PeerOps::orderOnConsumer(const PeerRecv& recv, Op* op) {
+  if (recv.consumer < 0 || !op->on_device) return Status::ok();
+  HVD_RETURN_IF_ERROR(refuseGraphCapture(static_cast<uintptr_t>(recv.consumer),
+                                         what("recv", op->peer, op->tag)));
+  op->consumer = recv.consumer;
   return Status::ok();
 }
 

@@ -194,7 +194,9 @@ class StepRun:
         src = self.any_stage.rank_of(from_stage)
         if device is None:
             return raw_recv_now(src, tag)
-        return raw_irecv(src, tag, wait_now=True, device=device).wait()
+        # final in the current stream's order: this thread queues the stage's kernels on
+        # instead of waiting for the neighbour's (Note [Device point-to-point] I)
+        return raw_irecv(src, tag, wait_now=True, device=device, stream_ordered=True).wait()
 
     def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
         self.sending.append(raw_isend(tensor, self.any_stage.rank_of(to_stage), tag))
