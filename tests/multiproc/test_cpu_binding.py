@@ -146,6 +146,26 @@ def test_the_default_leaves_ranks_of_different_masks_unbound():
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+def test_the_default_binds_groups_of_ranks_on_cpus_of_their_own():
+    # Ranks 0-1 may run on the first CPU alone, ranks 2-3 on the second (a launcher's masks
+    # per socket): each group outnumbers its CPUs evenly and shares none, so each is bound.
+    narrow = [CPUS[:1], CPUS[:1], CPUS[1:2], CPUS[1:2]]
+    results = run_ranks(auto_binding_suite, 4, args=(narrow,), timeout=90)
+    assert [r.value for r in results] == [str(CPUS[0])] * 2 + [str(CPUS[1])] * 2
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+def test_core_splits_each_group_of_ranks_by_its_place_in_the_group():
+    # Note [CPU binding] J: ranks 0-3 may run on two CPUs, 4-5 on the second: ranks 0-3 go two
+    # to a CPU (by the index among all six, three of them went to the first), 4-5 stay on theirs.
+    narrow = [CPUS[:2]] * 4 + [CPUS[1:2]] * 2
+    results = run_ranks(auto_binding_suite, 6, args=(narrow,), timeout=120,
+                        env={"HVD_CPU_BIND": "core"})
+    want = [CPUS[0], CPUS[0], CPUS[1], CPUS[1], CPUS[1], CPUS[1]]
+    assert [r.value for r in results] == [str(c) for c in want]
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
 def test_fake_hosts_outnumbering_their_machines_cpus_split_them_each_alone():
     # Two hosts of two ranks on two CPUs: each host splits them, so the machine's ranks sit two
     # to a CPU, and their spins yield (the machine's CPUs are outnumbered).

@@ -57,12 +57,17 @@
 //      on one machine even between them (4 + 6 ranks on 2 CPUs: 5 on each), where an uneven
 //      share (3 on 2: two on the first CPU) would stack their remainders on the same CPUs;
 //      those stay unbound, as do ranks no more than the CPUs, where the scheduler's choice
-//      leaves room for the machine's other processes. Only where every rank of the host may
-//      run on the same CPUs: C places a rank by its index among all of the host's ranks, so
-//      masks a launcher set per socket (ranks 0-3 on CPUs 0-1, 4-7 on 2-3) would put ranks
-//      0-3 all on CPU 0 (`core` does that still, asked). Fake hosts on one machine (hosts AABB
-//      on 2 CPUs: two ranks per host) are not outnumbered per host and stay unbound. It says
-//      nothing where it does not bind, and a refused binding is logged at info, not warned.
+//      leaves room for the machine's other processes. Only where no other rank's CPUs overlap
+//      the group's without being the same (J): groups that share some CPUs would stack their
+//      shares on them. Fake hosts on one machine (hosts AABB on 2 CPUs: two ranks per host)
+//      are not outnumbered per host and stay unbound. It says nothing where it does not bind,
+//      and a refused binding is logged at info, not warned.
+//   J. Groups. A and C split a process's CPUs among the ranks of its host that may run on
+//      exactly those CPUs (its group, by the peer table's masks), by the rank's place among
+//      them: masks a launcher set per socket (ranks 0-3 on CPUs 0-1, 4-7 on 2-3) bind ranks
+//      0-3 two to a CPU on 0-1 and 4-7 on 2-3. Split by the index among all of the host's
+//      ranks, as before 2026-12-07, ranks 0-3 all landed on CPU 0. A rank alone in its group
+//      keeps its mask (nothing to split).
 // The binding outlives shutdown() (a notebook engine stays on its share until the next init
 // or the process ends), and it replaces OpenMP's own per-thread pinning (KMP_AFFINITY,
 // GOMP_CPU_AFFINITY) of threads that exist at init.
@@ -165,8 +170,38 @@ BindMode bindModeOf(const std::string& setting) {
                                                                  : BindMode::kNone;
 }
 
-CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_crowded,
-                    bool masks_alike, std::string* why) {
+namespace {
+bool overlap(const common::CpuRanges& a, const common::CpuRanges& b) {
+  for (const common::CpuRange& x : a) {
+    for (const common::CpuRange& y : b) {
+      if (x.first <= y.last && y.first <= x.last) return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+MaskGroup maskGroupOf(const std::vector<common::CpuRanges>& host_cpus, size_t self) {
+  MaskGroup group;
+  if (self >= host_cpus.size()) return group;
+  group.host_size = static_cast<int>(host_cpus.size());
+  const common::CpuRanges& mine = host_cpus[self];
+  group.size = 0;
+  for (size_t r = 0; r < host_cpus.size(); ++r) {
+    if (host_cpus[r] == mine) {
+      group.index += r < self ? 1 : 0;
+      ++group.size;
+    } else if (mine.empty() || host_cpus[r].empty() || overlap(host_cpus[r], mine)) {
+      group.apart = false;  // (an unknown set may be anything)
+    }
+  }
+  return group;
+}
+
+CpuBinding bindRank(BindMode mode, const MaskGroup& group, bool cpus_crowded,
+                    std::string* why) {
+  const int local_index = group.index;
+  const int local_size = group.size;
   CpuBinding out;
   out.host_cores = common::usableCores();
   if (bound_by_us && bindAllThreads(common::processCpuMask()) == 0) {
@@ -178,18 +213,19 @@ CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_cr
   }
   const std::vector<CpuPlacement> placed = placedCpus();
   const int n = static_cast<int>(placed.size());
-  if (local_size == 1 || n == 0) return out;  // G: the share would be every CPU
+  if (group.host_size == 1 || n == 0) return out;  // G: the share would be every CPU
   if (mode == BindMode::kAuto &&
-      !(local_size > n && local_size % n == 0 && cpus_crowded && masks_alike)) {
+      !(local_size > n && local_size % n == 0 && cpus_crowded && group.apart)) {
     return out;  // I: auto binds only C's even case, and says nothing where it does not
   }
-  if (local_size > n && !cpus_crowded) {  // C: this process's mask, not the host's CPUs
-    *why = std::to_string(local_size) + " ranks on this host and this process may run on " +
-           std::to_string(n) + " CPUs, which other ranks do not crowd (its affinity mask, "
-           "perhaps set by the launcher: mpirun binds by default; --bind-to none there): not "
-           "bound";
+  if (group.host_size > n && !cpus_crowded) {  // C: this process's mask, not the host's CPUs
+    *why = std::to_string(group.host_size) + " ranks on this host and this process may run "
+           "on " + std::to_string(n) + " CPUs, which other ranks do not crowd (its affinity "
+           "mask, perhaps set by the launcher: mpirun binds by default; --bind-to none there): "
+           "not bound";
     return out;
   }
+  if (local_size == 1) return out;  // J: its CPUs are its own: nothing to split
   const std::vector<int> share = cpuShare(placed, local_index, local_size);
   cpu_set_t set;
   CPU_ZERO(&set);

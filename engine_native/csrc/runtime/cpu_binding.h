@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_ranges.h"
+
 namespace hvd::runtime {
 
 struct CpuBinding {
@@ -26,20 +28,30 @@ struct CpuPlacement {
 // local_size / CPUs ranks (the first CPUs one rank more: C); empty for a bad index or no CPUs.
 std::vector<int> cpuShare(std::vector<CpuPlacement> cpus, int local_index, int local_size);
 
+// Note [CPU binding] J: a rank's place among the ranks of its host that may run on exactly its
+// CPUs (`host_cpus`, in local-index order, from the peer table; `self` its local index), and
+// whether every other rank of the host may run on the same CPUs or on none of them.
+struct MaskGroup {
+  int index = 0;
+  int size = 1;
+  bool apart = true;
+  int host_size = 1;  // the host's ranks
+};
+MaskGroup maskGroupOf(const std::vector<common::CpuRanges>& host_cpus, size_t self);
+
 // HVD_CPU_BIND: none, auto (the default: only where the host's ranks outnumber its CPUs by a
 // whole multiple and may all run on the same CPUs, Note [CPU binding] I) or core.
 enum class BindMode { kNone, kAuto, kCore };
 BindMode bindModeOf(const std::string& setting);
 
 // Under kNone nothing is bound (an earlier init's binding is undone); under kCore the
-// process's CPUs are split into `local_size` shares and every thread is bound to share
-// `local_index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
+// process's CPUs are split into `group.size` shares and every thread is bound to share
+// `group.index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
 // `cpus_crowded`, Mesh::cpusCrowded(), agrees); under kAuto only that last case, only where
-// the ranks outnumber the CPUs by a whole multiple and only where every rank of the host may run on
-// the same CPUs as this one (`masks_alike`, from the peer table). Where it cannot (more ranks
-// than CPUs in this process's mask alone; a refusal), nothing is bound and `why` says why
-// (kCore; kAuto says nothing where its case does not hold). Runtime::init only.
-CpuBinding bindRank(BindMode mode, int local_index, int local_size, bool cpus_crowded,
-                    bool masks_alike, std::string* why);
+// the group outnumbers the CPUs by a whole multiple and only where its CPUs are no other
+// group's (`group.apart`). Where it cannot (more ranks than CPUs in this process's mask
+// alone; a refusal), nothing is bound and `why` says why (kCore; kAuto says nothing where its
+// case does not hold). Runtime::init only.
+CpuBinding bindRank(BindMode mode, const MaskGroup& group, bool cpus_crowded, std::string* why);
 
 }  // namespace hvd::runtime

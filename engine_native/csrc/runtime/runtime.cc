@@ -52,12 +52,12 @@ Status Runtime::init(int rank, const std::vector<transport::PeerInfo>& peers,
     return status;
   }
   std::string not_bound;
-  bool masks_alike = true;  // Note [CPU binding] I
-  for (int r : mesh_->hostRanks()) masks_alike = masks_alike && peers[r].cpus == peers[rank].cpus;
+  std::vector<common::CpuRanges> host_cpus;  // Note [CPU binding] J
+  for (int r : mesh_->hostRanks()) host_cpus.push_back(peers[r].cpus);
   const BindMode mode = bindModeOf(config_.cpu_bind);
   const CpuBinding binding =
-      bindRank(mode, mesh_->hostIndexOf(rank), static_cast<int>(mesh_->hostRanks().size()),
-               mesh_->cpusCrowded(), masks_alike, &not_bound);
+      bindRank(mode, maskGroupOf(host_cpus, static_cast<size_t>(mesh_->hostIndexOf(rank))),
+               mesh_->cpusCrowded(), &not_bound);
   const std::string bind_note = "HVD_CPU_BIND=" + config_.cpu_bind + ": " + not_bound;
   if (!not_bound.empty() && mode == BindMode::kAuto) HVD_LOG(kInfo, "runtime") << bind_note;
   if (!not_bound.empty() && mode != BindMode::kAuto) HVD_LOG(kWarning, "runtime") << bind_note;
