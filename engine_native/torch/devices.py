@@ -92,6 +92,8 @@ def device_tensor(buffer, shape, dtype):
     """A tensor over the core's device buffer (no copy), on the buffer's device."""
     if 0 in shape or buffer.nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=torch.device('cuda', buffer.device))
+    # the stream PyTorch assumes the tensor is used on: the block is reused after it got there
+    buffer.release_stream = current_stream(buffer.device)
     array = _DeviceArray(buffer, shape, _TYPESTR[dtype])
     out = torch.as_tensor(array, device=torch.device('cuda', buffer.device))
     return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out

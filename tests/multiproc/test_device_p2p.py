@@ -327,6 +327,13 @@ def stream_ordered_suite():
     peer = 1 - me
     block = np.full(700 << 10, me, np.uint8)
     consumer = f.stream()
+    for args, error in (((False, 0, True, None, 0, None, consumer), "needs wait_now"),
+                        ((True, 0, True, None, 0, None, 2), "not cudaStreamPerThread")):
+        try:
+            _core.p2p_recv(peer, 999, *args)
+            out[error] = "accepted"
+        except ValueError as exc:
+            out[error] = error in str(exc) or str(exc)
 
     def exchange():
         handle = send(block, peer, 510)
@@ -354,3 +361,4 @@ def test_a_receive_ordered_on_its_consumers_stream_completes_once_queued(fake_cu
     assert results[1]["read in stream order"] == (0, (4096,), True), results[1]
     for r in results:
         assert r["exchanged"] and r["allocated more"] <= 1, r
+        assert r["needs wait_now"] is True and r["not cudaStreamPerThread"] is True, r

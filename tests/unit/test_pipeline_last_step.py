@@ -55,3 +55,17 @@ def test_a_step_past_the_cap_sends_its_first_actions_and_counts_the_rest(hvd):
     assert pipeline_step.clean(step) == step
     assert last_step.latest() is step  # built once per step, however often it is read
 
+
+
+@pytest.mark.parametrize("value", ["yes", "2", " 1"])
+def test_a_bad_stream_receive_setting_is_refused_before_the_step(hvd, monkeypatch, value):
+    """HVD_PIPELINE_STREAM_RECV takes 0 or 1 (Note [Device point-to-point] I); anything else
+    is a ValueError naming it, before any action ran."""
+    from engine_native.pipeline import last_step
+    last_step.clear()
+    schedule = _schedule(hvd)
+    monkeypatch.setenv("HVD_PIPELINE_STREAM_RECV", value)
+    with pytest.raises(ValueError, match="HVD_PIPELINE_STREAM_RECV=.*expected 0 or 1"):
+        schedule.step(torch.randn(8, 4), target=torch.randn(8, 4))
+    monkeypatch.setenv("HVD_PIPELINE_STREAM_RECV", "1")  # on the CPU: nothing changes
+    schedule.step(torch.randn(8, 4), target=torch.randn(8, 4))

@@ -63,8 +63,9 @@ int setBufferReleaseStream(PyObject* self, PyObject* value, void*) {
 PyGetSetDef g_buffer_getset[] = {
     {"device", bufferDevice, nullptr, "CUDA ordinal of the memory, -1 for host memory", nullptr},
     {"release_stream", bufferReleaseStream, setBufferReleaseStream,
-     "CUDA memory: the stream its last user ran on, set when the tensor over it dies (the "
-     "memory is reused only after that stream got there); 0 is the legacy stream", nullptr},
+     "CUDA memory: the stream its users run on, set when a tensor is made over it (the "
+     "memory is reused only after that stream got there once the tensor died); 0 is the "
+     "legacy stream", nullptr},
     {"ptr", bufferPtr, nullptr, "address of the first byte", nullptr},
     {"nbytes", bufferBytes, nullptr, "size in bytes", nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};

@@ -131,6 +131,11 @@ PyObject* pyP2pRecv(PyObject*, PyObject* args) {
   recv.device = device;
   recv.on_device = on_device != 0;
   recv.consumer = consumer;
+  if (consumer >= 0 && wait_now == 0) {  // Note [Device point-to-point] I
+    PyErr_Format(PyExc_ValueError, "recv(from rank %d, tag %lld): consumer= needs wait_now: the "
+                 "core queues the stream's wait while its caller waits", peer, tag);
+    return nullptr;
+  }
   // into=None with into_shape: an out= the core cannot write, whose type it still checks
   recv.expects = into != Py_None || (into_shape != nullptr && into_shape != Py_None);
   if (recv.expects) {

@@ -43,7 +43,10 @@
 //      so receives complete when their own copy did, as irecv handles may anywhere.
 //   F. Errors, never hangs. A copy that does not finish within HVD_TIMEOUT (its producer's
 //      kernel never ends, or the sender died before its copy ran: a dead process's event never
-//      fires) fails the rank: the stream is stuck and everything queued behind it with it. A
+//      fires) fails the rank: the stream is stuck and everything queued behind it with it. The
+//      time counts from when it was queued or, once a copy ahead of it on its stream finished,
+//      from then: a copy waiting its turn behind work that moves is not stuck (I lets a rank
+//      queue far ahead). A
 //      lost peer fails the rank as for host messages; abandon() then waits a bounded time for
 //      the streams and forgets what was in flight — except, when a stream did not drain, the
 //      outputs its copies may still write, which are kept until exit rather than reused.
@@ -64,9 +67,11 @@
 //      the completion queued (the read's receipt: PeerOps::pollDevice), or the sender's room
 //      would wait for the loop's next pass. A host function costs a driver callback and holds
 //      back whatever the stream queues next (the same rank's next hand-off) until it ran; a
-//      pipeline stage's blocking hand-off paid two a hop.
-//   I. Stream-ordered receives. A receive of a result on the device may name the stream that
-//      consumes it (`consumer`: the pipeline's receives pass torch's current stream). It then
+//      pipeline stage's blocking hand-off paid two a hop. A read handed over to its consumer's
+//      stream (I) has no caller polling it: it asks for the wake.
+//   I. Stream-ordered receives. A receive of a result on the device whose caller waits for it
+//      at once may name the stream that consumes it (`consumer`; the pipeline's receives pass
+//      torch's current stream where HVD_PIPELINE_STREAM_RECV=1). It then
 //      completes once its copy is queued, not once it ran: the core's stream waits for the
 //      sender's event and copies into a pooled output as in D, and the consumer's stream waits
 //      (on the device) for that copy. The kernels its caller queues next on that stream read
@@ -78,13 +83,21 @@
 //      only. The copy's entry keeps the block until it ran (the caller may drop the tensor
 //      sooner) and wakes the loop as any other copy; its completion only sends the receipt, so
 //      the sender's room is freed a little later than the receive completed (its ring may take
-//      one segment more). The rank's later copies on the core's stream queue behind it, as
-//      they would behind the caller's wait: the stream keeps the order in which this rank
-//      asked, so a schedule that does not deadlock with blocking receives does not here
-//      either. A copy that never finishes still fails the rank within HVD_TIMEOUT (F), now
-//      with the receive already completed: the rank's next op raises. Only a message that came
-//      by IPC is ordered so; one by NCCL, through host memory (staged, G's resend) or read into
-//      host memory completes once its bytes are there, as before.
+//      one segment more); dropped, the block is fenced on the consumer's stream. The rank's
+//      later copies on the core's stream queue behind it, as they would behind the caller's
+//      wait: the stream keeps the order in which this rank asked, and the consumer's wait is
+//      queued while its caller waits (so nothing it queues later comes before it), so a
+//      single-threaded schedule that does not deadlock with blocking receives does not here
+//      either; other threads queueing on the same stream, or the legacy default stream's
+//      implicit synchronisation, are outside that argument. What it costs, and why it is not
+//      the default: a copy that never finishes (its sender died first) still fails the rank
+//      within HVD_TIMEOUT (F), and the rank's next core op raises, but the consumer's stream
+//      now waits on that copy too, for good: a synchronisation of it (`.item()`, the next
+//      cell's kernels on that device) hangs, where with a blocking receive only the core's
+//      own stream stuck. Until the benefit is measured on a GPU and such a wait can be
+//      released, it is asked for. Only a message that came by IPC is ordered so; one by NCCL,
+//      through host memory (staged, G's resend) or read into host memory completes once its
+//      bytes are there, as before.
 #include "runtime/device_peer_ops.h"
 
 #include <algorithm>
@@ -232,6 +245,7 @@ Status DevicePeerOps::read(int peer, const transport::DeviceMessage& message, ui
   // I: the copy's entry keeps the block until it ran (a caller may drop the tensor sooner);
   // never the awaited handle, so its completion wakes the loop, which sends the receipt.
   copy.id = kHandedOver;
+  copy.output->release_stream = static_cast<uintptr_t>(consumer);  // its users run there
   copy.receipt_peer = peer;
   copy.receipt_sequence = message.sequence;
   std::shared_ptr<OutputBuffer> output = copy.output;
@@ -295,6 +309,7 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
   if (copies_.empty()) return Status::ok();
   nccl::DeviceRestorer restore;
   const auto now = std::chrono::steady_clock::now();
+  moved_.clear();  // F: streams on which a copy finished in this poll
   for (auto it = copies_.begin(); it != copies_.end();) {
     Copy& copy = *it;
     bool finished = false;
@@ -305,6 +320,9 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
       HVD_RETURN_IF_ERROR(copy.stream->query(copy.done, &finished));  // pageable: often done
     }
     if (!finished) {
+      if (std::find(moved_.begin(), moved_.end(), copy.stream) != moved_.end()) {
+        copy.since = now;  // its stream moves: it waits its turn, not a peer that stopped
+      }
       if (now - copy.since > timeout_) {
         return common::timedOut(copy.what + ": its CUDA copy did not finish in " +
                                 seconds(timeout_.count()) + " s (HVD_TIMEOUT): the kernel that "
@@ -315,6 +333,7 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
     }
     copy.stream->release(copy.done);
     forget(copy);
+    moved_.push_back(copy.stream);
     if (copy.receipt_peer >= 0) {
       done->push_back(Done{copy.id, nullptr, copy.receipt_peer, copy.receipt_sequence});
     } else {

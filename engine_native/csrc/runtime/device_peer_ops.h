@@ -119,6 +119,7 @@ class DevicePeerOps {
   std::map<int, PerDevice> devices_;
   std::map<int, uint64_t> next_sequence_;  // by peer
   std::deque<Copy> copies_;  // in queue order
+  std::vector<const transport::nccl::DeviceStream*> moved_;  // poll()'s
   int64_t awaited_ = -1;     // setAwaitedHandle
   std::atomic<int> caller_polled_{0};  // copies in flight with caller_polls
 };

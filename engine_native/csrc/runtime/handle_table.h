@@ -33,8 +33,8 @@ namespace hvd::runtime {
 
 // Core-owned output memory of allgather / alltoall / reducescatter: host memory, 64-byte
 // aligned, or a block of a CUDA device that `release` hands back (runtime/device_output_pool.h)
-// after the stream its last user ran on (`release_stream`, set from Python when the tensor
-// over it dies; 0 is the legacy stream).
+// after the stream its users run on (`release_stream`: the stream current when the binding
+// wrapped it, or a stream-ordered receive's consumer; 0, the legacy stream, until then).
 struct OutputBuffer {
   explicit OutputBuffer(size_t bytes);
   OutputBuffer(uint8_t* data, size_t bytes, int device, size_t capacity,

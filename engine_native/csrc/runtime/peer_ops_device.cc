@@ -17,6 +17,10 @@ namespace hvd::runtime {
 
 using common::Status;
 
+namespace {
+constexpr int64_t kCudaStreamPerThread = 2;  // cudaStreamPerThread's handle
+}  // namespace
+
 // Note [Device point-to-point] B: the copy is queued and the frame sent in the same pass.
 void PeerOps::stageDeviceSend(Op& op) {
   if (op.by_nccl) {
@@ -180,7 +184,7 @@ Status PeerOps::progressDevice() {
   HVD_RETURN_IF_ERROR(device_.poll(&device_done_));
   for (DevicePeerOps::Done& done : device_done_) {
     if (done.receipt_peer >= 0) {  // I: a read whose receive completed when it was queued
-      sendReceipt(done.receipt_peer, done.receipt_sequence);
+      if (open(done.receipt_peer)) sendReceipt(done.receipt_peer, done.receipt_sequence);
       continue;
     }
     if (done.id & kRestageBit) {
@@ -218,9 +222,16 @@ void PeerOps::completeRead(PerPeer& p, std::deque<Op>::iterator r,
   p.reading.erase(r);
 }
 
-// I, at submission: the stream must be one the loop may queue a wait on, outside a capture.
+// I, at submission: a stream the loop may queue a wait on (its caller waits at once, so its
+// thread queues nothing there meanwhile: PeerRecv), named by its handle, outside a capture.
 Status PeerOps::orderOnConsumer(const PeerRecv& recv, Op* op) {
   if (recv.consumer < 0 || !op->on_device) return Status::ok();
+  if (recv.consumer == kCudaStreamPerThread) {
+    return common::invalidArgument(
+        what("recv", op->peer, op->tag) + ": a receive ordered on its consumer's stream needs "
+        "the stream's own handle, not cudaStreamPerThread (that would name the core's "
+        "thread's stream)");
+  }
   HVD_RETURN_IF_ERROR(refuseGraphCapture(static_cast<uintptr_t>(recv.consumer),
                                          what("recv", op->peer, op->tag)));
   op->consumer = recv.consumer;

@@ -15,6 +15,7 @@ and a notebook's ``%%hvd`` cell does that by itself.
 from __future__ import annotations
 
 import collections
+import os
 import time
 
 import torch
@@ -31,6 +32,17 @@ TAG_BASE = USER_TAGS
 
 class PipelineError(_engine.HorovodInternalError):
     """A pipeline step failed; the message names the stage, the action and the micro-batch."""
+
+
+def stream_ordered_receives() -> bool:
+    """HVD_PIPELINE_STREAM_RECV: "1", a GPU stage's receive by CUDA IPC returns once its copy
+    is queued, final in the stage's current stream's order (Note [Device point-to-point] I:
+    its thread goes on queueing kernels; a sender that dies mid-transfer leaves that stream
+    stuck); "0" or unset, once the copy ran."""
+    value = os.environ.get("HVD_PIPELINE_STREAM_RECV", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"HVD_PIPELINE_STREAM_RECV={value!r}: expected 0 or 1")
+    return value == "1"
 
 
 def forward_tag(stage: int, microbatch: int, microbatches: int) -> int:
@@ -88,6 +100,7 @@ class StepRun:
         self.m = table.microbatches
         self.last_stage = table.stages - 1
         self.loss_scale = loss_scale
+        self.stream_recv = stream_ordered_receives()
         self.x = {}          # (stage, mb) -> the stage's input (requires grad past stage 0)
         self.y = {}          # (stage, mb) -> the stage's output, until its backward
         self.dy = {}         # (stage, mb) -> the gradient received for that output
@@ -194,9 +207,8 @@ class StepRun:
         src = self.any_stage.rank_of(from_stage)
         if device is None:
             return raw_recv_now(src, tag)
-        # final in the current stream's order: this thread queues the stage's kernels on
-        # instead of waiting for the neighbour's (Note [Device point-to-point] I)
-        return raw_irecv(src, tag, wait_now=True, device=device, stream_ordered=True).wait()
+        return raw_irecv(src, tag, wait_now=True, device=device,
+                         stream_ordered=self.stream_recv).wait()
 
     def _send(self, tensor: torch.Tensor, to_stage: int, tag: int) -> None:
         self.sending.append(raw_isend(tensor, self.any_stage.rank_of(to_stage), tag))
