@@ -38,7 +38,7 @@ from .ranks import format_ranks
 
 def binding_note(bound: dict) -> str | None:
     """One line for the driver when the core bound ranks to CPUs (HVD_CPU_BIND: by default only
-    where a host's ranks outnumber its CPUs by a whole multiple); None when none was."""
+    where ranks outnumber the CPUs they may use by a whole multiple); None when none was."""
     if not bound:
         return None
     by_cpus: dict[str, list[int]] = {}

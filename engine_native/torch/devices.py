@@ -93,7 +93,10 @@ def device_tensor(buffer, shape, dtype):
     if 0 in shape or buffer.nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=torch.device('cuda', buffer.device))
     # the stream PyTorch assumes the tensor is used on: the block is reused after it got there
-    buffer.release_stream = current_stream(buffer.device)
+    # (a per-thread default stream, handle 2, would name the dropping thread's: the legacy
+    # stream, 0, synchronises with it)
+    stream = current_stream(buffer.device)
+    buffer.release_stream = 0 if stream == 2 else stream
     array = _DeviceArray(buffer, shape, _TYPESTR[dtype])
     out = torch.as_tensor(array, device=torch.device('cuda', buffer.device))
     return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out

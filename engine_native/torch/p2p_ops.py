@@ -179,6 +179,9 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     the order of ``device``'s current stream, which waits for it (Note [Device point-to-point]
     I); any other message once its bytes are there."""
     what = f"recv(from rank {src}, tag {tag})"
+    if stream_ordered and not wait_now:
+        raise ValueError(f"{what}: stream_ordered needs wait_now (the core queues the stream's "
+                         "wait while its caller waits)")
     if out is not None:
         _check(out, what)
     convert = _received if device is None else \
@@ -192,9 +195,6 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     # a message of another one is refused, so its sender raises too (Note [Refused messages])
     expected = (None, 0, None) if out is None else (None, rt.dtype_code(out, what),
                                                     tuple(out.shape))
-    if stream_ordered and not wait_now:
-        raise ValueError(f"{what}: stream_ordered needs wait_now (the core queues the stream's "
-                         "wait while its caller waits)")
     consumer = devices.current_stream(reader) if stream_ordered and on_device else -1
     return P2PRequest(_core.p2p_recv(int(src), int(tag), wait_now, reader, on_device, *expected,
                                      consumer), what, out, convert=convert)

@@ -2,9 +2,11 @@
 host's CPUs, every thread of the process (Note [CPU binding] in
 engine_native/csrc/runtime/cpu_binding.cc), on spawned ranks; where the host's ranks outnumber
 the CPUs, one CPU each, shared evenly in runs; fake hosts split the CPUs each alone. The
-default, auto: only where the ranks outnumber the CPUs by a whole multiple and every rank of
-the host may run on the same CPUs (also under hvdrun: tests/launch/test_hvdrun.py)."""
+default, auto: only where ranks outnumber the CPUs they may use by a whole multiple and no
+other rank of the host may use those CPUs (also under hvdrun: tests/launch/test_hvdrun.py);
+ranks that share a mask split it among themselves (Note [CPU binding] J)."""
 import os
+import re
 
 import pytest
 
@@ -139,7 +141,7 @@ def test_the_default_binds_only_ranks_that_outnumber_the_cpus_evenly(np_):
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
 def test_the_default_leaves_ranks_of_different_masks_unbound():
     # Ranks 0-1 may run on two CPUs, ranks 2-3 on the second alone (a launcher's masks): the
-    # index among the host's ranks would not place them evenly, so auto binds none of them.
+    # masks overlap without being the same, so auto binds none of them (Note [CPU binding] J).
     narrow = [CPUS[:2], CPUS[:2], CPUS[1:2], CPUS[1:2]]
     results = run_ranks(auto_binding_suite, 4, args=(narrow,), timeout=90)
     assert [r.value for r in results] == [""] * 4
@@ -155,14 +157,53 @@ def test_the_default_binds_groups_of_ranks_on_cpus_of_their_own():
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
-def test_core_splits_each_group_of_ranks_by_its_place_in_the_group():
-    # Note [CPU binding] J: ranks 0-3 may run on two CPUs, 4-5 on the second: ranks 0-3 go two
-    # to a CPU (by the index among all six, three of them went to the first), 4-5 stay on theirs.
+def test_core_splits_overlapping_masks_by_the_index_among_the_hosts_ranks():
+    # Note [CPU binding] J: ranks 0-3 may run on two CPUs, 4-5 on the second of them: the masks
+    # overlap, so the host's six ranks are split by index, as before groups (three on each).
     narrow = [CPUS[:2]] * 4 + [CPUS[1:2]] * 2
     results = run_ranks(auto_binding_suite, 6, args=(narrow,), timeout=120,
                         env={"HVD_CPU_BIND": "core"})
-    want = [CPUS[0], CPUS[0], CPUS[1], CPUS[1], CPUS[1], CPUS[1]]
+    want = [CPUS[0], CPUS[0], CPUS[0], CPUS[1], CPUS[1], CPUS[1]]
     assert [r.value for r in results] == [str(c) for c in want]
+
+
+def masked_suite(masks):
+    """HVD_CPU_BIND's outcome on a rank whose mask is `masks[rank]` as the core sees it
+    (HVD_TEST_CPU_MASK: the CPUs may be ones this machine lacks, whose binding then fails
+    with a warning naming them)."""
+    import engine_native as hvd
+
+    os.environ["HVD_TEST_CPU_MASK"] = masks[int(os.environ["HVD_RANK"])]
+    hvd.init()
+    reported = hvd.metrics()["cpu_binding"]
+    hvd.shutdown()
+    return reported
+
+
+def _placed(result) -> str:
+    """The CPUs a rank was bound to, or that its binding named before it failed."""
+    if result.value:
+        return result.value
+    found = re.search(r"could not bind this process's threads to CPUs (\S+) ", result.stderr)
+    return found.group(1) if found else ""
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")
+@pytest.mark.parametrize("np_", [8, 4])
+def test_core_splits_each_group_of_ranks_on_cpus_of_their_own_by_its_place_in_it(np_):
+    # Note [CPU binding] J, masks per socket: two CPUs of this machine, and two beyond it
+    # (on a machine that has them, they bind). 8 ranks (crowded): two to a CPU in each group;
+    # by the index among all eight, ranks 0-3 all went to the first CPU. 4 ranks (not
+    # crowded): one CPU each; before, all were refused as if a launcher had pinned them apart.
+    beyond = [max(CPUS) + 1, max(CPUS) + 2]
+    first, second = (",".join(map(str, cpus)) for cpus in (CPUS[:2], beyond))
+    half = np_ // 2
+    results = run_ranks(masked_suite, np_, args=([first] * half + [second] * half,),
+                        timeout=120, env={"HVD_CPU_BIND": "core"})
+    per = half // 2
+    want = [c for c in CPUS[:2] + beyond for _ in range(per)]
+    assert [_placed(r) for r in results] == [str(c) for c in want], \
+        [(r.value, r.stderr[-300:]) for r in results]
 
 
 @pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to share")

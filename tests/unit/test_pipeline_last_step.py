@@ -60,12 +60,19 @@ def test_a_step_past_the_cap_sends_its_first_actions_and_counts_the_rest(hvd):
 @pytest.mark.parametrize("value", ["yes", "2", " 1"])
 def test_a_bad_stream_receive_setting_is_refused_before_the_step(hvd, monkeypatch, value):
     """HVD_PIPELINE_STREAM_RECV takes 0 or 1 (Note [Device point-to-point] I); anything else
-    is a ValueError naming it, before any action ran."""
-    from engine_native.pipeline import last_step
-    last_step.clear()
+    is refused with a ValueError naming it before any forward ran (a refusal the pipeline's
+    ranks agree on). On the CPU, 1 changes nothing."""
     schedule = _schedule(hvd)
+    forwards = []
+    for stage in schedule._stages.values():
+        stage.submod.register_forward_hook(lambda *_: forwards.append(1))
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
     monkeypatch.setenv("HVD_PIPELINE_STREAM_RECV", value)
     with pytest.raises(ValueError, match="HVD_PIPELINE_STREAM_RECV=.*expected 0 or 1"):
-        schedule.step(torch.randn(8, 4), target=torch.randn(8, 4))
-    monkeypatch.setenv("HVD_PIPELINE_STREAM_RECV", "1")  # on the CPU: nothing changes
-    schedule.step(torch.randn(8, 4), target=torch.randn(8, 4))
+        schedule.step(x, target=y)
+    assert forwards == []
+    outputs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv("HVD_PIPELINE_STREAM_RECV", setting)
+        outputs[setting] = schedule.step(x, target=y)
+    assert forwards and torch.equal(outputs["0"], outputs["1"])

@@ -99,9 +99,10 @@ const std::vector<Knob>& knobs() {
                   "core: each rank of a host runs on its own share of the host's CPUs (CPUs "
                   "/ ranks of the host, contiguous), every thread of the process; where the "
                   "ranks outnumber the CPUs, on one CPU that ranks / CPUs of them share "
-                  "(hvdrun --bind-to core). auto (the default): only that last case, where "
-                  "the ranks outnumber the CPUs by a whole multiple (4 on 2) and may all run "
-                  "on the same CPUs. none: never."},
+                  "(hvdrun --bind-to core); ranks a launcher gave the same CPUs, which no "
+                  "other rank of the host may use, split those among themselves. auto (the "
+                  "default): only that last case, where such ranks outnumber their CPUs by a "
+                  "whole multiple (4 on 2). none: never."},
                  &Config::cpu_bind),
       stringKnob({"HVD_GPU_PATH", nullptr, "string", "auto",
                   "How CUDA collectives move between ranks: auto (NCCL when every member of "

@@ -57,17 +57,22 @@
 //      on one machine even between them (4 + 6 ranks on 2 CPUs: 5 on each), where an uneven
 //      share (3 on 2: two on the first CPU) would stack their remainders on the same CPUs;
 //      those stay unbound, as do ranks no more than the CPUs, where the scheduler's choice
-//      leaves room for the machine's other processes. Only where no other rank's CPUs overlap
-//      the group's without being the same (J): groups that share some CPUs would stack their
-//      shares on them. Fake hosts on one machine (hosts AABB on 2 CPUs: two ranks per host)
-//      are not outnumbered per host and stay unbound. It says nothing where it does not bind,
-//      and a refused binding is logged at info, not warned.
+//      leaves room for the machine's other processes. Only where no other rank of the host may run
+//      on the group's CPUs without being in the group (J): groups that share some CPUs would stack
+//      their shares on them. (Ranks of other hosts on the same machine, fake hosts or containers,
+//      are not looked at.) Fake hosts on one machine (hosts AABB on 2 CPUs: two ranks per host) are
+//      not outnumbered per host and stay unbound. It says nothing where it does not bind, and a
+//      refused binding is logged at info, not warned.
 //   J. Groups. A and C split a process's CPUs among the ranks of its host that may run on
 //      exactly those CPUs (its group, by the peer table's masks), by the rank's place among
-//      them: masks a launcher set per socket (ranks 0-3 on CPUs 0-1, 4-7 on 2-3) bind ranks
-//      0-3 two to a CPU on 0-1 and 4-7 on 2-3. Split by the index among all of the host's
-//      ranks, as before 2026-12-07, ranks 0-3 all landed on CPU 0. A rank alone in its group
-//      keeps its mask (nothing to split).
+//      them, where no other rank of the host may run on any of them: masks a launcher set per
+//      socket (ranks 0-3 on CPUs 0-1, 4-7 on 2-3) bind ranks 0-3 two to a CPU on 0-1 and 4-7
+//      on 2-3, and with 4 CPUs a socket (not crowded) one CPU each. Split by the index among
+//      all of the host's ranks, as before 2026-12-07, ranks 0-3 all landed on CPU 0, and
+//      ranks on 4-CPU sockets were refused as if pinned apart. Where masks overlap without
+//      being the same, the split is still the host's, by index (a balance across overlapping
+//      masks would need a matching of ranks to CPUs). A rank alone in its group keeps its
+//      mask (nothing to split).
 // The binding outlives shutdown() (a notebook engine stays on its share until the next init
 // or the process ends), and it replaces OpenMP's own per-thread pinning (KMP_AFFINITY,
 // GOMP_CPU_AFFINITY) of threads that exist at init.
@@ -185,6 +190,7 @@ MaskGroup maskGroupOf(const std::vector<common::CpuRanges>& host_cpus, size_t se
   MaskGroup group;
   if (self >= host_cpus.size()) return group;
   group.host_size = static_cast<int>(host_cpus.size());
+  group.host_index = static_cast<int>(self);
   const common::CpuRanges& mine = host_cpus[self];
   group.size = 0;
   for (size_t r = 0; r < host_cpus.size(); ++r) {
@@ -218,15 +224,19 @@ CpuBinding bindRank(BindMode mode, const MaskGroup& group, bool cpus_crowded,
       !(local_size > n && local_size % n == 0 && cpus_crowded && group.apart)) {
     return out;  // I: auto binds only C's even case, and says nothing where it does not
   }
-  if (group.host_size > n && !cpus_crowded) {  // C: this process's mask, not the host's CPUs
+  // J: a group whose CPUs are its own is split alone; else the host's ranks, by index.
+  const int index = group.apart ? local_index : group.host_index;
+  const int size = group.apart ? local_size : group.host_size;
+  if (group.host_size > n && !cpus_crowded && (size == 1 || size > n)) {
+    // C: this process's mask, not the host's CPUs
     *why = std::to_string(group.host_size) + " ranks on this host and this process may run "
            "on " + std::to_string(n) + " CPUs, which other ranks do not crowd (its affinity "
            "mask, perhaps set by the launcher: mpirun binds by default; --bind-to none there): "
            "not bound";
     return out;
   }
-  if (local_size == 1) return out;  // J: its CPUs are its own: nothing to split
-  const std::vector<int> share = cpuShare(placed, local_index, local_size);
+  if (size == 1) return out;  // J: its CPUs are its own: nothing to split
+  const std::vector<int> share = cpuShare(placed, index, size);
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int cpu : share) {

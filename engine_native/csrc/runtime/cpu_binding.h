@@ -35,18 +35,21 @@ struct MaskGroup {
   int index = 0;
   int size = 1;
   bool apart = true;
-  int host_size = 1;  // the host's ranks
+  int host_index = 0;  // among the host's ranks
+  int host_size = 1;
 };
 MaskGroup maskGroupOf(const std::vector<common::CpuRanges>& host_cpus, size_t self);
 
-// HVD_CPU_BIND: none, auto (the default: only where the host's ranks outnumber its CPUs by a
-// whole multiple and may all run on the same CPUs, Note [CPU binding] I) or core.
+// HVD_CPU_BIND: none, auto (the default: only where the ranks that may run on the same CPUs
+// outnumber them by a whole multiple and no other rank of the host may run on them, Note [CPU
+// binding] I) or core.
 enum class BindMode { kNone, kAuto, kCore };
 BindMode bindModeOf(const std::string& setting);
 
 // Under kNone nothing is bound (an earlier init's binding is undone); under kCore the
 // process's CPUs are split into `group.size` shares and every thread is bound to share
-// `group.index` (one CPU that other ranks share, where the ranks outnumber the CPUs and
+// `group.index` (`host_size` and `host_index` where the group is not apart: J) (one CPU that
+// other ranks share, where the ranks outnumber the CPUs and
 // `cpus_crowded`, Mesh::cpusCrowded(), agrees); under kAuto only that last case, only where
 // the group outnumbers the CPUs by a whole multiple and only where its CPUs are no other
 // group's (`group.apart`). Where it cannot (more ranks than CPUs in this process's mask

@@ -18,20 +18,21 @@ namespace hvd::runtime {
 namespace nccl = transport::nccl;
 using common::Status;
 
-// Note [Output reuse]: a block handed to a tensor comes back when the tensor's storage dies,
-// with an event recorded then on the buffer's release_stream — the stream current when the
-// binding wrapped it, which PyTorch assumes a tensor is used on (its caching allocator makes
-// the same assumption about a tensor's allocation stream; a tensor used on another stream
-// needs record_stream there as well). That event is the block's fence in its device's pool
-// (Note [Block pool]): the next op that takes the block makes its own stream wait on it, so it
-// writes only after everything queued before the drop has run: the host never waits. Size
-// classes start at 64 KiB; at most 1 GiB (cachedBytesBound()) stays cached per device. A block
-// past that is not freed by the dropping thread (which has no stream of the core's, and may
-// hold the GIL): it waits in its device's `evicted` list until the next take() on that
-// device, which orders the free after the block's fence on the op's stream (Note [Ordered
-// device memory]). Fresh blocks come from the same allocator on the op's stream; one that
-// fails for lack of memory first frees every cached block, which the framework's allocator
-// may need as much as this op does.
+// Note [Output reuse]: a block handed to a tensor comes back when the tensor's storage dies, with
+// an event recorded then on the buffer's release_stream — the stream current when the binding
+// wrapped it, which PyTorch assumes a tensor is used on (its caching allocator makes the same
+// assumption about a tensor's allocation stream). A tensor used on another stream must have that
+// stream synchronised with the wrapping one before it is dropped, or be cloned: record_stream does
+// nothing for memory torch's allocator did not allocate. A stream named so (a
+// torch.cuda.ExternalStream) must outlive the tensor. That event is the block's fence in its
+// device's pool (Note [Block pool]): the next op that takes the block makes its own stream wait on
+// it, so it writes only after everything queued before the drop has run: the host never waits. Size
+// classes start at 64 KiB; at most 1 GiB (cachedBytesBound()) stays cached per device. A block past
+// that is not freed by the dropping thread (which has no stream of the core's, and may hold the
+// GIL): it waits in its device's `evicted` list until the next take() on that device, which orders
+// the free after the block's fence on the op's stream (Note [Ordered device memory]). Fresh blocks
+// come from the same allocator on the op's stream; one that fails for lack of memory first frees
+// every cached block, which the framework's allocator may need as much as this op does.
 namespace {
 
 using DevicePool = BlockPool<nccl::CudaEvent>;

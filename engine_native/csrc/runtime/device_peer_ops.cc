@@ -316,6 +316,7 @@ Status DevicePeerOps::poll(std::vector<Done>* done) {
     HVD_RETURN_IF_ERROR(copy.stream->select());
     HVD_RETURN_IF_ERROR(copy.stream->query(copy.done, &finished));
     if (finished && copy.gated) {
+      moved_.push_back(copy.stream);  // (copyOut moves it to another stream)
       HVD_RETURN_IF_ERROR(copyOut(copy));
       HVD_RETURN_IF_ERROR(copy.stream->query(copy.done, &finished));  // pageable: often done
     }

@@ -13,7 +13,7 @@ from engine_native.progress import report
 from .agree import same_arguments
 from .kept import KeptCounter
 from .stage import PipelineStage
-from .step_run import StepRun
+from .step_run import StepRun, stream_ordered_receives
 
 
 class _PipelineSchedule:
@@ -114,6 +114,10 @@ class _PipelineSchedule:
             return f"{name}: the first stage takes the batch, one tensor (and only it)"
         if self._is_last and target is None and call == "step":
             return f"{name}: the last stage takes target="
+        try:
+            stream_ordered_receives()
+        except ValueError as exc:
+            return f"{name}: {exc}"
         return None
 
     def _agree(self, refusal: str | None) -> None:
