@@ -106,8 +106,11 @@ def rank_pipeline():
     return worst
 
 
-def test_pipeline_stages_on_the_gpu_train_like_one_process():
-    for res in run_ranks(rank_pipeline, 2, env=_env(), timeout=300):
+@pytest.mark.parametrize("stream_recv", ["0", "1"])
+def test_pipeline_stages_on_the_gpu_train_like_one_process(stream_recv):
+    # "1": receives final in the stage's stream order (Note [Device point-to-point] I)
+    env = dict(_env(), HVD_PIPELINE_STREAM_RECV=stream_recv)
+    for res in run_ranks(rank_pipeline, 2, env=env, timeout=300):
         assert all(v <= 1e-5 for v in res.value.values()), (res.rank, res.value)
 
 
