@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "common/test_switch.h"
+
 namespace hvd::common {
 
 namespace {
@@ -122,6 +124,17 @@ bool parseCpuRanges(std::string_view text, CpuRanges* out) {
     if (pos == text.size()) return true;
     if (text[pos++] != ',') return false;
   }
+}
+
+bool testCpuMask(cpu_set_t* out) {
+  CpuRanges forced;
+  const char* text = HVD_TEST_SWITCH("CPU_MASK");
+  if (text == nullptr || !parseCpuRanges(text, &forced)) return false;
+  CPU_ZERO(out);
+  for (const CpuRange& r : forced) {
+    for (int c = r.first; c <= r.last && c < CPU_SETSIZE; ++c) CPU_SET(c, out);
+  }
+  return true;
 }
 
 size_t cpuCount(const CpuRanges& ranges) {

@@ -40,6 +40,10 @@ std::string formatCpuRanges(const CpuRanges& ranges);
 // on anything else. O(text).
 bool parseCpuRanges(std::string_view text, CpuRanges* out);
 
+// Test builds (common/test_switch.h): the mask HVD_TEST_CPU_MASK names, CPUs this machine may
+// lack among them (common::processCpuMask). False, `out` untouched, where none is set.
+bool testCpuMask(cpu_set_t* out);
+
 // The number of CPUs in `ranges`.
 size_t cpuCount(const CpuRanges& ranges);
 

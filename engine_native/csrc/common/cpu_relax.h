@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "common/cpu_ranges.h"
-#include "common/test_switch.h"
 
 namespace hvd::common {
 
@@ -37,14 +36,7 @@ inline const cpu_set_t& processCpuMask() {
   static const cpu_set_t mask = [] {
     cpu_set_t set;
     CPU_ZERO(&set);
-    CpuRanges forced;
-    if (const char* text = HVD_TEST_SWITCH("CPU_MASK");
-        text != nullptr && parseCpuRanges(text, &forced)) {
-      for (const CpuRange& r : forced) {
-        for (int c = r.first; c <= r.last && c < CPU_SETSIZE; ++c) CPU_SET(c, &set);
-      }
-      return set;
-    }
+    if (testCpuMask(&set)) return set;
     if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);
     return set;
   }();

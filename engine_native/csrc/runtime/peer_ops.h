@@ -204,7 +204,7 @@ class PeerOps {
   void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
   common::Status orderOnConsumer(const PeerRecv& recv, Op* op);  // I, at submission
-  void completeRead(PerPeer& p, std::deque<Op>::iterator r, std::shared_ptr<OutputBuffer> out);
+  void completeRead(const Op& op, std::shared_ptr<OutputBuffer> output);  // a device read's
   void sendReceipt(int peer, uint64_t sequence,
                    transport::PeerFrameKind kind = transport::PeerFrameKind::kDeviceRead);
   common::Status refused(int peer, uint64_t sequence);       // G, the sender

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -80,8 +79,7 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
       fail(op, handover);
       return;
     }
-    p.reading.push_back(std::move(op));
-    completeRead(p, std::prev(p.reading.end()), std::move(handed_over));
+    completeRead(op, std::move(handed_over));
     return;
   }
   if (!status.isOk()) {  // G: the bytes come again, through host memory
@@ -201,7 +199,8 @@ Status PeerOps::progressDevice() {
       if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
           r != p.reading.end()) {
         sendReceipt(r->peer, r->sequence);
-        completeRead(p, r, std::move(done.output));
+        completeRead(*r, std::move(done.output));
+        p.reading.erase(r);
         break;
       }
     }
@@ -209,17 +208,15 @@ Status PeerOps::progressDevice() {
   return Status::ok();
 }
 
-void PeerOps::completeRead(PerPeer& p, std::deque<Op>::iterator r,
-                           std::shared_ptr<OutputBuffer> output) {
+void PeerOps::completeRead(const Op& op, std::shared_ptr<OutputBuffer> output) {
   listen(-1);
   metrics_.countP2p(/*sent=*/false, output->bytes);
-  endSpan(*r);
+  endSpan(op);
   OpResult result;
   result.buffer = std::move(output);
-  result.shape = r->shape;
-  result.dtype = static_cast<int32_t>(r->dtype);
-  handles_.complete(r->handle, Status::ok(), std::move(result));
-  p.reading.erase(r);
+  result.shape = op.shape;
+  result.dtype = static_cast<int32_t>(op.dtype);
+  handles_.complete(op.handle, Status::ok(), std::move(result));
 }
 
 // I, at submission: a stream the loop may queue a wait on (its caller waits at once, so its
