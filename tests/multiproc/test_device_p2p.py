@@ -348,6 +348,25 @@ def stream_ordered_suite():
     out["exchanged"] = all(np.array_equal(exchange(), np.full(700 << 10, peer, np.uint8))
                            for _ in range(40))
     out["allocated more"] = f.cuda.fakeCudaLiveAllocations() - allocated
+    # A consumer's stream that cannot wait (no such stream; rank 0's kernel held, so the copy
+    # is surely still queued): that receive fails alone, and the next one arrives.
+    if me == 0:
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        handle = send(x, 1, 520, stream=producer)
+        _core.wait(_core.p2p_recv(1, 521, True))
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        _core.wait(handle)
+        _core.wait(send(PATTERN, 1, 522))
+    else:
+        try:
+            _core.wait(_core.p2p_recv(0, 520, True, 0, True, None, 0, None, 0xdead0))
+            out["unknown stream"] = "completed"
+        except hvd_module.HorovodInternalError as exc:
+            out["unknown stream"] = "cudaStreamWaitEvent" in str(exc) or str(exc)
+        _core.wait(_core.p2p_send(0, 521, _dtypes.numpy_code(ready.dtype, "send", "521"),
+                                  ready.shape, ready.ctypes.data, True, -1, 0))
+        got, _ = receive(0, 522)
+        out["after a failed receive"] = bool(np.array_equal(got, PATTERN))
     hvd.barrier()
     hvd.shutdown()
     return out
@@ -362,3 +381,5 @@ def test_a_receive_ordered_on_its_consumers_stream_completes_once_queued(fake_cu
     for r in results:
         assert r["exchanged"] and r["allocated more"] <= 1, r
         assert r["needs wait_now"] is True and r["not cudaStreamPerThread"] is True, r
+    assert results[1]["unknown stream"] is True, results[1]
+    assert results[1]["after a failed receive"], results[1]
