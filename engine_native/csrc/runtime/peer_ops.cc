@@ -445,7 +445,12 @@ void PeerOps::match(PerPeer& p) {
       // bytes in memory of their own (not another receive's `into`)
       HVD_CHECK(r->bound ? payload.data == r->into
                          : payload.owner != nullptr || payload.data == nullptr);
-      completeRecv(*r, std::move(m->message));
+      transport::PeerMessage& message = m->message;
+      // A bound receive gets no buffer: the message is in its own `into` (Note [Receive into
+      // out] B).
+      completeReceive(*r, std::static_pointer_cast<OutputBuffer>(
+                              std::move(message.payload.owner)),
+                      message.frame.bytes, std::move(message.frame.shape), message.frame.dtype);
     }
     p.arrived.erase(m);
     r = p.receiving.erase(r);
@@ -467,19 +472,6 @@ void PeerOps::completeSend(const Op& op) {
 void PeerOps::fail(const Op& op, const Status& status) {
   endSpan(op, status);
   handles_.complete(op.handle, status);
-}
-
-void PeerOps::completeRecv(const Op& op, transport::PeerMessage message) {
-  listen(-1);
-  metrics_.countP2p(/*sent=*/false, message.frame.bytes);
-  endSpan(op);
-  OpResult result;
-  // A bound receive gets no buffer: the message is in its own `into` (Note [Receive into
-  // out] B).
-  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
-  result.shape = std::move(message.frame.shape);
-  result.dtype = static_cast<int32_t>(message.frame.dtype);
-  handles_.complete(op.handle, Status::ok(), std::move(result));
 }
 
 // Spans are named like the pending list's entries ("send to rank 1, tag 5"), one track per

@@ -181,7 +181,10 @@ class PeerOps {
   // Reads what `peer`'s channel has, files it (arrive) and matches it.
   common::Status readPeer(int peer, Clock::time_point now, bool* read);
   void match(PerPeer& p);
-  void completeRecv(const Op& op, transport::PeerMessage message);
+  // Every receive that succeeds ends here, whatever its route: counted, its span ended, its
+  // handle completed with the result (`buffer` null: the bytes are in its own `into`).
+  void completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer, uint64_t bytes,
+                       std::vector<int64_t> shape, common::DataType dtype);
   // Note [Receive into out] (peer_ops_into.cc): where an arriving payload goes, and the way
   // back for a bound receive that ends without its message.
   static transport::PeerPayload payloadFor(void* self, int peer,
@@ -204,7 +207,6 @@ class PeerOps {
   void stageDeviceSend(Op& op);          // B
   void startDeviceRead(PerPeer& p, Op op, Arrived message);  // D
   common::Status orderOnConsumer(const PeerRecv& recv, Op* op);  // I, at submission
-  void completeRead(const Op& op, std::shared_ptr<OutputBuffer> output);  // a device read's
   void sendReceipt(int peer, uint64_t sequence,
                    transport::PeerFrameKind kind = transport::PeerFrameKind::kDeviceRead);
   common::Status refused(int peer, uint64_t sequence);       // G, the sender

@@ -79,7 +79,8 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
       fail(op, handover);
       return;
     }
-    completeRead(op, std::move(handed_over));
+    const uint64_t read = handed_over->bytes;
+    completeReceive(op, std::move(handed_over), read, op.shape, op.dtype);
     return;
   }
   if (!status.isOk()) {  // G: the bytes come again, through host memory
@@ -148,14 +149,8 @@ Status PeerOps::resent(PerPeer& p, transport::PeerMessage message) {
                                  std::to_string(message.frame.bytes) + " bytes) that no "
                                  "refused receive waits for");
   }
-  listen(-1);
-  metrics_.countP2p(/*sent=*/false, bytes);
-  endSpan(*r);
-  OpResult result;
-  result.buffer = std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner));
-  result.shape = r->shape;
-  result.dtype = static_cast<int32_t>(r->dtype);
-  handles_.complete(r->handle, Status::ok(), std::move(result));
+  completeReceive(*r, std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner)),
+                  bytes, r->shape, r->dtype);
   p.reading.erase(r);
   return Status::ok();
 }
@@ -199,24 +194,14 @@ Status PeerOps::progressDevice() {
       if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
           r != p.reading.end()) {
         sendReceipt(r->peer, r->sequence);
-        completeRead(*r, std::move(done.output));
+        const uint64_t read = done.output->bytes;
+        completeReceive(*r, std::move(done.output), read, r->shape, r->dtype);
         p.reading.erase(r);
         break;
       }
     }
   }
   return Status::ok();
-}
-
-void PeerOps::completeRead(const Op& op, std::shared_ptr<OutputBuffer> output) {
-  listen(-1);
-  metrics_.countP2p(/*sent=*/false, output->bytes);
-  endSpan(op);
-  OpResult result;
-  result.buffer = std::move(output);
-  result.shape = op.shape;
-  result.dtype = static_cast<int32_t>(op.dtype);
-  handles_.complete(op.handle, Status::ok(), std::move(result));
 }
 
 // I, at submission: a stream the loop may queue a wait on (its caller waits at once, so its

@@ -1,5 +1,6 @@
 // Where PeerOps's received payloads go (runtime/peer_ops.h): an output the core reuses, or the
-// memory a posted receive brought (out=); and the refusal of a message that does not fit out=.
+// memory a posted receive brought (out=); the refusal of a message that does not fit out=; and
+// the end of every receive that succeeds, whatever its route.
 //
 // Note [Received payloads]
 // A message lands in an output the core reuses (hostOutput, Note [Host output reuse]) up to
@@ -264,6 +265,19 @@ common::Status PeerOps::takeRefusal(PerPeer& p) {
   p.refused_more = 0;
   p.refused_in_flight = false;
   return common::Status(common::Code::kInvalidArgument, text);
+}
+
+void PeerOps::completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer,
+                              uint64_t bytes, std::vector<int64_t> shape,
+                              common::DataType dtype) {
+  listen(-1);
+  metrics_.countP2p(/*sent=*/false, bytes);
+  endSpan(op);
+  OpResult result;
+  result.buffer = std::move(buffer);
+  result.shape = std::move(shape);
+  result.dtype = static_cast<int32_t>(dtype);
+  handles_.complete(op.handle, common::Status::ok(), std::move(result));
 }
 
 }  // namespace hvd::runtime

@@ -86,22 +86,19 @@ void PeerOps::startNcclRead(PerPeer& p, Op op, Arrived& arrived) {
 
 // E: on the device as NCCL wrote it, or copied into host memory.
 void PeerOps::completeNcclRead(const Op& op, std::shared_ptr<OutputBuffer> bytes) {
-  listen(-1);
-  OpResult result;
+  std::shared_ptr<OutputBuffer> result = std::move(bytes);
   if (!op.on_device) {
-    const Status copied = nccl_.toHost(*bytes, &result.buffer);
+    std::shared_ptr<OutputBuffer> host;
+    const Status copied = nccl_.toHost(*result, &host);
     if (!copied.isOk()) {
+      listen(-1);
       fail(op, Status(copied.code(), what("recv", op.peer, op.tag) + ": " + copied.message()));
       return;
     }
-  } else {
-    result.buffer = std::move(bytes);
+    result = std::move(host);
   }
-  metrics_.countP2p(/*sent=*/false, result.buffer->bytes);
-  endSpan(op);
-  result.shape = op.shape;
-  result.dtype = static_cast<int32_t>(op.dtype);
-  handles_.complete(op.handle, Status::ok(), std::move(result));
+  const uint64_t read = result->bytes;
+  completeReceive(op, std::move(result), read, op.shape, op.dtype);
 }
 
 void PeerOps::deviceSendDone(int64_t handle) {
