@@ -24,6 +24,7 @@ _TYPESTR = {
 }
 
 _cuda_ready = False
+_PER_THREAD_STREAM = 2  # cudaStreamPerThread's handle
 # The current stream's raw cudaStream_t without building a torch.cuda.Stream object (a few µs
 # per op on the hot path); the public call where a torch build lacks it (same value).
 _raw_stream = getattr(torch._C, '_cuda_getCurrentRawStream', None)
@@ -93,10 +94,10 @@ def device_tensor(buffer, shape, dtype):
     if 0 in shape or buffer.nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=torch.device('cuda', buffer.device))
     # the stream PyTorch assumes the tensor is used on: the block is reused after it got there
-    # (a per-thread default stream, handle 2, would name the dropping thread's: the legacy
-    # stream, 0, synchronises with it)
+    # (a per-thread default stream would name the dropping thread's: the legacy stream, 0,
+    # synchronises with it)
     stream = current_stream(buffer.device)
-    buffer.release_stream = 0 if stream == 2 else stream
+    buffer.release_stream = 0 if stream == _PER_THREAD_STREAM else stream
     array = _DeviceArray(buffer, shape, _TYPESTR[dtype])
     out = torch.as_tensor(array, device=torch.device('cuda', buffer.device))
     return out.view(torch.bfloat16) if dtype == torch.bfloat16 else out

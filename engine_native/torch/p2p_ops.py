@@ -179,9 +179,6 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     the order of ``device``'s current stream, which waits for it (Note [Device point-to-point]
     I); any other message once its bytes are there."""
     what = f"recv(from rank {src}, tag {tag})"
-    if stream_ordered and not wait_now:
-        raise ValueError(f"{what}: stream_ordered needs wait_now (the core queues the stream's "
-                         "wait while its caller waits)")
     if out is not None:
         _check(out, what)
     convert = _received if device is None else \

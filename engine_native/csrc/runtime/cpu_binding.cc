@@ -206,27 +206,22 @@ MaskGroup maskGroupOf(const std::vector<common::CpuRanges>& host_cpus, size_t se
 
 CpuBinding bindRank(BindMode mode, const MaskGroup& group, bool cpus_crowded,
                     std::string* why) {
-  const int local_index = group.index;
-  const int local_size = group.size;
   CpuBinding out;
   out.host_cores = common::usableCores();
   if (bound_by_us && bindAllThreads(common::processCpuMask()) == 0) {
     bound_by_us = false;  // E: an earlier init's share is not this one's
   }
-  if (mode == BindMode::kNone || local_size <= 0 || local_index < 0 ||
-      local_index >= local_size) {
-    return out;
-  }
+  if (mode == BindMode::kNone) return out;
   const std::vector<CpuPlacement> placed = placedCpus();
   const int n = static_cast<int>(placed.size());
   if (group.host_size == 1 || n == 0) return out;  // G: the share would be every CPU
   if (mode == BindMode::kAuto &&
-      !(local_size > n && local_size % n == 0 && cpus_crowded && group.apart)) {
+      !(group.size > n && group.size % n == 0 && cpus_crowded && group.apart)) {
     return out;  // I: auto binds only C's even case, and says nothing where it does not
   }
   // J: a group whose CPUs are its own is split alone; else the host's ranks, by index.
-  const int index = group.apart ? local_index : group.host_index;
-  const int size = group.apart ? local_size : group.host_size;
+  const int index = group.apart ? group.index : group.host_index;
+  const int size = group.apart ? group.size : group.host_size;
   if (group.host_size > n && !cpus_crowded && (size == 1 || size > n)) {
     // C: this process's mask, not the host's CPUs
     *why = std::to_string(group.host_size) + " ranks on this host and this process may run "

@@ -450,7 +450,7 @@ void PeerOps::match(PerPeer& p) {
       // out] B).
       completeReceive(*r, std::static_pointer_cast<OutputBuffer>(
                               std::move(message.payload.owner)),
-                      message.frame.bytes, std::move(message.frame.shape), message.frame.dtype);
+                      std::move(message.frame.shape), message.frame.dtype);
     }
     p.arrived.erase(m);
     r = p.receiving.erase(r);

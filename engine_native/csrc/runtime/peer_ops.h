@@ -183,7 +183,7 @@ class PeerOps {
   void match(PerPeer& p);
   // Every receive that succeeds ends here, whatever its route: counted, its span ended, its
   // handle completed with the result (`buffer` null: the bytes are in its own `into`).
-  void completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer, uint64_t bytes,
+  void completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer,
                        std::vector<int64_t> shape, common::DataType dtype);
   // Note [Receive into out] (peer_ops_into.cc): where an arriving payload goes, and the way
   // back for a bound receive that ends without its message.

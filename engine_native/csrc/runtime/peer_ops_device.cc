@@ -68,19 +68,18 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
   if (status.isOk()) {
     status = device_.read(op.peer, arrived.device, bytes, op.device, op.on_device,
                           static_cast<uint64_t>(op.handle), what("recv", op.peer, op.tag),
-                          op.on_device ? op.consumer : -1, &handed_over, &handover);
+                          op.consumer, &handed_over, &handover);
   }
   op.dtype = frame.dtype;
   op.shape = frame.shape;
   op.sequence = arrived.device.sequence;
-  if (status.isOk() && op.on_device && op.consumer >= 0) {  // I: the copy is queued
+  if (status.isOk() && op.consumer >= 0) {  // I: the copy is queued (on_device: submitRecv)
     if (!handover.isOk()) {  // (its receipt still goes back once the copy ran)
       listen(-1);
       fail(op, handover);
       return;
     }
-    const uint64_t read = handed_over->bytes;
-    completeReceive(op, std::move(handed_over), read, op.shape, op.dtype);
+    completeReceive(op, std::move(handed_over), op.shape, op.dtype);
     return;
   }
   if (!status.isOk()) {  // G: the bytes come again, through host memory
@@ -150,7 +149,7 @@ Status PeerOps::resent(PerPeer& p, transport::PeerMessage message) {
                                  "refused receive waits for");
   }
   completeReceive(*r, std::static_pointer_cast<OutputBuffer>(std::move(message.payload.owner)),
-                  bytes, r->shape, r->dtype);
+                  r->shape, r->dtype);
   p.reading.erase(r);
   return Status::ok();
 }
@@ -194,8 +193,7 @@ Status PeerOps::progressDevice() {
       if (auto r = std::find_if(p.reading.begin(), p.reading.end(), has);
           r != p.reading.end()) {
         sendReceipt(r->peer, r->sequence);
-        const uint64_t read = done.output->bytes;
-        completeReceive(*r, std::move(done.output), read, r->shape, r->dtype);
+        completeReceive(*r, std::move(done.output), r->shape, r->dtype);
         p.reading.erase(r);
         break;
       }

@@ -268,8 +268,9 @@ common::Status PeerOps::takeRefusal(PerPeer& p) {
 }
 
 void PeerOps::completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer,
-                              uint64_t bytes, std::vector<int64_t> shape,
-                              common::DataType dtype) {
+                              std::vector<int64_t> shape, common::DataType dtype) {
+  uint64_t bytes = 0;
+  transport::peerPayloadBytes(dtype, shape, &bytes);  // (checked when the message arrived)
   listen(-1);
   metrics_.countP2p(/*sent=*/false, bytes);
   endSpan(op);

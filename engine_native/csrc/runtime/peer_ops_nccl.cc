@@ -97,8 +97,7 @@ void PeerOps::completeNcclRead(const Op& op, std::shared_ptr<OutputBuffer> bytes
     }
     result = std::move(host);
   }
-  const uint64_t read = result->bytes;
-  completeReceive(op, std::move(result), read, op.shape, op.dtype);
+  completeReceive(op, std::move(result), op.shape, op.dtype);
 }
 
 void PeerOps::deviceSendDone(int64_t handle) {
