@@ -6,20 +6,25 @@ Rounds come in pairs, one per mode, in ABBA order (hidden live, live hidden, ...
 drift on a shared machine hits both alike:
 
 - ``hidden``: ``%hvd_dashboard --off`` (no hub, no publisher threads, no widget traffic);
-- ``live``: ``%hvd_dashboard`` (hub + widget view in the kernel, ≤ 5 renders/s sent on IOPub,
-  a publisher thread per engine sending a snapshot every 0.3 s).
+- ``live``: ``%hvd_dashboard`` (hub + widget view in the kernel, ≤ 5 renders/s sent on IOPub
+  and one at each cell's end, a publisher thread per engine sending a snapshot every 0.3 s).
 
 Each round times ``--steps`` steps on every rank after ``--warmup`` steps; a step's time is the
-slowest rank's (synchronous training waits for it). Prints a table: median / mean / p90 step
-time per mode over all rounds, widget updates sent, the CPU the dashboard takes (each
-engine's publisher thread, the kernel process with the hub and widgets; both as a share of
-one core), and the overhead of live over hidden (target
-≤ 2 %): pooled, and the median over pairs of each pair's ratio of medians (the estimate least
-disturbed by other load; its range shows the noise).
+slowest rank's (synchronous training waits for it). Then it times ``--cells`` empty ``%%hvd``
+cells, each an execute request from this process to its idle reply (the notebook's path):
+with the dashboard live a cell's end waits until every rank's snapshot of that end is rendered
+(``MetricsHub.sync_view``), which this prices.
+
+Prints a table: median / mean / p90 step time per mode over all rounds, widget updates sent,
+the CPU the dashboard takes (each engine's publisher thread, the kernel process with the hub
+and widgets; both as a share of one core), the empty cell's median / p90, and the overhead of
+live over hidden (target ≤ 2 %): pooled, and the median over pairs of each pair's ratio of
+medians (the estimate least disturbed by other load; its range shows the noise).
 
 Usage::
 
     python benchmarks/bench_dashboard.py [-n 2] [--pairs 8] [--steps 1000] [--width 256]
+                                         [--cells 20]
 
 Needs ``pip install -e .`` (the native core), torch, ipykernel, ipywidgets. Timings on a shared
 2-core machine are noisy; compare the two rows, which come from the same run.
@@ -137,6 +142,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps per round")
     ap.add_argument("--width", type=int, default=256, help="hidden layer width")
     ap.add_argument("--batch", type=int, default=64, help="batch size per rank")
+    ap.add_argument("--cells", type=int, default=20, help="empty %%%%hvd cells per round")
     args = ap.parse_args()
 
     k = Kernel()
@@ -145,6 +151,7 @@ def main():
         k.run(SETUP.format(w=args.width, b=args.batch))
         k.run("%%hvd\n_round(50, 10)")  # warm the whole path once
         results = {"hidden": [], "live": []}
+        cells = {"hidden": [], "live": []}  # seconds of an empty %%hvd cell
         updates = {"hidden": 0, "live": 0}
         driver_cpu = {"hidden": [], "live": []}  # kernel CPU seconds per wall second
         engine_cpu = {"hidden": [], "live": []}  # publisher thread CPU per wall second, per rank
@@ -160,6 +167,10 @@ def main():
                 updates[mode] += k.updates - before
                 results[mode].extend(times)
                 medians[mode] = statistics.median(times)
+                for _ in range(args.cells):
+                    t0 = time.perf_counter()
+                    k.run("%%hvd\npass")
+                    cells[mode].append(time.perf_counter() - t0)
             ratios.append(medians["live"] / medians["hidden"])
             print(f"pair {p + 1}/{args.pairs}: hidden {1e3 * medians['hidden']:.2f} ms, live "
                   f"{1e3 * medians['live']:.2f} ms", file=sys.stderr)
@@ -172,13 +183,15 @@ def main():
           f"batch {args.batch}/rank, {args.pairs} x {args.steps} steps per mode, "
           f"{platform.node()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     print(f"{'dashboard':<10} {'steps':>6} {'median ms':>10} {'mean ms':>9} {'p90 ms':>8} "
-          f"{'widget updates':>15} {'publisher CPU/rank':>19} {'kernel CPU':>11}")
+          f"{'widget updates':>15} {'publisher CPU/rank':>19} {'kernel CPU':>11} "
+          f"{'empty cell ms, median / p90':>28}")
     for mode in ("hidden", "live"):
-        s = stats[mode]
+        s, c = stats[mode], summary(cells[mode])
+        cell_ms = f"{1e3 * c['median']:.2f} / {1e3 * c['p90']:.2f}"
         print(f"{mode:<10} {len(results[mode]):>6} {1e3 * s['median']:>10.3f} "
               f"{1e3 * s['mean']:>9.3f} {1e3 * s['p90']:>8.3f} {updates[mode]:>15} "
               f"{100 * statistics.fmean(engine_cpu[mode]):>18.2f}% "
-              f"{100 * statistics.fmean(driver_cpu[mode]):>10.1f}%")
+              f"{100 * statistics.fmean(driver_cpu[mode]):>10.1f}% {cell_ms:>28}")
     pooled = stats["live"]["median"] / stats["hidden"]["median"] - 1
     paired = statistics.median(ratios) - 1
     print(f"overhead, pooled medians:          {100 * pooled:+.2f}%")

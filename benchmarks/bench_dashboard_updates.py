@@ -73,7 +73,8 @@ def main(argv=None) -> int:
               f"{statistics.median(gaps):.3f} / {max(gaps):.3f} |")
     every = [g for *_, gaps in rows for g in gaps]
     print(f"\nall gaps: min {min(every):.3f} s, median {statistics.median(every):.3f} s, "
-          f"max {max(every):.3f} s (throttle 0.2 s, publishers every 0.3 s)")
+          f"max {max(every):.3f} s (throttle 0.2 s but for the render at a cell's end, "
+          f"publishers every 0.3 s)")
     return 0
 
 

@@ -8,7 +8,8 @@ widget view when the notebook has a widget frontend, starts a publisher on every
 :func:`hvd_magic.status.add_listener`:
 
 - ``restarted``: the old ranks are forgotten and the new engines publish to the same hub;
-- ``cell_end``: ranks whose engine died are shown dead with the reason;
+- ``cell_end``: ranks whose engine died are shown dead with the reason, and the view shows
+  every rank's state at the cell's end before the cell returns (``MetricsHub.sync_view``);
 - ``scaled``: the world re-formed (hvd_magic.elastic): rows follow the new ranks and the
   change, with the ranks that left and why, shows with the cluster row;
 - ``stopped``: "cluster stopped" is shown and the hub stops.
@@ -43,6 +44,7 @@ ATTACH_TIMEOUT = 10.0   # s for every engine to start its publisher
 COMMAND_TIMEOUT = 5.0   # s for every rank to answer a button
 DEATH_CHECK_S = 1.0     # s between checks for engines that left
 FIRST_SNAPSHOT_TIMEOUT = 3.0  # s to wait for every rank's first snapshot before printing
+CELL_END_SYNC_S = 2.0  # s a cell's end waits at most for every rank's last snapshot
 
 
 def timeline_path(path: str | None = None) -> str:
@@ -190,6 +192,11 @@ class Dashboard:
             for rank, why in cluster.dead_ranks().items():
                 self._watch.marked.add(rank)
                 self.hub.mark_dead(rank, reason=why)
+            if self.hub.view is not None and self.hub.running:
+                try:
+                    self.hub.sync_view(CELL_END_SYNC_S)
+                except KeyboardInterrupt:  # a second Ctrl-C: the cell ends without it
+                    pass
         elif event == "stopped":
             self.close(engines_alive=False)
 

@@ -45,8 +45,9 @@ class DashboardMagics(Magics):
         autotuner's panel and a live timeline strip of the collectives. Buttons: Stop
         (interrupts the running ``%%hvd`` cell like Ctrl-C), start/stop a timeline (rank 0
         writes ``hvd-timeline-<date>.json`` in the working directory), autotune on/off.
-        Updated at most 5 times a second from a background thread. Without a widget frontend
-        the dashboard is printed as text.
+        Updated at most 5 times a second from a background thread, and once more when a
+        ``%%hvd`` cell ends, before it returns. Without a widget frontend the dashboard is
+        printed as text.
 
         Examples
         --------

@@ -5,9 +5,10 @@ Shipped by reference through ``view.apply`` like :mod:`hvd_magic.engine_side` (w
 
 - :func:`start` starts this rank's publisher (``hvd_magic.widgets.publisher``): a daemon
   thread sending a snapshot to the driver's hub every 0.3 s, during and between cells, and
-  running the dashboard's commands (:func:`timeline`, :func:`autotune`) as they arrive, so a
-  button works while a cell is running. Throughput comes from ``hvd.report(samples=...)``
-  (``engine_native.progress``) when the training code calls it, else from the core's counters.
+  running the dashboard's commands as they arrive, so a button works while a cell is running
+  (:func:`timeline`, :func:`autotune`); :func:`snapshot` is what a cell's end sends.
+  Throughput comes from ``hvd.report(samples=...)`` (``engine_native.progress``) when the
+  training code calls it, else from the core's counters.
 - :func:`timeline` and :func:`autotune` are also what ``%hvd_timeline`` / ``%hvd_autotune``
   run on every rank; on a rank whose core is not running both raise a clear error.
 
@@ -82,7 +83,7 @@ def start(address: str, command_address: str, key: bytes, device: dict) -> dict:
         metrics=basics.metrics if basics is not None else None,
         events=RecentEvents(basics.timeline_events) if basics is not None else None,
         command_address=command_address,
-        handlers={"timeline": timeline, "autotune": autotune})
+        handlers={"timeline": timeline, "autotune": autotune, "snapshot": snapshot})
     return {"rank": engine_side.RANK, "publishing": pub.running, "core": basics is not None}
 
 
@@ -91,6 +92,12 @@ def stop() -> None:
     from hvd_magic.widgets import publisher
 
     publisher.stop_publisher()
+
+
+def snapshot() -> str:
+    """A cell's end (``MetricsHub.sync_view``): nothing to run, the answer is the snapshot
+    the publisher sends at once."""
+    return ""
 
 
 def timeline(start: bool, path: str | None = None, mark_cycles: bool = False) -> str:

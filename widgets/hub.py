@@ -4,7 +4,9 @@
 daemon thread that (a) drains snapshots into the :class:`~.model.DashboardModel` and (b) calls
 each sink's ``update(model, now)`` at most ``max_hz`` times a second: a burst of snapshots
 becomes one render, so does a round of snapshots from every rank (``gather_s``), and with
-nothing new it still refreshes once a second (ages, "no data for N s"). The thread sleeps in
+nothing new it still refreshes once a second (ages, "no data for N s"). Past that cap, a cell's
+end adds one render of every rank's state at that end (:meth:`MetricsHub.sync_view`). The
+thread sleeps in
 ``zmq.Poller.poll`` with a timeout computed from the throttle; it never spins. Calls from other
 threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`, :meth:`~MetricsHub.stop`)
 wake it through an inproc socket.
@@ -71,7 +73,7 @@ class MetricsHub:
     connect_host : str, optional
         Host put in :attr:`address` when ``bind`` is a wildcard (``0.0.0.0``).
     max_hz : float
-        Upper bound on renders per second (default 5).
+        Upper bound on renders per second (default 5), but for :meth:`sync_view`'s.
     refresh_s : float
         Render at least this often while running, even without new snapshots.
     gather_s : float
@@ -86,10 +88,11 @@ class MetricsHub:
         What publishers connect to, valid after :meth:`start`.
     command_address : str
         Where publishers listen for commands (:meth:`command`), valid after :meth:`start`.
-    received, rejected, stale, renders : int
+    received, rejected, stale, renders, view_syncs : int
         Counters for diagnostics and tests: snapshots accepted, frames that failed their tag
         or schema, snapshots refused as replayed, out of order or from a retired publisher
-        (Note [Dashboard frames] in :mod:`.frames`), renders.
+        (Note [Dashboard frames] in :mod:`.frames`), renders, and those of them that
+        :meth:`sync_view` asked for (past the throttle).
     """
 
     def __init__(self, model=None, sinks=(), key=None, bind="tcp://127.0.0.1",
@@ -103,7 +106,7 @@ class MetricsHub:
         self.clock = clock
         self.address = self.command_address = None
         self.view = None  # set by start_dashboard
-        self.received = self.rejected = self.stale = self.renders = 0
+        self.received = self.rejected = self.stale = self.renders = self.view_syncs = 0
         self._sinks = list(sinks)
         self._sinks_lock = threading.Lock()
         self._wake_lock = threading.Lock()
@@ -113,9 +116,11 @@ class MetricsHub:
         self._error = None
         self._warned = set()
         self._commands_lock = threading.Lock()
-        self._outbox = []  # (id, name, args, timeout_s, on_done), sent by the hub thread
+        self._outbox = []  # (id, name, args, timeout_s, on_done, sync), sent by the hub thread
         self._next_id = 1
         self._pending = Pending(clock)
+        self._after_render = []  # sync_view()s answered, told by the next render (hub thread)
+        self._sync_skipped = set()  # hub thread (sync_skipped)
         self._arrived = threading.Condition()  # notified after snapshots were ingested
         self._order = SnapshotOrder()  # hub thread only
         self._refusals = RefusalLog(log, "dashboard hub", clock)
@@ -199,10 +204,50 @@ class MetricsHub:
         alive when it was sent answered, or after ``timeout_s``, ``on_done(answers, missing)``
         is called with ``answers = {rank: (ok, text)}`` and the ranks that did not answer.
         """
+        return self._queue(name, args, timeout_s, on_done, sync=False)
+
+    def sync_view(self, timeout_s=0.5):
+        """Have every live rank send a snapshot now and render them at once, past the
+        throttle; returns once that render is done.
+
+        ``%%hvd`` calls it when a cell ends: the periodic snapshots (every 0.3 s) miss the end
+        of a short cell, and a frontend that keeps only what a cell sent while it ran (nbclient,
+        papermill: the notebook saved with its widgets) would keep a dashboard from before it.
+        Dead and starting ranks are not waited for, nor, until they answer a command again,
+        those that did not answer the previous call: one broken publisher costs one
+        ``timeout_s``, not one per cell.
+
+        Returns
+        -------
+        bool
+            True when every rank waited for answered; False when one did not within
+            ``timeout_s`` (it shows what it last sent), or the hub is not running.
+        """
+        if not self.running or self._stopping:
+            return False
+        rendered, missing = threading.Event(), []
+
+        def answered(_answers, not_answered):  # hub thread: the last answer is ingested next
+            missing.extend(not_answered)
+            self._sync_skipped.update(not_answered)
+            self._after_render.append(rendered.set)
+            self.pacer.wake(at_once=True)
+
+        self._queue("snapshot", {}, timeout_s, answered, sync=True)
+        # (+ the render after an answer that timed out)
+        return rendered.wait(timeout_s + 0.25) and not missing
+
+    @property
+    def sync_skipped(self):
+        """Ranks :meth:`sync_view` does not wait for: they missed one and answered no command
+        since."""
+        return frozenset(self._sync_skipped)
+
+    def _queue(self, name, args, timeout_s, on_done, sync):
         with self._commands_lock:
             cmd_id = self._next_id
             self._next_id += 1
-            self._outbox.append((cmd_id, name, args, timeout_s, on_done))
+            self._outbox.append((cmd_id, name, args, timeout_s, on_done, sync))
         self.notify()
         return cmd_id
 
@@ -254,6 +299,8 @@ class MetricsHub:
             self._loop(poller, pull, wake_in, zmq)
         finally:
             self._pending.expire(float("inf"))  # nobody will answer now: report them missing
+            for tell in self._after_render:  # (no render comes: sync_view's callers go on)
+                tell()
             for sock in (pull, pub, wake_in):
                 sock.close(0)
 
@@ -303,6 +350,7 @@ class MetricsHub:
             self.received += 1
             if snap.get("acks"):
                 self._pending.ack(snap["rank"], snap["acks"])
+                self._sync_skipped.discard(snap["rank"])  # it answers commands again
             now = self.clock()
             self.model.ingest(snap["rank"], snap, now)
             self.pacer.arrived(snap["rank"], now)
@@ -321,11 +369,14 @@ class MetricsHub:
         rows = self.model.rows(self.clock())
         alive = [r.rank for r in rows if r.state not in ("dead", "starting")]
         to = self._order.publishers(alive)  # a rank whose publisher is unknown: missing
-        for cmd_id, name, args, timeout_s, on_done in outbox:
+        for cmd_id, name, args, timeout_s, on_done, sync in outbox:
             self._pub.send(pack_command(cmd_id, name, args, self.key, to=to))
-            self._pending.sent(cmd_id, alive, timeout_s, on_done)
+            waited = [r for r in alive if not (sync and r in self._sync_skipped)]
+            self._pending.sent(cmd_id, waited, timeout_s, on_done)
 
     def _render(self, now):
+        done, self._after_render = self._after_render, []
+        self.view_syncs += bool(done)  # (before the sinks: they may read it)
         with self._sinks_lock:
             sinks = list(self._sinks)
         for sink in sinks:
@@ -334,6 +385,8 @@ class MetricsHub:
             except Exception as exc:  # a broken sink must not stop the others or the thread
                 self._warn_once(type(sink).__name__, f"dashboard sink {sink!r} failed: {exc!r}")
         self.renders += 1
+        for tell in done:
+            tell()
 
     def _warn_once(self, what, text):
         if what not in self._warned:

@@ -5,12 +5,14 @@
 class RenderPacer:
     """When the hub renders; on the hub's clock.
 
-    At most once per ``1 / max_hz`` s. After new snapshots: once every rank that sent one
-    within the last second sent one since the last render, so the ranks' unsynchronised
-    publishers (N snapshots per interval) make one render per interval rather than one per
-    snapshot, but at most ``gather_s`` after the first of them. After a wake-up (dead rank,
-    command, driver change): as soon as the throttle allows. With nothing new: every
-    ``refresh_s`` (ages, "no data for N s"). Once at the start.
+    At most once per ``1 / max_hz`` s, but for a render asked for at once. After new
+    snapshots: once every rank that sent one within the last second sent one since the last
+    render, so the ranks' unsynchronised publishers (N snapshots per interval) make one render
+    per interval rather than one per snapshot, but at most ``gather_s`` after the first of
+    them. After a wake-up (dead rank, command, driver change): as soon as the throttle allows;
+    after one asking for a render at once (a cell's end, :meth:`.hub.MetricsHub.sync_view`):
+    now, and the throttle counts from it. With nothing new: every ``refresh_s`` (ages, "no
+    data for N s"). Once at the start.
     """
 
     def __init__(self, max_hz=5.0, refresh_s=1.0, gather_s=0.25):
@@ -30,9 +32,12 @@ class RenderPacer:
         self._fresh.add(rank)
         self._arrived_at[rank] = now
 
-    def wake(self):
-        """Render as soon as the throttle allows."""
+    def wake(self, at_once=False):
+        """Render as soon as the throttle allows; ``at_once``: now, throttle or not (one
+        render a cell's end asks for; the throttle counts from it)."""
         self._dirty = self._urgent = True
+        if at_once:
+            self._next_allowed = float("-inf")
 
     def due(self, now):
         """The earliest time :meth:`render_due` may say yes without further news."""

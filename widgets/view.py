@@ -1,11 +1,11 @@
 """The dashboard as stock ipywidgets: a VBox of HTML blocks with inline SVG.
 
 Created and displayed on the notebook's main thread; :meth:`DashboardView.update` is then called
-only by the hub's updater thread (≤ 5 Hz). Every block is rendered to a string and assigned only
-when the string differs from what the frontend already has, so an idle cluster sends nothing;
-traits that change together are sent as one message (``hold_sync``). Button clicks arrive on the
-main thread (while an awaiting ``%%hvd`` cell runs, ipykernel ≥ 7.4) and call the callables the
-magics passed in; the view never imports the magics.
+only by the hub's updater thread (≤ 5 Hz, and at each cell's end). Every block is rendered to a
+string and assigned only when the string differs from what the frontend already has, so an idle
+cluster sends nothing; traits that change together are sent as one message (``hold_sync``).
+Button clicks arrive on the main thread (while an awaiting ``%%hvd`` cell runs, ipykernel ≥ 7.4)
+and call the callables the magics passed in; the view never imports the magics.
 """
 
 import threading

@@ -2,8 +2,9 @@
 training cell runs, the dashboard's widget models keep sending updates on IOPub (comm_msg)
 through the run, at most 5 a second, showing a non-zero, changing throughput; checked by count
 and on the hub's own clock (the update gaps in seconds: benchmarks/bench_dashboard_updates.py);
-``%hvd_dashboard`` displays the same live view again; its buttons (comm messages from the
-frontend) act while the cell runs.
+a cell's end sends every rank's state at that end as part of the cell; ``%hvd_dashboard``
+displays the same live view again; its buttons (comm messages from the frontend) act while the
+cell runs.
 """
 
 import re
@@ -11,6 +12,7 @@ import time
 
 import pytest
 from cluster_harness import REPO, kill_strays
+from notebook_cells import per_rank
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,8 +38,9 @@ while True:
 first, progress.totals()[0]
 """
 MAX_HZ = 5.0  # the hub's render cap (MetricsHub's default max_hz, which %hvd_start keeps)
-# A hub sink (update(model, now), as the view is) recording each render: the hub's clock and
-# the samples the rows show in all. The cell returns after the first render that includes it,
+# A hub sink (update(model, now), as the view is) recording each render: the hub's clock, the
+# samples the rows show in all, and how many renders a cell's end asked for (MetricsHub.sync_view,
+# past the throttle) up to this one. The cell returns after the first render that includes it,
 # so every widget update the next cell's IOPub carries comes from a render it recorded (one
 # thread renders; the kernel sends IOPub messages in the order they were made).
 RENDER_LOG = """import threading
@@ -45,7 +48,7 @@ class RenderLog:
     def __init__(self):
         self.renders, self.seen = [], threading.Event()
     def update(self, model, now):
-        self.renders.append((now, sum(r.samples for r in model.rows(now))))
+        self.renders.append((now, sum(r.samples for r in model.rows(now)), d.hub.view_syncs))
         self.seen.set()
 render_log = RenderLog()
 d.hub.add_sink(render_log)
@@ -104,7 +107,8 @@ class Kernel:
 
     def collect(self, msg_id, timeout=120):
         """(text, ename, comm updates) of ``msg_id``; updates are every comm_msg seen on IOPub
-        meanwhile, whatever its parent (the hub thread sends them), as (comm_id, time, state)."""
+        meanwhile, whatever its parent (the hub thread sends them), as (comm_id, time, state,
+        parent msg_id)."""
         text, ename, updates = [], None, []
         self.views = []  # model ids of the widgets the cell displayed
         deadline = time.monotonic() + timeout
@@ -112,7 +116,8 @@ class Kernel:
             kind, content = msg["header"]["msg_type"], msg["content"]
             if kind == "comm_msg" and content["data"].get("method") == "update":
                 sent = _timestamp(msg["header"]["date"])  # when the kernel built it
-                updates.append((content["comm_id"], sent, content["data"]["state"]))
+                updates.append((content["comm_id"], sent, content["data"]["state"],
+                                msg["parent_header"].get("msg_id")))
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -171,12 +176,17 @@ def test_widget_updates_keep_flowing_while_a_training_cell_runs(kernel):
                       "print('LOG', repr((render_log.renders, train_out)))")
     renders, out = ast.literal_eval(text.split("LOG", 1)[1].splitlines()[0])
     # The 5 Hz cap, exactly as the hub's throttle reads its clock: a render, then none until
-    # 1 / max_hz later.
-    for (a, _), (b, _) in zip(renders, renders[1:]):
-        assert b >= a + 1.0 / MAX_HZ, f"renders at {a!r} and {b!r} on the hub's clock"
+    # 1 / max_hz later, but for the one the cell's end asks for.
+    for (a, _, syncs_a), (b, _, syncs_b) in zip(renders, renders[1:]):
+        if syncs_b == syncs_a:
+            assert b >= a + 1.0 / MAX_HZ, f"renders at {a!r} and {b!r} on the hub's clock"
+    assert renders[-1][2] - renders[0][2] == 1, renders  # the training cell's end, once
+    # ... which shows every rank's samples at the end of the run.
+    end = [total for _, total, syncs in renders if syncs > renders[0][2]][0]
+    assert end == sum(last for _, last in out.values()), (end, out)
     # Every update a widget sends comes from a render (one message per widget at most), so
     # the cap holds on IOPub too: no burst, no update outside a render.
-    ours = [(c, s) for c, _, s in updates if c in kernel.ids]
+    ours = [(c, s) for c, _, s, _ in updates if c in kernel.ids]
     for model in kernel.ids:
         sent = sum(1 for c, _ in ours if c == model)
         assert 0 < sent <= len(renders), (model, sent, len(renders))
@@ -185,13 +195,29 @@ def test_widget_updates_keep_flowing_while_a_training_cell_runs(kernel):
     before = sum(first for first, _ in out.values())
     run = sum(last for _, last in out.values()) - before
     assert run > 0, out
-    shown = [0.0] + [min(1.0, max(0.0, (total - before) / run)) for _, total in renders] + [1.0]
+    shown = [0.0] + [min(1.0, max(0.0, (total - before) / run))
+                     for _, total, _ in renders] + [1.0]
     jumps = [b - a for a, b in zip(shown, shown[1:])]
     assert min(jumps) >= 0 and max(jumps) <= 0.5, [round(x, 3) for x in shown]
     rates = [float(m.group(1)) * SCALE[m.group(2)] for c, s in ours if c in row_ids
              for m in [RATE.search(s.get("value", ""))] if m]
     assert len(rates) >= 4 and max(rates) > 0, rates                # samples/s from hvd.report
     assert len(set(rates)) >= 3, rates                              # and follows the rate
+
+
+def test_a_cell_returns_with_the_view_showing_its_end(kernel):
+    """The snapshots every 0.3 s would miss a cell this short: each rank's row shows what it
+    reported in the cell (``hvd.report``'s extra field, the key every row shows first) in an
+    update sent as part of the cell (its parent), which is all nbclient and papermill keep."""
+    import random
+    _, *row_ids = kernel.ids
+    mark = random.randrange(10**6, 10**7)
+    msg_id = kernel.start(f"%%hvd\nhvd.report(loss={mark})")
+    text, ename, updates = kernel.collect(msg_id)
+    assert ename is None, text
+    shown = {c for c, _, state, parent in updates
+             if parent == msg_id and f"loss={mark}" in state.get("value", "")}
+    assert shown == set(row_ids), (shown, row_ids, text)
 
 
 def test_hvd_dashboard_displays_the_live_view_again(kernel):
@@ -223,4 +249,4 @@ def test_buttons_act_while_a_cell_runs(kernel, tmp_path):
     assert ename == "CellInterrupted" and "stop button" in text, text
     assert time.monotonic() - t0 < 15
     text = kernel.run("%%hvd\nprint('alive', hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
-    assert "[all ranks] alive 2.0" in text, text
+    assert per_rank(text, "alive ", 2) == ["2.0"] * 2, text

@@ -136,3 +136,69 @@ def test_hub_stop_reports_unanswered_commands_as_missing():
         time.sleep(0.01)
     hub.stop()
     assert answers == [({}, [0])]
+
+
+def _until(condition, deadline_s=10.0):
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met within its deadline"
+        time.sleep(0.01)
+
+
+def test_sync_view_renders_every_rank_as_it_is_now(monkeypatch):
+    """``MetricsHub.sync_view`` (what a cell's end calls): every publisher sends its snapshot
+    at once and one render shows them all, though periodic snapshots are 1 s apart and the
+    throttle allows the next render only 10 s after the last. A rank whose publisher stopped
+    makes it return False after its timeout, the other shown as it is now; the next call does
+    not wait for that rank, until a publisher of it answers a command again."""
+    samples = [0]
+    monkeypatch.setattr(P, "_reported", lambda: (samples[0], {}, None))
+    hub = H.MetricsHub(M.DashboardModel(size=2), key=KEY, max_hz=0.1)
+    shown = []
+
+    class Rows:
+        def update(self, model, now):
+            shown.append({r.rank: r.samples for r in model.rows(now)})
+
+    def publisher(rank):
+        return P.Publisher(hub.address, rank=rank, key=KEY, interval_s=0.05,
+                           command_address=hub.command_address,
+                           handlers={"ready": lambda: "ready", "snapshot": lambda: ""}).start()
+
+    hub.add_sink(Rows())
+    hub.start()
+    pubs = [publisher(r) for r in range(2)]
+    try:
+        assert hub.wait_for_ranks([0, 1], 10), "publishers never reached the hub"
+        for p in pubs:  # (not longer: stop() waits for the publisher's wait to end)
+            p.interval_s = 1.0
+        _until_every_rank_answers(hub, [0, 1])  # each answered, then waits 1 s from there
+        samples[0] = 64
+        assert hub.sync_view(5.0) is True
+        assert shown[-1] == {0: 64, 1: 64} and hub.view_syncs == 1, (shown, hub.view_syncs)
+
+        pubs[1].stop()
+        samples[0] = 96
+        assert hub.sync_view(0.5) is False
+        _until(lambda: hub.view_syncs == 2)  # the render after the timeout
+        assert shown[-1] == {0: 96, 1: 64} and hub.sync_skipped == {1}, shown[-1]
+        samples[0] = 128
+        t0 = time.monotonic()
+        assert hub.sync_view(5.0) is True  # rank 1 not waited for
+        assert time.monotonic() - t0 < 4.0
+        assert shown[-1] == {0: 128, 1: 64} and hub.view_syncs == 3, (shown, hub.view_syncs)
+
+        pubs[1] = publisher(1)  # (the hub takes a new publisher of a rank: frames.py)
+        _until_every_rank_answers(hub, [0, 1])  # an answer: rank 1 is waited for again
+        assert hub.sync_skipped == set()
+        pubs[1].interval_s = 1.0
+        samples[0] = 160
+        assert hub.sync_view(5.0) is True
+        assert shown[-1] == {0: 160, 1: 160}, shown[-1]
+    finally:
+        for p in pubs:
+            p.stop()
+        hub.stop()
+    t0 = time.monotonic()
+    assert hub.sync_view(5.0) is False  # a stopped hub: at once, not after the timeout
+    assert time.monotonic() - t0 < 2.0

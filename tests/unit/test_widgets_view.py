@@ -329,6 +329,21 @@ def test_hub_renders_once_per_round_of_snapshots_from_unsynchronised_ranks():
     assert [t for t, _ in eager] == [round(0.2 * k, 6) for k in range(30)]
 
 
+def test_a_render_asked_for_at_once_passes_the_throttle_which_counts_from_it():
+    """A cell's end (``MetricsHub.sync_view``) renders at once, 10 ms after a render; the
+    throttle then counts from it. Driven on the pacer's own clock."""
+    pacer = H.MetricsHub(max_hz=5.0, gather_s=0.0).pacer
+    assert pacer.render_due(1.0)  # the start
+    pacer.arrived(0, 1.005)
+    assert not pacer.render_due(1.005) and pacer.due(1.005) == 1.2
+    pacer.wake(at_once=True)
+    assert pacer.due(1.01) == float("-inf") and pacer.render_due(1.01)
+    pacer.arrived(0, 1.02)
+    assert not pacer.render_due(1.2) and pacer.due(1.02) == 1.21 and pacer.render_due(1.21)
+    pacer.wake()  # (a plain wake-up: as soon as the throttle allows)
+    assert not pacer.render_due(1.3) and pacer.render_due(1.41)
+
+
 def test_hub_coalesces_a_stream_of_snapshots_into_at_most_5_renders_per_second(sent):
     """Two ranks' snapshots 10 ms apart (100 a second for 1.5 s, twenty per 5 Hz interval):
     a render every 0.2 s, each showing both ranks' newest snapshot, and the last snapshots'
