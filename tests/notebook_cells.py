@@ -1,6 +1,8 @@
 """What a notebook's code cell showed, as text, for the tests that run the shipped notebooks
 headless (tests/cluster/test_notebooks.py and test_kernel_notebook.py,
-tests/launch/test_notebook.py)."""
+tests/launch/test_notebook.py), and what each rank printed in a ``%%hvd`` cell's text."""
+
+import re
 
 
 def cell_text(cell) -> str:
@@ -14,3 +16,16 @@ def cell_text(cell) -> str:
         elif out.output_type == "error":
             parts.append(f"{out.ename}: {out.evalue}\n")
     return "".join(parts)
+
+
+def per_rank(text: str, label: str, n: int) -> list:
+    """Each of the n ranks' value of the lines ``<label><value>`` it printed, collapsed
+    (``[all ranks]``) or not (``[rank r]``): ranks that print the same line far enough apart
+    are shown apart (Note [Collapsing] C in hvd_magic/output.py). None for a rank that printed
+    no such line."""
+    values = [None] * n
+    for prefix, value in re.findall(r"\[(all ranks|rank \d+)\] " + re.escape(label) + r"(.*)",
+                                    text):
+        for r in (range(n) if prefix == "all ranks" else [int(prefix.split()[1])]):
+            values[r] = value.strip()
+    return values

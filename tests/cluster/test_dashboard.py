@@ -6,11 +6,11 @@ cell), Stop, a dead engine, ``%hvd_restart``, ``%hvd_stop``, ``--no-dashboard``.
 """
 
 import os
-import threading
 import time
 
 import pytest
-from cluster_harness import dashboard_rows, kill_rank, magics, start_cluster, wait_for
+from cluster_harness import (dashboard_rows, kill_rank, magics, run_cell, start_cluster,
+                             wait_for)
 
 from hvd_magic.errors import CellInterrupted
 
@@ -26,16 +26,10 @@ for step in range(300):
     hvd.report(samples=16, loss=0.5)
     time.sleep(0.004)
 """
-LONG = "%%hvd\nimport time\nfor i in range(400):\n    hvd.allreduce(torch.ones(4), name='t')\n" \
-       "    time.sleep(0.05)"
-
-
-def later(seconds, fn):
-    """Call ``fn`` from another thread after ``seconds`` (a click while a cell runs)."""
-    results = []
-    timer = threading.Timer(seconds, lambda: results.append(fn()))
-    timer.start()
-    return timer, results
+# Says when it runs (the buttons' test clicks then, a readiness handshake), then lasts 60 s.
+RUNNING = "long cell running"
+LONG = f"%%hvd\nimport time\nprint({RUNNING!r}, flush=True)\nfor i in range(1200):\n" \
+       "    hvd.allreduce(torch.ones(4), name='t')\n    time.sleep(0.05)"
 
 
 def test_rows_show_every_rank_with_its_identity(local_cluster):
@@ -118,7 +112,8 @@ def test_a_command_failing_on_every_rank_reports_one_grouped_line(local_cluster,
         run("%%hvd\n_b.set_autotune = _saved")
 
 
-def test_buttons_act_while_a_cell_runs_and_stop_interrupts_it(local_cluster, run, tmp_path):
+def test_buttons_act_while_a_cell_runs_and_stop_interrupts_it(local_cluster, run, shell,
+                                                               tmp_path):
     dash = magics().dashboard
     assert dash.stop_clicked() == "no %%hvd cell is running"
     answers = []
@@ -130,12 +125,11 @@ def test_buttons_act_while_a_cell_runs_and_stop_interrupts_it(local_cluster, run
         wait_for(lambda: answers, what="the ranks' answers")
         return dash.stop_clicked()
 
-    timer, said = later(2.0, timeline_button)
-    t0 = time.monotonic()
-    res = run(LONG)
-    timer.join()
+    said = []
+    res = run_cell(shell, LONG, interrupt_on=RUNNING,
+                   interrupt=lambda: said.append(timeline_button()))
     assert isinstance(res.error, CellInterrupted), res.text
-    assert "stop button" in res.text and time.monotonic() - t0 < 20  # not the 20 s cell
+    assert "stop button" in res.text and res.seconds < 45  # not the 60 s cell
     assert said == ["stopping every rank..."]
     (got, missing), = answers
     assert missing == [] and got[0] == (True, f"recording to {path}") and len(got) == 3

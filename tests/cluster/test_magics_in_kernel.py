@@ -10,6 +10,7 @@ import time
 
 import pytest
 from cluster_harness import cluster_processes, kill_strays
+from notebook_cells import per_rank
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -114,7 +115,7 @@ def kernel():
 def test_cell_result_and_streamed_output(kernel):
     text, ename = kernel.run("%%hvd\nprint('hello from every rank')\n6 * 7")
     assert ename is None, text
-    assert "[all ranks] hello from every rank" in text
+    assert per_rank(text, "hello from every rank", 2) == [""] * 2, text
     assert "42" in text
 
 
@@ -126,9 +127,9 @@ def test_jupyter_interrupt_stops_every_rank_and_cluster_stays(kernel):
     text, ename = kernel.collect(msg_id, timeout=30)
     assert ename == "CellInterrupted", text
     assert "keyboard interrupt" in text
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 20  # (against the cell's 60 s sleep)
     text, ename = kernel.run("%%hvd\nprint('still here')")
-    assert ename is None and "[all ranks] still here" in text, text
+    assert ename is None and per_rank(text, "still here", 2) == [""] * 2, text
 
 
 def test_comm_message_stops_an_awaiting_cell(kernel):

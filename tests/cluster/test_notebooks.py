@@ -14,7 +14,7 @@ import re
 import nbformat
 import pytest
 from cluster_harness import REPO, run_notebook
-from notebook_cells import cell_text
+from notebook_cells import cell_text, per_rank
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.mpi]
 
@@ -65,10 +65,10 @@ def test_quickstart(dashboard_rates):
     nb = execute("quickstart.ipynb")
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     assert "hvd cluster: 4 ranks, mpi launcher" in text
-    assert "[all ranks] sum over ranks: [6.0, 6.0, 6.0]" in text
+    assert per_rank(text, "sum over ranks: ", 4) == ["[6.0, 6.0, 6.0]"] * 4, text
     assert "[rank 0] epoch 9: loss" in text
-    accuracy = float(text.split("[all ranks] test accuracy: ")[1].split()[0])
-    assert accuracy > 0.85
+    accuracy = per_rank(text, "test accuracy: ", 4)  # equal parameters on every rank
+    assert len(set(accuracy)) == 1 and float(accuracy[0]) > 0.85, text
     assert "samples/s on 4 ranks" in text
     assert_samples_per_s_on_every_row(dashboard_rates, 4)
     assert "hvd: cluster stopped" in text
@@ -94,25 +94,13 @@ def test_pipeline():
     assert "[rank 0] my blocks: [[0, 1, 2]]" in text and "[rank 1] my blocks: [[3, 4, 5]]" \
         in text, text
     two = float(text.split("[rank 1] 2 stages: test accuracy ")[1].split()[0])
-    counts = text.split("[all ranks] blocks per stage: ")[1].splitlines()[0]
-    assert sum(int(c) for c in counts.strip("[]").split(",")) == 6, counts
+    counts = per_rank(text, "blocks per stage: ", 4)  # one split, the same on every rank
+    assert len(set(counts)) == 1 and sum(int(c) for c in counts[0].strip("[]").split(",")) \
+        == 6, counts
     four = text.split("[rank 3] 4 stages: test accuracy ")[1].split()[0]
     assert f"[rank 0] gathered model: test accuracy {four}" in text, text
     assert two > 0.75 and float(four) > 0.75, (two, four)  # (deterministic: seeded, exact)
     assert "hvd: cluster stopped" in text
-
-
-def per_rank(text: str, label: str, n: int) -> list:
-    """Each of the n ranks' value of the lines ``<label><value>`` it printed, collapsed
-    (``[all ranks]``) or not (``[rank r]``): ranks that print the same line far enough apart
-    are shown apart (Note [Collapsing] C in hvd_magic/output.py). None for a rank that printed
-    no such line."""
-    values = [None] * n
-    for prefix, value in re.findall(r"\[(all ranks|rank \d+)\] " + re.escape(label) + r"(.*)",
-                                    text):
-        for r in (range(n) if prefix == "all ranks" else [int(prefix.split()[1])]):
-            values[r] = value.strip()
-    return values
 
 
 @pytest.mark.jax

@@ -19,10 +19,12 @@ from hvd_magic.errors import CellInterrupted
 pytestmark = pytest.mark.timeout(150)
 
 GRACE = 2
-# Rank r stops starting steps 1 + r seconds in: the steps run in lockstep (one allreduce
-# each), so rank 0 leaves first and ranks 1 and 2 block in the step after its last one.
+# Rank r stops starting steps 1 + r seconds in (counted from an allreduce that lines the ranks
+# up, not from each one's start of the cell): the steps run in lockstep (one allreduce each), so
+# rank 0 leaves first and ranks 1 and 2 block in the step after its last one.
 UNEVEN_LOOP = """%%hvd{opts}
 import time
+hvd.allreduce(torch.ones(1), name='start')
 t_end = time.monotonic() + 1.0 + hvd.rank()
 steps = 0
 while time.monotonic() < t_end:
@@ -37,8 +39,9 @@ def test_uneven_time_based_loop_is_ended_after_the_grace(local_cluster, run, mon
     res = run(UNEVEN_LOOP.format(opts=""))
     assert isinstance(res.error, CellInterrupted), res.text
     assert res.error.reason == "stalled"
-    # rank 0 finishes ~1 s in; then the grace; then interrupt + abort + re-init (a few s)
-    assert res.seconds < 1 + GRACE + 6, res.seconds
+    # rank 0 finishes ~1 s in; then the grace; then interrupt + abort + re-init (a few s,
+    # up to 8 loaded)
+    assert res.seconds < 1 + GRACE + 20, res.seconds
     text = traceback_text(res)
     assert f"hvd: ended the cell: ranks 1,2 waited {GRACE}+ s in collectives" in text, text
     assert "ranks 1,2: stuck in allreduce 'loss'" in text, text

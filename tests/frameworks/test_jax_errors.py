@@ -224,6 +224,7 @@ def rank_interrupted_jit():
             # JAX's token]): the ops after init() show it is dropped
             async_ = case == "sigint" and path == "xla_ffi"
             call = jitted(f"{case}.{me}", path, async_)
+            hvd.barrier()  # both compiled: each rank's clock starts with rank 0's timer
             if me == 0:
                 threading.Timer(0.3, stimulus).start()
             out[key] = _outcome(call, settle=case == "sigint")

@@ -25,9 +25,16 @@ def _py(code):
 def test_first_failure_stops_others_sigkill_after_grace(no_leaks):
     out, err = io.StringIO(), io.StringIO()
     job = ProcessJob(RankOutput(out, err), grace=1.0)
-    job.add(0, _py("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                   "print('stubborn', flush=True); time.sleep(60)"))
-    job.add(1, _py("import sys, time; time.sleep(0.5); sys.exit(5)"))
+    r, w = os.pipe()  # rank 1 fails once rank 0 ignores SIGTERM (a handshake, not a delay)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    job.add(0, spawn([sys.executable, "-c", "import os, signal, time; "
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      f"print('stubborn', flush=True); os.write({w}, b'1'); time.sleep(60)"],
+                     env, pass_fds=(w,)))
+    job.add(1, spawn([sys.executable, "-c", f"import os, sys; os.read({r}, 1); sys.exit(5)"],
+                     env, pass_fds=(r,)))
+    os.close(r)
+    os.close(w)
     start = time.monotonic()
     result = job.run()
     assert time.monotonic() - start < 10
