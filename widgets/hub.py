@@ -44,6 +44,7 @@ Wiring, as hvd_magic.dashboard does it (the driver; engines run hvd_magic.engine
 """
 
 import logging
+import socket
 import threading
 import time
 
@@ -208,7 +209,8 @@ class MetricsHub:
 
     def sync_view(self, timeout_s=0.5):
         """Have every live rank send a snapshot now and render them at once, past the
-        throttle; returns once that render is done.
+        throttle; True once rendered with every rank waited for answering, False when one did
+        not within ``timeout_s`` (it shows what it last sent) or the hub is not running.
 
         ``%%hvd`` calls it when a cell ends: the periodic snapshots (every 0.3 s) miss the end
         of a short cell, and a frontend that keeps only what a cell sent while it ran (nbclient,
@@ -216,12 +218,6 @@ class MetricsHub:
         Dead and starting ranks are not waited for, nor, until they answer a command again,
         those that did not answer the previous call: one broken publisher costs one
         ``timeout_s``, not one per cell.
-
-        Returns
-        -------
-        bool
-            True when every rank waited for answered; False when one did not within
-            ``timeout_s`` (it shows what it last sent), or the hub is not running.
         """
         if not self.running or self._stopping:
             return False
@@ -234,13 +230,11 @@ class MetricsHub:
             self.pacer.wake(at_once=True)
 
         self._queue("snapshot", {}, timeout_s, answered, sync=True)
-        # (+ the render after an answer that timed out)
-        return rendered.wait(timeout_s + 0.25) and not missing
+        return rendered.wait(timeout_s + 0.25) and not missing  # (+ a late answer's render)
 
     @property
     def sync_skipped(self):
-        """Ranks :meth:`sync_view` does not wait for: they missed one and answered no command
-        since."""
+        """Ranks :meth:`sync_view` skips: they missed one and answered no command since."""
         return frozenset(self._sync_skipped)
 
     def _queue(self, name, args, timeout_s, on_done, sync):
@@ -281,7 +275,7 @@ class MetricsHub:
             cmd_port = pub.bind_to_random_port(self.bind)
             host = self.bind.rpartition("//")[2]
             if host in ("*", "0.0.0.0", "::", "[::]"):
-                host = self.connect_host or _hostname()
+                host = self.connect_host or socket.gethostname()
             self.address = f"tcp://{host}:{port}"
             self.command_address = f"tcp://{host}:{cmd_port}"
         except zmq.ZMQError as exc:
@@ -402,8 +396,3 @@ def _drain(sock, zmq):
             sock.recv(zmq.NOBLOCK)
         except zmq.Again:
             return
-
-
-def _hostname():
-    import socket
-    return socket.gethostname()
