@@ -110,7 +110,7 @@ def test_grow_from_two_to_four_through_discovery(tmp_path, no_leaks):
     log = tmp_path / "grow.jsonl"
     cmd = [sys.executable, "-m", "hvd_magic.launch.hvdrun", "--min-np", "2", "--max-np", "4",
            "--host-discovery-script", discover, sys.executable, TRAIN, "--epochs", "1",
-           "--batch", "12", "--log", str(log), "--step-sleep", "0.1"]
+           "--batch", "12", "--log", str(log), "--step-sleep", "0.1", "--until-size", "4"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -148,7 +148,8 @@ def test_blacklisted_host_returns_after_its_cooldown(tmp_path, no_leaks):
     res, records = _train(tmp_path, "cooldown", "--min-np", "2", "--max-np", "4",
                           "--host-discovery-script", discover,
                           "--blacklist-cooldown-range", "1", "2", epochs=1,
-                          extra=("--kill", "127.0.0.2[0]:0:5", "--step-sleep", "0.15"))
+                          extra=("--kill", "127.0.0.2[0]:0:5", "--step-sleep", "0.15",
+                                 "--until-size", "4"))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "127.0.0.2 left the blacklist (cooldown over)" in res.stderr, res.stderr[-3000:]
     commits = _check_every_sample_once(records, epochs=1)

@@ -14,7 +14,8 @@ completed; the peers' mappings closed at shutdown; and a copy that never finishe
 both ranks within HVD_TIMEOUT instead of hanging; blocking hand-offs completed by their
 waiting callers' polls, with no host function; a receive that names its consumer's stream
 completing while the sender's kernel is still held, that stream reading the message once it ran,
-and its receipt still freeing the sender's memory.
+its receipt sent only once its copy ran (a message sent meanwhile is not staged over it), and
+still freeing the sender's memory.
 """
 import os
 import time
@@ -324,6 +325,34 @@ def stream_ordered_suite():
         out["read in stream order"] = (buffer.device, tuple(shape),
                                        bool(np.array_equal(seen, PATTERN)))
         del buffer
+    # The read's receipt goes back once its copy ran, not when it was queued. Rank 1's
+    # ordered receive of A completes while rank 0's kernel still holds A; rank 0 then sends B
+    # from another stream. Had the receipt come with the receive, A's room would be free and
+    # B staged into it (behind A's staging copy on rank 0's stream, before rank 1's read of
+    # A ran): A would arrive as B (seen with the receipt moved there in a scratch build).
+    a_bytes, b_bytes = (np.full(700 << 10, v, np.uint8) for v in (0xA1, 0xB2))
+    if me == 0:
+        x = np.zeros_like(a_bytes)
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, a_bytes.ctypes.data, x.nbytes, 4,
+                                       producer))
+        handle = send(x, 1, 530, stream=producer)
+        _core.wait(_core.p2p_recv(1, 531, True))
+        other = send(b_bytes, 1, 532, stream=f.stream())
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        _core.wait(handle)
+        _core.wait(other)
+    else:
+        consumer = f.stream()
+        a = _core.wait(_core.p2p_recv(0, 530, True, 0, True, None, 0, None, consumer))
+        _core.wait(_core.p2p_send(0, 531, _dtypes.numpy_code(ready.dtype, "send", "531"),
+                                  ready.shape, ready.ctypes.data, True, -1, 0))
+        b, _ = receive(0, 532)  # (blocks until rank 0 releases A: queued behind its read)
+        f.check(f.cuda.cudaStreamSynchronize(consumer))
+        out["A, then B sent while A's read was queued"] = (
+            bool(np.array_equal(device_ops.device_array(a[0], a[1], np.uint8), a_bytes)),
+            bool(np.array_equal(b, b_bytes)))
+        del a
     peer = 1 - me
     block = np.full(700 << 10, me, np.uint8)
     consumer = f.stream()
@@ -378,6 +407,7 @@ def test_a_receive_ordered_on_its_consumers_stream_completes_once_queued(fake_cu
     assert results[0]["send pending while held"], results[0]
     assert results[1]["consumer waits"], results[1]
     assert results[1]["read in stream order"] == (0, (4096,), True), results[1]
+    assert results[1]["A, then B sent while A's read was queued"] == (True, True), results[1]
     for r in results:
         assert r["exchanged"] and r["allocated more"] <= 1, r
         assert r["needs wait_now"] is True and r["not cudaStreamPerThread"] is True, r

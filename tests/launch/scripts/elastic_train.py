@@ -10,7 +10,9 @@ Log lines (JSON, appended to --log):
   {"ev": "done", "size", "accuracy"} (rank 0 at the end)
 Options: --kill WORKER:EPOCH:BATCH makes that worker SIGKILL itself at that point (first
 generation only; BATCH counts from the start of the epoch's shard); --step-sleep slows every
-batch (so a test can change the hosts meanwhile).
+batch (so a test can change the hosts meanwhile); --until-size N holds the last epoch's last
+batch until the world has N workers (so the change lands before the run ends, whatever the
+machine's speed; rank 0 gives up after 120 s and the test's sizes then say so).
 """
 import argparse
 import json
@@ -39,6 +41,7 @@ parser.add_argument("--abort", default="", help="EPOCH:BATCH: rank 0 calls hvd.a
                     "there (first generation only): a failure no death explains")
 parser.add_argument("--step-sleep", type=float, default=0.0)
 parser.add_argument("--lr", type=float, default=0.5)
+parser.add_argument("--until-size", type=int, default=0)
 args = parser.parse_args()
 
 
@@ -88,6 +91,16 @@ def killed_here(epoch, batch):
         [int(kill[1]), int(kill[2])]
 
 
+def hold_until_size(state):
+    """Commit (which checks for host changes) until the world has --until-size workers; the
+    ranks agree through rank 0 whether to go on waiting."""
+    deadline = time.monotonic() + 120
+    while hvd.size() < args.until_size and \
+            hvd.broadcast_object(time.monotonic() < deadline, root_rank=0, name="hold"):
+        time.sleep(0.05)
+        state.commit()
+
+
 @hvd.elastic.run
 def train(state):
     use_process_set()
@@ -100,6 +113,8 @@ def train(state):
             if args.abort and elastic_world.generation() == 1 and hvd.rank() == 0 and \
                     args.abort == f"{state.epoch}:{b}":
                 engine_basics.abort("elastic_train.py --abort")
+            if state.epoch == args.epochs - 1 and b == batches - 1:
+                hold_until_size(state)
             mine = state.sampler.get_indices(b, args.batch)
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(train_x[mine]), train_y[mine])
