@@ -175,9 +175,9 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     """irecv without the tag range check or the message count (the pipeline's own tags).
     ``wait_now``: the caller waits for it at once (and drives it); ``device``: None (the CPU)
     or a CUDA torch.device the received tensor is moved to. ``stream_ordered`` (with
-    ``device``): a CUDA tensor sent by IPC is the caller's once its copy is queued, final in
-    the order of ``device``'s current stream, which waits for it (Note [Device point-to-point]
-    I); any other message once its bytes are there."""
+    ``device``): a CUDA tensor sent by IPC or NCCL is the caller's once its copy or ncclRecv is
+    queued, final in the order of ``device``'s current stream, which waits for it (Note [Device
+    point-to-point] I); any other message once its bytes are there."""
     what = f"recv(from rank {src}, tag {tag})"
     if out is not None:
         _check(out, what)

@@ -6,7 +6,8 @@ arrays stand for CUDA tensors of device 0, as in test_device_p2p.py.
 Covered in one launch: the route reported as "nccl" and the bytes carried by NCCL (its call
 count); every dtype and size both ways at once, results on the device and in host memory;
 tags taken out of order with several messages in flight before any receive; a receive posted
-before its message; the producer's stream order; metrics and timeline spans. Then, one launch
+before its message; the producer's stream order; a receive ordered on its consumer's stream
+completing before its transfer ran; metrics and timeline spans. Then, one launch
 each: abort(), a killed peer, and a set-up that never finishes fail both ranks within
 HVD_TIMEOUT naming the peer and tag, and so does a transfer that never finishes; and ranks
 on two (fake) hosts take the route without HVD_GPU_PATH.
@@ -22,10 +23,11 @@ from multiproc import checks, device_ops
 from multiproc.checks import ALL_DTYPES, Failures
 from multiproc.harness import run_ranks
 from multiproc.test_device_p2p import check_stream_order, receive, send
+from multiproc.test_device_p2p_ordered import PATTERN
 from multiproc.test_timeline import _load, _spans, _tracks
 
 import engine_native as hvd_module
-from engine_native import _core
+from engine_native import _core, _dtypes
 
 fake_cuda = _fake_cuda  # the session fixture, under its name
 LARGE = (3 << 20) + 5   # bytes
@@ -100,6 +102,36 @@ def exchange_suite(path):
         _core.wait(handle)
     # Stream order: ncclSend waits for the producer (Note [NCCL point-to-point] B).
     check_stream_order(f, fails, me, peer)
+    # Note [Device point-to-point] I by NCCL: a receive naming its consumer's stream completes
+    # while the sender's kernel is still held (its ncclRecv queued, not run); that stream reads
+    # nothing until then, and the message after.
+    ready = np.zeros(1, np.int32)  # a host message: rank 1's receive completed
+    if me == 0:
+        x = np.zeros_like(PATTERN)
+        producer = f.stream()
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, PATTERN.ctypes.data, x.nbytes, 4,
+                                       producer))
+        handle = send(x, 1, 600, stream=producer)
+        _core.wait(_core.p2p_recv(1, 601, True))
+        fails.expect("ordered: send pending while held", not _core.poll(handle))
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        _core.wait(handle)
+    else:
+        consumer = f.stream()
+        buffer, shape, _ = _core.wait(_core.p2p_recv(0, 600, True, 0, True, None, 0, None,
+                                                     consumer))
+        seen = np.full_like(PATTERN, -1)  # what no transfer writes
+        f.check(f.cuda.cudaMemcpyAsync(seen.ctypes.data, buffer.ptr, seen.nbytes, 4, consumer))
+        f.settled(consumer)
+        fails.expect("ordered: the consumer waits", bool((seen == -1).all()))
+        _core.wait(_core.p2p_send(0, 601, _dtypes.numpy_code(ready.dtype, "send", "601"),
+                                  ready.shape, ready.ctypes.data, True, -1, 0))
+        f.check(f.cuda.cudaStreamSynchronize(consumer))
+        fails.expect("ordered: read in stream order",
+                     buffer.device == 0 and tuple(shape) == PATTERN.shape and
+                     bool(np.array_equal(seen, PATTERN)), (buffer.device, seen[:3]))
+        del buffer
     # Timeline: SEND and RECV spans as on the other routes.
     if me == 0:
         hvd.start_timeline(path)

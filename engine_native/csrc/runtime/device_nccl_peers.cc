@@ -30,7 +30,9 @@
 //      posts ncclRecv for every kDeviceNccl frame in ARRIVAL order, as the frame arrives, into
 //      core-owned device memory (runtime/device_output_pool.h) — the same order the sender
 //      issued its ncclSends — and keeps the memory with the arrived message (a slot); the
-//      receive that takes the message gets it, once its ncclRecv finished.
+//      receive that takes the message gets it, once its ncclRecv finished, or at once where
+//      it names its consumer's stream, which then waits for the ncclRecv on the device
+//      (Note [Device point-to-point] I; handOver).
 //   E. A receive whose result stays on the device gets that memory (on the pair's device,
 //      whatever device it named); one into host memory gets a copy, made once the bytes are
 //      final, on the device's stream that holds only such copies (HostCopyStreams, which
@@ -47,6 +49,7 @@
 //      kernels cannot all be resident (NCCL's documentation on concurrent communicators).
 #include "runtime/device_nccl_peers.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -266,6 +269,22 @@ Status DeviceNcclPeers::poll(std::vector<Done>* done) {
     done->push_back(Done{t.id, t.link->receiving, t.link->peer, std::move(t.output)});
     it = transfers_.erase(it);
   }
+  return Status::ok();
+}
+
+Status DeviceNcclPeers::handOver(uint64_t slot, int64_t consumer,
+                                 std::shared_ptr<OutputBuffer>* output) {
+  auto t = std::find_if(transfers_.begin(), transfers_.end(), [slot](const Transfer& x) {
+    return x.link->receiving && x.id == slot;
+  });
+  if (t == transfers_.end()) return Status::ok();  // waits for the pair's set-up: not queued
+  nccl::DeviceRestorer restore;
+  HVD_RETURN_IF_ERROR(t->link->stream->select());
+  HVD_RETURN_IF_ERROR(t->link->stream->check(
+      nccl::cudaApi()->streamWaitEvent(reinterpret_cast<nccl::CudaStream>(consumer), t->done, 0),
+      "cudaStreamWaitEvent (the receiving stream on the tensor's ncclRecv)"));
+  t->output->release_stream = static_cast<uintptr_t>(consumer);  // its users run there
+  *output = t->output;  // (the transfer keeps it too, until its ncclRecv ran)
   return Status::ok();
 }
 

@@ -51,6 +51,11 @@ class DeviceNcclPeers {
   // Receiver (D): a kDeviceNccl frame of `bytes` (> 0) came from `peer`: its ncclRecv into
   // core-owned device memory is queued (in arrival order); poll() reports *slot with it.
   common::Status arrived(int peer, uint64_t bytes, const std::string& what, uint64_t* slot);
+  // Receiver (D), a receive ordered on its consumer's stream (Note [Device point-to-point] I):
+  // once slot's ncclRecv is queued, `consumer` waits for it on the device and *output is its
+  // memory (its later Done is then only the transfer's end); before that, *output stays null.
+  common::Status handOver(uint64_t slot, int64_t consumer,
+                          std::shared_ptr<OutputBuffer>* output);
   // A finished receive's bytes in host memory (E): blocks for the copy alone.
   common::Status toHost(const OutputBuffer& device_bytes, std::shared_ptr<OutputBuffer>* host);
 

@@ -95,7 +95,9 @@
 //      now waits on that copy too, for good: a synchronisation of it (`.item()`, the next
 //      cell's kernels on that device) hangs, where with a blocking receive only the core's
 //      own stream stuck. Until the benefit is measured on a GPU and such a wait can be
-//      released, it is asked for. Only a message that came by IPC is ordered so; one by NCCL,
+//      released, it is asked for. A message by NCCL is ordered so too, once its ncclRecv is
+//      queued (Note [NCCL point-to-point] D; not while the pair's set-up runs): the consumer's
+//      stream waits for that transfer's event and the receive gets its memory at once. One
 //      through host memory (staged, G's resend) or read into host memory completes once its
 //      bytes are there, as before.
 #include "runtime/device_peer_ops.h"

@@ -81,6 +81,20 @@ void PeerOps::startNcclRead(PerPeer& p, Op op, Arrived& arrived) {
     completeNcclRead(op, std::move(arrived.nccl_bytes));
     return;
   }
+  if (op.consumer >= 0) {  // Note [Device point-to-point] I (on_device: submitRecv checks)
+    std::shared_ptr<OutputBuffer> handed_over;
+    const Status handover = nccl_.handOver(arrived.slot, op.consumer, &handed_over);
+    if (!handover.isOk()) {
+      listen(-1);
+      fail(op, Status(handover.code(), what("recv", op.peer, op.tag) + ": " +
+                                           handover.message()));
+      return;
+    }
+    if (handed_over) {
+      completeReceive(op, std::move(handed_over), op.shape, op.dtype);
+      return;
+    }
+  }
   p.reading.push_back(std::move(op));
 }
 
