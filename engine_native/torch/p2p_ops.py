@@ -177,7 +177,8 @@ def raw_irecv(src: int, tag: int, out=None, wait_now: bool = False,
     or a CUDA torch.device the received tensor is moved to. ``stream_ordered`` (with
     ``device``): a CUDA tensor sent by IPC or NCCL is the caller's once its copy or ncclRecv is
     queued, final in the order of ``device``'s current stream, which waits for it (Note [Device
-    point-to-point] I); any other message once its bytes are there."""
+    point-to-point] I; by NCCL only where ``device`` is the one receiving from that rank); any
+    other message once its bytes are there."""
     what = f"recv(from rank {src}, tag {tag})"
     if out is not None:
         _check(out, what)

@@ -132,6 +132,26 @@ def exchange_suite(path):
                      buffer.device == 0 and tuple(shape) == PATTERN.shape and
                      bool(np.array_equal(seen, PATTERN)), (buffer.device, seen[:3]))
         del buffer
+    # A consumer's stream that cannot wait (no such stream; the transfer surely queued behind
+    # rank 0's held kernel): that receive fails alone, naming it, and the next one arrives.
+    if me == 0:
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        handle = send(x, 1, 610, stream=producer)
+        _core.wait(_core.p2p_recv(1, 611, True))
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        _core.wait(handle)
+        _core.wait(send(PATTERN, 1, 612))
+    else:
+        try:
+            _core.wait(_core.p2p_recv(0, 610, True, 0, True, None, 0, None, 0xdead0))
+            fails.expect("ordered: an unknown stream fails the receive", False, "completed")
+        except hvd_module.HorovodInternalError as exc:
+            fails.expect("ordered: an unknown stream fails the receive",
+                         "cudaStreamWaitEvent" in str(exc) and "tag 610" in str(exc), str(exc))
+        _core.wait(_core.p2p_send(0, 611, _dtypes.numpy_code(ready.dtype, "send", "611"),
+                                  ready.shape, ready.ctypes.data, True, -1, 0))
+        got, _ = receive(0, 612)
+        fails.expect("ordered: the next receive after a failed one", np.array_equal(got, PATTERN))
     # Timeline: SEND and RECV spans as on the other routes.
     if me == 0:
         hvd.start_timeline(path)

@@ -31,8 +31,8 @@
 //      core-owned device memory (runtime/device_output_pool.h) — the same order the sender
 //      issued its ncclSends — and keeps the memory with the arrived message (a slot); the
 //      receive that takes the message gets it, once its ncclRecv finished, or at once where
-//      it names its consumer's stream, which then waits for the ncclRecv on the device
-//      (Note [Device point-to-point] I; handOver).
+//      it names its consumer's stream on the pair's device, which then waits for the ncclRecv
+//      there (Note [Device point-to-point] I; handOver).
 //   E. A receive whose result stays on the device gets that memory (on the pair's device,
 //      whatever device it named); one into host memory gets a copy, made once the bytes are
 //      final, on the device's stream that holds only such copies (HostCopyStreams, which
@@ -282,7 +282,7 @@ Status DeviceNcclPeers::handOver(uint64_t slot, int64_t consumer,
   HVD_RETURN_IF_ERROR(t->link->stream->select());
   HVD_RETURN_IF_ERROR(t->link->stream->check(
       nccl::cudaApi()->streamWaitEvent(reinterpret_cast<nccl::CudaStream>(consumer), t->done, 0),
-      "cudaStreamWaitEvent (the receiving stream on the tensor's ncclRecv)"));
+      "cudaStreamWaitEvent (the receive's consumer stream on the tensor's ncclRecv)"));
   t->output->release_stream = static_cast<uintptr_t>(consumer);  // its users run there
   *output = t->output;  // (the transfer keeps it too, until its ncclRecv ran)
   return Status::ok();

@@ -96,10 +96,13 @@
 //      cell's kernels on that device) hangs, where with a blocking receive only the core's
 //      own stream stuck. Until the benefit is measured on a GPU and such a wait can be
 //      released, it is asked for. A message by NCCL is ordered so too, once its ncclRecv is
-//      queued (Note [NCCL point-to-point] D; not while the pair's set-up runs): the consumer's
-//      stream waits for that transfer's event and the receive gets its memory at once. One
-//      through host memory (staged, G's resend) or read into host memory completes once its
-//      bytes are there, as before.
+//      queued (Note [NCCL point-to-point] D; not while the pair's set-up runs, nor where the
+//      receive names another device than the pair's): the consumer's stream waits for that
+//      transfer's event and the receive gets its memory at once. When that rank fails, its
+//      communicators are aborted: a transfer that ends so fires its event, and the consumer's
+//      stream goes on with bytes NCCL never wrote (the rank's next core op raises); one that
+//      does not leaves it waiting, as above. One through host memory (staged, G's resend) or
+//      read into host memory completes once its bytes are there, as before.
 #include "runtime/device_peer_ops.h"
 
 #include <algorithm>

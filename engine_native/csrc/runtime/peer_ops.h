@@ -125,7 +125,7 @@ class PeerOps {
     bool bound = false;       // ... a message is being written there
     int device = -1;          // send: the CUDA tensor's; receive: the device that reads one
     bool on_device = false;   // receive: a CUDA tensor's result stays on `device`
-    int64_t consumer = -1;    // ... and the stream that waits for its copy (PeerRecv)
+    int64_t consumer = -1;    // ... and the stream that waits for its bytes (PeerRecv)
     ReadyEvent ready;         // a CUDA send: its producer's stream at submission
     std::shared_ptr<const std::string> payload;  // a CUDA send's frame: its DeviceMessage
     bool copied = false;      // a CUDA send: its staging copy finished

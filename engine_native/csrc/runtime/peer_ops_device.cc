@@ -76,7 +76,8 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
   if (status.isOk() && op.consumer >= 0) {  // I: the copy is queued (on_device: submitRecv)
     if (!handover.isOk()) {  // (its receipt still goes back once the copy ran)
       listen(-1);
-      fail(op, handover);
+      fail(op, Status(handover.code(), what("recv", op.peer, op.tag) + ": " +
+                                           handover.message()));
       return;
     }
     completeReceive(op, std::move(handed_over), op.shape, op.dtype);

@@ -81,7 +81,9 @@ void PeerOps::startNcclRead(PerPeer& p, Op op, Arrived& arrived) {
     completeNcclRead(op, std::move(arrived.nccl_bytes));
     return;
   }
-  if (op.consumer >= 0) {  // Note [Device point-to-point] I (on_device: submitRecv checks)
+  // Note [Device point-to-point] I (on_device: submitRecv checks): only where the bytes land on
+  // the consumer's device (E puts them on the pair's, whatever the receive named)
+  if (op.consumer >= 0 && op.device == nccl_.deviceOf(op.peer)) {
     std::shared_ptr<OutputBuffer> handed_over;
     const Status handover = nccl_.handOver(arrived.slot, op.consumer, &handed_over);
     if (!handover.isOk()) {
@@ -149,7 +151,11 @@ Status PeerOps::progressNccl() {
     }
     auto m = std::find_if(p.arrived.begin(), p.arrived.end(),
                           [slot](const Arrived& a) { return a.slot == slot; });
-    if (m != p.arrived.end()) m->nccl_bytes = std::move(done.output);  // else dropped (F)
+    if (m != p.arrived.end()) {
+      m->nccl_bytes = std::move(done.output);
+    } else {
+      done.output.reset();  // dropped (F), or handed over: its block back to the pool now
+    }
   }
   return Status::ok();
 }

@@ -32,9 +32,10 @@ struct PeerRecv {
   int64_t tag = 0;
   int device = -1;
   bool on_device = false;
-  // A result on `device` of a message that came by CUDA IPC: the cudaStream_t (0: the legacy
-  // default) that waits for its copy, the receive completing once that copy is queued; -1:
-  // once it ran (Note [Device point-to-point] I). Only for a caller that waits at once.
+  // A result on `device` of a message that came by CUDA IPC (or NCCL): the cudaStream_t (0:
+  // the legacy default) that waits for its copy (ncclRecv), the receive completing once that
+  // is queued; -1: once it ran (Note [Device point-to-point] I). Only for a caller that waits
+  // at once.
   int64_t consumer = -1;
   uint8_t* into = nullptr;
   bool expects = false;
