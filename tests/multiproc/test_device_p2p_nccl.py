@@ -23,11 +23,12 @@ from multiproc import checks, device_ops
 from multiproc.checks import ALL_DTYPES, Failures
 from multiproc.harness import run_ranks
 from multiproc.test_device_p2p import check_stream_order, receive, send
-from multiproc.test_device_p2p_ordered import PATTERN
+from multiproc.test_device_p2p_ordered import (PATTERN, ordered_while_held,
+                                                unknown_consumer_stream)
 from multiproc.test_timeline import _load, _spans, _tracks
 
 import engine_native as hvd_module
-from engine_native import _core, _dtypes
+from engine_native import _core
 
 fake_cuda = _fake_cuda  # the session fixture, under its name
 LARGE = (3 << 20) + 5   # bytes
@@ -103,55 +104,14 @@ def exchange_suite(path):
     # Stream order: ncclSend waits for the producer (Note [NCCL point-to-point] B).
     check_stream_order(f, fails, me, peer)
     # Note [Device point-to-point] I by NCCL: a receive naming its consumer's stream completes
-    # while the sender's kernel is still held (its ncclRecv queued, not run); that stream reads
-    # nothing until then, and the message after.
-    ready = np.zeros(1, np.int32)  # a host message: rank 1's receive completed
-    if me == 0:
-        x = np.zeros_like(PATTERN)
-        producer = f.stream()
-        token = f.cuda.fakeCudaLaunchBlocker(producer)
-        f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, PATTERN.ctypes.data, x.nbytes, 4,
-                                       producer))
-        handle = send(x, 1, 600, stream=producer)
-        _core.wait(_core.p2p_recv(1, 601, True))
-        fails.expect("ordered: send pending while held", not _core.poll(handle))
-        f.check(f.cuda.fakeCudaReleaseBlocker(token))
-        _core.wait(handle)
-    else:
-        consumer = f.stream()
-        buffer, shape, _ = _core.wait(_core.p2p_recv(0, 600, True, 0, True, None, 0, None,
-                                                     consumer))
-        seen = np.full_like(PATTERN, -1)  # what no transfer writes
-        f.check(f.cuda.cudaMemcpyAsync(seen.ctypes.data, buffer.ptr, seen.nbytes, 4, consumer))
-        f.settled(consumer)
-        fails.expect("ordered: the consumer waits", bool((seen == -1).all()))
-        _core.wait(_core.p2p_send(0, 601, _dtypes.numpy_code(ready.dtype, "send", "601"),
-                                  ready.shape, ready.ctypes.data, True, -1, 0))
-        f.check(f.cuda.cudaStreamSynchronize(consumer))
-        fails.expect("ordered: read in stream order",
-                     buffer.device == 0 and tuple(shape) == PATTERN.shape and
-                     bool(np.array_equal(seen, PATTERN)), (buffer.device, seen[:3]))
-        del buffer
-    # A consumer's stream that cannot wait (no such stream; the transfer surely queued behind
-    # rank 0's held kernel): that receive fails alone, naming it, and the next one arrives.
-    if me == 0:
-        token = f.cuda.fakeCudaLaunchBlocker(producer)
-        handle = send(x, 1, 610, stream=producer)
-        _core.wait(_core.p2p_recv(1, 611, True))
-        f.check(f.cuda.fakeCudaReleaseBlocker(token))
-        _core.wait(handle)
-        _core.wait(send(PATTERN, 1, 612))
-    else:
-        try:
-            _core.wait(_core.p2p_recv(0, 610, True, 0, True, None, 0, None, 0xdead0))
-            fails.expect("ordered: an unknown stream fails the receive", False, "completed")
-        except hvd_module.HorovodInternalError as exc:
-            fails.expect("ordered: an unknown stream fails the receive",
-                         "cudaStreamWaitEvent" in str(exc) and "tag 610" in str(exc), str(exc))
-        _core.wait(_core.p2p_send(0, 611, _dtypes.numpy_code(ready.dtype, "send", "611"),
-                                  ready.shape, ready.ctypes.data, True, -1, 0))
-        got, _ = receive(0, 612)
-        fails.expect("ordered: the next receive after a failed one", np.array_equal(got, PATTERN))
+    # while the sender's kernel is still held (its ncclRecv queued, not run).
+    producer = f.stream()
+    ordered = ordered_while_held(f, me, producer, 600)
+    ordered.update(unknown_consumer_stream(f, me, producer, 610))
+    expected = ({"send pending while held": True} if me == 0 else
+                {"consumer waits": True, "read in stream order": (0, PATTERN.shape, True),
+                 "unknown stream": True, "after a failed receive": True})
+    fails.expect("ordered on the consumer's stream", ordered == expected, ordered)
     # Timeline: SEND and RECV spans as on the other routes.
     if me == 0:
         hvd.start_timeline(path)

@@ -20,48 +20,85 @@ fake_cuda = _fake_cuda  # the session fixture, under its name
 
 
 PATTERN = np.arange(4096, dtype=np.float32) + 7
+READY = np.zeros(1, np.int32)  # a host message: "rank 1's receive completed"
 
 
-def stream_ordered_suite():
-    """Note [Device point-to-point] I. Rank 0 sends a tensor its held kernel writes, and goes on
-    only once rank 1 says its receive completed; so rank 1's receive must complete while the
-    copy is only queued (a receive that waited for the copy would wait for rank 0 forever).
-    Rank 1's consumer stream then reads the result: nothing while rank 0's kernel is held, the
-    message once it ran. Then a steady exchange of such receives allocates nothing more on
-    either rank beyond one more staging segment: each read's receipt still frees the sender's
-    room, a little later than the receive completed (without receipts, forty more 700 KiB
-    messages would need three more segments: 8, 16 and 32 MiB)."""
-    hvd = device_ops.init()
-    f = device_ops.fakes()
-    me = hvd.rank()
+def _say_ready(tag):
+    _core.wait(_core.p2p_send(0, tag, _dtypes.numpy_code(READY.dtype, "send", str(tag)),
+                              READY.shape, READY.ctypes.data, True, -1, 0))
+
+
+def ordered_while_held(f, me, producer, tag):
+    """Rank 0 sends PATTERN as its held kernel writes it (on ``producer``), and goes on only
+    once rank 1 says its receive completed; so rank 1's receive (ordered on its consumer's
+    stream) must complete while the transfer is only queued (one that waited for it would wait
+    for rank 0 forever). Rank 1's consumer stream then reads the result: nothing while rank 0's
+    kernel is held, the message once it ran. Uses tags ``tag`` and ``tag + 1``; returns the
+    rank's findings."""
     out = {}
-    ready = np.zeros(1, np.int32)  # a host message: rank 1's receive completed
     if me == 0:
         x = np.zeros_like(PATTERN)
-        producer = f.stream()
         token = f.cuda.fakeCudaLaunchBlocker(producer)
         f.check(f.cuda.cudaMemcpyAsync(x.ctypes.data, PATTERN.ctypes.data, x.nbytes, 4,
                                        producer))
-        handle = send(x, 1, 500, stream=producer)
-        _core.wait(_core.p2p_recv(1, 501, True))
+        handle = send(x, 1, tag, stream=producer)
+        _core.wait(_core.p2p_recv(1, tag + 1, True))
         out["send pending while held"] = not _core.poll(handle)
         f.check(f.cuda.fakeCudaReleaseBlocker(token))
         _core.wait(handle)
-    else:
-        consumer = f.stream()
-        buffer, shape, code = _core.wait(_core.p2p_recv(0, 500, True, 0, True, None, 0, None,
-                                                        consumer))
-        seen = np.full_like(PATTERN, -1)  # what no copy writes
-        f.check(f.cuda.cudaMemcpyAsync(seen.ctypes.data, buffer.ptr, seen.nbytes, 4, consumer))
-        f.settled(consumer)
-        out["consumer waits"] = bool((seen == -1).all())
-        # (host memory: a CUDA send's staging copy would queue behind the waiting read)
-        _core.wait(_core.p2p_send(0, 501, _dtypes.numpy_code(ready.dtype, "send", "501"),
-                                  ready.shape, ready.ctypes.data, True, -1, 0))
-        f.check(f.cuda.cudaStreamSynchronize(consumer))
-        out["read in stream order"] = (buffer.device, tuple(shape),
-                                       bool(np.array_equal(seen, PATTERN)))
-        del buffer
+        return out
+    consumer = f.stream()
+    buffer, shape, _ = _core.wait(_core.p2p_recv(0, tag, True, 0, True, None, 0, None,
+                                                 consumer))
+    seen = np.full_like(PATTERN, -1)  # what no transfer writes
+    f.check(f.cuda.cudaMemcpyAsync(seen.ctypes.data, buffer.ptr, seen.nbytes, 4, consumer))
+    f.settled(consumer)
+    out["consumer waits"] = bool((seen == -1).all())
+    _say_ready(tag + 1)  # (host memory: a CUDA send's staging would queue behind the read)
+    f.check(f.cuda.cudaStreamSynchronize(consumer))
+    out["read in stream order"] = (buffer.device, tuple(shape),
+                                   bool(np.array_equal(seen, PATTERN)))
+    return out
+
+
+def unknown_consumer_stream(f, me, producer, tag):
+    """A consumer's stream that cannot wait (no such stream; rank 0's kernel held, so the
+    transfer is surely still queued): that receive fails alone, naming it, and the next one
+    arrives. Uses tags ``tag`` to ``tag + 2``; returns the rank's findings."""
+    out = {}
+    if me == 0:
+        token = f.cuda.fakeCudaLaunchBlocker(producer)
+        x = np.zeros_like(PATTERN)
+        handle = send(x, 1, tag, stream=producer)
+        _core.wait(_core.p2p_recv(1, tag + 1, True))
+        f.check(f.cuda.fakeCudaReleaseBlocker(token))
+        _core.wait(handle)
+        _core.wait(send(PATTERN, 1, tag + 2))
+        return out
+    try:
+        _core.wait(_core.p2p_recv(0, tag, True, 0, True, None, 0, None, 0xdead0))
+        out["unknown stream"] = "completed"
+    except hvd_module.HorovodInternalError as exc:
+        out["unknown stream"] = ("cudaStreamWaitEvent" in str(exc) and f"tag {tag}" in str(exc)
+                                 or str(exc))
+    _say_ready(tag + 1)
+    got, _ = receive(0, tag + 2)
+    out["after a failed receive"] = bool(np.array_equal(got, PATTERN))
+    return out
+
+
+def stream_ordered_suite():
+    """Note [Device point-to-point] I by IPC: :func:`ordered_while_held`; the receipt's time
+    (below); then a steady exchange of such receives allocates nothing more on either rank
+    beyond one more staging segment: each read's receipt still frees the sender's room, a
+    little later than the receive completed (without receipts, forty more 700 KiB messages
+    would need three more segments: 8, 16 and 32 MiB); bad arguments refused;
+    :func:`unknown_consumer_stream`."""
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    me = hvd.rank()
+    producer = f.stream()
+    out = ordered_while_held(f, me, producer, 500)
     # The read's receipt goes back once its copy ran, not when it was queued. Rank 1's
     # ordered receive of A completes while rank 0's kernel still holds A; rank 0 then sends B
     # from another stream. Had the receipt come with the receive, A's room would be free and
@@ -82,8 +119,7 @@ def stream_ordered_suite():
     else:
         consumer = f.stream()
         a = _core.wait(_core.p2p_recv(0, 530, True, 0, True, None, 0, None, consumer))
-        _core.wait(_core.p2p_send(0, 531, _dtypes.numpy_code(ready.dtype, "send", "531"),
-                                  ready.shape, ready.ctypes.data, True, -1, 0))
+        _say_ready(531)
         b, _ = receive(0, 532)  # (blocks until rank 0 releases A: queued behind its read)
         f.check(f.cuda.cudaStreamSynchronize(consumer))
         out["A, then B sent while A's read was queued"] = (
@@ -114,25 +150,7 @@ def stream_ordered_suite():
     out["exchanged"] = all(np.array_equal(exchange(), np.full(700 << 10, peer, np.uint8))
                            for _ in range(40))
     out["allocated more"] = f.cuda.fakeCudaLiveAllocations() - allocated
-    # A consumer's stream that cannot wait (no such stream; rank 0's kernel held, so the copy
-    # is surely still queued): that receive fails alone, and the next one arrives.
-    if me == 0:
-        token = f.cuda.fakeCudaLaunchBlocker(producer)
-        handle = send(x, 1, 520, stream=producer)
-        _core.wait(_core.p2p_recv(1, 521, True))
-        f.check(f.cuda.fakeCudaReleaseBlocker(token))
-        _core.wait(handle)
-        _core.wait(send(PATTERN, 1, 522))
-    else:
-        try:
-            _core.wait(_core.p2p_recv(0, 520, True, 0, True, None, 0, None, 0xdead0))
-            out["unknown stream"] = "completed"
-        except hvd_module.HorovodInternalError as exc:
-            out["unknown stream"] = "cudaStreamWaitEvent" in str(exc) or str(exc)
-        _core.wait(_core.p2p_send(0, 521, _dtypes.numpy_code(ready.dtype, "send", "521"),
-                                  ready.shape, ready.ctypes.data, True, -1, 0))
-        got, _ = receive(0, 522)
-        out["after a failed receive"] = bool(np.array_equal(got, PATTERN))
+    out.update(unknown_consumer_stream(f, me, producer, 520))
     hvd.barrier()
     hvd.shutdown()
     return out
