@@ -2,9 +2,9 @@
 
 :class:`Dashboard` is created by ``%hvd_start`` (unless ``--no-dashboard``) or
 ``%hvd_dashboard``, on the notebook's main thread. It starts a
-:class:`hvd_magic.widgets.hub.MetricsHub` (one updater thread, ≤ 5 renders a second) with the
-widget view when the notebook has a widget frontend, starts a publisher on every engine
-(:mod:`hvd_magic.engine_dashboard`) and follows the cluster through
+:class:`hvd_magic.widgets.hub.MetricsHub` (one updater thread, ≤ 5 renders a second and one at
+each cell's end) with the widget view when the notebook has a widget frontend, starts a
+publisher on every engine (:mod:`hvd_magic.engine_dashboard`) and follows the cluster through
 :func:`hvd_magic.status.add_listener`:
 
 - ``restarted``: the old ranks are forgotten and the new engines publish to the same hub;

@@ -18,14 +18,19 @@ def cell_text(cell) -> str:
     return "".join(parts)
 
 
-def per_rank(text: str, label: str, n: int) -> list:
-    """Each of the n ranks' value of the lines ``<label><value>`` it printed, collapsed
-    (``[all ranks]``) or not (``[rank r]``): ranks that print the same line far enough apart
-    are shown apart (Note [Collapsing] C in hvd_magic/output.py). None for a rank that printed
-    no such line."""
+def per_rank(text: str, label: str, n: int, ran=None) -> list:
+    """Each of the n ranks' value of the lines ``<label><value>`` it printed, whatever the
+    prefix: ``[all ranks]`` (the ``ran`` ranks, which ran the cell; every rank by default),
+    ``[ranks 0,2]`` or ``[rank r]``: ranks whose identical lines arrive far enough apart are
+    shown apart or in groups (Note [Collapsing] C in hvd_magic/output.py). None for a rank
+    that printed no such line."""
+    from hvd_magic.ranks import parse_ranks
+
     values = [None] * n
-    for prefix, value in re.findall(r"\[(all ranks|rank \d+)\] " + re.escape(label) + r"(.*)",
-                                    text):
-        for r in (range(n) if prefix == "all ranks" else [int(prefix.split()[1])]):
+    everyone = list(range(n)) if ran is None else list(ran)
+    for prefix, value in re.findall(r"\[(all ranks|ranks? [0-9,\-]+)\] " + re.escape(label) +
+                                    r"(.*)", text):
+        ranks = everyone if prefix == "all ranks" else parse_ranks(prefix.split()[1], n)
+        for r in ranks:
             values[r] = value.strip()
     return values

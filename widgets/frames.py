@@ -151,6 +151,11 @@ class SnapshotOrder:
         """The current publisher ids of ``ranks`` (those the hub heard from)."""
         return [self._current[r][0] for r in ranks if r in self._current]
 
+    def publisher(self, rank):
+        """``rank``'s current publisher id, or None before the hub heard from it."""
+        entry = self._current.get(rank)
+        return entry[0] if entry else None
+
 
 class RefusalLog:
     """Logs refused frames: per kind, one line at the given level (a warning unless said

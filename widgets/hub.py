@@ -6,10 +6,9 @@ each sink's ``update(model, now)`` at most ``max_hz`` times a second: a burst of
 becomes one render, so does a round of snapshots from every rank (``gather_s``), and with
 nothing new it still refreshes once a second (ages, "no data for N s"). Past that cap, a cell's
 end adds one render of every rank's state at that end (:meth:`MetricsHub.sync_view`). The
-thread sleeps in
-``zmq.Poller.poll`` with a timeout computed from the throttle; it never spins. Calls from other
-threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`, :meth:`~MetricsHub.stop`)
-wake it through an inproc socket.
+thread sleeps in ``zmq.Poller.poll`` with a timeout computed from the throttle; it never
+spins. Calls from other threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`,
+:meth:`~MetricsHub.stop`) wake it through an inproc socket.
 
 Why a socket of our own rather than ipyparallel's ``publish_data`` (tried with ipyparallel 9.2,
 one local engine publishing both ways from a thread):
@@ -53,6 +52,7 @@ from .frames import RefusalLog, SnapshotOrder
 from .model import DashboardModel
 from .pacing import RenderPacer
 from .snapshot import MAX_FRAME_BYTES, unpack
+from .view_syncs import ViewSyncs
 
 log = logging.getLogger("hvd_magic.widgets")
 
@@ -107,7 +107,7 @@ class MetricsHub:
         self.clock = clock
         self.address = self.command_address = None
         self.view = None  # set by start_dashboard
-        self.received = self.rejected = self.stale = self.renders = self.view_syncs = 0
+        self.received = self.rejected = self.stale = self.renders = 0
         self._sinks = list(sinks)
         self._sinks_lock = threading.Lock()
         self._wake_lock = threading.Lock()
@@ -120,8 +120,7 @@ class MetricsHub:
         self._outbox = []  # (id, name, args, timeout_s, on_done, sync), sent by the hub thread
         self._next_id = 1
         self._pending = Pending(clock)
-        self._after_render = []  # sync_view()s answered, told by the next render (hub thread)
-        self._sync_skipped = set()  # hub thread (sync_skipped)
+        self._syncs = ViewSyncs()  # hub thread: sync_view's callers, the publishers it skips
         self._arrived = threading.Condition()  # notified after snapshots were ingested
         self._order = SnapshotOrder()  # hub thread only
         self._refusals = RefusalLog(log, "dashboard hub", clock)
@@ -216,8 +215,8 @@ class MetricsHub:
         of a short cell, and a frontend that keeps only what a cell sent while it ran (nbclient,
         papermill: the notebook saved with its widgets) would keep a dashboard from before it.
         Dead and starting ranks are not waited for, nor, until they answer a command again,
-        those that did not answer the previous call: one broken publisher costs one
-        ``timeout_s``, not one per cell.
+        publishers that missed a call: one broken publisher costs one ``timeout_s``, not one
+        per cell (a restarted engine's new publisher is waited for).
         """
         if not self.running or self._stopping:
             return False
@@ -225,8 +224,7 @@ class MetricsHub:
 
         def answered(_answers, not_answered):  # hub thread: the last answer is ingested next
             missing.extend(not_answered)
-            self._sync_skipped.update(not_answered)
-            self._after_render.append(rendered.set)
+            self._syncs.answered([self._order.publisher(r) for r in not_answered], rendered.set)
             self.pacer.wake(at_once=True)
 
         self._queue("snapshot", {}, timeout_s, answered, sync=True)
@@ -234,8 +232,13 @@ class MetricsHub:
 
     @property
     def sync_skipped(self):
-        """Ranks :meth:`sync_view` skips: they missed one and answered no command since."""
-        return frozenset(self._sync_skipped)
+        """Publisher ids :meth:`sync_view` skips: they missed one and answered nothing since."""
+        return self._syncs.skipped
+
+    @property
+    def view_syncs(self):
+        """Renders :meth:`sync_view` asked for (counted before the sinks run)."""
+        return self._syncs.count
 
     def _queue(self, name, args, timeout_s, on_done, sync):
         with self._commands_lock:
@@ -293,7 +296,7 @@ class MetricsHub:
             self._loop(poller, pull, wake_in, zmq)
         finally:
             self._pending.expire(float("inf"))  # nobody will answer now: report them missing
-            for tell in self._after_render:  # (no render comes: sync_view's callers go on)
+            for tell in self._syncs.take_waiting():  # (no render comes: callers go on)
                 tell()
             for sock in (pull, pub, wake_in):
                 sock.close(0)
@@ -306,7 +309,7 @@ class MetricsHub:
             now = self.clock()
             due = pacer.due(now)
             due = min(due, self._pending.next_deadline() or due)
-            ready = dict(poller.poll(max(0, int((due - now) * 1000) + 1)))
+            ready = dict(poller.poll(0 if due <= now else int((due - now) * 1000) + 1))
             if wake_in in ready:
                 _drain(wake_in, zmq)
                 self._send_commands()
@@ -344,7 +347,7 @@ class MetricsHub:
             self.received += 1
             if snap.get("acks"):
                 self._pending.ack(snap["rank"], snap["acks"])
-                self._sync_skipped.discard(snap["rank"])  # it answers commands again
+                self._syncs.heard_from(snap.get("pub"))
             now = self.clock()
             self.model.ingest(snap["rank"], snap, now)
             self.pacer.arrived(snap["rank"], now)
@@ -365,12 +368,11 @@ class MetricsHub:
         to = self._order.publishers(alive)  # a rank whose publisher is unknown: missing
         for cmd_id, name, args, timeout_s, on_done, sync in outbox:
             self._pub.send(pack_command(cmd_id, name, args, self.key, to=to))
-            waited = [r for r in alive if not (sync and r in self._sync_skipped)]
+            waited = self._syncs.waited(alive, self._order.publisher) if sync else alive
             self._pending.sent(cmd_id, waited, timeout_s, on_done)
 
     def _render(self, now):
-        done, self._after_render = self._after_render, []
-        self.view_syncs += bool(done)  # (before the sinks: they may read it)
+        done = self._syncs.take_waiting()  # (counted before the sinks: they may read it)
         with self._sinks_lock:
             sinks = list(self._sinks)
         for sink in sinks:

@@ -21,12 +21,13 @@ in allreduce" must show.
 
 The ``device`` a snapshot names is described by :mod:`.device_info`.
 
-The same thread runs the dashboard's commands (timeline, autotune buttons) arriving on a SUB
-socket from the hub, so they act while a cell keeps the engine's main thread busy; answers
-ride in the next snapshots (protocol in :mod:`.control`). Every publisher draws a fresh id
-(:attr:`Publisher.pub_id`) that its snapshots carry and the hub's commands name, so a command
-recorded for an earlier publisher (before ``%hvd_restart``) is refused by a later one, and a
-replayed or reordered one by the same one (Note [Dashboard frames] in :mod:`.frames`).
+The same thread runs the dashboard's commands (the timeline and autotune buttons, the snapshot a
+cell's end asks for) arriving on a SUB socket from the hub, so they act while a cell keeps the
+engine's main thread busy; answers ride in the next snapshots (protocol in :mod:`.control`).
+Every publisher draws a fresh id (:attr:`Publisher.pub_id`) that its snapshots carry and the
+hub's commands name, so a command recorded for an earlier publisher (before ``%hvd_restart``)
+is refused by a later one, and a replayed or reordered one by the same one (Note [Dashboard
+frames] in :mod:`.frames`).
 
 Example (what ``%hvd_start`` runs on every engine, after the core is initialised; see
 hvd_magic.engine_dashboard)::

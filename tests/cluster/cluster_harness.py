@@ -92,15 +92,18 @@ def run_cell(shell, code: str, interrupt_on: str | None = None, interrupt=_ctrl_
     output contains that text: the cell prints it when the state the test interrupts (ranks
     asleep, a collective pending) is reached, a readiness handshake instead of a guessed delay.
     Without it by ``ready_timeout`` the interrupt comes all the same (so a stuck cell ends) and
-    an AssertionError names the missing marker."""
+    an AssertionError names the missing marker. What ``interrupt()`` raises is raised here."""
     out, err = (_Watched(interrupt_on) if interrupt_on else io.StringIO()), io.StringIO()
     t0 = time.perf_counter()
-    interrupted = []
+    interrupted, failed = [], []
 
     def watch():
         ready = out.seen.wait(ready_timeout)
         interrupted.append((time.perf_counter() - t0, ready))
-        interrupt()
+        try:
+            interrupt()
+        except BaseException as exc:  # raised in the caller below, not lost in this thread
+            failed.append(exc)
 
     watcher = threading.Thread(target=watch, daemon=True) if interrupt_on else None
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -110,6 +113,8 @@ def run_cell(shell, code: str, interrupt_on: str | None = None, interrupt=_ctrl_
     seconds = time.perf_counter() - t0
     if watcher:
         watcher.join()
+        if failed:
+            raise failed[0]
         assert interrupted[0][1], (f"the cell never printed {interrupt_on!r} within "
                                    f"{ready_timeout} s: {out.getvalue()[-2000:]}")
     error = res.error_in_exec or res.error_before_exec

@@ -119,15 +119,17 @@ def test_buttons_act_while_a_cell_runs_and_stop_interrupts_it(local_cluster, run
     answers = []
     path = str(tmp_path / "during.json")
 
-    def timeline_button():
-        dash.hub.command("timeline", on_done=lambda a, m: answers.append((a, m)), start=True,
-                         path=path)
-        wait_for(lambda: answers, what="the ranks' answers")
-        return dash.stop_clicked()
-
     said = []
-    res = run_cell(shell, LONG, interrupt_on=RUNNING,
-                   interrupt=lambda: said.append(timeline_button()))
+
+    def timeline_then_stop():
+        try:
+            dash.hub.command("timeline", on_done=lambda a, m: answers.append((a, m)),
+                             start=True, path=path)
+            wait_for(lambda: answers, what="the ranks' answers")
+        finally:  # the cell ends whatever happened (run_cell re-raises what did)
+            said.append(dash.stop_clicked())
+
+    res = run_cell(shell, LONG, interrupt_on=RUNNING, interrupt=timeline_then_stop)
     assert isinstance(res.error, CellInterrupted), res.text
     assert "stop button" in res.text and res.seconds < 45  # not the 60 s cell
     assert said == ["stopping every rank..."]

@@ -3,8 +3,8 @@ finish] in hvd_magic.cellrun), against the shared real 3-rank local cluster.
 
 - A time-based loop that runs a different number of steps per rank: the rank whose deadline
   came first finishes the cell, the others block in the next step's allreduce. The cell ends
-  within grace + a few seconds with the stuck report, and the next cell's allreduce works on
-  the same engines.
+  within grace + a few seconds (20 allowed, loaded) with the stuck report, and the next cell's
+  allreduce works on the same engines.
 - A rank slower than the grace but still computing (its peer blocked meanwhile, a third rank
   finished) is never cut off: the cell completes with its value.
 - ``--stall-grace 0`` keeps the old behaviour: the cell waits (here until ``--timeout``).

@@ -66,6 +66,20 @@ def exchange_suite(path):
     fails = Failures()
     me, peer = hvd.rank(), 1 - hvd.rank()
     fails.expect("route", _core.p2p_cuda_route(peer) == "nccl", _core.p2p_cuda_route(peer))
+    # The pair's first message, taken by a receive ordered on its consumer's stream while the
+    # pair's communicator is still being set up (its ncclRecv waits for it: nothing to hand
+    # over yet, so it completes once the bytes are there, Note [Device point-to-point] I).
+    if me == 0:
+        _core.wait(send(PATTERN, 1, 90))
+    else:
+        consumer = f.stream()
+        buffer, shape, _ = _core.wait(_core.p2p_recv(0, 90, True, 0, True, None, 0, None,
+                                                     consumer))
+        f.check(f.cuda.cudaStreamSynchronize(consumer))
+        fails.expect("ordered: the pair's first message",
+                     np.array_equal(device_ops.device_array(buffer, shape, np.float32), PATTERN))
+        del buffer
+    hvd.barrier()
     calls, before = f.nccl.fakeNcclCollectives(), hvd.metrics()
     count, nonempty = _sizes_both_ways(fails, me, peer)
     hvd.barrier()  # the next sends' receives are posted as they arrive: count before them

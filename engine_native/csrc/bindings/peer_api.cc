@@ -198,7 +198,9 @@ PyMethodDef g_peer_methods[] = {
      "into=None with into_shape: an out= the caller fills. A message of another type than "
      "into_dtype x into_shape is refused: its sender's op raises ValueError too. consumer "
      "(>= 0, with on_device): the cudaStream_t that waits for a CUDA tensor's copy by IPC "
-     "(or its ncclRecv); the receive completes once that is queued."},
+     "(or its ncclRecv, once the pair's communicator is set up, on the device that receives "
+     "from that rank); the receive completes once that is queued, else once the bytes are "
+     "there."},
     {"p2p_cuda_route", pyP2pCudaRoute, METH_VARARGS,
      "p2p_cuda_route(peer): how a CUDA tensor travels to that rank: 'nccl' (ncclSend/ncclRecv: "
      "another host, or HVD_GPU_PATH=nccl), 'ipc' (CUDA IPC, a rank of this host), 'staged' "

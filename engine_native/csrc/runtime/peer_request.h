@@ -34,8 +34,8 @@ struct PeerRecv {
   bool on_device = false;
   // A result on `device` of a message that came by CUDA IPC (or NCCL): the cudaStream_t (0:
   // the legacy default) that waits for its copy (ncclRecv), the receive completing once that
-  // is queued; -1: once it ran (Note [Device point-to-point] I). Only for a caller that waits
-  // at once.
+  // is queued (Note [Device point-to-point] I says where NCCL's cannot be); -1: once it ran.
+  // Only for a caller that waits at once.
   int64_t consumer = -1;
   uint8_t* into = nullptr;
   bool expects = false;

@@ -38,7 +38,8 @@ def stream_ordered_receives() -> bool:
     """HVD_PIPELINE_STREAM_RECV: "1", a GPU stage's receive by CUDA IPC (or NCCL) returns once
     its copy (its ncclRecv) is queued, final in the stage's current stream's order (Note [Device
     point-to-point] I: its thread goes on queueing kernels; a sender that dies mid-transfer
-    leaves that stream stuck); "0" or unset, once the bytes are there."""
+    leaves that stream stuck, or by NCCL going on with bytes never written); "0" or unset, once
+    the bytes are there."""
     value = os.environ.get("HVD_PIPELINE_STREAM_RECV", "0")
     if value not in ("0", "1"):
         raise ValueError(f"HVD_PIPELINE_STREAM_RECV={value!r}: expected 0 or 1")
