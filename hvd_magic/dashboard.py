@@ -192,7 +192,7 @@ class Dashboard:
             for rank, why in cluster.dead_ranks().items():
                 self._watch.marked.add(rank)
                 self.hub.mark_dead(rank, reason=why)
-            if self.hub.view is not None and self.hub.running:
+            if self.hub.view is not None:
                 try:
                     self.hub.sync_view(CELL_END_SYNC_S)
                 except KeyboardInterrupt:  # a second Ctrl-C: the cell ends without it

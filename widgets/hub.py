@@ -309,7 +309,7 @@ class MetricsHub:
             now = self.clock()
             due = pacer.due(now)
             due = min(due, self._pending.next_deadline() or due)
-            ready = dict(poller.poll(0 if due <= now else int((due - now) * 1000) + 1))
+            ready = dict(poller.poll(max(0, int((due - now) * 1000) + 1)))
             if wake_in in ready:
                 _drain(wake_in, zmq)
                 self._send_commands()

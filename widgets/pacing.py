@@ -37,7 +37,7 @@ class RenderPacer:
         render a cell's end asks for; the throttle counts from it)."""
         self._dirty = self._urgent = True
         if at_once:
-            self._next_allowed = float("-inf")
+            self._next_allowed = 0.0  # (as at the start: any time)
 
     def due(self, now):
         """The earliest time :meth:`render_due` may say yes without further news."""

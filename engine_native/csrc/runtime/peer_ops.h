@@ -185,6 +185,9 @@ class PeerOps {
   // handle completed with the result (`buffer` null: the bytes are in its own `into`).
   void completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer,
                        std::vector<int64_t> shape, common::DataType dtype);
+  // A receive its route could not complete: no longer listened for, failed with `status`
+  // under its own name ("recv from rank 1 (tag 5): ...").
+  void failReceive(const Op& op, const common::Status& status);
   // Note [Receive into out] (peer_ops_into.cc): where an arriving payload goes, and the way
   // back for a bound receive that ends without its message.
   static transport::PeerPayload payloadFor(void* self, int peer,

@@ -75,9 +75,7 @@ void PeerOps::startDeviceRead(PerPeer& p, Op op, Arrived arrived) {
   op.sequence = arrived.device.sequence;
   if (status.isOk() && op.consumer >= 0) {  // I: the copy is queued (on_device: submitRecv)
     if (!handover.isOk()) {  // (its receipt still goes back once the copy ran)
-      listen(-1);
-      fail(op, Status(handover.code(), what("recv", op.peer, op.tag) + ": " +
-                                           handover.message()));
+      failReceive(op, handover);
       return;
     }
     completeReceive(op, std::move(handed_over), op.shape, op.dtype);

@@ -1,6 +1,6 @@
 // Where PeerOps's received payloads go (runtime/peer_ops.h): an output the core reuses, or the
 // memory a posted receive brought (out=); the refusal of a message that does not fit out=; and
-// the end of every receive that succeeds, whatever its route.
+// the end of a receive, whatever its route: completed, or failed where its route could not.
 //
 // Note [Received payloads]
 // A message lands in an output the core reuses (hostOutput, Note [Host output reuse]) up to
@@ -279,6 +279,12 @@ void PeerOps::completeReceive(const Op& op, std::shared_ptr<OutputBuffer> buffer
   result.shape = std::move(shape);
   result.dtype = static_cast<int32_t>(dtype);
   handles_.complete(op.handle, common::Status::ok(), std::move(result));
+}
+
+void PeerOps::failReceive(const Op& op, const common::Status& status) {
+  listen(-1);
+  fail(op, common::Status(status.code(), what("recv", op.peer, op.tag) + ": " +
+                                             status.message()));
 }
 
 }  // namespace hvd::runtime

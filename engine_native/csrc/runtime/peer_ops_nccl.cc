@@ -87,9 +87,7 @@ void PeerOps::startNcclRead(PerPeer& p, Op op, Arrived& arrived) {
     std::shared_ptr<OutputBuffer> handed_over;
     const Status handover = nccl_.handOver(arrived.slot, op.consumer, &handed_over);
     if (!handover.isOk()) {
-      listen(-1);
-      fail(op, Status(handover.code(), what("recv", op.peer, op.tag) + ": " +
-                                           handover.message()));
+      failReceive(op, handover);
       return;
     }
     if (handed_over) {
@@ -107,8 +105,7 @@ void PeerOps::completeNcclRead(const Op& op, std::shared_ptr<OutputBuffer> bytes
     std::shared_ptr<OutputBuffer> host;
     const Status copied = nccl_.toHost(*result, &host);
     if (!copied.isOk()) {
-      listen(-1);
-      fail(op, Status(copied.code(), what("recv", op.peer, op.tag) + ": " + copied.message()));
+      failReceive(op, copied);
       return;
     }
     result = std::move(host);
