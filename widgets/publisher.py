@@ -4,22 +4,14 @@ Runs inside every engine (rank). :class:`Publisher` is one daemon thread that ev
 ``interval_s`` builds a snapshot (schema in :mod:`.snapshot`) from the core's metrics, the
 progress the training code reported (``hvd.report(samples=64, loss=0.3)``, kept by
 ``engine_native.progress``), the last pipeline step's forwards and backwards (kept by
-``engine_native.pipeline.last_step``) and this process's identity, signs it and sends it to
-the driver's hub.
+``engine_native.pipeline.last_step``) and this process's identity and device (described by
+:mod:`.device_info`), signs it and sends it to the driver's hub.
 
 Channel: a ZMQ PUSH socket per engine, connected to the hub's PULL socket (address and key
-passed by the magic). Chosen over ipyparallel's ``publish_data`` because that one tags data
-with the engine's current request, so between cells nothing reaches the driver (hub.py), it
-pickles through a canning table that is not thread-safe (a background publish broke a task's
-reply), and it loads the controller and client IO thread that carry cell output. The PUSH
-socket works the same during and between cells, costs little engine CPU (the publisher
-thread's share of a core: benchmarks/RESULTS.md, "Dashboard"), never blocks (``IMMEDIATE`` +
-``NOBLOCK`` + a small high-water mark: with no hub, snapshots are dropped and counted), and
-needs only pyzmq, which ipyparallel already requires. The thread keeps running while the main
-thread waits in the core (the core releases the GIL), which is exactly when "rank 3 is stuck
-in allreduce" must show.
-
-The ``device`` a snapshot names is described by :mod:`.device_info`.
+passed by the magic; why not ipyparallel's ``publish_data``: docs/pages/internals.md). It never
+blocks (``IMMEDIATE`` + ``NOBLOCK`` + a small high-water mark: with no hub, snapshots are dropped
+and counted); the thread runs on while the main thread waits in the core, which is exactly when
+"rank 3 is stuck in allreduce" must show.
 
 The same thread runs the dashboard's commands (the timeline and autotune buttons, the snapshot a
 cell's end asks for) arriving on a SUB socket from the hub, so they act while a cell keeps the
@@ -202,11 +194,11 @@ class Publisher:
         self.busy_s = 0.0  # thread CPU time spent building and sending snapshots
         self._last_command = -1
         self._acks = []  # [[id, ok, text], repeats left]
-        self.sent = 0
-        self.dropped = 0
+        self.sent = self.dropped = 0  # snapshots sent, and dropped (no hub, or its queue full)
         self._seq = 0
         self._host = socket.gethostname()
         self._stop = threading.Event()
+        self._wake = None  # (read, write) pipe: stop() ends a wait on the command socket at once
         self._thread = None
         self._warned = False
 
@@ -252,6 +244,7 @@ class Publisher:
         if self.running:
             return self
         self._stop.clear()
+        self._wake = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"hvd-metrics-r{self.rank}",
                                         daemon=True)
         self._thread.start()
@@ -260,18 +253,26 @@ class Publisher:
     def stop(self, timeout=2.0):
         """Stop the thread and close its socket; returns within about ``timeout`` seconds."""
         self._stop.set()
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"x")
+            except OSError:  # the thread ended already and closed the pipe's other end
+                pass
+            os.close(self._wake[1])
+            self._wake = None
         if self._thread is not None:
             self._thread.join(timeout)
         self._thread = None
 
     def _run(self):
         import zmq
+        wake = self._wake[0]
         ctx = zmq.Context()
         sock = ctx.socket(zmq.PUSH)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while the hub is not connected
-        cmd = None
+        cmd = poller = None
         try:
             sock.connect(self.address)
             if self.command_address:
@@ -280,9 +281,12 @@ class Publisher:
                 cmd.setsockopt(zmq.MAXMSGSIZE, MAX_COMMAND_BYTES)
                 cmd.setsockopt(zmq.SUBSCRIBE, b"")
                 cmd.connect(self.command_address)
+                poller = zmq.Poller()
+                poller.register(cmd, zmq.POLLIN)
+                poller.register(wake, zmq.POLLIN)
             while True:
                 self._send(sock, zmq)
-                if self._wait(cmd, zmq):
+                if self._wait(cmd, poller, zmq):
                     break
         except Exception as exc:
             log.warning("rank %d metrics publisher stopped: %s", self.rank, exc)
@@ -291,8 +295,9 @@ class Publisher:
             if cmd is not None:
                 cmd.close(0)
             ctx.term()
+            os.close(wake)
 
-    def _wait(self, cmd, zmq):
+    def _wait(self, cmd, poller, zmq):
         """Sleep until the next snapshot is due, running commands that arrive meanwhile (each
         answered at once by an extra snapshot). Returns True when asked to stop."""
         if cmd is None:
@@ -302,7 +307,7 @@ class Publisher:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
-            if cmd.poll(int(left * 1000) + 1, zmq.POLLIN):
+            if cmd in dict(poller.poll(int(left * 1000) + 1)):  # else woken by stop()
                 self._command(cmd.recv(zmq.NOBLOCK))
                 return False  # the next snapshot carries the answer
         return True

@@ -145,6 +145,26 @@ def _until(condition, deadline_s=10.0):
         time.sleep(0.01)
 
 
+def test_stop_ends_the_publisher_s_wait_at_once():
+    """stop() wakes the thread where it waits for commands between snapshots (60 s apart here):
+    an engine's exit does not wait out the interval."""
+    hub = H.MetricsHub(M.DashboardModel(size=1), key=KEY)
+    hub.start()
+    pub = P.Publisher(hub.address, rank=0, key=KEY, interval_s=0.05,
+                      command_address=hub.command_address).start()
+    thread = pub._thread
+    try:
+        assert hub.wait_for_ranks([0], 10), "the publisher never reached the hub"
+        pub.interval_s, sent = 60.0, pub.sent
+        _until(lambda: pub.sent > sent)  # the wait after that snapshot reads the 60 s
+        t0 = time.monotonic()
+        pub.stop(timeout=30.0)
+        assert not thread.is_alive() and time.monotonic() - t0 < 10.0
+    finally:
+        pub.stop()
+        hub.stop()
+
+
 def test_sync_view_renders_every_rank_as_it_is_now(monkeypatch):
     """``MetricsHub.sync_view`` (what a cell's end calls): every publisher sends its snapshot
     at once and one render shows them all, though periodic snapshots are 1 s apart and the
@@ -170,7 +190,7 @@ def test_sync_view_renders_every_rank_as_it_is_now(monkeypatch):
     pubs = [publisher(r) for r in range(2)]
     try:
         assert hub.wait_for_ranks([0, 1], 10), "publishers never reached the hub"
-        for p in pubs:  # (not longer: stop() waits for the publisher's wait to end)
+        for p in pubs:
             p.interval_s = 1.0
         _until_every_rank_answers(hub, [0, 1])  # each answered, then waits 1 s from there
         samples[0] = 64
