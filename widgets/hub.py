@@ -10,20 +10,8 @@ thread sleeps in ``zmq.Poller.poll`` with a timeout computed from the throttle; 
 spins. Calls from other threads (:meth:`MetricsHub.mark_dead`, :meth:`~MetricsHub.notify`,
 :meth:`~MetricsHub.stop`) wake it through an inproc socket.
 
-Why a socket of our own rather than ipyparallel's ``publish_data`` (tried with ipyparallel 9.2,
-one local engine publishing both ways from a thread):
-
-- during a running cell both arrive;
-- between cells ``publish_data`` reached nothing: the finished task's ``.data`` stayed frozen,
-  idle and after another client's request, while the hub kept receiving snapshots;
-- ``publish_data`` from a thread raced ipyparallel's lazily built canning table and made the
-  engine's own ``apply`` reply fail (``KeyError: 'numpy.ndarray'`` in ``_import_mapping``);
-- both starve while the engine's main thread holds the GIL in C code (a long
-  ``sum(range(...))``); the core releases the GIL in ``wait()``, and the model flags a rank
-  that has sent nothing for ``stale_after_s`` as "no data for N s";
-- building, signing and packing a snapshot is cheap next to a training step (the publisher
-  thread's share of a core and the step time with the dashboard live: benchmarks/RESULTS.md,
-  "Dashboard").
+Why a socket of our own rather than ipyparallel's ``publish_data``: docs/pages/internals.md,
+"The dashboard's channels".
 
 Commands (the dashboard's buttons) go the other way on a PUB socket to every publisher, and
 their answers come back inside snapshots (:mod:`.control`); ``on_done`` runs on this thread.
