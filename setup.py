@@ -33,6 +33,7 @@ CORE_SOURCES = [
     "common/hmac.cc",
     "common/byte_codec.cc",
     "common/cpu_ranges.cc",
+    "common/process_state.cc",
     "transport/mesh.cc",
     "transport/control.cc",
     "transport/peer_frame.cc",
@@ -182,7 +183,6 @@ CORE_SOURCES = [
     "bindings/peer_api.cc",
     "bindings/module.cc",
 ]
-
 
 # Python's own CFLAGS may carry C-only warnings that g++ rejects under -Werror.
 _C_ONLY_FLAGS = {"-Wstrict-prototypes", "-Wimplicit-function-declaration",

@@ -7,10 +7,12 @@ sent both ways at the same moment (written in pieces, each side draining its own
 it waits for room); a loop thread asleep in poll() is woken by a frame in its ring, both
 ways (a lost wake would cost the 200 ms tick on every op); a peer's last frame (a failure's
 cause) written just before it hangs up is read, not lost behind the hang-up; a cause rank 0
-relays late reaches a worker that already saw the failing rank hang up. That every other op
+relays late reaches a worker that already saw the failing rank hang up, and a worker that sees
+a hang-up while rank 0 is stopped fails at once, saying so. That every other op
 negotiates correctly over the rings is what the rest of tests/multiproc checks (checks.init
 asserts the control road of every shm and tcp world).
 """
+import signal
 import statistics
 import time
 
@@ -140,3 +142,46 @@ def test_a_cause_rank_0_relays_late_is_still_the_reported_one():
                     rank_env={0: {"HVD_TEST_FAILURE_NOTICE_DELAY_MS": "400"}})
     for r in (0, 2):
         assert "aborted on rank 1: rank 1 gives up" in res[r].value, (r, res[r].value)
+
+
+def stopped_rank_0_suite(folder):
+    """Rank 0 stops (SIGSTOP) inside a 64 MiB shm allreduce: rank 1 times out waiting for it
+    (HVD_TIMEOUT 3 s), fails and closes; rank 2 (HVD_TIMEOUT 60 s) sees rank 1 hang up, and
+    rank 0 cannot relay why. Rank 0 is killed once both failed. Returns (error, seconds)."""
+    import os
+    hvd = checks.init("shm")
+    big = np.ones(16 << 20, np.float32)
+    hvd.allreduce(np.ones(4, np.float32), name="warm-up")
+    for attempt in range(5):  # retried only if the stop missed the op
+        name = f"big.{attempt}"
+        if hvd.rank() == 0:
+            faults.write_pid(folder, "victim")
+            handle = hvd.allreduce_async(big, op=hvd.Sum, name=name)
+            if faults.wait_until_running(hvd, name, handle) and not hvd.poll(handle):
+                os.kill(os.getpid(), signal.SIGSTOP)
+            hvd.synchronize(handle)
+            continue
+        start = time.monotonic()
+        try:
+            hvd.allreduce(big, op=hvd.Sum, name=name)
+        except hvd.HorovodInternalError as exc:
+            result = str(exc), time.monotonic() - start
+            faults.announce(folder, f"failed.{hvd.rank()}")
+            faults.await_event(folder, f"failed.{3 - hvd.rank()}")
+            faults.kill_by_pid_file(folder, "victim")
+            hvd.shutdown()
+            return result
+    return "the stop never landed", 0.0
+
+
+def test_a_hang_up_seen_while_rank_0_is_stopped_fails_at_once_naming_it(tmp_path):
+    """Waiting out the cause rank 0 cannot relay (2 s) put the survivor's error past
+    HVD_TIMEOUT + 1 s of the stop (random programs, np 3)."""
+    res = run_ranks(stopped_rank_0_suite, 3, args=(str(tmp_path),), timeout=120, check=False,
+                    env={"HVD_TIMEOUT": "3"}, rank_env={2: {"HVD_TIMEOUT": "60"}})
+    assert res[0].returncode == -signal.SIGKILL, res[0].describe()
+    (error_1, _), (error_2, seconds_2) = res[1].value, res[2].value
+    assert "timed out after 3 s waiting for rank 0" in error_1, error_1
+    assert "lost connection to rank 1" in error_2, error_2
+    assert "rank 0 (pid" in error_2 and "is stopped (SIGSTOP" in error_2, error_2
+    assert seconds_2 < 30, error_2  # not rank 2's own timeout (60 s)

@@ -57,7 +57,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
     if (status.code() != common::Code::kPeerLost) return status;
-    awaitCause();
+    awaitCause(status);
     return failed_ ? failure() : status;
   });
   names_epoch_ = handles_.attachNames(&keys_);

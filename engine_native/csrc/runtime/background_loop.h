@@ -161,7 +161,9 @@ class BackgroundLoop {
   void sendReady();
   void sendRequests();
   void executeQueued();
-  void awaitCause();
+  // Note [Failure fan-out]: rank 0's relayed cause of a hang-up this rank saw (`seen`).
+  void awaitCause(const common::Status& seen);
+  bool rankZeroStopped() const;  // rank 0 shares this machine and is stopped
   // This rank's abort() as the failure to report: "aborted on rank R: <reason>".
   common::Status abortedHere() const;
   void fail(const common::Status& status, bool tell_peers);

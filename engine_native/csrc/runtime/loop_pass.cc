@@ -10,6 +10,7 @@
 
 #include "common/coarse_clock.h"
 #include "common/logging.h"
+#include "common/process_state.h"
 #include "common/test_switch.h"
 #include "runtime/background_loop.h"
 #include "transport/tcp/socket.h"
@@ -71,11 +72,11 @@ bool BackgroundLoop::pass(bool by_loop_thread) {
       executeQueued();
       lost = failed_ ? -1 : mesh_.findLostPeer();
     }
-    if (lost >= 0) awaitCause();  // Note [Failure fan-out]
-    if (lost >= 0 && !failed_) {
-      fail(common::peerLost("lost connection to rank " + std::to_string(lost) +
-                            ": the process exited or closed the connection"),
-           true);
+    if (lost >= 0) {
+      const Status hung_up = common::peerLost("lost connection to rank " + std::to_string(lost) +
+                                              ": the process exited or closed the connection");
+      awaitCause(hung_up);  // Note [Failure fan-out]
+      if (!failed_) fail(hung_up, true);
     }
   }
   if (!failed_ && !finished_) progressPeerOps(&took_work, true);  // also shutting down (F)
@@ -133,7 +134,7 @@ void BackgroundLoop::peerOpsFailed(const Status& s) {
     peer_ops_.failAll(s);
     return;
   }
-  if (s.code() == common::Code::kPeerLost) awaitCause();
+  if (s.code() == common::Code::kPeerLost) awaitCause(s);
   if (!failed_) fail(s, /*tell_peers=*/true);
 }
 
@@ -372,7 +373,7 @@ void BackgroundLoop::executeQueued() {
   }
   // A peer lost mid-op (e.g. during NCCL set-up) may have sent its cause (Note [Failure
   // fan-out]).
-  if (status.code() == common::Code::kPeerLost) awaitCause();
+  if (status.code() == common::Code::kPeerLost) awaitCause(status);
   // An op that this rank's abort() ended in its wait says only "aborted": the peers get the
   // reason. Any other failure keeps its own words.
   if (!status.isOk() && !failed_) {
@@ -395,18 +396,36 @@ void BackgroundLoop::executeQueued() {
 // once and fails, telling everyone, when it sees a peer lost itself. So the bound is for a
 // stopped rank 0 only, and generous: on a loaded host a relay 100 ms late (the old bound) made
 // a survivor blame the live peer that closed ("lost connection to rank 1", not its cause).
-void BackgroundLoop::awaitCause() {
+// A rank 0 of this machine that is stopped (SIGSTOP, a debugger) is seen as such: then the
+// core fails at once with `seen`, saying so, rather than 2 s past the HVD_TIMEOUT that the
+// survivor which closed met waiting for rank 0 (seen in the random programs' stops).
+void BackgroundLoop::awaitCause(const Status& seen) {
   constexpr double kCauseWaitSeconds = 2.0;
+  constexpr int kStoppedCheckMs = 50;  // how often rank 0's state is read meanwhile
   transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
   // Rank 0's ring may already hold other frames (responses of ops running now): read them and
   // keep waiting, until the cause comes (fail() sets failed_) or the time is up.
   const auto deadline = transport::tcp::deadlineAfter(kCauseWaitSeconds);
-  for (int left_ms = 1; channel != nullptr && !failed_ && left_ms > 0;) {
-    left_ms = transport::tcp::millisecondsLeft(deadline, 1000);
-    if (left_ms > 0) channel->waitReadable(left_ms);
+  readControl();
+  while (channel != nullptr && !failed_) {
+    if (rankZeroStopped()) {
+      fail(Status(seen.code(), seen.message() + "; rank 0 (pid " +
+                                   std::to_string(mesh_.peerInfo(0).pid) +
+                                   ") is stopped (SIGSTOP or a debugger), so it relays no cause"),
+           /*tell_peers=*/true);
+      return;
+    }
+    const int left_ms = transport::tcp::millisecondsLeft(deadline, kStoppedCheckMs);
+    if (left_ms <= 0) return;
+    channel->waitReadable(left_ms);
     readControl();
   }
-  if (channel == nullptr) readControl();
+}
+
+bool BackgroundLoop::rankZeroStopped() const {
+  const transport::PeerInfo& zero = mesh_.peerInfo(0);
+  return zero.machine_id == mesh_.peerInfo(mesh_.rank()).machine_id &&
+         common::processStopped(zero.pid);
 }
 
 Status BackgroundLoop::abortedHere() const {
