@@ -127,6 +127,44 @@ def test_sync_ops_skip_the_host_function_async_ops_keep_it(fake_cuda):
         assert got == want and nccl_calls == 0 and path == "local", solo
 
 
+def completion_order(path):
+    """np=1: async ops behind a late producer, then a synchronous op, while each device poll
+    pauses after an unfinished op (HVD_TEST_DEVICE_POLL_GAP_MS: the ops behind it finish
+    meanwhile). The timeline file's op ends, in the order they were recorded: completion order,
+    whichever thread polled."""
+    from engine_native import _core
+    from multiproc.test_timeline import _load
+    hvd = device_ops.init()
+    f = device_ops.fakes()
+    producer = f.stream()
+    _sync_allreduce(np.ones(4, np.float32), "warm", stream=producer)  # the set is set up
+    hvd.start_timeline(path)
+    ins = [np.zeros(4, np.float32), np.zeros(4, np.float32), np.zeros(4, np.float64)]
+    outs = [np.empty_like(a) for a in ins]
+    f.check(f.cuda.fakeCudaLaunchDelayedFill(ins[0].ctypes.data, 0x40, 16, 100, producer))
+    handles = [device_ops.enqueue(_core.ALLREDUCE, a, o, f"order.{k}", stream=producer)
+               for k, (a, o) in enumerate(zip(ins[:2], outs[:2]))]
+    _core.wait(enqueue_sync(_core.ALLREDUCE, ins[2], outs[2], "order.sync", stream=producer))
+    for h in handles:
+        _core.wait(h)
+    hvd.stop_timeline()
+    events = _load(path)
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    # a tensor's last E is its op's completion; the file keeps the order of the records
+    last_end = {names.get(e["pid"]): i for i, e in enumerate(events) if e.get("ph") == "E"}
+    order = [last_end.get(n) for n in ("order.0", "order.1", "order.sync")]
+    return order, outs[0].view(np.uint8).tolist()
+
+
+def test_ops_complete_in_queue_order_though_later_ones_finish_while_polled(fake_cuda, tmp_path):
+    kw = device_ops.rank_envs(fake_cuda, 1, False, extra={"HVD_TEST_DEVICE_POLL_GAP_MS": "300"})
+    ends, out = run_ranks(completion_order, 1, args=(str(tmp_path / "timeline.json"),),
+                          timeout=60, **kw)[0].value
+    assert None not in ends and ends == sorted(ends), f"completed out of queue order: {ends}"
+    assert out == [0x40] * 16, out
+
+
 def world_of_one():
     """np=1: every collective and reduce op on the device, no NCCL; ops whose producers run
     late are seen finished by their polling caller; abort() ends a wait on a stuck event."""

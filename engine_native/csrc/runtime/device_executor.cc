@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <thread>
 
 #include "common/logging.h"
+#include "common/test_switch.h"
 #include "runtime/device_ipc_ops.h"
 #include "runtime/device_mixed_ops.h"
 #include "runtime/device_nccl_ops.h"
@@ -94,6 +96,14 @@ void warnUnverified(std::atomic<bool>& warned, const char* what) {
 }
 
 std::atomic<bool> g_mixed_warned{false};
+
+// Test switch: HVD_TEST_DEVICE_POLL_GAP_MS=N: a poll that found an op unfinished waits N ms
+// before its next query, as a thread descheduled between two queries while the stream ran on.
+void pauseBetweenQueriesForTests() {
+  if (const char* raw = HVD_TEST_SWITCH("DEVICE_POLL_GAP_MS")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(raw)));
+  }
+}
 
 }  // namespace
 
@@ -289,10 +299,21 @@ Status DeviceExecutor::poll(std::vector<DeviceCompletion>* done) {
                             " s: a kernel that produces them never finishes");
   }
   if (in_flight_.empty()) return Status::ok();
+  // Queue order (Note [Caller waits on the device] B): a stream's events fire in order, but
+  // one found unfinished may fire, and the ops behind it too, before the next query; those
+  // wait for the next poll, or a caller's op would complete before the ones queued earlier.
+  pending_streams_.clear();
   for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (std::find(pending_streams_.begin(), pending_streams_.end(), it->stream) !=
+        pending_streams_.end()) {
+      ++it;
+      continue;
+    }
+    if (!pending_streams_.empty()) pauseBetweenQueriesForTests();
     bool finished = false;
     HVD_RETURN_IF_ERROR(it->stream->query(it->done, &finished));
     if (!finished) {
+      pending_streams_.push_back(it->stream);
       ++it;
       continue;
     }

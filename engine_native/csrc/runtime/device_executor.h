@@ -63,9 +63,9 @@ class DeviceExecutor : public OpExecutor {
   common::Status queueCompletion(DeviceCompletion completion);
   // `handle` is in a completion in flight that its caller polls (no host function).
   bool callerPolls(int64_t handle) const;
-  // Moves the finished completions (in queue order) into `done`. Non-OK when the oldest one
-  // made no progress for HVD_TIMEOUT or NCCL reported an asynchronous error: the loop fails
-  // the core with it.
+  // Moves the finished completions (in queue order; on each stream, those before its first
+  // unfinished one) into `done`. Non-OK when the oldest one made no progress for HVD_TIMEOUT
+  // or NCCL reported an asynchronous error: the loop fails the core with it.
   common::Status poll(std::vector<DeviceCompletion>* done);
   bool busy() const { return !in_flight_.empty() || held_.held(); }
   // Failure, abort or shutdown: aborts every NCCL communicator when the core failed or ops
@@ -108,6 +108,7 @@ class DeviceExecutor : public OpExecutor {
     transport::nccl::DeviceStream* stream = nullptr;
   } current_;
   std::deque<InFlight> in_flight_;  // queue order (= stream order: one stream per device)
+  std::vector<transport::nccl::DeviceStream*> pending_streams_;  // poll()'s scratch
   std::chrono::steady_clock::time_point progress_at_;  // when the oldest in flight advanced
   int join_device_ = -1;
 };
