@@ -1,4 +1,4 @@
-"""Random multi-rank programs, the long run (issue #35 item 6): at least N programs at np 2-4,
+"""Random multi-rank programs, the long run (issue #35 item 6): at least N programs at np >= 2,
 each run in the same long-lived rank processes as the programs before it, with every injected
 failure (abort, raise, kill, stop) checked to reach every live rank as an exception within
 HVD_TIMEOUT + 1 s, and every collective's result checked against NumPy.
@@ -32,7 +32,7 @@ from multiproc import random_program_batch as batch  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--programs", type=int, default=500,
-                        help="programs to run at np 2-4 (default 500)")
+                        help="programs to run at np >= 2 (default 500)")
     parser.add_argument("--np", type=int, nargs="+", default=[2, 3, 4],
                         help="world sizes, taken in turn per batch (default 2 3 4)")
     parser.add_argument("--batch", type=int, default=8, help="programs per set of ranks")
@@ -46,7 +46,7 @@ def main() -> int:
     seeds = itertools.count(args.first_seed)
     start = time.monotonic()
     for size in itertools.cycle(args.np):
-        if sum(2 <= o.np <= 4 for o in outcomes) >= args.programs:
+        if sum(o.np >= 2 for o in outcomes) >= args.programs:  # (np 1: a kill's survivor)
             break
         chunk = list(itertools.islice(seeds, args.batch))
         result = batch.run_seeds(chunk, size, args.hvd_timeout)
