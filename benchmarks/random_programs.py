@@ -6,6 +6,7 @@ HVD_TIMEOUT + 1 s, and every collective's result checked against NumPy.
     nice -n 10 python benchmarks/random_programs.py                 # 500 programs (~15 min)
     python benchmarks/random_programs.py --programs 60 --np 3       # a short look
     python benchmarks/random_programs.py --seed 17 --np 3           # replay one program
+    python benchmarks/random_programs.py --np 4 --hosts 2           # 2 fake hosts of 2 ranks
 
 Seeds are consecutive from --first-seed; a batch of --batch seeds runs in one set of rank
 processes (tests/multiproc/random_program_rank.py). A kill shrinks the world for the rest of
@@ -39,9 +40,12 @@ def main() -> int:
     parser.add_argument("--hvd-timeout", type=float, default=3.0, help="HVD_TIMEOUT (s)")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--seed", type=int, help="replay this one program (with one --np)")
+    parser.add_argument("--hosts", type=int, default=1,
+                        help="ranks over this many fake hosts in blocks (HVD_HOSTNAME): shared "
+                             "memory within one, TCP between them (default 1)")
     args = parser.parse_args()
     if args.seed is not None:
-        return replay(args.seed, args.np[0], args.hvd_timeout)
+        return replay(args.seed, args.np[0], args.hvd_timeout, args.hosts)
     outcomes, hangs, problems = [], [], []
     seeds = itertools.count(args.first_seed)
     start = time.monotonic()
@@ -49,7 +53,7 @@ def main() -> int:
         if sum(o.np >= 2 for o in outcomes) >= args.programs:  # (np 1: a kill's survivor)
             break
         chunk = list(itertools.islice(seeds, args.batch))
-        result = batch.run_seeds(chunk, size, args.hvd_timeout)
+        result = batch.run_seeds(chunk, size, args.hvd_timeout, hosts=args.hosts)
         outcomes += result.outcomes
         hangs += result.hangs
         problems += result.problems
@@ -67,9 +71,9 @@ def main() -> int:
     return 1 if problems else 0
 
 
-def replay(seed: int, size: int, hvd_timeout: float) -> int:
+def replay(seed: int, size: int, hvd_timeout: float, hosts: int = 1) -> int:
     print(rp.describe(rp.generate(seed, size)))
-    result = batch.run_seeds([seed], size, hvd_timeout)
+    result = batch.run_seeds([seed], size, hvd_timeout, hosts=hosts)
     for problem in result.problems:
         print(problem)
     for outcome in result.outcomes:

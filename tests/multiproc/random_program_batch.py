@@ -60,15 +60,18 @@ def plan_seeds(size: int, kinds: Sequence[Optional[str]], first: int = 0) -> lis
 
 
 def run_seeds(seeds: Sequence[int], size: int, hvd_timeout: float = 3.0,
-              budget: Optional[float] = None) -> BatchResult:
-    """Run the programs of ``seeds`` one after another on ``size`` ranks."""
+              budget: Optional[float] = None, hosts: int = 1) -> BatchResult:
+    """Run the programs of ``seeds`` one after another on ``size`` ranks, over ``hosts`` fake
+    hosts in blocks (HVD_HOSTNAME: shared memory within one, TCP between them)."""
     budget = budget or 30 + 3 * hvd_timeout
+    rank_env = {r: {"HVD_HOSTNAME": f"randhost{r * hosts // size}"}
+                for r in range(size)} if hosts > 1 else None
     work_dir = tempfile.mkdtemp(prefix="hvd-randprog-")
     try:
         results = run_ranks(rank_side.run_batch, size,
                             args=(list(seeds), size, work_dir, budget),
                             timeout=len(seeds) * budget + 60, check=False,
-                            env={"HVD_TIMEOUT": str(hvd_timeout)})
+                            env={"HVD_TIMEOUT": str(hvd_timeout)}, rank_env=rank_env)
         records = _records(work_dir, size, len(seeds))
     except AssertionError as exc:  # the harness's own time limit: every watchdog missed it
         return BatchResult([], [f"np {size} seeds {list(seeds)}: {exc}"[:20000]], [(size, "")])
