@@ -4,27 +4,27 @@ pipelining`` under ``hvdrun``, HVD_TIMEOUT=3) and ``torch.distributed.pipelining
 run.
 
     python benchmarks/bench_pipeline_faults.py [--launches 3] [--bound 60] [--cases raise,...]
-                                               [--first-step]
+                                               [--first-step] [--stage 1]
 
 Three ranks, one stage each, 1F1B over 4 micro-batches of a Linear(6, 6) + Tanh per stage
-(tests/multiproc/test_pipelining_faults.py's program). Stage 1 (rank 1) fails: ``raise``, its
-forward of micro-batch 2 raises; ``kill``, it SIGKILLs itself there; ``stop``, it SIGSTOPs
-itself there; ``shape``, its Linear takes 5 features and gets 6 (from micro-batch 0's forward,
-or from torch's shape inference before it). Raise, kill and stop come in the second step,
-after a clean one (a fault in training rarely comes in the first step, and ours' first step at
-np 3 has stalls of 1-1.5 s: RESULTS.md), or with ``--first-step`` in the first; the shape
-case's stage cannot run a clean step. Just before the fault the faulty rank writes
-time.time() to a file; every rank runs the step in a ``try`` and writes time.time() when an
-error reaches it, then lets the error end the process (exit 1, as a program that does not
+(tests/multiproc/test_pipelining_faults.py's program). Stage 1 (rank 1; ``--stage``: another)
+fails: ``raise``, its forward of micro-batch 2 raises; ``kill``, it SIGKILLs itself there;
+``stop``, it SIGSTOPs itself there; ``shape``, its Linear takes 5 features and gets 6 (from
+micro-batch 0's forward, or from torch's shape inference before it). Raise, kill and stop come
+in the second step, after a clean one (a fault in training rarely comes in the first step, and
+ours' first step at np 3 has stalls of 1-1.5 s: RESULTS.md), or with ``--first-step`` in the
+first; the shape case's stage cannot run a clean step. Just before the fault the faulty rank
+writes time.time() to a file; every rank runs the step in a ``try`` and writes time.time() when
+an error reaches it, then lets the error end the process (exit 1, as a program that does not
 catch it), so the launcher reacts as it would. The benchmark (same host, same clock) watches
-each rank's process: a rank that leaves no error and is gone was "killed by the launcher"
-(when it was seen gone); once every other rank has an error or is gone, the benchmark
-SIGKILLs the stopped rank (as the test's rank 0 does), or at ``--bound`` seconds everything:
-a rank still there then got "no error within N s" and the launch counts as a hang.
-Per case, system and rank: each outcome over the launches, with the time from the fault
-(median, and the range; "error, not printed": the rank caught its error but was stopped
-before its traceback reached the launcher's output), and whether the first launch's error
-names stage 1 and which micro-batches it names; then those errors, shortened.
+each rank's process: a rank that leaves no error and is gone was "killed by the launcher" (when
+it was seen gone); once every other rank has an error or is gone, the benchmark SIGKILLs the
+stopped rank (as the test's rank 0 does), or at ``--bound`` seconds everything: a rank still
+there then got "no error within N s" and the launch counts as a hang. Per case, system and rank:
+each outcome over the launches, with the time from the fault (median, and the range; "error, not
+printed": the rank caught its error but was stopped before its traceback reached the launcher's
+output), and whether the first launch's error names the faulty stage and which micro-batches
+it names; then those errors, shortened.
 """
 from __future__ import annotations
 
@@ -41,7 +41,9 @@ import tempfile
 import time
 
 CASES = ("raise", "kill", "stop", "shape")
-FAULTY, FAULTY_MB, MICRO, NP = 1, 2, 4, 3
+FAULTY_MB, MICRO, NP = 2, 4, 3
+# The faulty stage (= rank): --stage, passed to the ranks in the environment.
+FAULTY = int(os.environ.get("BENCH_PIPELINE_FAULTY_STAGE", "1"))
 TIMEOUT_S = 3  # HVD_TIMEOUT for ours, init_process_group(timeout=...) for torch
 PORT = "29533"
 
@@ -213,12 +215,12 @@ def _printed(error: str, output: str) -> bool:
 
 
 def _names(error) -> str:
-    """Whether an error names stage 1 (the failing stage), and the micro-batches it names."""
+    """Whether an error names the failing stage, and the micro-batches it names."""
     if not error:
         return "-"
     stage = re.search(rf"stage\W*(index\W*)?{FAULTY}\b", error, re.I) is not None
     mbs = sorted({int(v) for v in re.findall(r"micro-?batch\w*\W*(\d+)", error, re.I)})
-    return (("stage 1" if stage else "no stage") + ", " +
+    return ((f"stage {FAULTY}" if stage else "no stage") + ", " +
             (f"micro-batch {', '.join(map(str, mbs))}" if mbs else "no micro-batch"))
 
 
@@ -251,12 +253,17 @@ def main() -> None:
     ap.add_argument("--systems", default="ours,torch")
     ap.add_argument("--first-step", action="store_true",
                     help="the fault in the first step, with no clean step before it")
+    ap.add_argument("--stage", type=int, default=1, choices=range(NP), help="the faulty stage")
     a = ap.parse_args()
+    global FAULTY
+    FAULTY = a.stage
+    os.environ["BENCH_PIPELINE_FAULTY_STAGE"] = str(a.stage)  # the ranks' FAULTY
     errors = []
     when = "step 1" if a.first_step else "step 2; shape: step 1"
-    print(f"| fault (stage 1, np {NP}, 1F1B, M {MICRO}, {when}) | system | "
-          "rank 0: s from the fault | "
-          "rank 1 (faulty) | rank 2 | first launch's errors name (rank 0 / 1 / 2) | hangs |")
+    columns = " | ".join(f"rank {r}" + (" (faulty)" if r == FAULTY else "") +
+                         (": s from the fault" if r == 0 else "") for r in range(NP))
+    print(f"| fault (stage {FAULTY}, np {NP}, 1F1B, M {MICRO}, {when}) | system | {columns} | "
+          "first launch's errors name (rank 0 / 1 / 2) | hangs |")
     print("|---|---|---|---|---|---|---|")
     for mode in a.cases.split(","):
         for system in a.systems.split(","):
