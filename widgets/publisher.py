@@ -245,8 +245,8 @@ class Publisher:
             return self
         self._stop.clear()
         self._wake = os.pipe()
-        self._thread = threading.Thread(target=self._run, name=f"hvd-metrics-r{self.rank}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._wake[0],),
+                                        name=f"hvd-metrics-r{self.rank}", daemon=True)
         self._thread.start()
         return self
 
@@ -262,18 +262,18 @@ class Publisher:
             self._wake = None
         if self._thread is not None:
             self._thread.join(timeout)
-        self._thread = None
+            if not self._thread.is_alive():  # else still running: start() adds no second one
+                self._thread = None
 
-    def _run(self):
-        import zmq
-        wake = self._wake[0]
-        ctx = zmq.Context()
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.SNDHWM, self.hwm)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while the hub is not connected
-        cmd = poller = None
+    def _run(self, wake):  # the thread; wake: the pipe's read end stop() writes to, closed here
+        ctx = sock = cmd = poller = None
         try:
+            import zmq
+            ctx = zmq.Context()
+            sock = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, self.hwm)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing while the hub is not connected
             sock.connect(self.address)
             if self.command_address:
                 cmd = ctx.socket(zmq.SUB)
@@ -291,10 +291,10 @@ class Publisher:
         except Exception as exc:
             log.warning("rank %d metrics publisher stopped: %s", self.rank, exc)
         finally:
-            sock.close(0)
-            if cmd is not None:
-                cmd.close(0)
-            ctx.term()
+            for socket_ in [x for x in (sock, cmd) if x is not None]:
+                socket_.close(0)
+            if ctx is not None:
+                ctx.term()
             os.close(wake)
 
     def _wait(self, cmd, poller, zmq):

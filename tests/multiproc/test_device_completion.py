@@ -128,10 +128,11 @@ def test_sync_ops_skip_the_host_function_async_ops_keep_it(fake_cuda):
 
 
 def completion_order(path):
-    """np=1: async ops behind a late producer, then a synchronous op, while each device poll
-    pauses after an unfinished op (HVD_TEST_DEVICE_POLL_GAP_MS: the ops behind it finish
-    meanwhile). The timeline file's op ends, in the order they were recorded: completion order,
-    whichever thread polled."""
+    """np=1: async ops behind a late producer, then a synchronous op; a device poll that
+    queried an op unfinished would pause before querying the next (HVD_TEST_DEVICE_POLL_GAP_MS:
+    the ops behind it finish meanwhile), but the ops behind it on its stream are not queried in
+    that poll at all. The timeline file's op ends, in the order they were recorded: completion
+    order, whichever thread polled."""
     from engine_native import _core
     from multiproc.test_timeline import _load
     hvd = device_ops.init()

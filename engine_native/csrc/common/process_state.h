@@ -7,8 +7,9 @@
 
 namespace hvd::common {
 
-// Whether process `pid` is stopped: SIGSTOP, job control, or a tracer's stop (state T or t in
-// /proc/<pid>/stat). False when that cannot be read (gone, or not in this pid namespace).
-bool processStopped(int64_t pid);
+// The state letter of process `pid` in /proc/<pid>/stat ('R', 'S', 'T' stopped by a signal,
+// 't' stopped by its tracer, ...), or '\0' when it cannot be read (gone). The caller must know
+// that `pid` names the process it means here: a process of another pid namespace does not.
+char processState(int64_t pid);
 
 }  // namespace hvd::common

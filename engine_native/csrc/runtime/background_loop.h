@@ -163,7 +163,7 @@ class BackgroundLoop {
   void executeQueued();
   // Note [Failure fan-out]: rank 0's relayed cause of a hang-up this rank saw (`seen`).
   void awaitCause(const common::Status& seen);
-  bool rankZeroStopped() const;  // rank 0 shares this machine and is stopped
+  char rankZeroState() const;  // common::processState of rank 0 on this machine, else '\0'
   // This rank's abort() as the failure to report: "aborted on rank R: <reason>".
   common::Status abortedHere() const;
   void fail(const common::Status& status, bool tell_peers);

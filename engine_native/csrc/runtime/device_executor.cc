@@ -45,9 +45,10 @@ using Clock = std::chrono::steady_clock;
 //      peer, is what the caller waits for); then, while its handle is in a caller_polls
 //      completion in flight, it polls the events from awaitDevice() in slices of the
 //      binding's 50 ms wait (so Ctrl-C is seen between slices): under
-//      progress_, pollDevice() completes every op whose event fired, in queue order (one
-//      stream per device: the ops queued before it, async or not, finished first and complete
-//      with it); until HVD_CALLER_SPIN_US has passed since the wait began (none while the
+//      progress_, pollDevice() completes the ops whose events fired, each stream's in queue
+//      order (one stream per device: the ops queued before it, async or not, finished first
+//      and complete with it; one behind an op seen unfinished waits for the next poll);
+//      until HVD_CALLER_SPIN_US has passed since the wait began (none while the
 //      drive's spins are backed off: Note [Spin backoff]) it polls without sleeping (a short
 //      pause between polls, which leaves progress_ free; a yield where the host's ranks
 //      outnumber its cores, as the drive does), then it sleeps between polls

@@ -107,7 +107,7 @@ class DeviceExecutor : public OpExecutor {
     DeviceSet* set = nullptr;
     transport::nccl::DeviceStream* stream = nullptr;
   } current_;
-  std::deque<InFlight> in_flight_;  // queue order (= stream order: one stream per device)
+  std::deque<InFlight> in_flight_;  // queue order (each device's: its one stream's order)
   std::vector<transport::nccl::DeviceStream*> pending_streams_;  // poll()'s scratch
   std::chrono::steady_clock::time_point progress_at_;  // when the oldest in flight advanced
   int join_device_ = -1;

@@ -398,34 +398,42 @@ void BackgroundLoop::executeQueued() {
 // a survivor blame the live peer that closed ("lost connection to rank 1", not its cause).
 // A rank 0 of this machine that is stopped (SIGSTOP, a debugger) is seen as such: then the
 // core fails at once with `seen`, saying so, rather than 2 s past the HVD_TIMEOUT that the
-// survivor which closed met waiting for rank 0 (seen in the random programs' stops).
+// survivor which closed met waiting for rank 0 (seen in the random programs' stops). A tracer's
+// stop counts once it lasts: strace or py-spy stop a live rank 0 for moments.
 void BackgroundLoop::awaitCause(const Status& seen) {
   constexpr double kCauseWaitSeconds = 2.0;
-  constexpr int kStoppedCheckMs = 50;  // how often rank 0's state is read meanwhile
+  constexpr int kStateCheckMs = 50;  // how often rank 0's state is read meanwhile
+  constexpr int kTracedChecks = 4;   // 't' on this many checks in a row (150 ms): stopped
   transport::ControlChannel* channel = mesh_.rank() == 0 ? nullptr : mesh_.control(0);
   // Rank 0's ring may already hold other frames (responses of ops running now): read them and
   // keep waiting, until the cause comes (fail() sets failed_) or the time is up.
   const auto deadline = transport::tcp::deadlineAfter(kCauseWaitSeconds);
   readControl();
-  while (channel != nullptr && !failed_) {
-    if (rankZeroStopped()) {
+  for (int traced = 0; channel != nullptr && !failed_;) {
+    const char state = rankZeroState();
+    traced = state == 't' ? traced + 1 : 0;
+    if (state == 'T' || traced >= kTracedChecks) {
+      // (no kAbort to rank 0: it reads nothing, and a full ring would hold this rank up)
       fail(Status(seen.code(), seen.message() + "; rank 0 (pid " +
                                    std::to_string(mesh_.peerInfo(0).pid) +
                                    ") is stopped (SIGSTOP or a debugger), so it relays no cause"),
-           /*tell_peers=*/true);
+           /*tell_peers=*/false);
       return;
     }
-    const int left_ms = transport::tcp::millisecondsLeft(deadline, kStoppedCheckMs);
+    const int left_ms = transport::tcp::millisecondsLeft(deadline, kStateCheckMs);
     if (left_ms <= 0) return;
     channel->waitReadable(left_ms);
     readControl();
   }
 }
 
-bool BackgroundLoop::rankZeroStopped() const {
+// Rank 0's process state where it shares this machine (its pid means the same process here:
+// one pid namespace, as hvdrun, the notebook and Spark start ranks), else '\0'.
+char BackgroundLoop::rankZeroState() const {
   const transport::PeerInfo& zero = mesh_.peerInfo(0);
-  return zero.machine_id == mesh_.peerInfo(mesh_.rank()).machine_id &&
-         common::processStopped(zero.pid);
+  return zero.machine_id == mesh_.peerInfo(mesh_.rank()).machine_id
+             ? common::processState(zero.pid)
+             : '\0';
 }
 
 Status BackgroundLoop::abortedHere() const {
