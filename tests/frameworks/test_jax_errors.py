@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from multiproc import faults
 
 from .jax_ranks import on_xla_threads, run_jax_ranks
 
@@ -175,12 +176,46 @@ def _outcome(call, settle=False):
     return got + (seconds,)
 
 
-def rank_interrupted_jit():
+def _ended(call, settle=False):
+    """:func:`_outcome` of ``call`` and when it ended (this process's monotonic clock)."""
+    got = _outcome(call, settle)
+    return got + (time.monotonic(),)
+
+
+def _stimulus_once_pending(core, folder, me, case, key, stimulus, out):
+    """Each rank's side of an interruption's handshake: once its core lists its own op
+    (``allreduce.<case>.<rank>``) as pending, rank 1 notes when (``out[key + ".held"]``) and
+    says so in ``folder``; rank 0, whose core knows rank 1 never submits rank 0's op, waits for
+    that, notes when, and calls ``stimulus()``."""
+    faults.wait_until_pending(core, f"allreduce.{case}.{me}", waits_for=[1] if me == 0 else None,
+                              timeout=30)
+    if me == 1:
+        out[key + ".held"] = time.monotonic()
+        faults.announce(folder, key)
+        return
+    faults.await_event(folder, key, timeout=30)
+    out[key + ".held"] = time.monotonic()
+    stimulus()
+
+
+def _announce_once_pending(core, folder, names, out):
+    """Rank 0's side of the lost-rank handshake: once its core lists every one of ``names``
+    as pending, waiting for rank 1 (``core.metrics()["pending"]``), note when
+    (``out["lost.announced"]``) and tell rank 1 to die."""
+    for name in names:
+        faults.wait_until_pending(core, name, waits_for=[1], timeout=30)
+    out["lost.announced"] = time.monotonic()
+    faults.announce(folder, "waiting")
+
+
+def rank_interrupted_jit(folder):
     """Each rank's jitted collective waits for an op the other never starts (each rank names
-    its own), until rank 0 (1) calls abort() from another thread, (2) gets a SIGINT, each on
-    both jit paths (shutdown() and init() after each); then (3) rank 1 dies while rank 0 waits
-    in one jitted collective per path, on two threads. The io_callback path is traced, where
-    the core has the FFI handler, as a core without it traces it."""
+    its own), until rank 0, once both ops are pending (a handshake in ``folder``), (1) calls
+    abort() from another thread, (2) gets a SIGINT, each on both jit paths (shutdown() and
+    init() after each); then (3) rank 1 dies once rank 0 waits in one jitted collective per
+    path, on two threads (its core lists both as pending, and it says so in ``folder``). The
+    io_callback path is traced, where the core has the FFI handler, as a core without it
+    traces it."""
     import engine_native
     import jax
     import jax.numpy as jnp
@@ -224,10 +259,12 @@ def rank_interrupted_jit():
             # JAX's token]): the ops after init() show it is dropped
             async_ = case == "sigint" and path == "xla_ffi"
             call = jitted(f"{case}.{me}", path, async_)
-            hvd.barrier()  # both compiled: each rank's clock starts with rank 0's timer
-            if me == 0:
-                threading.Timer(0.3, stimulus).start()
-            out[key] = _outcome(call, settle=case == "sigint")
+            hvd.barrier()  # both compiled
+            watcher = threading.Thread(target=_stimulus_once_pending, args=(
+                engine_native, folder, me, case, key, stimulus, out))
+            watcher.start()
+            out[key] = _ended(call, settle=case == "sigint")
+            watcher.join()
             out[key + ".next"] = _outcome(jitted(f"next.{path}", path))
             hvd.shutdown()
             hvd.init()
@@ -235,15 +272,18 @@ def rank_interrupted_jit():
     out["rank 1"] = hvd.allgather_object(out)[1]
     calls = {path: jitted(f"lost.{path}", path) for path in paths}
     hvd.barrier()
-    if me == 1:
-        time.sleep(0.5)  # rank 0 waits inside both collectives by then
+    if me == 1:  # leaves once rank 0's core holds both collectives, never before
+        faults.await_event(folder, "waiting")
         os._exit(3)
     waiting = [threading.Thread(target=lambda p=p: out.__setitem__(f"lost.{p}",
-                                                                   _outcome(calls[p])))
+                                                                   _ended(calls[p])))
                for p in paths[1:]]
+    names = [f"allreduce.lost.{p}" for p in paths]
+    waiting.append(threading.Thread(target=_announce_once_pending,
+                                    args=(engine_native, folder, names, out)))
     for thread in waiting:
         thread.start()
-    out[f"lost.{paths[0]}"] = _outcome(calls[paths[0]])
+    out[f"lost.{paths[0]}"] = _ended(calls[paths[0]])
     for thread in waiting:
         thread.join()
     out["lost.next"] = _outcome(jitted(f"next.{paths[0]}", paths[0]))
@@ -253,15 +293,15 @@ def rank_interrupted_jit():
     return out
 
 
-def test_lost_rank_abort_or_ctrl_c_end_a_jitted_collective_on_every_rank():
+def test_lost_rank_abort_or_ctrl_c_end_a_jitted_collective_on_every_rank(tmp_path):
     """Torch's wait ends on each of these (tests/multiproc/test_faults.py,
     test_torch_interrupt.py); inside jax.jit the op cannot stay pending, so Ctrl-C aborts it
     (Note [Ctrl-C inside jax.jit] in bindings/jit_interrupt.h): an error on every rank within
     HVD_TIMEOUT, never the stall shutdown's wait; the next op's error says what to do, and
     after shutdown() and init() jitted collectives work again (on XLA's threads too: Note [A
     failed collective and JAX's token] in engine_native/jax/xla_ffi.py)."""
-    results = run_jax_ranks(rank_interrupted_jit, 2, timeout=90, check=False,
-                            env={"HVD_TIMEOUT": str(HVD_TIMEOUT)})
+    results = run_jax_ranks(rank_interrupted_jit, 2, args=(str(tmp_path),), timeout=90,
+                            check=False, env={"HVD_TIMEOUT": str(HVD_TIMEOUT)})
     assert results[1].returncode == 3, results[1].describe()
     assert results[0].ok, results[0].describe()
     summed = ("returned", [[2.0] * 8] * 8)
@@ -273,14 +313,16 @@ def test_lost_rank_abort_or_ctrl_c_end_a_jitted_collective_on_every_rank():
                                 ("sigint", ["aborted on rank 0: interrupted (SIGINT, Ctrl-C) "
                                             f"while waiting inside jax.jit for {label}"])):
                 key = f"{case}.{path}"
-                kind, message, seconds = got[key]
+                kind, message, seconds, ended = got[key]
                 if case == "sigint" and rank == 0:  # the interrupted rank: KeyboardInterrupt
                     assert "KeyboardInterrupt" in kind or message.endswith(
                         "KeyboardInterrupt: "), (rank, key, got[key])
                 else:
                     assert kind == "JaxRuntimeError" and all(w in message for w in words), \
                         (rank, key, got[key])
-                assert 0.2 < seconds < HVD_TIMEOUT, (rank, key, got[key])
+                # still waiting when its op was seen pending (and, on rank 0, stimulated)
+                assert got[key + ".held"] < ended and seconds < HVD_TIMEOUT, \
+                    (rank, key, got[key + ".held"], got[key])
                 kind, message, _ = got[key + ".next"]
                 assert kind == "JaxRuntimeError" and NEXT_STEP in message, \
                     (rank, key, got[key + ".next"])
@@ -288,11 +330,14 @@ def test_lost_rank_abort_or_ctrl_c_end_a_jitted_collective_on_every_rank():
                 assert got[key + ".after_init"][:2] == summed, \
                     (rank, key, got[key + ".after_init"])
     got = results[0].value
-    for path in got["paths"]:
-        kind, message, seconds = got[f"lost.{path}"]
+    assert "lost.announced" in got, "rank 0's core never held both lost collectives " \
+        f"(stderr above): {results[0].describe()}"
+    for path in got["paths"]:  # pending in rank 0's core when rank 1 left; ended after
+        kind, message, seconds, ended = got[f"lost.{path}"]
         assert kind == "JaxRuntimeError" and "rank 1" in message and NEXT_STEP in message, \
             (path, got[f"lost.{path}"])
-        assert 0.3 < seconds < HVD_TIMEOUT, (path, got[f"lost.{path}"])
+        assert got["lost.announced"] < ended and seconds < HVD_TIMEOUT, \
+            (path, got["lost.announced"], got[f"lost.{path}"])
     kind, message, _ = got["lost.next"]
     assert kind == "JaxRuntimeError" and "rank 1" in message and NEXT_STEP in message, \
         got["lost.next"]
