@@ -72,11 +72,14 @@ def test_ctrl_c_on_skipped_allreduce_reports_and_recovers(local_cluster, shell):
 
 
 def test_long_wait_in_a_collective_prints_a_hint(local_cluster, run, monkeypatch):
+    """The hint comes before the stall end (Note [Stall hint before the stall end]): the cell
+    ends only once ranks 0,2 have been blocked 2 s, by which time they waited the hint's 1 s."""
     from hvd_magic import stall
 
     monkeypatch.setattr(stall, "STALL_WARN_AFTER", 1.0)  # the stall policy reads it there
-    res = run(SKIP_ONE.format(opts=" --timeout 4"))
+    res = run(SKIP_ONE.format(opts=" --stall-grace 2"))
     assert isinstance(res.error, CellInterrupted), res.text
+    assert res.error.reason == "stalled", res.text
     assert "hvd: ranks 0,2 waiting 1+ s in allreduce 'grad.fc1'; rank(s) 1 already " \
            "finished the cell" in res.err
     assert_allreduce_works(run)
@@ -135,7 +138,10 @@ def test_stuck_pipeline_is_reported_in_its_own_terms(local_cluster, run):
     assert "rank 0: pipeline stage 0, receiving micro-batch 0's gradient from stage 1 " \
            "(rank 1)" in text, text
     assert_allreduce_works(run)
-    res = run(SKIP_ONE.format(opts=" --timeout 2"))  # the re-initialised core forgot the step
+    # the re-initialised core forgot the step: a stuck report (it ends once ranks 0,2 are
+    # blocked in grad.fc1) without it
+    res = run(SKIP_ONE.format(opts=" --stall-grace 1"))
+    assert "ranks 0,2: stuck in allreduce 'grad.fc1'" in traceback_text(res), res.text
     assert "pipeline stage" not in traceback_text(res), traceback_text(res)
     assert_allreduce_works(run)
 
@@ -153,17 +159,18 @@ def test_interrupted_training_step_leaves_optimizer_usable(local_cluster, run):
     res = run("%%hvd\nnet = torch.nn.Linear(8, 2)\n"
               "sgd = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),\n"
               "                               named_parameters=net.named_parameters())\n"
-              "def steps(n, stall_at=None):\n    import time\n    for i in range(n):\n"
+              "def steps(n, stop_at=None):\n    for i in range(n):\n"
               "        sgd.zero_grad()\n        net(torch.randn(4, 8)).sum().backward()\n"
-              "        if hvd.rank() == 1 and i == stall_at:\n            time.sleep(60)\n"
+              "        if hvd.rank() == 1 and i == stop_at:\n            return 'left'\n"
               "        sgd.step()\n    return 'ok'")
     assert res.error is None, res.text
-    res = run("%%hvd --timeout 3\nsteps(100, stall_at=2)")
+    # rank 1 leaves after its backward pass (its step's gradients submitted, never waited
+    # on): the others wait for its next step's; the cell ends once they are blocked there
+    res = run("%%hvd --stall-grace 1\nsteps(100, stop_at=2)")
     assert isinstance(res.error, CellInterrupted), res.text
-    # rank 1 stalls after its backward pass: the others wait for its next step's gradients
     text = traceback_text(res)
     assert "ranks 0,2: stuck in allreduce 'bias', 'weight'" in text, text
-    assert "waiting on rank 1" in traceback_text(res)
+    assert "waiting on rank 1 (finished the cell)" in text, text
     res = run("%%hvd\nsteps(3)")
     assert res.error is None, res.text
     assert res.value == "ok"
