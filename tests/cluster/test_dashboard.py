@@ -6,7 +6,6 @@ cell), Stop, a dead engine, ``%hvd_restart``, ``%hvd_stop``, ``--no-dashboard``.
 """
 
 import os
-import time
 
 import pytest
 from cluster_harness import (dashboard_rows, kill_rank, magics, run_cell, start_cluster,
@@ -46,15 +45,43 @@ def test_rows_show_every_rank_with_its_identity(local_cluster):
              what="every rank idle")
 
 
-def test_reported_samples_become_throughput_and_the_timeline_fills(local_cluster, run):
+def _seen_until_last_report(model, monkeypatch, ranks, samples):
+    """What the model showed as snapshots came in, filled on the hub's thread: for each rank,
+    its row right after each snapshot it sent, up to the first with ``samples`` reported; and
+    under "lanes" the timeline once every rank's was in. Rates are taken over the model's
+    window (2 s of engine time: widgets/rates.py) and the timeline keeps 10 s; idle snapshots
+    (0.3 s apart) slide both past a loop that ended, so what a later read sees depends on how
+    late it comes. Read as each snapshot came in: the rate window keeps at least two points,
+    so at the last report's snapshot it reaches back to one with fewer samples, and at the
+    first snapshot after the loop's first allreduce to one without it."""
+    seen, ingest = {rank: [] for rank in ranks}, model.ingest
+
+    def ingest_and_keep(rank, snapshot, now):
+        ingest(rank, snapshot, now)
+        kept = seen.get(rank)
+        if kept is None or (kept and kept[-1].samples == samples):
+            return
+        kept.append(next(r for r in model.rows(now) if r.rank == rank))
+        if all(seen[r] and seen[r][-1].samples == samples for r in ranks):
+            seen["lanes"] = model.timeline(now, span_s=30)
+
+    monkeypatch.setattr(model, "ingest", ingest_and_keep)
+    return seen
+
+
+def test_reported_samples_become_throughput_and_the_timeline_fills(local_cluster, run,
+                                                                    monkeypatch):
+    model = magics().dashboard.hub.model
+    seen = _seen_until_last_report(model, monkeypatch, [0, 1, 2], 300 * 16)
     res = run(TRAIN)
     assert res.error is None, res.text
-    wait_for(lambda: all(r.samples == 300 * 16 for r in dashboard_rows()), what="every report")
-    for r in dashboard_rows():
-        assert r.unit == "samples/s" and r.rate and r.rate > 0 and r.extra == {"loss": 0.5}
-        assert r.ops_rate and r.ops_rate > 0
-    model = magics().dashboard.hub.model
-    lanes = model.timeline(time.monotonic(), span_s=30)
+    wait_for(lambda: "lanes" in seen, what="every rank's last report")
+    for rank in (0, 1, 2):
+        last = seen[rank][-1]
+        assert last.unit == "samples/s" and last.rate and last.rate > 0, last
+        assert last.extra == {"loss": 0.5}, last
+        assert any(r.ops_rate and r.ops_rate > 0 for r in seen[rank]), seen[rank]
+    lanes = seen["lanes"]
     assert [lane.rank for lane in lanes] == [0, 1, 2]
     assert all(any(op == "allreduce" and name.endswith("grad") for op, name, *_ in lane.bars)
                for lane in lanes), lanes

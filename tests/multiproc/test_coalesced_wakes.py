@@ -20,6 +20,7 @@ pytestmark = pytest.mark.multiproc
 TENSORS = 600
 GAP_S = 0.000005  # of computing between submissions, as a backward pass computes between hooks
 WAKES_BOUND = 80
+STEPS = 5  # measured, after 3 to warm up
 
 
 def _compute(seconds):
@@ -51,32 +52,34 @@ def paced_submissions(tensors=TENSORS, gap_s=GAP_S):
         for g, name in zip(grads, names):
             handles.append(hvd.allreduce_async(g, op=hvd.Sum, name=name))
             _compute(gap_s)
-        t0 = time.perf_counter()
         outs = [hvd.synchronize(h) for h in handles]
-        waited = time.perf_counter() - t0
         assert all(bool((o == n * (n + 1) / 2).all()) for o in outs)
-        return waited
 
     for _ in range(3):
         step()
     hvd.barrier()
     before = _switches_by_thread()
-    waits = [step() for _ in range(5)]
+    picked = hvd.metrics()["tick_pickups"]
+    for _ in range(STEPS):
+        step()
+    picked = hvd.metrics()["tick_pickups"] - picked
     after = _switches_by_thread()
-    wakes = max(after[t] - before[t] for t in before if t in after) / 5
+    wakes = max(after[t] - before[t] for t in before if t in after) / STEPS
     hvd.shutdown()
-    return wakes, sorted(waits)[2]
+    return wakes, picked
 
 
 def test_paced_submissions_do_not_wake_the_loop_each():
     results = run_ranks(paced_submissions, 2, timeout=120)
     for r in results:
-        wakes, median_wait = r.value
+        wakes, picked = r.value
         # Naps of a cycle (1 ms) over a ~8 ms step plus the peer's messages: a handful.
         assert wakes < WAKES_BOUND, (r.rank, wakes)
         # Submissions the loop did not wake for are still sent: by the waiter's wake or the
-        # nap's end (measured under 6 ms), never left for the 200 ms idle tick.
-        assert median_wait < 0.05, (r.rank, median_wait)
+        # nap's end, never left for the 200 ms idle tick (Note [Tick pickups]: a pass after a
+        # whole idle tick that finds work; a wake that races the tick's end can add one).
+        assert picked <= 1, f"rank {r.rank}: {picked} passes of {STEPS} steps found " \
+                            "submissions or frames only at the idle tick"
 
 
 def waits_on_a_late_peer():
