@@ -149,7 +149,7 @@ class SnapshotOrder:
 
     def publishers(self, ranks):
         """The current publisher ids of ``ranks`` (those the hub heard from)."""
-        return [self._current[r][0] for r in ranks if r in self._current]
+        return [p for p in map(self.publisher, ranks) if p is not None]
 
     def publisher(self, rank):
         """``rank``'s current publisher id, or None before the hub heard from it."""

@@ -128,12 +128,13 @@ def _state(pid: int) -> str:
         return fh.read().rsplit(")", 1)[1].split()[0]
 
 
-def hung_peer(hvd, victim: int, pid_dir: str, op, op_async) -> tuple:
+def hung_peer(hvd, victim: int, pid_dir: str, op, op_async, before_kill=None) -> tuple:
     """Rank ``victim`` stops (SIGSTOP) while its executor runs a long op; every other rank runs
     the same op and returns ``(error, seconds)``: the HorovodInternalError's text (None if the
     op succeeded) and how long the op took. ``op(name)`` runs the op and waits,
     ``op_async(name)`` submits it. Retried under a new name when the op ended before the stop
-    landed. Then the survivors SIGKILL the victim, which the test's harness reports."""
+    landed. Then the survivors SIGKILL the victim, which the test's harness reports; each
+    calls ``before_kill()`` first, where given (e.g. to wait until every survivor failed)."""
     error, took = None, 0.0
     for attempt in range(5):  # retried only if the stop missed the op
         name = f"big.{attempt}"
@@ -150,6 +151,8 @@ def hung_peer(hvd, victim: int, pid_dir: str, op, op_async) -> tuple:
         except hvd.HorovodInternalError as exc:
             error, took = str(exc), time.monotonic() - start
             break
+    if before_kill is not None:
+        before_kill()
     kill_by_pid_file(pid_dir, "victim")
     return error, took
 

@@ -13,7 +13,6 @@ negotiates correctly over the rings is what the rest of tests/multiproc checks (
 asserts the control road of every shm and tcp world).
 """
 import signal
-import time
 
 import numpy as np
 
@@ -77,11 +76,11 @@ def sleeping_loop_suite(folder: str):
         before = hvd.metrics()["tick_pickups"]
         for i in range(ROUNDS):
             name, ready = f"late.{late_rank}.{i}", f"{late_rank}.{i}"
-            if hvd.rank() == late_rank:
+            late = hvd.rank() == late_rank
+            if late:
                 faults.await_event(folder, ready)
-                handle = hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name=name)
-            else:
-                handle = hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name=name)
+            handle = hvd.allreduce_async(np.ones(1, np.float32), op=hvd.Sum, name=name)
+            if not late:
                 faults.wait_until_pending(hvd, f"allreduce.{name}")
                 faults.announce(folder, ready)
             out = hvd.synchronize(handle)
@@ -158,30 +157,21 @@ def stopped_rank_0_suite(folder):
     """Rank 0 stops (SIGSTOP) inside a 64 MiB shm allreduce: rank 1 times out waiting for it
     (HVD_TIMEOUT 3 s), fails and closes; rank 2 (HVD_TIMEOUT 60 s) sees rank 1 hang up, and
     rank 0 cannot relay why. Rank 0 is killed once both failed. Returns (error, seconds)."""
-    import os
     hvd = checks.init("shm")
     big = np.ones(16 << 20, np.float32)
     hvd.allreduce(np.ones(4, np.float32), name="warm-up")
-    for attempt in range(5):  # retried only if the stop missed the op
-        name = f"big.{attempt}"
-        if hvd.rank() == 0:
-            faults.write_pid(folder, "victim")
-            handle = hvd.allreduce_async(big, op=hvd.Sum, name=name)
-            if faults.wait_until_running(hvd, name, handle) and not hvd.poll(handle):
-                os.kill(os.getpid(), signal.SIGSTOP)
-            hvd.synchronize(handle)
-            continue
-        start = time.monotonic()
-        try:
-            hvd.allreduce(big, op=hvd.Sum, name=name)
-        except hvd.HorovodInternalError as exc:
-            result = str(exc), time.monotonic() - start
-            faults.announce(folder, f"failed.{hvd.rank()}")
-            faults.await_event(folder, f"failed.{3 - hvd.rank()}")
-            faults.kill_by_pid_file(folder, "victim")
-            hvd.shutdown()
-            return result
-    return "the stop never landed", 0.0
+    me = hvd.rank()
+
+    def once_both_failed():
+        faults.announce(folder, f"failed.{me}")
+        faults.await_event(folder, f"failed.{3 - me}")
+
+    result = faults.hung_peer(hvd, 0, folder,
+                              lambda name: hvd.allreduce(big, op=hvd.Sum, name=name),
+                              lambda name: hvd.allreduce_async(big, op=hvd.Sum, name=name),
+                              before_kill=once_both_failed)
+    hvd.shutdown()
+    return result
 
 
 def test_a_hang_up_seen_while_rank_0_is_stopped_fails_at_once_naming_it(tmp_path):
