@@ -1,7 +1,8 @@
 """Random multi-rank programs, the long run (issue #35 item 6): at least N programs at np >= 2,
 each run in the same long-lived rank processes as the programs before it, with every injected
 failure (abort, raise, kill, stop) checked to reach every live rank as an exception within
-HVD_TIMEOUT + 1 s, and every collective's result checked against NumPy.
+HVD_TIMEOUT + 1 s, every collective's result checked against NumPy, and every point-to-point
+message (tests/multiproc/random_program_p2p.py) checked bit for bit.
 
     nice -n 10 python benchmarks/random_programs.py                 # 500 programs (~15 min)
     python benchmarks/random_programs.py --programs 60 --np 3       # a short look

@@ -7,7 +7,9 @@ allgather with a first dimension per rank, broadcast from a random root, alltoal
 splits, reducescatter, barrier) over random dtypes and shapes (empty and odd ones included),
 waited at once or submitted async and waited later in an order of each rank's own; process
 sets added and removed on the way; join blocks (members leave after different numbers of
-allreduces, the others keep reducing); and at most one injected failure: a rank aborts, raises
+allreduces, the others keep reducing); point-to-point steps (random_program_p2p.py: messages
+between random pairs, drawn from a second generator, so a seed's other steps are those it had
+before they came); and at most one injected failure: a rank aborts, raises
 (and shuts its core down, as a process leaving on an exception would), is killed (SIGKILL) or
 is stopped (SIGSTOP) inside a large allreduce. The last step is a global allreduce, so every
 live rank has an op that needs the victim after any failure.
@@ -20,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import random
 from typing import Optional
+
+from multiproc import random_program_p2p as p2p
 
 FAILURE_KINDS = ("abort", "raise", "kill", "stop")
 DTYPES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
@@ -87,6 +91,7 @@ class Program:
 def generate(seed: int, size: int) -> Program:
     """The program of ``seed`` in a world of ``size`` ranks; the same on every rank."""
     rng = random.Random(f"random-program/{seed}/{size}")  # str seeds hash the same everywhere
+    p2p_rng = random.Random(f"random-program-p2p/{seed}/{size}")
     count = rng.randint(5, 30)
     failure = None
     if size > 1 and rng.random() < 0.6:
@@ -98,6 +103,8 @@ def generate(seed: int, size: int) -> Program:
     for i in range(count):
         if failure is not None and i == fail_at:
             steps.append(failure)
+        if size > 1 and p2p_rng.random() < 0.15:
+            steps.append(p2p.generate(p2p_rng, size))
         weights = {"collective": 75, "add": 6 if len(sets) < 3 else 0,
                    "remove": 4 if sets else 0, "wait": 9 if pending else 0, "join": 6}
         action = rng.choices(list(weights), weights=list(weights.values()))[0]
@@ -224,4 +231,6 @@ def step_text(step) -> str:
         where = "global" if step.set_index is None else f"set@{step.set_index}"
         ops = ", ".join(f"{a.dtypes[0]}{list(a.shapes[0][0])} {a.op}" for a in step.allreduces)
         return f"join {where} members={list(step.members)} counts={list(step.counts)} [{ops}]"
+    if isinstance(step, p2p.PointToPoint):
+        return p2p.text(step)
     return repr(step)

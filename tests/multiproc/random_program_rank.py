@@ -34,6 +34,7 @@ import numpy as np
 from multiproc import checks, faults
 from multiproc import random_program as rp
 from multiproc import random_program_expect as expect
+from multiproc import random_program_p2p as p2p
 
 HANG_EXIT = 86
 STOP_ATTEMPTS = 5
@@ -142,6 +143,10 @@ class ProgramRun:
         elif isinstance(step, rp.Join):
             if self.me in step.members:
                 self._join(i, step)
+        elif isinstance(step, p2p.PointToPoint):
+            order = random.Random(f"{self.program.seed}/{self.slot}/{i}")
+            for problem in p2p.run(hvd, step, self.me, f"{self.program.seed}.{i}", order):
+                self.record["wrong"].append(f"step {i} {p2p.text(step)}: {problem}")
         elif isinstance(step, rp.Inject):
             self._inject(i, step)
 

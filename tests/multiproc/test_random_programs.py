@@ -3,10 +3,10 @@
 Per world size, a fixed selection of seeds (the first whose programs inject these failures in
 this order) runs one program after another in the same rank processes: a program without a
 failure, then an abort, a raise, a stopped rank and a killed rank, then one more program on the
-survivors of the kill. Every collective's result is checked against NumPy on every rank, every
-injected failure must reach every live rank as an exception within HVD_TIMEOUT + 1 s, and a
-hang is reported with the seed and each rank's step (random_program_rank.py). The long run,
-with its figures, is benchmarks/random_programs.py.
+survivors of the kill. Every collective's result is checked against NumPy on every rank (every
+point-to-point message bit for bit), every injected failure must reach every live rank as an
+exception within HVD_TIMEOUT + 1 s, and a hang is reported with the seed and each rank's step
+(random_program_rank.py). The long run, with its figures, is benchmarks/random_programs.py.
 """
 import pytest
 
