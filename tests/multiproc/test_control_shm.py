@@ -8,11 +8,13 @@ it waits for room); a loop thread asleep in poll() is woken by a frame in its ri
 ways (a lost wake would cost the 200 ms tick on every op); a peer's last frame (a failure's
 cause) written just before it hangs up is read, not lost behind the hang-up; a cause rank 0
 relays late reaches a worker that already saw the failing rank hang up, and a worker that sees
-a hang-up while rank 0 is stopped fails at once, saying so. That every other op
+a hang-up while rank 0 is stopped fails at once, saying so, as does one that sees a rank that
+shut down hang up while rank 0 shuts down too. That every other op
 negotiates correctly over the rings is what the rest of tests/multiproc checks (checks.init
 asserts the control road of every shm and tcp world).
 """
 import signal
+import time
 
 import numpy as np
 
@@ -186,3 +188,31 @@ def test_a_hang_up_seen_while_rank_0_is_stopped_fails_at_once_naming_it(tmp_path
     assert "rank 0 (pid" in error_2 and "is stopped (SIGSTOP" in error_2, error_2
     # not the 2 s wait for rank 0's word (nor rank 2's own 60 s timeout)
     assert seconds_2 < seconds_1 + 1.5, (seconds_1, seconds_2)
+
+
+def shut_down_rank_suite():
+    """Rank 1 shuts down at once and, as nobody else agrees, closes after its HVD_TIMEOUT
+    (2 s); rank 0 shuts down too (HVD_TIMEOUT 60 s); rank 2 (60 s) is in an allreduce that
+    needs rank 1. When rank 1 closes, rank 2 must fail at once saying why. Rank 0, shutting
+    down, fails on nothing, so rank 2 waited 2 s for its word (random programs: an error 5 s
+    after the shutdown). Returns (error, when) on rank 2, when closed on rank 1."""
+    hvd = checks.init("shm")
+    hvd.allreduce(np.ones(4, np.float32), name="warm-up")
+    if hvd.rank() != 2:
+        hvd.shutdown()
+        return time.monotonic()  # rank 1: it closed just before
+    try:
+        hvd.allreduce(np.ones(4, np.float32), name="needs-rank-1")
+        result = ("no error", time.monotonic())
+    except hvd.HorovodInternalError as error:
+        result = (str(error), time.monotonic())
+    hvd.shutdown()
+    return result
+
+
+def test_a_rank_that_shut_down_is_named_at_once_while_rank_0_shuts_down_too():
+    res = run_ranks(shut_down_rank_suite, 3, timeout=90, env={"HVD_TIMEOUT": "60"},
+                    rank_env={1: {"HVD_TIMEOUT": "2"}})
+    error, failed_at = res[2].value
+    assert "lost connection to rank 1: it shut down" in error, error
+    assert failed_at - res[1].value < 1.0, failed_at - res[1].value  # not 2 s more

@@ -251,6 +251,27 @@ void BackgroundLoop::beginShutdown() {
   }
 }
 
+// Rank 0, shutting down, sees worker `rank`'s channel end: that worker shut down too (or
+// died). Ranks still running will see its connections hang up and wait for rank 0's word on
+// why (Note [Failure fan-out]); a rank 0 that shuts down fails on nothing, so it says it here,
+// once, or each such rank waited out awaitCause's 2 s (random programs: a rank shut down, rank
+// 0's receive from it timed out and its program ended, the third rank's error came at 5 s).
+void BackgroundLoop::noteClosedWhileShuttingDown(int rank) {
+  if (!closed_in_shutdown_.insert(rank).second) return;
+  const bool announced = coordinator_->hasShutDown(rank);
+  coordinator_->noteShutdown(rank);
+  std::string payload(1, static_cast<char>(common::Code::kPeerLost));
+  payload += "lost connection to rank " + std::to_string(rank) +
+             (announced ? ": it shut down (hvd.shutdown() or its process's exit) while this "
+                          "rank was still running"
+                        : ": the process exited or closed the connection");
+  for (int w = 1; w < mesh_.size(); ++w) {
+    transport::ControlChannel* channel = mesh_.control(w);
+    if (w == rank || coordinator_->hasShutDown(w) || channel == nullptr) continue;
+    channel->send(static_cast<uint32_t>(MessageType::kAbort), payload, 1.0);
+  }
+}
+
 void BackgroundLoop::checkShutdownAgreement() {
   if (finished_) return;
   if (mesh_.rank() == 0 && coordinator_->shutDownRanks() == mesh_.size()) {

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -154,6 +155,7 @@ class BackgroundLoop {
   void peerOpsFailed(const common::Status& status);  // point-to-point's error, as a pass's
   void handleWorkerMessage(int from, const transport::ControlMessage& message);
   void handleCoordinatorMessage(const transport::ControlMessage& message);
+  void noteClosedWhileShuttingDown(int rank);  // rank 0: relays why to ranks still running
   void coordinate();
   // Note [Batching window], the blocked caller: a caller of rank 0 is in wait() and every
   // tensor rank 0 has in flight is in the held batch (rank 0 only).
@@ -229,6 +231,7 @@ class BackgroundLoop {
   bool finished_ = false;
   bool shutdown_sent_ = false;
   Clock::time_point shutdown_deadline_;
+  std::set<int> closed_in_shutdown_;  // rank 0: workers whose channel ended while it shut down
   Clock::time_point last_lost_peer_check_{};
   static constexpr auto kLostPeerCheckEvery = std::chrono::milliseconds(1);
   static constexpr auto kBoardPostsWait = std::chrono::seconds(1);  // awaitBoardPosts

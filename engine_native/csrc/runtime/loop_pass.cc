@@ -222,7 +222,7 @@ bool BackgroundLoop::readControl() {
     if (status.isOk()) continue;
     if (shutdown_sent_) {
       // A peer that already agreed to shut down may close first.
-      if (mesh_.rank() == 0) coordinator_->noteShutdown(r); else finished_ = true;
+      if (mesh_.rank() == 0) noteClosedWhileShuttingDown(r); else finished_ = true;
       continue;
     }
     if (status.code() == common::Code::kPeerLost) {
@@ -393,7 +393,8 @@ void BackgroundLoop::executeQueued() {
 // is relaying to every worker (an abort, a timeout), and rank 0's message to this rank can
 // trail the peer's close. Wait for rank 0's word (Note [Failure fan-out]): it always comes
 // unless rank 0 is gone (its channel ends the wait) or stopped, since rank 0 relays a cause at
-// once and fails, telling everyone, when it sees a peer lost itself. So the bound is for a
+// once and fails, telling everyone, when it sees a peer lost itself (shutting down itself, it
+// relays the close alone: noteClosedWhileShuttingDown). So the bound is for a
 // stopped rank 0 only, and generous: on a loaded host a relay 100 ms late (the old bound) made
 // a survivor blame the live peer that closed ("lost connection to rank 1", not its cause).
 // A rank 0 of this machine that is stopped (SIGSTOP, a debugger) is seen as such: then the
