@@ -17,6 +17,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 
 from multiproc import checks, faults
 from multiproc.checks import Failures
@@ -190,15 +191,16 @@ def test_a_hang_up_seen_while_rank_0_is_stopped_fails_at_once_naming_it(tmp_path
     assert seconds_2 < seconds_1 + 1.5, (seconds_1, seconds_2)
 
 
-def shut_down_rank_suite():
+def shut_down_rank_suite(rank_0_shuts_down):
     """Rank 1 shuts down at once and, as nobody else agrees, closes after its HVD_TIMEOUT
-    (2 s); rank 0 shuts down too (HVD_TIMEOUT 60 s); rank 2 (60 s) is in an allreduce that
-    needs rank 1. When rank 1 closes, rank 2 must fail at once saying why. Rank 0, shutting
-    down, fails on nothing, so rank 2 waited 2 s for its word (random programs: an error 5 s
-    after the shutdown). Returns (error, when) on rank 2, when closed on rank 1."""
+    (2 s); rank 2 (HVD_TIMEOUT 60 s) is in an allreduce that needs rank 1, and so is rank 0,
+    or it shuts down too. When rank 1 closes, the running ranks must fail at once saying why.
+    A rank 0 that shuts down fails on nothing: rank 2 waited 2 s for its word (random
+    programs: an error 5 s after the shutdown). Returns (error, when) on a running rank, when
+    closed on a rank that shut down."""
     hvd = checks.init("shm")
     hvd.allreduce(np.ones(4, np.float32), name="warm-up")
-    if hvd.rank() != 2:
+    if hvd.rank() == 1 or (hvd.rank() == 0 and rank_0_shuts_down):
         hvd.shutdown()
         return time.monotonic()  # rank 1: it closed just before
     try:
@@ -210,9 +212,12 @@ def shut_down_rank_suite():
     return result
 
 
-def test_a_rank_that_shut_down_is_named_at_once_while_rank_0_shuts_down_too():
-    res = run_ranks(shut_down_rank_suite, 3, timeout=90, env={"HVD_TIMEOUT": "60"},
-                    rank_env={1: {"HVD_TIMEOUT": "2"}})
-    error, failed_at = res[2].value
-    assert "lost connection to rank 1: it shut down" in error, error
-    assert failed_at - res[1].value < 1.0, failed_at - res[1].value  # not 2 s more
+@pytest.mark.parametrize("rank_0_shuts_down", [True, False], ids=["rank0-shuts-down",
+                                                                   "rank0-runs"])
+def test_a_rank_that_shut_down_is_named_at_once(rank_0_shuts_down):
+    res = run_ranks(shut_down_rank_suite, 3, args=(rank_0_shuts_down,), timeout=90,
+                    env={"HVD_TIMEOUT": "60"}, rank_env={1: {"HVD_TIMEOUT": "2"}})
+    for r in (2,) if rank_0_shuts_down else (0, 2):
+        error, failed_at = res[r].value
+        assert "lost connection to rank 1: it shut down" in error, (r, error)
+        assert failed_at - res[1].value < 1.0, (r, failed_at - res[1].value)  # not 2 s more

@@ -258,13 +258,10 @@ void BackgroundLoop::beginShutdown() {
 // 0's receive from it timed out and its program ended, the third rank's error came at 5 s).
 void BackgroundLoop::noteClosedWhileShuttingDown(int rank) {
   if (!closed_in_shutdown_.insert(rank).second) return;
-  const bool announced = coordinator_->hasShutDown(rank);
+  const Status lost = lostConnection(rank);
   coordinator_->noteShutdown(rank);
-  std::string payload(1, static_cast<char>(common::Code::kPeerLost));
-  payload += "lost connection to rank " + std::to_string(rank) +
-             (announced ? ": it shut down (hvd.shutdown() or its process's exit) while this "
-                          "rank was still running"
-                        : ": the process exited or closed the connection");
+  std::string payload(1, static_cast<char>(lost.code()));
+  payload += lost.message();
   for (int w = 1; w < mesh_.size(); ++w) {
     transport::ControlChannel* channel = mesh_.control(w);
     if (w == rank || coordinator_->hasShutDown(w) || channel == nullptr) continue;

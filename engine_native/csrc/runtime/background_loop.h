@@ -166,6 +166,7 @@ class BackgroundLoop {
   // Note [Failure fan-out]: rank 0's relayed cause of a hang-up this rank saw (`seen`).
   void awaitCause(const common::Status& seen);
   char rankZeroState() const;  // common::processState of rank 0 on this machine, else '\0'
+  common::Status lostConnection(int rank) const;  // kPeerLost: rank `rank` hung up
   // This rank's abort() as the failure to report: "aborted on rank R: <reason>".
   common::Status abortedHere() const;
   void fail(const common::Status& status, bool tell_peers);

@@ -73,8 +73,7 @@ bool BackgroundLoop::pass(bool by_loop_thread) {
       lost = failed_ ? -1 : mesh_.findLostPeer();
     }
     if (lost >= 0) {
-      const Status hung_up = common::peerLost("lost connection to rank " + std::to_string(lost) +
-                                              ": the process exited or closed the connection");
+      const Status hung_up = lostConnection(lost);
       awaitCause(hung_up);  // Note [Failure fan-out]
       if (!failed_) fail(hung_up, true);
     }
@@ -226,8 +225,7 @@ bool BackgroundLoop::readControl() {
       continue;
     }
     if (status.code() == common::Code::kPeerLost) {
-      fail(common::peerLost("lost connection to rank " + std::to_string(r) +
-                            ": the process exited or closed the connection"), true);
+      fail(lostConnection(r), true);
     } else {
       fail(status, true);
     }
@@ -435,6 +433,16 @@ char BackgroundLoop::rankZeroState() const {
   return zero.machine_id == mesh_.peerInfo(mesh_.rank()).machine_id
              ? common::processState(zero.pid)
              : '\0';
+}
+
+// A peer's connection hung up. Rank 0 knows whether that peer had begun to shut down: the
+// usual cause of a rank's uneven end (it ran fewer steps than the others).
+Status BackgroundLoop::lostConnection(int rank) const {
+  const bool shut_down = coordinator_ && coordinator_->hasShutDown(rank);
+  return common::peerLost("lost connection to rank " + std::to_string(rank) +
+                          (shut_down ? ": it shut down (hvd.shutdown() or its process's exit) "
+                                       "while this rank was still running"
+                                     : ": the process exited or closed the connection"));
 }
 
 Status BackgroundLoop::abortedHere() const {
