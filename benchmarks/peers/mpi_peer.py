@@ -44,7 +44,7 @@ class Adapter:
             return buf
         out = self._out.get(buf.nbytes)
         if out is None:
-            self._out.clear()
+            self._out = {k: v for k, v in self._out.items() if k == "answer"}
             out = self._out[buf.nbytes] = np.empty_like(buf)
         self.comm.Allreduce(buf, out, op=self.MPI.SUM)
         return out
@@ -70,6 +70,17 @@ class Adapter:
 
     def broadcast(self, buf, name: str, root: int = 0):
         self.comm.Bcast(buf, root=root)
+        return buf
+
+    def broadcast_answered(self, buf, name: str, root: int = 0):
+        """Bcast, then a 4 B answer from every rank reduced to the root: the least a root
+        must wait for to raise when another rank's broadcast does not match (Horovod's
+        guarantee, which ours keeps: Note [One round] B). MPI's Bcast alone has no answer."""
+        self.comm.Bcast(buf, root=root)
+        flag = self._out.get("answer")
+        if flag is None:
+            flag = self._out["answer"] = (np.ones(1, np.int32), np.ones(1, np.int32))
+        self.comm.Reduce(flag[0], flag[1], op=self.MPI.MIN, root=root)
         return buf
 
     def alltoall(self, buf, name: str):
