@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import time
 
 import torch
@@ -54,6 +55,27 @@ def forward_tag(stage: int, microbatch: int, microbatches: int) -> int:
 def backward_tag(stage: int, microbatch: int, microbatches: int) -> int:
     """The tag of the gradient of stage ``stage``'s output (sent back by stage + 1)."""
     return forward_tag(stage, microbatch, microbatches) + 1
+
+
+# The stage a hand-off's `describe` names, relative to its own.
+_PEER_STAGE = {"RECV_F": -1, "SEND_B": -1, "RECV_B": 1, "SEND_F": 1}
+
+
+def stages_of_ranks_named(text: str, stage, named: set) -> str:
+    """"; rank 0 holds stage 0" for each pipeline rank that ``text`` (a core error: it names
+    ranks) mentions and the message around it does not name (``named``), so an error that
+    reached this rank through another one still names the stage at fault: a stopped stage 0
+    is "rank 0 ... is stopped" in the cause that stage 2 reports."""
+    held: dict = {}
+    for s in range(stage.num_stages):
+        held.setdefault(stage.rank_of(s), []).append(s)
+    mentioned = {int(r) for r in re.findall(r"\brank (\d+)", text)}
+    parts = []
+    for r in sorted(mentioned & set(held) - named):
+        stages = held[r]
+        parts.append(f"rank {r} holds stage{'s' if len(stages) > 1 else ''} "
+                     f"{', '.join(str(s) for s in stages)}")
+    return "".join("; " + p for p in parts)
 
 
 def doing(action, stage_rank) -> str:
@@ -162,8 +184,12 @@ class StepRun:
         me = _engine.rank()
         where = describe(action, self.any_stage.rank_of) if action else _FINISHING
         stage = action.stage if action else self.any_stage.stage_index
+        named = {me}  # the ranks the message names before the cause
+        if action is not None and action.kind in _PEER_STAGE:
+            named.add(self.any_stage.rank_of(action.stage + _PEER_STAGE[action.kind]))
         message = (f"pipeline stage {stage} (rank {me}) failed in {where}: "
-                   f"{type(exc).__name__}: {exc}")
+                   f"{type(exc).__name__}: {exc}"
+                   f"{stages_of_ranks_named(str(exc), self.any_stage, named)}")
         try:
             _engine.abort(message)
         except Exception:  # noqa: BLE001, S110 - the world may be gone already; the error stands
