@@ -27,6 +27,9 @@ def test_a_rank_the_cause_names_is_given_its_stage_unless_already_named():
         "; rank 0 holds stage 0; rank 1 holds stage 1"
     assert step_run.stages_of_ranks_named(STOPPED_RANK_0, three, {0, 1, 2}) == ""
     assert step_run.stages_of_ranks_named("injected fault", three, {1}) == ""
+    relayed = ("recv from rank 1 (tag 7): aborted on rank 0: pipeline stage 0 (rank 0) failed "
+               "in the forward of micro-batch 2: RuntimeError: injected fault")
+    assert step_run.stages_of_ranks_named(relayed, three, {2, 1}) == ""  # its own words say it
 
 
 def test_interleaved_ranks_list_every_stage_and_ranks_outside_the_pipeline_none():

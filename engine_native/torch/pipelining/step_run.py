@@ -63,13 +63,15 @@ _PEER_STAGE = {"RECV_F": -1, "SEND_B": -1, "RECV_B": 1, "SEND_F": 1}
 
 def stages_of_ranks_named(text: str, stage, named: set) -> str:
     """"; rank 0 holds stage 0" for each pipeline rank that ``text`` (a core error: it names
-    ranks) mentions and the message around it does not name (``named``), so an error that
-    reached this rank through another one still names the stage at fault: a stopped stage 0
-    is "rank 0 ... is stopped" in the cause that stage 2 reports."""
+    ranks) mentions and neither it ("stage 1 (rank 1)", a relayed PipelineError) nor the
+    message around it (``named``) names with its stage, so an error that reached this rank
+    through another one still names the stage at fault: a stopped stage 0 is "rank 0 ... is
+    stopped" in the cause that stage 2 reports."""
     held: dict = {}
     for s in range(stage.num_stages):
         held.setdefault(stage.rank_of(s), []).append(s)
     mentioned = {int(r) for r in re.findall(r"\brank (\d+)", text)}
+    mentioned -= {int(r) for r in re.findall(r"\bstage \d+ \(rank (\d+)\)", text)}  # (ours)
     parts = []
     for r in sorted(mentioned & set(held) - named):
         stages = held[r]
