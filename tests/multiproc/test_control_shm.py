@@ -9,7 +9,8 @@ ways (a lost wake would cost the 200 ms tick on every op); a peer's last frame (
 cause) written just before it hangs up is read, not lost behind the hang-up; a cause rank 0
 relays late reaches a worker that already saw the failing rank hang up, and a worker that sees
 a hang-up while rank 0 is stopped fails at once, saying so, as does one that sees a rank that
-shut down hang up while rank 0 shuts down too. That every other op
+shut down hang up while rank 0 shuts down too; a failure told to a rank that had shut down ends
+its wait without failing its core. That every other op
 negotiates correctly over the rings is what the rest of tests/multiproc checks (checks.init
 asserts the control road of every shm and tcp world).
 """
@@ -221,3 +222,30 @@ def test_a_rank_that_shut_down_is_named_at_once(rank_0_shuts_down):
         error, failed_at = res[r].value
         assert "lost connection to rank 1: it shut down" in error, (r, error)
         assert failed_at - res[1].value < 1.0, (r, failed_at - res[1].value)  # not 2 s more
+
+
+def shut_down_before_the_failure_suite():
+    """Rank 1 shuts down and closes after its HVD_TIMEOUT (2 s); rank 2 shuts down too and
+    waits for the others (60 s); rank 0, running, fails on rank 1's hang-up and tells every
+    rank (Note [Failure fan-out]). Rank 2's core must not fail on that word: it had shut down,
+    the failure is not its own. Returns seconds in shutdown() on rank 2."""
+    hvd = checks.init("shm")
+    hvd.allreduce(np.ones(4, np.float32), name="warm-up")
+    if hvd.rank() == 0:
+        try:
+            hvd.allreduce(np.ones(4, np.float32), name="needs-rank-1")
+        except hvd.HorovodInternalError as error:
+            hvd.shutdown()
+            return str(error)
+        return "no error"
+    t0 = time.monotonic()
+    hvd.shutdown()
+    return time.monotonic() - t0
+
+
+def test_a_failure_told_to_a_rank_that_shut_down_ends_its_wait_without_failing_it():
+    res = run_ranks(shut_down_before_the_failure_suite, 3, timeout=90,
+                    env={"HVD_TIMEOUT": "60"}, rank_env={1: {"HVD_TIMEOUT": "2"}})
+    assert "lost connection to rank 1: it shut down" in res[0].value, res[0].value
+    assert res[2].value < 30, res[2].value  # not its own 60 s
+    assert "core failed" not in res[2].stderr, res[2].stderr

@@ -256,17 +256,13 @@ void BackgroundLoop::beginShutdown() {
 // why (Note [Failure fan-out]); a rank 0 that shuts down fails on nothing, so it says it here,
 // once, or each such rank waited out awaitCause's 2 s (random programs: a rank shut down, rank
 // 0's receive from it timed out and its program ended, the third rank's error came at 5 s).
+// A worker whose kShutdown rank 0 has not read yet gets it too: for it, it only ends the
+// wait for the others (handleCoordinatorMessage).
 void BackgroundLoop::noteClosedWhileShuttingDown(int rank) {
   if (!closed_in_shutdown_.insert(rank).second) return;
   const Status lost = lostConnection(rank);
   coordinator_->noteShutdown(rank);
-  std::string payload(1, static_cast<char>(lost.code()));
-  payload += lost.message();
-  for (int w = 1; w < mesh_.size(); ++w) {
-    transport::ControlChannel* channel = mesh_.control(w);
-    if (w == rank || coordinator_->hasShutDown(w) || channel == nullptr) continue;
-    channel->send(static_cast<uint32_t>(MessageType::kAbort), payload, 1.0);
-  }
+  sendAbort(lost, rank, /*running_only=*/true);
 }
 
 void BackgroundLoop::checkShutdownAgreement() {

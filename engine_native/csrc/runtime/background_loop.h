@@ -170,6 +170,8 @@ class BackgroundLoop {
   // This rank's abort() as the failure to report: "aborted on rank R: <reason>".
   common::Status abortedHere() const;
   void fail(const common::Status& status, bool tell_peers);
+  // kAbort on the control channels (loop_pass.cc)
+  void sendAbort(const common::Status& status, int except = -1, bool running_only = false);
   void completeAllPending(const common::Status& status, bool store_failure);
   void sweepKeys();
 

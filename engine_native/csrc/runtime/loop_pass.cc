@@ -252,6 +252,12 @@ void BackgroundLoop::handleCoordinatorMessage(const transport::ControlMessage& m
       finished_ = true;
       break;
     case MessageType::kAbort:
+      if (shutdown_sent_) {  // another rank failed meanwhile: not this rank's failure
+        HVD_LOG(kInfo, "runtime") << "shutdown: ends on another rank's failure: "
+                                  << statusFromAbort(message.payload).message();
+        finished_ = true;
+        break;
+      }
       fail(statusFromAbort(message.payload), false);
       break;
     default:
@@ -445,6 +451,21 @@ Status BackgroundLoop::lostConnection(int rank) const {
                                      : ": the process exited or closed the connection"));
 }
 
+// A kAbort with `status` (its code byte, then its message: statusFromAbort reads it) on every
+// control channel but `except`'s: a worker's reaches rank 0, rank 0's every worker (with
+// `running_only`, none that rank 0 knows began to shut down).
+void BackgroundLoop::sendAbort(const Status& status, int except, bool running_only) {
+  std::string payload(1, static_cast<char>(status.code()));
+  payload += status.message();
+  for (int r = 0; r < mesh_.size(); ++r) {
+    transport::ControlChannel* channel = mesh_.control(r);
+    const bool shut_down = coordinator_ && coordinator_->hasShutDown(r);
+    if (channel != nullptr && r != except && !(running_only && shut_down)) {
+      channel->send(static_cast<uint32_t>(MessageType::kAbort), payload, 1.0);
+    }
+  }
+}
+
 Status BackgroundLoop::abortedHere() const {
   const std::string reason = queue_.abortReason();
   return common::aborted("aborted on rank " + std::to_string(mesh_.rank()) +
@@ -495,14 +516,7 @@ void BackgroundLoop::fail(const Status& status, bool tell_peers) {
   // input) are invisible to peers, so the connections are closed as well.
   if (tell_peers) {
     delayFailureNoticeForTests();
-    std::string payload(1, static_cast<char>(status.code()));
-    payload += status.message();
-    for (int r = 0; r < mesh_.size(); ++r) {
-      transport::ControlChannel* channel = mesh_.control(r);
-      if (channel != nullptr) {
-        channel->send(static_cast<uint32_t>(coord::MessageType::kAbort), payload, 1.0);
-      }
-    }
+    sendAbort(status);
   }
   // Note [One round] I: ops of a round every rank answered finish here as on the others (not
   // from inside an op: the Executor is not reentrant, and that op's failure is the cause).
