@@ -24,10 +24,20 @@ import threading
 
 import numpy as np
 
-from . import _core, _dtypes
+from . import _core, _dtypes, basics
 
 _lock = threading.Lock()
 _in_use: dict = {}  # handle -> the array the core reads (a send) or writes (recv's out=)
+
+
+def _forget_all() -> None:
+    """At a world's end (shutdown, init) the core reads and writes no array any more: the
+    arrays of requests dropped unfinished (after a failure, say) go, not kept for good."""
+    with _lock:
+        _in_use.clear()
+
+
+basics._per_world_resets.append(_forget_all)
 
 
 class P2PRequest:

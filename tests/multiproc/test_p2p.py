@@ -2,8 +2,9 @@
 engine_native/csrc/runtime/peer_ops.cc) between real rank processes: every dtype and size (0-d,
 empty, one element, odd, larger than a socket buffer) around a ring at np 2-4; tags taken out of
 order, one tag in order, a message that arrives before its receive, point-to-point mixed with
-collectives; bad arguments refused on the calling rank; and the failures — a killed peer, a
-stopped peer, abort() — each an error, never a hang.
+collectives; bad arguments refused on the calling rank; the failures — a killed peer, a
+stopped peer, abort() — each an error, never a hang; and the arrays of dropped requests let go
+when the world ends.
 """
 import os
 import signal
@@ -241,3 +242,22 @@ def test_abort_fails_a_pending_receive_on_the_peer(tmp_path):
     res = run_ranks(abort_suite, 2, args=(str(tmp_path),), timeout=60)
     assert res[0].value == "aborted"
     assert "aborted on rank 0: test abort" in res[1].value, res[1].value
+
+
+def dropped_requests_suite():
+    """Requests dropped unfinished keep their arrays while the core may still use them, and
+    only while it may: a world's end (shutdown, init) lets them go. Returns how many arrays are
+    kept before and after shutdown()."""
+    import engine_native.p2p as p2p
+    hvd = checks.init("shm")
+    out = np.empty(1 << 20, np.float32)
+    hvd.irecv(1 - hvd.rank(), tag=5, out=out)  # never sent: dropped unfinished
+    hvd.barrier()
+    kept = len(p2p._in_use)
+    hvd.shutdown()
+    return kept, len(p2p._in_use)
+
+
+def test_arrays_of_dropped_requests_go_when_the_world_ends():
+    res = run_ranks(dropped_requests_suite, 2, timeout=60)
+    assert [r.value for r in res] == [(1, 0), (1, 0)]
