@@ -31,6 +31,7 @@ class Adapter:
         self.comm = MPI.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self._out = {}
+        self._answer = (np.ones(1, np.int32), np.ones(1, np.int32))  # broadcast_answered's
 
     def array(self, nbytes: int, fill: float = 0.0):
         return np.full(max(1, nbytes // 4), fill, dtype=np.float32)
@@ -44,7 +45,7 @@ class Adapter:
             return buf
         out = self._out.get(buf.nbytes)
         if out is None:
-            self._out = {k: v for k, v in self._out.items() if k == "answer"}
+            self._out.clear()
             out = self._out[buf.nbytes] = np.empty_like(buf)
         self.comm.Allreduce(buf, out, op=self.MPI.SUM)
         return out
@@ -77,10 +78,7 @@ class Adapter:
         must wait for to raise when another rank's broadcast does not match (Horovod's
         guarantee, which ours keeps: Note [One round] B). MPI's Bcast alone has no answer."""
         self.comm.Bcast(buf, root=root)
-        flag = self._out.get("answer")
-        if flag is None:
-            flag = self._out["answer"] = (np.ones(1, np.int32), np.ones(1, np.int32))
-        self.comm.Reduce(flag[0], flag[1], op=self.MPI.MIN, root=root)
+        self.comm.Reduce(self._answer[0], self._answer[1], op=self.MPI.MIN, root=root)
         return buf
 
     def alltoall(self, buf, name: str):

@@ -30,6 +30,10 @@ def test_a_rank_the_cause_names_is_given_its_stage_unless_already_named():
     relayed = ("recv from rank 1 (tag 7): aborted on rank 0: pipeline stage 0 (rank 0) failed "
                "in the forward of micro-batch 2: RuntimeError: injected fault")
     assert step_run.stages_of_ranks_named(relayed, three, {2, 1}) == ""  # its own words say it
+    again = STOPPED_RANK_0 + "; rank 0 holds stage 0"  # a PipelineError passed on once more
+    assert step_run.stages_of_ranks_named(again, three, {2, 1}) == ""
+    assert step_run.stages_of_ranks_named("set rank 0 could not make an NCCL unique id; local "
+                                          "rank 1 is busy", three, {2}) == ""  # not global
 
 
 def test_interleaved_ranks_list_every_stage_and_ranks_outside_the_pipeline_none():

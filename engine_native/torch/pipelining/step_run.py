@@ -70,8 +70,10 @@ def stages_of_ranks_named(text: str, stage, named: set) -> str:
     held: dict = {}
     for s in range(stage.num_stages):
         held.setdefault(stage.rank_of(s), []).append(s)
-    mentioned = {int(r) for r in re.findall(r"\brank (\d+)", text)}
-    mentioned -= {int(r) for r in re.findall(r"\bstage \d+ \(rank (\d+)\)", text)}  # (ours)
+    # global ranks ("set rank 0", "local rank 1" are not), less those named with a stage
+    mentioned = {int(r) for r in re.findall(r"(?<!set )(?<!local )\brank (\d+)", text)}
+    for with_stage in re.findall(r"\bstage \d+ \(rank (\d+)\)|\brank (\d+) holds stage", text):
+        mentioned -= {int(r) for r in with_stage if r}
     parts = []
     for r in sorted(mentioned & set(held) - named):
         stages = held[r]
