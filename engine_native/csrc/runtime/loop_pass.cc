@@ -398,9 +398,9 @@ void BackgroundLoop::executeQueued() {
 // trail the peer's close. Wait for rank 0's word (Note [Failure fan-out]): it always comes
 // unless rank 0 is gone (its channel ends the wait) or stopped, since rank 0 relays a cause at
 // once and fails, telling everyone, when it sees a peer lost itself (shutting down itself, it
-// relays the close alone: noteClosedWhileShuttingDown). So the bound is for a
-// stopped rank 0 only, and generous: on a loaded host a relay 100 ms late (the old bound) made
-// a survivor blame the live peer that closed ("lost connection to rank 1", not its cause).
+// relays the close alone: noteClosedWhileShuttingDown). So the bound is for a stopped rank 0
+// only, and generous: on a loaded host a relay 100 ms late (the old bound) made a survivor
+// blame the live peer that closed ("lost connection to rank 1", not its cause).
 // A rank 0 of this machine that is stopped (SIGSTOP, a debugger) is seen as such: then the
 // core fails at once with `seen`, saying so, rather than 2 s past the HVD_TIMEOUT that the
 // survivor which closed met waiting for rank 0 (seen in the random programs' stops). A tracer's
