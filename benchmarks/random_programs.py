@@ -8,6 +8,7 @@ message (tests/multiproc/random_program_p2p.py) checked bit for bit.
     python benchmarks/random_programs.py --programs 60 --np 3       # a short look
     python benchmarks/random_programs.py --seed 17 --np 3           # replay one program
     python benchmarks/random_programs.py --np 4 --hosts 2           # 2 fake hosts of 2 ranks
+    python benchmarks/random_programs.py --api torch                # through engine_native.torch
 
 Seeds are consecutive from --first-seed; a batch of --batch seeds runs in one set of rank
 processes (tests/multiproc/random_program_rank.py). A kill shrinks the world for the rest of
@@ -44,9 +45,13 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=1,
                         help="ranks over this many fake hosts in blocks (HVD_HOSTNAME): shared "
                              "memory within one, TCP between them (default 1)")
+    parser.add_argument("--api", choices=("numpy", "torch"), default="numpy",
+                        help="the binding the programs call (default numpy; torch: "
+                             "engine_native.torch on tensors, tests/multiproc/"
+                             "random_program_torch.py)")
     args = parser.parse_args()
     if args.seed is not None:
-        return replay(args.seed, args.np[0], args.hvd_timeout, args.hosts)
+        return replay(args.seed, args.np[0], args.hvd_timeout, args.hosts, args.api)
     outcomes, hangs, problems = [], [], []
     seeds = itertools.count(args.first_seed)
     start = time.monotonic()
@@ -54,7 +59,7 @@ def main() -> int:
         if sum(o.np >= 2 for o in outcomes) >= args.programs:  # (np 1: a kill's survivor)
             break
         chunk = list(itertools.islice(seeds, args.batch))
-        result = batch.run_seeds(chunk, size, args.hvd_timeout, hosts=args.hosts)
+        result = batch.run_seeds(chunk, size, args.hvd_timeout, hosts=args.hosts, api=args.api)
         outcomes += result.outcomes
         hangs += result.hangs
         problems += result.problems
@@ -72,9 +77,9 @@ def main() -> int:
     return 1 if problems else 0
 
 
-def replay(seed: int, size: int, hvd_timeout: float, hosts: int = 1) -> int:
+def replay(seed: int, size: int, hvd_timeout: float, hosts: int = 1, api: str = "numpy") -> int:
     print(rp.describe(rp.generate(seed, size)))
-    result = batch.run_seeds([seed], size, hvd_timeout, hosts=hosts)
+    result = batch.run_seeds([seed], size, hvd_timeout, hosts=hosts, api=api)
     for problem in result.problems:
         print(problem)
     for outcome in result.outcomes:

@@ -60,16 +60,18 @@ def plan_seeds(size: int, kinds: Sequence[Optional[str]], first: int = 0) -> lis
 
 
 def run_seeds(seeds: Sequence[int], size: int, hvd_timeout: float = 3.0,
-              budget: Optional[float] = None, hosts: int = 1) -> BatchResult:
+              budget: Optional[float] = None, hosts: int = 1,
+              api: str = "numpy") -> BatchResult:
     """Run the programs of ``seeds`` one after another on ``size`` ranks, over ``hosts`` fake
-    hosts in blocks (HVD_HOSTNAME: shared memory within one, TCP between them)."""
+    hosts in blocks (HVD_HOSTNAME: shared memory within one, TCP between them), through
+    ``api`` (random_program_rank.run_batch)."""
     budget = budget or 30 + 3 * hvd_timeout
     rank_env = {r: {"HVD_HOSTNAME": f"randhost{r * hosts // size}"}
                 for r in range(size)} if hosts > 1 else None
     work_dir = tempfile.mkdtemp(prefix="hvd-randprog-")
     try:
         results = run_ranks(rank_side.run_batch, size,
-                            args=(list(seeds), size, work_dir, budget),
+                            args=(list(seeds), size, work_dir, budget, api),
                             timeout=len(seeds) * budget + 60, check=False,
                             env={"HVD_TIMEOUT": str(hvd_timeout)}, rank_env=rank_env)
         records = _records(work_dir, size, len(seeds))

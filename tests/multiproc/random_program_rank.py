@@ -44,10 +44,15 @@ class InjectedError(RuntimeError):
     """The exception a 'raise' victim throws in its program."""
 
 
-def run_batch(seeds, size: int, work_dir: str, budget: float) -> int:
-    """Run the program of every seed in turn on the live slots. The record of each program
-    goes to ``work_dir`` as it ends (record_path), where a later kill or hang leaves it."""
-    import engine_native as hvd
+def run_batch(seeds, size: int, work_dir: str, budget: float, api: str = "numpy") -> int:
+    """Run the program of every seed in turn on the live slots, through ``api`` ("numpy":
+    engine_native; "torch": engine_native.torch, random_program_torch.py). The record of each
+    program goes to ``work_dir`` as it ends (record_path), where a later kill or hang leaves
+    it."""
+    if api == "torch":
+        from multiproc import random_program_torch as hvd
+    else:
+        import engine_native as hvd
 
     slot = int(os.environ["HVD_RANK"])
     faults.write_pid(work_dir, f"slot{slot}")
