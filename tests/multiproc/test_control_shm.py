@@ -221,7 +221,7 @@ def test_a_rank_that_shut_down_is_named_at_once(rank_0_shuts_down):
     for r in (2,) if rank_0_shuts_down else (0, 2):
         error, failed_at = res[r].value
         assert "lost connection to rank 1: it shut down" in error, (r, error)
-        assert failed_at - res[1].value < 1.0, (r, failed_at - res[1].value)  # not 2 s more
+        assert failed_at - res[1].value < 1.5, (r, failed_at - res[1].value)  # not 2 s more
 
 
 def shut_down_before_the_failure_suite():

@@ -57,10 +57,6 @@ def backward_tag(stage: int, microbatch: int, microbatches: int) -> int:
     return forward_tag(stage, microbatch, microbatches) + 1
 
 
-# The stage a hand-off's `describe` names, relative to its own.
-_PEER_STAGE = {"RECV_F": -1, "SEND_B": -1, "RECV_B": 1, "SEND_F": 1}
-
-
 def stages_of_ranks_named(text: str, stage, named: set) -> str:
     """"; rank 0 holds stage 0" for each pipeline rank that ``text`` (a core error: it names
     ranks) mentions and neither it ("stage 1 (rank 1)", a relayed PipelineError) nor the
@@ -96,20 +92,22 @@ def _finishing(stage: int) -> str:
     return f"pipeline stage {stage}, {_FINISHING}"
 
 
+# A hand-off's words and the stage it names, relative to its own.
+_HAND_OFFS = {"RECV_F": ("receiving", "activations", "from", -1),
+              "SEND_F": ("sending", "activations", "to", 1),
+              "RECV_B": ("receiving", "gradient", "from", 1),
+              "SEND_B": ("sending", "gradient", "to", -1)}
+
+
 def describe(action, stage_rank) -> str:
-    s, mb = action.stage, action.microbatch
-    return {
-        "F": f"the forward of micro-batch {mb}",
-        "B": f"the backward of micro-batch {mb}",
-        "RECV_F": f"receiving micro-batch {mb}'s activations from stage {s - 1} "
-                  f"(rank {stage_rank(s - 1)})",
-        "SEND_F": f"sending micro-batch {mb}'s activations to stage {s + 1} "
-                  f"(rank {stage_rank(s + 1)})",
-        "RECV_B": f"receiving micro-batch {mb}'s gradient from stage {s + 1} "
-                  f"(rank {stage_rank(s + 1)})",
-        "SEND_B": f"sending micro-batch {mb}'s gradient to stage {s - 1} "
-                  f"(rank {stage_rank(s - 1)})",
-    }[action.kind]
+    mb = action.microbatch
+    if action.kind == "F":
+        return f"the forward of micro-batch {mb}"
+    if action.kind == "B":
+        return f"the backward of micro-batch {mb}"
+    verb, what, way, step = _HAND_OFFS[action.kind]
+    peer = action.stage + step
+    return f"{verb} micro-batch {mb}'s {what} {way} stage {peer} (rank {stage_rank(peer)})"
 
 
 class StepRun:
@@ -189,8 +187,8 @@ class StepRun:
         where = describe(action, self.any_stage.rank_of) if action else _FINISHING
         stage = action.stage if action else self.any_stage.stage_index
         named = {me}  # the ranks the message names before the cause
-        if action is not None and action.kind in _PEER_STAGE:
-            named.add(self.any_stage.rank_of(action.stage + _PEER_STAGE[action.kind]))
+        if action is not None and action.kind in _HAND_OFFS:  # describe's stage
+            named.add(self.any_stage.rank_of(action.stage + _HAND_OFFS[action.kind][3]))
         message = (f"pipeline stage {stage} (rank {me}) failed in {where}: "
                    f"{type(exc).__name__}: {exc}"
                    f"{stages_of_ranks_named(str(exc), self.any_stage, named)}")
