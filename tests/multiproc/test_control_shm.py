@@ -192,18 +192,25 @@ def test_a_hang_up_seen_while_rank_0_is_stopped_fails_at_once_naming_it(tmp_path
     assert seconds_2 < seconds_1 + 1.5, (seconds_1, seconds_2)
 
 
-def shut_down_rank_suite(rank_0_shuts_down):
+def shut_down_rank_suite(folder, rank_0_shuts_down):
     """Rank 1 shuts down at once and, as nobody else agrees, closes after its HVD_TIMEOUT
     (2 s); rank 2 (HVD_TIMEOUT 60 s) is in an allreduce that needs rank 1, and so is rank 0,
     or it shuts down too. When rank 1 closes, the running ranks must fail at once saying why.
     A rank 0 that shuts down fails on nothing: rank 2 waited 2 s for its word (random
-    programs: an error 5 s after the shutdown). Returns (error, when) on a running rank, when
-    closed on a rank that shut down."""
+    programs: an error 5 s after the shutdown). Rank 1 shuts down once rank 0 says it does, so
+    rank 0 is shutting down when rank 1 closes, 2 s later. Returns (error, when) on a running
+    rank, when closed on a rank that shut down."""
     hvd = checks.init("shm")
     hvd.allreduce(np.ones(4, np.float32), name="warm-up")
-    if hvd.rank() == 1 or (hvd.rank() == 0 and rank_0_shuts_down):
+    if hvd.rank() == 0 and rank_0_shuts_down:
+        faults.announce(folder, "rank-0-shuts-down")
         hvd.shutdown()
-        return time.monotonic()  # rank 1: it closed just before
+        return time.monotonic()
+    if hvd.rank() == 1:
+        if rank_0_shuts_down:
+            faults.await_event(folder, "rank-0-shuts-down")
+        hvd.shutdown()
+        return time.monotonic()  # it closed just before
     try:
         hvd.allreduce(np.ones(4, np.float32), name="needs-rank-1")
         result = ("no error", time.monotonic())
@@ -215,8 +222,8 @@ def shut_down_rank_suite(rank_0_shuts_down):
 
 @pytest.mark.parametrize("rank_0_shuts_down", [True, False], ids=["rank0-shuts-down",
                                                                    "rank0-runs"])
-def test_a_rank_that_shut_down_is_named_at_once(rank_0_shuts_down):
-    res = run_ranks(shut_down_rank_suite, 3, args=(rank_0_shuts_down,), timeout=90,
+def test_a_rank_that_shut_down_is_named_at_once(tmp_path, rank_0_shuts_down):
+    res = run_ranks(shut_down_rank_suite, 3, args=(str(tmp_path), rank_0_shuts_down), timeout=90,
                     env={"HVD_TIMEOUT": "60"}, rank_env={1: {"HVD_TIMEOUT": "2"}})
     for r in (2,) if rank_0_shuts_down else (0, 2):
         error, failed_at = res[r].value
@@ -224,11 +231,12 @@ def test_a_rank_that_shut_down_is_named_at_once(rank_0_shuts_down):
         assert failed_at - res[1].value < 1.5, (r, failed_at - res[1].value)  # not 2 s more
 
 
-def shut_down_before_the_failure_suite():
+def shut_down_before_the_failure_suite(folder):
     """Rank 1 shuts down and closes after its HVD_TIMEOUT (2 s); rank 2 shuts down too and
     waits for the others (60 s); rank 0, running, fails on rank 1's hang-up and tells every
     rank (Note [Failure fan-out]). Rank 2's core must not fail on that word: it had shut down,
-    the failure is not its own. Returns seconds in shutdown() on rank 2."""
+    the failure is not its own. Rank 1 shuts down once rank 2 says it does, so rank 2 is
+    shutting down when the word comes, 2 s later. Returns seconds in shutdown() on rank 2."""
     hvd = checks.init("shm")
     hvd.allreduce(np.ones(4, np.float32), name="warm-up")
     if hvd.rank() == 0:
@@ -238,13 +246,17 @@ def shut_down_before_the_failure_suite():
             hvd.shutdown()
             return str(error)
         return "no error"
+    if hvd.rank() == 2:
+        faults.announce(folder, "rank-2-shuts-down")
+    else:
+        faults.await_event(folder, "rank-2-shuts-down")
     t0 = time.monotonic()
     hvd.shutdown()
     return time.monotonic() - t0
 
 
-def test_a_failure_told_to_a_rank_that_shut_down_ends_its_wait_without_failing_it():
-    res = run_ranks(shut_down_before_the_failure_suite, 3, timeout=90,
+def test_a_failure_told_to_a_rank_that_shut_down_ends_its_wait_without_failing_it(tmp_path):
+    res = run_ranks(shut_down_before_the_failure_suite, 3, args=(str(tmp_path),), timeout=90,
                     env={"HVD_TIMEOUT": "60"}, rank_env={1: {"HVD_TIMEOUT": "2"}})
     assert "lost connection to rank 1: it shut down" in res[0].value, res[0].value
     assert res[2].value < 30, res[2].value  # not its own 60 s
