@@ -186,6 +186,8 @@ def test_a_hang_up_seen_while_rank_0_is_stopped_fails_at_once_naming_it(tmp_path
     assert res[0].returncode == -signal.SIGKILL, res[0].describe()
     (error_1, seconds_1), (error_2, seconds_2) = res[1].value, res[2].value
     assert "timed out after 3 s waiting for rank 0" in error_1, error_1
+    # the timeout names the stopped rank (stopped_ranks.h), once
+    assert error_1.count("rank 0 (pid") == 1 and "is stopped (SIGSTOP" in error_1, error_1
     assert "lost connection to rank 1" in error_2, error_2
     assert "rank 0 (pid" in error_2 and "is stopped (SIGSTOP" in error_2, error_2
     # not the 2 s wait for rank 0's word (nor rank 2's own 60 s timeout)

@@ -45,7 +45,7 @@ def _fault_layer(mode: str, folder: str):
     return Fault()
 
 
-def faulty_step(mode: str, folder: str):
+def faulty_step(mode: str, folder: str, faulty: int = 1):
     import torch
 
     import engine_native.torch as hvd
@@ -61,7 +61,7 @@ def faulty_step(mode: str, folder: str):
     torch.manual_seed(r)
     width = 5 if (mode == "shape" and r == 1) else 6  # stage 1 expects 5 features, gets 6
     part = torch.nn.Sequential(torch.nn.Linear(width, 6), torch.nn.Tanh())
-    if r == 1 and mode != "shape":
+    if r == faulty and mode != "shape":
         part.append(_fault_layer(mode, folder))
     x = torch.randn(8, 6, generator=torch.Generator().manual_seed(7))
     y = torch.randn(8, 6, generator=torch.Generator().manual_seed(8))
@@ -79,8 +79,12 @@ def faulty_step(mode: str, folder: str):
     except PipelineError as exc:
         error = str(exc)
     took = time.monotonic() - start
-    if mode == "stop" and r == 0:
-        faults.kill_by_pid_file(folder, "stopped")
+    if mode == "stop":  # the stopped rank goes once every other rank failed while it was
+        faults.announce(folder, f"failed.{r}")
+        if r == min(set(range(k)) - {faulty}):
+            for other in set(range(k)) - {faulty, r}:
+                faults.await_event(folder, f"failed.{other}")
+            faults.kill_by_pid_file(folder, "stopped")
     recovered = refused = None
     if mode in ("raise", "shape"):  # the next step on the same processes, after a re-init
         hvd.shutdown()
@@ -159,4 +163,21 @@ def test_a_stopped_stage_fails_the_others_within_the_timeout(tmp_path):
         error, took, _, _ = res[r].value
         assert error.startswith(_own(r) + "receiving " + waits_for), error
         assert "no byte came from that rank for 3 s (HVD_TIMEOUT)" in error, error
+        assert "rank 1 (pid" in error and "is stopped (SIGSTOP" in error, error
         assert took < 3 + 3, (r, took)  # HVD_TIMEOUT + a margin for a loaded machine
+
+
+def test_a_stopped_stage_0_is_named_by_every_rank_whichever_wait_ends_first(tmp_path):
+    """Stage 2 waits for stage 1, which waits for the stopped stage 0. Stage 2's own receive
+    may time out before stage 1's failure reaches it (the same HVD_TIMEOUT): its error still
+    names stage 0, as the stopped rank of this machine (stopped_ranks.h in the core)."""
+    res = run_ranks(faulty_step, 3, args=("stop", str(tmp_path), 0), timeout=90, check=False,
+                    env={"HVD_TIMEOUT": "3"})
+    assert res[0].returncode == -signal.SIGKILL, res[0].describe()
+    for r in (1, 2):
+        error, took, _, _ = res[r].value
+        # (stage 0 stops in micro-batch 2's forward: its sends of 0 and 1 may not have left)
+        assert error.startswith(_own(r)) and "micro-batch" in error, (r, error)
+        assert "rank 0 (pid" in error and "is stopped (SIGSTOP" in error, (r, error)
+        assert "stage 0 (rank 0)" in error or "rank 0 holds stage 0" in error, (r, error)
+        assert took < 3 + 3, (r, took)

@@ -56,7 +56,7 @@ BackgroundLoop::BackgroundLoop(transport::Mesh& mesh, HandleTable& handles,
   // Several peers may look lost by the time a collective notices; one of them may already have
   // sent the original cause (Note [Failure fan-out]), which then wins over this rank's guess.
   executor_.setFailureRefiner([this](const Status& status) {
-    if (status.code() != common::Code::kPeerLost) return status;
+    if (status.code() != common::Code::kPeerLost) return withStoppedRanks(status);
     awaitCause(status);
     return failed_ ? failure() : status;
   });

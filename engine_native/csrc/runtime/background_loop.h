@@ -165,11 +165,12 @@ class BackgroundLoop {
   void executeQueued();
   // Note [Failure fan-out]: rank 0's relayed cause of a hang-up this rank saw (`seen`).
   void awaitCause(const common::Status& seen);
-  char rankZeroState() const;  // common::processState of rank 0 on this machine, else '\0'
   common::Status lostConnection(int rank) const;  // kPeerLost: rank `rank` hung up
+  // A kTimeout with the stopped ranks of this machine named (stopped_ranks.h); else `status`.
+  common::Status withStoppedRanks(const common::Status& status) const;
   // This rank's abort() as the failure to report: "aborted on rank R: <reason>".
   common::Status abortedHere() const;
-  void fail(const common::Status& status, bool tell_peers);
+  void fail(const common::Status& cause, bool tell_peers);
   // kAbort on the control channels (loop_pass.cc)
   void sendAbort(const common::Status& status, int except = -1, bool running_only = false);
   void completeAllPending(const common::Status& status, bool store_failure);

@@ -10,9 +10,9 @@
 
 #include "common/coarse_clock.h"
 #include "common/logging.h"
-#include "common/process_state.h"
 #include "common/test_switch.h"
 #include "runtime/background_loop.h"
+#include "runtime/stopped_ranks.h"
 #include "transport/tcp/socket.h"
 
 namespace hvd::runtime {
@@ -415,13 +415,12 @@ void BackgroundLoop::awaitCause(const Status& seen) {
   const auto deadline = transport::tcp::deadlineAfter(kCauseWaitSeconds);
   readControl();
   for (int traced = 0; channel != nullptr && !failed_;) {
-    const char state = rankZeroState();
+    const char state = processStateHere(mesh_, 0);
     traced = state == 't' ? traced + 1 : 0;
     if (state == 'T' || traced >= kTracedChecks) {
       // (no kAbort to rank 0: it reads nothing, and a full ring would hold this rank up)
-      fail(Status(seen.code(), seen.message() + "; rank 0 (pid " +
-                                   std::to_string(mesh_.peerInfo(0).pid) +
-                                   ") is stopped (SIGSTOP or a debugger), so it relays no cause"),
+      fail(Status(seen.code(), seen.message() + "; " + stoppedRankText(mesh_, 0) +
+                                   ", so it relays no cause"),
            /*tell_peers=*/false);
       return;
     }
@@ -430,15 +429,6 @@ void BackgroundLoop::awaitCause(const Status& seen) {
     channel->waitReadable(left_ms);
     readControl();
   }
-}
-
-// Rank 0's process state where it shares this machine (its pid means the same process here:
-// one pid namespace, as hvdrun, the notebook and Spark start ranks), else '\0'.
-char BackgroundLoop::rankZeroState() const {
-  const transport::PeerInfo& zero = mesh_.peerInfo(0);
-  return zero.machine_id == mesh_.peerInfo(mesh_.rank()).machine_id
-             ? common::processState(zero.pid)
-             : '\0';
 }
 
 // A peer's connection hung up. Rank 0 knows whether that peer had begun to shut down: the
@@ -504,9 +494,20 @@ void BackgroundLoop::awaitBoardPosts() {
   }
 }
 
-void BackgroundLoop::fail(const Status& status, bool tell_peers) {
+// A timeout names the ranks of this machine that are stopped: the peer this rank (or the rank
+// whose failure this is) waited for may itself be waiting for one of them, and a survivor's
+// error then names the stopped rank whichever wait ended first (a pipeline's stopped stage 0
+// at np 3: stage 2 timed out on stage 1, which waited for stage 0). The op that timed out
+// gets it through the executor's refiner, the rank's failure here; a rank named is not again.
+Status BackgroundLoop::withStoppedRanks(const Status& status) const {
+  if (status.code() != common::Code::kTimeout) return status;
+  return Status(status.code(), status.message() + stoppedRanksNote(mesh_, status.message()));
+}
+
+void BackgroundLoop::fail(const Status& cause, bool tell_peers) {
   if (failed_) return;
   failed_ = true;
+  const Status status = withStoppedRanks(cause);
   HVD_LOG(kWarning, "runtime") << "core failed: " << status.message();
   // Note [Failure fan-out]: the reason travels to every rank (kAbort with the status code,
   // relayed by rank 0), so a survivor reports the real cause — e.g. the rank that died — not

@@ -6,6 +6,7 @@
 
 #include <utility>
 
+#include "runtime/stopped_ranks.h"
 #include "runtime/submission_queue.h"
 #include "transport/shm/segment.h"
 
@@ -84,10 +85,13 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
       ++r;
       continue;
     }
+    // the ranks of this machine that are stopped: the peer, or one it waits for itself
+    const std::string why = processStateHere(mesh_, r->peer) == 'T'
+                                ? stoppedRankText(mesh_, r->peer)
+                                : "it is stopped, stuck, or never sends this tag";
     const Status timed_out = common::timedOut(
         what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
-        seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, "
-        "stuck, or never sends this tag");
+        seconds(timeout_.count()) + " s (HVD_TIMEOUT): " + why + stoppedRanksNote(mesh_, why));
     endSpan(*r, timed_out);
     listen(-1);
     const Op gone = std::move(*r);
