@@ -96,9 +96,20 @@ def machine_id() -> str:
     return hashlib.sha256(boot_id).hexdigest()[:16] if boot_id else "host:" + socket.gethostname()
 
 
+def pid_namespace() -> str:
+    """This process's pid namespace ("pid:[inode]", "" where it cannot be read): ranks of one
+    kernel in different containers share machine_id but not pids, and the core reads a peer's
+    process state by pid only where both match (runtime/stopped_ranks.h)."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def _peer_entry(address: str, port: int) -> tuple:
     """This rank's line in the table every rank passes to the core (transport::PeerInfo)."""
-    return (host_id(), address, port, os.getpid(), machine_id(), _core.process_cpus())
+    return (host_id(), address, port, os.getpid(), machine_id(), _core.process_cpus(),
+            pid_namespace())
 
 
 def _is_loopback(host: str) -> bool:

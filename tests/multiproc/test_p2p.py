@@ -168,7 +168,13 @@ def test_a_killed_peer_fails_the_receive_at_once(tmp_path):
         and took < 5, (error, took)
 
 
-def stopped_peer_suite(folder):
+def stopped_peer_suite(folder, own_pid_namespace=False):
+    """Rank 0 stops; rank 1's receive from it times out. ``own_pid_namespace``: rank 0 says it
+    is in another pid namespace (a container on the same kernel), where its pid would name
+    some other process here, so rank 1 must not read that pid's state."""
+    if own_pid_namespace and int(os.environ["HVD_RANK"]) == 0:
+        from engine_native import bootstrap
+        bootstrap.pid_namespace = lambda: "pid:[another container]"
     hvd = checks.init("shm")
     if hvd.rank() == 0:
         faults.write_pid(folder, "stopped")
@@ -193,9 +199,18 @@ def test_a_stopped_peer_times_the_receive_out_naming_peer_and_tag(tmp_path):
     error, took = res[1].value
     # rank 0 shares this machine: its state says why (runtime/stopped_ranks.h)
     assert re.fullmatch(r"recv from rank 0 \(tag 9\): no byte came from that rank for 2 s "
-                        r"\(HVD_TIMEOUT\): rank 0 \(pid \d+\) is stopped \(SIGSTOP or a "
-                        r"debugger\)", error), error
+                        r"\(HVD_TIMEOUT\): it is stopped, stuck, or never sends this tag; rank "
+                        r"0 \(pid \d+\) is stopped \(SIGSTOP or a debugger\)", error), error
     assert 2 <= took < 2 + 1, took
+
+
+def test_a_peer_of_another_pid_namespace_is_not_judged_by_its_pid(tmp_path):
+    res = run_ranks(stopped_peer_suite, 2, args=(str(tmp_path), True), timeout=60, check=False,
+                    env={"HVD_TIMEOUT": "2"})
+    assert res[0].returncode == -signal.SIGKILL, res[0].describe()
+    error, _ = res[1].value
+    assert error == ("recv from rank 0 (tag 9): no byte came from that rank for 2 s "
+                     "(HVD_TIMEOUT): it is stopped, stuck, or never sends this tag"), error
 
 
 def stopped_receiver_suite(folder):

@@ -78,6 +78,8 @@ def faulty_step(mode: str, folder: str, faulty: int = 1):
         error = None
     except PipelineError as exc:
         error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - reported, and the stopped rank still goes
+        error = f"not a PipelineError: {type(exc).__name__}: {exc}"
     took = time.monotonic() - start
     if mode == "stop":  # the stopped rank goes once every other rank failed while it was
         faults.announce(folder, f"failed.{r}")

@@ -71,7 +71,7 @@ def test_a_peer_table_with_bad_cpus_is_refused_before_any_connection():
     for cpus, error in [("-1", ValueError), ("8192", ValueError), ("3-1", ValueError),
                         ("0,0", ValueError), ([0, 1], TypeError), (None, TypeError)]:
         with pytest.raises(error):
-            _core.init(0, [tuple(entry + [cpus])], b"k" * 32, "job")
+            _core.init(0, [tuple(entry + [cpus, bootstrap.pid_namespace()])], b"k" * 32, "job")
         assert not _core.is_initialized()
 
 

@@ -131,9 +131,10 @@ PyObject* pyInit(PyObject*, PyObject* args) {
     long long pid = 0;
     const char* machine = nullptr;
     const char* cpus = nullptr;
+    const char* pid_namespace = nullptr;
     hvd::transport::PeerInfo peer;
-    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLss", &host, &address, &port,
-                          &pid, &machine, &cpus) ||
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "ssiLsss", &host, &address, &port,
+                          &pid, &machine, &cpus, &pid_namespace) ||
         !parseCpus(i, cpus, &peer.cpus)) {
       Py_DECREF(fast);
       return nullptr;
@@ -143,6 +144,7 @@ PyObject* pyInit(PyObject*, PyObject* args) {
     peer.port = port;
     peer.pid = pid;
     peer.machine_id = machine;
+    peer.pid_namespace = pid_namespace;
     peers.push_back(std::move(peer));
   }
   Py_DECREF(fast);

@@ -4,6 +4,8 @@
 
 #include <poll.h>
 
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "runtime/stopped_ranks.h"
@@ -68,6 +70,13 @@ void PeerOps::closePeer(int peer, const Status& status) {
 }
 
 void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
+  // The ranks of this machine that are stopped: the peer, or one it waits for itself
+  // (stopped_ranks.h); read once, when the first of its receives times out.
+  std::optional<std::string> stopped;
+  const auto stoppedNote = [&]() -> const std::string& {
+    if (!stopped) stopped = stoppedRanksNote(mesh_, "");
+    return *stopped;
+  };
   for (auto r = p.reading.begin(); r != p.reading.end();) {  // G: a resend that never came
     if (!r->awaiting_resend || now - r->since <= timeout_) {
       ++r;
@@ -75,7 +84,7 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
     }
     const Status timed_out = common::timedOut(
         what("recv", r->peer, r->tag) + ": the CUDA tensor it refused was not resent through "
-        "host memory within " + seconds(timeout_.count()) + " s (HVD_TIMEOUT)");
+        "host memory within " + seconds(timeout_.count()) + " s (HVD_TIMEOUT)" + stoppedNote());
     listen(-1);
     fail(*r, timed_out);
     r = p.reading.erase(r);
@@ -85,13 +94,10 @@ void PeerOps::timeOut(PerPeer& p, Clock::time_point now) {
       ++r;
       continue;
     }
-    // the ranks of this machine that are stopped: the peer, or one it waits for itself
-    const std::string why = processStateHere(mesh_, r->peer) == 'T'
-                                ? stoppedRankText(mesh_, r->peer)
-                                : "it is stopped, stuck, or never sends this tag";
     const Status timed_out = common::timedOut(
         what("recv", r->peer, r->tag) + ": no byte came from that rank for " +
-        seconds(timeout_.count()) + " s (HVD_TIMEOUT): " + why + stoppedRanksNote(mesh_, why));
+        seconds(timeout_.count()) + " s (HVD_TIMEOUT): it is stopped, stuck, or never sends "
+        "this tag" + stoppedNote());
     endSpan(*r, timed_out);
     listen(-1);
     const Op gone = std::move(*r);

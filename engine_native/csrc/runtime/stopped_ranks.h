@@ -11,13 +11,16 @@
 
 namespace hvd::runtime {
 
-// common::processState of `rank` where it shares this machine (its pid means the same process
-// here: one pid namespace, as hvdrun, the notebook and Spark start ranks), else '\0'.
+// common::processState of `rank` where its pid means a process here: the same kernel and pid
+// namespace (as hvdrun, the notebook and Spark start ranks; containers on one node share the
+// kernel, not the pids), else '\0'.
 inline char processStateHere(const transport::Mesh& mesh, int rank) {
   const transport::PeerInfo& peer = mesh.peerInfo(rank);
-  return peer.machine_id == mesh.peerInfo(mesh.rank()).machine_id
-             ? common::processState(peer.pid)
-             : '\0';
+  const transport::PeerInfo& self = mesh.peerInfo(mesh.rank());
+  const bool pids_shared = peer.machine_id == self.machine_id &&
+                           !peer.pid_namespace.empty() &&
+                           peer.pid_namespace == self.pid_namespace;
+  return pids_shared ? common::processState(peer.pid) : '\0';
 }
 
 inline std::string rankAndPid(const transport::Mesh& mesh, int rank) {
@@ -30,19 +33,15 @@ inline std::string stoppedRankText(const transport::Mesh& mesh, int rank) {
   return rankAndPid(mesh, rank) + " is stopped (SIGSTOP or a debugger)";
 }
 
-// "; <stoppedRankText>" for each other rank of this machine that is stopped now ('T'), or
-// "; rank R (pid P) is held by a tracer (...)" ('t': a debugger, or a profiler's moment), but
-// none that `said` already names as "rank R (pid P)"; "" when none.
+// "; <stoppedRankText>" for each other rank of this machine that is stopped now, but none that
+// `said` already names as "rank R (pid P)"; "" when none. Stopped: 'T' (a signal), not 't' (a
+// tracer's stop: strace and py-spy hold a live rank for moments; one read cannot tell them
+// from a debugger's breakpoint, which awaitCause tells by its lasting).
 inline std::string stoppedRanksNote(const transport::Mesh& mesh, const std::string& said) {
   std::string note;
   for (int r = 0; r < mesh.size(); ++r) {
     if (r == mesh.rank() || said.find(rankAndPid(mesh, r)) != std::string::npos) continue;
-    const char state = processStateHere(mesh, r);
-    if (state == 'T') note += "; " + stoppedRankText(mesh, r);
-    if (state == 't') {
-      note += "; " + rankAndPid(mesh, r) + " is held by a tracer (a debugger, or a profiler's "
-              "sample)";
-    }
+    if (processStateHere(mesh, r) == 'T') note += "; " + stoppedRankText(mesh, r);
   }
   return note;
 }

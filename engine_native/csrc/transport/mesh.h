@@ -31,6 +31,7 @@ struct PeerInfo {
   int port = 0;
   int64_t pid = 0;
   std::string machine_id;  // ranks with equal machine_id share one kernel's CPUs (boot id)
+  std::string pid_namespace;  // "pid:[inode]" ("": unknown); `pid` means a process where equal
   common::CpuRanges cpus;  // the CPUs it may run on (common::processCpuMask); empty: unknown
 };
 
