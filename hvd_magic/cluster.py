@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import time
 
 from . import frameworks, mpi_shm, preflight, ranksetup, reaper, ssh_engines
 from .cluster_mps import ClusterMps
+from .launcher_state import describe_exit, launcher_output, launcher_pids, mpi_exit_reason
 from .launch import hosts as hostlib
 from .loop import LoopThread
 from .rankinfo import RankInfo
@@ -38,19 +38,6 @@ HEART_MISSES = 60
 
 
 _UNREPORTED = object()  # no launcher has reported the exit (yet)
-
-
-def describe_exit(code) -> str:
-    """``killed by SIGKILL`` / ``exited with code 3`` from a (psutil-style) exit code."""
-    if code is None or code == "unknown":
-        return "exited (status unknown)"
-    code = int(code)
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class HvdCluster:
@@ -264,12 +251,17 @@ class HvdCluster:
                 progress(len(new), count)
             if len(new) >= count:
                 return new[:count]
-            exited = self._launcher_exit(engine_set)
+            exited = self._on_loop(self._launcher_exit, engine_set)
             if exited or time.monotonic() > deadline:
-                output = launcher_output(engine_set or self._engine_set())
+                output = self._on_loop(lambda: launcher_output(engine_set or self._engine_set()))
                 raise preflight.registration_failure(count, len(new), self.timeout,
                                                      self.launcher, output, exited)
             time.sleep(0.05)
+
+    def _on_loop(self, fn, *args):
+        """``fn(*args)`` where the launchers' dicts change (LoopThread.call); here when there
+        is no loop thread (nothing runs callbacks then)."""
+        return fn(*args) if self._loop is None else self._loop.call(fn, *args)
 
     def _launcher_exit(self, es=None) -> str | None:
         es = es or self._engine_set()
@@ -318,7 +310,7 @@ class HvdCluster:
 
     def _exit_reason(self, info: RankInfo, deadline: float) -> str:
         while True:
-            code, watched = self._launcher_report(info.pid)
+            code, watched = self._on_loop(self._launcher_report, info.pid)
             if code is not _UNREPORTED:
                 return describe_exit(code)
             if not watched or time.monotonic() >= deadline:
@@ -328,7 +320,7 @@ class HvdCluster:
         if self.launcher == "mpi" and es is not None:
             while getattr(es, "state", "") != "after" and time.monotonic() < deadline:
                 time.sleep(0.05)  # mpiexec writes its report last
-            return mpi_exit_reason(launcher_output(es), info.pid)
+            return mpi_exit_reason(self._on_loop(launcher_output, es), info.pid)
         return "exited (status unknown)"
 
     def _launcher_report(self, pid: int):
@@ -358,42 +350,6 @@ class HvdCluster:
         pids = []
         if self.ipp.controller is not None and getattr(self.ipp.controller, "pid", -1) > 0:
             pids.append(self.ipp.controller.pid)
-        for es in self.ipp.engines.values():
-            pids.extend(e.pid for e in getattr(es, "launchers", {}).values() if e.pid > 0)
-            if getattr(es, "pid", -1) > 0:
-                pids.append(es.pid)
+        pids.extend(self._on_loop(lambda: launcher_pids(self.ipp.engines.values())))
         pids.extend(self._local_pids())
         self._reaper.watch(pids + self.mps.pids())
-
-
-def launcher_output(engine_set) -> str:
-    """The launcher's output so far (``get_output()`` caches its first read, so a single
-    output file is read afresh)."""
-    if engine_set is None:
-        return ""
-    path = getattr(engine_set, "output_file", "")
-    if path and os.path.isfile(path):
-        with open(path, errors="replace") as f:
-            return f.read()
-    return engine_set.get_output()
-
-
-_MPI_PIPE = re.compile(r"Pipe closed, parent (\d+) has status: (\w+)")
-_MPI_EXIT = re.compile(r"EXIT STRING: (.+)|KILLED BY SIGNAL: (\d+)|EXIT CODE: (\d+)")
-
-
-def mpi_exit_reason(output: str, pid: int) -> str:
-    """How an MPI rank ended, from mpiexec's report and the nannies' log lines."""
-    first = next((int(m.group(1)) for m in _MPI_PIPE.finditer(output)), None)
-    reason = "exited (status unknown)"
-    for m in _MPI_EXIT.finditer(output):
-        if m.group(1):
-            reason = m.group(1).strip().rstrip(".")
-            break
-        if m.group(2):
-            reason = describe_exit(-int(m.group(2)))
-        elif m.group(3) and reason.startswith("exited (status"):
-            reason = describe_exit(int(m.group(3)))
-    if first is not None and first != pid:
-        return f"stopped by mpiexec after pid {first} died ({reason})"
-    return reason

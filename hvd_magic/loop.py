@@ -38,6 +38,19 @@ class LoopThread:
                 future.cancel()
             raise
 
+    def call(self, fn, *args, timeout: float = 30):
+        """``fn(*args)`` on the loop's thread, and its result: ipyparallel's launchers change
+        their dicts (``launchers``, ``stop_data``, ``outputs``) in the loop's callbacks, so a
+        reader on another thread could see one change size mid-iteration (a start's error once
+        read only "dictionary changed size during iteration"). Called directly on the loop's
+        own thread, and once the loop has stopped (nothing changes them then)."""
+        if not self.loop.is_running() or threading.current_thread() is self._thread:
+            return fn(*args)
+
+        async def on_loop():
+            return fn(*args)
+        return self.run(on_loop(), timeout)
+
     def close(self) -> None:
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)

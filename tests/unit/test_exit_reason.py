@@ -3,10 +3,12 @@ engine go before the local launcher's thread has reaped it (CI62: "exited (statu
 for an engine killed by SIGKILL): the reason waits, bounded, for a launcher that still
 watches the engine's pid, and is at once "status unknown" where none watches it."""
 import signal
+import threading
 from types import SimpleNamespace
 
 from hvd_magic import cluster as cluster_mod
 from hvd_magic.cluster import HvdCluster
+from hvd_magic.loop import LoopThread
 from hvd_magic.rankinfo import RankInfo
 
 
@@ -28,7 +30,8 @@ class _LateEngineSet:
 
 
 def _cluster(engine_set) -> HvdCluster:
-    c = HvdCluster.__new__(HvdCluster)  # no loop thread, nothing started
+    c = HvdCluster.__new__(HvdCluster)  # nothing started
+    c._loop = None  # no loop thread runs the launchers' callbacks
     c.launcher = "local"
     c.ipp = SimpleNamespace(engines={"set": engine_set})
     c.client = SimpleNamespace(ids=[0, 2])  # rank 1's engine is gone
@@ -86,3 +89,25 @@ def test_ranks_dead_at_once_share_one_wait(monkeypatch):
     assert c.dead_ranks() == {r: "exited (status unknown)" for r in range(8)}
     assert clock.now < 0.3  # one wait of 0.2 s, not eight
     assert engine_set.looks == 5 + 7  # the first rank's 5, then one each past the deadline
+
+
+def test_the_launchers_reports_are_read_on_the_loop_thread():
+    """ipyparallel changes its launchers' dicts in callbacks on the cluster's loop thread: read
+    from the notebook's thread, one could change size mid-iteration (CI130: a start whose
+    engines died reported only "dictionary changed size during iteration")."""
+    readers = []
+
+    class Recording(_LateEngineSet):
+        @property
+        def stop_data(self):
+            readers.append(threading.current_thread().name)
+            return super().stop_data
+
+    loop = LoopThread(name="launchers-loop")
+    try:
+        c = _cluster(Recording(pid=101, reaped_at=2))
+        c._loop = loop
+        assert c.dead_ranks() == {1: "killed by SIGKILL"}
+    finally:
+        loop.close()
+    assert readers and set(readers) == {"launchers-loop"}, readers
