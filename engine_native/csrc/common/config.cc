@@ -147,10 +147,10 @@ const std::vector<Knob>& knobs() {
                "offers are refused; metrics()['p2p_split_sent'] counts split messages)."},
               Kind::kBytes, &Config::p2p_split_min_bytes, 0),
       intKnob({"HVD_ONE_ROUND_BYTES", nullptr, "bytes", "4096",
-               "When every rank is on one host: a blocking CPU collective of the global set "
-               "(not a group) whose input is at most this many bytes per rank (at most 8192) "
-               "agrees and moves its data in one shared-memory round among the ranks, "
-               "without rank 0's negotiation. The smallest value of any rank holds; 0 on any "
+               "A blocking CPU collective of the global set (not a group) whose input is at "
+               "most this many bytes per rank (at most 8192) agrees and moves its data in one "
+               "round among the ranks (shared memory within a host, one message to each rank "
+               "off the host's segment), without rank 0's negotiation. The smallest value of any rank holds; 0 on any "
                "rank, or HVD_STALL_SHUTDOWN_TIME set on any, turns it off for all "
                "(metrics()['one_round_ops'] counts such ops)."},
               Kind::kBytes, &Config::one_round_bytes, 0),
