@@ -20,6 +20,7 @@ ranks has its own channel: shared-memory rings within a host, a TCP connection b
 """
 from __future__ import annotations
 
+import operator
 import threading
 
 import numpy as np
@@ -88,10 +89,29 @@ class P2PRequest:
         return self._result
 
 
+# Tags from here up are the bindings' own (torch's gradients of messages, a pipeline's hand-offs):
+# a user's tag is below, so it never takes one of their messages.
+USER_TAGS = 1 << 40
+
+
+def check_tag(tag, what: str) -> int:
+    """``tag`` as an int in [0, USER_TAGS) (a NumPy integer too); else ValueError naming
+    ``what``."""
+    if type(tag) is int and 0 <= tag < USER_TAGS:
+        return tag
+    try:
+        value = None if isinstance(tag, bool) else operator.index(tag)
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value < USER_TAGS:
+        raise ValueError(f"{what}: tag must be an int in [0, 2**40), got {tag!r}")
+    return value
+
+
 def isend(array, dst: int, tag: int = 0) -> P2PRequest:
     """Start sending ``array`` (any shape, a dtype of the core) to rank ``dst``. The array must
     not be changed until the request completes."""
-    return _isend(array, dst, tag, wait_now=False)
+    return _isend(array, dst, check_tag(tag, "isend"), wait_now=False)
 
 
 def _isend(array, dst: int, tag: int, wait_now: bool) -> P2PRequest:
@@ -132,7 +152,7 @@ def irecv(src: int, tag: int = 0, out: np.ndarray | None = None) -> P2PRequest:
     dtype and shape (else ``ValueError`` on this rank, and the sender's send, or its next op
     with this rank, raises ``ValueError`` too) and must not be used until the request
     completes. A receive that fails may leave ``out`` partly written."""
-    return _irecv(src, tag, out, wait_now=False)
+    return _irecv(src, check_tag(tag, "irecv"), out, wait_now=False)
 
 
 def _irecv(src: int, tag: int, out, wait_now: bool) -> P2PRequest:
@@ -194,6 +214,7 @@ def _wait_holding(handle: int, keep):
 
 def send(array, dst: int, tag: int = 0) -> None:
     """Send ``array`` to rank ``dst``; returns once its bytes are written (not received)."""
+    tag = check_tag(tag, "send")
     x, code = _sendable(array, dst, tag)
     # Blocking: no request object, no table entry (this frame keeps x) and no name string
     # unless an error needs one: the few microseconds a small message's round trip is.
@@ -204,6 +225,7 @@ def recv(src: int, tag: int = 0, out: np.ndarray | None = None) -> np.ndarray:
     """Receive the next message with ``tag`` from rank ``src`` (a new array, or ``out``).
     A wait interrupted by Ctrl-C leaves the receive posted, as a dropped ``irecv`` is: the next
     message of that tag is still written into ``out``, until ``abort()`` or ``shutdown()``."""
+    tag = check_tag(tag, "recv")
     if out is None:
         buffer, shape, code = _core.wait(_core.p2p_recv(int(src), int(tag), True))
         return np.frombuffer(buffer, dtype=_dtypes.numpy_dtype(code)).reshape(shape)

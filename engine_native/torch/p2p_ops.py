@@ -32,13 +32,19 @@ import torch
 import engine_native.basics as _basics
 from engine_native import _core
 from engine_native import p2p as _p2p
-from engine_native.p2p import P2POp, P2PRequest, batch_isend_irecv, batchable  # noqa: F401
+from engine_native.p2p import (  # noqa: F401 (P2POp, P2PRequest: this module's names too)
+    USER_TAGS,
+    P2POp,
+    P2PRequest,
+    batch_isend_irecv,
+    batchable,
+)
+from engine_native.p2p import check_tag as _check_tag
 from engine_native.torch import devices
 from engine_native.torch import runtime as rt
 
 __all__ = ["P2POp", "batch_isend_irecv", "irecv", "isend", "recv", "send"]
 
-USER_TAGS = 1 << 40
 _GRAD_TAGS = 1 << 62
 _SEQUENCE_WRAP = 1 << 21  # gradients of messages this many apart on one (peer, tag) share a tag
 _CODES_TO_DTYPES = {code: dtype for dtype, code in rt._DTYPE_CODES.items()}
@@ -121,12 +127,6 @@ def _reading_device(device) -> tuple[int, bool]:
         devices._require_cuda()
         return torch.cuda.current_device(), False
     return -1, False
-
-
-def _check_tag(tag: int, what: str) -> int:
-    if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag < USER_TAGS:
-        raise ValueError(f"{what}: tag must be an int in [0, 2**40), got {tag!r}")
-    return tag
 
 
 def _received(result, what: str, out, device=None):

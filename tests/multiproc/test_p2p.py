@@ -114,6 +114,8 @@ def bad_arguments_suite():
     errors = []
     for call in (lambda: hvd.send(np.ones(1), 2), lambda: hvd.recv(-1),
                  lambda: hvd.send(np.ones(1), hvd.rank()), lambda: hvd.recv(1 - hvd.rank(), tag=-3),
+                 # from 2**40 up the bindings' own tags (gradients, pipeline hand-offs)
+                 lambda: hvd.isend(np.ones(1), 1 - hvd.rank(), tag=1 << 40),
                  lambda: hvd.send(np.array(["text"]), 1 - hvd.rank()),
                  lambda: _core.p2p_send(1 - hvd.rank(), 0, 7, (4,), np.ones(2, np.float32))):
         try:
@@ -121,8 +123,8 @@ def bad_arguments_suite():
             errors.append(None)
         except (ValueError, TypeError) as exc:
             errors.append(f"{type(exc).__name__}: {exc}")
-    hvd.send(np.ones(1), 1 - hvd.rank())  # the world is intact
-    ok = float(hvd.recv(1 - hvd.rank())[0]) == 1.0
+    hvd.send(np.ones(1), 1 - hvd.rank(), tag=np.int64(5))  # the world is intact (NumPy tags)
+    ok = float(hvd.recv(1 - hvd.rank(), tag=5)[0]) == 1.0
     hvd.shutdown()
     return errors, ok
 
@@ -136,9 +138,10 @@ def test_bad_arguments_are_refused_on_the_calling_rank():
             "ValueError: recv from rank -1 (tag 0): no such rank; ranks are 0..1",
             (f"ValueError: send to rank {r.rank} (tag 0): this is the rank itself; "
              "point-to-point needs another rank"),
-            f"ValueError: recv from rank {other} (tag -3): tags are >= 0",
+            "ValueError: recv: tag must be an int in [0, 2**40), got -3",
+            "ValueError: isend: tag must be an int in [0, 2**40), got 1099511627776",
             (f"TypeError: send('to rank {other}, tag 0'): unsupported dtype <U4; supported: "
-             + errors[4].split("supported: ", 1)[1]),
+             + errors[5].split("supported: ", 1)[1]),
             (f"ValueError: send(to rank {other}, tag 0): the buffer holds 8 bytes, its dtype "
              "and shape need 16")], errors
 
