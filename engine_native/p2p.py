@@ -273,7 +273,8 @@ class P2POp:
         if op not in _BATCHABLE:
             raise ValueError(f"P2POp: op must be hvd.isend or hvd.irecv of an engine_native "
                              f"binding, not {op!r}")
-        self.op, self.tensor, self.peer, self.tag = op, tensor, peer, tag
+        # (here, so a batch with a bad tag starts none of its ops)
+        self.op, self.tensor, self.peer, self.tag = op, tensor, peer, check_tag(tag, "P2POp")
 
 
 def batch_isend_irecv(p2p_op_list: list) -> list:

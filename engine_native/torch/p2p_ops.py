@@ -209,7 +209,7 @@ def raw_recv_now(src: int, tag: int) -> torch.Tensor:
 
 def isend(tensor: torch.Tensor, dst: int, tag: int = 0) -> P2PRequest:
     """Start sending ``tensor`` to rank ``dst``; it must not change until ``wait()``."""
-    _check_tag(tag, "isend")
+    tag = _check_tag(tag, "isend")
     request = raw_isend(tensor, dst, tag)
     _count(_sends, (dst, tag))
     return request
@@ -220,7 +220,7 @@ def irecv(src: int, tag: int = 0, out: torch.Tensor | None = None,
     """Start receiving the next message with ``tag`` from rank ``src``; ``wait()`` returns a
     new tensor (on the CPU, or on ``device``), or ``out`` filled (same dtype and shape, else
     ValueError, on the sender too: its send or its next op with this rank raises)."""
-    _check_tag(tag, "irecv")
+    tag = _check_tag(tag, "irecv")
     device = devices.receive_device(device, "irecv")
     if device is not None and out is not None:
         raise ValueError("irecv: give out= (filled where it lives) or device=, not both")
@@ -271,7 +271,7 @@ def send(tensor: torch.Tensor, dst: int, tag: int = 0) -> torch.Tensor:
     Returns a zero-dimensional token: when ``tensor`` requires grad, ``token.backward()`` (or
     any backward through it) waits for the gradient that rank ``dst``'s :func:`recv` sends back
     and passes it to ``tensor``'s graph."""
-    _check_tag(tag, "send")
+    tag = _check_tag(tag, "send")
     sequence = _next(_sends, (dst, tag))
     if tensor.requires_grad and torch.is_grad_enabled():
         token = _Send.apply(tensor, dst, tag, sequence)  # (counted once submitted, below)
@@ -290,7 +290,7 @@ def recv(src: int, tag: int = 0, out: torch.Tensor | None = None,
 
     With ``requires_grad=True`` the tensor is part of the autograd graph: its gradient is sent
     back to rank ``src``, whose :func:`send` token receives it."""
-    _check_tag(tag, "recv")
+    tag = _check_tag(tag, "recv")
     device = devices.receive_device(device, "recv")
     if device is not None and out is not None:
         raise ValueError("recv: give out= (filled where it lives) or device=, not both")

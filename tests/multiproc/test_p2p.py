@@ -116,6 +116,7 @@ def bad_arguments_suite():
                  lambda: hvd.send(np.ones(1), hvd.rank()), lambda: hvd.recv(1 - hvd.rank(), tag=-3),
                  # from 2**40 up the bindings' own tags (gradients, pipeline hand-offs)
                  lambda: hvd.isend(np.ones(1), 1 - hvd.rank(), tag=1 << 40),
+                 lambda: hvd.P2POp(hvd.isend, np.ones(1), 1 - hvd.rank(), 1.5),
                  lambda: hvd.send(np.array(["text"]), 1 - hvd.rank()),
                  lambda: _core.p2p_send(1 - hvd.rank(), 0, 7, (4,), np.ones(2, np.float32))):
         try:
@@ -140,8 +141,9 @@ def test_bad_arguments_are_refused_on_the_calling_rank():
              "point-to-point needs another rank"),
             "ValueError: recv: tag must be an int in [0, 2**40), got -3",
             "ValueError: isend: tag must be an int in [0, 2**40), got 1099511627776",
+            "ValueError: P2POp: tag must be an int in [0, 2**40), got 1.5",
             (f"TypeError: send('to rank {other}, tag 0'): unsupported dtype <U4; supported: "
-             + errors[5].split("supported: ", 1)[1]),
+             + errors[6].split("supported: ", 1)[1]),
             (f"ValueError: send(to rank {other}, tag 0): the buffer holds 8 bytes, its dtype "
              "and shape need 16")], errors
 

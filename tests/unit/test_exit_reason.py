@@ -4,11 +4,15 @@ for an engine killed by SIGKILL): the reason waits, bounded, for a launcher that
 watches the engine's pid, and is at once "status unknown" where none watches it."""
 import signal
 import threading
+import time
 from types import SimpleNamespace
+
+import pytest
 
 from hvd_magic import cluster as cluster_mod
 from hvd_magic.cluster import HvdCluster
 from hvd_magic.loop import LoopThread
+from hvd_magic.preflight import StartError
 from hvd_magic.rankinfo import RankInfo
 
 
@@ -111,3 +115,48 @@ def test_the_launchers_reports_are_read_on_the_loop_thread():
     finally:
         loop.close()
     assert readers and set(readers) == {"launchers-loop"}, readers
+
+
+def test_a_failed_starts_launcher_output_is_read_on_the_loop_thread():
+    """CI130's path: engines that died before registering; the error quotes the launcher's
+    output, which ipyparallel's get_output() gathers by iterating its launchers."""
+    readers = []
+
+    class ExitedSet:
+        state, output_file = "after", ""
+
+        @property
+        def stop_data(self):
+            readers.append(threading.current_thread().name)
+            return {"exit_code": 1}
+
+        def get_output(self):
+            readers.append(threading.current_thread().name)
+            return "Fatal Python error: init_fs_encoding"
+
+    loop = LoopThread(name="launchers-loop")
+    try:
+        c = _cluster(ExitedSet())
+        c._loop, c.client, c.n, c.timeout = loop, SimpleNamespace(ids=[]), 2, 60
+        with pytest.raises(StartError, match="(?s)launcher exited .*Fatal Python error"):
+            c._wait_for_engines(None, set())
+    finally:
+        loop.close()
+    assert len(readers) >= 2 and set(readers) == {"launchers-loop"}, readers
+
+
+def test_a_held_loop_does_not_stop_the_reports():
+    """A stop that timed out can leave ipyparallel's loop blocked in a launcher's join: the
+    reports are then read here (stop() must still end, and say how ranks ended)."""
+    loop = LoopThread(name="held-loop")
+    release = threading.Event()
+    loop.loop.call_soon_threadsafe(lambda: release.wait(30))  # holds the loop's thread
+    try:
+        c = _cluster(_LateEngineSet(pid=101, reaped_at=1))
+        c._loop = loop
+        start = time.monotonic()
+        assert c.dead_ranks() == {1: "killed by SIGKILL"}
+        assert time.monotonic() - start < 10  # the loop's 2 s, not its 30 s hold
+    finally:
+        release.set()
+        loop.close()
