@@ -260,19 +260,8 @@ class HvdCluster:
 
     def _on_loop(self, fn, *args):
         """``fn(*args)`` where the launchers' dicts change (LoopThread.call); here when there
-        is no loop thread (nothing runs callbacks then), or when the loop is held (a launcher's
-        join blocks it after a stop timed out): then a read that met a change is tried again."""
-        if self._loop is not None:
-            try:
-                return self._loop.call(fn, *args, timeout=2)
-            except TimeoutError:
-                pass
-        for attempt in range(10):
-            try:
-                return fn(*args)
-            except RuntimeError as exc:  # "dictionary changed size during iteration"
-                if "changed size" not in str(exc) or attempt == 9:
-                    raise
+        is no loop thread (nothing runs callbacks then)."""
+        return fn(*args) if self._loop is None else self._loop.call(fn, *args)
 
     def _launcher_exit(self, es=None) -> str | None:
         es = es or self._engine_set()

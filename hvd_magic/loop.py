@@ -38,18 +38,27 @@ class LoopThread:
                 future.cancel()
             raise
 
-    def call(self, fn, *args, timeout: float = 30):
+    def call(self, fn, *args, timeout: float = 2):
         """``fn(*args)`` on the loop's thread, and its result: ipyparallel's launchers change
         their dicts (``launchers``, ``stop_data``, ``outputs``) in the loop's callbacks, so a
         reader on another thread could see one change size mid-iteration (a start's error once
-        read only "dictionary changed size during iteration"). Called directly on the loop's
-        own thread, and once the loop has stopped (nothing changes them then)."""
-        if not self.loop.is_running() or threading.current_thread() is self._thread:
-            return fn(*args)
-
-        async def on_loop():
-            return fn(*args)
-        return self.run(on_loop(), timeout)
+        read only "dictionary changed size during iteration"). Run here instead on the loop's
+        own thread, once the loop has stopped, or when it is held past ``timeout`` (a
+        launcher's join blocks it after a stop timed out); then a read that met a change is
+        tried again."""
+        if self.loop.is_running() and threading.current_thread() is not self._thread:
+            async def on_loop():
+                return fn(*args)
+            try:
+                return self.run(on_loop(), timeout)
+            except TimeoutError:
+                pass
+        for attempt in range(10):
+            try:
+                return fn(*args)
+            except RuntimeError as exc:  # "dictionary changed size during iteration"
+                if "changed size" not in str(exc) or attempt == 9:
+                    raise
 
     def close(self) -> None:
         if self.loop.is_running():

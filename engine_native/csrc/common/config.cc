@@ -150,7 +150,8 @@ const std::vector<Knob>& knobs() {
                "A blocking CPU collective of the global set (not a group) whose input is at "
                "most this many bytes per rank (at most 8192) agrees and moves its data in one "
                "round among the ranks (shared memory within a host, one message to each rank "
-               "off the host's segment), without rank 0's negotiation. The smallest value of any rank holds; 0 on any "
+               "off the host's segment), without rank 0's negotiation. The smallest value of any "
+               "rank holds; 0 on any "
                "rank, or HVD_STALL_SHUTDOWN_TIME set on any, turns it off for all "
                "(metrics()['one_round_ops'] counts such ops)."},
               Kind::kBytes, &Config::one_round_bytes, 0),

@@ -35,7 +35,8 @@ class PipelineStage:
     ``device``: where the stage computes, the CPU (default) or a CUDA device holding
     ``submodule``; the activations and gradients it receives arrive there, and those it sends
     go by CUDA IPC to a rank of the same host, by NCCL to another host (or to any rank under
-    HVD_GPU_PATH=nccl) where NCCL is loaded, and through host memory otherwise (Note [Staged point-to-point] in p2p_ops.py). The first stage's
+    HVD_GPU_PATH=nccl) where NCCL is loaded, and through host memory otherwise (Note [Staged
+    point-to-point] in p2p_ops.py). The first stage's
     batch and the last stage's targets are moved there too.
 
     ``data_group`` (not in torch's class either): data x pipeline parallelism. A ProcessSet of
